@@ -1,0 +1,162 @@
+//! The tcp transport's wire format: fixed 32-byte little-endian headers, each optionally
+//! followed by `len` payload bytes.
+//!
+//! ```text
+//! 0      2        3      4         8        16        24       32
+//! | "CT" | version | kind | status  | id     | addr    | len     |
+//! ```
+//! * `ReadRequest {addr, len}` (no payload) → `ReadResponse` with `len` bytes, or an error status and none.
+//! * `WriteRequest {addr, len}` + `len` bytes → `WriteResponse` (no payload).
+//!
+//! `id` is the initiator's; responses on one connection come in request order.
+
+pub const MAGIC: [u8; 2] = *b"CT";
+pub const VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 32;
+/// Largest payload a frame may announce; larger is a protocol violation.
+pub const MAX_PAYLOAD: u64 = 64 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    ReadRequest = 1,
+    WriteRequest = 2,
+    ReadResponse = 3,
+    WriteResponse = 4,
+}
+
+/// Status of a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Status {
+    Ok = 0,
+    /// The range is not inside one registered region of the target.
+    OutOfRange = 1,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: FrameKind,
+    pub status: Status,
+    pub id: u64,
+    pub addr: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("bad magic {0:02x?} (not a crescent tcp transport peer)")]
+    BadMagic([u8; 2]),
+    #[error("unsupported frame version {0} (this side speaks {VERSION})")]
+    Version(u8),
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    #[error("unknown status {0}")]
+    Status(u32),
+    #[error("frame announces {0} payload bytes, more than the {MAX_PAYLOAD} allowed")]
+    Oversized(u64),
+    #[error("a {0:?} frame must not carry a payload length with an error status")]
+    Inconsistent(FrameKind),
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..2].copy_from_slice(&MAGIC);
+        b[2] = VERSION;
+        b[3] = self.kind as u8;
+        b[4..8].copy_from_slice(&(self.status as u32).to_le_bytes());
+        b[8..16].copy_from_slice(&self.id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.addr.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Parses and validates a header received from a peer (untrusted bytes).
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
+        let magic = [b[0], b[1]];
+        if magic != MAGIC {
+            return Err(FrameError::BadMagic(magic));
+        }
+        if b[2] != VERSION {
+            return Err(FrameError::Version(b[2]));
+        }
+        let kind = match b[3] {
+            1 => FrameKind::ReadRequest,
+            2 => FrameKind::WriteRequest,
+            3 => FrameKind::ReadResponse,
+            4 => FrameKind::WriteResponse,
+            k => return Err(FrameError::Kind(k)),
+        };
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let status = match u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) {
+            0 => Status::Ok,
+            1 => Status::OutOfRange,
+            s => return Err(FrameError::Status(s)),
+        };
+        let header = Header { kind, status, id: u64_at(8), addr: u64_at(16), len: u64_at(24) };
+        if header.len > MAX_PAYLOAD {
+            return Err(FrameError::Oversized(header.len));
+        }
+        if header.kind == FrameKind::ReadResponse && status != Status::Ok && header.len != 0 {
+            return Err(FrameError::Inconsistent(kind));
+        }
+        Ok(header)
+    }
+
+    /// Payload bytes that follow this header on the wire.
+    pub fn payload_len(&self) -> u64 {
+        match self.kind {
+            FrameKind::WriteRequest => self.len,
+            FrameKind::ReadResponse if self.status == Status::Ok => self.len,
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn roundtrip() {
+        let h = Header { kind: FrameKind::WriteRequest, status: Status::Ok, id: 9, addr: 0xdead_beef, len: 4096 };
+        assert_eq!(Header::decode(&h.encode()), Ok(h));
+        assert_eq!(h.payload_len(), 4096);
+    }
+
+    #[test]
+    fn rejects_bad_frames() {
+        let good = Header { kind: FrameKind::ReadRequest, status: Status::Ok, id: 1, addr: 2, len: 3 }.encode();
+        let mut b = good;
+        b[0] = b'X';
+        assert!(matches!(Header::decode(&b), Err(FrameError::BadMagic(_))));
+        let mut b = good;
+        b[2] = 2;
+        assert_eq!(Header::decode(&b), Err(FrameError::Version(2)));
+        let mut b = good;
+        b[3] = 77;
+        assert_eq!(Header::decode(&b), Err(FrameError::Kind(77)));
+        let mut b = good;
+        b[4] = 9;
+        assert_eq!(Header::decode(&b), Err(FrameError::Status(9)));
+        let mut b = good;
+        b[24..32].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
+        assert_eq!(Header::decode(&b), Err(FrameError::Oversized(MAX_PAYLOAD + 1)));
+        let h = Header { kind: FrameKind::ReadResponse, status: Status::OutOfRange, id: 1, addr: 0, len: 5 };
+        assert!(matches!(Header::decode(&h.encode()), Err(FrameError::Inconsistent(_))));
+    }
+
+    proptest! {
+        // Fuzzing the parser: arbitrary bytes never panic, and whatever parses re-encodes
+        // to the same bytes and never announces more than MAX_PAYLOAD.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::array::uniform32(any::<u8>())) {
+            if let Ok(h) = Header::decode(&bytes) {
+                prop_assert!(h.payload_len() <= MAX_PAYLOAD);
+                prop_assert_eq!(h.encode(), bytes);
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The `Transport` trait, implemented by `tcp`, and next by `shm` and `rdma`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Region, RegionKeys, Slice, TransportError};
+
+/// Which transport moves the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TransportKind {
+    Shm,
+    Rdma,
+    Tcp,
+}
+
+impl TransportKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Shm => "shm",
+            TransportKind::Rdma => "rdma",
+            TransportKind::Tcp => "tcp",
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TransportKind {
+    type Err = TransportError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(TransportKind::Tcp),
+            "rdma" => Ok(TransportKind::Rdma),
+            "shm" => Ok(TransportKind::Shm),
+            other => Err(TransportError::InvalidArgument(format!(
+                "unknown protocol {other:?} (expected tcp, rdma or shm)"
+            ))),
+        }
+    }
+}
+
+/// How to reach one transport of a peer; published in the peer's segment descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "protocol", rename_all = "lowercase")]
+pub enum Endpoint {
+    Tcp { host: String, port: u16 },
+}
+
+impl Endpoint {
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Endpoint::Tcp { .. } => TransportKind::Tcp,
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
+        }
+    }
+}
+
+/// A way of moving slices between this process's registered memory and a peer's.
+///
+/// Contract:
+/// * `submit` never blocks on the network for long and never fails as a whole: each slice ends
+///   through its [`crate::Completion`] (`Completed` or `Failed`), including when the peer
+///   cannot be reached or dies;
+/// * the target side checks every access against its [`crate::RegionTable`];
+/// * received bytes go straight into registered memory and sent bytes come straight from it.
+pub trait Transport: Send + Sync {
+    fn kind(&self) -> TransportKind;
+
+    /// What peers need to reach this transport.
+    fn endpoint(&self) -> Endpoint;
+
+    /// The longest slice this transport takes; the engine cuts requests accordingly.
+    fn max_slice_len(&self) -> u64;
+
+    /// Called for each newly registered region; returns the data peers need to access it
+    /// (none for tcp, memory keys for rdma).
+    fn register_region(&self, _region: &Arc<Region>) -> Result<RegionKeys, TransportError> {
+        Ok(RegionKeys::default())
+    }
+
+    /// Called before a region is removed from the table.
+    fn unregister_region(&self, _region: &Arc<Region>) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    /// Starts moving `slices` to or from `peer`.
+    fn submit(&self, peer: &Endpoint, slices: Vec<Slice>);
+
+    /// Drops cached connections to `peer` (its descriptor changed or it is gone).
+    fn forget_peer(&self, peer: &Endpoint);
+}
