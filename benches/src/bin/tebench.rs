@@ -1,0 +1,500 @@
+//! tebench: the transfer benchmark, run as a target on one host and an initiator on another.
+//!
+//! ```text
+//! host A$ tebench target --protocol tcp --buffer-size 1G
+//! host B$ tebench initiator --segment <A's name> --operation read --block-size 64K \
+//!             --batch-size 128 --threads 2 --duration 10
+//! ```
+//! Flag names follow Mooncake's `transfer_engine_bench` (`--mode target|initiator`,
+//! `--segment_id`, `--block_size`, ... are accepted too).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use crescent_benches::{init_logging, pattern, report};
+use crescent_engine::{
+    parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
+    TransferStatus, TransportKind,
+};
+use hdrhistogram::Histogram;
+
+#[derive(Parser)]
+#[command(
+    name = "tebench",
+    about = "Crescent transfer benchmark: a target serves a buffer, an initiator reads or writes it"
+)]
+struct Cli {
+    #[command(subcommand)]
+    role: Role,
+}
+
+#[derive(Subcommand)]
+enum Role {
+    /// Allocate and register a buffer, print the segment name, serve until interrupted.
+    Target(TargetArgs),
+    /// Move data to or from a target and report throughput and batch latency.
+    Initiator(InitiatorArgs),
+}
+
+#[derive(Args, Clone)]
+struct EngineArgs {
+    /// Transport: tcp (shm and rdma come with their transports); default: chosen per peer.
+    #[arg(long)]
+    protocol: Option<String>,
+    /// Metadata service; P2PHANDSHAKE asks the peer itself.
+    #[arg(
+        long,
+        visible_alias = "metadata_server",
+        default_value = "P2PHANDSHAKE"
+    )]
+    metadata_server: String,
+    /// Address (or host:port) peers use to reach this process.
+    #[arg(
+        long,
+        visible_alias = "local_server_name",
+        visible_alias = "local-server-name"
+    )]
+    local_hostname: Option<String>,
+    /// Handshake port (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+}
+
+#[derive(Args)]
+struct TargetArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Size of the registered buffer served to initiators.
+    #[arg(long, visible_alias = "buffer_size", default_value = "1G", value_parser = size)]
+    buffer_size: u64,
+    /// Fill the buffer with a position-keyed pattern that `initiator --verify` checks.
+    #[arg(long)]
+    pattern: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Operation {
+    Read,
+    Write,
+}
+
+#[derive(Args)]
+struct InitiatorArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// The target's segment name (printed by `tebench target`).
+    #[arg(long, visible_alias = "segment_id", visible_alias = "segment-id")]
+    segment: String,
+    #[arg(long, value_enum, default_value = "read")]
+    operation: Operation,
+    /// Bytes per request.
+    #[arg(long, visible_alias = "block_size", default_value = "64K", value_parser = size)]
+    block_size: u64,
+    /// Requests per batch.
+    #[arg(long, visible_alias = "batch_size", default_value_t = 128)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Print one JSON object with the results (after the human-readable lines).
+    #[arg(long)]
+    json: bool,
+    /// Check the bytes: reads against the target's `--pattern`; writes by reading them back.
+    #[arg(long)]
+    verify: bool,
+    /// Seconds between progress lines (0: none).
+    #[arg(long, default_value_t = 1.0)]
+    report_interval: f64,
+}
+
+/// Largest local buffer per thread without `--verify`.
+const MAX_LOCAL_WINDOW: u64 = 256 << 20;
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+/// Accepts Mooncake's `--mode target|initiator` as the subcommand.
+fn normalized_args() -> Vec<String> {
+    let mut args: Vec<String> = std::env::args().collect();
+    let mut mode = None;
+    let mut i = 1;
+    while i < args.len() {
+        if let Some(m) = args[i].strip_prefix("--mode=") {
+            mode = Some(m.to_string());
+            args.remove(i);
+        } else if args[i] == "--mode" && i + 1 < args.len() {
+            mode = Some(args.remove(i + 1));
+            args.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+    if let Some(m) = mode {
+        args.insert(1, m);
+    }
+    args
+}
+
+fn engine(args: &EngineArgs) -> Result<Arc<TransferEngine>> {
+    let mut config = EngineConfig::from_env()?;
+    config.metadata_server = args.metadata_server.clone();
+    config.local_hostname = args.local_hostname.clone();
+    config.rpc_port = args.port;
+    if let Some(p) = &args.protocol {
+        config.protocol = Some(p.parse::<TransportKind>()?);
+    }
+    Ok(TransferEngine::new(config)?)
+}
+
+fn main() {
+    init_logging();
+    let cli = Cli::parse_from(normalized_args());
+    let result = match cli.role {
+        Role::Target(a) => run_target(a),
+        Role::Initiator(a) => run_initiator(a),
+    };
+    if let Err(e) = result {
+        eprintln!("tebench: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run_target(args: TargetArgs) -> Result<()> {
+    let engine = engine(&args.engine)?;
+    let buf = engine
+        .alloc_registered(args.buffer_size, "cpu:0")
+        .context("allocating the target buffer")?;
+    if args.pattern {
+        // SAFETY: nothing can transfer yet: the segment name is printed below.
+        pattern::fill(unsafe { buf.as_mut_slice() }, 0, 0);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    println!("segment: {}", engine.segment_name());
+    println!(
+        "tebench target: serving {} at {:#x} ({} pages); Ctrl-C to stop",
+        report::fmt_bytes(buf.len()),
+        buf.addr(),
+        if buf.shared_memory().huge_pages() {
+            "huge"
+        } else {
+            "normal"
+        }
+    );
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("tebench target: stopping");
+    Ok(())
+}
+
+struct ThreadResult {
+    hist: Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+    mismatch: Option<String>,
+}
+
+fn run_initiator(args: InitiatorArgs) -> Result<()> {
+    if args.batch_size == 0
+        || args.threads == 0
+        || !args.duration.is_finite()
+        || args.duration <= 0.0
+    {
+        bail!("--batch-size, --threads and --duration must be positive");
+    }
+    let engine = engine(&args.engine)?;
+    let target = engine
+        .open_segment(&args.segment)
+        .with_context(|| format!("opening segment {}", args.segment))?;
+    let descriptor = engine.segment_descriptor(target)?;
+    let remote = descriptor
+        .buffers
+        .iter()
+        .max_by_key(|b| b.length)
+        .with_context(|| format!("segment {} has no registered buffer", args.segment))?
+        .clone();
+    // Without --verify, requests may share local memory: a batch of 128 x 16 MiB needs no
+    // 2 GiB of local buffer to measure the transport.
+    let local_blocks = if args.verify {
+        args.batch_size as u64
+    } else {
+        (MAX_LOCAL_WINDOW / args.block_size).clamp(1, args.batch_size as u64)
+    };
+    if remote.length < args.block_size {
+        bail!(
+            "the target's buffer ({} bytes) is smaller than one block",
+            remote.length
+        );
+    }
+    let protocol = engine.segment_transport(target)?;
+    let bytes = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let locals = (0..args.threads)
+        .map(|_| {
+            engine.alloc_registered(
+                local_blocks * args.block_size * if args.verify { 2 } else { 1 },
+                "cpu:0",
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .context("allocating local buffers")?;
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for (t, local) in locals.into_iter().enumerate() {
+        let (engine, bytes, stop) = (engine.clone(), bytes.clone(), stop.clone());
+        let (op, block, batch, verify) = (
+            args.operation,
+            args.block_size,
+            args.batch_size,
+            args.verify,
+        );
+        let threads = args.threads;
+        let (remote_base, remote_len) = (remote.addr, remote.length);
+        handles.push(std::thread::spawn(move || {
+            initiator_thread(
+                &engine,
+                target,
+                local,
+                t,
+                threads,
+                op,
+                block,
+                batch,
+                verify,
+                remote_base,
+                remote_len,
+                &bytes,
+                &stop,
+            )
+        }));
+    }
+    let deadline = started + Duration::from_secs_f64(args.duration);
+    let mut last = (started, 0u64);
+    while Instant::now() < deadline {
+        let step = if args.report_interval > 0.0 {
+            Duration::from_secs_f64(args.report_interval)
+        } else {
+            deadline - Instant::now()
+        };
+        std::thread::sleep(step.min(deadline.saturating_duration_since(Instant::now())));
+        if args.report_interval > 0.0 {
+            let (now, b) = (Instant::now(), bytes.load(Ordering::Relaxed));
+            eprintln!(
+                "[{:>5.1}s] {:.2} GB/s",
+                (now - started).as_secs_f64(),
+                report::gb_per_s(b - last.1, (now - last.0).as_secs_f64())
+            );
+            last = (now, b);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut hist = Histogram::<u64>::new(3)?;
+    let (mut errors, mut first_error, mut mismatch) = (0, None, None);
+    for h in handles {
+        let r = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("an initiator thread panicked"))??;
+        hist.add(&r.hist)?;
+        errors += r.errors;
+        first_error = first_error.or(r.first_error);
+        mismatch = mismatch.or(r.mismatch);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let total = bytes.load(Ordering::Relaxed);
+    let gbps = report::gb_per_s(total, elapsed);
+    let op = if args.operation == Operation::Read {
+        "read"
+    } else {
+        "write"
+    };
+    let (p50, p99, p999) = (
+        hist.value_at_quantile(0.5),
+        hist.value_at_quantile(0.99),
+        hist.value_at_quantile(0.999),
+    );
+    println!(
+        "tebench {op} {} x {} per batch, {} thread(s), {protocol}: {gbps:.2} GB/s ({} in {elapsed:.1} s, {} batches); batch latency p50 {} p99 {} p999 {}",
+        report::fmt_bytes(args.block_size),
+        args.batch_size,
+        args.threads,
+        report::fmt_bytes(total),
+        hist.len(),
+        report::fmt_us(p50),
+        report::fmt_us(p99),
+        report::fmt_us(p999),
+    );
+    if args.json {
+        let json = serde_json::json!({
+            "operation": op, "protocol": protocol.to_string(), "segment": args.segment,
+            "block_size": args.block_size, "batch_size": args.batch_size, "threads": args.threads,
+            "duration_s": elapsed, "bytes": total, "gb_per_s": gbps, "batches": hist.len(),
+            "latency_us": {"p50": p50, "p99": p99, "p999": p999},
+            "failed_requests": errors, "verified": args.verify && mismatch.is_none() && errors == 0,
+        });
+        println!("{json}");
+    }
+    if let Some(m) = mismatch {
+        bail!("data verification failed: {m}");
+    }
+    if errors > 0 {
+        bail!(
+            "{errors} request(s) failed; first: {}",
+            first_error.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn initiator_thread(
+    engine: &TransferEngine,
+    target: u64,
+    local: RegisteredMemory,
+    thread: usize,
+    threads: usize,
+    op: Operation,
+    block: u64,
+    batch: usize,
+    verify: bool,
+    remote_base: u64,
+    remote_len: u64,
+    bytes: &AtomicU64,
+    stop: &AtomicBool,
+) -> Result<ThreadResult> {
+    let mut result = ThreadResult {
+        hist: Histogram::new(3)?,
+        errors: 0,
+        first_error: None,
+        mismatch: None,
+    };
+    let local_blocks = (local.len() / block / if verify { 2 } else { 1 }).max(1);
+    // Each thread owns its own share of the target's blocks, so written blocks read back as written.
+    let share = (remote_len / block / threads as u64).max(1);
+    let first_block = (thread as u64 * share) % (remote_len / block);
+    let window = block * batch as u64;
+    let mut iteration: u64 = 0;
+    while !stop.load(Ordering::Relaxed) && result.mismatch.is_none() {
+        let offsets: Vec<u64> = (0..batch as u64)
+            .map(|j| (first_block + (iteration * batch as u64 + j) % share) * block)
+            .collect();
+        let opcode = if op == Operation::Read {
+            Opcode::Read
+        } else {
+            Opcode::Write
+        };
+        let seed = (thread as u64) << 32 | iteration;
+        if verify && op == Operation::Write {
+            // SAFETY: no transfer of this thread's buffer is in flight between batches.
+            let buf = unsafe { local.as_mut_slice() };
+            for (j, chunk) in buf[..window as usize]
+                .chunks_mut(block as usize)
+                .enumerate()
+            {
+                pattern::fill(chunk, seed, offsets[j]);
+            }
+        }
+        let requests: Vec<TransferRequest> = offsets
+            .iter()
+            .enumerate()
+            .map(|(j, &off)| TransferRequest {
+                opcode,
+                source: local.addr() + (j as u64 % local_blocks) * block,
+                target,
+                target_offset: remote_base + off,
+                length: block,
+            })
+            .collect();
+        let begin = Instant::now();
+        let id = engine.allocate_batch(batch)?;
+        engine.submit(id, &requests)?;
+        let statuses = engine.wait_batch(id, None)?;
+        engine.free_batch(id)?;
+        result.hist.record(begin.elapsed().as_micros() as u64)?;
+        let mut ok = 0;
+        for s in &statuses {
+            match s {
+                TransferStatus::Completed => ok += 1,
+                other => {
+                    result.errors += 1;
+                    result
+                        .first_error
+                        .get_or_insert_with(|| format!("{other:?}"));
+                }
+            }
+        }
+        bytes.fetch_add(ok * block, Ordering::Relaxed);
+        if verify && result.errors == 0 {
+            result.mismatch = verify_batch(
+                engine,
+                target,
+                &local,
+                op,
+                block,
+                &offsets,
+                seed,
+                remote_base,
+                window,
+            )?;
+        }
+        if result.errors > 0 {
+            break;
+        }
+        iteration += 1;
+    }
+    Ok(result)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn verify_batch(
+    engine: &TransferEngine,
+    target: u64,
+    local: &RegisteredMemory,
+    op: Operation,
+    block: u64,
+    offsets: &[u64],
+    seed: u64,
+    remote_base: u64,
+    window: u64,
+) -> Result<Option<String>> {
+    let (check_base, seed) = match op {
+        // Reads: the target's buffer holds pattern seed 0 keyed by offset.
+        Operation::Read => (local.addr(), 0),
+        // Writes: read what was written back into the second half and compare.
+        Operation::Write => {
+            let back: Vec<TransferRequest> = offsets
+                .iter()
+                .enumerate()
+                .map(|(j, &off)| TransferRequest {
+                    opcode: Opcode::Read,
+                    source: local.addr() + window + j as u64 * block,
+                    target,
+                    target_offset: remote_base + off,
+                    length: block,
+                })
+                .collect();
+            engine.transfer_sync(&back)?;
+            (local.addr() + window, seed)
+        }
+    };
+    let base = (check_base - local.addr()) as usize;
+    // SAFETY: every transfer of this buffer has ended.
+    let buf = unsafe { local.as_slice() };
+    for (j, &off) in offsets.iter().enumerate() {
+        let start = base + j * block as usize;
+        if let Some(at) = pattern::first_mismatch(&buf[start..start + block as usize], seed, off) {
+            return Ok(Some(format!(
+                "byte at remote offset {at} differs from what was expected"
+            )));
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,147 @@
+//! Engine configuration: defaults, Mooncake's environment variables, and size parsing.
+
+use std::time::Duration;
+
+use crescent_transports::TransportKind;
+
+use crate::error::{EngineError, Result};
+
+/// The metadata "service" that needs no service: descriptors are asked from the peer itself.
+pub const P2P_HANDSHAKE: &str = "P2PHANDSHAKE";
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Host name or IP address peers use to reach this engine, optionally `host:port` to fix
+    /// the handshake port. `None`: the first non-loopback IPv4 address, else 127.0.0.1.
+    pub local_hostname: Option<String>,
+    /// `P2PHANDSHAKE` (default).
+    pub metadata_server: String,
+    /// A forced transport; `None` chooses automatically per peer.
+    pub protocol: Option<TransportKind>,
+    /// Handshake port; 0 picks a free one (overridden by a port in `local_hostname`).
+    pub rpc_port: u16,
+    /// Connections per peer for the tcp transport.
+    pub tcp_lanes: usize,
+    /// Largest slice the tcp transport sends as one frame.
+    pub tcp_slice_len: u64,
+    /// A submission's requests that have not ended by then end `TimedOut`.
+    pub transfer_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            local_hostname: None,
+            metadata_server: P2P_HANDSHAKE.into(),
+            protocol: None,
+            rpc_port: 0,
+            tcp_lanes: 2,
+            tcp_slice_len: 1 << 20,
+            transfer_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Defaults, then the environment: `MC_FORCE_TCP=1`, `MC_TCP_LANES`, `MC_TCP_SLICE_SIZE`,
+    /// `MC_TRANSFER_TIMEOUT` (seconds). Invalid values are errors naming the value.
+    pub fn from_env() -> Result<Self> {
+        let mut config = EngineConfig::default();
+        config.apply_env()?;
+        Ok(config)
+    }
+
+    pub fn apply_env(&mut self) -> Result<()> {
+        if let Some(v) = env("MC_FORCE_TCP") {
+            if parse_bool("MC_FORCE_TCP", &v)? {
+                self.protocol = Some(TransportKind::Tcp);
+            }
+        }
+        if let Some(v) = env("MC_TCP_LANES") {
+            self.tcp_lanes = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| {
+                    EngineError::Config(format!("MC_TCP_LANES={v:?} is not a number from 1 to 64"))
+                })?;
+        }
+        if let Some(v) = env("MC_TCP_SLICE_SIZE") {
+            self.tcp_slice_len = parse_size(&v)
+                .map_err(|e| EngineError::Config(format!("MC_TCP_SLICE_SIZE: {e}")))?;
+        }
+        if let Some(v) = env("MC_TRANSFER_TIMEOUT") {
+            let secs = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| {
+                    EngineError::Config(format!(
+                        "MC_TRANSFER_TIMEOUT={v:?} is not a positive number of seconds"
+                    ))
+                })?;
+            self.transfer_timeout = Duration::from_secs_f64(secs);
+        }
+        Ok(())
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(EngineError::Config(format!(
+            "{name}={v:?} is not a boolean (use 1 or 0)"
+        ))),
+    }
+}
+
+/// Parses a byte size: a number with an optional binary suffix (`K`, `M`, `G`, `T`, with or
+/// without `B`/`iB`), e.g. `64K`, `1MiB`, `16m`, `4096`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (examples: 4096, 64K, 1M, 1G)"))?;
+    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("{text:?} has an unknown unit (use K, M, G or T)")),
+    };
+    let bytes = value
+        .checked_shl(shift)
+        .filter(|b| b >> shift == value)
+        .ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes == 0 {
+        return Err(format!("{text:?} is zero"));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("16m"), Ok(16 << 20));
+        assert_eq!(parse_size(" 1G "), Ok(1 << 30));
+        for bad in ["", "K", "1X", "-1", "0", "99999999999T", "1.5M"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+}

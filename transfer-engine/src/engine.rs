@@ -1,0 +1,622 @@
+//! The transfer engine: registration, segments, batches and transport selection.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crescent_transports::tcp::{TcpConfig, TcpTransport};
+use crescent_transports::{
+    Completion, Endpoint, Opcode, Region, RegionTable, SharedMemory, Slice, Transport,
+    TransportKind,
+};
+use parking_lot::{Mutex, RwLock};
+
+use crate::batch::{Batch, BatchCompletion, BatchId, Submission, TransferStatus, Watchdog};
+use crate::config::{EngineConfig, P2P_HANDSHAKE};
+use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
+use crate::error::{EngineError, Result};
+use crate::handshake::{self, HandshakeServer};
+use crate::host;
+use crate::slicing::{cut, CutError, Piece};
+
+/// Handle of an opened segment.
+pub type SegmentId = u64;
+
+/// How long an unregister waits for a peer's access in progress to end.
+const UNREGISTER_WAIT: Duration = Duration::from_secs(5);
+/// Descriptors are fetched again at most this often when a request seems out of range.
+const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One transfer: `length` bytes between local registered memory at `source` and the target
+/// segment's registered memory at address `target_offset` (as listed in its descriptor's
+/// buffers, which is how Mooncake addresses segments too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferRequest {
+    pub opcode: Opcode,
+    pub source: u64,
+    pub target: SegmentId,
+    pub target_offset: u64,
+    pub length: u64,
+}
+
+/// Memory allocated and registered by [`TransferEngine::alloc_registered`].
+///
+/// The bytes stay valid while this value or the registration lives: dropping it without
+/// [`TransferEngine::free_registered`] leaves the memory registered (and allocated) until the
+/// engine is dropped.
+#[derive(Debug, Clone)]
+pub struct RegisteredMemory {
+    mem: Arc<SharedMemory>,
+}
+
+impl RegisteredMemory {
+    pub fn addr(&self) -> u64 {
+        self.mem.addr()
+    }
+    pub fn len(&self) -> u64 {
+        self.mem.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+    pub fn shared_memory(&self) -> &Arc<SharedMemory> {
+        &self.mem
+    }
+    /// The bytes.
+    ///
+    /// # Safety
+    /// No transfer (local or a peer's) may write this memory while the slice is alive.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: a live mapping of `len` bytes; the caller rules out concurrent writes.
+        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len() as usize) }
+    }
+    /// The bytes, mutable.
+    ///
+    /// # Safety
+    /// No transfer may read or write this memory while the slice is alive, and no other
+    /// reference to it may exist.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        // SAFETY: a live mapping of `len` bytes; the caller guarantees exclusive use.
+        unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, self.len() as usize) }
+    }
+}
+
+struct Segment {
+    name: String,
+    descriptor: RwLock<Arc<SegmentDescriptor>>,
+    transport: Arc<dyn Transport>,
+    endpoint: Endpoint,
+    last_refresh: Mutex<Instant>,
+}
+
+pub struct TransferEngine {
+    config: EngineConfig,
+    name: String,
+    host_id: String,
+    table: Arc<RegionTable>,
+    transports: Vec<Arc<dyn Transport>>,
+    segments: RwLock<HashMap<SegmentId, Arc<Segment>>>,
+    by_name: Mutex<HashMap<String, SegmentId>>,
+    next_segment: AtomicU64,
+    batches: Mutex<HashMap<BatchId, Arc<Batch>>>,
+    next_batch: AtomicU64,
+    watchdog: Arc<Watchdog>,
+    _handshake: HandshakeServer,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransferEngine {
+    /// Starts an engine: its handshake listener and its transports.
+    pub fn new(config: EngineConfig) -> Result<Arc<Self>> {
+        if !config.metadata_server.eq_ignore_ascii_case(P2P_HANDSHAKE) {
+            return Err(EngineError::Config(format!(
+                "metadata server {:?} is not supported by this build; use {P2P_HANDSHAKE}",
+                config.metadata_server
+            )));
+        }
+        let (host, port) = match config.local_hostname.as_deref() {
+            Some(h) if h.contains(':') && handshake::split_host_port(h).is_ok() => {
+                handshake::split_host_port(h)?
+            }
+            Some(h) if !h.trim().is_empty() => (h.trim().to_string(), config.rpc_port),
+            _ => (host::default_advertise_host(), config.rpc_port),
+        };
+        if let Some(kind) = config.protocol {
+            if kind != TransportKind::Tcp {
+                return Err(EngineError::Config(format!(
+                    "protocol {kind} is not available in this build (tcp is)"
+                )));
+            }
+        }
+        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
+            EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}"))
+        })?;
+        let port = listener.local_addr()?.port();
+        let name = format!("{host}:{port}");
+        let host_id = host::host_id();
+        let table = Arc::new(RegionTable::new());
+        let tcp = TcpTransport::start(
+            TcpConfig {
+                advertise_host: host.clone(),
+                lanes: config.tcp_lanes,
+                max_slice_len: config.tcp_slice_len,
+                ..TcpConfig::default()
+            },
+            table.clone(),
+        )?;
+        let transports: Vec<Arc<dyn Transport>> = vec![Arc::new(tcp)];
+        let endpoints: Vec<Endpoint> = transports.iter().map(|t| t.endpoint()).collect();
+        let describe = {
+            let (name, host_id, table) = (name.clone(), host_id.clone(), table.clone());
+            Arc::new(move || describe(&name, &host_id, &endpoints, &table).to_json())
+        };
+        let handshake = HandshakeServer::start(listener, describe)?;
+        tracing::info!(
+            "transfer engine {name} up: transports {}",
+            transports
+                .iter()
+                .map(|t| t.endpoint().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(Arc::new(TransferEngine {
+            watchdog: Watchdog::start(config.transfer_timeout),
+            config,
+            name,
+            host_id,
+            table,
+            transports,
+            segments: RwLock::new(HashMap::new()),
+            by_name: Mutex::new(HashMap::new()),
+            next_segment: AtomicU64::new(1),
+            batches: Mutex::new(HashMap::new()),
+            next_batch: AtomicU64::new(1),
+            _handshake: handshake,
+        }))
+    }
+
+    /// This engine's segment name (`host:port` of its handshake listener).
+    pub fn segment_name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn rpc_port(&self) -> u16 {
+        self._handshake.port()
+    }
+
+    pub fn host_id(&self) -> &str {
+        &self.host_id
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// This engine's own descriptor, as peers receive it.
+    pub fn local_descriptor(&self) -> SegmentDescriptor {
+        let endpoints: Vec<Endpoint> = self.transports.iter().map(|t| t.endpoint()).collect();
+        describe(&self.name, &self.host_id, &endpoints, &self.table)
+    }
+
+    // ---- registration ----
+
+    /// Registers `[addr, addr+len)`; `location` is Mooncake's (`cpu:0`, ...).
+    ///
+    /// The caller keeps the memory valid until it is unregistered.
+    pub fn register(&self, addr: u64, len: u64, location: &str) -> Result<()> {
+        self.register_region(Region::new(addr, len, location, None))
+    }
+
+    /// Registers several regions; all or none.
+    pub fn register_batch(&self, regions: &[(u64, u64)], location: &str) -> Result<()> {
+        for (i, &(addr, len)) in regions.iter().enumerate() {
+            if let Err(e) = self.register(addr, len, location) {
+                for &(done, _) in &regions[..i] {
+                    let _ = self.unregister(done);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn register_region(&self, region: Region) -> Result<()> {
+        let region = self.table.insert(region)?;
+        for (i, t) in self.transports.iter().enumerate() {
+            match t.register_region(&region) {
+                Ok(keys) if keys != Default::default() => region.set_keys(keys),
+                Ok(_) => {}
+                Err(e) => {
+                    for t in &self.transports[..i] {
+                        let _ = t.unregister_region(&region);
+                    }
+                    let _ = self.table.remove(region.addr(), UNREGISTER_WAIT);
+                    return Err(e.into());
+                }
+            }
+        }
+        tracing::debug!(
+            "registered [{:#x}, +{}) at {}",
+            region.addr(),
+            region.len(),
+            region.location()
+        );
+        Ok(())
+    }
+
+    /// Unregisters the region that starts at `addr`. Refused while transfers use it.
+    pub fn unregister(&self, addr: u64) -> Result<()> {
+        let region = self.table.remove(addr, UNREGISTER_WAIT)?;
+        for t in &self.transports {
+            if let Err(e) = t.unregister_region(&region) {
+                tracing::warn!("transport {} failed to unregister {addr:#x}: {e}", t.kind());
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates `len` bytes of shareable memory and registers them.
+    pub fn alloc_registered(&self, len: u64, location: &str) -> Result<RegisteredMemory> {
+        let mem = Arc::new(SharedMemory::allocate(len, "crescent")?);
+        self.register_region(Region::new(
+            mem.addr(),
+            mem.len(),
+            location,
+            Some(mem.clone()),
+        ))?;
+        Ok(RegisteredMemory { mem })
+    }
+
+    /// Unregisters memory from [`Self::alloc_registered`]; it is freed once no transfer uses it.
+    pub fn free_registered(&self, mem: RegisteredMemory) -> Result<()> {
+        self.unregister(mem.addr())
+    }
+
+    // ---- segments ----
+
+    /// Opens the segment `name` (`host:port` with P2P handshake) and returns its handle.
+    /// Opening the same name again returns the same handle.
+    pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
+        if let Some(id) = self.by_name.lock().get(name) {
+            return Ok(*id);
+        }
+        let descriptor = handshake::fetch_descriptor(name, HANDSHAKE_TIMEOUT)?;
+        let (transport, endpoint) = self.choose_transport(name, &descriptor)?;
+        tracing::info!("segment {name}: using {endpoint}");
+        let segment = Arc::new(Segment {
+            name: name.to_string(),
+            descriptor: RwLock::new(Arc::new(descriptor)),
+            transport,
+            endpoint,
+            last_refresh: Mutex::new(Instant::now()),
+        });
+        let mut by_name = self.by_name.lock();
+        if let Some(id) = by_name.get(name) {
+            return Ok(*id);
+        }
+        let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
+        self.segments.write().insert(id, segment);
+        by_name.insert(name.to_string(), id);
+        Ok(id)
+    }
+
+    /// Forgets an opened segment and its connections.
+    pub fn close_segment(&self, id: SegmentId) -> Result<()> {
+        let segment = self
+            .segments
+            .write()
+            .remove(&id)
+            .ok_or(EngineError::UnknownSegment(id))?;
+        self.by_name.lock().remove(&segment.name);
+        segment.transport.forget_peer(&segment.endpoint);
+        Ok(())
+    }
+
+    /// The descriptor of an opened segment, as last fetched.
+    pub fn segment_descriptor(&self, id: SegmentId) -> Result<Arc<SegmentDescriptor>> {
+        Ok(self.segment(id)?.descriptor.read().clone())
+    }
+
+    /// Which transport moves bytes to and from an opened segment.
+    pub fn segment_transport(&self, id: SegmentId) -> Result<TransportKind> {
+        Ok(self.segment(id)?.transport.kind())
+    }
+
+    fn segment(&self, id: SegmentId) -> Result<Arc<Segment>> {
+        self.segments
+            .read()
+            .get(&id)
+            .cloned()
+            .ok_or(EngineError::UnknownSegment(id))
+    }
+
+    fn choose_transport(
+        &self,
+        name: &str,
+        d: &SegmentDescriptor,
+    ) -> Result<(Arc<dyn Transport>, Endpoint)> {
+        let order: Vec<TransportKind> = match self.config.protocol {
+            Some(kind) => vec![kind],
+            None => vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp],
+        };
+        for kind in &order {
+            let Some(local) = self.transports.iter().find(|t| t.kind() == *kind) else {
+                continue;
+            };
+            if let Some(ep) = d.endpoints.iter().find(|e| e.kind() == *kind) {
+                return Ok((local.clone(), ep.clone()));
+            }
+        }
+        let list = |kinds: Vec<String>| {
+            if kinds.is_empty() {
+                "none".to_string()
+            } else {
+                kinds.join(", ")
+            }
+        };
+        Err(EngineError::NoCommonTransport {
+            name: name.to_string(),
+            offered: list(d.endpoints.iter().map(|e| e.kind().to_string()).collect()),
+            allowed: list(
+                order
+                    .iter()
+                    .filter(|k| self.transports.iter().any(|t| t.kind() == **k))
+                    .map(|k| k.to_string())
+                    .collect(),
+            ),
+        })
+    }
+
+    /// Fetches a segment's descriptor again (rate-limited); true if it was refreshed.
+    fn refresh_segment(&self, segment: &Segment) -> bool {
+        {
+            let mut last = segment.last_refresh.lock();
+            if last.elapsed() < REFRESH_INTERVAL {
+                return false;
+            }
+            *last = Instant::now();
+        }
+        match handshake::fetch_descriptor(&segment.name, HANDSHAKE_TIMEOUT) {
+            Ok(d) => {
+                *segment.descriptor.write() = Arc::new(d);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("refreshing the descriptor of {} failed: {e}", segment.name);
+                false
+            }
+        }
+    }
+
+    // ---- batches ----
+
+    /// Creates a batch that holds up to `capacity` requests.
+    pub fn allocate_batch(&self, capacity: usize) -> Result<BatchId> {
+        if capacity == 0 {
+            return Err(EngineError::InvalidArgument(
+                "a batch needs a capacity of at least 1".into(),
+            ));
+        }
+        let id = self.next_batch.fetch_add(1, Ordering::Relaxed);
+        self.batches.lock().insert(id, Batch::new(id, capacity));
+        Ok(id)
+    }
+
+    fn batch(&self, id: BatchId) -> Result<Arc<Batch>> {
+        self.batches
+            .lock()
+            .get(&id)
+            .cloned()
+            .ok_or(EngineError::UnknownBatch(id))
+    }
+
+    /// Frees a batch. Refused while any of its requests is in flight.
+    pub fn free_batch(&self, id: BatchId) -> Result<()> {
+        let mut batches = self.batches.lock();
+        let batch = batches.get(&id).ok_or(EngineError::UnknownBatch(id))?;
+        let pending = batch.unfinished();
+        if pending > 0 {
+            return Err(EngineError::BatchInFlight { id, pending });
+        }
+        batches.remove(&id);
+        Ok(())
+    }
+
+    /// Submits requests into a batch (appended after those already submitted).
+    ///
+    /// A request whose local side is not registered memory is a caller error: nothing is
+    /// submitted. A request outside the target's registered memory ends `Failed` with the reason.
+    pub fn submit(&self, batch_id: BatchId, requests: &[TransferRequest]) -> Result<()> {
+        let batch = self.batch(batch_id)?;
+        let mut planned = Vec::with_capacity(requests.len());
+        for (i, r) in requests.iter().enumerate() {
+            let segment = self.segment(r.target)?;
+            if r.length == 0 {
+                return Err(EngineError::InvalidArgument(format!(
+                    "request {i} has length 0"
+                )));
+            }
+            let pieces = match self.plan(&segment, r) {
+                Ok(p) => Ok(p),
+                Err(PlanError::Local(msg)) => {
+                    return Err(EngineError::InvalidArgument(format!("request {i}: {msg}")))
+                }
+                Err(PlanError::Remote(msg)) => Err(msg),
+            };
+            planned.push((segment, pieces));
+        }
+        let base = batch.reserve(requests.len())?;
+        let deadline = Instant::now() + self.config.transfer_timeout;
+        let mut submission = Submission::new(batch.clone(), deadline);
+        let mut outgoing: Vec<(usize, Opcode, Piece, usize)> = Vec::new();
+        for (i, ((_, pieces), r)) in planned.iter().zip(requests).enumerate() {
+            let slot = base + i;
+            let pieces = match pieces {
+                Ok(p) => p,
+                Err(reason) => {
+                    batch.fail_request(slot, reason.clone());
+                    continue;
+                }
+            };
+            let guards: std::result::Result<Vec<_>, _> = pieces
+                .iter()
+                .map(|p| self.table.acquire_local(p.local_addr, p.len))
+                .collect();
+            match guards {
+                Ok(guards) => {
+                    batch.start_request(slot, pieces.len());
+                    for (p, g) in pieces.iter().zip(guards) {
+                        outgoing.push((i, r.opcode, *p, submission.add_slice(slot, g)));
+                    }
+                }
+                Err(e) => batch.fail_request(slot, e.to_string()),
+            }
+        }
+        let submission = Arc::new(submission);
+        self.watchdog.watch(&submission);
+        let mut per_segment: HashMap<SegmentId, (Arc<Segment>, Vec<Slice>)> = HashMap::new();
+        for (i, opcode, p, slice) in outgoing {
+            let segment = &planned[i].0;
+            let entry = per_segment
+                .entry(requests[i].target)
+                .or_insert_with(|| (segment.clone(), Vec::new()));
+            entry.1.push(Slice {
+                opcode,
+                local_addr: p.local_addr,
+                remote_addr: p.remote_addr,
+                len: p.len,
+                completion: Completion::new(submission.clone(), slice),
+            });
+        }
+        for (segment, slices) in per_segment.into_values() {
+            segment.transport.submit(&segment.endpoint, slices);
+        }
+        Ok(())
+    }
+
+    fn plan(
+        &self,
+        segment: &Segment,
+        r: &TransferRequest,
+    ) -> std::result::Result<Vec<Piece>, PlanError> {
+        let max = segment.transport.max_slice_len();
+        let local_end = |a: u64| self.table.find(a, 1).map(|region| region.end());
+        for attempt in 0..2 {
+            let descriptor = segment.descriptor.read().clone();
+            match cut(r.source, r.target_offset, r.length, max, local_end, |a| {
+                descriptor.buffer_end(a)
+            }) {
+                Ok(pieces) => return Ok(pieces),
+                Err(CutError::Local { addr, len }) => {
+                    return Err(PlanError::Local(format!(
+                        "local range [{addr:#x}, +{len}) is not registered memory"
+                    )))
+                }
+                Err(CutError::Remote { addr, len }) => {
+                    // The descriptor may be stale (the target registered more memory since).
+                    if attempt == 0 && self.refresh_segment(segment) {
+                        continue;
+                    }
+                    return Err(PlanError::Remote(format!(
+                        "[{addr:#x}, +{len}) is outside the registered memory of segment {}",
+                        segment.name
+                    )));
+                }
+                Err(CutError::Empty) => return Err(PlanError::Local("empty request".into())),
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    /// Statuses of every request submitted to the batch so far.
+    pub fn batch_status(&self, id: BatchId) -> Result<Vec<TransferStatus>> {
+        Ok(self.batch(id)?.statuses())
+    }
+
+    /// Status of request `index` of the batch.
+    pub fn transfer_status(&self, id: BatchId, index: usize) -> Result<TransferStatus> {
+        self.batch(id)?.status(index)
+    }
+
+    /// Blocks until every request submitted to the batch has ended (or `timeout` passes) and
+    /// returns their statuses.
+    pub fn wait_batch(
+        &self,
+        id: BatchId,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<TransferStatus>> {
+        let batch = self.batch(id)?;
+        batch.wait(timeout);
+        Ok(batch.statuses())
+    }
+
+    /// A future resolving to the batch's statuses once every submitted request has ended.
+    pub fn batch_completion(&self, id: BatchId) -> Result<BatchCompletion> {
+        Ok(BatchCompletion {
+            batch: self.batch(id)?,
+        })
+    }
+
+    /// Moves `requests` and blocks until all have ended; `Ok` only if all completed.
+    pub fn transfer_sync(&self, requests: &[TransferRequest]) -> Result<()> {
+        let id = self.allocate_batch(requests.len().max(1))?;
+        let result = self
+            .submit(id, requests)
+            .map(|()| self.wait_batch(id, None));
+        let freed = self.free_batch(id);
+        let statuses = result??;
+        freed?;
+        for (i, s) in statuses.into_iter().enumerate() {
+            match s {
+                TransferStatus::Completed => {}
+                TransferStatus::Failed(reason) => {
+                    return Err(EngineError::TransferFailed(format!(
+                        "request {i}: {reason}"
+                    )))
+                }
+                TransferStatus::TimedOut => return Err(EngineError::TimedOut),
+                TransferStatus::Pending => unreachable!("wait_batch returns once all ended"),
+            }
+        }
+        Ok(())
+    }
+}
+
+enum PlanError {
+    Local(String),
+    Remote(String),
+}
+
+fn describe(
+    name: &str,
+    host_id: &str,
+    endpoints: &[Endpoint],
+    table: &RegionTable,
+) -> SegmentDescriptor {
+    SegmentDescriptor {
+        name: name.to_string(),
+        host_id: host_id.to_string(),
+        endpoints: endpoints.to_vec(),
+        buffers: table
+            .snapshot()
+            .iter()
+            .map(|r| BufferDescriptor {
+                addr: r.addr(),
+                length: r.len(),
+                location: r.location().to_string(),
+                keys: r.keys(),
+            })
+            .collect(),
+    }
+}

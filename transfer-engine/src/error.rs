@@ -1,0 +1,63 @@
+use crescent_transports::TransportError;
+
+/// Errors of the transfer engine.
+///
+/// [`EngineError::is_caller_error`] tells a caller's mistake from a fault of a peer, of a
+/// metadata service or of the system.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("unknown batch {0}")]
+    UnknownBatch(u64),
+    #[error("batch {id} holds {capacity} requests at most; {requested} more do not fit")]
+    BatchFull {
+        id: u64,
+        capacity: usize,
+        requested: usize,
+    },
+    #[error(
+        "batch {id} still has {pending} request(s) in flight; wait for them before freeing it"
+    )]
+    BatchInFlight { id: u64, pending: usize },
+    #[error("unknown segment handle {0}")]
+    UnknownSegment(u64),
+    #[error("segment {name:?} is unreachable: {reason}")]
+    SegmentUnreachable { name: String, reason: String },
+    #[error("peer {peer} sent an invalid reply: {reason}")]
+    BadPeerReply { peer: String, reason: String },
+    #[error("segment {name:?} offers no transport this engine can use (it offers: {offered}; allowed here: {allowed})")]
+    NoCommonTransport {
+        name: String,
+        offered: String,
+        allowed: String,
+    },
+    #[error("transfer failed: {0}")]
+    TransferFailed(String),
+    #[error("transfer timed out")]
+    TimedOut,
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl EngineError {
+    /// True when the error comes from how the caller used the API, not from a peer or the system.
+    pub fn is_caller_error(&self) -> bool {
+        match self {
+            EngineError::InvalidArgument(_)
+            | EngineError::Config(_)
+            | EngineError::UnknownBatch(_)
+            | EngineError::BatchFull { .. }
+            | EngineError::BatchInFlight { .. }
+            | EngineError::UnknownSegment(_) => true,
+            EngineError::Transport(t) => t.is_caller_error(),
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
