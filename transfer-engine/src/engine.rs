@@ -90,7 +90,8 @@ struct Segment {
     descriptor: RwLock<Arc<SegmentDescriptor>>,
     transport: Arc<dyn Transport>,
     endpoint: Endpoint,
-    last_refresh: Mutex<Instant>,
+    /// When the descriptor was last fetched again because a request looked out of range.
+    last_refresh: Mutex<Option<Instant>>,
 }
 
 pub struct TransferEngine {
@@ -299,7 +300,7 @@ impl TransferEngine {
             descriptor: RwLock::new(Arc::new(descriptor)),
             transport,
             endpoint,
-            last_refresh: Mutex::new(Instant::now()),
+            last_refresh: Mutex::new(None),
         });
         let mut by_name = self.by_name.lock();
         if let Some(id) = by_name.get(name) {
@@ -378,15 +379,18 @@ impl TransferEngine {
         })
     }
 
-    /// Fetches a segment's descriptor again (rate-limited); true if it was refreshed.
-    fn refresh_segment(&self, segment: &Segment) -> bool {
-        {
-            let mut last = segment.last_refresh.lock();
-            if last.elapsed() < REFRESH_INTERVAL {
-                return false;
-            }
-            *last = Instant::now();
+    /// Fetches a segment's descriptor again unless `seen` was already replaced (by another
+    /// thread) or it was fetched very recently; true if a newer descriptor is in place.
+    fn refresh_segment(&self, segment: &Segment, seen: &Arc<SegmentDescriptor>) -> bool {
+        // Held across the fetch: concurrent callers wait for one fetch instead of each doing one.
+        let mut last = segment.last_refresh.lock();
+        if !Arc::ptr_eq(&segment.descriptor.read(), seen) {
+            return true;
         }
+        if last.is_some_and(|t| t.elapsed() < REFRESH_INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
         match handshake::fetch_descriptor(&segment.name, HANDSHAKE_TIMEOUT) {
             Ok(d) => {
                 *segment.descriptor.write() = Arc::new(d);
@@ -525,7 +529,7 @@ impl TransferEngine {
                 }
                 Err(CutError::Remote { addr, len }) => {
                     // The descriptor may be stale (the target registered more memory since).
-                    if attempt == 0 && self.refresh_segment(segment) {
+                    if attempt == 0 && self.refresh_segment(segment, &descriptor) {
                         continue;
                     }
                     return Err(PlanError::Remote(format!(

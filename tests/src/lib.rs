@@ -1,0 +1,170 @@
+//! Helpers for Crescent's cross-crate and multi-process tests.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crescent_engine::{EngineConfig, TransferEngine};
+
+pub mod netns;
+
+/// An engine on loopback with the given transfer timeout.
+pub fn loopback_engine(timeout: Duration) -> Arc<TransferEngine> {
+    let config = EngineConfig {
+        local_hostname: Some("127.0.0.1".into()),
+        transfer_timeout: timeout,
+        ..EngineConfig::default()
+    };
+    TransferEngine::new(config).expect("engine starts on loopback")
+}
+
+/// Path of a binary of this workspace built beside the test executable (`cargo test`
+/// builds `tebench` with the workspace).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} not built: run `cargo build --workspace` (or `cargo test --workspace`) first",
+        bin.display()
+    );
+    bin
+}
+
+/// A child process killed (SIGKILL) when dropped.
+pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    pub fn kill_now(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill_now();
+    }
+}
+
+/// Starts `tebench target` through `prefix` (e.g. `ip netns exec NS`) and waits for the
+/// segment name it prints.
+pub fn spawn_tebench_target(prefix: &[&str], args: &[&str]) -> (ChildGuard, String) {
+    let bin = workspace_bin("tebench");
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    cmd.arg("target")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = ChildGuard(cmd.spawn().expect("spawn tebench target"));
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(name) = line.strip_prefix("segment: ") {
+                let _ = tx.send(name.trim().to_string());
+            }
+        }
+    });
+    let name = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("tebench target printed its segment name");
+    (child, name)
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// A peer that answers the handshake with a descriptor (one 16 MiB buffer at 0x10000000)
+/// whose tcp endpoint accepts connections, reads requests and never answers; with
+/// `close_after`, it closes each connection after that long instead.
+pub struct SilentPeer {
+    pub name: String,
+    pub buffer: u64,
+}
+
+impl SilentPeer {
+    pub fn start(close_after: Option<Duration>) -> SilentPeer {
+        use crescent_engine::handshake::{read_message, write_message, MessageKind, MAX_REQUEST};
+        use crescent_engine::{BufferDescriptor, SegmentDescriptor};
+        use crescent_transports::Endpoint;
+        use std::io::Read;
+        use std::net::TcpListener;
+
+        let data = TcpListener::bind("127.0.0.1:0").unwrap();
+        let data_port = data.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for conn in data.incoming().map_while(Result::ok) {
+                std::thread::spawn(move || {
+                    let mut conn = conn;
+                    let started = Instant::now();
+                    conn.set_read_timeout(Some(Duration::from_millis(20)))
+                        .unwrap();
+                    let mut sink = [0u8; 65536];
+                    loop {
+                        if close_after.is_some_and(|d| started.elapsed() >= d) {
+                            return; // drop: the initiator sees the connection close
+                        }
+                        match conn.read(&mut sink) {
+                            Ok(0) => return,
+                            _ => continue,
+                        }
+                    }
+                });
+            }
+        });
+        let hs = TcpListener::bind("127.0.0.1:0").unwrap();
+        let name = format!("127.0.0.1:{}", hs.local_addr().unwrap().port());
+        let buffer = 0x1000_0000;
+        let descriptor = SegmentDescriptor {
+            name: name.clone(),
+            host_id: "silent-peer".into(),
+            endpoints: vec![Endpoint::Tcp {
+                host: "127.0.0.1".into(),
+                port: data_port,
+            }],
+            buffers: vec![BufferDescriptor {
+                addr: buffer,
+                length: 16 << 20,
+                location: "cpu:0".into(),
+                keys: Default::default(),
+            }],
+        };
+        std::thread::spawn(move || {
+            for conn in hs.incoming().map_while(Result::ok) {
+                let mut conn = conn;
+                while let Ok((MessageKind::GetDescriptor, _)) = read_message(&mut conn, MAX_REQUEST)
+                {
+                    if write_message(&mut conn, MessageKind::Descriptor, &descriptor.to_json())
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        });
+        SilentPeer { name, buffer }
+    }
+}

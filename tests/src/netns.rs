@@ -1,0 +1,98 @@
+//! Two "hosts" on one machine: two network namespaces joined by a veth pair, with addresses
+//! from 198.18.0.0/15 (the benchmarking range) chosen by the test. Needs root and `ip`.
+
+use std::process::Command;
+
+pub struct HostPair {
+    pub a: String,
+    pub b: String,
+    pub addr_a: String,
+    pub addr_b: String,
+    pub veth_a: String,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl HostPair {
+    /// Creates the pair, or says why it cannot (not root, no `ip`): the caller skips.
+    pub fn create(tag: &str) -> Result<HostPair, String> {
+        if !is_root() {
+            return Err("not root: network namespaces need CAP_SYS_ADMIN".into());
+        }
+        let id = std::process::id() % 100_000;
+        let n = (id as usize + tag.len() * 7919) % 250 + 1;
+        let pair = HostPair {
+            a: format!("crsc-{tag}-a-{id}"),
+            b: format!("crsc-{tag}-b-{id}"),
+            addr_a: format!("198.18.{n}.1"),
+            addr_b: format!("198.18.{n}.2"),
+            veth_a: format!("cv{id}{}a", &tag[..tag.len().min(4)]),
+        };
+        let veth_b = pair.veth_a.trim_end_matches('a').to_string() + "b";
+        let setup = || -> Result<(), String> {
+            ip(&["netns", "add", &pair.a])?;
+            ip(&["netns", "add", &pair.b])?;
+            ip(&[
+                "link",
+                "add",
+                &pair.veth_a,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &veth_b,
+            ])?;
+            ip(&["link", "set", &pair.veth_a, "netns", &pair.a])?;
+            ip(&["link", "set", &veth_b, "netns", &pair.b])?;
+            for (ns, dev, addr) in [
+                (&pair.a, &pair.veth_a, &pair.addr_a),
+                (&pair.b, &veth_b, &pair.addr_b),
+            ] {
+                ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+                ip(&["-n", ns, "link", "set", dev, "up"])?;
+                ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            }
+            Ok(())
+        };
+        setup()?;
+        Ok(pair)
+    }
+
+    /// `ip netns exec <ns>` as a command prefix.
+    pub fn exec_prefix<'a>(&'a self, ns: &'a str) -> [&'a str; 4] {
+        ["ip", "netns", "exec", ns]
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2))
+                .map(|u| u == "0")
+        })
+        .unwrap_or(false)
+}
+
+impl Drop for HostPair {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
