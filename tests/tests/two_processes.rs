@@ -1,0 +1,173 @@
+//! A target in another process (`tebench target`) on loopback: the initiator in this process
+//! and the tebench initiator both move verified data; killing the target mid-transfer fails
+//! the requests in flight without hanging.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crescent_benches::pattern;
+use crescent_engine::{Opcode, TransferRequest, TransferStatus};
+use crescent_tests::{loopback_engine, spawn_tebench_target, workspace_bin};
+
+#[test]
+fn reads_from_another_process_match_its_pattern() {
+    let (_target, name) = spawn_tebench_target(
+        &[],
+        &[
+            "--buffer-size",
+            "32M",
+            "--pattern",
+            "--local-hostname",
+            "127.0.0.1",
+        ],
+    );
+    let engine = loopback_engine(Duration::from_secs(30));
+    let seg = engine.open_segment(&name).unwrap();
+    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    let local = engine.alloc_registered(8 << 20, "cpu:0").unwrap();
+    for &(off, len) in &[(0u64, 1u64), (12_345, 777_777), (31 << 20, 1 << 20)] {
+        engine
+            .transfer_sync(&[TransferRequest {
+                opcode: Opcode::Read,
+                source: local.addr(),
+                target: seg,
+                target_offset: remote.addr + off,
+                length: len,
+            }])
+            .unwrap();
+        // SAFETY: the transfer ended.
+        let got = unsafe { &local.as_slice()[..len as usize] };
+        assert_eq!(
+            pattern::first_mismatch(got, 0, off),
+            None,
+            "read of {len} bytes at {off}"
+        );
+    }
+}
+
+#[test]
+fn tebench_initiator_verifies_reads_and_writes_with_threads() {
+    let (_target, name) = spawn_tebench_target(
+        &[],
+        &[
+            "--buffer-size",
+            "64M",
+            "--pattern",
+            "--local-hostname",
+            "127.0.0.1",
+        ],
+    );
+    for op in ["read", "write"] {
+        let out = Command::new(workspace_bin("tebench"))
+            .args([
+                "initiator",
+                "--segment",
+                &name,
+                "--operation",
+                op,
+                "--block-size",
+                "96K",
+                "--batch-size",
+                "16",
+            ])
+            .args([
+                "--threads",
+                "3",
+                "--duration",
+                "1",
+                "--verify",
+                "--json",
+                "--local-hostname",
+                "127.0.0.1",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{op}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(" GB/s"),
+            "summary line with the figure: {stdout}"
+        );
+        let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(json["verified"], true, "{op}: {json}");
+        assert!(json["bytes"].as_u64().unwrap() > 0);
+        assert_eq!(json["failed_requests"], 0);
+    }
+}
+
+#[test]
+fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
+    let (mut target, name) = spawn_tebench_target(
+        &[],
+        &["--buffer-size", "256M", "--local-hostname", "127.0.0.1"],
+    );
+    let engine = loopback_engine(Duration::from_secs(20));
+    let seg = engine.open_segment(&name).unwrap();
+    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    let local = engine.alloc_registered(256 << 20, "cpu:0").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (engine, stop, local) = (engine.clone(), stop.clone(), local.clone());
+        std::thread::spawn(move || {
+            let mut outcomes = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let reqs: Vec<_> = (0..16)
+                    .map(|i| TransferRequest {
+                        opcode: if i % 2 == 0 {
+                            Opcode::Read
+                        } else {
+                            Opcode::Write
+                        },
+                        source: local.addr() + i * (16 << 20),
+                        target: seg,
+                        target_offset: remote.addr + i * (16 << 20),
+                        length: 16 << 20,
+                    })
+                    .collect();
+                let id = engine.allocate_batch(16).unwrap();
+                engine.submit(id, &reqs).unwrap();
+                let statuses = engine.wait_batch(id, None).unwrap();
+                engine.free_batch(id).unwrap();
+                let failed = statuses.iter().any(|s| *s != TransferStatus::Completed);
+                outcomes.push(statuses);
+                if failed {
+                    break;
+                }
+            }
+            outcomes
+        })
+    };
+    std::thread::sleep(Duration::from_millis(600));
+    let killed_at = Instant::now();
+    target.kill_now();
+    let outcomes = worker.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(15),
+        "in-flight requests ended before their timeout"
+    );
+    let last = outcomes.last().expect("at least one batch ran");
+    assert!(
+        last.iter()
+            .any(|s| matches!(s, TransferStatus::Failed(r) if r.contains("connection"))),
+        "the batch in flight at the kill failed with the connection's reason: {last:?}"
+    );
+    assert!(outcomes.len() > 1, "batches completed before the kill");
+    // Later requests fail fast too: the peer is gone.
+    let err = engine
+        .transfer_sync(&[TransferRequest {
+            opcode: Opcode::Read,
+            source: local.addr(),
+            target: seg,
+            target_offset: remote.addr,
+            length: 10,
+        }])
+        .unwrap_err();
+    assert!(err.to_string().contains("connect"), "{err}");
+}
