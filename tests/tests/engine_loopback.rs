@@ -158,7 +158,7 @@ fn out_of_range_and_unregistered_requests_fail_clearly() {
     assert_eq!(statuses[1], TransferStatus::Completed);
     initiator.free_batch(batch).unwrap();
     // Local memory that is not registered: the caller's mistake, nothing submitted.
-    let heap = vec![0u8; 64];
+    let heap = [0u8; 64];
     let err = initiator
         .transfer_sync(&[req(
             Opcode::Read,
