@@ -1,0 +1,31 @@
+# Shared helpers of the ci/ scripts (sourced, not run).
+
+ci_log() { printf '\n==> %s\n' "$*" >&2; }
+
+# Installs Debian packages that are missing (root or sudo needed).
+ci_apt_install() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  ci_log "installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Makes sure cargo is there: the machine's rustup toolchain, or rustup from its installer.
+ci_ensure_rust() {
+  [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+  if ! command -v cargo >/dev/null 2>&1; then
+    ci_log "installing Rust with rustup (toolchain pinned by rust-toolchain.toml)"
+    ci_apt_install curl ca-certificates
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain none
+    . "$HOME/.cargo/env"
+  fi
+}
+
+# The packages every build and test needs.
+CI_BASE_PACKAGES=(build-essential pkg-config iproute2 iperf3 protobuf-compiler python3 python3-venv)
