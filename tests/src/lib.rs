@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crescent_engine::{EngineConfig, TransferEngine};
 
 pub mod netns;
+pub mod store;
 
 /// An engine on loopback with the given transfer timeout.
 pub fn loopback_engine(timeout: Duration) -> Arc<TransferEngine> {
