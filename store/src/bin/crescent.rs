@@ -118,7 +118,11 @@ fn demo(args: DemoArgs) -> Result<()> {
             value.len()
         );
     }
-    println!("B sees {} of {} keys exist", b.batch_exists(&keys(&args.sizes))?.iter().filter(|e| **e).count(), args.sizes.len());
+    println!(
+        "B sees {} of {} keys exist",
+        b.batch_exists(&keys(&args.sizes))?.iter().filter(|e| **e).count(),
+        args.sizes.len()
+    );
     let removed = a.remove_by_regex("^demo/")?;
     println!(
         "remove_by_regex ^demo/ removed {removed} key(s): B's gets hold read leases ({} s), which protect objects from removal",
@@ -217,7 +221,14 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
         Some("query") => {
             let q = c.query(key()?)?;
             let replicas: Vec<String> = q.replicas.iter().map(|r| r.segment_name.clone()).collect();
-            Ok(format!("exists={} size={} version={} lease_ms={} replicas={}", q.exists, q.size, q.version, q.lease_remaining_ms, replicas.join(",")))
+            Ok(format!(
+                "exists={} size={} version={} lease_ms={} replicas={}",
+                q.exists,
+                q.size,
+                q.version,
+                q.lease_remaining_ms,
+                replicas.join(",")
+            ))
         }
         Some("batch_put") => {
             let seed = num(w.get(1), "seed")?;
@@ -230,7 +241,14 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
             }
             let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
             let results = c.put_batch(&keys, &refs)?;
-            Ok(results.iter().map(|r| match r { Ok(()) => "ok".to_string(), Err(e) => e.code().as_str_name().to_string() }).collect::<Vec<_>>().join(" "))
+            Ok(results
+                .iter()
+                .map(|r| match r {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => e.code().as_str_name().to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(" "))
         }
         Some("batch_get") => {
             let seed = num(w.get(1), "seed")?;
