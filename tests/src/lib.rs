@@ -10,6 +10,7 @@ use crescent_engine::{EngineConfig, TransferEngine};
 
 pub mod netns;
 pub mod services;
+pub mod store;
 
 /// An engine on loopback with the given transfer timeout.
 pub fn loopback_engine(timeout: Duration) -> Arc<TransferEngine> {
