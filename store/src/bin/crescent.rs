@@ -51,6 +51,10 @@ struct ClientArgs {
     /// Address peers use to reach this client.
     #[arg(long)]
     local_hostname: Option<String>,
+    /// Metadata service (overrides metadata_server of MOONCAKE_CONFIG_PATH): P2PHANDSHAKE,
+    /// etcd://host:port, redis://[user:pass@]host:port[/db] or http://host:port/metadata.
+    #[arg(long, visible_alias = "metadata_server")]
+    metadata_server: Option<String>,
     #[arg(long, value_parser = parse_size)]
     segment_size: Option<u64>,
     #[arg(long, value_parser = parse_size)]
@@ -90,8 +94,16 @@ fn demo(args: DemoArgs) -> Result<()> {
     };
     let a = StoreClient::connect(config.clone())?;
     let b = StoreClient::connect(config)?;
-    println!("client A: {} contributes {} MiB", a.segment_name(), args.segment_size >> 20);
-    println!("client B: {} contributes {} MiB", b.segment_name(), args.segment_size >> 20);
+    println!(
+        "client A: {} contributes {} MiB",
+        a.segment_name(),
+        args.segment_size >> 20
+    );
+    println!(
+        "client B: {} contributes {} MiB",
+        b.segment_name(),
+        args.segment_size >> 20
+    );
     for (i, &size) in args.sizes.iter().enumerate() {
         let key = format!("demo/prefix-{i}/{}MiB", size >> 20);
         let mut value = vec![0u8; size as usize];
@@ -111,14 +123,25 @@ fn demo(args: DemoArgs) -> Result<()> {
         let path = if whose == "B" {
             "a local memcpy".to_string()
         } else {
-            format!("{} from A", b.engine().segment_transport(b.engine().open_segment(holder)?)?)
+            format!(
+                "{} from A",
+                b.engine()
+                    .segment_transport(b.engine().open_segment(holder)?)?
+            )
         };
         println!(
             "put {key} ({} bytes) from A in {put_ms:.1} ms -> stored on client {whose}; get on B in {get_ms:.1} ms via {path}: bytes verified",
             value.len()
         );
     }
-    println!("B sees {} of {} keys exist", b.batch_exists(&keys(&args.sizes))?.iter().filter(|e| **e).count(), args.sizes.len());
+    println!(
+        "B sees {} of {} keys exist",
+        b.batch_exists(&keys(&args.sizes))?
+            .iter()
+            .filter(|e| **e)
+            .count(),
+        args.sizes.len()
+    );
     let removed = a.remove_by_regex("^demo/")?;
     println!(
         "remove_by_regex ^demo/ removed {removed} key(s): B's gets hold read leases ({} s), which protect objects from removal",
@@ -127,9 +150,15 @@ fn demo(args: DemoArgs) -> Result<()> {
     for k in keys(&args.sizes) {
         a.remove_with(&k, true)?;
     }
-    println!("forced removal: exists now {:?}", b.batch_exists(&keys(&args.sizes))?);
+    println!(
+        "forced removal: exists now {:?}",
+        b.batch_exists(&keys(&args.sizes))?
+    );
     let totals = master.master.totals();
-    println!("master: {} segment(s), {} bytes capacity, {} used", totals.segments, totals.capacity, totals.used);
+    println!(
+        "master: {} segment(s), {} bytes capacity, {} used",
+        totals.segments, totals.capacity, totals.used
+    );
     a.close()?;
     b.close()?;
     println!("demo finished");
@@ -137,7 +166,11 @@ fn demo(args: DemoArgs) -> Result<()> {
 }
 
 fn keys(sizes: &[u64]) -> Vec<String> {
-    sizes.iter().enumerate().map(|(i, s)| format!("demo/prefix-{i}/{}MiB", s >> 20)).collect()
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("demo/prefix-{i}/{}MiB", s >> 20))
+        .collect()
 }
 
 fn client(args: ClientArgs) -> Result<()> {
@@ -147,6 +180,9 @@ fn client(args: ClientArgs) -> Result<()> {
     }
     if args.local_hostname.is_some() {
         config.local_hostname = args.local_hostname;
+    }
+    if let Some(m) = args.metadata_server {
+        config.metadata_server = m;
     }
     if let Some(s) = args.segment_size {
         config.global_segment_size = s;
@@ -192,7 +228,10 @@ fn seeded(size: u64, seed: u64) -> Vec<u8> {
 
 fn num(s: Option<&&str>, what: &str) -> Result<u64> {
     let s = s.with_context(|| format!("missing {what}"))?;
-    parse_size(s).or_else(|_| s.parse::<u64>().map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}")))
+    parse_size(s).or_else(|_| {
+        s.parse::<u64>()
+            .map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}"))
+    })
 }
 
 fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
@@ -217,7 +256,14 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
         Some("query") => {
             let q = c.query(key()?)?;
             let replicas: Vec<String> = q.replicas.iter().map(|r| r.segment_name.clone()).collect();
-            Ok(format!("exists={} size={} version={} lease_ms={} replicas={}", q.exists, q.size, q.version, q.lease_remaining_ms, replicas.join(",")))
+            Ok(format!(
+                "exists={} size={} version={} lease_ms={} replicas={}",
+                q.exists,
+                q.size,
+                q.version,
+                q.lease_remaining_ms,
+                replicas.join(",")
+            ))
         }
         Some("batch_put") => {
             let seed = num(w.get(1), "seed")?;
@@ -230,7 +276,14 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
             }
             let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
             let results = c.put_batch(&keys, &refs)?;
-            Ok(results.iter().map(|r| match r { Ok(()) => "ok".to_string(), Err(e) => e.code().as_str_name().to_string() }).collect::<Vec<_>>().join(" "))
+            Ok(results
+                .iter()
+                .map(|r| match r {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => e.code().as_str_name().to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(" "))
         }
         Some("batch_get") => {
             let seed = num(w.get(1), "seed")?;
@@ -239,7 +292,9 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
             Ok(results
                 .iter()
                 .map(|r| match r {
-                    Ok(v) if pattern::first_mismatch(v, seed, 0).is_none() => format!("{}", v.len()),
+                    Ok(v) if pattern::first_mismatch(v, seed, 0).is_none() => {
+                        format!("{}", v.len())
+                    }
                     Ok(_) => "MISMATCH".to_string(),
                     Err(e) => e.code().as_str_name().to_string(),
                 })

@@ -433,7 +433,70 @@ mod tests {
         }
     }
 
+    /// A service in memory, for the reading side's checks.
+    struct MemStore(parking_lot::Mutex<std::collections::HashMap<String, Vec<u8>>>);
+
+    impl MetadataStore for MemStore {
+        fn address(&self) -> &str {
+            "mem://"
+        }
+        fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+            Ok(self.0.lock().get(key).cloned())
+        }
+        fn put(&self, key: &str, value: &[u8], _ttl: Option<Duration>) -> Result<()> {
+            self.0.lock().insert(key.into(), value.into());
+            Ok(())
+        }
+        fn delete(&self, key: &str) -> Result<()> {
+            self.0.lock().remove(key);
+            Ok(())
+        }
+    }
+
+    fn mem() -> MemStore {
+        MemStore(Default::default())
+    }
+
+    #[test]
+    fn descriptors_are_checked_on_the_way_in() {
+        let (store, keys) = (mem(), Keys::new(Some("c")));
+        assert!(matches!(
+            fetch_descriptor(&store, &keys, "a:1"),
+            Err(EngineError::SegmentNotFound { .. })
+        ));
+        let good = br#"{"name":"a:1","endpoints":[],"buffers":[{"addr":4096,"length":10}]}"#;
+        store.put(&keys.descriptor("a:1"), good, None).unwrap();
+        assert_eq!(
+            fetch_descriptor(&store, &keys, "a:1")
+                .unwrap()
+                .buffers
+                .len(),
+            1
+        );
+        store.put(&keys.descriptor("b:1"), good, None).unwrap();
+        let err = fetch_descriptor(&store, &keys, "b:1").unwrap_err();
+        assert!(err.to_string().contains("a:1"), "{err}");
+        let mut huge = br#"{"name":"c:1","endpoints":[],"buffers":[]}"#.to_vec();
+        huge.resize(MAX_VALUE_LEN + 1, b' ');
+        store.put(&keys.descriptor("c:1"), &huge, None).unwrap();
+        let err = fetch_descriptor(&store, &keys, "c:1").unwrap_err();
+        assert!(matches!(err, EngineError::BadMetadata { .. }), "{err}");
+    }
+
     proptest! {
+        #[test]
+        fn arbitrary_values_in_the_service_never_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let (store, keys) = (mem(), Keys::new(None));
+            store.put(&keys.descriptor("a:1"), &bytes, None).unwrap();
+            let is_bad_metadata = matches!(
+                fetch_descriptor(&store, &keys, "a:1"),
+                Err(EngineError::BadMetadata { .. })
+            );
+            prop_assert!(is_bad_metadata);
+        }
+
         #[test]
         fn arbitrary_connection_strings_never_panic(s in "\\PC{0,80}") {
             if let Ok(a) = ServiceAddress::parse(&s) {

@@ -87,8 +87,13 @@ impl Publisher {
     }
 
     /// Publishes the current descriptor now (registered regions changed). A failure is logged
-    /// and left to the renewal loop, which retries until the service answers.
+    /// and left to the renewal loop, which retries until the service answers; while the
+    /// service is known to be unreachable, registration does not wait for it at all.
     pub(crate) fn publish(&self) {
+        if !self.shared.state.lock().healthy {
+            self.shared.wake.notify_all();
+            return;
+        }
         let result = self.shared.put();
         self.shared.note(&result);
     }

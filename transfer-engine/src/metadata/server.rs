@@ -207,6 +207,101 @@ impl Drop for MetadataServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metadata::http::HttpStore;
+    use crate::metadata::MetadataStore;
+    use proptest::prelude::*;
+    use std::io::{Read, Write};
+    use std::sync::OnceLock;
+
+    /// One server and client for all cases of this module.
+    fn shared() -> &'static (MetadataServer, HttpStore) {
+        static SHARED: OnceLock<(MetadataServer, HttpStore)> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let server = MetadataServer::start("127.0.0.1:0".parse().unwrap(), "/metadata")
+                .expect("server starts on loopback");
+            let client = HttpStore::connect(&server.url()).expect("client connects");
+            (server, client)
+        })
+    }
+
+    #[test]
+    fn puts_gets_deletes_and_expiry() {
+        let (_, client) = shared();
+        for key in ["mooncake/ram/10.0.0.1:80", "a&b=c", "sp ace/%20/ü", "?#"] {
+            assert_eq!(client.get(key).unwrap(), None, "{key}");
+            client.put(key, b"{\"v\":1}", None).unwrap();
+            assert_eq!(client.get(key).unwrap().as_deref(), Some(&b"{\"v\":1}"[..]));
+            client.delete(key).unwrap();
+            assert_eq!(client.get(key).unwrap(), None);
+            client.delete(key).unwrap();
+        }
+        client
+            .put("short-lived", b"1", Some(Duration::from_millis(50)))
+            .unwrap();
+        client
+            .put("long-lived", b"2", Some(Duration::from_secs(600)))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(client.get("short-lived").unwrap(), None);
+        assert_eq!(
+            client.get("long-lived").unwrap().as_deref(),
+            Some(&b"2"[..])
+        );
+    }
+
+    #[test]
+    fn oversized_values_and_bad_requests_are_refused() {
+        let (server, client) = shared();
+        let err = client
+            .put("big", &vec![b'x'; MAX_VALUE_LEN + 1], None)
+            .unwrap_err();
+        assert!(err.to_string().contains("413"), "{err}");
+        let raw = |request: &str| {
+            let mut c = std::net::TcpStream::connect(server.local_addr()).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c.write_all(request.as_bytes()).unwrap();
+            let mut answer = String::new();
+            let _ = c.read_to_string(&mut answer);
+            answer
+        };
+        let no_key = raw("GET /metadata HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        assert!(no_key.starts_with("HTTP/1.1 400"), "{no_key}");
+        let zero_ttl = raw("PUT /metadata?key=k&ttl_ms=0 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx");
+        assert!(zero_ttl.starts_with("HTTP/1.1 400"), "{zero_ttl}");
+        let huge_ttl = raw(&format!("PUT /metadata?key=k&ttl_ms={} HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx", u64::MAX));
+        assert!(huge_ttl.starts_with("HTTP/1.1 200"), "{huge_ttl}");
+        assert_eq!(client.get("k").unwrap().as_deref(), Some(&b"x"[..]));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn any_key_and_value_roundtrip(
+            key in "(?s).{1,64}",
+            value in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let (_, client) = shared();
+            client.put(&key, &value, None).unwrap();
+            prop_assert_eq!(client.get(&key).unwrap(), Some(value));
+            client.delete(&key).unwrap();
+            prop_assert_eq!(client.get(&key).unwrap(), None);
+        }
+
+        #[test]
+        fn garbage_requests_leave_the_server_serving(
+            bytes in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let (server, client) = shared();
+            let mut c = std::net::TcpStream::connect(server.local_addr()).unwrap();
+            c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            let _ = c.write_all(&bytes);
+            let _ = c.shutdown(std::net::Shutdown::Write);
+            let _ = c.read(&mut [0u8; 1024]);
+            client.put("still-there", b"1", None).unwrap();
+            prop_assert_eq!(client.get("still-there").unwrap(), Some(b"1".to_vec()));
+        }
+    }
 
     #[test]
     fn expired_entries_are_not_live_and_are_swept() {
