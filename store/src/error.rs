@@ -15,11 +15,7 @@ pub enum StoreError {
     #[error("object {0:?} already exists")]
     AlreadyExists(String),
     #[error("no space for {size} bytes x {replicas} replica(s) (after eviction): {detail}")]
-    NoSpace {
-        size: u64,
-        replicas: u32,
-        detail: String,
-    },
+    NoSpace { size: u64, replicas: u32, detail: String },
     #[error("object {0:?} is leased by a reader; retry after the lease or force")]
     Leased(String),
     #[error("object {0:?} is still being written")]
@@ -67,9 +63,9 @@ impl StoreError {
     /// The wire code for this error.
     pub fn code(&self) -> Code {
         match self {
-            StoreError::InvalidArgument(_)
-            | StoreError::Config(_)
-            | StoreError::BufferTooSmall { .. } => Code::InvalidArgument,
+            StoreError::InvalidArgument(_) | StoreError::Config(_) | StoreError::BufferTooSmall { .. } => {
+                Code::InvalidArgument
+            }
             StoreError::NotFound(_) => Code::ObjectNotFound,
             StoreError::AlreadyExists(_) => Code::ObjectAlreadyExists,
             StoreError::NoSpace { .. } => Code::NoSpace,
@@ -89,11 +85,7 @@ impl StoreError {
             Code::InvalidArgument => StoreError::InvalidArgument(message.to_string()),
             Code::ObjectNotFound => StoreError::NotFound(key.to_string()),
             Code::ObjectAlreadyExists => StoreError::AlreadyExists(key.to_string()),
-            Code::NoSpace => StoreError::NoSpace {
-                size: 0,
-                replicas: 0,
-                detail: message.to_string(),
-            },
+            Code::NoSpace => StoreError::NoSpace { size: 0, replicas: 0, detail: message.to_string() },
             Code::ObjectLeased => StoreError::Leased(key.to_string()),
             Code::ObjectNotReady => StoreError::NotReady(key.to_string()),
             Code::SegmentNotFound => StoreError::SegmentNotFound(message.to_string()),

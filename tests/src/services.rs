@@ -29,9 +29,7 @@ pub fn shared_service(
     let from_env = |var: &str, scheme: &str| match std::env::var(var) {
         Ok(addr) if !addr.trim().is_empty() => Some(format!("{scheme}://{}", addr.trim())),
         _ => {
-            println!(
-                "SKIPPED: {test}: {var} is not set (ci/test.sh starts the service and sets it)"
-            );
+            println!("SKIPPED: {test}: {var} is not set (ci/test.sh starts the service and sets it)");
             None
         }
     };
@@ -39,11 +37,9 @@ pub fn shared_service(
         Kind::Etcd => from_env("CRESCENT_TEST_ETCD", "etcd"),
         Kind::Redis => from_env("CRESCENT_TEST_REDIS", "redis"),
         Kind::Http => {
-            let server = crescent_engine::metadata::server::MetadataServer::start(
-                "127.0.0.1:0".parse().unwrap(),
-                "/metadata",
-            )
-            .expect("http metadata server starts on loopback");
+            let server =
+                crescent_engine::metadata::server::MetadataServer::start("127.0.0.1:0".parse().unwrap(), "/metadata")
+                    .expect("http metadata server starts on loopback");
             let url = server.url();
             *http = Some(server);
             Some(url)
@@ -53,27 +49,16 @@ pub fn shared_service(
 
 /// A cluster id no other test uses, so that tests sharing one service never see each other.
 pub fn unique_cluster(tag: &str) -> String {
-    format!(
-        "crescent-test-{tag}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    )
+    format!("crescent-test-{tag}-{}-{:08x}", std::process::id(), rand::random::<u32>())
 }
 
 /// A free loopback port (free when asked; the caller binds it soon after).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
 }
 
 fn answers(port: u16) -> bool {
-    TcpStream::connect_timeout(
-        &SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_millis(200),
-    )
-    .is_ok()
+    TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(200)).is_ok()
 }
 
 fn find_binary(name: &str) -> Option<PathBuf> {
@@ -107,11 +92,8 @@ impl PrivateService {
             Kind::Http => return Err("http runs in-process".into()),
         };
         let binary = find_binary(name).ok_or_else(|| format!("{name} is not installed"))?;
-        let dir = std::env::temp_dir().join(format!(
-            "crescent-{name}-{}-{:08x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("crescent-{name}-{}-{:08x}", std::process::id(), rand::random::<u32>()));
         let mut service = PrivateService {
             kind,
             binary,
@@ -149,17 +131,10 @@ impl PrivateService {
             }
             Kind::Http => unreachable!(),
         }
-        cmd.args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args(&self.extra).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
         self.child = Some(cmd.spawn().expect("service process starts"));
         let port = self.port;
-        assert!(
-            eventually(Duration::from_secs(20), || answers(port)),
-            "{:?} answers on port {port}",
-            self.kind
-        );
+        assert!(eventually(Duration::from_secs(20), || answers(port)), "{:?} answers on port {port}", self.kind);
         if self.kind == Kind::Etcd {
             // The client port opens before the member has elected itself leader.
             std::thread::sleep(Duration::from_millis(500));

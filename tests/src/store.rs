@@ -63,7 +63,8 @@ impl ClientProc {
         let stdin = child.0.stdin.take().expect("stdin");
         let lines = lines_of(child.0.stdout.take().expect("stdout"));
         let ready = lines.recv_timeout(Duration::from_secs(60)).expect("client started");
-        let segment = ready.strip_prefix("ready ").unwrap_or_else(|| panic!("unexpected first line {ready:?}")).to_string();
+        let segment =
+            ready.strip_prefix("ready ").unwrap_or_else(|| panic!("unexpected first line {ready:?}")).to_string();
         ClientProc { child, stdin, lines, segment }
     }
 

@@ -28,11 +28,7 @@ fn engine(url: &str, cluster: &str, ttl: Duration) -> Arc<TransferEngine> {
 }
 
 fn store(url: &str) -> Arc<dyn MetadataStore> {
-    ServiceAddress::parse(url)
-        .unwrap()
-        .connect()
-        .unwrap()
-        .expect("a service, not P2P")
+    ServiceAddress::parse(url).unwrap().connect().unwrap().expect("a service, not P2P")
 }
 
 fn filled(engine: &TransferEngine, len: u64, seed: u64) -> RegisteredMemory {
@@ -60,11 +56,7 @@ fn read_and_check(
     }])?;
     // SAFETY: the transfer ended.
     let got = unsafe { &local.as_slice()[..len as usize] };
-    assert_eq!(
-        pattern::first_mismatch(got, seed, 0),
-        None,
-        "bytes read back"
-    );
+    assert_eq!(pattern::first_mismatch(got, seed, 0), None, "bytes read back");
     Ok(())
 }
 
@@ -130,15 +122,9 @@ fn two_engines_find_each_other_and_transfer(kind: Kind, test: &str) {
     read_and_check(&b, seg, &local, second.addr(), 1 << 20, 11).unwrap();
 
     // The rpc_meta entry tells the handshake address, as Mooncake lays it out.
-    let rpc = service
-        .get(&keys.rpc_meta(&name))
-        .unwrap()
-        .expect("rpc_meta");
+    let rpc = service.get(&keys.rpc_meta(&name)).unwrap().expect("rpc_meta");
     let rpc = RpcMeta::from_json(&rpc).unwrap();
-    assert_eq!(
-        (rpc.ip_or_host_name.as_str(), rpc.rpc_port),
-        ("127.0.0.1", a.rpc_port())
-    );
+    assert_eq!((rpc.ip_or_host_name.as_str(), rpc.rpc_port), ("127.0.0.1", a.rpc_port()));
 
     // A clean shutdown removes a's entries at once.
     drop(a);
@@ -190,35 +176,17 @@ fn a_crashed_owner_ages_out_and_a_live_one_stays(kind: Kind, test: &str) {
     let cluster = unique_cluster("crash");
     let keys = Keys::new(Some(&cluster));
     let service = store(&url);
-    let envs = [
-        ("MC_METADATA_TTL", "2"),
-        ("MC_METADATA_CLUSTER_ID", cluster.as_str()),
-    ];
+    let envs = [("MC_METADATA_TTL", "2"), ("MC_METADATA_CLUSTER_ID", cluster.as_str())];
     let (mut target, name) = spawn_tebench_target_env(
         &[],
-        &[
-            "--buffer-size",
-            "16M",
-            "--pattern",
-            "--local-hostname",
-            "127.0.0.1",
-            "--metadata-server",
-            &url,
-        ],
+        &["--buffer-size", "16M", "--pattern", "--local-hostname", "127.0.0.1", "--metadata-server", &url],
         &envs,
     );
     // tebench finds the target through the service and moves verified bytes.
     let out = Command::new(workspace_bin("tebench"))
         .args(["initiator", "--segment", &name, "--metadata-server", &url])
         .args(["--local-hostname", "127.0.0.1", "--block-size", "64K"])
-        .args([
-            "--batch-size",
-            "8",
-            "--duration",
-            "0.5",
-            "--verify",
-            "--json",
-        ])
+        .args(["--batch-size", "8", "--duration", "0.5", "--verify", "--json"])
         .envs(envs)
         .output()
         .unwrap();
@@ -245,10 +213,7 @@ fn a_crashed_owner_ages_out_and_a_live_one_stays(kind: Kind, test: &str) {
         killed.elapsed()
     );
     let reader = engine(&url, &cluster, Duration::from_secs(10));
-    assert!(matches!(
-        reader.open_segment(&name),
-        Err(EngineError::SegmentNotFound { .. })
-    ));
+    assert!(matches!(reader.open_segment(&name), Err(EngineError::SegmentNotFound { .. })));
 }
 
 per_service!(a_malformed_descriptor_is_an_error);
@@ -329,10 +294,7 @@ fn a_service_restart_mid_run(kind: Kind, test: &str) {
         }
         Kind::Redis => {
             // Credentials and a database number in the URL, as users write them.
-            let args = [
-                "--user", "default", "off", "--user", "crescent", "on", ">s3cret", "~*", "&*",
-                "+@all",
-            ];
+            let args = ["--user", "default", "off", "--user", "crescent", "on", ">s3cret", "~*", "&*", "+@all"];
             match PrivateService::start(kind, &args) {
                 Ok(p) => {
                     let url = p.url("crescent:s3cret@", "/3");
@@ -366,21 +328,10 @@ fn a_service_restart_mid_run(kind: Kind, test: &str) {
     let second = filled(&a, 1 << 20, 22);
     // Opening an unknown segment fails with the service's address, password hidden.
     let err = b.open_segment("nobody.invalid:1").unwrap_err();
-    assert!(
-        matches!(err, EngineError::MetadataUnavailable { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, EngineError::MetadataUnavailable { .. }), "{err}");
     let shown = err.to_string();
     assert!(!shown.contains("s3cret"), "{shown}");
-    assert!(
-        shown.contains(
-            url.rsplit('@')
-                .next()
-                .unwrap()
-                .trim_start_matches("etcd://")
-        ),
-        "{shown}"
-    );
+    assert!(shown.contains(url.rsplit('@').next().unwrap().trim_start_matches("etcd://")), "{shown}");
 
     // The service comes back empty: a re-publishes everything, new memory included.
     service.restart();
@@ -391,23 +342,13 @@ fn a_service_restart_mid_run(kind: Kind, test: &str) {
                 .get(&keys.descriptor(a.segment_name()))
                 .ok()
                 .flatten()
-                .is_some_and(|d| {
-                    String::from_utf8_lossy(&d).contains(&format!("\"addr\":{}", second.addr()))
-                })
+                .is_some_and(|d| String::from_utf8_lossy(&d).contains(&format!("\"addr\":{}", second.addr())))
         }),
         "a re-published its descriptor after the restart"
     );
     // b reaches the new memory: its stale descriptor is refreshed from the service.
     assert!(
-        eventually(Duration::from_secs(10), || read_and_check(
-            &b,
-            seg,
-            &local,
-            second.addr(),
-            1 << 20,
-            22
-        )
-        .is_ok()),
+        eventually(Duration::from_secs(10), || read_and_check(&b, seg, &local, second.addr(), 1 << 20, 22).is_ok()),
         "b reads memory a registered while the service was down"
     );
     let c = engine(&url, &cluster, ttl);
@@ -429,18 +370,13 @@ fn an_unreachable_service_at_start_is_a_clear_error() {
         })
         .unwrap_err();
         let text = err.to_string();
-        assert!(
-            matches!(err, EngineError::MetadataUnavailable { .. }),
-            "{url}: {text}"
-        );
+        assert!(matches!(err, EngineError::MetadataUnavailable { .. }), "{url}: {text}");
         assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
         assert!(!text.contains("hidden"), "{text}");
     }
-    let err = TransferEngine::new(EngineConfig {
-        metadata_server: "zookeeper://h:1".into(),
-        ..EngineConfig::default()
-    })
-    .unwrap_err();
+    let err =
+        TransferEngine::new(EngineConfig { metadata_server: "zookeeper://h:1".into(), ..EngineConfig::default() })
+            .unwrap_err();
     assert!(err.is_caller_error(), "{err}");
 }
 
@@ -455,9 +391,7 @@ fn spawn_metadata_server() -> (ChildGuard, String) {
             .unwrap(),
     );
     let mut line = String::new();
-    BufReader::new(child.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let url = line
         .trim()
         .strip_prefix("metadata server: ")

@@ -31,7 +31,8 @@ fn cluster(tag: &str, master_args: &[&str]) -> Option<Cluster> {
 impl Cluster {
     fn client(&self, on_b: bool, segment: &str, extra: &[&str]) -> ClientProc {
         let (ns, addr) = if on_b { (&self.hosts.b, &self.hosts.addr_b) } else { (&self.hosts.a, &self.hosts.addr_a) };
-        let mut args = vec!["--master", &self.master, "--local-hostname", addr, "--segment-size", segment, "--buffer-size", "16M"];
+        let mut args =
+            vec!["--master", &self.master, "--local-hostname", addr, "--segment-size", segment, "--buffer-size", "16M"];
         args.extend_from_slice(extra);
         ClientProc::spawn(&self.hosts.exec_prefix(ns), &args)
     }

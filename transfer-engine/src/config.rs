@@ -72,25 +72,15 @@ impl EngineConfig {
                 .parse::<usize>()
                 .ok()
                 .filter(|n| (1..=64).contains(n))
-                .ok_or_else(|| {
-                    EngineError::Config(format!("MC_TCP_LANES={v:?} is not a number from 1 to 64"))
-                })?;
+                .ok_or_else(|| EngineError::Config(format!("MC_TCP_LANES={v:?} is not a number from 1 to 64")))?;
         }
         if let Some(v) = env("MC_TCP_SLICE_SIZE") {
-            self.tcp_slice_len = parse_size(&v)
-                .map_err(|e| EngineError::Config(format!("MC_TCP_SLICE_SIZE: {e}")))?;
+            self.tcp_slice_len = parse_size(&v).map_err(|e| EngineError::Config(format!("MC_TCP_SLICE_SIZE: {e}")))?;
         }
         if let Some(v) = env("MC_TRANSFER_TIMEOUT") {
-            let secs = v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.is_finite() && *s > 0.0)
-                .ok_or_else(|| {
-                    EngineError::Config(format!(
-                        "MC_TRANSFER_TIMEOUT={v:?} is not a positive number of seconds"
-                    ))
-                })?;
+            let secs = v.trim().parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0).ok_or_else(|| {
+                EngineError::Config(format!("MC_TRANSFER_TIMEOUT={v:?} is not a positive number of seconds"))
+            })?;
             self.transfer_timeout = Duration::from_secs_f64(secs);
         }
         if let Some(v) = env("MC_METADATA_CLUSTER_ID") {
@@ -115,9 +105,7 @@ fn parse_seconds(name: &str, v: &str) -> Result<Duration> {
         .filter(|s| s.is_finite() && *s > 0.0 && *s <= 365.0 * 86400.0)
         .map(Duration::from_secs_f64)
         .ok_or_else(|| {
-            EngineError::Config(format!(
-                "{name}={v:?} is not a positive number of seconds (at most a year)"
-            ))
+            EngineError::Config(format!("{name}={v:?} is not a positive number of seconds (at most a year)"))
         })
 }
 
@@ -125,9 +113,7 @@ fn parse_bool(name: &str, v: &str) -> Result<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(EngineError::Config(format!(
-            "{name}={v:?} is not a boolean (use 1 or 0)"
-        ))),
+        _ => Err(EngineError::Config(format!("{name}={v:?} is not a boolean (use 1 or 0)"))),
     }
 }
 
@@ -137,9 +123,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(split);
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (examples: 4096, 64K, 1M, 1G)"))?;
+    let value: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size (examples: 4096, 64K, 1M, 1G)"))?;
     let shift = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -148,10 +132,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 40,
         _ => return Err(format!("{text:?} has an unknown unit (use K, M, G or T)")),
     };
-    let bytes = value
-        .checked_shl(shift)
-        .filter(|b| b >> shift == value)
-        .ok_or_else(|| format!("{text:?} is too large"))?;
+    let bytes =
+        value.checked_shl(shift).filter(|b| b >> shift == value).ok_or_else(|| format!("{text:?} is too large"))?;
     if bytes == 0 {
         return Err(format!("{text:?} is zero"));
     }

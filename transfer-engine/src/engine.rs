@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
-    Completion, Endpoint, Opcode, Region, RegionTable, SharedMemory, Slice, Transport,
-    TransportKind,
+    Completion, Endpoint, Opcode, Region, RegionTable, SharedMemory, Slice, Transport, TransportKind,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -114,9 +113,7 @@ pub struct TransferEngine {
 
 impl std::fmt::Debug for TransferEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TransferEngine")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("TransferEngine").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -126,22 +123,17 @@ impl TransferEngine {
         // A malformed connection string fails before anything starts.
         ServiceAddress::parse(&config.metadata_server)?;
         let (host, port) = match config.local_hostname.as_deref() {
-            Some(h) if h.contains(':') && handshake::split_host_port(h).is_ok() => {
-                handshake::split_host_port(h)?
-            }
+            Some(h) if h.contains(':') && handshake::split_host_port(h).is_ok() => handshake::split_host_port(h)?,
             Some(h) if !h.trim().is_empty() => (h.trim().to_string(), config.rpc_port),
             _ => (host::default_advertise_host(), config.rpc_port),
         };
         if let Some(kind) = config.protocol {
             if kind != TransportKind::Tcp {
-                return Err(EngineError::Config(format!(
-                    "protocol {kind} is not available in this build (tcp is)"
-                )));
+                return Err(EngineError::Config(format!("protocol {kind} is not available in this build (tcp is)")));
             }
         }
-        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
-            EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}"))
-        })?;
+        let listener = TcpListener::bind(("0.0.0.0", port))
+            .map_err(|e| EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}")))?;
         let port = listener.local_addr()?.port();
         let name = format!("{host}:{port}");
         let host_id = host::host_id();
@@ -162,18 +154,11 @@ impl TransferEngine {
             Arc::new(move || describe(&name, &host_id, &endpoints, &table).to_json())
         };
         let handshake = HandshakeServer::start(listener, describe.clone())?;
-        let rpc = RpcMeta {
-            ip_or_host_name: host.clone(),
-            rpc_port: port,
-        };
+        let rpc = RpcMeta { ip_or_host_name: host.clone(), rpc_port: port };
         let directory = Directory::start(&config, &name, rpc, describe)?;
         tracing::info!(
             "transfer engine {name} up: transports {}",
-            transports
-                .iter()
-                .map(|t| t.endpoint().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            transports.iter().map(|t| t.endpoint().to_string()).collect::<Vec<_>>().join(", ")
         );
         Ok(Arc::new(TransferEngine {
             watchdog: Watchdog::start(config.transfer_timeout),
@@ -255,12 +240,7 @@ impl TransferEngine {
                 }
             }
         }
-        tracing::debug!(
-            "registered [{:#x}, +{}) at {}",
-            region.addr(),
-            region.len(),
-            region.location()
-        );
+        tracing::debug!("registered [{:#x}, +{}) at {}", region.addr(), region.len(), region.location());
         Ok(())
     }
 
@@ -276,15 +256,15 @@ impl TransferEngine {
         Ok(())
     }
 
+    /// Whether `[addr, addr+len)` lies inside one registered region.
+    pub fn is_registered(&self, addr: u64, len: u64) -> bool {
+        self.table.find(addr, len).is_some()
+    }
+
     /// Allocates `len` bytes of shareable memory and registers them.
     pub fn alloc_registered(&self, len: u64, location: &str) -> Result<RegisteredMemory> {
         let mem = Arc::new(SharedMemory::allocate(len, "crescent")?);
-        self.register_region(Region::new(
-            mem.addr(),
-            mem.len(),
-            location,
-            Some(mem.clone()),
-        ))?;
+        self.register_region(Region::new(mem.addr(), mem.len(), location, Some(mem.clone())))?;
         self.directory.publish();
         Ok(RegisteredMemory { mem })
     }
@@ -325,11 +305,7 @@ impl TransferEngine {
 
     /// Forgets an opened segment and its connections.
     pub fn close_segment(&self, id: SegmentId) -> Result<()> {
-        let segment = self
-            .segments
-            .write()
-            .remove(&id)
-            .ok_or(EngineError::UnknownSegment(id))?;
+        let segment = self.segments.write().remove(&id).ok_or(EngineError::UnknownSegment(id))?;
         self.by_name.lock().remove(&segment.name);
         segment.transport.forget_peer(&segment.endpoint);
         Ok(())
@@ -346,18 +322,10 @@ impl TransferEngine {
     }
 
     fn segment(&self, id: SegmentId) -> Result<Arc<Segment>> {
-        self.segments
-            .read()
-            .get(&id)
-            .cloned()
-            .ok_or(EngineError::UnknownSegment(id))
+        self.segments.read().get(&id).cloned().ok_or(EngineError::UnknownSegment(id))
     }
 
-    fn choose_transport(
-        &self,
-        name: &str,
-        d: &SegmentDescriptor,
-    ) -> Result<(Arc<dyn Transport>, Endpoint)> {
+    fn choose_transport(&self, name: &str, d: &SegmentDescriptor) -> Result<(Arc<dyn Transport>, Endpoint)> {
         let order: Vec<TransportKind> = match self.config.protocol {
             Some(kind) => vec![kind],
             None => vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp],
@@ -419,9 +387,7 @@ impl TransferEngine {
     /// Creates a batch that holds up to `capacity` requests.
     pub fn allocate_batch(&self, capacity: usize) -> Result<BatchId> {
         if capacity == 0 {
-            return Err(EngineError::InvalidArgument(
-                "a batch needs a capacity of at least 1".into(),
-            ));
+            return Err(EngineError::InvalidArgument("a batch needs a capacity of at least 1".into()));
         }
         let id = self.next_batch.fetch_add(1, Ordering::Relaxed);
         self.batches.lock().insert(id, Batch::new(id, capacity));
@@ -429,11 +395,7 @@ impl TransferEngine {
     }
 
     fn batch(&self, id: BatchId) -> Result<Arc<Batch>> {
-        self.batches
-            .lock()
-            .get(&id)
-            .cloned()
-            .ok_or(EngineError::UnknownBatch(id))
+        self.batches.lock().get(&id).cloned().ok_or(EngineError::UnknownBatch(id))
     }
 
     /// Frees a batch. Refused while any of its requests is in flight.
@@ -458,15 +420,11 @@ impl TransferEngine {
         for (i, r) in requests.iter().enumerate() {
             let segment = self.segment(r.target)?;
             if r.length == 0 {
-                return Err(EngineError::InvalidArgument(format!(
-                    "request {i} has length 0"
-                )));
+                return Err(EngineError::InvalidArgument(format!("request {i} has length 0")));
             }
             let pieces = match self.plan(&segment, r) {
                 Ok(p) => Ok(p),
-                Err(PlanError::Local(msg)) => {
-                    return Err(EngineError::InvalidArgument(format!("request {i}: {msg}")))
-                }
+                Err(PlanError::Local(msg)) => return Err(EngineError::InvalidArgument(format!("request {i}: {msg}"))),
                 Err(PlanError::Remote(msg)) => Err(msg),
             };
             planned.push((segment, pieces));
@@ -484,10 +442,8 @@ impl TransferEngine {
                     continue;
                 }
             };
-            let guards: std::result::Result<Vec<_>, _> = pieces
-                .iter()
-                .map(|p| self.table.acquire_local(p.local_addr, p.len))
-                .collect();
+            let guards: std::result::Result<Vec<_>, _> =
+                pieces.iter().map(|p| self.table.acquire_local(p.local_addr, p.len)).collect();
             match guards {
                 Ok(guards) => {
                     batch.start_request(slot, pieces.len());
@@ -503,9 +459,7 @@ impl TransferEngine {
         let mut per_segment: HashMap<SegmentId, (Arc<Segment>, Vec<Slice>)> = HashMap::new();
         for (i, opcode, p, slice) in outgoing {
             let segment = &planned[i].0;
-            let entry = per_segment
-                .entry(requests[i].target)
-                .or_insert_with(|| (segment.clone(), Vec::new()));
+            let entry = per_segment.entry(requests[i].target).or_insert_with(|| (segment.clone(), Vec::new()));
             entry.1.push(Slice {
                 opcode,
                 local_addr: p.local_addr,
@@ -520,23 +474,15 @@ impl TransferEngine {
         Ok(())
     }
 
-    fn plan(
-        &self,
-        segment: &Segment,
-        r: &TransferRequest,
-    ) -> std::result::Result<Vec<Piece>, PlanError> {
+    fn plan(&self, segment: &Segment, r: &TransferRequest) -> std::result::Result<Vec<Piece>, PlanError> {
         let max = segment.transport.max_slice_len();
         let local_end = |a: u64| self.table.find(a, 1).map(|region| region.end());
         for attempt in 0..2 {
             let descriptor = segment.descriptor.read().clone();
-            match cut(r.source, r.target_offset, r.length, max, local_end, |a| {
-                descriptor.buffer_end(a)
-            }) {
+            match cut(r.source, r.target_offset, r.length, max, local_end, |a| descriptor.buffer_end(a)) {
                 Ok(pieces) => return Ok(pieces),
                 Err(CutError::Local { addr, len }) => {
-                    return Err(PlanError::Local(format!(
-                        "local range [{addr:#x}, +{len}) is not registered memory"
-                    )))
+                    return Err(PlanError::Local(format!("local range [{addr:#x}, +{len}) is not registered memory")))
                 }
                 Err(CutError::Remote { addr, len }) => {
                     // The descriptor may be stale (the target registered more memory since).
@@ -566,11 +512,7 @@ impl TransferEngine {
 
     /// Blocks until every request submitted to the batch has ended (or `timeout` passes) and
     /// returns their statuses.
-    pub fn wait_batch(
-        &self,
-        id: BatchId,
-        timeout: Option<Duration>,
-    ) -> Result<Vec<TransferStatus>> {
+    pub fn wait_batch(&self, id: BatchId, timeout: Option<Duration>) -> Result<Vec<TransferStatus>> {
         let batch = self.batch(id)?;
         batch.wait(timeout);
         Ok(batch.statuses())
@@ -578,17 +520,13 @@ impl TransferEngine {
 
     /// A future resolving to the batch's statuses once every submitted request has ended.
     pub fn batch_completion(&self, id: BatchId) -> Result<BatchCompletion> {
-        Ok(BatchCompletion {
-            batch: self.batch(id)?,
-        })
+        Ok(BatchCompletion { batch: self.batch(id)? })
     }
 
     /// Moves `requests` and blocks until all have ended; `Ok` only if all completed.
     pub fn transfer_sync(&self, requests: &[TransferRequest]) -> Result<()> {
         let id = self.allocate_batch(requests.len().max(1))?;
-        let result = self
-            .submit(id, requests)
-            .map(|()| self.wait_batch(id, None));
+        let result = self.submit(id, requests).map(|()| self.wait_batch(id, None));
         let freed = self.free_batch(id);
         let statuses = result??;
         freed?;
@@ -596,9 +534,7 @@ impl TransferEngine {
             match s {
                 TransferStatus::Completed => {}
                 TransferStatus::Failed(reason) => {
-                    return Err(EngineError::TransferFailed(format!(
-                        "request {i}: {reason}"
-                    )))
+                    return Err(EngineError::TransferFailed(format!("request {i}: {reason}")))
                 }
                 TransferStatus::TimedOut => return Err(EngineError::TimedOut),
                 TransferStatus::Pending => unreachable!("wait_batch returns once all ended"),
@@ -613,12 +549,7 @@ enum PlanError {
     Remote(String),
 }
 
-fn describe(
-    name: &str,
-    host_id: &str,
-    endpoints: &[Endpoint],
-    table: &RegionTable,
-) -> SegmentDescriptor {
+fn describe(name: &str, host_id: &str, endpoints: &[Endpoint], table: &RegionTable) -> SegmentDescriptor {
     SegmentDescriptor {
         name: name.to_string(),
         host_id: host_id.to_string(),

@@ -42,18 +42,13 @@ pub struct Completion {
 
 impl std::fmt::Debug for Completion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Completion")
-            .field("slice", &self.slice)
-            .finish()
+        f.debug_struct("Completion").field("slice", &self.slice).finish()
     }
 }
 
 impl Completion {
     pub fn new(sink: Arc<dyn CompletionSink>, slice: usize) -> Self {
-        Completion {
-            sink: Some(sink),
-            slice,
-        }
+        Completion { sink: Some(sink), slice }
     }
 
     /// Runs `f` while holding the slice's claim on its local memory. Returns `None` without
@@ -67,10 +62,7 @@ impl Completion {
     /// deferred until the access ends).
     pub fn local_access(&self) -> Option<LocalAccess> {
         let sink = self.sink.clone()?;
-        Some(LocalAccess {
-            sink,
-            slice: self.slice,
-        })
+        Some(LocalAccess { sink, slice: self.slice })
     }
 
     pub fn complete(mut self, outcome: SliceOutcome) {
@@ -87,10 +79,7 @@ impl Completion {
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
-            sink.complete(
-                self.slice,
-                SliceOutcome::Failed("the transport dropped the slice".into()),
-            );
+            sink.complete(self.slice, SliceOutcome::Failed("the transport dropped the slice".into()));
         }
     }
 }

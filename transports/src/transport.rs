@@ -39,9 +39,9 @@ impl FromStr for TransportKind {
             "tcp" => Ok(TransportKind::Tcp),
             "rdma" => Ok(TransportKind::Rdma),
             "shm" => Ok(TransportKind::Shm),
-            other => Err(TransportError::InvalidArgument(format!(
-                "unknown protocol {other:?} (expected tcp, rdma or shm)"
-            ))),
+            other => {
+                Err(TransportError::InvalidArgument(format!("unknown protocol {other:?} (expected tcp, rdma or shm)")))
+            }
         }
     }
 }

@@ -65,7 +65,8 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     let mut config = match &cli.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            let text =
+                std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
             serde_json::from_str::<MasterConfig>(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
         }
         None => MasterConfig::default(),

@@ -94,16 +94,8 @@ fn demo(args: DemoArgs) -> Result<()> {
     };
     let a = StoreClient::connect(config.clone())?;
     let b = StoreClient::connect(config)?;
-    println!(
-        "client A: {} contributes {} MiB",
-        a.segment_name(),
-        args.segment_size >> 20
-    );
-    println!(
-        "client B: {} contributes {} MiB",
-        b.segment_name(),
-        args.segment_size >> 20
-    );
+    println!("client A: {} contributes {} MiB", a.segment_name(), args.segment_size >> 20);
+    println!("client B: {} contributes {} MiB", b.segment_name(), args.segment_size >> 20);
     for (i, &size) in args.sizes.iter().enumerate() {
         let key = format!("demo/prefix-{i}/{}MiB", size >> 20);
         let mut value = vec![0u8; size as usize];
@@ -123,11 +115,7 @@ fn demo(args: DemoArgs) -> Result<()> {
         let path = if whose == "B" {
             "a local memcpy".to_string()
         } else {
-            format!(
-                "{} from A",
-                b.engine()
-                    .segment_transport(b.engine().open_segment(holder)?)?
-            )
+            format!("{} from A", b.engine().segment_transport(b.engine().open_segment(holder)?)?)
         };
         println!(
             "put {key} ({} bytes) from A in {put_ms:.1} ms -> stored on client {whose}; get on B in {get_ms:.1} ms via {path}: bytes verified",
@@ -136,10 +124,7 @@ fn demo(args: DemoArgs) -> Result<()> {
     }
     println!(
         "B sees {} of {} keys exist",
-        b.batch_exists(&keys(&args.sizes))?
-            .iter()
-            .filter(|e| **e)
-            .count(),
+        b.batch_exists(&keys(&args.sizes))?.iter().filter(|e| **e).count(),
         args.sizes.len()
     );
     let removed = a.remove_by_regex("^demo/")?;
@@ -150,15 +135,9 @@ fn demo(args: DemoArgs) -> Result<()> {
     for k in keys(&args.sizes) {
         a.remove_with(&k, true)?;
     }
-    println!(
-        "forced removal: exists now {:?}",
-        b.batch_exists(&keys(&args.sizes))?
-    );
+    println!("forced removal: exists now {:?}", b.batch_exists(&keys(&args.sizes))?);
     let totals = master.master.totals();
-    println!(
-        "master: {} segment(s), {} bytes capacity, {} used",
-        totals.segments, totals.capacity, totals.used
-    );
+    println!("master: {} segment(s), {} bytes capacity, {} used", totals.segments, totals.capacity, totals.used);
     a.close()?;
     b.close()?;
     println!("demo finished");
@@ -166,11 +145,7 @@ fn demo(args: DemoArgs) -> Result<()> {
 }
 
 fn keys(sizes: &[u64]) -> Vec<String> {
-    sizes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| format!("demo/prefix-{i}/{}MiB", s >> 20))
-        .collect()
+    sizes.iter().enumerate().map(|(i, s)| format!("demo/prefix-{i}/{}MiB", s >> 20)).collect()
 }
 
 fn client(args: ClientArgs) -> Result<()> {
@@ -228,10 +203,7 @@ fn seeded(size: u64, seed: u64) -> Vec<u8> {
 
 fn num(s: Option<&&str>, what: &str) -> Result<u64> {
     let s = s.with_context(|| format!("missing {what}"))?;
-    parse_size(s).or_else(|_| {
-        s.parse::<u64>()
-            .map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}"))
-    })
+    parse_size(s).or_else(|_| s.parse::<u64>().map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}")))
 }
 
 fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
@@ -292,9 +264,7 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
             Ok(results
                 .iter()
                 .map(|r| match r {
-                    Ok(v) if pattern::first_mismatch(v, seed, 0).is_none() => {
-                        format!("{}", v.len())
-                    }
+                    Ok(v) if pattern::first_mismatch(v, seed, 0).is_none() => format!("{}", v.len()),
                     Ok(_) => "MISMATCH".to_string(),
                     Err(e) => e.code().as_str_name().to_string(),
                 })

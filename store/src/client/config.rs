@@ -75,9 +75,7 @@ fn size_of(name: &str, v: SizeValue) -> Result<u64> {
     match v {
         SizeValue::Bytes(0) => Err(StoreError::Config(format!("{name} is 0"))),
         SizeValue::Bytes(b) => Ok(b),
-        SizeValue::Text(t) => {
-            parse_size(&t).map_err(|e| StoreError::Config(format!("{name}: {e}")))
-        }
+        SizeValue::Text(t) => parse_size(&t).map_err(|e| StoreError::Config(format!("{name}: {e}"))),
     }
 }
 
@@ -95,16 +93,14 @@ impl ClientConfig {
 
     /// Applies a Mooncake-style JSON config file.
     pub fn apply_file(&mut self, path: &Path) -> Result<()> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            StoreError::Config(format!("cannot read config file {}: {e}", path.display()))
-        })?;
-        self.apply_json(&text)
-            .map_err(|e| StoreError::Config(format!("{}: {e}", path.display())))
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| StoreError::Config(format!("cannot read config file {}: {e}", path.display())))?;
+        self.apply_json(&text).map_err(|e| StoreError::Config(format!("{}: {e}", path.display())))
     }
 
     pub fn apply_json(&mut self, text: &str) -> Result<()> {
-        let f: FileConfig = serde_json::from_str(text)
-            .map_err(|e| StoreError::Config(format!("invalid JSON config: {e}")))?;
+        let f: FileConfig =
+            serde_json::from_str(text).map_err(|e| StoreError::Config(format!("invalid JSON config: {e}")))?;
         if let Some(v) = f.local_hostname {
             self.local_hostname = Some(v);
         }
@@ -146,8 +142,7 @@ impl ClientConfig {
 
 /// Mooncake accepts `tcp` and `rdma`; Crescent also `shm`, and `auto` (or empty) to choose per peer.
 pub fn parse_protocol(v: &str) -> Result<TransportKind> {
-    v.parse::<TransportKind>()
-        .map_err(|e| StoreError::Config(format!("protocol: {e}")))
+    v.parse::<TransportKind>().map_err(|e| StoreError::Config(format!("protocol: {e}")))
 }
 
 #[cfg(test)]
@@ -173,15 +168,9 @@ mod tests {
     #[test]
     fn invalid_values_name_themselves() {
         let mut c = ClientConfig::default();
-        let e = c
-            .apply_json(r#"{"protocol":"carrier-pigeon"}"#)
-            .unwrap_err()
-            .to_string();
+        let e = c.apply_json(r#"{"protocol":"carrier-pigeon"}"#).unwrap_err().to_string();
         assert!(e.contains("carrier-pigeon"), "{e}");
-        let e = c
-            .apply_json(r#"{"local_buffer_size":"12XB"}"#)
-            .unwrap_err()
-            .to_string();
+        let e = c.apply_json(r#"{"local_buffer_size":"12XB"}"#).unwrap_err().to_string();
         assert!(e.contains("local_buffer_size") && e.contains("12XB"), "{e}");
         assert!(c.apply_json(r#"{"global_segment_size":0}"#).is_err());
         assert!(c.apply_json("not json").is_err());

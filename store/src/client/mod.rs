@@ -40,10 +40,7 @@ pub struct StoreClient {
 
 impl std::fmt::Debug for StoreClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreClient")
-            .field("id", &self.id)
-            .field("segment", &self.engine.segment_name())
-            .finish()
+        f.debug_struct("StoreClient").field("id", &self.id).field("segment", &self.engine.segment_name()).finish()
     }
 }
 
@@ -103,19 +100,12 @@ impl StoreClient {
         let req = MountSegmentRequest {
             client_id: self.id.clone(),
             segment: Some(self.segment_info()),
-            host: self
-                .engine
-                .segment_name()
-                .rsplit_once(':')
-                .map(|(h, _)| h.to_string())
-                .unwrap_or_default(),
+            host: self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default(),
         };
         let reply = if remount {
-            self.rpc
-                .call(|mut c| async move { c.remount_segment(req).await })?
+            self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
         } else {
-            self.rpc
-                .call(|mut c| async move { c.mount_segment(req).await })?
+            self.rpc.call(|mut c| async move { c.mount_segment(req).await })?
         };
         check(reply.status, "")?;
         self.segment_id.store(reply.segment_id, Ordering::Release);
@@ -136,14 +126,8 @@ impl StoreClient {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    let req = PingRequest {
-                        client_id: client.id.clone(),
-                    };
-                    match client
-                        .rpc
-                        .call(|mut c| async move { c.ping(req).await })
-                        .and_then(|r| check(r.status, ""))
-                    {
+                    let req = PingRequest { client_id: client.id.clone() };
+                    match client.rpc.call(|mut c| async move { c.ping(req).await }).and_then(|r| check(r.status, "")) {
                         Ok(()) => {
                             if master_was_down {
                                 tracing::info!("master {} reachable again", client.rpc.addr());
@@ -205,11 +189,23 @@ impl StoreClient {
         }
     }
 
+    /// Zero-copy calls take registered memory only (register it once with `register_buffer`).
+    fn check_registered(&self, addr: u64, len: u64) -> Result<()> {
+        if self.engine.is_registered(addr, len) {
+            Ok(())
+        } else {
+            Err(StoreError::InvalidArgument(format!(
+                "buffer [{addr:#x}, +{len}) is not registered memory: call register_buffer first"
+            )))
+        }
+    }
+
     fn put_one(&self, key: &str, src: Buf<'_>, len: u64, options: &PutOptions) -> Result<()> {
         if len == 0 {
-            return Err(StoreError::InvalidArgument(format!(
-                "empty value for key {key:?}"
-            )));
+            return Err(StoreError::InvalidArgument(format!("empty value for key {key:?}")));
+        }
+        if let Buf::Registered(addr) = src {
+            self.check_registered(addr, len)?;
         }
         let req = PutStartRequest {
             client_id: self.id.clone(),
@@ -217,29 +213,22 @@ impl StoreClient {
             size: len,
             options: Some(options.clone()),
         };
-        let reply = self
-            .rpc
-            .call(|mut c| async move { c.put_start(req).await })?;
+        let reply = self.rpc.call(|mut c| async move { c.put_start(req).await })?;
         check(reply.status, key)?;
         let written = self.write_replicas(key, &reply.replicas, &src, len);
         self.finish_put(key, written)
     }
 
     fn finish_put(&self, key: &str, written: Result<()>) -> Result<()> {
-        let req = KeyRequest {
-            client_id: self.id.clone(),
-            key: key.to_string(),
-        };
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
         match written {
             Ok(()) => {
                 let r = self.rpc.call(|mut c| async move { c.put_end(req).await })?;
                 check(r.status, key)
             }
             Err(e) => {
-                if let Err(revoke) = self
-                    .rpc
-                    .call(|mut c| async move { c.put_revoke(req).await })
-                    .and_then(|r| check(r.status, key))
+                if let Err(revoke) =
+                    self.rpc.call(|mut c| async move { c.put_revoke(req).await }).and_then(|r| check(r.status, key))
                 {
                     tracing::warn!("revoking the failed put of {key:?}: {revoke}");
                 }
@@ -249,19 +238,14 @@ impl StoreClient {
     }
 
     /// Bytes of our own segment at a replica's address, if the replica is ours.
+    #[allow(clippy::mut_from_ref)] // the bytes are our registered segment, not a field of self
     fn local_replica(&self, r: &ReplicaDescriptor, len: u64) -> Option<&mut [u8]> {
         if r.segment_name != self.engine.segment_name() {
             return None;
         }
-        let (base, end) = (
-            self.segment.addr(),
-            self.segment.addr() + self.segment.len(),
-        );
+        let (base, end) = (self.segment.addr(), self.segment.addr() + self.segment.len());
         if r.address < base || r.address.checked_add(len).is_none_or(|e| e > end) {
-            tracing::error!(
-                "the master placed a replica outside our segment: {:#x}+{len}",
-                r.address
-            );
+            tracing::error!("the master placed a replica outside our segment: {:#x}+{len}", r.address);
             return None;
         }
         // SAFETY: inside our own registered segment; the master hands this range to one object
@@ -269,22 +253,14 @@ impl StoreClient {
         Some(unsafe { std::slice::from_raw_parts_mut(r.address as *mut u8, len as usize) })
     }
 
-    fn write_replicas(
-        &self,
-        key: &str,
-        replicas: &[ReplicaDescriptor],
-        src: &Buf<'_>,
-        len: u64,
-    ) -> Result<()> {
+    fn write_replicas(&self, key: &str, replicas: &[ReplicaDescriptor], src: &Buf<'_>, len: u64) -> Result<()> {
         let mut remote = Vec::new();
         for r in replicas {
             match (self.local_replica(r, len), src) {
                 (Some(dst), Buf::Bytes(b)) => dst.copy_from_slice(&b[..len as usize]),
                 (Some(dst), Buf::Registered(addr)) => {
                     // SAFETY: the caller registered [addr, +len) and keeps it valid during the call.
-                    dst.copy_from_slice(unsafe {
-                        std::slice::from_raw_parts(*addr as *const u8, len as usize)
-                    })
+                    dst.copy_from_slice(unsafe { std::slice::from_raw_parts(*addr as *const u8, len as usize) })
                 }
                 (Some(_), Buf::BytesMut(_)) => unreachable!("puts read from the caller"),
                 (None, _) => remote.push(r),
@@ -297,10 +273,7 @@ impl StoreClient {
             .iter()
             .map(|r| Ok((self.engine.open_segment(&r.segment_name)?, r.address)))
             .collect::<Result<Vec<_>>>()
-            .map_err(|e| StoreError::PeerGone {
-                key: key.to_string(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| StoreError::PeerGone { key: key.to_string(), reason: e.to_string() })?;
         match src {
             Buf::Registered(addr) => self.transfer(
                 key,
@@ -317,9 +290,7 @@ impl StoreClient {
                 while off < len {
                     let mut block = self.staging.acquire(len - off);
                     let n = block.len();
-                    block
-                        .bytes()
-                        .copy_from_slice(&bytes[off as usize..(off + n) as usize]);
+                    block.bytes().copy_from_slice(&bytes[off as usize..(off + n) as usize]);
                     let src = block.addr();
                     self.transfer(
                         key,
@@ -342,27 +313,17 @@ impl StoreClient {
     fn transfer(&self, key: &str, requests: impl Iterator<Item = TransferRequest>) -> Result<()> {
         let requests: Vec<_> = requests.collect();
         self.engine.transfer_sync(&requests).map_err(|e| match e {
-            crescent_engine::EngineError::TimedOut => {
-                StoreError::TimedOut(format!("moving object {key:?}"))
-            }
+            crescent_engine::EngineError::TimedOut => StoreError::TimedOut(format!("moving object {key:?}")),
             e if e.is_caller_error() => StoreError::Engine(e),
-            e => StoreError::PeerGone {
-                key: key.to_string(),
-                reason: e.to_string(),
-            },
+            e => StoreError::PeerGone { key: key.to_string(), reason: e.to_string() },
         })
     }
 
     // ---- gets ----
 
     fn replica_list(&self, key: &str) -> Result<GetReplicaListReply> {
-        let req = KeyRequest {
-            client_id: self.id.clone(),
-            key: key.to_string(),
-        };
-        let mut reply = self
-            .rpc
-            .call(|mut c| async move { c.get_replica_list(req).await })?;
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let mut reply = self.rpc.call(|mut c| async move { c.get_replica_list(req).await })?;
         check(reply.status.take(), key)?;
         Ok(reply)
     }
@@ -376,13 +337,10 @@ impl StoreClient {
 
     /// Zero-copy get into registered memory; returns the object's size.
     pub fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
+        self.check_registered(addr, len)?;
         let list = self.replica_list(key)?;
         if list.size > len {
-            return Err(StoreError::BufferTooSmall {
-                key: key.to_string(),
-                need: list.size,
-                have: len,
-            });
+            return Err(StoreError::BufferTooSmall { key: key.to_string(), need: list.size, have: len });
         }
         self.read_replicas(key, &list, Buf::Registered(addr))?;
         Ok(list.size)
@@ -391,11 +349,8 @@ impl StoreClient {
     /// Reads from the best replica: our own memory first (a memcpy), then the others in turn.
     fn read_replicas(&self, key: &str, list: &GetReplicaListReply, mut dst: Buf<'_>) -> Result<()> {
         let size = list.size;
-        let mut order: Vec<&ReplicaDescriptor> = list
-            .replicas
-            .iter()
-            .filter(|r| r.status == ReplicaStatus::Complete as i32)
-            .collect();
+        let mut order: Vec<&ReplicaDescriptor> =
+            list.replicas.iter().filter(|r| r.status == ReplicaStatus::Complete as i32).collect();
         order.sort_by_key(|r| r.segment_name != self.engine.segment_name());
         let mut last_err = None;
         for r in order {
@@ -404,8 +359,7 @@ impl StoreClient {
                     Buf::BytesMut(out) => out[..size as usize].copy_from_slice(src),
                     Buf::Registered(addr) => {
                         // SAFETY: the caller registered [addr, +len >= size) for this call.
-                        unsafe { std::slice::from_raw_parts_mut(*addr as *mut u8, size as usize) }
-                            .copy_from_slice(src)
+                        unsafe { std::slice::from_raw_parts_mut(*addr as *mut u8, size as usize) }.copy_from_slice(src)
                     }
                     Buf::Bytes(_) => unreachable!("gets write to the caller"),
                 }
@@ -415,34 +369,20 @@ impl StoreClient {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_caller_error() => return Err(e),
                 Err(e) => {
-                    tracing::debug!(
-                        "reading {key:?} from {}: {e}; trying the next replica",
-                        r.segment_name
-                    );
+                    tracing::debug!("reading {key:?} from {}: {e}; trying the next replica", r.segment_name);
                     last_err = Some(e);
                 }
             }
         }
-        Err(last_err.unwrap_or_else(|| StoreError::PeerGone {
-            key: key.to_string(),
-            reason: "no readable replica".into(),
-        }))
+        Err(last_err
+            .unwrap_or_else(|| StoreError::PeerGone { key: key.to_string(), reason: "no readable replica".into() }))
     }
 
-    fn read_remote(
-        &self,
-        key: &str,
-        r: &ReplicaDescriptor,
-        size: u64,
-        dst: &mut Buf<'_>,
-    ) -> Result<()> {
+    fn read_remote(&self, key: &str, r: &ReplicaDescriptor, size: u64, dst: &mut Buf<'_>) -> Result<()> {
         let seg = self
             .engine
             .open_segment(&r.segment_name)
-            .map_err(|e| StoreError::PeerGone {
-                key: key.to_string(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| StoreError::PeerGone { key: key.to_string(), reason: e.to_string() })?;
         let read = |source: u64, off: u64, n: u64| TransferRequest {
             opcode: Opcode::Read,
             source,
@@ -472,11 +412,7 @@ impl StoreClient {
     /// Puts several values (bytes); one result per key.
     pub fn put_batch(&self, keys: &[String], values: &[&[u8]]) -> Result<Vec<Result<()>>> {
         if keys.len() != values.len() {
-            return Err(StoreError::InvalidArgument(format!(
-                "{} keys but {} values",
-                keys.len(),
-                values.len()
-            )));
+            return Err(StoreError::InvalidArgument(format!("{} keys but {} values", keys.len(), values.len())));
         }
         let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
         let starts = self.batch_put_start(keys, &sizes)?;
@@ -484,25 +420,19 @@ impl StoreClient {
             .into_iter()
             .zip(keys.iter().zip(values))
             .map(|(start, (key, value))| {
-                start.and_then(|replicas| {
-                    self.write_replicas(key, &replicas, &Buf::Bytes(value), value.len() as u64)
-                })
+                start.and_then(|replicas| self.write_replicas(key, &replicas, &Buf::Bytes(value), value.len() as u64))
             })
             .collect();
         self.batch_put_finish(keys, written)
     }
 
     /// Zero-copy puts from registered memory: all remote writes go in one engine batch.
-    pub fn batch_put_from(
-        &self,
-        keys: &[String],
-        addrs: &[u64],
-        sizes: &[u64],
-    ) -> Result<Vec<Result<()>>> {
+    pub fn batch_put_from(&self, keys: &[String], addrs: &[u64], sizes: &[u64]) -> Result<Vec<Result<()>>> {
         if keys.len() != addrs.len() || keys.len() != sizes.len() {
-            return Err(StoreError::InvalidArgument(
-                "keys, buffers and sizes differ in length".into(),
-            ));
+            return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
+        }
+        for (&addr, &len) in addrs.iter().zip(sizes) {
+            self.check_registered(addr, len)?;
         }
         let starts = self.batch_put_start(keys, sizes)?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
@@ -536,12 +466,7 @@ impl StoreClient {
                         });
                         owner.push(i);
                     }
-                    Err(e) => {
-                        results[i] = Err(StoreError::PeerGone {
-                            key: keys[i].clone(),
-                            reason: e.to_string(),
-                        })
-                    }
+                    Err(e) => results[i] = Err(StoreError::PeerGone { key: keys[i].clone(), reason: e.to_string() }),
                 }
             }
         }
@@ -549,16 +474,9 @@ impl StoreClient {
         self.batch_put_finish(keys, results)
     }
 
-    fn batch_put_start(
-        &self,
-        keys: &[String],
-        sizes: &[u64],
-    ) -> Result<Vec<Result<Vec<ReplicaDescriptor>>>> {
+    fn batch_put_start(&self, keys: &[String], sizes: &[u64]) -> Result<Vec<Result<Vec<ReplicaDescriptor>>>> {
         if let Some(i) = sizes.iter().position(|s| *s == 0) {
-            return Err(StoreError::InvalidArgument(format!(
-                "empty value for key {:?}",
-                keys[i]
-            )));
+            return Err(StoreError::InvalidArgument(format!("empty value for key {:?}", keys[i])));
         }
         let req = BatchPutStartRequest {
             client_id: self.id.clone(),
@@ -566,9 +484,7 @@ impl StoreClient {
             sizes: sizes.to_vec(),
             options: Some(self.default_options()),
         };
-        let reply = self
-            .rpc
-            .call(|mut c| async move { c.batch_put_start(req).await })?;
+        let reply = self.rpc.call(|mut c| async move { c.batch_put_start(req).await })?;
         if reply.items.len() != keys.len() {
             return Err(StoreError::Internal(format!(
                 "master answered {} items for {} keys",
@@ -585,50 +501,28 @@ impl StoreClient {
     }
 
     /// Commits the keys whose bytes were written, revokes the others (whose put had started).
-    fn batch_put_finish(
-        &self,
-        keys: &[String],
-        mut results: Vec<Result<()>>,
-    ) -> Result<Vec<Result<()>>> {
-        let ok: Vec<String> = keys
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_ok())
-            .map(|(k, _)| k.clone())
-            .collect();
+    fn batch_put_finish(&self, keys: &[String], mut results: Vec<Result<()>>) -> Result<Vec<Result<()>>> {
+        let ok: Vec<String> = keys.iter().zip(&results).filter(|(_, r)| r.is_ok()).map(|(k, _)| k.clone()).collect();
         let failed: Vec<String> = keys
             .iter()
             .zip(&results)
             .filter(|(_, r)| {
                 matches!(
                     r,
-                    Err(StoreError::PeerGone { .. })
-                        | Err(StoreError::TimedOut(_))
-                        | Err(StoreError::Engine(_))
+                    Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_)) | Err(StoreError::Engine(_))
                 )
             })
             .map(|(k, _)| k.clone())
             .collect();
         if !failed.is_empty() {
-            let req = BatchKeyRequest {
-                client_id: self.id.clone(),
-                keys: failed,
-            };
-            if let Err(e) = self
-                .rpc
-                .call(|mut c| async move { c.batch_put_revoke(req).await })
-            {
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: failed };
+            if let Err(e) = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await }) {
                 tracing::warn!("revoking failed puts: {e}");
             }
         }
         if !ok.is_empty() {
-            let req = BatchKeyRequest {
-                client_id: self.id.clone(),
-                keys: ok.clone(),
-            };
-            let reply = self
-                .rpc
-                .call(|mut c| async move { c.batch_put_end(req).await })?;
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: ok.clone() };
+            let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
             let mut statuses = reply.statuses.into_iter();
             for (key, r) in keys.iter().zip(results.iter_mut()) {
                 if r.is_ok() {
@@ -659,16 +553,9 @@ impl StoreClient {
         for (status, &i) in statuses.into_iter().zip(owner) {
             let err = match status {
                 TransferStatus::Completed => continue,
-                TransferStatus::TimedOut => {
-                    StoreError::TimedOut(format!("moving object {:?}", keys[i]))
-                }
-                TransferStatus::Failed(reason) => StoreError::PeerGone {
-                    key: keys[i].clone(),
-                    reason,
-                },
-                TransferStatus::Pending => {
-                    StoreError::Internal("batch ended with a pending request".into())
-                }
+                TransferStatus::TimedOut => StoreError::TimedOut(format!("moving object {:?}", keys[i])),
+                TransferStatus::Failed(reason) => StoreError::PeerGone { key: keys[i].clone(), reason },
+                TransferStatus::Pending => StoreError::Internal("batch ended with a pending request".into()),
             };
             if results[i].is_ok() {
                 results[i] = Err(err);
@@ -678,13 +565,8 @@ impl StoreClient {
     }
 
     fn batch_replica_lists(&self, keys: &[String]) -> Result<Vec<Result<GetReplicaListReply>>> {
-        let req = BatchKeyRequest {
-            client_id: self.id.clone(),
-            keys: keys.to_vec(),
-        };
-        let reply = self
-            .rpc
-            .call(|mut c| async move { c.batch_get_replica_list(req).await })?;
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+        let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
         if reply.items.len() != keys.len() {
             return Err(StoreError::Internal(format!(
                 "master answered {} items for {} keys",
@@ -717,16 +599,12 @@ impl StoreClient {
 
     /// Zero-copy gets into registered memory: remote reads go in one engine batch; a key whose
     /// first remote replica fails is retried on its other replicas. Returns sizes read.
-    pub fn batch_get_into(
-        &self,
-        keys: &[String],
-        addrs: &[u64],
-        lens: &[u64],
-    ) -> Result<Vec<Result<u64>>> {
+    pub fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
         if keys.len() != addrs.len() || keys.len() != lens.len() {
-            return Err(StoreError::InvalidArgument(
-                "keys, buffers and sizes differ in length".into(),
-            ));
+            return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
+        }
+        for (&addr, &len) in addrs.iter().zip(lens) {
+            self.check_registered(addr, len)?;
         }
         let lists = self.batch_replica_lists(keys)?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
@@ -736,42 +614,24 @@ impl StoreClient {
             let list = match list {
                 Ok(l) => l,
                 Err(e) => {
-                    results.push(Err(StoreError::from_status(
-                        e.code(),
-                        &e.to_string(),
-                        &keys[i],
-                    )));
+                    results.push(Err(StoreError::from_status(e.code(), &e.to_string(), &keys[i])));
                     continue;
                 }
             };
             sizes[i] = list.size;
             if list.size > lens[i] {
-                results.push(Err(StoreError::BufferTooSmall {
-                    key: keys[i].clone(),
-                    need: list.size,
-                    have: lens[i],
-                }));
+                results.push(Err(StoreError::BufferTooSmall { key: keys[i].clone(), need: list.size, have: lens[i] }));
                 continue;
             }
             results.push(Ok(()));
-            let complete: Vec<&ReplicaDescriptor> = list
-                .replicas
-                .iter()
-                .filter(|r| r.status == ReplicaStatus::Complete as i32)
-                .collect();
-            if let Some(src) = complete
-                .iter()
-                .find_map(|r| self.local_replica(r, list.size))
-            {
+            let complete: Vec<&ReplicaDescriptor> =
+                list.replicas.iter().filter(|r| r.status == ReplicaStatus::Complete as i32).collect();
+            if let Some(src) = complete.iter().find_map(|r| self.local_replica(r, list.size)) {
                 // SAFETY: the caller registered [addrs[i], +lens[i] >= size) for this call.
-                unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }
-                    .copy_from_slice(src);
+                unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }.copy_from_slice(src);
                 continue;
             }
-            match complete
-                .first()
-                .map(|r| (self.engine.open_segment(&r.segment_name), r.address))
-            {
+            match complete.first().map(|r| (self.engine.open_segment(&r.segment_name), r.address)) {
                 Some((Ok(seg), at)) => {
                     requests.push(TransferRequest {
                         opcode: Opcode::Read,
@@ -783,26 +643,18 @@ impl StoreClient {
                     owner.push(i);
                 }
                 Some((Err(e), _)) => {
-                    results[i] = Err(StoreError::PeerGone {
-                        key: keys[i].clone(),
-                        reason: e.to_string(),
-                    })
+                    results[i] = Err(StoreError::PeerGone { key: keys[i].clone(), reason: e.to_string() })
                 }
                 None => {
-                    results[i] = Err(StoreError::PeerGone {
-                        key: keys[i].clone(),
-                        reason: "no complete replica".into(),
-                    })
+                    results[i] =
+                        Err(StoreError::PeerGone { key: keys[i].clone(), reason: "no complete replica".into() })
                 }
             }
         }
         self.run_batch(keys, &requests, &owner, &mut results)?;
         // Retry failed keys on their other replicas.
         for i in 0..keys.len() {
-            if matches!(
-                results[i],
-                Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_))
-            ) {
+            if matches!(results[i], Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_))) {
                 if let Ok(list) = &lists[i] {
                     if list.replicas.len() > 1 {
                         results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i]));
@@ -810,47 +662,30 @@ impl StoreClient {
                 }
             }
         }
-        Ok(results
-            .into_iter()
-            .zip(sizes)
-            .map(|(r, s)| r.map(|()| s))
-            .collect())
+        Ok(results.into_iter().zip(sizes).map(|(r, s)| r.map(|()| s)).collect())
     }
 
     // ---- probes and removal ----
 
     /// Whether a committed object exists (no lease is granted).
     pub fn exists(&self, key: &str) -> Result<bool> {
-        let req = KeyRequest {
-            client_id: self.id.clone(),
-            key: key.to_string(),
-        };
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
         let reply = self.rpc.call(|mut c| async move { c.exists(req).await })?;
         check(reply.status, key)?;
         Ok(reply.exists)
     }
 
     pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
-        let req = BatchKeyRequest {
-            client_id: self.id.clone(),
-            keys: keys.to_vec(),
-        };
-        let reply = self
-            .rpc
-            .call(|mut c| async move { c.batch_exists(req).await })?;
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+        let reply = self.rpc.call(|mut c| async move { c.batch_exists(req).await })?;
         check(reply.status, "")?;
         Ok(reply.exists)
     }
 
     /// Everything the master knows of a key, without side effects.
     pub fn query(&self, key: &str) -> Result<QueryKeyReply> {
-        let req = KeyRequest {
-            client_id: self.id.clone(),
-            key: key.to_string(),
-        };
-        let mut reply = self
-            .rpc
-            .call(|mut c| async move { c.query_key(req).await })?;
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let mut reply = self.rpc.call(|mut c| async move { c.query_key(req).await })?;
         check(reply.status.take(), key)?;
         Ok(reply)
     }
@@ -870,37 +705,22 @@ impl StoreClient {
     }
 
     pub fn remove_with(&self, key: &str, force: bool) -> Result<()> {
-        let req = RemoveRequest {
-            client_id: self.id.clone(),
-            key: key.to_string(),
-            force,
-        };
+        let req = RemoveRequest { client_id: self.id.clone(), key: key.to_string(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove(req).await })?;
         check(reply.status, key)
     }
 
     /// Removes every committed object whose key matches `pattern`; returns how many.
     pub fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
-        let req = RemoveByRegexRequest {
-            client_id: self.id.clone(),
-            pattern: pattern.to_string(),
-            force: false,
-        };
-        let reply = self
-            .rpc
-            .call(|mut c| async move { c.remove_by_regex(req).await })?;
+        let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force: false };
+        let reply = self.rpc.call(|mut c| async move { c.remove_by_regex(req).await })?;
         check(reply.status, pattern)?;
         Ok(reply.removed)
     }
 
     pub fn remove_all(&self) -> Result<u64> {
-        let req = RemoveAllRequest {
-            client_id: self.id.clone(),
-            force: false,
-        };
-        let reply = self
-            .rpc
-            .call(|mut c| async move { c.remove_all(req).await })?;
+        let req = RemoveAllRequest { client_id: self.id.clone(), force: false };
+        let reply = self.rpc.call(|mut c| async move { c.remove_all(req).await })?;
         check(reply.status, "")?;
         Ok(reply.removed)
     }
@@ -911,13 +731,9 @@ impl StoreClient {
             return Ok(());
         }
         self.stop.store(true, Ordering::Release);
-        let req = UnmountSegmentRequest {
-            client_id: self.id.clone(),
-            segment_id: self.segment_id.load(Ordering::Acquire),
-        };
-        let reply = self
-            .rpc
-            .call(|mut c| async move { c.unmount_segment(req).await })?;
+        let req =
+            UnmountSegmentRequest { client_id: self.id.clone(), segment_id: self.segment_id.load(Ordering::Acquire) };
+        let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
         check(reply.status, "")
     }
 }

@@ -26,26 +26,16 @@ impl MasterRpc {
             .enable_all()
             .build()
             .map_err(|e| StoreError::Internal(format!("tokio runtime: {e}")))?;
-        let unreachable = |reason: String| StoreError::MasterUnreachable {
-            addr: addr.to_string(),
-            reason,
-        };
+        let unreachable = |reason: String| StoreError::MasterUnreachable { addr: addr.to_string(), reason };
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(30))
             .tcp_nodelay(true);
-        let channel = runtime
-            .block_on(endpoint.connect())
-            .map_err(|e| unreachable(format!("{e}: {e:?}")))?;
-        let client = MasterClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
-        Ok(MasterRpc {
-            runtime,
-            client,
-            addr: addr.to_string(),
-        })
+        let channel = runtime.block_on(endpoint.connect()).map_err(|e| unreachable(format!("{e}: {e:?}")))?;
+        let client =
+            MasterClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
+        Ok(MasterRpc { runtime, client, addr: addr.to_string() })
     }
 
     pub fn addr(&self) -> &str {
@@ -61,10 +51,7 @@ impl MasterRpc {
         self.runtime
             .block_on(f(self.client.clone()))
             .map(|r| r.into_inner())
-            .map_err(|s| StoreError::MasterUnreachable {
-                addr: self.addr.clone(),
-                reason: s.message().to_string(),
-            })
+            .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() })
     }
 }
 

@@ -51,11 +51,7 @@ impl Drop for StagingBlock<'_> {
 impl Staging {
     pub fn new(mem: RegisteredMemory) -> Self {
         let alloc = SegmentAllocator::new(mem.len());
-        Staging {
-            mem,
-            alloc: Mutex::new(alloc),
-            freed: Condvar::new(),
-        }
+        Staging { mem, alloc: Mutex::new(alloc), freed: Condvar::new() }
     }
 
     pub fn memory(&self) -> &RegisteredMemory {
@@ -73,11 +69,7 @@ impl Staging {
         let mut alloc = self.alloc.lock();
         loop {
             if let Some(block) = alloc.allocate(len) {
-                return StagingBlock {
-                    staging: self,
-                    block: Some(block),
-                    len,
-                };
+                return StagingBlock { staging: self, block: Some(block), len };
             }
             self.freed.wait(&mut alloc);
         }

@@ -25,21 +25,14 @@ pub fn router(master: Arc<Master>) -> Router {
 }
 
 async fn metrics(State(m): State<Arc<Master>>) -> Response {
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        m.metrics().render(),
-    )
-        .into_response()
+    ([("content-type", "text/plain; version=0.0.4")], m.metrics().render()).into_response()
 }
 
 async fn health(State(m): State<Arc<Master>>) -> Json<serde_json::Value> {
     Json(json!({"status": "ok", "totals": m.totals()}))
 }
 
-async fn query_key(
-    State(m): State<Arc<Master>>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Response {
+async fn query_key(State(m): State<Arc<Master>>, Query(q): Query<HashMap<String, String>>) -> Response {
     let Some(key) = q.get("key") else {
         return (StatusCode::BAD_REQUEST, "missing ?key=").into_response();
     };
@@ -63,14 +56,8 @@ async fn query_key(
     }
 }
 
-async fn keys(
-    State(m): State<Arc<Master>>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Json<serde_json::Value> {
-    let limit = q
-        .get("limit")
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(10_000);
+async fn keys(State(m): State<Arc<Master>>, Query(q): Query<HashMap<String, String>>) -> Json<serde_json::Value> {
+    let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(10_000);
     Json(json!({"keys": m.keys(limit)}))
 }
 

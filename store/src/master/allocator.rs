@@ -20,10 +20,7 @@ pub struct Block {
 
 impl std::fmt::Debug for Block {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Block")
-            .field("offset", &self.offset)
-            .field("reserved", &self.reserved)
-            .finish()
+        f.debug_struct("Block").field("offset", &self.offset).field("reserved", &self.reserved).finish()
     }
 }
 
@@ -70,11 +67,7 @@ impl SegmentAllocator {
         let handle = self.inner.allocate(u32::try_from(units).ok()?)?;
         let reserved = units * self.granule;
         self.reserved += reserved;
-        Some(Block {
-            offset: handle.offset as u64 * self.granule,
-            reserved,
-            handle,
-        })
+        Some(Block { offset: handle.offset as u64 * self.granule, reserved, handle })
     }
 
     pub fn release(&mut self, block: Block) {
@@ -91,10 +84,7 @@ mod tests {
     fn allocations_do_not_overlap_and_space_comes_back() {
         let mut a = SegmentAllocator::new(1 << 20);
         let blocks: Vec<Block> = (0..16).map(|_| a.allocate(60_000).unwrap()).collect();
-        let mut ranges: Vec<(u64, u64)> = blocks
-            .iter()
-            .map(|b| (b.offset, b.offset + 60_000))
-            .collect();
+        let mut ranges: Vec<(u64, u64)> = blocks.iter().map(|b| (b.offset, b.offset + 60_000)).collect();
         ranges.sort();
         for w in ranges.windows(2) {
             assert!(w[0].1 <= w[1].0, "{w:?}");
@@ -105,10 +95,7 @@ mod tests {
             a.release(b);
         }
         assert_eq!(a.reserved(), 0);
-        assert!(
-            a.allocate(1 << 20).is_some(),
-            "all space is back in one piece"
-        );
+        assert!(a.allocate(1 << 20).is_some(), "all space is back in one piece");
     }
 
     #[test]

@@ -68,22 +68,14 @@ impl MasterConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(StoreError::Config(m));
         if !(self.eviction_high_watermark > 0.0 && self.eviction_high_watermark <= 1.0) {
-            return bad(format!(
-                "eviction_high_watermark {} is not in (0, 1]",
-                self.eviction_high_watermark
-            ));
+            return bad(format!("eviction_high_watermark {} is not in (0, 1]", self.eviction_high_watermark));
         }
         if !(self.eviction_ratio > 0.0 && self.eviction_ratio <= 1.0) {
-            return bad(format!(
-                "eviction_ratio {} is not in (0, 1]",
-                self.eviction_ratio
-            ));
+            return bad(format!("eviction_ratio {} is not in (0, 1]", self.eviction_ratio));
         }
-        for (name, d) in [
-            ("lease_ttl", self.lease_ttl),
-            ("client_ttl", self.client_ttl),
-            ("put_timeout", self.put_timeout),
-        ] {
+        for (name, d) in
+            [("lease_ttl", self.lease_ttl), ("client_ttl", self.client_ttl), ("put_timeout", self.put_timeout)]
+        {
             if d.is_zero() {
                 return bad(format!("{name} must be positive"));
             }

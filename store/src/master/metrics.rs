@@ -1,8 +1,7 @@
 //! Prometheus metrics of the master (one registry per master, so several can run in a process).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 use crate::error::{Result, StoreError};
@@ -31,8 +30,7 @@ fn internal(e: prometheus::Error) -> StoreError {
 
 impl Metrics {
     pub fn new() -> Result<Self> {
-        let registry =
-            Registry::new_custom(Some("crescent_master".into()), None).map_err(internal)?;
+        let registry = Registry::new_custom(Some("crescent_master".into()), None).map_err(internal)?;
         let gauge = |name: &str, help: &str| -> Result<IntGauge> {
             let g = IntGauge::new(name, help).map_err(internal)?;
             registry.register(Box::new(g.clone())).map_err(internal)?;
@@ -43,23 +41,16 @@ impl Metrics {
             registry.register(Box::new(c.clone())).map_err(internal)?;
             Ok(c)
         };
-        let errors = IntCounterVec::new(
-            Opts::new("errors_total", "Failed operations by kind"),
-            &["kind"],
-        )
-        .map_err(internal)?;
-        registry
-            .register(Box::new(errors.clone()))
-            .map_err(internal)?;
+        let errors =
+            IntCounterVec::new(Opts::new("errors_total", "Failed operations by kind"), &["kind"]).map_err(internal)?;
+        registry.register(Box::new(errors.clone())).map_err(internal)?;
         let rpc_latency = HistogramVec::new(
             HistogramOpts::new("rpc_latency_seconds", "Time to serve an RPC, by method")
                 .buckets(prometheus::exponential_buckets(0.000_01, 4.0, 10).map_err(internal)?),
             &["method"],
         )
         .map_err(internal)?;
-        registry
-            .register(Box::new(rpc_latency.clone()))
-            .map_err(internal)?;
+        registry.register(Box::new(rpc_latency.clone())).map_err(internal)?;
         Ok(Metrics {
             capacity: gauge("capacity_bytes", "Bytes contributed by mounted segments")?,
             used: gauge("used_bytes", "Bytes allocated to objects")?,
@@ -70,14 +61,8 @@ impl Metrics {
             gets: counter("gets_total", "Replica lists served")?,
             evictions: counter("evictions_total", "Objects evicted")?,
             evicted_bytes: counter("evicted_bytes_total", "Bytes freed by eviction")?,
-            puts_reclaimed: counter(
-                "puts_reclaimed_total",
-                "Unfinished puts reclaimed after the put timeout",
-            )?,
-            clients_dropped: counter(
-                "clients_dropped_total",
-                "Clients dropped for missing heartbeats",
-            )?,
+            puts_reclaimed: counter("puts_reclaimed_total", "Unfinished puts reclaimed after the put timeout")?,
+            clients_dropped: counter("clients_dropped_total", "Clients dropped for missing heartbeats")?,
             errors,
             rpc_latency,
             registry,
@@ -85,9 +70,7 @@ impl Metrics {
     }
 
     pub fn error(&self, e: &StoreError) {
-        self.errors
-            .with_label_values(&[e.code().as_str_name()])
-            .inc();
+        self.errors.with_label_values(&[e.code().as_str_name()]).inc();
     }
 
     pub fn set_totals(&self, t: &Totals) {

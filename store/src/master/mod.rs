@@ -20,9 +20,7 @@ use parking_lot::Mutex;
 use rand::seq::SliceRandom;
 
 use crate::error::{Result, StoreError};
-use crate::proto::{
-    PutOptions, QueryKeyReply, ReplicaDescriptor, ReplicaStatus, SegmentInfo, Tier,
-};
+use crate::proto::{PutOptions, QueryKeyReply, ReplicaDescriptor, ReplicaStatus, SegmentInfo, Tier};
 use allocator::{Block, SegmentAllocator};
 pub use config::{AllocationStrategy, MasterConfig};
 use metrics::Metrics;
@@ -66,10 +64,7 @@ impl Object {
         self.lease_until.is_some_and(|t| t > now)
     }
     fn evictable(&self, now: Instant) -> bool {
-        self.complete
-            && !self.hard_pin
-            && !self.leased(now)
-            && !self.soft_pin_until.is_some_and(|t| t > now)
+        self.complete && !self.hard_pin && !self.leased(now) && self.soft_pin_until.is_none_or(|t| t <= now)
     }
 }
 
@@ -135,10 +130,7 @@ pub struct Master {
 
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
-        return Err(StoreError::InvalidArgument(format!(
-            "a key has 1 to {MAX_KEY_LEN} bytes (got {})",
-            key.len()
-        )));
+        return Err(StoreError::InvalidArgument(format!("a key has 1 to {MAX_KEY_LEN} bytes (got {})", key.len())));
     }
     Ok(())
 }
@@ -148,11 +140,7 @@ impl Master {
         config.validate()?;
         Ok(Arc::new(Master {
             config,
-            state: Mutex::new(State {
-                next_segment: 1,
-                next_version: 1,
-                ..State::default()
-            }),
+            state: Mutex::new(State { next_segment: 1, next_version: 1, ..State::default() }),
             metrics: Metrics::new()?,
         }))
     }
@@ -169,14 +157,9 @@ impl Master {
 
     pub fn mount_segment(&self, client_id: &str, info: &SegmentInfo, host: &str) -> Result<u64> {
         if client_id.is_empty() || info.name.is_empty() {
-            return Err(StoreError::InvalidArgument(
-                "mount needs a client id and a segment name".into(),
-            ));
+            return Err(StoreError::InvalidArgument("mount needs a client id and a segment name".into()));
         }
-        if info.size == 0
-            || info.size > MAX_OBJECT_SIZE * 64
-            || info.base.checked_add(info.size).is_none()
-        {
+        if info.size == 0 || info.size > MAX_OBJECT_SIZE * 64 || info.base.checked_add(info.size).is_none() {
             return Err(StoreError::InvalidArgument(format!(
                 "segment size {} at {:#x} is not valid",
                 info.size, info.base
@@ -186,10 +169,7 @@ impl Master {
         let mut st = self.state.lock();
         if let Some(&id) = st.segment_by_name.get(&info.name) {
             let seg = &st.segments[&id];
-            if seg.client_id == client_id
-                && seg.base == info.base
-                && seg.alloc.capacity() <= info.size
-            {
+            if seg.client_id == client_id && seg.base == info.base && seg.alloc.capacity() <= info.size {
                 return Ok(id); // the same mount again
             }
             return Err(StoreError::SegmentExists(info.name.clone()));
@@ -197,10 +177,7 @@ impl Master {
         st.dropped.remove(client_id);
         let id = st.next_segment;
         st.next_segment += 1;
-        let tier = Tier::try_from(info.tier)
-            .ok()
-            .filter(|t| *t != Tier::Unspecified)
-            .unwrap_or(Tier::Dram);
+        let tier = Tier::try_from(info.tier).ok().filter(|t| *t != Tier::Unspecified).unwrap_or(Tier::Dram);
         st.segments.insert(
             id,
             Segment {
@@ -215,17 +192,10 @@ impl Master {
         st.segment_by_name.insert(info.name.clone(), id);
         st.clients
             .entry(client_id.to_string())
-            .or_insert_with(|| Client {
-                last_ping: now,
-                segments: HashSet::new(),
-            })
+            .or_insert_with(|| Client { last_ping: now, segments: HashSet::new() })
             .segments
             .insert(id);
-        tracing::info!(
-            "client {client_id} mounted segment {} ({} bytes, {host}) as {id}",
-            info.name,
-            info.size
-        );
+        tracing::info!("client {client_id} mounted segment {} ({} bytes, {host}) as {id}", info.name, info.size);
         drop(st);
         self.update_gauges();
         Ok(id)
@@ -249,14 +219,14 @@ impl Master {
         match st.segments.get(&segment_id) {
             Some(s) if s.client_id == client_id => {}
             Some(_) => {
-                return Err(StoreError::InvalidArgument(format!(
-                    "segment {segment_id} belongs to another client"
-                )))
+                return Err(StoreError::InvalidArgument(format!("segment {segment_id} belongs to another client")))
             }
             None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
         }
         let dropped = Self::drop_segment(&mut st, segment_id);
-        tracing::info!("client {client_id} unmounted segment {segment_id}; {dropped} object(s) lost their last replica");
+        tracing::info!(
+            "client {client_id} unmounted segment {segment_id}; {dropped} object(s) lost their last replica"
+        );
         drop(st);
         self.update_gauges();
         Ok(())
@@ -323,15 +293,11 @@ impl Master {
     ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
         check_key(key)?;
         if size == 0 || size > MAX_OBJECT_SIZE {
-            return Err(StoreError::InvalidArgument(format!(
-                "object size {size} is not in 1..={MAX_OBJECT_SIZE}"
-            )));
+            return Err(StoreError::InvalidArgument(format!("object size {size} is not in 1..={MAX_OBJECT_SIZE}")));
         }
         let replicas = opts.replica_num.max(1);
         if replicas > MAX_REPLICAS {
-            return Err(StoreError::InvalidArgument(format!(
-                "replica_num {replicas} exceeds {MAX_REPLICAS}"
-            )));
+            return Err(StoreError::InvalidArgument(format!("replica_num {replicas} exceeds {MAX_REPLICAS}")));
         }
         let mut st = self.state.lock();
         if st.objects.contains_key(key) {
@@ -341,10 +307,7 @@ impl Master {
             return Err(StoreError::NoSpace {
                 size,
                 replicas,
-                detail: format!(
-                    "{} segment(s) mounted; replicas need distinct segments",
-                    st.segments.len()
-                ),
+                detail: format!("{} segment(s) mounted; replicas need distinct segments", st.segments.len()),
             });
         }
         let blocks = match self.allocate(&mut st, size, replicas, &opts.preferred_segment) {
@@ -353,26 +316,20 @@ impl Master {
                 // No room: evict, then try once more.
                 let freed = self.evict(&mut st, now, size * replicas as u64);
                 tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
-                self.allocate(&mut st, size, replicas, &opts.preferred_segment)
-                    .ok_or_else(|| StoreError::NoSpace {
-                        size,
-                        replicas,
-                        detail: "every segment is full of leased, pinned or unfinished objects"
-                            .into(),
-                    })?
+                self.allocate(&mut st, size, replicas, &opts.preferred_segment).ok_or_else(|| StoreError::NoSpace {
+                    size,
+                    replicas,
+                    detail: "every segment is full of leased, pinned or unfinished objects".into(),
+                })?
             }
         };
         let version = st.next_version;
         st.next_version += 1;
-        let soft_pin_until =
-            (opts.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(opts.soft_pin_ttl_ms));
+        let soft_pin_until = (opts.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(opts.soft_pin_ttl_ms));
         let object = Object {
             size,
             version,
-            replicas: blocks
-                .into_iter()
-                .map(|(segment_id, block)| Replica { segment_id, block })
-                .collect(),
+            replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block }).collect(),
             complete: false,
             writer: client_id.to_string(),
             started: now,
@@ -385,28 +342,16 @@ impl Master {
         st.objects.insert(key.to_string(), object);
         // Above the high watermark: make room ahead of the next puts.
         let totals = Self::totals_of(&st);
-        if totals.capacity > 0
-            && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark
-        {
+        if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
             self.evict(&mut st, now, 0);
         }
         Ok((descriptors, version))
     }
 
     /// Picks `replicas` distinct segments with room, by the configured strategy.
-    fn allocate(
-        &self,
-        st: &mut State,
-        size: u64,
-        replicas: u32,
-        preferred: &str,
-    ) -> Option<Vec<(u64, Block)>> {
-        let mut candidates: Vec<u64> = st
-            .segments
-            .iter()
-            .filter(|(_, s)| s.alloc.free() >= size)
-            .map(|(id, _)| *id)
-            .collect();
+    fn allocate(&self, st: &mut State, size: u64, replicas: u32, preferred: &str) -> Option<Vec<(u64, Block)>> {
+        let mut candidates: Vec<u64> =
+            st.segments.iter().filter(|(_, s)| s.alloc.free() >= size).map(|(id, _)| *id).collect();
         match self.config.allocation_strategy {
             AllocationStrategy::FreeRatioFirst => candidates.sort_by(|a, b| {
                 let ratio = |id: &u64| {
@@ -431,23 +376,13 @@ impl Master {
             if got.len() == replicas as usize {
                 break;
             }
-            if let Some(block) = st
-                .segments
-                .get_mut(&id)
-                .expect("candidate")
-                .alloc
-                .allocate(size)
-            {
+            if let Some(block) = st.segments.get_mut(&id).expect("candidate").alloc.allocate(size) {
                 got.push((id, block));
             }
         }
         if got.len() < replicas as usize {
             for (id, block) in got {
-                st.segments
-                    .get_mut(&id)
-                    .expect("allocated above")
-                    .alloc
-                    .release(block);
+                st.segments.get_mut(&id).expect("allocated above").alloc.release(block);
             }
             return None;
         }
@@ -457,14 +392,9 @@ impl Master {
     pub fn put_end(&self, client_id: &str, key: &str) -> Result<()> {
         check_key(key)?;
         let mut st = self.state.lock();
-        let obj = st
-            .objects
-            .get_mut(key)
-            .ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        let obj = st.objects.get_mut(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if obj.writer != client_id && !obj.complete {
-            return Err(StoreError::InvalidArgument(format!(
-                "object {key:?} is being written by another client"
-            )));
+            return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")));
         }
         obj.complete = true;
         obj.last_access = Instant::now();
@@ -482,9 +412,7 @@ impl Master {
                 )))
             }
             Some(o) if o.writer != client_id => {
-                return Err(StoreError::InvalidArgument(format!(
-                    "object {key:?} is being written by another client"
-                )))
+                return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")))
             }
             Some(_) => {}
         }
@@ -516,11 +444,7 @@ impl Master {
                     address: seg.base + r.block.offset,
                     size: obj.size,
                     tier: seg.tier as i32,
-                    status: if obj.complete {
-                        ReplicaStatus::Complete
-                    } else {
-                        ReplicaStatus::Processing
-                    } as i32,
+                    status: if obj.complete { ReplicaStatus::Complete } else { ReplicaStatus::Processing } as i32,
                     client_id: seg.client_id.clone(),
                     host: seg.host.clone(),
                     segment_id: r.segment_id,
@@ -544,10 +468,7 @@ impl Master {
     fn get_replica_list_inner(&self, key: &str, now: Instant) -> Result<ReplicaList> {
         check_key(key)?;
         let mut st = self.state.lock();
-        let obj = st
-            .objects
-            .get_mut(key)
-            .ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        let obj = st.objects.get_mut(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete {
             return Err(StoreError::NotReady(key.to_string()));
         }
@@ -566,12 +487,7 @@ impl Master {
     /// Whether a committed object exists. No lease, no change of eviction order.
     pub fn exists(&self, key: &str) -> Result<bool> {
         check_key(key)?;
-        Ok(self
-            .state
-            .lock()
-            .objects
-            .get(key)
-            .is_some_and(|o| o.complete))
+        Ok(self.state.lock().objects.get(key).is_some_and(|o| o.complete))
     }
 
     pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
@@ -579,10 +495,7 @@ impl Master {
             check_key(k)?;
         }
         let st = self.state.lock();
-        Ok(keys
-            .iter()
-            .map(|k| st.objects.get(k).is_some_and(|o| o.complete))
-            .collect())
+        Ok(keys.iter().map(|k| st.objects.get(k).is_some_and(|o| o.complete)).collect())
     }
 
     /// Everything known about a key, with no side effect.
@@ -591,10 +504,7 @@ impl Master {
         let now = Instant::now();
         let st = self.state.lock();
         let Some(obj) = st.objects.get(key) else {
-            return Ok(QueryKeyReply {
-                exists: false,
-                ..Default::default()
-            });
+            return Ok(QueryKeyReply { exists: false, ..Default::default() });
         };
         Ok(QueryKeyReply {
             status: None,
@@ -602,9 +512,7 @@ impl Master {
             size: obj.size,
             version: obj.version,
             replicas: Self::describe(&st, obj),
-            lease_remaining_ms: obj
-                .lease_until
-                .map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64),
+            lease_remaining_ms: obj.lease_until.map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64),
             hard_pinned: obj.hard_pin,
         })
     }
@@ -615,10 +523,7 @@ impl Master {
         check_key(key)?;
         let now = Instant::now();
         let mut st = self.state.lock();
-        let obj = st
-            .objects
-            .get(key)
-            .ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete {
             return Err(StoreError::NotReady(key.to_string()));
         }
@@ -672,12 +577,8 @@ impl Master {
     fn evict(&self, st: &mut State, now: Instant, at_least: u64) -> u64 {
         let capacity = Self::totals_of(st).capacity;
         let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
-        let mut candidates: Vec<(Instant, String)> = st
-            .objects
-            .iter()
-            .filter(|(_, o)| o.evictable(now))
-            .map(|(k, o)| (o.last_access, k.clone()))
-            .collect();
+        let mut candidates: Vec<(Instant, String)> =
+            st.objects.iter().filter(|(_, o)| o.evictable(now)).map(|(k, o)| (o.last_access, k.clone())).collect();
         candidates.sort();
         let (mut freed, mut count) = (0, 0);
         for (_, key) in candidates {
@@ -716,28 +617,24 @@ impl Master {
             }
             st.dropped.insert(id.clone());
             self.metrics.clients_dropped.inc();
-            tracing::warn!("client {id} silent for more than {:?}: dropped its segments; {lost} object(s) lost", self.config.client_ttl);
+            tracing::warn!(
+                "client {id} silent for more than {:?}: dropped its segments; {lost} object(s) lost",
+                self.config.client_ttl
+            );
         }
         let stale: Vec<String> = st
             .objects
             .iter()
-            .filter(|(_, o)| {
-                !o.complete && now.saturating_duration_since(o.started) > self.config.put_timeout
-            })
+            .filter(|(_, o)| !o.complete && now.saturating_duration_since(o.started) > self.config.put_timeout)
             .map(|(k, _)| k.clone())
             .collect();
         for key in stale {
             Self::remove_object(&mut st, &key);
             self.metrics.puts_reclaimed.inc();
-            tracing::warn!(
-                "put of {key:?} never ended: reclaimed after {:?}",
-                self.config.put_timeout
-            );
+            tracing::warn!("put of {key:?} never ended: reclaimed after {:?}", self.config.put_timeout);
         }
         let totals = Self::totals_of(&st);
-        if totals.capacity > 0
-            && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark
-        {
+        if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
             self.evict(&mut st, now, 0);
         }
         drop(st);
@@ -763,9 +660,8 @@ impl Master {
     // ---- views ----
 
     fn totals_of(st: &State) -> Totals {
-        let (capacity, used) = st.segments.values().fold((0, 0), |(c, u), s| {
-            (c + s.alloc.capacity(), u + s.alloc.reserved())
-        });
+        let (capacity, used) =
+            st.segments.values().fold((0, 0), |(c, u), s| (c + s.alloc.capacity(), u + s.alloc.reserved()));
         Totals {
             capacity,
             used,
@@ -784,14 +680,7 @@ impl Master {
     }
 
     pub fn keys(&self, limit: usize) -> Vec<String> {
-        self.state
-            .lock()
-            .objects
-            .iter()
-            .filter(|(_, o)| o.complete)
-            .map(|(k, _)| k.clone())
-            .take(limit)
-            .collect()
+        self.state.lock().objects.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.clone()).take(limit).collect()
     }
 
     pub fn segments(&self) -> Vec<SegmentView> {

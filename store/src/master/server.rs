@@ -21,11 +21,8 @@ pub struct MasterHandle {
 impl MasterHandle {
     /// The address clients use (`host:port`), with 127.0.0.1 for a wildcard bind.
     pub fn client_address(&self) -> String {
-        let ip = if self.rpc_addr.ip().is_unspecified() {
-            "127.0.0.1".to_string()
-        } else {
-            self.rpc_addr.ip().to_string()
-        };
+        let ip =
+            if self.rpc_addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { self.rpc_addr.ip().to_string() };
         format!("{ip}:{}", self.rpc_addr.port())
     }
 
@@ -69,19 +66,12 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     let bind = |addr: &str| -> Result<std::net::TcpListener> {
         let l = std::net::TcpListener::bind(addr)
             .map_err(|e| StoreError::Config(format!("cannot listen on {addr}: {e}")))?;
-        l.set_nonblocking(true)
-            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        l.set_nonblocking(true).map_err(|e| StoreError::Internal(e.to_string()))?;
         Ok(l)
     };
     let rpc = bind(&config.rpc_address)?;
-    let admin = if config.admin_address.is_empty() {
-        None
-    } else {
-        Some(bind(&config.admin_address)?)
-    };
-    let rpc_addr = rpc
-        .local_addr()
-        .map_err(|e| StoreError::Internal(e.to_string()))?;
+    let admin = if config.admin_address.is_empty() { None } else { Some(bind(&config.admin_address)?) };
+    let rpc_addr = rpc.local_addr().map_err(|e| StoreError::Internal(e.to_string()))?;
     let admin_addr = admin.as_ref().and_then(|a| a.local_addr().ok());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let service = MasterService::new(master.clone());
@@ -90,13 +80,11 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         .name("crescent-master-rt".into())
         .spawn(move || {
             runtime.block_on(async move {
-                let rpc =
-                    tokio::net::TcpListener::from_std(rpc).expect("registering the rpc listener");
+                let rpc = tokio::net::TcpListener::from_std(rpc).expect("registering the rpc listener");
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(rpc);
                 let (stop_admin_tx, stop_admin_rx) = oneshot::channel::<()>();
                 if let Some(admin) = admin {
-                    let admin = tokio::net::TcpListener::from_std(admin)
-                        .expect("registering the admin listener");
+                    let admin = tokio::net::TcpListener::from_std(admin).expect("registering the admin listener");
                     tokio::spawn(async move {
                         let _ = axum::serve(admin, admin_router)
                             .with_graceful_shutdown(async move {
@@ -120,15 +108,7 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         .map_err(|e| StoreError::Internal(format!("master thread: {e}")))?;
     tracing::info!(
         "master listening: gRPC {rpc_addr}{}",
-        admin_addr
-            .map(|a| format!(", admin http://{a}/metrics"))
-            .unwrap_or_default()
+        admin_addr.map(|a| format!(", admin http://{a}/metrics")).unwrap_or_default()
     );
-    Ok(MasterHandle {
-        master,
-        rpc_addr,
-        admin_addr,
-        stop: Some(stop_tx),
-        thread: Some(thread),
-    })
+    Ok(MasterHandle { master, rpc_addr, admin_addr, stop: Some(stop_tx), thread: Some(thread) })
 }

@@ -13,22 +13,14 @@ fn master() -> Arc<Master> {
 fn mount(m: &Master, client: &str, name: &str, size: u64) -> u64 {
     m.mount_segment(
         client,
-        &SegmentInfo {
-            name: name.into(),
-            base: 0x10_0000_0000,
-            size,
-            tier: Tier::Dram as i32,
-        },
+        &SegmentInfo { name: name.into(), base: 0x10_0000_0000, size, tier: Tier::Dram as i32 },
         "h",
     )
     .unwrap()
 }
 
 fn put(m: &Master, key: &str, size: u64, replicas: u32) -> Result<Vec<ReplicaDescriptor>> {
-    let opts = PutOptions {
-        replica_num: replicas,
-        ..Default::default()
-    };
+    let opts = PutOptions { replica_num: replicas, ..Default::default() };
     let (r, _) = m.put_start("c1", key, size, &opts)?;
     m.put_end("c1", key)?;
     Ok(r)
@@ -49,10 +41,7 @@ fn replicas_land_on_distinct_segments_inside_them() {
         assert!(x.address >= 0x10_0000_0000 && x.address + 1000 <= 0x10_0000_0000 + (1 << 20));
     }
     // Four replicas need four segments.
-    assert!(matches!(
-        put(&m, "k4", 1000, 4),
-        Err(StoreError::NoSpace { .. })
-    ));
+    assert!(matches!(put(&m, "k4", 1000, 4), Err(StoreError::NoSpace { .. })));
 }
 
 #[test]
@@ -60,15 +49,9 @@ fn objects_are_not_readable_until_committed_and_keys_are_unique() {
     let m = master();
     mount(&m, "c1", "s1", 1 << 20);
     m.put_start("c1", "k", 10, &PutOptions::default()).unwrap();
-    assert!(matches!(
-        m.get_replica_list("k"),
-        Err(StoreError::NotReady(_))
-    ));
+    assert!(matches!(m.get_replica_list("k"), Err(StoreError::NotReady(_))));
     assert!(!m.exists("k").unwrap());
-    assert!(matches!(
-        m.put_start("c1", "k", 10, &PutOptions::default()),
-        Err(StoreError::AlreadyExists(_))
-    ));
+    assert!(matches!(m.put_start("c1", "k", 10, &PutOptions::default()), Err(StoreError::AlreadyExists(_))));
     m.put_end("c1", "k").unwrap();
     assert!(m.exists("k").unwrap());
     let list = m.get_replica_list("k").unwrap();
@@ -79,8 +62,7 @@ fn objects_are_not_readable_until_committed_and_keys_are_unique() {
 fn revoke_frees_the_space() {
     let m = master();
     mount(&m, "c1", "s1", 1 << 20);
-    m.put_start("c1", "k", 1 << 20, &PutOptions::default())
-        .unwrap();
+    m.put_start("c1", "k", 1 << 20, &PutOptions::default()).unwrap();
     assert_eq!(m.totals().used, 1 << 20);
     m.put_revoke("c1", "k").unwrap();
     assert_eq!(m.totals().used, 0);
@@ -116,71 +98,36 @@ fn a_lease_blocks_removal_unless_forced() {
 
 #[test]
 fn eviction_keeps_puts_succeeding_and_spares_leased_pinned_and_unfinished_objects() {
-    let m = master_with(MasterConfig {
-        eviction_high_watermark: 0.9,
-        eviction_ratio: 0.05,
-        ..MasterConfig::default()
-    });
+    let m = master_with(MasterConfig { eviction_high_watermark: 0.9, eviction_ratio: 0.05, ..MasterConfig::default() });
     mount(&m, "c1", "s1", 100 << 10);
     put(&m, "leased", 10 << 10, 1).unwrap();
     m.get_replica_list("leased").unwrap();
-    m.put_start(
-        "c1",
-        "pinned",
-        10 << 10,
-        &PutOptions {
-            hard_pin: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    m.put_start("c1", "pinned", 10 << 10, &PutOptions { hard_pin: true, ..Default::default() }).unwrap();
     m.put_end("c1", "pinned").unwrap();
-    m.put_start(
-        "c1",
-        "soft",
-        10 << 10,
-        &PutOptions {
-            soft_pin_ttl_ms: 60_000,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    m.put_start("c1", "soft", 10 << 10, &PutOptions { soft_pin_ttl_ms: 60_000, ..Default::default() }).unwrap();
     m.put_end("c1", "soft").unwrap();
-    m.put_start("c1", "unfinished", 10 << 10, &PutOptions::default())
-        .unwrap();
+    m.put_start("c1", "unfinished", 10 << 10, &PutOptions::default()).unwrap();
     // 60 more puts of 10 KiB into the remaining 60 KiB: eviction must keep making room.
     for i in 0..60 {
         put(&m, &format!("k{i}"), 10 << 10, 1).unwrap_or_else(|e| panic!("put {i}: {e}"));
     }
     for key in ["leased", "pinned", "soft", "unfinished"] {
-        assert!(
-            !m.query(key).unwrap().replicas.is_empty(),
-            "{key} survived eviction"
-        );
+        assert!(!m.query(key).unwrap().replicas.is_empty(), "{key} survived eviction");
     }
     assert!(m.exists("k59").unwrap(), "the newest object is there");
-    assert!(
-        !m.exists("k0").unwrap(),
-        "the oldest unleased object was evicted"
-    );
+    assert!(!m.exists("k0").unwrap(), "the oldest unleased object was evicted");
     assert!(m.metrics().evictions.get() > 0);
     // Nothing evictable left and no room: NoSpace.
     let m2 = master();
     mount(&m2, "c1", "s1", 20 << 10);
     put(&m2, "a", 20 << 10, 1).unwrap();
     m2.get_replica_list("a").unwrap();
-    assert!(matches!(
-        put(&m2, "b", 10 << 10, 1),
-        Err(StoreError::NoSpace { .. })
-    ));
+    assert!(matches!(put(&m2, "b", 10 << 10, 1), Err(StoreError::NoSpace { .. })));
 }
 
 #[test]
 fn eviction_is_least_recently_used_first() {
-    let m = master_with(MasterConfig {
-        lease_ttl: Duration::from_millis(1),
-        ..MasterConfig::default()
-    });
+    let m = master_with(MasterConfig { lease_ttl: Duration::from_millis(1), ..MasterConfig::default() });
     mount(&m, "c1", "s1", 100 << 10);
     for k in ["a", "b", "c", "d"] {
         put(&m, k, 20 << 10, 1).unwrap();
@@ -195,13 +142,9 @@ fn eviction_is_least_recently_used_first() {
 
 #[test]
 fn unfinished_puts_are_reclaimed_after_the_put_timeout() {
-    let m = master_with(MasterConfig {
-        put_timeout: Duration::from_millis(20),
-        ..MasterConfig::default()
-    });
+    let m = master_with(MasterConfig { put_timeout: Duration::from_millis(20), ..MasterConfig::default() });
     mount(&m, "c1", "s1", 1 << 20);
-    m.put_start("c1", "k", 1000, &PutOptions::default())
-        .unwrap();
+    m.put_start("c1", "k", 1000, &PutOptions::default()).unwrap();
     m.sweep();
     assert_eq!(m.query("k").unwrap().replicas.len(), 1, "not yet");
     std::thread::sleep(Duration::from_millis(30));
@@ -212,10 +155,7 @@ fn unfinished_puts_are_reclaimed_after_the_put_timeout() {
 
 #[test]
 fn silent_clients_lose_their_segments_and_must_remount() {
-    let m = master_with(MasterConfig {
-        client_ttl: Duration::from_millis(50),
-        ..MasterConfig::default()
-    });
+    let m = master_with(MasterConfig { client_ttl: Duration::from_millis(50), ..MasterConfig::default() });
     mount(&m, "a", "sa", 1 << 20);
     mount(&m, "b", "sb", 1 << 20);
     let mut on_a = None;
@@ -231,27 +171,12 @@ fn silent_clients_lose_their_segments_and_must_remount() {
         assert_eq!(m.ping("b"), PingOutcome::Ok);
     }
     m.sweep();
-    assert!(
-        !m.exists(&on_a).unwrap(),
-        "replicas on the silent client's segment are dropped"
-    );
-    assert!(matches!(
-        m.get_replica_list(&on_a),
-        Err(StoreError::NotFound(_))
-    ));
+    assert!(!m.exists(&on_a).unwrap(), "replicas on the silent client's segment are dropped");
+    assert!(matches!(m.get_replica_list(&on_a), Err(StoreError::NotFound(_))));
     assert_eq!(m.segments().len(), 1);
     assert_eq!(m.ping("a"), PingOutcome::NeedRemount);
-    m.remount_segment(
-        "a",
-        &SegmentInfo {
-            name: "sa".into(),
-            base: 0x10_0000_0000,
-            size: 1 << 20,
-            tier: 0,
-        },
-        "h",
-    )
-    .unwrap();
+    m.remount_segment("a", &SegmentInfo { name: "sa".into(), base: 0x10_0000_0000, size: 1 << 20, tier: 0 }, "h")
+        .unwrap();
     assert_eq!(m.ping("a"), PingOutcome::Ok);
     assert_eq!(m.segments().len(), 2);
 }
@@ -261,100 +186,34 @@ fn bad_input_is_rejected_with_errors() {
     let m = master();
     mount(&m, "c1", "s1", 1 << 20);
     let huge = "k".repeat(MAX_KEY_LEN + 1);
+    assert!(matches!(m.put_start("c1", &huge, 10, &PutOptions::default()), Err(StoreError::InvalidArgument(_))));
+    assert!(matches!(m.put_start("c1", "", 10, &PutOptions::default()), Err(StoreError::InvalidArgument(_))));
+    assert!(matches!(m.put_start("c1", "k", 0, &PutOptions::default()), Err(StoreError::InvalidArgument(_))));
+    assert!(matches!(m.put_start("c1", "k", u64::MAX, &PutOptions::default()), Err(StoreError::InvalidArgument(_))));
     assert!(matches!(
-        m.put_start("c1", &huge, 10, &PutOptions::default()),
+        m.put_start("c1", "k", 10, &PutOptions { replica_num: 1000, ..Default::default() }),
         Err(StoreError::InvalidArgument(_))
     ));
-    assert!(matches!(
-        m.put_start("c1", "", 10, &PutOptions::default()),
-        Err(StoreError::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        m.put_start("c1", "k", 0, &PutOptions::default()),
-        Err(StoreError::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        m.put_start("c1", "k", u64::MAX, &PutOptions::default()),
-        Err(StoreError::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        m.put_start(
-            "c1",
-            "k",
-            10,
-            &PutOptions {
-                replica_num: 1000,
-                ..Default::default()
-            }
-        ),
-        Err(StoreError::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        m.put_start("c1", "k", 2 << 20, &PutOptions::default()),
-        Err(StoreError::NoSpace { .. })
-    ));
-    assert!(matches!(
-        m.unmount_segment("c1", 999),
-        Err(StoreError::SegmentNotFound(_))
-    ));
+    assert!(matches!(m.put_start("c1", "k", 2 << 20, &PutOptions::default()), Err(StoreError::NoSpace { .. })));
+    assert!(matches!(m.unmount_segment("c1", 999), Err(StoreError::SegmentNotFound(_))));
     assert!(
-        m.mount_segment(
-            "c2",
-            &SegmentInfo {
-                name: "s1".into(),
-                base: 1,
-                size: 10,
-                tier: 0
-            },
-            "h"
-        )
-        .is_err(),
+        m.mount_segment("c2", &SegmentInfo { name: "s1".into(), base: 1, size: 10, tier: 0 }, "h").is_err(),
         "name taken"
     );
-    assert!(m
-        .mount_segment(
-            "c2",
-            &SegmentInfo {
-                name: "s2".into(),
-                base: u64::MAX,
-                size: 10,
-                tier: 0
-            },
-            "h"
-        )
-        .is_err());
-    assert!(m
-        .mount_segment(
-            "c2",
-            &SegmentInfo {
-                name: "s2".into(),
-                base: 1,
-                size: 0,
-                tier: 0
-            },
-            "h"
-        )
-        .is_err());
+    assert!(m.mount_segment("c2", &SegmentInfo { name: "s2".into(), base: u64::MAX, size: 10, tier: 0 }, "h").is_err());
+    assert!(m.mount_segment("c2", &SegmentInfo { name: "s2".into(), base: 1, size: 0, tier: 0 }, "h").is_err());
     assert!(m.remove_by_regex("(unclosed", false).is_err());
-    assert!(matches!(
-        m.remove("nope", false),
-        Err(StoreError::NotFound(_))
-    ));
+    assert!(matches!(m.remove("nope", false), Err(StoreError::NotFound(_))));
 }
 
 #[test]
 fn strategies_place_replicas_as_documented() {
-    let m = master_with(MasterConfig {
-        allocation_strategy: AllocationStrategy::LocalFirst,
-        ..MasterConfig::default()
-    });
+    let m =
+        master_with(MasterConfig { allocation_strategy: AllocationStrategy::LocalFirst, ..MasterConfig::default() });
     mount(&m, "a", "sa", 1 << 20);
     mount(&m, "b", "sb", 1 << 20);
     for i in 0..10 {
-        let opts = PutOptions {
-            preferred_segment: "sb".into(),
-            ..Default::default()
-        };
+        let opts = PutOptions { preferred_segment: "sb".into(), ..Default::default() };
         let (r, _) = m.put_start("b", &format!("k{i}"), 1000, &opts).unwrap();
         assert_eq!(r[0].segment_name, "sb");
     }
@@ -365,19 +224,10 @@ fn strategies_place_replicas_as_documented() {
     mount(&m, "a", "sa", 1 << 20);
     mount(&m, "b", "sb", 4 << 20);
     for i in 0..10 {
-        let ratios: Vec<(String, f64)> = m
-            .segments()
-            .iter()
-            .map(|s| (s.name.clone(), 1.0 - s.used as f64 / s.capacity as f64))
-            .collect();
-        let (r, _) = m
-            .put_start("a", &format!("k{i}"), 100 << 10, &PutOptions::default())
-            .unwrap();
-        let chosen = ratios
-            .iter()
-            .find(|(n, _)| *n == r[0].segment_name)
-            .unwrap()
-            .1;
+        let ratios: Vec<(String, f64)> =
+            m.segments().iter().map(|s| (s.name.clone(), 1.0 - s.used as f64 / s.capacity as f64)).collect();
+        let (r, _) = m.put_start("a", &format!("k{i}"), 100 << 10, &PutOptions::default()).unwrap();
+        let chosen = ratios.iter().find(|(n, _)| *n == r[0].segment_name).unwrap().1;
         assert!(
             ratios.iter().all(|(_, ratio)| *ratio <= chosen),
             "put {i} went to the emptier segment: {ratios:?} -> {}",

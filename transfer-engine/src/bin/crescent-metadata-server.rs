@@ -31,12 +31,8 @@ struct Cli {
 }
 
 fn main() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     let cli = Cli::parse();
     match MetadataServer::start(SocketAddr::new(cli.host, cli.port), &cli.path) {
         Ok(server) => {
@@ -45,10 +41,7 @@ fn main() {
             server.wait()
         }
         Err(e) => {
-            eprintln!(
-                "crescent-metadata-server: cannot serve on {}:{}: {e}",
-                cli.host, cli.port
-            );
+            eprintln!("crescent-metadata-server: cannot serve on {}:{}: {e}", cli.host, cli.port);
             std::process::exit(1);
         }
     }

@@ -41,18 +41,10 @@ impl EtcdStore {
             Ok(client)
         })?;
         tracing::info!("metadata: connected to {address}");
-        Ok(EtcdStore {
-            address: address.to_string(),
-            runtime: Some(runtime),
-            client,
-            lease: Mutex::new(None),
-        })
+        Ok(EtcdStore { address: address.to_string(), runtime: Some(runtime), client, lease: Mutex::new(None) })
     }
 
-    fn run<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
+    fn run<T>(&self, f: impl std::future::Future<Output = Result<T, etcd_client::Error>>) -> Result<T> {
         let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
         block_on(runtime, &self.address, f)
     }
@@ -72,10 +64,9 @@ impl EtcdStore {
                     Ok(true) => return Ok(id),
                     // A lease the service no longer knows (it expired, or the service lost
                     // its data) answers TTL 0 or an error: grant a new one below.
-                    Ok(false) => tracing::info!(
-                        "metadata: lease {id:x} on {} expired; granting a new one",
-                        self.address
-                    ),
+                    Ok(false) => {
+                        tracing::info!("metadata: lease {id:x} on {} expired; granting a new one", self.address)
+                    }
                     Err(e) => tracing::debug!("metadata: keeping lease {id:x} alive: {e}"),
                 }
             }
@@ -93,18 +84,11 @@ impl super::MetadataStore for EtcdStore {
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let mut kv = self
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_VALUE_LEN + 4096);
+        let mut kv = self.client.kv_client().max_decoding_message_size(MAX_VALUE_LEN + 4096);
         let key = key.to_string();
         self.run(async move {
             let mut response = kv.get(key, None).await?;
-            Ok(response
-                .take_kvs()
-                .into_iter()
-                .next()
-                .map(|kv| kv.value().to_vec()))
+            Ok(response.take_kvs().into_iter().next().map(|kv| kv.value().to_vec()))
         })
     }
 
@@ -112,9 +96,7 @@ impl super::MetadataStore for EtcdStore {
         let options = match ttl {
             Some(ttl) => {
                 // Leases count whole seconds.
-                let secs = i64::try_from(ttl.as_secs_f64().ceil() as u64)
-                    .unwrap_or(i64::MAX)
-                    .max(1);
+                let secs = i64::try_from(ttl.as_secs_f64().ceil() as u64).unwrap_or(i64::MAX).max(1);
                 Some(PutOptions::new().with_lease(self.live_lease(secs)?))
             }
             None => None,
@@ -163,9 +145,6 @@ fn block_on<T>(
     match runtime.block_on(async { tokio::time::timeout(SERVICE_TIMEOUT, f).await }) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(unavailable(address, e)),
-        Err(_) => Err(unavailable(
-            address,
-            format!("no answer within {SERVICE_TIMEOUT:?}"),
-        )),
+        Err(_) => Err(unavailable(address, format!("no answer within {SERVICE_TIMEOUT:?}"))),
     }
 }

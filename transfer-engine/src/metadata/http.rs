@@ -23,10 +23,7 @@ impl HttpStore {
             .http_status_as_error(false)
             .max_redirects(0)
             .build();
-        let store = HttpStore {
-            url: url.to_string(),
-            agent: config.into(),
-        };
+        let store = HttpStore { url: url.to_string(), agent: config.into() };
         // Any http answer will do (a missing key is 404): it shows that the service is up.
         store.get("mooncake/crescent-probe")?;
         tracing::info!("metadata: connected to {url}");
@@ -35,19 +32,12 @@ impl HttpStore {
 
     fn status_error(&self, method: &str, key: &str, status: u16, body: &str) -> EngineError {
         let body: String = body.chars().take(200).collect();
-        unavailable(
-            &self.url,
-            format!("{method} of {key} answered {status}: {}", body.trim()),
-        )
+        unavailable(&self.url, format!("{method} of {key} answered {status}: {}", body.trim()))
     }
 }
 
 fn read_body(response: &mut ureq::http::Response<ureq::Body>) -> Result<Vec<u8>, ureq::Error> {
-    response
-        .body_mut()
-        .with_config()
-        .limit(MAX_VALUE_LEN as u64)
-        .read_to_vec()
+    response.body_mut().with_config().limit(MAX_VALUE_LEN as u64).read_to_vec()
 }
 
 impl MetadataStore for HttpStore {
@@ -56,12 +46,7 @@ impl MetadataStore for HttpStore {
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let mut response = self
-            .agent
-            .get(&self.url)
-            .query("key", key)
-            .call()
-            .map_err(|e| unavailable(&self.url, e))?;
+        let mut response = self.agent.get(&self.url).query("key", key).call().map_err(|e| unavailable(&self.url, e))?;
         let status = response.status().as_u16();
         let body = read_body(&mut response);
         match status {
@@ -74,12 +59,7 @@ impl MetadataStore for HttpStore {
                 e => unavailable(&self.url, e),
             }),
             404 => Ok(None),
-            s => Err(self.status_error(
-                "GET",
-                key,
-                s,
-                &String::from_utf8_lossy(&body.unwrap_or_default()),
-            )),
+            s => Err(self.status_error("GET", key, s, &String::from_utf8_lossy(&body.unwrap_or_default()))),
         }
     }
 
@@ -88,10 +68,8 @@ impl MetadataStore for HttpStore {
         if let Some(ttl) = ttl {
             request = request.query("ttl_ms", ttl.as_millis().max(1).to_string());
         }
-        let mut response = request
-            .header("content-type", "application/json")
-            .send(value)
-            .map_err(|e| unavailable(&self.url, e))?;
+        let mut response =
+            request.header("content-type", "application/json").send(value).map_err(|e| unavailable(&self.url, e))?;
         let status = response.status().as_u16();
         if (200..300).contains(&status) {
             Ok(())
@@ -102,12 +80,8 @@ impl MetadataStore for HttpStore {
     }
 
     fn delete(&self, key: &str) -> Result<()> {
-        let mut response = self
-            .agent
-            .delete(&self.url)
-            .query("key", key)
-            .call()
-            .map_err(|e| unavailable(&self.url, e))?;
+        let mut response =
+            self.agent.delete(&self.url).query("key", key).call().map_err(|e| unavailable(&self.url, e))?;
         let status = response.status().as_u16();
         if (200..300).contains(&status) || status == 404 {
             Ok(())

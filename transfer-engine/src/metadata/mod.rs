@@ -53,9 +53,7 @@ pub trait MetadataStore: Send + Sync {
 
 impl fmt::Debug for dyn MetadataStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MetadataStore")
-            .field("address", &self.address())
-            .finish()
+        f.debug_struct("MetadataStore").field("address", &self.address()).finish()
     }
 }
 
@@ -77,10 +75,7 @@ impl ServiceAddress {
     pub fn parse(text: &str) -> Result<Self> {
         let t = text.trim();
         let bad = |why: &str| {
-            EngineError::Config(format!(
-                "metadata server {:?}: {why}",
-                redact(t).unwrap_or_else(|| t.to_string())
-            ))
+            EngineError::Config(format!("metadata server {:?}: {why}", redact(t).unwrap_or_else(|| t.to_string())))
         };
         if t.eq_ignore_ascii_case(P2P_HANDSHAKE) {
             return Ok(ServiceAddress::P2PHandshake);
@@ -88,20 +83,13 @@ impl ServiceAddress {
         let (scheme, rest) = match t.split_once("://") {
             Some((s, r)) => (s.to_ascii_lowercase(), r),
             // Mooncake takes a bare `host:port[,host:port]` as etcd.
-            None if !t.is_empty() && t.split(',').all(|e| valid_host_port(e.trim())) => {
-                ("etcd".to_string(), t)
-            }
-            None => return Err(bad(
-                "use P2PHANDSHAKE, etcd://host:port, redis://host:port or http://host:port/path",
-            )),
+            None if !t.is_empty() && t.split(',').all(|e| valid_host_port(e.trim())) => ("etcd".to_string(), t),
+            None => return Err(bad("use P2PHANDSHAKE, etcd://host:port, redis://host:port or http://host:port/path")),
         };
         match scheme.as_str() {
             "etcd" => {
-                let endpoints: Vec<String> = rest
-                    .trim_end_matches('/')
-                    .split(',')
-                    .map(|e| e.trim().to_string())
-                    .collect();
+                let endpoints: Vec<String> =
+                    rest.trim_end_matches('/').split(',').map(|e| e.trim().to_string()).collect();
                 if endpoints.iter().any(|e| !valid_host_port(e)) {
                     return Err(bad("every etcd endpoint must be host:port"));
                 }
@@ -130,12 +118,8 @@ impl ServiceAddress {
     pub fn connect(&self) -> Result<Option<Arc<dyn MetadataStore>>> {
         let store: Arc<dyn MetadataStore> = match self {
             ServiceAddress::P2PHandshake => return Ok(None),
-            ServiceAddress::Etcd(endpoints) => {
-                Arc::new(etcd::EtcdStore::connect(endpoints, &self.to_string())?)
-            }
-            ServiceAddress::Redis(url) => {
-                Arc::new(redis::RedisStore::connect(url, &self.to_string())?)
-            }
+            ServiceAddress::Etcd(endpoints) => Arc::new(etcd::EtcdStore::connect(endpoints, &self.to_string())?),
+            ServiceAddress::Redis(url) => Arc::new(redis::RedisStore::connect(url, &self.to_string())?),
             ServiceAddress::Http(url) => Arc::new(http::HttpStore::connect(url)?),
         };
         Ok(Some(store))
@@ -148,9 +132,7 @@ impl fmt::Display for ServiceAddress {
         match self {
             ServiceAddress::P2PHandshake => f.write_str(P2P_HANDSHAKE),
             ServiceAddress::Etcd(e) => write!(f, "etcd://{}", e.join(",")),
-            ServiceAddress::Redis(u) | ServiceAddress::Http(u) => {
-                f.write_str(&redact(u).unwrap_or_else(|| u.clone()))
-            }
+            ServiceAddress::Redis(u) | ServiceAddress::Http(u) => f.write_str(&redact(u).unwrap_or_else(|| u.clone())),
         }
     }
 }
@@ -175,9 +157,7 @@ fn valid_host_port(s: &str) -> bool {
     match s.rsplit_once(':') {
         Some((host, port)) => {
             let host = host.trim_start_matches('[').trim_end_matches(']');
-            !host.is_empty()
-                && !host.contains(['/', '@', ' ', ','])
-                && port.parse::<u16>().is_ok_and(|p| p != 0)
+            !host.is_empty() && !host.contains(['/', '@', ' ', ',']) && port.parse::<u16>().is_ok_and(|p| p != 0)
         }
         None => false,
     }
@@ -193,11 +173,7 @@ impl Keys {
     /// Keys of the cluster `cluster_id` (`None` or blank: the shared default cluster).
     pub fn new(cluster_id: Option<&str>) -> Self {
         let id = cluster_id.map(|c| c.trim().trim_matches('/')).unwrap_or("");
-        let prefix = if id.is_empty() {
-            "mooncake/".to_string()
-        } else {
-            format!("mooncake/{id}/")
-        };
+        let prefix = if id.is_empty() { "mooncake/".to_string() } else { format!("mooncake/{id}/") };
         Keys { prefix }
     }
 
@@ -221,8 +197,7 @@ pub struct RpcMeta {
 
 impl RpcMeta {
     pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
-        let m: RpcMeta =
-            serde_json::from_slice(bytes).map_err(|e| format!("not an rpc_meta entry: {e}"))?;
+        let m: RpcMeta = serde_json::from_slice(bytes).map_err(|e| format!("not an rpc_meta entry: {e}"))?;
         if m.ip_or_host_name.is_empty() || m.rpc_port == 0 {
             return Err("rpc_meta entry without a host or a port".into());
         }
@@ -231,36 +206,21 @@ impl RpcMeta {
 }
 
 /// Reads the descriptor of `name` from `store` and checks it.
-pub fn fetch_descriptor(
-    store: &dyn MetadataStore,
-    keys: &Keys,
-    name: &str,
-) -> Result<SegmentDescriptor> {
+pub fn fetch_descriptor(store: &dyn MetadataStore, keys: &Keys, name: &str) -> Result<SegmentDescriptor> {
     let key = keys.descriptor(name);
-    let bad = |reason: String| EngineError::BadMetadata {
+    let bad =
+        |reason: String| EngineError::BadMetadata { address: store.address().to_string(), key: key.clone(), reason };
+    let value = store.get(&key)?.ok_or_else(|| EngineError::SegmentNotFound {
+        name: name.to_string(),
         address: store.address().to_string(),
         key: key.clone(),
-        reason,
-    };
-    let value = store
-        .get(&key)?
-        .ok_or_else(|| EngineError::SegmentNotFound {
-            name: name.to_string(),
-            address: store.address().to_string(),
-            key: key.clone(),
-        })?;
+    })?;
     if value.len() > MAX_VALUE_LEN {
-        return Err(bad(format!(
-            "{} bytes (at most {MAX_VALUE_LEN} accepted)",
-            value.len()
-        )));
+        return Err(bad(format!("{} bytes (at most {MAX_VALUE_LEN} accepted)", value.len())));
     }
     let descriptor = SegmentDescriptor::from_json(&value).map_err(bad)?;
     if descriptor.name != name {
-        return Err(bad(format!(
-            "the descriptor is of segment {:?}",
-            descriptor.name
-        )));
+        return Err(bad(format!("the descriptor is of segment {:?}", descriptor.name)));
     }
     Ok(descriptor)
 }
@@ -294,21 +254,8 @@ impl Directory {
             return Err(EngineError::Config("metadata TTL must be positive".into()));
         }
         let keys = Keys::new(config.metadata_cluster_id.as_deref());
-        let publisher = Publisher::start(
-            store.clone(),
-            &keys,
-            segment,
-            rpc,
-            describe,
-            config.metadata_ttl,
-        )?;
-        Ok(Directory {
-            service: Some(Service {
-                store,
-                keys,
-                publisher,
-            }),
-        })
+        let publisher = Publisher::start(store.clone(), &keys, segment, rpc, describe, config.metadata_ttl)?;
+        Ok(Directory { service: Some(Service { store, keys, publisher }) })
     }
 
     /// The descriptor of segment `name`, from the service or else from the peer itself.
@@ -328,10 +275,7 @@ impl Directory {
 }
 
 fn unavailable(address: &str, reason: impl fmt::Display) -> EngineError {
-    EngineError::MetadataUnavailable {
-        address: address.to_string(),
-        reason: reason.to_string(),
-    }
+    EngineError::MetadataUnavailable { address: address.to_string(), reason: reason.to_string() }
 }
 
 #[cfg(test)]
@@ -343,18 +287,12 @@ mod tests {
     fn connection_strings() {
         use ServiceAddress::*;
         assert_eq!(ServiceAddress::parse("P2PHANDSHAKE").unwrap(), P2PHandshake);
-        assert_eq!(
-            ServiceAddress::parse(" p2phandshake ").unwrap(),
-            P2PHandshake
-        );
+        assert_eq!(ServiceAddress::parse(" p2phandshake ").unwrap(), P2PHandshake);
         assert_eq!(
             ServiceAddress::parse("etcd://10.0.0.1:2379,etcd-b:2379").unwrap(),
             Etcd(vec!["10.0.0.1:2379".into(), "etcd-b:2379".into()])
         );
-        assert_eq!(
-            ServiceAddress::parse("10.0.0.1:2379").unwrap(),
-            Etcd(vec!["10.0.0.1:2379".into()])
-        );
+        assert_eq!(ServiceAddress::parse("10.0.0.1:2379").unwrap(), Etcd(vec!["10.0.0.1:2379".into()]));
         assert_eq!(
             ServiceAddress::parse("redis://u:pw@10.0.0.1:6379/2").unwrap(),
             Redis("redis://u:pw@10.0.0.1:6379/2".into())
@@ -400,14 +338,8 @@ mod tests {
     #[test]
     fn key_layout() {
         let k = Keys::new(None);
-        assert_eq!(
-            k.descriptor("10.0.0.1:12345"),
-            "mooncake/ram/10.0.0.1:12345"
-        );
-        assert_eq!(
-            k.rpc_meta("10.0.0.1:12345"),
-            "mooncake/rpc_meta/10.0.0.1:12345"
-        );
+        assert_eq!(k.descriptor("10.0.0.1:12345"), "mooncake/ram/10.0.0.1:12345");
+        assert_eq!(k.rpc_meta("10.0.0.1:12345"), "mooncake/rpc_meta/10.0.0.1:12345");
         assert_eq!(Keys::new(Some("  ")), k);
         let k = Keys::new(Some("prod-a"));
         assert_eq!(k.descriptor("n:1"), "mooncake/prod-a/ram/n:1");
@@ -416,10 +348,7 @@ mod tests {
 
     #[test]
     fn rpc_meta_roundtrip_and_rejects() {
-        let m = RpcMeta {
-            ip_or_host_name: "10.0.0.1".into(),
-            rpc_port: 5,
-        };
+        let m = RpcMeta { ip_or_host_name: "10.0.0.1".into(), rpc_port: 5 };
         let json = serde_json::to_vec(&m).unwrap();
         assert_eq!(RpcMeta::from_json(&json).unwrap(), m);
         for bad in [
@@ -460,19 +389,10 @@ mod tests {
     #[test]
     fn descriptors_are_checked_on_the_way_in() {
         let (store, keys) = (mem(), Keys::new(Some("c")));
-        assert!(matches!(
-            fetch_descriptor(&store, &keys, "a:1"),
-            Err(EngineError::SegmentNotFound { .. })
-        ));
+        assert!(matches!(fetch_descriptor(&store, &keys, "a:1"), Err(EngineError::SegmentNotFound { .. })));
         let good = br#"{"name":"a:1","endpoints":[],"buffers":[{"addr":4096,"length":10}]}"#;
         store.put(&keys.descriptor("a:1"), good, None).unwrap();
-        assert_eq!(
-            fetch_descriptor(&store, &keys, "a:1")
-                .unwrap()
-                .buffers
-                .len(),
-            1
-        );
+        assert_eq!(fetch_descriptor(&store, &keys, "a:1").unwrap().buffers.len(), 1);
         store.put(&keys.descriptor("b:1"), good, None).unwrap();
         let err = fetch_descriptor(&store, &keys, "b:1").unwrap_err();
         assert!(err.to_string().contains("a:1"), "{err}");

@@ -63,27 +63,16 @@ impl Publisher {
             describe,
             ttl,
             publishing: Mutex::new(()),
-            state: Mutex::new(State {
-                stop: false,
-                healthy: true,
-            }),
+            state: Mutex::new(State { stop: false, healthy: true }),
             wake: Condvar::new(),
         });
         shared.put()?;
         let keeper = {
             let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("crescent-metadata".into())
-                .spawn(move || shared.keep())?
+            std::thread::Builder::new().name("crescent-metadata".into()).spawn(move || shared.keep())?
         };
-        tracing::info!(
-            "metadata: published segment {segment} to {} (TTL {ttl:?})",
-            shared.store.address()
-        );
-        Ok(Publisher {
-            shared,
-            keeper: Some(keeper),
-        })
+        tracing::info!("metadata: published segment {segment} to {} (TTL {ttl:?})", shared.store.address());
+        Ok(Publisher { shared, keeper: Some(keeper) })
     }
 
     /// Publishes the current descriptor now (registered regions changed). A failure is logged
@@ -103,10 +92,8 @@ impl Shared {
     fn put(&self) -> Result<()> {
         let _one_at_a_time = self.publishing.lock();
         let descriptor = (self.describe)();
-        self.store
-            .put(&self.descriptor_key, &descriptor, Some(self.ttl))?;
-        self.store
-            .put(&self.rpc_key, &self.rpc_value, Some(self.ttl))
+        self.store.put(&self.descriptor_key, &descriptor, Some(self.ttl))?;
+        self.store.put(&self.rpc_key, &self.rpc_value, Some(self.ttl))
     }
 
     /// Logs transitions between reachable and unreachable; true if healthy now.
@@ -147,11 +134,7 @@ impl Shared {
                 }
             }
             let result = self.put();
-            wait = if self.note(&result) {
-                period
-            } else {
-                period.min(MAX_RETRY)
-            };
+            wait = if self.note(&result) { period } else { period.min(MAX_RETRY) };
         }
     }
 }

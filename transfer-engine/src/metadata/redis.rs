@@ -11,9 +11,8 @@ use crate::error::{EngineError, Result};
 
 /// Checks a `redis://` URL without connecting; the message never repeats a password.
 pub(crate) fn check_url(url: &str) -> Result<(), String> {
-    let info = url
-        .into_connection_info()
-        .map_err(|_| "not a redis URL (redis://[user:pass@]host:port[/db])".to_string())?;
+    let info =
+        url.into_connection_info().map_err(|_| "not a redis URL (redis://[user:pass@]host:port[/db])".to_string())?;
     match info.addr() {
         ::redis::ConnectionAddr::Tcp(host, port) if !host.is_empty() && *port != 0 => Ok(()),
         ::redis::ConnectionAddr::Tcp(..) => Err("a redis URL needs a host and a port".into()),
@@ -31,16 +30,9 @@ impl RedisStore {
     /// Connects to the server and checks that it answers (and accepts the credentials).
     pub(crate) fn connect(url: &str, address: &str) -> Result<Self> {
         let client = Client::open(url).map_err(|e| {
-            EngineError::Config(format!(
-                "metadata server {address}: invalid redis URL ({:?})",
-                e.kind()
-            ))
+            EngineError::Config(format!("metadata server {address}: invalid redis URL ({:?})", e.kind()))
         })?;
-        let store = RedisStore {
-            address: address.to_string(),
-            client,
-            connection: Mutex::new(None),
-        };
+        let store = RedisStore { address: address.to_string(), client, connection: Mutex::new(None) };
         store.call(|c| ::redis::cmd("PING").query::<String>(c))?;
         tracing::info!("metadata: connected to {address}");
         Ok(store)
@@ -75,10 +67,7 @@ impl RedisStore {
                     if !(reused && stale) {
                         return Err(unavailable(&self.address, e));
                     }
-                    tracing::debug!(
-                        "metadata: {} connection lost ({e}); reconnecting",
-                        self.address
-                    );
+                    tracing::debug!("metadata: {} connection lost ({e}); reconnecting", self.address);
                     reused = false;
                 }
             }
@@ -108,14 +97,12 @@ impl super::MetadataStore for RedisStore {
         let mut cmd = ::redis::cmd("SET");
         cmd.arg(key).arg(value);
         if let Some(ttl) = ttl {
-            cmd.arg("PX")
-                .arg(ttl.as_millis().clamp(1, i64::MAX as u128) as i64);
+            cmd.arg("PX").arg(ttl.as_millis().clamp(1, i64::MAX as u128) as i64);
         }
         self.call(|c| cmd.query::<()>(c))
     }
 
     fn delete(&self, key: &str) -> Result<()> {
-        self.call(|c| ::redis::cmd("DEL").arg(key).query::<i64>(c))
-            .map(drop)
+        self.call(|c| ::redis::cmd("DEL").arg(key).query::<i64>(c)).map(drop)
     }
 }

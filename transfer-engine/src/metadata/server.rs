@@ -44,8 +44,7 @@ impl Entries {
     }
 
     fn sweep(&mut self, now: Instant) {
-        self.map
-            .retain(|_, (_, expires)| expires.is_none_or(|t| t > now));
+        self.map.retain(|_, (_, expires)| expires.is_none_or(|t| t > now));
     }
 }
 
@@ -168,12 +167,7 @@ impl MetadataServer {
             }
         });
         tracing::info!("metadata server listening on http://{addr}{path}");
-        Ok(MetadataServer {
-            addr,
-            path: path.to_string(),
-            stop: Some(stop),
-            runtime: Some(runtime),
-        })
+        Ok(MetadataServer { addr, path: path.to_string(), stop: Some(stop), runtime: Some(runtime) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -217,8 +211,8 @@ mod tests {
     fn shared() -> &'static (MetadataServer, HttpStore) {
         static SHARED: OnceLock<(MetadataServer, HttpStore)> = OnceLock::new();
         SHARED.get_or_init(|| {
-            let server = MetadataServer::start("127.0.0.1:0".parse().unwrap(), "/metadata")
-                .expect("server starts on loopback");
+            let server =
+                MetadataServer::start("127.0.0.1:0".parse().unwrap(), "/metadata").expect("server starts on loopback");
             let client = HttpStore::connect(&server.url()).expect("client connects");
             (server, client)
         })
@@ -235,26 +229,17 @@ mod tests {
             assert_eq!(client.get(key).unwrap(), None);
             client.delete(key).unwrap();
         }
-        client
-            .put("short-lived", b"1", Some(Duration::from_millis(50)))
-            .unwrap();
-        client
-            .put("long-lived", b"2", Some(Duration::from_secs(600)))
-            .unwrap();
+        client.put("short-lived", b"1", Some(Duration::from_millis(50))).unwrap();
+        client.put("long-lived", b"2", Some(Duration::from_secs(600))).unwrap();
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(client.get("short-lived").unwrap(), None);
-        assert_eq!(
-            client.get("long-lived").unwrap().as_deref(),
-            Some(&b"2"[..])
-        );
+        assert_eq!(client.get("long-lived").unwrap().as_deref(), Some(&b"2"[..]));
     }
 
     #[test]
     fn oversized_values_and_bad_requests_are_refused() {
         let (server, client) = shared();
-        let err = client
-            .put("big", &vec![b'x'; MAX_VALUE_LEN + 1], None)
-            .unwrap_err();
+        let err = client.put("big", &vec![b'x'; MAX_VALUE_LEN + 1], None).unwrap_err();
         assert!(err.to_string().contains("413"), "{err}");
         let raw = |request: &str| {
             let mut c = std::net::TcpStream::connect(server.local_addr()).unwrap();
@@ -266,9 +251,13 @@ mod tests {
         };
         let no_key = raw("GET /metadata HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
         assert!(no_key.starts_with("HTTP/1.1 400"), "{no_key}");
-        let zero_ttl = raw("PUT /metadata?key=k&ttl_ms=0 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx");
+        let zero_ttl =
+            raw("PUT /metadata?key=k&ttl_ms=0 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx");
         assert!(zero_ttl.starts_with("HTTP/1.1 400"), "{zero_ttl}");
-        let huge_ttl = raw(&format!("PUT /metadata?key=k&ttl_ms={} HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx", u64::MAX));
+        let huge_ttl = raw(&format!(
+            "PUT /metadata?key=k&ttl_ms={} HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+            u64::MAX
+        ));
         assert!(huge_ttl.starts_with("HTTP/1.1 200"), "{huge_ttl}");
         assert_eq!(client.get("k").unwrap().as_deref(), Some(&b"x"[..]));
     }
@@ -308,12 +297,8 @@ mod tests {
         let mut e = Entries::default();
         let now = Instant::now();
         e.map.insert("a".into(), (Bytes::from_static(b"1"), None));
-        e.map.insert(
-            "b".into(),
-            (Bytes::from_static(b"2"), Some(now + Duration::from_secs(5))),
-        );
-        e.map
-            .insert("c".into(), (Bytes::from_static(b"3"), Some(now)));
+        e.map.insert("b".into(), (Bytes::from_static(b"2"), Some(now + Duration::from_secs(5))));
+        e.map.insert("c".into(), (Bytes::from_static(b"3"), Some(now)));
         assert!(e.live("a", now).is_some());
         assert!(e.live("b", now).is_some());
         assert!(e.live("c", now).is_none());
