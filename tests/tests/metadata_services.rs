@@ -399,3 +399,20 @@ fn spawn_metadata_server() -> (ChildGuard, String) {
         .to_string();
     (child, url)
 }
+
+#[test]
+fn an_etcd_list_with_a_dead_member_still_serves() {
+    let mut none = None;
+    let Some(url) = shared_service(Kind::Etcd, "an_etcd_list_with_a_dead_member_still_serves", &mut none) else {
+        return;
+    };
+    let live = url.trim_start_matches("etcd://");
+    let url = format!("etcd://127.0.0.1:{},{live}", free_port());
+    let cluster = unique_cluster("list");
+    let a = engine(&url, &cluster, Duration::from_secs(10));
+    let mem = filled(&a, 1 << 20, 13);
+    let b = engine(&url, &cluster, Duration::from_secs(10));
+    let seg = b.open_segment(a.segment_name()).unwrap();
+    let local = b.alloc_registered(1 << 20, "cpu:0").unwrap();
+    read_and_check(&b, seg, &local, mem.addr(), 1 << 20, 13).unwrap();
+}
