@@ -176,7 +176,7 @@ fn a_crashed_owner_ages_out_and_a_live_one_stays(kind: Kind, test: &str) {
     let cluster = unique_cluster("crash");
     let keys = Keys::new(Some(&cluster));
     let service = store(&url);
-    let envs = [("MC_METADATA_TTL", "2"), ("MC_METADATA_CLUSTER_ID", cluster.as_str())];
+    let envs = [("MC_METADATA_TTL", "3"), ("MC_METADATA_CLUSTER_ID", cluster.as_str())];
     let (mut target, name) = spawn_tebench_target_env(
         &[],
         &["--buffer-size", "16M", "--pattern", "--local-hostname", "127.0.0.1", "--metadata-server", &url],
@@ -198,7 +198,7 @@ fn a_crashed_owner_ages_out_and_a_live_one_stays(kind: Kind, test: &str) {
     );
 
     // Renewed while the owner lives: still there after more than twice the TTL.
-    std::thread::sleep(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(7));
     assert!(service.get(&keys.descriptor(&name)).unwrap().is_some());
 
     // SIGKILL: no clean shutdown; the entries age out on their own.
