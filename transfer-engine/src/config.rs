@@ -145,6 +145,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("X", "2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_seconds("X", " 0.5 ").unwrap(), Duration::from_millis(500));
+        for bad in ["", "0", "-1", "nan", "inf", "1e12", "2s"] {
+            let err = parse_seconds("MC_METADATA_TTL", bad).unwrap_err();
+            assert!(err.to_string().contains("MC_METADATA_TTL"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("64K"), Ok(65536));
