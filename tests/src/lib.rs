@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crescent_engine::{EngineConfig, TransferEngine};
 
 pub mod netns;
+pub mod services;
 pub mod store;
 
 /// An engine on loopback with the given transfer timeout.
@@ -51,6 +52,11 @@ impl Drop for ChildGuard {
 /// Starts `tebench target` through `prefix` (e.g. `ip netns exec NS`) and waits for the
 /// segment name it prints.
 pub fn spawn_tebench_target(prefix: &[&str], args: &[&str]) -> (ChildGuard, String) {
+    spawn_tebench_target_env(prefix, args, &[])
+}
+
+/// [`spawn_tebench_target`] with extra environment variables.
+pub fn spawn_tebench_target_env(prefix: &[&str], args: &[&str], envs: &[(&str, &str)]) -> (ChildGuard, String) {
     let bin = workspace_bin("tebench");
     let mut cmd = match prefix.split_first() {
         Some((first, rest)) => {
@@ -60,7 +66,7 @@ pub fn spawn_tebench_target(prefix: &[&str], args: &[&str]) -> (ChildGuard, Stri
         }
         None => Command::new(&bin),
     };
-    cmd.arg("target").args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    cmd.arg("target").args(args).envs(envs.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = ChildGuard(cmd.spawn().expect("spawn tebench target"));
     let stdout = child.0.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();

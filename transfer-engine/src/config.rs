@@ -14,8 +14,14 @@ pub struct EngineConfig {
     /// Host name or IP address peers use to reach this engine, optionally `host:port` to fix
     /// the handshake port. `None`: the first non-loopback IPv4 address, else 127.0.0.1.
     pub local_hostname: Option<String>,
-    /// `P2PHANDSHAKE` (default).
+    /// `P2PHANDSHAKE` (default), `etcd://host:port[,host:port…]`,
+    /// `redis://[user:pass@]host:port[/db]` or `http://host:port/path`.
     pub metadata_server: String,
+    /// Keeps clusters sharing one metadata service apart (`MC_METADATA_CLUSTER_ID`).
+    pub metadata_cluster_id: Option<String>,
+    /// How long a published descriptor outlives its owner's last renewal (`MC_METADATA_TTL`,
+    /// seconds); renewed every third of it.
+    pub metadata_ttl: Duration,
     /// A forced transport; `None` chooses automatically per peer.
     pub protocol: Option<TransportKind>,
     /// Handshake port; 0 picks a free one (overridden by a port in `local_hostname`).
@@ -33,6 +39,8 @@ impl Default for EngineConfig {
         EngineConfig {
             local_hostname: None,
             metadata_server: P2P_HANDSHAKE.into(),
+            metadata_cluster_id: None,
+            metadata_ttl: Duration::from_secs(10),
             protocol: None,
             rpc_port: 0,
             tcp_lanes: 2,
@@ -44,7 +52,8 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// Defaults, then the environment: `MC_FORCE_TCP=1`, `MC_TCP_LANES`, `MC_TCP_SLICE_SIZE`,
-    /// `MC_TRANSFER_TIMEOUT` (seconds). Invalid values are errors naming the value.
+    /// `MC_TRANSFER_TIMEOUT` (seconds), `MC_METADATA_CLUSTER_ID`, `MC_METADATA_TTL` (seconds).
+    /// Invalid values are errors naming the value.
     pub fn from_env() -> Result<Self> {
         let mut config = EngineConfig::default();
         config.apply_env()?;
@@ -74,12 +83,30 @@ impl EngineConfig {
             })?;
             self.transfer_timeout = Duration::from_secs_f64(secs);
         }
+        if let Some(v) = env("MC_METADATA_CLUSTER_ID") {
+            self.metadata_cluster_id = Some(v.trim().to_string());
+        }
+        if let Some(v) = env("MC_METADATA_TTL") {
+            self.metadata_ttl = parse_seconds("MC_METADATA_TTL", &v)?;
+        }
         Ok(())
     }
 }
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A positive number of seconds, at most a year.
+fn parse_seconds(name: &str, v: &str) -> Result<Duration> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 365.0 * 86400.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| {
+            EngineError::Config(format!("{name}={v:?} is not a positive number of seconds (at most a year)"))
+        })
 }
 
 fn parse_bool(name: &str, v: &str) -> Result<bool> {
@@ -116,6 +143,16 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("X", "2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_seconds("X", " 0.5 ").unwrap(), Duration::from_millis(500));
+        for bad in ["", "0", "-1", "nan", "inf", "1e12", "2s"] {
+            let err = parse_seconds("MC_METADATA_TTL", bad).unwrap_err();
+            assert!(err.to_string().contains("MC_METADATA_TTL"), "{bad:?}: {err}");
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -13,11 +13,12 @@ use crescent_transports::{
 use parking_lot::{Mutex, RwLock};
 
 use crate::batch::{Batch, BatchCompletion, BatchId, Submission, TransferStatus, Watchdog};
-use crate::config::{EngineConfig, P2P_HANDSHAKE};
+use crate::config::EngineConfig;
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
 use crate::error::{EngineError, Result};
 use crate::handshake::{self, HandshakeServer};
 use crate::host;
+use crate::metadata::{Directory, RpcMeta, ServiceAddress};
 use crate::slicing::{cut, CutError, Piece};
 
 /// Handle of an opened segment.
@@ -105,6 +106,8 @@ pub struct TransferEngine {
     batches: Mutex<HashMap<BatchId, Arc<Batch>>>,
     next_batch: AtomicU64,
     watchdog: Arc<Watchdog>,
+    /// Where descriptors are found and this engine's is published (deleted on drop).
+    directory: Directory,
     _handshake: HandshakeServer,
 }
 
@@ -117,12 +120,8 @@ impl std::fmt::Debug for TransferEngine {
 impl TransferEngine {
     /// Starts an engine: its handshake listener and its transports.
     pub fn new(config: EngineConfig) -> Result<Arc<Self>> {
-        if !config.metadata_server.eq_ignore_ascii_case(P2P_HANDSHAKE) {
-            return Err(EngineError::Config(format!(
-                "metadata server {:?} is not supported by this build; use {P2P_HANDSHAKE}",
-                config.metadata_server
-            )));
-        }
+        // A malformed connection string fails before anything starts.
+        ServiceAddress::parse(&config.metadata_server)?;
         let (host, port) = match config.local_hostname.as_deref() {
             Some(h) if h.contains(':') && handshake::split_host_port(h).is_ok() => handshake::split_host_port(h)?,
             Some(h) if !h.trim().is_empty() => (h.trim().to_string(), config.rpc_port),
@@ -154,7 +153,9 @@ impl TransferEngine {
             let (name, host_id, table) = (name.clone(), host_id.clone(), table.clone());
             Arc::new(move || describe(&name, &host_id, &endpoints, &table).to_json())
         };
-        let handshake = HandshakeServer::start(listener, describe)?;
+        let handshake = HandshakeServer::start(listener, describe.clone())?;
+        let rpc = RpcMeta { ip_or_host_name: host.clone(), rpc_port: port };
+        let directory = Directory::start(&config, &name, rpc, describe)?;
         tracing::info!(
             "transfer engine {name} up: transports {}",
             transports.iter().map(|t| t.endpoint().to_string()).collect::<Vec<_>>().join(", ")
@@ -171,6 +172,7 @@ impl TransferEngine {
             next_segment: AtomicU64::new(1),
             batches: Mutex::new(HashMap::new()),
             next_batch: AtomicU64::new(1),
+            directory,
             _handshake: handshake,
         }))
     }
@@ -204,19 +206,22 @@ impl TransferEngine {
     ///
     /// The caller keeps the memory valid until it is unregistered.
     pub fn register(&self, addr: u64, len: u64, location: &str) -> Result<()> {
-        self.register_region(Region::new(addr, len, location, None))
+        self.register_region(Region::new(addr, len, location, None))?;
+        self.directory.publish();
+        Ok(())
     }
 
     /// Registers several regions; all or none.
     pub fn register_batch(&self, regions: &[(u64, u64)], location: &str) -> Result<()> {
         for (i, &(addr, len)) in regions.iter().enumerate() {
-            if let Err(e) = self.register(addr, len, location) {
+            if let Err(e) = self.register_region(Region::new(addr, len, location, None)) {
                 for &(done, _) in &regions[..i] {
                     let _ = self.unregister(done);
                 }
                 return Err(e);
             }
         }
+        self.directory.publish();
         Ok(())
     }
 
@@ -247,6 +252,7 @@ impl TransferEngine {
                 tracing::warn!("transport {} failed to unregister {addr:#x}: {e}", t.kind());
             }
         }
+        self.directory.publish();
         Ok(())
     }
 
@@ -259,6 +265,7 @@ impl TransferEngine {
     pub fn alloc_registered(&self, len: u64, location: &str) -> Result<RegisteredMemory> {
         let mem = Arc::new(SharedMemory::allocate(len, "crescent")?);
         self.register_region(Region::new(mem.addr(), mem.len(), location, Some(mem.clone())))?;
+        self.directory.publish();
         Ok(RegisteredMemory { mem })
     }
 
@@ -269,13 +276,14 @@ impl TransferEngine {
 
     // ---- segments ----
 
-    /// Opens the segment `name` (`host:port` with P2P handshake) and returns its handle.
+    /// Opens the segment `name` (`host:port` of its handshake listener) and returns its handle.
+    /// Its descriptor comes from the metadata service, or with P2P handshake from the peer.
     /// Opening the same name again returns the same handle.
     pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
         if let Some(id) = self.by_name.lock().get(name) {
             return Ok(*id);
         }
-        let descriptor = handshake::fetch_descriptor(name, HANDSHAKE_TIMEOUT)?;
+        let descriptor = self.directory.fetch(name, HANDSHAKE_TIMEOUT)?;
         let (transport, endpoint) = self.choose_transport(name, &descriptor)?;
         tracing::info!("segment {name}: using {endpoint}");
         let segment = Arc::new(Segment {
@@ -362,7 +370,7 @@ impl TransferEngine {
             return false;
         }
         *last = Some(Instant::now());
-        match handshake::fetch_descriptor(&segment.name, HANDSHAKE_TIMEOUT) {
+        match self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT) {
             Ok(d) => {
                 *segment.descriptor.write() = Arc::new(d);
                 true

@@ -43,7 +43,8 @@ struct EngineArgs {
     /// Transport: tcp (shm and rdma come with their transports); default: chosen per peer.
     #[arg(long)]
     protocol: Option<String>,
-    /// Metadata service; P2PHANDSHAKE asks the peer itself.
+    /// Metadata service: P2PHANDSHAKE (ask the peer itself), etcd://host:port[,host:port],
+    /// redis://[user:pass@]host:port[/db] or http://host:port/metadata.
     #[arg(long, visible_alias = "metadata_server", default_value = "P2PHANDSHAKE")]
     metadata_server: String,
     /// Address (or host:port) peers use to reach this process.
