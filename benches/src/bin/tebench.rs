@@ -41,7 +41,7 @@ enum Role {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Transport: tcp (shm and rdma come with their transports); default: chosen per peer.
+    /// Transport: tcp or shm (same host); default: chosen per peer (shm on the same host).
     #[arg(long)]
     protocol: Option<String>,
     /// Metadata service; P2PHANDSHAKE asks the peer itself.
@@ -73,6 +73,14 @@ struct TargetArgs {
     /// Fill the buffer with a position-keyed pattern that `initiator --verify` checks.
     #[arg(long)]
     pattern: bool,
+    /// Serve ordinary heap memory registered with `register` (same-host peers then copy with
+    /// process_vm_readv/writev) instead of memory from `alloc_registered` (a shared memfd).
+    #[arg(long)]
+    heap: bool,
+    /// Make this process non-dumpable (prctl PR_SET_DUMPABLE 0), as hardened services are:
+    /// processes without CAP_SYS_PTRACE may then not read its memory with process_vm_readv.
+    #[arg(long)]
+    not_dumpable: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -166,13 +174,36 @@ fn main() {
 }
 
 fn run_target(args: TargetArgs) -> Result<()> {
+    if args.not_dumpable {
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+            .context("prctl(PR_SET_DUMPABLE, 0)")?;
+    }
     let engine = engine(&args.engine)?;
-    let buf = engine
-        .alloc_registered(args.buffer_size, "cpu:0")
-        .context("allocating the target buffer")?;
+    let mut heap: Vec<u8>;
+    let (addr, len, kind) = if args.heap {
+        let len = usize::try_from(args.buffer_size).context("--buffer-size")?;
+        // Written once, so every page is faulted in before peers copy.
+        heap = vec![1u8; len];
+        engine
+            .register(heap.as_mut_ptr() as u64, len as u64, "cpu:0")
+            .context("registering the target buffer")?;
+        (heap.as_mut_ptr(), len, "heap")
+    } else {
+        let buf = engine
+            .alloc_registered(args.buffer_size, "cpu:0")
+            .context("allocating the target buffer")?;
+        let kind = if buf.shared_memory().huge_pages() {
+            "shared, huge pages"
+        } else {
+            "shared"
+        };
+        // The registration keeps the memory alive until the process exits.
+        (buf.addr() as *mut u8, buf.len() as usize, kind)
+    };
     if args.pattern {
-        // SAFETY: nothing can transfer yet: the segment name is printed below.
-        pattern::fill(unsafe { buf.as_mut_slice() }, 0, 0);
+        // SAFETY: `[addr, +len)` is the live buffer registered above; nothing can transfer
+        // yet: the segment name is printed below.
+        pattern::fill(unsafe { std::slice::from_raw_parts_mut(addr, len) }, 0, 0);
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -180,14 +211,8 @@ fn run_target(args: TargetArgs) -> Result<()> {
     }
     println!("segment: {}", engine.segment_name());
     println!(
-        "tebench target: serving {} at {:#x} ({} pages); Ctrl-C to stop",
-        report::fmt_bytes(buf.len()),
-        buf.addr(),
-        if buf.shared_memory().huge_pages() {
-            "huge"
-        } else {
-            "normal"
-        }
+        "tebench target: serving {} at {addr:#x?} ({kind} memory); Ctrl-C to stop",
+        report::fmt_bytes(len as u64),
     );
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
