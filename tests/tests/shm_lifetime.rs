@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crescent_benches::pattern;
 use crescent_engine::{Opcode, TransferEngine, TransferRequest, TransportKind};
-use crescent_tests::{eventually, loopback_engine};
+use crescent_tests::{eventually, same_host_engine};
 
 const LEN: u64 = 4 << 20;
 const BLOCK: u64 = 64 << 10;
@@ -68,8 +68,8 @@ impl Writer {
 
 fn pair() -> (Arc<TransferEngine>, Arc<TransferEngine>) {
     (
-        loopback_engine(Duration::from_secs(20)),
-        loopback_engine(Duration::from_secs(20)),
+        same_host_engine(Duration::from_secs(20)),
+        same_host_engine(Duration::from_secs(20)),
     )
 }
 

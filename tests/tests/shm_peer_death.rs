@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_engine::{Opcode, TransferRequest, TransferStatus, TransportKind};
-use crescent_tests::{loopback_engine, spawn_tebench_target};
+use crescent_tests::{same_host_engine, spawn_tebench_target};
 
 fn killing_the_target_ends_its_segment(target_args: &[&str]) {
     let (mut target, name) = spawn_tebench_target(&[], target_args);
-    let engine = loopback_engine(Duration::from_secs(20));
+    let engine = same_host_engine(Duration::from_secs(20));
     let seg = engine.open_segment(&name).unwrap();
     assert_eq!(engine.segment_transport(seg).unwrap(), TransportKind::Shm);
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crescent_engine::{EngineConfig, TransferEngine, TransportKind};
 use crescent_tests::netns::HostPair;
-use crescent_tests::{loopback_engine, spawn_tebench_target, workspace_bin};
+use crescent_tests::{same_host_engine, spawn_tebench_target, workspace_bin};
 
 fn tebench_initiator(
     prefix: &[&str],
@@ -63,9 +63,9 @@ fn summary(out: &Output) -> serde_json::Value {
 
 #[test]
 fn same_host_engines_use_shm_unless_told_otherwise() {
-    let target = loopback_engine(Duration::from_secs(10));
+    let target = same_host_engine(Duration::from_secs(10));
     let _mem = target.alloc_registered(1 << 20, "cpu:0").unwrap();
-    let auto = loopback_engine(Duration::from_secs(10));
+    let auto = same_host_engine(Duration::from_secs(10));
     let seg = auto.open_segment(target.segment_name()).unwrap();
     assert_eq!(auto.segment_transport(seg).unwrap(), TransportKind::Shm);
     for forced in [TransportKind::Tcp, TransportKind::Shm] {

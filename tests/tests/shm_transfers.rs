@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crescent_benches::pattern;
 use crescent_engine::{Opcode, TransferEngine, TransferRequest, TransportKind};
-use crescent_tests::{loopback_engine, spawn_tebench_target};
+use crescent_tests::{same_host_engine, spawn_tebench_target};
 
 /// Local registered memory of one kind.
 enum Local {
@@ -54,7 +54,7 @@ const CASES: [(u64, u64); 5] = [
 
 fn check_reads_and_writes(target_args: &[&str], local_heap: bool) {
     let (_target, name) = spawn_tebench_target(&[], target_args);
-    let engine = loopback_engine(Duration::from_secs(30));
+    let engine = same_host_engine(Duration::from_secs(30));
     let seg = engine.open_segment(&name).unwrap();
     assert_eq!(engine.segment_transport(seg).unwrap(), TransportKind::Shm);
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
@@ -170,7 +170,7 @@ fn heap_target_memory_with_heap_local_memory() {
 #[test]
 fn requests_outside_the_target_memory_fail_with_the_reason() {
     let (_target, name) = spawn_tebench_target(&[], SHARED);
-    let engine = loopback_engine(Duration::from_secs(30));
+    let engine = same_host_engine(Duration::from_secs(30));
     let seg = engine.open_segment(&name).unwrap();
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
     let local = engine.alloc_registered(1 << 20, "cpu:0").unwrap();
