@@ -26,12 +26,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+: >"$work/target.out"
 "$bin/tebench" target --buffer-size "$BUFFER" --local-hostname 127.0.0.1 \
   >"$work/target.out" 2>"$work/target.err" &
 target_pid=$!
 segment=""
 for _ in $(seq 1 100); do
-  segment=$(sed -n 's/^segment: //p' "$work/target.out")
+  segment=$(sed -n 's/^segment: //p' "$work/target.out" || true)
   [ -n "$segment" ] && break
   kill -0 "$target_pid" 2>/dev/null || { cat "$work/target.err" >&2; exit 1; }
   sleep 0.1

@@ -374,7 +374,40 @@ impl Peer {
             )));
         }
         grants.insert(frame.addr, grant.clone());
+        drop(grants);
+        if matches!(grant.access, Access::Mapped(_)) {
+            prefault_in_background(grant.clone());
+        }
         Ok(Ok(Some(grant)))
+    }
+}
+
+/// Bytes pre-faulted per step; the grant's lock is held (shared) for one step at a time, so
+/// a revoke waits for one step at most.
+const PREFAULT_STEP: u64 = 32 << 20;
+
+/// Faults a new mapping in, step by step, while copies already use it: a mapping is made
+/// once per grant, so its page faults should not land inside transfers.
+fn prefault_in_background(grant: Arc<Grant>) {
+    let spawned = std::thread::Builder::new()
+        .name("crescent-shm-prefault".into())
+        .spawn(move || {
+            let mut offset = 0;
+            while offset < grant.len {
+                let live = grant.live.read();
+                let Access::Mapped(mapping) = &grant.access else {
+                    return;
+                };
+                let step = PREFAULT_STEP.min(grant.len - offset);
+                if !*live || !mapping.prefault(offset, step) {
+                    return;
+                }
+                drop(live);
+                offset += step;
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::debug!("shm transport: no thread to pre-fault a mapping: {e}");
     }
 }
 
