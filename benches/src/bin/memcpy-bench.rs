@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use crescent_benches::report;
+use crescent_benches::{process_cpu_seconds, report};
 use crescent_engine::parse_size;
 use crescent_transports::SharedMemory;
 
@@ -82,6 +82,7 @@ fn main() -> Result<()> {
     let bytes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
+    let cpu_started = process_cpu_seconds();
     let handles: Vec<_> = locals
         .into_iter()
         .enumerate()
@@ -130,6 +131,7 @@ fn main() -> Result<()> {
             .map_err(|_| anyhow::anyhow!("a copy thread panicked"))?;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_s = process_cpu_seconds() - cpu_started;
     let total = bytes.load(Ordering::Relaxed);
     let gbps = report::gb_per_s(total, elapsed);
     let op = match args.operation {
@@ -147,6 +149,7 @@ fn main() -> Result<()> {
         let json = serde_json::json!({
             "operation": op, "block_size": args.block_size, "batch_size": args.batch_size,
             "threads": args.threads, "duration_s": elapsed, "bytes": total, "gb_per_s": gbps,
+            "cpu_s": cpu_s,
         });
         println!("{json}");
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use crescent_benches::{init_logging, pattern, report};
+use crescent_benches::{init_logging, pattern, process_cpu_seconds, report};
 use crescent_engine::{
     parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
     TransferStatus, TransportKind,
@@ -273,6 +273,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         .collect::<Result<Vec<_>, _>>()
         .context("allocating local buffers")?;
     let started = Instant::now();
+    let cpu_started = process_cpu_seconds();
     let mut handles = Vec::new();
     for (t, local) in locals.into_iter().enumerate() {
         let (engine, bytes, stop) = (engine.clone(), bytes.clone(), stop.clone());
@@ -334,6 +335,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         mismatch = mismatch.or(r.mismatch);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_s = process_cpu_seconds() - cpu_started;
     let total = bytes.load(Ordering::Relaxed);
     let gbps = report::gb_per_s(total, elapsed);
     let op = if args.operation == Operation::Read {
@@ -362,6 +364,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
             "operation": op, "protocol": protocol.to_string(), "segment": args.segment,
             "block_size": args.block_size, "batch_size": args.batch_size, "threads": args.threads,
             "duration_s": elapsed, "bytes": total, "gb_per_s": gbps, "batches": hist.len(),
+            "cpu_s": cpu_s,
             "latency_us": {"p50": p50, "p99": p99, "p999": p999},
             "failed_requests": errors, "verified": args.verify && mismatch.is_none() && errors == 0,
         });
