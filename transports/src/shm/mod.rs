@@ -313,3 +313,95 @@ impl Drop for ShmTransport {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::wire::{Frame, Kind, Mode};
+    use super::*;
+
+    /// A target transport serving one 1 MiB heap region, and a raw client that holds a grant
+    /// of it.
+    fn target_with_a_granted_client() -> (ShmTransport, Arc<Region>, Vec<u8>, Socket) {
+        let mut memory = vec![0u8; 1 << 20];
+        let table = Arc::new(RegionTable::new());
+        let region = table
+            .insert(Region::new(
+                memory.as_mut_ptr() as u64,
+                1 << 20,
+                "cpu:0",
+                None,
+            ))
+            .unwrap();
+        let transport = ShmTransport::start(ShmConfig::default(), table).unwrap();
+        transport.register_region(&region).unwrap();
+        let client =
+            Socket::connect(&transport.config.socket_name, Duration::from_secs(5)).unwrap();
+        client
+            .set_recv_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let map = Frame {
+            id: 1,
+            addr: region.addr() + 100,
+            len: 10,
+            ..Frame::new(Kind::Map)
+        };
+        client.send(&map, None).unwrap();
+        let (grant, _) = client.recv().unwrap().unwrap();
+        assert_eq!((grant.kind, grant.mode), (Kind::MapReply, Mode::ProcessVm));
+        (transport, region, memory, client)
+    }
+
+    #[test]
+    fn revoke_returns_once_the_peer_acknowledges() {
+        let (transport, region, _memory, client) = target_with_a_granted_client();
+        let acker = std::thread::spawn(move || {
+            let (revoke, _) = client.recv().unwrap().unwrap();
+            assert_eq!(revoke.kind, Kind::Revoke);
+            let ack = Frame {
+                region: revoke.region,
+                ..Frame::new(Kind::RevokeAck)
+            };
+            client.send(&ack, None).unwrap();
+            client
+        });
+        transport
+            .server
+            .revoke(&region, Duration::from_secs(10))
+            .unwrap();
+        let client = acker.join().unwrap();
+        // The peer stays connected, and the region is now refused.
+        let map = Frame {
+            id: 2,
+            addr: region.addr(),
+            len: 1,
+            ..Frame::new(Kind::Map)
+        };
+        client.send(&map, None).unwrap();
+        let (reply, _) = client.recv().unwrap().unwrap();
+        assert_eq!(reply.status, wire::Status::OutOfRange);
+    }
+
+    #[test]
+    fn revoke_does_not_wait_for_a_peer_that_is_gone() {
+        let (transport, region, _memory, client) = target_with_a_granted_client();
+        drop(client);
+        // A generous wait: only an error (not a long wait) would show a wrong outcome.
+        transport
+            .server
+            .revoke(&region, Duration::from_secs(30))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_peer_that_never_acknowledges_makes_the_region_busy_and_is_cut_off() {
+        let (transport, region, _memory, client) = target_with_a_granted_client();
+        let err = transport
+            .server
+            .revoke(&region, Duration::from_millis(100))
+            .unwrap_err();
+        assert!(matches!(err, TransportError::RegionBusy { .. }), "{err}");
+        let (revoke, _) = client.recv().unwrap().unwrap();
+        assert_eq!(revoke.kind, Kind::Revoke);
+        assert!(client.recv().unwrap().is_none(), "then disconnected");
+    }
+}
