@@ -12,8 +12,20 @@ pub mod netns;
 pub mod services;
 pub mod store;
 
-/// An engine on loopback with the given transfer timeout.
+/// An engine on loopback with the given transfer timeout, moving bytes over tcp (the
+/// transport these tests exercise) even to peers on this host.
 pub fn loopback_engine(timeout: Duration) -> Arc<TransferEngine> {
+    let config = EngineConfig {
+        local_hostname: Some("127.0.0.1".into()),
+        protocol: Some(crescent_engine::TransportKind::Tcp),
+        transfer_timeout: timeout,
+        ..EngineConfig::default()
+    };
+    TransferEngine::new(config).expect("engine starts on loopback")
+}
+
+/// An engine on loopback that chooses its transport per peer (shm for this host's).
+pub fn same_host_engine(timeout: Duration) -> Arc<TransferEngine> {
     let config =
         EngineConfig { local_hostname: Some("127.0.0.1".into()), transfer_timeout: timeout, ..EngineConfig::default() };
     TransferEngine::new(config).expect("engine starts on loopback")

@@ -30,6 +30,8 @@ pub struct EngineConfig {
     pub tcp_lanes: usize,
     /// Largest slice the tcp transport sends as one frame.
     pub tcp_slice_len: u64,
+    /// Threads that copy the shm transport's slices.
+    pub shm_copy_threads: usize,
     /// A submission's requests that have not ended by then end `TimedOut`.
     pub transfer_timeout: Duration,
 }
@@ -45,6 +47,7 @@ impl Default for EngineConfig {
             rpc_port: 0,
             tcp_lanes: 2,
             tcp_slice_len: 1 << 20,
+            shm_copy_threads: std::thread::available_parallelism().map_or(2, |n| n.get()).min(4),
             transfer_timeout: Duration::from_secs(30),
         }
     }
@@ -52,8 +55,8 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// Defaults, then the environment: `MC_FORCE_TCP=1`, `MC_TCP_LANES`, `MC_TCP_SLICE_SIZE`,
-    /// `MC_TRANSFER_TIMEOUT` (seconds), `MC_METADATA_CLUSTER_ID`, `MC_METADATA_TTL` (seconds).
-    /// Invalid values are errors naming the value.
+    /// `MC_SHM_THREADS`, `MC_TRANSFER_TIMEOUT` (seconds), `MC_METADATA_CLUSTER_ID`, `MC_METADATA_TTL`
+    /// (seconds). Invalid values are errors naming the value.
     pub fn from_env() -> Result<Self> {
         let mut config = EngineConfig::default();
         config.apply_env()?;
@@ -73,6 +76,14 @@ impl EngineConfig {
                 .ok()
                 .filter(|n| (1..=64).contains(n))
                 .ok_or_else(|| EngineError::Config(format!("MC_TCP_LANES={v:?} is not a number from 1 to 64")))?;
+        }
+        if let Some(v) = env("MC_SHM_THREADS") {
+            self.shm_copy_threads = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| EngineError::Config(format!("MC_SHM_THREADS={v:?} is not a number from 1 to 64")))?;
         }
         if let Some(v) = env("MC_TCP_SLICE_SIZE") {
             self.tcp_slice_len = parse_size(&v).map_err(|e| EngineError::Config(format!("MC_TCP_SLICE_SIZE: {e}")))?;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
     Completion, Endpoint, Opcode, Region, RegionTable, SharedMemory, Slice, Transport, TransportKind,
@@ -128,8 +129,10 @@ impl TransferEngine {
             _ => (host::default_advertise_host(), config.rpc_port),
         };
         if let Some(kind) = config.protocol {
-            if kind != TransportKind::Tcp {
-                return Err(EngineError::Config(format!("protocol {kind} is not available in this build (tcp is)")));
+            if kind == TransportKind::Rdma {
+                return Err(EngineError::Config(format!(
+                    "protocol {kind} is not available in this build (tcp and shm are)"
+                )));
             }
         }
         let listener = TcpListener::bind(("0.0.0.0", port))
@@ -147,7 +150,12 @@ impl TransferEngine {
             },
             table.clone(),
         )?;
-        let transports: Vec<Arc<dyn Transport>> = vec![Arc::new(tcp)];
+        let mut transports: Vec<Arc<dyn Transport>> = vec![Arc::new(tcp)];
+        match start_shm(&config, port, &table) {
+            Ok(shm) => transports.push(Arc::new(shm)),
+            Err(e) if config.protocol == Some(TransportKind::Shm) => return Err(e.into()),
+            Err(e) => tracing::warn!("shm transport unavailable, same-host peers use tcp: {e}"),
+        }
         let endpoints: Vec<Endpoint> = transports.iter().map(|t| t.endpoint()).collect();
         let describe = {
             let (name, host_id, table) = (name.clone(), host_id.clone(), table.clone());
@@ -330,12 +338,25 @@ impl TransferEngine {
             Some(kind) => vec![kind],
             None => vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp],
         };
+        let mut unusable = Vec::new();
         for kind in &order {
             let Some(local) = self.transports.iter().find(|t| t.kind() == *kind) else {
                 continue;
             };
-            if let Some(ep) = d.endpoints.iter().find(|e| e.kind() == *kind) {
-                return Ok((local.clone(), ep.clone()));
+            let Some(ep) = d.endpoints.iter().find(|e| e.kind() == *kind) else {
+                continue;
+            };
+            // Same host = same kernel and same network namespace.
+            if *kind == TransportKind::Shm && d.host_id != self.host_id {
+                unusable.push(format!("{kind}: the segment is on another host"));
+                continue;
+            }
+            match local.connect(ep) {
+                Ok(()) => return Ok((local.clone(), ep.clone())),
+                Err(e) => {
+                    tracing::warn!("segment {name}: not using {kind}: {e}");
+                    unusable.push(format!("{kind}: {e}"));
+                }
             }
         }
         let list = |kinds: Vec<String>| {
@@ -353,6 +374,7 @@ impl TransferEngine {
                     .iter()
                     .filter(|k| self.transports.iter().any(|t| t.kind() == **k))
                     .map(|k| k.to_string())
+                    .chain(unusable.iter().map(|why| format!("unusable {why}")))
                     .collect(),
             ),
         })
@@ -542,6 +564,25 @@ impl TransferEngine {
         }
         Ok(())
     }
+}
+
+/// The shm transport, listening on a name derived from the handshake port (unique in the
+/// network namespace, and the same after a restart on a fixed port).
+fn start_shm(
+    config: &EngineConfig,
+    port: u16,
+    table: &Arc<RegionTable>,
+) -> std::result::Result<ShmTransport, crescent_transports::TransportError> {
+    let shm = ShmConfig {
+        socket_name: format!("crescent-shm-{port}"),
+        copy_threads: config.shm_copy_threads,
+        ..ShmConfig::default()
+    };
+    ShmTransport::start(shm.clone(), table.clone()).or_else(|e| {
+        tracing::debug!("shm socket @{} taken ({e}); using a unique name", shm.socket_name);
+        let default = ShmConfig::default();
+        ShmTransport::start(ShmConfig { socket_name: default.socket_name, ..shm }, table.clone())
+    })
 }
 
 enum PlanError {

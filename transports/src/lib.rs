@@ -12,6 +12,7 @@
 pub mod error;
 pub mod memory;
 pub mod region;
+pub mod shm;
 pub mod slice;
 pub mod tcp;
 mod transport;

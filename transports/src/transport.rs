@@ -1,4 +1,4 @@
-//! The `Transport` trait, implemented by `tcp`, and next by `shm` and `rdma`.
+//! The `Transport` trait, implemented by `tcp` and `shm`, and next by `rdma`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -50,13 +50,23 @@ impl FromStr for TransportKind {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "protocol", rename_all = "lowercase")]
 pub enum Endpoint {
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+    },
+    /// A same-host peer: the abstract unix socket it listens on. Its pid is not published:
+    /// the kernel tells it on connection (`SO_PEERCRED`), which is also right across pid
+    /// namespaces and after a restart.
+    Shm {
+        socket: String,
+    },
 }
 
 impl Endpoint {
     pub fn kind(&self) -> TransportKind {
         match self {
             Endpoint::Tcp { .. } => TransportKind::Tcp,
+            Endpoint::Shm { .. } => TransportKind::Shm,
         }
     }
 }
@@ -65,6 +75,7 @@ impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Endpoint::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
+            Endpoint::Shm { socket } => write!(f, "shm://@{socket}"),
         }
     }
 }
@@ -92,8 +103,15 @@ pub trait Transport: Send + Sync {
         Ok(RegionKeys::default())
     }
 
-    /// Called before a region is removed from the table.
+    /// Called once the region has left the table, before the unregister returns: afterwards
+    /// no peer may access the region through this transport.
     fn unregister_region(&self, _region: &Arc<Region>) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    /// Checks, when the engine chooses a transport for a segment, that this transport can
+    /// reach `peer` now; an error says why not, and the engine tries the next transport.
+    fn connect(&self, _peer: &Endpoint) -> Result<(), TransportError> {
         Ok(())
     }
 
