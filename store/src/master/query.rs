@@ -85,11 +85,19 @@ enum NodeKey {
 struct Nodes {
     index: HashMap<NodeKey, u32>,
     list: Vec<Node>,
+    /// The last segment looked up (keys of a batch often sit on the same segment).
+    last: Option<(u64, u32)>,
 }
 
 impl Nodes {
     fn segment(&mut self, st: &State, id: u64) -> Option<u32> {
+        if let Some((last, i)) = self.last {
+            if last == id {
+                return Some(i);
+            }
+        }
         if let Some(&i) = self.index.get(&NodeKey::Segment(id)) {
+            self.last = Some((id, i));
             return Some(i);
         }
         let seg = st.segments.get(&id)?;
@@ -101,6 +109,7 @@ impl Nodes {
             segment_id: id,
         });
         self.index.insert(NodeKey::Segment(id), i);
+        self.last = Some((id, i));
         Some(i)
     }
 
@@ -162,11 +171,15 @@ impl Master {
         if let Some(obj) = st.objects.get(key).filter(|o| o.complete) {
             out.exists = true;
             out.size = obj.size;
+            out.locations.reserve_exact(obj.replicas.len());
             for r in &obj.replicas {
                 if let (Some(node), Some(seg)) = (nodes.segment(st, r.segment_id), st.segments.get(&r.segment_id)) {
                     out.locations.push(Location { node, tier: seg.tier as i32, published: false, size: obj.size });
                 }
             }
+        }
+        if st.published.total == 0 {
+            return out;
         }
         for e in st.published.live(key, now) {
             let node = nodes.publisher(st, &e.client);
