@@ -63,8 +63,9 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
     let local = engine.alloc_registered(256 << 20, "cpu:0").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    let completed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let worker = {
-        let (engine, stop, local) = (engine.clone(), stop.clone(), local.clone());
+        let (engine, stop, local, completed) = (engine.clone(), stop.clone(), local.clone(), completed.clone());
         std::thread::spawn(move || {
             let mut outcomes = Vec::new();
             while !stop.load(Ordering::Relaxed) {
@@ -83,6 +84,7 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
                 engine.free_batch(id).unwrap();
                 let failed = statuses.iter().any(|s| *s != TransferStatus::Completed);
                 outcomes.push(statuses);
+                completed.fetch_add(1, Ordering::Relaxed);
                 if failed {
                     break;
                 }
@@ -90,7 +92,12 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
             outcomes
         })
     };
-    std::thread::sleep(Duration::from_millis(600));
+    // Kill once transfers are flowing (a loaded machine may take a while for the first batch).
+    assert!(
+        crescent_tests::eventually(Duration::from_secs(60), || completed.load(Ordering::Relaxed) >= 1),
+        "a first batch completed"
+    );
+    std::thread::sleep(Duration::from_millis(100));
     let killed_at = Instant::now();
     target.kill_now();
     let outcomes = worker.join().unwrap();
