@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib.sh
 . ci/services.sh
+. ci/ffi.sh
 
 ci_apt_install "${CI_BASE_PACKAGES[@]}" "${CI_SERVICE_PACKAGES[@]}"
 ci_ensure_rust
@@ -18,5 +19,12 @@ ci_start_services
 
 ci_log "unit, integration and multi-process tests (two hosts in network namespaces need root)"
 cargo test --workspace --locked
+
+TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+cargo build -p crescent-ffi-c -p crescent-store -p crescent-benches --locked
+ci_c_example "$TARGET_DIR/debug"
+ci_python_env
+ci_python_wheel debug
+ci_pytest "$TARGET_DIR/debug"
 
 ci_log "all test suites passed"
