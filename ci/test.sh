@@ -17,11 +17,13 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 trap ci_stop_services EXIT
 ci_start_services
 
+ci_log "building every binary (the multi-process, C and Python tests run them)"
+cargo build --workspace --locked
+
 ci_log "unit, integration and multi-process tests (two hosts in network namespaces need root)"
 cargo test --workspace --locked
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-cargo build -p crescent-ffi-c -p crescent-store -p crescent-benches --locked
 ci_c_example "$TARGET_DIR/debug"
 ci_python_env
 ci_python_wheel debug

@@ -268,3 +268,17 @@ def test_calls_before_setup_and_after_close(master):
         pass  # the context manager closes it
     assert c.get(k) == b""
     assert c.remove_all() == crescent.UNAVAILABLE_IN_CURRENT_STATUS
+
+
+def test_stubs_cover_the_module():
+    import ast
+    import pathlib
+
+    stub = pathlib.Path(crescent.__file__).with_name("_crescent.pyi")
+    tree = ast.parse(stub.read_text())
+    classes = {n.name: {f.name for f in n.body if isinstance(f, ast.FunctionDef)}
+               for n in tree.body if isinstance(n, ast.ClassDef)}
+    for cls in (crescent.MooncakeDistributedStore, crescent.TransferEngine):
+        public = {m for m in dir(cls) if not m.startswith("_")}
+        assert public <= classes[cls.__name__], public - classes[cls.__name__]
+    assert (stub.parent / "py.typed").exists()

@@ -1,7 +1,9 @@
 """Type stubs of the native module behind ``crescent`` (see the package docstring)."""
 
-from collections.abc import Buffer, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
+
+from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 __version__: str
 
