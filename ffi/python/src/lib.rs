@@ -89,8 +89,12 @@ enum Mem {
 
 impl Mem {
     fn new(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Self> {
-        if obj.is_instance_of::<pyo3::types::PyInt>() {
-            return obj.extract::<u64>().map(Mem::Addr).map_err(|_| {
+        // An int, or an integer-like scalar without a length (numpy.uint64 has the buffer
+        // protocol too, but means an address here, e.g. from an array of addresses).
+        let int_like =
+            obj.is_instance_of::<pyo3::types::PyInt>() || (obj.hasattr("__index__")? && !obj.hasattr("__len__")?);
+        if int_like {
+            return obj.call_method0("__index__")?.extract::<u64>().map(Mem::Addr).map_err(|_| {
                 PyValueError::new_err(format!("{what}: an address must be a non-negative int below 2**64"))
             });
         }

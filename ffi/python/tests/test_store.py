@@ -117,6 +117,11 @@ def test_zero_copy_with_numpy(store_a, store_b):
     views = [dst[i * size: (i + 1) * size] for i in range(n)]
     assert store_b.batch_get_into(keys, views) == [size] * n
     assert np.array_equal(dst, src)
+    # Addresses as a numpy array (numpy integers are addresses, not buffers).
+    dst[:] = 0
+    addrs = dst.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(size)
+    assert store_b.batch_get_into(keys, addrs, [size] * n) == [size] * n
+    assert np.array_equal(dst, src)
     # Per-key failures do not fail the others.
     missing = key("missing")
     rs = store_b.batch_get_into([keys[0], missing], [dst.ctypes.data, dst.ctypes.data + size], [size, size])
