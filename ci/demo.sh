@@ -6,13 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib.sh
+. ci/ffi.sh
 
 ci_apt_install "${CI_BASE_PACKAGES[@]}"
 ci_ensure_rust
 
 ci_log "building (release)"
 cargo build --release --workspace --locked
-BIN=target/release
+BIN="${CARGO_TARGET_DIR:-target}/release"
 
 ci_log "crescent demo: a master and two clients on this machine"
 "$BIN/crescent" demo
@@ -38,5 +39,10 @@ done
 ci_log "tebench: initiator read, 1 MiB blocks, 3 s (throughput, not verified)"
 "$BIN/tebench" initiator --segment "$SEG" --operation read --block-size 1M --batch-size 128 \
   --threads 1 --duration 3 --local-hostname 127.0.0.1
+
+ci_python_env
+ci_python_wheel release
+ci_log "Python: batch_get_into of 10 MiB values through the crescent package vs from Rust"
+"$CI_VENV/bin/python" benches/ffi-batch-get.py --bin-dir "$BIN" --repeats 1 --rounds 20
 
 ci_log "demo finished"

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib.sh
 . ci/services.sh
+. ci/ffi.sh
 
 ci_apt_install "${CI_BASE_PACKAGES[@]}" "${CI_SERVICE_PACKAGES[@]}"
 ci_ensure_rust
@@ -16,7 +17,16 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 trap ci_stop_services EXIT
 ci_start_services
 
+ci_log "building every binary (the multi-process, C and Python tests run them)"
+cargo build --workspace --locked
+
 ci_log "unit, integration and multi-process tests (two hosts in network namespaces need root)"
 cargo test --workspace --locked
+
+TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+ci_c_example "$TARGET_DIR/debug"
+ci_python_env
+ci_python_wheel debug
+ci_pytest "$TARGET_DIR/debug"
 
 ci_log "all test suites passed"

@@ -1,0 +1,60 @@
+# The C ABI's and the Python package's build and test steps (sourced by test.sh and demo.sh).
+
+CI_VENV="${CI_VENV:-.venv}"
+
+# A virtual environment under the repository (.venv, git-ignored) with maturin, numpy, pytest:
+# CI never touches the system's Python.
+ci_python_env() {
+  [ -x "$CI_VENV/bin/python" ] || python3 -m venv "$CI_VENV"
+  "$CI_VENV/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest
+}
+
+# Builds the wheel of ffi/python with maturin ($1: release or debug) and installs it in the venv.
+ci_python_wheel() {
+  local profile=$1 out=ci/.work/wheels
+  rm -rf "$out"
+  local flags=()
+  [ "$profile" = release ] && flags+=(--release)
+  ci_log "building the Python wheel (maturin, $profile)"
+  "$CI_VENV/bin/maturin" build "${flags[@]}" --locked -m ffi/python/Cargo.toml -o "$out" -i "$CI_VENV/bin/python"
+  "$CI_VENV/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$out"/crescent-*.whl
+}
+
+# Starts crescent-master from $1 on a free loopback port: CI_MASTER_ADDR, CI_MASTER_PID.
+ci_start_master() {
+  local bin_dir=$1 out
+  out=$(mktemp /tmp/crescent-master.XXXXXX)
+  "$bin_dir/crescent-master" --rpc-address 127.0.0.1:0 --admin-address "" >"$out" &
+  CI_MASTER_PID=$!
+  for _ in $(seq 300); do grep -q '^master: ' "$out" && break; sleep 0.1; done
+  CI_MASTER_ADDR=$(sed -n 's/^master: //p' "$out")
+  rm -f "$out"
+  [ -n "$CI_MASTER_ADDR" ] || { echo "crescent-master did not start" >&2; return 1; }
+}
+
+ci_stop_master() {
+  [ -n "${CI_MASTER_PID:-}" ] && kill "$CI_MASTER_PID" 2>/dev/null && wait "$CI_MASTER_PID" 2>/dev/null
+  CI_MASTER_PID=""
+  return 0
+}
+
+# examples/store_example.c compiled against libcrescent and the generated crescent.h of $1
+# (target/<profile>), run against a fresh master.
+ci_c_example() {
+  local dir=$1
+  ci_log "C ABI: examples/store_example.c (gcc) against a crescent-master"
+  mkdir -p ci/.work
+  gcc -std=c11 -Wall -Wextra -Werror -I "$dir/include" examples/store_example.c -L "$dir" -lcrescent \
+    -Wl,-rpath,"$(cd "$dir" && pwd)" -o ci/.work/store_example
+  ci_start_master "$dir"
+  local rc=0
+  ci/.work/store_example "$CI_MASTER_ADDR" || rc=$?
+  ci_stop_master
+  return $rc
+}
+
+# The pytest suite against binaries of $1. pytest's exit 5 ("no tests collected") fails too.
+ci_pytest() {
+  ci_log "Python package: pytest ffi/python/tests"
+  CRESCENT_BIN_DIR="$1" "$CI_VENV/bin/python" -m pytest ffi/python/tests -q -p no:cacheprovider
+}

@@ -1,0 +1,175 @@
+//! Mooncake's status codes and the mapping of Crescent's typed errors onto them.
+
+use crescent_engine::EngineError;
+use crescent_store::StoreError;
+
+/// A call's status: 0 for success, a negative code for an error. The values are Mooncake
+/// Store's `ErrorCode` numbers, so code written against Mooncake's return values keeps working;
+/// [`Status::InvalidHandle`] is Crescent's own (the C ABI's handle checks).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    Ok = 0,
+    /// An internal error, or an error the other codes do not describe.
+    Internal = -1,
+    /// The caller's buffer is smaller than the object.
+    BufferOverflow = -10,
+    SegmentNotFound = -101,
+    SegmentAlreadyExists = -102,
+    ClientNotFound = -103,
+    /// No space in the pool for the value, even after eviction.
+    NoAvailableHandle = -200,
+    /// A bad argument: empty key or value, unregistered memory, null pointer, bad config...
+    InvalidParams = -600,
+    /// C ABI: a handle that is null, unknown, already freed or of the wrong kind.
+    InvalidHandle = -650,
+    ReplicaIsNotReady = -703,
+    ObjectNotFound = -704,
+    ObjectAlreadyExists = -705,
+    ObjectHasLease = -706,
+    /// Moving the bytes failed: the peer holding them is gone, timed out, refused the access.
+    TransferFail = -800,
+    /// The master (or a metadata service) cannot be reached.
+    RpcFail = -900,
+    /// Not possible in the current state: before setup, after close, remount pending.
+    UnavailableInCurrentStatus = -1010,
+}
+
+impl Status {
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    pub const ALL: [Status; 16] = [
+        Status::Ok,
+        Status::Internal,
+        Status::BufferOverflow,
+        Status::SegmentNotFound,
+        Status::SegmentAlreadyExists,
+        Status::ClientNotFound,
+        Status::NoAvailableHandle,
+        Status::InvalidParams,
+        Status::InvalidHandle,
+        Status::ReplicaIsNotReady,
+        Status::ObjectNotFound,
+        Status::ObjectAlreadyExists,
+        Status::ObjectHasLease,
+        Status::TransferFail,
+        Status::RpcFail,
+        Status::UnavailableInCurrentStatus,
+    ];
+
+    /// The status with this code, if it is one.
+    pub fn from_code(code: i32) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.code() == code)
+    }
+
+    /// Mooncake's name for the code (`OBJECT_NOT_FOUND`, ...), NUL-terminated for C.
+    pub fn name_c(self) -> &'static str {
+        match self {
+            Status::Ok => "OK\0",
+            Status::Internal => "INTERNAL_ERROR\0",
+            Status::BufferOverflow => "BUFFER_OVERFLOW\0",
+            Status::SegmentNotFound => "SEGMENT_NOT_FOUND\0",
+            Status::SegmentAlreadyExists => "SEGMENT_ALREADY_EXISTS\0",
+            Status::ClientNotFound => "CLIENT_NOT_FOUND\0",
+            Status::NoAvailableHandle => "NO_AVAILABLE_HANDLE\0",
+            Status::InvalidParams => "INVALID_PARAMS\0",
+            Status::InvalidHandle => "INVALID_HANDLE\0",
+            Status::ReplicaIsNotReady => "REPLICA_IS_NOT_READY\0",
+            Status::ObjectNotFound => "OBJECT_NOT_FOUND\0",
+            Status::ObjectAlreadyExists => "OBJECT_ALREADY_EXISTS\0",
+            Status::ObjectHasLease => "OBJECT_HAS_LEASE\0",
+            Status::TransferFail => "TRANSFER_FAIL\0",
+            Status::RpcFail => "RPC_FAIL\0",
+            Status::UnavailableInCurrentStatus => "UNAVAILABLE_IN_CURRENT_STATUS\0",
+        }
+    }
+
+    /// Mooncake's name for the code.
+    pub fn name(self) -> &'static str {
+        self.name_c().trim_end_matches('\0')
+    }
+}
+
+/// The status a store error is reported with.
+pub fn store_status(e: &StoreError) -> Status {
+    match e {
+        StoreError::InvalidArgument(_) | StoreError::Config(_) => Status::InvalidParams,
+        StoreError::BufferTooSmall { .. } => Status::BufferOverflow,
+        StoreError::NotFound(_) => Status::ObjectNotFound,
+        StoreError::AlreadyExists(_) => Status::ObjectAlreadyExists,
+        StoreError::NoSpace { .. } => Status::NoAvailableHandle,
+        StoreError::Leased(_) => Status::ObjectHasLease,
+        StoreError::NotReady(_) => Status::ReplicaIsNotReady,
+        StoreError::SegmentNotFound(_) => Status::SegmentNotFound,
+        StoreError::SegmentExists(_) => Status::SegmentAlreadyExists,
+        StoreError::ClientNotFound(_) => Status::ClientNotFound,
+        StoreError::NeedRemount => Status::UnavailableInCurrentStatus,
+        StoreError::PeerGone { .. } | StoreError::TimedOut(_) => Status::TransferFail,
+        StoreError::MasterUnreachable { .. } => Status::RpcFail,
+        StoreError::Engine(e) => engine_status(e),
+        _ => Status::Internal,
+    }
+}
+
+/// The status an engine error is reported with.
+pub fn engine_status(e: &EngineError) -> Status {
+    match e {
+        EngineError::UnknownBatch(_) | EngineError::UnknownSegment(_) => Status::InvalidHandle,
+        EngineError::BatchInFlight { .. } => Status::UnavailableInCurrentStatus,
+        EngineError::SegmentUnreachable { .. }
+        | EngineError::SegmentNotFound { .. }
+        | EngineError::NoCommonTransport { .. }
+        | EngineError::BadPeerReply { .. } => Status::SegmentNotFound,
+        EngineError::MetadataUnavailable { .. } | EngineError::BadMetadata { .. } => Status::RpcFail,
+        EngineError::TransferFailed(_) | EngineError::TimedOut => Status::TransferFail,
+        e if e.is_caller_error() => Status::InvalidParams,
+        EngineError::Transport(_) => Status::TransferFail,
+        _ => Status::Internal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_map_to_mooncake_numbers() {
+        let cases = [
+            (StoreError::NotFound("k".into()), -704),
+            (StoreError::AlreadyExists("k".into()), -705),
+            (StoreError::Leased("k".into()), -706),
+            (StoreError::InvalidArgument("x".into()), -600),
+            (StoreError::BufferTooSmall { key: "k".into(), need: 2, have: 1 }, -10),
+            (StoreError::NoSpace { size: 1, replicas: 1, detail: String::new() }, -200),
+            (StoreError::MasterUnreachable { addr: "a".into(), reason: "r".into() }, -900),
+            (StoreError::PeerGone { key: "k".into(), reason: "r".into() }, -800),
+            (StoreError::Internal("x".into()), -1),
+        ];
+        for (e, code) in cases {
+            assert_eq!(store_status(&e).code(), code, "{e}");
+        }
+    }
+
+    #[test]
+    fn codes_round_trip_with_names() {
+        for s in Status::ALL {
+            assert_eq!(Status::from_code(s.code()), Some(s));
+            assert!(s.name_c().ends_with('\0') && !s.name().contains('\0'));
+        }
+        assert_eq!(Status::from_code(-12345), None);
+        assert_eq!(Status::ObjectNotFound.name(), "OBJECT_NOT_FOUND");
+    }
+
+    #[test]
+    fn engine_errors_say_whose_fault() {
+        assert_eq!(engine_status(&EngineError::InvalidArgument("x".into())), Status::InvalidParams);
+        assert_eq!(engine_status(&EngineError::UnknownSegment(7)), Status::InvalidHandle);
+        assert_eq!(engine_status(&EngineError::TimedOut), Status::TransferFail);
+        assert_eq!(
+            store_status(&StoreError::Engine(EngineError::BatchFull { id: 1, capacity: 1, requested: 2 })),
+            Status::InvalidParams
+        );
+    }
+}

@@ -1,0 +1,144 @@
+"""Type stubs of the native module behind ``crescent`` (see the package docstring)."""
+
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+
+from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+__version__: str
+
+OK: int
+INTERNAL_ERROR: int
+BUFFER_OVERFLOW: int
+SEGMENT_NOT_FOUND: int
+SEGMENT_ALREADY_EXISTS: int
+CLIENT_NOT_FOUND: int
+NO_AVAILABLE_HANDLE: int
+INVALID_PARAMS: int
+INVALID_HANDLE: int
+REPLICA_IS_NOT_READY: int
+OBJECT_NOT_FOUND: int
+OBJECT_ALREADY_EXISTS: int
+OBJECT_HAS_LEASE: int
+TRANSFER_FAIL: int
+RPC_FAIL: int
+UNAVAILABLE_IN_CURRENT_STATUS: int
+
+# Memory for the zero-copy calls: an int address (Mooncake's convention) or any C-contiguous
+# object with the buffer protocol (bytearray, memoryview, numpy array, ...).
+Memory = int | Buffer
+
+def last_error() -> str:
+    """The message of this thread's last failed call ("" if it succeeded)."""
+
+def status_name(code: int) -> str:
+    """Mooncake's name for a status code ("OBJECT_NOT_FOUND", ...) or "UNKNOWN"."""
+
+class MooncakeDistributedStore:
+    """A store client with Mooncake's interface. Call ``setup`` first.
+
+    Status-returning methods give 0 (or a count / size) on success and a negative Mooncake
+    error code on failure (``last_error()`` has the message). Bad arguments raise
+    ``TypeError`` / ``ValueError`` / ``BufferError``. The GIL is released during master calls
+    and transfers.
+    """
+
+    def __init__(self) -> None: ...
+    def setup(
+        self,
+        local_hostname: str | dict[str, str | int],
+        metadata_server: str | None = None,
+        global_segment_size: int = 16777216,
+        local_buffer_size: int = 16777216,
+        protocol: str = "tcp",
+        rdma_devices: str = "",
+        master_server_addr: str = "127.0.0.1:50051",
+    ) -> int:
+        """Starts the client and mounts ``global_segment_size`` bytes; 0 or a negative code.
+
+        Also ``setup(dict)`` with the same keys (sizes as ints or strings like "512MB")."""
+    def close(self) -> int:
+        """Unmounts this client's segment (its objects leave the pool); 0 or a negative code."""
+    def get_hostname(self) -> str:
+        """This client's segment name (``host:port``); "" before setup."""
+    def put(self, key: str, value: Buffer) -> int:
+        """Stores ``value`` under ``key``; 0 or a negative code."""
+    def get(self, key: str) -> bytes:
+        """The value of ``key``; empty bytes if it is missing or the get failed."""
+    def put_batch(self, keys: Sequence[str], values: Iterable[Buffer]) -> int:
+        """0 if every put succeeded, else the first error code."""
+    def get_batch(self, keys: Sequence[str]) -> list[bytes]:
+        """One value per key; empty bytes where a get failed."""
+    def register_buffer(self, buffer_ptr: Memory, size: int | None = None) -> int:
+        """Registers memory for the zero-copy calls (a buffer object is kept alive until
+        ``unregister_buffer``); 0 or a negative code."""
+    def unregister_buffer(self, buffer_ptr: Memory) -> int:
+        """Unregisters memory registered by ``register_buffer``; 0 or a negative code."""
+    def put_from(self, key: str, buffer_ptr: Memory, size: int | None = None) -> int:
+        """Zero-copy put from registered memory; 0 or a negative code."""
+    def get_into(self, key: str, buffer_ptr: Memory, size: int | None = None) -> int:
+        """Zero-copy get into registered memory; bytes read or a negative code
+        (BUFFER_OVERFLOW when the buffer is too small)."""
+    def batch_put_from(
+        self, keys: Sequence[str], buffer_ptrs: Iterable[Memory], sizes: Sequence[int] | None = None
+    ) -> list[int]:
+        """Zero-copy puts in one master round trip; a status per key."""
+    def batch_get_into(
+        self, keys: Sequence[str], buffer_ptrs: Iterable[Memory], sizes: Sequence[int] | None = None
+    ) -> list[int]:
+        """Zero-copy gets in one master round trip and one engine batch; bytes read or a
+        negative code per key."""
+    def is_exist(self, key: str) -> int:
+        """1 if ``key`` exists, 0 if not, -1 on error (no lease is granted)."""
+    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+        """1 / 0 per key; -1 for every key if the call failed."""
+    def get_size(self, key: str) -> int:
+        """The value's size in bytes, or a negative code."""
+    def remove(self, key: str) -> int:
+        """0, or a negative code (OBJECT_HAS_LEASE while a reader holds a lease)."""
+    def remove_by_regex(self, regex: str) -> int:
+        """How many objects were removed, or a negative code."""
+    def remove_all(self) -> int:
+        """How many objects were removed, or a negative code."""
+    def __enter__(self) -> MooncakeDistributedStore: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool: ...
+
+class TransferEngine:
+    """Mooncake's transfer engine: registered memory and one-sided reads and writes between
+    engines. Call ``initialize`` first; status-returning methods give 0 or a negative code."""
+
+    def __init__(self) -> None: ...
+    def initialize(self, local_hostname: str, metadata_server: str, protocol: str = "tcp", device_name: str = "") -> int:
+        """Starts the engine; 0 or a negative code."""
+    def get_rpc_port(self) -> int:
+        """The handshake port peers connect to (negative before ``initialize``)."""
+    def get_segment_name(self) -> str:
+        """``host:port``: what peers pass as ``target_hostname``."""
+    def register_memory(self, buffer_addr: Memory, capacity: int | None = None) -> int: ...
+    def batch_register_memory(self, buffer_addresses: Sequence[Memory], capacities: Sequence[int] | None = None) -> int:
+        """Registers all regions or none."""
+    def unregister_memory(self, buffer_addr: Memory) -> int: ...
+    def transfer_sync_read(self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int) -> int:
+        """Reads ``length`` bytes of the target's registered memory into local ``buffer``."""
+    def transfer_sync_write(self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int) -> int:
+        """Writes ``length`` bytes of local ``buffer`` into the target's registered memory."""
+    def batch_transfer_sync_read(
+        self, target_hostname: str, buffers: Sequence[Memory], peer_buffer_addresses: Sequence[int], lengths: Sequence[int]
+    ) -> int: ...
+    def batch_transfer_sync_write(
+        self, target_hostname: str, buffers: Sequence[Memory], peer_buffer_addresses: Sequence[int], lengths: Sequence[int]
+    ) -> int: ...
+    def allocate_managed_buffer(self, length: int) -> int:
+        """The address of ``length`` bytes of registered memory, or 0 on failure."""
+    def free_managed_buffer(self, buffer_addr: int, length: int) -> int: ...
+    def get_first_buffer_address(self, segment_name: str) -> int:
+        """The address of the segment's first registered buffer, or 0."""
+    def write_bytes_to_buffer(self, buffer_addr: int, src: Buffer, length: int) -> int:
+        """Copies ``src`` into local registered memory (refused outside it)."""
+    def read_bytes_from_buffer(self, buffer_addr: int, length: int) -> bytes:
+        """A copy of local registered memory (empty bytes outside it)."""

@@ -1,0 +1,86 @@
+"""Fixtures: a real crescent-master process and store clients connected to it.
+
+The binaries come from $CRESCENT_BIN_DIR, else $CARGO_TARGET_DIR/debug, else target/debug of
+the repository (`cargo build --workspace` builds them).
+"""
+
+import os
+import pathlib
+import subprocess
+import threading
+
+import pytest
+
+import crescent
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+MiB = 1 << 20
+
+
+def bin_dir() -> pathlib.Path:
+    if os.environ.get("CRESCENT_BIN_DIR"):
+        return pathlib.Path(os.environ["CRESCENT_BIN_DIR"])
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    return target / "debug"
+
+
+class Master:
+    """A crescent-master on a free loopback port, killed at teardown."""
+
+    def __init__(self, *extra: str):
+        exe = bin_dir() / "crescent-master"
+        if not exe.exists():
+            raise RuntimeError(f"{exe} is not built: run `cargo build --workspace` first")
+        self.proc = subprocess.Popen(
+            [str(exe), "--rpc-address", "127.0.0.1:0", "--admin-address", "", *extra],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.addr = None
+        found = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                if line.startswith("master: ") and self.addr is None:
+                    self.addr = line.split(" ", 1)[1].strip()
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(60):
+            self.stop()
+            raise RuntimeError("crescent-master did not print its address")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def connect(master: Master, segment: int = 64 * MiB, buffer: int = 16 * MiB) -> crescent.MooncakeDistributedStore:
+    s = crescent.MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", segment, buffer, "tcp", "", master.addr)
+    assert rc == 0, f"setup failed: {rc} {crescent.last_error()}"
+    return s
+
+
+@pytest.fixture(scope="module")
+def master():
+    # Short read leases so that removals after gets are not refused for long; local-first
+    # placement so that a client's puts land in its own segment and the other client's gets
+    # cross the (loopback) network.
+    m = Master("--lease-ttl-ms", "1000", "--allocation-strategy", "local-first")
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def store_a(master):
+    s = connect(master)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def store_b(master):
+    s = connect(master)
+    yield s
+    s.close()
