@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod memory;
+pub mod rdma;
 pub mod region;
 pub mod slice;
 pub mod tcp;
@@ -18,6 +19,8 @@ mod transport;
 
 pub use error::TransportError;
 pub use memory::SharedMemory;
-pub use region::{InflightGuard, Region, RegionAccess, RegionKeys, RegionTable};
-pub use slice::{Completion, CompletionSink, LocalAccess, Opcode, Slice, SliceOutcome};
-pub use transport::{Endpoint, Transport, TransportKind};
+pub use region::{DeviceKey, InflightGuard, Region, RegionAccess, RegionKeys, RegionTable};
+pub use slice::{
+    Completion, CompletionSink, LocalAccess, LocalClaim, Opcode, Slice, SliceOutcome,
+};
+pub use transport::{Endpoint, RemoteRegion, Transport, TransportKind};

@@ -8,6 +8,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Region, RegionKeys, Slice, TransportError};
 
+/// A peer's registered region and the keys its transports need to reach it, as listed in
+/// the peer's segment descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRegion {
+    pub addr: u64,
+    pub len: u64,
+    pub keys: RegionKeys,
+}
+
 /// Which transport moves the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TransportKind {
@@ -50,13 +59,24 @@ impl FromStr for TransportKind {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "protocol", rename_all = "lowercase")]
 pub enum Endpoint {
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+    },
+    /// RDMA: queue pairs are set up through a small exchange on `host:port`, between
+    /// this side's devices and the peer's `devices` (names, in the peer's order).
+    Rdma {
+        host: String,
+        port: u16,
+        devices: Vec<String>,
+    },
 }
 
 impl Endpoint {
     pub fn kind(&self) -> TransportKind {
         match self {
             Endpoint::Tcp { .. } => TransportKind::Tcp,
+            Endpoint::Rdma { .. } => TransportKind::Rdma,
         }
     }
 }
@@ -65,6 +85,11 @@ impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Endpoint::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
+            Endpoint::Rdma {
+                host,
+                port,
+                devices,
+            } => write!(f, "rdma://{host}:{port}[{}]", devices.join(",")),
         }
     }
 }
@@ -96,6 +121,10 @@ pub trait Transport: Send + Sync {
     fn unregister_region(&self, _region: &Arc<Region>) -> Result<(), TransportError> {
         Ok(())
     }
+
+    /// Tells the transport which regions `peer` exports and their keys (from the peer's
+    /// descriptor, each time it is fetched); replaces what was known before.
+    fn set_peer_regions(&self, _peer: &Endpoint, _regions: Vec<RemoteRegion>) {}
 
     /// Starts moving `slices` to or from `peer`.
     fn submit(&self, peer: &Endpoint, slices: Vec<Slice>);

@@ -112,7 +112,9 @@ impl TcpTransport {
     }
 
     fn lanes_to(&self, peer: &Endpoint) -> Result<Arc<PeerLanes>, String> {
-        let Endpoint::Tcp { host, port } = peer;
+        let Endpoint::Tcp { host, port } = peer else {
+            return Err(format!("{peer} is not a tcp endpoint"));
+        };
         let slot = self.peers.lock().entry(peer.clone()).or_default().clone();
         let mut current = slot.lanes.lock();
         if let Some(lanes) = current.as_ref() {
