@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
-    Completion, Endpoint, Opcode, Region, RegionTable, SharedMemory, Slice, Transport,
-    TransportKind,
+    Completion, Endpoint, Opcode, Region, RegionTable, RemoteRegion, SharedMemory, Slice,
+    Transport, TransportKind,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -134,9 +135,9 @@ impl TransferEngine {
             _ => (host::default_advertise_host(), config.rpc_port),
         };
         if let Some(kind) = config.protocol {
-            if kind != TransportKind::Tcp {
+            if kind == TransportKind::Shm {
                 return Err(EngineError::Config(format!(
-                    "protocol {kind} is not available in this build (tcp is)"
+                    "protocol {kind} is not available in this build (tcp and rdma are)"
                 )));
             }
         }
@@ -156,7 +157,23 @@ impl TransferEngine {
             },
             table.clone(),
         )?;
-        let transports: Vec<Arc<dyn Transport>> = vec![Arc::new(tcp)];
+        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
+        if config.protocol != Some(TransportKind::Tcp) {
+            let rdma_config = RdmaConfig {
+                advertise_host: host.clone(),
+                ..config.rdma.clone()
+            };
+            match RdmaTransport::start(rdma_config) {
+                Ok(rdma) => transports.push(Arc::new(rdma)),
+                Err(e) if config.protocol == Some(TransportKind::Rdma) || e.is_caller_error() => {
+                    return Err(EngineError::Config(format!(
+                        "protocol rdma cannot start: {e}"
+                    )))
+                }
+                Err(e) => tracing::info!("{e}; peers will be reached over tcp"),
+            }
+        }
+        transports.push(Arc::new(tcp));
         let endpoints: Vec<Endpoint> = transports.iter().map(|t| t.endpoint()).collect();
         let describe = {
             let (name, host_id, table) = (name.clone(), host_id.clone(), table.clone());
@@ -295,6 +312,7 @@ impl TransferEngine {
         let descriptor = handshake::fetch_descriptor(name, HANDSHAKE_TIMEOUT)?;
         let (transport, endpoint) = self.choose_transport(name, &descriptor)?;
         tracing::info!("segment {name}: using {endpoint}");
+        transport.set_peer_regions(&endpoint, remote_regions(&descriptor));
         let segment = Arc::new(Segment {
             name: name.to_string(),
             descriptor: RwLock::new(Arc::new(descriptor)),
@@ -393,6 +411,9 @@ impl TransferEngine {
         *last = Some(Instant::now());
         match handshake::fetch_descriptor(&segment.name, HANDSHAKE_TIMEOUT) {
             Ok(d) => {
+                segment
+                    .transport
+                    .set_peer_regions(&segment.endpoint, remote_regions(&d));
                 *segment.descriptor.write() = Arc::new(d);
                 true
             }
@@ -600,6 +621,18 @@ impl TransferEngine {
 enum PlanError {
     Local(String),
     Remote(String),
+}
+
+/// A descriptor's buffers as the transports see them.
+fn remote_regions(d: &SegmentDescriptor) -> Vec<RemoteRegion> {
+    d.buffers
+        .iter()
+        .map(|b| RemoteRegion {
+            addr: b.addr,
+            len: b.length,
+            keys: b.keys.clone(),
+        })
+        .collect()
 }
 
 fn describe(

@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use crescent_benches::{init_logging, pattern, report};
 use crescent_engine::{
-    parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
+    parse_device_list, parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
     TransferStatus, TransportKind,
 };
 use hdrhistogram::Histogram;
@@ -41,9 +41,15 @@ enum Role {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Transport: tcp (shm and rdma come with their transports); default: chosen per peer.
+    /// Transport: tcp or rdma; default: chosen per peer (rdma when both ends have a device).
     #[arg(long)]
     protocol: Option<String>,
+    /// RDMA devices to use, comma-separated (default: MC_DEVICE, else every active device).
+    #[arg(long, visible_alias = "device_name")]
+    device_name: Option<String>,
+    /// GID index of the RDMA port (default: MC_GID_INDEX, else RoCE v2 IPv4-mapped preferred).
+    #[arg(long, visible_alias = "gid_index")]
+    gid_index: Option<u32>,
     /// Metadata service; P2PHANDSHAKE asks the peer itself.
     #[arg(
         long,
@@ -148,6 +154,12 @@ fn engine(args: &EngineArgs) -> Result<Arc<TransferEngine>> {
     config.rpc_port = args.port;
     if let Some(p) = &args.protocol {
         config.protocol = Some(p.parse::<TransportKind>()?);
+    }
+    if let Some(d) = &args.device_name {
+        config.rdma.devices = parse_device_list(d)?;
+    }
+    if let Some(g) = args.gid_index {
+        config.rdma.gid_index = Some(g);
     }
     Ok(TransferEngine::new(config)?)
 }
