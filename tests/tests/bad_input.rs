@@ -94,7 +94,15 @@ fn tcp_transport_rejects_out_of_range_requests_and_keeps_the_connection() {
     // SAFETY: nothing transfers this buffer yet.
     let bytes = unsafe { mem.as_mut_slice() };
     bytes[..4].copy_from_slice(b"abcd");
-    let Endpoint::Tcp { port, .. } = engine.local_descriptor().endpoints[0].clone();
+    let port = engine
+        .local_descriptor()
+        .endpoints
+        .iter()
+        .find_map(|e| match e {
+            Endpoint::Tcp { port, .. } => Some(*port),
+            _ => None,
+        })
+        .expect("a tcp endpoint");
     let mut s = connect(port);
 
     // Read past the end of the buffer: an error frame, no payload.
@@ -138,7 +146,15 @@ fn tcp_transport_rejects_out_of_range_requests_and_keeps_the_connection() {
 fn tcp_transport_closes_only_the_connection_that_breaks_the_protocol() {
     let engine = loopback_engine(Duration::from_secs(5));
     let mem = engine.alloc_registered(1 << 20, "cpu:0").unwrap();
-    let Endpoint::Tcp { port, .. } = engine.local_descriptor().endpoints[0].clone();
+    let port = engine
+        .local_descriptor()
+        .endpoints
+        .iter()
+        .find_map(|e| match e {
+            Endpoint::Tcp { port, .. } => Some(*port),
+            _ => None,
+        })
+        .expect("a tcp endpoint");
 
     let mut bystander = connect(port);
 

@@ -143,9 +143,15 @@ pub fn open_devices(verbs: &Arc<Verbs>, config: &RdmaConfig) -> Result<Vec<Arc<D
     // SAFETY: returns a NULL-terminated array we free below, or NULL.
     let list = unsafe { (verbs.get_device_list)(&mut count) };
     if list.is_null() {
+        let e = std::io::Error::last_os_error();
+        let cause = if e.raw_os_error() == Some(38) {
+            "the kernel has no RDMA support".to_string()
+        } else {
+            format!("listing devices failed: {e}")
+        };
         return Err(format!(
-            "listing RDMA devices failed: {}",
-            std::io::Error::last_os_error()
+            "no RDMA device found{} ({cause})",
+            asked_for(config)
         ));
     }
     let mut names = Vec::new();
@@ -164,13 +170,21 @@ pub fn open_devices(verbs: &Arc<Verbs>, config: &RdmaConfig) -> Result<Vec<Arc<D
     result
 }
 
+fn asked_for(config: &RdmaConfig) -> String {
+    if config.devices.is_empty() {
+        String::new()
+    } else {
+        format!(" (asked for {})", config.devices.join(", "))
+    }
+}
+
 fn open_selected(
     verbs: &Arc<Verbs>,
     config: &RdmaConfig,
     found: &[(String, *mut ffi::ibv_device)],
 ) -> Result<Vec<Arc<Device>>, String> {
     if found.is_empty() {
-        return Err("no RDMA device found".into());
+        return Err(format!("no RDMA device found{}", asked_for(config)));
     }
     let wanted: Vec<&str> = if config.devices.is_empty() {
         found.iter().map(|(n, _)| n.as_str()).collect()
@@ -293,9 +307,8 @@ fn open_one(
     let active = pattr.active_mtu.clamp(1, 5);
     let mtu = match config.mtu {
         Some(bytes) => {
-            let want = mtu_enum(bytes).ok_or_else(|| {
-                format!("MTU {bytes} is not one of 256, 512, 1024, 2048, 4096")
-            })?;
+            let want = mtu_enum(bytes)
+                .ok_or_else(|| format!("MTU {bytes} is not one of 256, 512, 1024, 2048, 4096"))?;
             want.min(active)
         }
         None => active,
@@ -378,8 +391,7 @@ fn auto_gid_index(
     for i in 0..pattr.gid_tbl_len.max(0) as u32 {
         let mut gid = ibv_gid::default();
         // SAFETY: a valid context, port and in-range index; 16 writable bytes.
-        if unsafe { (verbs.query_gid)(ctx, port, i as i32, &mut gid) } != 0 || gid.raw == [0; 16]
-        {
+        if unsafe { (verbs.query_gid)(ctx, port, i as i32, &mut gid) } != 0 || gid.raw == [0; 16] {
             empty_run += 1;
             // GID tables are filled from the start; a long empty run ends the search.
             if best.is_some() && empty_run >= 8 {

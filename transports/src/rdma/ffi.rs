@@ -655,10 +655,14 @@ mod tests {
     fn layouts_match_the_system_header() {
         let header = Path::new("/usr/include/infiniband/verbs.h");
         if !header.exists() {
-            eprintln!("skipped: {} is not installed (libibverbs-dev)", header.display());
+            eprintln!(
+                "skipped: {} is not installed (libibverbs-dev)",
+                header.display()
+            );
             return;
         }
-        let dir = std::env::temp_dir().join(format!("crescent-verbs-layout-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("crescent-verbs-layout-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let table = layout_table();
         let mut src = String::from(

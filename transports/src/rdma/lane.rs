@@ -216,7 +216,8 @@ impl Lane {
                         Some(c) => work.claim = Some(c),
                         None => {
                             // The slice already ended (timed out): nothing to move.
-                            out.done.push((work, SliceOutcome::Failed("slice ended".into())));
+                            out.done
+                                .push((work, SliceOutcome::Failed("slice ended".into())));
                             continue;
                         }
                     }
@@ -322,7 +323,11 @@ impl Lane {
                 return out;
             }
             let reason = format!("posting to queue pair {} failed: {err}", self.qp.qpn);
-            tracing::warn!("rdma: {} to {}: {reason}", self.qp.device.name, self.peer_name);
+            tracing::warn!(
+                "rdma: {} to {}: {reason}",
+                self.qp.device.name,
+                self.peer_name
+            );
             st.broken = Some(reason);
             self.qp.to_error();
             out.reroute.extend(st.queue.drain(..));
@@ -425,7 +430,7 @@ impl Drop for Lane {
         let mut lanes = self.qp.device.lanes.write();
         if lanes
             .get(&self.qp.qpn)
-            .is_some_and(|w| w.as_ptr() == self as *const Lane)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), self))
         {
             lanes.remove(&self.qp.qpn);
         }

@@ -126,6 +126,18 @@ struct SlotState {
     last_error: String,
 }
 
+/// How a device in use is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSummary {
+    pub name: String,
+    pub port: u8,
+    pub gid_index: u8,
+    /// The GID, as an IPv6 address (`::ffff:a.b.c.d` for RoCE v2 over IPv4).
+    pub gid: String,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+}
+
 /// What one queue pair to a peer has done (for tests and diagnostics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneStats {
@@ -249,6 +261,21 @@ impl RdmaTransport {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// How each device in use is set up.
+    pub fn device_summary(&self) -> Vec<DeviceSummary> {
+        self.shared
+            .devices
+            .iter()
+            .map(|d| DeviceSummary {
+                name: d.name.clone(),
+                port: d.port,
+                gid_index: d.gid_index,
+                gid: d.gid_string(),
+                mtu: device::mtu_bytes(d.mtu),
+            })
+            .collect()
     }
 
     /// Per queue pair counters of the connection to `peer` (empty if not connected).

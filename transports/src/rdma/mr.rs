@@ -56,8 +56,9 @@ impl MrTable {
         addr: u64,
         len: u64,
     ) -> Result<Vec<DeviceKey>, TransportError> {
-        let access =
-            ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE;
+        let access = ffi::IBV_ACCESS_LOCAL_WRITE
+            | ffi::IBV_ACCESS_REMOTE_READ
+            | ffi::IBV_ACCESS_REMOTE_WRITE;
         let size = usize::try_from(len).map_err(|_| {
             TransportError::InvalidArgument(format!("region of {len} bytes is too large"))
         })?;
@@ -138,7 +139,12 @@ impl RemoteKeys {
             if r.len == 0 || r.addr.checked_add(r.len).is_none() {
                 continue;
             }
-            let keys = r.keys.rdma.into_iter().map(|k| (k.device, k.rkey)).collect();
+            let keys = r
+                .keys
+                .rdma
+                .into_iter()
+                .map(|k| (k.device, k.rkey))
+                .collect();
             map.insert(r.addr, (r.len, keys));
         }
         RemoteKeys { regions: map }

@@ -128,7 +128,11 @@ impl Peer {
     }
 
     /// Creates a queue pair for lane `slot` and connects it through the control connection.
-    fn connect_lane(self: &Arc<Self>, stream: &mut TcpStream, slot: u32) -> Result<Arc<Lane>, String> {
+    fn connect_lane(
+        self: &Arc<Self>,
+        stream: &mut TcpStream,
+        slot: u32,
+    ) -> Result<Arc<Lane>, String> {
         let (device, remote_device) = self.lane_devices(slot);
         let cfg = &self.shared.config;
         let depth = cfg.max_send_wr.min(device.max_qp_wr).max(1);
@@ -358,8 +362,12 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
                 .and_then(|()| Message::read_from(&mut stream));
             match answer {
                 Ok(Message::Pong) => {}
-                Ok(other) => failure = Some(format!("unexpected {other:?} on the control connection")),
-                Err(WireError::Closed) => failure = Some("the peer closed the control connection".into()),
+                Ok(other) => {
+                    failure = Some(format!("unexpected {other:?} on the control connection"))
+                }
+                Err(WireError::Closed) => {
+                    failure = Some("the peer closed the control connection".into())
+                }
                 Err(e) => failure = Some(format!("control connection: {e}")),
             }
         }

@@ -35,7 +35,10 @@ pub(crate) fn run(shared: Arc<Shared>, device: Arc<Device>) {
             continue;
         }
         if n < 0 {
-            tracing::error!("rdma: polling the completion queue of {} failed", device.name);
+            tracing::error!(
+                "rdma: polling the completion queue of {} failed",
+                device.name
+            );
             std::thread::sleep(Duration::from_millis(10));
             continue;
         }
@@ -55,7 +58,10 @@ pub(crate) fn run(shared: Arc<Shared>, device: Arc<Device>) {
             continue;
         }
         let fd = device.channel_fd();
-        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
         let timeout = rustix::event::Timespec {
             tv_sec: 0,
             tv_nsec: WAKE_EVERY.as_nanos() as i64,

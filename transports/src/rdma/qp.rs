@@ -124,7 +124,10 @@ impl Qp {
             | ffi::IBV_ACCESS_REMOTE_WRITE) as u32;
         self.modify(
             &mut a,
-            ffi::IBV_QP_STATE | ffi::IBV_QP_PKEY_INDEX | ffi::IBV_QP_PORT | ffi::IBV_QP_ACCESS_FLAGS,
+            ffi::IBV_QP_STATE
+                | ffi::IBV_QP_PKEY_INDEX
+                | ffi::IBV_QP_PORT
+                | ffi::IBV_QP_ACCESS_FLAGS,
             "INIT",
         )
     }

@@ -68,7 +68,10 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
             Ok(m) => m,
             Err(WireError::Closed) => return Ok(()),
             Err(WireError::Io(e))
-                if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
             {
                 if last_heard.elapsed() >= SILENCE_LIMIT {
                     return Err(WireError::Io(io::Error::new(
@@ -91,7 +94,9 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
             } => {
                 let reply = if qps.len() >= MAX_QPS_PER_CONNECTION && !qps.contains_key(&slot) {
                     Message::Reject {
-                        reason: format!("{MAX_QPS_PER_CONNECTION} queue pairs per initiator at most"),
+                        reason: format!(
+                            "{MAX_QPS_PER_CONNECTION} queue pairs per initiator at most"
+                        ),
                     }
                 } else {
                     match accept(shared, &target_device, &qp) {

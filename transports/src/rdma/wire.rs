@@ -230,8 +230,7 @@ impl<'a> Reader<'a> {
             return Err(WireError::Malformed("device name length"));
         }
         let bytes = self.take(len)?;
-        let name =
-            std::str::from_utf8(bytes).map_err(|_| WireError::Malformed("device name"))?;
+        let name = std::str::from_utf8(bytes).map_err(|_| WireError::Malformed("device name"))?;
         if !name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
@@ -254,7 +253,9 @@ impl<'a> Reader<'a> {
             rd_atomic: b[27],
         };
         if info.qpn == 0 || info.qpn > 0x00ff_ffff || info.psn > 0x00ff_ffff {
-            return Err(WireError::Malformed("queue pair number or PSN out of range"));
+            return Err(WireError::Malformed(
+                "queue pair number or PSN out of range",
+            ));
         }
         if !(1..=5).contains(&info.mtu) {
             return Err(WireError::Malformed("path MTU"));
