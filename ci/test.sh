@@ -15,4 +15,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 ci_log "unit, integration and multi-process tests (two hosts in network namespaces need root)"
 cargo test --workspace --locked
 
+ci_log "rdma on real verbs: the rdma tests and tebench in a soft-RoCE VM"
+bash ci/rdma-vm.sh
+
 ci_log "all test suites passed"
