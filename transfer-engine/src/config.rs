@@ -111,14 +111,15 @@ impl EngineConfig {
             rdma.mtu = Some(mtu);
         }
         if let Some(v) = env("MC_SLICE_SIZE") {
-            rdma.max_slice_len = parse_size(&v)
-                .ok()
-                .filter(|n| *n <= 1 << 30)
-                .ok_or_else(|| {
-                    EngineError::Config(format!(
-                        "MC_SLICE_SIZE={v:?} is not a size from 1 byte to 1G"
-                    ))
-                })?;
+            rdma.max_slice_len =
+                parse_size(&v)
+                    .ok()
+                    .filter(|n| *n <= 1 << 30)
+                    .ok_or_else(|| {
+                        EngineError::Config(format!(
+                            "MC_SLICE_SIZE={v:?} is not a size from 1 byte to 1G"
+                        ))
+                    })?;
         }
         if let Some(v) = env("MC_NUM_QP_PER_EP") {
             rdma.qps_per_peer = parse_int("MC_NUM_QP_PER_EP", &v, 1, 64)? as usize;

@@ -16,8 +16,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use crescent_benches::{init_logging, pattern, report};
 use crescent_engine::{
-    parse_device_list, parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
-    TransferStatus, TransportKind,
+    parse_device_list, parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine,
+    TransferRequest, TransferStatus, TransportKind,
 };
 use hdrhistogram::Histogram;
 
