@@ -9,14 +9,12 @@ use std::time::{Duration, Instant};
 use crescent_engine::{EngineConfig, TransferEngine};
 
 pub mod netns;
+pub mod store;
 
 /// An engine on loopback with the given transfer timeout.
 pub fn loopback_engine(timeout: Duration) -> Arc<TransferEngine> {
-    let config = EngineConfig {
-        local_hostname: Some("127.0.0.1".into()),
-        transfer_timeout: timeout,
-        ..EngineConfig::default()
-    };
+    let config =
+        EngineConfig { local_hostname: Some("127.0.0.1".into()), transfer_timeout: timeout, ..EngineConfig::default() };
     TransferEngine::new(config).expect("engine starts on loopback")
 }
 
@@ -24,10 +22,7 @@ pub fn loopback_engine(timeout: Duration) -> Arc<TransferEngine> {
 /// builds `tebench` with the workspace).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
     let bin = dir.join(name);
     assert!(
         bin.exists(),
@@ -65,10 +60,7 @@ pub fn spawn_tebench_target(prefix: &[&str], args: &[&str]) -> (ChildGuard, Stri
         }
         None => Command::new(&bin),
     };
-    cmd.arg("target")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    cmd.arg("target").args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = ChildGuard(cmd.spawn().expect("spawn tebench target"));
     let stdout = child.0.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -79,9 +71,7 @@ pub fn spawn_tebench_target(prefix: &[&str], args: &[&str]) -> (ChildGuard, Stri
             }
         }
     });
-    let name = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("tebench target printed its segment name");
+    let name = rx.recv_timeout(Duration::from_secs(60)).expect("tebench target printed its segment name");
     (child, name)
 }
 
@@ -120,8 +110,7 @@ impl SilentPeer {
                 std::thread::spawn(move || {
                     let mut conn = conn;
                     let started = Instant::now();
-                    conn.set_read_timeout(Some(Duration::from_millis(20)))
-                        .unwrap();
+                    conn.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
                     let mut sink = [0u8; 65536];
                     loop {
                         if close_after.is_some_and(|d| started.elapsed() >= d) {
@@ -141,10 +130,7 @@ impl SilentPeer {
         let descriptor = SegmentDescriptor {
             name: name.clone(),
             host_id: "silent-peer".into(),
-            endpoints: vec![Endpoint::Tcp {
-                host: "127.0.0.1".into(),
-                port: data_port,
-            }],
+            endpoints: vec![Endpoint::Tcp { host: "127.0.0.1".into(), port: data_port }],
             buffers: vec![BufferDescriptor {
                 addr: buffer,
                 length: 16 << 20,
@@ -155,11 +141,8 @@ impl SilentPeer {
         std::thread::spawn(move || {
             for conn in hs.incoming().map_while(Result::ok) {
                 let mut conn = conn;
-                while let Ok((MessageKind::GetDescriptor, _)) = read_message(&mut conn, MAX_REQUEST)
-                {
-                    if write_message(&mut conn, MessageKind::Descriptor, &descriptor.to_json())
-                        .is_err()
-                    {
+                while let Ok((MessageKind::GetDescriptor, _)) = read_message(&mut conn, MAX_REQUEST) {
+                    if write_message(&mut conn, MessageKind::Descriptor, &descriptor.to_json()).is_err() {
                         break;
                     }
                 }

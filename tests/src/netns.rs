@@ -12,18 +12,11 @@ pub struct HostPair {
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip: {e}"))?;
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("cannot run ip: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
@@ -46,22 +39,10 @@ impl HostPair {
         let setup = || -> Result<(), String> {
             ip(&["netns", "add", &pair.a])?;
             ip(&["netns", "add", &pair.b])?;
-            ip(&[
-                "link",
-                "add",
-                &pair.veth_a,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &veth_b,
-            ])?;
+            ip(&["link", "add", &pair.veth_a, "type", "veth", "peer", "name", &veth_b])?;
             ip(&["link", "set", &pair.veth_a, "netns", &pair.a])?;
             ip(&["link", "set", &veth_b, "netns", &pair.b])?;
-            for (ns, dev, addr) in [
-                (&pair.a, &pair.veth_a, &pair.addr_a),
-                (&pair.b, &veth_b, &pair.addr_b),
-            ] {
+            for (ns, dev, addr) in [(&pair.a, &pair.veth_a, &pair.addr_a), (&pair.b, &veth_b, &pair.addr_b)] {
                 ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
                 ip(&["-n", ns, "link", "set", dev, "up"])?;
                 ip(&["-n", ns, "link", "set", "lo", "up"])?;
@@ -82,10 +63,7 @@ fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2))
-                .map(|u| u == "0")
+            s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)).map(|u| u == "0")
         })
         .unwrap_or(false)
 }

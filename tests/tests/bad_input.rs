@@ -6,9 +6,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use crescent_engine::handshake::{
-    fetch_descriptor, read_message, write_message, MessageKind, MAX_REPLY,
-};
+use crescent_engine::handshake::{fetch_descriptor, read_message, write_message, MessageKind, MAX_REPLY};
 use crescent_tests::loopback_engine;
 use crescent_transports::tcp::frame::{FrameKind, Header, Status, HEADER_LEN};
 use crescent_transports::Endpoint;
@@ -47,10 +45,7 @@ fn handshake_listener_survives_garbage_oversized_truncated_and_stalled_input() {
     write_message(&mut header, MessageKind::GetDescriptor, b"").unwrap();
     header[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
     s.write_all(&header).unwrap();
-    assert!(
-        closed_by_peer(&mut s),
-        "an oversized length closes the connection without allocating it"
-    );
+    assert!(closed_by_peer(&mut s), "an oversized length closes the connection without allocating it");
 
     let mut s = connect(port);
     s.write_all(&header[..5]).unwrap();
@@ -71,14 +66,7 @@ fn handshake_listener_survives_garbage_oversized_truncated_and_stalled_input() {
 }
 
 fn frame(kind: FrameKind, id: u64, addr: u64, len: u64) -> [u8; HEADER_LEN] {
-    Header {
-        kind,
-        status: Status::Ok,
-        id,
-        addr,
-        len,
-    }
-    .encode()
+    Header { kind, status: Status::Ok, id, addr, len }.encode()
 }
 
 fn read_header(s: &mut TcpStream) -> Header {
@@ -106,37 +94,20 @@ fn tcp_transport_rejects_out_of_range_requests_and_keeps_the_connection() {
     let mut s = connect(port);
 
     // Read past the end of the buffer: an error frame, no payload.
-    s.write_all(&frame(
-        FrameKind::ReadRequest,
-        1,
-        mem.addr() + (1 << 20) - 2,
-        4,
-    ))
-    .unwrap();
+    s.write_all(&frame(FrameKind::ReadRequest, 1, mem.addr() + (1 << 20) - 2, 4)).unwrap();
     let h = read_header(&mut s);
-    assert_eq!(
-        (h.kind, h.status, h.id, h.len),
-        (FrameKind::ReadResponse, Status::OutOfRange, 1, 0)
-    );
+    assert_eq!((h.kind, h.status, h.id, h.len), (FrameKind::ReadResponse, Status::OutOfRange, 1, 0));
 
     // Write to unregistered memory: its payload is consumed, an error frame comes back.
-    s.write_all(&frame(FrameKind::WriteRequest, 2, 0x1000, 3))
-        .unwrap();
+    s.write_all(&frame(FrameKind::WriteRequest, 2, 0x1000, 3)).unwrap();
     s.write_all(b"xyz").unwrap();
     let h = read_header(&mut s);
-    assert_eq!(
-        (h.kind, h.status, h.id),
-        (FrameKind::WriteResponse, Status::OutOfRange, 2)
-    );
+    assert_eq!((h.kind, h.status, h.id), (FrameKind::WriteResponse, Status::OutOfRange, 2));
 
     // The same connection still serves a valid read.
-    s.write_all(&frame(FrameKind::ReadRequest, 3, mem.addr(), 4))
-        .unwrap();
+    s.write_all(&frame(FrameKind::ReadRequest, 3, mem.addr(), 4)).unwrap();
     let h = read_header(&mut s);
-    assert_eq!(
-        (h.kind, h.status, h.id, h.len),
-        (FrameKind::ReadResponse, Status::Ok, 3, 4)
-    );
+    assert_eq!((h.kind, h.status, h.id, h.len), (FrameKind::ReadResponse, Status::Ok, 3, 4));
     let mut data = [0u8; 4];
     s.read_exact(&mut data).unwrap();
     assert_eq!(&data, b"abcd");
@@ -160,40 +131,24 @@ fn tcp_transport_closes_only_the_connection_that_breaks_the_protocol() {
 
     let mut garbage = connect(port);
     garbage.write_all(&[0x55; HEADER_LEN]).unwrap();
-    assert!(
-        closed_by_peer(&mut garbage),
-        "bad magic closes the connection"
-    );
+    assert!(closed_by_peer(&mut garbage), "bad magic closes the connection");
 
     let mut oversized = connect(port);
-    oversized
-        .write_all(&frame(FrameKind::WriteRequest, 1, mem.addr(), u64::MAX))
-        .unwrap();
-    assert!(
-        closed_by_peer(&mut oversized),
-        "an oversized payload closes the connection"
-    );
+    oversized.write_all(&frame(FrameKind::WriteRequest, 1, mem.addr(), u64::MAX)).unwrap();
+    assert!(closed_by_peer(&mut oversized), "an oversized payload closes the connection");
 
     let mut wrong_way = connect(port);
-    wrong_way
-        .write_all(&frame(FrameKind::ReadResponse, 1, mem.addr(), 0))
-        .unwrap();
-    assert!(
-        closed_by_peer(&mut wrong_way),
-        "a response sent to a target closes the connection"
-    );
+    wrong_way.write_all(&frame(FrameKind::ReadResponse, 1, mem.addr(), 0)).unwrap();
+    assert!(closed_by_peer(&mut wrong_way), "a response sent to a target closes the connection");
 
     let mut truncated = connect(port);
-    truncated
-        .write_all(&frame(FrameKind::WriteRequest, 1, mem.addr(), 1000))
-        .unwrap();
+    truncated.write_all(&frame(FrameKind::WriteRequest, 1, mem.addr(), 1000)).unwrap();
     truncated.write_all(&[1u8; 10]).unwrap();
     drop(truncated);
 
     // The connection opened before all that, and a new one, both still work.
     for s in [&mut bystander, &mut connect(port)] {
-        s.write_all(&frame(FrameKind::ReadRequest, 9, mem.addr(), 8))
-            .unwrap();
+        s.write_all(&frame(FrameKind::ReadRequest, 9, mem.addr(), 8)).unwrap();
         let h = read_header(s);
         assert_eq!((h.status, h.id), (Status::Ok, 9));
         let mut data = [0u8; 8];

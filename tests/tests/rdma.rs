@@ -10,36 +10,26 @@ use std::time::{Duration, Instant};
 
 use crescent_benches::pattern;
 use crescent_engine::{
-    EngineConfig, EngineError, Opcode, TransferEngine, TransferRequest, TransferStatus,
-    TransportKind,
+    EngineConfig, EngineError, Opcode, TransferEngine, TransferRequest, TransferStatus, TransportKind,
 };
 use crescent_tests::{eventually, spawn_tebench_target, workspace_bin, ChildGuard};
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::{
-    Completion, CompletionSink, Endpoint, Region, RemoteRegion, SharedMemory, Slice, SliceOutcome,
-    Transport,
+    Completion, CompletionSink, Endpoint, Region, RemoteRegion, SharedMemory, Slice, SliceOutcome, Transport,
 };
 
 /// The rxe device and GID index to use, or `None` (after saying why) outside the VM.
 fn rxe() -> Option<(String, Option<u32>)> {
     if std::env::var_os("RXE_VM").is_none() {
-        eprintln!(
-            "skipped: RXE_VM is not set; this test needs a soft-RoCE device (run ci/rdma-vm.sh)"
-        );
+        eprintln!("skipped: RXE_VM is not set; this test needs a soft-RoCE device (run ci/rdma-vm.sh)");
         return None;
     }
     let dev = std::env::var("RXE_VM_DEV").unwrap_or_else(|_| "rxe0".into());
-    let gid = std::env::var("RXE_VM_GID_INDEX")
-        .ok()
-        .and_then(|g| g.parse().ok());
+    let gid = std::env::var("RXE_VM_GID_INDEX").ok().and_then(|g| g.parse().ok());
     Some((dev, gid))
 }
 
-fn rdma_engine(
-    dev: &str,
-    gid: Option<u32>,
-    tweak: impl FnOnce(&mut EngineConfig),
-) -> Arc<TransferEngine> {
+fn rdma_engine(dev: &str, gid: Option<u32>, tweak: impl FnOnce(&mut EngineConfig)) -> Arc<TransferEngine> {
     let mut config = EngineConfig {
         local_hostname: Some("127.0.0.1".into()),
         protocol: Some(TransportKind::Rdma),
@@ -66,22 +56,13 @@ fn reads_and_writes_move_verified_bytes() {
     fill(&remote, 7);
     let local = initiator.alloc_registered(4 << 20, "cpu:0").unwrap();
     let seg = initiator.open_segment(target.segment_name()).unwrap();
-    assert_eq!(
-        initiator.segment_transport(seg).unwrap(),
-        TransportKind::Rdma
-    );
+    assert_eq!(initiator.segment_transport(seg).unwrap(), TransportKind::Rdma);
     let keys = &initiator.segment_descriptor(seg).unwrap().buffers[0].keys;
     assert_eq!(keys.rdma.len(), 1, "the region's key on {dev}: {keys:?}");
     assert_eq!(keys.rdma[0].device, dev);
 
     // Reads: sizes around and across the 64 KiB slice size, odd offsets, the whole buffer.
-    for &(off, len) in &[
-        (0u64, 1u64),
-        (1, 65_535),
-        (12_345, 65_536 * 3 + 17),
-        (65_536, 65_536),
-        (0, 4 << 20),
-    ] {
+    for &(off, len) in &[(0u64, 1u64), (1, 65_535), (12_345, 65_536 * 3 + 17), (65_536, 65_536), (0, 4 << 20)] {
         initiator
             .transfer_sync(&[TransferRequest {
                 opcode: Opcode::Read,
@@ -93,11 +74,7 @@ fn reads_and_writes_move_verified_bytes() {
             .unwrap();
         // SAFETY: the transfer ended.
         let got = unsafe { &local.as_slice()[..len as usize] };
-        assert_eq!(
-            pattern::first_mismatch(got, 7, off),
-            None,
-            "read of {len} bytes at {off}"
-        );
+        assert_eq!(pattern::first_mismatch(got, 7, off), None, "read of {len} bytes at {off}");
     }
 
     // Writes land where they were addressed and nowhere else.
@@ -114,15 +91,9 @@ fn reads_and_writes_move_verified_bytes() {
         .unwrap();
     // SAFETY: the write completed; nothing else writes the target buffer.
     let bytes = unsafe { remote.as_slice() };
-    assert_eq!(
-        pattern::first_mismatch(&bytes[off as usize..(off + len) as usize], 9, 0),
-        None
-    );
+    assert_eq!(pattern::first_mismatch(&bytes[off as usize..(off + len) as usize], 9, 0), None);
     assert_eq!(pattern::first_mismatch(&bytes[..off as usize], 7, 0), None);
-    assert_eq!(
-        pattern::first_mismatch(&bytes[(off + len) as usize..], 7, off + len),
-        None
-    );
+    assert_eq!(pattern::first_mismatch(&bytes[(off + len) as usize..], 7, off + len), None);
 }
 
 /// Records slice outcomes for transport-level tests.
@@ -133,9 +104,7 @@ struct Outcomes {
 
 impl Outcomes {
     fn new(n: usize) -> Arc<Self> {
-        Arc::new(Outcomes {
-            ended: parking_lot::Mutex::new(vec![None; n]),
-        })
+        Arc::new(Outcomes { ended: parking_lot::Mutex::new(vec![None; n]) })
     }
 
     fn wait(&self, limit: Duration) -> Vec<SliceOutcome> {
@@ -145,10 +114,7 @@ impl Outcomes {
             if ended.iter().all(Option::is_some) {
                 return ended.into_iter().map(Option::unwrap).collect();
             }
-            assert!(
-                Instant::now() < end,
-                "slices still pending after {limit:?}: {ended:?}"
-            );
+            assert!(Instant::now() < end, "slices still pending after {limit:?}: {ended:?}");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -186,21 +152,10 @@ fn side(dev: &str, gid: Option<u32>, qps: usize, len: u64) -> Side {
     let mem = Arc::new(SharedMemory::allocate(len, "crescent-test").unwrap());
     let region = Arc::new(Region::new(mem.addr(), mem.len(), "cpu:0", None));
     region.set_keys(transport.register_region(&region).unwrap());
-    Side {
-        transport,
-        mem,
-        region,
-    }
+    Side { transport, mem, region }
 }
 
-fn slices(
-    sink: &Arc<Outcomes>,
-    opcode: Opcode,
-    local: u64,
-    remote: u64,
-    n: usize,
-    len: u64,
-) -> Vec<Slice> {
+fn slices(sink: &Arc<Outcomes>, opcode: Opcode, local: u64, remote: u64, n: usize, len: u64) -> Vec<Slice> {
     (0..n)
         .map(|i| Slice {
             opcode,
@@ -219,32 +174,14 @@ fn many_slices_spread_over_many_queue_pairs_with_back_pressure() {
     let target = side(&dev, gid, 1, 4 << 20);
     let initiator = side(&dev, gid, 4, 4 << 20);
     // SAFETY: no transfer runs yet.
-    pattern::fill(
-        unsafe { std::slice::from_raw_parts_mut(target.mem.addr() as *mut u8, 4 << 20) },
-        3,
-        0,
-    );
+    pattern::fill(unsafe { std::slice::from_raw_parts_mut(target.mem.addr() as *mut u8, 4 << 20) }, 3, 0);
     let peer = target.transport.endpoint();
     initiator.transport.set_peer_regions(
         &peer,
-        vec![RemoteRegion {
-            addr: target.region.addr(),
-            len: target.region.len(),
-            keys: target.region.keys(),
-        }],
+        vec![RemoteRegion { addr: target.region.addr(), len: target.region.len(), keys: target.region.keys() }],
     );
     let sink = Outcomes::new(1024);
-    initiator.transport.submit(
-        &peer,
-        slices(
-            &sink,
-            Opcode::Read,
-            initiator.mem.addr(),
-            target.mem.addr(),
-            1024,
-            4096,
-        ),
-    );
+    initiator.transport.submit(&peer, slices(&sink, Opcode::Read, initiator.mem.addr(), target.mem.addr(), 1024, 4096));
     let outcomes = sink.wait(Duration::from_secs(120));
     assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed));
     // SAFETY: every slice ended.
@@ -252,10 +189,7 @@ fn many_slices_spread_over_many_queue_pairs_with_back_pressure() {
     assert_eq!(pattern::first_mismatch(got, 3, 0), None);
     let lanes = initiator.transport.lane_stats(&peer);
     assert_eq!(lanes.len(), 4, "{lanes:?}");
-    assert!(
-        lanes.iter().all(|l| l.posted > 0 && !l.broken),
-        "every queue pair carried slices: {lanes:?}"
-    );
+    assert!(lanes.iter().all(|l| l.posted > 0 && !l.broken), "every queue pair carried slices: {lanes:?}");
     assert_eq!(lanes.iter().map(|l| l.completed).sum::<u64>(), 1024);
 }
 
@@ -277,17 +211,9 @@ fn access_outside_the_targets_memory_fails_with_a_remote_access_error() {
     );
     for opcode in [Opcode::Read, Opcode::Write] {
         let sink = Outcomes::new(1);
-        initiator.transport.submit(
-            &peer,
-            slices(
-                &sink,
-                opcode,
-                initiator.mem.addr(),
-                target.mem.addr() + (1 << 20) - 100,
-                1,
-                4096,
-            ),
-        );
+        initiator
+            .transport
+            .submit(&peer, slices(&sink, opcode, initiator.mem.addr(), target.mem.addr() + (1 << 20) - 100, 1, 4096));
         let outcome = sink.wait(Duration::from_secs(60)).remove(0);
         assert!(
             matches!(&outcome, SliceOutcome::Failed(r) if r.contains("remote access error")),
@@ -297,14 +223,7 @@ fn access_outside_the_targets_memory_fails_with_a_remote_access_error() {
     // One bad slice among many: the queue pair it breaks flushes the others posted on it,
     // and those are retried on another queue pair; only the bad one fails.
     let sink = Outcomes::new(129);
-    let mut batch = slices(
-        &sink,
-        Opcode::Write,
-        initiator.mem.addr(),
-        target.mem.addr(),
-        128,
-        4096,
-    );
+    let mut batch = slices(&sink, Opcode::Write, initiator.mem.addr(), target.mem.addr(), 128, 4096);
     batch.insert(
         64,
         Slice {
@@ -322,12 +241,7 @@ fn access_outside_the_targets_memory_fails_with_a_remote_access_error() {
         "{:?}",
         outcomes[128]
     );
-    assert!(
-        outcomes[..128]
-            .iter()
-            .all(|o| *o == SliceOutcome::Completed),
-        "{outcomes:?}"
-    );
+    assert!(outcomes[..128].iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
     // Broken queue pairs are rebuilt.
     assert!(
         eventually(Duration::from_secs(30), || {
@@ -338,22 +252,9 @@ fn access_outside_the_targets_memory_fails_with_a_remote_access_error() {
         initiator.transport.lane_stats(&peer)
     );
     let sink = Outcomes::new(64);
-    initiator.transport.submit(
-        &peer,
-        slices(
-            &sink,
-            Opcode::Read,
-            initiator.mem.addr(),
-            target.mem.addr(),
-            64,
-            4096,
-        ),
-    );
+    initiator.transport.submit(&peer, slices(&sink, Opcode::Read, initiator.mem.addr(), target.mem.addr(), 64, 4096));
     let outcomes = sink.wait(Duration::from_secs(60));
-    assert!(
-        outcomes.iter().all(|o| *o == SliceOutcome::Completed),
-        "{outcomes:?}"
-    );
+    assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
 }
 
 #[test]
@@ -375,26 +276,15 @@ fn a_stale_descriptor_after_unregister_fails_the_request() {
     // The target unregisters; the initiator still holds the old descriptor and key.
     target.unregister(remote.addr()).unwrap();
     let err = initiator.transfer_sync(&[read]).unwrap_err();
-    assert!(
-        matches!(&err, EngineError::TransferFailed(r) if r.contains("remote access error")),
-        "{err}"
-    );
+    assert!(matches!(&err, EngineError::TransferFailed(r) if r.contains("remote access error")), "{err}");
 }
 
 #[test]
 fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     let Some((dev, gid)) = rxe() else { return };
     let gid_arg = gid.map(|g| g.to_string()).unwrap_or_default();
-    let mut args = vec![
-        "--protocol",
-        "rdma",
-        "--device-name",
-        &dev,
-        "--buffer-size",
-        "8M",
-        "--local-hostname",
-        "127.0.0.1",
-    ];
+    let mut args =
+        vec!["--protocol", "rdma", "--device-name", &dev, "--buffer-size", "8M", "--local-hostname", "127.0.0.1"];
     if gid.is_some() {
         args.extend(["--gid-index", &gid_arg]);
     }
@@ -411,11 +301,7 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
             while !stop.load(Ordering::Relaxed) {
                 let reqs: Vec<_> = (0..8)
                     .map(|i| TransferRequest {
-                        opcode: if i % 2 == 0 {
-                            Opcode::Read
-                        } else {
-                            Opcode::Write
-                        },
+                        opcode: if i % 2 == 0 { Opcode::Read } else { Opcode::Write },
                         source: local.addr() + i * (1 << 20),
                         target: seg,
                         target_offset: remote.addr + i * (1 << 20),
@@ -446,10 +332,7 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
         last.iter().any(|s| matches!(s, TransferStatus::Failed(_))),
         "the batch in flight at the kill failed (not timed out): {last:?}"
     );
-    assert!(
-        !last.contains(&TransferStatus::TimedOut),
-        "no request waited for the timeout: {last:?}"
-    );
+    assert!(!last.contains(&TransferStatus::TimedOut), "no request waited for the timeout: {last:?}");
     // The peer is gone: later requests fail too, without waiting for the timeout.
     let err = engine
         .transfer_sync(&[TransferRequest {
@@ -468,30 +351,19 @@ fn devices_gid_and_mtu_are_chosen_from_the_port() {
     let Some((dev, _)) = rxe() else { return };
     // No GID index given: the RoCE v2 IPv4-mapped one is picked; the MTU asked for is
     // capped by the port's active MTU.
-    let t = RdmaTransport::start(RdmaConfig {
-        devices: vec![dev.clone()],
-        mtu: Some(4096),
-        ..RdmaConfig::default()
-    })
-    .unwrap();
+    let t = RdmaTransport::start(RdmaConfig { devices: vec![dev.clone()], mtu: Some(4096), ..RdmaConfig::default() })
+        .unwrap();
     let summary = t.device_summary();
     assert_eq!(summary.len(), 1);
     let d = &summary[0];
     assert_eq!(d.name, dev);
-    assert!(
-        d.gid.starts_with("::ffff:"),
-        "IPv4-mapped GID chosen: {d:?}"
-    );
+    assert!(d.gid.starts_with("::ffff:"), "IPv4-mapped GID chosen: {d:?}");
     if let Ok(expected) = std::env::var("RXE_VM_GID_INDEX") {
         assert_eq!(d.gid_index.to_string(), expected, "{d:?}");
     }
     let active = std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/active_mtu"))
         .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .next()
-                .and_then(|n| n.parse::<u32>().ok())
-        });
+        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<u32>().ok()));
     if let Some(active) = active {
         assert_eq!(d.mtu, active.min(4096), "{d:?}");
     }
@@ -499,12 +371,8 @@ fn devices_gid_and_mtu_are_chosen_from_the_port() {
     let all = RdmaTransport::start(RdmaConfig::default()).unwrap();
     assert!(all.devices().contains(&dev), "{:?}", all.devices());
     // A GID index beyond the table is refused with a reason.
-    let err = RdmaTransport::start(RdmaConfig {
-        devices: vec![dev],
-        gid_index: Some(60_000),
-        ..RdmaConfig::default()
-    })
-    .unwrap_err();
+    let err = RdmaTransport::start(RdmaConfig { devices: vec![dev], gid_index: Some(60_000), ..RdmaConfig::default() })
+        .unwrap_err();
     assert!(err.to_string().contains("out of range"), "{err}");
 }
 
@@ -520,37 +388,25 @@ fn missing_device_or_library_falls_back_to_tcp() {
         ),
         (
             "missing library",
-            Box::new(|c: &mut EngineConfig| {
-                c.rdma.library = Some("libcrescent-no-such-verbs.so.1".into())
-            }),
+            Box::new(|c: &mut EngineConfig| c.rdma.library = Some("libcrescent-no-such-verbs.so.1".into())),
         ),
     ] {
         let engine = |protocol: Option<TransportKind>| {
-            let mut config = EngineConfig {
-                local_hostname: Some("127.0.0.1".into()),
-                protocol,
-                ..EngineConfig::default()
-            };
+            let mut config =
+                EngineConfig { local_hostname: Some("127.0.0.1".into()), protocol, ..EngineConfig::default() };
             tweak(&mut config);
             TransferEngine::new(config)
         };
         let (a, b) = (engine(None).unwrap(), engine(None).unwrap());
         assert!(
-            a.local_descriptor()
-                .endpoints
-                .iter()
-                .all(|e| !matches!(e, Endpoint::Rdma { .. })),
+            a.local_descriptor().endpoints.iter().all(|e| !matches!(e, Endpoint::Rdma { .. })),
             "{what}: no rdma endpoint is published"
         );
         let remote = a.alloc_registered(1 << 20, "cpu:0").unwrap();
         fill(&remote, 5);
         let local = b.alloc_registered(1 << 20, "cpu:0").unwrap();
         let seg = b.open_segment(a.segment_name()).unwrap();
-        assert_eq!(
-            b.segment_transport(seg).unwrap(),
-            TransportKind::Tcp,
-            "{what}"
-        );
+        assert_eq!(b.segment_transport(seg).unwrap(), TransportKind::Tcp, "{what}");
         b.transfer_sync(&[TransferRequest {
             opcode: Opcode::Read,
             source: local.addr(),
@@ -560,10 +416,7 @@ fn missing_device_or_library_falls_back_to_tcp() {
         }])
         .unwrap();
         // SAFETY: the transfer ended.
-        assert_eq!(
-            pattern::first_mismatch(unsafe { local.as_slice() }, 5, 0),
-            None
-        );
+        assert_eq!(pattern::first_mismatch(unsafe { local.as_slice() }, 5, 0), None);
         // Asking for rdma explicitly is an error that says why.
         let err = engine(Some(TransportKind::Rdma)).unwrap_err();
         assert!(err.to_string().contains("rdma"), "{what}: {err}");
@@ -597,17 +450,8 @@ fn a_binary_without_rdma_says_so_in_one_line_and_serves_over_tcp() {
         .expect("the target started and printed its segment name");
     child.kill_now();
     let mut stderr = String::new();
-    child
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    let rdma_lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.to_ascii_lowercase().contains("rdma"))
-        .collect();
+    child.0.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let rdma_lines: Vec<&str> = stderr.lines().filter(|l| l.to_ascii_lowercase().contains("rdma")).collect();
     assert_eq!(rdma_lines.len(), 1, "one line about rdma: {stderr}");
     assert!(
         rdma_lines[0].contains("crescent_nodev0") && rdma_lines[0].contains("tcp"),

@@ -13,16 +13,8 @@ use crescent_tests::{loopback_engine, spawn_tebench_target, workspace_bin};
 
 #[test]
 fn reads_from_another_process_match_its_pattern() {
-    let (_target, name) = spawn_tebench_target(
-        &[],
-        &[
-            "--buffer-size",
-            "32M",
-            "--pattern",
-            "--local-hostname",
-            "127.0.0.1",
-        ],
-    );
+    let (_target, name) =
+        spawn_tebench_target(&[], &["--buffer-size", "32M", "--pattern", "--local-hostname", "127.0.0.1"]);
     let engine = loopback_engine(Duration::from_secs(30));
     let seg = engine.open_segment(&name).unwrap();
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
@@ -39,61 +31,23 @@ fn reads_from_another_process_match_its_pattern() {
             .unwrap();
         // SAFETY: the transfer ended.
         let got = unsafe { &local.as_slice()[..len as usize] };
-        assert_eq!(
-            pattern::first_mismatch(got, 0, off),
-            None,
-            "read of {len} bytes at {off}"
-        );
+        assert_eq!(pattern::first_mismatch(got, 0, off), None, "read of {len} bytes at {off}");
     }
 }
 
 #[test]
 fn tebench_initiator_verifies_reads_and_writes_with_threads() {
-    let (_target, name) = spawn_tebench_target(
-        &[],
-        &[
-            "--buffer-size",
-            "64M",
-            "--pattern",
-            "--local-hostname",
-            "127.0.0.1",
-        ],
-    );
+    let (_target, name) =
+        spawn_tebench_target(&[], &["--buffer-size", "64M", "--pattern", "--local-hostname", "127.0.0.1"]);
     for op in ["read", "write"] {
         let out = Command::new(workspace_bin("tebench"))
-            .args([
-                "initiator",
-                "--segment",
-                &name,
-                "--operation",
-                op,
-                "--block-size",
-                "96K",
-                "--batch-size",
-                "16",
-            ])
-            .args([
-                "--threads",
-                "3",
-                "--duration",
-                "1",
-                "--verify",
-                "--json",
-                "--local-hostname",
-                "127.0.0.1",
-            ])
+            .args(["initiator", "--segment", &name, "--operation", op, "--block-size", "96K", "--batch-size", "16"])
+            .args(["--threads", "3", "--duration", "1", "--verify", "--json", "--local-hostname", "127.0.0.1"])
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{op}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            stdout.contains(" GB/s"),
-            "summary line with the figure: {stdout}"
-        );
+        assert!(out.status.success(), "{op}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains(" GB/s"), "summary line with the figure: {stdout}");
         let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
         assert_eq!(json["verified"], true, "{op}: {json}");
         assert!(json["bytes"].as_u64().unwrap() > 0);
@@ -103,10 +57,7 @@ fn tebench_initiator_verifies_reads_and_writes_with_threads() {
 
 #[test]
 fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
-    let (mut target, name) = spawn_tebench_target(
-        &[],
-        &["--buffer-size", "256M", "--local-hostname", "127.0.0.1"],
-    );
+    let (mut target, name) = spawn_tebench_target(&[], &["--buffer-size", "256M", "--local-hostname", "127.0.0.1"]);
     let engine = loopback_engine(Duration::from_secs(20));
     let seg = engine.open_segment(&name).unwrap();
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
@@ -119,11 +70,7 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
             while !stop.load(Ordering::Relaxed) {
                 let reqs: Vec<_> = (0..16)
                     .map(|i| TransferRequest {
-                        opcode: if i % 2 == 0 {
-                            Opcode::Read
-                        } else {
-                            Opcode::Write
-                        },
+                        opcode: if i % 2 == 0 { Opcode::Read } else { Opcode::Write },
                         source: local.addr() + i * (16 << 20),
                         target: seg,
                         target_offset: remote.addr + i * (16 << 20),
@@ -148,14 +95,10 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     target.kill_now();
     let outcomes = worker.join().unwrap();
     stop.store(true, Ordering::Relaxed);
-    assert!(
-        killed_at.elapsed() < Duration::from_secs(15),
-        "in-flight requests ended before their timeout"
-    );
+    assert!(killed_at.elapsed() < Duration::from_secs(15), "in-flight requests ended before their timeout");
     let last = outcomes.last().expect("at least one batch ran");
     assert!(
-        last.iter()
-            .any(|s| matches!(s, TransferStatus::Failed(r) if r.contains("connection"))),
+        last.iter().any(|s| matches!(s, TransferStatus::Failed(r) if r.contains("connection"))),
         "the batch in flight at the kill failed with the connection's reason: {last:?}"
     );
     assert!(outcomes.len() > 1, "batches completed before the kill");

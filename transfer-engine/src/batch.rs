@@ -97,21 +97,13 @@ impl Batch {
     pub(crate) fn reserve(&self, n: usize) -> Result<usize> {
         let capacity = self.capacity();
         self.submitted
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s + n <= capacity).then_some(s + n)
-            })
-            .map_err(|_| EngineError::BatchFull {
-                id: self.id,
-                capacity,
-                requested: n,
-            })
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| (s + n <= capacity).then_some(s + n))
+            .map_err(|_| EngineError::BatchFull { id: self.id, capacity, requested: n })
     }
 
     /// Starts tracking request `slot`, which has `slices` slices to wait for.
     pub(crate) fn start_request(&self, slot: usize, slices: usize) {
-        self.requests[slot]
-            .remaining
-            .store(slices, Ordering::Release);
+        self.requests[slot].remaining.store(slices, Ordering::Release);
         self.unfinished.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -138,19 +130,12 @@ impl Batch {
         Ok(match req.error.load(Ordering::Acquire) {
             0 => TransferStatus::Completed,
             TIMED_OUT => TransferStatus::TimedOut,
-            _ => TransferStatus::Failed(
-                req.reason
-                    .lock()
-                    .clone()
-                    .unwrap_or_else(|| "unknown failure".into()),
-            ),
+            _ => TransferStatus::Failed(req.reason.lock().clone().unwrap_or_else(|| "unknown failure".into())),
         })
     }
 
     pub fn statuses(&self) -> Vec<TransferStatus> {
-        (0..self.submitted())
-            .map(|i| self.status(i).expect("index below submitted"))
-            .collect()
+        (0..self.submitted()).map(|i| self.status(i).expect("index below submitted")).collect()
     }
 
     /// Blocks until every submitted request has ended or `timeout` passes; true if all ended.
@@ -172,17 +157,10 @@ impl Batch {
 
     fn end_slice(&self, request: usize, code: u8, reason: Option<String>) {
         let req = &self.requests[request];
-        if code != COMPLETED
-            && req
-                .error
-                .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
+        if code != COMPLETED && req.error.compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             *req.reason.lock() = reason;
         }
-        if req.remaining.fetch_sub(1, Ordering::AcqRel) == 1
-            && self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1
-        {
+        if req.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
             drop(self.lock.lock());
             self.done.notify_all();
             self.waker.wake();
@@ -223,11 +201,7 @@ pub(crate) struct Submission {
 
 impl Submission {
     pub(crate) fn new(batch: Arc<Batch>, deadline: Instant) -> Self {
-        Submission {
-            batch,
-            slots: Vec::new(),
-            deadline,
-        }
+        Submission { batch, slots: Vec::new(), deadline }
     }
 
     /// Adds a slice of request `request`, holding its local region in use until it ends.
@@ -251,12 +225,7 @@ impl Submission {
             if code != COMPLETED {
                 *slot.reason.lock() = reason.clone();
             }
-            match slot.state.compare_exchange(
-                old,
-                old | (code << 1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match slot.state.compare_exchange(old, old | (code << 1), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => break,
                 Err(now) => old = now,
             }
@@ -280,11 +249,7 @@ impl Submission {
             return false;
         }
         for i in 0..self.slots.len() {
-            self.set_outcome(
-                i,
-                TIMED_OUT,
-                Some(format!("no completion within {timeout:?}")),
-            );
+            self.set_outcome(i, TIMED_OUT, Some(format!("no completion within {timeout:?}")));
         }
         true
     }
@@ -292,10 +257,7 @@ impl Submission {
 
 impl CompletionSink for Submission {
     fn begin_local_access(&self, slice: usize) -> bool {
-        self.slots[slice]
-            .state
-            .compare_exchange(0, BUSY, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.slots[slice].state.compare_exchange(0, BUSY, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
     fn end_local_access(&self, slice: usize) {
@@ -321,16 +283,12 @@ pub(crate) struct Watchdog {
 
 impl Watchdog {
     pub(crate) fn start(timeout: Duration) -> Arc<Watchdog> {
-        let dog = Arc::new(Watchdog {
-            submissions: Mutex::new(Vec::new()),
-            timeout,
-        });
+        let dog = Arc::new(Watchdog { submissions: Mutex::new(Vec::new()), timeout });
         let weak = Arc::downgrade(&dog);
         std::thread::Builder::new()
             .name("crescent-timeouts".into())
             .spawn(move || {
-                let tick =
-                    (timeout / 10).clamp(Duration::from_millis(5), Duration::from_millis(100));
+                let tick = (timeout / 10).clamp(Duration::from_millis(5), Duration::from_millis(100));
                 while let Some(dog) = weak.upgrade() {
                     dog.sweep(Instant::now());
                     drop(dog);
@@ -372,17 +330,11 @@ mod tests {
 
     fn setup(capacity: usize) -> (Arc<Batch>, RegionTable) {
         let table = RegionTable::new();
-        table
-            .insert(Region::new(0x1000, 0x1000, "cpu:0", None))
-            .unwrap();
+        table.insert(Region::new(0x1000, 0x1000, "cpu:0", None)).unwrap();
         (Batch::new(7, capacity), table)
     }
 
-    fn submission(
-        batch: &Arc<Batch>,
-        table: &RegionTable,
-        slices_per_request: &[usize],
-    ) -> Arc<Submission> {
+    fn submission(batch: &Arc<Batch>, table: &RegionTable, slices_per_request: &[usize]) -> Arc<Submission> {
         let base = batch.reserve(slices_per_request.len()).unwrap();
         let mut sub = Submission::new(batch.clone(), Instant::now() + Duration::from_secs(60));
         for (i, &n) in slices_per_request.iter().enumerate() {
@@ -398,23 +350,14 @@ mod tests {
     fn request_completes_when_all_its_slices_do() {
         let (batch, table) = setup(4);
         let sub = submission(&batch, &table, &[2, 1]);
-        assert_eq!(
-            batch.statuses(),
-            vec![TransferStatus::Pending, TransferStatus::Pending]
-        );
+        assert_eq!(batch.statuses(), vec![TransferStatus::Pending, TransferStatus::Pending]);
         sub.complete(0, SliceOutcome::Completed);
         assert_eq!(batch.status(0).unwrap(), TransferStatus::Pending);
         sub.complete(1, SliceOutcome::Completed);
         assert_eq!(batch.status(0).unwrap(), TransferStatus::Completed);
         assert_eq!(batch.unfinished(), 1);
         sub.complete(2, SliceOutcome::Failed("boom".into()));
-        assert_eq!(
-            batch.statuses(),
-            vec![
-                TransferStatus::Completed,
-                TransferStatus::Failed("boom".into())
-            ]
-        );
+        assert_eq!(batch.statuses(), vec![TransferStatus::Completed, TransferStatus::Failed("boom".into())]);
         assert!(batch.wait(Some(Duration::ZERO)));
         // Every slice released its region.
         assert_eq!(table.find(0x1000, 1).unwrap().inflight(), 0);
@@ -426,10 +369,7 @@ mod tests {
         let sub = submission(&batch, &table, &[1]);
         sub.complete(0, SliceOutcome::Failed("first".into()));
         sub.complete(0, SliceOutcome::Completed);
-        assert_eq!(
-            batch.status(0).unwrap(),
-            TransferStatus::Failed("first".into())
-        );
+        assert_eq!(batch.status(0).unwrap(), TransferStatus::Failed("first".into()));
     }
 
     #[test]
@@ -437,10 +377,7 @@ mod tests {
         let (batch, table) = setup(1);
         let sub = submission(&batch, &table, &[1]);
         assert!(sub.begin_local_access(0));
-        assert!(sub.expire_if_due(
-            Instant::now() + Duration::from_secs(61),
-            Duration::from_secs(60)
-        ));
+        assert!(sub.expire_if_due(Instant::now() + Duration::from_secs(61), Duration::from_secs(60)));
         // Timed out, but the access is still running: not ended, region still in use.
         assert_eq!(batch.status(0).unwrap(), TransferStatus::Pending);
         assert_eq!(table.find(0x1000, 1).unwrap().inflight(), 1);
@@ -455,10 +392,7 @@ mod tests {
     fn batch_capacity_is_enforced() {
         let (batch, _) = setup(3);
         batch.reserve(2).unwrap();
-        assert!(matches!(
-            batch.reserve(2),
-            Err(EngineError::BatchFull { .. })
-        ));
+        assert!(matches!(batch.reserve(2), Err(EngineError::BatchFull { .. })));
         batch.reserve(1).unwrap();
     }
 
@@ -466,9 +400,7 @@ mod tests {
     fn future_resolves_when_done() {
         let (batch, table) = setup(1);
         let sub = submission(&batch, &table, &[1]);
-        let fut = BatchCompletion {
-            batch: batch.clone(),
-        };
+        let fut = BatchCompletion { batch: batch.clone() };
         let sub2 = sub.clone();
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));

@@ -69,25 +69,15 @@ impl EngineConfig {
                 .parse::<usize>()
                 .ok()
                 .filter(|n| (1..=64).contains(n))
-                .ok_or_else(|| {
-                    EngineError::Config(format!("MC_TCP_LANES={v:?} is not a number from 1 to 64"))
-                })?;
+                .ok_or_else(|| EngineError::Config(format!("MC_TCP_LANES={v:?} is not a number from 1 to 64")))?;
         }
         if let Some(v) = env("MC_TCP_SLICE_SIZE") {
-            self.tcp_slice_len = parse_size(&v)
-                .map_err(|e| EngineError::Config(format!("MC_TCP_SLICE_SIZE: {e}")))?;
+            self.tcp_slice_len = parse_size(&v).map_err(|e| EngineError::Config(format!("MC_TCP_SLICE_SIZE: {e}")))?;
         }
         if let Some(v) = env("MC_TRANSFER_TIMEOUT") {
-            let secs = v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.is_finite() && *s > 0.0)
-                .ok_or_else(|| {
-                    EngineError::Config(format!(
-                        "MC_TRANSFER_TIMEOUT={v:?} is not a positive number of seconds"
-                    ))
-                })?;
+            let secs = v.trim().parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0).ok_or_else(|| {
+                EngineError::Config(format!("MC_TRANSFER_TIMEOUT={v:?} is not a positive number of seconds"))
+            })?;
             self.transfer_timeout = Duration::from_secs_f64(secs);
         }
         self.apply_rdma_env()
@@ -104,22 +94,15 @@ impl EngineConfig {
         if let Some(v) = env("MC_MTU") {
             let mtu = parse_int("MC_MTU", &v, 256, 4096)? as u32;
             if !matches!(mtu, 256 | 512 | 1024 | 2048 | 4096) {
-                return Err(EngineError::Config(format!(
-                    "MC_MTU={v:?} is not one of 256, 512, 1024, 2048, 4096"
-                )));
+                return Err(EngineError::Config(format!("MC_MTU={v:?} is not one of 256, 512, 1024, 2048, 4096")));
             }
             rdma.mtu = Some(mtu);
         }
         if let Some(v) = env("MC_SLICE_SIZE") {
-            rdma.max_slice_len =
-                parse_size(&v)
-                    .ok()
-                    .filter(|n| *n <= 1 << 30)
-                    .ok_or_else(|| {
-                        EngineError::Config(format!(
-                            "MC_SLICE_SIZE={v:?} is not a size from 1 byte to 1G"
-                        ))
-                    })?;
+            rdma.max_slice_len = parse_size(&v)
+                .ok()
+                .filter(|n| *n <= 1 << 30)
+                .ok_or_else(|| EngineError::Config(format!("MC_SLICE_SIZE={v:?} is not a size from 1 byte to 1G")))?;
         }
         if let Some(v) = env("MC_NUM_QP_PER_EP") {
             rdma.qps_per_peer = parse_int("MC_NUM_QP_PER_EP", &v, 1, 64)? as usize;
@@ -139,21 +122,10 @@ impl EngineConfig {
 
 /// Parses a comma-separated list of RDMA device names (Mooncake's `device_name`).
 pub fn parse_device_list(text: &str) -> Result<Vec<String>> {
-    let names: Vec<String> = text
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(str::to_string)
-        .collect();
+    let names: Vec<String> = text.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect();
     for n in &names {
-        if n.len() > 64
-            || !n
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
-        {
-            return Err(EngineError::Config(format!(
-                "{n:?} is not an RDMA device name"
-            )));
+        if n.len() > 64 || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b)) {
+            return Err(EngineError::Config(format!("{n:?} is not an RDMA device name")));
         }
     }
     Ok(names)
@@ -164,9 +136,7 @@ fn parse_int(name: &str, v: &str, min: u64, max: u64) -> Result<u64> {
         .parse::<u64>()
         .ok()
         .filter(|n| (min..=max).contains(n))
-        .ok_or_else(|| {
-            EngineError::Config(format!("{name}={v:?} is not a number from {min} to {max}"))
-        })
+        .ok_or_else(|| EngineError::Config(format!("{name}={v:?} is not a number from {min} to {max}")))
 }
 
 fn env(name: &str) -> Option<String> {
@@ -177,9 +147,7 @@ fn parse_bool(name: &str, v: &str) -> Result<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(EngineError::Config(format!(
-            "{name}={v:?} is not a boolean (use 1 or 0)"
-        ))),
+        _ => Err(EngineError::Config(format!("{name}={v:?} is not a boolean (use 1 or 0)"))),
     }
 }
 
@@ -189,9 +157,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(split);
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (examples: 4096, 64K, 1M, 1G)"))?;
+    let value: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size (examples: 4096, 64K, 1M, 1G)"))?;
     let shift = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -200,10 +166,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 40,
         _ => return Err(format!("{text:?} has an unknown unit (use K, M, G or T)")),
     };
-    let bytes = value
-        .checked_shl(shift)
-        .filter(|b| b >> shift == value)
-        .ok_or_else(|| format!("{text:?} is too large"))?;
+    let bytes =
+        value.checked_shl(shift).filter(|b| b >> shift == value).ok_or_else(|| format!("{text:?} is too large"))?;
     if bytes == 0 {
         return Err(format!("{text:?} is zero"));
     }
@@ -228,10 +192,7 @@ mod tests {
 
     #[test]
     fn device_lists() {
-        assert_eq!(
-            parse_device_list("mlx5_0, mlx5_1,,rxe0").unwrap(),
-            vec!["mlx5_0", "mlx5_1", "rxe0"]
-        );
+        assert_eq!(parse_device_list("mlx5_0, mlx5_1,,rxe0").unwrap(), vec!["mlx5_0", "mlx5_1", "rxe0"]);
         assert!(parse_device_list("").unwrap().is_empty());
         let err = parse_device_list("mlx5_0,bad/name").unwrap_err();
         assert!(err.to_string().contains("bad/name"), "{err}");

@@ -39,10 +39,7 @@ pub struct SegmentDescriptor {
 
 fn known_endpoints<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Endpoint>, D::Error> {
     let raw = Vec::<serde_json::Value>::deserialize(d)?;
-    Ok(raw
-        .into_iter()
-        .filter_map(|v| serde_json::from_value(v).ok())
-        .collect())
+    Ok(raw.into_iter().filter_map(|v| serde_json::from_value(v).ok()).collect())
 }
 
 impl SegmentDescriptor {
@@ -60,32 +57,20 @@ impl SegmentDescriptor {
     /// Checks the invariants the engine relies on; sorts buffers by address.
     pub fn validated(mut self) -> Result<Self, String> {
         if self.name.is_empty() || self.name.len() > MAX_NAME_LEN {
-            return Err(format!(
-                "segment name of {} bytes (1..={MAX_NAME_LEN} allowed)",
-                self.name.len()
-            ));
+            return Err(format!("segment name of {} bytes (1..={MAX_NAME_LEN} allowed)", self.name.len()));
         }
         if self.buffers.len() > MAX_BUFFERS {
-            return Err(format!(
-                "{} buffers listed ({MAX_BUFFERS} allowed)",
-                self.buffers.len()
-            ));
+            return Err(format!("{} buffers listed ({MAX_BUFFERS} allowed)", self.buffers.len()));
         }
         self.buffers.sort_by_key(|b| b.addr);
         for b in &self.buffers {
             if b.length == 0 || b.addr.checked_add(b.length).is_none() {
-                return Err(format!(
-                    "buffer [{:#x}, +{}) is not a valid range",
-                    b.addr, b.length
-                ));
+                return Err(format!("buffer [{:#x}, +{}) is not a valid range", b.addr, b.length));
             }
         }
         for w in self.buffers.windows(2) {
             if w[0].end() > w[1].addr {
-                return Err(format!(
-                    "buffers at {:#x} and {:#x} overlap",
-                    w[0].addr, w[1].addr
-                ));
+                return Err(format!("buffers at {:#x} and {:#x} overlap", w[0].addr, w[1].addr));
             }
         }
         Ok(self)
@@ -108,23 +93,10 @@ mod tests {
         SegmentDescriptor {
             name: "10.0.0.1:1234".into(),
             host_id: "h".into(),
-            endpoints: vec![Endpoint::Tcp {
-                host: "10.0.0.1".into(),
-                port: 5,
-            }],
+            endpoints: vec![Endpoint::Tcp { host: "10.0.0.1".into(), port: 5 }],
             buffers: vec![
-                BufferDescriptor {
-                    addr: 0x3000,
-                    length: 0x1000,
-                    location: "cpu:0".into(),
-                    keys: Default::default(),
-                },
-                BufferDescriptor {
-                    addr: 0x1000,
-                    length: 0x1000,
-                    location: "cpu:0".into(),
-                    keys: Default::default(),
-                },
+                BufferDescriptor { addr: 0x3000, length: 0x1000, location: "cpu:0".into(), keys: Default::default() },
+                BufferDescriptor { addr: 0x1000, length: 0x1000, location: "cpu:0".into(), keys: Default::default() },
             ],
         }
     }
@@ -144,13 +116,7 @@ mod tests {
     fn unknown_protocols_are_skipped() {
         let json = br#"{"name":"a:1","endpoints":[{"protocol":"warp","x":1},{"protocol":"tcp","host":"a","port":2}],"buffers":[]}"#;
         let d = SegmentDescriptor::from_json(json).unwrap();
-        assert_eq!(
-            d.endpoints,
-            vec![Endpoint::Tcp {
-                host: "a".into(),
-                port: 2
-            }]
-        );
+        assert_eq!(d.endpoints, vec![Endpoint::Tcp { host: "a".into(), port: 2 }]);
     }
 
     #[test]

@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
-    Completion, Endpoint, Opcode, Region, RegionTable, RemoteRegion, SharedMemory, Slice,
-    Transport, TransportKind,
+    Completion, Endpoint, Opcode, Region, RegionTable, RemoteRegion, SharedMemory, Slice, Transport, TransportKind,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -112,9 +111,7 @@ pub struct TransferEngine {
 
 impl std::fmt::Debug for TransferEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TransferEngine")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("TransferEngine").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -128,9 +125,7 @@ impl TransferEngine {
             )));
         }
         let (host, port) = match config.local_hostname.as_deref() {
-            Some(h) if h.contains(':') && handshake::split_host_port(h).is_ok() => {
-                handshake::split_host_port(h)?
-            }
+            Some(h) if h.contains(':') && handshake::split_host_port(h).is_ok() => handshake::split_host_port(h)?,
             Some(h) if !h.trim().is_empty() => (h.trim().to_string(), config.rpc_port),
             _ => (host::default_advertise_host(), config.rpc_port),
         };
@@ -141,9 +136,8 @@ impl TransferEngine {
                 )));
             }
         }
-        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
-            EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}"))
-        })?;
+        let listener = TcpListener::bind(("0.0.0.0", port))
+            .map_err(|e| EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}")))?;
         let port = listener.local_addr()?.port();
         let name = format!("{host}:{port}");
         let host_id = host::host_id();
@@ -159,16 +153,11 @@ impl TransferEngine {
         )?;
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
         if config.protocol != Some(TransportKind::Tcp) {
-            let rdma_config = RdmaConfig {
-                advertise_host: host.clone(),
-                ..config.rdma.clone()
-            };
+            let rdma_config = RdmaConfig { advertise_host: host.clone(), ..config.rdma.clone() };
             match RdmaTransport::start(rdma_config) {
                 Ok(rdma) => transports.push(Arc::new(rdma)),
                 Err(e) if config.protocol == Some(TransportKind::Rdma) || e.is_caller_error() => {
-                    return Err(EngineError::Config(format!(
-                        "protocol rdma cannot start: {e}"
-                    )))
+                    return Err(EngineError::Config(format!("protocol rdma cannot start: {e}")))
                 }
                 Err(e) => tracing::info!("{e}; peers will be reached over tcp"),
             }
@@ -182,11 +171,7 @@ impl TransferEngine {
         let handshake = HandshakeServer::start(listener, describe)?;
         tracing::info!(
             "transfer engine {name} up: transports {}",
-            transports
-                .iter()
-                .map(|t| t.endpoint().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            transports.iter().map(|t| t.endpoint().to_string()).collect::<Vec<_>>().join(", ")
         );
         Ok(Arc::new(TransferEngine {
             watchdog: Watchdog::start(config.transfer_timeout),
@@ -264,12 +249,7 @@ impl TransferEngine {
                 }
             }
         }
-        tracing::debug!(
-            "registered [{:#x}, +{}) at {}",
-            region.addr(),
-            region.len(),
-            region.location()
-        );
+        tracing::debug!("registered [{:#x}, +{}) at {}", region.addr(), region.len(), region.location());
         Ok(())
     }
 
@@ -284,15 +264,15 @@ impl TransferEngine {
         Ok(())
     }
 
+    /// Whether `[addr, addr+len)` lies inside one registered region.
+    pub fn is_registered(&self, addr: u64, len: u64) -> bool {
+        self.table.find(addr, len).is_some()
+    }
+
     /// Allocates `len` bytes of shareable memory and registers them.
     pub fn alloc_registered(&self, len: u64, location: &str) -> Result<RegisteredMemory> {
         let mem = Arc::new(SharedMemory::allocate(len, "crescent")?);
-        self.register_region(Region::new(
-            mem.addr(),
-            mem.len(),
-            location,
-            Some(mem.clone()),
-        ))?;
+        self.register_region(Region::new(mem.addr(), mem.len(), location, Some(mem.clone())))?;
         Ok(RegisteredMemory { mem })
     }
 
@@ -332,11 +312,7 @@ impl TransferEngine {
 
     /// Forgets an opened segment and its connections.
     pub fn close_segment(&self, id: SegmentId) -> Result<()> {
-        let segment = self
-            .segments
-            .write()
-            .remove(&id)
-            .ok_or(EngineError::UnknownSegment(id))?;
+        let segment = self.segments.write().remove(&id).ok_or(EngineError::UnknownSegment(id))?;
         self.by_name.lock().remove(&segment.name);
         segment.transport.forget_peer(&segment.endpoint);
         Ok(())
@@ -353,18 +329,10 @@ impl TransferEngine {
     }
 
     fn segment(&self, id: SegmentId) -> Result<Arc<Segment>> {
-        self.segments
-            .read()
-            .get(&id)
-            .cloned()
-            .ok_or(EngineError::UnknownSegment(id))
+        self.segments.read().get(&id).cloned().ok_or(EngineError::UnknownSegment(id))
     }
 
-    fn choose_transport(
-        &self,
-        name: &str,
-        d: &SegmentDescriptor,
-    ) -> Result<(Arc<dyn Transport>, Endpoint)> {
+    fn choose_transport(&self, name: &str, d: &SegmentDescriptor) -> Result<(Arc<dyn Transport>, Endpoint)> {
         let order: Vec<TransportKind> = match self.config.protocol {
             Some(kind) => vec![kind],
             None => vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp],
@@ -411,9 +379,7 @@ impl TransferEngine {
         *last = Some(Instant::now());
         match handshake::fetch_descriptor(&segment.name, HANDSHAKE_TIMEOUT) {
             Ok(d) => {
-                segment
-                    .transport
-                    .set_peer_regions(&segment.endpoint, remote_regions(&d));
+                segment.transport.set_peer_regions(&segment.endpoint, remote_regions(&d));
                 *segment.descriptor.write() = Arc::new(d);
                 true
             }
@@ -429,9 +395,7 @@ impl TransferEngine {
     /// Creates a batch that holds up to `capacity` requests.
     pub fn allocate_batch(&self, capacity: usize) -> Result<BatchId> {
         if capacity == 0 {
-            return Err(EngineError::InvalidArgument(
-                "a batch needs a capacity of at least 1".into(),
-            ));
+            return Err(EngineError::InvalidArgument("a batch needs a capacity of at least 1".into()));
         }
         let id = self.next_batch.fetch_add(1, Ordering::Relaxed);
         self.batches.lock().insert(id, Batch::new(id, capacity));
@@ -439,11 +403,7 @@ impl TransferEngine {
     }
 
     fn batch(&self, id: BatchId) -> Result<Arc<Batch>> {
-        self.batches
-            .lock()
-            .get(&id)
-            .cloned()
-            .ok_or(EngineError::UnknownBatch(id))
+        self.batches.lock().get(&id).cloned().ok_or(EngineError::UnknownBatch(id))
     }
 
     /// Frees a batch. Refused while any of its requests is in flight.
@@ -468,15 +428,11 @@ impl TransferEngine {
         for (i, r) in requests.iter().enumerate() {
             let segment = self.segment(r.target)?;
             if r.length == 0 {
-                return Err(EngineError::InvalidArgument(format!(
-                    "request {i} has length 0"
-                )));
+                return Err(EngineError::InvalidArgument(format!("request {i} has length 0")));
             }
             let pieces = match self.plan(&segment, r) {
                 Ok(p) => Ok(p),
-                Err(PlanError::Local(msg)) => {
-                    return Err(EngineError::InvalidArgument(format!("request {i}: {msg}")))
-                }
+                Err(PlanError::Local(msg)) => return Err(EngineError::InvalidArgument(format!("request {i}: {msg}"))),
                 Err(PlanError::Remote(msg)) => Err(msg),
             };
             planned.push((segment, pieces));
@@ -494,10 +450,8 @@ impl TransferEngine {
                     continue;
                 }
             };
-            let guards: std::result::Result<Vec<_>, _> = pieces
-                .iter()
-                .map(|p| self.table.acquire_local(p.local_addr, p.len))
-                .collect();
+            let guards: std::result::Result<Vec<_>, _> =
+                pieces.iter().map(|p| self.table.acquire_local(p.local_addr, p.len)).collect();
             match guards {
                 Ok(guards) => {
                     batch.start_request(slot, pieces.len());
@@ -513,9 +467,7 @@ impl TransferEngine {
         let mut per_segment: HashMap<SegmentId, (Arc<Segment>, Vec<Slice>)> = HashMap::new();
         for (i, opcode, p, slice) in outgoing {
             let segment = &planned[i].0;
-            let entry = per_segment
-                .entry(requests[i].target)
-                .or_insert_with(|| (segment.clone(), Vec::new()));
+            let entry = per_segment.entry(requests[i].target).or_insert_with(|| (segment.clone(), Vec::new()));
             entry.1.push(Slice {
                 opcode,
                 local_addr: p.local_addr,
@@ -530,23 +482,15 @@ impl TransferEngine {
         Ok(())
     }
 
-    fn plan(
-        &self,
-        segment: &Segment,
-        r: &TransferRequest,
-    ) -> std::result::Result<Vec<Piece>, PlanError> {
+    fn plan(&self, segment: &Segment, r: &TransferRequest) -> std::result::Result<Vec<Piece>, PlanError> {
         let max = segment.transport.max_slice_len();
         let local_end = |a: u64| self.table.find(a, 1).map(|region| region.end());
         for attempt in 0..2 {
             let descriptor = segment.descriptor.read().clone();
-            match cut(r.source, r.target_offset, r.length, max, local_end, |a| {
-                descriptor.buffer_end(a)
-            }) {
+            match cut(r.source, r.target_offset, r.length, max, local_end, |a| descriptor.buffer_end(a)) {
                 Ok(pieces) => return Ok(pieces),
                 Err(CutError::Local { addr, len }) => {
-                    return Err(PlanError::Local(format!(
-                        "local range [{addr:#x}, +{len}) is not registered memory"
-                    )))
+                    return Err(PlanError::Local(format!("local range [{addr:#x}, +{len}) is not registered memory")))
                 }
                 Err(CutError::Remote { addr, len }) => {
                     // The descriptor may be stale (the target registered more memory since).
@@ -576,11 +520,7 @@ impl TransferEngine {
 
     /// Blocks until every request submitted to the batch has ended (or `timeout` passes) and
     /// returns their statuses.
-    pub fn wait_batch(
-        &self,
-        id: BatchId,
-        timeout: Option<Duration>,
-    ) -> Result<Vec<TransferStatus>> {
+    pub fn wait_batch(&self, id: BatchId, timeout: Option<Duration>) -> Result<Vec<TransferStatus>> {
         let batch = self.batch(id)?;
         batch.wait(timeout);
         Ok(batch.statuses())
@@ -588,17 +528,13 @@ impl TransferEngine {
 
     /// A future resolving to the batch's statuses once every submitted request has ended.
     pub fn batch_completion(&self, id: BatchId) -> Result<BatchCompletion> {
-        Ok(BatchCompletion {
-            batch: self.batch(id)?,
-        })
+        Ok(BatchCompletion { batch: self.batch(id)? })
     }
 
     /// Moves `requests` and blocks until all have ended; `Ok` only if all completed.
     pub fn transfer_sync(&self, requests: &[TransferRequest]) -> Result<()> {
         let id = self.allocate_batch(requests.len().max(1))?;
-        let result = self
-            .submit(id, requests)
-            .map(|()| self.wait_batch(id, None));
+        let result = self.submit(id, requests).map(|()| self.wait_batch(id, None));
         let freed = self.free_batch(id);
         let statuses = result??;
         freed?;
@@ -606,9 +542,7 @@ impl TransferEngine {
             match s {
                 TransferStatus::Completed => {}
                 TransferStatus::Failed(reason) => {
-                    return Err(EngineError::TransferFailed(format!(
-                        "request {i}: {reason}"
-                    )))
+                    return Err(EngineError::TransferFailed(format!("request {i}: {reason}")))
                 }
                 TransferStatus::TimedOut => return Err(EngineError::TimedOut),
                 TransferStatus::Pending => unreachable!("wait_batch returns once all ended"),
@@ -625,22 +559,10 @@ enum PlanError {
 
 /// A descriptor's buffers as the transports see them.
 fn remote_regions(d: &SegmentDescriptor) -> Vec<RemoteRegion> {
-    d.buffers
-        .iter()
-        .map(|b| RemoteRegion {
-            addr: b.addr,
-            len: b.length,
-            keys: b.keys.clone(),
-        })
-        .collect()
+    d.buffers.iter().map(|b| RemoteRegion { addr: b.addr, len: b.length, keys: b.keys.clone() }).collect()
 }
 
-fn describe(
-    name: &str,
-    host_id: &str,
-    endpoints: &[Endpoint],
-    table: &RegionTable,
-) -> SegmentDescriptor {
+fn describe(name: &str, host_id: &str, endpoints: &[Endpoint], table: &RegionTable) -> SegmentDescriptor {
     SegmentDescriptor {
         name: name.to_string(),
         host_id: host_id.to_string(),

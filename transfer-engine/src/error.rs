@@ -13,14 +13,8 @@ pub enum EngineError {
     #[error("unknown batch {0}")]
     UnknownBatch(u64),
     #[error("batch {id} holds {capacity} requests at most; {requested} more do not fit")]
-    BatchFull {
-        id: u64,
-        capacity: usize,
-        requested: usize,
-    },
-    #[error(
-        "batch {id} still has {pending} request(s) in flight; wait for them before freeing it"
-    )]
+    BatchFull { id: u64, capacity: usize, requested: usize },
+    #[error("batch {id} still has {pending} request(s) in flight; wait for them before freeing it")]
     BatchInFlight { id: u64, pending: usize },
     #[error("unknown segment handle {0}")]
     UnknownSegment(u64),
@@ -28,12 +22,10 @@ pub enum EngineError {
     SegmentUnreachable { name: String, reason: String },
     #[error("peer {peer} sent an invalid reply: {reason}")]
     BadPeerReply { peer: String, reason: String },
-    #[error("segment {name:?} offers no transport this engine can use (it offers: {offered}; allowed here: {allowed})")]
-    NoCommonTransport {
-        name: String,
-        offered: String,
-        allowed: String,
-    },
+    #[error(
+        "segment {name:?} offers no transport this engine can use (it offers: {offered}; allowed here: {allowed})"
+    )]
+    NoCommonTransport { name: String, offered: String, allowed: String },
     #[error("transfer failed: {0}")]
     TransferFailed(String),
     #[error("transfer timed out")]

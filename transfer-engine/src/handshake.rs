@@ -51,8 +51,7 @@ pub enum WireError {
 }
 
 pub fn write_message(w: &mut impl Write, kind: MessageKind, payload: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(payload.len())
-        .map_err(|_| io::Error::other("handshake payload too large"))?;
+    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("handshake payload too large"))?;
     let mut header = [0u8; HEADER_LEN];
     header[0..4].copy_from_slice(&MAGIC);
     header[4] = VERSION;
@@ -103,10 +102,7 @@ pub struct HandshakeServer {
 
 impl HandshakeServer {
     /// `describe` builds the current descriptor (JSON) for each request.
-    pub fn start(
-        listener: TcpListener,
-        describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>,
-    ) -> Result<Self> {
+    pub fn start(listener: TcpListener, describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>) -> Result<Self> {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -129,11 +125,7 @@ impl Drop for HandshakeServer {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
-    describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>,
-    stop: Arc<AtomicBool>,
-) {
+fn accept_loop(listener: TcpListener, describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>, stop: Arc<AtomicBool>) {
     let active = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -146,28 +138,20 @@ fn accept_loop(
         }
         active.fetch_add(1, Ordering::AcqRel);
         let (describe, active) = (describe.clone(), active.clone());
-        let spawned = std::thread::Builder::new()
-            .name("crescent-handshake-conn".into())
-            .spawn(move || {
-                let peer = stream
-                    .peer_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|_| "?".into());
-                if let Err(e) = serve(stream, describe.as_ref()) {
-                    tracing::warn!("handshake: dropping connection from {peer}: {e}");
-                }
-                active.fetch_sub(1, Ordering::AcqRel);
-            });
+        let spawned = std::thread::Builder::new().name("crescent-handshake-conn".into()).spawn(move || {
+            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+            if let Err(e) = serve(stream, describe.as_ref()) {
+                tracing::warn!("handshake: dropping connection from {peer}: {e}");
+            }
+            active.fetch_sub(1, Ordering::AcqRel);
+        });
         if let Err(e) = spawned {
             tracing::error!("handshake: cannot start a connection thread: {e}");
         }
     }
 }
 
-fn serve(
-    mut stream: TcpStream,
-    describe: &(dyn Fn() -> Vec<u8> + Send + Sync),
-) -> Result<(), WireError> {
+fn serve(mut stream: TcpStream, describe: &(dyn Fn() -> Vec<u8> + Send + Sync)) -> Result<(), WireError> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     loop {
@@ -176,9 +160,7 @@ fn serve(
             other => other?,
         };
         match kind {
-            MessageKind::GetDescriptor => {
-                write_message(&mut stream, MessageKind::Descriptor, &describe())?
-            }
+            MessageKind::GetDescriptor => write_message(&mut stream, MessageKind::Descriptor, &describe())?,
             other => {
                 let msg = format!("unexpected handshake request {other:?}");
                 write_message(&mut stream, MessageKind::Error, msg.as_bytes())?;
@@ -203,32 +185,21 @@ pub fn split_host_port(name: &str) -> Result<(String, u16)> {
 /// Asks the engine at `name` (`host:port`) for its descriptor.
 pub fn fetch_descriptor(name: &str, timeout: Duration) -> Result<SegmentDescriptor> {
     let (host, port) = split_host_port(name)?;
-    let unreachable = |reason: String| EngineError::SegmentUnreachable {
-        name: name.to_string(),
-        reason,
-    };
+    let unreachable = |reason: String| EngineError::SegmentUnreachable { name: name.to_string(), reason };
     let addr = (host.as_str(), port)
         .to_socket_addrs()
         .map_err(|e| unreachable(format!("cannot resolve {host}: {e}")))?
         .next()
         .ok_or_else(|| unreachable(format!("{host} resolves to no address")))?;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)
-        .map_err(|e| unreachable(format!("connect: {e}")))?;
+    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| unreachable(format!("connect: {e}")))?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     write_message(&mut stream, MessageKind::GetDescriptor, name.as_bytes())
         .map_err(|e| unreachable(format!("sending the request: {e}")))?;
-    let bad = |reason: String| EngineError::BadPeerReply {
-        peer: name.to_string(),
-        reason,
-    };
+    let bad = |reason: String| EngineError::BadPeerReply { peer: name.to_string(), reason };
     match read_message(&mut stream, MAX_REPLY) {
-        Ok((MessageKind::Descriptor, payload)) => {
-            SegmentDescriptor::from_json(&payload).map_err(bad)
-        }
-        Ok((MessageKind::Error, payload)) => {
-            Err(bad(String::from_utf8_lossy(&payload).into_owned()))
-        }
+        Ok((MessageKind::Descriptor, payload)) => SegmentDescriptor::from_json(&payload).map_err(bad),
+        Ok((MessageKind::Error, payload)) => Err(bad(String::from_utf8_lossy(&payload).into_owned())),
         Ok((kind, _)) => Err(bad(format!("unexpected reply {kind:?}"))),
         Err(e) => Err(bad(e.to_string())),
     }
@@ -244,38 +215,17 @@ mod tests {
         let mut buf = Vec::new();
         write_message(&mut buf, MessageKind::Descriptor, b"hello").unwrap();
         let (kind, payload) = read_message(&mut buf.as_slice(), 16).unwrap();
-        assert_eq!(
-            (kind, payload.as_slice()),
-            (MessageKind::Descriptor, &b"hello"[..])
-        );
-        assert!(matches!(
-            read_message(&mut buf.as_slice(), 4),
-            Err(WireError::Oversized { len: 5, max: 4 })
-        ));
-        assert!(matches!(
-            read_message(&mut &buf[..8], 16),
-            Err(WireError::Io(_))
-        ));
-        assert!(matches!(
-            read_message(&mut &buf[..HEADER_LEN + 2], 16),
-            Err(WireError::Io(_))
-        ));
-        assert!(matches!(
-            read_message(&mut &b""[..], 16),
-            Err(WireError::Closed)
-        ));
-        assert!(matches!(
-            read_message(&mut &b"GET / HTTP/1.1\r\n"[..], 16),
-            Err(WireError::BadMagic(_))
-        ));
+        assert_eq!((kind, payload.as_slice()), (MessageKind::Descriptor, &b"hello"[..]));
+        assert!(matches!(read_message(&mut buf.as_slice(), 4), Err(WireError::Oversized { len: 5, max: 4 })));
+        assert!(matches!(read_message(&mut &buf[..8], 16), Err(WireError::Io(_))));
+        assert!(matches!(read_message(&mut &buf[..HEADER_LEN + 2], 16), Err(WireError::Io(_))));
+        assert!(matches!(read_message(&mut &b""[..], 16), Err(WireError::Closed)));
+        assert!(matches!(read_message(&mut &b"GET / HTTP/1.1\r\n"[..], 16), Err(WireError::BadMagic(_))));
     }
 
     #[test]
     fn host_port_names() {
-        assert_eq!(
-            split_host_port("10.1.2.3:80").unwrap(),
-            ("10.1.2.3".into(), 80)
-        );
+        assert_eq!(split_host_port("10.1.2.3:80").unwrap(), ("10.1.2.3".into(), 80));
         assert_eq!(split_host_port("[::1]:9").unwrap(), ("::1".into(), 9));
         for bad in ["nohost", ":80", "a:0", "a:70000", "a:b"] {
             assert!(split_host_port(bad).is_err(), "{bad}");

@@ -8,10 +8,7 @@ pub fn default_advertise_host() -> String {
     if_addrs::get_if_addrs()
         .ok()
         .and_then(|ifs| {
-            ifs.into_iter()
-                .filter(|i| !i.is_loopback())
-                .map(|i| i.ip())
-                .find(|ip| matches!(ip, IpAddr::V4(_)))
+            ifs.into_iter().filter(|i| !i.is_loopback()).map(|i| i.ip()).find(|ip| matches!(ip, IpAddr::V4(_)))
         })
         .map(|ip| ip.to_string())
         .unwrap_or_else(|| "127.0.0.1".to_string())

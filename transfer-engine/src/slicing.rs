@@ -49,20 +49,10 @@ pub fn cut(
     let mut done = 0;
     while done < len {
         let (l, r) = (local + done, remote + done);
-        let le = local_end(l).filter(|&e| e > l).ok_or(CutError::Local {
-            addr: l,
-            len: len - done,
-        })?;
-        let re = remote_end(r).filter(|&e| e > r).ok_or(CutError::Remote {
-            addr: r,
-            len: len - done,
-        })?;
+        let le = local_end(l).filter(|&e| e > l).ok_or(CutError::Local { addr: l, len: len - done })?;
+        let re = remote_end(r).filter(|&e| e > r).ok_or(CutError::Remote { addr: r, len: len - done })?;
         let n = (len - done).min(max).min(le - l).min(re - r);
-        pieces.push(Piece {
-            local_addr: l,
-            remote_addr: r,
-            len: n,
-        });
+        pieces.push(Piece { local_addr: l, remote_addr: r, len: n });
         done += n;
     }
     Ok(pieces)
@@ -74,101 +64,37 @@ mod tests {
     use proptest::prelude::*;
 
     fn ends(regions: &'static [(u64, u64)]) -> impl Fn(u64) -> Option<u64> {
-        move |a| {
-            regions
-                .iter()
-                .find(|(s, l)| a >= *s && a < s + l)
-                .map(|(s, l)| s + l)
-        }
+        move |a| regions.iter().find(|(s, l)| a >= *s && a < s + l).map(|(s, l)| s + l)
     }
 
     #[test]
     fn cuts_at_max_len() {
-        let p = cut(
-            0x1000,
-            0x9000,
-            10,
-            4,
-            ends(&[(0x1000, 100)]),
-            ends(&[(0x9000, 100)]),
-        )
-        .unwrap();
+        let p = cut(0x1000, 0x9000, 10, 4, ends(&[(0x1000, 100)]), ends(&[(0x9000, 100)])).unwrap();
         assert_eq!(p.iter().map(|p| p.len).collect::<Vec<_>>(), vec![4, 4, 2]);
-        assert_eq!(
-            p[1],
-            Piece {
-                local_addr: 0x1004,
-                remote_addr: 0x9004,
-                len: 4
-            }
-        );
+        assert_eq!(p[1], Piece { local_addr: 0x1004, remote_addr: 0x9004, len: 4 });
     }
 
     #[test]
     fn cuts_at_both_sides_region_boundaries() {
         // local regions [0x1000,+6) [0x1006,+100); remote [0x9000,+3) [0x9003,+100)
-        let p = cut(
-            0x1000,
-            0x9000,
-            10,
-            64,
-            ends(&[(0x1000, 6), (0x1006, 100)]),
-            ends(&[(0x9000, 3), (0x9003, 100)]),
-        )
-        .unwrap();
+        let p = cut(0x1000, 0x9000, 10, 64, ends(&[(0x1000, 6), (0x1006, 100)]), ends(&[(0x9000, 3), (0x9003, 100)]))
+            .unwrap();
         assert_eq!(p.iter().map(|p| p.len).collect::<Vec<_>>(), vec![3, 3, 4]);
     }
 
     #[test]
     fn gaps_and_empty_requests_fail() {
         assert_eq!(
-            cut(
-                0x1000,
-                0x9000,
-                20,
-                64,
-                ends(&[(0x1000, 10)]),
-                ends(&[(0x9000, 100)])
-            ),
-            Err(CutError::Local {
-                addr: 0x100a,
-                len: 10
-            })
+            cut(0x1000, 0x9000, 20, 64, ends(&[(0x1000, 10)]), ends(&[(0x9000, 100)])),
+            Err(CutError::Local { addr: 0x100a, len: 10 })
         );
         assert_eq!(
-            cut(
-                0x1000,
-                0x9000,
-                20,
-                64,
-                ends(&[(0x1000, 100)]),
-                ends(&[(0x9000, 19)])
-            ),
-            Err(CutError::Remote {
-                addr: 0x9013,
-                len: 1
-            })
+            cut(0x1000, 0x9000, 20, 64, ends(&[(0x1000, 100)]), ends(&[(0x9000, 19)])),
+            Err(CutError::Remote { addr: 0x9013, len: 1 })
         );
-        assert_eq!(
-            cut(
-                0x1000,
-                0x9000,
-                0,
-                64,
-                ends(&[(0x1000, 100)]),
-                ends(&[(0x9000, 100)])
-            ),
-            Err(CutError::Empty)
-        );
+        assert_eq!(cut(0x1000, 0x9000, 0, 64, ends(&[(0x1000, 100)]), ends(&[(0x9000, 100)])), Err(CutError::Empty));
         assert!(matches!(
-            cut(
-                u64::MAX - 1,
-                0x9000,
-                4,
-                64,
-                |_| Some(u64::MAX),
-                ends(&[(0x9000, 100)])
-            ),
+            cut(u64::MAX - 1, 0x9000, 4, 64, |_| Some(u64::MAX), ends(&[(0x9000, 100)])),
             Err(CutError::Local { .. })
         ));
     }

@@ -32,9 +32,7 @@ impl SharedMemory {
     /// 2 MiB, and pre-faults the pages so that the first transfers do not pay for them.
     pub fn allocate(len: u64, name: &str) -> Result<Self, TransportError> {
         if len == 0 {
-            return Err(TransportError::InvalidArgument(
-                "cannot allocate 0 bytes of registered memory".into(),
-            ));
+            return Err(TransportError::InvalidArgument("cannot allocate 0 bytes of registered memory".into()));
         }
         let alloc_err = |source: io::Error| TransportError::Alloc { len, source };
         if len.is_multiple_of(HUGE_PAGE) {
@@ -52,8 +50,7 @@ impl SharedMemory {
         }
         let fd = memfd_create(name, flags)?;
         ftruncate(&fd, len)?;
-        let size =
-            usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let size = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: a fresh shared mapping of a memfd we own and sized above; no existing memory
         // is touched. MAP_POPULATE pre-faults it (fails with ENOMEM for missing huge pages).
         let ptr = unsafe {
@@ -66,14 +63,8 @@ impl SharedMemory {
                 0,
             )?
         };
-        let ptr =
-            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(SharedMemory {
-            ptr,
-            len,
-            fd,
-            huge_pages,
-        })
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(SharedMemory { ptr, len, fd, huge_pages })
     }
 
     pub fn addr(&self) -> u64 {
@@ -117,8 +108,7 @@ mod tests {
         let mem = SharedMemory::allocate(3 << 20, "crescent-test").unwrap();
         assert_eq!(mem.len(), 3 << 20);
         // SAFETY: test-only access to memory we own.
-        let bytes =
-            unsafe { std::slice::from_raw_parts_mut(mem.addr() as *mut u8, mem.len() as usize) };
+        let bytes = unsafe { std::slice::from_raw_parts_mut(mem.addr() as *mut u8, mem.len() as usize) };
         assert!(bytes.iter().all(|&b| b == 0));
         bytes[12345] = 7;
         assert_eq!(bytes[12345], 7);

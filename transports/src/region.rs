@@ -60,12 +60,7 @@ impl std::fmt::Debug for Region {
 }
 
 impl Region {
-    pub fn new(
-        addr: u64,
-        len: u64,
-        location: impl Into<String>,
-        owner: Option<Arc<dyn Any + Send + Sync>>,
-    ) -> Self {
+    pub fn new(addr: u64, len: u64, location: impl Into<String>, owner: Option<Arc<dyn Any + Send + Sync>>) -> Self {
         Region {
             addr,
             len,
@@ -173,9 +168,7 @@ impl RegionTable {
     pub fn insert(&self, region: Region) -> Result<Arc<Region>, TransportError> {
         let (addr, len) = (region.addr, region.len);
         if len == 0 {
-            return Err(TransportError::InvalidArgument(format!(
-                "region at {addr:#x} has length 0"
-            )));
+            return Err(TransportError::InvalidArgument(format!("region at {addr:#x} has length 0")));
         }
         if addr == 0 || addr.checked_add(len).is_none() {
             return Err(TransportError::InvalidArgument(format!(
@@ -209,10 +202,7 @@ impl RegionTable {
     pub fn remove(&self, addr: u64, wait: Duration) -> Result<Arc<Region>, TransportError> {
         let region = {
             let mut map = self.regions.write();
-            let region = map
-                .get(&addr)
-                .cloned()
-                .ok_or(TransportError::NotRegistered(addr))?;
+            let region = map.get(&addr).cloned().ok_or(TransportError::NotRegistered(addr))?;
             let inflight = region.inflight();
             if inflight > 0 {
                 return Err(TransportError::RegionBusy {
@@ -229,10 +219,7 @@ impl RegionTable {
             true => Ok(region),
             false => {
                 self.regions.write().insert(addr, region.clone());
-                Err(TransportError::RegionBusy {
-                    addr,
-                    why: format!("a peer's access did not end within {wait:?}"),
-                })
+                Err(TransportError::RegionBusy { addr, why: format!("a peer's access did not end within {wait:?}") })
             }
         }
     }
@@ -257,9 +244,7 @@ impl RegionTable {
             ))
         })?;
         region.inflight.fetch_add(1, Ordering::AcqRel);
-        Ok(InflightGuard {
-            region: region.clone(),
-        })
+        Ok(InflightGuard { region: region.clone() })
     }
 
     /// Target side: grants a peer access to `[addr, addr+len)` if it lies inside one
@@ -267,12 +252,7 @@ impl RegionTable {
     pub fn access(&self, addr: u64, len: u64) -> Option<RegionAccess> {
         let region = self.find(addr, len)?;
         let lock = region.access.read_arc();
-        Some(RegionAccess {
-            addr,
-            len,
-            _region: region,
-            _lock: lock,
-        })
+        Some(RegionAccess { addr, len, _region: region, _lock: lock })
     }
 
     /// Every registered region, in address order.
@@ -298,10 +278,7 @@ mod tests {
         let t = table_with(&[(0x1000, 0x1000)]);
         for (a, l) in [(0x1000, 1), (0x1fff, 1), (0x800, 0x801), (0x800, 0x2000)] {
             let err = t.insert(Region::new(a, l, "cpu:0", None)).unwrap_err();
-            assert!(
-                matches!(err, TransportError::Overlap { other: 0x1000, .. }),
-                "{a:#x}+{l}: {err}"
-            );
+            assert!(matches!(err, TransportError::Overlap { other: 0x1000, .. }), "{a:#x}+{l}: {err}");
         }
         // Adjacent on both sides is fine.
         t.insert(Region::new(0x800, 0x800, "cpu:0", None)).unwrap();
@@ -312,9 +289,7 @@ mod tests {
     fn invalid_ranges_are_rejected() {
         let t = RegionTable::new();
         assert!(t.insert(Region::new(0x1000, 0, "cpu:0", None)).is_err());
-        assert!(t
-            .insert(Region::new(u64::MAX - 4, 10, "cpu:0", None))
-            .is_err());
+        assert!(t.insert(Region::new(u64::MAX - 4, 10, "cpu:0", None)).is_err());
         assert!(t.insert(Region::new(0, 10, "cpu:0", None)).is_err());
     }
 
@@ -323,10 +298,7 @@ mod tests {
         let t = table_with(&[(0x1000, 0x1000), (0x2000, 0x1000)]);
         assert!(t.access(0x1000, 0x1000).is_some());
         assert!(t.access(0x1fff, 1).is_some());
-        assert!(
-            t.access(0x1fff, 2).is_none(),
-            "a single access never spans two regions"
-        );
+        assert!(t.access(0x1fff, 2).is_none(), "a single access never spans two regions");
         assert!(t.access(0xfff, 1).is_none());
         assert!(t.access(0x3000, 1).is_none());
         assert!(t.access(u64::MAX, 2).is_none());

@@ -42,18 +42,13 @@ pub struct Completion {
 
 impl std::fmt::Debug for Completion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Completion")
-            .field("slice", &self.slice)
-            .finish()
+        f.debug_struct("Completion").field("slice", &self.slice).finish()
     }
 }
 
 impl Completion {
     pub fn new(sink: Arc<dyn CompletionSink>, slice: usize) -> Self {
-        Completion {
-            sink: Some(sink),
-            slice,
-        }
+        Completion { sink: Some(sink), slice }
     }
 
     /// Runs `f` while holding the slice's claim on its local memory. Returns `None` without
@@ -67,10 +62,7 @@ impl Completion {
     /// deferred until the access ends).
     pub fn local_access(&self) -> Option<LocalAccess> {
         let sink = self.sink.clone()?;
-        Some(LocalAccess {
-            sink,
-            slice: self.slice,
-        })
+        Some(LocalAccess { sink, slice: self.slice })
     }
 
     /// Claims the slice's local memory until the returned guard is dropped: for a transport
@@ -79,10 +71,7 @@ impl Completion {
     /// the claim: its end is then reported once the claim is released.
     pub fn claim_local(&self) -> Option<LocalClaim> {
         let sink = self.sink.clone()?;
-        sink.begin_local_access(self.slice).then_some(LocalClaim {
-            sink,
-            slice: self.slice,
-        })
+        sink.begin_local_access(self.slice).then_some(LocalClaim { sink, slice: self.slice })
     }
 
     pub fn complete(mut self, outcome: SliceOutcome) {
@@ -99,10 +88,7 @@ impl Completion {
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
-            sink.complete(
-                self.slice,
-                SliceOutcome::Failed("the transport dropped the slice".into()),
-            );
+            sink.complete(self.slice, SliceOutcome::Failed("the transport dropped the slice".into()));
         }
     }
 }
@@ -138,9 +124,7 @@ pub struct LocalClaim {
 
 impl std::fmt::Debug for LocalClaim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalClaim")
-            .field("slice", &self.slice)
-            .finish()
+        f.debug_struct("LocalClaim").field("slice", &self.slice).finish()
     }
 }
 

@@ -48,9 +48,9 @@ impl FromStr for TransportKind {
             "tcp" => Ok(TransportKind::Tcp),
             "rdma" => Ok(TransportKind::Rdma),
             "shm" => Ok(TransportKind::Shm),
-            other => Err(TransportError::InvalidArgument(format!(
-                "unknown protocol {other:?} (expected tcp, rdma or shm)"
-            ))),
+            other => {
+                Err(TransportError::InvalidArgument(format!("unknown protocol {other:?} (expected tcp, rdma or shm)")))
+            }
         }
     }
 }
@@ -85,11 +85,7 @@ impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Endpoint::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
-            Endpoint::Rdma {
-                host,
-                port,
-                devices,
-            } => write!(f, "rdma://{host}:{port}[{}]", devices.join(",")),
+            Endpoint::Rdma { host, port, devices } => write!(f, "rdma://{host}:{port}[{}]", devices.join(",")),
         }
     }
 }

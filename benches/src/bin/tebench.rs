@@ -16,8 +16,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use crescent_benches::{init_logging, pattern, report};
 use crescent_engine::{
-    parse_device_list, parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine,
-    TransferRequest, TransferStatus, TransportKind,
+    parse_device_list, parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
+    TransferStatus, TransportKind,
 };
 use hdrhistogram::Histogram;
 
@@ -51,18 +51,10 @@ struct EngineArgs {
     #[arg(long, visible_alias = "gid_index")]
     gid_index: Option<u32>,
     /// Metadata service; P2PHANDSHAKE asks the peer itself.
-    #[arg(
-        long,
-        visible_alias = "metadata_server",
-        default_value = "P2PHANDSHAKE"
-    )]
+    #[arg(long, visible_alias = "metadata_server", default_value = "P2PHANDSHAKE")]
     metadata_server: String,
     /// Address (or host:port) peers use to reach this process.
-    #[arg(
-        long,
-        visible_alias = "local_server_name",
-        visible_alias = "local-server-name"
-    )]
+    #[arg(long, visible_alias = "local_server_name", visible_alias = "local-server-name")]
     local_hostname: Option<String>,
     /// Handshake port (0: any free port).
     #[arg(long, default_value_t = 0)]
@@ -179,9 +171,7 @@ fn main() {
 
 fn run_target(args: TargetArgs) -> Result<()> {
     let engine = engine(&args.engine)?;
-    let buf = engine
-        .alloc_registered(args.buffer_size, "cpu:0")
-        .context("allocating the target buffer")?;
+    let buf = engine.alloc_registered(args.buffer_size, "cpu:0").context("allocating the target buffer")?;
     if args.pattern {
         // SAFETY: nothing can transfer yet: the segment name is printed below.
         pattern::fill(unsafe { buf.as_mut_slice() }, 0, 0);
@@ -195,11 +185,7 @@ fn run_target(args: TargetArgs) -> Result<()> {
         "tebench target: serving {} at {:#x} ({} pages); Ctrl-C to stop",
         report::fmt_bytes(buf.len()),
         buf.addr(),
-        if buf.shared_memory().huge_pages() {
-            "huge"
-        } else {
-            "normal"
-        }
+        if buf.shared_memory().huge_pages() { "huge" } else { "normal" }
     );
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
@@ -216,17 +202,11 @@ struct ThreadResult {
 }
 
 fn run_initiator(args: InitiatorArgs) -> Result<()> {
-    if args.batch_size == 0
-        || args.threads == 0
-        || !args.duration.is_finite()
-        || args.duration <= 0.0
-    {
+    if args.batch_size == 0 || args.threads == 0 || !args.duration.is_finite() || args.duration <= 0.0 {
         bail!("--batch-size, --threads and --duration must be positive");
     }
     let engine = engine(&args.engine)?;
-    let target = engine
-        .open_segment(&args.segment)
-        .with_context(|| format!("opening segment {}", args.segment))?;
+    let target = engine.open_segment(&args.segment).with_context(|| format!("opening segment {}", args.segment))?;
     let descriptor = engine.segment_descriptor(target)?;
     let remote = descriptor
         .buffers
@@ -242,33 +222,20 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         (MAX_LOCAL_WINDOW / args.block_size).clamp(1, args.batch_size as u64)
     };
     if remote.length < args.block_size {
-        bail!(
-            "the target's buffer ({} bytes) is smaller than one block",
-            remote.length
-        );
+        bail!("the target's buffer ({} bytes) is smaller than one block", remote.length);
     }
     let protocol = engine.segment_transport(target)?;
     let bytes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let locals = (0..args.threads)
-        .map(|_| {
-            engine.alloc_registered(
-                local_blocks * args.block_size * if args.verify { 2 } else { 1 },
-                "cpu:0",
-            )
-        })
+        .map(|_| engine.alloc_registered(local_blocks * args.block_size * if args.verify { 2 } else { 1 }, "cpu:0"))
         .collect::<Result<Vec<_>, _>>()
         .context("allocating local buffers")?;
     let started = Instant::now();
     let mut handles = Vec::new();
     for (t, local) in locals.into_iter().enumerate() {
         let (engine, bytes, stop) = (engine.clone(), bytes.clone(), stop.clone());
-        let (op, block, batch, verify) = (
-            args.operation,
-            args.block_size,
-            args.batch_size,
-            args.verify,
-        );
+        let (op, block, batch, verify) = (args.operation, args.block_size, args.batch_size, args.verify);
         let threads = args.threads;
         let (remote_base, remote_len) = (remote.addr, remote.length);
         handles.push(std::thread::spawn(move || {
@@ -312,9 +279,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
     let mut hist = Histogram::<u64>::new(3)?;
     let (mut errors, mut first_error, mut mismatch) = (0, None, None);
     for h in handles {
-        let r = h
-            .join()
-            .map_err(|_| anyhow::anyhow!("an initiator thread panicked"))??;
+        let r = h.join().map_err(|_| anyhow::anyhow!("an initiator thread panicked"))??;
         hist.add(&r.hist)?;
         errors += r.errors;
         first_error = first_error.or(r.first_error);
@@ -323,16 +288,8 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     let total = bytes.load(Ordering::Relaxed);
     let gbps = report::gb_per_s(total, elapsed);
-    let op = if args.operation == Operation::Read {
-        "read"
-    } else {
-        "write"
-    };
-    let (p50, p99, p999) = (
-        hist.value_at_quantile(0.5),
-        hist.value_at_quantile(0.99),
-        hist.value_at_quantile(0.999),
-    );
+    let op = if args.operation == Operation::Read { "read" } else { "write" };
+    let (p50, p99, p999) = (hist.value_at_quantile(0.5), hist.value_at_quantile(0.99), hist.value_at_quantile(0.999));
     println!(
         "tebench {op} {} x {} per batch, {} thread(s), {protocol}: {gbps:.2} GB/s ({} in {elapsed:.1} s, {} batches); batch latency p50 {} p99 {} p999 {}",
         report::fmt_bytes(args.block_size),
@@ -358,10 +315,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         bail!("data verification failed: {m}");
     }
     if errors > 0 {
-        bail!(
-            "{errors} request(s) failed; first: {}",
-            first_error.unwrap_or_default()
-        );
+        bail!("{errors} request(s) failed; first: {}", first_error.unwrap_or_default());
     }
     Ok(())
 }
@@ -382,12 +336,7 @@ fn initiator_thread(
     bytes: &AtomicU64,
     stop: &AtomicBool,
 ) -> Result<ThreadResult> {
-    let mut result = ThreadResult {
-        hist: Histogram::new(3)?,
-        errors: 0,
-        first_error: None,
-        mismatch: None,
-    };
+    let mut result = ThreadResult { hist: Histogram::new(3)?, errors: 0, first_error: None, mismatch: None };
     let local_blocks = (local.len() / block / if verify { 2 } else { 1 }).max(1);
     // Each thread owns its own share of the target's blocks, so written blocks read back as written.
     let share = (remote_len / block / threads as u64).max(1);
@@ -395,22 +344,14 @@ fn initiator_thread(
     let window = block * batch as u64;
     let mut iteration: u64 = 0;
     while !stop.load(Ordering::Relaxed) && result.mismatch.is_none() {
-        let offsets: Vec<u64> = (0..batch as u64)
-            .map(|j| (first_block + (iteration * batch as u64 + j) % share) * block)
-            .collect();
-        let opcode = if op == Operation::Read {
-            Opcode::Read
-        } else {
-            Opcode::Write
-        };
+        let offsets: Vec<u64> =
+            (0..batch as u64).map(|j| (first_block + (iteration * batch as u64 + j) % share) * block).collect();
+        let opcode = if op == Operation::Read { Opcode::Read } else { Opcode::Write };
         let seed = (thread as u64) << 32 | iteration;
         if verify && op == Operation::Write {
             // SAFETY: no transfer of this thread's buffer is in flight between batches.
             let buf = unsafe { local.as_mut_slice() };
-            for (j, chunk) in buf[..window as usize]
-                .chunks_mut(block as usize)
-                .enumerate()
-            {
+            for (j, chunk) in buf[..window as usize].chunks_mut(block as usize).enumerate() {
                 pattern::fill(chunk, seed, offsets[j]);
             }
         }
@@ -437,25 +378,13 @@ fn initiator_thread(
                 TransferStatus::Completed => ok += 1,
                 other => {
                     result.errors += 1;
-                    result
-                        .first_error
-                        .get_or_insert_with(|| format!("{other:?}"));
+                    result.first_error.get_or_insert_with(|| format!("{other:?}"));
                 }
             }
         }
         bytes.fetch_add(ok * block, Ordering::Relaxed);
         if verify && result.errors == 0 {
-            result.mismatch = verify_batch(
-                engine,
-                target,
-                &local,
-                op,
-                block,
-                &offsets,
-                seed,
-                remote_base,
-                window,
-            )?;
+            result.mismatch = verify_batch(engine, target, &local, op, block, &offsets, seed, remote_base, window)?;
         }
         if result.errors > 0 {
             break;
@@ -503,9 +432,7 @@ fn verify_batch(
     for (j, &off) in offsets.iter().enumerate() {
         let start = base + j * block as usize;
         if let Some(at) = pattern::first_mismatch(&buf[start..start + block as usize], seed, off) {
-            return Ok(Some(format!(
-                "byte at remote offset {at} differs from what was expected"
-            )));
+            return Ok(Some(format!("byte at remote offset {at} differs from what was expected")));
         }
     }
     Ok(None)

@@ -102,12 +102,7 @@ impl Device {
             if n == 0 {
                 return 0;
             }
-            match self.cq_used.compare_exchange_weak(
-                used,
-                used + n,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match self.cq_used.compare_exchange_weak(used, used + n, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return n,
                 Err(now) => used = now,
             }
@@ -149,19 +144,14 @@ pub fn open_devices(verbs: &Arc<Verbs>, config: &RdmaConfig) -> Result<Vec<Arc<D
         } else {
             format!("listing devices failed: {e}")
         };
-        return Err(format!(
-            "no RDMA device found{} ({cause})",
-            asked_for(config)
-        ));
+        return Err(format!("no RDMA device found{} ({cause})", asked_for(config)));
     }
     let mut names = Vec::new();
     for i in 0..count.max(0) as usize {
         // SAFETY: `list` holds `count` valid device pointers.
         let dev = unsafe { *list.add(i) };
         // SAFETY: a valid device; the name is a NUL-terminated string owned by it.
-        let name = unsafe { CStr::from_ptr((verbs.get_device_name)(dev)) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr((verbs.get_device_name)(dev)) }.to_string_lossy().into_owned();
         names.push((name, dev));
     }
     let result = open_selected(verbs, config, &names);
@@ -197,11 +187,7 @@ fn open_selected(
         let Some((_, dev)) = found.iter().find(|(n, _)| n == name) else {
             problems.push(format!(
                 "{name}: no such device (present: {})",
-                found
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                found.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
             ));
             continue;
         };
@@ -254,12 +240,7 @@ fn open_one(
     if ctx.is_null() {
         return Err(format!("cannot open: {}", os_err()));
     }
-    let mut opened = Opened {
-        verbs: verbs.clone(),
-        ctx,
-        pd: std::ptr::null_mut(),
-        channel: std::ptr::null_mut(),
-    };
+    let mut opened = Opened { verbs: verbs.clone(), ctx, pd: std::ptr::null_mut(), channel: std::ptr::null_mut() };
     // SAFETY: all-zero is valid for this struct of integers; the library fills it.
     let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
     // SAFETY: a valid context and a buffer of the mirrored (checked) size.
@@ -271,9 +252,7 @@ fn open_one(
         // SAFETY: zeroed integers; `PortAttrBuf` leaves spare room after the known fields.
         let mut buf: ffi::PortAttrBuf = unsafe { std::mem::zeroed() };
         // SAFETY: a valid context, an existing port number and a large enough buffer.
-        if unsafe { (verbs.query_port)(ctx, p, &mut buf.attr) } == 0
-            && buf.attr.state == ffi::IBV_PORT_ACTIVE
-        {
+        if unsafe { (verbs.query_port)(ctx, p, &mut buf.attr) } == 0 && buf.attr.state == ffi::IBV_PORT_ACTIVE {
             port = Some((p, buf.attr));
             break;
         }
@@ -282,10 +261,7 @@ fn open_one(
     let gid_index = match config.gid_index {
         Some(i) => {
             if i as i32 >= pattr.gid_tbl_len {
-                return Err(format!(
-                    "GID index {i} is out of range (the port has {} GIDs)",
-                    pattr.gid_tbl_len
-                ));
+                return Err(format!("GID index {i} is out of range (the port has {} GIDs)", pattr.gid_tbl_len));
             }
             i
         }
@@ -294,21 +270,16 @@ fn open_one(
     let mut gid = ibv_gid::default();
     // SAFETY: a valid context, port and index; `gid` is 16 writable bytes.
     if unsafe { (verbs.query_gid)(ctx, port, gid_index as i32, &mut gid) } != 0 {
-        return Err(format!(
-            "cannot read GID {gid_index} of port {port}: {}",
-            os_err()
-        ));
+        return Err(format!("cannot read GID {gid_index} of port {port}: {}", os_err()));
     }
     if pattr.link_layer == ffi::IBV_LINK_LAYER_ETHERNET && gid.raw == [0; 16] {
-        return Err(format!(
-            "GID {gid_index} of port {port} is empty (RoCE needs an address on the netdev)"
-        ));
+        return Err(format!("GID {gid_index} of port {port} is empty (RoCE needs an address on the netdev)"));
     }
     let active = pattr.active_mtu.clamp(1, 5);
     let mtu = match config.mtu {
         Some(bytes) => {
-            let want = mtu_enum(bytes)
-                .ok_or_else(|| format!("MTU {bytes} is not one of 256, 512, 1024, 2048, 4096"))?;
+            let want =
+                mtu_enum(bytes).ok_or_else(|| format!("MTU {bytes} is not one of 256, 512, 1024, 2048, 4096"))?;
             want.min(active)
         }
         None => active,
@@ -334,10 +305,7 @@ fn open_one(
     // SAFETY: a valid context and channel; no per-CQ context pointer.
     let cq = unsafe { (verbs.create_cq)(ctx, cqe as i32, std::ptr::null_mut(), channel, 0) };
     if cq.is_null() {
-        return Err(format!(
-            "cannot create a completion queue of {cqe} entries: {}",
-            os_err()
-        ));
+        return Err(format!("cannot create a completion queue of {cqe} entries: {}", os_err()));
     }
     // SAFETY: the CQ was just created; the library wrote its real size.
     let cq_capacity = unsafe { (*cq).cqe }.max(1) as usize;
@@ -400,25 +368,20 @@ fn auto_gid_index(
             continue;
         }
         empty_run = 0;
-        let kind = std::fs::read_to_string(format!(
-            "/sys/class/infiniband/{name}/ports/{port}/gid_attrs/types/{i}"
-        ))
-        .unwrap_or_default();
+        let kind = std::fs::read_to_string(format!("/sys/class/infiniband/{name}/ports/{port}/gid_attrs/types/{i}"))
+            .unwrap_or_default();
         let rank = gid_rank(&gid.raw, kind.trim());
         if best.is_none_or(|(r, _)| rank > r) {
             best = Some((rank, i));
         }
     }
-    best.map(|(_, i)| i)
-        .ok_or_else(|| format!("port {port} has no usable GID (no IP address on its netdev?)"))
+    best.map(|(_, i)| i).ok_or_else(|| format!("port {port} has no usable GID (no IP address on its netdev?)"))
 }
 
 /// Ranks a GID for RoCE: 3 = RoCE v2 + IPv4-mapped, 2 = RoCE v2, 1 = other.
 pub fn gid_rank(raw: &[u8; 16], kind: &str) -> u8 {
     let v2 = kind.eq_ignore_ascii_case("RoCE v2");
-    let mapped = std::net::Ipv6Addr::from(*raw)
-        .to_ipv4_mapped()
-        .is_some_and(|v4: Ipv4Addr| !v4.is_unspecified());
+    let mapped = std::net::Ipv6Addr::from(*raw).to_ipv4_mapped().is_some_and(|v4: Ipv4Addr| !v4.is_unspecified());
     match (v2, mapped) {
         (true, true) => 3,
         (true, false) => 2,
@@ -432,9 +395,7 @@ mod tests {
 
     #[test]
     fn roce_v2_ipv4_mapped_gids_rank_first() {
-        let mapped: [u8; 16] = std::net::Ipv4Addr::new(192, 0, 2, 1)
-            .to_ipv6_mapped()
-            .octets();
+        let mapped: [u8; 16] = std::net::Ipv4Addr::new(192, 0, 2, 1).to_ipv6_mapped().octets();
         let link_local: [u8; 16] = "fe80::1".parse::<std::net::Ipv6Addr>().unwrap().octets();
         assert_eq!(gid_rank(&mapped, "RoCE v2"), 3);
         assert_eq!(gid_rank(&link_local, "RoCE v2"), 2);

@@ -34,8 +34,7 @@ pub struct ibv_srq {
 
 pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
 pub type ReqNotifyCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
-pub type PostSendFn =
-    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+pub type PostSendFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
 
 /// `struct ibv_context_ops`: 32 function pointers, of which three are called directly.
 #[repr(C)]
@@ -376,16 +375,10 @@ pub struct Verbs {
     pub dereg_mr: unsafe extern "C" fn(*mut ibv_mr) -> c_int,
     pub create_comp_channel: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel,
     pub destroy_comp_channel: unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int,
-    pub create_cq: unsafe extern "C" fn(
-        *mut ibv_context,
-        c_int,
-        *mut c_void,
-        *mut ibv_comp_channel,
-        c_int,
-    ) -> *mut ibv_cq,
+    pub create_cq:
+        unsafe extern "C" fn(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq,
     pub destroy_cq: unsafe extern "C" fn(*mut ibv_cq) -> c_int,
-    pub get_cq_event:
-        unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
+    pub get_cq_event: unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
     pub ack_cq_events: unsafe extern "C" fn(*mut ibv_cq, c_uint),
     pub create_qp: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
@@ -655,19 +648,14 @@ mod tests {
     fn layouts_match_the_system_header() {
         let header = Path::new("/usr/include/infiniband/verbs.h");
         if !header.exists() {
-            eprintln!(
-                "skipped: {} is not installed (libibverbs-dev)",
-                header.display()
-            );
+            eprintln!("skipped: {} is not installed (libibverbs-dev)", header.display());
             return;
         }
-        let dir =
-            std::env::temp_dir().join(format!("crescent-verbs-layout-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("crescent-verbs-layout-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let table = layout_table();
-        let mut src = String::from(
-            "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n",
-        );
+        let mut src =
+            String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");
         for (expr, _) in &table {
             src.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));
         }
@@ -682,18 +670,10 @@ mod tests {
                 return;
             }
         };
-        assert!(
-            cc.status.success(),
-            "compiling the layout probe failed:\n{}",
-            String::from_utf8_lossy(&cc.stderr)
-        );
+        assert!(cc.status.success(), "compiling the layout probe failed:\n{}", String::from_utf8_lossy(&cc.stderr));
         let out = Command::new(&exe).output().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
-        let values: Vec<usize> = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(|l| l.parse().unwrap())
-            .collect();
+        let values: Vec<usize> = String::from_utf8(out.stdout).unwrap().lines().map(|l| l.parse().unwrap()).collect();
         assert_eq!(values.len(), table.len());
         let wrong: Vec<String> = table
             .iter()
@@ -706,9 +686,7 @@ mod tests {
 
     #[test]
     fn a_missing_library_is_an_error_naming_it() {
-        let err = Verbs::load(Some("libcrescent-no-such-verbs.so.1"))
-            .err()
-            .expect("loading a missing library fails");
+        let err = Verbs::load(Some("libcrescent-no-such-verbs.so.1")).err().expect("loading a missing library fails");
         assert!(err.contains("libcrescent-no-such-verbs.so.1"), "{err}");
     }
 }

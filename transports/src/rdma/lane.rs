@@ -130,11 +130,7 @@ impl Lane {
             posted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
         });
-        lane.qp
-            .device
-            .lanes
-            .write()
-            .insert(lane.qp.qpn, Arc::downgrade(&lane));
+        lane.qp.device.lanes.write().insert(lane.qp.qpn, Arc::downgrade(&lane));
         lane
     }
 
@@ -167,10 +163,7 @@ impl Lane {
     pub fn enqueue(self: &Arc<Self>, works: Vec<Work>) -> Leftovers {
         let mut st = self.state.lock();
         if st.broken.is_some() {
-            return Leftovers {
-                done: Vec::new(),
-                reroute: works,
-            };
+            return Leftovers { done: Vec::new(), reroute: works };
         }
         st.queue.extend(works);
         self.pump_locked(&mut st)
@@ -181,10 +174,7 @@ impl Lane {
         let mut st = self.state.lock();
         if st.broken.is_some() {
             let reroute = st.queue.drain(..).collect();
-            return Leftovers {
-                done: Vec::new(),
-                reroute,
-            };
+            return Leftovers { done: Vec::new(), reroute };
         }
         self.pump_locked(&mut st)
     }
@@ -216,8 +206,7 @@ impl Lane {
                         Some(c) => work.claim = Some(c),
                         None => {
                             // The slice already ended (timed out): nothing to move.
-                            out.done
-                                .push((work, SliceOutcome::Failed("slice ended".into())));
+                            out.done.push((work, SliceOutcome::Failed("slice ended".into())));
                             continue;
                         }
                     }
@@ -230,8 +219,7 @@ impl Lane {
                     out.done.push((work, SliceOutcome::Failed(reason)));
                     continue;
                 };
-                let Some(rkey) = remote.rkey(work.remote_addr, work.len, &self.remote_device)
-                else {
+                let Some(rkey) = remote.rkey(work.remote_addr, work.len, &self.remote_device) else {
                     let reason = format!(
                         "{}: {} lists no key of device {} for that range",
                         work.describe(),
@@ -248,11 +236,7 @@ impl Lane {
                         st.slots.len() - 1
                     }
                 };
-                sges.push(ibv_sge {
-                    addr: work.local_addr,
-                    length: work.len as u32,
-                    lkey,
-                });
+                sges.push(ibv_sge { addr: work.local_addr, length: work.len as u32, lkey });
                 let mut wr = ibv_send_wr::zeroed();
                 wr.wr_id = id as u64;
                 wr.num_sge = 1;
@@ -277,11 +261,7 @@ impl Lane {
             let n = wrs.len();
             for i in 0..n {
                 wrs[i].sg_list = &mut sges[i];
-                wrs[i].next = if i + 1 < n {
-                    &mut wrs[i + 1]
-                } else {
-                    std::ptr::null_mut()
-                };
+                wrs[i].next = if i + 1 < n { &mut wrs[i + 1] } else { std::ptr::null_mut() };
             }
             let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
             let qp = self.qp.raw();
@@ -323,11 +303,7 @@ impl Lane {
                 return out;
             }
             let reason = format!("posting to queue pair {} failed: {err}", self.qp.qpn);
-            tracing::warn!(
-                "rdma: {} to {}: {reason}",
-                self.qp.device.name,
-                self.peer_name
-            );
+            tracing::warn!("rdma: {} to {}: {reason}", self.qp.device.name, self.peer_name);
             st.broken = Some(reason);
             self.qp.to_error();
             out.reroute.extend(st.queue.drain(..));
@@ -350,31 +326,18 @@ impl Lane {
             self.completed.fetch_add(1, Ordering::Relaxed);
         }
         let status = wc.status;
-        let status_text = || {
-            format!(
-                "{} (status {status}, vendor error {:#x})",
-                device.verbs.status_str(status),
-                wc.vendor_err
-            )
-        };
+        let status_text =
+            || format!("{} (status {status}, vendor error {:#x})", device.verbs.status_str(status), wc.vendor_err);
         if status != ffi::IBV_WC_SUCCESS && st.broken.is_none() {
             let reason = format!("queue pair {} broke: {}", self.qp.qpn, status_text());
             if status != ffi::IBV_WC_WR_FLUSH_ERR {
-                tracing::warn!(
-                    "rdma: {} -> {} ({}): {reason}",
-                    device.name,
-                    self.peer_name,
-                    self.remote_device
-                );
+                tracing::warn!("rdma: {} -> {} ({}): {reason}", device.name, self.peer_name, self.remote_device);
             }
             st.broken = Some(reason);
             self.qp.to_error();
         }
         let mut out = if st.broken.is_some() {
-            Leftovers {
-                done: Vec::new(),
-                reroute: st.queue.drain(..).collect(),
-            }
+            Leftovers { done: Vec::new(), reroute: st.queue.drain(..).collect() }
         } else {
             self.pump_locked(&mut st)
         };
@@ -428,10 +391,7 @@ impl Lane {
 impl Drop for Lane {
     fn drop(&mut self) {
         let mut lanes = self.qp.device.lanes.write();
-        if lanes
-            .get(&self.qp.qpn)
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), self))
-        {
+        if lanes.get(&self.qp.qpn).is_some_and(|w| std::ptr::eq(w.as_ptr(), self)) {
             lanes.remove(&self.qp.qpn);
         }
         drop(lanes);

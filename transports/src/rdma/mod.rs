@@ -33,9 +33,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::{
-    Endpoint, Region, RegionKeys, RemoteRegion, Slice, Transport, TransportError, TransportKind,
-};
+use crate::{Endpoint, Region, RegionKeys, RemoteRegion, Slice, Transport, TransportError, TransportKind};
 use device::Device;
 use lane::Work;
 use mr::{MrTable, RemoteKeys};
@@ -199,27 +197,18 @@ impl RdmaTransport {
         let verbs = Arc::new(ffi::Verbs::load(config.library.as_deref()).map_err(unavailable)?);
         let devices = device::open_devices(&verbs, &config).map_err(unavailable)?;
         let bind = format!("{}:{}", config.bind_host, config.port);
-        let listener = TcpListener::bind(&bind).map_err(|source| TransportError::Listen {
-            addr: bind.clone(),
-            source,
-        })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| TransportError::Listen { addr: bind, source })?
-            .port();
+        let listener =
+            TcpListener::bind(&bind).map_err(|source| TransportError::Listen { addr: bind.clone(), source })?;
+        let port = listener.local_addr().map_err(|source| TransportError::Listen { addr: bind, source })?.port();
         let shared = Arc::new(Shared {
-            timing: QpTiming {
-                timeout: config.ib_timeout,
-                retry_cnt: config.retry_cnt,
-            },
+            timing: QpTiming { timeout: config.ib_timeout, retry_cnt: config.retry_cnt },
             config,
             devices,
             mrs: Arc::new(MrTable::default()),
             stop: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
-        let spawn_err =
-            |e: std::io::Error| unavailable(format!("cannot start an rdma thread: {e}"));
+        let spawn_err = |e: std::io::Error| unavailable(format!("cannot start an rdma thread: {e}"));
         for d in &shared.devices {
             let (s, d) = (shared.clone(), d.clone());
             threads.push(
@@ -298,21 +287,12 @@ impl RdmaTransport {
     }
 
     fn keys_of(&self, peer: &Endpoint) -> Arc<RwLock<RemoteKeys>> {
-        self.remote_keys
-            .lock()
-            .entry(peer.clone())
-            .or_default()
-            .clone()
+        self.remote_keys.lock().entry(peer.clone()).or_default().clone()
     }
 
     /// The live connection to `peer`, connecting (at most every so often after failures).
     fn peer(&self, endpoint: &Endpoint) -> Result<Arc<Peer>, String> {
-        let slot = self
-            .peers
-            .lock()
-            .entry(endpoint.clone())
-            .or_default()
-            .clone();
+        let slot = self.peers.lock().entry(endpoint.clone()).or_default().clone();
         let mut st = slot.state.lock();
         if let Some(p) = &st.peer {
             if !p.is_dead() {
@@ -322,11 +302,7 @@ impl RdmaTransport {
         st.peer = None;
         let now = Instant::now();
         if let Some(at) = st.retry_at.filter(|at| *at > now) {
-            return Err(format!(
-                "{endpoint} is unreachable ({}); next attempt in {:?}",
-                st.last_error,
-                at - now
-            ));
+            return Err(format!("{endpoint} is unreachable ({}); next attempt in {:?}", st.last_error, at - now));
         }
         match Peer::connect(&self.shared, endpoint, self.keys_of(endpoint)) {
             Ok(p) => {
@@ -337,8 +313,7 @@ impl RdmaTransport {
             }
             Err(e) => {
                 st.failures += 1;
-                let delay = (Duration::from_millis(50) * 2u32.saturating_pow(st.failures))
-                    .min(MAX_RECONNECT_DELAY);
+                let delay = (Duration::from_millis(50) * 2u32.saturating_pow(st.failures)).min(MAX_RECONNECT_DELAY);
                 st.retry_at = Some(now + delay);
                 st.last_error = e.clone();
                 Err(e)
@@ -353,11 +328,7 @@ impl Transport for RdmaTransport {
     }
 
     fn endpoint(&self) -> Endpoint {
-        Endpoint::Rdma {
-            host: self.shared.config.advertise_host.clone(),
-            port: self.port,
-            devices: self.devices(),
-        }
+        Endpoint::Rdma { host: self.shared.config.advertise_host.clone(), port: self.port, devices: self.devices() }
     }
 
     fn max_slice_len(&self) -> u64 {
@@ -365,10 +336,7 @@ impl Transport for RdmaTransport {
     }
 
     fn register_region(&self, region: &Arc<Region>) -> Result<RegionKeys, TransportError> {
-        let rdma = self
-            .shared
-            .mrs
-            .register(&self.shared.devices, region.addr(), region.len())?;
+        let rdma = self.shared.mrs.register(&self.shared.devices, region.addr(), region.len())?;
         Ok(RegionKeys { rdma })
     }
 
@@ -405,10 +373,7 @@ impl Drop for RdmaTransport {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         // Wake the accept loop so that it sees the stop flag.
-        let _ = TcpStream::connect_timeout(
-            &SocketAddr::from(([127, 0, 0, 1], self.port)),
-            Duration::from_millis(200),
-        );
+        let _ = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], self.port)), Duration::from_millis(200));
         self.peers.lock().clear();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();

@@ -50,18 +50,10 @@ pub struct MrTable {
 
 impl MrTable {
     /// Registers `[addr, addr+len)` on every device for local and remote read and write.
-    pub fn register(
-        &self,
-        devices: &[Arc<Device>],
-        addr: u64,
-        len: u64,
-    ) -> Result<Vec<DeviceKey>, TransportError> {
-        let access = ffi::IBV_ACCESS_LOCAL_WRITE
-            | ffi::IBV_ACCESS_REMOTE_READ
-            | ffi::IBV_ACCESS_REMOTE_WRITE;
-        let size = usize::try_from(len).map_err(|_| {
-            TransportError::InvalidArgument(format!("region of {len} bytes is too large"))
-        })?;
+    pub fn register(&self, devices: &[Arc<Device>], addr: u64, len: u64) -> Result<Vec<DeviceKey>, TransportError> {
+        let access = ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE;
+        let size = usize::try_from(len)
+            .map_err(|_| TransportError::InvalidArgument(format!("region of {len} bytes is too large")))?;
         let mut mrs = Vec::with_capacity(devices.len());
         for d in devices {
             // SAFETY: the engine registers only memory the caller keeps valid until it is
@@ -75,31 +67,16 @@ impl MrTable {
                     format!(
                         "registering [{addr:#x}, +{len}) on {} failed: {e}{}",
                         d.name,
-                        if e.raw_os_error() == Some(12) {
-                            " (raise the locked-memory limit: ulimit -l)"
-                        } else {
-                            ""
-                        }
+                        if e.raw_os_error() == Some(12) { " (raise the locked-memory limit: ulimit -l)" } else { "" }
                     ),
                 ));
             }
             // SAFETY: a memory region the library just returned.
             let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-            mrs.push(Mr {
-                device: d.clone(),
-                mr,
-                lkey,
-                rkey,
-            });
+            mrs.push(Mr { device: d.clone(), mr, lkey, rkey });
         }
-        let keys = mrs
-            .iter()
-            .map(|m| DeviceKey {
-                device: m.device.name.clone(),
-                lkey: m.lkey,
-                rkey: m.rkey,
-            })
-            .collect();
+        let keys =
+            mrs.iter().map(|m| DeviceKey { device: m.device.name.clone(), lkey: m.lkey, rkey: m.rkey }).collect();
         self.regions.write().insert(addr, Registered { len, mrs });
         Ok(keys)
     }
@@ -115,9 +92,7 @@ impl MrTable {
         let map = self.regions.read();
         let (start, r) = map.range(..=addr).next_back()?;
         let end = start.checked_add(r.len)?;
-        (addr.checked_add(len)? <= end)
-            .then(|| r.mrs.get(device).map(|m| m.lkey))
-            .flatten()
+        (addr.checked_add(len)? <= end).then(|| r.mrs.get(device).map(|m| m.lkey)).flatten()
     }
 
     pub fn clear(&self) {
@@ -139,12 +114,7 @@ impl RemoteKeys {
             if r.len == 0 || r.addr.checked_add(r.len).is_none() {
                 continue;
             }
-            let keys = r
-                .keys
-                .rdma
-                .into_iter()
-                .map(|k| (k.device, k.rkey))
-                .collect();
+            let keys = r.keys.rdma.into_iter().map(|k| (k.device, k.rkey)).collect();
             map.insert(r.addr, (r.len, keys));
         }
         RemoteKeys { regions: map }
@@ -173,24 +143,12 @@ mod tests {
                 len: 0x1000,
                 keys: RegionKeys {
                     rdma: vec![
-                        DeviceKey {
-                            device: "rxe0".into(),
-                            lkey: 1,
-                            rkey: 11,
-                        },
-                        DeviceKey {
-                            device: "rxe1".into(),
-                            lkey: 2,
-                            rkey: 22,
-                        },
+                        DeviceKey { device: "rxe0".into(), lkey: 1, rkey: 11 },
+                        DeviceKey { device: "rxe1".into(), lkey: 2, rkey: 22 },
                     ],
                 },
             },
-            RemoteRegion {
-                addr: u64::MAX - 1,
-                len: 10,
-                keys: RegionKeys::default(),
-            },
+            RemoteRegion { addr: u64::MAX - 1, len: 10, keys: RegionKeys::default() },
         ]);
         assert_eq!(keys.rkey(0x1000, 0x1000, "rxe0"), Some(11));
         assert_eq!(keys.rkey(0x1800, 0x10, "rxe1"), Some(22));

@@ -46,19 +46,11 @@ fn io_msg(e: &io::Error) -> String {
 
 /// Resolves and checks an rdma endpoint from a peer's descriptor.
 pub fn endpoint_parts(peer: &Endpoint) -> Result<(SocketAddr, Vec<String>), String> {
-    let Endpoint::Rdma {
-        host,
-        port,
-        devices,
-    } = peer
-    else {
+    let Endpoint::Rdma { host, port, devices } = peer else {
         return Err(format!("{peer} is not an rdma endpoint"));
     };
     if devices.is_empty() || devices.len() > MAX_PEER_DEVICES {
-        return Err(format!(
-            "{peer} lists {} devices (1..={MAX_PEER_DEVICES} allowed)",
-            devices.len()
-        ));
+        return Err(format!("{peer} lists {} devices (1..={MAX_PEER_DEVICES} allowed)", devices.len()));
     }
     if *port == 0 {
         return Err(format!("{peer} has port 0"));
@@ -105,11 +97,7 @@ impl Peer {
         tracing::debug!(
             "rdma: connected to {name}: {} queue pairs ({})",
             lanes.len(),
-            lanes
-                .iter()
-                .map(|l| format!("{}->{}", l.qp.device.name, l.remote_device))
-                .collect::<Vec<_>>()
-                .join(", ")
+            lanes.iter().map(|l| format!("{}->{}", l.qp.device.name, l.remote_device)).collect::<Vec<_>>().join(", ")
         );
         *peer.lanes.write() = lanes;
         let weak = Arc::downgrade(&peer);
@@ -128,11 +116,7 @@ impl Peer {
     }
 
     /// Creates a queue pair for lane `slot` and connects it through the control connection.
-    fn connect_lane(
-        self: &Arc<Self>,
-        stream: &mut TcpStream,
-        slot: u32,
-    ) -> Result<Arc<Lane>, String> {
+    fn connect_lane(self: &Arc<Self>, stream: &mut TcpStream, slot: u32) -> Result<Arc<Lane>, String> {
         let (device, remote_device) = self.lane_devices(slot);
         let cfg = &self.shared.config;
         let depth = cfg.max_send_wr.min(device.max_qp_wr).max(1);
@@ -148,9 +132,7 @@ impl Peer {
         .map_err(|e| format!("control connection to {}: {e}", self.name))?;
         let remote_qp = match Message::read_from(stream) {
             Ok(Message::Accept { slot: s, qp }) if s == slot => qp,
-            Ok(Message::Reject { reason }) => {
-                return Err(format!("{} refused a queue pair: {reason}", self.name))
-            }
+            Ok(Message::Reject { reason }) => return Err(format!("{} refused a queue pair: {reason}", self.name)),
             Ok(other) => return Err(format!("{} answered {other:?} to Connect", self.name)),
             Err(e) => return Err(format!("control connection to {}: {e}", self.name)),
         };
@@ -189,15 +171,8 @@ impl Peer {
             return;
         }
         let lanes = self.lanes.read().clone();
-        let healthy: Vec<&Arc<Lane>> = lanes
-            .iter()
-            .filter(|l| !l.is_broken() && Some(l.slot) != exclude)
-            .collect();
-        let healthy = if healthy.is_empty() {
-            lanes.iter().filter(|l| !l.is_broken()).collect()
-        } else {
-            healthy
-        };
+        let healthy: Vec<&Arc<Lane>> = lanes.iter().filter(|l| !l.is_broken() && Some(l.slot) != exclude).collect();
+        let healthy = if healthy.is_empty() { lanes.iter().filter(|l| !l.is_broken()).collect() } else { healthy };
         if healthy.is_empty() {
             self.parked.lock().extend(works);
             return;
@@ -273,10 +248,7 @@ impl Peer {
 impl Drop for Peer {
     fn drop(&mut self) {
         for w in self.parked.get_mut().drain(..) {
-            w.finish(SliceOutcome::Failed(format!(
-                "connection to {} was closed",
-                self.name
-            )));
+            w.finish(SliceOutcome::Failed(format!("connection to {} was closed", self.name)));
         }
     }
 }
@@ -339,15 +311,9 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
                     peer.dispatch(parked, None);
                 } else if lanes.iter().all(|l| l.is_broken() && l.inflight() == 0) {
                     // Nothing works and rebuilding failed: do not hold the slices.
-                    let reason = lanes
-                        .first()
-                        .and_then(|l| l.broken_reason())
-                        .unwrap_or_default();
+                    let reason = lanes.first().and_then(|l| l.broken_reason()).unwrap_or_default();
                     for w in parked {
-                        w.fail(format!(
-                            "no working queue pair to {} (rebuilding after: {reason})",
-                            peer.name
-                        ));
+                        w.fail(format!("no working queue pair to {} (rebuilding after: {reason})", peer.name));
                     }
                 } else {
                     peer.parked.lock().extend(parked);
@@ -362,12 +328,8 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
                 .and_then(|()| Message::read_from(&mut stream));
             match answer {
                 Ok(Message::Pong) => {}
-                Ok(other) => {
-                    failure = Some(format!("unexpected {other:?} on the control connection"))
-                }
-                Err(WireError::Closed) => {
-                    failure = Some("the peer closed the control connection".into())
-                }
+                Ok(other) => failure = Some(format!("unexpected {other:?} on the control connection")),
+                Err(WireError::Closed) => failure = Some("the peer closed the control connection".into()),
                 Err(e) => failure = Some(format!("control connection: {e}")),
             }
         }

@@ -35,10 +35,7 @@ pub(crate) fn run(shared: Arc<Shared>, device: Arc<Device>) {
             continue;
         }
         if n < 0 {
-            tracing::error!(
-                "rdma: polling the completion queue of {} failed",
-                device.name
-            );
+            tracing::error!("rdma: polling the completion queue of {} failed", device.name);
             std::thread::sleep(Duration::from_millis(10));
             continue;
         }
@@ -58,14 +55,8 @@ pub(crate) fn run(shared: Arc<Shared>, device: Arc<Device>) {
             continue;
         }
         let fd = device.channel_fd();
-        let mut fds = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let timeout = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: WAKE_EVERY.as_nanos() as i64,
-        };
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: WAKE_EVERY.as_nanos() as i64 };
         let _ = rustix::event::poll(&mut fds, Some(&timeout));
         drain_events(&verbs, &device);
         idle_since = None;
@@ -90,11 +81,7 @@ fn drain_events(verbs: &ffi::Verbs, device: &Device) {
 
 fn handle(shared: &Arc<Shared>, device: &Arc<Device>, wcs: &[ibv_wc]) {
     for wc in wcs {
-        let lane = device
-            .lanes
-            .read()
-            .get(&wc.qp_num)
-            .and_then(std::sync::Weak::upgrade);
+        let lane = device.lanes.read().get(&wc.qp_num).and_then(std::sync::Weak::upgrade);
         let Some(lane) = lane else {
             continue; // a queue pair destroyed since: its slices ended with it
         };

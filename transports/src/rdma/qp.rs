@@ -43,10 +43,8 @@ fn rc_err(what: &str, rc: i32) -> String {
 /// A 24-bit starting packet sequence number that differs between queue pairs.
 fn initial_psn(qpn: u32) -> u32 {
     static SEQ: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     (nanos ^ qpn.rotate_left(7) ^ SEQ.fetch_add(0x9e37, Ordering::Relaxed)) & 0x00ff_ffff
 }
 
@@ -75,13 +73,7 @@ impl Qp {
         }
         // SAFETY: a queue pair the library just created.
         let qpn = unsafe { (*qp).qp_num };
-        Ok(Qp {
-            device: device.clone(),
-            qp,
-            qpn,
-            psn: initial_psn(qpn),
-            mtu: AtomicU32::new(device.mtu),
-        })
+        Ok(Qp { device: device.clone(), qp, qpn, psn: initial_psn(qpn), mtu: AtomicU32::new(device.mtu) })
     }
 
     pub fn raw(&self) -> *mut ibv_qp {
@@ -119,15 +111,11 @@ impl Qp {
         a.qp_state = ffi::IBV_QPS_INIT;
         a.pkey_index = 0;
         a.port_num = self.device.port;
-        a.qp_access_flags = (ffi::IBV_ACCESS_LOCAL_WRITE
-            | ffi::IBV_ACCESS_REMOTE_READ
-            | ffi::IBV_ACCESS_REMOTE_WRITE) as u32;
+        a.qp_access_flags =
+            (ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE) as u32;
         self.modify(
             &mut a,
-            ffi::IBV_QP_STATE
-                | ffi::IBV_QP_PKEY_INDEX
-                | ffi::IBV_QP_PORT
-                | ffi::IBV_QP_ACCESS_FLAGS,
+            ffi::IBV_QP_STATE | ffi::IBV_QP_PKEY_INDEX | ffi::IBV_QP_PORT | ffi::IBV_QP_ACCESS_FLAGS,
             "INIT",
         )
     }

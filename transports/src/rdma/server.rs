@@ -34,19 +34,14 @@ pub(crate) fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         }
         active.fetch_add(1, Ordering::AcqRel);
         let (shared, active) = (shared.clone(), active.clone());
-        let spawned = std::thread::Builder::new()
-            .name("crescent-rdma-ctl".into())
-            .spawn(move || {
-                let peer = stream
-                    .peer_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|_| "?".into());
-                match serve(&shared, stream) {
-                    Ok(()) => tracing::debug!("rdma: control connection from {peer} closed"),
-                    Err(e) => tracing::info!("rdma: dropping control connection from {peer}: {e}"),
-                }
-                active.fetch_sub(1, Ordering::AcqRel);
-            });
+        let spawned = std::thread::Builder::new().name("crescent-rdma-ctl".into()).spawn(move || {
+            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+            match serve(&shared, stream) {
+                Ok(()) => tracing::debug!("rdma: control connection from {peer} closed"),
+                Err(e) => tracing::info!("rdma: dropping control connection from {peer}: {e}"),
+            }
+            active.fetch_sub(1, Ordering::AcqRel);
+        });
         if let Err(e) = spawned {
             tracing::error!("rdma: cannot start a control connection thread: {e}");
         }
@@ -67,12 +62,7 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
         let msg = match Message::read_from(&mut stream) {
             Ok(m) => m,
             Err(WireError::Closed) => return Ok(()),
-            Err(WireError::Io(e))
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(WireError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 if last_heard.elapsed() >= SILENCE_LIMIT {
                     return Err(WireError::Io(io::Error::new(
                         io::ErrorKind::TimedOut,
@@ -86,18 +76,9 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
         last_heard = Instant::now();
         match msg {
             Message::Ping => Message::Pong.write_to(&mut stream)?,
-            Message::Connect {
-                slot,
-                target_device,
-                initiator_device,
-                qp,
-            } => {
+            Message::Connect { slot, target_device, initiator_device, qp } => {
                 let reply = if qps.len() >= MAX_QPS_PER_CONNECTION && !qps.contains_key(&slot) {
-                    Message::Reject {
-                        reason: format!(
-                            "{MAX_QPS_PER_CONNECTION} queue pairs per initiator at most"
-                        ),
-                    }
+                    Message::Reject { reason: format!("{MAX_QPS_PER_CONNECTION} queue pairs per initiator at most") }
                 } else {
                     match accept(shared, &target_device, &qp) {
                         Ok(local) => {
@@ -118,10 +99,7 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
             }
             other => {
                 let kind = format!("{other:?}");
-                let _ = Message::Reject {
-                    reason: format!("unexpected {kind}"),
-                }
-                .write_to(&mut stream);
+                let _ = Message::Reject { reason: format!("unexpected {kind}") }.write_to(&mut stream);
                 return Err(WireError::Malformed("unexpected message from an initiator"));
             }
         }
@@ -129,11 +107,7 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
 }
 
 fn accept(shared: &Shared, device: &str, remote: &QpInfo) -> Result<Qp, String> {
-    let dev = shared
-        .devices
-        .iter()
-        .find(|d| d.name == device)
-        .ok_or_else(|| format!("no device {device} here"))?;
+    let dev = shared.devices.iter().find(|d| d.name == device).ok_or_else(|| format!("no device {device} here"))?;
     let qp = Qp::create(dev, 1)?;
     qp.to_init()?;
     qp.to_rtr(remote)?;

@@ -40,19 +40,9 @@ const QP_INFO_LEN: usize = 4 + 4 + 2 + 16 + 1 + 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    Connect {
-        slot: u32,
-        target_device: String,
-        initiator_device: String,
-        qp: QpInfo,
-    },
-    Accept {
-        slot: u32,
-        qp: QpInfo,
-    },
-    Reject {
-        reason: String,
-    },
+    Connect { slot: u32, target_device: String, initiator_device: String, qp: QpInfo },
+    Accept { slot: u32, qp: QpInfo },
+    Reject { reason: String },
     Ping,
     Pong,
 }
@@ -90,12 +80,7 @@ impl Message {
     pub fn encode(&self) -> Vec<u8> {
         let mut payload = Vec::new();
         match self {
-            Message::Connect {
-                slot,
-                target_device,
-                initiator_device,
-                qp,
-            } => {
+            Message::Connect { slot, target_device, initiator_device, qp } => {
                 payload.extend_from_slice(&slot.to_le_bytes());
                 put_name(&mut payload, target_device);
                 put_name(&mut payload, initiator_device);
@@ -128,16 +113,10 @@ impl Message {
     pub fn decode(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
         let mut r = Reader(payload);
         let msg = match kind {
-            1 => Message::Connect {
-                slot: r.u32()?,
-                target_device: r.name()?,
-                initiator_device: r.name()?,
-                qp: r.qp()?,
-            },
-            2 => Message::Accept {
-                slot: r.u32()?,
-                qp: r.qp()?,
-            },
+            1 => {
+                Message::Connect { slot: r.u32()?, target_device: r.name()?, initiator_device: r.name()?, qp: r.qp()? }
+            }
+            2 => Message::Accept { slot: r.u32()?, qp: r.qp()? },
             3 => {
                 let reason = String::from_utf8_lossy(r.0).into_owned();
                 r.0 = &[];
@@ -231,10 +210,7 @@ impl<'a> Reader<'a> {
         }
         let bytes = self.take(len)?;
         let name = std::str::from_utf8(bytes).map_err(|_| WireError::Malformed("device name"))?;
-        if !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
-        {
+        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b)) {
             return Err(WireError::Malformed("device name characters"));
         }
         Ok(name.to_string())
@@ -253,9 +229,7 @@ impl<'a> Reader<'a> {
             rd_atomic: b[27],
         };
         if info.qpn == 0 || info.qpn > 0x00ff_ffff || info.psn > 0x00ff_ffff {
-            return Err(WireError::Malformed(
-                "queue pair number or PSN out of range",
-            ));
+            return Err(WireError::Malformed("queue pair number or PSN out of range"));
         }
         if !(1..=5).contains(&info.mtu) {
             return Err(WireError::Malformed("path MTU"));
@@ -273,29 +247,15 @@ mod tests {
     use proptest::prelude::*;
 
     fn qp() -> QpInfo {
-        QpInfo {
-            qpn: 17,
-            psn: 0xabcdef,
-            lid: 3,
-            gid: [7; 16],
-            mtu: 3,
-            rd_atomic: 16,
-        }
+        QpInfo { qpn: 17, psn: 0xabcdef, lid: 3, gid: [7; 16], mtu: 3, rd_atomic: 16 }
     }
 
     #[test]
     fn messages_roundtrip() {
         for m in [
-            Message::Connect {
-                slot: 5,
-                target_device: "rxe0".into(),
-                initiator_device: "mlx5_1".into(),
-                qp: qp(),
-            },
+            Message::Connect { slot: 5, target_device: "rxe0".into(), initiator_device: "mlx5_1".into(), qp: qp() },
             Message::Accept { slot: 9, qp: qp() },
-            Message::Reject {
-                reason: "no such device".into(),
-            },
+            Message::Reject { reason: "no such device".into() },
             Message::Ping,
             Message::Pong,
         ] {
@@ -309,50 +269,21 @@ mod tests {
         let good = Message::Accept { slot: 1, qp: qp() }.encode();
         let mut bad = good.clone();
         bad[0] = b'X';
-        assert!(matches!(
-            Message::read_from(&mut bad.as_slice()),
-            Err(WireError::BadMagic(_))
-        ));
+        assert!(matches!(Message::read_from(&mut bad.as_slice()), Err(WireError::BadMagic(_))));
         let mut bad = good.clone();
         bad[4] = 9;
-        assert!(matches!(
-            Message::read_from(&mut bad.as_slice()),
-            Err(WireError::Version(9))
-        ));
+        assert!(matches!(Message::read_from(&mut bad.as_slice()), Err(WireError::Version(9))));
         let mut bad = good.clone();
         bad[8..12].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
-        assert!(matches!(
-            Message::read_from(&mut bad.as_slice()),
-            Err(WireError::Oversized(_))
-        ));
-        assert!(matches!(
-            Message::read_from(&mut &good[..good.len() - 1]),
-            Err(WireError::Io(_))
-        ));
-        assert!(matches!(
-            Message::read_from(&mut &b""[..]),
-            Err(WireError::Closed)
-        ));
-        let zero_qpn = Message::Accept {
-            slot: 1,
-            qp: QpInfo { qpn: 0, ..qp() },
-        }
-        .encode();
-        assert!(matches!(
-            Message::read_from(&mut zero_qpn.as_slice()),
-            Err(WireError::Malformed(_))
-        ));
-        let bad_mtu = Message::Accept {
-            slot: 1,
-            qp: QpInfo { mtu: 6, ..qp() },
-        }
-        .encode();
+        assert!(matches!(Message::read_from(&mut bad.as_slice()), Err(WireError::Oversized(_))));
+        assert!(matches!(Message::read_from(&mut &good[..good.len() - 1]), Err(WireError::Io(_))));
+        assert!(matches!(Message::read_from(&mut &b""[..]), Err(WireError::Closed)));
+        let zero_qpn = Message::Accept { slot: 1, qp: QpInfo { qpn: 0, ..qp() } }.encode();
+        assert!(matches!(Message::read_from(&mut zero_qpn.as_slice()), Err(WireError::Malformed(_))));
+        let bad_mtu = Message::Accept { slot: 1, qp: QpInfo { mtu: 6, ..qp() } }.encode();
         assert!(Message::read_from(&mut bad_mtu.as_slice()).is_err());
         assert!(matches!(Message::decode(42, &[]), Err(WireError::Kind(42))));
-        assert!(matches!(
-            Message::decode(4, &[1]),
-            Err(WireError::Malformed("trailing bytes"))
-        ));
+        assert!(matches!(Message::decode(4, &[1]), Err(WireError::Malformed("trailing bytes"))));
     }
 
     #[test]

@@ -94,13 +94,7 @@ impl Header {
             1 => Status::OutOfRange,
             s => return Err(FrameError::Status(s)),
         };
-        let header = Header {
-            kind,
-            status,
-            id: u64_at(8),
-            addr: u64_at(16),
-            len: u64_at(24),
-        };
+        let header = Header { kind, status, id: u64_at(8), addr: u64_at(16), len: u64_at(24) };
         if header.len > MAX_PAYLOAD {
             return Err(FrameError::Oversized(header.len));
         }
@@ -127,27 +121,14 @@ mod tests {
 
     #[test]
     fn roundtrip() {
-        let h = Header {
-            kind: FrameKind::WriteRequest,
-            status: Status::Ok,
-            id: 9,
-            addr: 0xdead_beef,
-            len: 4096,
-        };
+        let h = Header { kind: FrameKind::WriteRequest, status: Status::Ok, id: 9, addr: 0xdead_beef, len: 4096 };
         assert_eq!(Header::decode(&h.encode()), Ok(h));
         assert_eq!(h.payload_len(), 4096);
     }
 
     #[test]
     fn rejects_bad_frames() {
-        let good = Header {
-            kind: FrameKind::ReadRequest,
-            status: Status::Ok,
-            id: 1,
-            addr: 2,
-            len: 3,
-        }
-        .encode();
+        let good = Header { kind: FrameKind::ReadRequest, status: Status::Ok, id: 1, addr: 2, len: 3 }.encode();
         let mut b = good;
         b[0] = b'X';
         assert!(matches!(Header::decode(&b), Err(FrameError::BadMagic(_))));
@@ -162,21 +143,9 @@ mod tests {
         assert_eq!(Header::decode(&b), Err(FrameError::Status(9)));
         let mut b = good;
         b[24..32].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
-        assert_eq!(
-            Header::decode(&b),
-            Err(FrameError::Oversized(MAX_PAYLOAD + 1))
-        );
-        let h = Header {
-            kind: FrameKind::ReadResponse,
-            status: Status::OutOfRange,
-            id: 1,
-            addr: 0,
-            len: 5,
-        };
-        assert!(matches!(
-            Header::decode(&h.encode()),
-            Err(FrameError::Inconsistent(_))
-        ));
+        assert_eq!(Header::decode(&b), Err(FrameError::Oversized(MAX_PAYLOAD + 1)));
+        let h = Header { kind: FrameKind::ReadResponse, status: Status::OutOfRange, id: 1, addr: 0, len: 5 };
+        assert!(matches!(Header::decode(&h.encode()), Err(FrameError::Inconsistent(_))));
     }
 
     proptest! {

@@ -11,10 +11,7 @@ pub(super) enum HeaderRead {
 
 /// Reads one header. A clean close or an idle read timeout at a frame boundary is not an
 /// error (idle connections are normal); a close or a stall in the middle of a header is.
-pub(super) fn read_header(
-    stream: &mut impl Read,
-    buf: &mut [u8; HEADER_LEN],
-) -> io::Result<HeaderRead> {
+pub(super) fn read_header(stream: &mut impl Read, buf: &mut [u8; HEADER_LEN]) -> io::Result<HeaderRead> {
     let mut filled = 0;
     while filled < HEADER_LEN {
         match stream.read(&mut buf[filled..]) {
@@ -27,12 +24,7 @@ pub(super) fn read_header(
             }
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e)
-                if filled == 0
-                    && matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
+            Err(e) if filled == 0 && matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
             Err(e) => return Err(e),
         }
     }
@@ -51,19 +43,11 @@ pub(super) fn discard(stream: &mut impl Read, mut len: u64) -> io::Result<()> {
 }
 
 /// Writes every byte of `bufs`, gathering with `writev`.
-pub(super) fn write_all_vectored(
-    stream: &mut impl Write,
-    mut bufs: &mut [IoSlice<'_>],
-) -> io::Result<()> {
+pub(super) fn write_all_vectored(stream: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
         match stream.write_vectored(bufs) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    "peer stopped accepting bytes",
-                ))
-            }
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting bytes")),
             Ok(n) => IoSlice::advance_slices(&mut bufs, n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),

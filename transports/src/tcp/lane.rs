@@ -45,14 +45,10 @@ impl LaneShared {
                 drained.len()
             );
         } else if first {
-            tracing::debug!(
-                "tcp transport: connection to {} closed: {reason}",
-                self.peer
-            );
+            tracing::debug!("tcp transport: connection to {} closed: {reason}", self.peer);
         }
         for p in drained {
-            p.completion
-                .fail(format!("connection to {} broke: {reason}", self.peer));
+            p.completion.fail(format!("connection to {} broke: {reason}", self.peer));
         }
     }
 }
@@ -64,11 +60,7 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    pub(super) fn connect(
-        peer: &str,
-        addr: std::net::SocketAddr,
-        timeout: Duration,
-    ) -> io::Result<Lane> {
+    pub(super) fn connect(peer: &str, addr: std::net::SocketAddr, timeout: Duration) -> io::Result<Lane> {
         let stream = TcpStream::connect_timeout(&addr, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(SEND_STALL_TIMEOUT))?;
@@ -80,12 +72,8 @@ impl Lane {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (w, r) = (stream.try_clone()?, stream.try_clone()?);
         let (ws, rs) = (shared.clone(), shared.clone());
-        std::thread::Builder::new()
-            .name("crescent-tcp-send".into())
-            .spawn(move || writer_loop(w, rx, ws))?;
-        std::thread::Builder::new()
-            .name("crescent-tcp-recv".into())
-            .spawn(move || reader_loop(r, rs))?;
+        std::thread::Builder::new().name("crescent-tcp-send".into()).spawn(move || writer_loop(w, rx, ws))?;
+        std::thread::Builder::new().name("crescent-tcp-recv".into()).spawn(move || reader_loop(r, rs))?;
         Ok(Lane { tx, shared, stream })
     }
 
@@ -95,9 +83,7 @@ impl Lane {
 
     pub(super) fn send(&self, slice: Slice) {
         if let Err(err) = self.tx.send(slice) {
-            err.0
-                .completion
-                .fail(format!("connection to {} is closed", self.shared.peer));
+            err.0.completion.fail(format!("connection to {} is closed", self.shared.peer));
         }
     }
 }
@@ -116,9 +102,7 @@ fn writer_loop(mut stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShare
         let mut result = Ok(());
         for slice in std::iter::once(first).chain(rx.try_iter().take(MAX_COALESCED - 1)) {
             if result.is_err() || shared.dead.load(Ordering::Acquire) {
-                slice
-                    .completion
-                    .fail(format!("connection to {} is broken", shared.peer));
+                slice.completion.fail(format!("connection to {} is broken", shared.peer));
                 continue;
             }
             let id = next_id;
@@ -136,9 +120,7 @@ fn writer_loop(mut stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShare
     }
     // The lane was dropped: fail what was queued but never sent.
     for slice in rx.try_iter() {
-        slice
-            .completion
-            .fail(format!("connection to {} was closed", shared.peer));
+        slice.completion.fail(format!("connection to {} was closed", shared.peer));
     }
 }
 
@@ -153,30 +135,14 @@ fn send_one(
         Opcode::Read => FrameKind::ReadRequest,
         Opcode::Write => FrameKind::WriteRequest,
     };
-    let header = Header {
-        kind,
-        status: Status::Ok,
-        id,
-        addr: slice.remote_addr,
-        len: slice.len,
-    }
-    .encode();
+    let header = Header { kind, status: Status::Ok, id, addr: slice.remote_addr, len: slice.len }.encode();
     let access = slice.completion.local_access();
     let (opcode, local_addr, len) = (slice.opcode, slice.local_addr, slice.len);
     // Registered before the request is on the wire, so the response always finds it.
-    shared.pending.lock().insert(
-        id,
-        Pending {
-            opcode,
-            local_addr,
-            len,
-            completion: slice.completion,
-        },
-    );
+    shared.pending.lock().insert(id, Pending { opcode, local_addr, len, completion: slice.completion });
     if shared.dead.load(Ordering::Acquire) {
         if let Some(p) = shared.pending.lock().remove(&id) {
-            p.completion
-                .fail(format!("connection to {} is broken", shared.peer));
+            p.completion.fail(format!("connection to {} is broken", shared.peer));
         }
         return Ok(());
     }
@@ -199,9 +165,7 @@ fn send_one(
                     // SAFETY: the engine checked that [local_addr, +len) lies in a registered
                     // region whose in-flight count it raised; the access claim keeps the slice
                     // from ending (and the memory from being handed back) while we read it.
-                    let payload = unsafe {
-                        std::slice::from_raw_parts(local_addr as *const u8, len as usize)
-                    };
+                    let payload = unsafe { std::slice::from_raw_parts(local_addr as *const u8, len as usize) };
                     write_all_vectored(stream, &mut [IoSlice::new(&header), IoSlice::new(payload)])
                 })
             });
@@ -232,27 +196,18 @@ fn read_responses(stream: &mut TcpStream, shared: &LaneShared) -> io::Result<()>
         if let HeaderRead::Closed = read_header(stream, &mut buf)? {
             return Ok(());
         }
-        let resp =
-            Header::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let resp = Header::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let pending = shared.pending.lock().remove(&resp.id).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("response to unknown request id {}", resp.id),
-            )
+            io::Error::new(io::ErrorKind::InvalidData, format!("response to unknown request id {}", resp.id))
         })?;
         let expected = match pending.opcode {
             Opcode::Read => FrameKind::ReadResponse,
             Opcode::Write => FrameKind::WriteResponse,
         };
         if resp.kind != expected
-            || (resp.status == Status::Ok
-                && resp.kind == FrameKind::ReadResponse
-                && resp.len != pending.len)
+            || (resp.status == Status::Ok && resp.kind == FrameKind::ReadResponse && resp.len != pending.len)
         {
-            let err = format!(
-                "response {:?} of {} bytes does not match request {}",
-                resp.kind, resp.len, resp.id
-            );
+            let err = format!("response {:?} of {} bytes does not match request {}", resp.kind, resp.len, resp.id);
             pending.completion.fail(err.clone());
             return Err(io::Error::new(io::ErrorKind::InvalidData, err));
         }
@@ -270,16 +225,13 @@ fn read_responses(stream: &mut TcpStream, shared: &LaneShared) -> io::Result<()>
         let (local_addr, len) = (pending.local_addr, pending.len);
         let received = pending.completion.with_local_access(|| {
             // SAFETY: as in the writer: a registered, in-flight local range, claimed for this access.
-            let dest =
-                unsafe { std::slice::from_raw_parts_mut(local_addr as *mut u8, len as usize) };
+            let dest = unsafe { std::slice::from_raw_parts_mut(local_addr as *mut u8, len as usize) };
             stream.read_exact(dest)
         });
         match received {
             Some(Ok(())) => pending.completion.complete(SliceOutcome::Completed),
             Some(Err(e)) => {
-                pending
-                    .completion
-                    .fail(format!("receiving from {} failed: {e}", shared.peer));
+                pending.completion.fail(format!("receiving from {} failed: {e}", shared.peer));
                 return Err(e);
             }
             None => discard(stream, len)?,

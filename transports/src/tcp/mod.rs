@@ -67,10 +67,7 @@ pub struct TcpTransport {
 impl TcpTransport {
     /// Starts listening; the listener serves peers' accesses to `table`'s regions.
     pub fn start(config: TcpConfig, table: Arc<RegionTable>) -> Result<Self, TransportError> {
-        if config.lanes == 0
-            || config.max_slice_len == 0
-            || config.max_slice_len > frame::MAX_PAYLOAD
-        {
+        if config.lanes == 0 || config.max_slice_len == 0 || config.max_slice_len > frame::MAX_PAYLOAD {
             return Err(TransportError::InvalidArgument(format!(
                 "tcp lanes must be >= 1 and the slice length in 1..={} (got {} lanes, {} bytes)",
                 frame::MAX_PAYLOAD,
@@ -79,32 +76,17 @@ impl TcpTransport {
             )));
         }
         let bind = format!("{}:{}", config.bind_host, config.port);
-        let listener = TcpListener::bind(&bind).map_err(|source| TransportError::Listen {
-            addr: bind.clone(),
-            source,
-        })?;
-        let port = listener
-            .local_addr()
-            .map_err(|source| TransportError::Listen { addr: bind, source })?
-            .port();
+        let listener =
+            TcpListener::bind(&bind).map_err(|source| TransportError::Listen { addr: bind.clone(), source })?;
+        let port = listener.local_addr().map_err(|source| TransportError::Listen { addr: bind, source })?.port();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         std::thread::Builder::new()
             .name("crescent-tcp-accept".into())
             .spawn(move || server::run_listener(listener, table, stop2))
-            .map_err(|e| {
-                TransportError::Unavailable("tcp", format!("cannot start the listener thread: {e}"))
-            })?;
-        tracing::debug!(
-            "tcp transport listening on port {port}, {} lanes per peer",
-            config.lanes
-        );
-        Ok(TcpTransport {
-            config,
-            port,
-            peers: Mutex::new(HashMap::new()),
-            stop,
-        })
+            .map_err(|e| TransportError::Unavailable("tcp", format!("cannot start the listener thread: {e}")))?;
+        tracing::debug!("tcp transport listening on port {port}, {} lanes per peer", config.lanes);
+        Ok(TcpTransport { config, port, peers: Mutex::new(HashMap::new()), stop })
     }
 
     pub fn port(&self) -> u16 {
@@ -133,10 +115,7 @@ impl TcpTransport {
             .map(|_| Lane::connect(&name, addr, self.config.connect_timeout))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("cannot connect to {name}: {e}"))?;
-        let lanes = Arc::new(PeerLanes {
-            lanes,
-            next: AtomicUsize::new(0),
-        });
+        let lanes = Arc::new(PeerLanes { lanes, next: AtomicUsize::new(0) });
         *current = Some(lanes.clone());
         Ok(lanes)
     }
@@ -148,10 +127,7 @@ impl Transport for TcpTransport {
     }
 
     fn endpoint(&self) -> Endpoint {
-        Endpoint::Tcp {
-            host: self.config.advertise_host.clone(),
-            port: self.port,
-        }
+        Endpoint::Tcp { host: self.config.advertise_host.clone(), port: self.port }
     }
 
     fn max_slice_len(&self) -> u64 {
@@ -184,9 +160,6 @@ impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         // Wake the accept loop so that it sees the stop flag.
-        let _ = TcpStream::connect_timeout(
-            &SocketAddr::from(([127, 0, 0, 1], self.port)),
-            Duration::from_millis(200),
-        );
+        let _ = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], self.port)), Duration::from_millis(200));
     }
 }

@@ -30,26 +30,19 @@ pub(super) fn run_listener(listener: TcpListener, table: Arc<RegionTable>, stop:
             }
         };
         if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-            tracing::warn!(
-                "tcp transport: {MAX_CONNECTIONS} connections already open, refusing one more"
-            );
+            tracing::warn!("tcp transport: {MAX_CONNECTIONS} connections already open, refusing one more");
             continue;
         }
         active.fetch_add(1, Ordering::AcqRel);
         let (table, active) = (table.clone(), active.clone());
-        let spawned = std::thread::Builder::new()
-            .name("crescent-tcp-serve".into())
-            .spawn(move || {
-                let peer = stream
-                    .peer_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|_| "?".into());
-                match serve_connection(stream, &table) {
-                    Ok(()) => tracing::debug!("tcp transport: {peer} closed its connection"),
-                    Err(e) => tracing::warn!("tcp transport: closing connection from {peer}: {e}"),
-                }
-                active.fetch_sub(1, Ordering::AcqRel);
-            });
+        let spawned = std::thread::Builder::new().name("crescent-tcp-serve".into()).spawn(move || {
+            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+            match serve_connection(stream, &table) {
+                Ok(()) => tracing::debug!("tcp transport: {peer} closed its connection"),
+                Err(e) => tracing::warn!("tcp transport: closing connection from {peer}: {e}"),
+            }
+            active.fetch_sub(1, Ordering::AcqRel);
+        });
         if let Err(e) = spawned {
             tracing::error!("tcp transport: cannot start a connection thread: {e}");
         }
@@ -66,8 +59,7 @@ pub fn serve_connection(mut stream: TcpStream, table: &RegionTable) -> io::Resul
             HeaderRead::Closed => return Ok(()),
             HeaderRead::Header => {}
         }
-        let req =
-            Header::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let req = Header::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         match req.kind {
             FrameKind::ReadRequest => serve_read(&mut stream, table, &req)?,
             FrameKind::WriteRequest => serve_write(&mut stream, table, &req)?,
@@ -82,14 +74,7 @@ pub fn serve_connection(mut stream: TcpStream, table: &RegionTable) -> io::Resul
 }
 
 fn response(req: &Header, kind: FrameKind, status: Status, len: u64) -> [u8; HEADER_LEN] {
-    Header {
-        kind,
-        status,
-        id: req.id,
-        addr: req.addr,
-        len,
-    }
-    .encode()
+    Header { kind, status, id: req.id, addr: req.addr, len }.encode()
 }
 
 fn serve_read(stream: &mut TcpStream, table: &RegionTable, req: &Header) -> io::Result<()> {
@@ -97,23 +82,11 @@ fn serve_read(stream: &mut TcpStream, table: &RegionTable, req: &Header) -> io::
         Some(access) => {
             let header = response(req, FrameKind::ReadResponse, Status::Ok, req.len);
             // Gather straight from registered memory: no staging copy.
-            write_all_vectored(
-                stream,
-                &mut [IoSlice::new(&header), IoSlice::new(access.as_slice())],
-            )
+            write_all_vectored(stream, &mut [IoSlice::new(&header), IoSlice::new(access.as_slice())])
         }
         None => {
-            tracing::debug!(
-                "tcp transport: read of [{:#x}, +{}) is out of range",
-                req.addr,
-                req.len
-            );
-            stream.write_all(&response(
-                req,
-                FrameKind::ReadResponse,
-                Status::OutOfRange,
-                0,
-            ))
+            tracing::debug!("tcp transport: read of [{:#x}, +{}) is out of range", req.addr, req.len);
+            stream.write_all(&response(req, FrameKind::ReadResponse, Status::OutOfRange, 0))
         }
     }
 }
@@ -126,11 +99,7 @@ fn serve_write(stream: &mut TcpStream, table: &RegionTable, req: &Header) -> io:
             Status::Ok
         }
         None => {
-            tracing::debug!(
-                "tcp transport: write of [{:#x}, +{}) is out of range",
-                req.addr,
-                req.len
-            );
+            tracing::debug!("tcp transport: write of [{:#x}, +{}) is out of range", req.addr, req.len);
             discard(stream, req.len)?;
             Status::OutOfRange
         }

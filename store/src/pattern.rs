@@ -31,10 +31,7 @@ mod tests {
         let mut a = vec![0u8; 4096];
         fill(&mut a, 1, 0);
         assert_eq!(first_mismatch(&a, 1, 0), None);
-        assert!(
-            first_mismatch(&a, 1, 4096).is_some(),
-            "a block read from the wrong offset is caught"
-        );
+        assert!(first_mismatch(&a, 1, 4096).is_some(), "a block read from the wrong offset is caught");
         assert!(first_mismatch(&a, 2, 0).is_some(), "another seed is caught");
     }
 }

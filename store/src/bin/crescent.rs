@@ -1,0 +1,270 @@
+//! crescent: the store's command-line tool.
+//!
+//! ```text
+//! crescent demo                       # a master and two clients on this machine: put, get, verify
+//! crescent client --master HOST:PORT  # a long-lived client driven by commands on stdin
+//! ```
+
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use crescent_engine::parse_size;
+use crescent_store::master::server;
+use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
+
+#[derive(Parser)]
+#[command(name = "crescent", about = "Crescent distributed KV-cache store tool")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a master and two clients on this machine, put values on one, get them on the other.
+    Demo(DemoArgs),
+    /// Run a client that contributes memory and executes commands read from stdin, one per line:
+    /// put KEY SIZE SEED | get KEY SEED | exists KEY | size KEY | remove KEY | remove_regex PATTERN |
+    /// batch_put SEED KEY:SIZE... | batch_get SEED KEY... | query KEY | quit.
+    /// Each command answers one line: "ok ..." or "err CODE message".
+    Client(ClientArgs),
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Bytes each client contributes.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    segment_size: u64,
+    /// Values to put, by size.
+    #[arg(long, value_delimiter = ',', default_value = "1M,10M,25M", value_parser = parse_size)]
+    sizes: Vec<u64>,
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    /// The master's address (overrides master_server_address of MOONCAKE_CONFIG_PATH).
+    #[arg(long)]
+    master: Option<String>,
+    /// Address peers use to reach this client.
+    #[arg(long)]
+    local_hostname: Option<String>,
+    #[arg(long, value_parser = parse_size)]
+    segment_size: Option<u64>,
+    #[arg(long, value_parser = parse_size)]
+    buffer_size: Option<u64>,
+    /// tcp, shm, rdma; default: chosen per peer.
+    #[arg(long)]
+    protocol: Option<String>,
+    #[arg(long)]
+    replicas: Option<u32>,
+}
+
+fn main() {
+    crescent_store::init_logging();
+    let result = match Cli::parse().command {
+        Command::Demo(a) => demo(a),
+        Command::Client(a) => client(a),
+    };
+    if let Err(e) = result {
+        eprintln!("crescent: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn demo(args: DemoArgs) -> Result<()> {
+    println!("starting a master on 127.0.0.1 (gRPC and admin ports chosen freely)");
+    let master = server::start(MasterConfig {
+        rpc_address: "127.0.0.1:0".into(),
+        admin_address: "127.0.0.1:0".into(),
+        ..MasterConfig::default()
+    })?;
+    let config = ClientConfig {
+        master_server_address: master.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: args.segment_size,
+        local_buffer_size: 64 << 20,
+        ..ClientConfig::from_env()?
+    };
+    let a = StoreClient::connect(config.clone())?;
+    let b = StoreClient::connect(config)?;
+    println!("client A: {} contributes {} MiB", a.segment_name(), args.segment_size >> 20);
+    println!("client B: {} contributes {} MiB", b.segment_name(), args.segment_size >> 20);
+    for (i, &size) in args.sizes.iter().enumerate() {
+        let key = format!("demo/prefix-{i}/{}MiB", size >> 20);
+        let mut value = vec![0u8; size as usize];
+        pattern::fill(&mut value, i as u64 + 1, 0);
+        let t = Instant::now();
+        a.put(&key, &value)?;
+        let put_ms = t.elapsed().as_secs_f64() * 1e3;
+        let q = b.query(&key)?;
+        let holder = &q.replicas[0].segment_name;
+        let whose = if holder == a.segment_name() { "A" } else { "B" };
+        let t = Instant::now();
+        let got = b.get(&key)?;
+        let get_ms = t.elapsed().as_secs_f64() * 1e3;
+        if pattern::first_mismatch(&got, i as u64 + 1, 0).is_some() || got.len() != value.len() {
+            bail!("client B read different bytes for {key}");
+        }
+        let path = if whose == "B" {
+            "a local memcpy".to_string()
+        } else {
+            format!("{} from A", b.engine().segment_transport(b.engine().open_segment(holder)?)?)
+        };
+        println!(
+            "put {key} ({} bytes) from A in {put_ms:.1} ms -> stored on client {whose}; get on B in {get_ms:.1} ms via {path}: bytes verified",
+            value.len()
+        );
+    }
+    println!(
+        "B sees {} of {} keys exist",
+        b.batch_exists(&keys(&args.sizes))?.iter().filter(|e| **e).count(),
+        args.sizes.len()
+    );
+    let removed = a.remove_by_regex("^demo/")?;
+    println!(
+        "remove_by_regex ^demo/ removed {removed} key(s): B's gets hold read leases ({} s), which protect objects from removal",
+        MasterConfig::default().lease_ttl.as_secs()
+    );
+    for k in keys(&args.sizes) {
+        a.remove_with(&k, true)?;
+    }
+    println!("forced removal: exists now {:?}", b.batch_exists(&keys(&args.sizes))?);
+    let totals = master.master.totals();
+    println!("master: {} segment(s), {} bytes capacity, {} used", totals.segments, totals.capacity, totals.used);
+    a.close()?;
+    b.close()?;
+    println!("demo finished");
+    Ok(())
+}
+
+fn keys(sizes: &[u64]) -> Vec<String> {
+    sizes.iter().enumerate().map(|(i, s)| format!("demo/prefix-{i}/{}MiB", s >> 20)).collect()
+}
+
+fn client(args: ClientArgs) -> Result<()> {
+    let mut config = ClientConfig::from_env()?;
+    if let Some(m) = args.master {
+        config.master_server_address = m;
+    }
+    if args.local_hostname.is_some() {
+        config.local_hostname = args.local_hostname;
+    }
+    if let Some(s) = args.segment_size {
+        config.global_segment_size = s;
+    }
+    if let Some(s) = args.buffer_size {
+        config.local_buffer_size = s;
+    }
+    if let Some(p) = args.protocol {
+        config.protocol = Some(crescent_store::client::config::parse_protocol(&p)?);
+    }
+    if let Some(r) = args.replicas {
+        config.replica_num = r;
+    }
+    let client = StoreClient::connect(config).context("starting the client")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready {}", client.segment_name())?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"quit") {
+            break;
+        }
+        let answer = match run_command(&client, &words) {
+            Ok(s) => format!("ok{}{s}", if s.is_empty() { "" } else { " " }),
+            Err(e) => match e.downcast_ref::<StoreError>() {
+                Some(se) => format!("err {} {se}", se.code().as_str_name()),
+                None => format!("err USAGE {e}"),
+            },
+        };
+        writeln!(out, "{answer}")?;
+        out.flush()?;
+    }
+    client.close()?;
+    Ok(())
+}
+
+fn seeded(size: u64, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; size as usize];
+    pattern::fill(&mut v, seed, 0);
+    v
+}
+
+fn num(s: Option<&&str>, what: &str) -> Result<u64> {
+    let s = s.with_context(|| format!("missing {what}"))?;
+    parse_size(s).or_else(|_| s.parse::<u64>().map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}")))
+}
+
+fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
+    let key = || w.get(1).copied().context("missing key");
+    match w.first().copied() {
+        Some("put") => {
+            let v = seeded(num(w.get(2), "size")?, num(w.get(3), "seed")?);
+            c.put(key()?, &v)?;
+            Ok(String::new())
+        }
+        Some("get") => {
+            let got = c.get(key()?)?;
+            match pattern::first_mismatch(&got, num(w.get(2), "seed")?, 0) {
+                None => Ok(format!("{} verified", got.len())),
+                Some(at) => bail!("byte {at} of {} differs from the pattern", key()?),
+            }
+        }
+        Some("exists") => Ok(c.exists(key()?)?.to_string()),
+        Some("size") => Ok(c.get_size(key()?)?.to_string()),
+        Some("remove") => Ok(c.remove(key()?).map(|()| String::new())?),
+        Some("remove_regex") => Ok(c.remove_by_regex(key()?)?.to_string()),
+        Some("query") => {
+            let q = c.query(key()?)?;
+            let replicas: Vec<String> = q.replicas.iter().map(|r| r.segment_name.clone()).collect();
+            Ok(format!(
+                "exists={} size={} version={} lease_ms={} replicas={}",
+                q.exists,
+                q.size,
+                q.version,
+                q.lease_remaining_ms,
+                replicas.join(",")
+            ))
+        }
+        Some("batch_put") => {
+            let seed = num(w.get(1), "seed")?;
+            let mut keys = Vec::new();
+            let mut values = Vec::new();
+            for kv in &w[2..] {
+                let (k, s) = kv.split_once(':').context("batch_put takes KEY:SIZE")?;
+                keys.push(k.to_string());
+                values.push(seeded(parse_size(s).map_err(anyhow::Error::msg)?, seed));
+            }
+            let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
+            let results = c.put_batch(&keys, &refs)?;
+            Ok(results
+                .iter()
+                .map(|r| match r {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => e.code().as_str_name().to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(" "))
+        }
+        Some("batch_get") => {
+            let seed = num(w.get(1), "seed")?;
+            let keys: Vec<String> = w[2..].iter().map(|k| k.to_string()).collect();
+            let results = c.get_batch(&keys)?;
+            Ok(results
+                .iter()
+                .map(|r| match r {
+                    Ok(v) if pattern::first_mismatch(v, seed, 0).is_none() => format!("{}", v.len()),
+                    Ok(_) => "MISMATCH".to_string(),
+                    Err(e) => e.code().as_str_name().to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(" "))
+        }
+        Some(other) => bail!("unknown command {other:?}"),
+        None => bail!("empty command"),
+    }
+}

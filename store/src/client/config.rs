@@ -1,0 +1,178 @@
+//! Client configuration: Mooncake's names, from `MOONCAKE_CONFIG_PATH` (JSON) or a builder.
+//!
+//! Precedence: explicit settings (flags, builder) > the config file > the environment's
+//! defaults (`MC_*` variables the transfer engine reads) > built-in defaults.
+
+use std::path::Path;
+
+use crescent_engine::{parse_size, EngineConfig, TransportKind};
+use serde::Deserialize;
+
+use crate::error::{Result, StoreError};
+
+pub const DEFAULT_SEGMENT_SIZE: u64 = 512 << 20;
+pub const DEFAULT_LOCAL_BUFFER_SIZE: u64 = 128 << 20;
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Address (or host:port) peers use to reach this client's transfer engine.
+    pub local_hostname: Option<String>,
+    /// `P2PHANDSHAKE` (default).
+    pub metadata_server: String,
+    /// The master's gRPC address, `host:port`.
+    pub master_server_address: String,
+    /// A forced transport (`tcp`, ...); `None` chooses per peer.
+    pub protocol: Option<TransportKind>,
+    /// RDMA devices (comma-separated), when the rdma transport is present.
+    pub device_name: Option<String>,
+    /// Bytes this client contributes to the global pool.
+    pub global_segment_size: u64,
+    /// Registered staging buffer for `put`/`get` of byte values.
+    pub local_buffer_size: u64,
+    /// Replicas per put unless a call says otherwise.
+    pub replica_num: u32,
+    /// Heartbeat interval (the master drops a client silent for its TTL, 10 s by default).
+    pub ping_interval: std::time::Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            local_hostname: None,
+            metadata_server: crescent_engine::P2P_HANDSHAKE.into(),
+            master_server_address: "127.0.0.1:50051".into(),
+            protocol: None,
+            device_name: None,
+            global_segment_size: DEFAULT_SEGMENT_SIZE,
+            local_buffer_size: DEFAULT_LOCAL_BUFFER_SIZE,
+            replica_num: 1,
+            ping_interval: std::time::Duration::from_secs(1),
+        }
+    }
+}
+
+/// A size in a config file: a number of bytes or a string such as `"512MB"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct FileConfig {
+    local_hostname: Option<String>,
+    metadata_server: Option<String>,
+    master_server_address: Option<String>,
+    protocol: Option<String>,
+    device_name: Option<String>,
+    global_segment_size: Option<SizeValue>,
+    local_buffer_size: Option<SizeValue>,
+    replica_num: Option<u32>,
+}
+
+fn size_of(name: &str, v: SizeValue) -> Result<u64> {
+    match v {
+        SizeValue::Bytes(0) => Err(StoreError::Config(format!("{name} is 0"))),
+        SizeValue::Bytes(b) => Ok(b),
+        SizeValue::Text(t) => parse_size(&t).map_err(|e| StoreError::Config(format!("{name}: {e}"))),
+    }
+}
+
+impl ClientConfig {
+    /// Defaults overridden by the JSON file named by `MOONCAKE_CONFIG_PATH`, if set.
+    pub fn from_env() -> Result<Self> {
+        let mut c = ClientConfig::default();
+        if let Ok(path) = std::env::var("MOONCAKE_CONFIG_PATH") {
+            if !path.trim().is_empty() {
+                c.apply_file(Path::new(&path))?;
+            }
+        }
+        Ok(c)
+    }
+
+    /// Applies a Mooncake-style JSON config file.
+    pub fn apply_file(&mut self, path: &Path) -> Result<()> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| StoreError::Config(format!("cannot read config file {}: {e}", path.display())))?;
+        self.apply_json(&text).map_err(|e| StoreError::Config(format!("{}: {e}", path.display())))
+    }
+
+    pub fn apply_json(&mut self, text: &str) -> Result<()> {
+        let f: FileConfig =
+            serde_json::from_str(text).map_err(|e| StoreError::Config(format!("invalid JSON config: {e}")))?;
+        if let Some(v) = f.local_hostname {
+            self.local_hostname = Some(v);
+        }
+        if let Some(v) = f.metadata_server {
+            self.metadata_server = v;
+        }
+        if let Some(v) = f.master_server_address {
+            self.master_server_address = v;
+        }
+        if let Some(v) = f.protocol {
+            self.protocol = Some(parse_protocol(&v)?);
+        }
+        if let Some(v) = f.device_name {
+            self.device_name = Some(v).filter(|d| !d.is_empty());
+        }
+        if let Some(v) = f.global_segment_size {
+            self.global_segment_size = size_of("global_segment_size", v)?;
+        }
+        if let Some(v) = f.local_buffer_size {
+            self.local_buffer_size = size_of("local_buffer_size", v)?;
+        }
+        if let Some(v) = f.replica_num {
+            self.replica_num = v.max(1);
+        }
+        Ok(())
+    }
+
+    /// The transfer engine's configuration for this client.
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        let mut e = EngineConfig::from_env()?;
+        e.local_hostname = self.local_hostname.clone();
+        e.metadata_server = self.metadata_server.clone();
+        if self.protocol.is_some() {
+            e.protocol = self.protocol;
+        }
+        Ok(e)
+    }
+}
+
+/// Mooncake accepts `tcp` and `rdma`; Crescent also `shm`, and `auto` (or empty) to choose per peer.
+pub fn parse_protocol(v: &str) -> Result<TransportKind> {
+    v.parse::<TransportKind>().map_err(|e| StoreError::Config(format!("protocol: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mooncake_json_keys_are_read() {
+        let mut c = ClientConfig::default();
+        c.apply_json(
+            r#"{"local_hostname":"10.1.1.1","metadata_server":"P2PHANDSHAKE","master_server_address":"10.1.1.2:50051",
+                "protocol":"tcp","device_name":"","global_segment_size":3355443200,"local_buffer_size":"64MB"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.local_hostname.as_deref(), Some("10.1.1.1"));
+        assert_eq!(c.master_server_address, "10.1.1.2:50051");
+        assert_eq!(c.protocol, Some(TransportKind::Tcp));
+        assert_eq!(c.device_name, None);
+        assert_eq!(c.global_segment_size, 3_355_443_200);
+        assert_eq!(c.local_buffer_size, 64 << 20);
+    }
+
+    #[test]
+    fn invalid_values_name_themselves() {
+        let mut c = ClientConfig::default();
+        let e = c.apply_json(r#"{"protocol":"carrier-pigeon"}"#).unwrap_err().to_string();
+        assert!(e.contains("carrier-pigeon"), "{e}");
+        let e = c.apply_json(r#"{"local_buffer_size":"12XB"}"#).unwrap_err().to_string();
+        assert!(e.contains("local_buffer_size") && e.contains("12XB"), "{e}");
+        assert!(c.apply_json(r#"{"global_segment_size":0}"#).is_err());
+        assert!(c.apply_json("not json").is_err());
+    }
+}

@@ -1,0 +1,753 @@
+//! The store client: contributes a registered segment to the pool, keeps a registered staging
+//! buffer, talks to the master over gRPC and moves bytes client-to-client with the engine.
+
+pub mod config;
+pub mod rpc;
+pub mod staging;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crescent_engine::{Opcode, RegisteredMemory, TransferEngine, TransferRequest, TransferStatus};
+
+use crate::error::{Result, StoreError};
+use crate::proto::*;
+pub use config::ClientConfig;
+use rpc::{check, MasterRpc};
+use staging::Staging;
+
+/// Where a value's bytes come from or go to.
+enum Buf<'a> {
+    /// Plain memory: moved through the staging buffer.
+    Bytes(&'a [u8]),
+    BytesMut(&'a mut [u8]),
+    /// Registered memory at this address: moved by the engine directly (zero copy).
+    Registered(u64),
+}
+
+pub struct StoreClient {
+    id: String,
+    config: ClientConfig,
+    engine: Arc<TransferEngine>,
+    segment: RegisteredMemory,
+    segment_id: AtomicU64,
+    staging: Staging,
+    rpc: MasterRpc,
+    stop: Arc<AtomicBool>,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for StoreClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreClient").field("id", &self.id).field("segment", &self.engine.segment_name()).finish()
+    }
+}
+
+impl StoreClient {
+    /// Starts the engine, contributes `global_segment_size` bytes, mounts them at the master
+    /// and starts heartbeats.
+    pub fn connect(config: ClientConfig) -> Result<Arc<Self>> {
+        let rpc = MasterRpc::connect(&config.master_server_address)?;
+        let engine = TransferEngine::new(config.engine_config()?)?;
+        let segment = engine.alloc_registered(config.global_segment_size, "cpu:0")?;
+        let staging = Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?);
+        let client = Arc::new(StoreClient {
+            id: uuid::Uuid::new_v4().to_string(),
+            config,
+            engine,
+            segment,
+            segment_id: AtomicU64::new(0),
+            staging,
+            rpc,
+            stop: Arc::new(AtomicBool::new(false)),
+            closed: AtomicBool::new(false),
+        });
+        client.mount(false)?;
+        client.start_heartbeat();
+        tracing::info!(
+            "store client {} up: segment {} ({} bytes), master {}",
+            client.id,
+            client.engine.segment_name(),
+            client.segment.len(),
+            client.rpc.addr()
+        );
+        Ok(client)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn engine(&self) -> &Arc<TransferEngine> {
+        &self.engine
+    }
+
+    pub fn segment_name(&self) -> &str {
+        self.engine.segment_name()
+    }
+
+    fn segment_info(&self) -> SegmentInfo {
+        SegmentInfo {
+            name: self.engine.segment_name().to_string(),
+            base: self.segment.addr(),
+            size: self.segment.len(),
+            tier: Tier::Dram as i32,
+        }
+    }
+
+    fn mount(&self, remount: bool) -> Result<()> {
+        let req = MountSegmentRequest {
+            client_id: self.id.clone(),
+            segment: Some(self.segment_info()),
+            host: self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default(),
+        };
+        let reply = if remount {
+            self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
+        } else {
+            self.rpc.call(|mut c| async move { c.mount_segment(req).await })?
+        };
+        check(reply.status, "")?;
+        self.segment_id.store(reply.segment_id, Ordering::Release);
+        Ok(())
+    }
+
+    fn start_heartbeat(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        let interval = self.config.ping_interval;
+        std::thread::Builder::new()
+            .name("crescent-heartbeat".into())
+            .spawn(move || {
+                let mut master_was_down = false;
+                while !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(interval);
+                    let Some(client) = weak.upgrade() else { return };
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let req = PingRequest { client_id: client.id.clone() };
+                    match client.rpc.call(|mut c| async move { c.ping(req).await }).and_then(|r| check(r.status, "")) {
+                        Ok(()) => {
+                            if master_was_down {
+                                tracing::info!("master {} reachable again", client.rpc.addr());
+                            }
+                            master_was_down = false;
+                        }
+                        Err(StoreError::NeedRemount) => {
+                            tracing::warn!(
+                                "the master dropped this client; remounting segment {}",
+                                client.segment_name()
+                            );
+                            if let Err(e) = client.mount(true) {
+                                tracing::warn!("remount failed: {e}");
+                            }
+                        }
+                        Err(e) => {
+                            if !master_was_down {
+                                tracing::warn!("heartbeat failed: {e}");
+                            }
+                            master_was_down = true;
+                        }
+                    }
+                }
+            })
+            .expect("spawning the heartbeat thread");
+    }
+
+    // ---- memory the caller registers for zero-copy calls ----
+
+    /// Registers caller memory for `put_from` / `get_into` (once, then reuse it).
+    pub fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
+        Ok(self.engine.register(addr, len, "cpu:0")?)
+    }
+
+    pub fn unregister_buffer(&self, addr: u64) -> Result<()> {
+        Ok(self.engine.unregister(addr)?)
+    }
+
+    // ---- puts ----
+
+    pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.put_with(key, value, &self.default_options())
+    }
+
+    pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        self.put_one(key, Buf::Bytes(value), value.len() as u64, options)
+    }
+
+    /// Zero-copy put from registered memory.
+    pub fn put_from(&self, key: &str, addr: u64, len: u64) -> Result<()> {
+        self.put_one(key, Buf::Registered(addr), len, &self.default_options())
+    }
+
+    fn default_options(&self) -> PutOptions {
+        PutOptions {
+            replica_num: self.config.replica_num,
+            preferred_segment: self.segment_name().to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// Zero-copy calls take registered memory only (register it once with `register_buffer`).
+    fn check_registered(&self, addr: u64, len: u64) -> Result<()> {
+        if self.engine.is_registered(addr, len) {
+            Ok(())
+        } else {
+            Err(StoreError::InvalidArgument(format!(
+                "buffer [{addr:#x}, +{len}) is not registered memory: call register_buffer first"
+            )))
+        }
+    }
+
+    fn put_one(&self, key: &str, src: Buf<'_>, len: u64, options: &PutOptions) -> Result<()> {
+        if len == 0 {
+            return Err(StoreError::InvalidArgument(format!("empty value for key {key:?}")));
+        }
+        if let Buf::Registered(addr) = src {
+            self.check_registered(addr, len)?;
+        }
+        let req = PutStartRequest {
+            client_id: self.id.clone(),
+            key: key.to_string(),
+            size: len,
+            options: Some(options.clone()),
+        };
+        let reply = self.rpc.call(|mut c| async move { c.put_start(req).await })?;
+        check(reply.status, key)?;
+        let written = self.write_replicas(key, &reply.replicas, &src, len);
+        self.finish_put(key, written)
+    }
+
+    fn finish_put(&self, key: &str, written: Result<()>) -> Result<()> {
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        match written {
+            Ok(()) => {
+                let r = self.rpc.call(|mut c| async move { c.put_end(req).await })?;
+                check(r.status, key)
+            }
+            Err(e) => {
+                if let Err(revoke) =
+                    self.rpc.call(|mut c| async move { c.put_revoke(req).await }).and_then(|r| check(r.status, key))
+                {
+                    tracing::warn!("revoking the failed put of {key:?}: {revoke}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Bytes of our own segment at a replica's address, if the replica is ours.
+    #[allow(clippy::mut_from_ref)] // the bytes are our registered segment, not a field of self
+    fn local_replica(&self, r: &ReplicaDescriptor, len: u64) -> Option<&mut [u8]> {
+        if r.segment_name != self.engine.segment_name() {
+            return None;
+        }
+        let (base, end) = (self.segment.addr(), self.segment.addr() + self.segment.len());
+        if r.address < base || r.address.checked_add(len).is_none_or(|e| e > end) {
+            tracing::error!("the master placed a replica outside our segment: {:#x}+{len}", r.address);
+            return None;
+        }
+        // SAFETY: inside our own registered segment; the master hands this range to one object
+        // at a time, and a put/get of it is the only user while its lease or put lasts.
+        Some(unsafe { std::slice::from_raw_parts_mut(r.address as *mut u8, len as usize) })
+    }
+
+    fn write_replicas(&self, key: &str, replicas: &[ReplicaDescriptor], src: &Buf<'_>, len: u64) -> Result<()> {
+        let mut remote = Vec::new();
+        for r in replicas {
+            match (self.local_replica(r, len), src) {
+                (Some(dst), Buf::Bytes(b)) => dst.copy_from_slice(&b[..len as usize]),
+                (Some(dst), Buf::Registered(addr)) => {
+                    // SAFETY: the caller registered [addr, +len) and keeps it valid during the call.
+                    dst.copy_from_slice(unsafe { std::slice::from_raw_parts(*addr as *const u8, len as usize) })
+                }
+                (Some(_), Buf::BytesMut(_)) => unreachable!("puts read from the caller"),
+                (None, _) => remote.push(r),
+            }
+        }
+        if remote.is_empty() {
+            return Ok(());
+        }
+        let targets = remote
+            .iter()
+            .map(|r| Ok((self.engine.open_segment(&r.segment_name)?, r.address)))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| StoreError::PeerGone { key: key.to_string(), reason: e.to_string() })?;
+        match src {
+            Buf::Registered(addr) => self.transfer(
+                key,
+                targets.iter().map(|&(seg, at)| TransferRequest {
+                    opcode: Opcode::Write,
+                    source: *addr,
+                    target: seg,
+                    target_offset: at,
+                    length: len,
+                }),
+            ),
+            Buf::Bytes(bytes) => {
+                let mut off = 0;
+                while off < len {
+                    let mut block = self.staging.acquire(len - off);
+                    let n = block.len();
+                    block.bytes().copy_from_slice(&bytes[off as usize..(off + n) as usize]);
+                    let src = block.addr();
+                    self.transfer(
+                        key,
+                        targets.iter().map(|&(seg, at)| TransferRequest {
+                            opcode: Opcode::Write,
+                            source: src,
+                            target: seg,
+                            target_offset: at + off,
+                            length: n,
+                        }),
+                    )?;
+                    off += n;
+                }
+                Ok(())
+            }
+            Buf::BytesMut(_) => unreachable!("puts read from the caller"),
+        }
+    }
+
+    fn transfer(&self, key: &str, requests: impl Iterator<Item = TransferRequest>) -> Result<()> {
+        let requests: Vec<_> = requests.collect();
+        self.engine.transfer_sync(&requests).map_err(|e| match e {
+            crescent_engine::EngineError::TimedOut => StoreError::TimedOut(format!("moving object {key:?}")),
+            e if e.is_caller_error() => StoreError::Engine(e),
+            e => StoreError::PeerGone { key: key.to_string(), reason: e.to_string() },
+        })
+    }
+
+    // ---- gets ----
+
+    fn replica_list(&self, key: &str) -> Result<GetReplicaListReply> {
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let mut reply = self.rpc.call(|mut c| async move { c.get_replica_list(req).await })?;
+        check(reply.status.take(), key)?;
+        Ok(reply)
+    }
+
+    pub fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let list = self.replica_list(key)?;
+        let mut out = vec![0u8; list.size as usize];
+        self.read_replicas(key, &list, Buf::BytesMut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Zero-copy get into registered memory; returns the object's size.
+    pub fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
+        self.check_registered(addr, len)?;
+        let list = self.replica_list(key)?;
+        if list.size > len {
+            return Err(StoreError::BufferTooSmall { key: key.to_string(), need: list.size, have: len });
+        }
+        self.read_replicas(key, &list, Buf::Registered(addr))?;
+        Ok(list.size)
+    }
+
+    /// Reads from the best replica: our own memory first (a memcpy), then the others in turn.
+    fn read_replicas(&self, key: &str, list: &GetReplicaListReply, mut dst: Buf<'_>) -> Result<()> {
+        let size = list.size;
+        let mut order: Vec<&ReplicaDescriptor> =
+            list.replicas.iter().filter(|r| r.status == ReplicaStatus::Complete as i32).collect();
+        order.sort_by_key(|r| r.segment_name != self.engine.segment_name());
+        let mut last_err = None;
+        for r in order {
+            if let Some(src) = self.local_replica(r, size) {
+                match &mut dst {
+                    Buf::BytesMut(out) => out[..size as usize].copy_from_slice(src),
+                    Buf::Registered(addr) => {
+                        // SAFETY: the caller registered [addr, +len >= size) for this call.
+                        unsafe { std::slice::from_raw_parts_mut(*addr as *mut u8, size as usize) }.copy_from_slice(src)
+                    }
+                    Buf::Bytes(_) => unreachable!("gets write to the caller"),
+                }
+                return Ok(());
+            }
+            match self.read_remote(key, r, size, &mut dst) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_caller_error() => return Err(e),
+                Err(e) => {
+                    tracing::debug!("reading {key:?} from {}: {e}; trying the next replica", r.segment_name);
+                    last_err = Some(e);
+                }
+            }
+        }
+        Err(last_err
+            .unwrap_or_else(|| StoreError::PeerGone { key: key.to_string(), reason: "no readable replica".into() }))
+    }
+
+    fn read_remote(&self, key: &str, r: &ReplicaDescriptor, size: u64, dst: &mut Buf<'_>) -> Result<()> {
+        let seg = self
+            .engine
+            .open_segment(&r.segment_name)
+            .map_err(|e| StoreError::PeerGone { key: key.to_string(), reason: e.to_string() })?;
+        let read = |source: u64, off: u64, n: u64| TransferRequest {
+            opcode: Opcode::Read,
+            source,
+            target: seg,
+            target_offset: r.address + off,
+            length: n,
+        };
+        match dst {
+            Buf::Registered(addr) => self.transfer(key, std::iter::once(read(*addr, 0, size))),
+            Buf::BytesMut(out) => {
+                let mut off = 0;
+                while off < size {
+                    let mut block = self.staging.acquire(size - off);
+                    let n = block.len();
+                    self.transfer(key, std::iter::once(read(block.addr(), off, n)))?;
+                    out[off as usize..(off + n) as usize].copy_from_slice(block.bytes());
+                    off += n;
+                }
+                Ok(())
+            }
+            Buf::Bytes(_) => unreachable!("gets write to the caller"),
+        }
+    }
+
+    // ---- batches: one master round trip per batch ----
+
+    /// Puts several values (bytes); one result per key.
+    pub fn put_batch(&self, keys: &[String], values: &[&[u8]]) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::InvalidArgument(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
+        let starts = self.batch_put_start(keys, &sizes)?;
+        let written: Vec<Result<()>> = starts
+            .into_iter()
+            .zip(keys.iter().zip(values))
+            .map(|(start, (key, value))| {
+                start.and_then(|replicas| self.write_replicas(key, &replicas, &Buf::Bytes(value), value.len() as u64))
+            })
+            .collect();
+        self.batch_put_finish(keys, written)
+    }
+
+    /// Zero-copy puts from registered memory: all remote writes go in one engine batch.
+    pub fn batch_put_from(&self, keys: &[String], addrs: &[u64], sizes: &[u64]) -> Result<Vec<Result<()>>> {
+        if keys.len() != addrs.len() || keys.len() != sizes.len() {
+            return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
+        }
+        for (&addr, &len) in addrs.iter().zip(sizes) {
+            self.check_registered(addr, len)?;
+        }
+        let starts = self.batch_put_start(keys, sizes)?;
+        let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
+        let mut requests = Vec::new();
+        let mut owner = Vec::new();
+        for (i, start) in starts.into_iter().enumerate() {
+            let replicas = match start {
+                Ok(r) => r,
+                Err(e) => {
+                    results.push(Err(e));
+                    continue;
+                }
+            };
+            results.push(Ok(()));
+            for r in &replicas {
+                if let Some(dst) = self.local_replica(r, sizes[i]) {
+                    // SAFETY: the caller registered [addrs[i], +sizes[i]) for this call.
+                    dst.copy_from_slice(unsafe {
+                        std::slice::from_raw_parts(addrs[i] as *const u8, sizes[i] as usize)
+                    });
+                    continue;
+                }
+                match self.engine.open_segment(&r.segment_name) {
+                    Ok(seg) => {
+                        requests.push(TransferRequest {
+                            opcode: Opcode::Write,
+                            source: addrs[i],
+                            target: seg,
+                            target_offset: r.address,
+                            length: sizes[i],
+                        });
+                        owner.push(i);
+                    }
+                    Err(e) => results[i] = Err(StoreError::PeerGone { key: keys[i].clone(), reason: e.to_string() }),
+                }
+            }
+        }
+        self.run_batch(keys, &requests, &owner, &mut results)?;
+        self.batch_put_finish(keys, results)
+    }
+
+    fn batch_put_start(&self, keys: &[String], sizes: &[u64]) -> Result<Vec<Result<Vec<ReplicaDescriptor>>>> {
+        if let Some(i) = sizes.iter().position(|s| *s == 0) {
+            return Err(StoreError::InvalidArgument(format!("empty value for key {:?}", keys[i])));
+        }
+        let req = BatchPutStartRequest {
+            client_id: self.id.clone(),
+            keys: keys.to_vec(),
+            sizes: sizes.to_vec(),
+            options: Some(self.default_options()),
+        };
+        let reply = self.rpc.call(|mut c| async move { c.batch_put_start(req).await })?;
+        if reply.items.len() != keys.len() {
+            return Err(StoreError::Internal(format!(
+                "master answered {} items for {} keys",
+                reply.items.len(),
+                keys.len()
+            )));
+        }
+        Ok(reply
+            .items
+            .into_iter()
+            .zip(keys)
+            .map(|(item, key)| check(item.status, key).map(|()| item.replicas))
+            .collect())
+    }
+
+    /// Commits the keys whose bytes were written, revokes the others (whose put had started).
+    fn batch_put_finish(&self, keys: &[String], mut results: Vec<Result<()>>) -> Result<Vec<Result<()>>> {
+        let ok: Vec<String> = keys.iter().zip(&results).filter(|(_, r)| r.is_ok()).map(|(k, _)| k.clone()).collect();
+        let failed: Vec<String> = keys
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| {
+                matches!(
+                    r,
+                    Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_)) | Err(StoreError::Engine(_))
+                )
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !failed.is_empty() {
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: failed };
+            if let Err(e) = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await }) {
+                tracing::warn!("revoking failed puts: {e}");
+            }
+        }
+        if !ok.is_empty() {
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: ok.clone() };
+            let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
+            let mut statuses = reply.statuses.into_iter();
+            for (key, r) in keys.iter().zip(results.iter_mut()) {
+                if r.is_ok() {
+                    *r = check(statuses.next(), key);
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// Runs one engine batch; failures land in `results[owner[i]]`.
+    fn run_batch(
+        &self,
+        keys: &[String],
+        requests: &[TransferRequest],
+        owner: &[usize],
+        results: &mut [Result<()>],
+    ) -> Result<()> {
+        if requests.is_empty() {
+            return Ok(());
+        }
+        let batch = self.engine.allocate_batch(requests.len())?;
+        let submitted = self.engine.submit(batch, requests);
+        let statuses = submitted.and_then(|()| self.engine.wait_batch(batch, None));
+        let freed = self.engine.free_batch(batch);
+        let statuses = statuses?;
+        freed?;
+        for (status, &i) in statuses.into_iter().zip(owner) {
+            let err = match status {
+                TransferStatus::Completed => continue,
+                TransferStatus::TimedOut => StoreError::TimedOut(format!("moving object {:?}", keys[i])),
+                TransferStatus::Failed(reason) => StoreError::PeerGone { key: keys[i].clone(), reason },
+                TransferStatus::Pending => StoreError::Internal("batch ended with a pending request".into()),
+            };
+            if results[i].is_ok() {
+                results[i] = Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    fn batch_replica_lists(&self, keys: &[String]) -> Result<Vec<Result<GetReplicaListReply>>> {
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+        let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
+        if reply.items.len() != keys.len() {
+            return Err(StoreError::Internal(format!(
+                "master answered {} items for {} keys",
+                reply.items.len(),
+                keys.len()
+            )));
+        }
+        Ok(reply
+            .items
+            .into_iter()
+            .zip(keys)
+            .map(|(mut item, key)| check(item.status.take(), key).map(|()| item))
+            .collect())
+    }
+
+    /// Gets several values (bytes); one result per key.
+    pub fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
+        Ok(self
+            .batch_replica_lists(keys)?
+            .into_iter()
+            .zip(keys)
+            .map(|(list, key)| {
+                let list = list?;
+                let mut out = vec![0u8; list.size as usize];
+                self.read_replicas(key, &list, Buf::BytesMut(&mut out))?;
+                Ok(out)
+            })
+            .collect())
+    }
+
+    /// Zero-copy gets into registered memory: remote reads go in one engine batch; a key whose
+    /// first remote replica fails is retried on its other replicas. Returns sizes read.
+    pub fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != addrs.len() || keys.len() != lens.len() {
+            return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
+        }
+        for (&addr, &len) in addrs.iter().zip(lens) {
+            self.check_registered(addr, len)?;
+        }
+        let lists = self.batch_replica_lists(keys)?;
+        let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
+        let (mut requests, mut owner) = (Vec::new(), Vec::new());
+        let mut sizes = vec![0u64; keys.len()];
+        for (i, list) in lists.iter().enumerate() {
+            let list = match list {
+                Ok(l) => l,
+                Err(e) => {
+                    results.push(Err(StoreError::from_status(e.code(), &e.to_string(), &keys[i])));
+                    continue;
+                }
+            };
+            sizes[i] = list.size;
+            if list.size > lens[i] {
+                results.push(Err(StoreError::BufferTooSmall { key: keys[i].clone(), need: list.size, have: lens[i] }));
+                continue;
+            }
+            results.push(Ok(()));
+            let complete: Vec<&ReplicaDescriptor> =
+                list.replicas.iter().filter(|r| r.status == ReplicaStatus::Complete as i32).collect();
+            if let Some(src) = complete.iter().find_map(|r| self.local_replica(r, list.size)) {
+                // SAFETY: the caller registered [addrs[i], +lens[i] >= size) for this call.
+                unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }.copy_from_slice(src);
+                continue;
+            }
+            match complete.first().map(|r| (self.engine.open_segment(&r.segment_name), r.address)) {
+                Some((Ok(seg), at)) => {
+                    requests.push(TransferRequest {
+                        opcode: Opcode::Read,
+                        source: addrs[i],
+                        target: seg,
+                        target_offset: at,
+                        length: list.size,
+                    });
+                    owner.push(i);
+                }
+                Some((Err(e), _)) => {
+                    results[i] = Err(StoreError::PeerGone { key: keys[i].clone(), reason: e.to_string() })
+                }
+                None => {
+                    results[i] =
+                        Err(StoreError::PeerGone { key: keys[i].clone(), reason: "no complete replica".into() })
+                }
+            }
+        }
+        self.run_batch(keys, &requests, &owner, &mut results)?;
+        // Retry failed keys on their other replicas.
+        for i in 0..keys.len() {
+            if matches!(results[i], Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_))) {
+                if let Ok(list) = &lists[i] {
+                    if list.replicas.len() > 1 {
+                        results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i]));
+                    }
+                }
+            }
+        }
+        Ok(results.into_iter().zip(sizes).map(|(r, s)| r.map(|()| s)).collect())
+    }
+
+    // ---- probes and removal ----
+
+    /// Whether a committed object exists (no lease is granted).
+    pub fn exists(&self, key: &str) -> Result<bool> {
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let reply = self.rpc.call(|mut c| async move { c.exists(req).await })?;
+        check(reply.status, key)?;
+        Ok(reply.exists)
+    }
+
+    pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+        let reply = self.rpc.call(|mut c| async move { c.batch_exists(req).await })?;
+        check(reply.status, "")?;
+        Ok(reply.exists)
+    }
+
+    /// Everything the master knows of a key, without side effects.
+    pub fn query(&self, key: &str) -> Result<QueryKeyReply> {
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let mut reply = self.rpc.call(|mut c| async move { c.query_key(req).await })?;
+        check(reply.status.take(), key)?;
+        Ok(reply)
+    }
+
+    /// Size of a committed object (no lease).
+    pub fn get_size(&self, key: &str) -> Result<u64> {
+        let q = self.query(key)?;
+        if !q.exists {
+            return Err(StoreError::NotFound(key.to_string()));
+        }
+        Ok(q.size)
+    }
+
+    /// Removes an object; refused while a reader holds its lease.
+    pub fn remove(&self, key: &str) -> Result<()> {
+        self.remove_with(key, false)
+    }
+
+    pub fn remove_with(&self, key: &str, force: bool) -> Result<()> {
+        let req = RemoveRequest { client_id: self.id.clone(), key: key.to_string(), force };
+        let reply = self.rpc.call(|mut c| async move { c.remove(req).await })?;
+        check(reply.status, key)
+    }
+
+    /// Removes every committed object whose key matches `pattern`; returns how many.
+    pub fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force: false };
+        let reply = self.rpc.call(|mut c| async move { c.remove_by_regex(req).await })?;
+        check(reply.status, pattern)?;
+        Ok(reply.removed)
+    }
+
+    pub fn remove_all(&self) -> Result<u64> {
+        let req = RemoveAllRequest { client_id: self.id.clone(), force: false };
+        let reply = self.rpc.call(|mut c| async move { c.remove_all(req).await })?;
+        check(reply.status, "")?;
+        Ok(reply.removed)
+    }
+
+    /// Stops heartbeats and unmounts the segment (its objects are dropped by the master).
+    pub fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.stop.store(true, Ordering::Release);
+        let req =
+            UnmountSegmentRequest { client_id: self.id.clone(), segment_id: self.segment_id.load(Ordering::Acquire) };
+        let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
+        check(reply.status, "")
+    }
+}
+
+impl Drop for StoreClient {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if !self.closed.load(Ordering::Acquire) {
+            if let Err(e) = self.close() {
+                tracing::debug!("closing store client {}: {e}", self.id);
+            }
+        }
+    }
+}
+
+/// How long the master keeps a silent client (for callers that wait on it).
+pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(10);

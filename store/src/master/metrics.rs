@@ -1,0 +1,90 @@
+//! Prometheus metrics of the master (one registry per master, so several can run in a process).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+use crate::error::{Result, StoreError};
+use crate::master::Totals;
+
+pub struct Metrics {
+    registry: Registry,
+    pub capacity: IntGauge,
+    pub used: IntGauge,
+    pub keys: IntGauge,
+    pub segments: IntGauge,
+    pub clients: IntGauge,
+    pub puts: IntCounter,
+    pub gets: IntCounter,
+    pub evictions: IntCounter,
+    pub evicted_bytes: IntCounter,
+    pub puts_reclaimed: IntCounter,
+    pub clients_dropped: IntCounter,
+    pub errors: IntCounterVec,
+    pub rpc_latency: HistogramVec,
+}
+
+fn internal(e: prometheus::Error) -> StoreError {
+    StoreError::Internal(format!("metrics: {e}"))
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self> {
+        let registry = Registry::new_custom(Some("crescent_master".into()), None).map_err(internal)?;
+        let gauge = |name: &str, help: &str| -> Result<IntGauge> {
+            let g = IntGauge::new(name, help).map_err(internal)?;
+            registry.register(Box::new(g.clone())).map_err(internal)?;
+            Ok(g)
+        };
+        let counter = |name: &str, help: &str| -> Result<IntCounter> {
+            let c = IntCounter::new(name, help).map_err(internal)?;
+            registry.register(Box::new(c.clone())).map_err(internal)?;
+            Ok(c)
+        };
+        let errors =
+            IntCounterVec::new(Opts::new("errors_total", "Failed operations by kind"), &["kind"]).map_err(internal)?;
+        registry.register(Box::new(errors.clone())).map_err(internal)?;
+        let rpc_latency = HistogramVec::new(
+            HistogramOpts::new("rpc_latency_seconds", "Time to serve an RPC, by method")
+                .buckets(prometheus::exponential_buckets(0.000_01, 4.0, 10).map_err(internal)?),
+            &["method"],
+        )
+        .map_err(internal)?;
+        registry.register(Box::new(rpc_latency.clone())).map_err(internal)?;
+        Ok(Metrics {
+            capacity: gauge("capacity_bytes", "Bytes contributed by mounted segments")?,
+            used: gauge("used_bytes", "Bytes allocated to objects")?,
+            keys: gauge("keys", "Objects (committed or being written)")?,
+            segments: gauge("segments", "Mounted segments")?,
+            clients: gauge("clients", "Live clients")?,
+            puts: counter("puts_total", "Puts started")?,
+            gets: counter("gets_total", "Replica lists served")?,
+            evictions: counter("evictions_total", "Objects evicted")?,
+            evicted_bytes: counter("evicted_bytes_total", "Bytes freed by eviction")?,
+            puts_reclaimed: counter("puts_reclaimed_total", "Unfinished puts reclaimed after the put timeout")?,
+            clients_dropped: counter("clients_dropped_total", "Clients dropped for missing heartbeats")?,
+            errors,
+            rpc_latency,
+            registry,
+        })
+    }
+
+    pub fn error(&self, e: &StoreError) {
+        self.errors.with_label_values(&[e.code().as_str_name()]).inc();
+    }
+
+    pub fn set_totals(&self, t: &Totals) {
+        self.capacity.set(t.capacity as i64);
+        self.used.set(t.used as i64);
+        self.keys.set(t.keys as i64);
+        self.segments.set(t.segments as i64);
+        self.clients.set(t.clients as i64);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}

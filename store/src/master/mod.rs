@@ -1,0 +1,707 @@
+//! The master: owns metadata only (key → replicas → segment, address, size, tier, status).
+//! Clients contribute segments and move bytes themselves with the transfer engine.
+//!
+//! All state sits behind one mutex: every operation is a few map lookups, far cheaper than
+//! the gRPC round trip around it, and one lock keeps eviction, leases and liveness trivially
+//! consistent. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
+
+pub mod admin;
+pub mod allocator;
+pub mod config;
+pub mod metrics;
+pub mod server;
+pub mod service;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rand::seq::SliceRandom;
+
+use crate::error::{Result, StoreError};
+use crate::proto::{PutOptions, QueryKeyReply, ReplicaDescriptor, ReplicaStatus, SegmentInfo, Tier};
+use allocator::{Block, SegmentAllocator};
+pub use config::{AllocationStrategy, MasterConfig};
+use metrics::Metrics;
+
+/// Longest key accepted.
+pub const MAX_KEY_LEN: usize = 4096;
+/// Largest object accepted.
+pub const MAX_OBJECT_SIZE: u64 = 1 << 40;
+/// Most replicas per object.
+pub const MAX_REPLICAS: u32 = 16;
+
+struct Segment {
+    name: String,
+    client_id: String,
+    host: String,
+    base: u64,
+    tier: Tier,
+    alloc: SegmentAllocator,
+}
+
+struct Replica {
+    segment_id: u64,
+    block: Block,
+}
+
+struct Object {
+    size: u64,
+    version: u64,
+    replicas: Vec<Replica>,
+    complete: bool,
+    writer: String,
+    started: Instant,
+    last_access: Instant,
+    lease_until: Option<Instant>,
+    soft_pin_until: Option<Instant>,
+    hard_pin: bool,
+}
+
+impl Object {
+    fn leased(&self, now: Instant) -> bool {
+        self.lease_until.is_some_and(|t| t > now)
+    }
+    fn evictable(&self, now: Instant) -> bool {
+        self.complete && !self.hard_pin && !self.leased(now) && self.soft_pin_until.is_none_or(|t| t <= now)
+    }
+}
+
+struct Client {
+    last_ping: Instant,
+    segments: HashSet<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    segments: HashMap<u64, Segment>,
+    segment_by_name: HashMap<String, u64>,
+    objects: HashMap<String, Object>,
+    clients: HashMap<String, Client>,
+    /// Clients dropped for silence: their next ping is told to remount.
+    dropped: HashSet<String>,
+    next_segment: u64,
+    next_version: u64,
+}
+
+/// A get's answer: the replicas to read from, under a lease.
+#[derive(Debug, Clone)]
+pub struct ReplicaList {
+    pub replicas: Vec<ReplicaDescriptor>,
+    pub size: u64,
+    pub version: u64,
+    pub lease_ttl: Duration,
+}
+
+/// Totals for metrics and the admin page.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Totals {
+    pub capacity: u64,
+    pub used: u64,
+    pub keys: u64,
+    pub segments: u64,
+    pub clients: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SegmentView {
+    pub id: u64,
+    pub name: String,
+    pub client_id: String,
+    pub host: String,
+    pub tier: String,
+    pub capacity: u64,
+    pub used: u64,
+}
+
+/// What a ping learns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PingOutcome {
+    Ok,
+    NeedRemount,
+}
+
+pub struct Master {
+    config: MasterConfig,
+    state: Mutex<State>,
+    metrics: Metrics,
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(StoreError::InvalidArgument(format!("a key has 1 to {MAX_KEY_LEN} bytes (got {})", key.len())));
+    }
+    Ok(())
+}
+
+impl Master {
+    pub fn new(config: MasterConfig) -> Result<Arc<Master>> {
+        config.validate()?;
+        Ok(Arc::new(Master {
+            config,
+            state: Mutex::new(State { next_segment: 1, next_version: 1, ..State::default() }),
+            metrics: Metrics::new()?,
+        }))
+    }
+
+    pub fn config(&self) -> &MasterConfig {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    // ---- segments and clients ----
+
+    pub fn mount_segment(&self, client_id: &str, info: &SegmentInfo, host: &str) -> Result<u64> {
+        if client_id.is_empty() || info.name.is_empty() {
+            return Err(StoreError::InvalidArgument("mount needs a client id and a segment name".into()));
+        }
+        if info.size == 0 || info.size > MAX_OBJECT_SIZE * 64 || info.base.checked_add(info.size).is_none() {
+            return Err(StoreError::InvalidArgument(format!(
+                "segment size {} at {:#x} is not valid",
+                info.size, info.base
+            )));
+        }
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        if let Some(&id) = st.segment_by_name.get(&info.name) {
+            let seg = &st.segments[&id];
+            if seg.client_id == client_id && seg.base == info.base && seg.alloc.capacity() <= info.size {
+                return Ok(id); // the same mount again
+            }
+            return Err(StoreError::SegmentExists(info.name.clone()));
+        }
+        st.dropped.remove(client_id);
+        let id = st.next_segment;
+        st.next_segment += 1;
+        let tier = Tier::try_from(info.tier).ok().filter(|t| *t != Tier::Unspecified).unwrap_or(Tier::Dram);
+        st.segments.insert(
+            id,
+            Segment {
+                name: info.name.clone(),
+                client_id: client_id.to_string(),
+                host: host.to_string(),
+                base: info.base,
+                tier,
+                alloc: SegmentAllocator::new(info.size),
+            },
+        );
+        st.segment_by_name.insert(info.name.clone(), id);
+        st.clients
+            .entry(client_id.to_string())
+            .or_insert_with(|| Client { last_ping: now, segments: HashSet::new() })
+            .segments
+            .insert(id);
+        tracing::info!("client {client_id} mounted segment {} ({} bytes, {host}) as {id}", info.name, info.size);
+        drop(st);
+        self.update_gauges();
+        Ok(id)
+    }
+
+    /// Mount after a `NeedRemount`: whatever the master still had of this client is dropped first.
+    pub fn remount_segment(&self, client_id: &str, info: &SegmentInfo, host: &str) -> Result<u64> {
+        {
+            let mut st = self.state.lock();
+            if let Some(&id) = st.segment_by_name.get(&info.name) {
+                if st.segments[&id].client_id == client_id {
+                    Self::drop_segment(&mut st, id);
+                }
+            }
+        }
+        self.mount_segment(client_id, info, host)
+    }
+
+    pub fn unmount_segment(&self, client_id: &str, segment_id: u64) -> Result<()> {
+        let mut st = self.state.lock();
+        match st.segments.get(&segment_id) {
+            Some(s) if s.client_id == client_id => {}
+            Some(_) => {
+                return Err(StoreError::InvalidArgument(format!("segment {segment_id} belongs to another client")))
+            }
+            None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
+        }
+        let dropped = Self::drop_segment(&mut st, segment_id);
+        tracing::info!(
+            "client {client_id} unmounted segment {segment_id}; {dropped} object(s) lost their last replica"
+        );
+        drop(st);
+        self.update_gauges();
+        Ok(())
+    }
+
+    /// Removes a segment and every replica on it; returns how many objects were removed.
+    fn drop_segment(st: &mut State, segment_id: u64) -> usize {
+        let Some(seg) = st.segments.remove(&segment_id) else {
+            return 0;
+        };
+        st.segment_by_name.remove(&seg.name);
+        if let Some(c) = st.clients.get_mut(&seg.client_id) {
+            c.segments.remove(&segment_id);
+        }
+        let mut gone = Vec::new();
+        for (key, obj) in st.objects.iter_mut() {
+            obj.replicas.retain(|r| r.segment_id != segment_id);
+            if obj.replicas.is_empty() {
+                gone.push(key.clone());
+            }
+        }
+        for key in &gone {
+            st.objects.remove(key);
+        }
+        gone.len()
+    }
+
+    pub fn ping(&self, client_id: &str) -> PingOutcome {
+        let mut st = self.state.lock();
+        match st.clients.get_mut(client_id) {
+            Some(c) => {
+                c.last_ping = Instant::now();
+                PingOutcome::Ok
+            }
+            None => PingOutcome::NeedRemount,
+        }
+    }
+
+    // ---- puts ----
+
+    pub fn put_start(
+        &self,
+        client_id: &str,
+        key: &str,
+        size: u64,
+        opts: &PutOptions,
+    ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
+        let r = self.put_start_inner(client_id, key, size, opts, Instant::now());
+        match &r {
+            Ok(_) => self.metrics.puts.inc(),
+            Err(e) => self.metrics.error(e),
+        }
+        self.update_gauges();
+        r
+    }
+
+    fn put_start_inner(
+        &self,
+        client_id: &str,
+        key: &str,
+        size: u64,
+        opts: &PutOptions,
+        now: Instant,
+    ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
+        check_key(key)?;
+        if size == 0 || size > MAX_OBJECT_SIZE {
+            return Err(StoreError::InvalidArgument(format!("object size {size} is not in 1..={MAX_OBJECT_SIZE}")));
+        }
+        let replicas = opts.replica_num.max(1);
+        if replicas > MAX_REPLICAS {
+            return Err(StoreError::InvalidArgument(format!("replica_num {replicas} exceeds {MAX_REPLICAS}")));
+        }
+        let mut st = self.state.lock();
+        if st.objects.contains_key(key) {
+            return Err(StoreError::AlreadyExists(key.to_string()));
+        }
+        if (st.segments.len() as u32) < replicas {
+            return Err(StoreError::NoSpace {
+                size,
+                replicas,
+                detail: format!("{} segment(s) mounted; replicas need distinct segments", st.segments.len()),
+            });
+        }
+        let blocks = match self.allocate(&mut st, size, replicas, &opts.preferred_segment) {
+            Some(b) => b,
+            None => {
+                // No room: evict, then try once more.
+                let freed = self.evict(&mut st, now, size * replicas as u64);
+                tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
+                self.allocate(&mut st, size, replicas, &opts.preferred_segment).ok_or_else(|| StoreError::NoSpace {
+                    size,
+                    replicas,
+                    detail: "every segment is full of leased, pinned or unfinished objects".into(),
+                })?
+            }
+        };
+        let version = st.next_version;
+        st.next_version += 1;
+        let soft_pin_until = (opts.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(opts.soft_pin_ttl_ms));
+        let object = Object {
+            size,
+            version,
+            replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block }).collect(),
+            complete: false,
+            writer: client_id.to_string(),
+            started: now,
+            last_access: now,
+            lease_until: None,
+            soft_pin_until,
+            hard_pin: opts.hard_pin,
+        };
+        let descriptors = Self::describe(&st, &object);
+        st.objects.insert(key.to_string(), object);
+        // Above the high watermark: make room ahead of the next puts.
+        let totals = Self::totals_of(&st);
+        if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
+            self.evict(&mut st, now, 0);
+        }
+        Ok((descriptors, version))
+    }
+
+    /// Picks `replicas` distinct segments with room, by the configured strategy.
+    fn allocate(&self, st: &mut State, size: u64, replicas: u32, preferred: &str) -> Option<Vec<(u64, Block)>> {
+        let mut candidates: Vec<u64> =
+            st.segments.iter().filter(|(_, s)| s.alloc.free() >= size).map(|(id, _)| *id).collect();
+        match self.config.allocation_strategy {
+            AllocationStrategy::FreeRatioFirst => candidates.sort_by(|a, b| {
+                let ratio = |id: &u64| {
+                    let a = &st.segments[id].alloc;
+                    a.free() as f64 / a.capacity() as f64
+                };
+                ratio(b).total_cmp(&ratio(a))
+            }),
+            _ => candidates.shuffle(&mut rand::rng()),
+        }
+        let local_first = self.config.allocation_strategy == AllocationStrategy::LocalFirst;
+        if local_first {
+            if let Some(&own) = st.segment_by_name.get(preferred) {
+                if let Some(pos) = candidates.iter().position(|id| *id == own) {
+                    candidates.remove(pos);
+                    candidates.insert(0, own);
+                }
+            }
+        }
+        let mut got = Vec::new();
+        for id in candidates {
+            if got.len() == replicas as usize {
+                break;
+            }
+            if let Some(block) = st.segments.get_mut(&id).expect("candidate").alloc.allocate(size) {
+                got.push((id, block));
+            }
+        }
+        if got.len() < replicas as usize {
+            for (id, block) in got {
+                st.segments.get_mut(&id).expect("allocated above").alloc.release(block);
+            }
+            return None;
+        }
+        Some(got)
+    }
+
+    pub fn put_end(&self, client_id: &str, key: &str) -> Result<()> {
+        check_key(key)?;
+        let mut st = self.state.lock();
+        let obj = st.objects.get_mut(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        if obj.writer != client_id && !obj.complete {
+            return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")));
+        }
+        obj.complete = true;
+        obj.last_access = Instant::now();
+        Ok(())
+    }
+
+    pub fn put_revoke(&self, client_id: &str, key: &str) -> Result<()> {
+        check_key(key)?;
+        let mut st = self.state.lock();
+        match st.objects.get(key) {
+            None => return Err(StoreError::NotFound(key.to_string())),
+            Some(o) if o.complete => {
+                return Err(StoreError::InvalidArgument(format!(
+                    "object {key:?} is already committed; remove it instead"
+                )))
+            }
+            Some(o) if o.writer != client_id => {
+                return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")))
+            }
+            Some(_) => {}
+        }
+        Self::remove_object(&mut st, key);
+        drop(st);
+        self.update_gauges();
+        Ok(())
+    }
+
+    fn remove_object(st: &mut State, key: &str) -> Option<u64> {
+        let obj = st.objects.remove(key)?;
+        let mut freed = 0;
+        for r in obj.replicas {
+            if let Some(seg) = st.segments.get_mut(&r.segment_id) {
+                freed += r.block.reserved;
+                seg.alloc.release(r.block);
+            }
+        }
+        Some(freed)
+    }
+
+    fn describe(st: &State, obj: &Object) -> Vec<ReplicaDescriptor> {
+        obj.replicas
+            .iter()
+            .filter_map(|r| {
+                let seg = st.segments.get(&r.segment_id)?;
+                Some(ReplicaDescriptor {
+                    segment_name: seg.name.clone(),
+                    address: seg.base + r.block.offset,
+                    size: obj.size,
+                    tier: seg.tier as i32,
+                    status: if obj.complete { ReplicaStatus::Complete } else { ReplicaStatus::Processing } as i32,
+                    client_id: seg.client_id.clone(),
+                    host: seg.host.clone(),
+                    segment_id: r.segment_id,
+                })
+            })
+            .collect()
+    }
+
+    // ---- gets and queries ----
+
+    /// The replicas of a committed object; grants (or extends) a read lease.
+    pub fn get_replica_list(&self, key: &str) -> Result<ReplicaList> {
+        let r = self.get_replica_list_inner(key, Instant::now());
+        match &r {
+            Ok(_) => self.metrics.gets.inc(),
+            Err(e) => self.metrics.error(e),
+        }
+        r
+    }
+
+    fn get_replica_list_inner(&self, key: &str, now: Instant) -> Result<ReplicaList> {
+        check_key(key)?;
+        let mut st = self.state.lock();
+        let obj = st.objects.get_mut(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        if !obj.complete {
+            return Err(StoreError::NotReady(key.to_string()));
+        }
+        let until = now + self.config.lease_ttl;
+        obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
+        obj.last_access = now;
+        let obj = &st.objects[key];
+        Ok(ReplicaList {
+            replicas: Self::describe(&st, obj),
+            size: obj.size,
+            version: obj.version,
+            lease_ttl: self.config.lease_ttl,
+        })
+    }
+
+    /// Whether a committed object exists. No lease, no change of eviction order.
+    pub fn exists(&self, key: &str) -> Result<bool> {
+        check_key(key)?;
+        Ok(self.state.lock().objects.get(key).is_some_and(|o| o.complete))
+    }
+
+    pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        for k in keys {
+            check_key(k)?;
+        }
+        let st = self.state.lock();
+        Ok(keys.iter().map(|k| st.objects.get(k).is_some_and(|o| o.complete)).collect())
+    }
+
+    /// Everything known about a key, with no side effect.
+    pub fn query(&self, key: &str) -> Result<QueryKeyReply> {
+        check_key(key)?;
+        let now = Instant::now();
+        let st = self.state.lock();
+        let Some(obj) = st.objects.get(key) else {
+            return Ok(QueryKeyReply { exists: false, ..Default::default() });
+        };
+        Ok(QueryKeyReply {
+            status: None,
+            exists: obj.complete,
+            size: obj.size,
+            version: obj.version,
+            replicas: Self::describe(&st, obj),
+            lease_remaining_ms: obj.lease_until.map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64),
+            hard_pinned: obj.hard_pin,
+        })
+    }
+
+    // ---- removal ----
+
+    pub fn remove(&self, key: &str, force: bool) -> Result<()> {
+        check_key(key)?;
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        if !obj.complete {
+            return Err(StoreError::NotReady(key.to_string()));
+        }
+        if obj.leased(now) && !force {
+            return Err(StoreError::Leased(key.to_string()));
+        }
+        Self::remove_object(&mut st, key);
+        drop(st);
+        self.update_gauges();
+        Ok(())
+    }
+
+    /// Removes committed objects whose key matches `pattern`; returns (removed, skipped as leased).
+    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<(u64, u64)> {
+        let re = regex::RegexBuilder::new(pattern)
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|e| StoreError::InvalidArgument(format!("bad regex {pattern:?}: {e}")))?;
+        Ok(self.remove_matching(|k| re.is_match(k), force))
+    }
+
+    pub fn remove_all(&self, force: bool) -> (u64, u64) {
+        self.remove_matching(|_| true, force)
+    }
+
+    fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool) -> (u64, u64) {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let (mut victims, mut skipped) = (Vec::new(), 0);
+        for (k, o) in &st.objects {
+            if o.complete && matches(k) {
+                if o.leased(now) && !force {
+                    skipped += 1;
+                } else {
+                    victims.push(k.clone());
+                }
+            }
+        }
+        for k in &victims {
+            Self::remove_object(&mut st, k);
+        }
+        drop(st);
+        self.update_gauges();
+        (victims.len() as u64, skipped)
+    }
+
+    // ---- eviction, reclaim, liveness ----
+
+    /// Evicts least-recently-used evictable objects until `at_least` bytes and the configured
+    /// ratio of capacity are freed (or nothing evictable is left). Returns bytes freed.
+    fn evict(&self, st: &mut State, now: Instant, at_least: u64) -> u64 {
+        let capacity = Self::totals_of(st).capacity;
+        let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
+        let mut candidates: Vec<(Instant, String)> =
+            st.objects.iter().filter(|(_, o)| o.evictable(now)).map(|(k, o)| (o.last_access, k.clone())).collect();
+        candidates.sort();
+        let (mut freed, mut count) = (0, 0);
+        for (_, key) in candidates {
+            if freed >= target {
+                break;
+            }
+            freed += Self::remove_object(st, &key).unwrap_or(0);
+            count += 1;
+        }
+        if count > 0 {
+            self.metrics.evictions.inc_by(count);
+            self.metrics.evicted_bytes.inc_by(freed);
+            tracing::info!("evicted {count} object(s), {freed} bytes");
+        }
+        freed
+    }
+
+    /// Drops silent clients, reclaims unfinished puts and evicts above the high watermark.
+    pub fn sweep(&self) {
+        self.sweep_at(Instant::now());
+    }
+
+    fn sweep_at(&self, now: Instant) {
+        let mut st = self.state.lock();
+        let silent: Vec<String> = st
+            .clients
+            .iter()
+            .filter(|(_, c)| now.saturating_duration_since(c.last_ping) > self.config.client_ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in silent {
+            let client = st.clients.remove(&id).expect("listed above");
+            let mut lost = 0;
+            for seg in client.segments {
+                lost += Self::drop_segment(&mut st, seg);
+            }
+            st.dropped.insert(id.clone());
+            self.metrics.clients_dropped.inc();
+            tracing::warn!(
+                "client {id} silent for more than {:?}: dropped its segments; {lost} object(s) lost",
+                self.config.client_ttl
+            );
+        }
+        let stale: Vec<String> = st
+            .objects
+            .iter()
+            .filter(|(_, o)| !o.complete && now.saturating_duration_since(o.started) > self.config.put_timeout)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in stale {
+            Self::remove_object(&mut st, &key);
+            self.metrics.puts_reclaimed.inc();
+            tracing::warn!("put of {key:?} never ended: reclaimed after {:?}", self.config.put_timeout);
+        }
+        let totals = Self::totals_of(&st);
+        if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
+            self.evict(&mut st, now, 0);
+        }
+        drop(st);
+        self.update_gauges();
+    }
+
+    /// Runs [`Self::sweep`] every `sweep_interval` until the master is dropped.
+    pub fn start_sweeper(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let interval = self.config.sweep_interval;
+        std::thread::Builder::new()
+            .name("crescent-master-sweep".into())
+            .spawn(move || {
+                while let Some(master) = weak.upgrade() {
+                    master.sweep();
+                    drop(master);
+                    std::thread::sleep(interval);
+                }
+            })
+            .expect("spawning the sweeper");
+    }
+
+    // ---- views ----
+
+    fn totals_of(st: &State) -> Totals {
+        let (capacity, used) =
+            st.segments.values().fold((0, 0), |(c, u), s| (c + s.alloc.capacity(), u + s.alloc.reserved()));
+        Totals {
+            capacity,
+            used,
+            keys: st.objects.len() as u64,
+            segments: st.segments.len() as u64,
+            clients: st.clients.len() as u64,
+        }
+    }
+
+    pub fn totals(&self) -> Totals {
+        Self::totals_of(&self.state.lock())
+    }
+
+    fn update_gauges(&self) {
+        self.metrics.set_totals(&self.totals());
+    }
+
+    pub fn keys(&self, limit: usize) -> Vec<String> {
+        self.state.lock().objects.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.clone()).take(limit).collect()
+    }
+
+    pub fn segments(&self) -> Vec<SegmentView> {
+        let st = self.state.lock();
+        let mut v: Vec<SegmentView> = st
+            .segments
+            .iter()
+            .map(|(id, s)| SegmentView {
+                id: *id,
+                name: s.name.clone(),
+                client_id: s.client_id.clone(),
+                host: s.host.clone(),
+                tier: s.tier.as_str_name().to_string(),
+                capacity: s.alloc.capacity(),
+                used: s.alloc.reserved(),
+            })
+            .collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+//! Running a master: the gRPC service and the admin HTTP port on a runtime of their own.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::error::{Result, StoreError};
+use crate::master::service::MasterService;
+use crate::master::{admin, Master, MasterConfig};
+
+/// A running master; dropping it (or [`MasterHandle::shutdown`]) stops it.
+pub struct MasterHandle {
+    pub master: Arc<Master>,
+    pub rpc_addr: SocketAddr,
+    pub admin_addr: Option<SocketAddr>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MasterHandle {
+    /// The address clients use (`host:port`), with 127.0.0.1 for a wildcard bind.
+    pub fn client_address(&self) -> String {
+        let ip =
+            if self.rpc_addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { self.rpc_addr.ip().to_string() };
+        format!("{ip}:{}", self.rpc_addr.port())
+    }
+
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Blocks until the master stops (it stops when the handle is dropped elsewhere or on error).
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MasterHandle {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+/// Starts a master with `config`; returns once both listeners are bound.
+pub fn start(config: MasterConfig) -> Result<MasterHandle> {
+    let master = Master::new(config.clone())?;
+    master.start_sweeper();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("crescent-master")
+        .enable_all()
+        .build()
+        .map_err(|e| StoreError::Internal(format!("tokio runtime: {e}")))?;
+    let bind = |addr: &str| -> Result<std::net::TcpListener> {
+        let l = std::net::TcpListener::bind(addr)
+            .map_err(|e| StoreError::Config(format!("cannot listen on {addr}: {e}")))?;
+        l.set_nonblocking(true).map_err(|e| StoreError::Internal(e.to_string()))?;
+        Ok(l)
+    };
+    let rpc = bind(&config.rpc_address)?;
+    let admin = if config.admin_address.is_empty() { None } else { Some(bind(&config.admin_address)?) };
+    let rpc_addr = rpc.local_addr().map_err(|e| StoreError::Internal(e.to_string()))?;
+    let admin_addr = admin.as_ref().and_then(|a| a.local_addr().ok());
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let service = MasterService::new(master.clone());
+    let admin_router = admin::router(master.clone());
+    let thread = std::thread::Builder::new()
+        .name("crescent-master-rt".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let rpc = tokio::net::TcpListener::from_std(rpc).expect("registering the rpc listener");
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(rpc);
+                let (stop_admin_tx, stop_admin_rx) = oneshot::channel::<()>();
+                if let Some(admin) = admin {
+                    let admin = tokio::net::TcpListener::from_std(admin).expect("registering the admin listener");
+                    tokio::spawn(async move {
+                        let _ = axum::serve(admin, admin_router)
+                            .with_graceful_shutdown(async move {
+                                let _ = stop_admin_rx.await;
+                            })
+                            .await;
+                    });
+                }
+                let served = tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(incoming, async move {
+                        let _ = stop_rx.await;
+                    })
+                    .await;
+                let _ = stop_admin_tx.send(());
+                if let Err(e) = served {
+                    tracing::error!("master gRPC server stopped: {e}");
+                }
+            });
+        })
+        .map_err(|e| StoreError::Internal(format!("master thread: {e}")))?;
+    tracing::info!(
+        "master listening: gRPC {rpc_addr}{}",
+        admin_addr.map(|a| format!(", admin http://{a}/metrics")).unwrap_or_default()
+    );
+    Ok(MasterHandle { master, rpc_addr, admin_addr, stop: Some(stop_tx), thread: Some(thread) })
+}

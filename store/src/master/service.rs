@@ -1,0 +1,233 @@
+//! The master's gRPC service: a thin mapping of RPCs onto [`Master`]. Errors travel inside
+//! replies as a `Status {code, message}`, so callers in any language get the store's codes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Request, Response};
+
+use crate::error::StoreError;
+use crate::master::{Master, PingOutcome};
+use crate::proto::master_server::{Master as MasterRpc, MasterServer};
+use crate::proto::*;
+
+pub struct MasterService {
+    master: Arc<Master>,
+}
+
+/// Largest gRPC message accepted (a batch of 100k keys fits easily).
+pub const MAX_MESSAGE: usize = 256 << 20;
+
+impl MasterService {
+    pub fn new(master: Arc<Master>) -> MasterServer<MasterService> {
+        MasterServer::new(MasterService { master })
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    #[allow(clippy::result_large_err)] // tonic's handler signature
+    fn timed<T>(&self, method: &str, f: impl FnOnce(&Master) -> T) -> Result<Response<T>, tonic::Status> {
+        let start = Instant::now();
+        let out = f(&self.master);
+        self.master.metrics().rpc_latency.with_label_values(&[method]).observe(start.elapsed().as_secs_f64());
+        Ok(Response::new(out))
+    }
+}
+
+fn ok() -> Option<Status> {
+    Some(Status { code: Code::Ok as i32, message: String::new() })
+}
+
+fn status(e: &StoreError) -> Option<Status> {
+    Some(Status { code: e.code() as i32, message: e.to_string() })
+}
+
+fn status_of(r: &Result<(), StoreError>) -> Option<Status> {
+    match r {
+        Ok(()) => ok(),
+        Err(e) => status(e),
+    }
+}
+
+fn put_start_reply(m: &Master, client: &str, key: &str, size: u64, opts: &PutOptions) -> PutStartReply {
+    match m.put_start(client, key, size, opts) {
+        Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
+        Err(e) => PutStartReply { status: status(&e), ..Default::default() },
+    }
+}
+
+fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
+    match m.get_replica_list(key) {
+        Ok(l) => GetReplicaListReply {
+            status: ok(),
+            replicas: l.replicas,
+            size: l.size,
+            version: l.version,
+            lease_ttl_ms: l.lease_ttl.as_millis() as u64,
+        },
+        Err(e) => GetReplicaListReply { status: status(&e), ..Default::default() },
+    }
+}
+
+#[tonic::async_trait]
+impl MasterRpc for MasterService {
+    async fn mount_segment(
+        &self,
+        req: Request<MountSegmentRequest>,
+    ) -> Result<Response<MountSegmentReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("MountSegment", |m| {
+            let seg = r.segment.unwrap_or_default();
+            match m.mount_segment(&r.client_id, &seg, &r.host) {
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
+                Err(e) => MountSegmentReply { status: status(&e), segment_id: 0 },
+            }
+        })
+    }
+
+    async fn remount_segment(
+        &self,
+        req: Request<MountSegmentRequest>,
+    ) -> Result<Response<MountSegmentReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("RemountSegment", |m| {
+            let seg = r.segment.unwrap_or_default();
+            match m.remount_segment(&r.client_id, &seg, &r.host) {
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
+                Err(e) => MountSegmentReply { status: status(&e), segment_id: 0 },
+            }
+        })
+    }
+
+    async fn unmount_segment(
+        &self,
+        req: Request<UnmountSegmentRequest>,
+    ) -> Result<Response<StatusReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("UnmountSegment", |m| StatusReply {
+            status: status_of(&m.unmount_segment(&r.client_id, r.segment_id)),
+        })
+    }
+
+    async fn put_start(&self, req: Request<PutStartRequest>) -> Result<Response<PutStartReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("PutStart", |m| put_start_reply(m, &r.client_id, &r.key, r.size, &r.options.unwrap_or_default()))
+    }
+
+    async fn put_end(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("PutEnd", |m| StatusReply { status: status_of(&m.put_end(&r.client_id, &r.key)) })
+    }
+
+    async fn put_revoke(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("PutRevoke", |m| StatusReply { status: status_of(&m.put_revoke(&r.client_id, &r.key)) })
+    }
+
+    async fn batch_put_start(
+        &self,
+        req: Request<BatchPutStartRequest>,
+    ) -> Result<Response<BatchPutStartReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("BatchPutStart", |m| {
+            if r.keys.len() != r.sizes.len() {
+                let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
+                return BatchPutStartReply {
+                    items: vec![PutStartReply { status: status(&e), ..Default::default() }; r.keys.len().max(1)],
+                };
+            }
+            let opts = r.options.unwrap_or_default();
+            let items =
+                r.keys.iter().zip(&r.sizes).map(|(k, s)| put_start_reply(m, &r.client_id, k, *s, &opts)).collect();
+            BatchPutStartReply { items }
+        })
+    }
+
+    async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("BatchPutEnd", |m| BatchStatusReply {
+            statuses: r.keys.iter().map(|k| status_of(&m.put_end(&r.client_id, k)).expect("some")).collect(),
+        })
+    }
+
+    async fn batch_put_revoke(
+        &self,
+        req: Request<BatchKeyRequest>,
+    ) -> Result<Response<BatchStatusReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("BatchPutRevoke", |m| BatchStatusReply {
+            statuses: r.keys.iter().map(|k| status_of(&m.put_revoke(&r.client_id, k)).expect("some")).collect(),
+        })
+    }
+
+    async fn get_replica_list(&self, req: Request<KeyRequest>) -> Result<Response<GetReplicaListReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("GetReplicaList", |m| replica_list_reply(m, &r.key))
+    }
+
+    async fn batch_get_replica_list(
+        &self,
+        req: Request<BatchKeyRequest>,
+    ) -> Result<Response<BatchGetReplicaListReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("BatchGetReplicaList", |m| BatchGetReplicaListReply {
+            items: r.keys.iter().map(|k| replica_list_reply(m, k)).collect(),
+        })
+    }
+
+    async fn exists(&self, req: Request<KeyRequest>) -> Result<Response<ExistsReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("Exists", |m| match m.exists(&r.key) {
+            Ok(exists) => ExistsReply { status: ok(), exists },
+            Err(e) => ExistsReply { status: status(&e), exists: false },
+        })
+    }
+
+    async fn batch_exists(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchExistsReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("BatchExists", |m| match m.batch_exists(&r.keys) {
+            Ok(exists) => BatchExistsReply { status: ok(), exists },
+            Err(e) => BatchExistsReply { status: status(&e), exists: Vec::new() },
+        })
+    }
+
+    async fn query_key(&self, req: Request<KeyRequest>) -> Result<Response<QueryKeyReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("QueryKey", |m| match m.query(&r.key) {
+            Ok(reply) => QueryKeyReply { status: ok(), ..reply },
+            Err(e) => QueryKeyReply { status: status(&e), ..Default::default() },
+        })
+    }
+
+    async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("Remove", |m| StatusReply { status: status_of(&m.remove(&r.key, r.force)) })
+    }
+
+    async fn remove_by_regex(
+        &self,
+        req: Request<RemoveByRegexRequest>,
+    ) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("RemoveByRegex", |m| match m.remove_by_regex(&r.pattern, r.force) {
+            Ok((removed, skipped_leased)) => RemoveByRegexReply { status: ok(), removed, skipped_leased },
+            Err(e) => RemoveByRegexReply { status: status(&e), ..Default::default() },
+        })
+    }
+
+    async fn remove_all(&self, req: Request<RemoveAllRequest>) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("RemoveAll", |m| {
+            let (removed, skipped_leased) = m.remove_all(r.force);
+            RemoveByRegexReply { status: ok(), removed, skipped_leased }
+        })
+    }
+
+    async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("Ping", |m| match m.ping(&r.client_id) {
+            PingOutcome::Ok => PingReply { status: ok(), view_version: 0 },
+            PingOutcome::NeedRemount => PingReply { status: status(&StoreError::NeedRemount), view_version: 0 },
+        })
+    }
+}

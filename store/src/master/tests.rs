@@ -1,0 +1,248 @@
+//! Unit tests of the master's rules, against the state machine directly.
+
+use super::*;
+
+fn master_with(config: MasterConfig) -> Arc<Master> {
+    Master::new(config).unwrap()
+}
+
+fn master() -> Arc<Master> {
+    master_with(MasterConfig::default())
+}
+
+fn mount(m: &Master, client: &str, name: &str, size: u64) -> u64 {
+    m.mount_segment(
+        client,
+        &SegmentInfo { name: name.into(), base: 0x10_0000_0000, size, tier: Tier::Dram as i32 },
+        "h",
+    )
+    .unwrap()
+}
+
+fn put(m: &Master, key: &str, size: u64, replicas: u32) -> Result<Vec<ReplicaDescriptor>> {
+    let opts = PutOptions { replica_num: replicas, ..Default::default() };
+    let (r, _) = m.put_start("c1", key, size, &opts)?;
+    m.put_end("c1", key)?;
+    Ok(r)
+}
+
+#[test]
+fn replicas_land_on_distinct_segments_inside_them() {
+    let m = master();
+    for i in 0..3 {
+        mount(&m, &format!("c{i}"), &format!("s{i}"), 1 << 20);
+    }
+    let r = put(&m, "k", 1000, 3).unwrap();
+    let mut names: Vec<_> = r.iter().map(|x| x.segment_name.clone()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 3);
+    for x in &r {
+        assert!(x.address >= 0x10_0000_0000 && x.address + 1000 <= 0x10_0000_0000 + (1 << 20));
+    }
+    // Four replicas need four segments.
+    assert!(matches!(put(&m, "k4", 1000, 4), Err(StoreError::NoSpace { .. })));
+}
+
+#[test]
+fn objects_are_not_readable_until_committed_and_keys_are_unique() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    m.put_start("c1", "k", 10, &PutOptions::default()).unwrap();
+    assert!(matches!(m.get_replica_list("k"), Err(StoreError::NotReady(_))));
+    assert!(!m.exists("k").unwrap());
+    assert!(matches!(m.put_start("c1", "k", 10, &PutOptions::default()), Err(StoreError::AlreadyExists(_))));
+    m.put_end("c1", "k").unwrap();
+    assert!(m.exists("k").unwrap());
+    let list = m.get_replica_list("k").unwrap();
+    assert_eq!((list.size, list.replicas.len()), (10, 1));
+}
+
+#[test]
+fn revoke_frees_the_space() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    m.put_start("c1", "k", 1 << 20, &PutOptions::default()).unwrap();
+    assert_eq!(m.totals().used, 1 << 20);
+    m.put_revoke("c1", "k").unwrap();
+    assert_eq!(m.totals().used, 0);
+    assert!(m.query("k").unwrap().replicas.is_empty());
+}
+
+#[test]
+fn exists_and_query_never_grant_or_renew_a_lease() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    put(&m, "k", 100, 1).unwrap();
+    for _ in 0..100 {
+        assert!(m.exists("k").unwrap());
+        assert!(m.query("k").unwrap().exists);
+        assert!(m.batch_exists(&["k".into()]).unwrap()[0]);
+    }
+    assert_eq!(m.query("k").unwrap().lease_remaining_ms, 0);
+    m.remove("k", false).expect("no lease: removable");
+}
+
+#[test]
+fn a_lease_blocks_removal_unless_forced() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    put(&m, "k", 100, 1).unwrap();
+    m.get_replica_list("k").unwrap();
+    assert!(m.query("k").unwrap().lease_remaining_ms > 0);
+    assert!(matches!(m.remove("k", false), Err(StoreError::Leased(_))));
+    assert_eq!(m.remove_by_regex("^k$", false).unwrap(), (0, 1));
+    m.remove("k", true).unwrap();
+    assert!(!m.exists("k").unwrap());
+}
+
+#[test]
+fn eviction_keeps_puts_succeeding_and_spares_leased_pinned_and_unfinished_objects() {
+    let m = master_with(MasterConfig { eviction_high_watermark: 0.9, eviction_ratio: 0.05, ..MasterConfig::default() });
+    mount(&m, "c1", "s1", 100 << 10);
+    put(&m, "leased", 10 << 10, 1).unwrap();
+    m.get_replica_list("leased").unwrap();
+    m.put_start("c1", "pinned", 10 << 10, &PutOptions { hard_pin: true, ..Default::default() }).unwrap();
+    m.put_end("c1", "pinned").unwrap();
+    m.put_start("c1", "soft", 10 << 10, &PutOptions { soft_pin_ttl_ms: 60_000, ..Default::default() }).unwrap();
+    m.put_end("c1", "soft").unwrap();
+    m.put_start("c1", "unfinished", 10 << 10, &PutOptions::default()).unwrap();
+    // 60 more puts of 10 KiB into the remaining 60 KiB: eviction must keep making room.
+    for i in 0..60 {
+        put(&m, &format!("k{i}"), 10 << 10, 1).unwrap_or_else(|e| panic!("put {i}: {e}"));
+    }
+    for key in ["leased", "pinned", "soft", "unfinished"] {
+        assert!(!m.query(key).unwrap().replicas.is_empty(), "{key} survived eviction");
+    }
+    assert!(m.exists("k59").unwrap(), "the newest object is there");
+    assert!(!m.exists("k0").unwrap(), "the oldest unleased object was evicted");
+    assert!(m.metrics().evictions.get() > 0);
+    // Nothing evictable left and no room: NoSpace.
+    let m2 = master();
+    mount(&m2, "c1", "s1", 20 << 10);
+    put(&m2, "a", 20 << 10, 1).unwrap();
+    m2.get_replica_list("a").unwrap();
+    assert!(matches!(put(&m2, "b", 10 << 10, 1), Err(StoreError::NoSpace { .. })));
+}
+
+#[test]
+fn eviction_is_least_recently_used_first() {
+    let m = master_with(MasterConfig { lease_ttl: Duration::from_millis(1), ..MasterConfig::default() });
+    mount(&m, "c1", "s1", 100 << 10);
+    for k in ["a", "b", "c", "d"] {
+        put(&m, k, 20 << 10, 1).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    m.get_replica_list("a").unwrap(); // a becomes the most recently used
+    std::thread::sleep(Duration::from_millis(5)); // its lease ends
+    put(&m, "e", 20 << 10, 1).unwrap(); // 100 % > the 90 % watermark: evicts 5 %
+    assert!(m.exists("a").unwrap(), "recently read");
+    assert!(!m.exists("b").unwrap(), "least recently used goes first");
+}
+
+#[test]
+fn unfinished_puts_are_reclaimed_after_the_put_timeout() {
+    let m = master_with(MasterConfig { put_timeout: Duration::from_millis(20), ..MasterConfig::default() });
+    mount(&m, "c1", "s1", 1 << 20);
+    m.put_start("c1", "k", 1000, &PutOptions::default()).unwrap();
+    m.sweep();
+    assert_eq!(m.query("k").unwrap().replicas.len(), 1, "not yet");
+    std::thread::sleep(Duration::from_millis(30));
+    m.sweep();
+    assert!(m.query("k").unwrap().replicas.is_empty());
+    assert_eq!(m.totals().used, 0);
+}
+
+#[test]
+fn silent_clients_lose_their_segments_and_must_remount() {
+    let m = master_with(MasterConfig { client_ttl: Duration::from_millis(50), ..MasterConfig::default() });
+    mount(&m, "a", "sa", 1 << 20);
+    mount(&m, "b", "sb", 1 << 20);
+    let mut on_a = None;
+    for i in 0..20 {
+        let r = put(&m, &format!("k{i}"), 100, 1).unwrap();
+        if r[0].segment_name == "sa" {
+            on_a = Some(format!("k{i}"));
+        }
+    }
+    let on_a = on_a.expect("random placement used segment a");
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(m.ping("b"), PingOutcome::Ok);
+    }
+    m.sweep();
+    assert!(!m.exists(&on_a).unwrap(), "replicas on the silent client's segment are dropped");
+    assert!(matches!(m.get_replica_list(&on_a), Err(StoreError::NotFound(_))));
+    assert_eq!(m.segments().len(), 1);
+    assert_eq!(m.ping("a"), PingOutcome::NeedRemount);
+    m.remount_segment("a", &SegmentInfo { name: "sa".into(), base: 0x10_0000_0000, size: 1 << 20, tier: 0 }, "h")
+        .unwrap();
+    assert_eq!(m.ping("a"), PingOutcome::Ok);
+    assert_eq!(m.segments().len(), 2);
+}
+
+#[test]
+fn bad_input_is_rejected_with_errors() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    let huge = "k".repeat(MAX_KEY_LEN + 1);
+    assert!(matches!(m.put_start("c1", &huge, 10, &PutOptions::default()), Err(StoreError::InvalidArgument(_))));
+    assert!(matches!(m.put_start("c1", "", 10, &PutOptions::default()), Err(StoreError::InvalidArgument(_))));
+    assert!(matches!(m.put_start("c1", "k", 0, &PutOptions::default()), Err(StoreError::InvalidArgument(_))));
+    assert!(matches!(m.put_start("c1", "k", u64::MAX, &PutOptions::default()), Err(StoreError::InvalidArgument(_))));
+    assert!(matches!(
+        m.put_start("c1", "k", 10, &PutOptions { replica_num: 1000, ..Default::default() }),
+        Err(StoreError::InvalidArgument(_))
+    ));
+    assert!(matches!(m.put_start("c1", "k", 2 << 20, &PutOptions::default()), Err(StoreError::NoSpace { .. })));
+    assert!(matches!(m.unmount_segment("c1", 999), Err(StoreError::SegmentNotFound(_))));
+    assert!(
+        m.mount_segment("c2", &SegmentInfo { name: "s1".into(), base: 1, size: 10, tier: 0 }, "h").is_err(),
+        "name taken"
+    );
+    assert!(m.mount_segment("c2", &SegmentInfo { name: "s2".into(), base: u64::MAX, size: 10, tier: 0 }, "h").is_err());
+    assert!(m.mount_segment("c2", &SegmentInfo { name: "s2".into(), base: 1, size: 0, tier: 0 }, "h").is_err());
+    assert!(m.remove_by_regex("(unclosed", false).is_err());
+    assert!(matches!(m.remove("nope", false), Err(StoreError::NotFound(_))));
+}
+
+#[test]
+fn strategies_place_replicas_as_documented() {
+    let m =
+        master_with(MasterConfig { allocation_strategy: AllocationStrategy::LocalFirst, ..MasterConfig::default() });
+    mount(&m, "a", "sa", 1 << 20);
+    mount(&m, "b", "sb", 1 << 20);
+    for i in 0..10 {
+        let opts = PutOptions { preferred_segment: "sb".into(), ..Default::default() };
+        let (r, _) = m.put_start("b", &format!("k{i}"), 1000, &opts).unwrap();
+        assert_eq!(r[0].segment_name, "sb");
+    }
+    let m = master_with(MasterConfig {
+        allocation_strategy: AllocationStrategy::FreeRatioFirst,
+        ..MasterConfig::default()
+    });
+    mount(&m, "a", "sa", 1 << 20);
+    mount(&m, "b", "sb", 4 << 20);
+    for i in 0..10 {
+        let ratios: Vec<(String, f64)> =
+            m.segments().iter().map(|s| (s.name.clone(), 1.0 - s.used as f64 / s.capacity as f64)).collect();
+        let (r, _) = m.put_start("a", &format!("k{i}"), 100 << 10, &PutOptions::default()).unwrap();
+        let chosen = ratios.iter().find(|(n, _)| *n == r[0].segment_name).unwrap().1;
+        assert!(
+            ratios.iter().all(|(_, ratio)| *ratio <= chosen),
+            "put {i} went to the emptier segment: {ratios:?} -> {}",
+            r[0].segment_name
+        );
+    }
+}
+
+#[test]
+fn version_changes_when_a_key_is_put_again() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    put(&m, "k", 10, 1).unwrap();
+    let v1 = m.query("k").unwrap().version;
+    m.remove("k", false).unwrap();
+    put(&m, "k", 10, 1).unwrap();
+    assert_ne!(m.query("k").unwrap().version, v1);
+}

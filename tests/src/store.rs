@@ -1,0 +1,90 @@
+//! Driving store processes: `crescent-master` and `crescent client` (commands on stdin, one
+//! answer line each on stdout).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+use crate::{workspace_bin, ChildGuard};
+
+/// Starts `crescent-master` (through `prefix`, e.g. `ip netns exec NS`) and returns it with
+/// the address it prints.
+pub fn spawn_master(prefix: &[&str], args: &[&str]) -> (ChildGuard, String) {
+    let mut cmd = command(prefix, "crescent-master");
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = ChildGuard(cmd.spawn().expect("spawn crescent-master"));
+    let lines = lines_of(child.0.stdout.take().expect("stdout"));
+    loop {
+        let line = lines.recv_timeout(Duration::from_secs(60)).expect("crescent-master printed its address");
+        if let Some(addr) = line.strip_prefix("master: ") {
+            return (child, addr.trim().to_string());
+        }
+    }
+}
+
+fn command(prefix: &[&str], bin: &str) -> Command {
+    let bin = workspace_bin(bin);
+    match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
+}
+
+fn lines_of(out: impl std::io::Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// A `crescent client` process.
+pub struct ClientProc {
+    pub child: ChildGuard,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    pub segment: String,
+}
+
+impl ClientProc {
+    pub fn spawn(prefix: &[&str], args: &[&str]) -> ClientProc {
+        let mut cmd = command(prefix, "crescent");
+        cmd.arg("client").args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = ChildGuard(cmd.spawn().expect("spawn crescent client"));
+        let stdin = child.0.stdin.take().expect("stdin");
+        let lines = lines_of(child.0.stdout.take().expect("stdout"));
+        let ready = lines.recv_timeout(Duration::from_secs(60)).expect("client started");
+        let segment =
+            ready.strip_prefix("ready ").unwrap_or_else(|| panic!("unexpected first line {ready:?}")).to_string();
+        ClientProc { child, stdin, lines, segment }
+    }
+
+    /// Sends one command and returns its answer line.
+    pub fn cmd(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").expect("client stdin");
+        self.stdin.flush().expect("flush");
+        self.lines.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no answer to {command:?}"))
+    }
+
+    /// Sends a command that must succeed; returns what follows "ok".
+    pub fn ok(&mut self, command: &str) -> String {
+        let answer = self.cmd(command);
+        match answer.strip_prefix("ok") {
+            Some(rest) => rest.trim().to_string(),
+            None => panic!("{command:?} failed: {answer}"),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+}

@@ -1,0 +1,176 @@
+//! The store client's API in one process against an in-process master on loopback:
+//! zero-copy calls, batches, errors, and bad input straight to the master's gRPC service.
+
+use std::sync::Arc;
+
+use crescent_store::master::server::{self, MasterHandle};
+use crescent_store::proto::master_client::MasterClient;
+use crescent_store::proto::{
+    BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutStartRequest, SegmentInfo, UnmountSegmentRequest,
+};
+use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
+
+fn master() -> MasterHandle {
+    server::start(MasterConfig {
+        rpc_address: "127.0.0.1:0".into(),
+        admin_address: "127.0.0.1:0".into(),
+        ..MasterConfig::default()
+    })
+    .unwrap()
+}
+
+fn client(m: &MasterHandle) -> Arc<StoreClient> {
+    StoreClient::connect(ClientConfig {
+        master_server_address: m.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: 32 << 20,
+        local_buffer_size: 4 << 20,
+        ..ClientConfig::default()
+    })
+    .unwrap()
+}
+
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    pattern::fill(&mut v, seed, 0);
+    v
+}
+
+#[test]
+fn zero_copy_and_byte_calls_agree_across_two_clients() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    // Values larger than the 4 MiB staging buffer go through it in pieces.
+    let big = data(9 << 20, 3);
+    a.put("big", &big).unwrap();
+    assert_eq!(b.get("big").unwrap(), big);
+
+    // Zero copy: registered caller memory on both sides.
+    let src = data(3 << 20, 4);
+    let mut dst = vec![0u8; 4 << 20];
+    a.register_buffer(src.as_ptr() as u64, src.len() as u64).unwrap();
+    b.register_buffer(dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();
+    a.put_from("zc", src.as_ptr() as u64, src.len() as u64).unwrap();
+    let n = b.get_into("zc", dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();
+    assert_eq!(n, src.len() as u64);
+    assert_eq!(&dst[..n as usize], &src[..]);
+
+    // Batches of zero-copy calls.
+    let keys: Vec<String> = (0..4).map(|i| format!("zb{i}")).collect();
+    let chunk = 512 << 10;
+    let addrs: Vec<u64> = (0..4).map(|i| src.as_ptr() as u64 + i * chunk).collect();
+    let sizes = vec![chunk; 4];
+    assert!(a.batch_put_from(&keys, &addrs, &sizes).unwrap().iter().all(|r| r.is_ok()));
+    let daddrs: Vec<u64> = (0..4).map(|i| dst.as_mut_ptr() as u64 + i * chunk).collect();
+    dst.fill(0);
+    let got = b.batch_get_into(&keys, &daddrs, &sizes).unwrap();
+    assert!(got.iter().all(|r| matches!(r, Ok(n) if *n == chunk)), "{got:?}");
+    assert_eq!(&dst[..4 * chunk as usize], &src[..4 * chunk as usize]);
+
+    // Byte batches, with a missing key reported per key.
+    let values = [data(1000, 5), data(70_000, 6)];
+    let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
+    let r = b.put_batch(&["p0".into(), "p1".into()], &refs).unwrap();
+    assert!(r.iter().all(|x| x.is_ok()));
+    let got = a.get_batch(&["p0".into(), "nope".into(), "p1".into()]).unwrap();
+    assert_eq!(got[0].as_ref().unwrap(), &values[0]);
+    assert!(matches!(got[1], Err(StoreError::NotFound(_))));
+    assert_eq!(got[2].as_ref().unwrap(), &values[1]);
+    assert_eq!(a.batch_exists(&["p0".into(), "nope".into()]).unwrap(), vec![true, false]);
+    assert_eq!(a.get_size("p1").unwrap(), 70_000);
+    b.unregister_buffer(dst.as_mut_ptr() as u64).unwrap();
+    a.unregister_buffer(src.as_ptr() as u64).unwrap();
+}
+
+#[test]
+fn caller_mistakes_and_missing_things_give_typed_errors() {
+    let m = master();
+    let a = client(&m);
+    a.put("k", b"hello").unwrap();
+    assert!(matches!(a.put("k", b"again"), Err(StoreError::AlreadyExists(_))));
+    assert!(matches!(a.put("empty", b""), Err(ref e) if e.is_caller_error()));
+    assert!(matches!(a.get("missing"), Err(StoreError::NotFound(_))));
+    assert!(matches!(a.get_size("missing"), Err(StoreError::NotFound(_))));
+    let mut small = [0u8; 2];
+    a.register_buffer(small.as_mut_ptr() as u64, 2).unwrap();
+    let e = a.get_into("k", small.as_mut_ptr() as u64, 2).unwrap_err();
+    assert!(matches!(e, StoreError::BufferTooSmall { need: 5, have: 2, .. }), "{e}");
+    // Zero-copy from memory that was never registered is refused, not read.
+    let heap = [1u8; 64];
+    let e = a.put_from("unregistered", heap.as_ptr() as u64, 64).unwrap_err();
+    assert!(e.is_caller_error(), "{e}");
+    assert!(!a.exists("unregistered").unwrap(), "the failed put was revoked");
+    // Huge key.
+    let e = a.put(&"x".repeat(5000), b"v").unwrap_err();
+    assert!(matches!(e, StoreError::InvalidArgument(_)), "{e}");
+    assert!(matches!(a.remove_by_regex("("), Err(StoreError::InvalidArgument(_))));
+    // The failed get_into still read the replica list, which leases "k": remove_all skips it.
+    assert_eq!(a.remove_all().unwrap(), 0);
+    a.remove_with("k", true).unwrap();
+    assert!(!a.exists("k").unwrap());
+}
+
+#[test]
+fn an_absent_master_is_a_clear_error_naming_its_address() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let e = StoreClient::connect(ClientConfig { master_server_address: closed.to_string(), ..ClientConfig::default() })
+        .unwrap_err();
+    assert!(matches!(e, StoreError::MasterUnreachable { ref addr, .. } if *addr == closed.to_string()), "{e}");
+}
+
+#[test]
+fn bad_grpc_input_gets_error_codes_never_a_crash() {
+    let m = master();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = MasterClient::connect(format!("http://{}", m.client_address())).await.unwrap();
+        let code = |s: Option<crescent_store::proto::Status>| Code::try_from(s.unwrap().code).unwrap();
+        let r = c
+            .put_start(PutStartRequest { client_id: "x".into(), key: "k".repeat(1 << 20), size: 10, options: None })
+            .await
+            .unwrap();
+        assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
+        let r = c
+            .put_start(PutStartRequest { client_id: "x".into(), key: "k".into(), size: 0, options: None })
+            .await
+            .unwrap();
+        assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
+        let r = c
+            .put_start(PutStartRequest { client_id: "x".into(), key: "k".into(), size: 10, options: None })
+            .await
+            .unwrap();
+        assert_eq!(code(r.into_inner().status), Code::NoSpace, "no segment mounted");
+        let r = c.unmount_segment(UnmountSegmentRequest { client_id: "x".into(), segment_id: 12345 }).await.unwrap();
+        assert_eq!(code(r.into_inner().status), Code::SegmentNotFound);
+        let r = c
+            .mount_segment(MountSegmentRequest { client_id: "".into(), segment: None, host: "".into() })
+            .await
+            .unwrap();
+        assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
+        let r = c
+            .mount_segment(MountSegmentRequest {
+                client_id: "x".into(),
+                segment: Some(SegmentInfo { name: "s".into(), base: u64::MAX - 1, size: 100, tier: 99 }),
+                host: "".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
+        let r = c
+            .batch_put_start(BatchPutStartRequest {
+                client_id: "x".into(),
+                keys: vec!["a".into()],
+                sizes: vec![],
+                options: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(code(r.into_inner().items[0].status.clone()), Code::InvalidArgument);
+        let r = c.put_end(KeyRequest { client_id: "x".into(), key: "never-started".into() }).await.unwrap();
+        assert_eq!(code(r.into_inner().status), Code::ObjectNotFound);
+    });
+    // The master still serves.
+    let a = client(&m);
+    a.put("after", b"fine").unwrap();
+    assert_eq!(a.get("after").unwrap(), b"fine");
+}
