@@ -6,20 +6,21 @@
 #   ../shared/rxe-vm/run-in-rxe-vm.sh benches/rdma-vs-perftest.sh
 # or on a host with a real NIC:
 #   benches/rdma-vs-perftest.sh --device mlx5_0 --gid-index 3 --iters 20000 --duration 10
-# Figures are in Gbit/s (10^9 bits per second) on both sides (perftest --report_gbits).
+# Figures are in MiB/s on both sides (perftest's "MB/sec" is 2^20 bytes per second).
 set -euo pipefail
 
 dev=${RXE_VM_DEV:-rxe0}
 gid=${RXE_VM_GID_INDEX:-}
 tebench=${TEBENCH:-target/release/tebench}
 duration=5
+threads=2
 iters_64k=2000
 iters_1m=200
 sizes="65536 1048576"
 
 usage() {
   sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
-  echo "Options: --device DEV  --gid-index N  --tebench PATH  --duration SECONDS (tebench)"
+  echo "Options: --device DEV  --gid-index N  --tebench PATH  --duration SECONDS  --threads N (tebench)"
   echo "         --iters N (perftest iterations at 64 KiB; 1/10 of it at 1 MiB)  --sizes \"BYTES ...\""
 }
 
@@ -29,6 +30,7 @@ while [ $# -gt 0 ]; do
     --gid-index) gid=$2; shift 2 ;;
     --tebench) tebench=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
     --iters) iters_64k=$2; iters_1m=$(( $2 / 10 > 5 ? $2 / 10 : 5 )); shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -55,30 +57,31 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# perftest OP SIZE -> average Gbit/s
+# perftest OP SIZE ITERS PORT -> average MiB/s
 perftest() {
   local op=$1 size=$2 iters=$3 port=$4
-  "ib_${op}_bw" -d "$dev" "${gid_perftest[@]}" -s "$size" -n "$iters" -p "$port" --report_gbits \
+  "ib_${op}_bw" -d "$dev" "${gid_perftest[@]}" -s "$size" -n "$iters" -p "$port" \
     >"$work/server.out" 2>&1 &
   local server=$!
   sleep 1
   local out
   out=$("ib_${op}_bw" -d "$dev" "${gid_perftest[@]}" -s "$size" -n "$iters" -p "$port" \
-    --report_gbits 127.0.0.1 2>&1) || { echo "$out" >&2; wait $server || true; return 1; }
+    127.0.0.1 2>&1) || { echo "$out" >&2; wait $server || true; return 1; }
   wait $server || true
   # The result row: "#bytes #iterations BW peak BW average MsgRate".
   echo "$out" | awk -v s="$size" '$1 == s && NF >= 4 { bw = $4 } END { if (bw == "") exit 1; print bw }'
 }
 
-# tebench OP SIZE -> Gbit/s
+# tebench OP SIZE SEGMENT -> MiB/s; each thread keeps 8 MiB / threads in flight per batch
+# (perftest keeps 128 x 64 KiB = 8 MiB in flight at 64 KiB).
 tebench_run() {
   local op=$1 size=$2 segment=$3
-  local batch=$(( 8388608 / size )); [ $batch -lt 8 ] && batch=8
+  local batch=$(( 8388608 / threads / size )); [ $batch -lt 4 ] && batch=4
   "$tebench" initiator --protocol rdma --device-name "$dev" "${gid_tebench[@]}" \
-    --segment "$segment" --operation "$op" --block-size "$size" --batch-size "$batch" \
+    --segment "$segment" --operation "$op" --block-size "$size" --batch-size "$batch" --threads "$threads" \
     --duration "$duration" --report-interval 0 --json --local-hostname 127.0.0.1 \
     2>"$work/initiator.err" | tail -n 1 |
-    python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.3f" % (r["bytes"] * 8 / r["duration_s"] / 1e9))'
+    python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.2f" % (r["bytes"] / r["duration_s"] / 2**20))'
 }
 
 RUST_LOG=${RUST_LOG:-warn} "$tebench" target --protocol rdma --device-name "$dev" "${gid_tebench[@]}" \
@@ -91,7 +94,7 @@ done
 segment=$(sed -n 's/^segment: //p' "$work/target.out")
 [ -n "$segment" ] || { cat "$work/target.err" >&2; echo "tebench target did not start" >&2; exit 1; }
 
-printf '%-6s %-8s %14s %14s %8s\n' op size "perftest Gb/s" "tebench Gb/s" ratio
+printf '%-6s %-8s %15s %15s %8s\n' op size "perftest MiB/s" "tebench MiB/s" ratio
 port=18515
 for op in write read; do
   for size in $sizes; do
@@ -103,6 +106,6 @@ for op in write read; do
       { cat "$work/initiator.err" >&2; echo "tebench $op $size failed" >&2; exit 1; }
     ratio=$(python3 -c "print('%.0f%%' % (100 * $t / $p) if $p > 0 else 'n/a')")
     label=$([ "$size" -ge 1048576 ] && echo "$((size / 1048576))M" || echo "$((size / 1024))K")
-    printf '%-6s %-8s %14s %14s %8s\n' "$op" "$label" "$p" "$t" "$ratio"
+    printf '%-6s %-8s %15s %15s %8s\n' "$op" "$label" "$p" "$t" "$ratio"
   done
 done

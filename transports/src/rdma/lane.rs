@@ -2,6 +2,11 @@
 //! on it. Slices are posted as chained work-request lists, as many as the queue pair and
 //! the device's completion queue have room for; the rest wait in the lane's queue and are
 //! posted as completions free room (back-pressure, never an error).
+//!
+//! Only every [`SIGNAL_EVERY`]th work request and the last of each chain ask for a completion:
+//! on an RC queue pair work requests complete in order, so a completion also ends every
+//! request posted before it (successfully, unless the queue pair had already failed). Errors
+//! are reported whether or not a request was signaled.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +19,9 @@ use super::mr::{MrTable, RemoteKeys};
 use super::peer::Peer;
 use super::qp::Qp;
 use crate::{Completion, LocalClaim, Opcode, Slice, SliceOutcome};
+
+/// One work request in this many asks for a completion (and the last of each chain).
+pub const SIGNAL_EVERY: usize = 16;
 
 /// A slice on its way through the transport.
 pub(crate) struct Work {
@@ -81,6 +89,10 @@ struct LaneState {
     /// Posted work, indexed by work-request id.
     slots: Vec<Option<Work>>,
     free: Vec<usize>,
+    /// Posted work-request ids in posting order (= completion order).
+    order: VecDeque<usize>,
+    /// Work requests posted since the last signaled one.
+    unsignaled: usize,
     inflight: usize,
     broken: Option<String>,
 }
@@ -124,6 +136,8 @@ impl Lane {
                 queue: VecDeque::new(),
                 slots: Vec::new(),
                 free: Vec::new(),
+                order: VecDeque::new(),
+                unsignaled: 0,
                 inflight: 0,
                 broken: None,
             }),
@@ -244,7 +258,6 @@ impl Lane {
                     Opcode::Read => ffi::IBV_WR_RDMA_READ,
                     Opcode::Write => ffi::IBV_WR_RDMA_WRITE,
                 };
-                wr.send_flags = ffi::IBV_SEND_SIGNALED;
                 wr.remote_addr = work.remote_addr;
                 wr.rkey = rkey;
                 wrs.push(wr);
@@ -262,6 +275,11 @@ impl Lane {
             for i in 0..n {
                 wrs[i].sg_list = &mut sges[i];
                 wrs[i].next = if i + 1 < n { &mut wrs[i + 1] } else { std::ptr::null_mut() };
+                st.unsignaled += 1;
+                if i + 1 == n || st.unsignaled >= SIGNAL_EVERY {
+                    wrs[i].send_flags = ffi::IBV_SEND_SIGNALED;
+                    st.unsignaled = 0;
+                }
             }
             let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
             let qp = self.qp.raw();
@@ -277,6 +295,7 @@ impl Lane {
             };
             st.inflight += n;
             if rc == 0 {
+                st.order.extend(ids.iter().copied());
                 self.posted.fetch_add(n as u64, Ordering::Relaxed);
                 continue;
             }
@@ -288,6 +307,9 @@ impl Lane {
                 (unsafe { bad.offset_from(wrs.as_ptr()) }).clamp(0, n as isize) as usize
             };
             self.posted.fetch_add(first_bad as u64, Ordering::Relaxed);
+            // What was posted may end without a signaled request: the queue pair is broken
+            // below, and flushed requests complete whether signaled or not.
+            st.order.extend(ids[..first_bad].iter().copied());
             for &id in ids[first_bad..].iter().rev() {
                 if let Some(mut w) = st.slots[id].take() {
                     w.claim = None;
@@ -298,10 +320,6 @@ impl Lane {
                 device.give_cq_room(1);
             }
             let err = std::io::Error::from_raw_os_error(rc);
-            if rc == 12 && st.inflight > 0 {
-                // ENOMEM: the send queue is full after all; completions will pump again.
-                return out;
-            }
             let reason = format!("posting to queue pair {} failed: {err}", self.qp.qpn);
             tracing::warn!("rdma: {} to {}: {reason}", self.qp.device.name, self.peer_name);
             st.broken = Some(reason);
@@ -318,14 +336,26 @@ impl Lane {
         let device = &self.qp.device;
         let mut st = self.state.lock();
         let id = wc.wr_id as usize;
-        let work = st.slots.get_mut(id).and_then(Option::take);
-        if work.is_some() {
-            st.free.push(id);
-            st.inflight -= 1;
-            device.give_cq_room(1);
-            self.completed.fetch_add(1, Ordering::Relaxed);
-        }
         let status = wc.status;
+        // Requests posted before this one ended before it: successfully if this one did or
+        // if this is the queue pair's first error; flushed if it had already failed.
+        let earlier_ok = status == ffi::IBV_WC_SUCCESS || st.broken.is_none();
+        let mut earlier = Vec::new();
+        let mut work = None;
+        if st.slots.get(id).is_some_and(Option::is_some) {
+            while let Some(done) = st.order.pop_front() {
+                let w = st.slots[done].take();
+                st.free.push(done);
+                st.inflight -= 1;
+                device.give_cq_room(1);
+                self.completed.fetch_add(1, Ordering::Relaxed);
+                if done == id {
+                    work = w;
+                    break;
+                }
+                earlier.extend(w);
+            }
+        }
         let status_text =
             || format!("{} (status {status}, vendor error {:#x})", device.verbs.status_str(status), wc.vendor_err);
         if status != ffi::IBV_WC_SUCCESS && st.broken.is_none() {
@@ -342,6 +372,15 @@ impl Lane {
             self.pump_locked(&mut st)
         };
         drop(st);
+        for mut w in earlier {
+            if earlier_ok {
+                out.done.push((w, SliceOutcome::Completed));
+            } else {
+                w.attempts += 1;
+                w.claim = None;
+                out.reroute.push(w);
+            }
+        }
         let Some(mut work) = work else {
             return out;
         };
