@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, from a fresh Debian 12 machine: installs what is needed, builds Crescent
 # (release), and runs it on the embedded defaults (P2P handshake, no external service):
-# a tebench target and a tebench initiator that reads and writes verified data on loopback.
+# `crescent demo` (a master and two clients: puts on one, verified gets on the other), then a
+# tebench target and a tebench initiator that read and write verified data on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib.sh
@@ -12,6 +13,9 @@ ci_ensure_rust
 ci_log "building (release)"
 cargo build --release --workspace --locked
 BIN=target/release
+
+ci_log "crescent demo: a master and two clients on this machine"
+"$BIN/crescent" demo
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }

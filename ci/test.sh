@@ -4,13 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib.sh
+. ci/services.sh
 
-ci_apt_install "${CI_BASE_PACKAGES[@]}"
+ci_apt_install "${CI_BASE_PACKAGES[@]}" "${CI_SERVICE_PACKAGES[@]}"
 ci_ensure_rust
 
 ci_log "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+trap ci_stop_services EXIT
+ci_start_services
 
 ci_log "unit, integration and multi-process tests (two hosts in network namespaces need root)"
 cargo test --workspace --locked

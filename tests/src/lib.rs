@@ -9,10 +9,23 @@ use std::time::{Duration, Instant};
 use crescent_engine::{EngineConfig, TransferEngine};
 
 pub mod netns;
+pub mod services;
 pub mod store;
 
-/// An engine on loopback with the given transfer timeout.
+/// An engine on loopback with the given transfer timeout, moving bytes over tcp (the
+/// transport these tests exercise) even to peers on this host.
 pub fn loopback_engine(timeout: Duration) -> Arc<TransferEngine> {
+    let config = EngineConfig {
+        local_hostname: Some("127.0.0.1".into()),
+        protocol: Some(crescent_engine::TransportKind::Tcp),
+        transfer_timeout: timeout,
+        ..EngineConfig::default()
+    };
+    TransferEngine::new(config).expect("engine starts on loopback")
+}
+
+/// An engine on loopback that chooses its transport per peer (shm for this host's).
+pub fn same_host_engine(timeout: Duration) -> Arc<TransferEngine> {
     let config =
         EngineConfig { local_hostname: Some("127.0.0.1".into()), transfer_timeout: timeout, ..EngineConfig::default() };
     TransferEngine::new(config).expect("engine starts on loopback")
@@ -51,6 +64,11 @@ impl Drop for ChildGuard {
 /// Starts `tebench target` through `prefix` (e.g. `ip netns exec NS`) and waits for the
 /// segment name it prints.
 pub fn spawn_tebench_target(prefix: &[&str], args: &[&str]) -> (ChildGuard, String) {
+    spawn_tebench_target_env(prefix, args, &[])
+}
+
+/// [`spawn_tebench_target`] with extra environment variables.
+pub fn spawn_tebench_target_env(prefix: &[&str], args: &[&str], envs: &[(&str, &str)]) -> (ChildGuard, String) {
     let bin = workspace_bin("tebench");
     let mut cmd = match prefix.split_first() {
         Some((first, rest)) => {
@@ -60,7 +78,7 @@ pub fn spawn_tebench_target(prefix: &[&str], args: &[&str]) -> (ChildGuard, Stri
         }
         None => Command::new(&bin),
     };
-    cmd.arg("target").args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    cmd.arg("target").args(args).envs(envs.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = ChildGuard(cmd.spawn().expect("spawn tebench target"));
     let stdout = child.0.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();

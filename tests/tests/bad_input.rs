@@ -75,6 +75,17 @@ fn read_header(s: &mut TcpStream) -> Header {
     Header::decode(&b).unwrap()
 }
 
+fn tcp_port(engine: &crescent_engine::TransferEngine) -> u16 {
+    let endpoints = engine.local_descriptor().endpoints;
+    endpoints
+        .iter()
+        .find_map(|e| match e {
+            Endpoint::Tcp { port, .. } => Some(*port),
+            _ => None,
+        })
+        .expect("a tcp endpoint")
+}
+
 #[test]
 fn tcp_transport_rejects_out_of_range_requests_and_keeps_the_connection() {
     let engine = loopback_engine(Duration::from_secs(5));
@@ -82,15 +93,7 @@ fn tcp_transport_rejects_out_of_range_requests_and_keeps_the_connection() {
     // SAFETY: nothing transfers this buffer yet.
     let bytes = unsafe { mem.as_mut_slice() };
     bytes[..4].copy_from_slice(b"abcd");
-    let port = engine
-        .local_descriptor()
-        .endpoints
-        .iter()
-        .find_map(|e| match e {
-            Endpoint::Tcp { port, .. } => Some(*port),
-            _ => None,
-        })
-        .expect("a tcp endpoint");
+    let port = tcp_port(&engine);
     let mut s = connect(port);
 
     // Read past the end of the buffer: an error frame, no payload.
@@ -117,15 +120,7 @@ fn tcp_transport_rejects_out_of_range_requests_and_keeps_the_connection() {
 fn tcp_transport_closes_only_the_connection_that_breaks_the_protocol() {
     let engine = loopback_engine(Duration::from_secs(5));
     let mem = engine.alloc_registered(1 << 20, "cpu:0").unwrap();
-    let port = engine
-        .local_descriptor()
-        .endpoints
-        .iter()
-        .find_map(|e| match e {
-            Endpoint::Tcp { port, .. } => Some(*port),
-            _ => None,
-        })
-        .expect("a tcp endpoint");
+    let port = tcp_port(&engine);
 
     let mut bystander = connect(port);
 

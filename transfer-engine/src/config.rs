@@ -15,8 +15,14 @@ pub struct EngineConfig {
     /// Host name or IP address peers use to reach this engine, optionally `host:port` to fix
     /// the handshake port. `None`: the first non-loopback IPv4 address, else 127.0.0.1.
     pub local_hostname: Option<String>,
-    /// `P2PHANDSHAKE` (default).
+    /// `P2PHANDSHAKE` (default), `etcd://host:port[,host:port…]`,
+    /// `redis://[user:pass@]host:port[/db]` or `http://host:port/path`.
     pub metadata_server: String,
+    /// Keeps clusters sharing one metadata service apart (`MC_METADATA_CLUSTER_ID`).
+    pub metadata_cluster_id: Option<String>,
+    /// How long a published descriptor outlives its owner's last renewal (`MC_METADATA_TTL`,
+    /// seconds); renewed every third of it.
+    pub metadata_ttl: Duration,
     /// A forced transport; `None` chooses automatically per peer.
     pub protocol: Option<TransportKind>,
     /// Handshake port; 0 picks a free one (overridden by a port in `local_hostname`).
@@ -25,6 +31,8 @@ pub struct EngineConfig {
     pub tcp_lanes: usize,
     /// Largest slice the tcp transport sends as one frame.
     pub tcp_slice_len: u64,
+    /// Threads that copy the shm transport's slices.
+    pub shm_copy_threads: usize,
     /// A submission's requests that have not ended by then end `TimedOut`.
     pub transfer_timeout: Duration,
     /// The rdma transport's settings (devices, GID index, MTU, slice size, queue pairs).
@@ -36,10 +44,13 @@ impl Default for EngineConfig {
         EngineConfig {
             local_hostname: None,
             metadata_server: P2P_HANDSHAKE.into(),
+            metadata_cluster_id: None,
+            metadata_ttl: Duration::from_secs(10),
             protocol: None,
             rpc_port: 0,
             tcp_lanes: 2,
             tcp_slice_len: 1 << 20,
+            shm_copy_threads: std::thread::available_parallelism().map_or(2, |n| n.get()).min(4),
             transfer_timeout: Duration::from_secs(30),
             rdma: RdmaConfig::default(),
         }
@@ -48,9 +59,10 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// Defaults, then the environment: `MC_FORCE_TCP=1`, `MC_TCP_LANES`, `MC_TCP_SLICE_SIZE`,
-    /// `MC_TRANSFER_TIMEOUT` (seconds), and for rdma `MC_DEVICE` (comma-separated device
-    /// names), `MC_GID_INDEX`, `MC_MTU`, `MC_SLICE_SIZE`, `MC_NUM_QP_PER_EP`, `MC_IB_TIMEOUT`,
-    /// `MC_IB_RETRY_CNT`, `MC_IBVERBS_LIBRARY`. Invalid values are errors naming the value.
+    /// `MC_SHM_THREADS`, `MC_TRANSFER_TIMEOUT` (seconds), `MC_METADATA_CLUSTER_ID`, `MC_METADATA_TTL`
+    /// (seconds), and for rdma `MC_DEVICE` (comma-separated device names), `MC_GID_INDEX`, `MC_MTU`,
+    /// `MC_SLICE_SIZE`, `MC_NUM_QP_PER_EP`, `MC_IB_TIMEOUT`, `MC_IB_RETRY_CNT`, `MC_IBVERBS_LIBRARY`.
+    /// Invalid values are errors naming the value.
     pub fn from_env() -> Result<Self> {
         let mut config = EngineConfig::default();
         config.apply_env()?;
@@ -71,6 +83,14 @@ impl EngineConfig {
                 .filter(|n| (1..=64).contains(n))
                 .ok_or_else(|| EngineError::Config(format!("MC_TCP_LANES={v:?} is not a number from 1 to 64")))?;
         }
+        if let Some(v) = env("MC_SHM_THREADS") {
+            self.shm_copy_threads = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| EngineError::Config(format!("MC_SHM_THREADS={v:?} is not a number from 1 to 64")))?;
+        }
         if let Some(v) = env("MC_TCP_SLICE_SIZE") {
             self.tcp_slice_len = parse_size(&v).map_err(|e| EngineError::Config(format!("MC_TCP_SLICE_SIZE: {e}")))?;
         }
@@ -79,6 +99,12 @@ impl EngineConfig {
                 EngineError::Config(format!("MC_TRANSFER_TIMEOUT={v:?} is not a positive number of seconds"))
             })?;
             self.transfer_timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = env("MC_METADATA_CLUSTER_ID") {
+            self.metadata_cluster_id = Some(v.trim().to_string());
+        }
+        if let Some(v) = env("MC_METADATA_TTL") {
+            self.metadata_ttl = parse_seconds("MC_METADATA_TTL", &v)?;
         }
         self.apply_rdma_env()
     }
@@ -143,6 +169,18 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// A positive number of seconds, at most a year.
+fn parse_seconds(name: &str, v: &str) -> Result<Duration> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 365.0 * 86400.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| {
+            EngineError::Config(format!("{name}={v:?} is not a positive number of seconds (at most a year)"))
+        })
+}
+
 fn parse_bool(name: &str, v: &str) -> Result<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
@@ -177,6 +215,16 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("X", "2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_seconds("X", " 0.5 ").unwrap(), Duration::from_millis(500));
+        for bad in ["", "0", "-1", "nan", "inf", "1e12", "2s"] {
+            let err = parse_seconds("MC_METADATA_TTL", bad).unwrap_err();
+            assert!(err.to_string().contains("MC_METADATA_TTL"), "{bad:?}: {err}");
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
+use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
     Completion, Endpoint, Opcode, Region, RegionTable, RemoteRegion, SharedMemory, Slice, Transport, TransportKind,
@@ -14,11 +15,12 @@ use crescent_transports::{
 use parking_lot::{Mutex, RwLock};
 
 use crate::batch::{Batch, BatchCompletion, BatchId, Submission, TransferStatus, Watchdog};
-use crate::config::{EngineConfig, P2P_HANDSHAKE};
+use crate::config::EngineConfig;
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
 use crate::error::{EngineError, Result};
 use crate::handshake::{self, HandshakeServer};
 use crate::host;
+use crate::metadata::{Directory, RpcMeta, ServiceAddress};
 use crate::slicing::{cut, CutError, Piece};
 
 /// Handle of an opened segment.
@@ -106,6 +108,8 @@ pub struct TransferEngine {
     batches: Mutex<HashMap<BatchId, Arc<Batch>>>,
     next_batch: AtomicU64,
     watchdog: Arc<Watchdog>,
+    /// Where descriptors are found and this engine's is published (deleted on drop).
+    directory: Directory,
     _handshake: HandshakeServer,
 }
 
@@ -118,24 +122,13 @@ impl std::fmt::Debug for TransferEngine {
 impl TransferEngine {
     /// Starts an engine: its handshake listener and its transports.
     pub fn new(config: EngineConfig) -> Result<Arc<Self>> {
-        if !config.metadata_server.eq_ignore_ascii_case(P2P_HANDSHAKE) {
-            return Err(EngineError::Config(format!(
-                "metadata server {:?} is not supported by this build; use {P2P_HANDSHAKE}",
-                config.metadata_server
-            )));
-        }
+        // A malformed connection string fails before anything starts.
+        ServiceAddress::parse(&config.metadata_server)?;
         let (host, port) = match config.local_hostname.as_deref() {
             Some(h) if h.contains(':') && handshake::split_host_port(h).is_ok() => handshake::split_host_port(h)?,
             Some(h) if !h.trim().is_empty() => (h.trim().to_string(), config.rpc_port),
             _ => (host::default_advertise_host(), config.rpc_port),
         };
-        if let Some(kind) = config.protocol {
-            if kind == TransportKind::Shm {
-                return Err(EngineError::Config(format!(
-                    "protocol {kind} is not available in this build (tcp and rdma are)"
-                )));
-            }
-        }
         let listener = TcpListener::bind(("0.0.0.0", port))
             .map_err(|e| EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}")))?;
         let port = listener.local_addr()?.port();
@@ -151,24 +144,30 @@ impl TransferEngine {
             },
             table.clone(),
         )?;
-        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-        if config.protocol != Some(TransportKind::Tcp) {
+        let mut transports: Vec<Arc<dyn Transport>> = vec![Arc::new(tcp)];
+        match start_shm(&config, port, &table) {
+            Ok(shm) => transports.push(Arc::new(shm)),
+            Err(e) if config.protocol == Some(TransportKind::Shm) => return Err(e.into()),
+            Err(e) => tracing::warn!("shm transport unavailable, same-host peers use tcp: {e}"),
+        }
+        if matches!(config.protocol, None | Some(TransportKind::Rdma)) {
             let rdma_config = RdmaConfig { advertise_host: host.clone(), ..config.rdma.clone() };
             match RdmaTransport::start(rdma_config) {
                 Ok(rdma) => transports.push(Arc::new(rdma)),
                 Err(e) if config.protocol == Some(TransportKind::Rdma) || e.is_caller_error() => {
                     return Err(EngineError::Config(format!("protocol rdma cannot start: {e}")))
                 }
-                Err(e) => tracing::info!("{e}; peers will be reached over tcp"),
+                Err(e) => tracing::info!("{e}; peers on other hosts will be reached over tcp"),
             }
         }
-        transports.push(Arc::new(tcp));
         let endpoints: Vec<Endpoint> = transports.iter().map(|t| t.endpoint()).collect();
         let describe = {
             let (name, host_id, table) = (name.clone(), host_id.clone(), table.clone());
             Arc::new(move || describe(&name, &host_id, &endpoints, &table).to_json())
         };
-        let handshake = HandshakeServer::start(listener, describe)?;
+        let handshake = HandshakeServer::start(listener, describe.clone())?;
+        let rpc = RpcMeta { ip_or_host_name: host.clone(), rpc_port: port };
+        let directory = Directory::start(&config, &name, rpc, describe)?;
         tracing::info!(
             "transfer engine {name} up: transports {}",
             transports.iter().map(|t| t.endpoint().to_string()).collect::<Vec<_>>().join(", ")
@@ -185,6 +184,7 @@ impl TransferEngine {
             next_segment: AtomicU64::new(1),
             batches: Mutex::new(HashMap::new()),
             next_batch: AtomicU64::new(1),
+            directory,
             _handshake: handshake,
         }))
     }
@@ -218,19 +218,22 @@ impl TransferEngine {
     ///
     /// The caller keeps the memory valid until it is unregistered.
     pub fn register(&self, addr: u64, len: u64, location: &str) -> Result<()> {
-        self.register_region(Region::new(addr, len, location, None))
+        self.register_region(Region::new(addr, len, location, None))?;
+        self.directory.publish();
+        Ok(())
     }
 
     /// Registers several regions; all or none.
     pub fn register_batch(&self, regions: &[(u64, u64)], location: &str) -> Result<()> {
         for (i, &(addr, len)) in regions.iter().enumerate() {
-            if let Err(e) = self.register(addr, len, location) {
+            if let Err(e) = self.register_region(Region::new(addr, len, location, None)) {
                 for &(done, _) in &regions[..i] {
                     let _ = self.unregister(done);
                 }
                 return Err(e);
             }
         }
+        self.directory.publish();
         Ok(())
     }
 
@@ -261,6 +264,7 @@ impl TransferEngine {
                 tracing::warn!("transport {} failed to unregister {addr:#x}: {e}", t.kind());
             }
         }
+        self.directory.publish();
         Ok(())
     }
 
@@ -273,6 +277,7 @@ impl TransferEngine {
     pub fn alloc_registered(&self, len: u64, location: &str) -> Result<RegisteredMemory> {
         let mem = Arc::new(SharedMemory::allocate(len, "crescent")?);
         self.register_region(Region::new(mem.addr(), mem.len(), location, Some(mem.clone())))?;
+        self.directory.publish();
         Ok(RegisteredMemory { mem })
     }
 
@@ -283,13 +288,14 @@ impl TransferEngine {
 
     // ---- segments ----
 
-    /// Opens the segment `name` (`host:port` with P2P handshake) and returns its handle.
+    /// Opens the segment `name` (`host:port` of its handshake listener) and returns its handle.
+    /// Its descriptor comes from the metadata service, or with P2P handshake from the peer.
     /// Opening the same name again returns the same handle.
     pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
         if let Some(id) = self.by_name.lock().get(name) {
             return Ok(*id);
         }
-        let descriptor = handshake::fetch_descriptor(name, HANDSHAKE_TIMEOUT)?;
+        let descriptor = self.directory.fetch(name, HANDSHAKE_TIMEOUT)?;
         let (transport, endpoint) = self.choose_transport(name, &descriptor)?;
         tracing::info!("segment {name}: using {endpoint}");
         transport.set_peer_regions(&endpoint, remote_regions(&descriptor));
@@ -337,12 +343,25 @@ impl TransferEngine {
             Some(kind) => vec![kind],
             None => vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp],
         };
+        let mut unusable = Vec::new();
         for kind in &order {
             let Some(local) = self.transports.iter().find(|t| t.kind() == *kind) else {
                 continue;
             };
-            if let Some(ep) = d.endpoints.iter().find(|e| e.kind() == *kind) {
-                return Ok((local.clone(), ep.clone()));
+            let Some(ep) = d.endpoints.iter().find(|e| e.kind() == *kind) else {
+                continue;
+            };
+            // Same host = same kernel and same network namespace.
+            if *kind == TransportKind::Shm && d.host_id != self.host_id {
+                unusable.push(format!("{kind}: the segment is on another host"));
+                continue;
+            }
+            match local.connect(ep) {
+                Ok(()) => return Ok((local.clone(), ep.clone())),
+                Err(e) => {
+                    tracing::warn!("segment {name}: not using {kind}: {e}");
+                    unusable.push(format!("{kind}: {e}"));
+                }
             }
         }
         let list = |kinds: Vec<String>| {
@@ -360,6 +379,7 @@ impl TransferEngine {
                     .iter()
                     .filter(|k| self.transports.iter().any(|t| t.kind() == **k))
                     .map(|k| k.to_string())
+                    .chain(unusable.iter().map(|why| format!("unusable {why}")))
                     .collect(),
             ),
         })
@@ -377,7 +397,7 @@ impl TransferEngine {
             return false;
         }
         *last = Some(Instant::now());
-        match handshake::fetch_descriptor(&segment.name, HANDSHAKE_TIMEOUT) {
+        match self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT) {
             Ok(d) => {
                 segment.transport.set_peer_regions(&segment.endpoint, remote_regions(&d));
                 *segment.descriptor.write() = Arc::new(d);
@@ -550,6 +570,25 @@ impl TransferEngine {
         }
         Ok(())
     }
+}
+
+/// The shm transport, listening on a name derived from the handshake port (unique in the
+/// network namespace, and the same after a restart on a fixed port).
+fn start_shm(
+    config: &EngineConfig,
+    port: u16,
+    table: &Arc<RegionTable>,
+) -> std::result::Result<ShmTransport, crescent_transports::TransportError> {
+    let shm = ShmConfig {
+        socket_name: format!("crescent-shm-{port}"),
+        copy_threads: config.shm_copy_threads,
+        ..ShmConfig::default()
+    };
+    ShmTransport::start(shm.clone(), table.clone()).or_else(|e| {
+        tracing::debug!("shm socket @{} taken ({e}); using a unique name", shm.socket_name);
+        let default = ShmConfig::default();
+        ShmTransport::start(ShmConfig { socket_name: default.socket_name, ..shm }, table.clone())
+    })
 }
 
 enum PlanError {

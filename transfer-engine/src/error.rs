@@ -26,6 +26,12 @@ pub enum EngineError {
         "segment {name:?} offers no transport this engine can use (it offers: {offered}; allowed here: {allowed})"
     )]
     NoCommonTransport { name: String, offered: String, allowed: String },
+    #[error("metadata service {address} is unreachable: {reason}")]
+    MetadataUnavailable { address: String, reason: String },
+    #[error("metadata service {address} holds an invalid value under {key}: {reason}")]
+    BadMetadata { address: String, key: String, reason: String },
+    #[error("segment {name:?} is not published in metadata service {address} (key {key})")]
+    SegmentNotFound { name: String, address: String, key: String },
     #[error("transfer failed: {0}")]
     TransferFailed(String),
     #[error("transfer timed out")]

@@ -24,6 +24,7 @@ mod engine;
 pub mod error;
 pub mod handshake;
 pub mod host;
+pub mod metadata;
 pub mod slicing;
 
 pub use batch::{BatchCompletion, BatchId, TransferStatus};

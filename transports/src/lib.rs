@@ -13,6 +13,7 @@ pub mod error;
 pub mod memory;
 pub mod rdma;
 pub mod region;
+pub mod shm;
 pub mod slice;
 pub mod tcp;
 mod transport;

@@ -1,11 +1,15 @@
 //! Shareable memory for `alloc_registered`: a memfd mapped `MAP_SHARED`, so that a
 //! same-host peer can map the very same pages (by file descriptor) and copy with one memcpy.
+//!
+//! The memfd is sealed against shrinking and growing: a peer that holds it cannot truncate
+//! it under this process (which would turn our own accesses into SIGBUS), and a peer that
+//! receives it can check the seal before mapping it.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
-use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
 use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 
 use crate::TransportError;
@@ -19,6 +23,7 @@ pub struct SharedMemory {
     len: u64,
     fd: OwnedFd,
     huge_pages: bool,
+    sealed: bool,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; concurrent access to its bytes is
@@ -44,12 +49,17 @@ impl SharedMemory {
     }
 
     fn map(len: u64, name: &str, huge_pages: bool) -> io::Result<Self> {
-        let mut flags = MemfdFlags::CLOEXEC;
+        let mut flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
         if huge_pages {
             flags |= MemfdFlags::HUGETLB;
         }
         let fd = memfd_create(name, flags)?;
         ftruncate(&fd, len)?;
+        // Kernels without seals on hugetlbfs (before 4.16) refuse: the memory then stays
+        // private to this process (peers reach it with process_vm_readv/writev instead).
+        let sealed = fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(|e| tracing::debug!("cannot seal a memfd of {len} bytes: {e}"))
+            .is_ok();
         let size = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: a fresh shared mapping of a memfd we own and sized above; no existing memory
         // is touched. MAP_POPULATE pre-faults it (fails with ENOMEM for missing huge pages).
@@ -64,7 +74,7 @@ impl SharedMemory {
             )?
         };
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(SharedMemory { ptr, len, fd, huge_pages })
+        Ok(SharedMemory { ptr, len, fd, huge_pages, sealed })
     }
 
     pub fn addr(&self) -> u64 {
@@ -86,6 +96,11 @@ impl SharedMemory {
     /// The memfd backing the mapping (what a same-host peer maps).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// True when the memfd cannot change size any more, so a peer may safely map it.
+    pub fn sealed(&self) -> bool {
+        self.sealed
     }
 }
 
@@ -112,6 +127,14 @@ mod tests {
         assert!(bytes.iter().all(|&b| b == 0));
         bytes[12345] = 7;
         assert_eq!(bytes[12345], 7);
+    }
+
+    #[test]
+    fn memfd_cannot_be_shrunk_by_whoever_holds_it() {
+        let mem = SharedMemory::allocate(1 << 20, "crescent-test").unwrap();
+        assert!(mem.sealed());
+        assert!(ftruncate(mem.fd(), 4096).is_err(), "sealed against shrinking");
+        assert!(ftruncate(mem.fd(), 2 << 20).is_err(), "sealed against growing");
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //!   region's access lock (shared) while the bytes move, so that an unregister waits for
 //!   the access to end and later accesses fail the bounds check.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,7 +17,7 @@ use parking_lot::lock_api::ArcRwLockReadGuard;
 use parking_lot::{RawRwLock, RwLock};
 use serde::{Deserialize, Serialize};
 
-use crate::TransportError;
+use crate::{SharedMemory, TransportError};
 
 /// Per-transport registration data of one region, published in the segment descriptor
 /// (for RDMA: the memory region's keys on each device).
@@ -44,8 +43,9 @@ pub struct Region {
     inflight: AtomicUsize,
     access: Arc<RwLock<()>>,
     keys: RwLock<RegionKeys>,
-    /// Keeps memory the engine allocated itself alive while it is registered.
-    _owner: Option<Arc<dyn Any + Send + Sync>>,
+    /// Memory the engine allocated itself (kept alive while it is registered); the shm
+    /// transport hands its memfd to same-host peers.
+    shared: Option<Arc<SharedMemory>>,
 }
 
 impl std::fmt::Debug for Region {
@@ -60,7 +60,7 @@ impl std::fmt::Debug for Region {
 }
 
 impl Region {
-    pub fn new(addr: u64, len: u64, location: impl Into<String>, owner: Option<Arc<dyn Any + Send + Sync>>) -> Self {
+    pub fn new(addr: u64, len: u64, location: impl Into<String>, shared: Option<Arc<SharedMemory>>) -> Self {
         Region {
             addr,
             len,
@@ -68,7 +68,7 @@ impl Region {
             inflight: AtomicUsize::new(0),
             access: Arc::new(RwLock::new(())),
             keys: RwLock::new(RegionKeys::default()),
-            _owner: owner,
+            shared,
         }
     }
     pub fn addr(&self) -> u64 {
@@ -91,6 +91,10 @@ impl Region {
     }
     pub fn set_keys(&self, keys: RegionKeys) {
         *self.keys.write() = keys;
+    }
+    /// The shareable memory backing this region, when the engine allocated it.
+    pub fn shared_memory(&self) -> Option<&Arc<SharedMemory>> {
+        self.shared.as_ref()
     }
     /// Transfers issued by this process that still use this region.
     pub fn inflight(&self) -> usize {

@@ -1,4 +1,4 @@
-//! The `Transport` trait, implemented by `tcp`, and next by `shm` and `rdma`.
+//! The `Transport` trait, implemented by `tcp` and `shm`, and next by `rdma`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -70,6 +70,12 @@ pub enum Endpoint {
         port: u16,
         devices: Vec<String>,
     },
+    /// A same-host peer: the abstract unix socket it listens on. Its pid is not published:
+    /// the kernel tells it on connection (`SO_PEERCRED`), which is also right across pid
+    /// namespaces and after a restart.
+    Shm {
+        socket: String,
+    },
 }
 
 impl Endpoint {
@@ -77,6 +83,7 @@ impl Endpoint {
         match self {
             Endpoint::Tcp { .. } => TransportKind::Tcp,
             Endpoint::Rdma { .. } => TransportKind::Rdma,
+            Endpoint::Shm { .. } => TransportKind::Shm,
         }
     }
 }
@@ -86,6 +93,7 @@ impl fmt::Display for Endpoint {
         match self {
             Endpoint::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
             Endpoint::Rdma { host, port, devices } => write!(f, "rdma://{host}:{port}[{}]", devices.join(",")),
+            Endpoint::Shm { socket } => write!(f, "shm://@{socket}"),
         }
     }
 }
@@ -113,7 +121,8 @@ pub trait Transport: Send + Sync {
         Ok(RegionKeys::default())
     }
 
-    /// Called before a region is removed from the table.
+    /// Called once the region has left the table, before the unregister returns: afterwards
+    /// no peer may access the region through this transport.
     fn unregister_region(&self, _region: &Arc<Region>) -> Result<(), TransportError> {
         Ok(())
     }
@@ -121,6 +130,11 @@ pub trait Transport: Send + Sync {
     /// Tells the transport which regions `peer` exports and their keys (from the peer's
     /// descriptor, each time it is fetched); replaces what was known before.
     fn set_peer_regions(&self, _peer: &Endpoint, _regions: Vec<RemoteRegion>) {}
+    /// Checks, when the engine chooses a transport for a segment, that this transport can
+    /// reach `peer` now; an error says why not, and the engine tries the next transport.
+    fn connect(&self, _peer: &Endpoint) -> Result<(), TransportError> {
+        Ok(())
+    }
 
     /// Starts moving `slices` to or from `peer`.
     fn submit(&self, peer: &Endpoint, slices: Vec<Slice>);

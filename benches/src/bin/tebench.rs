@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use crescent_benches::{init_logging, pattern, report};
+use crescent_benches::{init_logging, pattern, process_cpu_seconds, report};
 use crescent_engine::{
     parse_device_list, parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
     TransferStatus, TransportKind,
@@ -41,7 +41,8 @@ enum Role {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Transport: tcp or rdma; default: chosen per peer (rdma when both ends have a device).
+    /// Transport: tcp, rdma or shm (same host); default: chosen per peer (shm on the same host,
+    /// else rdma when both ends have a device, else tcp).
     #[arg(long)]
     protocol: Option<String>,
     /// RDMA devices to use, comma-separated (default: MC_DEVICE, else every active device).
@@ -50,7 +51,8 @@ struct EngineArgs {
     /// GID index of the RDMA port (default: MC_GID_INDEX, else RoCE v2 IPv4-mapped preferred).
     #[arg(long, visible_alias = "gid_index")]
     gid_index: Option<u32>,
-    /// Metadata service; P2PHANDSHAKE asks the peer itself.
+    /// Metadata service: P2PHANDSHAKE (ask the peer itself), etcd://host:port[,host:port],
+    /// redis://[user:pass@]host:port[/db] or http://host:port/metadata.
     #[arg(long, visible_alias = "metadata_server", default_value = "P2PHANDSHAKE")]
     metadata_server: String,
     /// Address (or host:port) peers use to reach this process.
@@ -71,6 +73,14 @@ struct TargetArgs {
     /// Fill the buffer with a position-keyed pattern that `initiator --verify` checks.
     #[arg(long)]
     pattern: bool,
+    /// Serve ordinary heap memory registered with `register` (same-host peers then copy with
+    /// process_vm_readv/writev) instead of memory from `alloc_registered` (a shared memfd).
+    #[arg(long)]
+    heap: bool,
+    /// Make this process non-dumpable (prctl PR_SET_DUMPABLE 0), as hardened services are:
+    /// processes without CAP_SYS_PTRACE may then not read its memory with process_vm_readv.
+    #[arg(long)]
+    not_dumpable: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -170,23 +180,35 @@ fn main() {
 }
 
 fn run_target(args: TargetArgs) -> Result<()> {
+    if args.not_dumpable {
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+            .context("prctl(PR_SET_DUMPABLE, 0)")?;
+    }
     let engine = engine(&args.engine)?;
-    let buf = engine.alloc_registered(args.buffer_size, "cpu:0").context("allocating the target buffer")?;
+    let mut heap: Vec<u8>;
+    let (addr, len, kind) = if args.heap {
+        let len = usize::try_from(args.buffer_size).context("--buffer-size")?;
+        // Written once, so every page is faulted in before peers copy.
+        heap = vec![1u8; len];
+        engine.register(heap.as_mut_ptr() as u64, len as u64, "cpu:0").context("registering the target buffer")?;
+        (heap.as_mut_ptr(), len, "heap")
+    } else {
+        let buf = engine.alloc_registered(args.buffer_size, "cpu:0").context("allocating the target buffer")?;
+        let kind = if buf.shared_memory().huge_pages() { "shared, huge pages" } else { "shared" };
+        // The registration keeps the memory alive until the process exits.
+        (buf.addr() as *mut u8, buf.len() as usize, kind)
+    };
     if args.pattern {
-        // SAFETY: nothing can transfer yet: the segment name is printed below.
-        pattern::fill(unsafe { buf.as_mut_slice() }, 0, 0);
+        // SAFETY: `[addr, +len)` is the live buffer registered above; nothing can transfer
+        // yet: the segment name is printed below.
+        pattern::fill(unsafe { std::slice::from_raw_parts_mut(addr, len) }, 0, 0);
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
     println!("segment: {}", engine.segment_name());
-    println!(
-        "tebench target: serving {} at {:#x} ({} pages); Ctrl-C to stop",
-        report::fmt_bytes(buf.len()),
-        buf.addr(),
-        if buf.shared_memory().huge_pages() { "huge" } else { "normal" }
-    );
+    println!("tebench target: serving {} at {addr:#x?} ({kind} memory); Ctrl-C to stop", report::fmt_bytes(len as u64),);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -232,6 +254,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         .collect::<Result<Vec<_>, _>>()
         .context("allocating local buffers")?;
     let started = Instant::now();
+    let cpu_started = process_cpu_seconds();
     let mut handles = Vec::new();
     for (t, local) in locals.into_iter().enumerate() {
         let (engine, bytes, stop) = (engine.clone(), bytes.clone(), stop.clone());
@@ -286,6 +309,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         mismatch = mismatch.or(r.mismatch);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_s = process_cpu_seconds() - cpu_started;
     let total = bytes.load(Ordering::Relaxed);
     let gbps = report::gb_per_s(total, elapsed);
     let op = if args.operation == Operation::Read { "read" } else { "write" };
@@ -306,6 +330,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
             "operation": op, "protocol": protocol.to_string(), "segment": args.segment,
             "block_size": args.block_size, "batch_size": args.batch_size, "threads": args.threads,
             "duration_s": elapsed, "bytes": total, "gb_per_s": gbps, "batches": hist.len(),
+            "cpu_s": cpu_s,
             "latency_us": {"p50": p50, "p99": p99, "p999": p999},
             "failed_requests": errors, "verified": args.verify && mismatch.is_none() && errors == 0,
         });

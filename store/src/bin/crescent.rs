@@ -51,6 +51,10 @@ struct ClientArgs {
     /// Address peers use to reach this client.
     #[arg(long)]
     local_hostname: Option<String>,
+    /// Metadata service (overrides metadata_server of MOONCAKE_CONFIG_PATH): P2PHANDSHAKE,
+    /// etcd://host:port, redis://[user:pass@]host:port[/db] or http://host:port/metadata.
+    #[arg(long, visible_alias = "metadata_server")]
+    metadata_server: Option<String>,
     #[arg(long, value_parser = parse_size)]
     segment_size: Option<u64>,
     #[arg(long, value_parser = parse_size)]
@@ -151,6 +155,9 @@ fn client(args: ClientArgs) -> Result<()> {
     }
     if args.local_hostname.is_some() {
         config.local_hostname = args.local_hostname;
+    }
+    if let Some(m) = args.metadata_server {
+        config.metadata_server = m;
     }
     if let Some(s) = args.segment_size {
         config.global_segment_size = s;

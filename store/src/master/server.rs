@@ -81,7 +81,13 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         .spawn(move || {
             runtime.block_on(async move {
                 let rpc = tokio::net::TcpListener::from_std(rpc).expect("registering the rpc listener");
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(rpc);
+                // Replies of batch calls span several segments: without TCP_NODELAY they would
+                // wait on the client's delayed ACK (40 ms per call).
+                let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(rpc), |s| {
+                    s.inspect(|s| {
+                        let _ = s.set_nodelay(true);
+                    })
+                });
                 let (stop_admin_tx, stop_admin_rx) = oneshot::channel::<()>();
                 if let Some(admin) = admin {
                     let admin = tokio::net::TcpListener::from_std(admin).expect("registering the admin listener");

@@ -345,6 +345,10 @@ impl Transport for RdmaTransport {
         Ok(())
     }
 
+    fn connect(&self, peer: &Endpoint) -> Result<(), TransportError> {
+        self.peer(peer).map(|_| ()).map_err(|e| TransportError::Unavailable("rdma", e))
+    }
+
     fn set_peer_regions(&self, peer: &Endpoint, regions: Vec<RemoteRegion>) {
         *self.keys_of(peer).write() = RemoteKeys::from_regions(regions);
     }

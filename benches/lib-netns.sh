@@ -1,0 +1,30 @@
+# Two hosts on one machine for the benchmark scripts (sourced): network namespaces A and B
+# joined by a veth pair, 198.18.<n>.1 and 198.18.<n>.2 (the benchmarking range). Needs root.
+# Defines NS_A NS_B ADDR_A ADDR_B VETH_A and bench_netns_up / bench_netns_down.
+
+bench_netns_up() {
+  local n=$((RANDOM % 200 + 20))
+  NS_A="crsc-bench-a-$$"; NS_B="crsc-bench-b-$$"
+  ADDR_A="198.18.$n.1"; ADDR_B="198.18.$n.2"
+  VETH_A="cb$$a"; local veth_b="cb$$b"
+  ip netns add "$NS_A"; ip netns add "$NS_B"
+  ip link add "$VETH_A" type veth peer name "$veth_b"
+  ip link set "$VETH_A" netns "$NS_A"; ip link set "$veth_b" netns "$NS_B"
+  ip -n "$NS_A" addr add "$ADDR_A/24" dev "$VETH_A"; ip -n "$NS_B" addr add "$ADDR_B/24" dev "$veth_b"
+  for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
+  ip -n "$NS_A" link set "$VETH_A" up; ip -n "$NS_B" link set "$veth_b" up
+}
+
+bench_netns_down() {
+  ip netns del "$NS_A" 2>/dev/null || true
+  ip netns del "$NS_B" 2>/dev/null || true
+}
+
+# Waits until FILE has a line starting with PREFIX and prints the rest of it.
+wait_line() { # file prefix
+  for _ in $(seq 600); do
+    if grep -q "^$2" "$1" 2>/dev/null; then sed -n "s/^$2//p" "$1" | head -n 1; return 0; fi
+    sleep 0.1
+  done
+  echo "timed out waiting for '$2' in $1" >&2; return 1
+}

@@ -1,0 +1,139 @@
+//! memcpy-bench: what a plain memcpy achieves with the same blocks, buffers and address
+//! pattern as `tebench initiator` against a `tebench target` on the same host, so that the
+//! shm transport can be put beside it (see `benches/shm-vs-memcpy.sh`).
+//!
+//! ```text
+//! memcpy-bench --operation read --block-size 1M --threads 2 --duration 3 --json
+//! ```
+//! A "remote" buffer of `--buffer-size` stands for the target's buffer, each thread copies
+//! between its share of it and its own local window (at most 256 MiB, like tebench), batch
+//! after batch, block by block. Both buffers are shared memfd memory, as `alloc_registered`
+//! gives tebench.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use crescent_benches::{process_cpu_seconds, report};
+use crescent_engine::parse_size;
+use crescent_transports::SharedMemory;
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Operation {
+    /// Copy from the shared buffer into the local window (as a tebench read).
+    Read,
+    /// Copy from the local window into the shared buffer (as a tebench write).
+    Write,
+}
+
+#[derive(Parser)]
+#[command(name = "memcpy-bench", about = "memcpy bandwidth with tebench's blocks and buffers")]
+struct Cli {
+    #[arg(long, value_enum, default_value = "read")]
+    operation: Operation,
+    #[arg(long, visible_alias = "block_size", default_value = "64K", value_parser = size)]
+    block_size: u64,
+    /// Blocks per batch (as tebench's requests per batch).
+    #[arg(long, visible_alias = "batch_size", default_value_t = 128)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Size of the buffer that stands for the target's.
+    #[arg(long, visible_alias = "buffer_size", default_value = "1G", value_parser = size)]
+    buffer_size: u64,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Print one JSON object with the results (after the human-readable line).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Largest local window per thread (tebench's without --verify).
+const MAX_LOCAL_WINDOW: u64 = 256 << 20;
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+fn main() -> Result<()> {
+    let args = Cli::parse();
+    if args.batch_size == 0 || args.threads == 0 || !args.duration.is_finite() || args.duration <= 0.0 {
+        bail!("--batch-size, --threads and --duration must be positive");
+    }
+    if args.buffer_size < args.block_size {
+        bail!("--buffer-size must hold at least one block");
+    }
+    let remote = Arc::new(SharedMemory::allocate(args.buffer_size, "memcpy-bench")?);
+    let local_blocks = (MAX_LOCAL_WINDOW / args.block_size).clamp(1, args.batch_size as u64);
+    let locals = (0..args.threads)
+        .map(|_| SharedMemory::allocate(local_blocks * args.block_size, "memcpy-bench"))
+        .collect::<Result<Vec<_>, _>>()
+        .context("allocating local windows")?;
+    let bytes = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let cpu_started = process_cpu_seconds();
+    let handles: Vec<_> = locals
+        .into_iter()
+        .enumerate()
+        .map(|(t, local)| {
+            let (remote, bytes, stop) = (remote.clone(), bytes.clone(), stop.clone());
+            let (op, block, batch, threads) =
+                (args.operation, args.block_size, args.batch_size as u64, args.threads as u64);
+            std::thread::spawn(move || {
+                let total_blocks = remote.len() / block;
+                let share = (total_blocks / threads).max(1);
+                let first = (t as u64 * share) % total_blocks;
+                let mut iteration = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for j in 0..batch {
+                        let r = remote.addr() + (first + (iteration * batch + j) % share) * block;
+                        let l = local.addr() + (j % local_blocks) * block;
+                        let (src, dst) = match op {
+                            Operation::Read => (r, l),
+                            Operation::Write => (l, r),
+                        };
+                        // SAFETY: both ranges lie inside mappings this program owns, and no
+                        // two threads copy into the same bytes (each has its own share and
+                        // its own local window).
+                        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, block as usize) };
+                    }
+                    bytes.fetch_add(batch * block, Ordering::Relaxed);
+                    iteration += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(args.duration));
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().map_err(|_| anyhow::anyhow!("a copy thread panicked"))?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu_s = process_cpu_seconds() - cpu_started;
+    let total = bytes.load(Ordering::Relaxed);
+    let gbps = report::gb_per_s(total, elapsed);
+    let op = match args.operation {
+        Operation::Read => "read",
+        Operation::Write => "write",
+    };
+    println!(
+        "memcpy-bench {op} {} x {} per batch, {} thread(s): {gbps:.2} GB/s ({} in {elapsed:.1} s)",
+        report::fmt_bytes(args.block_size),
+        args.batch_size,
+        args.threads,
+        report::fmt_bytes(total),
+    );
+    if args.json {
+        let json = serde_json::json!({
+            "operation": op, "block_size": args.block_size, "batch_size": args.batch_size,
+            "threads": args.threads, "duration_s": elapsed, "bytes": total, "gb_per_s": gbps,
+            "cpu_s": cpu_s,
+        });
+        println!("{json}");
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! Lifetime of memory a same-host peer can reach: once `unregister`/`free_registered`
+//! returns, no write of the peer lands in the memory any more (heap memory reached with
+//! process_vm_writev and shared memory the peer has mapped alike), requests to it fail with
+//! a clear reason, and memory registered again is reached afresh, never through an old
+//! mapping. Target and initiator are two engines in this process, which talk over the shm
+//! transport exactly as two processes do.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crescent_benches::pattern;
+use crescent_engine::{Opcode, TransferEngine, TransferRequest, TransportKind};
+use crescent_tests::{eventually, same_host_engine};
+
+const LEN: u64 = 4 << 20;
+const BLOCK: u64 = 64 << 10;
+
+/// An initiator thread writing 0xAB blocks all over `[addr, +LEN)` of the target until told
+/// to stop; counts writes that completed and keeps the last failure.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    handle: Option<std::thread::JoinHandle<Vec<String>>>,
+}
+
+impl Writer {
+    fn start(initiator: &Arc<TransferEngine>, seg: u64, addr: u64) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let local = initiator.alloc_registered(BLOCK, "cpu:0").unwrap();
+        // SAFETY: no transfer of `local` is in flight yet.
+        unsafe { local.as_mut_slice() }.fill(0xAB);
+        let (engine, stop2, done2) = (initiator.clone(), stop.clone(), done.clone());
+        let handle = std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            let mut i = 0u64;
+            while !stop2.load(Ordering::Relaxed) {
+                let offset = (i * 7919 * BLOCK) % (LEN - BLOCK);
+                i += 1;
+                match engine.transfer_sync(&[TransferRequest {
+                    opcode: Opcode::Write,
+                    source: local.addr(),
+                    target: seg,
+                    target_offset: addr + offset,
+                    length: BLOCK,
+                }]) {
+                    Ok(()) => {
+                        done2.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => failures.push(e.to_string()),
+                }
+            }
+            failures
+        });
+        Writer { stop, done, handle: Some(handle) }
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.take().unwrap().join().unwrap()
+    }
+}
+
+fn pair() -> (Arc<TransferEngine>, Arc<TransferEngine>) {
+    (same_host_engine(Duration::from_secs(20)), same_host_engine(Duration::from_secs(20)))
+}
+
+/// Runs a writer against `[addr, +LEN)`, unregisters it with `unregister` mid-stream, then
+/// zeroes the memory and checks that it stays zero while the writer keeps trying.
+fn writes_stop_at_unregister(
+    target: &Arc<TransferEngine>,
+    initiator: &Arc<TransferEngine>,
+    addr: u64,
+    unregister: impl FnOnce(),
+) {
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    assert_eq!(initiator.segment_transport(seg).unwrap(), TransportKind::Shm);
+    let writer = Writer::start(initiator, seg, addr);
+    assert!(
+        eventually(Duration::from_secs(20), || writer.done.load(Ordering::Relaxed) >= 20),
+        "writes complete while the memory is registered"
+    );
+    unregister();
+    // The memory is ours alone now: clear it, and let the writer try for a while.
+    // SAFETY: `[addr, +LEN)` is live memory of this test, unregistered above.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 0, LEN as usize) };
+    let failed_before = writer.done.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    let completed_after = writer.done.load(Ordering::Relaxed) - failed_before;
+    let failures = writer.finish();
+    // SAFETY: as above; the writer has stopped.
+    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, LEN as usize) };
+    assert!(
+        bytes.iter().all(|&b| b == 0),
+        "a write landed after the unregister returned (byte {} is {:#x})",
+        bytes.iter().position(|&b| b != 0).unwrap(),
+        bytes.iter().find(|&&b| b != 0).unwrap()
+    );
+    assert_eq!(completed_after, 0, "no write completes once the memory is unregistered");
+    assert!(!failures.is_empty(), "the writer kept trying and failed");
+    assert!(failures.iter().all(|f| f.contains("outside")), "failures name the reason: {failures:?}");
+}
+
+#[test]
+fn heap_memory_is_never_written_after_unregister() {
+    let (target, initiator) = pair();
+    let mut heap = vec![0u8; LEN as usize];
+    let addr = heap.as_mut_ptr() as u64;
+    target.register(addr, LEN, "cpu:0").unwrap();
+    writes_stop_at_unregister(&target, &initiator, addr, || target.unregister(addr).unwrap());
+    drop(heap);
+}
+
+#[test]
+fn mapped_shared_memory_is_never_written_after_free() {
+    let (target, initiator) = pair();
+    let mem = target.alloc_registered(LEN, "cpu:0").unwrap();
+    // The test keeps a handle, so the pages stay this process's after the free.
+    let keep = mem.clone();
+    writes_stop_at_unregister(&target, &initiator, keep.addr(), || target.free_registered(mem).unwrap());
+}
+
+#[test]
+fn memory_registered_again_is_reached_afresh() {
+    let (target, initiator) = pair();
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    let local = initiator.alloc_registered(LEN, "cpu:0").unwrap();
+    let write = |addr: u64, seed: u64| {
+        // SAFETY: no transfer of `local` is in flight.
+        pattern::fill(unsafe { local.as_mut_slice() }, seed, 0);
+        initiator.transfer_sync(&[TransferRequest {
+            opcode: Opcode::Write,
+            source: local.addr(),
+            target: seg,
+            target_offset: addr,
+            length: LEN,
+        }])
+    };
+    // Shared memory: the initiator maps the first allocation; after it is freed, a new one
+    // (wherever it lands, possibly at the same address) receives the next write, not the
+    // old mapping.
+    for round in 0..3u64 {
+        let mem = target.alloc_registered(LEN, "cpu:0").unwrap();
+        // At another address, the initiator needs the target's new descriptor, which it
+        // fetches again at most every half second.
+        assert!(eventually(Duration::from_secs(5), || write(mem.addr(), round).is_ok()));
+        // SAFETY: the write ended.
+        let got = unsafe { mem.as_slice() };
+        assert_eq!(pattern::first_mismatch(got, round, 0), None, "round {round}");
+        target.free_registered(mem).unwrap();
+    }
+    // Heap memory unregistered, then registered again at the same address.
+    let mut heap = vec![0u8; LEN as usize];
+    let addr = heap.as_mut_ptr() as u64;
+    target.register(addr, LEN, "cpu:0").unwrap();
+    assert!(eventually(Duration::from_secs(5), || write(addr, 7).is_ok()));
+    target.unregister(addr).unwrap();
+    let err = write(addr, 8).unwrap_err();
+    assert!(err.to_string().contains("outside"), "{err}");
+    target.register(addr, LEN, "cpu:0").unwrap();
+    assert!(eventually(Duration::from_secs(5), || write(addr, 9).is_ok()));
+    assert_eq!(pattern::first_mismatch(&heap, 9, 0), None);
+    target.unregister(addr).unwrap();
+    heap[0] = 1;
+}

@@ -1,0 +1,331 @@
+//! The shm transport: same-host transfers with one copy and no network stack.
+//!
+//! A target listens on a unix `SOCK_SEQPACKET` socket in the abstract namespace (so, like a
+//! tcp port, only processes of its network namespace reach it). An initiator connects once
+//! per peer, learns the peer's pid from the kernel (`SO_PEERCRED`) and, region by region,
+//! asks for *grants*:
+//! * memory the engine allocated (`alloc_registered`: a memfd sealed against resizing) comes
+//!   with its memfd over `SCM_RIGHTS`; the initiator maps it once and a transfer is one
+//!   memcpy between its own registered memory and that mapping;
+//! * any other registered memory (heap, a Python buffer) is copied with one
+//!   `process_vm_readv`/`process_vm_writev` by the initiator. At connection time the
+//!   initiator reads a probe word of the target that way; when the kernel refuses (another
+//!   user, a non-dumpable target, Yama ptrace scope), [`ShmTransport::connect`] says why and
+//!   the engine uses another transport for that peer.
+//!
+//! The initiator copies; bounds are the target's: a grant is the exact extent of one region
+//! the target has registered, and a copy is done only inside a grant the initiator holds.
+//!
+//! # Lifetime of granted memory
+//!
+//! The memory behind a grant belongs to the target, which may unregister or free it at any
+//! time; after that, no copy of any peer may touch it. The rule that guarantees it:
+//!
+//! **A grant is used only while it is live, and the target's unregister returns only after
+//! every initiator holding the grant has acknowledged its revocation.**
+//!
+//! * Initiator: every copy holds its grant's lock *shared* for the whole copy and checks that
+//!   the grant is live. A `Revoke {region}` from the target is handled by the initiator's
+//!   reader thread: it takes the lock *exclusively* (so it waits for copies in progress),
+//!   marks the grant dead, drops it (unmapping the memfd) and only then sends `RevokeAck`.
+//!   A later copy to that range finds no grant and asks again; the target, which no longer
+//!   has the region, refuses, and the slice fails with an out-of-range error.
+//! * Target: `unregister` first removes the region from the [`RegionTable`] (no new grant
+//!   can be issued: a grant is looked up and sent under the connection's send lock, and the
+//!   revoke goes out under the same lock, so a grant is either sent before the revoke or
+//!   refused), then sends `Revoke` to each connection that holds the grant and waits for
+//!   the acks. A connection that dies counts as acknowledged: the peer process is gone, or
+//!   its reader thread revokes everything it holds as soon as it sees the connection close.
+//!   If a live peer does not acknowledge within the unregister wait (it is stopped, say),
+//!   the target disconnects it and the unregister reports the region busy.
+//! * A re-registered region gets a new grant id; grants are keyed by id, so a stale
+//!   revoke or grant never applies to the new registration. A peer that re-registers after
+//!   a restart is a new connection with new grants: nothing from the old one survives.
+//! * A dead target: the kernel closes its sockets before its pid can be reaped and reused;
+//!   the initiator's reader thread sees the close, marks the peer dead and revokes every
+//!   grant (waiting for copies in progress). Later copies fail without touching the old
+//!   mappings (memfd pages stay alive while mapped, so even a copy racing with the death
+//!   touches only orphaned pages), and process_vm is never called with the pid of a peer
+//!   known dead. Between that check and the call, the pid could only name another process
+//!   after the whole pid space was cycled through.
+//! * Local memory: every copy runs inside the slice's [`crate::LocalAccess`] claim, so a
+//!   slice that ended (timed out) never has its memory touched after its end.
+
+mod copy;
+mod mapping;
+mod peer;
+mod server;
+pub mod socket;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::{Endpoint, Region, RegionKeys, RegionTable, Slice, SliceOutcome, Transport, TransportError, TransportKind};
+use peer::{CopyError, Peer};
+use server::Server;
+use socket::Socket;
+
+/// How long an unregister waits for same-host peers to release the region.
+pub const UNREGISTER_WAIT: Duration = Duration::from_secs(5);
+
+/// Settings of the shm transport.
+#[derive(Debug, Clone)]
+pub struct ShmConfig {
+    /// Abstract unix socket name to listen on (unique in the network namespace).
+    pub socket_name: String,
+    /// Threads that copy slices; a batch's slices are spread over them.
+    pub copy_threads: usize,
+    /// Largest slice; larger requests are cut by the engine.
+    pub max_slice_len: u64,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ShmConfig {
+            socket_name: format!("crescent-shm-{}-{n}", std::process::id()),
+            copy_threads: std::thread::available_parallelism().map_or(2, |n| n.get()).min(4),
+            max_slice_len: 4 << 20,
+        }
+    }
+}
+
+#[derive(Default)]
+struct PeerSlot {
+    peer: Mutex<Option<Arc<Peer>>>,
+}
+
+struct Job {
+    peer: Arc<Peer>,
+    slice: Slice,
+}
+
+pub struct ShmTransport {
+    config: ShmConfig,
+    server: Arc<Server>,
+    peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
+    jobs: Option<Sender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl ShmTransport {
+    /// Starts listening; the listener grants peers access to `table`'s regions.
+    pub fn start(config: ShmConfig, table: Arc<RegionTable>) -> Result<Self, TransportError> {
+        if !(1..=256).contains(&config.copy_threads) || config.max_slice_len == 0 {
+            return Err(TransportError::InvalidArgument(format!(
+                "shm copy threads must be in 1..=256 and the slice length positive (got {} \
+                 threads, {} bytes)",
+                config.copy_threads, config.max_slice_len
+            )));
+        }
+        let listener = Socket::listen(&config.socket_name).map_err(|source| TransportError::Listen {
+            addr: format!("unix socket @{}", config.socket_name),
+            source,
+        })?;
+        let server = Server::new(table);
+        let unavailable = |e: std::io::Error| TransportError::Unavailable("shm", format!("no thread: {e}"));
+        {
+            let server = server.clone();
+            std::thread::Builder::new()
+                .name("crescent-shm-accept".into())
+                .spawn(move || server.run(listener))
+                .map_err(unavailable)?;
+        }
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let workers = (0..config.copy_threads)
+            .map(|_| {
+                let rx = rx.clone();
+                std::thread::Builder::new().name("crescent-shm-copy".into()).spawn(move || copy_loop(rx))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(unavailable)?;
+        tracing::debug!("shm transport listening on @{}, {} copy threads", config.socket_name, config.copy_threads);
+        Ok(ShmTransport { config, server, peers: Mutex::new(HashMap::new()), jobs: Some(tx), workers })
+    }
+
+    /// The connection to `peer`, made now if there is none or the last one died.
+    fn peer(&self, endpoint: &Endpoint) -> Result<Arc<Peer>, String> {
+        let Endpoint::Shm { socket } = endpoint else {
+            return Err(format!("{endpoint} is not an shm endpoint"));
+        };
+        let slot = self.peers.lock().entry(endpoint.clone()).or_default().clone();
+        let mut current = slot.peer.lock();
+        if let Some(peer) = current.as_ref() {
+            if !peer.is_dead() {
+                return Ok(peer.clone());
+            }
+        }
+        *current = None;
+        let peer = Peer::connect(socket)?;
+        *current = Some(peer.clone());
+        Ok(peer)
+    }
+}
+
+fn copy_loop(rx: Receiver<Job>) {
+    for Job { peer, slice } in rx {
+        let Slice { opcode, local_addr, remote_addr, len, completion } = slice;
+        let access = completion.local_access();
+        let with_local = |f: &mut dyn FnMut() -> Result<(), String>| access.as_ref().and_then(|a| a.with(&mut *f));
+        let mut result = peer.copy(opcode, local_addr, remote_addr, len, with_local);
+        // A grant revoked under our feet: ask again once (the region may be registered anew).
+        if matches!(result, Err(CopyError::Revoked)) {
+            result = peer.copy(opcode, local_addr, remote_addr, len, with_local);
+        }
+        match result {
+            Ok(()) => completion.complete(SliceOutcome::Completed),
+            Err(CopyError::OutOfRange) | Err(CopyError::Revoked) => completion.fail(format!(
+                "target {} rejected the access: [{remote_addr:#x}, +{len}) is outside its \
+                 registered memory",
+                peer.name()
+            )),
+            Err(CopyError::Failed(reason)) => completion.fail(reason),
+        }
+    }
+}
+
+impl Transport for ShmTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Shm { socket: self.config.socket_name.clone() }
+    }
+
+    fn max_slice_len(&self) -> u64 {
+        self.config.max_slice_len
+    }
+
+    fn register_region(&self, region: &Arc<Region>) -> Result<RegionKeys, TransportError> {
+        self.server.export(region);
+        Ok(RegionKeys::default())
+    }
+
+    fn unregister_region(&self, region: &Arc<Region>) -> Result<(), TransportError> {
+        self.server.revoke(region, UNREGISTER_WAIT)
+    }
+
+    /// Connects and checks that the kernel lets this process copy the peer's memory with
+    /// process_vm_readv/writev; the error says why not.
+    fn connect(&self, endpoint: &Endpoint) -> Result<(), TransportError> {
+        let peer = self.peer(endpoint).map_err(|e| TransportError::Unavailable("shm", e))?;
+        match peer.process_vm_denied() {
+            None => Ok(()),
+            Some(why) => Err(TransportError::Unavailable("shm", format!("{}: {why}", peer.name()))),
+        }
+    }
+
+    fn submit(&self, endpoint: &Endpoint, slices: Vec<Slice>) {
+        let Some(jobs) = &self.jobs else {
+            return; // dropping the slices fails them
+        };
+        match self.peer(endpoint) {
+            Ok(peer) => {
+                for slice in slices {
+                    if let Err(e) = jobs.send(Job { peer: peer.clone(), slice }) {
+                        e.0.slice.completion.fail("the shm transport is shutting down");
+                    }
+                }
+            }
+            Err(reason) => {
+                for slice in slices {
+                    slice.completion.fail(reason.clone());
+                }
+            }
+        }
+    }
+
+    fn forget_peer(&self, endpoint: &Endpoint) {
+        if let Some(slot) = self.peers.lock().remove(endpoint) {
+            if let Some(peer) = slot.peer.lock().take() {
+                peer.close();
+            }
+        }
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        self.server.stop();
+        // Wake the accept loop so that it sees the stop flag.
+        let _ = Socket::connect(&self.config.socket_name, Duration::from_millis(200));
+        for slot in self.peers.lock().drain().map(|(_, s)| s) {
+            if let Some(peer) = slot.peer.lock().take() {
+                peer.close();
+            }
+        }
+        // Workers finish the slices already queued, then end.
+        self.jobs = None;
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wire::{Frame, Kind, Mode};
+    use super::*;
+
+    /// A target transport serving one 1 MiB heap region, and a raw client that holds a grant
+    /// of it.
+    fn target_with_a_granted_client() -> (ShmTransport, Arc<Region>, Vec<u8>, Socket) {
+        let mut memory = vec![0u8; 1 << 20];
+        let table = Arc::new(RegionTable::new());
+        let region = table.insert(Region::new(memory.as_mut_ptr() as u64, 1 << 20, "cpu:0", None)).unwrap();
+        let transport = ShmTransport::start(ShmConfig::default(), table).unwrap();
+        transport.register_region(&region).unwrap();
+        let client = Socket::connect(&transport.config.socket_name, Duration::from_secs(5)).unwrap();
+        client.set_recv_timeout(Some(Duration::from_secs(5))).unwrap();
+        let map = Frame { id: 1, addr: region.addr() + 100, len: 10, ..Frame::new(Kind::Map) };
+        client.send(&map, None).unwrap();
+        let (grant, _) = client.recv().unwrap().unwrap();
+        assert_eq!((grant.kind, grant.mode), (Kind::MapReply, Mode::ProcessVm));
+        (transport, region, memory, client)
+    }
+
+    #[test]
+    fn revoke_returns_once_the_peer_acknowledges() {
+        let (transport, region, _memory, client) = target_with_a_granted_client();
+        let acker = std::thread::spawn(move || {
+            let (revoke, _) = client.recv().unwrap().unwrap();
+            assert_eq!(revoke.kind, Kind::Revoke);
+            let ack = Frame { region: revoke.region, ..Frame::new(Kind::RevokeAck) };
+            client.send(&ack, None).unwrap();
+            client
+        });
+        transport.server.revoke(&region, Duration::from_secs(10)).unwrap();
+        let client = acker.join().unwrap();
+        // The peer stays connected, and the region is now refused.
+        let map = Frame { id: 2, addr: region.addr(), len: 1, ..Frame::new(Kind::Map) };
+        client.send(&map, None).unwrap();
+        let (reply, _) = client.recv().unwrap().unwrap();
+        assert_eq!(reply.status, wire::Status::OutOfRange);
+    }
+
+    #[test]
+    fn revoke_does_not_wait_for_a_peer_that_is_gone() {
+        let (transport, region, _memory, client) = target_with_a_granted_client();
+        drop(client);
+        // A generous wait: only an error (not a long wait) would show a wrong outcome.
+        transport.server.revoke(&region, Duration::from_secs(30)).unwrap();
+    }
+
+    #[test]
+    fn a_peer_that_never_acknowledges_makes_the_region_busy_and_is_cut_off() {
+        let (transport, region, _memory, client) = target_with_a_granted_client();
+        let err = transport.server.revoke(&region, Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(err, TransportError::RegionBusy { .. }), "{err}");
+        let (revoke, _) = client.recv().unwrap().unwrap();
+        assert_eq!(revoke.kind, Kind::Revoke);
+        assert!(client.recv().unwrap().is_none(), "then disconnected");
+    }
+}

@@ -1,0 +1,361 @@
+//! Initiator side of the shm transport: one connection to a same-host peer, the grants it
+//! received (mapped memfds and process_vm ranges) and the thread that reads the peer's
+//! replies and revocations.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Sender};
+use parking_lot::{Mutex, RwLock};
+
+use super::copy;
+use super::mapping::Mapping;
+use super::socket::Socket;
+use super::wire::{Frame, Kind, Mode, Status};
+use crate::Opcode;
+
+/// How long the peer may take to answer a hello or a map request.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a granted region is reached.
+enum Access {
+    Mapped(Mapping),
+    ProcessVm,
+}
+
+/// Access to one registered region of the peer, until the peer revokes it.
+pub(super) struct Grant {
+    id: u64,
+    addr: u64,
+    len: u64,
+    access: Access,
+    /// Read-held by every copy; the reader thread takes it for writing to revoke the grant,
+    /// which waits for copies in progress and fails later ones.
+    live: RwLock<bool>,
+}
+
+impl Grant {
+    fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// Why a copy did not happen.
+pub(super) enum CopyError {
+    /// The range is not inside one registered region of the peer.
+    OutOfRange,
+    /// The grant was revoked meanwhile: ask again.
+    Revoked,
+    Failed(String),
+}
+
+struct PendingMap {
+    addr: u64,
+    len: u64,
+    reply: Sender<Result<Option<Arc<Grant>>, String>>,
+}
+
+pub(super) struct Peer {
+    name: String,
+    socket: Socket,
+    pid: i32,
+    /// Why process_vm_readv/writev cannot reach the peer, if it cannot.
+    process_vm_denied: Option<String>,
+    grants: RwLock<BTreeMap<u64, Arc<Grant>>>,
+    /// One map request at a time (regions are mapped once, then reused).
+    map_lock: Mutex<()>,
+    pending: Mutex<HashMap<u64, PendingMap>>,
+    next_id: AtomicU64,
+    dead: AtomicBool,
+    dead_reason: Mutex<Option<String>>,
+}
+
+impl Peer {
+    /// Connects to the peer listening on `socket_name`, learns its pid from the kernel and
+    /// whether process_vm access to it works.
+    pub(super) fn connect(socket_name: &str) -> Result<Arc<Peer>, String> {
+        let name = format!("shm peer @{socket_name}");
+        let socket =
+            Socket::connect(socket_name, REPLY_TIMEOUT).map_err(|e| format!("cannot connect to {name}: {e}"))?;
+        let cred = socket.peer_cred().map_err(|e| format!("cannot identify {name}: {e}"))?;
+        let pid = cred.pid.as_raw_nonzero().get();
+        let hello = Self::hello(&socket).map_err(|e| format!("{name} did not complete the hello: {e}"))?;
+        let denied = copy::probe(pid, hello.addr, hello.id).err();
+        if let Some(why) = &denied {
+            tracing::debug!("{name} (pid {pid}): no process_vm access: {why}");
+        }
+        let peer = Arc::new(Peer {
+            name: format!("{name} (pid {pid})"),
+            socket,
+            pid,
+            process_vm_denied: denied,
+            grants: RwLock::new(BTreeMap::new()),
+            map_lock: Mutex::new(()),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            dead: AtomicBool::new(false),
+            dead_reason: Mutex::new(None),
+        });
+        let reader = peer.clone();
+        std::thread::Builder::new()
+            .name("crescent-shm-peer".into())
+            .spawn(move || reader.read_loop())
+            .map_err(|e| format!("cannot start the reader thread for {name}: {e}"))?;
+        Ok(peer)
+    }
+
+    fn hello(socket: &Socket) -> Result<Frame, String> {
+        socket.send(&Frame::new(Kind::Hello), None).map_err(|e| e.to_string())?;
+        socket.set_recv_timeout(Some(REPLY_TIMEOUT)).map_err(|e| e.to_string())?;
+        let reply = match socket.recv() {
+            Ok(Some((frame, _))) if frame.kind == Kind::HelloReply => frame,
+            Ok(Some((frame, _))) => return Err(format!("it answered with {:?}", frame.kind)),
+            Ok(None) => return Err("it closed the connection".into()),
+            Err(e) => return Err(e.to_string()),
+        };
+        // From now on the connection idles between requests: no receive timeout.
+        socket.set_recv_timeout(None).map_err(|e| e.to_string())?;
+        Ok(reply)
+    }
+
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Why the kernel refuses process_vm access to this peer, if it does.
+    pub(super) fn process_vm_denied(&self) -> Option<&str> {
+        self.process_vm_denied.as_deref()
+    }
+
+    pub(super) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    fn gone(&self) -> String {
+        let reason = self.dead_reason.lock().clone().unwrap_or_default();
+        format!("{} is gone: {reason}", self.name)
+    }
+
+    /// Closes the connection; the reader thread then revokes every grant.
+    pub(super) fn close(&self) {
+        self.socket.shutdown();
+    }
+
+    fn find_grant(&self, addr: u64, len: u64) -> Option<Arc<Grant>> {
+        let grants = self.grants.read();
+        let (_, g) = grants.range(..=addr).next_back()?;
+        g.contains(addr, len).then(|| g.clone())
+    }
+
+    /// The grant covering `[addr, +len)`, asking the peer for it if needed.
+    fn grant_for(&self, addr: u64, len: u64) -> Result<Arc<Grant>, CopyError> {
+        if let Some(g) = self.find_grant(addr, len) {
+            return Ok(g);
+        }
+        let _one = self.map_lock.lock();
+        if let Some(g) = self.find_grant(addr, len) {
+            return Ok(g);
+        }
+        if self.is_dead() {
+            return Err(CopyError::Failed(self.gone()));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = bounded(1);
+        self.pending.lock().insert(id, PendingMap { addr, len, reply: tx });
+        let request = Frame { id, addr, len, ..Frame::new(Kind::Map) };
+        if let Err(e) = self.socket.send(&request, None) {
+            self.pending.lock().remove(&id);
+            self.close();
+            return Err(CopyError::Failed(format!("cannot send to {}: {e}", self.name)));
+        }
+        match rx.recv_timeout(REPLY_TIMEOUT) {
+            Ok(Ok(Some(grant))) => Ok(grant),
+            Ok(Ok(None)) => Err(CopyError::OutOfRange),
+            Ok(Err(reason)) => Err(CopyError::Failed(reason)),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                self.pending.lock().remove(&id);
+                Err(CopyError::Failed(format!("{} did not answer a map request within {REPLY_TIMEOUT:?}", self.name)))
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(CopyError::Failed(self.gone())),
+        }
+    }
+
+    /// Copies `len` bytes between local memory at `local` and the peer's `[remote, +len)`.
+    ///
+    /// `with_local` runs the copy while the slice's local memory is claimed (it returns
+    /// `None` without running it when the slice already ended).
+    pub(super) fn copy(
+        &self,
+        op: Opcode,
+        local: u64,
+        remote: u64,
+        len: u64,
+        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
+    ) -> Result<(), CopyError> {
+        let grant = self.grant_for(remote, len)?;
+        let live = grant.live.read();
+        if !*live {
+            return Err(CopyError::Revoked);
+        }
+        if self.is_dead() {
+            return Err(CopyError::Failed(self.gone()));
+        }
+        let offset = remote - grant.addr;
+        let outcome = with_local(&mut || match &grant.access {
+            Access::Mapped(mapping) => {
+                let at = mapping.at(offset, len).ok_or_else(|| "range outside the peer's mapping".to_string())?;
+                // SAFETY: `local` is registered memory of a live slice, claimed by
+                // `with_local`; `at` is inside the mapping, which the read-held live grant
+                // keeps mapped.
+                unsafe { copy::memcpy(op, local as *mut u8, at, len as usize) };
+                Ok(())
+            }
+            // SAFETY: as above for `local`; the grant (read-held) guarantees that the peer
+            // still has `[remote, +len)` registered, and the peer is alive (its pid cannot
+            // have been reused: see the module documentation).
+            Access::ProcessVm => unsafe { copy::process_vm(self.pid, op, local, remote, len) },
+        });
+        drop(live);
+        match outcome {
+            None | Some(Ok(())) => Ok(()),
+            Some(Err(reason)) => Err(CopyError::Failed(format!("{}: {reason}", self.name))),
+        }
+    }
+
+    fn read_loop(self: Arc<Self>) {
+        let reason = loop {
+            match self.socket.recv() {
+                Ok(Some((frame, fd))) => {
+                    if let Err(e) = self.handle(frame, fd) {
+                        break e;
+                    }
+                }
+                Ok(None) => break "it closed the connection".to_string(),
+                Err(e) => break format!("it broke the protocol: {e}"),
+            }
+        };
+        tracing::debug!("shm transport: {}: {reason}", self.name);
+        *self.dead_reason.lock() = Some(reason);
+        self.dead.store(true, Ordering::Release);
+        self.socket.shutdown();
+        // Fail map requests in flight, then revoke every grant (waiting for copies).
+        self.pending.lock().clear();
+        let grants = std::mem::take(&mut *self.grants.write());
+        for grant in grants.values() {
+            *grant.live.write() = false;
+        }
+    }
+
+    fn handle(&self, frame: Frame, fd: Option<OwnedFd>) -> Result<(), String> {
+        match frame.kind {
+            Kind::MapReply => {
+                let Some(pending) = self.pending.lock().remove(&frame.id) else {
+                    // A reply to a request that timed out: a mapping nobody asked for now.
+                    tracing::debug!("shm transport: {}: late map reply", self.name);
+                    return Ok(());
+                };
+                match self.install(&frame, fd, &pending) {
+                    Ok(outcome) => {
+                        let _ = pending.reply.send(outcome);
+                        Ok(())
+                    }
+                    Err(Fatal(reason)) => {
+                        let _ = pending.reply.send(Err(reason.clone()));
+                        Err(reason)
+                    }
+                }
+            }
+            Kind::Revoke => {
+                let grant = {
+                    let mut grants = self.grants.write();
+                    let addr = grants.iter().find(|(_, g)| g.id == frame.region).map(|(a, _)| *a);
+                    addr.and_then(|a| grants.remove(&a))
+                };
+                if let Some(grant) = grant {
+                    // Waits for copies in progress; later copies see the grant dead.
+                    *grant.live.write() = false;
+                }
+                let ack = Frame { region: frame.region, ..Frame::new(Kind::RevokeAck) };
+                self.socket.send(&ack, None).map_err(|e| e.to_string())
+            }
+            kind => Err(format!("it sent a {kind:?} frame, which only initiators send")),
+        }
+    }
+
+    /// Turns a map reply into a grant (`Ok(Ok(None))`: out of range; `Ok(Err)`: a grant
+    /// this process cannot use); a reply that contradicts the request is fatal.
+    fn install(
+        &self,
+        frame: &Frame,
+        fd: Option<OwnedFd>,
+        pending: &PendingMap,
+    ) -> Result<Result<Option<Arc<Grant>>, String>, Fatal> {
+        if frame.status == Status::OutOfRange {
+            return Ok(Ok(None));
+        }
+        if !frame.contains(pending.addr, pending.len) {
+            return Err(Fatal(format!(
+                "{} granted [{:#x}, +{}) for a request of [{:#x}, +{}]",
+                self.name, frame.addr, frame.len, pending.addr, pending.len
+            )));
+        }
+        let access = match (frame.mode, fd) {
+            (Mode::Memfd, Some(fd)) => match Mapping::map(fd, frame.len) {
+                Ok(m) => Access::Mapped(m),
+                Err(e) => return Err(Fatal(format!("{}: {e}", self.name))),
+            },
+            (Mode::ProcessVm, None) => match &self.process_vm_denied {
+                None => Access::ProcessVm,
+                // Not fatal: the peer's memfd regions remain reachable.
+                Some(why) => return Ok(Err(format!("{}: {why}", self.name))),
+            },
+            _ => return Err(Fatal(format!("{}: a grant without its memory", self.name))),
+        };
+        let grant =
+            Arc::new(Grant { id: frame.region, addr: frame.addr, len: frame.len, access, live: RwLock::new(true) });
+        let mut grants = self.grants.write();
+        let end = frame.addr + frame.len;
+        let overlaps = grants.range(..end).next_back().is_some_and(|(_, g)| g.addr + g.len > frame.addr);
+        if overlaps {
+            return Err(Fatal(format!("{} granted a region overlapping one it granted before", self.name)));
+        }
+        grants.insert(frame.addr, grant.clone());
+        drop(grants);
+        if matches!(grant.access, Access::Mapped(_)) {
+            prefault_in_background(grant.clone());
+        }
+        Ok(Ok(Some(grant)))
+    }
+}
+
+/// Bytes pre-faulted per step; the grant's lock is held (shared) for one step at a time, so
+/// a revoke waits for one step at most.
+const PREFAULT_STEP: u64 = 32 << 20;
+
+/// Faults a new mapping in, step by step, while copies already use it: a mapping is made
+/// once per grant, so its page faults should not land inside transfers.
+fn prefault_in_background(grant: Arc<Grant>) {
+    let spawned = std::thread::Builder::new().name("crescent-shm-prefault".into()).spawn(move || {
+        let mut offset = 0;
+        while offset < grant.len {
+            let live = grant.live.read();
+            let Access::Mapped(mapping) = &grant.access else {
+                return;
+            };
+            let step = PREFAULT_STEP.min(grant.len - offset);
+            if !*live || !mapping.prefault(offset, step) {
+                return;
+            }
+            drop(live);
+            offset += step;
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::debug!("shm transport: no thread to pre-fault a mapping: {e}");
+    }
+}
+
+struct Fatal(String);

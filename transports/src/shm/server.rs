@@ -1,0 +1,255 @@
+//! Target side of the shm transport: grants peers access to registered regions and revokes
+//! the grants when a region is unregistered (see the lifetime design in [`super`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::socket::Socket;
+use super::wire::{Frame, Kind, Mode, Status, PROBE_LEN};
+use crate::{Region, RegionTable, TransportError};
+
+/// Connections served at once; more are closed right after accept.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// How long a send to an initiator may block before its connection is given up.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Export {
+    id: u64,
+    region: Weak<Region>,
+}
+
+/// One initiator's connection.
+struct Conn {
+    socket: Socket,
+    /// Held from the region lookup of a grant until its reply is sent, and while a revoke is
+    /// sent: a grant is thus either sent before the revoke of its region or refused.
+    send: Mutex<()>,
+    /// Regions granted to this initiator and not yet released by a `RevokeAck`.
+    granted: Mutex<HashSet<u64>>,
+    changed: Condvar,
+    dead: AtomicBool,
+}
+
+impl Conn {
+    fn mark_dead(&self) {
+        let _g = self.granted.lock();
+        self.dead.store(true, Ordering::Release);
+        self.changed.notify_all();
+    }
+}
+
+pub(super) struct Server {
+    table: Arc<RegionTable>,
+    exports: Mutex<HashMap<u64, Export>>,
+    next_region: AtomicU64,
+    conns: Mutex<Vec<Weak<Conn>>>,
+    active: AtomicUsize,
+    /// A word whose address and value go to every initiator, which reads it with
+    /// `process_vm_readv` to learn whether the kernel lets it reach this process's memory.
+    probe: Box<u64>,
+    stop: AtomicBool,
+}
+
+impl Server {
+    pub(super) fn new(table: Arc<RegionTable>) -> Arc<Server> {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Arc::new(Server {
+            table,
+            exports: Mutex::new(HashMap::new()),
+            next_region: AtomicU64::new(1),
+            conns: Mutex::new(Vec::new()),
+            active: AtomicUsize::new(0),
+            probe: Box::new(seed ^ (u64::from(std::process::id()) << 32) | 1),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Accepts initiators until [`Server::stop`].
+    pub(super) fn run(self: Arc<Self>, listener: Socket) {
+        loop {
+            let accepted = listener.accept();
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let socket = match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("shm transport: accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            if self.active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+                tracing::warn!("shm transport: {MAX_CONNECTIONS} connections already open, refusing one more");
+                continue;
+            }
+            if let Err(e) = socket.set_send_timeout(SEND_TIMEOUT) {
+                tracing::warn!("shm transport: cannot set a send timeout: {e}");
+                continue;
+            }
+            let conn = Arc::new(Conn {
+                socket,
+                send: Mutex::new(()),
+                granted: Mutex::new(HashSet::new()),
+                changed: Condvar::new(),
+                dead: AtomicBool::new(false),
+            });
+            {
+                let mut conns = self.conns.lock();
+                conns.retain(|c| c.strong_count() > 0);
+                conns.push(Arc::downgrade(&conn));
+            }
+            self.active.fetch_add(1, Ordering::AcqRel);
+            let server = self.clone();
+            let spawned = std::thread::Builder::new().name("crescent-shm-serve".into()).spawn(move || {
+                if let Err(e) = server.serve(&conn) {
+                    tracing::warn!("shm transport: closing a peer's connection: {e}");
+                }
+                conn.mark_dead();
+                conn.socket.shutdown();
+                server.active.fetch_sub(1, Ordering::AcqRel);
+            });
+            if let Err(e) = spawned {
+                tracing::error!("shm transport: cannot start a connection thread: {e}");
+                self.active.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Ends every connection; the accept loop ends at its next wake-up.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        for conn in self.conns.lock().iter().filter_map(Weak::upgrade) {
+            conn.socket.shutdown();
+        }
+    }
+
+    fn serve(&self, conn: &Conn) -> Result<(), String> {
+        loop {
+            let frame = match conn.socket.recv() {
+                Ok(Some((frame, _))) => frame,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(e.to_string()),
+            };
+            match frame.kind {
+                Kind::Hello => {
+                    let reply = Frame {
+                        id: *self.probe,
+                        addr: &*self.probe as *const u64 as u64,
+                        len: PROBE_LEN,
+                        ..Frame::new(Kind::HelloReply)
+                    };
+                    let _send = conn.send.lock();
+                    conn.socket.send(&reply, None).map_err(|e| e.to_string())?;
+                }
+                Kind::Map => self.grant(conn, &frame)?,
+                Kind::RevokeAck => {
+                    let mut granted = conn.granted.lock();
+                    granted.remove(&frame.region);
+                    conn.changed.notify_all();
+                }
+                kind => return Err(format!("a peer sent a {kind:?} frame, which only targets send")),
+            }
+        }
+    }
+
+    /// Answers a `Map` request: the registered region holding the range, or a refusal.
+    fn grant(&self, conn: &Conn, req: &Frame) -> Result<(), String> {
+        let _send = conn.send.lock();
+        let found = self.table.find(req.addr, req.len).and_then(|region| {
+            let exports = self.exports.lock();
+            let export = exports.get(&region.addr())?;
+            let same = export.region.upgrade().is_some_and(|r| Arc::ptr_eq(&r, &region));
+            same.then_some((region, export.id))
+        });
+        let Some((region, id)) = found else {
+            tracing::debug!("shm transport: a peer asked for [{:#x}, +{}), which is not registered", req.addr, req.len);
+            let refusal = Frame { status: Status::OutOfRange, id: req.id, ..Frame::new(Kind::MapReply) };
+            return conn.socket.send(&refusal, None).map_err(|e| e.to_string());
+        };
+        // Memory the engine allocated (sealed, one memfd per region) is mapped by the peer;
+        // any other registered memory is reached with process_vm_readv/writev.
+        let memfd =
+            region.shared_memory().filter(|m| m.sealed() && m.addr() == region.addr() && m.len() == region.len());
+        let reply = Frame {
+            mode: if memfd.is_some() { Mode::Memfd } else { Mode::ProcessVm },
+            id: req.id,
+            addr: region.addr(),
+            len: region.len(),
+            region: id,
+            ..Frame::new(Kind::MapReply)
+        };
+        conn.granted.lock().insert(id);
+        conn.socket.send(&reply, memfd.map(|m| m.fd())).map_err(|e| e.to_string())
+    }
+
+    pub(super) fn export(&self, region: &Arc<Region>) {
+        let id = self.next_region.fetch_add(1, Ordering::Relaxed);
+        self.exports.lock().insert(region.addr(), Export { id, region: Arc::downgrade(region) });
+    }
+
+    /// Revokes every grant of `region` and waits (up to `wait`) until each initiator that
+    /// holds one has acknowledged, i.e. no copy of theirs touches the region any more.
+    pub(super) fn revoke(&self, region: &Arc<Region>, wait: Duration) -> Result<(), TransportError> {
+        let id = {
+            let mut exports = self.exports.lock();
+            match exports.get(&region.addr()) {
+                Some(e) if e.region.as_ptr() == Arc::as_ptr(region) => {
+                    let id = e.id;
+                    exports.remove(&region.addr());
+                    id
+                }
+                _ => return Ok(()),
+            }
+        };
+        let conns: Vec<Arc<Conn>> = self.conns.lock().iter().filter_map(Weak::upgrade).collect();
+        let mut waiting = Vec::new();
+        for conn in conns {
+            let _send = conn.send.lock();
+            if conn.dead.load(Ordering::Acquire) || !conn.granted.lock().contains(&id) {
+                continue;
+            }
+            let revoke = Frame { region: id, ..Frame::new(Kind::Revoke) };
+            match conn.socket.send(&revoke, None) {
+                Ok(()) => waiting.push(conn.clone()),
+                Err(e) => {
+                    tracing::warn!("shm transport: cannot send a revoke, dropping the peer: {e}");
+                    conn.socket.shutdown();
+                }
+            }
+        }
+        let deadline = Instant::now() + wait;
+        let mut stuck = 0;
+        for conn in waiting {
+            let mut granted = conn.granted.lock();
+            while granted.contains(&id) && !conn.dead.load(Ordering::Acquire) {
+                if conn.changed.wait_until(&mut granted, deadline).timed_out() {
+                    break;
+                }
+            }
+            if granted.contains(&id) && !conn.dead.load(Ordering::Acquire) {
+                // Its copies may still run: cut the peer off so it asks again (and is refused).
+                stuck += 1;
+                drop(granted);
+                conn.socket.shutdown();
+            }
+        }
+        if stuck > 0 {
+            return Err(TransportError::RegionBusy {
+                addr: region.addr(),
+                why: format!(
+                    "{stuck} same-host peer(s) did not release their mapping within {wait:?}; \
+                     they were disconnected"
+                ),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! The shm transport's control messages: fixed 40-byte little-endian frames, one per
+//! `SOCK_SEQPACKET` message, so a frame is never split or merged with another.
+//!
+//! ```text
+//! 0      2         3      4        5      6          8      16      24      32       40
+//! | "CS" | version | kind | status | mode | reserved | id   | addr  | len   | region |
+//! ```
+//! * `Hello` → `HelloReply {addr, len = 8, id = probe value}`: where the target keeps a probe
+//!   word, so the initiator can test whether the kernel lets it use `process_vm_readv` on it.
+//! * `Map {id, addr, len}` → `MapReply {id, status, mode, addr, len, region}`: the registered
+//!   region holding `[addr, +len)` (its whole extent and its id), reached by mapping the memfd
+//!   that comes with the reply (`mode = Memfd`) or by `process_vm_*` (`mode = ProcessVm`).
+//! * target → initiator `Revoke {region}` → `RevokeAck {region}`: the region is being
+//!   unregistered; the ack says that no copy of the initiator uses it any more.
+//!
+//! Frames come from another process and are untrusted: [`Frame::decode`] checks every field.
+
+pub const MAGIC: [u8; 2] = *b"CS";
+pub const VERSION: u8 = 1;
+pub const FRAME_LEN: usize = 40;
+/// Size of the target's probe word.
+pub const PROBE_LEN: u64 = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Hello = 1,
+    HelloReply = 2,
+    Map = 3,
+    MapReply = 4,
+    Revoke = 5,
+    RevokeAck = 6,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    Ok = 0,
+    /// The range is not inside one registered region of the target.
+    OutOfRange = 1,
+}
+
+/// How the initiator reaches a granted region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    None = 0,
+    /// Map the memfd that comes with the reply; copies are plain memcpy.
+    Memfd = 1,
+    /// `process_vm_readv`/`process_vm_writev` on the target's address range.
+    ProcessVm = 2,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: Kind,
+    pub status: Status,
+    pub mode: Mode,
+    pub id: u64,
+    pub addr: u64,
+    pub len: u64,
+    pub region: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("a control message of {0} bytes (frames are {FRAME_LEN})")]
+    Length(usize),
+    #[error("bad magic {0:02x?} (not a crescent shm peer)")]
+    BadMagic([u8; 2]),
+    #[error("unsupported shm protocol version {0} (this side speaks {VERSION})")]
+    Version(u8),
+    #[error("unknown message kind {0}")]
+    Kind(u8),
+    #[error("unknown status {0}")]
+    Status(u8),
+    #[error("unknown access mode {0}")]
+    Mode(u8),
+    #[error("reserved bytes are not zero")]
+    Reserved,
+    #[error("a {kind:?} frame with an invalid range [{addr:#x}, +{len})")]
+    Range { kind: Kind, addr: u64, len: u64 },
+    #[error("a {0:?} frame with an inconsistent status or mode")]
+    Inconsistent(Kind),
+}
+
+impl Frame {
+    pub fn new(kind: Kind) -> Frame {
+        Frame { kind, status: Status::Ok, mode: Mode::None, id: 0, addr: 0, len: 0, region: 0 }
+    }
+
+    pub fn encode(&self) -> [u8; FRAME_LEN] {
+        let mut b = [0u8; FRAME_LEN];
+        b[0..2].copy_from_slice(&MAGIC);
+        b[2] = VERSION;
+        b[3] = self.kind as u8;
+        b[4] = self.status as u8;
+        b[5] = self.mode as u8;
+        b[8..16].copy_from_slice(&self.id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.addr.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.region.to_le_bytes());
+        b
+    }
+
+    /// Parses and validates a frame received from a peer (untrusted bytes).
+    pub fn decode(b: &[u8]) -> Result<Frame, WireError> {
+        let b: &[u8; FRAME_LEN] = b.try_into().map_err(|_| WireError::Length(b.len()))?;
+        let magic = [b[0], b[1]];
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if b[2] != VERSION {
+            return Err(WireError::Version(b[2]));
+        }
+        let kind = match b[3] {
+            1 => Kind::Hello,
+            2 => Kind::HelloReply,
+            3 => Kind::Map,
+            4 => Kind::MapReply,
+            5 => Kind::Revoke,
+            6 => Kind::RevokeAck,
+            k => return Err(WireError::Kind(k)),
+        };
+        let status = match b[4] {
+            0 => Status::Ok,
+            1 => Status::OutOfRange,
+            s => return Err(WireError::Status(s)),
+        };
+        let mode = match b[5] {
+            0 => Mode::None,
+            1 => Mode::Memfd,
+            2 => Mode::ProcessVm,
+            m => return Err(WireError::Mode(m)),
+        };
+        if b[6] != 0 || b[7] != 0 {
+            return Err(WireError::Reserved);
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let frame = Frame { kind, status, mode, id: u64_at(8), addr: u64_at(16), len: u64_at(24), region: u64_at(32) };
+        frame.validate()?;
+        Ok(frame)
+    }
+
+    fn validate(&self) -> Result<(), WireError> {
+        let range_ok = self.addr != 0 && self.len != 0 && self.addr.checked_add(self.len).is_some();
+        let bad_range = || WireError::Range { kind: self.kind, addr: self.addr, len: self.len };
+        let inconsistent = || WireError::Inconsistent(self.kind);
+        match self.kind {
+            Kind::MapReply => match (self.status, self.mode) {
+                (Status::Ok, Mode::None) | (Status::OutOfRange, Mode::Memfd | Mode::ProcessVm) => {
+                    return Err(inconsistent())
+                }
+                (Status::Ok, _) if !range_ok => return Err(bad_range()),
+                _ => {}
+            },
+            _ if self.status != Status::Ok || self.mode != Mode::None => return Err(inconsistent()),
+            Kind::Map if !range_ok => return Err(bad_range()),
+            Kind::HelloReply if !range_ok || self.len != PROBE_LEN => return Err(bad_range()),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Whether a file descriptor must come with this frame (and none may come with others).
+    pub fn carries_fd(&self) -> bool {
+        self.kind == Kind::MapReply && self.status == Status::Ok && self.mode == Mode::Memfd
+    }
+
+    /// True when `[addr, +len)` of this (validated) frame contains `[addr, +len)`.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn map_reply(mode: Mode) -> Frame {
+        Frame { mode, id: 7, addr: 0x7000_0000, len: 1 << 20, region: 3, ..Frame::new(Kind::MapReply) }
+    }
+
+    #[test]
+    fn frames_roundtrip() {
+        let frames = [
+            Frame::new(Kind::Hello),
+            Frame { id: 0xdead_beef, addr: 0x1000, len: PROBE_LEN, ..Frame::new(Kind::HelloReply) },
+            Frame { id: 1, addr: 0x1000, len: 5, ..Frame::new(Kind::Map) },
+            map_reply(Mode::Memfd),
+            map_reply(Mode::ProcessVm),
+            Frame { status: Status::OutOfRange, id: 9, ..Frame::new(Kind::MapReply) },
+            Frame { region: 4, ..Frame::new(Kind::Revoke) },
+            Frame { region: 4, ..Frame::new(Kind::RevokeAck) },
+        ];
+        for f in frames {
+            assert_eq!(Frame::decode(&f.encode()), Ok(f));
+        }
+        assert!(map_reply(Mode::Memfd).carries_fd());
+        assert!(!map_reply(Mode::ProcessVm).carries_fd());
+    }
+
+    #[test]
+    fn malformed_frames_are_rejected() {
+        let good = map_reply(Mode::Memfd).encode();
+        assert_eq!(Frame::decode(&good[..39]), Err(WireError::Length(39)));
+        let mut b = good;
+        b[0] = b'X';
+        assert!(matches!(Frame::decode(&b), Err(WireError::BadMagic(_))));
+        let mut b = good;
+        b[2] = 2;
+        assert_eq!(Frame::decode(&b), Err(WireError::Version(2)));
+        let mut b = good;
+        b[3] = 0;
+        assert_eq!(Frame::decode(&b), Err(WireError::Kind(0)));
+        let mut b = good;
+        b[5] = 9;
+        assert_eq!(Frame::decode(&b), Err(WireError::Mode(9)));
+        let mut b = good;
+        b[7] = 1;
+        assert_eq!(Frame::decode(&b), Err(WireError::Reserved));
+        // A granted region that wraps around the address space.
+        let wrapping = Frame { addr: u64::MAX - 10, ..map_reply(Mode::ProcessVm) };
+        assert!(matches!(Frame::decode(&wrapping.encode()), Err(WireError::Range { .. })));
+        // A grant without a way to reach it, a refusal with one, a mode on a request.
+        let no_mode = map_reply(Mode::None);
+        assert!(Frame::decode(&no_mode.encode()).is_err());
+        let refused_with_mode = Frame { status: Status::OutOfRange, ..map_reply(Mode::Memfd) };
+        assert!(Frame::decode(&refused_with_mode.encode()).is_err());
+        let map_with_mode = Frame { mode: Mode::Memfd, addr: 1, len: 1, ..Frame::new(Kind::Map) };
+        assert!(Frame::decode(&map_with_mode.encode()).is_err());
+        let empty_map = Frame::new(Kind::Map);
+        assert!(Frame::decode(&empty_map.encode()).is_err());
+    }
+
+    #[test]
+    fn containment() {
+        let f = map_reply(Mode::Memfd);
+        assert!(f.contains(0x7000_0000, 1 << 20));
+        assert!(f.contains(0x7000_0001, 5));
+        assert!(!f.contains(0x7000_0000, (1 << 20) + 1));
+        assert!(!f.contains(0x6fff_ffff, 2));
+        assert!(!f.contains(u64::MAX, 2));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = Frame::decode(&bytes);
+        }
+
+        #[test]
+        fn decoded_frames_are_consistent(mut bytes in proptest::array::uniform32(any::<u8>()),
+                                         tail in proptest::array::uniform8(any::<u8>()),
+                                         kind in 1u8..=6, status in 0u8..=1, mode in 0u8..=2) {
+            // Valid headers with arbitrary contents: whatever decodes keeps the invariants.
+            bytes[0..2].copy_from_slice(&MAGIC);
+            bytes[2] = VERSION;
+            bytes[3] = kind;
+            bytes[4] = status;
+            bytes[5] = mode;
+            bytes[6] = 0;
+            bytes[7] = 0;
+            let mut b = [0u8; FRAME_LEN];
+            b[..32].copy_from_slice(&bytes);
+            b[32..].copy_from_slice(&tail);
+            if let Ok(f) = Frame::decode(&b) {
+                if f.kind == Kind::MapReply && f.status == Status::Ok {
+                    prop_assert!(f.mode != Mode::None);
+                    prop_assert!(f.addr.checked_add(f.len).is_some() && f.len > 0);
+                }
+                if f.kind == Kind::Map {
+                    prop_assert!(f.addr.checked_add(f.len).is_some() && f.len > 0);
+                }
+                prop_assert_eq!(Frame::decode(&f.encode()), Ok(f));
+            }
+        }
+    }
+}
