@@ -8,11 +8,17 @@
 //! ```
 //! This process is client B; it contributes only a small segment, so the values it puts land
 //! in the holder's memory on host A and every get crosses the link.
+//!
+//! `storebench query [--master HOST:PORT] [--keys 100000]` measures the master's query API for
+//! schedulers instead: the rate of one `QueryKeys` call over 100k stored keys (beside
+//! `BatchExists` of the same keys, in the same run) and the latency of single-key queries while
+//! other clients put, beside the same queries on an idle master. Without `--master` it starts a
+//! master in this process on loopback.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use crescent_benches::report;
 use crescent_engine::parse_size;
 use crescent_store::{pattern, ClientConfig, StoreClient};
@@ -22,13 +28,15 @@ use redis::Commands;
 #[derive(Parser)]
 #[command(name = "storebench", about = "Crescent store benchmark beside Redis")]
 struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
     #[arg(long)]
-    master: String,
+    master: Option<String>,
     #[arg(long)]
-    local_hostname: String,
+    local_hostname: Option<String>,
     /// redis-server address host:port.
     #[arg(long)]
-    redis: String,
+    redis: Option<String>,
     #[arg(long, value_delimiter = ',', default_value = "1M,10M,25M", value_parser = parse_size)]
     sizes: Vec<u64>,
     /// Values per batch call.
@@ -40,6 +48,37 @@ struct Cli {
     /// Keys for the metadata-rate row.
     #[arg(long, default_value_t = 100_000)]
     meta_keys: usize,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// The query API for schedulers: batch query rate and single-key latency under puts.
+    Query(QueryArgs),
+}
+
+#[derive(clap::Args)]
+struct QueryArgs {
+    /// Master address host:port; default: a master started in this process on loopback.
+    #[arg(long)]
+    master: Option<String>,
+    /// Address this process' clients use; default 127.0.0.1.
+    #[arg(long, default_value = "127.0.0.1")]
+    local_hostname: String,
+    /// Keys stored (and asked for in one batch query).
+    #[arg(long, default_value_t = 100_000)]
+    keys: usize,
+    /// Of those, keys also published as near-engine VRAM copies by a second client.
+    #[arg(long, default_value_t = 10_000)]
+    published: usize,
+    /// Client threads putting values during the single-key latency run.
+    #[arg(long, default_value_t = 2)]
+    writers: usize,
+    /// Single-key queries per latency run.
+    #[arg(long, default_value_t = 20_000)]
+    single: usize,
+    /// Size of the values the writers put.
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    value_size: u64,
 }
 
 struct Row {
@@ -73,23 +112,32 @@ impl Row {
 
 fn main() {
     crescent_store::init_logging();
-    if let Err(e) = run(Cli::parse()) {
+    let cli = Cli::parse();
+    let result = match &cli.mode {
+        Some(Mode::Query(args)) => query_bench(args),
+        None => run(cli),
+    };
+    if let Err(e) = result {
         eprintln!("storebench: error: {e:#}");
         std::process::exit(1);
     }
 }
 
 fn run(cli: Cli) -> Result<()> {
+    let (Some(master), Some(local_hostname), Some(redis_addr)) = (&cli.master, &cli.local_hostname, &cli.redis) else {
+        bail!("--master, --local-hostname and --redis are needed (or use `storebench query`)");
+    };
     let max = *cli.sizes.iter().max().context("no sizes")?;
     let client = StoreClient::connect(ClientConfig {
-        master_server_address: cli.master.clone(),
-        local_hostname: Some(cli.local_hostname.clone()),
-        global_segment_size: 1 << 20,
+        master_server_address: master.clone(),
+        local_hostname: Some(local_hostname.clone()),
+        // Smaller than any value: with local_first placement, B's puts still land on host A.
+        global_segment_size: 64 << 10,
         local_buffer_size: (max * cli.batch as u64 * 2).max(64 << 20),
         ..ClientConfig::from_env()?
     })?;
     let mut redis =
-        redis::Client::open(format!("redis://{}/", cli.redis))?.get_connection().context("connecting to redis")?;
+        redis::Client::open(format!("redis://{redis_addr}/"))?.get_connection().context("connecting to redis")?;
     let _: () = redis::cmd("FLUSHALL").query(&mut redis)?;
 
     // One registered buffer for the zero-copy calls: batch x max bytes, twice (source, destination).
@@ -239,4 +287,178 @@ fn metadata_rate(client: &StoreClient, n: usize) -> Result<()> {
     client.remove_by_regex("^meta/")?;
     client.unregister_buffer(one.as_mut_ptr() as u64)?;
     Ok(())
+}
+
+/// `storebench query`: the master's query API as a scheduler uses it.
+fn query_bench(args: &QueryArgs) -> Result<()> {
+    use crescent_store::master::server;
+    use crescent_store::proto::Tier;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let _local_master;
+    let master = match &args.master {
+        Some(m) => m.clone(),
+        None => {
+            let h = server::start(crescent_store::MasterConfig {
+                rpc_address: "127.0.0.1:0".into(),
+                admin_address: String::new(),
+                ..Default::default()
+            })?;
+            let addr = h.client_address();
+            _local_master = h;
+            addr
+        }
+    };
+    let connect = |segment: u64| {
+        StoreClient::connect(ClientConfig {
+            master_server_address: master.clone(),
+            local_hostname: Some(args.local_hostname.clone()),
+            global_segment_size: segment,
+            local_buffer_size: 8 << 20,
+            ..ClientConfig::from_env()?
+        })
+    };
+    let n = args.keys;
+    // 64-byte values take one 256-byte block each.
+    let loader = connect(((n as u64 * 256) * 2).max(64 << 20))?;
+    let engine = connect(16 << 20)?;
+    let value = [5u8; 64];
+    loader.register_buffer(value.as_ptr() as u64, value.len() as u64)?;
+    let keys: Vec<String> = (0..n).map(|i| format!("qb/{i:08}")).collect();
+    let t = Instant::now();
+    for chunk in keys.chunks(1000) {
+        let addrs = vec![value.as_ptr() as u64; chunk.len()];
+        for r in loader.batch_put_from(chunk, &addrs, &vec![64; chunk.len()])? {
+            r?;
+        }
+    }
+    let published: Vec<(String, u64)> = keys.iter().take(args.published).map(|k| (k.clone(), 64)).collect();
+    for chunk in published.chunks(10_000) {
+        engine.publish(chunk, Tier::Vram, Duration::from_secs(600))?;
+    }
+    println!(
+        "{}, storebench query: master {}; {n} keys stored (64 B each) in {:.1} s, {} of them also published in VRAM",
+        report_date(),
+        args.master.as_deref().unwrap_or("in this process (loopback)"),
+        t.elapsed().as_secs_f64(),
+        published.len()
+    );
+
+    // Batch rate: one QueryKeys call over every key, beside BatchExists of the same keys.
+    let mut query_times = Vec::new();
+    let mut exists_times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let r = loader.query_keys(&keys)?;
+        query_times.push(t.elapsed());
+        let found = r.items.iter().filter(|i| i.exists).count();
+        let with_vram = r.items.iter().filter(|i| i.locations.iter().any(|l| l.published)).count();
+        if found != n || with_vram != published.len() {
+            bail!("QueryKeys found {found} keys and {with_vram} published (stored {n}, published {})", published.len());
+        }
+        let t = Instant::now();
+        let e = loader.batch_exists(&keys)?;
+        exists_times.push(t.elapsed());
+        if e.iter().filter(|x| **x).count() != n {
+            bail!("BatchExists missed stored keys");
+        }
+    }
+    query_times.sort();
+    exists_times.sort();
+    let (q, e) = (query_times[2], exists_times[2]);
+    println!();
+    println!("| call | keys per call | median time | rate |");
+    println!("|---|---|---|---|");
+    println!(
+        "| QueryKeys (exists, nodes, tiers, sizes) | {n} | {:.1} ms | {:.0} keys/s (target >= 100000 keys/s) |",
+        q.as_secs_f64() * 1e3,
+        n as f64 / q.as_secs_f64()
+    );
+    println!(
+        "| BatchExists (exists only), same run | {n} | {:.1} ms | {:.0} keys/s |",
+        e.as_secs_f64() * 1e3,
+        n as f64 / e.as_secs_f64()
+    );
+
+    // Single-key latency: idle master, then with writers putting.
+    let single = |label: &str, puts: Option<&AtomicU64>| -> Result<()> {
+        let mut hist = Histogram::<u64>::new(3)?;
+        let before = puts.map(|p| p.load(Ordering::Relaxed));
+        let started = Instant::now();
+        for i in 0..args.single {
+            let key = keys[(i * 7919) % n].clone();
+            let t = Instant::now();
+            let r = loader.query_keys(std::slice::from_ref(&key))?;
+            hist.record(t.elapsed().as_micros() as u64)?;
+            if !r.items[0].exists {
+                bail!("{key} not found");
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let put_rate = match (puts, before) {
+            (Some(p), Some(b)) => format!("{:.0} puts/s", (p.load(Ordering::Relaxed) - b) as f64 / secs),
+            _ => "none".to_string(),
+        };
+        println!(
+            "| {label} | {} | {} | {} | {} | {} |",
+            args.single,
+            report::fmt_us(hist.value_at_quantile(0.5)),
+            report::fmt_us(hist.value_at_quantile(0.99)),
+            report::fmt_us(hist.value_at_quantile(0.999)),
+            put_rate
+        );
+        Ok(())
+    };
+    println!();
+    println!("| single-key QueryKeys | queries | p50 | p99 | p99.9 | concurrent puts |");
+    println!("|---|---|---|---|---|---|");
+    single("idle master", None)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let puts = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for w in 0..args.writers {
+        let c = connect(64 << 20)?;
+        let (stop, puts) = (stop.clone(), puts.clone());
+        let value = vec![w as u8; args.value_size as usize];
+        writers.push(std::thread::spawn(move || -> Result<()> {
+            let mut i = 0u64;
+            // A rolling window of 1000 live values per writer: puts plus removals, no eviction.
+            while !stop.load(Ordering::Relaxed) {
+                c.put(&format!("qw/{w}/{i}"), &value)?;
+                puts.fetch_add(1, Ordering::Relaxed);
+                if i >= 1000 {
+                    c.remove(&format!("qw/{w}/{}", i - 1000))?;
+                }
+                i += 1;
+            }
+            c.close()?;
+            Ok(())
+        }));
+    }
+    // Let the writers get going first.
+    std::thread::sleep(Duration::from_secs(1));
+    let result = single(
+        &format!("{} writer(s) putting {} values", args.writers, report::fmt_bytes(args.value_size)),
+        Some(&puts),
+    );
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().map_err(|_| anyhow::anyhow!("a writer panicked"))??;
+    }
+    result?;
+    loader.remove_by_regex("^qb/")?;
+    loader.unregister_buffer(value.as_ptr() as u64)?;
+    engine.retract_all()?;
+    Ok(())
+}
+
+fn report_date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }

@@ -33,7 +33,7 @@ struct Cli {
     /// HTTP admin listen address for /metrics, /health, /query_key, /keys, /segments; "" disables [default: 0.0.0.0:9003].
     #[arg(long, visible_alias = "admin_address")]
     admin_address: Option<String>,
-    /// Where replicas go [default: random].
+    /// Where replicas go [default: local-first: the writer's own segment when it has room].
     #[arg(long, value_enum, visible_alias = "allocation_strategy")]
     allocation_strategy: Option<AllocationStrategy>,
     /// Read lease length in milliseconds [default: 10000].
@@ -51,6 +51,16 @@ struct Cli {
     /// Share of capacity one eviction frees [default: 0.05].
     #[arg(long)]
     eviction_ratio: Option<f64>,
+    /// Hot-key policy: keys read faster than this (reads/s) get one more replica through a
+    /// client's warm-up worker; 0 turns it off [default: 0].
+    #[arg(long)]
+    hot_read_threshold: Option<f64>,
+    /// Most replicas the hot-key policy gives an object [default: 3].
+    #[arg(long)]
+    hot_max_replicas: Option<u32>,
+    /// Events kept for a subscriber that falls behind [default: 65536].
+    #[arg(long)]
+    event_buffer: Option<usize>,
 }
 
 fn main() {
@@ -95,6 +105,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if let Some(v) = cli.eviction_ratio {
         config.eviction_ratio = v;
+    }
+    if let Some(v) = cli.hot_read_threshold {
+        config.hot_read_threshold = v;
+    }
+    if let Some(v) = cli.hot_max_replicas {
+        config.hot_max_replicas = v;
+    }
+    if let Some(v) = cli.event_buffer {
+        config.event_buffer = v;
     }
     let handle = server::start(config)?;
     println!("master: {}", handle.client_address());

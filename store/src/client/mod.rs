@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod rpc;
+pub mod sched;
 pub mod staging;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

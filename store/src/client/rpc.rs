@@ -42,6 +42,16 @@ impl MasterRpc {
         &self.addr
     }
 
+    /// The runtime driving the channel (for streams that outlive one call).
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.runtime.handle().clone()
+    }
+
+    /// A handle on the channel to the master.
+    pub fn client(&self) -> MasterClient<Channel> {
+        self.client.clone()
+    }
+
     /// Runs one call to completion on the client's runtime.
     pub fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where

@@ -1,5 +1,6 @@
 //! The master's HTTP admin port: `/metrics` (Prometheus), `/health`, `/query_key?key=`,
-//! `/keys`, `/segments` (JSON).
+//! `/keys`, `/segments` (JSON), and the scheduler queries of [`super::query_http`]
+//! (`/query`, `/prefix`, `/nodes`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ pub fn router(master: Arc<Master>) -> Router {
         .route("/query_key", get(query_key))
         .route("/keys", get(keys))
         .route("/segments", get(segments))
+        .merge(super::query_http::routes())
         .with_state(master)
 }
 

@@ -29,6 +29,7 @@ pub struct SegmentAllocator {
     granule: u64,
     size: u64,
     reserved: u64,
+    blocks: u64,
 }
 
 impl SegmentAllocator {
@@ -43,6 +44,7 @@ impl SegmentAllocator {
             granule,
             size: units as u64 * granule,
             reserved: 0,
+            blocks: 0,
         }
     }
 
@@ -53,6 +55,11 @@ impl SegmentAllocator {
 
     pub fn reserved(&self) -> u64 {
         self.reserved
+    }
+
+    /// Blocks handed out and not released.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
     }
 
     pub fn free(&self) -> u64 {
@@ -67,11 +74,13 @@ impl SegmentAllocator {
         let handle = self.inner.allocate(u32::try_from(units).ok()?)?;
         let reserved = units * self.granule;
         self.reserved += reserved;
+        self.blocks += 1;
         Some(Block { offset: handle.offset as u64 * self.granule, reserved, handle })
     }
 
     pub fn release(&mut self, block: Block) {
         self.reserved -= block.reserved;
+        self.blocks -= 1;
         self.inner.free(block.handle);
     }
 }

@@ -12,7 +12,7 @@ use crate::error::{Result, StoreError};
 pub enum AllocationStrategy {
     /// Any segments with room, chosen at random.
     Random,
-    /// The writer's own segment first when it has room, then random.
+    /// The writer's own segment first when it has room, then random (the default).
     LocalFirst,
     /// The segments with the largest share of free space first.
     FreeRatioFirst,
@@ -45,6 +45,22 @@ pub struct MasterConfig {
     /// How often liveness, reclaim and eviction are checked.
     #[serde(with = "millis")]
     pub sweep_interval: Duration,
+    /// Events kept for subscribers that fall behind; beyond it they lose events (and are told).
+    pub event_buffer: usize,
+    /// Longest TTL a client may publish near-engine keys with.
+    #[serde(with = "millis")]
+    pub publish_max_ttl: Duration,
+    /// Most near-engine keys published at once (all clients together).
+    pub max_published_keys: usize,
+    /// Hot-key policy: keys read more often than this (reads per second over `hot_window`) get
+    /// one more replica, through a client running a warm-up worker; 0 turns the policy off.
+    pub hot_read_threshold: f64,
+    #[serde(with = "millis")]
+    pub hot_window: Duration,
+    /// The policy adds replicas up to this many per object.
+    pub hot_max_replicas: u32,
+    /// Most replication tasks waiting for a worker; hot keys beyond it are dropped (and counted).
+    pub hot_queue: usize,
 }
 
 impl Default for MasterConfig {
@@ -52,7 +68,7 @@ impl Default for MasterConfig {
         MasterConfig {
             rpc_address: "0.0.0.0:50051".into(),
             admin_address: "0.0.0.0:9003".into(),
-            allocation_strategy: AllocationStrategy::Random,
+            allocation_strategy: AllocationStrategy::LocalFirst,
             lease_ttl: Duration::from_secs(10),
             default_soft_pin_ttl: Duration::from_secs(30 * 60),
             eviction_high_watermark: 0.90,
@@ -60,6 +76,13 @@ impl Default for MasterConfig {
             client_ttl: Duration::from_secs(10),
             put_timeout: Duration::from_secs(60),
             sweep_interval: Duration::from_millis(200),
+            event_buffer: 65_536,
+            publish_max_ttl: Duration::from_secs(3600),
+            max_published_keys: 4 << 20,
+            hot_read_threshold: 0.0,
+            hot_window: Duration::from_secs(5),
+            hot_max_replicas: 3,
+            hot_queue: 1024,
         }
     }
 }
@@ -82,6 +105,21 @@ impl MasterConfig {
         }
         if self.sweep_interval.is_zero() {
             return bad("sweep_interval must be positive".into());
+        }
+        if self.event_buffer == 0 || self.event_buffer > 1 << 24 {
+            return bad(format!("event_buffer {} is not in 1..=16777216", self.event_buffer));
+        }
+        if self.publish_max_ttl.is_zero() {
+            return bad("publish_max_ttl must be positive".into());
+        }
+        if !(self.hot_read_threshold >= 0.0 && self.hot_read_threshold.is_finite()) {
+            return bad(format!("hot_read_threshold {} is not a rate >= 0", self.hot_read_threshold));
+        }
+        if self.hot_window.is_zero() {
+            return bad("hot_window must be positive".into());
+        }
+        if !(1..=super::MAX_REPLICAS).contains(&self.hot_max_replicas) {
+            return bad(format!("hot_max_replicas {} is not in 1..={}", self.hot_max_replicas, super::MAX_REPLICAS));
         }
         Ok(())
     }

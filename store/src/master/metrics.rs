@@ -22,6 +22,16 @@ pub struct Metrics {
     pub clients_dropped: IntCounter,
     pub errors: IntCounterVec,
     pub rpc_latency: HistogramVec,
+    // cache-aware scheduling
+    pub queried_keys: IntCounter,
+    pub published_keys: IntGauge,
+    pub events: IntCounter,
+    pub replicas_added: IntCounter,
+    pub replicated_bytes: IntCounter,
+    pub hot_keys: IntCounter,
+    pub replication_tasks_queued: IntCounter,
+    pub replication_tasks_dropped: IntCounter,
+    pub replication_tasks_taken: IntCounter,
 }
 
 fn internal(e: prometheus::Error) -> StoreError {
@@ -65,6 +75,18 @@ impl Metrics {
             clients_dropped: counter("clients_dropped_total", "Clients dropped for missing heartbeats")?,
             errors,
             rpc_latency,
+            queried_keys: counter("queried_keys_total", "Keys asked about by QueryKeys and PrefixQuery")?,
+            published_keys: gauge("published_keys", "Near-engine keys published by clients")?,
+            events: counter("events_total", "Events sent to subscribers")?,
+            replicas_added: counter("replicas_added_total", "Replicas added to existing objects (warm-up)")?,
+            replicated_bytes: counter("replicated_bytes_total", "Bytes copied into added replicas")?,
+            hot_keys: counter("hot_keys_total", "Keys found above the hot-key read rate")?,
+            replication_tasks_queued: counter("replication_tasks_queued_total", "Hot keys queued for replication")?,
+            replication_tasks_dropped: counter(
+                "replication_tasks_dropped_total",
+                "Hot keys not queued because the replication queue was full",
+            )?,
+            replication_tasks_taken: counter("replication_tasks_taken_total", "Replication tasks handed to workers")?,
             registry,
         })
     }

@@ -8,7 +8,12 @@
 pub mod admin;
 pub mod allocator;
 pub mod config;
+pub mod events;
 pub mod metrics;
+pub mod published;
+pub mod query;
+pub mod query_http;
+pub mod replicate;
 pub mod server;
 pub mod service;
 
@@ -20,7 +25,7 @@ use parking_lot::Mutex;
 use rand::seq::SliceRandom;
 
 use crate::error::{Result, StoreError};
-use crate::proto::{PutOptions, QueryKeyReply, ReplicaDescriptor, ReplicaStatus, SegmentInfo, Tier};
+use crate::proto::{EventKind, PutOptions, QueryKeyReply, ReplicaDescriptor, ReplicaStatus, SegmentInfo, Tier};
 use allocator::{Block, SegmentAllocator};
 pub use config::{AllocationStrategy, MasterConfig};
 use metrics::Metrics;
@@ -39,6 +44,8 @@ struct Segment {
     base: u64,
     tier: Tier,
     alloc: SegmentAllocator,
+    /// Recent gets and puts touching this segment (per-node load for schedulers).
+    load: query::Load,
 }
 
 struct Replica {
@@ -83,6 +90,12 @@ struct State {
     dropped: HashSet<String>,
     next_segment: u64,
     next_version: u64,
+    /// Near-engine copies published by clients (never served by the store).
+    published: published::Published,
+    /// Replications in progress: new replicas allocated, bytes being copied.
+    replications: HashMap<String, replicate::Pending>,
+    /// Read counts of the hot-key replication policy.
+    hot: replicate::HotKeys,
 }
 
 /// A get's answer: the replicas to read from, under a lease.
@@ -126,9 +139,10 @@ pub struct Master {
     config: MasterConfig,
     state: Mutex<State>,
     metrics: Metrics,
+    events: events::Events,
 }
 
-fn check_key(key: &str) -> Result<()> {
+pub(crate) fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(StoreError::InvalidArgument(format!("a key has 1 to {MAX_KEY_LEN} bytes (got {})", key.len())));
     }
@@ -139,9 +153,10 @@ impl Master {
     pub fn new(config: MasterConfig) -> Result<Arc<Master>> {
         config.validate()?;
         Ok(Arc::new(Master {
-            config,
+            config: config.clone(),
             state: Mutex::new(State { next_segment: 1, next_version: 1, ..State::default() }),
             metrics: Metrics::new()?,
+            events: events::Events::new(config.event_buffer),
         }))
     }
 
@@ -187,6 +202,7 @@ impl Master {
                 base: info.base,
                 tier,
                 alloc: SegmentAllocator::new(info.size),
+                load: query::Load::default(),
             },
         );
         st.segment_by_name.insert(info.name.clone(), id);
@@ -207,6 +223,7 @@ impl Master {
             let mut st = self.state.lock();
             if let Some(&id) = st.segment_by_name.get(&info.name) {
                 if st.segments[&id].client_id == client_id {
+                    self.emit_segment_gone(&st, id);
                     Self::drop_segment(&mut st, id);
                 }
             }
@@ -223,6 +240,7 @@ impl Master {
             }
             None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
         }
+        self.emit_segment_gone(&st, segment_id);
         let dropped = Self::drop_segment(&mut st, segment_id);
         tracing::info!(
             "client {client_id} unmounted segment {segment_id}; {dropped} object(s) lost their last replica"
@@ -323,6 +341,11 @@ impl Master {
                 })?
             }
         };
+        for (segment_id, _) in &blocks {
+            if let Some(seg) = st.segments.get_mut(segment_id) {
+                seg.load.puts.record(now);
+            }
+        }
         let version = st.next_version;
         st.next_version += 1;
         let soft_pin_until = (opts.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(opts.soft_pin_ttl_ms));
@@ -396,8 +419,12 @@ impl Master {
         if obj.writer != client_id && !obj.complete {
             return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")));
         }
+        let newly = !obj.complete;
         obj.complete = true;
         obj.last_access = Instant::now();
+        if newly {
+            self.emit_object(&st, key, EventKind::Stored);
+        }
         Ok(())
     }
 
@@ -475,9 +502,18 @@ impl Master {
         let until = now + self.config.lease_ttl;
         obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
         obj.last_access = now;
+        let st = &mut *st;
         let obj = &st.objects[key];
+        for r in &obj.replicas {
+            if let Some(seg) = st.segments.get_mut(&r.segment_id) {
+                seg.load.gets.record(now);
+            }
+        }
+        if self.config.hot_read_threshold > 0.0 {
+            st.hot.record(key);
+        }
         Ok(ReplicaList {
-            replicas: Self::describe(&st, obj),
+            replicas: Self::describe(st, obj),
             size: obj.size,
             version: obj.version,
             lease_ttl: self.config.lease_ttl,
@@ -530,6 +566,7 @@ impl Master {
         if obj.leased(now) && !force {
             return Err(StoreError::Leased(key.to_string()));
         }
+        self.emit_object(&st, key, EventKind::Removed);
         Self::remove_object(&mut st, key);
         drop(st);
         self.update_gauges();
@@ -563,6 +600,7 @@ impl Master {
             }
         }
         for k in &victims {
+            self.emit_object(&st, k, EventKind::Removed);
             Self::remove_object(&mut st, k);
         }
         drop(st);
@@ -585,6 +623,7 @@ impl Master {
             if freed >= target {
                 break;
             }
+            self.emit_object(st, &key, EventKind::Evicted);
             freed += Self::remove_object(st, &key).unwrap_or(0);
             count += 1;
         }
@@ -613,8 +652,10 @@ impl Master {
             let client = st.clients.remove(&id).expect("listed above");
             let mut lost = 0;
             for seg in client.segments {
+                self.emit_segment_gone(&st, seg);
                 lost += Self::drop_segment(&mut st, seg);
             }
+            self.retract_client(&mut st, &id);
             st.dropped.insert(id.clone());
             self.metrics.clients_dropped.inc();
             tracing::warn!(
@@ -633,6 +674,9 @@ impl Master {
             self.metrics.puts_reclaimed.inc();
             tracing::warn!("put of {key:?} never ended: reclaimed after {:?}", self.config.put_timeout);
         }
+        self.reclaim_replications(&mut st, now);
+        self.expire_published(&mut st, now);
+        self.hot_tick(&mut st, now);
         let totals = Self::totals_of(&st);
         if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
             self.evict(&mut st, now, 0);
@@ -703,5 +747,7 @@ impl Master {
     }
 }
 
+#[cfg(test)]
+mod sched_tests;
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response};
 
 use crate::error::StoreError;
@@ -230,4 +233,97 @@ impl MasterRpc for MasterService {
             PingOutcome::NeedRemount => PingReply { status: status(&StoreError::NeedRemount), view_version: 0 },
         })
     }
+
+    // ---- cache-aware scheduling (see query.rs, published.rs, replicate.rs, events.rs) ----
+
+    async fn query_keys(&self, req: Request<QueryKeysRequest>) -> Result<Response<QueryKeysReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("QueryKeys", |m| match m.query_keys(&r.keys) {
+            Ok(reply) => QueryKeysReply { status: ok(), ..reply },
+            Err(e) => QueryKeysReply { status: status(&e), ..Default::default() },
+        })
+    }
+
+    async fn prefix_query(&self, req: Request<QueryKeysRequest>) -> Result<Response<PrefixQueryReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("PrefixQuery", |m| match m.prefix_query(&r.keys) {
+            Ok(reply) => PrefixQueryReply { status: ok(), ..reply },
+            Err(e) => PrefixQueryReply { status: status(&e), ..Default::default() },
+        })
+    }
+
+    async fn node_stats(&self, _req: Request<NodeStatsRequest>) -> Result<Response<NodeStatsReply>, tonic::Status> {
+        self.timed("NodeStats", |m| NodeStatsReply { status: ok(), ..m.node_stats() })
+    }
+
+    async fn publish(&self, req: Request<PublishRequest>) -> Result<Response<PublishReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("Publish", |m| match m.publish(&r.client_id, r.tier, r.ttl_ms, &r.keys) {
+            Ok(count) => PublishReply { status: ok(), count },
+            Err(e) => PublishReply { status: status(&e), count: 0 },
+        })
+    }
+
+    async fn retract(&self, req: Request<RetractRequest>) -> Result<Response<PublishReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("Retract", |m| match m.retract(&r.client_id, &r.keys, r.all) {
+            Ok(count) => PublishReply { status: ok(), count },
+            Err(e) => PublishReply { status: status(&e), count: 0 },
+        })
+    }
+
+    async fn replicate_start(
+        &self,
+        req: Request<ReplicateStartRequest>,
+    ) -> Result<Response<ReplicateStartReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("ReplicateStart", |m| match m.replicate_start(&r.client_id, &r.key, r.count) {
+            Ok(p) => ReplicateStartReply {
+                status: ok(),
+                size: p.size,
+                version: p.version,
+                sources: p.sources,
+                targets: p.targets,
+            },
+            Err(e) => ReplicateStartReply { status: status(&e), ..Default::default() },
+        })
+    }
+
+    async fn replicate_end(
+        &self,
+        req: Request<ReplicateEndRequest>,
+    ) -> Result<Response<ReplicateEndReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("ReplicateEnd", |m| match m.replicate_end(&r.client_id, &r.key, &r.done_segments) {
+            Ok((added, replicas)) => ReplicateEndReply { status: ok(), added, replicas },
+            Err(e) => ReplicateEndReply { status: status(&e), ..Default::default() },
+        })
+    }
+
+    async fn take_replication_tasks(
+        &self,
+        req: Request<TakeReplicationTasksRequest>,
+    ) -> Result<Response<TakeReplicationTasksReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("TakeReplicationTasks", |m| TakeReplicationTasksReply {
+            status: ok(),
+            tasks: m.take_replication_tasks(r.max.min(10_000)),
+        })
+    }
+
+    type SubscribeStream = EventStream;
+
+    async fn subscribe(&self, req: Request<SubscribeRequest>) -> Result<Response<EventStream>, tonic::Status> {
+        let prefix = req.into_inner().key_prefix;
+        let events = BroadcastStream::new(self.master.subscribe_events());
+        let stream = events.filter_map(move |item| match item {
+            Ok(event) if event.key.starts_with(&prefix) => Some(Ok(EventMessage { event: Some(event), lost: 0 })),
+            Ok(_) => None,
+            Err(BroadcastStreamRecvError::Lagged(lost)) => Some(Ok(EventMessage { event: None, lost })),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
 }
+
+/// A subscriber's event stream.
+pub type EventStream = std::pin::Pin<Box<dyn Stream<Item = Result<EventMessage, tonic::Status>> + Send>>;

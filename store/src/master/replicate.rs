@@ -1,0 +1,257 @@
+//! Warm-up: adding replicas to an existing object at run time, and the hot-key policy.
+//!
+//! The master moves no bytes, so a client does the copy:
+//!
+//! 1. `ReplicateStart(key, n)`: the master picks up to `n` segments that hold no replica of
+//!    the object and have room (emptiest first), allocates a block on each (kept aside, not
+//!    yet part of the object), and grants the object a read lease so that its sources stay
+//!    put while they are read. One replication per key at a time.
+//! 2. The client reads a source replica and writes the new blocks with the engine.
+//! 3. `ReplicateEnd(key, done)`: the written blocks join the object's replicas (a `Stored`
+//!    event each); the others are freed. If the object was removed or put again meanwhile,
+//!    every new block is freed and the call fails with `OBJECT_NOT_FOUND`. A replication not
+//!    ended within `put_timeout` is reclaimed like an unfinished put.
+//!
+//! Hot-key policy (`hot_read_threshold` > 0): the master counts replica-list reads per key
+//! over `hot_window`; at the end of each window, keys read faster than the threshold that have
+//! fewer than `hot_max_replicas` replicas (and room on another segment) are queued, at most
+//! `hot_queue` of them, for one more replica each. Clients running a warm-up worker take
+//! tasks with `TakeReplicationTasks` and replicate them; a key still hot in a later window gets
+//! another one, up to the cap.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use crate::error::{Result, StoreError};
+use crate::master::allocator::Block;
+use crate::master::{check_key, Master, Replica, State, MAX_REPLICAS};
+use crate::proto::{EventKind, ReplicaDescriptor, ReplicaStatus, ReplicationTask};
+
+/// Distinct keys counted per hot-key window at most (memory bound).
+const MAX_TRACKED_KEYS: usize = 1 << 20;
+
+pub(super) struct Pending {
+    client: String,
+    version: u64,
+    targets: Vec<(u64, Block)>,
+    started: Instant,
+}
+
+/// What `ReplicateStart` hands the copying client.
+#[derive(Debug, Clone)]
+pub struct ReplicationPlan {
+    pub size: u64,
+    pub version: u64,
+    pub sources: Vec<ReplicaDescriptor>,
+    pub targets: Vec<ReplicaDescriptor>,
+}
+
+#[derive(Default)]
+pub(super) struct HotKeys {
+    reads: HashMap<String, u32>,
+    window_start: Option<Instant>,
+    queue: VecDeque<String>,
+    queued: HashSet<String>,
+}
+
+impl HotKeys {
+    pub fn record(&mut self, key: &str) {
+        if let Some(n) = self.reads.get_mut(key) {
+            *n = n.saturating_add(1);
+        } else if self.reads.len() < MAX_TRACKED_KEYS {
+            self.reads.insert(key.to_string(), 1);
+        }
+    }
+}
+
+impl Master {
+    /// Allocates up to `count` new replicas of a committed object; see the module docs.
+    pub fn replicate_start(&self, client_id: &str, key: &str, count: u32) -> Result<ReplicationPlan> {
+        check_key(key)?;
+        if count == 0 || count > MAX_REPLICAS {
+            return Err(StoreError::InvalidArgument(format!("replica count {count} is not in 1..={MAX_REPLICAS}")));
+        }
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        if !obj.complete || st.replications.contains_key(key) {
+            return Err(StoreError::NotReady(key.to_string()));
+        }
+        let (size, version) = (obj.size, obj.version);
+        let room = MAX_REPLICAS.saturating_sub(obj.replicas.len() as u32);
+        let holding: HashSet<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
+        let mut candidates: Vec<u64> = st
+            .segments
+            .iter()
+            .filter(|(id, s)| !holding.contains(id) && s.alloc.free() >= size)
+            .map(|(id, _)| *id)
+            .collect();
+        // Emptiest first: warm copies spread the load.
+        candidates.sort_by(|a, b| {
+            let ratio = |id: &u64| {
+                let a = &st.segments[id].alloc;
+                a.free() as f64 / a.capacity() as f64
+            };
+            ratio(b).total_cmp(&ratio(a)).then(a.cmp(b))
+        });
+        let mut targets = Vec::new();
+        for id in candidates {
+            if targets.len() as u32 == count.min(room) {
+                break;
+            }
+            let seg = st.segments.get_mut(&id).expect("candidate");
+            if let Some(block) = seg.alloc.allocate(size) {
+                seg.load.puts.record(now);
+                targets.push((id, block));
+            }
+        }
+        if targets.is_empty() {
+            return Err(StoreError::NoSpace {
+                size,
+                replicas: count,
+                detail: format!(
+                    "no other segment has room for a new replica ({} segment(s) hold one already)",
+                    holding.len()
+                ),
+            });
+        }
+        let obj = st.objects.get_mut(key).expect("looked up above");
+        let until = now + self.config.lease_ttl;
+        obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
+        let obj = &st.objects[key];
+        let sources = Self::describe(st, obj);
+        let target_descriptors = targets
+            .iter()
+            .filter_map(|(id, block)| {
+                let seg = st.segments.get(id)?;
+                Some(ReplicaDescriptor {
+                    segment_name: seg.name.clone(),
+                    address: seg.base + block.offset,
+                    size,
+                    tier: seg.tier as i32,
+                    status: ReplicaStatus::Processing as i32,
+                    client_id: seg.client_id.clone(),
+                    host: seg.host.clone(),
+                    segment_id: *id,
+                })
+            })
+            .collect();
+        st.replications
+            .insert(key.to_string(), Pending { client: client_id.to_string(), version, targets, started: now });
+        Ok(ReplicationPlan { size, version, sources, targets: target_descriptors })
+    }
+
+    /// Commits the written new replicas (`done` segment ids), frees the rest; returns
+    /// (replicas added, replicas of the object now).
+    pub fn replicate_end(&self, client_id: &str, key: &str, done: &[u64]) -> Result<(u32, u32)> {
+        check_key(key)?;
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let pending = match st.replications.remove(key) {
+            None => {
+                return Err(StoreError::InvalidArgument(format!("no replication of {key:?} is in progress")));
+            }
+            Some(p) if p.client != client_id => {
+                st.replications.insert(key.to_string(), p);
+                return Err(StoreError::InvalidArgument(format!(
+                    "the replication of {key:?} belongs to another client"
+                )));
+            }
+            Some(p) => p,
+        };
+        let alive = st.objects.get(key).is_some_and(|o| o.complete && o.version == pending.version);
+        let mut added = Vec::new();
+        for (id, block) in pending.targets {
+            if alive && done.contains(&id) && st.segments.contains_key(&id) {
+                added.push(id);
+                st.objects.get_mut(key).expect("alive").replicas.push(Replica { segment_id: id, block });
+            } else if let Some(seg) = st.segments.get_mut(&id) {
+                seg.alloc.release(block);
+            }
+        }
+        if !alive {
+            return Err(StoreError::NotFound(key.to_string()));
+        }
+        let obj = &st.objects[key];
+        for &id in &added {
+            self.emit_replica(st, key, obj.size, id, EventKind::Stored);
+        }
+        self.metrics.replicas_added.inc_by(added.len() as u64);
+        self.metrics.replicated_bytes.inc_by(added.len() as u64 * obj.size);
+        Ok((added.len() as u32, obj.replicas.len() as u32))
+    }
+
+    /// Frees the blocks of replications not ended within `put_timeout`.
+    pub(super) fn reclaim_replications(&self, st: &mut State, now: Instant) {
+        let stale: Vec<String> = st
+            .replications
+            .iter()
+            .filter(|(_, p)| now.saturating_duration_since(p.started) > self.config.put_timeout)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in stale {
+            let p = st.replications.remove(&key).expect("listed above");
+            for (id, block) in p.targets {
+                if let Some(seg) = st.segments.get_mut(&id) {
+                    seg.alloc.release(block);
+                }
+            }
+            tracing::warn!("replication of {key:?} by {} never ended: reclaimed", p.client);
+        }
+    }
+
+    /// Ends a hot-key window: queues keys read faster than the threshold.
+    pub(super) fn hot_tick(&self, st: &mut State, now: Instant) {
+        if self.config.hot_read_threshold <= 0.0 {
+            return;
+        }
+        let start = *st.hot.window_start.get_or_insert(now);
+        let window = now.saturating_duration_since(start);
+        if window < self.config.hot_window {
+            return;
+        }
+        st.hot.window_start = Some(now);
+        let needed = (self.config.hot_read_threshold * window.as_secs_f64()).ceil().max(1.0) as u64;
+        let reads = std::mem::take(&mut st.hot.reads);
+        let segments = st.segments.len();
+        for (key, n) in reads {
+            if (n as u64) < needed {
+                continue;
+            }
+            self.metrics.hot_keys.inc();
+            let Some(obj) = st.objects.get(&key).filter(|o| o.complete) else { continue };
+            let replicas = obj.replicas.len();
+            if replicas >= self.config.hot_max_replicas as usize
+                || replicas >= segments
+                || st.replications.contains_key(&key)
+                || st.hot.queued.contains(&key)
+            {
+                continue;
+            }
+            if st.hot.queue.len() >= self.config.hot_queue {
+                self.metrics.replication_tasks_dropped.inc();
+                continue;
+            }
+            tracing::debug!("hot key {key:?}: {n} reads in {window:?}; queued for one more replica");
+            st.hot.queued.insert(key.clone());
+            st.hot.queue.push_back(key);
+            self.metrics.replication_tasks_queued.inc();
+        }
+    }
+
+    /// Hands up to `max` queued hot keys to a warm-up worker (one more replica each).
+    pub fn take_replication_tasks(&self, max: u32) -> Vec<ReplicationTask> {
+        let mut st = self.state.lock();
+        let mut tasks = Vec::new();
+        while tasks.len() < max as usize {
+            let Some(key) = st.hot.queue.pop_front() else { break };
+            st.hot.queued.remove(&key);
+            if st.objects.get(&key).is_some_and(|o| o.complete) && !st.replications.contains_key(&key) {
+                tasks.push(ReplicationTask { key, count: 1 });
+            }
+        }
+        self.metrics.replication_tasks_taken.inc_by(tasks.len() as u64);
+        tasks
+    }
+}
