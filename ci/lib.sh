@@ -28,4 +28,5 @@ ci_ensure_rust() {
 }
 
 # The packages every build and test needs.
-CI_BASE_PACKAGES=(build-essential pkg-config iproute2 iperf3 protobuf-compiler python3 python3-venv python3-dev)
+CI_BASE_PACKAGES=(build-essential pkg-config iproute2 iperf3 protobuf-compiler python3 python3-venv python3-dev
+  libibverbs-dev)

@@ -29,4 +29,7 @@ ci_python_env
 ci_python_wheel debug
 ci_pytest "$TARGET_DIR/debug"
 
+ci_log "rdma on real verbs: the rdma tests and tebench in a soft-RoCE VM"
+bash ci/rdma-vm.sh
+
 ci_log "all test suites passed"

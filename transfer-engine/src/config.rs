@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crescent_transports::rdma::RdmaConfig;
 use crescent_transports::TransportKind;
 
 use crate::error::{EngineError, Result};
@@ -34,6 +35,8 @@ pub struct EngineConfig {
     pub shm_copy_threads: usize,
     /// A submission's requests that have not ended by then end `TimedOut`.
     pub transfer_timeout: Duration,
+    /// The rdma transport's settings (devices, GID index, MTU, slice size, queue pairs).
+    pub rdma: RdmaConfig,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +52,7 @@ impl Default for EngineConfig {
             tcp_slice_len: 1 << 20,
             shm_copy_threads: std::thread::available_parallelism().map_or(2, |n| n.get()).min(4),
             transfer_timeout: Duration::from_secs(30),
+            rdma: RdmaConfig::default(),
         }
     }
 }
@@ -56,7 +60,9 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// Defaults, then the environment: `MC_FORCE_TCP=1`, `MC_TCP_LANES`, `MC_TCP_SLICE_SIZE`,
     /// `MC_SHM_THREADS`, `MC_TRANSFER_TIMEOUT` (seconds), `MC_METADATA_CLUSTER_ID`, `MC_METADATA_TTL`
-    /// (seconds). Invalid values are errors naming the value.
+    /// (seconds), and for rdma `MC_DEVICE` (comma-separated device names), `MC_GID_INDEX`, `MC_MTU`,
+    /// `MC_SLICE_SIZE`, `MC_NUM_QP_PER_EP`, `MC_IB_TIMEOUT`, `MC_IB_RETRY_CNT`, `MC_IBVERBS_LIBRARY`.
+    /// Invalid values are errors naming the value.
     pub fn from_env() -> Result<Self> {
         let mut config = EngineConfig::default();
         config.apply_env()?;
@@ -100,8 +106,63 @@ impl EngineConfig {
         if let Some(v) = env("MC_METADATA_TTL") {
             self.metadata_ttl = parse_seconds("MC_METADATA_TTL", &v)?;
         }
+        self.apply_rdma_env()
+    }
+
+    fn apply_rdma_env(&mut self) -> Result<()> {
+        let rdma = &mut self.rdma;
+        if let Some(v) = env("MC_DEVICE") {
+            rdma.devices = parse_device_list(&v)?;
+        }
+        if let Some(v) = env("MC_GID_INDEX") {
+            rdma.gid_index = Some(parse_int("MC_GID_INDEX", &v, 0, 65535)? as u32);
+        }
+        if let Some(v) = env("MC_MTU") {
+            let mtu = parse_int("MC_MTU", &v, 256, 4096)? as u32;
+            if !matches!(mtu, 256 | 512 | 1024 | 2048 | 4096) {
+                return Err(EngineError::Config(format!("MC_MTU={v:?} is not one of 256, 512, 1024, 2048, 4096")));
+            }
+            rdma.mtu = Some(mtu);
+        }
+        if let Some(v) = env("MC_SLICE_SIZE") {
+            rdma.max_slice_len = parse_size(&v)
+                .ok()
+                .filter(|n| *n <= 1 << 30)
+                .ok_or_else(|| EngineError::Config(format!("MC_SLICE_SIZE={v:?} is not a size from 1 byte to 1G")))?;
+        }
+        if let Some(v) = env("MC_NUM_QP_PER_EP") {
+            rdma.qps_per_peer = parse_int("MC_NUM_QP_PER_EP", &v, 1, 64)? as usize;
+        }
+        if let Some(v) = env("MC_IB_TIMEOUT") {
+            rdma.ib_timeout = parse_int("MC_IB_TIMEOUT", &v, 1, 31)? as u8;
+        }
+        if let Some(v) = env("MC_IB_RETRY_CNT") {
+            rdma.retry_cnt = parse_int("MC_IB_RETRY_CNT", &v, 0, 7)? as u8;
+        }
+        if let Some(v) = env("MC_IBVERBS_LIBRARY") {
+            rdma.library = Some(v.trim().to_string());
+        }
         Ok(())
     }
+}
+
+/// Parses a comma-separated list of RDMA device names (Mooncake's `device_name`).
+pub fn parse_device_list(text: &str) -> Result<Vec<String>> {
+    let names: Vec<String> = text.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect();
+    for n in &names {
+        if n.len() > 64 || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b)) {
+            return Err(EngineError::Config(format!("{n:?} is not an RDMA device name")));
+        }
+    }
+    Ok(names)
+}
+
+fn parse_int(name: &str, v: &str, min: u64, max: u64) -> Result<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| EngineError::Config(format!("{name}={v:?} is not a number from {min} to {max}")))
 }
 
 fn env(name: &str) -> Option<String> {
@@ -175,5 +236,14 @@ mod tests {
         for bad in ["", "K", "1X", "-1", "0", "99999999999T", "1.5M"] {
             assert!(parse_size(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn device_lists() {
+        assert_eq!(parse_device_list("mlx5_0, mlx5_1,,rxe0").unwrap(), vec!["mlx5_0", "mlx5_1", "rxe0"]);
+        assert!(parse_device_list("").unwrap().is_empty());
+        let err = parse_device_list("mlx5_0,bad/name").unwrap_err();
+        assert!(err.to_string().contains("bad/name"), "{err}");
+        assert!(err.is_caller_error());
     }
 }

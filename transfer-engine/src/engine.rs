@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
-    Completion, Endpoint, Opcode, Region, RegionTable, SharedMemory, Slice, Transport, TransportKind,
+    Completion, Endpoint, Opcode, Region, RegionTable, RemoteRegion, SharedMemory, Slice, Transport, TransportKind,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -128,13 +129,6 @@ impl TransferEngine {
             Some(h) if !h.trim().is_empty() => (h.trim().to_string(), config.rpc_port),
             _ => (host::default_advertise_host(), config.rpc_port),
         };
-        if let Some(kind) = config.protocol {
-            if kind == TransportKind::Rdma {
-                return Err(EngineError::Config(format!(
-                    "protocol {kind} is not available in this build (tcp and shm are)"
-                )));
-            }
-        }
         let listener = TcpListener::bind(("0.0.0.0", port))
             .map_err(|e| EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}")))?;
         let port = listener.local_addr()?.port();
@@ -155,6 +149,16 @@ impl TransferEngine {
             Ok(shm) => transports.push(Arc::new(shm)),
             Err(e) if config.protocol == Some(TransportKind::Shm) => return Err(e.into()),
             Err(e) => tracing::warn!("shm transport unavailable, same-host peers use tcp: {e}"),
+        }
+        if matches!(config.protocol, None | Some(TransportKind::Rdma)) {
+            let rdma_config = RdmaConfig { advertise_host: host.clone(), ..config.rdma.clone() };
+            match RdmaTransport::start(rdma_config) {
+                Ok(rdma) => transports.push(Arc::new(rdma)),
+                Err(e) if config.protocol == Some(TransportKind::Rdma) || e.is_caller_error() => {
+                    return Err(EngineError::Config(format!("protocol rdma cannot start: {e}")))
+                }
+                Err(e) => tracing::info!("{e}; peers on other hosts will be reached over tcp"),
+            }
         }
         let endpoints: Vec<Endpoint> = transports.iter().map(|t| t.endpoint()).collect();
         let describe = {
@@ -294,6 +298,7 @@ impl TransferEngine {
         let descriptor = self.directory.fetch(name, HANDSHAKE_TIMEOUT)?;
         let (transport, endpoint) = self.choose_transport(name, &descriptor)?;
         tracing::info!("segment {name}: using {endpoint}");
+        transport.set_peer_regions(&endpoint, remote_regions(&descriptor));
         let segment = Arc::new(Segment {
             name: name.to_string(),
             descriptor: RwLock::new(Arc::new(descriptor)),
@@ -394,6 +399,7 @@ impl TransferEngine {
         *last = Some(Instant::now());
         match self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT) {
             Ok(d) => {
+                segment.transport.set_peer_regions(&segment.endpoint, remote_regions(&d));
                 *segment.descriptor.write() = Arc::new(d);
                 true
             }
@@ -588,6 +594,11 @@ fn start_shm(
 enum PlanError {
     Local(String),
     Remote(String),
+}
+
+/// A descriptor's buffers as the transports see them.
+fn remote_regions(d: &SegmentDescriptor) -> Vec<RemoteRegion> {
+    d.buffers.iter().map(|b| RemoteRegion { addr: b.addr, len: b.length, keys: b.keys.clone() }).collect()
 }
 
 fn describe(name: &str, host_id: &str, endpoints: &[Endpoint], table: &RegionTable) -> SegmentDescriptor {

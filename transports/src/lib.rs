@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod memory;
+pub mod rdma;
 pub mod region;
 pub mod shm;
 pub mod slice;
@@ -19,6 +20,6 @@ mod transport;
 
 pub use error::TransportError;
 pub use memory::SharedMemory;
-pub use region::{InflightGuard, Region, RegionAccess, RegionKeys, RegionTable};
-pub use slice::{Completion, CompletionSink, LocalAccess, Opcode, Slice, SliceOutcome};
-pub use transport::{Endpoint, Transport, TransportKind};
+pub use region::{DeviceKey, InflightGuard, Region, RegionAccess, RegionKeys, RegionTable};
+pub use slice::{Completion, CompletionSink, LocalAccess, LocalClaim, Opcode, Slice, SliceOutcome};
+pub use transport::{Endpoint, RemoteRegion, Transport, TransportKind};

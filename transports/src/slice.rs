@@ -65,6 +65,15 @@ impl Completion {
         Some(LocalAccess { sink, slice: self.slice })
     }
 
+    /// Claims the slice's local memory until the returned guard is dropped: for a transport
+    /// whose device reads or writes the memory on its own (RDMA) between posting the slice and
+    /// its completion. `None` if the slice already ended. Complete the slice before dropping
+    /// the claim: its end is then reported once the claim is released.
+    pub fn claim_local(&self) -> Option<LocalClaim> {
+        let sink = self.sink.clone()?;
+        sink.begin_local_access(self.slice).then_some(LocalClaim { sink, slice: self.slice })
+    }
+
     pub fn complete(mut self, outcome: SliceOutcome) {
         if let Some(sink) = self.sink.take() {
             sink.complete(self.slice, outcome);
@@ -104,6 +113,24 @@ impl LocalAccess {
         }
         let _end = End(self.sink.as_ref(), self.slice);
         Some(f())
+    }
+}
+
+/// A claim on a slice's local memory held across threads; see [`Completion::claim_local`].
+pub struct LocalClaim {
+    sink: Arc<dyn CompletionSink>,
+    slice: usize,
+}
+
+impl std::fmt::Debug for LocalClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalClaim").field("slice", &self.slice).finish()
+    }
+}
+
+impl Drop for LocalClaim {
+    fn drop(&mut self) {
+        self.sink.end_local_access(self.slice);
     }
 }
 
@@ -152,6 +179,16 @@ mod tests {
         let rec = Arc::new(Recorder::default());
         Completion::new(rec.clone(), 1).complete(SliceOutcome::Completed);
         assert_eq!(*rec.outcomes.lock(), vec![(1, SliceOutcome::Completed)]);
+    }
+
+    #[test]
+    fn a_claim_is_refused_once_the_slice_ended() {
+        let rec = Arc::new(Recorder::default());
+        let c = Completion::new(rec.clone(), 2);
+        assert!(c.claim_local().is_some());
+        rec.ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(c.claim_local().is_none());
+        c.complete(SliceOutcome::Completed);
     }
 
     #[test]

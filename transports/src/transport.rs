@@ -8,6 +8,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Region, RegionKeys, Slice, TransportError};
 
+/// A peer's registered region and the keys its transports need to reach it, as listed in
+/// the peer's segment descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRegion {
+    pub addr: u64,
+    pub len: u64,
+    pub keys: RegionKeys,
+}
+
 /// Which transport moves the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TransportKind {
@@ -54,6 +63,13 @@ pub enum Endpoint {
         host: String,
         port: u16,
     },
+    /// RDMA: queue pairs are set up through a small exchange on `host:port`, between
+    /// this side's devices and the peer's `devices` (names, in the peer's order).
+    Rdma {
+        host: String,
+        port: u16,
+        devices: Vec<String>,
+    },
     /// A same-host peer: the abstract unix socket it listens on. Its pid is not published:
     /// the kernel tells it on connection (`SO_PEERCRED`), which is also right across pid
     /// namespaces and after a restart.
@@ -66,6 +82,7 @@ impl Endpoint {
     pub fn kind(&self) -> TransportKind {
         match self {
             Endpoint::Tcp { .. } => TransportKind::Tcp,
+            Endpoint::Rdma { .. } => TransportKind::Rdma,
             Endpoint::Shm { .. } => TransportKind::Shm,
         }
     }
@@ -75,6 +92,7 @@ impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Endpoint::Tcp { host, port } => write!(f, "tcp://{host}:{port}"),
+            Endpoint::Rdma { host, port, devices } => write!(f, "rdma://{host}:{port}[{}]", devices.join(",")),
             Endpoint::Shm { socket } => write!(f, "shm://@{socket}"),
         }
     }
@@ -109,6 +127,9 @@ pub trait Transport: Send + Sync {
         Ok(())
     }
 
+    /// Tells the transport which regions `peer` exports and their keys (from the peer's
+    /// descriptor, each time it is fetched); replaces what was known before.
+    fn set_peer_regions(&self, _peer: &Endpoint, _regions: Vec<RemoteRegion>) {}
     /// Checks, when the engine chooses a transport for a segment, that this transport can
     /// reach `peer` now; an error says why not, and the engine tries the next transport.
     fn connect(&self, _peer: &Endpoint) -> Result<(), TransportError> {

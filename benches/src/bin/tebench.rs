@@ -16,7 +16,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use crescent_benches::{init_logging, pattern, process_cpu_seconds, report};
 use crescent_engine::{
-    parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest, TransferStatus, TransportKind,
+    parse_device_list, parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
+    TransferStatus, TransportKind,
 };
 use hdrhistogram::Histogram;
 
@@ -40,9 +41,16 @@ enum Role {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Transport: tcp or shm (same host); default: chosen per peer (shm on the same host).
+    /// Transport: tcp, rdma or shm (same host); default: chosen per peer (shm on the same host,
+    /// else rdma when both ends have a device, else tcp).
     #[arg(long)]
     protocol: Option<String>,
+    /// RDMA devices to use, comma-separated (default: MC_DEVICE, else every active device).
+    #[arg(long, visible_alias = "device_name")]
+    device_name: Option<String>,
+    /// GID index of the RDMA port (default: MC_GID_INDEX, else RoCE v2 IPv4-mapped preferred).
+    #[arg(long, visible_alias = "gid_index")]
+    gid_index: Option<u32>,
     /// Metadata service: P2PHANDSHAKE (ask the peer itself), etcd://host:port[,host:port],
     /// redis://[user:pass@]host:port[/db] or http://host:port/metadata.
     #[arg(long, visible_alias = "metadata_server", default_value = "P2PHANDSHAKE")]
@@ -148,6 +156,12 @@ fn engine(args: &EngineArgs) -> Result<Arc<TransferEngine>> {
     config.rpc_port = args.port;
     if let Some(p) = &args.protocol {
         config.protocol = Some(p.parse::<TransportKind>()?);
+    }
+    if let Some(d) = &args.device_name {
+        config.rdma.devices = parse_device_list(d)?;
+    }
+    if let Some(g) = args.gid_index {
+        config.rdma.gid_index = Some(g);
     }
     Ok(TransferEngine::new(config)?)
 }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs where an rxe (soft-RoCE) device exists: inside the VM of ci/rdma-vm.sh, or on a CI
+# runner that loaded rdma_rxe. Usage: ci/rdma-in-vm.sh RDMA_TEST_BINARY TEBENCH
+# RXE_VM_DEV (default rxe0) names the device; RXE_VM_GID_INDEX the GID index (default: auto).
+set -euo pipefail
+test_bin=$1
+tebench=$2
+dev=${RXE_VM_DEV:-rxe0}
+export RXE_VM=${RXE_VM:-1}
+gid_args=()
+[ -n "${RXE_VM_GID_INDEX:-}" ] && gid_args=(--gid-index "$RXE_VM_GID_INDEX")
+log() { printf '\n==> %s\n' "$*" >&2; }
+
+log "rdma integration tests on $dev"
+"$test_bin" --test-threads=1
+
+log "tebench --protocol rdma: target and initiator on $dev"
+work=$(mktemp -d)
+"$tebench" target --protocol rdma --device-name "$dev" "${gid_args[@]}" --buffer-size 16M \
+  --pattern --local-hostname 127.0.0.1 >"$work/target.out" &
+target=$!
+trap 'kill $target 2>/dev/null || true; rm -rf "$work"' EXIT
+for _ in $(seq 300); do
+  grep -q '^segment: ' "$work/target.out" && break
+  kill -0 $target 2>/dev/null || { echo "tebench target exited" >&2; exit 1; }
+  sleep 0.2
+done
+segment=$(sed -n 's/^segment: //p' "$work/target.out")
+[ -n "$segment" ] || { echo "tebench target printed no segment name" >&2; exit 1; }
+for op in read write; do
+  "$tebench" initiator --protocol rdma --device-name "$dev" "${gid_args[@]}" --segment "$segment" \
+    --operation "$op" --block-size 64K --batch-size 16 --duration 2 --report-interval 0 \
+    --verify --local-hostname 127.0.0.1
+done
+log "rdma suite passed"

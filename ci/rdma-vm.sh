@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the RDMA suite on real verbs: builds the rdma test binary and tebench here (debug),
+# then runs ci/rdma-in-vm.sh in ONE soft-RoCE VM (../shared/rxe-vm/run-in-rxe-vm.sh, or
+# $RXE_VM_SCRIPT). Without the VM script this fails, unless CRESCENT_SKIP_RDMA_VM=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. ci/lib.sh
+
+vm="${RXE_VM_SCRIPT:-../shared/rxe-vm/run-in-rxe-vm.sh}"
+if [ ! -x "$vm" ]; then
+  if [ "${CRESCENT_SKIP_RDMA_VM:-0}" = 1 ]; then
+    ci_log "rdma: skipped (no VM script at $vm, CRESCENT_SKIP_RDMA_VM=1)"
+    exit 0
+  fi
+  echo "rdma: the soft-RoCE VM script $vm is missing; set RXE_VM_SCRIPT, or CRESCENT_SKIP_RDMA_VM=1 to skip" >&2
+  exit 1
+fi
+
+ci_log "rdma: building the test binary and tebench"
+cargo build --locked -p crescent-benches --bin tebench
+test_bin=$(cargo test --locked -p crescent-tests --test rdma --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "rdma" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$test_bin" ] || { echo "rdma: test binary not found" >&2; exit 1; }
+
+ci_log "rdma: tests and a tebench run inside the soft-RoCE VM"
+"$vm" --timeout "${RDMA_VM_TIMEOUT:-1500}" -- ci/rdma-in-vm.sh "$test_bin" target/debug/tebench

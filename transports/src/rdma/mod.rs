@@ -1,0 +1,387 @@
+//! The rdma transport: one-sided RDMA READ and WRITE over RC queue pairs (libibverbs).
+//!
+//! * [`ffi`]: libibverbs loaded at run time (`dlopen`), so binaries start on hosts without it;
+//! * [`device`]: device, port, GID and MTU selection; a protection domain and a completion
+//!   queue per device;
+//! * [`mr`]: every registered region registered on every device; peers' remote keys;
+//! * [`qp`], [`wire`], [`server`], [`peer`]: queue pairs connected through a small exchange on
+//!   a TCP port published in [`Endpoint::Rdma`] (several per device pair), kept alive and
+//!   rebuilt with backoff;
+//! * [`lane`]: slices posted as chained work requests with back-pressure, failed ones retried
+//!   on another queue pair a bounded number of times;
+//! * [`poller`]: one completion-queue thread per device.
+//!
+//! The target side needs no CPU per transfer: its devices check every access against the
+//! memory regions it registered (an access outside them fails with a remote access error).
+
+pub mod device;
+pub mod ffi;
+pub(crate) mod lane;
+pub mod mr;
+pub(crate) mod peer;
+mod poller;
+pub mod qp;
+mod server;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::{Endpoint, Region, RegionKeys, RemoteRegion, Slice, Transport, TransportError, TransportKind};
+use device::Device;
+use lane::Work;
+use mr::{MrTable, RemoteKeys};
+use peer::Peer;
+use qp::QpTiming;
+
+/// Settings of the rdma transport.
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// libibverbs to load (default `libibverbs.so.1`).
+    pub library: Option<String>,
+    /// Devices to use (`device_name` / `MC_DEVICE`); empty: every device with an active port.
+    pub devices: Vec<String>,
+    /// GID index (`MC_GID_INDEX`); `None`: RoCE v2 with an IPv4-mapped address preferred.
+    pub gid_index: Option<u32>,
+    /// Path MTU in bytes (`MC_MTU`), capped by each port's active MTU; `None`: the active MTU.
+    pub mtu: Option<u32>,
+    /// Address the queue-pair exchange listens on.
+    pub bind_host: String,
+    /// Host peers use to reach the exchange (published in the descriptor).
+    pub advertise_host: String,
+    /// Exchange port; 0 picks a free one.
+    pub port: u16,
+    /// Largest slice (`MC_SLICE_SIZE`).
+    pub max_slice_len: u64,
+    /// Queue pairs per peer and local device.
+    pub qps_per_peer: usize,
+    /// Work requests outstanding per queue pair (capped by the device).
+    pub max_send_wr: u32,
+    /// ACK timeout exponent (4.096 µs × 2^n) and retransmissions of each queue pair.
+    pub ib_timeout: u8,
+    pub retry_cnt: u8,
+    /// Attempts per slice (on different queue pairs) before it fails.
+    pub max_attempts: u32,
+    /// How long the poller spins on an empty completion queue before sleeping on events.
+    pub poll_spin: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            library: None,
+            devices: Vec::new(),
+            gid_index: None,
+            mtu: None,
+            bind_host: "0.0.0.0".into(),
+            advertise_host: "127.0.0.1".into(),
+            port: 0,
+            max_slice_len: 64 << 10,
+            qps_per_peer: 2,
+            max_send_wr: 256,
+            ib_timeout: 18,
+            retry_cnt: 7,
+            max_attempts: 3,
+            poll_spin: Duration::from_micros(50),
+            connect_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// State shared by the transport, its peers, lanes, pollers and exchange server.
+pub(crate) struct Shared {
+    pub config: RdmaConfig,
+    pub devices: Vec<Arc<Device>>,
+    pub mrs: Arc<MrTable>,
+    pub timing: QpTiming,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    pub fn is_stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
+/// A peer's connection and when it may be tried again after a failure.
+#[derive(Default)]
+struct PeerSlot {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    peer: Option<Arc<Peer>>,
+    failures: u32,
+    retry_at: Option<Instant>,
+    last_error: String,
+}
+
+/// How a device in use is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSummary {
+    pub name: String,
+    pub port: u8,
+    pub gid_index: u8,
+    /// The GID, as an IPv6 address (`::ffff:a.b.c.d` for RoCE v2 over IPv4).
+    pub gid: String,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+}
+
+/// What one queue pair to a peer has done (for tests and diagnostics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneStats {
+    pub device: String,
+    pub remote_device: String,
+    pub qpn: u32,
+    pub posted: u64,
+    pub completed: u64,
+    pub broken: bool,
+}
+
+pub struct RdmaTransport {
+    shared: Arc<Shared>,
+    port: u16,
+    peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
+    remote_keys: Mutex<HashMap<Endpoint, Arc<RwLock<RemoteKeys>>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for RdmaTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaTransport")
+            .field("devices", &self.shared.devices)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+const MAX_SLICE: u64 = 1 << 30;
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+
+impl RdmaTransport {
+    /// Loads libibverbs, opens the devices and starts the exchange listener and pollers.
+    /// Fails with [`TransportError::Unavailable`] where there is no library or no usable
+    /// device (the engine then falls back to tcp).
+    pub fn start(config: RdmaConfig) -> Result<Self, TransportError> {
+        if config.max_slice_len == 0
+            || config.max_slice_len > MAX_SLICE
+            || config.qps_per_peer == 0
+            || config.qps_per_peer > 64
+            || config.max_send_wr == 0
+            || config.max_attempts == 0
+            || config.ib_timeout > 31
+            || config.retry_cnt > 7
+        {
+            return Err(TransportError::InvalidArgument(format!(
+                "rdma settings out of range: slice {} (1..={MAX_SLICE}), {} queue pairs per peer \
+                 (1..=64), {} work requests per queue pair, {} attempts, timeout {} (0..=31), \
+                 retry count {} (0..=7)",
+                config.max_slice_len,
+                config.qps_per_peer,
+                config.max_send_wr,
+                config.max_attempts,
+                config.ib_timeout,
+                config.retry_cnt
+            )));
+        }
+        let unavailable = |why: String| TransportError::Unavailable("rdma", why);
+        let verbs = Arc::new(ffi::Verbs::load(config.library.as_deref()).map_err(unavailable)?);
+        let devices = device::open_devices(&verbs, &config).map_err(unavailable)?;
+        let bind = format!("{}:{}", config.bind_host, config.port);
+        let listener =
+            TcpListener::bind(&bind).map_err(|source| TransportError::Listen { addr: bind.clone(), source })?;
+        let port = listener.local_addr().map_err(|source| TransportError::Listen { addr: bind, source })?.port();
+        let shared = Arc::new(Shared {
+            timing: QpTiming { timeout: config.ib_timeout, retry_cnt: config.retry_cnt },
+            config,
+            devices,
+            mrs: Arc::new(MrTable::default()),
+            stop: AtomicBool::new(false),
+        });
+        let mut threads = Vec::new();
+        let spawn_err = |e: std::io::Error| unavailable(format!("cannot start an rdma thread: {e}"));
+        for d in &shared.devices {
+            let (s, d) = (shared.clone(), d.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("crescent-rdma-cq-{}", d.name))
+                    .spawn(move || poller::run(s, d))
+                    .map_err(spawn_err)?,
+            );
+        }
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("crescent-rdma-accept".into())
+                .spawn(move || server::accept_loop(s, listener))
+                .map_err(spawn_err)?,
+        );
+        tracing::debug!(
+            "rdma transport on {} (exchange port {port})",
+            shared
+                .devices
+                .iter()
+                .map(|d| format!("{} port {} GID {}", d.name, d.port, d.gid_index))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(RdmaTransport {
+            shared,
+            port,
+            peers: Mutex::new(HashMap::new()),
+            remote_keys: Mutex::new(HashMap::new()),
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Names of the devices in use.
+    pub fn devices(&self) -> Vec<String> {
+        self.shared.devices.iter().map(|d| d.name.clone()).collect()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// How each device in use is set up.
+    pub fn device_summary(&self) -> Vec<DeviceSummary> {
+        self.shared
+            .devices
+            .iter()
+            .map(|d| DeviceSummary {
+                name: d.name.clone(),
+                port: d.port,
+                gid_index: d.gid_index,
+                gid: d.gid_string(),
+                mtu: device::mtu_bytes(d.mtu),
+            })
+            .collect()
+    }
+
+    /// Per queue pair counters of the connection to `peer` (empty if not connected).
+    pub fn lane_stats(&self, peer: &Endpoint) -> Vec<LaneStats> {
+        let slot = self.peers.lock().get(peer).cloned();
+        let Some(peer) = slot.and_then(|s| s.state.lock().peer.clone()) else {
+            return Vec::new();
+        };
+        peer.lanes()
+            .iter()
+            .map(|l| LaneStats {
+                device: l.qp.device.name.clone(),
+                remote_device: l.remote_device.clone(),
+                qpn: l.qp.qpn,
+                posted: l.posted.load(Ordering::Relaxed),
+                completed: l.completed.load(Ordering::Relaxed),
+                broken: l.is_broken(),
+            })
+            .collect()
+    }
+
+    fn keys_of(&self, peer: &Endpoint) -> Arc<RwLock<RemoteKeys>> {
+        self.remote_keys.lock().entry(peer.clone()).or_default().clone()
+    }
+
+    /// The live connection to `peer`, connecting (at most every so often after failures).
+    fn peer(&self, endpoint: &Endpoint) -> Result<Arc<Peer>, String> {
+        let slot = self.peers.lock().entry(endpoint.clone()).or_default().clone();
+        let mut st = slot.state.lock();
+        if let Some(p) = &st.peer {
+            if !p.is_dead() {
+                return Ok(p.clone());
+            }
+        }
+        st.peer = None;
+        let now = Instant::now();
+        if let Some(at) = st.retry_at.filter(|at| *at > now) {
+            return Err(format!("{endpoint} is unreachable ({}); next attempt in {:?}", st.last_error, at - now));
+        }
+        match Peer::connect(&self.shared, endpoint, self.keys_of(endpoint)) {
+            Ok(p) => {
+                st.failures = 0;
+                st.retry_at = None;
+                st.peer = Some(p.clone());
+                Ok(p)
+            }
+            Err(e) => {
+                st.failures += 1;
+                let delay = (Duration::from_millis(50) * 2u32.saturating_pow(st.failures)).min(MAX_RECONNECT_DELAY);
+                st.retry_at = Some(now + delay);
+                st.last_error = e.clone();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Transport for RdmaTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Rdma
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Rdma { host: self.shared.config.advertise_host.clone(), port: self.port, devices: self.devices() }
+    }
+
+    fn max_slice_len(&self) -> u64 {
+        self.shared.config.max_slice_len
+    }
+
+    fn register_region(&self, region: &Arc<Region>) -> Result<RegionKeys, TransportError> {
+        let rdma = self.shared.mrs.register(&self.shared.devices, region.addr(), region.len())?;
+        Ok(RegionKeys { rdma })
+    }
+
+    fn unregister_region(&self, region: &Arc<Region>) -> Result<(), TransportError> {
+        self.shared.mrs.unregister(region.addr());
+        Ok(())
+    }
+
+    fn connect(&self, peer: &Endpoint) -> Result<(), TransportError> {
+        self.peer(peer).map(|_| ()).map_err(|e| TransportError::Unavailable("rdma", e))
+    }
+
+    fn set_peer_regions(&self, peer: &Endpoint, regions: Vec<RemoteRegion>) {
+        *self.keys_of(peer).write() = RemoteKeys::from_regions(regions);
+    }
+
+    fn submit(&self, peer: &Endpoint, slices: Vec<Slice>) {
+        if slices.is_empty() {
+            return;
+        }
+        match self.peer(peer) {
+            Ok(p) => p.dispatch(slices.into_iter().map(Work::new).collect(), None),
+            Err(reason) => {
+                for s in slices {
+                    s.completion.fail(reason.clone());
+                }
+            }
+        }
+    }
+
+    fn forget_peer(&self, peer: &Endpoint) {
+        self.peers.lock().remove(peer);
+        self.remote_keys.lock().remove(peer);
+    }
+}
+
+impl Drop for RdmaTransport {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        // Wake the accept loop so that it sees the stop flag.
+        let _ = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], self.port)), Duration::from_millis(200));
+        self.peers.lock().clear();
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+        self.shared.mrs.clear();
+    }
+}

@@ -1,0 +1,341 @@
+//! The initiator's side of one peer: its lanes (queue pairs, several per device pair), the
+//! control connection they were set up through, and the keeper thread that checks the peer
+//! is alive and rebuilds broken lanes with backoff.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::device::Device;
+use super::lane::{Lane, Leftovers, Work};
+use super::mr::RemoteKeys;
+use super::qp::Qp;
+use super::wire::{Message, WireError};
+use super::Shared;
+use crate::{Endpoint, SliceOutcome};
+
+/// Keepalive period of the control connection.
+pub const KEEPALIVE: Duration = Duration::from_millis(1000);
+/// How long an answer on the control connection may take.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait between two attempts to rebuild a broken lane.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// Most devices a peer may list.
+pub const MAX_PEER_DEVICES: usize = 64;
+
+pub(crate) struct Peer {
+    pub name: String,
+    shared: Arc<Shared>,
+    remote_devices: Vec<String>,
+    remote: Arc<RwLock<RemoteKeys>>,
+    lanes: RwLock<Vec<Arc<Lane>>>,
+    next: AtomicUsize,
+    dead: Mutex<Option<String>>,
+    /// Slices waiting for a lane while every lane is being rebuilt.
+    parked: Mutex<Vec<Work>>,
+}
+
+fn io_msg(e: &io::Error) -> String {
+    e.to_string()
+}
+
+/// Resolves and checks an rdma endpoint from a peer's descriptor.
+pub fn endpoint_parts(peer: &Endpoint) -> Result<(SocketAddr, Vec<String>), String> {
+    let Endpoint::Rdma { host, port, devices } = peer else {
+        return Err(format!("{peer} is not an rdma endpoint"));
+    };
+    if devices.is_empty() || devices.len() > MAX_PEER_DEVICES {
+        return Err(format!("{peer} lists {} devices (1..={MAX_PEER_DEVICES} allowed)", devices.len()));
+    }
+    if *port == 0 {
+        return Err(format!("{peer} has port 0"));
+    }
+    let addr = (host.as_str(), *port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host} resolves to no address"))?;
+    Ok((addr, devices.clone()))
+}
+
+impl Peer {
+    /// Connects the control connection and every lane; starts the keeper.
+    pub fn connect(
+        shared: &Arc<Shared>,
+        endpoint: &Endpoint,
+        remote: Arc<RwLock<RemoteKeys>>,
+    ) -> Result<Arc<Peer>, String> {
+        let name = endpoint.to_string();
+        let (addr, remote_devices) = endpoint_parts(endpoint)?;
+        let mut stream = TcpStream::connect_timeout(&addr, shared.config.connect_timeout)
+            .map_err(|e| format!("cannot connect to {name}: {}", io_msg(&e)))?;
+        stream
+            .set_nodelay(true)
+            .and_then(|()| stream.set_read_timeout(Some(CONTROL_TIMEOUT)))
+            .and_then(|()| stream.set_write_timeout(Some(CONTROL_TIMEOUT)))
+            .map_err(|e| format!("control connection to {name}: {e}"))?;
+        let peer = Arc::new(Peer {
+            name: name.clone(),
+            shared: shared.clone(),
+            remote_devices,
+            remote,
+            lanes: RwLock::new(Vec::new()),
+            next: AtomicUsize::new(0),
+            dead: Mutex::new(None),
+            parked: Mutex::new(Vec::new()),
+        });
+        let qpp = shared.config.qps_per_peer;
+        let mut lanes = Vec::new();
+        for slot in 0..shared.devices.len() * qpp {
+            lanes.push(peer.connect_lane(&mut stream, slot as u32)?);
+        }
+        tracing::debug!(
+            "rdma: connected to {name}: {} queue pairs ({})",
+            lanes.len(),
+            lanes.iter().map(|l| format!("{}->{}", l.qp.device.name, l.remote_device)).collect::<Vec<_>>().join(", ")
+        );
+        *peer.lanes.write() = lanes;
+        let weak = Arc::downgrade(&peer);
+        std::thread::Builder::new()
+            .name("crescent-rdma-keeper".into())
+            .spawn(move || keeper(weak, stream))
+            .map_err(|e| format!("cannot start the keeper thread: {e}"))?;
+        Ok(peer)
+    }
+
+    fn lane_devices(&self, slot: u32) -> (Arc<Device>, String) {
+        let i = slot as usize / self.shared.config.qps_per_peer;
+        let device = self.shared.devices[i % self.shared.devices.len()].clone();
+        let remote = self.remote_devices[i % self.remote_devices.len()].clone();
+        (device, remote)
+    }
+
+    /// Creates a queue pair for lane `slot` and connects it through the control connection.
+    fn connect_lane(self: &Arc<Self>, stream: &mut TcpStream, slot: u32) -> Result<Arc<Lane>, String> {
+        let (device, remote_device) = self.lane_devices(slot);
+        let cfg = &self.shared.config;
+        let depth = cfg.max_send_wr.min(device.max_qp_wr).max(1);
+        let qp = Qp::create(&device, depth)?;
+        qp.to_init()?;
+        Message::Connect {
+            slot,
+            target_device: remote_device.clone(),
+            initiator_device: device.name.clone(),
+            qp: qp.info(),
+        }
+        .write_to(stream)
+        .map_err(|e| format!("control connection to {}: {e}", self.name))?;
+        let remote_qp = match Message::read_from(stream) {
+            Ok(Message::Accept { slot: s, qp }) if s == slot => qp,
+            Ok(Message::Reject { reason }) => return Err(format!("{} refused a queue pair: {reason}", self.name)),
+            Ok(other) => return Err(format!("{} answered {other:?} to Connect", self.name)),
+            Err(e) => return Err(format!("control connection to {}: {e}", self.name)),
+        };
+        qp.to_rtr(&remote_qp)?;
+        qp.to_rts(&remote_qp, self.shared.timing)?;
+        Ok(Lane::new(
+            slot,
+            qp,
+            remote_device,
+            depth as usize,
+            Arc::downgrade(self),
+            self.name.clone(),
+            self.shared.mrs.clone(),
+            self.remote.clone(),
+        ))
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.lock().is_some()
+    }
+
+    pub fn lanes(&self) -> Vec<Arc<Lane>> {
+        self.lanes.read().clone()
+    }
+
+    /// Spreads slices over the working lanes (chained posts per lane); slices arriving while
+    /// every lane is being rebuilt wait for the rebuild.
+    pub fn dispatch(self: &Arc<Self>, works: Vec<Work>, exclude: Option<u32>) {
+        if works.is_empty() {
+            return;
+        }
+        if let Some(reason) = self.dead.lock().clone() {
+            for w in works {
+                w.fail(format!("connection to {} is gone: {reason}", self.name));
+            }
+            return;
+        }
+        let lanes = self.lanes.read().clone();
+        let healthy: Vec<&Arc<Lane>> = lanes.iter().filter(|l| !l.is_broken() && Some(l.slot) != exclude).collect();
+        let healthy = if healthy.is_empty() { lanes.iter().filter(|l| !l.is_broken()).collect() } else { healthy };
+        if healthy.is_empty() {
+            self.parked.lock().extend(works);
+            return;
+        }
+        let n = healthy.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut groups: Vec<Vec<Work>> = (0..n).map(|_| Vec::new()).collect();
+        // Contiguous runs per lane: long requests go out as long chains.
+        let per = works.len().div_ceil(n);
+        for (i, w) in works.into_iter().enumerate() {
+            groups[(start + i / per) % n].push(w);
+        }
+        for (lane, group) in healthy.into_iter().zip(groups) {
+            if !group.is_empty() {
+                let left = lane.enqueue(group);
+                self.settle(left, Some(lane.slot), false);
+            }
+        }
+    }
+
+    /// Ends and re-dispatches what a lane handed back. `again` is false for slices that were
+    /// just re-dispatched once, to never loop between lanes breaking at the same time.
+    pub fn settle(self: &Arc<Self>, left: Leftovers, from: Option<u32>, again: bool) {
+        for (w, outcome) in left.done {
+            w.finish(outcome);
+        }
+        if left.reroute.is_empty() {
+            return;
+        }
+        if again {
+            self.dispatch(left.reroute, from);
+        } else {
+            // The lane broke between the choice and the post: park for its rebuild.
+            let dead = self.dead.lock().clone();
+            match dead {
+                Some(reason) => {
+                    for w in left.reroute {
+                        w.fail(format!("connection to {} is gone: {reason}", self.name));
+                    }
+                }
+                None => self.parked.lock().extend(left.reroute),
+            }
+        }
+    }
+
+    /// The peer is gone: flush every lane; queued and parked slices fail now, posted ones
+    /// as their flushed completions arrive.
+    pub fn die(&self, reason: &str) {
+        {
+            let mut dead = self.dead.lock();
+            if dead.is_some() {
+                return;
+            }
+            *dead = Some(reason.to_string());
+        }
+        tracing::warn!("rdma: lost {}: {reason}", self.name);
+        let msg = format!("connection to {} is gone: {reason}", self.name);
+        for lane in self.lanes.read().iter() {
+            for w in lane.break_with(&msg) {
+                w.fail(msg.clone());
+            }
+        }
+        for w in self.parked.lock().drain(..) {
+            w.fail(msg.clone());
+        }
+    }
+
+    fn take_parked(&self) -> Vec<Work> {
+        std::mem::take(&mut *self.parked.lock())
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        for w in self.parked.get_mut().drain(..) {
+            w.finish(SliceOutcome::Failed(format!("connection to {} was closed", self.name)));
+        }
+    }
+}
+
+/// Keeps the control connection alive (ping every [`KEEPALIVE`]) and rebuilds broken lanes
+/// once their posted work has drained, with exponential backoff per lane.
+fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
+    let mut last_ping = Instant::now();
+    let mut backoff: Vec<(Duration, Instant)> = Vec::new();
+    let tick = Duration::from_millis(50);
+    loop {
+        std::thread::sleep(tick);
+        let Some(peer) = peer.upgrade() else {
+            return; // forgotten: dropping the stream tells the target to free its side
+        };
+        if peer.shared.is_stopping() || peer.is_dead() {
+            return;
+        }
+        let lanes = peer.lanes();
+        if backoff.len() < lanes.len() {
+            backoff.resize(lanes.len(), (Duration::ZERO, Instant::now()));
+        }
+        let mut failure = None;
+        for (i, lane) in lanes.iter().enumerate() {
+            if !lane.is_broken() || lane.inflight() > 0 || Instant::now() < backoff[i].1 {
+                continue;
+            }
+            match peer.connect_lane(&mut stream, lane.slot) {
+                Ok(new) => {
+                    tracing::info!(
+                        "rdma: rebuilt queue pair {} -> {} of {} (was {}: {})",
+                        new.qp.device.name,
+                        new.remote_device,
+                        peer.name,
+                        lane.qp.qpn,
+                        lane.broken_reason().unwrap_or_default()
+                    );
+                    peer.lanes.write()[i] = new;
+                    backoff[i].0 = Duration::ZERO;
+                    last_ping = Instant::now();
+                }
+                Err(e) => {
+                    let delay = (backoff[i].0 * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+                    backoff[i] = (delay, Instant::now() + delay);
+                    tracing::warn!(
+                        "rdma: rebuilding a queue pair to {} failed (next try in {delay:?}): {e}",
+                        peer.name
+                    );
+                    if e.contains("control connection") {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if failure.is_none() {
+            let parked = peer.take_parked();
+            if !parked.is_empty() {
+                if peer.lanes().iter().any(|l| !l.is_broken()) {
+                    peer.dispatch(parked, None);
+                } else if lanes.iter().all(|l| l.is_broken() && l.inflight() == 0) {
+                    // Nothing works and rebuilding failed: do not hold the slices.
+                    let reason = lanes.first().and_then(|l| l.broken_reason()).unwrap_or_default();
+                    for w in parked {
+                        w.fail(format!("no working queue pair to {} (rebuilding after: {reason})", peer.name));
+                    }
+                } else {
+                    peer.parked.lock().extend(parked);
+                }
+            }
+        }
+        if failure.is_none() && last_ping.elapsed() >= KEEPALIVE {
+            last_ping = Instant::now();
+            let answer = Message::Ping
+                .write_to(&mut stream)
+                .map_err(WireError::from)
+                .and_then(|()| Message::read_from(&mut stream));
+            match answer {
+                Ok(Message::Pong) => {}
+                Ok(other) => failure = Some(format!("unexpected {other:?} on the control connection")),
+                Err(WireError::Closed) => failure = Some("the peer closed the control connection".into()),
+                Err(e) => failure = Some(format!("control connection: {e}")),
+            }
+        }
+        if let Some(reason) = failure {
+            peer.die(&reason);
+            return;
+        }
+    }
+}
