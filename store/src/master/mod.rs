@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod allocator;
 pub mod config;
+mod disk;
 pub mod metrics;
 pub mod server;
 pub mod service;
@@ -39,6 +40,8 @@ struct Segment {
     base: u64,
     tier: Tier,
     alloc: SegmentAllocator,
+    /// Tier SSD: where the owner serves its files (`host:port`); empty for memory.
+    disk_service: String,
 }
 
 struct Replica {
@@ -50,6 +53,8 @@ struct Object {
     size: u64,
     version: u64,
     replicas: Vec<Replica>,
+    /// Disk segments (tier SSD) holding a copy, read through their owner ([`disk`]).
+    ssd: Vec<u64>,
     complete: bool,
     writer: String,
     started: Instant,
@@ -83,6 +88,9 @@ struct State {
     dropped: HashSet<String>,
     next_segment: u64,
     next_version: u64,
+    /// Disk id → key → version of objects removed while that disk held a copy, until the
+    /// disk acknowledges the deletion (it may be offline meanwhile; see [`disk`]).
+    disk_removals: HashMap<String, HashMap<String, u64>>,
 }
 
 /// A get's answer: the replicas to read from, under a lease.
@@ -140,7 +148,7 @@ impl Master {
         config.validate()?;
         Ok(Arc::new(Master {
             config,
-            state: Mutex::new(State { next_segment: 1, next_version: 1, ..State::default() }),
+            state: Mutex::new(State { next_segment: 1, next_version: disk::first_version(), ..State::default() }),
             metrics: Metrics::new()?,
         }))
     }
@@ -187,6 +195,7 @@ impl Master {
                 base: info.base,
                 tier,
                 alloc: SegmentAllocator::new(info.size),
+                disk_service: String::new(),
             },
         );
         st.segment_by_name.insert(info.name.clone(), id);
@@ -244,7 +253,8 @@ impl Master {
         let mut gone = Vec::new();
         for (key, obj) in st.objects.iter_mut() {
             obj.replicas.retain(|r| r.segment_id != segment_id);
-            if obj.replicas.is_empty() {
+            obj.ssd.retain(|s| *s != segment_id);
+            if obj.replicas.is_empty() && obj.ssd.is_empty() {
                 gone.push(key.clone());
             }
         }
@@ -303,11 +313,12 @@ impl Master {
         if st.objects.contains_key(key) {
             return Err(StoreError::AlreadyExists(key.to_string()));
         }
-        if (st.segments.len() as u32) < replicas {
+        let memory_segments = st.segments.values().filter(|s| s.tier != Tier::Ssd).count();
+        if (memory_segments as u32) < replicas {
             return Err(StoreError::NoSpace {
                 size,
                 replicas,
-                detail: format!("{} segment(s) mounted; replicas need distinct segments", st.segments.len()),
+                detail: format!("{memory_segments} memory segment(s) mounted; replicas need distinct segments"),
             });
         }
         let blocks = match self.allocate(&mut st, size, replicas, &opts.preferred_segment) {
@@ -330,6 +341,7 @@ impl Master {
             size,
             version,
             replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block }).collect(),
+            ssd: Vec::new(),
             complete: false,
             writer: client_id.to_string(),
             started: now,
@@ -350,8 +362,12 @@ impl Master {
 
     /// Picks `replicas` distinct segments with room, by the configured strategy.
     fn allocate(&self, st: &mut State, size: u64, replicas: u32, preferred: &str) -> Option<Vec<(u64, Block)>> {
-        let mut candidates: Vec<u64> =
-            st.segments.iter().filter(|(_, s)| s.alloc.free() >= size).map(|(id, _)| *id).collect();
+        let mut candidates: Vec<u64> = st
+            .segments
+            .iter()
+            .filter(|(_, s)| s.tier != Tier::Ssd && s.alloc.free() >= size)
+            .map(|(id, _)| *id)
+            .collect();
         match self.config.allocation_strategy {
             AllocationStrategy::FreeRatioFirst => candidates.sort_by(|a, b| {
                 let ratio = |id: &u64| {
@@ -424,6 +440,7 @@ impl Master {
 
     fn remove_object(st: &mut State, key: &str) -> Option<u64> {
         let obj = st.objects.remove(key)?;
+        Self::queue_disk_removals(st, key, &obj);
         let mut freed = 0;
         for r in obj.replicas {
             if let Some(seg) = st.segments.get_mut(&r.segment_id) {
@@ -448,8 +465,10 @@ impl Master {
                     client_id: seg.client_id.clone(),
                     host: seg.host.clone(),
                     segment_id: r.segment_id,
+                    disk_service: String::new(),
                 })
             })
+            .chain(Self::describe_disk_copies(st, obj))
             .collect()
     }
 
@@ -577,15 +596,20 @@ impl Master {
     fn evict(&self, st: &mut State, now: Instant, at_least: u64) -> u64 {
         let capacity = Self::totals_of(st).capacity;
         let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
-        let mut candidates: Vec<(Instant, String)> =
-            st.objects.iter().filter(|(_, o)| o.evictable(now)).map(|(k, o)| (o.last_access, k.clone())).collect();
+        let mut candidates: Vec<(Instant, String)> = st
+            .objects
+            .iter()
+            .filter(|(_, o)| o.evictable(now) && !o.replicas.is_empty())
+            .map(|(k, o)| (o.last_access, k.clone()))
+            .collect();
         candidates.sort();
         let (mut freed, mut count) = (0, 0);
         for (_, key) in candidates {
             if freed >= target {
                 break;
             }
-            freed += Self::remove_object(st, &key).unwrap_or(0);
+            // An object with a disk copy loses its memory replicas only: gets read the disk.
+            freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
             count += 1;
         }
         if count > 0 {
@@ -660,8 +684,11 @@ impl Master {
     // ---- views ----
 
     fn totals_of(st: &State) -> Totals {
-        let (capacity, used) =
-            st.segments.values().fold((0, 0), |(c, u), s| (c + s.alloc.capacity(), u + s.alloc.reserved()));
+        let (capacity, used) = st
+            .segments
+            .values()
+            .filter(|s| s.tier != Tier::Ssd)
+            .fold((0, 0), |(c, u), s| (c + s.alloc.capacity(), u + s.alloc.reserved()));
         Totals {
             capacity,
             used,
