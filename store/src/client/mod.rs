@@ -2,6 +2,7 @@
 //! buffer, talks to the master over gRPC and moves bytes client-to-client with the engine.
 
 pub mod config;
+pub mod disk;
 pub mod rpc;
 pub mod staging;
 
