@@ -108,6 +108,7 @@ impl Master {
         segment_id: u64,
         added: &[DiskEntry],
         removed: &[DiskEntry],
+        restore: bool,
     ) -> Result<Vec<Result<()>>> {
         let mut st = self.state.lock();
         let disk_name = match st.segments.get(&segment_id) {
@@ -143,13 +144,21 @@ impl Master {
             st.disk_removals.remove(&disk_name);
         }
         let now = Instant::now();
-        let results = added.iter().map(|e| Self::add_disk_copy(&mut st, &disk_name, segment_id, e, now)).collect();
+        let results =
+            added.iter().map(|e| Self::add_disk_copy(&mut st, &disk_name, segment_id, e, restore, now)).collect();
         drop(st);
         self.update_gauges();
         Ok(results)
     }
 
-    fn add_disk_copy(st: &mut State, disk_name: &str, segment_id: u64, e: &DiskEntry, now: Instant) -> Result<()> {
+    fn add_disk_copy(
+        st: &mut State,
+        disk_name: &str,
+        segment_id: u64,
+        e: &DiskEntry,
+        restore: bool,
+        now: Instant,
+    ) -> Result<()> {
         check_key(&e.key)?;
         if e.size == 0 || e.size > super::MAX_OBJECT_SIZE {
             return Err(StoreError::InvalidArgument(format!("object size {} of {:?}", e.size, e.key)));
@@ -165,6 +174,8 @@ impl Master {
                 Ok(())
             }
             Some(_) => Err(StoreError::AlreadyExists(e.key.clone())), // another version: the file is stale
+            // A fresh file of an object removed while it was written.
+            None if !restore => Err(StoreError::NotFound(e.key.clone())),
             None => {
                 // The master lost the object (its holders went away, or the master restarted):
                 // the disk copy brings it back under its own version.
@@ -297,6 +308,9 @@ mod tests {
         v
     }
 
+    const FRESH: bool = false;
+    const RESTORE: bool = true;
+
     fn entry(key: &str, size: u64, version: u64) -> DiskEntry {
         DiskEntry { key: key.into(), size, version }
     }
@@ -305,7 +319,7 @@ mod tests {
     fn eviction_keeps_objects_with_a_disk_copy_readable_from_the_disk() {
         let (m, disk) = setup();
         let v = put(&m, "a", 1 << 20);
-        assert!(m.update_disk_replicas("c1", disk, &[entry("a", 1 << 20, v)], &[]).unwrap()[0].is_ok());
+        assert!(m.update_disk_replicas("c1", disk, &[entry("a", 1 << 20, v)], &[], FRESH).unwrap()[0].is_ok());
         put(&m, "b", 1 << 20);
         // Fill memory: "a" and "b" are the oldest; "a" keeps its disk copy, "b" goes.
         for i in 0..6 {
@@ -326,36 +340,40 @@ mod tests {
         m.remove("k", true).unwrap();
         let v2 = put(&m, "k", 100);
         assert!(v2 > v1);
-        let r = m.update_disk_replicas("c1", disk, &[entry("k", 100, v1), entry("k", 100, v2)], &[]).unwrap();
+        let r = m.update_disk_replicas("c1", disk, &[entry("k", 100, v1), entry("k", 100, v2)], &[], FRESH).unwrap();
         assert!(r[0].is_err(), "an older version's file is stale");
         assert!(r[1].is_ok());
-        // An announced file of an unknown key (the master restarted) becomes an object.
-        let r = m.update_disk_replicas("c1", disk, &[entry("new", 7, 12345)], &[]).unwrap();
+        // A fresh file of an unknown key was removed while it was written: refused.
+        let r = m.update_disk_replicas("c1", disk, &[entry("new", 7, 12345)], &[], FRESH).unwrap();
+        assert!(r[0].is_err());
+        assert!(!m.exists("new").unwrap());
+        // A restored file of an unknown key (the master restarted) becomes an object.
+        let r = m.update_disk_replicas("c1", disk, &[entry("new", 7, 12345)], &[], RESTORE).unwrap();
         assert!(r[0].is_ok());
         assert_eq!(m.query("new").unwrap().size, 7);
         let (_, v) = m.put_start("c1", "later", 1, &PutOptions::default()).unwrap();
         assert!(v > 12345);
         // Bad entries are refused one by one.
-        let r = m.update_disk_replicas("c1", disk, &[entry("", 1, 1), entry("z", 0, 1)], &[]).unwrap();
+        let r = m.update_disk_replicas("c1", disk, &[entry("", 1, 1), entry("z", 0, 1)], &[], FRESH).unwrap();
         assert!(r.iter().all(|x| x.is_err()));
-        assert!(m.update_disk_replicas("c2", disk, &[], &[]).is_err(), "another client's disk");
+        assert!(m.update_disk_replicas("c2", disk, &[], &[], FRESH).is_err(), "another client's disk");
     }
 
     #[test]
     fn removals_reach_the_disk_even_across_its_restart_until_acknowledged() {
         let (m, disk) = setup();
         let v = put(&m, "k", 10);
-        m.update_disk_replicas("c1", disk, &[entry("k", 10, v)], &[]).unwrap();
+        m.update_disk_replicas("c1", disk, &[entry("k", 10, v)], &[], FRESH).unwrap();
         m.remove("k", false).unwrap();
         assert_eq!(m.disk_removals_for("c1").len(), 1);
         // The client restarts (new id) with the same disk before acknowledging.
         let disk2 = m.mount_disk("c9", "d1", "h:2", 1 << 30, "h").unwrap();
         assert_ne!(disk, disk2);
-        let r = m.update_disk_replicas("c9", disk2, &[entry("k", 10, v)], &[]).unwrap();
+        let r = m.update_disk_replicas("c9", disk2, &[entry("k", 10, v)], &[], RESTORE).unwrap();
         assert!(r[0].is_err(), "a removed object does not come back");
         assert!(!m.exists("k").unwrap());
         assert_eq!(m.disk_removals_for("c9"), vec![entry("k", 0, v)]);
-        m.update_disk_replicas("c9", disk2, &[], &[entry("k", 10, v)]).unwrap();
+        m.update_disk_replicas("c9", disk2, &[], &[entry("k", 10, v)], false).unwrap();
         assert!(m.disk_removals_for("c9").is_empty(), "acknowledged");
     }
 
@@ -363,17 +381,17 @@ mod tests {
     fn a_disk_that_drops_its_file_leaves_no_dangling_replica() {
         let (m, disk) = setup();
         let v = put(&m, "k", 10);
-        m.update_disk_replicas("c1", disk, &[entry("k", 10, v)], &[]).unwrap();
+        m.update_disk_replicas("c1", disk, &[entry("k", 10, v)], &[], FRESH).unwrap();
         m.remove("k", false).unwrap();
-        m.update_disk_replicas("c1", disk, &[], &[entry("k", 10, v)]).unwrap();
+        m.update_disk_replicas("c1", disk, &[], &[entry("k", 10, v)], false).unwrap();
         // Disk-only object whose file is evicted: gone.
-        let created = m.update_disk_replicas("c1", disk, &[entry("only", 10, 5)], &[]).unwrap();
+        let created = m.update_disk_replicas("c1", disk, &[entry("only", 10, 5)], &[], RESTORE).unwrap();
         assert!(created[0].is_ok());
-        m.update_disk_replicas("c1", disk, &[], &[entry("only", 10, 5)]).unwrap();
+        m.update_disk_replicas("c1", disk, &[], &[entry("only", 10, 5)], false).unwrap();
         assert!(!m.exists("only").unwrap());
         // Unmounting the disk drops its copies.
         let v = put(&m, "x", 10);
-        m.update_disk_replicas("c1", disk, &[entry("x", 10, v)], &[]).unwrap();
+        m.update_disk_replicas("c1", disk, &[entry("x", 10, v)], &[], FRESH).unwrap();
         m.unmount_segment("c1", disk).unwrap();
         assert_eq!(m.get_replica_list("x").unwrap().replicas.len(), 1);
     }

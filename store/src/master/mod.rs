@@ -24,6 +24,7 @@ use crate::error::{Result, StoreError};
 use crate::proto::{PutOptions, QueryKeyReply, ReplicaDescriptor, ReplicaStatus, SegmentInfo, Tier};
 use allocator::{Block, SegmentAllocator};
 pub use config::{AllocationStrategy, MasterConfig};
+pub use disk::disk_segment_name;
 use metrics::Metrics;
 
 /// Longest key accepted.

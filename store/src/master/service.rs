@@ -251,7 +251,7 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
         let r = req.into_inner();
         self.timed("UpdateDiskReplicas", |m| {
-            match m.update_disk_replicas(&r.client_id, r.segment_id, &r.added, &r.removed) {
+            match m.update_disk_replicas(&r.client_id, r.segment_id, &r.added, &r.removed, r.restore) {
                 Ok(results) => {
                     BatchStatusReply { statuses: results.iter().map(|x| status_of(x).expect("some")).collect() }
                 }
