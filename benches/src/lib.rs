@@ -2,5 +2,6 @@
 
 pub use crescent_store::pattern;
 pub mod report;
+pub mod ssd;
 
 pub use crescent_store::init_logging;

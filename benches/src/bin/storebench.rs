@@ -8,6 +8,8 @@
 //! ```
 //! This process is client B; it contributes only a small segment, so the values it puts land
 //! in the holder's memory on host A and every get crosses the link.
+//!
+//! `storebench ssd [--dir DIR]` measures the disk tier instead (see `crescent_benches::ssd`).
 
 use std::time::{Duration, Instant};
 
@@ -73,6 +75,13 @@ impl Row {
 
 fn main() {
     crescent_store::init_logging();
+    if std::env::args().nth(1).as_deref() == Some("ssd") {
+        if let Err(e) = crescent_benches::ssd::main(std::env::args().skip(1)) {
+            eprintln!("storebench ssd: error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = run(Cli::parse()) {
         eprintln!("storebench: error: {e:#}");
         std::process::exit(1);

@@ -133,7 +133,7 @@ pub trait Announcer: Send + Sync {
 struct Job {
     key: String,
     version: u64,
-    value: Vec<u8>,
+    image: file::FileImage,
 }
 
 #[derive(Default)]
@@ -325,7 +325,7 @@ impl DiskTier {
             p.jobs += 1;
             p.bytes += len;
         }
-        let job = Job { key: key.to_string(), version, value: value.to_vec() };
+        let job = Job { key: key.to_string(), version, image: file::FileImage::new(key, value) };
         let sent = match self.queue.lock().as_ref() {
             Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
             None => Err(false),
@@ -393,14 +393,15 @@ impl DiskTier {
         }
     }
 
-    fn write_job(&self, job: Job) {
-        let len = job.value.len() as u64;
-        self.write_one(&job);
+    fn write_job(&self, mut job: Job) {
+        let len = job.image.value_len();
+        self.write_one(&mut job);
         self.job_done(len);
     }
 
-    fn write_one(&self, job: &Job) {
-        let file_len = data_offset(job.key.len()) + job.value.len() as u64;
+    fn write_one(&self, job: &mut Job) {
+        let value_len = job.image.value_len();
+        let file_len = data_offset(job.key.len()) + value_len;
         let evicted = {
             let mut ix = self.index.lock();
             if ix.get(&job.key).is_some_and(|e| e.version >= job.version) {
@@ -424,7 +425,7 @@ impl DiskTier {
             tracing::debug!("disk tier: evicted {} file(s) to make room", removed.len());
             self.announce(&[], &removed);
         }
-        let written = file::write_file(&self.dir, &job.key, job.version, &job.value, self.config.fsync);
+        let written = file::write_file(&self.dir, &job.key, job.version, &mut job.image, self.config.fsync);
         let (path, file_len_written) = match written {
             Ok(w) => w,
             Err(e) => {
@@ -437,7 +438,7 @@ impl DiskTier {
         let replaced = {
             let mut ix = self.index.lock();
             ix.release(file_len);
-            ix.insert(&job.key, Entry::new(job.version, job.value.len() as u64, file_len_written, path.clone()))
+            ix.insert(&job.key, Entry::new(job.version, value_len, file_len_written, path.clone()))
         };
         inc(&self.counters.written);
         self.counters.bytes_written.fetch_add(file_len_written, Ordering::Relaxed);
@@ -446,7 +447,7 @@ impl DiskTier {
             let _ = std::fs::remove_file(&old.path);
             removed.push(DiskEntry { key: job.key.clone(), size: old.value_len, version: old.version });
         }
-        let added = [DiskEntry { key: job.key.clone(), size: job.value.len() as u64, version: job.version }];
+        let added = [DiskEntry { key: job.key.clone(), size: value_len, version: job.version }];
         if let Some(accepted) = self.announce(&added, &removed) {
             if accepted.first() != Some(&true) {
                 // Removed or put again while we wrote: the file is stale.
