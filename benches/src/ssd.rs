@@ -81,7 +81,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         ..ClientConfig::default()
     };
     std::fs::create_dir_all(work.join("root"))?;
-    let fs = Command::new("df").args(["-T", "--output=fstype,source"]).arg(work).output()?;
+    let fs = Command::new("df").args(["--output=fstype,source"]).arg(work).output()?;
     let fs = String::from_utf8_lossy(&fs.stdout)
         .lines()
         .nth(1)
@@ -128,8 +128,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         ])?;
         let (ours, theirs) = (mib_s(total, offload_secs), mib_s(total, dd_write));
         println!(
-            "| offload write | {label} | {n} | {ours:.0} | {} | {theirs:.0} | {} | ratio {:.2} |",
-            "-",
+            "| offload write | {label} | {n} | {ours:.0} | - | {theirs:.0} | {} | ratio {:.2} |",
             report::fmt_us((dd_write * 1e6 / n as f64) as u64),
             ours / theirs
         );
