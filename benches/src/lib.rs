@@ -2,6 +2,7 @@
 
 pub use crescent_store::pattern;
 pub mod report;
+pub mod ssd;
 
 pub use crescent_store::init_logging;
 

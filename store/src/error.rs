@@ -42,6 +42,10 @@ pub enum StoreError {
     Remote(String),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("disk tier: {0}")]
+    Disk(String),
+    #[error("corrupt disk file: {0}")]
+    CorruptFile(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -75,6 +75,12 @@ impl ClientProc {
         self.lines.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no answer to {command:?}"))
     }
 
+    /// Sends a command without waiting for its answer (the answers queue up unread).
+    pub fn send(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").expect("client stdin");
+        self.stdin.flush().expect("flush");
+    }
+
     /// Sends a command that must succeed; returns what follows "ok".
     pub fn ok(&mut self, command: &str) -> String {
         let answer = self.cmd(command);

@@ -99,7 +99,12 @@ fn writes_stop_at_unregister(
     );
     assert_eq!(completed_after, 0, "no write completes once the memory is unregistered");
     assert!(!failures.is_empty(), "the writer kept trying and failed");
-    assert!(failures.iter().all(|f| f.contains("outside")), "failures name the reason: {failures:?}");
+    // Outside the target's memory, or — when the revocation's ack came late on a loaded machine
+    // and the target disconnected this peer, as documented — the broken connection.
+    assert!(
+        failures.iter().all(|f| f.contains("outside") || f.contains("connection")),
+        "failures name the reason: {failures:?}"
+    );
 }
 
 #[test]

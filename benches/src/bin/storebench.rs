@@ -14,6 +14,7 @@
 //! `BatchExists` of the same keys, in the same run) and the latency of single-key queries while
 //! other clients put, beside the same queries on an idle master. Without `--master` it starts a
 //! master in this process on loopback.
+//! `storebench ssd [--dir DIR]` measures the disk tier instead (see `crescent_benches::ssd`).
 
 use std::time::{Duration, Instant};
 
@@ -112,6 +113,13 @@ impl Row {
 
 fn main() {
     crescent_store::init_logging();
+    if std::env::args().nth(1).as_deref() == Some("ssd") {
+        if let Err(e) = crescent_benches::ssd::main(std::env::args().skip(1)) {
+            eprintln!("storebench ssd: error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let cli = Cli::parse();
     let result = match &cli.mode {
         Some(Mode::Query(args)) => query_bench(args),

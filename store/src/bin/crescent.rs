@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use crescent_engine::parse_size;
 use crescent_store::master::server;
+use crescent_store::proto::Tier;
 use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
 
 #[derive(Parser)]
@@ -28,7 +29,7 @@ enum Command {
     Demo(DemoArgs),
     /// Run a client that contributes memory and executes commands read from stdin, one per line:
     /// put KEY SIZE SEED | get KEY SEED | exists KEY | size KEY | remove KEY | remove_regex PATTERN |
-    /// batch_put SEED KEY:SIZE... | batch_get SEED KEY... | query KEY | quit.
+    /// batch_put SEED KEY:SIZE... | batch_get SEED KEY... | query KEY | flush | disk_stats | quit.
     /// Each command answers one line: "ok ..." or "err CODE message".
     Client(ClientArgs),
 }
@@ -64,6 +65,16 @@ struct ClientArgs {
     protocol: Option<String>,
     #[arg(long)]
     replicas: Option<u32>,
+    /// Disk tier: persist values under DIR/<cluster id>/ (overrides MOONCAKE_STORAGE_ROOT_DIR
+    /// and storage_root_dir of MOONCAKE_CONFIG_PATH).
+    #[arg(long, value_name = "DIR")]
+    storage_root: Option<std::path::PathBuf>,
+    /// Bytes the disk tier may use (default: 90 % of the free space at start).
+    #[arg(long, value_parser = parse_size)]
+    storage_capacity: Option<u64>,
+    /// Cluster id naming the disk tier's directory (default: MC_METADATA_CLUSTER_ID, else "default").
+    #[arg(long)]
+    cluster_id: Option<String>,
 }
 
 fn main() {
@@ -171,6 +182,15 @@ fn client(args: ClientArgs) -> Result<()> {
     if let Some(r) = args.replicas {
         config.replica_num = r;
     }
+    if args.storage_root.is_some() {
+        config.storage_root_dir = args.storage_root;
+    }
+    if args.storage_capacity.is_some() {
+        config.storage_capacity = args.storage_capacity;
+    }
+    if args.cluster_id.is_some() {
+        config.cluster_id = args.cluster_id;
+    }
     let client = StoreClient::connect(config).context("starting the client")?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready {}", client.segment_name())?;
@@ -227,7 +247,14 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
         Some("remove_regex") => Ok(c.remove_by_regex(key()?)?.to_string()),
         Some("query") => {
             let q = c.query(key()?)?;
-            let replicas: Vec<String> = q.replicas.iter().map(|r| r.segment_name.clone()).collect();
+            let replicas: Vec<String> = q
+                .replicas
+                .iter()
+                .map(|r| match Tier::try_from(r.tier) {
+                    Ok(Tier::Ssd) => format!("{}(SSD)", r.segment_name),
+                    _ => r.segment_name.clone(),
+                })
+                .collect();
             Ok(format!(
                 "exists={} size={} version={} lease_ms={} replicas={}",
                 q.exists,
@@ -270,6 +297,15 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
                 })
                 .collect::<Vec<_>>()
                 .join(" "))
+        }
+        Some("flush") => {
+            if !c.flush_offload(std::time::Duration::from_secs(120)) {
+                bail!("offloads still queued after 120 s");
+            }
+            Ok(String::new())
+        }
+        Some("disk_stats") => {
+            Ok(c.disk_stats().map_or_else(|| "none".to_string(), |s| serde_json::to_string(&s).unwrap_or_default()))
         }
         Some(other) => bail!("unknown command {other:?}"),
         None => bail!("empty command"),

@@ -3,11 +3,12 @@
 //! Precedence: explicit settings (flags, builder) > the config file > the environment's
 //! defaults (`MC_*` variables the transfer engine reads) > built-in defaults.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crescent_engine::{parse_size, EngineConfig, TransportKind};
 use serde::Deserialize;
 
+use super::disk;
 use crate::error::{Result, StoreError};
 
 pub const DEFAULT_SEGMENT_SIZE: u64 = 512 << 20;
@@ -33,6 +34,20 @@ pub struct ClientConfig {
     pub replica_num: u32,
     /// Heartbeat interval (the master drops a client silent for its TTL, 10 s by default).
     pub ping_interval: std::time::Duration,
+    /// Disk tier: values are also persisted under `<root>/<cluster id>/`
+    /// (`MOONCAKE_STORAGE_ROOT_DIR`, `storage_root_dir`); `None`: no disk tier.
+    pub storage_root_dir: Option<PathBuf>,
+    /// `cluster_id`; `None`: `MC_METADATA_CLUSTER_ID`, else `default`.
+    pub cluster_id: Option<String>,
+    /// Bytes the disk tier may use (`storage_capacity`); `None`: what its files take plus
+    /// 90 % of the file system's free space at start.
+    pub storage_capacity: Option<u64>,
+    /// Writer threads of the disk tier (`disk_writer_threads`).
+    pub disk_writer_threads: usize,
+    /// Bytes of values waiting to be written before offloads are dropped (`disk_queue_size`).
+    pub disk_queue_bytes: u64,
+    /// Flush each file before renaming it into place (`disk_fsync`, default true).
+    pub disk_fsync: bool,
 }
 
 impl Default for ClientConfig {
@@ -47,6 +62,12 @@ impl Default for ClientConfig {
             local_buffer_size: DEFAULT_LOCAL_BUFFER_SIZE,
             replica_num: 1,
             ping_interval: std::time::Duration::from_secs(1),
+            storage_root_dir: None,
+            cluster_id: None,
+            storage_capacity: None,
+            disk_writer_threads: disk::DEFAULT_WRITERS,
+            disk_queue_bytes: disk::DEFAULT_QUEUE_BYTES,
+            disk_fsync: true,
         }
     }
 }
@@ -69,6 +90,12 @@ struct FileConfig {
     global_segment_size: Option<SizeValue>,
     local_buffer_size: Option<SizeValue>,
     replica_num: Option<u32>,
+    storage_root_dir: Option<String>,
+    cluster_id: Option<String>,
+    storage_capacity: Option<SizeValue>,
+    disk_writer_threads: Option<usize>,
+    disk_queue_size: Option<SizeValue>,
+    disk_fsync: Option<bool>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -80,9 +107,15 @@ fn size_of(name: &str, v: SizeValue) -> Result<u64> {
 }
 
 impl ClientConfig {
-    /// Defaults overridden by the JSON file named by `MOONCAKE_CONFIG_PATH`, if set.
+    /// Defaults, then `MOONCAKE_STORAGE_ROOT_DIR`, then the JSON file named by
+    /// `MOONCAKE_CONFIG_PATH`, if set.
     pub fn from_env() -> Result<Self> {
         let mut c = ClientConfig::default();
+        if let Ok(root) = std::env::var("MOONCAKE_STORAGE_ROOT_DIR") {
+            if !root.trim().is_empty() {
+                c.storage_root_dir = Some(PathBuf::from(root.trim()));
+            }
+        }
         if let Ok(path) = std::env::var("MOONCAKE_CONFIG_PATH") {
             if !path.trim().is_empty() {
                 c.apply_file(Path::new(&path))?;
@@ -125,7 +158,47 @@ impl ClientConfig {
         if let Some(v) = f.replica_num {
             self.replica_num = v.max(1);
         }
+        if let Some(v) = f.storage_root_dir {
+            self.storage_root_dir = Some(PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty());
+        }
+        if let Some(v) = f.cluster_id {
+            disk::check_cluster_id(&v)?;
+            self.cluster_id = Some(v);
+        }
+        if let Some(v) = f.storage_capacity {
+            self.storage_capacity = Some(size_of("storage_capacity", v)?);
+        }
+        if let Some(v) = f.disk_writer_threads {
+            if v == 0 || v > 64 {
+                return Err(StoreError::Config(format!("disk_writer_threads {v}: use 1 to 64")));
+            }
+            self.disk_writer_threads = v;
+        }
+        if let Some(v) = f.disk_queue_size {
+            self.disk_queue_bytes = size_of("disk_queue_size", v)?;
+        }
+        if let Some(v) = f.disk_fsync {
+            self.disk_fsync = v;
+        }
         Ok(())
+    }
+
+    /// The disk tier's settings, if a storage root is set.
+    pub fn disk_config(&self) -> Result<Option<disk::DiskConfig>> {
+        let Some(root) = &self.storage_root_dir else { return Ok(None) };
+        let cluster_id = match &self.cluster_id {
+            Some(c) => c.clone(),
+            None => self.engine_config()?.metadata_cluster_id.unwrap_or_else(|| "default".into()),
+        };
+        disk::check_cluster_id(&cluster_id)?;
+        Ok(Some(disk::DiskConfig {
+            root: root.clone(),
+            cluster_id,
+            capacity: self.storage_capacity,
+            writers: self.disk_writer_threads,
+            queue_bytes: self.disk_queue_bytes,
+            fsync: self.disk_fsync,
+        }))
     }
 
     /// The transfer engine's configuration for this client.
@@ -163,6 +236,25 @@ mod tests {
         assert_eq!(c.device_name, None);
         assert_eq!(c.global_segment_size, 3_355_443_200);
         assert_eq!(c.local_buffer_size, 64 << 20);
+    }
+
+    #[test]
+    fn disk_tier_keys_are_read() {
+        let mut c = ClientConfig::default();
+        assert!(c.disk_config().unwrap().is_none(), "no root, no disk tier");
+        c.apply_json(
+            r#"{"storage_root_dir":"/data/kv","cluster_id":"prod-1","storage_capacity":"2GB",
+                "disk_writer_threads":2,"disk_queue_size":"64MB","disk_fsync":false}"#,
+        )
+        .unwrap();
+        let d = c.disk_config().unwrap().unwrap();
+        assert_eq!(d.root, PathBuf::from("/data/kv"));
+        assert_eq!(d.cluster_id, "prod-1");
+        assert_eq!(d.capacity, Some(2 << 30));
+        assert_eq!((d.writers, d.queue_bytes, d.fsync), (2, 64 << 20, false));
+        let e = c.apply_json(r#"{"cluster_id":"../../etc"}"#).unwrap_err().to_string();
+        assert!(e.contains("../../etc"), "{e}");
+        assert!(c.apply_json(r#"{"disk_writer_threads":0}"#).is_err());
     }
 
     #[test]

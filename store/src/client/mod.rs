@@ -2,8 +2,10 @@
 //! buffer, talks to the master over gRPC and moves bytes client-to-client with the engine.
 
 pub mod config;
+pub mod disk;
 pub mod rpc;
 pub mod sched;
+mod ssd;
 pub mod staging;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,10 +35,12 @@ pub struct StoreClient {
     engine: Arc<TransferEngine>,
     segment: RegisteredMemory,
     segment_id: AtomicU64,
-    staging: Staging,
-    rpc: MasterRpc,
+    staging: Arc<Staging>,
+    rpc: Arc<MasterRpc>,
     stop: Arc<AtomicBool>,
     closed: AtomicBool,
+    /// The disk tier, with a storage root ([`ssd`]).
+    ssd: Option<ssd::Ssd>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -49,10 +53,20 @@ impl StoreClient {
     /// Starts the engine, contributes `global_segment_size` bytes, mounts them at the master
     /// and starts heartbeats.
     pub fn connect(config: ClientConfig) -> Result<Arc<Self>> {
-        let rpc = MasterRpc::connect(&config.master_server_address)?;
+        let disk = ssd::open_tier(&config)?;
+        let rpc = Arc::new(MasterRpc::connect(&config.master_server_address)?);
         let engine = TransferEngine::new(config.engine_config()?)?;
         let segment = engine.alloc_registered(config.global_segment_size, "cpu:0")?;
-        let staging = Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?);
+        let staging = Arc::new(Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?));
+        let ssd = match disk {
+            Some(tier) => {
+                let host = engine.segment_name().rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
+                let service =
+                    disk::service::DiskService::start(host, &tier, staging.clone(), engine.segment_name().to_string())?;
+                Some(ssd::Ssd { tier, service, segment_id: Arc::new(AtomicU64::new(0)) })
+            }
+            None => None,
+        };
         let client = Arc::new(StoreClient {
             id: uuid::Uuid::new_v4().to_string(),
             config,
@@ -63,8 +77,10 @@ impl StoreClient {
             rpc,
             stop: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
+            ssd,
         });
         client.mount(false)?;
+        client.start_disk()?;
         client.start_heartbeat();
         tracing::info!(
             "store client {} up: segment {} ({} bytes), master {}",
@@ -128,8 +144,10 @@ impl StoreClient {
                         return;
                     }
                     let req = PingRequest { client_id: client.id.clone() };
-                    match client.rpc.call(|mut c| async move { c.ping(req).await }).and_then(|r| check(r.status, "")) {
-                        Ok(()) => {
+                    let reply = client.rpc.call(|mut c| async move { c.ping(req).await });
+                    match reply.and_then(|r| check(r.status, "").map(|()| r.disk_removals)) {
+                        Ok(removals) => {
+                            client.apply_disk_removals(&removals);
                             if master_was_down {
                                 tracing::info!("master {} reachable again", client.rpc.addr());
                             }
@@ -140,8 +158,9 @@ impl StoreClient {
                                 "the master dropped this client; remounting segment {}",
                                 client.segment_name()
                             );
-                            if let Err(e) = client.mount(true) {
-                                tracing::warn!("remount failed: {e}");
+                            match client.mount(true) {
+                                Ok(()) => client.remount_disk(),
+                                Err(e) => tracing::warn!("remount failed: {e}"),
                             }
                         }
                         Err(e) => {
@@ -217,7 +236,9 @@ impl StoreClient {
         let reply = self.rpc.call(|mut c| async move { c.put_start(req).await })?;
         check(reply.status, key)?;
         let written = self.write_replicas(key, &reply.replicas, &src, len);
-        self.finish_put(key, written)
+        self.finish_put(key, written)?;
+        self.offload(key, reply.version, &src, len);
+        Ok(())
     }
 
     fn finish_put(&self, key: &str, written: Result<()>) -> Result<()> {
@@ -350,8 +371,11 @@ impl StoreClient {
     /// Reads from the best replica: our own memory first (a memcpy), then the others in turn.
     fn read_replicas(&self, key: &str, list: &GetReplicaListReply, mut dst: Buf<'_>) -> Result<()> {
         let size = list.size;
-        let mut order: Vec<&ReplicaDescriptor> =
-            list.replicas.iter().filter(|r| r.status == ReplicaStatus::Complete as i32).collect();
+        let mut order: Vec<&ReplicaDescriptor> = list
+            .replicas
+            .iter()
+            .filter(|r| r.status == ReplicaStatus::Complete as i32 && r.tier != Tier::Ssd as i32)
+            .collect();
         order.sort_by_key(|r| r.segment_name != self.engine.segment_name());
         let mut last_err = None;
         for r in order {
@@ -374,6 +398,12 @@ impl StoreClient {
                     last_err = Some(e);
                 }
             }
+        }
+        // No memory replica (evicted, or its holder is gone): a disk copy.
+        match self.read_disk_copies(key, list, &mut dst) {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(e)) => last_err = Some(e),
+            None => {}
         }
         Err(last_err
             .unwrap_or_else(|| StoreError::PeerGone { key: key.to_string(), reason: "no readable replica".into() }))
@@ -417,14 +447,23 @@ impl StoreClient {
         }
         let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
         let starts = self.batch_put_start(keys, &sizes)?;
+        let versions: Vec<u64> = starts.iter().map(|s| s.as_ref().map_or(0, |(_, v)| *v)).collect();
         let written: Vec<Result<()>> = starts
             .into_iter()
             .zip(keys.iter().zip(values))
             .map(|(start, (key, value))| {
-                start.and_then(|replicas| self.write_replicas(key, &replicas, &Buf::Bytes(value), value.len() as u64))
+                start.and_then(|(replicas, _)| {
+                    self.write_replicas(key, &replicas, &Buf::Bytes(value), value.len() as u64)
+                })
             })
             .collect();
-        self.batch_put_finish(keys, written)
+        let results = self.batch_put_finish(keys, written)?;
+        for (i, r) in results.iter().enumerate() {
+            if r.is_ok() {
+                self.offload(&keys[i], versions[i], &Buf::Bytes(values[i]), sizes[i]);
+            }
+        }
+        Ok(results)
     }
 
     /// Zero-copy puts from registered memory: all remote writes go in one engine batch.
@@ -436,12 +475,13 @@ impl StoreClient {
             self.check_registered(addr, len)?;
         }
         let starts = self.batch_put_start(keys, sizes)?;
+        let versions: Vec<u64> = starts.iter().map(|s| s.as_ref().map_or(0, |(_, v)| *v)).collect();
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut requests = Vec::new();
         let mut owner = Vec::new();
         for (i, start) in starts.into_iter().enumerate() {
             let replicas = match start {
-                Ok(r) => r,
+                Ok((r, _)) => r,
                 Err(e) => {
                     results.push(Err(e));
                     continue;
@@ -472,10 +512,18 @@ impl StoreClient {
             }
         }
         self.run_batch(keys, &requests, &owner, &mut results)?;
-        self.batch_put_finish(keys, results)
+        let results = self.batch_put_finish(keys, results)?;
+        for (i, r) in results.iter().enumerate() {
+            if r.is_ok() {
+                self.offload(&keys[i], versions[i], &Buf::Registered(addrs[i]), sizes[i]);
+            }
+        }
+        Ok(results)
     }
 
-    fn batch_put_start(&self, keys: &[String], sizes: &[u64]) -> Result<Vec<Result<Vec<ReplicaDescriptor>>>> {
+    /// Per key: the replicas to write and the object's version.
+    #[allow(clippy::type_complexity)]
+    fn batch_put_start(&self, keys: &[String], sizes: &[u64]) -> Result<Vec<Result<(Vec<ReplicaDescriptor>, u64)>>> {
         if let Some(i) = sizes.iter().position(|s| *s == 0) {
             return Err(StoreError::InvalidArgument(format!("empty value for key {:?}", keys[i])));
         }
@@ -497,7 +545,7 @@ impl StoreClient {
             .items
             .into_iter()
             .zip(keys)
-            .map(|(item, key)| check(item.status, key).map(|()| item.replicas))
+            .map(|(item, key)| check(item.status, key).map(|()| (item.replicas, item.version)))
             .collect())
     }
 
@@ -625,8 +673,11 @@ impl StoreClient {
                 continue;
             }
             results.push(Ok(()));
-            let complete: Vec<&ReplicaDescriptor> =
-                list.replicas.iter().filter(|r| r.status == ReplicaStatus::Complete as i32).collect();
+            let complete: Vec<&ReplicaDescriptor> = list
+                .replicas
+                .iter()
+                .filter(|r| r.status == ReplicaStatus::Complete as i32 && r.tier != Tier::Ssd as i32)
+                .collect();
             if let Some(src) = complete.iter().find_map(|r| self.local_replica(r, list.size)) {
                 // SAFETY: the caller registered [addrs[i], +lens[i] >= size) for this call.
                 unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }.copy_from_slice(src);
@@ -646,10 +697,8 @@ impl StoreClient {
                 Some((Err(e), _)) => {
                     results[i] = Err(StoreError::PeerGone { key: keys[i].clone(), reason: e.to_string() })
                 }
-                None => {
-                    results[i] =
-                        Err(StoreError::PeerGone { key: keys[i].clone(), reason: "no complete replica".into() })
-                }
+                // No memory replica: a disk copy, if there is one.
+                None => results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i])),
             }
         }
         self.run_batch(keys, &requests, &owner, &mut results)?;
@@ -708,7 +757,9 @@ impl StoreClient {
     pub fn remove_with(&self, key: &str, force: bool) -> Result<()> {
         let req = RemoveRequest { client_id: self.id.clone(), key: key.to_string(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove(req).await })?;
-        check(reply.status, key)
+        check(reply.status, key)?;
+        self.sync_disk_removals();
+        Ok(())
     }
 
     /// Removes every committed object whose key matches `pattern`; returns how many.
@@ -716,6 +767,7 @@ impl StoreClient {
         let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force: false };
         let reply = self.rpc.call(|mut c| async move { c.remove_by_regex(req).await })?;
         check(reply.status, pattern)?;
+        self.sync_disk_removals();
         Ok(reply.removed)
     }
 
@@ -723,6 +775,7 @@ impl StoreClient {
         let req = RemoveAllRequest { client_id: self.id.clone(), force: false };
         let reply = self.rpc.call(|mut c| async move { c.remove_all(req).await })?;
         check(reply.status, "")?;
+        self.sync_disk_removals();
         Ok(reply.removed)
     }
 
@@ -732,10 +785,12 @@ impl StoreClient {
             return Ok(());
         }
         self.stop.store(true, Ordering::Release);
+        let disk_closed = self.close_disk();
         let req =
             UnmountSegmentRequest { client_id: self.id.clone(), segment_id: self.segment_id.load(Ordering::Acquire) };
         let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
-        check(reply.status, "")
+        check(reply.status, "")?;
+        disk_closed
     }
 }
 

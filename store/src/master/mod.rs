@@ -9,6 +9,7 @@ pub mod admin;
 pub mod allocator;
 pub mod config;
 pub mod events;
+mod disk;
 pub mod metrics;
 pub mod published;
 pub mod query;
@@ -28,6 +29,7 @@ use crate::error::{Result, StoreError};
 use crate::proto::{EventKind, PutOptions, QueryKeyReply, ReplicaDescriptor, ReplicaStatus, SegmentInfo, Tier};
 use allocator::{Block, SegmentAllocator};
 pub use config::{AllocationStrategy, MasterConfig};
+pub use disk::disk_segment_name;
 use metrics::Metrics;
 
 /// Longest key accepted.
@@ -46,6 +48,8 @@ struct Segment {
     alloc: SegmentAllocator,
     /// Recent gets and puts touching this segment (per-node load for schedulers).
     load: query::Load,
+    /// Tier SSD: where the owner serves its files (`host:port`); empty for memory.
+    disk_service: String,
 }
 
 struct Replica {
@@ -57,6 +61,8 @@ struct Object {
     size: u64,
     version: u64,
     replicas: Vec<Replica>,
+    /// Disk segments (tier SSD) holding a copy, read through their owner ([`disk`]).
+    ssd: Vec<u64>,
     complete: bool,
     writer: String,
     started: Instant,
@@ -96,6 +102,9 @@ struct State {
     replications: HashMap<String, replicate::Pending>,
     /// Read counts of the hot-key replication policy.
     hot: replicate::HotKeys,
+    /// Disk id → key → version of objects removed while that disk held a copy, until the
+    /// disk acknowledges the deletion (it may be offline meanwhile; see [`disk`]).
+    disk_removals: HashMap<String, HashMap<String, u64>>,
 }
 
 /// A get's answer: the replicas to read from, under a lease.
@@ -154,7 +163,7 @@ impl Master {
         config.validate()?;
         Ok(Arc::new(Master {
             config: config.clone(),
-            state: Mutex::new(State { next_segment: 1, next_version: 1, ..State::default() }),
+            state: Mutex::new(State { next_segment: 1, next_version: disk::first_version(), ..State::default() }),
             metrics: Metrics::new()?,
             events: events::Events::new(config.event_buffer),
         }))
@@ -203,6 +212,7 @@ impl Master {
                 tier,
                 alloc: SegmentAllocator::new(info.size),
                 load: query::Load::default(),
+                disk_service: String::new(),
             },
         );
         st.segment_by_name.insert(info.name.clone(), id);
@@ -262,7 +272,8 @@ impl Master {
         let mut gone = Vec::new();
         for (key, obj) in st.objects.iter_mut() {
             obj.replicas.retain(|r| r.segment_id != segment_id);
-            if obj.replicas.is_empty() {
+            obj.ssd.retain(|s| *s != segment_id);
+            if obj.replicas.is_empty() && obj.ssd.is_empty() {
                 gone.push(key.clone());
             }
         }
@@ -321,11 +332,12 @@ impl Master {
         if st.objects.contains_key(key) {
             return Err(StoreError::AlreadyExists(key.to_string()));
         }
-        if (st.segments.len() as u32) < replicas {
+        let memory_segments = st.segments.values().filter(|s| s.tier != Tier::Ssd).count();
+        if (memory_segments as u32) < replicas {
             return Err(StoreError::NoSpace {
                 size,
                 replicas,
-                detail: format!("{} segment(s) mounted; replicas need distinct segments", st.segments.len()),
+                detail: format!("{memory_segments} memory segment(s) mounted; replicas need distinct segments"),
             });
         }
         let blocks = match self.allocate(&mut st, size, replicas, &opts.preferred_segment) {
@@ -353,6 +365,7 @@ impl Master {
             size,
             version,
             replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block }).collect(),
+            ssd: Vec::new(),
             complete: false,
             writer: client_id.to_string(),
             started: now,
@@ -373,8 +386,12 @@ impl Master {
 
     /// Picks `replicas` distinct segments with room, by the configured strategy.
     fn allocate(&self, st: &mut State, size: u64, replicas: u32, preferred: &str) -> Option<Vec<(u64, Block)>> {
-        let mut candidates: Vec<u64> =
-            st.segments.iter().filter(|(_, s)| s.alloc.free() >= size).map(|(id, _)| *id).collect();
+        let mut candidates: Vec<u64> = st
+            .segments
+            .iter()
+            .filter(|(_, s)| s.tier != Tier::Ssd && s.alloc.free() >= size)
+            .map(|(id, _)| *id)
+            .collect();
         match self.config.allocation_strategy {
             AllocationStrategy::FreeRatioFirst => candidates.sort_by(|a, b| {
                 let ratio = |id: &u64| {
@@ -451,6 +468,7 @@ impl Master {
 
     fn remove_object(st: &mut State, key: &str) -> Option<u64> {
         let obj = st.objects.remove(key)?;
+        Self::queue_disk_removals(st, key, &obj);
         let mut freed = 0;
         for r in obj.replicas {
             if let Some(seg) = st.segments.get_mut(&r.segment_id) {
@@ -475,8 +493,10 @@ impl Master {
                     client_id: seg.client_id.clone(),
                     host: seg.host.clone(),
                     segment_id: r.segment_id,
+                    disk_service: String::new(),
                 })
             })
+            .chain(Self::describe_disk_copies(st, obj))
             .collect()
     }
 
@@ -615,8 +635,12 @@ impl Master {
     fn evict(&self, st: &mut State, now: Instant, at_least: u64) -> u64 {
         let capacity = Self::totals_of(st).capacity;
         let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
-        let mut candidates: Vec<(Instant, String)> =
-            st.objects.iter().filter(|(_, o)| o.evictable(now)).map(|(k, o)| (o.last_access, k.clone())).collect();
+        let mut candidates: Vec<(Instant, String)> = st
+            .objects
+            .iter()
+            .filter(|(_, o)| o.evictable(now) && !o.replicas.is_empty())
+            .map(|(k, o)| (o.last_access, k.clone()))
+            .collect();
         candidates.sort();
         let (mut freed, mut count) = (0, 0);
         for (_, key) in candidates {
@@ -624,7 +648,8 @@ impl Master {
                 break;
             }
             self.emit_object(st, &key, EventKind::Evicted);
-            freed += Self::remove_object(st, &key).unwrap_or(0);
+            // An object with a disk copy loses its memory replicas only: gets read the disk.
+            freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
             count += 1;
         }
         if count > 0 {
@@ -704,8 +729,11 @@ impl Master {
     // ---- views ----
 
     fn totals_of(st: &State) -> Totals {
-        let (capacity, used) =
-            st.segments.values().fold((0, 0), |(c, u), s| (c + s.alloc.capacity(), u + s.alloc.reserved()));
+        let (capacity, used) = st
+            .segments
+            .values()
+            .filter(|s| s.tier != Tier::Ssd)
+            .fold((0, 0), |(c, u), s| (c + s.alloc.capacity(), u + s.alloc.reserved()));
         Totals {
             capacity,
             used,

@@ -171,9 +171,10 @@ impl Master {
         if let Some(obj) = st.objects.get(key).filter(|o| o.complete) {
             out.exists = true;
             out.size = obj.size;
-            out.locations.reserve_exact(obj.replicas.len());
-            for r in &obj.replicas {
-                if let (Some(node), Some(seg)) = (nodes.segment(st, r.segment_id), st.segments.get(&r.segment_id)) {
+            out.locations.reserve_exact(obj.replicas.len() + obj.ssd.len());
+            // Memory replicas, then disk copies (tier SSD).
+            for id in obj.replicas.iter().map(|r| r.segment_id).chain(obj.ssd.iter().copied()) {
+                if let (Some(node), Some(seg)) = (nodes.segment(st, id), st.segments.get(&id)) {
                     out.locations.push(Location { node, tier: seg.tier as i32, published: false, size: obj.size });
                 }
             }
@@ -207,8 +208,8 @@ impl Master {
                 pool_prefix = Some(i as u32);
             }
             if let Some(obj) = obj {
-                for r in &obj.replicas {
-                    if let Some(seg) = st.segments.get(&r.segment_id) {
+                for id in obj.replicas.iter().map(|r| r.segment_id).chain(obj.ssd.iter().copied()) {
+                    if let Some(seg) = st.segments.get(&id) {
                         let cand = (rank(seg.tier), seg.tier, obj.size, seg.host.as_str());
                         let best = here.entry(seg.client_id.as_str()).or_insert(cand);
                         if cand.0 < best.0 {

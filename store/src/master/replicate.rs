@@ -120,7 +120,9 @@ impl Master {
         let until = now + self.config.lease_ttl;
         obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
         let obj = &st.objects[key];
-        let sources = Self::describe(st, obj);
+        // Copies come from memory replicas; disk copies are read through their owner, not the engine.
+        let sources: Vec<ReplicaDescriptor> =
+            Self::describe(st, obj).into_iter().filter(|r| r.tier != crate::proto::Tier::Ssd as i32).collect();
         let target_descriptors = targets
             .iter()
             .filter_map(|(id, block)| {
@@ -134,6 +136,7 @@ impl Master {
                     client_id: seg.client_id.clone(),
                     host: seg.host.clone(),
                     segment_id: *id,
+                    disk_service: String::new(),
                 })
             })
             .collect();

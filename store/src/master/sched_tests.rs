@@ -52,10 +52,15 @@ fn places(r: &crate::proto::QueryKeysReply, i: usize) -> Vec<(String, Tier, bool
 fn query_reports_pool_replicas_and_published_copies_with_node_and_tier() {
     let m = master_with(MasterConfig::default());
     mount_tier(&m, "a", "sa", 1 << 20, Tier::Dram);
-    mount_tier(&m, "b", "sb", 1 << 20, Tier::Ssd);
+    mount_tier(&m, "b", "sb", 1 << 20, Tier::Dram);
     mount_tier(&m, "c", "sc", 1 << 20, Tier::Vram);
     put_from(&m, "a", "sa", "on-a", 1000, 1);
     put_from(&m, "b", "sb", "on-b", 2000, 1);
+    // b also keeps "on-b" on its disk tier.
+    let disk = m.mount_disk("b", "disk-b", "h-b:1", 1 << 30, "h-b").unwrap();
+    let version = m.query("on-b").unwrap().version;
+    let entry = crate::proto::DiskEntry { key: "on-b".into(), size: 2000, version };
+    assert!(m.update_disk_replicas("b", disk, &[entry], &[], false).unwrap()[0].is_ok());
     let three = put_from(&m, "c", "sc", "on-all", 3000, 3);
     assert_eq!(three[0].segment_name, "sc", "the writer's own segment first");
     publish(&m, "a", &["on-b", "only-published"], Tier::Vram, 60_000).unwrap();
@@ -66,10 +71,13 @@ fn query_reports_pool_replicas_and_published_copies_with_node_and_tier() {
     assert_eq!(r.items.len(), 6);
     assert_eq!((r.items[0].exists, r.items[0].size), (true, 1000));
     assert_eq!(places(&r, 0), vec![("a".into(), Tier::Dram, false)]);
-    assert_eq!(places(&r, 1), vec![("a".into(), Tier::Vram, true), ("b".into(), Tier::Ssd, false)]);
+    assert_eq!(
+        places(&r, 1),
+        vec![("a".into(), Tier::Vram, true), ("b".into(), Tier::Dram, false), ("b".into(), Tier::Ssd, false)]
+    );
     assert_eq!(
         places(&r, 2),
-        vec![("a".into(), Tier::Dram, false), ("b".into(), Tier::Ssd, false), ("c".into(), Tier::Vram, false)]
+        vec![("a".into(), Tier::Dram, false), ("b".into(), Tier::Dram, false), ("c".into(), Tier::Vram, false)]
     );
     // Published only: visible to schedulers, not an object of the store.
     assert!(!r.items[3].exists);

@@ -229,8 +229,37 @@ impl MasterRpc for MasterService {
     async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, tonic::Status> {
         let r = req.into_inner();
         self.timed("Ping", |m| match m.ping(&r.client_id) {
-            PingOutcome::Ok => PingReply { status: ok(), view_version: 0 },
-            PingOutcome::NeedRemount => PingReply { status: status(&StoreError::NeedRemount), view_version: 0 },
+            PingOutcome::Ok => {
+                PingReply { status: ok(), view_version: 0, disk_removals: m.disk_removals_for(&r.client_id) }
+            }
+            PingOutcome::NeedRemount => {
+                PingReply { status: status(&StoreError::NeedRemount), view_version: 0, disk_removals: Vec::new() }
+            }
+        })
+    }
+
+    async fn mount_disk(&self, req: Request<MountDiskRequest>) -> Result<Response<MountSegmentReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("MountDisk", |m| {
+            match m.mount_disk(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
+                Err(e) => MountSegmentReply { status: status(&e), segment_id: 0 },
+            }
+        })
+    }
+
+    async fn update_disk_replicas(
+        &self,
+        req: Request<UpdateDiskReplicasRequest>,
+    ) -> Result<Response<BatchStatusReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("UpdateDiskReplicas", |m| {
+            match m.update_disk_replicas(&r.client_id, r.segment_id, &r.added, &r.removed, r.restore) {
+                Ok(results) => {
+                    BatchStatusReply { statuses: results.iter().map(|x| status_of(x).expect("some")).collect() }
+                }
+                Err(e) => BatchStatusReply { statuses: vec![status(&e).expect("some"); r.added.len().max(1)] },
+            }
         })
     }
 

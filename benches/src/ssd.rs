@@ -1,0 +1,176 @@
+//! `storebench ssd`: the disk tier's offload write throughput and read-on-miss latency,
+//! beside plain `dd` with direct I/O on the same file system, in the same run.
+//!
+//! Per value size: a client with a storage root puts `bytes-per-row` of values and waits
+//! until every offload is on disk (written, fsynced, renamed, announced): offload MiB/s from
+//! the first put to the end of the flush. Then the client restarts on the same root, so every
+//! value exists only as a disk copy, and reads each one with `get_into` into a registered
+//! buffer reused for every value (master round trip, direct read of the file, checksum
+//! check): read-on-miss MiB/s and latency. `dd if=/dev/zero of=F bs=SIZE count=N
+//! oflag=direct conv=fdatasync` and `dd if=F of=/dev/null bs=SIZE iflag=direct` move the same
+//! bytes on the same file system. Each row prints `ratio` = crescent / dd (target >= 0.80).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use crescent_engine::parse_size;
+use crescent_store::master::server;
+use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient};
+use hdrhistogram::Histogram;
+
+use crate::report;
+
+#[derive(Parser)]
+#[command(name = "storebench ssd", about = "Disk tier: offload and read-on-miss beside dd with direct I/O")]
+pub struct Cli {
+    /// Directory on the file system to measure (a storage root is made inside it).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    #[arg(long, value_delimiter = ',', default_value = "1M,10M,25M", value_parser = parse_size)]
+    sizes: Vec<u64>,
+    /// Bytes per row (the value count follows from it).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    bytes_per_row: u64,
+    /// Disk tier writer threads.
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+}
+
+pub fn main(args: impl Iterator<Item = String>) -> Result<()> {
+    let cli = Cli::parse_from(args);
+    let work = cli.dir.join(format!("crescent-ssdbench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let result = run(&cli, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+fn dd(args: &[String]) -> Result<f64> {
+    let t = Instant::now();
+    let out = Command::new("dd").args(args).output().context("running dd")?;
+    let secs = t.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!("dd {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(secs)
+}
+
+fn mib_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
+}
+
+fn run(cli: &Cli, work: &Path) -> Result<()> {
+    let master = server::start(MasterConfig {
+        rpc_address: "127.0.0.1:0".into(),
+        admin_address: "127.0.0.1:0".into(),
+        ..MasterConfig::default()
+    })?;
+    let max_row = cli.sizes.iter().map(|s| (cli.bytes_per_row / s).max(4) * s).max().context("no sizes")?;
+    let config = ClientConfig {
+        master_server_address: master.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: max_row + (64 << 20),
+        local_buffer_size: 64 << 20,
+        storage_root_dir: Some(work.join("root")),
+        storage_capacity: Some(max_row * 2 + (64 << 20)),
+        disk_writer_threads: cli.writers,
+        disk_queue_bytes: max_row + (64 << 20),
+        ..ClientConfig::default()
+    };
+    std::fs::create_dir_all(work.join("root"))?;
+    let fs = Command::new("df").args(["--output=fstype,source"]).arg(work).output()?;
+    let fs = String::from_utf8_lossy(&fs.stdout)
+        .lines()
+        .nth(1)
+        .unwrap_or("?")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    println!("storebench ssd: {} ({fs}), {} writer thread(s), fsync on", cli.dir.display(), cli.writers);
+    println!();
+    println!("| op | value | values | crescent MiB/s | crescent p50 | dd MiB/s | dd per value | ratio |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for &size in &cli.sizes {
+        let n = (cli.bytes_per_row / size).max(4);
+        let total = n * size;
+        let label = report::fmt_bytes(size);
+        let key = |i: u64| format!("ssdbench/{size}/{i}");
+        let mut value = vec![0u8; size as usize];
+        pattern::fill(&mut value, size, 0);
+
+        // Offload: puts, then wait until every file is durable and announced.
+        let client = StoreClient::connect(config.clone())?;
+        let t = Instant::now();
+        for i in 0..n {
+            client.put(&key(i), &value)?;
+        }
+        if !client.flush_offload(Duration::from_secs(600)) {
+            bail!("offloads did not finish");
+        }
+        let offload_secs = t.elapsed().as_secs_f64();
+        let stats = client.disk_stats().context("disk tier")?;
+        if stats.queue_full > 0 || stats.written < n {
+            bail!("only {} of {n} values were offloaded ({} dropped: queue full)", stats.written, stats.queue_full);
+        }
+        client.close()?;
+        drop(client);
+        let dd_file = work.join("dd.bin");
+        let dd_write = dd(&[
+            "if=/dev/zero".into(),
+            format!("of={}", dd_file.display()),
+            format!("bs={size}"),
+            format!("count={n}"),
+            "oflag=direct".into(),
+            "conv=fdatasync".into(),
+        ])?;
+        let (ours, theirs) = (mib_s(total, offload_secs), mib_s(total, dd_write));
+        println!(
+            "| offload write | {label} | {n} | {ours:.0} | - | {theirs:.0} | {} | ratio {:.2} |",
+            report::fmt_us((dd_write * 1e6 / n as f64) as u64),
+            ours / theirs
+        );
+
+        // Read on miss: a restarted client has only the disk copies.
+        // get_into a registered buffer reused for every value, as dd reuses its buffer.
+        let client = StoreClient::connect(config.clone())?;
+        let mut buf = vec![0u8; size as usize];
+        client.register_buffer(buf.as_mut_ptr() as u64, size)?;
+        let mut hist = Histogram::<u64>::new(3)?;
+        let mut read_secs = 0.0;
+        for i in 0..n {
+            buf.fill(0);
+            let g = Instant::now();
+            let got = client.get_into(&key(i), buf.as_mut_ptr() as u64, size)?;
+            let e = g.elapsed();
+            read_secs += e.as_secs_f64();
+            hist.record(e.as_micros() as u64)?;
+            if got != size || pattern::first_mismatch(&buf, size, 0).is_some() {
+                bail!("get of {} returned wrong bytes", key(i));
+            }
+        }
+        client.unregister_buffer(buf.as_mut_ptr() as u64)?;
+        if client.disk_stats().context("disk tier")?.local_reads < n {
+            bail!("not every get was served by the disk tier");
+        }
+        let dd_read = dd(&[
+            format!("if={}", dd_file.display()),
+            "of=/dev/null".into(),
+            format!("bs={size}"),
+            "iflag=direct".into(),
+        ])?;
+        let (ours, theirs) = (mib_s(total, read_secs), mib_s(total, dd_read));
+        println!(
+            "| read on miss | {label} | {n} | {ours:.0} | {} | {theirs:.0} | {} | ratio {:.2} |",
+            report::fmt_us(hist.value_at_quantile(0.5)),
+            report::fmt_us((dd_read * 1e6 / n as f64) as u64),
+            ours / theirs
+        );
+        client.remove_all()?;
+        client.close()?;
+        let _ = std::fs::remove_file(&dd_file);
+    }
+    Ok(())
+}

@@ -1,0 +1,647 @@
+//! The client's disk tier: with a storage root, every value this client puts is also written
+//! to a file under `<root>/<cluster id>/`, asynchronously, by a bounded pool of writer
+//! threads; a get that finds no memory replica reads the file (here, or through the owning
+//! client's [`service`]); a restart re-announces the files to the master.
+//!
+//! * [`format`]: the file format and names (hash of the key; the key is inside the file).
+//! * [`file`]: writing (temporary name, fsync, rename) and checked reading.
+//! * [`index`]: key → file, LRU order, capacity.
+//! * [`service`]: the tiny request/response service through which other clients read the
+//!   files of this one with the transfer engine.
+//!
+//! Why threads and not io_uring: each job is one large sequential write followed by an
+//! `fdatasync` and a rename, all of which block in the kernel anyway; a few threads keep the
+//! device busy (each write is megabytes) without an `unsafe`-heavy ring whose buffers must stay
+//! pinned until completion. The pool is small and bounded, and so is the queue in bytes.
+
+pub mod file;
+pub mod format;
+pub mod index;
+pub mod service;
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::error::{Result, StoreError};
+use crate::proto::DiskEntry;
+use file::FileReader;
+use format::{data_offset, key_hash, parse_name, NameKind};
+use index::{Entry, Index};
+
+/// Share of the file system's free space taken by default.
+pub const DEFAULT_CAPACITY_SHARE: f64 = 0.9;
+pub const DEFAULT_WRITERS: usize = 4;
+pub const DEFAULT_QUEUE_BYTES: u64 = 256 << 20;
+/// Most offloads waiting at once, whatever their size.
+const MAX_QUEUED_JOBS: usize = 4096;
+
+/// Settings of the disk tier (see [`crate::ClientConfig`]).
+#[derive(Debug, Clone)]
+pub struct DiskConfig {
+    /// The storage root; must exist and be writable.
+    pub root: PathBuf,
+    /// Files go to `<root>/<cluster id>/`.
+    pub cluster_id: String,
+    /// Bytes the tier may use; `None`: what its files take now plus 90 % of the free space.
+    pub capacity: Option<u64>,
+    pub writers: usize,
+    /// Bytes of values waiting to be written; beyond it offloads are dropped and counted.
+    pub queue_bytes: u64,
+    /// `fdatasync` each file before its rename and the directory after (see [`file`]).
+    pub fsync: bool,
+}
+
+/// Checks a cluster id for use as one path component.
+pub fn check_cluster_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id != "."
+        && id != ".."
+        && id.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Config(format!("cluster id {id:?}: use 1-128 of [A-Za-z0-9._-], not . or ..")))
+    }
+}
+
+/// What the tier has done (counters since start, plus its current size).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DiskStats {
+    pub files: u64,
+    pub used_bytes: u64,
+    pub capacity: u64,
+    pub queued: u64,
+    pub written: u64,
+    pub bytes_written: u64,
+    /// Offloads dropped because the queue was full (logged too).
+    pub queue_full: u64,
+    /// Values larger than the whole tier.
+    pub too_large: u64,
+    pub write_failures: u64,
+    /// Files the master refused (their object was removed or put again meanwhile).
+    pub stale_refused: u64,
+    pub evicted: u64,
+    pub removed: u64,
+    /// At start: files with a bad header or length, and temporary files of interrupted writes.
+    pub corrupt_removed: u64,
+    pub incomplete_removed: u64,
+    /// At start: older versions of a key.
+    pub stale_removed: u64,
+    pub local_reads: u64,
+    pub served_reads: u64,
+    /// Reads that found a corrupt value (the file is deleted).
+    pub corrupt_reads: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    queued: AtomicU64,
+    written: AtomicU64,
+    bytes_written: AtomicU64,
+    queue_full: AtomicU64,
+    too_large: AtomicU64,
+    write_failures: AtomicU64,
+    stale_refused: AtomicU64,
+    evicted: AtomicU64,
+    removed: AtomicU64,
+    corrupt_removed: AtomicU64,
+    incomplete_removed: AtomicU64,
+    stale_removed: AtomicU64,
+    local_reads: AtomicU64,
+    served_reads: AtomicU64,
+    corrupt_reads: AtomicU64,
+}
+
+fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Tells the master about files (the store client implements it over gRPC).
+pub trait Announcer: Send + Sync {
+    /// `restore`: the files come from a restart (the master may recreate lost objects).
+    /// Returns, per added entry, whether the master lists this disk as a holder.
+    fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry], restore: bool) -> Result<Vec<bool>>;
+}
+
+struct Job {
+    key: String,
+    version: u64,
+    image: file::FileImage,
+}
+
+#[derive(Default)]
+struct Pending {
+    jobs: u64,
+    bytes: u64,
+}
+
+pub struct DiskTier {
+    dir: PathBuf,
+    disk_id: String,
+    config: DiskConfig,
+    index: Mutex<Index>,
+    counters: Counters,
+    queue: Mutex<Option<Sender<Job>>>,
+    pending: Mutex<Pending>,
+    idle: Condvar,
+    announcer: RwLock<Option<Arc<dyn Announcer>>>,
+    last_full_warning: Mutex<Option<Instant>>,
+    /// Holds the storage root's lock (released when the process ends, however it ends).
+    _lock: File,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier").field("dir", &self.dir).field("disk_id", &self.disk_id).finish()
+    }
+}
+
+fn config_err(root: &Path, what: impl std::fmt::Display) -> StoreError {
+    StoreError::Config(format!("storage root {}: {what}", root.display()))
+}
+
+impl DiskTier {
+    /// Checks the root, takes its lock, and indexes the valid files (removing incomplete and
+    /// corrupt ones). Writers start with [`Self::start`], once the master knows the disk.
+    pub fn open(config: DiskConfig) -> Result<Arc<DiskTier>> {
+        let root = &config.root;
+        check_cluster_id(&config.cluster_id)?;
+        match std::fs::metadata(root) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(config_err(root, "not a directory")),
+            Err(e) => return Err(config_err(root, format!("{e} (create it first)"))),
+        }
+        let dir = root.join(&config.cluster_id);
+        std::fs::create_dir_all(&dir).map_err(|e| config_err(root, format!("cannot create {}: {e}", dir.display())))?;
+        let probe = dir.join(format!(".probe-{}", std::process::id()));
+        std::fs::write(&probe, b"probe")
+            .and_then(|()| std::fs::remove_file(&probe))
+            .map_err(|e| config_err(root, format!("not writable: {e}")))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))
+            .map_err(|e| config_err(root, format!("cannot open its lock file: {e}")))?;
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Err(config_err(
+                root,
+                format!("cluster directory {} is in use by another client process", dir.display()),
+            ));
+        }
+        let disk_id = disk_id(&dir).map_err(|e| config_err(root, format!("disk id: {e}")))?;
+        let counters = Counters::default();
+        let files = scan(&dir, &counters);
+        let existing: u64 = files.iter().map(|(_, e, _)| e.file_len).sum();
+        let capacity = match config.capacity {
+            Some(c) => c,
+            None => {
+                let st = rustix::fs::statvfs(&dir).map_err(|e| config_err(root, format!("statvfs: {e}")))?;
+                existing + (st.f_bavail as f64 * st.f_frsize as f64 * DEFAULT_CAPACITY_SHARE) as u64
+            }
+        };
+        let mut index = Index::new(capacity);
+        for (key, entry, _) in files {
+            index.insert(&key, entry);
+        }
+        // Over capacity (a smaller limit than last time): least recently modified files go.
+        if let Some(evicted) = index.reserve(0) {
+            for (_, e) in &evicted {
+                let _ = std::fs::remove_file(&e.path);
+                inc(&counters.evicted);
+            }
+        }
+        let c = &counters;
+        tracing::info!(
+            "disk tier {} (disk {disk_id}): {} file(s), {} of {} bytes; removed {} corrupt, {} incomplete, {} stale",
+            dir.display(),
+            index.len(),
+            index.used(),
+            capacity,
+            c.corrupt_removed.load(Ordering::Relaxed),
+            c.incomplete_removed.load(Ordering::Relaxed),
+            c.stale_removed.load(Ordering::Relaxed)
+        );
+        Ok(Arc::new(DiskTier {
+            dir,
+            disk_id,
+            config,
+            index: Mutex::new(index),
+            counters,
+            queue: Mutex::new(None),
+            pending: Mutex::new(Pending::default()),
+            idle: Condvar::new(),
+            announcer: RwLock::new(None),
+            last_full_warning: Mutex::new(None),
+            _lock: lock,
+        }))
+    }
+
+    /// Stable id of this storage root (and cluster), kept in a file beside the data.
+    pub fn disk_id(&self) -> &str {
+        &self.disk_id
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.index.lock().capacity()
+    }
+
+    /// Sets who hears about files, and starts the writers (once).
+    pub fn start(self: &Arc<Self>, announcer: Arc<dyn Announcer>) {
+        *self.announcer.write() = Some(announcer);
+        let mut queue = self.queue.lock();
+        if queue.is_some() {
+            return;
+        }
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(MAX_QUEUED_JOBS);
+        for i in 0..self.config.writers.max(1) {
+            let rx: Receiver<Job> = rx.clone();
+            let weak: Weak<DiskTier> = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name(format!("crescent-disk-writer-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        match weak.upgrade() {
+                            Some(tier) => tier.write_job(job),
+                            None => return,
+                        }
+                    }
+                })
+                .expect("spawning a disk writer");
+        }
+        *queue = Some(tx);
+    }
+
+    /// Re-announces every file (after a restart or a remount); files the master refuses go.
+    pub fn restore_all(&self) -> Result<()> {
+        let Some(announcer) = self.announcer.read().clone() else { return Ok(()) };
+        let entries = self.index.lock().entries();
+        let mut accepted = 0;
+        for chunk in entries.chunks(1000) {
+            let added: Vec<DiskEntry> = chunk
+                .iter()
+                .map(|(k, e)| DiskEntry { key: k.clone(), size: e.value_len, version: e.version })
+                .collect();
+            let ok = announcer.announce(&added, &[], true)?;
+            for ((key, e), ok) in chunk.iter().zip(ok) {
+                if ok {
+                    accepted += 1;
+                } else {
+                    self.drop_file(key, e.version);
+                    inc(&self.counters.stale_refused);
+                }
+            }
+        }
+        tracing::info!("disk tier: announced {accepted} of {} file(s) to the master", entries.len());
+        Ok(())
+    }
+
+    /// Queues `value` (object `version` of `key`, just committed) for writing. Never blocks
+    /// on the disk: a full queue drops the offload, counted and logged.
+    pub fn offload(&self, key: &str, version: u64, value: &[u8]) {
+        let len = value.len() as u64;
+        if data_offset(key.len()) + len > self.capacity() {
+            inc(&self.counters.too_large);
+            tracing::debug!("not offloading {key:?}: {len} bytes exceed the disk tier's capacity");
+            return;
+        }
+        {
+            let mut p = self.pending.lock();
+            if p.jobs > 0 && p.bytes + len > self.config.queue_bytes {
+                drop(p);
+                return self.queue_full(key);
+            }
+            p.jobs += 1;
+            p.bytes += len;
+        }
+        let job = Job { key: key.to_string(), version, image: file::FileImage::new(key, value) };
+        let sent = match self.queue.lock().as_ref() {
+            Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
+            None => Err(false),
+        };
+        match sent {
+            Ok(()) => inc(&self.counters.queued),
+            Err(full) => {
+                self.job_done(len);
+                if full {
+                    self.queue_full(key);
+                }
+            }
+        }
+    }
+
+    fn queue_full(&self, key: &str) {
+        inc(&self.counters.queue_full);
+        let mut last = self.last_full_warning.lock();
+        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                "disk tier: offload queue full ({} bytes waiting): {key:?} is not persisted ({} dropped so far)",
+                self.pending.lock().bytes,
+                self.counters.queue_full.load(Ordering::Relaxed)
+            );
+        }
+    }
+
+    fn job_done(&self, len: u64) {
+        let mut p = self.pending.lock();
+        p.jobs -= 1;
+        p.bytes -= len;
+        if p.jobs == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits until every queued offload is written and announced (or `timeout` passes).
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        let mut p = self.pending.lock();
+        while p.jobs > 0 {
+            if self.idle.wait_until(&mut p, end).timed_out() {
+                return p.jobs == 0;
+            }
+        }
+        true
+    }
+
+    /// Stops the writers after the queue drains.
+    pub fn shutdown(&self) {
+        self.queue.lock().take();
+    }
+
+    fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry]) -> Option<Vec<bool>> {
+        let announcer = self.announcer.read().clone()?;
+        match announcer.announce(added, removed, false) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(
+                    "disk tier: telling the master about files failed: {e} (they are announced again on remount)"
+                );
+                None
+            }
+        }
+    }
+
+    fn write_job(&self, mut job: Job) {
+        let len = job.image.value_len();
+        self.write_one(&mut job);
+        self.job_done(len);
+    }
+
+    fn write_one(&self, job: &mut Job) {
+        let value_len = job.image.value_len();
+        let file_len = data_offset(job.key.len()) + value_len;
+        let evicted = {
+            let mut ix = self.index.lock();
+            if ix.get(&job.key).is_some_and(|e| e.version >= job.version) {
+                return; // this or a newer version is on disk already
+            }
+            ix.reserve(file_len)
+        };
+        let Some(evicted) = evicted else {
+            inc(&self.counters.too_large);
+            return;
+        };
+        if !evicted.is_empty() {
+            let removed: Vec<DiskEntry> = evicted
+                .iter()
+                .map(|(k, e)| {
+                    let _ = std::fs::remove_file(&e.path);
+                    inc(&self.counters.evicted);
+                    DiskEntry { key: k.clone(), size: e.value_len, version: e.version }
+                })
+                .collect();
+            tracing::debug!("disk tier: evicted {} file(s) to make room", removed.len());
+            self.announce(&[], &removed);
+        }
+        let written = file::write_file(&self.dir, &job.key, job.version, &mut job.image, self.config.fsync);
+        let (path, file_len_written) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                self.index.lock().release(file_len);
+                inc(&self.counters.write_failures);
+                tracing::warn!("disk tier: {e}");
+                return;
+            }
+        };
+        let replaced = {
+            let mut ix = self.index.lock();
+            ix.release(file_len);
+            ix.insert(&job.key, Entry::new(job.version, value_len, file_len_written, path.clone()))
+        };
+        inc(&self.counters.written);
+        self.counters.bytes_written.fetch_add(file_len_written, Ordering::Relaxed);
+        let mut removed = Vec::new();
+        if let Some(old) = replaced {
+            let _ = std::fs::remove_file(&old.path);
+            removed.push(DiskEntry { key: job.key.clone(), size: old.value_len, version: old.version });
+        }
+        let added = [DiskEntry { key: job.key.clone(), size: value_len, version: job.version }];
+        if let Some(accepted) = self.announce(&added, &removed) {
+            if accepted.first() != Some(&true) {
+                // Removed or put again while we wrote: the file is stale.
+                self.drop_file(&job.key, job.version);
+                inc(&self.counters.stale_refused);
+            }
+        }
+    }
+
+    /// Deletes the file of `key` if it holds `version` or older; returns whether one went.
+    fn drop_file(&self, key: &str, version: u64) -> bool {
+        let gone = {
+            let mut ix = self.index.lock();
+            match ix.get(key) {
+                Some(e) if e.version <= version => ix.remove(key),
+                _ => None,
+            }
+        };
+        match gone {
+            Some(e) => {
+                let _ = std::fs::remove_file(&e.path);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removals handed out by the master: deletes the files, then acknowledges them.
+    pub fn apply_removals(&self, removals: &[DiskEntry]) {
+        if removals.is_empty() {
+            return;
+        }
+        for r in removals {
+            if self.drop_file(&r.key, r.version) {
+                inc(&self.counters.removed);
+            }
+        }
+        self.announce(&[], removals);
+    }
+
+    /// The version of `key` on this disk, if any.
+    pub fn version_of(&self, key: &str) -> Option<u64> {
+        self.index.lock().get(key).map(|e| e.version)
+    }
+
+    /// Opens the file of (`key`, `version`) for reading (marks it used).
+    pub fn open_reader(&self, key: &str, version: u64, size: u64) -> Result<FileReader> {
+        let path = {
+            let mut ix = self.index.lock();
+            match ix.get(key) {
+                Some(e) if e.version == version => {
+                    let p = e.path.clone();
+                    ix.touch(key);
+                    p
+                }
+                _ => return Err(StoreError::NotFound(key.to_string())),
+            }
+        };
+        FileReader::open(&path, key, version, size).inspect_err(|e| self.on_read_error(key, version, e))
+    }
+
+    /// A read found the file damaged (or gone): it is dropped and the master told.
+    pub fn on_read_error(&self, key: &str, version: u64, e: &StoreError) {
+        if matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_)) {
+            tracing::warn!("disk tier: {e}; dropping the file");
+            inc(&self.counters.corrupt_reads);
+            if self.drop_file(key, version) {
+                self.announce(&[], &[DiskEntry { key: key.to_string(), size: 0, version }]);
+            }
+        }
+    }
+
+    /// Reads the value of (`key`, `version`) into `dst` (exactly its size), checking it.
+    pub fn read_local(&self, key: &str, version: u64, dst: &mut [u8]) -> Result<()> {
+        let mut reader = self.open_reader(key, version, dst.len() as u64)?;
+        let mut off = 0;
+        while off < dst.len() {
+            match reader.read_next(&mut dst[off..]) {
+                Ok(n) => off += n,
+                Err(e) => {
+                    self.on_read_error(key, version, &e);
+                    return Err(e);
+                }
+            }
+        }
+        inc(&self.counters.local_reads);
+        Ok(())
+    }
+
+    pub(crate) fn count_served(&self) {
+        inc(&self.counters.served_reads);
+    }
+
+    pub fn stats(&self) -> DiskStats {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let ix = self.index.lock();
+        DiskStats {
+            files: ix.len() as u64,
+            used_bytes: ix.used(),
+            capacity: ix.capacity(),
+            queued: g(&c.queued),
+            written: g(&c.written),
+            bytes_written: g(&c.bytes_written),
+            queue_full: g(&c.queue_full),
+            too_large: g(&c.too_large),
+            write_failures: g(&c.write_failures),
+            stale_refused: g(&c.stale_refused),
+            evicted: g(&c.evicted),
+            removed: g(&c.removed),
+            corrupt_removed: g(&c.corrupt_removed),
+            incomplete_removed: g(&c.incomplete_removed),
+            stale_removed: g(&c.stale_removed),
+            local_reads: g(&c.local_reads),
+            served_reads: g(&c.served_reads),
+            corrupt_reads: g(&c.corrupt_reads),
+        }
+    }
+}
+
+/// Reads (or creates) the disk id kept in `dir`.
+fn disk_id(dir: &Path) -> std::io::Result<String> {
+    let path = dir.join("DISK_ID");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let id = text.trim();
+        if !id.is_empty() && id.len() <= 64 && id.bytes().all(|c| c.is_ascii_hexdigit() || c == b'-') {
+            return Ok(id.to_string());
+        }
+        tracing::warn!("{} holds no valid id; making a new one", path.display());
+    }
+    let id = uuid::Uuid::new_v4().to_string();
+    let tmp = dir.join(format!("DISK_ID.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, &id)?;
+    File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    File::open(dir)?.sync_all()?;
+    Ok(id)
+}
+
+/// Indexes the valid files under `dir`, oldest first; removes temporary files, damaged files
+/// and older versions (counted). The values' checksums are checked on every read, not here.
+fn scan(dir: &Path, c: &Counters) -> Vec<(String, Entry, std::time::SystemTime)> {
+    let mut found: std::collections::HashMap<String, (Entry, std::time::SystemTime)> = Default::default();
+    let Ok(subs) = std::fs::read_dir(dir) else { return Vec::new() };
+    for sub in subs.flatten() {
+        let name = sub.file_name();
+        let name = name.to_string_lossy();
+        if name.len() != 2 || !name.bytes().all(|b| b.is_ascii_hexdigit()) || !sub.path().is_dir() {
+            continue;
+        }
+        let Ok(files) = std::fs::read_dir(sub.path()) else { continue };
+        for f in files.flatten() {
+            let path = f.path();
+            let fname = f.file_name().to_string_lossy().to_string();
+            match parse_name(&fname) {
+                NameKind::Other => continue,
+                NameKind::Temporary => {
+                    let _ = std::fs::remove_file(&path);
+                    inc(&c.incomplete_removed);
+                }
+                NameKind::File { hash, version } => {
+                    let valid = file::read_header(&path)
+                        .ok()
+                        .filter(|(_, h)| h.version == version && key_hash(&h.key) == hash && hash.starts_with(&*name));
+                    let Some((file, h)) = valid else {
+                        tracing::warn!("disk tier: removing damaged file {}", path.display());
+                        let _ = std::fs::remove_file(&path);
+                        inc(&c.corrupt_removed);
+                        continue;
+                    };
+                    let mtime = file.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
+                    let entry = Entry::new(h.version, h.value_len, h.file_len(), path.clone());
+                    match found.get(&h.key) {
+                        Some((old, _)) if old.version >= version => {
+                            let _ = std::fs::remove_file(&path);
+                            inc(&c.stale_removed);
+                        }
+                        Some((old, _)) => {
+                            let _ = std::fs::remove_file(&old.path);
+                            inc(&c.stale_removed);
+                            found.insert(h.key, (entry, mtime));
+                        }
+                        None => {
+                            found.insert(h.key, (entry, mtime));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut files: Vec<_> = found.into_iter().map(|(k, (e, t))| (k, e, t)).collect();
+    files.sort_by_key(|(_, _, t)| *t);
+    files
+}
+
+#[cfg(test)]
+mod tests;

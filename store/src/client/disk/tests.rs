@@ -1,0 +1,233 @@
+//! Unit tests of the disk tier against a temporary directory (no master: a recording announcer).
+
+use super::*;
+use crate::pattern;
+
+#[derive(Default)]
+struct Recorder {
+    added: Mutex<Vec<DiskEntry>>,
+    removed: Mutex<Vec<DiskEntry>>,
+    refuse: Mutex<Vec<String>>,
+}
+
+impl Announcer for Recorder {
+    fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry], _restore: bool) -> Result<Vec<bool>> {
+        self.added.lock().extend_from_slice(added);
+        self.removed.lock().extend_from_slice(removed);
+        let refuse = self.refuse.lock();
+        Ok(added.iter().map(|e| !refuse.contains(&e.key)).collect())
+    }
+}
+
+fn config(root: &Path) -> DiskConfig {
+    DiskConfig {
+        root: root.to_path_buf(),
+        cluster_id: "c1".into(),
+        capacity: Some(64 << 20),
+        writers: 2,
+        queue_bytes: 256 << 20,
+        fsync: true,
+    }
+}
+
+fn value(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    pattern::fill(&mut v, seed, 0);
+    v
+}
+
+fn started(c: DiskConfig) -> (Arc<DiskTier>, Arc<Recorder>) {
+    let tier = DiskTier::open(c).unwrap();
+    let rec = Arc::new(Recorder::default());
+    tier.start(rec.clone());
+    (tier, rec)
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for sub in std::fs::read_dir(dir).unwrap().flatten() {
+        if sub.path().is_dir() {
+            out.extend(std::fs::read_dir(sub.path()).unwrap().flatten().map(|f| f.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn offloaded_values_read_back_exactly_and_survive_a_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let keys = ["plain", "../../../etc/passwd", "a/b/c", &"long/".repeat(800)];
+    {
+        let (tier, rec) = started(config(root.path()));
+        for (i, k) in keys.iter().enumerate() {
+            tier.offload(k, 10 + i as u64, &value(100_000 + i, i as u64));
+        }
+        assert!(tier.flush(Duration::from_secs(30)));
+        assert_eq!(rec.added.lock().len(), keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            let mut dst = vec![0u8; 100_000 + i];
+            tier.read_local(k, 10 + i as u64, &mut dst).unwrap();
+            assert_eq!(dst, value(100_000 + i, i as u64));
+            // Another version, or another size, is not served.
+            assert!(tier.read_local(k, 9, &mut dst).is_err());
+        }
+        let s = tier.stats();
+        assert_eq!((s.files, s.written, s.local_reads), (keys.len() as u64, keys.len() as u64, keys.len() as u64));
+        // Everything stays inside the cluster's directory.
+        for f in files_under(tier.dir()) {
+            assert!(f.starts_with(root.path().join("c1")), "{}", f.display());
+        }
+    }
+    // A second process (the first one's lock is gone with it) finds the files.
+    let tier = DiskTier::open(config(root.path())).unwrap();
+    assert_eq!(tier.stats().files, keys.len() as u64);
+    let mut dst = vec![0u8; 100_000];
+    tier.read_local("plain", 10, &mut dst).unwrap();
+    assert_eq!(dst, value(100_000, 0));
+}
+
+#[test]
+fn damaged_files_are_never_served_and_go_at_the_next_start() {
+    let root = tempfile::tempdir().unwrap();
+    let (tier, rec) = started(config(root.path()));
+    for i in 0..4u64 {
+        tier.offload(&format!("k{i}"), i + 1, &value(50_000, i));
+    }
+    assert!(tier.flush(Duration::from_secs(30)));
+    let path = |i: u64| {
+        let (sub, name) = format::file_name(&format!("k{i}"), i + 1);
+        tier.dir().join(sub).join(name)
+    };
+    // k0: a flipped value byte; k1: truncated; k2: a flipped header byte.
+    let flip = |p: PathBuf, at: u64| {
+        let mut b = std::fs::read(&p).unwrap();
+        b[at as usize] ^= 0x40;
+        std::fs::write(&p, b).unwrap();
+    };
+    flip(path(0), format::ALIGN + 1234);
+    let f = OpenOptions::new().write(true).open(path(1)).unwrap();
+    f.set_len(format::ALIGN + 100).unwrap();
+    flip(path(2), 20);
+    let mut dst = vec![0u8; 50_000];
+    let e = tier.read_local("k0", 1, &mut dst).unwrap_err();
+    assert!(matches!(e, StoreError::CorruptFile(_)), "{e}");
+    assert!(tier.read_local("k0", 1, &mut dst).is_err(), "the damaged file was dropped");
+    assert!(rec.removed.lock().iter().any(|r| r.key == "k0"), "and the master told");
+    assert!(tier.read_local("k1", 2, &mut dst).is_err());
+    assert!(tier.read_local("k2", 3, &mut dst).is_err());
+    tier.read_local("k3", 4, &mut dst).unwrap();
+    assert_eq!(dst, value(50_000, 3));
+    // Leftovers of interrupted writes, damaged files and foreign files at the next start.
+    std::fs::write(path(3).with_extension("crs.0badc0de.tmp"), b"half a file").unwrap();
+    let (sub, name) = format::file_name("k9", 99);
+    std::fs::create_dir_all(tier.dir().join(&sub)).unwrap();
+    std::fs::write(tier.dir().join(&sub).join(name), b"CRSD garbage").unwrap();
+    std::fs::write(tier.dir().join(&sub).join("README"), b"not ours").unwrap();
+    let dir = tier.dir().to_path_buf();
+    drop(tier);
+    let tier = DiskTier::open(config(root.path())).unwrap();
+    let s = tier.stats();
+    assert_eq!(s.files, 1, "{s:?}");
+    assert_eq!(s.incomplete_removed, 1);
+    assert!(s.corrupt_removed >= 1, "{s:?}");
+    assert!(dir.join(&sub).join("README").exists(), "files the tier did not write are left alone");
+}
+
+#[test]
+fn capacity_evicts_the_least_recently_used_files_and_tells_the_master() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.capacity = Some(5 * (1 << 20) + 5 * format::ALIGN);
+    c.writers = 1; // in order
+    let (tier, rec) = started(c);
+    for i in 0..5u64 {
+        tier.offload(&format!("k{i}"), i + 1, &value(1 << 20, i));
+        assert!(tier.flush(Duration::from_secs(30)));
+    }
+    let mut dst = vec![0u8; 1 << 20];
+    tier.read_local("k0", 1, &mut dst).unwrap(); // k1 is now the least recently used
+    tier.offload("k5", 6, &value(1 << 20, 5));
+    tier.offload("k6", 7, &value(1 << 20, 6));
+    assert!(tier.flush(Duration::from_secs(30)));
+    let s = tier.stats();
+    assert!(s.used_bytes <= s.capacity);
+    assert_eq!((s.files, s.evicted), (5, 2));
+    let removed: Vec<String> = rec.removed.lock().iter().map(|r| r.key.clone()).collect();
+    assert_eq!(removed, ["k1", "k2"]);
+    assert!(tier.read_local("k0", 1, &mut dst).is_ok());
+    // A value larger than the whole tier is not written (and nothing is evicted for it).
+    tier.offload("huge", 8, &value(6 << 20, 1));
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert_eq!(tier.stats().too_large, 1);
+    assert_eq!(tier.stats().files, 5);
+}
+
+#[test]
+fn a_full_queue_is_counted_not_blocking() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.queue_bytes = 1 << 20;
+    let tier = DiskTier::open(c).unwrap(); // writers not started: nothing drains the queue
+    let rec = Arc::new(Recorder::default());
+    *tier.announcer.write() = Some(rec);
+    let (tx, _rx) = crossbeam_channel::bounded(MAX_QUEUED_JOBS);
+    *tier.queue.lock() = Some(tx);
+    for i in 0..4u64 {
+        tier.offload(&format!("k{i}"), i + 1, &value(600 << 10, i));
+    }
+    let s = tier.stats();
+    assert_eq!((s.queued, s.queue_full), (1, 3), "{s:?}");
+}
+
+#[test]
+fn removals_and_stale_files_are_deleted() {
+    let root = tempfile::tempdir().unwrap();
+    let (tier, rec) = started(config(root.path()));
+    rec.refuse.lock().push("stale".into());
+    tier.offload("stale", 1, &value(1000, 1));
+    tier.offload("keep", 2, &value(1000, 2));
+    tier.offload("gone", 3, &value(1000, 3));
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert_eq!(tier.version_of("stale"), None, "the master refused it");
+    assert_eq!(tier.stats().stale_refused, 1);
+    tier.apply_removals(&[DiskEntry { key: "gone".into(), size: 0, version: 3 }]);
+    tier.apply_removals(&[DiskEntry { key: "keep".into(), size: 0, version: 1 }]); // an older version
+    assert_eq!(tier.version_of("gone"), None);
+    assert_eq!(tier.version_of("keep"), Some(2));
+    assert_eq!(files_under(tier.dir()).len(), 1);
+}
+
+#[test]
+fn invalid_roots_and_a_second_process_are_clear_errors() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = config(&root.path().join("nope"));
+    let e = DiskTier::open(missing).unwrap_err().to_string();
+    assert!(e.contains("nope") && e.contains("storage root"), "{e}");
+    let file = root.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    assert!(DiskTier::open(config(&file)).unwrap_err().to_string().contains("not a directory"));
+    let mut bad = config(root.path());
+    bad.cluster_id = "../x".into();
+    assert!(DiskTier::open(bad).unwrap_err().to_string().contains("cluster id"));
+    let _first = DiskTier::open(config(root.path())).unwrap();
+    let e = DiskTier::open(config(root.path())).unwrap_err().to_string();
+    assert!(e.contains("in use"), "{e}");
+    // Another cluster id on the same root is independent.
+    let mut other = config(root.path());
+    other.cluster_id = "c2".into();
+    assert_ne!(DiskTier::open(other).unwrap().disk_id(), _first.disk_id());
+}
+
+#[test]
+fn read_only_roots_are_refused() {
+    if rustix::process::geteuid().is_root() {
+        println!("SKIPPED: root can write anywhere");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let mut perm = std::fs::metadata(root.path()).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o500);
+    std::fs::set_permissions(root.path(), perm).unwrap();
+    let e = DiskTier::open(config(root.path())).unwrap_err().to_string();
+    assert!(e.contains("storage root"), "{e}");
+}

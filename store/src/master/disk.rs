@@ -1,0 +1,399 @@
+//! The master's side of the disk tier (tier SSD).
+//!
+//! A client with a storage root mounts a *disk segment*: a segment of tier SSD named
+//! `ssd:<disk id>`, where the disk id is kept in the storage root and so survives restarts.
+//! The master allocates nothing in it: the client writes its files itself and announces them
+//! ([`Master::update_disk_replicas`]); the master records the disk as one more holder of the
+//! object (`Object::ssd`). Readers get such replicas with tier `SSD` and the owner's disk
+//! service address, and read them through the owner.
+//!
+//! * Eviction drops only memory replicas of an object that has a disk copy; the object stays
+//!   readable from disk.
+//! * Removing an object queues a removal for every disk that held it, keyed by the disk id
+//!   (not the client), and hands it to the owner on its pings until the owner acknowledges
+//!   the deletion — also across the owner's restart, whose re-announced files are checked
+//!   against the queue.
+//! * Versions start at the master's start time in nanoseconds, so a version names one put
+//!   across master restarts, and a file announced after a master restart keeps its version.
+
+use std::collections::HashMap;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::allocator::SegmentAllocator;
+use super::{check_key, Client, Master, Object, Segment, State};
+use crate::error::{Result, StoreError};
+use crate::proto::{DiskEntry, ReplicaDescriptor, ReplicaStatus, Tier};
+
+/// Most removals kept for one disk while it is away; beyond it the oldest are forgotten
+/// (the files may then come back when that disk returns).
+pub const MAX_PENDING_REMOVALS: usize = 1 << 20;
+/// Most removals handed out in one ping reply.
+pub const REMOVALS_PER_PING: usize = 10_000;
+
+/// The first version a master hands out: its start time in nanoseconds.
+pub(super) fn first_version() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64).max(1)
+}
+
+/// A disk segment's name for a disk id.
+pub fn disk_segment_name(disk_id: &str) -> String {
+    format!("ssd:{disk_id}")
+}
+
+impl Master {
+    /// Mounts a client's disk tier. A disk that is still mounted by a previous process (the
+    /// client restarted before the master noticed) is taken over: the storage root is locked
+    /// by one process at a time, so the old mount is stale.
+    pub fn mount_disk(
+        &self,
+        client_id: &str,
+        disk_id: &str,
+        disk_service: &str,
+        capacity: u64,
+        host: &str,
+    ) -> Result<u64> {
+        if client_id.is_empty() || disk_id.is_empty() || disk_id.len() > 256 || disk_service.is_empty() {
+            return Err(StoreError::InvalidArgument(
+                "mounting a disk needs a client id, a disk id and its service".into(),
+            ));
+        }
+        if capacity == 0 {
+            return Err(StoreError::InvalidArgument("disk capacity 0".into()));
+        }
+        let name = disk_segment_name(disk_id);
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        if let Some(&id) = st.segment_by_name.get(&name) {
+            let seg = &st.segments[&id];
+            if seg.client_id == client_id && seg.disk_service == disk_service {
+                return Ok(id);
+            }
+            if seg.tier != Tier::Ssd {
+                return Err(StoreError::SegmentExists(name));
+            }
+            tracing::info!("disk {disk_id} moves from client {} to client {client_id}", seg.client_id);
+            Self::drop_segment(&mut st, id);
+        }
+        st.dropped.remove(client_id);
+        let id = st.next_segment;
+        st.next_segment += 1;
+        st.segments.insert(
+            id,
+            Segment {
+                name: name.clone(),
+                client_id: client_id.to_string(),
+                host: host.to_string(),
+                base: 0,
+                tier: Tier::Ssd,
+                alloc: SegmentAllocator::new(capacity),
+                disk_service: disk_service.to_string(),
+                load: super::query::Load::default(),
+            },
+        );
+        st.segment_by_name.insert(name.clone(), id);
+        st.clients
+            .entry(client_id.to_string())
+            .or_insert_with(|| Client { last_ping: now, segments: Default::default() })
+            .segments
+            .insert(id);
+        tracing::info!("client {client_id} mounted disk {name} ({capacity} bytes, served at {disk_service}) as {id}");
+        Ok(id)
+    }
+
+    /// Files a client wrote (`added`) or no longer has (`removed`, which also acknowledges
+    /// queued removals). One result per added entry: `Ok` when the master now lists the disk
+    /// as a holder; an error when the file is stale and the client must delete it.
+    pub fn update_disk_replicas(
+        &self,
+        client_id: &str,
+        segment_id: u64,
+        added: &[DiskEntry],
+        removed: &[DiskEntry],
+        restore: bool,
+    ) -> Result<Vec<Result<()>>> {
+        let mut st = self.state.lock();
+        let disk_name = match st.segments.get(&segment_id) {
+            Some(s) if s.client_id == client_id && s.tier == Tier::Ssd => s.name.clone(),
+            Some(_) => {
+                return Err(StoreError::InvalidArgument(format!(
+                    "segment {segment_id} is not a disk of client {client_id}"
+                )))
+            }
+            None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
+        };
+        for e in removed {
+            if check_key(&e.key).is_err() {
+                continue;
+            }
+            if let Some(pending) = st.disk_removals.get_mut(&disk_name) {
+                if pending.get(&e.key).is_some_and(|v| *v <= e.version) {
+                    pending.remove(&e.key);
+                }
+            }
+            let gone = match st.objects.get_mut(&e.key) {
+                Some(obj) if obj.version == e.version => {
+                    obj.ssd.retain(|s| *s != segment_id);
+                    obj.replicas.is_empty() && obj.ssd.is_empty()
+                }
+                _ => false,
+            };
+            if gone {
+                st.objects.remove(&e.key);
+            }
+        }
+        if st.disk_removals.get(&disk_name).is_some_and(|p| p.is_empty()) {
+            st.disk_removals.remove(&disk_name);
+        }
+        let now = Instant::now();
+        let results =
+            added.iter().map(|e| Self::add_disk_copy(&mut st, &disk_name, segment_id, e, restore, now)).collect();
+        drop(st);
+        self.update_gauges();
+        Ok(results)
+    }
+
+    fn add_disk_copy(
+        st: &mut State,
+        disk_name: &str,
+        segment_id: u64,
+        e: &DiskEntry,
+        restore: bool,
+        now: Instant,
+    ) -> Result<()> {
+        check_key(&e.key)?;
+        if e.size == 0 || e.size > super::MAX_OBJECT_SIZE {
+            return Err(StoreError::InvalidArgument(format!("object size {} of {:?}", e.size, e.key)));
+        }
+        if st.disk_removals.get(disk_name).and_then(|p| p.get(&e.key)).is_some_and(|v| *v >= e.version) {
+            return Err(StoreError::NotFound(e.key.clone())); // removed while the disk was away
+        }
+        match st.objects.get_mut(&e.key) {
+            Some(obj) if obj.complete && obj.version == e.version && obj.size == e.size => {
+                if !obj.ssd.contains(&segment_id) {
+                    obj.ssd.push(segment_id);
+                }
+                Ok(())
+            }
+            Some(_) => Err(StoreError::AlreadyExists(e.key.clone())), // another version: the file is stale
+            // A fresh file of an object removed while it was written.
+            None if !restore => Err(StoreError::NotFound(e.key.clone())),
+            None => {
+                // The master lost the object (its holders went away, or the master restarted):
+                // the disk copy brings it back under its own version.
+                st.next_version = st.next_version.max(e.version.saturating_add(1));
+                st.objects.insert(
+                    e.key.clone(),
+                    Object {
+                        size: e.size,
+                        version: e.version,
+                        replicas: Vec::new(),
+                        ssd: vec![segment_id],
+                        complete: true,
+                        writer: String::new(),
+                        started: now,
+                        last_access: now,
+                        lease_until: None,
+                        soft_pin_until: None,
+                        hard_pin: false,
+                    },
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Removals waiting for this client's disks (handed out on its pings until acknowledged).
+    pub fn disk_removals_for(&self, client_id: &str) -> Vec<DiskEntry> {
+        let st = self.state.lock();
+        let Some(client) = st.clients.get(client_id) else { return Vec::new() };
+        let mut out = Vec::new();
+        for id in &client.segments {
+            let Some(seg) = st.segments.get(id).filter(|s| s.tier == Tier::Ssd) else { continue };
+            if let Some(pending) = st.disk_removals.get(&seg.name) {
+                out.extend(
+                    pending.iter().take(REMOVALS_PER_PING - out.len().min(REMOVALS_PER_PING)).map(|(k, v)| DiskEntry {
+                        key: k.clone(),
+                        size: 0,
+                        version: *v,
+                    }),
+                );
+            }
+        }
+        out
+    }
+
+    /// Queues the deletion of a removed object's disk copies.
+    pub(super) fn queue_disk_removals(st: &mut State, key: &str, obj: &Object) {
+        for id in &obj.ssd {
+            let Some(name) = st.segments.get(id).map(|s| s.name.clone()) else { continue };
+            let pending = st.disk_removals.entry(name.clone()).or_default();
+            if pending.len() >= MAX_PENDING_REMOVALS && !pending.contains_key(key) {
+                tracing::warn!("disk {name} has {MAX_PENDING_REMOVALS} removals pending; forgetting one");
+                if let Some(k) = pending.keys().next().cloned() {
+                    pending.remove(&k);
+                }
+            }
+            pending.insert(key.to_string(), obj.version);
+        }
+    }
+
+    /// Eviction: an object with a disk copy loses its memory replicas and stays; one without
+    /// is removed. Returns the bytes of memory freed.
+    pub(super) fn evict_memory_replicas(st: &mut State, key: &str) -> Option<u64> {
+        let has_disk = !st.objects.get(key)?.ssd.is_empty();
+        if !has_disk {
+            return Self::remove_object(st, key);
+        }
+        let replicas = std::mem::take(&mut st.objects.get_mut(key)?.replicas);
+        let mut freed = 0;
+        for r in replicas {
+            if let Some(seg) = st.segments.get_mut(&r.segment_id) {
+                freed += r.block.reserved;
+                seg.alloc.release(r.block);
+            }
+        }
+        Some(freed)
+    }
+
+    pub(super) fn describe_disk_copies<'a>(
+        st: &'a State,
+        obj: &'a Object,
+    ) -> impl Iterator<Item = ReplicaDescriptor> + 'a {
+        obj.ssd.iter().filter_map(move |id| {
+            let seg = st.segments.get(id)?;
+            Some(ReplicaDescriptor {
+                segment_name: seg.name.clone(),
+                address: 0,
+                size: obj.size,
+                tier: Tier::Ssd as i32,
+                status: if obj.complete { ReplicaStatus::Complete } else { ReplicaStatus::Processing } as i32,
+                client_id: seg.client_id.clone(),
+                host: seg.host.clone(),
+                segment_id: *id,
+                disk_service: seg.disk_service.clone(),
+            })
+        })
+    }
+
+    /// Per disk: how many objects it holds (for the admin page and tests).
+    pub fn disk_holdings(&self) -> HashMap<String, u64> {
+        let st = self.state.lock();
+        let mut out: HashMap<String, u64> = HashMap::new();
+        for obj in st.objects.values() {
+            for id in &obj.ssd {
+                if let Some(seg) = st.segments.get(id) {
+                    *out.entry(seg.name.clone()).or_default() += 1;
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::master::MasterConfig;
+    use crate::proto::{PutOptions, SegmentInfo};
+
+    fn setup() -> (std::sync::Arc<Master>, u64) {
+        let m = Master::new(MasterConfig::default()).unwrap();
+        m.mount_segment("c1", &SegmentInfo { name: "mem".into(), base: 1 << 30, size: 4 << 20, tier: 0 }, "h").unwrap();
+        let disk = m.mount_disk("c1", "d1", "h:1", 1 << 30, "h").unwrap();
+        (m, disk)
+    }
+
+    fn put(m: &Master, key: &str, size: u64) -> u64 {
+        let (_, v) = m.put_start("c1", key, size, &PutOptions::default()).unwrap();
+        m.put_end("c1", key).unwrap();
+        v
+    }
+
+    const FRESH: bool = false;
+    const RESTORE: bool = true;
+
+    fn entry(key: &str, size: u64, version: u64) -> DiskEntry {
+        DiskEntry { key: key.into(), size, version }
+    }
+
+    #[test]
+    fn eviction_keeps_objects_with_a_disk_copy_readable_from_the_disk() {
+        let (m, disk) = setup();
+        let v = put(&m, "a", 1 << 20);
+        assert!(m.update_disk_replicas("c1", disk, &[entry("a", 1 << 20, v)], &[], FRESH).unwrap()[0].is_ok());
+        put(&m, "b", 1 << 20);
+        // Fill memory: "a" and "b" are the oldest; "a" keeps its disk copy, "b" goes.
+        for i in 0..6 {
+            put(&m, &format!("fill{i}"), 1 << 20);
+        }
+        assert!(!m.exists("b").unwrap());
+        let list = m.get_replica_list("a").unwrap();
+        assert_eq!(list.replicas.len(), 1);
+        assert_eq!(list.replicas[0].tier, Tier::Ssd as i32);
+        assert_eq!(list.replicas[0].disk_service, "h:1");
+        assert_eq!(m.totals().capacity, 4 << 20, "disk capacity is not memory capacity");
+    }
+
+    #[test]
+    fn stale_files_are_refused_and_lost_objects_come_back_from_disk() {
+        let (m, disk) = setup();
+        let v1 = put(&m, "k", 100);
+        m.remove("k", true).unwrap();
+        let v2 = put(&m, "k", 100);
+        assert!(v2 > v1);
+        let r = m.update_disk_replicas("c1", disk, &[entry("k", 100, v1), entry("k", 100, v2)], &[], FRESH).unwrap();
+        assert!(r[0].is_err(), "an older version's file is stale");
+        assert!(r[1].is_ok());
+        // A fresh file of an unknown key was removed while it was written: refused.
+        let r = m.update_disk_replicas("c1", disk, &[entry("new", 7, 12345)], &[], FRESH).unwrap();
+        assert!(r[0].is_err());
+        assert!(!m.exists("new").unwrap());
+        // A restored file of an unknown key (the master restarted) becomes an object.
+        let r = m.update_disk_replicas("c1", disk, &[entry("new", 7, 12345)], &[], RESTORE).unwrap();
+        assert!(r[0].is_ok());
+        assert_eq!(m.query("new").unwrap().size, 7);
+        let (_, v) = m.put_start("c1", "later", 1, &PutOptions::default()).unwrap();
+        assert!(v > 12345);
+        // Bad entries are refused one by one.
+        let r = m.update_disk_replicas("c1", disk, &[entry("", 1, 1), entry("z", 0, 1)], &[], FRESH).unwrap();
+        assert!(r.iter().all(|x| x.is_err()));
+        assert!(m.update_disk_replicas("c2", disk, &[], &[], FRESH).is_err(), "another client's disk");
+    }
+
+    #[test]
+    fn removals_reach_the_disk_even_across_its_restart_until_acknowledged() {
+        let (m, disk) = setup();
+        let v = put(&m, "k", 10);
+        m.update_disk_replicas("c1", disk, &[entry("k", 10, v)], &[], FRESH).unwrap();
+        m.remove("k", false).unwrap();
+        assert_eq!(m.disk_removals_for("c1").len(), 1);
+        // The client restarts (new id) with the same disk before acknowledging.
+        let disk2 = m.mount_disk("c9", "d1", "h:2", 1 << 30, "h").unwrap();
+        assert_ne!(disk, disk2);
+        let r = m.update_disk_replicas("c9", disk2, &[entry("k", 10, v)], &[], RESTORE).unwrap();
+        assert!(r[0].is_err(), "a removed object does not come back");
+        assert!(!m.exists("k").unwrap());
+        assert_eq!(m.disk_removals_for("c9"), vec![entry("k", 0, v)]);
+        m.update_disk_replicas("c9", disk2, &[], &[entry("k", 10, v)], false).unwrap();
+        assert!(m.disk_removals_for("c9").is_empty(), "acknowledged");
+    }
+
+    #[test]
+    fn a_disk_that_drops_its_file_leaves_no_dangling_replica() {
+        let (m, disk) = setup();
+        let v = put(&m, "k", 10);
+        m.update_disk_replicas("c1", disk, &[entry("k", 10, v)], &[], FRESH).unwrap();
+        m.remove("k", false).unwrap();
+        m.update_disk_replicas("c1", disk, &[], &[entry("k", 10, v)], false).unwrap();
+        // Disk-only object whose file is evicted: gone.
+        let created = m.update_disk_replicas("c1", disk, &[entry("only", 10, 5)], &[], RESTORE).unwrap();
+        assert!(created[0].is_ok());
+        m.update_disk_replicas("c1", disk, &[], &[entry("only", 10, 5)], false).unwrap();
+        assert!(!m.exists("only").unwrap());
+        // Unmounting the disk drops its copies.
+        let v = put(&m, "x", 10);
+        m.update_disk_replicas("c1", disk, &[entry("x", 10, v)], &[], FRESH).unwrap();
+        m.unmount_segment("c1", disk).unwrap();
+        assert_eq!(m.get_replica_list("x").unwrap().replicas.len(), 1);
+    }
+}

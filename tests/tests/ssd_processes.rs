@@ -1,0 +1,133 @@
+//! The disk tier across processes: `crescent client` processes SIGKILLed in the middle of
+//! heavy offloading, again and again, then every key reads back exactly or not at all; and a
+//! disk copy read from another host (network namespaces) through its owner.
+
+use std::time::{Duration, Instant};
+
+use crescent_tests::netns::HostPair;
+use crescent_tests::store::{spawn_master, ClientProc};
+use rand::Rng;
+
+fn disk_stat(c: &mut ClientProc, name: &str) -> u64 {
+    let stats: serde_json::Value = serde_json::from_str(&c.ok("disk_stats")).expect("disk_stats is JSON");
+    stats[name].as_u64().unwrap_or_else(|| panic!("no {name} in {stats}"))
+}
+
+fn files_named(dir: &std::path::Path, suffix: &str) -> usize {
+    let mut n = 0;
+    for sub in std::fs::read_dir(dir).unwrap().flatten().filter(|d| d.path().is_dir()) {
+        n += std::fs::read_dir(sub.path())
+            .unwrap()
+            .flatten()
+            .filter(|f| f.file_name().to_string_lossy().ends_with(suffix))
+            .count();
+    }
+    n
+}
+
+#[test]
+fn sigkill_during_heavy_offload_never_makes_a_get_return_wrong_bytes() {
+    let (_master, master) =
+        spawn_master(&[], &["--rpc-address", "127.0.0.1:0", "--admin-address", "", "--client-ttl-ms", "1500"]);
+    let root = tempfile::tempdir().unwrap();
+    let root_s = root.path().to_str().unwrap().to_string();
+    let args = [
+        "--master",
+        &master,
+        "--local-hostname",
+        "127.0.0.1",
+        "--segment-size",
+        "128M",
+        "--buffer-size",
+        "16M",
+        "--storage-root",
+        &root_s,
+        "--storage-capacity",
+        "2G",
+    ];
+    let sizes = ["64K", "300K", "1M", "2M", "5000"];
+    let mut keys: Vec<(String, u64)> = Vec::new();
+    let mut rng = rand::rng();
+    let rounds = 10;
+    for round in 0..rounds {
+        let mut c = ClientProc::spawn(&[], &args);
+        if round > 0 {
+            assert_eq!(disk_stat(&mut c, "corrupt_removed"), 0, "a SIGKILL never leaves a damaged final file");
+        }
+        for j in 0..50 {
+            let key = format!("r{round}/k{j}");
+            let seed = round * 1000 + j;
+            c.send(&format!("put {key} {} {seed}", sizes[j as usize % sizes.len()]));
+            keys.push((key, seed));
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(100..900)));
+        c.child.kill_now();
+    }
+    // A restart on the same root: temporary files of interrupted writes are gone, nothing
+    // damaged was found, and once the dead clients' memory is dropped (TTL) every key either
+    // reads back exactly (from disk) or is not found.
+    let mut c = ClientProc::spawn(&[], &args);
+    assert_eq!(disk_stat(&mut c, "corrupt_removed"), 0);
+    let dir = root.path().join("default");
+    assert_eq!(files_named(&dir, ".tmp"), 0);
+    std::thread::sleep(Duration::from_millis(2500));
+    let (mut verified, mut missing) = (0, 0);
+    for (key, seed) in &keys {
+        let answer = c.cmd(&format!("get {key} {seed}"));
+        if answer.ends_with("verified") {
+            verified += 1;
+        } else if answer.starts_with("err OBJECT_NOT_FOUND") {
+            missing += 1;
+        } else {
+            panic!("get {key}: {answer}");
+        }
+    }
+    println!("{verified} keys read back from disk, {missing} not found, of {}", keys.len());
+    assert!(verified > 0, "some offloads completed before the kills");
+    assert_eq!(verified as u64, disk_stat(&mut c, "files"), "every file on disk is readable");
+}
+
+#[test]
+fn a_disk_copy_is_read_from_another_host_through_its_owner() {
+    let hosts = match HostPair::create("ssdr") {
+        Ok(h) => h,
+        Err(why) => {
+            println!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let rpc = format!("{}:0", hosts.addr_a);
+    let (_master, master) = spawn_master(&hosts.exec_prefix(&hosts.a), &["--rpc-address", &rpc, "--admin-address", ""]);
+    let root = tempfile::tempdir().unwrap();
+    let root_s = root.path().to_str().unwrap().to_string();
+    let common = |addr: &str| -> Vec<String> {
+        ["--master", &master, "--local-hostname", addr, "--segment-size", "8M", "--buffer-size", "8M"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let mut a_args = common(&hosts.addr_a);
+    a_args.extend(["--storage-root".to_string(), root_s, "--storage-capacity".into(), "1G".into()]);
+    let a_refs: Vec<&str> = a_args.iter().map(|s| s.as_str()).collect();
+    let mut a = ClientProc::spawn(&hosts.exec_prefix(&hosts.a), &a_refs);
+    let b_args = common(&hosts.addr_b);
+    let b_refs: Vec<&str> = b_args.iter().map(|s| s.as_str()).collect();
+    let mut b = ClientProc::spawn(&hosts.exec_prefix(&hosts.b), &b_refs);
+    a.ok("put cold/1 3M 11");
+    a.ok("put cold/2 100K 12");
+    a.ok("flush");
+    for i in 0..40 {
+        b.ok(&format!("put fill{i} 1M {i}"));
+    }
+    let q = b.ok("query cold/1");
+    assert!(q.contains("(SSD)") && !q.contains(&a.segment), "only the disk copy is left: {q}");
+    let t = Instant::now();
+    assert!(b.ok("get cold/1 11").ends_with("verified"));
+    assert!(b.ok("batch_get 12 cold/2").starts_with("102400"));
+    assert!(t.elapsed() < Duration::from_secs(30));
+    assert!(disk_stat(&mut a, "served_reads") >= 2);
+    // The owner gone: its disk copies go with it, and the get says so.
+    a.child.kill_now();
+    let answer = b.cmd("get cold/1 11");
+    assert!(answer.starts_with("err"), "{answer}");
+}

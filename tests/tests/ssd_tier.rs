@@ -1,0 +1,236 @@
+//! The disk tier through the client API, against an in-process master on loopback: values
+//! persisted, read from disk once memory lost them (here and through another client),
+//! restarts, removal, capacity, damaged files, cluster isolation, configuration errors.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crescent_store::master::server::{self, MasterHandle};
+use crescent_store::proto::Tier;
+use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
+
+fn master() -> MasterHandle {
+    server::start(MasterConfig {
+        rpc_address: "127.0.0.1:0".into(),
+        admin_address: "127.0.0.1:0".into(),
+        ..MasterConfig::default()
+    })
+    .unwrap()
+}
+
+fn config(m: &MasterHandle, root: Option<&Path>) -> ClientConfig {
+    ClientConfig {
+        master_server_address: m.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: 8 << 20,
+        local_buffer_size: 4 << 20,
+        storage_root_dir: root.map(Path::to_path_buf),
+        storage_capacity: Some(256 << 20),
+        ..ClientConfig::default()
+    }
+}
+
+fn client(m: &MasterHandle, root: Option<&Path>) -> Arc<StoreClient> {
+    StoreClient::connect(config(m, root)).unwrap()
+}
+
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    pattern::fill(&mut v, seed, 0);
+    v
+}
+
+/// Pushes every older object out of memory: 40 MiB of fresh values into 16 MiB of pool.
+fn fill_memory(filler: &StoreClient, tag: &str) {
+    for i in 0..40 {
+        filler.put(&format!("fill/{tag}/{i}"), &data(1 << 20, 1000 + i)).unwrap();
+    }
+}
+
+fn tiers(c: &StoreClient, key: &str) -> Vec<i32> {
+    c.query(key).unwrap().replicas.iter().map(|r| r.tier).collect()
+}
+
+#[test]
+fn values_evicted_from_memory_are_read_from_disk_here_and_through_another_client() {
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let a = client(&m, Some(root.path()));
+    let f = client(&m, None);
+    let long = format!("{}end", "very/long/key/".repeat(280)); // ~4 KiB
+    let keys = ["k1", "../../../../etc/passwd", "a/b/c/./d", long.as_str()];
+    let sizes = [1 << 20, 3 << 20, 5000, 2 << 20];
+    for (i, k) in keys.iter().enumerate() {
+        a.put(k, &data(sizes[i], i as u64)).unwrap();
+    }
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    assert_eq!(a.disk_stats().unwrap().files, 4);
+    fill_memory(&f, "x");
+    for k in keys {
+        assert_eq!(tiers(&a, k), [Tier::Ssd as i32], "{k}: only the disk copy is left");
+    }
+    // Here: the local file. Elsewhere: through A's disk service and the engine.
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(a.get(k).unwrap(), data(sizes[i], i as u64), "{k}");
+        assert_eq!(f.get(k).unwrap(), data(sizes[i], i as u64), "{k}");
+    }
+    assert!(a.exists("k1").unwrap() && f.exists(&long).unwrap());
+    // Zero copy and batches take the same path.
+    let mut dst = vec![0u8; 6 << 20];
+    f.register_buffer(dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();
+    assert_eq!(f.get_into("k1", dst.as_mut_ptr() as u64, 1 << 20).unwrap(), 1 << 20);
+    assert_eq!(&dst[..1 << 20], &data(1 << 20, 0)[..]);
+    dst.fill(0);
+    let base = dst.as_mut_ptr() as u64;
+    let got = f
+        .batch_get_into(
+            &["k1".into(), "a/b/c/./d".into(), "nope".into()],
+            &[base, base + (2 << 20), base],
+            &[1 << 20, 5000, 1],
+        )
+        .unwrap();
+    assert!(matches!(got[0], Ok(n) if n == 1 << 20) && matches!(got[1], Ok(5000)), "{got:?}");
+    assert!(matches!(got[2], Err(StoreError::NotFound(_))));
+    assert_eq!(&dst[2 << 20..(2 << 20) + 5000], &data(5000, 2)[..]);
+    f.unregister_buffer(base).unwrap();
+    let s = a.disk_stats().unwrap();
+    assert!(s.local_reads >= 4 && s.served_reads >= 4, "{s:?}");
+    assert_eq!(s.queue_full, 0);
+}
+
+#[test]
+fn a_restarted_client_finds_its_files_and_other_clusters_do_not() {
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let a = client(&m, Some(root.path()));
+    for i in 0..5u64 {
+        a.put(&format!("keep/{i}"), &data(300_000, i)).unwrap();
+    }
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    a.close().unwrap();
+    drop(a);
+    let f = client(&m, None);
+    assert!(!f.exists("keep/0").unwrap(), "closing unmounted memory and disk");
+    // The same root again: the files come back as SSD replicas.
+    let a = client(&m, Some(root.path()));
+    for i in 0..5u64 {
+        assert_eq!(tiers(&f, &format!("keep/{i}")), [Tier::Ssd as i32]);
+        assert_eq!(f.get(&format!("keep/{i}")).unwrap(), data(300_000, i));
+    }
+    a.close().unwrap();
+    drop(a);
+    // Another cluster id on the same root sees none of them, and its own keys stay apart.
+    let mut other = config(&m, Some(root.path()));
+    other.cluster_id = Some("other-cluster".into());
+    let o = StoreClient::connect(other).unwrap();
+    assert!(!o.exists("keep/0").unwrap());
+    o.put("theirs", &data(1000, 9)).unwrap();
+    assert!(o.flush_offload(Duration::from_secs(60)));
+    assert!(root.path().join("other-cluster").is_dir() && root.path().join("default").is_dir());
+    o.close().unwrap();
+    drop(o);
+    let a = client(&m, Some(root.path()));
+    assert_eq!(a.disk_stats().unwrap().files, 5, "only this cluster's files");
+    assert!(!tiers(&a, "theirs").contains(&(Tier::Ssd as i32)), "the other cluster's file is not announced");
+    assert_eq!(tiers(&a, "keep/4"), [Tier::Ssd as i32]);
+}
+
+#[test]
+fn removal_deletes_disk_copies_for_good() {
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let a = client(&m, Some(root.path()));
+    let f = client(&m, None);
+    for k in ["r/one", "r/two", "x/three", "x/four"] {
+        a.put(k, &data(100_000, 1)).unwrap();
+    }
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    f.remove("r/one").unwrap(); // another client removes: the owner hears it on its ping
+    assert!(!a.exists("r/one").unwrap());
+    let eventually =
+        |n: u64| crescent_tests::eventually(Duration::from_secs(10), || a.disk_stats().unwrap().files == n);
+    assert!(eventually(3), "{:?}", a.disk_stats());
+    assert_eq!(a.remove_by_regex("^r/").unwrap(), 1);
+    assert!(eventually(2));
+    assert!(a.remove_all().unwrap() >= 2);
+    assert!(eventually(0));
+    // Not even a restart brings them back.
+    a.close().unwrap();
+    drop(a);
+    let a = client(&m, Some(root.path()));
+    assert_eq!(a.disk_stats().unwrap().files, 0);
+    assert!(!f.exists("x/three").unwrap());
+}
+
+#[test]
+fn the_disk_never_holds_more_than_its_capacity() {
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(&m, Some(root.path()));
+    c.storage_capacity = Some(3 * ((1 << 20) + 4096));
+    c.disk_writer_threads = 1;
+    let a = StoreClient::connect(c).unwrap();
+    let f = client(&m, None);
+    for i in 0..6u64 {
+        a.put(&format!("cap/{i}"), &data(1 << 20, i)).unwrap();
+        assert!(a.flush_offload(Duration::from_secs(60)));
+    }
+    let s = a.disk_stats().unwrap();
+    assert!(s.used_bytes <= s.capacity, "{s:?}");
+    assert_eq!((s.files, s.evicted), (3, 3), "{s:?}");
+    fill_memory(&f, "cap");
+    // The newest three are on disk; the evicted files are no longer listed anywhere.
+    for i in 0..3u64 {
+        assert!(matches!(f.get(&format!("cap/{i}")), Err(StoreError::NotFound(_))), "cap/{i}");
+    }
+    for i in 3..6u64 {
+        assert_eq!(f.get(&format!("cap/{i}")).unwrap(), data(1 << 20, i));
+    }
+}
+
+#[test]
+fn a_damaged_file_is_an_error_never_wrong_bytes() {
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let a = client(&m, Some(root.path()));
+    let f = client(&m, None);
+    a.put("dmg/local", &data(200_000, 1)).unwrap();
+    a.put("dmg/remote", &data(200_000, 2)).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    fill_memory(&f, "dmg");
+    // Flip one byte in the middle of each value.
+    let dir = a.disk_dir().unwrap().to_path_buf();
+    let mut n = 0;
+    for sub in std::fs::read_dir(&dir).unwrap().flatten().filter(|d| d.path().is_dir()) {
+        for file in std::fs::read_dir(sub.path()).unwrap().flatten() {
+            let mut b = std::fs::read(file.path()).unwrap();
+            let at = b.len() - 100_000;
+            b[at] ^= 1;
+            std::fs::write(file.path(), b).unwrap();
+            n += 1;
+        }
+    }
+    assert_eq!(n, 2);
+    assert!(a.get("dmg/local").is_err(), "local read of a damaged file");
+    assert!(f.get("dmg/remote").is_err(), "remote read of a damaged file");
+    assert_eq!(a.disk_stats().unwrap().corrupt_reads, 2);
+    // The damaged copies are gone, and so are the objects (they had no other replica).
+    assert!(matches!(f.get("dmg/local"), Err(StoreError::NotFound(_))));
+    assert!(!f.exists("dmg/remote").unwrap());
+}
+
+#[test]
+fn an_unusable_storage_root_fails_the_start_with_a_clear_error() {
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("missing");
+    let e = StoreClient::connect(config(&m, Some(&missing))).unwrap_err();
+    assert!(matches!(e, StoreError::Config(_)) && e.to_string().contains("missing"), "{e}");
+    let mut bad = config(&m, Some(root.path()));
+    bad.cluster_id = Some("../escape".into());
+    assert!(StoreClient::connect(bad).unwrap_err().to_string().contains("cluster id"));
+    let _a = client(&m, Some(root.path()));
+    let e = StoreClient::connect(config(&m, Some(root.path()))).unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
+}
