@@ -8,6 +8,7 @@ use std::path::Path;
 use crescent_engine::{parse_size, EngineConfig, TransportKind};
 use serde::Deserialize;
 
+use crate::client::hot_cache::HotCacheSettings;
 use crate::error::{Result, StoreError};
 
 pub const DEFAULT_SEGMENT_SIZE: u64 = 512 << 20;
@@ -33,6 +34,8 @@ pub struct ClientConfig {
     pub replica_num: u32,
     /// Heartbeat interval (the master drops a client silent for its TTL, 10 s by default).
     pub ping_interval: std::time::Duration,
+    /// The local hot cache (`LOCAL_HOT_CACHE_SIZE`, ...): off unless a size is set.
+    pub hot_cache: HotCacheSettings,
 }
 
 impl Default for ClientConfig {
@@ -47,6 +50,7 @@ impl Default for ClientConfig {
             local_buffer_size: DEFAULT_LOCAL_BUFFER_SIZE,
             replica_num: 1,
             ping_interval: std::time::Duration::from_secs(1),
+            hot_cache: HotCacheSettings::default(),
         }
     }
 }
@@ -69,6 +73,9 @@ struct FileConfig {
     global_segment_size: Option<SizeValue>,
     local_buffer_size: Option<SizeValue>,
     replica_num: Option<u32>,
+    local_hot_cache_size: Option<serde_json::Value>,
+    local_hot_block_size: Option<serde_json::Value>,
+    local_hot_cache_admission: Option<String>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -80,9 +87,10 @@ fn size_of(name: &str, v: SizeValue) -> Result<u64> {
 }
 
 impl ClientConfig {
-    /// Defaults overridden by the JSON file named by `MOONCAKE_CONFIG_PATH`, if set.
+    /// Defaults, then the hot cache's variables, overridden by the JSON file named by
+    /// `MOONCAKE_CONFIG_PATH`, if set.
     pub fn from_env() -> Result<Self> {
-        let mut c = ClientConfig::default();
+        let mut c = ClientConfig { hot_cache: HotCacheSettings::from_env()?, ..ClientConfig::default() };
         if let Ok(path) = std::env::var("MOONCAKE_CONFIG_PATH") {
             if !path.trim().is_empty() {
                 c.apply_file(Path::new(&path))?;
@@ -125,6 +133,12 @@ impl ClientConfig {
         if let Some(v) = f.replica_num {
             self.replica_num = v.max(1);
         }
+        let hot = &mut self.hot_cache;
+        HotCacheSettings::apply_file_value(&mut hot.cache_size, "local_hot_cache_size", f.local_hot_cache_size);
+        HotCacheSettings::apply_file_value(&mut hot.block_size, "local_hot_block_size", f.local_hot_block_size);
+        if let Some(v) = f.local_hot_cache_admission {
+            hot.admission = v.parse().map_err(|e| StoreError::Config(format!("local_hot_cache_admission: {e}")))?;
+        }
         Ok(())
     }
 
@@ -163,6 +177,22 @@ mod tests {
         assert_eq!(c.device_name, None);
         assert_eq!(c.global_segment_size, 3_355_443_200);
         assert_eq!(c.local_buffer_size, 64 << 20);
+    }
+
+    #[test]
+    fn hot_cache_keys_are_read_from_the_file_and_judged_later() {
+        use crate::client::hot_cache::{Admission, Layout, Resolved};
+        let mut c = ClientConfig::default();
+        c.apply_json(r#"{"local_hot_cache_size":838860800,"local_hot_block_size":"16777216","local_hot_cache_admission":"second_access"}"#)
+            .unwrap();
+        assert_eq!(
+            c.hot_cache.resolve(),
+            Resolved::Enabled(Layout { blocks: 50, block_size: 16 << 20, admission: Admission::SecondAccess })
+        );
+        // An unusable size is not an error: the client starts without the cache.
+        c.apply_json(r#"{"local_hot_cache_size":"800MB"}"#).unwrap();
+        assert!(matches!(c.hot_cache.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"800MB\"")));
+        assert!(c.apply_json(r#"{"local_hot_cache_admission":"maybe"}"#).is_err());
     }
 
     #[test]
