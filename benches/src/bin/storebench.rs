@@ -8,27 +8,37 @@
 //! ```
 //! This process is client B; it contributes only a small segment, so the values it puts land
 //! in the holder's memory on host A and every get crosses the link.
+//!
+//! Two more modes measure the client's local hot cache (`benches/hotcache.sh` runs them):
+//! `storebench hot-cache --master A:PORT --local-hostname B` and `storebench replay ...`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
-use crescent_benches::report;
+use clap::{Parser, Subcommand};
+use crescent_benches::{hotbench, report};
 use crescent_engine::parse_size;
 use crescent_store::{pattern, ClientConfig, StoreClient};
 use hdrhistogram::Histogram;
 use redis::Commands;
 
 #[derive(Parser)]
-#[command(name = "storebench", about = "Crescent store benchmark beside Redis")]
+#[command(
+    name = "storebench",
+    about = "Crescent store benchmark beside Redis",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Cli {
-    #[arg(long)]
-    master: String,
-    #[arg(long)]
-    local_hostname: String,
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[arg(long, required = true)]
+    master: Option<String>,
+    #[arg(long, required = true)]
+    local_hostname: Option<String>,
     /// redis-server address host:port.
-    #[arg(long)]
-    redis: String,
+    #[arg(long, required = true)]
+    redis: Option<String>,
     #[arg(long, value_delimiter = ',', default_value = "1M,10M,25M", value_parser = parse_size)]
     sizes: Vec<u64>,
     /// Values per batch call.
@@ -71,9 +81,23 @@ impl Row {
     }
 }
 
+#[derive(Subcommand)]
+enum Mode {
+    /// The local hot cache: rounds of get / batchGet over the same keys, with and without it.
+    HotCache(hotbench::HotCacheArgs),
+    /// The local hot cache under an inference-shaped request stream.
+    Replay(hotbench::ReplayArgs),
+}
+
 fn main() {
     crescent_store::init_logging();
-    if let Err(e) = run(Cli::parse()) {
+    let cli = Cli::parse();
+    let result = match cli.mode {
+        Some(Mode::HotCache(a)) => hotbench::hot_cache(a),
+        Some(Mode::Replay(a)) => hotbench::replay(a),
+        None => run(cli),
+    };
+    if let Err(e) = result {
         eprintln!("storebench: error: {e:#}");
         std::process::exit(1);
     }
@@ -81,15 +105,20 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     let max = *cli.sizes.iter().max().context("no sizes")?;
+    let (master, local_hostname, redis) = (
+        cli.master.clone().context("--master")?,
+        cli.local_hostname.clone().context("--local-hostname")?,
+        cli.redis.clone().context("--redis")?,
+    );
     let client = StoreClient::connect(ClientConfig {
-        master_server_address: cli.master.clone(),
-        local_hostname: Some(cli.local_hostname.clone()),
+        master_server_address: master,
+        local_hostname: Some(local_hostname),
         global_segment_size: 1 << 20,
         local_buffer_size: (max * cli.batch as u64 * 2).max(64 << 20),
         ..ClientConfig::from_env()?
     })?;
     let mut redis =
-        redis::Client::open(format!("redis://{}/", cli.redis))?.get_connection().context("connecting to redis")?;
+        redis::Client::open(format!("redis://{redis}/"))?.get_connection().context("connecting to redis")?;
     let _: () = redis::cmd("FLUSHALL").query(&mut redis)?;
 
     // One registered buffer for the zero-copy calls: batch x max bytes, twice (source, destination).

@@ -357,6 +357,15 @@ impl HotCache {
     pub fn with_layout(engine: &Arc<TransferEngine>, layout: Layout) -> crate::Result<HotCache> {
         let len = layout.blocks as u64 * layout.block_size;
         let mem = engine.alloc_registered(len, "cpu:0")?;
+        // Fault every page in now: the blocks are meant to stay resident, and first-touch faults
+        // would otherwise slow down the first fills' transfers (measured: up to 2.5x on a
+        // fast link).
+        let started = Instant::now();
+        for at in (0..len).step_by(4096) {
+            // SAFETY: inside the mapping just allocated; nothing else uses it yet.
+            unsafe { std::ptr::write_volatile((mem.addr() + at) as *mut u8, 0) };
+        }
+        tracing::debug!("hot cache: {len} bytes faulted in in {:?}", started.elapsed());
         let region = Arc::new(Region {
             mem,
             block_size: layout.block_size,
