@@ -15,19 +15,26 @@
 //! other clients put, beside the same queries on an idle master. Without `--master` it starts a
 //! master in this process on loopback.
 //! `storebench ssd [--dir DIR]` measures the disk tier instead (see `crescent_benches::ssd`).
+//! Two more modes measure the client's local hot cache (`benches/hotcache.sh` runs them):
+//! `storebench hot-cache --master A:PORT --local-hostname B` and `storebench replay ...`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use crescent_benches::report;
+use crescent_benches::{hotbench, report};
 use crescent_engine::parse_size;
 use crescent_store::{pattern, ClientConfig, StoreClient};
 use hdrhistogram::Histogram;
 use redis::Commands;
 
 #[derive(Parser)]
-#[command(name = "storebench", about = "Crescent store benchmark beside Redis")]
+#[command(
+    name = "storebench",
+    about = "Crescent store benchmark beside Redis",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Cli {
     #[command(subcommand)]
     mode: Option<Mode>,
@@ -55,6 +62,10 @@ struct Cli {
 enum Mode {
     /// The query API for schedulers: batch query rate and single-key latency under puts.
     Query(QueryArgs),
+    /// The local hot cache: rounds of get / batchGet over the same keys, with and without it.
+    HotCache(hotbench::HotCacheArgs),
+    /// The local hot cache under an inference-shaped request stream.
+    Replay(hotbench::ReplayArgs),
 }
 
 #[derive(clap::Args)]
@@ -120,9 +131,11 @@ fn main() {
         }
         return;
     }
-    let cli = Cli::parse();
-    let result = match &cli.mode {
-        Some(Mode::Query(args)) => query_bench(args),
+    let mut cli = Cli::parse();
+    let result = match cli.mode.take() {
+        Some(Mode::Query(args)) => query_bench(&args),
+        Some(Mode::HotCache(a)) => hotbench::hot_cache(a),
+        Some(Mode::Replay(a)) => hotbench::replay(a),
         None => run(cli),
     };
     if let Err(e) = result {

@@ -9,6 +9,7 @@ use crescent_engine::{parse_size, EngineConfig, TransportKind};
 use serde::Deserialize;
 
 use super::disk;
+use crate::client::hot_cache::HotCacheSettings;
 use crate::error::{Result, StoreError};
 
 pub const DEFAULT_SEGMENT_SIZE: u64 = 512 << 20;
@@ -48,6 +49,8 @@ pub struct ClientConfig {
     pub disk_queue_bytes: u64,
     /// Flush each file before renaming it into place (`disk_fsync`, default true).
     pub disk_fsync: bool,
+    /// The local hot cache (`LOCAL_HOT_CACHE_SIZE`, ...): off unless a size is set.
+    pub hot_cache: HotCacheSettings,
 }
 
 impl Default for ClientConfig {
@@ -68,6 +71,7 @@ impl Default for ClientConfig {
             disk_writer_threads: disk::DEFAULT_WRITERS,
             disk_queue_bytes: disk::DEFAULT_QUEUE_BYTES,
             disk_fsync: true,
+            hot_cache: HotCacheSettings::default(),
         }
     }
 }
@@ -96,6 +100,9 @@ struct FileConfig {
     disk_writer_threads: Option<usize>,
     disk_queue_size: Option<SizeValue>,
     disk_fsync: Option<bool>,
+    local_hot_cache_size: Option<serde_json::Value>,
+    local_hot_block_size: Option<serde_json::Value>,
+    local_hot_cache_admission: Option<String>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -107,10 +114,10 @@ fn size_of(name: &str, v: SizeValue) -> Result<u64> {
 }
 
 impl ClientConfig {
-    /// Defaults, then `MOONCAKE_STORAGE_ROOT_DIR`, then the JSON file named by
-    /// `MOONCAKE_CONFIG_PATH`, if set.
+    /// Defaults and the hot cache's variables, then `MOONCAKE_STORAGE_ROOT_DIR`, then the JSON
+    /// file named by `MOONCAKE_CONFIG_PATH`, if set.
     pub fn from_env() -> Result<Self> {
-        let mut c = ClientConfig::default();
+        let mut c = ClientConfig { hot_cache: HotCacheSettings::from_env()?, ..ClientConfig::default() };
         if let Ok(root) = std::env::var("MOONCAKE_STORAGE_ROOT_DIR") {
             if !root.trim().is_empty() {
                 c.storage_root_dir = Some(PathBuf::from(root.trim()));
@@ -179,6 +186,12 @@ impl ClientConfig {
         }
         if let Some(v) = f.disk_fsync {
             self.disk_fsync = v;
+        }
+        let hot = &mut self.hot_cache;
+        HotCacheSettings::apply_file_value(&mut hot.cache_size, "local_hot_cache_size", f.local_hot_cache_size);
+        HotCacheSettings::apply_file_value(&mut hot.block_size, "local_hot_block_size", f.local_hot_block_size);
+        if let Some(v) = f.local_hot_cache_admission {
+            hot.admission = v.parse().map_err(|e| StoreError::Config(format!("local_hot_cache_admission: {e}")))?;
         }
         Ok(())
     }
@@ -255,6 +268,22 @@ mod tests {
         let e = c.apply_json(r#"{"cluster_id":"../../etc"}"#).unwrap_err().to_string();
         assert!(e.contains("../../etc"), "{e}");
         assert!(c.apply_json(r#"{"disk_writer_threads":0}"#).is_err());
+    }
+
+    #[test]
+    fn hot_cache_keys_are_read_from_the_file_and_judged_later() {
+        use crate::client::hot_cache::{Admission, Layout, Resolved};
+        let mut c = ClientConfig::default();
+        c.apply_json(r#"{"local_hot_cache_size":838860800,"local_hot_block_size":"16777216","local_hot_cache_admission":"second_access"}"#)
+            .unwrap();
+        assert_eq!(
+            c.hot_cache.resolve(),
+            Resolved::Enabled(Layout { blocks: 50, block_size: 16 << 20, admission: Admission::SecondAccess })
+        );
+        // An unusable size is not an error: the client starts without the cache.
+        c.apply_json(r#"{"local_hot_cache_size":"800MB"}"#).unwrap();
+        assert!(matches!(c.hot_cache.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"800MB\"")));
+        assert!(c.apply_json(r#"{"local_hot_cache_admission":"maybe"}"#).is_err());
     }
 
     #[test]

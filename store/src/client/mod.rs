@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod disk;
+pub mod hot_cache;
 pub mod rpc;
 pub mod sched;
 mod ssd;
@@ -17,6 +18,7 @@ use crescent_engine::{Opcode, RegisteredMemory, TransferEngine, TransferRequest,
 use crate::error::{Result, StoreError};
 use crate::proto::*;
 pub use config::ClientConfig;
+use hot_cache::HotCache;
 use rpc::{check, MasterRpc};
 use staging::Staging;
 
@@ -36,6 +38,7 @@ pub struct StoreClient {
     segment: RegisteredMemory,
     segment_id: AtomicU64,
     staging: Arc<Staging>,
+    hot: Option<HotCache>,
     rpc: Arc<MasterRpc>,
     stop: Arc<AtomicBool>,
     closed: AtomicBool,
@@ -67,6 +70,7 @@ impl StoreClient {
             }
             None => None,
         };
+        let hot = HotCache::start(&engine, &config.hot_cache);
         let client = Arc::new(StoreClient {
             id: uuid::Uuid::new_v4().to_string(),
             config,
@@ -74,6 +78,7 @@ impl StoreClient {
             segment,
             segment_id: AtomicU64::new(0),
             staging,
+            hot,
             rpc,
             stop: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
@@ -227,6 +232,7 @@ impl StoreClient {
         if let Buf::Registered(addr) = src {
             self.check_registered(addr, len)?;
         }
+        self.hot_invalidate(key);
         let req = PutStartRequest {
             client_id: self.id.clone(),
             key: key.to_string(),
@@ -352,6 +358,9 @@ impl StoreClient {
 
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
         let list = self.replica_list(key)?;
+        if let Some(hit) = self.hot_get_vec(key, &list) {
+            return Ok(hit);
+        }
         let mut out = vec![0u8; list.size as usize];
         self.read_replicas(key, &list, Buf::BytesMut(&mut out))?;
         Ok(out)
@@ -363,6 +372,9 @@ impl StoreClient {
         let list = self.replica_list(key)?;
         if list.size > len {
             return Err(StoreError::BufferTooSmall { key: key.to_string(), need: list.size, have: len });
+        }
+        if self.hot_get_into(key, &list, addr) {
+            return Ok(list.size);
         }
         self.read_replicas(key, &list, Buf::Registered(addr))?;
         Ok(list.size)
@@ -390,7 +402,7 @@ impl StoreClient {
                 }
                 return Ok(());
             }
-            match self.read_remote(key, r, size, &mut dst) {
+            match self.read_remote_hot(key, list, r, &mut dst) {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_caller_error() => return Err(e),
                 Err(e) => {
@@ -527,6 +539,7 @@ impl StoreClient {
         if let Some(i) = sizes.iter().position(|s| *s == 0) {
             return Err(StoreError::InvalidArgument(format!("empty value for key {:?}", keys[i])));
         }
+        keys.iter().for_each(|k| self.hot_invalidate(k));
         let req = BatchPutStartRequest {
             client_id: self.id.clone(),
             keys: keys.to_vec(),
@@ -639,6 +652,9 @@ impl StoreClient {
             .zip(keys)
             .map(|(list, key)| {
                 let list = list?;
+                if let Some(hit) = self.hot_get_vec(key, &list) {
+                    return Ok(hit);
+                }
                 let mut out = vec![0u8; list.size as usize];
                 self.read_replicas(key, &list, Buf::BytesMut(&mut out))?;
                 Ok(out)
@@ -673,6 +689,9 @@ impl StoreClient {
                 continue;
             }
             results.push(Ok(()));
+            if self.hot_get_into(&keys[i], list, addrs[i]) {
+                continue;
+            }
             let complete: Vec<&ReplicaDescriptor> = list
                 .replicas
                 .iter()
@@ -702,6 +721,7 @@ impl StoreClient {
             }
         }
         self.run_batch(keys, &requests, &owner, &mut results)?;
+        self.hot_after_batch(keys, &lists, &owner, &results);
         // Retry failed keys on their other replicas.
         for i in 0..keys.len() {
             if matches!(results[i], Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_))) {
@@ -755,6 +775,7 @@ impl StoreClient {
     }
 
     pub fn remove_with(&self, key: &str, force: bool) -> Result<()> {
+        self.hot_invalidate(key);
         let req = RemoveRequest { client_id: self.id.clone(), key: key.to_string(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove(req).await })?;
         check(reply.status, key)?;
@@ -764,6 +785,9 @@ impl StoreClient {
 
     /// Removes every committed object whose key matches `pattern`; returns how many.
     pub fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        if let (Some(hot), Ok(re)) = (&self.hot, regex::Regex::new(pattern)) {
+            hot.invalidate_matching(&re);
+        }
         let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force: false };
         let reply = self.rpc.call(|mut c| async move { c.remove_by_regex(req).await })?;
         check(reply.status, pattern)?;
@@ -772,6 +796,9 @@ impl StoreClient {
     }
 
     pub fn remove_all(&self) -> Result<u64> {
+        if let Some(hot) = &self.hot {
+            hot.clear();
+        }
         let req = RemoveAllRequest { client_id: self.id.clone(), force: false };
         let reply = self.rpc.call(|mut c| async move { c.remove_all(req).await })?;
         check(reply.status, "")?;

@@ -8,8 +8,8 @@
 pub mod admin;
 pub mod allocator;
 pub mod config;
-pub mod events;
 mod disk;
+pub mod events;
 pub mod metrics;
 pub mod published;
 pub mod query;

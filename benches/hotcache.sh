@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The client's local hot cache between two hosts (network namespaces), in one run:
+#
+#   benches/hotcache.sh [hot-cache|replay|all]      (default: all)
+#
+# Host A runs crescent-master and a holder client (crescent client, 2 GiB segment) that holds
+# every object; host B runs storebench, whose readers fetch them over tcp. The reference table
+# (storebench hot-cache) runs twice: on the veth shaped to 2.5 Gbit/s with tc tbf (what the
+# reference's TCP path delivered), then unshaped. storebench replay runs on the shaped link.
+# iperf3 measures each link state in the same run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" -eq 0 ] || { echo "hotcache.sh needs root (network namespaces)" >&2; exit 1; }
+WHAT=${1:-all}
+. benches/lib-netns.sh
+echo "building (release)..." >&2
+cargo build --release -q -p crescent-store -p crescent-benches
+BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.2; bench_netns_down; rm -rf "$WORK"; }
+trap cleanup EXIT
+bench_netns_up
+VETH_B="cb$$b"
+
+ip netns exec "$NS_A" "$BIN/crescent-master" --rpc-address "$ADDR_A:0" --admin-address "" >"$WORK/master.out" 2>"$WORK/master.err" &
+PIDS+=($!)
+MASTER=$(wait_line "$WORK/master.out" "master: ")
+mkfifo "$WORK/holder.in"
+ip netns exec "$NS_A" "$BIN/crescent" client --master "$MASTER" --local-hostname "$ADDR_A" \
+  --segment-size 2G --buffer-size 16M <"$WORK/holder.in" >"$WORK/holder.out" 2>"$WORK/holder.err" &
+PIDS+=($!)
+exec 9>"$WORK/holder.in"   # keep the holder's stdin open
+wait_line "$WORK/holder.out" "ready " >/dev/null
+
+shape() { # on|off
+  for pair in "$NS_A $VETH_A" "$NS_B $VETH_B"; do
+    set -- $pair
+    ip netns exec "$1" tc qdisc del dev "$2" root 2>/dev/null || true
+    if [ "$SHAPE" = on ]; then
+      ip netns exec "$1" tc qdisc add dev "$2" root tbf rate 2.5gbit burst 1mb latency 100ms
+    fi
+  done
+}
+iperf() {
+  if command -v iperf3 >/dev/null; then
+    ip netns exec "$NS_A" iperf3 -s -1 -B "$ADDR_A" >/dev/null 2>&1 &
+    sleep 0.3
+    ip netns exec "$NS_B" iperf3 -c "$ADDR_A" -R -t 2 -f g 2>/dev/null | awk '/receiver/ {print "iperf3 A->B: " $(NF-2) " " $(NF-1)}'
+  fi
+}
+run() { # label, storebench args
+  local label=$1; shift
+  echo "$(date -u +%F), $label: $(iperf)"
+  echo
+  ip netns exec "$NS_B" "$BIN/storebench" "$@" --master "$MASTER" --local-hostname "$ADDR_B" --label "$label"
+}
+
+if [ "$WHAT" = all ] || [ "$WHAT" = hot-cache ]; then
+  SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" hot-cache
+  SHAPE=off shape; run "veth unshaped" hot-cache
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = replay ]; then
+  SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" replay
+fi

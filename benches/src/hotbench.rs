@@ -1,0 +1,428 @@
+//! `storebench hot-cache` and `storebench replay`: the client's local hot cache measured from
+//! a reader on host B against objects held by a client on host A (see `benches/hotcache.sh`).
+//!
+//! Every reader is a fresh client (empty cache); puts come from a separate writer client in
+//! this process that contributes 1 MiB only, so every object lands in the holder's memory on A.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use crescent_engine::parse_size;
+use crescent_store::client::hot_cache::{Admission, HotCacheSettings};
+use crescent_store::{pattern, ClientConfig, StoreClient};
+use hdrhistogram::Histogram;
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// The master, host:port.
+    #[arg(long)]
+    pub master: String,
+    /// This host's address (peers reach the readers there).
+    #[arg(long)]
+    pub local_hostname: String,
+    /// A label printed above the tables (e.g. the link's shaping).
+    #[arg(long, default_value = "")]
+    pub label: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct HotCacheArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, default_value_t = 10)]
+    pub rounds: usize,
+    #[arg(long, default_value_t = 25)]
+    pub keys: usize,
+    /// Value sizes (MiB when written as 10M).
+    #[arg(long, value_delimiter = ',', default_value = "10M,25M", value_parser = parse_size)]
+    pub sizes: Vec<u64>,
+    /// Cache size for each value size, in order.
+    #[arg(long, value_delimiter = ',', default_value = "400M,800M", value_parser = parse_size)]
+    pub caches: Vec<u64>,
+    /// Keys per batchGet call.
+    #[arg(long, default_value_t = 5)]
+    pub batch: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Requests per run.
+    #[arg(long, default_value_t = 60)]
+    pub requests: usize,
+    #[arg(long, value_delimiter = ',', default_value = "5,10")]
+    pub concurrency: Vec<usize>,
+    /// Percent of the requests that ask for the same prompt.
+    #[arg(long, value_delimiter = ',', default_value = "50,70")]
+    pub identical: Vec<u32>,
+    #[arg(long, default_value_t = 4096)]
+    pub tokens: u64,
+    /// KV bytes per token here; a Llama-3-8B-like model in fp16 has 128 KiB (32 layers x 8 KV
+    /// heads x 128 x 2 x 2 bytes). Cache sizes are scaled by the same factor.
+    #[arg(long, default_value = "8K", value_parser = parse_size)]
+    pub kv_bytes_per_token: u64,
+    #[arg(long, default_value = "128K", value_parser = parse_size)]
+    pub model_kv_bytes_per_token: u64,
+    /// Tokens per chunk (one object per chunk; also the cache's block size).
+    #[arg(long, default_value_t = 256)]
+    pub chunk_tokens: u64,
+    /// Cache sizes at model scale (scaled down by kv-bytes-per-token / model-kv-bytes-per-token).
+    #[arg(long, value_delimiter = ',', default_value = "0,1G,2G,4G", value_parser = size_or_zero)]
+    pub caches: Vec<u64>,
+}
+
+fn size_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        Ok(0)
+    } else {
+        parse_size(s)
+    }
+}
+
+fn writer(c: &Common) -> Result<Arc<StoreClient>> {
+    Ok(StoreClient::connect(ClientConfig {
+        master_server_address: c.master.clone(),
+        local_hostname: Some(c.local_hostname.clone()),
+        global_segment_size: MIB,
+        local_buffer_size: 64 * MIB,
+        hot_cache: HotCacheSettings::default(),
+        ..ClientConfig::from_env()?
+    })?)
+}
+
+fn reader(c: &Common, cache: u64, block: Option<u64>, admission: Admission, buffer: u64) -> Result<Arc<StoreClient>> {
+    let hot_cache = if cache == 0 {
+        HotCacheSettings::default()
+    } else {
+        HotCacheSettings { admission, ..HotCacheSettings::with_sizes(cache, block) }
+    };
+    let client = StoreClient::connect(ClientConfig {
+        master_server_address: c.master.clone(),
+        local_hostname: Some(c.local_hostname.clone()),
+        global_segment_size: MIB,
+        local_buffer_size: buffer,
+        hot_cache,
+        ..ClientConfig::from_env()?
+    })?;
+    if cache > 0 && client.hot_cache().is_none() {
+        bail!("the hot cache of {cache} bytes did not start (see the warning above)");
+    }
+    Ok(client)
+}
+
+fn value(size: u64, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; size as usize];
+    pattern::fill(&mut v, seed, 0);
+    v
+}
+
+struct Row {
+    method: &'static str,
+    size: u64,
+    cache: u64,
+    calls: usize,
+    batch: Option<usize>,
+    rounds_ms: Vec<f64>,
+    metrics: String,
+}
+
+impl Row {
+    fn first(&self) -> f64 {
+        self.rounds_ms[0]
+    }
+    fn avg(&self) -> f64 {
+        self.rounds_ms.iter().sum::<f64>() / self.rounds_ms.len() as f64
+    }
+    fn warm(&self) -> f64 {
+        let w = &self.rounds_ms[1..];
+        w.iter().sum::<f64>() / w.len().max(1) as f64
+    }
+}
+
+/// The reference table's measurement: rounds over the same keys, get or batchGet, with and
+/// without the cache.
+pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
+    if a.sizes.len() != a.caches.len() {
+        bail!("one cache size per value size");
+    }
+    if a.rounds < 2 || a.keys == 0 || a.batch == 0 || !a.keys.is_multiple_of(a.batch) {
+        bail!("need rounds >= 2 and keys a multiple of batch");
+    }
+    let w = writer(&a.common)?;
+    let mut rows = Vec::new();
+    for (&size, &cache) in a.sizes.iter().zip(&a.caches) {
+        let keys: Vec<String> = (0..a.keys).map(|i| format!("hc/{size}/{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            w.put(k, &value(size, i as u64)).with_context(|| format!("putting {k}"))?;
+        }
+        for method in ["get", "batchGet"] {
+            for c in [0, cache] {
+                let r = reader(&a.common, c, None, Admission::Always, 64 * MIB)?;
+                let mut rounds_ms = Vec::new();
+                for round in 0..a.rounds {
+                    let verify = round == 0 || round == a.rounds - 1;
+                    let mut ms = 0.0;
+                    if method == "get" {
+                        for (i, k) in keys.iter().enumerate() {
+                            let t = Instant::now();
+                            let v = r.get(k)?;
+                            ms += t.elapsed().as_secs_f64() * 1e3;
+                            if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, i as u64, 0).is_some())
+                            {
+                                bail!("wrong bytes for {k}");
+                            }
+                        }
+                    } else {
+                        for (n, chunk) in keys.chunks(a.batch).enumerate() {
+                            let t = Instant::now();
+                            let got = r.get_batch(chunk)?;
+                            ms += t.elapsed().as_secs_f64() * 1e3;
+                            for (j, v) in got.into_iter().enumerate() {
+                                let v = v?;
+                                let seed = (n * a.batch + j) as u64;
+                                if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, seed, 0).is_some())
+                                {
+                                    bail!("wrong bytes for {}", chunk[j]);
+                                }
+                            }
+                        }
+                    }
+                    rounds_ms.push(ms);
+                }
+                let metrics = r.hot_cache_metrics().map(|m| m.to_string()).unwrap_or_default();
+                let (calls, batch) = if method == "get" { (a.keys, None) } else { (a.keys / a.batch, Some(a.batch)) };
+                rows.push(Row { method, size, cache: c, calls, batch, rounds_ms, metrics });
+                r.close()?;
+            }
+        }
+        for k in &keys {
+            w.remove_with(k, true)?;
+        }
+    }
+    w.close()?;
+    print_hot_table(&a, &rows);
+    Ok(())
+}
+
+fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
+    println!(
+        "hot cache, {} rounds, {} keys{}; values and caches in MiB; Avg round = mean of all rounds (as in the \
+         reference), Warm avg = rounds 2-{}",
+        a.rounds,
+        a.keys,
+        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
+        a.rounds
+    );
+    println!();
+    println!(
+        "| Method | Keys | Value (MB) | Cache (MB) | Calls per round | Batch | First round (ms) | Avg round (ms) | Delta | \
+         Warm avg (ms) | Warm delta | First round vs no cache |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut checks = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let base = rows[..i].iter().rev().find(|b| b.cache == 0 && b.method == r.method && b.size == r.size);
+        let (delta, warm_delta, first_ratio) = match base.filter(|_| r.cache > 0) {
+            Some(b) => {
+                let wd = 1.0 - r.warm() / b.warm();
+                let fr = r.first() / b.first();
+                checks.push(format!(
+                    "{} {} MiB / {} MiB: warm delta {:.2} % (target >= 90 %: {}), first round {:.2}x the uncached first \
+                     round (target <= 1.10x: {}); cache: {}",
+                    r.method,
+                    r.size / MIB,
+                    r.cache / MIB,
+                    wd * 100.0,
+                    if wd >= 0.90 { "met" } else { "NOT met" },
+                    fr,
+                    if fr <= 1.10 { "met" } else { "NOT met" },
+                    r.metrics
+                ));
+                (
+                    format!("{:.2} %", (1.0 - r.avg() / b.avg()) * 100.0),
+                    format!("{:.2} %", wd * 100.0),
+                    format!("{fr:.2}x"),
+                )
+            }
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {:.2} | {} | {} |",
+            r.method,
+            a.keys,
+            r.size / MIB,
+            r.cache / MIB,
+            r.calls,
+            r.batch.map(|b| b.to_string()).unwrap_or("-".into()),
+            r.first(),
+            r.avg(),
+            delta,
+            r.warm(),
+            warm_delta,
+            first_ratio
+        );
+    }
+    println!();
+    for c in checks {
+        println!("{c}");
+    }
+    println!();
+}
+
+/// An inference-shaped stream: each request fetches a prompt's KV bytes in fixed-size chunks
+/// (one zero-copy batch get); a share of the requests ask for the same prompt.
+pub fn replay(a: ReplayArgs) -> Result<()> {
+    if a.tokens == 0 || a.chunk_tokens == 0 || !a.tokens.is_multiple_of(a.chunk_tokens) || a.requests == 0 {
+        bail!("tokens must be a positive multiple of chunk-tokens, requests > 0");
+    }
+    let chunk = a.chunk_tokens * a.kv_bytes_per_token;
+    let chunks = (a.tokens / a.chunk_tokens) as usize;
+    let prompt = chunk * chunks as u64;
+    let scale = a.kv_bytes_per_token as f64 / a.model_kv_bytes_per_token as f64;
+    let max_unique = a.identical.iter().map(|p| a.requests - shared(a.requests, *p)).max().unwrap_or(0);
+    println!(
+        "replay{}: {} requests, each the KV bytes of a {}-token prompt = {} chunks of {} tokens x {} bytes/token = \
+         {} MiB per request (batch_get_into, zero copy); scaled down from {} bytes/token: cache sizes x {scale} \
+         (block size = one chunk, {} KiB)",
+        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
+        a.requests,
+        a.tokens,
+        chunks,
+        a.chunk_tokens,
+        a.kv_bytes_per_token,
+        prompt / MIB,
+        a.model_kv_bytes_per_token,
+        chunk >> 10
+    );
+    let w = writer(&a.common)?;
+    let key = |p: usize, c: usize| format!("rp/{p}/{c}");
+    // Prompt 0 is the shared one; prompts 1.. are asked once each.
+    for p in 0..=max_unique {
+        for c in 0..chunks {
+            w.put(&key(p, c), &value(chunk, (p * 1000 + c) as u64))?;
+        }
+    }
+    println!();
+    println!(
+        "| concurrency | identical | cache (model scale) | cache here (MiB) | admission | p50 (ms) | p95 (ms) | \
+         requests/s | GB/s | hits | misses | fills | dropped fills |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for &conc in &a.concurrency {
+        for &ident in &a.identical {
+            let same = shared(a.requests, ident);
+            // Request i asks for prompt 0 when it is one of `same` spread evenly, else a fresh one.
+            let mut plan = Vec::with_capacity(a.requests);
+            let mut next_unique = 1;
+            for i in 0..a.requests {
+                if (i * same) / a.requests != ((i + 1) * same) / a.requests {
+                    plan.push(0);
+                } else {
+                    plan.push(next_unique);
+                    next_unique += 1;
+                }
+            }
+            for &model_cache in &a.caches {
+                let here = ((model_cache as f64 * scale) as u64 / chunk) * chunk;
+                let admissions: &[Admission] =
+                    if here == 0 { &[Admission::Always] } else { &[Admission::Always, Admission::SecondAccess] };
+                for &adm in admissions {
+                    let r = reader(&a.common, here, Some(chunk), adm, 16 * MIB)?;
+                    let (lat, secs) = run_replay(&r, &plan, conc, chunks, chunk, &key)?;
+                    let m = r.hot_cache().map(|h| {
+                        h.flush();
+                        h.metrics()
+                    });
+                    println!(
+                        "| {conc} | {ident} % | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {} |",
+                        crate::report::fmt_bytes(model_cache),
+                        here / MIB,
+                        if here == 0 { "-".to_string() } else { format!("{adm:?}") },
+                        lat.value_at_quantile(0.5) as f64 / 1e3,
+                        lat.value_at_quantile(0.95) as f64 / 1e3,
+                        plan.len() as f64 / secs,
+                        (plan.len() as u64 * prompt) as f64 / secs / 1e9,
+                        m.map_or("-".into(), |m| m.hits.to_string()),
+                        m.map_or("-".into(), |m| m.misses.to_string()),
+                        m.map_or("-".into(), |m| m.fills.to_string()),
+                        m.map_or("-".into(), |m| m.dropped_fills.to_string()),
+                    );
+                    r.close()?;
+                }
+            }
+        }
+    }
+    for p in 0..=max_unique {
+        for c in 0..chunks {
+            w.remove_with(&key(p, c), true)?;
+        }
+    }
+    w.close()?;
+    println!();
+    Ok(())
+}
+
+fn shared(requests: usize, percent: u32) -> usize {
+    (requests * percent.min(100) as usize).div_ceil(100)
+}
+
+/// Runs the plan with `conc` workers; returns per-request KV-fetch latency (us) and the wall time.
+fn run_replay(
+    r: &Arc<StoreClient>,
+    plan: &[usize],
+    conc: usize,
+    chunks: usize,
+    chunk: u64,
+    key: &(dyn Fn(usize, usize) -> String + Sync),
+) -> Result<(Histogram<u64>, f64)> {
+    let next = AtomicUsize::new(0);
+    let hist = Mutex::new(Histogram::<u64>::new(3)?);
+    let started = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..conc)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    let mut buf = vec![0u8; chunks * chunk as usize];
+                    r.register_buffer(buf.as_mut_ptr() as u64, buf.len() as u64)?;
+                    let addrs: Vec<u64> = (0..chunks as u64).map(|c| buf.as_ptr() as u64 + c * chunk).collect();
+                    let lens = vec![chunk; chunks];
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&p) = plan.get(i) else { break };
+                        let keys: Vec<String> = (0..chunks).map(|c| key(p, c)).collect();
+                        let t = Instant::now();
+                        let res = r.batch_get_into(&keys, &addrs, &lens)?;
+                        let us = t.elapsed().as_micros() as u64;
+                        for (c, got) in res.into_iter().enumerate() {
+                            if got? != chunk {
+                                bail!("short read of {}", keys[c]);
+                            }
+                            // The head of every chunk and all of the last one: enough to catch a
+                            // wrong object or a wrong block, cheap enough for two cores.
+                            let at = c * chunk as usize;
+                            let n = if c == chunks - 1 { chunk as usize } else { 65536.min(chunk as usize) };
+                            if pattern::first_mismatch(&buf[at..at + n], (p * 1000 + c) as u64, 0).is_some() {
+                                bail!("wrong bytes for {}", keys[c]);
+                            }
+                        }
+                        hist.lock().expect("histogram").record(us)?;
+                    }
+                    r.unregister_buffer(buf.as_mut_ptr() as u64)?;
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| anyhow::anyhow!("a replay worker panicked"))??;
+        }
+        Ok(())
+    })?;
+    let secs = started.elapsed().as_secs_f64();
+    Ok((hist.into_inner().expect("histogram"), secs))
+}

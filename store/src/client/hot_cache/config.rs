@@ -1,0 +1,302 @@
+//! The hot cache's settings: `LOCAL_HOT_CACHE_SIZE` / `LOCAL_HOT_BLOCK_SIZE` (or their
+//! `MC_STORE_` forms), the config file's `local_hot_cache_size` / `local_hot_block_size`, or a
+//! builder. Unlike the client's other settings, an unusable size is not an error: it disables
+//! the cache with one warning that names the value (an unset size disables it silently).
+
+use crate::error::{Result, StoreError};
+
+/// Default block size: 16 MiB.
+pub const DEFAULT_BLOCK_SIZE: u64 = 16 << 20;
+
+/// Most blocks one cache may have (a guard against absurd settings such as 1-byte blocks,
+/// whose bookkeeping alone would need gigabytes).
+pub const MAX_BLOCKS: u64 = 1 << 20;
+
+/// Environment variables, first spelling first: when both are set, the first wins.
+pub const CACHE_SIZE_VARS: [&str; 2] = ["LOCAL_HOT_CACHE_SIZE", "MC_STORE_LOCAL_HOT_CACHE_SIZE"];
+pub const BLOCK_SIZE_VARS: [&str; 2] = ["LOCAL_HOT_BLOCK_SIZE", "MC_STORE_LOCAL_HOT_BLOCK_SIZE"];
+pub const ADMISSION_VAR: &str = "LOCAL_HOT_CACHE_ADMISSION";
+
+/// A size as it was written, and where (for the warning that names it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeSetting {
+    pub source: String,
+    pub value: String,
+}
+
+impl SizeSetting {
+    pub fn new(source: impl Into<String>, value: impl Into<String>) -> Self {
+        SizeSetting { source: source.into(), value: value.into() }
+    }
+}
+
+/// Which objects a miss may bring into the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Admission {
+    /// Every remote object read (default).
+    #[default]
+    Always,
+    /// Objects read a second time while still remembered (a bounded list of recently missed
+    /// keys): one-off reads do not push hot keys out.
+    SecondAccess,
+}
+
+impl std::str::FromStr for Admission {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "always" | "" => Ok(Admission::Always),
+            "second_access" => Ok(Admission::SecondAccess),
+            _ => {
+                Err(StoreError::Config(format!("hot cache admission {s:?}: expected \"always\" or \"second_access\"")))
+            }
+        }
+    }
+}
+
+/// The hot cache's settings before they are checked (see [`HotCacheSettings::resolve`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HotCacheSettings {
+    pub cache_size: Option<SizeSetting>,
+    pub block_size: Option<SizeSetting>,
+    pub admission: Admission,
+}
+
+/// What the settings amount to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// No cache; `warning` (one line naming the unusable value) unless the size was unset.
+    Disabled {
+        warning: Option<String>,
+    },
+    Enabled(Layout),
+}
+
+/// `blocks` blocks of `block_size` bytes, allocated and registered once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub blocks: u32,
+    pub block_size: u64,
+    pub admission: Admission,
+}
+
+/// Why a size cannot be used.
+fn parse_bytes(text: &str) -> std::result::Result<u64, &'static str> {
+    let t = text.trim();
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = t.strip_prefix('-') {
+        if digits(rest) {
+            return if rest.bytes().all(|b| b == b'0') { Err("zero") } else { Err("negative") };
+        }
+        return Err("not a number of bytes");
+    }
+    let t = t.strip_prefix('+').unwrap_or(t);
+    if !digits(t) {
+        return Err("not a number of bytes");
+    }
+    match t.parse::<u64>() {
+        Ok(0) => Err("zero"),
+        Ok(n) => Ok(n),
+        Err(_) => Err("too large for 64 bits"),
+    }
+}
+
+impl HotCacheSettings {
+    /// A cache of `cache_size` bytes in blocks of `block_size` (default 16 MiB).
+    pub fn with_sizes(cache_size: u64, block_size: Option<u64>) -> Self {
+        HotCacheSettings {
+            cache_size: Some(SizeSetting::new("hot cache size", cache_size.to_string())),
+            block_size: block_size.map(|b| SizeSetting::new("hot cache block size", b.to_string())),
+            admission: Admission::Always,
+        }
+    }
+
+    /// From the process environment.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// From variables looked up by `get` (the environment, or a test's map).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let first = |names: [&str; 2]| names.iter().find_map(|n| get(n).map(|v| SizeSetting::new(*n, v)));
+        Ok(HotCacheSettings {
+            cache_size: first(CACHE_SIZE_VARS),
+            block_size: first(BLOCK_SIZE_VARS),
+            admission: match get(ADMISSION_VAR) {
+                Some(v) => v.parse().map_err(|e| StoreError::Config(format!("{ADMISSION_VAR}: {e}")))?,
+                None => Admission::Always,
+            },
+        })
+    }
+
+    /// Checks the sizes: every disabled outcome but "unset" carries exactly one warning.
+    pub fn resolve(&self) -> Resolved {
+        let Some(cache) = &self.cache_size else {
+            return Resolved::Disabled { warning: None };
+        };
+        let disabled = |what: &SizeSetting, why: &str| Resolved::Disabled {
+            warning: Some(format!("local hot cache disabled: {}={:?} is {why}", what.source, what.value)),
+        };
+        let cache_bytes = match parse_bytes(&cache.value) {
+            Ok(n) => n,
+            Err(why) => return disabled(cache, why),
+        };
+        let block_bytes = match &self.block_size {
+            None => DEFAULT_BLOCK_SIZE,
+            Some(b) => match parse_bytes(&b.value) {
+                Ok(n) => n,
+                Err(why) => return disabled(b, why),
+            },
+        };
+        let block_name = match &self.block_size {
+            Some(b) => format!("{}={}", b.source, b.value.trim()),
+            None => format!("the default block of {DEFAULT_BLOCK_SIZE} bytes"),
+        };
+        if cache_bytes < block_bytes {
+            return disabled(cache, &format!("smaller than one block ({block_name})"));
+        }
+        let blocks = cache_bytes / block_bytes;
+        if blocks > MAX_BLOCKS {
+            return disabled(cache, &format!("{blocks} blocks of {block_name}: more than {MAX_BLOCKS} blocks"));
+        }
+        Resolved::Enabled(Layout { blocks: blocks as u32, block_size: block_bytes, admission: self.admission })
+    }
+
+    /// Applies the config file's keys (any JSON value: numbers, strings, and whatever else is
+    /// written there, which [`Self::resolve`] then judges).
+    pub fn apply_file_value(slot: &mut Option<SizeSetting>, key: &str, v: Option<serde_json::Value>) {
+        match v {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::String(s)) => *slot = Some(SizeSetting::new(key, s)),
+            Some(other) => *slot = Some(SizeSetting::new(key, other.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(vars: &[(&str, &str)]) -> HotCacheSettings {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        HotCacheSettings::from_vars(|n| map.get(n).cloned()).unwrap()
+    }
+
+    fn warning(vars: &[(&str, &str)]) -> String {
+        match from(vars).resolve() {
+            Resolved::Disabled { warning: Some(w) } => w,
+            other => panic!("{vars:?} should disable the cache with a warning, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unset_disables_without_a_warning() {
+        assert_eq!(from(&[]).resolve(), Resolved::Disabled { warning: None });
+        // A block size alone does not enable anything, and is not judged.
+        assert_eq!(from(&[("LOCAL_HOT_BLOCK_SIZE", "junk")]).resolve(), Resolved::Disabled { warning: None });
+    }
+
+    #[test]
+    fn valid_sizes_make_floor_size_over_block_blocks() {
+        let r = from(&[("LOCAL_HOT_CACHE_SIZE", "419430400")]).resolve();
+        assert_eq!(r, Resolved::Enabled(Layout { blocks: 25, block_size: 16 << 20, admission: Admission::Always }));
+        let r = from(&[("LOCAL_HOT_CACHE_SIZE", " 1000 "), ("LOCAL_HOT_BLOCK_SIZE", "300")]).resolve();
+        assert_eq!(r, Resolved::Enabled(Layout { blocks: 3, block_size: 300, admission: Admission::Always }));
+        // Exactly one block.
+        let r = from(&[("MC_STORE_LOCAL_HOT_CACHE_SIZE", "4096"), ("MC_STORE_LOCAL_HOT_BLOCK_SIZE", "4096")]).resolve();
+        assert_eq!(r, Resolved::Enabled(Layout { blocks: 1, block_size: 4096, admission: Admission::Always }));
+    }
+
+    #[test]
+    fn the_plain_spelling_wins_over_the_mc_store_one() {
+        let s = from(&[("LOCAL_HOT_CACHE_SIZE", "8192"), ("MC_STORE_LOCAL_HOT_CACHE_SIZE", "junk")]);
+        assert_eq!(s.cache_size.unwrap().value, "8192");
+        let s = from(&[("MC_STORE_LOCAL_HOT_CACHE_SIZE", "8192")]);
+        assert_eq!(s.cache_size.unwrap().source, "MC_STORE_LOCAL_HOT_CACHE_SIZE");
+    }
+
+    #[test]
+    fn every_invalid_form_disables_with_one_warning_naming_the_value() {
+        for (value, why) in [
+            ("0", "zero"),
+            ("-0", "zero"),
+            ("-5", "negative"),
+            ("-1048576", "negative"),
+            ("abc", "not a number"),
+            ("16MB", "not a number"),
+            ("1.5", "not a number"),
+            ("0x100", "not a number"),
+            ("", "not a number"),
+            ("  ", "not a number"),
+            ("--5", "not a number"),
+            ("99999999999999999999999", "too large"),
+            ("1000", "smaller than one block"),
+            ("16777215", "smaller than one block"),
+        ] {
+            for var in CACHE_SIZE_VARS {
+                let w = warning(&[(var, value)]);
+                assert!(
+                    w.contains(var) && w.contains(&format!("{value:?}")) && w.contains(why),
+                    "{var}={value:?}: {w}"
+                );
+                assert_eq!(w.lines().count(), 1, "one warning line: {w}");
+            }
+        }
+        for (value, why) in [
+            ("0", "zero"),
+            ("-4096", "negative"),
+            ("4k", "not a number"),
+            ("", "not a number"),
+            ("1e6", "not a number"),
+        ] {
+            for var in BLOCK_SIZE_VARS {
+                let w = warning(&[("LOCAL_HOT_CACHE_SIZE", "1073741824"), (var, value)]);
+                assert!(
+                    w.contains(var) && w.contains(&format!("{value:?}")) && w.contains(why),
+                    "{var}={value:?}: {w}"
+                );
+            }
+        }
+        // Smaller than a configured block: both values are named.
+        let w = warning(&[("LOCAL_HOT_CACHE_SIZE", "8191"), ("LOCAL_HOT_BLOCK_SIZE", "8192")]);
+        assert!(w.contains("\"8191\"") && w.contains("LOCAL_HOT_BLOCK_SIZE=8192"), "{w}");
+        // Absurd block counts.
+        let w = warning(&[("LOCAL_HOT_CACHE_SIZE", "1073741824"), ("LOCAL_HOT_BLOCK_SIZE", "1")]);
+        assert!(w.contains("more than"), "{w}");
+    }
+
+    #[test]
+    fn admission_parses_and_rejects_unknown_words() {
+        assert_eq!(from(&[(ADMISSION_VAR, "second-access")]).admission, Admission::SecondAccess);
+        assert_eq!(from(&[(ADMISSION_VAR, "ALWAYS")]).admission, Admission::Always);
+        let map: HashMap<&str, &str> = [(ADMISSION_VAR, "sometimes")].into();
+        let e = HotCacheSettings::from_vars(|n| map.get(n).map(|v| v.to_string())).unwrap_err().to_string();
+        assert!(e.contains("sometimes"), "{e}");
+    }
+
+    #[test]
+    fn file_values_of_any_json_type_are_judged_by_resolve() {
+        let mut s = HotCacheSettings::default();
+        HotCacheSettings::apply_file_value(&mut s.cache_size, "local_hot_cache_size", Some(serde_json::json!(-5)));
+        assert!(
+            matches!(s.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("negative") && w.contains("local_hot_cache_size"))
+        );
+        HotCacheSettings::apply_file_value(&mut s.cache_size, "local_hot_cache_size", Some(serde_json::json!(1.5)));
+        assert!(matches!(s.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"1.5\"")));
+        HotCacheSettings::apply_file_value(&mut s.cache_size, "local_hot_cache_size", Some(serde_json::json!(true)));
+        assert!(matches!(s.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"true\"")));
+        HotCacheSettings::apply_file_value(
+            &mut s.cache_size,
+            "local_hot_cache_size",
+            Some(serde_json::json!("33554432")),
+        );
+        assert_eq!(
+            s.resolve(),
+            Resolved::Enabled(Layout { blocks: 2, block_size: 16 << 20, admission: Admission::Always })
+        );
+        // null leaves the previous value.
+        HotCacheSettings::apply_file_value(&mut s.cache_size, "local_hot_cache_size", Some(serde_json::Value::Null));
+        assert!(matches!(s.resolve(), Resolved::Enabled(_)));
+    }
+}

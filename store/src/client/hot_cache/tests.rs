@@ -1,0 +1,243 @@
+//! The cache on its own (no master): recency order, held blocks, spans, admission, staleness,
+//! the bounded fill queue, and readers racing fills with every byte checked.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crescent_engine::{EngineConfig, TransferEngine};
+
+use super::*;
+use crate::pattern;
+use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
+
+const B: u64 = 4096;
+
+fn cache(blocks: u32, admission: Admission) -> HotCache {
+    let engine =
+        TransferEngine::new(EngineConfig { local_hostname: Some("127.0.0.1".into()), ..EngineConfig::default() })
+            .unwrap();
+    HotCache::with_layout(&engine, Layout { blocks, block_size: B, admission }).unwrap()
+}
+
+fn list(version: u64, size: u64) -> GetReplicaListReply {
+    GetReplicaListReply {
+        status: None,
+        replicas: vec![ReplicaDescriptor {
+            segment_name: "10.0.0.9:4000".into(),
+            address: 0x1000_0000,
+            size,
+            status: ReplicaStatus::Complete as i32,
+            ..Default::default()
+        }],
+        size,
+        version,
+        lease_ttl_ms: 10_000,
+    }
+}
+
+/// Fills `key` with `size` bytes of pattern `version` and publishes it (synchronously).
+fn put(c: &HotCache, key: &str, version: u64, size: u64) -> bool {
+    let l = list(version, size);
+    let Some(mut fill) = c.reserve(key, &l, &l.replicas[0]) else { return false };
+    let mut bytes = vec![0u8; size as usize];
+    pattern::fill(&mut bytes, version, 0);
+    fill.write(&bytes);
+    c.inner.insert(fill);
+    true
+}
+
+fn cached(c: &HotCache, key: &str, version: u64, size: u64) -> bool {
+    match c.lookup(key, &list(version, size)) {
+        Some(g) => {
+            let v = g.to_vec();
+            assert_eq!(pattern::first_mismatch(&v, version, 0), None, "{key} bytes");
+            true
+        }
+        None => false,
+    }
+}
+
+#[test]
+fn eviction_takes_the_least_recently_used() {
+    let c = cache(3, Admission::Always);
+    for k in ["a", "b", "c"] {
+        assert!(put(&c, k, 1, B));
+    }
+    assert!(cached(&c, "a", 1, B)); // order of use now: b, c, a
+    assert!(put(&c, "d", 1, B)); // evicts b
+    assert!(!cached(&c, "b", 1, B));
+    assert!(cached(&c, "c", 1, B)); // order: a, d, c
+    assert!(put(&c, "e", 1, B)); // evicts a
+    assert!(!cached(&c, "a", 1, B));
+    for k in ["c", "d", "e"] {
+        assert!(cached(&c, k, 1, B), "{k}");
+    }
+    let m = c.metrics();
+    assert_eq!((m.evictions, m.fills, m.entries, m.blocks_in_use), (2, 5, 3, 3));
+    assert_eq!(m.hits, 5);
+    assert_eq!(m.misses, 2);
+    assert_eq!(m.bytes_served, 5 * B);
+}
+
+#[test]
+fn a_held_entry_is_never_evicted_nor_its_blocks_reused() {
+    let c = cache(2, Admission::Always);
+    assert!(put(&c, "a", 1, B));
+    assert!(put(&c, "b", 2, B));
+    let held = c.lookup("a", &list(1, B)).unwrap(); // a is now the most recent, b the oldest
+    assert!(cached(&c, "b", 2, B)); // b most recent: a is the LRU one, but held
+    assert!(put(&c, "x", 3, B)); // must evict b, not the held a
+    assert!(!cached(&c, "b", 2, B));
+    assert_eq!(pattern::first_mismatch(&held.to_vec(), 1, 0), None);
+    // Both entries held: a fill cannot get a block and is dropped (counted), the others stay.
+    let held_x = c.lookup("x", &list(3, B)).unwrap();
+    let before = c.metrics().dropped_fills;
+    assert!(!put(&c, "y", 4, B));
+    assert_eq!(c.metrics().dropped_fills, before + 1);
+    // Invalidated while held: gone from the index, but its block comes back only after the
+    // holder lets go, and the holder still reads the right bytes.
+    c.invalidate("a");
+    assert!(!put(&c, "y", 4, B), "a's block is still held");
+    assert_eq!(pattern::first_mismatch(&held.to_vec(), 1, 0), None);
+    drop(held);
+    assert!(put(&c, "y", 4, B), "a's block came back");
+    assert_eq!(pattern::first_mismatch(&held_x.to_vec(), 3, 0), None);
+}
+
+#[test]
+fn objects_larger_than_a_block_span_blocks_and_larger_than_the_cache_are_skipped() {
+    let c = cache(4, Admission::Always);
+    let size = 2 * B + 123;
+    assert!(put(&c, "span", 7, size));
+    assert_eq!(c.metrics().blocks_in_use, 3);
+    assert!(cached(&c, "span", 7, size));
+    let mut out = vec![0u8; size as usize];
+    c.lookup("span", &list(7, size)).unwrap().copy_to(&mut out);
+    assert_eq!(pattern::first_mismatch(&out, 7, 0), None);
+    // Larger than the whole cache: not a candidate, not counted as a dropped fill.
+    assert!(!put(&c, "huge", 1, 4 * B + 1));
+    assert_eq!(c.metrics().dropped_fills, 0);
+    // Exactly the cache: evicts what is there.
+    assert!(put(&c, "whole", 2, 4 * B));
+    assert!(!cached(&c, "span", 7, size));
+    assert!(cached(&c, "whole", 2, 4 * B));
+}
+
+#[test]
+fn a_changed_version_size_or_replica_is_a_miss_and_drops_the_entry() {
+    let c = cache(4, Admission::Always);
+    assert!(put(&c, "k", 5, B));
+    assert!(!cached(&c, "k", 6, B), "put again: new version");
+    assert_eq!(c.metrics().entries, 0, "the stale entry is gone");
+    assert!(put(&c, "k", 5, B));
+    assert!(!cached(&c, "k", 5, B - 1), "another size");
+    assert!(put(&c, "k", 5, B));
+    let mut moved = list(5, B);
+    moved.replicas[0].address += B;
+    assert!(c.lookup("k", &moved).is_none(), "another replica address");
+    assert!(put(&c, "k", 5, B));
+    let mut processing = list(5, B);
+    processing.replicas[0].status = ReplicaStatus::Processing as i32;
+    assert!(c.lookup("k", &processing).is_none(), "its replica is not complete");
+}
+
+#[test]
+fn second_access_admission_skips_one_off_reads() {
+    let c = cache(2, Admission::SecondAccess);
+    assert!(put(&c, "hot", 1, B) || put(&c, "hot", 1, B), "admitted on the second miss");
+    assert!(!put(&c, "once-1", 1, B));
+    assert!(!put(&c, "once-2", 1, B));
+    assert!(cached(&c, "hot", 1, B), "one-off reads did not push the hot key out");
+    assert_eq!(c.metrics().fills, 1);
+}
+
+#[test]
+fn own_invalidation_forgets_keys() {
+    let c = cache(4, Admission::Always);
+    for k in ["p/1", "p/2", "q/1", "r"] {
+        assert!(put(&c, k, 1, B));
+    }
+    c.invalidate("r");
+    c.invalidate_matching(&regex::Regex::new("^p/").unwrap());
+    assert!(!cached(&c, "p/1", 1, B) && !cached(&c, "p/2", 1, B) && !cached(&c, "r", 1, B));
+    assert!(cached(&c, "q/1", 1, B));
+    c.clear();
+    assert!(!cached(&c, "q/1", 1, B));
+    assert_eq!(c.metrics().blocks_in_use, 0);
+}
+
+#[test]
+fn a_full_fill_queue_drops_fills_without_waiting() {
+    let c = cache(2 * FILL_QUEUE as u32 + 8, Admission::Always);
+    let total = FILL_QUEUE + 8;
+    {
+        // The worker publishes under the policy lock: holding it stalls the worker, so the
+        // queue fills up; publish must neither wait nor lose count.
+        let _stall = c.inner.policy.lock();
+        for i in 0..total {
+            let l = list(1, B);
+            let fill = c.inner.reserve(&format!("k{i}"), Identity::of(&l, &l.replicas[0])).unwrap();
+            c.publish(fill);
+        }
+    }
+    c.flush();
+    let m = c.metrics();
+    assert!(m.dropped_fills >= 1, "{m}");
+    assert_eq!(m.fills + m.dropped_fills, total as u64, "{m}");
+    assert_eq!(m.blocks_in_use, m.fills, "dropped fills gave their blocks back: {m}");
+}
+
+#[test]
+fn readers_racing_fills_always_read_whole_right_objects() {
+    // 6 blocks, 8 keys of 1-2 blocks rewritten with new versions all the time: blocks are
+    // evicted and reused constantly while readers copy out of them.
+    let c = Arc::new(cache(6, Admission::Always));
+    let stop = Arc::new(AtomicBool::new(false));
+    let version = Arc::new(AtomicU64::new(1));
+    let checked = Arc::new(AtomicU64::new(0));
+    let size_of = |k: usize| B + (k as u64 * 997) % B;
+    std::thread::scope(|s| {
+        for w in 0..2 {
+            let (c, stop, version) = (c.clone(), stop.clone(), version.clone());
+            s.spawn(move || {
+                let mut i = w;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % 8;
+                    let v = version.fetch_add(1, Ordering::Relaxed);
+                    put(&c, &format!("k{k}"), v, size_of(k));
+                    i += 1;
+                }
+            });
+        }
+        for _ in 0..3 {
+            let (c, stop, checked) = (c.clone(), stop.clone(), checked.clone());
+            s.spawn(move || {
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % 8;
+                    i += 1;
+                    let key = format!("k{k}");
+                    // Whatever version is cached now: the reader asks for it, as a get whose
+                    // master reply names that version would.
+                    let Some(v) = c.inner.index.get(&key).map(|e| e.id.version) else { continue };
+                    if let Some(g) = c.lookup(&key, &list(v, size_of(k))) {
+                        std::thread::yield_now(); // let fills run while we hold the entry
+                        let bytes = g.to_vec();
+                        assert_eq!(bytes.len() as u64, size_of(k));
+                        assert_eq!(pattern::first_mismatch(&bytes, v, 0), None, "{key} v{v} read whole and right");
+                        checked.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        let started = std::time::Instant::now();
+        while checked.load(Ordering::Relaxed) < 2000 && started.elapsed() < std::time::Duration::from_secs(20) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(checked.load(Ordering::Relaxed) >= 100, "readers got hits: {}", checked.load(Ordering::Relaxed));
+    let m = c.metrics();
+    assert!(m.evictions > 0, "blocks were reused: {m}");
+    assert!(m.blocks_in_use <= 6);
+}

@@ -1,0 +1,257 @@
+//! The client's local hot cache against an in-process master on loopback: clients in one
+//! process are separate segments (separate engines), so another client's replica is remote.
+//! Puts land on the putter's own segment (local-first placement), so each test knows where
+//! every object lives.
+
+use std::sync::Arc;
+
+use crescent_store::client::hot_cache::{HotCacheMetrics, HotCacheSettings};
+use crescent_store::master::server::{self, MasterHandle};
+use crescent_store::{pattern, AllocationStrategy, ClientConfig, MasterConfig, StoreClient};
+
+const MIB: u64 = 1 << 20;
+
+fn master() -> MasterHandle {
+    server::start(MasterConfig {
+        rpc_address: "127.0.0.1:0".into(),
+        admin_address: "127.0.0.1:0".into(),
+        allocation_strategy: AllocationStrategy::LocalFirst,
+        ..MasterConfig::default()
+    })
+    .unwrap()
+}
+
+fn client(m: &MasterHandle, segment: u64, hot: HotCacheSettings) -> Arc<StoreClient> {
+    StoreClient::connect(ClientConfig {
+        master_server_address: m.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: segment,
+        local_buffer_size: 4 * MIB,
+        hot_cache: hot,
+        ..ClientConfig::default()
+    })
+    .unwrap()
+}
+
+/// A reader whose cache has `blocks` blocks of 1 MiB.
+fn reader(m: &MasterHandle, blocks: u64) -> Arc<StoreClient> {
+    client(m, 4 * MIB, HotCacheSettings::with_sizes(blocks * MIB, Some(MIB)))
+}
+
+fn data(len: u64, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len as usize];
+    pattern::fill(&mut v, seed, 0);
+    v
+}
+
+fn ok(v: &[u8], len: u64, seed: u64) -> bool {
+    v.len() as u64 == len && pattern::first_mismatch(v, seed, 0).is_none()
+}
+
+fn metrics(c: &StoreClient) -> HotCacheMetrics {
+    c.hot_cache().unwrap().flush();
+    c.hot_cache_metrics().unwrap()
+}
+
+#[test]
+fn a_key_removed_and_put_again_elsewhere_is_read_anew_not_from_the_cache() {
+    let m = master();
+    let a = client(&m, 64 * MIB, HotCacheSettings::default());
+    let c = client(&m, 64 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 8);
+
+    a.put("k", &data(3 * MIB, 1)).unwrap();
+    assert!(ok(&b.get("k").unwrap(), 3 * MIB, 1)); // miss: lands in the cache
+    assert_eq!(metrics(&b).fills, 1);
+    assert!(ok(&b.get("k").unwrap(), 3 * MIB, 1)); // hit
+    let m1 = metrics(&b);
+    assert_eq!((m1.hits, m1.misses, m1.bytes_served), (1, 1, 3 * MIB));
+
+    // Another client removes it (B's read lease: forced) and a third puts new bytes, on its
+    // own segment: B must read those.
+    a.remove_with("k", true).unwrap();
+    assert!(b.get("k").is_err(), "removed: not served from the cache");
+    c.put("k", &data(2 * MIB, 2)).unwrap();
+    assert!(ok(&b.get("k").unwrap(), 2 * MIB, 2), "new bytes from the new holder");
+    assert!(ok(&b.get("k").unwrap(), 2 * MIB, 2), "and then from the cache");
+    // Same size, same holder, likely the very same address: the version still tells them apart.
+    c.remove_with("k", true).unwrap();
+    c.put("k", &data(2 * MIB, 3)).unwrap();
+    assert!(ok(&b.get("k").unwrap(), 2 * MIB, 3), "put again in place");
+    let mut dst = vec![0u8; 2 * MIB as usize];
+    b.register_buffer(dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();
+    assert_eq!(b.get_into("k", dst.as_mut_ptr() as u64, dst.len() as u64).unwrap(), 2 * MIB);
+    assert!(ok(&dst, 2 * MIB, 3), "zero-copy hit of the new object");
+    let m2 = metrics(&b);
+    assert_eq!(m2.hits, 3, "{m2}");
+    assert_eq!(m2.misses, 3, "{m2}");
+    b.unregister_buffer(dst.as_mut_ptr() as u64).unwrap();
+}
+
+#[test]
+fn only_remote_objects_are_cached() {
+    let m = master();
+    let a = client(&m, 64 * MIB, HotCacheSettings::default());
+    let b = client(&m, 64 * MIB, HotCacheSettings::with_sizes(8 * MIB, Some(MIB)));
+    b.put("mine", &data(MIB, 1)).unwrap(); // on B's own segment
+    a.put("theirs", &data(MIB, 2)).unwrap();
+    for _ in 0..3 {
+        assert!(ok(&b.get("mine").unwrap(), MIB, 1));
+    }
+    let mut got = b.get_batch(&["mine".to_string()]).unwrap();
+    assert!(ok(&got.remove(0).unwrap(), MIB, 1));
+    let local = metrics(&b);
+    assert_eq!((local.hits, local.misses, local.fills, local.entries), (0, 0, 0, 0), "{local}");
+    assert!(ok(&b.get("theirs").unwrap(), MIB, 2));
+    assert_eq!(metrics(&b).fills, 1);
+    assert!(ok(&b.get("theirs").unwrap(), MIB, 2));
+    assert_eq!(metrics(&b).hits, 1);
+}
+
+#[test]
+fn batch_gets_mix_hits_misses_and_errors() {
+    let m = master();
+    let a = client(&m, 64 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 16);
+    let sizes = [MIB / 2, MIB, 3 * MIB / 2, 2 * MIB + 7];
+    let keys: Vec<String> = (0..4).map(|i| format!("b{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        a.put(k, &data(sizes[i], i as u64 + 10)).unwrap();
+    }
+    // Warm b0 and b2 (byte gets fill right away).
+    assert!(ok(&b.get("b0").unwrap(), sizes[0], 10));
+    assert!(ok(&b.get("b2").unwrap(), sizes[2], 12));
+    assert_eq!(metrics(&b).entries, 2);
+
+    let mixed: Vec<String> = vec!["b0".into(), "b1".into(), "nope".into(), "b2".into(), "b3".into()];
+    let got = b.get_batch(&mixed).unwrap();
+    assert!(ok(got[0].as_ref().unwrap(), sizes[0], 10));
+    assert!(ok(got[1].as_ref().unwrap(), sizes[1], 11));
+    assert!(got[2].is_err());
+    assert!(ok(got[3].as_ref().unwrap(), sizes[2], 12));
+    assert!(ok(got[4].as_ref().unwrap(), sizes[3], 13));
+    let m1 = metrics(&b);
+    assert_eq!((m1.hits, m1.misses, m1.entries), (2, 4, 4), "{m1}");
+
+    // Zero copy: b1 and b3 are now hits, b0 and b2 too; a fresh key misses and is fetched in
+    // the background.
+    a.put("b4", &data(MIB, 14)).unwrap();
+    let zkeys: Vec<String> = vec!["b3".into(), "b4".into(), "nope".into(), "b1".into()];
+    let slot = 2 * MIB + 4096;
+    let mut buf = vec![0u8; 4 * slot as usize];
+    b.register_buffer(buf.as_mut_ptr() as u64, buf.len() as u64).unwrap();
+    let addrs: Vec<u64> = (0..4).map(|i| buf.as_ptr() as u64 + i * slot).collect();
+    let lens = vec![slot; 4];
+    let res = b.batch_get_into(&zkeys, &addrs, &lens).unwrap();
+    assert_eq!(*res[0].as_ref().unwrap(), sizes[3]);
+    assert_eq!(*res[1].as_ref().unwrap(), MIB);
+    assert!(res[2].is_err());
+    assert_eq!(*res[3].as_ref().unwrap(), sizes[1]);
+    let at = |i: usize, len: u64| &buf[(addrs[i] - buf.as_ptr() as u64) as usize..][..len as usize];
+    assert!(ok(at(0, sizes[3]), sizes[3], 13));
+    assert!(ok(at(1, MIB), MIB, 14));
+    assert!(ok(at(3, sizes[1]), sizes[1], 11));
+    let m2 = metrics(&b);
+    assert_eq!((m2.hits, m2.misses), (m1.hits + 2, m1.misses + 1), "{m2}");
+    assert_eq!(m2.fills, m1.fills + 1, "the zero-copy miss was fetched by the worker: {m2}");
+    // ... and is a hit now.
+    let res = b.batch_get_into(&zkeys[1..2], &addrs[..1], &lens[..1]).unwrap();
+    assert_eq!(*res[0].as_ref().unwrap(), MIB);
+    assert!(ok(at(0, MIB), MIB, 14));
+    assert_eq!(metrics(&b).hits, m2.hits + 1);
+    b.unregister_buffer(buf.as_mut_ptr() as u64).unwrap();
+}
+
+#[test]
+fn the_clients_own_puts_and_removals_invalidate() {
+    let m = master();
+    let a = client(&m, 64 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 8);
+    for k in ["x/1", "x/2", "y"] {
+        a.put(k, &data(MIB, 5)).unwrap();
+        assert!(ok(&b.get(k).unwrap(), MIB, 5));
+    }
+    assert_eq!(metrics(&b).entries, 3);
+    b.remove_with("y", true).unwrap();
+    assert_eq!(metrics(&b).entries, 2);
+    // remove_by_regex forgets matching keys even when the master keeps them (leased).
+    b.remove_by_regex("^x/").unwrap();
+    assert_eq!(metrics(&b).entries, 0);
+    assert!(ok(&b.get("x/1").unwrap(), MIB, 5));
+    b.put("x/1", &data(MIB, 6)).unwrap_err(); // exists: refused, but forgotten all the same
+    assert_eq!(metrics(&b).entries, 0);
+    assert!(ok(&b.get("x/2").unwrap(), MIB, 5));
+    b.remove_all().unwrap();
+    assert_eq!(metrics(&b).entries, 0);
+}
+
+#[test]
+fn unusable_settings_leave_a_working_client_without_a_cache() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    for settings in [
+        HotCacheSettings::default(),
+        HotCacheSettings::with_sizes(MIB, Some(2 * MIB)), // smaller than one block
+        HotCacheSettings::with_sizes(8 * MIB, Some(0)),
+    ] {
+        let b = client(&m, 4 * MIB, settings);
+        assert!(b.hot_cache().is_none());
+        a.put("v", &data(MIB, 1)).unwrap();
+        assert!(ok(&b.get("v").unwrap(), MIB, 1));
+        a.remove_with("v", true).unwrap();
+    }
+}
+
+#[test]
+fn concurrent_gets_through_a_churning_cache_return_the_right_bytes() {
+    let m = master();
+    let a = client(&m, 128 * MIB, HotCacheSettings::default());
+    let c = client(&m, 128 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 6); // 6 MiB of cache for 12 objects of 0.5-2.5 MiB: constant eviction
+    let size = |i: u64| MIB / 2 + (i * 211_111) % (2 * MIB);
+    let keys: Vec<String> = (0..12).map(|i| format!("s{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        a.put(k, &data(size(i as u64), i as u64)).unwrap();
+    }
+    let run = |gen: u64| {
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (b, keys) = (b.clone(), keys.clone());
+                s.spawn(move || {
+                    let mut buf = vec![0u8; 3 * MIB as usize];
+                    b.register_buffer(buf.as_mut_ptr() as u64, buf.len() as u64).unwrap();
+                    for n in 0..60u64 {
+                        let i = ((n * 7 + t * 5) % 12) as usize;
+                        let (len, seed) = (size(i as u64), i as u64 + gen);
+                        match (n + t) % 3 {
+                            0 => assert!(ok(&b.get(&keys[i]).unwrap(), len, seed), "get {} gen {gen}", keys[i]),
+                            1 => {
+                                let got = b.get_into(&keys[i], buf.as_mut_ptr() as u64, buf.len() as u64).unwrap();
+                                assert!(ok(&buf[..got as usize], len, seed), "get_into {} gen {gen}", keys[i]);
+                            }
+                            _ => {
+                                let j = (i + 1) % 12;
+                                let got = b.get_batch(&[keys[i].clone(), keys[j].clone()]).unwrap();
+                                assert!(ok(got[0].as_ref().unwrap(), len, seed));
+                                assert!(ok(got[1].as_ref().unwrap(), size(j as u64), j as u64 + gen));
+                            }
+                        }
+                    }
+                    b.unregister_buffer(buf.as_mut_ptr() as u64).unwrap();
+                });
+            }
+        })
+    };
+    run(0);
+    let m1 = metrics(&b);
+    assert!(m1.hits > 0 && m1.evictions > 0 && m1.fills > 0, "{m1}");
+    // Every object replaced by another client (new holder, new bytes) while B keeps its cache.
+    for (i, k) in keys.iter().enumerate() {
+        a.remove_with(k, true).unwrap();
+        c.put(k, &data(size(i as u64), i as u64 + 100)).unwrap();
+    }
+    run(100);
+    let m2 = metrics(&b);
+    assert!(m2.hits > m1.hits, "{m2}");
+    assert!(m2.blocks_in_use <= 6);
+}
