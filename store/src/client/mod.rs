@@ -22,6 +22,15 @@ use hot_cache::HotCache;
 use rpc::{check, MasterRpc};
 use staging::Staging;
 
+/// A batch reply must hold one item per key asked.
+fn one_per_key(items: usize, keys: usize) -> Result<()> {
+    if items == keys {
+        Ok(())
+    } else {
+        Err(StoreError::Internal(format!("master answered {items} items for {keys} keys")))
+    }
+}
+
 /// Where a value's bytes come from or go to.
 enum Buf<'a> {
     /// Plain memory: moved through the staging buffer.
@@ -547,13 +556,7 @@ impl StoreClient {
             options: Some(self.default_options()),
         };
         let reply = self.rpc.call(|mut c| async move { c.batch_put_start(req).await })?;
-        if reply.items.len() != keys.len() {
-            return Err(StoreError::Internal(format!(
-                "master answered {} items for {} keys",
-                reply.items.len(),
-                keys.len()
-            )));
-        }
+        one_per_key(reply.items.len(), keys.len())?;
         Ok(reply
             .items
             .into_iter()
@@ -629,13 +632,7 @@ impl StoreClient {
     fn batch_replica_lists(&self, keys: &[String]) -> Result<Vec<Result<GetReplicaListReply>>> {
         let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
         let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
-        if reply.items.len() != keys.len() {
-            return Err(StoreError::Internal(format!(
-                "master answered {} items for {} keys",
-                reply.items.len(),
-                keys.len()
-            )));
-        }
+        one_per_key(reply.items.len(), keys.len())?;
         Ok(reply
             .items
             .into_iter()
