@@ -12,7 +12,15 @@ pub(super) enum HeaderRead {
 /// Reads one header. A clean close or an idle read timeout at a frame boundary is not an
 /// error (idle connections are normal); a close or a stall in the middle of a header is.
 pub(super) fn read_header(stream: &mut impl Read, buf: &mut [u8; HEADER_LEN]) -> io::Result<HeaderRead> {
-    let mut filled = 0;
+    read_header_from(stream, buf, 0)
+}
+
+/// [`read_header`] when the first `filled` bytes of `buf` are already there.
+pub(super) fn read_header_from(
+    stream: &mut impl Read,
+    buf: &mut [u8; HEADER_LEN],
+    mut filled: usize,
+) -> io::Result<HeaderRead> {
     while filled < HEADER_LEN {
         match stream.read(&mut buf[filled..]) {
             Ok(0) if filled == 0 => return Ok(HeaderRead::Closed),
