@@ -23,15 +23,7 @@ trap cleanup EXIT
 bench_netns_up
 VETH_B="cb$$b"
 
-ip netns exec "$NS_A" "$BIN/crescent-master" --rpc-address "$ADDR_A:0" --admin-address "" >"$WORK/master.out" 2>"$WORK/master.err" &
-PIDS+=($!)
-MASTER=$(wait_line "$WORK/master.out" "master: ")
-mkfifo "$WORK/holder.in"
-ip netns exec "$NS_A" "$BIN/crescent" client --master "$MASTER" --local-hostname "$ADDR_A" \
-  --segment-size 2G --buffer-size 16M <"$WORK/holder.in" >"$WORK/holder.out" 2>"$WORK/holder.err" &
-PIDS+=($!)
-exec 9>"$WORK/holder.in"   # keep the holder's stdin open
-wait_line "$WORK/holder.out" "ready " >/dev/null
+bench_store_up
 
 shape() { # on|off
   for pair in "$NS_A $VETH_A" "$NS_B $VETH_B"; do

@@ -28,3 +28,18 @@ wait_line() { # file prefix
   done
   echo "timed out waiting for '$2' in $1" >&2; return 1
 }
+
+# Starts crescent-master and a holder client (`crescent client` with a 2 GiB segment) on host A
+# and sets MASTER. Uses the caller's BIN, WORK and PIDS; keeps the holder's stdin open on fd 9.
+bench_store_up() {
+  ip netns exec "$NS_A" "$BIN/crescent-master" --rpc-address "$ADDR_A:0" --admin-address "" \
+    >"$WORK/master.out" 2>"$WORK/master.err" &
+  PIDS+=($!)
+  MASTER=$(wait_line "$WORK/master.out" "master: ")
+  mkfifo "$WORK/holder.in"
+  ip netns exec "$NS_A" "$BIN/crescent" client --master "$MASTER" --local-hostname "$ADDR_A" \
+    --segment-size 2G --buffer-size 16M <"$WORK/holder.in" >"$WORK/holder.out" 2>"$WORK/holder.err" &
+  PIDS+=($!)
+  exec 9>"$WORK/holder.in"
+  wait_line "$WORK/holder.out" "ready " >/dev/null
+}

@@ -23,15 +23,7 @@ bench_netns_up
 ip netns exec "$NS_A" redis-server --bind "$ADDR_A" --port 6390 --save "" --appendonly no \
   --protected-mode no --logfile "$WORK/redis.log" &
 PIDS+=($!)
-ip netns exec "$NS_A" "$BIN/crescent-master" --rpc-address "$ADDR_A:0" --admin-address "" >"$WORK/master.out" 2>"$WORK/master.err" &
-PIDS+=($!)
-MASTER=$(wait_line "$WORK/master.out" "master: ")
-mkfifo "$WORK/holder.in"
-ip netns exec "$NS_A" "$BIN/crescent" client --master "$MASTER" --local-hostname "$ADDR_A" \
-  --segment-size 2G --buffer-size 16M <"$WORK/holder.in" >"$WORK/holder.out" 2>"$WORK/holder.err" &
-PIDS+=($!)
-exec 9>"$WORK/holder.in"   # keep the holder's stdin open
-wait_line "$WORK/holder.out" "ready " >/dev/null
+bench_store_up
 for _ in $(seq 50); do redis-cli -h "$ADDR_A" -p 6390 ping >/dev/null 2>&1 && break; ip netns exec "$NS_A" redis-cli -h "$ADDR_A" -p 6390 ping >/dev/null 2>&1 && break; sleep 0.1; done
 
 printf '%s, storebench: store (tcp over a veth between two network namespaces) vs redis-server on the same path\n\n' "$(date -u +%F)"
