@@ -169,3 +169,67 @@ impl SilentPeer {
         SilentPeer { name, buffer }
     }
 }
+
+/// Batches of alternating reads and writes (`count` requests of `len` bytes each, request `i`
+/// at `local + i*len` ↔ `remote + i*len`) in a loop, until a batch has a request that did not
+/// complete — what the "peer dies mid-transfer" tests run while they kill the peer.
+pub struct BatchLoop {
+    completed: Arc<std::sync::atomic::AtomicUsize>,
+    handle: std::thread::JoinHandle<Vec<Vec<crescent_engine::TransferStatus>>>,
+}
+
+impl BatchLoop {
+    pub fn start(
+        engine: &Arc<TransferEngine>,
+        seg: crescent_engine::SegmentId,
+        local: u64,
+        remote: u64,
+        count: u64,
+        len: u64,
+    ) -> Self {
+        use crescent_engine::{Opcode, TransferRequest, TransferStatus};
+        use std::sync::atomic::Ordering;
+        let completed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (engine, done) = (engine.clone(), completed.clone());
+        let handle = std::thread::spawn(move || {
+            let mut outcomes = Vec::new();
+            loop {
+                let reqs: Vec<_> = (0..count)
+                    .map(|i| TransferRequest {
+                        opcode: if i % 2 == 0 { Opcode::Read } else { Opcode::Write },
+                        source: local + i * len,
+                        target: seg,
+                        target_offset: remote + i * len,
+                        length: len,
+                    })
+                    .collect();
+                let id = engine.allocate_batch(count as usize).unwrap();
+                engine.submit(id, &reqs).unwrap();
+                let statuses = engine.wait_batch(id, None).unwrap();
+                engine.free_batch(id).unwrap();
+                let failed = statuses.iter().any(|s| *s != TransferStatus::Completed);
+                outcomes.push(statuses);
+                done.fetch_add(1, Ordering::Relaxed);
+                if failed {
+                    return outcomes;
+                }
+            }
+        });
+        BatchLoop { completed, handle }
+    }
+
+    /// Waits (up to a minute: a loaded machine can be slow) until `n` batches have ended.
+    pub fn wait_for_batches(&self, n: usize) {
+        let completed = &self.completed;
+        assert!(
+            eventually(Duration::from_secs(60), || completed.load(std::sync::atomic::Ordering::Relaxed) >= n),
+            "{n} batch(es) ended"
+        );
+    }
+
+    /// Joins the loop (it ends at the first batch with a request that did not complete) and
+    /// returns every batch's statuses.
+    pub fn join(self) -> Vec<Vec<crescent_engine::TransferStatus>> {
+        self.handle.join().expect("the batch loop panicked")
+    }
+}

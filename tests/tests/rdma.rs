@@ -4,7 +4,6 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,7 @@ use crescent_benches::pattern;
 use crescent_engine::{
     EngineConfig, EngineError, Opcode, TransferEngine, TransferRequest, TransferStatus, TransportKind,
 };
-use crescent_tests::{eventually, spawn_tebench_target, workspace_bin, ChildGuard};
+use crescent_tests::{eventually, spawn_tebench_target, workspace_bin, BatchLoop, ChildGuard};
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::{
     Completion, CompletionSink, Endpoint, Region, RemoteRegion, SharedMemory, Slice, SliceOutcome, Transport,
@@ -293,39 +292,11 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     let seg = engine.open_segment(&name).unwrap();
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
     let local = engine.alloc_registered(8 << 20, "cpu:0").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = {
-        let (engine, stop, local) = (engine.clone(), stop.clone(), local.clone());
-        std::thread::spawn(move || {
-            let mut outcomes = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let reqs: Vec<_> = (0..8)
-                    .map(|i| TransferRequest {
-                        opcode: if i % 2 == 0 { Opcode::Read } else { Opcode::Write },
-                        source: local.addr() + i * (1 << 20),
-                        target: seg,
-                        target_offset: remote.addr + i * (1 << 20),
-                        length: 1 << 20,
-                    })
-                    .collect();
-                let id = engine.allocate_batch(8).unwrap();
-                engine.submit(id, &reqs).unwrap();
-                let statuses = engine.wait_batch(id, None).unwrap();
-                engine.free_batch(id).unwrap();
-                let failed = statuses.iter().any(|s| *s != TransferStatus::Completed);
-                outcomes.push(statuses);
-                if failed {
-                    break;
-                }
-            }
-            outcomes
-        })
-    };
+    let batches = BatchLoop::start(&engine, seg, local.addr(), remote.addr, 8, 1 << 20);
     // Let some batches complete first.
-    std::thread::sleep(Duration::from_secs(3));
+    batches.wait_for_batches(2);
     target.kill_now();
-    let outcomes = worker.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
+    let outcomes = batches.join();
     assert!(outcomes.len() > 1, "batches completed before the kill");
     let last = outcomes.last().unwrap();
     assert!(

@@ -2,12 +2,10 @@
 //! segment is gone: later requests fail with a clear reason, even those to memory the
 //! initiator had mapped (whose pages outlive the target and must not be used).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_engine::{Opcode, TransferRequest, TransferStatus, TransportKind};
-use crescent_tests::{same_host_engine, spawn_tebench_target};
+use crescent_tests::{same_host_engine, spawn_tebench_target, BatchLoop};
 
 fn killing_the_target_ends_its_segment(target_args: &[&str]) {
     let (mut target, name) = spawn_tebench_target(&[], target_args);
@@ -16,40 +14,12 @@ fn killing_the_target_ends_its_segment(target_args: &[&str]) {
     assert_eq!(engine.segment_transport(seg).unwrap(), TransportKind::Shm);
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
     let local = engine.alloc_registered(64 << 20, "cpu:0").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = {
-        let (engine, stop, local) = (engine.clone(), stop.clone(), local.clone());
-        std::thread::spawn(move || {
-            let mut outcomes = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let reqs: Vec<_> = (0..16)
-                    .map(|i| TransferRequest {
-                        opcode: if i % 2 == 0 { Opcode::Read } else { Opcode::Write },
-                        source: local.addr() + i * (4 << 20),
-                        target: seg,
-                        target_offset: remote.addr + i * (4 << 20),
-                        length: 4 << 20,
-                    })
-                    .collect();
-                let id = engine.allocate_batch(16).unwrap();
-                engine.submit(id, &reqs).unwrap();
-                let statuses = engine.wait_batch(id, None).unwrap();
-                engine.free_batch(id).unwrap();
-                let failed = statuses.iter().any(|s| *s != TransferStatus::Completed);
-                outcomes.push(statuses);
-                if failed {
-                    break;
-                }
-            }
-            outcomes
-        })
-    };
-    std::thread::sleep(Duration::from_millis(500));
+    let batches = BatchLoop::start(&engine, seg, local.addr(), remote.addr, 16, 4 << 20);
+    batches.wait_for_batches(1);
     let killed_at = Instant::now();
     target.kill_now();
-    // Keep the worker going until its batches fail (the kill is noticed asynchronously).
-    let outcomes = worker.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
+    // The loop goes on until its batches fail (the kill is noticed asynchronously).
+    let outcomes = batches.join();
     assert!(killed_at.elapsed() < Duration::from_secs(15), "requests ended before their timeout");
     assert!(outcomes.len() > 1, "batches completed before the kill");
     let last = outcomes.last().unwrap();

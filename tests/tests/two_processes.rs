@@ -3,13 +3,11 @@
 //! the requests in flight without hanging.
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_benches::pattern;
 use crescent_engine::{Opcode, TransferRequest, TransferStatus};
-use crescent_tests::{loopback_engine, spawn_tebench_target, workspace_bin};
+use crescent_tests::{loopback_engine, spawn_tebench_target, workspace_bin, BatchLoop};
 
 #[test]
 fn reads_from_another_process_match_its_pattern() {
@@ -62,46 +60,13 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     let seg = engine.open_segment(&name).unwrap();
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
     let local = engine.alloc_registered(256 << 20, "cpu:0").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let completed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let worker = {
-        let (engine, stop, local, completed) = (engine.clone(), stop.clone(), local.clone(), completed.clone());
-        std::thread::spawn(move || {
-            let mut outcomes = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let reqs: Vec<_> = (0..16)
-                    .map(|i| TransferRequest {
-                        opcode: if i % 2 == 0 { Opcode::Read } else { Opcode::Write },
-                        source: local.addr() + i * (16 << 20),
-                        target: seg,
-                        target_offset: remote.addr + i * (16 << 20),
-                        length: 16 << 20,
-                    })
-                    .collect();
-                let id = engine.allocate_batch(16).unwrap();
-                engine.submit(id, &reqs).unwrap();
-                let statuses = engine.wait_batch(id, None).unwrap();
-                engine.free_batch(id).unwrap();
-                let failed = statuses.iter().any(|s| *s != TransferStatus::Completed);
-                outcomes.push(statuses);
-                completed.fetch_add(1, Ordering::Relaxed);
-                if failed {
-                    break;
-                }
-            }
-            outcomes
-        })
-    };
+    let batches = BatchLoop::start(&engine, seg, local.addr(), remote.addr, 16, 16 << 20);
     // Kill once transfers are flowing (a loaded machine may take a while for the first batch).
-    assert!(
-        crescent_tests::eventually(Duration::from_secs(60), || completed.load(Ordering::Relaxed) >= 1),
-        "a first batch completed"
-    );
+    batches.wait_for_batches(1);
     std::thread::sleep(Duration::from_millis(100));
     let killed_at = Instant::now();
     target.kill_now();
-    let outcomes = worker.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
+    let outcomes = batches.join();
     assert!(killed_at.elapsed() < Duration::from_secs(15), "in-flight requests ended before their timeout");
     let last = outcomes.last().expect("at least one batch ran");
     assert!(
