@@ -94,3 +94,13 @@ impl ClientProc {
         self.child.0.id()
     }
 }
+
+/// A master in this process on loopback (free gRPC and admin ports), with `config`'s other settings.
+pub fn loopback_master(config: crescent_store::MasterConfig) -> crescent_store::master::server::MasterHandle {
+    crescent_store::master::server::start(crescent_store::MasterConfig {
+        rpc_address: "127.0.0.1:0".into(),
+        admin_address: "127.0.0.1:0".into(),
+        ..config
+    })
+    .expect("master starts on loopback")
+}

@@ -6,19 +6,16 @@
 use std::sync::Arc;
 
 use crescent_store::client::hot_cache::{HotCacheMetrics, HotCacheSettings};
-use crescent_store::master::server::{self, MasterHandle};
+use crescent_store::master::server::MasterHandle;
 use crescent_store::{pattern, AllocationStrategy, ClientConfig, MasterConfig, StoreClient};
 
 const MIB: u64 = 1 << 20;
 
 fn master() -> MasterHandle {
-    server::start(MasterConfig {
-        rpc_address: "127.0.0.1:0".into(),
-        admin_address: "127.0.0.1:0".into(),
+    crescent_tests::store::loopback_master(MasterConfig {
         allocation_strategy: AllocationStrategy::LocalFirst,
         ..MasterConfig::default()
     })
-    .unwrap()
 }
 
 fn client(m: &MasterHandle, segment: u64, hot: HotCacheSettings) -> Arc<StoreClient> {

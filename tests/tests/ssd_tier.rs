@@ -6,17 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crescent_store::master::server::{self, MasterHandle};
+use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::Tier;
 use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
 
 fn master() -> MasterHandle {
-    server::start(MasterConfig {
-        rpc_address: "127.0.0.1:0".into(),
-        admin_address: "127.0.0.1:0".into(),
-        ..MasterConfig::default()
-    })
-    .unwrap()
+    crescent_tests::store::loopback_master(MasterConfig::default())
 }
 
 fn config(m: &MasterHandle, root: Option<&Path>) -> ClientConfig {

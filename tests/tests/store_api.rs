@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crescent_store::master::server::{self, MasterHandle};
+use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
     BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutStartRequest, SegmentInfo, UnmountSegmentRequest,
@@ -11,12 +11,7 @@ use crescent_store::proto::{
 use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
 
 fn master() -> MasterHandle {
-    server::start(MasterConfig {
-        rpc_address: "127.0.0.1:0".into(),
-        admin_address: "127.0.0.1:0".into(),
-        ..MasterConfig::default()
-    })
-    .unwrap()
+    crescent_tests::store::loopback_master(MasterConfig::default())
 }
 
 fn client(m: &MasterHandle) -> Arc<StoreClient> {

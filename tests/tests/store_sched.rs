@@ -7,14 +7,13 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crescent_store::master::server::{self, MasterHandle};
+use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::{EventKind, EventMessage, Tier};
 use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
 use crescent_tests::eventually;
 
 fn master_with(config: MasterConfig) -> MasterHandle {
-    server::start(MasterConfig { rpc_address: "127.0.0.1:0".into(), admin_address: "127.0.0.1:0".into(), ..config })
-        .unwrap()
+    crescent_tests::store::loopback_master(config)
 }
 
 fn client(m: &MasterHandle, segment: u64) -> Arc<StoreClient> {
