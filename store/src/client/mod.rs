@@ -22,6 +22,12 @@ use hot_cache::HotCache;
 use rpc::{check, MasterRpc};
 use staging::Staging;
 
+/// A committed replica in a memory segment: what the engine reads. Disk copies (tier SSD) are
+/// read through their owner instead.
+pub(crate) fn readable_in_memory(r: &ReplicaDescriptor) -> bool {
+    r.status == ReplicaStatus::Complete as i32 && r.tier != Tier::Ssd as i32
+}
+
 /// A batch reply must hold one item per key asked.
 fn one_per_key(items: usize, keys: usize) -> Result<()> {
     if items == keys {
@@ -392,11 +398,7 @@ impl StoreClient {
     /// Reads from the best replica: our own memory first (a memcpy), then the others in turn.
     fn read_replicas(&self, key: &str, list: &GetReplicaListReply, mut dst: Buf<'_>) -> Result<()> {
         let size = list.size;
-        let mut order: Vec<&ReplicaDescriptor> = list
-            .replicas
-            .iter()
-            .filter(|r| r.status == ReplicaStatus::Complete as i32 && r.tier != Tier::Ssd as i32)
-            .collect();
+        let mut order: Vec<&ReplicaDescriptor> = list.replicas.iter().filter(|r| readable_in_memory(r)).collect();
         order.sort_by_key(|r| r.segment_name != self.engine.segment_name());
         let mut last_err = None;
         for r in order {
@@ -689,11 +691,7 @@ impl StoreClient {
             if self.hot_get_into(&keys[i], list, addrs[i]) {
                 continue;
             }
-            let complete: Vec<&ReplicaDescriptor> = list
-                .replicas
-                .iter()
-                .filter(|r| r.status == ReplicaStatus::Complete as i32 && r.tier != Tier::Ssd as i32)
-                .collect();
+            let complete: Vec<&ReplicaDescriptor> = list.replicas.iter().filter(|r| readable_in_memory(r)).collect();
             if let Some(src) = complete.iter().find_map(|r| self.local_replica(r, list.size)) {
                 // SAFETY: the caller registered [addrs[i], +lens[i] >= size) for this call.
                 unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }.copy_from_slice(src);

@@ -106,11 +106,7 @@ impl StoreClient {
         for &i in read {
             if let (Ok(()), Ok(list)) = (&results[i], &lists[i]) {
                 // Memory replicas only: disk copies (tier SSD) are read through their owner.
-                if let Some(r) = list
-                    .replicas
-                    .iter()
-                    .find(|r| r.status == ReplicaStatus::Complete as i32 && r.tier != crate::proto::Tier::Ssd as i32)
-                {
+                if let Some(r) = list.replicas.iter().find(|r| crate::client::readable_in_memory(r)) {
                     hot.fetch_later(&keys[i], list, r);
                 }
             }
