@@ -503,7 +503,7 @@ impl TransferEngine {
     }
 
     fn plan(&self, segment: &Segment, r: &TransferRequest) -> std::result::Result<Vec<Piece>, PlanError> {
-        let max = segment.transport.max_slice_len();
+        let max = segment.transport.slice_len_for(r.length);
         let local_end = |a: u64| self.table.find(a, 1).map(|region| region.end());
         for attempt in 0..2 {
             let descriptor = segment.descriptor.read().clone();

@@ -115,6 +115,14 @@ pub trait Transport: Send + Sync {
     /// The longest slice this transport takes; the engine cuts requests accordingly.
     fn max_slice_len(&self) -> u64;
 
+    /// The slice length for a request of `request_len` bytes: at most [`Self::max_slice_len`].
+    /// A transport with several parallel paths to a peer may cut smaller, so that one request
+    /// keeps all of them busy.
+    fn slice_len_for(&self, request_len: u64) -> u64 {
+        let _ = request_len;
+        self.max_slice_len()
+    }
+
     /// Called for each newly registered region; returns the data peers need to access it
     /// (none for tcp, memory keys for rdma).
     fn register_region(&self, _region: &Arc<Region>) -> Result<RegionKeys, TransportError> {

@@ -305,6 +305,12 @@ fn metadata_rate(client: &StoreClient, n: usize) -> Result<()> {
         best.as_secs_f64() * 1e3,
         put_secs
     );
+    // What every single get pays before its transfer: one master round trip.
+    let mut rtt = Row::new();
+    for key in keys.iter().take(2000) {
+        rtt.time(0, || Ok(client.exists(key)?))?;
+    }
+    println!("master round trip (single exists, 2000 calls): p50 {} p99 {}", rtt.p(0.5), rtt.p(0.99));
     client.remove_by_regex("^meta/")?;
     client.unregister_buffer(one.as_mut_ptr() as u64)?;
     Ok(())
