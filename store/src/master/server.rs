@@ -9,6 +9,9 @@ use crate::error::{Result, StoreError};
 use crate::master::service::MasterService;
 use crate::master::{admin, Master, MasterConfig};
 
+/// How long a stopping master waits for its clients' connections to close.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A running master; dropping it (or [`MasterHandle::shutdown`]) stops it.
 pub struct MasterHandle {
     pub master: Arc<Master>,
@@ -99,12 +102,27 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
                             .await;
                     });
                 }
-                let served = tonic::transport::Server::builder()
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(incoming, async move {
+                let stopping = Arc::new(tokio::sync::Notify::new());
+                let stopping2 = stopping.clone();
+                let server = tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(
+                    incoming,
+                    async move {
                         let _ = stop_rx.await;
-                    })
-                    .await;
+                        stopping2.notify_one();
+                    },
+                );
+                // A graceful stop waits for every connection to close; a peer that vanished
+                // without closing (its host or network namespace gone) would hold it forever.
+                let served = tokio::select! {
+                    served = server => served,
+                    () = async {
+                        stopping.notified().await;
+                        tokio::time::sleep(SHUTDOWN_GRACE).await;
+                    } => {
+                        tracing::warn!("connections still open {SHUTDOWN_GRACE:?} after the stop: closing them");
+                        Ok(())
+                    }
+                };
                 let _ = stop_admin_tx.send(());
                 if let Err(e) = served {
                     tracing::error!("master gRPC server stopped: {e}");
@@ -117,4 +135,28 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         admin_addr.map(|a| format!(", admin http://{a}/metrics")).unwrap_or_default()
     );
     Ok(MasterHandle { master, rpc_addr, admin_addr, stop: Some(stop_tx), thread: Some(thread) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_does_not_wait_for_a_peer_that_never_closes() {
+        let handle = start(MasterConfig {
+            rpc_address: "127.0.0.1:0".into(),
+            admin_address: String::new(),
+            ..Default::default()
+        })
+        .expect("master");
+        // A peer that connected and went silent (as one whose host vanished does).
+        let silent = std::net::TcpStream::connect(handle.rpc_addr).expect("connect");
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            handle.shutdown();
+            let _ = done_tx.send(());
+        });
+        done_rx.recv_timeout(SHUTDOWN_GRACE * 10).expect("the master stops although a connection stays open");
+        drop(silent);
+    }
 }
