@@ -1,5 +1,8 @@
-//! The client's connection to the master: a tonic channel driven by a small runtime of its
-//! own, so the client's API stays synchronous (and callable from any thread, e.g. Python's).
+//! The client's connection to the master, so that the client's API stays synchronous (and
+//! callable from any thread, e.g. Python's). Unary calls go over a channel of a current-thread
+//! runtime that the calling thread drives itself: no hand-off to a runtime thread and back,
+//! which costs two thread wake-ups per call. Streams (event subscriptions) need a runtime that
+//! runs while nobody calls: they use a second channel on a one-worker runtime.
 
 use std::future::Future;
 use std::time::Duration;
@@ -12,6 +15,11 @@ use crate::proto::master_client::MasterClient;
 use crate::proto::{Code, Status};
 
 pub struct MasterRpc {
+    /// Drives the unary channel, on the calling thread (one caller at a time drives it; the
+    /// others wait for their own replies).
+    calls: tokio::runtime::Runtime,
+    call_client: MasterClient<Channel>,
+    /// Runs streams in the background.
     runtime: tokio::runtime::Runtime,
     client: MasterClient<Channel>,
     addr: String,
@@ -32,10 +40,21 @@ impl MasterRpc {
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(30))
             .tcp_nodelay(true);
-        let channel = runtime.block_on(endpoint.connect()).map_err(|e| unreachable(format!("{e}: {e:?}")))?;
-        let client =
-            MasterClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
-        Ok(MasterRpc { runtime, client, addr: addr.to_string() })
+        let calls = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Internal(format!("tokio runtime: {e}")))?;
+        let connect = |rt: &tokio::runtime::Runtime| {
+            let channel = rt.block_on(endpoint.connect()).map_err(|e| unreachable(format!("{e}: {e:?}")))?;
+            Ok::<_, StoreError>(
+                MasterClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+        };
+        let call_client = connect(&calls)?;
+        let client = connect(&runtime)?;
+        Ok(MasterRpc { calls, call_client, runtime, client, addr: addr.to_string() })
     }
 
     pub fn addr(&self) -> &str {
@@ -47,7 +66,7 @@ impl MasterRpc {
         self.runtime.handle().clone()
     }
 
-    /// A handle on the channel to the master.
+    /// A handle on the streams' channel to the master (run it on [`Self::handle`]).
     pub fn client(&self) -> MasterClient<Channel> {
         self.client.clone()
     }
@@ -58,8 +77,8 @@ impl MasterRpc {
         F: FnOnce(MasterClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.runtime
-            .block_on(f(self.client.clone()))
+        self.calls
+            .block_on(f(self.call_client.clone()))
             .map(|r| r.into_inner())
             .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() })
     }
