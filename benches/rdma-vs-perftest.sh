@@ -1,29 +1,40 @@
 #!/usr/bin/env bash
-# Side by side on one RDMA device: perftest's ib_write_bw / ib_read_bw and
-# `tebench --protocol rdma` write / read, at 64 KiB and 1 MiB, with tebench's share of
-# perftest's bandwidth. Both run server and client on this host (loopback through the
-# device). Runs inside the soft-RoCE VM:
+# perftest's ib_write_bw / ib_read_bw against `tebench --protocol rdma` write / read on one
+# RDMA device, at 64 KiB and 1 MiB, with the same parameters on both sides:
+#   message size      perftest -s = tebench --block-size
+#   queue pairs       perftest -q = MC_NUM_QP_PER_EP
+#   path MTU          perftest -m = MC_MTU (default: the port's active MTU)
+#   bytes in flight   perftest -q x -t x size = tebench --threads x --batch-size x size
+#   measured time     perftest -D (duration + 2 s) -f 1 (1 s margins not measured) = tebench --duration
+# The two tools run alternately (perftest, tebench, perftest, tebench, ...) in short runs; each
+# pair is printed, then per case the median of each tool and the median and range of the
+# per-pair ratios. Both ends run on this host (loopback through the device). In the VM:
 #   ../shared/rxe-vm/run-in-rxe-vm.sh benches/rdma-vs-perftest.sh
-# or on a host with a real NIC:
-#   benches/rdma-vs-perftest.sh --device mlx5_0 --gid-index 3 --iters 20000 --duration 10
-# Figures are in MiB/s on both sides (perftest's "MB/sec" is 2^20 bytes per second).
+# On a host with a real NIC:
+#   benches/rdma-vs-perftest.sh --device mlx5_0 --gid-index 3 --duration 5 --pairs 7
+# Figures in MiB/s (perftest's "MB/sec" is 2^20 bytes per second).
 set -euo pipefail
 
 dev=${RXE_VM_DEV:-rxe0}
 gid=${RXE_VM_GID_INDEX:-}
 tebench=${TEBENCH:-target/release/tebench}
-duration=5
+duration=2
+pairs=5
+qps=1
 threads=2
-reps=3
-iters_64k=2000
-iters_1m=200
+inflight=$((8 << 20))
+mtu=""
+slice=""
 sizes="65536 1048576"
+ops="write read"
 
 usage() {
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
-  echo "Options: --device DEV  --gid-index N  --tebench PATH  --duration SECONDS  --threads N (tebench)"
-  echo "         --reps N (runs of each, alternating; the best of each is shown; default 3)"
-  echo "         --iters N (perftest iterations at 64 KiB; 1/10 of it at 1 MiB)  --sizes \"BYTES ...\""
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  echo "Options: --device DEV  --gid-index N  --tebench PATH  --duration SECONDS (measured, default 2)"
+  echo "         --pairs N (perftest+tebench pairs per case, default 5)  --qps N (default 1)"
+  echo "         --threads N (tebench, default 2)  --inflight BYTES (default 8 MiB)  --mtu BYTES"
+  echo "         --slice BYTES (MC_SLICE_SIZE for tebench; default the engine's 64 KiB)"
+  echo "         --sizes \"BYTES ...\"  --ops \"write read\""
 }
 
 while [ $# -gt 0 ]; do
@@ -32,10 +43,14 @@ while [ $# -gt 0 ]; do
     --gid-index) gid=$2; shift 2 ;;
     --tebench) tebench=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
+    --pairs) pairs=$2; shift 2 ;;
+    --qps) qps=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
-    --reps) reps=$2; shift 2 ;;
-    --iters) iters_64k=$2; iters_1m=$(( $2 / 10 > 5 ? $2 / 10 : 5 )); shift 2 ;;
+    --inflight) inflight=$2; shift 2 ;;
+    --mtu) mtu=$2; shift 2 ;;
+    --slice) slice=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
+    --ops) ops=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -45,6 +60,10 @@ for tool in ib_write_bw ib_read_bw; do
   command -v $tool >/dev/null || { echo "$tool not found (install perftest)" >&2; exit 1; }
 done
 [ -x "$tebench" ] || { echo "$tebench not found: cargo build --release -p crescent-benches" >&2; exit 1; }
+if [ -z "$mtu" ]; then
+  mtu=$(ibv_devinfo -d "$dev" -i 1 2>/dev/null | awk '/active_mtu/ { print $2; exit }' || true)
+  [ -n "$mtu" ] || { echo "cannot read the active MTU of $dev; pass --mtu" >&2; exit 1; }
+fi
 
 gid_perftest=()
 gid_tebench=()
@@ -52,6 +71,8 @@ if [ -n "$gid" ]; then
   gid_perftest=(-x "$gid")
   gid_tebench=(--gid-index "$gid")
 fi
+export MC_NUM_QP_PER_EP=$qps MC_MTU=$mtu
+[ -n "$slice" ] && export MC_SLICE_SIZE=$slice
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -60,26 +81,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# perftest OP SIZE ITERS PORT -> average MiB/s
+# perftest OP SIZE DEPTH PORT -> average MiB/s over the measured `duration` seconds
 perftest() {
-  local op=$1 size=$2 iters=$3 port=$4
-  "ib_${op}_bw" -d "$dev" "${gid_perftest[@]}" -s "$size" -n "$iters" -p "$port" \
-    >"$work/server.out" 2>&1 &
+  local op=$1 size=$2 depth=$3 port=$4
+  local args=(-d "$dev" "${gid_perftest[@]}" -s "$size" -q "$qps" -t "$depth" -m "$mtu"
+    -D $((duration + 2)) -f 1 -F -p "$port")
+  "ib_${op}_bw" "${args[@]}" >"$work/server.out" 2>&1 &
   local server=$!
   sleep 1
   local out
-  out=$("ib_${op}_bw" -d "$dev" "${gid_perftest[@]}" -s "$size" -n "$iters" -p "$port" \
-    127.0.0.1 2>&1) || { echo "$out" >&2; wait $server || true; return 1; }
+  out=$("ib_${op}_bw" "${args[@]}" 127.0.0.1 2>&1) || { echo "$out" >&2; wait $server || true; return 1; }
   wait $server || true
   # The result row: "#bytes #iterations BW peak BW average MsgRate".
   echo "$out" | awk -v s="$size" '$1 == s && NF >= 4 { bw = $4 } END { if (bw == "") exit 1; print bw }'
 }
 
-# tebench OP SIZE SEGMENT -> MiB/s; each thread keeps 8 MiB / threads in flight per batch
-# (perftest keeps 128 x 64 KiB = 8 MiB in flight at 64 KiB).
+# tebench OP SIZE BATCH SEGMENT -> MiB/s
 tebench_run() {
-  local op=$1 size=$2 segment=$3
-  local batch=$(( 8388608 / threads / size )); [ $batch -lt 4 ] && batch=4
+  local op=$1 size=$2 batch=$3 segment=$4
   "$tebench" initiator --protocol rdma --device-name "$dev" "${gid_tebench[@]}" \
     --segment "$segment" --operation "$op" --block-size "$size" --batch-size "$batch" --threads "$threads" \
     --duration "$duration" --report-interval 0 --json --local-hostname 127.0.0.1 \
@@ -97,32 +116,46 @@ done
 segment=$(sed -n 's/^segment: //p' "$work/target.out")
 [ -n "$segment" ] || { cat "$work/target.err" >&2; echo "tebench target did not start" >&2; exit 1; }
 
-printf '%-6s %-8s %15s %15s %8s\n' op size "perftest MiB/s" "tebench MiB/s" ratio
+echo "device $dev, MTU $mtu, $qps queue pair(s), $((inflight >> 20)) MiB in flight, ${duration} s measured per run," \
+  "$pairs pairs per case, tebench slice ${slice:-default}, $threads tebench thread(s)"
 port=18515
-for op in write read; do
+: >"$work/rows"
+for op in $ops; do
   for size in $sizes; do
-    iters=$iters_64k
-    [ "$size" -ge 1048576 ] && iters=$iters_1m
-    # Alternate the two tools and keep the best run of each: on a shared (or emulated)
-    # machine single runs vary a lot.
-    p=0 t=0
-    for _ in $(seq "$reps"); do
+    label=$([ "$size" -ge 1048576 ] && echo "$((size / 1048576))M" || echo "$((size / 1024))K")
+    # perftest keeps DEPTH messages in flight per queue pair; tebench THREADS batches of BATCH.
+    depth=$(( inflight / qps / size )); [ $depth -lt 1 ] && depth=1
+    batch=$(( inflight / threads / size )); [ $batch -lt 1 ] && batch=1
+    : >"$work/pairs"
+    for i in $(seq "$pairs"); do
       # perftest's own out-of-band exchange sometimes fails on an overloaded machine: retry.
       pr=""
       for _try in 1 2 3; do
         port=$((port + 1))
-        pr=$(perftest "$op" "$size" "$iters" "$port") && break
+        pr=$(perftest "$op" "$size" "$depth" "$port") && break
         echo "  perftest $op $size failed, retrying" >&2
         pr=""
       done
       [ -n "$pr" ] || { echo "perftest $op $size failed 3 times" >&2; exit 1; }
-      tr=$(RUST_LOG=${RUST_LOG:-warn} tebench_run "$op" "$size" "$segment") ||
+      tr=$(RUST_LOG=${RUST_LOG:-warn} tebench_run "$op" "$size" "$batch" "$segment") ||
         { cat "$work/initiator.err" >&2; echo "tebench $op $size failed" >&2; exit 1; }
-      echo "  run: $op $size perftest $pr tebench $tr" >&2
-      p=$(python3 -c "print(max($p, $pr))") t=$(python3 -c "print(max($t, $tr))")
+      echo "$pr $tr" >>"$work/pairs"
+      python3 -c "print('  pair %d: %-5s %-3s perftest %7.2f  tebench %7.2f  ratio %4.0f%%' % ($i, '$op', '$label', $pr, $tr, 100 * $tr / $pr))"
     done
-    ratio=$(python3 -c "print('%.0f%%' % (100 * $t / $p) if $p > 0 else 'n/a')")
-    label=$([ "$size" -ge 1048576 ] && echo "$((size / 1048576))M" || echo "$((size / 1024))K")
-    printf '%-6s %-8s %15s %15s %8s\n' "$op" "$label" "$p" "$t" "$ratio"
+    python3 - "$op" "$label" "$work/pairs" >>"$work/rows" <<'EOF'
+import statistics, sys
+op, label, path = sys.argv[1:4]
+rows = [tuple(map(float, l.split())) for l in open(path) if l.strip()]
+ratios = [100 * t / p for p, t in rows]
+print("| %s | %s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.0f %% | %.0f-%.0f %% |" % (
+    op, label,
+    statistics.median(p for p, _ in rows), min(p for p, _ in rows), max(p for p, _ in rows),
+    statistics.median(t for _, t in rows), min(t for _, t in rows), max(t for _, t in rows),
+    statistics.median(ratios), min(ratios), max(ratios)))
+EOF
   done
 done
+echo
+echo "| op | size | perftest MiB/s median (range) | tebench MiB/s median (range) | median ratio | ratio range |"
+echo "|---|---|---|---|---|---|"
+cat "$work/rows"

@@ -139,15 +139,16 @@ struct Side {
 }
 
 fn side(dev: &str, gid: Option<u32>, qps: usize, len: u64) -> Side {
-    let transport = RdmaTransport::start(RdmaConfig {
-        devices: vec![dev.to_string()],
-        gid_index: gid,
-        qps_per_peer: qps,
-        max_slice_len: 4096,
-        max_send_wr: 16,
-        ..RdmaConfig::default()
-    })
-    .expect("rdma transport starts");
+    side_with(len, RdmaConfig { devices: vec![dev.to_string()], gid_index: gid, qps_per_peer: qps, ..small_queues() })
+}
+
+/// 4 KiB slices and 16 work requests per queue pair: small transfers already queue up.
+fn small_queues() -> RdmaConfig {
+    RdmaConfig { max_slice_len: 4096, max_send_wr: 16, ..RdmaConfig::default() }
+}
+
+fn side_with(len: u64, config: RdmaConfig) -> Side {
+    let transport = RdmaTransport::start(config).expect("rdma transport starts");
     let mem = Arc::new(SharedMemory::allocate(len, "crescent-test").unwrap());
     let region = Arc::new(Region::new(mem.addr(), mem.len(), "cpu:0", None));
     region.set_keys(transport.register_region(&region).unwrap());
@@ -436,4 +437,218 @@ fn a_binary_without_rdma_says_so_in_one_line_and_serves_over_tcp() {
         rdma_lines[0]
     );
     assert!(!segment.is_empty());
+}
+
+fn fill_side(side: &Side, seed: u64) {
+    // SAFETY: no transfer touches the memory while it is filled.
+    pattern::fill(
+        unsafe { std::slice::from_raw_parts_mut(side.mem.addr() as *mut u8, side.mem.len() as usize) },
+        seed,
+        0,
+    );
+}
+
+/// Hands `target`'s region to `initiator`; returns the target's endpoint.
+fn know(initiator: &Side, target: &Side) -> Endpoint {
+    let peer = target.transport.endpoint();
+    initiator.transport.set_peer_regions(
+        &peer,
+        vec![RemoteRegion { addr: target.region.addr(), len: target.region.len(), keys: target.region.keys() }],
+    );
+    peer
+}
+
+/// Reads `n` slices of 4 KiB from the start of `target` into the start of `initiator` and
+/// waits for them; checks the bytes of every completed one against `seed`.
+fn read_slices(initiator: &Side, target: &Side, peer: &Endpoint, n: usize, seed: u64) -> Vec<SliceOutcome> {
+    let sink = Outcomes::new(n);
+    initiator.transport.submit(peer, slices(&sink, Opcode::Read, initiator.mem.addr(), target.mem.addr(), n, 4096));
+    let outcomes = sink.wait(Duration::from_secs(120));
+    check_completed(initiator, &outcomes, seed);
+    outcomes
+}
+
+fn check_completed(initiator: &Side, outcomes: &[SliceOutcome], seed: u64) {
+    // SAFETY: every slice ended; nothing writes the initiator's memory any more.
+    let got = unsafe { std::slice::from_raw_parts(initiator.mem.addr() as *const u8, initiator.mem.len() as usize) };
+    for (i, o) in outcomes.iter().enumerate() {
+        if *o == SliceOutcome::Completed {
+            let at = i * 4096;
+            assert_eq!(pattern::first_mismatch(&got[at..at + 4096], seed, at as u64), None, "slice {i}");
+        }
+    }
+}
+
+#[test]
+fn a_failed_work_completion_moves_its_slice_to_another_queue_pair_within_the_attempt_bound() {
+    let Some((dev, gid)) = rxe() else { return };
+    let target = side(&dev, gid, 1, 4 << 20);
+    fill_side(&target, 11);
+    for max_attempts in [2, 1] {
+        let initiator = side_with(
+            4 << 20,
+            RdmaConfig { devices: vec![dev.clone()], gid_index: gid, qps_per_peer: 2, max_attempts, ..small_queues() },
+        );
+        let peer = know(&initiator, &target);
+        let sink = Outcomes::new(1024);
+        initiator
+            .transport
+            .submit(&peer, slices(&sink, Opcode::Read, initiator.mem.addr(), target.mem.addr(), 1024, 4096));
+        // A device fault on one queue pair while it holds work: its requests complete with
+        // errors (flushed), as after a real fatal error.
+        let broken = initiator.transport.inject_queue_pair_error(&peer).expect("a queue pair had work outstanding");
+        let outcomes = sink.wait(Duration::from_secs(120));
+        check_completed(&initiator, &outcomes, 11);
+        let stats = initiator.transport.peer_stats(&peer);
+        assert!(stats.failed_over > 0, "slices of queue pair {broken} moved to the other one: {stats:?}");
+        let failed: Vec<&SliceOutcome> = outcomes.iter().filter(|o| **o != SliceOutcome::Completed).collect();
+        if max_attempts == 2 {
+            // One failed attempt, then success on the other queue pair: nothing is lost.
+            assert!(failed.is_empty(), "{failed:?}");
+        } else {
+            // One attempt allowed: the slices that failed on the broken queue pair fail, with
+            // the reason; the ones only queued behind them still complete elsewhere.
+            assert!(!failed.is_empty(), "the posted slices of queue pair {broken} failed");
+            assert!(
+                failed.iter().all(|o| matches!(o, SliceOutcome::Failed(r) if r.contains("after 1 attempts"))),
+                "{failed:?}"
+            );
+            assert!(failed.len() < 1024, "the others completed");
+        }
+        // The broken queue pair is rebuilt, and the connection works as before.
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let lanes = initiator.transport.lane_stats(&peer);
+                lanes.len() == 2 && lanes.iter().all(|l| !l.broken && l.qpn != broken)
+            }),
+            "{:?}",
+            initiator.transport.lane_stats(&peer)
+        );
+        let outcomes = read_slices(&initiator, &target, &peer, 64, 11);
+        assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
+    }
+}
+
+#[test]
+fn a_peer_that_is_gone_is_retried_with_backoff_and_reconnected_when_it_is_back() {
+    let Some((dev, gid)) = rxe() else { return };
+    let config = |port| RdmaConfig { devices: vec![dev.clone()], gid_index: gid, port, ..small_queues() };
+    let target = side_with(1 << 20, config(0));
+    let port = target.transport.port();
+    fill_side(&target, 21);
+    let initiator = side_with(1 << 20, config(0));
+    let peer = know(&initiator, &target);
+    let outcomes = read_slices(&initiator, &target, &peer, 16, 21);
+    assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
+    assert_eq!(initiator.transport.peer_stats(&peer).connect_attempts, 1);
+
+    // The target goes away. The application keeps sending requests: each one fails (none
+    // waits for a timeout), and reconnecting is tried only now and then, not per request.
+    let gone = target.mem.addr();
+    drop(target);
+    let mut submitted = 0u64;
+    while submitted < 150 {
+        let sink = Outcomes::new(1);
+        initiator.transport.submit(&peer, slices(&sink, Opcode::Read, initiator.mem.addr(), gone, 1, 4096));
+        let outcome = sink.wait(Duration::from_secs(30)).remove(0);
+        assert!(matches!(outcome, SliceOutcome::Failed(_)), "{outcome:?}");
+        submitted += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stats = initiator.transport.peer_stats(&peer);
+    assert!(!stats.connected, "{stats:?}");
+    assert!(
+        stats.connect_attempts >= 2 && stats.connect_attempts * 10 <= submitted,
+        "reconnects are spaced out: {} attempts for {submitted} requests",
+        stats.connect_attempts
+    );
+
+    // It comes back at the same address (new memory, new keys): the connection is rebuilt
+    // by a later request once the backoff allows, and transfers work again.
+    let target = side_with(1 << 20, config(port));
+    fill_side(&target, 22);
+    let peer_again = know(&initiator, &target);
+    assert_eq!(peer_again, peer);
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            let sink = Outcomes::new(1);
+            initiator
+                .transport
+                .submit(&peer, slices(&sink, Opcode::Read, initiator.mem.addr(), target.mem.addr(), 1, 4096));
+            sink.wait(Duration::from_secs(30))[0] == SliceOutcome::Completed
+        }),
+        "{:?}",
+        initiator.transport.peer_stats(&peer)
+    );
+    let outcomes = read_slices(&initiator, &target, &peer, 64, 22);
+    assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
+    let after = initiator.transport.peer_stats(&peer);
+    assert!(after.connected, "{after:?}");
+    assert!(
+        after.connect_attempts > stats.connect_attempts && after.connect_attempts <= stats.connect_attempts + 10,
+        "{after:?}"
+    );
+}
+
+/// Takes a netdev down; brings it up again when dropped.
+struct LinkDown(String);
+
+impl LinkDown {
+    fn new(netdev: &str) -> LinkDown {
+        let ok = Command::new("ip").args(["link", "set", netdev, "down"]).status().is_ok_and(|s| s.success());
+        assert!(ok, "ip link set {netdev} down");
+        LinkDown(netdev.to_string())
+    }
+}
+
+impl Drop for LinkDown {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "set", &self.0, "up"]).status();
+    }
+}
+
+#[test]
+fn traffic_spreads_over_two_devices_and_moves_to_one_when_the_others_link_goes_down() {
+    let Some((dev, gid)) = rxe() else { return };
+    let (Ok(dev2), Ok(netdev2)) = (std::env::var("RXE_VM_DEV2"), std::env::var("RXE_VM_NETDEV2")) else {
+        eprintln!("skipped: RXE_VM_DEV2 / RXE_VM_NETDEV2 name no second soft-RoCE device (ci/rdma-in-vm.sh adds one)");
+        return;
+    };
+    let config = || RdmaConfig {
+        devices: vec![dev.clone(), dev2.clone()],
+        gid_index: gid,
+        qps_per_peer: 1,
+        ib_timeout: 16,
+        retry_cnt: 5,
+        ..small_queues()
+    };
+    let target = side_with(16 << 20, config());
+    fill_side(&target, 31);
+    let initiator = side_with(16 << 20, config());
+    let peer = know(&initiator, &target);
+    let outcomes = read_slices(&initiator, &target, &peer, 256, 31);
+    assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
+    let lanes = initiator.transport.lane_stats(&peer);
+    let on = |lanes: &[crescent_transports::rdma::LaneStats], d: &str| {
+        lanes.iter().filter(|l| l.device == d).map(|l| l.completed).sum::<u64>()
+    };
+    assert_eq!(lanes.len(), 2, "{lanes:?}");
+    assert!(on(&lanes, &dev) > 0 && on(&lanes, &dev2) > 0, "both devices carried slices: {lanes:?}");
+
+    // 16 MiB in flight over both devices; the second device's link goes down meanwhile.
+    let sink = Outcomes::new(4096);
+    initiator.transport.submit(&peer, slices(&sink, Opcode::Read, initiator.mem.addr(), target.mem.addr(), 4096, 4096));
+    let down = LinkDown::new(&netdev2);
+    let outcomes = sink.wait(Duration::from_secs(180));
+    check_completed(&initiator, &outcomes, 31);
+    assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "every slice completed: {outcomes:?}");
+    // And while it stays down, new requests complete on the first device.
+    let before = on(&initiator.transport.lane_stats(&peer), &dev);
+    let outcomes = read_slices(&initiator, &target, &peer, 256, 31);
+    assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
+    let lanes = initiator.transport.lane_stats(&peer);
+    assert!(on(&lanes, &dev) > before, "{dev} carried the traffic: {lanes:?}");
+    let stats = initiator.transport.peer_stats(&peer);
+    assert!(stats.failed_over > 0, "slices on {dev2} moved to {dev}: {stats:?} {lanes:?}");
+    drop(down);
 }

@@ -172,6 +172,18 @@ impl Lane {
         st.queue.drain(..).collect()
     }
 
+    /// Moves the queue pair to the error state if it has work requests outstanding, without
+    /// marking the lane broken: the lane learns of it from the failed completions (test hook
+    /// behind `RdmaTransport::inject_queue_pair_error`).
+    pub fn inject_error(&self) -> bool {
+        let st = self.state.lock();
+        if st.broken.is_some() || st.inflight == 0 {
+            return false;
+        }
+        self.qp.to_error();
+        true
+    }
+
     /// Queues slices and posts what fits. Slices a broken lane cannot take come back in
     /// `reroute`.
     pub fn enqueue(self: &Arc<Self>, works: Vec<Work>) -> Leftovers {

@@ -120,6 +120,8 @@ struct PeerSlot {
 struct SlotState {
     peer: Option<Arc<Peer>>,
     failures: u32,
+    /// Connection attempts so far (each one a control connection plus its queue pairs).
+    attempts: u64,
     retry_at: Option<Instant>,
     last_error: String,
 }
@@ -134,6 +136,18 @@ pub struct DeviceSummary {
     pub gid: String,
     /// Path MTU in bytes.
     pub mtu: u32,
+}
+
+/// The connection to one peer (for tests and diagnostics).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    /// Attempts to connect (or reconnect) to the peer so far; failed ones are spaced out by
+    /// a backoff, so a peer that is gone is not hammered however many requests name it.
+    pub connect_attempts: u64,
+    /// A live connection exists.
+    pub connected: bool,
+    /// Slices of the live connection moved to another queue pair after theirs failed.
+    pub failed_over: u64,
 }
 
 /// What one queue pair to a peer has done (for tests and diagnostics).
@@ -286,6 +300,32 @@ impl RdmaTransport {
             .collect()
     }
 
+    /// Connection attempts and failovers for `peer`.
+    pub fn peer_stats(&self, peer: &Endpoint) -> PeerStats {
+        let Some(slot) = self.peers.lock().get(peer).cloned() else {
+            return PeerStats::default();
+        };
+        let st = slot.state.lock();
+        let live = st.peer.as_ref().filter(|p| !p.is_dead());
+        PeerStats {
+            connect_attempts: st.attempts,
+            connected: live.is_some(),
+            failed_over: live.map_or(0, |p| p.failed_over()),
+        }
+    }
+
+    /// Fault injection for tests: moves one queue pair to `peer` that has work requests
+    /// outstanding to the error state, as a device does after a fatal error, so that they
+    /// complete with errors (flushed). The transport is not told: it learns it from those
+    /// completions, as from a real fault. Returns the queue pair's number, or `None` when no
+    /// queue pair has work outstanding.
+    #[doc(hidden)]
+    pub fn inject_queue_pair_error(&self, peer: &Endpoint) -> Option<u32> {
+        let slot = self.peers.lock().get(peer).cloned()?;
+        let peer = slot.state.lock().peer.clone()?;
+        peer.lanes().iter().find(|l| l.inject_error()).map(|l| l.qp.qpn)
+    }
+
     fn keys_of(&self, peer: &Endpoint) -> Arc<RwLock<RemoteKeys>> {
         self.remote_keys.lock().entry(peer.clone()).or_default().clone()
     }
@@ -304,6 +344,7 @@ impl RdmaTransport {
         if let Some(at) = st.retry_at.filter(|at| *at > now) {
             return Err(format!("{endpoint} is unreachable ({}); next attempt in {:?}", st.last_error, at - now));
         }
+        st.attempts += 1;
         match Peer::connect(&self.shared, endpoint, self.keys_of(endpoint)) {
             Ok(p) => {
                 st.failures = 0;

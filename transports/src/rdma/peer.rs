@@ -4,7 +4,7 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,8 @@ pub(crate) struct Peer {
     dead: Mutex<Option<String>>,
     /// Slices waiting for a lane while every lane is being rebuilt.
     parked: Mutex<Vec<Work>>,
+    /// Slices moved to another lane after theirs failed.
+    failed_over: AtomicU64,
 }
 
 fn io_msg(e: &io::Error) -> String {
@@ -88,6 +90,7 @@ impl Peer {
             next: AtomicUsize::new(0),
             dead: Mutex::new(None),
             parked: Mutex::new(Vec::new()),
+            failed_over: AtomicU64::new(0),
         });
         let qpp = shared.config.qps_per_peer;
         let mut lanes = Vec::new();
@@ -154,6 +157,10 @@ impl Peer {
         self.dead.lock().is_some()
     }
 
+    pub fn failed_over(&self) -> u64 {
+        self.failed_over.load(Ordering::Relaxed)
+    }
+
     pub fn lanes(&self) -> Vec<Arc<Lane>> {
         self.lanes.read().clone()
     }
@@ -202,6 +209,7 @@ impl Peer {
         if left.reroute.is_empty() {
             return;
         }
+        self.failed_over.fetch_add(left.reroute.len() as u64, Ordering::Relaxed);
         if again {
             self.dispatch(left.reroute, from);
         } else {
