@@ -188,6 +188,7 @@ impl Master {
                         version: e.version,
                         replicas: Vec::new(),
                         ssd: vec![segment_id],
+                        offload_disk: None,
                         complete: true,
                         writer: String::new(),
                         started: now,
@@ -222,10 +223,23 @@ impl Master {
         out
     }
 
-    /// Queues the deletion of a removed object's disk copies.
+    /// The name of the disk segment a client has mounted, if any.
+    pub(super) fn disk_of_client(st: &State, client_id: &str) -> Option<String> {
+        let client = st.clients.get(client_id)?;
+        client.segments.iter().filter_map(|id| st.segments.get(id)).find(|s| s.tier == Tier::Ssd).map(|s| s.name.clone())
+    }
+
+    /// Queues the deletion of a removed object's disk copies: the disks that hold one, and
+    /// the writer's disk, whose file may be written (or renamed and not yet announced) right
+    /// now; that removal is acknowledged like any other once the file is gone or was never made.
     pub(super) fn queue_disk_removals(st: &mut State, key: &str, obj: &Object) {
-        for id in &obj.ssd {
-            let Some(name) = st.segments.get(id).map(|s| s.name.clone()) else { continue };
+        let mut names: Vec<String> = obj.ssd.iter().filter_map(|id| st.segments.get(id).map(|s| s.name.clone())).collect();
+        if let Some(d) = &obj.offload_disk {
+            if !names.contains(d) {
+                names.push(d.clone());
+            }
+        }
+        for name in names {
             let pending = st.disk_removals.entry(name.clone()).or_default();
             if pending.len() >= MAX_PENDING_REMOVALS && !pending.contains_key(key) {
                 tracing::warn!("disk {name} has {MAX_PENDING_REMOVALS} removals pending; forgetting one");

@@ -63,6 +63,9 @@ struct Object {
     replicas: Vec<Replica>,
     /// Disk segments (tier SSD) holding a copy, read through their owner ([`disk`]).
     ssd: Vec<u64>,
+    /// The disk of the client that put this version (its offload may be in flight): a removal
+    /// is queued for it even before its file is announced ([`disk`]).
+    offload_disk: Option<String>,
     complete: bool,
     writer: String,
     started: Instant,
@@ -361,11 +364,13 @@ impl Master {
         let version = st.next_version;
         st.next_version += 1;
         let soft_pin_until = (opts.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(opts.soft_pin_ttl_ms));
+        let offload_disk = Self::disk_of_client(&st, client_id);
         let object = Object {
             size,
             version,
             replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block }).collect(),
             ssd: Vec::new(),
+            offload_disk,
             complete: false,
             writer: client_id.to_string(),
             started: now,

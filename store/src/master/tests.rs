@@ -246,3 +246,30 @@ fn version_changes_when_a_key_is_put_again() {
     put(&m, "k", 10, 1).unwrap();
     assert_ne!(m.query("k").unwrap().version, v1);
 }
+
+fn disk_entry(key: &str, size: u64, version: u64) -> crate::proto::DiskEntry {
+    crate::proto::DiskEntry { key: key.into(), size, version }
+}
+
+#[test]
+fn a_key_removed_before_its_file_was_announced_does_not_come_back_at_the_writers_restart() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    m.mount_disk("c1", "d1", "h:1", 1 << 30, "h").unwrap();
+    let (_, v) = m.put_start("c1", "k", 10, &PutOptions::default()).unwrap();
+    m.put_end("c1", "k").unwrap();
+    // The writer renamed its file but was killed before announcing it; meanwhile "k" is removed.
+    m.remove("k", false).unwrap();
+    // The writer restarts (new client id, same disk) and re-announces the file.
+    let disk = m.mount_disk("c2", "d1", "h:2", 1 << 30, "h").unwrap();
+    let r = m.update_disk_replicas("c2", disk, &[disk_entry("k", 10, v)], &[], true).unwrap();
+    assert!(r[0].is_err(), "the removed key must not come back from the writer's disk");
+    assert!(!m.exists("k").unwrap());
+    assert_eq!(m.disk_removals_for("c2"), vec![disk_entry("k", 0, v)], "the client is told to delete it");
+    // A client without a disk leaves no removal behind.
+    mount(&m, "c3", "s3", 1 << 20);
+    m.put_start("c3", "m", 10, &PutOptions::default()).unwrap();
+    m.put_end("c3", "m").unwrap();
+    m.remove("m", false).unwrap();
+    assert_eq!(m.disk_removals_for("c2").len(), 1);
+}
