@@ -5,7 +5,7 @@ use prometheus::{
 };
 
 use crate::error::{Result, StoreError};
-use crate::master::Totals;
+use crate::master::{DiskTotals, Totals};
 
 pub struct Metrics {
     registry: Registry,
@@ -32,6 +32,13 @@ pub struct Metrics {
     pub replication_tasks_queued: IntCounter,
     pub replication_tasks_dropped: IntCounter,
     pub replication_tasks_taken: IntCounter,
+    // disk tier (set at each scrape, see [`crate::master::Master::render_metrics`])
+    pub disk_segments: IntGauge,
+    pub disk_capacity: IntGauge,
+    pub disk_used: IntGauge,
+    pub disk_replicas: IntGauge,
+    pub disk_only_keys: IntGauge,
+    pub disk_removals_pending: IntGauge,
 }
 
 fn internal(e: prometheus::Error) -> StoreError {
@@ -87,6 +94,15 @@ impl Metrics {
                 "Hot keys not queued because the replication queue was full",
             )?,
             replication_tasks_taken: counter("replication_tasks_taken_total", "Replication tasks handed to workers")?,
+            disk_segments: gauge("disk_segments", "Mounted disk segments (tier SSD)")?,
+            disk_capacity: gauge("disk_capacity_bytes", "Bytes the mounted disk segments may use")?,
+            disk_used: gauge("disk_used_bytes", "Bytes of the values with a copy on a mounted disk, per copy")?,
+            disk_replicas: gauge("disk_replicas", "Disk copies of objects (one per object and disk)")?,
+            disk_only_keys: gauge("disk_only_keys", "Objects whose only copies are on disks")?,
+            disk_removals_pending: gauge(
+                "disk_removals_pending",
+                "Removals waiting for a disk to delete its files (acknowledged removals leave)",
+            )?,
             registry,
         })
     }
@@ -101,6 +117,15 @@ impl Metrics {
         self.keys.set(t.keys as i64);
         self.segments.set(t.segments as i64);
         self.clients.set(t.clients as i64);
+    }
+
+    pub fn set_disk(&self, d: &DiskTotals) {
+        self.disk_segments.set(d.segments as i64);
+        self.disk_capacity.set(d.capacity as i64);
+        self.disk_used.set(d.used as i64);
+        self.disk_replicas.set(d.replicas as i64);
+        self.disk_only_keys.set(d.disk_only_keys as i64);
+        self.disk_removals_pending.set(d.removals_pending as i64);
     }
 
     /// The Prometheus text exposition.

@@ -87,6 +87,9 @@ impl Object {
 struct Client {
     last_ping: Instant,
     segments: HashSet<u64>,
+    /// The `held_generation` of the removals this client last got, and when.
+    held_sent: u64,
+    held_sent_at: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -108,6 +111,9 @@ struct State {
     /// Disk id → key → version of objects removed while that disk held a copy, until the
     /// disk acknowledges the deletion (it may be offline meanwhile; see [`disk`]).
     disk_removals: HashMap<String, HashMap<String, u64>>,
+    /// Changes whenever `disk_removals` does: clients with a disk keep a copy of the set
+    /// ([`disk`]), sent again when their copy is older.
+    held_generation: u64,
 }
 
 /// A get's answer: the replicas to read from, under a lease.
@@ -127,6 +133,22 @@ pub struct Totals {
     pub keys: u64,
     pub segments: u64,
     pub clients: u64,
+}
+
+/// The disk tier as the master sees it (metrics and admin page).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DiskTotals {
+    /// Mounted disk segments, and the bytes they may use.
+    pub segments: u64,
+    pub capacity: u64,
+    /// Bytes of the values with a copy on a disk (per copy).
+    pub used: u64,
+    /// Disk copies (one per object and disk).
+    pub replicas: u64,
+    /// Objects whose only copies are on disks.
+    pub disk_only_keys: u64,
+    /// Removals waiting for a disk to acknowledge them.
+    pub removals_pending: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -166,7 +188,12 @@ impl Master {
         config.validate()?;
         Ok(Arc::new(Master {
             config: config.clone(),
-            state: Mutex::new(State { next_segment: 1, next_version: disk::first_version(), ..State::default() }),
+            state: Mutex::new(State {
+                next_segment: 1,
+                next_version: disk::first_version(),
+                held_generation: 1,
+                ..State::default()
+            }),
             metrics: Metrics::new()?,
             events: events::Events::new(config.event_buffer),
         }))
@@ -221,7 +248,7 @@ impl Master {
         st.segment_by_name.insert(info.name.clone(), id);
         st.clients
             .entry(client_id.to_string())
-            .or_insert_with(|| Client { last_ping: now, segments: HashSet::new() })
+            .or_insert_with(|| Client { last_ping: now, segments: HashSet::new(), held_sent: 0, held_sent_at: None })
             .segments
             .insert(id);
         tracing::info!("client {client_id} mounted segment {} ({} bytes, {host}) as {id}", info.name, info.size);

@@ -120,8 +120,7 @@ pub fn write_staged(dir: &Path, key: &str, version: u64, image: &mut FileImage) 
     };
     let written = (|| -> std::io::Result<(File, bool)> {
         let direct = rustix::fs::OFlags::DIRECT.bits() as i32;
-        let (mut f, direct_io) = match OpenOptions::new().write(true).create_new(true).custom_flags(direct).open(&tmp)
-        {
+        let (mut f, direct_io) = match OpenOptions::new().write(true).create_new(true).custom_flags(direct).open(&tmp) {
             Ok(f) => (f, true),
             // No direct I/O on this file system (tmpfs, some overlays): buffered.
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
@@ -425,11 +424,8 @@ impl FileReader {
             return self.file.read_exact_at(buf, at);
         }
         // The aligned bulk straight into the caller's memory, the rest through the scratch.
-        let bulk = if is_aligned(buf.as_ptr() as u64) && is_aligned(at) {
-            buf.len() & !(ALIGN as usize - 1)
-        } else {
-            0
-        };
+        let bulk =
+            if is_aligned(buf.as_ptr() as u64) && is_aligned(at) { buf.len() & !(ALIGN as usize - 1) } else { 0 };
         if bulk > 0 {
             read_direct_into(&self.file, &mut buf[..bulk], at)?;
         }

@@ -29,7 +29,7 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Result, StoreError};
-use crate::proto::DiskEntry;
+use crate::proto::{DiskEntry, HeldRemoval};
 use file::FileReader;
 use format::{data_offset, key_hash, parse_name, NameKind};
 use index::{Entry, Index, NoRoom};
@@ -171,6 +171,9 @@ pub struct DiskTier {
     /// Keys with an offload queued or being written, with how many: a removal of such a key
     /// is not acknowledged yet (its file may appear after the removal; see [`Self::apply_removals`]).
     in_flight: Mutex<std::collections::HashMap<String, u32>>,
+    /// Removals pending at the master (for any disk), kept here so that they outlive a master
+    /// restart: also in `<dir>/TOMBSTONES`, handed back at every mount.
+    held: Mutex<Vec<HeldRemoval>>,
     /// Memory of written images, reused by the next offloads (at most [`SPARE_IMAGE_BYTES`]).
     spare_images: Mutex<Vec<Vec<u8>>>,
     last_full_warning: Mutex<Option<Instant>>,
@@ -251,6 +254,7 @@ impl DiskTier {
             c.stale_removed.load(Ordering::Relaxed)
         );
         Ok(Arc::new(DiskTier {
+            held: Mutex::new(load_held(&dir)),
             dir,
             disk_id,
             config,
@@ -632,6 +636,38 @@ impl DiskTier {
         }
     }
 
+    /// The removals this tier keeps for the master (handed back at every mount).
+    pub fn held_removals(&self) -> Vec<HeldRemoval> {
+        self.held.lock().clone()
+    }
+
+    /// Keeps `set` (replacing the previous set) for the master, durably: written to a
+    /// temporary file, flushed, renamed over `TOMBSTONES`, directory flushed.
+    pub fn keep_held_removals(&self, set: Vec<HeldRemoval>) {
+        let mut held = self.held.lock();
+        let path = self.dir.join(TOMBSTONES);
+        let saved = if set.is_empty() {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        } else {
+            let rows: Vec<(&str, &str, u64)> =
+                set.iter().map(|h| (h.disk.as_str(), h.key.as_str(), h.version)).collect();
+            let tmp = self.dir.join(format!("{TOMBSTONES}.tmp"));
+            serde_json::to_vec(&rows).map_err(std::io::Error::other).and_then(|bytes| {
+                std::fs::write(&tmp, bytes)?;
+                File::open(&tmp)?.sync_data()?;
+                std::fs::rename(&tmp, &path)?;
+                File::open(&self.dir)?.sync_all()
+            })
+        };
+        if let Err(e) = saved {
+            tracing::warn!("disk tier: keeping {} removal(s) for the master in {}: {e}", set.len(), path.display());
+        }
+        *held = set;
+    }
+
     /// The version of `key` on this disk, if any.
     pub fn version_of(&self, key: &str) -> Option<u64> {
         self.index.lock().get(key).map(|e| e.version)
@@ -755,6 +791,22 @@ impl Drop for Pin {
         }
     }
 }
+
+/// The removals kept for the master, from `<dir>/TOMBSTONES` (none when missing or damaged).
+fn load_held(dir: &Path) -> Vec<HeldRemoval> {
+    let path = dir.join(TOMBSTONES);
+    let Ok(text) = std::fs::read(&path) else { return Vec::new() };
+    match serde_json::from_slice::<Vec<(String, String, u64)>>(&text) {
+        Ok(v) => v.into_iter().map(|(disk, key, version)| HeldRemoval { disk, key, version }).collect(),
+        Err(e) => {
+            tracing::warn!("disk tier: ignoring {}: {e}", path.display());
+            Vec::new()
+        }
+    }
+}
+
+/// The file of removals kept for the master.
+const TOMBSTONES: &str = "TOMBSTONES";
 
 /// Reads (or creates) the disk id kept in `dir`.
 fn disk_id(dir: &Path) -> std::io::Result<String> {

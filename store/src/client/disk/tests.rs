@@ -260,10 +260,8 @@ fn a_file_being_read_is_not_evicted_and_reads_back_whole() {
     reader.read_next(&mut got[1 << 19..]).unwrap();
     assert_eq!(got, value(1 << 20, 0));
     // Room only by evicting files being read (all of them): the offload is dropped, counted.
-    let _readers: Vec<_> = [("k0", 1), ("k2", 3), ("k3", 4)]
-        .iter()
-        .map(|(k, v)| tier.open_reader(k, *v, 1 << 20).unwrap())
-        .collect();
+    let _readers: Vec<_> =
+        [("k0", 1), ("k2", 3), ("k3", 4)].iter().map(|(k, v)| tier.open_reader(k, *v, 1 << 20).unwrap()).collect();
     drop(reader);
     tier.offload("k4", 5, &value(1 << 20, 4));
     assert!(tier.flush(Duration::from_secs(30)));
@@ -295,4 +293,24 @@ fn a_removal_of_a_key_whose_offload_is_in_flight_is_not_acknowledged() {
     tier.apply_removals(&[removal("k", 5)]);
     assert!(rec.removed.lock().iter().any(|r| r.key == "k"));
     assert_eq!(tier.version_of("k"), None);
+}
+
+#[test]
+fn removals_kept_for_the_master_survive_a_restart_of_this_client() {
+    let root = tempfile::tempdir().unwrap();
+    let set = vec![
+        HeldRemoval { disk: "ssd:other".into(), key: "a/\n\"weird\" key".into(), version: 7 },
+        HeldRemoval { disk: "ssd:x".into(), key: "b".into(), version: u64::MAX },
+    ];
+    {
+        let tier = DiskTier::open(config(root.path())).unwrap();
+        assert!(tier.held_removals().is_empty());
+        tier.keep_held_removals(set.clone());
+        assert_eq!(tier.held_removals(), set);
+    }
+    let tier = DiskTier::open(config(root.path())).unwrap();
+    assert_eq!(tier.held_removals(), set, "kept on disk");
+    tier.keep_held_removals(Vec::new());
+    drop(tier);
+    assert!(DiskTier::open(config(root.path())).unwrap().held_removals().is_empty());
 }
