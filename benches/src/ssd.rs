@@ -1,8 +1,7 @@
 //! `storebench ssd`: the disk tier's offload write throughput and read-on-miss latency,
 //! beside plain `dd` with direct I/O on the same file system, in the same run.
 //!
-//! Per value size: a client with a storage root puts `bytes-per-row` of values (in batches of
-//! about 16 MiB with `put_batch`, one master round trip per batch) and waits
+//! Per value size: a client with a storage root puts `bytes-per-row` of values and waits
 //! until every offload is on disk (written, fsynced, renamed, announced): offload MiB/s from
 //! the first put to the end of the flush. Then the client restarts on the same root, so every
 //! value exists only as a disk copy, and reads each one with `get_into` into a registered
@@ -24,9 +23,6 @@ use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient};
 use hdrhistogram::Histogram;
 
 use crate::report;
-
-/// Bytes of values put in one `put_batch`.
-const FEED_BATCH_BYTES: u64 = 16 << 20;
 
 #[derive(Parser)]
 #[command(name = "storebench ssd", about = "Disk tier: offload and read-on-miss beside dd with direct I/O")]
@@ -107,17 +103,10 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         pattern::fill(&mut value, size, 0);
 
         // Offload: puts, then wait until every file is durable and announced.
-        // Fed by `put_batch` (about 16 MiB a batch, one master round trip each), so that
-        // the row measures the disk tier's writes rather than the master's round trips.
         let client = StoreClient::connect(config.clone())?;
-        let batch = (FEED_BATCH_BYTES / size).clamp(1, n);
         let t = Instant::now();
-        for first in (0..n).step_by(batch as usize) {
-            let keys: Vec<String> = (first..(first + batch).min(n)).map(key).collect();
-            let values: Vec<&[u8]> = keys.iter().map(|_| &value[..]).collect();
-            for (k, r) in keys.iter().zip(client.put_batch(&keys, &values)?) {
-                r.with_context(|| format!("put of {k}"))?;
-            }
+        for i in 0..n {
+            client.put(&key(i), &value)?;
         }
         if !client.flush_offload(Duration::from_secs(600)) {
             bail!("offloads did not finish");

@@ -247,7 +247,7 @@ impl Scratch {
 }
 
 fn is_aligned(v: u64) -> bool {
-    v % ALIGN == 0
+    v.is_multiple_of(ALIGN)
 }
 
 /// Reads exactly `buf.len()` bytes at `at` (both 4 KiB multiples, `buf` 4 KiB-aligned) from a
