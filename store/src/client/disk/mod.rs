@@ -1,7 +1,11 @@
 //! The client's disk tier: with a storage root, every value this client puts is also written
 //! to a file under `<root>/<cluster id>/`, asynchronously, by a bounded pool of writer
-//! threads; a get that finds no memory replica reads the file (here, or through the owning
-//! client's [`service`]); a restart re-announces the files to the master.
+//! threads (each writes and flushes a file under a temporary name) and one committer (renames
+//! the flushed files, flushes their directories and announces them to the master, in
+//! batches); a get that finds no memory replica reads the file (here, or through the owning
+//! client's [`service`]; a file being read is pinned against eviction); a restart
+//! re-announces the files to the master. The tier also keeps, for the master, the removals
+//! pending at it (`TOMBSTONES`), handed back at every mount so they outlive a master restart.
 //!
 //! * [`format`]: the file format and names (hash of the key; the key is inside the file).
 //! * [`file`]: writing (temporary name, fsync, rename) and checked reading.
