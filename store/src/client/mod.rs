@@ -163,7 +163,7 @@ impl StoreClient {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    let req = PingRequest { client_id: client.id.clone() };
+                    let req = PingRequest { client_id: client.id.clone(), disk: client.disk_counters() };
                     let reply = client.rpc.call(|mut c| async move { c.ping(req).await });
                     match reply.and_then(|mut r| check(r.status.take(), "").map(|()| r)) {
                         Ok(reply) => {

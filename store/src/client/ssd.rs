@@ -108,7 +108,7 @@ impl StoreClient {
         if self.ssd.is_none() {
             return;
         }
-        let req = PingRequest { client_id: self.id.clone() };
+        let req = PingRequest { client_id: self.id.clone(), disk: self.disk_counters() };
         match self.rpc.call(|mut c| async move { c.ping(req).await }) {
             Ok(reply) if check(reply.status.clone(), "").is_ok() => self.apply_disk_ping(reply),
             _ => {} // the heartbeat brings them later
@@ -133,6 +133,22 @@ impl StoreClient {
     /// passes; returns false then). Without a disk tier, true at once.
     pub fn flush_offload(&self, timeout: Duration) -> bool {
         self.ssd.as_ref().is_none_or(|s| s.tier.flush(timeout))
+    }
+
+    /// The disk tier's counters as the master's metrics show them (sent on pings).
+    pub(super) fn disk_counters(&self) -> Option<DiskCounters> {
+        let s = self.ssd.as_ref()?.tier.stats();
+        Some(DiskCounters {
+            files: s.files,
+            used_bytes: s.used_bytes,
+            written: s.written,
+            bytes_written: s.bytes_written,
+            queue_full: s.queue_full,
+            write_failures: s.write_failures,
+            evicted: s.evicted,
+            busy_dropped: s.busy_dropped,
+            too_large: s.too_large,
+        })
     }
 
     /// The disk tier's counters, if this client has one.

@@ -22,7 +22,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use super::allocator::SegmentAllocator;
 use super::{check_key, Client, DiskTotals, Master, Object, Segment, State};
 use crate::error::{Result, StoreError};
-use crate::proto::{DiskEntry, HeldRemoval, ReplicaDescriptor, ReplicaStatus, Tier};
+use crate::proto::{DiskCounters, DiskEntry, HeldRemoval, ReplicaDescriptor, ReplicaStatus, Tier};
 
 /// Most removals kept for one disk while it is away; beyond it the oldest are forgotten
 /// (the files may then come back when that disk returns).
@@ -390,9 +390,27 @@ impl Master {
         t
     }
 
+    /// Keeps the disk counters a client reported on its ping (for its mounted disk).
+    pub fn record_disk_counters(&self, client_id: &str, counters: &DiskCounters) {
+        let mut st = self.state.lock();
+        if let Some(name) = Self::disk_of_client(&st, client_id) {
+            st.disk_counters.insert(name, *counters);
+        }
+    }
+
+    /// The counters last reported for each mounted disk, by disk name.
+    pub fn disk_counters(&self) -> Vec<(String, DiskCounters)> {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        st.disk_counters.retain(|name, _| st.segment_by_name.contains_key(name));
+        let mut v: Vec<_> = st.disk_counters.iter().map(|(k, c)| (k.clone(), *c)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
     /// The Prometheus exposition, with the disk tier's gauges brought up to date.
     pub fn render_metrics(&self) -> String {
-        self.metrics.set_disk(&self.disk_totals());
+        self.metrics.set_disk(&self.disk_totals(), &self.disk_counters());
         self.metrics.render()
     }
 

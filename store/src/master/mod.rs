@@ -111,6 +111,8 @@ struct State {
     /// Disk id → key → version of objects removed while that disk held a copy, until the
     /// disk acknowledges the deletion (it may be offline meanwhile; see [`disk`]).
     disk_removals: HashMap<String, HashMap<String, u64>>,
+    /// The counters each mounted disk's client last reported (by disk name).
+    disk_counters: HashMap<String, crate::proto::DiskCounters>,
     /// Changes whenever `disk_removals` does: clients with a disk keep a copy of the set
     /// ([`disk`]), sent again when their copy is older.
     held_generation: u64,

@@ -230,6 +230,9 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("Ping", |m| match m.ping(&r.client_id) {
             PingOutcome::Ok => {
+                if let Some(d) = &r.disk {
+                    m.record_disk_counters(&r.client_id, d);
+                }
                 let (held_generation, held_removals) = m.held_removals_for(&r.client_id).unwrap_or_default();
                 PingReply {
                     status: ok(),

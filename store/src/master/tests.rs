@@ -340,6 +340,17 @@ fn metrics_show_the_disk_tier() {
         DiskTotals { segments: 1, capacity: 1 << 30, used: 1500, replicas: 2, disk_only_keys: 1, removals_pending: 0 }
     );
     m.remove("k", false).unwrap();
+    // The client's own counters arrive with its pings.
+    let counters = crate::proto::DiskCounters { written: 5, queue_full: 3, ..Default::default() };
+    m.record_disk_counters("c1", &counters);
+    m.record_disk_counters("nobody", &counters);
+    let text = m.render_metrics();
+    for line in [
+        "crescent_master_disk_client{counter=\"queue_full\",disk=\"ssd:d1\"} 3",
+        "crescent_master_disk_client{counter=\"written\",disk=\"ssd:d1\"} 5",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+    }
     let text = m.render_metrics();
     for line in [
         "crescent_master_disk_segments 1",
@@ -351,4 +362,6 @@ fn metrics_show_the_disk_tier() {
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
     }
+    m.unmount_segment("c1", disk).unwrap();
+    assert!(!m.render_metrics().contains("crescent_master_disk_client{"), "an unmounted disk's counters go");
 }
