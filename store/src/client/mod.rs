@@ -163,11 +163,11 @@ impl StoreClient {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    let req = PingRequest { client_id: client.id.clone() };
+                    let req = PingRequest { client_id: client.id.clone(), disk: client.disk_counters() };
                     let reply = client.rpc.call(|mut c| async move { c.ping(req).await });
-                    match reply.and_then(|r| check(r.status, "").map(|()| r.disk_removals)) {
-                        Ok(removals) => {
-                            client.apply_disk_removals(&removals);
+                    match reply.and_then(|mut r| check(r.status.take(), "").map(|()| r)) {
+                        Ok(reply) => {
+                            client.apply_disk_ping(reply);
                             if master_was_down {
                                 tracing::info!("master {} reachable again", client.rpc.addr());
                             }

@@ -76,6 +76,7 @@ impl StoreClient {
             disk_service: ssd.service.address(),
             capacity: ssd.tier.capacity(),
             host: self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default(),
+            held_removals: ssd.tier.held_removals(),
         };
         let reply = self.rpc.call(|mut c| async move { c.mount_disk(req).await })?;
         check(reply.status, "")?;
@@ -91,19 +92,25 @@ impl StoreClient {
         }
     }
 
-    /// Removals the master handed out (on a ping).
-    pub(super) fn apply_disk_removals(&self, removals: &[DiskEntry]) {
+    /// What a ping brought for the disk tier: removals to make, and (when it changed) the set
+    /// of removals to keep for the master.
+    pub(super) fn apply_disk_ping(&self, reply: PingReply) {
         if let Some(ssd) = &self.ssd {
-            ssd.tier.apply_removals(removals);
+            ssd.tier.apply_removals(&reply.disk_removals);
+            if reply.held_generation > 0 {
+                ssd.tier.keep_held_removals(reply.held_removals);
+            }
         }
     }
 
     /// After a removal: delete our own copies now rather than at the next heartbeat.
     pub(super) fn sync_disk_removals(&self) {
-        let Some(ssd) = &self.ssd else { return };
-        let req = PingRequest { client_id: self.id.clone() };
+        if self.ssd.is_none() {
+            return;
+        }
+        let req = PingRequest { client_id: self.id.clone(), disk: self.disk_counters() };
         match self.rpc.call(|mut c| async move { c.ping(req).await }) {
-            Ok(reply) if check(reply.status.clone(), "").is_ok() => ssd.tier.apply_removals(&reply.disk_removals),
+            Ok(reply) if check(reply.status.clone(), "").is_ok() => self.apply_disk_ping(reply),
             _ => {} // the heartbeat brings them later
         }
     }
@@ -126,6 +133,22 @@ impl StoreClient {
     /// passes; returns false then). Without a disk tier, true at once.
     pub fn flush_offload(&self, timeout: Duration) -> bool {
         self.ssd.as_ref().is_none_or(|s| s.tier.flush(timeout))
+    }
+
+    /// The disk tier's counters as the master's metrics show them (sent on pings).
+    pub(super) fn disk_counters(&self) -> Option<DiskCounters> {
+        let s = self.ssd.as_ref()?.tier.stats();
+        Some(DiskCounters {
+            files: s.files,
+            used_bytes: s.used_bytes,
+            written: s.written,
+            bytes_written: s.bytes_written,
+            queue_full: s.queue_full,
+            write_failures: s.write_failures,
+            evicted: s.evicted,
+            busy_dropped: s.busy_dropped,
+            too_large: s.too_large,
+        })
     }
 
     /// The disk tier's counters, if this client has one.

@@ -27,7 +27,7 @@ pub fn router(master: Arc<Master>) -> Router {
 }
 
 async fn metrics(State(m): State<Arc<Master>>) -> Response {
-    ([("content-type", "text/plain; version=0.0.4")], m.metrics().render()).into_response()
+    ([("content-type", "text/plain; version=0.0.4")], m.render_metrics()).into_response()
 }
 
 async fn health(State(m): State<Arc<Master>>) -> Json<serde_json::Value> {

@@ -20,15 +20,20 @@ use std::collections::HashMap;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::allocator::SegmentAllocator;
-use super::{check_key, Client, Master, Object, Segment, State};
+use super::{check_key, Client, DiskTotals, Master, Object, Segment, State};
 use crate::error::{Result, StoreError};
-use crate::proto::{DiskEntry, ReplicaDescriptor, ReplicaStatus, Tier};
+use crate::proto::{DiskCounters, DiskEntry, HeldRemoval, ReplicaDescriptor, ReplicaStatus, Tier};
 
 /// Most removals kept for one disk while it is away; beyond it the oldest are forgotten
 /// (the files may then come back when that disk returns).
 pub const MAX_PENDING_REMOVALS: usize = 1 << 20;
 /// Most removals handed out in one ping reply.
 pub const REMOVALS_PER_PING: usize = 10_000;
+/// Most removals handed to clients to keep for the master (beyond it, the newest are not
+/// kept by clients and do not outlive a master restart).
+pub const MAX_HELD_REMOVALS: usize = 65_536;
+/// Most often a client is sent a changed set of removals to keep.
+pub const HELD_REMOVALS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The first version a master hands out: its start time in nanoseconds.
 pub(super) fn first_version() -> u64 {
@@ -93,7 +98,12 @@ impl Master {
         st.segment_by_name.insert(name.clone(), id);
         st.clients
             .entry(client_id.to_string())
-            .or_insert_with(|| Client { last_ping: now, segments: Default::default() })
+            .or_insert_with(|| Client {
+                last_ping: now,
+                segments: Default::default(),
+                held_sent: 0,
+                held_sent_at: None,
+            })
             .segments
             .insert(id);
         tracing::info!("client {client_id} mounted disk {name} ({capacity} bytes, served at {disk_service}) as {id}");
@@ -128,6 +138,7 @@ impl Master {
             if let Some(pending) = st.disk_removals.get_mut(&disk_name) {
                 if pending.get(&e.key).is_some_and(|v| *v <= e.version) {
                     pending.remove(&e.key);
+                    st.held_generation += 1;
                 }
             }
             let gone = match st.objects.get_mut(&e.key) {
@@ -188,6 +199,7 @@ impl Master {
                         version: e.version,
                         replicas: Vec::new(),
                         ssd: vec![segment_id],
+                        offload_disk: None,
                         complete: true,
                         writer: String::new(),
                         started: now,
@@ -200,6 +212,68 @@ impl Master {
                 Ok(())
             }
         }
+    }
+
+    /// The pending removals of every disk, for a client with a disk tier to keep, when its copy
+    /// is older than the current set: (generation, set). `None` when it has nothing new to
+    /// keep (or no disk to keep it on).
+    pub fn held_removals_for(&self, client_id: &str) -> Option<(u64, Vec<HeldRemoval>)> {
+        let mut st = self.state.lock();
+        let generation = st.held_generation;
+        let st = &mut *st;
+        let client = st.clients.get_mut(client_id)?;
+        let now = Instant::now();
+        if client.held_sent == generation
+            || client.held_sent_at.is_some_and(|t| now.duration_since(t) < HELD_REMOVALS_INTERVAL)
+            || !client.segments.iter().any(|id| st.segments.get(id).is_some_and(|s| s.tier == Tier::Ssd))
+        {
+            return None;
+        }
+        client.held_sent = generation;
+        client.held_sent_at = Some(now);
+        let set = st
+            .disk_removals
+            .iter()
+            .flat_map(|(disk, pending)| {
+                pending.iter().map(|(key, v)| HeldRemoval { disk: disk.clone(), key: key.clone(), version: *v })
+            })
+            .take(MAX_HELD_REMOVALS)
+            .collect();
+        Some((generation, set))
+    }
+
+    /// Removals a client kept for the master (handed back at its mount): queued again for
+    /// their disks. An object the master knows at that version or older (brought back from a
+    /// disk before this client returned, after a master restart) is removed again.
+    pub fn merge_held_removals(&self, held: &[HeldRemoval]) {
+        if held.is_empty() {
+            return;
+        }
+        let mut st = self.state.lock();
+        let mut merged = 0;
+        for h in held {
+            if h.disk.is_empty() || h.disk.len() > 300 || check_key(&h.key).is_err() {
+                continue;
+            }
+            if st.objects.get(&h.key).is_some_and(|o| o.complete && o.version <= h.version) {
+                Self::remove_object(&mut st, &h.key);
+            }
+            let pending = st.disk_removals.entry(h.disk.clone()).or_default();
+            if pending.len() >= MAX_PENDING_REMOVALS && !pending.contains_key(&h.key) {
+                continue;
+            }
+            let v = pending.entry(h.key.clone()).or_insert(0);
+            if *v < h.version {
+                *v = h.version;
+                merged += 1;
+            }
+        }
+        if merged > 0 {
+            st.held_generation += 1;
+            tracing::info!("{merged} disk removal(s) handed back by a client queued again");
+        }
+        drop(st);
+        self.update_gauges();
     }
 
     /// Removals waiting for this client's disks (handed out on its pings until acknowledged).
@@ -222,10 +296,32 @@ impl Master {
         out
     }
 
-    /// Queues the deletion of a removed object's disk copies.
+    /// The name of the disk segment a client has mounted, if any.
+    pub(super) fn disk_of_client(st: &State, client_id: &str) -> Option<String> {
+        let client = st.clients.get(client_id)?;
+        client
+            .segments
+            .iter()
+            .filter_map(|id| st.segments.get(id))
+            .find(|s| s.tier == Tier::Ssd)
+            .map(|s| s.name.clone())
+    }
+
+    /// Queues the deletion of a removed object's disk copies: the disks that hold one, and
+    /// the writer's disk, whose file may be written (or renamed and not yet announced) right
+    /// now; that removal is acknowledged like any other once the file is gone or was never made.
     pub(super) fn queue_disk_removals(st: &mut State, key: &str, obj: &Object) {
-        for id in &obj.ssd {
-            let Some(name) = st.segments.get(id).map(|s| s.name.clone()) else { continue };
+        let mut names: Vec<String> =
+            obj.ssd.iter().filter_map(|id| st.segments.get(id).map(|s| s.name.clone())).collect();
+        if let Some(d) = &obj.offload_disk {
+            if !names.contains(d) {
+                names.push(d.clone());
+            }
+        }
+        if !names.is_empty() {
+            st.held_generation += 1;
+        }
+        for name in names {
             let pending = st.disk_removals.entry(name.clone()).or_default();
             if pending.len() >= MAX_PENDING_REMOVALS && !pending.contains_key(key) {
                 tracing::warn!("disk {name} has {MAX_PENDING_REMOVALS} removals pending; forgetting one");
@@ -273,6 +369,49 @@ impl Master {
                 disk_service: seg.disk_service.clone(),
             })
         })
+    }
+
+    /// Totals of the disk tier (one pass over the objects: computed when metrics are scraped).
+    pub fn disk_totals(&self) -> DiskTotals {
+        let st = self.state.lock();
+        let mut t = DiskTotals::default();
+        for s in st.segments.values().filter(|s| s.tier == Tier::Ssd) {
+            t.segments += 1;
+            t.capacity += s.alloc.capacity();
+        }
+        for obj in st.objects.values().filter(|o| !o.ssd.is_empty()) {
+            t.replicas += obj.ssd.len() as u64;
+            t.used += obj.size * obj.ssd.len() as u64;
+            if obj.replicas.is_empty() {
+                t.disk_only_keys += 1;
+            }
+        }
+        t.removals_pending = st.disk_removals.values().map(|p| p.len() as u64).sum();
+        t
+    }
+
+    /// Keeps the disk counters a client reported on its ping (for its mounted disk).
+    pub fn record_disk_counters(&self, client_id: &str, counters: &DiskCounters) {
+        let mut st = self.state.lock();
+        if let Some(name) = Self::disk_of_client(&st, client_id) {
+            st.disk_counters.insert(name, *counters);
+        }
+    }
+
+    /// The counters last reported for each mounted disk, by disk name.
+    pub fn disk_counters(&self) -> Vec<(String, DiskCounters)> {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        st.disk_counters.retain(|name, _| st.segment_by_name.contains_key(name));
+        let mut v: Vec<_> = st.disk_counters.iter().map(|(k, c)| (k.clone(), *c)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The Prometheus exposition, with the disk tier's gauges brought up to date.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.set_disk(&self.disk_totals(), &self.disk_counters());
+        self.metrics.render()
     }
 
     /// Per disk: how many objects it holds (for the admin page and tests).

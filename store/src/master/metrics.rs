@@ -1,11 +1,12 @@
 //! Prometheus metrics of the master (one registry per master, so several can run in a process).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::error::{Result, StoreError};
-use crate::master::Totals;
+use crate::master::{DiskTotals, Totals};
+use crate::proto::DiskCounters;
 
 pub struct Metrics {
     registry: Registry,
@@ -32,6 +33,15 @@ pub struct Metrics {
     pub replication_tasks_queued: IntCounter,
     pub replication_tasks_dropped: IntCounter,
     pub replication_tasks_taken: IntCounter,
+    // disk tier (set at each scrape, see [`crate::master::Master::render_metrics`])
+    pub disk_segments: IntGauge,
+    pub disk_capacity: IntGauge,
+    pub disk_used: IntGauge,
+    pub disk_replicas: IntGauge,
+    pub disk_only_keys: IntGauge,
+    pub disk_removals_pending: IntGauge,
+    /// What each disk's client reported (label `disk`, `counter`): its counters since it started.
+    pub disk_client: IntGaugeVec,
 }
 
 fn internal(e: prometheus::Error) -> StoreError {
@@ -61,7 +71,17 @@ impl Metrics {
         )
         .map_err(internal)?;
         registry.register(Box::new(rpc_latency.clone())).map_err(internal)?;
+        let disk_client = IntGaugeVec::new(
+            Opts::new(
+                "disk_client",
+                "Disk tier counters each mounted disk's client reported on its last ping (since it started)",
+            ),
+            &["disk", "counter"],
+        )
+        .map_err(internal)?;
+        registry.register(Box::new(disk_client.clone())).map_err(internal)?;
         Ok(Metrics {
+            disk_client,
             capacity: gauge("capacity_bytes", "Bytes contributed by mounted segments")?,
             used: gauge("used_bytes", "Bytes allocated to objects")?,
             keys: gauge("keys", "Objects (committed or being written)")?,
@@ -87,6 +107,15 @@ impl Metrics {
                 "Hot keys not queued because the replication queue was full",
             )?,
             replication_tasks_taken: counter("replication_tasks_taken_total", "Replication tasks handed to workers")?,
+            disk_segments: gauge("disk_segments", "Mounted disk segments (tier SSD)")?,
+            disk_capacity: gauge("disk_capacity_bytes", "Bytes the mounted disk segments may use")?,
+            disk_used: gauge("disk_used_bytes", "Bytes of the values with a copy on a mounted disk, per copy")?,
+            disk_replicas: gauge("disk_replicas", "Disk copies of objects (one per object and disk)")?,
+            disk_only_keys: gauge("disk_only_keys", "Objects whose only copies are on disks")?,
+            disk_removals_pending: gauge(
+                "disk_removals_pending",
+                "Removals waiting for a disk to delete its files (acknowledged removals leave)",
+            )?,
             registry,
         })
     }
@@ -101,6 +130,31 @@ impl Metrics {
         self.keys.set(t.keys as i64);
         self.segments.set(t.segments as i64);
         self.clients.set(t.clients as i64);
+    }
+
+    pub fn set_disk(&self, d: &DiskTotals, clients: &[(String, DiskCounters)]) {
+        self.disk_client.reset();
+        for (disk, c) in clients {
+            for (name, v) in [
+                ("files", c.files),
+                ("used_bytes", c.used_bytes),
+                ("written", c.written),
+                ("bytes_written", c.bytes_written),
+                ("queue_full", c.queue_full),
+                ("write_failures", c.write_failures),
+                ("evicted", c.evicted),
+                ("busy_dropped", c.busy_dropped),
+                ("too_large", c.too_large),
+            ] {
+                self.disk_client.with_label_values(&[disk.as_str(), name]).set(v as i64);
+            }
+        }
+        self.disk_segments.set(d.segments as i64);
+        self.disk_capacity.set(d.capacity as i64);
+        self.disk_used.set(d.used as i64);
+        self.disk_replicas.set(d.replicas as i64);
+        self.disk_only_keys.set(d.disk_only_keys as i64);
+        self.disk_removals_pending.set(d.removals_pending as i64);
     }
 
     /// The Prometheus text exposition.

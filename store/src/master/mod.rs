@@ -63,6 +63,9 @@ struct Object {
     replicas: Vec<Replica>,
     /// Disk segments (tier SSD) holding a copy, read through their owner ([`disk`]).
     ssd: Vec<u64>,
+    /// The disk of the client that put this version (its offload may be in flight): a removal
+    /// is queued for it even before its file is announced ([`disk`]).
+    offload_disk: Option<String>,
     complete: bool,
     writer: String,
     started: Instant,
@@ -84,6 +87,9 @@ impl Object {
 struct Client {
     last_ping: Instant,
     segments: HashSet<u64>,
+    /// The `held_generation` of the removals this client last got, and when.
+    held_sent: u64,
+    held_sent_at: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -105,6 +111,11 @@ struct State {
     /// Disk id → key → version of objects removed while that disk held a copy, until the
     /// disk acknowledges the deletion (it may be offline meanwhile; see [`disk`]).
     disk_removals: HashMap<String, HashMap<String, u64>>,
+    /// The counters each mounted disk's client last reported (by disk name).
+    disk_counters: HashMap<String, crate::proto::DiskCounters>,
+    /// Changes whenever `disk_removals` does: clients with a disk keep a copy of the set
+    /// ([`disk`]), sent again when their copy is older.
+    held_generation: u64,
 }
 
 /// A get's answer: the replicas to read from, under a lease.
@@ -124,6 +135,22 @@ pub struct Totals {
     pub keys: u64,
     pub segments: u64,
     pub clients: u64,
+}
+
+/// The disk tier as the master sees it (metrics and admin page).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DiskTotals {
+    /// Mounted disk segments, and the bytes they may use.
+    pub segments: u64,
+    pub capacity: u64,
+    /// Bytes of the values with a copy on a disk (per copy).
+    pub used: u64,
+    /// Disk copies (one per object and disk).
+    pub replicas: u64,
+    /// Objects whose only copies are on disks.
+    pub disk_only_keys: u64,
+    /// Removals waiting for a disk to acknowledge them.
+    pub removals_pending: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -163,7 +190,12 @@ impl Master {
         config.validate()?;
         Ok(Arc::new(Master {
             config: config.clone(),
-            state: Mutex::new(State { next_segment: 1, next_version: disk::first_version(), ..State::default() }),
+            state: Mutex::new(State {
+                next_segment: 1,
+                next_version: disk::first_version(),
+                held_generation: 1,
+                ..State::default()
+            }),
             metrics: Metrics::new()?,
             events: events::Events::new(config.event_buffer),
         }))
@@ -218,7 +250,7 @@ impl Master {
         st.segment_by_name.insert(info.name.clone(), id);
         st.clients
             .entry(client_id.to_string())
-            .or_insert_with(|| Client { last_ping: now, segments: HashSet::new() })
+            .or_insert_with(|| Client { last_ping: now, segments: HashSet::new(), held_sent: 0, held_sent_at: None })
             .segments
             .insert(id);
         tracing::info!("client {client_id} mounted segment {} ({} bytes, {host}) as {id}", info.name, info.size);
@@ -361,11 +393,13 @@ impl Master {
         let version = st.next_version;
         st.next_version += 1;
         let soft_pin_until = (opts.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(opts.soft_pin_ttl_ms));
+        let offload_disk = Self::disk_of_client(&st, client_id);
         let object = Object {
             size,
             version,
             replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block }).collect(),
             ssd: Vec::new(),
+            offload_disk,
             complete: false,
             writer: client_id.to_string(),
             started: now,

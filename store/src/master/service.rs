@@ -230,17 +230,26 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("Ping", |m| match m.ping(&r.client_id) {
             PingOutcome::Ok => {
-                PingReply { status: ok(), view_version: 0, disk_removals: m.disk_removals_for(&r.client_id) }
+                if let Some(d) = &r.disk {
+                    m.record_disk_counters(&r.client_id, d);
+                }
+                let (held_generation, held_removals) = m.held_removals_for(&r.client_id).unwrap_or_default();
+                PingReply {
+                    status: ok(),
+                    view_version: 0,
+                    disk_removals: m.disk_removals_for(&r.client_id),
+                    held_generation,
+                    held_removals,
+                }
             }
-            PingOutcome::NeedRemount => {
-                PingReply { status: status(&StoreError::NeedRemount), view_version: 0, disk_removals: Vec::new() }
-            }
+            PingOutcome::NeedRemount => PingReply { status: status(&StoreError::NeedRemount), ..Default::default() },
         })
     }
 
     async fn mount_disk(&self, req: Request<MountDiskRequest>) -> Result<Response<MountSegmentReply>, tonic::Status> {
         let r = req.into_inner();
         self.timed("MountDisk", |m| {
+            m.merge_held_removals(&r.held_removals);
             match m.mount_disk(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
                 Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
                 Err(e) => MountSegmentReply { status: status(&e), segment_id: 0 },

@@ -246,3 +246,122 @@ fn version_changes_when_a_key_is_put_again() {
     put(&m, "k", 10, 1).unwrap();
     assert_ne!(m.query("k").unwrap().version, v1);
 }
+
+use crate::proto::HeldRemoval;
+
+fn disk_entry(key: &str, size: u64, version: u64) -> crate::proto::DiskEntry {
+    crate::proto::DiskEntry { key: key.into(), size, version }
+}
+
+#[test]
+fn a_key_removed_before_its_file_was_announced_does_not_come_back_at_the_writers_restart() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    m.mount_disk("c1", "d1", "h:1", 1 << 30, "h").unwrap();
+    let (_, v) = m.put_start("c1", "k", 10, &PutOptions::default()).unwrap();
+    m.put_end("c1", "k").unwrap();
+    // The writer renamed its file but was killed before announcing it; meanwhile "k" is removed.
+    m.remove("k", false).unwrap();
+    // The writer restarts (new client id, same disk) and re-announces the file.
+    let disk = m.mount_disk("c2", "d1", "h:2", 1 << 30, "h").unwrap();
+    let r = m.update_disk_replicas("c2", disk, &[disk_entry("k", 10, v)], &[], true).unwrap();
+    assert!(r[0].is_err(), "the removed key must not come back from the writer's disk");
+    assert!(!m.exists("k").unwrap());
+    assert_eq!(m.disk_removals_for("c2"), vec![disk_entry("k", 0, v)], "the client is told to delete it");
+    // A client without a disk leaves no removal behind.
+    mount(&m, "c3", "s3", 1 << 20);
+    m.put_start("c3", "m", 10, &PutOptions::default()).unwrap();
+    m.put_end("c3", "m").unwrap();
+    m.remove("m", false).unwrap();
+    assert_eq!(m.disk_removals_for("c2").len(), 1);
+}
+
+#[test]
+fn removals_for_an_absent_disk_outlive_a_master_restart_through_the_clients_that_keep_them() {
+    let m = master();
+    mount(&m, "a", "sa", 1 << 20);
+    let disk_a = m.mount_disk("a", "da", "h:1", 1 << 30, "h").unwrap();
+    m.mount_disk("b", "db", "h:2", 1 << 30, "h").unwrap();
+    let (_, v) = m.put_start("a", "k", 10, &PutOptions::default()).unwrap();
+    m.put_end("a", "k").unwrap();
+    m.update_disk_replicas("a", disk_a, &[disk_entry("k", 10, v)], &[], false).unwrap();
+    // A goes away with its disk; "k" is removed meanwhile: the removal waits for disk "da".
+    m.unmount_segment("a", disk_a).unwrap();
+    m.remove("k", false).unwrap();
+    // B (a client with a disk) is handed the pending removals to keep; a client without a
+    // disk is not, and B is not sent the same set twice.
+    let (generation, held) = m.held_removals_for("b").expect("b keeps removals");
+    assert!(generation > 0);
+    assert_eq!(held, vec![HeldRemoval { disk: disk_segment_name("da"), key: "k".into(), version: v }]);
+    assert!(m.held_removals_for("b").is_none());
+    mount(&m, "c", "sc", 1 << 20);
+    assert!(m.held_removals_for("c").is_none());
+
+    // The master restarts: a new one knows nothing. B mounts again and hands the set back.
+    let m2 = master();
+    m2.merge_held_removals(&held);
+    m2.mount_disk("b2", "db", "h:2", 1 << 30, "h").unwrap();
+    // A comes back with its file of "k": refused, and told to delete it.
+    let disk_a2 = m2.mount_disk("a2", "da", "h:3", 1 << 30, "h").unwrap();
+    let r = m2.update_disk_replicas("a2", disk_a2, &[disk_entry("k", 10, v)], &[], true).unwrap();
+    assert!(r[0].is_err(), "a key removed before the master restarted does not come back");
+    assert!(!m2.exists("k").unwrap());
+    assert_eq!(m2.disk_removals_for("a2"), vec![disk_entry("k", 0, v)]);
+
+    // The other order: A is back first (the object comes back from its disk), then B returns
+    // the removal: the object goes again.
+    let m3 = master();
+    let disk_a3 = m3.mount_disk("a3", "da", "h:3", 1 << 30, "h").unwrap();
+    assert!(m3.update_disk_replicas("a3", disk_a3, &[disk_entry("k", 10, v)], &[], true).unwrap()[0].is_ok());
+    m3.merge_held_removals(&held);
+    assert!(!m3.exists("k").unwrap());
+    assert_eq!(m3.disk_removals_for("a3"), vec![disk_entry("k", 0, v)]);
+    // A later put of the key (a newer version) is not touched by the old removal.
+    mount(&m3, "a3", "sa3", 1 << 20);
+    m3.put_start("a3", "k", 10, &PutOptions::default()).unwrap();
+    m3.put_end("a3", "k").unwrap();
+    m3.merge_held_removals(&held);
+    assert!(m3.exists("k").unwrap());
+}
+
+#[test]
+fn metrics_show_the_disk_tier() {
+    let m = master();
+    mount(&m, "c1", "s1", 1 << 20);
+    let disk = m.mount_disk("c1", "d1", "h:1", 1 << 30, "h").unwrap();
+    let (_, v) = m.put_start("c1", "k", 1000, &PutOptions::default()).unwrap();
+    m.put_end("c1", "k").unwrap();
+    m.update_disk_replicas("c1", disk, &[disk_entry("k", 1000, v)], &[], false).unwrap();
+    // A file whose object the master lost comes back as a disk-only object.
+    m.update_disk_replicas("c1", disk, &[disk_entry("old", 500, 7)], &[], true).unwrap();
+    let t = m.disk_totals();
+    assert_eq!(
+        t,
+        DiskTotals { segments: 1, capacity: 1 << 30, used: 1500, replicas: 2, disk_only_keys: 1, removals_pending: 0 }
+    );
+    m.remove("k", false).unwrap();
+    // The client's own counters arrive with its pings.
+    let counters = crate::proto::DiskCounters { written: 5, queue_full: 3, ..Default::default() };
+    m.record_disk_counters("c1", &counters);
+    m.record_disk_counters("nobody", &counters);
+    let text = m.render_metrics();
+    for line in [
+        "crescent_master_disk_client{counter=\"queue_full\",disk=\"ssd:d1\"} 3",
+        "crescent_master_disk_client{counter=\"written\",disk=\"ssd:d1\"} 5",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+    }
+    let text = m.render_metrics();
+    for line in [
+        "crescent_master_disk_segments 1",
+        "crescent_master_disk_capacity_bytes 1073741824",
+        "crescent_master_disk_used_bytes 500",
+        "crescent_master_disk_replicas 1",
+        "crescent_master_disk_only_keys 1",
+        "crescent_master_disk_removals_pending 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+    }
+    m.unmount_segment("c1", disk).unwrap();
+    assert!(!m.render_metrics().contains("crescent_master_disk_client{"), "an unmounted disk's counters go");
+}

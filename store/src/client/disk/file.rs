@@ -1,9 +1,10 @@
 //! Writing and reading one file of the disk tier.
 //!
-//! Write: the header, key and value go to a temporary name in the key's hash directory;
-//! with `fsync` on (the default) the file's data is flushed (`fdatasync`) before it is
-//! renamed to its final name, and the directory is flushed after, so a final name always
-//! names a complete file, also after a power loss. Without `fsync`, a crash of the process
+//! Write: the header, key and value go to a temporary name in the key's hash directory
+//! ([`write_staged`]); with `fsync` on (the default) the file's data is flushed (`fdatasync`)
+//! ([`Staged::flush`]) before it is renamed to its final name ([`Staged::rename`]), and the directory is flushed
+//! after ([`sync_dirs`]) before anyone is told about the file, so a final name always names a
+//! complete file, also after a power loss. Without `fsync`, a crash of the process
 //! is still safe (the page cache survives it) and a power loss can leave a final file with
 //! missing data, which the value checksum catches on read. Either way a reader never gets
 //! bytes that do not match the checksum.
@@ -11,14 +12,14 @@
 //! Writes use direct I/O (`O_DIRECT`) where the file system has it: the queued value already
 //! sits in a 4 KiB-aligned image of the whole file ([`FileImage`]), so the kernel moves it to
 //! the device without a page-cache copy; the zero tail up to the next 4 KiB is cut off
-//! (`set_len`) before the flush. Reads use direct I/O too, in aligned pieces of up to 4 MiB
-//! through a small aligned buffer, copied to the caller (whose memory need not be aligned);
-//! without direct I/O, ordinary reads. The tier does not keep its files
-//! in the page cache: read files are dropped from it (`POSIX_FADV_DONTNEED`) — DRAM is the
+//! (`set_len`) before the flush. Reads use direct I/O too: the header and the first piece in
+//! one request, straight into the caller's memory when it is 4 KiB-aligned, through a small
+//! aligned buffer otherwise (see [`FileReader`]); without direct I/O, ordinary reads, and the
+//! files are dropped from the page cache after use (`POSIX_FADV_DONTNEED`) — DRAM is the
 //! memory tier's, and a read of the disk tier measures the disk.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{IoSliceMut, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -42,13 +43,34 @@ pub struct FileImage {
 
 impl FileImage {
     pub fn new(key: &str, value: &[u8]) -> FileImage {
+        FileImage::reusing(Vec::new(), key, value)
+    }
+
+    /// Bytes of memory an image of `value_len` bytes under a key of `key_len` bytes takes.
+    pub fn memory_len(key_len: usize, value_len: usize) -> usize {
+        let align = ALIGN as usize;
+        (data_offset(key_len) as usize + value_len).div_ceil(align) * align + align
+    }
+
+    /// Like [`Self::new`], in `buf` when it is large enough (a recycled image's memory: no
+    /// fresh pages to fault in); only the padding is zeroed, the value overwrites the rest.
+    pub fn reusing(mut buf: Vec<u8>, key: &str, value: &[u8]) -> FileImage {
         let align = ALIGN as usize;
         let data_offset = data_offset(key.len()) as usize;
         let total = (data_offset + value.len()).div_ceil(align) * align;
-        let mut buf = vec![0u8; total + align];
+        if buf.len() < total + align {
+            buf = vec![0u8; total + align];
+        }
         let start = buf.as_ptr().align_offset(align);
+        buf[start..start + data_offset].fill(0);
         buf[start + data_offset..start + data_offset + value.len()].copy_from_slice(value);
+        buf[start + data_offset + value.len()..start + total].fill(0);
         FileImage { buf, start, data_offset, value_len: value.len() }
+    }
+
+    /// The image's memory, for [`Self::reusing`].
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
     }
 
     pub fn value(&self) -> &[u8] {
@@ -68,8 +90,23 @@ impl FileImage {
     }
 }
 
-/// Writes `image` as the file of (`key`, `version`) under `dir`; returns its path and length.
-pub fn write_file(dir: &Path, key: &str, version: u64, image: &mut FileImage, fsync: bool) -> Result<(PathBuf, u64)> {
+/// A file written under its temporary name, not yet flushed nor renamed.
+pub struct Staged {
+    file: File,
+    direct: bool,
+    tmp: PathBuf,
+    /// The final name.
+    pub path: PathBuf,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Bytes the file takes.
+    pub file_len: u64,
+}
+
+/// Writes `image` as the file of (`key`, `version`) under `dir`, under a temporary name.
+/// [`Staged::flush`] and [`Staged::rename`] then put it in place, and [`sync_dirs`] makes the
+/// renames durable.
+pub fn write_staged(dir: &Path, key: &str, version: u64, image: &mut FileImage) -> Result<Staged> {
     let (sub, name) = file_name(key, version);
     let sub = dir.join(sub);
     std::fs::create_dir_all(&sub).map_err(|e| io_err("creating", &sub, e))?;
@@ -81,38 +118,72 @@ pub fn write_file(dir: &Path, key: &str, version: u64, image: &mut FileImage, fs
         version,
         value_crc: crc32fast::hash(image.value()),
     };
-    let written = (|| -> std::io::Result<()> {
+    let written = (|| -> std::io::Result<(File, bool)> {
         let direct = rustix::fs::OFlags::DIRECT.bits() as i32;
-        let mut f = match OpenOptions::new().write(true).create_new(true).custom_flags(direct).open(&tmp) {
-            Ok(f) => f,
+        let (mut f, direct_io) = match OpenOptions::new().write(true).create_new(true).custom_flags(direct).open(&tmp) {
+            Ok(f) => (f, true),
             // No direct I/O on this file system (tmpfs, some overlays): buffered.
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-                OpenOptions::new().write(true).create_new(true).open(&tmp)?
+                (OpenOptions::new().write(true).create_new(true).open(&tmp)?, false)
             }
             Err(e) => return Err(e),
         };
-        f.write_all(image.aligned(&header.encode()))?;
-        f.set_len(header.file_len())?;
-        if fsync {
-            f.sync_data()?;
+        let aligned = image.aligned(&header.encode());
+        f.write_all(aligned)?;
+        if aligned.len() as u64 != header.file_len() {
+            f.set_len(header.file_len())?;
         }
-        let _ = fadvise(&f, 0, None, Advice::DontNeed);
-        std::fs::rename(&tmp, &path)?;
-        if fsync {
-            File::open(&sub)?.sync_all()?;
-        }
-        Ok(())
+        Ok((f, direct_io))
     })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io_err("writing", &tmp, e));
+    match written {
+        Ok((file, direct)) => Ok(Staged { file, direct, tmp, path, dir: sub, file_len: header.file_len() }),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(io_err("writing", &tmp, e))
+        }
     }
-    Ok((path, header.file_len()))
 }
 
-/// Reads the start of a file: enough for any header and key.
-fn read_prefix(f: &File) -> std::io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; MAX_HEADER_LEN];
+impl Staged {
+    /// Flushes the file's data (`fdatasync`): after this, renaming it is safe.
+    pub fn flush(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| io_err("flushing", &self.tmp, e))
+    }
+
+    /// Renames the file to its final name (after [`Self::flush`] when flushing is on). The
+    /// rename itself is durable after [`sync_dirs`] on its directory.
+    pub fn rename(self) -> Result<()> {
+        if !self.direct {
+            let _ = fadvise(&self.file, 0, None, Advice::DontNeed);
+        }
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| {
+            let _ = std::fs::remove_file(&self.tmp);
+            io_err("renaming", &self.tmp, e)
+        })
+    }
+
+    /// Gives the write up (its temporary file goes).
+    pub fn abandon(self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// Flushes directories (each once), making the renames in them durable. One flush of a
+/// directory covers every rename made in it before the call.
+pub fn sync_dirs<'a>(dirs: impl IntoIterator<Item = &'a Path>) -> Result<()> {
+    let mut done: Vec<&Path> = Vec::new();
+    for d in dirs {
+        if done.contains(&d) {
+            continue;
+        }
+        File::open(d).and_then(|f| f.sync_all()).map_err(|e| io_err("flushing", d, e))?;
+        done.push(d);
+    }
+    Ok(())
+}
+
+/// Reads the start of a file (enough for any header and key) into `buf`; returns the bytes read.
+fn read_prefix(f: &File, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match f.read_at(&mut buf[n..], n as u64)? {
@@ -120,15 +191,12 @@ fn read_prefix(f: &File) -> std::io::Result<Vec<u8>> {
             k => n += k,
         }
     }
-    buf.truncate(n);
-    Ok(buf)
+    Ok(n)
 }
 
-/// Opens a file and checks its header; returns it with its length on disk.
-pub fn read_header(path: &Path) -> Result<(File, Header)> {
-    let f = File::open(path).map_err(|e| io_err("opening", path, e))?;
-    let prefix = read_prefix(&f).map_err(|e| io_err("reading", path, e))?;
-    let header = Header::decode(&prefix)?;
+/// Checks a file's header (from its first bytes) against its length on disk.
+fn check_header(f: &File, path: &Path, prefix: &[u8]) -> Result<Header> {
+    let header = Header::decode(prefix)?;
     let len = f.metadata().map_err(|e| io_err("reading", path, e))?.len();
     if len != header.file_len() {
         return Err(StoreError::CorruptFile(format!(
@@ -137,10 +205,19 @@ pub fn read_header(path: &Path) -> Result<(File, Header)> {
             header.file_len()
         )));
     }
+    Ok(header)
+}
+
+/// Opens a file and checks its header; returns it with its length on disk.
+pub fn read_header(path: &Path) -> Result<(File, Header)> {
+    let f = File::open(path).map_err(|e| io_err("opening", path, e))?;
+    let mut buf = vec![0u8; MAX_HEADER_LEN];
+    let n = read_prefix(&f, &mut buf).map_err(|e| io_err("reading", path, e))?;
+    let header = check_header(&f, path, &buf[..n])?;
     Ok((f, header))
 }
 
-/// Largest direct read.
+/// Largest direct read through the scratch buffer.
 const DIRECT_CHUNK: usize = 4 << 20;
 
 fn open_direct(path: &Path) -> Option<File> {
@@ -156,24 +233,48 @@ struct Scratch {
 
 impl Scratch {
     fn new(len: usize) -> Scratch {
+        let len = len.div_ceil(ALIGN as usize) * ALIGN as usize;
         let buf = vec![0u8; len + ALIGN as usize];
         let start = buf.as_ptr().align_offset(ALIGN as usize);
         Scratch { buf, start }
+    }
+    fn capacity(&self) -> usize {
+        self.buf.len() - ALIGN as usize
     }
     fn get(&mut self, len: usize) -> &mut [u8] {
         &mut self.buf[self.start..self.start + len]
     }
 }
 
-/// Reads `buf.len()` bytes at `at` with direct I/O through `scratch`.
-fn read_direct(f: &File, scratch: &mut Scratch, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+fn is_aligned(v: u64) -> bool {
+    v.is_multiple_of(ALIGN)
+}
+
+/// Reads exactly `buf.len()` bytes at `at` (both 4 KiB multiples, `buf` 4 KiB-aligned) from a
+/// direct-I/O file straight into `buf`.
+fn read_direct_into(f: &File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], at + got as u64)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+        if !is_aligned(got as u64) && got < buf.len() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(())
+}
+
+/// Reads `buf.len()` bytes at `at` from a direct-I/O file through `scratch` (any alignment).
+fn read_direct_via(f: &File, scratch: &mut Scratch, buf: &mut [u8], at: u64) -> std::io::Result<()> {
     let align = ALIGN as usize;
     let mut done = 0;
     while done < buf.len() {
         let pos = at + done as u64;
         let base = pos & !(ALIGN - 1);
         let skip = (pos - base) as usize;
-        let want = (buf.len() - done).min(DIRECT_CHUNK - skip);
+        let want = (buf.len() - done).min(scratch.capacity() - skip);
         let span = (skip + want).div_ceil(align) * align;
         let window = scratch.get(span);
         let mut got = 0;
@@ -193,63 +294,166 @@ fn read_direct(f: &File, scratch: &mut Scratch, buf: &mut [u8], at: u64) -> std:
 }
 
 /// Reads a file's value in order, piece by piece, checking the value's checksum at the end.
+///
+/// With direct I/O (one descriptor opened with `O_DIRECT`), the header is read together with
+/// the first piece in one request (`preadv`: the header's 4 KiB blocks into a small aligned
+/// buffer, the value into the caller's memory) and checked before any byte is counted as
+/// read; a piece whose memory and file offset are 4 KiB-aligned is read straight into the
+/// caller's memory (its 4 KiB multiple; a shorter tail through a small aligned scratch
+/// buffer); other pieces go through the scratch buffer and are copied. Without direct I/O,
+/// ordinary reads, the header first.
 pub struct FileReader {
-    direct: Option<(File, Scratch)>,
     file: File,
-    header: Header,
+    path: PathBuf,
+    direct: bool,
+    scratch: Option<Scratch>,
+    /// What the caller expects; checked against the header on the first read (direct I/O)
+    /// or at open.
+    key: String,
+    version: u64,
+    size: u64,
+    header: Option<Header>,
     pos: u64,
     crc: crc32fast::Hasher,
     checked: bool,
 }
 
 impl FileReader {
-    /// Opens the file of (`key`, `version`) of `size` bytes; any other content is an error.
+    /// Opens the file of (`key`, `version`) of `size` bytes; any other content is an error
+    /// (at open, or with direct I/O at the first read).
     pub fn open(path: &Path, key: &str, version: u64, size: u64) -> Result<FileReader> {
-        let (file, header) = read_header(path)?;
-        if header.key != key || header.version != version || header.value_len != size {
+        let (file, direct) = match open_direct(path) {
+            Some(f) => (f, true),
+            None => (File::open(path).map_err(|e| io_err("opening", path, e))?, false),
+        };
+        let mut r = FileReader {
+            file,
+            path: path.to_path_buf(),
+            direct,
+            scratch: None,
+            key: key.to_string(),
+            version,
+            size,
+            header: None,
+            pos: 0,
+            crc: crc32fast::Hasher::new(),
+            checked: false,
+        };
+        if !direct {
+            let mut buf = vec![0u8; MAX_HEADER_LEN];
+            let n = read_prefix(&r.file, &mut buf).map_err(|e| io_err("reading", path, e))?;
+            r.accept_header(&buf[..n])?;
+            let _ = fadvise(&r.file, data_offset(key.len()), None, Advice::Sequential);
+        }
+        Ok(r)
+    }
+
+    /// Checks the header (in `prefix`, the file's first bytes) against what the caller expects.
+    fn accept_header(&mut self, prefix: &[u8]) -> Result<()> {
+        let h = check_header(&self.file, &self.path, prefix)?;
+        if h.key != self.key || h.version != self.version || h.value_len != self.size {
             return Err(StoreError::CorruptFile(format!(
-                "{} holds {:?} v{} ({} bytes), expected {key:?} v{version} ({size} bytes)",
-                path.display(),
-                header.key,
-                header.version,
-                header.value_len
+                "{} holds {:?} v{} ({} bytes), expected {:?} v{} ({} bytes)",
+                self.path.display(),
+                h.key,
+                h.version,
+                h.value_len,
+                self.key,
+                self.version,
+                self.size
             )));
         }
-        let direct = open_direct(path).map(|f| {
-            let scratch = Scratch::new((header.value_len as usize + ALIGN as usize).min(DIRECT_CHUNK));
-            (f, scratch)
-        });
-        if direct.is_none() {
-            let _ = fadvise(&file, header.data_offset(), None, Advice::Sequential);
-        }
-        Ok(FileReader { direct, file, header, pos: 0, crc: crc32fast::Hasher::new(), checked: false })
+        self.header = Some(h);
+        Ok(())
     }
 
     pub fn size(&self) -> u64 {
-        self.header.value_len
+        self.size
     }
 
     pub fn remaining(&self) -> u64 {
-        self.header.value_len - self.pos
+        self.size - self.pos
+    }
+
+    fn scratch_for(slot: &mut Option<Scratch>, remaining: u64) -> &mut Scratch {
+        // Made once per reader, as large as what is left (up to 4 MiB).
+        let len = ((remaining as usize).min(DIRECT_CHUNK) + ALIGN as usize).max(2 * ALIGN as usize);
+        slot.get_or_insert_with(|| Scratch::new(len))
+    }
+
+    /// Direct I/O, nothing read yet: the header's blocks, and as much of `buf` as can go
+    /// straight into it, in one request; then the header is checked. Returns the bytes of
+    /// `buf` filled.
+    fn read_first(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let prefix = data_offset(self.key.len()) as usize;
+        let bulk = if is_aligned(buf.as_ptr() as u64) { buf.len() & !(ALIGN as usize - 1) } else { 0 };
+        let io = |e: std::io::Error| io_err("reading", &self.path, e);
+        let mut head = Scratch::new(prefix);
+        let window = head.get(prefix);
+        let mut got = 0usize;
+        // A short read stops at a block boundary or at the end of the file.
+        loop {
+            let n = if got < prefix {
+                let mut iov = [IoSliceMut::new(&mut window[got..]), IoSliceMut::new(&mut buf[..bulk])];
+                let iov = if bulk == 0 { &mut iov[..1] } else { &mut iov[..] };
+                rustix::io::preadv(&self.file, iov, got as u64).map_err(|e| io(e.into()))?
+            } else if got < prefix + bulk {
+                self.file.read_at(&mut buf[got - prefix..bulk], got as u64).map_err(io)?
+            } else {
+                break;
+            };
+            got += n;
+            if n == 0 || !is_aligned(got as u64) {
+                break;
+            }
+        }
+        if got < prefix {
+            // Shorter than the expected header: check what is there (a clear error either way).
+            self.accept_header(&window[..got])?;
+            return Err(StoreError::CorruptFile(format!("{}: shorter than its header", self.path.display())));
+        }
+        self.accept_header(window)?;
+        if got < prefix + bulk {
+            return Err(StoreError::CorruptFile(format!("{}: shorter than its header says", self.path.display())));
+        }
+        Ok(bulk)
+    }
+
+    fn read_piece(&mut self, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+        if !self.direct {
+            return self.file.read_exact_at(buf, at);
+        }
+        // The aligned bulk straight into the caller's memory, the rest through the scratch.
+        let bulk =
+            if is_aligned(buf.as_ptr() as u64) && is_aligned(at) { buf.len() & !(ALIGN as usize - 1) } else { 0 };
+        if bulk > 0 {
+            read_direct_into(&self.file, &mut buf[..bulk], at)?;
+        }
+        if bulk < buf.len() {
+            let scratch = Self::scratch_for(&mut self.scratch, self.size - self.pos);
+            read_direct_via(&self.file, scratch, &mut buf[bulk..], at + bulk as u64)?;
+        }
+        Ok(())
     }
 
     /// Reads the next `buf.len()` bytes (at most what remains). After the last byte, checks
     /// the value's checksum: a mismatch is [`StoreError::CorruptFile`].
     pub fn read_next(&mut self, buf: &mut [u8]) -> Result<usize> {
         let n = (buf.len() as u64).min(self.remaining()) as usize;
-        let at = data_offset(self.header.key.len()) + self.pos;
-        let read = match &mut self.direct {
-            Some((f, scratch)) => read_direct(f, scratch, &mut buf[..n], at),
-            None => self.file.read_exact_at(&mut buf[..n], at),
-        };
-        read.map_err(|e| StoreError::Disk(format!("reading a file: {e}")))?;
-        self.crc.update(&buf[..n]);
+        let buf = &mut buf[..n];
+        let mut done = 0;
+        if self.header.is_none() {
+            done = self.read_first(buf)?;
+        }
+        let at = data_offset(self.key.len()) + self.pos + done as u64;
+        self.read_piece(&mut buf[done..], at).map_err(|e| StoreError::Disk(format!("reading a file: {e}")))?;
+        self.crc.update(buf);
         self.pos += n as u64;
         if self.remaining() == 0 && !self.checked {
             self.checked = true;
             let crc = std::mem::take(&mut self.crc).finalize();
-            if crc != self.header.value_crc {
-                return Err(StoreError::CorruptFile(format!("value of {:?}: checksum mismatch", self.header.key)));
+            if Some(crc) != self.header.as_ref().map(|h| h.value_crc) {
+                return Err(StoreError::CorruptFile(format!("value of {:?}: checksum mismatch", self.key)));
             }
         }
         Ok(n)
@@ -258,6 +462,8 @@ impl FileReader {
 
 impl Drop for FileReader {
     fn drop(&mut self) {
-        let _ = fadvise(&self.file, 0, None, Advice::DontNeed);
+        if !self.direct {
+            let _ = fadvise(&self.file, 0, None, Advice::DontNeed);
+        }
     }
 }

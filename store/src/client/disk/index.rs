@@ -13,12 +13,23 @@ pub struct Entry {
     pub file_len: u64,
     pub path: PathBuf,
     tick: u64,
+    /// Reads in progress: a pinned file is never evicted.
+    pins: u32,
 }
 
 impl Entry {
     pub fn new(version: u64, value_len: u64, file_len: u64, path: PathBuf) -> Entry {
-        Entry { version, value_len, file_len, path, tick: 0 }
+        Entry { version, value_len, file_len, path, tick: 0, pins: 0 }
     }
+}
+
+/// Why a reservation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRoom {
+    /// More than the whole tier (less what other writes reserved).
+    TooLarge,
+    /// It would fit, but only by evicting files that are being read.
+    Pinned,
 }
 
 #[derive(Debug)]
@@ -65,6 +76,25 @@ impl Index {
         }
     }
 
+    /// Pins the file of (`key`, `version`) against eviction while it is read; false when
+    /// the key has no such file.
+    pub fn pin(&mut self, key: &str, version: u64) -> bool {
+        match self.map.get_mut(key) {
+            Some(e) if e.version == version => {
+                e.pins += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ends one read of (`key`, `version`) (nothing when the file went meanwhile).
+    pub fn unpin(&mut self, key: &str, version: u64) {
+        if let Some(e) = self.map.get_mut(key).filter(|e| e.version == version) {
+            e.pins = e.pins.saturating_sub(1);
+        }
+    }
+
     /// Adds (or replaces) a key's file as the most recently used; returns the replaced entry.
     pub fn insert(&mut self, key: &str, mut entry: Entry) -> Option<Entry> {
         let old = self.remove(key);
@@ -83,22 +113,38 @@ impl Index {
         Some(e)
     }
 
-    /// Reserves `bytes` for a write, evicting least recently used files until they fit.
-    /// Returns the evicted files (the caller deletes them and tells the master), or `None`
-    /// when `bytes` exceed the capacity even with every file evicted (nothing is evicted then).
-    pub fn reserve(&mut self, bytes: u64) -> Option<Vec<(String, Entry)>> {
+    /// Reserves `bytes` for a write, evicting least recently used files that nobody is
+    /// reading until they fit. Returns the evicted files (the caller deletes them and tells
+    /// the master), or why not: `bytes` exceed the capacity even with every file evicted, or
+    /// would need pinned files to go (nothing is evicted then).
+    pub fn reserve(&mut self, bytes: u64) -> Result<Vec<(String, Entry)>, NoRoom> {
         if bytes > self.capacity.saturating_sub(self.reserved) {
-            return None;
+            return Err(NoRoom::TooLarge);
         }
-        let mut evicted = Vec::new();
-        while self.used + self.reserved + bytes > self.capacity {
-            let (_, key) = self.lru.pop_first().expect("used > 0 means files are indexed");
+        let mut victims = Vec::new();
+        let mut freed = 0;
+        for (tick, key) in &self.lru {
+            if self.used - freed + self.reserved + bytes <= self.capacity {
+                break;
+            }
+            let e = &self.map[key];
+            if e.pins == 0 {
+                victims.push(*tick);
+                freed += e.file_len;
+            }
+        }
+        if self.used - freed + self.reserved + bytes > self.capacity {
+            return Err(NoRoom::Pinned);
+        }
+        let mut evicted = Vec::with_capacity(victims.len());
+        for tick in victims {
+            let key = self.lru.remove(&tick).expect("a victim is indexed");
             let e = self.map.remove(&key).expect("lru and map agree");
             self.used -= e.file_len;
             evicted.push((key, e));
         }
         self.reserved += bytes;
-        Some(evicted)
+        Ok(evicted)
     }
 
     /// Returns a reservation (after the write was indexed or abandoned).
@@ -140,11 +186,31 @@ mod tests {
         // A reservation counts until released: the next one evicts more.
         let evicted = ix.reserve(40).unwrap();
         assert_eq!(evicted.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["c"]);
-        assert!(ix.reserve(31).is_none(), "70 reserved of 100: 31 more cannot fit, even evicting a");
+        assert_eq!(ix.reserve(31), Err(NoRoom::TooLarge), "70 reserved of 100: 31 more cannot fit, even evicting a");
         assert!(ix.get("a").is_some(), "a refused reservation evicts nothing");
-        assert!(ix.reserve(101).is_none());
+        assert_eq!(ix.reserve(101), Err(NoRoom::TooLarge));
         ix.release(70);
         assert_eq!(ix.used(), 30);
+    }
+
+    #[test]
+    fn files_being_read_are_never_evicted() {
+        let mut ix = Index::new(100);
+        for k in ["a", "b", "c"] {
+            ix.insert(k, entry(30));
+        }
+        assert!(ix.pin("a", 1));
+        assert!(!ix.pin("a", 2), "another version is not pinned");
+        // "a" is the least recently used but is being read: "b" goes instead.
+        let evicted = ix.reserve(30).unwrap();
+        assert_eq!(evicted.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["b"]);
+        ix.release(30);
+        assert!(ix.pin("c", 1));
+        assert_eq!(ix.reserve(50), Err(NoRoom::Pinned), "only pinned files could make room");
+        assert!(ix.get("a").is_some() && ix.get("c").is_some());
+        ix.unpin("a", 1);
+        let evicted = ix.reserve(50).unwrap();
+        assert_eq!(evicted.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["a"]);
     }
 
     #[test]

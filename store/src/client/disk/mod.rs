@@ -1,7 +1,11 @@
 //! The client's disk tier: with a storage root, every value this client puts is also written
 //! to a file under `<root>/<cluster id>/`, asynchronously, by a bounded pool of writer
-//! threads; a get that finds no memory replica reads the file (here, or through the owning
-//! client's [`service`]); a restart re-announces the files to the master.
+//! threads (each writes and flushes a file under a temporary name) and one committer (renames
+//! the flushed files, flushes their directories and announces them to the master, in
+//! batches); a get that finds no memory replica reads the file (here, or through the owning
+//! client's [`service`]; a file being read is pinned against eviction); a restart
+//! re-announces the files to the master. The tier also keeps, for the master, the removals
+//! pending at it (`TOMBSTONES`), handed back at every mount so they outlive a master restart.
 //!
 //! * [`format`]: the file format and names (hash of the key; the key is inside the file).
 //! * [`file`]: writing (temporary name, fsync, rename) and checked reading.
@@ -29,10 +33,10 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Result, StoreError};
-use crate::proto::DiskEntry;
+use crate::proto::{DiskEntry, HeldRemoval};
 use file::FileReader;
 use format::{data_offset, key_hash, parse_name, NameKind};
-use index::{Entry, Index};
+use index::{Entry, Index, NoRoom};
 
 /// Share of the file system's free space taken by default.
 pub const DEFAULT_CAPACITY_SHARE: f64 = 0.9;
@@ -40,6 +44,8 @@ pub const DEFAULT_WRITERS: usize = 4;
 pub const DEFAULT_QUEUE_BYTES: u64 = 256 << 20;
 /// Most offloads waiting at once, whatever their size.
 const MAX_QUEUED_JOBS: usize = 4096;
+/// Bytes of written images kept for the next offloads (their pages are already faulted in).
+const SPARE_IMAGE_BYTES: usize = 64 << 20;
 
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
@@ -84,6 +90,8 @@ pub struct DiskStats {
     pub queue_full: u64,
     /// Values larger than the whole tier.
     pub too_large: u64,
+    /// Offloads dropped because room could only be made by evicting files being read.
+    pub busy_dropped: u64,
     pub write_failures: u64,
     /// Files the master refused (their object was removed or put again meanwhile).
     pub stale_refused: u64,
@@ -107,6 +115,7 @@ struct Counters {
     bytes_written: AtomicU64,
     queue_full: AtomicU64,
     too_large: AtomicU64,
+    busy_dropped: AtomicU64,
     write_failures: AtomicU64,
     stale_refused: AtomicU64,
     evicted: AtomicU64,
@@ -136,6 +145,17 @@ struct Job {
     image: file::FileImage,
 }
 
+/// A file written under its temporary name, on its way to the committer.
+struct Written {
+    key: String,
+    version: u64,
+    value_len: u64,
+    staged: file::Staged,
+}
+
+/// Most files one commit round flushes, renames and announces together.
+const COMMIT_BATCH: usize = 64;
+
 #[derive(Default)]
 struct Pending {
     jobs: u64,
@@ -152,6 +172,14 @@ pub struct DiskTier {
     pending: Mutex<Pending>,
     idle: Condvar,
     announcer: RwLock<Option<Arc<dyn Announcer>>>,
+    /// Keys with an offload queued or being written, with how many: a removal of such a key
+    /// is not acknowledged yet (its file may appear after the removal; see [`Self::apply_removals`]).
+    in_flight: Mutex<std::collections::HashMap<String, u32>>,
+    /// Removals pending at the master (for any disk), kept here so that they outlive a master
+    /// restart: also in `<dir>/TOMBSTONES`, handed back at every mount.
+    held: Mutex<Vec<HeldRemoval>>,
+    /// Memory of written images, reused by the next offloads (at most [`SPARE_IMAGE_BYTES`]).
+    spare_images: Mutex<Vec<Vec<u8>>>,
     last_full_warning: Mutex<Option<Instant>>,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
@@ -212,7 +240,7 @@ impl DiskTier {
             index.insert(&key, entry);
         }
         // Over capacity (a smaller limit than last time): least recently modified files go.
-        if let Some(evicted) = index.reserve(0) {
+        if let Ok(evicted) = index.reserve(0) {
             for (_, e) in &evicted {
                 let _ = std::fs::remove_file(&e.path);
                 inc(&counters.evicted);
@@ -230,6 +258,7 @@ impl DiskTier {
             c.stale_removed.load(Ordering::Relaxed)
         );
         Ok(Arc::new(DiskTier {
+            held: Mutex::new(load_held(&dir)),
             dir,
             disk_id,
             config,
@@ -239,6 +268,8 @@ impl DiskTier {
             pending: Mutex::new(Pending::default()),
             idle: Condvar::new(),
             announcer: RwLock::new(None),
+            in_flight: Mutex::new(Default::default()),
+            spare_images: Mutex::new(Vec::new()),
             last_full_warning: Mutex::new(None),
             _lock: lock,
         }))
@@ -257,7 +288,7 @@ impl DiskTier {
         self.index.lock().capacity()
     }
 
-    /// Sets who hears about files, and starts the writers (once).
+    /// Sets who hears about files, and starts the writers and the committer (once).
     pub fn start(self: &Arc<Self>, announcer: Arc<dyn Announcer>) {
         *self.announcer.write() = Some(announcer);
         let mut queue = self.queue.lock();
@@ -265,21 +296,38 @@ impl DiskTier {
             return;
         }
         let (tx, rx) = crossbeam_channel::bounded::<Job>(MAX_QUEUED_JOBS);
+        // Unbounded: at most one file per queued job is ever in it.
+        let (written_tx, written_rx) = crossbeam_channel::unbounded::<Written>();
         for i in 0..self.config.writers.max(1) {
             let rx: Receiver<Job> = rx.clone();
+            let written_tx = written_tx.clone();
             let weak: Weak<DiskTier> = Arc::downgrade(self);
             std::thread::Builder::new()
                 .name(format!("crescent-disk-writer-{i}"))
                 .spawn(move || {
                     for job in rx {
                         match weak.upgrade() {
-                            Some(tier) => tier.write_job(job),
+                            Some(tier) => tier.write_job(job, &written_tx),
                             None => return,
                         }
                     }
                 })
                 .expect("spawning a disk writer");
         }
+        let weak: Weak<DiskTier> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("crescent-disk-commit".into())
+            .spawn(move || {
+                while let Ok(first) = written_rx.recv() {
+                    let mut batch = vec![first];
+                    batch.extend(written_rx.try_iter().take(COMMIT_BATCH - 1));
+                    match weak.upgrade() {
+                        Some(tier) => tier.commit(batch),
+                        None => return,
+                    }
+                }
+            })
+            .expect("spawning the disk committer");
         *queue = Some(tx);
     }
 
@@ -325,7 +373,13 @@ impl DiskTier {
             p.jobs += 1;
             p.bytes += len;
         }
-        let job = Job { key: key.to_string(), version, image: file::FileImage::new(key, value) };
+        let spare = {
+            let want = file::FileImage::memory_len(key.len(), value.len());
+            let mut spare = self.spare_images.lock();
+            spare.iter().position(|b| b.len() >= want).map(|i| spare.swap_remove(i)).unwrap_or_default()
+        };
+        let job = Job { key: key.to_string(), version, image: file::FileImage::reusing(spare, key, value) };
+        *self.in_flight.lock().entry(key.to_string()).or_default() += 1;
         let sent = match self.queue.lock().as_ref() {
             Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
             None => Err(false),
@@ -333,7 +387,7 @@ impl DiskTier {
         match sent {
             Ok(()) => inc(&self.counters.queued),
             Err(full) => {
-                self.job_done(len);
+                self.job_done(key, len);
                 if full {
                     self.queue_full(key);
                 }
@@ -354,7 +408,16 @@ impl DiskTier {
         }
     }
 
-    fn job_done(&self, len: u64) {
+    fn job_done(&self, key: &str, len: u64) {
+        {
+            let mut f = self.in_flight.lock();
+            if let Some(n) = f.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    f.remove(key);
+                }
+            }
+        }
         let mut p = self.pending.lock();
         p.jobs -= 1;
         p.bytes -= len;
@@ -393,25 +456,53 @@ impl DiskTier {
         }
     }
 
-    fn write_job(&self, mut job: Job) {
+    /// A writer's part: room, the file's bytes under a temporary name; the committer does
+    /// the rest. A job that ends here (nothing written) is done at once.
+    fn write_job(&self, mut job: Job, committer: &Sender<Written>) {
         let len = job.image.value_len();
-        self.write_one(&mut job);
-        self.job_done(len);
+        let staged = self.write_one(&mut job);
+        let buf = std::mem::replace(&mut job.image, file::FileImage::new("", &[])).into_buffer();
+        {
+            let mut spare = self.spare_images.lock();
+            if spare.iter().map(Vec::len).sum::<usize>() + buf.len() <= SPARE_IMAGE_BYTES {
+                spare.push(buf);
+            }
+        }
+        match staged {
+            Some(staged) => {
+                let w = Written { key: job.key, version: job.version, value_len: len, staged };
+                if let Err(e) = committer.send(w) {
+                    let w = e.into_inner();
+                    self.index.lock().release(w.staged.file_len);
+                    w.staged.abandon();
+                    self.job_done(&w.key, len);
+                }
+            }
+            None => self.job_done(&job.key, len),
+        }
     }
 
-    fn write_one(&self, job: &mut Job) {
+    fn write_one(&self, job: &mut Job) -> Option<file::Staged> {
         let value_len = job.image.value_len();
         let file_len = data_offset(job.key.len()) + value_len;
         let evicted = {
             let mut ix = self.index.lock();
             if ix.get(&job.key).is_some_and(|e| e.version >= job.version) {
-                return; // this or a newer version is on disk already
+                return None; // this or a newer version is on disk already
             }
             ix.reserve(file_len)
         };
-        let Some(evicted) = evicted else {
-            inc(&self.counters.too_large);
-            return;
+        let evicted = match evicted {
+            Ok(evicted) => evicted,
+            Err(NoRoom::TooLarge) => {
+                inc(&self.counters.too_large);
+                return None;
+            }
+            Err(NoRoom::Pinned) => {
+                inc(&self.counters.busy_dropped);
+                tracing::debug!("not offloading {:?}: room only by evicting files being read", job.key);
+                return None;
+            }
         };
         if !evicted.is_empty() {
             let removed: Vec<DiskEntry> = evicted
@@ -425,35 +516,86 @@ impl DiskTier {
             tracing::debug!("disk tier: evicted {} file(s) to make room", removed.len());
             self.announce(&[], &removed);
         }
-        let written = file::write_file(&self.dir, &job.key, job.version, &mut job.image, self.config.fsync);
-        let (path, file_len_written) = match written {
-            Ok(w) => w,
+        let written = file::write_staged(&self.dir, &job.key, job.version, &mut job.image).and_then(|staged| {
+            // Flushed here, so that the writers' flushes overlap (each waits for the device).
+            if self.config.fsync {
+                if let Err(e) = staged.flush() {
+                    staged.abandon();
+                    return Err(e);
+                }
+            }
+            Ok(staged)
+        });
+        match written {
+            Ok(staged) => Some(staged),
             Err(e) => {
                 self.index.lock().release(file_len);
                 inc(&self.counters.write_failures);
                 tracing::warn!("disk tier: {e}");
+                None
+            }
+        }
+    }
+
+    /// The committer's part, for a batch of written and flushed files: rename each, flush
+    /// their directories (once each: a flush covers every rename before it, so one journal
+    /// commit covers the batch), index them, and tell the master about all of them in one
+    /// call. No file is announced before its rename is durable.
+    fn commit(&self, batch: Vec<Written>) {
+        let fsync = self.config.fsync;
+        let mut renamed = Vec::with_capacity(batch.len());
+        for w in batch {
+            let (path, dir, file_len) = (w.staged.path.clone(), w.staged.dir.clone(), w.staged.file_len);
+            match w.staged.rename() {
+                Ok(()) => renamed.push((w.key, w.version, w.value_len, path, dir, file_len)),
+                Err(e) => {
+                    self.index.lock().release(file_len);
+                    inc(&self.counters.write_failures);
+                    tracing::warn!("disk tier: {e}");
+                    self.job_done(&w.key, w.value_len);
+                }
+            }
+        }
+        if fsync {
+            if let Err(e) = file::sync_dirs(renamed.iter().map(|r| r.4.as_path())) {
+                // The renames may not be durable: the files go rather than be announced.
+                tracing::warn!("disk tier: {e}");
+                for (key, _, value_len, path, _, file_len) in renamed {
+                    let _ = std::fs::remove_file(&path);
+                    self.index.lock().release(file_len);
+                    inc(&self.counters.write_failures);
+                    self.job_done(&key, value_len);
+                }
                 return;
             }
-        };
-        let replaced = {
-            let mut ix = self.index.lock();
-            ix.release(file_len);
-            ix.insert(&job.key, Entry::new(job.version, value_len, file_len_written, path.clone()))
-        };
-        inc(&self.counters.written);
-        self.counters.bytes_written.fetch_add(file_len_written, Ordering::Relaxed);
-        let mut removed = Vec::new();
-        if let Some(old) = replaced {
-            let _ = std::fs::remove_file(&old.path);
-            removed.push(DiskEntry { key: job.key.clone(), size: old.value_len, version: old.version });
         }
-        let added = [DiskEntry { key: job.key.clone(), size: value_len, version: job.version }];
-        if let Some(accepted) = self.announce(&added, &removed) {
-            if accepted.first() != Some(&true) {
-                // Removed or put again while we wrote: the file is stale.
-                self.drop_file(&job.key, job.version);
-                inc(&self.counters.stale_refused);
+        let mut added = Vec::with_capacity(renamed.len());
+        let mut removed = Vec::new();
+        for (key, version, value_len, path, _, file_len) in &renamed {
+            let replaced = {
+                let mut ix = self.index.lock();
+                ix.release(*file_len);
+                ix.insert(key, Entry::new(*version, *value_len, *file_len, path.clone()))
+            };
+            inc(&self.counters.written);
+            self.counters.bytes_written.fetch_add(*file_len, Ordering::Relaxed);
+            if let Some(old) = replaced {
+                let _ = std::fs::remove_file(&old.path);
+                removed.push(DiskEntry { key: key.clone(), size: old.value_len, version: old.version });
             }
+            added.push(DiskEntry { key: key.clone(), size: *value_len, version: *version });
+        }
+        if let Some(accepted) = self.announce(&added, &removed) {
+            for (e, ok) in added.iter().zip(accepted.into_iter().chain(std::iter::repeat(false))) {
+                if !ok {
+                    // Removed or put again while we wrote: the file is stale.
+                    self.drop_file(&e.key, e.version);
+                    inc(&self.counters.stale_refused);
+                }
+            }
+        }
+        for (key, _, value_len, ..) in renamed {
+            self.job_done(&key, value_len);
         }
     }
 
@@ -475,7 +617,11 @@ impl DiskTier {
         }
     }
 
-    /// Removals handed out by the master: deletes the files, then acknowledges them.
+    /// Removals handed out by the master: deletes the files, then acknowledges them. A key
+    /// whose offload is still queued or being written is not acknowledged: its file may be
+    /// renamed into place after this call, and the master keeps the removal queued until a
+    /// later call finds no write in flight (the file's announcement is refused meanwhile, and
+    /// after a crash the queued removal refuses its re-announcement).
     pub fn apply_removals(&self, removals: &[DiskEntry]) {
         if removals.is_empty() {
             return;
@@ -485,7 +631,45 @@ impl DiskTier {
                 inc(&self.counters.removed);
             }
         }
-        self.announce(&[], removals);
+        let acked: Vec<DiskEntry> = {
+            let in_flight = self.in_flight.lock();
+            removals.iter().filter(|r| !in_flight.contains_key(&r.key)).cloned().collect()
+        };
+        if !acked.is_empty() {
+            self.announce(&[], &acked);
+        }
+    }
+
+    /// The removals this tier keeps for the master (handed back at every mount).
+    pub fn held_removals(&self) -> Vec<HeldRemoval> {
+        self.held.lock().clone()
+    }
+
+    /// Keeps `set` (replacing the previous set) for the master, durably: written to a
+    /// temporary file, flushed, renamed over `TOMBSTONES`, directory flushed.
+    pub fn keep_held_removals(&self, set: Vec<HeldRemoval>) {
+        let mut held = self.held.lock();
+        let path = self.dir.join(TOMBSTONES);
+        let saved = if set.is_empty() {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        } else {
+            let rows: Vec<(&str, &str, u64)> =
+                set.iter().map(|h| (h.disk.as_str(), h.key.as_str(), h.version)).collect();
+            let tmp = self.dir.join(format!("{TOMBSTONES}.tmp"));
+            serde_json::to_vec(&rows).map_err(std::io::Error::other).and_then(|bytes| {
+                std::fs::write(&tmp, bytes)?;
+                File::open(&tmp)?.sync_data()?;
+                std::fs::rename(&tmp, &path)?;
+                File::open(&self.dir)?.sync_all()
+            })
+        };
+        if let Err(e) = saved {
+            tracing::warn!("disk tier: keeping {} removal(s) for the master in {}: {e}", set.len(), path.display());
+        }
+        *held = set;
     }
 
     /// The version of `key` on this disk, if any.
@@ -493,20 +677,30 @@ impl DiskTier {
         self.index.lock().get(key).map(|e| e.version)
     }
 
-    /// Opens the file of (`key`, `version`) for reading (marks it used).
-    pub fn open_reader(&self, key: &str, version: u64, size: u64) -> Result<FileReader> {
+    /// Opens the file of (`key`, `version`) for reading (marks it used, and pins it against
+    /// eviction until the reader is dropped). A file that went (evicted, removed) before this
+    /// call is [`StoreError::NotFound`]; once open, the reader keeps reading the same file
+    /// (an open descriptor) even if a removal unlinks its name.
+    pub fn open_reader(self: &Arc<Self>, key: &str, version: u64, size: u64) -> Result<TierReader> {
         let path = {
             let mut ix = self.index.lock();
-            match ix.get(key) {
-                Some(e) if e.version == version => {
-                    let p = e.path.clone();
-                    ix.touch(key);
-                    p
-                }
+            let path = match ix.get(key) {
+                Some(e) if e.version == version => e.path.clone(),
                 _ => return Err(StoreError::NotFound(key.to_string())),
-            }
+            };
+            ix.touch(key);
+            ix.pin(key, version);
+            path
         };
-        FileReader::open(&path, key, version, size).inspect_err(|e| self.on_read_error(key, version, e))
+        let pin = Pin { tier: Arc::downgrade(self), key: key.to_string(), version };
+        match FileReader::open(&path, key, version, size) {
+            Ok(reader) => Ok(TierReader { reader, _pin: pin }),
+            Err(e) => {
+                drop(pin);
+                self.on_read_error(key, version, &e);
+                Err(e)
+            }
+        }
     }
 
     /// A read found the file damaged (or gone): it is dropped and the master told.
@@ -521,7 +715,7 @@ impl DiskTier {
     }
 
     /// Reads the value of (`key`, `version`) into `dst` (exactly its size), checking it.
-    pub fn read_local(&self, key: &str, version: u64, dst: &mut [u8]) -> Result<()> {
+    pub fn read_local(self: &Arc<Self>, key: &str, version: u64, dst: &mut [u8]) -> Result<()> {
         let mut reader = self.open_reader(key, version, dst.len() as u64)?;
         let mut off = 0;
         while off < dst.len() {
@@ -554,6 +748,7 @@ impl DiskTier {
             bytes_written: g(&c.bytes_written),
             queue_full: g(&c.queue_full),
             too_large: g(&c.too_large),
+            busy_dropped: g(&c.busy_dropped),
             write_failures: g(&c.write_failures),
             stale_refused: g(&c.stale_refused),
             evicted: g(&c.evicted),
@@ -567,6 +762,55 @@ impl DiskTier {
         }
     }
 }
+
+/// A read of one file: pinned against the tier's eviction while it lasts.
+pub struct TierReader {
+    reader: FileReader,
+    _pin: Pin,
+}
+
+impl std::ops::Deref for TierReader {
+    type Target = FileReader;
+    fn deref(&self) -> &FileReader {
+        &self.reader
+    }
+}
+
+impl std::ops::DerefMut for TierReader {
+    fn deref_mut(&mut self) -> &mut FileReader {
+        &mut self.reader
+    }
+}
+
+struct Pin {
+    tier: Weak<DiskTier>,
+    key: String,
+    version: u64,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        if let Some(tier) = self.tier.upgrade() {
+            tier.index.lock().unpin(&self.key, self.version);
+        }
+    }
+}
+
+/// The removals kept for the master, from `<dir>/TOMBSTONES` (none when missing or damaged).
+fn load_held(dir: &Path) -> Vec<HeldRemoval> {
+    let path = dir.join(TOMBSTONES);
+    let Ok(text) = std::fs::read(&path) else { return Vec::new() };
+    match serde_json::from_slice::<Vec<(String, String, u64)>>(&text) {
+        Ok(v) => v.into_iter().map(|(disk, key, version)| HeldRemoval { disk, key, version }).collect(),
+        Err(e) => {
+            tracing::warn!("disk tier: ignoring {}: {e}", path.display());
+            Vec::new()
+        }
+    }
+}
+
+/// The file of removals kept for the master.
+const TOMBSTONES: &str = "TOMBSTONES";
 
 /// Reads (or creates) the disk id kept in `dir`.
 fn disk_id(dir: &Path) -> std::io::Result<String> {

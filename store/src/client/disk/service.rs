@@ -238,7 +238,7 @@ fn serve(mut conn: TcpStream, tier: &Weak<DiskTier>, staging: &Staging, segment:
     let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
     let _ = conn.set_write_timeout(Some(IO_TIMEOUT));
     let _ = conn.set_nodelay(true);
-    let mut open: Option<(super::file::FileReader, String, u64)> = None;
+    let mut open: Option<(super::TierReader, String, u64)> = None;
     let mut held: Option<crate::client::staging::StagingBlock<'_>> = None;
     loop {
         let Ok((kind, payload)) = read_frame(&mut conn) else { return };

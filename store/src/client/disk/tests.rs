@@ -231,3 +231,86 @@ fn read_only_roots_are_refused() {
     let e = DiskTier::open(config(root.path())).unwrap_err().to_string();
     assert!(e.contains("storage root"), "{e}");
 }
+
+#[test]
+fn a_file_being_read_is_not_evicted_and_reads_back_whole() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.capacity = Some(3 * ((1 << 20) + format::ALIGN));
+    c.writers = 1; // in order
+    let (tier, rec) = started(c);
+    for i in 0..3u64 {
+        tier.offload(&format!("k{i}"), i + 1, &value(1 << 20, i));
+        assert!(tier.flush(Duration::from_secs(30)));
+    }
+    // A remote reader (the disk service) has k0 open and read half of it; k0 is the least
+    // recently used file... apart from the read itself, so make k1 and k2 younger.
+    let mut reader = tier.open_reader("k0", 1, 1 << 20).unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    reader.read_next(&mut got[..1 << 19]).unwrap();
+    let mut dst = vec![0u8; 1 << 20];
+    tier.read_local("k1", 2, &mut dst).unwrap();
+    tier.read_local("k2", 3, &mut dst).unwrap();
+    // Room for a new file: k0 is being read, so k1 goes.
+    tier.offload("k3", 4, &value(1 << 20, 3));
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert_eq!(tier.version_of("k0"), Some(1), "a file being read is not evicted");
+    assert_eq!(tier.version_of("k1"), None);
+    assert!(!rec.removed.lock().iter().any(|r| r.key == "k0"));
+    reader.read_next(&mut got[1 << 19..]).unwrap();
+    assert_eq!(got, value(1 << 20, 0));
+    // Room only by evicting files being read (all of them): the offload is dropped, counted.
+    let _readers: Vec<_> =
+        [("k0", 1), ("k2", 3), ("k3", 4)].iter().map(|(k, v)| tier.open_reader(k, *v, 1 << 20).unwrap()).collect();
+    drop(reader);
+    tier.offload("k4", 5, &value(1 << 20, 4));
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert_eq!(tier.version_of("k4"), None);
+    assert_eq!(tier.stats().busy_dropped, 1);
+    assert_eq!(tier.stats().files, 3);
+}
+
+#[test]
+fn a_removal_of_a_key_whose_offload_is_in_flight_is_not_acknowledged() {
+    let root = tempfile::tempdir().unwrap();
+    let tier = DiskTier::open(config(root.path())).unwrap(); // writers not started: the job waits
+    let rec = Arc::new(Recorder::default());
+    *tier.announcer.write() = Some(rec.clone());
+    let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_JOBS);
+    *tier.queue.lock() = Some(tx);
+    tier.offload("k", 5, &value(1000, 1));
+    tier.offload("other", 6, &value(1000, 2));
+    let removal = |key: &str, version| DiskEntry { key: key.into(), size: 0, version };
+    tier.apply_removals(&[removal("k", 5), removal("gone", 3)]);
+    let acked: Vec<String> = rec.removed.lock().iter().map(|r| r.key.clone()).collect();
+    assert_eq!(acked, ["gone"], "the master keeps the removal of k queued while its file may still appear");
+    // Once the write is done (here: the job is taken and finished), the removal is acknowledged.
+    let (written_tx, written_rx) = crossbeam_channel::unbounded();
+    for job in rx.try_iter() {
+        tier.write_job(job, &written_tx);
+    }
+    tier.commit(written_rx.try_iter().collect());
+    tier.apply_removals(&[removal("k", 5)]);
+    assert!(rec.removed.lock().iter().any(|r| r.key == "k"));
+    assert_eq!(tier.version_of("k"), None);
+}
+
+#[test]
+fn removals_kept_for_the_master_survive_a_restart_of_this_client() {
+    let root = tempfile::tempdir().unwrap();
+    let set = vec![
+        HeldRemoval { disk: "ssd:other".into(), key: "a/\n\"weird\" key".into(), version: 7 },
+        HeldRemoval { disk: "ssd:x".into(), key: "b".into(), version: u64::MAX },
+    ];
+    {
+        let tier = DiskTier::open(config(root.path())).unwrap();
+        assert!(tier.held_removals().is_empty());
+        tier.keep_held_removals(set.clone());
+        assert_eq!(tier.held_removals(), set);
+    }
+    let tier = DiskTier::open(config(root.path())).unwrap();
+    assert_eq!(tier.held_removals(), set, "kept on disk");
+    tier.keep_held_removals(Vec::new());
+    drop(tier);
+    assert!(DiskTier::open(config(root.path())).unwrap().held_removals().is_empty());
+}
