@@ -18,7 +18,7 @@ use crescent_engine::{Opcode, RegisteredMemory, TransferEngine, TransferRequest,
 use crate::error::{Result, StoreError};
 use crate::proto::*;
 pub use config::ClientConfig;
-use hot_cache::HotCache;
+use hot_cache::{HotCache, Miss};
 use rpc::{check, MasterRpc};
 use staging::Staging;
 
@@ -608,12 +608,34 @@ impl StoreClient {
         owner: &[usize],
         results: &mut [Result<()>],
     ) -> Result<()> {
+        let batch = self.start_batch(requests)?;
+        self.finish_batch(batch, keys, owner, results)
+    }
+
+    /// Submits one engine batch (none when there is nothing to move); the transfers run while
+    /// the caller does other work, until [`Self::finish_batch`].
+    fn start_batch(&self, requests: &[TransferRequest]) -> Result<Option<crescent_engine::BatchId>> {
         if requests.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let batch = self.engine.allocate_batch(requests.len())?;
-        let submitted = self.engine.submit(batch, requests);
-        let statuses = submitted.and_then(|()| self.engine.wait_batch(batch, None));
+        if let Err(e) = self.engine.submit(batch, requests) {
+            let _ = self.engine.free_batch(batch);
+            return Err(e.into());
+        }
+        Ok(Some(batch))
+    }
+
+    /// Waits for a batch of [`Self::start_batch`]; failures land in `results[owner[i]]`.
+    fn finish_batch(
+        &self,
+        batch: Option<crescent_engine::BatchId>,
+        keys: &[String],
+        owner: &[usize],
+        results: &mut [Result<()>],
+    ) -> Result<()> {
+        let Some(batch) = batch else { return Ok(()) };
+        let statuses = self.engine.wait_batch(batch, None);
         let freed = self.engine.free_batch(batch);
         let statuses = statuses?;
         freed?;
@@ -663,6 +685,11 @@ impl StoreClient {
 
     /// Zero-copy gets into registered memory: remote reads go in one engine batch; a key whose
     /// first remote replica fails is retried on its other replicas. Returns sizes read.
+    ///
+    /// With the hot cache: hits are copied out while the misses' transfers run; misses then
+    /// fill the cache from the bytes they brought; a key another get is fetching waits for
+    /// that fetch, after this batch's own fills are published (so two batches waiting for each
+    /// other's keys never wait forever).
     pub fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
         if keys.len() != addrs.len() || keys.len() != lens.len() {
             return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
@@ -674,6 +701,7 @@ impl StoreClient {
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let (mut requests, mut owner) = (Vec::new(), Vec::new());
         let mut sizes = vec![0u64; keys.len()];
+        let (mut hits, mut fills, mut joins) = (Vec::new(), Vec::new(), Vec::new());
         for (i, list) in lists.iter().enumerate() {
             let list = match list {
                 Ok(l) => l,
@@ -688,7 +716,8 @@ impl StoreClient {
                 continue;
             }
             results.push(Ok(()));
-            if self.hot_get_into(&keys[i], list, addrs[i]) {
+            if let Some(guard) = self.hot_lookup(&keys[i], list) {
+                hits.push((i, guard));
                 continue;
             }
             let complete: Vec<&ReplicaDescriptor> = list.replicas.iter().filter(|r| readable_in_memory(r)).collect();
@@ -696,6 +725,16 @@ impl StoreClient {
                 // SAFETY: the caller registered [addrs[i], +lens[i] >= size) for this call.
                 unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }.copy_from_slice(src);
                 continue;
+            }
+            if let Some(r) = complete.first() {
+                match self.hot_begin(&keys[i], list, r) {
+                    Miss::Lead(fill) => fills.push((i, fill)),
+                    Miss::Join(joined) => {
+                        joins.push((i, joined));
+                        continue;
+                    }
+                    Miss::Skip => {}
+                }
             }
             match complete.first().map(|r| (self.engine.open_segment(&r.segment_name), r.address)) {
                 Some((Ok(seg), at)) => {
@@ -715,8 +754,29 @@ impl StoreClient {
                 None => results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i])),
             }
         }
-        self.run_batch(keys, &requests, &owner, &mut results)?;
-        self.hot_after_batch(keys, &lists, &owner, &results);
+        let batch = self.start_batch(&requests)?;
+        for (i, guard) in hits.drain(..) {
+            hot_cache::copy_out(&guard, addrs[i]);
+        }
+        self.finish_batch(batch, keys, &owner, &mut results)?;
+        if let Some(hot) = &self.hot {
+            for (i, mut fill) in fills.drain(..) {
+                if results[i].is_ok() {
+                    hot_cache::fill_from(&mut fill, addrs[i]);
+                    hot.publish(fill);
+                } // else dropped: its blocks go back, its waiters read for themselves
+            }
+            for (i, joined) in joins.drain(..) {
+                match hot.wait(joined) {
+                    Some(guard) => hot_cache::copy_out(&guard, addrs[i]),
+                    None => {
+                        if let Ok(list) = &lists[i] {
+                            results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i]));
+                        }
+                    }
+                }
+            }
+        }
         // Retry failed keys on their other replicas.
         for i in 0..keys.len() {
             if matches!(results[i], Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_))) {
