@@ -3,6 +3,7 @@
 //! Puts land on the putter's own segment (local-first placement), so each test knows where
 //! every object lives.
 
+use std::io::{Read, Write};
 use std::sync::Arc;
 
 use crescent_engine::TransportKind;
@@ -313,4 +314,54 @@ fn a_key_twice_in_a_batch_is_fetched_once() {
     let mb = metrics(&b);
     assert_eq!((mb.misses, mb.merged, mb.fills, mb.hits), (2, 1, 1, 0), "{mb}");
     b.unregister_buffer(base).unwrap();
+}
+
+/// `GET /metrics` from `addr`: the body.
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+#[test]
+fn the_hot_cache_metrics_are_served_for_prometheus() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = StoreClient::connect(ClientConfig {
+        master_server_address: m.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: 4 * MIB,
+        local_buffer_size: 4 * MIB,
+        hot_cache: HotCacheSettings::with_sizes(8 * MIB, Some(MIB)),
+        metrics_address: Some("127.0.0.1:0".into()),
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    a.put("p", &data(MIB, 41)).unwrap();
+    assert!(ok(&b.get("p").unwrap(), MIB, 41)); // miss, fill
+    metrics(&b);
+    assert!(ok(&b.get("p").unwrap(), MIB, 41)); // hit
+    let body = scrape(b.metrics_addr().expect("the endpoint is up"));
+    for line in [
+        "crescent_client_hot_cache_enabled 1",
+        "crescent_client_hot_cache_hits_total 1",
+        "crescent_client_hot_cache_misses_total 1",
+        "crescent_client_hot_cache_fills_total 1",
+        "crescent_client_hot_cache_dropped_fills_total 0",
+        "crescent_client_hot_cache_evictions_total 0",
+        "crescent_client_hot_cache_served_bytes_total 1048576",
+        "crescent_client_hot_cache_entries 1",
+        "crescent_client_hot_cache_blocks 8",
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line:?} missing from:\n{body}");
+    }
+    // Counters keep counting between scrapes, and the same text is there without HTTP.
+    assert!(ok(&b.get("p").unwrap(), MIB, 41));
+    assert!(scrape(b.metrics_addr().unwrap()).lines().any(|l| l == "crescent_client_hot_cache_hits_total 2"));
+    assert!(b.render_metrics().lines().any(|l| l == "crescent_client_hot_cache_hits_total 2"));
+    // A client without the cache exports it as off.
+    assert!(a.render_metrics().lines().any(|l| l == "crescent_client_hot_cache_enabled 0"));
 }

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod disk;
 pub mod hot_cache;
+pub mod metrics;
 pub mod rpc;
 pub mod sched;
 mod ssd;
@@ -59,6 +60,9 @@ pub struct StoreClient {
     closed: AtomicBool,
     /// The disk tier, with a storage root ([`ssd`]).
     ssd: Option<ssd::Ssd>,
+    metrics: metrics::ClientMetrics,
+    /// The Prometheus endpoint, when `metrics_address` is set; stopped by `close`.
+    metrics_server: parking_lot::Mutex<Option<metrics::MetricsServer>>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -86,6 +90,7 @@ impl StoreClient {
             None => None,
         };
         let hot = HotCache::start(&engine, &config.hot_cache);
+        let metrics_address = config.metrics_address.clone();
         let client = Arc::new(StoreClient {
             id: uuid::Uuid::new_v4().to_string(),
             config,
@@ -98,7 +103,14 @@ impl StoreClient {
             stop: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
             ssd,
+            metrics: metrics::ClientMetrics::new()?,
+            metrics_server: parking_lot::Mutex::new(None),
         });
+        if let Some(addr) = metrics_address {
+            let server = metrics::MetricsServer::start(&addr, Arc::downgrade(&client), &client.rpc.handle())?;
+            tracing::info!("store client metrics: http://{}/metrics", server.addr());
+            *client.metrics_server.lock() = Some(server);
+        }
         client.mount(false)?;
         client.start_disk()?;
         client.start_heartbeat();
@@ -122,6 +134,16 @@ impl StoreClient {
 
     pub fn segment_name(&self) -> &str {
         self.engine.segment_name()
+    }
+
+    /// The client's metrics (the hot cache's counters) in Prometheus' text format.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.render(self.hot_cache_metrics())
+    }
+
+    /// Where the client's `GET /metrics` endpoint listens, when `metrics_address` is set.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_server.lock().as_ref().map(|s| s.addr())
     }
 
     fn segment_info(&self) -> SegmentInfo {
@@ -867,6 +889,7 @@ impl StoreClient {
             return Ok(());
         }
         self.stop.store(true, Ordering::Release);
+        self.metrics_server.lock().take();
         let disk_closed = self.close_disk();
         let req =
             UnmountSegmentRequest { client_id: self.id.clone(), segment_id: self.segment_id.load(Ordering::Acquire) };
