@@ -780,14 +780,11 @@ impl StoreClient {
         for (i, guard) in hits.drain(..) {
             hot_cache::copy_out(&guard, addrs[i]);
         }
+        if let (Some(hot), Some(id)) = (&self.hot, batch) {
+            self.fill_as_transfers_end(hot, id, &owner, fills, addrs);
+        }
         self.finish_batch(batch, keys, &owner, &mut results)?;
         if let Some(hot) = &self.hot {
-            for (i, mut fill) in fills.drain(..) {
-                if results[i].is_ok() {
-                    hot_cache::fill_from(&mut fill, addrs[i]);
-                    hot.publish(fill);
-                } // else dropped: its blocks go back, its waiters read for themselves
-            }
             for (i, joined) in joins.drain(..) {
                 match hot.wait(joined) {
                     Some(guard) => hot_cache::copy_out(&guard, addrs[i]),
@@ -810,6 +807,43 @@ impl StoreClient {
             }
         }
         Ok(results.into_iter().zip(sizes).map(|(r, s)| r.map(|()| s)).collect())
+    }
+
+    /// Fills the cache from each miss of a running batch as soon as its own transfer has
+    /// completed, while the others still move. A fill whose transfer failed (or that has none)
+    /// is dropped: its blocks go back and the gets waiting for it read for themselves.
+    fn fill_as_transfers_end(
+        &self,
+        hot: &HotCache,
+        batch: crescent_engine::BatchId,
+        owner: &[usize],
+        fills: Vec<(usize, hot_cache::Fill)>,
+        addrs: &[u64],
+    ) {
+        // (request index, key index, fill)
+        let mut waiting: Vec<(usize, usize, hot_cache::Fill)> = fills
+            .into_iter()
+            .filter_map(|(i, fill)| owner.iter().position(|&o| o == i).map(|k| (k, i, fill)))
+            .collect();
+        while !waiting.is_empty() {
+            let Ok(statuses) = self.engine.batch_status(batch) else { return };
+            let mut pending = Vec::with_capacity(waiting.len());
+            for (k, i, mut fill) in waiting {
+                match statuses.get(k) {
+                    Some(TransferStatus::Pending) => pending.push((k, i, fill)),
+                    Some(TransferStatus::Completed) => {
+                        hot_cache::fill_from(&mut fill, addrs[i]);
+                        hot.publish(fill);
+                    }
+                    _ => {} // failed: dropped
+                }
+            }
+            waiting = pending;
+            if !waiting.is_empty() {
+                // Returns early once every request has ended.
+                let _ = self.engine.wait_batch(batch, Some(Duration::from_millis(1)));
+            }
+        }
     }
 
     // ---- probes and removal ----
