@@ -17,6 +17,13 @@ use hdrhistogram::Histogram;
 
 const MIB: u64 = 1 << 20;
 
+/// `get`: one value per call, returned in a fresh buffer.
+const GET: &str = "get";
+/// `batch_get_into`: a batch per call into buffers registered once.
+const BATCH_GET: &str = "batchGet";
+/// `get_batch`: a batch per call, each value returned in a freshly allocated buffer.
+const BATCH_GET_BYTES: &str = "batchGet (bytes)";
+
 #[derive(Args, Debug, Clone)]
 pub struct Common {
     /// The master, host:port.
@@ -161,14 +168,23 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
         for (i, k) in keys.iter().enumerate() {
             w.put(k, &value(size, i as u64)).with_context(|| format!("putting {k}"))?;
         }
-        for method in ["get", "batchGet"] {
+        for method in [GET, BATCH_GET, BATCH_GET_BYTES] {
             for c in [0, cache] {
                 let r = reader(&a.common, c, None, Admission::Always, 64 * MIB)?;
+                // batchGet reads into buffers allocated and registered once, as an inference
+                // engine does (and as the reference's batch call does): `batch_get_into`.
+                let mut bufs = vec![0u8; a.batch * size as usize];
+                let base = bufs.as_mut_ptr() as u64;
+                if method == BATCH_GET {
+                    r.register_buffer(base, bufs.len() as u64)?;
+                }
+                let addrs: Vec<u64> = (0..a.batch as u64).map(|j| base + j * size).collect();
+                let lens = vec![size; a.batch];
                 let mut rounds_ms = Vec::new();
                 for round in 0..a.rounds {
                     let verify = round == 0 || round == a.rounds - 1;
                     let mut ms = 0.0;
-                    if method == "get" {
+                    if method == GET {
                         for (i, k) in keys.iter().enumerate() {
                             let t = Instant::now();
                             let v = r.get(k)?;
@@ -176,6 +192,19 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
                             if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, i as u64, 0).is_some())
                             {
                                 bail!("wrong bytes for {k}");
+                            }
+                        }
+                    } else if method == BATCH_GET {
+                        for (n, chunk) in keys.chunks(a.batch).enumerate() {
+                            let t = Instant::now();
+                            let got = r.batch_get_into(chunk, &addrs, &lens)?;
+                            ms += t.elapsed().as_secs_f64() * 1e3;
+                            for (j, n_read) in got.into_iter().enumerate() {
+                                let seed = (n * a.batch + j) as u64;
+                                let v = &bufs[j * size as usize..][..size as usize];
+                                if n_read? != size || (verify && pattern::first_mismatch(v, seed, 0).is_some()) {
+                                    bail!("wrong bytes for {}", chunk[j]);
+                                }
                             }
                         }
                     } else {
@@ -195,8 +224,11 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
                     }
                     rounds_ms.push(ms);
                 }
+                if method == BATCH_GET {
+                    r.unregister_buffer(base)?;
+                }
                 let metrics = r.hot_cache_metrics().map(|m| m.to_string()).unwrap_or_default();
-                let (calls, batch) = if method == "get" { (a.keys, None) } else { (a.keys / a.batch, Some(a.batch)) };
+                let (calls, batch) = if method == GET { (a.keys, None) } else { (a.keys / a.batch, Some(a.batch)) };
                 rows.push(Row { method, size, cache: c, calls, batch, rounds_ms, metrics });
                 r.close()?;
             }
@@ -213,7 +245,8 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
 fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
     println!(
         "hot cache, {} rounds, {} keys{}; values and caches in MiB; Avg round = mean of all rounds (as in the \
-         reference), Warm avg = rounds 2-{}",
+         reference), Warm avg = rounds 2-{}; batchGet = batch_get_into into buffers registered once, batchGet \
+         (bytes) = get_batch, which allocates a fresh buffer per value and call",
         a.rounds,
         a.keys,
         if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
@@ -311,9 +344,9 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
     println!();
     println!(
         "| concurrency | identical | cache (model scale) | cache here (MiB) | admission | p50 (ms) | p95 (ms) | \
-         requests/s | GB/s | hits | misses | fills | dropped fills |"
+         requests/s | GB/s | hits | misses | merged | fills | dropped fills |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &conc in &a.concurrency {
         for &ident in &a.identical {
             let same = shared(a.requests, ident);
@@ -340,7 +373,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
                         h.metrics()
                     });
                     println!(
-                        "| {conc} | {ident} % | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {} |",
+                        "| {conc} | {ident} % | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {} | {} |",
                         crate::report::fmt_bytes(model_cache),
                         here / MIB,
                         if here == 0 { "-".to_string() } else { format!("{adm:?}") },
@@ -350,6 +383,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
                         (plan.len() as u64 * prompt) as f64 / secs / 1e9,
                         m.map_or("-".into(), |m| m.hits.to_string()),
                         m.map_or("-".into(), |m| m.misses.to_string()),
+                        m.map_or("-".into(), |m| m.merged.to_string()),
                         m.map_or("-".into(), |m| m.fills.to_string()),
                         m.map_or("-".into(), |m| m.dropped_fills.to_string()),
                     );

@@ -3,8 +3,10 @@
 //! Puts land on the putter's own segment (local-first placement), so each test knows where
 //! every object lives.
 
+use std::io::{Read, Write};
 use std::sync::Arc;
 
+use crescent_engine::TransportKind;
 use crescent_store::client::hot_cache::{HotCacheMetrics, HotCacheSettings};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::{pattern, AllocationStrategy, ClientConfig, MasterConfig, StoreClient};
@@ -130,8 +132,8 @@ fn batch_gets_mix_hits_misses_and_errors() {
     let m1 = metrics(&b);
     assert_eq!((m1.hits, m1.misses, m1.entries), (2, 4, 4), "{m1}");
 
-    // Zero copy: b1 and b3 are now hits, b0 and b2 too; a fresh key misses and is fetched in
-    // the background.
+    // Zero copy: b1 and b3 are now hits, b0 and b2 too; a fresh key misses and is filled from
+    // the bytes it read.
     a.put("b4", &data(MIB, 14)).unwrap();
     let zkeys: Vec<String> = vec!["b3".into(), "b4".into(), "nope".into(), "b1".into()];
     let slot = 2 * MIB + 4096;
@@ -150,7 +152,7 @@ fn batch_gets_mix_hits_misses_and_errors() {
     assert!(ok(at(3, sizes[1]), sizes[1], 11));
     let m2 = metrics(&b);
     assert_eq!((m2.hits, m2.misses), (m1.hits + 2, m1.misses + 1), "{m2}");
-    assert_eq!(m2.fills, m1.fills + 1, "the zero-copy miss was fetched by the worker: {m2}");
+    assert_eq!(m2.fills, m1.fills + 1, "the zero-copy miss filled the cache: {m2}");
     // ... and is a hit now.
     let res = b.batch_get_into(&zkeys[1..2], &addrs[..1], &lens[..1]).unwrap();
     assert_eq!(*res[0].as_ref().unwrap(), MIB);
@@ -251,4 +253,115 @@ fn concurrent_gets_through_a_churning_cache_return_the_right_bytes() {
     let m2 = metrics(&b);
     assert!(m2.hits > m1.hits, "{m2}");
     assert!(m2.blocks_in_use <= 6);
+}
+
+/// A client whose transfers go over tcp (whose target checks every access against its
+/// registered memory).
+fn tcp_client(m: &MasterHandle, segment: u64, hot: HotCacheSettings) -> Arc<StoreClient> {
+    StoreClient::connect(ClientConfig {
+        master_server_address: m.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: segment,
+        local_buffer_size: 4 * MIB,
+        hot_cache: hot,
+        protocol: Some(TransportKind::Tcp),
+        ..ClientConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_zero_copy_miss_fills_the_cache_from_the_bytes_it_read() {
+    let m = master();
+    let a = tcp_client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = tcp_client(&m, 4 * MIB, HotCacheSettings::with_sizes(8 * MIB, Some(MIB)));
+    let size = 4 * MIB;
+    a.put("z", &data(size, 21)).unwrap();
+    // The first object of A's fresh segment sits at the segment's start.
+    let segment_base = a.query("z").unwrap().replicas[0].address;
+    let mut dst = vec![0u8; size as usize];
+    let addr = dst.as_mut_ptr() as u64;
+    b.register_buffer(addr, size).unwrap();
+    assert_eq!(b.get_into("z", addr, size).unwrap(), size);
+    // A stops serving its memory at once (the master still lists the replica): a cache that
+    // had to read the object a second time in the background gets nothing now.
+    a.engine().unregister(segment_base).unwrap();
+    dst.fill(0);
+    assert_eq!(b.get_into("z", addr, size).unwrap(), size);
+    assert!(ok(&dst, size, 21), "served from the cache, filled from the first get's bytes");
+    let mb = metrics(&b);
+    assert_eq!((mb.misses, mb.hits, mb.fills), (1, 1, 1), "{mb}");
+    b.unregister_buffer(addr).unwrap();
+}
+
+#[test]
+fn a_key_twice_in_a_batch_is_fetched_once() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 8);
+    a.put("d", &data(2 * MIB, 31)).unwrap();
+    let slot = 2 * MIB;
+    let mut buf = vec![0u8; 2 * slot as usize];
+    let base = buf.as_mut_ptr() as u64;
+    b.register_buffer(base, buf.len() as u64).unwrap();
+    let keys = vec!["d".to_string(), "d".to_string()];
+    let res = b.batch_get_into(&keys, &[base, base + slot], &[slot, slot]).unwrap();
+    assert_eq!(res.iter().map(|r| *r.as_ref().unwrap()).collect::<Vec<_>>(), [slot, slot]);
+    assert!(ok(&buf[..slot as usize], slot, 31));
+    assert!(ok(&buf[slot as usize..], slot, 31));
+    // The second one waited for the first one's fetch (single flight) instead of moving the
+    // bytes again.
+    let mb = metrics(&b);
+    assert_eq!((mb.misses, mb.merged, mb.fills, mb.hits), (2, 1, 1, 0), "{mb}");
+    b.unregister_buffer(base).unwrap();
+}
+
+/// `GET /metrics` from `addr`: the body.
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+#[test]
+fn the_hot_cache_metrics_are_served_for_prometheus() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = StoreClient::connect(ClientConfig {
+        master_server_address: m.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: 4 * MIB,
+        local_buffer_size: 4 * MIB,
+        hot_cache: HotCacheSettings::with_sizes(8 * MIB, Some(MIB)),
+        metrics_address: Some("127.0.0.1:0".into()),
+        ..ClientConfig::default()
+    })
+    .unwrap();
+    a.put("p", &data(MIB, 41)).unwrap();
+    assert!(ok(&b.get("p").unwrap(), MIB, 41)); // miss, fill
+    metrics(&b);
+    assert!(ok(&b.get("p").unwrap(), MIB, 41)); // hit
+    let body = scrape(b.metrics_addr().expect("the endpoint is up"));
+    for line in [
+        "crescent_client_hot_cache_enabled 1",
+        "crescent_client_hot_cache_hits_total 1",
+        "crescent_client_hot_cache_misses_total 1",
+        "crescent_client_hot_cache_fills_total 1",
+        "crescent_client_hot_cache_dropped_fills_total 0",
+        "crescent_client_hot_cache_evictions_total 0",
+        "crescent_client_hot_cache_served_bytes_total 1048576",
+        "crescent_client_hot_cache_entries 1",
+        "crescent_client_hot_cache_blocks 8",
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line:?} missing from:\n{body}");
+    }
+    // Counters keep counting between scrapes, and the same text is there without HTTP.
+    assert!(ok(&b.get("p").unwrap(), MIB, 41));
+    assert!(scrape(b.metrics_addr().unwrap()).lines().any(|l| l == "crescent_client_hot_cache_hits_total 2"));
+    assert!(b.render_metrics().lines().any(|l| l == "crescent_client_hot_cache_hits_total 2"));
+    // A client without the cache exports it as off.
+    assert!(a.render_metrics().lines().any(|l| l == "crescent_client_hot_cache_enabled 0"));
 }

@@ -75,6 +75,10 @@ struct ClientArgs {
     /// Cluster id naming the disk tier's directory (default: MC_METADATA_CLUSTER_ID, else "default").
     #[arg(long)]
     cluster_id: Option<String>,
+    /// Serve the client's Prometheus metrics (hot cache counters) at http://ADDR/metrics
+    /// (overrides CRESCENT_CLIENT_METRICS_ADDRESS and client_metrics_address); port 0 picks one.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_address: Option<String>,
 }
 
 fn main() {
@@ -190,6 +194,9 @@ fn client(args: ClientArgs) -> Result<()> {
     }
     if args.cluster_id.is_some() {
         config.cluster_id = args.cluster_id;
+    }
+    if args.metrics_address.is_some() {
+        config.metrics_address = args.metrics_address;
     }
     let client = StoreClient::connect(config).context("starting the client")?;
     let mut out = std::io::stdout().lock();

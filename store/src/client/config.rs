@@ -51,6 +51,9 @@ pub struct ClientConfig {
     pub disk_fsync: bool,
     /// The local hot cache (`LOCAL_HOT_CACHE_SIZE`, ...): off unless a size is set.
     pub hot_cache: HotCacheSettings,
+    /// `host:port` of the client's Prometheus endpoint (`GET /metrics`;
+    /// `CRESCENT_CLIENT_METRICS_ADDRESS`, `client_metrics_address`); `None`: no endpoint.
+    pub metrics_address: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -72,6 +75,7 @@ impl Default for ClientConfig {
             disk_queue_bytes: disk::DEFAULT_QUEUE_BYTES,
             disk_fsync: true,
             hot_cache: HotCacheSettings::default(),
+            metrics_address: None,
         }
     }
 }
@@ -103,6 +107,7 @@ struct FileConfig {
     local_hot_cache_size: Option<serde_json::Value>,
     local_hot_block_size: Option<serde_json::Value>,
     local_hot_cache_admission: Option<String>,
+    client_metrics_address: Option<String>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -118,6 +123,9 @@ impl ClientConfig {
     /// file named by `MOONCAKE_CONFIG_PATH`, if set.
     pub fn from_env() -> Result<Self> {
         let mut c = ClientConfig { hot_cache: HotCacheSettings::from_env()?, ..ClientConfig::default() };
+        if let Ok(addr) = std::env::var(super::metrics::METRICS_ADDRESS_ENV) {
+            c.metrics_address = Some(addr.trim().to_string()).filter(|a| !a.is_empty());
+        }
         if let Ok(root) = std::env::var("MOONCAKE_STORAGE_ROOT_DIR") {
             if !root.trim().is_empty() {
                 c.storage_root_dir = Some(PathBuf::from(root.trim()));
@@ -192,6 +200,9 @@ impl ClientConfig {
         HotCacheSettings::apply_file_value(&mut hot.block_size, "local_hot_block_size", f.local_hot_block_size);
         if let Some(v) = f.local_hot_cache_admission {
             hot.admission = v.parse().map_err(|e| StoreError::Config(format!("local_hot_cache_admission: {e}")))?;
+        }
+        if let Some(v) = f.client_metrics_address {
+            self.metrics_address = Some(v.trim().to_string()).filter(|a| !a.is_empty());
         }
         Ok(())
     }

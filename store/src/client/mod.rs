@@ -4,6 +4,7 @@
 pub mod config;
 pub mod disk;
 pub mod hot_cache;
+pub mod metrics;
 pub mod rpc;
 pub mod sched;
 mod ssd;
@@ -18,7 +19,7 @@ use crescent_engine::{Opcode, RegisteredMemory, TransferEngine, TransferRequest,
 use crate::error::{Result, StoreError};
 use crate::proto::*;
 pub use config::ClientConfig;
-use hot_cache::HotCache;
+use hot_cache::{HotCache, Miss};
 use rpc::{check, MasterRpc};
 use staging::Staging;
 
@@ -59,6 +60,9 @@ pub struct StoreClient {
     closed: AtomicBool,
     /// The disk tier, with a storage root ([`ssd`]).
     ssd: Option<ssd::Ssd>,
+    metrics: metrics::ClientMetrics,
+    /// The Prometheus endpoint, when `metrics_address` is set; stopped by `close`.
+    metrics_server: parking_lot::Mutex<Option<metrics::MetricsServer>>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -86,6 +90,7 @@ impl StoreClient {
             None => None,
         };
         let hot = HotCache::start(&engine, &config.hot_cache);
+        let metrics_address = config.metrics_address.clone();
         let client = Arc::new(StoreClient {
             id: uuid::Uuid::new_v4().to_string(),
             config,
@@ -98,7 +103,14 @@ impl StoreClient {
             stop: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
             ssd,
+            metrics: metrics::ClientMetrics::new()?,
+            metrics_server: parking_lot::Mutex::new(None),
         });
+        if let Some(addr) = metrics_address {
+            let server = metrics::MetricsServer::start(&addr, Arc::downgrade(&client), &client.rpc.handle())?;
+            tracing::info!("store client metrics: http://{}/metrics", server.addr());
+            *client.metrics_server.lock() = Some(server);
+        }
         client.mount(false)?;
         client.start_disk()?;
         client.start_heartbeat();
@@ -122,6 +134,16 @@ impl StoreClient {
 
     pub fn segment_name(&self) -> &str {
         self.engine.segment_name()
+    }
+
+    /// The client's metrics (the hot cache's counters) in Prometheus' text format.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.render(self.hot_cache_metrics())
+    }
+
+    /// Where the client's `GET /metrics` endpoint listens, when `metrics_address` is set.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_server.lock().as_ref().map(|s| s.addr())
     }
 
     fn segment_info(&self) -> SegmentInfo {
@@ -608,12 +630,34 @@ impl StoreClient {
         owner: &[usize],
         results: &mut [Result<()>],
     ) -> Result<()> {
+        let batch = self.start_batch(requests)?;
+        self.finish_batch(batch, keys, owner, results)
+    }
+
+    /// Submits one engine batch (none when there is nothing to move); the transfers run while
+    /// the caller does other work, until [`Self::finish_batch`].
+    fn start_batch(&self, requests: &[TransferRequest]) -> Result<Option<crescent_engine::BatchId>> {
         if requests.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let batch = self.engine.allocate_batch(requests.len())?;
-        let submitted = self.engine.submit(batch, requests);
-        let statuses = submitted.and_then(|()| self.engine.wait_batch(batch, None));
+        if let Err(e) = self.engine.submit(batch, requests) {
+            let _ = self.engine.free_batch(batch);
+            return Err(e.into());
+        }
+        Ok(Some(batch))
+    }
+
+    /// Waits for a batch of [`Self::start_batch`]; failures land in `results[owner[i]]`.
+    fn finish_batch(
+        &self,
+        batch: Option<crescent_engine::BatchId>,
+        keys: &[String],
+        owner: &[usize],
+        results: &mut [Result<()>],
+    ) -> Result<()> {
+        let Some(batch) = batch else { return Ok(()) };
+        let statuses = self.engine.wait_batch(batch, None);
         let freed = self.engine.free_batch(batch);
         let statuses = statuses?;
         freed?;
@@ -663,6 +707,11 @@ impl StoreClient {
 
     /// Zero-copy gets into registered memory: remote reads go in one engine batch; a key whose
     /// first remote replica fails is retried on its other replicas. Returns sizes read.
+    ///
+    /// With the hot cache: hits are copied out while the misses' transfers run; misses then
+    /// fill the cache from the bytes they brought; a key another get is fetching waits for
+    /// that fetch, after this batch's own fills are published (so two batches waiting for each
+    /// other's keys never wait forever).
     pub fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
         if keys.len() != addrs.len() || keys.len() != lens.len() {
             return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
@@ -674,6 +723,7 @@ impl StoreClient {
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let (mut requests, mut owner) = (Vec::new(), Vec::new());
         let mut sizes = vec![0u64; keys.len()];
+        let (mut hits, mut fills, mut joins) = (Vec::new(), Vec::new(), Vec::new());
         for (i, list) in lists.iter().enumerate() {
             let list = match list {
                 Ok(l) => l,
@@ -688,7 +738,8 @@ impl StoreClient {
                 continue;
             }
             results.push(Ok(()));
-            if self.hot_get_into(&keys[i], list, addrs[i]) {
+            if let Some(guard) = self.hot_lookup(&keys[i], list) {
+                hits.push((i, guard));
                 continue;
             }
             let complete: Vec<&ReplicaDescriptor> = list.replicas.iter().filter(|r| readable_in_memory(r)).collect();
@@ -696,6 +747,16 @@ impl StoreClient {
                 // SAFETY: the caller registered [addrs[i], +lens[i] >= size) for this call.
                 unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }.copy_from_slice(src);
                 continue;
+            }
+            if let Some(r) = complete.first() {
+                match self.hot_begin(&keys[i], list, r) {
+                    Miss::Lead(fill) => fills.push((i, fill)),
+                    Miss::Join(joined) => {
+                        joins.push((i, joined));
+                        continue;
+                    }
+                    Miss::Skip => {}
+                }
             }
             match complete.first().map(|r| (self.engine.open_segment(&r.segment_name), r.address)) {
                 Some((Ok(seg), at)) => {
@@ -715,8 +776,26 @@ impl StoreClient {
                 None => results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i])),
             }
         }
-        self.run_batch(keys, &requests, &owner, &mut results)?;
-        self.hot_after_batch(keys, &lists, &owner, &results);
+        let batch = self.start_batch(&requests)?;
+        for (i, guard) in hits.drain(..) {
+            hot_cache::copy_out(&guard, addrs[i]);
+        }
+        if let (Some(hot), Some(id)) = (&self.hot, batch) {
+            self.fill_as_transfers_end(hot, id, &owner, fills, addrs);
+        }
+        self.finish_batch(batch, keys, &owner, &mut results)?;
+        if let Some(hot) = &self.hot {
+            for (i, joined) in joins.drain(..) {
+                match hot.wait(joined) {
+                    Some(guard) => hot_cache::copy_out(&guard, addrs[i]),
+                    None => {
+                        if let Ok(list) = &lists[i] {
+                            results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i]));
+                        }
+                    }
+                }
+            }
+        }
         // Retry failed keys on their other replicas.
         for i in 0..keys.len() {
             if matches!(results[i], Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_))) {
@@ -728,6 +807,43 @@ impl StoreClient {
             }
         }
         Ok(results.into_iter().zip(sizes).map(|(r, s)| r.map(|()| s)).collect())
+    }
+
+    /// Fills the cache from each miss of a running batch as soon as its own transfer has
+    /// completed, while the others still move. A fill whose transfer failed (or that has none)
+    /// is dropped: its blocks go back and the gets waiting for it read for themselves.
+    fn fill_as_transfers_end(
+        &self,
+        hot: &HotCache,
+        batch: crescent_engine::BatchId,
+        owner: &[usize],
+        fills: Vec<(usize, hot_cache::Fill)>,
+        addrs: &[u64],
+    ) {
+        // (request index, key index, fill)
+        let mut waiting: Vec<(usize, usize, hot_cache::Fill)> = fills
+            .into_iter()
+            .filter_map(|(i, fill)| owner.iter().position(|&o| o == i).map(|k| (k, i, fill)))
+            .collect();
+        while !waiting.is_empty() {
+            let Ok(statuses) = self.engine.batch_status(batch) else { return };
+            let mut pending = Vec::with_capacity(waiting.len());
+            for (k, i, mut fill) in waiting {
+                match statuses.get(k) {
+                    Some(TransferStatus::Pending) => pending.push((k, i, fill)),
+                    Some(TransferStatus::Completed) => {
+                        hot_cache::fill_from(&mut fill, addrs[i]);
+                        hot.publish(fill);
+                    }
+                    _ => {} // failed: dropped
+                }
+            }
+            waiting = pending;
+            if !waiting.is_empty() {
+                // Returns early once every request has ended.
+                let _ = self.engine.wait_batch(batch, Some(Duration::from_millis(1)));
+            }
+        }
     }
 
     // ---- probes and removal ----
@@ -807,6 +923,7 @@ impl StoreClient {
             return Ok(());
         }
         self.stop.store(true, Ordering::Release);
+        self.metrics_server.lock().take();
         let disk_closed = self.close_disk();
         let req =
             UnmountSegmentRequest { client_id: self.id.clone(), segment_id: self.segment_id.load(Ordering::Acquire) };

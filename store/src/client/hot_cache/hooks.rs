@@ -3,7 +3,7 @@
 
 use crescent_engine::{Opcode, TransferRequest};
 
-use super::{Fill, HotCache, HotCacheMetrics};
+use super::{Fill, Guard, HotCache, HotCacheMetrics, Miss};
 use crate::client::{Buf, StoreClient};
 use crate::error::{Result, StoreError};
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
@@ -29,24 +29,39 @@ impl StoreClient {
         Some(hot)
     }
 
+    /// The cache's entry for a remote object, on a hit (held until the guard is dropped).
+    pub(in crate::client) fn hot_lookup(&self, key: &str, list: &GetReplicaListReply) -> Option<Guard<'_>> {
+        self.hot_for(list)?.lookup(key, list)
+    }
+
     /// A byte get's value from the cache, on a hit.
     pub(in crate::client) fn hot_get_vec(&self, key: &str, list: &GetReplicaListReply) -> Option<Vec<u8>> {
-        Some(self.hot_for(list)?.lookup(key, list)?.to_vec())
+        Some(self.hot_lookup(key, list)?.to_vec())
     }
 
     /// Serves a zero-copy get into registered memory at `addr` from the cache, on a hit.
     pub(in crate::client) fn hot_get_into(&self, key: &str, list: &GetReplicaListReply, addr: u64) -> bool {
-        let Some(guard) = self.hot_for(list).and_then(|hot| hot.lookup(key, list)) else {
-            return false;
-        };
-        // SAFETY: the caller registered [addr, +len >= size) for this call and keeps it valid.
-        guard.copy_to(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, guard.size() as usize) });
-        true
+        match self.hot_lookup(key, list) {
+            Some(guard) => {
+                copy_out(&guard, addr);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// What a get that missed does about the cache (see [`HotCache::begin`]).
+    pub(in crate::client) fn hot_begin(&self, key: &str, list: &GetReplicaListReply, r: &ReplicaDescriptor) -> Miss {
+        match self.hot_for(list) {
+            Some(hot) => hot.begin(key, list, r),
+            None => Miss::Skip,
+        }
     }
 
     /// Reads a remote replica. With the cache, a byte get lands the bytes in blocks reserved
     /// for the fill and copies them to the caller from there (in place of the staging buffer);
-    /// a zero-copy get reads into the caller's memory and leaves a fetch job for the worker.
+    /// a zero-copy get reads into the caller's memory and copies from there into the blocks.
+    /// A get of an object another get is fetching waits for that fetch instead.
     pub(in crate::client) fn read_remote_hot(
         &self,
         key: &str,
@@ -57,22 +72,33 @@ impl StoreClient {
         let Some(hot) = &self.hot else {
             return self.read_remote(key, r, list.size, dst);
         };
-        match dst {
-            Buf::BytesMut(out) => match hot.reserve(key, list, r) {
-                Some(fill) => {
-                    self.land(key, r, &fill)?; // on failure the fill's blocks go back
-                    fill.copy_to(&mut out[..list.size as usize]);
-                    hot.publish(fill);
-                    Ok(())
-                }
-                None => self.read_remote(key, r, list.size, dst),
-            },
-            Buf::Registered(_) => {
-                self.read_remote(key, r, list.size, dst)?;
-                hot.fetch_later(key, list, r);
+        let size = list.size;
+        match (hot.begin(key, list, r), dst) {
+            (Miss::Lead(fill), Buf::BytesMut(out)) => {
+                self.land(key, r, &fill)?; // on failure the fill's blocks go back
+                fill.copy_to(&mut out[..size as usize]);
+                hot.publish(fill);
                 Ok(())
             }
-            Buf::Bytes(_) => unreachable!("gets write to the caller"),
+            (Miss::Lead(mut fill), dst @ Buf::Registered(_)) => {
+                self.read_remote(key, r, size, dst)?;
+                let Buf::Registered(addr) = dst else { unreachable!("matched above") };
+                fill_from(&mut fill, *addr);
+                hot.publish(fill);
+                Ok(())
+            }
+            (Miss::Join(joined), dst) => match hot.wait(joined) {
+                Some(guard) => {
+                    match dst {
+                        Buf::BytesMut(out) => guard.copy_to(&mut out[..size as usize]),
+                        Buf::Registered(addr) => copy_out(&guard, *addr),
+                        Buf::Bytes(_) => unreachable!("gets write to the caller"),
+                    }
+                    Ok(())
+                }
+                None => self.read_remote(key, r, size, dst),
+            },
+            (_, dst) => self.read_remote(key, r, size, dst),
         }
     }
 
@@ -94,29 +120,25 @@ impl StoreClient {
         )
     }
 
-    /// After a zero-copy batch: fetch jobs for the keys read from their first complete replica.
-    pub(in crate::client) fn hot_after_batch(
-        &self,
-        keys: &[String],
-        lists: &[Result<GetReplicaListReply>],
-        read: &[usize],
-        results: &[Result<()>],
-    ) {
-        let Some(hot) = &self.hot else { return };
-        for &i in read {
-            if let (Ok(()), Ok(list)) = (&results[i], &lists[i]) {
-                // Memory replicas only: disk copies (tier SSD) are read through their owner.
-                if let Some(r) = list.replicas.iter().find(|r| crate::client::readable_in_memory(r)) {
-                    hot.fetch_later(&keys[i], list, r);
-                }
-            }
-        }
-    }
-
     /// The client's own put or removal of `key`.
     pub(in crate::client) fn hot_invalidate(&self, key: &str) {
         if let Some(hot) = &self.hot {
             hot.invalidate(key);
         }
     }
+}
+
+/// Copies a cached object into registered memory at `addr` that the caller of a zero-copy get
+/// registered for at least its size.
+pub(in crate::client) fn copy_out(guard: &Guard<'_>, addr: u64) {
+    // SAFETY: the caller registered [addr, +len >= size) for this call and keeps it valid.
+    guard.copy_to(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, guard.size() as usize) });
+}
+
+/// Fills the cache's blocks from the bytes a zero-copy get read into registered memory at
+/// `addr` (its transfers have ended).
+pub(in crate::client) fn fill_from(fill: &mut Fill, addr: u64) {
+    // SAFETY: the caller registered [addr, +len >= size) for this call, keeps it valid, and
+    // the get's transfers into it have ended.
+    fill.copy_from(unsafe { std::slice::from_raw_parts(addr as *const u8, fill.size() as usize) });
 }

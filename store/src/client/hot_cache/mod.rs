@@ -16,15 +16,22 @@
 //!   that is held is never evicted, and its blocks go back to the free list only after the
 //!   last holder lets go, even when the entry was invalidated meanwhile; so a block being read
 //!   is never overwritten by a fill.
-//! * **Fills.** A byte get (`get`, `get_batch`) that misses lands the remote bytes directly in
-//!   blocks reserved for the fill (instead of the staging buffer) and copies them to the
-//!   caller from there: the same transfer and the same one copy as without the cache. A
-//!   zero-copy get (`get_into`, `batch_get_into`) reads straight into the caller's memory as
-//!   before and leaves a fetch job: the fill worker reads the replica again into reserved
-//!   blocks while the get's read lease still protects it. Publishing and fetching go through
-//!   one bounded queue served by one worker thread; when the queue is full the fill is
-//!   dropped (counted), never waited for. Reserving blocks never waits either: when every
-//!   block is held or reserved, the fill is dropped.
+//! * **Fills.** Every fill is made of the bytes the get itself brought; nothing is read from
+//!   the network twice. A byte get (`get`, `get_batch`) that misses lands the remote bytes
+//!   directly in blocks reserved for the fill (instead of the staging buffer) and copies them
+//!   to the caller from there: the same transfer and the same one copy as without the cache.
+//!   A zero-copy get (`get_into`, `batch_get_into`) reads straight into the caller's memory as
+//!   before and, once its transfers have ended, copies the bytes from there into the reserved
+//!   blocks (one memcpy before the call returns: the caller owns its buffer afterwards).
+//!   Entering the filled object into the index goes through a bounded queue served by one
+//!   worker thread; the queue has one slot per block (at most [`MAX_FILL_QUEUE`]) and every
+//!   queued fill holds a block, so it does not overflow below that size; when it is full the
+//!   fill is dropped (counted), never waited for. Reserving blocks never waits either: when
+//!   every block is held or reserved, the fill is dropped.
+//! * **Single flight.** While one get is fetching an object into the cache, other gets of the
+//!   same object (same identity) do not fetch it again: they wait for that fetch and copy from
+//!   its blocks (counted as `merged`); if it fails, or takes longer than half the read lease,
+//!   they read the replica themselves.
 //! * **Recency.** The index is a sharded map (`dashmap`); a hit takes one shard's lock and
 //!   records the access in a bounded lock-free buffer. The order of use is kept by an
 //!   `lru::LruCache`, updated from that buffer by whoever evicts (a miss reserving blocks) and
@@ -46,16 +53,18 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use dashmap::DashMap;
 use lru::LruCache;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
-use crescent_engine::{Opcode, RegisteredMemory, TransferEngine, TransferRequest};
+use crescent_engine::{RegisteredMemory, TransferEngine};
 
 pub use config::{Admission, HotCacheSettings, Layout, Resolved, SizeSetting};
+pub(in crate::client) use hooks::{copy_out, fill_from};
 
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
 
-/// Fill jobs waiting for the worker; more are dropped.
-pub const FILL_QUEUE: usize = 64;
+/// The most fills waiting for the worker (the queue has one slot per block up to this); more
+/// are dropped.
+pub const MAX_FILL_QUEUE: usize = 4096;
 /// Hits whose recency is buffered before the order of use is updated.
 const TOUCH_BUFFER: usize = 4096;
 /// Local reads, with no remote one, after which the client says the cache gains it nothing.
@@ -82,15 +91,19 @@ pub struct HotCacheMetrics {
     pub evictions: u64,
     /// Bytes copied to callers out of the cache.
     pub bytes_served: u64,
+    /// Misses served by another get's fetch of the same object (single flight) instead of a
+    /// transfer of their own.
+    pub merged: u64,
 }
 
 impl std::fmt::Display for HotCacheMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "hits={} misses={} fills={} dropped_fills={} evictions={} bytes_served={} entries={} blocks_in_use={}/{}",
+            "hits={} misses={} merged={} fills={} dropped_fills={} evictions={} bytes_served={} entries={} blocks_in_use={}/{}",
             self.hits,
             self.misses,
+            self.merged,
             self.fills,
             self.dropped_fills,
             self.evictions,
@@ -110,6 +123,7 @@ struct Counters {
     dropped: AtomicU64,
     evictions: AtomicU64,
     bytes_served: AtomicU64,
+    merged: AtomicU64,
     local_reads: AtomicU64,
     said_all_local: AtomicBool,
 }
@@ -204,6 +218,19 @@ impl Blocks {
         }
         out
     }
+
+    /// Writes the object's bytes (`src`, at least `len` bytes) into the blocks.
+    ///
+    /// `&mut self`: only a fill, which owns its blocks exclusively and whose transfers have
+    /// ended, writes them.
+    fn copy_from(&mut self, src: &[u8]) {
+        for (off, addr, len) in self.pieces() {
+            // SAFETY: inside the cache's registered mapping (see `slices`); these blocks belong
+            // to this fill alone and no transfer into them is running.
+            unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) }
+                .copy_from_slice(&src[off as usize..(off + len) as usize]);
+        }
+    }
 }
 
 impl Drop for Blocks {
@@ -223,50 +250,104 @@ struct Policy {
     ghost: LruCache<String, ()>,
 }
 
+/// One get's fetch of an object into the cache, which other gets of the same object wait for.
+struct Flight {
+    id: Identity,
+    /// `None` while the fetch runs; then the entry, or `None` when the fetch failed.
+    landed: Mutex<Option<Option<Arc<Entry>>>>,
+    cv: Condvar,
+}
+
+impl Flight {
+    fn finish(&self, entry: Option<Arc<Entry>>) {
+        let mut landed = self.landed.lock();
+        if landed.is_none() {
+            *landed = Some(entry);
+        }
+        self.cv.notify_all();
+    }
+}
+
 struct Inner {
     region: Arc<Region>,
     blocks: u32,
     admission: Admission,
     index: DashMap<String, Arc<Entry>>,
+    /// Fetches into the cache in progress, by key (single flight).
+    flights: DashMap<String, Arc<Flight>>,
     policy: Mutex<Policy>,
     touch_tx: Sender<String>,
     touch_rx: Receiver<String>,
     counters: Counters,
     /// Jobs queued or running.
     pending: AtomicU64,
-    engine: Arc<TransferEngine>,
 }
 
-/// Blocks reserved for one object being read; published into the cache by
-/// [`HotCache::publish`], or given back when dropped.
+/// Blocks reserved for one object being read, and the flight other gets of it wait for;
+/// published into the cache by [`HotCache::publish`], or given back when dropped (the waiting
+/// gets then read the object themselves).
 pub struct Fill {
     key: String,
     id: Identity,
-    blocks: Blocks,
+    /// Taken when published.
+    blocks: Option<Blocks>,
+    flight: Arc<Flight>,
+    inner: Arc<Inner>,
 }
 
 impl Fill {
+    fn blocks(&self) -> &Blocks {
+        self.blocks.as_ref().expect("a fill holds its blocks until published")
+    }
+
     /// `(offset in the object, address, length)` of each registered block the object's bytes
     /// go to, in order.
     pub fn pieces(&self) -> Vec<(u64, u64, u64)> {
-        self.blocks.pieces().collect()
+        self.blocks().pieces().collect()
+    }
+
+    /// The object's size.
+    pub fn size(&self) -> u64 {
+        self.id.size
     }
 
     /// Copies the object's bytes out (after the transfers into [`Self::pieces`] have ended).
     pub fn copy_to(&self, dst: &mut [u8]) {
-        self.blocks.copy_to(dst)
+        self.blocks().copy_to(dst)
     }
 
-    /// Writes `bytes` into the blocks (tests; fills normally land by transfer).
-    #[cfg(test)]
-    fn write(&mut self, bytes: &[u8]) {
-        for (off, addr, len) in self.blocks.pieces() {
-            // SAFETY: the fill owns these blocks of the registered mapping exclusively, and no
-            // transfer uses them.
-            unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) }
-                .copy_from_slice(&bytes[off as usize..(off + len) as usize]);
+    /// Copies the object's bytes in from where the get put them (`src`: the whole object, read
+    /// for the caller).
+    pub fn copy_from(&mut self, src: &[u8]) {
+        self.blocks.as_mut().expect("a fill holds its blocks until published").copy_from(src)
+    }
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        if self.blocks.is_some() {
+            // Not published: the gets waiting for this fetch read the object themselves.
+            self.flight.finish(None);
+            self.inner.flights.remove_if(&self.key, |_, f| Arc::ptr_eq(f, &self.flight));
         }
     }
+}
+
+/// What a get that missed does about the cache.
+pub enum Miss {
+    /// Read the object into this fill's blocks (or into the caller's memory, then
+    /// [`Fill::copy_from`]) and publish it.
+    Lead(Fill),
+    /// Another get is fetching the same object: wait for it ([`HotCache::wait`]).
+    Join(Joined),
+    /// Not cached (not admitted, too large, or no block free); read as without the cache.
+    Skip,
+}
+
+/// A get waiting for another get's fetch of the same object.
+pub struct Joined {
+    flight: Arc<Flight>,
+    patience: Duration,
 }
 
 /// Holds an entry while its bytes are read: the entry is not evicted and its blocks are not
@@ -297,12 +378,12 @@ impl Guard<'_> {
     }
 }
 
-enum Job {
-    /// A fill whose bytes have landed: put it into the index.
-    Publish(Fill),
-    /// Read the replica into reserved blocks, then publish (before `deadline`, while the
-    /// get's lease still protects the replica).
-    Fetch { key: String, id: Identity, deadline: Instant },
+/// An object whose bytes have landed, to be put into the index; its flight ends (leaves the
+/// map) once it is there.
+struct Job {
+    key: String,
+    entry: Arc<Entry>,
+    flight: Arc<Flight>,
 }
 
 /// The hot cache of one client.
@@ -379,14 +460,16 @@ impl HotCache {
             blocks: layout.blocks,
             admission: layout.admission,
             index: DashMap::new(),
+            flights: DashMap::new(),
             policy: Mutex::new(Policy { recency: LruCache::unbounded(), ghost: LruCache::new(ghost) }),
             touch_tx,
             touch_rx,
             counters: Counters::default(),
             pending: AtomicU64::new(0),
-            engine: engine.clone(),
         });
-        let (jobs, rx) = bounded(FILL_QUEUE);
+        // Every queued fill holds at least one block: one slot per block and the queue never
+        // overflows (up to MAX_FILL_QUEUE blocks).
+        let (jobs, rx) = bounded((layout.blocks as usize).clamp(1, MAX_FILL_QUEUE));
         let worker_inner = inner.clone();
         let worker = std::thread::Builder::new()
             .name("crescent-hot-fill".into())
@@ -409,6 +492,7 @@ impl HotCache {
             dropped_fills: c.dropped.load(Ordering::Relaxed),
             evictions: c.evictions.load(Ordering::Relaxed),
             bytes_served: c.bytes_served.load(Ordering::Relaxed),
+            merged: c.merged.load(Ordering::Relaxed),
         }
     }
 
@@ -437,41 +521,72 @@ impl HotCache {
         }
     }
 
-    /// Blocks for the object `list` describes, read from `replica`, if it is to be cached:
-    /// admitted, not larger than the cache, and blocks free or evictable right now.
-    pub fn reserve(&self, key: &str, list: &GetReplicaListReply, replica: &ReplicaDescriptor) -> Option<Fill> {
-        if !self.inner.admit(key, list.size) {
-            return None;
+    /// What a get that missed `key` does about the cache when it reads the object `list`
+    /// describes from `replica`: fetch it into reserved blocks ([`Miss::Lead`]: blocks free or
+    /// evictable right now, object admitted and not larger than the cache), wait for another
+    /// get's fetch of the same object ([`Miss::Join`]), or read it as without the cache.
+    pub fn begin(&self, key: &str, list: &GetReplicaListReply, replica: &ReplicaDescriptor) -> Miss {
+        let inner = &self.inner;
+        if let Some(flight) = inner.flights.get(key).map(|f| f.value().clone()) {
+            if flight.id.matches(list) {
+                let patience = Duration::from_millis((list.lease_ttl_ms / 2).max(100));
+                return Miss::Join(Joined { flight, patience });
+            }
+            return Miss::Skip; // another version of the key is being fetched: leave it be
         }
-        let fill = self.inner.reserve(key, Identity::of(list, replica));
-        if fill.is_none() {
-            bump(&self.inner.counters.dropped, 1);
+        if !inner.admit(key, list.size) {
+            return Miss::Skip;
         }
-        fill
+        let id = Identity::of(list, replica);
+        let flight = Arc::new(Flight { id: id.clone(), landed: Mutex::new(None), cv: Condvar::new() });
+        match inner.flights.entry(key.to_string()) {
+            dashmap::Entry::Occupied(_) => return Miss::Skip, // another get began it just now
+            dashmap::Entry::Vacant(v) => {
+                v.insert(flight.clone());
+            }
+        }
+        match inner.reserve(&id) {
+            Some(blocks) => {
+                Miss::Lead(Fill { key: key.to_string(), id, blocks: Some(blocks), flight, inner: inner.clone() })
+            }
+            None => {
+                inner.flights.remove_if(key, |_, f| Arc::ptr_eq(f, &flight));
+                flight.finish(None);
+                bump(&inner.counters.dropped, 1);
+                Miss::Skip
+            }
+        }
     }
 
-    /// Hands a fill whose bytes have landed to the worker; dropped (counted) when the queue is full.
-    pub fn publish(&self, fill: Fill) {
-        self.send(Job::Publish(fill));
-    }
-
-    /// Asks the worker to read the object `list` describes from `replica` into the cache, within
-    /// half the read lease the get was granted.
-    pub fn fetch_later(&self, key: &str, list: &GetReplicaListReply, replica: &ReplicaDescriptor) {
-        if list.lease_ttl_ms == 0 || !self.inner.admit(key, list.size) {
-            return;
+    /// Waits for the fetch `joined` waits for; the object's entry when it landed in time.
+    pub fn wait(&self, joined: Joined) -> Option<Guard<'_>> {
+        let Joined { flight, patience } = joined;
+        let deadline = Instant::now() + patience;
+        let mut landed = flight.landed.lock();
+        while landed.is_none() {
+            if flight.cv.wait_until(&mut landed, deadline).timed_out() {
+                break;
+            }
         }
-        let deadline = Instant::now() + Duration::from_millis(list.lease_ttl_ms / 2);
-        self.send(Job::Fetch { key: key.to_string(), id: Identity::of(list, replica), deadline });
+        let entry = landed.clone().flatten()?;
+        bump(&self.inner.counters.merged, 1);
+        Some(Guard { entry, counters: &self.inner.counters })
     }
 
-    fn send(&self, job: Job) {
+    /// Hands a fill whose bytes have landed to the worker (the gets waiting for it are served
+    /// at once); dropped (counted) when the queue is full.
+    pub fn publish(&self, mut fill: Fill) {
+        let Some(blocks) = fill.blocks.take() else { return };
+        let entry = Arc::new(Entry { id: fill.id.clone(), blocks });
+        fill.flight.finish(Some(entry.clone()));
+        let job = Job { key: std::mem::take(&mut fill.key), entry, flight: fill.flight.clone() };
         let Some(jobs) = &self.jobs else { return };
         self.inner.pending.fetch_add(1, Ordering::AcqRel);
         match jobs.try_send(job) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+            Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
                 self.inner.pending.fetch_sub(1, Ordering::AcqRel);
+                self.inner.flights.remove_if(&job.key, |_, f| Arc::ptr_eq(f, &job.flight));
                 bump(&self.inner.counters.dropped, 1)
             }
         }
@@ -561,7 +676,9 @@ impl Inner {
         }
     }
 
-    fn reserve(&self, key: &str, id: Identity) -> Option<Fill> {
+    /// Blocks for an object of `id.size` bytes: free ones, else evicted ones; `None` when
+    /// too many are held.
+    fn reserve(&self, id: &Identity) -> Option<Blocks> {
         let n = id.size.div_ceil(self.region.block_size) as usize;
         let take = |free: &mut Vec<u32>| (free.len() >= n).then(|| free.split_off(free.len() - n));
         let first = take(&mut self.region.free.lock()); // (the lock is released here: evicting frees blocks)
@@ -572,8 +689,7 @@ impl Inner {
                 take(&mut self.region.free.lock())?
             }
         };
-        let blocks = Blocks { region: self.region.clone(), ids, len: id.size };
-        Some(Fill { key: key.to_string(), id, blocks })
+        Some(Blocks { region: self.region.clone(), ids, len: id.size })
     }
 
     /// Evicts the least recently used entries nobody holds until `n` blocks are free.
@@ -601,9 +717,7 @@ impl Inner {
         }
     }
 
-    fn insert(&self, fill: Fill) {
-        let Fill { key, id, blocks } = fill;
-        let entry = Arc::new(Entry { id, blocks });
+    fn insert(&self, key: String, entry: Arc<Entry>) {
         let replaced = match self.index.entry(key.clone()) {
             dashmap::Entry::Occupied(mut o) if o.get().id != entry.id => Some(o.insert(entry)),
             dashmap::Entry::Occupied(_) => return, // the same object, filled twice: keep the first
@@ -620,8 +734,9 @@ impl Inner {
     fn serve(&self, jobs: Receiver<Job>) {
         loop {
             match jobs.recv_timeout(Duration::from_millis(200)) {
-                Ok(job) => {
-                    self.run(job);
+                Ok(Job { key, entry, flight }) => {
+                    self.insert(key.clone(), entry);
+                    self.flights.remove_if(&key, |_, f| Arc::ptr_eq(f, &flight));
                     self.pending.fetch_sub(1, Ordering::AcqRel);
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
@@ -633,44 +748,5 @@ impl Inner {
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
             }
         }
-    }
-
-    fn run(&self, job: Job) {
-        match job {
-            Job::Publish(fill) => self.insert(fill),
-            Job::Fetch { key, id, deadline } => {
-                if Instant::now() > deadline {
-                    bump(&self.counters.dropped, 1);
-                    return;
-                }
-                let Some(fill) = self.reserve(&key, id) else {
-                    bump(&self.counters.dropped, 1);
-                    return;
-                };
-                match self.fetch(&fill) {
-                    Ok(()) => self.insert(fill),
-                    Err(e) => {
-                        tracing::debug!("hot cache: fetching {key:?} from {}: {e}", fill.id.segment);
-                        bump(&self.counters.dropped, 1);
-                    }
-                }
-            }
-        }
-    }
-
-    fn fetch(&self, fill: &Fill) -> crescent_engine::Result<()> {
-        let seg = self.engine.open_segment(&fill.id.segment)?;
-        let requests: Vec<TransferRequest> = fill
-            .blocks
-            .pieces()
-            .map(|(off, addr, len)| TransferRequest {
-                opcode: Opcode::Read,
-                source: addr,
-                target: seg,
-                target_offset: fill.id.address + off,
-                length: len,
-            })
-            .collect();
-        self.engine.transfer_sync(&requests)
     }
 }

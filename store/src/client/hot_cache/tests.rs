@@ -1,5 +1,5 @@
 //! The cache on its own (no master): recency order, held blocks, spans, admission, staleness,
-//! the bounded fill queue, and readers racing fills with every byte checked.
+//! the bounded fill queue, single flight, and readers racing fills with every byte checked.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,15 +35,30 @@ fn list(version: u64, size: u64) -> GetReplicaListReply {
     }
 }
 
-/// Fills `key` with `size` bytes of pattern `version` and publishes it (synchronously).
+fn bytes(version: u64, size: u64) -> Vec<u8> {
+    let mut b = vec![0u8; size as usize];
+    pattern::fill(&mut b, version, 0);
+    b
+}
+
+/// Fills `key` with `size` bytes of pattern `version` and publishes it (waiting for the
+/// worker); false when the cache did not take it.
 fn put(c: &HotCache, key: &str, version: u64, size: u64) -> bool {
     let l = list(version, size);
-    let Some(mut fill) = c.reserve(key, &l, &l.replicas[0]) else { return false };
-    let mut bytes = vec![0u8; size as usize];
-    pattern::fill(&mut bytes, version, 0);
-    fill.write(&bytes);
-    c.inner.insert(fill);
+    let Miss::Lead(mut fill) = c.begin(key, &l, &l.replicas[0]) else { return false };
+    fill.copy_from(&bytes(version, size));
+    c.publish(fill);
+    c.flush();
     true
+}
+
+/// Blocks for `key` (version 1, one block), not yet published.
+fn lead(c: &HotCache, key: &str) -> Fill {
+    let l = list(1, B);
+    match c.begin(key, &l, &l.replicas[0]) {
+        Miss::Lead(fill) => fill,
+        _ => panic!("{key}: expected to lead its fetch"),
+    }
 }
 
 fn cached(c: &HotCache, key: &str, version: u64, size: u64) -> bool {
@@ -168,16 +183,14 @@ fn own_invalidation_forgets_keys() {
 
 #[test]
 fn a_full_fill_queue_drops_fills_without_waiting() {
-    let c = cache(2 * FILL_QUEUE as u32 + 8, Admission::Always);
-    let total = FILL_QUEUE + 8;
+    let c = cache(MAX_FILL_QUEUE as u32 + 8, Admission::Always);
+    let total = MAX_FILL_QUEUE + 8;
     {
         // The worker publishes under the policy lock: holding it stalls the worker, so the
         // queue fills up; publish must neither wait nor lose count.
         let _stall = c.inner.policy.lock();
         for i in 0..total {
-            let l = list(1, B);
-            let fill = c.inner.reserve(&format!("k{i}"), Identity::of(&l, &l.replicas[0])).unwrap();
-            c.publish(fill);
+            c.publish(lead(&c, &format!("k{i}")));
         }
     }
     c.flush();
@@ -240,4 +253,52 @@ fn readers_racing_fills_always_read_whole_right_objects() {
     let m = c.metrics();
     assert!(m.evictions > 0, "blocks were reused: {m}");
     assert!(m.blocks_in_use <= 6);
+}
+
+#[test]
+fn the_fill_queue_takes_a_fill_for_every_block() {
+    // Every queued fill holds a block: with one slot per block, a stalled worker never makes a
+    // fill of a cache with free blocks be dropped (a fixed queue of 64 dropped the 66th).
+    let c = cache(200, Admission::Always);
+    {
+        let _stall = c.inner.policy.lock();
+        for i in 0..200 {
+            c.publish(lead(&c, &format!("k{i}")));
+        }
+    }
+    c.flush();
+    let m = c.metrics();
+    assert_eq!((m.fills, m.dropped_fills, m.entries), (200, 0, 200), "{m}");
+}
+
+#[test]
+fn a_get_of_an_object_being_fetched_waits_for_that_fetch() {
+    let c = cache(4, Admission::Always);
+    let (l1, l2) = (list(1, B), list(2, B));
+    let mut first = lead(&c, "k");
+    // Same object: wait for the fetch in flight. Another version of the key: read it alone.
+    let Miss::Join(joined) = c.begin("k", &l1, &l1.replicas[0]) else { panic!("expected to join") };
+    assert!(matches!(c.begin("k", &l2, &l2.replicas[0]), Miss::Skip));
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| c.wait(joined).map(|g| g.to_vec()));
+        first.copy_from(&bytes(1, B));
+        c.publish(first);
+        let got = waiter.join().unwrap().expect("served by the first get's fetch");
+        assert_eq!(pattern::first_mismatch(&got, 1, 0), None);
+    });
+    c.flush();
+    let m = c.metrics();
+    assert_eq!((m.merged, m.fills, m.blocks_in_use, m.bytes_served), (1, 1, 1, B), "{m}");
+    assert!(cached(&c, "k", 1, B));
+
+    // A fetch that fails (its fill dropped unpublished): the waiter reads for itself at once,
+    // and the blocks come back.
+    let failed = lead(&c, "j");
+    let l = list(1, B);
+    let Miss::Join(joined) = c.begin("j", &l, &l.replicas[0]) else { panic!("expected to join") };
+    drop(failed);
+    assert!(c.wait(joined).is_none());
+    assert_eq!(c.metrics().blocks_in_use, 1);
+    // ... and the next miss of it leads a fetch again.
+    drop(lead(&c, "j"));
 }

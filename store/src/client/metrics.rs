@@ -1,0 +1,171 @@
+//! Prometheus export of the client's metrics (today: the local hot cache's counters), in the
+//! text format the master's `/metrics` uses: [`StoreClient::render_metrics`] for a process that
+//! serves its own endpoint, and an optional HTTP endpoint of the client itself
+//! (`CRESCENT_CLIENT_METRICS_ADDRESS` / config key `client_metrics_address` /
+//! `ClientConfig::metrics_address`) serving `GET /metrics`.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use parking_lot::Mutex;
+use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
+use tokio::sync::oneshot;
+
+use crate::client::hot_cache::HotCacheMetrics;
+use crate::client::StoreClient;
+use crate::error::{Result, StoreError};
+
+/// Environment variable naming the address of the client's metrics endpoint.
+pub const METRICS_ADDRESS_ENV: &str = "CRESCENT_CLIENT_METRICS_ADDRESS";
+
+fn internal(e: prometheus::Error) -> StoreError {
+    StoreError::Internal(format!("metrics: {e}"))
+}
+
+/// The client's registry; counters are brought up to the cache's own counts at each scrape.
+pub struct ClientMetrics {
+    registry: Registry,
+    /// Serializes scrapes (each advances the counters by what happened since the last).
+    sync: Mutex<()>,
+    enabled: IntGauge,
+    blocks: IntGauge,
+    block_size: IntGauge,
+    entries: IntGauge,
+    blocks_in_use: IntGauge,
+    hits: IntCounter,
+    misses: IntCounter,
+    merged: IntCounter,
+    fills: IntCounter,
+    dropped_fills: IntCounter,
+    evictions: IntCounter,
+    bytes_served: IntCounter,
+}
+
+impl ClientMetrics {
+    pub fn new() -> Result<Self> {
+        let registry = Registry::new_custom(Some("crescent_client".into()), None).map_err(internal)?;
+        let gauge = |name: &str, help: &str| -> Result<IntGauge> {
+            let g = IntGauge::new(name, help).map_err(internal)?;
+            registry.register(Box::new(g.clone())).map_err(internal)?;
+            Ok(g)
+        };
+        let counter = |name: &str, help: &str| -> Result<IntCounter> {
+            let c = IntCounter::new(name, help).map_err(internal)?;
+            registry.register(Box::new(c.clone())).map_err(internal)?;
+            Ok(c)
+        };
+        Ok(ClientMetrics {
+            enabled: gauge("hot_cache_enabled", "1 when the local hot cache is on")?,
+            blocks: gauge("hot_cache_blocks", "Blocks of the local hot cache")?,
+            block_size: gauge("hot_cache_block_size_bytes", "Bytes per block of the local hot cache")?,
+            entries: gauge("hot_cache_entries", "Objects in the local hot cache")?,
+            blocks_in_use: gauge("hot_cache_blocks_in_use", "Blocks held by entries or by fills in progress")?,
+            hits: counter("hot_cache_hits_total", "Gets of remote objects served from the hot cache")?,
+            misses: counter("hot_cache_misses_total", "Gets of remote objects not (validly) in the hot cache")?,
+            merged: counter(
+                "hot_cache_merged_total",
+                "Misses served by another get's fetch of the same object instead of a transfer of their own",
+            )?,
+            fills: counter("hot_cache_fills_total", "Objects put into the hot cache")?,
+            dropped_fills: counter(
+                "hot_cache_dropped_fills_total",
+                "Fills given up: queue full, no block free, or the transfer failed",
+            )?,
+            evictions: counter("hot_cache_evictions_total", "Hot cache entries evicted to make room")?,
+            bytes_served: counter("hot_cache_served_bytes_total", "Bytes copied to callers out of the hot cache")?,
+            registry,
+            sync: Mutex::new(()),
+        })
+    }
+
+    /// The text exposition of `hot` (`None`: the cache is off; its series read 0).
+    pub fn render(&self, hot: Option<HotCacheMetrics>) -> String {
+        {
+            let _one_at_a_time = self.sync.lock();
+            let m = hot.unwrap_or_default();
+            self.enabled.set(hot.is_some() as i64);
+            for (g, v) in [
+                (&self.blocks, m.blocks),
+                (&self.block_size, m.block_size),
+                (&self.entries, m.entries),
+                (&self.blocks_in_use, m.blocks_in_use),
+            ] {
+                g.set(v.min(i64::MAX as u64) as i64);
+            }
+            for (c, v) in [
+                (&self.hits, m.hits),
+                (&self.misses, m.misses),
+                (&self.merged, m.merged),
+                (&self.fills, m.fills),
+                (&self.dropped_fills, m.dropped_fills),
+                (&self.evictions, m.evictions),
+                (&self.bytes_served, m.bytes_served),
+            ] {
+                c.inc_by(v.saturating_sub(c.get()));
+            }
+        }
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!("encoding the client's metrics: {e}");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// The client's HTTP metrics endpoint; stops when dropped.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl MetricsServer {
+    /// Serves `GET /metrics` for `client` on `address` (`host:port`; port 0 picks one) on
+    /// `runtime`.
+    pub fn start(address: &str, client: Weak<StoreClient>, runtime: &tokio::runtime::Handle) -> Result<Self> {
+        let listener = std::net::TcpListener::bind(address)
+            .map_err(|e| StoreError::Config(format!("client metrics address {address:?}: {e}")))?;
+        listener.set_nonblocking(true).map_err(|e| StoreError::Internal(format!("metrics listener: {e}")))?;
+        let addr = listener.local_addr().map_err(|e| StoreError::Internal(format!("metrics listener: {e}")))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let router = Router::new().route("/metrics", get(metrics)).with_state(Arc::new(client));
+        runtime.spawn(async move {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!("client metrics endpoint {addr}: {e}");
+                    return;
+                }
+            };
+            let served = axum::serve(listener, router).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(e) = served.await {
+                tracing::warn!("client metrics endpoint {addr}: {e}");
+            }
+        });
+        Ok(MetricsServer { addr, stop: Some(stop) })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn metrics(State(client): State<Arc<Weak<StoreClient>>>) -> Response {
+    match client.upgrade() {
+        Some(c) => ([("content-type", "text/plain; version=0.0.4")], c.render_metrics()).into_response(),
+        None => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "client closed").into_response(),
+    }
+}
