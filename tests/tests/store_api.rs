@@ -32,6 +32,34 @@ fn data(len: usize, seed: u64) -> Vec<u8> {
 }
 
 #[test]
+fn concurrent_byte_gets_share_a_small_staging_buffer_without_deadlock() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let values: Vec<Vec<u8>> = (0..3).map(|i| data((5 << 20) + i * 4097, 10 + i as u64)).collect();
+    for (i, v) in values.iter().enumerate() {
+        a.put(&format!("v{i}"), v).unwrap();
+    }
+    // Six readers, each wanting two of the four 1 MiB pieces of b's 4 MiB staging buffer at
+    // once: a reader takes its second piece only when one is free, so all finish.
+    let values = Arc::new(values);
+    let readers: Vec<_> = (0..6)
+        .map(|t| {
+            let (b, values) = (b.clone(), values.clone());
+            std::thread::spawn(move || {
+                for round in 0..4 {
+                    let i = (t + round) % values.len();
+                    let got = b.get(&format!("v{i}")).unwrap();
+                    assert!(got == values[i], "reader {t} got wrong bytes for v{i}");
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().expect("reader");
+    }
+}
+
+#[test]
 fn zero_copy_and_byte_calls_agree_across_two_clients() {
     let m = master();
     let (a, b) = (client(&m), client(&m));

@@ -553,10 +553,27 @@ impl TransferEngine {
 
     /// Moves `requests` and blocks until all have ended; `Ok` only if all completed.
     pub fn transfer_sync(&self, requests: &[TransferRequest]) -> Result<()> {
+        let id = self.transfer_start(requests)?;
+        self.transfer_finish(id)
+    }
+
+    /// Starts moving `requests` in a batch of their own; [`Self::transfer_finish`] waits for
+    /// it. Lets a caller overlap its own work with the transfer.
+    pub fn transfer_start(&self, requests: &[TransferRequest]) -> Result<BatchId> {
         let id = self.allocate_batch(requests.len().max(1))?;
-        let result = self.submit(id, requests).map(|()| self.wait_batch(id, None));
+        if let Err(e) = self.submit(id, requests) {
+            let _ = self.free_batch(id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Waits for a batch from [`Self::transfer_start`] to end and frees it; `Ok` only if every
+    /// request completed.
+    pub fn transfer_finish(&self, id: BatchId) -> Result<()> {
+        let result = self.wait_batch(id, None);
         let freed = self.free_batch(id);
-        let statuses = result??;
+        let statuses = result?;
         freed?;
         for (i, s) in statuses.into_iter().enumerate() {
             match s {

@@ -377,11 +377,23 @@ impl StoreClient {
 
     fn transfer(&self, key: &str, requests: impl Iterator<Item = TransferRequest>) -> Result<()> {
         let requests: Vec<_> = requests.collect();
-        self.engine.transfer_sync(&requests).map_err(|e| match e {
+        self.engine.transfer_sync(&requests).map_err(|e| self.transfer_error(key, e))
+    }
+
+    fn transfer_error(&self, key: &str, e: crescent_engine::EngineError) -> StoreError {
+        match e {
             crescent_engine::EngineError::TimedOut => StoreError::TimedOut(format!("moving object {key:?}")),
             e if e.is_caller_error() => StoreError::Engine(e),
             e => StoreError::PeerGone { key: key.to_string(), reason: e.to_string() },
-        })
+        }
+    }
+
+    /// Waits for a staged piece of a get and copies it to its place in `out`.
+    fn finish_staged(&self, key: &str, mut piece: InFlight<'_>, out: &mut [u8]) -> Result<()> {
+        self.engine.transfer_finish(piece.id).map_err(|e| self.transfer_error(key, e))?;
+        let (off, n) = (piece.off as usize, piece.block.len() as usize);
+        out[off..off + n].copy_from_slice(piece.block.bytes());
+        Ok(())
     }
 
     // ---- gets ----
@@ -469,13 +481,51 @@ impl StoreClient {
         match dst {
             Buf::Registered(addr) => self.transfer(key, std::iter::once(read(*addr, 0, size))),
             Buf::BytesMut(out) => {
+                // Through the staging buffer in pieces, two in flight: the next piece moves
+                // while the last one is copied out (the copy into fresh memory, page faults
+                // included, costs about as much as the transfer).
+                let piece = STAGED_GET_PIECE.min(self.staging.chunk());
                 let mut off = 0;
+                let mut previous: Option<InFlight<'_>> = None;
                 while off < size {
-                    let mut block = self.staging.acquire(size - off);
+                    // The second block only if it is free now: a thread waiting for a second
+                    // block while holding one could wait forever on others doing the same.
+                    let block = match previous {
+                        None => Some(self.staging.acquire((size - off).min(piece))),
+                        Some(_) => self.staging.try_acquire((size - off).min(piece)),
+                    };
+                    let Some(block) = block else {
+                        let done = previous.take().expect("a piece is in flight");
+                        self.finish_staged(key, done, out)?;
+                        continue;
+                    };
                     let n = block.len();
-                    self.transfer(key, std::iter::once(read(block.addr(), off, n)))?;
-                    out[off as usize..(off + n) as usize].copy_from_slice(block.bytes());
+                    let next = match self.engine.transfer_start(&[read(block.addr(), off, n)]) {
+                        Ok(id) => Ok(InFlight { id, block, off }),
+                        Err(e) => Err(self.transfer_error(key, e)),
+                    };
+                    let done = previous.take();
+                    let next = match (next, done) {
+                        (Ok(next), Some(done)) => {
+                            if let Err(e) = self.finish_staged(key, done, out) {
+                                let _ = self.engine.transfer_finish(next.id);
+                                return Err(e);
+                            }
+                            next
+                        }
+                        (Ok(next), None) => next,
+                        (Err(e), done) => {
+                            if let Some(done) = done {
+                                let _ = self.engine.transfer_finish(done.id);
+                            }
+                            return Err(e);
+                        }
+                    };
+                    previous = Some(next);
                     off += n;
+                }
+                if let Some(done) = previous {
+                    self.finish_staged(key, done, out)?;
                 }
                 Ok(())
             }
@@ -945,4 +995,14 @@ impl Drop for StoreClient {
 }
 
 /// How long the master keeps a silent client (for callers that wait on it).
+/// Piece of a byte `get` staged at a time (two are in flight).
+const STAGED_GET_PIECE: u64 = 2 << 20;
+
+/// A piece of a staged get whose transfer is in flight.
+struct InFlight<'a> {
+    id: crescent_engine::BatchId,
+    block: staging::StagingBlock<'a>,
+    off: u64,
+}
+
 pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(10);

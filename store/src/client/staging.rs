@@ -63,6 +63,13 @@ impl Staging {
         (self.alloc.lock().capacity() / 4).max(4096)
     }
 
+    /// Takes `len` bytes (at most [`Self::chunk`]) if they are free now.
+    pub fn try_acquire(&self, len: u64) -> Option<StagingBlock<'_>> {
+        let len = len.min(self.chunk());
+        let block = self.alloc.lock().allocate(len)?;
+        Some(StagingBlock { staging: self, block: Some(block), len })
+    }
+
     /// Takes `len` bytes (at most [`Self::chunk`]), waiting while the buffer is full.
     pub fn acquire(&self, len: u64) -> StagingBlock<'_> {
         let len = len.min(self.chunk());
