@@ -9,7 +9,10 @@
 //! check): read-on-miss MiB/s and latency. The buffer is 4 KiB-aligned (dd's is too), so the
 //! value is read with direct I/O straight into it. `dd if=/dev/zero of=F bs=SIZE count=N
 //! oflag=direct conv=fdatasync` and `dd if=F of=/dev/null bs=SIZE iflag=direct` move the same
-//! bytes on the same file system. Each row prints `ratio` = crescent / dd (target >= 0.80).
+//! bytes on the same file system, each right after crescent's pass. `--repeat` passes
+//! (default 3) alternate the two, because a virtual disk's speed drifts by tens of percent from
+//! one minute to the next; each row prints medians, `ratio` = the median of the passes'
+//! crescent / dd ratios (target >= 0.80), and the ratios' range.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -35,6 +38,9 @@ pub struct Cli {
     /// Bytes per row (the value count follows from it).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     bytes_per_row: u64,
+    /// Alternating crescent/dd passes per size; rows show medians.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
     /// Disk tier writer threads.
     #[arg(long, default_value_t = 4)]
     writers: usize,
@@ -92,89 +98,118 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         .join(" ");
     println!("storebench ssd: {} ({fs}), {} writer thread(s), fsync on", cli.dir.display(), cli.writers);
     println!();
-    println!("| op | value | values | crescent MiB/s | crescent p50 | dd MiB/s | dd per value | ratio |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "medians of {} alternating crescent/dd passes per row; the last column is the range of the ratio",
+        cli.repeat
+    );
+    println!();
+    println!("| op | value | values | crescent MiB/s | crescent p50 | dd MiB/s | dd per value | ratio | range |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &size in &cli.sizes {
         let n = (cli.bytes_per_row / size).max(4);
         let total = n * size;
         let label = report::fmt_bytes(size);
-        let key = |i: u64| format!("ssdbench/{size}/{i}");
-        let mut value = vec![0u8; size as usize];
-        pattern::fill(&mut value, size, 0);
-
-        // Offload: puts, then wait until every file is durable and announced.
-        let client = StoreClient::connect(config.clone())?;
-        let t = Instant::now();
-        for i in 0..n {
-            client.put(&key(i), &value)?;
-        }
-        if !client.flush_offload(Duration::from_secs(600)) {
-            bail!("offloads did not finish");
-        }
-        let offload_secs = t.elapsed().as_secs_f64();
-        let stats = client.disk_stats().context("disk tier")?;
-        if stats.queue_full > 0 || stats.written < n {
-            bail!("only {} of {n} values were offloaded ({} dropped: queue full)", stats.written, stats.queue_full);
-        }
-        client.close()?;
-        drop(client);
-        let dd_file = work.join("dd.bin");
-        let dd_write = dd(&[
-            "if=/dev/zero".into(),
-            format!("of={}", dd_file.display()),
-            format!("bs={size}"),
-            format!("count={n}"),
-            "oflag=direct".into(),
-            "conv=fdatasync".into(),
-        ])?;
-        let (ours, theirs) = (mib_s(total, offload_secs), mib_s(total, dd_write));
-        println!(
-            "| offload write | {label} | {n} | {ours:.0} | - | {theirs:.0} | {} | ratio {:.2} |",
-            report::fmt_us((dd_write * 1e6 / n as f64) as u64),
-            ours / theirs
-        );
-
-        // Read on miss: a restarted client has only the disk copies.
-        // get_into a registered buffer reused for every value, as dd reuses its buffer.
-        // The buffer is page-aligned, as dd's is and as registered memory usually is (mmap).
-        let client = StoreClient::connect(config.clone())?;
-        let mut backing = vec![0u8; size as usize + 4096];
-        let at = backing.as_ptr().align_offset(4096);
-        let buf = &mut backing[at..at + size as usize];
-        client.register_buffer(buf.as_mut_ptr() as u64, size)?;
-        let mut hist = Histogram::<u64>::new(3)?;
-        let mut read_secs = 0.0;
-        for i in 0..n {
-            buf.fill(0);
-            let g = Instant::now();
-            let got = client.get_into(&key(i), buf.as_mut_ptr() as u64, size)?;
-            let e = g.elapsed();
-            read_secs += e.as_secs_f64();
-            hist.record(e.as_micros() as u64)?;
-            if got != size || pattern::first_mismatch(buf, size, 0).is_some() {
-                bail!("get of {} returned wrong bytes", key(i));
-            }
-        }
-        client.unregister_buffer(buf.as_mut_ptr() as u64)?;
-        if client.disk_stats().context("disk tier")?.local_reads < n {
-            bail!("not every get was served by the disk tier");
-        }
-        let dd_read = dd(&[
-            format!("if={}", dd_file.display()),
-            "of=/dev/null".into(),
-            format!("bs={size}"),
-            "iflag=direct".into(),
-        ])?;
-        let (ours, theirs) = (mib_s(total, read_secs), mib_s(total, dd_read));
-        println!(
-            "| read on miss | {label} | {n} | {ours:.0} | {} | {theirs:.0} | {} | ratio {:.2} |",
-            report::fmt_us(hist.value_at_quantile(0.5)),
-            report::fmt_us((dd_read * 1e6 / n as f64) as u64),
-            ours / theirs
-        );
-        client.remove_all()?;
-        client.close()?;
-        let _ = std::fs::remove_file(&dd_file);
+        // Pairs alternate crescent and dd, so that both meet the same state of the disk (and
+        // of the host's cache under a virtual disk); rows give medians and the ratio's range.
+        let passes =
+            (0..cli.repeat.max(1)).map(|pass| one_pass(&config, work, size, n, pass)).collect::<Result<Vec<_>>>()?;
+        let row = |op: &str, ours: &dyn Fn(&Pass) -> f64, theirs: &dyn Fn(&Pass) -> f64, p50: String| {
+            let ratios: Vec<f64> = passes.iter().map(|p| mib_s(total, ours(p)) / mib_s(total, theirs(p))).collect();
+            let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+            let dd_secs = median(passes.iter().map(theirs).collect());
+            println!(
+                "| {op} | {label} | {n} | {:.0} | {p50} | {:.0} | {} | ratio {:.2} | {lo:.2}-{hi:.2} |",
+                mib_s(total, median(passes.iter().map(ours).collect())),
+                mib_s(total, dd_secs),
+                report::fmt_us((dd_secs * 1e6 / n as f64) as u64),
+                median(ratios.clone()),
+            );
+        };
+        row("offload write", &|p| p.offload_secs, &|p| p.dd_write_secs, "-".into());
+        let p50 = median(passes.iter().map(|p| p.read_p50_us as f64).collect()) as u64;
+        row("read on miss", &|p| p.read_secs, &|p| p.dd_read_secs, report::fmt_us(p50));
     }
     Ok(())
+}
+
+/// One pass at one value size: crescent's offload and read-on-miss, each followed by dd
+/// moving the same bytes.
+struct Pass {
+    offload_secs: f64,
+    dd_write_secs: f64,
+    read_secs: f64,
+    read_p50_us: u64,
+    dd_read_secs: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) -> Result<Pass> {
+    // Keys of their own per pass: the reads' leases keep the last pass's objects a while.
+    let key = |i: u64| format!("ssdbench/{size}/{pass}/{i}");
+    let mut value = vec![0u8; size as usize];
+    pattern::fill(&mut value, size, 0);
+
+    // Offload: puts, then wait until every file is durable and announced.
+    let client = StoreClient::connect(config.clone())?;
+    let t = Instant::now();
+    for i in 0..n {
+        client.put(&key(i), &value)?;
+    }
+    if !client.flush_offload(Duration::from_secs(600)) {
+        bail!("offloads did not finish");
+    }
+    let offload_secs = t.elapsed().as_secs_f64();
+    let stats = client.disk_stats().context("disk tier")?;
+    if stats.queue_full > 0 || stats.written < n {
+        bail!("only {} of {n} values were offloaded ({} dropped: queue full)", stats.written, stats.queue_full);
+    }
+    client.close()?;
+    drop(client);
+    let dd_file = work.join("dd.bin");
+    let dd_write_secs = dd(&[
+        "if=/dev/zero".into(),
+        format!("of={}", dd_file.display()),
+        format!("bs={size}"),
+        format!("count={n}"),
+        "oflag=direct".into(),
+        "conv=fdatasync".into(),
+    ])?;
+
+    // Read on miss: a restarted client has only the disk copies.
+    // get_into a registered buffer reused for every value, as dd reuses its buffer.
+    // The buffer is page-aligned, as dd's is and as registered memory usually is (mmap).
+    let client = StoreClient::connect(config.clone())?;
+    let mut backing = vec![0u8; size as usize + 4096];
+    let at = backing.as_ptr().align_offset(4096);
+    let buf = &mut backing[at..at + size as usize];
+    client.register_buffer(buf.as_mut_ptr() as u64, size)?;
+    let mut hist = Histogram::<u64>::new(3)?;
+    let mut read_secs = 0.0;
+    for i in 0..n {
+        buf.fill(0);
+        let g = Instant::now();
+        let got = client.get_into(&key(i), buf.as_mut_ptr() as u64, size)?;
+        let e = g.elapsed();
+        read_secs += e.as_secs_f64();
+        hist.record(e.as_micros() as u64)?;
+        if got != size || pattern::first_mismatch(buf, size, 0).is_some() {
+            bail!("get of {} returned wrong bytes", key(i));
+        }
+    }
+    client.unregister_buffer(buf.as_mut_ptr() as u64)?;
+    if client.disk_stats().context("disk tier")?.local_reads < n {
+        bail!("not every get was served by the disk tier");
+    }
+    let dd_read_secs =
+        dd(&[format!("if={}", dd_file.display()), "of=/dev/null".into(), format!("bs={size}"), "iflag=direct".into()])?;
+    for i in 0..n {
+        client.remove_with(&key(i), true)?;
+    }
+    client.close()?;
+    let _ = std::fs::remove_file(&dd_file);
+    Ok(Pass { offload_secs, dd_write_secs, read_secs, read_p50_us: hist.value_at_quantile(0.5), dd_read_secs })
 }

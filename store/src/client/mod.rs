@@ -994,7 +994,6 @@ impl Drop for StoreClient {
     }
 }
 
-/// How long the master keeps a silent client (for callers that wait on it).
 /// Piece of a byte `get` staged at a time (two are in flight).
 const STAGED_GET_PIECE: u64 = 2 << 20;
 
@@ -1005,4 +1004,5 @@ struct InFlight<'a> {
     off: u64,
 }
 
+/// How long the master keeps a silent client (for callers that wait on it).
 pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(10);

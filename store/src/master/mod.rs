@@ -709,6 +709,12 @@ impl Master {
             .collect();
         for id in silent {
             let client = st.clients.remove(&id).expect("listed above");
+            if client.segments.is_empty() {
+                // It unmounted everything (closed cleanly): nothing to drop, nothing to warn of.
+                self.retract_client(&mut st, &id);
+                tracing::debug!("client {id} closed: forgotten");
+                continue;
+            }
             let mut lost = 0;
             for seg in client.segments {
                 self.emit_segment_gone(&st, seg);

@@ -182,6 +182,19 @@ fn silent_clients_lose_their_segments_and_must_remount() {
 }
 
 #[test]
+fn a_client_that_unmounted_everything_is_forgotten_not_counted_as_dropped() {
+    let m = master_with(MasterConfig { client_ttl: Duration::from_millis(20), ..MasterConfig::default() });
+    let closed = mount(&m, "closed", "sc", 1 << 20);
+    mount(&m, "silent", "ss", 1 << 20);
+    m.unmount_segment("closed", closed).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    m.sweep();
+    // Only the client that still had a segment is a dropped client (metric and warning).
+    assert_eq!(m.metrics.clients_dropped.get(), 1);
+    assert!(m.segments().is_empty());
+}
+
+#[test]
 fn bad_input_is_rejected_with_errors() {
     let m = master();
     mount(&m, "c1", "s1", 1 << 20);
