@@ -21,12 +21,23 @@ fn master() -> MasterHandle {
 }
 
 fn client(m: &MasterHandle, segment: u64, hot: HotCacheSettings) -> Arc<StoreClient> {
+    client_over(m, segment, hot, None)
+}
+
+/// A client on loopback; `protocol` forces a transport (default: chosen per peer).
+fn client_over(
+    m: &MasterHandle,
+    segment: u64,
+    hot: HotCacheSettings,
+    protocol: Option<TransportKind>,
+) -> Arc<StoreClient> {
     StoreClient::connect(ClientConfig {
         master_server_address: m.client_address(),
         local_hostname: Some("127.0.0.1".into()),
         global_segment_size: segment,
         local_buffer_size: 4 * MIB,
         hot_cache: hot,
+        protocol,
         ..ClientConfig::default()
     })
     .unwrap()
@@ -258,16 +269,7 @@ fn concurrent_gets_through_a_churning_cache_return_the_right_bytes() {
 /// A client whose transfers go over tcp (whose target checks every access against its
 /// registered memory).
 fn tcp_client(m: &MasterHandle, segment: u64, hot: HotCacheSettings) -> Arc<StoreClient> {
-    StoreClient::connect(ClientConfig {
-        master_server_address: m.client_address(),
-        local_hostname: Some("127.0.0.1".into()),
-        global_segment_size: segment,
-        local_buffer_size: 4 * MIB,
-        hot_cache: hot,
-        protocol: Some(TransportKind::Tcp),
-        ..ClientConfig::default()
-    })
-    .unwrap()
+    client_over(m, segment, hot, Some(TransportKind::Tcp))
 }
 
 #[test]
