@@ -131,3 +131,55 @@ fn a_disk_copy_is_read_from_another_host_through_its_owner() {
     let answer = b.cmd("get cold/1 11");
     assert!(answer.starts_with("err"), "{answer}");
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to a process.
+fn signal(pid: u32, signal: &str) {
+    let ok = std::process::Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap();
+    assert!(ok.success(), "kill -{signal} {pid}");
+}
+
+#[test]
+fn a_removal_the_owner_missed_survives_a_master_restart() {
+    // A master on a fixed port, so that a second one can take its place.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let rpc = format!("127.0.0.1:{port}");
+    let master_args = ["--rpc-address", rpc.as_str(), "--admin-address", ""];
+    let (mut first_master, master) = spawn_master(&[], &master_args);
+    let (root_a, root_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let client = |root: &std::path::Path| {
+        let root = root.to_str().unwrap();
+        let args = ["--master", master.as_str(), "--local-hostname", "127.0.0.1", "--segment-size", "8M"];
+        let disk = ["--buffer-size", "8M", "--storage-root", root, "--storage-capacity", "256M"];
+        ClientProc::spawn(&[], &[&args[..], &disk[..]].concat())
+    };
+    let (mut a, mut b) = (client(root_a.path()), client(root_b.path()));
+    a.ok("put gone/1 100K 5");
+    a.ok("put kept/1 100K 6");
+    a.ok("flush");
+    assert_eq!(disk_stat(&mut a, "files"), 2);
+
+    // The owner of the disk copies is frozen (alive to the master, deaf to removals) while B
+    // removes a key: the removal waits at the master for A's disk.
+    signal(a.pid(), "STOP");
+    b.ok("remove gone/1");
+    // B, which has a disk too, keeps the removals pending at the master, durably.
+    let tombstones = root_b.path().join("default").join("TOMBSTONES");
+    let kept = crescent_tests::eventually(Duration::from_secs(8), || {
+        std::fs::read_to_string(&tombstones).is_ok_and(|t| t.contains("gone/1"))
+    });
+    assert!(kept, "B keeps the removal pending at the master");
+    // The master restarts, knowing nothing; then A wakes up and re-announces its files.
+    first_master.kill_now();
+    let (_second_master, _) = spawn_master(&[], &master_args);
+    signal(a.pid(), "CONT");
+    assert!(
+        crescent_tests::eventually(Duration::from_secs(30), || b.cmd("exists kept/1") == "ok true"),
+        "A re-announced its disk copies to the new master"
+    );
+    assert!(
+        crescent_tests::eventually(Duration::from_secs(30), || b.cmd("exists gone/1") == "ok false"
+            && disk_stat(&mut a, "files") == 1),
+        "the removed key does not come back, and its file is deleted"
+    );
+    assert!(b.ok("get kept/1 6").ends_with("verified"));
+}
