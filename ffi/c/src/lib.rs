@@ -209,6 +209,24 @@ unsafe fn keys_of(keys: *const *const c_char, count: usize) -> R<Vec<String>> {
         .collect()
 }
 
+/// The arrays of a zero-copy batch call as the store client takes them: keys, buffer
+/// addresses (`addr` turns a buffer pointer into one) and sizes.
+///
+/// # Safety
+/// `keys`, `buffers` and `sizes` point to `count` elements each.
+unsafe fn batch_args<P: Copy>(
+    keys: *const *const c_char,
+    buffers: *const P,
+    sizes: *const usize,
+    count: usize,
+    addr: impl Fn(P) -> u64,
+) -> R<(Vec<String>, Vec<u64>, Vec<u64>)> {
+    // SAFETY: forwarded contract.
+    let (keys, bufs, sizes) =
+        unsafe { (keys_of(keys, count)?, array(buffers, count, "buffers")?, array(sizes, count, "sizes")?) };
+    Ok((keys, bufs.iter().map(|&p| addr(p)).collect(), sizes.iter().map(|&n| n as u64).collect()))
+}
+
 /// Writes through an out-pointer.
 ///
 /// # Safety
@@ -849,16 +867,8 @@ pub unsafe extern "C" fn crescent_store_batch_put_from(
     status(|| {
         let s = store_of(store)?;
         // SAFETY: `count` elements each per the caller's contract.
-        let (keys, bufs, sizes, out) = unsafe {
-            (
-                keys_of(keys, count)?,
-                array(buffers, count, "buffers")?,
-                array(sizes, count, "sizes")?,
-                array_mut(results, count, "results")?,
-            )
-        };
-        let addrs: Vec<u64> = bufs.iter().map(|&p| p as u64).collect();
-        let lens: Vec<u64> = sizes.iter().map(|&n| n as u64).collect();
+        let ((keys, addrs, lens), out) =
+            unsafe { (batch_args(keys, buffers, sizes, count, |p| p as u64)?, array_mut(results, count, "results")?) };
         let rs = s.batch_put_from(&keys, &addrs, &lens).map_err(|e| store_fail(&e))?;
         for (o, r) in out.iter_mut().zip(&rs) {
             *o = match r {
@@ -888,16 +898,8 @@ pub unsafe extern "C" fn crescent_store_batch_get_into(
     status(|| {
         let s = store_of(store)?;
         // SAFETY: `count` elements each per the caller's contract.
-        let (keys, bufs, sizes, out) = unsafe {
-            (
-                keys_of(keys, count)?,
-                array(buffers, count, "buffers")?,
-                array(sizes, count, "sizes")?,
-                array_mut(results, count, "results")?,
-            )
-        };
-        let addrs: Vec<u64> = bufs.iter().map(|&p| p as u64).collect();
-        let lens: Vec<u64> = sizes.iter().map(|&n| n as u64).collect();
+        let ((keys, addrs, lens), out) =
+            unsafe { (batch_args(keys, buffers, sizes, count, |p| p as u64)?, array_mut(results, count, "results")?) };
         let rs = s.batch_get_into(&keys, &addrs, &lens).map_err(|e| store_fail(&e))?;
         for (o, r) in out.iter_mut().zip(&rs) {
             *o = match r {
