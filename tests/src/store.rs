@@ -104,3 +104,20 @@ pub fn loopback_master(config: crescent_store::MasterConfig) -> crescent_store::
     })
     .expect("master starts on loopback")
 }
+
+/// A client's settings for a master on loopback (this process's address); tests set the
+/// sizes they need on top.
+pub fn loopback_client_config(m: &crescent_store::master::server::MasterHandle) -> crescent_store::ClientConfig {
+    crescent_store::ClientConfig {
+        master_server_address: m.client_address(),
+        local_hostname: Some("127.0.0.1".into()),
+        ..crescent_store::ClientConfig::default()
+    }
+}
+
+/// `len` bytes of the store's checkable pattern, seeded with `seed`.
+pub fn pattern_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    crescent_store::pattern::fill(&mut v, seed, 0);
+    v
+}

@@ -32,13 +32,11 @@ fn client_over(
     protocol: Option<TransportKind>,
 ) -> Arc<StoreClient> {
     StoreClient::connect(ClientConfig {
-        master_server_address: m.client_address(),
-        local_hostname: Some("127.0.0.1".into()),
         global_segment_size: segment,
         local_buffer_size: 4 * MIB,
         hot_cache: hot,
         protocol,
-        ..ClientConfig::default()
+        ..crescent_tests::store::loopback_client_config(m)
     })
     .unwrap()
 }
@@ -49,9 +47,7 @@ fn reader(m: &MasterHandle, blocks: u64) -> Arc<StoreClient> {
 }
 
 fn data(len: u64, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len as usize];
-    pattern::fill(&mut v, seed, 0);
-    v
+    crescent_tests::store::pattern_bytes(len as usize, seed)
 }
 
 fn ok(v: &[u8], len: u64, seed: u64) -> bool {
@@ -333,13 +329,11 @@ fn the_hot_cache_metrics_are_served_for_prometheus() {
     let m = master();
     let a = client(&m, 16 * MIB, HotCacheSettings::default());
     let b = StoreClient::connect(ClientConfig {
-        master_server_address: m.client_address(),
-        local_hostname: Some("127.0.0.1".into()),
         global_segment_size: 4 * MIB,
         local_buffer_size: 4 * MIB,
         hot_cache: HotCacheSettings::with_sizes(8 * MIB, Some(MIB)),
         metrics_address: Some("127.0.0.1:0".into()),
-        ..ClientConfig::default()
+        ..crescent_tests::store::loopback_client_config(&m)
     })
     .unwrap();
     a.put("p", &data(MIB, 41)).unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::Tier;
-use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
 
 fn master() -> MasterHandle {
     crescent_tests::store::loopback_master(MasterConfig::default())
@@ -16,13 +16,11 @@ fn master() -> MasterHandle {
 
 fn config(m: &MasterHandle, root: Option<&Path>) -> ClientConfig {
     ClientConfig {
-        master_server_address: m.client_address(),
-        local_hostname: Some("127.0.0.1".into()),
         global_segment_size: 8 << 20,
         local_buffer_size: 4 << 20,
         storage_root_dir: root.map(Path::to_path_buf),
         storage_capacity: Some(256 << 20),
-        ..ClientConfig::default()
+        ..crescent_tests::store::loopback_client_config(m)
     }
 }
 
@@ -31,9 +29,7 @@ fn client(m: &MasterHandle, root: Option<&Path>) -> Arc<StoreClient> {
 }
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    pattern::fill(&mut v, seed, 0);
-    v
+    crescent_tests::store::pattern_bytes(len, seed)
 }
 
 /// Pushes every older object out of memory: 40 MiB of fresh values into 16 MiB of pool.

@@ -8,7 +8,7 @@ use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
     BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutStartRequest, SegmentInfo, UnmountSegmentRequest,
 };
-use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
 
 fn master() -> MasterHandle {
     crescent_tests::store::loopback_master(MasterConfig::default())
@@ -16,19 +16,15 @@ fn master() -> MasterHandle {
 
 fn client(m: &MasterHandle) -> Arc<StoreClient> {
     StoreClient::connect(ClientConfig {
-        master_server_address: m.client_address(),
-        local_hostname: Some("127.0.0.1".into()),
         global_segment_size: 32 << 20,
         local_buffer_size: 4 << 20,
-        ..ClientConfig::default()
+        ..crescent_tests::store::loopback_client_config(m)
     })
     .unwrap()
 }
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    pattern::fill(&mut v, seed, 0);
-    v
+    crescent_tests::store::pattern_bytes(len, seed)
 }
 
 #[test]

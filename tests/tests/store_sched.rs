@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::{EventKind, EventMessage, Tier};
-use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
 use crescent_tests::eventually;
 
 fn master_with(config: MasterConfig) -> MasterHandle {
@@ -18,19 +18,15 @@ fn master_with(config: MasterConfig) -> MasterHandle {
 
 fn client(m: &MasterHandle, segment: u64) -> Arc<StoreClient> {
     StoreClient::connect(ClientConfig {
-        master_server_address: m.client_address(),
-        local_hostname: Some("127.0.0.1".into()),
         global_segment_size: segment,
         local_buffer_size: 4 << 20,
-        ..ClientConfig::default()
+        ..crescent_tests::store::loopback_client_config(m)
     })
     .unwrap()
 }
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    pattern::fill(&mut v, seed, 0);
-    v
+    crescent_tests::store::pattern_bytes(len, seed)
 }
 
 /// One HTTP/1.1 request to the admin port; returns (status, body).
