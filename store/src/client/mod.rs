@@ -390,7 +390,8 @@ impl StoreClient {
 
     /// Waits for a staged piece of a get and copies it to its place in `out`.
     fn finish_staged(&self, key: &str, mut piece: InFlight<'_>, out: &mut [u8]) -> Result<()> {
-        self.engine.transfer_finish(piece.id).map_err(|e| self.transfer_error(key, e))?;
+        let id = piece.id.take().expect("finished once");
+        self.engine.transfer_finish(id).map_err(|e| self.transfer_error(key, e))?;
         let (off, n) = (piece.off as usize, piece.block.len() as usize);
         out[off..off + n].copy_from_slice(piece.block.bytes());
         Ok(())
@@ -486,6 +487,7 @@ impl StoreClient {
                 // included, costs about as much as the transfer).
                 let piece = STAGED_GET_PIECE.min(self.staging.chunk());
                 let mut off = 0;
+                // Dropped on an early return: waits for its transfer before its block goes back.
                 let mut previous: Option<InFlight<'_>> = None;
                 while off < size {
                     // The second block only if it is free now: a thread waiting for a second
@@ -495,33 +497,20 @@ impl StoreClient {
                         Some(_) => self.staging.try_acquire((size - off).min(piece)),
                     };
                     let Some(block) = block else {
-                        let done = previous.take().expect("a piece is in flight");
-                        self.finish_staged(key, done, out)?;
+                        self.finish_staged(key, previous.take().expect("a piece is in flight"), out)?;
                         continue;
                     };
                     let n = block.len();
-                    let next = match self.engine.transfer_start(&[read(block.addr(), off, n)]) {
-                        Ok(id) => Ok(InFlight { id, block, off }),
-                        Err(e) => Err(self.transfer_error(key, e)),
+                    let id = self.engine.transfer_start(&[read(block.addr(), off, n)]);
+                    let next = InFlight {
+                        engine: &self.engine,
+                        id: Some(id.map_err(|e| self.transfer_error(key, e))?),
+                        block,
+                        off,
                     };
-                    let done = previous.take();
-                    let next = match (next, done) {
-                        (Ok(next), Some(done)) => {
-                            if let Err(e) = self.finish_staged(key, done, out) {
-                                let _ = self.engine.transfer_finish(next.id);
-                                return Err(e);
-                            }
-                            next
-                        }
-                        (Ok(next), None) => next,
-                        (Err(e), done) => {
-                            if let Some(done) = done {
-                                let _ = self.engine.transfer_finish(done.id);
-                            }
-                            return Err(e);
-                        }
-                    };
-                    previous = Some(next);
+                    if let Some(done) = previous.replace(next) {
+                        self.finish_staged(key, done, out)?;
+                    }
                     off += n;
                 }
                 if let Some(done) = previous {
@@ -997,11 +986,21 @@ impl Drop for StoreClient {
 /// Piece of a byte `get` staged at a time (two are in flight).
 const STAGED_GET_PIECE: u64 = 2 << 20;
 
-/// A piece of a staged get whose transfer is in flight.
+/// A piece of a staged get whose transfer is in flight. Dropped unfinished (an error
+/// elsewhere in the get), it waits for the transfer before its block goes back.
 struct InFlight<'a> {
-    id: crescent_engine::BatchId,
+    engine: &'a TransferEngine,
+    id: Option<crescent_engine::BatchId>,
     block: staging::StagingBlock<'a>,
     off: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = self.engine.transfer_finish(id);
+        }
+    }
 }
 
 /// How long the master keeps a silent client (for callers that wait on it).
