@@ -9,7 +9,7 @@
 //! `--segment_id`, `--block_size`, ... are accepted too).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -106,7 +106,8 @@ struct InitiatorArgs {
     batch_size: usize,
     #[arg(long, default_value_t = 1)]
     threads: usize,
-    /// Seconds to run.
+    /// Seconds measured. Each thread's first batch (connection set-up, first touch of the
+    /// memory) comes before and is not measured.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
     /// Print one JSON object with the results (after the human-readable lines).
@@ -253,11 +254,12 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         .map(|_| engine.alloc_registered(local_blocks * args.block_size * if args.verify { 2 } else { 1 }, "cpu:0"))
         .collect::<Result<Vec<_>, _>>()
         .context("allocating local buffers")?;
-    let started = Instant::now();
-    let cpu_started = process_cpu_seconds();
+    // Each thread first moves one batch that is not measured (it sets up the connection to the
+    // target and touches the memory), then all start the measured part together.
+    let warmed_up = Arc::new(Barrier::new(args.threads + 1));
     let mut handles = Vec::new();
     for (t, local) in locals.into_iter().enumerate() {
-        let (engine, bytes, stop) = (engine.clone(), bytes.clone(), stop.clone());
+        let (engine, bytes, stop, warmed_up) = (engine.clone(), bytes.clone(), stop.clone(), warmed_up.clone());
         let (op, block, batch, verify) = (args.operation, args.block_size, args.batch_size, args.verify);
         let threads = args.threads;
         let (remote_base, remote_len) = (remote.addr, remote.length);
@@ -276,9 +278,13 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
                 remote_len,
                 &bytes,
                 &stop,
+                &warmed_up,
             )
         }));
     }
+    warmed_up.wait();
+    let started = Instant::now();
+    let cpu_started = process_cpu_seconds();
     let deadline = started + Duration::from_secs_f64(args.duration);
     let mut last = (started, 0u64);
     while Instant::now() < deadline {
@@ -360,6 +366,7 @@ fn initiator_thread(
     remote_len: u64,
     bytes: &AtomicU64,
     stop: &AtomicBool,
+    warmed_up: &Barrier,
 ) -> Result<ThreadResult> {
     let mut result = ThreadResult { hist: Histogram::new(3)?, errors: 0, first_error: None, mismatch: None };
     let local_blocks = (local.len() / block / if verify { 2 } else { 1 }).max(1);
@@ -368,7 +375,9 @@ fn initiator_thread(
     let first_block = (thread as u64 * share) % (remote_len / block);
     let window = block * batch as u64;
     let mut iteration: u64 = 0;
-    while !stop.load(Ordering::Relaxed) && result.mismatch.is_none() {
+    // The first batch is the unmeasured warm-up; the barrier is passed whatever its outcome.
+    let mut warming_up = true;
+    while warming_up || (!stop.load(Ordering::Relaxed) && result.mismatch.is_none()) {
         let offsets: Vec<u64> =
             (0..batch as u64).map(|j| (first_block + (iteration * batch as u64 + j) % share) * block).collect();
         let opcode = if op == Operation::Read { Opcode::Read } else { Opcode::Write };
@@ -392,11 +401,17 @@ fn initiator_thread(
             })
             .collect();
         let begin = Instant::now();
-        let id = engine.allocate_batch(batch)?;
-        engine.submit(id, &requests)?;
-        let statuses = engine.wait_batch(id, None)?;
-        engine.free_batch(id)?;
-        result.hist.record(begin.elapsed().as_micros() as u64)?;
+        let statuses = match move_batch(engine, batch, &requests) {
+            Ok(s) => s,
+            Err(e) => {
+                warm_up_done(&mut warming_up, warmed_up);
+                return Err(e);
+            }
+        };
+        let measured = !warming_up;
+        if measured {
+            result.hist.record(begin.elapsed().as_micros() as u64)?;
+        }
         let mut ok = 0;
         for s in &statuses {
             match s {
@@ -407,16 +422,41 @@ fn initiator_thread(
                 }
             }
         }
-        bytes.fetch_add(ok * block, Ordering::Relaxed);
-        if verify && result.errors == 0 {
-            result.mismatch = verify_batch(engine, target, &local, op, block, &offsets, seed, remote_base, window)?;
+        if measured {
+            bytes.fetch_add(ok * block, Ordering::Relaxed);
         }
+        if verify && result.errors == 0 {
+            match verify_batch(engine, target, &local, op, block, &offsets, seed, remote_base, window) {
+                Ok(m) => result.mismatch = m,
+                Err(e) => {
+                    warm_up_done(&mut warming_up, warmed_up);
+                    return Err(e);
+                }
+            }
+        }
+        warm_up_done(&mut warming_up, warmed_up);
         if result.errors > 0 {
             break;
         }
         iteration += 1;
     }
     Ok(result)
+}
+
+/// Ends a thread's warm-up (once): it waits for the other threads' at the barrier.
+fn warm_up_done(warming_up: &mut bool, barrier: &Barrier) {
+    if std::mem::take(warming_up) {
+        barrier.wait();
+    }
+}
+
+/// One batch, submitted and waited for.
+fn move_batch(engine: &TransferEngine, batch: usize, requests: &[TransferRequest]) -> Result<Vec<TransferStatus>> {
+    let id = engine.allocate_batch(batch)?;
+    engine.submit(id, requests)?;
+    let statuses = engine.wait_batch(id, None)?;
+    engine.free_batch(id)?;
+    Ok(statuses)
 }
 
 #[allow(clippy::too_many_arguments)]
