@@ -56,6 +56,10 @@ struct Cli {
     /// Keys for the metadata-rate row.
     #[arg(long, default_value_t = 100_000)]
     meta_keys: usize,
+    /// What the path carries in MiB/s (iperf3 on the same link, measured by storebench.sh); each
+    /// row then shows the store's figure as a share of it. 0: not measured.
+    #[arg(long, default_value_t = 0.0)]
+    link_mib_s: f64,
 }
 
 #[derive(Subcommand)]
@@ -166,10 +170,15 @@ fn run(cli: Cli) -> Result<()> {
     client.register_buffer(buf.as_mut_ptr() as u64, buf.len() as u64)?;
     let half = max as usize * cli.batch;
 
+    let link = cli.link_mib_s;
+    if link > 0.0 {
+        println!("link A->B (iperf3, best of 1/2 streams x 128K/1M writes): {link:.0} MiB/s\n");
+    }
     println!(
-        "| op | value | calls | store MiB/s | store p50 | store p99 | redis MiB/s | redis p50 | redis p99 | ratio |"
+        "| op | value | calls | store MiB/s | store p50 | store p99 | redis MiB/s | redis p50 | redis p99 | store / link | ratio |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut get_rows: Vec<(String, f64)> = Vec::new();
     for &size in &cli.sizes {
         let n = (cli.bytes_per_row / size).clamp(4, 200);
         let value = {
@@ -188,7 +197,7 @@ fn run(cli: Cli) -> Result<()> {
             s.time(size, || Ok(client.put(&key("p", i), &value)?))?;
             r.time(size, || Ok(redis.set::<_, _, ()>(key("p", i), value.as_slice())?))?;
         }
-        print_row("put", &label, n, &s, &r);
+        print_row("put", &label, n, &s, &r, link);
         // get / GET (bytes returned to the caller)
         let (mut s, mut r) = (Row::new(), Row::new());
         for i in 0..n {
@@ -201,7 +210,7 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("redis returned wrong bytes");
             }
         }
-        print_row("get", &label, n, &s, &r);
+        print_row("get", &label, n, &s, &r, link);
         // zero-copy get_into registered memory / GET
         let (mut s, mut r) = (Row::new(), Row::new());
         for i in 0..n {
@@ -212,7 +221,8 @@ fn run(cli: Cli) -> Result<()> {
         if pattern::first_mismatch(&buf[half..half + size as usize], size, 0).is_some() {
             bail!("store get_into returned wrong bytes");
         }
-        print_row("get_into (zero copy)", &label, n, &s, &r);
+        print_row("get_into (zero copy)", &label, n, &s, &r, link);
+        get_rows.push((label.clone(), r.mib_s()));
         // batches: batch_put_from / MSET, batch_get_into / MGET
         let b = cli.batch as u64;
         let calls = (n / b).max(2);
@@ -229,7 +239,7 @@ fn run(cli: Cli) -> Result<()> {
             let pairs: Vec<(String, &[u8])> = keys.iter().map(|k| (format!("r{k}"), value.as_slice())).collect();
             r.time(size * b, || Ok(redis.mset::<_, _, ()>(&pairs)?))?;
         }
-        print_row(&format!("batch_put x{b}"), &label, calls, &s, &r);
+        print_row(&format!("batch_put x{b}"), &label, calls, &s, &r, link);
         let (mut s, mut r) = (Row::new(), Row::new());
         for c in 0..calls {
             let keys: Vec<String> = (0..b).map(|j| key("b", c * b + j)).collect();
@@ -246,7 +256,7 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("redis MGET returned {} values", got.len());
             }
         }
-        print_row(&format!("batch_get x{b}"), &label, calls, &s, &r);
+        print_row(&format!("batch_get x{b}"), &label, calls, &s, &r, link);
         // Clean up so that the next size has room (the reads above hold leases: force).
         for i in 0..n {
             client.remove_with(&key("p", i), true)?;
@@ -256,15 +266,27 @@ fn run(cli: Cli) -> Result<()> {
         }
         let _: () = redis::cmd("FLUSHALL").query(&mut redis)?;
     }
+    if link > 0.0 {
+        // The target (get >= 3x redis) set beside what the path can carry at all.
+        for (label, redis) in &get_rows {
+            println!(
+                "{label}: 3x redis's GET would be {:.0} MiB/s, {:.0} % of what iperf3 moves over this link",
+                3.0 * redis,
+                300.0 * redis / link
+            );
+        }
+        println!();
+    }
     client.unregister_buffer(buf.as_mut_ptr() as u64)?;
     metadata_rate(&client, cli.meta_keys)?;
     client.close()?;
     Ok(())
 }
 
-fn print_row(op: &str, value: &str, calls: u64, s: &Row, r: &Row) {
+fn print_row(op: &str, value: &str, calls: u64, s: &Row, r: &Row, link: f64) {
+    let of_link = if link > 0.0 { format!("{:.0} %", 100.0 * s.mib_s() / link) } else { "-".into() };
     println!(
-        "| {op} | {value} | {calls} | {:.0} | {} | {} | {:.0} | {} | {} | {:.1}x vs redis |",
+        "| {op} | {value} | {calls} | {:.0} | {} | {} | {:.0} | {} | {} | {of_link} | {:.1}x vs redis |",
         s.mib_s(),
         s.p(0.5),
         s.p(0.99),
