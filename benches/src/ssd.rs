@@ -44,6 +44,10 @@ pub struct Cli {
     /// Disk tier writer threads.
     #[arg(long, default_value_t = 4)]
     writers: usize,
+    /// Flush each file before renaming it (the client's `disk_fsync`; off shows what the
+    /// flushes cost).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    fsync: bool,
 }
 
 pub fn main(args: impl Iterator<Item = String>) -> Result<()> {
@@ -85,6 +89,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         storage_capacity: Some(max_row * 2 + (64 << 20)),
         disk_writer_threads: cli.writers,
         disk_queue_bytes: max_row + (64 << 20),
+        disk_fsync: cli.fsync,
         ..ClientConfig::default()
     };
     std::fs::create_dir_all(work.join("root"))?;
@@ -96,7 +101,12 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    println!("storebench ssd: {} ({fs}), {} writer thread(s), fsync on", cli.dir.display(), cli.writers);
+    println!(
+        "storebench ssd: {} ({fs}), {} writer thread(s), fsync {}",
+        cli.dir.display(),
+        cli.writers,
+        if cli.fsync { "on" } else { "off" }
+    );
     println!();
     println!(
         "medians of {} alternating crescent/dd passes per row; the last column is the range of the ratio",
