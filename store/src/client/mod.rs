@@ -19,6 +19,7 @@ use crescent_engine::{Opcode, RegisteredMemory, TransferEngine, TransferRequest,
 use crate::error::{Result, StoreError};
 use crate::proto::*;
 pub use config::ClientConfig;
+use disk::PreparedOffload;
 use hot_cache::{HotCache, Miss};
 use rpc::{check, MasterRpc};
 use staging::Staging;
@@ -27,6 +28,15 @@ use staging::Staging;
 /// read through their owner instead.
 pub(crate) fn readable_in_memory(r: &ReplicaDescriptor) -> bool {
     r.status == ReplicaStatus::Complete as i32 && r.tier != Tier::Ssd as i32
+}
+
+/// Hands the disk tier the images of the puts that committed (the others' are dropped).
+fn queue_offloads(results: &[Result<()>], offloads: Vec<Option<PreparedOffload>>, versions: &[u64]) {
+    for ((r, offload), &version) in results.iter().zip(offloads).zip(versions) {
+        if let (Ok(()), Some(offload)) = (r, offload) {
+            offload.queue(version);
+        }
+    }
 }
 
 /// A batch reply must hold one item per key asked.
@@ -276,11 +286,16 @@ impl StoreClient {
             size: len,
             options: Some(options.clone()),
         };
-        let reply = self.rpc.call(|mut c| async move { c.put_start(req).await })?;
+        // The disk tier's copy of the value is made while the master places it.
+        let (reply, offload) =
+            self.rpc.call_while(|mut c| async move { c.put_start(req).await }, || self.prepare_offload(key, &src, len));
+        let reply = reply?;
         check(reply.status, key)?;
         let written = self.write_replicas(key, &reply.replicas, &src, len);
         self.finish_put(key, written)?;
-        self.offload(key, reply.version, &src, len);
+        if let Some(offload) = offload {
+            offload.queue(reply.version);
+        }
         Ok(())
     }
 
@@ -530,7 +545,8 @@ impl StoreClient {
             return Err(StoreError::InvalidArgument(format!("{} keys but {} values", keys.len(), values.len())));
         }
         let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
-        let starts = self.batch_put_start(keys, &sizes)?;
+        let srcs: Vec<Buf<'_>> = values.iter().map(|v| Buf::Bytes(v)).collect();
+        let (starts, offloads) = self.batch_put_start(keys, &sizes, &srcs)?;
         let versions: Vec<u64> = starts.iter().map(|s| s.as_ref().map_or(0, |(_, v)| *v)).collect();
         let written: Vec<Result<()>> = starts
             .into_iter()
@@ -542,11 +558,7 @@ impl StoreClient {
             })
             .collect();
         let results = self.batch_put_finish(keys, written)?;
-        for (i, r) in results.iter().enumerate() {
-            if r.is_ok() {
-                self.offload(&keys[i], versions[i], &Buf::Bytes(values[i]), sizes[i]);
-            }
-        }
+        queue_offloads(&results, offloads, &versions);
         Ok(results)
     }
 
@@ -558,7 +570,8 @@ impl StoreClient {
         for (&addr, &len) in addrs.iter().zip(sizes) {
             self.check_registered(addr, len)?;
         }
-        let starts = self.batch_put_start(keys, sizes)?;
+        let srcs: Vec<Buf<'_>> = addrs.iter().map(|&a| Buf::Registered(a)).collect();
+        let (starts, offloads) = self.batch_put_start(keys, sizes, &srcs)?;
         let versions: Vec<u64> = starts.iter().map(|s| s.as_ref().map_or(0, |(_, v)| *v)).collect();
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut requests = Vec::new();
@@ -597,17 +610,19 @@ impl StoreClient {
         }
         self.run_batch(keys, &requests, &owner, &mut results)?;
         let results = self.batch_put_finish(keys, results)?;
-        for (i, r) in results.iter().enumerate() {
-            if r.is_ok() {
-                self.offload(&keys[i], versions[i], &Buf::Registered(addrs[i]), sizes[i]);
-            }
-        }
+        queue_offloads(&results, offloads, &versions);
         Ok(results)
     }
 
-    /// Per key: the replicas to write and the object's version.
+    /// Per key: the replicas to write and the object's version; and the values' disk tier
+    /// images, made while the master places them.
     #[allow(clippy::type_complexity)]
-    fn batch_put_start(&self, keys: &[String], sizes: &[u64]) -> Result<Vec<Result<(Vec<ReplicaDescriptor>, u64)>>> {
+    fn batch_put_start(
+        &self,
+        keys: &[String],
+        sizes: &[u64],
+        srcs: &[Buf<'_>],
+    ) -> Result<(Vec<Result<(Vec<ReplicaDescriptor>, u64)>>, Vec<Option<PreparedOffload>>)> {
         if let Some(i) = sizes.iter().position(|s| *s == 0) {
             return Err(StoreError::InvalidArgument(format!("empty value for key {:?}", keys[i])));
         }
@@ -618,14 +633,19 @@ impl StoreClient {
             sizes: sizes.to_vec(),
             options: Some(self.default_options()),
         };
-        let reply = self.rpc.call(|mut c| async move { c.batch_put_start(req).await })?;
+        let (reply, offloads) = self.rpc.call_while(
+            |mut c| async move { c.batch_put_start(req).await },
+            || keys.iter().zip(srcs).zip(sizes).map(|((key, src), &len)| self.prepare_offload(key, src, len)).collect(),
+        );
+        let reply = reply?;
         one_per_key(reply.items.len(), keys.len())?;
-        Ok(reply
+        let starts = reply
             .items
             .into_iter()
             .zip(keys)
             .map(|(item, key)| check(item.status, key).map(|()| (item.replicas, item.version)))
-            .collect())
+            .collect();
+        Ok((starts, offloads))
     }
 
     /// Commits the keys whose bytes were written, revokes the others (whose put had started).

@@ -82,6 +82,26 @@ impl MasterRpc {
             .map(|r| r.into_inner())
             .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() })
     }
+    /// Runs one call and, while the master works on it, `meanwhile` on the calling thread
+    /// (work that does not depend on the reply).
+    pub fn call_while<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
+    where
+        F: FnOnce(MasterClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let (reply, r) = self.calls.block_on(async {
+            tokio::join!(f(self.call_client.clone()), async {
+                // The call was polled first: this yield lets the channel's tasks write the
+                // request out before `meanwhile` takes the thread.
+                tokio::task::yield_now().await;
+                meanwhile()
+            })
+        });
+        let reply = reply
+            .map(|r| r.into_inner())
+            .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() });
+        (reply, r)
+    }
 }
 
 /// Turns a reply's status into a result; `key` names the object in errors.

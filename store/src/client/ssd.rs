@@ -10,7 +10,7 @@ use std::time::Duration;
 use crescent_engine::{Opcode, TransferRequest};
 
 use super::disk::service::{DiskReader, DiskService};
-use super::disk::{Announcer, DiskStats, DiskTier};
+use super::disk::{Announcer, DiskStats, DiskTier, PreparedOffload};
 use super::rpc::{check, MasterRpc};
 use super::{Buf, StoreClient};
 use crate::error::{Result, StoreError};
@@ -115,18 +115,19 @@ impl StoreClient {
         }
     }
 
-    /// After a committed put: hands the value to the disk tier's writers (never waits for the disk).
-    pub(super) fn offload(&self, key: &str, version: u64, src: &Buf<'_>, len: u64) {
-        let Some(ssd) = &self.ssd else { return };
-        match src {
-            Buf::Bytes(b) => ssd.tier.offload(key, version, &b[..len as usize]),
+    /// The value's file image, made before its put commits (see [`DiskTier::prepare`]): queued
+    /// once the put committed, it never makes the put wait for the disk. None without a disk tier.
+    pub(super) fn prepare_offload(&self, key: &str, src: &Buf<'_>, len: u64) -> Option<PreparedOffload> {
+        let ssd = self.ssd.as_ref()?;
+        Some(match src {
+            Buf::Bytes(b) => ssd.tier.prepare(key, &b[..len as usize]),
             Buf::Registered(addr) => {
                 // SAFETY: the caller registered [addr, +len) and keeps it valid during the put.
                 let bytes = unsafe { std::slice::from_raw_parts(*addr as *const u8, len as usize) };
-                ssd.tier.offload(key, version, bytes)
+                ssd.tier.prepare(key, bytes)
             }
             Buf::BytesMut(_) => unreachable!("puts read from the caller"),
-        }
+        })
     }
 
     /// Waits until every queued offload is on disk and known to the master (or the timeout

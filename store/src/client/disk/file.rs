@@ -39,6 +39,9 @@ pub struct FileImage {
     start: usize,
     data_offset: usize,
     value_len: usize,
+    /// CRC-32 of the value, taken with the copy (on the putting thread, while its call to
+    /// the master is out) rather than on a writer.
+    value_crc: u32,
 }
 
 impl FileImage {
@@ -63,9 +66,11 @@ impl FileImage {
         }
         let start = buf.as_ptr().align_offset(align);
         buf[start..start + data_offset].fill(0);
-        buf[start + data_offset..start + data_offset + value.len()].copy_from_slice(value);
+        let copy = &mut buf[start + data_offset..start + data_offset + value.len()];
+        copy.copy_from_slice(value);
+        let value_crc = crc32fast::hash(copy);
         buf[start + data_offset + value.len()..start + total].fill(0);
-        FileImage { buf, start, data_offset, value_len: value.len() }
+        FileImage { buf, start, data_offset, value_len: value.len(), value_crc }
     }
 
     /// The image's memory, for [`Self::reusing`].
@@ -109,23 +114,25 @@ pub struct Staged {
 pub fn write_staged(dir: &Path, key: &str, version: u64, image: &mut FileImage) -> Result<Staged> {
     let (sub, name) = file_name(key, version);
     let sub = dir.join(sub);
-    std::fs::create_dir_all(&sub).map_err(|e| io_err("creating", &sub, e))?;
     let path = sub.join(&name);
     let tmp = sub.join(format!("{name}.{:08x}{TMP_SUFFIX}", rand::random::<u32>()));
-    let header = Header {
-        key: key.to_string(),
-        value_len: image.value_len(),
-        version,
-        value_crc: crc32fast::hash(image.value()),
-    };
+    let header = Header { key: key.to_string(), value_len: image.value_len(), version, value_crc: image.value_crc };
     let written = (|| -> std::io::Result<(File, bool)> {
         let direct = rustix::fs::OFlags::DIRECT.bits() as i32;
-        let (mut f, direct_io) = match OpenOptions::new().write(true).create_new(true).custom_flags(direct).open(&tmp) {
+        let open = |flags: i32| OpenOptions::new().write(true).create_new(true).custom_flags(flags).open(&tmp);
+        // The hash directory exists after its first file: it is made only when missing,
+        // rather than asked for on every write (a mkdir locks the parent directory).
+        let opened = match open(direct) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(&sub)?;
+                open(direct)
+            }
+            other => other,
+        };
+        let (mut f, direct_io) = match opened {
             Ok(f) => (f, true),
             // No direct I/O on this file system (tmpfs, some overlays): buffered.
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-                (OpenOptions::new().write(true).create_new(true).open(&tmp)?, false)
-            }
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => (open(0)?, false),
             Err(e) => return Err(e),
         };
         let aligned = image.aligned(&header.encode());

@@ -145,6 +145,67 @@ struct Job {
     image: file::FileImage,
 }
 
+/// A value on its way to the writers: see [`DiskTier::prepare`].
+pub struct PreparedOffload {
+    tier: Arc<DiskTier>,
+    key: String,
+    len: u64,
+    state: Prepared,
+}
+
+enum Prepared {
+    /// The file image, holding its room in the queue.
+    Image(file::FileImage),
+    /// Larger than the whole disk tier: counted when queued.
+    TooLarge,
+    /// No room in the queue: counted (and warned about) when queued.
+    QueueFull,
+    Queued,
+}
+
+impl PreparedOffload {
+    /// Hands the image to the writers as object `version` (its put committed). Never blocks.
+    pub fn queue(mut self, version: u64) {
+        let tier = self.tier.clone();
+        match std::mem::replace(&mut self.state, Prepared::Queued) {
+            Prepared::TooLarge => {
+                inc(&tier.counters.too_large);
+                tracing::debug!("not offloading {:?}: {} bytes exceed the disk tier's capacity", self.key, self.len);
+            }
+            Prepared::QueueFull => tier.queue_full(&self.key),
+            Prepared::Queued => {}
+            Prepared::Image(image) => {
+                let key = std::mem::take(&mut self.key);
+                *tier.in_flight.lock().entry(key.clone()).or_default() += 1;
+                let job = Job { key: key.clone(), version, image };
+                let sent = match tier.queue.lock().as_ref() {
+                    Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
+                    None => Err(false),
+                };
+                match sent {
+                    Ok(()) => inc(&tier.counters.queued),
+                    Err(full) => {
+                        tier.job_done(&key, self.len);
+                        if full {
+                            tier.queue_full(&key);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PreparedOffload {
+    /// Not queued (its put failed): the room in the queue and the memory go back.
+    fn drop(&mut self) {
+        if let Prepared::Image(image) = std::mem::replace(&mut self.state, Prepared::Queued) {
+            self.tier.release(self.len);
+            self.tier.keep_spare(image.into_buffer());
+        }
+    }
+}
+
 /// A file written under its temporary name, on its way to the committer.
 struct Written {
     key: String,
@@ -357,18 +418,23 @@ impl DiskTier {
 
     /// Queues `value` (object `version` of `key`, just committed) for writing. Never blocks
     /// on the disk: a full queue drops the offload, counted and logged.
-    pub fn offload(&self, key: &str, version: u64, value: &[u8]) {
+    pub fn offload(self: &Arc<Self>, key: &str, version: u64, value: &[u8]) {
+        self.prepare(key, value).queue(version);
+    }
+
+    /// Copies `value` into its file image and takes its room in the queue, before its put
+    /// commits: the copy then overlaps the put's call to the master. [`PreparedOffload::queue`]
+    /// hands it to the writers once the put committed; dropping it gives the room back.
+    pub fn prepare(self: &Arc<Self>, key: &str, value: &[u8]) -> PreparedOffload {
         let len = value.len() as u64;
+        let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, state };
         if data_offset(key.len()) + len > self.capacity() {
-            inc(&self.counters.too_large);
-            tracing::debug!("not offloading {key:?}: {len} bytes exceed the disk tier's capacity");
-            return;
+            return prepared(Prepared::TooLarge);
         }
         {
             let mut p = self.pending.lock();
             if p.jobs > 0 && p.bytes + len > self.config.queue_bytes {
-                drop(p);
-                return self.queue_full(key);
+                return prepared(Prepared::QueueFull);
             }
             p.jobs += 1;
             p.bytes += len;
@@ -378,21 +444,7 @@ impl DiskTier {
             let mut spare = self.spare_images.lock();
             spare.iter().position(|b| b.len() >= want).map(|i| spare.swap_remove(i)).unwrap_or_default()
         };
-        let job = Job { key: key.to_string(), version, image: file::FileImage::reusing(spare, key, value) };
-        *self.in_flight.lock().entry(key.to_string()).or_default() += 1;
-        let sent = match self.queue.lock().as_ref() {
-            Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
-            None => Err(false),
-        };
-        match sent {
-            Ok(()) => inc(&self.counters.queued),
-            Err(full) => {
-                self.job_done(key, len);
-                if full {
-                    self.queue_full(key);
-                }
-            }
-        }
+        prepared(Prepared::Image(file::FileImage::reusing(spare, key, value)))
     }
 
     fn queue_full(&self, key: &str) {
@@ -418,11 +470,24 @@ impl DiskTier {
                 }
             }
         }
+        self.release(len);
+    }
+
+    /// Gives back a job's room in the queue.
+    fn release(&self, len: u64) {
         let mut p = self.pending.lock();
         p.jobs -= 1;
         p.bytes -= len;
         if p.jobs == 0 {
             self.idle.notify_all();
+        }
+    }
+
+    /// Keeps a written (or unused) image's memory for the next offloads, up to a bound.
+    fn keep_spare(&self, buf: Vec<u8>) {
+        let mut spare = self.spare_images.lock();
+        if spare.iter().map(Vec::len).sum::<usize>() + buf.len() <= SPARE_IMAGE_BYTES {
+            spare.push(buf);
         }
     }
 
@@ -461,13 +526,7 @@ impl DiskTier {
     fn write_job(&self, mut job: Job, committer: &Sender<Written>) {
         let len = job.image.value_len();
         let staged = self.write_one(&mut job);
-        let buf = std::mem::replace(&mut job.image, file::FileImage::new("", &[])).into_buffer();
-        {
-            let mut spare = self.spare_images.lock();
-            if spare.iter().map(Vec::len).sum::<usize>() + buf.len() <= SPARE_IMAGE_BYTES {
-                spare.push(buf);
-            }
-        }
+        self.keep_spare(std::mem::replace(&mut job.image, file::FileImage::new("", &[])).into_buffer());
         match staged {
             Some(staged) => {
                 let w = Written { key: job.key, version: job.version, value_len: len, staged };

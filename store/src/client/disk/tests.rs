@@ -314,3 +314,28 @@ fn removals_kept_for_the_master_survive_a_restart_of_this_client() {
     drop(tier);
     assert!(DiskTier::open(config(root.path())).unwrap().held_removals().is_empty());
 }
+
+#[test]
+fn an_image_made_before_a_failed_put_gives_its_room_back_and_writes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.queue_bytes = 1 << 20;
+    let (tier, rec) = started(c);
+    // The put of "failed" did not commit: its image is dropped, not queued.
+    let failed = tier.prepare("failed", &value(700 << 10, 1));
+    assert_eq!(tier.pending.lock().jobs, 1, "a prepared image holds its room in the queue");
+    drop(failed);
+    // Its room is free again: a flush does not wait for it, and the next value fits.
+    assert!(tier.flush(Duration::from_millis(100)), "the dropped image left a job pending");
+    tier.prepare("committed", &value(700 << 10, 2)).queue(5);
+    assert!(tier.flush(Duration::from_secs(30)));
+    let s = tier.stats();
+    assert_eq!((s.queue_full, s.files), (0, 1), "{s:?}");
+    assert_eq!(tier.version_of("failed"), None);
+    assert_eq!(tier.version_of("committed"), Some(5));
+    let announced: Vec<String> = rec.added.lock().iter().map(|e| e.key.clone()).collect();
+    assert_eq!(announced, ["committed"]);
+    let mut dst = vec![0u8; 700 << 10];
+    tier.read_local("committed", 5, &mut dst).unwrap();
+    assert_eq!(dst, value(700 << 10, 2));
+}
