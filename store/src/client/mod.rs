@@ -15,8 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_engine::{Opcode, RegisteredMemory, TransferEngine, TransferRequest, TransferStatus};
+use tonic::transport::Channel;
 
 use crate::error::{Result, StoreError};
+use crate::proto::master_client::MasterClient;
 use crate::proto::*;
 pub use config::ClientConfig;
 use disk::PreparedOffload;
@@ -286,9 +288,13 @@ impl StoreClient {
             size: len,
             options: Some(options.clone()),
         };
-        // The disk tier's copy of the value is made while the master places it.
-        let (reply, offload) =
-            self.rpc.call_while(|mut c| async move { c.put_start(req).await }, || self.prepare_offload(key, &src, len));
+        let start = |mut c: MasterClient<Channel>| async move { c.put_start(req).await };
+        let (reply, offload) = if self.ssd.is_some() {
+            // The disk tier's copy of the value is made while the master places it.
+            self.rpc.call_while(start, || self.prepare_offload(key, &src, len))
+        } else {
+            (self.rpc.call(start), None)
+        };
         let reply = reply?;
         check(reply.status, key)?;
         let written = self.write_replicas(key, &reply.replicas, &src, len);
@@ -633,10 +639,15 @@ impl StoreClient {
             sizes: sizes.to_vec(),
             options: Some(self.default_options()),
         };
-        let (reply, offloads) = self.rpc.call_while(
-            |mut c| async move { c.batch_put_start(req).await },
-            || keys.iter().zip(srcs).zip(sizes).map(|((key, src), &len)| self.prepare_offload(key, src, len)).collect(),
-        );
+        let start = |mut c: MasterClient<Channel>| async move { c.batch_put_start(req).await };
+        let (reply, offloads) = if self.ssd.is_some() {
+            // The disk tier's copies of the values are made while the master places them.
+            self.rpc.call_while(start, || {
+                keys.iter().zip(srcs).zip(sizes).map(|((key, src), &len)| self.prepare_offload(key, src, len)).collect()
+            })
+        } else {
+            (self.rpc.call(start), Vec::new())
+        };
         let reply = reply?;
         one_per_key(reply.items.len(), keys.len())?;
         let starts = reply
