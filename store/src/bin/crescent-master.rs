@@ -61,6 +61,10 @@ struct Cli {
     /// Events kept for a subscriber that falls behind [default: 65536].
     #[arg(long)]
     event_buffer: Option<usize>,
+    /// Directory for what must outlive a restart of the master: removals of objects whose disk
+    /// copies sit on clients that are away [default: none, kept in memory].
+    #[arg(long, visible_alias = "state_dir")]
+    state_dir: Option<PathBuf>,
 }
 
 fn main() {
@@ -114,6 +118,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if let Some(v) = cli.event_buffer {
         config.event_buffer = v;
+    }
+    if let Some(v) = cli.state_dir {
+        config.state_dir = Some(v);
     }
     let handle = server::start(config)?;
     println!("master: {}", handle.client_address());

@@ -61,6 +61,9 @@ pub struct MasterConfig {
     pub hot_max_replicas: u32,
     /// Most replication tasks waiting for a worker; hot keys beyond it are dropped (and counted).
     pub hot_queue: usize,
+    /// Directory where the master keeps what must outlive it: the removals waiting for disks
+    /// that are away (see the README's disk tier). None: kept in memory only.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for MasterConfig {
@@ -83,6 +86,7 @@ impl Default for MasterConfig {
             hot_window: Duration::from_secs(5),
             hot_max_replicas: 3,
             hot_queue: 1024,
+            state_dir: None,
         }
     }
 }

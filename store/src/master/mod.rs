@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod published;
 pub mod query;
 pub mod query_http;
+mod removals_file;
 pub mod replicate;
 pub mod server;
 pub mod service;
@@ -176,6 +177,8 @@ pub struct Master {
     state: Mutex<State>,
     metrics: Metrics,
     events: events::Events,
+    /// The state directory's record of removals waiting for absent disks, if configured.
+    removals_file: Option<removals_file::RemovalsFile>,
 }
 
 pub(crate) fn check_key(key: &str) -> Result<()> {
@@ -188,7 +191,8 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 impl Master {
     pub fn new(config: MasterConfig) -> Result<Arc<Master>> {
         config.validate()?;
-        Ok(Arc::new(Master {
+        let removals_file = config.state_dir.as_deref().map(removals_file::RemovalsFile::open).transpose()?;
+        let master = Arc::new(Master {
             config: config.clone(),
             state: Mutex::new(State {
                 next_segment: 1,
@@ -198,7 +202,10 @@ impl Master {
             }),
             metrics: Metrics::new()?,
             events: events::Events::new(config.event_buffer),
-        }))
+            removals_file,
+        });
+        master.load_saved_removals()?;
+        Ok(master)
     }
 
     pub fn config(&self) -> &MasterConfig {
@@ -759,6 +766,7 @@ impl Master {
             .spawn(move || {
                 while let Some(master) = weak.upgrade() {
                     master.sweep();
+                    master.save_removals_if_changed();
                     drop(master);
                     std::thread::sleep(interval);
                 }

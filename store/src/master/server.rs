@@ -40,6 +40,7 @@ impl MasterHandle {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.master.save_removals_if_changed();
     }
 
     /// Blocks until the master stops (it stops when the handle is dropped elsewhere or on error).

@@ -338,6 +338,48 @@ fn removals_for_an_absent_disk_outlive_a_master_restart_through_the_clients_that
 }
 
 #[test]
+fn with_a_state_dir_removals_for_an_absent_disk_outlive_a_master_restart_with_no_client_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || MasterConfig { state_dir: Some(dir.path().to_path_buf()), ..MasterConfig::default() };
+    let m = master_with(config());
+    mount(&m, "a", "sa", 1 << 20);
+    let disk_a = m.mount_disk("a", "da", "h:1", 1 << 30, "h").unwrap();
+    let (_, v) = m.put_start("a", "k", 10, &PutOptions::default()).unwrap();
+    m.put_end("a", "k").unwrap();
+    m.update_disk_replicas("a", disk_a, &[disk_entry("k", 10, v)], &[], false).unwrap();
+    // A, the only client with a disk, goes away; "k" is removed meanwhile; then the master
+    // restarts with nobody to hand the removal back.
+    m.unmount_segment("a", disk_a).unwrap();
+    m.remove("k", false).unwrap();
+    m.save_removals_if_changed();
+    drop(m);
+    let m2 = master_with(config());
+    let disk_a2 = m2.mount_disk("a2", "da", "h:3", 1 << 30, "h").unwrap();
+    let r = m2.update_disk_replicas("a2", disk_a2, &[disk_entry("k", 10, v)], &[], true).unwrap();
+    assert!(r[0].is_err(), "a key removed before the master restarted does not come back");
+    assert!(!m2.exists("k").unwrap());
+    assert_eq!(m2.disk_removals_for("a2"), vec![disk_entry("k", 0, v)], "A is told to delete its file");
+    // Without a state directory the same sequence brings the key back: what the file is for.
+    let m3 = master();
+    let disk_a3 = m3.mount_disk("a3", "da", "h:3", 1 << 30, "h").unwrap();
+    assert!(m3.update_disk_replicas("a3", disk_a3, &[disk_entry("k", 10, v)], &[], true).unwrap()[0].is_ok());
+    // Once A acknowledges the deletion, the saved set is empty: the next master has nothing.
+    m2.update_disk_replicas("a2", disk_a2, &[], &[disk_entry("k", 0, v)], false).unwrap();
+    assert!(m2.disk_removals_for("a2").is_empty());
+    m2.save_removals_if_changed();
+    drop(m2);
+    let m4 = master_with(config());
+    let disk_a4 = m4.mount_disk("a4", "da", "h:3", 1 << 30, "h").unwrap();
+    assert!(m4.disk_removals_for("a4").is_empty());
+    let _ = disk_a4;
+    drop(m4);
+    // A damaged file stops the start with an error that names it, rather than losing removals.
+    std::fs::write(dir.path().join(removals_file::FILE_NAME), b"{not json").unwrap();
+    let e = Master::new(config()).err().expect("a damaged state file is an error");
+    assert!(e.to_string().contains(removals_file::FILE_NAME), "{e}");
+}
+
+#[test]
 fn metrics_show_the_disk_tier() {
     let m = master();
     mount(&m, "c1", "s1", 1 << 20);
