@@ -3,7 +3,8 @@
 //!
 //! Per value size: a client with a storage root puts `bytes-per-row` of values and waits
 //! until every offload is on disk (written, fsynced, renamed, announced): offload MiB/s from
-//! the first put to the end of the flush. Then the client restarts on the same root, so every
+//! the first put to the end of the flush, and the puts' p50 latency (a put returns before its
+//! file is written). Then the client restarts on the same root, so every
 //! value exists only as a disk copy, and reads each one with `get_into` into a registered
 //! buffer reused for every value (master round trip, direct read of the file, checksum
 //! check): read-on-miss MiB/s and latency. The buffer is 4 KiB-aligned (dd's is too), so the
@@ -135,7 +136,8 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
                 median(ratios.clone()),
             );
         };
-        row("offload write", &|p| p.offload_secs, &|p| p.dd_write_secs, "-".into());
+        let put_p50 = median(passes.iter().map(|p| p.put_p50_us as f64).collect()) as u64;
+        row("offload write", &|p| p.offload_secs, &|p| p.dd_write_secs, report::fmt_us(put_p50));
         let p50 = median(passes.iter().map(|p| p.read_p50_us as f64).collect()) as u64;
         row("read on miss", &|p| p.read_secs, &|p| p.dd_read_secs, report::fmt_us(p50));
     }
@@ -146,6 +148,8 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
 /// moving the same bytes.
 struct Pass {
     offload_secs: f64,
+    /// A put's latency with the disk tier on (it returns before its file is written).
+    put_p50_us: u64,
     dd_write_secs: f64,
     read_secs: f64,
     read_p50_us: u64,
@@ -166,8 +170,11 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
     // Offload: puts, then wait until every file is durable and announced.
     let client = StoreClient::connect(config.clone())?;
     let t = Instant::now();
+    let mut puts = Histogram::<u64>::new(3)?;
     for i in 0..n {
+        let p = Instant::now();
         client.put(&key(i), &value)?;
+        puts.record(p.elapsed().as_micros() as u64)?;
     }
     if !client.flush_offload(Duration::from_secs(600)) {
         bail!("offloads did not finish");
@@ -221,5 +228,12 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
     }
     client.close()?;
     let _ = std::fs::remove_file(&dd_file);
-    Ok(Pass { offload_secs, dd_write_secs, read_secs, read_p50_us: hist.value_at_quantile(0.5), dd_read_secs })
+    Ok(Pass {
+        offload_secs,
+        put_p50_us: puts.value_at_quantile(0.5),
+        dd_write_secs,
+        read_secs,
+        read_p50_us: hist.value_at_quantile(0.5),
+        dd_read_secs,
+    })
 }
