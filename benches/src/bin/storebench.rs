@@ -268,6 +268,7 @@ fn run(cli: Cli) -> Result<()> {
     }
     if link > 0.0 {
         // The target (get >= 3x redis) set beside what the path can carry at all.
+        println!();
         for (label, redis) in &get_rows {
             println!(
                 "{label}: 3x redis's GET would be {:.0} MiB/s, {:.0} % of what iperf3 moves over this link",
