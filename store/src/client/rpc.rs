@@ -5,6 +5,7 @@
 //! runs while nobody calls: they use a second channel on a one-worker runtime.
 
 use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
@@ -83,24 +84,35 @@ impl MasterRpc {
             .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() })
     }
     /// Runs one call and, while the master works on it, `meanwhile` on the calling thread
-    /// (work that does not depend on the reply).
+    /// (work that does not depend on the reply). `meanwhile` runs outside the runtime, so
+    /// other threads' calls are not held up behind it.
     pub fn call_while<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
     where
         F: FnOnce(MasterClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let (reply, r) = self.calls.block_on(async {
-            tokio::join!(f(self.call_client.clone()), async {
-                // The call was polled first: this yield lets the channel's tasks write the
-                // request out before `meanwhile` takes the thread.
-                tokio::task::yield_now().await;
-                meanwhile()
-            })
+        let mut call = Box::pin(f(self.call_client.clone()));
+        // Send the request: poll the call once, then yield so that the channel's tasks write
+        // it out. The reply waits in the socket until the call is driven again.
+        let early = self.calls.block_on(async {
+            let polled = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            match polled {
+                Poll::Ready(reply) => Some(reply),
+                Poll::Pending => {
+                    tokio::task::yield_now().await;
+                    None
+                }
+            }
         });
+        let side = meanwhile();
+        let reply = match early {
+            Some(reply) => reply,
+            None => self.calls.block_on(call),
+        };
         let reply = reply
             .map(|r| r.into_inner())
             .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() });
-        (reply, r)
+        (reply, side)
     }
 }
 
@@ -112,5 +124,57 @@ pub fn check(status: Option<Status>, key: &str) -> Result<()> {
         Ok(())
     } else {
         Err(StoreError::from_status(code, &s.message, key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::master::{server, MasterConfig};
+    use crate::proto::KeyRequest;
+
+    fn exists(rpc: &MasterRpc) -> Result<crate::proto::ExistsReply> {
+        let req = KeyRequest { client_id: "c".into(), key: "k".into() };
+        rpc.call(|mut c| async move { c.exists(req).await })
+    }
+
+    #[test]
+    fn work_beside_a_call_does_not_hold_up_other_threads_calls() {
+        let master = server::start(MasterConfig {
+            rpc_address: "127.0.0.1:0".into(),
+            admin_address: String::new(),
+            ..Default::default()
+        })
+        .unwrap();
+        let rpc = Arc::new(MasterRpc::connect(&master.client_address()).unwrap());
+        exists(&rpc).unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let slow = {
+            let rpc = rpc.clone();
+            std::thread::spawn(move || {
+                let req = KeyRequest { client_id: "c".into(), key: "k".into() };
+                let (reply, side) = rpc.call_while(
+                    |mut c| async move { c.exists(req).await },
+                    || {
+                        started_tx.send(()).unwrap();
+                        std::thread::sleep(Duration::from_secs(3));
+                        7
+                    },
+                );
+                (reply.map(|r| r.exists), side)
+            })
+        };
+        started_rx.recv().unwrap();
+        // While the other thread works beside its call, this thread's calls go through.
+        let t = Instant::now();
+        for _ in 0..5 {
+            exists(&rpc).unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "calls waited {:?} behind the side work", t.elapsed());
+        let (reply, side) = slow.join().unwrap();
+        assert_eq!((reply.unwrap(), side), (false, 7), "the call beside the work still gets its reply");
     }
 }
