@@ -231,15 +231,15 @@ impl Master {
         }
         client.held_sent = generation;
         client.held_sent_at = Some(now);
-        let set = st
-            .disk_removals
-            .iter()
-            .flat_map(|(disk, pending)| {
-                pending.iter().map(|(key, v)| HeldRemoval { disk: disk.clone(), key: key.clone(), version: *v })
-            })
-            .take(MAX_HELD_REMOVALS)
-            .collect();
+        let set = Self::pending_removals(st).take(MAX_HELD_REMOVALS).collect();
         Some((generation, set))
+    }
+
+    /// Every removal waiting for a disk, as (disk, key, version).
+    pub(super) fn pending_removals(st: &State) -> impl Iterator<Item = HeldRemoval> + '_ {
+        st.disk_removals.iter().flat_map(|(disk, pending)| {
+            pending.iter().map(|(key, v)| HeldRemoval { disk: disk.clone(), key: key.clone(), version: *v })
+        })
     }
 
     /// Removals a client kept for the master (handed back at its mount): queued again for

@@ -119,14 +119,7 @@ impl Master {
             if st.held_generation == *saved {
                 return;
             }
-            let removals: Vec<HeldRemoval> = st
-                .disk_removals
-                .iter()
-                .flat_map(|(disk, pending)| {
-                    pending.iter().map(|(key, v)| HeldRemoval { disk: disk.clone(), key: key.clone(), version: *v })
-                })
-                .collect();
-            (st.held_generation, removals)
+            (st.held_generation, Self::pending_removals(&st).collect::<Vec<_>>())
         };
         match file.write(removals) {
             Ok(()) => *saved = generation,
