@@ -8,6 +8,7 @@
 pub mod client;
 pub mod error;
 pub mod master;
+mod metrics_registry;
 pub mod pattern;
 pub mod proto;
 

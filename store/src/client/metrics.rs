@@ -18,13 +18,10 @@ use tokio::sync::oneshot;
 use crate::client::hot_cache::HotCacheMetrics;
 use crate::client::StoreClient;
 use crate::error::{Result, StoreError};
+use crate::metrics_registry::{counter, gauge, internal};
 
 /// Environment variable naming the address of the client's metrics endpoint.
 pub const METRICS_ADDRESS_ENV: &str = "CRESCENT_CLIENT_METRICS_ADDRESS";
-
-fn internal(e: prometheus::Error) -> StoreError {
-    StoreError::Internal(format!("metrics: {e}"))
-}
 
 /// The client's registry; counters are brought up to the cache's own counts at each scrape.
 pub struct ClientMetrics {
@@ -48,16 +45,8 @@ pub struct ClientMetrics {
 impl ClientMetrics {
     pub fn new() -> Result<Self> {
         let registry = Registry::new_custom(Some("crescent_client".into()), None).map_err(internal)?;
-        let gauge = |name: &str, help: &str| -> Result<IntGauge> {
-            let g = IntGauge::new(name, help).map_err(internal)?;
-            registry.register(Box::new(g.clone())).map_err(internal)?;
-            Ok(g)
-        };
-        let counter = |name: &str, help: &str| -> Result<IntCounter> {
-            let c = IntCounter::new(name, help).map_err(internal)?;
-            registry.register(Box::new(c.clone())).map_err(internal)?;
-            Ok(c)
-        };
+        let gauge = |name: &str, help: &str| gauge(&registry, name, help);
+        let counter = |name: &str, help: &str| counter(&registry, name, help);
         Ok(ClientMetrics {
             enabled: gauge("hot_cache_enabled", "1 when the local hot cache is on")?,
             blocks: gauge("hot_cache_blocks", "Blocks of the local hot cache")?,

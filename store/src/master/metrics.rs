@@ -6,6 +6,7 @@ use prometheus::{
 
 use crate::error::{Result, StoreError};
 use crate::master::{DiskTotals, Totals};
+use crate::metrics_registry::{counter, gauge, internal, register};
 use crate::proto::DiskCounters;
 
 pub struct Metrics {
@@ -44,33 +45,21 @@ pub struct Metrics {
     pub disk_client: IntGaugeVec,
 }
 
-fn internal(e: prometheus::Error) -> StoreError {
-    StoreError::Internal(format!("metrics: {e}"))
-}
-
 impl Metrics {
     pub fn new() -> Result<Self> {
         let registry = Registry::new_custom(Some("crescent_master".into()), None).map_err(internal)?;
-        let gauge = |name: &str, help: &str| -> Result<IntGauge> {
-            let g = IntGauge::new(name, help).map_err(internal)?;
-            registry.register(Box::new(g.clone())).map_err(internal)?;
-            Ok(g)
-        };
-        let counter = |name: &str, help: &str| -> Result<IntCounter> {
-            let c = IntCounter::new(name, help).map_err(internal)?;
-            registry.register(Box::new(c.clone())).map_err(internal)?;
-            Ok(c)
-        };
+        let gauge = |name: &str, help: &str| gauge(&registry, name, help);
+        let counter = |name: &str, help: &str| counter(&registry, name, help);
         let errors =
             IntCounterVec::new(Opts::new("errors_total", "Failed operations by kind"), &["kind"]).map_err(internal)?;
-        registry.register(Box::new(errors.clone())).map_err(internal)?;
+        let errors = register(&registry, errors)?;
         let rpc_latency = HistogramVec::new(
             HistogramOpts::new("rpc_latency_seconds", "Time to serve an RPC, by method")
                 .buckets(prometheus::exponential_buckets(0.000_01, 4.0, 10).map_err(internal)?),
             &["method"],
         )
         .map_err(internal)?;
-        registry.register(Box::new(rpc_latency.clone())).map_err(internal)?;
+        let rpc_latency = register(&registry, rpc_latency)?;
         let disk_client = IntGaugeVec::new(
             Opts::new(
                 "disk_client",
@@ -79,7 +68,7 @@ impl Metrics {
             &["disk", "counter"],
         )
         .map_err(internal)?;
-        registry.register(Box::new(disk_client.clone())).map_err(internal)?;
+        let disk_client = register(&registry, disk_client)?;
         Ok(Metrics {
             disk_client,
             capacity: gauge("capacity_bytes", "Bytes contributed by mounted segments")?,

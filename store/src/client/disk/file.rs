@@ -78,10 +78,6 @@ impl FileImage {
         self.buf
     }
 
-    pub fn value(&self) -> &[u8] {
-        &self.buf[self.start + self.data_offset..self.start + self.data_offset + self.value_len]
-    }
-
     pub fn value_len(&self) -> u64 {
         self.value_len as u64
     }

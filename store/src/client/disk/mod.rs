@@ -417,7 +417,9 @@ impl DiskTier {
     }
 
     /// Queues `value` (object `version` of `key`, just committed) for writing. Never blocks
-    /// on the disk: a full queue drops the offload, counted and logged.
+    /// on the disk: a full queue drops the offload, counted and logged. (The client prepares
+    /// and queues in two steps, around its put's commit.)
+    #[cfg(test)]
     pub fn offload(self: &Arc<Self>, key: &str, version: u64, value: &[u8]) {
         self.prepare(key, value).queue(version);
     }
