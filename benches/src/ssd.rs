@@ -49,6 +49,18 @@ pub struct Cli {
     /// flushes cost).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     fsync: bool,
+    /// Bytes of removed files the client keeps to write over (its `disk_recycle_size`; 0
+    /// turns reuse off, so that every offload makes a new file). Each pass removes its
+    /// values at the end, so from the second pass on the offloads write over those files.
+    #[arg(long, default_value = "1G", value_parser = parse_size_or_zero)]
+    recycle_size: u64,
+}
+
+fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_size(s).map_err(|e| e.to_string())
 }
 
 pub fn main(args: impl Iterator<Item = String>) -> Result<()> {
@@ -91,6 +103,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         disk_writer_threads: cli.writers,
         disk_queue_bytes: max_row + (64 << 20),
         disk_fsync: cli.fsync,
+        disk_recycle_bytes: cli.recycle_size,
         ..ClientConfig::default()
     };
     std::fs::create_dir_all(work.join("root"))?;
@@ -103,10 +116,11 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         .collect::<Vec<_>>()
         .join(" ");
     println!(
-        "storebench ssd: {} ({fs}), {} writer thread(s), fsync {}",
+        "storebench ssd: {} ({fs}), {} writer thread(s), fsync {}, removed files kept for reuse: {}",
         cli.dir.display(),
         cli.writers,
-        if cli.fsync { "on" } else { "off" }
+        if cli.fsync { "on" } else { "off" },
+        if cli.recycle_size == 0 { "none".to_string() } else { report::fmt_bytes(cli.recycle_size) }
     );
     println!();
     println!(

@@ -49,6 +49,9 @@ pub struct ClientConfig {
     pub disk_queue_bytes: u64,
     /// Flush each file before renaming it into place (`disk_fsync`, default true).
     pub disk_fsync: bool,
+    /// Bytes of removed files kept to be written over by later offloads (`disk_recycle_size`,
+    /// default 1 GiB; 0 turns it off).
+    pub disk_recycle_bytes: u64,
     /// The local hot cache (`LOCAL_HOT_CACHE_SIZE`, ...): off unless a size is set.
     pub hot_cache: HotCacheSettings,
     /// `host:port` of the client's Prometheus endpoint (`GET /metrics`;
@@ -74,6 +77,7 @@ impl Default for ClientConfig {
             disk_writer_threads: disk::DEFAULT_WRITERS,
             disk_queue_bytes: disk::DEFAULT_QUEUE_BYTES,
             disk_fsync: true,
+            disk_recycle_bytes: disk::DEFAULT_RECYCLE_BYTES,
             hot_cache: HotCacheSettings::default(),
             metrics_address: None,
         }
@@ -104,6 +108,7 @@ struct FileConfig {
     disk_writer_threads: Option<usize>,
     disk_queue_size: Option<SizeValue>,
     disk_fsync: Option<bool>,
+    disk_recycle_size: Option<SizeValue>,
     local_hot_cache_size: Option<serde_json::Value>,
     local_hot_block_size: Option<serde_json::Value>,
     local_hot_cache_admission: Option<String>,
@@ -195,6 +200,13 @@ impl ClientConfig {
         if let Some(v) = f.disk_fsync {
             self.disk_fsync = v;
         }
+        if let Some(v) = f.disk_recycle_size {
+            self.disk_recycle_bytes = match v {
+                SizeValue::Bytes(0) => 0,
+                SizeValue::Text(t) if t.trim() == "0" => 0,
+                v => size_of("disk_recycle_size", v)?,
+            };
+        }
         let hot = &mut self.hot_cache;
         HotCacheSettings::apply_file_value(&mut hot.cache_size, "local_hot_cache_size", f.local_hot_cache_size);
         HotCacheSettings::apply_file_value(&mut hot.block_size, "local_hot_block_size", f.local_hot_block_size);
@@ -222,6 +234,7 @@ impl ClientConfig {
             writers: self.disk_writer_threads,
             queue_bytes: self.disk_queue_bytes,
             fsync: self.disk_fsync,
+            recycle_bytes: self.disk_recycle_bytes,
         }))
     }
 
@@ -268,7 +281,8 @@ mod tests {
         assert!(c.disk_config().unwrap().is_none(), "no root, no disk tier");
         c.apply_json(
             r#"{"storage_root_dir":"/data/kv","cluster_id":"prod-1","storage_capacity":"2GB",
-                "disk_writer_threads":2,"disk_queue_size":"64MB","disk_fsync":false}"#,
+                "disk_writer_threads":2,"disk_queue_size":"64MB","disk_fsync":false,
+                "disk_recycle_size":"256MB"}"#,
         )
         .unwrap();
         let d = c.disk_config().unwrap().unwrap();
@@ -276,6 +290,9 @@ mod tests {
         assert_eq!(d.cluster_id, "prod-1");
         assert_eq!(d.capacity, Some(2 << 30));
         assert_eq!((d.writers, d.queue_bytes, d.fsync), (2, 64 << 20, false));
+        assert_eq!(d.recycle_bytes, 256 << 20);
+        c.apply_json(r#"{"disk_recycle_size":0}"#).unwrap();
+        assert_eq!(c.disk_config().unwrap().unwrap().recycle_bytes, 0, "0 turns reuse off");
         let e = c.apply_json(r#"{"cluster_id":"../../etc"}"#).unwrap_err().to_string();
         assert!(e.contains("../../etc"), "{e}");
         assert!(c.apply_json(r#"{"disk_writer_threads":0}"#).is_err());

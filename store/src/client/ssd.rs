@@ -149,6 +149,9 @@ impl StoreClient {
             evicted: s.evicted,
             busy_dropped: s.busy_dropped,
             too_large: s.too_large,
+            recycled: s.recycled,
+            retired_files: s.retired_files,
+            retired_bytes: s.retired_bytes,
         })
     }
 

@@ -134,6 +134,9 @@ impl Metrics {
                 ("evicted", c.evicted),
                 ("busy_dropped", c.busy_dropped),
                 ("too_large", c.too_large),
+                ("recycled", c.recycled),
+                ("retired_files", c.retired_files),
+                ("retired_bytes", c.retired_bytes),
             ] {
                 self.disk_client.with_label_values(&[disk.as_str(), name]).set(v as i64);
             }

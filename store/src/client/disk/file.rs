@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{fadvise, Advice};
 
 use super::format::{data_offset, file_name, Header, ALIGN, MAX_HEADER_LEN, TMP_SUFFIX};
+use super::recycle::Retired;
 use crate::error::{Result, StoreError};
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> StoreError {
@@ -102,30 +103,48 @@ pub struct Staged {
     pub dir: PathBuf,
     /// Bytes the file takes.
     pub file_len: u64,
+    /// Written over an old file rather than a new one.
+    pub recycled: bool,
 }
 
-/// Writes `image` as the file of (`key`, `version`) under `dir`, under a temporary name.
-/// [`Staged::flush`] and [`Staged::rename`] then put it in place, and [`sync_dirs`] makes the
-/// renames durable.
-pub fn write_staged(dir: &Path, key: &str, version: u64, image: &mut FileImage) -> Result<Staged> {
+/// Writes `image` as the file of (`key`, `version`) under `dir`, under a temporary name,
+/// over the file `reuse` when given (renamed to the temporary name first; a new file when
+/// that fails). [`Staged::flush`] and [`Staged::rename`] then put it in place, and
+/// [`sync_dirs`] makes the renames durable.
+pub fn write_staged(
+    dir: &Path,
+    key: &str,
+    version: u64,
+    image: &mut FileImage,
+    reuse: Option<&Retired>,
+) -> Result<Staged> {
     let (sub, name) = file_name(key, version);
     let sub = dir.join(sub);
     let path = sub.join(&name);
     let tmp = sub.join(format!("{name}.{:08x}{TMP_SUFFIX}", rand::random::<u32>()));
     let header = Header { key: key.to_string(), value_len: image.value_len(), version, value_crc: image.value_crc };
+    let reused = reuse.and_then(|r| {
+        // The rename is atomic: the old file's name (a retired or evicted file) is gone at once.
+        match in_dir(&sub, || std::fs::rename(&r.path, &tmp)) {
+            Ok(_) => Some(r.len),
+            Err(e) => {
+                tracing::debug!("disk tier: not reusing {}: {e}", r.path.display());
+                let _ = std::fs::remove_file(&r.path);
+                None
+            }
+        }
+    });
     let written = (|| -> std::io::Result<(File, bool)> {
         let direct = rustix::fs::OFlags::DIRECT.bits() as i32;
-        let open = |flags: i32| OpenOptions::new().write(true).create_new(true).custom_flags(flags).open(&tmp);
-        // The hash directory exists after its first file: it is made only when missing,
-        // rather than asked for on every write (a mkdir locks the parent directory).
-        let opened = match open(direct) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(&sub)?;
-                open(direct)
-            }
-            other => other,
+        let open = |flags: i32| {
+            let mut o = OpenOptions::new();
+            match reused {
+                Some(_) => o.write(true),
+                None => o.write(true).create_new(true),
+            };
+            o.custom_flags(flags).open(&tmp)
         };
-        let (mut f, direct_io) = match opened {
+        let (mut f, direct_io) = match in_dir(&sub, || open(direct)) {
             Ok(f) => (f, true),
             // No direct I/O on this file system (tmpfs, some overlays): buffered.
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => (open(0)?, false),
@@ -133,17 +152,33 @@ pub fn write_staged(dir: &Path, key: &str, version: u64, image: &mut FileImage) 
         };
         let aligned = image.aligned(&header.encode());
         f.write_all(aligned)?;
-        if aligned.len() as u64 != header.file_len() {
+        let len_now = (aligned.len() as u64).max(reused.unwrap_or(0));
+        if len_now != header.file_len() {
             f.set_len(header.file_len())?;
         }
         Ok((f, direct_io))
     })();
     match written {
-        Ok((file, direct)) => Ok(Staged { file, direct, tmp, path, dir: sub, file_len: header.file_len() }),
+        Ok((file, direct)) => {
+            Ok(Staged { file, direct, tmp, path, dir: sub, file_len: header.file_len(), recycled: reused.is_some() })
+        }
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             Err(io_err("writing", &tmp, e))
         }
+    }
+}
+
+/// Runs `op`, which makes an entry in `dir`; when `dir` is missing, makes it and runs `op`
+/// again. A hash directory exists after its first file: it is made only when missing,
+/// rather than asked for on every write (a mkdir locks the parent directory).
+fn in_dir<T>(dir: &Path, op: impl Fn() -> std::io::Result<T>) -> std::io::Result<T> {
+    match op() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => {
+            std::fs::create_dir_all(dir)?;
+            op()
+        }
+        other => other,
     }
 }
 

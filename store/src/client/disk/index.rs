@@ -1,8 +1,11 @@
 //! The disk tier's in-memory index: key → file, least-recently-used order, and the bytes
-//! used and reserved against the capacity.
+//! used and reserved against the capacity (with the retired files kept for reuse, see
+//! [`super::recycle`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+
+use super::recycle::{Retired, RetiredFiles};
 
 /// One file on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +24,22 @@ impl Entry {
     pub fn new(version: u64, value_len: u64, file_len: u64, path: PathBuf) -> Entry {
         Entry { version, value_len, file_len, path, tick: 0, pins: 0 }
     }
+
+    /// Whether a read of the file is in progress.
+    pub fn is_pinned(&self) -> bool {
+        self.pins > 0
+    }
+}
+
+/// Room made for a write by [`Index::reserve`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Room {
+    /// Indexed files evicted: the caller tells the master, and deletes them except `reuse`.
+    pub evicted: Vec<(String, Entry)>,
+    /// A file to write over (a retired one, or one of `evicted`), with its present length.
+    pub reuse: Option<Retired>,
+    /// Retired files whose room was needed: the caller deletes them.
+    pub discard: Vec<Retired>,
 }
 
 /// Why a reservation failed.
@@ -42,11 +61,12 @@ pub struct Index {
     /// Bytes promised to writes in progress.
     reserved: u64,
     capacity: u64,
+    retired: RetiredFiles,
 }
 
 impl Index {
-    pub fn new(capacity: u64) -> Index {
-        Index { map: HashMap::new(), lru: BTreeMap::new(), tick: 0, used: 0, reserved: 0, capacity }
+    pub fn new(capacity: u64, retired: RetiredFiles) -> Index {
+        Index { map: HashMap::new(), lru: BTreeMap::new(), tick: 0, used: 0, reserved: 0, capacity, retired }
     }
 
     pub fn capacity(&self) -> u64 {
@@ -54,6 +74,13 @@ impl Index {
     }
     pub fn used(&self) -> u64 {
         self.used
+    }
+    /// Bytes of the retired files kept for reuse.
+    pub fn retired_bytes(&self) -> u64 {
+        self.retired.bytes()
+    }
+    pub fn retired_files(&self) -> usize {
+        self.retired.len()
     }
     pub fn len(&self) -> usize {
         self.map.len()
@@ -113,14 +140,16 @@ impl Index {
         Some(e)
     }
 
-    /// Reserves `bytes` for a write, evicting least recently used files that nobody is
-    /// reading until they fit. Returns the evicted files (the caller deletes them and tells
-    /// the master), or why not: `bytes` exceed the capacity even with every file evicted, or
-    /// would need pinned files to go (nothing is evicted then).
-    pub fn reserve(&mut self, bytes: u64) -> Result<Vec<(String, Entry)>, NoRoom> {
+    /// Reserves `bytes` for a write, making room by deleting retired files first (oldest
+    /// first), then by evicting least recently used files that nobody is reading. The room
+    /// names a file to write over when there is one (see [`Room`]). Fails, changing nothing,
+    /// when `bytes` exceed the capacity even with every file evicted, or when only files being
+    /// read could make room.
+    pub fn reserve(&mut self, bytes: u64) -> Result<Room, NoRoom> {
         if bytes > self.capacity.saturating_sub(self.reserved) {
             return Err(NoRoom::TooLarge);
         }
+        // Victims as if every retired file went: those go before any indexed file.
         let mut victims = Vec::new();
         let mut freed = 0;
         for (tick, key) in &self.lru {
@@ -136,15 +165,51 @@ impl Index {
         if self.used - freed + self.reserved + bytes > self.capacity {
             return Err(NoRoom::Pinned);
         }
-        let mut evicted = Vec::with_capacity(victims.len());
+        let mut room = Room::default();
+        if bytes > 0 {
+            room.reuse = self.retired.take(bytes);
+        }
+        while self.used - freed + self.retired.bytes() + self.reserved + bytes > self.capacity {
+            match self.retired.pop_oldest() {
+                Some(f) => room.discard.push(f),
+                None => break,
+            }
+        }
         for tick in victims {
             let key = self.lru.remove(&tick).expect("a victim is indexed");
             let e = self.map.remove(&key).expect("lru and map agree");
             self.used -= e.file_len;
-            evicted.push((key, e));
+            room.evicted.push((key, e));
+        }
+        if room.reuse.is_none() && bytes > 0 {
+            let fits = room.evicted.iter().filter(|(_, e)| e.file_len >= bytes).min_by_key(|(_, e)| e.file_len);
+            let best = fits.or_else(|| room.evicted.iter().max_by_key(|(_, e)| e.file_len));
+            room.reuse = best.map(|(_, e)| Retired { path: e.path.clone(), len: e.file_len });
         }
         self.reserved += bytes;
-        Ok(evicted)
+        Ok(room)
+    }
+
+    /// A name in the retired files' directory for a file of `len` bytes that just left the
+    /// index, when the pool and the capacity have room for it; the caller renames the file
+    /// there (or calls [`Self::forget_retired`] when that fails).
+    pub fn retire(&mut self, len: u64) -> Option<PathBuf> {
+        let fits = self.used + self.retired.bytes() + self.reserved + len <= self.capacity;
+        (fits && self.retired.has_room_for(len)).then(|| self.retired.admit(len))
+    }
+
+    pub fn forget_retired(&mut self, path: &std::path::Path) {
+        self.retired.forget(path);
+    }
+
+    /// Takes a retired file found at start into the pool, when there is room; false: delete it.
+    pub fn adopt_retired(&mut self, name_number: u64, len: u64) -> bool {
+        let fits = self.used + self.retired.bytes() + self.reserved + len <= self.capacity;
+        let ok = fits && self.retired.has_room_for(len);
+        if ok {
+            self.retired.adopt(name_number, len);
+        }
+        ok
     }
 
     /// Returns a reservation (after the write was indexed or abandoned).
@@ -171,21 +236,34 @@ mod tests {
         Entry::new(1, len, len, PathBuf::from("x"))
     }
 
+    fn at(path: &str, len: u64) -> Entry {
+        Entry::new(1, len, len, PathBuf::from(path))
+    }
+
+    /// An index of `capacity` bytes that keeps up to `retired` bytes of removed files.
+    fn index(capacity: u64, retired: u64) -> Index {
+        Index::new(capacity, RetiredFiles::new(PathBuf::from("/r"), retired))
+    }
+
+    fn keys(room: &Room) -> Vec<&str> {
+        room.evicted.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
     #[test]
     fn reservations_evict_least_recently_used_first_and_never_overcommit() {
-        let mut ix = Index::new(100);
+        let mut ix = index(100, 0);
         for k in ["a", "b", "c"] {
-            assert_eq!(ix.reserve(30).unwrap(), vec![]);
+            assert_eq!(ix.reserve(30).unwrap(), Room::default());
             ix.insert(k, entry(30));
             ix.release(30);
         }
         ix.touch("a"); // b is now the least recently used
         let evicted = ix.reserve(30).unwrap();
-        assert_eq!(evicted.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(keys(&evicted), ["b"]);
         assert!(ix.used() + 30 <= ix.capacity());
         // A reservation counts until released: the next one evicts more.
         let evicted = ix.reserve(40).unwrap();
-        assert_eq!(evicted.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["c"]);
+        assert_eq!(keys(&evicted), ["c"]);
         assert_eq!(ix.reserve(31), Err(NoRoom::TooLarge), "70 reserved of 100: 31 more cannot fit, even evicting a");
         assert!(ix.get("a").is_some(), "a refused reservation evicts nothing");
         assert_eq!(ix.reserve(101), Err(NoRoom::TooLarge));
@@ -195,7 +273,7 @@ mod tests {
 
     #[test]
     fn files_being_read_are_never_evicted() {
-        let mut ix = Index::new(100);
+        let mut ix = index(100, 0);
         for k in ["a", "b", "c"] {
             ix.insert(k, entry(30));
         }
@@ -203,19 +281,19 @@ mod tests {
         assert!(!ix.pin("a", 2), "another version is not pinned");
         // "a" is the least recently used but is being read: "b" goes instead.
         let evicted = ix.reserve(30).unwrap();
-        assert_eq!(evicted.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(keys(&evicted), ["b"]);
         ix.release(30);
         assert!(ix.pin("c", 1));
         assert_eq!(ix.reserve(50), Err(NoRoom::Pinned), "only pinned files could make room");
         assert!(ix.get("a").is_some() && ix.get("c").is_some());
         ix.unpin("a", 1);
         let evicted = ix.reserve(50).unwrap();
-        assert_eq!(evicted.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["a"]);
+        assert_eq!(keys(&evicted), ["a"]);
     }
 
     #[test]
     fn replacing_a_key_frees_the_old_file() {
-        let mut ix = Index::new(100);
+        let mut ix = index(100, 0);
         ix.insert("k", entry(60));
         let old = ix.insert("k", entry(10)).unwrap();
         assert_eq!(old.file_len, 60);
@@ -223,5 +301,81 @@ mod tests {
         assert_eq!(ix.len(), 1);
         assert_eq!(ix.remove("k").unwrap().file_len, 10);
         assert_eq!(ix.used(), 0);
+    }
+
+    #[test]
+    fn a_write_reuses_the_file_it_evicts() {
+        let mut ix = index(100, 0);
+        ix.insert("a", at("/a", 30));
+        ix.insert("b", at("/b", 60));
+        let room = ix.reserve(50).unwrap();
+        assert_eq!(keys(&room), ["a", "b"], "50 more need both out");
+        assert_eq!(room.reuse, Some(Retired { path: "/b".into(), len: 60 }), "the smallest that holds 50");
+        let mut ix = index(100, 0);
+        ix.insert("a", at("/a", 30));
+        ix.insert("b", at("/b", 60));
+        let room = ix.reserve(80).unwrap();
+        assert_eq!(room.reuse.unwrap().len, 60, "none holds 80: the largest");
+        assert_eq!(index(100, 0).reserve(10).unwrap().reuse, None, "nothing to reuse in an empty tier");
+    }
+
+    #[test]
+    fn retired_files_count_against_the_capacity_and_go_before_any_indexed_file() {
+        let mut ix = index(100, 1000);
+        ix.insert("a", at("/a", 40));
+        ix.insert("b", at("/b", 40));
+        let gone = ix.remove("a").unwrap();
+        let name = ix.retire(gone.file_len).expect("room for a retired file");
+        assert_eq!(name.parent(), Some(std::path::Path::new("/r")));
+        assert_eq!((ix.used(), ix.retired_bytes()), (40, 40));
+        // 30 more: the retired file is written over, nothing indexed is evicted.
+        let room = ix.reserve(30).unwrap();
+        assert_eq!(room.reuse, Some(Retired { path: name, len: 40 }));
+        assert!(room.evicted.is_empty() && room.discard.is_empty());
+        assert_eq!(ix.retired_bytes(), 0);
+        ix.insert("c", at("/c", 30));
+        ix.release(30);
+        let b = ix.remove("b").unwrap();
+        let kept = ix.retire(b.file_len).unwrap();
+        assert!(ix.retire(31).is_none(), "30 used + 40 kept + 31 exceed the capacity: not kept");
+        // A write of 60 takes the retired file (40 bytes, the largest there is) and needs
+        // no eviction: 30 used + 60 reserved fit.
+        let room = ix.reserve(60).unwrap();
+        assert_eq!(room.reuse.map(|r| r.path), Some(kept));
+        assert!(room.evicted.is_empty());
+        ix.release(60);
+    }
+
+    #[test]
+    fn retired_files_are_deleted_before_live_ones_are_evicted() {
+        let mut ix = index(100, 1000);
+        for (k, len) in [("a", 20), ("b", 20), ("c", 30)] {
+            ix.insert(k, at(k, len));
+        }
+        for k in ["a", "b"] {
+            let e = ix.remove(k).unwrap();
+            ix.retire(e.file_len).unwrap();
+        }
+        // 70 more: one retired file is reused, the other deleted, c stays.
+        let room = ix.reserve(70).unwrap();
+        assert!(room.reuse.is_some());
+        assert_eq!(room.discard.len(), 1);
+        assert!(room.evicted.is_empty(), "c stays: deleting retired files made the room");
+        assert!(ix.get("c").is_some());
+        assert_eq!(ix.retired_files(), 0);
+        // A refused reservation changes nothing.
+        let e = ix.remove("c").unwrap();
+        ix.retire(e.file_len).unwrap();
+        assert_eq!(ix.reserve(31), Err(NoRoom::TooLarge));
+        assert_eq!(ix.retired_files(), 1);
+    }
+
+    #[test]
+    fn a_zero_retired_limit_keeps_nothing() {
+        let mut ix = index(100, 0);
+        ix.insert("a", at("/a", 10));
+        let e = ix.remove("a").unwrap();
+        assert!(ix.retire(e.file_len).is_none());
+        assert!(!ix.adopt_retired(1, 10));
     }
 }

@@ -10,6 +10,7 @@
 //! * [`format`]: the file format and names (hash of the key; the key is inside the file).
 //! * [`file`]: writing (temporary name, fsync, rename) and checked reading.
 //! * [`index`]: key → file, LRU order, capacity.
+//! * [`recycle`]: removed files kept to be written over by later offloads.
 //! * [`service`]: the tiny request/response service through which other clients read the
 //!   files of this one with the transfer engine.
 //!
@@ -21,6 +22,7 @@
 pub mod file;
 pub mod format;
 pub mod index;
+pub mod recycle;
 pub mod service;
 
 use std::fs::{File, OpenOptions};
@@ -36,12 +38,17 @@ use crate::error::{Result, StoreError};
 use crate::proto::{DiskEntry, HeldRemoval};
 use file::FileReader;
 use format::{data_offset, key_hash, parse_name, NameKind};
-use index::{Entry, Index, NoRoom};
+use index::{Entry, Index, NoRoom, Room};
+use recycle::{parse_retired_name, RetiredFiles, RETIRED_DIR};
 
 /// Share of the file system's free space taken by default.
 pub const DEFAULT_CAPACITY_SHARE: f64 = 0.9;
 pub const DEFAULT_WRITERS: usize = 4;
 pub const DEFAULT_QUEUE_BYTES: u64 = 256 << 20;
+/// How long opening waits for the storage root's lock before calling it taken.
+const LOCK_WAIT: Duration = Duration::from_secs(1);
+/// Bytes of removed files kept to be written over (see [`recycle`]).
+pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 /// Most offloads waiting at once, whatever their size.
 const MAX_QUEUED_JOBS: usize = 4096;
 /// Bytes of written images kept for the next offloads (their pages are already faulted in).
@@ -61,6 +68,8 @@ pub struct DiskConfig {
     pub queue_bytes: u64,
     /// `fdatasync` each file before its rename and the directory after (see [`file`]).
     pub fsync: bool,
+    /// Bytes of removed files kept to be written over by later offloads; 0: none.
+    pub recycle_bytes: u64,
 }
 
 /// Checks a cluster id for use as one path component.
@@ -83,6 +92,11 @@ pub struct DiskStats {
     pub files: u64,
     pub used_bytes: u64,
     pub capacity: u64,
+    /// Removed files kept to be written over, and their bytes (within the capacity).
+    pub retired_files: u64,
+    pub retired_bytes: u64,
+    /// Files written over a retired or evicted file instead of a new one.
+    pub recycled: u64,
     pub queued: u64,
     pub written: u64,
     pub bytes_written: u64,
@@ -113,6 +127,7 @@ struct Counters {
     queued: AtomicU64,
     written: AtomicU64,
     bytes_written: AtomicU64,
+    recycled: AtomicU64,
     queue_full: AtomicU64,
     too_large: AtomicU64,
     busy_dropped: AtomicU64,
@@ -279,7 +294,15 @@ impl DiskTier {
             .write(true)
             .open(dir.join("LOCK"))
             .map_err(|e| config_err(root, format!("cannot open its lock file: {e}")))?;
-        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        // A client that just closed may still be letting go (its writer threads drop their
+        // last references a moment after the final flush): wait briefly before calling the
+        // directory taken.
+        let locked = || rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok();
+        let deadline = Instant::now() + LOCK_WAIT;
+        while !locked() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !locked() {
             return Err(config_err(
                 root,
                 format!("cluster directory {} is in use by another client process", dir.display()),
@@ -288,7 +311,12 @@ impl DiskTier {
         let disk_id = disk_id(&dir).map_err(|e| config_err(root, format!("disk id: {e}")))?;
         let counters = Counters::default();
         let files = scan(&dir, &counters);
-        let existing: u64 = files.iter().map(|(_, e, _)| e.file_len).sum();
+        let retired_dir = dir.join(RETIRED_DIR);
+        std::fs::create_dir_all(&retired_dir)
+            .map_err(|e| config_err(root, format!("cannot create {}: {e}", retired_dir.display())))?;
+        let retired = scan_retired(&retired_dir);
+        let existing: u64 =
+            files.iter().map(|(_, e, _)| e.file_len).sum::<u64>() + retired.iter().map(|(_, _, len)| len).sum::<u64>();
         let capacity = match config.capacity {
             Some(c) => c,
             None => {
@@ -296,24 +324,31 @@ impl DiskTier {
                 existing + (st.f_bavail as f64 * st.f_frsize as f64 * DEFAULT_CAPACITY_SHARE) as u64
             }
         };
-        let mut index = Index::new(capacity);
+        let mut index = Index::new(capacity, RetiredFiles::new(retired_dir, config.recycle_bytes));
         for (key, entry, _) in files {
             index.insert(&key, entry);
         }
         // Over capacity (a smaller limit than last time): least recently modified files go.
-        if let Ok(evicted) = index.reserve(0) {
-            for (_, e) in &evicted {
+        if let Ok(room) = index.reserve(0) {
+            for (_, e) in &room.evicted {
                 let _ = std::fs::remove_file(&e.path);
                 inc(&counters.evicted);
             }
         }
+        for (path, number, len) in retired {
+            if !index.adopt_retired(number, len) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
         let c = &counters;
         tracing::info!(
-            "disk tier {} (disk {disk_id}): {} file(s), {} of {} bytes; removed {} corrupt, {} incomplete, {} stale",
+            "disk tier {} (disk {disk_id}): {} file(s), {} of {} bytes, {} retired file(s) to reuse; \
+             removed {} corrupt, {} incomplete, {} stale",
             dir.display(),
             index.len(),
             index.used(),
             capacity,
+            index.retired_files(),
             c.corrupt_removed.load(Ordering::Relaxed),
             c.incomplete_removed.load(Ordering::Relaxed),
             c.stale_removed.load(Ordering::Relaxed)
@@ -407,7 +442,7 @@ impl DiskTier {
                 if ok {
                     accepted += 1;
                 } else {
-                    self.drop_file(key, e.version);
+                    self.drop_file(key, e.version, true);
                     inc(&self.counters.stale_refused);
                 }
             }
@@ -553,8 +588,8 @@ impl DiskTier {
             }
             ix.reserve(file_len)
         };
-        let evicted = match evicted {
-            Ok(evicted) => evicted,
+        let Room { evicted, reuse, discard } = match evicted {
+            Ok(room) => room,
             Err(NoRoom::TooLarge) => {
                 inc(&self.counters.too_large);
                 return None;
@@ -569,7 +604,9 @@ impl DiskTier {
             let removed: Vec<DiskEntry> = evicted
                 .iter()
                 .map(|(k, e)| {
-                    let _ = std::fs::remove_file(&e.path);
+                    if reuse.as_ref().is_none_or(|r| r.path != e.path) {
+                        let _ = std::fs::remove_file(&e.path);
+                    }
                     inc(&self.counters.evicted);
                     DiskEntry { key: k.clone(), size: e.value_len, version: e.version }
                 })
@@ -577,7 +614,14 @@ impl DiskTier {
             tracing::debug!("disk tier: evicted {} file(s) to make room", removed.len());
             self.announce(&[], &removed);
         }
-        let written = file::write_staged(&self.dir, &job.key, job.version, &mut job.image).and_then(|staged| {
+        for f in discard {
+            let _ = std::fs::remove_file(&f.path);
+        }
+        let written = file::write_staged(&self.dir, &job.key, job.version, &mut job.image, reuse.as_ref());
+        if written.as_ref().is_ok_and(|s| s.recycled) {
+            inc(&self.counters.recycled);
+        }
+        let written = written.and_then(|staged| {
             // Flushed here, so that the writers' flushes overlap (each waits for the device).
             if self.config.fsync {
                 if let Err(e) = staged.flush() {
@@ -636,12 +680,15 @@ impl DiskTier {
             let replaced = {
                 let mut ix = self.index.lock();
                 ix.release(*file_len);
-                ix.insert(key, Entry::new(*version, *value_len, *file_len, path.clone()))
+                let old = ix.insert(key, Entry::new(*version, *value_len, *file_len, path.clone()));
+                if let Some(old) = &old {
+                    retire_or_delete(&mut ix, old);
+                }
+                old
             };
             inc(&self.counters.written);
             self.counters.bytes_written.fetch_add(*file_len, Ordering::Relaxed);
             if let Some(old) = replaced {
-                let _ = std::fs::remove_file(&old.path);
                 removed.push(DiskEntry { key: key.clone(), size: old.value_len, version: old.version });
             }
             added.push(DiskEntry { key: key.clone(), size: *value_len, version: *version });
@@ -650,7 +697,7 @@ impl DiskTier {
             for (e, ok) in added.iter().zip(accepted.into_iter().chain(std::iter::repeat(false))) {
                 if !ok {
                     // Removed or put again while we wrote: the file is stale.
-                    self.drop_file(&e.key, e.version);
+                    self.drop_file(&e.key, e.version, true);
                     inc(&self.counters.stale_refused);
                 }
             }
@@ -660,17 +707,21 @@ impl DiskTier {
         }
     }
 
-    /// Deletes the file of `key` if it holds `version` or older; returns whether one went.
-    fn drop_file(&self, key: &str, version: u64) -> bool {
-        let gone = {
-            let mut ix = self.index.lock();
-            match ix.get(key) {
-                Some(e) if e.version <= version => ix.remove(key),
-                _ => None,
-            }
+    /// Drops the file of `key` if it holds `version` or older (kept for reuse when `reuse`
+    /// and there is room, deleted otherwise); returns whether one went.
+    fn drop_file(&self, key: &str, version: u64, reuse: bool) -> bool {
+        let mut ix = self.index.lock();
+        let gone = match ix.get(key) {
+            Some(e) if e.version <= version => ix.remove(key),
+            _ => None,
         };
         match gone {
+            Some(e) if reuse => {
+                retire_or_delete(&mut ix, &e);
+                true
+            }
             Some(e) => {
+                drop(ix);
                 let _ = std::fs::remove_file(&e.path);
                 true
             }
@@ -688,7 +739,7 @@ impl DiskTier {
             return;
         }
         for r in removals {
-            if self.drop_file(&r.key, r.version) {
+            if self.drop_file(&r.key, r.version, true) {
                 inc(&self.counters.removed);
             }
         }
@@ -769,7 +820,8 @@ impl DiskTier {
         if matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_)) {
             tracing::warn!("disk tier: {e}; dropping the file");
             inc(&self.counters.corrupt_reads);
-            if self.drop_file(key, version) {
+            // Not reused: the device may be what corrupted it.
+            if self.drop_file(key, version, false) {
                 self.announce(&[], &[DiskEntry { key: key.to_string(), size: 0, version }]);
             }
         }
@@ -804,6 +856,9 @@ impl DiskTier {
             files: ix.len() as u64,
             used_bytes: ix.used(),
             capacity: ix.capacity(),
+            retired_files: ix.retired_files() as u64,
+            retired_bytes: ix.retired_bytes(),
+            recycled: g(&c.recycled),
             queued: g(&c.queued),
             written: g(&c.written),
             bytes_written: g(&c.bytes_written),
@@ -890,6 +945,42 @@ fn disk_id(dir: &Path) -> std::io::Result<String> {
     std::fs::rename(&tmp, &path)?;
     File::open(dir)?.sync_all()?;
     Ok(id)
+}
+
+/// A file that just left the index: renamed into the retired files when nobody is reading
+/// it and the pool has room (the rename happens under the index's lock, so no write can take
+/// the name before the file is there), deleted otherwise.
+fn retire_or_delete(ix: &mut Index, e: &Entry) {
+    if !e.is_pinned() {
+        if let Some(to) = ix.retire(e.file_len) {
+            match std::fs::rename(&e.path, &to) {
+                Ok(()) => return,
+                Err(err) => {
+                    tracing::debug!("disk tier: keeping {} for reuse: {err}", e.path.display());
+                    ix.forget_retired(&to);
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&e.path);
+}
+
+/// The retired files under `dir` (path, number in the name, bytes), oldest name first;
+/// deletes anything else there.
+fn scan_retired(dir: &Path) -> Vec<(PathBuf, u64, u64)> {
+    let mut found = Vec::new();
+    for f in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = f.path();
+        let number = parse_retired_name(&f.file_name().to_string_lossy());
+        match (number, f.metadata()) {
+            (Some(n), Ok(m)) if m.is_file() => found.push((path, n, m.len())),
+            _ => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    found.sort_by_key(|(_, n, _)| *n);
+    found
 }
 
 /// Indexes the valid files under `dir`, oldest first; removes temporary files, damaged files

@@ -27,6 +27,7 @@ fn config(root: &Path) -> DiskConfig {
         writers: 2,
         queue_bytes: 256 << 20,
         fsync: true,
+        recycle_bytes: 16 << 20,
     }
 }
 
@@ -43,10 +44,11 @@ fn started(c: DiskConfig) -> (Arc<DiskTier>, Arc<Recorder>) {
     (tier, rec)
 }
 
+/// The value files (and temporary files) under the tier's directory, not the retired ones.
 fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for sub in std::fs::read_dir(dir).unwrap().flatten() {
-        if sub.path().is_dir() {
+        if sub.path().is_dir() && sub.file_name() != RETIRED_DIR {
             out.extend(std::fs::read_dir(sub.path()).unwrap().flatten().map(|f| f.path()));
         }
     }
@@ -195,6 +197,7 @@ fn removals_and_stale_files_are_deleted() {
     assert_eq!(tier.version_of("gone"), None);
     assert_eq!(tier.version_of("keep"), Some(2));
     assert_eq!(files_under(tier.dir()).len(), 1);
+    assert_eq!(tier.stats().retired_files, 2, "the two files that went are kept for reuse, under no key");
 }
 
 #[test]
@@ -338,4 +341,149 @@ fn an_image_made_before_a_failed_put_gives_its_room_back_and_writes_nothing() {
     let mut dst = vec![0u8; 700 << 10];
     tier.read_local("committed", 5, &mut dst).unwrap();
     assert_eq!(dst, value(700 << 10, 2));
+}
+
+fn removal(key: &str, version: u64) -> DiskEntry {
+    DiskEntry { key: key.into(), size: 0, version }
+}
+
+/// Bytes of every file under the tier's directory (values, temporary and retired files).
+fn bytes_on_disk(dir: &Path) -> u64 {
+    let mut n = 0;
+    for sub in std::fs::read_dir(dir).unwrap().flatten().filter(|s| s.path().is_dir()) {
+        n += std::fs::read_dir(sub.path()).unwrap().flatten().map(|f| f.metadata().unwrap().len()).sum::<u64>();
+    }
+    n
+}
+
+fn exact_file_len(tier: &DiskTier, key: &str, version: u64) -> u64 {
+    let (sub, name) = format::file_name(key, version);
+    std::fs::metadata(tier.dir().join(sub).join(name)).unwrap().len()
+}
+
+#[test]
+fn removed_files_are_written_over_by_later_offloads_and_read_back_exactly() {
+    let root = tempfile::tempdir().unwrap();
+    let (tier, _rec) = started(config(root.path()));
+    for i in 0..4u64 {
+        tier.offload(&format!("old{i}"), i + 1, &value(300_000, i));
+    }
+    assert!(tier.flush(Duration::from_secs(30)));
+    tier.apply_removals(&(0..4u64).map(|i| removal(&format!("old{i}"), i + 1)).collect::<Vec<_>>());
+    let s = tier.stats();
+    assert_eq!((s.files, s.removed, s.retired_files), (0, 4, 4));
+    assert_eq!(std::fs::read_dir(tier.dir().join(RETIRED_DIR)).unwrap().count(), 4);
+    let mut dst = vec![0u8; 300_000];
+    assert!(tier.read_local("old0", 1, &mut dst).is_err(), "a removed key is not served from a retired file");
+    // New values the same size as the old files, smaller (the file is cut) and larger (it grows).
+    let sizes = [300_000usize, 100_000, 500_000, 300_000];
+    for (i, len) in sizes.iter().enumerate() {
+        tier.offload(&format!("new{i}"), 10 + i as u64, &value(*len, 100 + i as u64));
+    }
+    assert!(tier.flush(Duration::from_secs(30)));
+    let s = tier.stats();
+    assert_eq!((s.files, s.written, s.recycled, s.retired_files), (4, 8, 4, 0));
+    for (i, len) in sizes.iter().enumerate() {
+        let key = format!("new{i}");
+        let mut dst = vec![0u8; *len];
+        tier.read_local(&key, 10 + i as u64, &mut dst).unwrap();
+        assert_eq!(dst, value(*len, 100 + i as u64), "{key}");
+        assert_eq!(exact_file_len(&tier, &key, 10 + i as u64), format::data_offset(key.len()) + *len as u64);
+    }
+    // A restart indexes the written-over files as the new keys only.
+    drop(tier);
+    let tier = DiskTier::open(config(root.path())).unwrap();
+    let s = tier.stats();
+    assert_eq!((s.files, s.corrupt_removed, s.stale_removed), (4, 0, 0));
+    assert_eq!(tier.version_of("old0"), None);
+}
+
+#[test]
+fn retired_files_outlive_a_restart_and_count_against_the_capacity() {
+    let root = tempfile::tempdir().unwrap();
+    {
+        let (tier, _rec) = started(config(root.path()));
+        for i in 0..3u64 {
+            tier.offload(&format!("k{i}"), i + 1, &value(200_000, i));
+        }
+        assert!(tier.flush(Duration::from_secs(30)));
+        tier.apply_removals(&(0..3u64).map(|i| removal(&format!("k{i}"), i + 1)).collect::<Vec<_>>());
+        assert_eq!(tier.stats().retired_files, 3);
+        std::fs::write(tier.dir().join(RETIRED_DIR).join("junk.tmp"), b"not ours").unwrap();
+    }
+    let (tier, _rec) = started(config(root.path()));
+    let s = tier.stats();
+    assert_eq!((s.files, s.retired_files), (0, 3), "adopted again, never indexed as keys");
+    assert_eq!(s.retired_bytes, 3 * (format::data_offset(2) + 200_000));
+    assert_eq!(tier.version_of("k0"), None);
+    assert_eq!(std::fs::read_dir(tier.dir().join(RETIRED_DIR)).unwrap().count(), 3, "junk.tmp went");
+    tier.offload("n", 7, &value(200_000, 7));
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert_eq!(tier.stats().recycled, 1);
+    // A smaller capacity than the retired files take: they go first, files stay.
+    drop(tier);
+    let mut c = config(root.path());
+    c.capacity = Some(format::data_offset(1) + 200_000 + 1000);
+    let tier = DiskTier::open(c).unwrap();
+    let s = tier.stats();
+    assert_eq!((s.files, s.retired_files), (1, 0));
+    assert_eq!(std::fs::read_dir(tier.dir().join(RETIRED_DIR)).unwrap().count(), 0);
+}
+
+#[test]
+fn eviction_writes_over_the_evicted_file_and_the_disk_never_holds_more_than_the_capacity() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    let file_len = format::data_offset(2) + (1 << 20);
+    c.capacity = Some(4 * file_len);
+    let (tier, rec) = started(c);
+    for i in 0..12u64 {
+        tier.offload(&format!("k{}", i % 10), i + 1, &value(1 << 20, i));
+        assert!(tier.flush(Duration::from_secs(30)));
+        assert!(bytes_on_disk(tier.dir()) <= 4 * file_len, "after write {i}");
+    }
+    let s = tier.stats();
+    assert_eq!((s.files, s.written), (4, 12));
+    assert_eq!(s.evicted, 8);
+    assert_eq!(s.recycled, 8, "each write after the fourth wrote over the file it evicted");
+    assert_eq!(rec.removed.lock().len(), 8, "the master heard of every eviction");
+    for i in 8..12u64 {
+        let mut dst = vec![0u8; 1 << 20];
+        tier.read_local(&format!("k{}", i % 10), i + 1, &mut dst).unwrap();
+        assert_eq!(dst, value(1 << 20, i));
+    }
+}
+
+#[test]
+fn a_file_removed_while_being_read_is_deleted_not_written_over() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.writers = 1;
+    let (tier, _rec) = started(c);
+    tier.offload("k0", 1, &value(1 << 20, 0));
+    assert!(tier.flush(Duration::from_secs(30)));
+    let mut reader = tier.open_reader("k0", 1, 1 << 20).unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    reader.read_next(&mut got[..1 << 19]).unwrap();
+    tier.apply_removals(&[removal("k0", 1)]);
+    assert_eq!(tier.stats().retired_files, 0, "its reader still has it open");
+    // If k0's file had been retired, this write would go over it under the reader.
+    tier.offload("k1", 2, &value(1 << 20, 1));
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert_eq!(tier.stats().recycled, 0);
+    reader.read_next(&mut got[1 << 19..]).unwrap();
+    assert_eq!(got, value(1 << 20, 0));
+}
+
+#[test]
+fn recycling_can_be_turned_off() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.recycle_bytes = 0;
+    let (tier, _rec) = started(c);
+    tier.offload("k0", 1, &value(100_000, 0));
+    assert!(tier.flush(Duration::from_secs(30)));
+    tier.apply_removals(&[removal("k0", 1)]);
+    assert_eq!(tier.stats().retired_files, 0);
+    assert_eq!(bytes_on_disk(tier.dir()), 0, "the removed file is deleted");
 }
