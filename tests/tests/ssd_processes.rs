@@ -95,7 +95,11 @@ fn sigkill_during_heavy_offload_never_makes_a_get_return_wrong_bytes() {
         }
     }
     let retired = disk_stat(&mut c, "retired_files");
-    println!("{verified} keys read back from disk, {missing} not found, of {} ({} removed; {retired} files kept for reuse)", keys.len(), removed.len());
+    println!(
+        "{verified} keys read back from disk, {missing} not found, of {} ({} removed; {retired} files kept for reuse)",
+        keys.len(),
+        removed.len()
+    );
     assert!(verified > 0, "some offloads completed before the kills");
     assert_eq!(verified as u64, disk_stat(&mut c, "files"), "every file on disk is readable");
 }
