@@ -102,6 +102,43 @@ fn zero_copy_and_byte_calls_agree_across_two_clients() {
 }
 
 #[test]
+fn byte_puts_into_another_clients_memory_arrive_whole_whether_staged_ahead_or_not() {
+    let m = master();
+    let holder = StoreClient::connect(ClientConfig {
+        global_segment_size: 64 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    // The writer's own segment takes only the small values (the master places local-first):
+    // the others go to the holder, through the writer's staging buffer (4 MiB: 1 MiB pieces).
+    let writer = StoreClient::connect(ClientConfig {
+        global_segment_size: 256 << 10,
+        local_buffer_size: 4 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    let sizes = [300 << 10, (3 << 20) + 5, (9 << 20) + 123];
+    let mut written = Vec::new();
+    for round in 0..2u64 {
+        // A put that stays in the writer's segment, then remote ones: the first of them has
+        // nothing staged ahead, the next ones stage their first piece during put_start.
+        let small = data(4096, 100 + round);
+        writer.put(&format!("small{round}"), &small).unwrap();
+        written.push((format!("small{round}"), small));
+        for (i, len) in sizes.iter().enumerate() {
+            let key = format!("r{round}/v{i}");
+            let v = data(*len, round * 10 + i as u64);
+            writer.put(&key, &v).unwrap();
+            written.push((key, v));
+        }
+    }
+    for (key, v) in &written {
+        assert!(holder.get(key).unwrap() == *v, "{key} read back from the holder");
+        assert!(writer.get(key).unwrap() == *v, "{key} read back by its writer");
+    }
+}
+
+#[test]
 fn caller_mistakes_and_missing_things_give_typed_errors() {
     let m = master();
     let a = client(&m);

@@ -66,6 +66,8 @@ pub struct StoreClient {
     segment: RegisteredMemory,
     segment_id: AtomicU64,
     staging: Arc<Staging>,
+    /// Whether the last put wrote our own segment only: a byte put then stages nothing ahead.
+    last_put_local: AtomicBool,
     hot: Option<HotCache>,
     rpc: Arc<MasterRpc>,
     stop: Arc<AtomicBool>,
@@ -110,6 +112,7 @@ impl StoreClient {
             segment,
             segment_id: AtomicU64::new(0),
             staging,
+            last_put_local: AtomicBool::new(false),
             hot,
             rpc,
             stop: Arc::new(AtomicBool::new(false)),
@@ -289,15 +292,21 @@ impl StoreClient {
             options: Some(options.clone()),
         };
         let start = |mut c: MasterClient<Channel>| async move { c.put_start(req).await };
-        let (reply, offload) = if self.ssd.is_some() {
-            // The disk tier's copy of the value is made while the master places it.
-            self.rpc.call_while(start, || self.prepare_offload(key, &src, len))
+        // While the master places the object: the disk tier's copy of the value, and a byte
+        // put's first piece in the staging buffer (unless the last put stayed in our own
+        // segment, where nothing is staged).
+        let stage_early = matches!(src, Buf::Bytes(_)) && !self.last_put_local.load(Ordering::Relaxed);
+        let (reply, (offload, first_piece)) = if self.ssd.is_some() || stage_early {
+            self.rpc.call_while(start, || {
+                let offload = self.prepare_offload(key, &src, len);
+                (offload, if stage_early { self.stage_first_piece(&src, len) } else { None })
+            })
         } else {
-            (self.rpc.call(start), None)
+            (self.rpc.call(start), (None, None))
         };
         let reply = reply?;
         check(reply.status, key)?;
-        let written = self.write_replicas(key, &reply.replicas, &src, len);
+        let written = self.write_replicas(key, &reply.replicas, &src, len, first_piece);
         self.finish_put(key, written)?;
         if let Some(offload) = offload {
             offload.queue(reply.version);
@@ -339,7 +348,25 @@ impl StoreClient {
         Some(unsafe { std::slice::from_raw_parts_mut(r.address as *mut u8, len as usize) })
     }
 
-    fn write_replicas(&self, key: &str, replicas: &[ReplicaDescriptor], src: &Buf<'_>, len: u64) -> Result<()> {
+    /// The first piece of a byte put, copied into the staging buffer.
+    fn stage_first_piece(&self, src: &Buf<'_>, len: u64) -> Option<staging::StagingBlock<'_>> {
+        let Buf::Bytes(bytes) = src else { return None };
+        let mut block = self.staging.acquire(len);
+        let n = block.len() as usize;
+        block.bytes().copy_from_slice(&bytes[..n]);
+        Some(block)
+    }
+
+    /// Writes the value to each replica: ours by memcpy, others through the engine (a byte
+    /// value through the staging buffer, starting with `first_piece` when it was staged).
+    fn write_replicas(
+        &self,
+        key: &str,
+        replicas: &[ReplicaDescriptor],
+        src: &Buf<'_>,
+        len: u64,
+        mut first_piece: Option<staging::StagingBlock<'_>>,
+    ) -> Result<()> {
         let mut remote = Vec::new();
         for r in replicas {
             match (self.local_replica(r, len), src) {
@@ -352,6 +379,7 @@ impl StoreClient {
                 (None, _) => remote.push(r),
             }
         }
+        self.last_put_local.store(remote.is_empty(), Ordering::Relaxed);
         if remote.is_empty() {
             return Ok(());
         }
@@ -374,9 +402,16 @@ impl StoreClient {
             Buf::Bytes(bytes) => {
                 let mut off = 0;
                 while off < len {
-                    let mut block = self.staging.acquire(len - off);
+                    let block = match first_piece.take() {
+                        Some(staged) => staged,
+                        None => {
+                            let mut block = self.staging.acquire(len - off);
+                            let n = block.len();
+                            block.bytes().copy_from_slice(&bytes[off as usize..(off + n) as usize]);
+                            block
+                        }
+                    };
                     let n = block.len();
-                    block.bytes().copy_from_slice(&bytes[off as usize..(off + n) as usize]);
                     let src = block.addr();
                     self.transfer(
                         key,
@@ -559,7 +594,7 @@ impl StoreClient {
             .zip(keys.iter().zip(values))
             .map(|(start, (key, value))| {
                 start.and_then(|(replicas, _)| {
-                    self.write_replicas(key, &replicas, &Buf::Bytes(value), value.len() as u64)
+                    self.write_replicas(key, &replicas, &Buf::Bytes(value), value.len() as u64, None)
                 })
             })
             .collect();
