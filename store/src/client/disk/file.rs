@@ -169,12 +169,13 @@ pub fn write_staged(
     }
 }
 
-/// Runs `op`, which makes an entry in `dir`; when `dir` is missing, makes it and runs `op`
-/// again. A hash directory exists after its first file: it is made only when missing,
-/// rather than asked for on every write (a mkdir locks the parent directory).
+/// Runs `op`, which makes an entry in `dir`; when something was missing, makes `dir` (a
+/// no-op when it exists, e.g. made by another writer meanwhile) and runs `op` once more. A
+/// hash directory exists after its first file: it is made only when missing, rather than
+/// asked for on every write (a mkdir locks the parent directory).
 fn in_dir<T>(dir: &Path, op: impl Fn() -> std::io::Result<T>) -> std::io::Result<T> {
     match op() {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::create_dir_all(dir)?;
             op()
         }
@@ -503,5 +504,31 @@ impl Drop for FileReader {
         if !self.direct {
             let _ = fadvise(&self.file, 0, None, Advice::DontNeed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_made_by_another_writer_in_between_is_not_an_error() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ab");
+        let calls = std::cell::Cell::new(0);
+        // The first try finds no directory, and another writer makes it right then.
+        let got = in_dir(&dir, || {
+            calls.set(calls.get() + 1);
+            if calls.get() == 1 {
+                std::fs::create_dir(&dir).unwrap();
+                return Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+            }
+            File::create(dir.join("f"))
+        });
+        assert!(got.is_ok(), "{got:?}");
+        assert_eq!(calls.get(), 2);
+        // A name that stays missing is still reported.
+        let gone = in_dir(&dir, || std::fs::rename(dir.join("missing"), dir.join("g")));
+        assert_eq!(gone.unwrap_err().kind(), std::io::ErrorKind::NotFound);
     }
 }
