@@ -681,6 +681,8 @@ impl DiskTier {
                 let mut ix = self.index.lock();
                 ix.release(*file_len);
                 let old = ix.insert(key, Entry::new(*version, *value_len, *file_len, path.clone()));
+                // The same name (key and version) is the file just renamed over it: nothing went.
+                let old = old.filter(|old| old.path != *path);
                 if let Some(old) = &old {
                     retire_or_delete(&mut ix, old);
                 }

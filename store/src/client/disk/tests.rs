@@ -487,3 +487,25 @@ fn recycling_can_be_turned_off() {
     assert_eq!(tier.stats().retired_files, 0);
     assert_eq!(bytes_on_disk(tier.dir()), 0, "the removed file is deleted");
 }
+
+#[test]
+fn the_same_version_offloaded_twice_stays_readable_and_announced() {
+    // Two writers may both write (key, version) when it is queued twice: the second rename
+    // lands on the first file's name, which must not then be dropped as "replaced".
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.writers = 4;
+    let (tier, rec) = started(c);
+    for i in 0..40u64 {
+        let v = value(64 << 10, i);
+        tier.offload(&format!("k{i}"), 7, &v);
+        tier.offload(&format!("k{i}"), 7, &v);
+    }
+    assert!(tier.flush(Duration::from_secs(30)));
+    let mut dst = vec![0u8; 64 << 10];
+    for i in 0..40u64 {
+        tier.read_local(&format!("k{i}"), 7, &mut dst).unwrap_or_else(|e| panic!("k{i}: {e}"));
+        assert_eq!(dst, value(64 << 10, i));
+    }
+    assert!(rec.removed.lock().is_empty(), "no removal announced for a version still on disk");
+}
