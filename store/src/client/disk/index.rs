@@ -198,6 +198,11 @@ impl Index {
         (fits && self.retired.has_room_for(len)).then(|| self.retired.admit(len))
     }
 
+    /// Takes every retired file out of the pool (the caller deletes them).
+    pub fn drain_retired(&mut self) -> Vec<Retired> {
+        std::iter::from_fn(|| self.retired.pop_oldest()).collect()
+    }
+
     pub fn forget_retired(&mut self, path: &std::path::Path) {
         self.retired.forget(path);
     }

@@ -634,9 +634,22 @@ impl DiskTier {
         match written {
             Ok(staged) => Some(staged),
             Err(e) => {
-                self.index.lock().release(file_len);
+                // The file system may be full (of others' files too): the retired files are
+                // ours to give back first.
+                let retired = {
+                    let mut ix = self.index.lock();
+                    ix.release(file_len);
+                    ix.drain_retired()
+                };
+                for f in &retired {
+                    let _ = std::fs::remove_file(&f.path);
+                }
                 inc(&self.counters.write_failures);
-                tracing::warn!("disk tier: {e}");
+                if retired.is_empty() {
+                    tracing::warn!("disk tier: {e}");
+                } else {
+                    tracing::warn!("disk tier: {e}; deleted the {} file(s) kept for reuse", retired.len());
+                }
                 None
             }
         }

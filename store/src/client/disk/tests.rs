@@ -509,3 +509,26 @@ fn the_same_version_offloaded_twice_stays_readable_and_announced() {
     }
     assert!(rec.removed.lock().is_empty(), "no removal announced for a version still on disk");
 }
+
+#[test]
+fn a_failed_write_gives_the_retired_files_back_to_the_file_system() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.recycle_bytes = 2 << 20; // room for three retired files of 600 KB, not four
+    let (tier, _rec) = started(c);
+    for i in 0..4u64 {
+        tier.offload(&format!("old{i}"), i + 1, &value(600_000, i));
+    }
+    assert!(tier.flush(Duration::from_secs(30)));
+    tier.apply_removals(&(0..4u64).map(|i| removal(&format!("old{i}"), i + 1)).collect::<Vec<_>>());
+    assert_eq!(tier.stats().retired_files, 3, "the fourth would exceed disk_recycle_size: deleted");
+    // A write that fails (here its hash directory's name is taken by a plain file; on a
+    // full disk, ENOSPC) deletes the retired files, which may be what fills the disk.
+    let (sub, _) = format::file_name("victim", 9);
+    std::fs::write(tier.dir().join(&sub), b"in the way").unwrap();
+    tier.offload("victim", 9, &value(600_000, 9));
+    assert!(tier.flush(Duration::from_secs(30)));
+    let s = tier.stats();
+    assert_eq!((s.write_failures, s.retired_files, s.retired_bytes), (1, 0, 0));
+    assert_eq!(std::fs::read_dir(tier.dir().join(RETIRED_DIR)).unwrap().count(), 0);
+}
