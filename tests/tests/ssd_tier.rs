@@ -57,6 +57,12 @@ fn values_evicted_from_memory_are_read_from_disk_here_and_through_another_client
     }
     assert!(a.flush_offload(Duration::from_secs(60)));
     assert_eq!(a.disk_stats().unwrap().files, 4);
+    // The client's own Prometheus text has the tier's counters; a client without one has none.
+    let metrics = a.render_metrics();
+    for line in ["crescent_client_disk{counter=\"files\"} 4", "crescent_client_disk{counter=\"written\"} 4"] {
+        assert!(metrics.lines().any(|l| l == line), "{line} missing from:\n{metrics}");
+    }
+    assert!(!f.render_metrics().contains("crescent_client_disk{"));
     fill_memory(&f, "x");
     for k in keys {
         assert_eq!(tiers(&a, k), [Tier::Ssd as i32], "{k}: only the disk copy is left");

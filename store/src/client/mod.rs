@@ -151,9 +151,10 @@ impl StoreClient {
         self.engine.segment_name()
     }
 
-    /// The client's metrics (the hot cache's counters) in Prometheus' text format.
+    /// The client's metrics (the hot cache's and the disk tier's counters) in Prometheus' text
+    /// format.
     pub fn render_metrics(&self) -> String {
-        self.metrics.render(self.hot_cache_metrics())
+        self.metrics.render(self.hot_cache_metrics(), self.disk_stats())
     }
 
     /// Where the client's `GET /metrics` endpoint listens, when `metrics_address` is set.
