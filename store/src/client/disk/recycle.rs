@@ -45,10 +45,6 @@ impl RetiredFiles {
         RetiredFiles { dir, files: VecDeque::new(), bytes: 0, limit, next_name: 0 }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Bytes of the files kept.
     pub fn bytes(&self) -> u64 {
         self.bytes
