@@ -352,10 +352,16 @@ impl StoreClient {
     /// The first piece of a byte put, copied into the staging buffer.
     fn stage_first_piece(&self, src: &Buf<'_>, len: u64) -> Option<staging::StagingBlock<'_>> {
         let Buf::Bytes(bytes) = src else { return None };
-        let mut block = self.staging.acquire(len);
-        let n = block.len() as usize;
-        block.bytes().copy_from_slice(&bytes[..n]);
-        Some(block)
+        Some(self.stage_piece(&bytes[..len as usize], 0))
+    }
+
+    /// The piece of `bytes` from `off` on (as much as one staging block takes), copied into
+    /// the staging buffer.
+    fn stage_piece(&self, bytes: &[u8], off: u64) -> staging::StagingBlock<'_> {
+        let mut block = self.staging.acquire(bytes.len() as u64 - off);
+        let n = block.len();
+        block.bytes().copy_from_slice(&bytes[off as usize..(off + n) as usize]);
+        block
     }
 
     /// Writes the value to each replica: ours by memcpy, others through the engine (a byte
@@ -405,12 +411,7 @@ impl StoreClient {
                 while off < len {
                     let block = match first_piece.take() {
                         Some(staged) => staged,
-                        None => {
-                            let mut block = self.staging.acquire(len - off);
-                            let n = block.len();
-                            block.bytes().copy_from_slice(&bytes[off as usize..(off + n) as usize]);
-                            block
-                        }
+                        None => self.stage_piece(&bytes[..len as usize], off),
                     };
                     let n = block.len();
                     let src = block.addr();

@@ -194,8 +194,12 @@ impl Index {
     /// index, when the pool and the capacity have room for it; the caller renames the file
     /// there (or calls [`Self::forget_retired`] when that fails).
     pub fn retire(&mut self, len: u64) -> Option<PathBuf> {
-        let fits = self.used + self.retired.bytes() + self.reserved + len <= self.capacity;
-        (fits && self.retired.has_room_for(len)).then(|| self.retired.admit(len))
+        self.can_keep_retired(len).then(|| self.retired.admit(len))
+    }
+
+    /// Whether a retired file of `len` bytes fits the capacity and the pool's own bounds.
+    fn can_keep_retired(&self, len: u64) -> bool {
+        self.used + self.retired.bytes() + self.reserved + len <= self.capacity && self.retired.has_room_for(len)
     }
 
     /// Takes every retired file out of the pool (the caller deletes them).
@@ -209,8 +213,7 @@ impl Index {
 
     /// Takes a retired file found at start into the pool, when there is room; false: delete it.
     pub fn adopt_retired(&mut self, name_number: u64, len: u64) -> bool {
-        let fits = self.used + self.retired.bytes() + self.reserved + len <= self.capacity;
-        let ok = fits && self.retired.has_room_for(len);
+        let ok = self.can_keep_retired(len);
         if ok {
             self.retired.adopt(name_number, len);
         }
