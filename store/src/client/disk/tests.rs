@@ -361,15 +361,21 @@ fn exact_file_len(tier: &DiskTier, key: &str, version: u64) -> u64 {
     std::fs::metadata(tier.dir().join(sub).join(name)).unwrap().len()
 }
 
+/// Offloads `n` values of `len` bytes as `{prefix}{i}` (version i + 1), waits for them, then
+/// removes them all (so their files are retired, room permitting).
+fn offload_then_remove(tier: &Arc<DiskTier>, prefix: &str, n: u64, len: usize) {
+    for i in 0..n {
+        tier.offload(&format!("{prefix}{i}"), i + 1, &value(len, i));
+    }
+    assert!(tier.flush(Duration::from_secs(30)));
+    tier.apply_removals(&(0..n).map(|i| removal(&format!("{prefix}{i}"), i + 1)).collect::<Vec<_>>());
+}
+
 #[test]
 fn removed_files_are_written_over_by_later_offloads_and_read_back_exactly() {
     let root = tempfile::tempdir().unwrap();
     let (tier, _rec) = started(config(root.path()));
-    for i in 0..4u64 {
-        tier.offload(&format!("old{i}"), i + 1, &value(300_000, i));
-    }
-    assert!(tier.flush(Duration::from_secs(30)));
-    tier.apply_removals(&(0..4u64).map(|i| removal(&format!("old{i}"), i + 1)).collect::<Vec<_>>());
+    offload_then_remove(&tier, "old", 4, 300_000);
     let s = tier.stats();
     assert_eq!((s.files, s.removed, s.retired_files), (0, 4, 4));
     assert_eq!(std::fs::read_dir(tier.dir().join(RETIRED_DIR)).unwrap().count(), 4);
@@ -403,11 +409,7 @@ fn retired_files_outlive_a_restart_and_count_against_the_capacity() {
     let root = tempfile::tempdir().unwrap();
     {
         let (tier, _rec) = started(config(root.path()));
-        for i in 0..3u64 {
-            tier.offload(&format!("k{i}"), i + 1, &value(200_000, i));
-        }
-        assert!(tier.flush(Duration::from_secs(30)));
-        tier.apply_removals(&(0..3u64).map(|i| removal(&format!("k{i}"), i + 1)).collect::<Vec<_>>());
+        offload_then_remove(&tier, "k", 3, 200_000);
         assert_eq!(tier.stats().retired_files, 3);
         std::fs::write(tier.dir().join(RETIRED_DIR).join("junk.tmp"), b"not ours").unwrap();
     }
@@ -516,11 +518,7 @@ fn a_failed_write_gives_the_retired_files_back_to_the_file_system() {
     let mut c = config(root.path());
     c.recycle_bytes = 2 << 20; // room for three retired files of 600 KB, not four
     let (tier, _rec) = started(c);
-    for i in 0..4u64 {
-        tier.offload(&format!("old{i}"), i + 1, &value(600_000, i));
-    }
-    assert!(tier.flush(Duration::from_secs(30)));
-    tier.apply_removals(&(0..4u64).map(|i| removal(&format!("old{i}"), i + 1)).collect::<Vec<_>>());
+    offload_then_remove(&tier, "old", 4, 600_000);
     assert_eq!(tier.stats().retired_files, 3, "the fourth would exceed disk_recycle_size: deleted");
     // A write that fails (here its hash directory's name is taken by a plain file; on a
     // full disk, ENOSPC) deletes the retired files, which may be what fills the disk.
