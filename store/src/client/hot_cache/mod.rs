@@ -212,7 +212,7 @@ impl Blocks {
     }
 
     fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len as usize);
+        let mut out = crate::client::value_buffer::with_capacity(self.len as usize);
         for s in self.slices() {
             out.extend_from_slice(s);
         }
