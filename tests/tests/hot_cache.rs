@@ -94,6 +94,23 @@ fn a_key_removed_and_put_again_elsewhere_is_read_anew_not_from_the_cache() {
     b.unregister_buffer(dst.as_mut_ptr() as u64).unwrap();
 }
 
+/// A byte get that misses lands the object in pieces of 2 MiB and copies each out as it
+/// arrives: an object over several blocks of 3 MiB (so pieces start inside blocks, and the
+/// last is short) comes back exact on the miss and again from the cache.
+#[test]
+fn an_object_over_several_blocks_larger_than_a_piece_is_read_exactly() {
+    let m = master();
+    let a = client(&m, 64 * MIB, HotCacheSettings::default());
+    let b = client(&m, 4 * MIB, HotCacheSettings::with_sizes(12 * MIB, Some(3 * MIB)));
+    let len = 7 * MIB + 5;
+    a.put("big", &data(len, 9)).unwrap();
+    assert!(ok(&b.get("big").unwrap(), len, 9), "miss");
+    assert_eq!(metrics(&b).fills, 1);
+    assert!(ok(&b.get("big").unwrap(), len, 9), "hit");
+    let got = metrics(&b);
+    assert_eq!((got.hits, got.misses, got.bytes_served), (1, 1, len));
+}
+
 #[test]
 fn only_remote_objects_are_cached() {
     let m = master();

@@ -1,7 +1,9 @@
 //! Where the hot cache meets the client: the get paths ask it first and feed it on a miss; the
 //! client's own puts and removals invalidate it.
 
-use crescent_engine::{Opcode, TransferRequest};
+use std::collections::VecDeque;
+
+use crescent_engine::{BatchId, Opcode, TransferEngine, TransferRequest};
 
 use super::{Fill, Guard, HotCache, HotCacheMetrics, Miss};
 use crate::client::{Buf, StoreClient};
@@ -75,8 +77,7 @@ impl StoreClient {
         let size = list.size;
         match (hot.begin(key, list, r), dst) {
             (Miss::Lead(fill), Buf::BytesMut(out)) => {
-                self.land(key, r, &fill)?; // on failure the fill's blocks go back
-                fill.copy_to(&mut out[..size as usize]);
+                self.land(key, r, &fill, &mut out[..size as usize])?; // on failure the fill's blocks go back
                 hot.publish(fill);
                 Ok(())
             }
@@ -102,22 +103,37 @@ impl StoreClient {
         }
     }
 
-    /// Reads the replica into the fill's blocks (one request per block).
-    fn land(&self, key: &str, r: &ReplicaDescriptor, fill: &Fill) -> Result<()> {
+    /// Reads the replica into the fill's blocks and copies it to `out` as it arrives: every
+    /// piece is started at once, and each is copied out while the later ones still move (as
+    /// the staged get without the cache overlaps its copies), so that only the last piece's
+    /// copy adds to the get.
+    fn land(&self, key: &str, r: &ReplicaDescriptor, fill: &Fill, out: &mut [u8]) -> Result<()> {
         let seg = self
             .engine
             .open_segment(&r.segment_name)
             .map_err(|e| StoreError::PeerGone { key: key.to_string(), reason: e.to_string() })?;
-        self.transfer(
-            key,
-            fill.pieces().into_iter().map(|(off, addr, len)| TransferRequest {
-                opcode: Opcode::Read,
-                source: addr,
-                target: seg,
-                target_offset: r.address + off,
-                length: len,
-            }),
-        )
+        let mut landing = Landing { engine: &self.engine, pieces: VecDeque::new() };
+        for (off, addr, len) in fill.pieces() {
+            let mut at = 0;
+            while at < len {
+                let n = LAND_PIECE.min(len - at);
+                let request = TransferRequest {
+                    opcode: Opcode::Read,
+                    source: addr + at,
+                    target: seg,
+                    target_offset: r.address + off + at,
+                    length: n,
+                };
+                let id = self.engine.transfer_start(&[request]).map_err(|e| self.transfer_error(key, e))?;
+                landing.pieces.push_back((id, off + at, n));
+                at += n;
+            }
+        }
+        while let Some((id, off, n)) = landing.pieces.pop_front() {
+            self.engine.transfer_finish(id).map_err(|e| self.transfer_error(key, e))?;
+            fill.copy_range_to(off, &mut out[off as usize..(off + n) as usize]);
+        }
+        Ok(())
     }
 
     /// The client's own put or removal of `key`.
@@ -141,4 +157,23 @@ pub(in crate::client) fn fill_from(fill: &mut Fill, addr: u64) {
     // SAFETY: the caller registered [addr, +len >= size) for this call, keeps it valid, and
     // the get's transfers into it have ended.
     fill.copy_from(unsafe { std::slice::from_raw_parts(addr as *const u8, fill.size() as usize) });
+}
+
+/// Piece a byte get with the cache lands at a time (see [`StoreClient::land`]).
+const LAND_PIECE: u64 = 2 << 20;
+
+/// The pieces of a landing still in flight: `(batch, offset in the object, length)`. Dropped
+/// early (an error), it waits for them, so that the fill's blocks never go back while a
+/// transfer still writes into them.
+struct Landing<'a> {
+    engine: &'a TransferEngine,
+    pieces: VecDeque<(BatchId, u64, u64)>,
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        for (id, _, _) in self.pieces.drain(..) {
+            let _ = self.engine.transfer_finish(id);
+        }
+    }
 }

@@ -211,6 +211,23 @@ impl Blocks {
         }
     }
 
+    /// Copies the object's bytes `[from, from + dst.len())` out. Only that range is read, so
+    /// transfers into the rest of the blocks may still be running.
+    fn copy_range_to(&self, from: u64, dst: &mut [u8]) {
+        let end = from + dst.len() as u64;
+        for (off, addr, len) in self.pieces() {
+            let (lo, hi) = (off.max(from), (off + len).min(end));
+            if lo >= hi {
+                continue;
+            }
+            // SAFETY: inside the cache's registered mapping (see `slices`), in blocks that
+            // belong to this value alone; the transfers into [lo, hi) have ended (the caller's
+            // contract) and nothing else writes there.
+            let src = unsafe { std::slice::from_raw_parts((addr + lo - off) as *const u8, (hi - lo) as usize) };
+            dst[(lo - from) as usize..(hi - from) as usize].copy_from_slice(src);
+        }
+    }
+
     fn to_vec(&self) -> Vec<u8> {
         let mut out = crate::client::value_buffer::with_capacity(self.len as usize);
         for s in self.slices() {
@@ -311,9 +328,10 @@ impl Fill {
         self.id.size
     }
 
-    /// Copies the object's bytes out (after the transfers into [`Self::pieces`] have ended).
-    pub fn copy_to(&self, dst: &mut [u8]) {
-        self.blocks().copy_to(dst)
+    /// Copies the object's bytes `[from, from + dst.len())` out, once the transfers into that
+    /// range of [`Self::pieces`] have ended (those into the rest may still run).
+    pub fn copy_range_to(&self, from: u64, dst: &mut [u8]) {
+        self.blocks().copy_range_to(from, dst)
     }
 
     /// Copies the object's bytes in from where the get put them (`src`: the whole object, read
