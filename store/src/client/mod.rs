@@ -470,7 +470,7 @@ impl StoreClient {
         if let Some(hit) = self.hot_get_vec(key, &list) {
             return Ok(hit);
         }
-        let mut out = value_buffer::zeroed(list.size as usize);
+        let mut out = vec![0u8; list.size as usize];
         self.read_replicas(key, &list, Buf::BytesMut(&mut out))?;
         Ok(out)
     }
@@ -806,7 +806,7 @@ impl StoreClient {
                 if let Some(hit) = self.hot_get_vec(key, &list) {
                     return Ok(hit);
                 }
-                let mut out = value_buffer::zeroed(list.size as usize);
+                let mut out = vec![0u8; list.size as usize];
                 self.read_replicas(key, &list, Buf::BytesMut(&mut out))?;
                 Ok(out)
             })
