@@ -171,6 +171,29 @@ fn batch_can_be_awaited_and_polled() {
     assert!(matches!(initiator.free_batch(batch), Err(EngineError::UnknownBatch(_))));
 }
 
+/// Memory lent for one transfer (how a byte get receives its value over tcp) gets the
+/// bytes, is never published, cannot be written by a peer, and is out of the engine once
+/// the loan ends.
+#[test]
+fn lent_memory_receives_a_read_but_is_never_published_nor_open_to_peers() {
+    let (target, initiator, _) = pair();
+    let remote = target.alloc_registered(1 << 20, "cpu:0").unwrap();
+    rand::rng().fill_bytes(bytes(remote.addr(), remote.len()));
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let at = buf.as_mut_ptr() as u64;
+    let loan = initiator.lend_local(seg, at, 1 << 20).unwrap().expect("tcp needs no registration");
+    initiator.transfer_sync(&[req(Opcode::Read, at, seg, remote.addr(), 1 << 20)]).unwrap();
+    assert!(initiator.local_descriptor().buffers.iter().all(|b| b.addr != at), "published");
+    let back = target.open_segment(initiator.segment_name()).unwrap();
+    let err = target.transfer_sync(&[req(Opcode::Write, remote.addr(), back, at, 16)]).unwrap_err();
+    assert!(err.to_string().contains("outside the registered memory"), "{err}");
+    drop(loan);
+    assert_eq!(&buf[..], bytes(remote.addr(), remote.len()));
+    let err = initiator.transfer_sync(&[req(Opcode::Read, at, seg, remote.addr(), 16)]).unwrap_err();
+    assert!(err.to_string().contains("not registered"), "{err}");
+}
+
 #[test]
 fn overlapping_registration_is_rejected() {
     let engine = loopback_engine(Duration::from_secs(5));

@@ -273,6 +273,21 @@ impl TransferEngine {
         self.table.find(addr, len).is_some()
     }
 
+    /// Lends `[addr, +len)` of this process's memory to its own transfers through `segment`
+    /// until the returned loan is dropped, without registering it: the range enters the
+    /// region table as local-only (never published, exported or registered with a NIC, and
+    /// refused to peers). For a one-off transfer into memory the caller owns (a value
+    /// returned as bytes), where registering would publish a descriptor. `None` where the
+    /// segment's transport needs registered memory (rdma: the NIC needs its keys); the
+    /// caller then stages through registered memory.
+    pub fn lend_local(&self, segment: SegmentId, addr: u64, len: u64) -> Result<Option<LocalLoan<'_>>> {
+        if self.segment_transport(segment)? == TransportKind::Rdma {
+            return Ok(None);
+        }
+        self.table.insert(Region::local_only(addr, len))?;
+        Ok(Some(LocalLoan { table: &self.table, addr }))
+    }
+
     /// Allocates `len` bytes of shareable memory and registers them.
     pub fn alloc_registered(&self, len: u64, location: &str) -> Result<RegisteredMemory> {
         let mem = Arc::new(SharedMemory::allocate(len, "crescent")?);
@@ -626,6 +641,7 @@ fn describe(name: &str, host_id: &str, endpoints: &[Endpoint], table: &RegionTab
         buffers: table
             .snapshot()
             .iter()
+            .filter(|r| !r.is_local_only())
             .map(|r| BufferDescriptor {
                 addr: r.addr(),
                 length: r.len(),
@@ -633,5 +649,29 @@ fn describe(name: &str, host_id: &str, endpoints: &[Endpoint], table: &RegionTab
                 keys: r.keys(),
             })
             .collect(),
+    }
+}
+
+/// Memory lent with [`TransferEngine::lend_local`]; dropping it takes the memory back.
+pub struct LocalLoan<'a> {
+    table: &'a RegionTable,
+    addr: u64,
+}
+
+impl Drop for LocalLoan<'_> {
+    /// Returns only once no transfer uses the memory any more, so that its owner may free it
+    /// right after: a transfer the caller waited for has let go of it already, so this is
+    /// one removal from the table in practice.
+    fn drop(&mut self) {
+        let mut warned = false;
+        while let Err(e) = self.table.remove(self.addr, Duration::from_millis(100)) {
+            if matches!(e, crescent_transports::TransportError::NotRegistered(_)) {
+                return;
+            }
+            if !std::mem::replace(&mut warned, true) {
+                tracing::warn!("lent memory at {:#x} is still in use ({e}); waiting for it", self.addr);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

@@ -31,5 +31,5 @@ pub use batch::{BatchCompletion, BatchId, TransferStatus};
 pub use config::{parse_device_list, parse_size, EngineConfig, P2P_HANDSHAKE};
 pub use crescent_transports::{Opcode, TransportKind};
 pub use descriptor::{BufferDescriptor, SegmentDescriptor};
-pub use engine::{RegisteredMemory, SegmentId, TransferEngine, TransferRequest};
+pub use engine::{LocalLoan, RegisteredMemory, SegmentId, TransferEngine, TransferRequest};
 pub use error::{EngineError, Result};

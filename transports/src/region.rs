@@ -46,6 +46,8 @@ pub struct Region {
     /// Memory the engine allocated itself (kept alive while it is registered); the shm
     /// transport hands its memfd to same-host peers.
     shared: Option<Arc<SharedMemory>>,
+    /// Lent to this process's own transfers only (see [`Region::local_only`]).
+    local_only: bool,
 }
 
 impl std::fmt::Debug for Region {
@@ -69,7 +71,18 @@ impl Region {
             access: Arc::new(RwLock::new(())),
             keys: RwLock::new(RegionKeys::default()),
             shared,
+            local_only: false,
         }
+    }
+
+    /// Memory lent to this process's own transfers only: peers never get access to it and
+    /// it is never published, exported or registered with a NIC.
+    pub fn local_only(addr: u64, len: u64) -> Self {
+        Region { local_only: true, ..Region::new(addr, len, "local-only", None) }
+    }
+
+    pub fn is_local_only(&self) -> bool {
+        self.local_only
     }
     pub fn addr(&self) -> u64 {
         self.addr
@@ -254,7 +267,7 @@ impl RegionTable {
     /// Target side: grants a peer access to `[addr, addr+len)` if it lies inside one
     /// registered region; `None` otherwise (the peer gets an out-of-range error).
     pub fn access(&self, addr: u64, len: u64) -> Option<RegionAccess> {
-        let region = self.find(addr, len)?;
+        let region = self.find(addr, len).filter(|r| !r.local_only)?;
         let lock = region.access.read_arc();
         Some(RegionAccess { addr, len, _region: region, _lock: lock })
     }
@@ -306,6 +319,15 @@ mod tests {
         assert!(t.access(0xfff, 1).is_none());
         assert!(t.access(0x3000, 1).is_none());
         assert!(t.access(u64::MAX, 2).is_none());
+    }
+
+    #[test]
+    fn local_only_memory_serves_own_transfers_but_never_a_peer() {
+        let t = RegionTable::new();
+        t.insert(Region::local_only(0x1000, 0x1000)).unwrap();
+        assert!(t.acquire_local(0x1000, 0x1000).is_ok(), "this process's transfers may use it");
+        assert!(t.access(0x1000, 1).is_none(), "a peer may not");
+        assert!(t.find(0x1000, 1).unwrap().is_local_only());
     }
 
     #[test]

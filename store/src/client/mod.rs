@@ -540,7 +540,19 @@ impl StoreClient {
         };
         match dst {
             Buf::Registered(addr) => self.transfer(key, std::iter::once(read(*addr, 0, size))),
+            Buf::BytesMut(_) if size == 0 => Ok(()),
             Buf::BytesMut(out) => {
+                // Where the transport needs no registration (tcp, shm), straight into the
+                // caller's bytes in one transfer, as a zero-copy get.
+                // (Memory the caller registered overlapping these bytes, a caller's mistake,
+                // makes the loan fail: then the staged path below.)
+                let at = out.as_mut_ptr() as u64;
+                match self.engine.lend_local(seg, at, size) {
+                    // The loan ends once the transfer has (it is dropped after it).
+                    Ok(Some(_loan)) => return self.transfer(key, std::iter::once(read(at, 0, size))),
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!("reading {key:?} through the staging buffer: {e}"),
+                }
                 // Through the staging buffer in pieces, two in flight: the next piece moves
                 // while the last one is copied out (the copy into fresh memory, page faults
                 // included, costs about as much as the transfer).
