@@ -182,7 +182,7 @@ fn lent_memory_receives_a_read_but_is_never_published_nor_open_to_peers() {
     let seg = initiator.open_segment(target.segment_name()).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     let at = buf.as_mut_ptr() as u64;
-    let loan = initiator.lend_local(seg, at, 1 << 20).unwrap().expect("tcp needs no registration");
+    let loan = initiator.lend_local(Some(seg), at, 1 << 20).unwrap().expect("tcp needs no registration");
     initiator.transfer_sync(&[req(Opcode::Read, at, seg, remote.addr(), 1 << 20)]).unwrap();
     assert!(initiator.local_descriptor().buffers.iter().all(|b| b.addr != at), "published");
     let back = target.open_segment(initiator.segment_name()).unwrap();

@@ -273,15 +273,20 @@ impl TransferEngine {
         self.table.find(addr, len).is_some()
     }
 
-    /// Lends `[addr, +len)` of this process's memory to its own transfers through `segment`
-    /// until the returned loan is dropped, without registering it: the range enters the
-    /// region table as local-only (never published, exported or registered with a NIC, and
-    /// refused to peers). For a one-off transfer into memory the caller owns (a value
-    /// returned as bytes), where registering would publish a descriptor. `None` where the
-    /// segment's transport needs registered memory (rdma: the NIC needs its keys); the
-    /// caller then stages through registered memory.
-    pub fn lend_local(&self, segment: SegmentId, addr: u64, len: u64) -> Result<Option<LocalLoan<'_>>> {
-        if self.segment_transport(segment)? == TransportKind::Rdma {
+    /// Lends `[addr, +len)` of this process's memory to its own transfers until the returned
+    /// loan is dropped, without registering it: the range enters the region table as
+    /// local-only (never published, exported or registered with a NIC, and refused to peers).
+    /// For a one-off transfer into memory the caller owns (a value returned as bytes), where
+    /// registering would publish a descriptor. `via`: the segment the transfers go to, or
+    /// `None` for any. `None` is returned where that transport needs registered memory (rdma:
+    /// the NIC needs its keys; for any segment, wherever rdma is up); the caller then stages
+    /// through registered memory.
+    pub fn lend_local(&self, via: Option<SegmentId>, addr: u64, len: u64) -> Result<Option<LocalLoan<'_>>> {
+        let needs_keys = match via {
+            Some(segment) => self.segment_transport(segment)? == TransportKind::Rdma,
+            None => self.transports.iter().any(|t| t.kind() == TransportKind::Rdma),
+        };
+        if needs_keys {
             return Ok(None);
         }
         self.table.insert(Region::local_only(addr, len))?;

@@ -547,7 +547,7 @@ impl StoreClient {
                 // (Memory the caller registered overlapping these bytes, a caller's mistake,
                 // makes the loan fail: then the staged path below.)
                 let at = out.as_mut_ptr() as u64;
-                match self.engine.lend_local(seg, at, size) {
+                match self.engine.lend_local(Some(seg), at, size) {
                     // The loan ends once the transfer has (it is dropped after it).
                     Ok(Some(_loan)) => return self.transfer(key, std::iter::once(read(at, 0, size))),
                     Ok(None) => {}
@@ -808,21 +808,57 @@ impl StoreClient {
     }
 
     /// Gets several values (bytes); one result per key.
+    ///
+    /// Where no transport needs registered memory (tcp, shm), the values are read as
+    /// `batch_get_into` reads them (hits copied from the hot cache, misses as one engine
+    /// batch), straight into their result buffers lent to the engine for the call
+    /// ([`TransferEngine::lend_local`]); otherwise one after another through the staging
+    /// buffer.
     pub fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
-        Ok(self
-            .batch_replica_lists(keys)?
-            .into_iter()
+        let lists = self.batch_replica_lists(keys)?;
+        let mut out: Vec<Option<Result<Vec<u8>>>> = lists
+            .iter()
             .zip(keys)
-            .map(|(list, key)| {
-                let list = list?;
-                if let Some(hit) = self.hot_get_vec(key, &list) {
-                    return Ok(hit);
-                }
-                let mut out = vec![0u8; list.size as usize];
-                self.read_replicas(key, &list, Buf::BytesMut(&mut out))?;
-                Ok(out)
+            .map(|(list, key)| match list {
+                Err(e) => Some(Err(StoreError::from_status(e.code(), &e.to_string(), key))),
+                Ok(l) if l.size == 0 => Some(Ok(Vec::new())),
+                Ok(_) => None,
             })
-            .collect())
+            .collect();
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+        let mut bufs: Vec<Vec<u8>> =
+            rest.iter().map(|&i| vec![0u8; lists[i].as_ref().map_or(0, |l| l.size) as usize]).collect();
+        let mut loans = Vec::with_capacity(bufs.len());
+        for b in &mut bufs {
+            match self.engine.lend_local(None, b.as_mut_ptr() as u64, b.len() as u64) {
+                Ok(Some(loan)) => loans.push(loan),
+                _ => break,
+            }
+        }
+        if loans.len() == bufs.len() && !bufs.is_empty() {
+            let sub_keys: Vec<String> = rest.iter().map(|&i| keys[i].clone()).collect();
+            let sub_lists: Vec<_> = rest.iter().map(|&i| &lists[i]).collect();
+            let addrs: Vec<u64> = bufs.iter_mut().map(|b| b.as_mut_ptr() as u64).collect();
+            let lens: Vec<u64> = bufs.iter().map(|b| b.len() as u64).collect();
+            let got = self.get_lists_into(&sub_keys, &sub_lists, &addrs, &lens, true);
+            drop(loans); // after every transfer into the buffers has ended
+            for ((&i, buf), r) in rest.iter().zip(bufs).zip(got?) {
+                out[i] = Some(r.map(|_| buf));
+            }
+        } else {
+            drop(loans);
+            for &i in &rest {
+                let (key, list) = (&keys[i], lists[i].as_ref().expect("errors were answered above"));
+                out[i] = Some(match self.hot_get_vec(key, list) {
+                    Some(hit) => Ok(hit),
+                    None => {
+                        let mut buf = vec![0u8; list.size as usize];
+                        self.read_replicas(key, list, Buf::BytesMut(&mut buf)).map(|()| buf)
+                    }
+                });
+            }
+        }
+        Ok(out.into_iter().map(|r| r.expect("every key answered")).collect())
     }
 
     /// Zero-copy gets into registered memory: remote reads go in one engine batch; a key whose
@@ -840,6 +876,20 @@ impl StoreClient {
             self.check_registered(addr, len)?;
         }
         let lists = self.batch_replica_lists(keys)?;
+        self.get_lists_into(keys, &lists.iter().collect::<Vec<_>>(), addrs, lens, false)
+    }
+
+    /// [`Self::batch_get_into`] once the master has answered with `lists`; `addrs` are
+    /// registered or lent. `fresh`: the buffers are newly allocated, so a hit's buffer is
+    /// populated before its copy (see `value_buffer`).
+    fn get_lists_into(
+        &self,
+        keys: &[String],
+        lists: &[&Result<GetReplicaListReply>],
+        addrs: &[u64],
+        lens: &[u64],
+        fresh: bool,
+    ) -> Result<Vec<Result<u64>>> {
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let (mut requests, mut owner) = (Vec::new(), Vec::new());
         let mut sizes = vec![0u64; keys.len()];
@@ -898,6 +948,9 @@ impl StoreClient {
         }
         let batch = self.start_batch(&requests)?;
         for (i, guard) in hits.drain(..) {
+            if fresh {
+                value_buffer::populate(addrs[i] as *const u8, guard.size() as usize);
+            }
             hot_cache::copy_out(&guard, addrs[i]);
         }
         if let (Some(hot), Some(id)) = (&self.hot, batch) {

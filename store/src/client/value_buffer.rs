@@ -30,15 +30,17 @@ pub(crate) fn with_capacity(len: usize) -> Vec<u8> {
     v
 }
 
-fn populate(at: *const u8, len: usize) {
+/// Makes the pages of `[at, +len)`, memory this process allocated, present and writable
+/// (for a hit's copy into a fresh buffer).
+pub(crate) fn populate(at: *const u8, len: usize) {
     if len < ADVISE_FROM {
         return;
     }
     let start = (at as usize).next_multiple_of(PAGE);
     let end = (at as usize + len) / PAGE * PAGE;
     if end > start {
-        // SAFETY: [start, end) lies inside the allocation of `len` bytes at `at`; populating
-        // makes its pages present and writable, never changes their contents.
+        // SAFETY: [start, end) lies inside the caller's allocation of `len` bytes at `at`;
+        // populating makes its pages present and writable, never changes their contents.
         let _ = unsafe { madvise(start as *mut _, end - start, Advice::LinuxPopulateWrite) };
     }
 }
