@@ -467,11 +467,16 @@ impl StoreClient {
 
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
         let list = self.replica_list(key)?;
-        if let Some(hit) = self.hot_get_vec(key, &list) {
+        self.get_listed(key, &list)
+    }
+
+    /// A byte get once the master has answered with `list`: from the hot cache, or read.
+    fn get_listed(&self, key: &str, list: &GetReplicaListReply) -> Result<Vec<u8>> {
+        if let Some(hit) = self.hot_get_vec(key, list) {
             return Ok(hit);
         }
         let mut out = vec![0u8; list.size as usize];
-        self.read_replicas(key, &list, Buf::BytesMut(&mut out))?;
+        self.read_replicas(key, list, Buf::BytesMut(&mut out))?;
         Ok(out)
     }
 
@@ -848,14 +853,8 @@ impl StoreClient {
         } else {
             drop(loans);
             for &i in &rest {
-                let (key, list) = (&keys[i], lists[i].as_ref().expect("errors were answered above"));
-                out[i] = Some(match self.hot_get_vec(key, list) {
-                    Some(hit) => Ok(hit),
-                    None => {
-                        let mut buf = vec![0u8; list.size as usize];
-                        self.read_replicas(key, list, Buf::BytesMut(&mut buf)).map(|()| buf)
-                    }
-                });
+                let list = lists[i].as_ref().expect("errors were answered above");
+                out[i] = Some(self.get_listed(&keys[i], list));
             }
         }
         Ok(out.into_iter().map(|r| r.expect("every key answered")).collect())

@@ -204,11 +204,7 @@ impl Blocks {
     }
 
     fn copy_to(&self, dst: &mut [u8]) {
-        let mut at = 0;
-        for s in self.slices() {
-            dst[at..at + s.len()].copy_from_slice(s);
-            at += s.len();
-        }
+        self.copy_range_to(0, dst)
     }
 
     /// Copies the object's bytes `[from, from + dst.len())` out. Only that range is read, so
