@@ -183,6 +183,7 @@ impl Master {
                 if !obj.ssd.contains(&segment_id) {
                     obj.ssd.push(segment_id);
                 }
+                obj.offload_held_until = None;
                 Ok(())
             }
             Some(_) => Err(StoreError::AlreadyExists(e.key.clone())), // another version: the file is stale
@@ -207,6 +208,7 @@ impl Master {
                         lease_until: None,
                         soft_pin_until: None,
                         hard_pin: false,
+                        offload_held_until: None,
                     },
                 );
                 Ok(())
@@ -471,6 +473,29 @@ mod tests {
         assert_eq!(list.replicas[0].tier, Tier::Ssd as i32);
         assert_eq!(list.replicas[0].disk_service, "h:1");
         assert_eq!(m.totals().capacity, 4 << 20, "disk capacity is not memory capacity");
+    }
+
+    #[test]
+    fn objects_whose_file_is_not_written_yet_are_evicted_last() {
+        let (m, disk) = setup();
+        // "held" (put by c1, which has a disk) is the oldest; "plain" comes from a client
+        // without a disk, so nothing is writing its file.
+        put(&m, "held", 1 << 20);
+        m.put_start("c2", "plain", 1 << 20, &PutOptions::default()).unwrap();
+        m.put_end("c2", "plain").unwrap();
+        let v2 = put(&m, "held2", 1 << 20);
+        // Memory is full: the next put evicts one object, the one not being written to disk.
+        put(&m, "next", 1 << 20);
+        assert!(!m.exists("plain").unwrap(), "the object with no file in flight goes first");
+        assert!(m.exists("held").unwrap() && m.exists("held2").unwrap());
+        // Once its file is announced, "held2" is an ordinary candidate again, taken before the
+        // older "held", whose file is still being written: "held2" loses its memory replica
+        // and stays readable from the disk.
+        assert!(m.update_disk_replicas("c1", disk, &[entry("held2", 1 << 20, v2)], &[], FRESH).unwrap()[0].is_ok());
+        put(&m, "last", 1 << 20);
+        let tiers = |key| m.query(key).unwrap().replicas.iter().map(|r| r.tier).collect::<Vec<_>>();
+        assert_eq!(tiers("held"), [Tier::Dram as i32], "still spared while its file is written");
+        assert_eq!(tiers("held2"), [Tier::Ssd as i32]);
     }
 
     #[test]

@@ -74,11 +74,22 @@ struct Object {
     lease_until: Option<Instant>,
     soft_pin_until: Option<Instant>,
     hard_pin: bool,
+    /// Set when the put commits, if its writer has a disk tier: the writer's disk writes the
+    /// file from the replica in the writer's memory, so eviction takes this object only after
+    /// every other candidate, until its file is announced or this passes ([`OFFLOAD_HOLD`]).
+    offload_held_until: Option<Instant>,
 }
+
+/// How long a committed object whose file is being written is spared by eviction (see
+/// `Object::offload_held_until`): far longer than a disk tier takes with a full queue.
+pub const OFFLOAD_HOLD: Duration = Duration::from_secs(10);
 
 impl Object {
     fn leased(&self, now: Instant) -> bool {
         self.lease_until.is_some_and(|t| t > now)
+    }
+    fn offload_held(&self, now: Instant) -> bool {
+        self.offload_held_until.is_some_and(|t| t > now)
     }
     fn evictable(&self, now: Instant) -> bool {
         self.complete && !self.hard_pin && !self.leased(now) && self.soft_pin_until.is_none_or(|t| t <= now)
@@ -414,6 +425,7 @@ impl Master {
             lease_until: None,
             soft_pin_until,
             hard_pin: opts.hard_pin,
+            offload_held_until: None,
         };
         let descriptors = Self::describe(&st, &object);
         st.objects.insert(key.to_string(), object);
@@ -480,6 +492,9 @@ impl Master {
         let newly = !obj.complete;
         obj.complete = true;
         obj.last_access = Instant::now();
+        if newly && obj.offload_disk.is_some() {
+            obj.offload_held_until = Some(obj.last_access + OFFLOAD_HOLD);
+        }
         if newly {
             self.emit_object(&st, key, EventKind::Stored);
         }
@@ -672,19 +687,20 @@ impl Master {
     // ---- eviction, reclaim, liveness ----
 
     /// Evicts least-recently-used evictable objects until `at_least` bytes and the configured
-    /// ratio of capacity are freed (or nothing evictable is left). Returns bytes freed.
+    /// ratio of capacity are freed (or nothing evictable is left); objects whose file is still
+    /// being written from memory (`offload_held_until`) go last. Returns bytes freed.
     fn evict(&self, st: &mut State, now: Instant, at_least: u64) -> u64 {
         let capacity = Self::totals_of(st).capacity;
         let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
-        let mut candidates: Vec<(Instant, String)> = st
+        let mut candidates: Vec<(bool, Instant, String)> = st
             .objects
             .iter()
             .filter(|(_, o)| o.evictable(now) && !o.replicas.is_empty())
-            .map(|(k, o)| (o.last_access, k.clone()))
+            .map(|(k, o)| (o.offload_held(now), o.last_access, k.clone()))
             .collect();
         candidates.sort();
         let (mut freed, mut count) = (0, 0);
-        for (_, key) in candidates {
+        for (_, _, key) in candidates {
             if freed >= target {
                 break;
             }
