@@ -33,13 +33,10 @@ pub(crate) fn readable_in_memory(r: &ReplicaDescriptor) -> bool {
     r.status == ReplicaStatus::Complete as i32 && r.tier != Tier::Ssd as i32
 }
 
-/// Hands the disk tier the images of the puts that committed (the others' are dropped).
-fn queue_offloads(results: &[Result<()>], offloads: Vec<Option<PreparedOffload>>, versions: &[u64]) {
-    for ((r, offload), &version) in results.iter().zip(offloads).zip(versions) {
-        if let (Ok(()), Some(offload)) = (r, offload) {
-            offload.queue(version);
-        }
-    }
+/// Per key of a batch put: where the master placed it and its version (none for a key
+/// refused).
+fn placements(starts: &[Result<(Vec<ReplicaDescriptor>, u64)>]) -> Vec<(Vec<ReplicaDescriptor>, u64)> {
+    starts.iter().map(|s| s.as_ref().map_or_else(|_| (Vec::new(), 0), |p| p.clone())).collect()
 }
 
 /// A batch reply must hold one item per key asked.
@@ -297,10 +294,13 @@ impl StoreClient {
         // While the master places the object: the disk tier's copy of the value, and a byte
         // put's first piece in the staging buffer (unless the last put stayed in our own
         // segment, where nothing is staged).
-        let stage_early = matches!(src, Buf::Bytes(_)) && !self.last_put_local.load(Ordering::Relaxed);
+        // When the last put stayed in our own segment, this one likely does too: the disk
+        // tier then takes only the CRC now and writes the file from our replica.
+        let local = self.last_put_local.load(Ordering::Relaxed);
+        let stage_early = matches!(src, Buf::Bytes(_)) && !local;
         let (reply, (offload, first_piece)) = if self.ssd.is_some() || stage_early {
             self.rpc.call_while(start, || {
-                let offload = self.prepare_offload(key, &src, len);
+                let offload = self.prepare_offload(key, &src, len, local);
                 (offload, if stage_early { self.stage_first_piece(&src, len) } else { None })
             })
         } else {
@@ -311,7 +311,7 @@ impl StoreClient {
         let written = self.write_replicas(key, &reply.replicas, &src, len, first_piece);
         self.finish_put(key, written)?;
         if let Some(offload) = offload {
-            offload.queue(reply.version);
+            self.queue_offload(offload, reply.version, &reply.replicas, &src, len);
         }
         Ok(())
     }
@@ -608,7 +608,7 @@ impl StoreClient {
         let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
         let srcs: Vec<Buf<'_>> = values.iter().map(|v| Buf::Bytes(v)).collect();
         let (starts, offloads) = self.batch_put_start(keys, &sizes, &srcs)?;
-        let versions: Vec<u64> = starts.iter().map(|s| s.as_ref().map_or(0, |(_, v)| *v)).collect();
+        let placed = placements(&starts);
         let written: Vec<Result<()>> = starts
             .into_iter()
             .zip(keys.iter().zip(values))
@@ -619,7 +619,7 @@ impl StoreClient {
             })
             .collect();
         let results = self.batch_put_finish(keys, written)?;
-        queue_offloads(&results, offloads, &versions);
+        self.queue_offloads(&results, offloads, &placed, &srcs, &sizes);
         Ok(results)
     }
 
@@ -633,7 +633,7 @@ impl StoreClient {
         }
         let srcs: Vec<Buf<'_>> = addrs.iter().map(|&a| Buf::Registered(a)).collect();
         let (starts, offloads) = self.batch_put_start(keys, sizes, &srcs)?;
-        let versions: Vec<u64> = starts.iter().map(|s| s.as_ref().map_or(0, |(_, v)| *v)).collect();
+        let placed = placements(&starts);
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut requests = Vec::new();
         let mut owner = Vec::new();
@@ -669,9 +669,10 @@ impl StoreClient {
                 }
             }
         }
+        self.last_put_local.store(requests.is_empty(), Ordering::Relaxed);
         self.run_batch(keys, &requests, &owner, &mut results)?;
         let results = self.batch_put_finish(keys, results)?;
-        queue_offloads(&results, offloads, &versions);
+        self.queue_offloads(&results, offloads, &placed, &srcs, sizes);
         Ok(results)
     }
 
@@ -696,9 +697,15 @@ impl StoreClient {
         };
         let start = |mut c: MasterClient<Channel>| async move { c.batch_put_start(req).await };
         let (reply, offloads) = if self.ssd.is_some() {
-            // The disk tier's copies of the values are made while the master places them.
+            // The disk tier's copies of the values (or their CRCs, see `put_one`) are made
+            // while the master places them.
+            let local = self.last_put_local.load(Ordering::Relaxed);
             self.rpc.call_while(start, || {
-                keys.iter().zip(srcs).zip(sizes).map(|((key, src), &len)| self.prepare_offload(key, src, len)).collect()
+                keys.iter()
+                    .zip(srcs)
+                    .zip(sizes)
+                    .map(|((key, src), &len)| self.prepare_offload(key, src, len, local))
+                    .collect()
             })
         } else {
             (self.rpc.call(start), Vec::new())

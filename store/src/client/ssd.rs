@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crescent_engine::{Opcode, TransferRequest};
 
+use super::disk::file::ResidentValue;
 use super::disk::service::{DiskReader, DiskService};
 use super::disk::{Announcer, DiskStats, DiskTier, PreparedOffload};
 use super::rpc::{check, MasterRpc};
@@ -115,19 +116,55 @@ impl StoreClient {
         }
     }
 
-    /// The value's file image, made before its put commits (see [`DiskTier::prepare`]): queued
-    /// once the put committed, it never makes the put wait for the disk. None without a disk tier.
-    pub(super) fn prepare_offload(&self, key: &str, src: &Buf<'_>, len: u64) -> Option<PreparedOffload> {
+    /// The value's file image (or, with `in_place`, only its CRC-32), made before its put
+    /// commits (see [`DiskTier::prepare`]): queued once the put committed
+    /// ([`Self::queue_offload`]), it never makes the put wait for the disk. None without a
+    /// disk tier.
+    pub(super) fn prepare_offload(
+        &self,
+        key: &str,
+        src: &Buf<'_>,
+        len: u64,
+        in_place: bool,
+    ) -> Option<PreparedOffload> {
         let ssd = self.ssd.as_ref()?;
-        Some(match src {
-            Buf::Bytes(b) => ssd.tier.prepare(key, &b[..len as usize]),
-            Buf::Registered(addr) => {
-                // SAFETY: the caller registered [addr, +len) and keeps it valid during the put.
-                let bytes = unsafe { std::slice::from_raw_parts(*addr as *const u8, len as usize) };
-                ssd.tier.prepare(key, bytes)
+        let bytes = put_bytes(src, len);
+        Some(if in_place { ssd.tier.prepare_resident(key, bytes) } else { ssd.tier.prepare(key, bytes) })
+    }
+
+    /// Hands a committed put's offload to the writers, who read the value from the put's
+    /// replica in our own segment when it has one.
+    pub(super) fn queue_offload(
+        &self,
+        offload: PreparedOffload,
+        version: u64,
+        replicas: &[ReplicaDescriptor],
+        src: &Buf<'_>,
+        len: u64,
+    ) {
+        let resident = replicas.iter().find_map(|r| self.local_replica(r, len)).map(|bytes| {
+            // SAFETY: a range of our own segment (checked by `local_replica`), mapped while
+            // the segment's memory (kept by the clone) lives.
+            unsafe { ResidentValue::new(Box::new(self.segment.clone()), bytes.as_ptr() as u64, bytes.len()) }
+        });
+        offload.queue_resident(version, resident, put_bytes(src, len));
+    }
+
+    /// [`Self::queue_offload`] for each put of a batch that committed (the others' offloads
+    /// are dropped).
+    pub(super) fn queue_offloads(
+        &self,
+        results: &[Result<()>],
+        offloads: Vec<Option<PreparedOffload>>,
+        placed: &[(Vec<ReplicaDescriptor>, u64)],
+        srcs: &[Buf<'_>],
+        sizes: &[u64],
+    ) {
+        for (i, (r, offload)) in results.iter().zip(offloads).enumerate() {
+            if let (Ok(()), Some(offload)) = (r, offload) {
+                self.queue_offload(offload, placed[i].1, &placed[i].0, &srcs[i], sizes[i]);
             }
-            Buf::BytesMut(_) => unreachable!("puts read from the caller"),
-        })
+        }
     }
 
     /// Waits until every queued offload is on disk and known to the master (or the timeout
@@ -283,4 +320,14 @@ impl StoreClient {
 /// Opens the disk tier of `config` (before anything else: an invalid root fails the start).
 pub(super) fn open_tier(config: &super::ClientConfig) -> Result<Option<Arc<DiskTier>>> {
     config.disk_config()?.map(DiskTier::open).transpose()
+}
+
+/// A put's bytes.
+fn put_bytes<'a>(src: &'a Buf<'_>, len: u64) -> &'a [u8] {
+    match src {
+        Buf::Bytes(b) => &b[..len as usize],
+        // SAFETY: the caller registered [addr, +len) and keeps it valid during the put.
+        Buf::Registered(addr) => unsafe { std::slice::from_raw_parts(*addr as *const u8, len as usize) },
+        Buf::BytesMut(_) => unreachable!("puts read from the caller"),
+    }
 }

@@ -19,7 +19,7 @@
 //! memory tier's, and a read of the disk tier measures the disk.
 
 use std::fs::{File, OpenOptions};
-use std::io::{IoSliceMut, Write};
+use std::io::{IoSlice, IoSliceMut, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -92,6 +92,114 @@ impl FileImage {
     }
 }
 
+/// A value the writers read where it already lies: the putting client's own replica, in its
+/// segment, which `keep` keeps mapped. Its CRC-32 is taken from the caller's bytes during the
+/// put ([`super::DiskTier::prepare_resident`]). The range changes only if the master gave it to another object meanwhile (this one
+/// evicted or removed); the writer then finds the CRC changed and drops the file.
+pub struct ResidentValue {
+    _keep: Box<dyn std::any::Any + Send + Sync>,
+    addr: u64,
+    len: usize,
+    crc: u32,
+}
+
+impl ResidentValue {
+    /// # Safety
+    /// `[addr, addr + len)` stays mapped and readable while `keep` lives.
+    pub unsafe fn new(keep: Box<dyn std::any::Any + Send + Sync>, addr: u64, len: usize) -> ResidentValue {
+        ResidentValue { _keep: keep, addr, len, crc: 0 }
+    }
+
+    /// The value's CRC-32 as the put saw it.
+    pub(super) fn expecting(self, crc: u32) -> ResidentValue {
+        ResidentValue { crc, ..self }
+    }
+
+    pub fn value_len(&self) -> usize {
+        self.len
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: mapped while `_keep` lives (see `new`); plain bytes, valid whatever their
+        // values, and a change under us is caught by the CRC (`unchanged`).
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+
+    /// Whether direct I/O can read the value in place (else it is copied: [`Self::into_image`]).
+    pub fn in_place(&self) -> bool {
+        self.addr.is_multiple_of(ALIGN)
+    }
+
+    /// Whether the bytes still have the CRC the put saw.
+    pub fn unchanged(&self) -> bool {
+        crc32fast::hash(self.bytes()) == self.crc
+    }
+
+    /// A copy in a file image (in `spare` when large enough); None when the bytes changed.
+    pub fn into_image(self, spare: Vec<u8>, key: &str) -> Option<FileImage> {
+        let image = FileImage::reusing(spare, key, self.bytes());
+        (image.value_crc == self.crc).then_some(image)
+    }
+
+    /// Writes header, value and zero tail at the file's start; the value straight from where
+    /// it lies when 4 KiB-aligned (only its last partial 4 KiB is copied). Returns the bytes
+    /// written.
+    fn write_to(&self, f: &mut File, header: &[u8], data_offset: usize) -> std::io::Result<u64> {
+        let align = ALIGN as usize;
+        let bytes = self.bytes();
+        let whole = self.len / align * align;
+        let tail = self.len - whole;
+        let tail_room = if tail > 0 { align } else { 0 };
+        let mut edges = vec![0u8; data_offset + tail_room + align];
+        let start = edges.as_ptr().align_offset(align);
+        let (head, rest) = edges[start..].split_at_mut(data_offset);
+        head[..header.len()].copy_from_slice(header);
+        let tail_buf = &mut rest[..tail_room];
+        tail_buf[..tail].copy_from_slice(&bytes[whole..]);
+        let mut slices = [IoSlice::new(head), IoSlice::new(&bytes[..whole]), IoSlice::new(tail_buf)];
+        let mut left: &mut [IoSlice<'_>] = &mut slices;
+        while !left.is_empty() {
+            match f.write_vectored(left) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut left, n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((data_offset + whole + tail_room) as u64)
+    }
+}
+
+/// What a writer writes: a whole file image, or a value where it lies.
+pub enum FileBody {
+    Image(FileImage),
+    Resident(ResidentValue),
+}
+
+impl FileBody {
+    pub fn value_len(&self) -> u64 {
+        match self {
+            FileBody::Image(i) => i.value_len(),
+            FileBody::Resident(v) => v.len as u64,
+        }
+    }
+
+    fn value_crc(&self) -> u32 {
+        match self {
+            FileBody::Image(i) => i.value_crc,
+            FileBody::Resident(v) => v.crc,
+        }
+    }
+
+    /// An image's memory, for reuse.
+    pub fn into_buffer(self) -> Option<Vec<u8>> {
+        match self {
+            FileBody::Image(i) => Some(i.into_buffer()),
+            FileBody::Resident(_) => None,
+        }
+    }
+}
+
 /// A file written under its temporary name, not yet flushed nor renamed.
 pub struct Staged {
     file: File,
@@ -115,14 +223,14 @@ pub fn write_staged(
     dir: &Path,
     key: &str,
     version: u64,
-    image: &mut FileImage,
+    body: &mut FileBody,
     reuse: Option<&Retired>,
 ) -> Result<Staged> {
     let (sub, name) = file_name(key, version);
     let sub = dir.join(sub);
     let path = sub.join(&name);
     let tmp = sub.join(format!("{name}.{:08x}{TMP_SUFFIX}", rand::random::<u32>()));
-    let header = Header { key: key.to_string(), value_len: image.value_len(), version, value_crc: image.value_crc };
+    let header = Header { key: key.to_string(), value_len: body.value_len(), version, value_crc: body.value_crc() };
     let reused = reuse.and_then(|r| {
         // The rename is atomic: the old file's name (a retired or evicted file) is gone at once.
         match in_dir(&sub, || std::fs::rename(&r.path, &tmp)) {
@@ -150,9 +258,16 @@ pub fn write_staged(
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => (open(0)?, false),
             Err(e) => return Err(e),
         };
-        let aligned = image.aligned(&header.encode());
-        f.write_all(aligned)?;
-        let len_now = (aligned.len() as u64).max(reused.unwrap_or(0));
+        let header_bytes = header.encode();
+        let written = match body {
+            FileBody::Image(image) => {
+                let aligned = image.aligned(&header_bytes);
+                f.write_all(aligned)?;
+                aligned.len() as u64
+            }
+            FileBody::Resident(v) => v.write_to(&mut f, &header_bytes, header.data_offset() as usize)?,
+        };
+        let len_now = written.max(reused.unwrap_or(0));
         if len_now != header.file_len() {
             f.set_len(header.file_len())?;
         }

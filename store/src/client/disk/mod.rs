@@ -106,6 +106,9 @@ pub struct DiskStats {
     pub too_large: u64,
     /// Offloads dropped because room could only be made by evicting files being read.
     pub busy_dropped: u64,
+    /// Offloads dropped because their value's memory was given to another object (evicted
+    /// or removed) before the writer had it.
+    pub overwritten: u64,
     pub write_failures: u64,
     /// Files the master refused (their object was removed or put again meanwhile).
     pub stale_refused: u64,
@@ -131,6 +134,7 @@ struct Counters {
     queue_full: AtomicU64,
     too_large: AtomicU64,
     busy_dropped: AtomicU64,
+    overwritten: AtomicU64,
     write_failures: AtomicU64,
     stale_refused: AtomicU64,
     evicted: AtomicU64,
@@ -157,7 +161,7 @@ pub trait Announcer: Send + Sync {
 struct Job {
     key: String,
     version: u64,
-    image: file::FileImage,
+    body: file::FileBody,
 }
 
 /// A value on its way to the writers: see [`DiskTier::prepare`].
@@ -171,6 +175,9 @@ pub struct PreparedOffload {
 enum Prepared {
     /// The file image, holding its room in the queue.
     Image(file::FileImage),
+    /// Only the value's CRC-32, holding its room in the queue: the writers read the value
+    /// where the put leaves it ([`PreparedOffload::queue_resident`]).
+    Checksum(u32),
     /// Larger than the whole disk tier: counted when queued.
     TooLarge,
     /// No room in the queue: counted (and warned about) when queued.
@@ -180,31 +187,51 @@ enum Prepared {
 
 impl PreparedOffload {
     /// Hands the image to the writers as object `version` (its put committed). Never blocks.
-    pub fn queue(mut self, version: u64) {
+    /// (Prepared by [`DiskTier::prepare`].)
+    pub fn queue(self, version: u64) {
+        self.queue_resident(version, None, &[]);
+    }
+
+    /// Like [`Self::queue`]; prepared by [`DiskTier::prepare_resident`], the writers read the
+    /// value from `resident` (the put's own replica), or from a copy of `value` made now when
+    /// there is none.
+    pub fn queue_resident(mut self, version: u64, resident: Option<file::ResidentValue>, value: &[u8]) {
         let tier = self.tier.clone();
-        match std::mem::replace(&mut self.state, Prepared::Queued) {
+        let body = match std::mem::replace(&mut self.state, Prepared::Queued) {
             Prepared::TooLarge => {
                 inc(&tier.counters.too_large);
                 tracing::debug!("not offloading {:?}: {} bytes exceed the disk tier's capacity", self.key, self.len);
+                return;
             }
-            Prepared::QueueFull => tier.queue_full(&self.key),
-            Prepared::Queued => {}
-            Prepared::Image(image) => {
-                let key = std::mem::take(&mut self.key);
-                *tier.in_flight.lock().entry(key.clone()).or_default() += 1;
-                let job = Job { key: key.clone(), version, image };
-                let sent = match tier.queue.lock().as_ref() {
-                    Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
-                    None => Err(false),
-                };
-                match sent {
-                    Ok(()) => inc(&tier.counters.queued),
-                    Err(full) => {
-                        tier.job_done(&key, self.len);
-                        if full {
-                            tier.queue_full(&key);
-                        }
-                    }
+            Prepared::QueueFull => return tier.queue_full(&self.key),
+            Prepared::Queued => return,
+            Prepared::Image(image) => file::FileBody::Image(image),
+            Prepared::Checksum(crc) => match resident {
+                Some(v) if v.value_len() as u64 == self.len => file::FileBody::Resident(v.expecting(crc)),
+                None if value.len() as u64 == self.len => file::FileBody::Image(file::FileImage::reusing(
+                    tier.spare_image(&self.key, value.len()),
+                    &self.key,
+                    value,
+                )),
+                _ => {
+                    tracing::error!("offload of {:?}: no bytes to write (a bug); not persisted", self.key);
+                    return tier.release(self.len);
+                }
+            },
+        };
+        let key = std::mem::take(&mut self.key);
+        *tier.in_flight.lock().entry(key.clone()).or_default() += 1;
+        let job = Job { key: key.clone(), version, body };
+        let sent = match tier.queue.lock().as_ref() {
+            Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
+            None => Err(false),
+        };
+        match sent {
+            Ok(()) => inc(&tier.counters.queued),
+            Err(full) => {
+                tier.job_done(&key, self.len);
+                if full {
+                    tier.queue_full(&key);
                 }
             }
         }
@@ -214,9 +241,13 @@ impl PreparedOffload {
 impl Drop for PreparedOffload {
     /// Not queued (its put failed): the room in the queue and the memory go back.
     fn drop(&mut self) {
-        if let Prepared::Image(image) = std::mem::replace(&mut self.state, Prepared::Queued) {
-            self.tier.release(self.len);
-            self.tier.keep_spare(image.into_buffer());
+        match std::mem::replace(&mut self.state, Prepared::Queued) {
+            Prepared::Image(image) => {
+                self.tier.release(self.len);
+                self.tier.keep_spare(image.into_buffer());
+            }
+            Prepared::Checksum(_) => self.tier.release(self.len),
+            _ => {}
         }
     }
 }
@@ -463,7 +494,20 @@ impl DiskTier {
     /// commits: the copy then overlaps the put's call to the master. [`PreparedOffload::queue`]
     /// hands it to the writers once the put committed; dropping it gives the room back.
     pub fn prepare(self: &Arc<Self>, key: &str, value: &[u8]) -> PreparedOffload {
-        let len = value.len() as u64;
+        self.reserve(key, value.len() as u64, || {
+            Prepared::Image(file::FileImage::reusing(self.spare_image(key, value.len()), key, value))
+        })
+    }
+
+    /// Like [`Self::prepare`], but takes only the value's CRC-32: for a put expected to
+    /// leave a replica in this client's own segment, which the writers then read in place
+    /// ([`PreparedOffload::queue_resident`]): no copy on the putting thread.
+    pub fn prepare_resident(self: &Arc<Self>, key: &str, value: &[u8]) -> PreparedOffload {
+        self.reserve(key, value.len() as u64, || Prepared::Checksum(crc32fast::hash(value)))
+    }
+
+    /// Takes room in the queue for `len` bytes, then prepares them with `make`.
+    fn reserve(self: &Arc<Self>, key: &str, len: u64, make: impl FnOnce() -> Prepared) -> PreparedOffload {
         let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, state };
         if data_offset(key.len()) + len > self.capacity() {
             return prepared(Prepared::TooLarge);
@@ -476,12 +520,14 @@ impl DiskTier {
             p.jobs += 1;
             p.bytes += len;
         }
-        let spare = {
-            let want = file::FileImage::memory_len(key.len(), value.len());
-            let mut spare = self.spare_images.lock();
-            spare.iter().position(|b| b.len() >= want).map(|i| spare.swap_remove(i)).unwrap_or_default()
-        };
-        prepared(Prepared::Image(file::FileImage::reusing(spare, key, value)))
+        prepared(make())
+    }
+
+    /// A kept image's memory large enough for this value, if any.
+    fn spare_image(&self, key: &str, value_len: usize) -> Vec<u8> {
+        let want = file::FileImage::memory_len(key.len(), value_len);
+        let mut spare = self.spare_images.lock();
+        spare.iter().position(|b| b.len() >= want).map(|i| spare.swap_remove(i)).unwrap_or_default()
     }
 
     fn queue_full(&self, key: &str) {
@@ -561,9 +607,13 @@ impl DiskTier {
     /// A writer's part: room, the file's bytes under a temporary name; the committer does
     /// the rest. A job that ends here (nothing written) is done at once.
     fn write_job(&self, mut job: Job, committer: &Sender<Written>) {
-        let len = job.image.value_len();
+        let len = job.body.value_len();
         let staged = self.write_one(&mut job);
-        self.keep_spare(std::mem::replace(&mut job.image, file::FileImage::new("", &[])).into_buffer());
+        if let Some(buf) =
+            std::mem::replace(&mut job.body, file::FileBody::Image(file::FileImage::new("", &[]))).into_buffer()
+        {
+            self.keep_spare(buf);
+        }
         match staged {
             Some(staged) => {
                 let w = Written { key: job.key, version: job.version, value_len: len, staged };
@@ -579,7 +629,7 @@ impl DiskTier {
     }
 
     fn write_one(&self, job: &mut Job) -> Option<file::Staged> {
-        let value_len = job.image.value_len();
+        let value_len = job.body.value_len();
         let file_len = data_offset(job.key.len()) + value_len;
         let evicted = {
             let mut ix = self.index.lock();
@@ -617,10 +667,31 @@ impl DiskTier {
         for f in discard {
             let _ = std::fs::remove_file(&f.path);
         }
-        let written = file::write_staged(&self.dir, &job.key, job.version, &mut job.image, reuse.as_ref());
+        if let file::FileBody::Resident(v) = &job.body {
+            if !v.in_place() {
+                // Not 4 KiB-aligned for direct I/O: through an image after all.
+                let file::FileBody::Resident(v) =
+                    std::mem::replace(&mut job.body, file::FileBody::Image(file::FileImage::new("", &[])))
+                else {
+                    unreachable!()
+                };
+                match v.into_image(self.spare_image(&job.key, value_len as usize), &job.key) {
+                    Some(image) => job.body = file::FileBody::Image(image),
+                    None => return self.overwritten(&job.key, file_len, reuse),
+                }
+            }
+        }
+        let written = file::write_staged(&self.dir, &job.key, job.version, &mut job.body, reuse.as_ref());
         if written.as_ref().is_ok_and(|s| s.recycled) {
             inc(&self.counters.recycled);
         }
+        let written = match written {
+            Ok(staged) if matches!(&job.body, file::FileBody::Resident(v) if !v.unchanged()) => {
+                staged.abandon();
+                return self.overwritten(&job.key, file_len, None);
+            }
+            other => other,
+        };
         let written = written.and_then(|staged| {
             // Flushed here, so that the writers' flushes overlap (each waits for the device).
             if self.config.fsync {
@@ -653,6 +724,21 @@ impl DiskTier {
                 None
             }
         }
+    }
+
+    /// An offload whose value changed in memory before the writer had it (the master gave
+    /// its range to another object): dropped and counted. The room reserved goes back, and
+    /// so does the file to reuse, when it was not used.
+    fn overwritten(&self, key: &str, file_len: u64, unused: Option<recycle::Retired>) -> Option<file::Staged> {
+        inc(&self.counters.overwritten);
+        tracing::debug!("not offloading {key:?}: its memory was reused before it was written");
+        let mut ix = self.index.lock();
+        ix.release(file_len);
+        if let Some(f) = unused {
+            drop(ix);
+            let _ = std::fs::remove_file(&f.path);
+        }
+        None
     }
 
     /// The committer's part, for a batch of written and flushed files: rename each, flush
@@ -880,6 +966,7 @@ impl DiskTier {
             queue_full: g(&c.queue_full),
             too_large: g(&c.too_large),
             busy_dropped: g(&c.busy_dropped),
+            overwritten: g(&c.overwritten),
             write_failures: g(&c.write_failures),
             stale_refused: g(&c.stale_refused),
             evicted: g(&c.evicted),

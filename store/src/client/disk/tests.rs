@@ -530,3 +530,63 @@ fn a_failed_write_gives_the_retired_files_back_to_the_file_system() {
     assert_eq!((s.write_failures, s.retired_files, s.retired_bytes), (1, 0, 0));
     assert_eq!(std::fs::read_dir(tier.dir().join(RETIRED_DIR)).unwrap().count(), 0);
 }
+
+/// Memory standing in for a client's segment: `len` bytes at `shift` bytes past a 4 KiB
+/// boundary, holding `value(len, seed)`.
+fn segment_with(len: usize, seed: u64, shift: usize) -> (Vec<u8>, usize) {
+    let mut mem = vec![0u8; len + shift + 2 * ALIGN_USIZE];
+    let at = mem.as_ptr().align_offset(ALIGN_USIZE) + shift;
+    mem[at..at + len].copy_from_slice(&value(len, seed));
+    (mem, at)
+}
+
+const ALIGN_USIZE: usize = format::ALIGN as usize;
+
+/// Queues an offload prepared from `value(len, seed)` (its CRC), the writers to read it from
+/// `mem[at..]`.
+fn queue_in_place(tier: &Arc<DiskTier>, key: &str, version: u64, mem: Vec<u8>, at: usize, len: usize, seed: u64) {
+    let prepared = tier.prepare_resident(key, &value(len, seed));
+    let mem = Arc::new(mem);
+    let addr = mem.as_ptr() as u64 + at as u64;
+    // SAFETY: `mem` (kept by the box) holds [addr, +len).
+    let resident = unsafe { file::ResidentValue::new(Box::new(mem.clone()), addr, len) };
+    prepared.queue_resident(version, Some(resident), &[]);
+}
+
+#[test]
+fn values_written_from_where_they_lie_read_back_exactly_and_changed_ones_are_dropped() {
+    let root = tempfile::tempdir().unwrap();
+    let (tier, rec) = started(config(root.path()));
+    // Aligned (written in place, with a partial last 4 KiB), and not (copied first).
+    let (aligned, unaligned) = ((1 << 20) + 1000, 300_000);
+    let (mem, at) = segment_with(aligned, 1, 0);
+    queue_in_place(&tier, "aligned", 1, mem, at, aligned, 1);
+    let (mem, at) = segment_with(unaligned, 2, 256);
+    queue_in_place(&tier, "unaligned", 2, mem, at, unaligned, 2);
+    // The memory was given to another object between the put and the write: both kinds dropped.
+    for (key, shift) in [("changed-aligned", 0), ("changed-unaligned", 256)] {
+        let (mut mem, at) = segment_with(aligned, 3, shift);
+        mem[at + 70_000] ^= 0x40;
+        queue_in_place(&tier, key, 3, mem, at, aligned, 3);
+    }
+    // No replica of ours after all: the bytes are copied when queued.
+    tier.prepare_resident("copied", &value(5000, 4)).queue_resident(4, None, &value(5000, 4));
+    assert!(tier.flush(Duration::from_secs(30)));
+
+    let s = tier.stats();
+    assert_eq!((s.files, s.overwritten, s.write_failures), (3, 2, 0), "{s:?}");
+    for (key, version, len, seed) in
+        [("aligned", 1, aligned, 1), ("unaligned", 2, unaligned, 2), ("copied", 4, 5000, 4)]
+    {
+        let mut dst = vec![0u8; len];
+        tier.read_local(key, version, &mut dst).unwrap();
+        assert!(dst == value(len, seed), "{key} read back different bytes");
+    }
+    for key in ["changed-aligned", "changed-unaligned"] {
+        assert_eq!(tier.version_of(key), None, "{key} was written although its bytes changed");
+    }
+    let mut announced: Vec<String> = rec.added.lock().iter().map(|e| e.key.clone()).collect();
+    announced.sort();
+    assert_eq!(announced, ["aligned", "copied", "unaligned"]);
+    assert_eq!(files_under(tier.dir()).len(), 3, "a dropped offload left a file behind");
+}
