@@ -94,6 +94,11 @@ fn values_evicted_from_memory_are_read_from_disk_here_and_through_another_client
     let s = a.disk_stats().unwrap();
     assert!(s.local_reads >= 4 && s.served_reads >= 4, "{s:?}");
     assert_eq!(s.queue_full, 0);
+    // A's first gets found only the disk copies: its next ones read the file while they ask.
+    assert_eq!(s.early_reads, 0);
+    assert!(a.get(&long).unwrap() == data(2 << 20, 3));
+    let s = a.disk_stats().unwrap();
+    assert_eq!((s.early_reads, s.early_reads_wasted), (1, 0), "{s:?}");
 }
 
 #[test]
@@ -131,6 +136,52 @@ fn a_restarted_client_finds_its_files_and_other_clusters_do_not() {
     assert_eq!(a.disk_stats().unwrap().files, 5, "only this cluster's files");
     assert!(!tiers(&a, "theirs").contains(&(Tier::Ssd as i32)), "the other cluster's file is not announced");
     assert_eq!(tiers(&a, "keep/4"), [Tier::Ssd as i32]);
+}
+
+#[test]
+fn a_file_expected_to_be_the_only_copy_is_read_while_the_master_answers_but_never_served_stale() {
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let a = client(&m, Some(root.path()));
+    for i in 0..4u64 {
+        a.put(&format!("e/{i}"), &data(1 << 20, i)).unwrap();
+    }
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    a.close().unwrap();
+    drop(a);
+    // Restarted: its files are the only copies. Pings an hour apart: A hears of no removal
+    // during the test, so its file of a replaced object stays in its index.
+    let a = StoreClient::connect(ClientConfig {
+        ping_interval: Duration::from_secs(3600),
+        ..config(&m, Some(root.path()))
+    })
+    .unwrap();
+    let f = client(&m, None);
+    assert!(a.get("e/0").unwrap() == data(1 << 20, 0));
+    let mut dst = vec![0u8; 1 << 20];
+    a.register_buffer(dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();
+    assert_eq!(a.get_into("e/1", dst.as_mut_ptr() as u64, 1 << 20).unwrap(), 1 << 20);
+    assert!(dst == data(1 << 20, 1));
+    let s = a.disk_stats().unwrap();
+    assert_eq!((s.early_reads, s.early_reads_wasted, s.local_reads), (2, 0, 2), "{s:?}");
+
+    // Another client replaces e/2 and e/3: A's files of them are stale, their objects in memory.
+    for (i, k) in ["e/2", "e/3"].iter().enumerate() {
+        f.remove_with(k, true).unwrap();
+        f.put(k, &data(1 << 20, 70 + i as u64)).unwrap();
+    }
+    assert!(a.get("e/2").unwrap() == data(1 << 20, 70), "the replaced value, not the stale file");
+    assert_eq!(a.get_into("e/3", dst.as_mut_ptr() as u64, 1 << 20).unwrap(), 1 << 20);
+    assert!(dst == data(1 << 20, 71), "the replaced value, not the stale file");
+    let s = a.disk_stats().unwrap();
+    assert_eq!((s.early_reads, s.early_reads_wasted), (4, 2), "{s:?}");
+    // A wasted guess is not made again.
+    assert!(a.get("e/2").unwrap() == data(1 << 20, 70));
+    assert_eq!(a.disk_stats().unwrap().early_reads, 4);
+    // Removed: the early read finds no object, and the get says so.
+    f.remove_with("e/0", true).unwrap();
+    assert!(matches!(a.get("e/0"), Err(StoreError::NotFound(_))));
+    a.unregister_buffer(dst.as_mut_ptr() as u64).unwrap();
 }
 
 #[test]

@@ -466,7 +466,15 @@ impl StoreClient {
     }
 
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let list = self.replica_list(key)?;
+        let mut early = Vec::new();
+        let (list, served) = self.replica_list_reading_disk(key, |size| {
+            let early = &mut early;
+            early.resize(size as usize, 0);
+            Some(&mut early[..])
+        })?;
+        if served {
+            return Ok(early);
+        }
         self.get_listed(key, &list)
     }
 
@@ -483,7 +491,13 @@ impl StoreClient {
     /// Zero-copy get into registered memory; returns the object's size.
     pub fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
         self.check_registered(addr, len)?;
-        let list = self.replica_list(key)?;
+        let (list, served) = self.replica_list_reading_disk(key, |size| {
+            // SAFETY: the caller registered [addr, +len) for this call, and size <= len.
+            (size <= len).then(|| unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, size as usize) })
+        })?;
+        if served {
+            return Ok(list.size);
+        }
         if list.size > len {
             return Err(StoreError::BufferTooSmall { key: key.to_string(), need: list.size, have: len });
         }

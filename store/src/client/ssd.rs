@@ -13,7 +13,7 @@ use super::disk::file::ResidentValue;
 use super::disk::service::{DiskReader, DiskService};
 use super::disk::{Announcer, DiskStats, DiskTier, PreparedOffload};
 use super::rpc::{check, MasterRpc};
-use super::{Buf, StoreClient};
+use super::{readable_in_memory, Buf, StoreClient};
 use crate::error::{Result, StoreError};
 use crate::master::disk_segment_name;
 use crate::proto::*;
@@ -216,6 +216,50 @@ impl StoreClient {
     }
 
     /// Reads a disk copy: ours first, then the others'. `None` when the object has none.
+    /// Asks the master for `key`'s replicas. When this client's disk holds what was, the last
+    /// time it looked, the object's only copy, the file is read into `dst(size)` while the
+    /// master answers: the round trip is then hidden behind the read instead of before it.
+    /// Returns the answer and whether `dst` holds the object it describes (the answer lists
+    /// this disk's file of that very version; otherwise the get reads where the answer says).
+    pub(super) fn replica_list_reading_disk<'d>(
+        &self,
+        key: &str,
+        dst: impl FnOnce(u64) -> Option<&'d mut [u8]>,
+    ) -> Result<(GetReplicaListReply, bool)> {
+        let guess = self.ssd.as_ref().and_then(|s| Some((&s.tier, s.tier.only_copy(key)?)));
+        let Some((tier, (version, size))) = guess else {
+            return Ok((self.replica_list(key)?, false));
+        };
+        let Some(out) = dst(size) else {
+            return Ok((self.replica_list(key)?, false));
+        };
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let (reply, read) = self
+            .rpc
+            .call_while(|mut c| async move { c.get_replica_list(req).await }, || tier.read_local(key, version, out));
+        let list = reply.and_then(|mut list| check(list.status.take(), key).map(|()| list));
+        let ours = disk_segment_name(tier.disk_id());
+        let confirmed = match (&list, &read) {
+            (Ok(l), Ok(())) => {
+                l.version == version
+                    && l.size == size
+                    && l.replicas.iter().any(|r| {
+                        r.tier == Tier::Ssd as i32
+                            && r.status == ReplicaStatus::Complete as i32
+                            && r.segment_name == ours
+                    })
+            }
+            _ => false,
+        };
+        tier.early_read_judged(key, version, confirmed);
+        let list = list?;
+        if confirmed && list.replicas.iter().any(readable_in_memory) {
+            // Back in memory meanwhile: later gets read it from there.
+            tier.note_only_copy(key, version, false);
+        }
+        Ok((list, confirmed))
+    }
+
     pub(super) fn read_disk_copies(
         &self,
         key: &str,
@@ -235,7 +279,12 @@ impl StoreClient {
         let mut last_err = None;
         for r in disks {
             let read = if Some(&r.segment_name) == ours.as_ref() {
-                self.read_own_disk(key, list, dst)
+                let read = self.read_own_disk(key, list, dst);
+                if read.is_ok() {
+                    // The next get of it reads the file while it asks the master.
+                    self.ssd.as_ref().expect("ours").tier.note_only_copy(key, list.version, true);
+                }
+                read
             } else {
                 self.read_remote_disk(key, r, list.version, list.size, dst)
             };

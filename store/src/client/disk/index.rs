@@ -18,11 +18,14 @@ pub struct Entry {
     tick: u64,
     /// Reads in progress: a pinned file is never evicted.
     pins: u32,
+    /// The object had no replica in memory when this client last looked (a file found at
+    /// start, or one a get fell back to): a get reads the file while it asks the master.
+    pub only_copy: bool,
 }
 
 impl Entry {
     pub fn new(version: u64, value_len: u64, file_len: u64, path: PathBuf) -> Entry {
-        Entry { version, value_len, file_len, path, tick: 0, pins: 0 }
+        Entry { version, value_len, file_len, path, tick: 0, pins: 0, only_copy: false }
     }
 
     /// Whether a read of the file is in progress.
@@ -112,6 +115,14 @@ impl Index {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Records whether (`key`, `version`) is, as far as a get just saw, the object's only copy
+    /// (nothing when the key has another file now).
+    pub fn set_only_copy(&mut self, key: &str, version: u64, only: bool) {
+        if let Some(e) = self.map.get_mut(key).filter(|e| e.version == version) {
+            e.only_copy = only;
         }
     }
 

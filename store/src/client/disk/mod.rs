@@ -119,10 +119,16 @@ pub struct DiskStats {
     pub incomplete_removed: u64,
     /// At start: older versions of a key.
     pub stale_removed: u64,
+    /// Reads of this disk's files for gets of this client (early reads included).
     pub local_reads: u64,
     pub served_reads: u64,
     /// Reads that found a corrupt value (the file is deleted).
     pub corrupt_reads: u64,
+    /// Gets that read a file expected to be the object's only copy while the master was
+    /// answering, and of those, the ones whose answer showed another version or no file here
+    /// (their bytes were read again from where the answer said).
+    pub early_reads: u64,
+    pub early_reads_wasted: u64,
 }
 
 #[derive(Default)]
@@ -145,6 +151,8 @@ struct Counters {
     local_reads: AtomicU64,
     served_reads: AtomicU64,
     corrupt_reads: AtomicU64,
+    early_reads: AtomicU64,
+    early_reads_wasted: AtomicU64,
 }
 
 fn inc(c: &AtomicU64) {
@@ -885,6 +893,27 @@ impl DiskTier {
         *held = set;
     }
 
+    /// The file of `key` (version, value size) when the object had no replica in memory the last
+    /// time this client looked: a get reads it while the master answers
+    /// ([`Self::early_read_judged`] then says whether the answer confirmed it).
+    pub fn only_copy(&self, key: &str) -> Option<(u64, u64)> {
+        self.index.lock().get(key).filter(|e| e.only_copy).map(|e| (e.version, e.value_len))
+    }
+
+    /// What a get saw of (`key`, `version`): whether this file was the only copy it could read.
+    pub fn note_only_copy(&self, key: &str, version: u64, only: bool) {
+        self.index.lock().set_only_copy(key, version, only);
+    }
+
+    /// Counts an early read; a wasted one stops further early reads of its file.
+    pub fn early_read_judged(&self, key: &str, version: u64, confirmed: bool) {
+        inc(&self.counters.early_reads);
+        if !confirmed {
+            inc(&self.counters.early_reads_wasted);
+            self.note_only_copy(key, version, false);
+        }
+    }
+
     /// The version of `key` on this disk, if any.
     pub fn version_of(&self, key: &str) -> Option<u64> {
         self.index.lock().get(key).map(|e| e.version)
@@ -977,6 +1006,8 @@ impl DiskTier {
             local_reads: g(&c.local_reads),
             served_reads: g(&c.served_reads),
             corrupt_reads: g(&c.corrupt_reads),
+            early_reads: g(&c.early_reads),
+            early_reads_wasted: g(&c.early_reads_wasted),
         }
     }
 }
@@ -1117,7 +1148,10 @@ fn scan(dir: &Path, c: &Counters) -> Vec<(String, Entry, std::time::SystemTime)>
                         continue;
                     };
                     let mtime = file.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
-                    let entry = Entry::new(h.version, h.value_len, h.file_len(), path.clone());
+                    let mut entry = Entry::new(h.version, h.value_len, h.file_len(), path.clone());
+                    // Whatever was in memory went with the process that wrote it (unless
+                    // another client holds a replica: the first get finds out).
+                    entry.only_copy = true;
                     match found.get(&h.key) {
                         Some((old, _)) if old.version >= version => {
                             let _ = std::fs::remove_file(&path);
