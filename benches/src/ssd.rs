@@ -130,6 +130,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
     println!();
     println!("| op | value | values | crescent MiB/s | crescent p50 | dd MiB/s | dd per value | ratio | range |");
     println!("|---|---|---|---|---|---|---|---|---|");
+    let mut early = Vec::new();
     for &size in &cli.sizes {
         let n = (cli.bytes_per_row / size).max(4);
         let total = n * size;
@@ -154,6 +155,15 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         row("offload write", &|p| p.offload_secs, &|p| p.dd_write_secs, report::fmt_us(put_p50));
         let p50 = median(passes.iter().map(|p| p.read_p50_us as f64).collect()) as u64;
         row("read on miss", &|p| p.read_secs, &|p| p.dd_read_secs, report::fmt_us(p50));
+        let (read_early, wasted) = passes.iter().fold((0, 0), |(e, w), p| (e + p.early_reads, w + p.early_wasted));
+        early.push(format!(
+            "{label}: {read_early} of {} gets read their file while asking the master ({wasted} of those wasted)",
+            n * passes.len() as u64
+        ));
+    }
+    println!();
+    for line in early {
+        println!("read on miss, {line}");
     }
     Ok(())
 }
@@ -168,6 +178,9 @@ struct Pass {
     read_secs: f64,
     read_p50_us: u64,
     dd_read_secs: f64,
+    /// Gets that read their file while the master answered, and those whose read was wasted.
+    early_reads: u64,
+    early_wasted: u64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -232,7 +245,8 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
         }
     }
     client.unregister_buffer(buf.as_mut_ptr() as u64)?;
-    if client.disk_stats().context("disk tier")?.local_reads < n {
+    let stats = client.disk_stats().context("disk tier")?;
+    if stats.local_reads < n {
         bail!("not every get was served by the disk tier");
     }
     let dd_read_secs =
@@ -249,5 +263,7 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
         read_secs,
         read_p50_us: hist.value_at_quantile(0.5),
         dd_read_secs,
+        early_reads: stats.early_reads,
+        early_wasted: stats.early_reads_wasted,
     })
 }
