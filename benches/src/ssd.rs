@@ -10,8 +10,8 @@
 //! check): read-on-miss MiB/s and latency. The buffer is 4 KiB-aligned (dd's is too), so the
 //! value is read with direct I/O straight into it. `dd if=/dev/zero of=F bs=SIZE count=N
 //! oflag=direct conv=fdatasync` and `dd if=F of=/dev/null bs=SIZE iflag=direct` move the same
-//! bytes on the same file system, each right after crescent's pass. `--repeat` passes
-//! (default 3) alternate the two, because a virtual disk's speed drifts by tens of percent from
+//! bytes on the same file system, each beside crescent's (dd first in odd passes, second in
+//! even ones). `--repeat` passes (default 7) alternate the two, because a virtual disk's speed drifts by tens of percent from
 //! one minute to the next; each row prints medians, `ratio` = the median of the passes'
 //! crescent / dd ratios (target >= 0.80), and the ratios' range.
 
@@ -40,7 +40,7 @@ pub struct Cli {
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     bytes_per_row: u64,
     /// Alternating crescent/dd passes per size; rows show medians.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 7)]
     repeat: usize,
     /// Disk tier writer threads.
     #[arg(long, default_value_t = 4)]
@@ -193,6 +193,24 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
     let key = |i: u64| format!("ssdbench/{size}/{pass}/{i}");
     let mut value = vec![0u8; size as usize];
     pattern::fill(&mut value, size, 0);
+    let dd_file = work.join("dd.bin");
+    let dd_write = || {
+        dd(&[
+            "if=/dev/zero".into(),
+            format!("of={}", dd_file.display()),
+            format!("bs={size}"),
+            format!("count={n}"),
+            "oflag=direct".into(),
+            "conv=fdatasync".into(),
+        ])
+    };
+    let dd_read = || {
+        dd(&[format!("if={}", dd_file.display()), "of=/dev/null".into(), format!("bs={size}"), "iflag=direct".into()])
+    };
+    // Which tool goes first alternates from pass to pass, so that neither always meets the
+    // disk (and, under a virtual disk, the host's cache) right after the other's writes.
+    let dd_first = pass % 2 == 1;
+    let mut dd_write_secs = if dd_first { dd_write()? } else { 0.0 };
 
     // Offload: puts, then wait until every file is durable and announced.
     let client = StoreClient::connect(config.clone())?;
@@ -213,15 +231,9 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
     }
     client.close()?;
     drop(client);
-    let dd_file = work.join("dd.bin");
-    let dd_write_secs = dd(&[
-        "if=/dev/zero".into(),
-        format!("of={}", dd_file.display()),
-        format!("bs={size}"),
-        format!("count={n}"),
-        "oflag=direct".into(),
-        "conv=fdatasync".into(),
-    ])?;
+    if !dd_first {
+        dd_write_secs = dd_write()?;
+    }
 
     // Read on miss: a restarted client has only the disk copies.
     // get_into a registered buffer reused for every value, as dd reuses its buffer.
@@ -231,6 +243,7 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
     let at = backing.as_ptr().align_offset(4096);
     let buf = &mut backing[at..at + size as usize];
     client.register_buffer(buf.as_mut_ptr() as u64, size)?;
+    let mut dd_read_secs = if dd_first { dd_read()? } else { 0.0 };
     let mut hist = Histogram::<u64>::new(3)?;
     let mut read_secs = 0.0;
     for i in 0..n {
@@ -249,8 +262,9 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
     if stats.local_reads < n {
         bail!("not every get was served by the disk tier");
     }
-    let dd_read_secs =
-        dd(&[format!("if={}", dd_file.display()), "of=/dev/null".into(), format!("bs={size}"), "iflag=direct".into()])?;
+    if !dd_first {
+        dd_read_secs = dd_read()?;
+    }
     for i in 0..n {
         client.remove_with(&key(i), true)?;
     }
