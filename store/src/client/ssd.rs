@@ -93,11 +93,14 @@ impl StoreClient {
         }
     }
 
-    /// What a ping brought for the disk tier: removals to make, and (when it changed) the set
-    /// of removals to keep for the master.
+    /// What a ping brought for the disk tier: removals to make, objects whose only copies
+    /// are now files, and (when it changed) the set of removals to keep for the master.
     pub(super) fn apply_disk_ping(&self, reply: PingReply) {
         if let Some(ssd) = &self.ssd {
             ssd.tier.apply_removals(&reply.disk_removals);
+            for e in &reply.disk_only {
+                ssd.tier.note_only_copy(&e.key, e.version, true);
+            }
             if reply.held_generation > 0 {
                 ssd.tier.keep_held_removals(reply.held_removals);
             }

@@ -35,6 +35,10 @@ pub const MAX_HELD_REMOVALS: usize = 65_536;
 /// Most often a client is sent a changed set of removals to keep.
 pub const HELD_REMOVALS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Most news of objects left only on disk kept for one disk between its owner's pings
+/// (hints: beyond it the oldest are forgotten).
+pub const MAX_DISK_ONLY_NEWS: usize = 4096;
+
 /// The first version a master hands out: its start time in nanoseconds.
 pub(super) fn first_version() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64).max(1)
@@ -350,7 +354,36 @@ impl Master {
                 seg.alloc.release(r.block);
             }
         }
+        Self::tell_disks_memory_is_gone(st, key);
         Some(freed)
+    }
+
+    /// `key` has no memory replica left: its disks' owners are told on their next ping, so
+    /// that their gets of it read the file while they ask (see the client's early reads).
+    pub(super) fn tell_disks_memory_is_gone(st: &mut State, key: &str) {
+        let State { objects, disk_only_news, .. } = st;
+        let Some(obj) = objects.get(key) else { return };
+        for id in &obj.ssd {
+            let news = disk_only_news.entry(*id).or_default();
+            if news.len() >= MAX_DISK_ONLY_NEWS {
+                news.pop_front();
+            }
+            news.push_back((key.to_string(), obj.version));
+        }
+    }
+
+    /// The news for this client's disk since its last ping (handed out once: they are hints).
+    pub fn disk_only_news_for(&self, client_id: &str) -> Vec<DiskEntry> {
+        let mut st = self.state.lock();
+        let Some(client) = st.clients.get(client_id) else { return Vec::new() };
+        let disks: Vec<u64> = client.segments.iter().copied().collect();
+        let mut out = Vec::new();
+        for id in disks {
+            if let Some(news) = st.disk_only_news.remove(&id) {
+                out.extend(news.into_iter().map(|(key, version)| DiskEntry { key, size: 0, version }));
+            }
+        }
+        out
     }
 
     pub(super) fn describe_disk_copies<'a>(
@@ -473,6 +506,27 @@ mod tests {
         assert_eq!(list.replicas[0].tier, Tier::Ssd as i32);
         assert_eq!(list.replicas[0].disk_service, "h:1");
         assert_eq!(m.totals().capacity, 4 << 20, "disk capacity is not memory capacity");
+        // The disk's owner hears, once, that its file of "a" is now the only copy.
+        assert_eq!(m.disk_only_news_for("c1"), vec![entry("a", 0, v)]);
+        assert!(m.disk_only_news_for("c1").is_empty());
+    }
+
+    #[test]
+    fn a_disk_hears_when_the_client_holding_the_memory_replica_leaves() {
+        let (m, disk) = setup();
+        m.mount_segment("c2", &SegmentInfo { name: "mem2".into(), base: 1 << 40, size: 4 << 20, tier: 0 }, "h2")
+            .unwrap();
+        // c2 holds "k" in memory; c1's disk holds its file.
+        let opts = PutOptions { preferred_segment: "mem2".into(), ..PutOptions::default() };
+        let (replicas, v) = m.put_start("c2", "k", 1000, &opts).unwrap();
+        assert_eq!(replicas[0].segment_name, "mem2");
+        m.put_end("c2", "k").unwrap();
+        assert!(m.update_disk_replicas("c1", disk, &[entry("k", 1000, v)], &[], FRESH).unwrap()[0].is_ok());
+        assert!(m.disk_only_news_for("c1").is_empty(), "still in memory");
+        let mem2 = m.query("k").unwrap().replicas[0].segment_id;
+        m.unmount_segment("c2", mem2).unwrap();
+        assert_eq!(m.disk_only_news_for("c1"), vec![entry("k", 0, v)]);
+        assert!(m.disk_only_news_for("c2").is_empty(), "c2 has no disk");
     }
 
     #[test]

@@ -125,6 +125,9 @@ struct State {
     disk_removals: HashMap<String, HashMap<String, u64>>,
     /// The counters each mounted disk's client last reported (by disk name).
     disk_counters: HashMap<String, crate::proto::DiskCounters>,
+    /// Disk segment id → (key, version) of objects left with no memory replica while that
+    /// disk held a copy: hints for its owner, handed out once on its pings ([`disk`]).
+    disk_only_news: HashMap<u64, std::collections::VecDeque<(String, u64)>>,
     /// Changes whenever `disk_removals` does: clients with a disk keep a copy of the set
     /// ([`disk`]), sent again when their copy is older.
     held_generation: u64,
@@ -319,16 +322,24 @@ impl Master {
         if let Some(c) = st.clients.get_mut(&seg.client_id) {
             c.segments.remove(&segment_id);
         }
+        st.disk_only_news.remove(&segment_id);
         let mut gone = Vec::new();
+        let mut disk_only = Vec::new();
         for (key, obj) in st.objects.iter_mut() {
+            let had_memory = !obj.replicas.is_empty();
             obj.replicas.retain(|r| r.segment_id != segment_id);
             obj.ssd.retain(|s| *s != segment_id);
             if obj.replicas.is_empty() && obj.ssd.is_empty() {
                 gone.push(key.clone());
+            } else if had_memory && obj.replicas.is_empty() {
+                disk_only.push(key.clone());
             }
         }
         for key in &gone {
             st.objects.remove(key);
+        }
+        for key in &disk_only {
+            Self::tell_disks_memory_is_gone(st, key);
         }
         gone.len()
     }

@@ -240,6 +240,7 @@ impl MasterRpc for MasterService {
                     disk_removals: m.disk_removals_for(&r.client_id),
                     held_generation,
                     held_removals,
+                    disk_only: m.disk_only_news_for(&r.client_id),
                 }
             }
             PingOutcome::NeedRemount => PingReply { status: status(&StoreError::NeedRemount), ..Default::default() },
