@@ -54,6 +54,10 @@ pub struct Cli {
     /// values at the end, so from the second pass on the offloads write over those files.
     #[arg(long, default_value = "1G", value_parser = parse_size_or_zero)]
     recycle_size: u64,
+    /// Write and flush through io_uring where the kernel has it (the client's
+    /// `disk_io_uring`; off: plain system calls).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    io_uring: bool,
 }
 
 fn parse_size_or_zero(s: &str) -> Result<u64, String> {
@@ -104,6 +108,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         disk_queue_bytes: max_row + (64 << 20),
         disk_fsync: cli.fsync,
         disk_recycle_bytes: cli.recycle_size,
+        disk_io_uring: cli.io_uring,
         ..ClientConfig::default()
     };
     std::fs::create_dir_all(work.join("root"))?;
@@ -116,9 +121,10 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         .collect::<Vec<_>>()
         .join(" ");
     println!(
-        "storebench ssd: {} ({fs}), {} writer thread(s), fsync {}, removed files kept for reuse: {}",
+        "storebench ssd: {} ({fs}), {} writer thread(s){}, fsync {}, removed files kept for reuse: {}",
         cli.dir.display(),
         cli.writers,
+        if cli.io_uring { " (io_uring where the kernel has it)" } else { "" },
         if cli.fsync { "on" } else { "off" },
         if cli.recycle_size == 0 { "none".to_string() } else { report::fmt_bytes(cli.recycle_size) }
     );
@@ -156,14 +162,16 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         let p50 = median(passes.iter().map(|p| p.read_p50_us as f64).collect()) as u64;
         row("read on miss", &|p| p.read_secs, &|p| p.dd_read_secs, report::fmt_us(p50));
         let (read_early, wasted) = passes.iter().fold((0, 0), |(e, w), p| (e + p.early_reads, w + p.early_wasted));
+        let all = n * passes.len() as u64;
         early.push(format!(
-            "{label}: {read_early} of {} gets read their file while asking the master ({wasted} of those wasted)",
-            n * passes.len() as u64
+            "{label}: {} of {all} offloads written through io_uring; \
+             {read_early} of {all} gets read their file while asking the master ({wasted} of those wasted)",
+            passes.iter().map(|p| p.uring_writes).sum::<u64>(),
         ));
     }
     println!();
     for line in early {
-        println!("read on miss, {line}");
+        println!("{line}");
     }
     Ok(())
 }
@@ -181,6 +189,8 @@ struct Pass {
     /// Gets that read their file while the master answered, and those whose read was wasted.
     early_reads: u64,
     early_wasted: u64,
+    /// Offloads written through io_uring.
+    uring_writes: u64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -226,6 +236,7 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
     }
     let offload_secs = t.elapsed().as_secs_f64();
     let stats = client.disk_stats().context("disk tier")?;
+    let uring_writes = stats.uring_writes;
     if stats.queue_full > 0 || stats.written < n {
         bail!("only {} of {n} values were offloaded ({} dropped: queue full)", stats.written, stats.queue_full);
     }
@@ -279,5 +290,6 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
         dd_read_secs,
         early_reads: stats.early_reads,
         early_wasted: stats.early_reads_wasted,
+        uring_writes,
     })
 }

@@ -52,6 +52,9 @@ pub struct ClientConfig {
     /// Bytes of removed files kept to be written over by later offloads (`disk_recycle_size`,
     /// default 1 GiB; 0 turns it off).
     pub disk_recycle_bytes: u64,
+    /// Disk writers write and flush through io_uring where the kernel has it (`disk_io_uring`,
+    /// default true; false: plain system calls).
+    pub disk_io_uring: bool,
     /// The local hot cache (`LOCAL_HOT_CACHE_SIZE`, ...): off unless a size is set.
     pub hot_cache: HotCacheSettings,
     /// `host:port` of the client's Prometheus endpoint (`GET /metrics`;
@@ -77,6 +80,7 @@ impl Default for ClientConfig {
             disk_writer_threads: disk::DEFAULT_WRITERS,
             disk_queue_bytes: disk::DEFAULT_QUEUE_BYTES,
             disk_fsync: true,
+            disk_io_uring: true,
             disk_recycle_bytes: disk::DEFAULT_RECYCLE_BYTES,
             hot_cache: HotCacheSettings::default(),
             metrics_address: None,
@@ -108,6 +112,7 @@ struct FileConfig {
     disk_writer_threads: Option<usize>,
     disk_queue_size: Option<SizeValue>,
     disk_fsync: Option<bool>,
+    disk_io_uring: Option<bool>,
     disk_recycle_size: Option<SizeValue>,
     local_hot_cache_size: Option<serde_json::Value>,
     local_hot_block_size: Option<serde_json::Value>,
@@ -200,6 +205,9 @@ impl ClientConfig {
         if let Some(v) = f.disk_fsync {
             self.disk_fsync = v;
         }
+        if let Some(v) = f.disk_io_uring {
+            self.disk_io_uring = v;
+        }
         if let Some(v) = f.disk_recycle_size {
             self.disk_recycle_bytes = match v {
                 SizeValue::Bytes(0) => 0,
@@ -235,6 +243,7 @@ impl ClientConfig {
             queue_bytes: self.disk_queue_bytes,
             fsync: self.disk_fsync,
             recycle_bytes: self.disk_recycle_bytes,
+            io_uring: self.disk_io_uring,
         }))
     }
 
@@ -282,7 +291,7 @@ mod tests {
         c.apply_json(
             r#"{"storage_root_dir":"/data/kv","cluster_id":"prod-1","storage_capacity":"2GB",
                 "disk_writer_threads":2,"disk_queue_size":"64MB","disk_fsync":false,
-                "disk_recycle_size":"256MB"}"#,
+                "disk_recycle_size":"256MB","disk_io_uring":false}"#,
         )
         .unwrap();
         let d = c.disk_config().unwrap().unwrap();
@@ -291,6 +300,7 @@ mod tests {
         assert_eq!(d.capacity, Some(2 << 30));
         assert_eq!((d.writers, d.queue_bytes, d.fsync), (2, 64 << 20, false));
         assert_eq!(d.recycle_bytes, 256 << 20);
+        assert!(!d.io_uring);
         c.apply_json(r#"{"disk_recycle_size":0}"#).unwrap();
         assert_eq!(c.disk_config().unwrap().unwrap().recycle_bytes, 0, "0 turns reuse off");
         let e = c.apply_json(r#"{"cluster_id":"../../etc"}"#).unwrap_err().to_string();

@@ -27,6 +27,7 @@ use rustix::fs::{fadvise, Advice};
 
 use super::format::{data_offset, file_name, Header, ALIGN, MAX_HEADER_LEN, TMP_SUFFIX};
 use super::recycle::Retired;
+use super::uring::Ring;
 use crate::error::{Result, StoreError};
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> StoreError {
@@ -144,7 +145,7 @@ impl ResidentValue {
     /// Writes header, value and zero tail at the file's start; the value straight from where
     /// it lies when 4 KiB-aligned (only its last partial 4 KiB is copied). Returns the bytes
     /// written.
-    fn write_to(&self, f: &mut File, header: &[u8], data_offset: usize) -> std::io::Result<u64> {
+    fn write_to(&self, out: &mut Output<'_>, header: &[u8], data_offset: usize) -> std::io::Result<u64> {
         let align = ALIGN as usize;
         let bytes = self.bytes();
         let whole = self.len / align * align;
@@ -156,17 +157,38 @@ impl ResidentValue {
         head[..header.len()].copy_from_slice(header);
         let tail_buf = &mut rest[..tail_room];
         tail_buf[..tail].copy_from_slice(&bytes[whole..]);
-        let mut slices = [IoSlice::new(head), IoSlice::new(&bytes[..whole]), IoSlice::new(tail_buf)];
-        let mut left: &mut [IoSlice<'_>] = &mut slices;
+        out.write_all(&mut [IoSlice::new(head), IoSlice::new(&bytes[..whole]), IoSlice::new(tail_buf)])?;
+        Ok((data_offset + whole + tail_room) as u64)
+    }
+}
+
+/// Where a writer's bytes go: its file, through the writer's io_uring when it has one.
+struct Output<'a> {
+    file: File,
+    ring: Option<&'a mut Ring>,
+    /// Flush the file's data right after the write, in the same submission (ring only).
+    then_sync: bool,
+    /// Whether that flush was done.
+    synced: bool,
+}
+
+impl Output<'_> {
+    fn write_all(&mut self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        if let Some(ring) = self.ring.as_deref_mut() {
+            ring.write_all(&self.file, slices, self.then_sync)?;
+            self.synced = self.then_sync;
+            return Ok(());
+        }
+        let mut left: &mut [IoSlice<'_>] = slices;
         while !left.is_empty() {
-            match f.write_vectored(left) {
+            match self.file.write_vectored(left) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(n) => IoSlice::advance_slices(&mut left, n),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok((data_offset + whole + tail_room) as u64)
+        Ok(())
     }
 }
 
@@ -191,6 +213,12 @@ impl FileBody {
         }
     }
 
+    /// Bytes a write of this body puts in its file with a `data_offset`-byte header: whole
+    /// 4 KiB blocks.
+    fn written_len(&self, data_offset: u64) -> u64 {
+        (data_offset + self.value_len()).div_ceil(ALIGN) * ALIGN
+    }
+
     /// An image's memory, for reuse.
     pub fn into_buffer(self) -> Option<Vec<u8>> {
         match self {
@@ -213,18 +241,26 @@ pub struct Staged {
     pub file_len: u64,
     /// Written over an old file rather than a new one.
     pub recycled: bool,
+    /// Its data was flushed with the write (see [`Self::flush`]).
+    synced: bool,
 }
 
 /// Writes `image` as the file of (`key`, `version`) under `dir`, under a temporary name,
 /// over the file `reuse` when given (renamed to the temporary name first; a new file when
 /// that fails). [`Staged::flush`] and [`Staged::rename`] then put it in place, and
 /// [`sync_dirs`] makes the renames durable.
+///
+/// With a `ring` (the writer's io_uring) the bytes go through it, and with `sync` the data
+/// flush goes with them when nothing is left to do to the file after the write (its length
+/// is already right); otherwise [`Staged::flush`] does it.
 pub fn write_staged(
     dir: &Path,
     key: &str,
     version: u64,
     body: &mut FileBody,
     reuse: Option<&Retired>,
+    ring: Option<&mut Ring>,
+    sync: bool,
 ) -> Result<Staged> {
     let (sub, name) = file_name(key, version);
     let sub = dir.join(sub);
@@ -242,7 +278,7 @@ pub fn write_staged(
             }
         }
     });
-    let written = (|| -> std::io::Result<(File, bool)> {
+    let written = (|| -> std::io::Result<(File, bool, bool)> {
         let direct = rustix::fs::OFlags::DIRECT.bits() as i32;
         let open = |flags: i32| {
             let mut o = OpenOptions::new();
@@ -252,31 +288,39 @@ pub fn write_staged(
             };
             o.custom_flags(flags).open(&tmp)
         };
-        let (mut f, direct_io) = match in_dir(&sub, || open(direct)) {
+        let (file, direct_io) = match in_dir(&sub, || open(direct)) {
             Ok(f) => (f, true),
             // No direct I/O on this file system (tmpfs, some overlays): buffered.
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => (open(0)?, false),
             Err(e) => return Err(e),
         };
         let header_bytes = header.encode();
-        let written = match body {
-            FileBody::Image(image) => {
-                let aligned = image.aligned(&header_bytes);
-                f.write_all(aligned)?;
-                aligned.len() as u64
+        // What the write leaves: whole 4 KiB blocks, over whatever a reused file had.
+        let written = body.written_len(header.data_offset());
+        let len_fix = written.max(reused.unwrap_or(0)) != header.file_len();
+        let mut out = Output { file, ring, then_sync: sync && !len_fix, synced: false };
+        match body {
+            FileBody::Image(image) => out.write_all(&mut [IoSlice::new(image.aligned(&header_bytes))])?,
+            FileBody::Resident(v) => {
+                v.write_to(&mut out, &header_bytes, header.data_offset() as usize)?;
             }
-            FileBody::Resident(v) => v.write_to(&mut f, &header_bytes, header.data_offset() as usize)?,
-        };
-        let len_now = written.max(reused.unwrap_or(0));
-        if len_now != header.file_len() {
-            f.set_len(header.file_len())?;
         }
-        Ok((f, direct_io))
+        if len_fix {
+            out.file.set_len(header.file_len())?;
+        }
+        Ok((out.file, direct_io, out.synced))
     })();
     match written {
-        Ok((file, direct)) => {
-            Ok(Staged { file, direct, tmp, path, dir: sub, file_len: header.file_len(), recycled: reused.is_some() })
-        }
+        Ok((file, direct, synced)) => Ok(Staged {
+            file,
+            direct,
+            tmp,
+            path,
+            dir: sub,
+            file_len: header.file_len(),
+            recycled: reused.is_some(),
+            synced,
+        }),
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             Err(io_err("writing", &tmp, e))
@@ -300,8 +344,15 @@ fn in_dir<T>(dir: &Path, op: impl Fn() -> std::io::Result<T>) -> std::io::Result
 
 impl Staged {
     /// Flushes the file's data (`fdatasync`): after this, renaming it is safe.
-    pub fn flush(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| io_err("flushing", &self.tmp, e))
+    pub fn flush(&self, ring: Option<&mut Ring>) -> Result<()> {
+        if self.synced {
+            return Ok(());
+        }
+        match ring {
+            Some(ring) => ring.sync(&self.file),
+            None => self.file.sync_data(),
+        }
+        .map_err(|e| io_err("flushing", &self.tmp, e))
     }
 
     /// Renames the file to its final name (after [`Self::flush`] when flushing is on). The

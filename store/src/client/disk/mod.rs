@@ -24,6 +24,7 @@ pub mod format;
 pub mod index;
 pub mod recycle;
 pub mod service;
+pub mod uring;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -70,6 +71,8 @@ pub struct DiskConfig {
     pub fsync: bool,
     /// Bytes of removed files kept to be written over by later offloads; 0: none.
     pub recycle_bytes: u64,
+    /// Writers write and flush through io_uring where the kernel has it (see [`uring`]).
+    pub io_uring: bool,
 }
 
 /// Checks a cluster id for use as one path component.
@@ -129,6 +132,8 @@ pub struct DiskStats {
     /// (their bytes were read again from where the answer said).
     pub early_reads: u64,
     pub early_reads_wasted: u64,
+    /// Files written (and flushed) through the writers' io_uring.
+    pub uring_writes: u64,
 }
 
 #[derive(Default)]
@@ -153,6 +158,7 @@ struct Counters {
     corrupt_reads: AtomicU64,
     early_reads: AtomicU64,
     early_reads_wasted: AtomicU64,
+    uring_writes: AtomicU64,
 }
 
 fn inc(c: &AtomicU64) {
@@ -437,13 +443,26 @@ impl DiskTier {
             let rx: Receiver<Job> = rx.clone();
             let written_tx = written_tx.clone();
             let weak: Weak<DiskTier> = Arc::downgrade(self);
+            let mut ring = self.config.io_uring.then(uring::Ring::new).and_then(|r| match r {
+                Ok(ring) => Some(ring),
+                Err(e) => {
+                    if i == 0 {
+                        tracing::info!("disk tier: no io_uring ({e}); writers make their calls one by one");
+                    }
+                    None
+                }
+            });
             std::thread::Builder::new()
                 .name(format!("crescent-disk-writer-{i}"))
                 .spawn(move || {
                     for job in rx {
                         match weak.upgrade() {
-                            Some(tier) => tier.write_job(job, &written_tx),
+                            Some(tier) => tier.write_job(job, &written_tx, ring.as_mut()),
                             None => return,
+                        }
+                        if ring.as_ref().is_some_and(uring::Ring::is_broken) {
+                            tracing::warn!("disk tier: giving up this writer's io_uring after an error");
+                            ring = None;
                         }
                     }
                 })
@@ -614,9 +633,9 @@ impl DiskTier {
 
     /// A writer's part: room, the file's bytes under a temporary name; the committer does
     /// the rest. A job that ends here (nothing written) is done at once.
-    fn write_job(&self, mut job: Job, committer: &Sender<Written>) {
+    fn write_job(&self, mut job: Job, committer: &Sender<Written>, ring: Option<&mut uring::Ring>) {
         let len = job.body.value_len();
-        let staged = self.write_one(&mut job);
+        let staged = self.write_one(&mut job, ring);
         if let Some(buf) =
             std::mem::replace(&mut job.body, file::FileBody::Image(file::FileImage::new("", &[]))).into_buffer()
         {
@@ -636,7 +655,7 @@ impl DiskTier {
         }
     }
 
-    fn write_one(&self, job: &mut Job) -> Option<file::Staged> {
+    fn write_one(&self, job: &mut Job, mut ring: Option<&mut uring::Ring>) -> Option<file::Staged> {
         let value_len = job.body.value_len();
         let file_len = data_offset(job.key.len()) + value_len;
         let evicted = {
@@ -689,7 +708,19 @@ impl DiskTier {
                 }
             }
         }
-        let written = file::write_staged(&self.dir, &job.key, job.version, &mut job.body, reuse.as_ref());
+        let through_ring = ring.is_some();
+        let written = file::write_staged(
+            &self.dir,
+            &job.key,
+            job.version,
+            &mut job.body,
+            reuse.as_ref(),
+            ring.as_deref_mut(),
+            self.config.fsync,
+        );
+        if through_ring && written.is_ok() {
+            inc(&self.counters.uring_writes);
+        }
         if written.as_ref().is_ok_and(|s| s.recycled) {
             inc(&self.counters.recycled);
         }
@@ -703,7 +734,7 @@ impl DiskTier {
         let written = written.and_then(|staged| {
             // Flushed here, so that the writers' flushes overlap (each waits for the device).
             if self.config.fsync {
-                if let Err(e) = staged.flush() {
+                if let Err(e) = staged.flush(ring) {
                     staged.abandon();
                     return Err(e);
                 }
@@ -1008,6 +1039,7 @@ impl DiskTier {
             corrupt_reads: g(&c.corrupt_reads),
             early_reads: g(&c.early_reads),
             early_reads_wasted: g(&c.early_reads_wasted),
+            uring_writes: g(&c.uring_writes),
         }
     }
 }
