@@ -174,10 +174,20 @@ struct Output<'a> {
 
 impl Output<'_> {
     fn write_all(&mut self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-        if let Some(ring) = self.ring.as_deref_mut() {
-            ring.write_all(&self.file, slices, self.then_sync)?;
-            self.synced = self.then_sync;
-            return Ok(());
+        if let Some(ring) = self.ring.as_deref_mut().filter(|r| !r.is_broken()) {
+            match ring.write_all(&self.file, slices, self.then_sync) {
+                Ok(()) => {
+                    self.synced = self.then_sync;
+                    return Ok(());
+                }
+                Err(e) if ring.is_broken() => return Err(e),
+                // Refused through the ring (a file system may not take io_uring writes as it
+                // takes plain ones): once more with plain calls; this writer keeps to them.
+                Err(e) => {
+                    tracing::warn!("disk tier: a write through io_uring failed ({e}); using plain system calls");
+                    ring.give_up();
+                }
+            }
         }
         let mut left: &mut [IoSlice<'_>] = slices;
         while !left.is_empty() {

@@ -17,8 +17,8 @@ const SYNC: u64 = 2;
 
 pub struct Ring {
     ring: IoUring,
-    /// Waiting failed for another reason than a signal: entries may be left in the kernel's
-    /// hands, so the ring is not used again (see [`Self::is_broken`]).
+    /// Waiting failed for another reason than a signal (entries may be left in the kernel's
+    /// hands), or the writer gave the ring up: it is not used again (see [`Self::is_broken`]).
     broken: bool,
 }
 
@@ -33,6 +33,11 @@ impl Ring {
     /// which only read our memory, into a file that an error abandons.)
     pub fn is_broken(&self) -> bool {
         self.broken
+    }
+
+    /// Stops using this ring (after an error that plain system calls may not have).
+    pub fn give_up(&mut self) {
+        self.broken = true;
     }
 
     /// Writes `slices` at the start of `f` and, with `then_sync`, flushes its data
