@@ -218,7 +218,6 @@ impl StoreClient {
         check(reply.status, "")
     }
 
-    /// Reads a disk copy: ours first, then the others'. `None` when the object has none.
     /// Asks the master for `key`'s replicas. When this client's disk holds what was, the last
     /// time it looked, the object's only copy, the file is read into `dst(size)` while the
     /// master answers: the round trip is then hidden behind the read instead of before it.
@@ -263,6 +262,7 @@ impl StoreClient {
         Ok((list, confirmed))
     }
 
+    /// Reads a disk copy: ours first, then the others'. `None` when the object has none.
     pub(super) fn read_disk_copies(
         &self,
         key: &str,

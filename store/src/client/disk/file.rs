@@ -143,9 +143,8 @@ impl ResidentValue {
     }
 
     /// Writes header, value and zero tail at the file's start; the value straight from where
-    /// it lies when 4 KiB-aligned (only its last partial 4 KiB is copied). Returns the bytes
-    /// written.
-    fn write_to(&self, out: &mut Output<'_>, header: &[u8], data_offset: usize) -> std::io::Result<u64> {
+    /// it lies when 4 KiB-aligned (only its last partial 4 KiB is copied).
+    fn write_to(&self, out: &mut Output<'_>, header: &[u8], data_offset: usize) -> std::io::Result<()> {
         let align = ALIGN as usize;
         let bytes = self.bytes();
         let whole = self.len / align * align;
@@ -157,8 +156,7 @@ impl ResidentValue {
         head[..header.len()].copy_from_slice(header);
         let tail_buf = &mut rest[..tail_room];
         tail_buf[..tail].copy_from_slice(&bytes[whole..]);
-        out.write_all(&mut [IoSlice::new(head), IoSlice::new(&bytes[..whole]), IoSlice::new(tail_buf)])?;
-        Ok((data_offset + whole + tail_room) as u64)
+        out.write_all(&mut [IoSlice::new(head), IoSlice::new(&bytes[..whole]), IoSlice::new(tail_buf)])
     }
 }
 
@@ -311,9 +309,7 @@ pub fn write_staged(
         let mut out = Output { file, ring, then_sync: sync && !len_fix, synced: false };
         match body {
             FileBody::Image(image) => out.write_all(&mut [IoSlice::new(image.aligned(&header_bytes))])?,
-            FileBody::Resident(v) => {
-                v.write_to(&mut out, &header_bytes, header.data_offset() as usize)?;
-            }
+            FileBody::Resident(v) => v.write_to(&mut out, &header_bytes, header.data_offset() as usize)?,
         }
         if len_fix {
             out.file.set_len(header.file_len())?;
@@ -358,7 +354,7 @@ impl Staged {
         if self.synced {
             return Ok(());
         }
-        match ring {
+        match ring.filter(|r| !r.is_broken()) {
             Some(ring) => ring.sync(&self.file),
             None => self.file.sync_data(),
         }
@@ -706,5 +702,26 @@ mod tests {
         // A name that stays missing is still reported.
         let gone = in_dir(&dir, || std::fs::rename(dir.join("missing"), dir.join("g")));
         assert_eq!(gone.unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_write_the_ring_refuses_is_made_with_plain_calls_and_the_ring_given_up() {
+        let Some(mut ring) = Ring::for_tests() else { return };
+        ring.refuse_writes = true;
+        let root = tempfile::tempdir().unwrap();
+        let value: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        let mut body = FileBody::Image(FileImage::new("k", &value));
+        let staged = write_staged(root.path(), "k", 7, &mut body, None, Some(&mut ring), true).unwrap();
+        assert!(ring.is_broken(), "the writer keeps to plain calls after a refusal");
+        staged.flush(Some(&mut ring)).unwrap();
+        let path = staged.path.clone();
+        staged.rename().unwrap();
+        let mut reader = FileReader::open(&path, "k", 7, value.len() as u64).unwrap();
+        let mut got = vec![0u8; value.len()];
+        let mut off = 0;
+        while off < got.len() {
+            off += reader.read_next(&mut got[off..]).unwrap();
+        }
+        assert!(got == value);
     }
 }

@@ -708,7 +708,8 @@ impl DiskTier {
                 }
             }
         }
-        let through_ring = ring.is_some();
+        let ring_usable = |ring: &Option<&mut uring::Ring>| ring.as_ref().is_some_and(|r| !r.is_broken());
+        let through_ring = ring_usable(&ring);
         let written = file::write_staged(
             &self.dir,
             &job.key,
@@ -718,7 +719,8 @@ impl DiskTier {
             ring.as_deref_mut(),
             self.config.fsync,
         );
-        if through_ring && written.is_ok() {
+        // (A write the ring refused was made with plain calls, and the ring given up.)
+        if through_ring && ring_usable(&ring) && written.is_ok() {
             inc(&self.counters.uring_writes);
         }
         if written.as_ref().is_ok_and(|s| s.recycled) {
