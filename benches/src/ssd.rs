@@ -11,9 +11,10 @@
 //! value is read with direct I/O straight into it. `dd if=/dev/zero of=F bs=SIZE count=N
 //! oflag=direct conv=fdatasync` and `dd if=F of=/dev/null bs=SIZE iflag=direct` move the same
 //! bytes on the same file system, each beside crescent's (dd first in odd passes, second in
-//! even ones). `--repeat` passes (default 7) alternate the two, because a virtual disk's speed drifts by tens of percent from
-//! one minute to the next; each row prints medians, `ratio` = the median of the passes'
-//! crescent / dd ratios (target >= 0.80), and the ratios' range.
+//! even ones). `--repeat` passes (default 7) alternate the two, because a virtual disk's
+//! speed drifts by tens of percent from one minute to the next; each row prints medians,
+//! `ratio` = the median of the passes' crescent / dd ratios (target >= 0.80), and the ratios'
+//! range.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
