@@ -1,10 +1,13 @@
 //! `storebench ssd`: the disk tier's offload write throughput and read-on-miss latency,
 //! beside plain `dd` with direct I/O on the same file system, in the same run.
 //!
-//! Per value size: a client with a storage root puts `bytes-per-row` of values and waits
-//! until every offload is on disk (written, fsynced, renamed, announced): offload MiB/s from
-//! the first put to the end of the flush, and the puts' p50 latency (a put returns before its
-//! file is written). Then the client restarts on the same root, so every
+//! Per value size: a client with a storage root puts `bytes-per-row` of values, `--batch` at a
+//! time (`put_batch`, as an inference engine stores a request's KV blocks), and waits until
+//! every offload is on disk (written, fsynced, renamed, announced): offload MiB/s from the
+//! first put to the end of the flush, and the put calls' p50 latency (a put returns before
+//! its file is written). One by one (`--batch 1`), 1 MiB puts come slower than the disk
+//! writes: each is two master round trips plus the copy into the segment, so that row would
+//! measure the put, not the offload. Then the client restarts on the same root, so every
 //! value exists only as a disk copy, and reads each one with `get_into` into a registered
 //! buffer reused for every value (master round trip, direct read of the file, checksum
 //! check): read-on-miss MiB/s and latency. The buffer is 4 KiB-aligned (dd's is too), so the
@@ -59,6 +62,10 @@ pub struct Cli {
     /// `disk_io_uring`; off: plain system calls).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     io_uring: bool,
+    /// Values per put call in the offload row: more than 1 puts them in batches
+    /// (`put_batch`, one pair of master round trips per batch), 1 one by one (`put`).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
+    batch: u64,
 }
 
 fn parse_size_or_zero(s: &str) -> Result<u64, String> {
@@ -144,8 +151,9 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         let label = report::fmt_bytes(size);
         // Pairs alternate crescent and dd, so that both meet the same state of the disk (and
         // of the host's cache under a virtual disk); rows give medians and the ratio's range.
-        let passes =
-            (0..cli.repeat.max(1)).map(|pass| one_pass(&config, work, size, n, pass)).collect::<Result<Vec<_>>>()?;
+        let passes = (0..cli.repeat.max(1))
+            .map(|pass| one_pass(&config, work, size, n, pass, cli.batch))
+            .collect::<Result<Vec<_>>>()?;
         let row = |op: &str, ours: &dyn Fn(&Pass) -> f64, theirs: &dyn Fn(&Pass) -> f64, p50: String| {
             let ratios: Vec<f64> = passes.iter().map(|p| mib_s(total, ours(p)) / mib_s(total, theirs(p))).collect();
             let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
@@ -159,7 +167,12 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
             );
         };
         let put_p50 = median(passes.iter().map(|p| p.put_p50_us as f64).collect()) as u64;
-        row("offload write", &|p| p.offload_secs, &|p| p.dd_write_secs, report::fmt_us(put_p50));
+        let offload = if cli.batch > 1 {
+            format!("offload write (put_batch x{})", cli.batch)
+        } else {
+            "offload write (put)".into()
+        };
+        row(&offload, &|p| p.offload_secs, &|p| p.dd_write_secs, report::fmt_us(put_p50));
         let p50 = median(passes.iter().map(|p| p.read_p50_us as f64).collect()) as u64;
         row("read on miss", &|p| p.read_secs, &|p| p.dd_read_secs, report::fmt_us(p50));
         let (read_early, wasted) = passes.iter().fold((0, 0), |(e, w), p| (e + p.early_reads, w + p.early_wasted));
@@ -181,7 +194,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
 /// moving the same bytes.
 struct Pass {
     offload_secs: f64,
-    /// A put's latency with the disk tier on (it returns before its file is written).
+    /// A put call's latency with the disk tier on (it returns before its files are written).
     put_p50_us: u64,
     dd_write_secs: f64,
     read_secs: f64,
@@ -199,7 +212,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) -> Result<Pass> {
+fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize, batch: u64) -> Result<Pass> {
     // Keys of their own per pass: the reads' leases keep the last pass's objects a while.
     let key = |i: u64| format!("ssdbench/{size}/{pass}/{i}");
     let mut value = vec![0u8; size as usize];
@@ -227,9 +240,15 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize) 
     let client = StoreClient::connect(config.clone())?;
     let t = Instant::now();
     let mut puts = Histogram::<u64>::new(3)?;
-    for i in 0..n {
+    for first in (0..n).step_by(batch as usize) {
+        let keys: Vec<String> = (first..n.min(first + batch)).map(key).collect();
         let p = Instant::now();
-        client.put(&key(i), &value)?;
+        if keys.len() == 1 {
+            client.put(&keys[0], &value)?;
+        } else {
+            let values = vec![value.as_slice(); keys.len()];
+            client.put_batch(&keys, &values)?.into_iter().collect::<Result<Vec<_>, _>>()?;
+        }
         puts.record(p.elapsed().as_micros() as u64)?;
     }
     if !client.flush_offload(Duration::from_secs(600)) {
