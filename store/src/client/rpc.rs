@@ -116,6 +116,30 @@ impl MasterRpc {
     }
 }
 
+impl MasterRpc {
+    /// As [`Self::call_while`], for `meanwhile` work that outlasts the round trip (a read from
+    /// disk): the call runs on the background runtime, which takes the reply in as soon as it
+    /// arrives instead of after `meanwhile`. Costs a hand-off to that runtime's thread, which
+    /// a short `meanwhile` would not hide.
+    pub fn call_beside<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
+    where
+        F: FnOnce(MasterClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let call = self.runtime.spawn(f(self.client.clone()));
+        let side = meanwhile();
+        let reply = match self.runtime.block_on(call) {
+            Ok(reply) => reply.map(|r| r.into_inner()).map_err(|s| StoreError::MasterUnreachable {
+                addr: self.addr.clone(),
+                reason: s.message().to_string(),
+            }),
+            Err(e) => Err(StoreError::Internal(format!("call to the master: {e}"))),
+        };
+        (reply, side)
+    }
+}
+
 /// Turns a reply's status into a result; `key` names the object in errors.
 pub fn check(status: Option<Status>, key: &str) -> Result<()> {
     let s = status.unwrap_or_default();

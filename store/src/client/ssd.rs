@@ -238,7 +238,7 @@ impl StoreClient {
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
         let (reply, read) = self
             .rpc
-            .call_while(|mut c| async move { c.get_replica_list(req).await }, || tier.read_local(key, version, out));
+            .call_beside(|mut c| async move { c.get_replica_list(req).await }, || tier.read_local(key, version, out));
         let list = reply.and_then(|mut list| check(list.status.take(), key).map(|()| list));
         let ours = disk_segment_name(tier.disk_id());
         let confirmed = match (&list, &read) {
