@@ -243,7 +243,7 @@ fn one_pass(config: &ClientConfig, work: &Path, size: u64, n: u64, pass: usize, 
     for first in (0..n).step_by(batch as usize) {
         let keys: Vec<String> = (first..n.min(first + batch)).map(key).collect();
         let p = Instant::now();
-        if keys.len() == 1 {
+        if batch == 1 {
             client.put(&keys[0], &value)?;
         } else {
             let values = vec![value.as_slice(); keys.len()];

@@ -2,7 +2,8 @@
 //! callable from any thread, e.g. Python's). Unary calls go over a channel of a current-thread
 //! runtime that the calling thread drives itself: no hand-off to a runtime thread and back,
 //! which costs two thread wake-ups per call. Streams (event subscriptions) need a runtime that
-//! runs while nobody calls: they use a second channel on a one-worker runtime.
+//! runs while nobody calls: they use a second channel on a one-worker runtime, as do calls
+//! made beside a long piece of work (`call_beside`).
 
 use std::future::Future;
 use std::task::Poll;
@@ -78,11 +79,15 @@ impl MasterRpc {
         F: FnOnce(MasterClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.calls
-            .block_on(f(self.call_client.clone()))
-            .map(|r| r.into_inner())
+        self.reply(self.calls.block_on(f(self.call_client.clone())))
+    }
+
+    /// A call's outcome: the reply's body, or the master unreachable.
+    fn reply<T>(&self, r: Result<tonic::Response<T>, tonic::Status>) -> Result<T> {
+        r.map(|r| r.into_inner())
             .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() })
     }
+
     /// Runs one call and, while the master works on it, `meanwhile` on the calling thread
     /// (work that does not depend on the reply). `meanwhile` runs outside the runtime, so
     /// other threads' calls are not held up behind it.
@@ -109,14 +114,9 @@ impl MasterRpc {
             Some(reply) => reply,
             None => self.calls.block_on(call),
         };
-        let reply = reply
-            .map(|r| r.into_inner())
-            .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() });
-        (reply, side)
+        (self.reply(reply), side)
     }
-}
 
-impl MasterRpc {
     /// As [`Self::call_while`], for `meanwhile` work that outlasts the round trip (a read from
     /// disk): the call runs on the background runtime, which takes the reply in as soon as it
     /// arrives instead of after `meanwhile`. Costs a hand-off to that runtime's thread, which
@@ -130,10 +130,7 @@ impl MasterRpc {
         let call = self.runtime.spawn(f(self.client.clone()));
         let side = meanwhile();
         let reply = match self.runtime.block_on(call) {
-            Ok(reply) => reply.map(|r| r.into_inner()).map_err(|s| StoreError::MasterUnreachable {
-                addr: self.addr.clone(),
-                reason: s.message().to_string(),
-            }),
+            Ok(reply) => self.reply(reply),
             Err(e) => Err(StoreError::Internal(format!("call to the master: {e}"))),
         };
         (reply, side)
