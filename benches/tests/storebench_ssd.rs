@@ -6,10 +6,11 @@ use std::process::Command;
 #[test]
 fn storebench_ssd_offloads_every_value_in_batches_and_reads_each_back_from_disk() {
     // Inside the target directory: on disk (O_DIRECT, which dd and the tier use, fails on tmpfs).
-    let dir = tempdir_in(env!("CARGO_TARGET_TMPDIR"));
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmp.path().to_str().unwrap();
     // 5 values in batches of 2: two full batches and a last one of a single value.
     let out = Command::new(env!("CARGO_BIN_EXE_storebench"))
-        .args(["ssd", "--dir", &dir, "--sizes", "64K", "--bytes-per-row", "320K", "--repeat", "1", "--batch", "2"])
+        .args(["ssd", "--dir", dir, "--sizes", "64K", "--bytes-per-row", "320K", "--repeat", "1", "--batch", "2"])
         .output()
         .expect("running storebench");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -26,13 +27,6 @@ fn storebench_ssd_offloads_every_value_in_batches_and_reads_each_back_from_disk(
     let counts = stdout.lines().find(|l| l.starts_with("64.00 KiB:")).expect("per-size counts");
     assert!(counts.contains("5 of 5 gets read their file"), "{counts}");
     // The benchmark removes its work directory.
-    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
     assert!(left.is_empty(), "storebench ssd left {left:?} behind");
-    std::fs::remove_dir(&dir).unwrap();
-}
-
-fn tempdir_in(parent: &str) -> String {
-    let dir = format!("{parent}/storebench-ssd-{}", std::process::id());
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
