@@ -34,6 +34,10 @@ pub enum StoreError {
     MasterUnreachable { addr: String, reason: String },
     #[error("timed out: {0}")]
     TimedOut(String),
+    /// A read from memory ended after the object's read lease: the bytes may have been
+    /// replaced meanwhile, so they are not returned (get it again).
+    #[error("reading object {key:?} took {took_ms} ms, past its {lease_ms} ms read lease; get it again")]
+    LeaseExpired { key: String, lease_ms: u64, took_ms: u64 },
     #[error("buffer of {have} bytes is too small for object {key:?} of {need} bytes")]
     BufferTooSmall { key: String, need: u64, have: u64 },
     #[error("transfer engine: {0}")]
@@ -79,6 +83,7 @@ impl StoreError {
             StoreError::SegmentExists(_) => Code::SegmentAlreadyExists,
             StoreError::ClientNotFound(_) => Code::ClientNotFound,
             StoreError::NeedRemount => Code::NeedRemount,
+            StoreError::LeaseExpired { .. } => Code::LeaseExpired,
             _ => Code::Internal,
         }
     }
@@ -96,6 +101,7 @@ impl StoreError {
             Code::SegmentAlreadyExists => StoreError::SegmentExists(message.to_string()),
             Code::ClientNotFound => StoreError::ClientNotFound(message.to_string()),
             Code::NeedRemount => StoreError::NeedRemount,
+            Code::LeaseExpired => StoreError::LeaseExpired { key: key.to_string(), lease_ms: 0, took_ms: 0 },
             _ => StoreError::Remote(message.to_string()),
         }
     }

@@ -142,3 +142,34 @@ fn a_killed_client_loses_its_replicas_within_the_ttl_and_a_stalled_one_remounts(
     }
     assert!(b.ok("get again 6").ends_with("verified"));
 }
+
+/// Shapes the egress of host A's end of the link (`rate` as tc takes it), or removes it.
+fn shape_a(c: &Cluster, rate: Option<&str>) {
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", &c.hosts.a, "tc", "qdisc"]);
+    match rate {
+        Some(r) => cmd.args(["replace", "dev", &c.hosts.veth_a, "root", "tbf", "rate", r, "burst", "16kb"]),
+        None => cmd.args(["del", "dev", &c.hosts.veth_a, "root"]),
+    };
+    let status = cmd.args(rate.map_or(&[][..], |_| &["latency", "1s"][..])).status().expect("run tc");
+    assert!(status.success(), "tc qdisc on {}", c.hosts.veth_a);
+}
+
+#[test]
+fn a_read_that_outlasts_its_lease_fails_instead_of_returning_bytes_that_may_be_replaced() {
+    // A 1 s lease, and a link slowed so that reading 2 MiB from A takes about 4 s: past the
+    // lease, A's range may already hold another object, so the get must not return it.
+    let Some(c) = cluster("slea", &["--lease-ttl-ms", "1000", "--allocation-strategy", "local-first"]) else {
+        return;
+    };
+    let mut a = c.client(false, "16M", &[]);
+    let mut b = c.client(true, "16M", &[]);
+    a.ok("put slow 2M 3"); // local-first: in A's segment, so B reads across the link
+    assert!(b.ok("get slow 3").ends_with("verified"), "a quick read within the lease");
+    shape_a(&c, Some("4mbit"));
+    let answer = b.cmd("get slow 3");
+    assert!(answer.starts_with("err LEASE_EXPIRED"), "{answer}");
+    assert_eq!(b.ok("batch_get 3 slow"), "LEASE_EXPIRED", "batch gets check the lease too");
+    shape_a(&c, None);
+    assert!(b.ok("get slow 3").ends_with("verified"), "read again, within a new lease");
+}

@@ -106,7 +106,8 @@ pub fn store_status(e: &StoreError) -> Status {
         StoreError::SegmentExists(_) => Status::SegmentAlreadyExists,
         StoreError::ClientNotFound(_) => Status::ClientNotFound,
         StoreError::NeedRemount => Status::UnavailableInCurrentStatus,
-        StoreError::PeerGone { .. } | StoreError::TimedOut(_) => Status::TransferFail,
+        // A read past its lease: moving the bytes did not give the object's bytes.
+        StoreError::PeerGone { .. } | StoreError::TimedOut(_) | StoreError::LeaseExpired { .. } => Status::TransferFail,
         StoreError::MasterUnreachable { .. } => Status::RpcFail,
         StoreError::Engine(e) => engine_status(e),
         _ => Status::Internal,

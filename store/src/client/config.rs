@@ -255,6 +255,11 @@ impl ClientConfig {
         if self.protocol.is_some() {
             e.protocol = self.protocol;
         }
+        // Mooncake's `device_name` (one name or a comma-separated list) overrides `MC_DEVICE`.
+        if let Some(devices) = &self.device_name {
+            e.rdma.devices = crescent_engine::parse_device_list(devices)
+                .map_err(|err| StoreError::Config(format!("device_name {devices:?}: {err}")))?;
+        }
         Ok(e)
     }
 }
@@ -282,6 +287,16 @@ mod tests {
         assert_eq!(c.device_name, None);
         assert_eq!(c.global_segment_size, 3_355_443_200);
         assert_eq!(c.local_buffer_size, 64 << 20);
+    }
+
+    #[test]
+    fn device_name_chooses_the_engines_rdma_devices() {
+        let mut c = ClientConfig::default();
+        c.apply_json(r#"{"device_name":"mlx5_0,mlx5_1"}"#).unwrap();
+        assert_eq!(c.engine_config().unwrap().rdma.devices, vec!["mlx5_0", "mlx5_1"]);
+        c.apply_json(r#"{"device_name":"mlx5_0,bad/name"}"#).unwrap();
+        let err = c.engine_config().unwrap_err().to_string();
+        assert!(err.contains("device_name") && err.contains("bad/name"), "{err}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod disk;
 pub mod hot_cache;
+mod lease;
 pub mod metrics;
 pub mod rpc;
 pub mod sched;
@@ -24,6 +25,7 @@ use crate::proto::*;
 pub use config::ClientConfig;
 use disk::PreparedOffload;
 use hot_cache::{HotCache, Miss};
+use lease::{LeaseClock, Listed};
 use rpc::{check, MasterRpc};
 use staging::Staging;
 
@@ -458,11 +460,12 @@ impl StoreClient {
 
     // ---- gets ----
 
-    fn replica_list(&self, key: &str) -> Result<GetReplicaListReply> {
+    fn replica_list(&self, key: &str) -> Result<Listed> {
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let clock = LeaseClock::start();
         let mut reply = self.rpc.call(|mut c| async move { c.get_replica_list(req).await })?;
         check(reply.status.take(), key)?;
-        Ok(reply)
+        Ok(Listed { reply, clock })
     }
 
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
@@ -479,7 +482,7 @@ impl StoreClient {
     }
 
     /// A byte get once the master has answered with `list`: from the hot cache, or read.
-    fn get_listed(&self, key: &str, list: &GetReplicaListReply) -> Result<Vec<u8>> {
+    fn get_listed(&self, key: &str, list: &Listed) -> Result<Vec<u8>> {
         if let Some(hit) = self.hot_get_vec(key, list) {
             return Ok(hit);
         }
@@ -509,7 +512,8 @@ impl StoreClient {
     }
 
     /// Reads from the best replica: our own memory first (a memcpy), then the others in turn.
-    fn read_replicas(&self, key: &str, list: &GetReplicaListReply, mut dst: Buf<'_>) -> Result<()> {
+    /// A read from memory that ends after the list's lease fails (see [`lease`]).
+    fn read_replicas(&self, key: &str, list: &Listed, mut dst: Buf<'_>) -> Result<()> {
         let size = list.size;
         let mut order: Vec<&ReplicaDescriptor> = list.replicas.iter().filter(|r| readable_in_memory(r)).collect();
         order.sort_by_key(|r| r.segment_name != self.engine.segment_name());
@@ -524,11 +528,12 @@ impl StoreClient {
                     }
                     Buf::Bytes(_) => unreachable!("gets write to the caller"),
                 }
-                return Ok(());
+                return list.lease_held(key);
             }
             match self.read_remote_hot(key, list, r, &mut dst) {
                 Ok(()) => return Ok(()),
-                Err(e) if e.is_caller_error() => return Err(e),
+                // Every replica shares the one lease: the others would be no better.
+                Err(e) if e.is_caller_error() || matches!(e, StoreError::LeaseExpired { .. }) => return Err(e),
                 Err(e) => {
                     tracing::debug!("reading {key:?} from {}: {e}; trying the next replica", r.segment_name);
                     last_err = Some(e);
@@ -821,15 +826,16 @@ impl StoreClient {
         Ok(())
     }
 
-    fn batch_replica_lists(&self, keys: &[String]) -> Result<Vec<Result<GetReplicaListReply>>> {
+    fn batch_replica_lists(&self, keys: &[String]) -> Result<Vec<Result<Listed>>> {
         let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+        let clock = LeaseClock::start();
         let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
         one_per_key(reply.items.len(), keys.len())?;
         Ok(reply
             .items
             .into_iter()
             .zip(keys)
-            .map(|(mut item, key)| check(item.status.take(), key).map(|()| item))
+            .map(|(mut item, key)| check(item.status.take(), key).map(|()| Listed { reply: item, clock }))
             .collect())
     }
 
@@ -905,7 +911,7 @@ impl StoreClient {
     fn get_lists_into(
         &self,
         keys: &[String],
-        lists: &[&Result<GetReplicaListReply>],
+        lists: &[&Result<Listed>],
         addrs: &[u64],
         lens: &[u64],
         fresh: bool,
@@ -936,6 +942,7 @@ impl StoreClient {
             if let Some(src) = complete.iter().find_map(|r| self.local_replica(r, list.size)) {
                 // SAFETY: the caller registered [addrs[i], +lens[i] >= size) for this call.
                 unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }.copy_from_slice(src);
+                results[i] = list.lease_held(&keys[i]);
                 continue;
             }
             if let Some(r) = complete.first() {
@@ -974,9 +981,15 @@ impl StoreClient {
             hot_cache::copy_out(&guard, addrs[i]);
         }
         if let (Some(hot), Some(id)) = (&self.hot, batch) {
-            self.fill_as_transfers_end(hot, id, &owner, fills, addrs);
+            self.fill_as_transfers_end(hot, id, &owner, fills, addrs, (keys, lists));
         }
         self.finish_batch(batch, keys, &owner, &mut results)?;
+        // A read that ended after the lease may hold another object's bytes (see [`lease`]).
+        for &i in &owner {
+            if let (Ok(()), Ok(list)) = (&results[i], lists[i]) {
+                results[i] = list.lease_held(&keys[i]);
+            }
+        }
         if let Some(hot) = &self.hot {
             for (i, joined) in joins.drain(..) {
                 match hot.wait(joined) {
@@ -1004,7 +1017,8 @@ impl StoreClient {
 
     /// Fills the cache from each miss of a running batch as soon as its own transfer has
     /// completed, while the others still move. A fill whose transfer failed (or that has none)
-    /// is dropped: its blocks go back and the gets waiting for it read for themselves.
+    /// is dropped: its blocks go back and the gets waiting for it read for themselves. So is
+    /// one whose read ended after its lease (`listed`: the batch's keys and replica lists).
     fn fill_as_transfers_end(
         &self,
         hot: &HotCache,
@@ -1012,6 +1026,7 @@ impl StoreClient {
         owner: &[usize],
         fills: Vec<(usize, hot_cache::Fill)>,
         addrs: &[u64],
+        (keys, lists): (&[String], &[&Result<Listed>]),
     ) {
         // (request index, key index, fill)
         let mut waiting: Vec<(usize, usize, hot_cache::Fill)> = fills
@@ -1024,11 +1039,13 @@ impl StoreClient {
             for (k, i, mut fill) in waiting {
                 match statuses.get(k) {
                     Some(TransferStatus::Pending) => pending.push((k, i, fill)),
-                    Some(TransferStatus::Completed) => {
+                    Some(TransferStatus::Completed)
+                        if lists[i].as_ref().is_ok_and(|l| l.lease_held(&keys[i]).is_ok()) =>
+                    {
                         hot_cache::fill_from(&mut fill, addrs[i]);
                         hot.publish(fill);
                     }
-                    _ => {} // failed: dropped
+                    _ => {} // failed, or ended after the lease: dropped
                 }
             }
             waiting = pending;

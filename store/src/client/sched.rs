@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crescent_engine::{Opcode, TransferRequest};
 
+use crate::client::lease::LeaseClock;
 use crate::client::rpc::check;
 use crate::client::{Buf, StoreClient};
 use crate::error::{Result, StoreError};
@@ -150,9 +151,15 @@ impl StoreClient {
     /// this client copies the bytes with the engine, then commits the copies that succeeded.
     pub fn replicate(&self, key: &str, count: u32) -> Result<Replicated> {
         let req = ReplicateStartRequest { client_id: self.id.clone(), key: key.to_string(), count };
+        let clock = LeaseClock::start();
         let mut plan = self.rpc.call(|mut c| async move { c.replicate_start(req).await })?;
         check(plan.status.take(), key)?;
-        let copied = self.copy_to_targets(key, &plan);
+        // A copy that ended after the sources' lease may hold another object's bytes: none
+        // of its targets is committed (the master reclaims them with the warm-up).
+        let copied = self.copy_to_targets(key, &plan).and_then(|done| {
+            clock.held(key, plan.lease_ttl_ms)?;
+            Ok(done)
+        });
         let done = copied.as_ref().map(|d| d.clone()).unwrap_or_default();
         let req = ReplicateEndRequest { client_id: self.id.clone(), key: key.to_string(), done_segments: done };
         let end = self.rpc.call(|mut c| async move { c.replicate_end(req).await })?;

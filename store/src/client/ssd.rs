@@ -12,6 +12,7 @@ use crescent_engine::{Opcode, TransferRequest};
 use super::disk::file::ResidentValue;
 use super::disk::service::{DiskReader, DiskService};
 use super::disk::{Announcer, DiskStats, DiskTier, PreparedOffload};
+use super::lease::{LeaseClock, Listed};
 use super::rpc::{check, MasterRpc};
 use super::{readable_in_memory, Buf, StoreClient};
 use crate::error::{Result, StoreError};
@@ -227,7 +228,7 @@ impl StoreClient {
         &self,
         key: &str,
         dst: impl FnOnce(u64) -> Option<&'d mut [u8]>,
-    ) -> Result<(GetReplicaListReply, bool)> {
+    ) -> Result<(Listed, bool)> {
         let guess = self.ssd.as_ref().and_then(|s| Some((&s.tier, s.tier.only_copy(key)?)));
         let Some((tier, (version, size))) = guess else {
             return Ok((self.replica_list(key)?, false));
@@ -236,6 +237,7 @@ impl StoreClient {
             return Ok((self.replica_list(key)?, false));
         };
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let clock = LeaseClock::start();
         let (reply, read) = self
             .rpc
             .call_beside(|mut c| async move { c.get_replica_list(req).await }, || tier.read_local(key, version, out));
@@ -259,7 +261,7 @@ impl StoreClient {
             // Back in memory meanwhile: later gets read it from there.
             tier.note_only_copy(key, version, false);
         }
-        Ok((list, confirmed))
+        Ok((Listed { reply: list, clock }, confirmed))
     }
 
     /// Reads a disk copy: ours first, then the others'. `None` when the object has none.

@@ -323,6 +323,7 @@ impl MasterRpc for MasterService {
                 version: p.version,
                 sources: p.sources,
                 targets: p.targets,
+                lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
             },
             Err(e) => ReplicateStartReply { status: status(&e), ..Default::default() },
         })

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use crescent_engine::{BatchId, Opcode, TransferEngine, TransferRequest};
 
 use super::{Fill, Guard, HotCache, HotCacheMetrics, Miss};
+use crate::client::lease::Listed;
 use crate::client::{Buf, StoreClient};
 use crate::error::{Result, StoreError};
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
@@ -63,26 +64,31 @@ impl StoreClient {
     /// Reads a remote replica. With the cache, a byte get lands the bytes in blocks reserved
     /// for the fill and copies them to the caller from there (in place of the staging buffer);
     /// a zero-copy get reads into the caller's memory and copies from there into the blocks.
-    /// A get of an object another get is fetching waits for that fetch instead.
+    /// A get of an object another get is fetching waits for that fetch instead. A read that
+    /// ends after the list's lease fails and fills nothing (see [`crate::client::lease`]).
     pub(in crate::client) fn read_remote_hot(
         &self,
         key: &str,
-        list: &GetReplicaListReply,
+        list: &Listed,
         r: &ReplicaDescriptor,
         dst: &mut Buf<'_>,
     ) -> Result<()> {
         let Some(hot) = &self.hot else {
-            return self.read_remote(key, r, list.size, dst);
+            self.read_remote(key, r, list.size, dst)?;
+            return list.lease_held(key);
         };
         let size = list.size;
         match (hot.begin(key, list, r), dst) {
             (Miss::Lead(fill), Buf::BytesMut(out)) => {
-                self.land(key, r, &fill, &mut out[..size as usize])?; // on failure the fill's blocks go back
+                // On failure the fill's blocks go back.
+                self.land(key, r, &fill, &mut out[..size as usize])?;
+                list.lease_held(key)?;
                 hot.publish(fill);
                 Ok(())
             }
             (Miss::Lead(mut fill), dst @ Buf::Registered(_)) => {
                 self.read_remote(key, r, size, dst)?;
+                list.lease_held(key)?;
                 let Buf::Registered(addr) = dst else { unreachable!("matched above") };
                 fill_from(&mut fill, *addr);
                 hot.publish(fill);
@@ -97,9 +103,15 @@ impl StoreClient {
                     }
                     Ok(())
                 }
-                None => self.read_remote(key, r, size, dst),
+                None => {
+                    self.read_remote(key, r, size, dst)?;
+                    list.lease_held(key)
+                }
             },
-            (_, dst) => self.read_remote(key, r, size, dst),
+            (_, dst) => {
+                self.read_remote(key, r, size, dst)?;
+                list.lease_held(key)
+            }
         }
     }
 
