@@ -763,6 +763,7 @@ impl StoreClient {
         if !ok.is_empty() {
             let req = BatchKeyRequest { client_id: self.id.clone(), keys: ok.clone() };
             let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
+            one_per_key(reply.statuses.len(), ok.len())?;
             let mut statuses = reply.statuses.into_iter();
             for (key, r) in keys.iter().zip(results.iter_mut()) {
                 if r.is_ok() {

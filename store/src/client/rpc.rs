@@ -40,7 +40,7 @@ impl MasterRpc {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
-            .timeout(Duration::from_secs(30))
+            .timeout(CALL_TIMEOUT)
             .tcp_nodelay(true);
         let calls = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -82,10 +82,9 @@ impl MasterRpc {
         self.reply(self.calls.block_on(f(self.call_client.clone())))
     }
 
-    /// A call's outcome: the reply's body, or the master unreachable.
+    /// A call's outcome: the reply's body, or what kept it from coming.
     fn reply<T>(&self, r: Result<tonic::Response<T>, tonic::Status>) -> Result<T> {
-        r.map(|r| r.into_inner())
-            .map_err(|s| StoreError::MasterUnreachable { addr: self.addr.clone(), reason: s.message().to_string() })
+        r.map(|r| r.into_inner()).map_err(|s| call_error(&self.addr, &s))
     }
 
     /// Runs one call and, while the master works on it, `meanwhile` on the calling thread
@@ -137,9 +136,28 @@ impl MasterRpc {
     }
 }
 
-/// Turns a reply's status into a result; `key` names the object in errors.
+/// How long a call may wait for the master's answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The error for a call that got no reply from the master at `addr`: a master that took too
+/// long is told apart from one that cannot be reached.
+fn call_error(addr: &str, s: &tonic::Status) -> StoreError {
+    match s.code() {
+        tonic::Code::DeadlineExceeded => StoreError::TimedOut(format!(
+            "master at {addr} did not answer within {} s: {}",
+            CALL_TIMEOUT.as_secs(),
+            s.message()
+        )),
+        _ => StoreError::MasterUnreachable { addr: addr.to_string(), reason: s.message().to_string() },
+    }
+}
+
+/// Turns a reply's status into a result; `key` names the object in errors. A reply without a
+/// status is the master's fault, never a success.
 pub fn check(status: Option<Status>, key: &str) -> Result<()> {
-    let s = status.unwrap_or_default();
+    let Some(s) = status else {
+        return Err(StoreError::Remote(format!("the master's reply about {key:?} carries no status")));
+    };
     let code = Code::try_from(s.code).unwrap_or(Code::Internal);
     if code == Code::Ok {
         Ok(())
@@ -160,6 +178,18 @@ mod tests {
     fn exists(rpc: &MasterRpc) -> Result<crate::proto::ExistsReply> {
         let req = KeyRequest { client_id: "c".into(), key: "k".into() };
         rpc.call(|mut c| async move { c.exists(req).await })
+    }
+
+    #[test]
+    fn a_master_too_slow_is_a_timeout_and_a_reply_without_status_is_no_success() {
+        let slow = call_error("m:1", &tonic::Status::deadline_exceeded("Timeout expired"));
+        assert!(matches!(slow, StoreError::TimedOut(ref m) if m.contains("m:1")), "{slow:?}");
+        let gone = call_error("m:1", &tonic::Status::unavailable("connection refused"));
+        assert!(matches!(gone, StoreError::MasterUnreachable { .. }), "{gone:?}");
+        assert!(matches!(check(None, "k"), Err(StoreError::Remote(_))));
+        assert!(check(Some(Status { code: Code::Ok as i32, message: String::new() }), "k").is_ok());
+        let refused = check(Some(Status { code: Code::ObjectNotFound as i32, message: "no".into() }), "k");
+        assert!(matches!(refused, Err(StoreError::NotFound(ref k)) if k == "k"));
     }
 
     #[test]

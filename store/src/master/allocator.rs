@@ -40,7 +40,9 @@ impl SegmentAllocator {
         }
         let units = (size / granule) as u32;
         SegmentAllocator {
-            inner: Allocator::with_max_allocs(units, MAX_ALLOCATIONS.min(units.max(1))),
+            // The allocator keeps its free region in a node too: fewer than two nodes make it
+            // underflow (a panic in debug builds) before the first allocation.
+            inner: Allocator::with_max_allocs(units, MAX_ALLOCATIONS.min(units.saturating_add(2))),
             granule,
             size: units as u64 * granule,
             reserved: 0,
@@ -88,6 +90,20 @@ impl SegmentAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn segments_of_any_size_are_safe_and_tiny_ones_hold_what_fits() {
+        for size in [0, 1, 255, 256, 257, 511, 512, 4095, 4096] {
+            let mut a = SegmentAllocator::new(size);
+            assert_eq!(a.capacity(), size / MIN_GRANULE * MIN_GRANULE);
+            let mut got = 0;
+            while let Some(b) = a.allocate(1) {
+                assert!(b.offset + b.reserved <= a.capacity(), "{size}: {b:?}");
+                got += 1;
+            }
+            assert_eq!(got, size / MIN_GRANULE, "{size} bytes hold this many 1-byte blocks");
+        }
+    }
 
     #[test]
     fn allocations_do_not_overlap_and_space_comes_back() {

@@ -37,6 +37,8 @@ use metrics::Metrics;
 pub const MAX_KEY_LEN: usize = 4096;
 /// Largest object accepted.
 pub const MAX_OBJECT_SIZE: u64 = 1 << 40;
+/// Smallest segment a client may mount (one page; smaller ones cannot hold the allocator's units).
+pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
 
@@ -236,9 +238,12 @@ impl Master {
         if client_id.is_empty() || info.name.is_empty() {
             return Err(StoreError::InvalidArgument("mount needs a client id and a segment name".into()));
         }
-        if info.size == 0 || info.size > MAX_OBJECT_SIZE * 64 || info.base.checked_add(info.size).is_none() {
+        if info.size < MIN_SEGMENT_SIZE
+            || info.size > MAX_OBJECT_SIZE * 64
+            || info.base.checked_add(info.size).is_none()
+        {
             return Err(StoreError::InvalidArgument(format!(
-                "segment size {} at {:#x} is not valid",
+                "segment size {} at {:#x} is not valid (at least {MIN_SEGMENT_SIZE} bytes, within the address space)",
                 info.size, info.base
             )));
         }

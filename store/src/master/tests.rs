@@ -215,6 +215,13 @@ fn bad_input_is_rejected_with_errors() {
     );
     assert!(m.mount_segment("c2", &SegmentInfo { name: "s2".into(), base: u64::MAX, size: 10, tier: 0 }, "h").is_err());
     assert!(m.mount_segment("c2", &SegmentInfo { name: "s2".into(), base: 1, size: 0, tier: 0 }, "h").is_err());
+    // Segments too small to hold one allocation unit are refused, not mounted half-working.
+    for size in [1, 100, 255, 511, 4095] {
+        let info = SegmentInfo { name: format!("tiny{size}"), base: 1 << 30, size, tier: 0 };
+        assert!(matches!(m.mount_segment("c2", &info, "h"), Err(StoreError::InvalidArgument(_))), "{size} bytes");
+    }
+    let small = SegmentInfo { name: "small".into(), base: 1 << 30, size: 4096, tier: 0 };
+    m.mount_segment("c3", &small, "h").unwrap();
     assert!(m.remove_by_regex("(unclosed", false).is_err());
     assert!(matches!(m.remove("nope", false), Err(StoreError::NotFound(_))));
 }
