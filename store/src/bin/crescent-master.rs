@@ -24,7 +24,7 @@ Settings come from flags, which override a JSON --config file (same names, snake
 overrides the defaults shown here."
 )]
 struct Cli {
-    /// JSON file with any of the settings below (e.g. {"rpc_address": "0.0.0.0:50051", "lease_ttl": 10000}).
+    /// JSON file with any of the settings below (e.g. {"rpc_address": "0.0.0.0:50051", "lease_ttl_ms": 10000}).
     #[arg(long)]
     config: Option<PathBuf>,
     /// gRPC listen address [default: 0.0.0.0:50051].
@@ -39,6 +39,9 @@ struct Cli {
     /// Read lease length in milliseconds [default: 10000].
     #[arg(long)]
     lease_ttl_ms: Option<u64>,
+    /// Soft pin length in milliseconds for puts that ask for a soft pin without their own [default: 1800000].
+    #[arg(long)]
+    default_soft_pin_ttl_ms: Option<u64>,
     /// Drop a client silent for this many milliseconds [default: 10000].
     #[arg(long)]
     client_ttl_ms: Option<u64>,
@@ -97,6 +100,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if let Some(v) = cli.lease_ttl_ms {
         config.lease_ttl = ms(v);
+    }
+    if let Some(v) = cli.default_soft_pin_ttl_ms {
+        config.default_soft_pin_ttl = ms(v);
     }
     if let Some(v) = cli.client_ttl_ms {
         config.client_ttl = ms(v);

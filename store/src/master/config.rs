@@ -13,8 +13,10 @@ pub enum AllocationStrategy {
     /// Any segments with room, chosen at random.
     Random,
     /// The writer's own segment first when it has room, then random (the default).
+    #[value(alias = "local_first")]
     LocalFirst,
     /// The segments with the largest share of free space first.
+    #[value(alias = "free_ratio_first")]
     FreeRatioFirst,
 }
 
@@ -27,35 +29,35 @@ pub struct MasterConfig {
     pub admin_address: String,
     pub allocation_strategy: AllocationStrategy,
     /// A read lease lasts this long after a get's replica list.
-    #[serde(with = "millis")]
+    #[serde(with = "millis", alias = "lease_ttl_ms")]
     pub lease_ttl: Duration,
     /// Default soft pin length for puts that ask for one.
-    #[serde(with = "millis")]
+    #[serde(with = "millis", alias = "default_soft_pin_ttl_ms")]
     pub default_soft_pin_ttl: Duration,
     /// Eviction starts when used / capacity passes this.
     pub eviction_high_watermark: f64,
     /// Share of capacity one eviction frees.
     pub eviction_ratio: f64,
     /// A client silent for this long is dropped with its segments and replicas.
-    #[serde(with = "millis")]
+    #[serde(with = "millis", alias = "client_ttl_ms")]
     pub client_ttl: Duration,
     /// A put started and not ended (or revoked) within this is reclaimed.
-    #[serde(with = "millis")]
+    #[serde(with = "millis", alias = "put_timeout_ms")]
     pub put_timeout: Duration,
     /// How often liveness, reclaim and eviction are checked.
-    #[serde(with = "millis")]
+    #[serde(with = "millis", alias = "sweep_interval_ms")]
     pub sweep_interval: Duration,
     /// Events kept for subscribers that fall behind; beyond it they lose events (and are told).
     pub event_buffer: usize,
     /// Longest TTL a client may publish near-engine keys with.
-    #[serde(with = "millis")]
+    #[serde(with = "millis", alias = "publish_max_ttl_ms")]
     pub publish_max_ttl: Duration,
     /// Most near-engine keys published at once (all clients together).
     pub max_published_keys: usize,
     /// Hot-key policy: keys read more often than this (reads per second over `hot_window`) get
     /// one more replica, through a client running a warm-up worker; 0 turns the policy off.
     pub hot_read_threshold: f64,
-    #[serde(with = "millis")]
+    #[serde(with = "millis", alias = "hot_window_ms")]
     pub hot_window: Duration,
     /// The policy adds replicas up to this many per object.
     pub hot_max_replicas: u32,
@@ -135,5 +137,37 @@ mod millis {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn strategies_are_named_as_flags_and_as_in_json() {
+        for (name, want) in [
+            ("random", AllocationStrategy::Random),
+            ("local-first", AllocationStrategy::LocalFirst),
+            ("local_first", AllocationStrategy::LocalFirst),
+            ("free-ratio-first", AllocationStrategy::FreeRatioFirst),
+            ("free_ratio_first", AllocationStrategy::FreeRatioFirst),
+        ] {
+            assert_eq!(AllocationStrategy::from_str(name, false), Ok(want), "flag {name}");
+        }
+        let c: MasterConfig = serde_json::from_str(r#"{"allocation_strategy":"free_ratio_first"}"#).unwrap();
+        assert_eq!(c.allocation_strategy, AllocationStrategy::FreeRatioFirst);
+        assert!(AllocationStrategy::from_str("fastest", false).is_err());
+    }
+
+    #[test]
+    fn durations_in_json_take_the_flags_names_too() {
+        let c: MasterConfig =
+            serde_json::from_str(r#"{"lease_ttl_ms":2500,"client_ttl":4000,"default_soft_pin_ttl_ms":60000}"#).unwrap();
+        assert_eq!(c.lease_ttl, Duration::from_millis(2500));
+        assert_eq!(c.client_ttl, Duration::from_millis(4000));
+        assert_eq!(c.default_soft_pin_ttl, Duration::from_secs(60));
+        assert!(serde_json::from_str::<MasterConfig>(r#"{"lease_tll_ms":1}"#).is_err(), "a misspelt name is refused");
     }
 }

@@ -426,7 +426,12 @@ impl Master {
         }
         let version = st.next_version;
         st.next_version += 1;
-        let soft_pin_until = (opts.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(opts.soft_pin_ttl_ms));
+        let soft_pin = match (opts.soft_pin_ttl_ms, opts.soft_pin) {
+            (0, false) => None,
+            (0, true) => Some(self.config.default_soft_pin_ttl),
+            (ms, _) => Some(Duration::from_millis(ms)),
+        };
+        let soft_pin_until = soft_pin.map(|ttl| now + ttl);
         let offload_disk = Self::disk_of_client(&st, client_id);
         let object = Object {
             size,

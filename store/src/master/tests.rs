@@ -106,12 +106,15 @@ fn eviction_keeps_puts_succeeding_and_spares_leased_pinned_and_unfinished_object
     m.put_end("c1", "pinned").unwrap();
     m.put_start("c1", "soft", 10 << 10, &PutOptions { soft_pin_ttl_ms: 60_000, ..Default::default() }).unwrap();
     m.put_end("c1", "soft").unwrap();
+    // A soft pin with no TTL of its own lasts the master's default (30 min).
+    m.put_start("c1", "soft-default", 10 << 10, &PutOptions { soft_pin: true, ..Default::default() }).unwrap();
+    m.put_end("c1", "soft-default").unwrap();
     m.put_start("c1", "unfinished", 10 << 10, &PutOptions::default()).unwrap();
-    // 60 more puts of 10 KiB into the remaining 60 KiB: eviction must keep making room.
+    // 60 more puts of 10 KiB into the remaining 50 KiB: eviction must keep making room.
     for i in 0..60 {
         put(&m, &format!("k{i}"), 10 << 10, 1).unwrap_or_else(|e| panic!("put {i}: {e}"));
     }
-    for key in ["leased", "pinned", "soft", "unfinished"] {
+    for key in ["leased", "pinned", "soft", "soft-default", "unfinished"] {
         assert!(!m.query(key).unwrap().replicas.is_empty(), "{key} survived eviction");
     }
     assert!(m.exists("k59").unwrap(), "the newest object is there");
