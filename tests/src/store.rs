@@ -121,3 +121,26 @@ pub fn pattern_bytes(len: usize, seed: u64) -> Vec<u8> {
     crescent_store::pattern::fill(&mut v, seed, 0);
     v
 }
+
+/// One HTTP/1.1 request to the master's admin port; returns (status, body as JSON, or as a
+/// JSON string when it is not JSON).
+pub fn admin_http(
+    m: &crescent_store::master::server::MasterHandle,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(m.admin_addr.expect("the master has an admin port")).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string())))
+}

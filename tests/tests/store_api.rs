@@ -230,3 +230,49 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
     a.put("after", b"fine").unwrap();
     assert_eq!(a.get("after").unwrap(), b"fine");
 }
+
+/// The value of the Prometheus sample `name` (with its labels, as printed) in `text`.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn the_admin_port_shows_capacity_keys_operations_errors_and_placements() {
+    let m = master();
+    let a = client(&m);
+    a.put("adm/1", &data(100_000, 1)).unwrap();
+    assert_eq!(a.get("adm/1").unwrap(), data(100_000, 1));
+    assert!(matches!(a.get("adm/none"), Err(StoreError::NotFound(_))));
+    assert!(matches!(a.remove("adm/none"), Err(StoreError::NotFound(_))));
+    assert!(matches!(a.put("adm/1", &data(10, 2)), Err(StoreError::AlreadyExists(_))));
+
+    let (code, body) = crescent_tests::store::admin_http(&m, "GET", "/metrics", "");
+    assert_eq!(code, 200);
+    let text = body.as_str().expect("Prometheus text");
+    let get = |name: &str| sample(text, name).unwrap_or_else(|| panic!("{name} in\n{text}"));
+    assert_eq!(get("crescent_master_capacity_bytes"), (32 << 20) as f64);
+    assert!(get("crescent_master_used_bytes") >= 100_000.0);
+    assert_eq!(get("crescent_master_keys"), 1.0);
+    assert_eq!(get("crescent_master_puts_total"), 1.0, "the refused second put did not start");
+    assert_eq!(get("crescent_master_gets_total"), 1.0);
+    // Errors by kind, from every RPC: the get and the removal of a missing key, the put of one
+    // that exists.
+    assert_eq!(get(r#"crescent_master_errors_total{kind="OBJECT_NOT_FOUND"}"#), 2.0);
+    assert_eq!(get(r#"crescent_master_errors_total{kind="OBJECT_ALREADY_EXISTS"}"#), 1.0);
+    assert_eq!(get(r#"crescent_master_rpc_latency_seconds_count{method="GetReplicaList"}"#), 2.0);
+
+    let (code, health) = crescent_tests::store::admin_http(&m, "GET", "/health", "");
+    assert_eq!((code, health["status"].as_str()), (200, Some("ok")), "{health}");
+    let (code, q) = crescent_tests::store::admin_http(&m, "GET", "/query_key?key=adm/1", "");
+    assert_eq!(code, 200, "{q}");
+    assert_eq!((q["exists"].as_bool(), q["size"].as_u64()), (Some(true), Some(100_000)), "{q}");
+    assert_eq!(q["replicas"][0]["segment"].as_str(), Some(a.segment_name()), "{q}");
+    assert_eq!(q["replicas"][0]["tier"].as_str(), Some("DRAM"), "{q}");
+    let (code, _) = crescent_tests::store::admin_http(&m, "GET", "/query_key", "");
+    assert_eq!(code, 400, "a query without a key is the caller's mistake");
+    let (_, keys) = crescent_tests::store::admin_http(&m, "GET", "/keys", "");
+    assert_eq!(keys["keys"], serde_json::json!(["adm/1"]));
+    let (_, segments) = crescent_tests::store::admin_http(&m, "GET", "/segments", "");
+    let names: Vec<&str> = segments["segments"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, vec![a.segment_name()], "{segments}");
+}

@@ -3,7 +3,6 @@
 //! near-engine keys, 10k-key batches, prefix queries, replication with real bytes, the hot-key
 //! warm-up worker and the event stream (including a subscriber that falls behind).
 
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,20 +28,8 @@ fn data(len: usize, seed: u64) -> Vec<u8> {
     crescent_tests::store::pattern_bytes(len, seed)
 }
 
-/// One HTTP/1.1 request to the admin port; returns (status, body).
 fn http(m: &MasterHandle, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let mut s = std::net::TcpStream::connect(m.admin_addr.unwrap()).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string())))
+    crescent_tests::store::admin_http(m, method, path, body)
 }
 
 /// (segment, tier, published) of each location of item `i`, sorted.

@@ -370,9 +370,9 @@ impl Master {
         opts: &PutOptions,
     ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
         let r = self.put_start_inner(client_id, key, size, opts, Instant::now());
-        match &r {
-            Ok(_) => self.metrics.puts.inc(),
-            Err(e) => self.metrics.error(e),
+        // (Errors are counted where they become a reply's status, as every RPC's are.)
+        if r.is_ok() {
+            self.metrics.puts.inc();
         }
         self.update_gauges();
         r
@@ -582,9 +582,8 @@ impl Master {
     /// The replicas of a committed object; grants (or extends) a read lease.
     pub fn get_replica_list(&self, key: &str) -> Result<ReplicaList> {
         let r = self.get_replica_list_inner(key, Instant::now());
-        match &r {
-            Ok(_) => self.metrics.gets.inc(),
-            Err(e) => self.metrics.error(e),
+        if r.is_ok() {
+            self.metrics.gets.inc();
         }
         r
     }

@@ -41,21 +41,23 @@ fn ok() -> Option<Status> {
     Some(Status { code: Code::Ok as i32, message: String::new() })
 }
 
-fn status(e: &StoreError) -> Option<Status> {
+/// The status a reply carries for `e`; counted in the master's errors by kind.
+fn status(m: &Master, e: &StoreError) -> Option<Status> {
+    m.metrics().error(e);
     Some(Status { code: e.code() as i32, message: e.to_string() })
 }
 
-fn status_of(r: &Result<(), StoreError>) -> Option<Status> {
+fn status_of(m: &Master, r: &Result<(), StoreError>) -> Option<Status> {
     match r {
         Ok(()) => ok(),
-        Err(e) => status(e),
+        Err(e) => status(m, e),
     }
 }
 
 fn put_start_reply(m: &Master, client: &str, key: &str, size: u64, opts: &PutOptions) -> PutStartReply {
     match m.put_start(client, key, size, opts) {
         Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
-        Err(e) => PutStartReply { status: status(&e), ..Default::default() },
+        Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
     }
 }
 
@@ -68,7 +70,7 @@ fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
             version: l.version,
             lease_ttl_ms: l.lease_ttl.as_millis() as u64,
         },
-        Err(e) => GetReplicaListReply { status: status(&e), ..Default::default() },
+        Err(e) => GetReplicaListReply { status: status(m, &e), ..Default::default() },
     }
 }
 
@@ -83,7 +85,7 @@ impl MasterRpc for MasterService {
             let seg = r.segment.unwrap_or_default();
             match m.mount_segment(&r.client_id, &seg, &r.host) {
                 Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(&e), segment_id: 0 },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
             }
         })
     }
@@ -97,7 +99,7 @@ impl MasterRpc for MasterService {
             let seg = r.segment.unwrap_or_default();
             match m.remount_segment(&r.client_id, &seg, &r.host) {
                 Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(&e), segment_id: 0 },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
             }
         })
     }
@@ -108,7 +110,7 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<StatusReply>, tonic::Status> {
         let r = req.into_inner();
         self.timed("UnmountSegment", |m| StatusReply {
-            status: status_of(&m.unmount_segment(&r.client_id, r.segment_id)),
+            status: status_of(m, &m.unmount_segment(&r.client_id, r.segment_id)),
         })
     }
 
@@ -119,12 +121,12 @@ impl MasterRpc for MasterService {
 
     async fn put_end(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
         let r = req.into_inner();
-        self.timed("PutEnd", |m| StatusReply { status: status_of(&m.put_end(&r.client_id, &r.key)) })
+        self.timed("PutEnd", |m| StatusReply { status: status_of(m, &m.put_end(&r.client_id, &r.key)) })
     }
 
     async fn put_revoke(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
         let r = req.into_inner();
-        self.timed("PutRevoke", |m| StatusReply { status: status_of(&m.put_revoke(&r.client_id, &r.key)) })
+        self.timed("PutRevoke", |m| StatusReply { status: status_of(m, &m.put_revoke(&r.client_id, &r.key)) })
     }
 
     async fn batch_put_start(
@@ -136,7 +138,7 @@ impl MasterRpc for MasterService {
             if r.keys.len() != r.sizes.len() {
                 let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
                 return BatchPutStartReply {
-                    items: vec![PutStartReply { status: status(&e), ..Default::default() }; r.keys.len().max(1)],
+                    items: vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)],
                 };
             }
             let opts = r.options.unwrap_or_default();
@@ -149,7 +151,7 @@ impl MasterRpc for MasterService {
     async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
         let r = req.into_inner();
         self.timed("BatchPutEnd", |m| BatchStatusReply {
-            statuses: r.keys.iter().map(|k| status_of(&m.put_end(&r.client_id, k)).expect("some")).collect(),
+            statuses: r.keys.iter().map(|k| status_of(m, &m.put_end(&r.client_id, k)).expect("some")).collect(),
         })
     }
 
@@ -159,7 +161,7 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
         let r = req.into_inner();
         self.timed("BatchPutRevoke", |m| BatchStatusReply {
-            statuses: r.keys.iter().map(|k| status_of(&m.put_revoke(&r.client_id, k)).expect("some")).collect(),
+            statuses: r.keys.iter().map(|k| status_of(m, &m.put_revoke(&r.client_id, k)).expect("some")).collect(),
         })
     }
 
@@ -182,7 +184,7 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("Exists", |m| match m.exists(&r.key) {
             Ok(exists) => ExistsReply { status: ok(), exists },
-            Err(e) => ExistsReply { status: status(&e), exists: false },
+            Err(e) => ExistsReply { status: status(m, &e), exists: false },
         })
     }
 
@@ -190,7 +192,7 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("BatchExists", |m| match m.batch_exists(&r.keys) {
             Ok(exists) => BatchExistsReply { status: ok(), exists },
-            Err(e) => BatchExistsReply { status: status(&e), exists: Vec::new() },
+            Err(e) => BatchExistsReply { status: status(m, &e), exists: Vec::new() },
         })
     }
 
@@ -198,13 +200,13 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("QueryKey", |m| match m.query(&r.key) {
             Ok(reply) => QueryKeyReply { status: ok(), ..reply },
-            Err(e) => QueryKeyReply { status: status(&e), ..Default::default() },
+            Err(e) => QueryKeyReply { status: status(m, &e), ..Default::default() },
         })
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<StatusReply>, tonic::Status> {
         let r = req.into_inner();
-        self.timed("Remove", |m| StatusReply { status: status_of(&m.remove(&r.key, r.force)) })
+        self.timed("Remove", |m| StatusReply { status: status_of(m, &m.remove(&r.key, r.force)) })
     }
 
     async fn remove_by_regex(
@@ -214,7 +216,7 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("RemoveByRegex", |m| match m.remove_by_regex(&r.pattern, r.force) {
             Ok((removed, skipped_leased)) => RemoveByRegexReply { status: ok(), removed, skipped_leased },
-            Err(e) => RemoveByRegexReply { status: status(&e), ..Default::default() },
+            Err(e) => RemoveByRegexReply { status: status(m, &e), ..Default::default() },
         })
     }
 
@@ -243,7 +245,7 @@ impl MasterRpc for MasterService {
                     disk_only: m.disk_only_news_for(&r.client_id),
                 }
             }
-            PingOutcome::NeedRemount => PingReply { status: status(&StoreError::NeedRemount), ..Default::default() },
+            PingOutcome::NeedRemount => PingReply { status: status(m, &StoreError::NeedRemount), ..Default::default() },
         })
     }
 
@@ -253,7 +255,7 @@ impl MasterRpc for MasterService {
             m.merge_held_removals(&r.held_removals);
             match m.mount_disk(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
                 Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(&e), segment_id: 0 },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
             }
         })
     }
@@ -266,9 +268,9 @@ impl MasterRpc for MasterService {
         self.timed("UpdateDiskReplicas", |m| {
             match m.update_disk_replicas(&r.client_id, r.segment_id, &r.added, &r.removed, r.restore) {
                 Ok(results) => {
-                    BatchStatusReply { statuses: results.iter().map(|x| status_of(x).expect("some")).collect() }
+                    BatchStatusReply { statuses: results.iter().map(|x| status_of(m, x).expect("some")).collect() }
                 }
-                Err(e) => BatchStatusReply { statuses: vec![status(&e).expect("some"); r.added.len().max(1)] },
+                Err(e) => BatchStatusReply { statuses: vec![status(m, &e).expect("some"); r.added.len().max(1)] },
             }
         })
     }
@@ -279,7 +281,7 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("QueryKeys", |m| match m.query_keys(&r.keys) {
             Ok(reply) => QueryKeysReply { status: ok(), ..reply },
-            Err(e) => QueryKeysReply { status: status(&e), ..Default::default() },
+            Err(e) => QueryKeysReply { status: status(m, &e), ..Default::default() },
         })
     }
 
@@ -287,7 +289,7 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("PrefixQuery", |m| match m.prefix_query(&r.keys) {
             Ok(reply) => PrefixQueryReply { status: ok(), ..reply },
-            Err(e) => PrefixQueryReply { status: status(&e), ..Default::default() },
+            Err(e) => PrefixQueryReply { status: status(m, &e), ..Default::default() },
         })
     }
 
@@ -299,7 +301,7 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("Publish", |m| match m.publish(&r.client_id, r.tier, r.ttl_ms, &r.keys) {
             Ok(count) => PublishReply { status: ok(), count },
-            Err(e) => PublishReply { status: status(&e), count: 0 },
+            Err(e) => PublishReply { status: status(m, &e), count: 0 },
         })
     }
 
@@ -307,7 +309,7 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("Retract", |m| match m.retract(&r.client_id, &r.keys, r.all) {
             Ok(count) => PublishReply { status: ok(), count },
-            Err(e) => PublishReply { status: status(&e), count: 0 },
+            Err(e) => PublishReply { status: status(m, &e), count: 0 },
         })
     }
 
@@ -325,7 +327,7 @@ impl MasterRpc for MasterService {
                 targets: p.targets,
                 lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
             },
-            Err(e) => ReplicateStartReply { status: status(&e), ..Default::default() },
+            Err(e) => ReplicateStartReply { status: status(m, &e), ..Default::default() },
         })
     }
 
@@ -336,7 +338,7 @@ impl MasterRpc for MasterService {
         let r = req.into_inner();
         self.timed("ReplicateEnd", |m| match m.replicate_end(&r.client_id, &r.key, &r.done_segments) {
             Ok((added, replicas)) => ReplicateEndReply { status: ok(), added, replicas },
-            Err(e) => ReplicateEndReply { status: status(&e), ..Default::default() },
+            Err(e) => ReplicateEndReply { status: status(m, &e), ..Default::default() },
         })
     }
 
