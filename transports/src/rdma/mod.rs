@@ -108,6 +108,19 @@ impl Shared {
     pub fn is_stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
+
+    /// State without devices, for tests of the parts that need none (the exchange's messages).
+    #[cfg(test)]
+    pub(crate) fn without_devices() -> Shared {
+        let config = RdmaConfig::default();
+        Shared {
+            timing: QpTiming { timeout: config.ib_timeout, retry_cnt: config.retry_cnt },
+            config,
+            devices: Vec::new(),
+            mrs: Arc::new(MrTable::default()),
+            stop: AtomicBool::new(false),
+        }
+    }
 }
 
 /// A peer's connection and when it may be tried again after a failure.

@@ -338,6 +338,7 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
                 Ok(Message::Pong) => {}
                 Ok(other) => failure = Some(format!("unexpected {other:?} on the control connection")),
                 Err(WireError::Closed) => failure = Some("the peer closed the control connection".into()),
+                Err(WireError::Idle) => failure = Some(format!("no answer to a ping within {CONTROL_TIMEOUT:?}")),
                 Err(e) => failure = Some(format!("control connection: {e}")),
             }
         }
