@@ -80,6 +80,8 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
             Message::Connect { slot, target_device, initiator_device, qp } => {
                 let reply = if qps.len() >= MAX_QPS_PER_CONNECTION && !qps.contains_key(&slot) {
                     Message::Reject { reason: format!("{MAX_QPS_PER_CONNECTION} queue pairs per initiator at most") }
+                } else if let Err(reason) = shared.begin_use() {
+                    Message::Reject { reason }
                 } else {
                     match accept(shared, &target_device, &qp) {
                         Ok(local) => {
