@@ -30,3 +30,16 @@ ci_ensure_rust() {
 # The packages every build and test needs.
 CI_BASE_PACKAGES=(build-essential pkg-config iproute2 iperf3 protobuf-compiler python3 python3-venv python3-dev
   libibverbs-dev)
+
+# Builds the rdma integration test binary (crescent-tests, test `rdma`) without running it and
+# prints its path. Compiler diagnostics go to stderr, and a failed build fails the caller.
+ci_rdma_test_bin() {
+  cargo test --locked -p crescent-tests --test rdma --no-run --message-format=json |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-message" and m["message"].get("rendered"):
+        sys.stderr.write(m["message"]["rendered"])
+    elif m.get("reason") == "compiler-artifact" and m["target"]["name"] == "rdma" and m.get("executable"):
+        print(m["executable"])'
+}

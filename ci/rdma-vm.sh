@@ -18,12 +18,7 @@ fi
 
 ci_log "rdma: building the test binary and tebench"
 cargo build --locked -p crescent-benches --bin tebench
-test_bin=$(cargo test --locked -p crescent-tests --test rdma --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "rdma" and m.get("executable"):
-        print(m["executable"])')
+test_bin=$(ci_rdma_test_bin) || { echo "rdma: building the rdma test binary failed" >&2; exit 1; }
 [ -x "$test_bin" ] || { echo "rdma: test binary not found" >&2; exit 1; }
 
 ci_log "rdma: tests and a tebench run inside the soft-RoCE VM"

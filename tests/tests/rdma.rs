@@ -439,6 +439,88 @@ fn a_binary_without_rdma_says_so_in_one_line_and_serves_over_tcp() {
     assert!(!segment.is_empty());
 }
 
+/// `tebench target` as an unprivileged process runs it: 8 MiB of locked memory (GitHub's
+/// runners have that much) and no CAP_IPC_LOCK, so the devices cannot pin a bigger buffer.
+fn low_memlock_target(dev: &str, gid: Option<u32>, extra: &[&str]) -> ChildGuard {
+    let gid_arg = gid.map(|g| g.to_string());
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--memlock=8388608:8388608", "setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", "--"])
+        .arg(workspace_bin("tebench"))
+        .args(["target", "--device-name", dev, "--buffer-size", "64M", "--pattern", "--local-hostname", "127.0.0.1"])
+        .args(gid_arg.iter().flat_map(|g| ["--gid-index", g.as_str()]))
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    ChildGuard(cmd.spawn().expect("prlimit and setpriv (util-linux) run tebench"))
+}
+
+#[test]
+fn too_little_locked_memory_for_the_buffer_turns_rdma_off_and_serves_over_tcp() {
+    let Some((dev, gid)) = rxe() else { return };
+    let mut target = low_memlock_target(&dev, gid, &[]);
+    let stderr = target.0.stderr.take().unwrap();
+    let warnings = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text);
+        text
+    });
+    // Read to the end: a target whose stdout is closed dies at its next line.
+    let stdout = target.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(name) = line.strip_prefix("segment: ") {
+                let _ = tx.send(name.to_string());
+            }
+        }
+    });
+    let Ok(segment) = rx.recv_timeout(Duration::from_secs(120)) else {
+        target.kill_now();
+        panic!("the target did not start: {}", warnings.join().unwrap());
+    };
+    // It publishes no rdma endpoint: peers on other hosts use tcp, this host shm.
+    let engine = loopback_engine(&dev, gid);
+    let seg = engine.open_segment(&segment).unwrap();
+    let endpoints = engine.segment_descriptor(seg).unwrap().endpoints.clone();
+    assert!(endpoints.iter().all(|e| !matches!(e, Endpoint::Rdma { .. })), "{endpoints:?}");
+    assert!(endpoints.iter().any(|e| matches!(e, Endpoint::Tcp { .. })), "{endpoints:?}");
+    assert_ne!(engine.segment_transport(seg).unwrap(), TransportKind::Rdma);
+    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    let local = engine.alloc_registered(1 << 20, "cpu:0").unwrap();
+    engine
+        .transfer_sync(&[TransferRequest {
+            opcode: Opcode::Read,
+            source: local.addr(),
+            target: seg,
+            target_offset: remote.addr,
+            length: 1 << 20,
+        }])
+        .unwrap();
+    // SAFETY: the transfer ended.
+    assert_eq!(pattern::first_mismatch(unsafe { local.as_slice() }, 0, 0), None);
+    target.kill_now();
+    let warnings = warnings.join().unwrap();
+    let lines: Vec<&str> = warnings.lines().filter(|l| l.contains("locked-memory limit")).collect();
+    assert_eq!(lines.len(), 1, "one line says why: {warnings}");
+    assert!(lines[0].contains("ulimit -l") && lines[0].contains("tcp"), "{}", lines[0]);
+
+    // Asked for rdma, the same target fails to start, saying why.
+    let mut asked = low_memlock_target(&dev, gid, &["--protocol", "rdma"]);
+    let exited = eventually(Duration::from_secs(120), || asked.0.try_wait().is_ok_and(|s| s.is_some()));
+    asked.kill_now();
+    let mut stderr = String::new();
+    asked.0.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(exited, "with --protocol rdma the target must not start: {stderr}");
+    assert!(!asked.0.wait().unwrap().success(), "{stderr}");
+    assert!(stderr.contains("locked-memory limit") && stderr.contains("ulimit -l"), "{stderr}");
+}
+
+/// An engine on the rxe device that chooses its transports itself.
+fn loopback_engine(dev: &str, gid: Option<u32>) -> Arc<TransferEngine> {
+    rdma_engine(dev, gid, |c| c.protocol = None)
+}
+
 fn fill_side(side: &Side, seed: u64) {
     // SAFETY: no transfer touches the memory while it is filled.
     pattern::fill(

@@ -106,16 +106,19 @@ impl EngineConfig {
         if let Some(v) = env("MC_METADATA_TTL") {
             self.metadata_ttl = parse_seconds("MC_METADATA_TTL", &v)?;
         }
-        self.apply_rdma_env()
+        self.apply_rdma_vars(&env)
     }
 
-    fn apply_rdma_env(&mut self) -> Result<()> {
+    /// The rdma settings of [`Self::apply_env`], with `var` as the environment.
+    fn apply_rdma_vars(&mut self, var: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+        let env = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let rdma = &mut self.rdma;
         if let Some(v) = env("MC_DEVICE") {
             rdma.devices = parse_device_list(&v)?;
         }
         if let Some(v) = env("MC_GID_INDEX") {
-            rdma.gid_index = Some(parse_int("MC_GID_INDEX", &v, 0, 65535)? as u32);
+            // A queue pair names its source GID in 8 bits; the port's table is checked at start.
+            rdma.gid_index = Some(parse_int("MC_GID_INDEX", &v, 0, u64::from(u8::MAX))? as u32);
         }
         if let Some(v) = env("MC_MTU") {
             let mtu = parse_int("MC_MTU", &v, 256, 4096)? as u32;
@@ -235,6 +238,68 @@ mod tests {
         assert_eq!(parse_size(" 1G "), Ok(1 << 30));
         for bad in ["", "K", "1X", "-1", "0", "99999999999T", "1.5M"] {
             assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn rdma_from(vars: &[(&str, &str)]) -> Result<RdmaConfig> {
+        let vars: std::collections::HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut config = EngineConfig::default();
+        config.apply_rdma_vars(&|name| vars.get(name).cloned())?;
+        Ok(config.rdma)
+    }
+
+    #[test]
+    fn rdma_variables_set_the_rdma_settings() {
+        let rdma = rdma_from(&[
+            ("MC_DEVICE", "mlx5_0,mlx5_1"),
+            ("MC_GID_INDEX", " 3 "),
+            ("MC_MTU", "2048"),
+            ("MC_SLICE_SIZE", "256K"),
+            ("MC_NUM_QP_PER_EP", "4"),
+            ("MC_IB_TIMEOUT", "14"),
+            ("MC_IB_RETRY_CNT", "0"),
+            ("MC_IBVERBS_LIBRARY", "/opt/rdma/libibverbs.so.1"),
+        ])
+        .unwrap();
+        assert_eq!(rdma.devices, vec!["mlx5_0", "mlx5_1"]);
+        assert_eq!(rdma.gid_index, Some(3));
+        assert_eq!(rdma.mtu, Some(2048));
+        assert_eq!(rdma.max_slice_len, 256 << 10);
+        assert_eq!(rdma.qps_per_peer, 4);
+        assert_eq!(rdma.ib_timeout, 14);
+        assert_eq!(rdma.retry_cnt, 0);
+        assert_eq!(rdma.library.as_deref(), Some("/opt/rdma/libibverbs.so.1"));
+        // Unset or empty: the defaults.
+        let defaults = RdmaConfig::default();
+        let rdma = rdma_from(&[("MC_GID_INDEX", ""), ("MC_MTU", "  ")]).unwrap();
+        assert_eq!((rdma.gid_index, rdma.mtu, rdma.qps_per_peer), (None, None, defaults.qps_per_peer));
+        assert_eq!(rdma_from(&[("MC_GID_INDEX", "255")]).unwrap().gid_index, Some(255));
+    }
+
+    #[test]
+    fn invalid_rdma_variables_are_errors_naming_the_value() {
+        for (name, value) in [
+            ("MC_GID_INDEX", "256"),
+            ("MC_GID_INDEX", "65535"),
+            ("MC_GID_INDEX", "-1"),
+            ("MC_GID_INDEX", "one"),
+            ("MC_MTU", "1500"),
+            ("MC_MTU", "8192"),
+            ("MC_SLICE_SIZE", "2G"),
+            ("MC_SLICE_SIZE", "0"),
+            ("MC_NUM_QP_PER_EP", "0"),
+            ("MC_NUM_QP_PER_EP", "65"),
+            ("MC_IB_TIMEOUT", "0"),
+            ("MC_IB_TIMEOUT", "32"),
+            ("MC_IB_RETRY_CNT", "8"),
+            ("MC_DEVICE", "mlx5_0,bad/name"),
+        ] {
+            let err = rdma_from(&[(name, value)]).unwrap_err();
+            let text = err.to_string();
+            let named = if name == "MC_DEVICE" { "bad/name" } else { value };
+            assert!(text.contains(named), "{name}={value}: {text}");
+            assert!(err.is_caller_error(), "{name}={value}: {text}");
         }
     }
 

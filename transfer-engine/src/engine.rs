@@ -10,7 +10,8 @@ use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
-    Completion, Endpoint, Opcode, Region, RegionTable, RemoteRegion, SharedMemory, Slice, Transport, TransportKind,
+    Completion, Endpoint, Opcode, Region, RegionKeys, RegionTable, RemoteRegion, SharedMemory, Slice, Transport,
+    TransportError, TransportKind,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -102,6 +103,8 @@ pub struct TransferEngine {
     host_id: String,
     table: Arc<RegionTable>,
     transports: Vec<Arc<dyn Transport>>,
+    /// The rdma transport among `transports`, if it started.
+    rdma: Option<Arc<RdmaTransport>>,
     segments: RwLock<HashMap<SegmentId, Arc<Segment>>>,
     by_name: Mutex<HashMap<String, SegmentId>>,
     next_segment: AtomicU64,
@@ -145,6 +148,7 @@ impl TransferEngine {
             table.clone(),
         )?;
         let mut transports: Vec<Arc<dyn Transport>> = vec![Arc::new(tcp)];
+        let mut rdma = None;
         match start_shm(&config, port, &table) {
             Ok(shm) => transports.push(Arc::new(shm)),
             Err(e) if config.protocol == Some(TransportKind::Shm) => return Err(e.into()),
@@ -153,7 +157,11 @@ impl TransferEngine {
         if matches!(config.protocol, None | Some(TransportKind::Rdma)) {
             let rdma_config = RdmaConfig { advertise_host: host.clone(), ..config.rdma.clone() };
             match RdmaTransport::start(rdma_config) {
-                Ok(rdma) => transports.push(Arc::new(rdma)),
+                Ok(started) => {
+                    let started = Arc::new(started);
+                    transports.push(started.clone());
+                    rdma = Some(started);
+                }
                 Err(e) if config.protocol == Some(TransportKind::Rdma) || e.is_caller_error() => {
                     return Err(EngineError::Config(format!("protocol rdma cannot start: {e}")))
                 }
@@ -162,8 +170,8 @@ impl TransferEngine {
         }
         let endpoints: Vec<Endpoint> = transports.iter().map(|t| t.endpoint()).collect();
         let describe = {
-            let (name, host_id, table) = (name.clone(), host_id.clone(), table.clone());
-            Arc::new(move || describe(&name, &host_id, &endpoints, &table).to_json())
+            let (name, host_id, table, rdma) = (name.clone(), host_id.clone(), table.clone(), rdma.clone());
+            Arc::new(move || describe(&name, &host_id, &offered(&endpoints, rdma.as_deref()), &table).to_json())
         };
         let handshake = HandshakeServer::start(listener, describe.clone())?;
         let rpc = RpcMeta { ip_or_host_name: host.clone(), rpc_port: port };
@@ -179,6 +187,7 @@ impl TransferEngine {
             host_id,
             table,
             transports,
+            rdma,
             segments: RwLock::new(HashMap::new()),
             by_name: Mutex::new(HashMap::new()),
             next_segment: AtomicU64::new(1),
@@ -209,7 +218,13 @@ impl TransferEngine {
     /// This engine's own descriptor, as peers receive it.
     pub fn local_descriptor(&self) -> SegmentDescriptor {
         let endpoints: Vec<Endpoint> = self.transports.iter().map(|t| t.endpoint()).collect();
-        describe(&self.name, &self.host_id, &endpoints, &self.table)
+        describe(&self.name, &self.host_id, &offered(&endpoints, self.rdma.as_deref()), &self.table)
+    }
+
+    /// The transports in use: all that started, less rdma once it was turned off.
+    fn live_transports(&self) -> impl Iterator<Item = &Arc<dyn Transport>> {
+        let rdma_off = self.rdma.as_ref().is_some_and(|r| r.is_withdrawn());
+        self.transports.iter().filter(move |t| !(rdma_off && t.kind() == TransportKind::Rdma))
     }
 
     // ---- registration ----
@@ -240,9 +255,13 @@ impl TransferEngine {
     fn register_region(&self, region: Region) -> Result<()> {
         let region = self.table.insert(region)?;
         for (i, t) in self.transports.iter().enumerate() {
+            if t.kind() == TransportKind::Rdma && self.rdma.as_ref().is_some_and(|r| r.is_withdrawn()) {
+                continue;
+            }
             match t.register_region(&region) {
                 Ok(keys) if keys != Default::default() => region.set_keys(keys),
                 Ok(_) => {}
+                Err(e @ TransportError::PinLimit { .. }) if self.turn_rdma_off(t, &e) => {}
                 Err(e) => {
                     for t in &self.transports[..i] {
                         let _ = t.unregister_region(&region);
@@ -254,6 +273,33 @@ impl TransferEngine {
         }
         tracing::debug!("registered [{:#x}, +{}) at {}", region.addr(), region.len(), region.location());
         Ok(())
+    }
+
+    /// After `t` (rdma) could not pin memory for want of locked memory: when rdma was not
+    /// asked for and has not carried anything yet, turns it off (as on a host without RDMA)
+    /// and says so once; its registrations are undone, and its endpoint is no longer published.
+    /// False where rdma must stay (asked for, or in use): the registration then fails.
+    fn turn_rdma_off(&self, t: &Arc<dyn Transport>, e: &TransportError) -> bool {
+        let Some(rdma) = self.rdma.as_ref().filter(|_| t.kind() == TransportKind::Rdma) else {
+            return false;
+        };
+        if self.config.protocol.is_some() {
+            return false;
+        }
+        let first = !rdma.is_withdrawn();
+        if !rdma.withdraw_if_unused() {
+            return false;
+        }
+        for region in self.table.snapshot() {
+            if region.keys() != RegionKeys::default() {
+                let _ = rdma.unregister_region(&region);
+                region.set_keys(RegionKeys::default());
+            }
+        }
+        if first {
+            tracing::warn!("{e}; rdma is turned off, peers will reach this engine over tcp");
+        }
+        true
     }
 
     /// Unregisters the region that starts at `addr`. Refused while transfers use it.
@@ -284,7 +330,7 @@ impl TransferEngine {
     pub fn lend_local(&self, via: Option<SegmentId>, addr: u64, len: u64) -> Result<Option<LocalLoan<'_>>> {
         let needs_keys = match via {
             Some(segment) => self.segment_transport(segment)? == TransportKind::Rdma,
-            None => self.transports.iter().any(|t| t.kind() == TransportKind::Rdma),
+            None => self.live_transports().any(|t| t.kind() == TransportKind::Rdma),
         };
         if needs_keys {
             return Ok(None);
@@ -365,7 +411,7 @@ impl TransferEngine {
         };
         let mut unusable = Vec::new();
         for kind in &order {
-            let Some(local) = self.transports.iter().find(|t| t.kind() == *kind) else {
+            let Some(local) = self.live_transports().find(|t| t.kind() == *kind) else {
                 continue;
             };
             let Some(ep) = d.endpoints.iter().find(|e| e.kind() == *kind) else {
@@ -397,7 +443,7 @@ impl TransferEngine {
             allowed: list(
                 order
                     .iter()
-                    .filter(|k| self.transports.iter().any(|t| t.kind() == **k))
+                    .filter(|k| self.live_transports().any(|t| t.kind() == **k))
                     .map(|k| k.to_string())
                     .chain(unusable.iter().map(|why| format!("unusable {why}")))
                     .collect(),
@@ -631,6 +677,12 @@ fn start_shm(
 enum PlanError {
     Local(String),
     Remote(String),
+}
+
+/// The endpoints to publish: all, less rdma's once it was turned off.
+fn offered(endpoints: &[Endpoint], rdma: Option<&RdmaTransport>) -> Vec<Endpoint> {
+    let rdma_off = rdma.is_some_and(RdmaTransport::is_withdrawn);
+    endpoints.iter().filter(|e| !(rdma_off && e.kind() == TransportKind::Rdma)).cloned().collect()
 }
 
 /// A descriptor's buffers as the transports see them.

@@ -20,6 +20,9 @@ pub enum TransportError {
     Listen { addr: String, source: io::Error },
     #[error("transport {0} is unavailable: {1}")]
     Unavailable(&'static str, String),
+    /// The device could not pin the memory: the process's locked-memory limit is too small.
+    #[error("transport {transport} cannot pin the memory: {reason}")]
+    PinLimit { transport: &'static str, reason: String },
 }
 
 impl TransportError {

@@ -259,17 +259,12 @@ fn open_one(
     }
     let (port, pattr) = port.ok_or("no active port")?;
     let gid_index = match config.gid_index {
-        Some(i) => {
-            if i as i32 >= pattr.gid_tbl_len {
-                return Err(format!("GID index {i} is out of range (the port has {} GIDs)", pattr.gid_tbl_len));
-            }
-            i
-        }
+        Some(i) => check_gid_index(i, pattr.gid_tbl_len)?,
         None => auto_gid_index(verbs, ctx, name, port, &pattr)?,
     };
     let mut gid = ibv_gid::default();
     // SAFETY: a valid context, port and index; `gid` is 16 writable bytes.
-    if unsafe { (verbs.query_gid)(ctx, port, gid_index as i32, &mut gid) } != 0 {
+    if unsafe { (verbs.query_gid)(ctx, port, i32::from(gid_index), &mut gid) } != 0 {
         return Err(format!("cannot read GID {gid_index} of port {port}: {}", os_err()));
     }
     if pattr.link_layer == ffi::IBV_LINK_LAYER_ETHERNET && gid.raw == [0; 16] {
@@ -319,7 +314,7 @@ fn open_one(
         channel,
         cq,
         port,
-        gid_index: gid_index as u8,
+        gid_index,
         gid,
         lid: pattr.lid,
         link_layer: pattr.link_layer,
@@ -342,24 +337,38 @@ fn open_one(
     Ok(device)
 }
 
+/// Checks a GID index asked for (`MC_GID_INDEX`) against the port's GID table of `table_len`
+/// entries. A queue pair's address names its source GID in 8 bits (`sgid_index`), so indices
+/// above 255 are refused too, never truncated.
+pub fn check_gid_index(index: u32, table_len: i32) -> Result<u8, String> {
+    if i64::from(index) >= i64::from(table_len) {
+        return Err(format!("GID index {index} is out of range (the port has {table_len} GIDs)"));
+    }
+    u8::try_from(index).map_err(|_| {
+        format!("GID index {index} is out of range (queue pairs can use GID indices 0 to {} only)", u8::MAX)
+    })
+}
+
 /// Picks the GID index: on InfiniBand ports 0; on RoCE ports the best-ranked non-empty GID
-/// (RoCE v2 with an IPv4-mapped address, then any RoCE v2, then any other), lowest index first.
+/// (RoCE v2 with an IPv4-mapped address, then any RoCE v2, then any other), lowest index first,
+/// among the first 256 (those a queue pair can use).
 fn auto_gid_index(
     verbs: &Verbs,
     ctx: *mut ibv_context,
     name: &str,
     port: u8,
     pattr: &ffi::ibv_port_attr,
-) -> Result<u32, String> {
+) -> Result<u8, String> {
     if pattr.link_layer != ffi::IBV_LINK_LAYER_ETHERNET {
         return Ok(0);
     }
-    let mut best: Option<(u8, u32)> = None;
+    let mut best: Option<(u8, u8)> = None;
     let mut empty_run = 0;
-    for i in 0..pattr.gid_tbl_len.max(0) as u32 {
+    let usable = u8::try_from(pattr.gid_tbl_len.clamp(0, 256) - 1).ok();
+    for i in usable.map(|last| 0..=last).into_iter().flatten() {
         let mut gid = ibv_gid::default();
         // SAFETY: a valid context, port and in-range index; 16 writable bytes.
-        if unsafe { (verbs.query_gid)(ctx, port, i as i32, &mut gid) } != 0 || gid.raw == [0; 16] {
+        if unsafe { (verbs.query_gid)(ctx, port, i32::from(i), &mut gid) } != 0 || gid.raw == [0; 16] {
             empty_run += 1;
             // GID tables are filled from the start; a long empty run ends the search.
             if best.is_some() && empty_run >= 8 {
@@ -401,6 +410,18 @@ mod tests {
         assert_eq!(gid_rank(&link_local, "RoCE v2"), 2);
         assert_eq!(gid_rank(&mapped, "IB/RoCE v1"), 1);
         assert_eq!(gid_rank(&link_local, ""), 1);
+    }
+
+    #[test]
+    fn gid_indices_beyond_the_table_or_8_bits_are_refused_not_truncated() {
+        assert_eq!(check_gid_index(0, 16), Ok(0));
+        assert_eq!(check_gid_index(15, 16), Ok(15));
+        assert_eq!(check_gid_index(255, 1024), Ok(255));
+        for (index, len) in [(16, 16), (0, 0), (3, -1), (256, 1024), (257, 1024), (60_000, 1024), (u32::MAX, i32::MAX)]
+        {
+            let err = check_gid_index(index, len).unwrap_err();
+            assert!(err.contains(&format!("GID index {index} is out of range")), "{index} of {len}: {err}");
+        }
     }
 
     #[test]

@@ -82,6 +82,39 @@ impl Leftovers {
     pub fn is_empty(&self) -> bool {
         self.done.is_empty() && self.reroute.is_empty()
     }
+
+    /// Counts a failed attempt of `work`: it is moved to another lane, or fails with `why` once
+    /// it has had `max_attempts`. Every slice that failed on a lane goes through here, whether
+    /// its own completion said so or a later one ended it.
+    fn retry_or_fail(&mut self, mut work: Work, max_attempts: u32, peer: &str, why: impl FnOnce() -> String) {
+        work.attempts += 1;
+        work.claim = None;
+        if work.attempts >= max_attempts {
+            let reason = format!("{} on {peer} failed after {} attempts: {}", work.describe(), work.attempts, why());
+            self.done.push((work, SliceOutcome::Failed(reason)));
+        } else {
+            self.reroute.push(work);
+        }
+    }
+
+    /// Ends the slices posted before one whose completion arrived: completed if `ok`, else
+    /// (flushed) each one counts a failed attempt like the completed one's.
+    fn end_earlier(
+        &mut self,
+        earlier: Vec<Work>,
+        ok: bool,
+        max_attempts: u32,
+        peer: &str,
+        why: impl Fn() -> String + Copy,
+    ) {
+        for w in earlier {
+            if ok {
+                self.done.push((w, SliceOutcome::Completed));
+            } else {
+                self.retry_or_fail(w, max_attempts, peer, why);
+            }
+        }
+    }
 }
 
 struct LaneState {
@@ -383,17 +416,11 @@ impl Lane {
         } else {
             self.pump_locked(&mut st)
         };
+        let broken = st.broken.clone();
         drop(st);
-        for mut w in earlier {
-            if earlier_ok {
-                out.done.push((w, SliceOutcome::Completed));
-            } else {
-                w.attempts += 1;
-                w.claim = None;
-                out.reroute.push(w);
-            }
-        }
-        let Some(mut work) = work else {
+        let why = || broken.clone().unwrap_or_else(status_text);
+        out.end_earlier(earlier, earlier_ok, max_attempts, &self.peer_name, why);
+        let Some(work) = work else {
             return out;
         };
         match status {
@@ -418,22 +445,7 @@ impl Lane {
                 );
                 out.done.push((work, SliceOutcome::Failed(reason)));
             }
-            _ => {
-                work.attempts += 1;
-                work.claim = None;
-                if work.attempts >= max_attempts {
-                    let reason = format!(
-                        "{} on {} failed after {} attempts: {}",
-                        work.describe(),
-                        self.peer_name,
-                        work.attempts,
-                        self.broken_reason().unwrap_or_else(status_text)
-                    );
-                    out.done.push((work, SliceOutcome::Failed(reason)));
-                } else {
-                    out.reroute.push(work);
-                }
-            }
+            _ => out.retry_or_fail(work, max_attempts, &self.peer_name, why),
         }
         out
     }
@@ -457,4 +469,72 @@ impl Drop for Lane {
 
 fn libc_enosys() -> i32 {
     38
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CompletionSink;
+
+    #[derive(Default)]
+    struct Ended(Mutex<Vec<(usize, SliceOutcome)>>);
+
+    impl CompletionSink for Ended {
+        fn begin_local_access(&self, _: usize) -> bool {
+            true
+        }
+        fn end_local_access(&self, _: usize) {}
+        fn complete(&self, slice: usize, outcome: SliceOutcome) {
+            self.0.lock().push((slice, outcome));
+        }
+    }
+
+    fn work(sink: &Arc<Ended>, slice: usize, attempts: u32) -> Work {
+        let mut w = Work::new(Slice {
+            opcode: Opcode::Read,
+            local_addr: 0x1000,
+            remote_addr: 0x2000 + slice as u64 * 4096,
+            len: 4096,
+            completion: Completion::new(sink.clone(), slice),
+        });
+        w.attempts = attempts;
+        w
+    }
+
+    fn ended(sink: &Ended, out: Leftovers) -> Vec<(usize, SliceOutcome)> {
+        for (w, outcome) in out.done {
+            w.finish(outcome);
+        }
+        let mut ended = sink.0.lock().clone();
+        ended.sort_by_key(|(slice, _)| *slice);
+        ended
+    }
+
+    #[test]
+    fn flushed_slices_posted_before_a_failed_one_are_retried_only_until_their_attempts_are_spent() {
+        let sink = Arc::new(Ended::default());
+        let mut out = Leftovers::default();
+        // Three attempts allowed; slice 2 has failed twice already (on two other queue pairs).
+        let earlier = vec![work(&sink, 0, 0), work(&sink, 1, 1), work(&sink, 2, 2)];
+        out.end_earlier(earlier, false, 3, "peer", || "queue pair 7 broke: flushed".into());
+        let rerouted: Vec<(u64, u32)> = out.reroute.iter().map(|w| (w.remote_addr, w.attempts)).collect();
+        assert_eq!(rerouted, vec![(0x2000, 1), (0x3000, 2)], "two move on, their attempt counted");
+        let ended = ended(&sink, out);
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        assert_eq!(ended[0].0, 2, "the one out of attempts fails");
+        assert!(
+            matches!(&ended[0].1, SliceOutcome::Failed(r) if r.contains("after 3 attempts") && r.contains("flushed")),
+            "{ended:?}"
+        );
+    }
+
+    #[test]
+    fn slices_posted_before_a_successful_completion_completed() {
+        let sink = Arc::new(Ended::default());
+        let mut out = Leftovers::default();
+        out.end_earlier(vec![work(&sink, 0, 2), work(&sink, 1, 0)], true, 3, "peer", || unreachable!());
+        assert!(out.reroute.is_empty());
+        let ended = ended(&sink, out);
+        assert_eq!(ended, vec![(0, SliceOutcome::Completed), (1, SliceOutcome::Completed)]);
+    }
 }

@@ -102,11 +102,45 @@ pub(crate) struct Shared {
     pub mrs: Arc<MrTable>,
     pub timing: QpTiming,
     stop: AtomicBool,
+    usage: Mutex<Usage>,
+}
+
+/// Whether the transport has carried anything yet, and whether it was turned off.
+#[derive(Debug, Default)]
+struct Usage {
+    /// A queue pair to or from a peer was asked for.
+    used: bool,
+    withdrawn: bool,
 }
 
 impl Shared {
     pub fn is_stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// Notes that a queue pair to or from a peer is about to be set up; refused once the
+    /// transport was withdrawn ([`RdmaTransport::withdraw_if_unused`]).
+    pub fn begin_use(&self) -> Result<(), String> {
+        let mut usage = self.usage.lock();
+        if usage.withdrawn {
+            return Err("rdma is turned off on this engine (it could not register its memory)".into());
+        }
+        usage.used = true;
+        Ok(())
+    }
+
+    /// State without devices, for tests of the parts that need none (the exchange's messages).
+    #[cfg(test)]
+    pub(crate) fn without_devices() -> Shared {
+        let config = RdmaConfig::default();
+        Shared {
+            timing: QpTiming { timeout: config.ib_timeout, retry_cnt: config.retry_cnt },
+            config,
+            devices: Vec::new(),
+            mrs: Arc::new(MrTable::default()),
+            stop: AtomicBool::new(false),
+            usage: Mutex::new(Usage::default()),
+        }
     }
 }
 
@@ -220,6 +254,7 @@ impl RdmaTransport {
             devices,
             mrs: Arc::new(MrTable::default()),
             stop: AtomicBool::new(false),
+            usage: Mutex::new(Usage::default()),
         });
         let mut threads = Vec::new();
         let spawn_err = |e: std::io::Error| unavailable(format!("cannot start an rdma thread: {e}"));
@@ -326,6 +361,24 @@ impl RdmaTransport {
         peer.lanes().iter().find(|l| l.inject_error()).map(|l| l.qp.qpn)
     }
 
+    /// Turns the transport off if no queue pair to or from a peer was set up yet: peers that
+    /// still try it are refused (and use another transport), and connecting out fails. True
+    /// if it is off (now or before). For an engine that cannot register its memory with the
+    /// devices: it then withdraws its rdma endpoint and registers without rdma.
+    pub fn withdraw_if_unused(&self) -> bool {
+        let mut usage = self.shared.usage.lock();
+        if usage.used && !usage.withdrawn {
+            return false;
+        }
+        usage.withdrawn = true;
+        true
+    }
+
+    /// Whether [`Self::withdraw_if_unused`] turned the transport off.
+    pub fn is_withdrawn(&self) -> bool {
+        self.shared.usage.lock().withdrawn
+    }
+
     fn keys_of(&self, peer: &Endpoint) -> Arc<RwLock<RemoteKeys>> {
         self.remote_keys.lock().entry(peer.clone()).or_default().clone()
     }
@@ -344,6 +397,7 @@ impl RdmaTransport {
         if let Some(at) = st.retry_at.filter(|at| *at > now) {
             return Err(format!("{endpoint} is unreachable ({}); next attempt in {:?}", st.last_error, at - now));
         }
+        self.shared.begin_use()?;
         st.attempts += 1;
         match Peer::connect(&self.shared, endpoint, self.keys_of(endpoint)) {
             Ok(p) => {

@@ -61,15 +61,17 @@ impl MrTable {
             let mr = unsafe { (d.verbs.reg_mr)(d.pd, addr as *mut _, size, access) };
             if mr.is_null() {
                 let e = std::io::Error::last_os_error();
+                let reason = format!("registering [{addr:#x}, +{len}) on {} failed: {e}", d.name);
                 // `mrs` is dropped here: what was registered on other devices is undone.
-                return Err(TransportError::Unavailable(
-                    "rdma",
-                    format!(
-                        "registering [{addr:#x}, +{len}) on {} failed: {e}{}",
-                        d.name,
-                        if e.raw_os_error() == Some(12) { " (raise the locked-memory limit: ulimit -l)" } else { "" }
-                    ),
-                ));
+                return Err(match pin_limit(&e) {
+                    Some(limit) => TransportError::PinLimit {
+                        transport: "rdma",
+                        reason: format!(
+                            "{reason} (the locked-memory limit is {limit} bytes; raise it: ulimit -l unlimited)"
+                        ),
+                    },
+                    None => TransportError::Unavailable("rdma", reason),
+                });
             }
             // SAFETY: a memory region the library just returned.
             let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
@@ -99,6 +101,18 @@ impl MrTable {
         let all = std::mem::take(&mut *self.regions.write());
         drop(all);
     }
+}
+
+/// The process's locked-memory limit, when `e` (from registering memory) is what the kernel
+/// answers once pinning would exceed it: ENOMEM, or EPERM where the limit is 0. `None` where
+/// the limit is unlimited (the error has another cause).
+fn pin_limit(e: &std::io::Error) -> Option<u64> {
+    use rustix::io::Errno;
+    let code = e.raw_os_error()?;
+    if code != Errno::NOMEM.raw_os_error() && code != Errno::PERM.raw_os_error() {
+        return None;
+    }
+    rustix::process::getrlimit(rustix::process::Resource::Memlock).current
 }
 
 /// A peer's regions and their remote keys per device name, from its descriptor.

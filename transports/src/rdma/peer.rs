@@ -25,6 +25,8 @@ pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest wait between two attempts to rebuild a broken lane.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// A rebuilt lane that works this long has its backoff start over.
+const HEALTHY_FOR: Duration = MAX_BACKOFF;
 /// Most devices a peer may list.
 pub const MAX_PEER_DEVICES: usize = 64;
 
@@ -261,11 +263,72 @@ impl Drop for Peer {
     }
 }
 
+/// When one broken lane may be rebuilt. Failed rebuilds back off exponentially
+/// ([`FIRST_BACKOFF`] doubling to [`MAX_BACKOFF`]), and so does a lane that breaks again within
+/// [`HEALTHY_FOR`] of its rebuild: whatever keeps breaking it (a faulty link, an application
+/// that keeps addressing memory the target no longer has) gets one rebuild per backoff period,
+/// not one per fault. A lane that stayed healthy that long is rebuilt at once, as is one that
+/// breaks for the first time.
+#[derive(Debug, Clone)]
+struct Backoff {
+    delay: Duration,
+    /// When the lane was last rebuilt (`None`: it is the first queue pair of its slot).
+    rebuilt_at: Option<Instant>,
+    /// When the broken lane may be rebuilt; `None`: not decided since it last worked.
+    not_before: Option<Instant>,
+    /// The last rebuild attempt failed.
+    failed: bool,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff { delay: Duration::ZERO, rebuilt_at: None, not_before: None, failed: false }
+    }
+
+    fn grow(&mut self) -> Duration {
+        self.delay = (self.delay * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+        self.delay
+    }
+
+    /// The lane is broken and drained: whether it may be rebuilt at `now`.
+    fn may_rebuild(&mut self, now: Instant) -> bool {
+        let at = match self.not_before {
+            Some(at) => at,
+            None => {
+                let at = match self.rebuilt_at {
+                    Some(t) if now.saturating_duration_since(t) < HEALTHY_FOR => now + self.grow(),
+                    _ => {
+                        self.delay = Duration::ZERO;
+                        now
+                    }
+                };
+                self.not_before = Some(at);
+                at
+            }
+        };
+        now >= at
+    }
+
+    fn rebuilt(&mut self, now: Instant) {
+        self.rebuilt_at = Some(now);
+        self.not_before = None;
+        self.failed = false;
+    }
+
+    /// A rebuild attempt at `now` failed; returns the wait before the next one.
+    fn rebuild_failed(&mut self, now: Instant) -> Duration {
+        let delay = self.grow();
+        self.not_before = Some(now + delay);
+        self.failed = true;
+        delay
+    }
+}
+
 /// Keeps the control connection alive (ping every [`KEEPALIVE`]) and rebuilds broken lanes
-/// once their posted work has drained, with exponential backoff per lane.
+/// once their posted work has drained, with a [`Backoff`] per lane.
 fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
     let mut last_ping = Instant::now();
-    let mut backoff: Vec<(Duration, Instant)> = Vec::new();
+    let mut backoff: Vec<Backoff> = Vec::new();
     let tick = Duration::from_millis(50);
     loop {
         std::thread::sleep(tick);
@@ -277,11 +340,11 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
         }
         let lanes = peer.lanes();
         if backoff.len() < lanes.len() {
-            backoff.resize(lanes.len(), (Duration::ZERO, Instant::now()));
+            backoff.resize(lanes.len(), Backoff::new());
         }
         let mut failure = None;
         for (i, lane) in lanes.iter().enumerate() {
-            if !lane.is_broken() || lane.inflight() > 0 || Instant::now() < backoff[i].1 {
+            if !lane.is_broken() || lane.inflight() > 0 || !backoff[i].may_rebuild(Instant::now()) {
                 continue;
             }
             match peer.connect_lane(&mut stream, lane.slot) {
@@ -295,12 +358,11 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
                         lane.broken_reason().unwrap_or_default()
                     );
                     peer.lanes.write()[i] = new;
-                    backoff[i].0 = Duration::ZERO;
+                    backoff[i].rebuilt(Instant::now());
                     last_ping = Instant::now();
                 }
                 Err(e) => {
-                    let delay = (backoff[i].0 * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
-                    backoff[i] = (delay, Instant::now() + delay);
+                    let delay = backoff[i].rebuild_failed(Instant::now());
                     tracing::warn!(
                         "rdma: rebuilding a queue pair to {} failed (next try in {delay:?}): {e}",
                         peer.name
@@ -317,8 +379,9 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
             if !parked.is_empty() {
                 if peer.lanes().iter().any(|l| !l.is_broken()) {
                     peer.dispatch(parked, None);
-                } else if lanes.iter().all(|l| l.is_broken() && l.inflight() == 0) {
-                    // Nothing works and rebuilding failed: do not hold the slices.
+                } else if lanes.iter().zip(&backoff).all(|(l, b)| l.is_broken() && l.inflight() == 0 && b.failed) {
+                    // Nothing works and rebuilding failed: do not hold the slices. (A lane only
+                    // waiting out its backoff will be rebuilt: they wait for it.)
                     let reason = lanes.first().and_then(|l| l.broken_reason()).unwrap_or_default();
                     for w in parked {
                         w.fail(format!("no working queue pair to {} (rebuilding after: {reason})", peer.name));
@@ -338,6 +401,7 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
                 Ok(Message::Pong) => {}
                 Ok(other) => failure = Some(format!("unexpected {other:?} on the control connection")),
                 Err(WireError::Closed) => failure = Some("the peer closed the control connection".into()),
+                Err(WireError::Idle) => failure = Some(format!("no answer to a ping within {CONTROL_TIMEOUT:?}")),
                 Err(e) => failure = Some(format!("control connection: {e}")),
             }
         }
@@ -345,5 +409,65 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
             peer.die(&reason);
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Breaks the lane at `at` (drained at once); returns how long its rebuild waits.
+    fn breaks(b: &mut Backoff, at: Instant) -> Duration {
+        if b.may_rebuild(at) {
+            return Duration::ZERO;
+        }
+        let ready = b.not_before.expect("a rebuild time is set");
+        assert!(!b.may_rebuild(ready - Duration::from_millis(1)), "not before its time");
+        assert!(b.may_rebuild(ready));
+        ready - at
+    }
+
+    #[test]
+    fn a_lane_that_breaks_again_soon_after_each_rebuild_waits_longer_each_time() {
+        let mut b = Backoff::new();
+        let mut now = Instant::now();
+        let mut waits = Vec::new();
+        // A bad request every 50 ms, each breaking the lane right after its rebuild.
+        for _ in 0..10 {
+            let wait = breaks(&mut b, now);
+            waits.push(wait.as_millis());
+            now += wait;
+            b.rebuilt(now);
+            now += Duration::from_millis(50);
+        }
+        assert_eq!(waits, vec![0, 100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000]);
+    }
+
+    #[test]
+    fn a_lane_that_stayed_healthy_starts_its_backoff_over() {
+        let mut b = Backoff::new();
+        let mut now = Instant::now();
+        for _ in 0..8 {
+            now += breaks(&mut b, now);
+            b.rebuilt(now);
+        }
+        assert!(b.delay >= Duration::from_secs(3), "{b:?}");
+        now += HEALTHY_FOR;
+        assert_eq!(breaks(&mut b, now), Duration::ZERO, "healthy long enough: rebuilt at once");
+        b.rebuilt(now);
+        assert_eq!(breaks(&mut b, now + Duration::from_millis(1)), FIRST_BACKOFF, "and the backoff starts over");
+    }
+
+    #[test]
+    fn failed_rebuilds_back_off_until_one_succeeds() {
+        let mut b = Backoff::new();
+        let now = Instant::now();
+        assert!(b.may_rebuild(now), "a first break is rebuilt at once");
+        let waits: Vec<Duration> = (0..3).map(|_| b.rebuild_failed(now)).collect();
+        assert_eq!(waits, vec![FIRST_BACKOFF, FIRST_BACKOFF * 2, FIRST_BACKOFF * 4]);
+        assert!(b.failed && !b.may_rebuild(now + FIRST_BACKOFF * 3));
+        assert!(b.may_rebuild(now + FIRST_BACKOFF * 4));
+        b.rebuilt(now + FIRST_BACKOFF * 4);
+        assert!(!b.failed);
     }
 }

@@ -62,7 +62,8 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
         let msg = match Message::read_from(&mut stream) {
             Ok(m) => m,
             Err(WireError::Closed) => return Ok(()),
-            Err(WireError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            // Only between messages: a timeout inside one is waited out by `read_from`.
+            Err(WireError::Idle) => {
                 if last_heard.elapsed() >= SILENCE_LIMIT {
                     return Err(WireError::Io(io::Error::new(
                         io::ErrorKind::TimedOut,
@@ -79,6 +80,8 @@ fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
             Message::Connect { slot, target_device, initiator_device, qp } => {
                 let reply = if qps.len() >= MAX_QPS_PER_CONNECTION && !qps.contains_key(&slot) {
                     Message::Reject { reason: format!("{MAX_QPS_PER_CONNECTION} queue pairs per initiator at most") }
+                } else if let Err(reason) = shared.begin_use() {
+                    Message::Reject { reason }
                 } else {
                     match accept(shared, &target_device, &qp) {
                         Ok(local) => {
@@ -113,4 +116,35 @@ fn accept(shared: &Shared, device: &str, remote: &QpInfo) -> Result<Qp, String> 
     qp.to_rtr(remote)?;
     qp.to_rts(remote, shared.timing)?;
     Ok(qp)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn a_message_split_by_a_pause_longer_than_the_read_timeout_keeps_the_connection() {
+        let shared = Shared::without_devices();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            serve(&shared, stream)
+        });
+        let mut client = TcpStream::connect(addr).unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        // Half a header, then a pause over the server's read timeout (KEEPALIVE), then the rest.
+        let ping = Message::Ping.encode();
+        client.write_all(&ping[..6]).unwrap();
+        std::thread::sleep(KEEPALIVE * 2 + KEEPALIVE / 2);
+        client.write_all(&ping[6..]).unwrap();
+        assert_eq!(Message::read_from(&mut client).unwrap(), Message::Pong, "the split ping is answered");
+        // Still in step: the next message is understood as well.
+        Message::Ping.write_to(&mut client).unwrap();
+        assert_eq!(Message::read_from(&mut client).unwrap(), Message::Pong);
+        drop(client);
+        assert!(server.join().unwrap().is_ok(), "the initiator closed; no error");
+    }
 }

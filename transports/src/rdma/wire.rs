@@ -14,14 +14,22 @@
 //!
 //! Closing the connection destroys the target's queue pairs of that initiator. Everything
 //! here comes from the network: decoding is bounds-checked and never panics.
+//!
+//! Both sides read with a socket timeout. A timeout between two messages is idleness
+//! ([`WireError::Idle`]: nothing was consumed, the reader may read again); once a message has
+//! begun, timeouts are waited out until [`MESSAGE_TIMEOUT`], so a message that arrives in
+//! pieces is never cut in two (which would leave the connection out of step).
 
 use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
 
 pub const MAGIC: [u8; 4] = *b"CRQP";
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 12;
 pub const MAX_PAYLOAD: u32 = 1024;
 pub const MAX_DEVICE_NAME: usize = 64;
+/// Once a message's first byte has arrived, the rest must follow within this long.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What one side tells the other about its queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +69,10 @@ pub enum WireError {
     Malformed(&'static str),
     #[error("connection closed")]
     Closed,
+    #[error("nothing received within the read timeout")]
+    Idle,
+    #[error("a message began but was not complete after {0:?}")]
+    Stalled(Duration),
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
 }
@@ -136,20 +148,64 @@ impl Message {
         w.write_all(&self.encode())
     }
 
-    /// Reads one message.
+    /// Reads one message. A read timeout before its first byte is [`WireError::Idle`] (nothing
+    /// consumed); after it, the rest is awaited until [`MESSAGE_TIMEOUT`].
     pub fn read_from(r: &mut impl Read) -> Result<Message, WireError> {
+        Self::read_within(r, MESSAGE_TIMEOUT)
+    }
+
+    /// [`Message::read_from`] where a begun message must be complete within `limit`
+    /// ([`WireError::Stalled`] otherwise: the connection is then out of step and must close).
+    pub fn read_within(r: &mut impl Read, limit: Duration) -> Result<Message, WireError> {
         let mut header = [0u8; HEADER_LEN];
-        let mut first = [0u8; 1];
-        if r.read(&mut first)? == 0 {
+        let first = loop {
+            match r.read(&mut header[..1]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) => return Err(WireError::Idle),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if first == 0 {
             return Err(WireError::Closed);
         }
-        header[0] = first[0];
-        r.read_exact(&mut header[1..])?;
+        let began = Instant::now();
+        read_rest(r, &mut header[1..], began, limit)?;
         let (kind, len) = parse_header(&header)?;
         let mut payload = vec![0u8; len as usize];
-        r.read_exact(&mut payload)?;
+        read_rest(r, &mut payload, began, limit)?;
         Message::decode(kind, &payload)
     }
+}
+
+/// A read that gave up for the socket's timeout (`WouldBlock` on Unix, `TimedOut` elsewhere).
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// Fills `buf` with the rest of a message that began at `began`, waiting out read timeouts
+/// until `limit` has passed since then.
+fn read_rest(r: &mut impl Read, buf: &mut [u8], began: Instant, limit: Duration) -> Result<(), WireError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(WireError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the connection closed in the middle of a message",
+                )))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) => {
+                if began.elapsed() >= limit {
+                    return Err(WireError::Stalled(limit));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Checks a header; returns the message kind and payload length.
@@ -284,6 +340,63 @@ mod tests {
         assert!(Message::read_from(&mut bad_mtu.as_slice()).is_err());
         assert!(matches!(Message::decode(42, &[]), Err(WireError::Kind(42))));
         assert!(matches!(Message::decode(4, &[1]), Err(WireError::Malformed("trailing bytes"))));
+    }
+
+    /// Hands out its bytes in the given pieces, with a read timeout between two pieces.
+    struct Pieces(std::collections::VecDeque<Option<Vec<u8>>>);
+
+    impl Pieces {
+        fn new(pieces: Vec<Option<Vec<u8>>>) -> Self {
+            Pieces(pieces.into())
+        }
+    }
+
+    impl Read for Pieces {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.0.pop_front() {
+                None => Ok(0),
+                Some(None) => Err(io::ErrorKind::WouldBlock.into()),
+                Some(Some(mut piece)) => {
+                    let n = piece.len().min(buf.len());
+                    buf[..n].copy_from_slice(&piece[..n]);
+                    if n < piece.len() {
+                        self.0.push_front(Some(piece.split_off(n)));
+                    }
+                    Ok(n)
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn read_timeouts_inside_a_message_do_not_cut_it() {
+        let accept = Message::Accept { slot: 3, qp: qp() }.encode();
+        let ping = Message::Ping.encode();
+        let mut r = Pieces::new(vec![
+            None, // idle before the first message: nothing consumed
+            Some(accept[..5].to_vec()),
+            None,
+            Some(accept[5..HEADER_LEN + 2].to_vec()),
+            None,
+            None,
+            Some(accept[HEADER_LEN + 2..].to_vec()),
+            Some(ping.clone()),
+        ]);
+        assert!(matches!(Message::read_from(&mut r), Err(WireError::Idle)));
+        assert_eq!(Message::read_from(&mut r).unwrap(), Message::Accept { slot: 3, qp: qp() });
+        // The reader is still in step: the next message decodes.
+        assert_eq!(Message::read_from(&mut r).unwrap(), Message::Ping);
+        assert!(matches!(Message::read_from(&mut r), Err(WireError::Closed)));
+    }
+
+    #[test]
+    fn a_message_that_stops_halfway_fails_once_its_time_is_up() {
+        let ping = Message::Ping.encode();
+        let mut r = Pieces::new(vec![Some(ping[..6].to_vec()), None, None, None]);
+        assert!(matches!(Message::read_within(&mut r, Duration::ZERO), Err(WireError::Stalled(_))));
+        let mut r = Pieces::new(vec![Some(ping[..6].to_vec())]);
+        let err = Message::read_from(&mut r).unwrap_err();
+        assert!(matches!(&err, WireError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof), "{err}");
     }
 
     #[test]
