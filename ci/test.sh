@@ -21,6 +21,9 @@ ci_log "building every binary (the multi-process, C and Python tests run them)"
 cargo build --workspace --locked
 
 ci_log "unit, integration and multi-process tests (two hosts in network namespaces need root)"
+# Here the tests have what they need (root for the namespaces, etcd and redis): a test that
+# would skip fails instead, so nothing passes untested.
+if [ "$(id -u)" -eq 0 ]; then export CRESCENT_NO_SKIP=1; fi
 cargo test --workspace --locked
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"

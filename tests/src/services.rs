@@ -29,7 +29,7 @@ pub fn shared_service(
     let from_env = |var: &str, scheme: &str| match std::env::var(var) {
         Ok(addr) if !addr.trim().is_empty() => Some(format!("{scheme}://{}", addr.trim())),
         _ => {
-            println!("SKIPPED: {test}: {var} is not set (ci/test.sh starts the service and sets it)");
+            crate::skip(&format!("{test}: {var} is not set (ci/test.sh starts the service and sets it)"));
             None
         }
     };

@@ -300,7 +300,7 @@ fn a_service_restart_mid_run(kind: Kind, test: &str) {
                     let url = p.url("crescent:s3cret@", "/3");
                     (Restartable::Process(p), url)
                 }
-                Err(why) => return println!("SKIPPED: {test}: {why}"),
+                Err(why) => return crescent_tests::skip(&format!("{test}: {why}")),
             }
         }
         Kind::Etcd => match PrivateService::start(kind, &[]) {
@@ -308,7 +308,7 @@ fn a_service_restart_mid_run(kind: Kind, test: &str) {
                 let url = p.url("", "");
                 (Restartable::Process(p), url)
             }
-            Err(why) => return println!("SKIPPED: {test}: {why}"),
+            Err(why) => return crescent_tests::skip(&format!("{test}: {why}")),
         },
     };
     let cluster = unique_cluster("restart");

@@ -43,7 +43,7 @@ fn assert_fell_back_to_tcp(out: &Output) {
 #[test]
 fn another_user_falls_back_to_tcp() {
     if let Err(why) = can_drop_privileges() {
-        println!("SKIPPED another_user_falls_back_to_tcp: {why}");
+        crescent_tests::skip(&format!("another_user_falls_back_to_tcp: {why}"));
         return;
     }
     let (_target, name) =
@@ -55,7 +55,7 @@ fn another_user_falls_back_to_tcp() {
 #[test]
 fn non_dumpable_target_falls_back_to_tcp_without_cap_sys_ptrace() {
     if let Err(why) = can_drop_privileges() {
-        println!("SKIPPED non_dumpable_target_falls_back_to_tcp: {why}");
+        crescent_tests::skip(&format!("non_dumpable_target_falls_back_to_tcp: {why}"));
         return;
     }
     let (_target, name) = spawn_tebench_target(

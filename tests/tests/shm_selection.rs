@@ -76,7 +76,7 @@ fn two_network_namespaces_are_two_hosts() {
     let hosts = match HostPair::create("shms") {
         Ok(h) => h,
         Err(why) => {
-            println!("SKIPPED two_network_namespaces_are_two_hosts: {why}");
+            crescent_tests::skip(&format!("two_network_namespaces_are_two_hosts: {why}"));
             return;
         }
     };

@@ -17,7 +17,7 @@ fn cluster(tag: &str, master_args: &[&str]) -> Option<Cluster> {
     let hosts = match HostPair::create(tag) {
         Ok(h) => h,
         Err(why) => {
-            println!("SKIPPED: {why}");
+            crescent_tests::skip(&why);
             return None;
         }
     };

@@ -12,7 +12,7 @@ fn tebench_between_two_network_namespaces_moves_verified_data() {
     let hosts = match HostPair::create("teb") {
         Ok(h) => h,
         Err(why) => {
-            println!("SKIPPED tebench_between_two_network_namespaces: {why}");
+            crescent_tests::skip(&format!("tebench_between_two_network_namespaces: {why}"));
             return;
         }
     };
