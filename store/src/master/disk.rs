@@ -83,7 +83,6 @@ impl Master {
             tracing::info!("disk {disk_id} moves from client {} to client {client_id}", seg.client_id);
             Self::drop_segment(&mut st, id);
         }
-        st.dropped.remove(client_id);
         let id = st.next_segment;
         st.next_segment += 1;
         st.segments.insert(

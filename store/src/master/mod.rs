@@ -112,8 +112,6 @@ struct State {
     segment_by_name: HashMap<String, u64>,
     objects: HashMap<String, Object>,
     clients: HashMap<String, Client>,
-    /// Clients dropped for silence: their next ping is told to remount.
-    dropped: HashSet<String>,
     next_segment: u64,
     next_version: u64,
     /// Near-engine copies published by clients (never served by the store).
@@ -256,7 +254,6 @@ impl Master {
             }
             return Err(StoreError::SegmentExists(info.name.clone()));
         }
-        st.dropped.remove(client_id);
         let id = st.next_segment;
         st.next_segment += 1;
         let tier = Tier::try_from(info.tier).ok().filter(|t| *t != Tier::Unspecified).unwrap_or(Tier::Dram);
@@ -764,7 +761,6 @@ impl Master {
                 lost += Self::drop_segment(&mut st, seg);
             }
             self.retract_client(&mut st, &id);
-            st.dropped.insert(id.clone());
             self.metrics.clients_dropped.inc();
             tracing::warn!(
                 "client {id} silent for more than {:?}: dropped its segments; {lost} object(s) lost",
