@@ -276,3 +276,35 @@ fn the_admin_port_shows_capacity_keys_operations_errors_and_placements() {
     let names: Vec<&str> = segments["segments"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
     assert_eq!(names, vec![a.segment_name()], "{segments}");
 }
+
+/// How many calls of each gRPC method the master has served, from its `/metrics`.
+fn rpc_counts(m: &MasterHandle, methods: &[&str]) -> Vec<u64> {
+    let (_, body) = crescent_tests::store::admin_http(m, "GET", "/metrics", "");
+    let text = body.as_str().expect("Prometheus text").to_string();
+    let count = |method: &str| {
+        sample(&text, &format!(r#"crescent_master_rpc_latency_seconds_count{{method="{method}"}}"#)).unwrap_or(0.0)
+            as u64
+    };
+    methods.iter().map(|&method| count(method)).collect()
+}
+
+#[test]
+fn batch_calls_make_one_master_round_trip_per_batch_whatever_their_size() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let keys: Vec<String> = (0..16).map(|i| format!("rt{i}")).collect();
+    let values: Vec<Vec<u8>> = (0..16).map(|i| data(10_000 + i, i as u64)).collect();
+    let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
+    let methods = ["BatchPutStart", "BatchPutEnd", "PutStart", "PutEnd", "BatchGetReplicaList", "GetReplicaList"];
+    let before = rpc_counts(&m, &methods);
+    assert!(a.put_batch(&keys, &refs).unwrap().iter().all(|r| r.is_ok()));
+    let got = b.get_batch(&keys).unwrap();
+    assert!(got.iter().zip(&values).all(|(g, v)| g.as_ref().is_ok_and(|g| g == v)));
+    let after = rpc_counts(&m, &methods);
+    let calls: Vec<u64> = after.iter().zip(&before).map(|(x, y)| x - y).collect();
+    assert_eq!(calls, vec![1, 1, 0, 0, 1, 0], "calls of {methods:?} for a 16-key batch put and get");
+    let before = rpc_counts(&m, &["BatchExists", "Exists"]);
+    assert_eq!(b.batch_exists(&keys).unwrap(), vec![true; 16]);
+    let after = rpc_counts(&m, &["BatchExists", "Exists"]);
+    assert_eq!((after[0] - before[0], after[1] - before[1]), (1, 0));
+}
