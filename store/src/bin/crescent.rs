@@ -119,7 +119,7 @@ fn demo(args: DemoArgs) -> Result<()> {
         a.put(&key, &value)?;
         let put_ms = t.elapsed().as_secs_f64() * 1e3;
         let q = b.query(&key)?;
-        let holder = &q.replicas[0].segment_name;
+        let holder = &q.replicas.first().with_context(|| format!("the master lists no replica of {key}"))?.segment_name;
         let whose = if holder == a.segment_name() { "A" } else { "B" };
         let t = Instant::now();
         let got = b.get(&key)?;
