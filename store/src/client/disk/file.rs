@@ -245,7 +245,7 @@ pub struct Staged {
     pub path: PathBuf,
     /// Its directory.
     pub dir: PathBuf,
-    /// Bytes the file takes.
+    /// The file's length (it takes [`super::format::disk_len`] of it on disk).
     pub file_len: u64,
     /// Written over an old file rather than a new one.
     pub recycled: bool,
@@ -303,7 +303,9 @@ pub fn write_staged(
             Err(e) => return Err(e),
         };
         let header_bytes = header.encode();
-        // What the write leaves: whole 4 KiB blocks, over whatever a reused file had.
+        // What the write leaves: whole 4 KiB blocks, over whatever a reused file had. (A reused
+        // file's length is known in whole blocks; that decides the same: a file no longer
+        // than the blocks written is covered by them, a longer one must be cut either way.)
         let written = body.written_len(header.data_offset());
         let len_fix = written.max(reused.unwrap_or(0)) != header.file_len();
         let mut out = Output { file, ring, then_sync: sync && !len_fix, synced: false };

@@ -38,7 +38,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::error::{Result, StoreError};
 use crate::proto::{DiskEntry, HeldRemoval};
 use file::FileReader;
-use format::{data_offset, key_hash, parse_name, NameKind};
+use format::{data_offset, disk_len, key_hash, parse_name, NameKind};
 use index::{Entry, Index, NoRoom, Room};
 use recycle::{parse_retired_name, RetiredFiles, RETIRED_DIR};
 
@@ -361,7 +361,7 @@ impl DiskTier {
             .map_err(|e| config_err(root, format!("cannot create {}: {e}", retired_dir.display())))?;
         let retired = scan_retired(&retired_dir);
         let existing: u64 =
-            files.iter().map(|(_, e, _)| e.file_len).sum::<u64>() + retired.iter().map(|(_, _, len)| len).sum::<u64>();
+            files.iter().map(|(_, e, _)| e.disk_len).sum::<u64>() + retired.iter().map(|(_, _, len)| len).sum::<u64>();
         let capacity = match config.capacity {
             Some(c) => c,
             None => {
@@ -536,7 +536,7 @@ impl DiskTier {
     /// Takes room in the queue for `len` bytes, then prepares them with `make`.
     fn reserve(self: &Arc<Self>, key: &str, len: u64, make: impl FnOnce() -> Prepared) -> PreparedOffload {
         let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, state };
-        if data_offset(key.len()) + len > self.capacity() {
+        if disk_len(data_offset(key.len()) + len) > self.capacity() {
             return prepared(Prepared::TooLarge);
         }
         {
@@ -646,7 +646,7 @@ impl DiskTier {
                 let w = Written { key: job.key, version: job.version, value_len: len, staged };
                 if let Err(e) = committer.send(w) {
                     let w = e.into_inner();
-                    self.index.lock().release(w.staged.file_len);
+                    self.index.lock().release(disk_len(w.staged.file_len));
                     w.staged.abandon();
                     self.job_done(&w.key, len);
                 }
@@ -657,13 +657,13 @@ impl DiskTier {
 
     fn write_one(&self, job: &mut Job, mut ring: Option<&mut uring::Ring>) -> Option<file::Staged> {
         let value_len = job.body.value_len();
-        let file_len = data_offset(job.key.len()) + value_len;
+        let room = disk_len(data_offset(job.key.len()) + value_len);
         let evicted = {
             let mut ix = self.index.lock();
             if ix.get(&job.key).is_some_and(|e| e.version >= job.version) {
                 return None; // this or a newer version is on disk already
             }
-            ix.reserve(file_len)
+            ix.reserve(room)
         };
         let Room { evicted, reuse, discard } = match evicted {
             Ok(room) => room,
@@ -704,7 +704,7 @@ impl DiskTier {
                 };
                 match v.into_image(self.spare_image(&job.key, value_len as usize), &job.key) {
                     Some(image) => job.body = file::FileBody::Image(image),
-                    None => return self.overwritten(&job.key, file_len, reuse),
+                    None => return self.overwritten(&job.key, room, reuse),
                 }
             }
         }
@@ -729,7 +729,7 @@ impl DiskTier {
         let written = match written {
             Ok(staged) if matches!(&job.body, file::FileBody::Resident(v) if !v.unchanged()) => {
                 staged.abandon();
-                return self.overwritten(&job.key, file_len, None);
+                return self.overwritten(&job.key, room, None);
             }
             other => other,
         };
@@ -750,7 +750,7 @@ impl DiskTier {
                 // ours to give back first.
                 let retired = {
                     let mut ix = self.index.lock();
-                    ix.release(file_len);
+                    ix.release(room);
                     ix.drain_retired()
                 };
                 for f in &retired {
@@ -770,11 +770,11 @@ impl DiskTier {
     /// An offload whose value changed in memory before the writer had it (the master gave
     /// its range to another object): dropped and counted. The room reserved goes back, and
     /// so does the file to reuse, when it was not used.
-    fn overwritten(&self, key: &str, file_len: u64, unused: Option<recycle::Retired>) -> Option<file::Staged> {
+    fn overwritten(&self, key: &str, room: u64, unused: Option<recycle::Retired>) -> Option<file::Staged> {
         inc(&self.counters.overwritten);
         tracing::debug!("not offloading {key:?}: its memory was reused before it was written");
         let mut ix = self.index.lock();
-        ix.release(file_len);
+        ix.release(room);
         if let Some(f) = unused {
             drop(ix);
             let _ = std::fs::remove_file(&f.path);
@@ -794,7 +794,7 @@ impl DiskTier {
             match w.staged.rename() {
                 Ok(()) => renamed.push((w.key, w.version, w.value_len, path, dir, file_len)),
                 Err(e) => {
-                    self.index.lock().release(file_len);
+                    self.index.lock().release(disk_len(file_len));
                     inc(&self.counters.write_failures);
                     tracing::warn!("disk tier: {e}");
                     self.job_done(&w.key, w.value_len);
@@ -807,7 +807,7 @@ impl DiskTier {
                 tracing::warn!("disk tier: {e}");
                 for (key, _, value_len, path, _, file_len) in renamed {
                     let _ = std::fs::remove_file(&path);
-                    self.index.lock().release(file_len);
+                    self.index.lock().release(disk_len(file_len));
                     inc(&self.counters.write_failures);
                     self.job_done(&key, value_len);
                 }
@@ -819,8 +819,8 @@ impl DiskTier {
         for (key, version, value_len, path, _, file_len) in &renamed {
             let replaced = {
                 let mut ix = self.index.lock();
-                ix.release(*file_len);
-                let old = ix.insert(key, Entry::new(*version, *value_len, *file_len, path.clone()));
+                ix.release(disk_len(*file_len));
+                let old = ix.insert(key, Entry::new(*version, *value_len, disk_len(*file_len), path.clone()));
                 // The same name (key and version) is the file just renamed over it: nothing went.
                 let old = old.filter(|old| old.path != *path);
                 if let Some(old) = &old {
@@ -1119,7 +1119,7 @@ fn disk_id(dir: &Path) -> std::io::Result<String> {
 /// the name before the file is there), deleted otherwise.
 fn retire_or_delete(ix: &mut Index, e: &Entry) {
     if !e.is_pinned() {
-        if let Some(to) = ix.retire(e.file_len) {
+        if let Some(to) = ix.retire(e.disk_len) {
             match std::fs::rename(&e.path, &to) {
                 Ok(()) => return,
                 Err(err) => {
@@ -1140,7 +1140,7 @@ fn scan_retired(dir: &Path) -> Vec<(PathBuf, u64, u64)> {
         let path = f.path();
         let number = parse_retired_name(&f.file_name().to_string_lossy());
         match (number, f.metadata()) {
-            (Some(n), Ok(m)) if m.is_file() => found.push((path, n, m.len())),
+            (Some(n), Ok(m)) if m.is_file() => found.push((path, n, disk_len(m.len()))),
             _ => {
                 let _ = std::fs::remove_file(&path);
             }
@@ -1182,7 +1182,7 @@ fn scan(dir: &Path, c: &Counters) -> Vec<(String, Entry, std::time::SystemTime)>
                         continue;
                     };
                     let mtime = file.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
-                    let mut entry = Entry::new(h.version, h.value_len, h.file_len(), path.clone());
+                    let mut entry = Entry::new(h.version, h.value_len, h.disk_len(), path.clone());
                     // Whatever was in memory went with the process that wrote it (unless
                     // another client holds a replica: the first get finds out).
                     entry.only_copy = true;

@@ -417,7 +417,7 @@ fn retired_files_outlive_a_restart_and_count_against_the_capacity() {
     let (tier, _rec) = started(config(root.path()));
     let s = tier.stats();
     assert_eq!((s.files, s.retired_files), (0, 3), "adopted again, never indexed as keys");
-    assert_eq!(s.retired_bytes, 3 * (format::data_offset(2) + 200_000));
+    assert_eq!(s.retired_bytes, 3 * format::disk_len(format::data_offset(2) + 200_000), "whole 4 KiB blocks");
     assert_eq!(tier.version_of("k0"), None);
     assert_eq!(std::fs::read_dir(tier.dir().join(RETIRED_DIR)).unwrap().count(), 3, "junk.tmp went");
     tier.offload("n", 7, &value(200_000, 7));
@@ -639,5 +639,41 @@ fn files_written_with_or_without_io_uring_read_back_exactly() {
         let tier = DiskTier::open(DiskConfig { io_uring, ..config(root.path()) }).unwrap();
         let s = tier.stats();
         assert_eq!((s.files, s.corrupt_removed), (3, 0), "{s:?}");
+    }
+}
+
+/// Bytes the files under the tier's directory (values, temporary and retired files) take on a
+/// file system that allocates whole 4 KiB blocks.
+fn blocks_on_disk(dir: &Path) -> u64 {
+    let mut n = 0;
+    for sub in std::fs::read_dir(dir).unwrap().flatten().filter(|s| s.path().is_dir()) {
+        for f in std::fs::read_dir(sub.path()).unwrap().flatten() {
+            n += f.metadata().unwrap().len().div_ceil(4096) * 4096;
+        }
+    }
+    n
+}
+
+#[test]
+fn small_values_never_take_more_disk_than_the_capacity() {
+    // A 5000-byte value under a short key: a 9096-byte file, three 4 KiB blocks on disk.
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    let capacity = 10 * 3 * 4096;
+    c.capacity = Some(capacity);
+    c.writers = 1;
+    let (tier, _rec) = started(c);
+    for i in 0..30u64 {
+        tier.offload(&format!("k{i:02}"), i + 1, &value(5000, i));
+        assert!(tier.flush(Duration::from_secs(30)));
+        let taken = blocks_on_disk(tier.dir());
+        assert!(taken <= capacity, "after write {i}: the files take {taken} bytes, the capacity is {capacity}");
+    }
+    let s = tier.stats();
+    assert_eq!((s.files, s.used_bytes, s.evicted), (10, capacity, 20), "{s:?}");
+    for i in 20..30u64 {
+        let mut dst = vec![0u8; 5000];
+        tier.read_local(&format!("k{i:02}"), i + 1, &mut dst).unwrap();
+        assert!(dst == value(5000, i));
     }
 }
