@@ -533,11 +533,18 @@ pub struct FileReader {
 
 impl FileReader {
     /// Opens the file of (`key`, `version`) of `size` bytes; any other content is an error
-    /// (at open, or with direct I/O at the first read).
+    /// (at open, or with direct I/O at the first read). No file at `path` is
+    /// [`StoreError::NotFound`].
     pub fn open(path: &Path, key: &str, version: u64, size: u64) -> Result<FileReader> {
         let (file, direct) = match open_direct(path) {
             Some(f) => (f, true),
-            None => (File::open(path).map_err(|e| io_err("opening", path, e))?, false),
+            None => match File::open(path) {
+                Ok(f) => (f, false),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(StoreError::NotFound(key.to_string()))
+                }
+                Err(e) => return Err(io_err("opening", path, e)),
+            },
         };
         let mut r = FileReader {
             file,

@@ -304,6 +304,9 @@ pub struct DiskTier {
     last_full_warning: Mutex<Option<Instant>>,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
+    /// Tests: runs in [`Self::open_reader`] between the look-up and the open.
+    #[cfg(test)]
+    before_open: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -413,6 +416,8 @@ impl DiskTier {
             spare_images: Mutex::new(Vec::new()),
             last_full_warning: Mutex::new(None),
             _lock: lock,
+            #[cfg(test)]
+            before_open: Mutex::new(None),
         }))
     }
 
@@ -953,9 +958,10 @@ impl DiskTier {
     }
 
     /// Opens the file of (`key`, `version`) for reading (marks it used, and pins it against
-    /// eviction until the reader is dropped). A file that went (evicted, removed) before this
-    /// call is [`StoreError::NotFound`]; once open, the reader keeps reading the same file
-    /// (an open descriptor) even if a removal unlinks its name.
+    /// eviction until the reader is dropped). A file that went (evicted, removed) before it
+    /// was opened — also between the look-up and the open — is [`StoreError::NotFound`], not
+    /// a fault; once open, the reader keeps reading the same file (an open descriptor) even
+    /// if a removal unlinks its name.
     pub fn open_reader(self: &Arc<Self>, key: &str, version: u64, size: u64) -> Result<TierReader> {
         let path = {
             let mut ix = self.index.lock();
@@ -968,14 +974,30 @@ impl DiskTier {
             path
         };
         let pin = Pin { tier: Arc::downgrade(self), key: key.to_string(), version };
+        #[cfg(test)]
+        if let Some(hook) = self.before_open.lock().take() {
+            hook();
+        }
         match FileReader::open(&path, key, version, size) {
             Ok(reader) => Ok(TierReader { reader, _pin: pin }),
             Err(e) => {
                 drop(pin);
+                let e = match e {
+                    // A removal takes the file out of the index before it unlinks it: a file
+                    // still indexed under that name went behind the tier's back (a fault).
+                    StoreError::NotFound(_) if !self.indexed_at(key, version, &path) => return Err(e),
+                    StoreError::NotFound(_) => StoreError::Disk(format!("{} is missing", path.display())),
+                    e => e,
+                };
                 self.on_read_error(key, version, &e);
                 Err(e)
             }
         }
+    }
+
+    /// Whether the index still has (`key`, `version`) at `path`.
+    fn indexed_at(&self, key: &str, version: u64, path: &Path) -> bool {
+        self.index.lock().get(key).is_some_and(|e| e.version == version && e.path == path)
     }
 
     /// A read found the file damaged (or gone): it is dropped and the master told.

@@ -677,3 +677,28 @@ fn small_values_never_take_more_disk_than_the_capacity() {
         assert!(dst == value(5000, i));
     }
 }
+
+#[test]
+fn a_file_removed_between_the_look_up_and_the_open_is_not_found_and_not_corrupt() {
+    let root = tempfile::tempdir().unwrap();
+    let (tier, rec) = started(config(root.path()));
+    tier.offload("k", 1, &value(100_000, 1));
+    tier.offload("lost", 2, &value(100_000, 2));
+    assert!(tier.flush(Duration::from_secs(30)));
+    // A removal lands right after the reader found the file in the index.
+    let t = tier.clone();
+    *tier.before_open.lock() = Some(Box::new(move || t.apply_removals(&[removal("k", 1)])));
+    let mut dst = vec![0u8; 100_000];
+    let e = tier.read_local("k", 1, &mut dst).unwrap_err();
+    assert!(matches!(e, StoreError::NotFound(_)), "{e}");
+    assert_eq!(tier.stats().corrupt_reads, 0, "a removed file is not a damaged one");
+    // A file deleted behind the tier's back while still indexed is a fault: counted, dropped
+    // and the master told.
+    let (sub, name) = format::file_name("lost", 2);
+    std::fs::remove_file(tier.dir().join(sub).join(name)).unwrap();
+    let e = tier.read_local("lost", 2, &mut dst).unwrap_err();
+    assert!(matches!(e, StoreError::Disk(_)), "{e}");
+    assert_eq!(tier.stats().corrupt_reads, 1);
+    assert_eq!(tier.version_of("lost"), None);
+    assert!(rec.removed.lock().iter().any(|r| r.key == "lost"));
+}
