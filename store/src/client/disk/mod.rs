@@ -2,7 +2,8 @@
 //! to a file under `<root>/<cluster id>/`, asynchronously, by a bounded pool of writer
 //! threads (each writes and flushes a file under a temporary name) and one committer (renames
 //! the flushed files, flushes their directories and announces them to the master, in
-//! batches); a get that finds no memory replica reads the file (here, or through the owning
+//! batches; what a failed call did not tell the master is told again, see
+//! [`DiskTier::retry_announcements`]); a get that finds no memory replica reads the file (here, or through the owning
 //! client's [`service`]; a file being read is pinned against eviction); a restart
 //! re-announces the files to the master. The tier also keeps, for the master, the removals
 //! pending at it (`TOMBSTONES`), handed back at every mount so they outlive a master restart.
@@ -32,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Result, StoreError};
@@ -54,6 +55,18 @@ pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 const MAX_QUEUED_JOBS: usize = 4096;
 /// Bytes of written images kept for the next offloads (their pages are already faulted in).
 const SPARE_IMAGE_BYTES: usize = 64 << 20;
+/// After a failed call to the master, the first retry waits this long, each further one twice
+/// as long as the last, up to [`RETRY_MAX`] (the master spares an object whose file is being
+/// written for 10 s: a file announced within that time keeps its object through evictions).
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long the committer sleeps with nothing to commit before it looks for retries due.
+const RETRY_IDLE: Duration = Duration::from_secs(1);
+/// Most removals kept to be told again (evictions, deletions, acknowledgements); beyond it the
+/// oldest are forgotten (the master then lists a file that is gone until a read finds it gone).
+const MAX_UNANNOUNCED_REMOVALS: usize = 65_536;
+/// Most entries per retried call.
+const RETRY_BATCH: usize = 1000;
 
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
@@ -134,6 +147,11 @@ pub struct DiskStats {
     pub early_reads_wasted: u64,
     /// Files written (and flushed) through the writers' io_uring.
     pub uring_writes: u64,
+    /// Calls telling the master about files or removals that failed (the master unreachable,
+    /// say); what they carried is told again ([`DiskTier::retry_announcements`]).
+    pub announce_failures: u64,
+    /// Files and removals waiting to be told to the master again, now.
+    pub unannounced: u64,
 }
 
 #[derive(Default)]
@@ -159,6 +177,25 @@ struct Counters {
     early_reads: AtomicU64,
     early_reads_wasted: AtomicU64,
     uring_writes: AtomicU64,
+    announce_failures: AtomicU64,
+}
+
+/// What failed calls did not tell the master, to be told again.
+#[derive(Default)]
+struct Unannounced {
+    /// Files: key → version (announced as the index holds them when told again).
+    added: std::collections::HashMap<String, u64>,
+    /// Files that went (evicted, deleted) and removals done, oldest first.
+    removed: std::collections::VecDeque<DiskEntry>,
+    /// Failed calls in a row, and when the next retry is due.
+    failures: u32,
+    next_try: Option<Instant>,
+}
+
+impl Unannounced {
+    fn len(&self) -> usize {
+        self.added.len() + self.removed.len()
+    }
 }
 
 fn inc(c: &AtomicU64) {
@@ -301,6 +338,7 @@ pub struct DiskTier {
     held: Mutex<Vec<HeldRemoval>>,
     /// Memory of written images, reused by the next offloads (at most [`SPARE_IMAGE_BYTES`]).
     spare_images: Mutex<Vec<Vec<u8>>>,
+    unannounced: Mutex<Unannounced>,
     last_full_warning: Mutex<Option<Instant>>,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
@@ -414,6 +452,7 @@ impl DiskTier {
             announcer: RwLock::new(None),
             in_flight: Mutex::new(Default::default()),
             spare_images: Mutex::new(Vec::new()),
+            unannounced: Mutex::new(Unannounced::default()),
             last_full_warning: Mutex::new(None),
             _lock: lock,
             #[cfg(test)]
@@ -476,14 +515,22 @@ impl DiskTier {
         let weak: Weak<DiskTier> = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("crescent-disk-commit".into())
-            .spawn(move || {
-                while let Ok(first) = written_rx.recv() {
-                    let mut batch = vec![first];
-                    batch.extend(written_rx.try_iter().take(COMMIT_BATCH - 1));
-                    match weak.upgrade() {
-                        Some(tier) => tier.commit(batch),
-                        None => return,
+            .spawn(move || loop {
+                let Some(wait) = weak.upgrade().map(|t| t.retry_wait()) else { return };
+                match written_rx.recv_timeout(wait) {
+                    Ok(first) => {
+                        let mut batch = vec![first];
+                        batch.extend(written_rx.try_iter().take(COMMIT_BATCH - 1));
+                        match weak.upgrade() {
+                            Some(tier) => tier.commit(batch),
+                            None => return,
+                        }
                     }
+                    Err(RecvTimeoutError::Timeout) => match weak.upgrade() {
+                        Some(tier) => tier.retry_announcements(false),
+                        None => return,
+                    },
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             })
             .expect("spawning the disk committer");
@@ -491,16 +538,28 @@ impl DiskTier {
     }
 
     /// Re-announces every file (after a restart or a remount); files the master refuses go.
+    /// When a call fails, the files not announced yet are told again later (like any failed
+    /// announcement) and the error returned.
     pub fn restore_all(&self) -> Result<()> {
         let Some(announcer) = self.announcer.read().clone() else { return Ok(()) };
         let entries = self.index.lock().entries();
         let mut accepted = 0;
-        for chunk in entries.chunks(1000) {
+        for (i, chunk) in entries.chunks(RETRY_BATCH).enumerate() {
             let added: Vec<DiskEntry> = chunk
                 .iter()
                 .map(|(k, e)| DiskEntry { key: k.clone(), size: e.value_len, version: e.version })
                 .collect();
-            let ok = announcer.announce(&added, &[], true)?;
+            let ok = match announcer.announce(&added, &[], true) {
+                Ok(ok) => ok,
+                Err(e) => {
+                    let rest: Vec<DiskEntry> = entries[i * RETRY_BATCH..]
+                        .iter()
+                        .map(|(k, e)| DiskEntry { key: k.clone(), size: e.value_len, version: e.version })
+                        .collect();
+                    self.announce_failed(&e, &rest, &[]);
+                    return Err(e);
+                }
+            };
             for ((key, e), ok) in chunk.iter().zip(ok) {
                 if ok {
                     accepted += 1;
@@ -606,7 +665,8 @@ impl DiskTier {
         }
     }
 
-    /// Waits until every queued offload is written and announced (or `timeout` passes).
+    /// Waits until every queued offload is written and announced, or kept to be announced
+    /// again when the call failed (see [`DiskStats::unannounced`]), or until `timeout` passes.
     pub fn flush(&self, timeout: Duration) -> bool {
         let end = Instant::now() + timeout;
         let mut p = self.pending.lock();
@@ -623,15 +683,114 @@ impl DiskTier {
         self.queue.lock().take();
     }
 
+    /// Tells the master about files written (`added`) and gone (`removed`); `None` when the
+    /// call failed: then they are kept and told again ([`Self::retry_announcements`]).
     fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry]) -> Option<Vec<bool>> {
         let announcer = self.announcer.read().clone()?;
         match announcer.announce(added, removed, false) {
             Ok(r) => Some(r),
             Err(e) => {
-                tracing::warn!(
-                    "disk tier: telling the master about files failed: {e} (they are announced again on remount)"
-                );
+                self.announce_failed(&e, added, removed);
                 None
+            }
+        }
+    }
+
+    /// A call to the master failed: what it carried is kept to be told again, after a backoff.
+    fn announce_failed(&self, e: &StoreError, added: &[DiskEntry], removed: &[DiskEntry]) {
+        inc(&self.counters.announce_failures);
+        let mut u = self.unannounced.lock();
+        for a in added {
+            let v = u.added.entry(a.key.clone()).or_insert(a.version);
+            *v = (*v).max(a.version);
+        }
+        u.removed.extend(removed.iter().cloned());
+        let mut forgotten = 0;
+        while u.removed.len() > MAX_UNANNOUNCED_REMOVALS {
+            u.removed.pop_front();
+            forgotten += 1;
+        }
+        u.failures = u.failures.saturating_add(1);
+        let backoff = RETRY_FIRST.saturating_mul(1 << (u.failures - 1).min(16)).min(RETRY_MAX);
+        u.next_try = Some(Instant::now() + backoff);
+        tracing::warn!(
+            "disk tier: telling the master about {} file(s) and {} removal(s) failed: {e}; {} waiting, \
+             told again in {backoff:?}{}",
+            added.len(),
+            removed.len(),
+            u.len(),
+            if forgotten > 0 { format!(" ({forgotten} oldest removal(s) forgotten)") } else { String::new() }
+        );
+    }
+
+    /// How long the committer may wait for files before retries are due.
+    fn retry_wait(&self) -> Duration {
+        let u = self.unannounced.lock();
+        match u.next_try {
+            Some(t) if u.len() > 0 => t.saturating_duration_since(Instant::now()),
+            _ => RETRY_IDLE,
+        }
+    }
+
+    /// Tells the master again what failed calls did not (with `force`, now; otherwise once the
+    /// backoff has passed): the files still indexed at the version that was to be announced,
+    /// and the removals of files not written anew since. The committer calls it when a retry is
+    /// due and after each commit whose own call went through. The call says `restore`: the
+    /// master may have lost the objects meanwhile (restarted); a removal made meanwhile still
+    /// refuses its file, being kept at the master until this disk acknowledges it.
+    pub fn retry_announcements(&self, force: bool) {
+        let (added, removed) = {
+            let mut u = self.unannounced.lock();
+            if u.len() == 0 || (!force && u.next_try.is_some_and(|t| Instant::now() < t)) {
+                return;
+            }
+            (std::mem::take(&mut u.added), std::mem::take(&mut u.removed))
+        };
+        let (added, removed): (Vec<DiskEntry>, Vec<DiskEntry>) = {
+            let ix = self.index.lock();
+            let added = added
+                .into_iter()
+                .filter_map(|(key, version)| {
+                    let e = ix.get(&key).filter(|e| e.version == version)?;
+                    Some(DiskEntry { size: e.value_len, key, version })
+                })
+                .collect();
+            let removed =
+                removed.into_iter().filter(|r| ix.get(&r.key).is_none_or(|e| e.version != r.version)).collect();
+            (added, removed)
+        };
+        let Some(announcer) = self.announcer.read().clone() else { return };
+        if !added.is_empty() || !removed.is_empty() {
+            let mut calls: Vec<(&[DiskEntry], &[DiskEntry])> =
+                added.chunks(RETRY_BATCH).map(|a| (a, &[][..])).collect();
+            if calls.is_empty() {
+                calls.push((&[], &[]));
+            }
+            calls[0].1 = &removed;
+            for (i, (a, r)) in calls.into_iter().enumerate() {
+                match announcer.announce(a, r, true) {
+                    Ok(accepted) => self.refused(a, accepted),
+                    Err(e) => return self.announce_failed(&e, &added[i * RETRY_BATCH..], r),
+                }
+            }
+            tracing::info!(
+                "disk tier: told the master about {} file(s) and {} removal(s) that earlier calls missed",
+                added.len(),
+                removed.len()
+            );
+        }
+        let mut u = self.unannounced.lock();
+        u.failures = 0;
+        u.next_try = None;
+    }
+
+    /// The master's answer to announced files: those it refused (their object was removed or
+    /// put again meanwhile) are stale and go.
+    fn refused(&self, added: &[DiskEntry], accepted: Vec<bool>) {
+        for (e, ok) in added.iter().zip(accepted.into_iter().chain(std::iter::repeat(false))) {
+            if !ok {
+                self.drop_file(&e.key, e.version, true);
+                inc(&self.counters.stale_refused);
             }
         }
     }
@@ -841,13 +1000,10 @@ impl DiskTier {
             added.push(DiskEntry { key: key.clone(), size: *value_len, version: *version });
         }
         if let Some(accepted) = self.announce(&added, &removed) {
-            for (e, ok) in added.iter().zip(accepted.into_iter().chain(std::iter::repeat(false))) {
-                if !ok {
-                    // Removed or put again while we wrote: the file is stale.
-                    self.drop_file(&e.key, e.version, true);
-                    inc(&self.counters.stale_refused);
-                }
-            }
+            // Removed or put again while we wrote: the file is stale.
+            self.refused(&added, accepted);
+            // The master answers again: what earlier calls missed goes now.
+            self.retry_announcements(true);
         }
         for (key, _, value_len, ..) in renamed {
             self.job_done(&key, value_len);
@@ -1064,6 +1220,8 @@ impl DiskTier {
             early_reads: g(&c.early_reads),
             early_reads_wasted: g(&c.early_reads_wasted),
             uring_writes: g(&c.uring_writes),
+            announce_failures: g(&c.announce_failures),
+            unannounced: self.unannounced.lock().len() as u64,
         }
     }
 }
