@@ -5,7 +5,8 @@
 //! batches; what a failed call did not tell the master is told again, see
 //! [`DiskTier::retry_announcements`]); a get that finds no memory replica reads the file (here, or through the owning
 //! client's [`service`]; a file being read is pinned against eviction); a restart
-//! re-announces the files to the master. The tier also keeps, for the master, the removals
+//! re-announces the files to the master, then reads them all once in the background and
+//! removes those whose value fails its checksum ([`DiskTier::verify_found`]). The tier also keeps, for the master, the removals
 //! pending at it (`TOMBSTONES`), handed back at every mount so they outlive a master restart.
 //!
 //! * [`format`]: the file format and names (hash of the key; the key is inside the file).
@@ -67,6 +68,8 @@ const RETRY_IDLE: Duration = Duration::from_secs(1);
 const MAX_UNANNOUNCED_REMOVALS: usize = 65_536;
 /// Most entries per retried call.
 const RETRY_BATCH: usize = 1000;
+/// Bytes read at a time by the check of the files found at start.
+const VERIFY_CHUNK: usize = 4 << 20;
 
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
@@ -130,7 +133,9 @@ pub struct DiskStats {
     pub stale_refused: u64,
     pub evicted: u64,
     pub removed: u64,
-    /// At start: files with a bad header or length, and temporary files of interrupted writes.
+    /// Files found at start with a bad header or length (removed before they are announced),
+    /// or whose value failed its checksum in the check after start ([`DiskTier::verify_found`]:
+    /// removed and the master told); and temporary files of interrupted writes.
     pub corrupt_removed: u64,
     pub incomplete_removed: u64,
     /// At start: older versions of a key.
@@ -152,6 +157,8 @@ pub struct DiskStats {
     pub announce_failures: u64,
     /// Files and removals waiting to be told to the master again, now.
     pub unannounced: u64,
+    /// Files found at start whose values the check after start has not read yet, now.
+    pub unverified: u64,
 }
 
 #[derive(Default)]
@@ -339,6 +346,10 @@ pub struct DiskTier {
     /// Memory of written images, reused by the next offloads (at most [`SPARE_IMAGE_BYTES`]).
     spare_images: Mutex<Vec<Vec<u8>>>,
     unannounced: Mutex<Unannounced>,
+    /// The files found at start (key, version, value size), until [`Self::verify_found`]
+    /// takes them, and how many of them are still to be checked.
+    found: Mutex<Vec<(String, u64, u64)>>,
+    unverified: AtomicU64,
     last_full_warning: Mutex<Option<Instant>>,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
@@ -411,6 +422,8 @@ impl DiskTier {
             }
         };
         let mut index = Index::new(capacity, RetiredFiles::new(retired_dir, config.recycle_bytes));
+        let found: Vec<(String, u64, u64)> =
+            files.iter().map(|(k, e, _)| (k.clone(), e.version, e.value_len)).collect();
         for (key, entry, _) in files {
             index.insert(&key, entry);
         }
@@ -453,6 +466,8 @@ impl DiskTier {
             in_flight: Mutex::new(Default::default()),
             spare_images: Mutex::new(Vec::new()),
             unannounced: Mutex::new(Unannounced::default()),
+            unverified: AtomicU64::new(found.len() as u64),
+            found: Mutex::new(found),
             last_full_warning: Mutex::new(None),
             _lock: lock,
             #[cfg(test)]
@@ -1119,13 +1134,21 @@ impl DiskTier {
     /// a fault; once open, the reader keeps reading the same file (an open descriptor) even
     /// if a removal unlinks its name.
     pub fn open_reader(self: &Arc<Self>, key: &str, version: u64, size: u64) -> Result<TierReader> {
+        self.open_pinned(key, version, size, true).inspect_err(|e| self.on_read_error(key, version, e))
+    }
+
+    /// [`Self::open_reader`] (`touch`: the read counts as a use, in the LRU order), leaving a
+    /// damaged or missing file to the caller.
+    fn open_pinned(self: &Arc<Self>, key: &str, version: u64, size: u64, touch: bool) -> Result<TierReader> {
         let path = {
             let mut ix = self.index.lock();
             let path = match ix.get(key) {
                 Some(e) if e.version == version => e.path.clone(),
                 _ => return Err(StoreError::NotFound(key.to_string())),
             };
-            ix.touch(key);
+            if touch {
+                ix.touch(key);
+            }
             ix.pin(key, version);
             path
         };
@@ -1138,15 +1161,13 @@ impl DiskTier {
             Ok(reader) => Ok(TierReader { reader, _pin: pin }),
             Err(e) => {
                 drop(pin);
-                let e = match e {
+                Err(match e {
                     // A removal takes the file out of the index before it unlinks it: a file
                     // still indexed under that name went behind the tier's back (a fault).
-                    StoreError::NotFound(_) if !self.indexed_at(key, version, &path) => return Err(e),
+                    StoreError::NotFound(_) if !self.indexed_at(key, version, &path) => e,
                     StoreError::NotFound(_) => StoreError::Disk(format!("{} is missing", path.display())),
                     e => e,
-                };
-                self.on_read_error(key, version, &e);
-                Err(e)
+                })
             }
         }
     }
@@ -1158,13 +1179,67 @@ impl DiskTier {
 
     /// A read found the file damaged (or gone): it is dropped and the master told.
     pub fn on_read_error(&self, key: &str, version: u64, e: &StoreError) {
+        self.drop_damaged(key, version, e, &self.counters.corrupt_reads);
+    }
+
+    /// Drops a file that a read found damaged (`e`, when it says so), counted in `counter`,
+    /// and tells the master.
+    fn drop_damaged(&self, key: &str, version: u64, e: &StoreError, counter: &AtomicU64) {
         if matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_)) {
             tracing::warn!("disk tier: {e}; dropping the file");
-            inc(&self.counters.corrupt_reads);
+            inc(counter);
             // Not reused: the device may be what corrupted it.
             if self.drop_file(key, version, false) {
                 self.announce(&[], &[DiskEntry { key: key.to_string(), size: 0, version }]);
             }
+        }
+    }
+
+    /// Reads every file found at start once, in the background (one thread, files in the
+    /// order they were written), and drops those whose value fails its checksum: removed,
+    /// counted as `corrupt_removed`, the master told. Called once the files are announced
+    /// (a later call does nothing). Until a file is checked, a get that reads it checks it
+    /// (as every read does), so a damaged value is never served meanwhile either.
+    pub fn verify_found(self: &Arc<Self>) {
+        let found = std::mem::take(&mut *self.found.lock());
+        if found.is_empty() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("crescent-disk-verify".into()).spawn(move || {
+            let mut buf = vec![0u8; VERIFY_CHUNK + format::ALIGN as usize];
+            let at = buf.as_ptr().align_offset(format::ALIGN as usize);
+            let buf = &mut buf[at..at + VERIFY_CHUNK];
+            let (mut checked, before) = (0, weak.upgrade().map(|t| t.counters.corrupt_removed.load(Ordering::Relaxed)));
+            for (key, version, size) in found {
+                let Some(tier) = weak.upgrade() else { return };
+                tier.verify_one(&key, version, size, buf);
+                tier.unverified.fetch_sub(1, Ordering::Relaxed);
+                checked += 1;
+            }
+            if let (Some(tier), Some(before)) = (weak.upgrade(), before) {
+                let damaged = tier.counters.corrupt_removed.load(Ordering::Relaxed) - before;
+                tracing::info!("disk tier: checked the {checked} file(s) found at start; removed {damaged} damaged");
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("disk tier: not checking the files found at start ({e}); reads still check them");
+            self.unverified.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the value of (`key`, `version`) through `buf`, checking it; a damaged file goes.
+    fn verify_one(self: &Arc<Self>, key: &str, version: u64, size: u64, buf: &mut [u8]) {
+        let read = self.open_pinned(key, version, size, false).and_then(|mut reader| {
+            while reader.remaining() > 0 {
+                reader.read_next(buf)?;
+            }
+            Ok(())
+        });
+        match read {
+            // Gone meanwhile (evicted, removed, written anew): nothing to check.
+            Ok(()) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => self.drop_damaged(key, version, &e, &self.counters.corrupt_removed),
         }
     }
 
@@ -1222,6 +1297,7 @@ impl DiskTier {
             uring_writes: g(&c.uring_writes),
             announce_failures: g(&c.announce_failures),
             unannounced: self.unannounced.lock().len() as u64,
+            unverified: self.unverified.load(Ordering::Relaxed),
         }
     }
 }
@@ -1330,8 +1406,9 @@ fn scan_retired(dir: &Path) -> Vec<(PathBuf, u64, u64)> {
     found
 }
 
-/// Indexes the valid files under `dir`, oldest first; removes temporary files, damaged files
-/// and older versions (counted). The values' checksums are checked on every read, not here.
+/// Indexes the valid files under `dir`, oldest first; removes temporary files, files with a
+/// bad header or length and older versions (counted). The values' checksums are checked on
+/// every read and, once the files are announced, by [`DiskTier::verify_found`], not here.
 fn scan(dir: &Path, c: &Counters) -> Vec<(String, Entry, std::time::SystemTime)> {
     let mut found: std::collections::HashMap<String, (Entry, std::time::SystemTime)> = Default::default();
     let Ok(subs) = std::fs::read_dir(dir) else { return Vec::new() };

@@ -805,3 +805,41 @@ fn a_value_whose_announcement_failed_is_still_readable_once_memory_evicted_it() 
     assert!(dst == value(1 << 20, 7));
     assert_eq!(tier.stats().announce_failures, 1);
 }
+
+#[test]
+fn a_value_damaged_while_the_tier_was_closed_is_removed_by_the_check_after_start() {
+    let root = tempfile::tempdir().unwrap();
+    let sizes = [(1 << 20) + 1000, 5000, 3 << 20];
+    {
+        let (tier, _rec) = started(config(root.path()));
+        for (i, len) in sizes.iter().enumerate() {
+            tier.offload(&format!("k{i}"), 1 + i as u64, &value(*len, i as u64));
+        }
+        assert!(tier.flush(Duration::from_secs(30)));
+    }
+    // One value byte of k0 goes bad on the device; its header and length stay right.
+    let dir = root.path().join("c1");
+    let (sub, name) = format::file_name("k0", 1);
+    let path = dir.join(sub).join(name);
+    let mut b = std::fs::read(&path).unwrap();
+    b[format::ALIGN as usize + 700_000] ^= 0x01;
+    std::fs::write(&path, b).unwrap();
+    let (tier, rec) = started(config(root.path()));
+    let s = tier.stats();
+    assert_eq!((s.files, s.unverified, s.corrupt_removed), (3, 3, 0), "headers and lengths pass at start: {s:?}");
+    tier.verify_found();
+    assert!(eventually(|| tier.stats().unverified == 0), "the check after start never ended");
+    let s = tier.stats();
+    assert_eq!((s.files, s.corrupt_removed, s.corrupt_reads), (2, 1, 0), "{s:?}");
+    assert!(!path.exists(), "the damaged file is removed");
+    assert!(rec.removed.lock().iter().any(|r| r.key == "k0" && r.version == 1), "and the master told");
+    let mut dst = vec![0u8; sizes[0]];
+    assert!(matches!(tier.read_local("k0", 1, &mut dst), Err(StoreError::NotFound(_))));
+    for (i, len) in sizes.iter().enumerate().skip(1) {
+        let mut dst = vec![0u8; *len];
+        tier.read_local(&format!("k{i}"), 1 + i as u64, &mut dst).unwrap();
+        assert!(dst == value(*len, i as u64), "k{i}");
+    }
+    tier.verify_found(); // once only
+    assert_eq!(tier.stats().corrupt_removed, 1);
+}
