@@ -9,10 +9,14 @@
 //! missing data, which the value checksum catches on read. Either way a reader never gets
 //! bytes that do not match the checksum.
 //!
-//! Writes use direct I/O (`O_DIRECT`) where the file system has it: the queued value already
-//! sits in a 4 KiB-aligned image of the whole file ([`FileImage`]), so the kernel moves it to
-//! the device without a page-cache copy; the zero tail up to the next 4 KiB is cut off
-//! (`set_len`) before the flush. Reads use direct I/O too: the header and the first piece in
+//! Writes use direct I/O (`O_DIRECT`) where the file system has it, from 4 KiB-aligned memory,
+//! so the kernel moves the value to the device without a page-cache copy. The value is either
+//! in a 4 KiB-aligned image of the whole file made when it was queued ([`FileImage`]), or,
+//! when the put left a 4 KiB-aligned replica in this client's own segment, read where it lies
+//! ([`ResidentValue`]: only the header and the last partial 4 KiB are copied, and a value whose
+//! CRC changed meanwhile is not written). The zero tail up to the next 4 KiB is cut off
+//! (`set_len`) before the flush. A writer with an io_uring sends the write (and, when nothing
+//! is left to cut, the flush) through it ([`super::uring`]). Reads use direct I/O too: the header and the first piece in
 //! one request, straight into the caller's memory when it is 4 KiB-aligned, through a small
 //! aligned buffer otherwise (see [`FileReader`]); without direct I/O, ordinary reads, and the
 //! files are dropped from the page cache after use (`POSIX_FADV_DONTNEED`) — DRAM is the

@@ -3,11 +3,12 @@
 //! threads (each writes and flushes a file under a temporary name) and one committer (renames
 //! the flushed files, flushes their directories and announces them to the master, in
 //! batches; what a failed call did not tell the master is told again, see
-//! [`DiskTier::retry_announcements`]); a get that finds no memory replica reads the file (here, or through the owning
-//! client's [`service`]; a file being read is pinned against eviction); a restart
-//! re-announces the files to the master, then reads them all once in the background and
-//! removes those whose value fails its checksum ([`DiskTier::verify_found`]). The tier also keeps, for the master, the removals
-//! pending at it (`TOMBSTONES`), handed back at every mount so they outlive a master restart.
+//! [`DiskTier::retry_announcements`]); a get that finds no memory replica reads the file
+//! (here, or through the owning client's [`service`]; a file being read is pinned against
+//! eviction); a restart re-announces the files to the master, then reads them all once in the
+//! background and removes those whose value fails its checksum ([`DiskTier::verify_found`]).
+//! The tier also keeps, for the master, the removals pending at it (`TOMBSTONES`), handed back
+//! at every mount so they outlive a master restart.
 //!
 //! * [`format`]: the file format and names (hash of the key; the key is inside the file).
 //! * [`file`]: writing (temporary name, fsync, rename) and checked reading.
@@ -15,11 +16,15 @@
 //! * [`recycle`]: removed files kept to be written over by later offloads.
 //! * [`service`]: the tiny request/response service through which other clients read the
 //!   files of this one with the transfer engine.
+//! * [`uring`]: a writer's io_uring, where the kernel has one.
 //!
-//! Why threads and not io_uring: each job is one large sequential write followed by an
-//! `fdatasync` and a rename, all of which block in the kernel anyway; a few threads keep the
-//! device busy (each write is megabytes) without an `unsafe`-heavy ring whose buffers must stay
-//! pinned until completion. The pool is small and bounded, and so is the queue in bytes.
+//! The parallelism comes from the threads: each job is one large sequential write followed by
+//! an `fdatasync` and a rename, all of which block in the kernel anyway, and a few writers keep
+//! the device busy (each write is megabytes). Each writer sends its write and flush to the
+//! kernel through its own small io_uring where it can (one system call and one sleep for
+//! both instead of two; [`uring`] never lets the caller's buffers go while the kernel holds
+//! them), and makes the same calls one by one otherwise. The pool is small and bounded, and so
+//! is the queue in bytes.
 
 pub mod file;
 pub mod format;

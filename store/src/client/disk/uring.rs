@@ -55,7 +55,8 @@ impl Ring {
     }
 
     /// Whether the writer must drop this ring and make its calls one by one from now on.
-    /// (Nothing of ours is left in the kernel's hands then: see [`Self::run`].)
+    /// (Nothing of ours is left in the kernel's hands then: a failed wait returns only once
+    /// the kernel holds no entry.)
     pub fn is_broken(&self) -> bool {
         self.broken
     }
