@@ -759,6 +759,7 @@ impl DiskTier {
     /// master may have lost the objects meanwhile (restarted); a removal made meanwhile still
     /// refuses its file, being kept at the master until this disk acknowledges it.
     pub fn retry_announcements(&self, force: bool) {
+        let Some(announcer) = self.announcer.read().clone() else { return };
         let (added, removed) = {
             let mut u = self.unannounced.lock();
             if u.len() == 0 || (!force && u.next_try.is_some_and(|t| Instant::now() < t)) {
@@ -779,7 +780,6 @@ impl DiskTier {
                 removed.into_iter().filter(|r| ix.get(&r.key).is_none_or(|e| e.version != r.version)).collect();
             (added, removed)
         };
-        let Some(announcer) = self.announcer.read().clone() else { return };
         if !added.is_empty() || !removed.is_empty() {
             let mut calls: Vec<(&[DiskEntry], &[DiskEntry])> =
                 added.chunks(RETRY_BATCH).map(|a| (a, &[][..])).collect();
