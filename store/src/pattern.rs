@@ -14,12 +14,40 @@ pub fn fill(buf: &mut [u8], seed: u64, base_offset: u64) {
     }
 }
 
-/// The first offset where `buf` differs from the pattern, if any.
+/// The first offset where `buf` differs from the pattern, if any. Compares the bytes `buf`
+/// has, wherever they lie in the value: a whole value is checked with [`value_mismatch`],
+/// which also checks its length.
 pub fn first_mismatch(buf: &[u8], seed: u64, base_offset: u64) -> Option<u64> {
     buf.iter()
         .enumerate()
         .find(|(i, b)| **b != byte_at(seed, base_offset + *i as u64))
         .map(|(i, _)| base_offset + i as u64)
+}
+
+/// How a value differs from the one it should be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mismatch {
+    /// Another length: truncated (`got < want`) or over-long.
+    Length { got: u64, want: u64 },
+    /// The first byte that differs.
+    Byte(u64),
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mismatch::Length { got, want } => write!(f, "{got} bytes instead of {want}"),
+            Mismatch::Byte(at) => write!(f, "byte {at} differs from the pattern"),
+        }
+    }
+}
+
+/// Whether `buf` is the whole value of `len` bytes filled with `seed` (`None`: it is).
+pub fn value_mismatch(buf: &[u8], seed: u64, len: u64) -> Option<Mismatch> {
+    if buf.len() as u64 != len {
+        return Some(Mismatch::Length { got: buf.len() as u64, want: len });
+    }
+    first_mismatch(buf, seed, 0).map(Mismatch::Byte)
 }
 
 #[cfg(test)]
@@ -33,5 +61,18 @@ mod tests {
         assert_eq!(first_mismatch(&a, 1, 0), None);
         assert!(first_mismatch(&a, 1, 4096).is_some(), "a block read from the wrong offset is caught");
         assert!(first_mismatch(&a, 2, 0).is_some(), "another seed is caught");
+    }
+
+    #[test]
+    fn a_value_of_another_length_is_a_mismatch() {
+        let mut a = vec![0u8; 5000];
+        fill(&mut a, 3, 0);
+        assert_eq!(value_mismatch(&a, 3, 5000), None);
+        assert_eq!(value_mismatch(&a[..4096], 3, 5000), Some(Mismatch::Length { got: 4096, want: 5000 }), "truncated");
+        let mut longer = a.clone();
+        longer.push(byte_at(3, 5000));
+        assert_eq!(value_mismatch(&longer, 3, 5000), Some(Mismatch::Length { got: 5001, want: 5000 }), "over-long");
+        a[77] ^= 1;
+        assert_eq!(value_mismatch(&a, 3, 5000), Some(Mismatch::Byte(77)));
     }
 }

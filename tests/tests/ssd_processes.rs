@@ -45,16 +45,25 @@ fn sigkill_during_heavy_offload_never_makes_a_get_return_wrong_bytes() {
         "--storage-capacity",
         "2G",
     ];
-    let sizes = ["64K", "300K", "1M", "2M", "5000"];
-    let mut keys: Vec<(String, u64)> = Vec::new();
+    // A round's last value is the largest (its write is the longest).
+    let sizes = [("64K", 64 << 10), ("300K", 300 << 10), ("1M", 1 << 20), ("5000", 5000), ("2M", 2 << 20)];
+    // (key, seed, size in bytes)
+    let mut keys: Vec<(String, u64, u64)> = Vec::new();
     // Keys removed (the master said ok): their files are kept for reuse and written over by
     // later offloads, under the same kills.
     let mut removed: Vec<String> = Vec::new();
     let mut rng = rand::rng();
-    let rounds = 10;
-    for round in 0..rounds {
+    // Even rounds kill at a random time (in the middle of the puts, or after them); odd rounds
+    // right after the last put (the largest value) returned, while its offload is still queued
+    // or being written: an acknowledged put whose file never appears shows the kill landed
+    // mid-offload. Temporary files found at each restart show kills that landed in the middle
+    // of a file's write (rarer: a write is short next to the time between them).
+    let mut interrupted: Vec<u64> = Vec::new();
+    let mut acked: Vec<String> = Vec::new();
+    for round in 0..10 {
         let mut c = ClientProc::spawn(&[], &args);
         if round > 0 {
+            interrupted.push(disk_stat(&mut c, "incomplete_removed"));
             assert_eq!(disk_stat(&mut c, "corrupt_removed"), 0, "a SIGKILL never leaves a damaged final file");
             for j in 0..15 {
                 let key = format!("r{}/k{j}", round - 1);
@@ -66,34 +75,55 @@ fn sigkill_during_heavy_offload_never_makes_a_get_return_wrong_bytes() {
         for j in 0..50 {
             let key = format!("r{round}/k{j}");
             let seed = round * 1000 + j;
-            c.send(&format!("put {key} {} {seed}", sizes[j as usize % sizes.len()]));
-            keys.push((key, seed));
+            let (size, bytes) = sizes[j as usize % sizes.len()];
+            let put = format!("put {key} {size} {seed}");
+            if round % 2 == 0 {
+                c.send(&put);
+            } else if c.cmd(&put) == "ok" {
+                acked.push(key.clone());
+            }
+            keys.push((key, seed, bytes));
         }
-        std::thread::sleep(Duration::from_millis(rng.random_range(100..900)));
+        if round % 2 == 0 {
+            std::thread::sleep(Duration::from_millis(rng.random_range(100..900)));
+        }
         c.child.kill_now();
     }
     // A restart on the same root: temporary files of interrupted writes are gone, nothing
     // damaged was found, and once the dead clients' memory is dropped (TTL) every key either
     // reads back exactly (from disk) or is not found.
     let mut c = ClientProc::spawn(&[], &args);
-    assert_eq!(disk_stat(&mut c, "corrupt_removed"), 0);
+    interrupted.push(disk_stat(&mut c, "incomplete_removed"));
     let dir = root.path().join("default");
     assert_eq!(files_named(&dir, ".tmp"), 0);
+    // Every file's value is read and checked once after the start: none is damaged.
+    let checked = crescent_tests::eventually(Duration::from_secs(60), || disk_stat(&mut c, "unverified") == 0);
+    assert!(checked, "the files found at start were never all checked");
+    assert_eq!(disk_stat(&mut c, "corrupt_removed"), 0, "a SIGKILL never leaves a damaged final file");
+    println!("temporary files of interrupted writes found after each kill: {interrupted:?}");
     std::thread::sleep(Duration::from_millis(2500));
     let (mut verified, mut missing) = (0, 0);
-    for (key, seed) in &keys {
-        let answer = c.cmd(&format!("get {key} {seed}"));
+    let mut lost: std::collections::BTreeMap<String, u32> = Default::default();
+    for (key, seed, size) in &keys {
+        // The value's length is checked too: a truncated or over-long value is a mismatch.
+        let answer = c.cmd(&format!("get {key} {seed} {size}"));
         if removed.contains(key) {
             assert!(answer.starts_with("err OBJECT_NOT_FOUND"), "get of removed {key}: {answer}");
         }
-        if answer.ends_with("verified") {
+        if answer == format!("ok {size} verified") {
             verified += 1;
         } else if answer.starts_with("err OBJECT_NOT_FOUND") {
             missing += 1;
+            if acked.contains(key) && !removed.contains(key) {
+                let r = key[1..].split('/').next().unwrap().to_string();
+                *lost.entry(r).or_insert(0) += 1;
+            }
         } else {
             panic!("get {key}: {answer}");
         }
     }
+    println!("acknowledged puts with no file, by round: {lost:?}");
+    assert!(!lost.is_empty(), "no kill landed while an acknowledged put's offload was on its way");
     let retired = disk_stat(&mut c, "retired_files");
     println!(
         "{verified} keys read back from disk, {missing} not found, of {} ({} removed; {retired} files kept for reuse)",
@@ -139,8 +169,8 @@ fn a_disk_copy_is_read_from_another_host_through_its_owner() {
     let q = b.ok("query cold/1");
     assert!(q.contains("(SSD)") && !q.contains(&a.segment), "only the disk copy is left: {q}");
     let t = Instant::now();
-    assert!(b.ok("get cold/1 11").ends_with("verified"));
-    assert!(b.ok("batch_get 12 cold/2").starts_with("102400"));
+    assert_eq!(b.ok("get cold/1 11 3M"), "3145728 verified");
+    assert_eq!(b.ok("batch_get 12 cold/2:100K"), "102400");
     assert!(t.elapsed() < Duration::from_secs(30));
     assert!(disk_stat(&mut a, "served_reads") >= 2);
     // The owner gone: its disk copies go with it, and the get says so.
@@ -198,5 +228,5 @@ fn a_removal_the_owner_missed_survives_a_master_restart() {
             && disk_stat(&mut a, "files") == 1),
         "the removed key does not come back, and its file is deleted"
     );
-    assert!(b.ok("get kept/1 6").ends_with("verified"));
+    assert_eq!(b.ok("get kept/1 6 100K"), "102400 verified");
 }

@@ -302,6 +302,37 @@ fn a_damaged_file_is_an_error_never_wrong_bytes() {
 }
 
 #[test]
+fn a_value_damaged_while_its_client_was_down_is_removed_after_the_restart_and_never_served() {
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let a = client(&m, Some(root.path()));
+    a.put("bad/1", &data(300_000, 1)).unwrap();
+    a.put("good/1", &data(300_000, 2)).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    let version = a.query("bad/1").unwrap().version;
+    let dir = a.disk_dir().unwrap().to_path_buf();
+    a.close().unwrap();
+    drop(a);
+    // One byte of the value goes bad on the device; header and length stay right.
+    let (sub, name) = crescent_store::client::disk::format::file_name("bad/1", version);
+    let path = dir.join(sub).join(name);
+    let mut b = std::fs::read(&path).unwrap();
+    let at = b.len() - 1000;
+    b[at] ^= 0x10;
+    std::fs::write(&path, b).unwrap();
+    let a = client(&m, Some(root.path()));
+    let checked = crescent_tests::eventually(Duration::from_secs(30), || a.disk_stats().unwrap().unverified == 0);
+    assert!(checked, "the files found at start were never checked");
+    let s = a.disk_stats().unwrap();
+    assert_eq!((s.files, s.corrupt_removed), (1, 1), "{s:?}");
+    assert!(!path.exists(), "the damaged file is removed");
+    let f = client(&m, None);
+    assert!(matches!(f.get("bad/1"), Err(StoreError::NotFound(_))), "the master was told");
+    assert!(matches!(a.get("bad/1"), Err(StoreError::NotFound(_))));
+    assert_eq!(f.get("good/1").unwrap(), data(300_000, 2));
+}
+
+#[test]
 fn an_unusable_storage_root_fails_the_start_with_a_clear_error() {
     let m = master();
     let root = tempfile::tempdir().unwrap();

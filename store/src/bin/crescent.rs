@@ -28,9 +28,11 @@ enum Command {
     /// Start a master and two clients on this machine, put values on one, get them on the other.
     Demo(DemoArgs),
     /// Run a client that contributes memory and executes commands read from stdin, one per line:
-    /// put KEY SIZE SEED | get KEY SEED | exists KEY | size KEY | remove KEY | remove_regex PATTERN |
-    /// batch_put SEED KEY:SIZE... | batch_get SEED KEY... | query KEY | flush | disk_stats | quit.
-    /// Each command answers one line: "ok ..." or "err CODE message".
+    /// put KEY SIZE SEED | get KEY SEED [SIZE] | exists KEY | size KEY | remove KEY |
+    /// remove_regex PATTERN | batch_put SEED KEY:SIZE... | batch_get SEED KEY[:SIZE]... | query KEY |
+    /// flush | disk_stats | quit. Each command answers one line: "ok ..." or "err CODE message".
+    /// A get checks the bytes against the pattern of SEED, and with SIZE also the length (a
+    /// truncated or over-long value is a mismatch).
     Client(ClientArgs),
 }
 
@@ -124,7 +126,7 @@ fn demo(args: DemoArgs) -> Result<()> {
         let t = Instant::now();
         let got = b.get(&key)?;
         let get_ms = t.elapsed().as_secs_f64() * 1e3;
-        if pattern::first_mismatch(&got, i as u64 + 1, 0).is_some() || got.len() != value.len() {
+        if pattern::value_mismatch(&got, i as u64 + 1, value.len() as u64).is_some() {
             bail!("client B read different bytes for {key}");
         }
         let path = if whose == "B" {
@@ -228,6 +230,14 @@ fn seeded(size: u64, seed: u64) -> Vec<u8> {
     v
 }
 
+/// How a got value differs from the pattern of `seed`; with `size`, its length is checked too.
+fn mismatch(got: &[u8], seed: u64, size: Option<u64>) -> Option<pattern::Mismatch> {
+    match size {
+        Some(len) => pattern::value_mismatch(got, seed, len),
+        None => pattern::first_mismatch(got, seed, 0).map(pattern::Mismatch::Byte),
+    }
+}
+
 fn num(s: Option<&&str>, what: &str) -> Result<u64> {
     let s = s.with_context(|| format!("missing {what}"))?;
     parse_size(s).or_else(|_| s.parse::<u64>().map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}")))
@@ -242,10 +252,12 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
             Ok(String::new())
         }
         Some("get") => {
+            let seed = num(w.get(2), "seed")?;
+            let size = w.get(3).map(|_| num(w.get(3), "size")).transpose()?;
             let got = c.get(key()?)?;
-            match pattern::first_mismatch(&got, num(w.get(2), "seed")?, 0) {
+            match mismatch(&got, seed, size) {
                 None => Ok(format!("{} verified", got.len())),
-                Some(at) => bail!("byte {at} of {} differs from the pattern", key()?),
+                Some(m) => bail!("{}: {m}", key()?),
             }
         }
         Some("exists") => Ok(c.exists(key()?)?.to_string()),
@@ -293,12 +305,23 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
         }
         Some("batch_get") => {
             let seed = num(w.get(1), "seed")?;
-            let keys: Vec<String> = w[2..].iter().map(|k| k.to_string()).collect();
+            let mut keys = Vec::new();
+            let mut sizes = Vec::new();
+            for k in &w[2..] {
+                // KEY:SIZE, or a KEY (which may hold ':') alone.
+                let (key, size) = match k.rsplit_once(':').and_then(|(key, s)| Some((key, parse_size(s).ok()?))) {
+                    Some((key, size)) => (key, Some(size)),
+                    None => (*k, None),
+                };
+                keys.push(key.to_string());
+                sizes.push(size);
+            }
             let results = c.get_batch(&keys)?;
             Ok(results
                 .iter()
-                .map(|r| match r {
-                    Ok(v) if pattern::first_mismatch(v, seed, 0).is_none() => format!("{}", v.len()),
+                .zip(sizes)
+                .map(|(r, size)| match r {
+                    Ok(v) if mismatch(v, seed, size).is_none() => format!("{}", v.len()),
                     Ok(_) => "MISMATCH".to_string(),
                     Err(e) => e.code().as_str_name().to_string(),
                 })

@@ -59,7 +59,8 @@ pub(super) struct Ssd {
 }
 
 impl StoreClient {
-    /// Mounts the disk at the master, re-announces its files and starts its writers.
+    /// Mounts the disk at the master, re-announces its files, starts its writers and the
+    /// check of the files found at start.
     pub(super) fn start_disk(&self) -> Result<()> {
         let Some(ssd) = &self.ssd else { return Ok(()) };
         self.mount_disk(ssd)?;
@@ -68,7 +69,9 @@ impl StoreClient {
             client_id: self.id.clone(),
             segment_id: ssd.segment_id.clone(),
         }));
-        ssd.tier.restore_all()
+        ssd.tier.restore_all()?;
+        ssd.tier.verify_found();
+        Ok(())
     }
 
     fn mount_disk(&self, ssd: &Ssd) -> Result<()> {

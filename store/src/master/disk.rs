@@ -16,7 +16,7 @@
 //! * Versions start at the master's start time in nanoseconds, so a version names one put
 //!   across master restarts, and a file announced after a master restart keeps its version.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::allocator::SegmentAllocator;
@@ -24,8 +24,8 @@ use super::{check_key, Client, DiskTotals, Master, Object, Segment, State};
 use crate::error::{Result, StoreError};
 use crate::proto::{DiskCounters, DiskEntry, HeldRemoval, ReplicaDescriptor, ReplicaStatus, Tier};
 
-/// Most removals kept for one disk while it is away; beyond it the oldest are forgotten
-/// (the files may then come back when that disk returns).
+/// Most removals kept for one disk while it is away; beyond it the oldest (first queued) are
+/// forgotten, one per new removal (their files may then come back when that disk returns).
 pub const MAX_PENDING_REMOVALS: usize = 1 << 20;
 /// Most removals handed out in one ping reply.
 pub const REMOVALS_PER_PING: usize = 10_000;
@@ -47,6 +47,60 @@ pub(super) fn first_version() -> u64 {
 /// A disk segment's name for a disk id.
 pub fn disk_segment_name(disk_id: &str) -> String {
     format!("ssd:{disk_id}")
+}
+
+/// The removals waiting for one disk: key → version, in the order they were queued, so that
+/// the cap ([`MAX_PENDING_REMOVALS`]) forgets the oldest.
+#[derive(Debug, Default)]
+pub(super) struct PendingRemovals {
+    /// Key → (version, place in `order`).
+    by_key: HashMap<String, (u64, u64)>,
+    /// Place → key, oldest first.
+    order: BTreeMap<u64, String>,
+    next: u64,
+}
+
+impl PendingRemovals {
+    pub fn get(&self, key: &str) -> Option<u64> {
+        self.by_key.get(key).map(|(v, _)| *v)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    pub fn remove(&mut self, key: &str) -> Option<u64> {
+        let (version, place) = self.by_key.remove(key)?;
+        self.order.remove(&place);
+        Some(version)
+    }
+
+    /// Queues the removal of `key` at `version` (or newer, when one is queued already) as the
+    /// newest; with `cap` removals queued already, forgets the oldest first and returns it.
+    /// Returns also whether the queued version of `key` changed.
+    pub fn insert(&mut self, key: &str, version: u64, cap: usize) -> (Option<(String, u64)>, bool) {
+        let old = self.remove(key);
+        let mut forgotten = None;
+        if old.is_none() && self.by_key.len() >= cap.max(1) {
+            if let Some((_, oldest)) = self.order.pop_first() {
+                forgotten = self.by_key.remove(&oldest).map(|(v, _)| (oldest, v));
+            }
+        }
+        let version = old.map_or(version, |v| v.max(version));
+        self.next += 1;
+        self.order.insert(self.next, key.to_string());
+        self.by_key.insert(key.to_string(), (version, self.next));
+        (forgotten, old != Some(version))
+    }
+
+    /// (key, version), oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.order.values().map(|k| (k.as_str(), self.by_key[k].0))
+    }
 }
 
 impl Master {
@@ -139,7 +193,7 @@ impl Master {
                 continue;
             }
             if let Some(pending) = st.disk_removals.get_mut(&disk_name) {
-                if pending.get(&e.key).is_some_and(|v| *v <= e.version) {
+                if pending.get(&e.key).is_some_and(|v| v <= e.version) {
                     pending.remove(&e.key);
                     st.held_generation += 1;
                 }
@@ -178,7 +232,7 @@ impl Master {
         if e.size == 0 || e.size > super::MAX_OBJECT_SIZE {
             return Err(StoreError::InvalidArgument(format!("object size {} of {:?}", e.size, e.key)));
         }
-        if st.disk_removals.get(disk_name).and_then(|p| p.get(&e.key)).is_some_and(|v| *v >= e.version) {
+        if st.disk_removals.get(disk_name).and_then(|p| p.get(&e.key)).is_some_and(|v| v >= e.version) {
             return Err(StoreError::NotFound(e.key.clone())); // removed while the disk was away
         }
         match st.objects.get_mut(&e.key) {
@@ -243,7 +297,7 @@ impl Master {
     /// Every removal waiting for a disk, as (disk, key, version).
     pub(super) fn pending_removals(st: &State) -> impl Iterator<Item = HeldRemoval> + '_ {
         st.disk_removals.iter().flat_map(|(disk, pending)| {
-            pending.iter().map(|(key, v)| HeldRemoval { disk: disk.clone(), key: key.clone(), version: *v })
+            pending.iter().map(|(key, v)| HeldRemoval { disk: disk.clone(), key: key.to_string(), version: v })
         })
     }
 
@@ -255,7 +309,7 @@ impl Master {
             return;
         }
         let mut st = self.state.lock();
-        let mut merged = 0;
+        let (mut merged, mut forgotten) = (0, 0);
         for h in held {
             if h.disk.is_empty() || h.disk.len() > 300 || check_key(&h.key).is_err() {
                 continue;
@@ -263,19 +317,19 @@ impl Master {
             if st.objects.get(&h.key).is_some_and(|o| o.complete && o.version <= h.version) {
                 Self::remove_object(&mut st, &h.key);
             }
+            let cap = st.max_pending_removals;
             let pending = st.disk_removals.entry(h.disk.clone()).or_default();
-            if pending.len() >= MAX_PENDING_REMOVALS && !pending.contains_key(&h.key) {
-                continue;
-            }
-            let v = pending.entry(h.key.clone()).or_insert(0);
-            if *v < h.version {
-                *v = h.version;
-                merged += 1;
-            }
+            let (gone, changed) = pending.insert(&h.key, h.version, cap);
+            forgotten += usize::from(gone.is_some());
+            merged += usize::from(changed);
         }
         if merged > 0 {
             st.held_generation += 1;
             tracing::info!("{merged} disk removal(s) handed back by a client queued again");
+        }
+        if forgotten > 0 {
+            let cap = st.max_pending_removals;
+            tracing::warn!("{forgotten} disk removal(s) forgotten, the oldest of disks with {cap} pending");
         }
         drop(st);
         self.update_gauges();
@@ -291,9 +345,9 @@ impl Master {
             if let Some(pending) = st.disk_removals.get(&seg.name) {
                 out.extend(
                     pending.iter().take(REMOVALS_PER_PING - out.len().min(REMOVALS_PER_PING)).map(|(k, v)| DiskEntry {
-                        key: k.clone(),
+                        key: k.to_string(),
                         size: 0,
-                        version: *v,
+                        version: v,
                     }),
                 );
             }
@@ -326,15 +380,12 @@ impl Master {
         if !names.is_empty() {
             st.held_generation += 1;
         }
+        let cap = st.max_pending_removals;
         for name in names {
             let pending = st.disk_removals.entry(name.clone()).or_default();
-            if pending.len() >= MAX_PENDING_REMOVALS && !pending.contains_key(key) {
-                tracing::warn!("disk {name} has {MAX_PENDING_REMOVALS} removals pending; forgetting one");
-                if let Some(k) = pending.keys().next().cloned() {
-                    pending.remove(&k);
-                }
+            if let Some((oldest, _)) = pending.insert(key, obj.version, cap).0 {
+                tracing::warn!("disk {name} has {cap} removals pending; forgetting the oldest, of {oldest:?}");
             }
-            pending.insert(key.to_string(), obj.version);
         }
     }
 
@@ -593,6 +644,45 @@ mod tests {
         assert_eq!(m.disk_removals_for("c9"), vec![entry("k", 0, v)]);
         m.update_disk_replicas("c9", disk2, &[], &[entry("k", 10, v)], false).unwrap();
         assert!(m.disk_removals_for("c9").is_empty(), "acknowledged");
+    }
+
+    #[test]
+    fn a_disk_with_too_many_removals_pending_forgets_the_oldest() {
+        let (m, disk) = setup();
+        let cap = 8;
+        m.state.lock().max_pending_removals = cap;
+        let mut versions = Vec::new();
+        for i in 0..40 {
+            let key = format!("k{i}");
+            let v = put(&m, &key, 10);
+            m.update_disk_replicas("c1", disk, &[entry(&key, 10, v)], &[], FRESH).unwrap();
+            versions.push(v);
+        }
+        // The disk's owner is deaf (never acknowledges): each removal past the cap forgets one.
+        for i in 0..40usize {
+            m.remove(&format!("k{i}"), false).unwrap();
+            let pending = m.disk_removals_for("c1");
+            let first = (i + 1).saturating_sub(cap);
+            let want: Vec<DiskEntry> = (first..=i).map(|j| entry(&format!("k{j}"), 0, versions[j])).collect();
+            assert_eq!(pending, want, "after removing k{i}: the newest {cap}, oldest first");
+        }
+        // A forgotten removal no longer refuses the file; a kept one still does.
+        let r = m
+            .update_disk_replicas(
+                "c1",
+                disk,
+                &[entry("k0", 10, versions[0]), entry("k39", 10, versions[39])],
+                &[],
+                RESTORE,
+            )
+            .unwrap();
+        assert!(r[0].is_ok() && r[1].is_err(), "{r:?}");
+        // Removals handed back by a client go through the same cap.
+        let held: Vec<HeldRemoval> =
+            (0..3).map(|i| HeldRemoval { disk: "ssd:d1".into(), key: format!("h{i}"), version: 1 }).collect();
+        m.merge_held_removals(&held);
+        let keys: Vec<String> = m.disk_removals_for("c1").into_iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["k35", "k36", "k37", "k38", "k39", "h0", "h1", "h2"]);
     }
 
     #[test]

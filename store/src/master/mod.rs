@@ -122,7 +122,9 @@ struct State {
     hot: replicate::HotKeys,
     /// Disk id → key → version of objects removed while that disk held a copy, until the
     /// disk acknowledges the deletion (it may be offline meanwhile; see [`disk`]).
-    disk_removals: HashMap<String, HashMap<String, u64>>,
+    disk_removals: HashMap<String, disk::PendingRemovals>,
+    /// Most removals kept for one disk ([`disk::MAX_PENDING_REMOVALS`]; lower in tests).
+    max_pending_removals: usize,
     /// The counters each mounted disk's client last reported (by disk name).
     disk_counters: HashMap<String, crate::proto::DiskCounters>,
     /// Disk segment id → (key, version) of objects left with no memory replica while that
@@ -212,6 +214,7 @@ impl Master {
                 next_segment: 1,
                 next_version: disk::first_version(),
                 held_generation: 1,
+                max_pending_removals: disk::MAX_PENDING_REMOVALS,
                 ..State::default()
             }),
             metrics: Metrics::new()?,

@@ -9,10 +9,14 @@
 //! missing data, which the value checksum catches on read. Either way a reader never gets
 //! bytes that do not match the checksum.
 //!
-//! Writes use direct I/O (`O_DIRECT`) where the file system has it: the queued value already
-//! sits in a 4 KiB-aligned image of the whole file ([`FileImage`]), so the kernel moves it to
-//! the device without a page-cache copy; the zero tail up to the next 4 KiB is cut off
-//! (`set_len`) before the flush. Reads use direct I/O too: the header and the first piece in
+//! Writes use direct I/O (`O_DIRECT`) where the file system has it, from 4 KiB-aligned memory,
+//! so the kernel moves the value to the device without a page-cache copy. The value is either
+//! in a 4 KiB-aligned image of the whole file made when it was queued ([`FileImage`]), or,
+//! when the put left a 4 KiB-aligned replica in this client's own segment, read where it lies
+//! ([`ResidentValue`]: only the header and the last partial 4 KiB are copied, and a value whose
+//! CRC changed meanwhile is not written). The zero tail up to the next 4 KiB is cut off
+//! (`set_len`) before the flush. A writer with an io_uring sends the write (and, when nothing
+//! is left to cut, the flush) through it ([`super::uring`]). Reads use direct I/O too: the header and the first piece in
 //! one request, straight into the caller's memory when it is 4 KiB-aligned, through a small
 //! aligned buffer otherwise (see [`FileReader`]); without direct I/O, ordinary reads, and the
 //! files are dropped from the page cache after use (`POSIX_FADV_DONTNEED`) — DRAM is the
@@ -245,7 +249,7 @@ pub struct Staged {
     pub path: PathBuf,
     /// Its directory.
     pub dir: PathBuf,
-    /// Bytes the file takes.
+    /// The file's length (it takes [`super::format::disk_len`] of it on disk).
     pub file_len: u64,
     /// Written over an old file rather than a new one.
     pub recycled: bool,
@@ -303,7 +307,9 @@ pub fn write_staged(
             Err(e) => return Err(e),
         };
         let header_bytes = header.encode();
-        // What the write leaves: whole 4 KiB blocks, over whatever a reused file had.
+        // What the write leaves: whole 4 KiB blocks, over whatever a reused file had. (A reused
+        // file's length is known in whole blocks; that decides the same: a file no longer
+        // than the blocks written is covered by them, a longer one must be cut either way.)
         let written = body.written_len(header.data_offset());
         let len_fix = written.max(reused.unwrap_or(0)) != header.file_len();
         let mut out = Output { file, ring, then_sync: sync && !len_fix, synced: false };
@@ -531,11 +537,18 @@ pub struct FileReader {
 
 impl FileReader {
     /// Opens the file of (`key`, `version`) of `size` bytes; any other content is an error
-    /// (at open, or with direct I/O at the first read).
+    /// (at open, or with direct I/O at the first read). No file at `path` is
+    /// [`StoreError::NotFound`].
     pub fn open(path: &Path, key: &str, version: u64, size: u64) -> Result<FileReader> {
         let (file, direct) = match open_direct(path) {
             Some(f) => (f, true),
-            None => (File::open(path).map_err(|e| io_err("opening", path, e))?, false),
+            None => match File::open(path) {
+                Ok(f) => (f, false),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(StoreError::NotFound(key.to_string()))
+                }
+                Err(e) => return Err(io_err("opening", path, e)),
+            },
         };
         let mut r = FileReader {
             file,

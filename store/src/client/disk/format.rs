@@ -79,6 +79,11 @@ impl Header {
         self.data_offset() + self.value_len
     }
 
+    /// The bytes the file takes on disk ([`disk_len`]).
+    pub fn disk_len(&self) -> u64 {
+        disk_len(self.file_len())
+    }
+
     /// The header, key and padding: the first [`Self::data_offset`] bytes of the file.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; self.data_offset() as usize];
@@ -141,6 +146,14 @@ fn header_crc(fixed: &[u8], key: &[u8]) -> u32 {
 /// Where the value of a file whose key has `key_len` bytes starts.
 pub fn data_offset(key_len: usize) -> u64 {
     (FIXED_LEN + key_len).div_ceil(ALIGN as usize) as u64 * ALIGN
+}
+
+/// The bytes a file of `file_len` bytes takes on disk: whole 4 KiB blocks, as file systems
+/// allocate them (the last block of a file is whole on disk however little of it is used).
+/// The tier's capacity counts these, not the files' lengths: a file of a 5000-byte value
+/// under a short key is 9096 bytes long and takes 12288.
+pub fn disk_len(file_len: u64) -> u64 {
+    file_len.div_ceil(ALIGN) * ALIGN
 }
 
 /// The 32 hex digits naming a key's files.

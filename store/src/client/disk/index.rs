@@ -1,5 +1,5 @@
 //! The disk tier's in-memory index: key → file, least-recently-used order, and the bytes
-//! used and reserved against the capacity (with the retired files kept for reuse, see
+//! used and reserved against the capacity (bytes on disk: whole 4 KiB blocks) (with the retired files kept for reuse, see
 //! [`super::recycle`]).
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,8 +12,9 @@ use super::recycle::{Retired, RetiredFiles};
 pub struct Entry {
     pub version: u64,
     pub value_len: u64,
-    /// Bytes the file takes (header and value).
-    pub file_len: u64,
+    /// Bytes the file takes on disk: its header and value in whole 4 KiB blocks
+    /// ([`super::format::disk_len`]); the capacity counts these.
+    pub disk_len: u64,
     pub path: PathBuf,
     tick: u64,
     /// Reads in progress: a pinned file is never evicted.
@@ -24,8 +25,8 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn new(version: u64, value_len: u64, file_len: u64, path: PathBuf) -> Entry {
-        Entry { version, value_len, file_len, path, tick: 0, pins: 0, only_copy: false }
+    pub fn new(version: u64, value_len: u64, disk_len: u64, path: PathBuf) -> Entry {
+        Entry { version, value_len, disk_len, path, tick: 0, pins: 0, only_copy: false }
     }
 
     /// Whether a read of the file is in progress.
@@ -138,7 +139,7 @@ impl Index {
         let old = self.remove(key);
         self.tick += 1;
         entry.tick = self.tick;
-        self.used += entry.file_len;
+        self.used += entry.disk_len;
         self.lru.insert(self.tick, key.to_string());
         self.map.insert(key.to_string(), entry);
         old
@@ -147,7 +148,7 @@ impl Index {
     pub fn remove(&mut self, key: &str) -> Option<Entry> {
         let e = self.map.remove(key)?;
         self.lru.remove(&e.tick);
-        self.used -= e.file_len;
+        self.used -= e.disk_len;
         Some(e)
     }
 
@@ -170,7 +171,7 @@ impl Index {
             let e = &self.map[key];
             if e.pins == 0 {
                 victims.push(*tick);
-                freed += e.file_len;
+                freed += e.disk_len;
             }
         }
         if self.used - freed + self.reserved + bytes > self.capacity {
@@ -189,13 +190,13 @@ impl Index {
         for tick in victims {
             let key = self.lru.remove(&tick).expect("a victim is indexed");
             let e = self.map.remove(&key).expect("lru and map agree");
-            self.used -= e.file_len;
+            self.used -= e.disk_len;
             room.evicted.push((key, e));
         }
         if room.reuse.is_none() && bytes > 0 {
-            let fits = room.evicted.iter().filter(|(_, e)| e.file_len >= bytes).min_by_key(|(_, e)| e.file_len);
-            let best = fits.or_else(|| room.evicted.iter().max_by_key(|(_, e)| e.file_len));
-            room.reuse = best.map(|(_, e)| Retired { path: e.path.clone(), len: e.file_len });
+            let fits = room.evicted.iter().filter(|(_, e)| e.disk_len >= bytes).min_by_key(|(_, e)| e.disk_len);
+            let best = fits.or_else(|| room.evicted.iter().max_by_key(|(_, e)| e.disk_len));
+            room.reuse = best.map(|(_, e)| Retired { path: e.path.clone(), len: e.disk_len });
         }
         self.reserved += bytes;
         Ok(room)
@@ -315,10 +316,10 @@ mod tests {
         let mut ix = index(100, 0);
         ix.insert("k", entry(60));
         let old = ix.insert("k", entry(10)).unwrap();
-        assert_eq!(old.file_len, 60);
+        assert_eq!(old.disk_len, 60);
         assert_eq!(ix.used(), 10);
         assert_eq!(ix.len(), 1);
-        assert_eq!(ix.remove("k").unwrap().file_len, 10);
+        assert_eq!(ix.remove("k").unwrap().disk_len, 10);
         assert_eq!(ix.used(), 0);
     }
 
@@ -344,7 +345,7 @@ mod tests {
         ix.insert("a", at("/a", 40));
         ix.insert("b", at("/b", 40));
         let gone = ix.remove("a").unwrap();
-        let name = ix.retire(gone.file_len).expect("room for a retired file");
+        let name = ix.retire(gone.disk_len).expect("room for a retired file");
         assert_eq!(name.parent(), Some(std::path::Path::new("/r")));
         assert_eq!((ix.used(), ix.retired_bytes()), (40, 40));
         // 30 more: the retired file is written over, nothing indexed is evicted.
@@ -355,7 +356,7 @@ mod tests {
         ix.insert("c", at("/c", 30));
         ix.release(30);
         let b = ix.remove("b").unwrap();
-        let kept = ix.retire(b.file_len).unwrap();
+        let kept = ix.retire(b.disk_len).unwrap();
         assert!(ix.retire(31).is_none(), "30 used + 40 kept + 31 exceed the capacity: not kept");
         // A write of 60 takes the retired file (40 bytes, the largest there is) and needs
         // no eviction: 30 used + 60 reserved fit.
@@ -373,7 +374,7 @@ mod tests {
         }
         for k in ["a", "b"] {
             let e = ix.remove(k).unwrap();
-            ix.retire(e.file_len).unwrap();
+            ix.retire(e.disk_len).unwrap();
         }
         // 70 more: one retired file is reused, the other deleted, c stays.
         let room = ix.reserve(70).unwrap();
@@ -384,7 +385,7 @@ mod tests {
         assert_eq!(ix.retired_files(), 0);
         // A refused reservation changes nothing.
         let e = ix.remove("c").unwrap();
-        ix.retire(e.file_len).unwrap();
+        ix.retire(e.disk_len).unwrap();
         assert_eq!(ix.reserve(31), Err(NoRoom::TooLarge));
         assert_eq!(ix.retired_files(), 1);
     }
@@ -394,7 +395,7 @@ mod tests {
         let mut ix = index(100, 0);
         ix.insert("a", at("/a", 10));
         let e = ix.remove("a").unwrap();
-        assert!(ix.retire(e.file_len).is_none());
+        assert!(ix.retire(e.disk_len).is_none());
         assert!(!ix.adopt_retired(1, 10));
     }
 }

@@ -2,10 +2,13 @@
 //! to a file under `<root>/<cluster id>/`, asynchronously, by a bounded pool of writer
 //! threads (each writes and flushes a file under a temporary name) and one committer (renames
 //! the flushed files, flushes their directories and announces them to the master, in
-//! batches); a get that finds no memory replica reads the file (here, or through the owning
-//! client's [`service`]; a file being read is pinned against eviction); a restart
-//! re-announces the files to the master. The tier also keeps, for the master, the removals
-//! pending at it (`TOMBSTONES`), handed back at every mount so they outlive a master restart.
+//! batches; what a failed call did not tell the master is told again, see
+//! [`DiskTier::retry_announcements`]); a get that finds no memory replica reads the file
+//! (here, or through the owning client's [`service`]; a file being read is pinned against
+//! eviction); a restart re-announces the files to the master, then reads them all once in the
+//! background and removes those whose value fails its checksum ([`DiskTier::verify_found`]).
+//! The tier also keeps, for the master, the removals pending at it (`TOMBSTONES`), handed back
+//! at every mount so they outlive a master restart.
 //!
 //! * [`format`]: the file format and names (hash of the key; the key is inside the file).
 //! * [`file`]: writing (temporary name, fsync, rename) and checked reading.
@@ -13,11 +16,15 @@
 //! * [`recycle`]: removed files kept to be written over by later offloads.
 //! * [`service`]: the tiny request/response service through which other clients read the
 //!   files of this one with the transfer engine.
+//! * [`uring`]: a writer's io_uring, where the kernel has one.
 //!
-//! Why threads and not io_uring: each job is one large sequential write followed by an
-//! `fdatasync` and a rename, all of which block in the kernel anyway; a few threads keep the
-//! device busy (each write is megabytes) without an `unsafe`-heavy ring whose buffers must stay
-//! pinned until completion. The pool is small and bounded, and so is the queue in bytes.
+//! The parallelism comes from the threads: each job is one large sequential write followed by
+//! an `fdatasync` and a rename, all of which block in the kernel anyway, and a few writers keep
+//! the device busy (each write is megabytes). Each writer sends its write and flush to the
+//! kernel through its own small io_uring where it can (one system call and one sleep for
+//! both instead of two; [`uring`] never lets the caller's buffers go while the kernel holds
+//! them), and makes the same calls one by one otherwise. The pool is small and bounded, and so
+//! is the queue in bytes.
 
 pub mod file;
 pub mod format;
@@ -32,13 +39,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Result, StoreError};
 use crate::proto::{DiskEntry, HeldRemoval};
 use file::FileReader;
-use format::{data_offset, key_hash, parse_name, NameKind};
+use format::{data_offset, disk_len, key_hash, parse_name, NameKind};
 use index::{Entry, Index, NoRoom, Room};
 use recycle::{parse_retired_name, RetiredFiles, RETIRED_DIR};
 
@@ -54,6 +61,20 @@ pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 const MAX_QUEUED_JOBS: usize = 4096;
 /// Bytes of written images kept for the next offloads (their pages are already faulted in).
 const SPARE_IMAGE_BYTES: usize = 64 << 20;
+/// After a failed call to the master, the first retry waits this long, each further one twice
+/// as long as the last, up to [`RETRY_MAX`] (the master spares an object whose file is being
+/// written for 10 s: a file announced within that time keeps its object through evictions).
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long the committer sleeps with nothing to commit before it looks for retries due.
+const RETRY_IDLE: Duration = Duration::from_secs(1);
+/// Most removals kept to be told again (evictions, deletions, acknowledgements); beyond it the
+/// oldest are forgotten (the master then lists a file that is gone until a read finds it gone).
+const MAX_UNANNOUNCED_REMOVALS: usize = 65_536;
+/// Most entries per retried call.
+const RETRY_BATCH: usize = 1000;
+/// Bytes read at a time by the check of the files found at start.
+const VERIFY_CHUNK: usize = 4 << 20;
 
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
@@ -117,7 +138,9 @@ pub struct DiskStats {
     pub stale_refused: u64,
     pub evicted: u64,
     pub removed: u64,
-    /// At start: files with a bad header or length, and temporary files of interrupted writes.
+    /// Files found at start with a bad header or length (removed before they are announced),
+    /// or whose value failed its checksum in the check after start ([`DiskTier::verify_found`]:
+    /// removed and the master told); and temporary files of interrupted writes.
     pub corrupt_removed: u64,
     pub incomplete_removed: u64,
     /// At start: older versions of a key.
@@ -134,6 +157,13 @@ pub struct DiskStats {
     pub early_reads_wasted: u64,
     /// Files written (and flushed) through the writers' io_uring.
     pub uring_writes: u64,
+    /// Calls telling the master about files or removals that failed (the master unreachable,
+    /// say); what they carried is told again ([`DiskTier::retry_announcements`]).
+    pub announce_failures: u64,
+    /// Files and removals waiting to be told to the master again, now.
+    pub unannounced: u64,
+    /// Files found at start whose values the check after start has not read yet, now.
+    pub unverified: u64,
 }
 
 #[derive(Default)]
@@ -159,6 +189,25 @@ struct Counters {
     early_reads: AtomicU64,
     early_reads_wasted: AtomicU64,
     uring_writes: AtomicU64,
+    announce_failures: AtomicU64,
+}
+
+/// What failed calls did not tell the master, to be told again.
+#[derive(Default)]
+struct Unannounced {
+    /// Files: key → version (announced as the index holds them when told again).
+    added: std::collections::HashMap<String, u64>,
+    /// Files that went (evicted, deleted) and removals done, oldest first.
+    removed: std::collections::VecDeque<DiskEntry>,
+    /// Failed calls in a row, and when the next retry is due.
+    failures: u32,
+    next_try: Option<Instant>,
+}
+
+impl Unannounced {
+    fn len(&self) -> usize {
+        self.added.len() + self.removed.len()
+    }
 }
 
 fn inc(c: &AtomicU64) {
@@ -301,9 +350,17 @@ pub struct DiskTier {
     held: Mutex<Vec<HeldRemoval>>,
     /// Memory of written images, reused by the next offloads (at most [`SPARE_IMAGE_BYTES`]).
     spare_images: Mutex<Vec<Vec<u8>>>,
+    unannounced: Mutex<Unannounced>,
+    /// The files found at start (key, version, value size), until [`Self::verify_found`]
+    /// takes them, and how many of them are still to be checked.
+    found: Mutex<Vec<(String, u64, u64)>>,
+    unverified: AtomicU64,
     last_full_warning: Mutex<Option<Instant>>,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
+    /// Tests: runs in [`Self::open_reader`] between the look-up and the open.
+    #[cfg(test)]
+    before_open: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -361,7 +418,7 @@ impl DiskTier {
             .map_err(|e| config_err(root, format!("cannot create {}: {e}", retired_dir.display())))?;
         let retired = scan_retired(&retired_dir);
         let existing: u64 =
-            files.iter().map(|(_, e, _)| e.file_len).sum::<u64>() + retired.iter().map(|(_, _, len)| len).sum::<u64>();
+            files.iter().map(|(_, e, _)| e.disk_len).sum::<u64>() + retired.iter().map(|(_, _, len)| len).sum::<u64>();
         let capacity = match config.capacity {
             Some(c) => c,
             None => {
@@ -370,6 +427,8 @@ impl DiskTier {
             }
         };
         let mut index = Index::new(capacity, RetiredFiles::new(retired_dir, config.recycle_bytes));
+        let found: Vec<(String, u64, u64)> =
+            files.iter().map(|(k, e, _)| (k.clone(), e.version, e.value_len)).collect();
         for (key, entry, _) in files {
             index.insert(&key, entry);
         }
@@ -411,8 +470,13 @@ impl DiskTier {
             announcer: RwLock::new(None),
             in_flight: Mutex::new(Default::default()),
             spare_images: Mutex::new(Vec::new()),
+            unannounced: Mutex::new(Unannounced::default()),
+            unverified: AtomicU64::new(found.len() as u64),
+            found: Mutex::new(found),
             last_full_warning: Mutex::new(None),
             _lock: lock,
+            #[cfg(test)]
+            before_open: Mutex::new(None),
         }))
     }
 
@@ -471,14 +535,22 @@ impl DiskTier {
         let weak: Weak<DiskTier> = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("crescent-disk-commit".into())
-            .spawn(move || {
-                while let Ok(first) = written_rx.recv() {
-                    let mut batch = vec![first];
-                    batch.extend(written_rx.try_iter().take(COMMIT_BATCH - 1));
-                    match weak.upgrade() {
-                        Some(tier) => tier.commit(batch),
-                        None => return,
+            .spawn(move || loop {
+                let Some(wait) = weak.upgrade().map(|t| t.retry_wait()) else { return };
+                match written_rx.recv_timeout(wait) {
+                    Ok(first) => {
+                        let mut batch = vec![first];
+                        batch.extend(written_rx.try_iter().take(COMMIT_BATCH - 1));
+                        match weak.upgrade() {
+                            Some(tier) => tier.commit(batch),
+                            None => return,
+                        }
                     }
+                    Err(RecvTimeoutError::Timeout) => match weak.upgrade() {
+                        Some(tier) => tier.retry_announcements(false),
+                        None => return,
+                    },
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             })
             .expect("spawning the disk committer");
@@ -486,16 +558,28 @@ impl DiskTier {
     }
 
     /// Re-announces every file (after a restart or a remount); files the master refuses go.
+    /// When a call fails, the files not announced yet are told again later (like any failed
+    /// announcement) and the error returned.
     pub fn restore_all(&self) -> Result<()> {
         let Some(announcer) = self.announcer.read().clone() else { return Ok(()) };
         let entries = self.index.lock().entries();
         let mut accepted = 0;
-        for chunk in entries.chunks(1000) {
+        for (i, chunk) in entries.chunks(RETRY_BATCH).enumerate() {
             let added: Vec<DiskEntry> = chunk
                 .iter()
                 .map(|(k, e)| DiskEntry { key: k.clone(), size: e.value_len, version: e.version })
                 .collect();
-            let ok = announcer.announce(&added, &[], true)?;
+            let ok = match announcer.announce(&added, &[], true) {
+                Ok(ok) => ok,
+                Err(e) => {
+                    let rest: Vec<DiskEntry> = entries[i * RETRY_BATCH..]
+                        .iter()
+                        .map(|(k, e)| DiskEntry { key: k.clone(), size: e.value_len, version: e.version })
+                        .collect();
+                    self.announce_failed(&e, &rest, &[]);
+                    return Err(e);
+                }
+            };
             for ((key, e), ok) in chunk.iter().zip(ok) {
                 if ok {
                     accepted += 1;
@@ -536,7 +620,7 @@ impl DiskTier {
     /// Takes room in the queue for `len` bytes, then prepares them with `make`.
     fn reserve(self: &Arc<Self>, key: &str, len: u64, make: impl FnOnce() -> Prepared) -> PreparedOffload {
         let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, state };
-        if data_offset(key.len()) + len > self.capacity() {
+        if disk_len(data_offset(key.len()) + len) > self.capacity() {
             return prepared(Prepared::TooLarge);
         }
         {
@@ -601,7 +685,8 @@ impl DiskTier {
         }
     }
 
-    /// Waits until every queued offload is written and announced (or `timeout` passes).
+    /// Waits until every queued offload is written and announced, or kept to be announced
+    /// again when the call failed (see [`DiskStats::unannounced`]), or until `timeout` passes.
     pub fn flush(&self, timeout: Duration) -> bool {
         let end = Instant::now() + timeout;
         let mut p = self.pending.lock();
@@ -618,15 +703,114 @@ impl DiskTier {
         self.queue.lock().take();
     }
 
+    /// Tells the master about files written (`added`) and gone (`removed`); `None` when the
+    /// call failed: then they are kept and told again ([`Self::retry_announcements`]).
     fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry]) -> Option<Vec<bool>> {
         let announcer = self.announcer.read().clone()?;
         match announcer.announce(added, removed, false) {
             Ok(r) => Some(r),
             Err(e) => {
-                tracing::warn!(
-                    "disk tier: telling the master about files failed: {e} (they are announced again on remount)"
-                );
+                self.announce_failed(&e, added, removed);
                 None
+            }
+        }
+    }
+
+    /// A call to the master failed: what it carried is kept to be told again, after a backoff.
+    fn announce_failed(&self, e: &StoreError, added: &[DiskEntry], removed: &[DiskEntry]) {
+        inc(&self.counters.announce_failures);
+        let mut u = self.unannounced.lock();
+        for a in added {
+            let v = u.added.entry(a.key.clone()).or_insert(a.version);
+            *v = (*v).max(a.version);
+        }
+        u.removed.extend(removed.iter().cloned());
+        let mut forgotten = 0;
+        while u.removed.len() > MAX_UNANNOUNCED_REMOVALS {
+            u.removed.pop_front();
+            forgotten += 1;
+        }
+        u.failures = u.failures.saturating_add(1);
+        let backoff = RETRY_FIRST.saturating_mul(1 << (u.failures - 1).min(16)).min(RETRY_MAX);
+        u.next_try = Some(Instant::now() + backoff);
+        tracing::warn!(
+            "disk tier: telling the master about {} file(s) and {} removal(s) failed: {e}; {} waiting, \
+             told again in {backoff:?}{}",
+            added.len(),
+            removed.len(),
+            u.len(),
+            if forgotten > 0 { format!(" ({forgotten} oldest removal(s) forgotten)") } else { String::new() }
+        );
+    }
+
+    /// How long the committer may wait for files before retries are due.
+    fn retry_wait(&self) -> Duration {
+        let u = self.unannounced.lock();
+        match u.next_try {
+            Some(t) if u.len() > 0 => t.saturating_duration_since(Instant::now()),
+            _ => RETRY_IDLE,
+        }
+    }
+
+    /// Tells the master again what failed calls did not (with `force`, now; otherwise once the
+    /// backoff has passed): the files still indexed at the version that was to be announced,
+    /// and the removals of files not written anew since. The committer calls it when a retry is
+    /// due and after each commit whose own call went through. The call says `restore`: the
+    /// master may have lost the objects meanwhile (restarted); a removal made meanwhile still
+    /// refuses its file, being kept at the master until this disk acknowledges it.
+    pub fn retry_announcements(&self, force: bool) {
+        let Some(announcer) = self.announcer.read().clone() else { return };
+        let (added, removed) = {
+            let mut u = self.unannounced.lock();
+            if u.len() == 0 || (!force && u.next_try.is_some_and(|t| Instant::now() < t)) {
+                return;
+            }
+            (std::mem::take(&mut u.added), std::mem::take(&mut u.removed))
+        };
+        let (added, removed): (Vec<DiskEntry>, Vec<DiskEntry>) = {
+            let ix = self.index.lock();
+            let added = added
+                .into_iter()
+                .filter_map(|(key, version)| {
+                    let e = ix.get(&key).filter(|e| e.version == version)?;
+                    Some(DiskEntry { size: e.value_len, key, version })
+                })
+                .collect();
+            let removed =
+                removed.into_iter().filter(|r| ix.get(&r.key).is_none_or(|e| e.version != r.version)).collect();
+            (added, removed)
+        };
+        if !added.is_empty() || !removed.is_empty() {
+            let mut calls: Vec<(&[DiskEntry], &[DiskEntry])> =
+                added.chunks(RETRY_BATCH).map(|a| (a, &[][..])).collect();
+            if calls.is_empty() {
+                calls.push((&[], &[]));
+            }
+            calls[0].1 = &removed;
+            for (i, (a, r)) in calls.into_iter().enumerate() {
+                match announcer.announce(a, r, true) {
+                    Ok(accepted) => self.refused(a, accepted),
+                    Err(e) => return self.announce_failed(&e, &added[i * RETRY_BATCH..], r),
+                }
+            }
+            tracing::info!(
+                "disk tier: told the master about {} file(s) and {} removal(s) that earlier calls missed",
+                added.len(),
+                removed.len()
+            );
+        }
+        let mut u = self.unannounced.lock();
+        u.failures = 0;
+        u.next_try = None;
+    }
+
+    /// The master's answer to announced files: those it refused (their object was removed or
+    /// put again meanwhile) are stale and go.
+    fn refused(&self, added: &[DiskEntry], accepted: Vec<bool>) {
+        for (e, ok) in added.iter().zip(accepted.into_iter().chain(std::iter::repeat(false))) {
+            if !ok {
+                self.drop_file(&e.key, e.version, true);
+                inc(&self.counters.stale_refused);
             }
         }
     }
@@ -646,7 +830,7 @@ impl DiskTier {
                 let w = Written { key: job.key, version: job.version, value_len: len, staged };
                 if let Err(e) = committer.send(w) {
                     let w = e.into_inner();
-                    self.index.lock().release(w.staged.file_len);
+                    self.index.lock().release(disk_len(w.staged.file_len));
                     w.staged.abandon();
                     self.job_done(&w.key, len);
                 }
@@ -657,13 +841,13 @@ impl DiskTier {
 
     fn write_one(&self, job: &mut Job, mut ring: Option<&mut uring::Ring>) -> Option<file::Staged> {
         let value_len = job.body.value_len();
-        let file_len = data_offset(job.key.len()) + value_len;
+        let room = disk_len(data_offset(job.key.len()) + value_len);
         let evicted = {
             let mut ix = self.index.lock();
             if ix.get(&job.key).is_some_and(|e| e.version >= job.version) {
                 return None; // this or a newer version is on disk already
             }
-            ix.reserve(file_len)
+            ix.reserve(room)
         };
         let Room { evicted, reuse, discard } = match evicted {
             Ok(room) => room,
@@ -704,7 +888,7 @@ impl DiskTier {
                 };
                 match v.into_image(self.spare_image(&job.key, value_len as usize), &job.key) {
                     Some(image) => job.body = file::FileBody::Image(image),
-                    None => return self.overwritten(&job.key, file_len, reuse),
+                    None => return self.overwritten(&job.key, room, reuse),
                 }
             }
         }
@@ -729,7 +913,7 @@ impl DiskTier {
         let written = match written {
             Ok(staged) if matches!(&job.body, file::FileBody::Resident(v) if !v.unchanged()) => {
                 staged.abandon();
-                return self.overwritten(&job.key, file_len, None);
+                return self.overwritten(&job.key, room, None);
             }
             other => other,
         };
@@ -750,7 +934,7 @@ impl DiskTier {
                 // ours to give back first.
                 let retired = {
                     let mut ix = self.index.lock();
-                    ix.release(file_len);
+                    ix.release(room);
                     ix.drain_retired()
                 };
                 for f in &retired {
@@ -770,11 +954,11 @@ impl DiskTier {
     /// An offload whose value changed in memory before the writer had it (the master gave
     /// its range to another object): dropped and counted. The room reserved goes back, and
     /// so does the file to reuse, when it was not used.
-    fn overwritten(&self, key: &str, file_len: u64, unused: Option<recycle::Retired>) -> Option<file::Staged> {
+    fn overwritten(&self, key: &str, room: u64, unused: Option<recycle::Retired>) -> Option<file::Staged> {
         inc(&self.counters.overwritten);
         tracing::debug!("not offloading {key:?}: its memory was reused before it was written");
         let mut ix = self.index.lock();
-        ix.release(file_len);
+        ix.release(room);
         if let Some(f) = unused {
             drop(ix);
             let _ = std::fs::remove_file(&f.path);
@@ -794,7 +978,7 @@ impl DiskTier {
             match w.staged.rename() {
                 Ok(()) => renamed.push((w.key, w.version, w.value_len, path, dir, file_len)),
                 Err(e) => {
-                    self.index.lock().release(file_len);
+                    self.index.lock().release(disk_len(file_len));
                     inc(&self.counters.write_failures);
                     tracing::warn!("disk tier: {e}");
                     self.job_done(&w.key, w.value_len);
@@ -807,7 +991,7 @@ impl DiskTier {
                 tracing::warn!("disk tier: {e}");
                 for (key, _, value_len, path, _, file_len) in renamed {
                     let _ = std::fs::remove_file(&path);
-                    self.index.lock().release(file_len);
+                    self.index.lock().release(disk_len(file_len));
                     inc(&self.counters.write_failures);
                     self.job_done(&key, value_len);
                 }
@@ -819,8 +1003,8 @@ impl DiskTier {
         for (key, version, value_len, path, _, file_len) in &renamed {
             let replaced = {
                 let mut ix = self.index.lock();
-                ix.release(*file_len);
-                let old = ix.insert(key, Entry::new(*version, *value_len, *file_len, path.clone()));
+                ix.release(disk_len(*file_len));
+                let old = ix.insert(key, Entry::new(*version, *value_len, disk_len(*file_len), path.clone()));
                 // The same name (key and version) is the file just renamed over it: nothing went.
                 let old = old.filter(|old| old.path != *path);
                 if let Some(old) = &old {
@@ -836,13 +1020,10 @@ impl DiskTier {
             added.push(DiskEntry { key: key.clone(), size: *value_len, version: *version });
         }
         if let Some(accepted) = self.announce(&added, &removed) {
-            for (e, ok) in added.iter().zip(accepted.into_iter().chain(std::iter::repeat(false))) {
-                if !ok {
-                    // Removed or put again while we wrote: the file is stale.
-                    self.drop_file(&e.key, e.version, true);
-                    inc(&self.counters.stale_refused);
-                }
-            }
+            // Removed or put again while we wrote: the file is stale.
+            self.refused(&added, accepted);
+            // The master answers again: what earlier calls missed goes now.
+            self.retry_announcements(true);
         }
         for (key, _, value_len, ..) in renamed {
             self.job_done(&key, value_len);
@@ -953,40 +1134,117 @@ impl DiskTier {
     }
 
     /// Opens the file of (`key`, `version`) for reading (marks it used, and pins it against
-    /// eviction until the reader is dropped). A file that went (evicted, removed) before this
-    /// call is [`StoreError::NotFound`]; once open, the reader keeps reading the same file
-    /// (an open descriptor) even if a removal unlinks its name.
+    /// eviction until the reader is dropped). A file that went (evicted, removed) before it
+    /// was opened — also between the look-up and the open — is [`StoreError::NotFound`], not
+    /// a fault; once open, the reader keeps reading the same file (an open descriptor) even
+    /// if a removal unlinks its name.
     pub fn open_reader(self: &Arc<Self>, key: &str, version: u64, size: u64) -> Result<TierReader> {
+        self.open_pinned(key, version, size, true).inspect_err(|e| self.on_read_error(key, version, e))
+    }
+
+    /// [`Self::open_reader`] (`touch`: the read counts as a use, in the LRU order), leaving a
+    /// damaged or missing file to the caller.
+    fn open_pinned(self: &Arc<Self>, key: &str, version: u64, size: u64, touch: bool) -> Result<TierReader> {
         let path = {
             let mut ix = self.index.lock();
             let path = match ix.get(key) {
                 Some(e) if e.version == version => e.path.clone(),
                 _ => return Err(StoreError::NotFound(key.to_string())),
             };
-            ix.touch(key);
+            if touch {
+                ix.touch(key);
+            }
             ix.pin(key, version);
             path
         };
         let pin = Pin { tier: Arc::downgrade(self), key: key.to_string(), version };
+        #[cfg(test)]
+        if let Some(hook) = self.before_open.lock().take() {
+            hook();
+        }
         match FileReader::open(&path, key, version, size) {
             Ok(reader) => Ok(TierReader { reader, _pin: pin }),
             Err(e) => {
                 drop(pin);
-                self.on_read_error(key, version, &e);
-                Err(e)
+                Err(match e {
+                    // A removal takes the file out of the index before it unlinks it: a file
+                    // still indexed under that name went behind the tier's back (a fault).
+                    StoreError::NotFound(_) if !self.indexed_at(key, version, &path) => e,
+                    StoreError::NotFound(_) => StoreError::Disk(format!("{} is missing", path.display())),
+                    e => e,
+                })
             }
         }
     }
 
+    /// Whether the index still has (`key`, `version`) at `path`.
+    fn indexed_at(&self, key: &str, version: u64, path: &Path) -> bool {
+        self.index.lock().get(key).is_some_and(|e| e.version == version && e.path == path)
+    }
+
     /// A read found the file damaged (or gone): it is dropped and the master told.
     pub fn on_read_error(&self, key: &str, version: u64, e: &StoreError) {
+        self.drop_damaged(key, version, e, &self.counters.corrupt_reads);
+    }
+
+    /// Drops a file that a read found damaged (`e`, when it says so), counted in `counter`,
+    /// and tells the master.
+    fn drop_damaged(&self, key: &str, version: u64, e: &StoreError, counter: &AtomicU64) {
         if matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_)) {
             tracing::warn!("disk tier: {e}; dropping the file");
-            inc(&self.counters.corrupt_reads);
+            inc(counter);
             // Not reused: the device may be what corrupted it.
             if self.drop_file(key, version, false) {
                 self.announce(&[], &[DiskEntry { key: key.to_string(), size: 0, version }]);
             }
+        }
+    }
+
+    /// Reads every file found at start once, in the background (one thread, files in the
+    /// order they were written), and drops those whose value fails its checksum: removed,
+    /// counted as `corrupt_removed`, the master told. Called once the files are announced
+    /// (a later call does nothing). Until a file is checked, a get that reads it checks it
+    /// (as every read does), so a damaged value is never served meanwhile either.
+    pub fn verify_found(self: &Arc<Self>) {
+        let found = std::mem::take(&mut *self.found.lock());
+        if found.is_empty() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("crescent-disk-verify".into()).spawn(move || {
+            let mut buf = vec![0u8; VERIFY_CHUNK + format::ALIGN as usize];
+            let at = buf.as_ptr().align_offset(format::ALIGN as usize);
+            let buf = &mut buf[at..at + VERIFY_CHUNK];
+            let (mut checked, before) = (0, weak.upgrade().map(|t| t.counters.corrupt_removed.load(Ordering::Relaxed)));
+            for (key, version, size) in found {
+                let Some(tier) = weak.upgrade() else { return };
+                tier.verify_one(&key, version, size, buf);
+                tier.unverified.fetch_sub(1, Ordering::Relaxed);
+                checked += 1;
+            }
+            if let (Some(tier), Some(before)) = (weak.upgrade(), before) {
+                let damaged = tier.counters.corrupt_removed.load(Ordering::Relaxed) - before;
+                tracing::info!("disk tier: checked the {checked} file(s) found at start; removed {damaged} damaged");
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("disk tier: not checking the files found at start ({e}); reads still check them");
+            self.unverified.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the value of (`key`, `version`) through `buf`, checking it; a damaged file goes.
+    fn verify_one(self: &Arc<Self>, key: &str, version: u64, size: u64, buf: &mut [u8]) {
+        let read = self.open_pinned(key, version, size, false).and_then(|mut reader| {
+            while reader.remaining() > 0 {
+                reader.read_next(buf)?;
+            }
+            Ok(())
+        });
+        match read {
+            // Gone meanwhile (evicted, removed, written anew): nothing to check.
+            Ok(()) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => self.drop_damaged(key, version, &e, &self.counters.corrupt_removed),
         }
     }
 
@@ -1042,6 +1300,9 @@ impl DiskTier {
             early_reads: g(&c.early_reads),
             early_reads_wasted: g(&c.early_reads_wasted),
             uring_writes: g(&c.uring_writes),
+            announce_failures: g(&c.announce_failures),
+            unannounced: self.unannounced.lock().len() as u64,
+            unverified: self.unverified.load(Ordering::Relaxed),
         }
     }
 }
@@ -1119,7 +1380,7 @@ fn disk_id(dir: &Path) -> std::io::Result<String> {
 /// the name before the file is there), deleted otherwise.
 fn retire_or_delete(ix: &mut Index, e: &Entry) {
     if !e.is_pinned() {
-        if let Some(to) = ix.retire(e.file_len) {
+        if let Some(to) = ix.retire(e.disk_len) {
             match std::fs::rename(&e.path, &to) {
                 Ok(()) => return,
                 Err(err) => {
@@ -1140,7 +1401,7 @@ fn scan_retired(dir: &Path) -> Vec<(PathBuf, u64, u64)> {
         let path = f.path();
         let number = parse_retired_name(&f.file_name().to_string_lossy());
         match (number, f.metadata()) {
-            (Some(n), Ok(m)) if m.is_file() => found.push((path, n, m.len())),
+            (Some(n), Ok(m)) if m.is_file() => found.push((path, n, disk_len(m.len()))),
             _ => {
                 let _ = std::fs::remove_file(&path);
             }
@@ -1150,8 +1411,9 @@ fn scan_retired(dir: &Path) -> Vec<(PathBuf, u64, u64)> {
     found
 }
 
-/// Indexes the valid files under `dir`, oldest first; removes temporary files, damaged files
-/// and older versions (counted). The values' checksums are checked on every read, not here.
+/// Indexes the valid files under `dir`, oldest first; removes temporary files, files with a
+/// bad header or length and older versions (counted). The values' checksums are checked on
+/// every read and, once the files are announced, by [`DiskTier::verify_found`], not here.
 fn scan(dir: &Path, c: &Counters) -> Vec<(String, Entry, std::time::SystemTime)> {
     let mut found: std::collections::HashMap<String, (Entry, std::time::SystemTime)> = Default::default();
     let Ok(subs) = std::fs::read_dir(dir) else { return Vec::new() };
@@ -1182,7 +1444,7 @@ fn scan(dir: &Path, c: &Counters) -> Vec<(String, Entry, std::time::SystemTime)>
                         continue;
                     };
                     let mtime = file.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
-                    let mut entry = Entry::new(h.version, h.value_len, h.file_len(), path.clone());
+                    let mut entry = Entry::new(h.version, h.value_len, h.disk_len(), path.clone());
                     // Whatever was in memory went with the process that wrote it (unless
                     // another client holds a replica: the first get finds out).
                     entry.only_copy = true;

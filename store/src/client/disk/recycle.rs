@@ -25,7 +25,7 @@ pub const MAX_FILES: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retired {
     pub path: PathBuf,
-    /// Bytes it takes on disk.
+    /// Bytes it takes on disk (whole 4 KiB blocks, see [`super::format::disk_len`]).
     pub len: u64,
 }
 

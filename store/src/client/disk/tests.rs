@@ -1,5 +1,7 @@
 //! Unit tests of the disk tier against a temporary directory (no master: a recording announcer).
 
+use std::sync::atomic::AtomicU32;
+
 use super::*;
 use crate::pattern;
 
@@ -8,10 +10,24 @@ struct Recorder {
     added: Mutex<Vec<DiskEntry>>,
     removed: Mutex<Vec<DiskEntry>>,
     refuse: Mutex<Vec<String>>,
+    /// How many of the next calls fail, as they do while the master is unreachable.
+    fail: AtomicU32,
+}
+
+fn unreachable() -> StoreError {
+    StoreError::MasterUnreachable { addr: "127.0.0.1:1".into(), reason: "connection refused".into() }
+}
+
+/// Takes one of the calls `fail` says must fail.
+fn failing(fail: &AtomicU32) -> bool {
+    fail.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
 }
 
 impl Announcer for Recorder {
     fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry], _restore: bool) -> Result<Vec<bool>> {
+        if failing(&self.fail) {
+            return Err(unreachable());
+        }
         self.added.lock().extend_from_slice(added);
         self.removed.lock().extend_from_slice(removed);
         let refuse = self.refuse.lock();
@@ -417,7 +433,7 @@ fn retired_files_outlive_a_restart_and_count_against_the_capacity() {
     let (tier, _rec) = started(config(root.path()));
     let s = tier.stats();
     assert_eq!((s.files, s.retired_files), (0, 3), "adopted again, never indexed as keys");
-    assert_eq!(s.retired_bytes, 3 * (format::data_offset(2) + 200_000));
+    assert_eq!(s.retired_bytes, 3 * format::disk_len(format::data_offset(2) + 200_000), "whole 4 KiB blocks");
     assert_eq!(tier.version_of("k0"), None);
     assert_eq!(std::fs::read_dir(tier.dir().join(RETIRED_DIR)).unwrap().count(), 3, "junk.tmp went");
     tier.offload("n", 7, &value(200_000, 7));
@@ -640,4 +656,190 @@ fn files_written_with_or_without_io_uring_read_back_exactly() {
         let s = tier.stats();
         assert_eq!((s.files, s.corrupt_removed), (3, 0), "{s:?}");
     }
+}
+
+/// Bytes the files under the tier's directory (values, temporary and retired files) take on a
+/// file system that allocates whole 4 KiB blocks.
+fn blocks_on_disk(dir: &Path) -> u64 {
+    let mut n = 0;
+    for sub in std::fs::read_dir(dir).unwrap().flatten().filter(|s| s.path().is_dir()) {
+        for f in std::fs::read_dir(sub.path()).unwrap().flatten() {
+            n += f.metadata().unwrap().len().div_ceil(4096) * 4096;
+        }
+    }
+    n
+}
+
+#[test]
+fn small_values_never_take_more_disk_than_the_capacity() {
+    // A 5000-byte value under a short key: a 9096-byte file, three 4 KiB blocks on disk.
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    let capacity = 10 * 3 * 4096;
+    c.capacity = Some(capacity);
+    c.writers = 1;
+    let (tier, _rec) = started(c);
+    for i in 0..30u64 {
+        tier.offload(&format!("k{i:02}"), i + 1, &value(5000, i));
+        assert!(tier.flush(Duration::from_secs(30)));
+        let taken = blocks_on_disk(tier.dir());
+        assert!(taken <= capacity, "after write {i}: the files take {taken} bytes, the capacity is {capacity}");
+    }
+    let s = tier.stats();
+    assert_eq!((s.files, s.used_bytes, s.evicted), (10, capacity, 20), "{s:?}");
+    for i in 20..30u64 {
+        let mut dst = vec![0u8; 5000];
+        tier.read_local(&format!("k{i:02}"), i + 1, &mut dst).unwrap();
+        assert!(dst == value(5000, i));
+    }
+}
+
+#[test]
+fn a_file_removed_between_the_look_up_and_the_open_is_not_found_and_not_corrupt() {
+    let root = tempfile::tempdir().unwrap();
+    let (tier, rec) = started(config(root.path()));
+    tier.offload("k", 1, &value(100_000, 1));
+    tier.offload("lost", 2, &value(100_000, 2));
+    assert!(tier.flush(Duration::from_secs(30)));
+    // A removal lands right after the reader found the file in the index.
+    let t = tier.clone();
+    *tier.before_open.lock() = Some(Box::new(move || t.apply_removals(&[removal("k", 1)])));
+    let mut dst = vec![0u8; 100_000];
+    let e = tier.read_local("k", 1, &mut dst).unwrap_err();
+    assert!(matches!(e, StoreError::NotFound(_)), "{e}");
+    assert_eq!(tier.stats().corrupt_reads, 0, "a removed file is not a damaged one");
+    // A file deleted behind the tier's back while still indexed is a fault: counted, dropped
+    // and the master told.
+    let (sub, name) = format::file_name("lost", 2);
+    std::fs::remove_file(tier.dir().join(sub).join(name)).unwrap();
+    let e = tier.read_local("lost", 2, &mut dst).unwrap_err();
+    assert!(matches!(e, StoreError::Disk(_)), "{e}");
+    assert_eq!(tier.stats().corrupt_reads, 1);
+    assert_eq!(tier.version_of("lost"), None);
+    assert!(rec.removed.lock().iter().any(|r| r.key == "lost"));
+}
+
+/// Waits (up to 30 s) until `f` holds.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+#[test]
+fn a_file_whose_announcement_failed_is_announced_again_and_so_is_an_eviction() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = config(root.path());
+    c.capacity = Some(2 * (format::ALIGN + (1 << 20)));
+    c.writers = 1;
+    let (tier, rec) = started(c);
+    // The commit's call and the first retry fail; the second retry goes through.
+    rec.fail.store(2, Ordering::SeqCst);
+    tier.offload("k", 1, &value(1 << 20, 1));
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert_eq!(tier.version_of("k"), Some(1), "the file is kept, not lost with the call");
+    assert!(eventually(|| rec.added.lock().iter().any(|e| e.key == "k" && e.version == 1)), "never announced");
+    let s = tier.stats();
+    assert_eq!((s.announce_failures, s.unannounced), (2, 0), "{s:?}");
+    // An eviction the master could not be told about is told later too.
+    tier.offload("a", 2, &value(1 << 20, 2));
+    assert!(tier.flush(Duration::from_secs(30)));
+    rec.fail.store(1, Ordering::SeqCst);
+    tier.offload("b", 3, &value(1 << 20, 3)); // evicts "k"
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert_eq!(tier.version_of("k"), None);
+    assert!(eventually(|| rec.removed.lock().iter().any(|e| e.key == "k")), "the eviction never reached the master");
+    assert!(eventually(|| rec.added.lock().iter().any(|e| e.key == "b")));
+    assert_eq!(tier.stats().unannounced, 0);
+}
+
+/// The master of this process, called directly; `fail` calls fail as if it were unreachable.
+struct MasterLink {
+    master: Arc<crate::master::Master>,
+    disk: u64,
+    fail: AtomicU32,
+}
+
+impl Announcer for MasterLink {
+    fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry], restore: bool) -> Result<Vec<bool>> {
+        if failing(&self.fail) {
+            return Err(unreachable());
+        }
+        let r = self.master.update_disk_replicas("c1", self.disk, added, removed, restore)?;
+        Ok(r.iter().map(|r| r.is_ok()).collect())
+    }
+}
+
+#[test]
+fn a_value_whose_announcement_failed_is_still_readable_once_memory_evicted_it() {
+    use crate::master::{Master, MasterConfig};
+    use crate::proto::{PutOptions, SegmentInfo, Tier};
+    let m = Master::new(MasterConfig::default()).unwrap();
+    m.mount_segment("c1", &SegmentInfo { name: "mem".into(), base: 1 << 30, size: 4 << 20, tier: 0 }, "h").unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let tier = DiskTier::open(config(root.path())).unwrap();
+    let disk = m.mount_disk("c1", tier.disk_id(), "h:1", tier.capacity(), "h").unwrap();
+    // The master is unreachable when the file's announcement goes out.
+    tier.start(Arc::new(MasterLink { master: m.clone(), disk, fail: AtomicU32::new(1) }));
+    let (_, v) = m.put_start("c1", "k", 1 << 20, &PutOptions::default()).unwrap();
+    m.put_end("c1", "k").unwrap();
+    tier.offload("k", v, &value(1 << 20, 7));
+    assert!(tier.flush(Duration::from_secs(30)));
+    let on_disk = || m.query("k").is_ok_and(|q| q.replicas.iter().any(|r| r.tier == Tier::Ssd as i32));
+    assert!(eventually(on_disk), "the master never learnt of the file");
+    // Memory fills up: the object loses its memory replica and keeps the disk copy.
+    for i in 0..6 {
+        let (_, _) = m.put_start("c1", &format!("fill{i}"), 1 << 20, &PutOptions::default()).unwrap();
+        m.put_end("c1", &format!("fill{i}")).unwrap();
+    }
+    let list = m.get_replica_list("k").unwrap();
+    assert_eq!(list.replicas.iter().map(|r| r.tier).collect::<Vec<_>>(), [Tier::Ssd as i32]);
+    assert!(!m.disk_removals_for("c1").iter().any(|r| r.key == "k"), "the master does not ask for the file's deletion");
+    let mut dst = vec![0u8; 1 << 20];
+    tier.read_local("k", list.version, &mut dst).unwrap();
+    assert!(dst == value(1 << 20, 7));
+    assert_eq!(tier.stats().announce_failures, 1);
+}
+
+#[test]
+fn a_value_damaged_while_the_tier_was_closed_is_removed_by_the_check_after_start() {
+    let root = tempfile::tempdir().unwrap();
+    let sizes = [(1 << 20) + 1000, 5000, 3 << 20];
+    {
+        let (tier, _rec) = started(config(root.path()));
+        for (i, len) in sizes.iter().enumerate() {
+            tier.offload(&format!("k{i}"), 1 + i as u64, &value(*len, i as u64));
+        }
+        assert!(tier.flush(Duration::from_secs(30)));
+    }
+    // One value byte of k0 goes bad on the device; its header and length stay right.
+    let dir = root.path().join("c1");
+    let (sub, name) = format::file_name("k0", 1);
+    let path = dir.join(sub).join(name);
+    let mut b = std::fs::read(&path).unwrap();
+    b[format::ALIGN as usize + 700_000] ^= 0x01;
+    std::fs::write(&path, b).unwrap();
+    let (tier, rec) = started(config(root.path()));
+    let s = tier.stats();
+    assert_eq!((s.files, s.unverified, s.corrupt_removed), (3, 3, 0), "headers and lengths pass at start: {s:?}");
+    tier.verify_found();
+    assert!(eventually(|| tier.stats().unverified == 0), "the check after start never ended");
+    let s = tier.stats();
+    assert_eq!((s.files, s.corrupt_removed, s.corrupt_reads), (2, 1, 0), "{s:?}");
+    assert!(!path.exists(), "the damaged file is removed");
+    assert!(rec.removed.lock().iter().any(|r| r.key == "k0" && r.version == 1), "and the master told");
+    let mut dst = vec![0u8; sizes[0]];
+    assert!(matches!(tier.read_local("k0", 1, &mut dst), Err(StoreError::NotFound(_))));
+    for (i, len) in sizes.iter().enumerate().skip(1) {
+        let mut dst = vec![0u8; *len];
+        tier.read_local(&format!("k{i}"), 1 + i as u64, &mut dst).unwrap();
+        assert!(dst == value(*len, i as u64), "k{i}");
+    }
+    tier.verify_found(); // once only
+    assert_eq!(tier.stats().corrupt_removed, 1);
 }

@@ -9,6 +9,7 @@ use std::fs::File;
 use std::io::{self, IoSlice};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::time::Duration;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
@@ -17,12 +18,19 @@ const SYNC: u64 = 2;
 
 pub struct Ring {
     ring: IoUring,
-    /// Waiting failed for another reason than a signal (entries may be left in the kernel's
-    /// hands), or the writer gave the ring up: it is not used again (see [`Self::is_broken`]).
+    /// Waiting failed for another reason than a signal, or the writer gave the ring up: it is
+    /// not used again (see [`Self::is_broken`]).
     broken: bool,
+    /// Entries pushed and completions taken back, since the start: the kernel holds the
+    /// difference, less what still waits in the submission queue ([`Self::entries_in_kernel`]).
+    pushed: u64,
+    reaped: u64,
     /// Tests: every write is refused, as a file system might refuse io_uring writes.
     #[cfg(test)]
     pub refuse_writes: bool,
+    /// Tests: the next wait hands the entries to the kernel, then fails as a broken ring's would.
+    #[cfg(test)]
+    pub fail_next_wait: bool,
 }
 
 impl Ring {
@@ -31,8 +39,12 @@ impl Ring {
         Ok(Ring {
             ring: IoUring::new(4)?,
             broken: false,
+            pushed: 0,
+            reaped: 0,
             #[cfg(test)]
             refuse_writes: false,
+            #[cfg(test)]
+            fail_next_wait: false,
         })
     }
 
@@ -43,8 +55,8 @@ impl Ring {
     }
 
     /// Whether the writer must drop this ring and make its calls one by one from now on.
-    /// (Dropping it lets the kernel finish or cancel what it still holds; those are writes,
-    /// which only read our memory, into a file that an error abandons.)
+    /// (Nothing of ours is left in the kernel's hands then: a failed wait returns only once
+    /// the kernel holds no entry.)
     pub fn is_broken(&self) -> bool {
         self.broken
     }
@@ -52,6 +64,13 @@ impl Ring {
     /// Stops using this ring (after an error that plain system calls may not have).
     pub fn give_up(&mut self) {
         self.broken = true;
+    }
+
+    /// Entries the kernel took from this ring and has not handed back (completed and reaped):
+    /// none between calls.
+    pub fn entries_in_kernel(&mut self) -> u64 {
+        let waiting = self.ring.submission().len() as u64;
+        self.pushed - waiting - self.reaped
     }
 
     /// Writes `slices` at the start of `f` and, with `then_sync`, flushes its data
@@ -97,6 +116,12 @@ impl Ring {
 
     /// Submits `entries` (at most two, user data WRITE then SYNC) and waits until the kernel
     /// has completed every one of them; returns their results in that order.
+    ///
+    /// It never returns while the kernel still holds an entry: the entries name the caller's
+    /// buffers, which the caller frees or reuses once this returns. When waiting fails (the
+    /// ring is then broken), entries the kernel never took stay in the submission queue of a
+    /// ring that is never entered again; for those it took, the completion queue (memory the
+    /// kernel writes without being asked) is polled until each has completed.
     fn run(&mut self, entries: &[squeue::Entry]) -> io::Result<[i32; 2]> {
         if self.broken {
             return Err(io::Error::other("io_uring ring given up"));
@@ -109,20 +134,47 @@ impl Ring {
             for e in entries {
                 // SAFETY: every buffer an entry names (the iovecs and the bytes they point
                 // to, borrowed by the caller of `write_all`) and its file outlive this call,
-                // which returns only once the kernel has completed the entry (below). The
-                // ring is empty here: each call drains what it submits.
+                // which returns only once the kernel holds none of the entries (below: each
+                // has completed, or, the wait having failed, was never taken from a queue
+                // that is never submitted again). The ring is empty here: each call drains
+                // what it submits.
                 unsafe { sq.push(e) }.map_err(|_| io::Error::other("io_uring submission queue full"))?;
+                self.pushed += 1;
             }
         }
         let mut results = [0i32; 2];
         let mut done = 0;
-        while done < entries.len() {
-            match self.ring.submit_and_wait(entries.len() - done) {
-                Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(errno::EINTR | errno::EAGAIN | errno::EBUSY)) => {}
-                Err(e) => {
-                    self.broken = true;
-                    return Err(e);
+        let mut failed: Option<io::Error> = None;
+        let mut poll = Duration::from_micros(100);
+        loop {
+            let left = match &failed {
+                None => entries.len() - done,
+                // Only what the kernel took is waited for.
+                Some(_) => self.entries_in_kernel() as usize,
+            };
+            if left == 0 {
+                break;
+            }
+            if failed.is_some() {
+                // Sleeping is a system call: completion work the kernel queued for this
+                // thread runs on its way back.
+                std::thread::sleep(poll);
+                poll = (poll * 2).min(Duration::from_millis(100));
+            } else {
+                match self.wait(left) {
+                    Ok(_) => {}
+                    Err(e) if matches!(e.raw_os_error(), Some(errno::EINTR | errno::EAGAIN | errno::EBUSY)) => {}
+                    Err(e) => {
+                        self.broken = true;
+                        let held = self.entries_in_kernel();
+                        if held > 0 {
+                            tracing::warn!(
+                                "io_uring: waiting failed ({e}) with {held} entries in the kernel's hands; \
+                                 polling until they complete"
+                            );
+                        }
+                        failed = Some(e);
+                    }
                 }
             }
             for cqe in self.ring.completion() {
@@ -131,10 +183,24 @@ impl Ring {
                     SYNC => results[1] = cqe.result(),
                     _ => continue,
                 }
+                self.reaped += 1;
                 done += 1;
             }
         }
-        Ok(results)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(results),
+        }
+    }
+
+    /// Submits what is queued and waits for `want` completions.
+    fn wait(&mut self, want: usize) -> io::Result<usize> {
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_wait) {
+            self.ring.submit()?;
+            return Err(io::Error::from_raw_os_error(rustix::io::Errno::BADR.raw_os_error()));
+        }
+        self.ring.submit_and_wait(want)
     }
 }
 
@@ -204,6 +270,24 @@ mod tests {
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         ring.write_all(&f, &[IoSlice::new(b"ok")], true).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"ok");
+    }
+
+    #[test]
+    fn a_failed_wait_returns_only_once_the_kernel_is_done_with_the_buffers() {
+        let Some(mut ring) = Ring::for_tests() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let f = File::create(&path).unwrap();
+        let a: Vec<u8> = (0..(8 << 20) as u32).map(|i| (i % 249) as u8).collect();
+        // The write and its flush go to the kernel, then waiting for them fails.
+        ring.fail_next_wait = true;
+        let e = ring.write_all(&f, &[IoSlice::new(&a)], true).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(rustix::io::Errno::BADR.raw_os_error()), "{e}");
+        assert!(ring.is_broken());
+        // Had it returned earlier, the caller would now free or reuse `a` under the kernel.
+        assert_eq!(ring.entries_in_kernel(), 0, "returned while the kernel held entries naming the buffer");
+        assert!(std::fs::read(&path).unwrap() == a, "the kernel's write completed before the return");
+        assert!(ring.write_all(&f, &[IoSlice::new(b"x")], false).is_err(), "a broken ring is not used again");
     }
 
     #[test]
