@@ -139,7 +139,7 @@ fn a_disk_copy_is_read_from_another_host_through_its_owner() {
     let hosts = match HostPair::create("ssdr") {
         Ok(h) => h,
         Err(why) => {
-            println!("SKIPPED: {why}");
+            crescent_tests::skip(&why);
             return;
         }
     };

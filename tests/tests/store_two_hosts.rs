@@ -46,7 +46,7 @@ fn put_on_one_host_get_on_the_other_with_batches_replicas_and_regex_removal() {
     // Single values of several sizes, read back on the other host.
     for (i, size) in ["1", "4097", "1M", "10M"].iter().enumerate() {
         a.ok(&format!("put k{i} {size} {i}"));
-        let got = b.ok(&format!("get k{i} {i}"));
+        let got = b.ok(&format!("get k{i} {i} {size}"));
         assert!(got.ends_with("verified"), "{got}");
     }
     // Batches: one master round trip each way.
@@ -59,7 +59,7 @@ fn put_on_one_host_get_on_the_other_with_batches_replicas_and_regex_removal() {
     let replicas = q.split("replicas=").nth(1).unwrap();
     let segs: std::collections::HashSet<&str> = replicas.split(',').collect();
     assert_eq!(segs.len(), 2, "{q}");
-    assert!(a.ok("get two 9").ends_with("verified"));
+    assert!(a.ok("get two 9 1M").ends_with("verified"));
     // Existence, size, removal.
     assert_eq!(b.ok("exists k3"), "true");
     assert_eq!(b.ok("size k3"), (10u64 << 20).to_string());
@@ -79,13 +79,13 @@ fn eviction_keeps_a_full_pool_accepting_puts_and_spares_leased_objects() {
     let mut a = c.client(false, "8M", &[]);
     let mut b = c.client(true, "8M", &[]);
     a.ok("put keep 1M 1");
-    assert!(b.ok("get keep 1").ends_with("verified")); // leased for 60 s
+    assert!(b.ok("get keep 1 1M").ends_with("verified")); // leased for 60 s
     for i in 0..40 {
         a.ok(&format!("put fill{i} 1M {i}"));
     }
     // 16 MiB of pool, 41 MiB put: eviction made room, the leased object is still readable.
-    assert!(b.ok("get keep 1").ends_with("verified"));
-    assert!(b.ok("get fill39 39").ends_with("verified"), "the newest is there");
+    assert!(b.ok("get keep 1 1M").ends_with("verified"));
+    assert!(b.ok("get fill39 39 1M").ends_with("verified"), "the newest is there");
     assert_eq!(b.ok("exists fill0"), "false", "the oldest unleased was evicted");
     // exists probes do not renew leases: probed keys are still evicted.
     for _ in 0..20 {
@@ -96,7 +96,7 @@ fn eviction_keeps_a_full_pool_accepting_puts_and_spares_leased_objects() {
     }
     assert_eq!(b.ok("exists fill38"), "false", "probing did not protect it");
     assert_eq!(b.ok("exists fill39"), "true", "the read lease did");
-    assert!(b.ok("get keep 1").ends_with("verified"));
+    assert!(b.ok("get keep 1 1M").ends_with("verified"));
 }
 
 #[test]
@@ -106,7 +106,7 @@ fn a_killed_client_loses_its_replicas_within_the_ttl_and_a_stalled_one_remounts(
     let mut b = c.client(true, "16M", &[]);
     a.ok("put on-a 1M 1"); // local-first: stored in A's segment
     assert!(a.ok("query on-a").ends_with(&a.segment));
-    assert!(b.ok("get on-a 1").ends_with("verified"));
+    assert!(b.ok("get on-a 1 1M").ends_with("verified"));
     a.child.kill_now();
     // Right away, the get fails fast with a clear error (the holder is gone) ...
     let t = Instant::now();
@@ -140,7 +140,7 @@ fn a_killed_client_loses_its_replicas_within_the_ttl_and_a_stalled_one_remounts(
         let _ = s.cmd("remove again");
         std::thread::sleep(Duration::from_millis(300));
     }
-    assert!(b.ok("get again 6").ends_with("verified"));
+    assert!(b.ok("get again 6 1M").ends_with("verified"));
 }
 
 /// Shapes the egress of host A's end of the link (`rate` as tc takes it), or removes it.
@@ -165,11 +165,11 @@ fn a_read_that_outlasts_its_lease_fails_instead_of_returning_bytes_that_may_be_r
     let mut a = c.client(false, "16M", &[]);
     let mut b = c.client(true, "16M", &[]);
     a.ok("put slow 2M 3"); // local-first: in A's segment, so B reads across the link
-    assert!(b.ok("get slow 3").ends_with("verified"), "a quick read within the lease");
+    assert!(b.ok("get slow 3 2M").ends_with("verified"), "a quick read within the lease");
     shape_a(&c, Some("4mbit"));
     let answer = b.cmd("get slow 3");
     assert!(answer.starts_with("err LEASE_EXPIRED"), "{answer}");
     assert_eq!(b.ok("batch_get 3 slow"), "LEASE_EXPIRED", "batch gets check the lease too");
     shape_a(&c, None);
-    assert!(b.ok("get slow 3").ends_with("verified"), "read again, within a new lease");
+    assert!(b.ok("get slow 3 2M").ends_with("verified"), "read again, within a new lease");
 }
