@@ -75,6 +75,9 @@ const MAX_UNANNOUNCED_REMOVALS: usize = 65_536;
 const RETRY_BATCH: usize = 1000;
 /// Bytes read at a time by the check of the files found at start.
 const VERIFY_CHUNK: usize = 4 << 20;
+/// The check of the files found at start reads only after this long without a get reading
+/// the tier: the gets have the device to themselves, the check takes the idle time.
+const VERIFY_QUIET: Duration = Duration::from_millis(20);
 
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
@@ -355,6 +358,15 @@ pub struct DiskTier {
     /// takes them, and how many of them are still to be checked.
     found: Mutex<Vec<(String, u64, u64)>>,
     unverified: AtomicU64,
+    /// Gets reading a file of the tier now, and when the last one ended, in microseconds
+    /// since `opened` (the check of the files found at start waits for a quiet device, see
+    /// [`VERIFY_QUIET`]).
+    active_reads: AtomicU64,
+    last_read_us: AtomicU64,
+    opened: Instant,
+    /// How long the check waits for quiet, in microseconds ([`VERIFY_QUIET`]; tests make it
+    /// longer).
+    verify_quiet_us: AtomicU64,
     last_full_warning: Mutex<Option<Instant>>,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
@@ -473,6 +485,10 @@ impl DiskTier {
             unannounced: Mutex::new(Unannounced::default()),
             unverified: AtomicU64::new(found.len() as u64),
             found: Mutex::new(found),
+            active_reads: AtomicU64::new(0),
+            last_read_us: AtomicU64::new(0),
+            opened: Instant::now(),
+            verify_quiet_us: AtomicU64::new(VERIFY_QUIET.as_micros() as u64),
             last_full_warning: Mutex::new(None),
             _lock: lock,
             #[cfg(test)]
@@ -1139,7 +1155,10 @@ impl DiskTier {
     /// a fault; once open, the reader keeps reading the same file (an open descriptor) even
     /// if a removal unlinks its name.
     pub fn open_reader(self: &Arc<Self>, key: &str, version: u64, size: u64) -> Result<TierReader> {
-        self.open_pinned(key, version, size, true).inspect_err(|e| self.on_read_error(key, version, e))
+        let busy = ReadBusy::start(self);
+        self.open_pinned(key, version, size, true)
+            .map(|reader| TierReader { _busy: Some(busy), ..reader })
+            .inspect_err(|e| self.on_read_error(key, version, e))
     }
 
     /// [`Self::open_reader`] (`touch`: the read counts as a use, in the LRU order), leaving a
@@ -1163,7 +1182,7 @@ impl DiskTier {
             hook();
         }
         match FileReader::open(&path, key, version, size) {
-            Ok(reader) => Ok(TierReader { reader, _pin: pin }),
+            Ok(reader) => Ok(TierReader { reader, _pin: pin, _busy: None }),
             Err(e) => {
                 drop(pin);
                 Err(match e {
@@ -1204,7 +1223,9 @@ impl DiskTier {
     /// order they were written), and drops those whose value fails its checksum: removed,
     /// counted as `corrupt_removed`, the master told. Called once the files are announced
     /// (a later call does nothing). Until a file is checked, a get that reads it checks it
-    /// (as every read does), so a damaged value is never served meanwhile either.
+    /// (as every read does), so a damaged value is never served meanwhile either. The check
+    /// reads only while no get has read the tier for [`VERIFY_QUIET`], so that a client that
+    /// restarts into a busy cluster serves its gets at the device's full speed.
     pub fn verify_found(self: &Arc<Self>) {
         let found = std::mem::take(&mut *self.found.lock());
         if found.is_empty() {
@@ -1235,8 +1256,10 @@ impl DiskTier {
 
     /// Reads the value of (`key`, `version`) through `buf`, checking it; a damaged file goes.
     fn verify_one(self: &Arc<Self>, key: &str, version: u64, size: u64, buf: &mut [u8]) {
+        self.wait_for_quiet();
         let read = self.open_pinned(key, version, size, false).and_then(|mut reader| {
             while reader.remaining() > 0 {
+                self.wait_for_quiet();
                 reader.read_next(buf)?;
             }
             Ok(())
@@ -1246,6 +1269,29 @@ impl DiskTier {
             Ok(()) | Err(StoreError::NotFound(_)) => {}
             Err(e) => self.drop_damaged(key, version, &e, &self.counters.corrupt_removed),
         }
+    }
+
+    /// Returns once no get has read a file of the tier for `verify_quiet`.
+    fn wait_for_quiet(&self) {
+        let quiet = Duration::from_micros(self.verify_quiet_us.load(Ordering::Relaxed));
+        loop {
+            if self.active_reads.load(Ordering::Acquire) > 0 {
+                std::thread::sleep(quiet);
+                continue;
+            }
+            let last = Duration::from_micros(self.last_read_us.load(Ordering::Relaxed));
+            let since = self.opened.elapsed().saturating_sub(last);
+            if last.is_zero() || since >= quiet {
+                return;
+            }
+            std::thread::sleep(quiet - since);
+        }
+    }
+
+    /// Tests: how long the check of the files found at start waits for quiet.
+    #[cfg(test)]
+    pub fn set_verify_quiet(&self, quiet: Duration) {
+        self.verify_quiet_us.store(quiet.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// Reads the value of (`key`, `version`) into `dst` (exactly its size), checking it.
@@ -1311,6 +1357,29 @@ impl DiskTier {
 pub struct TierReader {
     reader: FileReader,
     _pin: Pin,
+    /// A get's reader (not the check's): the device is busy while it lasts.
+    _busy: Option<ReadBusy>,
+}
+
+/// A get reading the tier, from before its open until its reader is dropped.
+struct ReadBusy {
+    tier: Weak<DiskTier>,
+}
+
+impl ReadBusy {
+    fn start(tier: &Arc<DiskTier>) -> ReadBusy {
+        tier.active_reads.fetch_add(1, Ordering::AcqRel);
+        ReadBusy { tier: Arc::downgrade(tier) }
+    }
+}
+
+impl Drop for ReadBusy {
+    fn drop(&mut self) {
+        if let Some(tier) = self.tier.upgrade() {
+            tier.last_read_us.store(tier.opened.elapsed().as_micros() as u64, Ordering::Relaxed);
+            tier.active_reads.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl std::ops::Deref for TierReader {

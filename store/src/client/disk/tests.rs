@@ -843,3 +843,29 @@ fn a_value_damaged_while_the_tier_was_closed_is_removed_by_the_check_after_start
     tier.verify_found(); // once only
     assert_eq!(tier.stats().corrupt_removed, 1);
 }
+
+#[test]
+fn the_check_after_start_waits_while_gets_read_the_tier() {
+    let root = tempfile::tempdir().unwrap();
+    {
+        let (tier, _rec) = started(config(root.path()));
+        for i in 0..8 {
+            tier.offload(&format!("k{i}"), 1 + i, &value(100_000, i));
+        }
+        assert!(tier.flush(Duration::from_secs(30)));
+    }
+    let (tier, _rec) = started(config(root.path()));
+    tier.set_verify_quiet(Duration::from_secs(1));
+    let mut dst = vec![0u8; 100_000];
+    tier.read_local("k0", 1, &mut dst).unwrap(); // a get: the device is busy
+    tier.verify_found();
+    // Gets keep coming, far more often than the quiet second the check waits for.
+    let busy_until = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < busy_until {
+        tier.read_local("k1", 2, &mut dst).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(tier.stats().unverified, 8, "the check read nothing while gets did");
+    assert!(eventually(|| tier.stats().unverified == 0), "once the gets stopped, the check ran");
+    assert_eq!(tier.stats().corrupt_removed, 0);
+}
