@@ -73,11 +73,14 @@ const RETRY_IDLE: Duration = Duration::from_secs(1);
 const MAX_UNANNOUNCED_REMOVALS: usize = 65_536;
 /// Most entries per retried call.
 const RETRY_BATCH: usize = 1000;
-/// Bytes read at a time by the check of the files found at start.
-const VERIFY_CHUNK: usize = 4 << 20;
+/// Bytes read at a time by the check of the files found at start (small, so that a get that
+/// comes while it reads waits little).
+const VERIFY_CHUNK: usize = 1 << 20;
 /// The check of the files found at start reads only after this long without a get reading
-/// the tier: the gets have the device to themselves, the check takes the idle time.
-const VERIFY_QUIET: Duration = Duration::from_millis(20);
+/// the tier: the gets have the device to themselves, the check takes the idle time. (20 ms
+/// was too short: a client that checks each value it gets, as storebench does, leaves gaps
+/// that long between its gets, and the check's reads landed beside them.)
+const VERIFY_QUIET: Duration = Duration::from_millis(200);
 
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
