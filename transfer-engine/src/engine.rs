@@ -223,8 +223,12 @@ impl TransferEngine {
 
     /// The transports in use: all that started, less rdma once it was turned off.
     fn live_transports(&self) -> impl Iterator<Item = &Arc<dyn Transport>> {
-        let rdma_off = self.rdma.as_ref().is_some_and(|r| r.is_withdrawn());
-        self.transports.iter().filter(move |t| !(rdma_off && t.kind() == TransportKind::Rdma))
+        self.transports.iter().filter(move |t| !self.turned_off(t))
+    }
+
+    /// Whether `t` is the rdma transport and was turned off ([`Self::turn_rdma_off`]).
+    fn turned_off(&self, t: &Arc<dyn Transport>) -> bool {
+        t.kind() == TransportKind::Rdma && self.rdma.as_ref().is_some_and(|r| r.is_withdrawn())
     }
 
     // ---- registration ----
@@ -255,7 +259,7 @@ impl TransferEngine {
     fn register_region(&self, region: Region) -> Result<()> {
         let region = self.table.insert(region)?;
         for (i, t) in self.transports.iter().enumerate() {
-            if t.kind() == TransportKind::Rdma && self.rdma.as_ref().is_some_and(|r| r.is_withdrawn()) {
+            if self.turned_off(t) {
                 continue;
             }
             match t.register_region(&region) {

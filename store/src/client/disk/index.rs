@@ -1,6 +1,6 @@
 //! The disk tier's in-memory index: key → file, least-recently-used order, and the bytes
-//! used and reserved against the capacity (bytes on disk: whole 4 KiB blocks) (with the retired files kept for reuse, see
-//! [`super::recycle`]).
+//! used and reserved against the capacity, counted as the files take them on disk (whole 4 KiB
+//! blocks), with the retired files kept for reuse (see [`super::recycle`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

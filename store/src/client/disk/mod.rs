@@ -581,32 +581,24 @@ impl DiskTier {
     /// announcement) and the error returned.
     pub fn restore_all(&self) -> Result<()> {
         let Some(announcer) = self.announcer.read().clone() else { return Ok(()) };
-        let entries = self.index.lock().entries();
+        let entries: Vec<DiskEntry> = self
+            .index
+            .lock()
+            .entries()
+            .into_iter()
+            .map(|(key, e)| DiskEntry { key, size: e.value_len, version: e.version })
+            .collect();
         let mut accepted = 0;
         for (i, chunk) in entries.chunks(RETRY_BATCH).enumerate() {
-            let added: Vec<DiskEntry> = chunk
-                .iter()
-                .map(|(k, e)| DiskEntry { key: k.clone(), size: e.value_len, version: e.version })
-                .collect();
-            let ok = match announcer.announce(&added, &[], true) {
+            let ok = match announcer.announce(chunk, &[], true) {
                 Ok(ok) => ok,
                 Err(e) => {
-                    let rest: Vec<DiskEntry> = entries[i * RETRY_BATCH..]
-                        .iter()
-                        .map(|(k, e)| DiskEntry { key: k.clone(), size: e.value_len, version: e.version })
-                        .collect();
-                    self.announce_failed(&e, &rest, &[]);
+                    self.announce_failed(&e, &entries[i * RETRY_BATCH..], &[]);
                     return Err(e);
                 }
             };
-            for ((key, e), ok) in chunk.iter().zip(ok) {
-                if ok {
-                    accepted += 1;
-                } else {
-                    self.drop_file(key, e.version, true);
-                    inc(&self.counters.stale_refused);
-                }
-            }
+            accepted += ok.iter().filter(|&&ok| ok).count();
+            self.refused(chunk, ok);
         }
         tracing::info!("disk tier: announced {accepted} of {} file(s) to the master", entries.len());
         Ok(())

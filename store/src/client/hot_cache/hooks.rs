@@ -74,8 +74,7 @@ impl StoreClient {
         dst: &mut Buf<'_>,
     ) -> Result<()> {
         let Some(hot) = &self.hot else {
-            self.read_remote(key, r, list.size, dst)?;
-            return list.lease_held(key);
+            return self.read_remote_leased(key, list, r, dst);
         };
         let size = list.size;
         match (hot.begin(key, list, r), dst) {
@@ -87,8 +86,7 @@ impl StoreClient {
                 Ok(())
             }
             (Miss::Lead(mut fill), dst @ Buf::Registered(_)) => {
-                self.read_remote(key, r, size, dst)?;
-                list.lease_held(key)?;
+                self.read_remote_leased(key, list, r, dst)?;
                 let Buf::Registered(addr) = dst else { unreachable!("matched above") };
                 fill_from(&mut fill, *addr);
                 hot.publish(fill);
@@ -103,16 +101,16 @@ impl StoreClient {
                     }
                     Ok(())
                 }
-                None => {
-                    self.read_remote(key, r, size, dst)?;
-                    list.lease_held(key)
-                }
+                None => self.read_remote_leased(key, list, r, dst),
             },
-            (_, dst) => {
-                self.read_remote(key, r, size, dst)?;
-                list.lease_held(key)
-            }
+            (_, dst) => self.read_remote_leased(key, list, r, dst),
         }
+    }
+
+    /// Reads a remote replica into `dst`; fails if the read ended after the list's lease.
+    fn read_remote_leased(&self, key: &str, list: &Listed, r: &ReplicaDescriptor, dst: &mut Buf<'_>) -> Result<()> {
+        self.read_remote(key, r, list.size, dst)?;
+        list.lease_held(key)
     }
 
     /// Reads the replica into the fill's blocks and copies it to `out` as it arrives: every
