@@ -107,6 +107,32 @@ static void store_calls(const char *master) {
     CHECK(crescent_store_remove_all(a) >= 0, "remove_all");
     printf("store: exists / remove / remove_by_regex / remove_all ok\n");
 
+    /* Placement per put (Mooncake's ReplicateConfig): a third client's segment preferred. */
+    CrescentStore *c = NULL;
+    CHECK(crescent_store_setup("127.0.0.1", NULL, 0, 0, NULL, NULL, master, &c) == CRESCENT_OK, "setup c");
+    char on_c[256];
+    CHECK(crescent_store_segment_name(c, on_c, sizeof on_c) > 0, "segment name of c");
+    CrescentReplicateConfig config = crescent_replicate_config_default();
+    CHECK(config.replica_num == 1 && !config.with_soft_pin && !config.with_hard_pin, "defaults");
+    config.preferred_segment = on_c;
+    CHECK(crescent_store_put_with(a, "c/on-c/bytes", "x", 1, &config) == CRESCENT_OK, "put_with");
+    CHECK(crescent_store_put_from_with(a, "c/on-c/zc", src, 100, &config) == CRESCENT_OK, "put_from_with");
+    const char *placed[2] = {"c/on-c/batch", "c/on-c-and-a"};
+    CHECK(crescent_store_batch_put_from_with(a, placed, srcs, sizes, 1, put_results, &config) == CRESCENT_OK &&
+              put_results[0] == CRESCENT_OK,
+          "batch_put_from_with");
+    config.replica_num = 2; /* on c, then on a (the master's local-first choice) */
+    CHECK(crescent_store_put_with(a, placed[1], "y", 1, &config) == CRESCENT_OK, "two replicas");
+    config.replica_num = 0;
+    CHECK(crescent_store_put_with(a, "c/none", "z", 1, &config) == CRESCENT_ERR_INVALID_PARAMS, "replica_num 0");
+    CHECK(crescent_store_close(c) == CRESCENT_OK, "close c");
+    /* c left with its segment: what was only there is gone, the second replica stays. */
+    CHECK(crescent_store_exists(a, "c/on-c/bytes") == 0 && crescent_store_exists(a, "c/on-c/zc") == 0 &&
+              crescent_store_exists(a, placed[0]) == 0,
+          "objects placed on c went with it");
+    CHECK(crescent_store_get(b, placed[1], out, sizeof out) == 1 && out[0] == 'y', "a replica outlives c");
+    printf("store: put_with / put_from_with / batch_put_from_with place on the preferred segment ok\n");
+
     /* Bad arguments and handles: errors, never crashes. */
     CHECK(crescent_store_put(NULL, "k", "v", 1) == CRESCENT_ERR_INVALID_HANDLE, "null handle");
     CHECK(crescent_store_put((CrescentStore *)(uintptr_t)0x1234, "k", "v", 1) == CRESCENT_ERR_INVALID_HANDLE,

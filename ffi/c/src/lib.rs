@@ -26,8 +26,9 @@ use std::time::Duration;
 use crescent_ffi::engine::{
     EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest, TransferStatus, P2P_HANDSHAKE,
 };
+use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreClient;
-use crescent_ffi::{clear_last_error, engine_fail, fail, store_fail, SetupArgs, Status};
+use crescent_ffi::{clear_last_error, engine_fail, fail, store_fail, ReplicateConfig, SetupArgs, Status};
 use parking_lot::{Mutex, RwLock};
 
 // ---- status codes (the values of crescent_ffi::Status; a test checks they agree) ----
@@ -83,6 +84,38 @@ pub struct CrescentTransferRequest {
     /// Address inside the target's registered memory.
     pub target_offset: u64,
     pub length: u64,
+}
+
+/// How a put places its object (Mooncake's `ReplicateConfig`); start from
+/// `crescent_replicate_config_default()`.
+#[repr(C)]
+pub struct CrescentReplicateConfig {
+    /// Replicas on distinct segments (default 1; 0 is `CRESCENT_ERR_INVALID_PARAMS`).
+    pub replica_num: u32,
+    /// Not evicted for the master's soft-pin time (30 min by default).
+    pub with_soft_pin: bool,
+    /// Never evicted (only removed).
+    pub with_hard_pin: bool,
+    /// Null or a segment name (`crescent_store_segment_name` of a client) tried first for the
+    /// replicas, whatever the master's allocation strategy; a full or unknown one falls back.
+    pub preferred_segment: *const c_char,
+    /// `preferred_segments_count` more names, tried next in order (null when the count is 0).
+    pub preferred_segments: *const *const c_char,
+    pub preferred_segments_count: usize,
+}
+
+/// The defaults of Mooncake's `ReplicateConfig`: one replica, no pin, no preference.
+#[no_mangle]
+pub extern "C" fn crescent_replicate_config_default() -> CrescentReplicateConfig {
+    let d = ReplicateConfig::default();
+    CrescentReplicateConfig {
+        replica_num: d.replica_num,
+        with_soft_pin: d.with_soft_pin,
+        with_hard_pin: d.with_hard_pin,
+        preferred_segment: std::ptr::null(),
+        preferred_segments: std::ptr::null(),
+        preferred_segments_count: 0,
+    }
 }
 
 // ---- handles ----
@@ -201,12 +234,48 @@ unsafe fn array_mut<'a, T>(p: *mut T, count: usize, what: &str) -> R<&'a mut [T]
 /// `keys` points to `count` pointers, each a NUL-terminated string that outlives the call.
 unsafe fn keys_of(keys: *const *const c_char, count: usize) -> R<Vec<String>> {
     // SAFETY: forwarded contract.
-    let ptrs = unsafe { array(keys, count, "keys") }?;
+    unsafe { texts(keys, count, "keys") }
+}
+
+/// Strings from an array of `count` C strings, named `what[i]` in errors.
+///
+/// # Safety
+/// As [`keys_of`].
+unsafe fn texts(p: *const *const c_char, count: usize, what: &str) -> R<Vec<String>> {
+    // SAFETY: forwarded contract.
+    let ptrs = unsafe { array(p, count, what) }?;
     ptrs.iter()
         .enumerate()
         // SAFETY: each element is a string per the caller's contract.
-        .map(|(i, &p)| unsafe { text(p, &format!("keys[{i}]")) }.map(str::to_string))
+        .map(|(i, &p)| unsafe { text(p, &format!("{what}[{i}]")) }.map(str::to_string))
         .collect()
+}
+
+/// The put options of `config` (null: the client's defaults).
+///
+/// # Safety
+/// `config` is null or points to a valid `CrescentReplicateConfig` whose strings outlive the
+/// call.
+unsafe fn put_options(s: &StoreClient, config: *const CrescentReplicateConfig) -> R<PutOptions> {
+    // SAFETY: null or valid per the caller's contract.
+    let Some(c) = (unsafe { config.as_ref() }) else {
+        return Ok(s.default_options());
+    };
+    // SAFETY: the strings per the caller's contract.
+    let (preferred_segment, preferred_segments) = unsafe {
+        (
+            text_or(c.preferred_segment, "preferred_segment", "")?.to_string(),
+            texts(c.preferred_segments, c.preferred_segments_count, "preferred_segments")?,
+        )
+    };
+    let config = ReplicateConfig {
+        replica_num: c.replica_num,
+        with_soft_pin: c.with_soft_pin,
+        with_hard_pin: c.with_hard_pin,
+        preferred_segment,
+        preferred_segments,
+    };
+    config.put_options(s).map_err(|e| store_fail(&e))
 }
 
 /// The arrays of a zero-copy batch call as the store client takes them: keys, buffer
@@ -352,19 +421,28 @@ pub unsafe extern "C" fn crescent_engine_segment_name(
 ) -> i64 {
     call(|| {
         let e = engine_of(engine)?;
-        let name = e.engine.segment_name().as_bytes();
-        if name.len() + 1 > len {
-            return Err(fail(
-                Status::BufferOverflow,
-                format!("the segment name needs {} bytes, the buffer has {len}", name.len() + 1),
-            ));
-        }
-        // SAFETY: `len` writable bytes per the caller's contract.
-        let dst = unsafe { array_mut(buf.cast::<u8>(), len, "buf") }?;
-        dst[..name.len()].copy_from_slice(name);
-        dst[name.len()] = 0;
-        Ok(name.len() as i64)
+        // SAFETY: forwarded contract.
+        unsafe { copy_name(e.engine.segment_name(), buf, len) }
     })
+}
+
+/// Copies `name` with a NUL into `buf` of `len` bytes: its length, or BUFFER_OVERFLOW.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes.
+unsafe fn copy_name(name: &str, buf: *mut c_char, len: usize) -> R<i64> {
+    let name = name.as_bytes();
+    if name.len() + 1 > len {
+        return Err(fail(
+            Status::BufferOverflow,
+            format!("the segment name needs {} bytes, the buffer has {len}", name.len() + 1),
+        ));
+    }
+    // SAFETY: `len` writable bytes per the caller's contract.
+    let dst = unsafe { array_mut(buf.cast::<u8>(), len, "buf") }?;
+    dst[..name.len()].copy_from_slice(name);
+    dst[name.len()] = 0;
+    Ok(name.len() as i64)
 }
 
 /// The engine's handshake (RPC) port.
@@ -730,6 +808,21 @@ pub extern "C" fn crescent_store_close(store: *mut CrescentStore) -> i32 {
     })
 }
 
+/// Copies the client's segment name (`host:port`, Mooncake's `get_hostname`: what a
+/// `CrescentReplicateConfig` names to prefer it) with a NUL into `buf` of `len` bytes.
+/// Returns the name's length (without the NUL), or `CRESCENT_ERR_BUFFER_OVERFLOW`.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn crescent_store_segment_name(store: *const CrescentStore, buf: *mut c_char, len: usize) -> i64 {
+    call(|| {
+        let s = store_of(store)?;
+        // SAFETY: forwarded contract.
+        unsafe { copy_name(s.segment_name(), buf, len) }
+    })
+}
+
 /// Puts `len` bytes at `value` under `key` (copied through the client's staging buffer).
 ///
 /// # Safety
@@ -741,13 +834,29 @@ pub unsafe extern "C" fn crescent_store_put(
     value: *const c_void,
     len: usize,
 ) -> i32 {
+    // SAFETY: forwarded contract; no config.
+    unsafe { crescent_store_put_with(store, key, value, len, std::ptr::null()) }
+}
+
+/// `crescent_store_put`, placed as `config` asks (null: as `crescent_store_put`).
+///
+/// # Safety
+/// As `crescent_store_put`; `config` is null or valid, its strings NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn crescent_store_put_with(
+    store: *const CrescentStore,
+    key: *const c_char,
+    value: *const c_void,
+    len: usize,
+    config: *const CrescentReplicateConfig,
+) -> i32 {
     status(|| {
         let s = store_of(store)?;
         // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
+        let (key, options) = unsafe { (text(key, "key")?, put_options(&s, config)?) };
         // SAFETY: `len` readable bytes per the caller's contract.
         let value = unsafe { array(value.cast::<u8>(), len, "value") }?;
-        s.put(key, value).map_err(|e| store_fail(&e))
+        s.put_with(key, value, &options).map_err(|e| store_fail(&e))
     })
 }
 
@@ -821,11 +930,27 @@ pub unsafe extern "C" fn crescent_store_put_from(
     buf: *const c_void,
     len: usize,
 ) -> i32 {
+    // SAFETY: forwarded contract; no config.
+    unsafe { crescent_store_put_from_with(store, key, buf, len, std::ptr::null()) }
+}
+
+/// `crescent_store_put_from`, placed as `config` asks (null: as `crescent_store_put_from`).
+///
+/// # Safety
+/// As `crescent_store_put_from`; `config` is null or valid, its strings NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn crescent_store_put_from_with(
+    store: *const CrescentStore,
+    key: *const c_char,
+    buf: *const c_void,
+    len: usize,
+    config: *const CrescentReplicateConfig,
+) -> i32 {
     status(|| {
         let s = store_of(store)?;
         // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
-        s.put_from(key, buf as u64, len as u64).map_err(|e| store_fail(&e))
+        let (key, options) = unsafe { (text(key, "key")?, put_options(&s, config)?) };
+        s.put_from_with(key, buf as u64, len as u64, &options).map_err(|e| store_fail(&e))
     })
 }
 
@@ -864,12 +989,36 @@ pub unsafe extern "C" fn crescent_store_batch_put_from(
     count: usize,
     results: *mut i32,
 ) -> i32 {
+    // SAFETY: forwarded contract; no config.
+    unsafe { crescent_store_batch_put_from_with(store, keys, buffers, sizes, count, results, std::ptr::null()) }
+}
+
+/// `crescent_store_batch_put_from`, every value placed as `config` asks (null: as
+/// `crescent_store_batch_put_from`).
+///
+/// # Safety
+/// As `crescent_store_batch_put_from`; `config` is null or valid, its strings NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn crescent_store_batch_put_from_with(
+    store: *const CrescentStore,
+    keys: *const *const c_char,
+    buffers: *const *const c_void,
+    sizes: *const usize,
+    count: usize,
+    results: *mut i32,
+    config: *const CrescentReplicateConfig,
+) -> i32 {
     status(|| {
         let s = store_of(store)?;
-        // SAFETY: `count` elements each per the caller's contract.
-        let ((keys, addrs, lens), out) =
-            unsafe { (batch_args(keys, buffers, sizes, count, |p| p as u64)?, array_mut(results, count, "results")?) };
-        let rs = s.batch_put_from(&keys, &addrs, &lens).map_err(|e| store_fail(&e))?;
+        // SAFETY: `count` elements each and a null or valid config per the caller's contract.
+        let ((keys, addrs, lens), out, options) = unsafe {
+            (
+                batch_args(keys, buffers, sizes, count, |p| p as u64)?,
+                array_mut(results, count, "results")?,
+                put_options(&s, config)?,
+            )
+        };
+        let rs = s.batch_put_from_with(&keys, &addrs, &lens, &options).map_err(|e| store_fail(&e))?;
         for (o, r) in out.iter_mut().zip(&rs) {
             *o = match r {
                 Ok(()) => CRESCENT_OK,

@@ -5,9 +5,11 @@
 //! * a per-thread last-error message that both bindings expose next to a status code;
 //! * [`SetupArgs`]: Mooncake's `setup(...)` arguments (positional or as a dict) turned into a
 //!   [`ClientConfig`];
+//! * [`ReplicateConfig`]: Mooncake's per-put replica count, pins and preferred segments;
 //! * [`init_logging`]: `tracing` to stderr for a process that embeds Crescent.
 
 mod codes;
+mod replicate;
 mod setup;
 
 use std::cell::RefCell;
@@ -15,6 +17,7 @@ use std::ffi::{c_char, CString};
 use std::fmt::Display;
 
 pub use codes::{engine_status, store_status, Status};
+pub use replicate::ReplicateConfig;
 pub use setup::{protocol_of, SetupArgs, DEFAULT_GLOBAL_SEGMENT_SIZE, DEFAULT_LOCAL_BUFFER_SIZE};
 
 pub use crescent_engine as engine;

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crescent_ffi::engine::{EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest, P2P_HANDSHAKE};
+use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreClient;
 use crescent_ffi::{engine_fail, fail, store_fail, SetupArgs, Status};
 use parking_lot::{Mutex, RwLock};
@@ -170,6 +171,90 @@ fn not_set_up(what: &str) -> i32 {
 
 // ---- MooncakeDistributedStore ----
 
+// ---- ReplicateConfig ----
+
+/// ReplicateConfig(): Mooncake's per-put placement — `replica_num` (1), `with_soft_pin`
+/// (False: True keeps the object from eviction for the master's soft-pin time, 30 min by
+/// default), `with_hard_pin` (False: True never evicts it), `preferred_segment` ("") and
+/// `preferred_segments` ([]): segment names (`get_hostname()` of a client) tried first for
+/// the replicas, in order, whatever the master's allocation strategy; a full or unknown one
+/// falls back to the strategy's choice.
+#[pyclass(module = "crescent._crescent", name = "ReplicateConfig")]
+#[derive(Clone, Default)]
+struct PyReplicateConfig {
+    inner: crescent_ffi::ReplicateConfig,
+}
+
+#[pymethods]
+impl PyReplicateConfig {
+    #[new]
+    fn new() -> Self {
+        PyReplicateConfig::default()
+    }
+
+    #[getter]
+    fn replica_num(&self) -> u32 {
+        self.inner.replica_num
+    }
+    #[setter]
+    fn set_replica_num(&mut self, v: u32) {
+        self.inner.replica_num = v;
+    }
+    #[getter]
+    fn with_soft_pin(&self) -> bool {
+        self.inner.with_soft_pin
+    }
+    #[setter]
+    fn set_with_soft_pin(&mut self, v: bool) {
+        self.inner.with_soft_pin = v;
+    }
+    #[getter]
+    fn with_hard_pin(&self) -> bool {
+        self.inner.with_hard_pin
+    }
+    #[setter]
+    fn set_with_hard_pin(&mut self, v: bool) {
+        self.inner.with_hard_pin = v;
+    }
+    #[getter]
+    fn preferred_segment(&self) -> String {
+        self.inner.preferred_segment.clone()
+    }
+    #[setter]
+    fn set_preferred_segment(&mut self, v: String) {
+        self.inner.preferred_segment = v;
+    }
+    #[getter]
+    fn preferred_segments(&self) -> Vec<String> {
+        self.inner.preferred_segments.clone()
+    }
+    #[setter]
+    fn set_preferred_segments(&mut self, v: Vec<String>) {
+        self.inner.preferred_segments = v;
+    }
+
+    fn __repr__(&self) -> String {
+        let c = &self.inner;
+        format!(
+            "ReplicateConfig(replica_num={}, with_soft_pin={}, with_hard_pin={}, preferred_segment={:?}, \
+             preferred_segments={:?})",
+            c.replica_num,
+            if c.with_soft_pin { "True" } else { "False" },
+            if c.with_hard_pin { "True" } else { "False" },
+            c.preferred_segment,
+            c.preferred_segments
+        )
+    }
+}
+
+/// The put options of `config` for `client` (its defaults when no config is given).
+fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>) -> Result<PutOptions, Status> {
+    match config {
+        None => Ok(client.default_options()),
+        Some(c) => c.inner.put_options(client).map_err(|e| store_fail(&e)),
+    }
+}
+
 /// A client of the Crescent store with Mooncake's `MooncakeDistributedStore` interface.
 ///
 /// Call `setup(...)` first. Status-returning methods give 0 (or a count / size) on success and
@@ -297,13 +382,25 @@ impl Store {
         self.client().map(|c| c.segment_name().to_string()).unwrap_or_default()
     }
 
-    /// put(key, value) -> int: stores `value` (bytes or any buffer object) under `key`.
-    fn put(&self, py: Python<'_>, key: &str, value: &Bound<'_, PyAny>) -> PyResult<i32> {
+    /// put(key, value, config=None) -> int: stores `value` (bytes or any buffer object) under
+    /// `key`, placed as `config` (a `ReplicateConfig`) asks.
+    #[pyo3(signature = (key, value, config=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
         let value = Exported::new(value, false)?;
         let Some(client) = self.client() else { return Ok(not_set_up("put")) };
+        let options = match put_options(&client, config.as_deref()) {
+            Ok(o) => o,
+            Err(status) => return Ok(status.code()),
+        };
         let bytes = value.bytes();
-        Ok(match py.detach(|| client.put(key, bytes)) {
+        Ok(match py.detach(|| client.put_with(key, bytes, &options)) {
             Ok(()) => 0,
             Err(e) => store_fail(&e).code(),
         })
@@ -325,8 +422,16 @@ impl Store {
         }
     }
 
-    /// put_batch(keys, values) -> int: 0 if every put succeeded, else the first error code.
-    fn put_batch(&self, py: Python<'_>, keys: Vec<String>, values: &Bound<'_, PyAny>) -> PyResult<i32> {
+    /// put_batch(keys, values, config=None) -> int: 0 if every put succeeded, else the first
+    /// error code.
+    #[pyo3(signature = (keys, values, config=None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
         let values: Vec<Exported> =
             values.try_iter()?.map(|v| v.and_then(|v| Exported::new(&v, false))).collect::<PyResult<_>>()?;
@@ -334,8 +439,12 @@ impl Store {
             return Err(PyValueError::new_err(format!("{} keys but {} values", keys.len(), values.len())));
         }
         let Some(client) = self.client() else { return Ok(not_set_up("put_batch")) };
+        let options = match put_options(&client, config.as_deref()) {
+            Ok(o) => o,
+            Err(status) => return Ok(status.code()),
+        };
         let slices: Vec<&[u8]> = values.iter().map(Exported::bytes).collect();
-        Ok(match py.detach(|| client.put_batch(&keys, &slices)) {
+        Ok(match py.detach(|| client.put_batch_with(&keys, &slices, &options)) {
             Ok(rs) => rs.iter().find_map(|r| r.as_ref().err()).map_or(0, |e| store_fail(e).code()),
             Err(e) => store_fail(&e).code(),
         })
@@ -401,15 +510,27 @@ impl Store {
         })
     }
 
-    /// put_from(key, buffer_ptr, size=None) -> int: zero-copy put from registered memory.
-    #[pyo3(signature = (key, buffer_ptr, size=None))]
-    fn put_from(&self, py: Python<'_>, key: &str, buffer_ptr: &Bound<'_, PyAny>, size: Option<u64>) -> PyResult<i32> {
+    /// put_from(key, buffer_ptr, size=None, config=None) -> int: zero-copy put from
+    /// registered memory.
+    #[pyo3(signature = (key, buffer_ptr, size=None, config=None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: &Bound<'_, PyAny>,
+        size: Option<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
         let mem = Mem::new(buffer_ptr, false, "buffer_ptr")?;
         let len = mem.size(size, "buffer_ptr")?;
         let Some(client) = self.client() else { return Ok(not_set_up("put_from")) };
+        let options = match put_options(&client, config.as_deref()) {
+            Ok(o) => o,
+            Err(status) => return Ok(status.code()),
+        };
         let addr = mem.addr();
-        Ok(match py.detach(|| client.put_from(key, addr, len)) {
+        Ok(match py.detach(|| client.put_from_with(key, addr, len, &options)) {
             Ok(()) => 0,
             Err(e) => store_fail(&e).code(),
         })
@@ -430,23 +551,28 @@ impl Store {
         })
     }
 
-    /// batch_put_from(keys, buffer_ptrs, sizes=None) -> list[int]: zero-copy puts, one master
-    /// round trip; a status per key.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes=None))]
+    /// batch_put_from(keys, buffer_ptrs, sizes=None, config=None) -> list[int]: zero-copy
+    /// puts, one master round trip; a status per key.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes=None, config=None))]
     fn batch_put_from(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         buffer_ptrs: &Bound<'_, PyAny>,
         sizes: Option<Vec<u64>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<Vec<i32>> {
         crescent_ffi::clear_last_error();
         let (mems, lens) = mems(buffer_ptrs, sizes, false, keys.len())?;
         let Some(client) = self.client() else {
             return Ok(vec![not_set_up("batch_put_from"); keys.len()]);
         };
+        let options = match put_options(&client, config.as_deref()) {
+            Ok(o) => o,
+            Err(status) => return Ok(vec![status.code(); keys.len()]),
+        };
         let addrs: Vec<u64> = mems.iter().map(Mem::addr).collect();
-        Ok(match py.detach(|| client.batch_put_from(&keys, &addrs, &lens)) {
+        Ok(match py.detach(|| client.batch_put_from_with(&keys, &addrs, &lens, &options)) {
             Ok(rs) => rs.iter().map(|r| r.as_ref().map_or_else(|e| store_fail(e).code(), |()| 0)).collect(),
             Err(e) => vec![store_fail(&e).code(); keys.len()],
         })
@@ -952,6 +1078,7 @@ fn status_name(code: i32) -> &'static str {
 #[pymodule]
 fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
+    m.add_class::<PyReplicateConfig>()?;
     m.add_class::<Engine>()?;
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(status_name, m)?)?;

@@ -256,10 +256,17 @@ impl StoreClient {
 
     /// Zero-copy put from registered memory.
     pub fn put_from(&self, key: &str, addr: u64, len: u64) -> Result<()> {
-        self.put_one(key, Buf::Registered(addr), len, &self.default_options())
+        self.put_from_with(key, addr, len, &self.default_options())
     }
 
-    fn default_options(&self) -> PutOptions {
+    pub fn put_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
+        self.put_one(key, Buf::Registered(addr), len, options)
+    }
+
+    /// The options `put` and the other calls without options use: the configured
+    /// `replica_num`, and this client's segment as the one `local_first` places on. A start
+    /// for the options of the `*_with` calls.
+    pub fn default_options(&self) -> PutOptions {
         PutOptions {
             replica_num: self.config.replica_num,
             preferred_segment: self.segment_name().to_string(),
@@ -621,12 +628,16 @@ impl StoreClient {
 
     /// Puts several values (bytes); one result per key.
     pub fn put_batch(&self, keys: &[String], values: &[&[u8]]) -> Result<Vec<Result<()>>> {
+        self.put_batch_with(keys, values, &self.default_options())
+    }
+
+    pub fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
         if keys.len() != values.len() {
             return Err(StoreError::InvalidArgument(format!("{} keys but {} values", keys.len(), values.len())));
         }
         let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
         let srcs: Vec<Buf<'_>> = values.iter().map(|v| Buf::Bytes(v)).collect();
-        let (starts, offloads) = self.batch_put_start(keys, &sizes, &srcs)?;
+        let (starts, offloads) = self.batch_put_start(keys, &sizes, &srcs, options)?;
         let placed = placements(&starts);
         let written: Vec<Result<()>> = starts
             .into_iter()
@@ -644,6 +655,16 @@ impl StoreClient {
 
     /// Zero-copy puts from registered memory: all remote writes go in one engine batch.
     pub fn batch_put_from(&self, keys: &[String], addrs: &[u64], sizes: &[u64]) -> Result<Vec<Result<()>>> {
+        self.batch_put_from_with(keys, addrs, sizes, &self.default_options())
+    }
+
+    pub fn batch_put_from_with(
+        &self,
+        keys: &[String],
+        addrs: &[u64],
+        sizes: &[u64],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
         if keys.len() != addrs.len() || keys.len() != sizes.len() {
             return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
         }
@@ -651,7 +672,7 @@ impl StoreClient {
             self.check_registered(addr, len)?;
         }
         let srcs: Vec<Buf<'_>> = addrs.iter().map(|&a| Buf::Registered(a)).collect();
-        let (starts, offloads) = self.batch_put_start(keys, sizes, &srcs)?;
+        let (starts, offloads) = self.batch_put_start(keys, sizes, &srcs, options)?;
         let placed = placements(&starts);
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut requests = Vec::new();
@@ -703,6 +724,7 @@ impl StoreClient {
         keys: &[String],
         sizes: &[u64],
         srcs: &[Buf<'_>],
+        options: &PutOptions,
     ) -> Result<(Vec<Result<(Vec<ReplicaDescriptor>, u64)>>, Vec<Option<PreparedOffload>>)> {
         if let Some(i) = sizes.iter().position(|s| *s == 0) {
             return Err(StoreError::InvalidArgument(format!("empty value for key {:?}", keys[i])));
@@ -712,7 +734,7 @@ impl StoreClient {
             client_id: self.id.clone(),
             keys: keys.to_vec(),
             sizes: sizes.to_vec(),
-            options: Some(self.default_options()),
+            options: Some(options.clone()),
         };
         let start = |mut c: MasterClient<Channel>| async move { c.batch_put_start(req).await };
         let (reply, offloads) = if self.ssd.is_some() {

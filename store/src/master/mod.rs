@@ -406,13 +406,13 @@ impl Master {
                 detail: format!("{memory_segments} memory segment(s) mounted; replicas need distinct segments"),
             });
         }
-        let blocks = match self.allocate(&mut st, size, replicas, &opts.preferred_segment) {
+        let blocks = match self.allocate(&mut st, size, replicas, opts) {
             Some(b) => b,
             None => {
                 // No room: evict, then try once more.
                 let freed = self.evict(&mut st, now, size * replicas as u64);
                 tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
-                self.allocate(&mut st, size, replicas, &opts.preferred_segment).ok_or_else(|| StoreError::NoSpace {
+                self.allocate(&mut st, size, replicas, opts).ok_or_else(|| StoreError::NoSpace {
                     size,
                     replicas,
                     detail: "every segment is full of leased, pinned or unfinished objects".into(),
@@ -458,8 +458,9 @@ impl Master {
         Ok((descriptors, version))
     }
 
-    /// Picks `replicas` distinct segments with room, by the configured strategy.
-    fn allocate(&self, st: &mut State, size: u64, replicas: u32, preferred: &str) -> Option<Vec<(u64, Block)>> {
+    /// One block on each of `replicas` distinct memory segments: the caller's preferred
+    /// segments first (in its order), then the strategy's order.
+    fn allocate(&self, st: &mut State, size: u64, replicas: u32, opts: &PutOptions) -> Option<Vec<(u64, Block)>> {
         let mut candidates: Vec<u64> = st
             .segments
             .iter()
@@ -477,11 +478,14 @@ impl Master {
             _ => candidates.shuffle(&mut rand::rng()),
         }
         let local_first = self.config.allocation_strategy == AllocationStrategy::LocalFirst;
-        if local_first {
-            if let Some(&own) = st.segment_by_name.get(preferred) {
-                if let Some(pos) = candidates.iter().position(|id| *id == own) {
-                    candidates.remove(pos);
-                    candidates.insert(0, own);
+        let local = local_first.then_some(&opts.preferred_segment);
+        let mut front = 0;
+        for name in opts.preferred_segments.iter().chain(local) {
+            if let Some(&id) = st.segment_by_name.get(name) {
+                if let Some(pos) = candidates[front..].iter().position(|c| *c == id) {
+                    candidates.remove(front + pos);
+                    candidates.insert(front, id);
+                    front += 1;
                 }
             }
         }

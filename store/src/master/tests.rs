@@ -260,6 +260,38 @@ fn strategies_place_replicas_as_documented() {
 }
 
 #[test]
+fn preferred_segments_are_used_first_whatever_the_strategy_and_full_ones_fall_back() {
+    for strategy in [AllocationStrategy::Random, AllocationStrategy::FreeRatioFirst, AllocationStrategy::LocalFirst] {
+        let m = master_with(MasterConfig { allocation_strategy: strategy, ..MasterConfig::default() });
+        mount(&m, "a", "sa", 1 << 20);
+        mount(&m, "b", "sb", 8 << 20);
+        mount(&m, "c", "sc", 8 << 20);
+        for i in 0..10 {
+            // Against local_first's own segment and free_ratio_first's emptier ones.
+            let opts = PutOptions {
+                replica_num: 2,
+                preferred_segment: "sc".into(),
+                preferred_segments: vec!["sa".into(), "sb".into()],
+                ..Default::default()
+            };
+            let (r, _) = m.put_start("c", &format!("k{i}"), 1000, &opts).unwrap();
+            let names: Vec<&str> = r.iter().map(|x| x.segment_name.as_str()).collect();
+            assert_eq!(names, ["sa", "sb"], "{strategy:?}, put {i}");
+        }
+        // An unknown name and one too full to hold the value: the replicas go elsewhere.
+        let opts = PutOptions {
+            replica_num: 2,
+            preferred_segments: vec!["nowhere".into(), "sa".into()],
+            ..Default::default()
+        };
+        let (r, _) = m.put_start("c", "big", 2 << 20, &opts).unwrap();
+        let mut names: Vec<&str> = r.iter().map(|x| x.segment_name.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["sb", "sc"], "{strategy:?}");
+    }
+}
+
+#[test]
 fn version_changes_when_a_key_is_put_again() {
     let m = master();
     mount(&m, "c1", "s1", 1 << 20);

@@ -34,6 +34,24 @@ def last_error() -> str:
 def status_name(code: int) -> str:
     """Mooncake's name for a status code ("OBJECT_NOT_FOUND", ...) or "UNKNOWN"."""
 
+class ReplicateConfig:
+    """How a put places its object (Mooncake's ``ReplicateConfig``).
+
+    ``preferred_segment`` and then ``preferred_segments`` (segment names, as
+    ``get_hostname()`` gives them) are tried first for the replicas, in order, whatever the
+    master's allocation strategy; a full or unknown one falls back to the strategy's choice.
+    ``with_soft_pin`` keeps the object from eviction for the master's soft-pin time (30 min
+    by default); ``with_hard_pin`` never evicts it. ``replica_num`` 0 makes the put fail with
+    INVALID_PARAMS.
+    """
+
+    replica_num: int
+    with_soft_pin: bool
+    with_hard_pin: bool
+    preferred_segment: str
+    preferred_segments: list[str]
+    def __init__(self) -> None: ...
+
 class MooncakeDistributedStore:
     """A store client with Mooncake's interface. Call ``setup`` first.
 
@@ -61,11 +79,13 @@ class MooncakeDistributedStore:
         """Unmounts this client's segment (its objects leave the pool); 0 or a negative code."""
     def get_hostname(self) -> str:
         """This client's segment name (``host:port``); "" before setup."""
-    def put(self, key: str, value: Buffer) -> int:
-        """Stores ``value`` under ``key``; 0 or a negative code."""
+    def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:
+        """Stores ``value`` under ``key`` (placed as ``config`` asks); 0 or a negative code."""
     def get(self, key: str) -> bytes:
         """The value of ``key``; empty bytes if it is missing or the get failed."""
-    def put_batch(self, keys: Sequence[str], values: Iterable[Buffer]) -> int:
+    def put_batch(
+        self, keys: Sequence[str], values: Iterable[Buffer], config: ReplicateConfig | None = None
+    ) -> int:
         """0 if every put succeeded, else the first error code."""
     def get_batch(self, keys: Sequence[str]) -> list[bytes]:
         """One value per key; empty bytes where a get failed."""
@@ -74,13 +94,19 @@ class MooncakeDistributedStore:
         ``unregister_buffer``); 0 or a negative code."""
     def unregister_buffer(self, buffer_ptr: Memory) -> int:
         """Unregisters memory registered by ``register_buffer``; 0 or a negative code."""
-    def put_from(self, key: str, buffer_ptr: Memory, size: int | None = None) -> int:
+    def put_from(
+        self, key: str, buffer_ptr: Memory, size: int | None = None, config: ReplicateConfig | None = None
+    ) -> int:
         """Zero-copy put from registered memory; 0 or a negative code."""
     def get_into(self, key: str, buffer_ptr: Memory, size: int | None = None) -> int:
         """Zero-copy get into registered memory; bytes read or a negative code
         (BUFFER_OVERFLOW when the buffer is too small)."""
     def batch_put_from(
-        self, keys: Sequence[str], buffer_ptrs: Iterable[Memory], sizes: Sequence[int] | None = None
+        self,
+        keys: Sequence[str],
+        buffer_ptrs: Iterable[Memory],
+        sizes: Sequence[int] | None = None,
+        config: ReplicateConfig | None = None,
     ) -> list[int]:
         """Zero-copy puts in one master round trip; a status per key."""
     def batch_get_into(
