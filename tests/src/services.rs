@@ -61,6 +61,24 @@ fn answers(port: u16) -> bool {
     TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(200)).is_ok()
 }
 
+/// Whether the etcd on `port` says it is healthy (`GET /health`: `"health":"true"` once the
+/// member has a leader).
+fn etcd_healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(500))
+    else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.contains(r#""health":"true""#)
+}
+
 fn find_binary(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")
         .into_iter()
@@ -137,7 +155,7 @@ impl PrivateService {
         assert!(eventually(Duration::from_secs(20), || answers(port)), "{:?} answers on port {port}", self.kind);
         if self.kind == Kind::Etcd {
             // The client port opens before the member has elected itself leader.
-            std::thread::sleep(Duration::from_millis(500));
+            assert!(eventually(Duration::from_secs(20), || etcd_healthy(port)), "etcd on port {port} has a leader");
         }
     }
 

@@ -54,8 +54,15 @@ fn ok(v: &[u8], len: u64, seed: u64) -> bool {
     v.len() as u64 == len && pattern::first_mismatch(v, seed, 0).is_none()
 }
 
-fn metrics(c: &StoreClient) -> HotCacheMetrics {
+/// Waits until the cache's worker has entered every fill handed to it so far: a get that
+/// missed returns before its fill is in the index, and a get right after it would join the
+/// fill's flight (a miss) instead of hitting, or an invalidation would come before the entry.
+fn flush(c: &StoreClient) {
     c.hot_cache().unwrap().flush();
+}
+
+fn metrics(c: &StoreClient) -> HotCacheMetrics {
+    flush(c);
     c.hot_cache_metrics().unwrap()
 }
 
@@ -79,11 +86,13 @@ fn a_key_removed_and_put_again_elsewhere_is_read_anew_not_from_the_cache() {
     assert!(b.get("k").is_err(), "removed: not served from the cache");
     c.put("k", &data(2 * MIB, 2)).unwrap();
     assert!(ok(&b.get("k").unwrap(), 2 * MIB, 2), "new bytes from the new holder");
+    flush(&b);
     assert!(ok(&b.get("k").unwrap(), 2 * MIB, 2), "and then from the cache");
     // Same size, same holder, likely the very same address: the version still tells them apart.
     c.remove_with("k", true).unwrap();
     c.put("k", &data(2 * MIB, 3)).unwrap();
     assert!(ok(&b.get("k").unwrap(), 2 * MIB, 3), "put again in place");
+    flush(&b);
     let mut dst = vec![0u8; 2 * MIB as usize];
     b.register_buffer(dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();
     assert_eq!(b.get_into("k", dst.as_mut_ptr() as u64, dst.len() as u64).unwrap(), 2 * MIB);
@@ -201,9 +210,11 @@ fn the_clients_own_puts_and_removals_invalidate() {
     b.remove_by_regex("^x/").unwrap();
     assert_eq!(metrics(&b).entries, 0);
     assert!(ok(&b.get("x/1").unwrap(), MIB, 5));
+    flush(&b);
     b.put("x/1", &data(MIB, 6)).unwrap_err(); // exists: refused, but forgotten all the same
     assert_eq!(metrics(&b).entries, 0);
     assert!(ok(&b.get("x/2").unwrap(), MIB, 5));
+    flush(&b);
     b.remove_all().unwrap();
     assert_eq!(metrics(&b).entries, 0);
 }
@@ -301,6 +312,7 @@ fn a_zero_copy_miss_fills_the_cache_from_the_bytes_it_read() {
     // A stops serving its memory at once (the master still lists the replica): a cache that
     // had to read the object a second time in the background gets nothing now.
     a.engine().unregister(segment_base).unwrap();
+    flush(&b); // (after the unregister: a fill that read the object again would get nothing)
     dst.fill(0);
     assert_eq!(b.get_into("z", addr, size).unwrap(), size);
     assert!(ok(&dst, size, 21), "served from the cache, filled from the first get's bytes");

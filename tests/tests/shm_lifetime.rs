@@ -18,10 +18,12 @@ const BLOCK: u64 = 64 << 10;
 
 /// An initiator thread writing 0xAB blocks all over `[addr, +LEN)` of the target until told
 /// to stop; counts writes that completed, and apart from them the writes that completed
-/// although they began after `unregistered` was set, and keeps the failures.
+/// although they began after `unregistered` was set, and keeps the failures (and counts
+/// them as they come).
 struct Writer {
     stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
     unregistered: Arc<AtomicBool>,
     done_after_unregister: Arc<AtomicU64>,
     handle: Option<std::thread::JoinHandle<Vec<String>>>,
@@ -31,12 +33,13 @@ impl Writer {
     fn start(initiator: &Arc<TransferEngine>, seg: u64, addr: u64) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
         let unregistered = Arc::new(AtomicBool::new(false));
         let done_after_unregister = Arc::new(AtomicU64::new(0));
         let local = initiator.alloc_registered(BLOCK, "cpu:0").unwrap();
         // SAFETY: no transfer of `local` is in flight yet.
         unsafe { local.as_mut_slice() }.fill(0xAB);
-        let (engine, stop2, done2) = (initiator.clone(), stop.clone(), done.clone());
+        let (engine, stop2, done2, failed2) = (initiator.clone(), stop.clone(), done.clone(), failed.clone());
         let (unregistered2, after2) = (unregistered.clone(), done_after_unregister.clone());
         let handle = std::thread::spawn(move || {
             let mut failures = Vec::new();
@@ -60,12 +63,15 @@ impl Writer {
                             after2.fetch_add(1, Ordering::SeqCst);
                         }
                     }
-                    Err(e) => failures.push(e.to_string()),
+                    Err(e) => {
+                        failures.push(e.to_string());
+                        failed2.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
             }
             failures
         });
-        Writer { stop, done, unregistered, done_after_unregister, handle: Some(handle) }
+        Writer { stop, done, failed, unregistered, done_after_unregister, handle: Some(handle) }
     }
 
     fn finish(mut self) -> Vec<String> {
@@ -95,10 +101,13 @@ fn writes_stop_at_unregister(
     );
     unregister();
     writer.unregistered.store(true, Ordering::SeqCst);
-    // The memory is ours alone now: clear it, and let the writer try for a while.
+    // The memory is ours alone now: clear it, and let the writer try for a while: 300 ms at
+    // least, and until one of its writes has failed (a loaded host may keep the writer's
+    // thread off the CPU for long).
     // SAFETY: `[addr, +LEN)` is live memory of this test, unregistered above.
     unsafe { std::ptr::write_bytes(addr as *mut u8, 0, LEN as usize) };
     std::thread::sleep(Duration::from_millis(300));
+    let failed = eventually(Duration::from_secs(20), || writer.failed.load(Ordering::SeqCst) >= 1);
     let completed_after = writer.done_after_unregister.load(Ordering::SeqCst);
     let failures = writer.finish();
     // SAFETY: as above; the writer has stopped.
@@ -110,7 +119,7 @@ fn writes_stop_at_unregister(
         bytes.iter().find(|&&b| b != 0).unwrap()
     );
     assert_eq!(completed_after, 0, "no write begun after the unregister returned completes");
-    assert!(!failures.is_empty(), "the writer kept trying and failed");
+    assert!(failed && !failures.is_empty(), "the writer kept trying and failed");
     // Outside the target's memory, or — when the revocation's ack came late on a loaded machine
     // and the target disconnected this peer, as documented — the broken connection.
     assert!(

@@ -211,7 +211,8 @@ fn a_client_told_that_memory_lost_its_object_reads_the_file_early_on_the_first_g
     fill_memory(&f, "news");
     assert_eq!(tiers(&a, "news/k"), [Tier::Ssd as i32]);
     // No get has looked since; the master's news arrives on A's pings (every 100 ms here).
-    std::thread::sleep(Duration::from_millis(600));
+    let told = crescent_tests::eventually(Duration::from_secs(20), || a.disk_stats().unwrap().only_copy_marks >= 1);
+    assert!(told, "the news came on a ping: {:?}", a.disk_stats());
     assert!(a.get("news/k").unwrap() == data(1 << 20, 5));
     let s = a.disk_stats().unwrap();
     assert_eq!((s.early_reads, s.early_reads_wasted), (1, 0), "{s:?}");

@@ -4,7 +4,7 @@
 //! warm-up worker and the event stream (including a subscriber that falls behind).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::{EventKind, EventMessage, Tier};
@@ -245,11 +245,25 @@ fn the_event_stream_sees_puts_removals_evictions_and_publications() {
     for i in 0..12 {
         a.put(&format!("fill/{i}"), &data(1 << 20, i)).unwrap();
     }
+    // Every eviction the master counted comes as an event (each may take up to 10 s on a
+    // loaded host); once the two agree, a quiet spell ends the drain (an extra event would
+    // show there).
     let mut evicted = 0;
-    while let Some(msg) = all.recv_timeout(Duration::from_millis(500)).unwrap() {
-        if msg.event.is_some_and(|e| e.kind == EventKind::Evicted as i32) {
-            evicted += 1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counted = m.master.metrics().evictions.get();
+        let settled = evicted > 0 && evicted == counted;
+        let wait = Duration::from_millis(if settled { 500 } else { 10_000 });
+        match all.recv_timeout(wait).unwrap() {
+            Some(msg) => {
+                if msg.event.is_some_and(|e| e.kind == EventKind::Evicted as i32) {
+                    evicted += 1;
+                }
+            }
+            None if settled => break,
+            None => panic!("no event for 10 s: {evicted} eviction events of {counted} evictions"),
         }
+        assert!(Instant::now() < deadline, "{evicted} eviction events of {counted} evictions");
     }
     assert!(evicted > 0);
     assert_eq!(evicted, m.master.metrics().evictions.get());
@@ -268,12 +282,22 @@ fn a_subscriber_that_falls_behind_is_told_how_many_events_it_lost() {
         let r = a.batch_put_from(&keys, &vec![one.as_ptr() as u64; 1000], &vec![8; 1000]).unwrap();
         assert!(r.iter().all(|r| r.is_ok()));
     }
+    // Until every event is accounted for, each message may take up to 10 s (a loaded host);
+    // then a quiet spell shows that no extra one comes.
     let (mut events, mut lost) = (0u64, 0u64);
-    while let Some(msg) = slow.recv_timeout(Duration::from_millis(500)).unwrap() {
-        match msg.event {
-            Some(_) => events += 1,
-            None => lost += msg.lost,
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = events + lost >= 20_000;
+        let wait = Duration::from_millis(if done { 500 } else { 10_000 });
+        match slow.recv_timeout(wait).unwrap() {
+            Some(msg) => match msg.event {
+                Some(_) => events += 1,
+                None => lost += msg.lost,
+            },
+            None if done => break,
+            None => panic!("no message for 10 s: {events} events and {lost} lost of 20000"),
         }
+        assert!(Instant::now() < deadline, "{events} events and {lost} lost of 20000");
     }
     assert!(lost > 0, "a loss notice came ({events} events)");
     assert_eq!(events + lost, 20_000, "every event is either delivered or counted as lost");

@@ -64,10 +64,12 @@ def connect(master: Master, segment: int = 64 * MiB, buffer: int = 16 * MiB) -> 
 
 @pytest.fixture(scope="module")
 def master():
-    # Short read leases so that removals after gets are not refused for long; local-first
-    # placement so that a client's puts land in its own segment and the other client's gets
-    # cross the (loopback) network.
-    m = Master("--lease-ttl-ms", "1000", "--allocation-strategy", "local-first")
+    # Read leases of 30 s: a read that takes long (the first contact, a debug build, 20 MiB)
+    # still ends within its lease, and a removal right after a get is refused (no test here
+    # needs a lease to lapse; the keys are unique and fit the segments without eviction);
+    # local-first placement so that a client's puts land in its own segment and the other
+    # client's gets cross the (loopback) network.
+    m = Master("--lease-ttl-ms", "30000", "--allocation-strategy", "local-first")
     yield m
     m.stop()
 

@@ -170,7 +170,7 @@ def test_remove_all(master):
 def test_leased_object_cannot_be_removed(store_a, store_b):
     k = key("lease")
     assert store_a.put(k, b"leased") == 0
-    assert store_b.get(k) == b"leased"  # grants a read lease (1 s on this master)
+    assert store_b.get(k) == b"leased"  # grants a read lease (30 s on this master)
     assert store_a.remove(k) == crescent.OBJECT_HAS_LEASE
 
 

@@ -147,11 +147,15 @@ fn eviction_is_least_recently_used_first() {
 fn unfinished_puts_are_reclaimed_after_the_put_timeout() {
     let m = master_with(MasterConfig { put_timeout: Duration::from_millis(20), ..MasterConfig::default() });
     mount(&m, "c1", "s1", 1 << 20);
+    // Sweeps at given instants, not the real clock's: a loaded host does not age the put.
+    let before = Instant::now();
     m.put_start("c1", "k", 1000, &PutOptions::default()).unwrap();
-    m.sweep();
+    let after = Instant::now();
+    m.sweep_at(before);
     assert_eq!(m.query("k").unwrap().replicas.len(), 1, "not yet");
-    std::thread::sleep(Duration::from_millis(30));
-    m.sweep();
+    m.sweep_at(before + Duration::from_millis(19));
+    assert_eq!(m.query("k").unwrap().replicas.len(), 1, "not yet, just before the timeout");
+    m.sweep_at(after + Duration::from_millis(30));
     assert!(m.query("k").unwrap().replicas.is_empty());
     assert_eq!(m.totals().used, 0);
 }

@@ -136,9 +136,13 @@ mod tests {
         let mut client = TcpStream::connect(addr).unwrap();
         client.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         // Half a header, then a pause over the server's read timeout (KEEPALIVE), then the rest.
+        // The pause stays well inside the time the server gives a begun message
+        // (MESSAGE_TIMEOUT): seconds to spare for this thread's wake-up on a loaded host.
+        let pause = KEEPALIVE * 2;
+        assert!(pause + Duration::from_secs(3) <= super::super::wire::MESSAGE_TIMEOUT);
         let ping = Message::Ping.encode();
         client.write_all(&ping[..6]).unwrap();
-        std::thread::sleep(KEEPALIVE * 2 + KEEPALIVE / 2);
+        std::thread::sleep(pause);
         client.write_all(&ping[6..]).unwrap();
         assert_eq!(Message::read_from(&mut client).unwrap(), Message::Pong, "the split ping is answered");
         // Still in step: the next message is understood as well.

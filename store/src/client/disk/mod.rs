@@ -161,6 +161,9 @@ pub struct DiskStats {
     /// (their bytes were read again from where the answer said).
     pub early_reads: u64,
     pub early_reads_wasted: u64,
+    /// Times a file was marked as its object's only copy after the start (the master's news
+    /// on a ping, or a get that found no other copy): gets read such a file early.
+    pub only_copy_marks: u64,
     /// Files written (and flushed) through the writers' io_uring.
     pub uring_writes: u64,
     /// Calls telling the master about files or removals that failed (the master unreachable,
@@ -194,6 +197,7 @@ struct Counters {
     corrupt_reads: AtomicU64,
     early_reads: AtomicU64,
     early_reads_wasted: AtomicU64,
+    only_copy_marks: AtomicU64,
     uring_writes: AtomicU64,
     announce_failures: AtomicU64,
 }
@@ -1128,6 +1132,9 @@ impl DiskTier {
     /// What a get saw of (`key`, `version`): whether this file was the only copy it could read.
     pub fn note_only_copy(&self, key: &str, version: u64, only: bool) {
         self.index.lock().set_only_copy(key, version, only);
+        if only {
+            inc(&self.counters.only_copy_marks);
+        }
     }
 
     /// Counts an early read; a wasted one stops further early reads of its file.
@@ -1340,6 +1347,7 @@ impl DiskTier {
             corrupt_reads: g(&c.corrupt_reads),
             early_reads: g(&c.early_reads),
             early_reads_wasted: g(&c.early_reads_wasted),
+            only_copy_marks: g(&c.only_copy_marks),
             uring_writes: g(&c.uring_writes),
             announce_failures: g(&c.announce_failures),
             unannounced: self.unannounced.lock().len() as u64,
