@@ -8,8 +8,9 @@
 #   measured time     perftest -D (duration + 2 s) -f 1 (1 s margins not measured) = tebench --duration
 # The two tools run alternately (perftest, tebench, perftest, tebench, ...) in short runs; each
 # pair is printed, then per case the median of each tool and the median and range of the
-# per-pair ratios. Both ends run on this host (loopback through the device). In the VM:
-#   ../shared/rxe-vm/run-in-rxe-vm.sh benches/rdma-vs-perftest.sh
+# per-pair ratios. Both ends run on this host (loopback through the device). In the VM, with
+# two vCPUs so that soft-RoCE's kernel work does not share one CPU with the tools' threads:
+#   ../shared/rxe-vm/run-in-rxe-vm.sh --smp 2 benches/rdma-vs-perftest.sh
 # On a host with a real NIC:
 #   benches/rdma-vs-perftest.sh --device mlx5_0 --gid-index 3 --duration 5 --pairs 7
 # Figures in MiB/s (perftest's "MB/sec" is 2^20 bytes per second).
