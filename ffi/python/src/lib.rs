@@ -179,80 +179,55 @@ fn not_set_up(what: &str) -> i32 {
 /// `preferred_segments` ([]): segment names (`get_hostname()` of a client) tried first for
 /// the replicas, in order, whatever the master's allocation strategy; a full or unknown one
 /// falls back to the strategy's choice.
-#[pyclass(module = "crescent._crescent", name = "ReplicateConfig")]
-#[derive(Clone, Default)]
+#[pyclass(module = "crescent._crescent", name = "ReplicateConfig", get_all, set_all)]
+#[derive(Clone)]
 struct PyReplicateConfig {
-    inner: crescent_ffi::ReplicateConfig,
+    replica_num: u32,
+    with_soft_pin: bool,
+    with_hard_pin: bool,
+    preferred_segment: String,
+    preferred_segments: Vec<String>,
 }
 
 #[pymethods]
 impl PyReplicateConfig {
     #[new]
     fn new() -> Self {
-        PyReplicateConfig::default()
-    }
-
-    #[getter]
-    fn replica_num(&self) -> u32 {
-        self.inner.replica_num
-    }
-    #[setter]
-    fn set_replica_num(&mut self, v: u32) {
-        self.inner.replica_num = v;
-    }
-    #[getter]
-    fn with_soft_pin(&self) -> bool {
-        self.inner.with_soft_pin
-    }
-    #[setter]
-    fn set_with_soft_pin(&mut self, v: bool) {
-        self.inner.with_soft_pin = v;
-    }
-    #[getter]
-    fn with_hard_pin(&self) -> bool {
-        self.inner.with_hard_pin
-    }
-    #[setter]
-    fn set_with_hard_pin(&mut self, v: bool) {
-        self.inner.with_hard_pin = v;
-    }
-    #[getter]
-    fn preferred_segment(&self) -> String {
-        self.inner.preferred_segment.clone()
-    }
-    #[setter]
-    fn set_preferred_segment(&mut self, v: String) {
-        self.inner.preferred_segment = v;
-    }
-    #[getter]
-    fn preferred_segments(&self) -> Vec<String> {
-        self.inner.preferred_segments.clone()
-    }
-    #[setter]
-    fn set_preferred_segments(&mut self, v: Vec<String>) {
-        self.inner.preferred_segments = v;
+        let d = crescent_ffi::ReplicateConfig::default();
+        PyReplicateConfig {
+            replica_num: d.replica_num,
+            with_soft_pin: d.with_soft_pin,
+            with_hard_pin: d.with_hard_pin,
+            preferred_segment: d.preferred_segment,
+            preferred_segments: d.preferred_segments,
+        }
     }
 
     fn __repr__(&self) -> String {
-        let c = &self.inner;
+        let py_bool = |b: bool| if b { "True" } else { "False" };
         format!(
             "ReplicateConfig(replica_num={}, with_soft_pin={}, with_hard_pin={}, preferred_segment={:?}, \
              preferred_segments={:?})",
-            c.replica_num,
-            if c.with_soft_pin { "True" } else { "False" },
-            if c.with_hard_pin { "True" } else { "False" },
-            c.preferred_segment,
-            c.preferred_segments
+            self.replica_num,
+            py_bool(self.with_soft_pin),
+            py_bool(self.with_hard_pin),
+            self.preferred_segment,
+            self.preferred_segments
         )
     }
 }
 
 /// The put options of `config` for `client` (its defaults when no config is given).
 fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>) -> Result<PutOptions, Status> {
-    match config {
-        None => Ok(client.default_options()),
-        Some(c) => c.inner.put_options(client).map_err(|e| store_fail(&e)),
-    }
+    let Some(c) = config else { return Ok(client.default_options()) };
+    let config = crescent_ffi::ReplicateConfig {
+        replica_num: c.replica_num,
+        with_soft_pin: c.with_soft_pin,
+        with_hard_pin: c.with_hard_pin,
+        preferred_segment: c.preferred_segment.clone(),
+        preferred_segments: c.preferred_segments.clone(),
+    };
+    config.put_options(client).map_err(|e| store_fail(&e))
 }
 
 /// A client of the Crescent store with Mooncake's `MooncakeDistributedStore` interface.
