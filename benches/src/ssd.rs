@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use crescent_engine::parse_size;
+use crescent_store::client::disk::FsyncScope;
 use crescent_store::master::server;
 use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient};
 use hdrhistogram::Histogram;
@@ -49,10 +50,15 @@ pub struct Cli {
     /// Disk tier writer threads.
     #[arg(long, default_value_t = 4)]
     writers: usize,
-    /// Flush each file before renaming it (the client's `disk_fsync`; off shows what the
-    /// flushes cost).
+    /// Flush each file before renaming it, and the renames before announcing (the client's
+    /// `disk_fsync`; off shows what the flushes cost).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     fsync: bool,
+    /// What one flush covers (the client's `disk_fsync_scope`): `filesystem` (one `syncfs`
+    /// before and one after each commit round's renames) or `file` (an `fdatasync` per file
+    /// and an `fsync` per directory of a round).
+    #[arg(long, default_value_t = FsyncScope::default())]
+    fsync_scope: FsyncScope,
     /// Bytes of removed files the client keeps to write over (its `disk_recycle_size`; 0
     /// turns reuse off, so that every offload makes a new file). Each pass removes its
     /// values at the end, so from the second pass on the offloads write over those files.
@@ -115,6 +121,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         disk_writer_threads: cli.writers,
         disk_queue_bytes: max_row + (64 << 20),
         disk_fsync: cli.fsync,
+        disk_fsync_scope: cli.fsync_scope,
         disk_recycle_bytes: cli.recycle_size,
         disk_io_uring: cli.io_uring,
         ..ClientConfig::default()
@@ -133,7 +140,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         cli.dir.display(),
         cli.writers,
         if cli.io_uring { " (io_uring where the kernel has it)" } else { "" },
-        if cli.fsync { "on" } else { "off" },
+        if cli.fsync { format!("on (scope: {})", cli.fsync_scope) } else { "off".into() },
         if cli.recycle_size == 0 { "none".to_string() } else { report::fmt_bytes(cli.recycle_size) }
     );
     println!();

@@ -47,8 +47,12 @@ pub struct ClientConfig {
     pub disk_writer_threads: usize,
     /// Bytes of values waiting to be written before offloads are dropped (`disk_queue_size`).
     pub disk_queue_bytes: u64,
-    /// Flush each file before renaming it into place (`disk_fsync`, default true).
+    /// Flush each file before renaming it into place, and the rename before the master hears
+    /// of the file (`disk_fsync`, default true).
     pub disk_fsync: bool,
+    /// What one flush covers (`disk_fsync_scope`: `filesystem`, the default, or `file`; see
+    /// [`disk::FsyncScope`]).
+    pub disk_fsync_scope: disk::FsyncScope,
     /// Bytes of removed files kept to be written over by later offloads (`disk_recycle_size`,
     /// default 1 GiB; 0 turns it off).
     pub disk_recycle_bytes: u64,
@@ -80,6 +84,7 @@ impl Default for ClientConfig {
             disk_writer_threads: disk::DEFAULT_WRITERS,
             disk_queue_bytes: disk::DEFAULT_QUEUE_BYTES,
             disk_fsync: true,
+            disk_fsync_scope: disk::FsyncScope::default(),
             disk_io_uring: true,
             disk_recycle_bytes: disk::DEFAULT_RECYCLE_BYTES,
             hot_cache: HotCacheSettings::default(),
@@ -112,6 +117,7 @@ struct FileConfig {
     disk_writer_threads: Option<usize>,
     disk_queue_size: Option<SizeValue>,
     disk_fsync: Option<bool>,
+    disk_fsync_scope: Option<String>,
     disk_io_uring: Option<bool>,
     disk_recycle_size: Option<SizeValue>,
     local_hot_cache_size: Option<serde_json::Value>,
@@ -205,6 +211,9 @@ impl ClientConfig {
         if let Some(v) = f.disk_fsync {
             self.disk_fsync = v;
         }
+        if let Some(v) = f.disk_fsync_scope {
+            self.disk_fsync_scope = v.parse()?;
+        }
         if let Some(v) = f.disk_io_uring {
             self.disk_io_uring = v;
         }
@@ -241,7 +250,7 @@ impl ClientConfig {
             capacity: self.storage_capacity,
             writers: self.disk_writer_threads,
             queue_bytes: self.disk_queue_bytes,
-            fsync: self.disk_fsync,
+            fsync: self.disk_fsync.then_some(self.disk_fsync_scope),
             recycle_bytes: self.disk_recycle_bytes,
             io_uring: self.disk_io_uring,
         }))
@@ -313,11 +322,17 @@ mod tests {
         assert_eq!(d.root, PathBuf::from("/data/kv"));
         assert_eq!(d.cluster_id, "prod-1");
         assert_eq!(d.capacity, Some(2 << 30));
-        assert_eq!((d.writers, d.queue_bytes, d.fsync), (2, 64 << 20, false));
+        assert_eq!((d.writers, d.queue_bytes, d.fsync), (2, 64 << 20, None), "disk_fsync false: no flushes");
         assert_eq!(d.recycle_bytes, 256 << 20);
         assert!(!d.io_uring);
         c.apply_json(r#"{"disk_recycle_size":0}"#).unwrap();
         assert_eq!(c.disk_config().unwrap().unwrap().recycle_bytes, 0, "0 turns reuse off");
+        c.apply_json(r#"{"disk_fsync":true}"#).unwrap();
+        assert_eq!(c.disk_config().unwrap().unwrap().fsync, Some(disk::FsyncScope::FileSystem), "the default scope");
+        c.apply_json(r#"{"disk_fsync_scope":"file"}"#).unwrap();
+        assert_eq!(c.disk_config().unwrap().unwrap().fsync, Some(disk::FsyncScope::File));
+        let e = c.apply_json(r#"{"disk_fsync_scope":"sometimes"}"#).unwrap_err().to_string();
+        assert!(e.contains("disk_fsync_scope") && e.contains("sometimes"), "{e}");
         let e = c.apply_json(r#"{"cluster_id":"../../etc"}"#).unwrap_err().to_string();
         assert!(e.contains("../../etc"), "{e}");
         assert!(c.apply_json(r#"{"disk_writer_threads":0}"#).is_err());

@@ -1,13 +1,16 @@
 //! Writing and reading one file of the disk tier.
 //!
 //! Write: the header, key and value go to a temporary name in the key's hash directory
-//! ([`write_staged`]); with `fsync` on (the default) the file's data is flushed (`fdatasync`)
-//! ([`Staged::flush`]) before it is renamed to its final name ([`Staged::rename`]), and the directory is flushed
-//! after ([`sync_dirs`]) before anyone is told about the file, so a final name always names a
-//! complete file, also after a power loss. Without `fsync`, a crash of the process
-//! is still safe (the page cache survives it) and a power loss can leave a final file with
-//! missing data, which the value checksum catches on read. Either way a reader never gets
-//! bytes that do not match the checksum.
+//! ([`write_staged`]). With `fsync` on (the default) the file's data is flushed before it is
+//! renamed to its final name ([`Staged::rename`]), and the rename is flushed before anyone is
+//! told about the file, so a final name always names a complete file, also after a power
+//! loss. How depends on the [`super::FsyncScope`]: by default the committer flushes the
+//! whole file system once for all the files of a round, then renames them and flushes it again
+//! ([`sync_file_system`]); with `file`, each writer `fdatasync`s its file ([`Staged::flush`])
+//! and the committer flushes the directories of a round's renames ([`sync_dirs`]). Without
+//! `fsync`, a crash of the process is still safe (the page cache survives it) and a power loss
+//! can leave a final file with missing data, which the value checksum catches on read. Either
+//! way a reader never gets bytes that do not match the checksum.
 //!
 //! Writes use direct I/O (`O_DIRECT`) where the file system has it, from 4 KiB-aligned memory,
 //! so the kernel moves the value to the device without a page-cache copy. The value is either
@@ -367,8 +370,8 @@ impl Staged {
         .map_err(|e| io_err("flushing", &self.tmp, e))
     }
 
-    /// Renames the file to its final name (after [`Self::flush`] when flushing is on). The
-    /// rename itself is durable after [`sync_dirs`] on its directory.
+    /// Renames the file to its final name (after it is flushed, when flushing is on). The
+    /// rename itself is durable after [`sync_dirs`] on its directory, or [`sync_file_system`].
     pub fn rename(self) -> Result<()> {
         if !self.direct {
             let _ = fadvise(&self.file, 0, None, Advice::DontNeed);
@@ -397,6 +400,23 @@ pub fn sync_dirs<'a>(dirs: impl IntoIterator<Item = &'a Path>) -> Result<()> {
         done.push(d);
     }
     Ok(())
+}
+
+/// Flushes the whole file system that holds `dir` (`syncfs`): every file's data and metadata
+/// written on it so far, and every rename, reach the device (Linux documents it as an `fsync`
+/// of every file of that file system). Then `fsync`s `dir` itself, for one more device flush
+/// where `syncfs` needs it: a file system without a journal (ext2, or ext4 made without one, as
+/// on this project's machines) gets some of its metadata written to the device only after
+/// `syncfs`'s flush; on a journalling one that flush is already done and this costs nothing
+/// more. Since Linux 5.8 `syncfs` also reports an earlier write-back error on the file system;
+/// this tier's writes use direct I/O where they can, which report their errors themselves.
+pub fn sync_file_system(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|f| {
+            rustix::fs::syncfs(&f)?;
+            f.sync_all()
+        })
+        .map_err(|e| io_err("flushing the file system of", dir, e))
 }
 
 /// Reads the start of a file (enough for any header and key) into `buf`; returns the bytes read.

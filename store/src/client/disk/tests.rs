@@ -42,7 +42,7 @@ fn config(root: &Path) -> DiskConfig {
         capacity: Some(64 << 20),
         writers: 2,
         queue_bytes: 256 << 20,
-        fsync: true,
+        fsync: Some(FsyncScope::FileSystem),
         recycle_bytes: 16 << 20,
         io_uring: true,
     }
@@ -890,4 +890,67 @@ fn the_check_after_start_waits_while_gets_read_the_tier() {
     assert_eq!(tier.stats().unverified, 8, "the check read nothing while gets did");
     assert!(eventually(|| tier.stats().unverified == 0), "once the gets stopped, the check ran");
     assert_eq!(tier.stats().corrupt_removed, 0);
+}
+
+/// An announcer that, when told of a file, reads it at its final name: the master must only
+/// ever hear of a file that is there, whole.
+struct CheckingAnnouncer {
+    dir: PathBuf,
+    /// Key, version and whether the file was there, whole, when announced.
+    seen: Mutex<Vec<(String, u64, bool)>>,
+}
+
+impl Announcer for CheckingAnnouncer {
+    fn announce(&self, added: &[DiskEntry], _removed: &[DiskEntry], _restore: bool) -> Result<Vec<bool>> {
+        for e in added {
+            let (sub, name) = format::file_name(&e.key, e.version);
+            let path = self.dir.join(sub).join(name);
+            let whole = FileReader::open(&path, &e.key, e.version, e.size)
+                .and_then(|mut r| {
+                    let mut got = vec![0u8; e.size as usize];
+                    let mut off = 0;
+                    while off < got.len() {
+                        off += r.read_next(&mut got[off..])?;
+                    }
+                    Ok(got == value(e.size as usize, e.version))
+                })
+                .unwrap_or(false);
+            self.seen.lock().push((e.key.clone(), e.version, whole));
+        }
+        Ok(vec![true; added.len()])
+    }
+}
+
+#[test]
+fn every_flush_setting_announces_only_whole_files_at_their_final_names() {
+    for fsync in [Some(FsyncScope::FileSystem), Some(FsyncScope::File), None] {
+        let root = tempfile::tempdir().unwrap();
+        let c = DiskConfig { fsync, writers: 3, ..config(root.path()) };
+        let tier = DiskTier::open(c.clone()).unwrap();
+        let announcer = Arc::new(CheckingAnnouncer { dir: tier.dir().to_path_buf(), seen: Mutex::default() });
+        tier.start(announcer.clone());
+        // Enough files that commit rounds hold several, over 256 hash directories' worth of
+        // keys, sizes with and without a partial last block.
+        let n = 40u64;
+        for v in 1..=n {
+            let len = if v % 2 == 0 { 300_000 } else { 262_144 };
+            tier.offload(&format!("key-{v}"), v, &value(len, v));
+        }
+        assert!(tier.flush(Duration::from_secs(60)), "{fsync:?}: the writes never finished");
+        let seen = announcer.seen.lock().clone();
+        assert_eq!(seen.len() as u64, n, "{fsync:?}: every file is announced once");
+        for (key, version, whole) in &seen {
+            assert!(whole, "{fsync:?}: {key} v{version} was announced before it was whole at its final name");
+        }
+        let s = tier.stats();
+        assert_eq!((s.written, s.write_failures), (n, 0), "{fsync:?}: {s:?}");
+        let leftovers: Vec<PathBuf> =
+            files_under(tier.dir()).into_iter().filter(|p| p.to_string_lossy().ends_with(format::TMP_SUFFIX)).collect();
+        assert!(leftovers.is_empty(), "{fsync:?}: temporary files left: {leftovers:?}");
+        close(tier);
+        // A restart finds them all, whole.
+        let tier = DiskTier::open(c).unwrap();
+        let s = tier.stats();
+        assert_eq!((s.files, s.corrupt_removed), (n, 0), "{fsync:?}: {s:?}");
+    }
 }
