@@ -685,13 +685,10 @@ impl FileReader {
     pub fn read_next(&mut self, buf: &mut [u8]) -> Result<usize> {
         let n = (buf.len() as u64).min(self.remaining()) as usize;
         let buf = &mut buf[..n];
-        let mut done = 0;
-        if self.header.is_none() {
-            done = self.read_first(buf)?;
+        if !(self.direct && n >= PIPELINED_READ && self.read_pipelined(buf)?) {
+            self.read_at_pos(buf)?;
+            self.crc.update(buf);
         }
-        let at = data_offset(self.key.len()) + self.pos + done as u64;
-        self.read_piece(&mut buf[done..], at).map_err(|e| StoreError::Disk(format!("reading a file: {e}")))?;
-        self.crc.update(buf);
         self.pos += n as u64;
         if self.remaining() == 0 && !self.checked {
             self.checked = true;
@@ -703,6 +700,63 @@ impl FileReader {
         Ok(n)
     }
 }
+
+impl FileReader {
+    /// Reads `buf.len()` bytes of the value from the current position (plus the header first,
+    /// when nothing was read yet), without taking their checksum.
+    fn read_at_pos(&mut self, buf: &mut [u8]) -> Result<()> {
+        let mut done = 0;
+        if self.header.is_none() {
+            done = self.read_first(buf)?;
+        }
+        let at = data_offset(self.key.len()) + self.pos + done as u64;
+        self.read_piece(&mut buf[done..], at).map_err(|e| StoreError::Disk(format!("reading a file: {e}")))
+    }
+
+    /// A large read, in pieces of [`READ_PIECE`]: a helper thread takes each piece's checksum
+    /// while the next one is read, so only the last piece's checksum adds to the read's time
+    /// (a 25 MiB CRC-32 takes 2-3 ms here, against about 20 ms for the read). Returns false,
+    /// having read nothing, when no thread can be had (the caller then reads it in one go).
+    fn read_pipelined(&mut self, buf: &mut [u8]) -> Result<bool> {
+        let start = self.pos;
+        std::thread::scope(|s| {
+            let (pieces_tx, pieces_rx) = crossbeam_channel::unbounded::<&[u8]>();
+            let hasher = std::thread::Builder::new().name("crescent-disk-crc".into()).spawn_scoped(s, move || {
+                let mut crc = crc32fast::Hasher::new();
+                for piece in pieces_rx {
+                    crc.update(piece);
+                }
+                crc
+            });
+            let Ok(hasher) = hasher else { return Ok(false) };
+            let mut read = Ok(());
+            for piece in buf.chunks_mut(READ_PIECE) {
+                read = self.read_at_pos(piece);
+                if read.is_err() {
+                    break;
+                }
+                self.pos += piece.len() as u64;
+                let _ = pieces_tx.send(piece);
+            }
+            drop(pieces_tx);
+            self.pos = start;
+            let crc = hasher.join().expect("the checksum thread does not panic");
+            read?;
+            self.crc.combine(&crc);
+            Ok(true)
+        })
+    }
+}
+
+/// Bytes per read of a large read ([`FileReader::read_pipelined`]): a few MiB still make deep
+/// enough requests for a device (the kernel splits them), and here `dd` itself reads 25 MiB
+/// faster in 4 MiB reads than in one.
+const READ_PIECE: usize = 4 << 20;
+
+/// Reads from this size on are pipelined. `storebench ssd`, seven alternated pairs: 25 MiB
+/// reads on miss went from 776-1150 to 1181-1431 MiB/s; at 10 MiB (three pieces) no
+/// difference showed through the noise, so smaller reads stay one request.
+const PIPELINED_READ: usize = 4 * READ_PIECE;
 
 impl Drop for FileReader {
     fn drop(&mut self) {
