@@ -686,7 +686,7 @@ impl FileReader {
         let n = (buf.len() as u64).min(self.remaining()) as usize;
         let buf = &mut buf[..n];
         if !(self.direct && n >= PIPELINED_READ && self.read_pipelined(buf)?) {
-            self.read_at_pos(buf)?;
+            self.read_value_at(buf, self.pos)?;
             self.crc.update(buf);
         }
         self.pos += n as u64;
@@ -699,17 +699,15 @@ impl FileReader {
         }
         Ok(n)
     }
-}
 
-impl FileReader {
-    /// Reads `buf.len()` bytes of the value from the current position (plus the header first,
-    /// when nothing was read yet), without taking their checksum.
-    fn read_at_pos(&mut self, buf: &mut [u8]) -> Result<()> {
+    /// Reads `buf.len()` bytes of the value from `pos` (plus the header first, when nothing
+    /// was read yet), without taking their checksum.
+    fn read_value_at(&mut self, buf: &mut [u8], pos: u64) -> Result<()> {
         let mut done = 0;
         if self.header.is_none() {
             done = self.read_first(buf)?;
         }
-        let at = data_offset(self.key.len()) + self.pos + done as u64;
+        let at = data_offset(self.key.len()) + pos + done as u64;
         self.read_piece(&mut buf[done..], at).map_err(|e| StoreError::Disk(format!("reading a file: {e}")))
     }
 
@@ -718,7 +716,6 @@ impl FileReader {
     /// (a 25 MiB CRC-32 takes 2-3 ms here, against about 20 ms for the read). Returns false,
     /// having read nothing, when no thread can be had (the caller then reads it in one go).
     fn read_pipelined(&mut self, buf: &mut [u8]) -> Result<bool> {
-        let start = self.pos;
         std::thread::scope(|s| {
             let (pieces_tx, pieces_rx) = crossbeam_channel::unbounded::<&[u8]>();
             let hasher = std::thread::Builder::new().name("crescent-disk-crc".into()).spawn_scoped(s, move || {
@@ -730,16 +727,16 @@ impl FileReader {
             });
             let Ok(hasher) = hasher else { return Ok(false) };
             let mut read = Ok(());
+            let mut pos = self.pos;
             for piece in buf.chunks_mut(READ_PIECE) {
-                read = self.read_at_pos(piece);
+                read = self.read_value_at(piece, pos);
                 if read.is_err() {
                     break;
                 }
-                self.pos += piece.len() as u64;
+                pos += piece.len() as u64;
                 let _ = pieces_tx.send(piece);
             }
             drop(pieces_tx);
-            self.pos = start;
             let crc = hasher.join().expect("the checksum thread does not panic");
             read?;
             self.crc.combine(&crc);

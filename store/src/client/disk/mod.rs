@@ -1040,10 +1040,8 @@ impl DiskTier {
                 // Not known to be on the device: the files go rather than be renamed.
                 tracing::warn!("disk tier: {e}");
                 for w in batch {
-                    self.index.lock().release(disk_len(w.staged.file_len));
+                    self.not_committed(&w.key, w.value_len, w.staged.file_len);
                     w.staged.abandon();
-                    inc(&self.counters.write_failures);
-                    self.job_done(&w.key, w.value_len);
                 }
                 return;
             }
@@ -1054,10 +1052,8 @@ impl DiskTier {
             match w.staged.rename() {
                 Ok(()) => renamed.push((w.key, w.version, w.value_len, path, dir, file_len)),
                 Err(e) => {
-                    self.index.lock().release(disk_len(file_len));
-                    inc(&self.counters.write_failures);
                     tracing::warn!("disk tier: {e}");
-                    self.job_done(&w.key, w.value_len);
+                    self.not_committed(&w.key, w.value_len, file_len);
                 }
             }
         }
@@ -1071,9 +1067,7 @@ impl DiskTier {
             tracing::warn!("disk tier: {e}");
             for (key, _, value_len, path, _, file_len) in renamed {
                 let _ = std::fs::remove_file(&path);
-                self.index.lock().release(disk_len(file_len));
-                inc(&self.counters.write_failures);
-                self.job_done(&key, value_len);
+                self.not_committed(&key, value_len, file_len);
             }
             return;
         }
@@ -1107,6 +1101,14 @@ impl DiskTier {
         for (key, _, value_len, ..) in renamed {
             self.job_done(&key, value_len);
         }
+    }
+
+    /// A written file the committer gave up (its file is gone or going): its room goes back,
+    /// counted as a failed write.
+    fn not_committed(&self, key: &str, value_len: u64, file_len: u64) {
+        self.index.lock().release(disk_len(file_len));
+        inc(&self.counters.write_failures);
+        self.job_done(key, value_len);
     }
 
     /// Drops the file of `key` if it holds `version` or older (kept for reuse when `reuse`
