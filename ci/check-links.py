@@ -114,7 +114,7 @@ def check_summary(root, book, faults):
         return
     listed = set()
     for n, target in links(summary):
-        if SCHEME.match(target):
+        if not target or SCHEME.match(target):  # an empty target is a draft chapter
             continue
         dest = (book / target.partition("#")[0]).resolve()
         listed.add(dest)
