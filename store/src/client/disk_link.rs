@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use crescent_engine::{RegisteredMemory, TransferEngine};
 
+use super::config::ClientConfig;
 use super::disk::file::ResidentValue;
 use super::disk::service::DiskService;
 use super::disk::{Announcer, DiskTier, PreparedOffload};
 use super::rpc::{check, MasterRpc};
 use super::sg::Src;
 use super::staging::Staging;
-use super::ClientConfig;
 use crate::error::{Result, StoreError};
 use crate::master::disk_segment_name;
 use crate::proto::*;

@@ -343,6 +343,8 @@ impl<'c> Exec<'c> {
         let n = keys.len();
         let mut plans: Vec<Option<Planned<'_, 'c>>> = (0..n).map(|_| None).collect();
         let (mut requests, mut owner) = (Vec::new(), Vec::new());
+        // The requests of each key in the batch (they are next to each other).
+        let mut requests_of: Vec<std::ops::Range<usize>> = vec![0..0; n];
         let (mut hits, mut fills, mut joins, mut batched, mut later) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in 0..n {
@@ -372,6 +374,7 @@ impl<'c> Exec<'c> {
                     if transfer {
                         match self.open(&keys[i], &replica.segment_name) {
                             Ok(seg) => {
+                                let first = requests.len();
                                 for e in extents.iter() {
                                     requests.push(TransferRequest {
                                         opcode: Opcode::Read,
@@ -382,6 +385,7 @@ impl<'c> Exec<'c> {
                                     });
                                     owner.push(i);
                                 }
+                                requests_of[i] = first..requests.len();
                                 batched.push(i);
                             }
                             Err(e) => {
@@ -409,8 +413,10 @@ impl<'c> Exec<'c> {
             }
             copy_entry(guard, dst);
         }
-        if let (Some(cache), Some(id)) = (self.hot, batch) {
-            self.fill_as_transfers_end(cache, id, &owner, fills, dsts, (keys, lists));
+        match (self.hot, batch) {
+            (Some(cache), Some(id)) => self.fill_as_transfers_end(cache, id, &requests_of, fills, dsts, (keys, lists)),
+            // Fills without a transfer go back before anyone waits for them.
+            _ => drop(fills),
         }
         self.finish_batch(batch, keys, &owner, results)?;
         // A read that ended after the lease may hold another object's bytes (see [`super::lease`]).
@@ -453,7 +459,7 @@ impl<'c> Exec<'c> {
         &self,
         cache: &HotCache,
         batch: BatchId,
-        owner: &[usize],
+        requests_of: &[std::ops::Range<usize>],
         fills: Vec<(usize, Fill)>,
         dsts: &mut [Option<Dst<'_>>],
         (keys, lists): (&[String], &[Option<Listed>]),
@@ -463,10 +469,13 @@ impl<'c> Exec<'c> {
             let Ok(statuses) = self.engine.batch_status(batch) else { return };
             let mut pending = Vec::with_capacity(waiting.len());
             for (i, mut fill) in waiting {
-                let mine = || statuses.iter().zip(owner).filter(move |(_, &o)| o == i).map(|(s, _)| s);
-                if mine().any(|s| *s == TransferStatus::Pending) {
+                let mine = statuses.get(requests_of[i].clone()).unwrap_or_default();
+                if mine.is_empty() {
+                    continue; // no transfer of its own (not expected): dropped
+                }
+                if mine.iter().any(|s| *s == TransferStatus::Pending) {
                     pending.push((i, fill));
-                } else if mine().all(|s| *s == TransferStatus::Completed)
+                } else if mine.iter().all(|s| *s == TransferStatus::Completed)
                     && lists[i].as_ref().is_some_and(|l| l.lease_held(&keys[i]).is_ok())
                 {
                     if let Some(dst) = dsts[i].as_mut() {
