@@ -473,7 +473,7 @@ impl<'c> Exec<'c> {
                 if mine.is_empty() {
                     continue; // no transfer of its own (not expected): dropped
                 }
-                if mine.iter().any(|s| *s == TransferStatus::Pending) {
+                if mine.contains(&TransferStatus::Pending) {
                     pending.push((i, fill));
                 } else if mine.iter().all(|s| *s == TransferStatus::Completed)
                     && lists[i].as_ref().is_some_and(|l| l.lease_held(&keys[i]).is_ok())
