@@ -278,6 +278,15 @@ impl StoreClient {
         Ok(true)
     }
 
+    /// Whether the master had lost this client and it is mounted again now (a put refused for
+    /// space asks; if the check itself fails, the put keeps its answer).
+    fn remounted(&self) -> bool {
+        self.remount().unwrap_or_else(|e| {
+            tracing::debug!("checking whether the master knows this client: {e}");
+            false
+        })
+    }
+
     fn ping(&self) -> Result<PingReply> {
         let req = PingRequest { client_id: self.id.clone(), disk: self.disk.as_ref().map(DiskLink::counters) };
         let mut reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
@@ -426,7 +435,7 @@ impl StoreClient {
             // No room: after a restart (or once it dropped us) the master has no segment of
             // ours until we remount. Remount now and place the value again, rather than fail
             // until the heartbeat remounts.
-            Err(StoreError::NoSpace { .. }) if self.remount()? => {
+            Err(StoreError::NoSpace { .. }) if self.remounted() => {
                 let mut r = self.rpc.call(start(req))?;
                 check(r.status.take(), key)?;
                 r
@@ -726,7 +735,7 @@ impl StoreClient {
         let no_space = |items: &[PutStartReply]| {
             items.iter().all(|i| i.status.as_ref().is_some_and(|s| s.code == Code::NoSpace as i32))
         };
-        if !keys.is_empty() && no_space(&reply.items) && self.remount()? {
+        if !keys.is_empty() && no_space(&reply.items) && self.remounted() {
             reply = self.rpc.call(start(req))?;
             one_per_key(reply.items.len(), keys.len())?;
         }
