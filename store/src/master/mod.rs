@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod allocator;
+pub mod cli;
 pub mod config;
 mod disk;
 pub mod events;
@@ -832,6 +833,23 @@ impl Master {
 
     pub fn totals(&self) -> Totals {
         Self::totals_of(&self.state.lock())
+    }
+
+    /// One line for the periodic log (`--enable_metric_reporting`).
+    pub fn summary(&self) -> String {
+        let t = self.totals();
+        let m = &self.metrics;
+        format!(
+            "keys={} used={}/{} bytes segments={} clients={} puts={} gets={} evictions={}",
+            t.keys,
+            t.used,
+            t.capacity,
+            t.segments,
+            t.clients,
+            m.puts.get(),
+            m.gets.get(),
+            m.evictions.get()
+        )
     }
 
     fn update_gauges(&self) {

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use crescent_engine::metadata::server::MetadataServer;
+
 use crate::error::{Result, StoreError};
 use crate::master::service::MasterService;
 use crate::master::{admin, Master, MasterConfig};
@@ -17,6 +19,8 @@ pub struct MasterHandle {
     pub master: Arc<Master>,
     pub rpc_addr: SocketAddr,
     pub admin_addr: Option<SocketAddr>,
+    /// The embedded http metadata server ([`MasterConfig::http_metadata_address`]).
+    pub metadata_server: Option<MetadataServer>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -62,7 +66,7 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     let master = Master::new(config.clone())?;
     master.start_sweeper();
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(config.rpc_threads)
         .thread_name("crescent-master")
         .enable_all()
         .build()
@@ -77,6 +81,20 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     let admin = if config.admin_address.is_empty() { None } else { Some(bind(&config.admin_address)?) };
     let rpc_addr = rpc.local_addr().map_err(|e| StoreError::Internal(e.to_string()))?;
     let admin_addr = admin.as_ref().and_then(|a| a.local_addr().ok());
+    let metadata_server = if config.http_metadata_address.is_empty() {
+        None
+    } else {
+        let addr = &config.http_metadata_address;
+        let bind = std::net::ToSocketAddrs::to_socket_addrs(addr.as_str())
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| StoreError::Config(format!("http metadata server address {addr:?} is not host:port")))?;
+        Some(
+            MetadataServer::start(bind, "/metadata")
+                .map_err(|e| StoreError::Config(format!("cannot serve http metadata on {addr}: {e}")))?,
+        )
+    };
+    let nodelay = config.rpc_tcp_nodelay;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let service = MasterService::new(master.clone());
     let admin_router = admin::router(master.clone());
@@ -89,7 +107,7 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
                 // wait on the client's delayed ACK (40 ms per call).
                 let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(rpc), |s| {
                     s.inspect(|s| {
-                        let _ = s.set_nodelay(true);
+                        let _ = s.set_nodelay(nodelay);
                     })
                 });
                 let (stop_admin_tx, stop_admin_rx) = oneshot::channel::<()>();
@@ -135,7 +153,7 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         "master listening: gRPC {rpc_addr}{}",
         admin_addr.map(|a| format!(", admin http://{a}/metrics")).unwrap_or_default()
     );
-    Ok(MasterHandle { master, rpc_addr, admin_addr, stop: Some(stop_tx), thread: Some(thread) })
+    Ok(MasterHandle { master, rpc_addr, admin_addr, metadata_server, stop: Some(stop_tx), thread: Some(thread) })
 }
 
 #[cfg(test)]
