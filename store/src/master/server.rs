@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -13,6 +14,26 @@ use crate::master::{admin, Master, MasterConfig};
 
 /// How long a stopping master waits for its clients' connections to close.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+// Bounds on what one peer can hold on the gRPC port (with the message caps of
+// [`crate::master::service`]); the docs' operations page lists them.
+
+/// Requests one connection may have in flight (HTTP/2 streams, and handlers running): a
+/// client's threads beyond it wait for a free stream, they do not fail.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// Every request, from its first byte to its reply, ends within this (`DEADLINE_EXCEEDED`):
+/// a peer that sends a message slowly, or stops half way, holds nothing beyond it. Event
+/// streams (Subscribe) are bounded until their reply starts, then run as long as wanted.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// HTTP/2 flow-control windows: how much a peer may send before the master reads it.
+pub const STREAM_WINDOW: u32 = 1 << 20;
+pub const CONNECTION_WINDOW: u32 = 4 << 20;
+/// Largest header block (gRPC metadata is a few hundred bytes).
+pub const MAX_HEADER_LIST: u32 = 64 << 10;
+/// A connection whose peer does not answer HTTP/2 pings for [`KEEPALIVE_TIMEOUT`] after
+/// [`KEEPALIVE_INTERVAL`] of silence is closed (a vanished host frees its connection).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running master; dropping it (or [`MasterHandle::shutdown`]) stops it.
 pub struct MasterHandle {
@@ -123,13 +144,20 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
                 }
                 let stopping = Arc::new(tokio::sync::Notify::new());
                 let stopping2 = stopping.clone();
-                let server = tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(
-                    incoming,
-                    async move {
+                let server = tonic::transport::Server::builder()
+                    .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                    .concurrency_limit_per_connection(MAX_STREAMS_PER_CONNECTION as usize)
+                    .timeout(REQUEST_TIMEOUT)
+                    .initial_stream_window_size(STREAM_WINDOW)
+                    .initial_connection_window_size(CONNECTION_WINDOW)
+                    .http2_max_header_list_size(MAX_HEADER_LIST)
+                    .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+                    .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(incoming, async move {
                         let _ = stop_rx.await;
                         stopping2.notify_one();
-                    },
-                );
+                    });
                 // A graceful stop waits for every connection to close; a peer that vanished
                 // without closing (its host or network namespace gone) would hold it forever.
                 let served = tokio::select! {

@@ -11,7 +11,7 @@ use tonic::{Request, Response};
 
 use crate::error::StoreError;
 use crate::master::mooncake_metrics::GetSource;
-use crate::master::{Master, PingOutcome};
+use crate::master::{Master, PingOutcome, MAX_KEY_LEN};
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
 use crate::proto::*;
 
@@ -19,13 +19,29 @@ pub struct MasterService {
     master: Arc<Master>,
 }
 
-/// Largest gRPC message accepted (a batch of 100k keys fits easily).
+/// Most keys in one batch call (BatchPutStart/End/Revoke, BatchGetReplicaList, BatchExists);
+/// a larger batch is refused whole with `INVALID_ARGUMENT` (the client splits its batches).
+pub const MAX_BATCH_KEYS: usize = 16_384;
+
+/// Bytes a request spends per key beyond the key itself, generously: field tags and lengths,
+/// a size or version varint, an entry's enclosing message (a `DiskEntry`, a `HeldRemoval`
+/// with its disk name).
+const PER_KEY_OVERHEAD: usize = 64;
+
+/// Largest request the master decodes: a batch of [`MAX_BATCH_KEYS`] keys of [`MAX_KEY_LEN`]
+/// bytes each, their per-key fields, and 1 MiB for the rest (client id, options, names).
+/// A message announcing more is refused from its 5-byte gRPC header with `OUT_OF_RANGE`,
+/// before any of it is buffered.
+pub const MAX_REQUEST_MESSAGE: usize = MAX_BATCH_KEYS * (MAX_KEY_LEN + PER_KEY_OVERHEAD) + (1 << 20);
+
+/// Largest reply the master encodes, and the client decodes: a batch's replica lists
+/// ([`MAX_BATCH_KEYS`] × up to 16 replicas) or a scheduler query's locations fit.
 pub const MAX_MESSAGE: usize = 256 << 20;
 
 impl MasterService {
     pub fn new(master: Arc<Master>) -> MasterServer<MasterService> {
         MasterServer::new(MasterService { master })
-            .max_decoding_message_size(MAX_MESSAGE)
+            .max_decoding_message_size(MAX_REQUEST_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
     }
 
@@ -115,6 +131,17 @@ impl Outcome for BatchExistsReply {
             0
         }
     }
+}
+
+/// Refuses a batch of more than [`MAX_BATCH_KEYS`] keys, whole: the caller's mistake.
+#[allow(clippy::result_large_err)] // tonic's status
+fn check_batch(keys: usize) -> Result<(), tonic::Status> {
+    if keys > MAX_BATCH_KEYS {
+        return Err(tonic::Status::invalid_argument(format!(
+            "{keys} keys in one batch call; at most {MAX_BATCH_KEYS} (split the batch)"
+        )));
+    }
+    Ok(())
 }
 
 fn ok() -> Option<Status> {
@@ -220,6 +247,7 @@ impl MasterRpc for MasterService {
         req: Request<BatchPutStartRequest>,
     ) -> Result<Response<BatchPutStartReply>, tonic::Status> {
         let r = req.into_inner();
+        check_batch(r.keys.len())?;
         self.timed_n("BatchPutStart", r.keys.len(), |m| {
             if r.keys.len() != r.sizes.len() {
                 let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
@@ -236,6 +264,7 @@ impl MasterRpc for MasterService {
 
     async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
         let r = req.into_inner();
+        check_batch(r.keys.len())?;
         self.timed_n("BatchPutEnd", r.keys.len(), |m| BatchStatusReply {
             statuses: r.keys.iter().map(|k| status_of(m, &m.put_end(&r.client_id, k)).expect("some")).collect(),
         })
@@ -246,6 +275,7 @@ impl MasterRpc for MasterService {
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
         let r = req.into_inner();
+        check_batch(r.keys.len())?;
         self.timed_n("BatchPutRevoke", r.keys.len(), |m| BatchStatusReply {
             statuses: r.keys.iter().map(|k| status_of(m, &m.put_revoke(&r.client_id, k)).expect("some")).collect(),
         })
@@ -261,6 +291,7 @@ impl MasterRpc for MasterService {
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchGetReplicaListReply>, tonic::Status> {
         let r = req.into_inner();
+        check_batch(r.keys.len())?;
         self.timed_n("BatchGetReplicaList", r.keys.len(), |m| BatchGetReplicaListReply {
             items: r.keys.iter().map(|k| replica_list_reply(m, k)).collect(),
         })
@@ -276,6 +307,7 @@ impl MasterRpc for MasterService {
 
     async fn batch_exists(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchExistsReply>, tonic::Status> {
         let r = req.into_inner();
+        check_batch(r.keys.len())?;
         self.timed_n("BatchExists", r.keys.len(), |m| match m.batch_exists(&r.keys) {
             Ok(exists) => BatchExistsReply { status: ok(), exists },
             Err(e) => BatchExistsReply { status: status(m, &e), exists: Vec::new() },
