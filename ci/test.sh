@@ -13,6 +13,7 @@ ci_ensure_rust
 ci_log "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+bash ci/k8s-validate.sh
 
 trap ci_stop_services EXIT
 ci_start_services
