@@ -269,8 +269,31 @@ fn the_admin_port_shows_capacity_keys_operations_errors_and_placements() {
     assert_eq!((q["exists"].as_bool(), q["size"].as_u64()), (Some(true), Some(100_000)), "{q}");
     assert_eq!(q["replicas"][0]["segment"].as_str(), Some(a.segment_name()), "{q}");
     assert_eq!(q["replicas"][0]["tier"].as_str(), Some("DRAM"), "{q}");
+    // Mooncake's fields beside Crescent's: the complete memory replicas under `data`.
+    assert_eq!(q["success"].as_bool(), Some(true), "{q}");
+    assert_eq!(q["data"][0]["size_"].as_u64(), Some(100_000), "{q}");
+    assert_eq!(q["data"][0]["transport_endpoint_"].as_str(), Some(a.segment_name()), "{q}");
+    let (code, q) = crescent_tests::store::admin_http(&m, "GET", "/query_key?key=adm/none", "");
+    assert_eq!((code, q["success"].as_bool(), q["error_code"].as_i64()), (404, Some(false), Some(-704)), "{q}");
     let (code, _) = crescent_tests::store::admin_http(&m, "GET", "/query_key", "");
     assert_eq!(code, 400, "a query without a key is the caller's mistake");
+    let (code, all) = crescent_tests::store::admin_http(&m, "GET", "/get_all_keys", "");
+    assert_eq!((code, all.as_str()), (200, Some("adm/1\n")), "Mooncake's plain list, one key per line");
+    let (code, all) = crescent_tests::store::admin_http(&m, "GET", "/get_all_segments", "");
+    assert_eq!((code, all.as_str()), (200, Some(format!("{}\n", a.segment_name()).as_str())));
+    assert_eq!((health["role"].as_str(), health["service_ready"].as_bool()), (Some("leader"), Some(true)));
+    // Mooncake's metric names count the same operations.
+    assert_eq!(get("master_put_start_requests_total"), 2.0, "both puts asked, one refused");
+    assert_eq!(get("master_put_start_failures_total"), 1.0);
+    assert_eq!(get("master_get_replica_list_requests_total"), 2.0);
+    assert_eq!(get("master_get_replica_list_failures_total"), 1.0);
+    assert_eq!(get("master_remove_failures_total"), 1.0);
+    assert_eq!(get("master_key_count"), 1.0);
+    assert_eq!(get("master_total_capacity_bytes"), (32 << 20) as f64);
+    assert_eq!(get(&format!(r#"segment_total_capacity_bytes{{segment="{}"}}"#, a.segment_name())), (32 << 20) as f64);
+    assert_eq!(get("master_active_clients"), 1.0);
+    assert_eq!(get("valid_get_nums_"), 1.0);
+    assert_eq!(get("mem_cache_hit_bytes_total"), 100_000.0);
     let (_, keys) = crescent_tests::store::admin_http(&m, "GET", "/keys", "");
     assert_eq!(keys["keys"], serde_json::json!(["adm/1"]));
     let (_, segments) = crescent_tests::store::admin_http(&m, "GET", "/segments", "");

@@ -66,7 +66,45 @@ pub struct MasterConfig {
     /// Directory where the master keeps what must outlive it: the removals waiting for disks
     /// that are away (see docs/src/disk-tier.md). None: kept in memory only.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Worker threads of the runtime serving gRPC and the admin port (`--rpc_thread_num`).
+    pub rpc_threads: usize,
+    /// Set TCP_NODELAY on clients' connections (`--rpc_enable_tcp_no_delay`): batch replies
+    /// span several segments and would otherwise wait on the client's delayed ACK.
+    pub rpc_tcp_nodelay: bool,
+    /// Where to serve an embedded http metadata server (`GET/PUT/DELETE /metadata?key=`, as
+    /// Mooncake's `--enable_http_metadata_server`); empty: none.
+    pub http_metadata_address: String,
+    /// The cluster this master serves (`--cluster_id`); shown on `/health`, and the namespace
+    /// of high availability's keys once it exists.
+    pub cluster_id: String,
+    /// High availability (`--enable_ha` and its backend); not implemented yet: enabling it is
+    /// refused by [`MasterConfig::validate`] rather than run as a single master.
+    pub ha: HaConfig,
 }
+
+/// Mooncake's high-availability settings, accepted and checked now; a master with
+/// `enabled` is refused until HA exists (a single master would silently be no HA at all).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HaConfig {
+    pub enabled: bool,
+    /// `etcd` (upstream also names `redis` and `k8s`).
+    pub backend_type: String,
+    /// The backend's endpoints, e.g. `127.0.0.1:2379;127.0.0.2:2379` for etcd.
+    pub connstring: String,
+}
+
+impl Default for HaConfig {
+    fn default() -> Self {
+        HaConfig { enabled: false, backend_type: "etcd".into(), connstring: String::new() }
+    }
+}
+
+/// The HA backends upstream names.
+pub const HA_BACKENDS: [&str; 3] = ["etcd", "redis", "k8s"];
+
+/// Mooncake's default `--cluster_id`.
+pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
 
 impl Default for MasterConfig {
     fn default() -> Self {
@@ -89,6 +127,11 @@ impl Default for MasterConfig {
             hot_max_replicas: 3,
             hot_queue: 1024,
             state_dir: None,
+            rpc_threads: 2,
+            rpc_tcp_nodelay: true,
+            http_metadata_address: String::new(),
+            cluster_id: DEFAULT_CLUSTER_ID.into(),
+            ha: HaConfig::default(),
         }
     }
 }
@@ -127,7 +170,41 @@ impl MasterConfig {
         if !(1..=super::MAX_REPLICAS).contains(&self.hot_max_replicas) {
             return bad(format!("hot_max_replicas {} is not in 1..={}", self.hot_max_replicas, super::MAX_REPLICAS));
         }
-        Ok(())
+        if !(1..=256).contains(&self.rpc_threads) {
+            return bad(format!("rpc_threads {} is not in 1..=256", self.rpc_threads));
+        }
+        if self.cluster_id.is_empty()
+            || self.cluster_id.len() > 128
+            || !self.cluster_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return bad(format!("cluster_id {:?}: use 1 to 128 of A-Z a-z 0-9 - _ .", self.cluster_id));
+        }
+        self.ha.validate()
+    }
+}
+
+impl HaConfig {
+    /// Checks the settings as upstream does, then refuses HA itself: it is not there yet.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(StoreError::Config(m));
+        if !HA_BACKENDS.contains(&self.backend_type.as_str()) {
+            return bad(format!("ha_backend_type {:?} is not one of {}", self.backend_type, HA_BACKENDS.join(", ")));
+        }
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.connstring.trim().is_empty() {
+            return bad(format!(
+                "enable_ha needs the HA backend's endpoints (ha_backend_connstring, or etcd_endpoints for \
+                 ha_backend_type=etcd); backend {} has none",
+                self.backend_type
+            ));
+        }
+        bad(format!(
+            "enable_ha: high availability ({} at {}) is not yet supported by Crescent; run one master \
+             without enable_ha (it would not be highly available)",
+            self.backend_type, self.connstring
+        ))
     }
 }
 
