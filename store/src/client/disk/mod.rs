@@ -28,6 +28,7 @@
 
 pub mod file;
 pub mod format;
+pub mod hold;
 pub mod index;
 pub mod recycle;
 pub mod service;
@@ -612,7 +613,10 @@ impl DiskTier {
                         let mut batch = vec![first];
                         batch.extend(written_rx.try_iter().take(COMMIT_BATCH - 1));
                         match weak.upgrade() {
-                            Some(tier) => tier.commit(batch),
+                            Some(tier) => {
+                                hold::wait_if_held(&tier.dir);
+                                tier.commit(batch)
+                            }
                             None => return,
                         }
                     }
