@@ -16,13 +16,13 @@
 //! * [`recycle`]: removed files kept to be written over by later offloads.
 //! * [`service`]: the tiny request/response service through which other clients read the
 //!   files of this one with the transfer engine.
-//! * [`uring`]: a writer's io_uring, where the kernel has one.
+//! * [`io`]: a writer's io_uring, where the kernel has one.
 //!
 //! The parallelism comes from the threads: each job is one large sequential write (followed by
 //! an `fdatasync` with [`FsyncScope::File`]), which blocks in the kernel anyway, and a few
 //! writers keep the device busy (each write is megabytes). Each writer sends its write (and
 //! flush) to the kernel through its own small io_uring where it can (one system call and one
-//! sleep for both instead of two; [`uring`] never lets the caller's buffers go while the kernel
+//! sleep for both instead of two; [`io`] never lets the caller's buffers go while the kernel
 //! holds them), and makes the same calls one by one otherwise. The pool is small and bounded,
 //! and so is the queue in bytes.
 
@@ -30,9 +30,9 @@ pub mod file;
 pub mod format;
 pub mod hold;
 pub mod index;
+pub mod io;
 pub mod recycle;
 pub mod service;
-pub mod uring;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -48,6 +48,7 @@ use crate::proto::{DiskEntry, HeldRemoval};
 use file::FileReader;
 use format::{data_offset, disk_len, key_hash, parse_name, NameKind};
 use index::{Entry, Index, NoRoom, Room};
+use io::{EngineKind, IoEngine};
 use recycle::{parse_retired_name, RetiredFiles, RETIRED_DIR};
 
 /// Share of the file system's free space taken by default.
@@ -100,7 +101,7 @@ pub struct DiskConfig {
     pub fsync: Option<FsyncScope>,
     /// Bytes of removed files kept to be written over by later offloads; 0: none.
     pub recycle_bytes: u64,
-    /// Writers write and flush through io_uring where the kernel has it (see [`uring`]).
+    /// Writers write and flush through io_uring where the kernel has it (see [`io`]).
     pub io_uring: bool,
 }
 
@@ -386,6 +387,8 @@ pub struct DiskTier {
     dir: PathBuf,
     disk_id: String,
     config: DiskConfig,
+    /// How the writers reach the kernel (chosen once, at open).
+    engine: EngineKind,
     index: Mutex<Index>,
     counters: Counters,
     queue: Mutex<Option<Sender<Job>>>,
@@ -528,6 +531,7 @@ impl DiskTier {
             held: Mutex::new(load_held(&dir)),
             dir,
             disk_id,
+            engine: EngineKind::choose(config.io_uring),
             config,
             index: Mutex::new(index),
             counters,
@@ -578,26 +582,15 @@ impl DiskTier {
             let rx: Receiver<Job> = rx.clone();
             let written_tx = written_tx.clone();
             let weak: Weak<DiskTier> = Arc::downgrade(self);
-            let mut ring = self.config.io_uring.then(uring::Ring::new).and_then(|r| match r {
-                Ok(ring) => Some(ring),
-                Err(e) => {
-                    if i == 0 {
-                        tracing::info!("disk tier: no io_uring ({e}); writers make their calls one by one");
-                    }
-                    None
-                }
-            });
+            let engine_kind = self.engine;
             std::thread::Builder::new()
                 .name(format!("crescent-disk-writer-{i}"))
                 .spawn(move || {
+                    let mut engine = engine_kind.engine();
                     for job in rx {
                         match weak.upgrade() {
-                            Some(tier) => tier.write_job(job, &written_tx, ring.as_mut()),
+                            Some(tier) => tier.write_job(job, &written_tx, engine.as_mut()),
                             None => return,
-                        }
-                        if ring.as_ref().is_some_and(uring::Ring::is_broken) {
-                            tracing::warn!("disk tier: giving up this writer's io_uring after an error");
-                            ring = None;
                         }
                     }
                 })
@@ -883,9 +876,9 @@ impl DiskTier {
 
     /// A writer's part: room, the file's bytes under a temporary name; the committer does
     /// the rest. A job that ends here (nothing written) is done at once.
-    fn write_job(&self, mut job: Job, committer: &Sender<Written>, ring: Option<&mut uring::Ring>) {
+    fn write_job(&self, mut job: Job, committer: &Sender<Written>, engine: &mut dyn IoEngine) {
         let len = job.body.value_len();
-        let staged = self.write_one(&mut job, ring);
+        let staged = self.write_one(&mut job, engine);
         if let Some(buf) =
             std::mem::replace(&mut job.body, file::FileBody::Image(file::FileImage::new("", &[]))).into_buffer()
         {
@@ -905,7 +898,7 @@ impl DiskTier {
         }
     }
 
-    fn write_one(&self, job: &mut Job, mut ring: Option<&mut uring::Ring>) -> Option<file::Staged> {
+    fn write_one(&self, job: &mut Job, engine: &mut dyn IoEngine) -> Option<file::Staged> {
         let value_len = job.body.value_len();
         let room = disk_len(data_offset(job.key.len()) + value_len);
         let evicted = {
@@ -958,19 +951,18 @@ impl DiskTier {
                 }
             }
         }
-        let ring_usable = |ring: &Option<&mut uring::Ring>| ring.as_ref().is_some_and(|r| !r.is_broken());
-        let through_ring = ring_usable(&ring);
+        let through_ring = engine.kind() == EngineKind::IoUring;
         let written = file::write_staged(
             &self.dir,
             &job.key,
             job.version,
             &mut job.body,
             reuse.as_ref(),
-            ring.as_deref_mut(),
+            engine,
             self.config.fsync == Some(FsyncScope::File),
         );
         // (A write the ring refused was made with plain calls, and the ring given up.)
-        if through_ring && ring_usable(&ring) && written.is_ok() {
+        if through_ring && engine.kind() == EngineKind::IoUring && written.is_ok() {
             inc(&self.counters.uring_writes);
         }
         if written.as_ref().is_ok_and(|s| s.recycled) {
@@ -986,7 +978,7 @@ impl DiskTier {
         let written = written.and_then(|staged| {
             // Flushed here, so that the writers' flushes overlap (each waits for the device).
             if self.config.fsync == Some(FsyncScope::File) {
-                if let Err(e) = staged.flush(ring) {
+                if let Err(e) = staged.flush(engine) {
                     staged.abandon();
                     return Err(e);
                 }

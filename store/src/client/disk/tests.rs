@@ -324,7 +324,7 @@ fn a_removal_of_a_key_whose_offload_is_in_flight_is_not_acknowledged() {
     // Once the write is done (here: the job is taken and finished), the removal is acknowledged.
     let (written_tx, written_rx) = crossbeam_channel::unbounded();
     for job in rx.try_iter() {
-        tier.write_job(job, &written_tx, None);
+        tier.write_job(job, &written_tx, &mut io::psync::Psync);
     }
     tier.commit(written_rx.try_iter().collect());
     tier.apply_removals(&[removal("k", 5)]);
@@ -629,7 +629,7 @@ fn values_written_from_where_they_lie_read_back_exactly_and_changed_ones_are_dro
 
 #[test]
 fn files_written_with_or_without_io_uring_read_back_exactly() {
-    let have_ring = uring::Ring::for_tests().is_some();
+    let have_ring = io::uring::Ring::for_tests().is_some();
     for io_uring in [true, false] {
         let root = tempfile::tempdir().unwrap();
         let (tier, _rec) = started(DiskConfig { io_uring, ..config(root.path()) });
