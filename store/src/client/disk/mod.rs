@@ -26,6 +26,7 @@
 //! holds them), and makes the same calls one by one otherwise. The pool is small and bounded,
 //! and so is the queue in bytes.
 
+pub mod commit;
 pub mod file;
 pub mod format;
 pub mod hold;
@@ -45,6 +46,8 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Result, StoreError};
 use crate::proto::{DiskEntry, HeldRemoval};
+pub use commit::FsyncScope;
+use commit::{Written, COMMIT_BATCH};
 use file::FileReader;
 use format::{data_offset, disk_len, key_hash, parse_name, NameKind};
 use index::{Entry, Index, NoRoom, Room};
@@ -103,44 +106,6 @@ pub struct DiskConfig {
     pub recycle_bytes: u64,
     /// Writers write and flush through io_uring where the kernel has it (see [`io`]).
     pub io_uring: bool,
-}
-
-/// What one flush covers. Either way a file is flushed before its rename, and the renames
-/// before the master hears of the files: a final name names a complete file, also after a
-/// power loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FsyncScope {
-    /// The committer takes the files written since its last round (up to [`COMMIT_BATCH`]),
-    /// flushes the storage root's file system (`syncfs`), renames them, and flushes it again:
-    /// two device flushes a round, however many files it has. The writers do not flush. Best
-    /// where the storage root has its file system (or device) to itself, the usual case: a
-    /// `syncfs` also writes out what other programs left unwritten on that file system.
-    #[default]
-    FileSystem,
-    /// Each writer flushes its file (`fdatasync`); the committer renames a round's files and
-    /// flushes their directories. A device flush or more per file (1 MiB offloads at 0.86-1.01
-    /// of `dd` here against 1.01-1.28, see the README), but no flush waits for others' writes.
-    File,
-}
-
-impl std::str::FromStr for FsyncScope {
-    type Err = StoreError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-            "filesystem" | "fs" | "" => Ok(FsyncScope::FileSystem),
-            "file" => Ok(FsyncScope::File),
-            _ => Err(StoreError::Config(format!("disk_fsync_scope {s:?}: expected \"filesystem\" or \"file\""))),
-        }
-    }
-}
-
-impl std::fmt::Display for FsyncScope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            FsyncScope::FileSystem => "filesystem",
-            FsyncScope::File => "file",
-        })
-    }
 }
 
 /// Checks a cluster id for use as one path component.
@@ -365,17 +330,6 @@ impl Drop for PreparedOffload {
         }
     }
 }
-
-/// A file written under its temporary name, on its way to the committer.
-struct Written {
-    key: String,
-    version: u64,
-    value_len: u64,
-    staged: file::Staged,
-}
-
-/// Most files one commit round flushes, renames and announces together.
-const COMMIT_BATCH: usize = 64;
 
 #[derive(Default)]
 struct Pending {
@@ -1024,69 +978,34 @@ impl DiskTier {
         None
     }
 
-    /// The committer's part, for a batch of written files: flush them (all at once, with
-    /// [`FsyncScope::FileSystem`]; the writers did, with [`FsyncScope::File`]), rename each,
-    /// make the renames durable (one flush of the file system, or of each directory once: a
-    /// flush covers every rename before it), index them, and tell the master about all of them
-    /// in one call. No file is announced before its rename is durable.
+    /// The committer's part, for a round of written files ([`commit::commit_round`] makes
+    /// them durable under their final names): index them, and tell the master about all of
+    /// them in one call. No file is announced before its rename is durable.
     fn commit(&self, batch: Vec<Written>) {
-        let fsync = self.config.fsync;
-        if fsync == Some(FsyncScope::FileSystem) {
-            if let Err(e) = file::sync_file_system(&self.dir) {
-                // Not known to be on the device: the files go rather than be renamed.
-                tracing::warn!("disk tier: {e}");
-                for w in batch {
-                    self.not_committed(&w.key, w.value_len, w.staged.file_len);
-                    w.staged.abandon();
-                }
-                return;
-            }
+        let round = commit::commit_round(&self.dir, self.config.fsync, batch);
+        for g in round.given_up {
+            self.not_committed(&g.key, g.value_len, g.file_len);
         }
-        let mut renamed = Vec::with_capacity(batch.len());
-        for w in batch {
-            let (path, dir, file_len) = (w.staged.path.clone(), w.staged.dir.clone(), w.staged.file_len);
-            match w.staged.rename() {
-                Ok(()) => renamed.push((w.key, w.version, w.value_len, path, dir, file_len)),
-                Err(e) => {
-                    tracing::warn!("disk tier: {e}");
-                    self.not_committed(&w.key, w.value_len, file_len);
-                }
-            }
-        }
-        let renames_flushed = match fsync {
-            None => Ok(()),
-            Some(FsyncScope::FileSystem) => file::sync_file_system(&self.dir),
-            Some(FsyncScope::File) => file::sync_dirs(renamed.iter().map(|r| r.4.as_path())),
-        };
-        if let Err(e) = renames_flushed {
-            // The renames may not be durable: the files go rather than be announced.
-            tracing::warn!("disk tier: {e}");
-            for (key, _, value_len, path, _, file_len) in renamed {
-                let _ = std::fs::remove_file(&path);
-                self.not_committed(&key, value_len, file_len);
-            }
-            return;
-        }
-        let mut added = Vec::with_capacity(renamed.len());
+        let mut added = Vec::with_capacity(round.committed.len());
         let mut removed = Vec::new();
-        for (key, version, value_len, path, _, file_len) in &renamed {
+        for c in &round.committed {
             let replaced = {
                 let mut ix = self.index.lock();
-                ix.release(disk_len(*file_len));
-                let old = ix.insert(key, Entry::new(*version, *value_len, disk_len(*file_len), path.clone()));
+                ix.release(disk_len(c.file_len));
+                let old = ix.insert(&c.key, Entry::new(c.version, c.value_len, disk_len(c.file_len), c.path.clone()));
                 // The same name (key and version) is the file just renamed over it: nothing went.
-                let old = old.filter(|old| old.path != *path);
+                let old = old.filter(|old| old.path != c.path);
                 if let Some(old) = &old {
                     retire_or_delete(&mut ix, old);
                 }
                 old
             };
             inc(&self.counters.written);
-            self.counters.bytes_written.fetch_add(*file_len, Ordering::Relaxed);
+            self.counters.bytes_written.fetch_add(c.file_len, Ordering::Relaxed);
             if let Some(old) = replaced {
-                removed.push(DiskEntry { key: key.clone(), size: old.value_len, version: old.version });
+                removed.push(DiskEntry { key: c.key.clone(), size: old.value_len, version: old.version });
             }
-            added.push(DiskEntry { key: key.clone(), size: *value_len, version: *version });
+            added.push(DiskEntry { key: c.key.clone(), size: c.value_len, version: c.version });
         }
         if let Some(accepted) = self.announce(&added, &removed) {
             // Removed or put again while we wrote: the file is stale.
@@ -1094,8 +1013,8 @@ impl DiskTier {
             // The master answers again: what earlier calls missed goes now.
             self.retry_announcements(true);
         }
-        for (key, _, value_len, ..) in renamed {
-            self.job_done(&key, value_len);
+        for c in round.committed {
+            self.job_done(&c.key, c.value_len);
         }
     }
 
