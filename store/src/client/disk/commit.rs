@@ -61,6 +61,8 @@ impl std::fmt::Display for FsyncScope {
 pub struct Written {
     pub key: String,
     pub version: u64,
+    /// The generation its offload was prepared under (see [`super::announce`]).
+    pub generation: u64,
     pub value_len: u64,
     pub staged: Staged,
 }
@@ -70,6 +72,7 @@ pub struct Written {
 pub struct Committed {
     pub key: String,
     pub version: u64,
+    pub generation: u64,
     pub value_len: u64,
     pub path: PathBuf,
     /// Its length (it takes [`super::format::disk_len`] of it on disk).
@@ -114,8 +117,17 @@ pub fn commit_round(dir: &Path, fsync: Option<FsyncScope>, batch: Vec<Written>) 
         let (path, sub, file_len) = (w.staged.path.clone(), w.staged.dir.clone(), w.staged.file_len);
         let gone = give_up(&w);
         match w.staged.rename() {
-            Ok(()) => renamed
-                .push((Committed { key: w.key, version: w.version, value_len: w.value_len, path, file_len }, sub)),
+            Ok(()) => renamed.push((
+                Committed {
+                    key: w.key,
+                    version: w.version,
+                    generation: w.generation,
+                    value_len: w.value_len,
+                    path,
+                    file_len,
+                },
+                sub,
+            )),
             Err(e) => {
                 tracing::warn!("disk tier: {e}");
                 round.given_up.push(gone);
@@ -150,7 +162,7 @@ mod tests {
     fn written(dir: &Path, key: &str, value: &[u8]) -> Written {
         let mut body = FileBody::Image(FileImage::new(key, value));
         let staged = write_staged(dir, key, 1, &mut body, None, &mut Psync, false).unwrap();
-        Written { key: key.into(), version: 1, value_len: value.len() as u64, staged }
+        Written { key: key.into(), version: 1, generation: 0, value_len: value.len() as u64, staged }
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //! holds them), and makes the same calls one by one otherwise. The pool is small and bounded,
 //! and so is the queue in bytes.
 
+pub mod announce;
 pub mod commit;
 pub mod file;
 pub mod format;
@@ -46,6 +47,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Result, StoreError};
 use crate::proto::{DiskEntry, HeldRemoval};
+use announce::{Announcements, Call, Verdict};
 pub use commit::FsyncScope;
 use commit::{Written, COMMIT_BATCH};
 use file::FileReader;
@@ -66,18 +68,6 @@ pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 const MAX_QUEUED_JOBS: usize = 4096;
 /// Bytes of written images kept for the next offloads (their pages are already faulted in).
 const SPARE_IMAGE_BYTES: usize = 64 << 20;
-/// After a failed call to the master, the first retry waits this long, each further one twice
-/// as long as the last, up to [`RETRY_MAX`] (the master spares an object whose file is being
-/// written for 10 s: a file announced within that time keeps its object through evictions).
-const RETRY_FIRST: Duration = Duration::from_millis(200);
-const RETRY_MAX: Duration = Duration::from_secs(2);
-/// How long the committer sleeps with nothing to commit before it looks for retries due.
-const RETRY_IDLE: Duration = Duration::from_secs(1);
-/// Most removals kept to be told again (evictions, deletions, acknowledgements); beyond it the
-/// oldest are forgotten (the master then lists a file that is gone until a read finds it gone).
-const MAX_UNANNOUNCED_REMOVALS: usize = 65_536;
-/// Most entries per retried call.
-const RETRY_BATCH: usize = 1000;
 /// Bytes read at a time by the check of the files found at start (small, so that a get that
 /// comes while it reads waits little).
 const VERIFY_CHUNK: usize = 1 << 20;
@@ -175,6 +165,9 @@ pub struct DiskStats {
     /// Calls telling the master about files or removals that failed (the master unreachable,
     /// say); what they carried is told again ([`DiskTier::retry_announcements`]).
     pub announce_failures: u64,
+    /// Files the master refused that it may never have known (the disk was mounted again,
+    /// or a call failed, since their put): kept and told again as restores ([`announce`]).
+    pub ambiguous_refusals: u64,
     /// Files and removals waiting to be told to the master again, now.
     pub unannounced: u64,
     /// Files found at start whose values the check after start has not read yet, now.
@@ -206,24 +199,7 @@ struct Counters {
     only_copy_marks: AtomicU64,
     uring_writes: AtomicU64,
     announce_failures: AtomicU64,
-}
-
-/// What failed calls did not tell the master, to be told again.
-#[derive(Default)]
-struct Unannounced {
-    /// Files: key → version (announced as the index holds them when told again).
-    added: std::collections::HashMap<String, u64>,
-    /// Files that went (evicted, deleted) and removals done, oldest first.
-    removed: std::collections::VecDeque<DiskEntry>,
-    /// Failed calls in a row, and when the next retry is due.
-    failures: u32,
-    next_try: Option<Instant>,
-}
-
-impl Unannounced {
-    fn len(&self) -> usize {
-        self.added.len() + self.removed.len()
-    }
+    ambiguous_refusals: AtomicU64,
 }
 
 fn inc(c: &AtomicU64) {
@@ -240,6 +216,8 @@ pub trait Announcer: Send + Sync {
 struct Job {
     key: String,
     version: u64,
+    /// The announcements' generation when the offload was prepared ([`announce`]).
+    generation: u64,
     body: file::FileBody,
 }
 
@@ -248,6 +226,8 @@ pub struct PreparedOffload {
     tier: Arc<DiskTier>,
     key: String,
     len: u64,
+    /// The announcements' generation now, before the put goes to the master ([`announce`]).
+    generation: u64,
     state: Prepared,
 }
 
@@ -300,7 +280,7 @@ impl PreparedOffload {
         };
         let key = std::mem::take(&mut self.key);
         *tier.in_flight.lock().entry(key.clone()).or_default() += 1;
-        let job = Job { key: key.clone(), version, body };
+        let job = Job { key: key.clone(), version, generation: self.generation, body };
         let sent = match tier.queue.lock().as_ref() {
             Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
             None => Err(false),
@@ -357,7 +337,8 @@ pub struct DiskTier {
     held: Mutex<Vec<HeldRemoval>>,
     /// Memory of written images, reused by the next offloads (at most [`SPARE_IMAGE_BYTES`]).
     spare_images: Mutex<Vec<Vec<u8>>>,
-    unannounced: Mutex<Unannounced>,
+    /// What the master must hear again, and when ([`announce`]).
+    announcements: Mutex<Announcements>,
     /// The files found at start (key, version, value size), until [`Self::verify_found`]
     /// takes them, and how many of them are still to be checked.
     found: Mutex<Vec<(String, u64, u64)>>,
@@ -495,7 +476,7 @@ impl DiskTier {
             announcer: RwLock::new(None),
             in_flight: Mutex::new(Default::default()),
             spare_images: Mutex::new(Vec::new()),
-            unannounced: Mutex::new(Unannounced::default()),
+            announcements: Mutex::new(Announcements::default()),
             unverified: AtomicU64::new(found.len() as u64),
             found: Mutex::new(found),
             active_reads: AtomicU64::new(0),
@@ -590,19 +571,10 @@ impl DiskTier {
             .into_iter()
             .map(|(key, e)| DiskEntry { key, size: e.value_len, version: e.version })
             .collect();
-        let mut accepted = 0;
-        for (i, chunk) in entries.chunks(RETRY_BATCH).enumerate() {
-            let ok = match announcer.announce(chunk, &[], true) {
-                Ok(ok) => ok,
-                Err(e) => {
-                    self.announce_failed(&e, &entries[i * RETRY_BATCH..], &[]);
-                    return Err(e);
-                }
-            };
-            accepted += ok.iter().filter(|&&ok| ok).count();
-            self.refused(chunk, ok);
-        }
-        tracing::info!("disk tier: announced {accepted} of {} file(s) to the master", entries.len());
+        let total = entries.len();
+        let calls = self.announcements.lock().remounted(entries);
+        let accepted = self.send(announcer.as_ref(), calls)?;
+        tracing::info!("disk tier: announced {accepted} of {total} file(s) to the master");
         Ok(())
     }
 
@@ -632,7 +604,8 @@ impl DiskTier {
 
     /// Takes room in the queue for `len` bytes, then prepares them with `make`.
     fn reserve(self: &Arc<Self>, key: &str, len: u64, make: impl FnOnce() -> Prepared) -> PreparedOffload {
-        let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, state };
+        let generation = self.announcements.lock().generation();
+        let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, generation, state };
         if disk_len(data_offset(key.len()) + len) > self.capacity() {
             return prepared(Prepared::TooLarge);
         }
@@ -716,53 +689,71 @@ impl DiskTier {
         self.queue.lock().take();
     }
 
-    /// Tells the master about files written (`added`) and gone (`removed`); `None` when the
-    /// call failed: then they are kept and told again ([`Self::retry_announcements`]).
-    fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry]) -> Option<Vec<bool>> {
-        let announcer = self.announcer.read().clone()?;
-        match announcer.announce(added, removed, false) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                self.announce_failed(&e, added, removed);
-                None
-            }
-        }
+    /// Tells the master about files written (`added`, each with the generation it was
+    /// prepared under) and gone (`removed`); false when the call failed: then they are kept
+    /// and told again ([`Self::retry_announcements`]). Refused files go, unless the refusal
+    /// may come from a master that never knew their put (see [`announce`]).
+    fn announce(&self, added: Vec<(DiskEntry, u64)>, removed: Vec<DiskEntry>) -> bool {
+        let Some(announcer) = self.announcer.read().clone() else { return false };
+        let call = self.announcements.lock().fresh(added, removed);
+        self.send(announcer.as_ref(), vec![call]).is_ok()
     }
 
-    /// A call to the master failed: what it carried is kept to be told again, after a backoff.
-    fn announce_failed(&self, e: &StoreError, added: &[DiskEntry], removed: &[DiskEntry]) {
-        inc(&self.counters.announce_failures);
-        let mut u = self.unannounced.lock();
-        for a in added {
-            let v = u.added.entry(a.key.clone()).or_insert(a.version);
-            *v = (*v).max(a.version);
+    /// The driver of [`announce::Announcements`]: makes `calls` in order and hands each answer
+    /// to the state, acting on its verdicts; after a failure, the calls not made are kept with
+    /// the failed one. Returns how many added files the master accepted.
+    fn send(&self, announcer: &dyn Announcer, calls: Vec<Call>) -> Result<usize> {
+        let mut accepted = 0;
+        let mut calls = calls.into_iter();
+        while let Some(call) = calls.next() {
+            let answer = match announcer.announce(&call.added, &call.removed, call.restore) {
+                Ok(answer) => answer,
+                Err(e) => {
+                    inc(&self.counters.announce_failures);
+                    let (files, removals) = (call.added.len(), call.removed.len());
+                    let b =
+                        self.announcements.lock().failed(std::iter::once(call).chain(calls).collect(), Instant::now());
+                    tracing::warn!(
+                        "disk tier: telling the master about {files} file(s) and {removals} removal(s) failed: {e}; \
+                         {} waiting, told again in {:?}{}",
+                        b.waiting,
+                        b.wait,
+                        if b.forgotten > 0 {
+                            format!(" ({} oldest removal(s) forgotten)", b.forgotten)
+                        } else {
+                            String::new()
+                        }
+                    );
+                    return Err(e);
+                }
+            };
+            let verdicts = self.announcements.lock().answered(&call, &answer);
+            for (e, verdict) in call.added.iter().zip(verdicts) {
+                match verdict {
+                    Verdict::Accepted => accepted += 1,
+                    // Removed or put again while we wrote: the file is stale.
+                    Verdict::Stale => {
+                        self.drop_file(&e.key, e.version, true);
+                        inc(&self.counters.stale_refused);
+                    }
+                    Verdict::Kept => {
+                        inc(&self.counters.ambiguous_refusals);
+                        tracing::info!(
+                            "disk tier: the master refused {:?} v{}, put before it may have restarted: \
+                             keeping the file, telling it again as a restore",
+                            e.key,
+                            e.version
+                        );
+                    }
+                }
+            }
         }
-        u.removed.extend(removed.iter().cloned());
-        let mut forgotten = 0;
-        while u.removed.len() > MAX_UNANNOUNCED_REMOVALS {
-            u.removed.pop_front();
-            forgotten += 1;
-        }
-        u.failures = u.failures.saturating_add(1);
-        let backoff = RETRY_FIRST.saturating_mul(1 << (u.failures - 1).min(16)).min(RETRY_MAX);
-        u.next_try = Some(Instant::now() + backoff);
-        tracing::warn!(
-            "disk tier: telling the master about {} file(s) and {} removal(s) failed: {e}; {} waiting, \
-             told again in {backoff:?}{}",
-            added.len(),
-            removed.len(),
-            u.len(),
-            if forgotten > 0 { format!(" ({forgotten} oldest removal(s) forgotten)") } else { String::new() }
-        );
+        Ok(accepted)
     }
 
     /// How long the committer may wait for files before retries are due.
     fn retry_wait(&self) -> Duration {
-        let u = self.unannounced.lock();
-        match u.next_try {
-            Some(t) if u.len() > 0 => t.saturating_duration_since(Instant::now()),
-            _ => RETRY_IDLE,
-        }
+        self.announcements.lock().wait(Instant::now())
     }
 
     /// Tells the master again what failed calls did not (with `force`, now; otherwise once the
@@ -773,58 +764,24 @@ impl DiskTier {
     /// refuses its file, being kept at the master until this disk acknowledges it.
     pub fn retry_announcements(&self, force: bool) {
         let Some(announcer) = self.announcer.read().clone() else { return };
-        let (added, removed) = {
-            let mut u = self.unannounced.lock();
-            if u.len() == 0 || (!force && u.next_try.is_some_and(|t| Instant::now() < t)) {
-                return;
-            }
-            (std::mem::take(&mut u.added), std::mem::take(&mut u.removed))
-        };
-        let (added, removed): (Vec<DiskEntry>, Vec<DiskEntry>) = {
+        let calls = {
             let ix = self.index.lock();
-            let added = added
-                .into_iter()
-                .filter_map(|(key, version)| {
-                    let e = ix.get(&key).filter(|e| e.version == version)?;
-                    Some(DiskEntry { size: e.value_len, key, version })
-                })
-                .collect();
-            let removed =
-                removed.into_iter().filter(|r| ix.get(&r.key).is_none_or(|e| e.version != r.version)).collect();
-            (added, removed)
+            self.announcements.lock().take_retry(
+                Instant::now(),
+                force,
+                |key, version| ix.get(key).filter(|e| e.version == version).map(|e| e.value_len),
+                |r| ix.get(&r.key).is_none_or(|e| e.version != r.version),
+            )
         };
-        if !added.is_empty() || !removed.is_empty() {
-            let mut calls: Vec<(&[DiskEntry], &[DiskEntry])> =
-                added.chunks(RETRY_BATCH).map(|a| (a, &[][..])).collect();
-            if calls.is_empty() {
-                calls.push((&[], &[]));
-            }
-            calls[0].1 = &removed;
-            for (i, (a, r)) in calls.into_iter().enumerate() {
-                match announcer.announce(a, r, true) {
-                    Ok(accepted) => self.refused(a, accepted),
-                    Err(e) => return self.announce_failed(&e, &added[i * RETRY_BATCH..], r),
-                }
-            }
-            tracing::info!(
-                "disk tier: told the master about {} file(s) and {} removal(s) that earlier calls missed",
-                added.len(),
-                removed.len()
-            );
+        if calls.is_empty() {
+            return;
         }
-        let mut u = self.unannounced.lock();
-        u.failures = 0;
-        u.next_try = None;
-    }
-
-    /// The master's answer to announced files: those it refused (their object was removed or
-    /// put again meanwhile) are stale and go.
-    fn refused(&self, added: &[DiskEntry], accepted: Vec<bool>) {
-        for (e, ok) in added.iter().zip(accepted.into_iter().chain(std::iter::repeat(false))) {
-            if !ok {
-                self.drop_file(&e.key, e.version, true);
-                inc(&self.counters.stale_refused);
-            }
+        let files: usize = calls.iter().map(|c| c.added.len()).sum();
+        let removals: usize = calls.iter().map(|c| c.removed.len()).sum();
+        if self.send(announcer.as_ref(), calls).is_ok() {
+            tracing::info!(
+                "disk tier: told the master about {files} file(s) and {removals} removal(s) that earlier calls missed"
+            );
         }
     }
 
@@ -840,7 +797,8 @@ impl DiskTier {
         }
         match staged {
             Some(staged) => {
-                let w = Written { key: job.key, version: job.version, value_len: len, staged };
+                let w =
+                    Written { key: job.key, version: job.version, generation: job.generation, value_len: len, staged };
                 if let Err(e) = committer.send(w) {
                     let w = e.into_inner();
                     self.index.lock().release(disk_len(w.staged.file_len));
@@ -886,7 +844,7 @@ impl DiskTier {
                 })
                 .collect();
             tracing::debug!("disk tier: evicted {} file(s) to make room", removed.len());
-            self.announce(&[], &removed);
+            self.announce(Vec::new(), removed);
         }
         for f in discard {
             let _ = std::fs::remove_file(&f.path);
@@ -1005,11 +963,9 @@ impl DiskTier {
             if let Some(old) = replaced {
                 removed.push(DiskEntry { key: c.key.clone(), size: old.value_len, version: old.version });
             }
-            added.push(DiskEntry { key: c.key.clone(), size: c.value_len, version: c.version });
+            added.push((DiskEntry { key: c.key.clone(), size: c.value_len, version: c.version }, c.generation));
         }
-        if let Some(accepted) = self.announce(&added, &removed) {
-            // Removed or put again while we wrote: the file is stale.
-            self.refused(&added, accepted);
+        if self.announce(added, removed) {
             // The master answers again: what earlier calls missed goes now.
             self.retry_announcements(true);
         }
@@ -1067,7 +1023,7 @@ impl DiskTier {
             removals.iter().filter(|r| !in_flight.contains_key(&r.key)).cloned().collect()
         };
         if !acked.is_empty() {
-            self.announce(&[], &acked);
+            self.announce(Vec::new(), acked);
         }
     }
 
@@ -1197,7 +1153,7 @@ impl DiskTier {
             inc(counter);
             // Not reused: the device may be what corrupted it.
             if self.drop_file(key, version, false) {
-                self.announce(&[], &[DiskEntry { key: key.to_string(), size: 0, version }]);
+                self.announce(Vec::new(), vec![DiskEntry { key: key.to_string(), size: 0, version }]);
             }
         }
     }
@@ -1331,7 +1287,8 @@ impl DiskTier {
             only_copy_marks: g(&c.only_copy_marks),
             uring_writes: g(&c.uring_writes),
             announce_failures: g(&c.announce_failures),
-            unannounced: self.unannounced.lock().len() as u64,
+            ambiguous_refusals: g(&c.ambiguous_refusals),
+            unannounced: self.announcements.lock().len() as u64,
             unverified: self.unverified.load(Ordering::Relaxed),
         }
     }
