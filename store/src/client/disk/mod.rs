@@ -35,6 +35,7 @@ pub mod index;
 pub mod io;
 pub mod recycle;
 pub mod service;
+pub mod verify;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -68,15 +69,6 @@ pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 const MAX_QUEUED_JOBS: usize = 4096;
 /// Bytes of written images kept for the next offloads (their pages are already faulted in).
 const SPARE_IMAGE_BYTES: usize = 64 << 20;
-/// Bytes read at a time by the check of the files found at start (small, so that a get that
-/// comes while it reads waits little).
-const VERIFY_CHUNK: usize = 1 << 20;
-/// The check of the files found at start reads only after this long without a get reading
-/// the tier: the gets have the device to themselves, the check takes the idle time. (20 ms
-/// was too short: a client that checks each value it gets, as storebench does, leaves gaps
-/// that long between its gets, and the check's reads landed beside them.)
-const VERIFY_QUIET: Duration = Duration::from_millis(200);
-
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
 pub struct DiskConfig {
@@ -341,17 +333,12 @@ pub struct DiskTier {
     announcements: Mutex<Announcements>,
     /// The files found at start (key, version, value size), until [`Self::verify_found`]
     /// takes them, and how many of them are still to be checked.
-    found: Mutex<Vec<(String, u64, u64)>>,
-    unverified: AtomicU64,
+    found: Mutex<Vec<verify::Found>>,
+    unverified: Arc<AtomicU64>,
     /// Gets reading a file of the tier now, and when the last one ended, in microseconds
     /// since `opened` (the check of the files found at start waits for a quiet device, see
     /// [`VERIFY_QUIET`]).
-    active_reads: AtomicU64,
-    last_read_us: AtomicU64,
-    opened: Instant,
-    /// How long the check waits for quiet, in microseconds ([`VERIFY_QUIET`]; tests make it
-    /// longer).
-    verify_quiet_us: AtomicU64,
+    quiet: Arc<verify::Quiet>,
     last_full_warning: Mutex<Option<Instant>>,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
@@ -432,8 +419,10 @@ impl DiskTier {
             }
         };
         let mut index = Index::new(capacity, RetiredFiles::new(retired_dir, config.recycle_bytes));
-        let found: Vec<(String, u64, u64)> =
-            files.iter().map(|(k, e, _)| (k.clone(), e.version, e.value_len)).collect();
+        let found: Vec<verify::Found> = files
+            .iter()
+            .map(|(k, e, _)| verify::Found { key: k.clone(), version: e.version, size: e.value_len })
+            .collect();
         for (key, entry, _) in files {
             index.insert(&key, entry);
         }
@@ -477,12 +466,9 @@ impl DiskTier {
             in_flight: Mutex::new(Default::default()),
             spare_images: Mutex::new(Vec::new()),
             announcements: Mutex::new(Announcements::default()),
-            unverified: AtomicU64::new(found.len() as u64),
+            unverified: Arc::new(AtomicU64::new(found.len() as u64)),
             found: Mutex::new(found),
-            active_reads: AtomicU64::new(0),
-            last_read_us: AtomicU64::new(0),
-            opened: Instant::now(),
-            verify_quiet_us: AtomicU64::new(VERIFY_QUIET.as_micros() as u64),
+            quiet: Arc::default(),
             last_full_warning: Mutex::new(None),
             _lock: lock,
             #[cfg(test)]
@@ -1094,7 +1080,7 @@ impl DiskTier {
     /// a fault; once open, the reader keeps reading the same file (an open descriptor) even
     /// if a removal unlinks its name.
     pub fn open_reader(self: &Arc<Self>, key: &str, version: u64, size: u64) -> Result<TierReader> {
-        let busy = ReadBusy::start(self);
+        let busy = self.quiet.busy();
         self.open_pinned(key, version, size, true)
             .map(|reader| TierReader { _busy: Some(busy), ..reader })
             .inspect_err(|e| self.on_read_error(key, version, e))
@@ -1158,79 +1144,40 @@ impl DiskTier {
         }
     }
 
-    /// Reads every file found at start once, in the background (one thread, files in the
-    /// order they were written), and drops those whose value fails its checksum: removed,
-    /// counted as `corrupt_removed`, the master told. Called once the files are announced
-    /// (a later call does nothing). Until a file is checked, a get that reads it checks it
-    /// (as every read does), so a damaged value is never served meanwhile either. The check
-    /// reads only while no get has read the tier for [`VERIFY_QUIET`], so that a client that
-    /// restarts into a busy cluster serves its gets at the device's full speed.
+    /// Reads every file found at start once, in the background, and drops those whose value
+    /// fails its checksum: removed, counted as `corrupt_removed`, the master told (see
+    /// [`verify`]). Called once the files are announced (a later call does nothing).
     pub fn verify_found(self: &Arc<Self>) {
         let found = std::mem::take(&mut *self.found.lock());
-        if found.is_empty() {
-            return;
-        }
         let weak = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new().name("crescent-disk-verify".into()).spawn(move || {
-            let mut buf = vec![0u8; VERIFY_CHUNK + format::ALIGN as usize];
-            let at = buf.as_ptr().align_offset(format::ALIGN as usize);
-            let buf = &mut buf[at..at + VERIFY_CHUNK];
-            let (mut checked, before) = (0, weak.upgrade().map(|t| t.counters.corrupt_removed.load(Ordering::Relaxed)));
-            for (key, version, size) in found {
-                let Some(tier) = weak.upgrade() else { return };
-                tier.verify_one(&key, version, size, buf);
-                tier.unverified.fetch_sub(1, Ordering::Relaxed);
-                checked += 1;
-            }
-            if let (Some(tier), Some(before)) = (weak.upgrade(), before) {
-                let damaged = tier.counters.corrupt_removed.load(Ordering::Relaxed) - before;
-                tracing::info!("disk tier: checked the {checked} file(s) found at start; removed {damaged} damaged");
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::warn!("disk tier: not checking the files found at start ({e}); reads still check them");
-            self.unverified.store(0, Ordering::Relaxed);
-        }
+        verify::spawn(found, self.unverified.clone(), move |f, buf| Some(weak.upgrade()?.verify_one(f, buf)));
     }
 
-    /// Reads the value of (`key`, `version`) through `buf`, checking it; a damaged file goes.
-    fn verify_one(self: &Arc<Self>, key: &str, version: u64, size: u64, buf: &mut [u8]) {
-        self.wait_for_quiet();
-        let read = self.open_pinned(key, version, size, false).and_then(|mut reader| {
+    /// Reads the value of a file found at start through `buf`, checking it, in the quiet; a
+    /// damaged file goes (returns true).
+    fn verify_one(self: &Arc<Self>, f: &verify::Found, buf: &mut [u8]) -> bool {
+        self.quiet.wait();
+        let read = self.open_pinned(&f.key, f.version, f.size, false).and_then(|mut reader| {
             while reader.remaining() > 0 {
-                self.wait_for_quiet();
+                self.quiet.wait();
                 reader.read_next(buf)?;
             }
             Ok(())
         });
         match read {
             // Gone meanwhile (evicted, removed, written anew): nothing to check.
-            Ok(()) | Err(StoreError::NotFound(_)) => {}
-            Err(e) => self.drop_damaged(key, version, &e, &self.counters.corrupt_removed),
-        }
-    }
-
-    /// Returns once no get has read a file of the tier for `verify_quiet`.
-    fn wait_for_quiet(&self) {
-        let quiet = Duration::from_micros(self.verify_quiet_us.load(Ordering::Relaxed));
-        loop {
-            if self.active_reads.load(Ordering::Acquire) > 0 {
-                std::thread::sleep(quiet);
-                continue;
+            Ok(()) | Err(StoreError::NotFound(_)) => false,
+            Err(e) => {
+                self.drop_damaged(&f.key, f.version, &e, &self.counters.corrupt_removed);
+                matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_))
             }
-            let last = Duration::from_micros(self.last_read_us.load(Ordering::Relaxed));
-            let since = self.opened.elapsed().saturating_sub(last);
-            if last.is_zero() || since >= quiet {
-                return;
-            }
-            std::thread::sleep(quiet - since);
         }
     }
 
     /// Tests: how long the check of the files found at start waits for quiet.
     #[cfg(test)]
     pub fn set_verify_quiet(&self, quiet: Duration) {
-        self.verify_quiet_us.store(quiet.as_micros() as u64, Ordering::Relaxed);
+        self.quiet.set_quiet(quiet);
     }
 
     /// Reads the value of (`key`, `version`) into `dst` (exactly its size), checking it.
@@ -1299,28 +1246,7 @@ pub struct TierReader {
     reader: FileReader,
     _pin: Pin,
     /// A get's reader (not the check's): the device is busy while it lasts.
-    _busy: Option<ReadBusy>,
-}
-
-/// A get reading the tier, from before its open until its reader is dropped.
-struct ReadBusy {
-    tier: Weak<DiskTier>,
-}
-
-impl ReadBusy {
-    fn start(tier: &Arc<DiskTier>) -> ReadBusy {
-        tier.active_reads.fetch_add(1, Ordering::AcqRel);
-        ReadBusy { tier: Arc::downgrade(tier) }
-    }
-}
-
-impl Drop for ReadBusy {
-    fn drop(&mut self) {
-        if let Some(tier) = self.tier.upgrade() {
-            tier.last_read_us.store(tier.opened.elapsed().as_micros() as u64, Ordering::Relaxed);
-            tier.active_reads.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
+    _busy: Option<verify::ReadBusy>,
 }
 
 impl std::ops::Deref for TierReader {
