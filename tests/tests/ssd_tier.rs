@@ -57,12 +57,18 @@ fn values_evicted_from_memory_are_read_from_disk_here_and_through_another_client
     }
     assert!(a.flush_offload(Duration::from_secs(60)));
     assert_eq!(a.disk_stats().unwrap().files, 4);
-    // The client's own Prometheus text has the tier's counters; a client without one has none.
+    // The client's own Prometheus text has the tier's metrics, what it did as counters and its
+    // sizes as gauges; a client without one has none.
     let metrics = a.render_metrics();
-    for line in ["crescent_client_disk{counter=\"files\"} 4", "crescent_client_disk{counter=\"written\"} 4"] {
+    for line in [
+        "crescent_client_disk_files 4",
+        "# TYPE crescent_client_disk_files gauge",
+        "crescent_client_disk_written_total 4",
+        "# TYPE crescent_client_disk_written_total counter",
+    ] {
         assert!(metrics.lines().any(|l| l == line), "{line} missing from:\n{metrics}");
     }
-    assert!(!f.render_metrics().contains("crescent_client_disk{"));
+    assert!(!f.render_metrics().contains("crescent_client_disk"));
     fill_memory(&f, "x");
     for k in keys {
         assert_eq!(tiers(&a, k), [Tier::Ssd as i32], "{k}: only the disk copy is left");

@@ -35,6 +35,7 @@ pub mod index;
 pub mod io;
 pub mod recycle;
 pub mod service;
+pub mod stats;
 pub mod verify;
 
 use std::fs::{File, OpenOptions};
@@ -55,7 +56,10 @@ use file::FileReader;
 use format::{data_offset, disk_len, key_hash, parse_name, NameKind};
 use index::{Entry, Index, NoRoom, Room};
 use io::{EngineKind, IoEngine};
+use prometheus::IntCounter;
 use recycle::{parse_retired_name, RetiredFiles, RETIRED_DIR};
+use stats::Counters;
+pub use stats::DiskStats;
 
 /// Share of the file system's free space taken by default.
 pub const DEFAULT_CAPACITY_SHARE: f64 = 0.9;
@@ -104,98 +108,8 @@ pub fn check_cluster_id(id: &str) -> Result<()> {
     }
 }
 
-/// What the tier has done (counters since start, plus its current size).
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct DiskStats {
-    pub files: u64,
-    pub used_bytes: u64,
-    pub capacity: u64,
-    /// Removed files kept to be written over, and their bytes (within the capacity).
-    pub retired_files: u64,
-    pub retired_bytes: u64,
-    /// Files written over a retired or evicted file instead of a new one.
-    pub recycled: u64,
-    pub queued: u64,
-    pub written: u64,
-    pub bytes_written: u64,
-    /// Offloads dropped because the queue was full (logged too).
-    pub queue_full: u64,
-    /// Values larger than the whole tier.
-    pub too_large: u64,
-    /// Offloads dropped because room could only be made by evicting files being read.
-    pub busy_dropped: u64,
-    /// Offloads dropped because their value's memory was given to another object (evicted
-    /// or removed) before the writer had it.
-    pub overwritten: u64,
-    pub write_failures: u64,
-    /// Files the master refused (their object was removed or put again meanwhile).
-    pub stale_refused: u64,
-    pub evicted: u64,
-    pub removed: u64,
-    /// Files found at start with a bad header or length (removed before they are announced),
-    /// or whose value failed its checksum in the check after start ([`DiskTier::verify_found`]:
-    /// removed and the master told); and temporary files of interrupted writes.
-    pub corrupt_removed: u64,
-    pub incomplete_removed: u64,
-    /// At start: older versions of a key.
-    pub stale_removed: u64,
-    /// Reads of this disk's files for gets of this client (early reads included).
-    pub local_reads: u64,
-    pub served_reads: u64,
-    /// Reads that found a corrupt value (the file is deleted).
-    pub corrupt_reads: u64,
-    /// Gets that read a file expected to be the object's only copy while the master was
-    /// answering, and of those, the ones whose answer showed another version or no file here
-    /// (their bytes were read again from where the answer said).
-    pub early_reads: u64,
-    pub early_reads_wasted: u64,
-    /// Times a file was marked as its object's only copy after the start (the master's news
-    /// on a ping, or a get that found no other copy): gets read such a file early.
-    pub only_copy_marks: u64,
-    /// Files written (and flushed) through the writers' io_uring.
-    pub uring_writes: u64,
-    /// Calls telling the master about files or removals that failed (the master unreachable,
-    /// say); what they carried is told again ([`DiskTier::retry_announcements`]).
-    pub announce_failures: u64,
-    /// Files the master refused that it may never have known (the disk was mounted again,
-    /// or a call failed, since their put): kept and told again as restores ([`announce`]).
-    pub ambiguous_refusals: u64,
-    /// Files and removals waiting to be told to the master again, now.
-    pub unannounced: u64,
-    /// Files found at start whose values the check after start has not read yet, now.
-    pub unverified: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    queued: AtomicU64,
-    written: AtomicU64,
-    bytes_written: AtomicU64,
-    recycled: AtomicU64,
-    queue_full: AtomicU64,
-    too_large: AtomicU64,
-    busy_dropped: AtomicU64,
-    overwritten: AtomicU64,
-    write_failures: AtomicU64,
-    stale_refused: AtomicU64,
-    evicted: AtomicU64,
-    removed: AtomicU64,
-    corrupt_removed: AtomicU64,
-    incomplete_removed: AtomicU64,
-    stale_removed: AtomicU64,
-    local_reads: AtomicU64,
-    served_reads: AtomicU64,
-    corrupt_reads: AtomicU64,
-    early_reads: AtomicU64,
-    early_reads_wasted: AtomicU64,
-    only_copy_marks: AtomicU64,
-    uring_writes: AtomicU64,
-    announce_failures: AtomicU64,
-    ambiguous_refusals: AtomicU64,
-}
-
-fn inc(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+fn inc(c: &IntCounter) {
+    c.inc();
 }
 
 /// Tells the master about files (the store client implements it over gRPC).
@@ -403,7 +317,7 @@ impl DiskTier {
                 config.fsync = Some(FsyncScope::File);
             }
         }
-        let counters = Counters::default();
+        let counters = Counters::new()?;
         let files = scan(&dir, &counters);
         let retired_dir = dir.join(RETIRED_DIR);
         std::fs::create_dir_all(&retired_dir)
@@ -447,9 +361,9 @@ impl DiskTier {
             index.used(),
             capacity,
             index.retired_files(),
-            c.corrupt_removed.load(Ordering::Relaxed),
-            c.incomplete_removed.load(Ordering::Relaxed),
-            c.stale_removed.load(Ordering::Relaxed)
+            c.corrupt_removed.get(),
+            c.incomplete_removed.get(),
+            c.stale_removed.get()
         );
         Ok(Arc::new(DiskTier {
             held: Mutex::new(load_held(&dir)),
@@ -621,7 +535,7 @@ impl DiskTier {
             tracing::warn!(
                 "disk tier: offload queue full ({} bytes waiting): {key:?} is not persisted ({} dropped so far)",
                 self.pending.lock().bytes,
-                self.counters.queue_full.load(Ordering::Relaxed)
+                self.counters.queue_full.get()
             );
         }
     }
@@ -945,7 +859,7 @@ impl DiskTier {
                 old
             };
             inc(&self.counters.written);
-            self.counters.bytes_written.fetch_add(c.file_len, Ordering::Relaxed);
+            self.counters.bytes_written.inc_by(c.file_len);
             if let Some(old) = replaced {
                 removed.push(DiskEntry { key: c.key.clone(), size: old.value_len, version: old.version });
             }
@@ -1133,7 +1047,7 @@ impl DiskTier {
 
     /// Drops a file that a read found damaged (`e`, when it says so), counted in `counter`,
     /// and tells the master.
-    fn drop_damaged(&self, key: &str, version: u64, e: &StoreError, counter: &AtomicU64) {
+    fn drop_damaged(&self, key: &str, version: u64, e: &StoreError, counter: &IntCounter) {
         if matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_)) {
             tracing::warn!("disk tier: {e}; dropping the file");
             inc(counter);
@@ -1202,39 +1116,25 @@ impl DiskTier {
     }
 
     pub fn stats(&self) -> DiskStats {
-        let c = &self.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let ix = self.index.lock();
-        DiskStats {
-            files: ix.len() as u64,
-            used_bytes: ix.used(),
-            capacity: ix.capacity(),
-            retired_files: ix.retired_files() as u64,
-            retired_bytes: ix.retired_bytes(),
-            recycled: g(&c.recycled),
-            queued: g(&c.queued),
-            written: g(&c.written),
-            bytes_written: g(&c.bytes_written),
-            queue_full: g(&c.queue_full),
-            too_large: g(&c.too_large),
-            busy_dropped: g(&c.busy_dropped),
-            overwritten: g(&c.overwritten),
-            write_failures: g(&c.write_failures),
-            stale_refused: g(&c.stale_refused),
-            evicted: g(&c.evicted),
-            removed: g(&c.removed),
-            corrupt_removed: g(&c.corrupt_removed),
-            incomplete_removed: g(&c.incomplete_removed),
-            stale_removed: g(&c.stale_removed),
-            local_reads: g(&c.local_reads),
-            served_reads: g(&c.served_reads),
-            corrupt_reads: g(&c.corrupt_reads),
-            early_reads: g(&c.early_reads),
-            early_reads_wasted: g(&c.early_reads_wasted),
-            only_copy_marks: g(&c.only_copy_marks),
-            uring_writes: g(&c.uring_writes),
-            announce_failures: g(&c.announce_failures),
-            ambiguous_refusals: g(&c.ambiguous_refusals),
+        self.counters.snapshot(self.sizes())
+    }
+
+    /// The tier's metrics, for the client's `/metrics` (see [`stats`]).
+    pub fn metric_families(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.counters.gather(self.sizes())
+    }
+
+    fn sizes(&self) -> stats::Sizes {
+        let (files, used_bytes, capacity, retired_files, retired_bytes) = {
+            let ix = self.index.lock();
+            (ix.len() as u64, ix.used(), ix.capacity(), ix.retired_files() as u64, ix.retired_bytes())
+        };
+        stats::Sizes {
+            files,
+            used_bytes,
+            capacity,
+            retired_files,
+            retired_bytes,
             unannounced: self.announcements.lock().len() as u64,
             unverified: self.unverified.load(Ordering::Relaxed),
         }
