@@ -1,30 +1,41 @@
 //! The client's disk tier: with a storage root, every value this client puts is also written
 //! to a file under `<root>/<cluster id>/`, asynchronously, by a bounded pool of writer
-//! threads (each writes a file under a temporary name) and one committer (flushes the written
-//! files, renames them, flushes the renames and announces the files to the master, in
-//! batches, see [`FsyncScope`]; what a failed call did not tell the master is told again, see
-//! [`DiskTier::retry_announcements`]); a get that finds no memory replica reads the file
-//! (here, or through the owning client's [`service`]; a file being read is pinned against
-//! eviction); a restart re-announces the files to the master, then reads them all once in the
-//! background and removes those whose value fails its checksum ([`DiskTier::verify_found`]).
-//! The tier also keeps, for the master, the removals pending at it (`TOMBSTONES`), handed back
-//! at every mount so they outlive a master restart.
+//! threads (each writes a file under a temporary name through its [`io`] engine) and one
+//! committer (makes a round of written files durable under their final names, see
+//! [`commit`], then indexes them and announces them to the master in one call, see
+//! [`announce`]); a get that finds no memory replica reads the file (here, or through the
+//! owning client's [`service`]; a file being read is pinned against eviction); a restart
+//! re-announces the files to the master, then reads them all once in the background and
+//! removes those whose value fails its checksum ([`verify`]). The tier also keeps, for the
+//! master, the removals pending at it (`TOMBSTONES`), handed back at every mount so they
+//! outlive a master restart.
+//!
+//! One concern per module, each importing only those below it; this one wires them together
+//! as [`DiskTier`]:
 //!
 //! * [`format`]: the file format and names (hash of the key; the key is inside the file).
-//! * [`file`]: writing (temporary name, fsync, rename) and checked reading.
-//! * [`index`]: key → file, LRU order, capacity.
+//! * [`io`]: the writers' [`io::IoEngine`] (plain calls, or io_uring), chosen once at open.
+//! * [`file`]: writing one file under a temporary name, and checked reading.
+//! * [`commit`]: commit rounds and the fsync policy ([`FsyncScope`]).
+//! * [`announce`]: what the master must hear, and when, as a sans-IO state machine.
+//! * [`index`]: key → file in LRU order (the `lru` crate), capacity in 4 KiB blocks, pins.
 //! * [`recycle`]: removed files kept to be written over by later offloads.
+//! * [`verify`]: the background check of the files found at start.
+//! * [`stats`]: the tier's Prometheus registry, the one record of its counters ([`DiskStats`]).
 //! * [`service`]: the tiny request/response service through which other clients read the
 //!   files of this one with the transfer engine.
-//! * [`io`]: a writer's io_uring, where the kernel has one.
+//! * [`hold`]: test support, holding commit rounds.
+//!
+//! Crash guarantees, whatever ends the process: a final name names a complete file (with
+//! `fsync` on, also after a power loss); the master hears of no file before its rename is
+//! durable; an interrupted write leaves at most a temporary file, removed at the next start; a
+//! value that fails its checksum is never served; an acknowledged put's file is never deleted
+//! on a refusal from a master that may not have known the put ([`announce`]).
 //!
 //! The parallelism comes from the threads: each job is one large sequential write (followed by
 //! an `fdatasync` with [`FsyncScope::File`]), which blocks in the kernel anyway, and a few
-//! writers keep the device busy (each write is megabytes). Each writer sends its write (and
-//! flush) to the kernel through its own small io_uring where it can (one system call and one
-//! sleep for both instead of two; [`io`] never lets the caller's buffers go while the kernel
-//! holds them), and makes the same calls one by one otherwise. The pool is small and bounded,
-//! and so is the queue in bytes.
+//! writers keep the device busy (each write is megabytes). The pool is small and bounded, and
+//! so is the queue in bytes.
 
 pub mod announce;
 pub mod commit;
