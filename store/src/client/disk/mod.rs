@@ -13,9 +13,9 @@
 //! One concern per module, each importing only those below it; this one wires them together
 //! as [`DiskTier`]:
 //!
-//! * [`format`]: the file format and names (hash of the key; the key is inside the file).
+//! * [`format`](mod@format): the file format and names (hash of the key; the key is inside the file).
 //! * [`io`]: the writers' [`io::IoEngine`] (plain calls, or io_uring), chosen once at open.
-//! * [`file`]: writing one file under a temporary name, and checked reading.
+//! * [`file`](mod@file): writing one file under a temporary name, and checked reading.
 //! * [`commit`]: commit rounds and the fsync policy ([`FsyncScope`]).
 //! * [`announce`]: what the master must hear, and when, as a sans-IO state machine.
 //! * [`index`]: key → file in LRU order (the `lru` crate), capacity in 4 KiB blocks, pins.
@@ -97,7 +97,7 @@ pub struct DiskConfig {
     /// Bytes of values waiting to be written; beyond it offloads are dropped and counted.
     pub queue_bytes: u64,
     /// How files are made durable before they are announced; `None`: not at all (see
-    /// [`FsyncScope`] and [`file`]).
+    /// [`FsyncScope`] and [`commit`]).
     pub fsync: Option<FsyncScope>,
     /// Bytes of removed files kept to be written over by later offloads; 0: none.
     pub recycle_bytes: u64,
