@@ -116,6 +116,9 @@ struct State {
     clients: HashMap<String, Client>,
     next_segment: u64,
     next_version: u64,
+    /// The first version this master handed out (its start time in nanoseconds): a version
+    /// below it was handed out by an earlier master, before a restart (see [`disk`]).
+    version_floor: u64,
     /// Near-engine copies published by clients (never served by the store).
     published: published::Published,
     /// Replications in progress: new replicas allocated, bytes being copied.
@@ -210,11 +213,13 @@ impl Master {
     pub fn new(config: MasterConfig) -> Result<Arc<Master>> {
         config.validate()?;
         let removals_file = config.state_dir.as_deref().map(removals_file::RemovalsFile::open).transpose()?;
+        let first_version = disk::first_version();
         let master = Arc::new(Master {
             config: config.clone(),
             state: Mutex::new(State {
                 next_segment: 1,
-                next_version: disk::first_version(),
+                next_version: first_version,
+                version_floor: first_version,
                 held_generation: 1,
                 max_pending_removals: disk::MAX_PENDING_REMOVALS,
                 ..State::default()
