@@ -412,6 +412,11 @@ impl TransferEngine {
         Ok(self.segment(id)?.transport.kind())
     }
 
+    /// The transports this engine runs (rdma only while it is not turned off).
+    pub fn transport_kinds(&self) -> Vec<TransportKind> {
+        self.live_transports().map(|t| t.kind()).collect()
+    }
+
     fn segment(&self, id: SegmentId) -> Result<Arc<Segment>> {
         self.segments.read().get(&id).cloned().ok_or(EngineError::UnknownSegment(id))
     }

@@ -686,7 +686,7 @@ mod engine;
 fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<PyReplicateConfig>()?;
-    m.add_class::<engine::Engine>()?;
+    engine::add_classes(m)?;
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(status_name, m)?)?;
     for s in Status::ALL {
