@@ -412,6 +412,24 @@ impl TransferEngine {
         Ok(self.segment(id)?.transport.kind())
     }
 
+    /// Fetches an opened segment's descriptor again (it registered or unregistered memory
+    /// since); the handle stays the same.
+    pub fn resync_segment(&self, id: SegmentId) -> Result<()> {
+        let segment = self.segment(id)?;
+        let d = self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT)?;
+        segment.transport.set_peer_regions(&segment.endpoint, remote_regions(&d));
+        *segment.descriptor.write() = Arc::new(d);
+        Ok(())
+    }
+
+    /// The segments opened, by handle: name and transport, in handle order.
+    pub fn open_segments(&self) -> Vec<(SegmentId, String, TransportKind)> {
+        let mut v: Vec<_> =
+            self.segments.read().iter().map(|(id, s)| (*id, s.name.clone(), s.transport.kind())).collect();
+        v.sort_by_key(|(id, ..)| *id);
+        v
+    }
+
     /// The transports this engine runs (rdma only while it is not turned off).
     pub fn transport_kinds(&self) -> Vec<TransportKind> {
         self.live_transports().map(|t| t.kind()).collect()
