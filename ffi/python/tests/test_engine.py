@@ -301,3 +301,19 @@ def test_before_and_at_initialize():
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1, "once"
     f = TransferEngine()
     assert f.initialize_ext("127.0.0.1", "P2PHANDSHAKE", "tcp", "", "etcd") == 0
+
+
+def test_stubs_cover_the_engine_classes():
+    import ast
+
+    stub = pathlib.Path(crescent.__file__).with_name("_crescent.pyi")
+    tree = ast.parse(stub.read_text())
+    classes = {}
+    for n in tree.body:
+        if isinstance(n, ast.ClassDef):
+            names = {f.name for f in n.body if isinstance(f, ast.FunctionDef)}
+            names |= {f.target.id for f in n.body if isinstance(f, ast.AnnAssign)}
+            classes[n.name] = names
+    for cls in (TransferEngine, TransferNotify, TransferOpcode, mooncake_engine.InnerTransferEngine):
+        public = {m for m in dir(cls) if not m.startswith("_")}
+        assert public <= classes[cls.__name__], public - classes[cls.__name__]
