@@ -53,6 +53,20 @@ ci_c_example() {
   return $rc
 }
 
+# ffi/c/tests/transfer_engine_test.c against libtransfer_engine and transfer_engine_c.h of $1
+# (Mooncake's C interface): every function between two engines, over shm (same host) and over
+# tcp (MC_FORCE_TCP=1); the header also compiles as C++ (NIXL's backend is C++).
+ci_c_te_test() {
+  local dir=$1
+  ci_log "C ABI: ffi/c/tests/transfer_engine_test.c (gcc) against libtransfer_engine"
+  mkdir -p ci/.work
+  echo '#include "transfer_engine_c.h"' | g++ -std=c++17 -Wall -Wextra -Werror -fsyntax-only -x c++ -I "$dir/include" -
+  gcc -std=c11 -Wall -Wextra -Werror -I "$dir/include" ffi/c/tests/transfer_engine_test.c -L "$dir" -ltransfer_engine \
+    -Wl,-rpath,"$(cd "$dir" && pwd)" -o ci/.work/transfer_engine_test
+  RUST_LOG=error ci/.work/transfer_engine_test
+  MC_FORCE_TCP=1 RUST_LOG=error ci/.work/transfer_engine_test
+}
+
 # The pytest suite against binaries of $1. pytest's exit 5 ("no tests collected") fails too.
 ci_pytest() {
   ci_log "Python package: pytest ffi/python/tests"

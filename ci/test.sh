@@ -31,6 +31,7 @@ cargo test --workspace --locked
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 ci_c_example "$TARGET_DIR/debug"
+ci_c_te_test "$TARGET_DIR/debug"
 ci_python_env
 ci_python_wheel debug
 ci_pytest "$TARGET_DIR/debug"

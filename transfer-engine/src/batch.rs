@@ -61,7 +61,12 @@ pub struct Batch {
     lock: Mutex<()>,
     done: Condvar,
     waker: AtomicWaker,
+    /// Called each time the last unfinished request ends (after waiters are woken).
+    idle: Mutex<Option<IdleHook>>,
 }
+
+/// What [`Batch::on_idle`] installs.
+pub(crate) type IdleHook = Arc<dyn Fn(&Batch) + Send + Sync>;
 
 impl Batch {
     pub(crate) fn new(id: BatchId, capacity: usize) -> Arc<Self> {
@@ -73,6 +78,7 @@ impl Batch {
             lock: Mutex::new(()),
             done: Condvar::new(),
             waker: AtomicWaker::new(),
+            idle: Mutex::new(None),
         })
     }
 
@@ -91,6 +97,12 @@ impl Batch {
     /// Requests submitted and not yet ended.
     pub fn unfinished(&self) -> usize {
         self.unfinished.load(Ordering::Acquire)
+    }
+
+    /// Calls `hook` (on the thread that ends it) each time the batch's last unfinished
+    /// request ends; it must not block. Replaces an earlier hook.
+    pub(crate) fn on_idle(&self, hook: IdleHook) {
+        *self.idle.lock() = Some(hook);
     }
 
     /// Takes `n` request slots; returns the first one.
@@ -164,6 +176,10 @@ impl Batch {
             drop(self.lock.lock());
             self.done.notify_all();
             self.waker.wake();
+            let hook = self.idle.lock().clone();
+            if let Some(hook) = hook {
+                hook(self);
+            }
         }
     }
 }

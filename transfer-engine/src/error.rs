@@ -32,6 +32,12 @@ pub enum EngineError {
     BadMetadata { address: String, key: String, reason: String },
     #[error("segment {name:?} is not published in metadata service {address} (key {key})")]
     SegmentNotFound { name: String, address: String, key: String },
+    #[error("request {request}: local range [{addr:#x}, +{len}) is not registered memory")]
+    LocalNotRegistered { request: usize, addr: u64, len: u64 },
+    #[error("a notification of {len} bytes (name and message) is larger than the {max}-byte limit")]
+    NotifyTooLarge { len: usize, max: usize },
+    #[error("peer {peer} refused the notification: its queue of notifications not yet taken is full")]
+    NotifyQueueFull { peer: String },
     #[error("transfer failed: {0}")]
     TransferFailed(String),
     #[error("transfer timed out")]
@@ -51,7 +57,9 @@ impl EngineError {
             | EngineError::UnknownBatch(_)
             | EngineError::BatchFull { .. }
             | EngineError::BatchInFlight { .. }
-            | EngineError::UnknownSegment(_) => true,
+            | EngineError::UnknownSegment(_)
+            | EngineError::LocalNotRegistered { .. }
+            | EngineError::NotifyTooLarge { .. } => true,
             EngineError::Transport(t) => t.is_caller_error(),
             _ => false,
         }

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use crate::descriptor::SegmentDescriptor;
 use crate::error::{EngineError, Result};
+use crate::notify::NotifyQueue;
 
 pub const MAGIC: [u8; 4] = *b"CRHS";
 pub const VERSION: u8 = 1;
@@ -32,6 +33,10 @@ pub enum MessageKind {
     GetDescriptor = 1,
     Descriptor = 2,
     Error = 3,
+    /// A notification for the engine's queue ([`crate::notify`]).
+    Notify = 4,
+    /// The answer to [`MessageKind::Notify`]: one byte, accepted or why not.
+    NotifyAck = 5,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +88,8 @@ pub fn read_message(r: &mut impl Read, max: u32) -> Result<(MessageKind, Vec<u8>
         1 => MessageKind::GetDescriptor,
         2 => MessageKind::Descriptor,
         3 => MessageKind::Error,
+        4 => MessageKind::Notify,
+        5 => MessageKind::NotifyAck,
         k => return Err(WireError::Kind(k)),
     };
     let len = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
@@ -94,21 +101,26 @@ pub fn read_message(r: &mut impl Read, max: u32) -> Result<(MessageKind, Vec<u8>
     Ok((kind, payload))
 }
 
-/// Serves descriptors on the engine's handshake port until dropped.
+/// Serves descriptors (and takes notifications) on the engine's handshake port until dropped.
 pub struct HandshakeServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
 }
 
 impl HandshakeServer {
-    /// `describe` builds the current descriptor (JSON) for each request.
-    pub fn start(listener: TcpListener, describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>) -> Result<Self> {
+    /// `describe` builds the current descriptor (JSON) for each request; notifications go
+    /// to `notifies`.
+    pub fn start(
+        listener: TcpListener,
+        describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>,
+        notifies: Arc<NotifyQueue>,
+    ) -> Result<Self> {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         std::thread::Builder::new()
             .name("crescent-handshake".into())
-            .spawn(move || accept_loop(listener, describe, stop2))?;
+            .spawn(move || accept_loop(listener, describe, notifies, stop2))?;
         Ok(HandshakeServer { addr, stop })
     }
 
@@ -125,7 +137,12 @@ impl Drop for HandshakeServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: TcpListener,
+    describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>,
+    notifies: Arc<NotifyQueue>,
+    stop: Arc<AtomicBool>,
+) {
     let active = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -137,10 +154,10 @@ fn accept_loop(listener: TcpListener, describe: Arc<dyn Fn() -> Vec<u8> + Send +
             continue;
         }
         active.fetch_add(1, Ordering::AcqRel);
-        let (describe, active) = (describe.clone(), active.clone());
+        let (describe, notifies, active) = (describe.clone(), notifies.clone(), active.clone());
         let spawned = std::thread::Builder::new().name("crescent-handshake-conn".into()).spawn(move || {
             let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-            if let Err(e) = serve(stream, describe.as_ref()) {
+            if let Err(e) = serve(stream, describe.as_ref(), &notifies) {
                 tracing::warn!("handshake: dropping connection from {peer}: {e}");
             }
             active.fetch_sub(1, Ordering::AcqRel);
@@ -151,16 +168,21 @@ fn accept_loop(listener: TcpListener, describe: Arc<dyn Fn() -> Vec<u8> + Send +
     }
 }
 
-fn serve(mut stream: TcpStream, describe: &(dyn Fn() -> Vec<u8> + Send + Sync)) -> Result<(), WireError> {
+fn serve(
+    mut stream: TcpStream,
+    describe: &(dyn Fn() -> Vec<u8> + Send + Sync),
+    notifies: &NotifyQueue,
+) -> Result<(), WireError> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     loop {
-        let (kind, _payload) = match read_message(&mut stream, MAX_REQUEST) {
+        let (kind, payload) = match read_message(&mut stream, MAX_REQUEST) {
             Err(WireError::Closed) => return Ok(()),
             other => other?,
         };
         match kind {
             MessageKind::GetDescriptor => write_message(&mut stream, MessageKind::Descriptor, &describe())?,
+            MessageKind::Notify => write_message(&mut stream, MessageKind::NotifyAck, &[notifies.receive(&payload)])?,
             other => {
                 let msg = format!("unexpected handshake request {other:?}");
                 write_message(&mut stream, MessageKind::Error, msg.as_bytes())?;

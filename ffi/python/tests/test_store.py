@@ -283,7 +283,7 @@ def test_stubs_cover_the_module():
     tree = ast.parse(stub.read_text())
     classes = {n.name: {f.name for f in n.body if isinstance(f, ast.FunctionDef)}
                for n in tree.body if isinstance(n, ast.ClassDef)}
-    for cls in (crescent.MooncakeDistributedStore, crescent.TransferEngine):
+    for cls in (crescent.MooncakeDistributedStore,):  # the engine's classes: test_engine.py
         public = {m for m in dir(cls) if not m.startswith("_")}
         assert public <= classes[cls.__name__], public - classes[cls.__name__]
     assert (stub.parent / "py.typed").exists()

@@ -134,37 +134,150 @@ class MooncakeDistributedStore:
         tb: TracebackType | None,
     ) -> bool: ...
 
+class TransferOpcode:
+    """Mooncake's ``TransferOpcode``: ``Read`` (0) and ``Write`` (1); compares equal to its int."""
+
+    Read: TransferOpcode
+    Write: TransferOpcode
+    def __int__(self) -> int: ...
+
+class TransferNotify:
+    """A notification the target's engine receives once the transfer it follows completed."""
+
+    name: str
+    msg: str
+    def __init__(self, name: str = "", msg: str = "") -> None: ...
+
+class InnerTransferEngine:
+    """The engine object ``TransferEngine.get_engine()`` returns (opaque)."""
+
+TransportHint = str  # "", "rdma", "mnnvl", "shm", "nvlink", "gds", "io_uring", "tcp", "ascend", "sunrise_link", "unspec"
+
 class TransferEngine:
     """Mooncake's transfer engine: registered memory and one-sided reads and writes between
-    engines. Call ``initialize`` first; status-returning methods give 0 or a negative code."""
+    engines. Call ``initialize`` first. Status-returning methods give 0 or Mooncake's negative
+    transfer-engine code (-1 for a failed transfer or a call before ``initialize``); batch ids
+    and addresses are 0 on failure. ``transport_hint`` is checked and has no effect (the
+    transport is chosen per segment)."""
 
+    TransferOpcode: type[TransferOpcode]
     def __init__(self) -> None: ...
     def initialize(self, local_hostname: str, metadata_server: str, protocol: str = "tcp", device_name: str = "") -> int:
-        """Starts the engine; 0 or a negative code."""
+        """Starts the engine; 0 or -1. With ``P2PHANDSHAKE`` a port in ``local_hostname`` is
+        ignored (a free one is picked, as upstream does)."""
+    def initialize_ext(
+        self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: str
+    ) -> int:
+        """As ``initialize``, ``metadata_type`` (etcd, redis, http) naming the service when
+        ``metadata_server`` has no ``scheme://``."""
     def get_rpc_port(self) -> int:
-        """The handshake port peers connect to (negative before ``initialize``)."""
+        """The handshake port peers connect to (-1 before ``initialize``)."""
     def get_segment_name(self) -> str:
-        """``host:port``: what peers pass as ``target_hostname``."""
-    def register_memory(self, buffer_addr: Memory, capacity: int | None = None) -> int: ...
-    def batch_register_memory(self, buffer_addresses: Sequence[Memory], capacities: Sequence[int] | None = None) -> int:
+        """``host:port``: what peers pass as ``target_hostname`` (Crescent's addition)."""
+    def get_engine(self) -> InnerTransferEngine | None: ...
+    def get_engine_ptr(self) -> int: ...
+    def register_memory(self, buffer_addr: Memory, capacity: int | None = None, location: str = "*") -> int:
+        """0, -7 overlapping registered memory, -1 a zero capacity."""
+    def batch_register_memory(
+        self, buffer_addresses: Sequence[Memory], capacities: Sequence[int] | None = None, location: str = "*"
+    ) -> int:
         """Registers all regions or none."""
-    def unregister_memory(self, buffer_addr: Memory) -> int: ...
-    def transfer_sync_read(self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int) -> int:
-        """Reads ``length`` bytes of the target's registered memory into local ``buffer``."""
-    def transfer_sync_write(self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int) -> int:
-        """Writes ``length`` bytes of local ``buffer`` into the target's registered memory."""
+    def unregister_memory(self, buffer_addr: Memory) -> int:
+        """0, or -3 when nothing is registered there."""
+    def batch_unregister_memory(self, buffer_addresses: Sequence[Memory]) -> int:
+        """Unregisters each; the first error's code."""
+    def transfer_sync_read(
+        self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int:
+        """Reads ``length`` bytes of the target's registered memory into local ``buffer``; 0 or -1."""
+    def transfer_sync_write(
+        self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int:
+        """Writes ``length`` bytes of local ``buffer`` into the target's registered memory; 0 or -1."""
+    def transfer_sync(
+        self,
+        target_hostname: str,
+        buffer: Memory,
+        peer_buffer_address: int,
+        length: int,
+        opcode: TransferOpcode | int,
+        notify: TransferNotify | None = None,
+        transport_hint: str = "",
+    ) -> int:
+        """0 or -1; the target's engine receives ``notify`` once the transfer completed."""
     def batch_transfer_sync_read(
-        self, target_hostname: str, buffers: Sequence[Memory], peer_buffer_addresses: Sequence[int], lengths: Sequence[int]
+        self,
+        target_hostname: str,
+        buffers: Sequence[Memory],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
     ) -> int: ...
     def batch_transfer_sync_write(
-        self, target_hostname: str, buffers: Sequence[Memory], peer_buffer_addresses: Sequence[int], lengths: Sequence[int]
+        self,
+        target_hostname: str,
+        buffers: Sequence[Memory],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
     ) -> int: ...
+    def batch_transfer_sync(
+        self,
+        target_hostname: str,
+        buffers: Sequence[Memory],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        opcode: TransferOpcode | int,
+        notify: TransferNotify | None = None,
+        transport_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_async_read(
+        self,
+        target_hostname: str,
+        buffers: Sequence[Memory],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int:
+        """A batch id (wait with ``get_batch_transfer_status``), 0 on failure."""
+    def batch_transfer_async_write(
+        self,
+        target_hostname: str,
+        buffers: Sequence[Memory],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int:
+        """A batch id (wait with ``get_batch_transfer_status``), 0 on failure."""
+    def batch_transfer_async(
+        self,
+        target_hostname: str,
+        buffers: Sequence[Memory],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        opcode: TransferOpcode | int,
+        transport_hint: str = "",
+    ) -> int: ...
+    def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
+        """Waits for the batches and frees them; 0 if all completed, else -1."""
+    def transfer_submit_write(
+        self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int:
+        """A batch id (poll with ``transfer_check_status``), 0 on failure."""
+    def transfer_check_status(self, batch_id: int) -> int:
+        """0 in flight; then (batch freed) 1 completed, -1 failed or unknown, -2 timed out."""
     def allocate_managed_buffer(self, length: int) -> int:
         """The address of ``length`` bytes of registered memory, or 0 on failure."""
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int: ...
     def get_first_buffer_address(self, segment_name: str) -> int:
         """The address of the segment's first registered buffer, or 0."""
-    def write_bytes_to_buffer(self, buffer_addr: int, src: Buffer, length: int) -> int:
-        """Copies ``src`` into local registered memory (refused outside it)."""
+    def write_bytes_to_buffer(self, buffer_addr: int, src: Buffer | str, length: int) -> int:
+        """Copies ``src`` into local registered memory; -1 outside it."""
     def read_bytes_from_buffer(self, buffer_addr: int, length: int) -> bytes:
         """A copy of local registered memory (empty bytes outside it)."""
+    def get_notifies(self) -> list[TransferNotify]:
+        """The notifications received since the last call, oldest first; each once."""
+    def send_probe(self, peer_server_name: str) -> int:
+        """0 if the peer's engine answers, else a negative code."""
+    def warmup_efa_segment(self, segment_name: str) -> int:
+        """0 (no EFA transport)."""
