@@ -17,12 +17,14 @@
 //! `storebench ssd [--dir DIR]` measures the disk tier instead (see `crescent_benches::ssd`).
 //! Two more modes measure the client's local hot cache (`benches/hotcache.sh` runs them):
 //! `storebench hot-cache --master A:PORT --local-hostname B` and `storebench replay ...`.
+//! `storebench master [--objects 100k,1M] [--clients 64]` drives a spawned `crescent-master`
+//! with simulated clients at scale (see `crescent_benches::masterbench`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use crescent_benches::{hotbench, report};
+use crescent_benches::{hotbench, masterbench, report};
 use crescent_engine::parse_size;
 use crescent_store::{pattern, ClientConfig, StoreClient};
 use hdrhistogram::Histogram;
@@ -70,6 +72,8 @@ enum Mode {
     HotCache(hotbench::HotCacheArgs),
     /// The local hot cache under an inference-shaped request stream.
     Replay(hotbench::ReplayArgs),
+    /// The master at scale: many simulated clients, 100k-10M objects, eviction running.
+    Master(masterbench::MasterArgs),
 }
 
 #[derive(clap::Args)]
@@ -140,6 +144,7 @@ fn main() {
         Some(Mode::Query(args)) => query_bench(&args),
         Some(Mode::HotCache(a)) => hotbench::hot_cache(a),
         Some(Mode::Replay(a)) => hotbench::replay(a),
+        Some(Mode::Master(a)) => masterbench::run(a),
         None => run(cli),
     };
     if let Err(e) = result {
