@@ -90,11 +90,16 @@ pub fn fmt_utc(secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02} UTC", rem / 3600, rem % 3600 / 60)
 }
 
-/// The median of `v` (the upper one of an even count); 0 for none.
+/// The median of `v` (the mean of the two middle ones of an even count, as Python's
+/// `statistics.median` in benches/pairs.py); 0 for none.
 pub fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// What a ratio to its limit should be.
