@@ -328,7 +328,8 @@ pub fn run(args: MasterArgs) -> Result<()> {
     if args.clients == 0 || args.batch == 0 || args.objects.is_empty() {
         bail!("--clients, --batch and --objects must be positive");
     }
-    if !(args.duration > 0.0 && args.duration.is_finite()) || !(args.rpc_timeout > 0.0) {
+    let positive = |v: f64| v > 0.0 && v.is_finite();
+    if !positive(args.duration) || !positive(args.rpc_timeout) {
         bail!("--duration and --rpc-timeout must be positive");
     }
     if !(args.high_watermark > 0.1 && args.high_watermark <= 1.0) {
