@@ -2,6 +2,7 @@
 
 pub use crescent_store::pattern;
 pub mod hotbench;
+pub mod masterbench;
 pub mod report;
 pub mod ssd;
 
