@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod memory;
+pub mod net;
 pub mod rdma;
 pub mod region;
 pub mod shm;

@@ -1,29 +1,54 @@
 //! Initiator side of the tcp transport: one connection ("lane") to a peer, with a writer
 //! thread that sends requests and a reader thread that matches responses to them.
+//!
+//! # Deadlines and the caller's memory
+//!
+//! A slice's local memory may only be touched while its claim is held, and a slice that ends
+//! (times out) may have its memory handed back at once; so a lane must never hold a claim
+//! while it waits for the peer. Payloads are therefore moved by non-blocking system calls,
+//! one claim per call: the lane waits (`poll`) with no claim held, claims the memory, copies
+//! what the socket has or takes, and lets go. A slice whose deadline passes while the peer
+//! stalls ends `TimedOut` at its deadline; the lane finds its claim refused at the next call
+//! and drops the rest of that payload (a response: read into scratch, keeping the stream in
+//! step; a request half sent: the connection is closed, as it cannot be resumed).
+//!
+//! The lane itself gives up on a peer that stalls: a frame (either way) must be complete
+//! within the lane's io time, and a peer that answers nothing for that long while requests
+//! wait is considered gone; the lane then closes and fails what is still pending.
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
+use rustix::event::PollFlags;
 
-use super::frame::{FrameKind, Header, Status, HEADER_LEN};
-use super::io_util::{discard, read_header, write_all_vectored, HeaderRead};
-use crate::{Completion, Opcode, Slice, SliceOutcome};
+use super::frame::{FrameKind, Header, Status, FORMAT, HEADER_LEN};
+use crate::net::wire::{discard_by, recv_exact_by, recv_now, send_all_by, send_now, timed_out, wait_fd};
+use crate::net::FrameError;
+use crate::{Completion, LocalAccess, Opcode, Slice, SliceOutcome};
 
-/// How long a send may stall (peer not reading) before the lane is declared broken.
-const SEND_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Read requests coalesced into one `write` at most.
 const MAX_COALESCED: usize = 256;
+/// How often a lane waiting for the peer looks at its slices and its own deadlines.
+const STEP: Duration = Duration::from_millis(100);
+
+/// A monotonic clock in milliseconds, for "last used" stamps.
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 struct Pending {
     opcode: Opcode,
     local_addr: u64,
     len: u64,
+    sent: Instant,
     completion: Completion,
 }
 
@@ -31,6 +56,9 @@ struct LaneShared {
     peer: String,
     pending: Mutex<HashMap<u64, Pending>>,
     dead: AtomicBool,
+    /// When a request last went out ([`now_ms`]).
+    last_send: AtomicU64,
+    io_timeout: Duration,
 }
 
 impl LaneShared {
@@ -60,14 +88,20 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    pub(super) fn connect(peer: &str, addr: std::net::SocketAddr, timeout: Duration) -> io::Result<Lane> {
+    pub(super) fn connect(
+        peer: &str,
+        addr: std::net::SocketAddr,
+        timeout: Duration,
+        io_timeout: Duration,
+    ) -> io::Result<Lane> {
         let stream = TcpStream::connect_timeout(&addr, timeout)?;
         stream.set_nodelay(true)?;
-        stream.set_write_timeout(Some(SEND_STALL_TIMEOUT))?;
         let shared = Arc::new(LaneShared {
             peer: peer.to_string(),
             pending: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
+            last_send: AtomicU64::new(now_ms()),
+            io_timeout,
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         let (w, r) = (stream.try_clone()?, stream.try_clone()?);
@@ -79,6 +113,16 @@ impl Lane {
 
     pub(super) fn is_dead(&self) -> bool {
         self.shared.dead.load(Ordering::Acquire)
+    }
+
+    /// How long since a request last went out on this lane.
+    pub(super) fn idle_for(&self) -> Duration {
+        Duration::from_millis(now_ms().saturating_sub(self.shared.last_send.load(Ordering::Relaxed)))
+    }
+
+    /// True when no request waits for a response.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.shared.pending.lock().is_empty()
     }
 
     pub(super) fn send(&self, slice: Slice) {
@@ -95,7 +139,7 @@ impl Drop for Lane {
     }
 }
 
-fn writer_loop(mut stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShared>) {
+fn writer_loop(stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShared>) {
     let mut next_id: u64 = 1;
     let mut coalesced: Vec<u8> = Vec::with_capacity(MAX_COALESCED * HEADER_LEN);
     while let Ok(first) = rx.recv() {
@@ -107,12 +151,12 @@ fn writer_loop(mut stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShare
             }
             let id = next_id;
             next_id += 1;
-            result = send_one(&mut stream, &shared, &mut coalesced, id, slice);
+            result = send_one(&stream, &shared, &mut coalesced, id, slice);
         }
-        if result.is_ok() && !coalesced.is_empty() {
-            result = stream.write_all(&coalesced);
-            coalesced.clear();
+        if result.is_ok() {
+            result = flush(&stream, &shared, &mut coalesced);
         }
+        shared.last_send.store(now_ms(), Ordering::Relaxed);
         if let Err(e) = result {
             shared.fail_all(&format!("send failed: {e}"));
             let _ = stream.shutdown(Shutdown::Both);
@@ -124,13 +168,18 @@ fn writer_loop(mut stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShare
     }
 }
 
-fn send_one(
-    stream: &mut TcpStream,
-    shared: &LaneShared,
-    coalesced: &mut Vec<u8>,
-    id: u64,
-    slice: Slice,
-) -> io::Result<()> {
+/// Sends the coalesced read requests, all of them within the lane's io time.
+fn flush(stream: &TcpStream, shared: &LaneShared, coalesced: &mut Vec<u8>) -> io::Result<()> {
+    if coalesced.is_empty() {
+        return Ok(());
+    }
+    let deadline = Instant::now() + shared.io_timeout;
+    send_all_by(&mut &*stream, &mut [IoSlice::new(coalesced)], Some(deadline))?;
+    coalesced.clear();
+    Ok(())
+}
+
+fn send_one(stream: &TcpStream, shared: &LaneShared, coalesced: &mut Vec<u8>, id: u64, slice: Slice) -> io::Result<()> {
     let kind = match slice.opcode {
         Opcode::Read => FrameKind::ReadRequest,
         Opcode::Write => FrameKind::WriteRequest,
@@ -139,7 +188,8 @@ fn send_one(
     let access = slice.completion.local_access();
     let (opcode, local_addr, len) = (slice.opcode, slice.local_addr, slice.len);
     // Registered before the request is on the wire, so the response always finds it.
-    shared.pending.lock().insert(id, Pending { opcode, local_addr, len, completion: slice.completion });
+    let pending = Pending { opcode, local_addr, len, sent: Instant::now(), completion: slice.completion };
+    shared.pending.lock().insert(id, pending);
     if shared.dead.load(Ordering::Acquire) {
         if let Some(p) = shared.pending.lock().remove(&id) {
             p.completion.fail(format!("connection to {} is broken", shared.peer));
@@ -150,39 +200,89 @@ fn send_one(
         Opcode::Read => {
             coalesced.extend_from_slice(&header);
             if coalesced.len() >= MAX_COALESCED * HEADER_LEN {
-                stream.write_all(coalesced)?;
-                coalesced.clear();
+                flush(stream, shared, coalesced)?;
             }
             Ok(())
         }
         Opcode::Write => {
-            if !coalesced.is_empty() {
-                stream.write_all(coalesced)?;
-                coalesced.clear();
-            }
-            let sent = access.and_then(|a| {
-                a.with(|| {
-                    // SAFETY: the engine checked that [local_addr, +len) lies in a registered
-                    // region whose in-flight count it raised; the access claim keeps the slice
-                    // from ending (and the memory from being handed back) while we read it.
-                    let payload = unsafe { std::slice::from_raw_parts(local_addr as *const u8, len as usize) };
-                    write_all_vectored(stream, &mut [IoSlice::new(&header), IoSlice::new(payload)])
-                })
-            });
-            match sent {
-                Some(result) => result,
-                None => {
+            flush(stream, shared, coalesced)?;
+            let Some(access) = access else {
+                shared.pending.lock().remove(&id);
+                return Ok(());
+            };
+            let deadline = Instant::now() + shared.io_timeout;
+            match send_payload(stream, &header, &access, local_addr, len, deadline)? {
+                Sent::All => Ok(()),
+                Sent::Nothing => {
                     // The slice ended (timed out) before it was sent: nothing goes on the wire.
                     shared.pending.lock().remove(&id);
                     Ok(())
+                }
+                Sent::Part => {
+                    Err(io::Error::other("a write request's slice ended while it was being sent (the frame is cut)"))
                 }
             }
         }
     }
 }
 
-fn reader_loop(mut stream: TcpStream, shared: Arc<LaneShared>) {
-    let reason = match read_responses(&mut stream, &shared) {
+/// How much of a write request went out.
+enum Sent {
+    All,
+    /// The slice ended before its first byte was sent.
+    Nothing,
+    /// The slice ended mid-frame: the stream cannot go on.
+    Part,
+}
+
+/// Sends `header` and the slice's `[local_addr, +len)` by `deadline`, claiming the memory for
+/// each non-blocking send only (never while waiting for room).
+fn send_payload(
+    stream: &TcpStream,
+    header: &[u8; HEADER_LEN],
+    access: &LocalAccess,
+    local_addr: u64,
+    len: u64,
+    deadline: Instant,
+) -> io::Result<Sent> {
+    let total = HEADER_LEN + len as usize;
+    let mut sent = 0usize;
+    while sent < total {
+        if Instant::now() >= deadline {
+            return Err(timed_out());
+        }
+        let step = access.with(|| {
+            // SAFETY: the engine checked that [local_addr, +len) lies in a registered region
+            // whose in-flight count it raised; the claim keeps the slice from ending (and the
+            // memory from being handed back) during this one non-blocking send.
+            let payload = unsafe { std::slice::from_raw_parts(local_addr as *const u8, len as usize) };
+            if sent < HEADER_LEN {
+                send_now(stream.as_fd(), &[IoSlice::new(&header[sent..]), IoSlice::new(payload)])
+            } else {
+                send_now(stream.as_fd(), &[IoSlice::new(&payload[sent - HEADER_LEN..])])
+            }
+        });
+        match step {
+            None if sent == 0 => return Ok(Sent::Nothing),
+            None => return Ok(Sent::Part),
+            Some(Ok(Some(0))) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting bytes")),
+            Some(Ok(Some(n))) => sent += n,
+            // No room: wait without the claim, a step at a time (the slice may end meanwhile).
+            Some(Ok(None)) => {
+                match wait_fd(stream.as_fd(), PollFlags::OUT, Some(deadline.min(Instant::now() + STEP))) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Some(Err(e)) => return Err(e),
+        }
+    }
+    Ok(Sent::All)
+}
+
+fn reader_loop(stream: TcpStream, shared: Arc<LaneShared>) {
+    let reason = match read_responses(&stream, &shared) {
         Ok(()) => "the peer closed the connection".to_string(),
         Err(e) => e.to_string(),
     };
@@ -190,13 +290,45 @@ fn reader_loop(mut stream: TcpStream, shared: Arc<LaneShared>) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-fn read_responses(stream: &mut TcpStream, shared: &LaneShared) -> io::Result<()> {
-    let mut buf = [0u8; HEADER_LEN];
+/// Waits for the first bytes of a response header. Idle lanes wait as long as they like; a
+/// lane with requests waiting gives up once the oldest has waited the io time with nothing
+/// heard from the peer since.
+fn await_response(stream: &TcpStream, shared: &LaneShared, buf: &mut [u8], last_heard: Instant) -> io::Result<usize> {
+    let mut s = stream;
     loop {
-        if let HeaderRead::Closed = read_header(stream, &mut buf)? {
+        match FORMAT.await_frame(&mut s, buf, Some(Duration::from_secs(1))) {
+            Ok(n) => return Ok(n),
+            Err(FrameError::Closed) => return Ok(0),
+            Err(FrameError::Idle(_)) => {
+                let oldest = shared.pending.lock().values().map(|p| p.sent).min();
+                let limit = shared.io_timeout;
+                if oldest.is_some_and(|t| t.elapsed() >= limit) && last_heard.elapsed() >= limit {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no response from {} for {limit:?} with requests waiting", shared.peer),
+                    ));
+                }
+            }
+            Err(FrameError::Io { source, .. }) => return Err(source),
+            Err(e) => return Err(io::Error::other(e.to_string())),
+        }
+    }
+}
+
+fn read_responses(stream: &TcpStream, shared: &LaneShared) -> io::Result<()> {
+    let mut buf = [0u8; HEADER_LEN];
+    let mut last_heard = Instant::now();
+    let mut s = stream;
+    loop {
+        let filled = await_response(stream, shared, &mut buf, last_heard)?;
+        if filled == 0 {
             return Ok(());
         }
-        let resp = Header::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        // From its first byte, a response (header and payload) has the lane's io time.
+        let deadline = Instant::now() + shared.io_timeout;
+        recv_exact_by(&mut s, &mut buf[filled..], Some(deadline))?;
+        last_heard = Instant::now();
+        let resp = Header::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         let pending = shared.pending.lock().remove(&resp.id).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidData, format!("response to unknown request id {}", resp.id))
         })?;
@@ -222,19 +354,46 @@ fn read_responses(stream: &mut TcpStream, shared: &LaneShared) -> io::Result<()>
             pending.completion.complete(SliceOutcome::Completed);
             continue;
         }
-        let (local_addr, len) = (pending.local_addr, pending.len);
-        let received = pending.completion.with_local_access(|| {
-            // SAFETY: as in the writer: a registered, in-flight local range, claimed for this access.
-            let dest = unsafe { std::slice::from_raw_parts_mut(local_addr as *mut u8, len as usize) };
-            stream.read_exact(dest)
-        });
-        match received {
-            Some(Ok(())) => pending.completion.complete(SliceOutcome::Completed),
-            Some(Err(e)) => {
+        match recv_payload(stream, &pending, deadline) {
+            Ok(true) => pending.completion.complete(SliceOutcome::Completed),
+            Ok(false) => drop(pending), // ended before its bytes were all in: already reported
+            Err(e) => {
                 pending.completion.fail(format!("receiving from {} failed: {e}", shared.peer));
                 return Err(e);
             }
-            None => discard(stream, len)?,
+        }
+        last_heard = Instant::now();
+    }
+}
+
+/// Receives a read response's payload into the slice's memory by `deadline`, claiming the
+/// memory for each non-blocking receive only. False if the slice ended meanwhile (the rest of
+/// the payload is then read into scratch, keeping the stream in step).
+fn recv_payload(stream: &TcpStream, pending: &Pending, deadline: Instant) -> io::Result<bool> {
+    let (local_addr, len) = (pending.local_addr, pending.len as usize);
+    let mut got = 0usize;
+    while got < len {
+        if Instant::now() >= deadline {
+            return Err(timed_out());
+        }
+        let step = pending.completion.with_local_access(|| {
+            // SAFETY: as in the writer: a registered, in-flight local range, claimed for this
+            // one non-blocking receive.
+            let dest = unsafe { std::slice::from_raw_parts_mut((local_addr as usize + got) as *mut u8, len - got) };
+            recv_now(stream.as_fd(), dest)
+        });
+        match step {
+            None => {
+                discard_by(&mut &*stream, (len - got) as u64, Some(deadline))?;
+                return Ok(false);
+            }
+            Some(Ok(Some(0))) => {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the connection mid-response"))
+            }
+            Some(Ok(Some(n))) => got += n,
+            Some(Ok(None)) => wait_fd(stream.as_fd(), PollFlags::IN, Some(deadline))?,
+            Some(Err(e)) => return Err(e),
         }
     }
+    Ok(true)
 }
