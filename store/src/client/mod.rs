@@ -839,7 +839,13 @@ impl StoreClient {
             let err = match status {
                 TransferStatus::Completed => continue,
                 TransferStatus::TimedOut => StoreError::TimedOut(format!("moving object {:?}", keys[i])),
-                TransferStatus::Failed(reason) => StoreError::PeerGone { key: keys[i].clone(), reason },
+                // Out of range is not the holder's fault (as with one request, below).
+                TransferStatus::Failed(reason) if reason.is_out_of_range() => {
+                    StoreError::Engine(crescent_engine::EngineError::TransferFailed { request: i, reason })
+                }
+                TransferStatus::Failed(reason) => {
+                    StoreError::PeerGone { key: keys[i].clone(), reason: reason.to_string() }
+                }
                 TransferStatus::Pending => StoreError::Internal("batch ended with a pending request".into()),
             };
             if results[i].is_ok() {

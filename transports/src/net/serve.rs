@@ -476,8 +476,8 @@ mod tests {
         assert_eq!(b.on_error(&emfile), AcceptBackoff::FIRST);
     }
 
-    /// A listener whose first accepts fail with EMFILE (always "readable", like a listener
-    /// with a queued connection and no descriptor left), then hands out one real connection.
+    /// A listener whose first `fails` accepts fail with EMFILE (it stays "readable", like a
+    /// listener with a queued connection and no descriptor left), then hands out real ones.
     struct Exhausted {
         fails: Mutex<u32>,
         calls: Arc<AtomicU64>,
@@ -501,12 +501,16 @@ mod tests {
         }
     }
 
+    fn exhausted(fails: u32) -> (Exhausted, SocketAddr, Arc<AtomicU64>) {
+        let real = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = real.local_addr().unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        (Exhausted { fails: Mutex::new(fails), calls: calls.clone(), real }, addr, calls)
+    }
+
     #[test]
     fn the_loop_waits_out_accept_errors_and_then_serves() {
-        let real = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr: SocketAddr = real.local_addr().unwrap();
-        let calls = Arc::new(AtomicU64::new(0));
-        let listener = Exhausted { fails: Mutex::new(4), calls: calls.clone(), real };
+        let (listener, addr, calls) = exhausted(4);
         let server = serve("test", listener, LIMITS, |c: Accepted<TcpStream>| {
             use std::io::Write;
             let _ = (&*c.stream).write_all(b"hi");
@@ -517,8 +521,22 @@ mod tests {
         let mut buf = [0u8; 2];
         client.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"hi");
-        // Four failures, one success: each failure was waited out, not retried in a spin.
-        assert_eq!(calls.load(Ordering::Relaxed), 5);
+        assert_eq!(calls.load(Ordering::Relaxed), 5, "four failures, then the connection");
+        drop(server);
+    }
+
+    #[test]
+    fn a_listener_out_of_descriptors_is_not_spun_on() {
+        let (listener, addr, calls) = exhausted(u32::MAX);
+        let server = serve("test", listener, LIMITS, |_: Accepted<TcpStream>| {}).unwrap();
+        let _queued = TcpStream::connect(addr).unwrap();
+        assert!(eventually(|| calls.load(Ordering::Relaxed) >= 1), "the loop tries");
+        let before = calls.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(500));
+        // With the backoff (5 ms doubling) about 7 tries fit in this time (fewer on a loaded
+        // machine); a loop that spins makes tens of thousands.
+        let n = calls.load(Ordering::Relaxed) - before;
+        assert!(n < 50, "{n} accept calls in half a second");
         drop(server);
     }
 

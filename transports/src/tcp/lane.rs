@@ -9,8 +9,9 @@
 //! one claim per call: the lane waits (`poll`) with no claim held, claims the memory, copies
 //! what the socket has or takes, and lets go. A slice whose deadline passes while the peer
 //! stalls ends `TimedOut` at its deadline; the lane finds its claim refused at the next call
-//! and drops the rest of that payload (a response: read into scratch, keeping the stream in
-//! step; a request half sent: the connection is closed, as it cannot be resumed).
+//! and does without the rest of that payload, keeping the stream in step: a response's rest is
+//! read into scratch; a write request half sent is finished with zeros (the request has ended
+//! `TimedOut`, and a failed write leaves the target range undefined anyway — only that range).
 //!
 //! The lane itself gives up on a peer that stalls: a frame (either way) must be complete
 //! within the lane's io time, and a peer that answers nothing for that long while requests
@@ -31,7 +32,7 @@ use rustix::event::PollFlags;
 use super::frame::{FrameKind, Header, Status, FORMAT, HEADER_LEN};
 use crate::net::wire::{discard_by, recv_exact_by, recv_now, send_all_by, send_now, timed_out, wait_fd};
 use crate::net::FrameError;
-use crate::{Completion, LocalAccess, Opcode, Slice, SliceOutcome};
+use crate::{Completion, FailureKind, FailureReason, LocalAccess, Opcode, Slice, SliceOutcome};
 
 /// Read requests coalesced into one `write` at most.
 const MAX_COALESCED: usize = 256;
@@ -63,7 +64,9 @@ struct LaneShared {
 
 impl LaneShared {
     /// Marks the lane broken and fails every slice waiting on it.
-    fn fail_all(&self, reason: &str) {
+    fn fail_all(&self, why: &io::Error) {
+        let reason = why.to_string();
+        let kind = if why.kind() == io::ErrorKind::TimedOut { FailureKind::TimedOut } else { FailureKind::PeerGone };
         let first = !self.dead.swap(true, Ordering::AcqRel);
         let drained: Vec<Pending> = self.pending.lock().drain().map(|(_, p)| p).collect();
         if first && !drained.is_empty() {
@@ -76,7 +79,7 @@ impl LaneShared {
             tracing::debug!("tcp transport: connection to {} closed: {reason}", self.peer);
         }
         for p in drained {
-            p.completion.fail(format!("connection to {} broke: {reason}", self.peer));
+            p.completion.fail(FailureReason::new(kind, format!("connection to {} broke: {reason}", self.peer)));
         }
     }
 }
@@ -127,7 +130,7 @@ impl Lane {
 
     pub(super) fn send(&self, slice: Slice) {
         if let Err(err) = self.tx.send(slice) {
-            err.0.completion.fail(format!("connection to {} is closed", self.shared.peer));
+            err.0.completion.fail(FailureReason::peer_gone(format!("connection to {} is closed", self.shared.peer)));
         }
     }
 }
@@ -146,7 +149,7 @@ fn writer_loop(stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShared>) 
         let mut result = Ok(());
         for slice in std::iter::once(first).chain(rx.try_iter().take(MAX_COALESCED - 1)) {
             if result.is_err() || shared.dead.load(Ordering::Acquire) {
-                slice.completion.fail(format!("connection to {} is broken", shared.peer));
+                slice.completion.fail(FailureReason::peer_gone(format!("connection to {} is broken", shared.peer)));
                 continue;
             }
             let id = next_id;
@@ -158,13 +161,13 @@ fn writer_loop(stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShared>) 
         }
         shared.last_send.store(now_ms(), Ordering::Relaxed);
         if let Err(e) = result {
-            shared.fail_all(&format!("send failed: {e}"));
+            shared.fail_all(&io::Error::new(e.kind(), format!("send failed: {e}")));
             let _ = stream.shutdown(Shutdown::Both);
         }
     }
     // The lane was dropped: fail what was queued but never sent.
     for slice in rx.try_iter() {
-        slice.completion.fail(format!("connection to {} was closed", shared.peer));
+        slice.completion.fail(FailureReason::peer_gone(format!("connection to {} was closed", shared.peer)));
     }
 }
 
@@ -192,11 +195,17 @@ fn send_one(stream: &TcpStream, shared: &LaneShared, coalesced: &mut Vec<u8>, id
     shared.pending.lock().insert(id, pending);
     if shared.dead.load(Ordering::Acquire) {
         if let Some(p) = shared.pending.lock().remove(&id) {
-            p.completion.fail(format!("connection to {} is broken", shared.peer));
+            p.completion.fail(FailureReason::peer_gone(format!("connection to {} is broken", shared.peer)));
         }
         return Ok(());
     }
     match opcode {
+        Opcode::Read if access.as_ref().and_then(|a| a.with(|| ())).is_none() => {
+            // Ended (timed out) while queued: asking for its bytes would only make the peer
+            // send what nobody reads.
+            shared.pending.lock().remove(&id);
+            Ok(())
+        }
         Opcode::Read => {
             coalesced.extend_from_slice(&header);
             if coalesced.len() >= MAX_COALESCED * HEADER_LEN {
@@ -211,32 +220,19 @@ fn send_one(stream: &TcpStream, shared: &LaneShared, coalesced: &mut Vec<u8>, id
                 return Ok(());
             };
             let deadline = Instant::now() + shared.io_timeout;
-            match send_payload(stream, &header, &access, local_addr, len, deadline)? {
-                Sent::All => Ok(()),
-                Sent::Nothing => {
-                    // The slice ended (timed out) before it was sent: nothing goes on the wire.
-                    shared.pending.lock().remove(&id);
-                    Ok(())
-                }
-                Sent::Part => {
-                    Err(io::Error::other("a write request's slice ended while it was being sent (the frame is cut)"))
-                }
+            if !send_payload(stream, &header, &access, local_addr, len, deadline)? {
+                // The slice ended (timed out) before it was sent: nothing goes on the wire.
+                shared.pending.lock().remove(&id);
             }
+            Ok(())
         }
     }
 }
 
-/// How much of a write request went out.
-enum Sent {
-    All,
-    /// The slice ended before its first byte was sent.
-    Nothing,
-    /// The slice ended mid-frame: the stream cannot go on.
-    Part,
-}
-
 /// Sends `header` and the slice's `[local_addr, +len)` by `deadline`, claiming the memory for
-/// each non-blocking send only (never while waiting for room).
+/// each non-blocking send only (never while waiting for room). False if the slice ended before
+/// its first byte went (nothing was sent); if it ends mid-frame, the frame is finished with
+/// zeros, which keeps the stream in step without touching the memory again.
 fn send_payload(
     stream: &TcpStream,
     header: &[u8; HEADER_LEN],
@@ -244,7 +240,7 @@ fn send_payload(
     local_addr: u64,
     len: u64,
     deadline: Instant,
-) -> io::Result<Sent> {
+) -> io::Result<bool> {
     let total = HEADER_LEN + len as usize;
     let mut sent = 0usize;
     while sent < total {
@@ -263,8 +259,15 @@ fn send_payload(
             }
         });
         match step {
-            None if sent == 0 => return Ok(Sent::Nothing),
-            None => return Ok(Sent::Part),
+            None if sent == 0 => return Ok(false),
+            None => {
+                let rest = total - sent;
+                tracing::debug!(
+                    "tcp transport: a write's slice ended mid-frame; sending {rest} zero bytes in its place"
+                );
+                send_zeros(stream, rest, deadline)?;
+                return Ok(true);
+            }
             Some(Ok(Some(0))) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting bytes")),
             Some(Ok(Some(n))) => sent += n,
             // No room: wait without the claim, a step at a time (the slice may end meanwhile).
@@ -278,13 +281,24 @@ fn send_payload(
             Some(Err(e)) => return Err(e),
         }
     }
-    Ok(Sent::All)
+    Ok(true)
+}
+
+/// Sends `n` zero bytes by `deadline`.
+fn send_zeros(stream: &TcpStream, mut n: usize, deadline: Instant) -> io::Result<()> {
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    while n > 0 {
+        let k = n.min(ZEROS.len());
+        send_all_by(&mut &*stream, &mut [IoSlice::new(&ZEROS[..k])], Some(deadline))?;
+        n -= k;
+    }
+    Ok(())
 }
 
 fn reader_loop(stream: TcpStream, shared: Arc<LaneShared>) {
     let reason = match read_responses(&stream, &shared) {
-        Ok(()) => "the peer closed the connection".to_string(),
-        Err(e) => e.to_string(),
+        Ok(()) => io::Error::new(io::ErrorKind::ConnectionAborted, "the peer closed the connection"),
+        Err(e) => e,
     };
     shared.fail_all(&reason);
     let _ = stream.shutdown(Shutdown::Both);
@@ -340,14 +354,14 @@ fn read_responses(stream: &TcpStream, shared: &LaneShared) -> io::Result<()> {
             || (resp.status == Status::Ok && resp.kind == FrameKind::ReadResponse && resp.len != pending.len)
         {
             let err = format!("response {:?} of {} bytes does not match request {}", resp.kind, resp.len, resp.id);
-            pending.completion.fail(err.clone());
+            pending.completion.fail(FailureReason::protocol(err.clone()));
             return Err(io::Error::new(io::ErrorKind::InvalidData, err));
         }
         if resp.status == Status::OutOfRange {
-            pending.completion.fail(format!(
+            pending.completion.fail(FailureReason::out_of_range(format!(
                 "target {} rejected the access: [{:#x}, +{}) is outside its registered memory",
                 shared.peer, resp.addr, pending.len
-            ));
+            )));
             continue;
         }
         if resp.kind == FrameKind::WriteResponse {
@@ -358,7 +372,11 @@ fn read_responses(stream: &TcpStream, shared: &LaneShared) -> io::Result<()> {
             Ok(true) => pending.completion.complete(SliceOutcome::Completed),
             Ok(false) => drop(pending), // ended before its bytes were all in: already reported
             Err(e) => {
-                pending.completion.fail(format!("receiving from {} failed: {e}", shared.peer));
+                let kind =
+                    if e.kind() == io::ErrorKind::TimedOut { FailureKind::TimedOut } else { FailureKind::PeerGone };
+                pending
+                    .completion
+                    .fail(FailureReason::new(kind, format!("receiving from {} failed: {e}", shared.peer)));
                 return Err(e);
             }
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::net::{Limits, Server};
-use crate::{Endpoint, RegionTable, Slice, Transport, TransportError, TransportKind};
+use crate::{Endpoint, FailureReason, RegionTable, Slice, Transport, TransportError, TransportKind};
 use lane::Lane;
 
 /// Requests are not cut below this to spread them over lanes: small pieces cost more in
@@ -134,9 +134,9 @@ impl TcpTransport {
         self.server.connections()
     }
 
-    fn lanes_to(&self, peer: &Endpoint) -> Result<Arc<PeerLanes>, String> {
+    fn lanes_to(&self, peer: &Endpoint) -> Result<Arc<PeerLanes>, FailureReason> {
         let Endpoint::Tcp { host, port } = peer else {
-            return Err(format!("{peer} is not a tcp endpoint"));
+            return Err(FailureReason::local(format!("{peer} is not a tcp endpoint")));
         };
         let slot = self.peers.lock().entry(peer.clone()).or_default().clone();
         let mut current = slot.lanes.lock();
@@ -152,16 +152,16 @@ impl TcpTransport {
         let name = format!("{host}:{port}");
         let addr: SocketAddr = (host.as_str(), *port)
             .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {name}: {e}"))?
+            .map_err(|e| FailureReason::peer_gone(format!("cannot resolve {name}: {e}")))?
             .next()
-            .ok_or_else(|| format!("{name} resolves to no address"))?;
+            .ok_or_else(|| FailureReason::peer_gone(format!("{name} resolves to no address")))?;
         let lanes = (0..self.config.lanes)
             .map(|i| match old.get(i) {
                 Some(l) if usable(l) => Ok(l.clone()),
                 _ => Lane::connect(&name, addr, self.config.connect_timeout, self.config.io_timeout).map(Arc::new),
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("cannot connect to {name}: {e}"))?;
+            .map_err(|e| FailureReason::peer_gone(format!("cannot connect to {name}: {e}")))?;
         let lanes = Arc::new(PeerLanes { lanes, next: AtomicUsize::new(0) });
         *current = Some(lanes.clone());
         Ok(lanes)

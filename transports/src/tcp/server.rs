@@ -151,3 +151,45 @@ fn serve_write(
     acks.extend_from_slice(&response(req, FrameKind::WriteResponse, status, 0));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn a_connection_that_sends_nothing_is_closed_after_the_idle_time() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_millis(200)) };
+        let server = start(listener, Arc::new(RegionTable::new()), limits, Duration::from_secs(5)).unwrap();
+        let mut idle = TcpStream::connect(addr).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(idle.read(&mut b).unwrap(), 0, "the server closed the idle connection");
+        drop(server);
+    }
+
+    #[test]
+    fn a_request_that_stalls_mid_header_is_closed_after_its_frame_time() {
+        use std::io::Write;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_secs(60)) };
+        let server = start(listener, Arc::new(RegionTable::new()), limits, Duration::from_millis(300)).unwrap();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let header = Header { kind: FrameKind::ReadRequest, status: Status::Ok, id: 1, addr: 0x1000, len: 8 }.encode();
+        // Half a header, then a byte now and then: each read is quick, the frame never ends.
+        s.write_all(&header[..10]).unwrap();
+        let mut b = [0u8; 1];
+        for byte in &header[10..20] {
+            std::thread::sleep(Duration::from_millis(100));
+            if s.write_all(std::slice::from_ref(byte)).is_err() {
+                break;
+            }
+        }
+        assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "the server closed the stalled connection");
+        drop(server);
+    }
+}
