@@ -16,8 +16,10 @@ use crescent_transports::tcp::frame::{FrameKind, Header, Status, HEADER_LEN};
 
 /// The transfer timeout of these tests' engines (`MC_TRANSFER_TIMEOUT`).
 const TIMEOUT: Duration = Duration::from_secs(2);
-/// Only there so that a regression fails instead of hanging; never a claim about speed.
-const OUTER_BOUND: Duration = Duration::from_secs(90);
+/// Only there so that a regression fails instead of hanging: ten times the request's timeout,
+/// yet below the tcp lanes' own stall limit (`TcpConfig::io_timeout`, 30 s), after which a
+/// lane closes and would end the requests anyway — what must end them is their deadline.
+const OUTER_BOUND: Duration = Duration::from_secs(20);
 
 /// Runs `f` on a thread; its result, or `None` if it did not return within [`OUTER_BOUND`].
 fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
@@ -65,7 +67,7 @@ fn a_response_that_stops_halfway_through_its_payload_ends_timed_out() {
 #[test]
 fn a_peer_that_stops_reading_a_large_write_does_not_hold_it() {
     // Reads a trickle (1 KiB every 200 ms): every partial write makes some progress, so only a
-    // deadline over the whole request can end it.
+    // deadline over the whole request can end it (a timeout per write would never fire).
     let peer = SilentPeer::serving(|mut conn: TcpStream| {
         let mut sink = [0u8; 1024];
         for _ in 0..1000 {
@@ -76,7 +78,9 @@ fn a_peer_that_stops_reading_a_large_write_does_not_hold_it() {
         }
     });
     let engine = loopback_engine(TIMEOUT);
-    let outcome = within(move || request(&engine, &peer, Opcode::Write, 16 << 20)).expect("the put ended");
+    // More than loopback's socket buffers hold (some 10 MiB per connection), so the sender
+    // really waits on the peer.
+    let outcome = within(move || request(&engine, &peer, Opcode::Write, 64 << 20)).expect("the put ended");
     assert!(matches!(outcome, Err(EngineError::TimedOut)), "{outcome:?}");
 }
 
