@@ -106,7 +106,7 @@ fn a_target_stopped_mid_batch_times_the_batch_out_and_works_again_once_continued
     kill(pid, rustix::process::Signal::CONT);
     let outcomes = outcomes.expect("the batch in flight ended while the target was stopped");
     let last = outcomes.last().unwrap();
-    assert!(last.iter().any(|s| *s == TransferStatus::TimedOut), "{last:?}");
+    assert!(last.contains(&TransferStatus::TimedOut), "{last:?}");
     // Continued, the target serves a new batch.
     let engine2 = engine.clone();
     let again = within(move || {

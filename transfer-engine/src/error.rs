@@ -51,7 +51,8 @@ pub enum EngineError {
 
 impl EngineError {
     /// True when the error comes from how the caller used the API, not from a peer or the system.
-    /// A transfer that failed out of range is one: it named memory the target does not have.
+    /// A failed transfer is not (a request outside the target's memory usually means a stale
+    /// address, which another replica may not share): its reason's kind tells more.
     pub fn is_caller_error(&self) -> bool {
         match self {
             EngineError::InvalidArgument(_)
@@ -61,7 +62,6 @@ impl EngineError {
             | EngineError::BatchInFlight { .. }
             | EngineError::UnknownSegment(_) => true,
             EngineError::Transport(t) => t.is_caller_error(),
-            EngineError::TransferFailed { reason, .. } => reason.is_out_of_range(),
             _ => false,
         }
     }

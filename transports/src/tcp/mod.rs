@@ -142,7 +142,8 @@ impl TcpTransport {
         let mut current = slot.lanes.lock();
         // Dead lanes are replaced, and so are quiet ones idle for long (the peer's server may
         // be closing them); the others keep their requests in flight.
-        let usable = |l: &Arc<Lane>| !l.is_dead() && !(l.is_quiet() && l.idle_for() >= LANE_REUSE_LIMIT);
+        let stale = |l: &Arc<Lane>| l.is_quiet() && l.idle_for() >= LANE_REUSE_LIMIT;
+        let usable = |l: &Arc<Lane>| !(l.is_dead() || stale(l));
         if let Some(lanes) = current.as_ref() {
             if lanes.lanes.iter().all(usable) {
                 return Ok(lanes.clone());

@@ -33,7 +33,7 @@ use crescent_transports::net::{Format, Limits, Server, Wire};
 
 use super::DiskTier;
 use crate::client::staging::Staging;
-use crate::error::{Result, StoreError};
+use crate::error::{PeerFault, Result, StoreError};
 
 pub const MAGIC: [u8; 2] = *b"CD";
 pub const WIRE_VERSION: u8 = 1;
@@ -82,8 +82,12 @@ fn bad(why: impl Into<String>) -> StoreError {
 }
 
 /// Sends one frame, all of it within [`IO_TIMEOUT`].
-pub fn write_frame(w: &mut (impl Wire + ?Sized), kind: Kind, payload: &[u8]) -> Result<()> {
-    FORMAT.write_frame(w, kind as u8, payload, IO_TIMEOUT).map_err(|e| bad(e.to_string()))
+pub fn write_frame(w: &mut (impl Wire + ?Sized), kind: Kind, payload: &[u8]) -> std::io::Result<()> {
+    FORMAT.write_frame(w, kind as u8, payload, IO_TIMEOUT).map_err(|e| match e {
+        crescent_transports::net::FrameError::Io { source, .. } => source,
+        e if e.is_timeout() => std::io::Error::new(std::io::ErrorKind::TimedOut, e.to_string()),
+        e => std::io::Error::other(e.to_string()),
+    })
 }
 
 /// Reads one frame (waiting [`IO_TIMEOUT`] for it, and as long for all of it); anything
@@ -231,10 +235,12 @@ fn serve(conn: &TcpStream, tier: &Weak<DiskTier>, staging: &Staging, segment: &s
             }),
             Kind::Next => match (u64_at(&payload, 0), open.as_mut()) {
                 (Ok(max), Some((reader, key, version))) if max > 0 && reader.remaining() > 0 => {
-                    let mut block = staging.acquire(max.min(reader.remaining()));
-                    let n = block.len() as usize;
-                    match reader.read_next(&mut block.bytes()[..n]) {
-                        Ok(n) => {
+                    let block = staging.acquire(max.min(reader.remaining()), std::time::Instant::now() + IO_TIMEOUT);
+                    match block.and_then(|mut block| {
+                        let n = block.len() as usize;
+                        reader.read_next(&mut block.bytes()[..n]).map(|n| (n, block))
+                    }) {
+                        Ok((n, block)) => {
                             let last = reader.remaining() == 0;
                             if last {
                                 tier.count_served();
@@ -274,16 +280,15 @@ impl DiskReader {
     /// Connects to `service` and opens (`key`, `version`, `size`); returns the reader and the
     /// owner's engine segment name (where the pieces are).
     pub fn open(service: &str, key: &str, version: u64, size: u64) -> Result<(DiskReader, String)> {
-        let gone = |why: String| StoreError::PeerGone {
-            key: key.to_string(),
-            reason: format!("disk service {service}: {why}"),
+        let gone = |source: std::io::Error| {
+            StoreError::peer_gone(key, PeerFault::DiskService { service: service.to_string(), source })
         };
         let addr = service
             .to_socket_addrs()
-            .map_err(|e| gone(e.to_string()))?
+            .map_err(gone)?
             .next()
-            .ok_or_else(|| gone("no address".into()))?;
-        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(|e| gone(e.to_string()))?;
+            .ok_or_else(|| gone(std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address")))?;
+        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(gone)?;
         let _ = conn.set_nodelay(true);
         let mut r = DiskReader { conn, key: key.to_string() };
         let req = OpenRequest { version, size, key: key.to_string() };
@@ -299,8 +304,10 @@ impl DiskReader {
     }
 
     fn ask(&mut self, kind: Kind, payload: &[u8]) -> Result<(Kind, Vec<u8>)> {
-        write_frame(&mut self.conn, kind, payload)
-            .map_err(|e| StoreError::PeerGone { key: self.key.clone(), reason: e.to_string() })?;
+        write_frame(&mut self.conn, kind, payload).map_err(|source| {
+            let service = self.conn.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+            StoreError::peer_gone(&self.key, PeerFault::DiskService { service, source })
+        })?;
         read_frame(&mut self.conn)
     }
 
