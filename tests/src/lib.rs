@@ -116,7 +116,7 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-/// A peer that answers the handshake with a descriptor (one 16 MiB buffer at 0x10000000)
+/// A peer that answers the handshake with a descriptor (one 64 MiB buffer at 0x10000000)
 /// whose tcp endpoint accepts connections, reads requests and never answers; with
 /// `close_after`, it closes each connection after that long instead.
 pub struct SilentPeer {
@@ -170,7 +170,7 @@ impl SilentPeer {
             endpoints: vec![Endpoint::Tcp { host: "127.0.0.1".into(), port: data_port }],
             buffers: vec![BufferDescriptor {
                 addr: buffer,
-                length: 16 << 20,
+                length: 64 << 20,
                 location: "cpu:0".into(),
                 keys: Default::default(),
             }],
