@@ -1,18 +1,14 @@
 //! RDMA devices: opening them, choosing the port, GID and MTU, and the per-device protection
 //! domain and completion queue (with its completion channel, waited on by the poller).
 
-use std::collections::HashMap;
 use std::ffi::CStr;
 use std::net::Ipv4Addr;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
-
+use super::config::RdmaConfig;
 use super::ffi::{self, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, Verbs};
-use super::lane::Lane;
-use super::RdmaConfig;
 
 /// Most completion queue entries asked for per device.
 const MAX_CQE: usize = 65536;
@@ -57,10 +53,6 @@ pub struct Device {
     /// Work requests that may be outstanding on this device's completion queue.
     pub cq_capacity: usize,
     cq_used: AtomicUsize,
-    /// Initiator lanes by queue pair number, for the poller.
-    pub(crate) lanes: RwLock<HashMap<u32, Weak<Lane>>>,
-    /// Lanes that could not post for want of completion-queue room.
-    pub(crate) starved: Mutex<Vec<Weak<Lane>>>,
 }
 
 // SAFETY: the raw handles are owned by this value and only used through libibverbs calls,
@@ -324,8 +316,6 @@ fn open_one(
         max_rd_dest: attr.max_qp_rd_atom.clamp(1, 16) as u8,
         cq_capacity,
         cq_used: AtomicUsize::new(0),
-        lanes: RwLock::new(HashMap::new()),
-        starved: Mutex::new(Vec::new()),
     };
     tracing::debug!(
         "rdma: {name} port {port}: GID {gid_index} = {}, LID {}, MTU {}, {} CQ entries",

@@ -5,7 +5,19 @@ use std::sync::Arc;
 
 use super::device::Device;
 use super::ffi::{self, ibv_qp, ibv_qp_attr};
-use super::wire::QpInfo;
+
+/// What one side tells the other about its queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    pub qpn: u32,
+    pub psn: u32,
+    pub lid: u16,
+    pub gid: [u8; 16],
+    /// Path MTU enum value (1..=5).
+    pub mtu: u8,
+    /// RDMA reads this side serves at once as a responder.
+    pub rd_atomic: u8,
+}
 
 /// Timing of a queue pair's retransmissions.
 #[derive(Debug, Clone, Copy)]

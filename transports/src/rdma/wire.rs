@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+pub use super::qp::QpInfo;
 use crate::net::{Format, FrameError, Wire};
 
 pub const MAGIC: [u8; 4] = *b"CRQP";
@@ -40,19 +41,6 @@ pub const FORMAT: Format = Format {
 pub const MAX_DEVICE_NAME: usize = 64;
 /// Once a message's first byte has arrived, the rest must follow within this long.
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What one side tells the other about its queue pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QpInfo {
-    pub qpn: u32,
-    pub psn: u32,
-    pub lid: u16,
-    pub gid: [u8; 16],
-    /// Path MTU enum value (1..=5).
-    pub mtu: u8,
-    /// RDMA reads this side serves at once as a responder.
-    pub rd_atomic: u8,
-}
 
 const QP_INFO_LEN: usize = 4 + 4 + 2 + 16 + 1 + 1;
 
