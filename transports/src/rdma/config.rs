@@ -1,4 +1,6 @@
 //! The rdma transport's settings ([`RdmaConfig`]), read by every layer of it.
+//!
+//! Layer: settings (the layer map is in the [rdma module](super)).
 
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! RDMA devices: opening them, choosing the port, GID and MTU, and the per-device protection
 //! domain and completion queue (with its completion channel, waited on by the poller).
+//!
+//! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
 use std::ffi::CStr;
 use std::net::Ipv4Addr;

@@ -6,6 +6,8 @@
 //! `static inline` in the header (they call through `context->ops`), so they are reached the
 //! same way here. The test `layouts_match_the_system_header` compiles a C program against
 //! the installed header (when there is one) and compares every size and offset used here.
+//!
+//! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
 #![allow(non_camel_case_types)]
 

@@ -1,4 +1,4 @@
-//! Lanes layer. A lane: one connected RC queue pair to a peer, the slices queued for it and those posted
+//! A lane: one connected RC queue pair to a peer, the slices queued for it and those posted
 //! on it. Slices are posted as chained work-request lists, as many as the queue pair and
 //! the device's completion queue have room for; the rest wait in the lane's queue and are
 //! posted as completions free room (back-pressure, never an error).
@@ -11,6 +11,8 @@
 //! A lane gets its completions from the dispatch below it ([`CompletionOwner`]) and hands
 //! what it cannot end itself — slices to move to another lane — to its owner above it
 //! ([`LaneOwner`], the peer).
+//!
+//! Layer: lanes (the layer map is in the [rdma module](super)).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,18 +1,36 @@
 //! The rdma transport: one-sided RDMA READ and WRITE over RC queue pairs (libibverbs).
 //!
+//! The target side needs no CPU per transfer: its devices check every access against the
+//! memory regions it registered (an access outside them fails with a remote access error).
+//!
+//! Its modules stand in layers, each importing only those below it (checked by
+//! `tests/tests/layers.rs`, which holds the same order); where a lower layer must reach up,
+//! it owns a trait the higher one implements:
+//!
+//! ```text
+//! transport   mod.rs: the Transport impl, one PeerSlot per peer, connect backoff
+//!   peers     wire, shared, peer, server: the queue-pair exchange on a TCP control
+//!             connection, keepalive, lane rebuild          (implements lane::LaneOwner)
+//!   lanes     lane: posting chained work requests, back-pressure, retries on another lane
+//!                                                          (implements poller::CompletionOwner)
+//!   dispatch  poller: a completion-queue thread per device, completions to their owner by
+//!             queue-pair number (CompletionOwner)
+//!   verbs     ffi, device, mr, qp: libibverbs loaded at run time, devices with their
+//!             protection domain and completion queue, memory regions, queue pairs
+//!   settings  config: RdmaConfig, read by every layer
+//! ```
+//!
 //! * [`ffi`]: libibverbs loaded at run time (`dlopen`), so binaries start on hosts without it;
 //! * [`device`]: device, port, GID and MTU selection; a protection domain and a completion
 //!   queue per device;
 //! * [`mr`]: every registered region registered on every device; peers' remote keys;
-//! * [`qp`], [`wire`], [`server`], [`peer`]: queue pairs connected through a small exchange on
-//!   a TCP port published in [`Endpoint::Rdma`] (several per device pair), kept alive and
-//!   rebuilt with backoff;
-//! * [`lane`]: slices posted as chained work requests with back-pressure, failed ones retried
+//! * [`qp`]: RC queue pairs and their state changes;
+//! * `poller`: one completion-queue thread per device, dispatching by queue-pair number;
+//! * `lane`: slices posted as chained work requests with back-pressure, failed ones retried
 //!   on another queue pair a bounded number of times;
-//! * [`poller`]: one completion-queue thread per device.
-//!
-//! The target side needs no CPU per transfer: its devices check every access against the
-//! memory regions it registered (an access outside them fails with a remote access error).
+//! * [`wire`], `server`, `peer`: queue pairs connected through a small exchange on a TCP port
+//!   published in [`Endpoint::Rdma`] (several per device pair), kept alive and rebuilt with
+//!   backoff.
 
 mod config;
 pub mod device;

@@ -1,4 +1,6 @@
 //! Memory registration: every registered region is registered on every device.
+//!
+//! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,7 +1,9 @@
-//! Peers layer: the initiator's side of one peer: its lanes (queue pairs, several per device pair), the
+//! The initiator's side of one peer: its lanes (queue pairs, several per device pair), the
 //! control connection they were set up through, and the keeper thread that checks the peer
 //! is alive and rebuilds broken lanes with backoff. A peer owns its lanes ([`LaneOwner`]):
 //! what a lane cannot end itself comes back here to be moved to another lane.
+//!
+//! Layer: peers (the layer map is in the [rdma module](super)).
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

@@ -5,6 +5,8 @@
 //!
 //! The poller polls, spins briefly when the queue is empty, then arms the completion channel
 //! and sleeps on it (so an idle engine, or a VM with one CPU, does not burn a core).
+//!
+//! Layer: completion dispatch (the layer map is in the [rdma module](super)).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,4 +1,6 @@
 //! RC queue pairs and their state changes RESET → INIT → RTR → RTS (and → ERR to flush).
+//!
+//! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

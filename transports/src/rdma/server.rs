@@ -1,6 +1,8 @@
-//! Peers layer: the target's side of the queue-pair exchange: for each initiator's control connection,
+//! The target's side of the queue-pair exchange: for each initiator's control connection,
 //! one queue pair per lane it asks for, connected to the initiator's; all of them are
 //! destroyed when the connection closes or falls silent.
+//!
+//! Layer: peers (the layer map is in the [rdma module](super)).
 
 use std::collections::HashMap;
 use std::io;

@@ -1,6 +1,8 @@
-//! Peers layer: what the transport hands its peers and its exchange server — the settings,
+//! What the transport hands its peers and its exchange server — the settings,
 //! the devices with their completion dispatch, the registered memory, the queue pairs'
 //! timing, the stop flag, and whether rdma has been used or turned off.
+//!
+//! Layer: peers (the layer map is in the [rdma module](super)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -19,6 +19,8 @@
 //! be complete within [`MESSAGE_TIMEOUT`] (one deadline for all of it, so pauses inside it do
 //! not cut it, and a peer that trickles it cannot hold the reader longer); between messages a
 //! reader waits as long as its caller's idle time.
+//!
+//! Layer: peers (the layer map is in the [rdma module](super)).
 
 use std::time::Duration;
 
