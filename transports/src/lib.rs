@@ -8,15 +8,26 @@
 //!
 //! The same [`RegionTable`] is shared by the engine (which registers memory) and by
 //! every transport (which checks each remote access against it on the target side).
+#![warn(missing_docs)]
 
+// `missing_docs` holds for `rdma`; the modules marked below still have public items without
+// docs (issue 22 §6: 177 of them) and are let off until those are written.
+#[allow(missing_docs)]
 pub mod error;
+#[allow(missing_docs)]
 pub mod memory;
+#[allow(missing_docs)]
 pub mod net;
 pub mod rdma;
+#[allow(missing_docs)]
 pub mod region;
+#[allow(missing_docs)]
 pub mod shm;
+#[allow(missing_docs)]
 pub mod slice;
+#[allow(missing_docs)]
 pub mod tcp;
+#[allow(missing_docs)]
 mod transport;
 
 pub use error::TransportError;

@@ -27,13 +27,15 @@ pub struct RdmaConfig {
     pub qps_per_peer: usize,
     /// Work requests outstanding per queue pair (capped by the device).
     pub max_send_wr: u32,
-    /// ACK timeout exponent (4.096 µs × 2^n) and retransmissions of each queue pair.
+    /// ACK timeout exponent of each queue pair: 4.096 µs × 2^n (`MC_IB_TIMEOUT`).
     pub ib_timeout: u8,
+    /// Retransmissions of each queue pair before its work request fails (`MC_IB_RETRY_CNT`).
     pub retry_cnt: u8,
     /// Attempts per slice (on different queue pairs) before it fails.
     pub max_attempts: u32,
     /// How long the poller spins on an empty completion queue before sleeping on events.
     pub poll_spin: Duration,
+    /// How long opening the control connection to a peer may take.
     pub connect_timeout: Duration,
 }
 

@@ -9,6 +9,8 @@
 //!
 //! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
+// The items mirror <infiniband/verbs.h> one for one, under its names; that header documents them.
+#![allow(missing_docs)]
 #![allow(non_camel_case_types)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};

@@ -79,8 +79,11 @@ struct SlotState {
 /// How a device in use is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSummary {
+    /// The device's name (`mlx5_0`, `rxe0`).
     pub name: String,
+    /// The port used (its first active one).
     pub port: u8,
+    /// The index of the GID used in the port's GID table.
     pub gid_index: u8,
     /// The GID, as an IPv6 address (`::ffff:a.b.c.d` for RoCE v2 over IPv4).
     pub gid: String,
@@ -103,14 +106,22 @@ pub struct PeerStats {
 /// What one queue pair to a peer has done (for tests and diagnostics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneStats {
+    /// The local device of the queue pair.
     pub device: String,
+    /// The peer's device it is connected to.
     pub remote_device: String,
+    /// The local queue-pair number.
     pub qpn: u32,
+    /// Slices posted on it.
     pub posted: u64,
+    /// Slices whose work completion came back (successful or not).
     pub completed: u64,
+    /// It failed and waits to be rebuilt.
     pub broken: bool,
 }
 
+/// The rdma [`Transport`]: the devices in use, the exchange listener that targets accept
+/// queue pairs on, and one connection (control connection plus queue pairs) per peer.
 pub struct RdmaTransport {
     shared: Arc<Shared>,
     port: u16,
@@ -203,6 +214,7 @@ impl RdmaTransport {
         self.shared.devices.iter().map(|d| d.name.clone()).collect()
     }
 
+    /// The TCP port of the queue-pair exchange listener (published in [`Endpoint::Rdma`]).
     pub fn port(&self) -> u16 {
         self.port
     }
