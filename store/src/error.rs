@@ -46,6 +46,16 @@ pub enum StoreError {
     Remote(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// This master is a standby or was deposed (the message names the leader when known).
+    #[error("not the leader: {0}")]
+    NotLeader(String),
+    /// The master changed while this call was in flight (a restart, a failover): a put in
+    /// flight must be put again.
+    #[error("the master changed: {0}")]
+    MasterChanged(String),
+    /// No owner of the object's replicas acknowledged the commit in time: nothing was stored.
+    #[error("no owner of object {0:?}'s replicas acknowledged its commit in time; put it again")]
+    OwnersUnreachable(String),
     #[error("disk tier: {0}")]
     Disk(String),
     #[error("corrupt disk file: {0}")]
@@ -68,6 +78,19 @@ impl StoreError {
         }
     }
 
+    /// True when the call failed because the master went away, changed or is not the leader:
+    /// the same call may succeed once the client follows the (new) master.
+    pub fn is_master_change(&self) -> bool {
+        matches!(
+            self,
+            StoreError::MasterUnreachable { .. }
+                | StoreError::NotLeader(_)
+                | StoreError::MasterChanged(_)
+                | StoreError::OwnersUnreachable(_)
+                | StoreError::NeedRemount
+        )
+    }
+
     /// The wire code for this error.
     pub fn code(&self) -> Code {
         match self {
@@ -84,6 +107,9 @@ impl StoreError {
             StoreError::ClientNotFound(_) => Code::ClientNotFound,
             StoreError::NeedRemount => Code::NeedRemount,
             StoreError::LeaseExpired { .. } => Code::LeaseExpired,
+            StoreError::NotLeader(_) => Code::NotLeader,
+            StoreError::MasterChanged(_) => Code::MasterChanged,
+            StoreError::OwnersUnreachable(_) => Code::OwnersUnreachable,
             _ => Code::Internal,
         }
     }
@@ -102,6 +128,9 @@ impl StoreError {
             Code::ClientNotFound => StoreError::ClientNotFound(message.to_string()),
             Code::NeedRemount => StoreError::NeedRemount,
             Code::LeaseExpired => StoreError::LeaseExpired { key: key.to_string(), lease_ms: 0, took_ms: 0 },
+            Code::NotLeader => StoreError::NotLeader(message.to_string()),
+            Code::MasterChanged => StoreError::MasterChanged(message.to_string()),
+            Code::OwnersUnreachable => StoreError::OwnersUnreachable(key.to_string()),
             _ => StoreError::Remote(message.to_string()),
         }
     }

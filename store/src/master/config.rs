@@ -66,6 +66,10 @@ pub struct MasterConfig {
     /// Directory where the master keeps what must outlive it: the removals waiting for disks
     /// that are away (see the README's disk tier). None: kept in memory only.
     pub state_dir: Option<std::path::PathBuf>,
+    /// How long a put's commit (or a removal's answer) waits for the owners of its replicas to
+    /// acknowledge the news; a replica whose owner did not is not committed.
+    #[serde(with = "millis", alias = "owner_ack_timeout_ms")]
+    pub owner_ack_timeout: Duration,
 }
 
 impl Default for MasterConfig {
@@ -89,6 +93,7 @@ impl Default for MasterConfig {
             hot_max_replicas: 3,
             hot_queue: 1024,
             state_dir: None,
+            owner_ack_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -102,9 +107,12 @@ impl MasterConfig {
         if !(self.eviction_ratio > 0.0 && self.eviction_ratio <= 1.0) {
             return bad(format!("eviction_ratio {} is not in (0, 1]", self.eviction_ratio));
         }
-        for (name, d) in
-            [("lease_ttl", self.lease_ttl), ("client_ttl", self.client_ttl), ("put_timeout", self.put_timeout)]
-        {
+        for (name, d) in [
+            ("lease_ttl", self.lease_ttl),
+            ("client_ttl", self.client_ttl),
+            ("put_timeout", self.put_timeout),
+            ("owner_ack_timeout", self.owner_ack_timeout),
+        ] {
             if d.is_zero() {
                 return bad(format!("{name} must be positive"));
             }
