@@ -64,6 +64,9 @@ pub struct ClientConfig {
     /// `host:port` of the client's Prometheus endpoint (`GET /metrics`;
     /// `CRESCENT_CLIENT_METRICS_ADDRESS`, `client_metrics_address`); `None`: no endpoint.
     pub metrics_address: Option<String>,
+    /// A put that fails because the master went away, changed or is not the leader is put
+    /// again once a master answers, for this long at most (`master_failover_timeout_ms`).
+    pub master_failover_timeout: std::time::Duration,
 }
 
 impl Default for ClientConfig {
@@ -89,6 +92,7 @@ impl Default for ClientConfig {
             disk_recycle_bytes: disk::DEFAULT_RECYCLE_BYTES,
             hot_cache: HotCacheSettings::default(),
             metrics_address: None,
+            master_failover_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -124,6 +128,7 @@ struct FileConfig {
     local_hot_block_size: Option<serde_json::Value>,
     local_hot_cache_admission: Option<String>,
     client_metrics_address: Option<String>,
+    master_failover_timeout_ms: Option<u64>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -232,6 +237,9 @@ impl ClientConfig {
         }
         if let Some(v) = f.client_metrics_address {
             self.metrics_address = Some(v.trim().to_string()).filter(|a| !a.is_empty());
+        }
+        if let Some(v) = f.master_failover_timeout_ms {
+            self.master_failover_timeout = std::time::Duration::from_millis(v);
         }
         Ok(())
     }

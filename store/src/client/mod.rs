@@ -5,7 +5,10 @@ pub mod config;
 pub mod disk;
 pub mod hot_cache;
 mod lease;
+mod master_link;
 pub mod metrics;
+pub mod owner_index;
+mod put_retry;
 pub mod rpc;
 pub mod sched;
 mod ssd;
@@ -77,6 +80,10 @@ pub struct StoreClient {
     metrics: metrics::ClientMetrics,
     /// The Prometheus endpoint, when `metrics_address` is set; stopped by `close`.
     metrics_server: parking_lot::Mutex<Option<metrics::MetricsServer>>,
+    /// What our segment holds, as the master told us ([`owner_index`]).
+    index: Arc<owner_index::OwnerIndex>,
+    /// Heartbeat wake-ups and answers ([`master_link`]).
+    link: Arc<master_link::Link>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -120,13 +127,16 @@ impl StoreClient {
             ssd,
             metrics: metrics::ClientMetrics::new()?,
             metrics_server: parking_lot::Mutex::new(None),
+            index: Arc::default(),
+            link: Arc::default(),
         });
         if let Some(addr) = metrics_address {
             let server = metrics::MetricsServer::start(&addr, Arc::downgrade(&client), &client.rpc.handle())?;
             tracing::info!("store client metrics: http://{}/metrics", server.addr());
             *client.metrics_server.lock() = Some(server);
         }
-        client.mount(false)?;
+        client.mount(master_link::MountKind::First)?;
+        client.start_owner_stream();
         client.start_disk()?;
         client.start_heartbeat();
         tracing::info!(
@@ -171,68 +181,6 @@ impl StoreClient {
         }
     }
 
-    fn mount(&self, remount: bool) -> Result<()> {
-        let req = MountSegmentRequest {
-            client_id: self.id.clone(),
-            segment: Some(self.segment_info()),
-            host: self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default(),
-        };
-        let reply = if remount {
-            self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
-        } else {
-            self.rpc.call(|mut c| async move { c.mount_segment(req).await })?
-        };
-        check(reply.status, "")?;
-        self.segment_id.store(reply.segment_id, Ordering::Release);
-        Ok(())
-    }
-
-    fn start_heartbeat(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        let stop = self.stop.clone();
-        let interval = self.config.ping_interval;
-        std::thread::Builder::new()
-            .name("crescent-heartbeat".into())
-            .spawn(move || {
-                let mut master_was_down = false;
-                while !stop.load(Ordering::Acquire) {
-                    std::thread::sleep(interval);
-                    let Some(client) = weak.upgrade() else { return };
-                    if stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    let req = PingRequest { client_id: client.id.clone(), disk: client.disk_counters() };
-                    let reply = client.rpc.call(|mut c| async move { c.ping(req).await });
-                    match reply.and_then(|mut r| check(r.status.take(), "").map(|()| r)) {
-                        Ok(reply) => {
-                            client.apply_disk_ping(reply);
-                            if master_was_down {
-                                tracing::info!("master {} reachable again", client.rpc.addr());
-                            }
-                            master_was_down = false;
-                        }
-                        Err(StoreError::NeedRemount) => {
-                            tracing::warn!(
-                                "the master dropped this client; remounting segment {}",
-                                client.segment_name()
-                            );
-                            match client.mount(true) {
-                                Ok(()) => client.remount_disk(),
-                                Err(e) => tracing::warn!("remount failed: {e}"),
-                            }
-                        }
-                        Err(e) => {
-                            if !master_was_down {
-                                tracing::warn!("heartbeat failed: {e}");
-                            }
-                            master_was_down = true;
-                        }
-                    }
-                }
-            })
-            .expect("spawning the heartbeat thread");
-    }
-
     // ---- memory the caller registers for zero-copy calls ----
 
     /// Registers caller memory for `put_from` / `get_into` (once, then reuse it).
@@ -251,7 +199,8 @@ impl StoreClient {
     }
 
     pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_one(key, Buf::Bytes(value), value.len() as u64, options)
+        let len = value.len() as u64;
+        self.put_retrying(key, len, || self.put_one(key, Buf::Bytes(value), len, options))
     }
 
     /// Zero-copy put from registered memory.
@@ -260,7 +209,7 @@ impl StoreClient {
     }
 
     pub fn put_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
-        self.put_one(key, Buf::Registered(addr), len, options)
+        self.put_retrying(key, len, || self.put_one(key, Buf::Registered(addr), len, options))
     }
 
     /// The options `put` and the other calls without options use: the configured
@@ -636,6 +585,15 @@ impl StoreClient {
             return Err(StoreError::InvalidArgument(format!("{} keys but {} values", keys.len(), values.len())));
         }
         let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
+        self.batch_put_retrying(keys, &sizes, |todo| {
+            let ks: Vec<String> = todo.iter().map(|&i| keys[i].clone()).collect();
+            let vs: Vec<&[u8]> = todo.iter().map(|&i| values[i]).collect();
+            self.put_batch_once(&ks, &vs, options)
+        })
+    }
+
+    fn put_batch_once(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
         let srcs: Vec<Buf<'_>> = values.iter().map(|v| Buf::Bytes(v)).collect();
         let (starts, offloads) = self.batch_put_start(keys, &sizes, &srcs, options)?;
         let placed = placements(&starts);
@@ -671,6 +629,21 @@ impl StoreClient {
         for (&addr, &len) in addrs.iter().zip(sizes) {
             self.check_registered(addr, len)?;
         }
+        self.batch_put_retrying(keys, sizes, |todo| {
+            let ks: Vec<String> = todo.iter().map(|&i| keys[i].clone()).collect();
+            let a: Vec<u64> = todo.iter().map(|&i| addrs[i]).collect();
+            let s: Vec<u64> = todo.iter().map(|&i| sizes[i]).collect();
+            self.batch_put_from_once(&ks, &a, &s, options)
+        })
+    }
+
+    fn batch_put_from_once(
+        &self,
+        keys: &[String],
+        addrs: &[u64],
+        sizes: &[u64],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
         let srcs: Vec<Buf<'_>> = addrs.iter().map(|&a| Buf::Registered(a)).collect();
         let (starts, offloads) = self.batch_put_start(keys, sizes, &srcs, options)?;
         let placed = placements(&starts);
