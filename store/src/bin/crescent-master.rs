@@ -68,6 +68,24 @@ struct Cli {
     /// copies sit on clients that are away [default: none, kept in memory].
     #[arg(long, visible_alias = "state_dir")]
     state_dir: Option<PathBuf>,
+    /// High availability: campaign for leadership in etcd; a standby until elected.
+    #[arg(long, visible_alias = "enable_ha")]
+    enable_ha: bool,
+    /// The HA backend; only "etcd" [default: etcd].
+    #[arg(long, visible_alias = "ha_backend_type")]
+    ha_backend_type: Option<String>,
+    /// etcd endpoints for HA, "h1:2379;h2:2379".
+    #[arg(long, visible_aliases = ["etcd_endpoints", "ha_backend_connstring", "ha-backend-connstring"])]
+    etcd_endpoints: Option<String>,
+    /// The cluster the masters of one store share [default: default].
+    #[arg(long, visible_alias = "cluster_id")]
+    cluster_id: Option<String>,
+    /// The leadership lease in etcd, in milliseconds (whole seconds) [default: 2000].
+    #[arg(long)]
+    ha_lease_ttl_ms: Option<u64>,
+    /// The address clients reach this master at, written in etcd when it leads [default: the RPC address].
+    #[arg(long, visible_alias = "advertise_address")]
+    advertise_address: Option<String>,
 }
 
 fn main() {
@@ -127,6 +145,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if let Some(v) = cli.state_dir {
         config.state_dir = Some(v);
+    }
+    if cli.enable_ha {
+        config.enable_ha = true;
+    }
+    if let Some(v) = cli.ha_backend_type {
+        anyhow::ensure!(v == "etcd", "ha_backend_type {v:?} is not supported (only \"etcd\")");
+    }
+    if let Some(v) = cli.etcd_endpoints {
+        config.etcd_endpoints = v;
+    }
+    if let Some(v) = cli.cluster_id {
+        config.cluster_id = v;
+    }
+    if let Some(v) = cli.ha_lease_ttl_ms {
+        config.ha_lease_ttl = ms(v);
+    }
+    if let Some(v) = cli.advertise_address {
+        config.advertise_address = v;
     }
     let handle = server::start(config)?;
     println!("master: {}", handle.client_address());

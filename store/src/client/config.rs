@@ -147,6 +147,11 @@ impl ClientConfig {
         if let Ok(addr) = std::env::var(super::metrics::METRICS_ADDRESS_ENV) {
             c.metrics_address = Some(addr.trim().to_string()).filter(|a| !a.is_empty());
         }
+        if let Ok(master) = std::env::var("MOONCAKE_MASTER") {
+            if !master.trim().is_empty() {
+                c.master_server_address = master.trim().to_string();
+            }
+        }
         if let Ok(root) = std::env::var("MOONCAKE_STORAGE_ROOT_DIR") {
             if !root.trim().is_empty() {
                 c.storage_root_dir = Some(PathBuf::from(root.trim()));
@@ -244,14 +249,21 @@ impl ClientConfig {
         Ok(())
     }
 
-    /// The disk tier's settings, if a storage root is set.
-    pub fn disk_config(&self) -> Result<Option<disk::DiskConfig>> {
-        let Some(root) = &self.storage_root_dir else { return Ok(None) };
+    /// The cluster id: `cluster_id`, else `MC_METADATA_CLUSTER_ID`, else `default` (the disk
+    /// tier's directory, and the masters' leader key with an `etcd://` master address).
+    pub fn resolved_cluster_id(&self) -> Result<String> {
         let cluster_id = match &self.cluster_id {
             Some(c) => c.clone(),
             None => self.engine_config()?.metadata_cluster_id.unwrap_or_else(|| "default".into()),
         };
         disk::check_cluster_id(&cluster_id)?;
+        Ok(cluster_id)
+    }
+
+    /// The disk tier's settings, if a storage root is set.
+    pub fn disk_config(&self) -> Result<Option<disk::DiskConfig>> {
+        let Some(root) = &self.storage_root_dir else { return Ok(None) };
+        let cluster_id = self.resolved_cluster_id()?;
         Ok(Some(disk::DiskConfig {
             root: root.clone(),
             cluster_id,

@@ -136,6 +136,12 @@ impl StoreClient {
         Ok(())
     }
 
+    /// The address of the master this client talks to now (with an `etcd://` master address:
+    /// the leader it follows).
+    pub fn master_address(&self) -> String {
+        self.rpc.addr()
+    }
+
     /// The objects this client's segment holds, as far as it knows (its owner index).
     pub fn owned_objects(&self) -> usize {
         self.index.len()
@@ -151,7 +157,8 @@ impl StoreClient {
             .spawn(move || {
                 let mut master_was_down = false;
                 while !stop.load(Ordering::Acquire) {
-                    link.wait_tick(interval);
+                    // While the master is away, look for it (or a new leader) more often.
+                    link.wait_tick(if master_was_down { interval.min(DOWN_PING) } else { interval });
                     let Some(client) = weak.upgrade() else { return };
                     if stop.load(Ordering::Acquire) {
                         return;
@@ -163,7 +170,9 @@ impl StoreClient {
     }
 
     fn heartbeat(&self, master_was_down: &mut bool) {
-        let req = PingRequest { client_id: self.id.clone(), disk: self.disk_counters() };
+        let mut req = tonic::Request::new(PingRequest { client_id: self.id.clone(), disk: self.disk_counters() });
+        // A master that accepts connections but does not answer (frozen) is noticed soon.
+        req.set_timeout(self.config.ping_interval.clamp(PING_TIMEOUT_MIN, PING_TIMEOUT_MAX) * 2);
         let reply = self.rpc.call(|mut c| async move { c.ping(req).await });
         let outcome = reply.map(|mut r| {
             let term = r.term;
@@ -210,6 +219,10 @@ impl StoreClient {
                     tracing::warn!("heartbeat failed: {e}");
                 }
                 *master_was_down = true;
+                // Gone, deposed or a standby: with an etcd address, another master may lead.
+                if self.rpc.follow_leader() {
+                    self.link.poke();
+                }
             }
         }
     }
@@ -221,6 +234,13 @@ impl StoreClient {
         self.rpc.handle().spawn(owner_stream(weak));
     }
 }
+
+/// A ping's timeout is twice the ping interval, within twice these.
+const PING_TIMEOUT_MIN: Duration = Duration::from_millis(250);
+const PING_TIMEOUT_MAX: Duration = Duration::from_secs(2);
+
+/// Ping period while the master does not answer.
+const DOWN_PING: Duration = Duration::from_millis(100);
 
 /// How often an open owner stream checks whether its mount is still the current one.
 const MOUNT_CHECK: Duration = Duration::from_millis(100);

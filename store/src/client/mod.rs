@@ -97,7 +97,7 @@ impl StoreClient {
     /// and starts heartbeats.
     pub fn connect(config: ClientConfig) -> Result<Arc<Self>> {
         let disk = ssd::open_tier(&config)?;
-        let rpc = Arc::new(MasterRpc::connect(&config.master_server_address)?);
+        let rpc = Arc::new(MasterRpc::connect_in(&config.master_server_address, &config.resolved_cluster_id()?)?);
         let engine = TransferEngine::new(config.engine_config()?)?;
         let segment = engine.alloc_registered(config.global_segment_size, "cpu:0")?;
         let staging = Arc::new(Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?));

@@ -31,7 +31,8 @@ async fn metrics(State(m): State<Arc<Master>>) -> Response {
 }
 
 async fn health(State(m): State<Arc<Master>>) -> Json<serde_json::Value> {
-    Json(json!({"status": "ok", "totals": m.totals()}))
+    let (role, term, leader) = m.role_view();
+    Json(json!({"status": "ok", "role": role, "term": term, "leader": leader, "totals": m.totals()}))
 }
 
 async fn query_key(State(m): State<Arc<Master>>, Query(q): Query<HashMap<String, String>>) -> Response {

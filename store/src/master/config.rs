@@ -70,6 +70,21 @@ pub struct MasterConfig {
     /// acknowledge the news; a replica whose owner did not is not committed.
     #[serde(with = "millis", alias = "owner_ack_timeout_ms")]
     pub owner_ack_timeout: Duration,
+    /// High availability: campaign for the leadership of `cluster_id` in etcd; a standby until
+    /// elected (Mooncake's `enable_ha`).
+    pub enable_ha: bool,
+    /// etcd endpoints, `h1:2379;h2:2379` (`etcd://` optional; Mooncake's `etcd_endpoints`,
+    /// `ha_backend_connstring`).
+    #[serde(alias = "ha_backend_connstring")]
+    pub etcd_endpoints: String,
+    /// The masters of one store share a cluster id (its clients use the same one).
+    pub cluster_id: String,
+    /// The leadership's lease in etcd (whole seconds; etcd's floor is 2 s).
+    #[serde(with = "millis", alias = "ha_lease_ttl_ms")]
+    pub ha_lease_ttl: Duration,
+    /// The address clients reach this master at, written in etcd when it leads; empty: the RPC
+    /// address (127.0.0.1 for a wildcard).
+    pub advertise_address: String,
 }
 
 impl Default for MasterConfig {
@@ -94,6 +109,11 @@ impl Default for MasterConfig {
             hot_queue: 1024,
             state_dir: None,
             owner_ack_timeout: Duration::from_secs(3),
+            enable_ha: false,
+            etcd_endpoints: String::new(),
+            cluster_id: "default".into(),
+            ha_lease_ttl: Duration::from_secs(2),
+            advertise_address: String::new(),
         }
     }
 }
@@ -131,6 +151,16 @@ impl MasterConfig {
         }
         if self.hot_window.is_zero() {
             return bad("hot_window must be positive".into());
+        }
+        if self.enable_ha {
+            crate::leader::endpoints(&self.etcd_endpoints)
+                .map_err(|_| StoreError::Config("enable_ha needs etcd_endpoints (h1:2379;h2:2379)".into()))?;
+            if self.ha_lease_ttl < Duration::from_secs(1) || self.ha_lease_ttl.subsec_nanos() != 0 {
+                return bad(format!("ha_lease_ttl {:?} is not a whole number of seconds >= 1", self.ha_lease_ttl));
+            }
+            if self.cluster_id.is_empty() || self.cluster_id.contains('/') {
+                return bad(format!("cluster_id {:?} is empty or holds a '/'", self.cluster_id));
+            }
         }
         if !(1..=super::MAX_REPLICAS).contains(&self.hot_max_replicas) {
             return bad(format!("hot_max_replicas {} is not in 1..={}", self.hot_max_replicas, super::MAX_REPLICAS));

@@ -497,6 +497,9 @@ impl Master {
     /// The Prometheus exposition, with the disk tier's gauges brought up to date.
     pub fn render_metrics(&self) -> String {
         self.metrics.set_disk(&self.disk_totals(), &self.disk_counters());
+        let (role, term, _) = self.role_view();
+        self.metrics.is_leader.set(i64::from(role == "single" || role == "leader"));
+        self.metrics.term.set(term as i64);
         self.metrics.render()
     }
 

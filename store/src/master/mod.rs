@@ -11,6 +11,7 @@ pub mod config;
 mod disk;
 pub mod events;
 pub mod fence;
+pub mod ha;
 pub mod metrics;
 pub mod owners;
 pub mod published;
@@ -263,7 +264,7 @@ impl Master {
             events: events::Events::new(config.event_buffer),
             removals_file,
             fence: fence::Fence::new(role),
-            term: AtomicU64::new(rand::random::<u64>().max(1)),
+            term: AtomicU64::new((rand::random::<u64>() >> 1).max(1)),
             space_freed: tokio::sync::Notify::new(),
         });
         master.load_saved_removals()?;
@@ -281,6 +282,16 @@ impl Master {
 
     pub fn fence(&self) -> &fence::Fence {
         &self.fence
+    }
+
+    /// What this master is, for operators: ("single" | "leader" | "standby", term, leader).
+    pub fn role_view(&self) -> (&'static str, u64, Option<String>) {
+        match self.fence.role() {
+            fence::Role::Single => ("single", self.term(), None),
+            fence::Role::Leader { term, .. } if self.fence.leads(Instant::now()) => ("leader", term, None),
+            fence::Role::Leader { term, .. } => ("deposed", term, None),
+            fence::Role::Standby { leader } => ("standby", 0, leader),
+        }
     }
 
     /// Became the HA leader of `term`: starts from an empty state (the owners' reports rebuild
