@@ -63,7 +63,7 @@ fn answers(port: u16) -> bool {
 
 /// Whether the etcd on `port` says it is healthy (`GET /health`: `"health":"true"` once the
 /// member has a leader).
-pub(crate) fn etcd_healthy(port: u16) -> bool {
+fn etcd_healthy(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(500))
     else {
@@ -79,7 +79,7 @@ pub(crate) fn etcd_healthy(port: u16) -> bool {
     reply.contains(r#""health":"true""#)
 }
 
-pub(crate) fn find_binary(name: &str) -> Option<PathBuf> {
+fn find_binary(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
