@@ -162,7 +162,10 @@ fn followed_away(clients: &[Arc<StoreClient>], old: &str) -> String {
     clients[0].master_address()
 }
 
-fn setup(masters: usize) -> Option<(EtcdCluster, String, Vec<(ChildGuard, String)>, Vec<Arc<StoreClient>>)> {
+/// An etcd cluster, HA masters (process, address) and clients following their leader.
+type Cluster = (EtcdCluster, String, Vec<(ChildGuard, String)>, Vec<Arc<StoreClient>>);
+
+fn setup(masters: usize) -> Option<Cluster> {
     let etcd = match EtcdCluster::start(3) {
         Ok(e) => e,
         Err(why) => {

@@ -92,6 +92,25 @@ impl Link {
 
 impl StoreClient {
     pub(super) fn mount(&self, kind: MountKind) -> Result<()> {
+        if kind != MountKind::First {
+            return self.mount_once(kind);
+        }
+        // At start, a master may be electing a leader or just deposed: follow it a while.
+        let deadline = Instant::now() + FIRST_MOUNT_WAIT;
+        loop {
+            match self.mount_once(kind) {
+                Err(e) if e.is_master_change() && Instant::now() < deadline => {
+                    tracing::debug!("mounting: {e}; looking for the leader");
+                    if !self.rpc.follow_leader() {
+                        std::thread::sleep(DOWN_PING);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn mount_once(&self, kind: MountKind) -> Result<()> {
         let host = self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default();
         let (term, segment_id) = match kind {
             MountKind::First | MountKind::Dropped => {
@@ -238,6 +257,9 @@ impl StoreClient {
 /// A ping's timeout is twice the ping interval, within twice these.
 const PING_TIMEOUT_MIN: Duration = Duration::from_millis(250);
 const PING_TIMEOUT_MAX: Duration = Duration::from_secs(2);
+
+/// How long the first mount keeps looking for a leader that answers.
+const FIRST_MOUNT_WAIT: Duration = Duration::from_secs(15);
 
 /// Ping period while the master does not answer.
 const DOWN_PING: Duration = Duration::from_millis(100);

@@ -14,13 +14,20 @@ use std::time::Instant;
 use super::StoreClient;
 use crate::error::{Result, StoreError};
 
+/// Whether a failed put is put again: the master changed, or its end found the put gone
+/// (`OBJECT_NOT_FOUND` comes only from a put's end: a new master that had already heard from
+/// this client knew nothing of it, or the put outlived `put_timeout`).
+fn put_again(e: &StoreError) -> bool {
+    e.is_master_change() || matches!(e, StoreError::NotFound(_))
+}
+
 impl StoreClient {
     /// Runs `put` (one key of `len` bytes), again after a master change.
     pub(super) fn put_retrying(&self, key: &str, len: u64, mut put: impl FnMut() -> Result<()>) -> Result<()> {
         let deadline = Instant::now() + self.config.master_failover_timeout;
         loop {
             match put() {
-                Err(e) if e.is_master_change() && Instant::now() < deadline => {
+                Err(e) if put_again(&e) && Instant::now() < deadline => {
                     tracing::info!("put of {key:?} failed ({e}); putting it again once the master answers");
                     if !self.link.wait_answered(deadline) {
                         return Err(e);
@@ -60,7 +67,7 @@ impl StoreClient {
             let mut again = Vec::new();
             for (i, r) in todo.iter().copied().zip(got) {
                 match r {
-                    Err(e) if e.is_master_change() && Instant::now() < deadline => {
+                    Err(e) if put_again(&e) && Instant::now() < deadline => {
                         again.push(i);
                         results[i] = Some(Err(e));
                     }

@@ -126,7 +126,7 @@ impl SegmentAllocator {
         if offset.checked_add(need).is_none_or(|end| end > self.size) {
             return Err(out_of_range);
         }
-        if offset % self.granule != 0 {
+        if !offset.is_multiple_of(self.granule) {
             return Err(ReserveError::Misaligned { offset, granule: self.granule });
         }
         let in_use = ReserveError::InUse { offset, len };

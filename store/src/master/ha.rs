@@ -121,8 +121,12 @@ async fn campaign(etcd: &mut Members, key: &str, ha: &HaSettings) -> Result<Opti
 /// Keeps the lease alive while leading; returns why leadership ended.
 async fn lead(master: &Master, etcd: &mut Members, lease: i64, ha: &HaSettings) -> String {
     let every = ha.lease_ttl / 3;
+    let mut first = true;
     loop {
-        tokio::time::sleep(every).await;
+        // The first renewal comes at once: a slow campaign may have used much of the lease.
+        if !std::mem::take(&mut first) {
+            tokio::time::sleep(every).await;
+        }
         if !master.fence().leads(Instant::now()) {
             return "the lease was not renewed before the deadline".into();
         }

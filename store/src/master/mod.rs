@@ -662,7 +662,8 @@ impl Master {
             .collect();
         let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         for (i, segment_id, block) in fresh {
-            let seq = Self::queue_commit(&mut st, segment_id, key, version, block, size, pins, now);
+            let what = owners::Announced { key, version, size, pins };
+            let seq = Self::queue_commit(&mut st, segment_id, block, &what, now);
             st.objects.get_mut(key).expect("looked up above").replicas[i].news = seq;
         }
         self.flush_news(&mut st);

@@ -106,6 +106,14 @@ pub(super) struct Pins {
     pub soft_until: Option<Instant>,
 }
 
+/// The object a commit news is about.
+pub(super) struct Announced<'a> {
+    pub key: &'a str,
+    pub version: u64,
+    pub size: u64,
+    pub pins: Pins,
+}
+
 impl Master {
     /// A link for a memory segment just mounted.
     pub(super) fn open_link(st: &mut State, segment_id: u64, client_id: &str) {
@@ -138,13 +146,11 @@ impl Master {
     pub(super) fn queue_commit(
         st: &mut State,
         segment_id: u64,
-        key: &str,
-        version: u64,
         block: Block,
-        size: u64,
-        pins: Pins,
+        obj: &Announced<'_>,
         now: Instant,
     ) -> Option<u64> {
+        let Announced { key, version, size, pins } = *obj;
         if st.segments.get(&segment_id).is_none_or(|s| s.tier == Tier::Ssd) {
             return None;
         }

@@ -194,7 +194,8 @@ impl Master {
         let mut told = Vec::new();
         for (id, block) in targets {
             let seq = if done.contains(&id) {
-                Self::queue_commit(st, id, key, version, block, size, pins, now)
+                let what = super::owners::Announced { key, version, size, pins };
+                Self::queue_commit(st, id, block, &what, now)
             } else {
                 None
             };

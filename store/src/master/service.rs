@@ -66,13 +66,6 @@ fn status_of(m: &Master, r: &Result<(), StoreError>) -> Option<Status> {
     }
 }
 
-fn put_start_reply(m: &Master, client: &str, key: &str, size: u64, opts: &PutOptions) -> PutStartReply {
-    match m.put_start(client, key, size, opts) {
-        Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
-        Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
-    }
-}
-
 fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
     match m.get_replica_list(key) {
         Ok(l) => GetReplicaListReply {
@@ -156,19 +149,28 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<BatchPutStartRequest>,
     ) -> Result<Response<BatchPutStartReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
-        self.timed("BatchPutStart", |m| {
-            if r.keys.len() != r.sizes.len() {
-                let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
-                return BatchPutStartReply {
-                    items: vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)],
-                };
+        let m = &self.master;
+        if r.keys.len() != r.sizes.len() {
+            let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
+            let items = vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)];
+            return Ok(self.observed("BatchPutStart", start, BatchPutStartReply { items }));
+        }
+        let opts = r.options.unwrap_or_default();
+        let mut items = Vec::with_capacity(r.keys.len());
+        for (k, s) in r.keys.iter().zip(&r.sizes) {
+            let mut placed = m.put_start(&r.client_id, k, *s, &opts);
+            // Refused for room while evicted ranges wait in quarantine: again once released.
+            if matches!(placed, Err(StoreError::NoSpace { .. })) && m.quarantined_bytes() > 0 {
+                placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, k, *s, &opts)).await;
             }
-            let opts = r.options.unwrap_or_default();
-            let items =
-                r.keys.iter().zip(&r.sizes).map(|(k, s)| put_start_reply(m, &r.client_id, k, *s, &opts)).collect();
-            BatchPutStartReply { items }
-        })
+            items.push(match placed {
+                Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
+                Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
+            });
+        }
+        Ok(self.observed("BatchPutStart", start, BatchPutStartReply { items }))
     }
 
     async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
