@@ -15,6 +15,7 @@ ci_log "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 ci_docs
+bash ci/k8s-validate.sh
 
 trap ci_stop_services EXIT
 ci_start_services

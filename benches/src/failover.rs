@@ -93,8 +93,9 @@ fn spawn_master(extra: &[&str]) -> Result<MasterProc> {
 }
 
 fn ha_master(etcd: &EtcdCluster) -> Result<MasterProc> {
-    let eps = etcd.endpoints();
-    spawn_master(&["--enable-ha", "--etcd-endpoints", &eps, "--cluster-id", CLUSTER])
+    let eps = format!("--etcd_endpoints={}", etcd.endpoints());
+    let cluster = format!("--cluster_id={CLUSTER}");
+    spawn_master(&["--enable_ha", "--ha_backend_type=etcd", &eps, &cluster])
 }
 
 fn client(master: &str, ping: Duration) -> Result<Arc<StoreClient>> {

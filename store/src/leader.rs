@@ -83,7 +83,7 @@ impl Members {
                 Err(_) => failures.push(format!("{ep}: no answer within {ETCD_CALL_TIMEOUT:?}")),
             }
         }
-        Err(StoreError::MasterUnreachable { addr: "etcd".into(), reason: failures.join("; ") })
+        Err(StoreError::master_unreachable("etcd", failures.join("; ")))
     }
 
     /// The leader's (address, term), or `None` when no master leads.

@@ -27,7 +27,8 @@ fn value(who: usize, n: u64) -> Vec<u8> {
 }
 
 fn ha_master(etcd: &EtcdCluster, cluster: &str) -> (ChildGuard, String) {
-    let endpoints = etcd.endpoints();
+    let endpoints = format!("--etcd_endpoints={}", etcd.endpoints());
+    let cluster = format!("--cluster_id={cluster}");
     spawn_master(
         &[],
         &[
@@ -35,13 +36,10 @@ fn ha_master(etcd: &EtcdCluster, cluster: &str) -> (ChildGuard, String) {
             "127.0.0.1:0",
             "--admin-address",
             "",
-            "--enable-ha",
-            "--ha-backend-type",
-            "etcd",
-            "--etcd-endpoints",
+            "--enable_ha",
+            "--ha_backend_type=etcd",
             &endpoints,
-            "--cluster-id",
-            cluster,
+            &cluster,
         ],
     )
 }

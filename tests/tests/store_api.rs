@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crescent_store::client::{Extent, Piece};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
@@ -270,8 +271,31 @@ fn the_admin_port_shows_capacity_keys_operations_errors_and_placements() {
     assert_eq!((q["exists"].as_bool(), q["size"].as_u64()), (Some(true), Some(100_000)), "{q}");
     assert_eq!(q["replicas"][0]["segment"].as_str(), Some(a.segment_name()), "{q}");
     assert_eq!(q["replicas"][0]["tier"].as_str(), Some("DRAM"), "{q}");
+    // Mooncake's fields beside Crescent's: the complete memory replicas under `data`.
+    assert_eq!(q["success"].as_bool(), Some(true), "{q}");
+    assert_eq!(q["data"][0]["size_"].as_u64(), Some(100_000), "{q}");
+    assert_eq!(q["data"][0]["transport_endpoint_"].as_str(), Some(a.segment_name()), "{q}");
+    let (code, q) = crescent_tests::store::admin_http(&m, "GET", "/query_key?key=adm/none", "");
+    assert_eq!((code, q["success"].as_bool(), q["error_code"].as_i64()), (404, Some(false), Some(-704)), "{q}");
     let (code, _) = crescent_tests::store::admin_http(&m, "GET", "/query_key", "");
     assert_eq!(code, 400, "a query without a key is the caller's mistake");
+    let (code, all) = crescent_tests::store::admin_http(&m, "GET", "/get_all_keys", "");
+    assert_eq!((code, all.as_str()), (200, Some("adm/1\n")), "Mooncake's plain list, one key per line");
+    let (code, all) = crescent_tests::store::admin_http(&m, "GET", "/get_all_segments", "");
+    assert_eq!((code, all.as_str()), (200, Some(format!("{}\n", a.segment_name()).as_str())));
+    assert_eq!((health["role"].as_str(), health["service_ready"].as_bool()), (Some("leader"), Some(true)));
+    // Mooncake's metric names count the same operations.
+    assert_eq!(get("master_put_start_requests_total"), 2.0, "both puts asked, one refused");
+    assert_eq!(get("master_put_start_failures_total"), 1.0);
+    assert_eq!(get("master_get_replica_list_requests_total"), 2.0);
+    assert_eq!(get("master_get_replica_list_failures_total"), 1.0);
+    assert_eq!(get("master_remove_failures_total"), 1.0);
+    assert_eq!(get("master_key_count"), 1.0);
+    assert_eq!(get("master_total_capacity_bytes"), (32 << 20) as f64);
+    assert_eq!(get(&format!(r#"segment_total_capacity_bytes{{segment="{}"}}"#, a.segment_name())), (32 << 20) as f64);
+    assert_eq!(get("master_active_clients"), 1.0);
+    assert_eq!(get("valid_get_nums_"), 1.0);
+    assert_eq!(get("mem_cache_hit_bytes_total"), 100_000.0);
     let (_, keys) = crescent_tests::store::admin_http(&m, "GET", "/keys", "");
     assert_eq!(keys["keys"], serde_json::json!(["adm/1"]));
     let (_, segments) = crescent_tests::store::admin_http(&m, "GET", "/segments", "");
@@ -309,4 +333,184 @@ fn batch_calls_make_one_master_round_trip_per_batch_whatever_their_size() {
     assert_eq!(b.batch_exists(&keys).unwrap(), vec![true; 16]);
     let after = rpc_counts(&m, &["BatchExists", "Exists"]);
     assert_eq!((after[0] - before[0], after[1] - before[1]), (1, 0));
+}
+
+/// Registered memory of `len` bytes filled with `fill` (the caller keeps it alive).
+fn registered(c: &StoreClient, len: usize, fill: u8) -> Vec<u8> {
+    let v = vec![fill; len];
+    c.register_buffer(v.as_ptr() as u64, len as u64).unwrap();
+    v
+}
+
+/// `buf` cut into pieces of these lengths, in order.
+fn split(buf: &[u8], lens: &[usize]) -> Vec<Piece> {
+    let mut at = 0;
+    lens.iter()
+        .map(|&n| {
+            let p = Piece::new(buf.as_ptr() as u64 + at as u64, n as u64);
+            at += n;
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn values_in_several_buffers_come_back_into_another_split_and_by_ranges() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let value = data((3 << 20) + 4321, 77);
+    let src = registered(&a, value.len(), 0);
+    // SAFETY (test): writing the bytes of a buffer this test owns.
+    unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), src.as_ptr() as *mut u8, value.len()) };
+    a.put_from_sg("layers", &split(&src, &[1 << 20, 4321, 2 << 20]), &a.default_options()).unwrap();
+    // Read back by the other client (remote replica) and by the putter (its own replica), into
+    // a split the put never saw, with room to spare at the end.
+    for c in [&b, &a] {
+        let dst = registered(c, value.len() + 100, 0xEE);
+        let pieces = split(&dst, &[10, (2 << 20) + 7, value.len() + 100 - 17 - (2 << 20)]);
+        assert_eq!(c.get_into_sg("layers", &pieces).unwrap(), value.len() as u64);
+        assert!(dst[..value.len()] == value[..], "the value, whole and in order");
+        assert!(dst[value.len()..].iter().all(|&x| x == 0xEE), "nothing past the value");
+        c.unregister_buffer(dst.as_ptr() as u64).unwrap();
+    }
+    // Ranges inside the value, in any order, into one buffer.
+    let dst = registered(&b, 300, 0);
+    let at = dst.as_ptr() as u64;
+    let ranges = [
+        Extent { offset: value.len() as u64 - 100, addr: at, len: 100 },
+        Extent { offset: 0, addr: at + 100, len: 100 },
+        Extent { offset: 1 << 20, addr: at + 200, len: 100 },
+    ];
+    assert_eq!(b.get_into_ranges("layers", &ranges).unwrap(), 300);
+    assert!(dst[..100] == value[value.len() - 100..] && dst[100..200] == value[..100]);
+    assert!(dst[200..] == value[1 << 20..(1 << 20) + 100]);
+    // A range past the end is the caller's mistake, and reads nothing.
+    let past = [Extent { offset: value.len() as u64 - 10, addr: at, len: 11 }];
+    let e = b.get_into_ranges("layers", &past).unwrap_err();
+    assert!(matches!(e, StoreError::BadRange { len: 11, .. }) && e.is_caller_error(), "{e}");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    // Pieces of memory that are not registered are refused before anything moves.
+    let heap = [0u8; 64];
+    let e = b.get_into_sg("layers", &[Piece::new(at, 300), Piece::new(heap.as_ptr() as u64, 64)]).unwrap_err();
+    assert!(matches!(e, StoreError::NotRegistered { .. }), "{e}");
+    let e = a.put_from_sg("bad", &[Piece::new(heap.as_ptr() as u64, 64)], &a.default_options()).unwrap_err();
+    assert!(e.is_caller_error() && !a.exists("bad").unwrap(), "{e}");
+}
+
+#[test]
+fn batches_of_multi_buffer_puts_and_gets_are_one_round_trip_each() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let keys: Vec<String> = (0..6).map(|i| format!("mb{i}")).collect();
+    let values: Vec<Vec<u8>> = (0..6).map(|i| data(50_000 + i * 1000, 100 + i as u64)).collect();
+    let srcs: Vec<Vec<u8>> = values.iter().map(|v| registered(&a, v.len(), 0)).collect();
+    for (s, v) in srcs.iter().zip(&values) {
+        // SAFETY (test): writing the bytes of a buffer this test owns.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), s.as_ptr() as *mut u8, v.len()) };
+    }
+    // Each value in three pieces (as layers of a KV cache would be).
+    let put_layout: Vec<Vec<Piece>> = srcs.iter().map(|s| split(s, &[1000, 20_000, s.len() - 21_000])).collect();
+    let put_refs: Vec<&[Piece]> = put_layout.iter().map(|p| &p[..]).collect();
+    let methods = ["BatchPutStart", "BatchPutEnd", "BatchGetReplicaList", "PutStart", "GetReplicaList"];
+    let before = rpc_counts(&m, &methods);
+    let put = a.batch_put_from_sg(&keys, &put_refs, &a.default_options()).unwrap();
+    assert!(put.iter().all(|r| r.is_ok()), "{put:?}");
+    // Back in two pieces each on the other client, and as a range of each value.
+    let dsts: Vec<Vec<u8>> = values.iter().map(|v| registered(&b, v.len(), 0)).collect();
+    let get_layout: Vec<Vec<Piece>> = dsts.iter().map(|d| split(d, &[d.len() / 2, d.len() - d.len() / 2])).collect();
+    let get_refs: Vec<&[Piece]> = get_layout.iter().map(|p| &p[..]).collect();
+    let got = b.batch_get_into_sg(&keys, &get_refs).unwrap();
+    let tails = registered(&b, 6 * 16, 0);
+    let range_of: Vec<[Extent; 1]> = (0..6)
+        .map(|i| [Extent { offset: values[i].len() as u64 - 16, addr: tails.as_ptr() as u64 + 16 * i as u64, len: 16 }])
+        .collect();
+    let range_refs: Vec<&[Extent]> = range_of.iter().map(|r| &r[..]).collect();
+    let tails_got = b.batch_get_into_ranges(&keys, &range_refs).unwrap();
+    let calls: Vec<u64> = rpc_counts(&m, &methods).iter().zip(&before).map(|(x, y)| x - y).collect();
+    assert_eq!(calls, vec![1, 1, 2, 0, 0], "calls of {methods:?}");
+    for i in 0..6 {
+        assert_eq!(*got[i].as_ref().unwrap(), values[i].len() as u64);
+        assert!(dsts[i] == values[i], "value {i}");
+        assert_eq!(*tails_got[i].as_ref().unwrap(), 16);
+        assert!(tails[16 * i..16 * (i + 1)] == values[i][values[i].len() - 16..], "tail {i}");
+    }
+    // Per key: a missing key, a range past the end and a buffer too small fail alone.
+    let small = registered(&b, 10, 0);
+    let keys2: Vec<String> = vec!["mb0".into(), "missing".into(), "mb1".into()];
+    let past = [Extent { offset: 1, addr: dsts[1].as_ptr() as u64, len: values[1].len() as u64 }];
+    let ranges2: Vec<&[Extent]> = vec![range_refs[0], range_refs[1], &past];
+    let r = b.batch_get_into_ranges(&keys2, &ranges2).unwrap();
+    assert!(r[0].is_ok() && matches!(r[1], Err(StoreError::NotFound(_))), "{r:?}");
+    assert!(matches!(r[2], Err(StoreError::BadRange { .. })), "{r:?}");
+    let tiny = [Piece::new(small.as_ptr() as u64, 10)];
+    let r = b.batch_get_into_sg(&keys2[..1], &[&tiny]).unwrap();
+    assert!(matches!(r[0], Err(StoreError::BufferTooSmall { have: 10, .. })), "{r:?}");
+}
+
+#[test]
+fn the_blocking_api_works_and_drops_inside_tokio_tasks() {
+    let m = master();
+    let config = ClientConfig {
+        global_segment_size: 8 << 20,
+        local_buffer_size: 2 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    };
+    let use_and_drop = |config: ClientConfig, tag: &str| {
+        let c = StoreClient::connect(config).unwrap();
+        let key = format!("in-tokio-{tag}");
+        c.put(&key, b"from a task").unwrap();
+        assert_eq!(c.get(&key).unwrap(), b"from a task");
+        assert_eq!(c.get_batch(std::slice::from_ref(&key)).unwrap()[0].as_ref().unwrap(), b"from a task");
+        assert!(c.exists(&key).unwrap());
+        c.remove_with(&key, true).unwrap();
+        drop(c); // closes the client and its runtimes inside the task
+    };
+    let current = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    current.block_on(async { use_and_drop(config.clone(), "current") });
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let config2 = config.clone();
+    multi.block_on(async move { tokio::spawn(async move { use_and_drop(config2, "worker") }).await.unwrap() });
+    multi.block_on(async { use_and_drop(config, "multi") });
+}
+
+#[test]
+fn a_put_right_after_a_master_restart_remounts_instead_of_failing_for_space() {
+    let m = master();
+    let addr = m.client_address();
+    let a = StoreClient::connect(ClientConfig {
+        global_segment_size: 8 << 20,
+        local_buffer_size: 2 << 20,
+        // No heartbeat during the test: only the put itself can bring the segment back.
+        ping_interval: std::time::Duration::from_secs(600),
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    a.put("before", b"x").unwrap();
+    let restart = |m: MasterHandle| {
+        m.shutdown();
+        crescent_store::master::server::start(MasterConfig {
+            rpc_address: addr.clone(),
+            admin_address: String::new(),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    // The first call after a restart may find the old connection broken (in a running client
+    // the heartbeat's ping is that call).
+    let reconnect = |a: &StoreClient| {
+        let _ = a.exists("probe");
+    };
+    // The new master knows no segment yet: the put remounts this client's and lands there.
+    let m = restart(m);
+    reconnect(&a);
+    a.put("after", b"value").unwrap();
+    assert_eq!(a.get("after").unwrap(), b"value");
+    // A batch as well.
+    let m = restart(m);
+    reconnect(&a);
+    let keys = vec!["b1".to_string(), "b2".to_string()];
+    let r = a.put_batch(&keys, &[b"one", b"two"]).unwrap();
+    assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+    assert_eq!(a.get("b2").unwrap(), b"two");
+    drop(m);
 }

@@ -1,7 +1,8 @@
 //! Client configuration: Mooncake's names, from `MOONCAKE_CONFIG_PATH` (JSON) or a builder.
 //!
-//! Precedence: explicit settings (flags, builder) > the config file > the environment's
-//! defaults (`MC_*` variables the transfer engine reads) > built-in defaults.
+//! Precedence: explicit settings (flags, builder) > the config file (`MOONCAKE_CONFIG_PATH`) or,
+//! without one, Mooncake's `MOONCAKE_MASTER`, ... variables (upstream's "method B") > the
+//! environment's defaults (`MC_*` variables the transfer engine reads) > built-in defaults.
 
 use std::path::{Path, PathBuf};
 
@@ -141,28 +142,91 @@ fn size_of(name: &str, v: SizeValue) -> Result<u64> {
 
 impl ClientConfig {
     /// Defaults and the hot cache's variables, then `MOONCAKE_STORAGE_ROOT_DIR`, then the JSON
-    /// file named by `MOONCAKE_CONFIG_PATH`, if set.
+    /// file named by `MOONCAKE_CONFIG_PATH` if set, else Mooncake's `MOONCAKE_*` variables
+    /// ([`Self::apply_mooncake_env`]).
     pub fn from_env() -> Result<Self> {
         let mut c = ClientConfig { hot_cache: HotCacheSettings::from_env()?, ..ClientConfig::default() };
         if let Ok(addr) = std::env::var(super::metrics::METRICS_ADDRESS_ENV) {
             c.metrics_address = Some(addr.trim().to_string()).filter(|a| !a.is_empty());
-        }
-        if let Ok(master) = std::env::var("MOONCAKE_MASTER") {
-            if !master.trim().is_empty() {
-                c.master_server_address = master.trim().to_string();
-            }
         }
         if let Ok(root) = std::env::var("MOONCAKE_STORAGE_ROOT_DIR") {
             if !root.trim().is_empty() {
                 c.storage_root_dir = Some(PathBuf::from(root.trim()));
             }
         }
-        if let Ok(path) = std::env::var("MOONCAKE_CONFIG_PATH") {
-            if !path.trim().is_empty() {
-                c.apply_file(Path::new(&path))?;
-            }
+        match std::env::var("MOONCAKE_CONFIG_PATH") {
+            Ok(path) if !path.trim().is_empty() => c.apply_file(Path::new(&path))?,
+            // Without a config file, Mooncake's "method B" variables (as upstream: a file,
+            // when named, is the whole configuration and these are not read).
+            _ => c.apply_mooncake_env(|name| std::env::var(name).ok())?,
         }
         Ok(c)
+    }
+
+    // ---- Mooncake's "method B": configuration by environment variables ----
+
+    /// Mooncake's client variables (upstream `mooncake_config.py`, `load_from_env`), each
+    /// applied when set and not empty: `MOONCAKE_MASTER`, `MOONCAKE_TE_META_DATA_SERVER`,
+    /// `MOONCAKE_LOCAL_HOSTNAME`, `MOONCAKE_PROTOCOL`, `MOONCAKE_DEVICE` (empty or
+    /// `auto-discovery`: every device), `MOONCAKE_GLOBAL_SEGMENT_SIZE`,
+    /// `MOONCAKE_LOCAL_BUFFER_SIZE` (bytes or sizes such as `4gb`), `MOONCAKE_OFFLOAD_ENABLED`
+    /// with `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH` (the disk tier's root),
+    /// `MOONCAKE_ENABLE_CLIENT_HTTP_SERVER` with `MOONCAKE_CLIENT_HTTP_PORT` (default 9300: the
+    /// client's `/metrics` on that port), and `MOONCAKE_TENANT_ID` (Crescent has one tenant:
+    /// `default`, anything else is refused). Unset variables keep Crescent's defaults.
+    pub fn apply_mooncake_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let get = |name: &str| var(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let flag = |name: &str| -> Result<Option<bool>> {
+            match get(name).map(|v| v.to_ascii_lowercase()) {
+                None => Ok(None),
+                Some(v) if ["true", "1", "yes", "on", "enable"].contains(&v.as_str()) => Ok(Some(true)),
+                Some(v) if ["false", "0", "no", "off", "disable"].contains(&v.as_str()) => Ok(Some(false)),
+                Some(v) => Err(StoreError::Config(format!("{name}={v:?} is not a boolean (true or false)"))),
+            }
+        };
+        if let Some(v) = get("MOONCAKE_MASTER") {
+            self.master_server_address = v;
+        }
+        if let Some(v) = get("MOONCAKE_TE_META_DATA_SERVER") {
+            self.metadata_server = v;
+        }
+        if let Some(v) = get("MOONCAKE_LOCAL_HOSTNAME") {
+            self.local_hostname = Some(v);
+        }
+        if let Some(v) = get("MOONCAKE_PROTOCOL") {
+            self.protocol = Some(
+                parse_protocol(&v.to_ascii_lowercase())
+                    .map_err(|e| StoreError::Config(format!("MOONCAKE_PROTOCOL: {e}")))?,
+            );
+        }
+        if var("MOONCAKE_DEVICE").is_some() {
+            self.device_name = get("MOONCAKE_DEVICE").filter(|d| d != "auto-discovery");
+        }
+        if let Some(v) = get("MOONCAKE_GLOBAL_SEGMENT_SIZE") {
+            self.global_segment_size = size_of("MOONCAKE_GLOBAL_SEGMENT_SIZE", SizeValue::Text(v))?;
+        }
+        if let Some(v) = get("MOONCAKE_LOCAL_BUFFER_SIZE") {
+            self.local_buffer_size = size_of("MOONCAKE_LOCAL_BUFFER_SIZE", SizeValue::Text(v))?;
+        }
+        if flag("MOONCAKE_OFFLOAD_ENABLED")? == Some(true) {
+            let path = get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH").ok_or_else(|| {
+                StoreError::Config("MOONCAKE_OFFLOAD_ENABLED needs MOONCAKE_OFFLOAD_FILE_STORAGE_PATH".into())
+            })?;
+            self.storage_root_dir = Some(PathBuf::from(path));
+        }
+        if flag("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER")? == Some(true) {
+            let port = get("MOONCAKE_CLIENT_HTTP_PORT").unwrap_or_else(|| "9300".into());
+            let port: u16 = port
+                .parse()
+                .map_err(|_| StoreError::Config(format!("MOONCAKE_CLIENT_HTTP_PORT={port:?} is not a port")))?;
+            self.metrics_address = Some(format!("0.0.0.0:{port}"));
+        }
+        if let Some(t) = get("MOONCAKE_TENANT_ID").filter(|t| t != "default") {
+            return Err(StoreError::Config(format!(
+                "MOONCAKE_TENANT_ID={t:?}: Crescent has no tenants yet (only \"default\")"
+            )));
+        }
+        Ok(())
     }
 
     /// Applies a Mooncake-style JSON config file.
@@ -258,6 +322,16 @@ impl ClientConfig {
         };
         disk::check_cluster_id(&cluster_id)?;
         Ok(cluster_id)
+    }
+
+    /// The cluster whose masters' leader an `etcd://` master address looks up: `cluster_id`,
+    /// else `MC_METADATA_CLUSTER_ID`, else the masters' default (`mooncake_cluster`, as
+    /// `--cluster_id`'s; the disk tier's directory defaults to `default` instead).
+    pub fn leader_cluster_id(&self) -> String {
+        self.cluster_id
+            .clone()
+            .or_else(|| std::env::var("MC_METADATA_CLUSTER_ID").ok().filter(|c| !c.trim().is_empty()))
+            .unwrap_or_else(|| crate::master::config::DEFAULT_CLUSTER_ID.to_string())
     }
 
     /// The disk tier's settings, if a storage root is set.
@@ -368,10 +442,62 @@ mod tests {
             c.hot_cache.resolve(),
             Resolved::Enabled(Layout { blocks: 50, block_size: 16 << 20, admission: Admission::SecondAccess })
         );
-        // An unusable size is not an error: the client starts without the cache.
+        // Sizes take the grammar of the other size keys.
         c.apply_json(r#"{"local_hot_cache_size":"800MB"}"#).unwrap();
-        assert!(matches!(c.hot_cache.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"800MB\"")));
+        assert_eq!(
+            c.hot_cache.resolve(),
+            Resolved::Enabled(Layout { blocks: 50, block_size: 16 << 20, admission: Admission::SecondAccess })
+        );
+        // An unusable size is not an error: the client starts without the cache.
+        c.apply_json(r#"{"local_hot_cache_size":"800XB"}"#).unwrap();
+        assert!(matches!(c.hot_cache.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"800XB\"")));
         assert!(c.apply_json(r#"{"local_hot_cache_admission":"maybe"}"#).is_err());
+    }
+
+    #[test]
+    fn mooncakes_method_b_variables_configure_the_client() {
+        fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+            let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        }
+        let mut c = ClientConfig::default();
+        c.apply_mooncake_env(env(&[
+            ("MOONCAKE_MASTER", "10.0.0.1:50051"),
+            ("MOONCAKE_TE_META_DATA_SERVER", "http://10.0.0.1:8080/metadata"),
+            ("MOONCAKE_LOCAL_HOSTNAME", "10.0.0.2"),
+            ("MOONCAKE_PROTOCOL", "TCP"),
+            ("MOONCAKE_DEVICE", ""),
+            ("MOONCAKE_GLOBAL_SEGMENT_SIZE", "4gb"),
+            ("MOONCAKE_LOCAL_BUFFER_SIZE", "67108864"),
+            ("MOONCAKE_OFFLOAD_ENABLED", "true"),
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "/nvme/kv"),
+            ("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER", "1"),
+            ("MOONCAKE_TENANT_ID", "default"),
+        ]))
+        .unwrap();
+        assert_eq!(c.master_server_address, "10.0.0.1:50051");
+        assert_eq!(c.metadata_server, "http://10.0.0.1:8080/metadata");
+        assert_eq!(c.local_hostname.as_deref(), Some("10.0.0.2"));
+        assert_eq!(c.protocol, Some(TransportKind::Tcp), "upstream lowercases the protocol");
+        assert_eq!(c.device_name, None);
+        assert_eq!((c.global_segment_size, c.local_buffer_size), (4 << 30, 64 << 20));
+        assert_eq!(c.storage_root_dir, Some(PathBuf::from("/nvme/kv")));
+        assert_eq!(c.metrics_address.as_deref(), Some("0.0.0.0:9300"), "upstream's default client http port");
+        // Unset variables leave the defaults; bad values name themselves.
+        let mut d = ClientConfig::default();
+        d.apply_mooncake_env(env(&[("MOONCAKE_DEVICE", "mlx5_0,mlx5_1")])).unwrap();
+        assert_eq!(d.device_name.as_deref(), Some("mlx5_0,mlx5_1"));
+        assert_eq!(d.master_server_address, ClientConfig::default().master_server_address);
+        for bad in [
+            &[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")][..],
+            &[("MOONCAKE_PROTOCOL", "carrier-pigeon")][..],
+            &[("MOONCAKE_OFFLOAD_ENABLED", "maybe")][..],
+            &[("MOONCAKE_OFFLOAD_ENABLED", "yes")][..],
+            &[("MOONCAKE_TENANT_ID", "team-a")][..],
+        ] {
+            let e = ClientConfig::default().apply_mooncake_env(env(bad)).unwrap_err().to_string();
+            assert!(e.contains(bad[0].0), "{bad:?}: {e}");
+        }
     }
 
     #[test]

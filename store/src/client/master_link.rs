@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::disk_link::DiskLink;
 use super::owner_index::OwnerIndex;
 use super::rpc::check;
 use super::StoreClient;
@@ -35,8 +36,8 @@ pub(super) enum MountKind {
 /// What a ping learnt.
 enum Pinged {
     Ok(PingReply),
-    /// `NEED_REMOUNT`, with the master's term.
-    Remount(u64),
+    /// `NEED_REMOUNT`: [`StoreClient::remount`] tells a new master from the one that dropped us.
+    Remount,
     Failed(StoreError),
 }
 
@@ -111,7 +112,7 @@ impl StoreClient {
     }
 
     fn mount_once(&self, kind: MountKind) -> Result<()> {
-        let host = self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default();
+        let host = self.host();
         let (term, segment_id) = match kind {
             MountKind::First | MountKind::Dropped => {
                 if kind == MountKind::Dropped {
@@ -189,48 +190,26 @@ impl StoreClient {
     }
 
     fn heartbeat(&self, master_was_down: &mut bool) {
-        let mut req = tonic::Request::new(PingRequest { client_id: self.id.clone(), disk: self.disk_counters() });
-        // A master that accepts connections but does not answer (frozen) is noticed soon.
-        req.set_timeout(self.config.ping_interval.clamp(PING_TIMEOUT_MIN, PING_TIMEOUT_MAX) * 2);
-        let reply = self.rpc.call(|mut c| async move { c.ping(req).await });
-        let outcome = reply.map(|mut r| {
-            let term = r.term;
-            match check(r.status.take(), "") {
-                Ok(()) => Pinged::Ok(r),
-                Err(StoreError::NeedRemount) => Pinged::Remount(term),
-                Err(e) => Pinged::Failed(e),
-            }
+        let disk = self.disk.as_ref().map(DiskLink::counters);
+        let outcome = self.ping_with_term(disk).map(|(mut r, _)| match check(r.status.take(), "") {
+            Ok(()) => Pinged::Ok(r),
+            Err(StoreError::NeedRemount) => Pinged::Remount,
+            Err(e) => Pinged::Failed(e),
         });
         match outcome.unwrap_or_else(Pinged::Failed) {
             Pinged::Ok(reply) => {
-                self.apply_disk_ping(reply);
+                if let Some(disk) = &self.disk {
+                    disk.apply_ping(&reply);
+                }
                 if *master_was_down {
                     tracing::info!("master {} reachable again", self.rpc.addr());
                 }
                 *master_was_down = false;
                 self.link.ping_ok();
             }
-            Pinged::Remount(term) => {
-                let kind = if term != 0 && term == self.index.mount().term {
-                    tracing::warn!(
-                        "the master dropped this client; remounting segment {} (its objects are gone)",
-                        self.segment_name()
-                    );
-                    MountKind::Dropped
-                } else {
-                    tracing::warn!(
-                        "a new master (term {term}) answers; remounting segment {} with its {} object(s)",
-                        self.segment_name(),
-                        self.index.len()
-                    );
-                    MountKind::NewMaster
-                };
-                match self.mount(kind) {
-                    Ok(()) => {
-                        self.remount_disk();
-                        self.link.poke(); // confirm with a ping now
-                    }
-                    Err(e) => tracing::warn!("remount failed: {e}"),
+            Pinged::Remount => {
+                if let Err(e) = self.remount() {
+                    tracing::warn!("remount failed: {e}");
                 }
             }
             Pinged::Failed(e) => {
@@ -244,6 +223,49 @@ impl StoreClient {
                 }
             }
         }
+    }
+
+    /// A ping (with a short timeout: a master that accepts connections but does not answer,
+    /// a frozen one, is noticed soon) and the term its reply carries.
+    fn ping_with_term(&self, disk: Option<DiskCounters>) -> Result<(PingReply, u64)> {
+        let mut req = tonic::Request::new(PingRequest { client_id: self.id.clone(), disk });
+        req.set_timeout(self.config.ping_interval.clamp(PING_TIMEOUT_MIN, PING_TIMEOUT_MAX) * 2);
+        let reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
+        let term = reply.term;
+        Ok((reply, term))
+    }
+
+    /// Mounts the segment (and the disk) again if the master dropped this client or a new
+    /// master answers; returns whether it did. Once, however many threads found out at the
+    /// same time (a second remount would drop what was put after the first).
+    pub(super) fn remount(&self) -> Result<bool> {
+        let _one = self.remounting.lock();
+        let (reply, term) = self.ping_with_term(None)?;
+        match check(reply.status, "") {
+            Err(StoreError::NeedRemount) => {}
+            // Known to the master (remounted by another thread meanwhile), or it is not there.
+            other => return other.map(|()| false),
+        }
+        let kind = if term != 0 && term == self.index.mount().term {
+            tracing::warn!(
+                "the master dropped this client; remounting segment {} (its objects are gone)",
+                self.segment_name()
+            );
+            MountKind::Dropped
+        } else {
+            tracing::warn!(
+                "a new master (term {term}) answers; remounting segment {} with its {} object(s)",
+                self.segment_name(),
+                self.index.len()
+            );
+            MountKind::NewMaster
+        };
+        self.mount(kind)?;
+        if let Some(disk) = &self.disk {
+            disk.remount();
+        }
+        self.link.poke(); // confirm with a ping now
+        Ok(true)
     }
 
     /// Keeps an owner stream open to the master for the current mount (a new one after each

@@ -4,6 +4,12 @@
 //! which costs two thread wake-ups per call. Streams (event subscriptions) need a runtime that
 //! runs while nobody calls: they use a second channel on a one-worker runtime, as do calls
 //! made beside a long piece of work (`call_beside`).
+//!
+//! The API is blocking, and callable from inside a tokio task as well: there a call blocks
+//! the task's thread where tokio allows it (`block_in_place` on a multi-thread runtime) or
+//! runs on a thread of its own (a current-thread runtime), instead of panicking as a nested
+//! `block_on` would; the runtimes are shut down without waiting when the client is dropped
+//! there ([`outside_async`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,21 +17,54 @@ use std::task::Poll;
 use std::time::Duration;
 
 use parking_lot::RwLock;
-
+use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{Result, StoreError};
+use crate::error::{Result, StoreError, Waited};
 use crate::leader::Members;
 use crate::master::service::MAX_MESSAGE;
 use crate::proto::master_client::MasterClient;
 use crate::proto::{Code, Status};
 
+/// Runs `run`, which blocks on a runtime, where blocking on a runtime is allowed: at once
+/// outside tokio; inside a task of a multi-thread runtime, with the worker handed over
+/// (`block_in_place`); inside a current-thread runtime, which cannot lend its thread, on a
+/// thread of its own.
+pub(crate) fn outside_async<R: Send>(run: impl FnOnce() -> R + Send) -> R {
+    match Handle::try_current() {
+        Err(_) => run(),
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(run),
+        Ok(_) => std::thread::scope(|s| s.spawn(run).join()).unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+    }
+}
+
+/// A runtime that can be dropped anywhere: inside an asynchronous context (where tokio forbids
+/// the blocking shutdown of a drop) it shuts down without waiting.
+struct OwnRuntime(Option<Runtime>);
+
+impl std::ops::Deref for OwnRuntime {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            if Handle::try_current().is_ok() {
+                rt.shutdown_background();
+            }
+        }
+    }
+}
+
 pub struct MasterRpc {
     /// Drives the unary channel, on the calling thread (one caller at a time drives it; the
     /// others wait for their own replies).
-    calls: tokio::runtime::Runtime,
+    calls: OwnRuntime,
     /// Runs streams in the background.
-    runtime: tokio::runtime::Runtime,
+    runtime: OwnRuntime,
     /// The master's channels; replaced when the leader changes.
     conn: RwLock<Conn>,
     /// With an `etcd://` address: where the leader is looked up.
@@ -54,7 +93,7 @@ const FIRST_LEADER_WAIT: Duration = Duration::from_secs(15);
 impl MasterRpc {
     /// Connects to the master at `addr` (`host:port`); fails with a clear error if it is not there.
     pub fn connect(addr: &str) -> Result<Self> {
-        Self::connect_in(addr, "default")
+        Self::connect_in(addr, crate::master::config::DEFAULT_CLUSTER_ID)
     }
 
     /// Connects to the master at `addr`: `host:port`, or `etcd://h1:2379;h2:2379` to follow
@@ -65,27 +104,27 @@ impl MasterRpc {
             .thread_name("crescent-client-rpc")
             .enable_all()
             .build()
-            .map_err(|e| StoreError::Internal(format!("tokio runtime: {e}")))?;
+            .map_err(|e| StoreError::system("starting a tokio runtime", e))?;
+        let runtime = OwnRuntime(Some(runtime));
         let calls = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| StoreError::Internal(format!("tokio runtime: {e}")))?;
+            .map_err(|e| StoreError::system("starting a tokio runtime", e))?;
+        let calls = OwnRuntime(Some(calls));
         let (master, leader) = if addr.trim().starts_with(crate::leader::ETCD_SCHEME) {
             let endpoints = crate::leader::endpoints(addr)?;
-            let mut etcd = runtime.block_on(Members::connect(&endpoints))?;
+            let mut etcd = outside_async(|| runtime.block_on(Members::connect(&endpoints)))?;
             let key = crate::leader::leader_key(cluster_id);
             let until = std::time::Instant::now() + FIRST_LEADER_WAIT;
             let (master, term) = loop {
-                match runtime.block_on(etcd.leader(&key)) {
+                match outside_async(|| runtime.block_on(etcd.leader(&key))) {
                     Ok(Some(found)) => break found,
                     Ok(None) | Err(_) if std::time::Instant::now() < until => {
                         std::thread::sleep(Duration::from_millis(100))
                     }
                     Ok(None) => {
-                        return Err(StoreError::MasterUnreachable {
-                            addr: addr.to_string(),
-                            reason: format!("no master of cluster {cluster_id:?} leads ({key} is not set)"),
-                        })
+                        let why = format!("no master of cluster {cluster_id:?} leads ({key} is not set in etcd)");
+                        return Err(StoreError::master_unreachable(addr, why));
                     }
                     Err(e) => return Err(e),
                 }
@@ -108,7 +147,8 @@ impl MasterRpc {
     /// switches to it. Returns whether it did.
     pub fn follow_leader(&self) -> bool {
         let Some(source) = &self.leader else { return false };
-        let found = self.runtime.block_on(async { source.etcd.lock().await.leader(&source.key).await });
+        let found =
+            outside_async(|| self.runtime.block_on(async { source.etcd.lock().await.leader(&source.key).await }));
         let Ok(Some((addr, term))) = found else { return false };
         if addr == self.conn.read().addr && term == source.term.load(Ordering::Acquire) {
             return false;
@@ -142,11 +182,15 @@ impl MasterRpc {
     pub fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
         F: FnOnce(MasterClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
+        T: Send,
     {
         let client = self.conn.read().call_client.clone();
         let switched = self.switched.notified();
-        self.reply(self.calls.block_on(until_switched(f(client), switched)))
+        let call = until_switched(f(client), switched);
+        #[allow(clippy::result_large_err)] // tonic's status, as the call returns it
+        let reply = outside_async(|| self.calls.block_on(call));
+        self.reply(reply)
     }
 
     /// A call's outcome: the reply's body, or what kept it from coming.
@@ -160,8 +204,14 @@ impl MasterRpc {
     pub fn call_while<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
     where
         F: FnOnce(MasterClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
+        T: Send,
     {
+        if Handle::try_current().is_ok() {
+            // Inside tokio: no call left half-driven on the calling thread; the work after.
+            let reply = self.call(f);
+            return (reply, meanwhile());
+        }
         let client = self.conn.read().call_client.clone();
         let switched = self.switched.notified();
         let mut call = Box::pin(until_switched(f(client), switched));
@@ -198,11 +248,13 @@ impl MasterRpc {
         let call = self.runtime.spawn(f(self.client()));
         let switched = self.switched.notified();
         let side = meanwhile();
-        let reply = self.runtime.block_on(async {
-            tokio::select! {
-                r = call => Some(r),
-                () = switched => None,
-            }
+        let reply = outside_async(|| {
+            self.runtime.block_on(async {
+                tokio::select! {
+                    r = call => Some(r),
+                    () = switched => None,
+                }
+            })
         });
         let reply = match reply {
             Some(Ok(reply)) => self.reply(reply),
@@ -210,6 +262,33 @@ impl MasterRpc {
             None => self.reply(Err(switched_status())),
         };
         (reply, side)
+    }
+}
+
+impl Conn {
+    /// Channels to the master at `addr`: connected now (an error if it is not there), or
+    /// `lazy` (connected by the first call).
+    fn open(calls: &Runtime, runtime: &Runtime, addr: &str, lazy: bool) -> Result<Conn> {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(3))
+            .timeout(CALL_TIMEOUT)
+            .tcp_nodelay(true);
+        let connect = |rt: &Runtime| {
+            let channel = if lazy {
+                let _in = rt.enter();
+                endpoint.connect_lazy()
+            } else {
+                outside_async(|| rt.block_on(endpoint.connect()))
+                    .map_err(|e| StoreError::master_unreachable(addr, e))?
+            };
+            Ok::<_, StoreError>(
+                MasterClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+        };
+        Ok(Conn { call_client: connect(calls)?, client: connect(runtime)?, addr: addr.to_string() })
     }
 }
 
@@ -229,38 +308,6 @@ async fn until_switched<T>(
     }
 }
 
-impl Conn {
-    /// Channels to the master at `addr`: connected now (an error if it is not there), or
-    /// `lazy` (connected by the first call).
-    fn open(
-        calls: &tokio::runtime::Runtime,
-        runtime: &tokio::runtime::Runtime,
-        addr: &str,
-        lazy: bool,
-    ) -> Result<Conn> {
-        let unreachable = |reason: String| StoreError::MasterUnreachable { addr: addr.to_string(), reason };
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(3))
-            .timeout(CALL_TIMEOUT)
-            .tcp_nodelay(true);
-        let connect = |rt: &tokio::runtime::Runtime| {
-            let channel = if lazy {
-                let _in = rt.enter();
-                endpoint.connect_lazy()
-            } else {
-                rt.block_on(endpoint.connect()).map_err(|e| unreachable(format!("{e}: {e:?}")))?
-            };
-            Ok::<_, StoreError>(
-                MasterClient::new(channel)
-                    .max_decoding_message_size(MAX_MESSAGE)
-                    .max_encoding_message_size(MAX_MESSAGE),
-            )
-        };
-        Ok(Conn { call_client: connect(calls)?, client: connect(runtime)?, addr: addr.to_string() })
-    }
-}
-
 /// How long a call may wait for the master's answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -268,12 +315,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// long is told apart from one that cannot be reached.
 fn call_error(addr: &str, s: &tonic::Status) -> StoreError {
     match s.code() {
-        tonic::Code::DeadlineExceeded => StoreError::TimedOut(format!(
-            "master at {addr} did not answer within {} s: {}",
-            CALL_TIMEOUT.as_secs(),
-            s.message()
-        )),
-        _ => StoreError::MasterUnreachable { addr: addr.to_string(), reason: s.message().to_string() },
+        tonic::Code::DeadlineExceeded => {
+            StoreError::TimedOut { waited: Waited::Master { addr: addr.to_string() }, after: CALL_TIMEOUT }
+        }
+        _ => StoreError::master_unreachable(addr, s.clone()),
     }
 }
 
@@ -281,7 +326,7 @@ fn call_error(addr: &str, s: &tonic::Status) -> StoreError {
 /// status is the master's fault, never a success.
 pub fn check(status: Option<Status>, key: &str) -> Result<()> {
     let Some(s) = status else {
-        return Err(StoreError::Remote(format!("the master's reply about {key:?} carries no status")));
+        return Err(StoreError::BadReply(format!("the reply about {key:?} carries no status")));
     };
     let code = Code::try_from(s.code).unwrap_or(Code::Internal);
     if code == Code::Ok {
@@ -308,10 +353,11 @@ mod tests {
     #[test]
     fn a_master_too_slow_is_a_timeout_and_a_reply_without_status_is_no_success() {
         let slow = call_error("m:1", &tonic::Status::deadline_exceeded("Timeout expired"));
-        assert!(matches!(slow, StoreError::TimedOut(ref m) if m.contains("m:1")), "{slow:?}");
+        assert!(slow.to_string().contains("m:1"), "{slow}");
+        assert!(matches!(slow, StoreError::TimedOut { waited: Waited::Master { .. }, .. }), "{slow:?}");
         let gone = call_error("m:1", &tonic::Status::unavailable("connection refused"));
         assert!(matches!(gone, StoreError::MasterUnreachable { .. }), "{gone:?}");
-        assert!(matches!(check(None, "k"), Err(StoreError::Remote(_))));
+        assert!(matches!(check(None, "k"), Err(StoreError::BadReply(_))));
         assert!(check(Some(Status { code: Code::Ok as i32, message: String::new() }), "k").is_ok());
         let refused = check(Some(Status { code: Code::ObjectNotFound as i32, message: "no".into() }), "k");
         assert!(matches!(refused, Err(StoreError::NotFound(ref k)) if k == "k"));

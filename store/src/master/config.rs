@@ -70,22 +70,56 @@ pub struct MasterConfig {
     /// acknowledge the news; a replica whose owner did not is not committed.
     #[serde(with = "millis", alias = "owner_ack_timeout_ms")]
     pub owner_ack_timeout: Duration,
-    /// High availability: campaign for the leadership of `cluster_id` in etcd; a standby until
-    /// elected (Mooncake's `enable_ha`).
-    pub enable_ha: bool,
-    /// etcd endpoints, `h1:2379;h2:2379` (`etcd://` optional; Mooncake's `etcd_endpoints`,
-    /// `ha_backend_connstring`).
-    #[serde(alias = "ha_backend_connstring")]
-    pub etcd_endpoints: String,
-    /// The masters of one store share a cluster id (its clients use the same one).
+    /// Worker threads of the runtime serving gRPC and the admin port (`--rpc_thread_num`).
+    pub rpc_threads: usize,
+    /// Set TCP_NODELAY on clients' connections (`--rpc_enable_tcp_no_delay`): batch replies
+    /// span several segments and would otherwise wait on the client's delayed ACK.
+    pub rpc_tcp_nodelay: bool,
+    /// Where to serve an embedded http metadata server (`GET/PUT/DELETE /metadata?key=`, as
+    /// Mooncake's `--enable_http_metadata_server`); empty: none.
+    pub http_metadata_address: String,
+    /// The cluster this master serves (`--cluster_id`); shown on `/health`, and the namespace
+    /// of high availability's keys (the leader key, see docs/src/ha.md).
     pub cluster_id: String,
+    /// High availability (`--enable_ha` and its backend, etcd): see docs/src/ha.md.
+    pub ha: HaConfig,
+}
+
+/// Mooncake's high-availability settings (docs/src/ha.md): with `enabled`, the master campaigns
+/// for the leadership of `cluster_id` in etcd and is a standby until elected.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HaConfig {
+    pub enabled: bool,
+    /// `etcd` (upstream also names `redis` and `k8s`, which Crescent refuses).
+    pub backend_type: String,
+    /// The backend's endpoints, e.g. `127.0.0.1:2379;127.0.0.2:2379` for etcd.
+    pub connstring: String,
     /// The leadership's lease in etcd (whole seconds; etcd's floor is 2 s).
-    #[serde(with = "millis", alias = "ha_lease_ttl_ms")]
-    pub ha_lease_ttl: Duration,
+    #[serde(with = "millis", alias = "lease_ttl_ms")]
+    pub lease_ttl: Duration,
     /// The address clients reach this master at, written in etcd when it leads; empty: the RPC
     /// address (127.0.0.1 for a wildcard).
     pub advertise_address: String,
 }
+
+impl Default for HaConfig {
+    fn default() -> Self {
+        HaConfig {
+            enabled: false,
+            backend_type: "etcd".into(),
+            connstring: String::new(),
+            lease_ttl: Duration::from_secs(2),
+            advertise_address: String::new(),
+        }
+    }
+}
+
+/// The HA backends upstream names.
+pub const HA_BACKENDS: [&str; 3] = ["etcd", "redis", "k8s"];
+
+/// Mooncake's default `--cluster_id`.
+pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
 
 impl Default for MasterConfig {
     fn default() -> Self {
@@ -109,11 +143,11 @@ impl Default for MasterConfig {
             hot_queue: 1024,
             state_dir: None,
             owner_ack_timeout: Duration::from_secs(3),
-            enable_ha: false,
-            etcd_endpoints: String::new(),
-            cluster_id: "default".into(),
-            ha_lease_ttl: Duration::from_secs(2),
-            advertise_address: String::new(),
+            rpc_threads: 2,
+            rpc_tcp_nodelay: true,
+            http_metadata_address: String::new(),
+            cluster_id: DEFAULT_CLUSTER_ID.into(),
+            ha: HaConfig::default(),
         }
     }
 }
@@ -152,18 +186,48 @@ impl MasterConfig {
         if self.hot_window.is_zero() {
             return bad("hot_window must be positive".into());
         }
-        if self.enable_ha {
-            crate::leader::endpoints(&self.etcd_endpoints)
-                .map_err(|_| StoreError::Config("enable_ha needs etcd_endpoints (h1:2379;h2:2379)".into()))?;
-            if self.ha_lease_ttl < Duration::from_secs(1) || self.ha_lease_ttl.subsec_nanos() != 0 {
-                return bad(format!("ha_lease_ttl {:?} is not a whole number of seconds >= 1", self.ha_lease_ttl));
-            }
-            if self.cluster_id.is_empty() || self.cluster_id.contains('/') {
-                return bad(format!("cluster_id {:?} is empty or holds a '/'", self.cluster_id));
-            }
-        }
         if !(1..=super::MAX_REPLICAS).contains(&self.hot_max_replicas) {
             return bad(format!("hot_max_replicas {} is not in 1..={}", self.hot_max_replicas, super::MAX_REPLICAS));
+        }
+        if !(1..=256).contains(&self.rpc_threads) {
+            return bad(format!("rpc_threads {} is not in 1..=256", self.rpc_threads));
+        }
+        if self.cluster_id.is_empty()
+            || self.cluster_id.len() > 128
+            || !self.cluster_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return bad(format!("cluster_id {:?}: use 1 to 128 of A-Z a-z 0-9 - _ .", self.cluster_id));
+        }
+        self.ha.validate()
+    }
+}
+
+impl HaConfig {
+    /// Checks the settings as upstream does; of the backends, only etcd runs.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(StoreError::Config(m));
+        if !HA_BACKENDS.contains(&self.backend_type.as_str()) {
+            return bad(format!("ha_backend_type {:?} is not one of {}", self.backend_type, HA_BACKENDS.join(", ")));
+        }
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.connstring.trim().is_empty() {
+            return bad(format!(
+                "enable_ha needs the HA backend's endpoints (ha_backend_connstring, or etcd_endpoints for \
+                 ha_backend_type=etcd); backend {} has none",
+                self.backend_type
+            ));
+        }
+        if self.backend_type != "etcd" {
+            return bad(format!(
+                "enable_ha: the {} backend is not supported by Crescent (use ha_backend_type=etcd)",
+                self.backend_type
+            ));
+        }
+        crate::leader::endpoints(&self.connstring)?;
+        if self.lease_ttl < Duration::from_secs(1) || self.lease_ttl.subsec_nanos() != 0 {
+            return bad(format!("the HA lease_ttl {:?} is not a whole number of seconds >= 1", self.lease_ttl));
         }
         Ok(())
     }

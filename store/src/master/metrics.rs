@@ -5,6 +5,7 @@ use prometheus::{
 };
 
 use crate::error::{Result, StoreError};
+use crate::master::mooncake_metrics::MooncakeMetrics;
 use crate::master::{DiskTotals, Totals};
 use crate::metrics_registry::{counter, gauge, internal, register};
 use crate::proto::DiskCounters;
@@ -47,6 +48,8 @@ pub struct Metrics {
     pub elections: IntCounter,
     pub is_leader: IntGauge,
     pub term: IntGauge,
+    /// The same (and more) under Mooncake's names, for upstream's dashboard.
+    pub mooncake: MooncakeMetrics,
 }
 
 impl Metrics {
@@ -112,6 +115,7 @@ impl Metrics {
                 "disk_removals_pending",
                 "Removals waiting for a disk to delete its files (acknowledged removals leave)",
             )?,
+            mooncake: MooncakeMetrics::new()?,
             registry,
         })
     }
@@ -126,6 +130,11 @@ impl Metrics {
         self.keys.set(t.keys as i64);
         self.segments.set(t.segments as i64);
         self.clients.set(t.clients as i64);
+        let mc = &self.mooncake;
+        mc.total_capacity_bytes.set(t.capacity as i64);
+        mc.allocated_bytes.set(t.used as i64);
+        mc.key_count.set(t.keys as i64);
+        mc.active_clients.set(t.clients as i64);
     }
 
     pub fn set_disk(&self, d: &DiskTotals, clients: &[(String, DiskCounters)]) {
@@ -156,10 +165,12 @@ impl Metrics {
         self.disk_removals_pending.set(d.removals_pending as i64);
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition: Crescent's metrics, then Mooncake's names.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        let mut families = self.registry.gather();
+        families.extend(self.mooncake.registry().gather());
+        let _ = TextEncoder::new().encode(&families, &mut buf);
         String::from_utf8_lossy(&buf).into_owned()
     }
 }

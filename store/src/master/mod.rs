@@ -7,12 +7,14 @@
 
 pub mod admin;
 pub mod allocator;
+pub mod cli;
 pub mod config;
 mod disk;
 pub mod events;
 pub mod fence;
 pub mod ha;
 pub mod metrics;
+pub mod mooncake_metrics;
 pub mod owners;
 pub mod published;
 pub mod query;
@@ -490,8 +492,13 @@ impl Master {
     ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
         let r = self.put_start_inner(client_id, key, size, opts, Instant::now());
         // (Errors are counted where they become a reply's status, as every RPC's are.)
-        if r.is_ok() {
-            self.metrics.puts.inc();
+        match &r {
+            Ok(_) => {
+                self.metrics.puts.inc();
+                self.metrics.mooncake.value_size.observe(size as f64);
+            }
+            Err(StoreError::NoSpace { .. }) => self.metrics.mooncake.put_start_alloc_failures.inc(),
+            Err(_) => {}
         }
         self.update_gauges();
         r
@@ -958,6 +965,7 @@ impl Master {
             freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
             count += 1;
         }
+        self.metrics.mooncake.eviction(count, freed);
         if count > 0 {
             self.metrics.evictions.inc_by(count);
             self.metrics.evicted_bytes.inc_by(freed);
@@ -1011,6 +1019,9 @@ impl Master {
         for key in stale {
             Self::remove_object(&mut st, &key);
             self.metrics.puts_reclaimed.inc();
+            // Mooncake discards a stale put, then frees its space later; Crescent does both now.
+            self.metrics.mooncake.put_start_discard_cnt.inc();
+            self.metrics.mooncake.put_start_release_cnt.inc();
             tracing::warn!("put of {key:?} never ended: reclaimed after {:?}", self.config.put_timeout);
         }
         self.reclaim_replications(&mut st, now);
@@ -1061,6 +1072,46 @@ impl Master {
 
     pub fn totals(&self) -> Totals {
         Self::totals_of(&self.state.lock())
+    }
+
+    /// Sets the gauges a scrape reads that no operation keeps up to date: per-segment bytes,
+    /// soft-pinned keys, values in memory and on disks (Mooncake's names).
+    pub fn refresh_scrape_gauges(&self) {
+        let now = Instant::now();
+        let st = self.state.lock();
+        let mc = &self.metrics.mooncake;
+        mc.segment_allocated_bytes.reset();
+        mc.segment_total_capacity_bytes.reset();
+        for s in st.segments.values().filter(|s| s.tier != Tier::Ssd) {
+            mc.segment_allocated_bytes.with_label_values(&[s.name.as_str()]).set(s.alloc.reserved() as i64);
+            mc.segment_total_capacity_bytes.with_label_values(&[s.name.as_str()]).set(s.alloc.capacity() as i64);
+        }
+        let (mut pinned, mut in_memory, mut on_disk) = (0, 0, 0);
+        for o in st.objects.values() {
+            pinned += o.soft_pin_until.is_some_and(|t| t > now) as i64;
+            in_memory += (o.complete && !o.replicas.is_empty()) as i64;
+            on_disk += (!o.ssd.is_empty()) as i64;
+        }
+        mc.soft_pin_key_count.set(pinned);
+        mc.mem_cache_nums.set(in_memory);
+        mc.file_cache_nums.set(on_disk);
+    }
+
+    /// One line for the periodic log (`--enable_metric_reporting`).
+    pub fn summary(&self) -> String {
+        let t = self.totals();
+        let m = &self.metrics;
+        format!(
+            "keys={} used={}/{} bytes segments={} clients={} puts={} gets={} evictions={}",
+            t.keys,
+            t.used,
+            t.capacity,
+            t.segments,
+            t.clients,
+            m.puts.get(),
+            m.gets.get(),
+            m.evictions.get()
+        )
     }
 
     fn update_gauges(&self) {

@@ -2,8 +2,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
+
+use crescent_engine::metadata::server::MetadataServer;
 
 use crate::error::{Result, StoreError};
 use crate::master::fence::Role;
@@ -14,11 +17,33 @@ use crate::master::{admin, Master, MasterConfig};
 /// How long a stopping master waits for its clients' connections to close.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
+// Bounds on what one peer can hold on the gRPC port (with the message caps of
+// [`crate::master::service`]); the docs' operations page lists them.
+
+/// Requests one connection may have in flight (HTTP/2 streams, and handlers running): a
+/// client's threads beyond it wait for a free stream, they do not fail.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// Every request, from its first byte to its reply, ends within this (`DEADLINE_EXCEEDED`):
+/// a peer that sends a message slowly, or stops half way, holds nothing beyond it. Event
+/// streams (Subscribe) are bounded until their reply starts, then run as long as wanted.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// HTTP/2 flow-control windows: how much a peer may send before the master reads it.
+pub const STREAM_WINDOW: u32 = 1 << 20;
+pub const CONNECTION_WINDOW: u32 = 4 << 20;
+/// Largest header block (gRPC metadata is a few hundred bytes).
+pub const MAX_HEADER_LIST: u32 = 64 << 10;
+/// A connection whose peer does not answer HTTP/2 pings for [`KEEPALIVE_TIMEOUT`] after
+/// [`KEEPALIVE_INTERVAL`] of silence is closed (a vanished host frees its connection).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A running master; dropping it (or [`MasterHandle::shutdown`]) stops it.
 pub struct MasterHandle {
     pub master: Arc<Master>,
     pub rpc_addr: SocketAddr,
     pub admin_addr: Option<SocketAddr>,
+    /// The embedded http metadata server ([`MasterConfig::http_metadata_address`]).
+    pub metadata_server: Option<MetadataServer>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -61,11 +86,11 @@ impl Drop for MasterHandle {
 
 /// Starts a master with `config`; returns once both listeners are bound.
 pub fn start(config: MasterConfig) -> Result<MasterHandle> {
-    let role = if config.enable_ha { Role::Standby { leader: None } } else { Role::Single };
+    let role = if config.ha.enabled { Role::Standby { leader: None } } else { Role::Single };
     let master = Master::with_role(config.clone(), role)?;
     master.start_sweeper();
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(config.rpc_threads)
         .thread_name("crescent-master")
         .enable_all()
         .build()
@@ -80,19 +105,33 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     let admin = if config.admin_address.is_empty() { None } else { Some(bind(&config.admin_address)?) };
     let rpc_addr = rpc.local_addr().map_err(|e| StoreError::Internal(e.to_string()))?;
     let admin_addr = admin.as_ref().and_then(|a| a.local_addr().ok());
+    let metadata_server = if config.http_metadata_address.is_empty() {
+        None
+    } else {
+        let addr = &config.http_metadata_address;
+        let bind = std::net::ToSocketAddrs::to_socket_addrs(addr.as_str())
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| StoreError::Config(format!("http metadata server address {addr:?} is not host:port")))?;
+        Some(
+            MetadataServer::start(bind, "/metadata")
+                .map_err(|e| StoreError::Config(format!("cannot serve http metadata on {addr}: {e}")))?,
+        )
+    };
+    let nodelay = config.rpc_tcp_nodelay;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let ha = if config.enable_ha {
-        let advertise = if config.advertise_address.is_empty() {
+    let ha = if config.ha.enabled {
+        let advertise = if config.ha.advertise_address.is_empty() {
             let ip = if rpc_addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { rpc_addr.ip().to_string() };
             format!("{ip}:{}", rpc_addr.port())
         } else {
-            config.advertise_address.clone()
+            config.ha.advertise_address.clone()
         };
         Some(HaSettings {
-            endpoints: crate::leader::endpoints(&config.etcd_endpoints)?,
+            endpoints: crate::leader::endpoints(&config.ha.connstring)?,
             cluster_id: config.cluster_id.clone(),
             advertise,
-            lease_ttl: config.ha_lease_ttl,
+            lease_ttl: config.ha.lease_ttl,
         })
     } else {
         None
@@ -112,7 +151,7 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
                 // wait on the client's delayed ACK (40 ms per call).
                 let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(rpc), |s| {
                     s.inspect(|s| {
-                        let _ = s.set_nodelay(true);
+                        let _ = s.set_nodelay(nodelay);
                     })
                 });
                 let (stop_admin_tx, stop_admin_rx) = oneshot::channel::<()>();
@@ -128,13 +167,20 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
                 }
                 let stopping = Arc::new(tokio::sync::Notify::new());
                 let stopping2 = stopping.clone();
-                let server = tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(
-                    incoming,
-                    async move {
+                let server = tonic::transport::Server::builder()
+                    .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                    .concurrency_limit_per_connection(MAX_STREAMS_PER_CONNECTION as usize)
+                    .timeout(REQUEST_TIMEOUT)
+                    .initial_stream_window_size(STREAM_WINDOW)
+                    .initial_connection_window_size(CONNECTION_WINDOW)
+                    .http2_max_header_list_size(MAX_HEADER_LIST)
+                    .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+                    .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(incoming, async move {
                         let _ = stop_rx.await;
                         stopping2.notify_one();
-                    },
-                );
+                    });
                 // A graceful stop waits for every connection to close; a peer that vanished
                 // without closing (its host or network namespace gone) would hold it forever.
                 let served = tokio::select! {
@@ -158,7 +204,7 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         "master listening: gRPC {rpc_addr}{}",
         admin_addr.map(|a| format!(", admin http://{a}/metrics")).unwrap_or_default()
     );
-    Ok(MasterHandle { master, rpc_addr, admin_addr, stop: Some(stop_tx), thread: Some(thread) })
+    Ok(MasterHandle { master, rpc_addr, admin_addr, metadata_server, stop: Some(stop_tx), thread: Some(thread) })
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response};
 
 use crate::error::StoreError;
-use crate::master::{Master, PingOutcome};
+use crate::master::mooncake_metrics::GetSource;
+use crate::master::{Master, PingOutcome, MAX_KEY_LEN};
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
 use crate::proto::*;
 
@@ -18,26 +19,55 @@ pub struct MasterService {
     master: Arc<Master>,
 }
 
-/// Largest gRPC message accepted (a batch of 100k keys fits easily).
+/// Most keys in one batch call (BatchPutStart/End/Revoke, BatchGetReplicaList, BatchExists);
+/// a larger batch is refused whole with `INVALID_ARGUMENT` (the client splits its batches).
+pub const MAX_BATCH_KEYS: usize = 16_384;
+
+/// Bytes a request spends per key beyond the key itself, generously: field tags and lengths,
+/// a size or version varint, an entry's enclosing message (a `DiskEntry`, a `HeldRemoval`
+/// with its disk name).
+const PER_KEY_OVERHEAD: usize = 64;
+
+/// Largest request the master decodes: a batch of [`MAX_BATCH_KEYS`] keys of [`MAX_KEY_LEN`]
+/// bytes each, their per-key fields, and 1 MiB for the rest (client id, options, names).
+/// A message announcing more is refused from its 5-byte gRPC header with `OUT_OF_RANGE`,
+/// before any of it is buffered.
+pub const MAX_REQUEST_MESSAGE: usize = MAX_BATCH_KEYS * (MAX_KEY_LEN + PER_KEY_OVERHEAD) + (1 << 20);
+
+/// Largest reply the master encodes, and the client decodes: a batch's replica lists
+/// ([`MAX_BATCH_KEYS`] × up to 16 replicas) or a scheduler query's locations fit.
 pub const MAX_MESSAGE: usize = 256 << 20;
 
 impl MasterService {
     pub fn new(master: Arc<Master>) -> MasterServer<MasterService> {
         MasterServer::new(MasterService { master })
-            .max_decoding_message_size(MAX_MESSAGE)
+            .max_decoding_message_size(MAX_REQUEST_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
     }
 
+    /// Serves one request of `asked` items (1, or a batch's keys), timed and counted.
     #[allow(clippy::result_large_err)] // tonic's handler signature
-    fn timed<T>(&self, method: &str, f: impl FnOnce(&Master) -> T) -> Result<Response<T>, tonic::Status> {
+    fn timed_n<T: Outcome>(
+        &self,
+        method: &str,
+        asked: usize,
+        f: impl FnOnce(&Master) -> T,
+    ) -> Result<Response<T>, tonic::Status> {
         let start = Instant::now();
         let out = f(&self.master);
-        Ok(self.observed(method, start, out))
+        Ok(self.observed_n(method, asked, start, out))
     }
 
-    fn observed<T>(&self, method: &str, start: Instant, out: T) -> Response<T> {
-        self.master.metrics().rpc_latency.with_label_values(&[method]).observe(start.elapsed().as_secs_f64());
+    /// Counts and times a request of `asked` items that began at `start`.
+    fn observed_n<T: Outcome>(&self, method: &str, asked: usize, start: Instant, out: T) -> Response<T> {
+        let metrics = self.master.metrics();
+        metrics.rpc_latency.with_label_values(&[method]).observe(start.elapsed().as_secs_f64());
+        metrics.mooncake.record(method, asked, out.failed(asked));
         Response::new(out)
+    }
+
+    fn observed<T: Outcome>(&self, method: &str, start: Instant, out: T) -> Response<T> {
+        self.observed_n(method, 1, start, out)
     }
 
     /// Commits a put once its owners acknowledged (or the wait ran out).
@@ -47,6 +77,89 @@ impl MasterService {
         commit.wait.wait(m.config().owner_ack_timeout).await;
         m.put_end_finish(&commit)
     }
+
+    #[allow(clippy::result_large_err)] // tonic's handler signature
+    fn timed<T: Outcome>(&self, method: &str, f: impl FnOnce(&Master) -> T) -> Result<Response<T>, tonic::Status> {
+        self.timed_n(method, 1, f)
+    }
+}
+
+/// How many of a reply's `asked` items failed (a status other than OK), for the request
+/// counters under Mooncake's names ([`crate::master::mooncake_metrics`]).
+trait Outcome {
+    fn failed(&self, asked: usize) -> usize;
+}
+
+fn is_failure(s: &Option<Status>) -> bool {
+    s.as_ref().is_some_and(|s| s.code != Code::Ok as i32)
+}
+
+macro_rules! single_outcome {
+    ($($reply:ty),* $(,)?) => {
+        $(impl Outcome for $reply {
+            fn failed(&self, _asked: usize) -> usize {
+                is_failure(&self.status) as usize
+            }
+        })*
+    };
+}
+
+single_outcome!(
+    StatusReply,
+    PutStartReply,
+    GetReplicaListReply,
+    ExistsReply,
+    QueryKeyReply,
+    RemoveByRegexReply,
+    PingReply,
+    MountSegmentReply,
+    ReplicateStartReply,
+    ReplicateEndReply,
+    TakeReplicationTasksReply,
+    QueryKeysReply,
+    PrefixQueryReply,
+    NodeStatsReply,
+    PublishReply,
+    RemountWithReportReply,
+);
+
+impl Outcome for BatchPutStartReply {
+    fn failed(&self, _asked: usize) -> usize {
+        self.items.iter().filter(|i| is_failure(&i.status)).count()
+    }
+}
+
+impl Outcome for BatchGetReplicaListReply {
+    fn failed(&self, _asked: usize) -> usize {
+        self.items.iter().filter(|i| is_failure(&i.status)).count()
+    }
+}
+
+impl Outcome for BatchStatusReply {
+    fn failed(&self, _asked: usize) -> usize {
+        self.statuses.iter().filter(|s| s.code != Code::Ok as i32).count()
+    }
+}
+
+impl Outcome for BatchExistsReply {
+    fn failed(&self, asked: usize) -> usize {
+        if is_failure(&self.status) {
+            asked
+        } else {
+            0
+        }
+    }
+}
+
+/// Refuses a batch of more than [`MAX_BATCH_KEYS`] keys, whole: the caller's mistake.
+#[allow(clippy::result_large_err)] // tonic's status
+fn check_batch(keys: usize) -> Result<(), tonic::Status> {
+    if keys > MAX_BATCH_KEYS {
+        return Err(tonic::Status::invalid_argument(format!(
+            "{keys} keys in one batch call; at most {MAX_BATCH_KEYS} (split the batch)"
+        )));
+    }
+    Ok(())
 }
 
 fn ok() -> Option<Status> {
@@ -67,7 +180,13 @@ fn status_of(m: &Master, r: &Result<(), StoreError>) -> Option<Status> {
 }
 
 fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
-    match m.get_replica_list(key) {
+    let got = m.get_replica_list(key);
+    let served = got.as_ref().ok().filter(|l| !l.replicas.is_empty()).map(|l| {
+        let in_memory = l.replicas.iter().any(|r| r.tier != Tier::Ssd as i32);
+        (if in_memory { GetSource::Memory } else { GetSource::Disk }, l.size)
+    });
+    m.metrics().mooncake.get(served);
+    match got {
         Ok(l) => GetReplicaListReply {
             status: ok(),
             replicas: l.replicas,
@@ -151,11 +270,12 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<BatchPutStartReply>, tonic::Status> {
         let start = Instant::now();
         let r = req.into_inner();
+        check_batch(r.keys.len())?;
         let m = &self.master;
         if r.keys.len() != r.sizes.len() {
             let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
             let items = vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)];
-            return Ok(self.observed("BatchPutStart", start, BatchPutStartReply { items }));
+            return Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }));
         }
         let opts = r.options.unwrap_or_default();
         let mut items = Vec::with_capacity(r.keys.len());
@@ -170,12 +290,13 @@ impl MasterRpc for MasterService {
                 Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
             });
         }
-        Ok(self.observed("BatchPutStart", start, BatchPutStartReply { items }))
+        Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }))
     }
 
     async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
         let start = Instant::now();
         let r = req.into_inner();
+        check_batch(r.keys.len())?;
         let m = &self.master;
         // Every key's owners are told at once; one wait for all their acknowledgements.
         let begun: Vec<_> = r.keys.iter().map(|k| m.put_end_begin(&r.client_id, k)).collect();
@@ -190,7 +311,7 @@ impl MasterRpc for MasterService {
         wait.wait(m.config().owner_ack_timeout).await;
         let statuses =
             commits.into_iter().map(|c| status_of(m, &c.and_then(|c| m.put_end_finish(&c))).expect("some")).collect();
-        Ok(self.observed("BatchPutEnd", start, BatchStatusReply { statuses }))
+        Ok(self.observed_n("BatchPutEnd", r.keys.len(), start, BatchStatusReply { statuses }))
     }
 
     async fn batch_put_revoke(
@@ -198,7 +319,8 @@ impl MasterRpc for MasterService {
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
         let r = req.into_inner();
-        self.timed("BatchPutRevoke", |m| BatchStatusReply {
+        check_batch(r.keys.len())?;
+        self.timed_n("BatchPutRevoke", r.keys.len(), |m| BatchStatusReply {
             statuses: r.keys.iter().map(|k| status_of(m, &m.put_revoke(&r.client_id, k)).expect("some")).collect(),
         })
     }
@@ -213,7 +335,8 @@ impl MasterRpc for MasterService {
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchGetReplicaListReply>, tonic::Status> {
         let r = req.into_inner();
-        self.timed("BatchGetReplicaList", |m| BatchGetReplicaListReply {
+        check_batch(r.keys.len())?;
+        self.timed_n("BatchGetReplicaList", r.keys.len(), |m| BatchGetReplicaListReply {
             items: r.keys.iter().map(|k| replica_list_reply(m, k)).collect(),
         })
     }
@@ -228,7 +351,8 @@ impl MasterRpc for MasterService {
 
     async fn batch_exists(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchExistsReply>, tonic::Status> {
         let r = req.into_inner();
-        self.timed("BatchExists", |m| match m.batch_exists(&r.keys) {
+        check_batch(r.keys.len())?;
+        self.timed_n("BatchExists", r.keys.len(), |m| match m.batch_exists(&r.keys) {
             Ok(exists) => BatchExistsReply { status: ok(), exists },
             Err(e) => BatchExistsReply { status: status(m, &e), exists: Vec::new() },
         })

@@ -1,0 +1,7 @@
+//! mooncake_master: `crescent-master` under Mooncake's name, so that scripts and manifests
+//! written for Mooncake (`mooncake_master --port=50051 --enable_http_metadata_server=true ...`)
+//! run unchanged. Same program, same flags ([`crescent_store::master::cli`]).
+
+fn main() {
+    crescent_store::master::cli::main()
+}
