@@ -146,7 +146,7 @@ struct Cli {
     /// The cluster this master serves [default: mooncake_cluster].
     #[arg(long = "cluster_id")]
     cluster_id: Option<String>,
-    /// High availability through an HA backend: not yet supported (refused with a clear error).
+    /// High availability: campaign for leadership in etcd (docs/src/ha.md); other backends are refused.
     #[arg(long = "enable_ha", value_parser = gflags_bool, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     enable_ha: Option<bool>,
     /// HA backend: etcd, redis or k8s [default: etcd].
@@ -158,7 +158,7 @@ struct Cli {
     /// etcd endpoints, used for HA when --ha_backend_connstring is unset and the backend is etcd.
     #[arg(long = "etcd_endpoints")]
     etcd_endpoints: Option<String>,
-    /// HA's metadata op log: needs --enable_ha (so not yet supported either).
+    /// HA's metadata op log: needs --enable_ha (Crescent rebuilds from its clients instead; accepted and ignored).
     #[arg(long = "enable_oplog", value_parser = gflags_bool, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     enable_oplog: Option<bool>,
     /// Allocator of segments: offset (Crescent's) or cachelib (accepted; Crescent uses offset).
@@ -670,6 +670,9 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     }
     if cli.enable_oplog == Some(true) && !config.ha.enabled {
         return Err(invalid("--enable_oplog needs --enable_ha"));
+    }
+    if cli.enable_oplog == Some(true) {
+        warnings.push("--enable_oplog: no op log is kept; a new leader is rebuilt from its clients' reports".into());
     }
     let mut ignored: Vec<String> = IGNORED.iter().filter(|f| given(m, f.name)).map(|f| f.name.to_string()).collect();
     match cli.memory_allocator.as_deref() {
