@@ -143,7 +143,9 @@ fn caller_mistakes_and_missing_things_give_typed_errors() {
     let m = master();
     let a = client(&m);
     a.put("k", b"hello").unwrap();
-    assert!(matches!(a.put("k", b"again"), Err(StoreError::AlreadyExists(_))));
+    // A put of an existing key succeeds and leaves the value (Mooncake's puts).
+    a.put("k", b"again").unwrap();
+    assert_eq!(a.get("k").unwrap(), b"hello");
     assert!(matches!(a.put("empty", b""), Err(ref e) if e.is_caller_error()));
     assert!(matches!(a.get("missing"), Err(StoreError::NotFound(_))));
     assert!(matches!(a.get_size("missing"), Err(StoreError::NotFound(_))));
@@ -244,7 +246,7 @@ fn the_admin_port_shows_capacity_keys_operations_errors_and_placements() {
     assert_eq!(a.get("adm/1").unwrap(), data(100_000, 1));
     assert!(matches!(a.get("adm/none"), Err(StoreError::NotFound(_))));
     assert!(matches!(a.remove("adm/none"), Err(StoreError::NotFound(_))));
-    assert!(matches!(a.put("adm/1", &data(10, 2)), Err(StoreError::AlreadyExists(_))));
+    a.put("adm/1", &data(10, 2)).unwrap(); // refused by the master, reported as success
 
     let (code, body) = crescent_tests::store::admin_http(&m, "GET", "/metrics", "");
     assert_eq!(code, 200);
@@ -307,4 +309,45 @@ fn batch_calls_make_one_master_round_trip_per_batch_whatever_their_size() {
     assert_eq!(b.batch_exists(&keys).unwrap(), vec![true; 16]);
     let after = rpc_counts(&m, &["BatchExists", "Exists"]);
     assert_eq!((after[0] - before[0], after[1] - before[1]), (1, 0));
+}
+
+#[test]
+fn puts_of_existing_keys_keep_the_value_and_upserts_replace_it() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    a.put("k", b"first").unwrap();
+    b.put("k", b"second").unwrap();
+    let keys = vec!["k".to_string(), "new".to_string()];
+    let rs = b.put_batch(&keys, &[b"third".as_slice(), b"fresh".as_slice()]).unwrap();
+    assert!(rs.iter().all(Result::is_ok), "{rs:?}");
+    assert_eq!(a.get("k").unwrap(), b"first");
+    assert_eq!(a.get("new").unwrap(), b"fresh");
+    // Upsert replaces, with another size too; a reader's lease protects the old value.
+    let options = b.default_options();
+    assert!(matches!(b.upsert_with("k", b"replaced", &options), Err(StoreError::Leased(_))));
+    b.upsert_with("unleased", b"one", &options).unwrap();
+    b.upsert_with("unleased", b"two, longer", &options).unwrap();
+    assert_eq!(a.get("unleased").unwrap(), b"two, longer");
+}
+
+#[test]
+fn a_pure_consumer_contributes_nothing_and_reads_and_writes_the_pool() {
+    let m = master();
+    let holder = client(&m);
+    let consumer = StoreClient::connect(ClientConfig {
+        global_segment_size: 0,
+        local_buffer_size: 4 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    consumer.put("c/1", &data(300_000, 3)).unwrap();
+    assert_eq!(holder.get("c/1").unwrap(), data(300_000, 3));
+    let q = consumer.query("c/1").unwrap();
+    assert!(q.replicas.iter().all(|r| r.segment_name == holder.segment_name()), "{q:?}");
+    // Heartbeats go on (the master does not know a consumer): it still reads and writes.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(consumer.master_reachable());
+    assert_eq!(consumer.get("c/1").unwrap(), data(300_000, 3));
+    consumer.close().unwrap();
+    assert_eq!(holder.get("c/1").unwrap(), data(300_000, 3));
 }

@@ -59,17 +59,31 @@ enum Buf<'a> {
     Registered(u64),
 }
 
+impl Buf<'_> {
+    /// The same bytes, to read from again.
+    fn reread(&self) -> Buf<'_> {
+        match self {
+            Buf::Bytes(b) => Buf::Bytes(b),
+            Buf::BytesMut(b) => Buf::Bytes(b),
+            Buf::Registered(addr) => Buf::Registered(*addr),
+        }
+    }
+}
+
 pub struct StoreClient {
     id: String,
     config: ClientConfig,
     engine: Arc<TransferEngine>,
-    segment: RegisteredMemory,
+    /// The memory contributed to the pool; none for a pure consumer (`global_segment_size` 0).
+    segment: Option<RegisteredMemory>,
     segment_id: AtomicU64,
     staging: Arc<Staging>,
     /// Whether the last put wrote our own segment only: a byte put then stages nothing ahead.
     last_put_local: AtomicBool,
     hot: Option<HotCache>,
     rpc: Arc<MasterRpc>,
+    /// Whether the last heartbeat reached the master.
+    master_reachable: AtomicBool,
     stop: Arc<AtomicBool>,
     closed: AtomicBool,
     /// The disk tier, with a storage root ([`ssd`]).
@@ -92,7 +106,10 @@ impl StoreClient {
         let disk = ssd::open_tier(&config)?;
         let rpc = Arc::new(MasterRpc::connect(&config.master_server_address)?);
         let engine = TransferEngine::new(config.engine_config()?)?;
-        let segment = engine.alloc_registered(config.global_segment_size, "cpu:0")?;
+        let segment = match config.global_segment_size {
+            0 => None,
+            size => Some(engine.alloc_registered(size, "cpu:0")?),
+        };
         let staging = Arc::new(Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?));
         let ssd = match disk {
             Some(tier) => {
@@ -115,6 +132,7 @@ impl StoreClient {
             last_put_local: AtomicBool::new(false),
             hot,
             rpc,
+            master_reachable: AtomicBool::new(true),
             stop: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
             ssd,
@@ -133,7 +151,7 @@ impl StoreClient {
             "store client {} up: segment {} ({} bytes), master {}",
             client.id,
             client.engine.segment_name(),
-            client.segment.len(),
+            client.segment.as_ref().map_or(0, RegisteredMemory::len),
             client.rpc.addr()
         );
         Ok(client)
@@ -162,19 +180,28 @@ impl StoreClient {
         self.metrics_server.lock().as_ref().map(|s| s.addr())
     }
 
-    fn segment_info(&self) -> SegmentInfo {
-        SegmentInfo {
-            name: self.engine.segment_name().to_string(),
-            base: self.segment.addr(),
-            size: self.segment.len(),
-            tier: Tier::Dram as i32,
-        }
+    /// Whether the master could be reached at the last heartbeat (once a second by default).
+    pub fn master_reachable(&self) -> bool {
+        self.master_reachable.load(Ordering::Acquire)
+    }
+
+    /// A pure consumer contributes no memory, so the master does not know it (and asks it to
+    /// remount at every heartbeat).
+    fn contributes(&self) -> bool {
+        self.segment.is_some() || self.ssd.is_some()
     }
 
     fn mount(&self, remount: bool) -> Result<()> {
+        let Some(segment) = &self.segment else { return Ok(()) };
+        let info = SegmentInfo {
+            name: self.engine.segment_name().to_string(),
+            base: segment.addr(),
+            size: segment.len(),
+            tier: Tier::Dram as i32,
+        };
         let req = MountSegmentRequest {
             client_id: self.id.clone(),
-            segment: Some(self.segment_info()),
+            segment: Some(info),
             host: self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default(),
         };
         let reply = if remount {
@@ -203,7 +230,11 @@ impl StoreClient {
                     }
                     let req = PingRequest { client_id: client.id.clone(), disk: client.disk_counters() };
                     let reply = client.rpc.call(|mut c| async move { c.ping(req).await });
-                    match reply.and_then(|mut r| check(r.status.take(), "").map(|()| r)) {
+                    let reply = reply.and_then(|mut r| check(r.status.take(), "").map(|()| r));
+                    let unreachable =
+                        matches!(reply, Err(StoreError::MasterUnreachable { .. }) | Err(StoreError::TimedOut(_)));
+                    client.master_reachable.store(!unreachable, Ordering::Release);
+                    match reply {
                         Ok(reply) => {
                             client.apply_disk_ping(reply);
                             if master_was_down {
@@ -211,6 +242,7 @@ impl StoreClient {
                             }
                             master_was_down = false;
                         }
+                        Err(StoreError::NeedRemount) if !client.contributes() => {}
                         Err(StoreError::NeedRemount) => {
                             tracing::warn!(
                                 "the master dropped this client; remounting segment {}",
@@ -263,13 +295,23 @@ impl StoreClient {
         self.put_one(key, Buf::Registered(addr), len, options)
     }
 
+    /// Mooncake's upsert: stores `value`, replacing the key's value if it has one.
+    pub fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        self.upsert_one(key, Buf::Bytes(value), value.len() as u64, options)
+    }
+
+    /// [`Self::upsert_with`] from registered memory (zero copy).
+    pub fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
+        self.upsert_one(key, Buf::Registered(addr), len, options)
+    }
+
     /// The options `put` and the other calls without options use: the configured
     /// `replica_num`, and this client's segment as the one `local_first` places on. A start
     /// for the options of the `*_with` calls.
     pub fn default_options(&self) -> PutOptions {
         PutOptions {
             replica_num: self.config.replica_num,
-            preferred_segment: self.segment_name().to_string(),
+            preferred_segment: if self.segment.is_some() { self.segment_name().to_string() } else { String::new() },
             ..Default::default()
         }
     }
@@ -285,7 +327,32 @@ impl StoreClient {
         }
     }
 
+    /// A put of a key that exists (or is being put) succeeds and leaves the object as it
+    /// was, as Mooncake's puts do.
     fn put_one(&self, key: &str, src: Buf<'_>, len: u64, options: &PutOptions) -> Result<()> {
+        match self.put_new(key, src, len, options) {
+            Err(StoreError::AlreadyExists(_)) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Insert or replace (Mooncake's upsert): a put; if the key exists, it is removed and
+    /// put again. A reader's lease still protects the old value: `Leased` until it ends.
+    fn upsert_one(&self, key: &str, src: Buf<'_>, len: u64, options: &PutOptions) -> Result<()> {
+        // Another writer may put the key between the removal and our put: try again.
+        for _ in 0..UPSERT_TRIES {
+            match self.put_new(key, src.reread(), len, options) {
+                Err(StoreError::AlreadyExists(_)) => match self.remove(key) {
+                    Ok(()) | Err(StoreError::NotFound(_)) => continue,
+                    Err(e) => return Err(e),
+                },
+                r => return r,
+            }
+        }
+        Err(StoreError::AlreadyExists(key.to_string()))
+    }
+
+    fn put_new(&self, key: &str, src: Buf<'_>, len: u64, options: &PutOptions) -> Result<()> {
         if len == 0 {
             return Err(StoreError::InvalidArgument(format!("empty value for key {key:?}")));
         }
@@ -349,7 +416,8 @@ impl StoreClient {
         if r.segment_name != self.engine.segment_name() {
             return None;
         }
-        let (base, end) = (self.segment.addr(), self.segment.addr() + self.segment.len());
+        let segment = self.segment.as_ref()?;
+        let (base, end) = (segment.addr(), segment.addr() + segment.len());
         if r.address < base || r.address.checked_add(len).is_none_or(|e| e > end) {
             tracing::error!("the master placed a replica outside our segment: {:#x}+{len}", r.address);
             return None;
@@ -793,6 +861,12 @@ impl StoreClient {
                 }
             }
         }
+        // Keys that exist already keep their value, and their put succeeds (Mooncake's puts).
+        for r in &mut results {
+            if matches!(r, Err(StoreError::AlreadyExists(_))) {
+                *r = Ok(());
+            }
+        }
         Ok(results)
     }
 
@@ -1158,10 +1232,14 @@ impl StoreClient {
         self.stop.store(true, Ordering::Release);
         self.metrics_server.lock().take();
         let disk_closed = self.close_disk();
-        let req =
-            UnmountSegmentRequest { client_id: self.id.clone(), segment_id: self.segment_id.load(Ordering::Acquire) };
-        let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
-        check(reply.status, "")?;
+        if self.segment.is_some() {
+            let req = UnmountSegmentRequest {
+                client_id: self.id.clone(),
+                segment_id: self.segment_id.load(Ordering::Acquire),
+            };
+            let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
+            check(reply.status, "")?;
+        }
         disk_closed
     }
 }
@@ -1176,6 +1254,9 @@ impl Drop for StoreClient {
         }
     }
 }
+
+/// Puts an upsert makes while other writers keep putting the key it removed.
+const UPSERT_TRIES: usize = 3;
 
 /// Piece of a byte `get` staged at a time (two are in flight).
 const STAGED_GET_PIECE: u64 = 2 << 20;

@@ -149,10 +149,11 @@ impl StoreClient {
         src: &Buf<'_>,
         len: u64,
     ) {
-        let resident = replicas.iter().find_map(|r| self.local_replica(r, len)).map(|bytes| {
+        let resident = replicas.iter().find_map(|r| self.local_replica(r, len)).and_then(|bytes| {
+            let segment = self.segment.clone()?;
             // SAFETY: a range of our own segment (checked by `local_replica`), mapped while
             // the segment's memory (kept by the clone) lives.
-            unsafe { ResidentValue::new(Box::new(self.segment.clone()), bytes.as_ptr() as u64, bytes.len()) }
+            Some(unsafe { ResidentValue::new(Box::new(segment), bytes.as_ptr() as u64, bytes.len()) })
         });
         offload.queue_resident(version, resident, put_bytes(src, len));
     }
