@@ -1203,10 +1203,15 @@ impl StoreClient {
 
     /// Removes every committed object whose key matches `pattern`; returns how many.
     pub fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        self.remove_by_regex_with(pattern, false)
+    }
+
+    /// [`Self::remove_by_regex`]; `force` removes leased objects too.
+    pub fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
         if let (Some(hot), Ok(re)) = (&self.hot, regex::Regex::new(pattern)) {
             hot.invalidate_matching(&re);
         }
-        let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force: false };
+        let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove_by_regex(req).await })?;
         check(reply.status, pattern)?;
         self.sync_disk_removals();
@@ -1214,10 +1219,15 @@ impl StoreClient {
     }
 
     pub fn remove_all(&self) -> Result<u64> {
+        self.remove_all_with(false)
+    }
+
+    /// Removes every committed object (`force`: leased ones too); returns how many.
+    pub fn remove_all_with(&self, force: bool) -> Result<u64> {
         if let Some(hot) = &self.hot {
             hot.clear();
         }
-        let req = RemoveAllRequest { client_id: self.id.clone(), force: false };
+        let req = RemoveAllRequest { client_id: self.id.clone(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove_all(req).await })?;
         check(reply.status, "")?;
         self.sync_disk_removals();
