@@ -13,12 +13,13 @@
 //! * the GIL is released during master calls and transfers, so other Python threads run.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crescent_ffi::engine::{EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest, P2P_HANDSHAKE};
 use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreClient;
-use crescent_ffi::{engine_fail, fail, store_fail, SetupArgs, Status};
+use crescent_ffi::{engine_fail, fail, store_fail, SetupArgs, SoftPinAction, Status};
 use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -165,28 +166,358 @@ fn mems(
     Ok((out, lens))
 }
 
+/// The status of a call refused because the store is not set up: Mooncake's bindings answer
+/// INVALID_PARAMS ("Client is not initialized").
 fn not_set_up(what: &str) -> i32 {
-    fail(Status::UnavailableInCurrentStatus, format!("{what}: call setup() first (or it was closed)")).code()
+    fail(Status::InvalidParams, format!("{what}: the store is not set up (call setup() first) or was closed")).code()
 }
 
-// ---- MooncakeDistributedStore ----
+/// A caller's mistake that Mooncake reports with INVALID_PARAMS rather than an exception.
+fn invalid(message: impl std::fmt::Display) -> i32 {
+    fail(Status::InvalidParams, message).code()
+}
+
+/// One status per key: `code` for each.
+fn per_key<T: Clone>(n: usize, code: T) -> Vec<T> {
+    vec![code; n]
+}
+
+/// A status for each result of a batch of puts.
+fn put_statuses(rs: &[Result<(), crescent_ffi::store::StoreError>]) -> Vec<i32> {
+    rs.iter().map(|r| r.as_ref().map_or_else(|e| store_fail(e).code(), |()| 0)).collect()
+}
+
+/// Memory of a store call: an int address or a buffer object, and its size (the buffer's
+/// length when none is given). A size larger than a buffer object is the caller's mistake,
+/// reported as INVALID_PARAMS like Mooncake's other argument checks.
+fn store_mem(
+    obj: &Bound<'_, PyAny>,
+    size: Option<u64>,
+    writable: bool,
+    what: &str,
+) -> PyResult<Result<(Mem, u64), i32>> {
+    let mem = Mem::new(obj, writable, what)?;
+    Ok(match (&mem, size) {
+        (Mem::Addr(_), None) => Err(invalid(format!("{what}: a size is required with an int address"))),
+        (Mem::Buffer(b), Some(n)) if n > b.len() => {
+            Err(invalid(format!("{what}: size {n} is larger than the buffer ({} bytes)", b.len())))
+        }
+        (Mem::Buffer(b), None) => {
+            let n = b.len();
+            Ok((mem, n))
+        }
+        (_, Some(n)) => Ok((mem, n)),
+    })
+}
+
+/// The memory of a batch call: one buffer (and size, when given) per key. Lists of other
+/// lengths are INVALID_PARAMS for every key, as in Mooncake.
+fn store_mems(
+    buffers: &Bound<'_, PyAny>,
+    sizes: Option<Vec<u64>>,
+    writable: bool,
+    count: usize,
+) -> PyResult<Result<(Vec<Mem>, Vec<u64>), i32>> {
+    let list: Vec<Bound<'_, PyAny>> = buffers.try_iter()?.collect::<PyResult<_>>()?;
+    if list.len() != count {
+        return Ok(Err(invalid(format!("{count} keys but {} buffers", list.len()))));
+    }
+    if let Some(s) = &sizes {
+        if s.len() != count {
+            return Ok(Err(invalid(format!("{count} keys but {} sizes", s.len()))));
+        }
+    }
+    let mut mems = Vec::with_capacity(count);
+    let mut lens = Vec::with_capacity(count);
+    for (i, obj) in list.iter().enumerate() {
+        match store_mem(obj, sizes.as_ref().map(|s| s[i]), writable, &format!("buffers[{i}]"))? {
+            Ok((m, n)) => {
+                mems.push(m);
+                lens.push(n);
+            }
+            Err(code) => return Ok(Err(code)),
+        }
+    }
+    Ok(Ok((mems, lens)))
+}
+
+/// Values of a batch of byte puts: buffer objects (exported for the call).
+fn exported_values(values: &Bound<'_, PyAny>) -> PyResult<Vec<Exported>> {
+    values.try_iter()?.map(|v| v.and_then(|v| Exported::new(&v, false))).collect()
+}
+
+// ---- enums and descriptor types ----
+
+/// SoftPinAction: what a put or upsert does to the object's soft pin (Mooncake's values).
+#[pyclass(module = "crescent._crescent", name = "SoftPinAction", eq, eq_int, frozen, hash, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(clippy::upper_case_acronyms)]
+enum PySoftPinAction {
+    PRESERVE = 0,
+    ENABLE = 1,
+    DISABLE = 2,
+}
+
+impl From<PySoftPinAction> for SoftPinAction {
+    fn from(a: PySoftPinAction) -> Self {
+        match a {
+            PySoftPinAction::PRESERVE => SoftPinAction::Preserve,
+            PySoftPinAction::ENABLE => SoftPinAction::Enable,
+            PySoftPinAction::DISABLE => SoftPinAction::Disable,
+        }
+    }
+}
+
+/// ObjectDataType: Mooncake's classification of a value (accepted in `ReplicateConfig`; it
+/// does not change where or how Crescent stores it).
+#[pyclass(module = "crescent._crescent", name = "ObjectDataType", eq, eq_int, frozen, hash, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(clippy::upper_case_acronyms, non_camel_case_types)]
+enum PyObjectDataType {
+    UNKNOWN = 0,
+    KVCACHE = 1,
+    TENSOR = 2,
+    WEIGHT = 3,
+    SAMPLE = 4,
+    ACTIVATION = 5,
+    GRADIENT = 6,
+    OPTIMIZER_STATE = 7,
+    METADATA = 8,
+    GENERAL = 9,
+}
+
+/// ReplicaStatus of a replica descriptor (Mooncake's values).
+#[pyclass(module = "crescent._crescent", name = "ReplicaStatus", eq, eq_int, frozen, hash, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(clippy::upper_case_acronyms)]
+enum PyReplicaStatus {
+    UNDEFINED = 0,
+    INITIALIZED = 1,
+    PROCESSING = 2,
+    COMPLETE = 3,
+    REMOVED = 4,
+    FAILED = 5,
+}
+
+/// Descriptor: where a memory replica's bytes are — `size`, `buffer_address` (in its
+/// segment) and `transport_endpoint` (the segment's name, `host:port`).
+#[pyclass(module = "crescent._crescent", name = "Descriptor", get_all, set_all, from_py_object)]
+#[derive(Clone, Default)]
+struct PyBufferDescriptor {
+    size: u64,
+    buffer_address: u64,
+    transport_endpoint: String,
+}
+
+#[pymethods]
+impl PyBufferDescriptor {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<Descriptor size={} buffer_address={} transport_endpoint={}>",
+            self.size, self.buffer_address, self.transport_endpoint
+        )
+    }
+}
+
+/// MemoryDescriptor: `buffer_descriptor`, the memory replica's place.
+#[pyclass(module = "crescent._crescent", name = "MemoryDescriptor", get_all, set_all, from_py_object)]
+#[derive(Clone)]
+struct PyMemoryDescriptor {
+    buffer_descriptor: PyBufferDescriptor,
+}
+
+/// DiskDescriptor: a disk replica's `file_path` and `object_size`.
+#[pyclass(module = "crescent._crescent", name = "DiskDescriptor", get_all, set_all, from_py_object)]
+#[derive(Clone)]
+struct PyDiskDescriptor {
+    file_path: String,
+    object_size: u64,
+}
+
+/// ReplicaDescriptor: one replica of an object, as `get_replica_desc` lists them. Crescent's
+/// disk replicas live on their owner's disk and are read through it: Mooncake's "local disk"
+/// kind (`is_local_disk_replica()`), not a shared-file-system path (`is_disk_replica()`).
+#[pyclass(module = "crescent._crescent", name = "ReplicaDescriptor", frozen)]
+struct PyReplicaDescriptor {
+    status: PyReplicaStatus,
+    memory: Option<PyMemoryDescriptor>,
+    /// The owning client's disk service, for a disk replica.
+    disk_service: String,
+}
+
+#[pymethods]
+impl PyReplicaDescriptor {
+    #[getter]
+    fn status(&self) -> PyReplicaStatus {
+        self.status
+    }
+
+    fn is_memory_replica(&self) -> bool {
+        self.memory.is_some()
+    }
+
+    fn is_disk_replica(&self) -> bool {
+        false
+    }
+
+    fn is_local_disk_replica(&self) -> bool {
+        self.memory.is_none()
+    }
+
+    fn get_memory_descriptor(&self) -> PyResult<PyMemoryDescriptor> {
+        self.memory.clone().ok_or_else(|| PyValueError::new_err("not a memory replica (is_memory_replica() is False)"))
+    }
+
+    fn get_disk_descriptor(&self) -> PyResult<PyDiskDescriptor> {
+        Err(PyValueError::new_err(format!(
+            "not a shared-disk replica: Crescent's disk replicas are read through their owner ({})",
+            self.disk_service
+        )))
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.memory {
+            Some(m) => format!(
+                "<ReplicaDescriptor memory size={} at {}>",
+                m.buffer_descriptor.size, m.buffer_descriptor.transport_endpoint
+            ),
+            None => format!("<ReplicaDescriptor local disk via {}>", self.disk_service),
+        }
+    }
+}
+
+fn replica_descriptor(r: &crescent_ffi::store::proto::ReplicaDescriptor) -> PyReplicaDescriptor {
+    use crescent_ffi::store::proto::{ReplicaStatus as S, Tier};
+    let status = match S::try_from(r.status) {
+        Ok(S::Complete) => PyReplicaStatus::COMPLETE,
+        Ok(S::Processing) => PyReplicaStatus::PROCESSING,
+        _ => PyReplicaStatus::UNDEFINED,
+    };
+    let memory = (r.tier != Tier::Ssd as i32).then(|| PyMemoryDescriptor {
+        buffer_descriptor: PyBufferDescriptor {
+            size: r.size,
+            buffer_address: r.address,
+            transport_endpoint: r.segment_name.clone(),
+        },
+    });
+    PyReplicaDescriptor { status, memory, disk_service: r.disk_service.clone() }
+}
+
+/// BufferHandle: a value read by `get_buffer` / `batch_get_buffer`, with the buffer protocol
+/// (`bytes(handle)`, `memoryview(handle)`, `numpy.frombuffer(handle, ...)`), `ptr()` and
+/// `size()`.
+#[pyclass(module = "crescent._crescent", name = "BufferHandle", frozen)]
+struct PyBufferHandle {
+    bytes: Box<[u8]>,
+}
+
+#[pymethods]
+impl PyBufferHandle {
+    /// The address of the bytes (valid while the handle lives).
+    fn ptr(&self) -> u64 {
+        self.bytes.as_ptr() as u64
+    }
+
+    fn size(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// # Safety
+    /// Called by the interpreter with a valid `view`; the handle is frozen and owns its bytes,
+    /// which outlive the view (it holds a reference to the handle).
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::ffi::c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("a null view"));
+        }
+        if flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err("a BufferHandle is read-only"));
+        }
+        let bytes = &slf.get().bytes;
+        // SAFETY: `view` is valid per the interpreter's contract; the bytes are owned by the
+        // frozen handle, which the view keeps alive through `obj`.
+        unsafe {
+            (*view).obj = slf.clone().into_any().into_ptr();
+            (*view).buf = bytes.as_ptr() as *mut std::ffi::c_void;
+            (*view).len = bytes.len() as isize;
+            (*view).readonly = 1;
+            (*view).itemsize = 1;
+            (*view).format = if flags & pyo3::ffi::PyBUF_FORMAT == pyo3::ffi::PyBUF_FORMAT {
+                c"B".as_ptr() as *mut std::ffi::c_char
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).ndim = 1;
+            (*view).shape = if flags & pyo3::ffi::PyBUF_ND == pyo3::ffi::PyBUF_ND {
+                &mut (*view).len
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).strides = if flags & pyo3::ffi::PyBUF_STRIDES == pyo3::ffi::PyBUF_STRIDES {
+                &mut (*view).itemsize
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<BufferHandle size={}>", self.bytes.len())
+    }
+}
 
 // ---- ReplicateConfig ----
 
-/// ReplicateConfig(): Mooncake's per-put placement — `replica_num` (1), `with_soft_pin`
-/// (False: True keeps the object from eviction for the master's soft-pin time, 30 min by
-/// default), `with_hard_pin` (False: True never evicts it), `preferred_segment` ("") and
-/// `preferred_segments` ([]): segment names (`get_hostname()` of a client) tried first for
-/// the replicas, in order, whatever the master's allocation strategy; a full or unknown one
-/// falls back to the strategy's choice.
-#[pyclass(module = "crescent._crescent", name = "ReplicateConfig", get_all, set_all)]
+/// ReplicateConfig(): Mooncake's per-put placement — `replica_num` (1); `soft_pin_action`
+/// (`SoftPinAction.PRESERVE`; `ENABLE` keeps the object from eviction for `soft_pin_ttl_ms`,
+/// or the master's soft-pin time, 30 min, when that is None); `with_hard_pin` (False: True
+/// never evicts it); `preferred_segment` ("") and `preferred_segments` ([]): segment names
+/// (`get_hostname()` of a client) tried first for the replicas, in order; a full or unknown
+/// one falls back to the master's choice. `with_soft_pin` is Crescent's older spelling of
+/// `soft_pin_action = ENABLE`. `nof_replica_num`, `dfs_replica_num` (0: Crescent has no
+/// NVMe-oF or DFS pool), `prefer_alloc_in_same_node` (refused by puts, as in Mooncake),
+/// `preferred_nof_segments`, `data_type` and `group_ids` are accepted for compatibility.
+#[pyclass(module = "crescent._crescent", name = "ReplicateConfig")]
 #[derive(Clone)]
 struct PyReplicateConfig {
+    #[pyo3(get, set)]
     replica_num: u32,
-    with_soft_pin: bool,
+    #[pyo3(get, set)]
+    nof_replica_num: u32,
+    #[pyo3(get, set)]
+    dfs_replica_num: u32,
+    #[pyo3(get, set)]
+    soft_pin_action: PySoftPinAction,
+    soft_pin_ttl_ms: Option<u64>,
+    #[pyo3(get, set)]
     with_hard_pin: bool,
+    #[pyo3(get, set)]
     preferred_segment: String,
+    #[pyo3(get, set)]
     preferred_segments: Vec<String>,
+    #[pyo3(get, set)]
+    preferred_nof_segments: Vec<String>,
+    #[pyo3(get, set)]
+    prefer_alloc_in_same_node: bool,
+    #[pyo3(get, set)]
+    data_type: PyObjectDataType,
+    #[pyo3(get, set)]
+    group_ids: Option<Vec<String>>,
 }
 
 #[pymethods]
@@ -196,39 +527,103 @@ impl PyReplicateConfig {
         let d = crescent_ffi::ReplicateConfig::default();
         PyReplicateConfig {
             replica_num: d.replica_num,
-            with_soft_pin: d.with_soft_pin,
+            nof_replica_num: d.nof_replica_num,
+            dfs_replica_num: d.dfs_replica_num,
+            soft_pin_action: PySoftPinAction::PRESERVE,
+            soft_pin_ttl_ms: d.soft_pin_ttl_ms,
             with_hard_pin: d.with_hard_pin,
             preferred_segment: d.preferred_segment,
             preferred_segments: d.preferred_segments,
+            preferred_nof_segments: Vec::new(),
+            prefer_alloc_in_same_node: d.prefer_alloc_in_same_node,
+            data_type: PyObjectDataType::UNKNOWN,
+            group_ids: None,
         }
+    }
+
+    /// None (the master's default time) or a number of milliseconds (0 to 2**64-1).
+    #[getter]
+    fn soft_pin_ttl_ms(&self) -> Option<u64> {
+        self.soft_pin_ttl_ms
+    }
+
+    #[setter]
+    fn set_soft_pin_ttl_ms(&mut self, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        self.soft_pin_ttl_ms = match value {
+            None => None,
+            Some(v) if v.is_none() => None,
+            Some(v) => Some(
+                v.extract::<u64>()
+                    .map_err(|_| PyTypeError::new_err("soft_pin_ttl_ms must be None or an int from 0 to 2**64-1"))?,
+            ),
+        };
+        Ok(())
+    }
+
+    /// Crescent's older spelling: True is `soft_pin_action == SoftPinAction.ENABLE`.
+    #[getter]
+    fn with_soft_pin(&self) -> bool {
+        self.soft_pin_action == PySoftPinAction::ENABLE
+    }
+
+    #[setter]
+    fn set_with_soft_pin(&mut self, value: bool) {
+        self.soft_pin_action = if value { PySoftPinAction::ENABLE } else { PySoftPinAction::PRESERVE };
+    }
+
+    fn __str__(&self) -> String {
+        self.__repr__()
     }
 
     fn __repr__(&self) -> String {
         let py_bool = |b: bool| if b { "True" } else { "False" };
+        let action = match self.soft_pin_action {
+            PySoftPinAction::PRESERVE => "PRESERVE",
+            PySoftPinAction::ENABLE => "ENABLE",
+            PySoftPinAction::DISABLE => "DISABLE",
+        };
         format!(
-            "ReplicateConfig(replica_num={}, with_soft_pin={}, with_hard_pin={}, preferred_segment={:?}, \
-             preferred_segments={:?})",
+            "ReplicateConfig(replica_num={}, soft_pin_action={action}, soft_pin_ttl_ms={}, with_hard_pin={}, \
+             preferred_segment={:?}, preferred_segments={:?}, prefer_alloc_in_same_node={})",
             self.replica_num,
-            py_bool(self.with_soft_pin),
+            self.soft_pin_ttl_ms.map_or("None".to_string(), |t| t.to_string()),
             py_bool(self.with_hard_pin),
             self.preferred_segment,
-            self.preferred_segments
+            self.preferred_segments,
+            py_bool(self.prefer_alloc_in_same_node),
         )
     }
 }
 
-/// The put options of `config` for `client` (its defaults when no config is given).
-fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>) -> Result<PutOptions, Status> {
-    let Some(c) = config else { return Ok(client.default_options()) };
-    let config = crescent_ffi::ReplicateConfig {
-        replica_num: c.replica_num,
-        with_soft_pin: c.with_soft_pin,
-        with_hard_pin: c.with_hard_pin,
-        preferred_segment: c.preferred_segment.clone(),
-        preferred_segments: c.preferred_segments.clone(),
-    };
-    config.put_options(client).map_err(|e| store_fail(&e))
+impl PyReplicateConfig {
+    fn common(&self) -> crescent_ffi::ReplicateConfig {
+        crescent_ffi::ReplicateConfig {
+            replica_num: self.replica_num,
+            nof_replica_num: self.nof_replica_num,
+            dfs_replica_num: self.dfs_replica_num,
+            soft_pin_action: self.soft_pin_action.into(),
+            soft_pin_ttl_ms: self.soft_pin_ttl_ms,
+            with_hard_pin: self.with_hard_pin,
+            preferred_segment: self.preferred_segment.clone(),
+            preferred_segments: self.preferred_segments.clone(),
+            prefer_alloc_in_same_node: self.prefer_alloc_in_same_node,
+        }
+    }
 }
+
+/// The put options of `config` for `client` (Mooncake's default `ReplicateConfig` when none
+/// is given), checked for a batch of `keys` keys (`group_ids`, when set, has one per key).
+fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>, keys: usize) -> Result<PutOptions, i32> {
+    let c = config.map_or_else(crescent_ffi::ReplicateConfig::default, PyReplicateConfig::common);
+    if let Some(groups) = config.and_then(|c| c.group_ids.as_ref()) {
+        if groups.len() != keys {
+            return Err(invalid(format!("group_ids has {} entries for {keys} keys", groups.len())));
+        }
+    }
+    c.put_options(client).map_err(|e| store_fail(&e).code())
+}
+
+// ---- MooncakeDistributedStore ----
 
 /// A client of the Crescent store with Mooncake's `MooncakeDistributedStore` interface.
 ///
@@ -236,28 +631,232 @@ fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>) -> Resu
 /// a negative Mooncake error code on failure; `crescent.last_error()` gives the message.
 /// Memory for the zero-copy calls is an int address or a buffer object (bytearray,
 /// memoryview, numpy array), registered once with `register_buffer`.
-#[pyclass(module = "crescent._crescent", name = "MooncakeDistributedStore")]
+#[pyclass(module = "crescent._crescent", name = "MooncakeDistributedStore", subclass)]
 struct Store {
     client: RwLock<Option<Arc<StoreClient>>>,
     /// Buffer objects registered by `register_buffer`, kept exported until unregistered.
     pinned: Mutex<HashMap<u64, Exported>>,
+    /// `setup` was given `local_buffer_size` 0: the calls that move values through the local
+    /// buffer (byte puts and gets) fail, as in Mooncake.
+    no_local_buffer: AtomicBool,
 }
+
+/// The staging buffer a client set up with `local_buffer_size` 0 still has, for its own
+/// internal copies (disk tier, warm-up); the calls that need a local buffer are refused.
+const INTERNAL_STAGING: u64 = 1 << 20;
 
 impl Store {
     fn client(&self) -> Option<Arc<StoreClient>> {
         self.client.read().clone()
     }
+
+    /// The client, for a call that moves bytes through the local buffer.
+    fn byte_client(&self, what: &str) -> Result<Arc<StoreClient>, i32> {
+        let client = self.client().ok_or_else(|| not_set_up(what))?;
+        if self.no_local_buffer.load(Ordering::Acquire) {
+            return Err(invalid(format!(
+                "{what}: setup had local_buffer_size 0, and this call needs the local buffer (the zero-copy calls \
+                 do not)"
+            )));
+        }
+        Ok(client)
+    }
+
+    fn start(&self, py: Python<'_>, args: SetupArgs) -> i32 {
+        if self.client.read().is_some() {
+            return invalid("setup: already set up; close() first");
+        }
+        let no_local_buffer = args.local_buffer_size == 0;
+        let connected = py.detach(|| {
+            let mut config = args.client_config()?;
+            if no_local_buffer {
+                config.local_buffer_size = INTERNAL_STAGING;
+            }
+            StoreClient::connect(config)
+        });
+        match connected {
+            Ok(client) => {
+                let mut slot = self.client.write();
+                if slot.is_some() {
+                    drop(slot);
+                    let _ = py.detach(|| client.close());
+                    return invalid("setup: already set up; close() first");
+                }
+                self.no_local_buffer.store(no_local_buffer, Ordering::Release);
+                *slot = Some(client);
+                0
+            }
+            Err(e) => store_fail(&e).code(),
+        }
+    }
+
+    fn put_one(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<&PyReplicateConfig>,
+        upsert: bool,
+    ) -> PyResult<i32> {
+        crescent_ffi::clear_last_error();
+        let value = Exported::new(value, false)?;
+        let client = match self.byte_client(what) {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
+        };
+        let options = match put_options(&client, config, 1) {
+            Ok(o) => o,
+            Err(code) => return Ok(code),
+        };
+        let bytes = value.bytes();
+        let r = py.detach(|| {
+            if upsert {
+                client.upsert_with(key, bytes, &options)
+            } else {
+                client.put_with(key, bytes, &options)
+            }
+        });
+        Ok(r.map_or_else(|e| store_fail(&e).code(), |()| 0))
+    }
+
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<&PyReplicateConfig>,
+        upsert: bool,
+    ) -> PyResult<i32> {
+        crescent_ffi::clear_last_error();
+        let values = exported_values(values)?;
+        let client = match self.byte_client(what) {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
+        };
+        if values.len() != keys.len() {
+            return Ok(invalid(format!("{what}: {} keys but {} values", keys.len(), values.len())));
+        }
+        let options = match put_options(&client, config, keys.len()) {
+            Ok(o) => o,
+            Err(code) => return Ok(code),
+        };
+        let slices: Vec<&[u8]> = values.iter().map(Exported::bytes).collect();
+        let r = py.detach(|| {
+            if upsert {
+                Ok(keys.iter().zip(&slices).map(|(k, v)| client.upsert_with(k, v, &options)).collect())
+            } else {
+                client.put_batch_with(&keys, &slices, &options)
+            }
+        });
+        Ok(match r {
+            Ok(rs) => put_statuses(&rs).into_iter().find(|c| *c != 0).unwrap_or(0),
+            Err(e) => store_fail(&e).code(),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn put_from_one(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        key: &str,
+        buffer_ptr: &Bound<'_, PyAny>,
+        size: Option<u64>,
+        config: Option<&PyReplicateConfig>,
+        upsert: bool,
+    ) -> PyResult<i32> {
+        crescent_ffi::clear_last_error();
+        let (mem, len) = match store_mem(buffer_ptr, size, false, "buffer_ptr")? {
+            Ok(m) => m,
+            Err(code) => return Ok(code),
+        };
+        let Some(client) = self.client() else { return Ok(not_set_up(what)) };
+        let options = match put_options(&client, config, 1) {
+            Ok(o) => o,
+            Err(code) => return Ok(code),
+        };
+        if len == 0 {
+            // Mooncake: "Attempting to put empty data" is a warning and a success.
+            tracing::warn!("{what}: empty value for key {key:?}; nothing stored");
+            return Ok(0);
+        }
+        let addr = mem.addr();
+        let r = py.detach(|| {
+            if upsert {
+                client.upsert_from_with(key, addr, len, &options)
+            } else {
+                client.put_from_with(key, addr, len, &options)
+            }
+        });
+        Ok(r.map_or_else(|e| store_fail(&e).code(), |()| 0))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn put_from_many(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        keys: Vec<String>,
+        buffer_ptrs: &Bound<'_, PyAny>,
+        sizes: Option<Vec<u64>>,
+        config: Option<&PyReplicateConfig>,
+        upsert: bool,
+    ) -> PyResult<Vec<i32>> {
+        crescent_ffi::clear_last_error();
+        let n = keys.len();
+        let (mems, lens) = match store_mems(buffer_ptrs, sizes, false, n)? {
+            Ok(m) => m,
+            Err(code) => return Ok(per_key(n, code)),
+        };
+        let Some(client) = self.client() else { return Ok(per_key(n, not_set_up(what))) };
+        let options = match put_options(&client, config, n) {
+            Ok(o) => o,
+            Err(code) => return Ok(per_key(n, code)),
+        };
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let addrs: Vec<u64> = mems.iter().map(Mem::addr).collect();
+        let r = py.detach(|| {
+            if upsert {
+                Ok(keys
+                    .iter()
+                    .zip(addrs.iter().zip(&lens))
+                    .map(|(k, (&a, &l))| client.upsert_from_with(k, a, l, &options))
+                    .collect())
+            } else {
+                client.batch_put_from_with(&keys, &addrs, &lens, &options)
+            }
+        });
+        Ok(match r {
+            Ok(rs) => put_statuses(&rs),
+            Err(e) => per_key(n, store_fail(&e).code()),
+        })
+    }
 }
 
-/// Sizes in a setup dict: ints or strings such as "512MB".
+/// A size in `setup`: an int (negative is INVALID_PARAMS) or a string such as "512MB".
+fn setup_size(name: &str, v: &Bound<'_, PyAny>) -> PyResult<Result<u64, i32>> {
+    if let Ok(s) = v.cast::<pyo3::types::PyString>() {
+        let s = s.to_string();
+        return Ok(crescent_ffi::engine::parse_size(&s).map_err(|e| invalid(format!("setup: {name}: {e}"))));
+    }
+    let n: i128 = v.extract().map_err(|_| PyTypeError::new_err(format!("setup: {name} must be an int")))?;
+    Ok(u64::try_from(n).map_err(|_| invalid(format!("setup: {name} is {n}: it must be 0 or more"))))
+}
+
+/// Values of a setup dict as strings, as Mooncake's binding converts them (`str(value)`;
+/// booleans as `true` / `false`).
 fn dict_pairs(d: &Bound<'_, PyDict>) -> PyResult<Vec<(String, String)>> {
     let mut pairs = Vec::new();
     for (k, v) in d.iter() {
-        let key: String = k.extract().map_err(|_| PyTypeError::new_err("setup dict keys must be str"))?;
-        let value = if v.is_instance_of::<pyo3::types::PyString>() || v.is_instance_of::<pyo3::types::PyInt>() {
-            v.str()?.to_string()
+        let key: String = k.str()?.to_string();
+        let value = if v.is_instance_of::<pyo3::types::PyBool>() {
+            if v.is_truthy()? { "true" } else { "false" }.to_string()
         } else {
-            return Err(PyTypeError::new_err(format!("setup dict value of {key:?} must be str or int")));
+            v.str()?.to_string()
         };
         pairs.push((key, value));
     }
@@ -267,45 +866,81 @@ fn dict_pairs(d: &Bound<'_, PyDict>) -> PyResult<Vec<(String, String)>> {
 #[pymethods]
 impl Store {
     #[new]
-    fn new() -> Self {
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
         crescent_ffi::init_logging();
-        Store { client: RwLock::new(None), pinned: Mutex::new(HashMap::new()) }
+        Store { client: RwLock::new(None), pinned: Mutex::new(HashMap::new()), no_local_buffer: AtomicBool::new(false) }
     }
 
     /// setup(local_hostname, metadata_server, global_segment_size=16 MiB, local_buffer_size=16 MiB,
-    ///       protocol="tcp", rdma_devices="", master_server_addr="127.0.0.1:50051") -> int
+    ///       protocol="tcp", rdma_devices="", master_server_addr="127.0.0.1:50051", engine=None,
+    ///       enable_ssd_offload=False, ssd_offload_path="", tenant_id="default",
+    ///       enable_client_http_server=False, client_http_port=9300) -> int
     ///
-    /// Also `setup(config: dict)` with the same keys. Starts the client, contributes
-    /// `global_segment_size` bytes to the pool and mounts them at the master. Returns 0 or a
-    /// negative error code (e.g. -900 when the master is unreachable).
-    #[pyo3(signature = (local_hostname, metadata_server=None, global_segment_size=crescent_ffi::DEFAULT_GLOBAL_SEGMENT_SIZE,
-                        local_buffer_size=crescent_ffi::DEFAULT_LOCAL_BUFFER_SIZE, protocol="tcp".to_string(),
-                        rdma_devices=String::new(), master_server_addr="127.0.0.1:50051".to_string()))]
+    /// Also `setup(config: dict)` with Mooncake's keys (`local_hostname` and `metadata_server`
+    /// required). Starts the client and mounts `global_segment_size` bytes (0: a pure
+    /// consumer); `local_buffer_size` 0 leaves byte puts and gets failing, as in Mooncake.
+    /// Without a port in `local_hostname`, one is picked in 12300–14300. `engine` must be
+    /// None: the store runs its own transfer engine. Returns 0 or a negative code (e.g.
+    /// -600 for bad arguments, -900 when the master is unreachable).
+    #[pyo3(signature = (local_hostname, metadata_server=None, global_segment_size=None, local_buffer_size=None,
+                        protocol="tcp".to_string(), rdma_devices=String::new(),
+                        master_server_addr="127.0.0.1:50051".to_string(), engine=None, enable_ssd_offload=false,
+                        ssd_offload_path=String::new(), tenant_id="default".to_string(),
+                        enable_client_http_server=false, client_http_port=crescent_ffi::DEFAULT_CLIENT_HTTP_PORT))]
     #[allow(clippy::too_many_arguments)] // Mooncake's argument list
     fn setup(
         &self,
         py: Python<'_>,
         local_hostname: &Bound<'_, PyAny>,
         metadata_server: Option<String>,
-        global_segment_size: u64,
-        local_buffer_size: u64,
+        global_segment_size: Option<&Bound<'_, PyAny>>,
+        local_buffer_size: Option<&Bound<'_, PyAny>>,
         protocol: String,
         rdma_devices: String,
         master_server_addr: String,
+        engine: Option<&Bound<'_, PyAny>>,
+        enable_ssd_offload: bool,
+        ssd_offload_path: String,
+        tenant_id: String,
+        enable_client_http_server: bool,
+        client_http_port: i64,
     ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
-        let args = if let Ok(d) = local_hostname.cast::<PyDict>() {
+        if let Ok(d) = local_hostname.cast::<PyDict>() {
             let pairs = dict_pairs(d)?;
-            match SetupArgs::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
-                Ok(a) => a,
-                Err(e) => return Err(PyValueError::new_err(e.to_string())),
-            }
-        } else {
-            let local_hostname: String = local_hostname
-                .extract()
-                .map_err(|_| PyTypeError::new_err("local_hostname must be str (or pass one dict)"))?;
-            let metadata_server =
-                metadata_server.ok_or_else(|| PyTypeError::new_err("setup() missing argument: metadata_server"))?;
+            return Ok(match SetupArgs::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+                Ok(args) => self.start(py, args),
+                Err(e) => store_fail(&e).code(),
+            });
+        }
+        let local_hostname: String = local_hostname
+            .extract()
+            .map_err(|_| PyTypeError::new_err("setup: local_hostname must be str (or pass one dict)"))?;
+        let metadata_server =
+            metadata_server.ok_or_else(|| PyTypeError::new_err("setup() missing argument: metadata_server"))?;
+        if engine.is_some_and(|e| !e.is_none()) {
+            return Ok(invalid(
+                "setup: sharing a TransferEngine with the store (engine=...) is not supported; pass engine=None \
+                 and the store starts its own",
+            ));
+        }
+        let size = |name: &str, v: Option<&Bound<'_, PyAny>>, default: u64| match v {
+            None => Ok(Ok(default)),
+            Some(v) => setup_size(name, v),
+        };
+        let global_segment_size =
+            match size("global_segment_size", global_segment_size, crescent_ffi::DEFAULT_GLOBAL_SEGMENT_SIZE)? {
+                Ok(n) => n,
+                Err(code) => return Ok(code),
+            };
+        let local_buffer_size =
+            match size("local_buffer_size", local_buffer_size, crescent_ffi::DEFAULT_LOCAL_BUFFER_SIZE)? {
+                Ok(n) => n,
+                Err(code) => return Ok(code),
+            };
+        Ok(self.start(
+            py,
             SetupArgs {
                 local_hostname,
                 metadata_server,
@@ -314,28 +949,42 @@ impl Store {
                 protocol,
                 rdma_devices,
                 master_server_addr,
-            }
-        };
-        if self.client.read().is_some() {
-            return Ok(fail(Status::UnavailableInCurrentStatus, "setup: already set up; close() first").code());
+                enable_ssd_offload,
+                ssd_offload_path,
+                tenant_id,
+                enable_client_http_server,
+                client_http_port,
+            },
+        ))
+    }
+
+    /// setup_dummy(mem_pool_size, local_buffer_size, server_address) -> int: Mooncake's
+    /// standalone mode (a `mooncake_client` process owns the memory). Not in Crescent yet:
+    /// -1, as Mooncake answers when it cannot reach that process.
+    #[pyo3(signature = (mem_pool_size, local_buffer_size, server_address))]
+    fn setup_dummy(&self, mem_pool_size: u64, local_buffer_size: u64, server_address: &str) -> i32 {
+        let _ = (mem_pool_size, local_buffer_size);
+        fail(
+            Status::Internal,
+            format!(
+                "setup_dummy({server_address:?}): standalone clients (a separate mooncake_client process) are not \
+                 supported by Crescent yet; use setup()"
+            ),
+        )
+        .code()
+    }
+
+    /// init_all(protocol, device_name, mount_segment_size=16 MiB) -> int: the standalone
+    /// client's setup in Mooncake. Not in Crescent yet: -1 (INVALID_PARAMS once set up, as in
+    /// Mooncake).
+    #[pyo3(signature = (protocol, device_name, mount_segment_size=16 << 20))]
+    fn init_all(&self, protocol: &str, device_name: &str, mount_segment_size: u64) -> i32 {
+        let _ = (protocol, device_name, mount_segment_size);
+        if self.client().is_some() {
+            return invalid("init_all: already set up");
         }
-        let connected = py.detach(|| {
-            let config = args.client_config()?;
-            StoreClient::connect(config)
-        });
-        match connected {
-            Ok(client) => {
-                let mut slot = self.client.write();
-                if slot.is_some() {
-                    drop(slot);
-                    let _ = py.detach(|| client.close());
-                    return Ok(fail(Status::UnavailableInCurrentStatus, "setup: already set up; close() first").code());
-                }
-                *slot = Some(client);
-                Ok(0)
-            }
-            Err(e) => Ok(store_fail(&e).code()),
-        }
+        fail(Status::Internal, "init_all is the standalone client's setup, not supported by Crescent yet; use setup()")
+            .code()
     }
 
     /// close() -> int: unmounts this client's segment (its objects leave the pool) and stops
@@ -352,13 +1001,24 @@ impl Store {
         }
     }
 
+    /// health_check() -> int: 0 healthy, 1 not set up or closed, 2 the master unreachable at
+    /// the last heartbeat (Mooncake's values).
+    fn health_check(&self) -> i32 {
+        match self.client() {
+            None => 1,
+            Some(c) if !c.master_reachable() => 2,
+            Some(_) => 0,
+        }
+    }
+
     /// get_hostname() -> str: this client's segment name (`host:port`), "" before setup.
     fn get_hostname(&self) -> String {
         self.client().map(|c| c.segment_name().to_string()).unwrap_or_default()
     }
 
     /// put(key, value, config=None) -> int: stores `value` (bytes or any buffer object) under
-    /// `key`, placed as `config` (a `ReplicateConfig`) asks.
+    /// `key`, placed as `config` (a `ReplicateConfig`) asks. A key that exists keeps its value
+    /// and the put returns 0, as in Mooncake (`upsert` replaces).
     #[pyo3(signature = (key, value, config=None))]
     fn put(
         &self,
@@ -367,26 +1027,28 @@ impl Store {
         value: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
-        crescent_ffi::clear_last_error();
-        let value = Exported::new(value, false)?;
-        let Some(client) = self.client() else { return Ok(not_set_up("put")) };
-        let options = match put_options(&client, config.as_deref()) {
-            Ok(o) => o,
-            Err(status) => return Ok(status.code()),
-        };
-        let bytes = value.bytes();
-        Ok(match py.detach(|| client.put_with(key, bytes, &options)) {
-            Ok(()) => 0,
-            Err(e) => store_fail(&e).code(),
-        })
+        self.put_one(py, "put", key, value, config.as_deref(), false)
+    }
+
+    /// upsert(key, value, config=None) -> int: stores `value`, replacing the key's value if it
+    /// has one. OBJECT_HAS_LEASE while a reader holds a lease on the old value.
+    #[pyo3(signature = (key, value, config=None))]
+    fn upsert(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.put_one(py, "upsert", key, value, config.as_deref(), true)
     }
 
     /// get(key) -> bytes: the value, or empty bytes if it is missing or the get failed.
     fn get<'py>(&self, py: Python<'py>, key: &str) -> Bound<'py, PyBytes> {
         crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up("get");
-            return PyBytes::new(py, &[]);
+        let client = match self.byte_client("get") {
+            Ok(c) => c,
+            Err(_) => return PyBytes::new(py, &[]),
         };
         match py.detach(|| client.get(key)) {
             Ok(v) => PyBytes::new(py, &v),
@@ -397,8 +1059,48 @@ impl Store {
         }
     }
 
+    /// get_buffer(key) -> BufferHandle | None: the value as a buffer object (None if it is
+    /// missing or the get failed).
+    fn get_buffer(&self, py: Python<'_>, key: &str) -> Option<PyBufferHandle> {
+        crescent_ffi::clear_last_error();
+        let client = self.byte_client("get_buffer").ok()?;
+        match py.detach(|| client.get(key)) {
+            Ok(v) => Some(PyBufferHandle { bytes: v.into_boxed_slice() }),
+            Err(e) => {
+                store_fail(&e);
+                None
+            }
+        }
+    }
+
+    /// batch_get_buffer(keys) -> list[BufferHandle | None]: one per key, None where the get
+    /// failed.
+    fn batch_get_buffer(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<PyBufferHandle>> {
+        crescent_ffi::clear_last_error();
+        let Ok(client) = self.byte_client("batch_get_buffer") else { return keys.iter().map(|_| None).collect() };
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        match py.detach(|| client.get_batch(&keys)) {
+            Ok(rs) => rs
+                .into_iter()
+                .map(|r| match r {
+                    Ok(v) => Some(PyBufferHandle { bytes: v.into_boxed_slice() }),
+                    Err(e) => {
+                        store_fail(&e);
+                        None
+                    }
+                })
+                .collect(),
+            Err(e) => {
+                store_fail(&e);
+                keys.iter().map(|_| None).collect()
+            }
+        }
+    }
+
     /// put_batch(keys, values, config=None) -> int: 0 if every put succeeded, else the first
-    /// error code.
+    /// error code (INVALID_PARAMS for lists of different lengths).
     #[pyo3(signature = (keys, values, config=None))]
     fn put_batch(
         &self,
@@ -407,31 +1109,30 @@ impl Store {
         values: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
-        crescent_ffi::clear_last_error();
-        let values: Vec<Exported> =
-            values.try_iter()?.map(|v| v.and_then(|v| Exported::new(&v, false))).collect::<PyResult<_>>()?;
-        if values.len() != keys.len() {
-            return Err(PyValueError::new_err(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        let Some(client) = self.client() else { return Ok(not_set_up("put_batch")) };
-        let options = match put_options(&client, config.as_deref()) {
-            Ok(o) => o,
-            Err(status) => return Ok(status.code()),
-        };
-        let slices: Vec<&[u8]> = values.iter().map(Exported::bytes).collect();
-        Ok(match py.detach(|| client.put_batch_with(&keys, &slices, &options)) {
-            Ok(rs) => rs.iter().find_map(|r| r.as_ref().err()).map_or(0, |e| store_fail(e).code()),
-            Err(e) => store_fail(&e).code(),
-        })
+        self.put_many(py, "put_batch", keys, values, config.as_deref(), false)
+    }
+
+    /// upsert_batch(keys, values, config=None) -> int: `upsert` of each; 0 or the first error.
+    #[pyo3(signature = (keys, values, config=None))]
+    fn upsert_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.put_many(py, "upsert_batch", keys, values, config.as_deref(), true)
     }
 
     /// get_batch(keys) -> list[bytes]: one value per key, empty bytes where a get failed.
     fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> Vec<Bound<'py, PyBytes>> {
         crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up("get_batch");
+        let Ok(client) = self.byte_client("get_batch") else {
             return keys.iter().map(|_| PyBytes::new(py, &[])).collect();
         };
+        if keys.is_empty() {
+            return Vec::new();
+        }
         match py.detach(|| client.get_batch(&keys)) {
             Ok(rs) => rs
                 .into_iter()
@@ -456,8 +1157,10 @@ impl Store {
     #[pyo3(signature = (buffer_ptr, size=None))]
     fn register_buffer(&self, py: Python<'_>, buffer_ptr: &Bound<'_, PyAny>, size: Option<u64>) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
-        let mem = Mem::new(buffer_ptr, false, "buffer_ptr")?;
-        let len = mem.size(size, "buffer_ptr")?;
+        let (mem, len) = match store_mem(buffer_ptr, size, false, "buffer_ptr")? {
+            Ok(m) => m,
+            Err(code) => return Ok(code),
+        };
         let Some(client) = self.client() else { return Ok(not_set_up("register_buffer")) };
         let addr = mem.addr();
         Ok(match py.detach(|| client.register_buffer(addr, len)) {
@@ -486,7 +1189,7 @@ impl Store {
     }
 
     /// put_from(key, buffer_ptr, size=None, config=None) -> int: zero-copy put from
-    /// registered memory.
+    /// registered memory (size 0 stores nothing and returns 0, as in Mooncake).
     #[pyo3(signature = (key, buffer_ptr, size=None, config=None))]
     fn put_from(
         &self,
@@ -496,19 +1199,79 @@ impl Store {
         size: Option<u64>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
+        self.put_from_one(py, "put_from", key, buffer_ptr, size, config.as_deref(), false)
+    }
+
+    /// upsert_from(key, buffer_ptr, size=None, config=None) -> int: `upsert` from registered
+    /// memory.
+    #[pyo3(signature = (key, buffer_ptr, size=None, config=None))]
+    fn upsert_from(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: &Bound<'_, PyAny>,
+        size: Option<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.put_from_one(py, "upsert_from", key, buffer_ptr, size, config.as_deref(), true)
+    }
+
+    /// put_from_with_metadata(key, buffer_ptr, metadata_buffer_ptr, size, metadata_size,
+    /// config=None) -> int: stores the metadata's bytes followed by the data's, both from
+    /// registered memory (size 0 stores nothing and returns 0, as in Mooncake).
+    #[pyo3(signature = (key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, config=None))]
+    #[allow(clippy::too_many_arguments)] // Mooncake's argument list
+    fn put_from_with_metadata(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: &Bound<'_, PyAny>,
+        metadata_buffer_ptr: &Bound<'_, PyAny>,
+        size: u64,
+        metadata_size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
-        let mem = Mem::new(buffer_ptr, false, "buffer_ptr")?;
-        let len = mem.size(size, "buffer_ptr")?;
-        let Some(client) = self.client() else { return Ok(not_set_up("put_from")) };
-        let options = match put_options(&client, config.as_deref()) {
-            Ok(o) => o,
-            Err(status) => return Ok(status.code()),
+        let (data, size) = match store_mem(buffer_ptr, Some(size), false, "buffer_ptr")? {
+            Ok(m) => m,
+            Err(code) => return Ok(code),
         };
-        let addr = mem.addr();
-        Ok(match py.detach(|| client.put_from_with(key, addr, len, &options)) {
-            Ok(()) => 0,
-            Err(e) => store_fail(&e).code(),
-        })
+        let (meta, metadata_size) =
+            match store_mem(metadata_buffer_ptr, Some(metadata_size), false, "metadata_buffer_ptr")? {
+                Ok(m) => m,
+                Err(code) => return Ok(code),
+            };
+        let Some(client) = self.client() else { return Ok(not_set_up("put_from_with_metadata")) };
+        let options = match put_options(&client, config.as_deref(), 1) {
+            Ok(o) => o,
+            Err(code) => return Ok(code),
+        };
+        if size == 0 {
+            tracing::warn!("put_from_with_metadata: empty data for key {key:?}; nothing stored");
+            return Ok(0);
+        }
+        for (what, addr, len) in
+            [("buffer_ptr", data.addr(), size), ("metadata_buffer_ptr", meta.addr(), metadata_size)]
+        {
+            if len > 0 && !client.engine().is_registered(addr, len) {
+                return Ok(invalid(format!(
+                    "put_from_with_metadata: {what} [{addr:#x}, +{len}) is not registered memory: call register_buffer first"
+                )));
+            }
+        }
+        let (data_addr, meta_addr) = (data.addr(), meta.addr());
+        let r = py.detach(|| {
+            // The two regions, one after the other, in one value (a copy until puts gather).
+            let mut value = Vec::with_capacity((metadata_size + size) as usize);
+            // SAFETY: both ranges are registered memory (checked above), which the caller keeps
+            // valid while registered and during this call.
+            unsafe {
+                value.extend_from_slice(std::slice::from_raw_parts(meta_addr as *const u8, metadata_size as usize));
+                value.extend_from_slice(std::slice::from_raw_parts(data_addr as *const u8, size as usize));
+            }
+            client.put_with(key, &value, &options)
+        });
+        Ok(r.map_or_else(|e| store_fail(&e).code(), |()| 0))
     }
 
     /// get_into(key, buffer_ptr, size=None) -> int: zero-copy get into registered memory;
@@ -516,8 +1279,10 @@ impl Store {
     #[pyo3(signature = (key, buffer_ptr, size=None))]
     fn get_into(&self, py: Python<'_>, key: &str, buffer_ptr: &Bound<'_, PyAny>, size: Option<u64>) -> PyResult<i64> {
         crescent_ffi::clear_last_error();
-        let mem = Mem::new(buffer_ptr, true, "buffer_ptr")?;
-        let len = mem.size(size, "buffer_ptr")?;
+        let (mem, len) = match store_mem(buffer_ptr, size, true, "buffer_ptr")? {
+            Ok(m) => m,
+            Err(code) => return Ok(code as i64),
+        };
         let Some(client) = self.client() else { return Ok(not_set_up("get_into") as i64) };
         let addr = mem.addr();
         Ok(match py.detach(|| client.get_into(key, addr, len)) {
@@ -527,7 +1292,8 @@ impl Store {
     }
 
     /// batch_put_from(keys, buffer_ptrs, sizes=None, config=None) -> list[int]: zero-copy
-    /// puts, one master round trip; a status per key.
+    /// puts, one master round trip; a status per key (INVALID_PARAMS for each when the lists'
+    /// lengths differ).
     #[pyo3(signature = (keys, buffer_ptrs, sizes=None, config=None))]
     fn batch_put_from(
         &self,
@@ -537,24 +1303,26 @@ impl Store {
         sizes: Option<Vec<u64>>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<Vec<i32>> {
-        crescent_ffi::clear_last_error();
-        let (mems, lens) = mems(buffer_ptrs, sizes, false, keys.len())?;
-        let Some(client) = self.client() else {
-            return Ok(vec![not_set_up("batch_put_from"); keys.len()]);
-        };
-        let options = match put_options(&client, config.as_deref()) {
-            Ok(o) => o,
-            Err(status) => return Ok(vec![status.code(); keys.len()]),
-        };
-        let addrs: Vec<u64> = mems.iter().map(Mem::addr).collect();
-        Ok(match py.detach(|| client.batch_put_from_with(&keys, &addrs, &lens, &options)) {
-            Ok(rs) => rs.iter().map(|r| r.as_ref().map_or_else(|e| store_fail(e).code(), |()| 0)).collect(),
-            Err(e) => vec![store_fail(&e).code(); keys.len()],
-        })
+        self.put_from_many(py, "batch_put_from", keys, buffer_ptrs, sizes, config.as_deref(), false)
+    }
+
+    /// batch_upsert_from(keys, buffer_ptrs, sizes=None, config=None) -> list[int]: `upsert`
+    /// of each from registered memory; a status per key.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes=None, config=None))]
+    fn batch_upsert_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: &Bound<'_, PyAny>,
+        sizes: Option<Vec<u64>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<Vec<i32>> {
+        self.put_from_many(py, "batch_upsert_from", keys, buffer_ptrs, sizes, config.as_deref(), true)
     }
 
     /// batch_get_into(keys, buffer_ptrs, sizes=None) -> list[int]: zero-copy gets, one master
-    /// round trip and one engine batch; bytes read per key, or a negative error code.
+    /// round trip and one engine batch; bytes read per key, or a negative error code
+    /// (INVALID_PARAMS for each when the lists' lengths differ).
     #[pyo3(signature = (keys, buffer_ptrs, sizes=None))]
     fn batch_get_into(
         &self,
@@ -564,52 +1332,50 @@ impl Store {
         sizes: Option<Vec<u64>>,
     ) -> PyResult<Vec<i64>> {
         crescent_ffi::clear_last_error();
-        let (mems, lens) = mems(buffer_ptrs, sizes, true, keys.len())?;
-        let Some(client) = self.client() else {
-            return Ok(vec![not_set_up("batch_get_into") as i64; keys.len()]);
+        let n = keys.len();
+        let (mems, lens) = match store_mems(buffer_ptrs, sizes, true, n)? {
+            Ok(m) => m,
+            Err(code) => return Ok(per_key(n, code as i64)),
         };
+        let Some(client) = self.client() else { return Ok(per_key(n, not_set_up("batch_get_into") as i64)) };
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let addrs: Vec<u64> = mems.iter().map(Mem::addr).collect();
         Ok(match py.detach(|| client.batch_get_into(&keys, &addrs, &lens)) {
             Ok(rs) => {
                 rs.iter().map(|r| r.as_ref().map_or_else(|e| store_fail(e).code() as i64, |n| *n as i64)).collect()
             }
-            Err(e) => vec![store_fail(&e).code() as i64; keys.len()],
+            Err(e) => per_key(n, store_fail(&e).code() as i64),
         })
     }
 
-    /// is_exist(key) -> int: 1 if the key exists, 0 if not, -1 on error. Grants no lease.
+    /// is_exist(key) -> int: 1 if the key exists, 0 if not, a negative code on error. Grants
+    /// no lease.
     fn is_exist(&self, py: Python<'_>, key: &str) -> i32 {
         crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up("is_exist");
-            return -1;
-        };
+        let Some(client) = self.client() else { return not_set_up("is_exist") };
         match py.detach(|| client.exists(key)) {
             Ok(b) => i32::from(b),
-            Err(e) => {
-                store_fail(&e);
-                -1
-            }
+            Err(e) => store_fail(&e).code(),
         }
     }
 
-    /// batch_is_exist(keys) -> list[int]: 1 / 0 per key, -1 for every key if the call failed.
+    /// batch_is_exist(keys) -> list[int]: 1 / 0 per key, a negative code for every key if the
+    /// call failed.
     fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
         crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up("batch_is_exist");
-            return vec![-1; keys.len()];
-        };
+        let Some(client) = self.client() else { return per_key(keys.len(), not_set_up("batch_is_exist")) };
+        if keys.is_empty() {
+            return Vec::new();
+        }
         match py.detach(|| client.batch_exists(&keys)) {
             Ok(v) if v.len() == keys.len() => v.into_iter().map(i32::from).collect(),
-            Ok(v) => {
-                fail(Status::Internal, format!("{} answers for {} keys", v.len(), keys.len()));
-                vec![-1; keys.len()]
-            }
-            Err(e) => {
-                store_fail(&e);
-                vec![-1; keys.len()]
-            }
+            Ok(v) => per_key(
+                keys.len(),
+                fail(Status::Internal, format!("{} answers for {} keys", v.len(), keys.len())).code(),
+            ),
+            Err(e) => per_key(keys.len(), store_fail(&e).code()),
         }
     }
 
@@ -623,31 +1389,93 @@ impl Store {
         }
     }
 
-    /// remove(key) -> int: 0, or a negative error code (-706 while a reader holds a lease).
-    fn remove(&self, py: Python<'_>, key: &str) -> i32 {
+    /// get_replica_desc(key) -> list[ReplicaDescriptor]: the key's replicas ([] if it is
+    /// missing or the query failed). Grants no lease.
+    fn get_replica_desc(&self, py: Python<'_>, key: &str) -> Vec<PyReplicaDescriptor> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            not_set_up("get_replica_desc");
+            return Vec::new();
+        };
+        match py.detach(|| client.query(key)) {
+            Ok(q) if q.exists => q.replicas.iter().map(replica_descriptor).collect(),
+            Ok(_) => {
+                fail(Status::ObjectNotFound, format!("object {key:?} not found"));
+                Vec::new()
+            }
+            Err(e) => {
+                store_fail(&e);
+                Vec::new()
+            }
+        }
+    }
+
+    /// batch_get_replica_desc(keys) -> dict[str, list[ReplicaDescriptor]]: the replicas of
+    /// each key that exists (missing keys are left out, as in Mooncake).
+    fn batch_get_replica_desc(&self, py: Python<'_>, keys: Vec<String>) -> HashMap<String, Vec<PyReplicaDescriptor>> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            not_set_up("batch_get_replica_desc");
+            return HashMap::new();
+        };
+        let answers = py.detach(|| keys.iter().map(|k| (k.clone(), client.query(k))).collect::<Vec<_>>());
+        let mut out = HashMap::new();
+        for (key, answer) in answers {
+            match answer {
+                Ok(q) if q.exists => {
+                    out.insert(key, q.replicas.iter().map(replica_descriptor).collect());
+                }
+                Ok(_) => {
+                    fail(Status::ObjectNotFound, format!("object {key:?} not found"));
+                }
+                Err(e) => {
+                    store_fail(&e);
+                }
+            }
+        }
+        out
+    }
+
+    /// remove(key, force=False) -> int: 0, or a negative error code (-706 while a reader
+    /// holds a lease, unless `force`).
+    #[pyo3(signature = (key, force=false))]
+    fn remove(&self, py: Python<'_>, key: &str, force: bool) -> i32 {
         crescent_ffi::clear_last_error();
         let Some(client) = self.client() else { return not_set_up("remove") };
-        match py.detach(|| client.remove(key)) {
+        match py.detach(|| client.remove_with(key, force)) {
             Ok(()) => 0,
             Err(e) => store_fail(&e).code(),
         }
     }
 
-    /// remove_by_regex(regex) -> int: how many objects were removed, or a negative error code.
-    fn remove_by_regex(&self, py: Python<'_>, regex: &str) -> i64 {
+    /// batch_remove(keys, force=False) -> list[int]: a status per key, as `remove`.
+    #[pyo3(signature = (keys, force=false))]
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else { return per_key(keys.len(), not_set_up("batch_remove")) };
+        let rs = py.detach(|| keys.iter().map(|k| client.remove_with(k, force)).collect::<Vec<_>>());
+        put_statuses(&rs)
+    }
+
+    /// remove_by_regex(regex_pattern, force=False) -> int: how many objects were removed, or
+    /// a negative error code.
+    #[pyo3(signature = (regex_pattern, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str, force: bool) -> i64 {
         crescent_ffi::clear_last_error();
         let Some(client) = self.client() else { return not_set_up("remove_by_regex") as i64 };
-        match py.detach(|| client.remove_by_regex(regex)) {
+        match py.detach(|| client.remove_by_regex_with(regex_pattern, force)) {
             Ok(n) => n as i64,
             Err(e) => store_fail(&e).code() as i64,
         }
     }
 
-    /// remove_all() -> int: how many objects were removed, or a negative error code.
-    fn remove_all(&self, py: Python<'_>) -> i64 {
+    /// remove_all(force=False) -> int: how many objects were removed, or a negative error
+    /// code.
+    #[pyo3(signature = (force=false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
         crescent_ffi::clear_last_error();
         let Some(client) = self.client() else { return not_set_up("remove_all") as i64 };
-        match py.detach(|| client.remove_all()) {
+        match py.detach(|| client.remove_all_with(force)) {
             Ok(n) => n as i64,
             Err(e) => store_fail(&e).code() as i64,
         }
@@ -1044,6 +1872,13 @@ fn last_error() -> String {
     crescent_ffi::last_error()
 }
 
+/// _fail_invalid(message) -> int: records `message` as this thread's last error and returns
+/// INVALID_PARAMS (for the package's Python methods).
+#[pyfunction]
+fn _fail_invalid(message: &str) -> i32 {
+    invalid(message)
+}
+
 /// status_name(code) -> str: Mooncake's name of a status code ("OBJECT_NOT_FOUND", ...).
 #[pyfunction]
 fn status_name(code: i32) -> &'static str {
@@ -1054,9 +1889,18 @@ fn status_name(code: i32) -> &'static str {
 fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<PyReplicateConfig>()?;
+    m.add_class::<PySoftPinAction>()?;
+    m.add_class::<PyObjectDataType>()?;
+    m.add_class::<PyReplicaStatus>()?;
+    m.add_class::<PyReplicaDescriptor>()?;
+    m.add_class::<PyMemoryDescriptor>()?;
+    m.add_class::<PyDiskDescriptor>()?;
+    m.add_class::<PyBufferDescriptor>()?;
+    m.add_class::<PyBufferHandle>()?;
     m.add_class::<Engine>()?;
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(status_name, m)?)?;
+    m.add_function(wrap_pyfunction!(_fail_invalid, m)?)?;
     for s in Status::ALL {
         m.add(s.name(), s.code())?;
     }
