@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 . ci/lib.sh
 . ci/services.sh
 . ci/ffi.sh
+. ci/docs.sh
 
 ci_apt_install "${CI_BASE_PACKAGES[@]}" "${CI_SERVICE_PACKAGES[@]}"
 ci_ensure_rust
@@ -13,6 +14,7 @@ ci_ensure_rust
 ci_log "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+ci_docs
 
 trap ci_stop_services EXIT
 ci_start_services

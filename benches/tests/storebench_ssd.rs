@@ -1,4 +1,4 @@
-//! `storebench ssd` end to end at a tiny size: the README's disk benchmark keeps working.
+//! `storebench ssd` end to end at a tiny size: the disk benchmark of docs/src/benchmarks.md keeps working.
 //! Its own checks fail the run when an offload is missing or a read returns wrong bytes.
 
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! `MooncakeDistributedStore` and `TransferEngine` with their method names, argument order and
 //! return conventions, over `crescent-store` and `crescent-engine`.
 //!
-//! Conventions (documented for users in the README and the `.pyi` stubs):
+//! Conventions (documented for users in docs/src/ffi.md and the `.pyi` stubs):
 //! * methods that return a status in Mooncake return one here: 0 or a count/size for success,
 //!   a negative Mooncake error code otherwise; `crescent.last_error()` gives the message;
 //! * `get` returns `bytes` (empty on failure), `is_exist` 1/0/-1;

@@ -64,7 +64,7 @@ pub struct MasterConfig {
     /// Most replication tasks waiting for a worker; hot keys beyond it are dropped (and counted).
     pub hot_queue: usize,
     /// Directory where the master keeps what must outlive it: the removals waiting for disks
-    /// that are away (see the README's disk tier). None: kept in memory only.
+    /// that are away (see docs/src/disk-tier.md). None: kept in memory only.
     pub state_dir: Option<std::path::PathBuf>,
 }
 

@@ -117,7 +117,7 @@ pub enum FsyncScope {
     FileSystem,
     /// Each writer flushes its file (`fdatasync`); the committer renames a round's files and
     /// flushes their directories. A device flush or more per file (1 MiB offloads at 0.86-1.01
-    /// of `dd` here against 1.01-1.28, see the README), but no flush waits for others' writes.
+    /// of `dd` here against 1.01-1.28, see docs/src/benchmarks.md), but no flush waits for others' writes.
     File,
 }
 

@@ -4,7 +4,7 @@
 //! Why: writing over blocks a file already owns skips what a new file costs the file system
 //! (an inode, block allocation, and the metadata that `fdatasync` must then flush). On this
 //! project's ext4 (no journal) a new file per value made 1 MiB offloads 20-30 % slower than
-//! overwriting an old one (`benches/storebench ssd`, see the README). A file evicted to make
+//! overwriting an old one (`benches/storebench ssd`, see docs/src/benchmarks.md). A file evicted to make
 //! room is reused the same way by the write that evicted it ([`super::index::Room::reuse`]).
 //!
 //! The pool is bookkeeping only (the tier does the renames): its bytes count against the
