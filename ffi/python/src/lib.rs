@@ -5,9 +5,11 @@
 //! Conventions (documented for users in docs/src/ffi.md and the `.pyi` stubs):
 //! * methods that return a status in Mooncake return one here: 0 or a count/size for success,
 //!   a negative Mooncake error code otherwise; `crescent.last_error()` gives the message;
-//! * `get` returns `bytes` (empty on failure), `is_exist` 1/0/-1;
-//! * bad arguments (wrong types, sizes larger than the given buffer, lists of different
-//!   lengths) raise `TypeError` / `ValueError` / `BufferError`, as Python code expects;
+//! * `get` returns `bytes` (empty on failure), `is_exist` 1/0 or a negative code;
+//! * the store answers what Mooncake's store binding answers with a code with that code
+//!   (`INVALID_PARAMS` before setup, for lists of different lengths — one per key — and sizes
+//!   larger than a given buffer); wrong types raise `TypeError` / `BufferError`. The engine
+//!   raises `ValueError` for sizes and lengths that do not fit;
 //! * memory can be given as an int address (Mooncake's way) or as any object with the buffer
 //!   protocol (bytearray, memoryview, numpy array...): no copy either way;
 //! * the GIL is released during master calls and transfers, so other Python threads run.
