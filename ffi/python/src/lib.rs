@@ -212,6 +212,9 @@ fn store_mem(
     })
 }
 
+/// Memory of a batch call and the size of each.
+type Mems = (Vec<Mem>, Vec<u64>);
+
 /// The memory of a batch call: one buffer (and size, when given) per key. Lists of other
 /// lengths are INVALID_PARAMS for every key, as in Mooncake.
 fn store_mems(
@@ -219,7 +222,7 @@ fn store_mems(
     sizes: Option<Vec<u64>>,
     writable: bool,
     count: usize,
-) -> PyResult<Result<(Vec<Mem>, Vec<u64>), i32>> {
+) -> PyResult<Result<Mems, i32>> {
     let list: Vec<Bound<'_, PyAny>> = buffers.try_iter()?.collect::<PyResult<_>>()?;
     if list.len() != count {
         return Ok(Err(invalid(format!("{count} keys but {} buffers", list.len()))));
