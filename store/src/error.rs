@@ -1,15 +1,54 @@
+//! The store's one error type.
+//!
+//! Each variant says whose fault it is ([`StoreError::fault`]): the caller's (a bad argument, a
+//! buffer too small, a range past the value), a peer's (the client holding a replica, its
+//! disk service), the master's (unreachable, or an answer that makes no sense), this process's
+//! or system's, or nobody's (an answer about the object: not found, leased, no space). Causes
+//! are chained with `#[source]`: the engine's error, the RPC status, the I/O error.
+//!
+//! Errors cross the master's wire as a [`Code`] and a message ([`StoreError::code`],
+//! [`StoreError::from_status`]); the message is the error's text, which `from_status` reads
+//! back into the same fields (a key's `NoSpace` keeps its size, a caller's mistake does not
+//! grow a second prefix).
+
+use std::time::Duration;
+
 use crescent_engine::EngineError;
 
 use crate::proto::Code;
 
-/// Errors of the store (master and client). [`StoreError::is_caller_error`] tells a caller's
-/// mistake from a fault of a peer, of the master or of the system.
+/// Whose fault an error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// How the caller used the API (a bad argument, configuration or buffer).
+    Caller,
+    /// Another client: the holder of a replica, its engine or disk service.
+    Peer,
+    /// The master: unreachable, too slow, or an answer that makes no sense.
+    Master,
+    /// This process or its system (a thread, a runtime, a disk).
+    Local,
+    /// Nobody's: what the store answers about an object (not found, leased, no space, ...).
+    Answer,
+}
+
+/// Errors of the store (master and client).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
+    // ---- the caller's mistakes ----
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("buffer [{addr:#x}, +{len}) is not registered memory: call register_buffer first")]
+    NotRegistered { addr: u64, len: u64 },
+    #[error("buffer of {have} bytes is too small for object {key:?} of {need} bytes")]
+    BufferTooSmall { key: String, need: u64, have: u64 },
+    #[error("range [{offset}, +{len}) is not inside object {key:?} of {size} bytes")]
+    BadRange { key: String, offset: u64, len: u64, size: u64 },
+
+    // ---- what the store answers about an object or a client ----
     #[error("object {0:?} not found")]
     NotFound(String),
     #[error("object {0:?} already exists")]
@@ -28,42 +67,177 @@ pub enum StoreError {
     ClientNotFound(String),
     #[error("the master dropped this client (silent past its TTL): remount needed")]
     NeedRemount,
-    #[error("the holder of object {key:?} is gone: {reason}")]
-    PeerGone { key: String, reason: String },
-    #[error("master at {addr} is unreachable: {reason}")]
-    MasterUnreachable { addr: String, reason: String },
-    #[error("timed out: {0}")]
-    TimedOut(String),
     /// A read from memory ended after the object's read lease: the bytes may have been
     /// replaced meanwhile, so they are not returned (get it again).
     #[error("reading object {key:?} took {took_ms} ms, past its {lease_ms} ms read lease; get it again")]
     LeaseExpired { key: String, lease_ms: u64, took_ms: u64 },
-    #[error("buffer of {have} bytes is too small for object {key:?} of {need} bytes")]
-    BufferTooSmall { key: String, need: u64, have: u64 },
+
+    // ---- peers ----
+    #[error("the holder of object {key:?} is gone: {cause}")]
+    PeerGone {
+        key: String,
+        #[source]
+        cause: PeerFault,
+    },
+
+    // ---- the master ----
+    #[error("master at {addr} is unreachable: {source}")]
+    MasterUnreachable {
+        addr: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The master answered with an error this client has no other variant for.
+    #[error("master replied {code:?}: {message}")]
+    Master { code: Code, message: String },
+    /// The master's reply makes no sense (no status, a batch reply of the wrong length, an
+    /// event stream that ended).
+    #[error("bad reply from the master: {0}")]
+    BadReply(String),
+
+    // ---- either: a deadline ----
+    #[error("timed out after {after:?} waiting for {waited}")]
+    TimedOut { waited: Waited, after: Duration },
+
+    // ---- the engine, the disk tier, this process ----
     #[error("transfer engine: {0}")]
     Engine(#[from] EngineError),
-    #[error("master replied: {0}")]
-    Remote(String),
-    #[error("internal error: {0}")]
-    Internal(String),
     #[error("disk tier: {0}")]
     Disk(String),
     #[error("corrupt disk file: {0}")]
     CorruptFile(String),
+    /// A fault of this process's system (a thread or a runtime that cannot start, a socket).
+    #[error("{what}: {source}")]
+    System {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A broken invariant of the store itself.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// What went wrong with a peer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerFault {
+    /// The engine could not reach it or move the bytes.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A transfer to or from it failed.
+    #[error("transfer failed: {0}")]
+    Transfer(String),
+    /// Its disk service could not be reached or broke off.
+    #[error("disk service {service}: {source}")]
+    DiskService {
+        service: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The master lists no replica that can be read.
+    #[error("no readable replica")]
+    NoReplica,
+}
+
+/// What a request waited for when its deadline passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Waited {
+    /// The master's answer.
+    Master { addr: String },
+    /// The transfer of an object's bytes.
+    Transfer { key: String },
+    /// Room in the client's staging buffer (held by other calls or remote disk readers).
+    Staging { len: u64 },
+}
+
+impl std::fmt::Display for Waited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Waited::Master { addr } => write!(f, "the master at {addr}"),
+            Waited::Transfer { key } => write!(f, "moving object {key:?}"),
+            Waited::Staging { len } => write!(f, "{len} bytes of the staging buffer"),
+        }
+    }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 impl StoreError {
-    /// True when the error comes from how the caller used the API.
-    pub fn is_caller_error(&self) -> bool {
+    /// An [`StoreError::InvalidArgument`].
+    pub fn invalid(why: impl Into<String>) -> StoreError {
+        StoreError::InvalidArgument(why.into())
+    }
+
+    /// A [`StoreError::System`] fault: `what` failed with `source`.
+    pub fn system(what: impl Into<String>, source: std::io::Error) -> StoreError {
+        StoreError::System { what: what.into(), source }
+    }
+
+    /// The master at `addr` could not be reached (`source`: the connection's or the call's
+    /// error).
+    pub fn master_unreachable(addr: &str, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError::MasterUnreachable { addr: addr.to_string(), source: source.into() }
+    }
+
+    /// The holder of `key` failed us.
+    pub fn peer_gone(key: &str, cause: impl Into<PeerFault>) -> StoreError {
+        StoreError::PeerGone { key: key.to_string(), cause: cause.into() }
+    }
+
+    /// Whose fault the error is.
+    pub fn fault(&self) -> Fault {
         match self {
             StoreError::InvalidArgument(_)
             | StoreError::Config(_)
-            | StoreError::AlreadyExists(_)
+            | StoreError::NotRegistered { .. }
             | StoreError::BufferTooSmall { .. }
-            | StoreError::SegmentExists(_) => true,
-            StoreError::Engine(e) => e.is_caller_error(),
+            | StoreError::BadRange { .. } => Fault::Caller,
+            StoreError::NotFound(_)
+            | StoreError::AlreadyExists(_)
+            | StoreError::NoSpace { .. }
+            | StoreError::Leased(_)
+            | StoreError::NotReady(_)
+            | StoreError::SegmentNotFound(_)
+            | StoreError::ClientNotFound(_)
+            | StoreError::NeedRemount
+            | StoreError::LeaseExpired { .. } => Fault::Answer,
+            // Mounting a segment another client holds: this client's configuration.
+            StoreError::SegmentExists(_) => Fault::Caller,
+            StoreError::PeerGone { .. } => Fault::Peer,
+            StoreError::MasterUnreachable { .. } | StoreError::Master { .. } | StoreError::BadReply(_) => Fault::Master,
+            StoreError::TimedOut { waited: Waited::Master { .. }, .. } => Fault::Master,
+            StoreError::TimedOut { waited: Waited::Transfer { .. }, .. } => Fault::Peer,
+            StoreError::TimedOut { waited: Waited::Staging { .. }, .. } => Fault::Local,
+            StoreError::Engine(e) if e.is_caller_error() => Fault::Caller,
+            StoreError::Engine(_) => Fault::Peer,
+            StoreError::Disk(_) | StoreError::CorruptFile(_) | StoreError::System { .. } | StoreError::Internal(_) => {
+                Fault::Local
+            }
+        }
+    }
+
+    /// True when the error comes from how the caller used the API.
+    pub fn is_caller_error(&self) -> bool {
+        self.fault() == Fault::Caller
+    }
+
+    /// True when the same call may succeed if made again (later, or after the client
+    /// remounted): a peer or the master failed for now, a lease or an unfinished put is in the
+    /// way, room may be freed. A caller's mistake, or an answer that will not change by
+    /// itself (not found, already exists), is not.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Leased(_)
+            | StoreError::NotReady(_)
+            | StoreError::NoSpace { .. }
+            | StoreError::NeedRemount
+            | StoreError::LeaseExpired { .. }
+            | StoreError::PeerGone { .. }
+            | StoreError::MasterUnreachable { .. }
+            | StoreError::TimedOut { .. } => true,
+            StoreError::Engine(e) => !e.is_caller_error(),
             _ => false,
         }
     }
@@ -71,9 +245,11 @@ impl StoreError {
     /// The wire code for this error.
     pub fn code(&self) -> Code {
         match self {
-            StoreError::InvalidArgument(_) | StoreError::Config(_) | StoreError::BufferTooSmall { .. } => {
-                Code::InvalidArgument
-            }
+            StoreError::InvalidArgument(_)
+            | StoreError::Config(_)
+            | StoreError::NotRegistered { .. }
+            | StoreError::BufferTooSmall { .. }
+            | StoreError::BadRange { .. } => Code::InvalidArgument,
             StoreError::NotFound(_) => Code::ObjectNotFound,
             StoreError::AlreadyExists(_) => Code::ObjectAlreadyExists,
             StoreError::NoSpace { .. } => Code::NoSpace,
@@ -84,25 +260,125 @@ impl StoreError {
             StoreError::ClientNotFound(_) => Code::ClientNotFound,
             StoreError::NeedRemount => Code::NeedRemount,
             StoreError::LeaseExpired { .. } => Code::LeaseExpired,
+            StoreError::Master { code, .. } => *code,
             _ => Code::Internal,
         }
     }
 
-    /// Rebuilds an error from a master's status (code + message); `key` names the object.
+    /// Rebuilds an error from a master's status (code + message, the error's text); `key`
+    /// names the object. The fields the text carries come back: a caller's mistake keeps its
+    /// words without a second prefix, `NoSpace` its size and replica count.
     pub fn from_status(code: Code, message: &str, key: &str) -> StoreError {
+        let after = |prefix: &str| message.strip_prefix(prefix).unwrap_or(message).to_string();
+        let between = |prefix: &str, suffix: &str| {
+            message.strip_prefix(prefix).and_then(|m| m.strip_suffix(suffix)).unwrap_or(message).to_string()
+        };
         match code {
-            Code::InvalidArgument => StoreError::InvalidArgument(message.to_string()),
+            Code::InvalidArgument => match message.strip_prefix("invalid configuration: ") {
+                Some(m) => StoreError::Config(m.to_string()),
+                None => StoreError::InvalidArgument(after("invalid argument: ")),
+            },
             Code::ObjectNotFound => StoreError::NotFound(key.to_string()),
             Code::ObjectAlreadyExists => StoreError::AlreadyExists(key.to_string()),
-            Code::NoSpace => StoreError::NoSpace { size: 0, replicas: 0, detail: message.to_string() },
+            Code::NoSpace => parse_no_space(message).unwrap_or(StoreError::NoSpace {
+                size: 0,
+                replicas: 0,
+                detail: message.to_string(),
+            }),
             Code::ObjectLeased => StoreError::Leased(key.to_string()),
             Code::ObjectNotReady => StoreError::NotReady(key.to_string()),
-            Code::SegmentNotFound => StoreError::SegmentNotFound(message.to_string()),
-            Code::SegmentAlreadyExists => StoreError::SegmentExists(message.to_string()),
-            Code::ClientNotFound => StoreError::ClientNotFound(message.to_string()),
+            Code::SegmentNotFound => StoreError::SegmentNotFound(between("segment ", " is not mounted")),
+            Code::SegmentAlreadyExists => {
+                StoreError::SegmentExists(between("segment ", " is already mounted by another client"))
+            }
+            Code::ClientNotFound => StoreError::ClientNotFound(between("client ", " is not known to the master")),
             Code::NeedRemount => StoreError::NeedRemount,
-            Code::LeaseExpired => StoreError::LeaseExpired { key: key.to_string(), lease_ms: 0, took_ms: 0 },
-            _ => StoreError::Remote(message.to_string()),
+            Code::LeaseExpired => parse_lease_expired(message, key).unwrap_or(StoreError::LeaseExpired {
+                key: key.to_string(),
+                lease_ms: 0,
+                took_ms: 0,
+            }),
+            code => StoreError::Master { code, message: message.to_string() },
         }
+    }
+}
+
+/// `NoSpace`'s fields back from its text.
+fn parse_no_space(message: &str) -> Option<StoreError> {
+    let rest = message.strip_prefix("no space for ")?;
+    let (size, rest) = rest.split_once(" bytes x ")?;
+    let (replicas, detail) = rest.split_once(" replica(s) (after eviction): ")?;
+    Some(StoreError::NoSpace { size: size.parse().ok()?, replicas: replicas.parse().ok()?, detail: detail.to_string() })
+}
+
+/// `LeaseExpired`'s durations back from its text.
+fn parse_lease_expired(message: &str, key: &str) -> Option<StoreError> {
+    let (_, rest) = message.split_once(" took ")?;
+    let (took, rest) = rest.split_once(" ms, past its ")?;
+    let (lease, _) = rest.split_once(" ms read lease")?;
+    Some(StoreError::LeaseExpired { key: key.to_string(), lease_ms: lease.parse().ok()?, took_ms: took.parse().ok()? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_rebuilt_from_a_status_keep_their_fields_and_one_prefix() {
+        let cases = [
+            StoreError::invalid("object size 0 is not in 1..=1024"),
+            StoreError::Config("global_segment_size is 0".into()),
+            StoreError::NotFound("k".into()),
+            StoreError::AlreadyExists("k".into()),
+            StoreError::NoSpace { size: 4096, replicas: 2, detail: "1 memory segment(s) mounted".into() },
+            StoreError::Leased("k".into()),
+            StoreError::NotReady("k".into()),
+            StoreError::SegmentNotFound("127.0.0.1:5000".into()),
+            StoreError::SegmentExists("127.0.0.1:5000".into()),
+            StoreError::ClientNotFound("c-1".into()),
+            StoreError::NeedRemount,
+            StoreError::LeaseExpired { key: "k".into(), lease_ms: 100, took_ms: 250 },
+        ];
+        for e in cases {
+            let back = StoreError::from_status(e.code(), &e.to_string(), "k");
+            assert_eq!(back.to_string(), e.to_string(), "{e:?} came back as {back:?}");
+            assert_eq!(back.code(), e.code());
+            assert_eq!(back.fault(), e.fault(), "{e}");
+        }
+        let e = StoreError::from_status(
+            Code::NoSpace,
+            "no space for 4096 bytes x 2 replica(s) (after eviction): full",
+            "k",
+        );
+        assert!(matches!(e, StoreError::NoSpace { size: 4096, replicas: 2, .. }), "{e:?}");
+        // A code without a variant of its own: the master's fault, its code kept.
+        let e = StoreError::from_status(Code::Internal, "lock poisoned", "k");
+        assert_eq!((e.code(), e.fault()), (Code::Internal, Fault::Master));
+    }
+
+    #[test]
+    fn the_type_says_whose_fault_and_whether_to_retry() {
+        use std::error::Error as _;
+        let gone = StoreError::peer_gone("k", EngineError::TimedOut);
+        assert_eq!(gone.fault(), Fault::Peer);
+        assert!(gone.is_retryable() && !gone.is_caller_error());
+        assert!(gone.source().is_some_and(|s| s.to_string().contains("timed out")), "the engine's error is chained");
+        let down = StoreError::master_unreachable("m:1", std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(down.fault(), Fault::Master);
+        assert!(down.is_retryable() && down.source().is_some());
+        for e in [
+            StoreError::invalid("x"),
+            StoreError::NotRegistered { addr: 1, len: 2 },
+            StoreError::BadRange { key: "k".into(), offset: 5, len: 1, size: 5 },
+            StoreError::BufferTooSmall { key: "k".into(), need: 2, have: 1 },
+        ] {
+            assert!(e.is_caller_error() && !e.is_retryable(), "{e}");
+            assert_eq!(e.code(), Code::InvalidArgument);
+        }
+        let staging = StoreError::TimedOut { waited: Waited::Staging { len: 4096 }, after: Duration::from_secs(1) };
+        assert_eq!(staging.fault(), Fault::Local);
+        assert!(staging.is_retryable());
+        assert!(!StoreError::NotFound("k".into()).is_retryable());
+        assert!(StoreError::NeedRemount.is_retryable());
     }
 }

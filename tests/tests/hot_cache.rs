@@ -391,3 +391,39 @@ fn the_hot_cache_metrics_are_served_for_prometheus() {
     // A client without the cache exports it as off.
     assert!(a.render_metrics().lines().any(|l| l == "crescent_client_hot_cache_enabled 0"));
 }
+
+#[test]
+fn gets_into_several_buffers_and_by_ranges_fill_and_hit_the_cache() {
+    use crescent_store::client::{Extent, Piece};
+    let m = master();
+    let a = client(&m, 64 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 8);
+    let value = data(3 * MIB + 777, 5);
+    a.put("layers", &value).unwrap();
+    let buf = vec![0u8; 4 * MIB as usize];
+    let at = buf.as_ptr() as u64;
+    b.register_buffer(at, buf.len() as u64).unwrap();
+    let view = |n: usize| buf[..n].to_vec();
+    // A miss into three buffers fills the cache from the buffers, piece by piece.
+    let three = [Piece::new(at, MIB / 3), Piece::new(at + MIB / 3, 2 * MIB), Piece::new(at + MIB / 3 + 2 * MIB, MIB)];
+    assert_eq!(b.get_into_sg("layers", &three).unwrap(), value.len() as u64);
+    assert!(view(value.len()) == value);
+    let m1 = metrics(&b);
+    assert_eq!((m1.misses, m1.fills, m1.hits), (1, 1, 0), "{m1}");
+    // Hits into another split, by ranges, and as bytes: the same bytes.
+    b.unregister_buffer(at).unwrap();
+    let mut buf = vec![0u8; 4 * MIB as usize];
+    let at = buf.as_mut_ptr() as u64;
+    b.register_buffer(at, buf.len() as u64).unwrap();
+    let two = [Piece::new(at, 5), Piece::new(at + 5, 4 * MIB - 5)];
+    assert_eq!(b.get_into_sg("layers", &two).unwrap(), value.len() as u64);
+    assert!(buf[..value.len()] == value[..]);
+    buf.fill(0);
+    let ranges = [Extent { offset: 2 * MIB - 3, addr: at, len: 10 }, Extent { offset: 0, addr: at + 10, len: 4 }];
+    assert_eq!(b.get_into_ranges("layers", &ranges).unwrap(), 14);
+    assert!(buf[..10] == value[2 * MIB as usize - 3..2 * MIB as usize + 7] && buf[10..14] == value[..4]);
+    assert!(b.get("layers").unwrap() == value);
+    let m2 = metrics(&b);
+    assert_eq!((m2.misses, m2.fills, m2.hits), (1, 1, 3), "{m2}");
+    b.unregister_buffer(at).unwrap();
+}

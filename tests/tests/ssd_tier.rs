@@ -347,3 +347,39 @@ fn an_unusable_storage_root_fails_the_start_with_a_clear_error() {
     let e = StoreClient::connect(config(&m, Some(root.path()))).unwrap_err();
     assert!(e.to_string().contains("in use"), "{e}");
 }
+
+#[test]
+fn disk_copies_are_read_into_several_buffers_and_by_ranges_here_and_elsewhere() {
+    use crescent_store::client::{Extent, Piece};
+    let m = master();
+    let root = tempfile::tempdir().unwrap();
+    let a = client(&m, Some(root.path()));
+    let f = client(&m, None);
+    let value = data((3 << 20) + 99, 42);
+    a.put("on-disk", &value).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    fill_memory(&f, "sg");
+    assert_eq!(tiers(&a, "on-disk"), [Tier::Ssd as i32], "only the disk copy is left");
+    for c in [&a, &f] {
+        // Here the file is read whole and the parts copied out; elsewhere the owner's disk
+        // service stages it piece by piece and each piece lands where the buffers take it.
+        let mut buf = vec![0u8; 4 << 20];
+        let at = buf.as_mut_ptr() as u64;
+        c.register_buffer(at, buf.len() as u64).unwrap();
+        let pieces =
+            [Piece::new(at, 1000), Piece::new(at + 1000, (3 << 20) - 1000), Piece::new(at + (3 << 20), 1 << 20)];
+        assert_eq!(c.get_into_sg("on-disk", &pieces).unwrap(), value.len() as u64);
+        assert!(buf[..value.len()] == value[..], "{}", c.segment_name());
+        buf.fill(0);
+        // Across the owner's 1 MiB pieces, and the last bytes.
+        let ranges = [
+            Extent { offset: (1 << 20) - 8, addr: at, len: 16 },
+            Extent { offset: value.len() as u64 - 4, addr: at + 16, len: 4 },
+        ];
+        assert_eq!(c.get_into_ranges("on-disk", &ranges).unwrap(), 20);
+        assert!(buf[..16] == value[(1 << 20) - 8..(1 << 20) + 8] && buf[16..20] == value[value.len() - 4..]);
+        let past = [Extent { offset: value.len() as u64, addr: at, len: 1 }];
+        assert!(matches!(c.get_into_ranges("on-disk", &past), Err(StoreError::BadRange { .. })));
+        c.unregister_buffer(at).unwrap();
+    }
+}

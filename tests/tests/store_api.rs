@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crescent_store::client::{Extent, Piece};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
@@ -328,6 +329,31 @@ fn puts_of_existing_keys_keep_the_value_and_upserts_replace_it() {
     b.upsert_with("unleased", b"one", &options).unwrap();
     b.upsert_with("unleased", b"two, longer", &options).unwrap();
     assert_eq!(a.get("unleased").unwrap(), b"two, longer");
+    // Batches: replaced where unleased, a new key put, a leased key refused (per key).
+    b.upsert_with("u/batch", b"one", &options).unwrap();
+    let keys = vec!["u/batch".to_string(), "fresh".to_string(), "k".to_string()];
+    let rs = b.upsert_batch_with(&keys, &[b"three".as_slice(), b"new", b"nope"], &options).unwrap();
+    assert!(rs[0].is_ok() && rs[1].is_ok(), "{rs:?}");
+    assert!(matches!(rs[2], Err(StoreError::Leased(_))), "{rs:?}");
+    assert_eq!(a.get("u/batch").unwrap(), b"three");
+    assert_eq!(a.get("fresh").unwrap(), b"new");
+    // From registered memory in pieces: a put keeps the value, an upsert replaces it.
+    let (head, tail) = (registered(&b, 1000, 7), registered(&b, 500, 8));
+    let pieces = [Piece::new(head.as_ptr() as u64, 1000), Piece::new(tail.as_ptr() as u64, 500)];
+    b.put("sg/1", b"orig").unwrap();
+    let keys = vec!["sg/1".to_string(), "sg/2".to_string()];
+    let rs = b.batch_put_from_sg(&keys, &[&pieces, &pieces], &options).unwrap();
+    assert!(rs.iter().all(Result::is_ok), "{rs:?}");
+    assert_eq!(b.get_size("sg/1").unwrap(), 4);
+    let keys = vec!["sg/1".to_string(), "sg/3".to_string()];
+    let rs = b.batch_upsert_from_sg(&keys, &[&pieces, &pieces[..1]], &options).unwrap();
+    assert!(rs.iter().all(Result::is_ok), "{rs:?}");
+    b.upsert_from_sg("sg/2", &pieces[1..], &options).unwrap();
+    let mut whole = vec![7u8; 1000];
+    whole.extend([8u8; 500]);
+    assert_eq!(a.get("sg/1").unwrap(), whole);
+    assert_eq!(a.get("sg/2").unwrap(), vec![8u8; 500]);
+    assert_eq!(a.get("sg/3").unwrap(), vec![7u8; 1000]);
 }
 
 #[test]
@@ -350,4 +376,184 @@ fn a_pure_consumer_contributes_nothing_and_reads_and_writes_the_pool() {
     assert_eq!(consumer.get("c/1").unwrap(), data(300_000, 3));
     consumer.close().unwrap();
     assert_eq!(holder.get("c/1").unwrap(), data(300_000, 3));
+}
+
+/// Registered memory of `len` bytes filled with `fill` (the caller keeps it alive).
+fn registered(c: &StoreClient, len: usize, fill: u8) -> Vec<u8> {
+    let v = vec![fill; len];
+    c.register_buffer(v.as_ptr() as u64, len as u64).unwrap();
+    v
+}
+
+/// `buf` cut into pieces of these lengths, in order.
+fn split(buf: &[u8], lens: &[usize]) -> Vec<Piece> {
+    let mut at = 0;
+    lens.iter()
+        .map(|&n| {
+            let p = Piece::new(buf.as_ptr() as u64 + at as u64, n as u64);
+            at += n;
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn values_in_several_buffers_come_back_into_another_split_and_by_ranges() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let value = data((3 << 20) + 4321, 77);
+    let src = registered(&a, value.len(), 0);
+    // SAFETY (test): writing the bytes of a buffer this test owns.
+    unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), src.as_ptr() as *mut u8, value.len()) };
+    a.put_from_sg("layers", &split(&src, &[1 << 20, 4321, 2 << 20]), &a.default_options()).unwrap();
+    // Read back by the other client (remote replica) and by the putter (its own replica), into
+    // a split the put never saw, with room to spare at the end.
+    for c in [&b, &a] {
+        let dst = registered(c, value.len() + 100, 0xEE);
+        let pieces = split(&dst, &[10, (2 << 20) + 7, value.len() + 100 - 17 - (2 << 20)]);
+        assert_eq!(c.get_into_sg("layers", &pieces).unwrap(), value.len() as u64);
+        assert!(dst[..value.len()] == value[..], "the value, whole and in order");
+        assert!(dst[value.len()..].iter().all(|&x| x == 0xEE), "nothing past the value");
+        c.unregister_buffer(dst.as_ptr() as u64).unwrap();
+    }
+    // Ranges inside the value, in any order, into one buffer.
+    let dst = registered(&b, 300, 0);
+    let at = dst.as_ptr() as u64;
+    let ranges = [
+        Extent { offset: value.len() as u64 - 100, addr: at, len: 100 },
+        Extent { offset: 0, addr: at + 100, len: 100 },
+        Extent { offset: 1 << 20, addr: at + 200, len: 100 },
+    ];
+    assert_eq!(b.get_into_ranges("layers", &ranges).unwrap(), 300);
+    assert!(dst[..100] == value[value.len() - 100..] && dst[100..200] == value[..100]);
+    assert!(dst[200..] == value[1 << 20..(1 << 20) + 100]);
+    // A range past the end is the caller's mistake, and reads nothing.
+    let past = [Extent { offset: value.len() as u64 - 10, addr: at, len: 11 }];
+    let e = b.get_into_ranges("layers", &past).unwrap_err();
+    assert!(matches!(e, StoreError::BadRange { len: 11, .. }) && e.is_caller_error(), "{e}");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    // Pieces of memory that are not registered are refused before anything moves.
+    let heap = [0u8; 64];
+    let e = b.get_into_sg("layers", &[Piece::new(at, 300), Piece::new(heap.as_ptr() as u64, 64)]).unwrap_err();
+    assert!(matches!(e, StoreError::NotRegistered { .. }), "{e}");
+    let e = a.put_from_sg("bad", &[Piece::new(heap.as_ptr() as u64, 64)], &a.default_options()).unwrap_err();
+    assert!(e.is_caller_error() && !a.exists("bad").unwrap(), "{e}");
+}
+
+#[test]
+fn batches_of_multi_buffer_puts_and_gets_are_one_round_trip_each() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let keys: Vec<String> = (0..6).map(|i| format!("mb{i}")).collect();
+    let values: Vec<Vec<u8>> = (0..6).map(|i| data(50_000 + i * 1000, 100 + i as u64)).collect();
+    let srcs: Vec<Vec<u8>> = values.iter().map(|v| registered(&a, v.len(), 0)).collect();
+    for (s, v) in srcs.iter().zip(&values) {
+        // SAFETY (test): writing the bytes of a buffer this test owns.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), s.as_ptr() as *mut u8, v.len()) };
+    }
+    // Each value in three pieces (as layers of a KV cache would be).
+    let put_layout: Vec<Vec<Piece>> = srcs.iter().map(|s| split(s, &[1000, 20_000, s.len() - 21_000])).collect();
+    let put_refs: Vec<&[Piece]> = put_layout.iter().map(|p| &p[..]).collect();
+    let methods = ["BatchPutStart", "BatchPutEnd", "BatchGetReplicaList", "PutStart", "GetReplicaList"];
+    let before = rpc_counts(&m, &methods);
+    let put = a.batch_put_from_sg(&keys, &put_refs, &a.default_options()).unwrap();
+    assert!(put.iter().all(|r| r.is_ok()), "{put:?}");
+    // Back in two pieces each on the other client, and as a range of each value.
+    let dsts: Vec<Vec<u8>> = values.iter().map(|v| registered(&b, v.len(), 0)).collect();
+    let get_layout: Vec<Vec<Piece>> = dsts.iter().map(|d| split(d, &[d.len() / 2, d.len() - d.len() / 2])).collect();
+    let get_refs: Vec<&[Piece]> = get_layout.iter().map(|p| &p[..]).collect();
+    let got = b.batch_get_into_sg(&keys, &get_refs).unwrap();
+    let tails = registered(&b, 6 * 16, 0);
+    let range_of: Vec<[Extent; 1]> = (0..6)
+        .map(|i| [Extent { offset: values[i].len() as u64 - 16, addr: tails.as_ptr() as u64 + 16 * i as u64, len: 16 }])
+        .collect();
+    let range_refs: Vec<&[Extent]> = range_of.iter().map(|r| &r[..]).collect();
+    let tails_got = b.batch_get_into_ranges(&keys, &range_refs).unwrap();
+    let calls: Vec<u64> = rpc_counts(&m, &methods).iter().zip(&before).map(|(x, y)| x - y).collect();
+    assert_eq!(calls, vec![1, 1, 2, 0, 0], "calls of {methods:?}");
+    for i in 0..6 {
+        assert_eq!(*got[i].as_ref().unwrap(), values[i].len() as u64);
+        assert!(dsts[i] == values[i], "value {i}");
+        assert_eq!(*tails_got[i].as_ref().unwrap(), 16);
+        assert!(tails[16 * i..16 * (i + 1)] == values[i][values[i].len() - 16..], "tail {i}");
+    }
+    // Per key: a missing key, a range past the end and a buffer too small fail alone.
+    let small = registered(&b, 10, 0);
+    let keys2: Vec<String> = vec!["mb0".into(), "missing".into(), "mb1".into()];
+    let past = [Extent { offset: 1, addr: dsts[1].as_ptr() as u64, len: values[1].len() as u64 }];
+    let ranges2: Vec<&[Extent]> = vec![range_refs[0], range_refs[1], &past];
+    let r = b.batch_get_into_ranges(&keys2, &ranges2).unwrap();
+    assert!(r[0].is_ok() && matches!(r[1], Err(StoreError::NotFound(_))), "{r:?}");
+    assert!(matches!(r[2], Err(StoreError::BadRange { .. })), "{r:?}");
+    let tiny = [Piece::new(small.as_ptr() as u64, 10)];
+    let r = b.batch_get_into_sg(&keys2[..1], &[&tiny]).unwrap();
+    assert!(matches!(r[0], Err(StoreError::BufferTooSmall { have: 10, .. })), "{r:?}");
+}
+
+#[test]
+fn the_blocking_api_works_and_drops_inside_tokio_tasks() {
+    let m = master();
+    let config = ClientConfig {
+        global_segment_size: 8 << 20,
+        local_buffer_size: 2 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    };
+    let use_and_drop = |config: ClientConfig, tag: &str| {
+        let c = StoreClient::connect(config).unwrap();
+        let key = format!("in-tokio-{tag}");
+        c.put(&key, b"from a task").unwrap();
+        assert_eq!(c.get(&key).unwrap(), b"from a task");
+        assert_eq!(c.get_batch(std::slice::from_ref(&key)).unwrap()[0].as_ref().unwrap(), b"from a task");
+        assert!(c.exists(&key).unwrap());
+        c.remove_with(&key, true).unwrap();
+        drop(c); // closes the client and its runtimes inside the task
+    };
+    let current = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    current.block_on(async { use_and_drop(config.clone(), "current") });
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let config2 = config.clone();
+    multi.block_on(async move { tokio::spawn(async move { use_and_drop(config2, "worker") }).await.unwrap() });
+    multi.block_on(async { use_and_drop(config, "multi") });
+}
+
+#[test]
+fn a_put_right_after_a_master_restart_remounts_instead_of_failing_for_space() {
+    let m = master();
+    let addr = m.client_address();
+    let a = StoreClient::connect(ClientConfig {
+        global_segment_size: 8 << 20,
+        local_buffer_size: 2 << 20,
+        // No heartbeat during the test: only the put itself can bring the segment back.
+        ping_interval: std::time::Duration::from_secs(600),
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    a.put("before", b"x").unwrap();
+    let restart = |m: MasterHandle| {
+        m.shutdown();
+        crescent_store::master::server::start(MasterConfig {
+            rpc_address: addr.clone(),
+            admin_address: String::new(),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    // The first call after a restart may find the old connection broken (in a running client
+    // the heartbeat's ping is that call).
+    let reconnect = |a: &StoreClient| {
+        let _ = a.exists("probe");
+    };
+    // The new master knows no segment yet: the put remounts this client's and lands there.
+    let m = restart(m);
+    reconnect(&a);
+    a.put("after", b"value").unwrap();
+    assert_eq!(a.get("after").unwrap(), b"value");
+    // A batch as well.
+    let m = restart(m);
+    reconnect(&a);
+    let keys = vec!["b1".to_string(), "b2".to_string()];
+    let r = a.put_batch(&keys, &[b"one", b"two"]).unwrap();
+    assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+    assert_eq!(a.get("b2").unwrap(), b"two");
+    drop(m);
 }

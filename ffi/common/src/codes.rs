@@ -1,6 +1,7 @@
 //! Mooncake's status codes and the mapping of Crescent's typed errors onto them.
 
 use crescent_engine::EngineError;
+use crescent_store::error::Waited;
 use crescent_store::StoreError;
 
 /// A call's status: 0 for success, a negative code for an error. The values are Mooncake
@@ -95,7 +96,10 @@ impl Status {
 /// The status a store error is reported with.
 pub fn store_status(e: &StoreError) -> Status {
     match e {
-        StoreError::InvalidArgument(_) | StoreError::Config(_) => Status::InvalidParams,
+        StoreError::InvalidArgument(_)
+        | StoreError::Config(_)
+        | StoreError::NotRegistered { .. }
+        | StoreError::BadRange { .. } => Status::InvalidParams,
         StoreError::BufferTooSmall { .. } => Status::BufferOverflow,
         StoreError::NotFound(_) => Status::ObjectNotFound,
         StoreError::AlreadyExists(_) => Status::ObjectAlreadyExists,
@@ -107,8 +111,11 @@ pub fn store_status(e: &StoreError) -> Status {
         StoreError::ClientNotFound(_) => Status::ClientNotFound,
         StoreError::NeedRemount => Status::UnavailableInCurrentStatus,
         // A read past its lease: moving the bytes did not give the object's bytes.
-        StoreError::PeerGone { .. } | StoreError::TimedOut(_) | StoreError::LeaseExpired { .. } => Status::TransferFail,
-        StoreError::MasterUnreachable { .. } => Status::RpcFail,
+        StoreError::TimedOut { waited: Waited::Master { .. }, .. } => Status::RpcFail,
+        StoreError::PeerGone { .. } | StoreError::TimedOut { .. } | StoreError::LeaseExpired { .. } => {
+            Status::TransferFail
+        }
+        StoreError::MasterUnreachable { .. } | StoreError::BadReply(_) => Status::RpcFail,
         StoreError::Engine(e) => engine_status(e),
         _ => Status::Internal,
     }
@@ -144,8 +151,10 @@ mod tests {
             (StoreError::InvalidArgument("x".into()), -600),
             (StoreError::BufferTooSmall { key: "k".into(), need: 2, have: 1 }, -10),
             (StoreError::NoSpace { size: 1, replicas: 1, detail: String::new() }, -200),
-            (StoreError::MasterUnreachable { addr: "a".into(), reason: "r".into() }, -900),
-            (StoreError::PeerGone { key: "k".into(), reason: "r".into() }, -800),
+            (StoreError::master_unreachable("a", "r"), -900),
+            (StoreError::peer_gone("k", crescent_store::error::PeerFault::NoReplica), -800),
+            (StoreError::BadRange { key: "k".into(), offset: 1, len: 2, size: 2 }, -600),
+            (StoreError::NotRegistered { addr: 1, len: 2 }, -600),
             (StoreError::Internal("x".into()), -1),
         ];
         for (e, code) in cases {

@@ -348,9 +348,15 @@ mod tests {
             c.hot_cache.resolve(),
             Resolved::Enabled(Layout { blocks: 50, block_size: 16 << 20, admission: Admission::SecondAccess })
         );
-        // An unusable size is not an error: the client starts without the cache.
+        // Sizes take the grammar of the other size keys.
         c.apply_json(r#"{"local_hot_cache_size":"800MB"}"#).unwrap();
-        assert!(matches!(c.hot_cache.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"800MB\"")));
+        assert_eq!(
+            c.hot_cache.resolve(),
+            Resolved::Enabled(Layout { blocks: 50, block_size: 16 << 20, admission: Admission::SecondAccess })
+        );
+        // An unusable size is not an error: the client starts without the cache.
+        c.apply_json(r#"{"local_hot_cache_size":"800XB"}"#).unwrap();
+        assert!(matches!(c.hot_cache.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"800XB\"")));
         assert!(c.apply_json(r#"{"local_hot_cache_admission":"maybe"}"#).is_err());
     }
 

@@ -1,11 +1,11 @@
 //! Prometheus export of the client's metrics (the local hot cache's and the disk tier's), in the
-//! text format the master's `/metrics` uses: [`StoreClient::render_metrics`] for a process that
+//! text format the master's `/metrics` uses: [`super::StoreClient::render_metrics`] for a process that
 //! serves its own endpoint, and an optional HTTP endpoint of the client itself
 //! (`CRESCENT_CLIENT_METRICS_ADDRESS` / config key `client_metrics_address` /
 //! `ClientConfig::metrics_address`) serving `GET /metrics`.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -17,7 +17,6 @@ use tokio::sync::oneshot;
 
 use crate::client::disk::DiskStats;
 use crate::client::hot_cache::HotCacheMetrics;
-use crate::client::StoreClient;
 use crate::error::{Result, StoreError};
 use crate::metrics_registry::{counter, gauge, internal, register};
 
@@ -133,15 +132,15 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Serves `GET /metrics` for `client` on `address` (`host:port`; port 0 picks one) on
-    /// `runtime`.
-    pub fn start(address: &str, client: Weak<StoreClient>, runtime: &tokio::runtime::Handle) -> Result<Self> {
+    /// Serves `GET /metrics` on `address` (`host:port`; port 0 picks one) on `runtime`, with
+    /// the text `render` gives (`None` once the client is closed).
+    pub fn start(address: &str, render: Render, runtime: &tokio::runtime::Handle) -> Result<Self> {
         let listener = std::net::TcpListener::bind(address)
             .map_err(|e| StoreError::Config(format!("client metrics address {address:?}: {e}")))?;
-        listener.set_nonblocking(true).map_err(|e| StoreError::Internal(format!("metrics listener: {e}")))?;
-        let addr = listener.local_addr().map_err(|e| StoreError::Internal(format!("metrics listener: {e}")))?;
+        listener.set_nonblocking(true).map_err(|e| StoreError::system("metrics listener", e))?;
+        let addr = listener.local_addr().map_err(|e| StoreError::system("metrics listener", e))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let router = Router::new().route("/metrics", get(metrics)).with_state(Arc::new(client));
+        let router = Router::new().route("/metrics", get(metrics)).with_state(render);
         runtime.spawn(async move {
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(l) => l,
@@ -173,9 +172,12 @@ impl Drop for MetricsServer {
     }
 }
 
-async fn metrics(State(client): State<Arc<Weak<StoreClient>>>) -> Response {
-    match client.upgrade() {
-        Some(c) => ([("content-type", "text/plain; version=0.0.4")], c.render_metrics()).into_response(),
+/// What the endpoint serves: the client's metrics, `None` once it is closed.
+pub type Render = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+async fn metrics(State(render): State<Render>) -> Response {
+    match render() {
+        Some(text) => ([("content-type", "text/plain; version=0.0.4")], text).into_response(),
         None => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "client closed").into_response(),
     }
 }

@@ -1,71 +1,89 @@
 //! The store client: contributes a registered segment to the pool, keeps a registered staging
 //! buffer, talks to the master over gRPC and moves bytes client-to-client with the engine.
+//!
+//! A call goes one way through the client's parts:
+//!
+//! 1. [`StoreClient`] (this file) checks the caller's arguments and asks the master: a get's
+//!    replica list (with its read lease, [`lease`]), a put's placement.
+//! 2. [`plan`] decides, from the master's answer alone, what to read or write: for a get, the
+//!    ordered sources (this client's replica, the hot cache's entry, remote replicas, this
+//!    client's disk file, other clients' disk files); for a put, the local and remote replicas.
+//! 3. The executor ([`exec`], [`read`], [`write`]) carries the plan out over typed sources and
+//!    destinations ([`sg`]: scatter/gather lists, so a ranged or multi-buffer get is a plain
+//!    get with other extents), using the components: the engine, the staging buffer
+//!    ([`staging`]), the hot cache ([`hot_cache`]) and the disk tier ([`disk`], linked to the
+//!    master by [`disk_link`]).
+//! 4. [`StoreClient`] tells the master how it went (commit or revoke a put).
+//!
+//! A batch is the same executor over many keys, with one master round trip per step.
 
 pub mod config;
 pub mod disk;
+mod disk_link;
+mod exec;
 pub mod hot_cache;
 mod lease;
 pub mod metrics;
+mod plan;
+mod read;
 pub mod rpc;
 pub mod sched;
-mod ssd;
+pub mod sg;
 pub mod staging;
-mod value_buffer;
+mod write;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crescent_engine::{Opcode, RegisteredMemory, TransferEngine, TransferRequest, TransferStatus};
+use crescent_engine::{RegisteredMemory, TransferEngine};
 use tonic::transport::Channel;
 
 use crate::error::{Result, StoreError};
 use crate::proto::master_client::MasterClient;
 use crate::proto::*;
 pub use config::ClientConfig;
-use disk::PreparedOffload;
-use hot_cache::{HotCache, Miss};
+use disk::{DiskStats, PreparedOffload};
+use disk_link::DiskLink;
+use exec::Exec;
+use hot_cache::{HotCache, HotCacheMetrics};
 use lease::{LeaseClock, Listed};
+use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
+use sg::{Dst, Src};
+pub use sg::{Extent, Piece};
 use staging::Staging;
 
-/// A committed replica in a memory segment: what the engine reads. Disk copies (tier SSD) are
-/// read through their owner instead.
-pub(crate) fn readable_in_memory(r: &ReplicaDescriptor) -> bool {
-    r.status == ReplicaStatus::Complete as i32 && r.tier != Tier::Ssd as i32
-}
-
-/// Per key of a batch put: where the master placed it and its version (none for a key
-/// refused).
-fn placements(starts: &[Result<(Vec<ReplicaDescriptor>, u64)>]) -> Vec<(Vec<ReplicaDescriptor>, u64)> {
-    starts.iter().map(|s| s.as_ref().map_or_else(|_| (Vec::new(), 0), |p| p.clone())).collect()
-}
-
 /// A batch reply must hold one item per key asked.
-fn one_per_key(items: usize, keys: usize) -> Result<()> {
+pub(crate) fn one_per_key(items: usize, keys: usize) -> Result<()> {
     if items == keys {
         Ok(())
     } else {
-        Err(StoreError::Internal(format!("master answered {items} items for {keys} keys")))
+        Err(StoreError::BadReply(format!("{items} items for {keys} keys")))
     }
 }
 
-/// Where a value's bytes come from or go to.
-enum Buf<'a> {
-    /// Plain memory: moved through the staging buffer.
-    Bytes(&'a [u8]),
-    BytesMut(&'a mut [u8]),
-    /// Registered memory at this address: moved by the engine directly (zero copy).
-    Registered(u64),
+/// What a get takes of a value.
+#[derive(Clone, Copy)]
+enum Want<'a> {
+    /// The whole value, into these pieces in order (they may hold more).
+    Whole(&'a [Piece]),
+    /// These ranges of the value.
+    Ranges(&'a [Extent]),
 }
 
-impl Buf<'_> {
-    /// The same bytes, to read from again.
-    fn reread(&self) -> Buf<'_> {
+impl Want<'_> {
+    /// The extents to read of a value of `size` bytes, and how many bytes the get returns.
+    fn extents(&self, key: &str, size: u64) -> Result<(Vec<Extent>, u64)> {
         match self {
-            Buf::Bytes(b) => Buf::Bytes(b),
-            Buf::BytesMut(b) => Buf::Bytes(b),
-            Buf::Registered(addr) => Buf::Registered(*addr),
+            Want::Whole(pieces) => {
+                let have = sg::total(pieces).unwrap_or(u64::MAX);
+                if size > have {
+                    return Err(StoreError::BufferTooSmall { key: key.to_string(), need: size, have });
+                }
+                Ok((sg::whole(pieces, size), size))
+            }
+            Want::Ranges(extents) => Ok((extents.to_vec(), sg::check_ranges(key, extents, size)?)),
         }
     }
 }
@@ -86,8 +104,10 @@ pub struct StoreClient {
     master_reachable: AtomicBool,
     stop: Arc<AtomicBool>,
     closed: AtomicBool,
-    /// The disk tier, with a storage root ([`ssd`]).
-    ssd: Option<ssd::Ssd>,
+    /// Held while remounting (a put and the heartbeat may find out together).
+    remounting: parking_lot::Mutex<()>,
+    /// The disk tier, with a storage root.
+    disk: Option<DiskLink>,
     metrics: metrics::ClientMetrics,
     /// The Prometheus endpoint, when `metrics_address` is set; stopped by `close`.
     metrics_server: parking_lot::Mutex<Option<metrics::MetricsServer>>,
@@ -103,7 +123,7 @@ impl StoreClient {
     /// Starts the engine, contributes `global_segment_size` bytes, mounts them at the master
     /// and starts heartbeats.
     pub fn connect(config: ClientConfig) -> Result<Arc<Self>> {
-        let disk = ssd::open_tier(&config)?;
+        let tier = DiskLink::open_tier(&config)?;
         let rpc = Arc::new(MasterRpc::connect(&config.master_server_address)?);
         let engine = TransferEngine::new(config.engine_config()?)?;
         let segment = match config.global_segment_size {
@@ -111,19 +131,15 @@ impl StoreClient {
             size => Some(engine.alloc_registered(size, "cpu:0")?),
         };
         let staging = Arc::new(Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?));
-        let ssd = match disk {
-            Some(tier) => {
-                let host = engine.segment_name().rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
-                let service =
-                    disk::service::DiskService::start(host, &tier, staging.clone(), engine.segment_name().to_string())?;
-                Some(ssd::Ssd { tier, service, segment_id: Arc::new(AtomicU64::new(0)) })
-            }
+        let id = uuid::Uuid::new_v4().to_string();
+        let disk = match tier {
+            Some(tier) => Some(DiskLink::new(tier, &engine, staging.clone(), rpc.clone(), id.clone())?),
             None => None,
         };
         let hot = HotCache::start(&engine, &config.hot_cache);
         let metrics_address = config.metrics_address.clone();
         let client = Arc::new(StoreClient {
-            id: uuid::Uuid::new_v4().to_string(),
+            id,
             config,
             engine,
             segment,
@@ -135,17 +151,22 @@ impl StoreClient {
             master_reachable: AtomicBool::new(true),
             stop: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
-            ssd,
+            remounting: parking_lot::Mutex::new(()),
+            disk,
             metrics: metrics::ClientMetrics::new()?,
             metrics_server: parking_lot::Mutex::new(None),
         });
         if let Some(addr) = metrics_address {
-            let server = metrics::MetricsServer::start(&addr, Arc::downgrade(&client), &client.rpc.handle())?;
+            let weak = Arc::downgrade(&client);
+            let render: metrics::Render = Arc::new(move || weak.upgrade().map(|c| c.render_metrics()));
+            let server = metrics::MetricsServer::start(&addr, render, &client.rpc.handle())?;
             tracing::info!("store client metrics: http://{}/metrics", server.addr());
             *client.metrics_server.lock() = Some(server);
         }
         client.mount(false)?;
-        client.start_disk()?;
+        if let Some(disk) = &client.disk {
+            disk.start()?;
+        }
         client.start_heartbeat();
         tracing::info!(
             "store client {} up: segment {} ({} bytes), master {}",
@@ -188,9 +209,52 @@ impl StoreClient {
     /// A pure consumer contributes no memory, so the master does not know it (and asks it to
     /// remount at every heartbeat).
     fn contributes(&self) -> bool {
-        self.segment.is_some() || self.ssd.is_some()
+        self.segment.is_some() || self.disk.is_some()
     }
 
+    /// The client's hot cache, when enabled.
+    pub fn hot_cache(&self) -> Option<&HotCache> {
+        self.hot.as_ref()
+    }
+
+    pub fn hot_cache_metrics(&self) -> Option<HotCacheMetrics> {
+        self.hot.as_ref().map(HotCache::metrics)
+    }
+
+    /// The disk tier's counters, if this client has one.
+    pub fn disk_stats(&self) -> Option<DiskStats> {
+        self.disk.as_ref().map(|d| d.tier.stats())
+    }
+
+    /// The disk tier's directory (`<root>/<cluster id>`), if any.
+    pub fn disk_dir(&self) -> Option<&std::path::Path> {
+        self.disk.as_ref().map(|d| d.tier.dir())
+    }
+
+    /// Waits until every queued offload is on disk and known to the master (or the timeout
+    /// passes; returns false then). Without a disk tier, true at once.
+    pub fn flush_offload(&self, timeout: Duration) -> bool {
+        self.disk.as_ref().is_none_or(|d| d.tier.flush(timeout))
+    }
+
+    /// The executor for one request, with the request's deadline (the engine's transfer
+    /// timeout from now).
+    fn exec(&self) -> Exec<'_> {
+        Exec {
+            engine: &self.engine,
+            segment: self.segment.as_ref(),
+            staging: &self.staging,
+            hot: self.hot.as_ref(),
+            disk: self.disk.as_ref(),
+            deadline: Instant::now() + self.engine.config().transfer_timeout,
+        }
+    }
+
+    fn host(&self) -> String {
+        self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default()
+    }
+
+    /// Mounts the memory segment (a pure consumer has none: nothing to do).
     fn mount(&self, remount: bool) -> Result<()> {
         let Some(segment) = &self.segment else { return Ok(()) };
         let info = SegmentInfo {
@@ -199,11 +263,7 @@ impl StoreClient {
             size: segment.len(),
             tier: Tier::Dram as i32,
         };
-        let req = MountSegmentRequest {
-            client_id: self.id.clone(),
-            segment: Some(info),
-            host: self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default(),
-        };
+        let req = MountSegmentRequest { client_id: self.id.clone(), segment: Some(info), host: self.host() };
         let reply = if remount {
             self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
         } else {
@@ -212,6 +272,45 @@ impl StoreClient {
         check(reply.status, "")?;
         self.segment_id.store(reply.segment_id, Ordering::Release);
         Ok(())
+    }
+
+    /// Mounts the segment (and the disk) again if the master dropped this client or restarted;
+    /// returns whether it did. Once, however many threads found out at the same time (a
+    /// second remount would drop what was put after the first).
+    fn remount(&self) -> Result<bool> {
+        if !self.contributes() {
+            return Ok(false);
+        }
+        let _one = self.remounting.lock();
+        let req = PingRequest { client_id: self.id.clone(), disk: None };
+        let reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
+        match check(reply.status, "") {
+            Err(StoreError::NeedRemount) => {}
+            // Known to the master (remounted by another thread meanwhile), or it is not there.
+            other => return other.map(|()| false),
+        }
+        tracing::warn!("the master dropped this client; remounting segment {}", self.segment_name());
+        self.mount(true)?;
+        if let Some(disk) = &self.disk {
+            disk.remount();
+        }
+        Ok(true)
+    }
+
+    /// Whether the master had lost this client and it is mounted again now (a put refused for
+    /// space asks; if the check itself fails, the put keeps its answer).
+    fn remounted(&self) -> bool {
+        self.remount().unwrap_or_else(|e| {
+            tracing::debug!("checking whether the master knows this client: {e}");
+            false
+        })
+    }
+
+    fn ping(&self) -> Result<PingReply> {
+        let req = PingRequest { client_id: self.id.clone(), disk: self.disk.as_ref().map(DiskLink::counters) };
+        let mut reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
+        check(reply.status.take(), "")?;
+        Ok(reply)
     }
 
     fn start_heartbeat(self: &Arc<Self>) {
@@ -228,15 +327,15 @@ impl StoreClient {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    let req = PingRequest { client_id: client.id.clone(), disk: client.disk_counters() };
-                    let reply = client.rpc.call(|mut c| async move { c.ping(req).await });
-                    let reply = reply.and_then(|mut r| check(r.status.take(), "").map(|()| r));
+                    let reply = client.ping();
                     let unreachable =
-                        matches!(reply, Err(StoreError::MasterUnreachable { .. }) | Err(StoreError::TimedOut(_)));
+                        matches!(reply, Err(StoreError::MasterUnreachable { .. } | StoreError::TimedOut { .. }));
                     client.master_reachable.store(!unreachable, Ordering::Release);
                     match reply {
                         Ok(reply) => {
-                            client.apply_disk_ping(reply);
+                            if let Some(disk) = &client.disk {
+                                disk.apply_ping(&reply);
+                            }
                             if master_was_down {
                                 tracing::info!("master {} reachable again", client.rpc.addr());
                             }
@@ -244,13 +343,8 @@ impl StoreClient {
                         }
                         Err(StoreError::NeedRemount) if !client.contributes() => {}
                         Err(StoreError::NeedRemount) => {
-                            tracing::warn!(
-                                "the master dropped this client; remounting segment {}",
-                                client.segment_name()
-                            );
-                            match client.mount(true) {
-                                Ok(()) => client.remount_disk(),
-                                Err(e) => tracing::warn!("remount failed: {e}"),
+                            if let Err(e) = client.remount() {
+                                tracing::warn!("remount failed: {e}");
                             }
                         }
                         Err(e) => {
@@ -265,6 +359,15 @@ impl StoreClient {
             .expect("spawning the heartbeat thread");
     }
 
+    /// After a removal: delete our own disk copies now rather than at the next heartbeat.
+    fn sync_disk_removals(&self) {
+        if let Some(disk) = &self.disk {
+            if let Ok(reply) = self.ping() {
+                disk.apply_ping(&reply);
+            } // else the heartbeat brings them later
+        }
+    }
+
     // ---- memory the caller registers for zero-copy calls ----
 
     /// Registers caller memory for `put_from` / `get_into` (once, then reuse it).
@@ -276,14 +379,26 @@ impl StoreClient {
         Ok(self.engine.unregister(addr)?)
     }
 
+    /// Zero-copy calls take registered memory only (register it once with `register_buffer`).
+    fn check_registered(&self, pieces: impl IntoIterator<Item = (u64, u64)>) -> Result<()> {
+        for (addr, len) in pieces {
+            if !self.engine.is_registered(addr, len) {
+                return Err(StoreError::NotRegistered { addr, len });
+            }
+        }
+        Ok(())
+    }
+
     // ---- puts ----
 
     pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
         self.put_with(key, value, &self.default_options())
     }
 
+    /// A put of a key that exists (or is being put) succeeds and leaves the object as it was,
+    /// as Mooncake's puts do ([`Self::upsert_with`] replaces it).
     pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_one(key, Buf::Bytes(value), value.len() as u64, options)
+        self.put_one(key, Src::Bytes(value), options, Mode::Put)
     }
 
     /// Zero-copy put from registered memory.
@@ -292,17 +407,32 @@ impl StoreClient {
     }
 
     pub fn put_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
-        self.put_one(key, Buf::Registered(addr), len, options)
+        self.put_from_sg(key, &[Piece::new(addr, len)], options)
     }
 
-    /// Mooncake's upsert: stores `value`, replacing the key's value if it has one.
+    /// Zero-copy put of the value made of `pieces` of registered memory, in order (a value
+    /// laid out in several buffers, e.g. one per layer).
+    pub fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        self.put_one(key, Src::Registered(pieces), options, Mode::Put)
+    }
+
+    /// Mooncake's upsert: stores `value`, replacing the key's value if it has one (the old
+    /// object is removed, then the value put again). A reader's lease still protects the old
+    /// value: [`StoreError::Leased`] until it ends.
     pub fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.upsert_one(key, Buf::Bytes(value), value.len() as u64, options)
+        self.put_one(key, Src::Bytes(value), options, Mode::Upsert)
     }
 
     /// [`Self::upsert_with`] from registered memory (zero copy).
     pub fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
-        self.upsert_one(key, Buf::Registered(addr), len, options)
+        self.upsert_from_sg(key, &[Piece::new(addr, len)], options)
+    }
+
+    /// [`Self::upsert_with`] of the value made of `pieces` of registered memory, in order.
+    pub fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        self.put_one(key, Src::Registered(pieces), options, Mode::Upsert)
     }
 
     /// The options `put` and the other calls without options use: the configured
@@ -316,82 +446,92 @@ impl StoreClient {
         }
     }
 
-    /// Zero-copy calls take registered memory only (register it once with `register_buffer`).
-    fn check_registered(&self, addr: u64, len: u64) -> Result<()> {
-        if self.engine.is_registered(addr, len) {
-            Ok(())
-        } else {
-            Err(StoreError::InvalidArgument(format!(
-                "buffer [{addr:#x}, +{len}) is not registered memory: call register_buffer first"
-            )))
-        }
-    }
-
-    /// A put of a key that exists (or is being put) succeeds and leaves the object as it
-    /// was, as Mooncake's puts do.
-    fn put_one(&self, key: &str, src: Buf<'_>, len: u64, options: &PutOptions) -> Result<()> {
-        match self.put_new(key, src, len, options) {
-            Err(StoreError::AlreadyExists(_)) => Ok(()),
-            r => r,
-        }
-    }
-
-    /// Insert or replace (Mooncake's upsert): a put; if the key exists, it is removed and
-    /// put again. A reader's lease still protects the old value: `Leased` until it ends.
-    fn upsert_one(&self, key: &str, src: Buf<'_>, len: u64, options: &PutOptions) -> Result<()> {
-        // Another writer may put the key between the removal and our put: try again.
+    /// One key's write: a put, and for an upsert that finds the key, its removal and a put
+    /// again (another writer may put the key in between: a few tries).
+    fn put_one(&self, key: &str, src: Src<'_>, options: &PutOptions, mode: Mode) -> Result<()> {
+        let mut refused = None;
         for _ in 0..UPSERT_TRIES {
-            match self.put_new(key, src.reread(), len, options) {
-                Err(StoreError::AlreadyExists(_)) => match self.remove(key) {
-                    Ok(()) | Err(StoreError::NotFound(_)) => continue,
-                    Err(e) => return Err(e),
-                },
-                r => return r,
+            let e = match self.put_new(key, src, options)? {
+                Written::Refused(e) => e,
+                Written::Done => return Ok(()),
+                Written::Failed(e) => return Err(e),
+            };
+            match plan::refusal(e, mode) {
+                Refusal::Kept => return Ok(()),
+                Refusal::Failed(e) => return Err(e),
+                Refusal::Replace(e) => {
+                    self.remove_to_replace(key)?;
+                    refused = Some(e);
+                }
             }
         }
-        Err(StoreError::AlreadyExists(key.to_string()))
+        Err(refused.unwrap_or_else(|| StoreError::AlreadyExists(key.to_string())))
     }
 
-    fn put_new(&self, key: &str, src: Buf<'_>, len: u64, options: &PutOptions) -> Result<()> {
-        if len == 0 {
-            return Err(StoreError::InvalidArgument(format!("empty value for key {key:?}")));
+    /// An upsert's removal of the object it replaces (not forced: a reader's lease protects
+    /// it); gone meanwhile is as good.
+    fn remove_to_replace(&self, key: &str) -> Result<()> {
+        match self.remove(key) {
+            Ok(()) | Err(StoreError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
         }
-        if let Buf::Registered(addr) = src {
-            self.check_registered(addr, len)?;
+    }
+
+    /// A put as the master sees it: `Refused` when it would not start it, `Done` once
+    /// committed; any other failure is an error (the put revoked).
+    fn put_new(&self, key: &str, src: Src<'_>, options: &PutOptions) -> Result<Written> {
+        let len = src.len();
+        if len == 0 {
+            return Err(StoreError::invalid(format!("empty value for key {key:?}")));
         }
         self.hot_invalidate(key);
+        let exec = self.exec();
         let req = PutStartRequest {
             client_id: self.id.clone(),
             key: key.to_string(),
             size: len,
             options: Some(options.clone()),
         };
-        let start = |mut c: MasterClient<Channel>| async move { c.put_start(req).await };
+        let start = |req: PutStartRequest| move |mut c: MasterClient<Channel>| async move { c.put_start(req).await };
         // While the master places the object: the disk tier's copy of the value, and a byte
         // put's first piece in the staging buffer (unless the last put stayed in our own
         // segment, where nothing is staged).
         // When the last put stayed in our own segment, this one likely does too: the disk
         // tier then takes only the CRC now and writes the file from our replica.
         let local = self.last_put_local.load(Ordering::Relaxed);
-        let stage_early = matches!(src, Buf::Bytes(_)) && !local;
-        let (reply, (offload, first_piece)) = if self.ssd.is_some() || stage_early {
-            self.rpc.call_while(start, || {
-                let offload = self.prepare_offload(key, &src, len, local);
-                (offload, if stage_early { self.stage_first_piece(&src, len) } else { None })
+        let stage_early = matches!(src, Src::Bytes(_)) && !local;
+        let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
+            self.rpc.call_while(start(req.clone()), || {
+                let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
+                (offload, if stage_early { exec.stage_first_piece(&src) } else { Ok(None) })
             })
         } else {
-            (self.rpc.call(start), (None, None))
+            (self.rpc.call(start(req.clone())), (None, Ok(None)))
         };
-        let reply = reply?;
-        check(reply.status, key)?;
-        let written = self.write_replicas(key, &reply.replicas, &src, len, first_piece);
-        self.finish_put(key, written)?;
-        if let Some(offload) = offload {
-            self.queue_offload(offload, reply.version, &reply.replicas, &src, len);
+        let mut reply = reply?;
+        let mut started = check(reply.status.take(), key);
+        // No room: after a restart (or once it dropped us) the master has no segment of ours
+        // until we remount. Remount now and place the value again, rather than fail until the
+        // heartbeat remounts.
+        if matches!(started, Err(StoreError::NoSpace { .. })) && self.remounted() {
+            reply = self.rpc.call(start(req))?;
+            started = check(reply.status.take(), key);
         }
-        Ok(())
+        if let Err(e) = started {
+            return Ok(Written::Refused(e));
+        }
+        let written = first_piece.and_then(|first| exec.write(key, &reply.replicas, &src, first));
+        if let Ok(all_local) = written {
+            self.last_put_local.store(all_local, Ordering::Relaxed);
+        }
+        self.finish_put(key, written.map(|_| ()))?;
+        if let Some(offload) = offload {
+            self.queue_offload(&exec, offload, reply.version, &reply.replicas, &src);
+        }
+        Ok(Written::Done)
     }
 
+    /// Commits a put whose bytes were written; revokes one that failed, whatever the reason.
     fn finish_put(&self, key: &str, written: Result<()>) -> Result<()> {
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
         match written {
@@ -410,127 +550,22 @@ impl StoreClient {
         }
     }
 
-    /// Bytes of our own segment at a replica's address, if the replica is ours.
-    #[allow(clippy::mut_from_ref)] // the bytes are our registered segment, not a field of self
-    fn local_replica(&self, r: &ReplicaDescriptor, len: u64) -> Option<&mut [u8]> {
-        if r.segment_name != self.engine.segment_name() {
-            return None;
-        }
-        let segment = self.segment.as_ref()?;
-        let (base, end) = (segment.addr(), segment.addr() + segment.len());
-        if r.address < base || r.address.checked_add(len).is_none_or(|e| e > end) {
-            tracing::error!("the master placed a replica outside our segment: {:#x}+{len}", r.address);
-            return None;
-        }
-        // SAFETY: inside our own registered segment; the master hands this range to one object
-        // at a time, and a put/get of it is the only user while its lease or put lasts.
-        Some(unsafe { std::slice::from_raw_parts_mut(r.address as *mut u8, len as usize) })
-    }
-
-    /// The first piece of a byte put, copied into the staging buffer.
-    fn stage_first_piece(&self, src: &Buf<'_>, len: u64) -> Option<staging::StagingBlock<'_>> {
-        let Buf::Bytes(bytes) = src else { return None };
-        Some(self.stage_piece(&bytes[..len as usize], 0))
-    }
-
-    /// The piece of `bytes` from `off` on (as much as one staging block takes), copied into
-    /// the staging buffer.
-    fn stage_piece(&self, bytes: &[u8], off: u64) -> staging::StagingBlock<'_> {
-        let mut block = self.staging.acquire(bytes.len() as u64 - off);
-        let n = block.len();
-        block.bytes().copy_from_slice(&bytes[off as usize..(off + n) as usize]);
-        block
-    }
-
-    /// Writes the value to each replica: ours by memcpy, others through the engine (a byte
-    /// value through the staging buffer, starting with `first_piece` when it was staged).
-    fn write_replicas(
+    /// Hands a committed put's offload to the disk tier's writers, who read the value from the
+    /// put's replica in our own segment when it has one.
+    fn queue_offload(
         &self,
-        key: &str,
+        exec: &Exec<'_>,
+        offload: PreparedOffload,
+        version: u64,
         replicas: &[ReplicaDescriptor],
-        src: &Buf<'_>,
-        len: u64,
-        mut first_piece: Option<staging::StagingBlock<'_>>,
-    ) -> Result<()> {
-        let mut remote = Vec::new();
-        for r in replicas {
-            match (self.local_replica(r, len), src) {
-                (Some(dst), Buf::Bytes(b)) => dst.copy_from_slice(&b[..len as usize]),
-                (Some(dst), Buf::Registered(addr)) => {
-                    // SAFETY: the caller registered [addr, +len) and keeps it valid during the call.
-                    dst.copy_from_slice(unsafe { std::slice::from_raw_parts(*addr as *const u8, len as usize) })
-                }
-                (Some(_), Buf::BytesMut(_)) => unreachable!("puts read from the caller"),
-                (None, _) => remote.push(r),
-            }
-        }
-        self.last_put_local.store(remote.is_empty(), Ordering::Relaxed);
-        if remote.is_empty() {
-            return Ok(());
-        }
-        let targets = remote
-            .iter()
-            .map(|r| Ok((self.engine.open_segment(&r.segment_name)?, r.address)))
-            .collect::<Result<Vec<_>>>()
-            .map_err(|e| StoreError::PeerGone { key: key.to_string(), reason: e.to_string() })?;
-        match src {
-            Buf::Registered(addr) => self.transfer(
-                key,
-                targets.iter().map(|&(seg, at)| TransferRequest {
-                    opcode: Opcode::Write,
-                    source: *addr,
-                    target: seg,
-                    target_offset: at,
-                    length: len,
-                }),
-            ),
-            Buf::Bytes(bytes) => {
-                let mut off = 0;
-                while off < len {
-                    let block = match first_piece.take() {
-                        Some(staged) => staged,
-                        None => self.stage_piece(&bytes[..len as usize], off),
-                    };
-                    let n = block.len();
-                    let src = block.addr();
-                    self.transfer(
-                        key,
-                        targets.iter().map(|&(seg, at)| TransferRequest {
-                            opcode: Opcode::Write,
-                            source: src,
-                            target: seg,
-                            target_offset: at + off,
-                            length: n,
-                        }),
-                    )?;
-                    off += n;
-                }
-                Ok(())
-            }
-            Buf::BytesMut(_) => unreachable!("puts read from the caller"),
-        }
-    }
-
-    fn transfer(&self, key: &str, requests: impl Iterator<Item = TransferRequest>) -> Result<()> {
-        let requests: Vec<_> = requests.collect();
-        self.engine.transfer_sync(&requests).map_err(|e| self.transfer_error(key, e))
-    }
-
-    fn transfer_error(&self, key: &str, e: crescent_engine::EngineError) -> StoreError {
-        match e {
-            crescent_engine::EngineError::TimedOut => StoreError::TimedOut(format!("moving object {key:?}")),
-            e if e.is_caller_error() => StoreError::Engine(e),
-            e => StoreError::PeerGone { key: key.to_string(), reason: e.to_string() },
-        }
-    }
-
-    /// Waits for a staged piece of a get and copies it to its place in `out`.
-    fn finish_staged(&self, key: &str, mut piece: InFlight<'_>, out: &mut [u8]) -> Result<()> {
-        let id = piece.id.take().expect("finished once");
-        self.engine.transfer_finish(id).map_err(|e| self.transfer_error(key, e))?;
-        let (off, n) = (piece.off as usize, piece.block.len() as usize);
-        out[off..off + n].copy_from_slice(piece.block.bytes());
-        Ok(())
+        src: &Src<'_>,
+    ) {
+        let Some(disk) = &self.disk else { return };
+        let resident = self
+            .segment
+            .as_ref()
+            .and_then(|segment| Some((&*replicas.iter().find_map(|r| exec.local_replica(r, src.len()))?, segment)));
+        disk.queue(offload, version, resident, src);
     }
 
     // ---- gets ----
@@ -543,6 +578,51 @@ impl StoreClient {
         Ok(Listed { reply, clock })
     }
 
+    /// Asks the master for `key`'s replicas. When this client's disk holds what was, the last
+    /// time it looked, the object's only copy, the file is read into `dst(size)` while the
+    /// master answers: the round trip is then hidden behind the read instead of before it.
+    /// Returns the answer and whether `dst` holds the object it describes (the answer lists
+    /// this disk's file of that very version; otherwise the get reads where the answer says).
+    fn replica_list_reading_disk<'d>(
+        &self,
+        key: &str,
+        dst: impl FnOnce(u64) -> Option<&'d mut [u8]>,
+    ) -> Result<(Listed, bool)> {
+        let guess = self.disk.as_ref().and_then(|d| Some((d, d.tier.only_copy(key)?)));
+        let Some((disk, (version, size))) = guess else {
+            return Ok((self.replica_list(key)?, false));
+        };
+        let Some(out) = dst(size) else {
+            return Ok((self.replica_list(key)?, false));
+        };
+        let tier = &disk.tier;
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let clock = LeaseClock::start();
+        let (reply, read) = self
+            .rpc
+            .call_beside(|mut c| async move { c.get_replica_list(req).await }, || tier.read_local(key, version, out));
+        let list = reply.and_then(|mut list| check(list.status.take(), key).map(|()| list));
+        let confirmed = match (&list, &read) {
+            (Ok(l), Ok(())) => {
+                l.version == version
+                    && l.size == size
+                    && l.replicas.iter().any(|r| {
+                        r.tier == Tier::Ssd as i32
+                            && r.status == ReplicaStatus::Complete as i32
+                            && r.segment_name == disk.segment_name()
+                    })
+            }
+            _ => false,
+        };
+        tier.early_read_judged(key, version, confirmed);
+        let list = list?;
+        if confirmed && list.replicas.iter().any(plan::readable_in_memory) {
+            // Back in memory meanwhile: later gets read it from there.
+            tier.note_only_copy(key, version, false);
+        }
+        Ok((Listed { reply: list, clock }, confirmed))
+    }
+
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
         let mut early = Vec::new();
         let (list, served) = self.replica_list_reading_disk(key, |size| {
@@ -553,143 +633,46 @@ impl StoreClient {
         if served {
             return Ok(early);
         }
-        self.get_listed(key, &list)
-    }
-
-    /// A byte get once the master has answered with `list`: from the hot cache, or read.
-    fn get_listed(&self, key: &str, list: &Listed) -> Result<Vec<u8>> {
-        if let Some(hit) = self.hot_get_vec(key, list) {
-            return Ok(hit);
-        }
-        let mut out = vec![0u8; list.size as usize];
-        self.read_replicas(key, list, Buf::BytesMut(&mut out))?;
-        Ok(out)
+        self.exec().read_vec(key, &list)
     }
 
     /// Zero-copy get into registered memory; returns the object's size.
     pub fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
-        self.check_registered(addr, len)?;
+        self.get_into_sg(key, &[Piece::new(addr, len)])
+    }
+
+    /// Zero-copy get of the whole value into `pieces` of registered memory, in order (a value
+    /// laid out in several buffers); returns the object's size.
+    pub fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
+        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        let early = match pieces {
+            [p] => Some(*p),
+            _ => None,
+        };
         let (list, served) = self.replica_list_reading_disk(key, |size| {
+            let p = early.filter(|p| size <= p.len)?;
             // SAFETY: the caller registered [addr, +len) for this call, and size <= len.
-            (size <= len).then(|| unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, size as usize) })
+            Some(unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, size as usize) })
         })?;
         if served {
             return Ok(list.size);
         }
-        if list.size > len {
-            return Err(StoreError::BufferTooSmall { key: key.to_string(), need: list.size, have: len });
-        }
-        if self.hot_get_into(key, &list, addr) {
-            return Ok(list.size);
-        }
-        self.read_replicas(key, &list, Buf::Registered(addr))?;
-        Ok(list.size)
+        self.read_listed(key, &list, Want::Whole(pieces))
     }
 
-    /// Reads from the best replica: our own memory first (a memcpy), then the others in turn.
-    /// A read from memory that ends after the list's lease fails (see [`lease`]).
-    fn read_replicas(&self, key: &str, list: &Listed, mut dst: Buf<'_>) -> Result<()> {
-        let size = list.size;
-        let mut order: Vec<&ReplicaDescriptor> = list.replicas.iter().filter(|r| readable_in_memory(r)).collect();
-        order.sort_by_key(|r| r.segment_name != self.engine.segment_name());
-        let mut last_err = None;
-        for r in order {
-            if let Some(src) = self.local_replica(r, size) {
-                match &mut dst {
-                    Buf::BytesMut(out) => out[..size as usize].copy_from_slice(src),
-                    Buf::Registered(addr) => {
-                        // SAFETY: the caller registered [addr, +len >= size) for this call.
-                        unsafe { std::slice::from_raw_parts_mut(*addr as *mut u8, size as usize) }.copy_from_slice(src)
-                    }
-                    Buf::Bytes(_) => unreachable!("gets write to the caller"),
-                }
-                return list.lease_held(key);
-            }
-            match self.read_remote_hot(key, list, r, &mut dst) {
-                Ok(()) => return Ok(()),
-                // Every replica shares the one lease: the others would be no better.
-                Err(e) if e.is_caller_error() || matches!(e, StoreError::LeaseExpired { .. }) => return Err(e),
-                Err(e) => {
-                    tracing::debug!("reading {key:?} from {}: {e}; trying the next replica", r.segment_name);
-                    last_err = Some(e);
-                }
-            }
-        }
-        // No memory replica (evicted, or its holder is gone): a disk copy.
-        match self.read_disk_copies(key, list, &mut dst) {
-            Some(Ok(())) => return Ok(()),
-            Some(Err(e)) => last_err = Some(e),
-            None => {}
-        }
-        Err(last_err
-            .unwrap_or_else(|| StoreError::PeerGone { key: key.to_string(), reason: "no readable replica".into() }))
+    /// Zero-copy get of ranges of a value: each extent takes `[offset, offset + len)` of the
+    /// value into registered memory at `addr`. A range outside the value is the caller's
+    /// mistake ([`StoreError::BadRange`]). Returns the bytes read.
+    pub fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64> {
+        self.check_registered(ranges.iter().map(|e| (e.addr, e.len)))?;
+        let list = self.replica_list(key)?;
+        self.read_listed(key, &list, Want::Ranges(ranges))
     }
 
-    fn read_remote(&self, key: &str, r: &ReplicaDescriptor, size: u64, dst: &mut Buf<'_>) -> Result<()> {
-        let seg = self
-            .engine
-            .open_segment(&r.segment_name)
-            .map_err(|e| StoreError::PeerGone { key: key.to_string(), reason: e.to_string() })?;
-        let read = |source: u64, off: u64, n: u64| TransferRequest {
-            opcode: Opcode::Read,
-            source,
-            target: seg,
-            target_offset: r.address + off,
-            length: n,
-        };
-        match dst {
-            Buf::Registered(addr) => self.transfer(key, std::iter::once(read(*addr, 0, size))),
-            Buf::BytesMut(_) if size == 0 => Ok(()),
-            Buf::BytesMut(out) => {
-                // Where the transport needs no registration (tcp, shm), straight into the
-                // caller's bytes in one transfer, as a zero-copy get.
-                // (Memory the caller registered overlapping these bytes, a caller's mistake,
-                // makes the loan fail: then the staged path below.)
-                let at = out.as_mut_ptr() as u64;
-                match self.engine.lend_local(Some(seg), at, size) {
-                    // The loan ends once the transfer has (it is dropped after it).
-                    Ok(Some(_loan)) => return self.transfer(key, std::iter::once(read(at, 0, size))),
-                    Ok(None) => {}
-                    Err(e) => tracing::debug!("reading {key:?} through the staging buffer: {e}"),
-                }
-                // Through the staging buffer in pieces, two in flight: the next piece moves
-                // while the last one is copied out (the copy into fresh memory, page faults
-                // included, costs about as much as the transfer).
-                let piece = STAGED_GET_PIECE.min(self.staging.chunk());
-                let mut off = 0;
-                // Dropped on an early return: waits for its transfer before its block goes back.
-                let mut previous: Option<InFlight<'_>> = None;
-                while off < size {
-                    // The second block only if it is free now: a thread waiting for a second
-                    // block while holding one could wait forever on others doing the same.
-                    let block = match previous {
-                        None => Some(self.staging.acquire((size - off).min(piece))),
-                        Some(_) => self.staging.try_acquire((size - off).min(piece)),
-                    };
-                    let Some(block) = block else {
-                        self.finish_staged(key, previous.take().expect("a piece is in flight"), out)?;
-                        continue;
-                    };
-                    let n = block.len();
-                    let id = self.engine.transfer_start(&[read(block.addr(), off, n)]);
-                    let next = InFlight {
-                        engine: &self.engine,
-                        id: Some(id.map_err(|e| self.transfer_error(key, e))?),
-                        block,
-                        off,
-                    };
-                    if let Some(done) = previous.replace(next) {
-                        self.finish_staged(key, done, out)?;
-                    }
-                    off += n;
-                }
-                if let Some(done) = previous {
-                    self.finish_staged(key, done, out)?;
-                }
-                Ok(())
-            }
-            Buf::Bytes(_) => unreachable!("gets write to the caller"),
-        }
+    fn read_listed(&self, key: &str, list: &Listed, want: Want<'_>) -> Result<u64> {
+        let (extents, n) = want.extents(key, list.size)?;
+        self.exec().read(key, list, &mut Dst::Registered(&extents))?;
+        Ok(n)
     }
 
     // ---- batches: one master round trip per batch ----
@@ -701,24 +684,24 @@ impl StoreClient {
 
     pub fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
         if keys.len() != values.len() {
-            return Err(StoreError::InvalidArgument(format!("{} keys but {} values", keys.len(), values.len())));
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
         }
-        let sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
-        let srcs: Vec<Buf<'_>> = values.iter().map(|v| Buf::Bytes(v)).collect();
-        let (starts, offloads) = self.batch_put_start(keys, &sizes, &srcs, options)?;
-        let placed = placements(&starts);
-        let written: Vec<Result<()>> = starts
-            .into_iter()
-            .zip(keys.iter().zip(values))
-            .map(|(start, (key, value))| {
-                start.and_then(|(replicas, _)| {
-                    self.write_replicas(key, &replicas, &Buf::Bytes(value), value.len() as u64, None)
-                })
-            })
-            .collect();
-        let results = self.batch_put_finish(keys, written)?;
-        self.queue_offloads(&results, offloads, &placed, &srcs, &sizes);
-        Ok(results)
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Bytes(v)).collect();
+        self.put_many(keys, &srcs, options, Mode::Put)
+    }
+
+    /// [`Self::upsert_with`] of several values (bytes); one result per key.
+    pub fn upsert_batch_with(
+        &self,
+        keys: &[String],
+        values: &[&[u8]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Bytes(v)).collect();
+        self.put_many(keys, &srcs, options, Mode::Upsert)
     }
 
     /// Zero-copy puts from registered memory: all remote writes go in one engine batch.
@@ -734,54 +717,131 @@ impl StoreClient {
         options: &PutOptions,
     ) -> Result<Vec<Result<()>>> {
         if keys.len() != addrs.len() || keys.len() != sizes.len() {
-            return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
+            return Err(StoreError::invalid("keys, buffers and sizes differ in length"));
         }
-        for (&addr, &len) in addrs.iter().zip(sizes) {
-            self.check_registered(addr, len)?;
+        let pieces: Vec<[Piece; 1]> = addrs.iter().zip(sizes).map(|(&a, &n)| [Piece::new(a, n)]).collect();
+        let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+        self.batch_put_from_sg(keys, &values, options)
+    }
+
+    /// Zero-copy puts of values each made of pieces of registered memory, in order: all remote
+    /// writes go in one engine batch.
+    pub fn batch_put_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
         }
-        let srcs: Vec<Buf<'_>> = addrs.iter().map(|&a| Buf::Registered(a)).collect();
-        let (starts, offloads) = self.batch_put_start(keys, sizes, &srcs, options)?;
-        let placed = placements(&starts);
+        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v)).collect();
+        self.put_many(keys, &srcs, options, Mode::Put)
+    }
+
+    /// [`Self::upsert_with`] of values each made of pieces of registered memory, in order.
+    pub fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v)).collect();
+        self.put_many(keys, &srcs, options, Mode::Upsert)
+    }
+
+    /// The batch write: [`Self::put_once`], then, for an upsert, the keys that existed are
+    /// removed and put again (a few rounds, as [`Self::put_one`]).
+    fn put_many(&self, keys: &[String], srcs: &[Src<'_>], options: &PutOptions, mode: Mode) -> Result<Vec<Result<()>>> {
+        let (mut results, mut replace) = self.put_once(keys, srcs, options, mode)?;
+        for _ in 1..UPSERT_TRIES {
+            if replace.is_empty() {
+                break;
+            }
+            let mut again = Vec::with_capacity(replace.len());
+            for i in replace {
+                match self.remove_to_replace(&keys[i]) {
+                    Ok(()) => again.push(i),
+                    Err(e) => results[i] = Err(e),
+                }
+            }
+            let sub_keys: Vec<String> = again.iter().map(|&i| keys[i].clone()).collect();
+            let sub_srcs: Vec<Src<'_>> = again.iter().map(|&i| srcs[i]).collect();
+            let (sub_results, sub_replace) = self.put_once(&sub_keys, &sub_srcs, options, mode)?;
+            for (&i, r) in again.iter().zip(sub_results) {
+                results[i] = r;
+            }
+            replace = sub_replace.into_iter().map(|j| again[j]).collect();
+        }
+        Ok(results)
+    }
+
+    /// The batch put: placed in one round trip, written by the executor (registered values in
+    /// one engine batch), then committed and revoked in one round trip each. Returns the
+    /// results and the keys an upsert is to replace.
+    #[allow(clippy::type_complexity)]
+    fn put_once(
+        &self,
+        keys: &[String],
+        srcs: &[Src<'_>],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<(Vec<Result<()>>, Vec<usize>)> {
+        let sizes: Vec<u64> = srcs.iter().map(Src::len).collect();
+        if let Some(i) = sizes.iter().position(|s| *s == 0) {
+            return Err(StoreError::invalid(format!("empty value for key {:?}", keys[i])));
+        }
+        keys.iter().for_each(|k| self.hot_invalidate(k));
+        let exec = self.exec();
+        let (starts, offloads) = self.batch_put_start(keys, &sizes, srcs, options)?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
-        let mut requests = Vec::new();
-        let mut owner = Vec::new();
-        for (i, start) in starts.into_iter().enumerate() {
-            let replicas = match start {
-                Ok((r, _)) => r,
+        let mut placed: Vec<(Vec<ReplicaDescriptor>, u64)> = Vec::with_capacity(keys.len());
+        for start in starts {
+            match start {
+                Ok(p) => {
+                    placed.push(p);
+                    results.push(Ok(()));
+                }
                 Err(e) => {
+                    placed.push((Vec::new(), 0));
                     results.push(Err(e));
-                    continue;
-                }
-            };
-            results.push(Ok(()));
-            for r in &replicas {
-                if let Some(dst) = self.local_replica(r, sizes[i]) {
-                    // SAFETY: the caller registered [addrs[i], +sizes[i]) for this call.
-                    dst.copy_from_slice(unsafe {
-                        std::slice::from_raw_parts(addrs[i] as *const u8, sizes[i] as usize)
-                    });
-                    continue;
-                }
-                match self.engine.open_segment(&r.segment_name) {
-                    Ok(seg) => {
-                        requests.push(TransferRequest {
-                            opcode: Opcode::Write,
-                            source: addrs[i],
-                            target: seg,
-                            target_offset: r.address,
-                            length: sizes[i],
-                        });
-                        owner.push(i);
-                    }
-                    Err(e) => results[i] = Err(StoreError::PeerGone { key: keys[i].clone(), reason: e.to_string() }),
                 }
             }
         }
-        self.last_put_local.store(requests.is_empty(), Ordering::Relaxed);
-        self.run_batch(keys, &requests, &owner, &mut results)?;
-        let results = self.batch_put_finish(keys, results)?;
-        self.queue_offloads(&results, offloads, &placed, &srcs, sizes);
-        Ok(results)
+        let started: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        let replicas: Vec<&[ReplicaDescriptor]> = placed.iter().map(|(r, _)| &r[..]).collect();
+        match exec.write_batch(keys, &replicas, srcs, &mut results) {
+            Ok(all_local) => self.last_put_local.store(all_local, Ordering::Relaxed),
+            Err(e) => {
+                // The batch failed as a whole: every put it started goes back at once.
+                let revoke: Vec<String> =
+                    keys.iter().zip(&started).filter(|(_, s)| **s).map(|(k, _)| k.clone()).collect();
+                self.batch_revoke(revoke);
+                return Err(e);
+            }
+        }
+        let written = results
+            .into_iter()
+            .zip(started)
+            .map(|(r, started)| match (r, started) {
+                (Ok(()), _) => Written::Done,
+                (Err(e), true) => Written::Failed(e),
+                (Err(e), false) => Written::Refused(e),
+            })
+            .collect();
+        let (results, settled) = self.batch_put_finish(keys, written, mode)?;
+        let mut offloads: Vec<Option<PreparedOffload>> = offloads;
+        for &i in &settled.commit {
+            if let (Ok(()), Some(offload)) = (&results[i], offloads.get_mut(i).and_then(Option::take)) {
+                self.queue_offload(&exec, offload, placed[i].1, &placed[i].0, &srcs[i]);
+            }
+        }
+        Ok((results, settled.replace))
     }
 
     /// Per key: the replicas to write and the object's version; and the values' disk tier
@@ -791,36 +851,39 @@ impl StoreClient {
         &self,
         keys: &[String],
         sizes: &[u64],
-        srcs: &[Buf<'_>],
+        srcs: &[Src<'_>],
         options: &PutOptions,
     ) -> Result<(Vec<Result<(Vec<ReplicaDescriptor>, u64)>>, Vec<Option<PreparedOffload>>)> {
-        if let Some(i) = sizes.iter().position(|s| *s == 0) {
-            return Err(StoreError::InvalidArgument(format!("empty value for key {:?}", keys[i])));
-        }
-        keys.iter().for_each(|k| self.hot_invalidate(k));
         let req = BatchPutStartRequest {
             client_id: self.id.clone(),
             keys: keys.to_vec(),
             sizes: sizes.to_vec(),
             options: Some(options.clone()),
         };
-        let start = |mut c: MasterClient<Channel>| async move { c.batch_put_start(req).await };
-        let (reply, offloads) = if self.ssd.is_some() {
+        let start =
+            |req: BatchPutStartRequest| move |mut c: MasterClient<Channel>| async move { c.batch_put_start(req).await };
+        let (reply, offloads) = match &self.disk {
             // The disk tier's copies of the values (or their CRCs, see `put_one`) are made
             // while the master places them.
-            let local = self.last_put_local.load(Ordering::Relaxed);
-            self.rpc.call_while(start, || {
-                keys.iter()
-                    .zip(srcs)
-                    .zip(sizes)
-                    .map(|((key, src), &len)| self.prepare_offload(key, src, len, local))
-                    .collect()
-            })
-        } else {
-            (self.rpc.call(start), Vec::new())
+            Some(disk) => {
+                let local = self.last_put_local.load(Ordering::Relaxed);
+                self.rpc.call_while(start(req.clone()), || {
+                    keys.iter().zip(srcs).map(|(key, src)| Some(disk.prepare(key, src, local))).collect()
+                })
+            }
+            None => (self.rpc.call(start(req.clone())), Vec::new()),
         };
-        let reply = reply?;
+        let mut reply = reply?;
         one_per_key(reply.items.len(), keys.len())?;
+        // No room for any key: maybe the master restarted and has no segment of ours yet
+        // (see `put_one`).
+        let no_space = |items: &[PutStartReply]| {
+            items.iter().all(|i| i.status.as_ref().is_some_and(|s| s.code == Code::NoSpace as i32))
+        };
+        if !keys.is_empty() && no_space(&reply.items) && self.remounted() {
+            reply = self.rpc.call(start(req))?;
+            one_per_key(reply.items.len(), keys.len())?;
+        }
         let starts = reply
             .items
             .into_iter()
@@ -830,99 +893,41 @@ impl StoreClient {
         Ok((starts, offloads))
     }
 
-    /// Commits the keys whose bytes were written, revokes the others (whose put had started).
-    fn batch_put_finish(&self, keys: &[String], mut results: Vec<Result<()>>) -> Result<Vec<Result<()>>> {
-        let ok: Vec<String> = keys.iter().zip(&results).filter(|(_, r)| r.is_ok()).map(|(k, _)| k.clone()).collect();
-        let failed: Vec<String> = keys
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| {
-                matches!(
-                    r,
-                    Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_)) | Err(StoreError::Engine(_))
-                )
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        if !failed.is_empty() {
-            let req = BatchKeyRequest { client_id: self.id.clone(), keys: failed };
-            if let Err(e) = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await }) {
-                tracing::warn!("revoking failed puts: {e}");
-            }
-        }
-        if !ok.is_empty() {
-            let req = BatchKeyRequest { client_id: self.id.clone(), keys: ok.clone() };
+    /// Tells the master how each put of a batch ended: commits the written ones, revokes
+    /// every other one it had started ([`plan::settle`]). Returns each key's result and the
+    /// settlement.
+    fn batch_put_finish(
+        &self,
+        keys: &[String],
+        written: Vec<Written>,
+        mode: Mode,
+    ) -> Result<(Vec<Result<()>>, plan::Settled)> {
+        let (settled, mut results) = plan::settle(written, mode);
+        self.batch_revoke(settled.revoke.iter().map(|&i| keys[i].clone()).collect());
+        let commit = &settled.commit;
+        if !commit.is_empty() {
+            let req =
+                BatchKeyRequest { client_id: self.id.clone(), keys: commit.iter().map(|&i| keys[i].clone()).collect() };
             let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
-            one_per_key(reply.statuses.len(), ok.len())?;
-            let mut statuses = reply.statuses.into_iter();
-            for (key, r) in keys.iter().zip(results.iter_mut()) {
-                if r.is_ok() {
-                    *r = check(statuses.next(), key);
-                }
+            one_per_key(reply.statuses.len(), commit.len())?;
+            for (&i, status) in commit.iter().zip(reply.statuses) {
+                results[i] = check(Some(status), &keys[i]);
             }
         }
-        // Keys that exist already keep their value, and their put succeeds (Mooncake's puts).
-        for r in &mut results {
-            if matches!(r, Err(StoreError::AlreadyExists(_))) {
-                *r = Ok(());
-            }
-        }
-        Ok(results)
+        Ok((results, settled))
     }
 
-    /// Runs one engine batch; failures land in `results[owner[i]]`.
-    fn run_batch(
-        &self,
-        keys: &[String],
-        requests: &[TransferRequest],
-        owner: &[usize],
-        results: &mut [Result<()>],
-    ) -> Result<()> {
-        let batch = self.start_batch(requests)?;
-        self.finish_batch(batch, keys, owner, results)
+    fn batch_revoke(&self, keys: Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys };
+        if let Err(e) = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await }) {
+            tracing::warn!("revoking failed puts: {e}");
+        }
     }
 
-    /// Submits one engine batch (none when there is nothing to move); the transfers run while
-    /// the caller does other work, until [`Self::finish_batch`].
-    fn start_batch(&self, requests: &[TransferRequest]) -> Result<Option<crescent_engine::BatchId>> {
-        if requests.is_empty() {
-            return Ok(None);
-        }
-        let batch = self.engine.allocate_batch(requests.len())?;
-        if let Err(e) = self.engine.submit(batch, requests) {
-            let _ = self.engine.free_batch(batch);
-            return Err(e.into());
-        }
-        Ok(Some(batch))
-    }
-
-    /// Waits for a batch of [`Self::start_batch`]; failures land in `results[owner[i]]`.
-    fn finish_batch(
-        &self,
-        batch: Option<crescent_engine::BatchId>,
-        keys: &[String],
-        owner: &[usize],
-        results: &mut [Result<()>],
-    ) -> Result<()> {
-        let Some(batch) = batch else { return Ok(()) };
-        let statuses = self.engine.wait_batch(batch, None);
-        let freed = self.engine.free_batch(batch);
-        let statuses = statuses?;
-        freed?;
-        for (status, &i) in statuses.into_iter().zip(owner) {
-            let err = match status {
-                TransferStatus::Completed => continue,
-                TransferStatus::TimedOut => StoreError::TimedOut(format!("moving object {:?}", keys[i])),
-                TransferStatus::Failed(reason) => StoreError::PeerGone { key: keys[i].clone(), reason },
-                TransferStatus::Pending => StoreError::Internal("batch ended with a pending request".into()),
-            };
-            if results[i].is_ok() {
-                results[i] = Err(err);
-            }
-        }
-        Ok(())
-    }
-
+    /// The master's answers for a batch of keys (one round trip), each with its lease's clock.
     fn batch_replica_lists(&self, keys: &[String]) -> Result<Vec<Result<Listed>>> {
         let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
         let clock = LeaseClock::start();
@@ -936,6 +941,17 @@ impl StoreClient {
             .collect())
     }
 
+    /// The answers split into those to read and the master's refusals (per-key results).
+    fn split_lists(lists: Vec<Result<Listed>>) -> (Vec<Option<Listed>>, Vec<Result<()>>) {
+        lists
+            .into_iter()
+            .map(|l| match l {
+                Ok(l) => (Some(l), Ok(())),
+                Err(e) => (None, Err(e)),
+            })
+            .unzip()
+    }
+
     /// Gets several values (bytes); one result per key.
     ///
     /// Where no transport needs registered memory (tcp, shm), the values are read as
@@ -944,44 +960,38 @@ impl StoreClient {
     /// ([`TransferEngine::lend_local`]); otherwise one after another through the staging
     /// buffer.
     pub fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
-        let lists = self.batch_replica_lists(keys)?;
-        let mut out: Vec<Option<Result<Vec<u8>>>> = lists
-            .iter()
-            .zip(keys)
-            .map(|(list, key)| match list {
-                Err(e) => Some(Err(StoreError::from_status(e.code(), &e.to_string(), key))),
-                Ok(l) if l.size == 0 => Some(Ok(Vec::new())),
-                Ok(_) => None,
-            })
-            .collect();
-        let rest: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
         let mut bufs: Vec<Vec<u8>> =
-            rest.iter().map(|&i| vec![0u8; lists[i].as_ref().map_or(0, |l| l.size) as usize]).collect();
+            lists.iter().map(|l| vec![0u8; l.as_ref().map_or(0, |l| l.size) as usize]).collect();
         let mut loans = Vec::with_capacity(bufs.len());
-        for b in &mut bufs {
+        let mut lent = true;
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
             match self.engine.lend_local(None, b.as_mut_ptr() as u64, b.len() as u64) {
                 Ok(Some(loan)) => loans.push(loan),
-                _ => break,
+                _ => {
+                    lent = false;
+                    break;
+                }
             }
         }
-        if loans.len() == bufs.len() && !bufs.is_empty() {
-            let sub_keys: Vec<String> = rest.iter().map(|&i| keys[i].clone()).collect();
-            let sub_lists: Vec<_> = rest.iter().map(|&i| &lists[i]).collect();
-            let addrs: Vec<u64> = bufs.iter_mut().map(|b| b.as_mut_ptr() as u64).collect();
-            let lens: Vec<u64> = bufs.iter().map(|b| b.len() as u64).collect();
-            let got = self.get_lists_into(&sub_keys, &sub_lists, &addrs, &lens, true);
+        let exec = self.exec();
+        if lent {
+            let extents: Vec<[Extent; 1]> = bufs
+                .iter_mut()
+                .map(|b| [Extent { offset: 0, addr: b.as_mut_ptr() as u64, len: b.len() as u64 }])
+                .collect();
+            let mut dsts: Vec<Option<Dst<'_>>> =
+                extents.iter().map(|e| (e[0].len > 0).then(|| Dst::Registered(&e[..]))).collect();
+            let read = exec.read_batch(keys, &lists, &mut dsts, &mut results, true);
             drop(loans); // after every transfer into the buffers has ended
-            for ((&i, buf), r) in rest.iter().zip(bufs).zip(got?) {
-                out[i] = Some(r.map(|_| buf));
-            }
+            read?;
         } else {
             drop(loans);
-            for &i in &rest {
-                let list = lists[i].as_ref().expect("errors were answered above");
-                out[i] = Some(self.get_listed(&keys[i], list));
-            }
+            let mut dsts: Vec<Option<Dst<'_>>> =
+                bufs.iter_mut().map(|b| (!b.is_empty()).then(|| Dst::Bytes { out: &mut b[..], offset: 0 })).collect();
+            exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
         }
-        Ok(out.into_iter().map(|r| r.expect("every key answered")).collect())
+        Ok(results.into_iter().zip(bufs).map(|(r, buf)| r.map(|()| buf)).collect())
     }
 
     /// Zero-copy gets into registered memory: remote reads go in one engine batch; a key whose
@@ -993,164 +1003,50 @@ impl StoreClient {
     /// other's keys never wait forever).
     pub fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
         if keys.len() != addrs.len() || keys.len() != lens.len() {
-            return Err(StoreError::InvalidArgument("keys, buffers and sizes differ in length".into()));
+            return Err(StoreError::invalid("keys, buffers and sizes differ in length"));
         }
-        for (&addr, &len) in addrs.iter().zip(lens) {
-            self.check_registered(addr, len)?;
-        }
-        let lists = self.batch_replica_lists(keys)?;
-        self.get_lists_into(keys, &lists.iter().collect::<Vec<_>>(), addrs, lens, false)
+        let pieces: Vec<[Piece; 1]> = addrs.iter().zip(lens).map(|(&a, &n)| [Piece::new(a, n)]).collect();
+        let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+        self.batch_get_into_sg(keys, &values)
     }
 
-    /// [`Self::batch_get_into`] once the master has answered with `lists`; `addrs` are
-    /// registered or lent. `fresh`: the buffers are newly allocated, so a hit's buffer is
-    /// populated before its copy (see `value_buffer`).
-    fn get_lists_into(
-        &self,
-        keys: &[String],
-        lists: &[&Result<Listed>],
-        addrs: &[u64],
-        lens: &[u64],
-        fresh: bool,
-    ) -> Result<Vec<Result<u64>>> {
-        let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
-        let (mut requests, mut owner) = (Vec::new(), Vec::new());
+    /// [`Self::batch_get_into`] for values laid out in several buffers: each key's whole value
+    /// goes into its pieces of registered memory, in order. Returns sizes read.
+    pub fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} buffer lists", keys.len(), values.len())));
+        }
+        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
+        let wants: Vec<Want<'_>> = values.iter().map(|v| Want::Whole(v)).collect();
+        self.read_many(keys, &wants)
+    }
+
+    /// [`Self::get_into_ranges`] for several keys: one master round trip, remote reads in one
+    /// engine batch. Returns the bytes read per key.
+    pub fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != ranges.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
+        }
+        self.check_registered(ranges.iter().flat_map(|v| v.iter().map(|e| (e.addr, e.len))))?;
+        let wants: Vec<Want<'_>> = ranges.iter().map(|r| Want::Ranges(r)).collect();
+        self.read_many(keys, &wants)
+    }
+
+    /// The batch get into registered memory: one round trip, then the executor.
+    fn read_many(&self, keys: &[String], wants: &[Want<'_>]) -> Result<Vec<Result<u64>>> {
+        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
         let mut sizes = vec![0u64; keys.len()];
-        let (mut hits, mut fills, mut joins) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, list) in lists.iter().enumerate() {
-            let list = match list {
-                Ok(l) => l,
-                Err(e) => {
-                    results.push(Err(StoreError::from_status(e.code(), &e.to_string(), &keys[i])));
-                    continue;
-                }
-            };
-            sizes[i] = list.size;
-            if list.size > lens[i] {
-                results.push(Err(StoreError::BufferTooSmall { key: keys[i].clone(), need: list.size, have: lens[i] }));
-                continue;
-            }
-            results.push(Ok(()));
-            if let Some(guard) = self.hot_lookup(&keys[i], list) {
-                hits.push((i, guard));
-                continue;
-            }
-            let complete: Vec<&ReplicaDescriptor> = list.replicas.iter().filter(|r| readable_in_memory(r)).collect();
-            if let Some(src) = complete.iter().find_map(|r| self.local_replica(r, list.size)) {
-                // SAFETY: the caller registered [addrs[i], +lens[i] >= size) for this call.
-                unsafe { std::slice::from_raw_parts_mut(addrs[i] as *mut u8, list.size as usize) }.copy_from_slice(src);
-                results[i] = list.lease_held(&keys[i]);
-                continue;
-            }
-            if let Some(r) = complete.first() {
-                match self.hot_begin(&keys[i], list, r) {
-                    Miss::Lead(fill) => fills.push((i, fill)),
-                    Miss::Join(joined) => {
-                        joins.push((i, joined));
-                        continue;
-                    }
-                    Miss::Skip => {}
-                }
-            }
-            match complete.first().map(|r| (self.engine.open_segment(&r.segment_name), r.address)) {
-                Some((Ok(seg), at)) => {
-                    requests.push(TransferRequest {
-                        opcode: Opcode::Read,
-                        source: addrs[i],
-                        target: seg,
-                        target_offset: at,
-                        length: list.size,
-                    });
-                    owner.push(i);
-                }
-                Some((Err(e), _)) => {
-                    results[i] = Err(StoreError::PeerGone { key: keys[i].clone(), reason: e.to_string() })
-                }
-                // No memory replica: a disk copy, if there is one.
-                None => results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i])),
-            }
-        }
-        let batch = self.start_batch(&requests)?;
-        for (i, guard) in hits.drain(..) {
-            if fresh {
-                value_buffer::populate(addrs[i] as *const u8, guard.size() as usize);
-            }
-            hot_cache::copy_out(&guard, addrs[i]);
-        }
-        if let (Some(hot), Some(id)) = (&self.hot, batch) {
-            self.fill_as_transfers_end(hot, id, &owner, fills, addrs, (keys, lists));
-        }
-        self.finish_batch(batch, keys, &owner, &mut results)?;
-        // A read that ended after the lease may hold another object's bytes (see [`lease`]).
-        for &i in &owner {
-            if let (Ok(()), Ok(list)) = (&results[i], lists[i]) {
-                results[i] = list.lease_held(&keys[i]);
-            }
-        }
-        if let Some(hot) = &self.hot {
-            for (i, joined) in joins.drain(..) {
-                match hot.wait(joined) {
-                    Some(guard) => hot_cache::copy_out(&guard, addrs[i]),
-                    None => {
-                        if let Ok(list) = &lists[i] {
-                            results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i]));
-                        }
-                    }
-                }
-            }
-        }
-        // Retry failed keys on their other replicas.
+        let mut extents: Vec<Vec<Extent>> = vec![Vec::new(); keys.len()];
         for i in 0..keys.len() {
-            if matches!(results[i], Err(StoreError::PeerGone { .. }) | Err(StoreError::TimedOut(_))) {
-                if let Ok(list) = &lists[i] {
-                    if list.replicas.len() > 1 {
-                        results[i] = self.read_replicas(&keys[i], list, Buf::Registered(addrs[i]));
-                    }
-                }
+            let Some(list) = &lists[i] else { continue };
+            match wants[i].extents(&keys[i], list.size) {
+                Ok((e, n)) => (extents[i], sizes[i]) = (e, n),
+                Err(e) => results[i] = Err(e),
             }
         }
-        Ok(results.into_iter().zip(sizes).map(|(r, s)| r.map(|()| s)).collect())
-    }
-
-    /// Fills the cache from each miss of a running batch as soon as its own transfer has
-    /// completed, while the others still move. A fill whose transfer failed (or that has none)
-    /// is dropped: its blocks go back and the gets waiting for it read for themselves. So is
-    /// one whose read ended after its lease (`listed`: the batch's keys and replica lists).
-    fn fill_as_transfers_end(
-        &self,
-        hot: &HotCache,
-        batch: crescent_engine::BatchId,
-        owner: &[usize],
-        fills: Vec<(usize, hot_cache::Fill)>,
-        addrs: &[u64],
-        (keys, lists): (&[String], &[&Result<Listed>]),
-    ) {
-        // (request index, key index, fill)
-        let mut waiting: Vec<(usize, usize, hot_cache::Fill)> = fills
-            .into_iter()
-            .filter_map(|(i, fill)| owner.iter().position(|&o| o == i).map(|k| (k, i, fill)))
-            .collect();
-        while !waiting.is_empty() {
-            let Ok(statuses) = self.engine.batch_status(batch) else { return };
-            let mut pending = Vec::with_capacity(waiting.len());
-            for (k, i, mut fill) in waiting {
-                match statuses.get(k) {
-                    Some(TransferStatus::Pending) => pending.push((k, i, fill)),
-                    Some(TransferStatus::Completed)
-                        if lists[i].as_ref().is_ok_and(|l| l.lease_held(&keys[i]).is_ok()) =>
-                    {
-                        hot_cache::fill_from(&mut fill, addrs[i]);
-                        hot.publish(fill);
-                    }
-                    _ => {} // failed, or ended after the lease: dropped
-                }
-            }
-            waiting = pending;
-            if !waiting.is_empty() {
-                // Returns early once every request has ended.
-                let _ = self.engine.wait_batch(batch, Some(Duration::from_millis(1)));
-            }
-        }
+        let mut dsts: Vec<Option<Dst<'_>>> = extents.iter().map(|e| Some(Dst::Registered(e))).collect();
+        self.exec().read_batch(keys, &lists, &mut dsts, &mut results, false)?;
+        Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n)).collect())
     }
 
     // ---- probes and removal ----
@@ -1234,6 +1130,13 @@ impl StoreClient {
         Ok(reply.removed)
     }
 
+    /// The client's own put or removal of `key`.
+    fn hot_invalidate(&self, key: &str) {
+        if let Some(hot) = &self.hot {
+            hot.invalidate(key);
+        }
+    }
+
     /// Stops heartbeats and unmounts the segment (its objects are dropped by the master).
     pub fn close(&self) -> Result<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
@@ -1241,7 +1144,7 @@ impl StoreClient {
         }
         self.stop.store(true, Ordering::Release);
         self.metrics_server.lock().take();
-        let disk_closed = self.close_disk();
+        let disk_closed = self.disk.as_ref().map_or(Ok(()), DiskLink::close);
         if self.segment.is_some() {
             let req = UnmountSegmentRequest {
                 client_id: self.id.clone(),
@@ -1267,26 +1170,6 @@ impl Drop for StoreClient {
 
 /// Puts an upsert makes while other writers keep putting the key it removed.
 const UPSERT_TRIES: usize = 3;
-
-/// Piece of a byte `get` staged at a time (two are in flight).
-const STAGED_GET_PIECE: u64 = 2 << 20;
-
-/// A piece of a staged get whose transfer is in flight. Dropped unfinished (an error
-/// elsewhere in the get), it waits for the transfer before its block goes back.
-struct InFlight<'a> {
-    engine: &'a TransferEngine,
-    id: Option<crescent_engine::BatchId>,
-    block: staging::StagingBlock<'a>,
-    off: u64,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            let _ = self.engine.transfer_finish(id);
-        }
-    }
-}
 
 /// How long the master keeps a silent client (for callers that wait on it).
 pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(10);

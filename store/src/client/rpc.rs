@@ -4,25 +4,65 @@
 //! which costs two thread wake-ups per call. Streams (event subscriptions) need a runtime that
 //! runs while nobody calls: they use a second channel on a one-worker runtime, as do calls
 //! made beside a long piece of work (`call_beside`).
+//!
+//! The API is blocking, and callable from inside a tokio task as well: there a call blocks
+//! the task's thread where tokio allows it (`block_in_place` on a multi-thread runtime) or
+//! runs on a thread of its own (a current-thread runtime), instead of panicking as a nested
+//! `block_on` would; the runtimes are shut down without waiting when the client is dropped
+//! there ([`outside_async`]).
 
 use std::future::Future;
 use std::task::Poll;
 use std::time::Duration;
 
+use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{Result, StoreError};
+use crate::error::{Result, StoreError, Waited};
 use crate::master::service::MAX_MESSAGE;
 use crate::proto::master_client::MasterClient;
 use crate::proto::{Code, Status};
 
+/// Runs `run`, which blocks on a runtime, where blocking on a runtime is allowed: at once
+/// outside tokio; inside a task of a multi-thread runtime, with the worker handed over
+/// (`block_in_place`); inside a current-thread runtime, which cannot lend its thread, on a
+/// thread of its own.
+pub(crate) fn outside_async<R: Send>(run: impl FnOnce() -> R + Send) -> R {
+    match Handle::try_current() {
+        Err(_) => run(),
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(run),
+        Ok(_) => std::thread::scope(|s| s.spawn(run).join()).unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+    }
+}
+
+/// A runtime that can be dropped anywhere: inside an asynchronous context (where tokio forbids
+/// the blocking shutdown of a drop) it shuts down without waiting.
+struct OwnRuntime(Option<Runtime>);
+
+impl std::ops::Deref for OwnRuntime {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            if Handle::try_current().is_ok() {
+                rt.shutdown_background();
+            }
+        }
+    }
+}
+
 pub struct MasterRpc {
     /// Drives the unary channel, on the calling thread (one caller at a time drives it; the
     /// others wait for their own replies).
-    calls: tokio::runtime::Runtime,
+    calls: OwnRuntime,
     call_client: MasterClient<Channel>,
     /// Runs streams in the background.
-    runtime: tokio::runtime::Runtime,
+    runtime: OwnRuntime,
     client: MasterClient<Channel>,
     addr: String,
 }
@@ -35,8 +75,8 @@ impl MasterRpc {
             .thread_name("crescent-client-rpc")
             .enable_all()
             .build()
-            .map_err(|e| StoreError::Internal(format!("tokio runtime: {e}")))?;
-        let unreachable = |reason: String| StoreError::MasterUnreachable { addr: addr.to_string(), reason };
+            .map_err(|e| StoreError::system("starting a tokio runtime", e))?;
+        let runtime = OwnRuntime(Some(runtime));
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
@@ -45,9 +85,11 @@ impl MasterRpc {
         let calls = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| StoreError::Internal(format!("tokio runtime: {e}")))?;
-        let connect = |rt: &tokio::runtime::Runtime| {
-            let channel = rt.block_on(endpoint.connect()).map_err(|e| unreachable(format!("{e}: {e:?}")))?;
+            .map_err(|e| StoreError::system("starting a tokio runtime", e))?;
+        let calls = OwnRuntime(Some(calls));
+        let connect = |rt: &Runtime| {
+            let channel = outside_async(|| rt.block_on(endpoint.connect()))
+                .map_err(|e| StoreError::master_unreachable(addr, e))?;
             Ok::<_, StoreError>(
                 MasterClient::new(channel)
                     .max_decoding_message_size(MAX_MESSAGE)
@@ -77,9 +119,13 @@ impl MasterRpc {
     pub fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
         F: FnOnce(MasterClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
+        T: Send,
     {
-        self.reply(self.calls.block_on(f(self.call_client.clone())))
+        let call = f(self.call_client.clone());
+        #[allow(clippy::result_large_err)] // tonic's status, as the call returns it
+        let reply = outside_async(|| self.calls.block_on(call));
+        self.reply(reply)
     }
 
     /// A call's outcome: the reply's body, or what kept it from coming.
@@ -93,8 +139,14 @@ impl MasterRpc {
     pub fn call_while<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
     where
         F: FnOnce(MasterClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
+        T: Send,
     {
+        if Handle::try_current().is_ok() {
+            // Inside tokio: no call left half-driven on the calling thread; the work after.
+            let reply = self.call(f);
+            return (reply, meanwhile());
+        }
         let mut call = Box::pin(f(self.call_client.clone()));
         // Send the request: poll the call once, then yield so that the channel's tasks write
         // it out. The reply waits in the socket until the call is driven again.
@@ -128,7 +180,7 @@ impl MasterRpc {
     {
         let call = self.runtime.spawn(f(self.client.clone()));
         let side = meanwhile();
-        let reply = match self.runtime.block_on(call) {
+        let reply = match outside_async(|| self.runtime.block_on(call)) {
             Ok(reply) => self.reply(reply),
             Err(e) => Err(StoreError::Internal(format!("call to the master: {e}"))),
         };
@@ -143,12 +195,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// long is told apart from one that cannot be reached.
 fn call_error(addr: &str, s: &tonic::Status) -> StoreError {
     match s.code() {
-        tonic::Code::DeadlineExceeded => StoreError::TimedOut(format!(
-            "master at {addr} did not answer within {} s: {}",
-            CALL_TIMEOUT.as_secs(),
-            s.message()
-        )),
-        _ => StoreError::MasterUnreachable { addr: addr.to_string(), reason: s.message().to_string() },
+        tonic::Code::DeadlineExceeded => {
+            StoreError::TimedOut { waited: Waited::Master { addr: addr.to_string() }, after: CALL_TIMEOUT }
+        }
+        _ => StoreError::master_unreachable(addr, s.clone()),
     }
 }
 
@@ -156,7 +206,7 @@ fn call_error(addr: &str, s: &tonic::Status) -> StoreError {
 /// status is the master's fault, never a success.
 pub fn check(status: Option<Status>, key: &str) -> Result<()> {
     let Some(s) = status else {
-        return Err(StoreError::Remote(format!("the master's reply about {key:?} carries no status")));
+        return Err(StoreError::BadReply(format!("the reply about {key:?} carries no status")));
     };
     let code = Code::try_from(s.code).unwrap_or(Code::Internal);
     if code == Code::Ok {
@@ -183,10 +233,11 @@ mod tests {
     #[test]
     fn a_master_too_slow_is_a_timeout_and_a_reply_without_status_is_no_success() {
         let slow = call_error("m:1", &tonic::Status::deadline_exceeded("Timeout expired"));
-        assert!(matches!(slow, StoreError::TimedOut(ref m) if m.contains("m:1")), "{slow:?}");
+        assert!(slow.to_string().contains("m:1"), "{slow}");
+        assert!(matches!(slow, StoreError::TimedOut { waited: Waited::Master { .. }, .. }), "{slow:?}");
         let gone = call_error("m:1", &tonic::Status::unavailable("connection refused"));
         assert!(matches!(gone, StoreError::MasterUnreachable { .. }), "{gone:?}");
-        assert!(matches!(check(None, "k"), Err(StoreError::Remote(_))));
+        assert!(matches!(check(None, "k"), Err(StoreError::BadReply(_))));
         assert!(check(Some(Status { code: Code::Ok as i32, message: String::new() }), "k").is_ok());
         let refused = check(Some(Status { code: Code::ObjectNotFound as i32, message: "no".into() }), "k");
         assert!(matches!(refused, Err(StoreError::NotFound(ref k)) if k == "k"));

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use crescent_engine::{Opcode, TransferRequest};
 
-use crate::client::lease::LeaseClock;
-use crate::client::rpc::check;
-use crate::client::{Buf, StoreClient};
-use crate::error::{Result, StoreError};
+use super::lease::LeaseClock;
+use super::rpc::{check, outside_async};
+use super::sg::{Dst, Extent};
+use super::StoreClient;
+use crate::error::{PeerFault, Result, StoreError};
 use crate::proto::*;
 
 /// What a replication achieved.
@@ -34,11 +35,11 @@ impl EventSubscription {
     /// The next event or loss notice; `Ok(None)` when none came within `timeout`. An error
     /// means the stream ended (the master went away).
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<EventMessage>> {
-        let rx = &mut self.rx;
-        match self.handle.block_on(async { tokio::time::timeout(timeout, rx.recv()).await }) {
+        let (rx, handle) = (&mut self.rx, &self.handle);
+        match outside_async(|| handle.block_on(async { tokio::time::timeout(timeout, rx.recv()).await })) {
             Err(_) => Ok(None),
             Ok(Some(item)) => item.map(Some),
-            Ok(None) => Err(StoreError::Remote("the event stream has ended".into())),
+            Ok(None) => Err(StoreError::BadReply("the event stream has ended".into())),
         }
     }
 }
@@ -86,13 +87,7 @@ impl StoreClient {
         let req = QueryKeysRequest { client_id: self.id.clone(), keys: keys.to_vec() };
         let mut reply = self.rpc.call(|mut c| async move { c.query_keys(req).await })?;
         check(reply.status.take(), "")?;
-        if reply.items.len() != keys.len() {
-            return Err(StoreError::Internal(format!(
-                "master answered {} items for {} keys",
-                reply.items.len(),
-                keys.len()
-            )));
-        }
+        super::one_per_key(reply.items.len(), keys.len())?;
         Ok(reply)
     }
 
@@ -175,59 +170,53 @@ impl StoreClient {
     /// when this client holds a source or a target (it is registered memory), else through the
     /// staging buffer.
     fn copy_to_targets(&self, key: &str, plan: &ReplicateStartReply) -> Result<Vec<u64>> {
+        let exec = self.exec();
         let size = plan.size;
         let mut sources: Vec<&ReplicaDescriptor> =
             plan.sources.iter().filter(|r| r.status == ReplicaStatus::Complete as i32).collect();
         sources.sort_by_key(|r| r.segment_name != self.segment_name());
-        let local_target = plan.targets.iter().find(|t| self.local_replica(t, size).is_some());
-        let local_source = sources.iter().copied().find(|s| self.local_replica(s, size).is_some());
+        let local_target = plan.targets.iter().find(|t| exec.local_replica(t, size).is_some());
+        let local_source = sources.iter().copied().find(|s| exec.local_replica(s, size).is_some());
         let mut done = Vec::new();
         // The registered copy of the bytes on this client, if there is or will be one.
         let mut origin = local_source.map(|s| s.address);
         if let Some(t) = local_target {
-            match (local_source, self.local_replica(t, size)) {
-                (Some(s), Some(dst)) => {
-                    let src = self.local_replica(s, size).expect("local source");
-                    dst.copy_from_slice(src);
-                    done.push(t.segment_id);
-                }
-                (None, Some(_)) => {
-                    let mut last = None;
+            let dst = exec.local_replica(t, size).expect("found local above");
+            match local_source.and_then(|s| exec.local_replica(s, size)) {
+                Some(src) => dst.copy_from_slice(src),
+                None => {
+                    let into = [Extent { offset: 0, addr: t.address, len: size }];
+                    let mut last = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
                     for s in &sources {
-                        match self.read_remote(key, s, size, &mut Buf::Registered(t.address)) {
-                            Ok(()) => {
-                                last = None;
-                                break;
-                            }
-                            Err(e) => last = Some(e),
+                        last = exec.read_replica(key, s, &mut Dst::Registered(&into));
+                        if last.is_ok() {
+                            break;
                         }
                     }
-                    if let Some(e) = last {
-                        return Err(e);
-                    }
-                    done.push(t.segment_id);
+                    last?;
                     origin = Some(t.address);
                 }
-                (_, None) => unreachable!("found local above"),
             }
+            done.push(t.segment_id);
         }
         let remote: Vec<&ReplicaDescriptor> =
             plan.targets.iter().filter(|t| Some(t.segment_id) != local_target.map(|l| l.segment_id)).collect();
+        let write = |key: &str, t: &ReplicaDescriptor, source: u64, off: u64, length: u64| {
+            let seg = exec.open(key, &t.segment_name)?;
+            exec.transfer(
+                key,
+                std::iter::once(TransferRequest {
+                    opcode: Opcode::Write,
+                    source,
+                    target: seg,
+                    target_offset: t.address + off,
+                    length,
+                }),
+            )
+        };
         if let Some(src) = origin {
             for t in remote {
-                let written = self.engine.open_segment(&t.segment_name).map_err(StoreError::from).and_then(|seg| {
-                    self.transfer(
-                        key,
-                        std::iter::once(TransferRequest {
-                            opcode: Opcode::Write,
-                            source: src,
-                            target: seg,
-                            target_offset: t.address,
-                            length: size,
-                        }),
-                    )
-                });
-                match written {
+                match write(key, t, src, 0, size) {
                     Ok(()) => done.push(t.segment_id),
                     Err(e) => tracing::debug!("replicating {key:?} to {}: {e}", t.segment_name),
                 }
@@ -238,12 +227,12 @@ impl StoreClient {
         let mut ok: Vec<bool> = vec![true; remote.len()];
         let mut off = 0;
         while off < size {
-            let block = self.staging.acquire(size - off);
+            let block = exec.stage(size - off)?;
             let n = block.len();
-            let mut read = Err(StoreError::PeerGone { key: key.to_string(), reason: "no readable replica".into() });
+            let into = [Extent { offset: off, addr: block.addr(), len: n }];
+            let mut read = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
             for s in &sources {
-                let chunk = ReplicaDescriptor { address: s.address + off, ..(*s).clone() };
-                read = self.read_remote(key, &chunk, n, &mut Buf::Registered(block.addr()));
+                read = exec.read_replica(key, s, &mut Dst::Registered(&into));
                 if read.is_ok() {
                     break;
                 }
@@ -253,19 +242,7 @@ impl StoreClient {
                 if !ok[i] {
                     continue;
                 }
-                let written = self.engine.open_segment(&t.segment_name).map_err(StoreError::from).and_then(|seg| {
-                    self.transfer(
-                        key,
-                        std::iter::once(TransferRequest {
-                            opcode: Opcode::Write,
-                            source: block.addr(),
-                            target: seg,
-                            target_offset: t.address + off,
-                            length: n,
-                        }),
-                    )
-                });
-                if let Err(e) = written {
+                if let Err(e) = write(key, t, block.addr(), off, n) {
                     tracing::debug!("replicating {key:?} to {}: {e}", t.segment_name);
                     ok[i] = false;
                 }
@@ -333,17 +310,16 @@ impl StoreClient {
         let mut client = self.rpc.client();
         let handle = self.rpc.handle();
         let addr = self.rpc.addr().to_string();
-        let unreachable = move |s: tonic::Status| StoreError::MasterUnreachable {
-            addr: addr.clone(),
-            reason: s.message().to_string(),
-        };
-        let mut stream = handle.block_on(async { client.subscribe(req).await }).map_err(&unreachable)?.into_inner();
+        let unreachable = move |s: tonic::Status| StoreError::master_unreachable(&addr, s);
+        #[allow(clippy::result_large_err)] // tonic's status, as the call returns it
+        let subscribed = outside_async(|| handle.block_on(async { client.subscribe(req).await }));
+        let mut stream = subscribed.map_err(&unreachable)?.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(SUBSCRIPTION_BUFFER);
         let task = handle.spawn(async move {
             loop {
                 let item = match stream.message().await {
                     Ok(Some(m)) => Ok(m),
-                    Ok(None) => Err(StoreError::Remote("the master closed the event stream".into())),
+                    Ok(None) => Err(StoreError::BadReply("the master closed the event stream".into())),
                     Err(s) => Err(unreachable(s)),
                 };
                 let end = item.is_err();

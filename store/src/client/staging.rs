@@ -1,11 +1,15 @@
 //! The client's registered staging buffer: byte values (`put`, `get`) pass through it so
 //! that the transfer engine only ever moves registered memory. Blocks are handed out by an
-//! offset allocator; a caller waits while the buffer is full.
+//! offset allocator; a caller waits while the buffer is full, until its request's deadline
+//! (other calls, and the disk service's remote readers, hold blocks meanwhile).
+
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
 use crescent_engine::RegisteredMemory;
 
+use crate::error::{Result, StoreError, Waited};
 use crate::master::allocator::{Block, SegmentAllocator};
 
 pub struct Staging {
@@ -70,15 +74,67 @@ impl Staging {
         Some(StagingBlock { staging: self, block: Some(block), len })
     }
 
-    /// Takes `len` bytes (at most [`Self::chunk`]), waiting while the buffer is full.
-    pub fn acquire(&self, len: u64) -> StagingBlock<'_> {
+    /// Takes `len` bytes (at most [`Self::chunk`]), waiting while the buffer is full; fails
+    /// with [`StoreError::TimedOut`] if they are not free by `deadline`.
+    pub fn acquire(&self, len: u64, deadline: Instant) -> Result<StagingBlock<'_>> {
         let len = len.min(self.chunk());
+        let start = Instant::now();
         let mut alloc = self.alloc.lock();
         loop {
             if let Some(block) = alloc.allocate(len) {
-                return StagingBlock { staging: self, block: Some(block), len };
+                return Ok(StagingBlock { staging: self, block: Some(block), len });
             }
-            self.freed.wait(&mut alloc);
+            if self.freed.wait_until(&mut alloc, deadline).timed_out() {
+                if let Some(block) = alloc.allocate(len) {
+                    return Ok(StagingBlock { staging: self, block: Some(block), len });
+                }
+                return Err(StoreError::TimedOut {
+                    waited: Waited::Staging { len },
+                    after: deadline.saturating_duration_since(start),
+                });
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_full_buffer_makes_a_caller_wait_until_its_deadline_and_no_longer() {
+        let engine = crescent_engine::TransferEngine::new(crescent_engine::EngineConfig {
+            local_hostname: Some("127.0.0.1".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let staging = Arc::new(Staging::new(engine.alloc_registered(64 << 10, "cpu:0").unwrap()));
+        // Whoever holds the whole buffer (other calls, a remote disk reader that went quiet).
+        let held: Vec<StagingBlock<'_>> =
+            (0..4).map(|_| staging.acquire(staging.chunk(), Instant::now()).unwrap()).collect();
+        assert!(staging.try_acquire(1).is_none(), "the buffer is full");
+        let waiter = {
+            let staging = staging.clone();
+            std::thread::spawn(move || {
+                staging
+                    .acquire(4096, Instant::now() + Duration::from_millis(200))
+                    .map(|b| b.len())
+                    .map_err(|e| e.to_string())
+            })
+        };
+        // Without a deadline the waiter would wait as long as the blocks are held: here, until
+        // this test gives up on it.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !waiter.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(waiter.is_finished(), "acquire waited past its deadline");
+        let e = waiter.join().unwrap().unwrap_err();
+        assert!(e.contains("staging buffer"), "{e}");
+        drop(held);
+        assert_eq!(staging.acquire(4096, Instant::now()).unwrap().len(), 4096, "free again: taken at once");
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use super::DiskTier;
 use crate::client::staging::Staging;
-use crate::error::{Result, StoreError};
+use crate::error::{PeerFault, Result, StoreError};
 
 pub const MAGIC: [u8; 2] = *b"CD";
 pub const WIRE_VERSION: u8 = 1;
@@ -252,10 +252,12 @@ fn serve(mut conn: TcpStream, tier: &Weak<DiskTier>, staging: &Staging, segment:
             }),
             Kind::Next => match (u64_at(&payload, 0), open.as_mut()) {
                 (Ok(max), Some((reader, key, version))) if max > 0 && reader.remaining() > 0 => {
-                    let mut block = staging.acquire(max.min(reader.remaining()));
-                    let n = block.len() as usize;
-                    match reader.read_next(&mut block.bytes()[..n]) {
-                        Ok(n) => {
+                    let block = staging.acquire(max.min(reader.remaining()), std::time::Instant::now() + IO_TIMEOUT);
+                    match block.and_then(|mut block| {
+                        let n = block.len() as usize;
+                        reader.read_next(&mut block.bytes()[..n]).map(|n| (n, block))
+                    }) {
+                        Ok((n, block)) => {
                             let last = reader.remaining() == 0;
                             if last {
                                 tier.count_served();
@@ -295,16 +297,15 @@ impl DiskReader {
     /// Connects to `service` and opens (`key`, `version`, `size`); returns the reader and the
     /// owner's engine segment name (where the pieces are).
     pub fn open(service: &str, key: &str, version: u64, size: u64) -> Result<(DiskReader, String)> {
-        let gone = |why: String| StoreError::PeerGone {
-            key: key.to_string(),
-            reason: format!("disk service {service}: {why}"),
+        let gone = |source: std::io::Error| {
+            StoreError::peer_gone(key, PeerFault::DiskService { service: service.to_string(), source })
         };
         let addr = service
             .to_socket_addrs()
-            .map_err(|e| gone(e.to_string()))?
+            .map_err(gone)?
             .next()
-            .ok_or_else(|| gone("no address".into()))?;
-        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(|e| gone(e.to_string()))?;
+            .ok_or_else(|| gone(std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address")))?;
+        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(gone)?;
         let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
         let _ = conn.set_write_timeout(Some(IO_TIMEOUT));
         let _ = conn.set_nodelay(true);
@@ -322,8 +323,10 @@ impl DiskReader {
     }
 
     fn ask(&mut self, kind: Kind, payload: &[u8]) -> Result<(Kind, Vec<u8>)> {
-        write_frame(&mut self.conn, kind, payload)
-            .map_err(|e| StoreError::PeerGone { key: self.key.clone(), reason: format!("disk service: {e}") })?;
+        write_frame(&mut self.conn, kind, payload).map_err(|source| {
+            let service = self.conn.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+            StoreError::peer_gone(&self.key, PeerFault::DiskService { service, source })
+        })?;
         read_frame(&mut self.conn)
     }
 

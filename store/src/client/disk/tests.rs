@@ -15,7 +15,7 @@ struct Recorder {
 }
 
 fn unreachable() -> StoreError {
-    StoreError::MasterUnreachable { addr: "127.0.0.1:1".into(), reason: "connection refused".into() }
+    StoreError::master_unreachable("127.0.0.1:1", "connection refused")
 }
 
 /// Takes one of the calls `fail` says must fail.

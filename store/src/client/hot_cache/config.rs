@@ -1,7 +1,11 @@
 //! The hot cache's settings: `LOCAL_HOT_CACHE_SIZE` / `LOCAL_HOT_BLOCK_SIZE` (or their
 //! `MC_STORE_` forms), the config file's `local_hot_cache_size` / `local_hot_block_size`, or a
-//! builder. Unlike the client's other settings, an unusable size is not an error: it disables
-//! the cache with one warning that names the value (an unset size disables it silently).
+//! builder. Sizes take the grammar of every size knob ([`crescent_engine::parse_size`]:
+//! `419430400`, `400M`, `1G`, ...). Unlike the client's other settings, an unusable size is not
+//! an error: it disables the cache with one warning that names the value (an unset size
+//! disables it silently).
+
+use crescent_engine::parse_size;
 
 use crate::error::{Result, StoreError};
 
@@ -80,25 +84,19 @@ pub struct Layout {
     pub admission: Admission,
 }
 
-/// Why a size cannot be used.
-fn parse_bytes(text: &str) -> std::result::Result<u64, &'static str> {
+/// A size in the grammar of every size knob ([`crescent_engine::parse_size`]: `4096`, `64K`,
+/// `16MB`, `1G`, ...), or why it cannot be used. A negative number, which that grammar does
+/// not know, is told apart from text that is no size at all.
+fn parse_bytes(text: &str) -> std::result::Result<u64, String> {
     let t = text.trim();
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if let Some(rest) = t.strip_prefix('-') {
-        if digits(rest) {
-            return if rest.bytes().all(|b| b == b'0') { Err("zero") } else { Err("negative") };
-        }
-        return Err("not a number of bytes");
+        return Err(match parse_size(rest) {
+            Ok(_) => "is negative".into(),
+            Err(_) if !rest.is_empty() && rest.bytes().all(|b| b == b'0') => "is zero".into(),
+            Err(e) => e,
+        });
     }
-    let t = t.strip_prefix('+').unwrap_or(t);
-    if !digits(t) {
-        return Err("not a number of bytes");
-    }
-    match t.parse::<u64>() {
-        Ok(0) => Err("zero"),
-        Ok(n) => Ok(n),
-        Err(_) => Err("too large for 64 bits"),
-    }
+    parse_size(t)
 }
 
 impl HotCacheSettings {
@@ -135,17 +133,17 @@ impl HotCacheSettings {
             return Resolved::Disabled { warning: None };
         };
         let disabled = |what: &SizeSetting, why: &str| Resolved::Disabled {
-            warning: Some(format!("local hot cache disabled: {}={:?} is {why}", what.source, what.value)),
+            warning: Some(format!("local hot cache disabled: {}={:?}: {why}", what.source, what.value)),
         };
         let cache_bytes = match parse_bytes(&cache.value) {
             Ok(n) => n,
-            Err(why) => return disabled(cache, why),
+            Err(why) => return disabled(cache, &why),
         };
         let block_bytes = match &self.block_size {
             None => DEFAULT_BLOCK_SIZE,
             Some(b) => match parse_bytes(&b.value) {
                 Ok(n) => n,
-                Err(why) => return disabled(b, why),
+                Err(why) => return disabled(b, &why),
             },
         };
         let block_name = match &self.block_size {
@@ -153,11 +151,11 @@ impl HotCacheSettings {
             None => format!("the default block of {DEFAULT_BLOCK_SIZE} bytes"),
         };
         if cache_bytes < block_bytes {
-            return disabled(cache, &format!("smaller than one block ({block_name})"));
+            return disabled(cache, &format!("is smaller than one block ({block_name})"));
         }
         let blocks = cache_bytes / block_bytes;
         if blocks > MAX_BLOCKS {
-            return disabled(cache, &format!("{blocks} blocks of {block_name}: more than {MAX_BLOCKS} blocks"));
+            return disabled(cache, &format!("makes {blocks} blocks of {block_name}: more than {MAX_BLOCKS} blocks"));
         }
         Resolved::Enabled(Layout { blocks: blocks as u32, block_size: block_bytes, admission: self.admission })
     }
@@ -209,6 +207,27 @@ mod tests {
     }
 
     #[test]
+    fn sizes_take_the_grammar_of_every_other_size_knob() {
+        // `1G` is a gigabyte here as in `global_segment_size`, `MC_SLICE_SIZE` or the disk
+        // tier's sizes; it used to disable the cache as "not a number".
+        for (cache, block, blocks, block_size) in [
+            ("1G", None, 64, 16 << 20),
+            ("1GB", Some("64M"), 16, 64 << 20),
+            ("800MiB", Some("16m"), 50, 16 << 20),
+            (" 64k ", Some("4K"), 16, 4096),
+        ] {
+            let mut vars = vec![("LOCAL_HOT_CACHE_SIZE", cache)];
+            vars.extend(block.map(|b| ("LOCAL_HOT_BLOCK_SIZE", b)));
+            assert_eq!(
+                from(&vars).resolve(),
+                Resolved::Enabled(Layout { blocks, block_size, admission: Admission::Always }),
+                "{vars:?}"
+            );
+            assert_eq!(crescent_engine::parse_size(cache).unwrap(), blocks as u64 * block_size, "{cache}");
+        }
+    }
+
+    #[test]
     fn the_plain_spelling_wins_over_the_mc_store_one() {
         let s = from(&[("LOCAL_HOT_CACHE_SIZE", "8192"), ("MC_STORE_LOCAL_HOT_CACHE_SIZE", "junk")]);
         assert_eq!(s.cache_size.unwrap().value, "8192");
@@ -223,14 +242,16 @@ mod tests {
             ("-0", "zero"),
             ("-5", "negative"),
             ("-1048576", "negative"),
-            ("abc", "not a number"),
-            ("16MB", "not a number"),
-            ("1.5", "not a number"),
-            ("0x100", "not a number"),
-            ("", "not a number"),
-            ("  ", "not a number"),
-            ("--5", "not a number"),
-            ("99999999999999999999999", "too large"),
+            ("-16M", "negative"),
+            ("abc", "not a size"),
+            ("1.5", "unknown unit"),
+            ("0x100", "unknown unit"),
+            ("", "not a size"),
+            ("  ", "not a size"),
+            ("--5", "not a size"),
+            ("16XB", "unknown unit"),
+            ("99999999999999999999999", "not a size"),
+            ("99999999999T", "too large"),
             ("1000", "smaller than one block"),
             ("16777215", "smaller than one block"),
         ] {
@@ -243,13 +264,9 @@ mod tests {
                 assert_eq!(w.lines().count(), 1, "one warning line: {w}");
             }
         }
-        for (value, why) in [
-            ("0", "zero"),
-            ("-4096", "negative"),
-            ("4k", "not a number"),
-            ("", "not a number"),
-            ("1e6", "not a number"),
-        ] {
+        for (value, why) in
+            [("0", "zero"), ("-4096", "negative"), ("4x", "unknown unit"), ("", "not a size"), ("1e6", "unknown unit")]
+        {
             for var in BLOCK_SIZE_VARS {
                 let w = warning(&[("LOCAL_HOT_CACHE_SIZE", "1073741824"), (var, value)]);
                 assert!(

@@ -40,9 +40,9 @@
 //!   its second miss while it is remembered in a bounded ghost list.
 
 pub mod config;
-mod hooks;
 #[cfg(test)]
 mod tests;
+pub(crate) mod value_buffer;
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,7 +58,6 @@ use parking_lot::{Condvar, Mutex};
 use crescent_engine::{RegisteredMemory, TransferEngine};
 
 pub use config::{Admission, HotCacheSettings, Layout, Resolved, SizeSetting};
-pub(in crate::client) use hooks::{copy_out, fill_from};
 
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
 
@@ -225,23 +224,28 @@ impl Blocks {
     }
 
     fn to_vec(&self) -> Vec<u8> {
-        let mut out = crate::client::value_buffer::with_capacity(self.len as usize);
+        let mut out = value_buffer::with_capacity(self.len as usize);
         for s in self.slices() {
             out.extend_from_slice(s);
         }
         out
     }
 
-    /// Writes the object's bytes (`src`, at least `len` bytes) into the blocks.
+    /// Writes the object's bytes `[from, from + src.len())` into the blocks.
     ///
     /// `&mut self`: only a fill, which owns its blocks exclusively and whose transfers have
     /// ended, writes them.
-    fn copy_from(&mut self, src: &[u8]) {
+    fn copy_range_from(&mut self, from: u64, src: &[u8]) {
+        let end = (from + src.len() as u64).min(self.len);
         for (off, addr, len) in self.pieces() {
+            let (lo, hi) = (off.max(from), (off + len).min(end));
+            if lo >= hi {
+                continue;
+            }
             // SAFETY: inside the cache's registered mapping (see `slices`); these blocks belong
             // to this fill alone and no transfer into them is running.
-            unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) }
-                .copy_from_slice(&src[off as usize..(off + len) as usize]);
+            unsafe { std::slice::from_raw_parts_mut((addr + lo - off) as *mut u8, (hi - lo) as usize) }
+                .copy_from_slice(&src[(lo - from) as usize..(hi - from) as usize]);
         }
     }
 }
@@ -333,7 +337,13 @@ impl Fill {
     /// Copies the object's bytes in from where the get put them (`src`: the whole object, read
     /// for the caller).
     pub fn copy_from(&mut self, src: &[u8]) {
-        self.blocks.as_mut().expect("a fill holds its blocks until published").copy_from(src)
+        self.copy_range_from(0, src)
+    }
+
+    /// Copies the object's bytes `[from, from + src.len())` in from where the get put them (a
+    /// get into several buffers fills the entry piece by piece).
+    pub fn copy_range_from(&mut self, from: u64, src: &[u8]) {
+        self.blocks.as_mut().expect("a fill holds its blocks until published").copy_range_from(from, src)
     }
 }
 
@@ -384,6 +394,12 @@ impl Guard<'_> {
     pub fn copy_to(&self, dst: &mut [u8]) {
         self.entry.blocks.copy_to(dst);
         bump(&self.counters.bytes_served, self.size());
+    }
+
+    /// Copies the object's bytes `[from, from + dst.len())` into `dst`.
+    pub fn copy_range_to(&self, from: u64, dst: &mut [u8]) {
+        self.entry.blocks.copy_range_to(from, dst);
+        bump(&self.counters.bytes_served, dst.len() as u64);
     }
 
     pub fn to_vec(&self) -> Vec<u8> {

@@ -1,0 +1,550 @@
+//! Reads: the executor's side of a get. One key's read runs its plan ([`plan::read_plan`])
+//! source by source into its destination; a batch runs every key's first source together (the
+//! remote reads in one engine batch) and the rest of a key's plan only where its first source
+//! failed.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crescent_engine::{BatchId, Opcode, TransferEngine, TransferRequest, TransferStatus};
+
+use super::exec::Exec;
+use super::hot_cache::{self, Fill, Guard, HotCache, Miss};
+use super::lease::Listed;
+use super::plan::{self, Hot, Known, Step};
+use super::sg::{spans, Dst};
+use crate::error::{PeerFault, Result, StoreError};
+use crate::proto::ReplicaDescriptor;
+
+/// Piece of a byte get staged at a time (two are in flight).
+const STAGED_GET_PIECE: u64 = 2 << 20;
+
+/// Piece a byte get with the cache lands at a time (see [`Exec::land`]).
+const LAND_PIECE: u64 = 2 << 20;
+
+/// One key's plan, with the hot cache's entry it holds on a hit.
+struct Planned<'l, 'c> {
+    steps: Vec<Step<'l>>,
+    guard: Option<Guard<'c>>,
+}
+
+impl<'c> Exec<'c> {
+    /// Looks the object up in the hot cache and plans its read (`whole`: of the whole value,
+    /// which may then fill the cache).
+    fn plan<'l>(&self, key: &str, list: &'l Listed, whole: bool) -> Planned<'l, 'c> {
+        let me = self.engine.segment_name();
+        let (guard, hot) = match self.hot {
+            Some(cache) if plan::hot_candidate(list, me) => match cache.lookup(key, list) {
+                Some(g) => (Some(g), Hot::Hit),
+                None => (None, Hot::Missed { whole }),
+            },
+            Some(cache) => {
+                cache.note_local_read();
+                (None, Hot::Off)
+            }
+            None => (None, Hot::Off),
+        };
+        let our_disk = self.disk.map(|d| d.segment_name());
+        let steps = plan::read_plan(list, Known { me, our_disk, hot });
+        Planned { steps, guard }
+    }
+
+    /// Reads the object `list` describes into `dst` (which fits inside it).
+    pub(crate) fn read(&self, key: &str, list: &Listed, dst: &mut Dst<'_>) -> Result<()> {
+        let planned = self.plan(key, list, dst.covers(list.size));
+        self.run(key, list, &planned, 0, dst)
+    }
+
+    /// Reads the whole object `list` describes into a new vector.
+    pub(crate) fn read_vec(&self, key: &str, list: &Listed) -> Result<Vec<u8>> {
+        let planned = self.plan(key, list, true);
+        if let (Some(Step::Cached), Some(guard)) = (planned.steps.first(), &planned.guard) {
+            return Ok(guard.to_vec());
+        }
+        let mut out = vec![0u8; list.size as usize];
+        self.run(key, list, &planned, 0, &mut Dst::Bytes { out: &mut out, offset: 0 })?;
+        Ok(out)
+    }
+
+    /// Tries the plan's sources from `from` on until one serves the read.
+    fn run(&self, key: &str, list: &Listed, planned: &Planned<'_, '_>, from: usize, dst: &mut Dst<'_>) -> Result<()> {
+        let mut last_err = None;
+        for step in planned.steps.iter().skip(from) {
+            match self.read_from(key, list, *step, planned.guard.as_ref(), dst) {
+                Ok(()) => return Ok(()),
+                Err(e) if !plan::try_next(&e) => return Err(e),
+                Err(e) => {
+                    tracing::debug!("reading {key:?} from {step:?}: {e}; trying the next source");
+                    last_err = Some(e);
+                }
+            }
+        }
+        Err(last_err.unwrap_or_else(|| StoreError::peer_gone(key, PeerFault::NoReplica)))
+    }
+
+    fn read_from(
+        &self,
+        key: &str,
+        list: &Listed,
+        step: Step<'_>,
+        guard: Option<&Guard<'_>>,
+        dst: &mut Dst<'_>,
+    ) -> Result<()> {
+        match step {
+            Step::Cached => {
+                let guard = guard.ok_or_else(|| StoreError::Internal("a cache hit without its entry".into()))?;
+                copy_entry(guard, dst);
+                Ok(())
+            }
+            Step::Local(r) => {
+                let src = self
+                    .local_replica(r, list.size)
+                    .ok_or_else(|| StoreError::Internal(format!("replica of {key:?} outside this client's segment")))?;
+                dst.write_at(0, src);
+                list.lease_held(key)
+            }
+            Step::Remote { replica, fill } => self.read_remote(key, list, replica, fill, dst),
+            Step::OwnDisk => self.read_own_disk(key, list, dst),
+            Step::RemoteDisk(r) => self.read_remote_disk(key, r, list, dst),
+        }
+    }
+
+    /// Reads a remote replica. With the cache (`fill`): a byte get lands the bytes in blocks
+    /// reserved for the fill and copies them to the caller from there (in place of the staging
+    /// buffer); a get into registered memory reads there and copies from there into the
+    /// blocks. A get of an object another get is fetching waits for that fetch instead. A read
+    /// that ends after the list's lease fails and fills nothing (see [`super::lease`]).
+    fn read_remote(
+        &self,
+        key: &str,
+        list: &Listed,
+        r: &ReplicaDescriptor,
+        fill: bool,
+        dst: &mut Dst<'_>,
+    ) -> Result<()> {
+        let Some(cache) = self.hot.filter(|_| fill) else {
+            self.read_replica(key, r, dst)?;
+            return list.lease_held(key);
+        };
+        match cache.begin(key, list, r) {
+            Miss::Lead(mut fill) => {
+                match dst {
+                    Dst::Bytes { out, offset: 0 } if out.len() as u64 == list.size => self.land(key, r, &fill, out)?,
+                    dst => {
+                        self.read_replica(key, r, dst)?;
+                        dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
+                    }
+                }
+                list.lease_held(key)?; // on failure the fill's blocks go back
+                cache.publish(fill);
+                Ok(())
+            }
+            Miss::Join(joined) => match cache.wait(joined) {
+                Some(guard) => {
+                    copy_entry(&guard, dst);
+                    Ok(())
+                }
+                None => {
+                    self.read_replica(key, r, dst)?;
+                    list.lease_held(key)
+                }
+            },
+            Miss::Skip => {
+                self.read_replica(key, r, dst)?;
+                list.lease_held(key)
+            }
+        }
+    }
+
+    /// Reads what `dst` takes of a remote replica `r` (no lease check: the caller's).
+    pub(crate) fn read_replica(&self, key: &str, r: &ReplicaDescriptor, dst: &mut Dst<'_>) -> Result<()> {
+        let seg = self.open(key, &r.segment_name)?;
+        let read = |local: u64, at: u64, n: u64| TransferRequest {
+            opcode: Opcode::Read,
+            source: local,
+            target: seg,
+            target_offset: r.address + at,
+            length: n,
+        };
+        match dst {
+            Dst::Registered(extents) => self.transfer(key, extents.iter().map(|e| read(e.addr, e.offset, e.len))),
+            Dst::Bytes { out: [], .. } => Ok(()),
+            Dst::Bytes { out, offset } => {
+                let (offset, size) = (*offset, out.len() as u64);
+                // Where the transport needs no registration (tcp, shm), straight into the
+                // caller's bytes in one transfer, as a zero-copy get.
+                // (Memory the caller registered overlapping these bytes, a caller's mistake,
+                // makes the loan fail: then the staged path below.)
+                let at = out.as_mut_ptr() as u64;
+                match self.engine.lend_local(Some(seg), at, size) {
+                    // The loan ends once the transfer has (it is dropped after it).
+                    Ok(Some(_loan)) => return self.transfer(key, std::iter::once(read(at, offset, size))),
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!("reading {key:?} through the staging buffer: {e}"),
+                }
+                // Through the staging buffer in pieces, two in flight: the next piece moves
+                // while the last one is copied out (the copy into fresh memory, page faults
+                // included, costs about as much as the transfer).
+                let piece = STAGED_GET_PIECE.min(self.staging.chunk());
+                let mut off = 0;
+                // Dropped on an early return: waits for its transfer before its block goes back.
+                let mut previous: Option<InFlight<'_>> = None;
+                while off < size {
+                    // The second block only if it is free now: a thread waiting for a second
+                    // block while holding one could wait forever on others doing the same.
+                    let block = match previous {
+                        None => Some(self.stage((size - off).min(piece))?),
+                        Some(_) => self.staging.try_acquire((size - off).min(piece)),
+                    };
+                    let Some(block) = block else {
+                        self.finish_staged(key, previous.take().expect("a piece is in flight"), out)?;
+                        continue;
+                    };
+                    let n = block.len();
+                    let id = self.engine.transfer_start(&[read(block.addr(), offset + off, n)]);
+                    let next = InFlight {
+                        engine: self.engine,
+                        id: Some(id.map_err(|e| self.transfer_error(key, e))?),
+                        block,
+                        off,
+                    };
+                    if let Some(done) = previous.replace(next) {
+                        self.finish_staged(key, done, out)?;
+                    }
+                    off += n;
+                }
+                if let Some(done) = previous {
+                    self.finish_staged(key, done, out)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits for a staged piece of a get and copies it to its place in `out`.
+    fn finish_staged(&self, key: &str, mut piece: InFlight<'_>, out: &mut [u8]) -> Result<()> {
+        let id = piece.id.take().expect("finished once");
+        self.engine.transfer_finish(id).map_err(|e| self.transfer_error(key, e))?;
+        let (off, n) = (piece.off as usize, piece.block.len() as usize);
+        out[off..off + n].copy_from_slice(piece.block.bytes());
+        Ok(())
+    }
+
+    /// Reads the replica into the fill's blocks and copies it to `out` as it arrives: every
+    /// piece is started at once, and each is copied out while the later ones still move (as
+    /// the staged get without the cache overlaps its copies), so that only the last piece's
+    /// copy adds to the get.
+    fn land(&self, key: &str, r: &ReplicaDescriptor, fill: &Fill, out: &mut [u8]) -> Result<()> {
+        let seg = self.open(key, &r.segment_name)?;
+        let mut landing = Landing { engine: self.engine, pieces: VecDeque::new() };
+        for (off, addr, len) in fill.pieces() {
+            let mut at = 0;
+            while at < len {
+                let n = LAND_PIECE.min(len - at);
+                let request = TransferRequest {
+                    opcode: Opcode::Read,
+                    source: addr + at,
+                    target: seg,
+                    target_offset: r.address + off + at,
+                    length: n,
+                };
+                let id = self.engine.transfer_start(&[request]).map_err(|e| self.transfer_error(key, e))?;
+                landing.pieces.push_back((id, off + at, n));
+                at += n;
+            }
+        }
+        while let Some((id, off, n)) = landing.pieces.pop_front() {
+            self.engine.transfer_finish(id).map_err(|e| self.transfer_error(key, e))?;
+            fill.copy_range_to(off, &mut out[off as usize..(off + n) as usize]);
+        }
+        Ok(())
+    }
+
+    /// Reads this client's own disk file of the object.
+    fn read_own_disk(&self, key: &str, list: &Listed, dst: &mut Dst<'_>) -> Result<()> {
+        let disk = self.disk.ok_or_else(|| StoreError::Internal("a disk read without a disk tier".into()))?;
+        match whole_slice(dst, list.size) {
+            Some(out) => disk.tier.read_local(key, list.version, out)?,
+            None => {
+                // Ranges or pieces: the file is read whole (it is checked against its checksum
+                // whole) and the parts wanted copied out.
+                let mut value = vec![0u8; list.size as usize];
+                disk.tier.read_local(key, list.version, &mut value)?;
+                dst.write_at(0, &value);
+            }
+        }
+        // The next get of it reads the file while it asks the master.
+        disk.tier.note_only_copy(key, list.version, true);
+        Ok(())
+    }
+
+    /// Reads another client's file through its disk service: it stages pieces in its
+    /// registered memory and we read them with the engine.
+    fn read_remote_disk(&self, key: &str, r: &ReplicaDescriptor, list: &Listed, dst: &mut Dst<'_>) -> Result<()> {
+        let (version, size) = (list.version, list.size);
+        let (mut reader, segment) = super::disk::service::DiskReader::open(&r.disk_service, key, version, size)?;
+        let seg = self.open(key, &segment)?;
+        let read = |to: u64, at: u64, n: u64| TransferRequest {
+            opcode: Opcode::Read,
+            source: to,
+            target: seg,
+            target_offset: at,
+            length: n,
+        };
+        let mut off = 0u64;
+        let mut confirmed = false;
+        while off < size {
+            let piece = match dst {
+                Dst::Registered(extents) => {
+                    let p = reader.next(size - off)?;
+                    self.transfer(key, spans(extents, off, p.len).map(|(to, at, n)| read(to, p.addr + at - off, n)))?;
+                    p
+                }
+                Dst::Bytes { .. } => {
+                    let mut block = self.stage(size - off)?;
+                    let p = reader.next(block.len())?;
+                    self.transfer(key, std::iter::once(read(block.addr(), p.addr, p.len)))?;
+                    dst.write_at(off, &block.bytes()[..p.len as usize]);
+                    p
+                }
+            };
+            off += piece.len;
+            confirmed = piece.last;
+            if piece.last != (off == size) {
+                return Err(StoreError::Disk(format!("the owner of {key:?} ended its pieces at {off} of {size}")));
+            }
+        }
+        if !confirmed {
+            return Err(StoreError::Disk(format!("the owner of {key:?} did not confirm the checksum")));
+        }
+        Ok(())
+    }
+
+    /// Reads many keys: `lists` holds the master's answer per key, `dsts` where each goes, and
+    /// `results` what became of each: keys whose result is an error already (refused by the
+    /// master, a bad destination) are left alone. `fresh`: the destinations are newly
+    /// allocated, so a hit's destination is populated before its copy (see
+    /// [`hot_cache::value_buffer`]).
+    ///
+    /// Every key's first source runs together: hits are copied out and local replicas
+    /// memcpy'd while the remote reads move in one engine batch; misses fill the cache from
+    /// the bytes their transfer brought as soon as it ended; a key another get is fetching
+    /// waits for that fetch after this batch's own fills are published (so two batches
+    /// waiting for each other's keys never wait forever). A key whose first source failed
+    /// tries the rest of its plan; one whose first source is a disk file reads it then.
+    pub(crate) fn read_batch(
+        &self,
+        keys: &[String],
+        lists: &[Option<Listed>],
+        dsts: &mut [Option<Dst<'_>>],
+        results: &mut [Result<()>],
+        fresh: bool,
+    ) -> Result<()> {
+        let n = keys.len();
+        let mut plans: Vec<Option<Planned<'_, 'c>>> = (0..n).map(|_| None).collect();
+        let (mut requests, mut owner) = (Vec::new(), Vec::new());
+        // The requests of each key in the batch (they are next to each other).
+        let mut requests_of: Vec<std::ops::Range<usize>> = vec![0..0; n];
+        let (mut hits, mut fills, mut joins, mut batched, mut later) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            let (Some(list), Some(dst), Ok(())) = (&lists[i], dsts[i].as_mut(), &results[i]) else { continue };
+            let planned = self.plan(&keys[i], list, dst.covers(list.size));
+            match (planned.steps.first().copied(), &mut *dst) {
+                (Some(Step::Cached), _) => hits.push(i),
+                (Some(Step::Local(_)), _) => {
+                    let first = self.read_from(&keys[i], list, planned.steps[0], None, dst);
+                    if let Err(e) = first {
+                        results[i] = Err(e);
+                        later.push((i, 1));
+                    }
+                }
+                (Some(Step::Remote { replica, fill }), Dst::Registered(extents)) => {
+                    let mut transfer = true;
+                    if let (Some(cache), true) = (self.hot, fill) {
+                        match cache.begin(&keys[i], list, replica) {
+                            Miss::Lead(f) => fills.push((i, f)),
+                            Miss::Join(joined) => {
+                                joins.push((i, joined));
+                                transfer = false;
+                            }
+                            Miss::Skip => {}
+                        }
+                    }
+                    if transfer {
+                        match self.open(&keys[i], &replica.segment_name) {
+                            Ok(seg) => {
+                                let first = requests.len();
+                                for e in extents.iter() {
+                                    requests.push(TransferRequest {
+                                        opcode: Opcode::Read,
+                                        source: e.addr,
+                                        target: seg,
+                                        target_offset: replica.address + e.offset,
+                                        length: e.len,
+                                    });
+                                    owner.push(i);
+                                }
+                                requests_of[i] = first..requests.len();
+                                batched.push(i);
+                            }
+                            Err(e) => {
+                                results[i] = Err(e);
+                                later.push((i, 1));
+                            }
+                        }
+                    }
+                }
+                // Byte destinations without a loan, disk files, or nothing to read: one by one.
+                _ => later.push((i, 0)),
+            }
+            plans[i] = Some(planned);
+        }
+        let batch = self.start_batch(&requests)?;
+        for &i in &hits {
+            let guard = plans[i].as_ref().and_then(|p| p.guard.as_ref()).expect("a hit holds its entry");
+            let dst = dsts[i].as_mut().expect("planned");
+            if fresh {
+                if let Dst::Registered(extents) = dst {
+                    for e in extents.iter() {
+                        hot_cache::value_buffer::populate(e.addr as *const u8, e.len as usize);
+                    }
+                }
+            }
+            copy_entry(guard, dst);
+        }
+        match (self.hot, batch) {
+            (Some(cache), Some(id)) => self.fill_as_transfers_end(cache, id, &requests_of, fills, dsts, (keys, lists)),
+            // Fills without a transfer go back before anyone waits for them.
+            _ => drop(fills),
+        }
+        self.finish_batch(batch, keys, &owner, results)?;
+        // A read that ended after the lease may hold another object's bytes (see [`super::lease`]).
+        for &i in &batched {
+            if let (Ok(()), Some(list)) = (&results[i], &lists[i]) {
+                results[i] = list.lease_held(&keys[i]);
+            }
+            if results[i].as_ref().is_err_and(plan::try_next) {
+                later.push((i, 1));
+            }
+        }
+        if let Some(cache) = self.hot {
+            for (i, joined) in joins {
+                if let Some(guard) = cache.wait(joined) {
+                    copy_entry(&guard, dsts[i].as_mut().expect("planned"));
+                } else {
+                    later.push((i, 0));
+                }
+            }
+        }
+        // The rest of each plan that needs it, one key after another.
+        for (i, from) in later {
+            let (Some(list), Some(planned), Some(dst)) = (&lists[i], &plans[i], dsts[i].as_mut()) else { continue };
+            let retried = self.run(&keys[i], list, planned, from, dst);
+            results[i] = match (retried, std::mem::replace(&mut results[i], Ok(()))) {
+                (Ok(()), _) => Ok(()),
+                // Nothing else to try: the first source's error says more.
+                (Err(StoreError::PeerGone { cause: PeerFault::NoReplica, .. }), Err(first)) => Err(first),
+                (Err(e), _) => Err(e),
+            };
+        }
+        Ok(())
+    }
+
+    /// Fills the cache from each miss of a running batch as soon as its own transfers have
+    /// completed, while the others still move. A fill whose transfer failed (or that has none)
+    /// is dropped: its blocks go back and the gets waiting for it read for themselves. So is
+    /// one whose read ended after its lease.
+    fn fill_as_transfers_end(
+        &self,
+        cache: &HotCache,
+        batch: BatchId,
+        requests_of: &[std::ops::Range<usize>],
+        fills: Vec<(usize, Fill)>,
+        dsts: &mut [Option<Dst<'_>>],
+        (keys, lists): (&[String], &[Option<Listed>]),
+    ) {
+        let mut waiting: Vec<(usize, Fill)> = fills;
+        while !waiting.is_empty() {
+            let Ok(statuses) = self.engine.batch_status(batch) else { return };
+            let mut pending = Vec::with_capacity(waiting.len());
+            for (i, mut fill) in waiting {
+                let mine = statuses.get(requests_of[i].clone()).unwrap_or_default();
+                if mine.is_empty() {
+                    continue; // no transfer of its own (not expected): dropped
+                }
+                if mine.contains(&TransferStatus::Pending) {
+                    pending.push((i, fill));
+                } else if mine.iter().all(|s| *s == TransferStatus::Completed)
+                    && lists[i].as_ref().is_some_and(|l| l.lease_held(&keys[i]).is_ok())
+                {
+                    if let Some(dst) = dsts[i].as_mut() {
+                        dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
+                        cache.publish(fill);
+                    }
+                } // else failed, or ended after the lease: dropped
+            }
+            waiting = pending;
+            if !waiting.is_empty() {
+                // Returns early once every request has ended.
+                let _ = self.engine.wait_batch(batch, Some(Duration::from_millis(1)));
+            }
+        }
+    }
+}
+
+/// Copies what `dst` takes of a cached object out of its entry.
+fn copy_entry(guard: &Guard<'_>, dst: &mut Dst<'_>) {
+    for e in dst.extents() {
+        // SAFETY: `dst`'s memory: the caller's registered (or lent) memory for this call, or
+        // the caller's own bytes borrowed by `dst`; nothing else writes it during the get.
+        guard.copy_range_to(e.offset, unsafe { std::slice::from_raw_parts_mut(e.addr as *mut u8, e.len as usize) });
+    }
+}
+
+/// The destination as one slice, when it takes the whole value `[0, size)` in one piece.
+fn whole_slice<'d>(dst: &'d mut Dst<'_>, size: u64) -> Option<&'d mut [u8]> {
+    if !dst.whole_in_one(size) {
+        return None;
+    }
+    match dst {
+        Dst::Bytes { out, .. } => Some(out),
+        // SAFETY: the caller registered [addr, +len) for this call, and nothing else writes it
+        // during the get (the slice lives no longer than the borrow of `dst`).
+        Dst::Registered([e]) => Some(unsafe { std::slice::from_raw_parts_mut(e.addr as *mut u8, e.len as usize) }),
+        Dst::Registered(_) => None,
+    }
+}
+
+/// A piece of a staged get whose transfer is in flight. Dropped unfinished (an error
+/// elsewhere in the get), it waits for the transfer before its block goes back.
+struct InFlight<'a> {
+    engine: &'a TransferEngine,
+    id: Option<BatchId>,
+    block: super::staging::StagingBlock<'a>,
+    off: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = self.engine.transfer_finish(id);
+        }
+    }
+}
+
+/// The pieces of a landing still in flight: `(batch, offset in the object, length)`. Dropped
+/// early (an error), it waits for them, so that the fill's blocks never go back while a
+/// transfer still writes into them.
+struct Landing<'a> {
+    engine: &'a TransferEngine,
+    pieces: VecDeque<(BatchId, u64, u64)>,
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        for (id, _, _) in self.pieces.drain(..) {
+            let _ = self.engine.transfer_finish(id);
+        }
+    }
+}
