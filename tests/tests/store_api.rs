@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use crescent_store::client::{Extent, Piece};
+use crescent_store::client::{Extent, HeldBlock, Piece};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
-    BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutStartRequest, SegmentInfo, UnmountSegmentRequest,
+    BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutOptions, PutStartRequest, SegmentInfo,
+    UnmountSegmentRequest,
 };
 use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
 
@@ -556,4 +557,71 @@ fn a_put_right_after_a_master_restart_remounts_instead_of_failing_for_space() {
     assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
     assert_eq!(a.get("b2").unwrap(), b"two");
     drop(m);
+}
+
+#[test]
+fn a_value_put_in_parts_is_their_concatenation_wherever_it_lands() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let options = a.default_options();
+    let value = data((2 << 20) + 999, 21);
+    // Parts as LMCache gives them (a small header, then the chunk), an empty one between.
+    let parts: [&[u8]; 4] = [&value[..64], &[], &value[64..(1 << 20) + 5], &value[(1 << 20) + 5..]];
+    a.put_parts_with("p/1", &parts, &options).unwrap();
+    assert_eq!(b.get("p/1").unwrap(), value);
+    assert_eq!(a.get("p/1").unwrap(), value);
+    // Placed in the other client's segment only: the parts go through the staging buffer.
+    let there = PutOptions { preferred_segment: b.segment_name().to_string(), ..options.clone() };
+    a.put_parts_with("p/2", &parts[2..], &there).unwrap();
+    let q = a.query("p/2").unwrap();
+    assert!(q.replicas.iter().all(|r| r.segment_name == b.segment_name()), "{q:?}");
+    assert_eq!(a.get("p/2").unwrap(), value[64..]);
+    // Put keeps an existing value; upsert replaces it.
+    a.put_parts_with("p/3", &[b"old".as_slice()], &options).unwrap();
+    a.put_parts_with("p/3", &[b"new".as_slice(), b" value"], &options).unwrap();
+    assert_eq!(a.get_size("p/3").unwrap(), 3);
+    a.upsert_parts_with("p/3", &[b"new".as_slice(), b" value"], &options).unwrap();
+    assert_eq!(b.get("p/3").unwrap(), b"new value");
+    assert!(a.put_parts_with("p/4", &[b"".as_slice(), b""], &options).unwrap_err().is_caller_error());
+}
+
+#[test]
+fn get_buffer_reads_once_into_the_clients_own_registered_memory_and_holds_it() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let value = data(1 << 20, 31);
+    a.put("gb/1", &value).unwrap();
+    b.put("gb/2", &data(1000, 32)).unwrap();
+    // From another client's segment (an engine read) and from b's own.
+    let held = b.get_buffer("gb/1").unwrap();
+    assert_eq!(held.bytes(), &value[..]);
+    let own = b.get_buffer("gb/2").unwrap();
+    assert_eq!(own.bytes(), &data(1000, 32)[..]);
+    // The bytes lie in memory b registered (its local buffer): no copy out of it, and the
+    // zero-copy calls take them as they are.
+    assert!(b.engine().is_registered(held.addr(), held.len()));
+    b.put_from("gb/copy", held.addr(), held.len()).unwrap();
+    assert_eq!(a.get("gb/copy").unwrap(), value);
+    // Held while the caller keeps it: another read gets other memory, the removal of the
+    // object changes nothing in it.
+    let again = b.get_buffer("gb/1").unwrap();
+    assert_ne!(again.addr(), held.addr());
+    drop(again);
+    a.remove_with("gb/1", true).unwrap();
+    assert_eq!(held.bytes(), &value[..]);
+    // Batches: one result per key.
+    let keys = vec!["gb/2".to_string(), "gb/none".to_string(), "gb/copy".to_string()];
+    let got = b.batch_get_buffer(&keys).unwrap();
+    assert_eq!(got[0].as_ref().unwrap().bytes(), &data(1000, 32)[..]);
+    assert!(matches!(got[1], Err(StoreError::NotFound(_))), "{:?}", got[1]);
+    assert_eq!(got[2].as_ref().unwrap().bytes(), &value[..]);
+    // More than the local buffer (4 MiB) holds is the caller's mistake.
+    a.put("gb/big", &data(5 << 20, 33)).unwrap();
+    let e = b.get_buffer("gb/big").unwrap_err();
+    assert!(e.is_caller_error(), "{e}");
+    // The blocks go back when dropped: the whole buffer is free again.
+    drop((held, own, got));
+    a.put("gb/1b", &data(1 << 20, 34)).unwrap();
+    let four: Vec<HeldBlock> = (0..4).map(|_| b.get_buffer("gb/1b").unwrap()).collect();
+    assert!(four.iter().all(|h| h.bytes() == &data(1 << 20, 34)[..]));
 }

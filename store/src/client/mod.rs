@@ -52,6 +52,7 @@ use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
 use sg::{Dst, Src};
 pub use sg::{Extent, Piece};
+pub use staging::HeldBlock;
 use staging::Staging;
 
 /// A batch reply must hold one item per key asked.
@@ -424,6 +425,17 @@ impl StoreClient {
         self.put_one(key, Src::Bytes(value), options, Mode::Upsert)
     }
 
+    /// Puts the value made of `parts` one after another (Mooncake's `put_parts`): gathered as
+    /// the parts are copied to the replicas, the same single copy a byte put makes.
+    pub fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        self.put_one(key, Src::Parts(parts), options, Mode::Put)
+    }
+
+    /// [`Self::put_parts_with`] that replaces the key's value if it has one (`upsert_parts`).
+    pub fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        self.put_one(key, Src::Parts(parts), options, Mode::Upsert)
+    }
+
     /// [`Self::upsert_with`] from registered memory (zero copy).
     pub fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
         self.upsert_from_sg(key, &[Piece::new(addr, len)], options)
@@ -499,7 +511,7 @@ impl StoreClient {
         // When the last put stayed in our own segment, this one likely does too: the disk
         // tier then takes only the CRC now and writes the file from our replica.
         let local = self.last_put_local.load(Ordering::Relaxed);
-        let stage_early = matches!(src, Src::Bytes(_)) && !local;
+        let stage_early = src.is_plain() && !local;
         let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
             self.rpc.call_while(start(req.clone()), || {
                 let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
@@ -1047,6 +1059,53 @@ impl StoreClient {
         let mut dsts: Vec<Option<Dst<'_>>> = extents.iter().map(|e| Some(Dst::Registered(e))).collect();
         self.exec().read_batch(keys, &lists, &mut dsts, &mut results, false)?;
         Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n)).collect())
+    }
+
+    // ---- values held in the local buffer ----
+
+    /// Mooncake's `get_buffer`: the value read into a block of this client's local (staging)
+    /// buffer, held for the caller until it drops the block. The bytes are copied once, from
+    /// wherever they lie (the engine writes a remote replica's straight into the block), and
+    /// not again: the block is registered memory, so it can also be handed to the zero-copy
+    /// calls. A value larger than the local buffer is the caller's mistake; while the buffer
+    /// is full the get waits for room until its deadline.
+    pub fn get_buffer(&self, key: &str) -> Result<HeldBlock> {
+        let list = self.replica_list(key)?;
+        let exec = self.exec();
+        let block = self.staging.acquire_held(list.size, exec.deadline)?;
+        let whole = [Extent { offset: 0, addr: block.addr(), len: list.size }];
+        exec.read(key, &list, &mut Dst::Registered(&whole))?;
+        Ok(block)
+    }
+
+    /// [`Self::get_buffer`] for several keys: one master round trip, remote reads in one
+    /// engine batch; one result per key.
+    pub fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBlock>>> {
+        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let exec = self.exec();
+        let mut blocks: Vec<Option<HeldBlock>> = Vec::with_capacity(keys.len());
+        for (list, result) in lists.iter().zip(results.iter_mut()) {
+            let held = list.as_ref().map(|l| self.staging.acquire_held(l.size, exec.deadline));
+            blocks.push(match held {
+                Some(Ok(block)) => Some(block),
+                Some(Err(e)) => {
+                    *result = Err(e);
+                    None
+                }
+                None => None,
+            });
+        }
+        let wholes: Vec<Option<[Extent; 1]>> =
+            blocks.iter().map(|b| b.as_ref().map(|b| [Extent { offset: 0, addr: b.addr(), len: b.len() }])).collect();
+        let mut dsts: Vec<Option<Dst<'_>>> = wholes.iter().map(|w| w.as_ref().map(|w| Dst::Registered(w))).collect();
+        exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
+        Ok(results
+            .into_iter()
+            .zip(blocks)
+            .map(|(r, block)| {
+                r.and_then(|()| block.ok_or_else(|| StoreError::Internal("a read without its block".into())))
+            })
+            .collect())
     }
 
     // ---- probes and removal ----
