@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crescent_ffi::engine::{EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest, P2P_HANDSHAKE};
+use crescent_ffi::store::client::{Extent, HeldBlock, Piece};
 use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreClient;
 use crescent_ffi::{engine_fail, fail, store_fail, SetupArgs, SoftPinAction, Status};
@@ -251,6 +252,63 @@ fn exported_values(values: &Bound<'_, PyAny>) -> PyResult<Vec<Exported>> {
     values.try_iter()?.map(|v| v.and_then(|v| Exported::new(&v, false))).collect()
 }
 
+/// The items of a Python list (any iterable).
+fn items<'py>(list: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    list.try_iter()?.collect()
+}
+
+/// One key's memory in a multi-buffer call: its buffers (int addresses or buffer objects, kept
+/// exported in `keep`) and their sizes as pieces of registered memory, in order; empty pieces
+/// are dropped. Memory that is not registered, or a size larger than a buffer object, refuses
+/// the key with INVALID_PARAMS.
+fn key_pieces(
+    client: &StoreClient,
+    ptrs: &[Bound<'_, PyAny>],
+    sizes: &[u64],
+    writable: bool,
+    keep: &mut Vec<Mem>,
+    key: &str,
+) -> PyResult<Result<Vec<Piece>, i32>> {
+    let mut pieces = Vec::with_capacity(ptrs.len());
+    for (j, (obj, &size)) in ptrs.iter().zip(sizes).enumerate() {
+        let (mem, len) = match store_mem(obj, Some(size), writable, &format!("{key:?}: buffer {j}"))? {
+            Ok(m) => m,
+            Err(code) => return Ok(Err(code)),
+        };
+        if len > 0 {
+            if !client.engine().is_registered(mem.addr(), len) {
+                return Ok(Err(invalid(format!(
+                    "{key:?}: buffer {j} [{:#x}, +{len}) is not registered memory (register_buffer first)",
+                    mem.addr()
+                ))));
+            }
+            pieces.push(Piece::new(mem.addr(), len));
+        }
+        keep.push(mem);
+    }
+    Ok(Ok(pieces))
+}
+
+/// Runs a batch call on the keys not refused yet (`results[i]` is `Err(code)` for a refused
+/// key), and puts each of its results in its key's place.
+fn on_accepted<T, V>(
+    results: &mut [Result<T, i32>],
+    keys: &[String],
+    values: Vec<V>,
+    call: impl FnOnce(&[String], &[V]) -> Vec<Result<T, i32>>,
+) {
+    let accepted: Vec<usize> = (0..keys.len()).filter(|&i| results[i].is_ok()).collect();
+    if accepted.is_empty() {
+        return;
+    }
+    let sub_keys: Vec<String> = accepted.iter().map(|&i| keys[i].clone()).collect();
+    let mut values: Vec<Option<V>> = values.into_iter().map(Some).collect();
+    let sub_values: Vec<V> = accepted.iter().filter_map(|&i| values[i].take()).collect();
+    for (&i, r) in accepted.iter().zip(call(&sub_keys, &sub_values)) {
+        results[i] = r;
+    }
+}
+
 // ---- enums and descriptor types ----
 
 /// SoftPinAction: what a put or upsert does to the object's soft pin (Mooncake's values).
@@ -413,32 +471,35 @@ fn replica_descriptor(r: &crescent_ffi::store::proto::ReplicaDescriptor) -> PyRe
     PyReplicaDescriptor { status, memory, disk_service: r.disk_service.clone() }
 }
 
-/// BufferHandle: a value read by `get_buffer` / `batch_get_buffer`, with the buffer protocol
-/// (`bytes(handle)`, `memoryview(handle)`, `numpy.frombuffer(handle, ...)`), `ptr()` and
-/// `size()`.
+/// BufferHandle: a value read by `get_buffer` / `batch_get_buffer` into the client's local
+/// buffer (registered memory: one copy from wherever the value lay, none after), held until
+/// the handle and every view of it are gone. The buffer protocol (`memoryview(handle)`,
+/// `numpy.frombuffer(handle, ...)`, `torch.frombuffer`) exposes those very bytes, writable as
+/// in Mooncake; `ptr()` is their address (usable by the zero-copy calls as it is) and
+/// `size()` their length.
 #[pyclass(module = "crescent._crescent", name = "BufferHandle", frozen)]
 struct PyBufferHandle {
-    bytes: Box<[u8]>,
+    block: HeldBlock,
 }
 
 #[pymethods]
 impl PyBufferHandle {
     /// The address of the bytes (valid while the handle lives).
     fn ptr(&self) -> u64 {
-        self.bytes.as_ptr() as u64
+        self.block.addr()
     }
 
     fn size(&self) -> usize {
-        self.bytes.len()
+        self.block.len() as usize
     }
 
     fn __len__(&self) -> usize {
-        self.bytes.len()
+        self.block.len() as usize
     }
 
     /// # Safety
-    /// Called by the interpreter with a valid `view`; the handle is frozen and owns its bytes,
-    /// which outlive the view (it holds a reference to the handle).
+    /// Called by the interpreter with a valid `view`; the handle is frozen and holds its block
+    /// of the local buffer, which outlives the view (it holds a reference to the handle).
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut pyo3::ffi::Py_buffer,
@@ -447,17 +508,15 @@ impl PyBufferHandle {
         if view.is_null() {
             return Err(PyBufferError::new_err("a null view"));
         }
-        if flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
-            return Err(PyBufferError::new_err("a BufferHandle is read-only"));
-        }
-        let bytes = &slf.get().bytes;
-        // SAFETY: `view` is valid per the interpreter's contract; the bytes are owned by the
-        // frozen handle, which the view keeps alive through `obj`.
+        let block = &slf.get().block;
+        // SAFETY: `view` is valid per the interpreter's contract; the block belongs to this
+        // handle alone (no get or put of the client touches it while held), and the frozen
+        // handle, kept alive by the view through `obj`, keeps it.
         unsafe {
             (*view).obj = slf.clone().into_any().into_ptr();
-            (*view).buf = bytes.as_ptr() as *mut std::ffi::c_void;
-            (*view).len = bytes.len() as isize;
-            (*view).readonly = 1;
+            (*view).buf = block.addr() as *mut std::ffi::c_void;
+            (*view).len = block.len() as isize;
+            (*view).readonly = 0;
             (*view).itemsize = 1;
             (*view).format = if flags & pyo3::ffi::PyBUF_FORMAT == pyo3::ffi::PyBUF_FORMAT {
                 c"B".as_ptr() as *mut std::ffi::c_char
@@ -482,7 +541,7 @@ impl PyBufferHandle {
     }
 
     fn __repr__(&self) -> String {
-        format!("<BufferHandle size={}>", self.bytes.len())
+        format!("<BufferHandle size={}>", self.block.len())
     }
 }
 
@@ -761,6 +820,41 @@ impl Store {
         })
     }
 
+    fn parts_one(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        key: &str,
+        parts: &Bound<'_, pyo3::types::PyTuple>,
+        config: Option<&PyReplicateConfig>,
+        upsert: bool,
+    ) -> PyResult<i32> {
+        crescent_ffi::clear_last_error();
+        let parts: Vec<Exported> = parts.iter().map(|p| Exported::new(&p, false)).collect::<PyResult<_>>()?;
+        let client = match self.byte_client(what) {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
+        };
+        let options = match put_options(&client, config, 1) {
+            Ok(o) => o,
+            Err(code) => return Ok(code),
+        };
+        let slices: Vec<&[u8]> = parts.iter().map(Exported::bytes).collect();
+        if slices.iter().all(|s| s.is_empty()) {
+            // Mooncake: "Attempting to put empty data" is a warning and a success.
+            tracing::warn!("{what}: empty value for key {key:?}; nothing stored");
+            return Ok(0);
+        }
+        let r = py.detach(|| {
+            if upsert {
+                client.upsert_parts_with(key, &slices, &options)
+            } else {
+                client.put_parts_with(key, &slices, &options)
+            }
+        });
+        Ok(r.map_or_else(|e| store_fail(&e).code(), |()| 0))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn put_from_one(
         &self,
@@ -840,6 +934,78 @@ impl Store {
             Err(e) => per_key(n, store_fail(&e).code()),
         })
     }
+}
+
+/// The ranged reads of `get_into_ranges`: the keys `wanted` (by slot) with their ranges, one
+/// batch. A range past the end of its value fails alone: the key's other ranges are read
+/// again without it (the value's size comes with the refusal). Per key, a result per range.
+#[allow(clippy::type_complexity)]
+fn ranged_reads(
+    client: &StoreClient,
+    keys: &[String],
+    ranges: &[Vec<(Extent, (usize, usize, usize))>],
+    wanted: &[usize],
+) -> Vec<(usize, Vec<Result<(), i32>>)> {
+    use crescent_ffi::store::StoreError;
+    // Per slot: Ok, or the code and, for a range past the end, the value's size.
+    let read = |slots: &[usize], keep: &dyn Fn(usize, &Extent) -> bool| -> Vec<Result<(), (i32, Option<u64>)>> {
+        let ks: Vec<String> = slots.iter().map(|&s| keys[s].clone()).collect();
+        let extents: Vec<Vec<Extent>> =
+            slots.iter().map(|&s| ranges[s].iter().map(|(e, _)| *e).filter(|e| keep(s, e)).collect()).collect();
+        let refs: Vec<&[Extent]> = extents.iter().map(|e| &e[..]).collect();
+        let fail = |e: &StoreError| {
+            let size = match e {
+                StoreError::BadRange { size, .. } => Some(*size),
+                _ => None,
+            };
+            (store_fail(e).code(), size)
+        };
+        match client.batch_get_into_ranges(&ks, &refs) {
+            Ok(rs) => rs.into_iter().map(|r| r.map(|_| ()).map_err(|e| fail(&e))).collect(),
+            Err(e) => {
+                let f = fail(&e);
+                slots.iter().map(|_| Err((f.0, None))).collect()
+            }
+        }
+    };
+    let mut out: Vec<(usize, Vec<Result<(), i32>>)> = Vec::with_capacity(wanted.len());
+    let mut sizes: HashMap<usize, u64> = HashMap::new();
+    for (&slot, r) in wanted.iter().zip(read(wanted, &|_, _| true)) {
+        match r {
+            Err((_, Some(size))) => {
+                sizes.insert(slot, size);
+            }
+            r => out.push((slot, vec![r.map_err(|(code, _)| code); ranges[slot].len()])),
+        }
+    }
+    if sizes.is_empty() {
+        return out;
+    }
+    let inside = |size: u64, e: &Extent| e.offset.checked_add(e.len).is_some_and(|end| end <= size);
+    let again: Vec<usize> = wanted.iter().copied().filter(|s| sizes.contains_key(s)).collect();
+    // Keys with no range inside their value are not read again.
+    let some_inside = |s: usize| ranges[s].iter().any(|(e, _)| inside(sizes[&s], e));
+    let reread: Vec<usize> = again.iter().copied().filter(|&s| some_inside(s)).collect();
+    let mut second = read(&reread, &|s, e| inside(sizes[&s], e)).into_iter();
+    for &slot in &again {
+        let size = sizes[&slot];
+        let code = if some_inside(slot) { second.next().unwrap_or(Ok(())).map_err(|(code, _)| code) } else { Ok(()) };
+        let per_range = ranges[slot]
+            .iter()
+            .map(|(e, _)| {
+                if inside(size, e) {
+                    code
+                } else {
+                    Err(invalid(format!(
+                        "get_into_ranges: {:?}: range [{}, +{}) is past the end of the value ({size} bytes)",
+                        keys[slot], e.offset, e.len
+                    )))
+                }
+            })
+            .collect();
+        out.push((slot, per_range));
+    }
+    out
 }
 
 /// A size in `setup`: an int (negative is INVALID_PARAMS) or a string such as "512MB".
@@ -1069,8 +1235,8 @@ impl Store {
     fn get_buffer(&self, py: Python<'_>, key: &str) -> Option<PyBufferHandle> {
         crescent_ffi::clear_last_error();
         let client = self.byte_client("get_buffer").ok()?;
-        match py.detach(|| client.get(key)) {
-            Ok(v) => Some(PyBufferHandle { bytes: v.into_boxed_slice() }),
+        match py.detach(|| client.get_buffer(key)) {
+            Ok(block) => Some(PyBufferHandle { block }),
             Err(e) => {
                 store_fail(&e);
                 None
@@ -1086,11 +1252,11 @@ impl Store {
         if keys.is_empty() {
             return Vec::new();
         }
-        match py.detach(|| client.get_batch(&keys)) {
+        match py.detach(|| client.batch_get_buffer(&keys)) {
             Ok(rs) => rs
                 .into_iter()
                 .map(|r| match r {
-                    Ok(v) => Some(PyBufferHandle { bytes: v.into_boxed_slice() }),
+                    Ok(block) => Some(PyBufferHandle { block }),
                     Err(e) => {
                         store_fail(&e);
                         None
@@ -1353,6 +1519,253 @@ impl Store {
             }
             Err(e) => per_key(n, store_fail(&e).code() as i64),
         })
+    }
+
+    /// batch_put_from_multi_buffers(keys, all_buffer_ptrs, all_sizes, config=None) -> list[int]:
+    /// zero-copy puts of values laid out in several buffers each (the value is the
+    /// concatenation of its buffers, in order), one master round trip and one engine batch; a
+    /// status per key. Lists of other lengths (of keys, of buffers and sizes, or of one key's
+    /// buffers and sizes) are INVALID_PARAMS for every key, as in Mooncake; a key with memory
+    /// that is not registered, or no bytes, is INVALID_PARAMS alone. Before setup: [].
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: Vec<Vec<u64>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<Vec<i32>> {
+        crescent_ffi::clear_last_error();
+        let what = "batch_put_from_multi_buffers";
+        let Some(client) = self.client() else {
+            not_set_up(what);
+            return Ok(Vec::new());
+        };
+        let n = keys.len();
+        let ptr_lists = items(all_buffer_ptrs)?;
+        if ptr_lists.len() != n || all_sizes.len() != n {
+            let message = format!("{what}: {n} keys, {} buffer lists, {} size lists", ptr_lists.len(), all_sizes.len());
+            return Ok(per_key(n, invalid(message)));
+        }
+        let ptr_lists: Vec<Vec<Bound<'_, PyAny>>> = ptr_lists.iter().map(items).collect::<PyResult<_>>()?;
+        if let Some(i) = (0..n).find(|&i| ptr_lists[i].len() != all_sizes[i].len()) {
+            let message = format!(
+                "{what}: key {:?} has {} buffers and {} sizes",
+                keys[i],
+                ptr_lists[i].len(),
+                all_sizes[i].len()
+            );
+            return Ok(per_key(n, invalid(message)));
+        }
+        let options = match put_options(&client, config.as_deref(), n) {
+            Ok(o) => o,
+            Err(code) => return Ok(per_key(n, code)),
+        };
+        let mut keep = Vec::new();
+        let mut values = Vec::with_capacity(n);
+        let mut results: Vec<Result<(), i32>> = Vec::with_capacity(n);
+        for i in 0..n {
+            let pieces = match key_pieces(&client, &ptr_lists[i], &all_sizes[i], false, &mut keep, &keys[i])? {
+                Ok(p) if p.is_empty() => Err(invalid(format!("{what}: key {:?} has no bytes to put", keys[i]))),
+                r => r,
+            };
+            results.push(pieces.as_ref().map(|_| ()).map_err(|c| *c));
+            values.push(pieces.unwrap_or_default());
+        }
+        py.detach(|| {
+            on_accepted(&mut results, &keys, values, |keys, values| {
+                let refs: Vec<&[Piece]> = values.iter().map(|v| &v[..]).collect();
+                match client.batch_put_from_sg(keys, &refs, &options) {
+                    Ok(rs) => rs.into_iter().map(|r| r.map_err(|e| store_fail(&e).code())).collect(),
+                    Err(e) => per_key(keys.len(), Err(store_fail(&e).code())),
+                }
+            })
+        });
+        Ok(results.into_iter().map(|r| r.map_or_else(|code| code, |()| 0)).collect())
+    }
+
+    /// batch_get_into_multi_buffers(keys, all_buffer_ptrs, all_sizes,
+    /// prefer_alloc_in_same_node=False) -> list[int]: zero-copy gets of whole values into
+    /// several buffers each (filled in order), one master round trip and one engine batch;
+    /// bytes read per key, or a negative code: INVALID_PARAMS for every key when the lists'
+    /// lengths differ, for one key whose buffers are too small for its value, not registered
+    /// or not as many as its sizes. `prefer_alloc_in_same_node` is accepted (Mooncake's
+    /// Ascend option) and changes nothing.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: Vec<Vec<u64>>,
+        prefer_alloc_in_same_node: bool,
+    ) -> PyResult<Vec<i64>> {
+        let _ = prefer_alloc_in_same_node;
+        crescent_ffi::clear_last_error();
+        let what = "batch_get_into_multi_buffers";
+        let n = keys.len();
+        let Some(client) = self.client() else { return Ok(per_key(n, not_set_up(what) as i64)) };
+        let ptr_lists = items(all_buffer_ptrs)?;
+        if ptr_lists.len() != n || all_sizes.len() != n {
+            let message = format!("{what}: {n} keys, {} buffer lists, {} size lists", ptr_lists.len(), all_sizes.len());
+            return Ok(per_key(n, invalid(message) as i64));
+        }
+        let mut keep = Vec::new();
+        let mut values = Vec::with_capacity(n);
+        let mut results: Vec<Result<u64, i32>> = Vec::with_capacity(n);
+        for i in 0..n {
+            let ptrs = items(&ptr_lists[i])?;
+            let pieces = if ptrs.len() != all_sizes[i].len() {
+                Err(invalid(format!(
+                    "{what}: key {:?} has {} buffers and {} sizes",
+                    keys[i],
+                    ptrs.len(),
+                    all_sizes[i].len()
+                )))
+            } else {
+                key_pieces(&client, &ptrs, &all_sizes[i], true, &mut keep, &keys[i])?
+            };
+            results.push(pieces.as_ref().map(|_| 0).map_err(|c| *c));
+            values.push(pieces.unwrap_or_default());
+        }
+        py.detach(|| {
+            on_accepted(&mut results, &keys, values, |keys, values| {
+                let refs: Vec<&[Piece]> = values.iter().map(|v| &v[..]).collect();
+                // Buffers too small for a value are INVALID_PARAMS here, as in Mooncake.
+                let code = |e: &crescent_ffi::store::StoreError| match e {
+                    crescent_ffi::store::StoreError::BufferTooSmall { .. } => invalid(e),
+                    e => store_fail(e).code(),
+                };
+                match client.batch_get_into_sg(keys, &refs) {
+                    Ok(rs) => rs.into_iter().map(|r| r.map_err(|e| code(&e))).collect(),
+                    Err(e) => per_key(keys.len(), Err(code(&e))),
+                }
+            })
+        });
+        Ok(results.into_iter().map(|r| r.map_or_else(|code| code as i64, |n| n as i64)).collect())
+    }
+
+    /// get_into_ranges(buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes)
+    /// -> list[list[list[int]]]: ranges of values into registered buffers. For buffer `i`,
+    /// key `all_keys[i][j]`, range `k`: `all_sizes[i][j][k]` bytes of the value from
+    /// `all_src_offsets[i][j][k]` go to `buffer_ptrs[i] + all_dst_offsets[i][j][k]`; the
+    /// result is the bytes read or a negative code for that range, in the same shape.
+    /// INVALID_PARAMS where the lists' shapes differ, for a range past the end of its value
+    /// or outside registered memory; a key's other failures (missing, transfer) for each of
+    /// its ranges. All keys in one master round trip and one engine batch.
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: &Bound<'_, PyAny>,
+        all_keys: Vec<Vec<String>>,
+        all_dst_offsets: Vec<Vec<Vec<u64>>>,
+        all_src_offsets: Vec<Vec<Vec<u64>>>,
+        all_sizes: Vec<Vec<Vec<u64>>>,
+    ) -> PyResult<Vec<Vec<Vec<i64>>>> {
+        crescent_ffi::clear_last_error();
+        let what = "get_into_ranges";
+        let buffers = items(buffer_ptrs)?;
+        let nb = buffers.len();
+        // Mooncake's shape of the results, every range INVALID_PARAMS until it is read.
+        let bad = Status::InvalidParams.code() as i64;
+        let mut results: Vec<Vec<Vec<i64>>> = (0..nb)
+            .map(|i| {
+                let nk = all_keys.get(i).map_or(1, Vec::len);
+                (0..nk).map(|j| vec![bad; all_dst_offsets.get(i).and_then(|d| d.get(j)).map_or(1, Vec::len)]).collect()
+            })
+            .collect();
+        let Some(client) = self.client() else {
+            not_set_up(what);
+            return Ok(results);
+        };
+        if [all_keys.len(), all_dst_offsets.len(), all_src_offsets.len(), all_sizes.len()].iter().any(|&l| l != nb) {
+            invalid(format!("{what}: {nb} buffers but lists of other lengths"));
+            return Ok(results);
+        }
+        // Each key's ranges (from every buffer), and where each range's result goes.
+        let mut keys: Vec<String> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        let mut ranges: Vec<Vec<(Extent, (usize, usize, usize))>> = Vec::new();
+        let mut keep = Vec::with_capacity(nb);
+        for i in 0..nb {
+            let mem = Mem::new(&buffers[i], true, &format!("{what}: buffer_ptrs[{i}]"))?;
+            let base = mem.addr();
+            let capacity = match &mem {
+                Mem::Buffer(b) => Some(b.len()),
+                Mem::Addr(_) => None,
+            };
+            keep.push(mem);
+            let (ks, dsts, srcs, sizes) = (&all_keys[i], &all_dst_offsets[i], &all_src_offsets[i], &all_sizes[i]);
+            if dsts.len() != ks.len() || srcs.len() != ks.len() || sizes.len() != ks.len() {
+                invalid(format!("{what}: buffer {i}: {} keys but lists of other lengths", ks.len()));
+                continue;
+            }
+            for (j, key) in ks.iter().enumerate() {
+                let (dst, src, size) = (&dsts[j], &srcs[j], &sizes[j]);
+                if src.len() != dst.len() || size.len() != dst.len() {
+                    invalid(format!("{what}: buffer {i}, key {key:?}: offsets and sizes of other lengths"));
+                    continue;
+                }
+                let slot = *index.entry(key.clone()).or_insert_with(|| {
+                    keys.push(key.clone());
+                    ranges.push(Vec::new());
+                    keys.len() - 1
+                });
+                for k in 0..dst.len() {
+                    let (d, len) = (dst[k], size[k]);
+                    let inside = d.checked_add(len).is_some_and(|end| capacity.is_none_or(|c| end <= c));
+                    let addr = base.wrapping_add(d);
+                    if !inside || (len > 0 && !client.engine().is_registered(addr, len)) {
+                        invalid(format!(
+                            "{what}: buffer {i}, key {key:?}, range {k}: [{addr:#x}, +{len}) is not registered memory"
+                        ));
+                        continue;
+                    }
+                    if len == 0 {
+                        results[i][j][k] = 0;
+                        continue;
+                    }
+                    ranges[slot].push((Extent { offset: src[k], addr, len }, (i, j, k)));
+                }
+            }
+        }
+        let wanted: Vec<usize> = (0..keys.len()).filter(|&s| !ranges[s].is_empty()).collect();
+        let outcome = py.detach(|| ranged_reads(&client, &keys, &ranges, &wanted));
+        for (slot, r) in outcome {
+            for (&(e, (i, j, k)), r) in ranges[slot].iter().zip(r) {
+                results[i][j][k] = r.map_or_else(|code| code as i64, |()| e.len as i64);
+            }
+        }
+        Ok(results)
+    }
+
+    /// put_parts(key, *parts, config=None) -> int: puts the concatenation of `parts`
+    /// (buffer objects: bytes, bytearray, memoryview, numpy arrays) as one value, copied once
+    /// as a byte put copies it; 0 or a negative code (no bytes at all: 0, nothing stored, as
+    /// in Mooncake). A put of an existing key keeps its value and returns 0.
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: &Bound<'_, pyo3::types::PyTuple>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.parts_one(py, "put_parts", key, parts, config.as_deref(), false)
+    }
+
+    /// upsert_parts(key, *parts, config=None) -> int: `put_parts` that replaces the key's
+    /// value if it has one.
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn upsert_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: &Bound<'_, pyo3::types::PyTuple>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.parts_one(py, "upsert_parts", key, parts, config.as_deref(), true)
     }
 
     /// is_exist(key) -> int: 1 if the key exists, 0 if not, a negative code on error. Grants

@@ -96,7 +96,8 @@ class ReplicaDescriptor:
     def get_disk_descriptor(self) -> DiskDescriptor: ...
 
 class BufferHandle:
-    """A value read by ``get_buffer``: read-only bytes with the buffer protocol."""
+    """A value read by ``get_buffer`` into the client's local (registered) buffer, held while
+    the handle lives: its bytes through the buffer protocol (no copy), ``ptr()`` their address."""
 
     def ptr(self) -> int: ...
     def size(self) -> int: ...
@@ -234,6 +235,36 @@ class MooncakeDistributedStore:
     ) -> list[int]:
         """Zero-copy gets in one master round trip and one engine batch; bytes read or a
         negative code per key."""
+    def batch_put_from_multi_buffers(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[Memory]],
+        all_sizes: Sequence[Sequence[int]],
+        config: ReplicateConfig | None = None,
+    ) -> list[int]:
+        """Zero-copy puts of values laid out in several registered buffers each; a status per
+        key ([] before setup)."""
+    def batch_get_into_multi_buffers(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[Memory]],
+        all_sizes: Sequence[Sequence[int]],
+        prefer_alloc_in_same_node: bool = False,
+    ) -> list[int]:
+        """Zero-copy gets of whole values into several registered buffers each; bytes read or
+        a negative code per key."""
+    def get_into_ranges(
+        self,
+        buffer_ptrs: Sequence[Memory],
+        all_keys: Sequence[Sequence[str]],
+        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+        all_src_offsets: Sequence[Sequence[Sequence[int]]],
+        all_sizes: Sequence[Sequence[Sequence[int]]],
+    ) -> list[list[list[int]]]:
+        """Ranges of values into registered buffers; bytes read or a negative code per range."""
+    def put_parts(self, key: str, *parts: Buffer, config: ReplicateConfig | None = None) -> int:
+        """Puts the concatenation of ``parts`` as one value; 0 or a negative code."""
+    def upsert_parts(self, key: str, *parts: Buffer, config: ReplicateConfig | None = None) -> int: ...
     def is_exist(self, key: str) -> int:
         """1 if ``key`` exists, 0 if not, a negative code on error (no lease is granted)."""
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
