@@ -1,7 +1,8 @@
 """The sequences of calls that SGLang's HiCache Mooncake backend, vLLM's MooncakeStoreConnector
 and LMCache's Mooncake connector make, replayed through the `mooncake` alias with their
-arguments and data checked, without installing those projects. (Their multi-buffer and parts
-calls come with the store client's read/write pipeline.)"""
+arguments and data checked, without installing those projects: their single-buffer paths, the
+multi-buffer layouts (SGLang's MLA / hybrid pools, vLLM's per-layer KV caches) and LMCache's
+put_parts / batch_get_buffer."""
 
 import asyncio
 import uuid
@@ -173,4 +174,138 @@ def test_lmcache_mooncakestore_connector(master):
         assert store.unregister_buffer(pinned.ctypes.data) == 0
     finally:
         assert store.close() == 0
+        peer.close()
+
+
+def test_sglang_hicache_multi_buffer_layouts(master):
+    # MooncakeStore._put_batch_zero_copy_impl / _get_batch_zero_copy_impl: when a page's
+    # buffer metadata is a list per key (hybrid models: the KV pool and a second pool such as
+    # NSA's indexer or a mamba state pool; MLA with split latent / rope parts), the batch goes
+    # through the multi-buffer calls, with a ReplicateConfig (group_ids) on the put.
+    writer, reader = MooncakeDistributedStore(), MooncakeDistributedStore()
+    for s in (writer, reader):
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 64 * MiB, 16 * MiB, "tcp", "", master.addr, None) == 0
+    try:
+        kv_page, extra_page = 48 * 1024, 4 * 1024
+        pools = {s: (np.zeros(16 * kv_page, dtype=np.uint8), np.zeros(16 * extra_page, dtype=np.uint8))
+                 for s in (writer, reader)}
+        for s, (kv, extra) in pools.items():
+            assert s.register_buffer(kv.ctypes.data, kv.nbytes) == 0
+            assert s.register_buffer(extra.ctypes.data, extra.nbytes) == 0
+        kv, extra = pools[writer]
+        kv[:] = np.random.default_rng(11).integers(0, 256, kv.nbytes, dtype=np.uint8)
+        extra[:] = np.random.default_rng(12).integers(0, 256, extra.nbytes, dtype=np.uint8)
+        keys = [f"{uuid.uuid4().hex}_0" for _ in range(5)]
+
+        def meta(store, slots):
+            kv, extra = pools[store]
+            ptrs = [[kv.ctypes.data + i * kv_page, extra.ctypes.data + i * extra_page] for i in slots]
+            return ptrs, [[kv_page, extra_page] for _ in slots]
+
+        ptrs, sizes = meta(writer, range(5))
+        assert writer.batch_is_exist(keys) == [0] * 5
+        config = ReplicateConfig()
+        config.group_ids = [f"sglang-hicache:{k}" for k in keys]
+        assert writer.batch_put_from_multi_buffers(keys, ptrs, sizes, config) == [0] * 5
+        assert reader.batch_is_exist(keys) == [1] * 5
+        rptrs, rsizes = meta(reader, range(10, 15))
+        got = reader.batch_get_into_multi_buffers(keys, rptrs, rsizes)
+        assert got == [kv_page + extra_page] * 5
+        rkv, rextra = pools[reader]
+        assert np.array_equal(rkv[10 * kv_page: 15 * kv_page], kv[: 5 * kv_page])
+        assert np.array_equal(rextra[10 * extra_page: 15 * extra_page], extra[: 5 * extra_page])
+        # A page that is not there fails alone; the hit pages before it still load.
+        got = reader.batch_get_into_multi_buffers([keys[0], "absent_0"], rptrs[:2], rsizes[:2])
+        assert got[0] == kv_page + extra_page and got[1] < 0
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_vllm_connector_saves_and_loads_per_layer_blocks(master):
+    # KVCacheStoreSendingThread._handle_request / KVCacheStoreRecvingThread: a key per block
+    # chunk, its value the chunk's bytes in every layer's K and V cache (one address per
+    # cache: base + block_id * block_bytes), put with the connector's ReplicateConfig after a
+    # batch_is_exist dedup, loaded into other block ids by a standalone rank
+    # (global_segment_size 0) with batch_get_into_multi_buffers; results are byte counts.
+    holder = MooncakeDistributedStore()
+    assert holder.setup("127.0.0.1", "P2PHANDSHAKE", 128 * MiB, 16 * MiB, "tcp", "", master.addr) == 0
+    ranks = [MooncakeDistributedStore() for _ in range(2)]
+    for r in ranks:
+        assert r.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", master.addr) == 0
+    try:
+        layers, blocks, block_bytes = 4, 16, 16 * 1024
+        caches = {r: [np.zeros(blocks * block_bytes, dtype=np.uint8) for _ in range(2 * layers)] for r in ranks}
+        for r, cs in caches.items():
+            for c in cs:
+                assert r.register_buffer(c.ctypes.data, c.nbytes) == 0
+        saver, loader = ranks
+        for i, c in enumerate(caches[saver]):
+            c[:] = np.random.default_rng(100 + i).integers(0, 256, c.nbytes, dtype=np.uint8)
+        config = ReplicateConfig()
+        config.preferred_segment = holder.get_hostname()
+
+        def prepare_value(rank, block_id):
+            return [c.ctypes.data + block_id * block_bytes for c in caches[rank]], [block_bytes] * (2 * layers)
+
+        keys = [f"model@tp0@pp0@g0@{uuid.uuid4().hex}" for _ in range(6)]
+        exists = saver.batch_is_exist(keys[:2])
+        assert exists == [0, 0]
+        addrs, sizes = zip(*(prepare_value(saver, b) for b in range(6)))
+        res = saver.batch_put_from_multi_buffers(keys, list(addrs), list(sizes), config)
+        assert [i for i, v in enumerate(res) if v < 0] == []
+        # Saved again (a later chunk of the same request): existing keys succeed, unchanged.
+        assert saver.batch_put_from_multi_buffers(keys[:2], list(addrs[2:4]), list(sizes[:2]), config) == [0, 0]
+        descs = loader.batch_get_replica_desc(keys)
+        assert all(descs[k][0].get_memory_descriptor().buffer_descriptor.transport_endpoint ==
+                   holder.get_hostname() for k in keys)
+        # Load into block ids 8..13, rotated by tp rank as the connector does.
+        load = list(range(8, 14))
+        rot = 1
+        key_list = keys[rot:] + keys[:rot]
+        block_list = load[rot:] + load[:rot]
+        laddrs, lsizes = zip(*(prepare_value(loader, b) for b in block_list))
+        res = loader.batch_get_into_multi_buffers(key_list, list(laddrs), list(lsizes))
+        assert res == [2 * layers * block_bytes] * 6
+        for src, dst in zip(caches[saver], caches[loader]):
+            assert np.array_equal(dst[8 * block_bytes: 14 * block_bytes], src[: 6 * block_bytes])
+        assert holder.remove_all(force=True) >= 6
+    finally:
+        for r in ranks:
+            r.close()
+        holder.close()
+
+
+def test_lmcache_put_parts_then_batch_get_buffer(master):
+    # MooncakestoreConnector with save_chunk_meta: put_parts(key, metadata, kv bytes) in a
+    # thread; reads with batch_get_buffer, the metadata parsed from the first bytes and the
+    # chunk copied out of the handle (torch.frombuffer-style view).
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 128 * MiB, 32 * MiB, "tcp", "", master.addr) == 0
+    peer = MooncakeDistributedStore()
+    assert peer.setup("127.0.0.1", "P2PHANDSHAKE", 64 * MiB, 32 * MiB, "tcp", "", master.addr) == 0
+    try:
+        import struct
+        chunks = {f"vllm@model@1@0@{uuid.uuid4().hex}": np.random.default_rng(i).integers(0, 256, 2 * PAGE + i,
+                                                                                        dtype=np.uint8)
+                  for i in range(3)}
+
+        async def save_all():
+            for k, chunk in chunks.items():
+                meta = struct.pack("<iiiii", chunk.nbytes, 0, 3, 2, 64)  # length, fmt, dtype, shape
+                rc = await asyncio.to_thread(store.put_parts, k, meta, memoryview(chunk))
+                assert rc == 0
+
+        asyncio.run(save_all())
+        handles = peer.batch_get_buffer(list(chunks) + ["vllm@absent"])
+        assert handles[-1] is None
+        for h, chunk in zip(handles, chunks.values()):
+            view = memoryview(h)
+            length = struct.unpack_from("<i", view)[0]
+            assert length == chunk.nbytes and len(view) == 20 + length
+            assert np.array_equal(np.frombuffer(h, dtype=np.uint8, offset=20), chunk)
+        del view
+        handles.clear()
+    finally:
+        store.close()
         peer.close()
