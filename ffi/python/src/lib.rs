@@ -809,7 +809,7 @@ impl Store {
         let slices: Vec<&[u8]> = values.iter().map(Exported::bytes).collect();
         let r = py.detach(|| {
             if upsert {
-                Ok(keys.iter().zip(&slices).map(|(k, v)| client.upsert_with(k, v, &options)).collect())
+                client.upsert_batch_with(&keys, &slices, &options)
             } else {
                 client.put_batch_with(&keys, &slices, &options)
             }
@@ -920,11 +920,9 @@ impl Store {
         let addrs: Vec<u64> = mems.iter().map(Mem::addr).collect();
         let r = py.detach(|| {
             if upsert {
-                Ok(keys
-                    .iter()
-                    .zip(addrs.iter().zip(&lens))
-                    .map(|(k, (&a, &l))| client.upsert_from_with(k, a, l, &options))
-                    .collect())
+                let pieces: Vec<[Piece; 1]> = addrs.iter().zip(&lens).map(|(&a, &n)| [Piece::new(a, n)]).collect();
+                let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+                client.batch_upsert_from_sg(&keys, &values, &options)
             } else {
                 client.batch_put_from_with(&keys, &addrs, &lens, &options)
             }
@@ -1430,18 +1428,12 @@ impl Store {
                 )));
             }
         }
-        let (data_addr, meta_addr) = (data.addr(), meta.addr());
-        let r = py.detach(|| {
-            // The two regions, one after the other, in one value (a copy until puts gather).
-            let mut value = Vec::with_capacity((metadata_size + size) as usize);
-            // SAFETY: both ranges are registered memory (checked above), which the caller keeps
-            // valid while registered and during this call.
-            unsafe {
-                value.extend_from_slice(std::slice::from_raw_parts(meta_addr as *const u8, metadata_size as usize));
-                value.extend_from_slice(std::slice::from_raw_parts(data_addr as *const u8, size as usize));
-            }
-            client.put_with(key, &value, &options)
-        });
+        // The two regions, metadata then data, as one value: a put from two pieces (zero copy).
+        let pieces: Vec<Piece> = [Piece::new(meta.addr(), metadata_size), Piece::new(data.addr(), size)]
+            .into_iter()
+            .filter(|p| p.len > 0)
+            .collect();
+        let r = py.detach(|| client.put_from_sg(key, &pieces, &options));
         Ok(r.map_or_else(|e| store_fail(&e).code(), |()| 0))
     }
 
