@@ -58,7 +58,7 @@ fn run(cli: Cli) -> Result<()> {
     if cli.batch == 0 || cli.count == 0 || cli.batch > cli.count {
         bail!("need 0 < batch <= count");
     }
-    if cli.pieces == 0 || cli.size % cli.pieces != 0 {
+    if cli.pieces == 0 || !cli.size.is_multiple_of(cli.pieces) {
         bail!("--pieces must divide --size");
     }
     let config = ClientConfig {

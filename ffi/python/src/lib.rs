@@ -934,14 +934,16 @@ impl Store {
     }
 }
 
+/// A key's ranges in `get_into_ranges`, each with where its result goes (buffer, key, range).
+type KeyRanges = Vec<(Extent, (usize, usize, usize))>;
+
 /// The ranged reads of `get_into_ranges`: the keys `wanted` (by slot) with their ranges, one
 /// batch. A range past the end of its value fails alone: the key's other ranges are read
 /// again without it (the value's size comes with the refusal). Per key, a result per range.
-#[allow(clippy::type_complexity)]
 fn ranged_reads(
     client: &StoreClient,
     keys: &[String],
-    ranges: &[Vec<(Extent, (usize, usize, usize))>],
+    ranges: &[KeyRanges],
     wanted: &[usize],
 ) -> Vec<(usize, Vec<Result<(), i32>>)> {
     use crescent_ffi::store::StoreError;
@@ -1678,7 +1680,7 @@ impl Store {
         // Each key's ranges (from every buffer), and where each range's result goes.
         let mut keys: Vec<String> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
-        let mut ranges: Vec<Vec<(Extent, (usize, usize, usize))>> = Vec::new();
+        let mut ranges: Vec<KeyRanges> = Vec::new();
         let mut keep = Vec::with_capacity(nb);
         for i in 0..nb {
             let mem = Mem::new(&buffers[i], true, &format!("{what}: buffer_ptrs[{i}]"))?;
