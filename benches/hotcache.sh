@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # The client's local hot cache between two hosts (network namespaces), in one run:
 #
-#   benches/hotcache.sh [hot-cache|replay|all]      (default: all)
+#   benches/hotcache.sh [hot-cache|replay|all] [--pairs N]     (default: all, 5 pairs)
 #
 # Host A runs crescent-master and a holder client (crescent client, 2 GiB segment) that holds
 # every object; host B runs storebench, whose readers fetch them over tcp. The reference table
 # (storebench hot-cache) runs twice: on the veth shaped to 2.5 Gbit/s with tc tbf (what the
 # reference's TCP path delivered), then unshaped. storebench replay runs on the shaped link.
-# iperf3 measures each link state in the same run.
+# iperf3 measures each link state in the same run. In hot-cache, every row's first round with
+# the cache is held against the first round without it in --pairs pairs of fresh readers
+# (storebench hot-cache --pairs; target <= 1.10x); the load average is printed at start and end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "hotcache.sh needs root (network namespaces)" >&2; exit 1; }
-WHAT=${1:-all}
+WHAT=all PAIRS=5
+while [ $# -gt 0 ]; do
+  case $1 in
+    --pairs) PAIRS=$2; shift 2 ;;
+    hot-cache|replay|all) WHAT=$1; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 . benches/lib-netns.sh
 echo "building (release)..." >&2
 cargo build --release -q -p crescent-store -p crescent-benches
@@ -49,8 +58,8 @@ run() { # label, storebench args
 }
 
 if [ "$WHAT" = all ] || [ "$WHAT" = hot-cache ]; then
-  SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" hot-cache
-  SHAPE=off shape; run "veth unshaped" hot-cache
+  SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" hot-cache --pairs "$PAIRS"
+  SHAPE=off shape; run "veth unshaped" hot-cache --pairs "$PAIRS"
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = replay ]; then
   SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" replay

@@ -7,9 +7,11 @@
 #   bytes in flight   perftest -q x -t x size = tebench --threads x --batch-size x size
 #   measured time     perftest -D (duration + 2 s) -f 1 (1 s margins not measured) = tebench --duration
 # The two tools run alternately (perftest, tebench, perftest, tebench, ...) in short runs; each
-# pair is printed, then per case the median of each tool and the median and range of the
-# per-pair ratios. Both ends run on this host (loopback through the device). In the VM, with
-# two vCPUs so that soft-RoCE's kernel work does not share one CPU with the tools' threads:
+# pair is printed, then per case (through benches/pairs.py) the median of each tool, the median
+# and range of the per-pair ratios and the target (>= 0.90 of perftest); the load average is
+# printed at start and end; --csv FILE appends the rows to a CSV file. Both ends run on this
+# host (loopback through the device). In the VM, with two vCPUs so that soft-RoCE's kernel
+# work does not share one CPU with the tools' threads:
 #   ../shared/rxe-vm/run-in-rxe-vm.sh --smp 2 benches/rdma-vs-perftest.sh
 # On a host with a real NIC:
 #   benches/rdma-vs-perftest.sh --device mlx5_0 --gid-index 3 --duration 5 --pairs 7
@@ -28,14 +30,16 @@ mtu=""
 slice=""
 sizes="65536 1048576"
 ops="write read"
+CSV=${CSV:-}
+. "$(dirname "$0")/lib-pairs.sh"
 
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   echo "Options: --device DEV  --gid-index N  --tebench PATH  --duration SECONDS (measured, default 2)"
   echo "         --pairs N (perftest+tebench pairs per case, default 5)  --qps N (default 1)"
   echo "         --threads N (tebench, default 2)  --inflight BYTES (default 8 MiB)  --mtu BYTES"
   echo "         --slice BYTES (MC_SLICE_SIZE for tebench; default the engine's 64 KiB)"
-  echo "         --sizes \"BYTES ...\"  --ops \"write read\""
+  echo "         --sizes \"BYTES ...\"  --ops \"write read\"  --csv FILE"
 }
 
 while [ $# -gt 0 ]; do
@@ -52,6 +56,7 @@ while [ $# -gt 0 ]; do
     --slice) slice=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
     --ops) ops=$2; shift 2 ;;
+    --csv) CSV=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -117,6 +122,7 @@ done
 segment=$(sed -n 's/^segment: //p' "$work/target.out")
 [ -n "$segment" ] || { cat "$work/target.err" >&2; echo "tebench target did not start" >&2; exit 1; }
 
+pairs_load start
 echo "device $dev, MTU $mtu, $qps queue pair(s), $((inflight >> 20)) MiB in flight, ${duration} s measured per run," \
   "$pairs pairs per case, tebench slice ${slice:-default}, $threads tebench thread(s)"
 port=18515
@@ -140,23 +146,15 @@ for op in $ops; do
       [ -n "$pr" ] || { echo "perftest $op $size failed 3 times" >&2; exit 1; }
       tr=$(RUST_LOG=${RUST_LOG:-warn} tebench_run "$op" "$size" "$batch" "$segment") ||
         { cat "$work/initiator.err" >&2; echo "tebench $op $size failed" >&2; exit 1; }
-      echo "$pr $tr" >>"$work/pairs"
+      echo "$tr $pr" >>"$work/pairs"
       python3 -c "print('  pair %d: %-5s %-3s perftest %7.2f  tebench %7.2f  ratio %4.0f%%' % ($i, '$op', '$label', $pr, $tr, 100 * $tr / $pr))"
     done
-    python3 - "$op" "$label" "$work/pairs" >>"$work/rows" <<'EOF'
-import statistics, sys
-op, label, path = sys.argv[1:4]
-rows = [tuple(map(float, l.split())) for l in open(path) if l.strip()]
-ratios = [100 * t / p for p, t in rows]
-print("| %s | %s | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.0f %% | %.0f-%.0f %% |" % (
-    op, label,
-    statistics.median(p for p, _ in rows), min(p for p, _ in rows), max(p for p, _ in rows),
-    statistics.median(t for _, t in rows), min(t for _, t in rows), max(t for _, t in rows),
-    statistics.median(ratios), min(ratios), max(ratios)))
-EOF
+    python3 "$PAIRS_PY" row "$op|$label" "$work/pairs" --target ">= 0.90" ${CSV:+--csv "$CSV"} \
+      --columns "op|size" >>"$work/rows"
   done
 done
 echo
-echo "| op | size | perftest MiB/s median (range) | tebench MiB/s median (range) | median ratio | ratio range |"
-echo "|---|---|---|---|---|---|"
+pairs_header "op|size" "tebench MiB/s" "perftest MiB/s"
 cat "$work/rows"
+echo
+pairs_load end

@@ -1,60 +1,91 @@
 #!/usr/bin/env bash
-# tebench --protocol tcp vs iperf3 on the same path (loopback), measured in one run.
+# tebench --protocol tcp vs iperf3 on the same path (loopback), in alternating pairs.
 #
-#   benches/tcp-vs-iperf3.sh [seconds per measurement, default 5]
+#   benches/tcp-vs-iperf3.sh [seconds per measurement, default 2] [--pairs N] [--csv FILE]
+#       [--blocks "64K 1M 16M"] [--threads "1 2"] [--ops "read write"] [--iperf-streams N]
 #
-# Prints one row per (operation, block size, threads): tebench's GB/s, iperf3's GB/s over
-# the same loopback path with as many streams as tebench uses lanes (2 by default) and with
-# one stream, the ratio to the better iperf3 figure (target >= 0.85), and the ratio to
-# Mooncake's TCP transport figures measured on this kind of machine (target >= 2x).
+# Every row (operation, block size, threads) runs iperf3 and tebench alternately, --pairs times
+# (default 5): iperf3 over loopback with as many streams as tebench uses tcp lanes (MC_TCP_LANES,
+# default 2; --iperf-streams to change), then tebench (batch 128), or the other way round in
+# every other pair. The row prints both medians, the median of the per-pair ratios, their range
+# and the target (>= 0.90 of iperf3); the load average is printed at start and end. A second
+# table sets the medians beside Mooncake's TCP transport on this kind of machine (target >= 2x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DUR="${1:-5}"
+DUR=2 PAIRS=5 CSV=${CSV:-} BLOCKS="64K 1M 16M" THREADS="1 2" OPS="read write"
+LANES="${MC_TCP_LANES:-2}"
+STREAMS=$LANES
+while [ $# -gt 0 ]; do
+  case $1 in
+    --pairs) PAIRS=$2; shift 2 ;;
+    --csv) CSV=$2; shift 2 ;;
+    --blocks) BLOCKS=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --ops) OPS=$2; shift 2 ;;
+    --iperf-streams) STREAMS=$2; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    [0-9]*) DUR=$1; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 command -v iperf3 >/dev/null || { echo "iperf3 is missing: apt-get install iperf3" >&2; exit 1; }
+. benches/lib-pairs.sh
 echo "building tebench (release)..." >&2
 cargo build --release -q -p crescent-benches --bin tebench
-TEBENCH=target/release/tebench
-LANES="${MC_TCP_LANES:-2}"
+TEBENCH=${CARGO_TARGET_DIR:-$PWD/target}/release/tebench
 
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+WORK=$(mktemp -d)
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
 trap cleanup EXIT
+[ -n "$CSV" ] || CSV=$WORK/rows.csv
+: >"$CSV"
 
 port=$((20000 + RANDOM % 20000))
 iperf3 -s -p "$port" >/dev/null 2>&1 &
 PIDS+=($!)
 sleep 0.5
-iperf_gbps() { # streams
-  iperf3 -c 127.0.0.1 -p "$port" -t "$DUR" -P "$1" -J 2>/dev/null |
-    python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))'
+iperf_gbps() {
+  iperf3 -c 127.0.0.1 -p "$port" -t "$DUR" -P "$STREAMS" -J 2>/dev/null |
+    python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))'
 }
-echo "iperf3 ($DUR s each)..." >&2
-IPERF1=$(iperf_gbps 1)
-IPERFN=$(iperf_gbps "$LANES")
-IPERF=$(python3 -c "print(max($IPERF1, $IPERFN))")
 
-out=$(mktemp)
-$TEBENCH target --protocol tcp --buffer-size 1G --local-hostname 127.0.0.1 >"$out" 2>/dev/null &
+$TEBENCH target --protocol tcp --buffer-size 1G --local-hostname 127.0.0.1 >"$WORK/target.out" 2>/dev/null &
 PIDS+=($!)
-for _ in $(seq 100); do grep -q '^segment: ' "$out" && break; sleep 0.1; done
-SEG=$(sed -n 's/^segment: //p' "$out")
+for _ in $(seq 100); do grep -q '^segment: ' "$WORK/target.out" && break; sleep 0.1; done
+SEG=$(sed -n 's/^segment: //p' "$WORK/target.out")
 [ -n "$SEG" ] || { echo "tebench target did not start" >&2; exit 1; }
+tebench_gbps() { # op block threads
+  $TEBENCH initiator --segment "$SEG" --protocol tcp --operation "$1" --block-size "$2" \
+    --batch-size 128 --threads "$3" --duration "$DUR" --report-interval 0 --json \
+    --local-hostname 127.0.0.1 2>>"$WORK/initiator.err" | tail -n 1 |
+    python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["gb_per_s"])'
+}
 
-declare -A MOONCAKE=([read/64K]=0.54 [read/1M]=1.30 [read/16M]=1.03 [write/64K]=0.59 [write/1M]=1.33 [write/16M]=1.28)
-printf '\n%s, loopback, batch 128, %s s per row, tcp lanes %s\n' "$(date -u +%F)" "$DUR" "$LANES"
-printf 'iperf3: %s GB/s with 1 stream, %s GB/s with %s streams\n\n' "$IPERF1" "$IPERFN" "$LANES"
-printf '| op | block | threads | tebench GB/s | iperf3 GB/s | ratio to iperf3 | Mooncake GB/s | vs Mooncake |\n'
-printf '|---|---|---|---|---|---|---|---|\n'
-for op in read write; do
-  for bs in 64K 1M 16M; do
-    for th in 1 2; do
-      json=$($TEBENCH initiator --segment "$SEG" --protocol tcp --operation "$op" --block-size "$bs" \
-        --batch-size 128 --threads "$th" --duration "$DUR" --report-interval 0 --json \
-        --local-hostname 127.0.0.1 2>/dev/null | tail -n 1)
-      gbps=$(printf '%s' "$json" | python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["gb_per_s"])')
-      mc=${MOONCAKE[$op/$bs]}
-      printf '| %s | %s | %s | %s | %s | %s | %s | %sx |\n' "$op" "$bs" "$th" "$gbps" "$IPERF" \
-        "$(python3 -c "print('%.2f' % ($gbps / $IPERF))")" "$mc" "$(python3 -c "print('%.1f' % ($gbps / $mc))")"
+printf '%s, tcp loopback, batch 128, tcp lanes %s, iperf3 -P %s, %s s per measurement, %s pairs per row\n' \
+  "$(date -u '+%F %H:%M UTC')" "$LANES" "$STREAMS" "$DUR" "$PAIRS"
+pairs_load start
+echo
+pairs_header "op|block|threads" "tebench GB/s" "iperf3 GB/s"
+for op in $OPS; do
+  for bs in $BLOCKS; do
+    for th in $THREADS; do
+      pairs_row "$op|$bs|$th" ">= 0.90" "tebench_gbps $op $bs $th" "iperf_gbps" "op|block|threads"
     done
   done
 done
+echo
+# Mooncake's TCP transport, measured on this kind of machine (target: tebench >= 2x).
+python3 - "$CSV" <<'PY'
+import csv, sys
+mooncake = {("read", "64K"): 0.54, ("read", "1M"): 1.30, ("read", "16M"): 1.03,
+            ("write", "64K"): 0.59, ("write", "1M"): 1.33, ("write", "16M"): 1.28}
+print("| op | block | threads | tebench GB/s (median) | Mooncake GB/s | vs Mooncake (target >= 2x) |")
+print("|---|---|---|---|---|---|")
+for r in csv.DictReader(open(sys.argv[1])):
+    m = mooncake.get((r["op"], r["block"]))
+    if m:
+        print("| %s | %s | %s | %.2f | %.2f | %.1fx |" % (r["op"], r["block"], r["threads"], float(r["ours"]), m, float(r["ours"]) / m))
+PY
+echo
+pairs_load end

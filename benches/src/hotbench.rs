@@ -13,6 +13,8 @@ use clap::Args;
 use crescent_engine::parse_size;
 use crescent_store::client::hot_cache::{Admission, HotCacheSettings};
 use crescent_store::{pattern, ClientConfig, StoreClient};
+
+use crate::report;
 use hdrhistogram::Histogram;
 
 const MIB: u64 = 1 << 20;
@@ -54,6 +56,11 @@ pub struct HotCacheArgs {
     /// Keys per batchGet call.
     #[arg(long, default_value_t = 5)]
     pub batch: usize,
+    /// Pairs of fresh readers without and with the cache per row, alternating which goes
+    /// first: the first runs every round, the others the first round only, for the first
+    /// round's ratio (cached / uncached, target <= 1.10x).
+    #[arg(long, default_value_t = 5)]
+    pub pairs: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -152,8 +159,78 @@ impl Row {
     }
 }
 
+/// One fresh reader (cache `c`, 0: none) over `keys` for `rounds` rounds with `method`;
+/// returns each round's milliseconds and the cache's metrics.
+fn reader_rounds(
+    a: &HotCacheArgs,
+    size: u64,
+    keys: &[String],
+    method: &str,
+    c: u64,
+    rounds: usize,
+) -> Result<(Vec<f64>, String)> {
+    let r = reader(&a.common, c, None, Admission::Always, 64 * MIB)?;
+    // batchGet reads into buffers allocated and registered once, as an inference
+    // engine does (and as the reference's batch call does): `batch_get_into`.
+    let mut bufs = vec![0u8; a.batch * size as usize];
+    let base = bufs.as_mut_ptr() as u64;
+    if method == BATCH_GET {
+        r.register_buffer(base, bufs.len() as u64)?;
+    }
+    let addrs: Vec<u64> = (0..a.batch as u64).map(|j| base + j * size).collect();
+    let lens = vec![size; a.batch];
+    let mut rounds_ms = Vec::new();
+    for round in 0..rounds {
+        let verify = round == 0 || round == rounds - 1;
+        let mut ms = 0.0;
+        if method == GET {
+            for (i, k) in keys.iter().enumerate() {
+                let t = Instant::now();
+                let v = r.get(k)?;
+                ms += t.elapsed().as_secs_f64() * 1e3;
+                if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, i as u64, 0).is_some()) {
+                    bail!("wrong bytes for {k}");
+                }
+            }
+        } else if method == BATCH_GET {
+            for (n, chunk) in keys.chunks(a.batch).enumerate() {
+                let t = Instant::now();
+                let got = r.batch_get_into(chunk, &addrs, &lens)?;
+                ms += t.elapsed().as_secs_f64() * 1e3;
+                for (j, n_read) in got.into_iter().enumerate() {
+                    let seed = (n * a.batch + j) as u64;
+                    let v = &bufs[j * size as usize..][..size as usize];
+                    if n_read? != size || (verify && pattern::first_mismatch(v, seed, 0).is_some()) {
+                        bail!("wrong bytes for {}", chunk[j]);
+                    }
+                }
+            }
+        } else {
+            for (n, chunk) in keys.chunks(a.batch).enumerate() {
+                let t = Instant::now();
+                let got = r.get_batch(chunk)?;
+                ms += t.elapsed().as_secs_f64() * 1e3;
+                for (j, v) in got.into_iter().enumerate() {
+                    let v = v?;
+                    let seed = (n * a.batch + j) as u64;
+                    if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, seed, 0).is_some()) {
+                        bail!("wrong bytes for {}", chunk[j]);
+                    }
+                }
+            }
+        }
+        rounds_ms.push(ms);
+    }
+    if method == BATCH_GET {
+        r.unregister_buffer(base)?;
+    }
+    let metrics = r.hot_cache_metrics().map(|m| m.to_string()).unwrap_or_default();
+    r.close()?;
+    Ok((rounds_ms, metrics))
+}
+
 /// The reference table's measurement: rounds over the same keys, get or batchGet, with and
-/// without the cache.
+/// without the cache; then the first round's cost with the cache against without, in pairs.
 pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
     if a.sizes.len() != a.caches.len() {
         bail!("one cache size per value size");
@@ -163,75 +240,33 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
     }
     let w = writer(&a.common)?;
     let mut rows = Vec::new();
+    let mut pairs = Vec::new();
+    let load = report::Load::start();
     for (&size, &cache) in a.sizes.iter().zip(&a.caches) {
         let keys: Vec<String> = (0..a.keys).map(|i| format!("hc/{size}/{i}")).collect();
         for (i, k) in keys.iter().enumerate() {
             w.put(k, &value(size, i as u64)).with_context(|| format!("putting {k}"))?;
         }
         for method in [GET, BATCH_GET, BATCH_GET_BYTES] {
-            for c in [0, cache] {
-                let r = reader(&a.common, c, None, Admission::Always, 64 * MIB)?;
-                // batchGet reads into buffers allocated and registered once, as an inference
-                // engine does (and as the reference's batch call does): `batch_get_into`.
-                let mut bufs = vec![0u8; a.batch * size as usize];
-                let base = bufs.as_mut_ptr() as u64;
-                if method == BATCH_GET {
-                    r.register_buffer(base, bufs.len() as u64)?;
-                }
-                let addrs: Vec<u64> = (0..a.batch as u64).map(|j| base + j * size).collect();
-                let lens = vec![size; a.batch];
-                let mut rounds_ms = Vec::new();
-                for round in 0..a.rounds {
-                    let verify = round == 0 || round == a.rounds - 1;
-                    let mut ms = 0.0;
-                    if method == GET {
-                        for (i, k) in keys.iter().enumerate() {
-                            let t = Instant::now();
-                            let v = r.get(k)?;
-                            ms += t.elapsed().as_secs_f64() * 1e3;
-                            if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, i as u64, 0).is_some())
-                            {
-                                bail!("wrong bytes for {k}");
-                            }
-                        }
-                    } else if method == BATCH_GET {
-                        for (n, chunk) in keys.chunks(a.batch).enumerate() {
-                            let t = Instant::now();
-                            let got = r.batch_get_into(chunk, &addrs, &lens)?;
-                            ms += t.elapsed().as_secs_f64() * 1e3;
-                            for (j, n_read) in got.into_iter().enumerate() {
-                                let seed = (n * a.batch + j) as u64;
-                                let v = &bufs[j * size as usize..][..size as usize];
-                                if n_read? != size || (verify && pattern::first_mismatch(v, seed, 0).is_some()) {
-                                    bail!("wrong bytes for {}", chunk[j]);
-                                }
-                            }
-                        }
-                    } else {
-                        for (n, chunk) in keys.chunks(a.batch).enumerate() {
-                            let t = Instant::now();
-                            let got = r.get_batch(chunk)?;
-                            ms += t.elapsed().as_secs_f64() * 1e3;
-                            for (j, v) in got.into_iter().enumerate() {
-                                let v = v?;
-                                let seed = (n * a.batch + j) as u64;
-                                if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, seed, 0).is_some())
-                                {
-                                    bail!("wrong bytes for {}", chunk[j]);
-                                }
-                            }
-                        }
+            // Pair 1 runs every round (the table); the further pairs only the first round,
+            // which is all their ratio needs. Uncached first in odd pairs, cached first in even.
+            let mut first = report::Pairs::default();
+            for pair in 0..a.pairs.max(1) {
+                let rounds = if pair == 0 { a.rounds } else { 1 };
+                let order = if pair % 2 == 0 { [0, cache] } else { [cache, 0] };
+                let mut firsts = [0.0; 2];
+                for c in order {
+                    let (rounds_ms, metrics) = reader_rounds(&a, size, &keys, method, c, rounds)?;
+                    firsts[usize::from(c > 0)] = rounds_ms[0];
+                    if pair == 0 {
+                        let (calls, batch) =
+                            if method == GET { (a.keys, None) } else { (a.keys / a.batch, Some(a.batch)) };
+                        rows.push(Row { method, size, cache: c, calls, batch, rounds_ms, metrics });
                     }
-                    rounds_ms.push(ms);
                 }
-                if method == BATCH_GET {
-                    r.unregister_buffer(base)?;
-                }
-                let metrics = r.hot_cache_metrics().map(|m| m.to_string()).unwrap_or_default();
-                let (calls, batch) = if method == GET { (a.keys, None) } else { (a.keys / a.batch, Some(a.batch)) };
-                rows.push(Row { method, size, cache: c, calls, batch, rounds_ms, metrics });
-                r.close()?;
+                first.push(firsts[1], firsts[0]);
             }
+            pairs.push((method, size, cache, first));
         }
         for k in &keys {
             w.remove_with(k, true)?;
@@ -239,7 +274,35 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
     }
     w.close()?;
     print_hot_table(&a, &rows);
+    print_first_round_pairs(&a, &pairs);
+    load.finish();
     Ok(())
+}
+
+fn print_first_round_pairs(a: &HotCacheArgs, pairs: &[(&str, u64, u64, report::Pairs)]) {
+    println!(
+        "First round with the cache vs without it: {} pairs of fresh readers per row (uncached first in odd pairs), \
+         medians in ms{}",
+        a.pairs.max(1),
+        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) }
+    );
+    println!();
+    println!(
+        "| Method | Value (MB) | Cache (MB) | cached first round (ms) | uncached first round (ms) | ratio | range | target | met |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (method, size, cache, p) in pairs {
+        let s = p.summary();
+        println!(
+            "| {method} | {} | {} | {:.2} | {:.2} | {}",
+            size / MIB,
+            cache / MIB,
+            s.ours,
+            s.limit,
+            s.ratio_cells(report::Target::AtMost(1.10))
+        );
+    }
+    println!();
 }
 
 fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {

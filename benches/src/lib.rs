@@ -4,6 +4,7 @@ pub use crescent_store::pattern;
 pub mod etcd_cluster;
 pub mod failover;
 pub mod hotbench;
+pub mod masterbench;
 pub mod report;
 pub mod ssd;
 

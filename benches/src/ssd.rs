@@ -44,8 +44,8 @@ pub struct Cli {
     /// Bytes per row (the value count follows from it).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     bytes_per_row: u64,
-    /// Alternating crescent/dd passes per size; rows show medians.
-    #[arg(long, default_value_t = 7)]
+    /// Alternating crescent/dd passes (pairs) per size; rows show medians.
+    #[arg(long, visible_alias = "pairs", default_value_t = 7)]
     repeat: usize,
     /// Disk tier writer threads.
     #[arg(long, default_value_t = 4)]
@@ -144,13 +144,17 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
         if cli.recycle_size == 0 { "none".to_string() } else { report::fmt_bytes(cli.recycle_size) }
     );
     println!();
+    let load = report::Load::start();
     println!(
-        "medians of {} alternating crescent/dd passes per row; the last column is the range of the ratio",
+        "medians of {} alternating crescent/dd passes per row; ratio = the median of the passes' crescent / dd \
+         ratios, range = theirs",
         cli.repeat
     );
     println!();
-    println!("| op | value | values | crescent MiB/s | crescent p50 | dd MiB/s | dd per value | ratio | range |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| op | value | values | crescent MiB/s | crescent p50 | dd MiB/s | dd per value | ratio | range | target | met |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut early = Vec::new();
     for &size in &cli.sizes {
         let n = (cli.bytes_per_row / size).max(4);
@@ -162,15 +166,18 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
             .map(|pass| one_pass(&config, work, size, n, pass, cli.batch))
             .collect::<Result<Vec<_>>>()?;
         let row = |op: &str, ours: &dyn Fn(&Pass) -> f64, theirs: &dyn Fn(&Pass) -> f64, p50: String| {
-            let ratios: Vec<f64> = passes.iter().map(|p| mib_s(total, ours(p)) / mib_s(total, theirs(p))).collect();
-            let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+            let mut pairs = report::Pairs::default();
+            for p in &passes {
+                pairs.push(mib_s(total, ours(p)), mib_s(total, theirs(p)));
+            }
+            let s = pairs.summary();
             let dd_secs = median(passes.iter().map(theirs).collect());
             println!(
-                "| {op} | {label} | {n} | {:.0} | {p50} | {:.0} | {} | ratio {:.2} | {lo:.2}-{hi:.2} |",
-                mib_s(total, median(passes.iter().map(ours).collect())),
-                mib_s(total, dd_secs),
+                "| {op} | {label} | {n} | {:.0} | {p50} | {:.0} | {} | {}",
+                s.ours,
+                s.limit,
                 report::fmt_us((dd_secs * 1e6 / n as f64) as u64),
-                median(ratios.clone()),
+                s.ratio_cells(report::Target::AtLeast(0.80)),
             );
         };
         let put_p50 = median(passes.iter().map(|p| p.put_p50_us as f64).collect()) as u64;
@@ -194,6 +201,7 @@ fn run(cli: &Cli, work: &Path) -> Result<()> {
     for line in early {
         println!("{line}");
     }
+    load.finish();
     Ok(())
 }
 

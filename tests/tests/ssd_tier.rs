@@ -57,12 +57,18 @@ fn values_evicted_from_memory_are_read_from_disk_here_and_through_another_client
     }
     assert!(a.flush_offload(Duration::from_secs(60)));
     assert_eq!(a.disk_stats().unwrap().files, 4);
-    // The client's own Prometheus text has the tier's counters; a client without one has none.
+    // The client's own Prometheus text has the tier's metrics, what it did as counters and its
+    // sizes as gauges; a client without one has none.
     let metrics = a.render_metrics();
-    for line in ["crescent_client_disk{counter=\"files\"} 4", "crescent_client_disk{counter=\"written\"} 4"] {
+    for line in [
+        "crescent_client_disk_files 4",
+        "# TYPE crescent_client_disk_files gauge",
+        "crescent_client_disk_written_total 4",
+        "# TYPE crescent_client_disk_written_total counter",
+    ] {
         assert!(metrics.lines().any(|l| l == line), "{line} missing from:\n{metrics}");
     }
-    assert!(!f.render_metrics().contains("crescent_client_disk{"));
+    assert!(!f.render_metrics().contains("crescent_client_disk"));
     fill_memory(&f, "x");
     for k in keys {
         assert_eq!(tiers(&a, k), [Tier::Ssd as i32], "{k}: only the disk copy is left");
@@ -382,4 +388,39 @@ fn disk_copies_are_read_into_several_buffers_and_by_ranges_here_and_elsewhere() 
         assert!(matches!(c.get_into_ranges("on-disk", &past), Err(StoreError::BadRange { .. })));
         c.unregister_buffer(at).unwrap();
     }
+}
+
+#[test]
+fn a_put_whose_file_is_announced_after_a_master_restart_is_served_from_it() {
+    // A master on a fixed port, so that a second one can take its place.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let master_config =
+        MasterConfig { rpc_address: format!("127.0.0.1:{port}"), admin_address: String::new(), ..Default::default() };
+    let first = crescent_store::master::server::start(master_config.clone()).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let a = client(&first, Some(root.path()));
+    a.put("before", &data(200_000, 1)).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    // The next put commits; its file is written and waits, not yet announced, at the hold.
+    let hold = crescent_store::client::disk::hold::hold_commits(a.disk_dir().unwrap());
+    a.put("after", &data(300_000, 2)).unwrap();
+    assert!(hold.wait_reached(Duration::from_secs(60)), "the file of \"after\" reached its commit round");
+    // The master restarts, knowing nothing; A remounts and re-announces the files it has.
+    first.shutdown();
+    let second = crescent_store::master::server::start(master_config).unwrap();
+    assert!(
+        crescent_tests::eventually(Duration::from_secs(30), || second.master.exists("before").unwrap_or(false)),
+        "A remounted its disk at the new master"
+    );
+    assert!(!second.master.exists("after").unwrap(), "the new master never heard of \"after\"");
+    // Only now is the file of "after" committed and announced, to a master that never saw its put.
+    hold.release();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    assert!(second.master.exists("after").unwrap(), "an acknowledged put is not taken for a removed one");
+    assert_eq!(tiers(&a, "after"), [Tier::Ssd as i32]);
+    assert!(a.get("after").unwrap() == data(300_000, 2), "served from the file, bytes intact");
+    assert!(a.get("before").unwrap() == data(200_000, 1));
+    let s = a.disk_stats().unwrap();
+    // The new master took the fresh announcement itself (no refusal the client had to doubt).
+    assert_eq!((s.files, s.stale_refused, s.ambiguous_refusals), (2, 0, 0), "{s:?}");
 }

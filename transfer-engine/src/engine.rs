@@ -10,8 +10,8 @@ use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
-    Completion, Endpoint, Opcode, Region, RegionKeys, RegionTable, RemoteRegion, SharedMemory, Slice, Transport,
-    TransportError, TransportKind,
+    Completion, Endpoint, FailureReason, Opcode, Region, RegionKeys, RegionTable, RemoteRegion, SharedMemory, Slice,
+    Transport, TransportError, TransportKind,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -22,6 +22,7 @@ use crate::error::{EngineError, Result};
 use crate::handshake::{self, HandshakeServer};
 use crate::host;
 use crate::metadata::{Directory, RpcMeta, ServiceAddress};
+use crate::notify::{self, Notification, NotifyQueue, Outbox};
 use crate::slicing::{cut, CutError, Piece};
 
 /// Handle of an opened segment.
@@ -113,6 +114,10 @@ pub struct TransferEngine {
     watchdog: Arc<Watchdog>,
     /// Where descriptors are found and this engine's is published (deleted on drop).
     directory: Directory,
+    /// Notifications received, until taken.
+    notifies: Arc<NotifyQueue>,
+    /// Notifications attached to batches, until sent.
+    outbox: Arc<Outbox>,
     _handshake: HandshakeServer,
 }
 
@@ -173,7 +178,8 @@ impl TransferEngine {
             let (name, host_id, table, rdma) = (name.clone(), host_id.clone(), table.clone(), rdma.clone());
             Arc::new(move || describe(&name, &host_id, &offered(&endpoints, rdma.as_deref()), &table).to_json())
         };
-        let handshake = HandshakeServer::start(listener, describe.clone())?;
+        let notifies = Arc::new(NotifyQueue::default());
+        let handshake = HandshakeServer::start(listener, describe.clone(), notifies.clone())?;
         let rpc = RpcMeta { ip_or_host_name: host.clone(), rpc_port: port };
         let directory = Directory::start(&config, &name, rpc, describe)?;
         tracing::info!(
@@ -194,6 +200,8 @@ impl TransferEngine {
             batches: Mutex::new(HashMap::new()),
             next_batch: AtomicU64::new(1),
             directory,
+            notifies,
+            outbox: Outbox::start(HANDSHAKE_TIMEOUT)?,
             _handshake: handshake,
         }))
     }
@@ -404,6 +412,29 @@ impl TransferEngine {
         Ok(self.segment(id)?.transport.kind())
     }
 
+    /// Fetches an opened segment's descriptor again (it registered or unregistered memory
+    /// since); the handle stays the same.
+    pub fn resync_segment(&self, id: SegmentId) -> Result<()> {
+        let segment = self.segment(id)?;
+        let d = self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT)?;
+        segment.transport.set_peer_regions(&segment.endpoint, remote_regions(&d));
+        *segment.descriptor.write() = Arc::new(d);
+        Ok(())
+    }
+
+    /// The segments opened, by handle: name and transport, in handle order.
+    pub fn open_segments(&self) -> Vec<(SegmentId, String, TransportKind)> {
+        let mut v: Vec<_> =
+            self.segments.read().iter().map(|(id, s)| (*id, s.name.clone(), s.transport.kind())).collect();
+        v.sort_by_key(|(id, ..)| *id);
+        v
+    }
+
+    /// The transports this engine runs (rdma only while it is not turned off).
+    pub fn transport_kinds(&self) -> Vec<TransportKind> {
+        self.live_transports().map(|t| t.kind()).collect()
+    }
+
     fn segment(&self, id: SegmentId) -> Result<Arc<Segment>> {
         self.segments.read().get(&id).cloned().ok_or(EngineError::UnknownSegment(id))
     }
@@ -504,6 +535,7 @@ impl TransferEngine {
         if pending > 0 {
             return Err(EngineError::BatchInFlight { id, pending });
         }
+        self.outbox.release(batch);
         batches.remove(&id);
         Ok(())
     }
@@ -523,6 +555,9 @@ impl TransferEngine {
             let pieces = match self.plan(&segment, r) {
                 Ok(p) => Ok(p),
                 Err(PlanError::Local(msg)) => return Err(EngineError::InvalidArgument(format!("request {i}: {msg}"))),
+                Err(PlanError::NotRegistered { addr, len }) => {
+                    return Err(EngineError::LocalNotRegistered { request: i, addr, len })
+                }
                 Err(PlanError::Remote(msg)) => Err(msg),
             };
             planned.push((segment, pieces));
@@ -549,7 +584,7 @@ impl TransferEngine {
                         outgoing.push((i, r.opcode, *p, submission.add_slice(slot, g)));
                     }
                 }
-                Err(e) => batch.fail_request(slot, e.to_string()),
+                Err(e) => batch.fail_request(slot, FailureReason::local(e.to_string())),
             }
         }
         let submission = Arc::new(submission);
@@ -579,18 +614,16 @@ impl TransferEngine {
             let descriptor = segment.descriptor.read().clone();
             match cut(r.source, r.target_offset, r.length, max, local_end, |a| descriptor.buffer_end(a)) {
                 Ok(pieces) => return Ok(pieces),
-                Err(CutError::Local { addr, len }) => {
-                    return Err(PlanError::Local(format!("local range [{addr:#x}, +{len}) is not registered memory")))
-                }
+                Err(CutError::Local { addr, len }) => return Err(PlanError::NotRegistered { addr, len }),
                 Err(CutError::Remote { addr, len }) => {
                     // The descriptor may be stale (the target registered more memory since).
                     if attempt == 0 && self.refresh_segment(segment, &descriptor) {
                         continue;
                     }
-                    return Err(PlanError::Remote(format!(
+                    return Err(PlanError::Remote(FailureReason::out_of_range(format!(
                         "[{addr:#x}, +{len}) is outside the registered memory of segment {}",
                         segment.name
-                    )));
+                    ))));
                 }
                 Err(CutError::Empty) => return Err(PlanError::Local("empty request".into())),
             }
@@ -648,14 +681,62 @@ impl TransferEngine {
         for (i, s) in statuses.into_iter().enumerate() {
             match s {
                 TransferStatus::Completed => {}
-                TransferStatus::Failed(reason) => {
-                    return Err(EngineError::TransferFailed(format!("request {i}: {reason}")))
-                }
+                TransferStatus::Failed(reason) => return Err(EngineError::TransferFailed { request: i, reason }),
                 TransferStatus::TimedOut => return Err(EngineError::TimedOut),
                 TransferStatus::Pending => unreachable!("wait_batch returns once all ended"),
             }
         }
         Ok(())
+    }
+
+    // ---- notifications ([`crate::notify`]) ----
+
+    /// [`Self::submit`], then attaches `notification` to the batch: once every request
+    /// submitted to it so far has completed, it is sent to the engine of the first request's
+    /// segment (by a thread of its own), and dropped with a warning if one failed (Mooncake's
+    /// `submitTransferWithNotify`). A notification attached earlier and not sent yet is replaced.
+    pub fn submit_with_notify(
+        &self,
+        batch_id: BatchId,
+        requests: &[TransferRequest],
+        notification: Notification,
+    ) -> Result<()> {
+        notification.check()?;
+        let first = requests
+            .first()
+            .ok_or_else(|| EngineError::InvalidArgument("a notification follows at least one request".into()))?;
+        let segment = self.segment(first.target)?;
+        let address = self.directory.handshake_address(&segment.name)?;
+        self.submit(batch_id, requests)?;
+        self.outbox.arm(&self.batch(batch_id)?, &segment.name, address, notification);
+        Ok(())
+    }
+
+    /// Sends `notification` now to the engine of an opened segment (Mooncake's
+    /// `sendNotifyByID`); `Err(NotifyQueueFull)` when its queue is full.
+    pub fn send_notify(&self, target: SegmentId, notification: &Notification) -> Result<()> {
+        let name = self.segment(target)?.name.clone();
+        self.send_notify_to(&name, notification)
+    }
+
+    /// Sends `notification` now to the engine of segment `name` (`sendNotifyByName`).
+    pub fn send_notify_to(&self, name: &str, notification: &Notification) -> Result<()> {
+        notification.check()?;
+        let address = self.directory.handshake_address(name)?;
+        notify::send(name, &address, notification, self.outbox.timeout())
+    }
+
+    /// Takes the notifications this engine received and nobody took yet, oldest first.
+    pub fn take_notifies(&self) -> Vec<Notification> {
+        self.notifies.take_all()
+    }
+
+    /// Checks that the engine of segment `name` answers on its handshake listener (Mooncake's
+    /// `sendProbe`): its address from the metadata service (or the name with P2P handshake),
+    /// then one descriptor request within the handshake's deadline.
+    pub fn probe(&self, name: &str) -> Result<()> {
+        let address = self.directory.handshake_address(name)?;
+        handshake::fetch_descriptor(&address, HANDSHAKE_TIMEOUT).map(|_| ())
     }
 }
 
@@ -680,7 +761,8 @@ fn start_shm(
 
 enum PlanError {
     Local(String),
-    Remote(String),
+    NotRegistered { addr: u64, len: u64 },
+    Remote(FailureReason),
 }
 
 /// The endpoints to publish: all, less rdma's once it was turned off.

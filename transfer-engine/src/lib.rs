@@ -25,6 +25,7 @@ pub mod error;
 pub mod handshake;
 pub mod host;
 pub mod metadata;
+pub mod notify;
 pub mod slicing;
 
 pub use batch::{BatchCompletion, BatchId, TransferStatus};
@@ -33,3 +34,4 @@ pub use crescent_transports::{Opcode, TransportKind};
 pub use descriptor::{BufferDescriptor, SegmentDescriptor};
 pub use engine::{LocalLoan, RegisteredMemory, SegmentId, TransferEngine, TransferRequest};
 pub use error::{EngineError, Result};
+pub use notify::Notification;

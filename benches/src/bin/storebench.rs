@@ -18,12 +18,14 @@
 //! `storebench failover [--kills 20]` measures HA failovers (see `crescent_benches::failover`).
 //! Two more modes measure the client's local hot cache (`benches/hotcache.sh` runs them):
 //! `storebench hot-cache --master A:PORT --local-hostname B` and `storebench replay ...`.
+//! `storebench master [--objects 100k,1M] [--clients 64]` drives a spawned `crescent-master`
+//! with simulated clients at scale (see `crescent_benches::masterbench`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use crescent_benches::{hotbench, report};
+use crescent_benches::{hotbench, masterbench, report};
 use crescent_engine::parse_size;
 use crescent_store::{pattern, ClientConfig, StoreClient};
 use hdrhistogram::Histogram;
@@ -54,9 +56,13 @@ struct Cli {
     /// Bytes moved per row (the operation count follows from it).
     #[arg(long, default_value = "512M", value_parser = parse_size)]
     bytes_per_row: u64,
-    /// Keys for the metadata-rate row.
+    /// Keys for the metadata-rate row (0: no metadata row).
     #[arg(long, default_value_t = 100_000)]
     meta_keys: usize,
+    /// Also write every row as one JSON object a line to this file (benches/storebench.sh
+    /// reads them to pair the runs with iperf3).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
     /// What the path carries in MiB/s (iperf3 on the same link, measured by storebench.sh); each
     /// row then shows the store's figure as a share of it. 0: not measured.
     #[arg(long, default_value_t = 0.0)]
@@ -71,6 +77,8 @@ enum Mode {
     HotCache(hotbench::HotCacheArgs),
     /// The local hot cache under an inference-shaped request stream.
     Replay(hotbench::ReplayArgs),
+    /// The master at scale: many simulated clients, 100k-10M objects, eviction running.
+    Master(masterbench::MasterArgs),
 }
 
 #[derive(clap::Args)]
@@ -148,6 +156,7 @@ fn main() {
         Some(Mode::Query(args)) => query_bench(&args),
         Some(Mode::HotCache(a)) => hotbench::hot_cache(a),
         Some(Mode::Replay(a)) => hotbench::replay(a),
+        Some(Mode::Master(a)) => masterbench::run(a),
         None => run(cli),
     };
     if let Err(e) = result {
@@ -187,6 +196,7 @@ fn run(cli: Cli) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut get_rows: Vec<(String, f64)> = Vec::new();
+    let mut records = Vec::new();
     for &size in &cli.sizes {
         let n = (cli.bytes_per_row / size).clamp(4, 200);
         let value = {
@@ -205,7 +215,7 @@ fn run(cli: Cli) -> Result<()> {
             s.time(size, || Ok(client.put(&key("p", i), &value)?))?;
             r.time(size, || Ok(redis.set::<_, _, ()>(key("p", i), value.as_slice())?))?;
         }
-        print_row("put", &label, n, &s, &r, link);
+        print_row(&mut records, "put", size, n, &s, &r, link);
         // get / GET (bytes returned to the caller)
         let (mut s, mut r) = (Row::new(), Row::new());
         for i in 0..n {
@@ -218,7 +228,7 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("redis returned wrong bytes");
             }
         }
-        print_row("get", &label, n, &s, &r, link);
+        print_row(&mut records, "get", size, n, &s, &r, link);
         // zero-copy get_into registered memory / GET
         let (mut s, mut r) = (Row::new(), Row::new());
         for i in 0..n {
@@ -229,7 +239,7 @@ fn run(cli: Cli) -> Result<()> {
         if pattern::first_mismatch(&buf[half..half + size as usize], size, 0).is_some() {
             bail!("store get_into returned wrong bytes");
         }
-        print_row("get_into (zero copy)", &label, n, &s, &r, link);
+        print_row(&mut records, "get_into (zero copy)", size, n, &s, &r, link);
         get_rows.push((label.clone(), r.mib_s()));
         // batches: batch_put_from / MSET, batch_get_into / MGET
         let b = cli.batch as u64;
@@ -247,7 +257,7 @@ fn run(cli: Cli) -> Result<()> {
             let pairs: Vec<(String, &[u8])> = keys.iter().map(|k| (format!("r{k}"), value.as_slice())).collect();
             r.time(size * b, || Ok(redis.mset::<_, _, ()>(&pairs)?))?;
         }
-        print_row(&format!("batch_put x{b}"), &label, calls, &s, &r, link);
+        print_row(&mut records, &format!("batch_put x{b}"), size, calls, &s, &r, link);
         let (mut s, mut r) = (Row::new(), Row::new());
         for c in 0..calls {
             let keys: Vec<String> = (0..b).map(|j| key("b", c * b + j)).collect();
@@ -264,7 +274,7 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("redis MGET returned {} values", got.len());
             }
         }
-        print_row(&format!("batch_get x{b}"), &label, calls, &s, &r, link);
+        print_row(&mut records, &format!("batch_get x{b}"), size, calls, &s, &r, link);
         // Clean up so that the next size has room (the reads above hold leases: force).
         for i in 0..n {
             client.remove_with(&key("p", i), true)?;
@@ -287,12 +297,25 @@ fn run(cli: Cli) -> Result<()> {
         println!();
     }
     client.unregister_buffer(buf.as_mut_ptr() as u64)?;
-    metadata_rate(&client, cli.meta_keys)?;
+    if let Some(path) = &cli.json {
+        let lines: String = records.iter().map(|r| format!("{r}\n")).collect();
+        std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if cli.meta_keys > 0 {
+        metadata_rate(&client, cli.meta_keys)?;
+    }
     client.close()?;
     Ok(())
 }
 
-fn print_row(op: &str, value: &str, calls: u64, s: &Row, r: &Row, link: f64) {
+fn print_row(records: &mut Vec<serde_json::Value>, op: &str, size: u64, calls: u64, s: &Row, r: &Row, link: f64) {
+    let value = report::fmt_bytes(size);
+    records.push(serde_json::json!({
+        "op": op, "value": value, "value_bytes": size, "calls": calls,
+        "store_mib_s": s.mib_s(), "redis_mib_s": r.mib_s(),
+        "store_p50_us": s.hist.value_at_quantile(0.5), "store_p99_us": s.hist.value_at_quantile(0.99),
+        "redis_p50_us": r.hist.value_at_quantile(0.5), "redis_p99_us": r.hist.value_at_quantile(0.99),
+    }));
     let of_link = if link > 0.0 { format!("{:.0} %", 100.0 * s.mib_s() / link) } else { "-".into() };
     println!(
         "| {op} | {value} | {calls} | {:.0} | {} | {} | {:.0} | {} | {} | {of_link} | {:.1}x vs redis |",

@@ -6,19 +6,26 @@
 //! * [`SetupArgs`]: Mooncake's `setup(...)` arguments (positional or as a dict) turned into a
 //!   [`ClientConfig`];
 //! * [`ReplicateConfig`]: Mooncake's per-put replica count, pins and preferred segments;
+//! * [`TeCode`]: Mooncake Transfer Engine's own return codes (`ERR_*`, `Status::Code`) for the
+//!   engine's C and Python interfaces;
 //! * [`init_logging`]: `tracing` to stderr for a process that embeds Crescent.
 
 mod codes;
 mod replicate;
 mod setup;
+mod te_codes;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::fmt::Display;
 
 pub use codes::{engine_status, store_status, Status};
-pub use replicate::ReplicateConfig;
-pub use setup::{protocol_of, SetupArgs, DEFAULT_GLOBAL_SEGMENT_SIZE, DEFAULT_LOCAL_BUFFER_SIZE};
+pub use replicate::{ReplicateConfig, SoftPinAction};
+pub use setup::{
+    client_port_range, protocol_of, SetupArgs, DEFAULT_CLIENT_HTTP_PORT, DEFAULT_GLOBAL_SEGMENT_SIZE,
+    DEFAULT_LOCAL_BUFFER_SIZE,
+};
+pub use te_codes::{te_code, te_engine_fail, te_fail, TeCode};
 
 pub use crescent_engine as engine;
 pub use crescent_store as store;

@@ -18,8 +18,9 @@ use crate::proto::ReplicaDescriptor;
 /// The parts one request uses, and its deadline.
 pub(crate) struct Exec<'c> {
     pub engine: &'c Arc<TransferEngine>,
-    /// This client's segment (replicas the master places here are a memcpy away).
-    pub segment: &'c RegisteredMemory,
+    /// This client's segment (replicas the master places here are a memcpy away); none for a
+    /// pure consumer.
+    pub segment: Option<&'c RegisteredMemory>,
     pub staging: &'c Staging,
     pub hot: Option<&'c HotCache>,
     pub disk: Option<&'c DiskLink>,
@@ -34,7 +35,8 @@ impl<'c> Exec<'c> {
         if r.segment_name != self.engine.segment_name() {
             return None;
         }
-        let (base, end) = (self.segment.addr(), self.segment.addr() + self.segment.len());
+        let segment = self.segment?;
+        let (base, end) = (segment.addr(), segment.addr() + segment.len());
         if r.address < base || r.address.checked_add(len).is_none_or(|e| e > end) {
             tracing::error!("the master placed a replica outside our segment: {:#x}+{len}", r.address);
             return None;
@@ -69,6 +71,8 @@ impl<'c> Exec<'c> {
         match e {
             EngineError::TimedOut => self.transfer_timed_out(key),
             e if e.is_caller_error() => StoreError::Engine(e),
+            // Out of range is not the holder's fault: the request named memory it lacks.
+            EngineError::TransferFailed { ref reason, .. } if reason.is_out_of_range() => StoreError::Engine(e),
             e => StoreError::peer_gone(key, e),
         }
     }
@@ -112,7 +116,13 @@ impl<'c> Exec<'c> {
             let err = match status {
                 TransferStatus::Completed => continue,
                 TransferStatus::TimedOut => self.transfer_timed_out(&keys[i]),
-                TransferStatus::Failed(reason) => StoreError::peer_gone(&keys[i], PeerFault::Transfer(reason)),
+                // Out of range is not the holder's fault: the request named memory it lacks.
+                TransferStatus::Failed(reason) if reason.is_out_of_range() => {
+                    StoreError::Engine(crescent_engine::EngineError::TransferFailed { request: i, reason })
+                }
+                TransferStatus::Failed(reason) => {
+                    StoreError::peer_gone(&keys[i], PeerFault::Transfer(reason.to_string()))
+                }
                 TransferStatus::Pending => StoreError::Internal("batch ended with a pending request".into()),
             };
             if results[i].is_ok() {

@@ -112,13 +112,15 @@ impl StoreClient {
     }
 
     fn mount_once(&self, kind: MountKind) -> Result<()> {
+        // A pure consumer contributes no memory: the master does not know it.
+        let Some(segment) = self.segment_info() else { return Ok(()) };
         let host = self.host();
         let (term, segment_id) = match kind {
             MountKind::First | MountKind::Dropped => {
                 if kind == MountKind::Dropped {
                     self.index.discard();
                 }
-                let req = MountSegmentRequest { client_id: self.id.clone(), segment: Some(self.segment_info()), host };
+                let req = MountSegmentRequest { client_id: self.id.clone(), segment: Some(segment), host };
                 let reply = if kind == MountKind::Dropped {
                     self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
                 } else {
@@ -132,12 +134,8 @@ impl StoreClient {
                 self.index.unmount();
                 let objects = self.index.report(Instant::now());
                 let reported = objects.len();
-                let req = RemountWithReportRequest {
-                    client_id: self.id.clone(),
-                    segment: Some(self.segment_info()),
-                    host,
-                    objects,
-                };
+                let req =
+                    RemountWithReportRequest { client_id: self.id.clone(), segment: Some(segment), host, objects };
                 let reply = self.rpc.call(|mut c| async move { c.remount_with_report(req).await })?;
                 check(reply.status, "")?;
                 self.index.mounted(reply.term, reply.segment_id, true);
@@ -239,6 +237,9 @@ impl StoreClient {
     /// master answers; returns whether it did. Once, however many threads found out at the
     /// same time (a second remount would drop what was put after the first).
     pub(super) fn remount(&self) -> Result<bool> {
+        if !self.contributes() {
+            return Ok(false);
+        }
         let _one = self.remounting.lock();
         let (reply, term) = self.ping_with_term(None)?;
         match check(reply.status, "") {

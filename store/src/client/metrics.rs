@@ -12,13 +12,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use parking_lot::Mutex;
-use prometheus::{Encoder, IntCounter, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::proto::MetricFamily;
+use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
 use tokio::sync::oneshot;
 
-use crate::client::disk::DiskStats;
 use crate::client::hot_cache::HotCacheMetrics;
 use crate::error::{Result, StoreError};
-use crate::metrics_registry::{counter, gauge, internal, register};
+use crate::metrics_registry::{counter, gauge, internal};
 
 /// Environment variable naming the address of the client's metrics endpoint.
 pub const METRICS_ADDRESS_ENV: &str = "CRESCENT_CLIENT_METRICS_ADDRESS";
@@ -40,8 +40,6 @@ pub struct ClientMetrics {
     dropped_fills: IntCounter,
     evictions: IntCounter,
     bytes_served: IntCounter,
-    /// The disk tier's counters and sizes (`DiskStats`), one series per field.
-    disk: IntGaugeVec,
 }
 
 impl ClientMetrics {
@@ -68,33 +66,17 @@ impl ClientMetrics {
             )?,
             evictions: counter("hot_cache_evictions_total", "Hot cache entries evicted to make room")?,
             bytes_served: counter("hot_cache_served_bytes_total", "Bytes copied to callers out of the hot cache")?,
-            disk: register(
-                &registry,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "disk",
-                        "The disk tier's counters since this client started, and its sizes (absent without a disk tier)",
-                    ),
-                    &["counter"],
-                )
-                .map_err(internal)?,
-            )?,
             registry,
             sync: Mutex::new(()),
         })
     }
 
     /// The text exposition of `hot` (`None`: the cache is off; its series read 0) and of
-    /// `disk` (`None`: no disk tier, no series).
-    pub fn render(&self, hot: Option<HotCacheMetrics>, disk: Option<DiskStats>) -> String {
+    /// `disk` (the disk tier's own registry, its counters as counters, see `disk::stats`;
+    /// `None`: no disk tier, no series).
+    pub fn render(&self, hot: Option<HotCacheMetrics>, disk: Option<Vec<MetricFamily>>) -> String {
         {
             let _one_at_a_time = self.sync.lock();
-            if let Some(serde_json::Value::Object(fields)) = disk.and_then(|d| serde_json::to_value(d).ok()) {
-                for (name, v) in fields {
-                    let v = v.as_u64().unwrap_or(0).min(i64::MAX as u64) as i64;
-                    self.disk.with_label_values(&[name.as_str()]).set(v);
-                }
-            }
             let m = hot.unwrap_or_default();
             self.enabled.set(hot.is_some() as i64);
             for (g, v) in [
@@ -118,7 +100,9 @@ impl ClientMetrics {
             }
         }
         let mut out = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+        let mut families = self.registry.gather();
+        families.extend(disk.unwrap_or_default());
+        if let Err(e) = TextEncoder::new().encode(&families, &mut out) {
             tracing::warn!("encoding the client's metrics: {e}");
         }
         String::from_utf8(out).unwrap_or_default()

@@ -11,6 +11,7 @@
 
 use std::time::Instant;
 
+use super::plan::Mode;
 use super::StoreClient;
 use crate::error::{Result, StoreError};
 
@@ -22,8 +23,16 @@ fn put_again(e: &StoreError) -> bool {
 }
 
 impl StoreClient {
-    /// Runs `put` (one key of `len` bytes), again after a master change.
-    pub(super) fn put_retrying(&self, key: &str, len: u64, mut put: impl FnMut() -> Result<()>) -> Result<()> {
+    /// Runs `put` (one key of `len` bytes), again after a master change. An upsert is simply
+    /// run again (replacing once more is what it asks); a put first looks whether its commit
+    /// landed.
+    pub(super) fn put_retrying(
+        &self,
+        key: &str,
+        len: u64,
+        mode: Mode,
+        mut put: impl FnMut() -> Result<()>,
+    ) -> Result<()> {
         let deadline = Instant::now() + self.config.master_failover_timeout;
         loop {
             match put() {
@@ -31,6 +40,9 @@ impl StoreClient {
                     tracing::info!("put of {key:?} failed ({e}); putting it again once the master answers");
                     if !self.link.wait_answered(deadline) {
                         return Err(e);
+                    }
+                    if mode == Mode::Upsert {
+                        continue;
                     }
                     match self.already_put(&[key], &[len]).pop() {
                         Some(Some(done)) => return done,
@@ -48,6 +60,7 @@ impl StoreClient {
         &self,
         keys: &[String],
         sizes: &[u64],
+        mode: Mode,
         mut put: impl FnMut(&[usize]) -> Result<Vec<Result<()>>>,
     ) -> Result<Vec<Result<()>>> {
         let deadline = Instant::now() + self.config.master_failover_timeout;
@@ -77,13 +90,17 @@ impl StoreClient {
             if again.is_empty() || !self.link.wait_answered(deadline) {
                 break;
             }
-            let ks: Vec<&str> = again.iter().map(|&i| keys[i].as_str()).collect();
-            let ls: Vec<u64> = again.iter().map(|&i| sizes[i]).collect();
             todo.clear();
-            for (i, done) in again.into_iter().zip(self.already_put(&ks, &ls)) {
-                match done {
-                    Some(r) => results[i] = Some(r),
-                    None => todo.push(i),
+            if mode == Mode::Upsert {
+                todo = again;
+            } else {
+                let ks: Vec<&str> = again.iter().map(|&i| keys[i].as_str()).collect();
+                let ls: Vec<u64> = again.iter().map(|&i| sizes[i]).collect();
+                for (i, done) in again.into_iter().zip(self.already_put(&ks, &ls)) {
+                    match done {
+                        Some(r) => results[i] = Some(r),
+                        None => todo.push(i),
+                    }
                 }
             }
             if todo.is_empty() {

@@ -15,6 +15,15 @@
 //!   against the queue.
 //! * Versions start at the master's start time in nanoseconds, so a version names one put
 //!   across master restarts, and a file announced after a master restart keeps its version.
+//! * That first version is the master's *version floor*: a version below it was handed out
+//!   by an earlier master. A fresh announcement (`restore` false) of a key the master does not
+//!   know is a file whose object was removed while it was written only when this master
+//!   handed its version out; one below the floor comes from a put made before a restart
+//!   (committed to disk after its client remounted) and brings its object back, like a
+//!   restored file. Telling the two apart needs no state that outlives the master: the
+//!   version says which master made the put. (It assumes the wall clock does not go back
+//!   across a restart by more than the old master's run; the client keeps its file when a
+//!   refusal may come from a master that never knew the put, see `client::disk::announce`.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -246,11 +255,15 @@ impl Master {
                 Ok(())
             }
             Some(_) => Err(StoreError::AlreadyExists(e.key.clone())), // another version: the file is stale
-            // A fresh file of an object removed while it was written.
-            None if !restore => Err(StoreError::NotFound(e.key.clone())),
+            // A fresh file of an object this master handed the version out for, and that is
+            // gone: removed (or lost with its holders) while its file was written.
+            None if !restore && e.version >= st.version_floor => Err(StoreError::NotFound(e.key.clone())),
             None => {
-                // The master lost the object (its holders went away, or the master restarted):
-                // the disk copy brings it back under its own version.
+                // The master lost the object (its holders went away), or never knew it: its
+                // version is older than this master (a put made before a restart, whose file
+                // was committed after its client remounted). The disk copy brings it back
+                // under its own version. (A removal made before the restart refuses it above,
+                // once handed back by the clients that keep removals.)
                 st.next_version = st.next_version.max(e.version.saturating_add(1));
                 st.objects.insert(
                     e.key.clone(),
@@ -616,8 +629,14 @@ mod tests {
         let r = m.update_disk_replicas("c1", disk, &[entry("k", 100, v1), entry("k", 100, v2)], &[], FRESH).unwrap();
         assert!(r[0].is_err(), "an older version's file is stale");
         assert!(r[1].is_ok());
-        // A fresh file of an unknown key was removed while it was written: refused.
-        let r = m.update_disk_replicas("c1", disk, &[entry("new", 7, 12345)], &[], FRESH).unwrap();
+        // A fresh file of a key this master put and removed while it was written: refused.
+        // (Put by a client without a disk, so that no removal is queued for this disk: the
+        // version alone says the object is gone.)
+        let (_, gone) = m.put_start("c2", "new", 7, &PutOptions::default()).unwrap();
+        m.put_end("c2", "new").unwrap();
+        m.remove("new", true).unwrap();
+        assert!(m.state.lock().disk_removals.values().all(|p| p.get("new").is_none()));
+        let r = m.update_disk_replicas("c1", disk, &[entry("new", 7, gone)], &[], FRESH).unwrap();
         assert!(r[0].is_err());
         assert!(!m.exists("new").unwrap());
         // A restored file of an unknown key (the master restarted) becomes an object.
@@ -630,6 +649,34 @@ mod tests {
         let r = m.update_disk_replicas("c1", disk, &[entry("", 1, 1), entry("z", 0, 1)], &[], FRESH).unwrap();
         assert!(r.iter().all(|x| x.is_err()));
         assert!(m.update_disk_replicas("c2", disk, &[], &[], FRESH).is_err(), "another client's disk");
+    }
+
+    #[test]
+    fn a_file_of_a_put_made_before_a_master_restart_is_not_taken_for_a_removed_one() {
+        // The first master: "k" and "gone" are put with c1's disk mounted; "gone" is removed
+        // while its file is written, and c1 keeps that removal (handed back at its mount).
+        let (m1, _) = setup();
+        let v = put(&m1, "k", 100);
+        let v_gone = put(&m1, "gone", 100);
+        m1.remove("gone", true).unwrap();
+        let held: Vec<HeldRemoval> = Master::pending_removals(&m1.state.lock()).collect();
+        assert_eq!(held, [HeldRemoval { disk: "ssd:d1".into(), key: "gone".into(), version: v_gone }]);
+        drop(m1);
+        // A new master (kill -9 and restart: it knows nothing); c1 remounts, hands the removal
+        // back, and its files of "k" and "gone" are committed only now: fresh announcements.
+        let (m2, disk) = setup();
+        assert!(v < m2.state.lock().version_floor, "an earlier master's version");
+        m2.merge_held_removals(&held);
+        let r =
+            m2.update_disk_replicas("c1", disk, &[entry("k", 100, v), entry("gone", 100, v_gone)], &[], FRESH).unwrap();
+        assert!(r[0].is_ok(), "a put the master never knew of is not a removed one: {r:?}");
+        assert!(r[1].is_err(), "a removal made before the restart still refuses its file");
+        let list = m2.get_replica_list("k").unwrap();
+        assert_eq!((list.version, list.replicas.len()), (v, 1));
+        assert_eq!(list.replicas[0].tier, Tier::Ssd as i32);
+        assert!(!m2.exists("gone").unwrap());
+        // The new master's own puts keep newer versions than the restored one.
+        assert!(put(&m2, "later", 100) > v);
     }
 
     #[test]

@@ -124,6 +124,9 @@ struct State {
     clients: HashMap<String, Client>,
     next_segment: u64,
     next_version: u64,
+    /// The first version this master handed out (its start time in nanoseconds): a version
+    /// below it was handed out by an earlier master, before a restart (see [`disk`]).
+    version_floor: u64,
     /// Near-engine copies published by clients (never served by the store).
     published: published::Published,
     /// Replications in progress: new replicas allocated, bytes being copied.
@@ -153,10 +156,11 @@ struct State {
 }
 
 impl State {
-    fn fresh() -> State {
+    fn fresh(first_version: u64) -> State {
         State {
             next_segment: 1,
-            next_version: disk::first_version(),
+            next_version: first_version,
+            version_floor: first_version,
             held_generation: 1,
             max_pending_removals: disk::MAX_PENDING_REMOVALS,
             instant_acks: cfg!(test),
@@ -259,9 +263,10 @@ impl Master {
     pub fn with_role(config: MasterConfig, role: fence::Role) -> Result<Arc<Master>> {
         config.validate()?;
         let removals_file = config.state_dir.as_deref().map(removals_file::RemovalsFile::open).transpose()?;
+        let first_version = disk::first_version();
         let master = Arc::new(Master {
             config: config.clone(),
-            state: Mutex::new(State::fresh()),
+            state: Mutex::new(State::fresh(first_version)),
             metrics: Metrics::new()?,
             events: events::Events::new(config.event_buffer),
             removals_file,
@@ -300,7 +305,7 @@ impl Master {
     /// it), writable until `deadline`.
     pub fn become_leader(&self, term: u64, deadline: Instant) {
         let mut st = self.state.lock();
-        *st = State::fresh();
+        *st = State::fresh(disk::first_version());
         self.term.store(term, Ordering::Release);
         self.fence.lead(term, deadline);
         drop(st);
@@ -314,7 +319,7 @@ impl Master {
     pub fn step_down(&self, leader: Option<String>) {
         let mut st = self.state.lock();
         self.fence.stand_by(leader);
-        *st = State::fresh();
+        *st = State::fresh(disk::first_version());
         drop(st);
         self.update_gauges();
     }

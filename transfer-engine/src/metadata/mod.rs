@@ -266,6 +266,28 @@ impl Directory {
         }
     }
 
+    /// Where segment `name`'s handshake listener is (`host:port`): its `rpc_meta` entry in
+    /// the service, or with P2P handshake the name itself.
+    pub(crate) fn handshake_address(&self, name: &str) -> Result<String> {
+        let Some(s) = &self.service else {
+            crate::handshake::split_host_port(name)?;
+            return Ok(name.to_string());
+        };
+        let key = s.keys.rpc_meta(name);
+        let address = s.store.address().to_string();
+        let value = s.store.get(&key)?.ok_or_else(|| EngineError::SegmentNotFound {
+            name: name.to_string(),
+            address: address.clone(),
+            key: key.clone(),
+        })?;
+        let meta = RpcMeta::from_json(&value).map_err(|reason| EngineError::BadMetadata { address, key, reason })?;
+        Ok(if meta.ip_or_host_name.contains(':') {
+            format!("[{}]:{}", meta.ip_or_host_name, meta.rpc_port)
+        } else {
+            format!("{}:{}", meta.ip_or_host_name, meta.rpc_port)
+        })
+    }
+
     /// Publishes this engine's current descriptor (its registered regions changed).
     pub(crate) fn publish(&self) {
         if let Some(s) = &self.service {

@@ -1,5 +1,35 @@
-"""The transfer engine, as ``mooncake.engine`` names it: ``TransferEngine``."""
+"""The transfer engine, as ``mooncake.engine`` names it: ``TransferEngine``, ``TransferOpcode``
+(also as ``Read`` / ``Write``), ``TransferNotify``, ``InnerTransferEngine`` (what
+``TransferEngine.get_engine()`` returns) and the ``SUPPORT_*`` build flags (no CUDA, HIP, MUSA,
+EFA or NVLink transports in Crescent).
 
-from crescent._crescent import TransferEngine
+Return values are upstream's: 0 or a negative transfer-engine code (-1 for a failed transfer),
+a batch id or an address that is 0 on failure; ``crescent.last_error()`` has the message.
+"""
 
-__all__ = ["TransferEngine"]
+from crescent._crescent import InnerTransferEngine, TransferEngine, TransferNotify, TransferOpcode
+
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+SUPPORT_CUDA = False
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_INTRA_NVLINK = False
+SUPPORT_MNNVL = False
+SUPPORT_MUSA = False
+
+__all__ = [
+    "SUPPORT_CUDA",
+    "SUPPORT_EFA",
+    "SUPPORT_HIP",
+    "SUPPORT_INTRA_NVLINK",
+    "SUPPORT_MNNVL",
+    "SUPPORT_MUSA",
+    "InnerTransferEngine",
+    "Read",
+    "TransferEngine",
+    "TransferNotify",
+    "TransferOpcode",
+    "Write",
+]

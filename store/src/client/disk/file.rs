@@ -19,22 +19,22 @@
 //! ([`ResidentValue`]: only the header and the last partial 4 KiB are copied, and a value whose
 //! CRC changed meanwhile is not written). The zero tail up to the next 4 KiB is cut off
 //! (`set_len`) before the flush. A writer with an io_uring sends the write (and, when nothing
-//! is left to cut, the flush) through it ([`super::uring`]). Reads use direct I/O too: the header and the first piece in
+//! is left to cut, the flush) through it ([`super::io`]). Reads use direct I/O too: the header and the first piece in
 //! one request, straight into the caller's memory when it is 4 KiB-aligned, through a small
 //! aligned buffer otherwise (see [`FileReader`]); without direct I/O, ordinary reads, and the
 //! files are dropped from the page cache after use (`POSIX_FADV_DONTNEED`) — DRAM is the
 //! memory tier's, and a read of the disk tier measures the disk.
 
 use std::fs::{File, OpenOptions};
-use std::io::{IoSlice, IoSliceMut, Write};
+use std::io::{IoSlice, IoSliceMut};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{fadvise, Advice};
 
 use super::format::{data_offset, file_name, Header, ALIGN, MAX_HEADER_LEN, TMP_SUFFIX};
+use super::io::IoEngine;
 use super::recycle::Retired;
-use super::uring::Ring;
 use crate::error::{Result, StoreError};
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> StoreError {
@@ -167,11 +167,11 @@ impl ResidentValue {
     }
 }
 
-/// Where a writer's bytes go: its file, through the writer's io_uring when it has one.
+/// Where a writer's bytes go: its file, through the writer's engine.
 struct Output<'a> {
     file: File,
-    ring: Option<&'a mut Ring>,
-    /// Flush the file's data right after the write, in the same submission (ring only).
+    engine: &'a mut dyn IoEngine,
+    /// Flush the file's data right after the write, in the same call.
     then_sync: bool,
     /// Whether that flush was done.
     synced: bool,
@@ -179,30 +179,8 @@ struct Output<'a> {
 
 impl Output<'_> {
     fn write_all(&mut self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-        if let Some(ring) = self.ring.as_deref_mut().filter(|r| !r.is_broken()) {
-            match ring.write_all(&self.file, slices, self.then_sync) {
-                Ok(()) => {
-                    self.synced = self.then_sync;
-                    return Ok(());
-                }
-                Err(e) if ring.is_broken() => return Err(e),
-                // Refused through the ring (a file system may not take io_uring writes as it
-                // takes plain ones): once more with plain calls; this writer keeps to them.
-                Err(e) => {
-                    tracing::warn!("disk tier: a write through io_uring failed ({e}); using plain system calls");
-                    ring.give_up();
-                }
-            }
-        }
-        let mut left: &mut [IoSlice<'_>] = slices;
-        while !left.is_empty() {
-            match self.file.write_vectored(left) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(n) => IoSlice::advance_slices(&mut left, n),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        self.engine.write_all(&self.file, slices, self.then_sync)?;
+        self.synced = self.then_sync;
         Ok(())
     }
 }
@@ -265,16 +243,16 @@ pub struct Staged {
 /// that fails). [`Staged::flush`] and [`Staged::rename`] then put it in place, and
 /// [`sync_dirs`] makes the renames durable.
 ///
-/// With a `ring` (the writer's io_uring) the bytes go through it, and with `sync` the data
-/// flush goes with them when nothing is left to do to the file after the write (its length
-/// is already right); otherwise [`Staged::flush`] does it.
+/// The bytes go through the writer's `engine`, and with `sync` the data flush goes with them
+/// when nothing is left to do to the file after the write (its length is already right);
+/// otherwise [`Staged::flush`] does it.
 pub fn write_staged(
     dir: &Path,
     key: &str,
     version: u64,
     body: &mut FileBody,
     reuse: Option<&Retired>,
-    ring: Option<&mut Ring>,
+    engine: &mut dyn IoEngine,
     sync: bool,
 ) -> Result<Staged> {
     let (sub, name) = file_name(key, version);
@@ -315,7 +293,7 @@ pub fn write_staged(
         // than the blocks written is covered by them, a longer one must be cut either way.)
         let written = body.written_len(header.data_offset());
         let len_fix = written.max(reused.unwrap_or(0)) != header.file_len();
-        let mut out = Output { file, ring, then_sync: sync && !len_fix, synced: false };
+        let mut out = Output { file, engine, then_sync: sync && !len_fix, synced: false };
         match body {
             FileBody::Image(image) => out.write_all(&mut [IoSlice::new(image.aligned(&header_bytes))])?,
             FileBody::Resident(v) => v.write_to(&mut out, &header_bytes, header.data_offset() as usize)?,
@@ -359,15 +337,11 @@ fn in_dir<T>(dir: &Path, op: impl Fn() -> std::io::Result<T>) -> std::io::Result
 
 impl Staged {
     /// Flushes the file's data (`fdatasync`): after this, renaming it is safe.
-    pub fn flush(&self, ring: Option<&mut Ring>) -> Result<()> {
+    pub fn flush(&self, engine: &mut dyn IoEngine) -> Result<()> {
         if self.synced {
             return Ok(());
         }
-        match ring.filter(|r| !r.is_broken()) {
-            Some(ring) => ring.sync(&self.file),
-            None => self.file.sync_data(),
-        }
-        .map_err(|e| io_err("flushing", &self.tmp, e))
+        engine.sync_data(&self.file).map_err(|e| io_err("flushing", &self.tmp, e))
     }
 
     /// Renames the file to its final name (after it is flushed, when flushing is on). The
@@ -765,6 +739,8 @@ impl Drop for FileReader {
 
 #[cfg(test)]
 mod tests {
+    use super::super::io::uring::Uring;
+    use super::super::io::EngineKind;
     use super::*;
 
     #[test]
@@ -790,14 +766,14 @@ mod tests {
 
     #[test]
     fn a_write_the_ring_refuses_is_made_with_plain_calls_and_the_ring_given_up() {
-        let Some(mut ring) = Ring::for_tests() else { return };
-        ring.refuse_writes = true;
+        let Some(mut engine) = Uring::for_tests() else { return };
+        engine.ring().unwrap().refuse_writes = true;
         let root = tempfile::tempdir().unwrap();
         let value: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
         let mut body = FileBody::Image(FileImage::new("k", &value));
-        let staged = write_staged(root.path(), "k", 7, &mut body, None, Some(&mut ring), true).unwrap();
-        assert!(ring.is_broken(), "the writer keeps to plain calls after a refusal");
-        staged.flush(Some(&mut ring)).unwrap();
+        let staged = write_staged(root.path(), "k", 7, &mut body, None, &mut engine, true).unwrap();
+        assert_eq!(engine.kind(), EngineKind::Psync, "the writer keeps to plain calls after a refusal");
+        staged.flush(&mut engine).unwrap();
         let path = staged.path.clone();
         staged.rename().unwrap();
         let mut reader = FileReader::open(&path, "k", 7, value.len() as u64).unwrap();

@@ -1,9 +1,15 @@
-//! The disk tier's in-memory index: key → file, least-recently-used order, and the bytes
-//! used and reserved against the capacity, counted as the files take them on disk (whole 4 KiB
-//! blocks), with the retired files kept for reuse (see [`super::recycle`]).
+//! The disk tier's in-memory index: key → file in least-recently-used order (an unbounded
+//! [`lru::LruCache`]: the bound is in bytes, which this module keeps), and the bytes used and
+//! reserved against the capacity, counted as the files take them on disk (whole 4 KiB blocks),
+//! with the retired files kept for reuse (see [`super::recycle`]).
+//!
+//! The rules: a file being read (pinned) is never evicted, and so never cut short or written
+//! over under its reader; a reservation holds its bytes until released, so writes in progress
+//! never overcommit the capacity together.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+
+use lru::LruCache;
 
 use super::recycle::{Retired, RetiredFiles};
 
@@ -16,7 +22,6 @@ pub struct Entry {
     /// ([`super::format::disk_len`]); the capacity counts these.
     pub disk_len: u64,
     pub path: PathBuf,
-    tick: u64,
     /// Reads in progress: a pinned file is never evicted.
     pins: u32,
     /// The object had no replica in memory when this client last looked (a file found at
@@ -26,7 +31,7 @@ pub struct Entry {
 
 impl Entry {
     pub fn new(version: u64, value_len: u64, disk_len: u64, path: PathBuf) -> Entry {
-        Entry { version, value_len, disk_len, path, tick: 0, pins: 0, only_copy: false }
+        Entry { version, value_len, disk_len, path, pins: 0, only_copy: false }
     }
 
     /// Whether a read of the file is in progress.
@@ -57,9 +62,8 @@ pub enum NoRoom {
 
 #[derive(Debug)]
 pub struct Index {
-    map: HashMap<String, Entry>,
-    lru: BTreeMap<u64, String>,
-    tick: u64,
+    /// Most recently used first.
+    map: LruCache<String, Entry>,
     /// Bytes of the files in the index.
     used: u64,
     /// Bytes promised to writes in progress.
@@ -70,7 +74,7 @@ pub struct Index {
 
 impl Index {
     pub fn new(capacity: u64, retired: RetiredFiles) -> Index {
-        Index { map: HashMap::new(), lru: BTreeMap::new(), tick: 0, used: 0, reserved: 0, capacity, retired }
+        Index { map: LruCache::unbounded(), used: 0, reserved: 0, capacity, retired }
     }
 
     pub fn capacity(&self) -> u64 {
@@ -93,24 +97,20 @@ impl Index {
         self.map.is_empty()
     }
 
+    /// The file of `key` (not a use: the order stays).
     pub fn get(&self, key: &str) -> Option<&Entry> {
-        self.map.get(key)
+        self.map.peek(key)
     }
 
     /// Marks a key as just used.
     pub fn touch(&mut self, key: &str) {
-        self.tick += 1;
-        if let Some(e) = self.map.get_mut(key) {
-            self.lru.remove(&e.tick);
-            e.tick = self.tick;
-            self.lru.insert(self.tick, key.to_string());
-        }
+        self.map.promote(key);
     }
 
     /// Pins the file of (`key`, `version`) against eviction while it is read; false when
     /// the key has no such file.
     pub fn pin(&mut self, key: &str, version: u64) -> bool {
-        match self.map.get_mut(key) {
+        match self.map.peek_mut(key) {
             Some(e) if e.version == version => {
                 e.pins += 1;
                 true
@@ -122,32 +122,28 @@ impl Index {
     /// Records whether (`key`, `version`) is, as far as a get just saw, the object's only copy
     /// (nothing when the key has another file now).
     pub fn set_only_copy(&mut self, key: &str, version: u64, only: bool) {
-        if let Some(e) = self.map.get_mut(key).filter(|e| e.version == version) {
+        if let Some(e) = self.map.peek_mut(key).filter(|e| e.version == version) {
             e.only_copy = only;
         }
     }
 
     /// Ends one read of (`key`, `version`) (nothing when the file went meanwhile).
     pub fn unpin(&mut self, key: &str, version: u64) {
-        if let Some(e) = self.map.get_mut(key).filter(|e| e.version == version) {
+        if let Some(e) = self.map.peek_mut(key).filter(|e| e.version == version) {
             e.pins = e.pins.saturating_sub(1);
         }
     }
 
     /// Adds (or replaces) a key's file as the most recently used; returns the replaced entry.
-    pub fn insert(&mut self, key: &str, mut entry: Entry) -> Option<Entry> {
+    pub fn insert(&mut self, key: &str, entry: Entry) -> Option<Entry> {
         let old = self.remove(key);
-        self.tick += 1;
-        entry.tick = self.tick;
         self.used += entry.disk_len;
-        self.lru.insert(self.tick, key.to_string());
-        self.map.insert(key.to_string(), entry);
+        self.map.put(key.to_string(), entry);
         old
     }
 
     pub fn remove(&mut self, key: &str) -> Option<Entry> {
-        let e = self.map.remove(key)?;
-        self.lru.remove(&e.tick);
+        let e = self.map.pop(key)?;
         self.used -= e.disk_len;
         Some(e)
     }
@@ -164,13 +160,12 @@ impl Index {
         // Victims as if every retired file went: those go before any indexed file.
         let mut victims = Vec::new();
         let mut freed = 0;
-        for (tick, key) in &self.lru {
+        for (key, e) in self.map.iter().rev() {
             if self.used - freed + self.reserved + bytes <= self.capacity {
                 break;
             }
-            let e = &self.map[key];
             if e.pins == 0 {
-                victims.push(*tick);
+                victims.push(key.clone());
                 freed += e.disk_len;
             }
         }
@@ -187,9 +182,8 @@ impl Index {
                 None => break,
             }
         }
-        for tick in victims {
-            let key = self.lru.remove(&tick).expect("a victim is indexed");
-            let e = self.map.remove(&key).expect("lru and map agree");
+        for key in victims {
+            let e = self.map.pop(&key).expect("a victim is indexed");
             self.used -= e.disk_len;
             room.evicted.push((key, e));
         }
@@ -244,7 +238,7 @@ impl Index {
 
     /// Keys matching `f`.
     pub fn keys_where(&self, f: impl Fn(&str) -> bool) -> Vec<String> {
-        self.map.keys().filter(|k| f(k)).cloned().collect()
+        self.map.iter().map(|(k, _)| k).filter(|k| f(k)).cloned().collect()
     }
 }
 

@@ -1,37 +1,53 @@
 //! The client's disk tier: with a storage root, every value this client puts is also written
 //! to a file under `<root>/<cluster id>/`, asynchronously, by a bounded pool of writer
-//! threads (each writes a file under a temporary name) and one committer (flushes the written
-//! files, renames them, flushes the renames and announces the files to the master, in
-//! batches, see [`FsyncScope`]; what a failed call did not tell the master is told again, see
-//! [`DiskTier::retry_announcements`]); a get that finds no memory replica reads the file
-//! (here, or through the owning client's [`service`]; a file being read is pinned against
-//! eviction); a restart re-announces the files to the master, then reads them all once in the
-//! background and removes those whose value fails its checksum ([`DiskTier::verify_found`]).
-//! The tier also keeps, for the master, the removals pending at it (`TOMBSTONES`), handed back
-//! at every mount so they outlive a master restart.
+//! threads (each writes a file under a temporary name through its [`io`] engine) and one
+//! committer (makes a round of written files durable under their final names, see
+//! [`commit`], then indexes them and announces them to the master in one call, see
+//! [`announce`]); a get that finds no memory replica reads the file (here, or through the
+//! owning client's [`service`]; a file being read is pinned against eviction); a restart
+//! re-announces the files to the master, then reads them all once in the background and
+//! removes those whose value fails its checksum ([`verify`]). The tier also keeps, for the
+//! master, the removals pending at it (`TOMBSTONES`), handed back at every mount so they
+//! outlive a master restart.
 //!
-//! * [`format`]: the file format and names (hash of the key; the key is inside the file).
-//! * [`file`]: writing (temporary name, fsync, rename) and checked reading.
-//! * [`index`]: key → file, LRU order, capacity.
+//! One concern per module, each importing only those below it; this one wires them together
+//! as [`DiskTier`]:
+//!
+//! * [`format`](mod@format): the file format and names (hash of the key; the key is inside the file).
+//! * [`io`]: the writers' [`io::IoEngine`] (plain calls, or io_uring), chosen once at open.
+//! * [`file`](mod@file): writing one file under a temporary name, and checked reading.
+//! * [`commit`]: commit rounds and the fsync policy ([`FsyncScope`]).
+//! * [`announce`]: what the master must hear, and when, as a sans-IO state machine.
+//! * [`index`]: key → file in LRU order (the `lru` crate), capacity in 4 KiB blocks, pins.
 //! * [`recycle`]: removed files kept to be written over by later offloads.
+//! * [`verify`]: the background check of the files found at start.
+//! * [`stats`]: the tier's Prometheus registry, the one record of its counters ([`DiskStats`]).
 //! * [`service`]: the tiny request/response service through which other clients read the
 //!   files of this one with the transfer engine.
-//! * [`uring`]: a writer's io_uring, where the kernel has one.
+//! * [`hold`]: test support, holding commit rounds.
+//!
+//! Crash guarantees, whatever ends the process: a final name names a complete file (with
+//! `fsync` on, also after a power loss); the master hears of no file before its rename is
+//! durable; an interrupted write leaves at most a temporary file, removed at the next start; a
+//! value that fails its checksum is never served; an acknowledged put's file is never deleted
+//! on a refusal from a master that may not have known the put ([`announce`]).
 //!
 //! The parallelism comes from the threads: each job is one large sequential write (followed by
 //! an `fdatasync` with [`FsyncScope::File`]), which blocks in the kernel anyway, and a few
-//! writers keep the device busy (each write is megabytes). Each writer sends its write (and
-//! flush) to the kernel through its own small io_uring where it can (one system call and one
-//! sleep for both instead of two; [`uring`] never lets the caller's buffers go while the kernel
-//! holds them), and makes the same calls one by one otherwise. The pool is small and bounded,
-//! and so is the queue in bytes.
+//! writers keep the device busy (each write is megabytes). The pool is small and bounded, and
+//! so is the queue in bytes.
 
+pub mod announce;
+pub mod commit;
 pub mod file;
 pub mod format;
+pub mod hold;
 pub mod index;
+pub mod io;
 pub mod recycle;
 pub mod service;
-pub mod uring;
+pub mod stats;
+pub mod verify;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -44,10 +60,17 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Result, StoreError};
 use crate::proto::{DiskEntry, HeldRemoval};
+use announce::{Announcements, Call, Verdict};
+pub use commit::FsyncScope;
+use commit::{Written, COMMIT_BATCH};
 use file::FileReader;
 use format::{data_offset, disk_len, key_hash, parse_name, NameKind};
 use index::{Entry, Index, NoRoom, Room};
+use io::{EngineKind, IoEngine};
+use prometheus::IntCounter;
 use recycle::{parse_retired_name, RetiredFiles, RETIRED_DIR};
+use stats::Counters;
+pub use stats::DiskStats;
 
 /// Share of the file system's free space taken by default.
 pub const DEFAULT_CAPACITY_SHARE: f64 = 0.9;
@@ -61,27 +84,6 @@ pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 const MAX_QUEUED_JOBS: usize = 4096;
 /// Bytes of written images kept for the next offloads (their pages are already faulted in).
 const SPARE_IMAGE_BYTES: usize = 64 << 20;
-/// After a failed call to the master, the first retry waits this long, each further one twice
-/// as long as the last, up to [`RETRY_MAX`] (the master spares an object whose file is being
-/// written for 10 s: a file announced within that time keeps its object through evictions).
-const RETRY_FIRST: Duration = Duration::from_millis(200);
-const RETRY_MAX: Duration = Duration::from_secs(2);
-/// How long the committer sleeps with nothing to commit before it looks for retries due.
-const RETRY_IDLE: Duration = Duration::from_secs(1);
-/// Most removals kept to be told again (evictions, deletions, acknowledgements); beyond it the
-/// oldest are forgotten (the master then lists a file that is gone until a read finds it gone).
-const MAX_UNANNOUNCED_REMOVALS: usize = 65_536;
-/// Most entries per retried call.
-const RETRY_BATCH: usize = 1000;
-/// Bytes read at a time by the check of the files found at start (small, so that a get that
-/// comes while it reads waits little).
-const VERIFY_CHUNK: usize = 1 << 20;
-/// The check of the files found at start reads only after this long without a get reading
-/// the tier: the gets have the device to themselves, the check takes the idle time. (20 ms
-/// was too short: a client that checks each value it gets, as storebench does, leaves gaps
-/// that long between its gets, and the check's reads landed beside them.)
-const VERIFY_QUIET: Duration = Duration::from_millis(200);
-
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
 pub struct DiskConfig {
@@ -95,50 +97,12 @@ pub struct DiskConfig {
     /// Bytes of values waiting to be written; beyond it offloads are dropped and counted.
     pub queue_bytes: u64,
     /// How files are made durable before they are announced; `None`: not at all (see
-    /// [`FsyncScope`] and [`file`]).
+    /// [`FsyncScope`] and [`commit`]).
     pub fsync: Option<FsyncScope>,
     /// Bytes of removed files kept to be written over by later offloads; 0: none.
     pub recycle_bytes: u64,
-    /// Writers write and flush through io_uring where the kernel has it (see [`uring`]).
+    /// Writers write and flush through io_uring where the kernel has it (see [`io`]).
     pub io_uring: bool,
-}
-
-/// What one flush covers. Either way a file is flushed before its rename, and the renames
-/// before the master hears of the files: a final name names a complete file, also after a
-/// power loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FsyncScope {
-    /// The committer takes the files written since its last round (up to [`COMMIT_BATCH`]),
-    /// flushes the storage root's file system (`syncfs`), renames them, and flushes it again:
-    /// two device flushes a round, however many files it has. The writers do not flush. Best
-    /// where the storage root has its file system (or device) to itself, the usual case: a
-    /// `syncfs` also writes out what other programs left unwritten on that file system.
-    #[default]
-    FileSystem,
-    /// Each writer flushes its file (`fdatasync`); the committer renames a round's files and
-    /// flushes their directories. A device flush or more per file (1 MiB offloads at 0.86-1.01
-    /// of `dd` here against 1.01-1.28, see docs/src/benchmarks.md), but no flush waits for others' writes.
-    File,
-}
-
-impl std::str::FromStr for FsyncScope {
-    type Err = StoreError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-            "filesystem" | "fs" | "" => Ok(FsyncScope::FileSystem),
-            "file" => Ok(FsyncScope::File),
-            _ => Err(StoreError::Config(format!("disk_fsync_scope {s:?}: expected \"filesystem\" or \"file\""))),
-        }
-    }
-}
-
-impl std::fmt::Display for FsyncScope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            FsyncScope::FileSystem => "filesystem",
-            FsyncScope::File => "file",
-        })
-    }
 }
 
 /// Checks a cluster id for use as one path component.
@@ -155,112 +119,8 @@ pub fn check_cluster_id(id: &str) -> Result<()> {
     }
 }
 
-/// What the tier has done (counters since start, plus its current size).
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct DiskStats {
-    pub files: u64,
-    pub used_bytes: u64,
-    pub capacity: u64,
-    /// Removed files kept to be written over, and their bytes (within the capacity).
-    pub retired_files: u64,
-    pub retired_bytes: u64,
-    /// Files written over a retired or evicted file instead of a new one.
-    pub recycled: u64,
-    pub queued: u64,
-    pub written: u64,
-    pub bytes_written: u64,
-    /// Offloads dropped because the queue was full (logged too).
-    pub queue_full: u64,
-    /// Values larger than the whole tier.
-    pub too_large: u64,
-    /// Offloads dropped because room could only be made by evicting files being read.
-    pub busy_dropped: u64,
-    /// Offloads dropped because their value's memory was given to another object (evicted
-    /// or removed) before the writer had it.
-    pub overwritten: u64,
-    pub write_failures: u64,
-    /// Files the master refused (their object was removed or put again meanwhile).
-    pub stale_refused: u64,
-    pub evicted: u64,
-    pub removed: u64,
-    /// Files found at start with a bad header or length (removed before they are announced),
-    /// or whose value failed its checksum in the check after start ([`DiskTier::verify_found`]:
-    /// removed and the master told); and temporary files of interrupted writes.
-    pub corrupt_removed: u64,
-    pub incomplete_removed: u64,
-    /// At start: older versions of a key.
-    pub stale_removed: u64,
-    /// Reads of this disk's files for gets of this client (early reads included).
-    pub local_reads: u64,
-    pub served_reads: u64,
-    /// Reads that found a corrupt value (the file is deleted).
-    pub corrupt_reads: u64,
-    /// Gets that read a file expected to be the object's only copy while the master was
-    /// answering, and of those, the ones whose answer showed another version or no file here
-    /// (their bytes were read again from where the answer said).
-    pub early_reads: u64,
-    pub early_reads_wasted: u64,
-    /// Times a file was marked as its object's only copy after the start (the master's news
-    /// on a ping, or a get that found no other copy): gets read such a file early.
-    pub only_copy_marks: u64,
-    /// Files written (and flushed) through the writers' io_uring.
-    pub uring_writes: u64,
-    /// Calls telling the master about files or removals that failed (the master unreachable,
-    /// say); what they carried is told again ([`DiskTier::retry_announcements`]).
-    pub announce_failures: u64,
-    /// Files and removals waiting to be told to the master again, now.
-    pub unannounced: u64,
-    /// Files found at start whose values the check after start has not read yet, now.
-    pub unverified: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    queued: AtomicU64,
-    written: AtomicU64,
-    bytes_written: AtomicU64,
-    recycled: AtomicU64,
-    queue_full: AtomicU64,
-    too_large: AtomicU64,
-    busy_dropped: AtomicU64,
-    overwritten: AtomicU64,
-    write_failures: AtomicU64,
-    stale_refused: AtomicU64,
-    evicted: AtomicU64,
-    removed: AtomicU64,
-    corrupt_removed: AtomicU64,
-    incomplete_removed: AtomicU64,
-    stale_removed: AtomicU64,
-    local_reads: AtomicU64,
-    served_reads: AtomicU64,
-    corrupt_reads: AtomicU64,
-    early_reads: AtomicU64,
-    early_reads_wasted: AtomicU64,
-    only_copy_marks: AtomicU64,
-    uring_writes: AtomicU64,
-    announce_failures: AtomicU64,
-}
-
-/// What failed calls did not tell the master, to be told again.
-#[derive(Default)]
-struct Unannounced {
-    /// Files: key → version (announced as the index holds them when told again).
-    added: std::collections::HashMap<String, u64>,
-    /// Files that went (evicted, deleted) and removals done, oldest first.
-    removed: std::collections::VecDeque<DiskEntry>,
-    /// Failed calls in a row, and when the next retry is due.
-    failures: u32,
-    next_try: Option<Instant>,
-}
-
-impl Unannounced {
-    fn len(&self) -> usize {
-        self.added.len() + self.removed.len()
-    }
-}
-
-fn inc(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+fn inc(c: &IntCounter) {
+    c.inc();
 }
 
 /// Tells the master about files (the store client implements it over gRPC).
@@ -273,6 +133,8 @@ pub trait Announcer: Send + Sync {
 struct Job {
     key: String,
     version: u64,
+    /// The announcements' generation when the offload was prepared ([`announce`]).
+    generation: u64,
     body: file::FileBody,
 }
 
@@ -281,6 +143,8 @@ pub struct PreparedOffload {
     tier: Arc<DiskTier>,
     key: String,
     len: u64,
+    /// The announcements' generation now, before the put goes to the master ([`announce`]).
+    generation: u64,
     state: Prepared,
 }
 
@@ -333,7 +197,7 @@ impl PreparedOffload {
         };
         let key = std::mem::take(&mut self.key);
         *tier.in_flight.lock().entry(key.clone()).or_default() += 1;
-        let job = Job { key: key.clone(), version, body };
+        let job = Job { key: key.clone(), version, generation: self.generation, body };
         let sent = match tier.queue.lock().as_ref() {
             Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
             None => Err(false),
@@ -364,17 +228,6 @@ impl Drop for PreparedOffload {
     }
 }
 
-/// A file written under its temporary name, on its way to the committer.
-struct Written {
-    key: String,
-    version: u64,
-    value_len: u64,
-    staged: file::Staged,
-}
-
-/// Most files one commit round flushes, renames and announces together.
-const COMMIT_BATCH: usize = 64;
-
 #[derive(Default)]
 struct Pending {
     jobs: u64,
@@ -385,6 +238,8 @@ pub struct DiskTier {
     dir: PathBuf,
     disk_id: String,
     config: DiskConfig,
+    /// How the writers reach the kernel (chosen once, at open).
+    engine: EngineKind,
     index: Mutex<Index>,
     counters: Counters,
     queue: Mutex<Option<Sender<Job>>>,
@@ -399,20 +254,16 @@ pub struct DiskTier {
     held: Mutex<Vec<HeldRemoval>>,
     /// Memory of written images, reused by the next offloads (at most [`SPARE_IMAGE_BYTES`]).
     spare_images: Mutex<Vec<Vec<u8>>>,
-    unannounced: Mutex<Unannounced>,
+    /// What the master must hear again, and when ([`announce`]).
+    announcements: Mutex<Announcements>,
     /// The files found at start (key, version, value size), until [`Self::verify_found`]
     /// takes them, and how many of them are still to be checked.
-    found: Mutex<Vec<(String, u64, u64)>>,
-    unverified: AtomicU64,
+    found: Mutex<Vec<verify::Found>>,
+    unverified: Arc<AtomicU64>,
     /// Gets reading a file of the tier now, and when the last one ended, in microseconds
     /// since `opened` (the check of the files found at start waits for a quiet device, see
     /// [`VERIFY_QUIET`]).
-    active_reads: AtomicU64,
-    last_read_us: AtomicU64,
-    opened: Instant,
-    /// How long the check waits for quiet, in microseconds ([`VERIFY_QUIET`]; tests make it
-    /// longer).
-    verify_quiet_us: AtomicU64,
+    quiet: Arc<verify::Quiet>,
     last_full_warning: Mutex<Option<Instant>>,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
@@ -477,7 +328,7 @@ impl DiskTier {
                 config.fsync = Some(FsyncScope::File);
             }
         }
-        let counters = Counters::default();
+        let counters = Counters::new()?;
         let files = scan(&dir, &counters);
         let retired_dir = dir.join(RETIRED_DIR);
         std::fs::create_dir_all(&retired_dir)
@@ -493,8 +344,10 @@ impl DiskTier {
             }
         };
         let mut index = Index::new(capacity, RetiredFiles::new(retired_dir, config.recycle_bytes));
-        let found: Vec<(String, u64, u64)> =
-            files.iter().map(|(k, e, _)| (k.clone(), e.version, e.value_len)).collect();
+        let found: Vec<verify::Found> = files
+            .iter()
+            .map(|(k, e, _)| verify::Found { key: k.clone(), version: e.version, size: e.value_len })
+            .collect();
         for (key, entry, _) in files {
             index.insert(&key, entry);
         }
@@ -519,14 +372,15 @@ impl DiskTier {
             index.used(),
             capacity,
             index.retired_files(),
-            c.corrupt_removed.load(Ordering::Relaxed),
-            c.incomplete_removed.load(Ordering::Relaxed),
-            c.stale_removed.load(Ordering::Relaxed)
+            c.corrupt_removed.get(),
+            c.incomplete_removed.get(),
+            c.stale_removed.get()
         );
         Ok(Arc::new(DiskTier {
             held: Mutex::new(load_held(&dir)),
             dir,
             disk_id,
+            engine: EngineKind::choose(config.io_uring),
             config,
             index: Mutex::new(index),
             counters,
@@ -536,13 +390,10 @@ impl DiskTier {
             announcer: RwLock::new(None),
             in_flight: Mutex::new(Default::default()),
             spare_images: Mutex::new(Vec::new()),
-            unannounced: Mutex::new(Unannounced::default()),
-            unverified: AtomicU64::new(found.len() as u64),
+            announcements: Mutex::new(Announcements::default()),
+            unverified: Arc::new(AtomicU64::new(found.len() as u64)),
             found: Mutex::new(found),
-            active_reads: AtomicU64::new(0),
-            last_read_us: AtomicU64::new(0),
-            opened: Instant::now(),
-            verify_quiet_us: AtomicU64::new(VERIFY_QUIET.as_micros() as u64),
+            quiet: Arc::default(),
             last_full_warning: Mutex::new(None),
             _lock: lock,
             #[cfg(test)]
@@ -577,26 +428,15 @@ impl DiskTier {
             let rx: Receiver<Job> = rx.clone();
             let written_tx = written_tx.clone();
             let weak: Weak<DiskTier> = Arc::downgrade(self);
-            let mut ring = self.config.io_uring.then(uring::Ring::new).and_then(|r| match r {
-                Ok(ring) => Some(ring),
-                Err(e) => {
-                    if i == 0 {
-                        tracing::info!("disk tier: no io_uring ({e}); writers make their calls one by one");
-                    }
-                    None
-                }
-            });
+            let engine_kind = self.engine;
             std::thread::Builder::new()
                 .name(format!("crescent-disk-writer-{i}"))
                 .spawn(move || {
+                    let mut engine = engine_kind.engine();
                     for job in rx {
                         match weak.upgrade() {
-                            Some(tier) => tier.write_job(job, &written_tx, ring.as_mut()),
+                            Some(tier) => tier.write_job(job, &written_tx, engine.as_mut()),
                             None => return,
-                        }
-                        if ring.as_ref().is_some_and(uring::Ring::is_broken) {
-                            tracing::warn!("disk tier: giving up this writer's io_uring after an error");
-                            ring = None;
                         }
                     }
                 })
@@ -612,7 +452,10 @@ impl DiskTier {
                         let mut batch = vec![first];
                         batch.extend(written_rx.try_iter().take(COMMIT_BATCH - 1));
                         match weak.upgrade() {
-                            Some(tier) => tier.commit(batch),
+                            Some(tier) => {
+                                hold::wait_if_held(&tier.dir);
+                                tier.commit(batch)
+                            }
                             None => return,
                         }
                     }
@@ -639,19 +482,10 @@ impl DiskTier {
             .into_iter()
             .map(|(key, e)| DiskEntry { key, size: e.value_len, version: e.version })
             .collect();
-        let mut accepted = 0;
-        for (i, chunk) in entries.chunks(RETRY_BATCH).enumerate() {
-            let ok = match announcer.announce(chunk, &[], true) {
-                Ok(ok) => ok,
-                Err(e) => {
-                    self.announce_failed(&e, &entries[i * RETRY_BATCH..], &[]);
-                    return Err(e);
-                }
-            };
-            accepted += ok.iter().filter(|&&ok| ok).count();
-            self.refused(chunk, ok);
-        }
-        tracing::info!("disk tier: announced {accepted} of {} file(s) to the master", entries.len());
+        let total = entries.len();
+        let calls = self.announcements.lock().remounted(entries);
+        let accepted = self.send(announcer.as_ref(), calls)?;
+        tracing::info!("disk tier: announced {accepted} of {total} file(s) to the master");
         Ok(())
     }
 
@@ -681,7 +515,8 @@ impl DiskTier {
 
     /// Takes room in the queue for `len` bytes, then prepares them with `make`.
     fn reserve(self: &Arc<Self>, key: &str, len: u64, make: impl FnOnce() -> Prepared) -> PreparedOffload {
-        let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, state };
+        let generation = self.announcements.lock().generation();
+        let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, generation, state };
         if disk_len(data_offset(key.len()) + len) > self.capacity() {
             return prepared(Prepared::TooLarge);
         }
@@ -711,7 +546,7 @@ impl DiskTier {
             tracing::warn!(
                 "disk tier: offload queue full ({} bytes waiting): {key:?} is not persisted ({} dropped so far)",
                 self.pending.lock().bytes,
-                self.counters.queue_full.load(Ordering::Relaxed)
+                self.counters.queue_full.get()
             );
         }
     }
@@ -765,53 +600,71 @@ impl DiskTier {
         self.queue.lock().take();
     }
 
-    /// Tells the master about files written (`added`) and gone (`removed`); `None` when the
-    /// call failed: then they are kept and told again ([`Self::retry_announcements`]).
-    fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry]) -> Option<Vec<bool>> {
-        let announcer = self.announcer.read().clone()?;
-        match announcer.announce(added, removed, false) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                self.announce_failed(&e, added, removed);
-                None
-            }
-        }
+    /// Tells the master about files written (`added`, each with the generation it was
+    /// prepared under) and gone (`removed`); false when the call failed: then they are kept
+    /// and told again ([`Self::retry_announcements`]). Refused files go, unless the refusal
+    /// may come from a master that never knew their put (see [`announce`]).
+    fn announce(&self, added: Vec<(DiskEntry, u64)>, removed: Vec<DiskEntry>) -> bool {
+        let Some(announcer) = self.announcer.read().clone() else { return false };
+        let call = self.announcements.lock().fresh(added, removed);
+        self.send(announcer.as_ref(), vec![call]).is_ok()
     }
 
-    /// A call to the master failed: what it carried is kept to be told again, after a backoff.
-    fn announce_failed(&self, e: &StoreError, added: &[DiskEntry], removed: &[DiskEntry]) {
-        inc(&self.counters.announce_failures);
-        let mut u = self.unannounced.lock();
-        for a in added {
-            let v = u.added.entry(a.key.clone()).or_insert(a.version);
-            *v = (*v).max(a.version);
+    /// The driver of [`announce::Announcements`]: makes `calls` in order and hands each answer
+    /// to the state, acting on its verdicts; after a failure, the calls not made are kept with
+    /// the failed one. Returns how many added files the master accepted.
+    fn send(&self, announcer: &dyn Announcer, calls: Vec<Call>) -> Result<usize> {
+        let mut accepted = 0;
+        let mut calls = calls.into_iter();
+        while let Some(call) = calls.next() {
+            let answer = match announcer.announce(&call.added, &call.removed, call.restore) {
+                Ok(answer) => answer,
+                Err(e) => {
+                    inc(&self.counters.announce_failures);
+                    let (files, removals) = (call.added.len(), call.removed.len());
+                    let b =
+                        self.announcements.lock().failed(std::iter::once(call).chain(calls).collect(), Instant::now());
+                    tracing::warn!(
+                        "disk tier: telling the master about {files} file(s) and {removals} removal(s) failed: {e}; \
+                         {} waiting, told again in {:?}{}",
+                        b.waiting,
+                        b.wait,
+                        if b.forgotten > 0 {
+                            format!(" ({} oldest removal(s) forgotten)", b.forgotten)
+                        } else {
+                            String::new()
+                        }
+                    );
+                    return Err(e);
+                }
+            };
+            let verdicts = self.announcements.lock().answered(&call, &answer);
+            for (e, verdict) in call.added.iter().zip(verdicts) {
+                match verdict {
+                    Verdict::Accepted => accepted += 1,
+                    // Removed or put again while we wrote: the file is stale.
+                    Verdict::Stale => {
+                        self.drop_file(&e.key, e.version, true);
+                        inc(&self.counters.stale_refused);
+                    }
+                    Verdict::Kept => {
+                        inc(&self.counters.ambiguous_refusals);
+                        tracing::info!(
+                            "disk tier: the master refused {:?} v{}, put before it may have restarted: \
+                             keeping the file, telling it again as a restore",
+                            e.key,
+                            e.version
+                        );
+                    }
+                }
+            }
         }
-        u.removed.extend(removed.iter().cloned());
-        let mut forgotten = 0;
-        while u.removed.len() > MAX_UNANNOUNCED_REMOVALS {
-            u.removed.pop_front();
-            forgotten += 1;
-        }
-        u.failures = u.failures.saturating_add(1);
-        let backoff = RETRY_FIRST.saturating_mul(1 << (u.failures - 1).min(16)).min(RETRY_MAX);
-        u.next_try = Some(Instant::now() + backoff);
-        tracing::warn!(
-            "disk tier: telling the master about {} file(s) and {} removal(s) failed: {e}; {} waiting, \
-             told again in {backoff:?}{}",
-            added.len(),
-            removed.len(),
-            u.len(),
-            if forgotten > 0 { format!(" ({forgotten} oldest removal(s) forgotten)") } else { String::new() }
-        );
+        Ok(accepted)
     }
 
     /// How long the committer may wait for files before retries are due.
     fn retry_wait(&self) -> Duration {
-        let u = self.unannounced.lock();
-        match u.next_try {
-            Some(t) if u.len() > 0 => t.saturating_duration_since(Instant::now()),
-            _ => RETRY_IDLE,
-        }
+        self.announcements.lock().wait(Instant::now())
     }
 
     /// Tells the master again what failed calls did not (with `force`, now; otherwise once the
@@ -822,66 +675,32 @@ impl DiskTier {
     /// refuses its file, being kept at the master until this disk acknowledges it.
     pub fn retry_announcements(&self, force: bool) {
         let Some(announcer) = self.announcer.read().clone() else { return };
-        let (added, removed) = {
-            let mut u = self.unannounced.lock();
-            if u.len() == 0 || (!force && u.next_try.is_some_and(|t| Instant::now() < t)) {
-                return;
-            }
-            (std::mem::take(&mut u.added), std::mem::take(&mut u.removed))
-        };
-        let (added, removed): (Vec<DiskEntry>, Vec<DiskEntry>) = {
+        let calls = {
             let ix = self.index.lock();
-            let added = added
-                .into_iter()
-                .filter_map(|(key, version)| {
-                    let e = ix.get(&key).filter(|e| e.version == version)?;
-                    Some(DiskEntry { size: e.value_len, key, version })
-                })
-                .collect();
-            let removed =
-                removed.into_iter().filter(|r| ix.get(&r.key).is_none_or(|e| e.version != r.version)).collect();
-            (added, removed)
+            self.announcements.lock().take_retry(
+                Instant::now(),
+                force,
+                |key, version| ix.get(key).filter(|e| e.version == version).map(|e| e.value_len),
+                |r| ix.get(&r.key).is_none_or(|e| e.version != r.version),
+            )
         };
-        if !added.is_empty() || !removed.is_empty() {
-            let mut calls: Vec<(&[DiskEntry], &[DiskEntry])> =
-                added.chunks(RETRY_BATCH).map(|a| (a, &[][..])).collect();
-            if calls.is_empty() {
-                calls.push((&[], &[]));
-            }
-            calls[0].1 = &removed;
-            for (i, (a, r)) in calls.into_iter().enumerate() {
-                match announcer.announce(a, r, true) {
-                    Ok(accepted) => self.refused(a, accepted),
-                    Err(e) => return self.announce_failed(&e, &added[i * RETRY_BATCH..], r),
-                }
-            }
-            tracing::info!(
-                "disk tier: told the master about {} file(s) and {} removal(s) that earlier calls missed",
-                added.len(),
-                removed.len()
-            );
+        if calls.is_empty() {
+            return;
         }
-        let mut u = self.unannounced.lock();
-        u.failures = 0;
-        u.next_try = None;
-    }
-
-    /// The master's answer to announced files: those it refused (their object was removed or
-    /// put again meanwhile) are stale and go.
-    fn refused(&self, added: &[DiskEntry], accepted: Vec<bool>) {
-        for (e, ok) in added.iter().zip(accepted.into_iter().chain(std::iter::repeat(false))) {
-            if !ok {
-                self.drop_file(&e.key, e.version, true);
-                inc(&self.counters.stale_refused);
-            }
+        let files: usize = calls.iter().map(|c| c.added.len()).sum();
+        let removals: usize = calls.iter().map(|c| c.removed.len()).sum();
+        if self.send(announcer.as_ref(), calls).is_ok() {
+            tracing::info!(
+                "disk tier: told the master about {files} file(s) and {removals} removal(s) that earlier calls missed"
+            );
         }
     }
 
     /// A writer's part: room, the file's bytes under a temporary name; the committer does
     /// the rest. A job that ends here (nothing written) is done at once.
-    fn write_job(&self, mut job: Job, committer: &Sender<Written>, ring: Option<&mut uring::Ring>) {
+    fn write_job(&self, mut job: Job, committer: &Sender<Written>, engine: &mut dyn IoEngine) {
         let len = job.body.value_len();
-        let staged = self.write_one(&mut job, ring);
+        let staged = self.write_one(&mut job, engine);
         if let Some(buf) =
             std::mem::replace(&mut job.body, file::FileBody::Image(file::FileImage::new("", &[]))).into_buffer()
         {
@@ -889,7 +708,8 @@ impl DiskTier {
         }
         match staged {
             Some(staged) => {
-                let w = Written { key: job.key, version: job.version, value_len: len, staged };
+                let w =
+                    Written { key: job.key, version: job.version, generation: job.generation, value_len: len, staged };
                 if let Err(e) = committer.send(w) {
                     let w = e.into_inner();
                     self.index.lock().release(disk_len(w.staged.file_len));
@@ -901,7 +721,7 @@ impl DiskTier {
         }
     }
 
-    fn write_one(&self, job: &mut Job, mut ring: Option<&mut uring::Ring>) -> Option<file::Staged> {
+    fn write_one(&self, job: &mut Job, engine: &mut dyn IoEngine) -> Option<file::Staged> {
         let value_len = job.body.value_len();
         let room = disk_len(data_offset(job.key.len()) + value_len);
         let evicted = {
@@ -935,7 +755,7 @@ impl DiskTier {
                 })
                 .collect();
             tracing::debug!("disk tier: evicted {} file(s) to make room", removed.len());
-            self.announce(&[], &removed);
+            self.announce(Vec::new(), removed);
         }
         for f in discard {
             let _ = std::fs::remove_file(&f.path);
@@ -954,19 +774,18 @@ impl DiskTier {
                 }
             }
         }
-        let ring_usable = |ring: &Option<&mut uring::Ring>| ring.as_ref().is_some_and(|r| !r.is_broken());
-        let through_ring = ring_usable(&ring);
+        let through_ring = engine.kind() == EngineKind::IoUring;
         let written = file::write_staged(
             &self.dir,
             &job.key,
             job.version,
             &mut job.body,
             reuse.as_ref(),
-            ring.as_deref_mut(),
+            engine,
             self.config.fsync == Some(FsyncScope::File),
         );
         // (A write the ring refused was made with plain calls, and the ring given up.)
-        if through_ring && ring_usable(&ring) && written.is_ok() {
+        if through_ring && engine.kind() == EngineKind::IoUring && written.is_ok() {
             inc(&self.counters.uring_writes);
         }
         if written.as_ref().is_ok_and(|s| s.recycled) {
@@ -982,7 +801,7 @@ impl DiskTier {
         let written = written.and_then(|staged| {
             // Flushed here, so that the writers' flushes overlap (each waits for the device).
             if self.config.fsync == Some(FsyncScope::File) {
-                if let Err(e) = staged.flush(ring) {
+                if let Err(e) = staged.flush(engine) {
                     staged.abandon();
                     return Err(e);
                 }
@@ -1028,78 +847,41 @@ impl DiskTier {
         None
     }
 
-    /// The committer's part, for a batch of written files: flush them (all at once, with
-    /// [`FsyncScope::FileSystem`]; the writers did, with [`FsyncScope::File`]), rename each,
-    /// make the renames durable (one flush of the file system, or of each directory once: a
-    /// flush covers every rename before it), index them, and tell the master about all of them
-    /// in one call. No file is announced before its rename is durable.
+    /// The committer's part, for a round of written files ([`commit::commit_round`] makes
+    /// them durable under their final names): index them, and tell the master about all of
+    /// them in one call. No file is announced before its rename is durable.
     fn commit(&self, batch: Vec<Written>) {
-        let fsync = self.config.fsync;
-        if fsync == Some(FsyncScope::FileSystem) {
-            if let Err(e) = file::sync_file_system(&self.dir) {
-                // Not known to be on the device: the files go rather than be renamed.
-                tracing::warn!("disk tier: {e}");
-                for w in batch {
-                    self.not_committed(&w.key, w.value_len, w.staged.file_len);
-                    w.staged.abandon();
-                }
-                return;
-            }
+        let round = commit::commit_round(&self.dir, self.config.fsync, batch);
+        for g in round.given_up {
+            self.not_committed(&g.key, g.value_len, g.file_len);
         }
-        let mut renamed = Vec::with_capacity(batch.len());
-        for w in batch {
-            let (path, dir, file_len) = (w.staged.path.clone(), w.staged.dir.clone(), w.staged.file_len);
-            match w.staged.rename() {
-                Ok(()) => renamed.push((w.key, w.version, w.value_len, path, dir, file_len)),
-                Err(e) => {
-                    tracing::warn!("disk tier: {e}");
-                    self.not_committed(&w.key, w.value_len, file_len);
-                }
-            }
-        }
-        let renames_flushed = match fsync {
-            None => Ok(()),
-            Some(FsyncScope::FileSystem) => file::sync_file_system(&self.dir),
-            Some(FsyncScope::File) => file::sync_dirs(renamed.iter().map(|r| r.4.as_path())),
-        };
-        if let Err(e) = renames_flushed {
-            // The renames may not be durable: the files go rather than be announced.
-            tracing::warn!("disk tier: {e}");
-            for (key, _, value_len, path, _, file_len) in renamed {
-                let _ = std::fs::remove_file(&path);
-                self.not_committed(&key, value_len, file_len);
-            }
-            return;
-        }
-        let mut added = Vec::with_capacity(renamed.len());
+        let mut added = Vec::with_capacity(round.committed.len());
         let mut removed = Vec::new();
-        for (key, version, value_len, path, _, file_len) in &renamed {
+        for c in &round.committed {
             let replaced = {
                 let mut ix = self.index.lock();
-                ix.release(disk_len(*file_len));
-                let old = ix.insert(key, Entry::new(*version, *value_len, disk_len(*file_len), path.clone()));
+                ix.release(disk_len(c.file_len));
+                let old = ix.insert(&c.key, Entry::new(c.version, c.value_len, disk_len(c.file_len), c.path.clone()));
                 // The same name (key and version) is the file just renamed over it: nothing went.
-                let old = old.filter(|old| old.path != *path);
+                let old = old.filter(|old| old.path != c.path);
                 if let Some(old) = &old {
                     retire_or_delete(&mut ix, old);
                 }
                 old
             };
             inc(&self.counters.written);
-            self.counters.bytes_written.fetch_add(*file_len, Ordering::Relaxed);
+            self.counters.bytes_written.inc_by(c.file_len);
             if let Some(old) = replaced {
-                removed.push(DiskEntry { key: key.clone(), size: old.value_len, version: old.version });
+                removed.push(DiskEntry { key: c.key.clone(), size: old.value_len, version: old.version });
             }
-            added.push(DiskEntry { key: key.clone(), size: *value_len, version: *version });
+            added.push((DiskEntry { key: c.key.clone(), size: c.value_len, version: c.version }, c.generation));
         }
-        if let Some(accepted) = self.announce(&added, &removed) {
-            // Removed or put again while we wrote: the file is stale.
-            self.refused(&added, accepted);
+        if self.announce(added, removed) {
             // The master answers again: what earlier calls missed goes now.
             self.retry_announcements(true);
         }
-        for (key, _, value_len, ..) in renamed {
-            self.job_done(&key, value_len);
+        for c in round.committed {
+            self.job_done(&c.key, c.value_len);
         }
     }
 
@@ -1152,7 +934,7 @@ impl DiskTier {
             removals.iter().filter(|r| !in_flight.contains_key(&r.key)).cloned().collect()
         };
         if !acked.is_empty() {
-            self.announce(&[], &acked);
+            self.announce(Vec::new(), acked);
         }
     }
 
@@ -1223,7 +1005,7 @@ impl DiskTier {
     /// a fault; once open, the reader keeps reading the same file (an open descriptor) even
     /// if a removal unlinks its name.
     pub fn open_reader(self: &Arc<Self>, key: &str, version: u64, size: u64) -> Result<TierReader> {
-        let busy = ReadBusy::start(self);
+        let busy = self.quiet.busy();
         self.open_pinned(key, version, size, true)
             .map(|reader| TierReader { _busy: Some(busy), ..reader })
             .inspect_err(|e| self.on_read_error(key, version, e))
@@ -1276,90 +1058,51 @@ impl DiskTier {
 
     /// Drops a file that a read found damaged (`e`, when it says so), counted in `counter`,
     /// and tells the master.
-    fn drop_damaged(&self, key: &str, version: u64, e: &StoreError, counter: &AtomicU64) {
+    fn drop_damaged(&self, key: &str, version: u64, e: &StoreError, counter: &IntCounter) {
         if matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_)) {
             tracing::warn!("disk tier: {e}; dropping the file");
             inc(counter);
             // Not reused: the device may be what corrupted it.
             if self.drop_file(key, version, false) {
-                self.announce(&[], &[DiskEntry { key: key.to_string(), size: 0, version }]);
+                self.announce(Vec::new(), vec![DiskEntry { key: key.to_string(), size: 0, version }]);
             }
         }
     }
 
-    /// Reads every file found at start once, in the background (one thread, files in the
-    /// order they were written), and drops those whose value fails its checksum: removed,
-    /// counted as `corrupt_removed`, the master told. Called once the files are announced
-    /// (a later call does nothing). Until a file is checked, a get that reads it checks it
-    /// (as every read does), so a damaged value is never served meanwhile either. The check
-    /// reads only while no get has read the tier for [`VERIFY_QUIET`], so that a client that
-    /// restarts into a busy cluster serves its gets at the device's full speed.
+    /// Reads every file found at start once, in the background, and drops those whose value
+    /// fails its checksum: removed, counted as `corrupt_removed`, the master told (see
+    /// [`verify`]). Called once the files are announced (a later call does nothing).
     pub fn verify_found(self: &Arc<Self>) {
         let found = std::mem::take(&mut *self.found.lock());
-        if found.is_empty() {
-            return;
-        }
         let weak = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new().name("crescent-disk-verify".into()).spawn(move || {
-            let mut buf = vec![0u8; VERIFY_CHUNK + format::ALIGN as usize];
-            let at = buf.as_ptr().align_offset(format::ALIGN as usize);
-            let buf = &mut buf[at..at + VERIFY_CHUNK];
-            let (mut checked, before) = (0, weak.upgrade().map(|t| t.counters.corrupt_removed.load(Ordering::Relaxed)));
-            for (key, version, size) in found {
-                let Some(tier) = weak.upgrade() else { return };
-                tier.verify_one(&key, version, size, buf);
-                tier.unverified.fetch_sub(1, Ordering::Relaxed);
-                checked += 1;
-            }
-            if let (Some(tier), Some(before)) = (weak.upgrade(), before) {
-                let damaged = tier.counters.corrupt_removed.load(Ordering::Relaxed) - before;
-                tracing::info!("disk tier: checked the {checked} file(s) found at start; removed {damaged} damaged");
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::warn!("disk tier: not checking the files found at start ({e}); reads still check them");
-            self.unverified.store(0, Ordering::Relaxed);
-        }
+        verify::spawn(found, self.unverified.clone(), move |f, buf| Some(weak.upgrade()?.verify_one(f, buf)));
     }
 
-    /// Reads the value of (`key`, `version`) through `buf`, checking it; a damaged file goes.
-    fn verify_one(self: &Arc<Self>, key: &str, version: u64, size: u64, buf: &mut [u8]) {
-        self.wait_for_quiet();
-        let read = self.open_pinned(key, version, size, false).and_then(|mut reader| {
+    /// Reads the value of a file found at start through `buf`, checking it, in the quiet; a
+    /// damaged file goes (returns true).
+    fn verify_one(self: &Arc<Self>, f: &verify::Found, buf: &mut [u8]) -> bool {
+        self.quiet.wait();
+        let read = self.open_pinned(&f.key, f.version, f.size, false).and_then(|mut reader| {
             while reader.remaining() > 0 {
-                self.wait_for_quiet();
+                self.quiet.wait();
                 reader.read_next(buf)?;
             }
             Ok(())
         });
         match read {
             // Gone meanwhile (evicted, removed, written anew): nothing to check.
-            Ok(()) | Err(StoreError::NotFound(_)) => {}
-            Err(e) => self.drop_damaged(key, version, &e, &self.counters.corrupt_removed),
-        }
-    }
-
-    /// Returns once no get has read a file of the tier for `verify_quiet`.
-    fn wait_for_quiet(&self) {
-        let quiet = Duration::from_micros(self.verify_quiet_us.load(Ordering::Relaxed));
-        loop {
-            if self.active_reads.load(Ordering::Acquire) > 0 {
-                std::thread::sleep(quiet);
-                continue;
+            Ok(()) | Err(StoreError::NotFound(_)) => false,
+            Err(e) => {
+                self.drop_damaged(&f.key, f.version, &e, &self.counters.corrupt_removed);
+                matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_))
             }
-            let last = Duration::from_micros(self.last_read_us.load(Ordering::Relaxed));
-            let since = self.opened.elapsed().saturating_sub(last);
-            if last.is_zero() || since >= quiet {
-                return;
-            }
-            std::thread::sleep(quiet - since);
         }
     }
 
     /// Tests: how long the check of the files found at start waits for quiet.
     #[cfg(test)]
     pub fn set_verify_quiet(&self, quiet: Duration) {
-        self.verify_quiet_us.store(quiet.as_micros() as u64, Ordering::Relaxed);
+        self.quiet.set_quiet(quiet);
     }
 
     /// Reads the value of (`key`, `version`) into `dst` (exactly its size), checking it.
@@ -1384,39 +1127,26 @@ impl DiskTier {
     }
 
     pub fn stats(&self) -> DiskStats {
-        let c = &self.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let ix = self.index.lock();
-        DiskStats {
-            files: ix.len() as u64,
-            used_bytes: ix.used(),
-            capacity: ix.capacity(),
-            retired_files: ix.retired_files() as u64,
-            retired_bytes: ix.retired_bytes(),
-            recycled: g(&c.recycled),
-            queued: g(&c.queued),
-            written: g(&c.written),
-            bytes_written: g(&c.bytes_written),
-            queue_full: g(&c.queue_full),
-            too_large: g(&c.too_large),
-            busy_dropped: g(&c.busy_dropped),
-            overwritten: g(&c.overwritten),
-            write_failures: g(&c.write_failures),
-            stale_refused: g(&c.stale_refused),
-            evicted: g(&c.evicted),
-            removed: g(&c.removed),
-            corrupt_removed: g(&c.corrupt_removed),
-            incomplete_removed: g(&c.incomplete_removed),
-            stale_removed: g(&c.stale_removed),
-            local_reads: g(&c.local_reads),
-            served_reads: g(&c.served_reads),
-            corrupt_reads: g(&c.corrupt_reads),
-            early_reads: g(&c.early_reads),
-            early_reads_wasted: g(&c.early_reads_wasted),
-            only_copy_marks: g(&c.only_copy_marks),
-            uring_writes: g(&c.uring_writes),
-            announce_failures: g(&c.announce_failures),
-            unannounced: self.unannounced.lock().len() as u64,
+        self.counters.snapshot(self.sizes())
+    }
+
+    /// The tier's metrics, for the client's `/metrics` (see [`stats`]).
+    pub fn metric_families(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.counters.gather(self.sizes())
+    }
+
+    fn sizes(&self) -> stats::Sizes {
+        let (files, used_bytes, capacity, retired_files, retired_bytes) = {
+            let ix = self.index.lock();
+            (ix.len() as u64, ix.used(), ix.capacity(), ix.retired_files() as u64, ix.retired_bytes())
+        };
+        stats::Sizes {
+            files,
+            used_bytes,
+            capacity,
+            retired_files,
+            retired_bytes,
+            unannounced: self.announcements.lock().len() as u64,
             unverified: self.unverified.load(Ordering::Relaxed),
         }
     }
@@ -1427,28 +1157,7 @@ pub struct TierReader {
     reader: FileReader,
     _pin: Pin,
     /// A get's reader (not the check's): the device is busy while it lasts.
-    _busy: Option<ReadBusy>,
-}
-
-/// A get reading the tier, from before its open until its reader is dropped.
-struct ReadBusy {
-    tier: Weak<DiskTier>,
-}
-
-impl ReadBusy {
-    fn start(tier: &Arc<DiskTier>) -> ReadBusy {
-        tier.active_reads.fetch_add(1, Ordering::AcqRel);
-        ReadBusy { tier: Arc::downgrade(tier) }
-    }
-}
-
-impl Drop for ReadBusy {
-    fn drop(&mut self) {
-        if let Some(tier) = self.tier.upgrade() {
-            tier.last_read_us.store(tier.opened.elapsed().as_micros() as u64, Ordering::Relaxed);
-            tier.active_reads.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
+    _busy: Option<verify::ReadBusy>,
 }
 
 impl std::ops::Deref for TierReader {

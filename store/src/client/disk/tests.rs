@@ -10,6 +10,10 @@ struct Recorder {
     added: Mutex<Vec<DiskEntry>>,
     removed: Mutex<Vec<DiskEntry>>,
     refuse: Mutex<Vec<String>>,
+    /// Refused only when announced fresh (as a master that never knew their puts would).
+    refuse_fresh: Mutex<Vec<String>>,
+    /// Files announced as restores.
+    restored: Mutex<Vec<String>>,
     /// How many of the next calls fail, as they do while the master is unreachable.
     fail: AtomicU32,
 }
@@ -24,14 +28,17 @@ fn failing(fail: &AtomicU32) -> bool {
 }
 
 impl Announcer for Recorder {
-    fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry], _restore: bool) -> Result<Vec<bool>> {
+    fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry], restore: bool) -> Result<Vec<bool>> {
         if failing(&self.fail) {
             return Err(unreachable());
         }
         self.added.lock().extend_from_slice(added);
         self.removed.lock().extend_from_slice(removed);
-        let refuse = self.refuse.lock();
-        Ok(added.iter().map(|e| !refuse.contains(&e.key)).collect())
+        if restore {
+            self.restored.lock().extend(added.iter().map(|e| e.key.clone()));
+        }
+        let (refuse, refuse_fresh) = (self.refuse.lock(), self.refuse_fresh.lock());
+        Ok(added.iter().map(|e| !refuse.contains(&e.key) && (restore || !refuse_fresh.contains(&e.key))).collect())
     }
 }
 
@@ -324,7 +331,7 @@ fn a_removal_of_a_key_whose_offload_is_in_flight_is_not_acknowledged() {
     // Once the write is done (here: the job is taken and finished), the removal is acknowledged.
     let (written_tx, written_rx) = crossbeam_channel::unbounded();
     for job in rx.try_iter() {
-        tier.write_job(job, &written_tx, None);
+        tier.write_job(job, &written_tx, &mut io::psync::Psync);
     }
     tier.commit(written_rx.try_iter().collect());
     tier.apply_removals(&[removal("k", 5)]);
@@ -629,7 +636,7 @@ fn values_written_from_where_they_lie_read_back_exactly_and_changed_ones_are_dro
 
 #[test]
 fn files_written_with_or_without_io_uring_read_back_exactly() {
-    let have_ring = uring::Ring::for_tests().is_some();
+    let have_ring = io::uring::Ring::for_tests().is_some();
     for io_uring in [true, false] {
         let root = tempfile::tempdir().unwrap();
         let (tier, _rec) = started(DiskConfig { io_uring, ..config(root.path()) });
@@ -983,4 +990,31 @@ fn large_values_read_back_exactly_and_damage_in_any_piece_is_caught() {
         let e = tier.read_local(&format!("big{i}"), i + 1, &mut dst[..len]).unwrap_err();
         assert!(matches!(e, StoreError::CorruptFile(_)), "big{i}, byte {at}: {e}");
     }
+}
+
+#[test]
+fn a_file_refused_by_a_master_that_may_never_have_known_its_put_is_kept_and_told_again_as_a_restore() {
+    let root = tempfile::tempdir().unwrap();
+    let (tier, rec) = started(config(root.path()));
+    // The master answering knows neither put (it restarted): it refuses them when fresh.
+    rec.refuse_fresh.lock().extend(["k".to_string(), "j".to_string()]);
+    // k is prepared (before its put goes to the master), then the disk is mounted again, then
+    // the put commits and its file is announced.
+    let prepared = tier.prepare("k", &value(50_000, 1));
+    tier.restore_all().unwrap();
+    prepared.queue(5);
+    assert!(tier.flush(Duration::from_secs(30)));
+    let mut dst = vec![0u8; 50_000];
+    tier.read_local("k", 5, &mut dst).unwrap();
+    assert!(dst == value(50_000, 1), "the only copy of an acknowledged put stays");
+    assert_eq!(*rec.restored.lock(), ["k"], "told again as a restore, which the master took");
+    let s = tier.stats();
+    assert_eq!((s.files, s.ambiguous_refusals, s.stale_refused, s.unannounced), (1, 1, 0, 0), "{s:?}");
+    // With no remount (nor failed call) since its put, the same refusal comes from the master
+    // the put was made under: the object was removed while the file was written.
+    tier.prepare("j", &value(50_000, 2)).queue(6);
+    assert!(tier.flush(Duration::from_secs(30)));
+    assert!(tier.read_local("j", 6, &mut dst).is_err());
+    let s = tier.stats();
+    assert_eq!((s.files, s.ambiguous_refusals, s.stale_refused), (1, 1, 1), "{s:?}");
 }

@@ -1,9 +1,10 @@
-//! A disk writer's io_uring. A file's bytes and its `fdatasync` go to the kernel as one
-//! linked chain in one system call, and the writer sleeps once until both are done, instead of
-//! a `pwritev`, a wake-up and an `fdatasync`. Each writer thread owns one small ring. Used
-//! where the kernel offers io_uring (Linux 5.1 and later, not refused by a seccomp filter or
-//! `kernel.io_uring_disabled`); otherwise, or with `disk_io_uring` off, the writer makes the
-//! same calls one by one.
+//! The io_uring engine: a file's bytes and its `fdatasync` go to the kernel as one linked
+//! chain in one system call, and the writer sleeps once until both are done, instead of a
+//! `pwritev`, a wake-up and an `fdatasync`. Each writer thread owns one small ring
+//! ([`Ring`]), which never lets the caller's buffers go while the kernel holds them. A write
+//! the ring refuses (a file system may not take io_uring writes as it takes plain ones) is
+//! made with plain calls; a ring that refused, or whose wait failed, is given up for good and
+//! the writer makes plain calls from then on ([`Uring`]).
 
 use std::fs::File;
 use std::io::{self, IoSlice};
@@ -12,6 +13,73 @@ use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
 use io_uring::{opcode, squeue, types, IoUring};
+
+use super::psync::Psync;
+use super::{EngineKind, IoEngine};
+
+/// A writer's engine: its ring while the ring works, plain calls after.
+pub struct Uring {
+    ring: Option<Ring>,
+}
+
+impl Uring {
+    pub fn new() -> io::Result<Uring> {
+        Ok(Uring { ring: Some(Ring::new()?) })
+    }
+
+    /// Tests: an engine, or `None` (and a line saying so) where the kernel has no io_uring.
+    #[cfg(test)]
+    pub fn for_tests() -> Option<Uring> {
+        Ring::for_tests().map(|r| Uring { ring: Some(r) })
+    }
+
+    /// Tests: the ring, while it is used.
+    #[cfg(test)]
+    pub fn ring(&mut self) -> Option<&mut Ring> {
+        self.ring.as_mut()
+    }
+
+    /// Drops a broken ring (the next calls are plain).
+    fn drop_broken(&mut self) {
+        if self.ring.as_ref().is_some_and(Ring::is_broken) {
+            tracing::warn!("disk tier: giving up this writer's io_uring after an error");
+            self.ring = None;
+        }
+    }
+}
+
+impl IoEngine for Uring {
+    fn write_all(&mut self, file: &File, slices: &[IoSlice<'_>], then_sync: bool) -> io::Result<()> {
+        let Some(ring) = self.ring.as_mut() else { return Psync.write_all(file, slices, then_sync) };
+        match ring.write_all(file, slices, then_sync) {
+            Ok(()) => Ok(()),
+            Err(e) if ring.is_broken() => {
+                self.drop_broken();
+                Err(e)
+            }
+            // Refused through the ring: once more with plain calls; this writer keeps to them.
+            Err(e) => {
+                tracing::warn!("disk tier: a write through io_uring failed ({e}); using plain system calls");
+                self.ring = None;
+                Psync.write_all(file, slices, then_sync)
+            }
+        }
+    }
+
+    fn sync_data(&mut self, file: &File) -> io::Result<()> {
+        let Some(ring) = self.ring.as_mut() else { return file.sync_data() };
+        let synced = ring.sync(file);
+        self.drop_broken();
+        synced
+    }
+
+    fn kind(&self) -> EngineKind {
+        match self.ring {
+            Some(_) => EngineKind::IoUring,
+            None => EngineKind::Psync,
+        }
+    }
+}
 
 const WRITE: u64 = 1;
 const SYNC: u64 = 2;
@@ -59,11 +127,6 @@ impl Ring {
     /// the kernel holds no entry.)
     pub fn is_broken(&self) -> bool {
         self.broken
-    }
-
-    /// Stops using this ring (after an error that plain system calls may not have).
-    pub fn give_up(&mut self) {
-        self.broken = true;
     }
 
     /// Entries the kernel took from this ring and has not handed back (completed and reaped):

@@ -1,0 +1,988 @@
+//! `storebench master`: the master at the sizes a cluster reaches, driven over gRPC by many
+//! simulated clients.
+//!
+//! For each store size of `--objects` (default 100k and 1M objects), a fresh `crescent-master`
+//! is spawned (or the one of `--master` is used) and `--clients` simulated clients (64 by
+//! default, each with its own gRPC channel, as tasks of one tokio runtime) mount one segment
+//! each. The segments are fake (names and addresses no process serves): the master only keeps
+//! metadata, so no memory stands behind them. Their sizes are chosen so that the store reaches
+//! the master's high watermark at about `--objects` values of `--value-size` (64 KiB KV blocks
+//! by default). Then:
+//!
+//! 1. *fill* half the store (batched puts: `BatchPutStart` + `BatchPutEnd` of `--batch` keys);
+//! 2. a mixed stream below the watermark, one key per call: per cycle a put (`PutStart` +
+//!    `PutEnd`), two `GetReplicaList`, one `Exists` and one `Remove` of the client's own oldest
+//!    new key, so that the store neither grows nor evicts;
+//! 3. the same stream batched (`--batch` keys per call; gets and exists of as many keys as
+//!    puts), without removes (there is no batch remove RPC): it stops before the store
+//!    nears the watermark;
+//! 4. *fill* to `--objects`; the master's RSS (`VmRSS` of `/proc/PID/status`) before the fill
+//!    and after, divided by the objects, is its memory per object;
+//! 5. eviction rounds: the store is topped up to one put below the watermark, then single puts
+//!    follow until one of them makes the master evict (seen in `NodeStats`: used bytes drop);
+//!    that put's `PutStart` time is one eviction round (the master evicts inside it), beside an
+//!    ordinary put's;
+//! 6. and 7. the single and batched streams again (no removes), each started one put below the
+//!    watermark, so that eviction runs while all clients call.
+//!
+//! A put counts as one metadata op (its two RPCs are timed separately); gets, exists and
+//! removes as one op per key. Latencies are of single RPCs as the clients see them (their
+//! runtime shares the machine's cores with the master). Gets and exists ask for uniformly
+//! random keys of the fill; after eviction some are gone, counted as misses, not failures.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use crescent_engine::parse_size;
+use crescent_store::proto::master_client::MasterClient;
+use crescent_store::proto::{
+    BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, NodeStatsRequest, PingRequest,
+    PutOptions, PutStartRequest, RemoveRequest, SegmentInfo, Status, Tier,
+};
+use hdrhistogram::Histogram;
+use rand::Rng;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::report;
+
+/// Largest gRPC message the simulated clients send or accept (the master's own limit).
+const MAX_MESSAGE: usize = 256 << 20;
+
+#[derive(Args, Debug, Clone)]
+pub struct MasterArgs {
+    /// A running master (host:port) instead of spawning one; then one size of --objects only,
+    /// and its RSS only with --master-pid.
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Pid of the master given with --master (for its RSS).
+    #[arg(long)]
+    pub master_pid: Option<u32>,
+    /// The master to spawn [default: crescent-master beside this executable, else on PATH].
+    #[arg(long)]
+    pub master_bin: Option<PathBuf>,
+    /// Simulated clients, one segment and one gRPC channel each.
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Store sizes in objects (decimal k/M suffixes), each on a fresh master.
+    #[arg(long, value_delimiter = ',', default_value = "100k,1M", value_parser = parse_count)]
+    pub objects: Vec<u64>,
+    /// Value size the segments are sized for (a KV block).
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    pub value_size: u64,
+    /// Keys per batch call (fills and the batched streams).
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Seconds per mixed-stream phase.
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Eviction rounds timed per store size.
+    #[arg(long, default_value_t = 5)]
+    pub eviction_rounds: usize,
+    /// The master's eviction high watermark (passed to a spawned master; with --master, say
+    /// what it runs with).
+    #[arg(long, default_value_t = 0.90)]
+    pub high_watermark: f64,
+    /// Read lease of a spawned master, in ms. Leased objects are not evicted: with the 10 s
+    /// default, the clients' random gets would lease most of a 100k-object store.
+    #[arg(long, default_value_t = 1000)]
+    pub lease_ttl_ms: u64,
+    /// Deadline of every RPC, in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub rpc_timeout: f64,
+}
+
+/// "100k", "1M", "10M", "2500" as a count (decimal suffixes).
+pub fn parse_count(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1_000),
+        Some((i, 'm' | 'M')) => (&t[..i], 1_000_000),
+        Some((i, 'g' | 'G')) => (&t[..i], 1_000_000_000),
+        _ => (t, 1),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a count (examples: 2000, 100k, 1M, 10M)"))?;
+    n.checked_mul(mult).filter(|n| *n > 0).ok_or_else(|| format!("{s:?} is not a positive count"))
+}
+
+/// The RPCs timed, by kind.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Rpc {
+    PutStart,
+    PutEnd,
+    Get,
+    Exists,
+    Remove,
+    BatchPutStart,
+    BatchPutEnd,
+    BatchGet,
+    BatchExists,
+}
+
+const RPCS: [Rpc; 9] = [
+    Rpc::PutStart,
+    Rpc::PutEnd,
+    Rpc::Get,
+    Rpc::Exists,
+    Rpc::Remove,
+    Rpc::BatchPutStart,
+    Rpc::BatchPutEnd,
+    Rpc::BatchGet,
+    Rpc::BatchExists,
+];
+
+impl Rpc {
+    fn name(self) -> &'static str {
+        match self {
+            Rpc::PutStart => "PutStart",
+            Rpc::PutEnd => "PutEnd",
+            Rpc::Get => "GetReplicaList",
+            Rpc::Exists => "Exists",
+            Rpc::Remove => "Remove",
+            Rpc::BatchPutStart => "BatchPutStart",
+            Rpc::BatchPutEnd => "BatchPutEnd",
+            Rpc::BatchGet => "BatchGetReplicaList",
+            Rpc::BatchExists => "BatchExists",
+        }
+    }
+}
+
+/// What one phase (or one client's share of it) measured.
+struct Tally {
+    hist: Vec<Histogram<u64>>,
+    all: Histogram<u64>,
+    ops: u64,
+    puts: u64,
+    removes: u64,
+    misses: u64,
+    failed: u64,
+    first_failure: Option<String>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        let h = || Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds");
+        Tally {
+            hist: RPCS.iter().map(|_| h()).collect(),
+            all: h(),
+            ops: 0,
+            puts: 0,
+            removes: 0,
+            misses: 0,
+            failed: 0,
+            first_failure: None,
+        }
+    }
+    fn record(&mut self, rpc: Rpc, took: Duration) {
+        let us = (took.as_micros() as u64).max(1);
+        let i = RPCS.iter().position(|r| *r == rpc).expect("listed");
+        self.hist[i].saturating_record(us);
+        self.all.saturating_record(us);
+    }
+    fn fail(&mut self, what: String) {
+        self.failed += 1;
+        self.first_failure.get_or_insert(what);
+    }
+    fn add(&mut self, o: &Tally) {
+        for (a, b) in self.hist.iter_mut().zip(&o.hist) {
+            a.add(b).expect("same bounds");
+        }
+        self.all.add(&o.all).expect("same bounds");
+        self.ops += o.ops;
+        self.puts += o.puts;
+        self.removes += o.removes;
+        self.misses += o.misses;
+        self.failed += o.failed;
+        if self.first_failure.is_none() {
+            self.first_failure.clone_from(&o.first_failure);
+        }
+    }
+}
+
+/// One simulated client: its id, channel, and the keys it put in the streams (oldest first).
+struct Sim {
+    index: usize,
+    id: String,
+    rpc: MasterClient<Channel>,
+    next: u64,
+    live: VecDeque<String>,
+}
+
+fn ok(s: &Option<Status>) -> bool {
+    s.as_ref().is_none_or(|s| s.code == Code::Ok as i32)
+}
+
+fn code_of(s: &Option<Status>) -> i32 {
+    s.as_ref().map_or(0, |s| s.code)
+}
+
+fn describe(s: &Option<Status>) -> String {
+    match s {
+        Some(s) => format!("{:?}: {}", Code::try_from(s.code).unwrap_or(Code::Internal), s.message),
+        None => "no status".into(),
+    }
+}
+
+/// A spawned master, killed and reaped when dropped.
+struct Spawned(Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn master_bin(args: &MasterArgs) -> Result<PathBuf> {
+    if let Some(p) = &args.master_bin {
+        return Ok(p.clone());
+    }
+    let beside = std::env::current_exe()?.parent().map(|d| d.join("crescent-master"));
+    if let Some(p) = beside.filter(|p| p.exists()) {
+        return Ok(p);
+    }
+    Ok(PathBuf::from("crescent-master"))
+}
+
+fn spawn_master(args: &MasterArgs) -> Result<(Spawned, String, u32, String)> {
+    let bin = master_bin(args)?;
+    let mut child = Command::new(&bin)
+        .args(["--rpc-address", "127.0.0.1:0", "--admin-address", ""])
+        .args(["--eviction-high-watermark", &args.high_watermark.to_string()])
+        .args(["--lease-ttl-ms", &args.lease_ttl_ms.to_string()])
+        // The simulated clients ping every second; a long eviction round may hold their pings.
+        .args(["--client-ttl-ms", "60000"])
+        // Its per-mount and per-eviction info lines would bury the tables; warnings still show.
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("spawning {} (build it: cargo build -p crescent-store)", bin.display()))?;
+    let pid = child.id();
+    let stdout = child.stdout.take().context("master stdout")?;
+    let guard = Spawned(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(a) = line.strip_prefix("master: ") {
+                let _ = tx.send(a.trim().to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(60)).context("the master did not print its address")?;
+    Ok((guard, addr, pid, bin.display().to_string()))
+}
+
+/// `VmRSS` of a process, in bytes.
+fn rss(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
+struct Sizes {
+    capacity: u64,
+    used: u64,
+    objects: u64,
+}
+
+async fn node_stats(rpc: &mut MasterClient<Channel>, client: &str) -> Result<Sizes> {
+    let r = rpc.node_stats(NodeStatsRequest { client_id: client.into() }).await?.into_inner();
+    if !ok(&r.status) {
+        bail!("NodeStats: {}", describe(&r.status));
+    }
+    Ok(r.nodes.iter().fold(Sizes { capacity: 0, used: 0, objects: 0 }, |s, n| Sizes {
+        capacity: s.capacity + n.capacity,
+        used: s.used + n.used,
+        objects: s.objects + n.objects,
+    }))
+}
+
+/// The figures of one phase of one store size.
+struct PhaseRow {
+    objects: u64,
+    phase: String,
+    secs: f64,
+    tally: Tally,
+    evicted: Option<u64>,
+    target: &'static str,
+}
+
+struct SizeRow {
+    objects: u64,
+    rss_mounted: Option<u64>,
+    rss_filled: Option<u64>,
+    filled: u64,
+    rounds_us: Vec<u64>,
+    evicted_per_round: Vec<u64>,
+    plain_put_us: Vec<u64>,
+}
+
+pub fn run(args: MasterArgs) -> Result<()> {
+    if args.clients == 0 || args.batch == 0 || args.objects.is_empty() {
+        bail!("--clients, --batch and --objects must be positive");
+    }
+    let positive = |v: f64| v > 0.0 && v.is_finite();
+    if !positive(args.duration) || !positive(args.rpc_timeout) {
+        bail!("--duration and --rpc-timeout must be positive");
+    }
+    if !(args.high_watermark > 0.1 && args.high_watermark <= 1.0) {
+        bail!("--high-watermark must be in (0.1, 1]");
+    }
+    if args.master.is_some() && args.objects.len() > 1 {
+        bail!("with --master, give one size of --objects (each size needs a fresh master)");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let load = report::Load::start();
+    println!(
+        "{} storebench master: {} simulated clients (one gRPC channel and one fake segment each), values of {}, \
+         batches of {} keys, {} s per stream, lease {} ms, high watermark {}",
+        report::utc_now(),
+        args.clients,
+        report::fmt_bytes(args.value_size),
+        args.batch,
+        args.duration,
+        args.lease_ttl_ms,
+        args.high_watermark
+    );
+    let mut phases = Vec::new();
+    let mut sizes = Vec::new();
+    for &n in &args.objects {
+        let (_guard, addr, pid, what) = match &args.master {
+            Some(a) => (None, a.clone(), args.master_pid, format!("given, {a}")),
+            None => {
+                let (g, a, pid, bin) = spawn_master(&args)?;
+                (Some(g), a.clone(), Some(pid), format!("{bin}, pid {pid}, {a}"))
+            }
+        };
+        println!("{n} objects: master {what}");
+        let (p, s) = runtime.block_on(one_size(&args, &addr, pid, n))?;
+        phases.extend(p);
+        sizes.push(s);
+    }
+    print_tables(&phases, &sizes);
+    load.finish();
+    let failed: u64 = phases.iter().map(|p| p.tally.failed).sum();
+    println!("failed calls: {failed}");
+    if failed > 0 {
+        let first = phases.iter().find_map(|p| p.tally.first_failure.clone()).unwrap_or_default();
+        bail!("{failed} call(s) failed; first: {first}");
+    }
+    Ok(())
+}
+
+async fn connect(args: &MasterArgs, addr: &str) -> Result<MasterClient<Channel>> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs_f64(args.rpc_timeout))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the master at {addr}"))?;
+    Ok(MasterClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE))
+}
+
+async fn one_size(args: &MasterArgs, addr: &str, pid: Option<u32>, n: u64) -> Result<(Vec<PhaseRow>, SizeRow)> {
+    let clients = args.clients as u64;
+    let s = args.value_size;
+    // Segments sized so that the watermark falls at about n objects.
+    let per_segment = ((n as f64 * s as f64 / (args.high_watermark - 0.005) / clients as f64).ceil() as u64)
+        .div_ceil(1 << 20)
+        * (1 << 20);
+    let run_id = std::process::id();
+    let mut sims = Vec::new();
+    for i in 0..args.clients {
+        let mut rpc = connect(args, addr).await?;
+        let id = format!("storebench-master-{run_id}-{i}");
+        let r = rpc
+            .mount_segment(MountSegmentRequest {
+                client_id: id.clone(),
+                segment: Some(SegmentInfo {
+                    name: format!("198.18.{}.{}:{}", 1 + i / 250, 1 + i % 250, 20000 + i),
+                    base: (i as u64 + 1) << 40,
+                    size: per_segment,
+                    tier: Tier::Dram as i32,
+                }),
+                host: format!("198.18.{}.{}", 1 + i / 250, 1 + i % 250),
+            })
+            .await?
+            .into_inner();
+        if !ok(&r.status) {
+            bail!("MountSegment: {}", describe(&r.status));
+        }
+        sims.push(Sim { index: i, id, rpc, next: 0, live: VecDeque::new() });
+    }
+    // Heartbeats for every simulated client, on a channel of their own.
+    let stop_pings = Arc::new(AtomicBool::new(false));
+    let pinger = {
+        let mut rpc = connect(args, addr).await?;
+        let ids: Vec<String> = sims.iter().map(|s| s.id.clone()).collect();
+        let stop = stop_pings.clone();
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                for id in &ids {
+                    let _ = rpc.ping(PingRequest { client_id: id.clone(), disk: None }).await;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let result = phases_of_size(args, pid, n, per_segment, &mut sims).await;
+    stop_pings.store(true, Ordering::Relaxed);
+    let _ = pinger.await;
+    result
+}
+
+async fn phases_of_size(
+    args: &MasterArgs,
+    pid: Option<u32>,
+    n: u64,
+    per_segment: u64,
+    sims: &mut Vec<Sim>,
+) -> Result<(Vec<PhaseRow>, SizeRow)> {
+    let dur = Duration::from_secs_f64(args.duration);
+    let b = args.batch;
+    let mut rows = Vec::new();
+    let admin_id = sims[0].id.clone();
+    let mut admin = sims[0].rpc.clone();
+    let rss_mounted = pid.and_then(rss);
+    let sizes = node_stats(&mut admin, &admin_id).await?;
+    println!(
+        "  {} segments of {} ({} in all); master RSS after mounting: {}",
+        sims.len(),
+        report::fmt_bytes(per_segment),
+        report::fmt_bytes(sizes.capacity),
+        rss_mounted.map_or("-".into(), report::fmt_bytes)
+    );
+
+    // 1. Fill half.
+    let started = Instant::now();
+    let mut fill = fill_keys(sims, 0, n / 2, b, args.value_size).await?;
+    let half_secs = started.elapsed().as_secs_f64();
+    let mut filled = n / 2;
+
+    // 2. Single calls below the watermark.
+    let (t, secs) =
+        stream(sims, filled, Stream { batch: 1, value_size: args.value_size, removes: true, dur, put_budget: None })
+            .await;
+    rows.push(PhaseRow {
+        objects: n,
+        phase: "mixed, 1 key per call, below the watermark".into(),
+        secs,
+        tally: t,
+        evicted: Some(0),
+        target: "-",
+    });
+    // 3. Batched, below the watermark: the puts may fill up to 0.85 of capacity.
+    let now = node_stats(&mut admin, &admin_id).await?;
+    let per = (now.used / now.objects.max(1)).max(1);
+    let budget = ((now.capacity as f64 * (args.high_watermark - 0.05)) as u64).saturating_sub(now.used) / per;
+    let (t, secs) = stream(
+        sims,
+        filled,
+        Stream { batch: b, value_size: args.value_size, removes: false, dur, put_budget: Some(budget) },
+    )
+    .await;
+    rows.push(PhaseRow {
+        objects: n,
+        phase: format!("mixed, batched x{b}, below the watermark"),
+        secs,
+        tally: t,
+        evicted: Some(0),
+        target: ">= 100000 ops/s",
+    });
+    // 4. Fill to n objects.
+    let now = node_stats(&mut admin, &admin_id).await?;
+    let more = n.saturating_sub(now.objects);
+    let started = Instant::now();
+    let rest = fill_keys(sims, filled, more, b, args.value_size).await?;
+    let rest_secs = started.elapsed().as_secs_f64();
+    filled += more;
+    fill.add(&rest);
+    let after_fill = node_stats(&mut admin, &admin_id).await?;
+    let rss_filled = pid.and_then(rss);
+    rows.insert(
+        0,
+        PhaseRow {
+            objects: n,
+            phase: format!("fill (BatchPutStart + BatchPutEnd x{b})"),
+            secs: half_secs + rest_secs,
+            tally: fill,
+            evicted: None,
+            target: ">= 100000 ops/s",
+        },
+    );
+    let reserved = (after_fill.used / after_fill.objects.max(1)).max(1);
+
+    // 5. Eviction rounds.
+    let mut rounds_us = Vec::new();
+    let mut evicted_per_round = Vec::new();
+    let mut plain_put_us = Vec::new();
+    for _ in 0..args.eviction_rounds {
+        top_up(sims, args, &mut filled, reserved).await?;
+        let sim = &mut sims[0];
+        let mut found = false;
+        for _ in 0..64 {
+            let before = node_stats(&mut sim.rpc, &sim.id).await?;
+            let key = format!("e/{}/{}", sim.index, sim.next);
+            sim.next += 1;
+            let t = Instant::now();
+            let r = sim
+                .rpc
+                .put_start(PutStartRequest {
+                    client_id: sim.id.clone(),
+                    key: key.clone(),
+                    size: args.value_size,
+                    options: Some(PutOptions::default()),
+                })
+                .await?
+                .into_inner();
+            let took = t.elapsed().as_micros() as u64;
+            if !ok(&r.status) {
+                bail!("PutStart {key}: {}", describe(&r.status));
+            }
+            let e = sim.rpc.put_end(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await?.into_inner();
+            if !ok(&e.status) {
+                bail!("PutEnd {key}: {}", describe(&e.status));
+            }
+            let after = node_stats(&mut sim.rpc, &sim.id).await?;
+            if after.used < before.used {
+                rounds_us.push(took);
+                evicted_per_round.push(before.objects + 1 - after.objects);
+                found = true;
+                break;
+            }
+            plain_put_us.push(took);
+        }
+        if !found {
+            bail!("64 puts at the watermark and no eviction: is the master's high watermark {}?", args.high_watermark);
+        }
+    }
+
+    // 6, 7. The streams with eviction running: each starts one put below the watermark.
+    for batch in [1, b] {
+        top_up(sims, args, &mut filled, reserved).await?;
+        let before = node_stats(&mut admin, &admin_id).await?;
+        let (t, secs) =
+            stream(sims, filled, Stream { batch, value_size: args.value_size, removes: false, dur, put_budget: None })
+                .await;
+        let after = node_stats(&mut admin, &admin_id).await?;
+        let evicted = (before.objects + t.puts).saturating_sub(t.removes).saturating_sub(after.objects);
+        let phase = if batch == 1 {
+            "mixed, 1 key per call, evicting".to_string()
+        } else {
+            format!("mixed, batched x{batch}, evicting")
+        };
+        rows.push(PhaseRow {
+            objects: n,
+            phase,
+            secs,
+            tally: t,
+            evicted: Some(evicted),
+            target: if batch == 1 { "p99 <= 5 ms" } else { ">= 100000 ops/s, p99 <= 5 ms" },
+        });
+    }
+    let size = SizeRow {
+        objects: n,
+        rss_mounted,
+        rss_filled,
+        filled: after_fill.objects,
+        rounds_us,
+        evicted_per_round,
+        plain_put_us,
+    };
+    Ok((rows, size))
+}
+
+/// Puts `count` new fill keys `o/<i>` (from `first` on), spread over all clients, in batches.
+async fn fill_keys(sims: &mut [Sim], first: u64, count: u64, batch: usize, size: u64) -> Result<Tally> {
+    let clients = sims.len() as u64;
+    let mut tasks = Vec::new();
+    for (c, sim) in sims.iter().enumerate() {
+        let mut rpc = sim.rpc.clone();
+        let id = sim.id.clone();
+        let c = c as u64;
+        let mut tally = Tally::new();
+        tasks.push(tokio::spawn(async move {
+            let mine: Vec<u64> = (first..first + count).filter(|i| i % clients == c).collect();
+            for chunk in mine.chunks(batch) {
+                let keys: Vec<String> = chunk.iter().map(|i| format!("o/{i:010}")).collect();
+                put_batch(&mut rpc, &id, keys, size, &mut tally).await;
+            }
+            tally
+        }));
+    }
+    let mut all = Tally::new();
+    for t in tasks {
+        all.add(&t.await?);
+    }
+    if all.failed > 0 {
+        bail!("{} fill call(s) failed; first: {}", all.failed, all.first_failure.unwrap_or_default());
+    }
+    Ok(all)
+}
+
+/// One batched put (BatchPutStart + BatchPutEnd of the keys that started); returns the keys put.
+async fn put_batch(
+    rpc: &mut MasterClient<Channel>,
+    id: &str,
+    keys: Vec<String>,
+    size: u64,
+    tally: &mut Tally,
+) -> Vec<String> {
+    let t = Instant::now();
+    let r = rpc
+        .batch_put_start(BatchPutStartRequest {
+            client_id: id.into(),
+            sizes: vec![size; keys.len()],
+            keys: keys.clone(),
+            options: Some(PutOptions::default()),
+        })
+        .await;
+    tally.record(Rpc::BatchPutStart, t.elapsed());
+    let items = match r {
+        Ok(r) => r.into_inner().items,
+        Err(e) => {
+            tally.fail(format!("BatchPutStart: {e}"));
+            return Vec::new();
+        }
+    };
+    let mut started = Vec::new();
+    for (k, item) in keys.into_iter().zip(&items) {
+        if ok(&item.status) {
+            started.push(k);
+        } else {
+            tally.fail(format!("BatchPutStart {k}: {}", describe(&item.status)));
+        }
+    }
+    if started.is_empty() {
+        return started;
+    }
+    let t = Instant::now();
+    let r = rpc.batch_put_end(BatchKeyRequest { client_id: id.into(), keys: started.clone() }).await;
+    tally.record(Rpc::BatchPutEnd, t.elapsed());
+    match r {
+        Ok(r) => {
+            let mut done = Vec::new();
+            for (k, s) in started.into_iter().zip(r.into_inner().statuses.into_iter().map(Some)) {
+                if ok(&s) {
+                    done.push(k);
+                } else {
+                    tally.fail(format!("BatchPutEnd {k}: {}", describe(&s)));
+                }
+            }
+            tally.ops += done.len() as u64;
+            tally.puts += done.len() as u64;
+            done
+        }
+        Err(e) => {
+            tally.fail(format!("BatchPutEnd: {e}"));
+            Vec::new()
+        }
+    }
+}
+
+/// Puts keys `t/...` until one more put would cross the watermark.
+async fn top_up(sims: &mut [Sim], args: &MasterArgs, filled: &mut u64, reserved: u64) -> Result<()> {
+    let now = node_stats(&mut sims[0].rpc, &sims[0].id.clone()).await?;
+    let limit = (now.capacity as f64 * args.high_watermark) as u64;
+    // The put that makes used exceed the limit evicts; stop one before it.
+    let room = limit.saturating_sub(now.used) / reserved;
+    let count = room.saturating_sub(1);
+    let t = fill_keys(sims, *filled, count, args.batch, args.value_size).await?;
+    *filled += t.puts;
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+struct Stream {
+    batch: usize,
+    value_size: u64,
+    removes: bool,
+    dur: Duration,
+    /// Most puts (keys) of all clients together.
+    put_budget: Option<u64>,
+}
+
+/// Every client runs the mixed stream for `spec.dur`; returns the tally and the seconds.
+async fn stream(sims: &mut Vec<Sim>, filled: u64, spec: Stream) -> (Tally, f64) {
+    let budget = Arc::new(AtomicU64::new(spec.put_budget.unwrap_or(u64::MAX)));
+    let deadline = Instant::now() + spec.dur;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for mut sim in std::mem::take(sims) {
+        let budget = budget.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::new();
+            client_stream(&mut sim, filled, spec, deadline, &budget, &mut t).await;
+            (sim, t)
+        }));
+    }
+    let mut all = Tally::new();
+    for task in tasks {
+        match task.await {
+            Ok((sim, t)) => {
+                all.add(&t);
+                sims.push(sim);
+            }
+            Err(e) => all.fail(format!("a client task failed: {e}")),
+        }
+    }
+    sims.sort_by_key(|s| s.index);
+    (all, started.elapsed().as_secs_f64())
+}
+
+async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Instant, budget: &AtomicU64, t: &mut Tally) {
+    let b = spec.batch;
+    let random_keys = |n: usize| -> Vec<String> {
+        let mut rng = rand::rng();
+        (0..n).map(|_| format!("o/{:010}", rng.random_range(0..filled.max(1)))).collect()
+    };
+    let size = spec.value_size;
+    while Instant::now() < deadline {
+        // A put of b new keys, within the budget.
+        let take = b as u64;
+        if budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(take)).is_err() {
+            break;
+        }
+        let keys: Vec<String> = (0..b)
+            .map(|_| {
+                sim.next += 1;
+                format!("n/{}/{}", sim.index, sim.next)
+            })
+            .collect();
+        if b == 1 {
+            let key = keys.into_iter().next().expect("one key");
+            let s = Instant::now();
+            let r = sim
+                .rpc
+                .put_start(PutStartRequest {
+                    client_id: sim.id.clone(),
+                    key: key.clone(),
+                    size,
+                    options: Some(PutOptions::default()),
+                })
+                .await;
+            t.record(Rpc::PutStart, s.elapsed());
+            match r.map(|r| r.into_inner()) {
+                Ok(r) if ok(&r.status) => {
+                    let s = Instant::now();
+                    let e = sim.rpc.put_end(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
+                    t.record(Rpc::PutEnd, s.elapsed());
+                    match e.map(|e| e.into_inner()) {
+                        Ok(e) if ok(&e.status) => {
+                            t.ops += 1;
+                            t.puts += 1;
+                            sim.live.push_back(key);
+                        }
+                        Ok(e) => t.fail(format!("PutEnd {key}: {}", describe(&e.status))),
+                        Err(e) => t.fail(format!("PutEnd {key}: {e}")),
+                    }
+                }
+                Ok(r) => t.fail(format!("PutStart {key}: {}", describe(&r.status))),
+                Err(e) => t.fail(format!("PutStart {key}: {e}")),
+            }
+        } else {
+            let done = put_batch(&mut sim.rpc, &sim.id, keys, size, t).await;
+            sim.live.extend(done);
+        }
+        // Two gets and one exists of b random fill keys each.
+        for _ in 0..2 {
+            let keys = random_keys(b);
+            if b == 1 {
+                let key = keys.into_iter().next().expect("one key");
+                let s = Instant::now();
+                let r = sim.rpc.get_replica_list(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
+                t.record(Rpc::Get, s.elapsed());
+                match r.map(|r| r.into_inner()) {
+                    Ok(r) if ok(&r.status) => t.ops += 1,
+                    Ok(r) if code_of(&r.status) == Code::ObjectNotFound as i32 => {
+                        t.ops += 1;
+                        t.misses += 1;
+                    }
+                    Ok(r) => t.fail(format!("GetReplicaList {key}: {}", describe(&r.status))),
+                    Err(e) => t.fail(format!("GetReplicaList {key}: {e}")),
+                }
+            } else {
+                let s = Instant::now();
+                let r = sim.rpc.batch_get_replica_list(BatchKeyRequest { client_id: sim.id.clone(), keys }).await;
+                t.record(Rpc::BatchGet, s.elapsed());
+                match r.map(|r| r.into_inner()) {
+                    Ok(r) => {
+                        for item in &r.items {
+                            t.ops += 1;
+                            if code_of(&item.status) == Code::ObjectNotFound as i32 {
+                                t.misses += 1;
+                            } else if !ok(&item.status) {
+                                t.fail(format!("BatchGetReplicaList: {}", describe(&item.status)));
+                            }
+                        }
+                    }
+                    Err(e) => t.fail(format!("BatchGetReplicaList: {e}")),
+                }
+            }
+        }
+        let keys = random_keys(b);
+        let s = Instant::now();
+        if b == 1 {
+            let key = keys.into_iter().next().expect("one key");
+            let r = sim.rpc.exists(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
+            t.record(Rpc::Exists, s.elapsed());
+            match r.map(|r| r.into_inner()) {
+                Ok(r) if ok(&r.status) => {
+                    t.ops += 1;
+                    t.misses += u64::from(!r.exists);
+                }
+                Ok(r) => t.fail(format!("Exists {key}: {}", describe(&r.status))),
+                Err(e) => t.fail(format!("Exists {key}: {e}")),
+            }
+        } else {
+            let r = sim.rpc.batch_exists(BatchKeyRequest { client_id: sim.id.clone(), keys }).await;
+            t.record(Rpc::BatchExists, s.elapsed());
+            match r.map(|r| r.into_inner()) {
+                Ok(r) if ok(&r.status) => {
+                    t.ops += r.exists.len() as u64;
+                    t.misses += r.exists.iter().filter(|e| !**e).count() as u64;
+                }
+                Ok(r) => t.fail(format!("BatchExists: {}", describe(&r.status))),
+                Err(e) => t.fail(format!("BatchExists: {e}")),
+            }
+        }
+        // One remove of this client's oldest new key (keeps the store's size).
+        if spec.removes {
+            if let Some(key) = sim.live.pop_front() {
+                let s = Instant::now();
+                let r =
+                    sim.rpc.remove(RemoveRequest { client_id: sim.id.clone(), key: key.clone(), force: false }).await;
+                t.record(Rpc::Remove, s.elapsed());
+                match r.map(|r| r.into_inner()) {
+                    Ok(r) if ok(&r.status) => {
+                        t.ops += 1;
+                        t.removes += 1;
+                    }
+                    Ok(r) => t.fail(format!("Remove {key}: {}", describe(&r.status))),
+                    Err(e) => t.fail(format!("Remove {key}: {e}")),
+                }
+            }
+        }
+    }
+}
+
+fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
+    let p = |h: &Histogram<u64>, q: f64| if h.is_empty() { "-".into() } else { report::fmt_us(h.value_at_quantile(q)) };
+    println!();
+    println!(
+        "| objects | phase | seconds | metadata ops/s | RPCs/s | p50 | p99 | p999 | max | misses | evicted | failed | target |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in phases {
+        let rpcs = r.tally.all.len();
+        println!(
+            "| {} | {} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.objects,
+            r.phase,
+            r.secs,
+            r.tally.ops as f64 / r.secs.max(1e-9),
+            rpcs as f64 / r.secs.max(1e-9),
+            p(&r.tally.all, 0.5),
+            p(&r.tally.all, 0.99),
+            p(&r.tally.all, 0.999),
+            if r.tally.all.is_empty() { "-".into() } else { report::fmt_us(r.tally.all.max()) },
+            r.tally.misses,
+            r.evicted.map_or("-".into(), |e| e.to_string()),
+            r.tally.failed,
+            r.target,
+        );
+    }
+    println!();
+    println!("| objects | phase | RPC | calls | p50 | p99 | p999 | max |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in phases {
+        for (rpc, h) in RPCS.iter().zip(&r.tally.hist) {
+            if h.is_empty() {
+                continue;
+            }
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.objects,
+                r.phase,
+                rpc.name(),
+                h.len(),
+                p(h, 0.5),
+                p(h, 0.99),
+                p(h, 0.999),
+                report::fmt_us(h.max())
+            );
+        }
+    }
+    println!();
+    println!(
+        "| objects | master RSS mounted | RSS at the watermark | bytes per object | eviction round (PutStart that evicts) \
+         median | range | objects per round | ordinary PutStart median |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let med = |v: &[u64]| -> Option<u64> {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v.get(v.len() / 2).copied()
+    };
+    for s in sizes {
+        let per_object = match (s.rss_mounted, s.rss_filled) {
+            (Some(a), Some(b)) => {
+                format!("{:.0} B (target <= 256)", b.saturating_sub(a) as f64 / s.filled.max(1) as f64)
+            }
+            _ => "- (no pid)".into(),
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            s.objects,
+            s.rss_mounted.map_or("-".into(), report::fmt_bytes),
+            s.rss_filled.map_or("-".into(), report::fmt_bytes),
+            per_object,
+            med(&s.rounds_us).map_or("-".into(), report::fmt_us),
+            match (s.rounds_us.iter().min(), s.rounds_us.iter().max()) {
+                (Some(a), Some(b)) => format!("{}-{}", report::fmt_us(*a), report::fmt_us(*b)),
+                _ => "-".into(),
+            },
+            med(&s.evicted_per_round).map_or("-".into(), |v| v.to_string()),
+            med(&s.plain_put_us).map_or("-".into(), report::fmt_us),
+        );
+    }
+    if let (Some(first), Some(last)) = (sizes.first(), sizes.last()) {
+        if sizes.len() > 1 {
+            if let (Some(a), Some(b)) = (med(&first.rounds_us), med(&last.rounds_us)) {
+                println!();
+                println!(
+                    "eviction round at {} objects: {:.1}x the one at {} objects (target: independent of the store's \
+                     size, about 1x)",
+                    last.objects,
+                    b as f64 / a.max(1) as f64,
+                    first.objects
+                );
+            }
+        }
+    }
+    println!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_take_decimal_suffixes() {
+        assert_eq!(parse_count("100k"), Ok(100_000));
+        assert_eq!(parse_count("1M"), Ok(1_000_000));
+        assert_eq!(parse_count("10M"), Ok(10_000_000));
+        assert_eq!(parse_count("2500"), Ok(2500));
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("1.5M").is_err());
+        assert!(parse_count("x").is_err());
+    }
+}
