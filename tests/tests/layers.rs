@@ -1,4 +1,4 @@
-//! The module layering of `transports/`, read from its sources.
+//! The module layering of `transports/` and `store/`, read from their sources.
 //!
 //! Every `.rs` file of a crate's `src/` is parsed (with `syn`); each path a module names
 //! (`use` trees, paths in code and inside macro calls) is resolved to the module it points
@@ -7,7 +7,10 @@
 //! `#[cfg(test)]` is left out: tests may reach anywhere to set things up. The checks:
 //!
 //! * `transports/src/rdma`: each module imports only modules of lower layers ([`RDMA`]);
-//! * `transports/`: no import cycle between its modules.
+//! * `transports/`: no import cycle between its modules;
+//! * `store/`: the same over its layers ([`STORE`], [`STORE_CLIENT`]): the master and the
+//!   client never import each other (they share `proto`, `protocol`, `error` and `leader`),
+//!   and no import cycle.
 //!
 //! A parent module importing its own children is not an edge (`mod.rs` is its folder's
 //! face); a child importing its parent is. A new module of `rdma/` must be given its place
@@ -44,6 +47,18 @@ const RDMA: &[Layer] = &[
     Layer("peers", Ordered, &["wire", "shared", "peer", "server"]),
     Layer("transport", Ordered, &[""]),
 ];
+
+/// The store (`store/src`), lowest layer first.
+const STORE: &[Layer] = &[
+    Layer("shared types", Ordered, &["proto", "error", "protocol", "metrics_registry", "pattern", "leader"]),
+    Layer("memory", Ordered, &["allocator", "staging"]),
+    Layer("services", Apart, &["master", "client"]),
+    Layer("crate", Ordered, &[""]),
+];
+
+/// Inside the store client: its storage tiers stand on their own, below the rest of it.
+const STORE_CLIENT: &[Layer] =
+    &[Layer("tiers", Apart, &["disk", "hot_cache"]), Layer("the rest of the client", Ordered, &["*"])];
 
 /// One import: `from` names `to` (both module paths, `""` the crate root) at `file:line`.
 #[derive(Debug, Clone)]
@@ -558,6 +573,16 @@ fn transports_has_no_import_cycle() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
+#[test]
+fn store_modules_import_only_from_lower_layers_and_have_no_cycle() {
+    let g = graph("store");
+    assert!(g.edges.iter().any(|e| e.from == "client::read" && e.to == "client::exec"), "the reader sees imports");
+    assert_layered(&g, "", STORE);
+    assert_layered(&g, "client", STORE_CLIENT);
+    let found = cycles(&g);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
 /// The checks themselves, on a made-up crate: they catch what they are for.
 #[test]
 fn an_upward_import_an_unplaced_module_and_a_cycle_are_caught() {
@@ -604,7 +629,7 @@ fn an_upward_import_an_unplaced_module_and_a_cycle_are_caught() {
 #[test]
 #[ignore]
 fn print_graphs() {
-    for c in ["transports"] {
+    for c in ["transports", "store"] {
         let g = graph(c);
         let mut edges: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
         for e in g.edges {
