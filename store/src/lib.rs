@@ -5,6 +5,7 @@
 //! * [`client`]: the store client: contributes memory, puts and gets values, moving the
 //!   bytes client-to-client with the transfer engine.
 
+pub mod allocator;
 pub mod client;
 pub mod error;
 pub mod leader;
@@ -12,6 +13,8 @@ pub mod master;
 mod metrics_registry;
 pub mod pattern;
 pub mod proto;
+pub mod protocol;
+pub mod staging;
 
 pub use client::{ClientConfig, StoreClient};
 pub use error::{Result, StoreError};

@@ -429,7 +429,7 @@ fn values_in_several_buffers_come_back_into_another_split_and_by_ranges() {
     let (a, b) = (client(&m), client(&m));
     let value = data((3 << 20) + 4321, 77);
     let src = registered(&a, value.len(), 0);
-    // SAFETY (test): writing the bytes of a buffer this test owns.
+    // SAFETY: writing the bytes of a buffer this test owns, which nothing else uses meanwhile.
     unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), src.as_ptr() as *mut u8, value.len()) };
     a.put_from_sg("layers", &split(&src, &[1 << 20, 4321, 2 << 20]), &a.default_options()).unwrap();
     // Read back by the other client (remote replica) and by the putter (its own replica), into
@@ -474,7 +474,7 @@ fn batches_of_multi_buffer_puts_and_gets_are_one_round_trip_each() {
     let values: Vec<Vec<u8>> = (0..6).map(|i| data(50_000 + i * 1000, 100 + i as u64)).collect();
     let srcs: Vec<Vec<u8>> = values.iter().map(|v| registered(&a, v.len(), 0)).collect();
     for (s, v) in srcs.iter().zip(&values) {
-        // SAFETY (test): writing the bytes of a buffer this test owns.
+        // SAFETY: writing the bytes of a buffer this test owns, which nothing else uses meanwhile.
         unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), s.as_ptr() as *mut u8, v.len()) };
     }
     // Each value in three pieces (as layers of a KV cache would be).

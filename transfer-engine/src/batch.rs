@@ -19,19 +19,24 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{EngineError, Result};
 
+/// A batch's number, from [`TransferEngine::allocate_batch`](crate::TransferEngine::allocate_batch).
 pub type BatchId = u64;
 
 /// Where one transfer request stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TransferStatus {
+    /// Submitted and not ended yet.
     Pending,
+    /// All its bytes moved.
     Completed,
     /// Why it failed, typed: [`FailureReason::kind`] says whose fault it was.
     Failed(FailureReason),
+    /// Its deadline passed before it ended.
     TimedOut,
 }
 
 impl TransferStatus {
+    /// It has ended (anything but [`TransferStatus::Pending`]).
     pub fn is_final(&self) -> bool {
         !matches!(self, TransferStatus::Pending)
     }
@@ -83,14 +88,17 @@ impl Batch {
         })
     }
 
+    /// The batch's number.
     pub fn id(&self) -> BatchId {
         self.id
     }
 
+    /// Most requests it holds.
     pub fn capacity(&self) -> usize {
         self.requests.len()
     }
 
+    /// Requests submitted to it so far.
     pub fn submitted(&self) -> usize {
         self.submitted.load(Ordering::Acquire)
     }
@@ -128,6 +136,8 @@ impl Batch {
         req.remaining.store(0, Ordering::Release);
     }
 
+    /// Where its `index`th submitted request stands; an index not submitted is an
+    /// [`EngineError::InvalidArgument`].
     pub fn status(&self, index: usize) -> Result<TransferStatus> {
         if index >= self.submitted() {
             return Err(EngineError::InvalidArgument(format!(
@@ -149,6 +159,7 @@ impl Batch {
         })
     }
 
+    /// Where each submitted request stands, in submission order.
     pub fn statuses(&self) -> Vec<TransferStatus> {
         (0..self.submitted()).map(|i| self.status(i).expect("index below submitted")).collect()
     }

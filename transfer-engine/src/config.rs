@@ -10,6 +10,8 @@ use crate::error::{EngineError, Result};
 /// The metadata "service" that needs no service: descriptors are asked from the peer itself.
 pub const P2P_HANDSHAKE: &str = "P2PHANDSHAKE";
 
+/// How an engine is set up: its address, metadata service, transports and their settings
+/// ([`EngineConfig::from_env`] reads Mooncake's `MC_*` variables).
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Host name or IP address peers use to reach this engine, optionally `host:port` to fix
@@ -69,6 +71,8 @@ impl EngineConfig {
         Ok(config)
     }
 
+    /// Overrides the fields that `MC_*` variables set; a malformed value is an
+    /// [`EngineError::Config`].
     pub fn apply_env(&mut self) -> Result<()> {
         if let Some(v) = env("MC_FORCE_TCP") {
             if parse_bool("MC_FORCE_TCP", &v)? {

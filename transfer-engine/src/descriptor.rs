@@ -9,24 +9,32 @@ pub const MAX_NAME_LEN: usize = 1024;
 /// Most buffers one descriptor may list.
 pub const MAX_BUFFERS: usize = 1 << 16;
 
+/// One registered buffer of a segment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferDescriptor {
+    /// Its first byte's address in the owner's address space.
     pub addr: u64,
+    /// Its length in bytes.
     pub length: u64,
+    /// Where the memory is, as registered (`cpu:0`, ...).
     #[serde(default)]
     pub location: String,
+    /// The transports' keys for it (rdma: one per device).
     #[serde(default)]
     pub keys: RegionKeys,
 }
 
 impl BufferDescriptor {
+    /// The address one past its last byte (saturating).
     pub fn end(&self) -> u64 {
         self.addr.saturating_add(self.length)
     }
 }
 
+/// What a segment's owner publishes: its name, host, transports and registered buffers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentDescriptor {
+    /// The segment's name (its owner's `host:port`, as Mooncake names segments).
     pub name: String,
     /// Same host id = same kernel and same network namespace.
     #[serde(default)]
@@ -34,6 +42,7 @@ pub struct SegmentDescriptor {
     /// Transports of the peer; entries of protocols this build does not know are skipped.
     #[serde(deserialize_with = "known_endpoints")]
     pub endpoints: Vec<Endpoint>,
+    /// Its registered buffers (sorted by address once validated).
     pub buffers: Vec<BufferDescriptor>,
 }
 
@@ -50,6 +59,7 @@ impl SegmentDescriptor {
         d.validated()
     }
 
+    /// The descriptor as JSON, as published and sent in the handshake.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a descriptor always serializes")
     }

@@ -39,10 +39,15 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// buffers, which is how Mooncake addresses segments too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransferRequest {
+    /// [`Opcode::Read`] pulls the target's bytes into `source`, [`Opcode::Write`] pushes them.
     pub opcode: Opcode,
+    /// The local address (inside memory registered with this engine).
     pub source: u64,
+    /// The target segment, from [`TransferEngine::open_segment`].
     pub target: SegmentId,
+    /// The target's address.
     pub target_offset: u64,
+    /// Bytes to move.
     pub length: u64,
 }
 
@@ -57,15 +62,19 @@ pub struct RegisteredMemory {
 }
 
 impl RegisteredMemory {
+    /// Its first byte's address.
     pub fn addr(&self) -> u64 {
         self.mem.addr()
     }
+    /// Its length in bytes.
     pub fn len(&self) -> u64 {
         self.mem.len()
     }
+    /// It has no bytes.
     pub fn is_empty(&self) -> bool {
         self.mem.is_empty()
     }
+    /// The mapping underneath (shareable with a process on the same host).
     pub fn shared_memory(&self) -> &Arc<SharedMemory> {
         &self.mem
     }
@@ -98,6 +107,8 @@ struct Segment {
     last_refresh: Mutex<Option<Instant>>,
 }
 
+/// One process's transfer engine: its registered memory (its segment), the transports that
+/// move slices of it, the segments of peers it opened, and its batches of requests.
 pub struct TransferEngine {
     config: EngineConfig,
     name: String,
@@ -211,14 +222,17 @@ impl TransferEngine {
         &self.name
     }
 
+    /// The port of its handshake listener (its segment name's port).
     pub fn rpc_port(&self) -> u16 {
         self._handshake.port()
     }
 
+    /// Its host's identity: engines with the same one share a kernel and network namespace.
     pub fn host_id(&self) -> &str {
         &self.host_id
     }
 
+    /// The configuration it was started with.
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }

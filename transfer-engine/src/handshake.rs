@@ -23,13 +23,22 @@ use crate::descriptor::SegmentDescriptor;
 use crate::error::{EngineError, Result};
 use crate::notify::NotifyQueue;
 
+/// The first bytes of every message.
 pub const MAGIC: [u8; 4] = *b"CRHS";
+/// The handshake's version; a message of another version is refused.
 pub const VERSION: u8 = 1;
+/// Bytes before the payload.
 pub const HEADER_LEN: usize = 12;
+/// Longest request payload the server reads.
 pub const MAX_REQUEST: u32 = 4096;
+/// Longest reply payload a client reads (a descriptor).
 pub const MAX_REPLY: u32 = 16 << 20;
+/// How long a message may take from its first byte to its last, and how long the server
+/// keeps an idle connection.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections the server holds at once.
 pub const MAX_CONNECTIONS: usize = 256;
+/// Connections the server holds at once from one address.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 32;
 /// The frame layout in the net layer's terms.
 pub const FORMAT: Format = Format {
@@ -41,11 +50,15 @@ pub const FORMAT: Format = Format {
     max_payload: MAX_REPLY as u64,
 };
 
+/// A message's kind byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum MessageKind {
+    /// Asks for the descriptor of the segment named in the payload.
     GetDescriptor = 1,
+    /// The answer: the descriptor as JSON.
     Descriptor = 2,
+    /// The answer when there is none: why, as text.
     Error = 3,
     /// A notification for the engine's queue ([`crate::notify`]).
     Notify = 4,
@@ -53,11 +66,13 @@ pub enum MessageKind {
     NotifyAck = 5,
 }
 
+/// Why a message could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     /// Bad magic or version, an oversized length, a close, a timeout: the net layer's errors.
     #[error(transparent)]
     Frame(#[from] FrameError),
+    /// A kind byte no message has.
     #[error("unknown message kind {0}")]
     Kind(u8),
 }
@@ -116,6 +131,7 @@ impl HandshakeServer {
         Ok(HandshakeServer { addr, _server: server })
     }
 
+    /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.addr.port()
     }

@@ -17,10 +17,13 @@
 //! # Ok::<(), crescent_engine::EngineError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod batch;
 pub mod config;
 pub mod descriptor;
 mod engine;
+#[allow(missing_docs)] // the variants and fields say what they are in their `#[error]` messages
 pub mod error;
 pub mod handshake;
 pub mod host;

@@ -41,18 +41,23 @@ pub const OUTBOX_CAPACITY: usize = 4096;
 
 /// [`MessageKind::NotifyAck`] payloads.
 pub const ACCEPTED: u8 = 0;
+/// Refused: the receiver's queue is full.
 pub const QUEUE_FULL: u8 = 1;
+/// Refused: the notification is larger than the receiver takes.
 pub const TOO_LARGE: u8 = 2;
 
 /// One notification: who sends it (by convention the sender's agent or segment name) and
 /// what it says.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Notification {
+    /// Who sends it.
     pub name: Vec<u8>,
+    /// What it says.
     pub message: Vec<u8>,
 }
 
 impl Notification {
+    /// A notification from `name` saying `message`.
     pub fn new(name: impl Into<Vec<u8>>, message: impl Into<Vec<u8>>) -> Self {
         Notification { name: name.into(), message: message.into() }
     }
@@ -123,10 +128,12 @@ impl NotifyQueue {
         state.0.drain(..).collect()
     }
 
+    /// Notifications waiting to be taken.
     pub fn len(&self) -> usize {
         self.state.lock().0.len()
     }
 
+    /// None is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -4,23 +4,32 @@
 /// One piece of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {
+    /// Where it starts locally.
     pub local_addr: u64,
+    /// Where it starts at the target.
     pub remote_addr: u64,
+    /// Its length in bytes.
     pub len: u64,
 }
 
+/// Why a request cannot be cut.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CutError {
     /// `[addr, +len)` of the request's local side is not registered.
     Local {
+        /// Where the unregistered range starts.
         addr: u64,
+        /// Its length.
         len: u64,
     },
     /// The remote side is not inside the target's registered memory.
     Remote {
+        /// Where the range outside starts.
         addr: u64,
+        /// Its length.
         len: u64,
     },
+    /// The request has no bytes.
     Empty,
 }
 

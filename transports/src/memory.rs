@@ -77,18 +77,22 @@ impl SharedMemory {
         Ok(SharedMemory { ptr, len, fd, huge_pages, sealed })
     }
 
+    /// Its first byte's address in this process.
     pub fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }
 
+    /// Its length in bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
 
+    /// It has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// It is backed by huge pages.
     pub fn huge_pages(&self) -> bool {
         self.huge_pages
     }

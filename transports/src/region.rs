@@ -23,6 +23,7 @@ use crate::{SharedMemory, TransportError};
 /// (for RDMA: the memory region's keys on each device).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegionKeys {
+    /// The region's RDMA keys, one per device it is registered on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rdma: Vec<DeviceKey>,
 }
@@ -30,8 +31,11 @@ pub struct RegionKeys {
 /// An RDMA memory region's keys on one device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceKey {
+    /// The device's name.
     pub device: String,
+    /// The local key (the owner's work requests name the region by it).
     pub lkey: u32,
+    /// The remote key (peers' work requests name the region by it).
     pub rkey: u32,
 }
 
@@ -62,6 +66,8 @@ impl std::fmt::Debug for Region {
 }
 
 impl Region {
+    /// A region of `[addr, +len)` at `location` (`cpu:0`, ...), backed by `shared` when the
+    /// engine allocated it (so a same-host peer can map it).
     pub fn new(addr: u64, len: u64, location: impl Into<String>, shared: Option<Arc<SharedMemory>>) -> Self {
         Region {
             addr,
@@ -81,27 +87,35 @@ impl Region {
         Region { local_only: true, ..Region::new(addr, len, "local-only", None) }
     }
 
+    /// It is [`Region::local_only`].
     pub fn is_local_only(&self) -> bool {
         self.local_only
     }
+    /// Its first byte's address.
     pub fn addr(&self) -> u64 {
         self.addr
     }
+    /// Its length in bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
+    /// It has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The address one past its last byte.
     pub fn end(&self) -> u64 {
         self.addr + self.len
     }
+    /// Where the memory is, as registered (`cpu:0`, ...).
     pub fn location(&self) -> &str {
         &self.location
     }
+    /// The transports' keys for it, as published.
     pub fn keys(&self) -> RegionKeys {
         self.keys.read().clone()
     }
+    /// Sets the keys the transports registered it under.
     pub fn set_keys(&self, keys: RegionKeys) {
         *self.keys.write() = keys;
     }
@@ -125,6 +139,7 @@ pub struct InflightGuard {
 }
 
 impl InflightGuard {
+    /// The region in use.
     pub fn region(&self) -> &Arc<Region> {
         &self.region
     }
@@ -145,12 +160,15 @@ pub struct RegionAccess {
 }
 
 impl RegionAccess {
+    /// The first byte's address.
     pub fn addr(&self) -> u64 {
         self.addr
     }
+    /// The length in bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
+    /// It covers no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -177,6 +195,7 @@ pub struct RegionTable {
 }
 
 impl RegionTable {
+    /// A table with no region.
     pub fn new() -> Self {
         Self::default()
     }

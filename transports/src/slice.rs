@@ -12,7 +12,7 @@ pub enum Opcode {
 }
 
 /// What kind of failure ended a slice: whose fault it was, for the layers above (the
-/// engine's [`is_caller_error`](FailureReason::is_caller_error), the store's errors).
+/// engine's `EngineError::is_caller_error`, the store's errors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FailureKind {
@@ -33,6 +33,7 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// The kind in words (`"peer gone"`), as shown in messages.
     pub fn as_str(self) -> &'static str {
         match self {
             FailureKind::OutOfRange => "out of range",
@@ -54,30 +55,39 @@ impl std::fmt::Display for FailureKind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct FailureReason {
+    /// Whose fault it was.
     pub kind: FailureKind,
+    /// What happened.
     pub message: String,
 }
 
 impl FailureReason {
+    /// A failure of `kind`.
     pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
         FailureReason { kind, message: message.into() }
     }
+    /// A [`FailureKind::OutOfRange`] failure.
     pub fn out_of_range(message: impl Into<String>) -> Self {
         Self::new(FailureKind::OutOfRange, message)
     }
+    /// A [`FailureKind::PeerGone`] failure.
     pub fn peer_gone(message: impl Into<String>) -> Self {
         Self::new(FailureKind::PeerGone, message)
     }
+    /// A [`FailureKind::TimedOut`] failure.
     pub fn timed_out(message: impl Into<String>) -> Self {
         Self::new(FailureKind::TimedOut, message)
     }
+    /// A [`FailureKind::Protocol`] failure.
     pub fn protocol(message: impl Into<String>) -> Self {
         Self::new(FailureKind::Protocol, message)
     }
+    /// A [`FailureKind::Local`] failure.
     pub fn local(message: impl Into<String>) -> Self {
         Self::new(FailureKind::Local, message)
     }
 
+    /// Whose fault it was.
     pub fn kind(&self) -> FailureKind {
         self.kind
     }
@@ -101,7 +111,9 @@ impl FailureReason {
 /// How a slice ended, as reported by a transport. Timeouts are decided by the slice's owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SliceOutcome {
+    /// All its bytes moved.
     Completed,
+    /// It failed, and why.
     Failed(FailureReason),
 }
 
@@ -143,6 +155,7 @@ impl std::fmt::Debug for Completion {
 }
 
 impl Completion {
+    /// The completion of slice number `slice`, reported to `sink`.
     pub fn new(sink: Arc<dyn CompletionSink>, slice: usize) -> Self {
         Completion { sink: Some(sink), slice }
     }
@@ -180,12 +193,14 @@ impl Completion {
         self.claim_local()
     }
 
+    /// Ends the slice with `outcome` (reported once any claim on its local memory is released).
     pub fn complete(mut self, outcome: SliceOutcome) {
         if let Some(sink) = self.sink.take() {
             sink.complete(self.slice, outcome);
         }
     }
 
+    /// Ends the slice as failed, for `reason`.
     pub fn fail(self, reason: FailureReason) {
         self.complete(SliceOutcome::Failed(reason));
     }
@@ -244,10 +259,15 @@ impl Drop for LocalClaim {
 /// and is no longer than the transport's maximum slice length.
 #[derive(Debug)]
 pub struct Slice {
+    /// Read (remote into local) or write (local into remote).
     pub opcode: Opcode,
+    /// Where it starts in this process's registered memory.
     pub local_addr: u64,
+    /// Where it starts in the peer's registered memory.
     pub remote_addr: u64,
+    /// Its length in bytes.
     pub len: u64,
+    /// How it is ended; every slice is ended exactly once.
     pub completion: Completion,
 }
 

@@ -12,20 +12,27 @@ use crate::{Region, RegionKeys, Slice, TransportError};
 /// the peer's segment descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteRegion {
+    /// Its first byte's address in the peer.
     pub addr: u64,
+    /// Its length in bytes.
     pub len: u64,
+    /// Its keys, per transport.
     pub keys: RegionKeys,
 }
 
 /// Which transport moves the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TransportKind {
+    /// Shared memory with a peer on the same host.
     Shm,
+    /// One-sided RDMA over RC queue pairs.
     Rdma,
+    /// TCP connections.
     Tcp,
 }
 
 impl TransportKind {
+    /// Its protocol name (`"tcp"`, `"rdma"`, `"shm"`), as Mooncake's `--protocol` takes it.
     pub fn as_str(self) -> &'static str {
         match self {
             TransportKind::Shm => "shm",
@@ -59,26 +66,34 @@ impl FromStr for TransportKind {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "protocol", rename_all = "lowercase")]
 pub enum Endpoint {
+    /// TCP: the peer's transport listener.
     Tcp {
+        /// Its host.
         host: String,
+        /// Its port.
         port: u16,
     },
     /// RDMA: queue pairs are set up through a small exchange on `host:port`, between
     /// this side's devices and the peer's `devices` (names, in the peer's order).
     Rdma {
+        /// The exchange listener's host.
         host: String,
+        /// The exchange listener's port.
         port: u16,
+        /// The peer's devices, by name.
         devices: Vec<String>,
     },
     /// A same-host peer: the abstract unix socket it listens on. Its pid is not published:
     /// the kernel tells it on connection (`SO_PEERCRED`), which is also right across pid
     /// namespaces and after a restart.
     Shm {
+        /// The socket's abstract name (without the leading NUL).
         socket: String,
     },
 }
 
 impl Endpoint {
+    /// The transport it reaches.
     pub fn kind(&self) -> TransportKind {
         match self {
             Endpoint::Tcp { .. } => TransportKind::Tcp,
@@ -107,6 +122,7 @@ impl fmt::Display for Endpoint {
 /// * the target side checks every access against its [`crate::RegionTable`];
 /// * received bytes go straight into registered memory and sent bytes come straight from it.
 pub trait Transport: Send + Sync {
+    /// Which transport this is.
     fn kind(&self) -> TransportKind;
 
     /// What peers need to reach this transport.

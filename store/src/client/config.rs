@@ -331,7 +331,7 @@ impl ClientConfig {
         self.cluster_id
             .clone()
             .or_else(|| std::env::var("MC_METADATA_CLUSTER_ID").ok().filter(|c| !c.trim().is_empty()))
-            .unwrap_or_else(|| crate::master::config::DEFAULT_CLUSTER_ID.to_string())
+            .unwrap_or_else(|| crate::protocol::DEFAULT_CLUSTER_ID.to_string())
     }
 
     /// The disk tier's settings, if a storage root is set.

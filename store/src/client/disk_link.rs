@@ -16,10 +16,10 @@ use super::disk::service::DiskService;
 use super::disk::{Announcer, DiskTier, PreparedOffload};
 use super::rpc::{check, MasterRpc};
 use super::sg::Src;
-use super::staging::Staging;
 use crate::error::{Result, StoreError};
-use crate::master::disk_segment_name;
 use crate::proto::*;
+use crate::protocol::disk_segment_name;
+use crate::staging::Staging;
 
 /// How long `close` waits for queued offloads.
 pub const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(60);

@@ -11,9 +11,9 @@ use crescent_engine::{BatchId, EngineError, RegisteredMemory, TransferEngine, Tr
 
 use super::disk_link::DiskLink;
 use super::hot_cache::HotCache;
-use super::staging::{Staging, StagingBlock};
 use crate::error::{PeerFault, Result, StoreError, Waited};
 use crate::proto::ReplicaDescriptor;
+use crate::staging::{Staging, StagingBlock};
 
 /// The parts one request uses, and its deadline.
 pub(crate) struct Exec<'c> {

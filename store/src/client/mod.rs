@@ -32,7 +32,6 @@ mod read;
 pub mod rpc;
 pub mod sched;
 pub mod sg;
-pub mod staging;
 mod write;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,6 +44,8 @@ use tonic::transport::Channel;
 use crate::error::{Result, StoreError};
 use crate::proto::master_client::MasterClient;
 use crate::proto::*;
+pub use crate::staging::HeldBlock;
+use crate::staging::Staging;
 pub use config::ClientConfig;
 use disk::{DiskStats, PreparedOffload};
 use disk_link::DiskLink;
@@ -55,8 +56,6 @@ use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
 use sg::{Dst, Src};
 pub use sg::{Extent, Piece};
-pub use staging::HeldBlock;
-use staging::Staging;
 
 /// A batch reply must hold one item per key asked.
 pub(crate) fn one_per_key(items: usize, keys: usize) -> Result<()> {

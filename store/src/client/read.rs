@@ -521,7 +521,7 @@ fn whole_slice<'d>(dst: &'d mut Dst<'_>, size: u64) -> Option<&'d mut [u8]> {
 struct InFlight<'a> {
     engine: &'a TransferEngine,
     id: Option<BatchId>,
-    block: super::staging::StagingBlock<'a>,
+    block: crate::staging::StagingBlock<'a>,
     off: u64,
 }
 

@@ -22,9 +22,9 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Result, StoreError, Waited};
 use crate::leader::Members;
-use crate::master::service::MAX_MESSAGE;
 use crate::proto::master_client::MasterClient;
 use crate::proto::{Code, Status};
+use crate::protocol::MAX_MESSAGE;
 
 /// Runs `run`, which blocks on a runtime, where blocking on a runtime is allowed: at once
 /// outside tokio; inside a task of a multi-thread runtime, with the worker handed over
@@ -93,7 +93,7 @@ const FIRST_LEADER_WAIT: Duration = Duration::from_secs(15);
 impl MasterRpc {
     /// Connects to the master at `addr` (`host:port`); fails with a clear error if it is not there.
     pub fn connect(addr: &str) -> Result<Self> {
-        Self::connect_in(addr, crate::master::config::DEFAULT_CLUSTER_ID)
+        Self::connect_in(addr, crate::protocol::DEFAULT_CLUSTER_ID)
     }
 
     /// Connects to the master at `addr`: `host:port`, or `etcd://h1:2379;h2:2379` to follow

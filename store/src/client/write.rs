@@ -8,9 +8,9 @@ use crescent_engine::{Opcode, TransferRequest};
 use super::exec::Exec;
 use super::plan;
 use super::sg::Src;
-use super::staging::StagingBlock;
 use crate::error::{Result, StoreError};
 use crate::proto::ReplicaDescriptor;
+use crate::staging::StagingBlock;
 
 impl<'c> Exec<'c> {
     /// Writes a put's value to the replicas the master placed it on (a byte value through the

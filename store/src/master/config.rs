@@ -118,8 +118,7 @@ impl Default for HaConfig {
 /// The HA backends upstream names.
 pub const HA_BACKENDS: [&str; 3] = ["etcd", "redis", "k8s"];
 
-/// Mooncake's default `--cluster_id`.
-pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
+pub use crate::protocol::DEFAULT_CLUSTER_ID;
 
 impl Default for MasterConfig {
     fn default() -> Self {

@@ -28,10 +28,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use super::allocator::SegmentAllocator;
 use super::{check_key, Client, DiskTotals, Master, Object, Segment, State};
+use crate::allocator::SegmentAllocator;
 use crate::error::{Result, StoreError};
 use crate::proto::{DiskCounters, DiskEntry, HeldRemoval, ReplicaDescriptor, ReplicaStatus, Tier};
+use crate::protocol::disk_segment_name;
 
 /// Most removals kept for one disk while it is away; beyond it the oldest (first queued) are
 /// forgotten, one per new removal (their files may then come back when that disk returns).
@@ -51,11 +52,6 @@ pub const MAX_DISK_ONLY_NEWS: usize = 4096;
 /// The first version a master hands out: its start time in nanoseconds.
 pub(super) fn first_version() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64).max(1)
-}
-
-/// A disk segment's name for a disk id.
-pub fn disk_segment_name(disk_id: &str) -> String {
-    format!("ssd:{disk_id}")
 }
 
 /// The removals waiting for one disk: key → version, in the order they were queued, so that

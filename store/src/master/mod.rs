@@ -6,7 +6,6 @@
 //! consistent. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
 
 pub mod admin;
-pub mod allocator;
 pub mod cli;
 pub mod config;
 mod disk;
@@ -33,17 +32,13 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rand::seq::SliceRandom;
 
+use crate::allocator::{Block, SegmentAllocator};
 use crate::error::{Result, StoreError};
 use crate::proto::{EventKind, PutOptions, QueryKeyReply, ReplicaDescriptor, ReplicaStatus, SegmentInfo, Tier};
-use allocator::{Block, SegmentAllocator};
+pub use crate::protocol::{disk_segment_name, MAX_KEY_LEN, MAX_OBJECT_SIZE};
 pub use config::{AllocationStrategy, MasterConfig};
-pub use disk::disk_segment_name;
 use metrics::Metrics;
 
-/// Longest key accepted.
-pub const MAX_KEY_LEN: usize = 4096;
-/// Largest object accepted.
-pub const MAX_OBJECT_SIZE: u64 = 1 << 40;
 /// Smallest segment a client may mount (one page; smaller ones cannot hold the allocator's units).
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use super::allocator::Block;
 use super::{Master, State};
+use crate::allocator::Block;
 use crate::error::{Result, StoreError};
 use crate::proto::{OwnerNews, OwnerNewsItem, Tier};
 

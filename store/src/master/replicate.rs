@@ -22,8 +22,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
+use crate::allocator::Block;
 use crate::error::{Result, StoreError};
-use crate::master::allocator::Block;
 use crate::master::{check_key, Master, Replica, State, MAX_REPLICAS};
 use crate::proto::{EventKind, ReplicaDescriptor, ReplicaStatus, ReplicationTask};
 

@@ -34,9 +34,7 @@ const PER_KEY_OVERHEAD: usize = 64;
 /// before any of it is buffered.
 pub const MAX_REQUEST_MESSAGE: usize = MAX_BATCH_KEYS * (MAX_KEY_LEN + PER_KEY_OVERHEAD) + (1 << 20);
 
-/// Largest reply the master encodes, and the client decodes: a batch's replica lists
-/// ([`MAX_BATCH_KEYS`] × up to 16 replicas) or a scheduler query's locations fit.
-pub const MAX_MESSAGE: usize = 256 << 20;
+pub use crate::protocol::MAX_MESSAGE;
 
 impl MasterService {
     pub fn new(master: Arc<Master>) -> MasterServer<MasterService> {

@@ -191,11 +191,15 @@ impl Keys {
 /// The value under an `rpc_meta` key: how to reach a segment's handshake listener.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RpcMeta {
+    /// The listener's host.
     pub ip_or_host_name: String,
+    /// The listener's port.
     pub rpc_port: u16,
 }
 
 impl RpcMeta {
+    /// Parses an entry read from a metadata service (untrusted): one without a host or a
+    /// port is refused.
     pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
         let m: RpcMeta = serde_json::from_slice(bytes).map_err(|e| format!("not an rpc_meta entry: {e}"))?;
         if m.ip_or_host_name.is_empty() || m.rpc_port == 0 {

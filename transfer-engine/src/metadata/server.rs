@@ -170,6 +170,7 @@ impl MetadataServer {
         Ok(MetadataServer { addr, path: path.to_string(), stop: Some(stop), runtime: Some(runtime) })
     }
 
+    /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }

@@ -1,18 +1,16 @@
 //! RDMA devices: opening them, choosing the port, GID and MTU, and the per-device protection
 //! domain and completion queue (with its completion channel, waited on by the poller).
+//!
+//! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
-use std::collections::HashMap;
 use std::ffi::CStr;
 use std::net::Ipv4Addr;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
-
+use super::config::RdmaConfig;
 use super::ffi::{self, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, Verbs};
-use super::lane::Lane;
-use super::RdmaConfig;
 
 /// Most completion queue entries asked for per device.
 const MAX_CQE: usize = 65536;
@@ -29,13 +27,16 @@ pub fn mtu_enum(bytes: u32) -> Option<u32> {
     }
 }
 
+/// The bytes of a path MTU enum value (`IBV_MTU_256` = 1 … `IBV_MTU_4096` = 5).
 pub fn mtu_bytes(value: u32) -> u32 {
     128 << value.clamp(1, 5)
 }
 
 /// One opened RDMA device with an active port.
 pub struct Device {
+    /// The loaded library it was opened through.
     pub verbs: Arc<Verbs>,
+    /// Its name (`mlx5_0`, `rxe0`).
     pub name: String,
     /// Position in the transport's device list.
     pub index: usize,
@@ -43,24 +44,27 @@ pub struct Device {
     pub(crate) pd: *mut ibv_pd,
     channel: *mut ibv_comp_channel,
     pub(crate) cq: *mut ibv_cq,
+    /// The port used: the first active one.
     pub port: u8,
+    /// The index of [`Self::gid`] in the port's GID table.
     pub gid_index: u8,
+    /// The GID its queue pairs are addressed by (on RoCE; InfiniBand routes by the LID).
     pub gid: ibv_gid,
+    /// The port's local identifier (InfiniBand).
     pub lid: u16,
+    /// `IBV_LINK_LAYER_INFINIBAND` or `IBV_LINK_LAYER_ETHERNET` (RoCE).
     pub link_layer: u8,
     /// Path MTU enum value used for this device's queue pairs (1..=5).
     pub mtu: u32,
+    /// Most work requests one queue pair of this device may hold.
     pub max_qp_wr: u32,
-    /// Outstanding RDMA reads this device can have as initiator, and serve as responder.
+    /// Outstanding RDMA reads this device can have as initiator.
     pub max_rd_init: u8,
+    /// Outstanding RDMA reads this device can serve as responder.
     pub max_rd_dest: u8,
     /// Work requests that may be outstanding on this device's completion queue.
     pub cq_capacity: usize,
     cq_used: AtomicUsize,
-    /// Initiator lanes by queue pair number, for the poller.
-    pub(crate) lanes: RwLock<HashMap<u32, Weak<Lane>>>,
-    /// Lanes that could not post for want of completion-queue room.
-    pub(crate) starved: Mutex<Vec<Weak<Lane>>>,
 }
 
 // SAFETY: the raw handles are owned by this value and only used through libibverbs calls,
@@ -81,10 +85,13 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
+    /// The device's libibverbs context (owned by this value).
     pub fn context(&self) -> *mut ibv_context {
         self.ctx
     }
 
+    /// The completion channel's file descriptor, readable when the completion queue has an
+    /// event (the poller sleeps on it).
     pub fn channel_fd(&self) -> BorrowedFd<'_> {
         // SAFETY: the channel lives as long as `self`; its fd is open while it does.
         unsafe { BorrowedFd::borrow_raw((*self.channel).fd) }
@@ -324,8 +331,6 @@ fn open_one(
         max_rd_dest: attr.max_qp_rd_atom.clamp(1, 16) as u8,
         cq_capacity,
         cq_used: AtomicUsize::new(0),
-        lanes: RwLock::new(HashMap::new()),
-        starved: Mutex::new(Vec::new()),
     };
     tracing::debug!(
         "rdma: {name} port {port}: GID {gid_index} = {}, LID {}, MTU {}, {} CQ entries",

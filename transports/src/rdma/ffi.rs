@@ -6,7 +6,11 @@
 //! `static inline` in the header (they call through `context->ops`), so they are reached the
 //! same way here. The test `layouts_match_the_system_header` compiles a C program against
 //! the installed header (when there is one) and compares every size and offset used here.
+//!
+//! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
+// The items mirror <infiniband/verbs.h> one for one, under its names; that header documents them.
+#![allow(missing_docs)]
 #![allow(non_camel_case_types)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};

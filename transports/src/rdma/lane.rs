@@ -7,6 +7,12 @@
 //! on an RC queue pair work requests complete in order, so a completion also ends every
 //! request posted before it (successfully, unless the queue pair had already failed). Errors
 //! are reported whether or not a request was signaled.
+//!
+//! A lane gets its completions from the dispatch below it ([`CompletionOwner`]) and hands
+//! what it cannot end itself — slices to move to another lane — to its owner above it
+//! ([`LaneOwner`], the peer).
+//!
+//! Layer: lanes (the layer map is in the [rdma module](super)).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +22,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::ffi::{self, ibv_send_wr, ibv_sge, ibv_wc};
 use super::mr::{MrTable, RemoteKeys};
-use super::peer::Peer;
+use super::poller::{CompletionOwner, Dispatch};
 use super::qp::Qp;
 use crate::{Abort, Completion, FailureReason, LocalClaim, Opcode, Slice, SliceOutcome};
 
@@ -67,6 +73,12 @@ impl Work {
         };
         format!("RDMA {op} of [{:#x}, +{})", self.remote_addr, self.len)
     }
+}
+
+/// Who a lane hands back what it cannot end itself (its peer).
+pub(crate) trait LaneOwner: Send + Sync {
+    /// Ends and re-dispatches what lane `slot` handed back after a completion or a post.
+    fn take_back(&self, left: Leftovers, slot: u32);
 }
 
 /// What a lane hands back to its caller to do outside its lock.
@@ -135,10 +147,14 @@ pub(crate) struct Lane {
     pub qp: Qp,
     pub remote_device: String,
     depth: usize,
-    pub peer: Weak<Peer>,
+    owner: Weak<dyn LaneOwner>,
     pub peer_name: String,
     mrs: Arc<MrTable>,
     remote: Arc<RwLock<RemoteKeys>>,
+    /// The dispatch of the queue pair's device, which hands this lane its completions.
+    dispatch: Arc<Dispatch>,
+    /// Attempts per slice (on different lanes) before it fails.
+    max_attempts: u32,
     state: Mutex<LaneState>,
     pub posted: AtomicU64,
     pub completed: AtomicU64,
@@ -154,10 +170,12 @@ impl Lane {
         qp: Qp,
         remote_device: String,
         depth: usize,
-        peer: Weak<Peer>,
+        owner: Weak<dyn LaneOwner>,
         peer_name: String,
         mrs: Arc<MrTable>,
         remote: Arc<RwLock<RemoteKeys>>,
+        dispatch: Arc<Dispatch>,
+        max_attempts: u32,
     ) -> Arc<Lane> {
         let lane = Arc::new_cyclic(|me: &Weak<Lane>| Lane {
             abort: {
@@ -172,10 +190,12 @@ impl Lane {
             qp,
             remote_device,
             depth,
-            peer,
+            owner,
             peer_name,
             mrs,
             remote,
+            dispatch,
+            max_attempts,
             state: Mutex::new(LaneState {
                 queue: VecDeque::new(),
                 slots: Vec::new(),
@@ -188,7 +208,7 @@ impl Lane {
             posted: AtomicU64::new(0),
             completed: AtomicU64::new(0),
         });
-        lane.qp.device.lanes.write().insert(lane.qp.qpn, Arc::downgrade(&lane));
+        lane.dispatch.register(lane.qp.qpn, Arc::<Lane>::downgrade(&lane));
         lane
     }
 
@@ -273,7 +293,7 @@ impl Lane {
             }
             let credits = device.take_cq_room(want);
             if credits == 0 {
-                device.starved.lock().push(Arc::downgrade(self));
+                self.dispatch.wait_for_room(Arc::<Lane>::downgrade(self));
                 return out;
             }
             let mut wrs: Vec<ibv_send_wr> = Vec::with_capacity(credits);
@@ -401,7 +421,8 @@ impl Lane {
 
     /// Handles one work completion of this lane's queue pair. The slice ends, or comes back
     /// in `reroute` with its attempt counted when the error is worth another try elsewhere.
-    pub fn on_completion(self: &Arc<Self>, wc: &ibv_wc, max_attempts: u32) -> Leftovers {
+    pub fn on_completion(self: &Arc<Self>, wc: &ibv_wc) -> Leftovers {
+        let max_attempts = self.max_attempts;
         let device = &self.qp.device;
         let mut st = self.state.lock();
         let id = wc.wr_id as usize;
@@ -473,15 +494,42 @@ impl Lane {
         }
         out
     }
+
+    /// Hands what is left after a completion or a post to the lane's owner; where the owner
+    /// is gone, ends it here.
+    fn hand_back(&self, left: Leftovers) {
+        if left.is_empty() {
+            return;
+        }
+        match self.owner.upgrade() {
+            Some(owner) => owner.take_back(left, self.slot),
+            None => {
+                for (w, outcome) in left.done {
+                    w.finish(outcome);
+                }
+                for w in left.reroute {
+                    w.fail(FailureReason::peer_gone(format!("connection to {} was closed", self.peer_name)));
+                }
+            }
+        }
+    }
+}
+
+impl CompletionOwner for Lane {
+    fn on_work_completion(self: Arc<Self>, wc: &ibv_wc) {
+        let left = self.on_completion(wc);
+        self.hand_back(left);
+    }
+
+    fn on_cq_room(self: Arc<Self>) {
+        let left = self.pump();
+        self.hand_back(left);
+    }
 }
 
 impl Drop for Lane {
     fn drop(&mut self) {
-        let mut lanes = self.qp.device.lanes.write();
-        if lanes.get(&self.qp.qpn).is_some_and(|w| std::ptr::eq(w.as_ptr(), self)) {
-            lanes.remove(&self.qp.qpn);
-        }
-        drop(lanes);
+        self.dispatch.unregister(self.qp.qpn, self as *const Lane);
         // Posted work still here: the queue pair is destroyed right after (no more DMA), so
         // the slices end as failed when their completions drop.
         let st = self.state.get_mut();

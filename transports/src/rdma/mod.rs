@@ -1,19 +1,38 @@
 //! The rdma transport: one-sided RDMA READ and WRITE over RC queue pairs (libibverbs).
 //!
+//! The target side needs no CPU per transfer: its devices check every access against the
+//! memory regions it registered (an access outside them fails with a remote access error).
+//!
+//! Its modules stand in layers, each importing only those below it (checked by
+//! `tests/tests/layers.rs`, which holds the same order); where a lower layer must reach up,
+//! it owns a trait the higher one implements:
+//!
+//! ```text
+//! transport   mod.rs: the Transport impl, one PeerSlot per peer, connect backoff
+//!   peers     wire, shared, peer, server: the queue-pair exchange on a TCP control
+//!             connection, keepalive, lane rebuild          (implements lane::LaneOwner)
+//!   lanes     lane: posting chained work requests, back-pressure, retries on another lane
+//!                                                          (implements poller::CompletionOwner)
+//!   dispatch  poller: a completion-queue thread per device, completions to their owner by
+//!             queue-pair number (CompletionOwner)
+//!   verbs     ffi, device, mr, qp: libibverbs loaded at run time, devices with their
+//!             protection domain and completion queue, memory regions, queue pairs
+//!   settings  config: RdmaConfig, read by every layer
+//! ```
+//!
 //! * [`ffi`]: libibverbs loaded at run time (`dlopen`), so binaries start on hosts without it;
 //! * [`device`]: device, port, GID and MTU selection; a protection domain and a completion
 //!   queue per device;
 //! * [`mr`]: every registered region registered on every device; peers' remote keys;
-//! * [`qp`], [`wire`], [`server`], [`peer`]: queue pairs connected through a small exchange on
-//!   a TCP port published in [`Endpoint::Rdma`] (several per device pair), kept alive and
-//!   rebuilt with backoff;
-//! * [`lane`]: slices posted as chained work requests with back-pressure, failed ones retried
+//! * [`qp`]: RC queue pairs and their state changes;
+//! * `poller`: one completion-queue thread per device, dispatching by queue-pair number;
+//! * `lane`: slices posted as chained work requests with back-pressure, failed ones retried
 //!   on another queue pair a bounded number of times;
-//! * [`poller`]: one completion-queue thread per device.
-//!
-//! The target side needs no CPU per transfer: its devices check every access against the
-//! memory regions it registered (an access outside them fails with a remote access error).
+//! * [`wire`], `server`, `peer`: queue pairs connected through a small exchange on a TCP port
+//!   published in [`Endpoint::Rdma`] (several per device pair), kept alive and rebuilt with
+//!   backoff.
 
+mod config;
 pub mod device;
 pub mod ffi;
 pub(crate) mod lane;
@@ -22,11 +41,12 @@ pub(crate) mod peer;
 mod poller;
 pub mod qp;
 mod server;
+mod shared;
 pub mod wire;
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,115 +54,11 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use crate::{Endpoint, Region, RegionKeys, RemoteRegion, Slice, Transport, TransportError, TransportKind};
-use device::Device;
+pub use config::RdmaConfig;
 use lane::Work;
-use mr::{MrTable, RemoteKeys};
+use mr::RemoteKeys;
 use peer::Peer;
-use qp::QpTiming;
-
-/// Settings of the rdma transport.
-#[derive(Debug, Clone)]
-pub struct RdmaConfig {
-    /// libibverbs to load (default `libibverbs.so.1`).
-    pub library: Option<String>,
-    /// Devices to use (`device_name` / `MC_DEVICE`); empty: every device with an active port.
-    pub devices: Vec<String>,
-    /// GID index (`MC_GID_INDEX`); `None`: RoCE v2 with an IPv4-mapped address preferred.
-    pub gid_index: Option<u32>,
-    /// Path MTU in bytes (`MC_MTU`), capped by each port's active MTU; `None`: the active MTU.
-    pub mtu: Option<u32>,
-    /// Address the queue-pair exchange listens on.
-    pub bind_host: String,
-    /// Host peers use to reach the exchange (published in the descriptor).
-    pub advertise_host: String,
-    /// Exchange port; 0 picks a free one.
-    pub port: u16,
-    /// Largest slice (`MC_SLICE_SIZE`).
-    pub max_slice_len: u64,
-    /// Queue pairs per peer and local device.
-    pub qps_per_peer: usize,
-    /// Work requests outstanding per queue pair (capped by the device).
-    pub max_send_wr: u32,
-    /// ACK timeout exponent (4.096 µs × 2^n) and retransmissions of each queue pair.
-    pub ib_timeout: u8,
-    pub retry_cnt: u8,
-    /// Attempts per slice (on different queue pairs) before it fails.
-    pub max_attempts: u32,
-    /// How long the poller spins on an empty completion queue before sleeping on events.
-    pub poll_spin: Duration,
-    pub connect_timeout: Duration,
-}
-
-impl Default for RdmaConfig {
-    fn default() -> Self {
-        RdmaConfig {
-            library: None,
-            devices: Vec::new(),
-            gid_index: None,
-            mtu: None,
-            bind_host: "0.0.0.0".into(),
-            advertise_host: "127.0.0.1".into(),
-            port: 0,
-            max_slice_len: 64 << 10,
-            qps_per_peer: 2,
-            max_send_wr: 256,
-            ib_timeout: 18,
-            retry_cnt: 7,
-            max_attempts: 3,
-            poll_spin: Duration::from_micros(50),
-            connect_timeout: Duration::from_secs(3),
-        }
-    }
-}
-
-/// State shared by the transport, its peers, lanes, pollers and exchange server.
-pub(crate) struct Shared {
-    pub config: RdmaConfig,
-    pub devices: Vec<Arc<Device>>,
-    pub mrs: Arc<MrTable>,
-    pub timing: QpTiming,
-    stop: AtomicBool,
-    usage: Mutex<Usage>,
-}
-
-/// Whether the transport has carried anything yet, and whether it was turned off.
-#[derive(Debug, Default)]
-struct Usage {
-    /// A queue pair to or from a peer was asked for.
-    used: bool,
-    withdrawn: bool,
-}
-
-impl Shared {
-    pub fn is_stopping(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
-    }
-
-    /// Notes that a queue pair to or from a peer is about to be set up; refused once the
-    /// transport was withdrawn ([`RdmaTransport::withdraw_if_unused`]).
-    pub fn begin_use(&self) -> Result<(), String> {
-        let mut usage = self.usage.lock();
-        if usage.withdrawn {
-            return Err("rdma is turned off on this engine (it could not register its memory)".into());
-        }
-        usage.used = true;
-        Ok(())
-    }
-
-    /// State without devices, for tests of the parts that need none (the exchange's messages).
-    #[cfg(test)]
-    pub(crate) fn without_devices() -> Shared {
-        let config = RdmaConfig::default();
-        Shared {
-            timing: QpTiming { timeout: config.ib_timeout, retry_cnt: config.retry_cnt },
-            config,
-            devices: Vec::new(),
-            mrs: Arc::new(MrTable::default()),
-            stop: AtomicBool::new(false),
-            usage: Mutex::new(Usage::default()),
-        }
-    }
-}
+use shared::Shared;
 
 /// A peer's connection and when it may be tried again after a failure.
 #[derive(Default)]
@@ -163,8 +79,11 @@ struct SlotState {
 /// How a device in use is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSummary {
+    /// The device's name (`mlx5_0`, `rxe0`).
     pub name: String,
+    /// The port used (its first active one).
     pub port: u8,
+    /// The index of the GID used in the port's GID table.
     pub gid_index: u8,
     /// The GID, as an IPv6 address (`::ffff:a.b.c.d` for RoCE v2 over IPv4).
     pub gid: String,
@@ -187,14 +106,22 @@ pub struct PeerStats {
 /// What one queue pair to a peer has done (for tests and diagnostics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneStats {
+    /// The local device of the queue pair.
     pub device: String,
+    /// The peer's device it is connected to.
     pub remote_device: String,
+    /// The local queue-pair number.
     pub qpn: u32,
+    /// Slices posted on it.
     pub posted: u64,
+    /// Slices whose work completion came back (successful or not).
     pub completed: u64,
+    /// It failed and waits to be rebuilt.
     pub broken: bool,
 }
 
+/// The rdma [`Transport`]: the devices in use, the exchange listener that targets accept
+/// queue pairs on, and one connection (control connection plus queue pairs) per peer.
 pub struct RdmaTransport {
     shared: Arc<Shared>,
     port: u16,
@@ -250,22 +177,15 @@ impl RdmaTransport {
         let listener =
             TcpListener::bind(&bind).map_err(|source| TransportError::Listen { addr: bind.clone(), source })?;
         let port = listener.local_addr().map_err(|source| TransportError::Listen { addr: bind, source })?.port();
-        let shared = Arc::new(Shared {
-            timing: QpTiming { timeout: config.ib_timeout, retry_cnt: config.retry_cnt },
-            config,
-            devices,
-            mrs: Arc::new(MrTable::default()),
-            stop: AtomicBool::new(false),
-            usage: Mutex::new(Usage::default()),
-        });
+        let shared = Arc::new(Shared::new(config, devices));
         let mut threads = Vec::new();
         let spawn_err = |e: std::io::Error| unavailable(format!("cannot start an rdma thread: {e}"));
-        for d in &shared.devices {
-            let (s, d) = (shared.clone(), d.clone());
+        for (d, dispatch) in shared.devices.iter().zip(&shared.dispatch) {
+            let (d, dispatch, spin, stop) = (d.clone(), dispatch.clone(), shared.config.poll_spin, shared.stop_flag());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("crescent-rdma-cq-{}", d.name))
-                    .spawn(move || poller::run(s, d))
+                    .spawn(move || poller::run(d, dispatch, spin, stop))
                     .map_err(spawn_err)?,
             );
         }
@@ -294,6 +214,7 @@ impl RdmaTransport {
         self.shared.devices.iter().map(|d| d.name.clone()).collect()
     }
 
+    /// The TCP port of the queue-pair exchange listener (published in [`Endpoint::Rdma`]).
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -363,17 +284,12 @@ impl RdmaTransport {
     /// if it is off (now or before). For an engine that cannot register its memory with the
     /// devices: it then withdraws its rdma endpoint and registers without rdma.
     pub fn withdraw_if_unused(&self) -> bool {
-        let mut usage = self.shared.usage.lock();
-        if usage.used && !usage.withdrawn {
-            return false;
-        }
-        usage.withdrawn = true;
-        true
+        self.shared.withdraw_if_unused()
     }
 
     /// Whether [`Self::withdraw_if_unused`] turned the transport off.
     pub fn is_withdrawn(&self) -> bool {
-        self.shared.usage.lock().withdrawn
+        self.shared.is_withdrawn()
     }
 
     fn keys_of(&self, peer: &Endpoint) -> Arc<RwLock<RemoteKeys>> {
@@ -467,7 +383,7 @@ impl Transport for RdmaTransport {
 
 impl Drop for RdmaTransport {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.stop();
         // Closes the exchange port and ends every control connection (their queue pairs go).
         drop(self.exchange.lock().take());
         self.peers.lock().clear();

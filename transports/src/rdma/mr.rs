@@ -1,4 +1,6 @@
 //! Memory registration: every registered region is registered on every device.
+//!
+//! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -97,6 +99,7 @@ impl MrTable {
         (addr.checked_add(len)? <= end).then(|| r.mrs.get(device).map(|m| m.lkey)).flatten()
     }
 
+    /// Deregisters every region on every device.
     pub fn clear(&self) {
         let all = std::mem::take(&mut *self.regions.write());
         drop(all);
@@ -122,6 +125,7 @@ pub struct RemoteKeys {
 }
 
 impl RemoteKeys {
+    /// The keys of a peer's regions; empty or wrapping regions are left out.
     pub fn from_regions(regions: Vec<crate::RemoteRegion>) -> Self {
         let mut map = BTreeMap::new();
         for r in regions {

@@ -1,6 +1,9 @@
 //! The initiator's side of one peer: its lanes (queue pairs, several per device pair), the
 //! control connection they were set up through, and the keeper thread that checks the peer
-//! is alive and rebuilds broken lanes with backoff.
+//! is alive and rebuilds broken lanes with backoff. A peer owns its lanes ([`LaneOwner`]):
+//! what a lane cannot end itself comes back here to be moved to another lane.
+//!
+//! Layer: peers (the layer map is in the [rdma module](super)).
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -11,11 +14,11 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use super::device::Device;
-use super::lane::{Lane, Leftovers, Work};
+use super::lane::{Lane, LaneOwner, Leftovers, Work};
 use super::mr::RemoteKeys;
 use super::qp::Qp;
+use super::shared::Shared;
 use super::wire::Message;
-use super::Shared;
 use crate::{Endpoint, FailureReason, SliceOutcome};
 
 /// Keepalive period of the control connection.
@@ -144,10 +147,12 @@ impl Peer {
             qp,
             remote_device,
             depth as usize,
-            Arc::downgrade(self),
+            Arc::<Peer>::downgrade(self),
             self.name.clone(),
             self.shared.mrs.clone(),
             self.remote.clone(),
+            self.shared.dispatch[device.index].clone(),
+            cfg.max_attempts,
         ))
     }
 
@@ -165,7 +170,7 @@ impl Peer {
 
     /// Spreads slices over the working lanes (chained posts per lane); slices arriving while
     /// every lane is being rebuilt wait for the rebuild.
-    pub fn dispatch(self: &Arc<Self>, works: Vec<Work>, exclude: Option<u32>) {
+    pub fn dispatch(&self, works: Vec<Work>, exclude: Option<u32>) {
         if works.is_empty() {
             return;
         }
@@ -200,7 +205,7 @@ impl Peer {
 
     /// Ends and re-dispatches what a lane handed back. `again` is false for slices that were
     /// just re-dispatched once, to never loop between lanes breaking at the same time.
-    pub fn settle(self: &Arc<Self>, left: Leftovers, from: Option<u32>, again: bool) {
+    pub fn settle(&self, left: Leftovers, from: Option<u32>, again: bool) {
         for (w, outcome) in left.done {
             w.finish(outcome);
         }
@@ -248,6 +253,12 @@ impl Peer {
 
     fn take_parked(&self) -> Vec<Work> {
         std::mem::take(&mut *self.parked.lock())
+    }
+}
+
+impl LaneOwner for Peer {
+    fn take_back(&self, left: Leftovers, slot: u32) {
+        self.settle(left, Some(slot), true);
     }
 }
 

@@ -1,11 +1,29 @@
 //! RC queue pairs and their state changes RESET → INIT → RTR → RTS (and → ERR to flush).
+//!
+//! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::device::Device;
 use super::ffi::{self, ibv_qp, ibv_qp_attr};
-use super::wire::QpInfo;
+
+/// What one side tells the other about its queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    /// The queue-pair number.
+    pub qpn: u32,
+    /// The first packet sequence number it sends (and the other side expects).
+    pub psn: u32,
+    /// Its port's local identifier (InfiniBand).
+    pub lid: u16,
+    /// Its device's GID (RoCE).
+    pub gid: [u8; 16],
+    /// Path MTU enum value (1..=5).
+    pub mtu: u8,
+    /// RDMA reads this side serves at once as a responder.
+    pub rd_atomic: u8,
+}
 
 /// Timing of a queue pair's retransmissions.
 #[derive(Debug, Clone, Copy)]
@@ -18,9 +36,12 @@ pub struct QpTiming {
 
 /// One RC queue pair; destroyed when dropped.
 pub struct Qp {
+    /// The device it was created on (its protection domain and completion queue).
     pub device: Arc<Device>,
     qp: *mut ibv_qp,
+    /// Its queue-pair number.
     pub qpn: u32,
+    /// Its initial packet sequence number.
     pub psn: u32,
     /// Path MTU actually used (enum value), once connected.
     mtu: AtomicU32,
@@ -76,6 +97,7 @@ impl Qp {
         Ok(Qp { device: device.clone(), qp, qpn, psn: initial_psn(qpn), mtu: AtomicU32::new(device.mtu) })
     }
 
+    /// The libibverbs queue pair (owned by this value).
     pub fn raw(&self) -> *mut ibv_qp {
         self.qp
     }
@@ -92,6 +114,7 @@ impl Qp {
         }
     }
 
+    /// The path MTU enum value in use (the smaller of both ends' once connected).
     pub fn mtu(&self) -> u32 {
         self.mtu.load(Ordering::Relaxed)
     }

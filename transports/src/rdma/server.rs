@@ -1,6 +1,8 @@
 //! The target's side of the queue-pair exchange: for each initiator's control connection,
 //! one queue pair per lane it asks for, connected to the initiator's; all of them are
 //! destroyed when the connection closes or falls silent.
+//!
+//! Layer: peers (the layer map is in the [rdma module](super)).
 
 use std::collections::HashMap;
 use std::io;
@@ -8,9 +10,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::qp::Qp;
-use super::wire::{Message, QpInfo, WireError};
-use super::Shared;
+use super::qp::{Qp, QpInfo};
+use super::shared::Shared;
+use super::wire::{Message, WireError};
 use crate::net::serve::Accepted;
 use crate::net::{serve, Limits, Server};
 

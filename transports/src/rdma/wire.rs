@@ -19,14 +19,21 @@
 //! be complete within [`MESSAGE_TIMEOUT`] (one deadline for all of it, so pauses inside it do
 //! not cut it, and a peer that trickles it cannot hold the reader longer); between messages a
 //! reader waits as long as its caller's idle time.
+//!
+//! Layer: peers (the layer map is in the [rdma module](super)).
 
 use std::time::Duration;
 
+pub use super::qp::QpInfo;
 use crate::net::{Format, FrameError, Wire};
 
+/// The first bytes of every message.
 pub const MAGIC: [u8; 4] = *b"CRQP";
+/// The exchange's version; a message of another version is refused.
 pub const VERSION: u8 = 1;
+/// Bytes before the payload.
 pub const HEADER_LEN: usize = 12;
+/// Longest payload accepted; a longer length is refused before anything is allocated.
 pub const MAX_PAYLOAD: u32 = 1024;
 /// The frame layout in the net layer's terms.
 pub const FORMAT: Format = Format {
@@ -37,42 +44,57 @@ pub const FORMAT: Format = Format {
     length_at: Some(8),
     max_payload: MAX_PAYLOAD as u64,
 };
+/// Longest device name a `Connect` may carry.
 pub const MAX_DEVICE_NAME: usize = 64;
 /// Once a message's first byte has arrived, the rest must follow within this long.
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What one side tells the other about its queue pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QpInfo {
-    pub qpn: u32,
-    pub psn: u32,
-    pub lid: u16,
-    pub gid: [u8; 16],
-    /// Path MTU enum value (1..=5).
-    pub mtu: u8,
-    /// RDMA reads this side serves at once as a responder.
-    pub rd_atomic: u8,
-}
-
 const QP_INFO_LEN: usize = 4 + 4 + 2 + 16 + 1 + 1;
 
+/// One message of the exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    Connect { slot: u32, target_device: String, initiator_device: String, qp: QpInfo },
-    Accept { slot: u32, qp: QpInfo },
-    Reject { reason: String },
+    /// Initiator → target: connect a queue pair of yours on `target_device` to my `qp` (on
+    /// `initiator_device`) for lane `slot`; replaces the slot's earlier one.
+    Connect {
+        /// The initiator's lane number.
+        slot: u32,
+        /// The target's device to create the queue pair on.
+        target_device: String,
+        /// The initiator's device its queue pair is on.
+        initiator_device: String,
+        /// The initiator's queue pair.
+        qp: QpInfo,
+    },
+    /// Target → initiator: the queue pair for lane `slot` is connected, this is it.
+    Accept {
+        /// The lane number of the `Connect` answered.
+        slot: u32,
+        /// The target's queue pair.
+        qp: QpInfo,
+    },
+    /// Target → initiator: the `Connect` failed, and why.
+    Reject {
+        /// What failed, for the initiator's error.
+        reason: String,
+    },
+    /// Are you alive? (either side)
     Ping,
+    /// The answer to a `Ping`.
     Pong,
 }
 
+/// Why a message could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     /// Bad magic or version, an oversized length, a close, an idle or stalled connection: the
     /// net layer's errors.
     #[error(transparent)]
     Frame(#[from] FrameError),
+    /// A kind byte no message has.
     #[error("unknown message kind {0}")]
     Kind(u8),
+    /// A payload that does not decode as its kind's.
     #[error("malformed message: {0}")]
     Malformed(&'static str),
 }

@@ -35,9 +35,9 @@ pub const FIXED_LEN: usize = 48;
 /// The value starts at a multiple of this (lets a reader use direct I/O).
 pub const ALIGN: u64 = 4096;
 /// Longest key (the master's limit).
-pub const MAX_KEY_LEN: usize = crate::master::MAX_KEY_LEN;
+pub const MAX_KEY_LEN: usize = crate::protocol::MAX_KEY_LEN;
 /// Largest value (the master's limit).
-pub const MAX_VALUE_LEN: u64 = crate::master::MAX_OBJECT_SIZE;
+pub const MAX_VALUE_LEN: u64 = crate::protocol::MAX_OBJECT_SIZE;
 /// Bytes that always hold the whole header and key.
 pub const MAX_HEADER_LEN: usize = 2 * ALIGN as usize;
 /// Final file names end with this.

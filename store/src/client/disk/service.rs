@@ -32,8 +32,8 @@ use crescent_transports::net::serve::{serve_with, Accepted};
 use crescent_transports::net::{Format, Limits, Server, Wire};
 
 use super::DiskTier;
-use crate::client::staging::Staging;
 use crate::error::{PeerFault, Result, StoreError};
+use crate::staging::Staging;
 
 pub const MAGIC: [u8; 2] = *b"CD";
 pub const WIRE_VERSION: u8 = 1;
@@ -123,7 +123,7 @@ impl OpenRequest {
         let version = u64_at(p, 0)?;
         let size = u64_at(p, 8)?;
         let key = std::str::from_utf8(&p[16..]).map_err(|_| bad("key is not UTF-8"))?;
-        if key.is_empty() || key.len() > crate::master::MAX_KEY_LEN {
+        if key.is_empty() || key.len() > crate::protocol::MAX_KEY_LEN {
             return Err(bad(format!("key of {} bytes", key.len())));
         }
         Ok(OpenRequest { version, size, key: key.to_string() })
@@ -222,7 +222,7 @@ fn serve(conn: &TcpStream, tier: &Weak<DiskTier>, staging: &Staging, segment: &s
     let _ = conn.set_nodelay(true);
     let mut conn = conn;
     let mut open: Option<(super::TierReader, String, u64)> = None;
-    let mut held: Option<crate::client::staging::StagingBlock<'_>> = None;
+    let mut held: Option<crate::staging::StagingBlock<'_>> = None;
     loop {
         let Ok((kind, payload)) = read_frame(&mut conn) else { return };
         drop(held.take()); // the reader has read the last piece

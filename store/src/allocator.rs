@@ -6,6 +6,9 @@
 //! twice — by offset (to find a range's neighbours and the range holding an offset) and by
 //! (length, offset) (for the best fit) — and a released block merges with free neighbours, so
 //! that freed space comes back in one piece.
+//!
+//! The master allocates replicas' space in clients' segments with it, the client the blocks of
+//! its staging buffer ([`crate::staging`]); it imports neither.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -2,6 +2,8 @@
 //! that the transfer engine only ever moves registered memory. Blocks are handed out by an
 //! offset allocator; a caller waits while the buffer is full, until its request's deadline
 //! (other calls, and the disk service's remote readers, hold blocks meanwhile).
+//!
+//! It sits below the client and its disk tier, which both use it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,8 +12,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crescent_engine::RegisteredMemory;
 
+use crate::allocator::{Block, SegmentAllocator};
 use crate::error::{Result, StoreError, Waited};
-use crate::master::allocator::{Block, SegmentAllocator};
 
 pub struct Staging {
     mem: RegisteredMemory,
