@@ -11,8 +11,9 @@ pub mod master;
 mod metrics_registry;
 pub mod pattern;
 pub mod proto;
+pub mod standalone;
 
-pub use client::{ClientConfig, StoreClient};
+pub use client::{ClientConfig, DummyClient, DummyConfig, StoreApi, StoreClient};
 pub use error::{Result, StoreError};
 pub use master::{AllocationStrategy, Master, MasterConfig};
 

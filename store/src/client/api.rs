@@ -1,0 +1,168 @@
+//! The store's API as one trait, [`StoreApi`], implemented by the full client ([`StoreClient`],
+//! which owns a segment, an engine and the disk tier) and by a dummy client
+//! ([`super::dummy::DummyClient`], which forwards every call to a standalone client on this
+//! host). Bindings (the Python `MooncakeDistributedStore`, the `crescent` tool) hold an
+//! `Arc<dyn StoreApi>` and work with either.
+//!
+//! The methods mean what [`StoreClient`]'s methods of the same names mean; the provided ones
+//! are the short forms (default options, one buffer).
+
+use crate::error::Result;
+use crate::proto::{PutOptions, QueryKeyReply};
+
+use super::sg::{Extent, Piece};
+use super::StoreClient;
+
+/// The store's calls, whichever client carries them out.
+pub trait StoreApi: Send + Sync {
+    /// The name of the segment this client's puts prefer (`local_first`): a full client's
+    /// own, a dummy client's standalone client's.
+    fn segment_name(&self) -> String;
+    /// The options the calls without options use.
+    fn default_options(&self) -> PutOptions;
+
+    /// Registers memory of this process for the zero-copy calls.
+    fn register_buffer(&self, addr: u64, len: u64) -> Result<()>;
+    fn unregister_buffer(&self, addr: u64) -> Result<()>;
+
+    fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
+    fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
+    fn get(&self, key: &str) -> Result<Vec<u8>>;
+    fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64>;
+    fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64>;
+
+    fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>>;
+    fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>>;
+    fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>>;
+
+    fn exists(&self, key: &str) -> Result<bool>;
+    fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>>;
+    fn query(&self, key: &str) -> Result<QueryKeyReply>;
+    fn get_size(&self, key: &str) -> Result<u64>;
+    fn remove_with(&self, key: &str, force: bool) -> Result<()>;
+    fn remove_by_regex(&self, pattern: &str) -> Result<u64>;
+    fn remove_all(&self) -> Result<u64>;
+
+    /// Ends the client (a full client unmounts its segment; a dummy client releases what it
+    /// shared with its standalone client). Twice is fine.
+    fn close(&self) -> Result<()>;
+
+    // ---- short forms ----
+
+    fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.put_with(key, value, &self.default_options())
+    }
+    fn put_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
+        self.put_from_sg(key, &[Piece::new(addr, len)], options)
+    }
+    fn put_from(&self, key: &str, addr: u64, len: u64) -> Result<()> {
+        self.put_from_with(key, addr, len, &self.default_options())
+    }
+    fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
+        self.get_into_sg(key, &[Piece::new(addr, len)])
+    }
+    fn put_batch(&self, keys: &[String], values: &[&[u8]]) -> Result<Vec<Result<()>>> {
+        self.put_batch_with(keys, values, &self.default_options())
+    }
+    fn batch_put_from_with(
+        &self,
+        keys: &[String],
+        addrs: &[u64],
+        sizes: &[u64],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        let pieces = one_piece_each(keys, addrs, sizes)?;
+        let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+        self.batch_put_from_sg(keys, &values, options)
+    }
+    fn batch_put_from(&self, keys: &[String], addrs: &[u64], sizes: &[u64]) -> Result<Vec<Result<()>>> {
+        self.batch_put_from_with(keys, addrs, sizes, &self.default_options())
+    }
+    fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
+        let pieces = one_piece_each(keys, addrs, lens)?;
+        let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+        self.batch_get_into_sg(keys, &values)
+    }
+    fn remove(&self, key: &str) -> Result<()> {
+        self.remove_with(key, false)
+    }
+}
+
+/// One piece per key, from parallel lists of addresses and lengths.
+fn one_piece_each(keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<[Piece; 1]>> {
+    if keys.len() != addrs.len() || keys.len() != lens.len() {
+        return Err(crate::StoreError::invalid("keys, buffers and sizes differ in length"));
+    }
+    Ok(addrs.iter().zip(lens).map(|(&a, &n)| [Piece::new(a, n)]).collect())
+}
+
+impl StoreApi for StoreClient {
+    fn segment_name(&self) -> String {
+        StoreClient::segment_name(self).to_string()
+    }
+    fn default_options(&self) -> PutOptions {
+        StoreClient::default_options(self)
+    }
+    fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
+        StoreClient::register_buffer(self, addr, len)
+    }
+    fn unregister_buffer(&self, addr: u64) -> Result<()> {
+        StoreClient::unregister_buffer(self, addr)
+    }
+    fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        StoreClient::put_with(self, key, value, options)
+    }
+    fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        StoreClient::put_from_sg(self, key, pieces, options)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        StoreClient::get(self, key)
+    }
+    fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
+        StoreClient::get_into_sg(self, key, pieces)
+    }
+    fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64> {
+        StoreClient::get_into_ranges(self, key, ranges)
+    }
+    fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        StoreClient::put_batch_with(self, keys, values, options)
+    }
+    fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_put_from_sg(self, keys, values, options)
+    }
+    fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
+        StoreClient::get_batch(self, keys)
+    }
+    fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_get_into_sg(self, keys, values)
+    }
+    fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_get_into_ranges(self, keys, ranges)
+    }
+    fn exists(&self, key: &str) -> Result<bool> {
+        StoreClient::exists(self, key)
+    }
+    fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        StoreClient::batch_exists(self, keys)
+    }
+    fn query(&self, key: &str) -> Result<QueryKeyReply> {
+        StoreClient::query(self, key)
+    }
+    fn get_size(&self, key: &str) -> Result<u64> {
+        StoreClient::get_size(self, key)
+    }
+    fn remove_with(&self, key: &str, force: bool) -> Result<()> {
+        StoreClient::remove_with(self, key, force)
+    }
+    fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        StoreClient::remove_by_regex(self, pattern)
+    }
+    fn remove_all(&self) -> Result<u64> {
+        StoreClient::remove_all(self)
+    }
+    fn close(&self) -> Result<()> {
+        StoreClient::close(self)
+    }
+}
