@@ -336,8 +336,11 @@ fn key_sizes(words: &[&str]) -> Result<(Vec<String>, Vec<u64>)> {
 }
 
 fn run_dummy_command(c: &Arc<DummyClient>, w: &[&str]) -> Result<String> {
+    let (w, heap) = match w.split_last() {
+        Some((&"heap", rest)) => (rest, true),
+        _ => (w, false),
+    };
     let key = || w.get(1).copied().context("missing key");
-    let heap = w.last() == Some(&"heap");
     match w.first().copied() {
         Some("put_from") => {
             let (size, seed) = (num(w.get(2), "size")?, num(w.get(3), "seed")?);
