@@ -2,7 +2,7 @@
 //! it prefers, turned into the store's [`PutOptions`].
 
 use crescent_store::proto::PutOptions;
-use crescent_store::{StoreClient, StoreError};
+use crescent_store::{StoreApi, StoreError};
 
 /// The fields of Mooncake's `ReplicateConfig`, with its defaults (one replica, no pin, no
 /// preferred segment).
@@ -34,7 +34,7 @@ impl Default for ReplicateConfig {
 impl ReplicateConfig {
     /// The options of a put made by `client` with this configuration: the client's own
     /// defaults (its segment as `local_first`'s choice) with these fields over them.
-    pub fn put_options(&self, client: &StoreClient) -> Result<PutOptions, StoreError> {
+    pub fn put_options(&self, client: &dyn StoreApi) -> Result<PutOptions, StoreError> {
         if self.replica_num == 0 {
             return Err(StoreError::InvalidArgument("replica_num must be at least 1".into()));
         }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crescent_ffi::store::proto::PutOptions;
-use crescent_ffi::store::StoreClient;
+use crescent_ffi::store::{StoreApi, StoreClient};
 use crescent_ffi::{fail, store_fail, SetupArgs, Status};
 use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
@@ -217,7 +217,7 @@ impl PyReplicateConfig {
 }
 
 /// The put options of `config` for `client` (its defaults when no config is given).
-fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>) -> Result<PutOptions, Status> {
+fn put_options(client: &Arc<dyn StoreApi>, config: Option<&PyReplicateConfig>) -> Result<PutOptions, Status> {
     let Some(c) = config else { return Ok(client.default_options()) };
     let config = crescent_ffi::ReplicateConfig {
         replica_num: c.replica_num,
@@ -226,7 +226,7 @@ fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>) -> Resu
         preferred_segment: c.preferred_segment.clone(),
         preferred_segments: c.preferred_segments.clone(),
     };
-    config.put_options(client).map_err(|e| store_fail(&e))
+    config.put_options(&**client).map_err(|e| store_fail(&e))
 }
 
 /// A client of the Crescent store with Mooncake's `MooncakeDistributedStore` interface.
@@ -237,13 +237,14 @@ fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>) -> Resu
 /// memoryview, numpy array), registered once with `register_buffer`.
 #[pyclass(module = "crescent._crescent", name = "MooncakeDistributedStore")]
 struct Store {
-    client: RwLock<Option<Arc<StoreClient>>>,
+    /// A full client (`setup`) or a dummy client (`setup_dummy`, see `dummy.rs`).
+    client: RwLock<Option<Arc<dyn StoreApi>>>,
     /// Buffer objects registered by `register_buffer`, kept exported until unregistered.
     pinned: Mutex<HashMap<u64, Exported>>,
 }
 
 impl Store {
-    fn client(&self) -> Option<Arc<StoreClient>> {
+    fn client(&self) -> Option<Arc<dyn StoreApi>> {
         self.client.read().clone()
     }
 }
@@ -324,6 +325,7 @@ impl Store {
         });
         match connected {
             Ok(client) => {
+                let client: Arc<dyn StoreApi> = client;
                 let mut slot = self.client.write();
                 if slot.is_some() {
                     drop(slot);
@@ -652,6 +654,28 @@ impl Store {
         }
     }
 
+    /// setup_dummy(mem_pool_size, local_buffer_size, server_address) -> int: see `dummy.rs`.
+    fn setup_dummy(&self, py: Python<'_>, mem_pool_size: u64, local_buffer_size: u64, server_address: String) -> i32 {
+        dummy::setup_dummy(self, py, mem_pool_size, local_buffer_size, server_address)
+    }
+
+    /// init_all(protocol, device_name, mount_segment_size=16 MiB) -> int: see `dummy.rs`.
+    #[pyo3(signature = (protocol, device_name, mount_segment_size=16 << 20))]
+    fn init_all(
+        &self,
+        py: Python<'_>,
+        protocol: String,
+        device_name: String,
+        mount_segment_size: u64,
+    ) -> PyResult<i32> {
+        dummy::init_all(self, py, protocol, device_name, mount_segment_size)
+    }
+
+    /// alloc_from_mem_pool(size) -> int: an address, or 0; see `dummy.rs`.
+    fn alloc_from_mem_pool(&self, py: Python<'_>, size: u64) -> u64 {
+        dummy::alloc_from_mem_pool(self, py, size)
+    }
+
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
@@ -680,6 +704,7 @@ fn status_name(code: i32) -> &'static str {
     Status::from_code(code).map_or("UNKNOWN", Status::name)
 }
 
+mod dummy;
 mod engine;
 
 #[pymodule]

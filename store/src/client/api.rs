@@ -49,6 +49,16 @@ pub trait StoreApi: Send + Sync {
     /// shared with its standalone client). Twice is fine.
     fn close(&self) -> Result<()>;
 
+    /// `len` bytes of memory shared with the standalone client (a dummy client's pool), usable
+    /// by the zero-copy calls without registering. A full client has no pool: it allocates
+    /// nothing here (register the caller's memory instead).
+    fn alloc_from_mem_pool(&self, len: u64) -> Result<u64> {
+        Err(crate::StoreError::invalid(format!(
+            "alloc_from_mem_pool({len}): only a dummy client (setup_dummy) has a memory pool; register memory with \
+             register_buffer instead"
+        )))
+    }
+
     // ---- short forms ----
 
     fn put(&self, key: &str, value: &[u8]) -> Result<()> {

@@ -75,6 +75,17 @@ class MooncakeDistributedStore:
         """Starts the client and mounts ``global_segment_size`` bytes; 0 or a negative code.
 
         Also ``setup(dict)`` with the same keys (sizes as ints or strings like "512MB")."""
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Attaches, as a dummy client, to the standalone client (``crescent-client`` /
+        ``mooncake_client``) at ``server_address`` (``host:port`` of its ``--port`` on this
+        host, ``@name`` or a socket path): every call is carried out there, in memory shared
+        with it (``alloc_from_mem_pool``). 0, or -1 (``last_error()`` says why)."""
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int = 16777216) -> int:
+        """Upstream's fixed-default setup (``localhost:12345``, metadata ``127.0.0.1:2379``,
+        a 1 GiB local buffer); 0, or -1 when already set up or it fails."""
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """``size`` bytes shared with the standalone client (a dummy client's pool), usable by
+        the zero-copy calls without ``register_buffer``; the address, or 0."""
     def close(self) -> int:
         """Unmounts this client's segment (its objects leave the pool); 0 or a negative code."""
     def get_hostname(self) -> str:

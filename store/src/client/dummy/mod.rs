@@ -190,7 +190,7 @@ impl DummyClient {
 
     /// `len` bytes of shared memory (zeroed at first use): from the pool, or a memfd of its own
     /// shared at once. Usable by the zero-copy calls without `register_buffer`.
-    pub fn alloc_from_mem_pool(&self, len: u64) -> Result<u64> {
+    pub fn alloc(&self, len: u64) -> Result<u64> {
         let (addr, own) = self.inner.memory.alloc(len)?;
         if let Some(region) = own {
             if let Err(e) = self.inner.share(&region) {
@@ -205,7 +205,7 @@ impl DummyClient {
         Ok(addr)
     }
 
-    /// Frees memory from [`Self::alloc_from_mem_pool`].
+    /// Frees memory from [`Self::alloc`].
     pub fn free_to_mem_pool(&self, addr: u64) -> Result<()> {
         if let Some(region) = self.inner.memory.free(addr)? {
             match self.inner.call(&Request::Unshare { region: region.id }, &[], None) {
@@ -493,6 +493,10 @@ impl StoreApi for DummyClient {
 
     fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
         self.inner.memory.register(addr, len)
+    }
+
+    fn alloc_from_mem_pool(&self, len: u64) -> Result<u64> {
+        self.alloc(len)
     }
 
     fn unregister_buffer(&self, addr: u64) -> Result<()> {
