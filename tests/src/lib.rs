@@ -116,7 +116,7 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-/// A peer that answers the handshake with a descriptor (one 16 MiB buffer at 0x10000000)
+/// A peer that answers the handshake with a descriptor (one 64 MiB buffer at 0x10000000)
 /// whose tcp endpoint accepts connections, reads requests and never answers; with
 /// `close_after`, it closes each connection after that long instead.
 pub struct SilentPeer {
@@ -126,31 +126,39 @@ pub struct SilentPeer {
 
 impl SilentPeer {
     pub fn start(close_after: Option<Duration>) -> SilentPeer {
+        use std::io::Read;
+        Self::serving(move |conn| {
+            let mut conn = conn;
+            let started = Instant::now();
+            conn.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let mut sink = [0u8; 65536];
+            loop {
+                if close_after.is_some_and(|d| started.elapsed() >= d) {
+                    return; // drop: the initiator sees the connection close
+                }
+                match conn.read(&mut sink) {
+                    Ok(0) => return,
+                    _ => continue,
+                }
+            }
+        })
+    }
+
+    /// A peer whose handshake answers like [`SilentPeer::start`]'s and whose tcp data
+    /// connections are each served by `serve`, on a thread of its own.
+    pub fn serving(serve: impl Fn(std::net::TcpStream) + Send + Sync + 'static) -> SilentPeer {
         use crescent_engine::handshake::{read_message, write_message, MessageKind, MAX_REQUEST};
         use crescent_engine::{BufferDescriptor, SegmentDescriptor};
         use crescent_transports::Endpoint;
-        use std::io::Read;
         use std::net::TcpListener;
 
         let data = TcpListener::bind("127.0.0.1:0").unwrap();
         let data_port = data.local_addr().unwrap().port();
+        let serve = Arc::new(serve);
         std::thread::spawn(move || {
             for conn in data.incoming().map_while(Result::ok) {
-                std::thread::spawn(move || {
-                    let mut conn = conn;
-                    let started = Instant::now();
-                    conn.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-                    let mut sink = [0u8; 65536];
-                    loop {
-                        if close_after.is_some_and(|d| started.elapsed() >= d) {
-                            return; // drop: the initiator sees the connection close
-                        }
-                        match conn.read(&mut sink) {
-                            Ok(0) => return,
-                            _ => continue,
-                        }
-                    }
-                });
+                let serve = serve.clone();
+                std::thread::spawn(move || serve(conn));
             }
         });
         let hs = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -162,7 +170,7 @@ impl SilentPeer {
             endpoints: vec![Endpoint::Tcp { host: "127.0.0.1".into(), port: data_port }],
             buffers: vec![BufferDescriptor {
                 addr: buffer,
-                length: 16 << 20,
+                length: 64 << 20,
                 location: "cpu:0".into(),
                 keys: Default::default(),
             }],

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crescent_benches::pattern;
 use crescent_engine::{Opcode, TransferRequest, TransferStatus};
 use crescent_tests::{loopback_engine, spawn_tebench_target, workspace_bin, BatchLoop};
+use crescent_transports::FailureKind;
 
 #[test]
 fn reads_from_another_process_match_its_pattern() {
@@ -70,7 +71,7 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     assert!(killed_at.elapsed() < Duration::from_secs(15), "in-flight requests ended before their timeout");
     let last = outcomes.last().expect("at least one batch ran");
     assert!(
-        last.iter().any(|s| matches!(s, TransferStatus::Failed(r) if r.contains("connection"))),
+        last.iter().any(|s| matches!(s, TransferStatus::Failed(r) if r.kind == FailureKind::PeerGone && r.message.contains("connection"))),
         "the batch in flight at the kill failed with the connection's reason: {last:?}"
     );
     assert!(outcomes.len() > 1, "batches completed before the kill");
@@ -85,4 +86,43 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
         }])
         .unwrap_err();
     assert!(err.to_string().contains("connect"), "{err}");
+}
+
+#[test]
+fn tebench_initiator_exits_with_the_reason_once_its_target_is_gone() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let (mut target, name) = spawn_tebench_target(&[], &["--buffer-size", "64M", "--local-hostname", "127.0.0.1"]);
+    let mut initiator = crescent_tests::ChildGuard(
+        Command::new(workspace_bin("tebench"))
+            .args(["initiator", "--segment", &name, "--block-size", "1M", "--batch-size", "8", "--threads", "2"])
+            .args(["--duration", "600", "--report-interval", "0.2", "--local-hostname", "127.0.0.1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = initiator.0.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // Once it reports figures, it is moving data: then the target goes away.
+    let reporting = Instant::now() + Duration::from_secs(60);
+    while !rx.recv_timeout(Duration::from_secs(60)).expect("the initiator reports").contains("GB/s") {
+        assert!(Instant::now() < reporting, "the initiator reports figures");
+    }
+    target.kill_now();
+    let mut status = None;
+    let until = Instant::now() + Duration::from_secs(90);
+    while status.is_none() && Instant::now() < until {
+        status = initiator.0.try_wait().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = status.expect("the initiator exited long before --duration");
+    assert!(!status.success(), "{status}");
+    let said: Vec<String> = rx.try_iter().collect();
+    assert!(said.iter().any(|l| l.contains("failed")), "it says why: {said:?}");
 }

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
-use crescent_transports::{CompletionSink, InflightGuard, SliceOutcome};
+use crescent_transports::{Abort, CompletionSink, FailureReason, InflightGuard, SliceOutcome};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{EngineError, Result};
@@ -26,7 +26,8 @@ pub type BatchId = u64;
 pub enum TransferStatus {
     Pending,
     Completed,
-    Failed(String),
+    /// Why it failed, typed: [`FailureReason::kind`] says whose fault it was.
+    Failed(FailureReason),
     TimedOut,
 }
 
@@ -47,7 +48,7 @@ struct RequestState {
     remaining: AtomicUsize,
     /// First error outcome (FAILED or TIMED_OUT), 0 if none.
     error: AtomicU8,
-    reason: Mutex<Option<String>>,
+    reason: Mutex<Option<FailureReason>>,
 }
 
 /// The shared state of one batch.
@@ -120,7 +121,7 @@ impl Batch {
     }
 
     /// Ends request `slot` at once (it never reached a transport).
-    pub(crate) fn fail_request(&self, slot: usize, reason: String) {
+    pub(crate) fn fail_request(&self, slot: usize, reason: FailureReason) {
         let req = &self.requests[slot];
         *req.reason.lock() = Some(reason);
         req.error.store(FAILED, Ordering::Release);
@@ -142,7 +143,9 @@ impl Batch {
         Ok(match req.error.load(Ordering::Acquire) {
             0 => TransferStatus::Completed,
             TIMED_OUT => TransferStatus::TimedOut,
-            _ => TransferStatus::Failed(req.reason.lock().clone().unwrap_or_else(|| "unknown failure".into())),
+            _ => TransferStatus::Failed(
+                req.reason.lock().clone().unwrap_or_else(|| FailureReason::local("unknown failure")),
+            ),
         })
     }
 
@@ -167,7 +170,7 @@ impl Batch {
         true
     }
 
-    fn end_slice(&self, request: usize, code: u8, reason: Option<String>) {
+    fn end_slice(&self, request: usize, code: u8, reason: Option<FailureReason>) {
         let req = &self.requests[request];
         if code != COMPLETED && req.error.compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             *req.reason.lock() = reason;
@@ -204,8 +207,11 @@ impl Future for BatchCompletion {
 struct SliceSlot {
     request: usize,
     state: AtomicU8,
-    reason: Mutex<Option<String>>,
+    reason: Mutex<Option<FailureReason>>,
     guard: Mutex<Option<InflightGuard>>,
+    /// How the transport lets go of the memory at once if the slice times out while a claim
+    /// is held across a wait (RDMA).
+    abort: Mutex<Option<Abort>>,
 }
 
 /// The slices of one submission: what transports report completions to.
@@ -227,11 +233,12 @@ impl Submission {
             state: AtomicU8::new(0),
             reason: Mutex::new(None),
             guard: Mutex::new(Some(guard)),
+            abort: Mutex::new(None),
         });
         self.slots.len() - 1
     }
 
-    fn set_outcome(&self, slice: usize, code: u8, reason: Option<String>) {
+    fn set_outcome(&self, slice: usize, code: u8, reason: Option<FailureReason>) {
         let slot = &self.slots[slice];
         let mut old = slot.state.load(Ordering::Acquire);
         loop {
@@ -248,6 +255,13 @@ impl Submission {
         }
         if old & BUSY == 0 {
             self.finish(slice);
+        } else if code == TIMED_OUT {
+            // An access is in progress: the slice ends once it does, so make the transport
+            // end it now (without this slot's lock held: the abort takes the transport's).
+            let abort = slot.abort.lock().take();
+            if let Some(abort) = abort {
+                abort();
+            }
         }
     }
 
@@ -265,7 +279,7 @@ impl Submission {
             return false;
         }
         for i in 0..self.slots.len() {
-            self.set_outcome(i, TIMED_OUT, Some(format!("no completion within {timeout:?}")));
+            self.set_outcome(i, TIMED_OUT, Some(FailureReason::timed_out(format!("no completion within {timeout:?}"))));
         }
         true
     }
@@ -281,6 +295,10 @@ impl CompletionSink for Submission {
         if old >> 1 != 0 {
             self.finish(slice);
         }
+    }
+
+    fn set_abort(&self, slice: usize, abort: Abort) {
+        *self.slots[slice].abort.lock() = Some(abort);
     }
 
     fn complete(&self, slice: usize, outcome: SliceOutcome) {
@@ -372,8 +390,11 @@ mod tests {
         sub.complete(1, SliceOutcome::Completed);
         assert_eq!(batch.status(0).unwrap(), TransferStatus::Completed);
         assert_eq!(batch.unfinished(), 1);
-        sub.complete(2, SliceOutcome::Failed("boom".into()));
-        assert_eq!(batch.statuses(), vec![TransferStatus::Completed, TransferStatus::Failed("boom".into())]);
+        sub.complete(2, SliceOutcome::Failed(FailureReason::peer_gone("boom")));
+        assert_eq!(
+            batch.statuses(),
+            vec![TransferStatus::Completed, TransferStatus::Failed(FailureReason::peer_gone("boom"))]
+        );
         assert!(batch.wait(Some(Duration::ZERO)));
         // Every slice released its region.
         assert_eq!(table.find(0x1000, 1).unwrap().inflight(), 0);
@@ -383,9 +404,9 @@ mod tests {
     fn first_outcome_wins() {
         let (batch, table) = setup(1);
         let sub = submission(&batch, &table, &[1]);
-        sub.complete(0, SliceOutcome::Failed("first".into()));
+        sub.complete(0, SliceOutcome::Failed(FailureReason::out_of_range("first")));
         sub.complete(0, SliceOutcome::Completed);
-        assert_eq!(batch.status(0).unwrap(), TransferStatus::Failed("first".into()));
+        assert_eq!(batch.status(0).unwrap(), TransferStatus::Failed(FailureReason::out_of_range("first")));
     }
 
     #[test]
@@ -402,6 +423,25 @@ mod tests {
         assert_eq!(table.find(0x1000, 1).unwrap().inflight(), 0);
         // The ended slice refuses further access to its memory.
         assert!(!sub.begin_local_access(0));
+    }
+
+    #[test]
+    fn a_timeout_during_a_held_claim_aborts_the_access() {
+        let (batch, table) = setup(1);
+        let sub = submission(&batch, &table, &[1]);
+        let aborted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let a = aborted.clone();
+        sub.set_abort(
+            0,
+            Arc::new(move || {
+                a.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        assert!(sub.begin_local_access(0));
+        sub.expire_if_due(Instant::now() + Duration::from_secs(61), Duration::from_secs(60));
+        assert_eq!(aborted.load(Ordering::SeqCst), 1, "the transport was told to let go");
+        sub.end_local_access(0);
+        assert_eq!(batch.status(0).unwrap(), TransferStatus::TimedOut);
     }
 
     #[test]

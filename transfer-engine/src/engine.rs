@@ -10,8 +10,8 @@ use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
-    Completion, Endpoint, Opcode, Region, RegionKeys, RegionTable, RemoteRegion, SharedMemory, Slice, Transport,
-    TransportError, TransportKind,
+    Completion, Endpoint, FailureReason, Opcode, Region, RegionKeys, RegionTable, RemoteRegion, SharedMemory, Slice,
+    Transport, TransportError, TransportKind,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -584,7 +584,7 @@ impl TransferEngine {
                         outgoing.push((i, r.opcode, *p, submission.add_slice(slot, g)));
                     }
                 }
-                Err(e) => batch.fail_request(slot, e.to_string()),
+                Err(e) => batch.fail_request(slot, FailureReason::local(e.to_string())),
             }
         }
         let submission = Arc::new(submission);
@@ -620,10 +620,10 @@ impl TransferEngine {
                     if attempt == 0 && self.refresh_segment(segment, &descriptor) {
                         continue;
                     }
-                    return Err(PlanError::Remote(format!(
+                    return Err(PlanError::Remote(FailureReason::out_of_range(format!(
                         "[{addr:#x}, +{len}) is outside the registered memory of segment {}",
                         segment.name
-                    )));
+                    ))));
                 }
                 Err(CutError::Empty) => return Err(PlanError::Local("empty request".into())),
             }
@@ -681,9 +681,7 @@ impl TransferEngine {
         for (i, s) in statuses.into_iter().enumerate() {
             match s {
                 TransferStatus::Completed => {}
-                TransferStatus::Failed(reason) => {
-                    return Err(EngineError::TransferFailed(format!("request {i}: {reason}")))
-                }
+                TransferStatus::Failed(reason) => return Err(EngineError::TransferFailed { request: i, reason }),
                 TransferStatus::TimedOut => return Err(EngineError::TimedOut),
                 TransferStatus::Pending => unreachable!("wait_batch returns once all ended"),
             }
@@ -764,7 +762,7 @@ fn start_shm(
 enum PlanError {
     Local(String),
     NotRegistered { addr: u64, len: u64 },
-    Remote(String),
+    Remote(FailureReason),
 }
 
 /// The endpoints to publish: all, less rdma's once it was turned off.

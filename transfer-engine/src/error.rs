@@ -1,4 +1,4 @@
-use crescent_transports::TransportError;
+use crescent_transports::{FailureReason, TransportError};
 
 /// Errors of the transfer engine.
 ///
@@ -20,6 +20,8 @@ pub enum EngineError {
     UnknownSegment(u64),
     #[error("segment {name:?} is unreachable: {reason}")]
     SegmentUnreachable { name: String, reason: String },
+    #[error("timed out after {} s waiting for {what} of {peer}", waited.as_secs_f64())]
+    PeerTimedOut { peer: String, waited: std::time::Duration, what: &'static str },
     #[error("peer {peer} sent an invalid reply: {reason}")]
     BadPeerReply { peer: String, reason: String },
     #[error(
@@ -38,8 +40,13 @@ pub enum EngineError {
     NotifyTooLarge { len: usize, max: usize },
     #[error("peer {peer} refused the notification: its queue of notifications not yet taken is full")]
     NotifyQueueFull { peer: String },
-    #[error("transfer failed: {0}")]
-    TransferFailed(String),
+    /// A request failed; the reason's [`kind`](FailureReason::kind) says whose fault it was.
+    #[error("transfer failed: request {request}: {reason}")]
+    TransferFailed {
+        request: usize,
+        #[source]
+        reason: FailureReason,
+    },
     #[error("transfer timed out")]
     TimedOut,
     #[error(transparent)]
@@ -50,6 +57,8 @@ pub enum EngineError {
 
 impl EngineError {
     /// True when the error comes from how the caller used the API, not from a peer or the system.
+    /// A failed transfer is not (a request outside the target's memory usually means a stale
+    /// address, which another replica may not share): its reason's kind tells more.
     pub fn is_caller_error(&self) -> bool {
         match self {
             EngineError::InvalidArgument(_)

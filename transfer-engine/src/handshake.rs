@@ -6,14 +6,18 @@
 //! 0        4         5      6          8        12
 //! | "CRHS" | version | kind | reserved | len    | payload (len bytes)
 //! ```
-//! Requests are capped at [`MAX_REQUEST`] bytes, replies at [`MAX_REPLY`]; every socket has
-//! a read and write timeout, so garbage, oversized or truncated input never hangs the server.
+//! Messages are frames of the transports' net layer ([`FORMAT`]). Requests are capped at
+//! [`MAX_REQUEST`] bytes, replies at [`MAX_REPLY`] (checked before anything is allocated); a
+//! message must arrive whole within [`IO_TIMEOUT`] of its first byte, and the server closes a
+//! connection idle for as long. It runs on the net layer's accept loop: [`MAX_CONNECTIONS`]
+//! at once, [`MAX_CONNECTIONS_PER_PEER`] from one address.
 
-use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use crescent_transports::net::serve::Accepted;
+use crescent_transports::net::{serve, Format, FrameError, Limits, Server, Wire};
 
 use crate::descriptor::SegmentDescriptor;
 use crate::error::{EngineError, Result};
@@ -26,6 +30,16 @@ pub const MAX_REQUEST: u32 = 4096;
 pub const MAX_REPLY: u32 = 16 << 20;
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_CONNECTIONS: usize = 256;
+pub const MAX_CONNECTIONS_PER_PEER: usize = 32;
+/// The frame layout in the net layer's terms.
+pub const FORMAT: Format = Format {
+    name: "handshake",
+    magic: &MAGIC,
+    version: VERSION,
+    header_len: HEADER_LEN,
+    length_at: Some(8),
+    max_payload: MAX_REPLY as u64,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -41,50 +55,32 @@ pub enum MessageKind {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
-    #[error("bad magic {0:02x?}")]
-    BadMagic([u8; 4]),
-    #[error("unsupported handshake version {0} (this side speaks {VERSION})")]
-    Version(u8),
+    /// Bad magic or version, an oversized length, a close, a timeout: the net layer's errors.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
     #[error("unknown message kind {0}")]
     Kind(u8),
-    #[error("message of {len} bytes exceeds the {max}-byte limit")]
-    Oversized { len: u32, max: u32 },
-    #[error("connection closed before a message began")]
-    Closed,
-    #[error("truncated or unreadable message: {0}")]
-    Io(#[from] io::Error),
 }
 
-pub fn write_message(w: &mut impl Write, kind: MessageKind, payload: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("handshake payload too large"))?;
-    let mut header = [0u8; HEADER_LEN];
-    header[0..4].copy_from_slice(&MAGIC);
-    header[4] = VERSION;
-    header[5] = kind as u8;
-    header[8..12].copy_from_slice(&len.to_le_bytes());
-    let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
-    msg.extend_from_slice(&header);
-    msg.extend_from_slice(payload);
-    w.write_all(&msg)
+/// Sends one message, all of it within [`IO_TIMEOUT`].
+pub fn write_message(w: &mut (impl Wire + ?Sized), kind: MessageKind, payload: &[u8]) -> Result<(), WireError> {
+    Ok(FORMAT.write_frame(w, kind as u8, payload, IO_TIMEOUT)?)
 }
 
-/// Reads one message, refusing more than `max` payload bytes.
-pub fn read_message(r: &mut impl Read, max: u32) -> Result<(MessageKind, Vec<u8>), WireError> {
-    let mut header = [0u8; HEADER_LEN];
-    let mut first = [0u8; 1];
-    match r.read(&mut first)? {
-        0 => return Err(WireError::Closed),
-        _ => header[0] = first[0],
-    }
-    r.read_exact(&mut header[1..])?;
-    let magic: [u8; 4] = header[0..4].try_into().expect("4 bytes");
-    if magic != MAGIC {
-        return Err(WireError::BadMagic(magic));
-    }
-    if header[4] != VERSION {
-        return Err(WireError::Version(header[4]));
-    }
-    let kind = match header[5] {
+/// Reads one message, refusing more than `max` payload bytes; it must begin within
+/// [`IO_TIMEOUT`] and arrive whole within as long again.
+pub fn read_message(r: &mut (impl Wire + ?Sized), max: u32) -> Result<(MessageKind, Vec<u8>), WireError> {
+    read_message_within(r, max, IO_TIMEOUT)
+}
+
+/// [`read_message`] with `timeout` for both the wait and the message.
+pub fn read_message_within(
+    r: &mut (impl Wire + ?Sized),
+    max: u32,
+    timeout: Duration,
+) -> Result<(MessageKind, Vec<u8>), WireError> {
+    let frame = FORMAT.read_frame(r, u64::from(max), Some(timeout), timeout)?;
+    let kind = match frame.kind {
         1 => MessageKind::GetDescriptor,
         2 => MessageKind::Descriptor,
         3 => MessageKind::Error,
@@ -92,19 +88,13 @@ pub fn read_message(r: &mut impl Read, max: u32) -> Result<(MessageKind, Vec<u8>
         5 => MessageKind::NotifyAck,
         k => return Err(WireError::Kind(k)),
     };
-    let len = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
-    if len > max {
-        return Err(WireError::Oversized { len, max });
-    }
-    let mut payload = vec![0u8; len as usize];
-    r.read_exact(&mut payload)?;
-    Ok((kind, payload))
+    Ok((kind, frame.payload))
 }
 
 /// Serves descriptors (and takes notifications) on the engine's handshake port until dropped.
 pub struct HandshakeServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
+    _server: Server,
 }
 
 impl HandshakeServer {
@@ -116,12 +106,14 @@ impl HandshakeServer {
         notifies: Arc<NotifyQueue>,
     ) -> Result<Self> {
         let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        std::thread::Builder::new()
-            .name("crescent-handshake".into())
-            .spawn(move || accept_loop(listener, describe, notifies, stop2))?;
-        Ok(HandshakeServer { addr, stop })
+        let limits =
+            Limits { max_connections: MAX_CONNECTIONS, max_per_peer: MAX_CONNECTIONS_PER_PEER, idle: Some(IO_TIMEOUT) };
+        let server = serve("handshake", listener, limits, move |c: Accepted<TcpStream>| {
+            if let Err(e) = serve_connection(&c.stream, describe.as_ref(), &notifies) {
+                tracing::info!("handshake: dropping connection from {}: {e}", c.peer);
+            }
+        })?;
+        Ok(HandshakeServer { addr, _server: server })
     }
 
     pub fn port(&self) -> u16 {
@@ -129,55 +121,15 @@ impl HandshakeServer {
     }
 }
 
-impl Drop for HandshakeServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let wake = SocketAddr::from(([127, 0, 0, 1], self.addr.port()));
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
-    }
-}
-
-fn accept_loop(
-    listener: TcpListener,
-    describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>,
-    notifies: Arc<NotifyQueue>,
-    stop: Arc<AtomicBool>,
-) {
-    let active = Arc::new(AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(stream) = stream else { continue };
-        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-            tracing::warn!("handshake: {MAX_CONNECTIONS} connections open, refusing one more");
-            continue;
-        }
-        active.fetch_add(1, Ordering::AcqRel);
-        let (describe, notifies, active) = (describe.clone(), notifies.clone(), active.clone());
-        let spawned = std::thread::Builder::new().name("crescent-handshake-conn".into()).spawn(move || {
-            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-            if let Err(e) = serve(stream, describe.as_ref(), &notifies) {
-                tracing::warn!("handshake: dropping connection from {peer}: {e}");
-            }
-            active.fetch_sub(1, Ordering::AcqRel);
-        });
-        if let Err(e) = spawned {
-            tracing::error!("handshake: cannot start a connection thread: {e}");
-        }
-    }
-}
-
-fn serve(
-    mut stream: TcpStream,
+fn serve_connection(
+    stream: &TcpStream,
     describe: &(dyn Fn() -> Vec<u8> + Send + Sync),
     notifies: &NotifyQueue,
 ) -> Result<(), WireError> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut stream = stream;
     loop {
         let (kind, payload) = match read_message(&mut stream, MAX_REQUEST) {
-            Err(WireError::Closed) => return Ok(()),
+            Err(WireError::Frame(FrameError::Closed | FrameError::Idle(_))) => return Ok(()),
             other => other?,
         };
         match kind {
@@ -214,15 +166,21 @@ pub fn fetch_descriptor(name: &str, timeout: Duration) -> Result<SegmentDescript
         .next()
         .ok_or_else(|| unreachable(format!("{host} resolves to no address")))?;
     let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| unreachable(format!("connect: {e}")))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    write_message(&mut stream, MessageKind::GetDescriptor, name.as_bytes())
-        .map_err(|e| unreachable(format!("sending the request: {e}")))?;
+    let timed_out = || EngineError::PeerTimedOut { peer: name.to_string(), waited: timeout, what: "the descriptor" };
+    match write_message(&mut stream, MessageKind::GetDescriptor, name.as_bytes()) {
+        Ok(()) => {}
+        Err(WireError::Frame(e)) if e.is_timeout() => return Err(timed_out()),
+        Err(e) => return Err(unreachable(format!("sending the request: {e}"))),
+    }
     let bad = |reason: String| EngineError::BadPeerReply { peer: name.to_string(), reason };
-    match read_message(&mut stream, MAX_REPLY) {
+    match read_message_within(&mut stream, MAX_REPLY, timeout) {
         Ok((MessageKind::Descriptor, payload)) => SegmentDescriptor::from_json(&payload).map_err(bad),
         Ok((MessageKind::Error, payload)) => Err(bad(String::from_utf8_lossy(&payload).into_owned())),
         Ok((kind, _)) => Err(bad(format!("unexpected reply {kind:?}"))),
+        Err(WireError::Frame(e)) if e.is_timeout() => Err(timed_out()),
+        Err(WireError::Frame(FrameError::Closed)) => {
+            Err(unreachable("it closed the connection without answering (too many connections?)".into()))
+        }
         Err(e) => Err(bad(e.to_string())),
     }
 }
@@ -238,11 +196,17 @@ mod tests {
         write_message(&mut buf, MessageKind::Descriptor, b"hello").unwrap();
         let (kind, payload) = read_message(&mut buf.as_slice(), 16).unwrap();
         assert_eq!((kind, payload.as_slice()), (MessageKind::Descriptor, &b"hello"[..]));
-        assert!(matches!(read_message(&mut buf.as_slice(), 4), Err(WireError::Oversized { len: 5, max: 4 })));
-        assert!(matches!(read_message(&mut &buf[..8], 16), Err(WireError::Io(_))));
-        assert!(matches!(read_message(&mut &buf[..HEADER_LEN + 2], 16), Err(WireError::Io(_))));
-        assert!(matches!(read_message(&mut &b""[..], 16), Err(WireError::Closed)));
-        assert!(matches!(read_message(&mut &b"GET / HTTP/1.1\r\n"[..], 16), Err(WireError::BadMagic(_))));
+        assert!(matches!(
+            read_message(&mut buf.as_slice(), 4),
+            Err(WireError::Frame(FrameError::Oversized { len: 5, max: 4, .. }))
+        ));
+        assert!(matches!(read_message(&mut &buf[..8], 16), Err(WireError::Frame(FrameError::Io { .. }))));
+        assert!(matches!(read_message(&mut &buf[..HEADER_LEN + 2], 16), Err(WireError::Frame(FrameError::Io { .. }))));
+        assert!(matches!(read_message(&mut &b""[..], 16), Err(WireError::Frame(FrameError::Closed))));
+        assert!(matches!(
+            read_message(&mut &b"GET / HTTP/1.1\r\n"[..], 16),
+            Err(WireError::Frame(FrameError::BadMagic { .. }))
+        ));
     }
 
     #[test]
@@ -252,6 +216,21 @@ mod tests {
         for bad in ["nohost", ":80", "a:0", "a:70000", "a:b"] {
             assert!(split_host_port(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_peer_that_never_answers_is_reported_as_a_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let name = format!("127.0.0.1:{}", listener.local_addr().unwrap().port());
+        let holder = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            std::thread::sleep(Duration::from_secs(3));
+            drop(conn);
+        });
+        let err = fetch_descriptor(&name, Duration::from_millis(300)).unwrap_err();
+        assert!(matches!(err, EngineError::PeerTimedOut { .. }), "{err}");
+        assert!(err.to_string().contains(&format!("waiting for the descriptor of {name}")), "{err}");
+        holder.join().unwrap();
     }
 
     proptest! {

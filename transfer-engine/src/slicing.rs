@@ -39,13 +39,12 @@ pub fn cut(
     if len == 0 {
         return Err(CutError::Empty);
     }
-    if local.checked_add(len).is_none() {
-        return Err(CutError::Local { addr: local, len });
-    }
-    if remote.checked_add(len).is_none() {
-        return Err(CutError::Remote { addr: remote, len });
-    }
-    let mut pieces = Vec::with_capacity(len.div_ceil(max) as usize);
+    // Both sides must lie in registered memory before anything is sized from `len` (which
+    // comes from the caller, and may be 2^63): walking region by region costs one step per
+    // region, and afterwards `len` is bounded by memory that exists.
+    covered(local, len, &local_end).map_err(|(addr, len)| CutError::Local { addr, len })?;
+    covered(remote, len, &remote_end).map_err(|(addr, len)| CutError::Remote { addr, len })?;
+    let mut pieces = Vec::new();
     let mut done = 0;
     while done < len {
         let (l, r) = (local + done, remote + done);
@@ -56,6 +55,17 @@ pub fn cut(
         done += n;
     }
     Ok(pieces)
+}
+
+/// Checks that `[start, +len)` lies in regions as `end_of` tells them; the first uncovered
+/// address and the length left from it otherwise.
+fn covered(start: u64, len: u64, end_of: &impl Fn(u64) -> Option<u64>) -> Result<(), (u64, u64)> {
+    let end = start.checked_add(len).ok_or((start, len))?;
+    let mut at = start;
+    while at < end {
+        at = end_of(at).filter(|&e| e > at).ok_or((at, end - at))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -97,6 +107,20 @@ mod tests {
             cut(u64::MAX - 1, 0x9000, 4, 64, |_| Some(u64::MAX), ends(&[(0x9000, 100)])),
             Err(CutError::Local { .. })
         ));
+    }
+
+    #[test]
+    fn absurd_lengths_are_refused_before_anything_is_sized() {
+        let regions = ends(&[(0x1000, 1 << 20)]);
+        for len in [1u64 << 63, (1 << 20) + 1] {
+            assert_eq!(
+                cut(0x1000, 0x1000, len, 1, &regions, &regions),
+                Err(CutError::Local { addr: 0x1000 + (1 << 20), len: len - (1 << 20) }),
+                "{len}"
+            );
+        }
+        assert!(matches!(cut(0x1000, 0x1000, u64::MAX, 1, &regions, &regions), Err(CutError::Local { .. })));
+        assert!(matches!(cut(0x1000, u64::MAX - 4, 8, 1, &regions, |_| Some(u64::MAX)), Err(CutError::Remote { .. })));
     }
 
     proptest! {

@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod memory;
+pub mod net;
 pub mod rdma;
 pub mod region;
 pub mod shm;
@@ -21,5 +22,7 @@ mod transport;
 pub use error::TransportError;
 pub use memory::SharedMemory;
 pub use region::{DeviceKey, InflightGuard, Region, RegionAccess, RegionKeys, RegionTable};
-pub use slice::{Completion, CompletionSink, LocalAccess, LocalClaim, Opcode, Slice, SliceOutcome};
+pub use slice::{
+    Abort, Completion, CompletionSink, FailureKind, FailureReason, LocalAccess, LocalClaim, Opcode, Slice, SliceOutcome,
+};
 pub use transport::{Endpoint, RemoteRegion, Transport, TransportKind};

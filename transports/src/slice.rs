@@ -11,12 +11,105 @@ pub enum Opcode {
     Write,
 }
 
+/// What kind of failure ended a slice: whose fault it was, for the layers above (the
+/// engine's [`is_caller_error`](FailureReason::is_caller_error), the store's errors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The target refused the access: the range is not inside its registered memory (a
+    /// remote access error). The request named memory the target does not have (a mistake,
+    /// or a stale descriptor).
+    OutOfRange,
+    /// The connection to the peer broke, or the peer is gone (closed, reset, killed, no
+    /// queue pair left to it).
+    PeerGone,
+    /// The peer did not answer within the transport's own time (it is stalled or stopped).
+    TimedOut,
+    /// The peer broke the protocol: an answer that contradicts the request.
+    Protocol,
+    /// A local failure: the local memory (not registered with the device, a local access
+    /// error), resources (threads, descriptors), or the transport shutting down.
+    Local,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::OutOfRange => "out of range",
+            FailureKind::PeerGone => "peer gone",
+            FailureKind::TimedOut => "timed out",
+            FailureKind::Protocol => "protocol violation",
+            FailureKind::Local => "local failure",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a slice failed: its [`FailureKind`] and what happened, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct FailureReason {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl FailureReason {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        FailureReason { kind, message: message.into() }
+    }
+    pub fn out_of_range(message: impl Into<String>) -> Self {
+        Self::new(FailureKind::OutOfRange, message)
+    }
+    pub fn peer_gone(message: impl Into<String>) -> Self {
+        Self::new(FailureKind::PeerGone, message)
+    }
+    pub fn timed_out(message: impl Into<String>) -> Self {
+        Self::new(FailureKind::TimedOut, message)
+    }
+    pub fn protocol(message: impl Into<String>) -> Self {
+        Self::new(FailureKind::Protocol, message)
+    }
+    pub fn local(message: impl Into<String>) -> Self {
+        Self::new(FailureKind::Local, message)
+    }
+
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+
+    /// The peer failed: it is gone, stalled, or broke the protocol. (Another replica may work.)
+    pub fn is_peer_fault(&self) -> bool {
+        matches!(self.kind, FailureKind::PeerGone | FailureKind::TimedOut | FailureKind::Protocol)
+    }
+
+    /// The request named memory the target does not have.
+    pub fn is_out_of_range(&self) -> bool {
+        self.kind == FailureKind::OutOfRange
+    }
+
+    /// The same failure, its message prefixed with `context` (`"<context>: <message>"`).
+    pub fn context(self, context: impl std::fmt::Display) -> Self {
+        FailureReason { kind: self.kind, message: format!("{context}: {}", self.message) }
+    }
+}
+
 /// How a slice ended, as reported by a transport. Timeouts are decided by the slice's owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SliceOutcome {
     Completed,
-    Failed(String),
+    Failed(FailureReason),
 }
+
+/// How a transport that holds a slice's local memory across a wait on a device or a peer
+/// (RDMA: from posting a work request to its completion) lets go of it at once: it must make
+/// the access end promptly (e.g. move the queue pair to the error state, which flushes its
+/// work requests). See [`Completion::claim_local_abortable`].
+pub type Abort = Arc<dyn Fn() + Send + Sync>;
 
 /// Receives the outcome of slices; implemented by the engine's batches.
 ///
@@ -31,6 +124,9 @@ pub trait CompletionSink: Send + Sync {
     fn end_local_access(&self, slice: usize);
     /// Records the slice's outcome; the first outcome recorded wins.
     fn complete(&self, slice: usize, outcome: SliceOutcome);
+    /// Tells how to abort the slice's access in progress: the sink calls `abort` if it ends
+    /// the slice (its deadline passed) while the memory is claimed. The default ignores it.
+    fn set_abort(&self, _slice: usize, _abort: Abort) {}
 }
 
 /// The completion handle of one slice. Dropping it without completing fails the slice, so a
@@ -74,21 +170,31 @@ impl Completion {
         sink.begin_local_access(self.slice).then_some(LocalClaim { sink, slice: self.slice })
     }
 
+    /// [`Completion::claim_local`] for a claim held across a wait on a device or a peer: if
+    /// the slice's owner ends the slice while the claim is held (its deadline passed), it
+    /// calls `abort`, which must make the transport release the claim promptly. So the
+    /// slice ends at its deadline, and its memory is still never touched after its end.
+    pub fn claim_local_abortable(&self, abort: &Abort) -> Option<LocalClaim> {
+        let sink = self.sink.as_ref()?;
+        sink.set_abort(self.slice, abort.clone());
+        self.claim_local()
+    }
+
     pub fn complete(mut self, outcome: SliceOutcome) {
         if let Some(sink) = self.sink.take() {
             sink.complete(self.slice, outcome);
         }
     }
 
-    pub fn fail(self, reason: impl Into<String>) {
-        self.complete(SliceOutcome::Failed(reason.into()));
+    pub fn fail(self, reason: FailureReason) {
+        self.complete(SliceOutcome::Failed(reason));
     }
 }
 
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
-            sink.complete(self.slice, SliceOutcome::Failed("the transport dropped the slice".into()));
+            sink.complete(self.slice, SliceOutcome::Failed(FailureReason::local("the transport dropped the slice")));
         }
     }
 }
@@ -171,7 +277,7 @@ mod tests {
         drop(Completion::new(rec.clone(), 3));
         let out = rec.outcomes.lock();
         assert_eq!(out.len(), 1);
-        assert!(matches!(&out[0], (3, SliceOutcome::Failed(r)) if r.contains("dropped")));
+        assert!(matches!(&out[0], (3, SliceOutcome::Failed(r)) if r.message.contains("dropped")));
     }
 
     #[test]

@@ -287,21 +287,28 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
     let cpu_started = process_cpu_seconds();
     let deadline = started + Duration::from_secs_f64(args.duration);
     let mut last = (started, 0u64);
+    let interval = (args.report_interval > 0.0).then(|| Duration::from_secs_f64(args.report_interval));
+    let mut next_report = interval.map(|i| started + i);
     while Instant::now() < deadline {
-        let step = if args.report_interval > 0.0 {
-            Duration::from_secs_f64(args.report_interval)
-        } else {
-            deadline - Instant::now()
-        };
-        std::thread::sleep(step.min(deadline.saturating_duration_since(Instant::now())));
-        if args.report_interval > 0.0 {
-            let (now, b) = (Instant::now(), bytes.load(Ordering::Relaxed));
-            eprintln!(
-                "[{:>5.1}s] {:.2} GB/s",
-                (now - started).as_secs_f64(),
-                report::gb_per_s(b - last.1, (now - last.0).as_secs_f64())
-            );
-            last = (now, b);
+        // A thread stops early only when a batch failed: once all have, there is nothing left
+        // to measure, and the run ends with their reason rather than at --duration.
+        if handles.iter().all(|h| h.is_finished()) {
+            eprintln!("tebench: every initiator thread stopped before --duration");
+            break;
+        }
+        let until = next_report.map_or(deadline, |r| r.min(deadline));
+        std::thread::sleep(until.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
+        if let (Some(at), Some(interval)) = (next_report, interval) {
+            if Instant::now() >= at {
+                let (now, b) = (Instant::now(), bytes.load(Ordering::Relaxed));
+                eprintln!(
+                    "[{:>5.1}s] {:.2} GB/s",
+                    (now - started).as_secs_f64(),
+                    report::gb_per_s(b - last.1, (now - last.0).as_secs_f64())
+                );
+                last = (now, b);
+                next_report = Some(at + interval);
+            }
         }
     }
     stop.store(true, Ordering::Relaxed);

@@ -129,9 +129,10 @@ pub fn engine_status(e: &EngineError) -> Status {
         EngineError::SegmentUnreachable { .. }
         | EngineError::SegmentNotFound { .. }
         | EngineError::NoCommonTransport { .. }
+        | EngineError::PeerTimedOut { .. }
         | EngineError::BadPeerReply { .. } => Status::SegmentNotFound,
         EngineError::MetadataUnavailable { .. } | EngineError::BadMetadata { .. } => Status::RpcFail,
-        EngineError::TransferFailed(_) | EngineError::TimedOut => Status::TransferFail,
+        EngineError::TransferFailed { .. } | EngineError::TimedOut => Status::TransferFail,
         e if e.is_caller_error() => Status::InvalidParams,
         EngineError::Transport(_) => Status::TransferFail,
         _ => Status::Internal,

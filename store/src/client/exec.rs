@@ -69,6 +69,8 @@ impl<'c> Exec<'c> {
         match e {
             EngineError::TimedOut => self.transfer_timed_out(key),
             e if e.is_caller_error() => StoreError::Engine(e),
+            // Out of range is not the holder's fault: the request named memory it lacks.
+            EngineError::TransferFailed { ref reason, .. } if reason.is_out_of_range() => StoreError::Engine(e),
             e => StoreError::peer_gone(key, e),
         }
     }
@@ -112,7 +114,13 @@ impl<'c> Exec<'c> {
             let err = match status {
                 TransferStatus::Completed => continue,
                 TransferStatus::TimedOut => self.transfer_timed_out(&keys[i]),
-                TransferStatus::Failed(reason) => StoreError::peer_gone(&keys[i], PeerFault::Transfer(reason)),
+                // Out of range is not the holder's fault: the request named memory it lacks.
+                TransferStatus::Failed(reason) if reason.is_out_of_range() => {
+                    StoreError::Engine(crescent_engine::EngineError::TransferFailed { request: i, reason })
+                }
+                TransferStatus::Failed(reason) => {
+                    StoreError::peer_gone(&keys[i], PeerFault::Transfer(reason.to_string()))
+                }
                 TransferStatus::Pending => StoreError::Internal("batch ended with a pending request".into()),
             };
             if results[i].is_ok() {

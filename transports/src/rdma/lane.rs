@@ -18,7 +18,7 @@ use super::ffi::{self, ibv_send_wr, ibv_sge, ibv_wc};
 use super::mr::{MrTable, RemoteKeys};
 use super::peer::Peer;
 use super::qp::Qp;
-use crate::{Completion, LocalClaim, Opcode, Slice, SliceOutcome};
+use crate::{Abort, Completion, FailureReason, LocalClaim, Opcode, Slice, SliceOutcome};
 
 /// One work request in this many asks for a completion (and the last of each chain).
 pub const SIGNAL_EVERY: usize = 16;
@@ -56,8 +56,8 @@ impl Work {
         drop(claim);
     }
 
-    pub fn fail(self, reason: impl Into<String>) {
-        self.finish(SliceOutcome::Failed(reason.into()))
+    pub fn fail(self, reason: FailureReason) {
+        self.finish(SliceOutcome::Failed(reason))
     }
 
     fn describe(&self) -> String {
@@ -91,7 +91,7 @@ impl Leftovers {
         work.claim = None;
         if work.attempts >= max_attempts {
             let reason = format!("{} on {peer} failed after {} attempts: {}", work.describe(), work.attempts, why());
-            self.done.push((work, SliceOutcome::Failed(reason)));
+            self.done.push((work, SliceOutcome::Failed(FailureReason::peer_gone(reason))));
         } else {
             self.reroute.push(work);
         }
@@ -142,6 +142,9 @@ pub(crate) struct Lane {
     state: Mutex<LaneState>,
     pub posted: AtomicU64,
     pub completed: AtomicU64,
+    /// Handed with every claim: a slice whose deadline passes while posted here flushes the
+    /// queue pair, so that its memory is released (and the slice ends) at once.
+    abort: Abort,
 }
 
 impl Lane {
@@ -156,7 +159,15 @@ impl Lane {
         mrs: Arc<MrTable>,
         remote: Arc<RwLock<RemoteKeys>>,
     ) -> Arc<Lane> {
-        let lane = Arc::new(Lane {
+        let lane = Arc::new_cyclic(|me: &Weak<Lane>| Lane {
+            abort: {
+                let me = me.clone();
+                Arc::new(move || {
+                    if let Some(lane) = me.upgrade() {
+                        lane.abort_overdue();
+                    }
+                })
+            },
             slot,
             qp,
             remote_device,
@@ -217,6 +228,19 @@ impl Lane {
         true
     }
 
+    /// A slice posted here passed its deadline: flushes the queue pair (as a device fault
+    /// would), so that the device lets go of every posted slice's memory now; the lane learns
+    /// of it from the flushed completions, and the other slices move to another lane.
+    fn abort_overdue(&self) {
+        if self.inject_error() {
+            tracing::info!(
+                "rdma: a slice on queue pair {} to {} passed its deadline; flushing the queue pair",
+                self.qp.qpn,
+                self.peer_name
+            );
+        }
+    }
+
     /// Queues slices and posts what fits. Slices a broken lane cannot take come back in
     /// `reroute`.
     pub fn enqueue(self: &Arc<Self>, works: Vec<Work>) -> Leftovers {
@@ -261,11 +285,11 @@ impl Lane {
                     break;
                 };
                 if work.claim.is_none() {
-                    match work.completion.claim_local() {
+                    match work.completion.claim_local_abortable(&self.abort) {
                         Some(c) => work.claim = Some(c),
                         None => {
                             // The slice already ended (timed out): nothing to move.
-                            out.done.push((work, SliceOutcome::Failed("slice ended".into())));
+                            out.done.push((work, SliceOutcome::Failed(FailureReason::local("slice ended"))));
                             continue;
                         }
                     }
@@ -275,7 +299,7 @@ impl Lane {
                         "local range [{:#x}, +{}) is not registered with {}",
                         work.local_addr, work.len, device.name
                     );
-                    out.done.push((work, SliceOutcome::Failed(reason)));
+                    out.done.push((work, SliceOutcome::Failed(FailureReason::local(reason))));
                     continue;
                 };
                 let Some(rkey) = remote.rkey(work.remote_addr, work.len, &self.remote_device) else {
@@ -285,7 +309,7 @@ impl Lane {
                         self.peer_name,
                         self.remote_device
                     );
-                    out.done.push((work, SliceOutcome::Failed(reason)));
+                    out.done.push((work, SliceOutcome::Failed(FailureReason::out_of_range(reason))));
                     continue;
                 };
                 let id = match st.free.pop() {
@@ -433,7 +457,7 @@ impl Lane {
                     self.peer_name,
                     status_text()
                 );
-                out.done.push((work, SliceOutcome::Failed(reason)));
+                out.done.push((work, SliceOutcome::Failed(FailureReason::out_of_range(reason))));
             }
             ffi::IBV_WC_LOC_PROT_ERR | ffi::IBV_WC_LOC_ACCESS_ERR | ffi::IBV_WC_LOC_LEN_ERR => {
                 let reason = format!(
@@ -443,7 +467,7 @@ impl Lane {
                     work.len,
                     status_text()
                 );
-                out.done.push((work, SliceOutcome::Failed(reason)));
+                out.done.push((work, SliceOutcome::Failed(FailureReason::local(reason))));
             }
             _ => out.retry_or_fail(work, max_attempts, &self.peer_name, why),
         }
@@ -523,7 +547,7 @@ mod tests {
         assert_eq!(ended.len(), 1, "{ended:?}");
         assert_eq!(ended[0].0, 2, "the one out of attempts fails");
         assert!(
-            matches!(&ended[0].1, SliceOutcome::Failed(r) if r.contains("after 3 attempts") && r.contains("flushed")),
+            matches!(&ended[0].1, SliceOutcome::Failed(r) if r.message.contains("after 3 attempts") && r.message.contains("flushed")),
             "{ended:?}"
         );
     }

@@ -25,7 +25,7 @@ mod server;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -200,6 +200,8 @@ pub struct RdmaTransport {
     port: u16,
     peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
     remote_keys: Mutex<HashMap<Endpoint, Arc<RwLock<RemoteKeys>>>>,
+    /// The queue-pair exchange's accept loop (dropped first when the transport is).
+    exchange: Mutex<Option<crate::net::Server>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -267,13 +269,7 @@ impl RdmaTransport {
                     .map_err(spawn_err)?,
             );
         }
-        let s = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("crescent-rdma-accept".into())
-                .spawn(move || server::accept_loop(s, listener))
-                .map_err(spawn_err)?,
-        );
+        let exchange = server::start(shared.clone(), listener).map_err(spawn_err)?;
         tracing::debug!(
             "rdma transport on {} (exchange port {port})",
             shared
@@ -288,6 +284,7 @@ impl RdmaTransport {
             port,
             peers: Mutex::new(HashMap::new()),
             remote_keys: Mutex::new(HashMap::new()),
+            exchange: Mutex::new(Some(exchange)),
             threads: Mutex::new(threads),
         })
     }
@@ -456,7 +453,7 @@ impl Transport for RdmaTransport {
             Ok(p) => p.dispatch(slices.into_iter().map(Work::new).collect(), None),
             Err(reason) => {
                 for s in slices {
-                    s.completion.fail(reason.clone());
+                    s.completion.fail(crate::FailureReason::peer_gone(reason.clone()));
                 }
             }
         }
@@ -471,8 +468,8 @@ impl Transport for RdmaTransport {
 impl Drop for RdmaTransport {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        // Wake the accept loop so that it sees the stop flag.
-        let _ = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], self.port)), Duration::from_millis(200));
+        // Closes the exchange port and ends every control connection (their queue pairs go).
+        drop(self.exchange.lock().take());
         self.peers.lock().clear();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();

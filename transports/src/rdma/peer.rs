@@ -14,9 +14,9 @@ use super::device::Device;
 use super::lane::{Lane, Leftovers, Work};
 use super::mr::RemoteKeys;
 use super::qp::Qp;
-use super::wire::{Message, WireError};
+use super::wire::Message;
 use super::Shared;
-use crate::{Endpoint, SliceOutcome};
+use crate::{Endpoint, FailureReason, SliceOutcome};
 
 /// Keepalive period of the control connection.
 pub const KEEPALIVE: Duration = Duration::from_millis(1000);
@@ -78,11 +78,7 @@ impl Peer {
         let (addr, remote_devices) = endpoint_parts(endpoint)?;
         let mut stream = TcpStream::connect_timeout(&addr, shared.config.connect_timeout)
             .map_err(|e| format!("cannot connect to {name}: {}", io_msg(&e)))?;
-        stream
-            .set_nodelay(true)
-            .and_then(|()| stream.set_read_timeout(Some(CONTROL_TIMEOUT)))
-            .and_then(|()| stream.set_write_timeout(Some(CONTROL_TIMEOUT)))
-            .map_err(|e| format!("control connection to {name}: {e}"))?;
+        stream.set_nodelay(true).map_err(|e| format!("control connection to {name}: {e}"))?;
         let peer = Arc::new(Peer {
             name: name.clone(),
             shared: shared.clone(),
@@ -135,7 +131,7 @@ impl Peer {
         }
         .write_to(stream)
         .map_err(|e| format!("control connection to {}: {e}", self.name))?;
-        let remote_qp = match Message::read_from(stream) {
+        let remote_qp = match Message::read(stream, Some(CONTROL_TIMEOUT)) {
             Ok(Message::Accept { slot: s, qp }) if s == slot => qp,
             Ok(Message::Reject { reason }) => return Err(format!("{} refused a queue pair: {reason}", self.name)),
             Ok(other) => return Err(format!("{} answered {other:?} to Connect", self.name)),
@@ -175,7 +171,7 @@ impl Peer {
         }
         if let Some(reason) = self.dead.lock().clone() {
             for w in works {
-                w.fail(format!("connection to {} is gone: {reason}", self.name));
+                w.fail(FailureReason::peer_gone(format!("connection to {} is gone: {reason}", self.name)));
             }
             return;
         }
@@ -220,7 +216,7 @@ impl Peer {
             match dead {
                 Some(reason) => {
                     for w in left.reroute {
-                        w.fail(format!("connection to {} is gone: {reason}", self.name));
+                        w.fail(FailureReason::peer_gone(format!("connection to {} is gone: {reason}", self.name)));
                     }
                 }
                 None => self.parked.lock().extend(left.reroute),
@@ -242,11 +238,11 @@ impl Peer {
         let msg = format!("connection to {} is gone: {reason}", self.name);
         for lane in self.lanes.read().iter() {
             for w in lane.break_with(&msg) {
-                w.fail(msg.clone());
+                w.fail(FailureReason::peer_gone(msg.clone()));
             }
         }
         for w in self.parked.lock().drain(..) {
-            w.fail(msg.clone());
+            w.fail(FailureReason::peer_gone(msg.clone()));
         }
     }
 
@@ -258,7 +254,7 @@ impl Peer {
 impl Drop for Peer {
     fn drop(&mut self) {
         for w in self.parked.get_mut().drain(..) {
-            w.finish(SliceOutcome::Failed(format!("connection to {} was closed", self.name)));
+            w.finish(SliceOutcome::Failed(FailureReason::peer_gone(format!("connection to {} was closed", self.name))));
         }
     }
 }
@@ -384,7 +380,10 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
                     // waiting out its backoff will be rebuilt: they wait for it.)
                     let reason = lanes.first().and_then(|l| l.broken_reason()).unwrap_or_default();
                     for w in parked {
-                        w.fail(format!("no working queue pair to {} (rebuilding after: {reason})", peer.name));
+                        w.fail(FailureReason::peer_gone(format!(
+                            "no working queue pair to {} (rebuilding after: {reason})",
+                            peer.name
+                        )));
                     }
                 } else {
                     peer.parked.lock().extend(parked);
@@ -393,15 +392,13 @@ fn keeper(peer: Weak<Peer>, mut stream: TcpStream) {
         }
         if failure.is_none() && last_ping.elapsed() >= KEEPALIVE {
             last_ping = Instant::now();
-            let answer = Message::Ping
-                .write_to(&mut stream)
-                .map_err(WireError::from)
-                .and_then(|()| Message::read_from(&mut stream));
+            let answer =
+                Message::Ping.write_to(&mut stream).and_then(|()| Message::read(&mut stream, Some(CONTROL_TIMEOUT)));
             match answer {
                 Ok(Message::Pong) => {}
                 Ok(other) => failure = Some(format!("unexpected {other:?} on the control connection")),
-                Err(WireError::Closed) => failure = Some("the peer closed the control connection".into()),
-                Err(WireError::Idle) => failure = Some(format!("no answer to a ping within {CONTROL_TIMEOUT:?}")),
+                Err(e) if e.is_closed() => failure = Some("the peer closed the control connection".into()),
+                Err(e) if e.is_idle() => failure = Some(format!("no answer to a ping within {CONTROL_TIMEOUT:?}")),
                 Err(e) => failure = Some(format!("control connection: {e}")),
             }
         }

@@ -106,7 +106,7 @@ fn settle(lane: &Arc<super::lane::Lane>, left: Leftovers) {
                 w.finish(outcome);
             }
             for w in left.reroute {
-                w.fail(format!("connection to {} was closed", lane.peer_name));
+                w.fail(crate::FailureReason::peer_gone(format!("connection to {} was closed", lane.peer_name)));
             }
         }
     }

@@ -5,76 +5,47 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::peer::KEEPALIVE;
 use super::qp::Qp;
 use super::wire::{Message, QpInfo, WireError};
 use super::Shared;
+use crate::net::serve::Accepted;
+use crate::net::{serve, Limits, Server};
 
 /// Control connections served at once.
 pub const MAX_CONNECTIONS: usize = 256;
+/// Control connections served at once from one peer address (an initiator needs one).
+pub const MAX_CONNECTIONS_PER_PEER: usize = 32;
 /// Queue pairs one initiator may hold.
 pub const MAX_QPS_PER_CONNECTION: usize = 1024;
 /// An initiator silent for this long (it pings every second) is considered gone.
-const SILENCE_LIMIT: Duration = Duration::from_secs(10);
+pub const SILENCE_LIMIT: Duration = Duration::from_secs(10);
 
-pub(crate) fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let active = Arc::new(AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        if shared.is_stopping() {
-            return;
+/// Serves the queue-pair exchange on `listener`.
+pub(crate) fn start(shared: Arc<Shared>, listener: TcpListener) -> io::Result<Server> {
+    let limits =
+        Limits { max_connections: MAX_CONNECTIONS, max_per_peer: MAX_CONNECTIONS_PER_PEER, idle: Some(SILENCE_LIMIT) };
+    serve("rdma-ctl", listener, limits, move |c: Accepted<TcpStream>| {
+        let peer = c.peer.clone();
+        match serve_connection(&shared, &c.stream, c.idle) {
+            Ok(()) => tracing::debug!("rdma: control connection from {peer} closed"),
+            Err(e) => tracing::info!("rdma: dropping control connection from {peer}: {e}"),
         }
-        let Ok(stream) = stream else { continue };
-        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-            tracing::warn!("rdma: {MAX_CONNECTIONS} control connections open, refusing one more");
-            continue;
-        }
-        active.fetch_add(1, Ordering::AcqRel);
-        let (shared, active) = (shared.clone(), active.clone());
-        let spawned = std::thread::Builder::new().name("crescent-rdma-ctl".into()).spawn(move || {
-            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-            match serve(&shared, stream) {
-                Ok(()) => tracing::debug!("rdma: control connection from {peer} closed"),
-                Err(e) => tracing::info!("rdma: dropping control connection from {peer}: {e}"),
-            }
-            active.fetch_sub(1, Ordering::AcqRel);
-        });
-        if let Err(e) = spawned {
-            tracing::error!("rdma: cannot start a control connection thread: {e}");
-        }
-    }
+    })
 }
 
-fn serve(shared: &Shared, mut stream: TcpStream) -> Result<(), WireError> {
-    stream.set_nodelay(true)?;
-    // Short reads so the stop flag is seen; silence is measured across them.
-    stream.set_read_timeout(Some(KEEPALIVE))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+fn serve_connection(shared: &Shared, stream: &TcpStream, idle: Option<Duration>) -> Result<(), WireError> {
+    let _ = stream.set_nodelay(true);
+    let mut stream = stream;
     let mut qps: HashMap<u32, Qp> = HashMap::new();
-    let mut last_heard = Instant::now();
     loop {
-        if shared.is_stopping() {
-            return Ok(());
-        }
-        let msg = match Message::read_from(&mut stream) {
+        let msg = match Message::read(&mut stream, idle) {
             Ok(m) => m,
-            Err(WireError::Closed) => return Ok(()),
-            // Only between messages: a timeout inside one is waited out by `read_from`.
-            Err(WireError::Idle) => {
-                if last_heard.elapsed() >= SILENCE_LIMIT {
-                    return Err(WireError::Io(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("initiator silent for {SILENCE_LIMIT:?}"),
-                    )));
-                }
-                continue;
-            }
+            Err(e) if e.is_closed() => return Ok(()),
             Err(e) => return Err(e),
         };
-        last_heard = Instant::now();
         match msg {
             Message::Ping => Message::Pong.write_to(&mut stream)?,
             Message::Connect { slot, target_device, initiator_device, qp } => {
@@ -131,23 +102,22 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (stream, _) = listener.accept().unwrap();
-            serve(&shared, stream)
+            serve_connection(&shared, &stream, Some(SILENCE_LIMIT))
         });
         let mut client = TcpStream::connect(addr).unwrap();
-        client.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        // Half a header, then a pause over the server's read timeout (KEEPALIVE), then the rest.
-        // The pause stays well inside the time the server gives a begun message
-        // (MESSAGE_TIMEOUT): seconds to spare for this thread's wake-up on a loaded host.
-        let pause = KEEPALIVE * 2;
+        // Half a header, then a pause over the initiator's keepalive period, then the rest. The
+        // pause stays well inside the time the server gives a begun message (MESSAGE_TIMEOUT):
+        // seconds to spare for this thread's wake-up on a loaded host.
+        let pause = super::super::peer::KEEPALIVE * 2;
         assert!(pause + Duration::from_secs(3) <= super::super::wire::MESSAGE_TIMEOUT);
         let ping = Message::Ping.encode();
         client.write_all(&ping[..6]).unwrap();
         std::thread::sleep(pause);
         client.write_all(&ping[6..]).unwrap();
-        assert_eq!(Message::read_from(&mut client).unwrap(), Message::Pong, "the split ping is answered");
+        assert_eq!(Message::read(&mut client, None).unwrap(), Message::Pong, "the split ping is answered");
         // Still in step: the next message is understood as well.
         Message::Ping.write_to(&mut client).unwrap();
-        assert_eq!(Message::read_from(&mut client).unwrap(), Message::Pong);
+        assert_eq!(Message::read(&mut client, None).unwrap(), Message::Pong);
         drop(client);
         assert!(server.join().unwrap().is_ok(), "the initiator closed; no error");
     }

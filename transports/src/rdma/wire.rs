@@ -15,18 +15,28 @@
 //! Closing the connection destroys the target's queue pairs of that initiator. Everything
 //! here comes from the network: decoding is bounds-checked and never panics.
 //!
-//! Both sides read with a socket timeout. A timeout between two messages is idleness
-//! ([`WireError::Idle`]: nothing was consumed, the reader may read again); once a message has
-//! begun, timeouts are waited out until [`MESSAGE_TIMEOUT`], so a message that arrives in
-//! pieces is never cut in two (which would leave the connection out of step).
+//! Messages are frames of the net layer's codec ([`FORMAT`]): a message that has begun must
+//! be complete within [`MESSAGE_TIMEOUT`] (one deadline for all of it, so pauses inside it do
+//! not cut it, and a peer that trickles it cannot hold the reader longer); between messages a
+//! reader waits as long as its caller's idle time.
 
-use std::io::{self, Read, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::net::{Format, FrameError, Wire};
 
 pub const MAGIC: [u8; 4] = *b"CRQP";
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 12;
 pub const MAX_PAYLOAD: u32 = 1024;
+/// The frame layout in the net layer's terms.
+pub const FORMAT: Format = Format {
+    name: "rdma control",
+    magic: &MAGIC,
+    version: VERSION,
+    header_len: HEADER_LEN,
+    length_at: Some(8),
+    max_payload: MAX_PAYLOAD as u64,
+};
 pub const MAX_DEVICE_NAME: usize = 64;
 /// Once a message's first byte has arrived, the rest must follow within this long.
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -57,24 +67,26 @@ pub enum Message {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
-    #[error("bad magic {0:02x?}")]
-    BadMagic([u8; 4]),
-    #[error("unsupported exchange version {0} (this side speaks {VERSION})")]
-    Version(u8),
+    /// Bad magic or version, an oversized length, a close, an idle or stalled connection: the
+    /// net layer's errors.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
     #[error("unknown message kind {0}")]
     Kind(u8),
-    #[error("message of {0} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
-    Oversized(u32),
     #[error("malformed message: {0}")]
     Malformed(&'static str),
-    #[error("connection closed")]
-    Closed,
-    #[error("nothing received within the read timeout")]
-    Idle,
-    #[error("a message began but was not complete after {0:?}")]
-    Stalled(Duration),
-    #[error("i/o: {0}")]
-    Io(#[from] io::Error),
+}
+
+impl WireError {
+    /// The peer closed the connection between two messages.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, WireError::Frame(FrameError::Closed))
+    }
+
+    /// Nothing arrived within the idle time (nothing consumed).
+    pub fn is_idle(&self) -> bool {
+        matches!(self, WireError::Frame(FrameError::Idle(_)))
+    }
 }
 
 impl Message {
@@ -111,14 +123,8 @@ impl Message {
             }
             Message::Ping | Message::Pong => {}
         }
-        let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
-        msg.extend_from_slice(&MAGIC);
-        msg.push(VERSION);
-        msg.push(self.kind());
-        msg.extend_from_slice(&[0, 0]);
-        msg.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        msg.extend_from_slice(&payload);
-        msg
+        // Every payload is bounded by construction (names and reasons are cut to fit).
+        FORMAT.encode(self.kind(), &payload).expect("control messages fit the payload cap")
     }
 
     /// Decodes a payload of message kind `kind`.
@@ -144,84 +150,31 @@ impl Message {
         Ok(msg)
     }
 
-    pub fn write_to(&self, w: &mut impl Write) -> io::Result<()> {
-        w.write_all(&self.encode())
+    /// Sends the message, all of it within [`MESSAGE_TIMEOUT`].
+    pub fn write_to(&self, w: &mut (impl Wire + ?Sized)) -> Result<(), WireError> {
+        let bytes = self.encode();
+        let deadline = std::time::Instant::now() + MESSAGE_TIMEOUT;
+        crate::net::wire::send_all_by(w, &mut [std::io::IoSlice::new(&bytes)], Some(deadline))
+            .map_err(|source| FrameError::Io { format: FORMAT.name, source })?;
+        Ok(())
     }
 
-    /// Reads one message. A read timeout before its first byte is [`WireError::Idle`] (nothing
-    /// consumed); after it, the rest is awaited until [`MESSAGE_TIMEOUT`].
-    pub fn read_from(r: &mut impl Read) -> Result<Message, WireError> {
-        Self::read_within(r, MESSAGE_TIMEOUT)
+    /// Reads one message: its first byte is awaited until `idle` (`None`: forever;
+    /// [`WireError::is_idle`] then, nothing consumed), the rest within [`MESSAGE_TIMEOUT`].
+    pub fn read(r: &mut (impl Wire + ?Sized), idle: Option<Duration>) -> Result<Message, WireError> {
+        Self::read_within(r, idle, MESSAGE_TIMEOUT)
     }
 
-    /// [`Message::read_from`] where a begun message must be complete within `limit`
-    /// ([`WireError::Stalled`] otherwise: the connection is then out of step and must close).
-    pub fn read_within(r: &mut impl Read, limit: Duration) -> Result<Message, WireError> {
-        let mut header = [0u8; HEADER_LEN];
-        let first = loop {
-            match r.read(&mut header[..1]) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if is_timeout(&e) => return Err(WireError::Idle),
-                Err(e) => return Err(e.into()),
-            }
-        };
-        if first == 0 {
-            return Err(WireError::Closed);
-        }
-        let began = Instant::now();
-        read_rest(r, &mut header[1..], began, limit)?;
-        let (kind, len) = parse_header(&header)?;
-        let mut payload = vec![0u8; len as usize];
-        read_rest(r, &mut payload, began, limit)?;
-        Message::decode(kind, &payload)
+    /// [`Message::read`] where a begun message must be complete within `limit` (a timeout
+    /// otherwise: the connection is then out of step and must close).
+    pub fn read_within(
+        r: &mut (impl Wire + ?Sized),
+        idle: Option<Duration>,
+        limit: Duration,
+    ) -> Result<Message, WireError> {
+        let frame = FORMAT.read_frame(r, u64::from(MAX_PAYLOAD), idle, limit)?;
+        Message::decode(frame.kind, &frame.payload)
     }
-}
-
-/// A read that gave up for the socket's timeout (`WouldBlock` on Unix, `TimedOut` elsewhere).
-fn is_timeout(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
-}
-
-/// Fills `buf` with the rest of a message that began at `began`, waiting out read timeouts
-/// until `limit` has passed since then.
-fn read_rest(r: &mut impl Read, buf: &mut [u8], began: Instant, limit: Duration) -> Result<(), WireError> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => {
-                return Err(WireError::Io(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the connection closed in the middle of a message",
-                )))
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if is_timeout(&e) => {
-                if began.elapsed() >= limit {
-                    return Err(WireError::Stalled(limit));
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-/// Checks a header; returns the message kind and payload length.
-pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<(u8, u32), WireError> {
-    let magic: [u8; 4] = [header[0], header[1], header[2], header[3]];
-    if magic != MAGIC {
-        return Err(WireError::BadMagic(magic));
-    }
-    if header[4] != VERSION {
-        return Err(WireError::Version(header[4]));
-    }
-    let len = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-    if len > MAX_PAYLOAD {
-        return Err(WireError::Oversized(len));
-    }
-    Ok((header[5], len))
 }
 
 fn put_name(out: &mut Vec<u8>, name: &str) {
@@ -306,6 +259,10 @@ mod tests {
         QpInfo { qpn: 17, psn: 0xabcdef, lid: 3, gid: [7; 16], mtu: 3, rd_atomic: 16 }
     }
 
+    fn read(bytes: &[u8]) -> Result<Message, WireError> {
+        Message::read(&mut &bytes[..], None)
+    }
+
     #[test]
     fn messages_roundtrip() {
         for m in [
@@ -315,8 +272,7 @@ mod tests {
             Message::Ping,
             Message::Pong,
         ] {
-            let bytes = m.encode();
-            assert_eq!(Message::read_from(&mut bytes.as_slice()).unwrap(), m);
+            assert_eq!(read(&m.encode()).unwrap(), m);
         }
     }
 
@@ -325,78 +281,64 @@ mod tests {
         let good = Message::Accept { slot: 1, qp: qp() }.encode();
         let mut bad = good.clone();
         bad[0] = b'X';
-        assert!(matches!(Message::read_from(&mut bad.as_slice()), Err(WireError::BadMagic(_))));
+        assert!(matches!(read(&bad), Err(WireError::Frame(FrameError::BadMagic { .. }))));
         let mut bad = good.clone();
         bad[4] = 9;
-        assert!(matches!(Message::read_from(&mut bad.as_slice()), Err(WireError::Version(9))));
+        assert!(matches!(read(&bad), Err(WireError::Frame(FrameError::Version { found: 9, .. }))));
         let mut bad = good.clone();
         bad[8..12].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
-        assert!(matches!(Message::read_from(&mut bad.as_slice()), Err(WireError::Oversized(_))));
-        assert!(matches!(Message::read_from(&mut &good[..good.len() - 1]), Err(WireError::Io(_))));
-        assert!(matches!(Message::read_from(&mut &b""[..]), Err(WireError::Closed)));
+        assert!(matches!(read(&bad), Err(WireError::Frame(FrameError::Oversized { .. }))));
+        assert!(matches!(read(&good[..good.len() - 1]), Err(WireError::Frame(FrameError::Io { .. }))));
+        assert!(read(b"").unwrap_err().is_closed());
         let zero_qpn = Message::Accept { slot: 1, qp: QpInfo { qpn: 0, ..qp() } }.encode();
-        assert!(matches!(Message::read_from(&mut zero_qpn.as_slice()), Err(WireError::Malformed(_))));
+        assert!(matches!(read(&zero_qpn), Err(WireError::Malformed(_))));
         let bad_mtu = Message::Accept { slot: 1, qp: QpInfo { mtu: 6, ..qp() } }.encode();
-        assert!(Message::read_from(&mut bad_mtu.as_slice()).is_err());
+        assert!(read(&bad_mtu).is_err());
         assert!(matches!(Message::decode(42, &[]), Err(WireError::Kind(42))));
         assert!(matches!(Message::decode(4, &[1]), Err(WireError::Malformed("trailing bytes"))));
     }
 
-    /// Hands out its bytes in the given pieces, with a read timeout between two pieces.
-    struct Pieces(std::collections::VecDeque<Option<Vec<u8>>>);
-
-    impl Pieces {
-        fn new(pieces: Vec<Option<Vec<u8>>>) -> Self {
-            Pieces(pieces.into())
-        }
-    }
-
-    impl Read for Pieces {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            match self.0.pop_front() {
-                None => Ok(0),
-                Some(None) => Err(io::ErrorKind::WouldBlock.into()),
-                Some(Some(mut piece)) => {
-                    let n = piece.len().min(buf.len());
-                    buf[..n].copy_from_slice(&piece[..n]);
-                    if n < piece.len() {
-                        self.0.push_front(Some(piece.split_off(n)));
-                    }
-                    Ok(n)
+    /// Writes `pieces` to a socket with a pause before each; returns the reading end.
+    fn paced(pieces: Vec<Vec<u8>>, pause: Duration) -> std::os::unix::net::UnixStream {
+        use std::io::Write;
+        let (mut w, r) = std::os::unix::net::UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            for p in pieces {
+                std::thread::sleep(pause);
+                if w.write_all(&p).is_err() {
+                    return;
                 }
             }
-        }
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        r
     }
 
     #[test]
-    fn read_timeouts_inside_a_message_do_not_cut_it() {
+    fn pauses_inside_a_message_do_not_cut_it() {
         let accept = Message::Accept { slot: 3, qp: qp() }.encode();
         let ping = Message::Ping.encode();
-        let mut r = Pieces::new(vec![
-            None, // idle before the first message: nothing consumed
-            Some(accept[..5].to_vec()),
-            None,
-            Some(accept[5..HEADER_LEN + 2].to_vec()),
-            None,
-            None,
-            Some(accept[HEADER_LEN + 2..].to_vec()),
-            Some(ping.clone()),
-        ]);
-        assert!(matches!(Message::read_from(&mut r), Err(WireError::Idle)));
-        assert_eq!(Message::read_from(&mut r).unwrap(), Message::Accept { slot: 3, qp: qp() });
+        let mut r = paced(
+            vec![accept[..5].to_vec(), accept[5..HEADER_LEN + 2].to_vec(), accept[HEADER_LEN + 2..].to_vec(), ping],
+            Duration::from_millis(50),
+        );
+        assert!(Message::read(&mut r, Some(Duration::from_millis(1))).unwrap_err().is_idle(), "idle: nothing consumed");
+        assert_eq!(Message::read(&mut r, None).unwrap(), Message::Accept { slot: 3, qp: qp() });
         // The reader is still in step: the next message decodes.
-        assert_eq!(Message::read_from(&mut r).unwrap(), Message::Ping);
-        assert!(matches!(Message::read_from(&mut r), Err(WireError::Closed)));
+        assert_eq!(Message::read(&mut r, None).unwrap(), Message::Ping);
     }
 
     #[test]
     fn a_message_that_stops_halfway_fails_once_its_time_is_up() {
         let ping = Message::Ping.encode();
-        let mut r = Pieces::new(vec![Some(ping[..6].to_vec()), None, None, None]);
-        assert!(matches!(Message::read_within(&mut r, Duration::ZERO), Err(WireError::Stalled(_))));
-        let mut r = Pieces::new(vec![Some(ping[..6].to_vec())]);
-        let err = Message::read_from(&mut r).unwrap_err();
-        assert!(matches!(&err, WireError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof), "{err}");
+        let mut r = paced(vec![ping[..6].to_vec()], Duration::ZERO);
+        let err = Message::read_within(&mut r, None, Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(err, WireError::Frame(FrameError::TimedOut { .. })), "{err}");
+        let err = read(&ping[..6]).unwrap_err();
+        assert!(
+            matches!(&err, WireError::Frame(FrameError::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof),
+            "{err}"
+        );
     }
 
     #[test]
@@ -410,7 +352,7 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
-            let _ = Message::read_from(&mut bytes.as_slice());
+            let _ = Message::read(&mut bytes.as_slice(), None);
         }
 
         #[test]
@@ -429,7 +371,7 @@ mod tests {
                 qp: QpInfo { qpn, psn, lid, gid, mtu, rd_atomic: rd },
             };
             let bytes = m.encode();
-            prop_assert_eq!(Message::read_from(&mut bytes.as_slice()).unwrap(), m);
+            prop_assert_eq!(Message::read(&mut bytes.as_slice(), None).unwrap(), m);
         }
     }
 }

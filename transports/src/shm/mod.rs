@@ -66,7 +66,10 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::{Endpoint, Region, RegionKeys, RegionTable, Slice, SliceOutcome, Transport, TransportError, TransportKind};
+use crate::{
+    Endpoint, FailureReason, Region, RegionKeys, RegionTable, Slice, SliceOutcome, Transport, TransportError,
+    TransportKind,
+};
 use peer::{CopyError, Peer};
 use server::Server;
 use socket::Socket;
@@ -114,6 +117,8 @@ struct Job {
 pub struct ShmTransport {
     config: ShmConfig,
     server: Arc<Server>,
+    /// The accept loop; dropping it closes the socket and every served connection.
+    listener: Option<crate::net::Server>,
     peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
@@ -135,13 +140,14 @@ impl ShmTransport {
         })?;
         let server = Server::new(table);
         let unavailable = |e: std::io::Error| TransportError::Unavailable("shm", format!("no thread: {e}"));
-        {
-            let server = server.clone();
-            std::thread::Builder::new()
-                .name("crescent-shm-accept".into())
-                .spawn(move || server.run(listener))
-                .map_err(unavailable)?;
-        }
+        let limits = crate::net::Limits {
+            max_connections: server::MAX_CONNECTIONS,
+            max_per_peer: server::MAX_CONNECTIONS_PER_PROCESS,
+            idle: None,
+        };
+        let serving = server.clone();
+        let listener = crate::net::serve("shm-serve", listener, limits, move |c| serving.serve_connection(c))
+            .map_err(unavailable)?;
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let workers = (0..config.copy_threads)
             .map(|_| {
@@ -151,7 +157,14 @@ impl ShmTransport {
             .collect::<Result<Vec<_>, _>>()
             .map_err(unavailable)?;
         tracing::debug!("shm transport listening on @{}, {} copy threads", config.socket_name, config.copy_threads);
-        Ok(ShmTransport { config, server, peers: Mutex::new(HashMap::new()), jobs: Some(tx), workers })
+        Ok(ShmTransport {
+            config,
+            server,
+            listener: Some(listener),
+            peers: Mutex::new(HashMap::new()),
+            jobs: Some(tx),
+            workers,
+        })
     }
 
     /// The connection to `peer`, made now if there is none or the last one died.
@@ -185,11 +198,13 @@ fn copy_loop(rx: Receiver<Job>) {
         }
         match result {
             Ok(()) => completion.complete(SliceOutcome::Completed),
-            Err(CopyError::OutOfRange) | Err(CopyError::Revoked) => completion.fail(format!(
-                "target {} rejected the access: [{remote_addr:#x}, +{len}) is outside its \
+            Err(CopyError::OutOfRange) | Err(CopyError::Revoked) => {
+                completion.fail(FailureReason::out_of_range(format!(
+                    "target {} rejected the access: [{remote_addr:#x}, +{len}) is outside its \
                  registered memory",
-                peer.name()
-            )),
+                    peer.name()
+                )))
+            }
             Err(CopyError::Failed(reason)) => completion.fail(reason),
         }
     }
@@ -235,13 +250,13 @@ impl Transport for ShmTransport {
             Ok(peer) => {
                 for slice in slices {
                     if let Err(e) = jobs.send(Job { peer: peer.clone(), slice }) {
-                        e.0.slice.completion.fail("the shm transport is shutting down");
+                        e.0.slice.completion.fail(FailureReason::local("the shm transport is shutting down"));
                     }
                 }
             }
             Err(reason) => {
                 for slice in slices {
-                    slice.completion.fail(reason.clone());
+                    slice.completion.fail(FailureReason::peer_gone(reason.clone()));
                 }
             }
         }
@@ -258,9 +273,8 @@ impl Transport for ShmTransport {
 
 impl Drop for ShmTransport {
     fn drop(&mut self) {
-        self.server.stop();
-        // Wake the accept loop so that it sees the stop flag.
-        let _ = Socket::connect(&self.config.socket_name, Duration::from_millis(200));
+        // Stops accepting and ends every served connection.
+        drop(self.listener.take());
         for slot in self.peers.lock().drain().map(|(_, s)| s) {
             if let Some(peer) = slot.peer.lock().take() {
                 peer.close();

@@ -15,7 +15,7 @@ use super::copy;
 use super::mapping::Mapping;
 use super::socket::Socket;
 use super::wire::{Frame, Kind, Mode, Status};
-use crate::Opcode;
+use crate::{FailureReason, Opcode};
 
 /// How long the peer may take to answer a hello or a map request.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -49,7 +49,7 @@ pub(super) enum CopyError {
     OutOfRange,
     /// The grant was revoked meanwhile: ask again.
     Revoked,
-    Failed(String),
+    Failed(FailureReason),
 }
 
 struct PendingMap {
@@ -109,15 +109,12 @@ impl Peer {
 
     fn hello(socket: &Socket) -> Result<Frame, String> {
         socket.send(&Frame::new(Kind::Hello), None).map_err(|e| e.to_string())?;
-        socket.set_recv_timeout(Some(REPLY_TIMEOUT)).map_err(|e| e.to_string())?;
-        let reply = match socket.recv() {
+        let reply = match socket.recv_by(Some(std::time::Instant::now() + REPLY_TIMEOUT)) {
             Ok(Some((frame, _))) if frame.kind == Kind::HelloReply => frame,
             Ok(Some((frame, _))) => return Err(format!("it answered with {:?}", frame.kind)),
             Ok(None) => return Err("it closed the connection".into()),
             Err(e) => return Err(e.to_string()),
         };
-        // From now on the connection idles between requests: no receive timeout.
-        socket.set_recv_timeout(None).map_err(|e| e.to_string())?;
         Ok(reply)
     }
 
@@ -160,7 +157,7 @@ impl Peer {
             return Ok(g);
         }
         if self.is_dead() {
-            return Err(CopyError::Failed(self.gone()));
+            return Err(CopyError::Failed(FailureReason::peer_gone(self.gone())));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = bounded(1);
@@ -169,17 +166,22 @@ impl Peer {
         if let Err(e) = self.socket.send(&request, None) {
             self.pending.lock().remove(&id);
             self.close();
-            return Err(CopyError::Failed(format!("cannot send to {}: {e}", self.name)));
+            return Err(CopyError::Failed(FailureReason::peer_gone(format!("cannot send to {}: {e}", self.name))));
         }
         match rx.recv_timeout(REPLY_TIMEOUT) {
             Ok(Ok(Some(grant))) => Ok(grant),
             Ok(Ok(None)) => Err(CopyError::OutOfRange),
-            Ok(Err(reason)) => Err(CopyError::Failed(reason)),
+            Ok(Err(reason)) => Err(CopyError::Failed(FailureReason::local(reason))),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 self.pending.lock().remove(&id);
-                Err(CopyError::Failed(format!("{} did not answer a map request within {REPLY_TIMEOUT:?}", self.name)))
+                Err(CopyError::Failed(FailureReason::timed_out(format!(
+                    "{} did not answer a map request within {REPLY_TIMEOUT:?}",
+                    self.name
+                ))))
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(CopyError::Failed(self.gone())),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                Err(CopyError::Failed(FailureReason::peer_gone(self.gone())))
+            }
         }
     }
 
@@ -201,7 +203,7 @@ impl Peer {
             return Err(CopyError::Revoked);
         }
         if self.is_dead() {
-            return Err(CopyError::Failed(self.gone()));
+            return Err(CopyError::Failed(FailureReason::peer_gone(self.gone())));
         }
         let offset = remote - grant.addr;
         let outcome = with_local(&mut || match &grant.access {
@@ -221,7 +223,9 @@ impl Peer {
         drop(live);
         match outcome {
             None | Some(Ok(())) => Ok(()),
-            Some(Err(reason)) => Err(CopyError::Failed(format!("{}: {reason}", self.name))),
+            // The peer's memory could not be copied (it may have died meanwhile: its grants
+            // are then revoked, and the next copy says so).
+            Some(Err(reason)) => Err(CopyError::Failed(FailureReason::peer_gone(format!("{}: {reason}", self.name)))),
         }
     }
 

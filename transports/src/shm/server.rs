@@ -2,7 +2,7 @@
 //! the grants when a region is unregistered (see the lifetime design in [`super`]).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -10,10 +10,15 @@ use parking_lot::{Condvar, Mutex};
 
 use super::socket::Socket;
 use super::wire::{Frame, Kind, Mode, Status, PROBE_LEN};
+use crate::net::serve::Accepted;
 use crate::{Region, RegionTable, TransportError};
 
 /// Connections served at once; more are closed right after accept.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Connections served at once from one process (an initiator needs one).
+pub const MAX_CONNECTIONS_PER_PROCESS: usize = 16;
+/// How long a new connection may take to send its first frame (its hello).
+pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a send to an initiator may block before its connection is given up.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -24,7 +29,7 @@ struct Export {
 
 /// One initiator's connection.
 struct Conn {
-    socket: Socket,
+    socket: Arc<Socket>,
     /// Held from the region lookup of a grant until its reply is sent, and while a revoke is
     /// sent: a grant is thus either sent before the revoke of its region or refused.
     send: Mutex<()>,
@@ -47,11 +52,9 @@ pub(super) struct Server {
     exports: Mutex<HashMap<u64, Export>>,
     next_region: AtomicU64,
     conns: Mutex<Vec<Weak<Conn>>>,
-    active: AtomicUsize,
     /// A word whose address and value go to every initiator, which reads it with
     /// `process_vm_readv` to learn whether the kernel lets it reach this process's memory.
     probe: Box<u64>,
-    stop: AtomicBool,
 }
 
 impl Server {
@@ -65,75 +68,45 @@ impl Server {
             exports: Mutex::new(HashMap::new()),
             next_region: AtomicU64::new(1),
             conns: Mutex::new(Vec::new()),
-            active: AtomicUsize::new(0),
             probe: Box::new(seed ^ (u64::from(std::process::id()) << 32) | 1),
-            stop: AtomicBool::new(false),
         })
     }
 
-    /// Accepts initiators until [`Server::stop`].
-    pub(super) fn run(self: Arc<Self>, listener: Socket) {
-        loop {
-            let accepted = listener.accept();
-            if self.stop.load(Ordering::Acquire) {
-                return;
-            }
-            let socket = match accepted {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("shm transport: accept failed: {e}");
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                }
-            };
-            if self.active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-                tracing::warn!("shm transport: {MAX_CONNECTIONS} connections already open, refusing one more");
-                continue;
-            }
-            if let Err(e) = socket.set_send_timeout(SEND_TIMEOUT) {
-                tracing::warn!("shm transport: cannot set a send timeout: {e}");
-                continue;
-            }
-            let conn = Arc::new(Conn {
-                socket,
-                send: Mutex::new(()),
-                granted: Mutex::new(HashSet::new()),
-                changed: Condvar::new(),
-                dead: AtomicBool::new(false),
-            });
-            {
-                let mut conns = self.conns.lock();
-                conns.retain(|c| c.strong_count() > 0);
-                conns.push(Arc::downgrade(&conn));
-            }
-            self.active.fetch_add(1, Ordering::AcqRel);
-            let server = self.clone();
-            let spawned = std::thread::Builder::new().name("crescent-shm-serve".into()).spawn(move || {
-                if let Err(e) = server.serve(&conn) {
-                    tracing::warn!("shm transport: closing a peer's connection: {e}");
-                }
-                conn.mark_dead();
-                conn.socket.shutdown();
-                server.active.fetch_sub(1, Ordering::AcqRel);
-            });
-            if let Err(e) = spawned {
-                tracing::error!("shm transport: cannot start a connection thread: {e}");
-                self.active.fetch_sub(1, Ordering::AcqRel);
-            }
+    /// Serves one initiator's connection (on its own thread, from the net layer's accept
+    /// loop) until it closes, breaks the protocol or is shut down.
+    pub(super) fn serve_connection(&self, accepted: Accepted<Socket>) {
+        let peer = accepted.peer.clone();
+        if let Err(e) = accepted.stream.set_send_timeout(SEND_TIMEOUT) {
+            tracing::warn!("shm transport: cannot set a send timeout for {peer}: {e}");
+            return;
         }
-    }
-
-    /// Ends every connection; the accept loop ends at its next wake-up.
-    pub(super) fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-        for conn in self.conns.lock().iter().filter_map(Weak::upgrade) {
-            conn.socket.shutdown();
+        let conn = Arc::new(Conn {
+            socket: accepted.stream,
+            send: Mutex::new(()),
+            granted: Mutex::new(HashSet::new()),
+            changed: Condvar::new(),
+            dead: AtomicBool::new(false),
+        });
+        {
+            let mut conns = self.conns.lock();
+            conns.retain(|c| c.strong_count() > 0);
+            conns.push(Arc::downgrade(&conn));
         }
+        if let Err(e) = self.serve(&conn) {
+            tracing::warn!("shm transport: closing the connection of {peer}: {e}");
+        }
+        conn.mark_dead();
+        conn.socket.shutdown();
     }
 
     fn serve(&self, conn: &Conn) -> Result<(), String> {
+        // A peer that connects and says nothing is closed; after its hello, a connection idles
+        // for as long as the peer holds grants (copies go through the mapping, not here).
+        let mut deadline = Some(Instant::now() + FIRST_FRAME_TIMEOUT);
         loop {
-            let frame = match conn.socket.recv() {
+            let received = conn.socket.recv_by(deadline);
+            deadline = None;
+            let frame = match received {
                 Ok(Some((frame, _))) => frame,
                 Ok(None) => return Ok(()),
                 Err(e) => return Err(e.to_string()),

@@ -5,7 +5,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::net::{
     self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
@@ -13,6 +13,8 @@ use rustix::net::{
 };
 
 use super::wire::{Frame, WireError, FRAME_LEN};
+use crate::net::serve::{Connection, Listener, PeerKey};
+use crate::net::wire::wait_fd;
 
 /// Longest abstract socket name accepted (the kernel allows 107 bytes).
 pub const MAX_NAME_LEN: usize = 100;
@@ -114,15 +116,27 @@ impl Socket {
     /// the connection. A frame with a missing or an unexpected descriptor is an error (and an
     /// unexpected descriptor is closed).
     pub fn recv(&self) -> Result<Option<(Frame, Option<OwnedFd>)>, RecvError> {
+        self.recv_by(None)
+    }
+
+    /// [`Socket::recv`], waiting until `deadline` at most (an error of kind
+    /// [`io::ErrorKind::TimedOut`] then); with no deadline, as long as the socket's receive
+    /// timeout says. A frame is one message: it comes whole or not at all.
+    pub fn recv_by(&self, deadline: Option<Instant>) -> Result<Option<(Frame, Option<OwnedFd>)>, RecvError> {
         // One byte more than a frame, to see a longer message as such and not as a frame.
         let mut bytes = [0u8; FRAME_LEN + 1];
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
+        let flags = match deadline {
+            Some(_) => RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            None => RecvFlags::CMSG_CLOEXEC,
+        };
         let msg = loop {
             let mut iov = [IoSliceMut::new(&mut bytes)];
-            match net::recvmsg(&self.fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            match net::recvmsg(&self.fd, &mut iov, &mut control, flags) {
                 Ok(msg) => break msg,
                 Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => wait_fd(self.fd.as_fd(), rustix::event::PollFlags::IN, deadline)?,
                 Err(e) => return Err(RecvError::Io(e.into())),
             }
         };
@@ -149,6 +163,26 @@ impl Socket {
     /// Ends the connection both ways; a thread blocked in `recv` returns.
     pub fn shutdown(&self) {
         let _ = net::shutdown(&self.fd, Shutdown::Both);
+    }
+}
+
+/// The shm listener on the net layer's accept loop: a peer is a process, as the kernel
+/// tells it (`SO_PEERCRED`).
+impl Listener for Socket {
+    type Conn = Socket;
+    fn accept_conn(&self) -> io::Result<(Socket, PeerKey)> {
+        let socket = self.accept()?;
+        let peer = match socket.peer_cred() {
+            Ok(c) => PeerKey::Process { pid: c.pid.as_raw_nonzero().get(), uid: c.uid.as_raw() },
+            Err(_) => PeerKey::Unknown,
+        };
+        Ok((socket, peer))
+    }
+}
+
+impl Connection for Socket {
+    fn shutdown(&self) {
+        Socket::shutdown(self);
     }
 }
 

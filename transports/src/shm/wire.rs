@@ -15,9 +15,20 @@
 //!
 //! Frames come from another process and are untrusted: [`Frame::decode`] checks every field.
 
+use crate::net::{Format, FrameError};
+
 pub const MAGIC: [u8; 2] = *b"CS";
 pub const VERSION: u8 = 1;
 pub const FRAME_LEN: usize = 40;
+/// The frame layout in the net layer's terms: a fixed header and no payload.
+pub const FORMAT: Format = Format {
+    name: "shm control",
+    magic: &MAGIC,
+    version: VERSION,
+    header_len: FRAME_LEN,
+    length_at: None,
+    max_payload: 0,
+};
 /// Size of the target's probe word.
 pub const PROBE_LEN: u64 = 8;
 
@@ -62,14 +73,13 @@ pub struct Frame {
     pub region: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("a control message of {0} bytes (frames are {FRAME_LEN})")]
     Length(usize),
-    #[error("bad magic {0:02x?} (not a crescent shm peer)")]
-    BadMagic([u8; 2]),
-    #[error("unsupported shm protocol version {0} (this side speaks {VERSION})")]
-    Version(u8),
+    /// Bad magic or version: the net layer's checks.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
     #[error("unknown message kind {0}")]
     Kind(u8),
     #[error("unknown status {0}")]
@@ -91,9 +101,7 @@ impl Frame {
 
     pub fn encode(&self) -> [u8; FRAME_LEN] {
         let mut b = [0u8; FRAME_LEN];
-        b[0..2].copy_from_slice(&MAGIC);
-        b[2] = VERSION;
-        b[3] = self.kind as u8;
+        FORMAT.put_prefix(&mut b, self.kind as u8);
         b[4] = self.status as u8;
         b[5] = self.mode as u8;
         b[8..16].copy_from_slice(&self.id.to_le_bytes());
@@ -106,14 +114,7 @@ impl Frame {
     /// Parses and validates a frame received from a peer (untrusted bytes).
     pub fn decode(b: &[u8]) -> Result<Frame, WireError> {
         let b: &[u8; FRAME_LEN] = b.try_into().map_err(|_| WireError::Length(b.len()))?;
-        let magic = [b[0], b[1]];
-        if magic != MAGIC {
-            return Err(WireError::BadMagic(magic));
-        }
-        if b[2] != VERSION {
-            return Err(WireError::Version(b[2]));
-        }
-        let kind = match b[3] {
+        let kind = match FORMAT.check(b)? {
             1 => Kind::Hello,
             2 => Kind::HelloReply,
             3 => Kind::Map,
@@ -195,7 +196,7 @@ mod tests {
             Frame { region: 4, ..Frame::new(Kind::RevokeAck) },
         ];
         for f in frames {
-            assert_eq!(Frame::decode(&f.encode()), Ok(f));
+            assert_eq!(Frame::decode(&f.encode()).unwrap(), f);
         }
         assert!(map_reply(Mode::Memfd).carries_fd());
         assert!(!map_reply(Mode::ProcessVm).carries_fd());
@@ -204,22 +205,22 @@ mod tests {
     #[test]
     fn malformed_frames_are_rejected() {
         let good = map_reply(Mode::Memfd).encode();
-        assert_eq!(Frame::decode(&good[..39]), Err(WireError::Length(39)));
+        assert!(matches!(Frame::decode(&good[..39]), Err(WireError::Length(39))));
         let mut b = good;
         b[0] = b'X';
-        assert!(matches!(Frame::decode(&b), Err(WireError::BadMagic(_))));
+        assert!(matches!(Frame::decode(&b), Err(WireError::Frame(FrameError::BadMagic { .. }))));
         let mut b = good;
         b[2] = 2;
-        assert_eq!(Frame::decode(&b), Err(WireError::Version(2)));
+        assert!(matches!(Frame::decode(&b), Err(WireError::Frame(FrameError::Version { found: 2, .. }))));
         let mut b = good;
         b[3] = 0;
-        assert_eq!(Frame::decode(&b), Err(WireError::Kind(0)));
+        assert!(matches!(Frame::decode(&b), Err(WireError::Kind(0))));
         let mut b = good;
         b[5] = 9;
-        assert_eq!(Frame::decode(&b), Err(WireError::Mode(9)));
+        assert!(matches!(Frame::decode(&b), Err(WireError::Mode(9))));
         let mut b = good;
         b[7] = 1;
-        assert_eq!(Frame::decode(&b), Err(WireError::Reserved));
+        assert!(matches!(Frame::decode(&b), Err(WireError::Reserved)));
         // A granted region that wraps around the address space.
         let wrapping = Frame { addr: u64::MAX - 10, ..map_reply(Mode::ProcessVm) };
         assert!(matches!(Frame::decode(&wrapping.encode()), Err(WireError::Range { .. })));
@@ -273,7 +274,7 @@ mod tests {
                 if f.kind == Kind::Map {
                     prop_assert!(f.addr.checked_add(f.len).is_some() && f.len > 0);
                 }
-                prop_assert_eq!(Frame::decode(&f.encode()), Ok(f));
+                prop_assert_eq!(Frame::decode(&f.encode()).unwrap(), f);
             }
         }
     }

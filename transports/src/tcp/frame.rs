@@ -10,11 +10,23 @@
 //!
 //! `id` is the initiator's; responses on one connection come in request order.
 
+use crate::net::{Format, FrameError as NetError};
+
 pub const MAGIC: [u8; 2] = *b"CT";
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 32;
 /// Largest payload a frame may announce; larger is a protocol violation.
 pub const MAX_PAYLOAD: u64 = 64 << 20;
+/// The frame layout in the net layer's terms (the payload length is the header's `len`, for
+/// the kinds that carry one).
+pub const FORMAT: Format = Format {
+    name: "tcp transport",
+    magic: &MAGIC,
+    version: VERSION,
+    header_len: HEADER_LEN,
+    length_at: None,
+    max_payload: MAX_PAYLOAD,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -43,18 +55,15 @@ pub struct Header {
     pub len: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum FrameError {
-    #[error("bad magic {0:02x?} (not a crescent tcp transport peer)")]
-    BadMagic([u8; 2]),
-    #[error("unsupported frame version {0} (this side speaks {VERSION})")]
-    Version(u8),
+    /// Bad magic or version, or an oversized payload: the net layer's checks.
+    #[error(transparent)]
+    Frame(#[from] NetError),
     #[error("unknown frame kind {0}")]
     Kind(u8),
     #[error("unknown status {0}")]
     Status(u32),
-    #[error("frame announces {0} payload bytes, more than the {MAX_PAYLOAD} allowed")]
-    Oversized(u64),
     #[error("a {0:?} frame must not carry a payload length with an error status")]
     Inconsistent(FrameKind),
 }
@@ -62,9 +71,7 @@ pub enum FrameError {
 impl Header {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        b[0..2].copy_from_slice(&MAGIC);
-        b[2] = VERSION;
-        b[3] = self.kind as u8;
+        FORMAT.put_prefix(&mut b, self.kind as u8);
         b[4..8].copy_from_slice(&(self.status as u32).to_le_bytes());
         b[8..16].copy_from_slice(&self.id.to_le_bytes());
         b[16..24].copy_from_slice(&self.addr.to_le_bytes());
@@ -74,14 +81,7 @@ impl Header {
 
     /// Parses and validates a header received from a peer (untrusted bytes).
     pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
-        let magic = [b[0], b[1]];
-        if magic != MAGIC {
-            return Err(FrameError::BadMagic(magic));
-        }
-        if b[2] != VERSION {
-            return Err(FrameError::Version(b[2]));
-        }
-        let kind = match b[3] {
+        let kind = match FORMAT.check(b)? {
             1 => FrameKind::ReadRequest,
             2 => FrameKind::WriteRequest,
             3 => FrameKind::ReadResponse,
@@ -95,9 +95,9 @@ impl Header {
             s => return Err(FrameError::Status(s)),
         };
         let header = Header { kind, status, id: u64_at(8), addr: u64_at(16), len: u64_at(24) };
-        if header.len > MAX_PAYLOAD {
-            return Err(FrameError::Oversized(header.len));
-        }
+        // Every kind's `len` is bounded, the payload-less ones' too: a read request is
+        // answered with that many bytes.
+        FORMAT.check_len(header.len, MAX_PAYLOAD)?;
         if header.kind == FrameKind::ReadResponse && status != Status::Ok && header.len != 0 {
             return Err(FrameError::Inconsistent(kind));
         }
@@ -122,7 +122,7 @@ mod tests {
     #[test]
     fn roundtrip() {
         let h = Header { kind: FrameKind::WriteRequest, status: Status::Ok, id: 9, addr: 0xdead_beef, len: 4096 };
-        assert_eq!(Header::decode(&h.encode()), Ok(h));
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
         assert_eq!(h.payload_len(), 4096);
     }
 
@@ -131,19 +131,22 @@ mod tests {
         let good = Header { kind: FrameKind::ReadRequest, status: Status::Ok, id: 1, addr: 2, len: 3 }.encode();
         let mut b = good;
         b[0] = b'X';
-        assert!(matches!(Header::decode(&b), Err(FrameError::BadMagic(_))));
+        assert!(matches!(Header::decode(&b), Err(FrameError::Frame(NetError::BadMagic { .. }))));
         let mut b = good;
         b[2] = 2;
-        assert_eq!(Header::decode(&b), Err(FrameError::Version(2)));
+        assert!(matches!(Header::decode(&b), Err(FrameError::Frame(NetError::Version { found: 2, .. }))));
         let mut b = good;
         b[3] = 77;
-        assert_eq!(Header::decode(&b), Err(FrameError::Kind(77)));
+        assert!(matches!(Header::decode(&b), Err(FrameError::Kind(77))));
         let mut b = good;
         b[4] = 9;
-        assert_eq!(Header::decode(&b), Err(FrameError::Status(9)));
+        assert!(matches!(Header::decode(&b), Err(FrameError::Status(9))));
         let mut b = good;
         b[24..32].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
-        assert_eq!(Header::decode(&b), Err(FrameError::Oversized(MAX_PAYLOAD + 1)));
+        assert!(matches!(
+            Header::decode(&b),
+            Err(FrameError::Frame(NetError::Oversized { len, .. })) if len == MAX_PAYLOAD + 1
+        ));
         let h = Header { kind: FrameKind::ReadResponse, status: Status::OutOfRange, id: 1, addr: 0, len: 5 };
         assert!(matches!(Header::decode(&h.encode()), Err(FrameError::Inconsistent(_))));
     }
@@ -156,6 +159,7 @@ mod tests {
             if let Ok(h) = Header::decode(&bytes) {
                 prop_assert!(h.payload_len() <= MAX_PAYLOAD);
                 prop_assert_eq!(h.encode(), bytes);
+                prop_assert!(h.len <= MAX_PAYLOAD);
             }
         }
     }

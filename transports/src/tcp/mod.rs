@@ -3,19 +3,19 @@
 //! socket and registered memory; the target checks every access against its region table.
 
 pub mod frame;
-mod io_util;
 mod lane;
 pub mod server;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::{Endpoint, RegionTable, Slice, Transport, TransportError, TransportKind};
+use crate::net::{Limits, Server};
+use crate::{Endpoint, FailureReason, RegionTable, Slice, Transport, TransportError, TransportKind};
 use lane::Lane;
 
 /// Requests are not cut below this to spread them over lanes: small pieces cost more in
@@ -36,7 +36,22 @@ pub struct TcpConfig {
     /// Largest slice; larger requests are cut by the engine.
     pub max_slice_len: u64,
     pub connect_timeout: Duration,
+    /// Connections the server serves at once, from everyone.
+    pub max_connections: usize,
+    /// Connections the server serves at once from one peer address.
+    pub max_connections_per_peer: usize,
+    /// The server closes a connection that sends no request for this long. Initiators open
+    /// a new lane instead of using one idle for [`LANE_REUSE_LIMIT`], so this must be longer.
+    pub idle_timeout: Duration,
+    /// Time for one frame either way (a request in, a response of up to 64 MiB out, on both
+    /// sides); an initiator's lane with requests waiting and nothing heard for this long
+    /// closes.
+    pub io_timeout: Duration,
 }
+
+/// An initiator opens new lanes to a peer rather than use ones idle this long, so that it
+/// never sends on a connection the peer's server is closing for idleness.
+pub const LANE_REUSE_LIMIT: Duration = Duration::from_secs(20);
 
 impl Default for TcpConfig {
     fn default() -> Self {
@@ -47,6 +62,10 @@ impl Default for TcpConfig {
             lanes: 2,
             max_slice_len: 1 << 20,
             connect_timeout: Duration::from_secs(3),
+            max_connections: 1024,
+            max_connections_per_peer: 128,
+            idle_timeout: Duration::from_secs(60),
+            io_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -57,7 +76,7 @@ struct PeerSlot {
 }
 
 struct PeerLanes {
-    lanes: Vec<Lane>,
+    lanes: Vec<Arc<Lane>>,
     next: AtomicUsize,
 }
 
@@ -65,7 +84,8 @@ pub struct TcpTransport {
     config: TcpConfig,
     port: u16,
     peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
-    stop: Arc<AtomicBool>,
+    /// The accept loop; dropping it closes the port and every served connection.
+    server: Server,
 }
 
 impl TcpTransport {
@@ -79,46 +99,70 @@ impl TcpTransport {
                 config.max_slice_len
             )));
         }
+        if config.max_connections == 0
+            || config.max_connections_per_peer == 0
+            || config.io_timeout.is_zero()
+            || config.idle_timeout <= LANE_REUSE_LIMIT
+        {
+            return Err(TransportError::InvalidArgument(format!(
+                "tcp server bounds must be positive and the idle timeout over {LANE_REUSE_LIMIT:?} (got {} \
+                 connections, {} per peer, io timeout {:?}, idle timeout {:?})",
+                config.max_connections, config.max_connections_per_peer, config.io_timeout, config.idle_timeout
+            )));
+        }
         let bind = format!("{}:{}", config.bind_host, config.port);
         let listener =
             TcpListener::bind(&bind).map_err(|source| TransportError::Listen { addr: bind.clone(), source })?;
         let port = listener.local_addr().map_err(|source| TransportError::Listen { addr: bind, source })?.port();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        std::thread::Builder::new()
-            .name("crescent-tcp-accept".into())
-            .spawn(move || server::run_listener(listener, table, stop2))
+        let limits = Limits {
+            max_connections: config.max_connections,
+            max_per_peer: config.max_connections_per_peer,
+            idle: Some(config.idle_timeout),
+        };
+        let server = server::start(listener, table, limits, config.io_timeout)
             .map_err(|e| TransportError::Unavailable("tcp", format!("cannot start the listener thread: {e}")))?;
         tracing::debug!("tcp transport listening on port {port}, {} lanes per peer", config.lanes);
-        Ok(TcpTransport { config, port, peers: Mutex::new(HashMap::new()), stop })
+        Ok(TcpTransport { config, port, peers: Mutex::new(HashMap::new()), server })
     }
 
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    fn lanes_to(&self, peer: &Endpoint) -> Result<Arc<PeerLanes>, String> {
+    /// Connections the server serves now.
+    pub fn served_connections(&self) -> usize {
+        self.server.connections()
+    }
+
+    fn lanes_to(&self, peer: &Endpoint) -> Result<Arc<PeerLanes>, FailureReason> {
         let Endpoint::Tcp { host, port } = peer else {
-            return Err(format!("{peer} is not a tcp endpoint"));
+            return Err(FailureReason::local(format!("{peer} is not a tcp endpoint")));
         };
         let slot = self.peers.lock().entry(peer.clone()).or_default().clone();
         let mut current = slot.lanes.lock();
+        // Dead lanes are replaced, and so are quiet ones idle for long (the peer's server may
+        // be closing them); the others keep their requests in flight.
+        let stale = |l: &Arc<Lane>| l.is_quiet() && l.idle_for() >= LANE_REUSE_LIMIT;
+        let usable = |l: &Arc<Lane>| !(l.is_dead() || stale(l));
         if let Some(lanes) = current.as_ref() {
-            if !lanes.lanes.iter().any(Lane::is_dead) {
+            if lanes.lanes.iter().all(usable) {
                 return Ok(lanes.clone());
             }
         }
-        *current = None;
+        let old: Vec<Arc<Lane>> = current.take().map(|l| l.lanes.clone()).unwrap_or_default();
         let name = format!("{host}:{port}");
         let addr: SocketAddr = (host.as_str(), *port)
             .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {name}: {e}"))?
+            .map_err(|e| FailureReason::peer_gone(format!("cannot resolve {name}: {e}")))?
             .next()
-            .ok_or_else(|| format!("{name} resolves to no address"))?;
+            .ok_or_else(|| FailureReason::peer_gone(format!("{name} resolves to no address")))?;
         let lanes = (0..self.config.lanes)
-            .map(|_| Lane::connect(&name, addr, self.config.connect_timeout))
+            .map(|i| match old.get(i) {
+                Some(l) if usable(l) => Ok(l.clone()),
+                _ => Lane::connect(&name, addr, self.config.connect_timeout, self.config.io_timeout).map(Arc::new),
+            })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("cannot connect to {name}: {e}"))?;
+            .map_err(|e| FailureReason::peer_gone(format!("cannot connect to {name}: {e}")))?;
         let lanes = Arc::new(PeerLanes { lanes, next: AtomicUsize::new(0) });
         *current = Some(lanes.clone());
         Ok(lanes)
@@ -166,14 +210,6 @@ impl Transport for TcpTransport {
 
     fn forget_peer(&self, peer: &Endpoint) {
         self.peers.lock().remove(peer);
-    }
-}
-
-impl Drop for TcpTransport {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // Wake the accept loop so that it sees the stop flag.
-        let _ = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], self.port)), Duration::from_millis(200));
     }
 }
 

@@ -1,102 +1,97 @@
 //! Target side of the tcp transport: serves peers' reads and writes of local registered memory.
+//!
+//! Runs on the net layer's accept loop ([`crate::net::serve`]): connections are bounded in
+//! total and per peer address, a connection idle for [`super::TcpConfig::idle_timeout`] is
+//! closed, and every frame — a request coming in, a response of up to 64 MiB going out — has
+//! one deadline ([`super::TcpConfig::io_timeout`]), so a peer that stalls mid-frame or stops
+//! reading a response holds neither a thread nor a region longer than that.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rustix::io::Errno;
-use rustix::net::RecvFlags;
-
-use super::frame::{FrameKind, Header, Status, HEADER_LEN};
-use super::io_util::{discard, read_header_from, write_all_vectored, HeaderRead};
+use super::frame::{FrameKind, Header, Status, FORMAT, HEADER_LEN};
+use crate::net::serve::Accepted;
+use crate::net::wire::{discard_by, recv_exact_by, recv_now, send_all_by};
+use crate::net::{serve, FrameError, Limits, Server};
 use crate::RegionTable;
 
-/// How long a peer may stall in the middle of a frame before its connection is closed.
-pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Acknowledgements queued at most before they are written.
 const MAX_PENDING_ACKS: usize = 64;
-/// Connections served at once; more are closed right after accept.
-pub const MAX_CONNECTIONS: usize = 1024;
 
-pub(super) fn run_listener(listener: TcpListener, table: Arc<RegionTable>, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            break;
+/// Starts serving `table` on `listener` under `limits`, each frame within `io_timeout`.
+pub(super) fn start(
+    listener: TcpListener,
+    table: Arc<RegionTable>,
+    limits: Limits,
+    io_timeout: Duration,
+) -> io::Result<Server> {
+    serve("tcp-serve", listener, limits, move |c: Accepted<TcpStream>| {
+        let peer = c.peer.clone();
+        match serve_connection(&c.stream, &table, c.idle, io_timeout) {
+            Ok(()) => tracing::debug!("tcp transport: {peer} closed its connection"),
+            Err(e) => tracing::info!("tcp transport: closing a connection from {peer}: {e}"),
         }
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("tcp transport: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-            tracing::warn!("tcp transport: {MAX_CONNECTIONS} connections already open, refusing one more");
-            continue;
-        }
-        active.fetch_add(1, Ordering::AcqRel);
-        let (table, active) = (table.clone(), active.clone());
-        let spawned = std::thread::Builder::new().name("crescent-tcp-serve".into()).spawn(move || {
-            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-            match serve_connection(stream, &table) {
-                Ok(()) => tracing::debug!("tcp transport: {peer} closed its connection"),
-                Err(e) => tracing::warn!("tcp transport: closing connection from {peer}: {e}"),
-            }
-            active.fetch_sub(1, Ordering::AcqRel);
-        });
-        if let Err(e) = spawned {
-            tracing::error!("tcp transport: cannot start a connection thread: {e}");
-        }
-    }
+    })
 }
 
-/// Serves one connection until the peer closes it or breaks the protocol.
-pub fn serve_connection(mut stream: TcpStream, table: &RegionTable) -> io::Result<()> {
+fn invalid(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Serves one connection until the peer closes it, idles past `idle`, stalls a frame past
+/// `io_timeout` or breaks the protocol.
+pub fn serve_connection(
+    stream: &TcpStream,
+    table: &RegionTable,
+    idle: Option<Duration>,
+    io_timeout: Duration,
+) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(STALL_TIMEOUT))?;
+    let mut s = stream;
     let mut buf = [0u8; HEADER_LEN];
     // Payload-less responses (write acknowledgements, errors) wait here and leave in one write:
     // before this thread would block reading, ahead of a read response, or when many are queued.
     let mut acks: Vec<u8> = Vec::with_capacity(MAX_PENDING_ACKS * HEADER_LEN);
+    let flush = |s: &mut &TcpStream, acks: &mut Vec<u8>| -> io::Result<()> {
+        if !acks.is_empty() {
+            send_all_by(s, &mut [IoSlice::new(acks)], Some(Instant::now() + io_timeout))?;
+            acks.clear();
+        }
+        Ok(())
+    };
     loop {
         // Take a header that has already arrived without blocking; flush acknowledgements first
         // when none has (the initiator may be waiting for them).
-        let filled = match rustix::net::recv(&stream, &mut buf[..], RecvFlags::DONTWAIT) {
-            Ok((0, _)) => {
-                let _ = stream.write_all(&acks);
+        let mut filled = match recv_now(stream.as_fd(), &mut buf)? {
+            Some(0) => {
+                flush(&mut s, &mut acks)?;
                 return Ok(());
             }
-            Ok((n, _)) => n,
-            Err(e) if e == Errno::AGAIN || e == Errno::INTR => 0,
-            Err(e) => return Err(e.into()),
+            Some(n) => n,
+            None => 0,
         };
-        if filled < HEADER_LEN {
-            if !acks.is_empty() {
-                stream.write_all(&acks)?;
-                acks.clear();
-            }
-            if let HeaderRead::Closed = read_header_from(&mut stream, &mut buf, filled)? {
-                return Ok(());
-            }
+        if filled == 0 {
+            flush(&mut s, &mut acks)?;
+            filled = match FORMAT.await_frame(&mut s, &mut buf, idle) {
+                Ok(n) => n,
+                Err(FrameError::Closed) => return Ok(()),
+                Err(e) => return Err(invalid(e)),
+            };
         }
-        let req = Header::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        // From the first byte of a request, its header and payload have one deadline.
+        let deadline = Instant::now() + io_timeout;
+        recv_exact_by(&mut s, &mut buf[filled..], Some(deadline))?;
+        let req = Header::decode(&buf).map_err(invalid)?;
         match req.kind {
-            FrameKind::ReadRequest => serve_read(&mut stream, table, &req, &mut acks)?,
-            FrameKind::WriteRequest => serve_write(&mut stream, table, &req, &mut acks)?,
-            kind => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("a peer sent a {kind:?} frame, which only targets send"),
-                ))
-            }
+            FrameKind::ReadRequest => serve_read(&mut s, table, &req, &mut acks, io_timeout)?,
+            FrameKind::WriteRequest => serve_write(&mut s, table, &req, &mut acks, deadline)?,
+            kind => return Err(invalid(format!("a peer sent a {kind:?} frame, which only targets send"))),
         }
         if acks.len() >= MAX_PENDING_ACKS * HEADER_LEN {
-            stream.write_all(&acks)?;
-            acks.clear();
+            flush(&mut s, &mut acks)?;
         }
     }
 }
@@ -105,14 +100,23 @@ fn response(req: &Header, kind: FrameKind, status: Status, len: u64) -> [u8; HEA
     Header { kind, status, id: req.id, addr: req.addr, len }.encode()
 }
 
-fn serve_read(stream: &mut TcpStream, table: &RegionTable, req: &Header, acks: &mut Vec<u8>) -> io::Result<()> {
+fn serve_read(
+    s: &mut &TcpStream,
+    table: &RegionTable,
+    req: &Header,
+    acks: &mut Vec<u8>,
+    io_timeout: Duration,
+) -> io::Result<()> {
     match table.access(req.addr, req.len) {
         Some(access) => {
             let header = response(req, FrameKind::ReadResponse, Status::Ok, req.len);
-            // Gather straight from registered memory (no staging copy), queued acks first.
-            write_all_vectored(
-                stream,
+            // Gather straight from registered memory (no staging copy), queued acks first. The
+            // region stays in use until the whole response is out or its deadline passed.
+            let deadline = Instant::now() + io_timeout;
+            send_all_by(
+                s,
                 &mut [IoSlice::new(acks), IoSlice::new(&header), IoSlice::new(access.as_slice())],
+                Some(deadline),
             )?;
             acks.clear();
             Ok(())
@@ -125,19 +129,67 @@ fn serve_read(stream: &mut TcpStream, table: &RegionTable, req: &Header, acks: &
     }
 }
 
-fn serve_write(stream: &mut TcpStream, table: &RegionTable, req: &Header, acks: &mut Vec<u8>) -> io::Result<()> {
+fn serve_write(
+    s: &mut &TcpStream,
+    table: &RegionTable,
+    req: &Header,
+    acks: &mut Vec<u8>,
+    deadline: Instant,
+) -> io::Result<()> {
     let status = match table.access(req.addr, req.len) {
         Some(access) => {
             // Receive straight into registered memory.
-            stream.read_exact(access.as_mut_slice())?;
+            recv_exact_by(s, access.as_mut_slice(), Some(deadline))?;
             Status::Ok
         }
         None => {
             tracing::debug!("tcp transport: write of [{:#x}, +{}) is out of range", req.addr, req.len);
-            discard(stream, req.len)?;
+            discard_by(s, req.len, Some(deadline))?;
             Status::OutOfRange
         }
     };
     acks.extend_from_slice(&response(req, FrameKind::WriteResponse, status, 0));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn a_connection_that_sends_nothing_is_closed_after_the_idle_time() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_millis(200)) };
+        let server = start(listener, Arc::new(RegionTable::new()), limits, Duration::from_secs(5)).unwrap();
+        let mut idle = TcpStream::connect(addr).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(idle.read(&mut b).unwrap(), 0, "the server closed the idle connection");
+        drop(server);
+    }
+
+    #[test]
+    fn a_request_that_stalls_mid_header_is_closed_after_its_frame_time() {
+        use std::io::Write;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_secs(60)) };
+        let server = start(listener, Arc::new(RegionTable::new()), limits, Duration::from_millis(300)).unwrap();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let header = Header { kind: FrameKind::ReadRequest, status: Status::Ok, id: 1, addr: 0x1000, len: 8 }.encode();
+        // Half a header, then a byte now and then: each read is quick, the frame never ends.
+        s.write_all(&header[..10]).unwrap();
+        let mut b = [0u8; 1];
+        for byte in &header[10..20] {
+            std::thread::sleep(Duration::from_millis(100));
+            if s.write_all(std::slice::from_ref(byte)).is_err() {
+                break;
+            }
+        }
+        assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "the server closed the stalled connection");
+        drop(server);
+    }
 }

@@ -10,7 +10,11 @@
 //! away (or stays silent for 30 s) releases its block.
 //!
 //! Wire format (untrusted both ways; property-tested below): an 8-byte header
-//! `"CD" | version u8 (1) | kind u8 | payload length u32 LE`, then at most 8 KiB of payload.
+//! `"CD" | version u8 (1) | kind u8 | payload length u32 LE`, then at most 8 KiB of payload —
+//! a format of the transports' net layer ([`FORMAT`]), which checks the length before
+//! allocating and gives each frame one deadline ([`IO_TIMEOUT`]). The listener runs on the net
+//! layer's accept loop: [`MAX_CONNECTIONS`] readers at once, [`MAX_CONNECTIONS_PER_PEER`] from
+//! one address, each closed after [`IO_TIMEOUT`] without a request.
 //!
 //! | kind | direction | payload |
 //! |---|---|---|
@@ -20,11 +24,12 @@
 //! | 4 `Piece` | owner → reader | address u64, length u64, last u8 (1: all bytes sent and checked) |
 //! | 5 `Error` | owner → reader | code u8 (1 not found, 2 corrupt, 3 bad request, 4 internal), message |
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use crescent_transports::net::serve::{serve_with, Accepted};
+use crescent_transports::net::{Format, Limits, Server, Wire};
 
 use super::DiskTier;
 use crate::client::staging::Staging;
@@ -38,6 +43,17 @@ pub const MAX_PAYLOAD: usize = 8 << 10;
 pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 256;
+/// Connections served at once from one peer address.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
+/// The frame layout in the net layer's terms.
+pub const FORMAT: Format = Format {
+    name: "disk service",
+    magic: &MAGIC,
+    version: WIRE_VERSION,
+    header_len: HEADER_LEN,
+    length_at: Some(4),
+    max_payload: MAX_PAYLOAD as u64,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -65,32 +81,22 @@ fn bad(why: impl Into<String>) -> StoreError {
     StoreError::Disk(format!("disk service: {}", why.into()))
 }
 
-pub fn write_frame(w: &mut impl Write, kind: Kind, payload: &[u8]) -> std::io::Result<()> {
-    assert!(payload.len() <= MAX_PAYLOAD, "disk service payloads are small");
-    let mut b = Vec::with_capacity(HEADER_LEN + payload.len());
-    b.extend_from_slice(&MAGIC);
-    b.push(WIRE_VERSION);
-    b.push(kind as u8);
-    b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    b.extend_from_slice(payload);
-    w.write_all(&b)
+/// Sends one frame, all of it within [`IO_TIMEOUT`].
+pub fn write_frame(w: &mut (impl Wire + ?Sized), kind: Kind, payload: &[u8]) -> std::io::Result<()> {
+    FORMAT.write_frame(w, kind as u8, payload, IO_TIMEOUT).map_err(|e| match e {
+        crescent_transports::net::FrameError::Io { source, .. } => source,
+        e if e.is_timeout() => std::io::Error::new(std::io::ErrorKind::TimedOut, e.to_string()),
+        e => std::io::Error::other(e.to_string()),
+    })
 }
 
-/// Reads one frame; anything malformed is an error (the connection is then dropped).
-pub fn read_frame(r: &mut impl Read) -> Result<(Kind, Vec<u8>)> {
-    let mut h = [0u8; HEADER_LEN];
-    r.read_exact(&mut h).map_err(|e| bad(format!("reading a header: {e}")))?;
-    if h[0..2] != MAGIC || h[2] != WIRE_VERSION {
-        return Err(bad("bad magic or version"));
-    }
-    let kind = Kind::from_u8(h[3]).ok_or_else(|| bad(format!("unknown kind {}", h[3])))?;
-    let len = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes")) as usize;
-    if len > MAX_PAYLOAD {
-        return Err(bad(format!("payload of {len} bytes")));
-    }
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload).map_err(|e| bad(format!("reading a payload: {e}")))?;
-    Ok((kind, payload))
+/// Reads one frame (waiting [`IO_TIMEOUT`] for it, and as long for all of it); anything
+/// malformed is an error (the connection is then dropped).
+pub fn read_frame(r: &mut (impl Wire + ?Sized)) -> Result<(Kind, Vec<u8>)> {
+    let frame =
+        FORMAT.read_frame(r, MAX_PAYLOAD as u64, Some(IO_TIMEOUT), IO_TIMEOUT).map_err(|e| bad(e.to_string()))?;
+    let kind = Kind::from_u8(frame.kind).ok_or_else(|| bad(format!("unknown kind {}", frame.kind)))?;
+    Ok((kind, frame.payload))
 }
 
 fn u64_at(p: &[u8], at: usize) -> Result<u64> {
@@ -178,7 +184,7 @@ pub fn decode_error(p: &[u8], key: &str) -> StoreError {
 /// The owner's side: a listener and a thread per reader.
 pub struct DiskService {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
+    _server: Server,
 }
 
 impl DiskService {
@@ -187,37 +193,23 @@ impl DiskService {
     pub fn start(host: &str, tier: &Arc<DiskTier>, staging: Arc<Staging>, segment: String) -> Result<DiskService> {
         let listener = TcpListener::bind((host, 0)).map_err(|e| bad(format!("listening on {host}: {e}")))?;
         let addr = listener.local_addr().map_err(|e| bad(e.to_string()))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let (weak, stop2) = (Arc::downgrade(tier), stop.clone());
-        let active = Arc::new(AtomicUsize::new(0));
-        std::thread::Builder::new()
-            .name("crescent-disk-service".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::Acquire) {
-                        return;
-                    }
-                    let Ok(mut conn) = conn else { continue };
-                    if active.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-                        let e = StoreError::Disk("too many readers".into());
-                        let _ = write_frame(&mut conn, Kind::Error, &error_payload(&e));
-                        continue;
-                    }
-                    active.fetch_add(1, Ordering::AcqRel);
-                    let (weak, staging, segment, active) =
-                        (weak.clone(), staging.clone(), segment.clone(), active.clone());
-                    let spawned = std::thread::Builder::new().name("crescent-disk-reader".into()).spawn(move || {
-                        serve(conn, &weak, &staging, &segment);
-                        active.fetch_sub(1, Ordering::AcqRel);
-                    });
-                    if spawned.is_err() {
-                        tracing::warn!("disk service: cannot start a thread for a reader");
-                    }
-                }
-            })
-            .map_err(|e| bad(format!("spawning: {e}")))?;
+        let weak = Arc::downgrade(tier);
+        let limits =
+            Limits { max_connections: MAX_CONNECTIONS, max_per_peer: MAX_CONNECTIONS_PER_PEER, idle: Some(IO_TIMEOUT) };
+        let server = serve_with(
+            "disk-reader",
+            listener,
+            limits,
+            move |c: Accepted<TcpStream>| serve(&c.stream, &weak, &staging, &segment),
+            |conn: &TcpStream, why: &str| {
+                // A fresh connection has room for one small frame: this does not block.
+                let e = StoreError::Disk(format!("too many readers: {why}"));
+                let _ = FORMAT.write_frame(&mut &*conn, Kind::Error as u8, &error_payload(&e), Duration::ZERO);
+            },
+        )
+        .map_err(|e| bad(format!("spawning: {e}")))?;
         tracing::info!("disk service listening on {addr}");
-        Ok(DiskService { addr, stop })
+        Ok(DiskService { addr, _server: server })
     }
 
     /// `host:port` readers connect to.
@@ -226,18 +218,9 @@ impl DiskService {
     }
 }
 
-impl Drop for DiskService {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-        // wakes the accept
-    }
-}
-
-fn serve(mut conn: TcpStream, tier: &Weak<DiskTier>, staging: &Staging, segment: &str) {
-    let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
-    let _ = conn.set_write_timeout(Some(IO_TIMEOUT));
+fn serve(conn: &TcpStream, tier: &Weak<DiskTier>, staging: &Staging, segment: &str) {
     let _ = conn.set_nodelay(true);
+    let mut conn = conn;
     let mut open: Option<(super::TierReader, String, u64)> = None;
     let mut held: Option<crate::client::staging::StagingBlock<'_>> = None;
     loop {
@@ -306,8 +289,6 @@ impl DiskReader {
             .next()
             .ok_or_else(|| gone(std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address")))?;
         let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(gone)?;
-        let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
-        let _ = conn.set_write_timeout(Some(IO_TIMEOUT));
         let _ = conn.set_nodelay(true);
         let mut r = DiskReader { conn, key: key.to_string() };
         let req = OpenRequest { version, size, key: key.to_string() };
