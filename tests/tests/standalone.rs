@@ -156,6 +156,10 @@ struct Setup {
 }
 
 fn in_process() -> Setup {
+    in_process_with(Access::default())
+}
+
+fn in_process_with(access: Access) -> Setup {
     let m = loopback_master(MasterConfig::default());
     let client = StoreClient::connect(ClientConfig {
         global_segment_size: 32 << 20,
@@ -164,7 +168,7 @@ fn in_process() -> Setup {
     })
     .unwrap();
     let socket = unique_socket("inproc");
-    let server = StandaloneServer::start(client, &Address::parse(&socket).unwrap(), Access::default()).unwrap();
+    let server = StandaloneServer::start(client, &Address::parse(&socket).unwrap(), access).unwrap();
     Setup { _master: m, _server: server, socket }
 }
 
@@ -250,4 +254,29 @@ fn the_wire_refuses_unknown_regions_and_oversized_frames() {
     assert_eq!(d.get("after").unwrap(), b"fine");
     let arc: Arc<dyn StoreApi> = Arc::new(d);
     assert!(arc.exists("after").unwrap());
+}
+
+#[test]
+fn one_process_cannot_take_every_connection() {
+    let s = in_process_with(Access { max_per_process: 2, ..Access::default() });
+    let address = Address::parse(&s.socket).unwrap();
+    let soon = || Instant::now() + Duration::from_secs(5);
+    let hello = |conn: &Conn| -> Option<Reply> {
+        let r = Request::Hello { version: wire::VERSION, client_id: "greedy".into() };
+        conn.send(&wire::encode(&r).unwrap(), &[], None, soon()).ok()?;
+        let frame = conn.recv(Some(soon()), Duration::from_secs(5)).ok()?;
+        wire::decode::<Reply>(&frame.message).ok()
+    };
+    let first = Conn::connect(&address, Duration::from_secs(5)).unwrap();
+    let second = Conn::connect(&address, Duration::from_secs(5)).unwrap();
+    assert!(hello(&first).is_some() && hello(&second).is_some(), "two connections are served");
+    // A third from the same process is closed unserved.
+    let third = Conn::connect(&address, Duration::from_secs(5)).unwrap();
+    assert!(hello(&third).is_none(), "a process over its bound is refused");
+    // One closes: the process may connect again.
+    drop(first);
+    let again = eventually(Duration::from_secs(10), || {
+        Conn::connect(&address, Duration::from_secs(5)).ok().and_then(|c| hello(&c)).is_some()
+    });
+    assert!(again, "a freed slot is served again");
 }

@@ -2,9 +2,11 @@
 //! [`StoreClient`] — segment, engine, disk tier, hot cache — serving the dummy clients
 //! ([`crate::client::dummy`]) of the worker processes on its host.
 //!
-//! * **Access**: a unix socket ([`Address`]: abstract name or path). A connection is admitted
-//!   by its peer's kernel credentials (`SO_PEERCRED`): the standalone client's own user, or
-//!   one named in [`Access::uids`]. At most [`Access::max_connections`] at a time.
+//! * **Access**: a unix socket ([`Address`]: abstract name or path), served by the transports'
+//!   accept loop ([`crescent_transports::net::serve`]: at most [`Access::max_connections`] at
+//!   a time, [`Access::max_per_process`] of one process). A connection is admitted by its
+//!   peer's kernel credentials (`SO_PEERCRED`): the standalone client's own user, or one named
+//!   in [`Access::uids`].
 //! * **Workers**: a worker is its client id and pid; its connections share what it shared.
 //!   Each shared region (a memfd) is mapped here once and registered with the engine, so the
 //!   engine reads into and writes from the worker's pages. When the last connection of a
@@ -23,10 +25,10 @@ use std::mem::ManuallyDrop;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crescent_engine::TransferEngine;
+use crescent_transports::net::{self as tnet, PeerKey};
 use crescent_transports::shm::Mapping;
 use parking_lot::{Mutex, RwLock};
 use prost::Message;
@@ -51,11 +53,13 @@ pub struct Access {
     pub uids: Vec<u32>,
     /// Connections served at a time (each is a thread).
     pub max_connections: usize,
+    /// Connections of one process (a dummy client opens one per thread calling at once).
+    pub max_per_process: usize,
 }
 
 impl Default for Access {
     fn default() -> Self {
-        Access { uids: Vec::new(), max_connections: 1024 }
+        Access { uids: Vec::new(), max_connections: 1024, max_per_process: 256 }
     }
 }
 
@@ -95,45 +99,39 @@ struct State {
     client: Arc<StoreClient>,
     access: Access,
     workers: Mutex<HashMap<(i32, String), (Arc<Worker>, usize)>>,
-    connections: Mutex<usize>,
     stop: AtomicBool,
-    /// Live connections, to end them on stop.
-    conns: Mutex<HashMap<u64, Arc<Conn>>>,
 }
 
 /// A running standalone client's service; stopped on drop.
 pub struct StandaloneServer {
     state: Arc<State>,
-    listener: Arc<Listener>,
-    accept: Option<JoinHandle<()>>,
+    address: Address,
+    server: Option<tnet::Server>,
 }
 
 impl StandaloneServer {
     /// Serves `client`'s store to dummy clients at `address`.
     pub fn start(client: Arc<StoreClient>, address: &Address, access: Access) -> Result<StandaloneServer> {
-        let listener =
-            Arc::new(Listener::bind(address).map_err(|e| StoreError::system(format!("listening at {address}"), e))?);
-        let state = Arc::new(State {
-            client,
-            access,
-            workers: Mutex::new(HashMap::new()),
-            connections: Mutex::new(0),
-            stop: AtomicBool::new(false),
-            conns: Mutex::new(HashMap::new()),
-        });
-        let accept = {
-            let (state, listener) = (state.clone(), listener.clone());
-            std::thread::Builder::new()
-                .name("crescent-standalone".into())
-                .spawn(move || accept_loop(&state, &listener))
-                .map_err(|e| StoreError::system("spawning the standalone accept thread", e))?
+        let listener = Listener::bind(address).map_err(|e| StoreError::system(format!("listening at {address}"), e))?;
+        let limits = tnet::Limits {
+            max_connections: access.max_connections,
+            max_per_peer: access.max_per_process,
+            // Dummy clients' pooled connections idle between calls.
+            idle: None,
         };
+        let state =
+            Arc::new(State { client, access, workers: Mutex::new(HashMap::new()), stop: AtomicBool::new(false) });
+        let st = state.clone();
+        let server = tnet::serve("standalone", listener, limits, move |a: tnet::serve::Accepted<Conn>| {
+            admit(&st, &a.stream, &a.peer)
+        })
+        .map_err(|e| StoreError::system(format!("serving at {address}"), e))?;
         tracing::info!("standalone client serving dummy clients at {address}");
-        Ok(StandaloneServer { state, listener, accept: Some(accept) })
+        Ok(StandaloneServer { state, address: address.clone(), server: Some(server) })
     }
 
     pub fn address(&self) -> &Address {
-        self.listener.address()
+        &self.address
     }
 
     /// Workers attached now, and the regions they share (for tests and logs).
@@ -144,13 +142,7 @@ impl StandaloneServer {
     /// Stops accepting and ends every connection.
     pub fn stop(&mut self) {
         self.state.stop.store(true, Ordering::Release);
-        self.listener.shutdown();
-        for c in self.state.conns.lock().values() {
-            c.shutdown();
-        }
-        if let Some(t) = self.accept.take() {
-            let _ = t.join();
-        }
+        self.server.take();
     }
 }
 
@@ -160,48 +152,15 @@ impl Drop for StandaloneServer {
     }
 }
 
-fn accept_loop(state: &Arc<State>, listener: &Listener) {
+/// A connection's thread: its peer's credentials checked, then served.
+fn admit(state: &Arc<State>, conn: &Conn, peer: &PeerKey) {
     let own = rustix::process::getuid().as_raw();
-    let mut next = 0u64;
-    while !state.stop.load(Ordering::Acquire) {
-        let (conn, cred) = match listener.accept() {
-            Ok(c) => c,
-            Err(e) => {
-                if !state.stop.load(Ordering::Acquire) {
-                    tracing::warn!("standalone: accept failed: {e}");
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                continue;
-            }
-        };
-        let (uid, pid) = (cred.uid.as_raw(), cred.pid.as_raw_nonzero().get());
-        if uid != own && !state.access.uids.contains(&uid) {
-            tracing::warn!("standalone: refused a connection of pid {pid}: user {uid} is not admitted");
-            continue;
+    match *peer {
+        PeerKey::Process { pid, uid } if uid == own || state.access.uids.contains(&uid) => serve(state, conn, pid),
+        PeerKey::Process { pid, uid } => {
+            tracing::warn!("standalone: refused a connection of pid {pid}: user {uid} is not admitted")
         }
-        {
-            let mut n = state.connections.lock();
-            if *n >= state.access.max_connections {
-                tracing::warn!("standalone: refused a connection of pid {pid}: {} connections already", *n);
-                continue;
-            }
-            *n += 1;
-        }
-        next += 1;
-        let id = next;
-        let conn = Arc::new(conn);
-        state.conns.lock().insert(id, conn.clone());
-        let st = state.clone();
-        let spawned = std::thread::Builder::new().name(format!("crescent-dummy-{pid}")).spawn(move || {
-            serve(&st, &conn, pid);
-            st.conns.lock().remove(&id);
-            *st.connections.lock() -= 1;
-        });
-        if let Err(e) = spawned {
-            tracing::warn!("standalone: no thread for a connection of pid {pid}: {e}");
-            state.conns.lock().remove(&id);
-            *state.connections.lock() -= 1;
-        }
+        ref other => tracing::warn!("standalone: refused a connection of {other}: no credentials"),
     }
 }
 

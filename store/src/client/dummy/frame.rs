@@ -10,8 +10,11 @@
 //! receive has a deadline (a frame that starts arriving must finish arriving in time), so a
 //! peer that stops mid-frame costs a bounded wait, never a hang.
 //!
-//! This is the smallest codec the standalone client needs; it is to move into the transports'
-//! net layer (one framed codec, one serve loop) once that exists.
+//! The standalone client accepts on the transports' one accept loop
+//! ([`crescent_transports::net::serve`]: bounded connections in total and per process,
+//! backoff, clean shutdown), as the shm transport's control socket does. The framing is its
+//! own for the same reason as shm's: a frame may carry a descriptor (`SCM_RIGHTS`), which the
+//! net layer's codec (plain reads and writes) cannot; it moves there once the codec can.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -129,10 +132,28 @@ impl Listener {
         let cred = net::sockopt::socket_peercred(&conn.fd)?;
         Ok((conn, cred))
     }
+}
 
-    /// Wakes a thread blocked in [`Self::accept`] (it then fails).
-    pub fn shutdown(&self) {
-        let _ = net::shutdown(&self.fd, Shutdown::Both);
+/// On the net layer's accept loop: a peer is a process, as the kernel tells it.
+impl crescent_transports::net::serve::Listener for Listener {
+    type Conn = Conn;
+    fn accept_conn(&self) -> io::Result<(Conn, crescent_transports::net::PeerKey)> {
+        let (conn, cred) = self.accept()?;
+        let peer =
+            crescent_transports::net::PeerKey::Process { pid: cred.pid.as_raw_nonzero().get(), uid: cred.uid.as_raw() };
+        Ok((conn, peer))
+    }
+}
+
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl crescent_transports::net::serve::Connection for Conn {
+    fn shutdown(&self) {
+        Conn::shutdown(self);
     }
 }
 
