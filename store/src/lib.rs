@@ -13,7 +13,7 @@ pub mod pattern;
 pub mod proto;
 pub mod standalone;
 
-pub use client::{ClientConfig, DummyClient, DummyConfig, StoreApi, StoreClient};
+pub use client::{ClientConfig, DummyClient, DummyConfig, HeldBuffer, StoreApi, StoreClient};
 pub use error::{Result, StoreError};
 pub use master::{AllocationStrategy, Master, MasterConfig};
 

@@ -280,3 +280,58 @@ fn one_process_cannot_take_every_connection() {
     });
     assert!(again, "a freed slot is served again");
 }
+
+#[test]
+fn a_dummy_client_upserts_puts_parts_holds_buffers_and_forces_removals() {
+    let s = in_process();
+    let d = dummy(&s);
+    let opts = d.default_options();
+    // A put keeps what is there; an upsert replaces it, from bytes and from shared memory
+    // (a get leases its object for a while: each upsert below is of a key not read yet).
+    d.put("k", b"first").unwrap();
+    d.put_with("k", b"second", &opts).unwrap();
+    assert_eq!(d.get("k").unwrap(), b"first");
+    d.put("u", b"first").unwrap();
+    d.upsert_with("u", b"third", &opts).unwrap();
+    assert_eq!(d.get("u").unwrap(), b"third");
+    let v = pattern_bytes(300_000, 9);
+    let pool = d.alloc_from_mem_pool(v.len() as u64).unwrap();
+    // SAFETY: `pool` is v.len() bytes of this dummy client's pool, ours until freed.
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), pool as *mut u8, v.len()) };
+    d.put("w", b"old").unwrap();
+    d.upsert_from_with("w", pool, v.len() as u64, &opts).unwrap();
+    assert!(d.get("w").unwrap() == v);
+    // Parts, one after another.
+    d.put_parts_with("p", &[b"ab", b"", b"cde"], &opts).unwrap();
+    d.upsert_parts_with("p", &[b"x", b"yz"], &opts).unwrap();
+    assert_eq!(d.get("p").unwrap(), b"xyz");
+    // Batches of upserts.
+    let keys = vec!["b1".to_string(), "b2".to_string()];
+    d.put("b1", b"old").unwrap();
+    let rs = d.upsert_batch_with(&keys, &[b"11", b"22"], &opts).unwrap();
+    assert!(rs.iter().all(Result::is_ok), "{rs:?}");
+    let keys = vec!["c1".to_string(), "c2".to_string()];
+    d.put("c2", b"old").unwrap();
+    let rs = d.batch_upsert_from_sg(&keys, &[&[Piece::new(pool, 10)][..], &[Piece::new(pool + 10, 20)][..]], &opts);
+    assert!(rs.unwrap().iter().all(Result::is_ok));
+    assert_eq!(d.get("b1").unwrap(), b"11");
+    assert_eq!(d.get("c2").unwrap(), &v[10..30]);
+    // get_buffer: the value held in this process's shared memory, freed when dropped.
+    let held = d.get_buffer("w").unwrap();
+    assert_eq!(held.len(), v.len() as u64);
+    assert!(held.bytes() == &v[..] && d.is_registered(held.addr(), held.len()));
+    let many = d.batch_get_buffer(&["c1".into(), "nope".into(), "c2".into()]).unwrap();
+    assert_eq!(many[0].as_ref().unwrap().bytes(), &v[..10]);
+    assert!(matches!(many[1], Err(StoreError::NotFound(_))), "{:?}", many[1]);
+    assert_eq!(many[2].as_ref().unwrap().bytes(), &v[10..30]);
+    drop(held);
+    assert!(!d.is_registered(0x1000, 16), "stray memory is not registered");
+    // The master is reachable through the standalone client.
+    assert!(d.master_reachable());
+    // A lease held by a reader stops a removal; force goes through it.
+    assert!(matches!(d.remove_with("w", false), Err(StoreError::Leased(_))));
+    assert!(d.remove_all_with(true).unwrap() >= 8);
+    assert!(!d.exists("w").unwrap());
+    d.put("r1", b"1").unwrap();
+    assert_eq!(d.remove_by_regex_with("^r", true).unwrap(), 1);
+}

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crescent_ffi::store::{DummyClient, DummyConfig};
-use crescent_ffi::{fail, store_fail, Status};
+use crescent_ffi::{fail, store_fail, SetupArgs, Status};
 use pyo3::prelude::*;
 
 use crate::Store;
@@ -52,24 +52,27 @@ pub(crate) fn init_all(
     protocol: String,
     device_name: String,
     mount_segment_size: u64,
-) -> PyResult<i32> {
+) -> i32 {
     crescent_ffi::clear_last_error();
     if store.client.read().is_some() {
         fail(Status::InvalidParams, "init_all: the client is already initialized");
-        return Ok(-1);
+        return -1;
     }
-    let host = pyo3::types::PyString::new(py, "localhost:12345");
-    let rc = store.setup(
-        py,
-        host.as_any(),
-        Some("127.0.0.1:2379".into()),
-        mount_segment_size,
-        1 << 30,
+    let args = SetupArgs {
+        local_hostname: "localhost:12345".into(),
+        metadata_server: "127.0.0.1:2379".into(),
+        global_segment_size: mount_segment_size,
+        local_buffer_size: 1 << 30,
         protocol,
-        device_name,
-        "127.0.0.1:50051".into(),
-    )?;
-    Ok(if rc == 0 { 0 } else { -1 })
+        rdma_devices: device_name,
+        master_server_addr: "127.0.0.1:50051".into(),
+        ..SetupArgs::default()
+    };
+    if store.start(py, args) == 0 {
+        0
+    } else {
+        -1
+    }
 }
 
 /// `alloc_from_mem_pool(size)`: memory shared with the standalone client, or 0.

@@ -118,3 +118,28 @@ def test_setup_dummy_and_init_all_return_codes(port):
     assert s.init_all("tcp", "") == -1
     assert s.get_hostname() != "", "the standalone client's segment"
     s.close()
+
+
+def test_a_dummy_client_has_the_whole_store_api(port):
+    s = dummy(port)
+    assert s.health_check() == 0, "the standalone client's master answers"
+    assert s.put("py/u", b"old") == 0
+    assert s.upsert("py/u", b"new") == 0
+    assert s.get("py/u") == b"new"
+    assert s.put_parts("py/parts", b"ab", b"cd", b"e") == 0
+    assert s.upsert_parts("py/parts2", b"x", b"yz") == 0
+    assert s.get("py/parts") == b"abcde" and s.get("py/parts2") == b"xyz"
+    # get_buffer: the value in this process's memory shared with the standalone client.
+    v = pattern(200_000, 5)
+    assert s.put("py/held", v) == 0
+    h = s.get_buffer("py/held")
+    assert h is not None and h.size() == len(v) and bytes(memoryview(h)) == v
+    assert s.get_into("py/held", h.ptr(), h.size()) == len(v), "held memory is usable by zero-copy calls"
+    hs = s.batch_get_buffer(["py/parts", "py/missing"])
+    assert bytes(memoryview(hs[0])) == b"abcde" and hs[1] is None
+    del h, hs
+    assert s.remove_by_regex("^py/parts", force=True) == 2
+    assert s.remove_all(force=True) >= 2
+    assert s.is_exist("py/held") == 0
+    s.close()
+    assert s.health_check() == 1, "closed"

@@ -11,7 +11,60 @@ use crate::error::Result;
 use crate::proto::{PutOptions, QueryKeyReply};
 
 use super::sg::{Extent, Piece};
-use super::StoreClient;
+use super::{HeldBlock, StoreClient};
+
+/// Memory that holds one value for its owner until dropped (what `get_buffer` returns).
+pub trait Held: Send + Sync {
+    fn addr(&self) -> u64;
+    fn len(&self) -> u64;
+}
+
+impl Held for HeldBlock {
+    fn addr(&self) -> u64 {
+        HeldBlock::addr(self)
+    }
+    fn len(&self) -> u64 {
+        HeldBlock::len(self)
+    }
+}
+
+/// A value read by `get_buffer`: a block of a full client's local buffer, or of a dummy
+/// client's memory shared with its standalone client. The bytes stay valid, and are the
+/// owner's alone, until it is dropped.
+pub struct HeldBuffer(Box<dyn Held>);
+
+impl HeldBuffer {
+    pub fn new(held: impl Held + 'static) -> HeldBuffer {
+        HeldBuffer(Box::new(held))
+    }
+    pub fn addr(&self) -> u64 {
+        self.0.addr()
+    }
+    pub fn len(&self) -> u64 {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+    /// The bytes (what the get wrote there).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `Held` memory belongs to this value alone while it lives, and the get that
+        // filled it has ended.
+        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len() as usize) }
+    }
+}
+
+impl From<HeldBlock> for HeldBuffer {
+    fn from(block: HeldBlock) -> HeldBuffer {
+        HeldBuffer::new(block)
+    }
+}
+
+impl std::fmt::Debug for HeldBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldBuffer").field("addr", &self.addr()).field("len", &self.len()).finish()
+    }
+}
 
 /// The store's calls, whichever client carries them out.
 pub trait StoreApi: Send + Sync {
@@ -21,29 +74,52 @@ pub trait StoreApi: Send + Sync {
     /// The options the calls without options use.
     fn default_options(&self) -> PutOptions;
 
+    /// Whether the master answered lately (a dummy client asks its standalone client; false
+    /// when that cannot be reached).
+    fn master_reachable(&self) -> bool;
+
     /// Registers memory of this process for the zero-copy calls.
     fn register_buffer(&self, addr: u64, len: u64) -> Result<()>;
     fn unregister_buffer(&self, addr: u64) -> Result<()>;
+    /// Whether `[addr, +len)` may be handed to the zero-copy calls as it is.
+    fn is_registered(&self, addr: u64, len: u64) -> bool;
 
     fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
     fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
     fn get(&self, key: &str) -> Result<Vec<u8>>;
     fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64>;
     fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64>;
+    /// Puts that replace the key's value if it has one (Mooncake's upserts).
+    fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
+    fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
+    /// The value made of `parts`, one after another (`put_parts` / `upsert_parts`).
+    fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
+    fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
+    /// The value held in memory of this process until the result is dropped.
+    fn get_buffer(&self, key: &str) -> Result<HeldBuffer>;
 
     fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
     fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>>;
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>>;
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>>;
     fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>>;
+    fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>>;
+    fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>>;
 
     fn exists(&self, key: &str) -> Result<bool>;
     fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>>;
     fn query(&self, key: &str) -> Result<QueryKeyReply>;
     fn get_size(&self, key: &str) -> Result<u64>;
     fn remove_with(&self, key: &str, force: bool) -> Result<()>;
-    fn remove_by_regex(&self, pattern: &str) -> Result<u64>;
-    fn remove_all(&self) -> Result<u64>;
+    /// `force`: leased objects too.
+    fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64>;
+    fn remove_all_with(&self, force: bool) -> Result<u64>;
 
     /// Ends the client (a full client unmounts its segment; a dummy client releases what it
     /// shared with its standalone client). Twice is fine.
@@ -69,6 +145,9 @@ pub trait StoreApi: Send + Sync {
     }
     fn put_from(&self, key: &str, addr: u64, len: u64) -> Result<()> {
         self.put_from_with(key, addr, len, &self.default_options())
+    }
+    fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
+        self.upsert_from_sg(key, &[Piece::new(addr, len)], options)
     }
     fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
         self.get_into_sg(key, &[Piece::new(addr, len)])
@@ -97,6 +176,12 @@ pub trait StoreApi: Send + Sync {
     }
     fn remove(&self, key: &str) -> Result<()> {
         self.remove_with(key, false)
+    }
+    fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        self.remove_by_regex_with(pattern, false)
+    }
+    fn remove_all(&self) -> Result<u64> {
+        self.remove_all_with(false)
     }
 }
 
@@ -166,11 +251,46 @@ impl StoreApi for StoreClient {
     fn remove_with(&self, key: &str, force: bool) -> Result<()> {
         StoreClient::remove_with(self, key, force)
     }
-    fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
-        StoreClient::remove_by_regex(self, pattern)
+    fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
+        StoreClient::remove_by_regex_with(self, pattern, force)
     }
-    fn remove_all(&self) -> Result<u64> {
-        StoreClient::remove_all(self)
+    fn remove_all_with(&self, force: bool) -> Result<u64> {
+        StoreClient::remove_all_with(self, force)
+    }
+    fn master_reachable(&self) -> bool {
+        StoreClient::master_reachable(self)
+    }
+    fn is_registered(&self, addr: u64, len: u64) -> bool {
+        self.engine().is_registered(addr, len)
+    }
+    fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        StoreClient::upsert_with(self, key, value, options)
+    }
+    fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        StoreClient::upsert_from_sg(self, key, pieces, options)
+    }
+    fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        StoreClient::put_parts_with(self, key, parts, options)
+    }
+    fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        StoreClient::upsert_parts_with(self, key, parts, options)
+    }
+    fn get_buffer(&self, key: &str) -> Result<HeldBuffer> {
+        StoreClient::get_buffer(self, key).map(HeldBuffer::from)
+    }
+    fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        StoreClient::upsert_batch_with(self, keys, values, options)
+    }
+    fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_upsert_from_sg(self, keys, values, options)
+    }
+    fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>> {
+        Ok(StoreClient::batch_get_buffer(self, keys)?.into_iter().map(|r| r.map(HeldBuffer::from)).collect())
     }
     fn close(&self) -> Result<()> {
         StoreClient::close(self)

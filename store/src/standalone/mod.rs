@@ -403,13 +403,24 @@ fn call(
             (Reply::Done, none())
         }
         Request::Ping => (Reply::Done, none()),
-        Request::Put { key, options: o } => {
-            c.put_with(&key, &payload, &options(state, &o)?)?;
+        Request::Health => (Reply::Bool(c.master_reachable()), none()),
+        Request::Put { key, options: o, upsert } => {
+            let o = options(state, &o)?;
+            if upsert {
+                c.upsert_with(&key, &payload, &o)?;
+            } else {
+                c.put_with(&key, &payload, &o)?;
+            }
             (Reply::Done, none())
         }
-        Request::PutFrom { key, pieces, options: o } => {
+        Request::PutFrom { key, pieces, options: o, upsert } => {
             let pieces = translate(worker, &pieces, &mut held)?;
-            c.put_from_sg(&key, &pieces, &options(state, &o)?)?;
+            let o = options(state, &o)?;
+            if upsert {
+                c.upsert_from_sg(&key, &pieces, &o)?;
+            } else {
+                c.put_from_sg(&key, &pieces, &o)?;
+            }
             (Reply::Done, none())
         }
         Request::Get { key } => {
@@ -432,7 +443,7 @@ fn call(
             let extents = extents(worker, &ranges, &mut held)?;
             (Reply::Size(c.get_into_ranges(&key, &extents)?), none())
         }
-        Request::PutBatch { keys, lens, options: o } => {
+        Request::PutBatch { keys, lens, options: o, upsert } => {
             if keys.len() != lens.len() {
                 return Err(StoreError::BadFrame(format!("{} keys but {} lengths", keys.len(), lens.len())));
             }
@@ -444,13 +455,17 @@ fn call(
                 values.push(&payload[at..end]);
                 at = end;
             }
-            let rs = c.put_batch_with(&keys, &values, &options(state, &o)?)?;
+            let o = options(state, &o)?;
+            let rs =
+                if upsert { c.upsert_batch_with(&keys, &values, &o)? } else { c.put_batch_with(&keys, &values, &o)? };
             (Reply::Results(rs.into_iter().map(|r| outcome(r, |()| Outcome::Done)).collect()), none())
         }
-        Request::PutFromBatch { keys, values, options: o } => {
+        Request::PutFromBatch { keys, values, options: o, upsert } => {
             let pieces = values.iter().map(|v| translate(worker, v, &mut held)).collect::<Result<Vec<_>>>()?;
             let refs: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
-            let rs = c.batch_put_from_sg(&keys, &refs, &options(state, &o)?)?;
+            let o = options(state, &o)?;
+            let rs =
+                if upsert { c.batch_upsert_from_sg(&keys, &refs, &o)? } else { c.batch_put_from_sg(&keys, &refs, &o)? };
             (Reply::Results(rs.into_iter().map(|r| outcome(r, |()| Outcome::Done)).collect()), none())
         }
         Request::GetBatch { keys } => {
@@ -497,7 +512,7 @@ fn call(
             c.remove_with(&key, force)?;
             (Reply::Done, none())
         }
-        Request::RemoveByRegex { pattern } => (Reply::Size(c.remove_by_regex(&pattern)?), none()),
-        Request::RemoveAll => (Reply::Size(c.remove_all()?), none()),
+        Request::RemoveByRegex { pattern, force } => (Reply::Size(c.remove_by_regex_with(&pattern, force)?), none()),
+        Request::RemoveAll { force } => (Reply::Size(c.remove_all_with(force)?), none()),
     })
 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use prost::Message;
 
-use super::api::StoreApi;
+use super::api::{Held, HeldBuffer, StoreApi};
 use super::sg::{Extent, Piece};
 use crate::error::{Result, StoreError, Waited};
 use crate::proto::{PutOptions, QueryKeyReply};
@@ -207,13 +207,7 @@ impl DummyClient {
 
     /// Frees memory from [`Self::alloc`].
     pub fn free_to_mem_pool(&self, addr: u64) -> Result<()> {
-        if let Some(region) = self.inner.memory.free(addr)? {
-            match self.inner.call(&Request::Unshare { region: region.id }, &[], None) {
-                Ok(_) | Err(StoreError::StandaloneUnavailable { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        self.inner.free(addr)
     }
 
     fn options(options: &PutOptions) -> Vec<u8> {
@@ -252,6 +246,141 @@ impl DummyClient {
             Some(b)
         };
         Ok(Placed { mems, heap, bounce })
+    }
+
+    /// A put of the value made of `parts` (bytes), one after another.
+    fn put_bytes(&self, key: &str, parts: &[&[u8]], options: &PutOptions, upsert: bool) -> Result<()> {
+        let total = parts.iter().map(|p| p.len() as u64).sum::<u64>();
+        if total > MAX_PAYLOAD as u64 {
+            return Err(too_large(total));
+        }
+        let request = Request::Put { key: key.to_string(), options: Self::options(options), upsert };
+        done(self.inner.call(&request, parts, None)?)
+    }
+
+    fn put_pieces(&self, key: &str, pieces: &[Piece], options: &PutOptions, upsert: bool) -> Result<()> {
+        let placed = self.place(&[pieces], self.deadline())?;
+        placed.copy_in();
+        let request = Request::PutFrom {
+            key: key.to_string(),
+            pieces: placed.mems[0].clone(),
+            options: Self::options(options),
+            upsert,
+        };
+        done(self.inner.call(&request, &[], None)?)
+    }
+
+    fn put_many(
+        &self,
+        keys: &[String],
+        values: &[&[u8]],
+        options: &PutOptions,
+        upsert: bool,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        // In frames of at most MAX_PAYLOAD bytes; a value over it alone is refused.
+        let mut results: Vec<Option<Result<()>>> = (0..keys.len()).map(|_| None).collect();
+        let mut i = 0;
+        while i < keys.len() {
+            if values[i].len() > MAX_PAYLOAD {
+                results[i] = Some(Err(too_large(values[i].len() as u64)));
+                i += 1;
+                continue;
+            }
+            let start = i;
+            let mut bytes = 0usize;
+            while i < keys.len() && values[i].len() <= MAX_PAYLOAD && bytes + values[i].len() <= MAX_PAYLOAD {
+                bytes += values[i].len();
+                i += 1;
+            }
+            let request = Request::PutBatch {
+                keys: keys[start..i].to_vec(),
+                lens: values[start..i].iter().map(|v| v.len() as u64).collect(),
+                options: Self::options(options),
+                upsert,
+            };
+            let reply = self.inner.call(&request, &values[start..i], None)?;
+            let part = self.results(reply, i - start, |_, o| match o {
+                Outcome::Done => Ok(()),
+                o => Err(unexpected_outcome(&o)),
+            })?;
+            for (k, r) in part.into_iter().enumerate() {
+                results[start + k] = Some(r);
+            }
+        }
+        Ok(results.into_iter().map(|r| r.expect("every key answered")).collect())
+    }
+
+    fn put_many_from(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+        upsert: bool,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        let placed = self.place(values, self.deadline())?;
+        placed.copy_in();
+        let request = Request::PutFromBatch {
+            keys: keys.to_vec(),
+            values: placed.mems.clone(),
+            options: Self::options(options),
+            upsert,
+        };
+        let reply = self.inner.call(&request, &[], None)?;
+        self.results(reply, keys.len(), |_, o| match o {
+            Outcome::Done => Ok(()),
+            o => Err(unexpected_outcome(&o)),
+        })
+    }
+
+    /// [`StoreApi::batch_get_buffer`]: the sizes, memory for each, then one batch of gets. A
+    /// value that grew between its size and its get is asked again once, in memory of its new
+    /// size.
+    fn get_buffers(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>> {
+        let mut out: Vec<Option<Result<HeldBuffer>>> = (0..keys.len()).map(|_| None).collect();
+        for _round in 0..2 {
+            let todo: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+            if todo.is_empty() {
+                break;
+            }
+            let mut blocks: Vec<(usize, PoolBlock)> = Vec::with_capacity(todo.len());
+            for &i in &todo {
+                match self
+                    .get_size(&keys[i])
+                    .and_then(|n| Ok(PoolBlock { inner: self.inner.clone(), addr: self.alloc(n.max(1))?, len: n }))
+                {
+                    Ok(b) => blocks.push((i, b)),
+                    Err(e) => out[i] = Some(Err(e)),
+                }
+            }
+            let names: Vec<String> = blocks.iter().map(|(i, _)| keys[*i].clone()).collect();
+            let pieces: Vec<[Piece; 1]> = blocks.iter().map(|(_, b)| [Piece::new(b.addr, b.len)]).collect();
+            let refs: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+            let rs = self.get_whole(&names, &refs)?;
+            for ((i, block), r) in blocks.into_iter().zip(rs) {
+                match r {
+                    Ok(n) => {
+                        let mut block = block;
+                        block.len = n.min(block.len);
+                        out[i] = Some(Ok(HeldBuffer::new(block)));
+                    }
+                    Err(StoreError::BufferTooSmall { .. }) => {}
+                    Err(e) => out[i] = Some(Err(e)),
+                }
+            }
+        }
+        Ok(out
+            .into_iter()
+            .zip(keys)
+            .map(|(r, key)| {
+                r.unwrap_or_else(|| Err(StoreError::invalid(format!("{key:?}: its value kept changing size"))))
+            })
+            .collect())
     }
 
     fn deadline(&self) -> Instant {
@@ -453,6 +582,16 @@ impl Inner {
         self.call_with(request, payload, fd).map(|(r, _)| r)
     }
 
+    fn free(&self, addr: u64) -> Result<()> {
+        if let Some(region) = self.memory.free(addr)? {
+            match self.call(&Request::Unshare { region: region.id }, &[], None) {
+                Ok(_) | Err(StoreError::StandaloneUnavailable { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     fn share(&self, region: &Region) -> Result<()> {
         done(self.call(&Request::Share { region: region.id, len: region.mem.len() }, &[], Some(&region.mem))?)
     }
@@ -474,6 +613,30 @@ fn start_monitor(inner: Weak<Inner>) {
     });
     if let Err(e) = spawned {
         tracing::warn!("dummy client: no monitor thread ({e}); reconnecting on calls only");
+    }
+}
+
+/// Memory from [`DummyClient::alloc`] holding a value for `get_buffer`'s caller; freed on drop.
+struct PoolBlock {
+    inner: Arc<Inner>,
+    addr: u64,
+    len: u64,
+}
+
+impl Held for PoolBlock {
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl Drop for PoolBlock {
+    fn drop(&mut self) {
+        if let Err(e) = self.inner.free(self.addr) {
+            tracing::debug!("dummy client {}: freeing a get_buffer block: {e}", self.inner.id);
+        }
     }
 }
 
@@ -503,20 +666,44 @@ impl StoreApi for DummyClient {
         self.inner.memory.unregister(addr)
     }
 
+    fn is_registered(&self, addr: u64, len: u64) -> bool {
+        self.inner.memory.locate(addr, len).is_ok()
+    }
+
     fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        if value.len() > MAX_PAYLOAD {
-            return Err(too_large(value.len() as u64));
-        }
-        let request = Request::Put { key: key.to_string(), options: Self::options(options) };
-        done(self.inner.call(&request, &[value], None)?)
+        self.put_bytes(key, &[value], options, false)
     }
 
     fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
-        let placed = self.place(&[pieces], self.deadline())?;
-        placed.copy_in();
-        let request =
-            Request::PutFrom { key: key.to_string(), pieces: placed.mems[0].clone(), options: Self::options(options) };
-        done(self.inner.call(&request, &[], None)?)
+        self.put_pieces(key, pieces, options, false)
+    }
+
+    fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        self.put_bytes(key, &[value], options, true)
+    }
+
+    fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        self.put_pieces(key, pieces, options, true)
+    }
+
+    /// The parts travel one after another as the frame's payload: no copy here.
+    fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        self.put_bytes(key, parts, options, false)
+    }
+
+    fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        self.put_bytes(key, parts, options, true)
+    }
+
+    /// Read into memory of this client's own (its pool, or a region of its own when the pool
+    /// is full), shared with the standalone client: the engine writes the value there, and
+    /// it is freed when the result is dropped.
+    fn get_buffer(&self, key: &str) -> Result<HeldBuffer> {
+        self.get_buffers(std::slice::from_ref(&key.to_string()))?.pop().expect("one result per key")
+    }
+
+    fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>> {
+        self.get_buffers(keys)
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
@@ -544,54 +731,24 @@ impl StoreApi for DummyClient {
     }
 
     fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        // In frames of at most MAX_PAYLOAD bytes; a value over it alone is refused.
-        let mut results: Vec<Option<Result<()>>> = (0..keys.len()).map(|_| None).collect();
-        let mut i = 0;
-        while i < keys.len() {
-            if values[i].len() > MAX_PAYLOAD {
-                results[i] = Some(Err(too_large(values[i].len() as u64)));
-                i += 1;
-                continue;
-            }
-            let start = i;
-            let mut bytes = 0usize;
-            while i < keys.len() && values[i].len() <= MAX_PAYLOAD && bytes + values[i].len() <= MAX_PAYLOAD {
-                bytes += values[i].len();
-                i += 1;
-            }
-            let request = Request::PutBatch {
-                keys: keys[start..i].to_vec(),
-                lens: values[start..i].iter().map(|v| v.len() as u64).collect(),
-                options: Self::options(options),
-            };
-            let reply = self.inner.call(&request, &values[start..i], None)?;
-            let part = self.results(reply, i - start, |_, o| match o {
-                Outcome::Done => Ok(()),
-                o => Err(unexpected_outcome(&o)),
-            })?;
-            for (k, r) in part.into_iter().enumerate() {
-                results[start + k] = Some(r);
-            }
-        }
-        Ok(results.into_iter().map(|r| r.expect("every key answered")).collect())
+        self.put_many(keys, values, options, false)
+    }
+
+    fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        self.put_many(keys, values, options, true)
     }
 
     fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        let placed = self.place(values, self.deadline())?;
-        placed.copy_in();
-        let request =
-            Request::PutFromBatch { keys: keys.to_vec(), values: placed.mems.clone(), options: Self::options(options) };
-        let reply = self.inner.call(&request, &[], None)?;
-        self.results(reply, keys.len(), |_, o| match o {
-            Outcome::Done => Ok(()),
-            o => Err(unexpected_outcome(&o)),
-        })
+        self.put_many_from(keys, values, options, false)
+    }
+
+    fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        self.put_many_from(keys, values, options, true)
     }
 
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
@@ -669,12 +826,18 @@ impl StoreApi for DummyClient {
         done(self.inner.call(&Request::Remove { key: key.to_string(), force }, &[], None)?)
     }
 
-    fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
-        size(self.inner.call(&Request::RemoveByRegex { pattern: pattern.to_string() }, &[], None)?)
+    fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
+        size(self.inner.call(&Request::RemoveByRegex { pattern: pattern.to_string(), force }, &[], None)?)
     }
 
-    fn remove_all(&self) -> Result<u64> {
-        size(self.inner.call(&Request::RemoveAll, &[], None)?)
+    fn remove_all_with(&self, force: bool) -> Result<u64> {
+        size(self.inner.call(&Request::RemoveAll { force }, &[], None)?)
+    }
+
+    /// The standalone client's master, as the standalone client last saw it; false when the
+    /// standalone client cannot be reached.
+    fn master_reachable(&self) -> bool {
+        matches!(self.inner.call(&Request::Health, &[], None), Ok(Reply::Bool(true)))
     }
 
     /// Closes every connection: the standalone client releases what this client shared.

@@ -17,7 +17,7 @@ use crate::error::{Fault, StoreError};
 use crate::proto::Code;
 
 /// The protocol's version, exchanged in [`Request::Hello`].
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// `len` bytes at `offset` of shared region `region`.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,15 +52,19 @@ pub enum Request {
         region: u32,
     },
     Ping,
-    /// The value is the payload.
+    /// Whether the standalone client's master answers.
+    Health,
+    /// The value is the payload. `upsert`: replacing the key's value if it has one.
     Put {
         key: String,
         options: Vec<u8>,
+        upsert: bool,
     },
     PutFrom {
         key: String,
         pieces: Vec<Mem>,
         options: Vec<u8>,
+        upsert: bool,
     },
     Get {
         key: String,
@@ -78,11 +82,13 @@ pub enum Request {
         keys: Vec<String>,
         lens: Vec<u64>,
         options: Vec<u8>,
+        upsert: bool,
     },
     PutFromBatch {
         keys: Vec<String>,
         values: Vec<Vec<Mem>>,
         options: Vec<u8>,
+        upsert: bool,
     },
     GetBatch {
         keys: Vec<String>,
@@ -113,8 +119,11 @@ pub enum Request {
     },
     RemoveByRegex {
         pattern: String,
+        force: bool,
     },
-    RemoveAll,
+    RemoveAll {
+        force: bool,
+    },
 }
 
 /// The standalone client's answer to one request.
@@ -315,7 +324,7 @@ mod tests {
         let mut m = encode(&Request::Get { key: "k".into() }).unwrap();
         m[1] = 0x7f;
         assert!(decode::<Request>(&m).is_err());
-        let r: Request = decode(&encode(&Request::RemoveAll).unwrap()).unwrap();
-        assert!(matches!(r, Request::RemoveAll));
+        let r: Request = decode(&encode(&Request::RemoveAll { force: true }).unwrap()).unwrap();
+        assert!(matches!(r, Request::RemoveAll { force: true }));
     }
 }
