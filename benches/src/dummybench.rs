@@ -8,6 +8,11 @@
 //! memfd, so the engine reads into the dummy client's pages) and once straight on the
 //! standalone client into a buffer registered there; which goes first alternates. The
 //! target: the dummy client moves at least 90 % of what the standalone client moves.
+//!
+//! With `--heap` (the default), a second row per size reads into the dummy client's heap
+//! memory (registered with `register_buffer`, not from its pool): that goes through the dummy
+//! client's local buffer, one memcpy per byte in the worker; it has no target, it shows the
+//! cost of the copy.
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +41,9 @@ pub struct DummyArgs {
     /// on one host).
     #[arg(long)]
     pub protocol: Option<String>,
+    /// Also a row per size into heap memory (bounced through the local buffer).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub heap: bool,
 }
 
 const TARGET: Target = Target::AtLeast(0.9);
@@ -90,12 +98,16 @@ pub fn run(args: DummyArgs) -> Result<()> {
     let dummy = DummyClient::connect(DummyConfig {
         server_address: socket,
         mem_pool_size: batch_bytes.next_multiple_of(2 << 20),
-        local_buffer_size: 0,
+        local_buffer_size: if args.heap { batch_bytes.next_multiple_of(2 << 20) } else { 0 },
         ..DummyConfig::default()
     })?;
     // The standalone client's own destination: registered once, as a caller would.
     let own = standalone.engine().alloc_registered(batch_bytes.next_multiple_of(2 << 20), "cpu:0")?;
     let pool = dummy.alloc_from_mem_pool(batch_bytes)?;
+    let heap = vec![0u8; batch_bytes as usize];
+    if args.heap {
+        dummy.register_buffer(heap.as_ptr() as u64, batch_bytes)?;
+    }
     println!(
         "storebench dummy: batch_get_into of {} keys per call, standalone client <- holder via {}, {} per side per \
          pair, {} pairs, {}",
@@ -106,7 +118,9 @@ pub fn run(args: DummyArgs) -> Result<()> {
         report::utc_now()
     );
     println!();
-    println!("| value | dummy client GB/s | standalone client GB/s | ratio (median) | range | target | |");
+    println!(
+        "| value, dummy's memory | dummy client GB/s | standalone client GB/s | ratio (median) | range | target | |"
+    );
     println!("|---|---|---|---|---|---|---|");
     let mut all_met = true;
     for (row, &size) in args.sizes.iter().enumerate() {
@@ -121,10 +135,9 @@ pub fn run(args: DummyArgs) -> Result<()> {
         let own_addrs: Vec<u64> = (0..args.batch as u64).map(|i| own.addr() + i * size).collect();
         let bytes = size * args.batch as u64;
         let calls = (args.bytes_per_side / bytes).max(1) as usize;
-        let via_dummy = || check(dummy.batch_get_into(&keys, &dummy_addrs, &sizes)?, size);
         let direct = || check(standalone.batch_get_into(&keys, &own_addrs, &sizes)?, size);
         // Warm both paths (first contact with the holder, page faults), and check the bytes.
-        via_dummy()?;
+        check(dummy.batch_get_into(&keys, &dummy_addrs, &sizes)?, size)?;
         direct()?;
         for (i, &a) in dummy_addrs.iter().enumerate() {
             // SAFETY: `size` bytes of the dummy client's pool, written by the gets above.
@@ -133,26 +146,44 @@ pub fn run(args: DummyArgs) -> Result<()> {
                 bail!("the dummy client read wrong bytes for {}", keys[i]);
             }
         }
-        let mut pairs = Pairs::default();
-        for p in 0..args.pairs {
-            let (d, s) = if p % 2 == 0 {
-                let d = measure(calls, bytes, via_dummy)?;
-                (d, measure(calls, bytes, direct)?)
-            } else {
-                let s = measure(calls, bytes, direct)?;
-                (measure(calls, bytes, via_dummy)?, s)
+        let mut row = |label: String, dst: &[u64], target: Option<Target>| -> Result<()> {
+            let via_dummy = || check(dummy.batch_get_into(&keys, dst, &sizes)?, size);
+            via_dummy()?;
+            let mut pairs = Pairs::default();
+            for p in 0..args.pairs {
+                let (d, s) = if p % 2 == 0 {
+                    let d = measure(calls, bytes, via_dummy)?;
+                    (d, measure(calls, bytes, direct)?)
+                } else {
+                    let s = measure(calls, bytes, direct)?;
+                    (measure(calls, bytes, via_dummy)?, s)
+                };
+                pairs.push(d, s);
+            }
+            let s = pairs.summary();
+            let cells = match target {
+                Some(t) => {
+                    all_met &= t.met(s.ratio);
+                    s.ratio_cells(t)
+                }
+                None => format!("{:.2} | {:.2}-{:.2} | none (one copy) | |", s.ratio, s.lo, s.hi),
             };
-            pairs.push(d, s);
+            println!("| {label} | {:.2} | {:.2} | {cells}", s.ours / 1e9, s.limit / 1e9);
+            Ok(())
+        };
+        row(format!("{} pool", report::fmt_bytes(size)), &dummy_addrs, Some(TARGET))?;
+        if args.heap {
+            let heap_addrs: Vec<u64> = (0..args.batch as u64).map(|i| heap.as_ptr() as u64 + i * size).collect();
+            row(format!("{} heap", report::fmt_bytes(size)), &heap_addrs, None)?;
+            for (i, &a) in heap_addrs.iter().enumerate() {
+                // SAFETY: `size` bytes of `heap`, written by the gets above (copied back from
+                // the local buffer).
+                let got = unsafe { std::slice::from_raw_parts(a as *const u8, size as usize) };
+                if pattern::first_mismatch(got, i as u64 + 1, 0).is_some() {
+                    bail!("the dummy client read wrong bytes into heap memory for {}", keys[i]);
+                }
+            }
         }
-        let s = pairs.summary();
-        all_met &= TARGET.met(s.ratio);
-        println!(
-            "| {} | {:.2} | {:.2} | {}",
-            report::fmt_bytes(size),
-            s.ours / 1e9,
-            s.limit / 1e9,
-            s.ratio_cells(TARGET)
-        );
         for k in &keys {
             let _ = holder.remove_with(k, true);
         }
