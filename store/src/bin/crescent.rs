@@ -228,7 +228,7 @@ fn client(args: ClientArgs) -> Result<()> {
         config.metrics_address = args.metrics_address;
     }
     let client = StoreClient::connect(config).context("starting the client")?;
-    serve_stdin(&client.segment_name().to_string(), |w| match w.first().copied() {
+    serve_stdin(client.segment_name(), |w| match w.first().copied() {
         Some("flush") => {
             if !client.flush_offload(std::time::Duration::from_secs(120)) {
                 bail!("offloads still queued after 120 s");

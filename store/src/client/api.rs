@@ -17,6 +17,9 @@ use super::{HeldBlock, StoreClient};
 pub trait Held: Send + Sync {
     fn addr(&self) -> u64;
     fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Held for HeldBlock {

@@ -94,11 +94,14 @@ struct Worker {
     regions: RwLock<HashMap<u32, Arc<Shared>>>,
 }
 
+/// The attached workers by (pid, client id): each with its open connections.
+type Workers = HashMap<(i32, String), (Arc<Worker>, usize)>;
+
 /// What the server's threads share.
 struct State {
     client: Arc<StoreClient>,
     access: Access,
-    workers: Mutex<HashMap<(i32, String), (Arc<Worker>, usize)>>,
+    workers: Mutex<Workers>,
     stop: AtomicBool,
 }
 

@@ -198,10 +198,7 @@ impl Conn {
     pub fn is_stale(&self) -> bool {
         let mut fds = [rustix::event::PollFd::new(&self.fd, rustix::event::PollFlags::IN)];
         let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
-        match rustix::event::poll(&mut fds, Some(&zero)) {
-            Ok(0) => false,
-            _ => true,
-        }
+        !matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
     }
 
     /// Sends one frame (its payload given as slices written one after another), with `fd`
