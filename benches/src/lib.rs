@@ -2,6 +2,8 @@
 
 pub use crescent_store::pattern;
 pub mod dummybench;
+pub mod etcd_cluster;
+pub mod failover;
 pub mod hotbench;
 pub mod masterbench;
 pub mod report;
