@@ -68,7 +68,7 @@ pub(crate) fn init_all(
         master_server_addr: "127.0.0.1:50051".into(),
         ..SetupArgs::default()
     };
-    if store.start(py, args) == 0 {
+    if store.start(py, args, None) == 0 {
         0
     } else {
         -1

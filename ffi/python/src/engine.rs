@@ -117,6 +117,22 @@ pub(crate) struct InnerEngine {
     _engine: Arc<TransferEngine>,
 }
 
+/// The engine behind a Python object given to `MooncakeDistributedStore.setup(..., engine)`:
+/// a `TransferEngine` (None until it is initialized) or what its `get_engine()` returned.
+/// Anything else is a `TypeError`.
+pub(crate) fn shared_engine(obj: &Bound<'_, PyAny>) -> PyResult<Option<Arc<TransferEngine>>> {
+    if let Ok(e) = obj.cast::<Engine>() {
+        return Ok(e.borrow().engine());
+    }
+    if let Ok(inner) = obj.cast::<InnerEngine>() {
+        return Ok(Some(inner.get()._engine.clone()));
+    }
+    Err(PyTypeError::new_err(format!(
+        "setup: engine must be a TransferEngine (or its get_engine()), not {}",
+        obj.get_type().name()?
+    )))
+}
+
 /// Mooncake's `TransferEngine`: registered memory and one-sided reads and writes between
 /// engines. Call `initialize(...)` first; status-returning methods give 0 or a negative code.
 #[pyclass(module = "crescent._crescent", name = "TransferEngine")]

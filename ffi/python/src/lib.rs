@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use crescent_ffi::engine::TransferEngine;
 use crescent_ffi::store::client::{Extent, Piece};
 use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::{HeldBuffer, StoreApi, StoreClient};
@@ -726,7 +727,9 @@ impl Store {
         Ok(client)
     }
 
-    fn start(&self, py: Python<'_>, args: SetupArgs) -> i32 {
+    /// Connects the client, on `shared` (an engine the caller runs) when given, else on an
+    /// engine of its own.
+    fn start(&self, py: Python<'_>, args: SetupArgs, shared: Option<Arc<TransferEngine>>) -> i32 {
         if self.client.read().is_some() {
             return invalid("setup: already set up; close() first");
         }
@@ -736,7 +739,10 @@ impl Store {
             if no_local_buffer {
                 config.local_buffer_size = INTERNAL_STAGING;
             }
-            StoreClient::connect(config)
+            match shared {
+                Some(engine) => StoreClient::connect_with_engine(config, engine),
+                None => StoreClient::connect(config),
+            }
         });
         match connected {
             Ok(client) => {
@@ -1052,8 +1058,11 @@ impl Store {
     /// Also `setup(config: dict)` with Mooncake's keys (`local_hostname` and `metadata_server`
     /// required). Starts the client and mounts `global_segment_size` bytes (0: a pure
     /// consumer); `local_buffer_size` 0 leaves byte puts and gets failing, as in Mooncake.
-    /// Without a port in `local_hostname`, one is picked in 12300–14300. `engine` must be
-    /// None: the store runs its own transfer engine. Returns 0 or a negative code (e.g.
+    /// Without a port in `local_hostname`, one is picked in 12300–14300. `engine`: None (the
+    /// store runs its own transfer engine) or an initialized `TransferEngine` (or its
+    /// `get_engine()`) that the store then shares — its hostname, metadata and transports
+    /// apply, and `local_hostname`, `metadata_server`, `protocol` and `rdma_devices` are not
+    /// used (an engine not initialized: -600). Returns 0 or a negative code (e.g.
     /// -600 for bad arguments, -900 when the master is unreachable).
     #[pyo3(signature = (local_hostname, metadata_server=None, global_segment_size=None, local_buffer_size=None,
                         protocol="tcp".to_string(), rdma_devices=String::new(),
@@ -1082,7 +1091,7 @@ impl Store {
         if let Ok(d) = local_hostname.cast::<PyDict>() {
             let pairs = dict_pairs(d)?;
             return Ok(match SetupArgs::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
-                Ok(args) => self.start(py, args),
+                Ok(args) => self.start(py, args, None),
                 Err(e) => store_fail(&e).code(),
             });
         }
@@ -1091,12 +1100,13 @@ impl Store {
             .map_err(|_| PyTypeError::new_err("setup: local_hostname must be str (or pass one dict)"))?;
         let metadata_server =
             metadata_server.ok_or_else(|| PyTypeError::new_err("setup() missing argument: metadata_server"))?;
-        if engine.is_some_and(|e| !e.is_none()) {
-            return Ok(invalid(
-                "setup: sharing a TransferEngine with the store (engine=...) is not supported; pass engine=None \
-                 and the store starts its own",
-            ));
-        }
+        let shared = match engine.filter(|e| !e.is_none()) {
+            None => None,
+            Some(e) => match engine::shared_engine(e)? {
+                Some(shared) => Some(shared),
+                None => return Ok(invalid("setup: the engine given is not initialized; call its initialize() first")),
+            },
+        };
         let size = |name: &str, v: Option<&Bound<'_, PyAny>>, default: u64| match v {
             None => Ok(Ok(default)),
             Some(v) => setup_size(name, v),
@@ -1127,6 +1137,7 @@ impl Store {
                 enable_client_http_server,
                 client_http_port,
             },
+            shared,
         ))
     }
 

@@ -60,6 +60,9 @@ def test_multi_buffer_values_come_back_whole_into_another_layout(store_a, store_
     # A put of existing keys keeps the values and returns 0.
     assert store_a.batch_put_from_multi_buffers(keys[:1], [ptrs[1]], [sizes[1]]) == [0]
     assert bytes(store_b.get(keys[0])) == value[0].tobytes()
+    # Registered by address: released here, before numpy frees (and may reuse) the memory.
+    for layer in layers:
+        assert store_a.unregister_buffer(layer.ctypes.data) == 0
 
 
 def test_multi_buffer_bad_input_is_invalid_params_per_key(store_a, store_b):
@@ -92,6 +95,7 @@ def test_multi_buffer_bad_input_is_invalid_params_per_key(store_a, store_b):
     small = bytearray(10)
     assert store_b.batch_get_into_multi_buffers([k[1]], [[small]], [[300]]) == [INVALID]
     assert store_b.unregister_buffer(dst.ctypes.data) == 0
+    assert store_a.unregister_buffer(src.ctypes.data) == 0
 
 
 def test_ranges_of_values_into_buffers_with_a_result_per_range(store_a, store_b):

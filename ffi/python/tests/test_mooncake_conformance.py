@@ -168,14 +168,38 @@ def test_setup_takes_mooncakes_eight_positional_arguments_and_keywords(master):
         (setup_args(master, buffer=100), {}),
         (setup_args(master, segment="12XB"), {}),
         (setup_args(master), {"tenant_id": "team-a"}),
-        (setup_args(master), {"engine": object()}),
         (setup_args(master), {"enable_client_http_server": True, "client_http_port": 70000}),
     ]:
         fresh = MooncakeDistributedStore()
         assert fresh.setup(*args, **kw) == INVALID_PARAMS, (args, kw)
         assert fresh.health_check() == 1
+    with pytest.raises(TypeError):
+        MooncakeDistributedStore().setup(*setup_args(master), engine=object())
     assert MooncakeDistributedStore().setup_dummy(16 * MiB, 16 * MiB, "127.0.0.1:50052") == -1
     assert MooncakeDistributedStore().init_all("tcp", "") == -1
+
+
+def test_setup_shares_a_transfer_engine_given_as_its_eighth_argument(master, store):
+    from mooncake.engine import TransferEngine
+
+    te = TransferEngine()
+    # Not initialized yet: a code, as for any bad argument.
+    assert MooncakeDistributedStore().setup(*setup_args(master), te) == INVALID_PARAMS
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    for engine in (te, te.get_engine()):
+        s = MooncakeDistributedStore()
+        assert s.setup(*setup_args(master), engine) == 0
+        # The store serves from the engine it was given: its segment is that engine's.
+        assert s.get_hostname() == te.get_segment_name()
+        k = key("shared-engine")
+        value = os.urandom(300_000)
+        assert s.put(k, value) == 0
+        assert store.get(k) == value
+        assert s.close() == 0
+    # The engine outlives the stores that shared it.
+    buf = np.zeros(4096, dtype=np.uint8)
+    assert te.register_memory(buf.ctypes.data, buf.nbytes) == 0
+    assert te.unregister_memory(buf.ctypes.data) == 0
 
 
 def test_get_hostname_picks_a_port_in_mooncakes_range(store):

@@ -194,7 +194,13 @@ impl StoreClient {
             Err(StoreError::NeedRemount) => Pinged::Remount,
             Err(e) => Pinged::Failed(e),
         });
-        match outcome.unwrap_or_else(Pinged::Failed) {
+        let outcome = outcome.unwrap_or_else(Pinged::Failed);
+        // Unreachable means no answer at all (gone, or frozen past the ping's timeout); a
+        // master that answers, even with an error, is reachable.
+        let unreachable =
+            matches!(outcome, Pinged::Failed(StoreError::MasterUnreachable { .. } | StoreError::TimedOut { .. }));
+        self.master_reachable.store(!unreachable, Ordering::Release);
+        match outcome {
             Pinged::Ok(reply) => {
                 if let Some(disk) = &self.disk {
                     disk.apply_ping(&reply);

@@ -139,9 +139,25 @@ impl StoreClient {
     /// Starts the engine, contributes `global_segment_size` bytes, mounts them at the master
     /// and starts heartbeats.
     pub fn connect(config: ClientConfig) -> Result<Arc<Self>> {
+        Self::connect_using(config, None)
+    }
+
+    /// [`Self::connect`] on a transfer engine the caller already runs (Mooncake's
+    /// `setup(..., engine)`): the segment and buffers are registered with that engine, which
+    /// then also serves the store's reads and writes; its own configuration (local hostname,
+    /// metadata, transports) applies, and the config's engine settings are not used. The
+    /// engine outlives the client: closing the client unregisters its memory only.
+    pub fn connect_with_engine(config: ClientConfig, engine: Arc<TransferEngine>) -> Result<Arc<Self>> {
+        Self::connect_using(config, Some(engine))
+    }
+
+    fn connect_using(config: ClientConfig, engine: Option<Arc<TransferEngine>>) -> Result<Arc<Self>> {
         let tier = DiskLink::open_tier(&config)?;
         let rpc = Arc::new(MasterRpc::connect_in(&config.master_server_address, &config.leader_cluster_id())?);
-        let engine = TransferEngine::new(config.engine_config()?)?;
+        let engine = match engine {
+            Some(engine) => engine,
+            None => TransferEngine::new(config.engine_config()?)?,
+        };
         let segment = match config.global_segment_size {
             0 => None,
             size => Some(engine.alloc_registered(size, "cpu:0")?),
