@@ -105,6 +105,26 @@ pub enum StoreError {
     #[error("no owner of object {0:?}'s replicas acknowledged its commit in time; put it again")]
     OwnersUnreachable(String),
 
+    // ---- a dummy client's standalone client ----
+    /// The standalone client (`crescent-client`) cannot be reached, or the connection to it
+    /// broke during the call. Retryable: the dummy client reconnects by itself (sharing its
+    /// buffers again) once the standalone client is back.
+    #[error("standalone client at {addr} is unavailable: {source}")]
+    StandaloneUnavailable {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The other end of the standalone wire broke its protocol (a frame past the limits, a
+    /// message that does not decode, a reply that does not fit the call).
+    #[error("standalone wire: {0}")]
+    BadFrame(String),
+    /// An error the standalone client reported for which this side has no exact variant (a
+    /// peer's, the engine's, the disk tier's): its text, whose fault and whether a retry may
+    /// help, as the standalone client judged them.
+    #[error("{message}")]
+    Relayed { fault: Fault, retryable: bool, code: Code, message: String },
+
     // ---- either: a deadline ----
     #[error("timed out after {after:?} waiting for {waited}")]
     TimedOut { waited: Waited, after: Duration },
@@ -160,6 +180,8 @@ pub enum Waited {
     Transfer { key: String },
     /// Room in the client's staging buffer (held by other calls or remote disk readers).
     Staging { len: u64 },
+    /// A dummy client's standalone client: its answer to a call.
+    Standalone { addr: String },
 }
 
 impl std::fmt::Display for Waited {
@@ -168,6 +190,7 @@ impl std::fmt::Display for Waited {
             Waited::Master { addr } => write!(f, "the master at {addr}"),
             Waited::Transfer { key } => write!(f, "moving object {key:?}"),
             Waited::Staging { len } => write!(f, "{len} bytes of the staging buffer"),
+            Waited::Standalone { addr } => write!(f, "the standalone client at {addr}"),
         }
     }
 }
@@ -226,6 +249,9 @@ impl StoreError {
             StoreError::TimedOut { waited: Waited::Master { .. }, .. } => Fault::Master,
             StoreError::TimedOut { waited: Waited::Transfer { .. }, .. } => Fault::Peer,
             StoreError::TimedOut { waited: Waited::Staging { .. }, .. } => Fault::Local,
+            StoreError::TimedOut { waited: Waited::Standalone { .. }, .. } => Fault::Peer,
+            StoreError::StandaloneUnavailable { .. } | StoreError::BadFrame(_) => Fault::Peer,
+            StoreError::Relayed { fault, .. } => *fault,
             StoreError::Engine(e) if e.is_caller_error() => Fault::Caller,
             StoreError::Engine(_) => Fault::Peer,
             StoreError::Disk(_) | StoreError::CorruptFile(_) | StoreError::System { .. } | StoreError::Internal(_) => {
@@ -252,10 +278,12 @@ impl StoreError {
             | StoreError::LeaseExpired { .. }
             | StoreError::PeerGone { .. }
             | StoreError::MasterUnreachable { .. }
+            | StoreError::StandaloneUnavailable { .. }
             | StoreError::NotLeader(_)
             | StoreError::MasterChanged(_)
             | StoreError::OwnersUnreachable(_)
             | StoreError::TimedOut { .. } => true,
+            StoreError::Relayed { retryable, .. } => *retryable,
             StoreError::Engine(e) => !e.is_caller_error(),
             _ => false,
         }
@@ -295,7 +323,7 @@ impl StoreError {
             StoreError::NotLeader(_) => Code::NotLeader,
             StoreError::MasterChanged(_) => Code::MasterChanged,
             StoreError::OwnersUnreachable(_) => Code::OwnersUnreachable,
-            StoreError::Master { code, .. } => *code,
+            StoreError::Master { code, .. } | StoreError::Relayed { code, .. } => *code,
             _ => Code::Internal,
         }
     }

@@ -15,8 +15,9 @@ pub mod pattern;
 pub mod proto;
 pub mod protocol;
 pub mod staging;
+pub mod standalone;
 
-pub use client::{ClientConfig, StoreClient};
+pub use client::{ClientConfig, DummyClient, DummyConfig, HeldBuffer, StoreApi, StoreClient};
 pub use error::{Result, StoreError};
 pub use master::{AllocationStrategy, Master, MasterConfig};
 

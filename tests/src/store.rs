@@ -57,8 +57,17 @@ pub struct ClientProc {
 
 impl ClientProc {
     pub fn spawn(prefix: &[&str], args: &[&str]) -> ClientProc {
+        Self::spawn_as(prefix, "client", args)
+    }
+
+    /// A `crescent dummy` process: a dummy client of a standalone client, same commands.
+    pub fn spawn_dummy(args: &[&str]) -> ClientProc {
+        Self::spawn_as(&[], "dummy", args)
+    }
+
+    fn spawn_as(prefix: &[&str], sub: &str, args: &[&str]) -> ClientProc {
         let mut cmd = command(prefix, "crescent");
-        cmd.arg("client").args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.arg(sub).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = ChildGuard(cmd.spawn().expect("spawn crescent client"));
         let stdin = child.0.stdin.take().expect("stdin");
         let lines = lines_of(child.0.stdout.take().expect("stdout"));
@@ -92,6 +101,22 @@ impl ClientProc {
 
     pub fn pid(&self) -> u32 {
         self.child.0.id()
+    }
+}
+
+/// Starts `crescent-client` (a standalone client) and returns it with the socket it serves.
+pub fn spawn_standalone(args: &[&str]) -> (ChildGuard, String) {
+    let mut cmd = command(&[], "crescent-client");
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = ChildGuard(cmd.spawn().expect("spawn crescent-client"));
+    let lines = lines_of(child.0.stdout.take().expect("stdout"));
+    loop {
+        let line = lines.recv_timeout(Duration::from_secs(60)).expect("crescent-client printed its socket");
+        if let Some(socket) = line.strip_prefix("socket: ") {
+            // The rest of its output is drained (a full pipe would block it).
+            std::thread::spawn(move || while lines.recv().is_ok() {});
+            return (child, socket.trim().to_string());
+        }
     }
 }
 

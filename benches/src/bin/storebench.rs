@@ -20,12 +20,14 @@
 //! `storebench hot-cache --master A:PORT --local-hostname B` and `storebench replay ...`.
 //! `storebench master [--objects 100k,1M] [--clients 64]` drives a spawned `crescent-master`
 //! with simulated clients at scale (see `crescent_benches::masterbench`).
+//! `storebench dummy [--sizes 64K,1M,4M] [--batch 16]` measures a dummy client's
+//! `batch_get_into` beside its standalone client's own (see `crescent_benches::dummybench`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use crescent_benches::{hotbench, masterbench, report};
+use crescent_benches::{dummybench, hotbench, masterbench, report};
 use crescent_engine::parse_size;
 use crescent_store::{pattern, ClientConfig, StoreClient};
 use hdrhistogram::Histogram;
@@ -79,6 +81,8 @@ enum Mode {
     Replay(hotbench::ReplayArgs),
     /// The master at scale: many simulated clients, 100k-10M objects, eviction running.
     Master(masterbench::MasterArgs),
+    /// A dummy client's batch_get_into beside its standalone client's own, alternating pairs.
+    Dummy(dummybench::DummyArgs),
 }
 
 #[derive(clap::Args)]
@@ -157,6 +161,7 @@ fn main() {
         Some(Mode::HotCache(a)) => hotbench::hot_cache(a),
         Some(Mode::Replay(a)) => hotbench::replay(a),
         Some(Mode::Master(a)) => masterbench::run(a),
+        Some(Mode::Dummy(a)) => dummybench::run(a),
         None => run(cli),
     };
     if let Err(e) = result {

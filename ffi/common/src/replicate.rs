@@ -2,7 +2,7 @@
 //! it prefers, turned into the store's [`PutOptions`].
 
 use crescent_store::proto::PutOptions;
-use crescent_store::{StoreClient, StoreError};
+use crescent_store::{StoreApi, StoreError};
 
 /// Mooncake's `SoftPinAction`: what a put or an upsert does to the object's soft pin (an
 /// object soft-pinned is not evicted while its pin lasts).
@@ -59,7 +59,7 @@ impl Default for ReplicateConfig {
 impl ReplicateConfig {
     /// The options of a put made by `client` with this configuration: the client's own
     /// defaults (its segment as `local_first`'s choice) with these fields over them.
-    pub fn put_options(&self, client: &StoreClient) -> Result<PutOptions, StoreError> {
+    pub fn put_options(&self, client: &dyn StoreApi) -> Result<PutOptions, StoreError> {
         let base = client.default_options();
         self.apply(base)
     }

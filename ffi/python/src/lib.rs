@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crescent_ffi::engine::TransferEngine;
-use crescent_ffi::store::client::{Extent, HeldBlock, Piece};
+use crescent_ffi::store::client::{Extent, Piece};
 use crescent_ffi::store::proto::PutOptions;
-use crescent_ffi::store::StoreClient;
+use crescent_ffi::store::{HeldBuffer, StoreApi, StoreClient};
 use crescent_ffi::{fail, store_fail, SetupArgs, SoftPinAction, Status};
 use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
@@ -262,7 +262,7 @@ fn items<'py>(list: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
 /// are dropped. Memory that is not registered, or a size larger than a buffer object, refuses
 /// the key with INVALID_PARAMS.
 fn key_pieces(
-    client: &StoreClient,
+    client: &dyn StoreApi,
     ptrs: &[Bound<'_, PyAny>],
     sizes: &[u64],
     writable: bool,
@@ -276,7 +276,7 @@ fn key_pieces(
             Err(code) => return Ok(Err(code)),
         };
         if len > 0 {
-            if !client.engine().is_registered(mem.addr(), len) {
+            if !client.is_registered(mem.addr(), len) {
                 return Ok(Err(invalid(format!(
                     "{key:?}: buffer {j} [{:#x}, +{len}) is not registered memory (register_buffer first)",
                     mem.addr()
@@ -479,7 +479,7 @@ fn replica_descriptor(r: &crescent_ffi::store::proto::ReplicaDescriptor) -> PyRe
 /// `size()` their length.
 #[pyclass(module = "crescent._crescent", name = "BufferHandle", frozen)]
 struct PyBufferHandle {
-    block: HeldBlock,
+    block: HeldBuffer,
 }
 
 #[pymethods]
@@ -677,7 +677,7 @@ impl PyReplicateConfig {
 
 /// The put options of `config` for `client` (Mooncake's default `ReplicateConfig` when none
 /// is given), checked for a batch of `keys` keys (`group_ids`, when set, has one per key).
-fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>, keys: usize) -> Result<PutOptions, i32> {
+fn put_options(client: &dyn StoreApi, config: Option<&PyReplicateConfig>, keys: usize) -> Result<PutOptions, i32> {
     let c = config.map_or_else(crescent_ffi::ReplicateConfig::default, PyReplicateConfig::common);
     if let Some(groups) = config.and_then(|c| c.group_ids.as_ref()) {
         if groups.len() != keys {
@@ -697,7 +697,8 @@ fn put_options(client: &StoreClient, config: Option<&PyReplicateConfig>, keys: u
 /// memoryview, numpy array), registered once with `register_buffer`.
 #[pyclass(module = "crescent._crescent", name = "MooncakeDistributedStore", subclass)]
 struct Store {
-    client: RwLock<Option<Arc<StoreClient>>>,
+    /// A full client (`setup`) or a dummy client (`setup_dummy`, see `dummy.rs`).
+    client: RwLock<Option<Arc<dyn StoreApi>>>,
     /// Buffer objects registered by `register_buffer`, kept exported until unregistered.
     pinned: Mutex<HashMap<u64, Exported>>,
     /// `setup` was given `local_buffer_size` 0: the calls that move values through the local
@@ -710,12 +711,12 @@ struct Store {
 const INTERNAL_STAGING: u64 = 1 << 20;
 
 impl Store {
-    fn client(&self) -> Option<Arc<StoreClient>> {
+    fn client(&self) -> Option<Arc<dyn StoreApi>> {
         self.client.read().clone()
     }
 
     /// The client, for a call that moves bytes through the local buffer.
-    fn byte_client(&self, what: &str) -> Result<Arc<StoreClient>, i32> {
+    fn byte_client(&self, what: &str) -> Result<Arc<dyn StoreApi>, i32> {
         let client = self.client().ok_or_else(|| not_set_up(what))?;
         if self.no_local_buffer.load(Ordering::Acquire) {
             return Err(invalid(format!(
@@ -745,6 +746,7 @@ impl Store {
         });
         match connected {
             Ok(client) => {
+                let client: Arc<dyn StoreApi> = client;
                 let mut slot = self.client.write();
                 if slot.is_some() {
                     drop(slot);
@@ -774,7 +776,7 @@ impl Store {
             Ok(c) => c,
             Err(code) => return Ok(code),
         };
-        let options = match put_options(&client, config, 1) {
+        let options = match put_options(&*client, config, 1) {
             Ok(o) => o,
             Err(code) => return Ok(code),
         };
@@ -807,7 +809,7 @@ impl Store {
         if values.len() != keys.len() {
             return Ok(invalid(format!("{what}: {} keys but {} values", keys.len(), values.len())));
         }
-        let options = match put_options(&client, config, keys.len()) {
+        let options = match put_options(&*client, config, keys.len()) {
             Ok(o) => o,
             Err(code) => return Ok(code),
         };
@@ -840,7 +842,7 @@ impl Store {
             Ok(c) => c,
             Err(code) => return Ok(code),
         };
-        let options = match put_options(&client, config, 1) {
+        let options = match put_options(&*client, config, 1) {
             Ok(o) => o,
             Err(code) => return Ok(code),
         };
@@ -877,7 +879,7 @@ impl Store {
             Err(code) => return Ok(code),
         };
         let Some(client) = self.client() else { return Ok(not_set_up(what)) };
-        let options = match put_options(&client, config, 1) {
+        let options = match put_options(&*client, config, 1) {
             Ok(o) => o,
             Err(code) => return Ok(code),
         };
@@ -915,7 +917,7 @@ impl Store {
             Err(code) => return Ok(per_key(n, code)),
         };
         let Some(client) = self.client() else { return Ok(per_key(n, not_set_up(what))) };
-        let options = match put_options(&client, config, n) {
+        let options = match put_options(&*client, config, n) {
             Ok(o) => o,
             Err(code) => return Ok(per_key(n, code)),
         };
@@ -946,7 +948,7 @@ type KeyRanges = Vec<(Extent, (usize, usize, usize))>;
 /// batch. A range past the end of its value fails alone: the key's other ranges are read
 /// again without it (the value's size comes with the refusal). Per key, a result per range.
 fn ranged_reads(
-    client: &StoreClient,
+    client: &dyn StoreApi,
     keys: &[String],
     ranges: &[KeyRanges],
     wanted: &[usize],
@@ -1139,33 +1141,21 @@ impl Store {
         ))
     }
 
-    /// setup_dummy(mem_pool_size, local_buffer_size, server_address) -> int: Mooncake's
-    /// standalone mode (a `mooncake_client` process owns the memory). Not in Crescent yet:
-    /// -1, as Mooncake answers when it cannot reach that process.
+    /// setup_dummy(mem_pool_size, local_buffer_size, server_address) -> int: see `dummy.rs`.
     #[pyo3(signature = (mem_pool_size, local_buffer_size, server_address))]
-    fn setup_dummy(&self, mem_pool_size: u64, local_buffer_size: u64, server_address: &str) -> i32 {
-        let _ = (mem_pool_size, local_buffer_size);
-        fail(
-            Status::Internal,
-            format!(
-                "setup_dummy({server_address:?}): standalone clients (a separate mooncake_client process) are not \
-                 supported by Crescent yet; use setup()"
-            ),
-        )
-        .code()
+    fn setup_dummy(&self, py: Python<'_>, mem_pool_size: u64, local_buffer_size: u64, server_address: String) -> i32 {
+        dummy::setup_dummy(self, py, mem_pool_size, local_buffer_size, server_address)
     }
 
-    /// init_all(protocol, device_name, mount_segment_size=16 MiB) -> int: the standalone
-    /// client's setup in Mooncake. Not in Crescent yet: -1 (INVALID_PARAMS once set up, as in
-    /// Mooncake).
+    /// init_all(protocol, device_name, mount_segment_size=16 MiB) -> int: see `dummy.rs`.
     #[pyo3(signature = (protocol, device_name, mount_segment_size=16 << 20))]
-    fn init_all(&self, protocol: &str, device_name: &str, mount_segment_size: u64) -> i32 {
-        let _ = (protocol, device_name, mount_segment_size);
-        if self.client().is_some() {
-            return invalid("init_all: already set up");
-        }
-        fail(Status::Internal, "init_all is the standalone client's setup, not supported by Crescent yet; use setup()")
-            .code()
+    fn init_all(&self, py: Python<'_>, protocol: String, device_name: String, mount_segment_size: u64) -> i32 {
+        dummy::init_all(self, py, protocol, device_name, mount_segment_size)
+    }
+
+    /// alloc_from_mem_pool(size) -> int: an address, or 0; see `dummy.rs`.
+    fn alloc_from_mem_pool(&self, py: Python<'_>, size: u64) -> u64 {
+        dummy::alloc_from_mem_pool(self, py, size)
     }
 
     /// close() -> int: unmounts this client's segment (its objects leave the pool) and stops
@@ -1423,7 +1413,7 @@ impl Store {
                 Err(code) => return Ok(code),
             };
         let Some(client) = self.client() else { return Ok(not_set_up("put_from_with_metadata")) };
-        let options = match put_options(&client, config.as_deref(), 1) {
+        let options = match put_options(&*client, config.as_deref(), 1) {
             Ok(o) => o,
             Err(code) => return Ok(code),
         };
@@ -1434,7 +1424,7 @@ impl Store {
         for (what, addr, len) in
             [("buffer_ptr", data.addr(), size), ("metadata_buffer_ptr", meta.addr(), metadata_size)]
         {
-            if len > 0 && !client.engine().is_registered(addr, len) {
+            if len > 0 && !client.is_registered(addr, len) {
                 return Ok(invalid(format!(
                     "put_from_with_metadata: {what} [{addr:#x}, +{len}) is not registered memory: call register_buffer first"
                 )));
@@ -1562,7 +1552,7 @@ impl Store {
             );
             return Ok(per_key(n, invalid(message)));
         }
-        let options = match put_options(&client, config.as_deref(), n) {
+        let options = match put_options(&*client, config.as_deref(), n) {
             Ok(o) => o,
             Err(code) => return Ok(per_key(n, code)),
         };
@@ -1570,7 +1560,7 @@ impl Store {
         let mut values = Vec::with_capacity(n);
         let mut results: Vec<Result<(), i32>> = Vec::with_capacity(n);
         for i in 0..n {
-            let pieces = match key_pieces(&client, &ptr_lists[i], &all_sizes[i], false, &mut keep, &keys[i])? {
+            let pieces = match key_pieces(&*client, &ptr_lists[i], &all_sizes[i], false, &mut keep, &keys[i])? {
                 Ok(p) if p.is_empty() => Err(invalid(format!("{what}: key {:?} has no bytes to put", keys[i]))),
                 r => r,
             };
@@ -1628,7 +1618,7 @@ impl Store {
                     all_sizes[i].len()
                 )))
             } else {
-                key_pieces(&client, &ptrs, &all_sizes[i], true, &mut keep, &keys[i])?
+                key_pieces(&*client, &ptrs, &all_sizes[i], true, &mut keep, &keys[i])?
             };
             results.push(pieces.as_ref().map(|_| 0).map_err(|c| *c));
             values.push(pieces.unwrap_or_default());
@@ -1720,7 +1710,7 @@ impl Store {
                     let (d, len) = (dst[k], size[k]);
                     let inside = d.checked_add(len).is_some_and(|end| capacity.is_none_or(|c| end <= c));
                     let addr = base.wrapping_add(d);
-                    if !inside || (len > 0 && !client.engine().is_registered(addr, len)) {
+                    if !inside || (len > 0 && !client.is_registered(addr, len)) {
                         invalid(format!(
                             "{what}: buffer {i}, key {key:?}, range {k}: [{addr:#x}, +{len}) is not registered memory"
                         ));
@@ -1735,7 +1725,7 @@ impl Store {
             }
         }
         let wanted: Vec<usize> = (0..keys.len()).filter(|&s| !ranges[s].is_empty()).collect();
-        let outcome = py.detach(|| ranged_reads(&client, &keys, &ranges, &wanted));
+        let outcome = py.detach(|| ranged_reads(&*client, &keys, &ranges, &wanted));
         for (slot, r) in outcome {
             for (&(e, (i, j, k)), r) in ranges[slot].iter().zip(r) {
                 results[i][j][k] = r.map_or_else(|code| code as i64, |()| e.len as i64);
@@ -1938,6 +1928,7 @@ fn status_name(code: i32) -> &'static str {
     Status::from_code(code).map_or("UNKNOWN", Status::name)
 }
 
+mod dummy;
 mod engine;
 
 #[pymodule]

@@ -3,6 +3,7 @@
 //! ```text
 //! crescent demo                       # a master and two clients on this machine: put, get, verify
 //! crescent client --master HOST:PORT  # a long-lived client driven by commands on stdin
+//! crescent dummy --server HOST:PORT   # the same, as a dummy client of a crescent-client
 //! ```
 
 use std::io::{BufRead, Write};
@@ -12,9 +13,12 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use crescent_engine::parse_size;
+use crescent_store::client::{Extent, Piece};
 use crescent_store::master::server;
 use crescent_store::proto::Tier;
-use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{
+    pattern, ClientConfig, DummyClient, DummyConfig, MasterConfig, StoreApi, StoreClient, StoreError,
+};
 
 #[derive(Parser)]
 #[command(name = "crescent", about = "Crescent distributed KV-cache store tool")]
@@ -34,6 +38,28 @@ enum Command {
     /// A get checks the bytes against the pattern of SEED, and with SIZE also the length (a
     /// truncated or over-long value is a mismatch).
     Client(ClientArgs),
+    /// A dummy client of a standalone client (crescent-client) on this host, driven by the
+    /// commands of `client` and these zero-copy ones, on memory from the dummy client's pool
+    /// (or, with `heap`, registered heap memory): put_from KEY SIZE SEED [heap] |
+    /// get_into KEY SIZE SEED [heap] | get_sg KEY SEED LEN,LEN... | get_ranges KEY SEED OFF:LEN... |
+    /// batch_put_from SEED KEY:SIZE... | batch_get_into SEED KEY:SIZE... | batch_exists KEY... |
+    /// remove_all | spin_get_into KEY SIZE (gets in a loop, in the background, until the process
+    /// ends).
+    Dummy(DummyArgs),
+}
+
+#[derive(Args)]
+struct DummyArgs {
+    /// The standalone client: host:port (its --port), @name or a socket path.
+    #[arg(long)]
+    server: String,
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    mem_pool_size: u64,
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    local_buffer_size: u64,
+    /// Deadline of each call, in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    call_timeout_ms: u64,
 }
 
 #[derive(Args)]
@@ -88,6 +114,7 @@ fn main() {
     let result = match Cli::parse().command {
         Command::Demo(a) => demo(a),
         Command::Client(a) => client(a),
+        Command::Dummy(a) => dummy(a),
     };
     if let Err(e) = result {
         eprintln!("crescent: error: {e:#}");
@@ -201,8 +228,27 @@ fn client(args: ClientArgs) -> Result<()> {
         config.metrics_address = args.metrics_address;
     }
     let client = StoreClient::connect(config).context("starting the client")?;
+    serve_stdin(client.segment_name(), |w| match w.first().copied() {
+        Some("flush") => {
+            if !client.flush_offload(std::time::Duration::from_secs(120)) {
+                bail!("offloads still queued after 120 s");
+            }
+            Ok(String::new())
+        }
+        Some("disk_stats") => Ok(client
+            .disk_stats()
+            .map_or_else(|| "none".to_string(), |s| serde_json::to_string(&s).unwrap_or_default())),
+        _ => run_command(&*client, w),
+    })?;
+    client.close()?;
+    Ok(())
+}
+
+/// Answers the commands read from stdin, one line each ("ok ..." or "err CODE message"),
+/// after a first line "ready NAME".
+fn serve_stdin(name: &str, mut run: impl FnMut(&[&str]) -> Result<String>) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "ready {}", client.segment_name())?;
+    writeln!(out, "ready {name}")?;
     out.flush()?;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
@@ -210,18 +256,218 @@ fn client(args: ClientArgs) -> Result<()> {
         if words.first() == Some(&"quit") {
             break;
         }
-        let answer = match run_command(&client, &words) {
+        let answer = match run(&words) {
             Ok(s) => format!("ok{}{s}", if s.is_empty() { "" } else { " " }),
             Err(e) => match e.downcast_ref::<StoreError>() {
-                Some(se) => format!("err {} {se}", se.code().as_str_name()),
+                Some(se) => format!(
+                    "err {} {}{se}",
+                    se.code().as_str_name(),
+                    if se.is_retryable() { "retryable: " } else { "" }
+                ),
                 None => format!("err USAGE {e}"),
             },
         };
         writeln!(out, "{answer}")?;
         out.flush()?;
     }
+    Ok(())
+}
+
+fn dummy(args: DummyArgs) -> Result<()> {
+    let client = Arc::new(
+        DummyClient::connect(DummyConfig {
+            server_address: args.server,
+            mem_pool_size: args.mem_pool_size,
+            local_buffer_size: args.local_buffer_size,
+            call_timeout: std::time::Duration::from_millis(args.call_timeout_ms),
+            ..DummyConfig::default()
+        })
+        .context("attaching to the standalone client")?,
+    );
+    let name = format!("{} {}", client.id(), client.server());
+    serve_stdin(&name, |w| run_dummy_command(&client, w))?;
     client.close()?;
     Ok(())
+}
+
+/// Memory for a zero-copy command: from the pool, or (`heap`) a registered heap buffer.
+struct Buf {
+    addr: u64,
+    len: u64,
+    heap: Option<Vec<u8>>,
+}
+
+impl Buf {
+    fn new(c: &DummyClient, len: u64, heap: bool) -> Result<Buf> {
+        if heap {
+            let v = vec![0u8; len as usize];
+            let addr = v.as_ptr() as u64;
+            c.register_buffer(addr, len)?;
+            return Ok(Buf { addr, len, heap: Some(v) });
+        }
+        Ok(Buf { addr: c.alloc_from_mem_pool(len)?, len, heap: None })
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        match &mut self.heap {
+            Some(v) => v,
+            // SAFETY: `len` bytes of the dummy client's pool, this command's alone.
+            None => unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len as usize) },
+        }
+    }
+
+    fn free(self, c: &DummyClient) -> Result<()> {
+        match self.heap {
+            Some(_) => Ok(c.unregister_buffer(self.addr)?),
+            None => Ok(c.free_to_mem_pool(self.addr)?),
+        }
+    }
+}
+
+fn key_sizes(words: &[&str]) -> Result<(Vec<String>, Vec<u64>)> {
+    let mut keys = Vec::new();
+    let mut sizes = Vec::new();
+    for kv in words {
+        let (k, s) = kv.rsplit_once(':').context("takes KEY:SIZE")?;
+        keys.push(k.to_string());
+        sizes.push(parse_size(s).map_err(anyhow::Error::msg)?);
+    }
+    Ok((keys, sizes))
+}
+
+fn run_dummy_command(c: &Arc<DummyClient>, w: &[&str]) -> Result<String> {
+    let (w, heap) = match w.split_last() {
+        Some((&"heap", rest)) => (rest, true),
+        _ => (w, false),
+    };
+    let key = || w.get(1).copied().context("missing key");
+    match w.first().copied() {
+        Some("put_from") => {
+            let (size, seed) = (num(w.get(2), "size")?, num(w.get(3), "seed")?);
+            let mut b = Buf::new(c, size, heap)?;
+            pattern::fill(b.bytes(), seed, 0);
+            let r = c.put_from(key()?, b.addr, size);
+            b.free(c)?;
+            Ok(r.map(|()| String::new())?)
+        }
+        Some("get_into") => {
+            let (size, seed) = (num(w.get(2), "size")?, num(w.get(3), "seed")?);
+            let mut b = Buf::new(c, size, heap)?;
+            let r = c.get_into(key()?, b.addr, size);
+            let answer = r.map(|n| match pattern::first_mismatch(&b.bytes()[..n as usize], seed, 0) {
+                None => format!("{n} verified"),
+                Some(at) => format!("MISMATCH at {at}"),
+            });
+            b.free(c)?;
+            Ok(answer?)
+        }
+        Some("get_sg") => {
+            let seed = num(w.get(2), "seed")?;
+            let lens = w
+                .get(3)
+                .context("missing LEN,LEN...")?
+                .split(',')
+                .map(|s| num(Some(&s), "len"))
+                .collect::<Result<Vec<_>>>()?;
+            let mut bufs = lens.iter().map(|&n| Buf::new(c, n, heap)).collect::<Result<Vec<_>>>()?;
+            let pieces: Vec<Piece> = bufs.iter().map(|b| Piece::new(b.addr, b.len)).collect();
+            let r = c.get_into_sg(key()?, &pieces);
+            let answer = r.map(|n| {
+                let mut at = 0u64;
+                for b in bufs.iter_mut() {
+                    let take = b.len.min(n.saturating_sub(at));
+                    if let Some(m) = pattern::first_mismatch(&b.bytes()[..take as usize], seed, at) {
+                        return format!("MISMATCH at {}", at + m);
+                    }
+                    at += take;
+                }
+                format!("{n} verified")
+            });
+            for b in bufs {
+                b.free(c)?;
+            }
+            Ok(answer?)
+        }
+        Some("get_ranges") => {
+            let seed = num(w.get(2), "seed")?;
+            let mut ranges = Vec::new();
+            for r in &w[3..] {
+                let (o, n) = r.split_once(':').context("ranges are OFF:LEN")?;
+                ranges.push((num(Some(&o), "offset")?, num(Some(&n), "len")?));
+            }
+            let mut bufs = ranges.iter().map(|&(_, n)| Buf::new(c, n, heap)).collect::<Result<Vec<_>>>()?;
+            let extents: Vec<Extent> =
+                ranges.iter().zip(&bufs).map(|(&(offset, len), b)| Extent { offset, addr: b.addr, len }).collect();
+            let r = c.get_into_ranges(key()?, &extents);
+            let answer = r.map(|n| {
+                for (b, &(offset, _)) in bufs.iter_mut().zip(&ranges) {
+                    if let Some(m) = pattern::first_mismatch(b.bytes(), seed, offset) {
+                        return format!("MISMATCH at {}", offset + m);
+                    }
+                }
+                format!("{n} verified")
+            });
+            for b in bufs {
+                b.free(c)?;
+            }
+            Ok(answer?)
+        }
+        Some("batch_put_from") => {
+            let seed = num(w.get(1), "seed")?;
+            let (keys, sizes) = key_sizes(&w[2..])?;
+            let mut bufs = sizes.iter().map(|&n| Buf::new(c, n, heap)).collect::<Result<Vec<_>>>()?;
+            for b in bufs.iter_mut() {
+                pattern::fill(b.bytes(), seed, 0);
+            }
+            let addrs: Vec<u64> = bufs.iter().map(|b| b.addr).collect();
+            let r = c.batch_put_from(&keys, &addrs, &sizes);
+            for b in bufs {
+                b.free(c)?;
+            }
+            Ok(r?
+                .iter()
+                .map(|r| r.as_ref().map_or_else(|e| e.code().as_str_name().to_string(), |()| "ok".into()))
+                .collect::<Vec<_>>()
+                .join(" "))
+        }
+        Some("batch_get_into") => {
+            let seed = num(w.get(1), "seed")?;
+            let (keys, sizes) = key_sizes(&w[2..])?;
+            let mut bufs = sizes.iter().map(|&n| Buf::new(c, n, heap)).collect::<Result<Vec<_>>>()?;
+            let addrs: Vec<u64> = bufs.iter().map(|b| b.addr).collect();
+            let r = c.batch_get_into(&keys, &addrs, &sizes);
+            let answer = r.map(|rs| {
+                rs.iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(r, b)| match r {
+                        Ok(n) if pattern::first_mismatch(&b.bytes()[..*n as usize], seed, 0).is_none() => n.to_string(),
+                        Ok(_) => "MISMATCH".into(),
+                        Err(e) => e.code().as_str_name().to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
+            for b in bufs {
+                b.free(c)?;
+            }
+            Ok(answer?)
+        }
+        Some("batch_exists") => {
+            let keys: Vec<String> = w[1..].iter().map(|k| k.to_string()).collect();
+            Ok(c.batch_exists(&keys)?.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(" "))
+        }
+        Some("remove_all") => Ok(c.remove_all()?.to_string()),
+        Some("spin_get_into") => {
+            let (key, size) = (key()?.to_string(), num(w.get(2), "size")?);
+            let b = Buf::new(c, size, heap)?;
+            let c = c.clone();
+            std::thread::spawn(move || loop {
+                let _ = c.get_into(&key, b.addr, size);
+            });
+            Ok("spinning".into())
+        }
+        _ => run_command(&**c, w),
+    }
 }
 
 fn seeded(size: u64, seed: u64) -> Vec<u8> {
@@ -243,7 +489,7 @@ fn num(s: Option<&&str>, what: &str) -> Result<u64> {
     parse_size(s).or_else(|_| s.parse::<u64>().map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}")))
 }
 
-fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
+fn run_command(c: &dyn StoreApi, w: &[&str]) -> Result<String> {
     let key = || w.get(1).copied().context("missing key");
     match w.first().copied() {
         Some("put") => {
@@ -328,15 +574,7 @@ fn run_command(c: &Arc<StoreClient>, w: &[&str]) -> Result<String> {
                 .collect::<Vec<_>>()
                 .join(" "))
         }
-        Some("flush") => {
-            if !c.flush_offload(std::time::Duration::from_secs(120)) {
-                bail!("offloads still queued after 120 s");
-            }
-            Ok(String::new())
-        }
-        Some("disk_stats") => {
-            Ok(c.disk_stats().map_or_else(|| "none".to_string(), |s| serde_json::to_string(&s).unwrap_or_default()))
-        }
+        Some("remove_force") => Ok(c.remove_with(key()?, true).map(|()| String::new())?),
         Some(other) => bail!("unknown command {other:?}"),
         None => bail!("empty command"),
     }

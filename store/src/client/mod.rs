@@ -16,10 +16,16 @@
 //! 4. [`StoreClient`] tells the master how it went (commit or revoke a put).
 //!
 //! A batch is the same executor over many keys, with one master round trip per step.
+//!
+//! [`api::StoreApi`] is the API as a trait, for callers that work with either this client or a
+//! [`dummy::DummyClient`] (a worker's client that forwards every call to a standalone client,
+//! `crescent-client`, on its host).
 
+pub mod api;
 pub mod config;
 pub mod disk;
 mod disk_link;
+pub mod dummy;
 mod exec;
 pub mod hot_cache;
 mod lease;
@@ -46,9 +52,11 @@ use crate::proto::master_client::MasterClient;
 use crate::proto::*;
 pub use crate::staging::HeldBlock;
 use crate::staging::Staging;
+pub use api::{Held, HeldBuffer, StoreApi};
 pub use config::ClientConfig;
 use disk::{DiskStats, PreparedOffload};
 use disk_link::DiskLink;
+pub use dummy::{DummyClient, DummyConfig};
 use exec::Exec;
 use hot_cache::{HotCache, HotCacheMetrics};
 use lease::{LeaseClock, Listed};

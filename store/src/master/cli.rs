@@ -314,12 +314,12 @@ impl From<clap::Error> for CliError {
     }
 }
 
-fn invalid(m: impl Into<String>) -> CliError {
+pub(crate) fn invalid(m: impl Into<String>) -> CliError {
     CliError::Invalid(m.into())
 }
 
 /// gflags' booleans: true/false, 1/0, yes/no, t/f, y/n, any case.
-fn gflags_bool(v: &str) -> Result<bool, String> {
+pub(crate) fn gflags_bool(v: &str) -> Result<bool, String> {
     match v.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "t" | "y" => Ok(true),
         "false" | "0" | "no" | "f" | "n" => Ok(false),
@@ -369,7 +369,7 @@ fn command(bin: &str) -> Command {
 
 /// Every long flag name the parser knows, with whether it is a boolean (for `-flag` and
 /// `--noflag`).
-fn long_flags(cmd: &Command) -> Vec<(String, bool)> {
+pub(crate) fn long_flags(cmd: &Command) -> Vec<(String, bool)> {
     let mut out = Vec::new();
     for a in cmd.get_arguments() {
         let is_bool = a.get_num_args().is_some_and(|n| n.min_values() == 0);
@@ -385,7 +385,7 @@ fn long_flags(cmd: &Command) -> Vec<(String, bool)> {
 /// gflags spellings clap does not have, rewritten: `-flag[=v]` (one dash) as `--flag[=v]`,
 /// `--noflag` (a boolean) as `--flag=false`, and `--flagfile=F` (one flag per line, `#`
 /// comments) expanded in place.
-fn normalize(args: Vec<String>, known: &[(String, bool)], depth: usize) -> Result<Vec<String>, CliError> {
+pub(crate) fn normalize(args: Vec<String>, known: &[(String, bool)], depth: usize) -> Result<Vec<String>, CliError> {
     let is_known = |n: &str| known.iter().any(|(k, _)| k == n);
     let is_bool = |n: &str| known.iter().any(|(k, b)| k == n && *b);
     let mut out = Vec::with_capacity(args.len());

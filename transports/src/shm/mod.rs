@@ -74,6 +74,10 @@ use peer::{CopyError, Peer};
 use server::Server;
 use socket::Socket;
 
+/// A same-host peer's sealed memfd mapped here, for other users of memfd passing (the store's
+/// standalone client maps its dummy clients' buffers with it).
+pub use mapping::Mapping;
+
 /// How long an unregister waits for same-host peers to release the region.
 pub const UNREGISTER_WAIT: Duration = Duration::from_secs(5);
 

@@ -163,9 +163,16 @@ class MooncakeDistributedStore:
         """Starts the client and mounts ``global_segment_size`` bytes (0: a pure consumer);
         0 or a negative code. Also ``setup(dict)`` with Mooncake's keys."""
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
-        """Mooncake's standalone client: not supported yet (-1)."""
+        """Attaches, as a dummy client, to the standalone client (``crescent-client`` /
+        ``mooncake_client``) at ``server_address`` (``host:port`` of its ``--port`` on this
+        host, ``@name`` or a socket path): every call is carried out there, in memory shared
+        with it (``alloc_from_mem_pool``). 0, or -1 (``last_error()`` says why)."""
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int = 16777216) -> int:
-        """Mooncake's standalone client setup: not supported yet (-1)."""
+        """Upstream's fixed-default setup (``localhost:12345``, metadata ``127.0.0.1:2379``,
+        a 1 GiB local buffer); 0, or -1 when already set up or it fails."""
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """``size`` bytes shared with the standalone client (a dummy client's pool), usable by
+        the zero-copy calls without ``register_buffer``; the address, or 0."""
     def close(self) -> int:
         """Unmounts this client's segment (its objects leave the pool); 0 or a negative code."""
     def health_check(self) -> int:

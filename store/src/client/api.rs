@@ -1,0 +1,301 @@
+//! The store's API as one trait, [`StoreApi`], implemented by the full client ([`StoreClient`],
+//! which owns a segment, an engine and the disk tier) and by a dummy client
+//! ([`super::dummy::DummyClient`], which forwards every call to a standalone client on this
+//! host). Bindings (the Python `MooncakeDistributedStore`, the `crescent` tool) hold an
+//! `Arc<dyn StoreApi>` and work with either.
+//!
+//! The methods mean what [`StoreClient`]'s methods of the same names mean; the provided ones
+//! are the short forms (default options, one buffer).
+
+use crate::error::Result;
+use crate::proto::{PutOptions, QueryKeyReply};
+
+use super::sg::{Extent, Piece};
+use super::{HeldBlock, StoreClient};
+
+/// Memory that holds one value for its owner until dropped (what `get_buffer` returns).
+pub trait Held: Send + Sync {
+    fn addr(&self) -> u64;
+    fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Held for HeldBlock {
+    fn addr(&self) -> u64 {
+        HeldBlock::addr(self)
+    }
+    fn len(&self) -> u64 {
+        HeldBlock::len(self)
+    }
+}
+
+/// A value read by `get_buffer`: a block of a full client's local buffer, or of a dummy
+/// client's memory shared with its standalone client. The bytes stay valid, and are the
+/// owner's alone, until it is dropped.
+pub struct HeldBuffer(Box<dyn Held>);
+
+impl HeldBuffer {
+    pub fn new(held: impl Held + 'static) -> HeldBuffer {
+        HeldBuffer(Box::new(held))
+    }
+    pub fn addr(&self) -> u64 {
+        self.0.addr()
+    }
+    pub fn len(&self) -> u64 {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+    /// The bytes (what the get wrote there).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `Held` memory belongs to this value alone while it lives, and the get that
+        // filled it has ended.
+        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len() as usize) }
+    }
+}
+
+impl From<HeldBlock> for HeldBuffer {
+    fn from(block: HeldBlock) -> HeldBuffer {
+        HeldBuffer::new(block)
+    }
+}
+
+impl std::fmt::Debug for HeldBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldBuffer").field("addr", &self.addr()).field("len", &self.len()).finish()
+    }
+}
+
+/// The store's calls, whichever client carries them out.
+pub trait StoreApi: Send + Sync {
+    /// The name of the segment this client's puts prefer (`local_first`): a full client's
+    /// own, a dummy client's standalone client's.
+    fn segment_name(&self) -> String;
+    /// The options the calls without options use.
+    fn default_options(&self) -> PutOptions;
+
+    /// Whether the master answered lately (a dummy client asks its standalone client; false
+    /// when that cannot be reached).
+    fn master_reachable(&self) -> bool;
+
+    /// Registers memory of this process for the zero-copy calls.
+    fn register_buffer(&self, addr: u64, len: u64) -> Result<()>;
+    fn unregister_buffer(&self, addr: u64) -> Result<()>;
+    /// Whether `[addr, +len)` may be handed to the zero-copy calls as it is.
+    fn is_registered(&self, addr: u64, len: u64) -> bool;
+
+    fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
+    fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
+    fn get(&self, key: &str) -> Result<Vec<u8>>;
+    fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64>;
+    fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64>;
+    /// Puts that replace the key's value if it has one (Mooncake's upserts).
+    fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
+    fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
+    /// The value made of `parts`, one after another (`put_parts` / `upsert_parts`).
+    fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
+    fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
+    /// The value held in memory of this process until the result is dropped.
+    fn get_buffer(&self, key: &str) -> Result<HeldBuffer>;
+
+    fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>>;
+    fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>>;
+    fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>>;
+    fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>>;
+    fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>>;
+
+    fn exists(&self, key: &str) -> Result<bool>;
+    fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>>;
+    fn query(&self, key: &str) -> Result<QueryKeyReply>;
+    fn get_size(&self, key: &str) -> Result<u64>;
+    fn remove_with(&self, key: &str, force: bool) -> Result<()>;
+    /// `force`: leased objects too.
+    fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64>;
+    fn remove_all_with(&self, force: bool) -> Result<u64>;
+
+    /// Ends the client (a full client unmounts its segment; a dummy client releases what it
+    /// shared with its standalone client). Twice is fine.
+    fn close(&self) -> Result<()>;
+
+    /// `len` bytes of memory shared with the standalone client (a dummy client's pool), usable
+    /// by the zero-copy calls without registering. A full client has no pool: it allocates
+    /// nothing here (register the caller's memory instead).
+    fn alloc_from_mem_pool(&self, len: u64) -> Result<u64> {
+        Err(crate::StoreError::invalid(format!(
+            "alloc_from_mem_pool({len}): only a dummy client (setup_dummy) has a memory pool; register memory with \
+             register_buffer instead"
+        )))
+    }
+
+    // ---- short forms ----
+
+    fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.put_with(key, value, &self.default_options())
+    }
+    fn put_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
+        self.put_from_sg(key, &[Piece::new(addr, len)], options)
+    }
+    fn put_from(&self, key: &str, addr: u64, len: u64) -> Result<()> {
+        self.put_from_with(key, addr, len, &self.default_options())
+    }
+    fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
+        self.upsert_from_sg(key, &[Piece::new(addr, len)], options)
+    }
+    fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
+        self.get_into_sg(key, &[Piece::new(addr, len)])
+    }
+    fn put_batch(&self, keys: &[String], values: &[&[u8]]) -> Result<Vec<Result<()>>> {
+        self.put_batch_with(keys, values, &self.default_options())
+    }
+    fn batch_put_from_with(
+        &self,
+        keys: &[String],
+        addrs: &[u64],
+        sizes: &[u64],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        let pieces = one_piece_each(keys, addrs, sizes)?;
+        let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+        self.batch_put_from_sg(keys, &values, options)
+    }
+    fn batch_put_from(&self, keys: &[String], addrs: &[u64], sizes: &[u64]) -> Result<Vec<Result<()>>> {
+        self.batch_put_from_with(keys, addrs, sizes, &self.default_options())
+    }
+    fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
+        let pieces = one_piece_each(keys, addrs, lens)?;
+        let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+        self.batch_get_into_sg(keys, &values)
+    }
+    fn remove(&self, key: &str) -> Result<()> {
+        self.remove_with(key, false)
+    }
+    fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        self.remove_by_regex_with(pattern, false)
+    }
+    fn remove_all(&self) -> Result<u64> {
+        self.remove_all_with(false)
+    }
+}
+
+/// One piece per key, from parallel lists of addresses and lengths.
+fn one_piece_each(keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<[Piece; 1]>> {
+    if keys.len() != addrs.len() || keys.len() != lens.len() {
+        return Err(crate::StoreError::invalid("keys, buffers and sizes differ in length"));
+    }
+    Ok(addrs.iter().zip(lens).map(|(&a, &n)| [Piece::new(a, n)]).collect())
+}
+
+impl StoreApi for StoreClient {
+    fn segment_name(&self) -> String {
+        StoreClient::segment_name(self).to_string()
+    }
+    fn default_options(&self) -> PutOptions {
+        StoreClient::default_options(self)
+    }
+    fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
+        StoreClient::register_buffer(self, addr, len)
+    }
+    fn unregister_buffer(&self, addr: u64) -> Result<()> {
+        StoreClient::unregister_buffer(self, addr)
+    }
+    fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        StoreClient::put_with(self, key, value, options)
+    }
+    fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        StoreClient::put_from_sg(self, key, pieces, options)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        StoreClient::get(self, key)
+    }
+    fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
+        StoreClient::get_into_sg(self, key, pieces)
+    }
+    fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64> {
+        StoreClient::get_into_ranges(self, key, ranges)
+    }
+    fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        StoreClient::put_batch_with(self, keys, values, options)
+    }
+    fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_put_from_sg(self, keys, values, options)
+    }
+    fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
+        StoreClient::get_batch(self, keys)
+    }
+    fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_get_into_sg(self, keys, values)
+    }
+    fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_get_into_ranges(self, keys, ranges)
+    }
+    fn exists(&self, key: &str) -> Result<bool> {
+        StoreClient::exists(self, key)
+    }
+    fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        StoreClient::batch_exists(self, keys)
+    }
+    fn query(&self, key: &str) -> Result<QueryKeyReply> {
+        StoreClient::query(self, key)
+    }
+    fn get_size(&self, key: &str) -> Result<u64> {
+        StoreClient::get_size(self, key)
+    }
+    fn remove_with(&self, key: &str, force: bool) -> Result<()> {
+        StoreClient::remove_with(self, key, force)
+    }
+    fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
+        StoreClient::remove_by_regex_with(self, pattern, force)
+    }
+    fn remove_all_with(&self, force: bool) -> Result<u64> {
+        StoreClient::remove_all_with(self, force)
+    }
+    fn master_reachable(&self) -> bool {
+        StoreClient::master_reachable(self)
+    }
+    fn is_registered(&self, addr: u64, len: u64) -> bool {
+        self.engine().is_registered(addr, len)
+    }
+    fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        StoreClient::upsert_with(self, key, value, options)
+    }
+    fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        StoreClient::upsert_from_sg(self, key, pieces, options)
+    }
+    fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        StoreClient::put_parts_with(self, key, parts, options)
+    }
+    fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        StoreClient::upsert_parts_with(self, key, parts, options)
+    }
+    fn get_buffer(&self, key: &str) -> Result<HeldBuffer> {
+        StoreClient::get_buffer(self, key).map(HeldBuffer::from)
+    }
+    fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        StoreClient::upsert_batch_with(self, keys, values, options)
+    }
+    fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_upsert_from_sg(self, keys, values, options)
+    }
+    fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>> {
+        Ok(StoreClient::batch_get_buffer(self, keys)?.into_iter().map(|r| r.map(HeldBuffer::from)).collect())
+    }
+    fn close(&self) -> Result<()> {
+        StoreClient::close(self)
+    }
+}

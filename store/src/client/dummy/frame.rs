@@ -1,0 +1,447 @@
+//! The standalone wire's framing: a unix stream socket carrying length-prefixed frames, each a
+//! small message, a payload of bulk bytes beside it (never serialized), and at most one file
+//! descriptor (`SCM_RIGHTS`, a memfd being shared).
+//!
+//! ```text
+//! | magic u32 | message length u32 | payload length u32 | message | payload |
+//! ```
+//!
+//! Both lengths are checked against the caps before anything is allocated; every send and
+//! receive has a deadline (a frame that starts arriving must finish arriving in time), so a
+//! peer that stops mid-frame costs a bounded wait, never a hang.
+//!
+//! The standalone client accepts on the transports' one accept loop
+//! ([`crescent_transports::net::serve`]: bounded connections in total and per process,
+//! backoff, clean shutdown), as the shm transport's control socket does. The framing is its
+//! own for the same reason as shm's: a frame may carry a descriptor (`SCM_RIGHTS`), which the
+//! net layer's codec (plain reads and writes) cannot; it moves there once the codec can.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use rustix::net::{
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, Shutdown, SocketAddrUnix, SocketFlags, SocketType, UCred,
+};
+
+/// Marks a frame of this protocol (and its version): `"CRS"` and 1.
+const MAGIC: u32 = u32::from_le_bytes(*b"CRS\x01");
+const HEADER: usize = 12;
+
+/// Largest message (keys, piece lists): a batch of many thousand keys fits.
+pub const MAX_MESSAGE: usize = 16 << 20;
+/// Largest payload (the bytes of `put`/`get` values given or returned as bytes). Larger
+/// values go through shared memory (`put_from`/`get_into`).
+pub const MAX_PAYLOAD: usize = 256 << 20;
+
+/// One frame.
+#[derive(Debug, Default)]
+pub struct Frame {
+    pub message: Vec<u8>,
+    pub payload: Vec<u8>,
+    pub fd: Option<OwnedFd>,
+}
+
+/// Why a frame could not be received.
+#[derive(Debug, thiserror::Error)]
+pub enum RecvError {
+    /// The socket failed or the deadline passed (`TimedOut`/`WouldBlock`).
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The peer closed the connection between frames.
+    #[error("the peer closed the connection")]
+    Closed,
+    /// The peer sent something that is not a frame of this protocol.
+    #[error("{0}")]
+    Bad(String),
+}
+
+/// Where a standalone client listens: a path, or a name in the abstract namespace (`@name`,
+/// which, like a tcp port, belongs to the network namespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Path(std::path::PathBuf),
+    Abstract(String),
+}
+
+impl Address {
+    /// `@name` (abstract) or a path.
+    pub fn parse(s: &str) -> io::Result<Address> {
+        let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{s:?}: {why}"));
+        if let Some(name) = s.strip_prefix('@') {
+            if name.is_empty() || name.len() > 100 || name.contains('\0') {
+                return Err(bad("an abstract socket name takes 1..=100 bytes, no NUL"));
+            }
+            return Ok(Address::Abstract(name.to_string()));
+        }
+        if s.is_empty() || s.len() > 100 || s.contains('\0') {
+            return Err(bad("a socket path takes 1..=100 bytes, no NUL"));
+        }
+        Ok(Address::Path(s.into()))
+    }
+
+    fn sockaddr(&self) -> io::Result<SocketAddrUnix> {
+        Ok(match self {
+            Address::Path(p) => SocketAddrUnix::new(p.as_path())?,
+            Address::Abstract(n) => SocketAddrUnix::new_abstract_name(n.as_bytes())?,
+        })
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Path(p) => write!(f, "{}", p.display()),
+            Address::Abstract(n) => write!(f, "@{n}"),
+        }
+    }
+}
+
+/// A listening socket.
+#[derive(Debug)]
+pub struct Listener {
+    fd: OwnedFd,
+    address: Address,
+}
+
+impl Listener {
+    /// Listens at `address`. A path left behind by a dead listener is replaced; a path a
+    /// live listener holds is refused (`AddrInUse`).
+    pub fn bind(address: &Address) -> io::Result<Listener> {
+        let fd = new_socket()?;
+        if let Address::Path(p) = address {
+            if p.exists() && Conn::connect(address, Duration::from_secs(1)).is_err() {
+                std::fs::remove_file(p)?;
+            }
+        }
+        net::bind(&fd, &address.sockaddr()?)?;
+        net::listen(&fd, 128)?;
+        Ok(Listener { fd, address: address.clone() })
+    }
+
+    pub fn address(&self) -> &Address {
+        &self.address
+    }
+
+    /// The next connection, and its peer's credentials as the kernel saw them.
+    pub fn accept(&self) -> io::Result<(Conn, UCred)> {
+        let fd = net::accept_with(&self.fd, SocketFlags::CLOEXEC)?;
+        let conn = Conn { fd };
+        let cred = net::sockopt::socket_peercred(&conn.fd)?;
+        Ok((conn, cred))
+    }
+}
+
+/// On the net layer's accept loop: a peer is a process, as the kernel tells it.
+impl crescent_transports::net::serve::Listener for Listener {
+    type Conn = Conn;
+    fn accept_conn(&self) -> io::Result<(Conn, crescent_transports::net::PeerKey)> {
+        let (conn, cred) = self.accept()?;
+        let peer =
+            crescent_transports::net::PeerKey::Process { pid: cred.pid.as_raw_nonzero().get(), uid: cred.uid.as_raw() };
+        Ok((conn, peer))
+    }
+}
+
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl crescent_transports::net::serve::Connection for Conn {
+    fn shutdown(&self) {
+        Conn::shutdown(self);
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Address::Path(p) = &self.address {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn new_socket() -> io::Result<OwnedFd> {
+    Ok(net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)?)
+}
+
+/// One connection.
+#[derive(Debug)]
+pub struct Conn {
+    fd: OwnedFd,
+}
+
+/// What is left of a deadline, at least a millisecond (a zero socket timeout means none).
+fn left(deadline: Instant) -> io::Result<Duration> {
+    let now = Instant::now();
+    if now >= deadline {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+    }
+    Ok((deadline - now).max(Duration::from_millis(1)))
+}
+
+impl Conn {
+    /// Connects to `address` within `timeout`.
+    pub fn connect(address: &Address, timeout: Duration) -> io::Result<Conn> {
+        let conn = Conn { fd: new_socket()? };
+        net::sockopt::set_socket_timeout(&conn.fd, net::sockopt::Timeout::Send, Some(timeout))?;
+        net::connect(&conn.fd, &address.sockaddr()?)?;
+        Ok(conn)
+    }
+
+    /// True when the peer closed the connection or sent something unasked (a connection
+    /// that waits in a pool expects nothing): it must not be used.
+    pub fn is_stale(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(&self.fd, rustix::event::PollFlags::IN)];
+        let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+        !matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
+    }
+
+    /// Sends one frame (its payload given as slices written one after another), with `fd`
+    /// attached, by `deadline`.
+    pub fn send(
+        &self,
+        message: &[u8],
+        payload: &[&[u8]],
+        fd: Option<BorrowedFd<'_>>,
+        deadline: Instant,
+    ) -> io::Result<()> {
+        let payload_len: usize = payload.iter().map(|p| p.len()).sum();
+        if message.len() > MAX_MESSAGE || payload_len > MAX_PAYLOAD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a frame of {} message and {payload_len} payload bytes is over the limits ({MAX_MESSAGE} and \
+                     {MAX_PAYLOAD})",
+                    message.len()
+                ),
+            ));
+        }
+        let mut header = [0u8; HEADER];
+        header[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        header[4..8].copy_from_slice(&(message.len() as u32).to_le_bytes());
+        header[8..].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + payload.len());
+        parts.push(&header);
+        parts.push(message);
+        parts.extend(payload.iter().copied().filter(|p| !p.is_empty()));
+        let total = HEADER + message.len() + payload_len;
+        let mut sent = 0usize;
+        let mut fd = fd;
+        while sent < total {
+            net::sockopt::set_socket_timeout(&self.fd, net::sockopt::Timeout::Send, Some(left(deadline)?))?;
+            // The parts not yet (fully) sent.
+            let mut skip = sent;
+            let mut iov = Vec::with_capacity(parts.len());
+            for p in &parts {
+                if skip >= p.len() {
+                    skip -= p.len();
+                    continue;
+                }
+                iov.push(IoSlice::new(&p[skip..]));
+                skip = 0;
+            }
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            let fds: Vec<BorrowedFd<'_>> = fd.take().into_iter().collect();
+            if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+                return Err(io::Error::other("no room for a file descriptor"));
+            }
+            match net::sendmsg(&self.fd, &iov, &mut control, SendFlags::NOSIGNAL) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the peer takes no more bytes")),
+                Ok(n) => sent += n,
+                Err(rustix::io::Errno::INTR) if sent == 0 => fd = fds.first().copied(),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives one frame. `first`: how long to wait for it to start (`None`: as long as it
+    /// takes, for a server between calls); once it started, the rest must arrive by `rest`
+    /// from then (or by `first`'s deadline, whichever is later).
+    pub fn recv(&self, first: Option<Instant>, rest: Duration) -> Result<Frame, RecvError> {
+        let mut header = [0u8; HEADER];
+        let mut fds = Vec::new();
+        let mut got = self.read(&mut header, first, &mut fds, true)?;
+        if got == 0 {
+            return Err(RecvError::Closed);
+        }
+        let deadline = first.map_or_else(|| Instant::now() + rest, |f| f.max(Instant::now() + rest));
+        while got < HEADER {
+            let n = self.read(&mut header[got..], Some(deadline), &mut fds, false)?;
+            got += n;
+        }
+        let magic = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+        if magic != MAGIC {
+            return Err(RecvError::Bad(format!("not a frame of this protocol (magic {magic:#010x})")));
+        }
+        let message_len = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize;
+        let payload_len = u32::from_le_bytes(header[8..].try_into().expect("4 bytes")) as usize;
+        if message_len > MAX_MESSAGE || payload_len > MAX_PAYLOAD {
+            return Err(RecvError::Bad(format!(
+                "a frame of {message_len} message and {payload_len} payload bytes is over the limits \
+                 ({MAX_MESSAGE} and {MAX_PAYLOAD})"
+            )));
+        }
+        let mut message = vec![0u8; message_len];
+        self.read_exact(&mut message, deadline, &mut fds)?;
+        let mut payload = vec![0u8; payload_len];
+        self.read_exact(&mut payload, deadline, &mut fds)?;
+        if fds.len() > 1 {
+            return Err(RecvError::Bad(format!("a frame came with {} file descriptors (at most 1)", fds.len())));
+        }
+        Ok(Frame { message, payload, fd: fds.pop() })
+    }
+
+    fn read_exact(&self, buf: &mut [u8], deadline: Instant, fds: &mut Vec<OwnedFd>) -> Result<(), RecvError> {
+        let mut got = 0;
+        while got < buf.len() {
+            got += self.read(&mut buf[got..], Some(deadline), fds, false)?;
+        }
+        Ok(())
+    }
+
+    /// One `recvmsg` into `buf`, waiting until `deadline` (`None`: forever); 0 only when
+    /// `may_close` (between frames) and the peer closed.
+    fn read(
+        &self,
+        buf: &mut [u8],
+        deadline: Option<Instant>,
+        fds: &mut Vec<OwnedFd>,
+        may_close: bool,
+    ) -> Result<usize, RecvError> {
+        let timeout = deadline.map(left).transpose()?;
+        net::sockopt::set_socket_timeout(&self.fd, net::sockopt::Timeout::Recv, timeout).map_err(io::Error::from)?;
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let msg = loop {
+            let mut iov = [IoSliceMut::new(buf)];
+            match net::recvmsg(&self.fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+                Ok(msg) => break msg,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => {
+                    return Err(RecvError::Io(io::Error::new(io::ErrorKind::TimedOut, "deadline passed")))
+                }
+                Err(e) => return Err(RecvError::Io(e.into())),
+            }
+        };
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = message {
+                fds.extend(received);
+            }
+        }
+        if msg.flags.contains(ReturnFlags::CTRUNC) {
+            return Err(RecvError::Bad("file descriptors were truncated (more than one sent)".into()));
+        }
+        if msg.bytes == 0 {
+            return if may_close {
+                Ok(0)
+            } else {
+                Err(RecvError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed mid-frame")))
+            };
+        }
+        Ok(msg.bytes)
+    }
+
+    /// Ends the connection both ways; a thread blocked receiving on it returns.
+    pub fn shutdown(&self) {
+        let _ = net::shutdown(&self.fd, Shutdown::Both);
+    }
+}
+
+impl AsFd for Conn {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// The default abstract name of the standalone client serving port `port`.
+pub fn default_address(port: u16) -> Address {
+    Address::Abstract(format!("crescent_client_{port}.sock"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Conn, Conn) {
+        let (a, b) = net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).unwrap();
+        (Conn { fd: a }, Conn { fd: b })
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    #[test]
+    fn frames_with_payloads_and_descriptors_cross() {
+        let (a, b) = pair();
+        let mem = crescent_transports::SharedMemory::allocate(4096, "crescent-test").unwrap();
+        a.send(b"hello", &[b"ab", b"", b"cd"], Some(mem.fd()), soon()).unwrap();
+        let f = b.recv(Some(soon()), Duration::from_secs(1)).unwrap();
+        assert_eq!((&f.message[..], &f.payload[..]), (&b"hello"[..], &b"abcd"[..]));
+        assert!(f.fd.is_some());
+        // A large payload crosses in several writes (the reader drains meanwhile).
+        let big = vec![7u8; 8 << 20];
+        let reader = std::thread::spawn(move || b.recv(Some(soon()), Duration::from_secs(5)).map(|f| f.payload));
+        a.send(b"", &[&big], None, soon()).unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), big);
+    }
+
+    #[test]
+    fn a_closed_peer_reads_as_closed_and_a_silent_one_as_a_timeout() {
+        let (a, b) = pair();
+        let t = Instant::now();
+        let e = b.recv(Some(Instant::now() + Duration::from_millis(100)), Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(&e, RecvError::Io(io) if io.kind() == io::ErrorKind::TimedOut), "{e:?}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+        // Half a frame, then silence: the rest has its own deadline.
+        net::send(&a.fd, &MAGIC.to_le_bytes(), SendFlags::NOSIGNAL).unwrap();
+        let e = b.recv(None, Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(&e, RecvError::Io(io) if io.kind() == io::ErrorKind::TimedOut), "{e:?}");
+        drop(a);
+        assert!(matches!(b.recv(None, Duration::from_secs(1)), Err(RecvError::Closed)));
+    }
+
+    #[test]
+    fn oversized_or_foreign_frames_are_refused_before_allocating() {
+        let (a, b) = pair();
+        let mut header = [0u8; HEADER];
+        header[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        header[4..8].copy_from_slice(&(MAX_MESSAGE as u32 + 1).to_le_bytes());
+        net::send(&a.fd, &header, SendFlags::NOSIGNAL).unwrap();
+        let e = b.recv(Some(soon()), Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(&e, RecvError::Bad(m) if m.contains("over the limits")), "{e:?}");
+        net::send(&a.fd, b"GET / HTTP/1.1\r\n", SendFlags::NOSIGNAL).unwrap();
+        let e = b.recv(Some(soon()), Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(&e, RecvError::Bad(m) if m.contains("magic")), "{e:?}");
+        let too_big = vec![0u8; MAX_PAYLOAD + 1];
+        assert_eq!(a.send(b"", &[&too_big], None, soon()).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn addresses_parse_and_listeners_serve() {
+        assert_eq!(Address::parse("@x").unwrap(), Address::Abstract("x".into()));
+        assert!(Address::parse("@").is_err() && Address::parse("").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let addr = Address::parse(dir.path().join("s.sock").to_str().unwrap()).unwrap();
+        let l = Listener::bind(&addr).unwrap();
+        let c = Conn::connect(&addr, Duration::from_secs(1)).unwrap();
+        let (s, cred) = l.accept().unwrap();
+        assert_eq!(cred.pid.as_raw_nonzero().get() as u32, std::process::id());
+        c.send(b"x", &[], None, soon()).unwrap();
+        assert_eq!(s.recv(Some(soon()), Duration::from_secs(1)).unwrap().message, b"x");
+        assert!(!c.is_stale());
+        drop(s);
+        assert!(c.is_stale(), "a closed peer makes a pooled connection stale");
+        assert!(Listener::bind(&addr).is_err(), "a live listener keeps its path");
+        drop(l);
+        assert!(!addr.to_string().is_empty());
+    }
+}
