@@ -71,6 +71,8 @@ pub struct RdmaConfig {
     /// How long the poller spins on an empty completion queue before sleeping on events.
     pub poll_spin: Duration,
     pub connect_timeout: Duration,
+    /// The cluster secret both ends of the queue-pair exchange prove they know (none: open).
+    pub auth: crate::net::Auth,
 }
 
 impl Default for RdmaConfig {
@@ -91,6 +93,7 @@ impl Default for RdmaConfig {
             max_attempts: 3,
             poll_spin: Duration::from_micros(50),
             connect_timeout: Duration::from_secs(3),
+            auth: crate::net::Auth::open(),
         }
     }
 }
