@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use crescent_engine::{parse_size, EngineConfig, TransportKind};
+use crescent_transports::net::Keyring;
 use serde::Deserialize;
 
 use super::disk;
@@ -65,6 +66,11 @@ pub struct ClientConfig {
     /// `host:port` of the client's Prometheus endpoint (`GET /metrics`;
     /// `CRESCENT_CLIENT_METRICS_ADDRESS`, `client_metrics_address`); `None`: no endpoint.
     pub metrics_address: Option<String>,
+    /// The cluster secret(s) (config key `cluster_secret_file`: a file of one line, or two
+    /// during a rotation); `None`: the environment's (`CRESCENT_CLUSTER_SECRET_FILE`,
+    /// `CRESCENT_CLUSTER_SECRET`, `CRESCENT_CLUSTER_SECRET_NEXT`), if any. Every connection of
+    /// the client's engine and disk service, and its calls to the master, prove it.
+    pub cluster_secret: Option<Keyring>,
 }
 
 impl Default for ClientConfig {
@@ -90,6 +96,7 @@ impl Default for ClientConfig {
             disk_recycle_bytes: disk::DEFAULT_RECYCLE_BYTES,
             hot_cache: HotCacheSettings::default(),
             metrics_address: None,
+            cluster_secret: None,
         }
     }
 }
@@ -125,6 +132,7 @@ struct FileConfig {
     local_hot_block_size: Option<serde_json::Value>,
     local_hot_cache_admission: Option<String>,
     client_metrics_address: Option<String>,
+    cluster_secret_file: Option<String>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -302,6 +310,12 @@ impl ClientConfig {
         if let Some(v) = f.client_metrics_address {
             self.metrics_address = Some(v.trim().to_string()).filter(|a| !a.is_empty());
         }
+        if let Some(v) = f.cluster_secret_file.filter(|v| !v.trim().is_empty()) {
+            self.cluster_secret = Some(
+                Keyring::load(Path::new(v.trim()))
+                    .map_err(|e| StoreError::Config(format!("cluster_secret_file: {e}")))?,
+            );
+        }
         Ok(())
     }
 
@@ -337,6 +351,9 @@ impl ClientConfig {
         if let Some(devices) = &self.device_name {
             e.rdma.devices = crescent_engine::parse_device_list(devices)
                 .map_err(|err| StoreError::Config(format!("device_name {devices:?}: {err}")))?;
+        }
+        if let Some(k) = &self.cluster_secret {
+            e.cluster_secret = Some(k.clone());
         }
         Ok(e)
     }

@@ -186,7 +186,11 @@ impl StoreClient {
     /// The client's metrics (the hot cache's and the disk tier's counters) in Prometheus' text
     /// format.
     pub fn render_metrics(&self) -> String {
-        self.metrics.render(self.hot_cache_metrics(), self.disk.as_ref().map(|d| d.tier.metric_families()))
+        self.metrics.render(
+            self.hot_cache_metrics(),
+            self.disk.as_ref().map(|d| d.tier.metric_families()),
+            self.engine.auth(),
+        )
     }
 
     /// Where the client's `GET /metrics` endpoint listens, when `metrics_address` is set.
