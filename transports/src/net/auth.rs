@@ -500,6 +500,11 @@ impl Guard {
         self.service
     }
 
+    /// Connections this kind of port refused so far (0 for an open one).
+    pub fn refused(&self) -> u64 {
+        self.service.map_or(0, |s| self.auth.stats.refused(s))
+    }
+
     /// Authenticates the peer on `w` (see [`Auth::accept`]).
     pub fn accept(&self, w: &mut (impl Wire + ?Sized)) -> Result<(), AuthError> {
         match self.service {

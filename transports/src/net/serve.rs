@@ -263,7 +263,14 @@ fn start_connection<C: Connection>(
             match open_connection(&guard, &conn) {
                 Ok(()) => handler(conn),
                 Err(why) => {
-                    tracing::warn!("{name}: closing a connection from {}: {why}", conn.peer);
+                    // Counted; logged loudly at 1, 2, 4, 8, ... refusals (a scanner cannot
+                    // flood the log).
+                    let n = guard.refused();
+                    if n.is_power_of_two() {
+                        tracing::warn!("{name}: closing a connection from {}: {why} ({n} refused so far)", conn.peer);
+                    } else {
+                        tracing::debug!("{name}: closing a connection from {}: {why}", conn.peer);
+                    }
                     conn.stream.shutdown();
                 }
             }
