@@ -37,10 +37,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_engine::{RegisteredMemory, TransferEngine};
-use tonic::transport::Channel;
 
 use crate::error::{Result, StoreError};
-use crate::proto::master_client::MasterClient;
 use crate::proto::*;
 pub use config::ClientConfig;
 use disk::{DiskStats, PreparedOffload};
@@ -121,8 +119,11 @@ impl StoreClient {
     /// and starts heartbeats.
     pub fn connect(config: ClientConfig) -> Result<Arc<Self>> {
         let tier = DiskLink::open_tier(&config)?;
-        let rpc = Arc::new(MasterRpc::connect(&config.master_server_address)?);
-        let engine = TransferEngine::new(config.engine_config()?)?;
+        let engine_config = config.engine_config()?;
+        let credentials =
+            rpc::Credentials::new(engine_config.cluster_secret.as_ref(), crate::master::access::DEFAULT_TENANT)?;
+        let rpc = Arc::new(MasterRpc::connect(&config.master_server_address, credentials)?);
+        let engine = TransferEngine::new(engine_config)?;
         let segment = engine.alloc_registered(config.global_segment_size, "cpu:0")?;
         let staging = Arc::new(Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?));
         let id = uuid::Uuid::new_v4().to_string();
@@ -419,7 +420,7 @@ impl StoreClient {
             size: len,
             options: Some(options.clone()),
         };
-        let start = |req: PutStartRequest| move |mut c: MasterClient<Channel>| async move { c.put_start(req).await };
+        let start = |req: PutStartRequest| move |mut c: rpc::Client| async move { c.put_start(req).await };
         // While the master places the object: the disk tier's copy of the value, and a byte
         // put's first piece in the staging buffer (unless the last put stayed in our own
         // segment, where nothing is staged).
@@ -719,8 +720,7 @@ impl StoreClient {
             sizes: sizes.to_vec(),
             options: Some(options.clone()),
         };
-        let start =
-            |req: BatchPutStartRequest| move |mut c: MasterClient<Channel>| async move { c.batch_put_start(req).await };
+        let start = |req: BatchPutStartRequest| move |mut c: rpc::Client| async move { c.batch_put_start(req).await };
         let (reply, offloads) = match &self.disk {
             // The disk tier's copies of the values (or their CRCs, see `put_one`) are made
             // while the master places them.

@@ -18,10 +18,54 @@ use std::time::Duration;
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 use tonic::transport::{Channel, Endpoint};
 
+use crescent_transports::net::Keyring;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+
 use crate::error::{Result, StoreError, Waited};
+use crate::master::access;
 use crate::master::service::MAX_MESSAGE;
 use crate::proto::master_client::MasterClient;
 use crate::proto::{Code, Status};
+
+/// What every call to the master carries: the bearer token of the cluster secret (naming the
+/// client's tenant; see [`crate::master::access`]), or without a secret the tenant's name.
+#[derive(Clone, Debug)]
+pub struct Credentials {
+    authorization: Option<MetadataValue<Ascii>>,
+    tenant: MetadataValue<Ascii>,
+}
+
+impl Credentials {
+    /// For a client of `tenant`, with the cluster's `keyring` if it has one.
+    pub fn new(keyring: Option<&Keyring>, tenant: &str) -> Result<Credentials> {
+        access::check_tenant(tenant).map_err(StoreError::Config)?;
+        let value = |s: String| s.parse::<MetadataValue<Ascii>>().map_err(|e| StoreError::Config(e.to_string()));
+        Ok(Credentials {
+            authorization: keyring.map(|k| value(format!("Bearer {}", access::client_token(k, tenant)))).transpose()?,
+            tenant: value(tenant.to_string())?,
+        })
+    }
+
+    /// No secret, the default tenant.
+    pub fn open() -> Credentials {
+        Credentials::new(None, access::DEFAULT_TENANT).expect("the default tenant is valid")
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, mut req: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        let m = req.metadata_mut();
+        if let Some(a) = &self.authorization {
+            m.insert("authorization", a.clone());
+        }
+        m.insert(access::TENANT_HEADER, self.tenant.clone());
+        Ok(req)
+    }
+}
+
+/// The channel to the master, with the client's [`Credentials`] on every call.
+pub type Client = MasterClient<InterceptedService<Channel, Credentials>>;
 
 /// Runs `run`, which blocks on a runtime, where blocking on a runtime is allowed: at once
 /// outside tokio; inside a task of a multi-thread runtime, with the worker handed over
@@ -60,16 +104,16 @@ pub struct MasterRpc {
     /// Drives the unary channel, on the calling thread (one caller at a time drives it; the
     /// others wait for their own replies).
     calls: OwnRuntime,
-    call_client: MasterClient<Channel>,
+    call_client: Client,
     /// Runs streams in the background.
     runtime: OwnRuntime,
-    client: MasterClient<Channel>,
+    client: Client,
     addr: String,
 }
 
 impl MasterRpc {
     /// Connects to the master at `addr` (`host:port`); fails with a clear error if it is not there.
-    pub fn connect(addr: &str) -> Result<Self> {
+    pub fn connect(addr: &str, credentials: Credentials) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("crescent-client-rpc")
@@ -91,7 +135,7 @@ impl MasterRpc {
             let channel = outside_async(|| rt.block_on(endpoint.connect()))
                 .map_err(|e| StoreError::master_unreachable(addr, e))?;
             Ok::<_, StoreError>(
-                MasterClient::new(channel)
+                MasterClient::with_interceptor(channel, credentials.clone())
                     .max_decoding_message_size(MAX_MESSAGE)
                     .max_encoding_message_size(MAX_MESSAGE),
             )
@@ -111,14 +155,14 @@ impl MasterRpc {
     }
 
     /// A handle on the streams' channel to the master (run it on [`Self::handle`]).
-    pub fn client(&self) -> MasterClient<Channel> {
+    pub fn client(&self) -> Client {
         self.client.clone()
     }
 
     /// Runs one call to completion on the client's runtime.
     pub fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
-        F: FnOnce(MasterClient<Channel>) -> Fut,
+        F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
         T: Send,
     {
@@ -138,7 +182,7 @@ impl MasterRpc {
     /// other threads' calls are not held up behind it.
     pub fn call_while<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
     where
-        F: FnOnce(MasterClient<Channel>) -> Fut,
+        F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
         T: Send,
     {
@@ -174,7 +218,7 @@ impl MasterRpc {
     /// a short `meanwhile` would not hide.
     pub fn call_beside<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
     where
-        F: FnOnce(MasterClient<Channel>) -> Fut,
+        F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
         T: Send + 'static,
     {
@@ -251,7 +295,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let rpc = Arc::new(MasterRpc::connect(&master.client_address()).unwrap());
+        let rpc = Arc::new(MasterRpc::connect(&master.client_address(), Credentials::open()).unwrap());
         exists(&rpc).unwrap();
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();

@@ -5,6 +5,7 @@
 //! the gRPC round trip around it, and one lock keeps eviction, leases and liveness trivially
 //! consistent. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
 
+pub mod access;
 pub mod admin;
 pub mod allocator;
 pub mod cli;
