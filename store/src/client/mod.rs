@@ -46,10 +46,11 @@ use disk_link::DiskLink;
 use exec::Exec;
 use hot_cache::{HotCache, HotCacheMetrics};
 use lease::{LeaseClock, Listed};
-use plan::Written;
+use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
 use sg::{Dst, Src};
 pub use sg::{Extent, Piece};
+pub use staging::HeldBlock;
 use staging::Staging;
 
 /// A batch reply must hold one item per key asked.
@@ -90,13 +91,16 @@ pub struct StoreClient {
     id: String,
     config: ClientConfig,
     engine: Arc<TransferEngine>,
-    segment: RegisteredMemory,
+    /// The memory contributed to the pool; none for a pure consumer (`global_segment_size` 0).
+    segment: Option<RegisteredMemory>,
     segment_id: AtomicU64,
     staging: Arc<Staging>,
     /// Whether the last put wrote our own segment only: a byte put then stages nothing ahead.
     last_put_local: AtomicBool,
     hot: Option<HotCache>,
     rpc: Arc<MasterRpc>,
+    /// Whether the last heartbeat reached the master.
+    master_reachable: AtomicBool,
     stop: Arc<AtomicBool>,
     closed: AtomicBool,
     /// Held while remounting (a put and the heartbeat may find out together).
@@ -124,7 +128,10 @@ impl StoreClient {
             rpc::Credentials::new(engine_config.cluster_secret.as_ref(), crate::master::access::DEFAULT_TENANT)?;
         let rpc = Arc::new(MasterRpc::connect(&config.master_server_address, credentials)?);
         let engine = TransferEngine::new(engine_config)?;
-        let segment = engine.alloc_registered(config.global_segment_size, "cpu:0")?;
+        let segment = match config.global_segment_size {
+            0 => None,
+            size => Some(engine.alloc_registered(size, "cpu:0")?),
+        };
         let staging = Arc::new(Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?));
         let id = uuid::Uuid::new_v4().to_string();
         let disk = match tier {
@@ -143,6 +150,7 @@ impl StoreClient {
             last_put_local: AtomicBool::new(false),
             hot,
             rpc,
+            master_reachable: AtomicBool::new(true),
             stop: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
             remounting: parking_lot::Mutex::new(()),
@@ -166,7 +174,7 @@ impl StoreClient {
             "store client {} up: segment {} ({} bytes), master {}",
             client.id,
             client.engine.segment_name(),
-            client.segment.len(),
+            client.segment.as_ref().map_or(0, RegisteredMemory::len),
             client.rpc.addr()
         );
         Ok(client)
@@ -199,6 +207,17 @@ impl StoreClient {
         self.metrics_server.lock().as_ref().map(|s| s.addr())
     }
 
+    /// Whether the master could be reached at the last heartbeat (once a second by default).
+    pub fn master_reachable(&self) -> bool {
+        self.master_reachable.load(Ordering::Acquire)
+    }
+
+    /// A pure consumer contributes no memory, so the master does not know it (and asks it to
+    /// remount at every heartbeat).
+    fn contributes(&self) -> bool {
+        self.segment.is_some() || self.disk.is_some()
+    }
+
     /// The client's hot cache, when enabled.
     pub fn hot_cache(&self) -> Option<&HotCache> {
         self.hot.as_ref()
@@ -229,7 +248,7 @@ impl StoreClient {
     fn exec(&self) -> Exec<'_> {
         Exec {
             engine: &self.engine,
-            segment: &self.segment,
+            segment: self.segment.as_ref(),
             staging: &self.staging,
             hot: self.hot.as_ref(),
             disk: self.disk.as_ref(),
@@ -241,18 +260,16 @@ impl StoreClient {
         self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default()
     }
 
-    fn segment_info(&self) -> SegmentInfo {
-        SegmentInfo {
-            name: self.engine.segment_name().to_string(),
-            base: self.segment.addr(),
-            size: self.segment.len(),
-            tier: Tier::Dram as i32,
-        }
-    }
-
+    /// Mounts the memory segment (a pure consumer has none: nothing to do).
     fn mount(&self, remount: bool) -> Result<()> {
-        let req =
-            MountSegmentRequest { client_id: self.id.clone(), segment: Some(self.segment_info()), host: self.host() };
+        let Some(segment) = &self.segment else { return Ok(()) };
+        let info = SegmentInfo {
+            name: self.engine.segment_name().to_string(),
+            base: segment.addr(),
+            size: segment.len(),
+            tier: Tier::Dram as i32,
+        };
+        let req = MountSegmentRequest { client_id: self.id.clone(), segment: Some(info), host: self.host() };
         let reply = if remount {
             self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
         } else {
@@ -267,6 +284,9 @@ impl StoreClient {
     /// returns whether it did. Once, however many threads found out at the same time (a
     /// second remount would drop what was put after the first).
     fn remount(&self) -> Result<bool> {
+        if !self.contributes() {
+            return Ok(false);
+        }
         let _one = self.remounting.lock();
         let req = PingRequest { client_id: self.id.clone(), disk: None };
         let reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
@@ -313,7 +333,11 @@ impl StoreClient {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    match client.ping() {
+                    let reply = client.ping();
+                    let unreachable =
+                        matches!(reply, Err(StoreError::MasterUnreachable { .. } | StoreError::TimedOut { .. }));
+                    client.master_reachable.store(!unreachable, Ordering::Release);
+                    match reply {
                         Ok(reply) => {
                             if let Some(disk) = &client.disk {
                                 disk.apply_ping(&reply);
@@ -323,6 +347,7 @@ impl StoreClient {
                             }
                             master_was_down = false;
                         }
+                        Err(StoreError::NeedRemount) if !client.contributes() => {}
                         Err(StoreError::NeedRemount) => {
                             if let Err(e) = client.remount() {
                                 tracing::warn!("remount failed: {e}");
@@ -376,8 +401,10 @@ impl StoreClient {
         self.put_with(key, value, &self.default_options())
     }
 
+    /// A put of a key that exists (or is being put) succeeds and leaves the object as it was,
+    /// as Mooncake's puts do ([`Self::upsert_with`] replaces it).
     pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_one(key, Src::Bytes(value), options)
+        self.put_one(key, Src::Bytes(value), options, Mode::Put)
     }
 
     /// Zero-copy put from registered memory.
@@ -393,7 +420,36 @@ impl StoreClient {
     /// laid out in several buffers, e.g. one per layer).
     pub fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        self.put_one(key, Src::Registered(pieces), options)
+        self.put_one(key, Src::Registered(pieces), options, Mode::Put)
+    }
+
+    /// Mooncake's upsert: stores `value`, replacing the key's value if it has one (the old
+    /// object is removed, then the value put again). A reader's lease still protects the old
+    /// value: [`StoreError::Leased`] until it ends.
+    pub fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        self.put_one(key, Src::Bytes(value), options, Mode::Upsert)
+    }
+
+    /// Puts the value made of `parts` one after another (Mooncake's `put_parts`): gathered as
+    /// the parts are copied to the replicas, the same single copy a byte put makes.
+    pub fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        self.put_one(key, Src::Parts(parts), options, Mode::Put)
+    }
+
+    /// [`Self::put_parts_with`] that replaces the key's value if it has one (`upsert_parts`).
+    pub fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        self.put_one(key, Src::Parts(parts), options, Mode::Upsert)
+    }
+
+    /// [`Self::upsert_with`] from registered memory (zero copy).
+    pub fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
+        self.upsert_from_sg(key, &[Piece::new(addr, len)], options)
+    }
+
+    /// [`Self::upsert_with`] of the value made of `pieces` of registered memory, in order.
+    pub fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        self.put_one(key, Src::Registered(pieces), options, Mode::Upsert)
     }
 
     /// The options `put` and the other calls without options use: the configured
@@ -402,12 +458,45 @@ impl StoreClient {
     pub fn default_options(&self) -> PutOptions {
         PutOptions {
             replica_num: self.config.replica_num,
-            preferred_segment: self.segment_name().to_string(),
+            preferred_segment: if self.segment.is_some() { self.segment_name().to_string() } else { String::new() },
             ..Default::default()
         }
     }
 
-    fn put_one(&self, key: &str, src: Src<'_>, options: &PutOptions) -> Result<()> {
+    /// One key's write: a put, and for an upsert that finds the key, its removal and a put
+    /// again (another writer may put the key in between: a few tries).
+    fn put_one(&self, key: &str, src: Src<'_>, options: &PutOptions, mode: Mode) -> Result<()> {
+        let mut refused = None;
+        for _ in 0..UPSERT_TRIES {
+            let e = match self.put_new(key, src, options)? {
+                Written::Refused(e) => e,
+                Written::Done => return Ok(()),
+                Written::Failed(e) => return Err(e),
+            };
+            match plan::refusal(e, mode) {
+                Refusal::Kept => return Ok(()),
+                Refusal::Failed(e) => return Err(e),
+                Refusal::Replace(e) => {
+                    self.remove_to_replace(key)?;
+                    refused = Some(e);
+                }
+            }
+        }
+        Err(refused.unwrap_or_else(|| StoreError::AlreadyExists(key.to_string())))
+    }
+
+    /// An upsert's removal of the object it replaces (not forced: a reader's lease protects
+    /// it); gone meanwhile is as good.
+    fn remove_to_replace(&self, key: &str) -> Result<()> {
+        match self.remove(key) {
+            Ok(()) | Err(StoreError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A put as the master sees it: `Refused` when it would not start it, `Done` once
+    /// committed; any other failure is an error (the put revoked).
+    fn put_new(&self, key: &str, src: Src<'_>, options: &PutOptions) -> Result<Written> {
         let len = src.len();
         if len == 0 {
             return Err(StoreError::invalid(format!("empty value for key {key:?}")));
@@ -427,7 +516,7 @@ impl StoreClient {
         // When the last put stayed in our own segment, this one likely does too: the disk
         // tier then takes only the CRC now and writes the file from our replica.
         let local = self.last_put_local.load(Ordering::Relaxed);
-        let stage_early = matches!(src, Src::Bytes(_)) && !local;
+        let stage_early = src.is_plain() && !local;
         let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
             self.rpc.call_while(start(req.clone()), || {
                 let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
@@ -436,17 +525,18 @@ impl StoreClient {
         } else {
             (self.rpc.call(start(req.clone())), (None, Ok(None)))
         };
-        let reply = match reply.and_then(|mut r| check(r.status.take(), key).map(|()| r)) {
-            // No room: after a restart (or once it dropped us) the master has no segment of
-            // ours until we remount. Remount now and place the value again, rather than fail
-            // until the heartbeat remounts.
-            Err(StoreError::NoSpace { .. }) if self.remounted() => {
-                let mut r = self.rpc.call(start(req))?;
-                check(r.status.take(), key)?;
-                r
-            }
-            reply => reply?,
-        };
+        let mut reply = reply?;
+        let mut started = check(reply.status.take(), key);
+        // No room: after a restart (or once it dropped us) the master has no segment of ours
+        // until we remount. Remount now and place the value again, rather than fail until the
+        // heartbeat remounts.
+        if matches!(started, Err(StoreError::NoSpace { .. })) && self.remounted() {
+            reply = self.rpc.call(start(req))?;
+            started = check(reply.status.take(), key);
+        }
+        if let Err(e) = started {
+            return Ok(Written::Refused(e));
+        }
         let written = first_piece.and_then(|first| exec.write(key, &reply.replicas, &src, first));
         if let Ok(all_local) = written {
             self.last_put_local.store(all_local, Ordering::Relaxed);
@@ -455,7 +545,7 @@ impl StoreClient {
         if let Some(offload) = offload {
             self.queue_offload(&exec, offload, reply.version, &reply.replicas, &src);
         }
-        Ok(())
+        Ok(Written::Done)
     }
 
     /// Commits a put whose bytes were written; revokes one that failed, whatever the reason.
@@ -488,8 +578,11 @@ impl StoreClient {
         src: &Src<'_>,
     ) {
         let Some(disk) = &self.disk else { return };
-        let resident = replicas.iter().find_map(|r| exec.local_replica(r, src.len()));
-        disk.queue(offload, version, resident.as_deref(), &self.segment, src);
+        let resident = self
+            .segment
+            .as_ref()
+            .and_then(|segment| Some((&*replicas.iter().find_map(|r| exec.local_replica(r, src.len()))?, segment)));
+        disk.queue(offload, version, resident, src);
     }
 
     // ---- gets ----
@@ -611,7 +704,21 @@ impl StoreClient {
             return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
         }
         let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Bytes(v)).collect();
-        self.put_many(keys, &srcs, options)
+        self.put_many(keys, &srcs, options, Mode::Put)
+    }
+
+    /// [`Self::upsert_with`] of several values (bytes); one result per key.
+    pub fn upsert_batch_with(
+        &self,
+        keys: &[String],
+        values: &[&[u8]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Bytes(v)).collect();
+        self.put_many(keys, &srcs, options, Mode::Upsert)
     }
 
     /// Zero-copy puts from registered memory: all remote writes go in one engine batch.
@@ -647,12 +754,61 @@ impl StoreClient {
         }
         self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
         let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v)).collect();
-        self.put_many(keys, &srcs, options)
+        self.put_many(keys, &srcs, options, Mode::Put)
+    }
+
+    /// [`Self::upsert_with`] of values each made of pieces of registered memory, in order.
+    pub fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v)).collect();
+        self.put_many(keys, &srcs, options, Mode::Upsert)
+    }
+
+    /// The batch write: [`Self::put_once`], then, for an upsert, the keys that existed are
+    /// removed and put again (a few rounds, as [`Self::put_one`]).
+    fn put_many(&self, keys: &[String], srcs: &[Src<'_>], options: &PutOptions, mode: Mode) -> Result<Vec<Result<()>>> {
+        let (mut results, mut replace) = self.put_once(keys, srcs, options, mode)?;
+        for _ in 1..UPSERT_TRIES {
+            if replace.is_empty() {
+                break;
+            }
+            let mut again = Vec::with_capacity(replace.len());
+            for i in replace {
+                match self.remove_to_replace(&keys[i]) {
+                    Ok(()) => again.push(i),
+                    Err(e) => results[i] = Err(e),
+                }
+            }
+            let sub_keys: Vec<String> = again.iter().map(|&i| keys[i].clone()).collect();
+            let sub_srcs: Vec<Src<'_>> = again.iter().map(|&i| srcs[i]).collect();
+            let (sub_results, sub_replace) = self.put_once(&sub_keys, &sub_srcs, options, mode)?;
+            for (&i, r) in again.iter().zip(sub_results) {
+                results[i] = r;
+            }
+            replace = sub_replace.into_iter().map(|j| again[j]).collect();
+        }
+        Ok(results)
     }
 
     /// The batch put: placed in one round trip, written by the executor (registered values in
-    /// one engine batch), then committed and revoked in one round trip each.
-    fn put_many(&self, keys: &[String], srcs: &[Src<'_>], options: &PutOptions) -> Result<Vec<Result<()>>> {
+    /// one engine batch), then committed and revoked in one round trip each. Returns the
+    /// results and the keys an upsert is to replace.
+    #[allow(clippy::type_complexity)]
+    fn put_once(
+        &self,
+        keys: &[String],
+        srcs: &[Src<'_>],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<(Vec<Result<()>>, Vec<usize>)> {
         let sizes: Vec<u64> = srcs.iter().map(Src::len).collect();
         if let Some(i) = sizes.iter().position(|s| *s == 0) {
             return Err(StoreError::invalid(format!("empty value for key {:?}", keys[i])));
@@ -695,13 +851,14 @@ impl StoreClient {
                 (Err(e), false) => Written::Refused(e),
             })
             .collect();
-        let results = self.batch_put_finish(keys, written)?;
-        for (i, (r, offload)) in results.iter().zip(offloads).enumerate() {
-            if let (Ok(()), Some(offload)) = (r, offload) {
+        let (results, settled) = self.batch_put_finish(keys, written, mode)?;
+        let mut offloads: Vec<Option<PreparedOffload>> = offloads;
+        for &i in &settled.commit {
+            if let (Ok(()), Some(offload)) = (&results[i], offloads.get_mut(i).and_then(Option::take)) {
                 self.queue_offload(&exec, offload, placed[i].1, &placed[i].0, &srcs[i]);
             }
         }
-        Ok(results)
+        Ok((results, settled.replace))
     }
 
     /// Per key: the replicas to write and the object's version; and the values' disk tier
@@ -753,17 +910,17 @@ impl StoreClient {
     }
 
     /// Tells the master how each put of a batch ended: commits the written ones, revokes
-    /// every other one it had started ([`plan::settle`]).
-    fn batch_put_finish(&self, keys: &[String], written: Vec<Written>) -> Result<Vec<Result<()>>> {
-        let (commit, revoke) = plan::settle(&written);
-        self.batch_revoke(revoke.iter().map(|&i| keys[i].clone()).collect());
-        let mut results: Vec<Result<()>> = written
-            .into_iter()
-            .map(|w| match w {
-                Written::Done => Ok(()),
-                Written::Refused(e) | Written::Failed(e) => Err(e),
-            })
-            .collect();
+    /// every other one it had started ([`plan::settle`]). Returns each key's result and the
+    /// settlement.
+    fn batch_put_finish(
+        &self,
+        keys: &[String],
+        written: Vec<Written>,
+        mode: Mode,
+    ) -> Result<(Vec<Result<()>>, plan::Settled)> {
+        let (settled, mut results) = plan::settle(written, mode);
+        self.batch_revoke(settled.revoke.iter().map(|&i| keys[i].clone()).collect());
+        let commit = &settled.commit;
         if !commit.is_empty() {
             let req =
                 BatchKeyRequest { client_id: self.id.clone(), keys: commit.iter().map(|&i| keys[i].clone()).collect() };
@@ -773,7 +930,7 @@ impl StoreClient {
                 results[i] = check(Some(status), &keys[i]);
             }
         }
-        Ok(results)
+        Ok((results, settled))
     }
 
     fn batch_revoke(&self, keys: Vec<String>) {
@@ -908,6 +1065,53 @@ impl StoreClient {
         Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n)).collect())
     }
 
+    // ---- values held in the local buffer ----
+
+    /// Mooncake's `get_buffer`: the value read into a block of this client's local (staging)
+    /// buffer, held for the caller until it drops the block. The bytes are copied once, from
+    /// wherever they lie (the engine writes a remote replica's straight into the block), and
+    /// not again: the block is registered memory, so it can also be handed to the zero-copy
+    /// calls. A value larger than the local buffer is the caller's mistake; while the buffer
+    /// is full the get waits for room until its deadline.
+    pub fn get_buffer(&self, key: &str) -> Result<HeldBlock> {
+        let list = self.replica_list(key)?;
+        let exec = self.exec();
+        let block = self.staging.acquire_held(list.size, exec.deadline)?;
+        let whole = [Extent { offset: 0, addr: block.addr(), len: list.size }];
+        exec.read(key, &list, &mut Dst::Registered(&whole))?;
+        Ok(block)
+    }
+
+    /// [`Self::get_buffer`] for several keys: one master round trip, remote reads in one
+    /// engine batch; one result per key.
+    pub fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBlock>>> {
+        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let exec = self.exec();
+        let mut blocks: Vec<Option<HeldBlock>> = Vec::with_capacity(keys.len());
+        for (list, result) in lists.iter().zip(results.iter_mut()) {
+            let held = list.as_ref().map(|l| self.staging.acquire_held(l.size, exec.deadline));
+            blocks.push(match held {
+                Some(Ok(block)) => Some(block),
+                Some(Err(e)) => {
+                    *result = Err(e);
+                    None
+                }
+                None => None,
+            });
+        }
+        let wholes: Vec<Option<[Extent; 1]>> =
+            blocks.iter().map(|b| b.as_ref().map(|b| [Extent { offset: 0, addr: b.addr(), len: b.len() }])).collect();
+        let mut dsts: Vec<Option<Dst<'_>>> = wholes.iter().map(|w| w.as_ref().map(|w| Dst::Registered(w))).collect();
+        exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
+        Ok(results
+            .into_iter()
+            .zip(blocks)
+            .map(|(r, block)| {
+                r.and_then(|()| block.ok_or_else(|| StoreError::Internal("a read without its block".into())))
+            })
+            .collect())
+    }
+
     // ---- probes and removal ----
 
     /// Whether a committed object exists (no lease is granted).
@@ -958,10 +1162,15 @@ impl StoreClient {
 
     /// Removes every committed object whose key matches `pattern`; returns how many.
     pub fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        self.remove_by_regex_with(pattern, false)
+    }
+
+    /// [`Self::remove_by_regex`]; `force` removes leased objects too.
+    pub fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
         if let (Some(hot), Ok(re)) = (&self.hot, regex::Regex::new(pattern)) {
             hot.invalidate_matching(&re);
         }
-        let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force: false };
+        let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove_by_regex(req).await })?;
         check(reply.status, pattern)?;
         self.sync_disk_removals();
@@ -969,10 +1178,15 @@ impl StoreClient {
     }
 
     pub fn remove_all(&self) -> Result<u64> {
+        self.remove_all_with(false)
+    }
+
+    /// Removes every committed object (`force`: leased ones too); returns how many.
+    pub fn remove_all_with(&self, force: bool) -> Result<u64> {
         if let Some(hot) = &self.hot {
             hot.clear();
         }
-        let req = RemoveAllRequest { client_id: self.id.clone(), force: false };
+        let req = RemoveAllRequest { client_id: self.id.clone(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove_all(req).await })?;
         check(reply.status, "")?;
         self.sync_disk_removals();
@@ -994,10 +1208,14 @@ impl StoreClient {
         self.stop.store(true, Ordering::Release);
         self.metrics_server.lock().take();
         let disk_closed = self.disk.as_ref().map_or(Ok(()), DiskLink::close);
-        let req =
-            UnmountSegmentRequest { client_id: self.id.clone(), segment_id: self.segment_id.load(Ordering::Acquire) };
-        let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
-        check(reply.status, "")?;
+        if self.segment.is_some() {
+            let req = UnmountSegmentRequest {
+                client_id: self.id.clone(),
+                segment_id: self.segment_id.load(Ordering::Acquire),
+            };
+            let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
+            check(reply.status, "")?;
+        }
         disk_closed
     }
 }
@@ -1012,6 +1230,9 @@ impl Drop for StoreClient {
         }
     }
 }
+
+/// Puts an upsert makes while other writers keep putting the key it removed.
+const UPSERT_TRIES: usize = 3;
 
 /// How long the master keeps a silent client (for callers that wait on it).
 pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(10);
