@@ -71,6 +71,11 @@ pub struct ClientConfig {
     /// `CRESCENT_CLUSTER_SECRET`, `CRESCENT_CLUSTER_SECRET_NEXT`), if any. Every connection of
     /// the client's engine and disk service, and its calls to the master, prove it.
     pub cluster_secret: Option<Keyring>,
+    /// The client's tenant (upstream's `tenant_id`; `MOONCAKE_TENANT_ID`): it sees, reads,
+    /// writes and removes only its tenant's keys, and its segment holds only them (see
+    /// [`crate::master::tenant`]). With a cluster secret, the token it sends names it, so the
+    /// master believes it; without one, it is the client's word. Default `default`.
+    pub tenant_id: String,
 }
 
 impl Default for ClientConfig {
@@ -97,6 +102,7 @@ impl Default for ClientConfig {
             hot_cache: HotCacheSettings::default(),
             metrics_address: None,
             cluster_secret: None,
+            tenant_id: crate::master::access::DEFAULT_TENANT.into(),
         }
     }
 }
@@ -133,6 +139,7 @@ struct FileConfig {
     local_hot_cache_admission: Option<String>,
     client_metrics_address: Option<String>,
     cluster_secret_file: Option<String>,
+    tenant_id: Option<String>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -175,8 +182,8 @@ impl ClientConfig {
     /// `MOONCAKE_LOCAL_BUFFER_SIZE` (bytes or sizes such as `4gb`), `MOONCAKE_OFFLOAD_ENABLED`
     /// with `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH` (the disk tier's root),
     /// `MOONCAKE_ENABLE_CLIENT_HTTP_SERVER` with `MOONCAKE_CLIENT_HTTP_PORT` (default 9300: the
-    /// client's `/metrics` on that port), and `MOONCAKE_TENANT_ID` (Crescent has one tenant:
-    /// `default`, anything else is refused). Unset variables keep Crescent's defaults.
+    /// client's `/metrics` on that port), and `MOONCAKE_TENANT_ID` (the client's tenant,
+    /// [`ClientConfig::tenant_id`]). Unset variables keep Crescent's defaults.
     pub fn apply_mooncake_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
         let get = |name: &str| var(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         let flag = |name: &str| -> Result<Option<bool>> {
@@ -224,11 +231,15 @@ impl ClientConfig {
                 .map_err(|_| StoreError::Config(format!("MOONCAKE_CLIENT_HTTP_PORT={port:?} is not a port")))?;
             self.metrics_address = Some(format!("0.0.0.0:{port}"));
         }
-        if let Some(t) = get("MOONCAKE_TENANT_ID").filter(|t| t != "default") {
-            return Err(StoreError::Config(format!(
-                "MOONCAKE_TENANT_ID={t:?}: Crescent has no tenants yet (only \"default\")"
-            )));
+        if let Some(t) = get("MOONCAKE_TENANT_ID") {
+            self.set_tenant("MOONCAKE_TENANT_ID", &t)?;
         }
+        Ok(())
+    }
+
+    fn set_tenant(&mut self, name: &str, tenant: &str) -> Result<()> {
+        crate::master::access::check_tenant(tenant).map_err(|e| StoreError::Config(format!("{name}: {e}")))?;
+        self.tenant_id = tenant.to_string();
         Ok(())
     }
 
@@ -309,6 +320,9 @@ impl ClientConfig {
         }
         if let Some(v) = f.client_metrics_address {
             self.metrics_address = Some(v.trim().to_string()).filter(|a| !a.is_empty());
+        }
+        if let Some(v) = f.tenant_id.filter(|v| !v.trim().is_empty()) {
+            self.set_tenant("tenant_id", v.trim())?;
         }
         if let Some(v) = f.cluster_secret_file.filter(|v| !v.trim().is_empty()) {
             self.cluster_secret = Some(
@@ -480,12 +494,15 @@ mod tests {
         d.apply_mooncake_env(env(&[("MOONCAKE_DEVICE", "mlx5_0,mlx5_1")])).unwrap();
         assert_eq!(d.device_name.as_deref(), Some("mlx5_0,mlx5_1"));
         assert_eq!(d.master_server_address, ClientConfig::default().master_server_address);
+        assert_eq!(d.tenant_id, "default");
+        d.apply_mooncake_env(env(&[("MOONCAKE_TENANT_ID", "team-a")])).unwrap();
+        assert_eq!(d.tenant_id, "team-a");
         for bad in [
             &[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")][..],
             &[("MOONCAKE_PROTOCOL", "carrier-pigeon")][..],
             &[("MOONCAKE_OFFLOAD_ENABLED", "maybe")][..],
             &[("MOONCAKE_OFFLOAD_ENABLED", "yes")][..],
-            &[("MOONCAKE_TENANT_ID", "team-a")][..],
+            &[("MOONCAKE_TENANT_ID", "_reserved")][..],
         ] {
             let e = ClientConfig::default().apply_mooncake_env(env(bad)).unwrap_err().to_string();
             assert!(e.contains(bad[0].0), "{bad:?}: {e}");

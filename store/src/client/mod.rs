@@ -124,8 +124,7 @@ impl StoreClient {
     pub fn connect(config: ClientConfig) -> Result<Arc<Self>> {
         let tier = DiskLink::open_tier(&config)?;
         let engine_config = config.engine_config()?;
-        let credentials =
-            rpc::Credentials::new(engine_config.cluster_secret.as_ref(), crate::master::access::DEFAULT_TENANT)?;
+        let credentials = rpc::Credentials::new(engine_config.cluster_secret.as_ref(), &config.tenant_id)?;
         let rpc = Arc::new(MasterRpc::connect(&config.master_server_address, credentials)?);
         let engine = TransferEngine::new(engine_config)?;
         let segment = match config.global_segment_size {

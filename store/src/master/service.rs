@@ -10,8 +10,9 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response};
 
 use crate::error::StoreError;
+use crate::master::access::Tenant;
 use crate::master::mooncake_metrics::GetSource;
-use crate::master::{Master, PingOutcome, MAX_KEY_LEN};
+use crate::master::{tenant, Master, PingOutcome, MAX_KEY_LEN};
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
 use crate::proto::*;
 
@@ -187,18 +188,64 @@ fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
     }
 }
 
+/// The tenant a request is served for ([`crate::master::access`] puts it in the request).
+fn tenant_of<T>(req: &Request<T>) -> Tenant {
+    req.extensions().get::<Tenant>().cloned().unwrap_or_default()
+}
+
+/// The master's names for a tenant's names ([`tenant::scope`]).
+fn scoped(t: &Tenant, names: &[String]) -> Result<Vec<String>, StoreError> {
+    names.iter().map(|n| tenant::scope(&t.0, n)).collect()
+}
+
+/// A client id going out to `t`'s client: its own name ("" for another tenant's, which the
+/// master's rules never hand out).
+fn unscope_id(t: &Tenant, id: &mut String) {
+    *id = tenant::unscope(&t.0, id).unwrap_or_default().to_string();
+}
+
+fn unscope_replicas(t: &Tenant, replicas: &mut [ReplicaDescriptor]) {
+    replicas.iter_mut().for_each(|r| unscope_id(t, &mut r.client_id));
+}
+
+/// Disk entries going out to `t`'s client: its keys, under its names.
+fn unscope_entries(t: &Tenant, entries: Vec<DiskEntry>) -> Vec<DiskEntry> {
+    entries
+        .into_iter()
+        .filter_map(|e| Some(DiskEntry { key: tenant::unscope(&t.0, &e.key)?.to_string(), ..e }))
+        .collect()
+}
+
+fn scope_entries(t: &Tenant, entries: &[DiskEntry]) -> Result<Vec<DiskEntry>, StoreError> {
+    entries.iter().map(|e| Ok(DiskEntry { key: tenant::scope(&t.0, &e.key)?, ..e.clone() })).collect()
+}
+
+/// A tenant's request with its names scoped; a name that cannot be scoped fails the reply
+/// (`$fail` builds it from the error).
+macro_rules! scope_or {
+    ($m:expr, $e:expr, $fail:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return $fail(status($m, &e)),
+        }
+    };
+}
+
 #[tonic::async_trait]
 impl MasterRpc for MasterService {
     async fn mount_segment(
         &self,
         req: Request<MountSegmentRequest>,
     ) -> Result<Response<MountSegmentReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         self.timed("MountSegment", |m| {
+            let fail = |status| MountSegmentReply { status, segment_id: 0 };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
             let seg = r.segment.unwrap_or_default();
-            match m.mount_segment(&r.client_id, &seg, &r.host) {
+            match m.mount_segment(&client, &seg, &r.host) {
                 Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
+                Err(e) => fail(status(m, &e)),
             }
         })
     }
@@ -207,12 +254,15 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<MountSegmentRequest>,
     ) -> Result<Response<MountSegmentReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         self.timed("RemountSegment", |m| {
+            let fail = |status| MountSegmentReply { status, segment_id: 0 };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
             let seg = r.segment.unwrap_or_default();
-            match m.remount_segment(&r.client_id, &seg, &r.host) {
+            match m.remount_segment(&client, &seg, &r.host) {
                 Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
+                Err(e) => fail(status(m, &e)),
             }
         })
     }
@@ -221,52 +271,90 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<UnmountSegmentRequest>,
     ) -> Result<Response<StatusReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("UnmountSegment", |m| StatusReply {
-            status: status_of(m, &m.unmount_segment(&r.client_id, r.segment_id)),
+        self.timed("UnmountSegment", |m| {
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), |status| StatusReply { status });
+            StatusReply { status: status_of(m, &m.unmount_segment(&client, r.segment_id)) }
         })
     }
 
     async fn put_start(&self, req: Request<PutStartRequest>) -> Result<Response<PutStartReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("PutStart", |m| put_start_reply(m, &r.client_id, &r.key, r.size, &r.options.unwrap_or_default()))
+        self.timed("PutStart", |m| {
+            let fail = |status| PutStartReply { status, ..Default::default() };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
+            let mut reply = put_start_reply(m, &client, &key, r.size, &r.options.unwrap_or_default());
+            unscope_replicas(&t, &mut reply.replicas);
+            reply
+        })
     }
 
     async fn put_end(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("PutEnd", |m| StatusReply { status: status_of(m, &m.put_end(&r.client_id, &r.key)) })
+        self.timed("PutEnd", |m| {
+            let fail = |status| StatusReply { status };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
+            StatusReply { status: status_of(m, &m.put_end(&client, &key)) }
+        })
     }
 
     async fn put_revoke(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("PutRevoke", |m| StatusReply { status: status_of(m, &m.put_revoke(&r.client_id, &r.key)) })
+        self.timed("PutRevoke", |m| {
+            let fail = |status| StatusReply { status };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
+            StatusReply { status: status_of(m, &m.put_revoke(&client, &key)) }
+        })
     }
 
     async fn batch_put_start(
         &self,
         req: Request<BatchPutStartRequest>,
     ) -> Result<Response<BatchPutStartReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         check_batch(r.keys.len())?;
         self.timed_n("BatchPutStart", r.keys.len(), |m| {
+            let n = r.keys.len().max(1);
+            let fail = |status| BatchPutStartReply { items: vec![PutStartReply { status, ..Default::default() }; n] };
             if r.keys.len() != r.sizes.len() {
                 let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
-                return BatchPutStartReply {
-                    items: vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)],
-                };
+                return fail(status(m, &e));
             }
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
             let opts = r.options.unwrap_or_default();
-            let items =
-                r.keys.iter().zip(&r.sizes).map(|(k, s)| put_start_reply(m, &r.client_id, k, *s, &opts)).collect();
+            let items = keys
+                .iter()
+                .zip(&r.sizes)
+                .map(|(k, s)| {
+                    let mut reply = put_start_reply(m, &client, k, *s, &opts);
+                    unscope_replicas(&t, &mut reply.replicas);
+                    reply
+                })
+                .collect();
             BatchPutStartReply { items }
         })
     }
 
     async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         check_batch(r.keys.len())?;
-        self.timed_n("BatchPutEnd", r.keys.len(), |m| BatchStatusReply {
-            statuses: r.keys.iter().map(|k| status_of(m, &m.put_end(&r.client_id, k)).expect("some")).collect(),
+        self.timed_n("BatchPutEnd", r.keys.len(), |m| {
+            let fail = |s: Option<Status>| BatchStatusReply { statuses: vec![s.expect("some"); r.keys.len().max(1)] };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
+            BatchStatusReply {
+                statuses: keys.iter().map(|k| status_of(m, &m.put_end(&client, k)).expect("some")).collect(),
+            }
         })
     }
 
@@ -274,106 +362,187 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         check_batch(r.keys.len())?;
-        self.timed_n("BatchPutRevoke", r.keys.len(), |m| BatchStatusReply {
-            statuses: r.keys.iter().map(|k| status_of(m, &m.put_revoke(&r.client_id, k)).expect("some")).collect(),
+        self.timed_n("BatchPutRevoke", r.keys.len(), |m| {
+            let fail = |s: Option<Status>| BatchStatusReply { statuses: vec![s.expect("some"); r.keys.len().max(1)] };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
+            BatchStatusReply {
+                statuses: keys.iter().map(|k| status_of(m, &m.put_revoke(&client, k)).expect("some")).collect(),
+            }
         })
     }
 
     async fn get_replica_list(&self, req: Request<KeyRequest>) -> Result<Response<GetReplicaListReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("GetReplicaList", |m| replica_list_reply(m, &r.key))
+        self.timed("GetReplicaList", |m| {
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), |status| GetReplicaListReply {
+                status,
+                ..Default::default()
+            });
+            let mut reply = replica_list_reply(m, &key);
+            unscope_replicas(&t, &mut reply.replicas);
+            reply
+        })
     }
 
     async fn batch_get_replica_list(
         &self,
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchGetReplicaListReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         check_batch(r.keys.len())?;
-        self.timed_n("BatchGetReplicaList", r.keys.len(), |m| BatchGetReplicaListReply {
-            items: r.keys.iter().map(|k| replica_list_reply(m, k)).collect(),
+        self.timed_n("BatchGetReplicaList", r.keys.len(), |m| {
+            let n = r.keys.len().max(1);
+            let keys = scope_or!(m, scoped(&t, &r.keys), |status| BatchGetReplicaListReply {
+                items: vec![GetReplicaListReply { status, ..Default::default() }; n]
+            });
+            BatchGetReplicaListReply {
+                items: keys
+                    .iter()
+                    .map(|k| {
+                        let mut reply = replica_list_reply(m, k);
+                        unscope_replicas(&t, &mut reply.replicas);
+                        reply
+                    })
+                    .collect(),
+            }
         })
     }
 
     async fn exists(&self, req: Request<KeyRequest>) -> Result<Response<ExistsReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("Exists", |m| match m.exists(&r.key) {
-            Ok(exists) => ExistsReply { status: ok(), exists },
-            Err(e) => ExistsReply { status: status(m, &e), exists: false },
+        self.timed("Exists", |m| {
+            let fail = |status| ExistsReply { status, exists: false };
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
+            match m.exists(&key) {
+                Ok(exists) => ExistsReply { status: ok(), exists },
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
     async fn batch_exists(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchExistsReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         check_batch(r.keys.len())?;
-        self.timed_n("BatchExists", r.keys.len(), |m| match m.batch_exists(&r.keys) {
-            Ok(exists) => BatchExistsReply { status: ok(), exists },
-            Err(e) => BatchExistsReply { status: status(m, &e), exists: Vec::new() },
+        self.timed_n("BatchExists", r.keys.len(), |m| {
+            let fail = |status| BatchExistsReply { status, exists: Vec::new() };
+            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
+            match m.batch_exists(&keys) {
+                Ok(exists) => BatchExistsReply { status: ok(), exists },
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
     async fn query_key(&self, req: Request<KeyRequest>) -> Result<Response<QueryKeyReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("QueryKey", |m| match m.query(&r.key) {
-            Ok(reply) => QueryKeyReply { status: ok(), ..reply },
-            Err(e) => QueryKeyReply { status: status(m, &e), ..Default::default() },
+        self.timed("QueryKey", |m| {
+            let fail = |status| QueryKeyReply { status, ..Default::default() };
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
+            match m.query(&key) {
+                Ok(mut reply) => {
+                    unscope_replicas(&t, &mut reply.replicas);
+                    QueryKeyReply { status: ok(), ..reply }
+                }
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("Remove", |m| StatusReply { status: status_of(m, &m.remove(&r.key, r.force)) })
+        self.timed("Remove", |m| {
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), |status| StatusReply { status });
+            StatusReply { status: status_of(m, &m.remove(&key, r.force)) }
+        })
     }
 
     async fn remove_by_regex(
         &self,
         req: Request<RemoveByRegexRequest>,
     ) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("RemoveByRegex", |m| match m.remove_by_regex(&r.pattern, r.force) {
-            Ok((removed, skipped_leased)) => RemoveByRegexReply { status: ok(), removed, skipped_leased },
-            Err(e) => RemoveByRegexReply { status: status(m, &e), ..Default::default() },
+        self.timed("RemoveByRegex", |m| {
+            let fail = |status| RemoveByRegexReply { status, ..Default::default() };
+            let re = regex::RegexBuilder::new(&r.pattern)
+                .size_limit(1 << 20)
+                .build()
+                .map_err(|e| StoreError::InvalidArgument(format!("bad regex {:?}: {e}", r.pattern)));
+            let re = scope_or!(m, re, fail);
+            // The tenant's keys, matched by their names.
+            let mine = |k: &str| tenant::unscope(&t.0, k).is_some_and(|k| re.is_match(k));
+            let (removed, skipped_leased) = m.remove_matching(mine, r.force);
+            RemoveByRegexReply { status: ok(), removed, skipped_leased }
         })
     }
 
     async fn remove_all(&self, req: Request<RemoveAllRequest>) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         self.timed("RemoveAll", |m| {
-            let (removed, skipped_leased) = m.remove_all(r.force);
+            let (removed, skipped_leased) = m.remove_matching(|k| tenant::unscope(&t.0, k).is_some(), r.force);
             RemoveByRegexReply { status: ok(), removed, skipped_leased }
         })
     }
 
     async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("Ping", |m| match m.ping(&r.client_id) {
-            PingOutcome::Ok => {
-                if let Some(d) = &r.disk {
-                    m.record_disk_counters(&r.client_id, d);
+        self.timed("Ping", |m| {
+            let client =
+                scope_or!(m, tenant::scope(&t.0, &r.client_id), |status| PingReply { status, ..Default::default() });
+            match m.ping(&client) {
+                PingOutcome::Ok => {
+                    if let Some(d) = &r.disk {
+                        m.record_disk_counters(&client, d);
+                    }
+                    let (held_generation, held_removals) = m.held_removals_for(&client).unwrap_or_default();
+                    // The removals of the tenant's keys only.
+                    let held_removals = held_removals
+                        .into_iter()
+                        .filter_map(|h| Some(HeldRemoval { key: tenant::unscope(&t.0, &h.key)?.to_string(), ..h }))
+                        .collect();
+                    PingReply {
+                        status: ok(),
+                        view_version: 0,
+                        disk_removals: unscope_entries(&t, m.disk_removals_for(&client)),
+                        held_generation,
+                        held_removals,
+                        disk_only: unscope_entries(&t, m.disk_only_news_for(&client)),
+                    }
                 }
-                let (held_generation, held_removals) = m.held_removals_for(&r.client_id).unwrap_or_default();
-                PingReply {
-                    status: ok(),
-                    view_version: 0,
-                    disk_removals: m.disk_removals_for(&r.client_id),
-                    held_generation,
-                    held_removals,
-                    disk_only: m.disk_only_news_for(&r.client_id),
+                PingOutcome::NeedRemount => {
+                    PingReply { status: status(m, &StoreError::NeedRemount), ..Default::default() }
                 }
             }
-            PingOutcome::NeedRemount => PingReply { status: status(m, &StoreError::NeedRemount), ..Default::default() },
         })
     }
 
     async fn mount_disk(&self, req: Request<MountDiskRequest>) -> Result<Response<MountSegmentReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         self.timed("MountDisk", |m| {
-            m.merge_held_removals(&r.held_removals);
-            match m.mount_disk(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
+            let fail = |status| MountSegmentReply { status, segment_id: 0 };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let held: Vec<HeldRemoval> = r
+                .held_removals
+                .iter()
+                .filter_map(|h| Some(HeldRemoval { key: tenant::scope(&t.0, &h.key).ok()?, ..h.clone() }))
+                .collect();
+            m.merge_held_removals(&held);
+            match m.mount_disk(&client, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
                 Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
+                Err(e) => fail(status(m, &e)),
             }
         })
     }
@@ -382,13 +551,18 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<UpdateDiskReplicasRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
         self.timed("UpdateDiskReplicas", |m| {
-            match m.update_disk_replicas(&r.client_id, r.segment_id, &r.added, &r.removed, r.restore) {
+            let fail = |s: Option<Status>| BatchStatusReply { statuses: vec![s.expect("some"); r.added.len().max(1)] };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let added = scope_or!(m, scope_entries(&t, &r.added), fail);
+            let removed = scope_or!(m, scope_entries(&t, &r.removed), fail);
+            match m.update_disk_replicas(&client, r.segment_id, &added, &removed, r.restore) {
                 Ok(results) => {
                     BatchStatusReply { statuses: results.iter().map(|x| status_of(m, x).expect("some")).collect() }
                 }
-                Err(e) => BatchStatusReply { statuses: vec![status(m, &e).expect("some"); r.added.len().max(1)] },
+                Err(e) => fail(status(m, &e)),
             }
         })
     }
@@ -396,38 +570,75 @@ impl MasterRpc for MasterService {
     // ---- cache-aware scheduling (see query.rs, published.rs, replicate.rs, events.rs) ----
 
     async fn query_keys(&self, req: Request<QueryKeysRequest>) -> Result<Response<QueryKeysReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("QueryKeys", |m| match m.query_keys(&r.keys) {
-            Ok(reply) => QueryKeysReply { status: ok(), ..reply },
-            Err(e) => QueryKeysReply { status: status(m, &e), ..Default::default() },
+        self.timed("QueryKeys", |m| {
+            let fail = |status| QueryKeysReply { status, ..Default::default() };
+            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
+            match m.query_keys(&keys) {
+                Ok(mut reply) => {
+                    reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
+                    QueryKeysReply { status: ok(), ..reply }
+                }
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
     async fn prefix_query(&self, req: Request<QueryKeysRequest>) -> Result<Response<PrefixQueryReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("PrefixQuery", |m| match m.prefix_query(&r.keys) {
-            Ok(reply) => PrefixQueryReply { status: ok(), ..reply },
-            Err(e) => PrefixQueryReply { status: status(m, &e), ..Default::default() },
+        self.timed("PrefixQuery", |m| {
+            let fail = |status| PrefixQueryReply { status, ..Default::default() };
+            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
+            match m.prefix_query(&keys) {
+                Ok(mut reply) => {
+                    reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
+                    PrefixQueryReply { status: ok(), ..reply }
+                }
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
-    async fn node_stats(&self, _req: Request<NodeStatsRequest>) -> Result<Response<NodeStatsReply>, tonic::Status> {
-        self.timed("NodeStats", |m| NodeStatsReply { status: ok(), ..m.node_stats() })
+    async fn node_stats(&self, req: Request<NodeStatsRequest>) -> Result<Response<NodeStatsReply>, tonic::Status> {
+        let t = tenant_of(&req);
+        self.timed("NodeStats", |m| {
+            let mut reply = m.node_stats();
+            // The tenant's own clients only.
+            reply.nodes.retain(|n| tenant::unscope(&t.0, &n.client_id).is_some());
+            reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
+            NodeStatsReply { status: ok(), ..reply }
+        })
     }
 
     async fn publish(&self, req: Request<PublishRequest>) -> Result<Response<PublishReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("Publish", |m| match m.publish(&r.client_id, r.tier, r.ttl_ms, &r.keys) {
-            Ok(count) => PublishReply { status: ok(), count },
-            Err(e) => PublishReply { status: status(m, &e), count: 0 },
+        self.timed("Publish", |m| {
+            let fail = |status| PublishReply { status, count: 0 };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let keys: Result<Vec<PublishedKey>, StoreError> =
+                r.keys.iter().map(|k| Ok(PublishedKey { key: tenant::scope(&t.0, &k.key)?, ..k.clone() })).collect();
+            let keys = scope_or!(m, keys, fail);
+            match m.publish(&client, r.tier, r.ttl_ms, &keys) {
+                Ok(count) => PublishReply { status: ok(), count },
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
     async fn retract(&self, req: Request<RetractRequest>) -> Result<Response<PublishReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("Retract", |m| match m.retract(&r.client_id, &r.keys, r.all) {
-            Ok(count) => PublishReply { status: ok(), count },
-            Err(e) => PublishReply { status: status(m, &e), count: 0 },
+        self.timed("Retract", |m| {
+            let fail = |status| PublishReply { status, count: 0 };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
+            match m.retract(&client, &keys, r.all) {
+                Ok(count) => PublishReply { status: ok(), count },
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
@@ -435,17 +646,27 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<ReplicateStartRequest>,
     ) -> Result<Response<ReplicateStartReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("ReplicateStart", |m| match m.replicate_start(&r.client_id, &r.key, r.count) {
-            Ok(p) => ReplicateStartReply {
-                status: ok(),
-                size: p.size,
-                version: p.version,
-                sources: p.sources,
-                targets: p.targets,
-                lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
-            },
-            Err(e) => ReplicateStartReply { status: status(m, &e), ..Default::default() },
+        self.timed("ReplicateStart", |m| {
+            let fail = |status| ReplicateStartReply { status, ..Default::default() };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
+            match m.replicate_start(&client, &key, r.count) {
+                Ok(mut p) => {
+                    unscope_replicas(&t, &mut p.sources);
+                    unscope_replicas(&t, &mut p.targets);
+                    ReplicateStartReply {
+                        status: ok(),
+                        size: p.size,
+                        version: p.version,
+                        sources: p.sources,
+                        targets: p.targets,
+                        lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
+                    }
+                }
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
@@ -453,10 +674,16 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<ReplicateEndRequest>,
     ) -> Result<Response<ReplicateEndReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("ReplicateEnd", |m| match m.replicate_end(&r.client_id, &r.key, &r.done_segments) {
-            Ok((added, replicas)) => ReplicateEndReply { status: ok(), added, replicas },
-            Err(e) => ReplicateEndReply { status: status(m, &e), ..Default::default() },
+        self.timed("ReplicateEnd", |m| {
+            let fail = |status| ReplicateEndReply { status, ..Default::default() };
+            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
+            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
+            match m.replicate_end(&client, &key, &r.done_segments) {
+                Ok((added, replicas)) => ReplicateEndReply { status: ok(), added, replicas },
+                Err(e) => fail(status(m, &e)),
+            }
         })
     }
 
@@ -464,21 +691,32 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<TakeReplicationTasksRequest>,
     ) -> Result<Response<TakeReplicationTasksReply>, tonic::Status> {
+        let t = tenant_of(&req);
         let r = req.into_inner();
-        self.timed("TakeReplicationTasks", |m| TakeReplicationTasksReply {
-            status: ok(),
-            tasks: m.take_replication_tasks(r.max.min(10_000)),
+        self.timed("TakeReplicationTasks", |m| {
+            let tasks = m.take_replication_tasks_of(r.max.min(10_000), |k| tenant::unscope(&t.0, k).is_some());
+            let tasks = tasks
+                .into_iter()
+                .filter_map(|x| Some(ReplicationTask { key: tenant::unscope(&t.0, &x.key)?.to_string(), ..x }))
+                .collect();
+            TakeReplicationTasksReply { status: ok(), tasks }
         })
     }
 
     type SubscribeStream = EventStream;
 
     async fn subscribe(&self, req: Request<SubscribeRequest>) -> Result<Response<EventStream>, tonic::Status> {
+        let t = tenant_of(&req);
         let prefix = req.into_inner().key_prefix;
         let events = BroadcastStream::new(self.master.subscribe_events());
+        // The tenant's events only, under its names.
         let stream = events.filter_map(move |item| match item {
-            Ok(event) if event.key.starts_with(&prefix) => Some(Ok(EventMessage { event: Some(event), lost: 0 })),
-            Ok(_) => None,
+            Ok(mut event) => {
+                let key = tenant::unscope(&t.0, &event.key).filter(|k| k.starts_with(&prefix))?.to_string();
+                event.key = key;
+                unscope_id(&t, &mut event.client_id);
+                Some(Ok(EventMessage { event: Some(event), lost: 0 }))
+            }
             Err(BroadcastStreamRecvError::Lagged(lost)) => Some(Ok(EventMessage { event: None, lost })),
         });
         Ok(Response::new(Box::pin(stream)))
