@@ -76,6 +76,9 @@ pub struct ClientConfig {
     /// [`crate::master::tenant`]). With a cluster secret, the token it sends names it, so the
     /// master believes it; without one, it is the client's word. Default `default`.
     pub tenant_id: String,
+    /// A put that fails because the master went away, changed or is not the leader is put
+    /// again once a master answers, for this long at most (`master_failover_timeout_ms`).
+    pub master_failover_timeout: std::time::Duration,
 }
 
 impl Default for ClientConfig {
@@ -103,6 +106,7 @@ impl Default for ClientConfig {
             metrics_address: None,
             cluster_secret: None,
             tenant_id: crate::master::access::DEFAULT_TENANT.into(),
+            master_failover_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -140,6 +144,7 @@ struct FileConfig {
     client_metrics_address: Option<String>,
     cluster_secret_file: Option<String>,
     tenant_id: Option<String>,
+    master_failover_timeout_ms: Option<u64>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -330,17 +335,37 @@ impl ClientConfig {
                     .map_err(|e| StoreError::Config(format!("cluster_secret_file: {e}")))?,
             );
         }
+        if let Some(v) = f.master_failover_timeout_ms {
+            self.master_failover_timeout = std::time::Duration::from_millis(v);
+        }
         Ok(())
     }
 
-    /// The disk tier's settings, if a storage root is set.
-    pub fn disk_config(&self) -> Result<Option<disk::DiskConfig>> {
-        let Some(root) = &self.storage_root_dir else { return Ok(None) };
+    /// The cluster id: `cluster_id`, else `MC_METADATA_CLUSTER_ID`, else `default` (the disk
+    /// tier's directory, and the masters' leader key with an `etcd://` master address).
+    pub fn resolved_cluster_id(&self) -> Result<String> {
         let cluster_id = match &self.cluster_id {
             Some(c) => c.clone(),
             None => self.engine_config()?.metadata_cluster_id.unwrap_or_else(|| "default".into()),
         };
         disk::check_cluster_id(&cluster_id)?;
+        Ok(cluster_id)
+    }
+
+    /// The cluster whose masters' leader an `etcd://` master address looks up: `cluster_id`,
+    /// else `MC_METADATA_CLUSTER_ID`, else the masters' default (`mooncake_cluster`, as
+    /// `--cluster_id`'s; the disk tier's directory defaults to `default` instead).
+    pub fn leader_cluster_id(&self) -> String {
+        self.cluster_id
+            .clone()
+            .or_else(|| std::env::var("MC_METADATA_CLUSTER_ID").ok().filter(|c| !c.trim().is_empty()))
+            .unwrap_or_else(|| crate::master::config::DEFAULT_CLUSTER_ID.to_string())
+    }
+
+    /// The disk tier's settings, if a storage root is set.
+    pub fn disk_config(&self) -> Result<Option<disk::DiskConfig>> {
+        let Some(root) = &self.storage_root_dir else { return Ok(None) };
+        let cluster_id = self.resolved_cluster_id()?;
         Ok(Some(disk::DiskConfig {
             root: root.clone(),
             cluster_id,

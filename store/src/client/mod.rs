@@ -23,8 +23,11 @@ mod disk_link;
 mod exec;
 pub mod hot_cache;
 mod lease;
+mod master_link;
 pub mod metrics;
+pub mod owner_index;
 mod plan;
+mod put_retry;
 mod read;
 pub mod rpc;
 pub mod sched;
@@ -110,6 +113,10 @@ pub struct StoreClient {
     metrics: metrics::ClientMetrics,
     /// The Prometheus endpoint, when `metrics_address` is set; stopped by `close`.
     metrics_server: parking_lot::Mutex<Option<metrics::MetricsServer>>,
+    /// What our segment holds, as the master told us ([`owner_index`]).
+    index: Arc<owner_index::OwnerIndex>,
+    /// Heartbeat wake-ups and answers ([`master_link`]).
+    link: Arc<master_link::Link>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -125,7 +132,8 @@ impl StoreClient {
         let tier = DiskLink::open_tier(&config)?;
         let engine_config = config.engine_config()?;
         let credentials = rpc::Credentials::new(engine_config.cluster_secret.as_ref(), &config.tenant_id)?;
-        let rpc = Arc::new(MasterRpc::connect(&config.master_server_address, credentials)?);
+        let rpc =
+            Arc::new(MasterRpc::connect_in(&config.master_server_address, &config.leader_cluster_id(), credentials)?);
         let engine = TransferEngine::new(engine_config)?;
         let segment = match config.global_segment_size {
             0 => None,
@@ -156,6 +164,8 @@ impl StoreClient {
             disk,
             metrics: metrics::ClientMetrics::new()?,
             metrics_server: parking_lot::Mutex::new(None),
+            index: Arc::default(),
+            link: Arc::default(),
         });
         if let Some(addr) = metrics_address {
             let weak = Arc::downgrade(&client);
@@ -164,7 +174,10 @@ impl StoreClient {
             tracing::info!("store client metrics: http://{}/metrics", server.addr());
             *client.metrics_server.lock() = Some(server);
         }
-        client.mount(false)?;
+        client.mount(master_link::MountKind::First)?;
+        if client.segment.is_some() {
+            client.start_owner_stream();
+        }
         if let Some(disk) = &client.disk {
             disk.start()?;
         }
@@ -259,47 +272,15 @@ impl StoreClient {
         self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default()
     }
 
-    /// Mounts the memory segment (a pure consumer has none: nothing to do).
-    fn mount(&self, remount: bool) -> Result<()> {
-        let Some(segment) = &self.segment else { return Ok(()) };
-        let info = SegmentInfo {
+    /// The segment as the master is told of it (a pure consumer has none).
+    fn segment_info(&self) -> Option<SegmentInfo> {
+        let segment = self.segment.as_ref()?;
+        Some(SegmentInfo {
             name: self.engine.segment_name().to_string(),
             base: segment.addr(),
             size: segment.len(),
             tier: Tier::Dram as i32,
-        };
-        let req = MountSegmentRequest { client_id: self.id.clone(), segment: Some(info), host: self.host() };
-        let reply = if remount {
-            self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
-        } else {
-            self.rpc.call(|mut c| async move { c.mount_segment(req).await })?
-        };
-        check(reply.status, "")?;
-        self.segment_id.store(reply.segment_id, Ordering::Release);
-        Ok(())
-    }
-
-    /// Mounts the segment (and the disk) again if the master dropped this client or restarted;
-    /// returns whether it did. Once, however many threads found out at the same time (a
-    /// second remount would drop what was put after the first).
-    fn remount(&self) -> Result<bool> {
-        if !self.contributes() {
-            return Ok(false);
-        }
-        let _one = self.remounting.lock();
-        let req = PingRequest { client_id: self.id.clone(), disk: None };
-        let reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
-        match check(reply.status, "") {
-            Err(StoreError::NeedRemount) => {}
-            // Known to the master (remounted by another thread meanwhile), or it is not there.
-            other => return other.map(|()| false),
-        }
-        tracing::warn!("the master dropped this client; remounting segment {}", self.segment_name());
-        self.mount(true)?;
-        if let Some(disk) = &self.disk {
-            disk.remount();
-        }
-        Ok(true)
+        })
     }
 
     /// Whether the master had lost this client and it is mounted again now (a put refused for
@@ -316,52 +297,6 @@ impl StoreClient {
         let mut reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
         check(reply.status.take(), "")?;
         Ok(reply)
-    }
-
-    fn start_heartbeat(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        let stop = self.stop.clone();
-        let interval = self.config.ping_interval;
-        std::thread::Builder::new()
-            .name("crescent-heartbeat".into())
-            .spawn(move || {
-                let mut master_was_down = false;
-                while !stop.load(Ordering::Acquire) {
-                    std::thread::sleep(interval);
-                    let Some(client) = weak.upgrade() else { return };
-                    if stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    let reply = client.ping();
-                    let unreachable =
-                        matches!(reply, Err(StoreError::MasterUnreachable { .. } | StoreError::TimedOut { .. }));
-                    client.master_reachable.store(!unreachable, Ordering::Release);
-                    match reply {
-                        Ok(reply) => {
-                            if let Some(disk) = &client.disk {
-                                disk.apply_ping(&reply);
-                            }
-                            if master_was_down {
-                                tracing::info!("master {} reachable again", client.rpc.addr());
-                            }
-                            master_was_down = false;
-                        }
-                        Err(StoreError::NeedRemount) if !client.contributes() => {}
-                        Err(StoreError::NeedRemount) => {
-                            if let Err(e) = client.remount() {
-                                tracing::warn!("remount failed: {e}");
-                            }
-                        }
-                        Err(e) => {
-                            if !master_was_down {
-                                tracing::warn!("heartbeat failed: {e}");
-                            }
-                            master_was_down = true;
-                        }
-                    }
-                }
-            })
-            .expect("spawning the heartbeat thread");
     }
 
     /// After a removal: delete our own disk copies now rather than at the next heartbeat.
@@ -403,7 +338,9 @@ impl StoreClient {
     /// A put of a key that exists (or is being put) succeeds and leaves the object as it was,
     /// as Mooncake's puts do ([`Self::upsert_with`] replaces it).
     pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_one(key, Src::Bytes(value), options, Mode::Put)
+        self.put_retrying(key, value.len() as u64, Mode::Put, || {
+            self.put_one(key, Src::Bytes(value), options, Mode::Put)
+        })
     }
 
     /// Zero-copy put from registered memory.
@@ -419,25 +356,30 @@ impl StoreClient {
     /// laid out in several buffers, e.g. one per layer).
     pub fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        self.put_one(key, Src::Registered(pieces), options, Mode::Put)
+        let len = pieces.iter().map(|p| p.len).sum();
+        self.put_retrying(key, len, Mode::Put, || self.put_one(key, Src::Registered(pieces), options, Mode::Put))
     }
 
     /// Mooncake's upsert: stores `value`, replacing the key's value if it has one (the old
     /// object is removed, then the value put again). A reader's lease still protects the old
     /// value: [`StoreError::Leased`] until it ends.
     pub fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_one(key, Src::Bytes(value), options, Mode::Upsert)
+        self.put_retrying(key, value.len() as u64, Mode::Upsert, || {
+            self.put_one(key, Src::Bytes(value), options, Mode::Upsert)
+        })
     }
 
     /// Puts the value made of `parts` one after another (Mooncake's `put_parts`): gathered as
     /// the parts are copied to the replicas, the same single copy a byte put makes.
     pub fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
-        self.put_one(key, Src::Parts(parts), options, Mode::Put)
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        self.put_retrying(key, len, Mode::Put, || self.put_one(key, Src::Parts(parts), options, Mode::Put))
     }
 
     /// [`Self::put_parts_with`] that replaces the key's value if it has one (`upsert_parts`).
     pub fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
-        self.put_one(key, Src::Parts(parts), options, Mode::Upsert)
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        self.put_retrying(key, len, Mode::Upsert, || self.put_one(key, Src::Parts(parts), options, Mode::Upsert))
     }
 
     /// [`Self::upsert_with`] from registered memory (zero copy).
@@ -448,7 +390,8 @@ impl StoreClient {
     /// [`Self::upsert_with`] of the value made of `pieces` of registered memory, in order.
     pub fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        self.put_one(key, Src::Registered(pieces), options, Mode::Upsert)
+        let len = pieces.iter().map(|p| p.len).sum();
+        self.put_retrying(key, len, Mode::Upsert, || self.put_one(key, Src::Registered(pieces), options, Mode::Upsert))
     }
 
     /// The options `put` and the other calls without options use: the configured
@@ -773,7 +716,13 @@ impl StoreClient {
 
     /// The batch write: [`Self::put_once`], then, for an upsert, the keys that existed are
     /// removed and put again (a few rounds, as [`Self::put_one`]).
-    fn put_many(&self, keys: &[String], srcs: &[Src<'_>], options: &PutOptions, mode: Mode) -> Result<Vec<Result<()>>> {
+    fn put_many_rounds(
+        &self,
+        keys: &[String],
+        srcs: &[Src<'_>],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<Vec<Result<()>>> {
         let (mut results, mut replace) = self.put_once(keys, srcs, options, mode)?;
         for _ in 1..UPSERT_TRIES {
             if replace.is_empty() {
@@ -795,6 +744,16 @@ impl StoreClient {
             replace = sub_replace.into_iter().map(|j| again[j]).collect();
         }
         Ok(results)
+    }
+
+    /// The batch put, with the keys that fail for a master change put again ([`put_retry`]).
+    fn put_many(&self, keys: &[String], srcs: &[Src<'_>], options: &PutOptions, mode: Mode) -> Result<Vec<Result<()>>> {
+        let sizes: Vec<u64> = srcs.iter().map(Src::len).collect();
+        self.batch_put_retrying(keys, &sizes, mode, |todo| {
+            let ks: Vec<String> = todo.iter().map(|&i| keys[i].clone()).collect();
+            let ss: Vec<Src<'_>> = todo.iter().map(|&i| srcs[i]).collect();
+            self.put_many_rounds(&ks, &ss, options, mode)
+        })
     }
 
     /// The batch put: placed in one round trip, written by the executor (registered values in

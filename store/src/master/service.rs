@@ -56,10 +56,27 @@ impl MasterService {
     ) -> Result<Response<T>, tonic::Status> {
         let start = Instant::now();
         let out = f(&self.master);
+        Ok(self.observed_n(method, asked, start, out))
+    }
+
+    /// Counts and times a request of `asked` items that began at `start`.
+    fn observed_n<T: Outcome>(&self, method: &str, asked: usize, start: Instant, out: T) -> Response<T> {
         let metrics = self.master.metrics();
         metrics.rpc_latency.with_label_values(&[method]).observe(start.elapsed().as_secs_f64());
         metrics.mooncake.record(method, asked, out.failed(asked));
-        Ok(Response::new(out))
+        Response::new(out)
+    }
+
+    fn observed<T: Outcome>(&self, method: &str, start: Instant, out: T) -> Response<T> {
+        self.observed_n(method, 1, start, out)
+    }
+
+    /// Commits a put once its owners acknowledged (or the wait ran out).
+    async fn commit(&self, client: &str, key: &str) -> Result<(), StoreError> {
+        let m = &self.master;
+        let mut commit = m.put_end_begin(client, key)?;
+        commit.wait.wait(m.config().owner_ack_timeout).await;
+        m.put_end_finish(&commit)
     }
 
     #[allow(clippy::result_large_err)] // tonic's handler signature
@@ -104,6 +121,7 @@ single_outcome!(
     PrefixQueryReply,
     NodeStatsReply,
     PublishReply,
+    RemountWithReportReply,
 );
 
 impl Outcome for BatchPutStartReply {
@@ -162,13 +180,6 @@ fn status_of(m: &Master, r: &Result<(), StoreError>) -> Option<Status> {
     }
 }
 
-fn put_start_reply(m: &Master, client: &str, key: &str, size: u64, opts: &PutOptions) -> PutStartReply {
-    match m.put_start(client, key, size, opts) {
-        Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
-        Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
-    }
-}
-
 fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
     let got = m.get_replica_list(key);
     let served = got.as_ref().ok().filter(|l| !l.replicas.is_empty()).map(|l| {
@@ -188,14 +199,20 @@ fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
     }
 }
 
-/// The tenant a request is served for ([`crate::master::access`] puts it in the request).
-fn tenant_of<T>(req: &Request<T>) -> Tenant {
-    req.extensions().get::<Tenant>().cloned().unwrap_or_default()
+/// A request and the tenant it is served for ([`crate::master::access`] puts the tenant in
+/// the request; [`crate::master::tenant`] says how names are scoped).
+fn tenant_req<T>(req: Request<T>) -> (Tenant, T) {
+    let t = req.extensions().get::<Tenant>().cloned().unwrap_or_default();
+    (t, req.into_inner())
 }
 
-/// The master's names for a tenant's names ([`tenant::scope`]).
-fn scoped(t: &Tenant, names: &[String]) -> Result<Vec<String>, StoreError> {
-    names.iter().map(|n| tenant::scope(&t.0, n)).collect()
+/// A tenant's name, scoped in place.
+fn sc(t: &Tenant, name: &mut String) {
+    *name = tenant::scope(&t.0, name);
+}
+
+fn sc_all(t: &Tenant, names: &mut [String]) {
+    names.iter_mut().for_each(|n| sc(t, n));
 }
 
 /// A client id going out to `t`'s client: its own name ("" for another tenant's, which the
@@ -208,7 +225,7 @@ fn unscope_replicas(t: &Tenant, replicas: &mut [ReplicaDescriptor]) {
     replicas.iter_mut().for_each(|r| unscope_id(t, &mut r.client_id));
 }
 
-/// Disk entries going out to `t`'s client: its keys, under its names.
+/// Disk entries going out to `t`'s client: its keys only, under its names.
 fn unscope_entries(t: &Tenant, entries: Vec<DiskEntry>) -> Vec<DiskEntry> {
     entries
         .into_iter()
@@ -216,19 +233,8 @@ fn unscope_entries(t: &Tenant, entries: Vec<DiskEntry>) -> Vec<DiskEntry> {
         .collect()
 }
 
-fn scope_entries(t: &Tenant, entries: &[DiskEntry]) -> Result<Vec<DiskEntry>, StoreError> {
-    entries.iter().map(|e| Ok(DiskEntry { key: tenant::scope(&t.0, &e.key)?, ..e.clone() })).collect()
-}
-
-/// A tenant's request with its names scoped; a name that cannot be scoped fails the reply
-/// (`$fail` builds it from the error).
-macro_rules! scope_or {
-    ($m:expr, $e:expr, $fail:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) => return $fail(status($m, &e)),
-        }
-    };
+fn sc_entries(t: &Tenant, entries: &mut [DiskEntry]) {
+    entries.iter_mut().for_each(|e| sc(t, &mut e.key));
 }
 
 #[tonic::async_trait]
@@ -237,15 +243,13 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<MountSegmentRequest>,
     ) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
         self.timed("MountSegment", |m| {
-            let fail = |status| MountSegmentReply { status, segment_id: 0 };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
             let seg = r.segment.unwrap_or_default();
-            match m.mount_segment(&client, &seg, &r.host) {
-                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => fail(status(m, &e)),
+            match m.mount_segment(&r.client_id, &seg, &r.host) {
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id, term: m.term() },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0, term: m.term() },
             }
         })
     }
@@ -254,15 +258,13 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<MountSegmentRequest>,
     ) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
         self.timed("RemountSegment", |m| {
-            let fail = |status| MountSegmentReply { status, segment_id: 0 };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
             let seg = r.segment.unwrap_or_default();
-            match m.remount_segment(&client, &seg, &r.host) {
-                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => fail(status(m, &e)),
+            match m.remount_segment(&r.client_id, &seg, &r.host) {
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id, term: m.term() },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0, term: m.term() },
             }
         })
     }
@@ -271,119 +273,123 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<UnmountSegmentRequest>,
     ) -> Result<Response<StatusReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("UnmountSegment", |m| {
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), |status| StatusReply { status });
-            StatusReply { status: status_of(m, &m.unmount_segment(&client, r.segment_id)) }
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        self.timed("UnmountSegment", |m| StatusReply {
+            status: status_of(m, &m.unmount_segment(&r.client_id, r.segment_id)),
         })
     }
 
     async fn put_start(&self, req: Request<PutStartRequest>) -> Result<Response<PutStartReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("PutStart", |m| {
-            let fail = |status| PutStartReply { status, ..Default::default() };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
-            let mut reply = put_start_reply(m, &client, &key, r.size, &r.options.unwrap_or_default());
-            unscope_replicas(&t, &mut reply.replicas);
-            reply
-        })
+        let start = Instant::now();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
+        let m = &self.master;
+        let opts = r.options.unwrap_or_default();
+        // Space freed by eviction waits for its owners' acknowledgements (see owners.rs).
+        let placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, &r.key, r.size, &opts)).await;
+        let reply = match placed {
+            Ok((mut replicas, version)) => {
+                unscope_replicas(&t, &mut replicas);
+                PutStartReply { status: ok(), replicas, version }
+            }
+            Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
+        };
+        Ok(self.observed("PutStart", start, reply))
     }
 
     async fn put_end(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("PutEnd", |m| {
-            let fail = |status| StatusReply { status };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
-            StatusReply { status: status_of(m, &m.put_end(&client, &key)) }
-        })
+        let start = Instant::now();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
+        let done = self.commit(&r.client_id, &r.key).await;
+        Ok(self.observed("PutEnd", start, StatusReply { status: status_of(&self.master, &done) }))
     }
 
     async fn put_revoke(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("PutRevoke", |m| {
-            let fail = |status| StatusReply { status };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
-            StatusReply { status: status_of(m, &m.put_revoke(&client, &key)) }
-        })
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
+        self.timed("PutRevoke", |m| StatusReply { status: status_of(m, &m.put_revoke(&r.client_id, &r.key)) })
     }
 
     async fn batch_put_start(
         &self,
         req: Request<BatchPutStartRequest>,
     ) -> Result<Response<BatchPutStartReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let start = Instant::now();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
-        self.timed_n("BatchPutStart", r.keys.len(), |m| {
-            let n = r.keys.len().max(1);
-            let fail = |status| BatchPutStartReply { items: vec![PutStartReply { status, ..Default::default() }; n] };
-            if r.keys.len() != r.sizes.len() {
-                let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
-                return fail(status(m, &e));
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
+        let m = &self.master;
+        if r.keys.len() != r.sizes.len() {
+            let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
+            let items = vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)];
+            return Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }));
+        }
+        let opts = r.options.unwrap_or_default();
+        let mut items = Vec::with_capacity(r.keys.len());
+        for (k, s) in r.keys.iter().zip(&r.sizes) {
+            let mut placed = m.put_start(&r.client_id, k, *s, &opts);
+            // Refused for room while evicted ranges wait in quarantine: again once released.
+            if matches!(placed, Err(StoreError::NoSpace { .. })) && m.quarantined_bytes() > 0 {
+                placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, k, *s, &opts)).await;
             }
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
-            let opts = r.options.unwrap_or_default();
-            let items = keys
-                .iter()
-                .zip(&r.sizes)
-                .map(|(k, s)| {
-                    let mut reply = put_start_reply(m, &client, k, *s, &opts);
-                    unscope_replicas(&t, &mut reply.replicas);
-                    reply
-                })
-                .collect();
-            BatchPutStartReply { items }
-        })
+            items.push(match placed {
+                Ok((mut replicas, version)) => {
+                    unscope_replicas(&t, &mut replicas);
+                    PutStartReply { status: ok(), replicas, version }
+                }
+                Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
+            });
+        }
+        Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }))
     }
 
     async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let start = Instant::now();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
-        self.timed_n("BatchPutEnd", r.keys.len(), |m| {
-            let fail = |s: Option<Status>| BatchStatusReply { statuses: vec![s.expect("some"); r.keys.len().max(1)] };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
-            BatchStatusReply {
-                statuses: keys.iter().map(|k| status_of(m, &m.put_end(&client, k)).expect("some")).collect(),
-            }
-        })
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
+        let m = &self.master;
+        // Every key's owners are told at once; one wait for all their acknowledgements.
+        let begun: Vec<_> = r.keys.iter().map(|k| m.put_end_begin(&r.client_id, k)).collect();
+        let mut wait = crate::master::owners::AckWait::default();
+        let mut commits = Vec::with_capacity(begun.len());
+        for b in begun {
+            commits.push(b.map(|mut c| {
+                wait.merge(std::mem::take(&mut c.wait));
+                c
+            }));
+        }
+        wait.wait(m.config().owner_ack_timeout).await;
+        let statuses =
+            commits.into_iter().map(|c| status_of(m, &c.and_then(|c| m.put_end_finish(&c))).expect("some")).collect();
+        Ok(self.observed_n("BatchPutEnd", r.keys.len(), start, BatchStatusReply { statuses }))
     }
 
     async fn batch_put_revoke(
         &self,
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
-        self.timed_n("BatchPutRevoke", r.keys.len(), |m| {
-            let fail = |s: Option<Status>| BatchStatusReply { statuses: vec![s.expect("some"); r.keys.len().max(1)] };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
-            BatchStatusReply {
-                statuses: keys.iter().map(|k| status_of(m, &m.put_revoke(&client, k)).expect("some")).collect(),
-            }
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
+        self.timed_n("BatchPutRevoke", r.keys.len(), |m| BatchStatusReply {
+            statuses: r.keys.iter().map(|k| status_of(m, &m.put_revoke(&r.client_id, k)).expect("some")).collect(),
         })
     }
 
     async fn get_replica_list(&self, req: Request<KeyRequest>) -> Result<Response<GetReplicaListReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
         self.timed("GetReplicaList", |m| {
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), |status| GetReplicaListReply {
-                status,
-                ..Default::default()
-            });
-            let mut reply = replica_list_reply(m, &key);
+            let mut reply = replica_list_reply(m, &r.key);
             unscope_replicas(&t, &mut reply.replicas);
             reply
         })
@@ -393,156 +399,137 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchGetReplicaListReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
-        self.timed_n("BatchGetReplicaList", r.keys.len(), |m| {
-            let n = r.keys.len().max(1);
-            let keys = scope_or!(m, scoped(&t, &r.keys), |status| BatchGetReplicaListReply {
-                items: vec![GetReplicaListReply { status, ..Default::default() }; n]
-            });
-            BatchGetReplicaListReply {
-                items: keys
-                    .iter()
-                    .map(|k| {
-                        let mut reply = replica_list_reply(m, k);
-                        unscope_replicas(&t, &mut reply.replicas);
-                        reply
-                    })
-                    .collect(),
-            }
+        sc_all(&t, &mut r.keys);
+        self.timed_n("BatchGetReplicaList", r.keys.len(), |m| BatchGetReplicaListReply {
+            items: r
+                .keys
+                .iter()
+                .map(|k| {
+                    let mut reply = replica_list_reply(m, k);
+                    unscope_replicas(&t, &mut reply.replicas);
+                    reply
+                })
+                .collect(),
         })
     }
 
     async fn exists(&self, req: Request<KeyRequest>) -> Result<Response<ExistsReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("Exists", |m| {
-            let fail = |status| ExistsReply { status, exists: false };
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
-            match m.exists(&key) {
-                Ok(exists) => ExistsReply { status: ok(), exists },
-                Err(e) => fail(status(m, &e)),
-            }
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
+        self.timed("Exists", |m| match m.exists(&r.key) {
+            Ok(exists) => ExistsReply { status: ok(), exists },
+            Err(e) => ExistsReply { status: status(m, &e), exists: false },
         })
     }
 
     async fn batch_exists(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchExistsReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
-        self.timed_n("BatchExists", r.keys.len(), |m| {
-            let fail = |status| BatchExistsReply { status, exists: Vec::new() };
-            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
-            match m.batch_exists(&keys) {
-                Ok(exists) => BatchExistsReply { status: ok(), exists },
-                Err(e) => fail(status(m, &e)),
-            }
+        sc_all(&t, &mut r.keys);
+        self.timed_n("BatchExists", r.keys.len(), |m| match m.batch_exists(&r.keys) {
+            Ok(exists) => BatchExistsReply { status: ok(), exists },
+            Err(e) => BatchExistsReply { status: status(m, &e), exists: Vec::new() },
         })
     }
 
     async fn query_key(&self, req: Request<KeyRequest>) -> Result<Response<QueryKeyReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("QueryKey", |m| {
-            let fail = |status| QueryKeyReply { status, ..Default::default() };
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
-            match m.query(&key) {
-                Ok(mut reply) => {
-                    unscope_replicas(&t, &mut reply.replicas);
-                    QueryKeyReply { status: ok(), ..reply }
-                }
-                Err(e) => fail(status(m, &e)),
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
+        self.timed("QueryKey", |m| match m.query(&r.key) {
+            Ok(mut reply) => {
+                unscope_replicas(&t, &mut reply.replicas);
+                QueryKeyReply { status: ok(), ..reply }
             }
+            Err(e) => QueryKeyReply { status: status(m, &e), ..Default::default() },
         })
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<StatusReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("Remove", |m| {
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), |status| StatusReply { status });
-            StatusReply { status: status_of(m, &m.remove(&key, r.force)) }
-        })
+        let start = Instant::now();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
+        let m = &self.master;
+        // Answered once the owners acknowledged (or the wait ran out): see owners.rs.
+        let removed = match m.remove(&r.key, r.force) {
+            Ok(mut wait) => {
+                wait.wait(m.config().owner_ack_timeout).await;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        Ok(self.observed("Remove", start, StatusReply { status: status_of(m, &removed) }))
     }
 
     async fn remove_by_regex(
         &self,
         req: Request<RemoveByRegexRequest>,
     ) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("RemoveByRegex", |m| {
-            let fail = |status| RemoveByRegexReply { status, ..Default::default() };
-            let re = regex::RegexBuilder::new(&r.pattern)
-                .size_limit(1 << 20)
-                .build()
-                .map_err(|e| StoreError::InvalidArgument(format!("bad regex {:?}: {e}", r.pattern)));
-            let re = scope_or!(m, re, fail);
-            // The tenant's keys, matched by their names.
-            let mine = |k: &str| tenant::unscope(&t.0, k).is_some_and(|k| re.is_match(k));
-            let (removed, skipped_leased) = m.remove_matching(mine, r.force);
-            RemoveByRegexReply { status: ok(), removed, skipped_leased }
-        })
+        let start = Instant::now();
+        let (t, r) = tenant_req(req);
+        let re = regex::RegexBuilder::new(&r.pattern)
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|e| StoreError::InvalidArgument(format!("bad regex {:?}: {e}", r.pattern)));
+        // The tenant's keys, matched by their names.
+        let removed = re.and_then(|re| {
+            self.master.remove_matching(|k| tenant::unscope(&t.0, k).is_some_and(|k| re.is_match(k)), r.force)
+        });
+        let reply = self.removed_reply(removed).await;
+        Ok(self.observed("RemoveByRegex", start, reply))
     }
 
     async fn remove_all(&self, req: Request<RemoveAllRequest>) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("RemoveAll", |m| {
-            let (removed, skipped_leased) = m.remove_matching(|k| tenant::unscope(&t.0, k).is_some(), r.force);
-            RemoveByRegexReply { status: ok(), removed, skipped_leased }
-        })
+        let start = Instant::now();
+        let (t, r) = tenant_req(req);
+        let mine = |k: &str| tenant::unscope(&t.0, k).is_some();
+        let reply = self.removed_reply(self.master.remove_matching(mine, r.force)).await;
+        Ok(self.observed("RemoveAll", start, reply))
     }
 
     async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("Ping", |m| {
-            let client =
-                scope_or!(m, tenant::scope(&t.0, &r.client_id), |status| PingReply { status, ..Default::default() });
-            match m.ping(&client) {
-                PingOutcome::Ok => {
-                    if let Some(d) = &r.disk {
-                        m.record_disk_counters(&client, d);
-                    }
-                    let (held_generation, held_removals) = m.held_removals_for(&client).unwrap_or_default();
-                    // The removals of the tenant's keys only.
-                    let held_removals = held_removals
-                        .into_iter()
-                        .filter_map(|h| Some(HeldRemoval { key: tenant::unscope(&t.0, &h.key)?.to_string(), ..h }))
-                        .collect();
-                    PingReply {
-                        status: ok(),
-                        view_version: 0,
-                        disk_removals: unscope_entries(&t, m.disk_removals_for(&client)),
-                        held_generation,
-                        held_removals,
-                        disk_only: unscope_entries(&t, m.disk_only_news_for(&client)),
-                    }
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        self.timed("Ping", |m| match m.ping(&r.client_id) {
+            PingOutcome::NotLeader(why) => {
+                PingReply { status: status(m, &StoreError::NotLeader(why)), term: m.term(), ..Default::default() }
+            }
+            PingOutcome::Ok => {
+                if let Some(d) = &r.disk {
+                    m.record_disk_counters(&r.client_id, d);
                 }
-                PingOutcome::NeedRemount => {
-                    PingReply { status: status(m, &StoreError::NeedRemount), ..Default::default() }
+                let (held_generation, held_removals) = m.held_removals_for(&r.client_id).unwrap_or_default();
+                // The removals of the tenant's keys only.
+                let held_removals = held_removals
+                    .into_iter()
+                    .filter_map(|h| Some(HeldRemoval { key: tenant::unscope(&t.0, &h.key)?.to_string(), ..h }))
+                    .collect();
+                PingReply {
+                    status: ok(),
+                    view_version: 0,
+                    disk_removals: unscope_entries(&t, m.disk_removals_for(&r.client_id)),
+                    held_generation,
+                    held_removals,
+                    disk_only: unscope_entries(&t, m.disk_only_news_for(&r.client_id)),
+                    term: m.term(),
                 }
+            }
+            PingOutcome::NeedRemount => {
+                PingReply { status: status(m, &StoreError::NeedRemount), term: m.term(), ..Default::default() }
             }
         })
     }
 
     async fn mount_disk(&self, req: Request<MountDiskRequest>) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        r.held_removals.iter_mut().for_each(|h| sc(&t, &mut h.key));
         self.timed("MountDisk", |m| {
-            let fail = |status| MountSegmentReply { status, segment_id: 0 };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let held: Vec<HeldRemoval> = r
-                .held_removals
-                .iter()
-                .filter_map(|h| Some(HeldRemoval { key: tenant::scope(&t.0, &h.key).ok()?, ..h.clone() }))
-                .collect();
-            m.merge_held_removals(&held);
-            match m.mount_disk(&client, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
-                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => fail(status(m, &e)),
+            m.merge_held_removals(&r.held_removals);
+            match m.mount_disk(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id, term: m.term() },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0, term: m.term() },
             }
         })
     }
@@ -551,18 +538,16 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<UpdateDiskReplicasRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc_entries(&t, &mut r.added);
+        sc_entries(&t, &mut r.removed);
         self.timed("UpdateDiskReplicas", |m| {
-            let fail = |s: Option<Status>| BatchStatusReply { statuses: vec![s.expect("some"); r.added.len().max(1)] };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let added = scope_or!(m, scope_entries(&t, &r.added), fail);
-            let removed = scope_or!(m, scope_entries(&t, &r.removed), fail);
-            match m.update_disk_replicas(&client, r.segment_id, &added, &removed, r.restore) {
+            match m.update_disk_replicas(&r.client_id, r.segment_id, &r.added, &r.removed, r.restore) {
                 Ok(results) => {
                     BatchStatusReply { statuses: results.iter().map(|x| status_of(m, x).expect("some")).collect() }
                 }
-                Err(e) => fail(status(m, &e)),
+                Err(e) => BatchStatusReply { statuses: vec![status(m, &e).expect("some"); r.added.len().max(1)] },
             }
         })
     }
@@ -570,39 +555,31 @@ impl MasterRpc for MasterService {
     // ---- cache-aware scheduling (see query.rs, published.rs, replicate.rs, events.rs) ----
 
     async fn query_keys(&self, req: Request<QueryKeysRequest>) -> Result<Response<QueryKeysReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("QueryKeys", |m| {
-            let fail = |status| QueryKeysReply { status, ..Default::default() };
-            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
-            match m.query_keys(&keys) {
-                Ok(mut reply) => {
-                    reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
-                    QueryKeysReply { status: ok(), ..reply }
-                }
-                Err(e) => fail(status(m, &e)),
+        let (t, mut r) = tenant_req(req);
+        sc_all(&t, &mut r.keys);
+        self.timed("QueryKeys", |m| match m.query_keys(&r.keys) {
+            Ok(mut reply) => {
+                reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
+                QueryKeysReply { status: ok(), ..reply }
             }
+            Err(e) => QueryKeysReply { status: status(m, &e), ..Default::default() },
         })
     }
 
     async fn prefix_query(&self, req: Request<QueryKeysRequest>) -> Result<Response<PrefixQueryReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("PrefixQuery", |m| {
-            let fail = |status| PrefixQueryReply { status, ..Default::default() };
-            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
-            match m.prefix_query(&keys) {
-                Ok(mut reply) => {
-                    reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
-                    PrefixQueryReply { status: ok(), ..reply }
-                }
-                Err(e) => fail(status(m, &e)),
+        let (t, mut r) = tenant_req(req);
+        sc_all(&t, &mut r.keys);
+        self.timed("PrefixQuery", |m| match m.prefix_query(&r.keys) {
+            Ok(mut reply) => {
+                reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
+                PrefixQueryReply { status: ok(), ..reply }
             }
+            Err(e) => PrefixQueryReply { status: status(m, &e), ..Default::default() },
         })
     }
 
     async fn node_stats(&self, req: Request<NodeStatsRequest>) -> Result<Response<NodeStatsReply>, tonic::Status> {
-        let t = tenant_of(&req);
+        let (t, _) = tenant_req(req);
         self.timed("NodeStats", |m| {
             let mut reply = m.node_stats();
             // The tenant's own clients only.
@@ -613,32 +590,22 @@ impl MasterRpc for MasterService {
     }
 
     async fn publish(&self, req: Request<PublishRequest>) -> Result<Response<PublishReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("Publish", |m| {
-            let fail = |status| PublishReply { status, count: 0 };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let keys: Result<Vec<PublishedKey>, StoreError> =
-                r.keys.iter().map(|k| Ok(PublishedKey { key: tenant::scope(&t.0, &k.key)?, ..k.clone() })).collect();
-            let keys = scope_or!(m, keys, fail);
-            match m.publish(&client, r.tier, r.ttl_ms, &keys) {
-                Ok(count) => PublishReply { status: ok(), count },
-                Err(e) => fail(status(m, &e)),
-            }
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        r.keys.iter_mut().for_each(|k| sc(&t, &mut k.key));
+        self.timed("Publish", |m| match m.publish(&r.client_id, r.tier, r.ttl_ms, &r.keys) {
+            Ok(count) => PublishReply { status: ok(), count },
+            Err(e) => PublishReply { status: status(m, &e), count: 0 },
         })
     }
 
     async fn retract(&self, req: Request<RetractRequest>) -> Result<Response<PublishReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("Retract", |m| {
-            let fail = |status| PublishReply { status, count: 0 };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let keys = scope_or!(m, scoped(&t, &r.keys), fail);
-            match m.retract(&client, &keys, r.all) {
-                Ok(count) => PublishReply { status: ok(), count },
-                Err(e) => fail(status(m, &e)),
-            }
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
+        self.timed("Retract", |m| match m.retract(&r.client_id, &r.keys, r.all) {
+            Ok(count) => PublishReply { status: ok(), count },
+            Err(e) => PublishReply { status: status(m, &e), count: 0 },
         })
     }
 
@@ -646,27 +613,23 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<ReplicateStartRequest>,
     ) -> Result<Response<ReplicateStartReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("ReplicateStart", |m| {
-            let fail = |status| ReplicateStartReply { status, ..Default::default() };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
-            match m.replicate_start(&client, &key, r.count) {
-                Ok(mut p) => {
-                    unscope_replicas(&t, &mut p.sources);
-                    unscope_replicas(&t, &mut p.targets);
-                    ReplicateStartReply {
-                        status: ok(),
-                        size: p.size,
-                        version: p.version,
-                        sources: p.sources,
-                        targets: p.targets,
-                        lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
-                    }
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
+        self.timed("ReplicateStart", |m| match m.replicate_start(&r.client_id, &r.key, r.count) {
+            Ok(mut p) => {
+                unscope_replicas(&t, &mut p.sources);
+                unscope_replicas(&t, &mut p.targets);
+                ReplicateStartReply {
+                    status: ok(),
+                    size: p.size,
+                    version: p.version,
+                    sources: p.sources,
+                    targets: p.targets,
+                    lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
                 }
-                Err(e) => fail(status(m, &e)),
             }
+            Err(e) => ReplicateStartReply { status: status(m, &e), ..Default::default() },
         })
     }
 
@@ -674,25 +637,30 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<ReplicateEndRequest>,
     ) -> Result<Response<ReplicateEndReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
-        self.timed("ReplicateEnd", |m| {
-            let fail = |status| ReplicateEndReply { status, ..Default::default() };
-            let client = scope_or!(m, tenant::scope(&t.0, &r.client_id), fail);
-            let key = scope_or!(m, tenant::scope(&t.0, &r.key), fail);
-            match m.replicate_end(&client, &key, &r.done_segments) {
-                Ok((added, replicas)) => ReplicateEndReply { status: ok(), added, replicas },
-                Err(e) => fail(status(m, &e)),
+        let start = Instant::now();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
+        let m = &self.master;
+        let ended = match m.replicate_end_begin(&r.client_id, &r.key, &r.done_segments) {
+            Ok(mut c) => {
+                c.wait.wait(m.config().owner_ack_timeout).await;
+                m.replicate_end_finish(&c)
             }
-        })
+            Err(e) => Err(e),
+        };
+        let reply = match ended {
+            Ok((added, replicas)) => ReplicateEndReply { status: ok(), added, replicas },
+            Err(e) => ReplicateEndReply { status: status(m, &e), ..Default::default() },
+        };
+        Ok(self.observed("ReplicateEnd", start, reply))
     }
 
     async fn take_replication_tasks(
         &self,
         req: Request<TakeReplicationTasksRequest>,
     ) -> Result<Response<TakeReplicationTasksReply>, tonic::Status> {
-        let t = tenant_of(&req);
-        let r = req.into_inner();
+        let (t, r) = tenant_req(req);
         self.timed("TakeReplicationTasks", |m| {
             let tasks = m.take_replication_tasks_of(r.max.min(10_000), |k| tenant::unscope(&t.0, k).is_some());
             let tasks = tasks
@@ -706,14 +674,13 @@ impl MasterRpc for MasterService {
     type SubscribeStream = EventStream;
 
     async fn subscribe(&self, req: Request<SubscribeRequest>) -> Result<Response<EventStream>, tonic::Status> {
-        let t = tenant_of(&req);
-        let prefix = req.into_inner().key_prefix;
+        let (t, r) = tenant_req(req);
+        let prefix = r.key_prefix;
         let events = BroadcastStream::new(self.master.subscribe_events());
         // The tenant's events only, under its names.
         let stream = events.filter_map(move |item| match item {
             Ok(mut event) => {
-                let key = tenant::unscope(&t.0, &event.key).filter(|k| k.starts_with(&prefix))?.to_string();
-                event.key = key;
+                event.key = tenant::unscope(&t.0, &event.key).filter(|k| k.starts_with(&prefix))?.to_string();
                 unscope_id(&t, &mut event.client_id);
                 Some(Ok(EventMessage { event: Some(event), lost: 0 }))
             }
@@ -721,7 +688,91 @@ impl MasterRpc for MasterService {
         });
         Ok(Response::new(Box::pin(stream)))
     }
+
+    type OwnerStreamStream = NewsStream;
+
+    async fn owner_stream(
+        &self,
+        req: Request<tonic::Streaming<OwnerAck>>,
+    ) -> Result<Response<NewsStream>, tonic::Status> {
+        let (t, mut acks) = tenant_req(req);
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, acks.message())
+            .await
+            .map_err(|_| tonic::Status::deadline_exceeded("no hello on the owner stream"))??
+            .ok_or_else(|| tonic::Status::invalid_argument("the owner stream closed before its hello"))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let m = self.master.clone();
+        let client = tenant::scope(&t.0, &hello.client_id);
+        let (term, segment) = (hello.term, hello.segment_id);
+        let id = m.attach_owner(&client, term, segment, hello.acked, tx).map_err(|e| {
+            m.metrics().error(&e);
+            tonic::Status::failed_precondition(format!("{}: {e}", e.code().as_str_name()))
+        })?;
+        tokio::spawn(async move {
+            while let Ok(Some(ack)) = acks.message().await {
+                m.owner_ack(&client, ack.term, ack.segment_id, ack.acked);
+            }
+            m.detach_owner(segment, id);
+        });
+        // The news are of the owner's segment, so of its tenant's keys: under its names.
+        let news = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |mut news: OwnerNews| {
+            news.items.retain_mut(|i| match tenant::unscope(&t.0, &i.key) {
+                Some(k) => {
+                    i.key = k.to_string();
+                    true
+                }
+                None => false,
+            });
+            Ok(news)
+        });
+        Ok(Response::new(Box::pin(news)))
+    }
+
+    async fn remount_with_report(
+        &self,
+        req: Request<RemountWithReportRequest>,
+    ) -> Result<Response<RemountWithReportReply>, tonic::Status> {
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        r.objects.iter_mut().for_each(|o| sc(&t, &mut o.key));
+        self.timed("RemountWithReport", |m| {
+            let seg = r.segment.unwrap_or_default();
+            match m.remount_with_report(&r.client_id, &seg, &r.host, &r.objects) {
+                Ok(b) => RemountWithReportReply {
+                    status: ok(),
+                    segment_id: b.segment_id,
+                    term: m.term(),
+                    reinstated: b.reinstated,
+                    refused: b.refused,
+                },
+                Err(e) => RemountWithReportReply { status: status(m, &e), term: m.term(), ..Default::default() },
+            }
+        })
+    }
 }
+
+impl MasterService {
+    /// The answer to a removal by pattern, once the owners acknowledged.
+    async fn removed_reply(
+        &self,
+        r: Result<((u64, u64), crate::master::owners::AckWait), StoreError>,
+    ) -> RemoveByRegexReply {
+        let m = &self.master;
+        match r {
+            Ok(((removed, skipped_leased), mut wait)) => {
+                wait.wait(m.config().owner_ack_timeout).await;
+                RemoveByRegexReply { status: ok(), removed, skipped_leased }
+            }
+            Err(e) => RemoveByRegexReply { status: status(m, &e), ..Default::default() },
+        }
+    }
+}
+
+/// How long a new owner stream may take to say who it is.
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An owner's news stream.
+pub type NewsStream = std::pin::Pin<Box<dyn Stream<Item = Result<OwnerNews, tonic::Status>> + Send>>;
 
 /// A subscriber's event stream.
 pub type EventStream = std::pin::Pin<Box<dyn Stream<Item = Result<EventMessage, tonic::Status>> + Send>>;
