@@ -6,13 +6,14 @@
 # `open_segment_us` (dialling the target's handshake port, where the challenge-response is)
 # with the secret on and off.
 #
-#   benches/auth-on-off.sh [--pairs N] [SECONDS]     (default 5 pairs, 2 s per tebench run)
+#   benches/auth-on-off.sh [--pairs N] [--no-build] [SECONDS]  (default 5 pairs, 2 s per tebench run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DUR=2 PAIRS=5
+DUR=2 PAIRS=5 BUILD=1
 while [ $# -gt 0 ]; do
   case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
+    --no-build) BUILD=0; shift ;;
     -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     [0-9]*) DUR=$1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -20,9 +21,11 @@ while [ $# -gt 0 ]; do
 done
 command -v redis-server >/dev/null || { echo "redis-server is missing: apt-get install redis-server" >&2; exit 1; }
 . benches/lib-pairs.sh
-echo "building (release)..." >&2
-cargo build --release -q -p crescent-benches --bin tebench --bin storebench
-cargo build --release -q -p crescent-store --bin crescent-master --bin crescent
+if [ "$BUILD" = 1 ]; then
+  echo "building (release)..." >&2
+  cargo build --release -q -p crescent-benches --bin tebench --bin storebench
+  cargo build --release -q -p crescent-store --bin crescent-master --bin crescent
+fi
 BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
 SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
