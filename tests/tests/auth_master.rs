@@ -68,6 +68,7 @@ fn without_the_secret_the_master_and_its_admin_port_serve_nothing() {
     let forged = access::client_token(&keyring(SECRET), "default").replacen("default", "other", 1);
     for token in [None, Some(access::client_token(&keyring(WRONG), "default")), Some(forged)] {
         let header = token.map(|t| format!("Bearer {t}").parse::<tonic::metadata::MetadataValue<_>>().unwrap());
+        #[allow(clippy::result_large_err)] // tonic's Status
         let mut c = MasterClient::with_interceptor(channel.clone(), move |mut r: tonic::Request<()>| {
             if let Some(h) = &header {
                 r.metadata_mut().insert("authorization", h.clone());
@@ -77,7 +78,7 @@ fn without_the_secret_the_master_and_its_admin_port_serve_nothing() {
         let keys = BatchKeyRequest { client_id: "x".into(), keys: vec!["k".into()] };
         let e = rt.block_on(c.batch_exists(keys)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
-        let get = KeyRequest { client_id: "x".into(), key: "k".into(), ..Default::default() };
+        let get = KeyRequest { client_id: "x".into(), key: "k".into() };
         assert_eq!(rt.block_on(c.get_replica_list(get)).unwrap_err().code(), tonic::Code::Unauthenticated);
         let all = RemoveAllRequest { client_id: "x".into(), ..Default::default() };
         assert_eq!(rt.block_on(c.remove_all(all)).unwrap_err().code(), tonic::Code::Unauthenticated);

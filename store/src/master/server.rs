@@ -149,6 +149,7 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     }
     let access = Access::new(keyring, config.admin_open_reads, master.metrics().auth_refused.clone());
     let gate = access.clone();
+    #[allow(clippy::result_large_err)] // tonic's Status
     let service = InterceptedService::new(MasterService::new(master.clone()), move |mut req: tonic::Request<()>| {
         let tenant = gate.check_call(req.metadata())?;
         req.extensions_mut().insert(tenant);

@@ -715,6 +715,7 @@ impl MasterRpc for MasterService {
             m.detach_owner(segment, id);
         });
         // The news are of the owner's segment, so of its tenant's keys: under its names.
+        #[allow(clippy::result_large_err)] // tonic's Status
         let news = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |mut news: OwnerNews| {
             news.items.retain_mut(|i| match tenant::unscope(&t.0, &i.key) {
                 Some(k) => {
