@@ -40,13 +40,14 @@ wait_line() { # file prefix
   done
   echo "timed out waiting for '$2' in $1" >&2; return 1
 }
-# `with on|off CMD...`: CMD with the secret in its environment, or without any.
+# `with on|off CMD...`: CMD with the secret in its environment, or without any. It runs in
+# place of the (sub)shell, so that `$!` of `with ... &` is CMD's pid, which cleanup kills.
 with() {
   local mode=$1; shift
   if [ "$mode" = on ]; then
-    env -u CRESCENT_CLUSTER_SECRET_FILE -u CRESCENT_CLUSTER_SECRET_NEXT CRESCENT_CLUSTER_SECRET="$SECRET" "$@"
+    exec env -u CRESCENT_CLUSTER_SECRET_FILE -u CRESCENT_CLUSTER_SECRET_NEXT CRESCENT_CLUSTER_SECRET="$SECRET" "$@"
   else
-    env -u CRESCENT_CLUSTER_SECRET_FILE -u CRESCENT_CLUSTER_SECRET_NEXT -u CRESCENT_CLUSTER_SECRET "$@"
+    exec env -u CRESCENT_CLUSTER_SECRET_FILE -u CRESCENT_CLUSTER_SECRET_NEXT -u CRESCENT_CLUSTER_SECRET "$@"
   fi
 }
 
@@ -89,8 +90,8 @@ store_mib_s() { # on|off op
   echo >>"$WORK/runs"
   run=$(wc -l <"$WORK/runs")
   out=$WORK/store.$run.json
-  with "$1" "$BIN/storebench" --master "${MASTER[$1]}" --local-hostname 127.0.0.1 --redis "127.0.0.1:$redis_port" \
-    --sizes $((1048576 + run)) --bytes-per-row 128M --meta-keys 0 --json "$out" >/dev/null 2>>"$WORK/storebench.err"
+  (with "$1" "$BIN/storebench" --master "${MASTER[$1]}" --local-hostname 127.0.0.1 --redis "127.0.0.1:$redis_port" \
+    --sizes $((1048576 + run)) --bytes-per-row 128M --meta-keys 0 --json "$out") >/dev/null 2>>"$WORK/storebench.err"
   python3 - "$out" "$2" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
