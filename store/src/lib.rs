@@ -9,6 +9,7 @@ pub mod allocator;
 pub mod client;
 pub mod error;
 pub mod leader;
+mod logging;
 pub mod master;
 mod metrics_registry;
 pub mod pattern;
@@ -19,14 +20,5 @@ pub mod standalone;
 
 pub use client::{ClientConfig, DummyClient, DummyConfig, HeldBuffer, StoreApi, StoreClient};
 pub use error::{Result, StoreError};
+pub use logging::init_logging;
 pub use master::{AllocationStrategy, Master, MasterConfig};
-
-/// Logs to stderr (`RUST_LOG` overrides the default `info`), with colours only on a terminal.
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
-}

@@ -1,6 +1,9 @@
 //! What the master and its clients agree on besides the messages of [`crate::proto`]: the
 //! longest key, the largest object and gRPC message, how a disk's segment is named, and the
-//! default cluster id. Both sides import it from here; neither imports the other.
+//! default cluster id, and the tokens of the cluster secret (see [`crate::master::access`]).
+//! Both sides import it from here; neither imports the other.
+
+use crescent_transports::net::Keyring;
 
 /// Longest key accepted.
 pub const MAX_KEY_LEN: usize = 4096;
@@ -20,3 +23,39 @@ pub fn disk_segment_name(disk_id: &str) -> String {
 /// Mooncake's default `--cluster_id`: the masters' election and the clients' leader lookup
 /// both use it when none is given.
 pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
+
+/// The tenant of a client that names none.
+pub const DEFAULT_TENANT: &str = "default";
+/// The gRPC metadata a client without a secret names its tenant in (with a secret, the token
+/// names it).
+pub const TENANT_HEADER: &str = "x-crescent-tenant";
+
+pub(crate) fn tenant_context(tenant: &str) -> String {
+    format!("crescent-master tenant {tenant}")
+}
+
+pub(crate) const ADMIN_CONTEXT: &str = "crescent-master admin";
+
+/// The bearer token a client of `tenant` sends to the master.
+pub fn client_token(keyring: &Keyring, tenant: &str) -> String {
+    format!("{tenant}.{}", keyring.token(&tenant_context(tenant)))
+}
+
+/// The bearer token of the master's admin port.
+pub fn admin_token(keyring: &Keyring) -> String {
+    keyring.token(ADMIN_CONTEXT)
+}
+
+/// Checks a tenant name: 1 to 128 bytes of letters, digits, `-`, `_`, `.`, not starting
+/// with `_` (upstream's rule for tenant names, and what a token may carry).
+pub fn check_tenant(t: &str) -> Result<(), String> {
+    let ok = !t.is_empty()
+        && t.len() <= 128
+        && !t.starts_with('_')
+        && t.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("tenant {t:?} is not 1-128 letters, digits, '-', '_' or '.', not starting with '_'"))
+    }
+}

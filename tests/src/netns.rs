@@ -59,6 +59,23 @@ impl HostPair {
     }
 }
 
+/// Runs `f` on a thread of its own that has moved into the network namespace `ns` (made by
+/// [`HostPair`]): sockets it opens, and threads it starts, live there.
+pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&fd),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+        f()
+    })
+    .join()
+    .expect("the thread in the namespace panicked")
+}
+
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()

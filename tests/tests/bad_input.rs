@@ -54,7 +54,8 @@ fn handshake_listener_survives_garbage_oversized_truncated_and_stalled_input() {
     // A client that stalls mid-message does not block others.
     let mut stalled = connect(port);
     stalled.write_all(&header[..7]).unwrap();
-    let d = fetch_descriptor(&name, Duration::from_secs(5)).expect("the listener still answers");
+    let d = fetch_descriptor(&name, Duration::from_secs(5), &crescent_transports::net::Auth::open())
+        .expect("the listener still answers");
     assert_eq!(d.name, name);
 
     // A well-formed request of an unexpected kind gets an error reply.

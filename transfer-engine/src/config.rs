@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crescent_transports::net::Keyring;
 use crescent_transports::rdma::RdmaConfig;
 use crescent_transports::TransportKind;
 
@@ -39,6 +40,10 @@ pub struct EngineConfig {
     pub transfer_timeout: Duration,
     /// The rdma transport's settings (devices, GID index, MTU, slice size, queue pairs).
     pub rdma: RdmaConfig,
+    /// The cluster secret(s) every connection to and from this engine proves it knows
+    /// (`CRESCENT_CLUSTER_SECRET_FILE`, `CRESCENT_CLUSTER_SECRET` and
+    /// `CRESCENT_CLUSTER_SECRET_NEXT`); `None`: every port is open.
+    pub cluster_secret: Option<Keyring>,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +60,7 @@ impl Default for EngineConfig {
             shm_copy_threads: std::thread::available_parallelism().map_or(2, |n| n.get()).min(4),
             transfer_timeout: Duration::from_secs(30),
             rdma: RdmaConfig::default(),
+            cluster_secret: None,
         }
     }
 }
@@ -63,8 +69,9 @@ impl EngineConfig {
     /// Defaults, then the environment: `MC_FORCE_TCP=1`, `MC_TCP_LANES`, `MC_TCP_SLICE_SIZE`,
     /// `MC_SHM_THREADS`, `MC_TRANSFER_TIMEOUT` (seconds), `MC_METADATA_CLUSTER_ID`, `MC_METADATA_TTL`
     /// (seconds), and for rdma `MC_DEVICE` (comma-separated device names), `MC_GID_INDEX`, `MC_MTU`,
-    /// `MC_SLICE_SIZE`, `MC_NUM_QP_PER_EP`, `MC_IB_TIMEOUT`, `MC_IB_RETRY_CNT`, `MC_IBVERBS_LIBRARY`.
-    /// Invalid values are errors naming the value.
+    /// `MC_SLICE_SIZE`, `MC_NUM_QP_PER_EP`, `MC_IB_TIMEOUT`, `MC_IB_RETRY_CNT`, `MC_IBVERBS_LIBRARY`,
+    /// and the cluster secret (`CRESCENT_CLUSTER_SECRET_FILE`, else `CRESCENT_CLUSTER_SECRET` with
+    /// `CRESCENT_CLUSTER_SECRET_NEXT`). Invalid values are errors naming the value.
     pub fn from_env() -> Result<Self> {
         let mut config = EngineConfig::default();
         config.apply_env()?;
@@ -109,6 +116,9 @@ impl EngineConfig {
         }
         if let Some(v) = env("MC_METADATA_TTL") {
             self.metadata_ttl = parse_seconds("MC_METADATA_TTL", &v)?;
+        }
+        if let Some(k) = Keyring::from_env().map_err(|e| EngineError::Config(e.to_string()))? {
+            self.cluster_secret = Some(k);
         }
         self.apply_rdma_vars(&env)
     }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crescent_transports::net::Auth;
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
@@ -130,6 +131,8 @@ pub struct TransferEngine {
     /// Notifications attached to batches, until sent.
     outbox: Arc<Outbox>,
     _handshake: HandshakeServer,
+    /// The cluster secret's check on every port, and its counters.
+    auth: Auth,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -152,6 +155,8 @@ impl TransferEngine {
             .map_err(|e| EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}")))?;
         let port = listener.local_addr()?.port();
         let name = format!("{host}:{port}");
+        let auth = Auth::new(config.cluster_secret.clone());
+        warn_if_open(&auth, &host, port);
         let host_id = host::host_id();
         let table = Arc::new(RegionTable::new());
         let tcp = TcpTransport::start(
@@ -159,19 +164,20 @@ impl TransferEngine {
                 advertise_host: host.clone(),
                 lanes: config.tcp_lanes,
                 max_slice_len: config.tcp_slice_len,
+                auth: auth.clone(),
                 ..TcpConfig::default()
             },
             table.clone(),
         )?;
         let mut transports: Vec<Arc<dyn Transport>> = vec![Arc::new(tcp)];
         let mut rdma = None;
-        match start_shm(&config, port, &table) {
+        match start_shm(&config, &auth, port, &table) {
             Ok(shm) => transports.push(Arc::new(shm)),
             Err(e) if config.protocol == Some(TransportKind::Shm) => return Err(e.into()),
             Err(e) => tracing::warn!("shm transport unavailable, same-host peers use tcp: {e}"),
         }
         if matches!(config.protocol, None | Some(TransportKind::Rdma)) {
-            let rdma_config = RdmaConfig { advertise_host: host.clone(), ..config.rdma.clone() };
+            let rdma_config = RdmaConfig { advertise_host: host.clone(), auth: auth.clone(), ..config.rdma.clone() };
             match RdmaTransport::start(rdma_config) {
                 Ok(started) => {
                     let started = Arc::new(started);
@@ -190,9 +196,9 @@ impl TransferEngine {
             Arc::new(move || describe(&name, &host_id, &offered(&endpoints, rdma.as_deref()), &table).to_json())
         };
         let notifies = Arc::new(NotifyQueue::default());
-        let handshake = HandshakeServer::start(listener, describe.clone(), notifies.clone())?;
+        let handshake = HandshakeServer::start(listener, &auth, describe.clone(), notifies.clone())?;
         let rpc = RpcMeta { ip_or_host_name: host.clone(), rpc_port: port };
-        let directory = Directory::start(&config, &name, rpc, describe)?;
+        let directory = Directory::start(&config, &auth, &name, rpc, describe)?;
         tracing::info!(
             "transfer engine {name} up: transports {}",
             transports.iter().map(|t| t.endpoint().to_string()).collect::<Vec<_>>().join(", ")
@@ -212,9 +218,16 @@ impl TransferEngine {
             next_batch: AtomicU64::new(1),
             directory,
             notifies,
-            outbox: Outbox::start(HANDSHAKE_TIMEOUT)?,
+            outbox: Outbox::start(HANDSHAKE_TIMEOUT, auth.clone())?,
+            auth,
             _handshake: handshake,
         }))
+    }
+
+    /// How this engine's connections authenticate, and what its listeners admitted and
+    /// refused ([`Auth::stats`]).
+    pub fn auth(&self) -> &Auth {
+        &self.auth
     }
 
     /// This engine's segment name (`host:port` of its handshake listener).
@@ -737,7 +750,7 @@ impl TransferEngine {
     pub fn send_notify_to(&self, name: &str, notification: &Notification) -> Result<()> {
         notification.check()?;
         let address = self.directory.handshake_address(name)?;
-        notify::send(name, &address, notification, self.outbox.timeout())
+        notify::send(name, &address, notification, self.outbox.timeout(), &self.auth)
     }
 
     /// Takes the notifications this engine received and nobody took yet, oldest first.
@@ -750,7 +763,7 @@ impl TransferEngine {
     /// then one descriptor request within the handshake's deadline.
     pub fn probe(&self, name: &str) -> Result<()> {
         let address = self.directory.handshake_address(name)?;
-        handshake::fetch_descriptor(&address, HANDSHAKE_TIMEOUT).map(|_| ())
+        handshake::fetch_descriptor(&address, HANDSHAKE_TIMEOUT, &self.auth).map(|_| ())
     }
 }
 
@@ -758,12 +771,14 @@ impl TransferEngine {
 /// network namespace, and the same after a restart on a fixed port).
 fn start_shm(
     config: &EngineConfig,
+    auth: &Auth,
     port: u16,
     table: &Arc<RegionTable>,
 ) -> std::result::Result<ShmTransport, crescent_transports::TransportError> {
     let shm = ShmConfig {
         socket_name: format!("crescent-shm-{port}"),
         copy_threads: config.shm_copy_threads,
+        auth: auth.clone(),
         ..ShmConfig::default()
     };
     ShmTransport::start(shm.clone(), table.clone()).or_else(|e| {
@@ -771,6 +786,28 @@ fn start_shm(
         let default = ShmConfig::default();
         ShmTransport::start(ShmConfig { socket_name: default.socket_name, ..shm }, table.clone())
     })
+}
+
+/// Without a cluster secret, on an address other hosts reach, says once per process that
+/// every port of the engine is open (as Redis's protected mode does, but without refusing).
+fn warn_if_open(auth: &Auth, host: &str, port: u16) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if auth.is_required() || is_loopback(host) {
+        return;
+    }
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "transfer engine {host}:{port} runs WITHOUT a cluster secret: anyone who reaches its ports can read and \
+             write its registered memory; set CRESCENT_CLUSTER_SECRET_FILE (or CRESCENT_CLUSTER_SECRET) on every \
+             node to require one (see docs: security)"
+        )
+    });
+}
+
+/// True for `localhost` and loopback addresses.
+pub fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 enum PlanError {

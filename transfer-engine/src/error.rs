@@ -47,6 +47,14 @@ pub enum EngineError {
         #[source]
         reason: FailureReason,
     },
+    /// The connection to `peer` was not authenticated (the two ends share no cluster secret,
+    /// or it could not prove it knows one).
+    #[error("{peer}: {source}")]
+    Unauthenticated {
+        peer: String,
+        #[source]
+        source: crescent_transports::net::AuthError,
+    },
     #[error("transfer timed out")]
     TimedOut,
     #[error(transparent)]

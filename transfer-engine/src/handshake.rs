@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_transports::net::serve::Accepted;
-use crescent_transports::net::{serve, Format, FrameError, Limits, Server, Wire};
+use crescent_transports::net::{serve, Auth, Format, FrameError, Limits, Server, Service, Wire};
 
 use crate::descriptor::SegmentDescriptor;
 use crate::error::{EngineError, Result};
@@ -115,19 +115,22 @@ pub struct HandshakeServer {
 impl HandshakeServer {
     /// `describe` builds the current descriptor (JSON) for each request; notifications go
     /// to `notifies`.
+    /// Peers authenticate with `auth`'s secret before any request is read.
     pub fn start(
         listener: TcpListener,
+        auth: &Auth,
         describe: Arc<dyn Fn() -> Vec<u8> + Send + Sync>,
         notifies: Arc<NotifyQueue>,
     ) -> Result<Self> {
         let addr = listener.local_addr()?;
         let limits =
             Limits { max_connections: MAX_CONNECTIONS, max_per_peer: MAX_CONNECTIONS_PER_PEER, idle: Some(IO_TIMEOUT) };
-        let server = serve("handshake", listener, limits, move |c: Accepted<TcpStream>| {
-            if let Err(e) = serve_connection(&c.stream, describe.as_ref(), &notifies) {
-                tracing::info!("handshake: dropping connection from {}: {e}", c.peer);
-            }
-        })?;
+        let server =
+            serve("handshake", listener, limits, auth.guard(Service::Handshake), move |c: Accepted<TcpStream>| {
+                if let Err(e) = serve_connection(&c.stream, describe.as_ref(), &notifies) {
+                    tracing::info!("handshake: dropping connection from {}: {e}", c.peer);
+                }
+            })?;
         Ok(HandshakeServer { addr, _server: server })
     }
 
@@ -172,16 +175,27 @@ pub fn split_host_port(name: &str) -> Result<(String, u16)> {
     Ok((host.to_string(), port))
 }
 
-/// Asks the engine at `name` (`host:port`) for its descriptor.
-pub fn fetch_descriptor(name: &str, timeout: Duration) -> Result<SegmentDescriptor> {
-    let (host, port) = split_host_port(name)?;
-    let unreachable = |reason: String| EngineError::SegmentUnreachable { name: name.to_string(), reason };
+/// Connects to the handshake listener at `address` (`host:port`) and authenticates both ends
+/// with `auth`, all within `timeout`; `peer` names it in errors.
+pub(crate) fn connect(peer: &str, address: &str, timeout: Duration, auth: &Auth) -> Result<TcpStream> {
+    let (host, port) = split_host_port(address)?;
+    let unreachable = |reason: String| EngineError::SegmentUnreachable { name: peer.to_string(), reason };
     let addr = (host.as_str(), port)
         .to_socket_addrs()
         .map_err(|e| unreachable(format!("cannot resolve {host}: {e}")))?
         .next()
         .ok_or_else(|| unreachable(format!("{host} resolves to no address")))?;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| unreachable(format!("connect: {e}")))?;
+    let deadline = std::time::Instant::now() + timeout;
+    let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| unreachable(format!("connect: {e}")))?;
+    auth.dial(Service::Handshake, &mut &stream, Some(deadline))
+        .map_err(|source| EngineError::Unauthenticated { peer: peer.to_string(), source })?;
+    Ok(stream)
+}
+
+/// Asks the engine at `name` (`host:port`) for its descriptor, authenticating with `auth`.
+pub fn fetch_descriptor(name: &str, timeout: Duration, auth: &Auth) -> Result<SegmentDescriptor> {
+    let unreachable = |reason: String| EngineError::SegmentUnreachable { name: name.to_string(), reason };
+    let mut stream = connect(name, name, timeout, auth)?;
     let timed_out = || EngineError::PeerTimedOut { peer: name.to_string(), waited: timeout, what: "the descriptor" };
     match write_message(&mut stream, MessageKind::GetDescriptor, name.as_bytes()) {
         Ok(()) => {}
@@ -243,7 +257,7 @@ mod tests {
             std::thread::sleep(Duration::from_secs(3));
             drop(conn);
         });
-        let err = fetch_descriptor(&name, Duration::from_millis(300)).unwrap_err();
+        let err = fetch_descriptor(&name, Duration::from_millis(300), &Auth::open()).unwrap_err();
         assert!(matches!(err, EngineError::PeerTimedOut { .. }), "{err}");
         assert!(err.to_string().contains(&format!("waiting for the descriptor of {name}")), "{err}");
         holder.join().unwrap();

@@ -20,10 +20,10 @@
 //! Names and messages are bytes (Mooncake's `std::string`), not necessarily UTF-8.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crescent_transports::net::Auth;
 use parking_lot::Mutex;
 
 use crate::batch::{Batch, BatchId, TransferStatus};
@@ -158,16 +158,10 @@ impl NotifyQueue {
 
 /// Sends `n` to the engine whose handshake listener is `address` (`host:port`), waiting at
 /// most `timeout` for each step; `peer` names it in errors.
-pub fn send(peer: &str, address: &str, n: &Notification, timeout: Duration) -> Result<()> {
+pub fn send(peer: &str, address: &str, n: &Notification, timeout: Duration, auth: &Auth) -> Result<()> {
     n.check()?;
-    let (host, port) = handshake::split_host_port(address)?;
     let unreachable = |reason: String| EngineError::SegmentUnreachable { name: peer.to_string(), reason };
-    let addr = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| unreachable(format!("cannot resolve {host}: {e}")))?
-        .next()
-        .ok_or_else(|| unreachable(format!("{host} resolves to no address")))?;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| unreachable(format!("connect: {e}")))?;
+    let mut stream = handshake::connect(peer, address, timeout, auth)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     handshake::write_message(&mut stream, MessageKind::Notify, &n.encode())
@@ -209,12 +203,12 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
-    pub(crate) fn start(timeout: Duration) -> Result<Arc<Outbox>> {
+    pub(crate) fn start(timeout: Duration, auth: Auth) -> Result<Arc<Outbox>> {
         let (jobs, queue) = crossbeam_channel::bounded::<Job>(OUTBOX_CAPACITY);
         std::thread::Builder::new().name("crescent-notify".into()).spawn(move || {
             // Ends when the outbox (the only sender) is dropped with its engine.
             for job in queue {
-                if let Err(e) = send(&job.peer, &job.address, &job.notification, timeout) {
+                if let Err(e) = send(&job.peer, &job.address, &job.notification, timeout, &auth) {
                     tracing::warn!("notification to {} not delivered: {e}", job.peer);
                 }
             }

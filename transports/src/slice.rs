@@ -27,6 +27,9 @@ pub enum FailureKind {
     TimedOut,
     /// The peer broke the protocol: an answer that contradicts the request.
     Protocol,
+    /// The connection to the peer was not authenticated: the two ends do not share a cluster
+    /// secret (one has none, or another one), or the peer could not prove it knows it.
+    Unauthenticated,
     /// A local failure: the local memory (not registered with the device, a local access
     /// error), resources (threads, descriptors), or the transport shutting down.
     Local,
@@ -40,6 +43,7 @@ impl FailureKind {
             FailureKind::PeerGone => "peer gone",
             FailureKind::TimedOut => "timed out",
             FailureKind::Protocol => "protocol violation",
+            FailureKind::Unauthenticated => "not authenticated",
             FailureKind::Local => "local failure",
         }
     }
@@ -82,6 +86,10 @@ impl FailureReason {
     pub fn protocol(message: impl Into<String>) -> Self {
         Self::new(FailureKind::Protocol, message)
     }
+    /// A [`FailureKind::Unauthenticated`] failure: the peer did not prove the cluster secret.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(FailureKind::Unauthenticated, message)
+    }
     /// A [`FailureKind::Local`] failure.
     pub fn local(message: impl Into<String>) -> Self {
         Self::new(FailureKind::Local, message)
@@ -94,7 +102,10 @@ impl FailureReason {
 
     /// The peer failed: it is gone, stalled, or broke the protocol. (Another replica may work.)
     pub fn is_peer_fault(&self) -> bool {
-        matches!(self.kind, FailureKind::PeerGone | FailureKind::TimedOut | FailureKind::Protocol)
+        matches!(
+            self.kind,
+            FailureKind::PeerGone | FailureKind::TimedOut | FailureKind::Protocol | FailureKind::Unauthenticated
+        )
     }
 
     /// The request named memory the target does not have.

@@ -229,7 +229,11 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         bail!("--batch-size, --threads and --duration must be positive");
     }
     let engine = engine(&args.engine)?;
+    // Opening the segment dials the target's handshake port: with a cluster secret, this is
+    // where the connection's challenge-response happens (the JSON's `open_segment_us`).
+    let opening = Instant::now();
     let target = engine.open_segment(&args.segment).with_context(|| format!("opening segment {}", args.segment))?;
+    let open_segment_us = opening.elapsed().as_secs_f64() * 1e6;
     let descriptor = engine.segment_descriptor(target)?;
     let remote = descriptor
         .buffers
@@ -343,7 +347,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
             "operation": op, "protocol": protocol.to_string(), "segment": args.segment,
             "block_size": args.block_size, "batch_size": args.batch_size, "threads": args.threads,
             "duration_s": elapsed, "bytes": total, "gb_per_s": gbps, "batches": hist.len(),
-            "cpu_s": cpu_s,
+            "cpu_s": cpu_s, "open_segment_us": open_segment_us,
             "latency_us": {"p50": p50, "p99": p99, "p999": p999},
             "failed_requests": errors, "verified": args.verify && mismatch.is_none() && errors == 0,
         });

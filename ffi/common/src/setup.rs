@@ -38,7 +38,7 @@ pub struct SetupArgs {
     /// `MOONCAKE_STORAGE_ROOT_DIR` when the path is empty).
     pub enable_ssd_offload: bool,
     pub ssd_offload_path: String,
-    /// Only `default`: Crescent has no tenants at the master.
+    /// The client's tenant (`default` unless given; empty: the environment's or config file's).
     pub tenant_id: String,
     /// Serve the client's metrics over HTTP (`GET /metrics`) on `client_http_port`.
     pub enable_client_http_server: bool,
@@ -187,13 +187,13 @@ impl SetupArgs {
         if self.master_server_addr.trim().is_empty() {
             return Err(StoreError::Config("master_server_addr is empty".into()));
         }
-        if self.tenant_id.trim() != "default" && !self.tenant_id.trim().is_empty() {
-            return Err(StoreError::Config(format!(
-                "tenant_id {:?}: Crescent has no tenants; only \"default\" is accepted",
-                self.tenant_id
-            )));
-        }
         let mut c = ClientConfig::from_env()?;
+        let tenant = self.tenant_id.trim();
+        if !tenant.is_empty() {
+            crescent_store::master::access::check_tenant(tenant)
+                .map_err(|e| StoreError::Config(format!("tenant_id: {e}")))?;
+            c.tenant_id = tenant.to_string();
+        }
         let host = self.local_hostname.trim();
         c.local_hostname = if host.is_empty() {
             None
@@ -284,7 +284,7 @@ mod tests {
             SetupArgs { global_segment_size: 1023, ..Default::default() },
             SetupArgs { local_buffer_size: 1, ..Default::default() },
             SetupArgs { local_buffer_size: MAX_LOCAL_BUFFER_SIZE + 1, ..Default::default() },
-            SetupArgs { tenant_id: "team-a".into(), ..Default::default() },
+            SetupArgs { tenant_id: "_reserved".into(), ..Default::default() },
             SetupArgs { enable_client_http_server: true, client_http_port: 70000, ..Default::default() },
             SetupArgs { enable_ssd_offload: true, ..Default::default() },
         ] {

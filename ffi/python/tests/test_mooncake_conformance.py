@@ -167,7 +167,7 @@ def test_setup_takes_mooncakes_eight_positional_arguments_and_keywords(master):
         (setup_args(master, segment=-1), {}),
         (setup_args(master, buffer=100), {}),
         (setup_args(master, segment="12XB"), {}),
-        (setup_args(master), {"tenant_id": "team-a"}),
+        (setup_args(master), {"tenant_id": "_reserved"}),
         (setup_args(master), {"enable_client_http_server": True, "client_http_port": 70000}),
     ]:
         fresh = MooncakeDistributedStore()

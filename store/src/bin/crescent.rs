@@ -4,6 +4,7 @@
 //! crescent demo                       # a master and two clients on this machine: put, get, verify
 //! crescent client --master HOST:PORT  # a long-lived client driven by commands on stdin
 //! crescent dummy --server HOST:PORT   # the same, as a dummy client of a crescent-client
+//! crescent token [--tenant T | --admin] # the master's bearer token of the cluster secret
 //! ```
 
 use std::io::{BufRead, Write};
@@ -46,6 +47,39 @@ enum Command {
     /// remove_all | spin_get_into KEY SIZE (gets in a loop, in the background, until the process
     /// ends).
     Dummy(DummyArgs),
+    /// Print the bearer token the master accepts, made from the cluster secret
+    /// (CRESCENT_CLUSTER_SECRET_FILE, else CRESCENT_CLUSTER_SECRET): for a tenant's clients, or
+    /// with --admin for the admin port (`curl -H "Authorization: Bearer $(crescent token --admin)"`).
+    Token(TokenArgs),
+}
+
+#[derive(Args)]
+struct TokenArgs {
+    /// The tenant whose clients' token to print.
+    #[arg(long, default_value = crescent_store::master::access::DEFAULT_TENANT)]
+    tenant: String,
+    /// The admin port's token instead.
+    #[arg(long)]
+    admin: bool,
+    /// The secret file (default: the environment's).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+}
+
+fn token(a: TokenArgs) -> Result<()> {
+    use crescent_store::master::access;
+    use crescent_transports::net::Keyring;
+    let keyring = match &a.secret_file {
+        Some(path) => Keyring::load(path)?,
+        None => Keyring::from_env()?.context("no cluster secret: set CRESCENT_CLUSTER_SECRET_FILE or --secret-file")?,
+    };
+    if a.admin {
+        println!("{}", access::admin_token(&keyring));
+    } else {
+        access::check_tenant(&a.tenant).map_err(anyhow::Error::msg)?;
+        println!("{}", access::client_token(&keyring, &a.tenant));
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -115,6 +149,7 @@ fn main() {
         Command::Demo(a) => demo(a),
         Command::Client(a) => client(a),
         Command::Dummy(a) => dummy(a),
+        Command::Token(a) => token(a),
     };
     if let Err(e) = result {
         eprintln!("crescent: error: {e:#}");

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use crescent_engine::{parse_size, EngineConfig, TransportKind};
+use crescent_transports::net::Keyring;
 use serde::Deserialize;
 
 use super::disk;
@@ -65,6 +66,16 @@ pub struct ClientConfig {
     /// `host:port` of the client's Prometheus endpoint (`GET /metrics`;
     /// `CRESCENT_CLIENT_METRICS_ADDRESS`, `client_metrics_address`); `None`: no endpoint.
     pub metrics_address: Option<String>,
+    /// The cluster secret(s) (config key `cluster_secret_file`: a file of one line, or two
+    /// during a rotation); `None`: the environment's (`CRESCENT_CLUSTER_SECRET_FILE`,
+    /// `CRESCENT_CLUSTER_SECRET`, `CRESCENT_CLUSTER_SECRET_NEXT`), if any. Every connection of
+    /// the client's engine and disk service, and its calls to the master, prove it.
+    pub cluster_secret: Option<Keyring>,
+    /// The client's tenant (upstream's `tenant_id`; `MOONCAKE_TENANT_ID`): it sees, reads,
+    /// writes and removes only its tenant's keys, and its segment holds only them (see
+    /// [`crate::master::tenant`]). With a cluster secret, the token it sends names it, so the
+    /// master believes it; without one, it is the client's word. Default `default`.
+    pub tenant_id: String,
     /// A put that fails because the master went away, changed or is not the leader is put
     /// again once a master answers, for this long at most (`master_failover_timeout_ms`).
     pub master_failover_timeout: std::time::Duration,
@@ -93,6 +104,8 @@ impl Default for ClientConfig {
             disk_recycle_bytes: disk::DEFAULT_RECYCLE_BYTES,
             hot_cache: HotCacheSettings::default(),
             metrics_address: None,
+            cluster_secret: None,
+            tenant_id: crate::protocol::DEFAULT_TENANT.into(),
             master_failover_timeout: std::time::Duration::from_secs(30),
         }
     }
@@ -129,6 +142,8 @@ struct FileConfig {
     local_hot_block_size: Option<serde_json::Value>,
     local_hot_cache_admission: Option<String>,
     client_metrics_address: Option<String>,
+    cluster_secret_file: Option<String>,
+    tenant_id: Option<String>,
     master_failover_timeout_ms: Option<u64>,
 }
 
@@ -172,8 +187,8 @@ impl ClientConfig {
     /// `MOONCAKE_LOCAL_BUFFER_SIZE` (bytes or sizes such as `4gb`), `MOONCAKE_OFFLOAD_ENABLED`
     /// with `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH` (the disk tier's root),
     /// `MOONCAKE_ENABLE_CLIENT_HTTP_SERVER` with `MOONCAKE_CLIENT_HTTP_PORT` (default 9300: the
-    /// client's `/metrics` on that port), and `MOONCAKE_TENANT_ID` (Crescent has one tenant:
-    /// `default`, anything else is refused). Unset variables keep Crescent's defaults.
+    /// client's `/metrics` on that port), and `MOONCAKE_TENANT_ID` (the client's tenant,
+    /// [`ClientConfig::tenant_id`]). Unset variables keep Crescent's defaults.
     pub fn apply_mooncake_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
         let get = |name: &str| var(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         let flag = |name: &str| -> Result<Option<bool>> {
@@ -221,11 +236,15 @@ impl ClientConfig {
                 .map_err(|_| StoreError::Config(format!("MOONCAKE_CLIENT_HTTP_PORT={port:?} is not a port")))?;
             self.metrics_address = Some(format!("0.0.0.0:{port}"));
         }
-        if let Some(t) = get("MOONCAKE_TENANT_ID").filter(|t| t != "default") {
-            return Err(StoreError::Config(format!(
-                "MOONCAKE_TENANT_ID={t:?}: Crescent has no tenants yet (only \"default\")"
-            )));
+        if let Some(t) = get("MOONCAKE_TENANT_ID") {
+            self.set_tenant("MOONCAKE_TENANT_ID", &t)?;
         }
+        Ok(())
+    }
+
+    fn set_tenant(&mut self, name: &str, tenant: &str) -> Result<()> {
+        crate::protocol::check_tenant(tenant).map_err(|e| StoreError::Config(format!("{name}: {e}")))?;
+        self.tenant_id = tenant.to_string();
         Ok(())
     }
 
@@ -307,6 +326,15 @@ impl ClientConfig {
         if let Some(v) = f.client_metrics_address {
             self.metrics_address = Some(v.trim().to_string()).filter(|a| !a.is_empty());
         }
+        if let Some(v) = f.tenant_id.filter(|v| !v.trim().is_empty()) {
+            self.set_tenant("tenant_id", v.trim())?;
+        }
+        if let Some(v) = f.cluster_secret_file.filter(|v| !v.trim().is_empty()) {
+            self.cluster_secret = Some(
+                Keyring::load(Path::new(v.trim()))
+                    .map_err(|e| StoreError::Config(format!("cluster_secret_file: {e}")))?,
+            );
+        }
         if let Some(v) = f.master_failover_timeout_ms {
             self.master_failover_timeout = std::time::Duration::from_millis(v);
         }
@@ -362,6 +390,9 @@ impl ClientConfig {
         if let Some(devices) = &self.device_name {
             e.rdma.devices = crescent_engine::parse_device_list(devices)
                 .map_err(|err| StoreError::Config(format!("device_name {devices:?}: {err}")))?;
+        }
+        if let Some(k) = &self.cluster_secret {
+            e.cluster_secret = Some(k.clone());
         }
         Ok(e)
     }
@@ -488,12 +519,15 @@ mod tests {
         d.apply_mooncake_env(env(&[("MOONCAKE_DEVICE", "mlx5_0,mlx5_1")])).unwrap();
         assert_eq!(d.device_name.as_deref(), Some("mlx5_0,mlx5_1"));
         assert_eq!(d.master_server_address, ClientConfig::default().master_server_address);
+        assert_eq!(d.tenant_id, "default");
+        d.apply_mooncake_env(env(&[("MOONCAKE_TENANT_ID", "team-a")])).unwrap();
+        assert_eq!(d.tenant_id, "team-a");
         for bad in [
             &[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")][..],
             &[("MOONCAKE_PROTOCOL", "carrier-pigeon")][..],
             &[("MOONCAKE_OFFLOAD_ENABLED", "maybe")][..],
             &[("MOONCAKE_OFFLOAD_ENABLED", "yes")][..],
-            &[("MOONCAKE_TENANT_ID", "team-a")][..],
+            &[("MOONCAKE_TENANT_ID", "_reserved")][..],
         ] {
             let e = ClientConfig::default().apply_mooncake_env(env(bad)).unwrap_err().to_string();
             assert!(e.contains(bad[0].0), "{bad:?}: {e}");

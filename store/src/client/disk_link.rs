@@ -83,7 +83,7 @@ impl DiskLink {
         client_id: String,
     ) -> Result<DiskLink> {
         let host = engine.segment_name().rsplit_once(':').map_or("127.0.0.1", |(h, _)| h).to_string();
-        let service = DiskService::start(&host, &tier, staging, engine.segment_name().to_string())?;
+        let service = DiskService::start(&host, engine.auth(), &tier, staging, engine.segment_name().to_string())?;
         let segment_name = disk_segment_name(tier.disk_id());
         Ok(DiskLink { tier, service, segment_id: Arc::new(AtomicU64::new(0)), segment_name, rpc, client_id, host })
     }

@@ -322,7 +322,7 @@ async fn owner_stream(weak: Weak<StoreClient>) {
 async fn run_stream(
     index: &Arc<OwnerIndex>,
     client_id: &str,
-    grpc: &mut crate::proto::master_client::MasterClient<tonic::transport::Channel>,
+    grpc: &mut super::rpc::Client,
     weak: &Weak<StoreClient>,
 ) -> std::result::Result<(), String> {
     let mount = index.mount();

@@ -11,14 +11,15 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use crescent_transports::net::{Auth, Service};
 use parking_lot::Mutex;
 use prometheus::proto::MetricFamily;
-use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use tokio::sync::oneshot;
 
 use crate::client::hot_cache::HotCacheMetrics;
 use crate::error::{Result, StoreError};
-use crate::metrics_registry::{counter, gauge, internal};
+use crate::metrics_registry::{counter, gauge, internal, register};
 
 /// Environment variable naming the address of the client's metrics endpoint.
 pub const METRICS_ADDRESS_ENV: &str = "CRESCENT_CLIENT_METRICS_ADDRESS";
@@ -40,6 +41,10 @@ pub struct ClientMetrics {
     dropped_fills: IntCounter,
     evictions: IntCounter,
     bytes_served: IntCounter,
+    auth_required: IntGauge,
+    auth_accepted: IntCounterVec,
+    auth_refused: IntCounterVec,
+    auth_dial_failed: IntCounterVec,
 }
 
 impl ClientMetrics {
@@ -47,6 +52,9 @@ impl ClientMetrics {
         let registry = Registry::new_custom(Some("crescent_client".into()), None).map_err(internal)?;
         let gauge = |name: &str, help: &str| gauge(&registry, name, help);
         let counter = |name: &str, help: &str| counter(&registry, name, help);
+        let by_service = |name: &str, help: &str| {
+            register(&registry, IntCounterVec::new(Opts::new(name, help), &["service"]).map_err(internal)?)
+        };
         Ok(ClientMetrics {
             enabled: gauge("hot_cache_enabled", "1 when the local hot cache is on")?,
             blocks: gauge("hot_cache_blocks", "Blocks of the local hot cache")?,
@@ -66,6 +74,20 @@ impl ClientMetrics {
             )?,
             evictions: counter("hot_cache_evictions_total", "Hot cache entries evicted to make room")?,
             bytes_served: counter("hot_cache_served_bytes_total", "Bytes copied to callers out of the hot cache")?,
+            auth_required: gauge("auth_required", "1 when a cluster secret is set and every port requires it")?,
+            auth_accepted: by_service(
+                "auth_accepted_total",
+                "Connections to this client's ports that proved knowledge of the cluster secret, by port",
+            )?,
+            auth_refused: by_service(
+                "auth_refused_total",
+                "Connections to this client's ports closed because the peer did not prove knowledge of the cluster \
+                 secret, by port",
+            )?,
+            auth_dial_failed: by_service(
+                "auth_dial_failed_total",
+                "Connections from this client to a peer's port that failed to authenticate, by port",
+            )?,
             registry,
             sync: Mutex::new(()),
         })
@@ -74,9 +96,22 @@ impl ClientMetrics {
     /// The text exposition of `hot` (`None`: the cache is off; its series read 0) and of
     /// `disk` (the disk tier's own registry, its counters as counters, see `disk::stats`;
     /// `None`: no disk tier, no series).
-    pub fn render(&self, hot: Option<HotCacheMetrics>, disk: Option<Vec<MetricFamily>>) -> String {
+    /// `auth`: the engine's authentication counters.
+    pub fn render(&self, hot: Option<HotCacheMetrics>, disk: Option<Vec<MetricFamily>>, auth: &Auth) -> String {
         {
             let _one_at_a_time = self.sync.lock();
+            self.auth_required.set(auth.is_required() as i64);
+            let stats = auth.stats();
+            for service in Service::ALL {
+                for (vec, v) in [
+                    (&self.auth_accepted, stats.accepted(service)),
+                    (&self.auth_refused, stats.refused(service)),
+                    (&self.auth_dial_failed, stats.dial_failed(service)),
+                ] {
+                    let c = vec.with_label_values(&[service.as_str()]);
+                    c.inc_by(v.saturating_sub(c.get()));
+                }
+            }
             let m = hot.unwrap_or_default();
             self.enabled.set(hot.is_some() as i64);
             for (g, v) in [

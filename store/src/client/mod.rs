@@ -45,10 +45,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_engine::{RegisteredMemory, TransferEngine};
-use tonic::transport::Channel;
 
 use crate::error::{Result, StoreError};
-use crate::proto::master_client::MasterClient;
 use crate::proto::*;
 pub use crate::staging::HeldBlock;
 use crate::staging::Staging;
@@ -152,10 +150,13 @@ impl StoreClient {
 
     fn connect_using(config: ClientConfig, engine: Option<Arc<TransferEngine>>) -> Result<Arc<Self>> {
         let tier = DiskLink::open_tier(&config)?;
-        let rpc = Arc::new(MasterRpc::connect_in(&config.master_server_address, &config.leader_cluster_id())?);
+        let engine_config = config.engine_config()?;
+        let credentials = rpc::Credentials::new(engine_config.cluster_secret.as_ref(), &config.tenant_id)?;
+        let rpc =
+            Arc::new(MasterRpc::connect_in(&config.master_server_address, &config.leader_cluster_id(), credentials)?);
         let engine = match engine {
             Some(engine) => engine,
-            None => TransferEngine::new(config.engine_config()?)?,
+            None => TransferEngine::new(engine_config)?,
         };
         let segment = match config.global_segment_size {
             0 => None,
@@ -229,7 +230,11 @@ impl StoreClient {
     /// The client's metrics (the hot cache's and the disk tier's counters) in Prometheus' text
     /// format.
     pub fn render_metrics(&self) -> String {
-        self.metrics.render(self.hot_cache_metrics(), self.disk.as_ref().map(|d| d.tier.metric_families()))
+        self.metrics.render(
+            self.hot_cache_metrics(),
+            self.disk.as_ref().map(|d| d.tier.metric_families()),
+            self.engine.auth(),
+        )
     }
 
     /// Where the client's `GET /metrics` endpoint listens, when `metrics_address` is set.
@@ -469,7 +474,7 @@ impl StoreClient {
             size: len,
             options: Some(options.clone()),
         };
-        let start = |req: PutStartRequest| move |mut c: MasterClient<Channel>| async move { c.put_start(req).await };
+        let start = |req: PutStartRequest| move |mut c: rpc::Client| async move { c.put_start(req).await };
         // While the master places the object: the disk tier's copy of the value, and a byte
         // put's first piece in the staging buffer (unless the last put stayed in our own
         // segment, where nothing is staged).
@@ -853,8 +858,7 @@ impl StoreClient {
             sizes: sizes.to_vec(),
             options: Some(options.clone()),
         };
-        let start =
-            |req: BatchPutStartRequest| move |mut c: MasterClient<Channel>| async move { c.batch_put_start(req).await };
+        let start = |req: BatchPutStartRequest| move |mut c: rpc::Client| async move { c.batch_put_start(req).await };
         let (reply, offloads) = match &self.disk {
             // The disk tier's copies of the values (or their CRCs, see `put_one`) are made
             // while the master places them.

@@ -282,7 +282,8 @@ impl<'c> Exec<'c> {
     /// registered memory and we read them with the engine.
     fn read_remote_disk(&self, key: &str, r: &ReplicaDescriptor, list: &Listed, dst: &mut Dst<'_>) -> Result<()> {
         let (version, size) = (list.version, list.size);
-        let (mut reader, segment) = super::disk::service::DiskReader::open(&r.disk_service, key, version, size)?;
+        let (mut reader, segment) =
+            super::disk::service::DiskReader::open(&r.disk_service, self.engine.auth(), key, version, size)?;
         let seg = self.open(key, &segment)?;
         let read = |to: u64, at: u64, n: u64| TransferRequest {
             opcode: Opcode::Read,

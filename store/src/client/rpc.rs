@@ -20,11 +20,57 @@ use parking_lot::RwLock;
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 use tonic::transport::{Channel, Endpoint};
 
+use crescent_transports::net::Keyring;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+
 use crate::error::{Result, StoreError, Waited};
 use crate::leader::Members;
 use crate::proto::master_client::MasterClient;
 use crate::proto::{Code, Status};
+use crate::protocol;
 use crate::protocol::MAX_MESSAGE;
+
+/// What every call to the master carries: the bearer token of the cluster secret (naming the
+/// client's tenant; see [`crate::master::access`]), or without a secret the tenant's name.
+#[derive(Clone, Debug)]
+pub struct Credentials {
+    authorization: Option<MetadataValue<Ascii>>,
+    tenant: MetadataValue<Ascii>,
+}
+
+impl Credentials {
+    /// For a client of `tenant`, with the cluster's `keyring` if it has one.
+    pub fn new(keyring: Option<&Keyring>, tenant: &str) -> Result<Credentials> {
+        protocol::check_tenant(tenant).map_err(StoreError::Config)?;
+        let value = |s: String| s.parse::<MetadataValue<Ascii>>().map_err(|e| StoreError::Config(e.to_string()));
+        Ok(Credentials {
+            authorization: keyring
+                .map(|k| value(format!("Bearer {}", protocol::client_token(k, tenant))))
+                .transpose()?,
+            tenant: value(tenant.to_string())?,
+        })
+    }
+
+    /// No secret, the default tenant.
+    pub fn open() -> Credentials {
+        Credentials::new(None, protocol::DEFAULT_TENANT).expect("the default tenant is valid")
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, mut req: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        let m = req.metadata_mut();
+        if let Some(a) = &self.authorization {
+            m.insert("authorization", a.clone());
+        }
+        m.insert(protocol::TENANT_HEADER, self.tenant.clone());
+        Ok(req)
+    }
+}
+
+/// The channel to the master, with the client's [`Credentials`] on every call.
+pub type Client = MasterClient<InterceptedService<Channel, Credentials>>;
 
 /// Runs `run`, which blocks on a runtime, where blocking on a runtime is allowed: at once
 /// outside tokio; inside a task of a multi-thread runtime, with the worker handed over
@@ -72,11 +118,13 @@ pub struct MasterRpc {
     /// Signalled when the channels are replaced: calls still waiting on the old master (one
     /// frozen, say) end with a retryable error instead of waiting for their timeout.
     switched: tokio::sync::Notify,
+    /// What every call carries (also on the channels to a new leader).
+    credentials: Credentials,
 }
 
 struct Conn {
-    call_client: MasterClient<Channel>,
-    client: MasterClient<Channel>,
+    call_client: Client,
+    client: Client,
     addr: String,
 }
 
@@ -92,13 +140,13 @@ const FIRST_LEADER_WAIT: Duration = Duration::from_secs(15);
 
 impl MasterRpc {
     /// Connects to the master at `addr` (`host:port`); fails with a clear error if it is not there.
-    pub fn connect(addr: &str) -> Result<Self> {
-        Self::connect_in(addr, crate::protocol::DEFAULT_CLUSTER_ID)
+    pub fn connect(addr: &str, credentials: Credentials) -> Result<Self> {
+        Self::connect_in(addr, crate::protocol::DEFAULT_CLUSTER_ID, credentials)
     }
 
     /// Connects to the master at `addr`: `host:port`, or `etcd://h1:2379;h2:2379` to follow
     /// the leader of `cluster_id`'s masters.
-    pub fn connect_in(addr: &str, cluster_id: &str) -> Result<Self> {
+    pub fn connect_in(addr: &str, cluster_id: &str, credentials: Credentials) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("crescent-client-rpc")
@@ -134,8 +182,15 @@ impl MasterRpc {
         } else {
             (addr.to_string(), None)
         };
-        let conn = Conn::open(&calls, &runtime, &master, false)?;
-        Ok(MasterRpc { calls, runtime, conn: RwLock::new(conn), leader, switched: tokio::sync::Notify::new() })
+        let conn = Conn::open(&calls, &runtime, &master, false, &credentials)?;
+        Ok(MasterRpc {
+            calls,
+            runtime,
+            conn: RwLock::new(conn),
+            leader,
+            switched: tokio::sync::Notify::new(),
+            credentials,
+        })
     }
 
     /// The address of the master followed now.
@@ -153,7 +208,7 @@ impl MasterRpc {
         if addr == self.conn.read().addr && term == source.term.load(Ordering::Acquire) {
             return false;
         }
-        match Conn::open(&self.calls, &self.runtime, &addr, true) {
+        match Conn::open(&self.calls, &self.runtime, &addr, true, &self.credentials) {
             Ok(conn) => {
                 tracing::info!("following the master leading now: {addr} (term {term})");
                 *self.conn.write() = conn;
@@ -174,14 +229,14 @@ impl MasterRpc {
     }
 
     /// A handle on the streams' channel to the master (run it on [`Self::handle`]).
-    pub fn client(&self) -> MasterClient<Channel> {
+    pub fn client(&self) -> Client {
         self.conn.read().client.clone()
     }
 
     /// Runs one call to completion on the client's runtime.
     pub fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
-        F: FnOnce(MasterClient<Channel>) -> Fut,
+        F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
         T: Send,
     {
@@ -203,7 +258,7 @@ impl MasterRpc {
     /// other threads' calls are not held up behind it.
     pub fn call_while<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
     where
-        F: FnOnce(MasterClient<Channel>) -> Fut,
+        F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
         T: Send,
     {
@@ -241,7 +296,7 @@ impl MasterRpc {
     /// a short `meanwhile` would not hide.
     pub fn call_beside<T, F, Fut, R>(&self, f: F, meanwhile: impl FnOnce() -> R) -> (Result<T>, R)
     where
-        F: FnOnce(MasterClient<Channel>) -> Fut,
+        F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
         T: Send + 'static,
     {
@@ -268,7 +323,7 @@ impl MasterRpc {
 impl Conn {
     /// Channels to the master at `addr`: connected now (an error if it is not there), or
     /// `lazy` (connected by the first call).
-    fn open(calls: &Runtime, runtime: &Runtime, addr: &str, lazy: bool) -> Result<Conn> {
+    fn open(calls: &Runtime, runtime: &Runtime, addr: &str, lazy: bool, credentials: &Credentials) -> Result<Conn> {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
@@ -283,7 +338,7 @@ impl Conn {
                     .map_err(|e| StoreError::master_unreachable(addr, e))?
             };
             Ok::<_, StoreError>(
-                MasterClient::new(channel)
+                MasterClient::with_interceptor(channel, credentials.clone())
                     .max_decoding_message_size(MAX_MESSAGE)
                     .max_encoding_message_size(MAX_MESSAGE),
             )
@@ -371,7 +426,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let rpc = Arc::new(MasterRpc::connect(&master.client_address()).unwrap());
+        let rpc = Arc::new(MasterRpc::connect(&master.client_address(), Credentials::open()).unwrap());
         exists(&rpc).unwrap();
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();

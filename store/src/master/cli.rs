@@ -134,6 +134,15 @@ struct Cli {
     /// copies sit on clients that are away [default: none, kept in memory].
     #[arg(long, visible_alias = "state_dir")]
     state_dir: Option<PathBuf>,
+    /// File holding the cluster secret (one line; two during a rotation): every gRPC call and
+    /// admin request must then carry its token [default: CRESCENT_CLUSTER_SECRET_FILE, else
+    /// CRESCENT_CLUSTER_SECRET and CRESCENT_CLUSTER_SECRET_NEXT, else none: open].
+    #[arg(long, visible_alias = "cluster_secret_file")]
+    cluster_secret_file: Option<PathBuf>,
+    /// With a cluster secret, leave the admin port's read-only routes (/metrics, /query_key,
+    /// /get_all_*, /keys, /segments, /query, /prefix, /nodes) open to requests without the token.
+    #[arg(long, visible_alias = "admin_open_reads", value_parser = gflags_bool, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    admin_open_reads: Option<bool>,
     /// Serve an http metadata server (GET/PUT/DELETE /metadata?key=) in this process.
     #[arg(long = "enable_http_metadata_server", value_parser = gflags_bool, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     enable_http_metadata_server: Option<bool>,
@@ -625,6 +634,12 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     }
     if let Some(v) = cli.event_buffer {
         config.event_buffer = v;
+    }
+    if let Some(v) = cli.cluster_secret_file {
+        config.cluster_secret_file = Some(v);
+    }
+    if let Some(v) = cli.admin_open_reads {
+        config.admin_open_reads = v;
     }
     if let Some(v) = cli.state_dir {
         config.state_dir = Some(v);

@@ -83,6 +83,17 @@ pub struct MasterConfig {
     pub cluster_id: String,
     /// High availability (`--enable_ha` and its backend, etcd): see docs/src/ha.md.
     pub ha: HaConfig,
+    /// A file holding the cluster secret (one line; two during a rotation), `--cluster-secret-file`;
+    /// `None`: [`MasterConfig::cluster_secret`], else the environment's
+    /// (`CRESCENT_CLUSTER_SECRET_FILE`, `CRESCENT_CLUSTER_SECRET`, `CRESCENT_CLUSTER_SECRET_NEXT`).
+    /// With a secret, every gRPC call and admin request needs its token (see
+    /// [`crate::master::access`]).
+    pub cluster_secret_file: Option<std::path::PathBuf>,
+    /// The secret given directly (by a program embedding the master).
+    #[serde(skip)]
+    pub cluster_secret: Option<crescent_transports::net::Keyring>,
+    /// With a secret, leave the admin port's read-only routes open (`--admin-open-reads`).
+    pub admin_open_reads: bool,
 }
 
 /// Mooncake's high-availability settings (docs/src/ha.md): with `enabled`, the master campaigns
@@ -147,11 +158,28 @@ impl Default for MasterConfig {
             http_metadata_address: String::new(),
             cluster_id: DEFAULT_CLUSTER_ID.into(),
             ha: HaConfig::default(),
+            cluster_secret_file: None,
+            cluster_secret: None,
+            admin_open_reads: false,
         }
     }
 }
 
 impl MasterConfig {
+    /// The cluster secret: [`Self::cluster_secret_file`], else [`Self::cluster_secret`], else
+    /// the environment's; `None` when none is set.
+    pub fn secret(&self) -> Result<Option<crescent_transports::net::Keyring>> {
+        use crescent_transports::net::Keyring;
+        let config = |e: crescent_transports::net::AuthError| StoreError::Config(e.to_string());
+        if let Some(path) = &self.cluster_secret_file {
+            return Keyring::load(path).map(Some).map_err(config);
+        }
+        if let Some(k) = &self.cluster_secret {
+            return Ok(Some(k.clone()));
+        }
+        Keyring::from_env().map_err(config)
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(StoreError::Config(m));
         if !(self.eviction_high_watermark > 0.0 && self.eviction_high_watermark <= 1.0) {

@@ -137,7 +137,9 @@ impl Master {
             if seg.client_id == client_id && seg.disk_service == disk_service {
                 return Ok(id);
             }
-            if seg.tier != Tier::Ssd {
+            // A disk moves to another client of its tenant only ([`super::tenant`]).
+            if seg.tier != Tier::Ssd || super::tenant::tenant_of(&seg.client_id) != super::tenant::tenant_of(client_id)
+            {
                 return Err(StoreError::SegmentExists(name));
             }
             tracing::info!("disk {disk_id} moves from client {} to client {client_id}", seg.client_id);

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub term: IntGauge,
     /// The same (and more) under Mooncake's names, for upstream's dashboard.
     pub mooncake: MooncakeMetrics,
+    /// Requests refused for want of the cluster secret's token (label `port`: grpc, admin).
+    pub auth_refused: IntCounterVec,
 }
 
 impl Metrics {
@@ -76,7 +78,16 @@ impl Metrics {
         )
         .map_err(internal)?;
         let disk_client = register(&registry, disk_client)?;
+        let auth_refused = register(
+            &registry,
+            IntCounterVec::new(
+                Opts::new("auth_refused_total", "Requests refused for want of the cluster secret's token, by port"),
+                &["port"],
+            )
+            .map_err(internal)?,
+        )?;
         Ok(Metrics {
+            auth_refused,
             disk_client,
             capacity: gauge("capacity_bytes", "Bytes contributed by mounted segments")?,
             used: gauge("used_bytes", "Bytes allocated to objects")?,

@@ -5,6 +5,7 @@
 //! the gRPC round trip around it, and one lock keeps eviction, leases and liveness trivially
 //! consistent. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
 
+pub mod access;
 pub mod admin;
 pub mod cli;
 pub mod config;
@@ -23,6 +24,7 @@ mod removals_file;
 pub mod replicate;
 pub mod server;
 pub mod service;
+pub mod tenant;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -525,7 +527,10 @@ impl Master {
         if st.objects.contains_key(key) {
             return Err(StoreError::AlreadyExists(key.to_string()));
         }
-        let memory_segments = st.segments.values().filter(|s| s.tier != Tier::Ssd).count();
+        // A key's replicas go only to segments of its tenant's clients ([`tenant`]).
+        let tenant = tenant::tenant_of(key);
+        let memory_segments =
+            st.segments.values().filter(|s| s.tier != Tier::Ssd && tenant::tenant_of(&s.client_id) == tenant).count();
         if (memory_segments as u32) < replicas {
             return Err(StoreError::NoSpace {
                 size,
@@ -533,15 +538,16 @@ impl Master {
                 detail: format!("{memory_segments} memory segment(s) mounted; replicas need distinct segments"),
             });
         }
-        let blocks = match self.allocate(&mut st, size, replicas, opts) {
+        let blocks = match self.allocate(&mut st, tenant, size, replicas, opts) {
             Some(b) => b,
             None => {
-                // No room: evict, then try once more (evicted ranges in quarantine come back
-                // when their owners acknowledge: the service tries again then).
-                let freed = self.evict(&mut st, now, size * replicas as u64);
+                // No room: evict (the tenant's objects: only they free its segments), then try
+                // once more (evicted ranges in quarantine come back when their owners
+                // acknowledge: the service tries again then).
+                let freed = self.evict_in(&mut st, now, size * replicas as u64, Some(tenant));
                 self.flush_news(&mut st);
                 tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
-                self.allocate(&mut st, size, replicas, opts).ok_or_else(|| StoreError::NoSpace {
+                self.allocate(&mut st, tenant, size, replicas, opts).ok_or_else(|| StoreError::NoSpace {
                     size,
                     replicas,
                     detail: "every segment is full of leased, pinned or unfinished objects".into(),
@@ -590,11 +596,18 @@ impl Master {
 
     /// One block on each of `replicas` distinct memory segments: the caller's preferred
     /// segments first (in its order), then the strategy's order.
-    fn allocate(&self, st: &mut State, size: u64, replicas: u32, opts: &PutOptions) -> Option<Vec<(u64, Block)>> {
+    fn allocate(
+        &self,
+        st: &mut State,
+        tenant: &str,
+        size: u64,
+        replicas: u32,
+        opts: &PutOptions,
+    ) -> Option<Vec<(u64, Block)>> {
         let mut candidates: Vec<u64> = st
             .segments
             .iter()
-            .filter(|(_, s)| s.tier != Tier::Ssd && s.alloc.free() >= size)
+            .filter(|(_, s)| s.tier != Tier::Ssd && s.alloc.free() >= size && tenant::tenant_of(&s.client_id) == tenant)
             .map(|(id, _)| *id)
             .collect();
         match self.config.allocation_strategy {
@@ -913,7 +926,11 @@ impl Master {
         self.remove_matching(|_| true, force)
     }
 
-    fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool) -> Result<((u64, u64), owners::AckWait)> {
+    pub(crate) fn remove_matching(
+        &self,
+        matches: impl Fn(&str) -> bool,
+        force: bool,
+    ) -> Result<((u64, u64), owners::AckWait)> {
         let now = Instant::now();
         let mut st = self.state.lock();
         self.fence.check(now)?;
@@ -946,12 +963,19 @@ impl Master {
     /// ratio of capacity are freed (or nothing evictable is left); objects whose file is still
     /// being written from memory (`offload_held_until`) go last. Returns bytes freed.
     fn evict(&self, st: &mut State, now: Instant, at_least: u64) -> u64 {
+        self.evict_in(st, now, at_least, None)
+    }
+
+    /// [`Self::evict`] of `tenant`'s objects only, when given.
+    fn evict_in(&self, st: &mut State, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
         let capacity = Self::totals_of(st).capacity;
         let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
         let mut candidates: Vec<(bool, Instant, String)> = st
             .objects
             .iter()
-            .filter(|(_, o)| o.evictable(now) && !o.replicas.is_empty())
+            .filter(|(k, o)| {
+                o.evictable(now) && !o.replicas.is_empty() && tenant.is_none_or(|t| tenant::tenant_of(k) == t)
+            })
             .map(|(k, o)| (o.offload_held(now), o.last_access, k.clone()))
             .collect();
         candidates.sort();

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use crate::allocator::Block;
 use crate::error::{Result, StoreError};
-use crate::master::{check_key, Master, Replica, State, MAX_REPLICAS};
+use crate::master::{check_key, tenant, Master, Replica, State, MAX_REPLICAS};
 use crate::proto::{EventKind, ReplicaDescriptor, ReplicaStatus, ReplicationTask};
 
 /// Distinct keys counted per hot-key window at most (memory bound).
@@ -95,7 +95,11 @@ impl Master {
         let mut candidates: Vec<u64> = st
             .segments
             .iter()
-            .filter(|(id, s)| !holding.contains(id) && s.alloc.free() >= size)
+            .filter(|(id, s)| {
+                !holding.contains(id)
+                    && s.alloc.free() >= size
+                    && tenant::tenant_of(&s.client_id) == tenant::tenant_of(key)
+            })
             .map(|(id, _)| *id)
             .collect();
         // Emptiest first: warm copies spread the load.
@@ -318,14 +322,28 @@ impl Master {
 
     /// Hands up to `max` queued hot keys to a warm-up worker (one more replica each).
     pub fn take_replication_tasks(&self, max: u32) -> Vec<ReplicationTask> {
+        self.take_replication_tasks_of(max, |_| true)
+    }
+
+    /// [`Self::take_replication_tasks`] of the keys `mine` accepts (a tenant's); the others
+    /// stay queued, in their order.
+    pub fn take_replication_tasks_of(&self, max: u32, mine: impl Fn(&str) -> bool) -> Vec<ReplicationTask> {
         let mut st = self.state.lock();
         let mut tasks = Vec::new();
+        let mut others = Vec::new();
         while tasks.len() < max as usize {
             let Some(key) = st.hot.queue.pop_front() else { break };
+            if !mine(&key) {
+                others.push(key);
+                continue;
+            }
             st.hot.queued.remove(&key);
             if st.objects.get(&key).is_some_and(|o| o.complete) && !st.replications.contains_key(&key) {
                 tasks.push(ReplicationTask { key, count: 1 });
             }
+        }
+        for key in others.into_iter().rev() {
+            st.hot.queue.push_front(key);
         }
         self.metrics.replication_tasks_taken.inc_by(tasks.len() as u64);
         tasks

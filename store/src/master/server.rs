@@ -9,10 +9,12 @@ use tokio::sync::oneshot;
 use crescent_engine::metadata::server::MetadataServer;
 
 use crate::error::{Result, StoreError};
+use crate::master::access::{self, Access};
 use crate::master::fence::Role;
 use crate::master::ha::HaSettings;
 use crate::master::service::MasterService;
 use crate::master::{admin, Master, MasterConfig};
+use tonic::service::interceptor::InterceptedService;
 
 /// How long a stopping master waits for its clients' connections to close.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -137,8 +139,25 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         None
     };
     let elections = master.clone();
-    let service = MasterService::new(master.clone());
-    let admin_router = admin::router(master.clone());
+    let keyring = config.secret()?;
+    if keyring.is_none() && !rpc_addr.ip().is_loopback() {
+        tracing::warn!(
+            "master {rpc_addr} runs WITHOUT a cluster secret: anyone who reaches its gRPC and admin ports can mount, \
+             read, overwrite and remove any object and learn where clients' memory is; set \
+             CRESCENT_CLUSTER_SECRET_FILE (or --cluster-secret-file) on the master and every client (see docs: security)"
+        );
+    }
+    let access = Access::new(keyring, config.admin_open_reads, master.metrics().auth_refused.clone());
+    let gate = access.clone();
+    #[allow(clippy::result_large_err)] // tonic's Status
+    let service = InterceptedService::new(MasterService::new(master.clone()), move |mut req: tonic::Request<()>| {
+        let tenant = gate.check_call(req.metadata())?;
+        req.extensions_mut().insert(tenant);
+        Ok(req)
+    });
+    let gate = access.clone();
+    let admin_router = admin::router(master.clone())
+        .layer(axum::middleware::from_fn(move |req, next| access::admin_gate(gate.clone(), req, next)));
     let thread = std::thread::Builder::new()
         .name("crescent-master-rt".into())
         .spawn(move || {

@@ -10,8 +10,9 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response};
 
 use crate::error::StoreError;
+use crate::master::access::Tenant;
 use crate::master::mooncake_metrics::GetSource;
-use crate::master::{Master, PingOutcome, MAX_KEY_LEN};
+use crate::master::{tenant, Master, PingOutcome, MAX_KEY_LEN};
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
 use crate::proto::*;
 
@@ -196,13 +197,52 @@ fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
     }
 }
 
+/// A request and the tenant it is served for ([`crate::master::access`] puts the tenant in
+/// the request; [`crate::master::tenant`] says how names are scoped).
+fn tenant_req<T>(req: Request<T>) -> (Tenant, T) {
+    let t = req.extensions().get::<Tenant>().cloned().unwrap_or_default();
+    (t, req.into_inner())
+}
+
+/// A tenant's name, scoped in place.
+fn sc(t: &Tenant, name: &mut String) {
+    *name = tenant::scope(&t.0, name);
+}
+
+fn sc_all(t: &Tenant, names: &mut [String]) {
+    names.iter_mut().for_each(|n| sc(t, n));
+}
+
+/// A client id going out to `t`'s client: its own name ("" for another tenant's, which the
+/// master's rules never hand out).
+fn unscope_id(t: &Tenant, id: &mut String) {
+    *id = tenant::unscope(&t.0, id).unwrap_or_default().to_string();
+}
+
+fn unscope_replicas(t: &Tenant, replicas: &mut [ReplicaDescriptor]) {
+    replicas.iter_mut().for_each(|r| unscope_id(t, &mut r.client_id));
+}
+
+/// Disk entries going out to `t`'s client: its keys only, under its names.
+fn unscope_entries(t: &Tenant, entries: Vec<DiskEntry>) -> Vec<DiskEntry> {
+    entries
+        .into_iter()
+        .filter_map(|e| Some(DiskEntry { key: tenant::unscope(&t.0, &e.key)?.to_string(), ..e }))
+        .collect()
+}
+
+fn sc_entries(t: &Tenant, entries: &mut [DiskEntry]) {
+    entries.iter_mut().for_each(|e| sc(t, &mut e.key));
+}
+
 #[tonic::async_trait]
 impl MasterRpc for MasterService {
     async fn mount_segment(
         &self,
         req: Request<MountSegmentRequest>,
     ) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
         self.timed("MountSegment", |m| {
             let seg = r.segment.unwrap_or_default();
             match m.mount_segment(&r.client_id, &seg, &r.host) {
@@ -216,7 +256,8 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<MountSegmentRequest>,
     ) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
         self.timed("RemountSegment", |m| {
             let seg = r.segment.unwrap_or_default();
             match m.remount_segment(&r.client_id, &seg, &r.host) {
@@ -230,7 +271,8 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<UnmountSegmentRequest>,
     ) -> Result<Response<StatusReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
         self.timed("UnmountSegment", |m| StatusReply {
             status: status_of(m, &m.unmount_segment(&r.client_id, r.segment_id)),
         })
@@ -238,13 +280,18 @@ impl MasterRpc for MasterService {
 
     async fn put_start(&self, req: Request<PutStartRequest>) -> Result<Response<PutStartReply>, tonic::Status> {
         let start = Instant::now();
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
         let m = &self.master;
         let opts = r.options.unwrap_or_default();
         // Space freed by eviction waits for its owners' acknowledgements (see owners.rs).
         let placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, &r.key, r.size, &opts)).await;
         let reply = match placed {
-            Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
+            Ok((mut replicas, version)) => {
+                unscope_replicas(&t, &mut replicas);
+                PutStartReply { status: ok(), replicas, version }
+            }
             Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
         };
         Ok(self.observed("PutStart", start, reply))
@@ -252,13 +299,17 @@ impl MasterRpc for MasterService {
 
     async fn put_end(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
         let start = Instant::now();
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
         let done = self.commit(&r.client_id, &r.key).await;
         Ok(self.observed("PutEnd", start, StatusReply { status: status_of(&self.master, &done) }))
     }
 
     async fn put_revoke(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
         self.timed("PutRevoke", |m| StatusReply { status: status_of(m, &m.put_revoke(&r.client_id, &r.key)) })
     }
 
@@ -267,8 +318,10 @@ impl MasterRpc for MasterService {
         req: Request<BatchPutStartRequest>,
     ) -> Result<Response<BatchPutStartReply>, tonic::Status> {
         let start = Instant::now();
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
         let m = &self.master;
         if r.keys.len() != r.sizes.len() {
             let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
@@ -284,7 +337,10 @@ impl MasterRpc for MasterService {
                 placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, k, *s, &opts)).await;
             }
             items.push(match placed {
-                Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
+                Ok((mut replicas, version)) => {
+                    unscope_replicas(&t, &mut replicas);
+                    PutStartReply { status: ok(), replicas, version }
+                }
                 Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
             });
         }
@@ -293,8 +349,10 @@ impl MasterRpc for MasterService {
 
     async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
         let start = Instant::now();
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
         let m = &self.master;
         // Every key's owners are told at once; one wait for all their acknowledgements.
         let begun: Vec<_> = r.keys.iter().map(|k| m.put_end_begin(&r.client_id, k)).collect();
@@ -316,31 +374,48 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
         self.timed_n("BatchPutRevoke", r.keys.len(), |m| BatchStatusReply {
             statuses: r.keys.iter().map(|k| status_of(m, &m.put_revoke(&r.client_id, k)).expect("some")).collect(),
         })
     }
 
     async fn get_replica_list(&self, req: Request<KeyRequest>) -> Result<Response<GetReplicaListReply>, tonic::Status> {
-        let r = req.into_inner();
-        self.timed("GetReplicaList", |m| replica_list_reply(m, &r.key))
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
+        self.timed("GetReplicaList", |m| {
+            let mut reply = replica_list_reply(m, &r.key);
+            unscope_replicas(&t, &mut reply.replicas);
+            reply
+        })
     }
 
     async fn batch_get_replica_list(
         &self,
         req: Request<BatchKeyRequest>,
     ) -> Result<Response<BatchGetReplicaListReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
+        sc_all(&t, &mut r.keys);
         self.timed_n("BatchGetReplicaList", r.keys.len(), |m| BatchGetReplicaListReply {
-            items: r.keys.iter().map(|k| replica_list_reply(m, k)).collect(),
+            items: r
+                .keys
+                .iter()
+                .map(|k| {
+                    let mut reply = replica_list_reply(m, k);
+                    unscope_replicas(&t, &mut reply.replicas);
+                    reply
+                })
+                .collect(),
         })
     }
 
     async fn exists(&self, req: Request<KeyRequest>) -> Result<Response<ExistsReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
         self.timed("Exists", |m| match m.exists(&r.key) {
             Ok(exists) => ExistsReply { status: ok(), exists },
             Err(e) => ExistsReply { status: status(m, &e), exists: false },
@@ -348,8 +423,9 @@ impl MasterRpc for MasterService {
     }
 
     async fn batch_exists(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchExistsReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
         check_batch(r.keys.len())?;
+        sc_all(&t, &mut r.keys);
         self.timed_n("BatchExists", r.keys.len(), |m| match m.batch_exists(&r.keys) {
             Ok(exists) => BatchExistsReply { status: ok(), exists },
             Err(e) => BatchExistsReply { status: status(m, &e), exists: Vec::new() },
@@ -357,16 +433,21 @@ impl MasterRpc for MasterService {
     }
 
     async fn query_key(&self, req: Request<KeyRequest>) -> Result<Response<QueryKeyReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
         self.timed("QueryKey", |m| match m.query(&r.key) {
-            Ok(reply) => QueryKeyReply { status: ok(), ..reply },
+            Ok(mut reply) => {
+                unscope_replicas(&t, &mut reply.replicas);
+                QueryKeyReply { status: ok(), ..reply }
+            }
             Err(e) => QueryKeyReply { status: status(m, &e), ..Default::default() },
         })
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<StatusReply>, tonic::Status> {
         let start = Instant::now();
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
         let m = &self.master;
         // Answered once the owners acknowledged (or the wait ran out): see owners.rs.
         let removed = match m.remove(&r.key, r.force) {
@@ -384,20 +465,30 @@ impl MasterRpc for MasterService {
         req: Request<RemoveByRegexRequest>,
     ) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
         let start = Instant::now();
-        let r = req.into_inner();
-        let reply = self.removed_reply(self.master.remove_by_regex(&r.pattern, r.force)).await;
+        let (t, r) = tenant_req(req);
+        let re = regex::RegexBuilder::new(&r.pattern)
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|e| StoreError::InvalidArgument(format!("bad regex {:?}: {e}", r.pattern)));
+        // The tenant's keys, matched by their names.
+        let removed = re.and_then(|re| {
+            self.master.remove_matching(|k| tenant::unscope(&t.0, k).is_some_and(|k| re.is_match(k)), r.force)
+        });
+        let reply = self.removed_reply(removed).await;
         Ok(self.observed("RemoveByRegex", start, reply))
     }
 
     async fn remove_all(&self, req: Request<RemoveAllRequest>) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
         let start = Instant::now();
-        let r = req.into_inner();
-        let reply = self.removed_reply(self.master.remove_all(r.force)).await;
+        let (t, r) = tenant_req(req);
+        let mine = |k: &str| tenant::unscope(&t.0, k).is_some();
+        let reply = self.removed_reply(self.master.remove_matching(mine, r.force)).await;
         Ok(self.observed("RemoveAll", start, reply))
     }
 
     async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
         self.timed("Ping", |m| match m.ping(&r.client_id) {
             PingOutcome::NotLeader(why) => {
                 PingReply { status: status(m, &StoreError::NotLeader(why)), term: m.term(), ..Default::default() }
@@ -407,13 +498,18 @@ impl MasterRpc for MasterService {
                     m.record_disk_counters(&r.client_id, d);
                 }
                 let (held_generation, held_removals) = m.held_removals_for(&r.client_id).unwrap_or_default();
+                // The removals of the tenant's keys only.
+                let held_removals = held_removals
+                    .into_iter()
+                    .filter_map(|h| Some(HeldRemoval { key: tenant::unscope(&t.0, &h.key)?.to_string(), ..h }))
+                    .collect();
                 PingReply {
                     status: ok(),
                     view_version: 0,
-                    disk_removals: m.disk_removals_for(&r.client_id),
+                    disk_removals: unscope_entries(&t, m.disk_removals_for(&r.client_id)),
                     held_generation,
                     held_removals,
-                    disk_only: m.disk_only_news_for(&r.client_id),
+                    disk_only: unscope_entries(&t, m.disk_only_news_for(&r.client_id)),
                     term: m.term(),
                 }
             }
@@ -424,7 +520,9 @@ impl MasterRpc for MasterService {
     }
 
     async fn mount_disk(&self, req: Request<MountDiskRequest>) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        r.held_removals.iter_mut().for_each(|h| sc(&t, &mut h.key));
         self.timed("MountDisk", |m| {
             m.merge_held_removals(&r.held_removals);
             match m.mount_disk(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
@@ -438,7 +536,10 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<UpdateDiskReplicasRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc_entries(&t, &mut r.added);
+        sc_entries(&t, &mut r.removed);
         self.timed("UpdateDiskReplicas", |m| {
             match m.update_disk_replicas(&r.client_id, r.segment_id, &r.added, &r.removed, r.restore) {
                 Ok(results) => {
@@ -452,27 +553,44 @@ impl MasterRpc for MasterService {
     // ---- cache-aware scheduling (see query.rs, published.rs, replicate.rs, events.rs) ----
 
     async fn query_keys(&self, req: Request<QueryKeysRequest>) -> Result<Response<QueryKeysReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc_all(&t, &mut r.keys);
         self.timed("QueryKeys", |m| match m.query_keys(&r.keys) {
-            Ok(reply) => QueryKeysReply { status: ok(), ..reply },
+            Ok(mut reply) => {
+                reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
+                QueryKeysReply { status: ok(), ..reply }
+            }
             Err(e) => QueryKeysReply { status: status(m, &e), ..Default::default() },
         })
     }
 
     async fn prefix_query(&self, req: Request<QueryKeysRequest>) -> Result<Response<PrefixQueryReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc_all(&t, &mut r.keys);
         self.timed("PrefixQuery", |m| match m.prefix_query(&r.keys) {
-            Ok(reply) => PrefixQueryReply { status: ok(), ..reply },
+            Ok(mut reply) => {
+                reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
+                PrefixQueryReply { status: ok(), ..reply }
+            }
             Err(e) => PrefixQueryReply { status: status(m, &e), ..Default::default() },
         })
     }
 
-    async fn node_stats(&self, _req: Request<NodeStatsRequest>) -> Result<Response<NodeStatsReply>, tonic::Status> {
-        self.timed("NodeStats", |m| NodeStatsReply { status: ok(), ..m.node_stats() })
+    async fn node_stats(&self, req: Request<NodeStatsRequest>) -> Result<Response<NodeStatsReply>, tonic::Status> {
+        let (t, _) = tenant_req(req);
+        self.timed("NodeStats", |m| {
+            let mut reply = m.node_stats();
+            // The tenant's own clients only.
+            reply.nodes.retain(|n| tenant::unscope(&t.0, &n.client_id).is_some());
+            reply.nodes.iter_mut().for_each(|n| unscope_id(&t, &mut n.client_id));
+            NodeStatsReply { status: ok(), ..reply }
+        })
     }
 
     async fn publish(&self, req: Request<PublishRequest>) -> Result<Response<PublishReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        r.keys.iter_mut().for_each(|k| sc(&t, &mut k.key));
         self.timed("Publish", |m| match m.publish(&r.client_id, r.tier, r.ttl_ms, &r.keys) {
             Ok(count) => PublishReply { status: ok(), count },
             Err(e) => PublishReply { status: status(m, &e), count: 0 },
@@ -480,7 +598,9 @@ impl MasterRpc for MasterService {
     }
 
     async fn retract(&self, req: Request<RetractRequest>) -> Result<Response<PublishReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
         self.timed("Retract", |m| match m.retract(&r.client_id, &r.keys, r.all) {
             Ok(count) => PublishReply { status: ok(), count },
             Err(e) => PublishReply { status: status(m, &e), count: 0 },
@@ -491,16 +611,22 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<ReplicateStartRequest>,
     ) -> Result<Response<ReplicateStartReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
         self.timed("ReplicateStart", |m| match m.replicate_start(&r.client_id, &r.key, r.count) {
-            Ok(p) => ReplicateStartReply {
-                status: ok(),
-                size: p.size,
-                version: p.version,
-                sources: p.sources,
-                targets: p.targets,
-                lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
-            },
+            Ok(mut p) => {
+                unscope_replicas(&t, &mut p.sources);
+                unscope_replicas(&t, &mut p.targets);
+                ReplicateStartReply {
+                    status: ok(),
+                    size: p.size,
+                    version: p.version,
+                    sources: p.sources,
+                    targets: p.targets,
+                    lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
+                }
+            }
             Err(e) => ReplicateStartReply { status: status(m, &e), ..Default::default() },
         })
     }
@@ -510,7 +636,9 @@ impl MasterRpc for MasterService {
         req: Request<ReplicateEndRequest>,
     ) -> Result<Response<ReplicateEndReply>, tonic::Status> {
         let start = Instant::now();
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc(&t, &mut r.key);
         let m = &self.master;
         let ended = match m.replicate_end_begin(&r.client_id, &r.key, &r.done_segments) {
             Ok(mut c) => {
@@ -530,21 +658,30 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<TakeReplicationTasksRequest>,
     ) -> Result<Response<TakeReplicationTasksReply>, tonic::Status> {
-        let r = req.into_inner();
-        self.timed("TakeReplicationTasks", |m| TakeReplicationTasksReply {
-            status: ok(),
-            tasks: m.take_replication_tasks(r.max.min(10_000)),
+        let (t, r) = tenant_req(req);
+        self.timed("TakeReplicationTasks", |m| {
+            let tasks = m.take_replication_tasks_of(r.max.min(10_000), |k| tenant::unscope(&t.0, k).is_some());
+            let tasks = tasks
+                .into_iter()
+                .filter_map(|x| Some(ReplicationTask { key: tenant::unscope(&t.0, &x.key)?.to_string(), ..x }))
+                .collect();
+            TakeReplicationTasksReply { status: ok(), tasks }
         })
     }
 
     type SubscribeStream = EventStream;
 
     async fn subscribe(&self, req: Request<SubscribeRequest>) -> Result<Response<EventStream>, tonic::Status> {
-        let prefix = req.into_inner().key_prefix;
+        let (t, r) = tenant_req(req);
+        let prefix = r.key_prefix;
         let events = BroadcastStream::new(self.master.subscribe_events());
+        // The tenant's events only, under its names.
         let stream = events.filter_map(move |item| match item {
-            Ok(event) if event.key.starts_with(&prefix) => Some(Ok(EventMessage { event: Some(event), lost: 0 })),
-            Ok(_) => None,
+            Ok(mut event) => {
+                event.key = tenant::unscope(&t.0, &event.key).filter(|k| k.starts_with(&prefix))?.to_string();
+                unscope_id(&t, &mut event.client_id);
+                Some(Ok(EventMessage { event: Some(event), lost: 0 }))
+            }
             Err(BroadcastStreamRecvError::Lagged(lost)) => Some(Ok(EventMessage { event: None, lost })),
         });
         Ok(Response::new(Box::pin(stream)))
@@ -556,14 +693,15 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<tonic::Streaming<OwnerAck>>,
     ) -> Result<Response<NewsStream>, tonic::Status> {
-        let mut acks = req.into_inner();
+        let (t, mut acks) = tenant_req(req);
         let hello = tokio::time::timeout(HELLO_TIMEOUT, acks.message())
             .await
             .map_err(|_| tonic::Status::deadline_exceeded("no hello on the owner stream"))??
             .ok_or_else(|| tonic::Status::invalid_argument("the owner stream closed before its hello"))?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let m = self.master.clone();
-        let (client, term, segment) = (hello.client_id.clone(), hello.term, hello.segment_id);
+        let client = tenant::scope(&t.0, &hello.client_id);
+        let (term, segment) = (hello.term, hello.segment_id);
         let id = m.attach_owner(&client, term, segment, hello.acked, tx).map_err(|e| {
             m.metrics().error(&e);
             tonic::Status::failed_precondition(format!("{}: {e}", e.code().as_str_name()))
@@ -574,14 +712,28 @@ impl MasterRpc for MasterService {
             }
             m.detach_owner(segment, id);
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok))))
+        // The news are of the owner's segment, so of its tenant's keys: under its names.
+        #[allow(clippy::result_large_err)] // tonic's Status
+        let news = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |mut news: OwnerNews| {
+            news.items.retain_mut(|i| match tenant::unscope(&t.0, &i.key) {
+                Some(k) => {
+                    i.key = k.to_string();
+                    true
+                }
+                None => false,
+            });
+            Ok(news)
+        });
+        Ok(Response::new(Box::pin(news)))
     }
 
     async fn remount_with_report(
         &self,
         req: Request<RemountWithReportRequest>,
     ) -> Result<Response<RemountWithReportReply>, tonic::Status> {
-        let r = req.into_inner();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        r.objects.iter_mut().for_each(|o| sc(&t, &mut o.key));
         self.timed("RemountWithReport", |m| {
             let seg = r.segment.unwrap_or_default();
             match m.remount_with_report(&r.client_id, &seg, &r.host, &r.objects) {

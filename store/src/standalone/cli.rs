@@ -177,7 +177,7 @@ fn settings(cli: Cli, mut config: ClientConfig) -> Result<Settings, CliError> {
 pub fn main() -> ! {
     let bin = std::env::args().next().unwrap_or_else(|| "crescent-client".into());
     let bin = std::path::Path::new(&bin).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or(bin);
-    crate::init_logging();
+    crate::logging::init_logging();
     let settings = match parse(std::env::args_os()) {
         Ok(s) => s,
         Err(CliError::Clap(e)) => e.exit(),

@@ -125,7 +125,10 @@ impl StandaloneServer {
         let state =
             Arc::new(State { client, access, workers: Mutex::new(HashMap::new()), stop: AtomicBool::new(false) });
         let st = state.clone();
-        let server = tnet::serve("standalone", listener, limits, move |a: tnet::serve::Accepted<Conn>| {
+        // No cluster secret here: dummy clients are processes of this host on a unix socket,
+        // admitted by their credentials (see `admit`), not peers of the cluster.
+        let guard = tnet::Guard::open();
+        let server = tnet::serve("standalone", listener, limits, guard, move |a: tnet::serve::Accepted<Conn>| {
             admit(&st, &a.stream, &a.peer)
         })
         .map_err(|e| StoreError::system(format!("serving at {address}"), e))?;

@@ -233,6 +233,8 @@ pub fn fetch_descriptor(store: &dyn MetadataStore, keys: &Keys, name: &str) -> R
 /// (P2P handshake) or a metadata service.
 pub(crate) struct Directory {
     service: Option<Service>,
+    /// How connections to peers' handshake listeners authenticate.
+    auth: crescent_transports::net::Auth,
 }
 
 struct Service {
@@ -246,27 +248,29 @@ impl Directory {
     /// segment (`host:port` of its handshake listener). Errors name the service's address.
     pub(crate) fn start(
         config: &EngineConfig,
+        auth: &crescent_transports::net::Auth,
         segment: &str,
         rpc: RpcMeta,
         describe: publisher::Describe,
     ) -> Result<Self> {
+        let auth = auth.clone();
         let address = ServiceAddress::parse(&config.metadata_server)?;
         let Some(store) = address.connect()? else {
-            return Ok(Directory { service: None });
+            return Ok(Directory { service: None, auth });
         };
         if config.metadata_ttl.is_zero() {
             return Err(EngineError::Config("metadata TTL must be positive".into()));
         }
         let keys = Keys::new(config.metadata_cluster_id.as_deref());
         let publisher = Publisher::start(store.clone(), &keys, segment, rpc, describe, config.metadata_ttl)?;
-        Ok(Directory { service: Some(Service { store, keys, publisher }) })
+        Ok(Directory { service: Some(Service { store, keys, publisher }), auth })
     }
 
     /// The descriptor of segment `name`, from the service or else from the peer itself.
     pub(crate) fn fetch(&self, name: &str, timeout: Duration) -> Result<SegmentDescriptor> {
         match &self.service {
             Some(s) => fetch_descriptor(s.store.as_ref(), &s.keys, name),
-            None => crate::handshake::fetch_descriptor(name, timeout),
+            None => crate::handshake::fetch_descriptor(name, timeout, &self.auth),
         }
     }
 

@@ -13,13 +13,16 @@
 //!   for a same-host peer), backoff on accept errors (`EMFILE`, `ENFILE`, ...), a connection
 //!   count that a failed thread start cannot leak, and a clean shutdown.
 //!
-//! Authentication (issue 26) belongs to [`serve::serve`]'s connection setup, before the
-//! handler sees the first frame, and to the clients' connect: once, for every port.
+//! * [`auth`]: with a cluster secret, the mutual challenge-response every connection goes
+//!   through before its first frame: in [`serve::serve`]'s connection setup, before the
+//!   handler sees a byte, and in every dialer's connect ([`Auth::dial`]) — once, for every port.
 
+pub mod auth;
 pub mod codec;
 pub mod serve;
 pub mod wire;
 
+pub use auth::{Auth, AuthError, AuthStats, Guard, Keyring, Service};
 pub use codec::{Format, FrameError, RawFrame};
 pub use serve::{serve, Limits, PeerKey, Server};
 pub use wire::Wire;

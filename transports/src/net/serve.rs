@@ -14,8 +14,10 @@
 //! * **A clean shutdown**: dropping the [`Server`] wakes the loop (an eventfd, no self-connect),
 //!   shuts every live connection down (their threads return) and joins the loop's thread.
 //!
-//! Authentication (issue 26) goes in one place: [`open_connection`], which runs on the
-//! connection's thread before the handler sees any byte.
+//! * **Authentication** (issue 26) in one place: [`open_connection`] runs the listener's
+//!   [`Guard`] on the connection's thread, under its slot and within the exchange's deadline,
+//!   before the handler sees any byte; a peer that does not prove it knows the cluster secret
+//!   is closed and counted ([`super::AuthStats`]).
 
 use std::collections::HashMap;
 use std::io;
@@ -27,6 +29,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+
+use super::auth::Guard;
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 
@@ -73,8 +77,8 @@ pub trait Listener: AsFd + Send + 'static {
     fn accept_conn(&self) -> io::Result<(Self::Conn, PeerKey)>;
 }
 
-/// An accepted connection.
-pub trait Connection: Send + Sync + 'static {
+/// An accepted connection (a socket: the authentication reads and writes its descriptor).
+pub trait Connection: AsFd + Send + Sync + 'static {
     /// Ends the connection both ways: a thread blocked on it returns.
     fn shutdown(&self);
 }
@@ -90,6 +94,12 @@ impl Listener for TcpListener {
 impl Connection for TcpStream {
     fn shutdown(&self) {
         let _ = TcpStream::shutdown(self, std::net::Shutdown::Both);
+    }
+}
+
+impl Connection for std::os::unix::net::UnixStream {
+    fn shutdown(&self) {
+        let _ = std::os::unix::net::UnixStream::shutdown(self, std::net::Shutdown::Both);
     }
 }
 
@@ -222,10 +232,13 @@ impl Gate {
     }
 }
 
-/// What a connection's thread runs before the handler: the place for per-connection setup
-/// that every listener needs (authentication, issue 26). Today there is none.
-fn open_connection<C>(_conn: &Accepted<C>) -> Result<(), String> {
-    Ok(())
+/// What a connection's thread runs before the handler: the per-connection setup every
+/// listener needs — the authentication of the peer by `guard` (issue 26).
+fn open_connection<C: Connection>(guard: &Guard, conn: &Accepted<C>) -> Result<(), String> {
+    guard.accept(&mut conn.stream.as_fd()).map_err(|e| {
+        let service = guard.service().map_or("?", |s| s.as_str());
+        format!("it did not authenticate to the {service} port: {e}")
+    })
 }
 
 type Spawn = fn(String, Box<dyn FnOnce() + Send>) -> io::Result<()>;
@@ -240,15 +253,26 @@ fn start_connection<C: Connection>(
     spawn: Spawn,
     ticket: Ticket,
     conn: Accepted<C>,
+    guard: Guard,
     handler: Arc<dyn Fn(Accepted<C>) + Send + Sync>,
 ) -> io::Result<()> {
     spawn(
         format!("crescent-{name}"),
         Box::new(move || {
             let _slot = ticket;
-            match open_connection(&conn) {
+            match open_connection(&guard, &conn) {
                 Ok(()) => handler(conn),
-                Err(why) => tracing::info!("{name}: closing a connection from {}: {why}", conn.peer),
+                Err(why) => {
+                    // Counted; logged loudly at 1, 2, 4, 8, ... refusals (a scanner cannot
+                    // flood the log).
+                    let n = guard.refused();
+                    if n.is_power_of_two() {
+                        tracing::warn!("{name}: closing a connection from {}: {why} ({n} refused so far)", conn.peer);
+                    } else {
+                        tracing::debug!("{name}: closing a connection from {}: {why}", conn.peer);
+                    }
+                    conn.stream.shutdown();
+                }
             }
         }),
     )
@@ -329,14 +353,14 @@ impl Drop for Server {
     }
 }
 
-/// Serves `listener`: each admitted connection runs `handler` on a thread of its own (named
-/// `crescent-<name>`) until it returns.
-pub fn serve<L, H>(name: &'static str, listener: L, limits: Limits, handler: H) -> io::Result<Server>
+/// Serves `listener`: each admitted connection is authenticated by `guard`, then runs
+/// `handler` on a thread of its own (named `crescent-<name>`) until it returns.
+pub fn serve<L, H>(name: &'static str, listener: L, limits: Limits, guard: Guard, handler: H) -> io::Result<Server>
 where
     L: Listener,
     H: Fn(Accepted<L::Conn>) + Send + Sync + 'static,
 {
-    serve_with(name, listener, limits, handler, |_: &L::Conn, _: &str| {})
+    serve_with(name, listener, limits, guard, handler, |_: &L::Conn, _: &str| {})
 }
 
 /// [`serve`], with `refused` called for a connection refused by a bound (on the accept
@@ -346,6 +370,7 @@ pub fn serve_with<L, H, R>(
     name: &'static str,
     listener: L,
     limits: Limits,
+    guard: Guard,
     handler: H,
     refused: R,
 ) -> io::Result<Server>
@@ -354,13 +379,14 @@ where
     H: Fn(Accepted<L::Conn>) + Send + Sync + 'static,
     R: Fn(&L::Conn, &str) + Send + 'static,
 {
-    serve_inner(name, listener, limits, Arc::new(handler), refused, os_spawn)
+    serve_inner(name, listener, limits, guard, Arc::new(handler), refused, os_spawn)
 }
 
 fn serve_inner<L, R>(
     name: &'static str,
     listener: L,
     limits: Limits,
+    guard: Guard,
     handler: Arc<dyn Fn(Accepted<L::Conn>) + Send + Sync>,
     refused: R,
     spawn: Spawn,
@@ -407,7 +433,7 @@ where
                 }
             };
             let accepted = Accepted { stream: conn.clone(), peer: peer.clone(), idle: limits.idle };
-            if let Err(e) = start_connection(name, spawn, ticket, accepted, handler.clone()) {
+            if let Err(e) = start_connection(name, spawn, ticket, accepted, guard.clone(), handler.clone()) {
                 tracing::error!("{name}: cannot start a thread for a connection from {peer}: {e}");
                 conn.shutdown();
             }
@@ -422,9 +448,8 @@ mod tests {
     use std::io::Read;
     use std::net::SocketAddr;
 
-    struct Fake;
-    impl Connection for Fake {
-        fn shutdown(&self) {}
+    fn fake() -> Arc<std::os::unix::net::UnixStream> {
+        Arc::new(std::os::unix::net::UnixStream::pair().unwrap().0)
     }
 
     const LIMITS: Limits = Limits { max_connections: 4, max_per_peer: 2, idle: None };
@@ -436,7 +461,7 @@ mod tests {
     #[test]
     fn one_peer_at_its_cap_leaves_room_for_another() {
         let gate = Gate::new(LIMITS);
-        let c = Arc::new(Fake);
+        let c = fake();
         let a1 = gate.admit(&ip(1), &c).unwrap();
         let _a2 = gate.admit(&ip(1), &c).unwrap();
         let err = gate.admit(&ip(1), &c).err().unwrap();
@@ -455,11 +480,11 @@ mod tests {
             Err(io::Error::from_raw_os_error(Errno::AGAIN.raw_os_error()))
         }
         let gate = Gate::new(LIMITS);
-        let c = Arc::new(Fake);
+        let c = fake();
         for _ in 0..10 {
             let ticket = gate.admit(&ip(1), &c).unwrap();
             let accepted = Accepted { stream: c.clone(), peer: ip(1), idle: None };
-            assert!(start_connection("test", failing, ticket, accepted, Arc::new(|_| {})).is_err());
+            assert!(start_connection("test", failing, ticket, accepted, Guard::open(), Arc::new(|_| {})).is_err());
         }
         assert_eq!(gate.counts(&ip(1)), (0, 0));
     }
@@ -511,7 +536,7 @@ mod tests {
     #[test]
     fn the_loop_waits_out_accept_errors_and_then_serves() {
         let (listener, addr, calls) = exhausted(4);
-        let server = serve("test", listener, LIMITS, |c: Accepted<TcpStream>| {
+        let server = serve("test", listener, LIMITS, Guard::open(), |c: Accepted<TcpStream>| {
             use std::io::Write;
             let _ = (&*c.stream).write_all(b"hi");
         })
@@ -528,7 +553,7 @@ mod tests {
     #[test]
     fn a_listener_out_of_descriptors_is_not_spun_on() {
         let (listener, addr, calls) = exhausted(u32::MAX);
-        let server = serve("test", listener, LIMITS, |_: Accepted<TcpStream>| {}).unwrap();
+        let server = serve("test", listener, LIMITS, Guard::open(), |_: Accepted<TcpStream>| {}).unwrap();
         let _queued = TcpStream::connect(addr).unwrap();
         assert!(eventually(|| calls.load(Ordering::Relaxed) >= 1), "the loop tries");
         let before = calls.load(Ordering::Relaxed);
@@ -545,7 +570,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
-        let server = serve("test", listener, LIMITS, move |c: Accepted<TcpStream>| {
+        let server = serve("test", listener, LIMITS, Guard::open(), move |c: Accepted<TcpStream>| {
             let mut b = [0u8; 1];
             let ended = (&*c.stream).read(&mut b);
             let _ = tx.send(ended.map(|n| n == 0).unwrap_or(true));
@@ -556,6 +581,41 @@ mod tests {
         drop(server);
         assert!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), "the handler's read returned");
         assert!(TcpStream::connect(addr).is_err(), "the port is closed");
+    }
+
+    #[test]
+    fn a_guarded_listener_serves_only_peers_that_prove_the_secret() {
+        use super::super::auth::{Auth, Keyring, Service};
+        let secret = |s: &str| Auth::new(Some(Keyring::new(&[s]).unwrap()));
+        let auth = secret("the cluster's secret, long enough");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = serve("test", listener, LIMITS, auth.guard(Service::Tcp), |c: Accepted<TcpStream>| {
+            use std::io::Write;
+            let _ = (&*c.stream).write_all(b"served");
+        })
+        .unwrap();
+        let read_all = |mut s: &TcpStream| {
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got);
+            got
+        };
+        // An outsider with a raw socket: a tcp transport request, then whatever comes back.
+        let raw = TcpStream::connect(addr).unwrap();
+        let _ = std::io::Write::write_all(&mut &raw, &[b'C', b'T', 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(read_all(&raw), b"", "an outsider gets nothing, not a byte of the handler's");
+        // A peer with another secret.
+        let wrong = TcpStream::connect(addr).unwrap();
+        let err = secret("another cluster's secret, long too").dial(Service::Tcp, &mut &wrong, None).unwrap_err();
+        assert!(matches!(err, super::super::AuthError::NoSharedSecret), "{err}");
+        assert_eq!(read_all(&wrong), b"");
+        // A peer with the secret is served.
+        let good = TcpStream::connect(addr).unwrap();
+        secret("the cluster's secret, long enough").dial(Service::Tcp, &mut &good, None).unwrap();
+        assert_eq!(read_all(&good), b"served");
+        assert_eq!((auth.stats().refused(Service::Tcp), auth.stats().accepted(Service::Tcp)), (2, 1));
+        drop(server);
     }
 
     pub(crate) fn eventually(mut f: impl FnMut() -> bool) -> bool {

@@ -120,7 +120,7 @@ macro_rules! socket_wire {
         }
     )*};
 }
-socket_wire!(TcpStream, &TcpStream, UnixStream, &UnixStream);
+socket_wire!(TcpStream, &TcpStream, UnixStream, &UnixStream, BorrowedFd<'_>);
 
 /// Bytes in memory read as a stream (what the parsers' tests and fuzzers feed them): all of
 /// it is there at once, and its end is the peer closing.

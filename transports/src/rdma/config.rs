@@ -37,6 +37,8 @@ pub struct RdmaConfig {
     pub poll_spin: Duration,
     /// How long opening the control connection to a peer may take.
     pub connect_timeout: Duration,
+    /// The cluster secret both ends of the queue-pair exchange prove they know (none: open).
+    pub auth: crate::net::Auth,
 }
 
 impl Default for RdmaConfig {
@@ -57,6 +59,7 @@ impl Default for RdmaConfig {
             max_attempts: 3,
             poll_spin: Duration::from_micros(50),
             connect_timeout: Duration::from_secs(3),
+            auth: crate::net::Auth::open(),
         }
     }
 }

@@ -82,6 +82,12 @@ impl Peer {
         let mut stream = TcpStream::connect_timeout(&addr, shared.config.connect_timeout)
             .map_err(|e| format!("cannot connect to {name}: {}", io_msg(&e)))?;
         stream.set_nodelay(true).map_err(|e| format!("control connection to {name}: {e}"))?;
+        let deadline = std::time::Instant::now() + shared.config.connect_timeout;
+        shared
+            .config
+            .auth
+            .dial(crate::net::Service::RdmaControl, &mut &stream, Some(deadline))
+            .map_err(|e| format!("control connection to {name}: {e}"))?;
         let peer = Arc::new(Peer {
             name: name.clone(),
             shared: shared.clone(),

@@ -29,7 +29,8 @@ pub const SILENCE_LIMIT: Duration = Duration::from_secs(10);
 pub(crate) fn start(shared: Arc<Shared>, listener: TcpListener) -> io::Result<Server> {
     let limits =
         Limits { max_connections: MAX_CONNECTIONS, max_per_peer: MAX_CONNECTIONS_PER_PEER, idle: Some(SILENCE_LIMIT) };
-    serve("rdma-ctl", listener, limits, move |c: Accepted<TcpStream>| {
+    let guard = shared.config.auth.guard(crate::net::Service::RdmaControl);
+    serve("rdma-ctl", listener, limits, guard, move |c: Accepted<TcpStream>| {
         let peer = c.peer.clone();
         match serve_connection(&shared, &c.stream, c.idle) {
             Ok(()) => tracing::debug!("rdma: control connection from {peer} closed"),

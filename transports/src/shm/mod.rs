@@ -90,6 +90,9 @@ pub struct ShmConfig {
     pub copy_threads: usize,
     /// Largest slice; larger requests are cut by the engine.
     pub max_slice_len: u64,
+    /// The cluster secret both ends of a connection prove they know (none: open; the
+    /// kernel's peer credentials only bound connections per process).
+    pub auth: crate::net::Auth,
 }
 
 impl Default for ShmConfig {
@@ -100,6 +103,7 @@ impl Default for ShmConfig {
             socket_name: format!("crescent-shm-{}-{n}", std::process::id()),
             copy_threads: std::thread::available_parallelism().map_or(2, |n| n.get()).min(4),
             max_slice_len: 4 << 20,
+            auth: crate::net::Auth::open(),
         }
     }
 }
@@ -146,7 +150,10 @@ impl ShmTransport {
             idle: None,
         };
         let serving = server.clone();
-        let listener = crate::net::serve("shm-serve", listener, limits, move |c| serving.serve_connection(c))
+        let listener =
+            crate::net::serve("shm-serve", listener, limits, config.auth.guard(crate::net::Service::Shm), move |c| {
+                serving.serve_connection(c)
+            })
             .map_err(unavailable)?;
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let workers = (0..config.copy_threads)
@@ -180,7 +187,7 @@ impl ShmTransport {
             }
         }
         *current = None;
-        let peer = Peer::connect(socket)?;
+        let peer = Peer::connect(socket, &self.config.auth)?;
         *current = Some(peer.clone());
         Ok(peer)
     }

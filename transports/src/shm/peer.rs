@@ -76,10 +76,13 @@ pub(super) struct Peer {
 impl Peer {
     /// Connects to the peer listening on `socket_name`, learns its pid from the kernel and
     /// whether process_vm access to it works.
-    pub(super) fn connect(socket_name: &str) -> Result<Arc<Peer>, String> {
+    pub(super) fn connect(socket_name: &str, auth: &crate::net::Auth) -> Result<Arc<Peer>, String> {
+        use std::os::fd::AsFd;
         let name = format!("shm peer @{socket_name}");
         let socket =
             Socket::connect(socket_name, REPLY_TIMEOUT).map_err(|e| format!("cannot connect to {name}: {e}"))?;
+        auth.dial(crate::net::Service::Shm, &mut socket.as_fd(), Some(std::time::Instant::now() + REPLY_TIMEOUT))
+            .map_err(|e| format!("{name}: {e}"))?;
         let cred = socket.peer_cred().map_err(|e| format!("cannot identify {name}: {e}"))?;
         let pid = cred.pid.as_raw_nonzero().get();
         let hello = Self::hello(&socket).map_err(|e| format!("{name} did not complete the hello: {e}"))?;

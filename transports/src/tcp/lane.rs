@@ -31,7 +31,7 @@ use rustix::event::PollFlags;
 
 use super::frame::{FrameKind, Header, Status, FORMAT, HEADER_LEN};
 use crate::net::wire::{discard_by, recv_exact_by, recv_now, send_all_by, send_now, timed_out, wait_fd};
-use crate::net::FrameError;
+use crate::net::{FrameError, Service};
 use crate::{Completion, FailureKind, FailureReason, LocalAccess, Opcode, Slice, SliceOutcome};
 
 /// Read requests coalesced into one `write` at most.
@@ -91,14 +91,16 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    pub(super) fn connect(
-        peer: &str,
-        addr: std::net::SocketAddr,
-        timeout: Duration,
-        io_timeout: Duration,
-    ) -> io::Result<Lane> {
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    /// Connects to `addr` and authenticates both ends (with a cluster secret) before any
+    /// request goes out.
+    pub(super) fn connect(peer: &str, addr: std::net::SocketAddr, config: &super::TcpConfig) -> io::Result<Lane> {
+        let io_timeout = config.io_timeout;
+        let stream = TcpStream::connect_timeout(&addr, config.connect_timeout)?;
         stream.set_nodelay(true)?;
+        config
+            .auth
+            .dial(Service::Tcp, &mut &stream, None)
+            .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
         let shared = Arc::new(LaneShared {
             peer: peer.to_string(),
             pending: Mutex::new(HashMap::new()),

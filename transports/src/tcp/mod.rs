@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::net::{Limits, Server};
+use crate::net::{Auth, Limits, Server, Service};
 use crate::{Endpoint, FailureReason, RegionTable, Slice, Transport, TransportError, TransportKind};
 use lane::Lane;
 
@@ -47,6 +47,8 @@ pub struct TcpConfig {
     /// sides); an initiator's lane with requests waiting and nothing heard for this long
     /// closes.
     pub io_timeout: Duration,
+    /// The cluster secret both ends of a lane prove they know (none: open).
+    pub auth: Auth,
 }
 
 /// An initiator opens new lanes to a peer rather than use ones idle this long, so that it
@@ -66,6 +68,7 @@ impl Default for TcpConfig {
             max_connections_per_peer: 128,
             idle_timeout: Duration::from_secs(60),
             io_timeout: Duration::from_secs(30),
+            auth: Auth::open(),
         }
     }
 }
@@ -119,7 +122,7 @@ impl TcpTransport {
             max_per_peer: config.max_connections_per_peer,
             idle: Some(config.idle_timeout),
         };
-        let server = server::start(listener, table, limits, config.io_timeout)
+        let server = server::start(listener, table, limits, config.auth.guard(Service::Tcp), config.io_timeout)
             .map_err(|e| TransportError::Unavailable("tcp", format!("cannot start the listener thread: {e}")))?;
         tracing::debug!("tcp transport listening on port {port}, {} lanes per peer", config.lanes);
         Ok(TcpTransport { config, port, peers: Mutex::new(HashMap::new()), server })
@@ -159,10 +162,16 @@ impl TcpTransport {
         let lanes = (0..self.config.lanes)
             .map(|i| match old.get(i) {
                 Some(l) if usable(l) => Ok(l.clone()),
-                _ => Lane::connect(&name, addr, self.config.connect_timeout, self.config.io_timeout).map(Arc::new),
+                _ => Lane::connect(&name, addr, &self.config).map(Arc::new),
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| FailureReason::peer_gone(format!("cannot connect to {name}: {e}")))?;
+            .map_err(|e| {
+                let message = format!("cannot connect to {name}: {e}");
+                match e.kind() {
+                    std::io::ErrorKind::PermissionDenied => FailureReason::unauthenticated(message),
+                    _ => FailureReason::peer_gone(message),
+                }
+            })?;
         let lanes = Arc::new(PeerLanes { lanes, next: AtomicUsize::new(0) });
         *current = Some(lanes.clone());
         Ok(lanes)

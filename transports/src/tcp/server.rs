@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::frame::{FrameKind, Header, Status, FORMAT, HEADER_LEN};
 use crate::net::serve::Accepted;
 use crate::net::wire::{discard_by, recv_exact_by, recv_now, send_all_by};
-use crate::net::{serve, FrameError, Limits, Server};
+use crate::net::{serve, FrameError, Guard, Limits, Server};
 use crate::RegionTable;
 
 /// Acknowledgements queued at most before they are written.
@@ -26,9 +26,10 @@ pub(super) fn start(
     listener: TcpListener,
     table: Arc<RegionTable>,
     limits: Limits,
+    guard: Guard,
     io_timeout: Duration,
 ) -> io::Result<Server> {
-    serve("tcp-serve", listener, limits, move |c: Accepted<TcpStream>| {
+    serve("tcp-serve", listener, limits, guard, move |c: Accepted<TcpStream>| {
         let peer = c.peer.clone();
         match serve_connection(&c.stream, &table, c.idle, io_timeout) {
             Ok(()) => tracing::debug!("tcp transport: {peer} closed its connection"),
@@ -162,7 +163,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_millis(200)) };
-        let server = start(listener, Arc::new(RegionTable::new()), limits, Duration::from_secs(5)).unwrap();
+        let server =
+            start(listener, Arc::new(RegionTable::new()), limits, Guard::open(), Duration::from_secs(5)).unwrap();
         let mut idle = TcpStream::connect(addr).unwrap();
         idle.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut b = [0u8; 1];
@@ -176,7 +178,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_secs(60)) };
-        let server = start(listener, Arc::new(RegionTable::new()), limits, Duration::from_millis(300)).unwrap();
+        let server =
+            start(listener, Arc::new(RegionTable::new()), limits, Guard::open(), Duration::from_millis(300)).unwrap();
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let header = Header { kind: FrameKind::ReadRequest, status: Status::Ok, id: 1, addr: 0x1000, len: 8 }.encode();

@@ -28,8 +28,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crescent_engine::EngineError;
 use crescent_transports::net::serve::{serve_with, Accepted};
-use crescent_transports::net::{Format, Limits, Server, Wire};
+use crescent_transports::net::{Auth, Format, Limits, Server, Service, Wire};
 
 use super::DiskTier;
 use crate::error::{PeerFault, Result, StoreError};
@@ -190,7 +191,14 @@ pub struct DiskService {
 impl DiskService {
     /// Listens on `host` (any port) and serves `tier`'s files through `staging`, a registered
     /// buffer of the engine whose segment is `segment`.
-    pub fn start(host: &str, tier: &Arc<DiskTier>, staging: Arc<Staging>, segment: String) -> Result<DiskService> {
+    /// Readers authenticate with `auth`'s secret before their first request.
+    pub fn start(
+        host: &str,
+        auth: &Auth,
+        tier: &Arc<DiskTier>,
+        staging: Arc<Staging>,
+        segment: String,
+    ) -> Result<DiskService> {
         let listener = TcpListener::bind((host, 0)).map_err(|e| bad(format!("listening on {host}: {e}")))?;
         let addr = listener.local_addr().map_err(|e| bad(e.to_string()))?;
         let weak = Arc::downgrade(tier);
@@ -200,6 +208,7 @@ impl DiskService {
             "disk-reader",
             listener,
             limits,
+            auth.guard(Service::Disk),
             move |c: Accepted<TcpStream>| serve(&c.stream, &weak, &staging, &segment),
             |conn: &TcpStream, why: &str| {
                 // A fresh connection has room for one small frame: this does not block.
@@ -279,7 +288,8 @@ pub struct DiskReader {
 impl DiskReader {
     /// Connects to `service` and opens (`key`, `version`, `size`); returns the reader and the
     /// owner's engine segment name (where the pieces are).
-    pub fn open(service: &str, key: &str, version: u64, size: u64) -> Result<(DiskReader, String)> {
+    /// Both ends authenticate with `auth` first.
+    pub fn open(service: &str, auth: &Auth, key: &str, version: u64, size: u64) -> Result<(DiskReader, String)> {
         let gone = |source: std::io::Error| {
             StoreError::peer_gone(key, PeerFault::DiskService { service: service.to_string(), source })
         };
@@ -290,6 +300,12 @@ impl DiskReader {
             .ok_or_else(|| gone(std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address")))?;
         let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(gone)?;
         let _ = conn.set_nodelay(true);
+        auth.dial(Service::Disk, &mut &conn, None).map_err(|source| {
+            StoreError::peer_gone(
+                key,
+                PeerFault::Engine(EngineError::Unauthenticated { peer: format!("disk service {service}"), source }),
+            )
+        })?;
         let mut r = DiskReader { conn, key: key.to_string() };
         let req = OpenRequest { version, size, key: key.to_string() };
         let (kind, payload) = r.ask(Kind::Open, &req.encode())?;
