@@ -333,3 +333,168 @@ pub fn recovers(prober: &mut Prober, ops: &[String], limit: Duration, within: Du
     }
     panic!("calls did not succeed again within {within:?} of the fault's end: {last:?}");
 }
+
+// ---- one initiator and one target of the transfer engine ----
+
+/// The target's handshake port (each case has namespaces of its own).
+pub const TARGET_PORT: &str = "15000";
+/// How long each fault lasts.
+pub const HOLD: Duration = Duration::from_secs(3);
+/// How long calls may take to succeed again after a fault.
+pub const RECOVERY: Duration = Duration::from_secs(40);
+/// The prober's transfer timeout (`MC_TRANSFER_TIMEOUT`), seconds.
+pub const TRANSFER_TIMEOUT: u64 = 1;
+
+/// A call's bound: a `writeback` is two transfers, each with its deadline.
+pub fn transfer_limit() -> Duration {
+    bound(Duration::from_secs(TRANSFER_TIMEOUT)) * 2
+}
+
+/// A bound for calls that include a handshake (5 s a step), such as `open` and `resync`.
+pub fn handshake_limit() -> Duration {
+    bound(Duration::from_secs(5)) * 2
+}
+
+/// What the prober runs: reads checked against the target's pattern, writes read back, and
+/// batches.
+pub fn engine_ops() -> Vec<String> {
+    ["read 0 262144", "writeback 262144", "batch 8 65536"].map(String::from).to_vec()
+}
+
+/// A `tebench target --pattern` in namespace `b` of `pair` and the prober's place: namespace
+/// `a` (over the veth pair) or `b` too (same host: shm). The prober is kept apart, so that a
+/// fault can borrow this while the prober runs.
+pub struct EngineCase {
+    pub pair: crate::netns::HostPair,
+    pub target: std::sync::Mutex<ChildGuard>,
+    pub protocol: &'static str,
+    pub same_host: bool,
+}
+
+impl EngineCase {
+    /// The case, or `None` (after [`crate::skip`]) where it cannot run.
+    pub fn start(tag: &str, protocol: &'static str, same_host: bool) -> Option<(EngineCase, Prober)> {
+        if let Some(why) = tools_missing() {
+            crate::skip(&why);
+            return None;
+        }
+        let pair = match crate::netns::HostPair::create(tag) {
+            Ok(p) => p,
+            Err(why) => {
+                crate::skip(&why);
+                return None;
+            }
+        };
+        let target = std::sync::Mutex::new(Self::spawn_target(&pair, protocol));
+        let case = EngineCase { pair, target, protocol, same_host };
+        let mut prober = case.prober();
+        let open = prober.call("open");
+        assert!(open.is_ok(), "{open:?}");
+        Some((case, prober))
+    }
+
+    fn spawn_target(pair: &crate::netns::HostPair, protocol: &str) -> ChildGuard {
+        let args = [
+            "--buffer-size",
+            "16M",
+            "--pattern",
+            "--local-hostname",
+            &pair.addr_b,
+            "--port",
+            TARGET_PORT,
+            "--protocol",
+            protocol,
+        ];
+        crate::spawn_tebench_target(&pair.exec_prefix(&pair.b), &args).0
+    }
+
+    /// Kills the target and starts another on the same port (new memory, new data ports).
+    pub fn restart_target(&self) {
+        self.target.lock().unwrap().kill_now();
+        let t = Self::spawn_target(&self.pair, self.protocol);
+        *self.target.lock().unwrap() = t;
+    }
+
+    /// A new prober (not yet opened).
+    pub fn prober(&self) -> Prober {
+        let name = format!("{}:{TARGET_PORT}", self.pair.addr_b);
+        let (ns, addr) =
+            if self.same_host { (&self.pair.b, &self.pair.addr_b) } else { (&self.pair.a, &self.pair.addr_a) };
+        let timeout = TRANSFER_TIMEOUT.to_string();
+        let args = ["--segment", &name, "--local-hostname", addr, "--protocol", self.protocol, "--timeout", &timeout];
+        Prober::spawn(&self.pair.exec_prefix(ns), &args)
+    }
+
+    pub fn target_pid(&self) -> u32 {
+        self.target.lock().unwrap().0.id()
+    }
+
+    /// The target's end of the link.
+    pub fn link(&self) -> Link<'_> {
+        Link { ns: &self.pair.b, dev: self.pair.veth_b() }
+    }
+
+    /// A few rounds that all succeed, then what the prober and the target hold.
+    pub fn warm(&self, prober: &mut Prober) -> (Usage, Usage) {
+        for _ in 0..3 {
+            recovers(prober, &engine_ops(), transfer_limit(), RECOVERY);
+        }
+        (usage(prober.pid()), usage(self.target_pid()))
+    }
+
+    /// Applies `fault` for [`HOLD`], [`rounds`] times, with the contract checked throughout;
+    /// with `felt`, some call must have failed during it (else the fault did not land). After
+    /// each round, calls (`after` first) succeed again; at the end, nothing leaked.
+    pub fn each_round(
+        &self,
+        prober: &mut Prober,
+        fault: impl Fn(&EngineCase) + Sync,
+        clear: impl Fn(&EngineCase) + Sync,
+        after: &[&str],
+        felt: bool,
+    ) {
+        let (p0, t0) = self.warm(prober);
+        let t_pid = self.target_pid();
+        for _ in 0..rounds() {
+            let answers = through_fault(prober, &engine_ops(), transfer_limit(), HOLD, || fault(self), || clear(self));
+            if felt {
+                assert!(answers.iter().any(|a| !a.is_ok()), "the fault was never felt: {answers:?}");
+            }
+            let mut again: Vec<String> = after.iter().map(|s| s.to_string()).collect();
+            again.extend(engine_ops());
+            recovers(prober, &again, handshake_limit(), RECOVERY);
+        }
+        for _ in 0..3 {
+            recovers(prober, &engine_ops(), transfer_limit(), RECOVERY);
+        }
+        assert_settles("the prober", prober.pid(), p0, RECOVERY);
+        if self.target_pid() == t_pid {
+            assert_settles("the target", t_pid, t0, RECOVERY);
+        }
+    }
+
+    /// The target out of file descriptors: a new initiator's connections are queued by the
+    /// kernel but not accepted; its `open` must end within its bound with an error, and
+    /// succeed once descriptors are back. The first initiator's calls keep their bound.
+    pub fn target_out_of_fds(&self, prober: &mut Prober) {
+        let pid = self.target_pid();
+        let (p0, t0) = self.warm(prober);
+        for _ in 0..rounds() {
+            let had = limit_fds(pid, lowest_free_fd(pid));
+            let mut late = self.prober();
+            let open = late.call("open");
+            check(&open, handshake_limit());
+            assert!(!open.is_ok(), "a target without descriptors accepted a connection: {open:?}");
+            for op in engine_ops() {
+                check(&prober.call(&op), transfer_limit());
+            }
+            limit_fds(pid, had);
+            let mut again = vec!["open".to_string()];
+            again.extend(engine_ops());
+            recovers(&mut late, &again, handshake_limit(), RECOVERY);
+        }
+        recovers(prober, &engine_ops(), transfer_limit(), RECOVERY);
+        assert_settles("the prober", prober.pid(), p0, RECOVERY);
+        assert_settles("the target", pid, t0, RECOVERY);
+    }
+}
