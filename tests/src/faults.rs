@@ -361,18 +361,27 @@ pub fn engine_ops() -> Vec<String> {
     ["read 0 262144", "writeback 262144", "batch 8 65536"].map(String::from).to_vec()
 }
 
-/// A `tebench target --pattern` in namespace `b` of `pair` and the prober's place: namespace
-/// `a` (over the veth pair) or `b` too (same host: shm). The prober is kept apart, so that a
-/// fault can borrow this while the prober runs.
+/// Where a case's processes run.
+pub enum Place {
+    /// The target in namespace `b`; the prober in `a` (over the veth pair), or in `b` too
+    /// with `same_host` (shm).
+    Namespaces { pair: crate::netns::HostPair, same_host: bool },
+    /// Both on this host's loopback, with these environment variables (the rdma cases in the
+    /// soft-RoCE VM: `MC_DEVICE`, `MC_GID_INDEX`).
+    Loopback { env: Vec<String> },
+}
+
+/// A `tebench target --pattern` and where the prober runs. The prober is kept apart, so that
+/// a fault can borrow this while the prober runs.
 pub struct EngineCase {
-    pub pair: crate::netns::HostPair,
+    pub place: Place,
     pub target: std::sync::Mutex<ChildGuard>,
     pub protocol: &'static str,
-    pub same_host: bool,
 }
 
 impl EngineCase {
-    /// The case, or `None` (after [`crate::skip`]) where it cannot run.
+    /// The case in two namespaces of their own, or `None` (after [`crate::skip`]) where it
+    /// cannot run.
     pub fn start(tag: &str, protocol: &'static str, same_host: bool) -> Option<(EngineCase, Prober)> {
         if let Some(why) = tools_missing() {
             crate::skip(&why);
@@ -385,53 +394,79 @@ impl EngineCase {
                 return None;
             }
         };
-        let target = std::sync::Mutex::new(Self::spawn_target(&pair, protocol));
-        let case = EngineCase { pair, target, protocol, same_host };
+        Some(Self::start_at(Place::Namespaces { pair, same_host }, protocol))
+    }
+
+    /// The case at `place`.
+    pub fn start_at(place: Place, protocol: &'static str) -> (EngineCase, Prober) {
+        let target = std::sync::Mutex::new(Self::spawn_target(&place, protocol));
+        let case = EngineCase { place, target, protocol };
         let mut prober = case.prober();
         let open = prober.call("open");
         assert!(open.is_ok(), "{open:?}");
-        Some((case, prober))
+        (case, prober)
     }
 
-    fn spawn_target(pair: &crate::netns::HostPair, protocol: &str) -> ChildGuard {
+    /// The command prefix and the address of the target (`false`) or the prober (`true`).
+    fn at(place: &Place, prober: bool) -> (Vec<String>, String) {
+        match place {
+            Place::Namespaces { pair, same_host } => {
+                let (ns, addr) = if prober && !same_host { (&pair.a, &pair.addr_a) } else { (&pair.b, &pair.addr_b) };
+                (pair.exec_prefix(ns).iter().map(|s| s.to_string()).collect(), addr.clone())
+            }
+            Place::Loopback { env } => {
+                let mut prefix = vec!["env".to_string()];
+                prefix.extend(env.iter().cloned());
+                (prefix, "127.0.0.1".into())
+            }
+        }
+    }
+
+    fn spawn_target(place: &Place, protocol: &str) -> ChildGuard {
+        let (prefix, addr) = Self::at(place, false);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
         let args = [
             "--buffer-size",
             "16M",
             "--pattern",
             "--local-hostname",
-            &pair.addr_b,
+            &addr,
             "--port",
             TARGET_PORT,
             "--protocol",
             protocol,
         ];
-        crate::spawn_tebench_target(&pair.exec_prefix(&pair.b), &args).0
+        crate::spawn_tebench_target(&prefix, &args).0
     }
 
     /// Kills the target and starts another on the same port (new memory, new data ports).
     pub fn restart_target(&self) {
         self.target.lock().unwrap().kill_now();
-        let t = Self::spawn_target(&self.pair, self.protocol);
+        let t = Self::spawn_target(&self.place, self.protocol);
         *self.target.lock().unwrap() = t;
     }
 
     /// A new prober (not yet opened).
     pub fn prober(&self) -> Prober {
-        let name = format!("{}:{TARGET_PORT}", self.pair.addr_b);
-        let (ns, addr) =
-            if self.same_host { (&self.pair.b, &self.pair.addr_b) } else { (&self.pair.a, &self.pair.addr_a) };
+        let (_, target) = Self::at(&self.place, false);
+        let (prefix, addr) = Self::at(&self.place, true);
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        let name = format!("{target}:{TARGET_PORT}");
         let timeout = TRANSFER_TIMEOUT.to_string();
-        let args = ["--segment", &name, "--local-hostname", addr, "--protocol", self.protocol, "--timeout", &timeout];
-        Prober::spawn(&self.pair.exec_prefix(ns), &args)
+        let args = ["--segment", &name, "--local-hostname", &addr, "--protocol", self.protocol, "--timeout", &timeout];
+        Prober::spawn(&prefix, &args)
     }
 
     pub fn target_pid(&self) -> u32 {
         self.target.lock().unwrap().0.id()
     }
 
-    /// The target's end of the link.
+    /// The target's end of the link (cases in namespaces).
     pub fn link(&self) -> Link<'_> {
-        Link { ns: &self.pair.b, dev: self.pair.veth_b() }
+        match &self.place {
+            Place::Namespaces { pair, .. } => Link { ns: &pair.b, dev: pair.veth_b() },
+            Place::Loopback { .. } => panic!("a case on loopback has no link of its own"),
+        }
     }
 
     /// A few rounds that all succeed, then what the prober and the target hold.

@@ -116,11 +116,12 @@ const WRITE_AREA: std::ops::Range<u64> = 8 << 20..16 << 20;
 
 fn main() -> Result<()> {
     let args = parse_args()?;
+    // The environment's settings (MC_DEVICE, MC_GID_INDEX for rdma), then the arguments.
     let engine = TransferEngine::new(EngineConfig {
         local_hostname: args.local_hostname.clone(),
         protocol: args.protocol,
         transfer_timeout: args.timeout,
-        ..EngineConfig::default()
+        ..EngineConfig::from_env()?
     })?;
     println!("ready");
     let mut opened: Option<Opened> = None;
