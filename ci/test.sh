@@ -29,6 +29,10 @@ ci_log "unit, integration and multi-process tests (two hosts in network namespac
 if [ "$(id -u)" -eq 0 ]; then export CRESCENT_NO_SKIP=1; fi
 cargo test --workspace --locked
 
+ci_log "coverage-guided fuzzing, short form: each target from its committed corpus for a few seconds"
+# The instrumented release build is most of this step; the long runs are in docs/src/testing.md.
+bash ci/fuzz.sh "${CRESCENT_FUZZ_SECONDS:-5}"
+
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 ci_c_example "$TARGET_DIR/debug"
 ci_c_te_test "$TARGET_DIR/debug"
