@@ -9,6 +9,7 @@ pub mod admin;
 pub mod allocator;
 pub mod cli;
 pub mod config;
+pub mod conn_limit;
 mod disk;
 pub mod events;
 pub mod metrics;
