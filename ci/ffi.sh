@@ -2,14 +2,16 @@
 
 CI_VENV="${CI_VENV:-.venv}"
 
-# A virtual environment under the repository (.venv, git-ignored) with maturin, numpy, pytest:
-# CI never touches the system's Python.
+# A virtual environment under the repository (.venv, git-ignored) with maturin, numpy, pytest and
+# setuptools (the mooncake alias wheel's build backend): CI never touches the system's Python.
 ci_python_env() {
   [ -x "$CI_VENV/bin/python" ] || python3 -m venv "$CI_VENV"
-  "$CI_VENV/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest
+  "$CI_VENV/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest \
+    "setuptools>=70.1"
 }
 
-# Builds the wheel of ffi/python with maturin ($1: release or debug) and installs it in the venv.
+# Builds the wheel of ffi/python with maturin ($1: release or debug) and the pure-Python wheel of
+# the `mooncake` alias package (ffi/python-mooncake), and installs both in the venv.
 ci_python_wheel() {
   local profile=$1 out=ci/.work/wheels
   rm -rf "$out"
@@ -17,7 +19,11 @@ ci_python_wheel() {
   [ "$profile" = release ] && flags+=(--release)
   ci_log "building the Python wheel (maturin, $profile)"
   "$CI_VENV/bin/maturin" build "${flags[@]}" --locked -m ffi/python/Cargo.toml -o "$out" -i "$CI_VENV/bin/python"
-  "$CI_VENV/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$out"/crescent-*.whl
+  rm -rf ffi/python-mooncake/build
+  "$CI_VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$out" \
+    ffi/python-mooncake
+  "$CI_VENV/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    "$out"/crescent-*.whl "$out"/crescent_mooncake-*.whl
 }
 
 # Starts crescent-master from $1 on a free loopback port: CI_MASTER_ADDR, CI_MASTER_PID.

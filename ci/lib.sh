@@ -34,7 +34,7 @@ CI_BASE_PACKAGES=(build-essential pkg-config iproute2 nftables iperf3 protobuf-c
 # Builds the rdma integration test binary (crescent-tests, test `rdma`) without running it and
 # prints its path. Compiler diagnostics go to stderr, and a failed build fails the caller.
 ci_rdma_test_bin() {
-  cargo test --locked -p crescent-tests --test rdma --no-run --message-format=json |
+  cargo test --workspace --locked --test rdma --no-run --message-format=json |
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -17,7 +17,8 @@ if [ ! -x "$vm" ]; then
 fi
 
 ci_log "rdma: building the test binary and tebench"
-cargo build --locked -p crescent-benches --bin tebench
+# --workspace: the same feature set as ci/test.sh's build, so nothing is compiled twice.
+cargo build --workspace --locked --bin tebench
 test_bin=$(ci_rdma_test_bin) || { echo "rdma: building the rdma test binary failed" >&2; exit 1; }
 [ -x "$test_bin" ] || { echo "rdma: test binary not found" >&2; exit 1; }
 

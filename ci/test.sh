@@ -11,6 +11,12 @@ cd "$(dirname "$0")/.."
 ci_apt_install "${CI_BASE_PACKAGES[@]}" "${CI_SERVICE_PACKAGES[@]}"
 ci_ensure_rust
 
+# A clean CI build keeps its target dir small: no incremental caches, and line tables rather
+# than full debug info (backtraces keep file:line). A full-debuginfo build of every test binary,
+# the wheel and the rdma binary filled a CI disk once (the linker died with SIGBUS).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
+
 ci_log "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -40,6 +46,7 @@ ci_python_env
 ci_python_wheel debug
 ci_pytest "$TARGET_DIR/debug"
 
+ci_log "disk left after the tests: $(df -h --output=avail . | tail -1 | tr -d ' ')"
 ci_log "rdma on real verbs: the rdma tests and tebench in a soft-RoCE VM"
 bash ci/rdma-vm.sh
 

@@ -1,6 +1,8 @@
 //! Shared pieces of Crescent's benchmark binaries.
 
 pub use crescent_store::pattern;
+pub mod etcd_cluster;
+pub mod failover;
 pub mod hotbench;
 pub mod masterbench;
 pub mod report;

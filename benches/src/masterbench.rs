@@ -43,8 +43,8 @@ use clap::Args;
 use crescent_engine::parse_size;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
-    BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, NodeStatsRequest, PingRequest,
-    PutOptions, PutStartRequest, RemoveRequest, SegmentInfo, Status, Tier,
+    BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, NodeStatsRequest, OwnerAck,
+    PingRequest, PutOptions, PutStartRequest, RemoveRequest, SegmentInfo, Status, Tier,
 };
 use hdrhistogram::Histogram;
 use rand::Rng;
@@ -397,6 +397,9 @@ async fn one_size(args: &MasterArgs, addr: &str, pid: Option<u32>, n: u64) -> Re
         * (1 << 20);
     let run_id = std::process::id();
     let mut sims = Vec::new();
+    // Each simulated client is the owner of its segment: it acknowledges the master's news,
+    // as a real client does, or no put of its segment would commit.
+    let mut owners = Vec::new();
     for i in 0..args.clients {
         let mut rpc = connect(args, addr).await?;
         let id = format!("storebench-master-{run_id}-{i}");
@@ -416,6 +419,7 @@ async fn one_size(args: &MasterArgs, addr: &str, pid: Option<u32>, n: u64) -> Re
         if !ok(&r.status) {
             bail!("MountSegment: {}", describe(&r.status));
         }
+        owners.push(tokio::spawn(acknowledge_news(connect(args, addr).await?, id.clone(), r.term, r.segment_id)));
         sims.push(Sim { index: i, id, rpc, next: 0, live: VecDeque::new() });
     }
     // Heartbeats for every simulated client, on a channel of their own.
@@ -436,7 +440,29 @@ async fn one_size(args: &MasterArgs, addr: &str, pid: Option<u32>, n: u64) -> Re
     let result = phases_of_size(args, pid, n, per_segment, &mut sims).await;
     stop_pings.store(true, Ordering::Relaxed);
     let _ = pinger.await;
+    owners.iter().for_each(tokio::task::JoinHandle::abort);
     result
+}
+
+/// A simulated owner's stream: every item of news acknowledged as soon as it arrives (a real
+/// client applies it to its owner index first).
+async fn acknowledge_news(mut rpc: MasterClient<Channel>, client_id: String, term: u64, segment_id: u64) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<OwnerAck>();
+    let ack = |acked| OwnerAck { client_id: client_id.clone(), term, acked, segment_id };
+    if tx.send(ack(0)).is_err() {
+        return;
+    }
+    let Ok(opened) = rpc.owner_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)).await else {
+        return;
+    };
+    let mut news = opened.into_inner();
+    while let Ok(Some(n)) = news.message().await {
+        if let Some(last) = n.items.iter().map(|i| i.seq).max() {
+            if tx.send(ack(last)).is_err() {
+                return;
+            }
+        }
+    }
 }
 
 async fn phases_of_size(

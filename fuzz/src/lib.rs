@@ -196,8 +196,8 @@ pub fn descriptor_json(data: &[u8]) {
     let _ = RpcMeta::from_json(data);
 }
 
-/// The master's gRPC methods with a unary request (the streaming `Subscribe` too: its start).
-pub const MASTER_METHODS: [&str; 29] = [
+/// The master's gRPC methods (of the streaming `Subscribe` and `OwnerStream`: their start).
+pub const MASTER_METHODS: [&str; 31] = [
     "MountSegment",
     "UnmountSegment",
     "RemountSegment",
@@ -227,6 +227,8 @@ pub const MASTER_METHODS: [&str; 29] = [
     "Subscribe",
     "MountDisk",
     "UpdateDiskReplicas",
+    "OwnerStream",
+    "RemountWithReport",
 ];
 
 type Service = crescent_store::proto::master_server::MasterServer<crescent_store::master::service::MasterService>;
@@ -269,7 +271,7 @@ pub fn master_request(data: &[u8]) {
         }
         let fut = m.0.call(req);
         let resp = pollster::block_on(fut).expect("the service answers every request");
-        if method != "Subscribe" {
+        if !matches!(method, "Subscribe" | "OwnerStream") {
             // The reply (or the status in its trailers) is produced here.
             let _ = pollster::block_on(resp.into_body().collect());
         }

@@ -94,6 +94,16 @@ pub enum StoreError {
     /// event stream that ended).
     #[error("bad reply from the master: {0}")]
     BadReply(String),
+    /// This master is a standby or was deposed (the message names the leader when known).
+    #[error("not the leader: {0}")]
+    NotLeader(String),
+    /// The master changed while this call was in flight (a restart, a failover): a put in
+    /// flight must be put again.
+    #[error("the master changed: {0}")]
+    MasterChanged(String),
+    /// No owner of the object's replicas acknowledged the commit in time: nothing was stored.
+    #[error("no owner of object {0:?}'s replicas acknowledged its commit in time; put it again")]
+    OwnersUnreachable(String),
 
     // ---- either: a deadline ----
     #[error("timed out after {after:?} waiting for {waited}")]
@@ -206,7 +216,13 @@ impl StoreError {
             // Mounting a segment another client holds: this client's configuration.
             StoreError::SegmentExists(_) => Fault::Caller,
             StoreError::PeerGone { .. } => Fault::Peer,
-            StoreError::MasterUnreachable { .. } | StoreError::Master { .. } | StoreError::BadReply(_) => Fault::Master,
+            StoreError::MasterUnreachable { .. }
+            | StoreError::Master { .. }
+            | StoreError::BadReply(_)
+            | StoreError::NotLeader(_)
+            | StoreError::MasterChanged(_) => Fault::Master,
+            // The owners of the replicas did not acknowledge: peers.
+            StoreError::OwnersUnreachable(_) => Fault::Peer,
             StoreError::TimedOut { waited: Waited::Master { .. }, .. } => Fault::Master,
             StoreError::TimedOut { waited: Waited::Transfer { .. }, .. } => Fault::Peer,
             StoreError::TimedOut { waited: Waited::Staging { .. }, .. } => Fault::Local,
@@ -236,10 +252,26 @@ impl StoreError {
             | StoreError::LeaseExpired { .. }
             | StoreError::PeerGone { .. }
             | StoreError::MasterUnreachable { .. }
+            | StoreError::NotLeader(_)
+            | StoreError::MasterChanged(_)
+            | StoreError::OwnersUnreachable(_)
             | StoreError::TimedOut { .. } => true,
             StoreError::Engine(e) => !e.is_caller_error(),
             _ => false,
         }
+    }
+
+    /// True when the call failed because the master went away, changed or is not the leader:
+    /// the same call may succeed once the client follows the (new) master.
+    pub fn is_master_change(&self) -> bool {
+        matches!(
+            self,
+            StoreError::MasterUnreachable { .. }
+                | StoreError::NotLeader(_)
+                | StoreError::MasterChanged(_)
+                | StoreError::OwnersUnreachable(_)
+                | StoreError::NeedRemount
+        )
     }
 
     /// The wire code for this error.
@@ -260,6 +292,9 @@ impl StoreError {
             StoreError::ClientNotFound(_) => Code::ClientNotFound,
             StoreError::NeedRemount => Code::NeedRemount,
             StoreError::LeaseExpired { .. } => Code::LeaseExpired,
+            StoreError::NotLeader(_) => Code::NotLeader,
+            StoreError::MasterChanged(_) => Code::MasterChanged,
+            StoreError::OwnersUnreachable(_) => Code::OwnersUnreachable,
             StoreError::Master { code, .. } => *code,
             _ => Code::Internal,
         }
@@ -298,6 +333,9 @@ impl StoreError {
                 lease_ms: 0,
                 took_ms: 0,
             }),
+            Code::NotLeader => StoreError::NotLeader(after("not the leader: ")),
+            Code::MasterChanged => StoreError::MasterChanged(after("the master changed: ")),
+            Code::OwnersUnreachable => StoreError::OwnersUnreachable(key.to_string()),
             code => StoreError::Master { code, message: message.to_string() },
         }
     }
@@ -338,6 +376,9 @@ mod tests {
             StoreError::ClientNotFound("c-1".into()),
             StoreError::NeedRemount,
             StoreError::LeaseExpired { key: "k".into(), lease_ms: 100, took_ms: 250 },
+            StoreError::NotLeader("this master is a standby; the leader is 10.0.0.2:50051".into()),
+            StoreError::MasterChanged("this master does not know the put".into()),
+            StoreError::OwnersUnreachable("k".into()),
         ];
         for e in cases {
             let back = StoreError::from_status(e.code(), &e.to_string(), "k");

@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod error;
+pub mod leader;
 pub mod master;
 mod metrics_registry;
 pub mod pattern;

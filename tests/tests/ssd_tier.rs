@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_store::master::server::MasterHandle;
-use crescent_store::proto::Tier;
+use crescent_store::proto::{PutOptions, Tier};
 use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
 
 fn master() -> MasterHandle {
@@ -399,14 +399,23 @@ fn a_put_whose_file_is_announced_after_a_master_restart_is_served_from_it() {
     let first = crescent_store::master::server::start(master_config.clone()).unwrap();
     let root = tempfile::tempdir().unwrap();
     let a = client(&first, Some(root.path()));
+    // B holds the only memory replica of "after": once B is gone, A's disk file is its only
+    // copy (a new master hears of it from A's announcement alone, not from an owner's report).
+    let b = client(&first, None);
     a.put("before", &data(200_000, 1)).unwrap();
     assert!(a.flush_offload(Duration::from_secs(60)));
     // The next put commits; its file is written and waits, not yet announced, at the hold.
     let hold = crescent_store::client::disk::hold::hold_commits(a.disk_dir().unwrap());
-    a.put("after", &data(300_000, 2)).unwrap();
+    let on_b = PutOptions { preferred_segment: b.segment_name().to_string(), replica_num: 1, ..a.default_options() };
+    a.put_with("after", &data(300_000, 2), &on_b).unwrap();
+    let q = a.query("after").unwrap();
+    assert!(q.replicas.len() == 1 && q.replicas[0].segment_name == b.segment_name(), "in B's memory only: {q:?}");
     assert!(hold.wait_reached(Duration::from_secs(60)), "the file of \"after\" reached its commit round");
-    // The master restarts, knowing nothing; A remounts and re-announces the files it has.
+    // The master restarts, knowing nothing, and B is gone meanwhile; A remounts (reporting
+    // what its own segment holds) and re-announces the files it has.
     first.shutdown();
+    b.close().ok();
+    drop(b);
     let second = crescent_store::master::server::start(master_config).unwrap();
     assert!(
         crescent_tests::eventually(Duration::from_secs(30), || second.master.exists("before").unwrap_or(false)),

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use crescent_store::client::{Extent, Piece};
+use crescent_store::client::{Extent, HeldBlock, Piece};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
-    BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutStartRequest, SegmentInfo, UnmountSegmentRequest,
+    BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutOptions, PutStartRequest, SegmentInfo,
+    UnmountSegmentRequest,
 };
 use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
 
@@ -144,7 +145,9 @@ fn caller_mistakes_and_missing_things_give_typed_errors() {
     let m = master();
     let a = client(&m);
     a.put("k", b"hello").unwrap();
-    assert!(matches!(a.put("k", b"again"), Err(StoreError::AlreadyExists(_))));
+    // A put of an existing key succeeds and leaves the value (Mooncake's puts).
+    a.put("k", b"again").unwrap();
+    assert_eq!(a.get("k").unwrap(), b"hello");
     assert!(matches!(a.put("empty", b""), Err(ref e) if e.is_caller_error()));
     assert!(matches!(a.get("missing"), Err(StoreError::NotFound(_))));
     assert!(matches!(a.get_size("missing"), Err(StoreError::NotFound(_))));
@@ -223,8 +226,10 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().items[0].status.clone()), Code::InvalidArgument);
+        // A put this master never started, from a client it does not know: a put of a master
+        // that is gone (restarted, failed over), which the writer must start again.
         let r = c.put_end(KeyRequest { client_id: "x".into(), key: "never-started".into() }).await.unwrap();
-        assert_eq!(code(r.into_inner().status), Code::ObjectNotFound);
+        assert_eq!(code(r.into_inner().status), Code::MasterChanged);
     });
     // The master still serves.
     let a = client(&m);
@@ -245,7 +250,7 @@ fn the_admin_port_shows_capacity_keys_operations_errors_and_placements() {
     assert_eq!(a.get("adm/1").unwrap(), data(100_000, 1));
     assert!(matches!(a.get("adm/none"), Err(StoreError::NotFound(_))));
     assert!(matches!(a.remove("adm/none"), Err(StoreError::NotFound(_))));
-    assert!(matches!(a.put("adm/1", &data(10, 2)), Err(StoreError::AlreadyExists(_))));
+    a.put("adm/1", &data(10, 2)).unwrap(); // refused by the master, reported as success
 
     let (code, body) = crescent_tests::store::admin_http(&m, "GET", "/metrics", "");
     assert_eq!(code, 200);
@@ -331,6 +336,72 @@ fn batch_calls_make_one_master_round_trip_per_batch_whatever_their_size() {
     assert_eq!(b.batch_exists(&keys).unwrap(), vec![true; 16]);
     let after = rpc_counts(&m, &["BatchExists", "Exists"]);
     assert_eq!((after[0] - before[0], after[1] - before[1]), (1, 0));
+}
+
+#[test]
+fn puts_of_existing_keys_keep_the_value_and_upserts_replace_it() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    a.put("k", b"first").unwrap();
+    b.put("k", b"second").unwrap();
+    let keys = vec!["k".to_string(), "new".to_string()];
+    let rs = b.put_batch(&keys, &[b"third".as_slice(), b"fresh".as_slice()]).unwrap();
+    assert!(rs.iter().all(Result::is_ok), "{rs:?}");
+    assert_eq!(a.get("k").unwrap(), b"first");
+    assert_eq!(a.get("new").unwrap(), b"fresh");
+    // Upsert replaces, with another size too; a reader's lease protects the old value.
+    let options = b.default_options();
+    assert!(matches!(b.upsert_with("k", b"replaced", &options), Err(StoreError::Leased(_))));
+    b.upsert_with("unleased", b"one", &options).unwrap();
+    b.upsert_with("unleased", b"two, longer", &options).unwrap();
+    assert_eq!(a.get("unleased").unwrap(), b"two, longer");
+    // Batches: replaced where unleased, a new key put, a leased key refused (per key).
+    b.upsert_with("u/batch", b"one", &options).unwrap();
+    let keys = vec!["u/batch".to_string(), "fresh".to_string(), "k".to_string()];
+    let rs = b.upsert_batch_with(&keys, &[b"three".as_slice(), b"new", b"nope"], &options).unwrap();
+    assert!(rs[0].is_ok() && rs[1].is_ok(), "{rs:?}");
+    assert!(matches!(rs[2], Err(StoreError::Leased(_))), "{rs:?}");
+    assert_eq!(a.get("u/batch").unwrap(), b"three");
+    assert_eq!(a.get("fresh").unwrap(), b"new");
+    // From registered memory in pieces: a put keeps the value, an upsert replaces it.
+    let (head, tail) = (registered(&b, 1000, 7), registered(&b, 500, 8));
+    let pieces = [Piece::new(head.as_ptr() as u64, 1000), Piece::new(tail.as_ptr() as u64, 500)];
+    b.put("sg/1", b"orig").unwrap();
+    let keys = vec!["sg/1".to_string(), "sg/2".to_string()];
+    let rs = b.batch_put_from_sg(&keys, &[&pieces, &pieces], &options).unwrap();
+    assert!(rs.iter().all(Result::is_ok), "{rs:?}");
+    assert_eq!(b.get_size("sg/1").unwrap(), 4);
+    let keys = vec!["sg/1".to_string(), "sg/3".to_string()];
+    let rs = b.batch_upsert_from_sg(&keys, &[&pieces, &pieces[..1]], &options).unwrap();
+    assert!(rs.iter().all(Result::is_ok), "{rs:?}");
+    b.upsert_from_sg("sg/2", &pieces[1..], &options).unwrap();
+    let mut whole = vec![7u8; 1000];
+    whole.extend([8u8; 500]);
+    assert_eq!(a.get("sg/1").unwrap(), whole);
+    assert_eq!(a.get("sg/2").unwrap(), vec![8u8; 500]);
+    assert_eq!(a.get("sg/3").unwrap(), vec![7u8; 1000]);
+}
+
+#[test]
+fn a_pure_consumer_contributes_nothing_and_reads_and_writes_the_pool() {
+    let m = master();
+    let holder = client(&m);
+    let consumer = StoreClient::connect(ClientConfig {
+        global_segment_size: 0,
+        local_buffer_size: 4 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    consumer.put("c/1", &data(300_000, 3)).unwrap();
+    assert_eq!(holder.get("c/1").unwrap(), data(300_000, 3));
+    let q = consumer.query("c/1").unwrap();
+    assert!(q.replicas.iter().all(|r| r.segment_name == holder.segment_name()), "{q:?}");
+    // Heartbeats go on (the master does not know a consumer): it still reads and writes.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(consumer.master_reachable());
+    assert_eq!(consumer.get("c/1").unwrap(), data(300_000, 3));
+    consumer.close().unwrap();
+    assert_eq!(holder.get("c/1").unwrap(), data(300_000, 3));
 }
 
 /// Registered memory of `len` bytes filled with `fill` (the caller keeps it alive).
@@ -511,4 +582,71 @@ fn a_put_right_after_a_master_restart_remounts_instead_of_failing_for_space() {
     assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
     assert_eq!(a.get("b2").unwrap(), b"two");
     drop(m);
+}
+
+#[test]
+fn a_value_put_in_parts_is_their_concatenation_wherever_it_lands() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let options = a.default_options();
+    let value = data((2 << 20) + 999, 21);
+    // Parts as LMCache gives them (a small header, then the chunk), an empty one between.
+    let parts: [&[u8]; 4] = [&value[..64], &[], &value[64..(1 << 20) + 5], &value[(1 << 20) + 5..]];
+    a.put_parts_with("p/1", &parts, &options).unwrap();
+    assert_eq!(b.get("p/1").unwrap(), value);
+    assert_eq!(a.get("p/1").unwrap(), value);
+    // Placed in the other client's segment only: the parts go through the staging buffer.
+    let there = PutOptions { preferred_segment: b.segment_name().to_string(), ..options.clone() };
+    a.put_parts_with("p/2", &parts[2..], &there).unwrap();
+    let q = a.query("p/2").unwrap();
+    assert!(q.replicas.iter().all(|r| r.segment_name == b.segment_name()), "{q:?}");
+    assert_eq!(a.get("p/2").unwrap(), value[64..]);
+    // Put keeps an existing value; upsert replaces it.
+    a.put_parts_with("p/3", &[b"old".as_slice()], &options).unwrap();
+    a.put_parts_with("p/3", &[b"new".as_slice(), b" value"], &options).unwrap();
+    assert_eq!(a.get_size("p/3").unwrap(), 3);
+    a.upsert_parts_with("p/3", &[b"new".as_slice(), b" value"], &options).unwrap();
+    assert_eq!(b.get("p/3").unwrap(), b"new value");
+    assert!(a.put_parts_with("p/4", &[b"".as_slice(), b""], &options).unwrap_err().is_caller_error());
+}
+
+#[test]
+fn get_buffer_reads_once_into_the_clients_own_registered_memory_and_holds_it() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let value = data(1 << 20, 31);
+    a.put("gb/1", &value).unwrap();
+    b.put("gb/2", &data(1000, 32)).unwrap();
+    // From another client's segment (an engine read) and from b's own.
+    let held = b.get_buffer("gb/1").unwrap();
+    assert_eq!(held.bytes(), &value[..]);
+    let own = b.get_buffer("gb/2").unwrap();
+    assert_eq!(own.bytes(), &data(1000, 32)[..]);
+    // The bytes lie in memory b registered (its local buffer): no copy out of it, and the
+    // zero-copy calls take them as they are.
+    assert!(b.engine().is_registered(held.addr(), held.len()));
+    b.put_from("gb/copy", held.addr(), held.len()).unwrap();
+    assert_eq!(a.get("gb/copy").unwrap(), value);
+    // Held while the caller keeps it: another read gets other memory, the removal of the
+    // object changes nothing in it.
+    let again = b.get_buffer("gb/1").unwrap();
+    assert_ne!(again.addr(), held.addr());
+    drop(again);
+    a.remove_with("gb/1", true).unwrap();
+    assert_eq!(held.bytes(), &value[..]);
+    // Batches: one result per key.
+    let keys = vec!["gb/2".to_string(), "gb/none".to_string(), "gb/copy".to_string()];
+    let got = b.batch_get_buffer(&keys).unwrap();
+    assert_eq!(got[0].as_ref().unwrap().bytes(), &data(1000, 32)[..]);
+    assert!(matches!(got[1], Err(StoreError::NotFound(_))), "{:?}", got[1]);
+    assert_eq!(got[2].as_ref().unwrap().bytes(), &value[..]);
+    // More than the local buffer (4 MiB) holds is the caller's mistake.
+    a.put("gb/big", &data(5 << 20, 33)).unwrap();
+    let e = b.get_buffer("gb/big").unwrap_err();
+    assert!(e.is_caller_error(), "{e}");
+    // The blocks go back when dropped: the whole buffer is free again.
+    drop((held, own, got));
+    a.put("gb/1b", &data(1 << 20, 34)).unwrap();
+    let four: Vec<HeldBlock> = (0..4).map(|_| b.get_buffer("gb/1b").unwrap()).collect();
+    assert!(four.iter().all(|h| h.bytes() == &data(1 << 20, 34)[..]));
 }

@@ -15,6 +15,7 @@
 //! other clients put, beside the same queries on an idle master. Without `--master` it starts a
 //! master in this process on loopback.
 //! `storebench ssd [--dir DIR]` measures the disk tier instead (see `crescent_benches::ssd`).
+//! `storebench failover [--kills 20]` measures HA failovers (see `crescent_benches::failover`).
 //! Two more modes measure the client's local hot cache (`benches/hotcache.sh` runs them):
 //! `storebench hot-cache --master A:PORT --local-hostname B` and `storebench replay ...`.
 //! `storebench master [--objects 100k,1M] [--clients 64]` drives a spawned `crescent-master`
@@ -139,6 +140,13 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("ssd") {
         if let Err(e) = crescent_benches::ssd::main(std::env::args().skip(1)) {
             eprintln!("storebench ssd: error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if std::env::args().nth(1).as_deref() == Some("failover") {
+        if let Err(e) = crescent_benches::failover::main(std::env::args().skip(1)) {
+            eprintln!("storebench failover: error: {e:#}");
             std::process::exit(1);
         }
         return;

@@ -28,7 +28,9 @@ use crescent_ffi::engine::{
 };
 use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreClient;
-use crescent_ffi::{clear_last_error, engine_fail, fail, store_fail, ReplicateConfig, SetupArgs, Status};
+use crescent_ffi::{
+    clear_last_error, engine_fail, fail, store_fail, ReplicateConfig, SetupArgs, SoftPinAction, Status,
+};
 use parking_lot::{Mutex, RwLock};
 
 // ---- status codes (the values of crescent_ffi::Status; a test checks they agree) ----
@@ -110,7 +112,7 @@ pub extern "C" fn crescent_replicate_config_default() -> CrescentReplicateConfig
     let d = ReplicateConfig::default();
     CrescentReplicateConfig {
         replica_num: d.replica_num,
-        with_soft_pin: d.with_soft_pin,
+        with_soft_pin: d.soft_pin_action == SoftPinAction::Enable,
         with_hard_pin: d.with_hard_pin,
         preferred_segment: std::ptr::null(),
         preferred_segments: std::ptr::null(),
@@ -270,10 +272,11 @@ unsafe fn put_options(s: &StoreClient, config: *const CrescentReplicateConfig) -
     };
     let config = ReplicateConfig {
         replica_num: c.replica_num,
-        with_soft_pin: c.with_soft_pin,
+        soft_pin_action: if c.with_soft_pin { SoftPinAction::Enable } else { SoftPinAction::Preserve },
         with_hard_pin: c.with_hard_pin,
         preferred_segment,
         preferred_segments,
+        ..ReplicateConfig::default()
     };
     config.put_options(s).map_err(|e| store_fail(&e))
 }
@@ -779,6 +782,7 @@ pub unsafe extern "C" fn crescent_store_setup(
             protocol: protocol.into(),
             rdma_devices: rdma_devices.into(),
             master_server_addr: master_server_addr.into(),
+            ..SetupArgs::default()
         };
         let config = args.client_config().map_err(|e| store_fail(&e))?;
         let client = StoreClient::connect(config).map_err(|e| store_fail(&e))?;

@@ -116,6 +116,9 @@ pub fn store_status(e: &StoreError) -> Status {
             Status::TransferFail
         }
         StoreError::MasterUnreachable { .. } | StoreError::BadReply(_) => Status::RpcFail,
+        // A master change (restart, failover, a standby answering) or owners that did not
+        // acknowledge a commit: retryable, as upstream's clients treat RPC_FAIL.
+        StoreError::NotLeader(_) | StoreError::MasterChanged(_) | StoreError::OwnersUnreachable(_) => Status::RpcFail,
         StoreError::Engine(e) => engine_status(e),
         _ => Status::Internal,
     }

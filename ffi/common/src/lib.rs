@@ -20,8 +20,11 @@ use std::ffi::{c_char, CString};
 use std::fmt::Display;
 
 pub use codes::{engine_status, store_status, Status};
-pub use replicate::ReplicateConfig;
-pub use setup::{protocol_of, SetupArgs, DEFAULT_GLOBAL_SEGMENT_SIZE, DEFAULT_LOCAL_BUFFER_SIZE};
+pub use replicate::{ReplicateConfig, SoftPinAction};
+pub use setup::{
+    client_port_range, protocol_of, SetupArgs, DEFAULT_CLIENT_HTTP_PORT, DEFAULT_GLOBAL_SEGMENT_SIZE,
+    DEFAULT_LOCAL_BUFFER_SIZE,
+};
 pub use te_codes::{te_code, te_engine_fail, te_fail, TeCode};
 
 pub use crescent_engine as engine;

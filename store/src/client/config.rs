@@ -65,6 +65,9 @@ pub struct ClientConfig {
     /// `host:port` of the client's Prometheus endpoint (`GET /metrics`;
     /// `CRESCENT_CLIENT_METRICS_ADDRESS`, `client_metrics_address`); `None`: no endpoint.
     pub metrics_address: Option<String>,
+    /// A put that fails because the master went away, changed or is not the leader is put
+    /// again once a master answers, for this long at most (`master_failover_timeout_ms`).
+    pub master_failover_timeout: std::time::Duration,
 }
 
 impl Default for ClientConfig {
@@ -90,6 +93,7 @@ impl Default for ClientConfig {
             disk_recycle_bytes: disk::DEFAULT_RECYCLE_BYTES,
             hot_cache: HotCacheSettings::default(),
             metrics_address: None,
+            master_failover_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -125,6 +129,7 @@ struct FileConfig {
     local_hot_block_size: Option<serde_json::Value>,
     local_hot_cache_admission: Option<String>,
     client_metrics_address: Option<String>,
+    master_failover_timeout_ms: Option<u64>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -302,17 +307,37 @@ impl ClientConfig {
         if let Some(v) = f.client_metrics_address {
             self.metrics_address = Some(v.trim().to_string()).filter(|a| !a.is_empty());
         }
+        if let Some(v) = f.master_failover_timeout_ms {
+            self.master_failover_timeout = std::time::Duration::from_millis(v);
+        }
         Ok(())
     }
 
-    /// The disk tier's settings, if a storage root is set.
-    pub fn disk_config(&self) -> Result<Option<disk::DiskConfig>> {
-        let Some(root) = &self.storage_root_dir else { return Ok(None) };
+    /// The cluster id: `cluster_id`, else `MC_METADATA_CLUSTER_ID`, else `default` (the disk
+    /// tier's directory, and the masters' leader key with an `etcd://` master address).
+    pub fn resolved_cluster_id(&self) -> Result<String> {
         let cluster_id = match &self.cluster_id {
             Some(c) => c.clone(),
             None => self.engine_config()?.metadata_cluster_id.unwrap_or_else(|| "default".into()),
         };
         disk::check_cluster_id(&cluster_id)?;
+        Ok(cluster_id)
+    }
+
+    /// The cluster whose masters' leader an `etcd://` master address looks up: `cluster_id`,
+    /// else `MC_METADATA_CLUSTER_ID`, else the masters' default (`mooncake_cluster`, as
+    /// `--cluster_id`'s; the disk tier's directory defaults to `default` instead).
+    pub fn leader_cluster_id(&self) -> String {
+        self.cluster_id
+            .clone()
+            .or_else(|| std::env::var("MC_METADATA_CLUSTER_ID").ok().filter(|c| !c.trim().is_empty()))
+            .unwrap_or_else(|| crate::master::config::DEFAULT_CLUSTER_ID.to_string())
+    }
+
+    /// The disk tier's settings, if a storage root is set.
+    pub fn disk_config(&self) -> Result<Option<disk::DiskConfig>> {
+        let Some(root) = &self.storage_root_dir else { return Ok(None) };
+        let cluster_id = self.resolved_cluster_id()?;
         Ok(Some(disk::DiskConfig {
             root: root.clone(),
             cluster_id,

@@ -174,16 +174,15 @@ impl DiskLink {
     }
 
     /// Hands a committed put's offload to the writers, who read the value from `resident`, the
-    /// put's replica in our own segment (`segment`), when it has one.
+    /// put's replica in our own segment (and the segment), when it has one.
     pub(crate) fn queue(
         &self,
         offload: PreparedOffload,
         version: u64,
-        resident: Option<&[u8]>,
-        segment: &RegisteredMemory,
+        resident: Option<(&[u8], &RegisteredMemory)>,
         src: &Src<'_>,
     ) {
-        let resident = resident.map(|bytes| {
+        let resident = resident.map(|(bytes, segment)| {
             // SAFETY: a range of our own segment (checked by the executor's `local_replica`),
             // mapped while the segment's memory (kept by the clone) lives.
             unsafe { ResidentValue::new(Box::new(segment.clone()), bytes.as_ptr() as u64, bytes.len()) }

@@ -18,8 +18,9 @@ use crate::proto::ReplicaDescriptor;
 /// The parts one request uses, and its deadline.
 pub(crate) struct Exec<'c> {
     pub engine: &'c Arc<TransferEngine>,
-    /// This client's segment (replicas the master places here are a memcpy away).
-    pub segment: &'c RegisteredMemory,
+    /// This client's segment (replicas the master places here are a memcpy away); none for a
+    /// pure consumer.
+    pub segment: Option<&'c RegisteredMemory>,
     pub staging: &'c Staging,
     pub hot: Option<&'c HotCache>,
     pub disk: Option<&'c DiskLink>,
@@ -34,7 +35,8 @@ impl<'c> Exec<'c> {
         if r.segment_name != self.engine.segment_name() {
             return None;
         }
-        let (base, end) = (self.segment.addr(), self.segment.addr() + self.segment.len());
+        let segment = self.segment?;
+        let (base, end) = (segment.addr(), segment.addr() + segment.len());
         if r.address < base || r.address.checked_add(len).is_none_or(|e| e > end) {
             tracing::error!("the master placed a replica outside our segment: {:#x}+{len}", r.address);
             return None;

@@ -23,8 +23,11 @@ mod disk_link;
 mod exec;
 pub mod hot_cache;
 mod lease;
+mod master_link;
 pub mod metrics;
+pub mod owner_index;
 mod plan;
+mod put_retry;
 mod read;
 pub mod rpc;
 pub mod sched;
@@ -48,10 +51,11 @@ use disk_link::DiskLink;
 use exec::Exec;
 use hot_cache::{HotCache, HotCacheMetrics};
 use lease::{LeaseClock, Listed};
-use plan::Written;
+use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
 use sg::{Dst, Src};
 pub use sg::{Extent, Piece};
+pub use staging::HeldBlock;
 use staging::Staging;
 
 /// A batch reply must hold one item per key asked.
@@ -92,13 +96,16 @@ pub struct StoreClient {
     id: String,
     config: ClientConfig,
     engine: Arc<TransferEngine>,
-    segment: RegisteredMemory,
+    /// The memory contributed to the pool; none for a pure consumer (`global_segment_size` 0).
+    segment: Option<RegisteredMemory>,
     segment_id: AtomicU64,
     staging: Arc<Staging>,
     /// Whether the last put wrote our own segment only: a byte put then stages nothing ahead.
     last_put_local: AtomicBool,
     hot: Option<HotCache>,
     rpc: Arc<MasterRpc>,
+    /// Whether the last heartbeat reached the master.
+    master_reachable: AtomicBool,
     stop: Arc<AtomicBool>,
     closed: AtomicBool,
     /// Held while remounting (a put and the heartbeat may find out together).
@@ -108,6 +115,10 @@ pub struct StoreClient {
     metrics: metrics::ClientMetrics,
     /// The Prometheus endpoint, when `metrics_address` is set; stopped by `close`.
     metrics_server: parking_lot::Mutex<Option<metrics::MetricsServer>>,
+    /// What our segment holds, as the master told us ([`owner_index`]).
+    index: Arc<owner_index::OwnerIndex>,
+    /// Heartbeat wake-ups and answers ([`master_link`]).
+    link: Arc<master_link::Link>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -121,9 +132,12 @@ impl StoreClient {
     /// and starts heartbeats.
     pub fn connect(config: ClientConfig) -> Result<Arc<Self>> {
         let tier = DiskLink::open_tier(&config)?;
-        let rpc = Arc::new(MasterRpc::connect(&config.master_server_address)?);
+        let rpc = Arc::new(MasterRpc::connect_in(&config.master_server_address, &config.leader_cluster_id())?);
         let engine = TransferEngine::new(config.engine_config()?)?;
-        let segment = engine.alloc_registered(config.global_segment_size, "cpu:0")?;
+        let segment = match config.global_segment_size {
+            0 => None,
+            size => Some(engine.alloc_registered(size, "cpu:0")?),
+        };
         let staging = Arc::new(Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?));
         let id = uuid::Uuid::new_v4().to_string();
         let disk = match tier {
@@ -142,12 +156,15 @@ impl StoreClient {
             last_put_local: AtomicBool::new(false),
             hot,
             rpc,
+            master_reachable: AtomicBool::new(true),
             stop: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
             remounting: parking_lot::Mutex::new(()),
             disk,
             metrics: metrics::ClientMetrics::new()?,
             metrics_server: parking_lot::Mutex::new(None),
+            index: Arc::default(),
+            link: Arc::default(),
         });
         if let Some(addr) = metrics_address {
             let weak = Arc::downgrade(&client);
@@ -156,7 +173,10 @@ impl StoreClient {
             tracing::info!("store client metrics: http://{}/metrics", server.addr());
             *client.metrics_server.lock() = Some(server);
         }
-        client.mount(false)?;
+        client.mount(master_link::MountKind::First)?;
+        if client.segment.is_some() {
+            client.start_owner_stream();
+        }
         if let Some(disk) = &client.disk {
             disk.start()?;
         }
@@ -165,7 +185,7 @@ impl StoreClient {
             "store client {} up: segment {} ({} bytes), master {}",
             client.id,
             client.engine.segment_name(),
-            client.segment.len(),
+            client.segment.as_ref().map_or(0, RegisteredMemory::len),
             client.rpc.addr()
         );
         Ok(client)
@@ -192,6 +212,17 @@ impl StoreClient {
     /// Where the client's `GET /metrics` endpoint listens, when `metrics_address` is set.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
         self.metrics_server.lock().as_ref().map(|s| s.addr())
+    }
+
+    /// Whether the master could be reached at the last heartbeat (once a second by default).
+    pub fn master_reachable(&self) -> bool {
+        self.master_reachable.load(Ordering::Acquire)
+    }
+
+    /// A pure consumer contributes no memory, so the master does not know it (and asks it to
+    /// remount at every heartbeat).
+    fn contributes(&self) -> bool {
+        self.segment.is_some() || self.disk.is_some()
     }
 
     /// The client's hot cache, when enabled.
@@ -224,7 +255,7 @@ impl StoreClient {
     fn exec(&self) -> Exec<'_> {
         Exec {
             engine: &self.engine,
-            segment: &self.segment,
+            segment: self.segment.as_ref(),
             staging: &self.staging,
             hot: self.hot.as_ref(),
             disk: self.disk.as_ref(),
@@ -236,46 +267,15 @@ impl StoreClient {
         self.engine.segment_name().rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default()
     }
 
-    fn segment_info(&self) -> SegmentInfo {
-        SegmentInfo {
+    /// The segment as the master is told of it (a pure consumer has none).
+    fn segment_info(&self) -> Option<SegmentInfo> {
+        let segment = self.segment.as_ref()?;
+        Some(SegmentInfo {
             name: self.engine.segment_name().to_string(),
-            base: self.segment.addr(),
-            size: self.segment.len(),
+            base: segment.addr(),
+            size: segment.len(),
             tier: Tier::Dram as i32,
-        }
-    }
-
-    fn mount(&self, remount: bool) -> Result<()> {
-        let req =
-            MountSegmentRequest { client_id: self.id.clone(), segment: Some(self.segment_info()), host: self.host() };
-        let reply = if remount {
-            self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
-        } else {
-            self.rpc.call(|mut c| async move { c.mount_segment(req).await })?
-        };
-        check(reply.status, "")?;
-        self.segment_id.store(reply.segment_id, Ordering::Release);
-        Ok(())
-    }
-
-    /// Mounts the segment (and the disk) again if the master dropped this client or restarted;
-    /// returns whether it did. Once, however many threads found out at the same time (a
-    /// second remount would drop what was put after the first).
-    fn remount(&self) -> Result<bool> {
-        let _one = self.remounting.lock();
-        let req = PingRequest { client_id: self.id.clone(), disk: None };
-        let reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
-        match check(reply.status, "") {
-            Err(StoreError::NeedRemount) => {}
-            // Known to the master (remounted by another thread meanwhile), or it is not there.
-            other => return other.map(|()| false),
-        }
-        tracing::warn!("the master dropped this client; remounting segment {}", self.segment_name());
-        self.mount(true)?;
-        if let Some(disk) = &self.disk {
-            disk.remount();
-        }
-        Ok(true)
+        })
     }
 
     /// Whether the master had lost this client and it is mounted again now (a put refused for
@@ -292,47 +292,6 @@ impl StoreClient {
         let mut reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
         check(reply.status.take(), "")?;
         Ok(reply)
-    }
-
-    fn start_heartbeat(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        let stop = self.stop.clone();
-        let interval = self.config.ping_interval;
-        std::thread::Builder::new()
-            .name("crescent-heartbeat".into())
-            .spawn(move || {
-                let mut master_was_down = false;
-                while !stop.load(Ordering::Acquire) {
-                    std::thread::sleep(interval);
-                    let Some(client) = weak.upgrade() else { return };
-                    if stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    match client.ping() {
-                        Ok(reply) => {
-                            if let Some(disk) = &client.disk {
-                                disk.apply_ping(&reply);
-                            }
-                            if master_was_down {
-                                tracing::info!("master {} reachable again", client.rpc.addr());
-                            }
-                            master_was_down = false;
-                        }
-                        Err(StoreError::NeedRemount) => {
-                            if let Err(e) = client.remount() {
-                                tracing::warn!("remount failed: {e}");
-                            }
-                        }
-                        Err(e) => {
-                            if !master_was_down {
-                                tracing::warn!("heartbeat failed: {e}");
-                            }
-                            master_was_down = true;
-                        }
-                    }
-                }
-            })
-            .expect("spawning the heartbeat thread");
     }
 
     /// After a removal: delete our own disk copies now rather than at the next heartbeat.
@@ -371,8 +330,12 @@ impl StoreClient {
         self.put_with(key, value, &self.default_options())
     }
 
+    /// A put of a key that exists (or is being put) succeeds and leaves the object as it was,
+    /// as Mooncake's puts do ([`Self::upsert_with`] replaces it).
     pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_one(key, Src::Bytes(value), options)
+        self.put_retrying(key, value.len() as u64, Mode::Put, || {
+            self.put_one(key, Src::Bytes(value), options, Mode::Put)
+        })
     }
 
     /// Zero-copy put from registered memory.
@@ -388,7 +351,42 @@ impl StoreClient {
     /// laid out in several buffers, e.g. one per layer).
     pub fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        self.put_one(key, Src::Registered(pieces), options)
+        let len = pieces.iter().map(|p| p.len).sum();
+        self.put_retrying(key, len, Mode::Put, || self.put_one(key, Src::Registered(pieces), options, Mode::Put))
+    }
+
+    /// Mooncake's upsert: stores `value`, replacing the key's value if it has one (the old
+    /// object is removed, then the value put again). A reader's lease still protects the old
+    /// value: [`StoreError::Leased`] until it ends.
+    pub fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        self.put_retrying(key, value.len() as u64, Mode::Upsert, || {
+            self.put_one(key, Src::Bytes(value), options, Mode::Upsert)
+        })
+    }
+
+    /// Puts the value made of `parts` one after another (Mooncake's `put_parts`): gathered as
+    /// the parts are copied to the replicas, the same single copy a byte put makes.
+    pub fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        self.put_retrying(key, len, Mode::Put, || self.put_one(key, Src::Parts(parts), options, Mode::Put))
+    }
+
+    /// [`Self::put_parts_with`] that replaces the key's value if it has one (`upsert_parts`).
+    pub fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        self.put_retrying(key, len, Mode::Upsert, || self.put_one(key, Src::Parts(parts), options, Mode::Upsert))
+    }
+
+    /// [`Self::upsert_with`] from registered memory (zero copy).
+    pub fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
+        self.upsert_from_sg(key, &[Piece::new(addr, len)], options)
+    }
+
+    /// [`Self::upsert_with`] of the value made of `pieces` of registered memory, in order.
+    pub fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        let len = pieces.iter().map(|p| p.len).sum();
+        self.put_retrying(key, len, Mode::Upsert, || self.put_one(key, Src::Registered(pieces), options, Mode::Upsert))
     }
 
     /// The options `put` and the other calls without options use: the configured
@@ -397,12 +395,45 @@ impl StoreClient {
     pub fn default_options(&self) -> PutOptions {
         PutOptions {
             replica_num: self.config.replica_num,
-            preferred_segment: self.segment_name().to_string(),
+            preferred_segment: if self.segment.is_some() { self.segment_name().to_string() } else { String::new() },
             ..Default::default()
         }
     }
 
-    fn put_one(&self, key: &str, src: Src<'_>, options: &PutOptions) -> Result<()> {
+    /// One key's write: a put, and for an upsert that finds the key, its removal and a put
+    /// again (another writer may put the key in between: a few tries).
+    fn put_one(&self, key: &str, src: Src<'_>, options: &PutOptions, mode: Mode) -> Result<()> {
+        let mut refused = None;
+        for _ in 0..UPSERT_TRIES {
+            let e = match self.put_new(key, src, options)? {
+                Written::Refused(e) => e,
+                Written::Done => return Ok(()),
+                Written::Failed(e) => return Err(e),
+            };
+            match plan::refusal(e, mode) {
+                Refusal::Kept => return Ok(()),
+                Refusal::Failed(e) => return Err(e),
+                Refusal::Replace(e) => {
+                    self.remove_to_replace(key)?;
+                    refused = Some(e);
+                }
+            }
+        }
+        Err(refused.unwrap_or_else(|| StoreError::AlreadyExists(key.to_string())))
+    }
+
+    /// An upsert's removal of the object it replaces (not forced: a reader's lease protects
+    /// it); gone meanwhile is as good.
+    fn remove_to_replace(&self, key: &str) -> Result<()> {
+        match self.remove(key) {
+            Ok(()) | Err(StoreError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A put as the master sees it: `Refused` when it would not start it, `Done` once
+    /// committed; any other failure is an error (the put revoked).
+    fn put_new(&self, key: &str, src: Src<'_>, options: &PutOptions) -> Result<Written> {
         let len = src.len();
         if len == 0 {
             return Err(StoreError::invalid(format!("empty value for key {key:?}")));
@@ -422,7 +453,7 @@ impl StoreClient {
         // When the last put stayed in our own segment, this one likely does too: the disk
         // tier then takes only the CRC now and writes the file from our replica.
         let local = self.last_put_local.load(Ordering::Relaxed);
-        let stage_early = matches!(src, Src::Bytes(_)) && !local;
+        let stage_early = src.is_plain() && !local;
         let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
             self.rpc.call_while(start(req.clone()), || {
                 let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
@@ -431,17 +462,18 @@ impl StoreClient {
         } else {
             (self.rpc.call(start(req.clone())), (None, Ok(None)))
         };
-        let reply = match reply.and_then(|mut r| check(r.status.take(), key).map(|()| r)) {
-            // No room: after a restart (or once it dropped us) the master has no segment of
-            // ours until we remount. Remount now and place the value again, rather than fail
-            // until the heartbeat remounts.
-            Err(StoreError::NoSpace { .. }) if self.remounted() => {
-                let mut r = self.rpc.call(start(req))?;
-                check(r.status.take(), key)?;
-                r
-            }
-            reply => reply?,
-        };
+        let mut reply = reply?;
+        let mut started = check(reply.status.take(), key);
+        // No room: after a restart (or once it dropped us) the master has no segment of ours
+        // until we remount. Remount now and place the value again, rather than fail until the
+        // heartbeat remounts.
+        if matches!(started, Err(StoreError::NoSpace { .. })) && self.remounted() {
+            reply = self.rpc.call(start(req))?;
+            started = check(reply.status.take(), key);
+        }
+        if let Err(e) = started {
+            return Ok(Written::Refused(e));
+        }
         let written = first_piece.and_then(|first| exec.write(key, &reply.replicas, &src, first));
         if let Ok(all_local) = written {
             self.last_put_local.store(all_local, Ordering::Relaxed);
@@ -450,7 +482,7 @@ impl StoreClient {
         if let Some(offload) = offload {
             self.queue_offload(&exec, offload, reply.version, &reply.replicas, &src);
         }
-        Ok(())
+        Ok(Written::Done)
     }
 
     /// Commits a put whose bytes were written; revokes one that failed, whatever the reason.
@@ -483,8 +515,11 @@ impl StoreClient {
         src: &Src<'_>,
     ) {
         let Some(disk) = &self.disk else { return };
-        let resident = replicas.iter().find_map(|r| exec.local_replica(r, src.len()));
-        disk.queue(offload, version, resident.as_deref(), &self.segment, src);
+        let resident = self
+            .segment
+            .as_ref()
+            .and_then(|segment| Some((&*replicas.iter().find_map(|r| exec.local_replica(r, src.len()))?, segment)));
+        disk.queue(offload, version, resident, src);
     }
 
     // ---- gets ----
@@ -606,7 +641,21 @@ impl StoreClient {
             return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
         }
         let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Bytes(v)).collect();
-        self.put_many(keys, &srcs, options)
+        self.put_many(keys, &srcs, options, Mode::Put)
+    }
+
+    /// [`Self::upsert_with`] of several values (bytes); one result per key.
+    pub fn upsert_batch_with(
+        &self,
+        keys: &[String],
+        values: &[&[u8]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Bytes(v)).collect();
+        self.put_many(keys, &srcs, options, Mode::Upsert)
     }
 
     /// Zero-copy puts from registered memory: all remote writes go in one engine batch.
@@ -642,12 +691,77 @@ impl StoreClient {
         }
         self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
         let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v)).collect();
-        self.put_many(keys, &srcs, options)
+        self.put_many(keys, &srcs, options, Mode::Put)
+    }
+
+    /// [`Self::upsert_with`] of values each made of pieces of registered memory, in order.
+    pub fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v)).collect();
+        self.put_many(keys, &srcs, options, Mode::Upsert)
+    }
+
+    /// The batch write: [`Self::put_once`], then, for an upsert, the keys that existed are
+    /// removed and put again (a few rounds, as [`Self::put_one`]).
+    fn put_many_rounds(
+        &self,
+        keys: &[String],
+        srcs: &[Src<'_>],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<Vec<Result<()>>> {
+        let (mut results, mut replace) = self.put_once(keys, srcs, options, mode)?;
+        for _ in 1..UPSERT_TRIES {
+            if replace.is_empty() {
+                break;
+            }
+            let mut again = Vec::with_capacity(replace.len());
+            for i in replace {
+                match self.remove_to_replace(&keys[i]) {
+                    Ok(()) => again.push(i),
+                    Err(e) => results[i] = Err(e),
+                }
+            }
+            let sub_keys: Vec<String> = again.iter().map(|&i| keys[i].clone()).collect();
+            let sub_srcs: Vec<Src<'_>> = again.iter().map(|&i| srcs[i]).collect();
+            let (sub_results, sub_replace) = self.put_once(&sub_keys, &sub_srcs, options, mode)?;
+            for (&i, r) in again.iter().zip(sub_results) {
+                results[i] = r;
+            }
+            replace = sub_replace.into_iter().map(|j| again[j]).collect();
+        }
+        Ok(results)
+    }
+
+    /// The batch put, with the keys that fail for a master change put again ([`put_retry`]).
+    fn put_many(&self, keys: &[String], srcs: &[Src<'_>], options: &PutOptions, mode: Mode) -> Result<Vec<Result<()>>> {
+        let sizes: Vec<u64> = srcs.iter().map(Src::len).collect();
+        self.batch_put_retrying(keys, &sizes, mode, |todo| {
+            let ks: Vec<String> = todo.iter().map(|&i| keys[i].clone()).collect();
+            let ss: Vec<Src<'_>> = todo.iter().map(|&i| srcs[i]).collect();
+            self.put_many_rounds(&ks, &ss, options, mode)
+        })
     }
 
     /// The batch put: placed in one round trip, written by the executor (registered values in
-    /// one engine batch), then committed and revoked in one round trip each.
-    fn put_many(&self, keys: &[String], srcs: &[Src<'_>], options: &PutOptions) -> Result<Vec<Result<()>>> {
+    /// one engine batch), then committed and revoked in one round trip each. Returns the
+    /// results and the keys an upsert is to replace.
+    #[allow(clippy::type_complexity)]
+    fn put_once(
+        &self,
+        keys: &[String],
+        srcs: &[Src<'_>],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<(Vec<Result<()>>, Vec<usize>)> {
         let sizes: Vec<u64> = srcs.iter().map(Src::len).collect();
         if let Some(i) = sizes.iter().position(|s| *s == 0) {
             return Err(StoreError::invalid(format!("empty value for key {:?}", keys[i])));
@@ -690,13 +804,14 @@ impl StoreClient {
                 (Err(e), false) => Written::Refused(e),
             })
             .collect();
-        let results = self.batch_put_finish(keys, written)?;
-        for (i, (r, offload)) in results.iter().zip(offloads).enumerate() {
-            if let (Ok(()), Some(offload)) = (r, offload) {
+        let (results, settled) = self.batch_put_finish(keys, written, mode)?;
+        let mut offloads: Vec<Option<PreparedOffload>> = offloads;
+        for &i in &settled.commit {
+            if let (Ok(()), Some(offload)) = (&results[i], offloads.get_mut(i).and_then(Option::take)) {
                 self.queue_offload(&exec, offload, placed[i].1, &placed[i].0, &srcs[i]);
             }
         }
-        Ok(results)
+        Ok((results, settled.replace))
     }
 
     /// Per key: the replicas to write and the object's version; and the values' disk tier
@@ -749,17 +864,17 @@ impl StoreClient {
     }
 
     /// Tells the master how each put of a batch ended: commits the written ones, revokes
-    /// every other one it had started ([`plan::settle`]).
-    fn batch_put_finish(&self, keys: &[String], written: Vec<Written>) -> Result<Vec<Result<()>>> {
-        let (commit, revoke) = plan::settle(&written);
-        self.batch_revoke(revoke.iter().map(|&i| keys[i].clone()).collect());
-        let mut results: Vec<Result<()>> = written
-            .into_iter()
-            .map(|w| match w {
-                Written::Done => Ok(()),
-                Written::Refused(e) | Written::Failed(e) => Err(e),
-            })
-            .collect();
+    /// every other one it had started ([`plan::settle`]). Returns each key's result and the
+    /// settlement.
+    fn batch_put_finish(
+        &self,
+        keys: &[String],
+        written: Vec<Written>,
+        mode: Mode,
+    ) -> Result<(Vec<Result<()>>, plan::Settled)> {
+        let (settled, mut results) = plan::settle(written, mode);
+        self.batch_revoke(settled.revoke.iter().map(|&i| keys[i].clone()).collect());
+        let commit = &settled.commit;
         if !commit.is_empty() {
             let req =
                 BatchKeyRequest { client_id: self.id.clone(), keys: commit.iter().map(|&i| keys[i].clone()).collect() };
@@ -769,7 +884,7 @@ impl StoreClient {
                 results[i] = check(Some(status), &keys[i]);
             }
         }
-        Ok(results)
+        Ok((results, settled))
     }
 
     fn batch_revoke(&self, keys: Vec<String>) {
@@ -904,6 +1019,53 @@ impl StoreClient {
         Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n)).collect())
     }
 
+    // ---- values held in the local buffer ----
+
+    /// Mooncake's `get_buffer`: the value read into a block of this client's local (staging)
+    /// buffer, held for the caller until it drops the block. The bytes are copied once, from
+    /// wherever they lie (the engine writes a remote replica's straight into the block), and
+    /// not again: the block is registered memory, so it can also be handed to the zero-copy
+    /// calls. A value larger than the local buffer is the caller's mistake; while the buffer
+    /// is full the get waits for room until its deadline.
+    pub fn get_buffer(&self, key: &str) -> Result<HeldBlock> {
+        let list = self.replica_list(key)?;
+        let exec = self.exec();
+        let block = self.staging.acquire_held(list.size, exec.deadline)?;
+        let whole = [Extent { offset: 0, addr: block.addr(), len: list.size }];
+        exec.read(key, &list, &mut Dst::Registered(&whole))?;
+        Ok(block)
+    }
+
+    /// [`Self::get_buffer`] for several keys: one master round trip, remote reads in one
+    /// engine batch; one result per key.
+    pub fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBlock>>> {
+        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let exec = self.exec();
+        let mut blocks: Vec<Option<HeldBlock>> = Vec::with_capacity(keys.len());
+        for (list, result) in lists.iter().zip(results.iter_mut()) {
+            let held = list.as_ref().map(|l| self.staging.acquire_held(l.size, exec.deadline));
+            blocks.push(match held {
+                Some(Ok(block)) => Some(block),
+                Some(Err(e)) => {
+                    *result = Err(e);
+                    None
+                }
+                None => None,
+            });
+        }
+        let wholes: Vec<Option<[Extent; 1]>> =
+            blocks.iter().map(|b| b.as_ref().map(|b| [Extent { offset: 0, addr: b.addr(), len: b.len() }])).collect();
+        let mut dsts: Vec<Option<Dst<'_>>> = wholes.iter().map(|w| w.as_ref().map(|w| Dst::Registered(w))).collect();
+        exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
+        Ok(results
+            .into_iter()
+            .zip(blocks)
+            .map(|(r, block)| {
+                r.and_then(|()| block.ok_or_else(|| StoreError::Internal("a read without its block".into())))
+            })
+            .collect())
+    }
+
     // ---- probes and removal ----
 
     /// Whether a committed object exists (no lease is granted).
@@ -954,10 +1116,15 @@ impl StoreClient {
 
     /// Removes every committed object whose key matches `pattern`; returns how many.
     pub fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        self.remove_by_regex_with(pattern, false)
+    }
+
+    /// [`Self::remove_by_regex`]; `force` removes leased objects too.
+    pub fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
         if let (Some(hot), Ok(re)) = (&self.hot, regex::Regex::new(pattern)) {
             hot.invalidate_matching(&re);
         }
-        let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force: false };
+        let req = RemoveByRegexRequest { client_id: self.id.clone(), pattern: pattern.to_string(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove_by_regex(req).await })?;
         check(reply.status, pattern)?;
         self.sync_disk_removals();
@@ -965,10 +1132,15 @@ impl StoreClient {
     }
 
     pub fn remove_all(&self) -> Result<u64> {
+        self.remove_all_with(false)
+    }
+
+    /// Removes every committed object (`force`: leased ones too); returns how many.
+    pub fn remove_all_with(&self, force: bool) -> Result<u64> {
         if let Some(hot) = &self.hot {
             hot.clear();
         }
-        let req = RemoveAllRequest { client_id: self.id.clone(), force: false };
+        let req = RemoveAllRequest { client_id: self.id.clone(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove_all(req).await })?;
         check(reply.status, "")?;
         self.sync_disk_removals();
@@ -990,10 +1162,14 @@ impl StoreClient {
         self.stop.store(true, Ordering::Release);
         self.metrics_server.lock().take();
         let disk_closed = self.disk.as_ref().map_or(Ok(()), DiskLink::close);
-        let req =
-            UnmountSegmentRequest { client_id: self.id.clone(), segment_id: self.segment_id.load(Ordering::Acquire) };
-        let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
-        check(reply.status, "")?;
+        if self.segment.is_some() {
+            let req = UnmountSegmentRequest {
+                client_id: self.id.clone(),
+                segment_id: self.segment_id.load(Ordering::Acquire),
+            };
+            let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
+            check(reply.status, "")?;
+        }
         disk_closed
     }
 }
@@ -1008,6 +1184,9 @@ impl Drop for StoreClient {
         }
     }
 }
+
+/// Puts an upsert makes while other writers keep putting the key it removed.
+const UPSERT_TRIES: usize = 3;
 
 /// How long the master keeps a silent client (for callers that wait on it).
 pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(10);

@@ -121,17 +121,76 @@ pub(crate) enum Written {
     Failed(StoreError),
 }
 
-/// What to tell the master after a batch of puts: the keys (by index) to commit and to revoke.
-pub(crate) fn settle(written: &[Written]) -> (Vec<usize>, Vec<usize>) {
-    let (mut commit, mut revoke) = (Vec::new(), Vec::new());
-    for (i, w) in written.iter().enumerate() {
-        match w {
-            Written::Done => commit.push(i),
-            Written::Failed(_) => revoke.push(i),
-            Written::Refused(_) => {}
-        }
+/// What a write does to a key that exists already (or is being put).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Mooncake's put: the key keeps its value, and the put succeeds.
+    Put,
+    /// Mooncake's upsert: the value is replaced (the old object removed, then put again).
+    Upsert,
+}
+
+/// What becomes of a put the master refused to start, by the write's mode.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The key exists and keeps its value: the put succeeded.
+    Kept,
+    /// The key exists and the upsert replaces it: remove it and put again (the error stands
+    /// if that fails).
+    Replace(StoreError),
+    /// The put failed.
+    Failed(StoreError),
+}
+
+/// The rule for a refused put: only "already exists" is no failure (Mooncake's client turns it
+/// into success for puts; an upsert replaces the object).
+pub(crate) fn refusal(e: StoreError, mode: Mode) -> Refusal {
+    match (e, mode) {
+        (StoreError::AlreadyExists(_), Mode::Put) => Refusal::Kept,
+        (e @ StoreError::AlreadyExists(_), Mode::Upsert) => Refusal::Replace(e),
+        (e, _) => Refusal::Failed(e),
     }
-    (commit, revoke)
+}
+
+/// What a batch of puts tells the master and its caller.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Settled {
+    /// Keys (by index) to commit.
+    pub commit: Vec<usize>,
+    /// Keys the master had started and the client gave up: revoke them.
+    pub revoke: Vec<usize>,
+    /// Keys an upsert found existing: remove them and put them again.
+    pub replace: Vec<usize>,
+}
+
+/// What to tell the master after a batch of puts, and the result each key's caller sees until
+/// the master commits (the committed keys' results are the commits' then; a key to replace
+/// stays "already exists" unless its next put succeeds).
+pub(crate) fn settle(written: Vec<Written>, mode: Mode) -> (Settled, Vec<crate::error::Result<()>>) {
+    let mut settled = Settled { commit: Vec::new(), revoke: Vec::new(), replace: Vec::new() };
+    let results = written
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| match w {
+            Written::Done => {
+                settled.commit.push(i);
+                Ok(())
+            }
+            Written::Failed(e) => {
+                settled.revoke.push(i);
+                Err(e)
+            }
+            Written::Refused(e) => match refusal(e, mode) {
+                Refusal::Kept => Ok(()),
+                Refusal::Replace(e) => {
+                    settled.replace.push(i);
+                    Err(e)
+                }
+                Refusal::Failed(e) => Err(e),
+            },
+        })
+        .collect();
+    (settled, results)
 }
 
 #[cfg(test)]
@@ -269,16 +328,35 @@ mod tests {
         assert_eq!(write_plan(&[], ME), WritePlan::default());
     }
 
-    #[test]
-    fn every_started_put_that_failed_is_revoked_whatever_the_error() {
-        let written = vec![
+    fn written() -> Vec<Written> {
+        vec![
             Written::Done,
             Written::Refused(StoreError::AlreadyExists("b".into())),
             Written::Failed(StoreError::Internal("batch ended with a pending request".into())),
             Written::Failed(StoreError::peer_gone("d", crate::error::PeerFault::NoReplica)),
             Written::Failed(StoreError::Disk("x".into())),
             Written::Done,
-        ];
-        assert_eq!(settle(&written), (vec![0, 5], vec![2, 3, 4]));
+            Written::Refused(StoreError::NoSpace { size: 10, replicas: 1, detail: String::new() }),
+        ]
+    }
+
+    #[test]
+    fn every_started_put_that_failed_is_revoked_whatever_the_error() {
+        let (settled, _) = settle(written(), Mode::Put);
+        assert_eq!((settled.commit, settled.revoke), (vec![0, 5], vec![2, 3, 4]));
+    }
+
+    #[test]
+    fn a_put_of_an_existing_key_succeeds_and_an_upsert_replaces_it() {
+        let (settled, results) = settle(written(), Mode::Put);
+        assert!(settled.replace.is_empty());
+        assert!(results[1].is_ok(), "{:?}", results[1]);
+        assert!(matches!(results[6], Err(StoreError::NoSpace { .. })));
+        assert!(matches!(results[2], Err(StoreError::Internal(_))));
+
+        let (settled, results) = settle(written(), Mode::Upsert);
+        assert_eq!(settled, Settled { commit: vec![0, 5], revoke: vec![2, 3, 4], replace: vec![1] });
+        assert!(matches!(results[1], Err(StoreError::AlreadyExists(_))));
+        assert!(matches!(results[6], Err(StoreError::NoSpace { .. })));
     }
 }

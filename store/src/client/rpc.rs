@@ -12,13 +12,16 @@
 //! there ([`outside_async`]).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
+use parking_lot::RwLock;
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Result, StoreError, Waited};
+use crate::leader::Members;
 use crate::master::service::MAX_MESSAGE;
 use crate::proto::master_client::MasterClient;
 use crate::proto::{Code, Status};
@@ -60,16 +63,42 @@ pub struct MasterRpc {
     /// Drives the unary channel, on the calling thread (one caller at a time drives it; the
     /// others wait for their own replies).
     calls: OwnRuntime,
-    call_client: MasterClient<Channel>,
     /// Runs streams in the background.
     runtime: OwnRuntime,
+    /// The master's channels; replaced when the leader changes.
+    conn: RwLock<Conn>,
+    /// With an `etcd://` address: where the leader is looked up.
+    leader: Option<LeaderSource>,
+    /// Signalled when the channels are replaced: calls still waiting on the old master (one
+    /// frozen, say) end with a retryable error instead of waiting for their timeout.
+    switched: tokio::sync::Notify,
+}
+
+struct Conn {
+    call_client: MasterClient<Channel>,
     client: MasterClient<Channel>,
     addr: String,
 }
 
+struct LeaderSource {
+    etcd: tokio::sync::Mutex<Members>,
+    key: String,
+    /// The term of the leader followed.
+    term: AtomicU64,
+}
+
+/// How long connecting through etcd waits for a leader to be elected.
+const FIRST_LEADER_WAIT: Duration = Duration::from_secs(15);
+
 impl MasterRpc {
     /// Connects to the master at `addr` (`host:port`); fails with a clear error if it is not there.
     pub fn connect(addr: &str) -> Result<Self> {
+        Self::connect_in(addr, crate::master::config::DEFAULT_CLUSTER_ID)
+    }
+
+    /// Connects to the master at `addr`: `host:port`, or `etcd://h1:2379;h2:2379` to follow
+    /// the leader of `cluster_id`'s masters.
+    pub fn connect_in(addr: &str, cluster_id: &str) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("crescent-client-rpc")
@@ -77,32 +106,66 @@ impl MasterRpc {
             .build()
             .map_err(|e| StoreError::system("starting a tokio runtime", e))?;
         let runtime = OwnRuntime(Some(runtime));
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(3))
-            .timeout(CALL_TIMEOUT)
-            .tcp_nodelay(true);
         let calls = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| StoreError::system("starting a tokio runtime", e))?;
         let calls = OwnRuntime(Some(calls));
-        let connect = |rt: &Runtime| {
-            let channel = outside_async(|| rt.block_on(endpoint.connect()))
-                .map_err(|e| StoreError::master_unreachable(addr, e))?;
-            Ok::<_, StoreError>(
-                MasterClient::new(channel)
-                    .max_decoding_message_size(MAX_MESSAGE)
-                    .max_encoding_message_size(MAX_MESSAGE),
-            )
+        let (master, leader) = if addr.trim().starts_with(crate::leader::ETCD_SCHEME) {
+            let endpoints = crate::leader::endpoints(addr)?;
+            let mut etcd = outside_async(|| runtime.block_on(Members::connect(&endpoints)))?;
+            let key = crate::leader::leader_key(cluster_id);
+            let until = std::time::Instant::now() + FIRST_LEADER_WAIT;
+            let (master, term) = loop {
+                match outside_async(|| runtime.block_on(etcd.leader(&key))) {
+                    Ok(Some(found)) => break found,
+                    Ok(None) | Err(_) if std::time::Instant::now() < until => {
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
+                    Ok(None) => {
+                        let why = format!("no master of cluster {cluster_id:?} leads ({key} is not set in etcd)");
+                        return Err(StoreError::master_unreachable(addr, why));
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            let source = LeaderSource { etcd: tokio::sync::Mutex::new(etcd), key, term: AtomicU64::new(term) };
+            (master, Some(source))
+        } else {
+            (addr.to_string(), None)
         };
-        let call_client = connect(&calls)?;
-        let client = connect(&runtime)?;
-        Ok(MasterRpc { calls, call_client, runtime, client, addr: addr.to_string() })
+        let conn = Conn::open(&calls, &runtime, &master, false)?;
+        Ok(MasterRpc { calls, runtime, conn: RwLock::new(conn), leader, switched: tokio::sync::Notify::new() })
     }
 
-    pub fn addr(&self) -> &str {
-        &self.addr
+    /// The address of the master followed now.
+    pub fn addr(&self) -> String {
+        self.conn.read().addr.clone()
+    }
+
+    /// With an `etcd://` address: looks the leader up and, when another master leads now,
+    /// switches to it. Returns whether it did.
+    pub fn follow_leader(&self) -> bool {
+        let Some(source) = &self.leader else { return false };
+        let found =
+            outside_async(|| self.runtime.block_on(async { source.etcd.lock().await.leader(&source.key).await }));
+        let Ok(Some((addr, term))) = found else { return false };
+        if addr == self.conn.read().addr && term == source.term.load(Ordering::Acquire) {
+            return false;
+        }
+        match Conn::open(&self.calls, &self.runtime, &addr, true) {
+            Ok(conn) => {
+                tracing::info!("following the master leading now: {addr} (term {term})");
+                *self.conn.write() = conn;
+                source.term.store(term, Ordering::Release);
+                self.switched.notify_waiters();
+                true
+            }
+            Err(e) => {
+                tracing::warn!("the leader {addr}: {e}");
+                false
+            }
+        }
     }
 
     /// The runtime driving the channel (for streams that outlive one call).
@@ -112,7 +175,7 @@ impl MasterRpc {
 
     /// A handle on the streams' channel to the master (run it on [`Self::handle`]).
     pub fn client(&self) -> MasterClient<Channel> {
-        self.client.clone()
+        self.conn.read().client.clone()
     }
 
     /// Runs one call to completion on the client's runtime.
@@ -122,7 +185,9 @@ impl MasterRpc {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send,
         T: Send,
     {
-        let call = f(self.call_client.clone());
+        let client = self.conn.read().call_client.clone();
+        let switched = self.switched.notified();
+        let call = until_switched(f(client), switched);
         #[allow(clippy::result_large_err)] // tonic's status, as the call returns it
         let reply = outside_async(|| self.calls.block_on(call));
         self.reply(reply)
@@ -130,7 +195,7 @@ impl MasterRpc {
 
     /// A call's outcome: the reply's body, or what kept it from coming.
     fn reply<T>(&self, r: Result<tonic::Response<T>, tonic::Status>) -> Result<T> {
-        r.map(|r| r.into_inner()).map_err(|s| call_error(&self.addr, &s))
+        r.map(|r| r.into_inner()).map_err(|s| call_error(&self.addr(), &s))
     }
 
     /// Runs one call and, while the master works on it, `meanwhile` on the calling thread
@@ -147,7 +212,9 @@ impl MasterRpc {
             let reply = self.call(f);
             return (reply, meanwhile());
         }
-        let mut call = Box::pin(f(self.call_client.clone()));
+        let client = self.conn.read().call_client.clone();
+        let switched = self.switched.notified();
+        let mut call = Box::pin(until_switched(f(client), switched));
         // Send the request: poll the call once, then yield so that the channel's tasks write
         // it out. The reply waits in the socket until the call is driven again.
         let early = self.calls.block_on(async {
@@ -178,13 +245,66 @@ impl MasterRpc {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
         T: Send + 'static,
     {
-        let call = self.runtime.spawn(f(self.client.clone()));
+        let call = self.runtime.spawn(f(self.client()));
+        let switched = self.switched.notified();
         let side = meanwhile();
-        let reply = match outside_async(|| self.runtime.block_on(call)) {
-            Ok(reply) => self.reply(reply),
-            Err(e) => Err(StoreError::Internal(format!("call to the master: {e}"))),
+        let reply = outside_async(|| {
+            self.runtime.block_on(async {
+                tokio::select! {
+                    r = call => Some(r),
+                    () = switched => None,
+                }
+            })
+        });
+        let reply = match reply {
+            Some(Ok(reply)) => self.reply(reply),
+            Some(Err(e)) => Err(StoreError::Internal(format!("call to the master: {e}"))),
+            None => self.reply(Err(switched_status())),
         };
         (reply, side)
+    }
+}
+
+impl Conn {
+    /// Channels to the master at `addr`: connected now (an error if it is not there), or
+    /// `lazy` (connected by the first call).
+    fn open(calls: &Runtime, runtime: &Runtime, addr: &str, lazy: bool) -> Result<Conn> {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(3))
+            .timeout(CALL_TIMEOUT)
+            .tcp_nodelay(true);
+        let connect = |rt: &Runtime| {
+            let channel = if lazy {
+                let _in = rt.enter();
+                endpoint.connect_lazy()
+            } else {
+                outside_async(|| rt.block_on(endpoint.connect()))
+                    .map_err(|e| StoreError::master_unreachable(addr, e))?
+            };
+            Ok::<_, StoreError>(
+                MasterClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+        };
+        Ok(Conn { call_client: connect(calls)?, client: connect(runtime)?, addr: addr.to_string() })
+    }
+}
+
+/// A call still waiting on a master the client no longer follows.
+fn switched_status() -> tonic::Status {
+    tonic::Status::unavailable("the client switched to another master (a new leader) during the call")
+}
+
+/// `call`, or a retryable error once the client switched to another master.
+async fn until_switched<T>(
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    switched: tokio::sync::futures::Notified<'_>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    tokio::select! {
+        r = call => r,
+        () = switched => Err(switched_status()),
     }
 }
 

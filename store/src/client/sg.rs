@@ -1,7 +1,7 @@
 //! Where a value's bytes come from (a put) and where they go (a get): scatter/gather lists.
 //!
-//! A put reads its value from a [`Src`]: plain bytes, or pieces of registered memory taken in
-//! order (the value is their concatenation). A get writes into a [`Dst`]: plain bytes, or
+//! A put reads its value from a [`Src`]: plain bytes (in one slice or in parts), or pieces of
+//! registered memory taken in order (the value is their concatenation). A get writes into a [`Dst`]: plain bytes, or
 //! extents of registered memory, each receiving one range of the value. A plain `get_into` is
 //! one extent taking the whole value; a ranged or multi-buffer get is several; a byte `get` is
 //! plain bytes. Every source of a read (a local replica, the hot cache, a remote replica, a
@@ -72,6 +72,9 @@ pub(crate) fn check_ranges(key: &str, ranges: &[Extent], size: u64) -> Result<u6
 pub(crate) enum Src<'a> {
     /// Plain memory: moved through the staging buffer.
     Bytes(&'a [u8]),
+    /// Plain memory in parts, one after another (Mooncake's `put_parts`): moved through the
+    /// staging buffer, gathered as it is copied there.
+    Parts(&'a [&'a [u8]]),
     /// Registered memory, piece after piece: moved by the engine directly (zero copy).
     Registered(&'a [Piece]),
 }
@@ -80,14 +83,34 @@ impl Src<'_> {
     pub(crate) fn len(&self) -> u64 {
         match self {
             Src::Bytes(b) => b.len() as u64,
+            Src::Parts(parts) => parts.iter().map(|p| p.len() as u64).sum(),
             Src::Registered(pieces) => total(pieces).unwrap_or(u64::MAX),
         }
+    }
+
+    /// Whether the value is plain memory, which the engine moves only through the staging
+    /// buffer.
+    pub(crate) fn is_plain(&self) -> bool {
+        matches!(self, Src::Bytes(_) | Src::Parts(_))
     }
 
     /// The value's bytes `[off, off + dst.len())`, gathered into `dst`.
     pub(crate) fn copy_to(&self, off: u64, dst: &mut [u8]) {
         match self {
             Src::Bytes(b) => dst.copy_from_slice(&b[off as usize..off as usize + dst.len()]),
+            Src::Parts(parts) => {
+                let end = off + dst.len() as u64;
+                let mut at = 0u64;
+                for p in parts.iter() {
+                    let n = p.len() as u64;
+                    let (lo, hi) = (at.max(off), (at + n).min(end));
+                    if lo < hi {
+                        dst[(lo - off) as usize..(hi - off) as usize]
+                            .copy_from_slice(&p[(lo - at) as usize..(hi - at) as usize]);
+                    }
+                    at += n;
+                }
+            }
             Src::Registered(pieces) => {
                 let end = off + dst.len() as u64;
                 let mut at = 0u64;
@@ -109,7 +132,8 @@ impl Src<'_> {
     /// The value as one slice when it is in one piece of memory.
     pub(crate) fn contiguous(&self) -> Option<&[u8]> {
         match self {
-            Src::Bytes(b) => Some(b),
+            Src::Bytes(b) | Src::Parts([b]) => Some(b),
+            Src::Parts(_) => None,
             Src::Registered([p]) => {
                 // SAFETY: as in `copy_to`: the caller's registered memory, valid during the put.
                 Some(unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.len as usize) })
@@ -132,7 +156,7 @@ impl Src<'_> {
     pub(crate) fn registered_pieces(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         let pieces: &[Piece] = match self {
             Src::Registered(p) => p,
-            Src::Bytes(_) => &[],
+            Src::Bytes(_) | Src::Parts(_) => &[],
         };
         pieces.iter().filter(|p| p.len > 0).scan(0u64, |at, p| {
             let off = *at;
@@ -297,6 +321,16 @@ mod tests {
         assert_eq!((&x[..], &y[..]), (&value[2..7], &value[20..27]));
         let got: Vec<(u64, u64, u64)> = spans(&extents, 4, 18).map(|(_, o, l)| (o, l, 0)).collect();
         assert_eq!(got, [(20, 2, 0), (4, 3, 0)]);
+
+        let parts: [&[u8]; 4] = [&value[..3], &[], &value[3..20], &value[20..]];
+        let src = Src::Parts(&parts);
+        assert_eq!(src.len(), 32);
+        assert!(src.is_plain() && src.contiguous().is_none() && src.registered_pieces().next().is_none());
+        let mut scratch = Vec::new();
+        assert_eq!(src.gathered(&mut scratch), &value[..]);
+        let mut mid = [0u8; 19];
+        src.copy_to(2, &mut mid);
+        assert_eq!(&mid, &value[2..21]);
 
         let mut out = vec![0u8; 4];
         let mut bytes = Dst::Bytes { out: &mut out, offset: 3 };

@@ -3,6 +3,7 @@
 //! offset allocator; a caller waits while the buffer is full, until its request's deadline
 //! (other calls, and the disk service's remote readers, hold blocks meanwhile).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -52,6 +53,53 @@ impl Drop for StagingBlock<'_> {
     }
 }
 
+/// A block of the staging buffer that holds a whole value for its owner, however long that
+/// lives (`get_buffer`'s result, as Mooncake's `BufferHandle` holds its client's local buffer):
+/// returned to the buffer on drop. It keeps the buffer's registered memory alive, so its bytes
+/// stay valid after the client closes.
+pub struct HeldBlock {
+    staging: Arc<Staging>,
+    block: Option<Block>,
+    len: u64,
+}
+
+impl HeldBlock {
+    pub fn addr(&self) -> u64 {
+        self.staging.mem.addr() + self.block.as_ref().expect("held").offset
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes (what a get wrote there).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: this block of the registered staging buffer belongs to this value alone
+        // until it is dropped, and the memory lives as long as `staging`; the get that filled
+        // it has ended.
+        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len as usize) }
+    }
+}
+
+impl std::fmt::Debug for HeldBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldBlock").field("addr", &self.addr()).field("len", &self.len).finish()
+    }
+}
+
+impl Drop for HeldBlock {
+    fn drop(&mut self) {
+        if let Some(b) = self.block.take() {
+            self.staging.alloc.lock().release(b);
+            self.staging.freed.notify_all();
+        }
+    }
+}
+
 impl Staging {
     pub fn new(mem: RegisteredMemory) -> Self {
         let alloc = SegmentAllocator::new(mem.len());
@@ -78,17 +126,34 @@ impl Staging {
     /// with [`StoreError::TimedOut`] if they are not free by `deadline`.
     pub fn acquire(&self, len: u64, deadline: Instant) -> Result<StagingBlock<'_>> {
         let len = len.min(self.chunk());
+        let block = self.wait_for(len, deadline)?;
+        Ok(StagingBlock { staging: self, block: Some(block), len })
+    }
+
+    /// Takes `len` bytes in one block for as long as the returned block lives (a whole value,
+    /// however large; more than the buffer holds is the caller's mistake), waiting while the
+    /// buffer is full as [`Self::acquire`] does.
+    pub fn acquire_held(self: &Arc<Self>, len: u64, deadline: Instant) -> Result<HeldBlock> {
+        let capacity = self.alloc.lock().capacity();
+        if len == 0 || len > capacity {
+            return Err(StoreError::invalid(format!(
+                "a value of {len} bytes cannot be held in the local buffer of {capacity} bytes (set \
+                 local_buffer_size larger)"
+            )));
+        }
+        let block = self.wait_for(len, deadline)?;
+        Ok(HeldBlock { staging: self.clone(), block: Some(block), len })
+    }
+
+    fn wait_for(&self, len: u64, deadline: Instant) -> Result<Block> {
         let start = Instant::now();
         let mut alloc = self.alloc.lock();
         loop {
             if let Some(block) = alloc.allocate(len) {
-                return Ok(StagingBlock { staging: self, block: Some(block), len });
+                return Ok(block);
             }
             if self.freed.wait_until(&mut alloc, deadline).timed_out() {
-                if let Some(block) = alloc.allocate(len) {
-                    return Ok(StagingBlock { staging: self, block: Some(block), len });
-                }
-                return Err(StoreError::TimedOut {
+                return alloc.allocate(len).ok_or_else(|| StoreError::TimedOut {
                     waited: Waited::Staging { len },
                     after: deadline.saturating_duration_since(start),
                 });

@@ -48,7 +48,7 @@ impl<'c> Exec<'c> {
                     src.registered_pieces().map(move |(addr, off, n)| write(addr, seg, at + off, n))
                 }),
             )?,
-            Src::Bytes(_) => {
+            Src::Bytes(_) | Src::Parts(_) => {
                 let mut off = 0;
                 while off < len {
                     // The first piece may have been staged while the master placed the value.
@@ -73,7 +73,9 @@ impl<'c> Exec<'c> {
     /// The first piece of a byte put, copied into the staging buffer (before the master has
     /// answered); none for a value in registered memory.
     pub(crate) fn stage_first_piece(&self, src: &Src<'_>) -> Result<Option<StagingBlock<'c>>> {
-        let Src::Bytes(_) = src else { return Ok(None) };
+        if !src.is_plain() {
+            return Ok(None);
+        }
         let mut block = self.stage(src.len())?;
         src.copy_to(0, block.bytes());
         Ok(Some(block))
@@ -115,7 +117,7 @@ impl<'c> Exec<'c> {
             if plan.remote.is_empty() {
                 continue;
             }
-            if let Src::Bytes(_) = srcs[i] {
+            if srcs[i].is_plain() {
                 bytes.push(i);
                 continue;
             }

@@ -42,14 +42,21 @@ async fn metrics(State(m): State<Arc<Master>>) -> Response {
     ([("content-type", "text/plain; version=0.0.4")], m.render_metrics()).into_response()
 }
 
-/// Upstream's fields (a master without HA is the leader, serving), then Crescent's totals.
+/// Upstream's fields (a master without HA is the leader, serving), then Crescent's role, term and totals.
 async fn health(State(m): State<Arc<Master>>) -> Json<serde_json::Value> {
+    // Upstream's role is leader or standby; `crescent_role` tells a single master, an HA
+    // leader, a standby and a deposed leader apart (docs/src/ha.md).
+    let (role, term, leader) = m.role_view();
+    let serving = role == "single" || role == "leader";
     Json(json!({
         "status": "ok",
-        "role": "leader",
-        "ha_state": "serving",
-        "service_ready": true,
+        "role": if serving { "leader" } else { "standby" },
+        "ha_state": if serving { "serving" } else { "standby" },
+        "service_ready": serving,
         "cluster_id": m.config().cluster_id,
+        "crescent_role": role,
+        "term": term,
+        "leader": leader,
         "totals": m.totals(),
     }))
 }

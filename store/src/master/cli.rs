@@ -14,7 +14,7 @@
 //! Every flag upstream defines is either honoured (mapped onto [`MasterConfig`]) or, when
 //! Crescent has no such feature, accepted with its value type-checked and named in one
 //! warning at start ([`IGNORED`]). A flag neither knows is an error. `--enable_ha` is checked as
-//! upstream checks it and then refused: HA is not there yet ([`super::config::HaConfig`]).
+//! upstream checks it; of its backends only etcd runs ([`super::config::HaConfig`], docs/src/ha.md).
 //!
 //! Precedence, as upstream: the command line over the config file over the defaults; Crescent's
 //! `--config` and upstream's `--config_path` may not be given together.
@@ -146,7 +146,7 @@ struct Cli {
     /// The cluster this master serves [default: mooncake_cluster].
     #[arg(long = "cluster_id")]
     cluster_id: Option<String>,
-    /// High availability through an HA backend: not yet supported (refused with a clear error).
+    /// High availability: campaign for leadership in etcd (docs/src/ha.md); other backends are refused.
     #[arg(long = "enable_ha", value_parser = gflags_bool, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     enable_ha: Option<bool>,
     /// HA backend: etcd, redis or k8s [default: etcd].
@@ -158,7 +158,7 @@ struct Cli {
     /// etcd endpoints, used for HA when --ha_backend_connstring is unset and the backend is etcd.
     #[arg(long = "etcd_endpoints")]
     etcd_endpoints: Option<String>,
-    /// HA's metadata op log: needs --enable_ha (so not yet supported either).
+    /// HA's metadata op log: needs --enable_ha (Crescent rebuilds from its clients instead; accepted and ignored).
     #[arg(long = "enable_oplog", value_parser = gflags_bool, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     enable_oplog: Option<bool>,
     /// Allocator of segments: offset (Crescent's) or cachelib (accepted; Crescent uses offset).
@@ -671,6 +671,9 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     if cli.enable_oplog == Some(true) && !config.ha.enabled {
         return Err(invalid("--enable_oplog needs --enable_ha"));
     }
+    if cli.enable_oplog == Some(true) {
+        warnings.push("--enable_oplog: no op log is kept; a new leader is rebuilt from its clients' reports".into());
+    }
     let mut ignored: Vec<String> = IGNORED.iter().filter(|f| given(m, f.name)).map(|f| f.name.to_string()).collect();
     match cli.memory_allocator.as_deref() {
         None | Some("offset") => {}
@@ -871,11 +874,14 @@ mod tests {
     }
 
     #[test]
-    fn ha_is_checked_as_upstream_then_refused_as_not_yet_supported() {
+    fn ha_is_checked_as_upstream_and_only_etcd_runs() {
         let e = parse_err(&["--enable_ha"]);
         assert!(e.contains("ha_backend_connstring"), "no endpoints: {e}");
-        let e = parse_err(&["--enable_ha=true", "--etcd_endpoints=127.0.0.1:2379;127.0.0.2:2379"]);
-        assert!(e.contains("not yet supported") && e.contains("127.0.0.2:2379"), "{e}");
+        let s = parse_ok(&["--enable_ha=true", "--etcd_endpoints=127.0.0.1:2379;127.0.0.2:2379", "--cluster_id=prod"]);
+        assert!(s.config.ha.enabled && s.config.ha.connstring == "127.0.0.1:2379;127.0.0.2:2379");
+        assert_eq!(s.config.cluster_id, "prod");
+        let e = parse_err(&["--enable_ha", "--ha_backend_type=k8s", "--ha_backend_connstring=k8s://x"]);
+        assert!(e.contains("not supported"), "{e}");
         let e = parse_err(&["--enable_ha", "--ha_backend_type=redis", "--etcd_endpoints=127.0.0.1:2379"]);
         assert!(e.contains("redis has none"), "etcd_endpoints serves etcd only: {e}");
         let e = parse_err(&["--enable_oplog"]);

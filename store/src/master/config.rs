@@ -66,6 +66,10 @@ pub struct MasterConfig {
     /// Directory where the master keeps what must outlive it: the removals waiting for disks
     /// that are away (see docs/src/disk-tier.md). None: kept in memory only.
     pub state_dir: Option<std::path::PathBuf>,
+    /// How long a put's commit (or a removal's answer) waits for the owners of its replicas to
+    /// acknowledge the news; a replica whose owner did not is not committed.
+    #[serde(with = "millis", alias = "owner_ack_timeout_ms")]
+    pub owner_ack_timeout: Duration,
     /// Worker threads of the runtime serving gRPC and the admin port (`--rpc_thread_num`).
     pub rpc_threads: usize,
     /// Set TCP_NODELAY on clients' connections (`--rpc_enable_tcp_no_delay`): batch replies
@@ -75,28 +79,39 @@ pub struct MasterConfig {
     /// Mooncake's `--enable_http_metadata_server`); empty: none.
     pub http_metadata_address: String,
     /// The cluster this master serves (`--cluster_id`); shown on `/health`, and the namespace
-    /// of high availability's keys once it exists.
+    /// of high availability's keys (the leader key, see docs/src/ha.md).
     pub cluster_id: String,
-    /// High availability (`--enable_ha` and its backend); not implemented yet: enabling it is
-    /// refused by [`MasterConfig::validate`] rather than run as a single master.
+    /// High availability (`--enable_ha` and its backend, etcd): see docs/src/ha.md.
     pub ha: HaConfig,
 }
 
-/// Mooncake's high-availability settings, accepted and checked now; a master with
-/// `enabled` is refused until HA exists (a single master would silently be no HA at all).
+/// Mooncake's high-availability settings (docs/src/ha.md): with `enabled`, the master campaigns
+/// for the leadership of `cluster_id` in etcd and is a standby until elected.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HaConfig {
     pub enabled: bool,
-    /// `etcd` (upstream also names `redis` and `k8s`).
+    /// `etcd` (upstream also names `redis` and `k8s`, which Crescent refuses).
     pub backend_type: String,
     /// The backend's endpoints, e.g. `127.0.0.1:2379;127.0.0.2:2379` for etcd.
     pub connstring: String,
+    /// The leadership's lease in etcd (whole seconds; etcd's floor is 2 s).
+    #[serde(with = "millis", alias = "lease_ttl_ms")]
+    pub lease_ttl: Duration,
+    /// The address clients reach this master at, written in etcd when it leads; empty: the RPC
+    /// address (127.0.0.1 for a wildcard).
+    pub advertise_address: String,
 }
 
 impl Default for HaConfig {
     fn default() -> Self {
-        HaConfig { enabled: false, backend_type: "etcd".into(), connstring: String::new() }
+        HaConfig {
+            enabled: false,
+            backend_type: "etcd".into(),
+            connstring: String::new(),
+            lease_ttl: Duration::from_secs(2),
+            advertise_address: String::new(),
+        }
     }
 }
 
@@ -127,6 +142,7 @@ impl Default for MasterConfig {
             hot_max_replicas: 3,
             hot_queue: 1024,
             state_dir: None,
+            owner_ack_timeout: Duration::from_secs(3),
             rpc_threads: 2,
             rpc_tcp_nodelay: true,
             http_metadata_address: String::new(),
@@ -145,9 +161,12 @@ impl MasterConfig {
         if !(self.eviction_ratio > 0.0 && self.eviction_ratio <= 1.0) {
             return bad(format!("eviction_ratio {} is not in (0, 1]", self.eviction_ratio));
         }
-        for (name, d) in
-            [("lease_ttl", self.lease_ttl), ("client_ttl", self.client_ttl), ("put_timeout", self.put_timeout)]
-        {
+        for (name, d) in [
+            ("lease_ttl", self.lease_ttl),
+            ("client_ttl", self.client_ttl),
+            ("put_timeout", self.put_timeout),
+            ("owner_ack_timeout", self.owner_ack_timeout),
+        ] {
             if d.is_zero() {
                 return bad(format!("{name} must be positive"));
             }
@@ -184,7 +203,7 @@ impl MasterConfig {
 }
 
 impl HaConfig {
-    /// Checks the settings as upstream does, then refuses HA itself: it is not there yet.
+    /// Checks the settings as upstream does; of the backends, only etcd runs.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(StoreError::Config(m));
         if !HA_BACKENDS.contains(&self.backend_type.as_str()) {
@@ -200,11 +219,17 @@ impl HaConfig {
                 self.backend_type
             ));
         }
-        bad(format!(
-            "enable_ha: high availability ({} at {}) is not yet supported by Crescent; run one master \
-             without enable_ha (it would not be highly available)",
-            self.backend_type, self.connstring
-        ))
+        if self.backend_type != "etcd" {
+            return bad(format!(
+                "enable_ha: the {} backend is not supported by Crescent (use ha_backend_type=etcd)",
+                self.backend_type
+            ));
+        }
+        crate::leader::endpoints(&self.connstring)?;
+        if self.lease_ttl < Duration::from_secs(1) || self.lease_ttl.subsec_nanos() != 0 {
+            return bad(format!("the HA lease_ttl {:?} is not a whole number of seconds >= 1", self.lease_ttl));
+        }
+        Ok(())
     }
 }
 

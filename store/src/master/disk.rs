@@ -135,6 +135,7 @@ impl Master {
         let name = disk_segment_name(disk_id);
         let now = Instant::now();
         let mut st = self.state.lock();
+        self.fence.check(now)?;
         if let Some(&id) = st.segment_by_name.get(&name) {
             let seg = &st.segments[&id];
             if seg.client_id == client_id && seg.disk_service == disk_service {
@@ -188,6 +189,7 @@ impl Master {
         restore: bool,
     ) -> Result<Vec<Result<()>>> {
         let mut st = self.state.lock();
+        self.fence.check(Instant::now())?;
         let disk_name = match st.segments.get(&segment_id) {
             Some(s) if s.client_id == client_id && s.tier == Tier::Ssd => s.name.clone(),
             Some(_) => {
@@ -336,6 +338,7 @@ impl Master {
             forgotten += usize::from(gone.is_some());
             merged += usize::from(changed);
         }
+        self.flush_news(&mut st);
         if merged > 0 {
             st.held_generation += 1;
             tracing::info!("{merged} disk removal(s) handed back by a client queued again");
@@ -409,13 +412,11 @@ impl Master {
         if !has_disk {
             return Self::remove_object(st, key);
         }
-        let replicas = std::mem::take(&mut st.objects.get_mut(key)?.replicas);
+        let obj = st.objects.get_mut(key)?;
+        let (version, replicas) = (obj.version, std::mem::take(&mut obj.replicas));
         let mut freed = 0;
         for r in replicas {
-            if let Some(seg) = st.segments.get_mut(&r.segment_id) {
-                freed += r.block.reserved;
-                seg.alloc.release(r.block);
-            }
+            freed += Self::free_replica(st, key, version, r.segment_id, r.block, r.news.is_some());
         }
         Self::tell_disks_memory_is_gone(st, key);
         Some(freed)
@@ -509,6 +510,9 @@ impl Master {
     /// The Prometheus exposition, with the disk tier's gauges brought up to date.
     pub fn render_metrics(&self) -> String {
         self.metrics.set_disk(&self.disk_totals(), &self.disk_counters());
+        let (role, term, _) = self.role_view();
+        self.metrics.is_leader.set(i64::from(role == "single" || role == "leader"));
+        self.metrics.term.set(term as i64);
         self.metrics.render()
     }
 

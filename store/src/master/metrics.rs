@@ -44,6 +44,10 @@ pub struct Metrics {
     pub disk_removals_pending: IntGauge,
     /// What each disk's client reported (label `disk`, `counter`): its counters since it started.
     pub disk_client: IntGaugeVec,
+    // high availability (see [`crate::master::ha`])
+    pub elections: IntCounter,
+    pub is_leader: IntGauge,
+    pub term: IntGauge,
     /// The same (and more) under Mooncake's names, for upstream's dashboard.
     pub mooncake: MooncakeMetrics,
 }
@@ -80,6 +84,9 @@ impl Metrics {
             segments: gauge("segments", "Mounted segments")?,
             clients: gauge("clients", "Live clients")?,
             puts: counter("puts_total", "Puts started")?,
+            elections: counter("elections_total", "Times this master was elected leader (HA)")?,
+            is_leader: gauge("is_leader", "1 while this master may serve (the leader, or the only master), else 0")?,
+            term: gauge("term", "This master's term (HA: the revision of its leadership; else a random id)")?,
             gets: counter("gets_total", "Replica lists served")?,
             evictions: counter("evictions_total", "Objects evicted")?,
             evicted_bytes: counter("evicted_bytes_total", "Bytes freed by eviction")?,

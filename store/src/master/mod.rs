@@ -12,17 +12,22 @@ pub mod config;
 pub mod conn_limit;
 mod disk;
 pub mod events;
+pub mod fence;
+pub mod ha;
 pub mod metrics;
 pub mod mooncake_metrics;
+pub mod owners;
 pub mod published;
 pub mod query;
 pub mod query_http;
+pub mod rebuild;
 mod removals_file;
 pub mod replicate;
 pub mod server;
 pub mod service;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +66,9 @@ struct Segment {
 struct Replica {
     segment_id: u64,
     block: Block,
+    /// The seq of the commit news its owner was sent ([`owners`]; 0: the owner reported it):
+    /// from then on its range is freed only once the owner acknowledged a drop.
+    news: Option<u64>,
 }
 
 struct Object {
@@ -139,6 +147,35 @@ struct State {
     /// Changes whenever `disk_removals` does: clients with a disk keep a copy of the set
     /// ([`disk`]), sent again when their copy is older.
     held_generation: u64,
+    /// Memory segment id → the news link to its owner ([`owners`]).
+    owners: HashMap<u64, owners::OwnerLink>,
+    /// Links with news queued by the operation in progress.
+    dirty_links: Vec<u64>,
+    next_stream: u64,
+    /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
+    instant_acks: bool,
+}
+
+impl State {
+    fn fresh(first_version: u64) -> State {
+        State {
+            next_segment: 1,
+            next_version: first_version,
+            version_floor: first_version,
+            held_generation: 1,
+            max_pending_removals: disk::MAX_PENDING_REMOVALS,
+            instant_acks: cfg!(test),
+            ..State::default()
+        }
+    }
+}
+
+/// A put being committed ([`Master::put_end_begin`]): what its answer waits for.
+#[derive(Debug)]
+pub struct Commit {
+    pub key: String,
+    pub version: u64,
+    pub wait: owners::AckWait,
 }
 
 /// A get's answer: the replicas to read from, under a lease.
@@ -188,10 +225,12 @@ pub struct SegmentView {
 }
 
 /// What a ping learns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PingOutcome {
     Ok,
     NeedRemount,
+    /// A standby or a deposed leader: the reason, naming the leader when known.
+    NotLeader(String),
 }
 
 pub struct Master {
@@ -201,6 +240,12 @@ pub struct Master {
     events: events::Events,
     /// The state directory's record of removals waiting for absent disks, if configured.
     removals_file: Option<removals_file::RemovalsFile>,
+    /// Whether this master may change its state now ([`fence`]).
+    fence: fence::Fence,
+    /// This master's term: a random id per run, or (HA) the revision of its leadership.
+    term: AtomicU64,
+    /// Signalled when quarantined ranges come back ([`owners`]).
+    space_freed: tokio::sync::Notify,
 }
 
 pub(crate) fn check_key(key: &str) -> Result<()> {
@@ -212,22 +257,23 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 
 impl Master {
     pub fn new(config: MasterConfig) -> Result<Arc<Master>> {
+        Self::with_role(config, fence::Role::Single)
+    }
+
+    /// A master starting as `role` (HA: a standby until elected).
+    pub fn with_role(config: MasterConfig, role: fence::Role) -> Result<Arc<Master>> {
         config.validate()?;
         let removals_file = config.state_dir.as_deref().map(removals_file::RemovalsFile::open).transpose()?;
         let first_version = disk::first_version();
         let master = Arc::new(Master {
             config: config.clone(),
-            state: Mutex::new(State {
-                next_segment: 1,
-                next_version: first_version,
-                version_floor: first_version,
-                held_generation: 1,
-                max_pending_removals: disk::MAX_PENDING_REMOVALS,
-                ..State::default()
-            }),
+            state: Mutex::new(State::fresh(first_version)),
             metrics: Metrics::new()?,
             events: events::Events::new(config.event_buffer),
             removals_file,
+            fence: fence::Fence::new(role),
+            term: AtomicU64::new((rand::random::<u64>() >> 1).max(1)),
+            space_freed: tokio::sync::Notify::new(),
         });
         master.load_saved_removals()?;
         Ok(master)
@@ -237,6 +283,48 @@ impl Master {
         &self.config
     }
 
+    /// This master's term (see [`fence`] and [`owners`]).
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::Acquire)
+    }
+
+    pub fn fence(&self) -> &fence::Fence {
+        &self.fence
+    }
+
+    /// What this master is, for operators: ("single" | "leader" | "standby", term, leader).
+    pub fn role_view(&self) -> (&'static str, u64, Option<String>) {
+        match self.fence.role() {
+            fence::Role::Single => ("single", self.term(), None),
+            fence::Role::Leader { term, .. } if self.fence.leads(Instant::now()) => ("leader", term, None),
+            fence::Role::Leader { term, .. } => ("deposed", term, None),
+            fence::Role::Standby { leader } => ("standby", 0, leader),
+        }
+    }
+
+    /// Became the HA leader of `term`: starts from an empty state (the owners' reports rebuild
+    /// it), writable until `deadline`.
+    pub fn become_leader(&self, term: u64, deadline: Instant) {
+        let mut st = self.state.lock();
+        *st = State::fresh(disk::first_version());
+        self.term.store(term, Ordering::Release);
+        self.fence.lead(term, deadline);
+        drop(st);
+        if let Err(e) = self.load_saved_removals() {
+            tracing::warn!("loading the saved disk removals: {e}");
+        }
+        self.update_gauges();
+    }
+
+    /// Stopped leading: forgets everything (a later leadership rebuilds from reports).
+    pub fn step_down(&self, leader: Option<String>) {
+        let mut st = self.state.lock();
+        self.fence.stand_by(leader);
+        *st = State::fresh(disk::first_version());
+        drop(st);
+        self.update_gauges();
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -244,6 +332,31 @@ impl Master {
     // ---- segments and clients ----
 
     pub fn mount_segment(&self, client_id: &str, info: &SegmentInfo, host: &str) -> Result<u64> {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        self.fence.check(now)?;
+        if let Some(&id) = st.segment_by_name.get(&info.name) {
+            let seg = &st.segments[&id];
+            if seg.client_id == client_id && seg.base == info.base && seg.alloc.capacity() <= info.size {
+                return Ok(id); // the same mount again
+            }
+            return Err(StoreError::SegmentExists(info.name.clone()));
+        }
+        let id = self.mount_locked(&mut st, client_id, info, host, now)?;
+        drop(st);
+        self.update_gauges();
+        Ok(id)
+    }
+
+    /// Mounts a memory segment whose name is free; opens its owner link.
+    fn mount_locked(
+        &self,
+        st: &mut State,
+        client_id: &str,
+        info: &SegmentInfo,
+        host: &str,
+        now: Instant,
+    ) -> Result<u64> {
         if client_id.is_empty() || info.name.is_empty() {
             return Err(StoreError::InvalidArgument("mount needs a client id and a segment name".into()));
         }
@@ -256,13 +369,7 @@ impl Master {
                 info.size, info.base
             )));
         }
-        let now = Instant::now();
-        let mut st = self.state.lock();
-        if let Some(&id) = st.segment_by_name.get(&info.name) {
-            let seg = &st.segments[&id];
-            if seg.client_id == client_id && seg.base == info.base && seg.alloc.capacity() <= info.size {
-                return Ok(id); // the same mount again
-            }
+        if st.segment_by_name.contains_key(&info.name) {
             return Err(StoreError::SegmentExists(info.name.clone()));
         }
         let id = st.next_segment;
@@ -287,9 +394,10 @@ impl Master {
             .or_insert_with(|| Client { last_ping: now, segments: HashSet::new(), held_sent: 0, held_sent_at: None })
             .segments
             .insert(id);
+        if tier != Tier::Ssd {
+            Self::open_link(st, id, client_id);
+        }
         tracing::info!("client {client_id} mounted segment {} ({} bytes, {host}) as {id}", info.name, info.size);
-        drop(st);
-        self.update_gauges();
         Ok(id)
     }
 
@@ -297,6 +405,7 @@ impl Master {
     pub fn remount_segment(&self, client_id: &str, info: &SegmentInfo, host: &str) -> Result<u64> {
         {
             let mut st = self.state.lock();
+            self.fence.check(Instant::now())?;
             if let Some(&id) = st.segment_by_name.get(&info.name) {
                 if st.segments[&id].client_id == client_id {
                     self.emit_segment_gone(&st, id);
@@ -309,6 +418,7 @@ impl Master {
 
     pub fn unmount_segment(&self, client_id: &str, segment_id: u64) -> Result<()> {
         let mut st = self.state.lock();
+        self.fence.check(Instant::now())?;
         match st.segments.get(&segment_id) {
             Some(s) if s.client_id == client_id => {}
             Some(_) => {
@@ -335,6 +445,9 @@ impl Master {
         if let Some(c) = st.clients.get_mut(&seg.client_id) {
             c.segments.remove(&segment_id);
         }
+        // Its quarantine goes with it: the owner is gone or gave the memory up.
+        st.owners.remove(&segment_id);
+        st.dirty_links.retain(|s| *s != segment_id);
         st.disk_only_news.remove(&segment_id);
         let mut gone = Vec::new();
         let mut disk_only = Vec::new();
@@ -359,6 +472,12 @@ impl Master {
 
     pub fn ping(&self, client_id: &str) -> PingOutcome {
         let mut st = self.state.lock();
+        if let Err(e) = self.fence.check(Instant::now()) {
+            return PingOutcome::NotLeader(e.to_string());
+        }
+        if Self::link_broken(&st, client_id) {
+            return PingOutcome::NeedRemount;
+        }
         match st.clients.get_mut(client_id) {
             Some(c) => {
                 c.last_ping = Instant::now();
@@ -408,6 +527,7 @@ impl Master {
             return Err(StoreError::InvalidArgument(format!("replica_num {replicas} exceeds {MAX_REPLICAS}")));
         }
         let mut st = self.state.lock();
+        self.fence.check(now)?;
         if st.objects.contains_key(key) {
             return Err(StoreError::AlreadyExists(key.to_string()));
         }
@@ -422,8 +542,10 @@ impl Master {
         let blocks = match self.allocate(&mut st, size, replicas, opts) {
             Some(b) => b,
             None => {
-                // No room: evict, then try once more.
+                // No room: evict, then try once more (evicted ranges in quarantine come back
+                // when their owners acknowledge: the service tries again then).
                 let freed = self.evict(&mut st, now, size * replicas as u64);
+                self.flush_news(&mut st);
                 tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
                 self.allocate(&mut st, size, replicas, opts).ok_or_else(|| StoreError::NoSpace {
                     size,
@@ -449,7 +571,7 @@ impl Master {
         let object = Object {
             size,
             version,
-            replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block }).collect(),
+            replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block, news: None }).collect(),
             ssd: Vec::new(),
             offload_disk,
             complete: false,
@@ -468,6 +590,7 @@ impl Master {
         if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
             self.evict(&mut st, now, 0);
         }
+        self.flush_news(&mut st);
         Ok((descriptors, version))
     }
 
@@ -520,29 +643,114 @@ impl Master {
         Some(got)
     }
 
-    pub fn put_end(&self, client_id: &str, key: &str) -> Result<()> {
+    /// Starts committing a put: its replicas' owners are told; the commit completes with
+    /// [`Self::put_end_finish`] once they acknowledged (or the wait timed out).
+    pub fn put_end_begin(&self, client_id: &str, key: &str) -> Result<Commit> {
         check_key(key)?;
+        let now = Instant::now();
         let mut st = self.state.lock();
-        let obj = st.objects.get_mut(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        self.fence.check(now)?;
+        let known = st.clients.contains_key(client_id);
+        let Some(obj) = st.objects.get_mut(key) else {
+            return Err(if known {
+                StoreError::NotFound(key.to_string())
+            } else {
+                StoreError::MasterChanged(format!("this master does not know the put of {key:?} nor its writer"))
+            });
+        };
         if obj.writer != client_id && !obj.complete {
             return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")));
         }
-        let newly = !obj.complete;
+        let version = obj.version;
+        if obj.complete {
+            return Ok(Commit { key: key.to_string(), version, wait: owners::AckWait::default() });
+        }
+        let (size, pins) = (obj.size, Self::pins_of(obj));
+        let fresh: Vec<(usize, u64, Block)> = obj
+            .replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.news.is_none())
+            .map(|(i, r)| (i, r.segment_id, r.block))
+            .collect();
+        let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
+        for (i, segment_id, block) in fresh {
+            let what = owners::Announced { key, version, size, pins };
+            let seq = Self::queue_commit(&mut st, segment_id, block, &what, now);
+            st.objects.get_mut(key).expect("looked up above").replicas[i].news = seq;
+        }
+        self.flush_news(&mut st);
+        let wait = Self::waits(&st, segments);
+        Ok(Commit { key: key.to_string(), version, wait })
+    }
+
+    /// Ends a commit begun by [`Self::put_end_begin`]: the replicas whose owners acknowledged
+    /// become visible; the others are dropped; with none left the put fails.
+    pub fn put_end_finish(&self, commit: &Commit) -> Result<()> {
+        let key = commit.key.as_str();
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        self.fence.check(now)?;
+        let obj = match st.objects.get(key) {
+            Some(o) if o.version == commit.version => o,
+            _ => return Err(StoreError::NotFound(key.to_string())), // revoked or reclaimed meanwhile
+        };
+        if obj.complete {
+            return Ok(());
+        }
+        let acked: Vec<bool> =
+            obj.replicas.iter().map(|r| r.news.is_some_and(|seq| Self::is_acked(&st, r.segment_id, seq))).collect();
+        if !acked.iter().any(|a| *a) {
+            Self::remove_object(&mut st, key);
+            self.flush_news(&mut st);
+            drop(st);
+            self.update_gauges();
+            tracing::warn!("put of {key:?} failed: no owner of its replicas acknowledged the commit");
+            return Err(StoreError::OwnersUnreachable(key.to_string()));
+        }
+        let obj = st.objects.get_mut(key).expect("looked up above");
+        let (version, all) = (obj.version, std::mem::take(&mut obj.replicas));
+        let mut lost = Vec::new();
+        for (r, ok) in all.into_iter().zip(acked) {
+            if ok {
+                st.objects.get_mut(key).expect("looked up above").replicas.push(r);
+            } else {
+                lost.push(r);
+            }
+        }
+        for r in lost {
+            tracing::warn!(
+                "put of {key:?}: the owner of segment {} did not acknowledge; replica dropped",
+                r.segment_id
+            );
+            Self::free_replica(&mut st, key, version, r.segment_id, r.block, r.news.is_some());
+        }
+        let obj = st.objects.get_mut(key).expect("looked up above");
         obj.complete = true;
-        obj.last_access = Instant::now();
-        if newly && obj.offload_disk.is_some() {
-            obj.offload_held_until = Some(obj.last_access + OFFLOAD_HOLD);
+        obj.last_access = now;
+        if obj.offload_disk.is_some() {
+            obj.offload_held_until = Some(now + OFFLOAD_HOLD);
         }
-        if newly {
-            self.emit_object(&st, key, EventKind::Stored);
-        }
+        self.emit_object(&st, key, EventKind::Stored);
+        self.flush_news(&mut st);
         Ok(())
+    }
+
+    /// Commits a put at once (unit tests: owners acknowledge instantly there).
+    #[cfg(test)]
+    pub fn put_end(&self, client_id: &str, key: &str) -> Result<()> {
+        let commit = self.put_end_begin(client_id, key)?;
+        self.put_end_finish(&commit)
     }
 
     pub fn put_revoke(&self, client_id: &str, key: &str) -> Result<()> {
         check_key(key)?;
         let mut st = self.state.lock();
+        self.fence.check(Instant::now())?;
         match st.objects.get(key) {
+            None if !st.clients.contains_key(client_id) => {
+                return Err(StoreError::MasterChanged(format!("this master does not know the put of {key:?}")))
+            }
             None => return Err(StoreError::NotFound(key.to_string())),
             Some(o) if o.complete => {
                 return Err(StoreError::InvalidArgument(format!(
@@ -555,20 +763,20 @@ impl Master {
             Some(_) => {}
         }
         Self::remove_object(&mut st, key);
+        self.flush_news(&mut st);
         drop(st);
         self.update_gauges();
         Ok(())
     }
 
+    /// Removes an object; its replicas' owners are told (their ranges wait in quarantine).
+    /// Returns the bytes given up.
     fn remove_object(st: &mut State, key: &str) -> Option<u64> {
         let obj = st.objects.remove(key)?;
         Self::queue_disk_removals(st, key, &obj);
         let mut freed = 0;
         for r in obj.replicas {
-            if let Some(seg) = st.segments.get_mut(&r.segment_id) {
-                freed += r.block.reserved;
-                seg.alloc.release(r.block);
-            }
+            freed += Self::free_replica(st, key, obj.version, r.segment_id, r.block, r.news.is_some());
         }
         Some(freed)
     }
@@ -608,6 +816,7 @@ impl Master {
     fn get_replica_list_inner(&self, key: &str, now: Instant) -> Result<ReplicaList> {
         check_key(key)?;
         let mut st = self.state.lock();
+        self.fence.check(now)?;
         let obj = st.objects.get_mut(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete {
             return Err(StoreError::NotReady(key.to_string()));
@@ -636,7 +845,9 @@ impl Master {
     /// Whether a committed object exists. No lease, no change of eviction order.
     pub fn exists(&self, key: &str) -> Result<bool> {
         check_key(key)?;
-        Ok(self.state.lock().objects.get(key).is_some_and(|o| o.complete))
+        let st = self.state.lock();
+        self.fence.check(Instant::now())?;
+        Ok(st.objects.get(key).is_some_and(|o| o.complete))
     }
 
     pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
@@ -644,6 +855,7 @@ impl Master {
             check_key(k)?;
         }
         let st = self.state.lock();
+        self.fence.check(Instant::now())?;
         Ok(keys.iter().map(|k| st.objects.get(k).is_some_and(|o| o.complete)).collect())
     }
 
@@ -652,6 +864,7 @@ impl Master {
         check_key(key)?;
         let now = Instant::now();
         let st = self.state.lock();
+        self.fence.check(now)?;
         let Some(obj) = st.objects.get(key) else {
             return Ok(QueryKeyReply { exists: false, ..Default::default() });
         };
@@ -668,10 +881,14 @@ impl Master {
 
     // ---- removal ----
 
-    pub fn remove(&self, key: &str, force: bool) -> Result<()> {
+    /// Removes a committed object: invisible at once; the returned wait ends when its owners
+    /// acknowledged (the service answers then, so that a removed key cannot come back from an
+    /// owner's report).
+    pub fn remove(&self, key: &str, force: bool) -> Result<owners::AckWait> {
         check_key(key)?;
         let now = Instant::now();
         let mut st = self.state.lock();
+        self.fence.check(now)?;
         let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete {
             return Err(StoreError::NotReady(key.to_string()));
@@ -679,29 +896,33 @@ impl Master {
         if obj.leased(now) && !force {
             return Err(StoreError::Leased(key.to_string()));
         }
+        let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         self.emit_object(&st, key, EventKind::Removed);
         Self::remove_object(&mut st, key);
+        self.flush_news(&mut st);
+        let wait = Self::waits(&st, segments);
         drop(st);
         self.update_gauges();
-        Ok(())
+        Ok(wait)
     }
 
     /// Removes committed objects whose key matches `pattern`; returns (removed, skipped as leased).
-    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<(u64, u64)> {
+    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<((u64, u64), owners::AckWait)> {
         let re = regex::RegexBuilder::new(pattern)
             .size_limit(1 << 20)
             .build()
             .map_err(|e| StoreError::InvalidArgument(format!("bad regex {pattern:?}: {e}")))?;
-        Ok(self.remove_matching(|k| re.is_match(k), force))
+        self.remove_matching(|k| re.is_match(k), force)
     }
 
-    pub fn remove_all(&self, force: bool) -> (u64, u64) {
+    pub fn remove_all(&self, force: bool) -> Result<((u64, u64), owners::AckWait)> {
         self.remove_matching(|_| true, force)
     }
 
-    fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool) -> (u64, u64) {
+    fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool) -> Result<((u64, u64), owners::AckWait)> {
         let now = Instant::now();
         let mut st = self.state.lock();
+        self.fence.check(now)?;
         let (mut victims, mut skipped) = (Vec::new(), 0);
         for (k, o) in &st.objects {
             if o.complete && matches(k) {
@@ -712,13 +933,17 @@ impl Master {
                 }
             }
         }
+        let mut segments = HashSet::new();
         for k in &victims {
+            segments.extend(st.objects[k].replicas.iter().map(|r| r.segment_id));
             self.emit_object(&st, k, EventKind::Removed);
             Self::remove_object(&mut st, k);
         }
+        self.flush_news(&mut st);
+        let wait = Self::waits(&st, segments);
         drop(st);
         self.update_gauges();
-        (victims.len() as u64, skipped)
+        Ok(((victims.len() as u64, skipped), wait))
     }
 
     // ---- eviction, reclaim, liveness ----
@@ -762,6 +987,9 @@ impl Master {
 
     fn sweep_at(&self, now: Instant) {
         let mut st = self.state.lock();
+        if !self.fence.leads(now) {
+            return;
+        }
         let silent: Vec<String> = st
             .clients
             .iter()
@@ -809,6 +1037,7 @@ impl Master {
         if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
             self.evict(&mut st, now, 0);
         }
+        self.flush_news(&mut st);
         drop(st);
         self.update_gauges();
     }

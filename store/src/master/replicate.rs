@@ -35,6 +35,16 @@ pub(super) struct Pending {
     version: u64,
     targets: Vec<(u64, Block)>,
     started: Instant,
+    /// Once the end began: per target, the seq of the commit news its owner was sent.
+    news: Option<Vec<Option<u64>>>,
+}
+
+/// A replication being ended ([`Master::replicate_end_begin`]): what its answer waits for.
+#[derive(Debug)]
+pub struct ReplicationCommit {
+    pub key: String,
+    pub client: String,
+    pub wait: super::owners::AckWait,
 }
 
 /// What `ReplicateStart` hands the copying client.
@@ -73,6 +83,7 @@ impl Master {
         }
         let now = Instant::now();
         let mut st = self.state.lock();
+        self.fence.check(now)?;
         let st = &mut *st;
         let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete || st.replications.contains_key(key) {
@@ -140,39 +151,95 @@ impl Master {
                 })
             })
             .collect();
-        st.replications
-            .insert(key.to_string(), Pending { client: client_id.to_string(), version, targets, started: now });
+        st.replications.insert(
+            key.to_string(),
+            Pending { client: client_id.to_string(), version, targets, started: now, news: None },
+        );
         Ok(ReplicationPlan { size, version, sources, targets: target_descriptors })
     }
 
-    /// Commits the written new replicas (`done` segment ids), frees the rest; returns
-    /// (replicas added, replicas of the object now).
-    pub fn replicate_end(&self, client_id: &str, key: &str, done: &[u64]) -> Result<(u32, u32)> {
+    /// Starts ending a replication: the owners of the written new replicas (`done` segment
+    /// ids) are told; [`Self::replicate_end_finish`] commits those acknowledged, frees the rest.
+    pub fn replicate_end_begin(&self, client_id: &str, key: &str, done: &[u64]) -> Result<ReplicationCommit> {
         check_key(key)?;
+        let now = Instant::now();
         let mut st = self.state.lock();
+        self.fence.check(now)?;
         let st = &mut *st;
-        let pending = match st.replications.remove(key) {
+        let pending = match st.replications.get(key) {
             None => {
                 return Err(StoreError::InvalidArgument(format!("no replication of {key:?} is in progress")));
             }
             Some(p) if p.client != client_id => {
-                st.replications.insert(key.to_string(), p);
                 return Err(StoreError::InvalidArgument(format!(
                     "the replication of {key:?} belongs to another client"
                 )));
             }
+            Some(p) if p.news.is_some() => {
+                return Err(StoreError::InvalidArgument(format!("the replication of {key:?} is ending already")));
+            }
             Some(p) => p,
+        };
+        let (version, targets) = (pending.version, pending.targets.clone());
+        let alive = st.objects.get(key).filter(|o| o.complete && o.version == version);
+        let Some(obj) = alive else {
+            let p = st.replications.remove(key).expect("looked up above");
+            for (id, block) in p.targets {
+                Self::free_replica(st, key, version, id, block, false);
+            }
+            return Err(StoreError::NotFound(key.to_string()));
+        };
+        let (size, pins) = (obj.size, Self::pins_of(obj));
+        let mut news = Vec::with_capacity(targets.len());
+        let mut told = Vec::new();
+        for (id, block) in targets {
+            let seq = if done.contains(&id) {
+                let what = super::owners::Announced { key, version, size, pins };
+                Self::queue_commit(st, id, block, &what, now)
+            } else {
+                None
+            };
+            if seq.is_some() {
+                told.push(id);
+            }
+            news.push(seq);
+        }
+        st.replications.get_mut(key).expect("looked up above").news = Some(news);
+        self.flush_news(st);
+        let wait = Self::waits(st, told);
+        Ok(ReplicationCommit { key: key.to_string(), client: client_id.to_string(), wait })
+    }
+
+    /// Ends a replication begun by [`Self::replicate_end_begin`]; returns (replicas added,
+    /// replicas of the object now). If the object was removed or put again meanwhile, every new
+    /// block goes and the call fails with `OBJECT_NOT_FOUND`.
+    pub fn replicate_end_finish(&self, c: &ReplicationCommit) -> Result<(u32, u32)> {
+        let key = c.key.as_str();
+        let mut st = self.state.lock();
+        self.fence.check(Instant::now())?;
+        let st = &mut *st;
+        let pending = match st.replications.remove(key) {
+            Some(p) if p.client == c.client && p.news.is_some() => p,
+            Some(p) => {
+                st.replications.insert(key.to_string(), p);
+                return Err(StoreError::InvalidArgument(format!("no ending replication of {key:?}")));
+            }
+            None => return Err(StoreError::NotFound(key.to_string())),
         };
         let alive = st.objects.get(key).is_some_and(|o| o.complete && o.version == pending.version);
         let mut added = Vec::new();
-        for (id, block) in pending.targets {
-            if alive && done.contains(&id) && st.segments.contains_key(&id) {
+        let news = pending.news.expect("checked above");
+        for ((id, block), seq) in pending.targets.into_iter().zip(news) {
+            let acked = seq.is_some_and(|s| Self::is_acked(st, id, s));
+            if alive && acked {
                 added.push(id);
-                st.objects.get_mut(key).expect("alive").replicas.push(Replica { segment_id: id, block });
-            } else if let Some(seg) = st.segments.get_mut(&id) {
-                seg.alloc.release(block);
+                let replica = Replica { segment_id: id, block, news: seq };
+                st.objects.get_mut(key).expect("alive").replicas.push(replica);
+            } else {
+                Self::free_replica(st, key, pending.version, id, block, seq.is_some());
             }
         }
+        self.flush_news(st);
         if !alive {
             return Err(StoreError::NotFound(key.to_string()));
         }
@@ -185,6 +252,13 @@ impl Master {
         Ok((added.len() as u32, obj.replicas.len() as u32))
     }
 
+    /// Ends a replication at once (unit tests: owners acknowledge instantly there).
+    #[cfg(test)]
+    pub fn replicate_end(&self, client_id: &str, key: &str, done: &[u64]) -> Result<(u32, u32)> {
+        let c = self.replicate_end_begin(client_id, key, done)?;
+        self.replicate_end_finish(&c)
+    }
+
     /// Frees the blocks of replications not ended within `put_timeout`.
     pub(super) fn reclaim_replications(&self, st: &mut State, now: Instant) {
         let stale: Vec<String> = st
@@ -195,10 +269,9 @@ impl Master {
             .collect();
         for key in stale {
             let p = st.replications.remove(&key).expect("listed above");
-            for (id, block) in p.targets {
-                if let Some(seg) = st.segments.get_mut(&id) {
-                    seg.alloc.release(block);
-                }
+            let news = p.news.unwrap_or_else(|| vec![None; p.targets.len()]);
+            for ((id, block), seq) in p.targets.into_iter().zip(news) {
+                Self::free_replica(st, &key, p.version, id, block, seq.is_some());
             }
             tracing::warn!("replication of {key:?} by {} never ended: reclaimed", p.client);
         }

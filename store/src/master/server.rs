@@ -10,6 +10,8 @@ use crescent_engine::metadata::server::MetadataServer;
 
 use crate::error::{Result, StoreError};
 use crate::master::conn_limit;
+use crate::master::fence::Role;
+use crate::master::ha::HaSettings;
 use crate::master::service::MasterService;
 use crate::master::{admin, Master, MasterConfig};
 
@@ -85,7 +87,8 @@ impl Drop for MasterHandle {
 
 /// Starts a master with `config`; returns once both listeners are bound.
 pub fn start(config: MasterConfig) -> Result<MasterHandle> {
-    let master = Master::new(config.clone())?;
+    let role = if config.ha.enabled { Role::Standby { leader: None } } else { Role::Single };
+    let master = Master::with_role(config.clone(), role)?;
     master.start_sweeper();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.rpc_threads)
@@ -118,12 +121,32 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     };
     let nodelay = config.rpc_tcp_nodelay;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let ha = if config.ha.enabled {
+        let advertise = if config.ha.advertise_address.is_empty() {
+            let ip = if rpc_addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { rpc_addr.ip().to_string() };
+            format!("{ip}:{}", rpc_addr.port())
+        } else {
+            config.ha.advertise_address.clone()
+        };
+        Some(HaSettings {
+            endpoints: crate::leader::endpoints(&config.ha.connstring)?,
+            cluster_id: config.cluster_id.clone(),
+            advertise,
+            lease_ttl: config.ha.lease_ttl,
+        })
+    } else {
+        None
+    };
+    let elections = master.clone();
     let service = MasterService::new(master.clone());
     let admin_router = admin::router(master.clone());
     let thread = std::thread::Builder::new()
         .name("crescent-master-rt".into())
         .spawn(move || {
             runtime.block_on(async move {
+                if let Some(ha) = ha {
+                    tokio::spawn(crate::master::ha::run(elections, ha));
+                }
                 let rpc = tokio::net::TcpListener::from_std(rpc).expect("registering the rpc listener");
                 // Replies of batch calls span several segments: without TCP_NODELAY they would
                 // wait on the client's delayed ACK (40 ms per call).

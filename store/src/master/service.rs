@@ -55,10 +55,27 @@ impl MasterService {
     ) -> Result<Response<T>, tonic::Status> {
         let start = Instant::now();
         let out = f(&self.master);
+        Ok(self.observed_n(method, asked, start, out))
+    }
+
+    /// Counts and times a request of `asked` items that began at `start`.
+    fn observed_n<T: Outcome>(&self, method: &str, asked: usize, start: Instant, out: T) -> Response<T> {
         let metrics = self.master.metrics();
         metrics.rpc_latency.with_label_values(&[method]).observe(start.elapsed().as_secs_f64());
         metrics.mooncake.record(method, asked, out.failed(asked));
-        Ok(Response::new(out))
+        Response::new(out)
+    }
+
+    fn observed<T: Outcome>(&self, method: &str, start: Instant, out: T) -> Response<T> {
+        self.observed_n(method, 1, start, out)
+    }
+
+    /// Commits a put once its owners acknowledged (or the wait ran out).
+    async fn commit(&self, client: &str, key: &str) -> Result<(), StoreError> {
+        let m = &self.master;
+        let mut commit = m.put_end_begin(client, key)?;
+        commit.wait.wait(m.config().owner_ack_timeout).await;
+        m.put_end_finish(&commit)
     }
 
     #[allow(clippy::result_large_err)] // tonic's handler signature
@@ -103,6 +120,7 @@ single_outcome!(
     PrefixQueryReply,
     NodeStatsReply,
     PublishReply,
+    RemountWithReportReply,
 );
 
 impl Outcome for BatchPutStartReply {
@@ -161,13 +179,6 @@ fn status_of(m: &Master, r: &Result<(), StoreError>) -> Option<Status> {
     }
 }
 
-fn put_start_reply(m: &Master, client: &str, key: &str, size: u64, opts: &PutOptions) -> PutStartReply {
-    match m.put_start(client, key, size, opts) {
-        Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
-        Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
-    }
-}
-
 fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
     let got = m.get_replica_list(key);
     let served = got.as_ref().ok().filter(|l| !l.replicas.is_empty()).map(|l| {
@@ -197,8 +208,8 @@ impl MasterRpc for MasterService {
         self.timed("MountSegment", |m| {
             let seg = r.segment.unwrap_or_default();
             match m.mount_segment(&r.client_id, &seg, &r.host) {
-                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id, term: m.term() },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0, term: m.term() },
             }
         })
     }
@@ -211,8 +222,8 @@ impl MasterRpc for MasterService {
         self.timed("RemountSegment", |m| {
             let seg = r.segment.unwrap_or_default();
             match m.remount_segment(&r.client_id, &seg, &r.host) {
-                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id, term: m.term() },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0, term: m.term() },
             }
         })
     }
@@ -228,13 +239,24 @@ impl MasterRpc for MasterService {
     }
 
     async fn put_start(&self, req: Request<PutStartRequest>) -> Result<Response<PutStartReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
-        self.timed("PutStart", |m| put_start_reply(m, &r.client_id, &r.key, r.size, &r.options.unwrap_or_default()))
+        let m = &self.master;
+        let opts = r.options.unwrap_or_default();
+        // Space freed by eviction waits for its owners' acknowledgements (see owners.rs).
+        let placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, &r.key, r.size, &opts)).await;
+        let reply = match placed {
+            Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
+            Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
+        };
+        Ok(self.observed("PutStart", start, reply))
     }
 
     async fn put_end(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
-        self.timed("PutEnd", |m| StatusReply { status: status_of(m, &m.put_end(&r.client_id, &r.key)) })
+        let done = self.commit(&r.client_id, &r.key).await;
+        Ok(self.observed("PutEnd", start, StatusReply { status: status_of(&self.master, &done) }))
     }
 
     async fn put_revoke(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
@@ -246,28 +268,50 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<BatchPutStartRequest>,
     ) -> Result<Response<BatchPutStartReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
         check_batch(r.keys.len())?;
-        self.timed_n("BatchPutStart", r.keys.len(), |m| {
-            if r.keys.len() != r.sizes.len() {
-                let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
-                return BatchPutStartReply {
-                    items: vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)],
-                };
+        let m = &self.master;
+        if r.keys.len() != r.sizes.len() {
+            let e = StoreError::InvalidArgument(format!("{} keys but {} sizes", r.keys.len(), r.sizes.len()));
+            let items = vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)];
+            return Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }));
+        }
+        let opts = r.options.unwrap_or_default();
+        let mut items = Vec::with_capacity(r.keys.len());
+        for (k, s) in r.keys.iter().zip(&r.sizes) {
+            let mut placed = m.put_start(&r.client_id, k, *s, &opts);
+            // Refused for room while evicted ranges wait in quarantine: again once released.
+            if matches!(placed, Err(StoreError::NoSpace { .. })) && m.quarantined_bytes() > 0 {
+                placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, k, *s, &opts)).await;
             }
-            let opts = r.options.unwrap_or_default();
-            let items =
-                r.keys.iter().zip(&r.sizes).map(|(k, s)| put_start_reply(m, &r.client_id, k, *s, &opts)).collect();
-            BatchPutStartReply { items }
-        })
+            items.push(match placed {
+                Ok((replicas, version)) => PutStartReply { status: ok(), replicas, version },
+                Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
+            });
+        }
+        Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }))
     }
 
     async fn batch_put_end(&self, req: Request<BatchKeyRequest>) -> Result<Response<BatchStatusReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
         check_batch(r.keys.len())?;
-        self.timed_n("BatchPutEnd", r.keys.len(), |m| BatchStatusReply {
-            statuses: r.keys.iter().map(|k| status_of(m, &m.put_end(&r.client_id, k)).expect("some")).collect(),
-        })
+        let m = &self.master;
+        // Every key's owners are told at once; one wait for all their acknowledgements.
+        let begun: Vec<_> = r.keys.iter().map(|k| m.put_end_begin(&r.client_id, k)).collect();
+        let mut wait = crate::master::owners::AckWait::default();
+        let mut commits = Vec::with_capacity(begun.len());
+        for b in begun {
+            commits.push(b.map(|mut c| {
+                wait.merge(std::mem::take(&mut c.wait));
+                c
+            }));
+        }
+        wait.wait(m.config().owner_ack_timeout).await;
+        let statuses =
+            commits.into_iter().map(|c| status_of(m, &c.and_then(|c| m.put_end_finish(&c))).expect("some")).collect();
+        Ok(self.observed_n("BatchPutEnd", r.keys.len(), start, BatchStatusReply { statuses }))
     }
 
     async fn batch_put_revoke(
@@ -323,32 +367,43 @@ impl MasterRpc for MasterService {
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
-        self.timed("Remove", |m| StatusReply { status: status_of(m, &m.remove(&r.key, r.force)) })
+        let m = &self.master;
+        // Answered once the owners acknowledged (or the wait ran out): see owners.rs.
+        let removed = match m.remove(&r.key, r.force) {
+            Ok(mut wait) => {
+                wait.wait(m.config().owner_ack_timeout).await;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        Ok(self.observed("Remove", start, StatusReply { status: status_of(m, &removed) }))
     }
 
     async fn remove_by_regex(
         &self,
         req: Request<RemoveByRegexRequest>,
     ) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
-        self.timed("RemoveByRegex", |m| match m.remove_by_regex(&r.pattern, r.force) {
-            Ok((removed, skipped_leased)) => RemoveByRegexReply { status: ok(), removed, skipped_leased },
-            Err(e) => RemoveByRegexReply { status: status(m, &e), ..Default::default() },
-        })
+        let reply = self.removed_reply(self.master.remove_by_regex(&r.pattern, r.force)).await;
+        Ok(self.observed("RemoveByRegex", start, reply))
     }
 
     async fn remove_all(&self, req: Request<RemoveAllRequest>) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
-        self.timed("RemoveAll", |m| {
-            let (removed, skipped_leased) = m.remove_all(r.force);
-            RemoveByRegexReply { status: ok(), removed, skipped_leased }
-        })
+        let reply = self.removed_reply(self.master.remove_all(r.force)).await;
+        Ok(self.observed("RemoveAll", start, reply))
     }
 
     async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, tonic::Status> {
         let r = req.into_inner();
         self.timed("Ping", |m| match m.ping(&r.client_id) {
+            PingOutcome::NotLeader(why) => {
+                PingReply { status: status(m, &StoreError::NotLeader(why)), term: m.term(), ..Default::default() }
+            }
             PingOutcome::Ok => {
                 if let Some(d) = &r.disk {
                     m.record_disk_counters(&r.client_id, d);
@@ -361,9 +416,12 @@ impl MasterRpc for MasterService {
                     held_generation,
                     held_removals,
                     disk_only: m.disk_only_news_for(&r.client_id),
+                    term: m.term(),
                 }
             }
-            PingOutcome::NeedRemount => PingReply { status: status(m, &StoreError::NeedRemount), ..Default::default() },
+            PingOutcome::NeedRemount => {
+                PingReply { status: status(m, &StoreError::NeedRemount), term: m.term(), ..Default::default() }
+            }
         })
     }
 
@@ -372,8 +430,8 @@ impl MasterRpc for MasterService {
         self.timed("MountDisk", |m| {
             m.merge_held_removals(&r.held_removals);
             match m.mount_disk(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
-                Ok(id) => MountSegmentReply { status: ok(), segment_id: id },
-                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0 },
+                Ok(id) => MountSegmentReply { status: ok(), segment_id: id, term: m.term() },
+                Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0, term: m.term() },
             }
         })
     }
@@ -453,11 +511,21 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<ReplicateEndRequest>,
     ) -> Result<Response<ReplicateEndReply>, tonic::Status> {
+        let start = Instant::now();
         let r = req.into_inner();
-        self.timed("ReplicateEnd", |m| match m.replicate_end(&r.client_id, &r.key, &r.done_segments) {
+        let m = &self.master;
+        let ended = match m.replicate_end_begin(&r.client_id, &r.key, &r.done_segments) {
+            Ok(mut c) => {
+                c.wait.wait(m.config().owner_ack_timeout).await;
+                m.replicate_end_finish(&c)
+            }
+            Err(e) => Err(e),
+        };
+        let reply = match ended {
             Ok((added, replicas)) => ReplicateEndReply { status: ok(), added, replicas },
             Err(e) => ReplicateEndReply { status: status(m, &e), ..Default::default() },
-        })
+        };
+        Ok(self.observed("ReplicateEnd", start, reply))
     }
 
     async fn take_replication_tasks(
@@ -483,7 +551,77 @@ impl MasterRpc for MasterService {
         });
         Ok(Response::new(Box::pin(stream)))
     }
+
+    type OwnerStreamStream = NewsStream;
+
+    async fn owner_stream(
+        &self,
+        req: Request<tonic::Streaming<OwnerAck>>,
+    ) -> Result<Response<NewsStream>, tonic::Status> {
+        let mut acks = req.into_inner();
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, acks.message())
+            .await
+            .map_err(|_| tonic::Status::deadline_exceeded("no hello on the owner stream"))??
+            .ok_or_else(|| tonic::Status::invalid_argument("the owner stream closed before its hello"))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let m = self.master.clone();
+        let (client, term, segment) = (hello.client_id.clone(), hello.term, hello.segment_id);
+        let id = m.attach_owner(&client, term, segment, hello.acked, tx).map_err(|e| {
+            m.metrics().error(&e);
+            tonic::Status::failed_precondition(format!("{}: {e}", e.code().as_str_name()))
+        })?;
+        tokio::spawn(async move {
+            while let Ok(Some(ack)) = acks.message().await {
+                m.owner_ack(&client, ack.term, ack.segment_id, ack.acked);
+            }
+            m.detach_owner(segment, id);
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok))))
+    }
+
+    async fn remount_with_report(
+        &self,
+        req: Request<RemountWithReportRequest>,
+    ) -> Result<Response<RemountWithReportReply>, tonic::Status> {
+        let r = req.into_inner();
+        self.timed("RemountWithReport", |m| {
+            let seg = r.segment.unwrap_or_default();
+            match m.remount_with_report(&r.client_id, &seg, &r.host, &r.objects) {
+                Ok(b) => RemountWithReportReply {
+                    status: ok(),
+                    segment_id: b.segment_id,
+                    term: m.term(),
+                    reinstated: b.reinstated,
+                    refused: b.refused,
+                },
+                Err(e) => RemountWithReportReply { status: status(m, &e), term: m.term(), ..Default::default() },
+            }
+        })
+    }
 }
+
+impl MasterService {
+    /// The answer to a removal by pattern, once the owners acknowledged.
+    async fn removed_reply(
+        &self,
+        r: Result<((u64, u64), crate::master::owners::AckWait), StoreError>,
+    ) -> RemoveByRegexReply {
+        let m = &self.master;
+        match r {
+            Ok(((removed, skipped_leased), mut wait)) => {
+                wait.wait(m.config().owner_ack_timeout).await;
+                RemoveByRegexReply { status: ok(), removed, skipped_leased }
+            }
+            Err(e) => RemoveByRegexReply { status: status(m, &e), ..Default::default() },
+        }
+    }
+}
+
+/// How long a new owner stream may take to say who it is.
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An owner's news stream.
+pub type NewsStream = std::pin::Pin<Box<dyn Stream<Item = Result<OwnerNews, tonic::Status>> + Send>>;
 
 /// A subscriber's event stream.
 pub type EventStream = std::pin::Pin<Box<dyn Stream<Item = Result<EventMessage, tonic::Status>> + Send>>;

@@ -91,7 +91,7 @@ fn a_lease_blocks_removal_unless_forced() {
     m.get_replica_list("k").unwrap();
     assert!(m.query("k").unwrap().lease_remaining_ms > 0);
     assert!(matches!(m.remove("k", false), Err(StoreError::Leased(_))));
-    assert_eq!(m.remove_by_regex("^k$", false).unwrap(), (0, 1));
+    assert_eq!(m.remove_by_regex("^k$", false).unwrap().0, (0, 1));
     m.remove("k", true).unwrap();
     assert!(!m.exists("k").unwrap());
 }

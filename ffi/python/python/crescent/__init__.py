@@ -25,8 +25,8 @@ from crescent._crescent import (
     SEGMENT_NOT_FOUND,
     TRANSFER_FAIL,
     UNAVAILABLE_IN_CURRENT_STATUS,
-    MooncakeDistributedStore,
     ReplicateConfig,
+    SoftPinAction,
     TransferEngine,
     __version__,
     last_error,
@@ -34,6 +34,7 @@ from crescent._crescent import (
 )
 
 from crescent import engine, store  # noqa: E402  (submodules mirroring mooncake.store / mooncake.engine)
+from crescent.store import AsyncStore, MooncakeDistributedStore  # noqa: E402
 
 CrescentStore = MooncakeDistributedStore
 
@@ -54,9 +55,11 @@ __all__ = [
     "SEGMENT_NOT_FOUND",
     "TRANSFER_FAIL",
     "UNAVAILABLE_IN_CURRENT_STATUS",
+    "AsyncStore",
     "CrescentStore",
     "MooncakeDistributedStore",
     "ReplicateConfig",
+    "SoftPinAction",
     "TransferEngine",
     "__version__",
     "engine",

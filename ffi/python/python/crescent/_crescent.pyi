@@ -34,59 +34,160 @@ def last_error() -> str:
 def status_name(code: int) -> str:
     """Mooncake's name for a status code ("OBJECT_NOT_FOUND", ...) or "UNKNOWN"."""
 
+def _fail_invalid(message: str) -> int:
+    """Records ``message`` as this thread's last error; returns INVALID_PARAMS."""
+
+class SoftPinAction:
+    """What a put or upsert does to the object's soft pin (Mooncake's values)."""
+
+    PRESERVE: SoftPinAction
+    ENABLE: SoftPinAction
+    DISABLE: SoftPinAction
+    def __int__(self) -> int: ...
+
+class ObjectDataType:
+    """Mooncake's classification of a value (accepted, no effect on placement)."""
+
+    UNKNOWN: ObjectDataType
+    KVCACHE: ObjectDataType
+    TENSOR: ObjectDataType
+    WEIGHT: ObjectDataType
+    SAMPLE: ObjectDataType
+    ACTIVATION: ObjectDataType
+    GRADIENT: ObjectDataType
+    OPTIMIZER_STATE: ObjectDataType
+    METADATA: ObjectDataType
+    GENERAL: ObjectDataType
+    def __int__(self) -> int: ...
+
+class ReplicaStatus:
+    UNDEFINED: ReplicaStatus
+    INITIALIZED: ReplicaStatus
+    PROCESSING: ReplicaStatus
+    COMPLETE: ReplicaStatus
+    REMOVED: ReplicaStatus
+    FAILED: ReplicaStatus
+    def __int__(self) -> int: ...
+
+class Descriptor:
+    """Where a memory replica's bytes are."""
+
+    size: int
+    buffer_address: int
+    transport_endpoint: str
+    def __init__(self) -> None: ...
+
+class MemoryDescriptor:
+    buffer_descriptor: Descriptor
+
+class DiskDescriptor:
+    file_path: str
+    object_size: int
+
+class ReplicaDescriptor:
+    """One replica of an object. Crescent's disk replicas are Mooncake's "local disk" kind."""
+
+    @property
+    def status(self) -> ReplicaStatus: ...
+    def is_memory_replica(self) -> bool: ...
+    def is_disk_replica(self) -> bool: ...
+    def is_local_disk_replica(self) -> bool: ...
+    def get_memory_descriptor(self) -> MemoryDescriptor: ...
+    def get_disk_descriptor(self) -> DiskDescriptor: ...
+
+class BufferHandle:
+    """A value read by ``get_buffer`` into the client's local (registered) buffer, held while
+    the handle lives: its bytes through the buffer protocol (no copy), ``ptr()`` their address."""
+
+    def ptr(self) -> int: ...
+    def size(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+
 class ReplicateConfig:
     """How a put places its object (Mooncake's ``ReplicateConfig``).
 
     ``preferred_segment`` and then ``preferred_segments`` (segment names, as
     ``get_hostname()`` gives them) are tried first for the replicas, in order, whatever the
     master's allocation strategy; a full or unknown one falls back to the strategy's choice.
-    ``with_soft_pin`` keeps the object from eviction for the master's soft-pin time (30 min
-    by default); ``with_hard_pin`` never evicts it. ``replica_num`` 0 makes the put fail with
-    INVALID_PARAMS.
+    ``soft_pin_action = ENABLE`` keeps the object from eviction for ``soft_pin_ttl_ms`` (None:
+    the master's soft-pin time, 30 min by default); a time with another action is
+    INVALID_PARAMS. ``with_soft_pin`` is Crescent's older spelling of ``ENABLE``.
+    ``with_hard_pin`` never evicts it. ``replica_num`` 0, ``nof_replica_num`` or
+    ``dfs_replica_num`` above 0 and ``prefer_alloc_in_same_node`` make puts fail with
+    INVALID_PARAMS (as in Mooncake without those pools).
     """
 
     replica_num: int
+    nof_replica_num: int
+    dfs_replica_num: int
+    soft_pin_action: SoftPinAction
+    soft_pin_ttl_ms: int | None
     with_soft_pin: bool
     with_hard_pin: bool
     preferred_segment: str
     preferred_segments: list[str]
+    preferred_nof_segments: list[str]
+    prefer_alloc_in_same_node: bool
+    data_type: ObjectDataType
+    group_ids: list[str] | None
     def __init__(self) -> None: ...
 
 class MooncakeDistributedStore:
     """A store client with Mooncake's interface. Call ``setup`` first.
 
     Status-returning methods give 0 (or a count / size) on success and a negative Mooncake
-    error code on failure (``last_error()`` has the message). Bad arguments raise
-    ``TypeError`` / ``ValueError`` / ``BufferError``. The GIL is released during master calls
-    and transfers.
+    error code on failure (``last_error()`` has the message): INVALID_PARAMS before setup or
+    after close, for lists of different lengths (one per key in batches) and sizes that do
+    not fit. Wrong types raise ``TypeError`` / ``BufferError``. The GIL is released during
+    master calls and transfers.
     """
 
-    def __init__(self) -> None: ...
+    def __init__(self, *args: object, **kwargs: object) -> None: ...
     def setup(
         self,
-        local_hostname: str | dict[str, str | int],
+        local_hostname: str | dict[str, object],
         metadata_server: str | None = None,
-        global_segment_size: int = 16777216,
-        local_buffer_size: int = 16777216,
+        global_segment_size: int | str = 16777216,
+        local_buffer_size: int | str = 16777216,
         protocol: str = "tcp",
         rdma_devices: str = "",
         master_server_addr: str = "127.0.0.1:50051",
+        engine: object | None = None,
+        enable_ssd_offload: bool = False,
+        ssd_offload_path: str = "",
+        tenant_id: str = "default",
+        enable_client_http_server: bool = False,
+        client_http_port: int = 9300,
     ) -> int:
-        """Starts the client and mounts ``global_segment_size`` bytes; 0 or a negative code.
-
-        Also ``setup(dict)`` with the same keys (sizes as ints or strings like "512MB")."""
+        """Starts the client and mounts ``global_segment_size`` bytes (0: a pure consumer);
+        0 or a negative code. Also ``setup(dict)`` with Mooncake's keys."""
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Mooncake's standalone client: not supported yet (-1)."""
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int = 16777216) -> int:
+        """Mooncake's standalone client setup: not supported yet (-1)."""
     def close(self) -> int:
         """Unmounts this client's segment (its objects leave the pool); 0 or a negative code."""
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up or closed, 2 the master unreachable."""
     def get_hostname(self) -> str:
         """This client's segment name (``host:port``); "" before setup."""
     def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:
-        """Stores ``value`` under ``key`` (placed as ``config`` asks); 0 or a negative code."""
+        """Stores ``value`` under ``key``; a key that exists keeps its value (0)."""
+    def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:
+        """Stores ``value``, replacing the key's value (OBJECT_HAS_LEASE while it is leased)."""
     def get(self, key: str) -> bytes:
         """The value of ``key``; empty bytes if it is missing or the get failed."""
+    def get_buffer(self, key: str) -> BufferHandle | None:
+        """The value as a buffer object; None if it is missing or the get failed."""
+    def batch_get_buffer(self, keys: Sequence[str]) -> list[BufferHandle | None]: ...
     def put_batch(
         self, keys: Sequence[str], values: Iterable[Buffer], config: ReplicateConfig | None = None
     ) -> int:
         """0 if every put succeeded, else the first error code."""
+    def upsert_batch(
+        self, keys: Sequence[str], values: Iterable[Buffer], config: ReplicateConfig | None = None
+    ) -> int: ...
     def get_batch(self, keys: Sequence[str]) -> list[bytes]:
         """One value per key; empty bytes where a get failed."""
     def register_buffer(self, buffer_ptr: Memory, size: int | None = None) -> int:
@@ -98,6 +199,19 @@ class MooncakeDistributedStore:
         self, key: str, buffer_ptr: Memory, size: int | None = None, config: ReplicateConfig | None = None
     ) -> int:
         """Zero-copy put from registered memory; 0 or a negative code."""
+    def upsert_from(
+        self, key: str, buffer_ptr: Memory, size: int | None = None, config: ReplicateConfig | None = None
+    ) -> int: ...
+    def put_from_with_metadata(
+        self,
+        key: str,
+        buffer_ptr: Memory,
+        metadata_buffer_ptr: Memory,
+        size: int,
+        metadata_size: int,
+        config: ReplicateConfig | None = None,
+    ) -> int:
+        """Stores the metadata's bytes, then the data's, from registered memory."""
     def get_into(self, key: str, buffer_ptr: Memory, size: int | None = None) -> int:
         """Zero-copy get into registered memory; bytes read or a negative code
         (BUFFER_OVERFLOW when the buffer is too small)."""
@@ -109,22 +223,62 @@ class MooncakeDistributedStore:
         config: ReplicateConfig | None = None,
     ) -> list[int]:
         """Zero-copy puts in one master round trip; a status per key."""
+    def batch_upsert_from(
+        self,
+        keys: Sequence[str],
+        buffer_ptrs: Iterable[Memory],
+        sizes: Sequence[int] | None = None,
+        config: ReplicateConfig | None = None,
+    ) -> list[int]: ...
     def batch_get_into(
         self, keys: Sequence[str], buffer_ptrs: Iterable[Memory], sizes: Sequence[int] | None = None
     ) -> list[int]:
         """Zero-copy gets in one master round trip and one engine batch; bytes read or a
         negative code per key."""
+    def batch_put_from_multi_buffers(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[Memory]],
+        all_sizes: Sequence[Sequence[int]],
+        config: ReplicateConfig | None = None,
+    ) -> list[int]:
+        """Zero-copy puts of values laid out in several registered buffers each; a status per
+        key ([] before setup)."""
+    def batch_get_into_multi_buffers(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[Memory]],
+        all_sizes: Sequence[Sequence[int]],
+        prefer_alloc_in_same_node: bool = False,
+    ) -> list[int]:
+        """Zero-copy gets of whole values into several registered buffers each; bytes read or
+        a negative code per key."""
+    def get_into_ranges(
+        self,
+        buffer_ptrs: Sequence[Memory],
+        all_keys: Sequence[Sequence[str]],
+        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+        all_src_offsets: Sequence[Sequence[Sequence[int]]],
+        all_sizes: Sequence[Sequence[Sequence[int]]],
+    ) -> list[list[list[int]]]:
+        """Ranges of values into registered buffers; bytes read or a negative code per range."""
+    def put_parts(self, key: str, *parts: Buffer, config: ReplicateConfig | None = None) -> int:
+        """Puts the concatenation of ``parts`` as one value; 0 or a negative code."""
+    def upsert_parts(self, key: str, *parts: Buffer, config: ReplicateConfig | None = None) -> int: ...
     def is_exist(self, key: str) -> int:
-        """1 if ``key`` exists, 0 if not, -1 on error (no lease is granted)."""
+        """1 if ``key`` exists, 0 if not, a negative code on error (no lease is granted)."""
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
-        """1 / 0 per key; -1 for every key if the call failed."""
+        """1 / 0 per key; a negative code for every key if the call failed."""
     def get_size(self, key: str) -> int:
         """The value's size in bytes, or a negative code."""
-    def remove(self, key: str) -> int:
-        """0, or a negative code (OBJECT_HAS_LEASE while a reader holds a lease)."""
-    def remove_by_regex(self, regex: str) -> int:
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]: ...
+    def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDescriptor]]: ...
+    def remove(self, key: str, force: bool = False) -> int:
+        """0, or a negative code (OBJECT_HAS_LEASE while a reader holds a lease, unless force)."""
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]: ...
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         """How many objects were removed, or a negative code."""
-    def remove_all(self) -> int:
+    def remove_all(self, force: bool = False) -> int:
         """How many objects were removed, or a negative code."""
     def __enter__(self) -> MooncakeDistributedStore: ...
     def __exit__(

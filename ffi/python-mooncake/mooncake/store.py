@@ -1,0 +1,15 @@
+"""``mooncake.store`` over Crescent: ``MooncakeDistributedStore``, ``ReplicateConfig``, the
+enums (``SoftPinAction``, ``ReplicaStatus``, ``ObjectDataType`` and their values), the
+descriptor types and ``BufferHandle``."""
+
+from crescent.store import *  # noqa: F401,F403
+from crescent.store import __all__ as _crescent_all
+from crescent.store import ObjectDataType, ReplicaStatus
+
+for _enum in (ObjectDataType, ReplicaStatus):
+    for _name in dir(_enum):
+        if _name.isupper():
+            globals()[_name] = getattr(_enum, _name)
+del _enum, _name
+
+__all__ = list(_crescent_all)

@@ -1,0 +1,352 @@
+//! The client's standing with the master: mounting (first, again after the master dropped
+//! it, or with a report under a new master), heartbeats, and the owner stream that feeds the
+//! [`OwnerIndex`].
+//!
+//! A ping answered `NEED_REMOUNT` carries the master's term. The same term as this client's
+//! mount: that master dropped the client (silent past its TTL) and its objects — the index is
+//! discarded and the segment mounted afresh. Another term: a new master (a restart, a
+//! failover) — the segment is mounted again with the index as its report, and the new master
+//! reinstates the objects. Then the disk tier re-announces its files, as at start.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::disk_link::DiskLink;
+use super::owner_index::OwnerIndex;
+use super::rpc::check;
+use super::StoreClient;
+use crate::error::{Result, StoreError};
+use crate::proto::*;
+
+/// How a segment is mounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MountKind {
+    /// At start.
+    First,
+    /// The master that knew this client dropped it: its objects are gone.
+    Dropped,
+    /// A new master: tell it what the segment holds.
+    NewMaster,
+}
+
+/// What a ping learnt.
+enum Pinged {
+    Ok(PingReply),
+    /// `NEED_REMOUNT`: [`StoreClient::remount`] tells a new master from the one that dropped us.
+    Remount,
+    Failed(StoreError),
+}
+
+/// Wakes the heartbeat early and tells waiters when the master answered a ping.
+#[derive(Default)]
+pub(super) struct Link {
+    state: Mutex<LinkState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct LinkState {
+    poked: bool,
+    /// Pings answered OK so far.
+    ok_pings: u64,
+}
+
+impl Link {
+    /// The next ping goes now.
+    pub fn poke(&self) {
+        self.state.lock().poked = true;
+        self.cv.notify_all();
+    }
+
+    fn wait_tick(&self, interval: Duration) {
+        let mut st = self.state.lock();
+        if !st.poked {
+            self.cv.wait_for(&mut st, interval);
+        }
+        st.poked = false;
+    }
+
+    fn ping_ok(&self) {
+        self.state.lock().ok_pings += 1;
+        self.cv.notify_all();
+    }
+
+    /// Pokes the heartbeat and waits until a ping is answered OK after now (the client is
+    /// mounted at a master that answers), or `deadline`. Returns whether one was.
+    pub fn wait_answered(&self, deadline: Instant) -> bool {
+        let mut st = self.state.lock();
+        let seen = st.ok_pings;
+        st.poked = true;
+        self.cv.notify_all();
+        while st.ok_pings == seen {
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                return st.ok_pings != seen;
+            }
+        }
+        true
+    }
+}
+
+impl StoreClient {
+    pub(super) fn mount(&self, kind: MountKind) -> Result<()> {
+        if kind != MountKind::First {
+            return self.mount_once(kind);
+        }
+        // At start, a master may be electing a leader or just deposed: follow it a while.
+        let deadline = Instant::now() + FIRST_MOUNT_WAIT;
+        loop {
+            match self.mount_once(kind) {
+                Err(e) if e.is_master_change() && Instant::now() < deadline => {
+                    tracing::debug!("mounting: {e}; looking for the leader");
+                    if !self.rpc.follow_leader() {
+                        std::thread::sleep(DOWN_PING);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn mount_once(&self, kind: MountKind) -> Result<()> {
+        // A pure consumer contributes no memory: the master does not know it.
+        let Some(segment) = self.segment_info() else { return Ok(()) };
+        let host = self.host();
+        let (term, segment_id) = match kind {
+            MountKind::First | MountKind::Dropped => {
+                if kind == MountKind::Dropped {
+                    self.index.discard();
+                }
+                let req = MountSegmentRequest { client_id: self.id.clone(), segment: Some(segment), host };
+                let reply = if kind == MountKind::Dropped {
+                    self.rpc.call(|mut c| async move { c.remount_segment(req).await })?
+                } else {
+                    self.rpc.call(|mut c| async move { c.mount_segment(req).await })?
+                };
+                check(reply.status, "")?;
+                self.index.mounted(reply.term, reply.segment_id, false);
+                (reply.term, reply.segment_id)
+            }
+            MountKind::NewMaster => {
+                self.index.unmount();
+                let objects = self.index.report(Instant::now());
+                let reported = objects.len();
+                let req =
+                    RemountWithReportRequest { client_id: self.id.clone(), segment: Some(segment), host, objects };
+                let reply = self.rpc.call(|mut c| async move { c.remount_with_report(req).await })?;
+                check(reply.status, "")?;
+                self.index.mounted(reply.term, reply.segment_id, true);
+                tracing::info!(
+                    "segment {} mounted under the master's term {}: {reported} object(s) reported, {} reinstated, {} refused",
+                    self.segment_name(),
+                    reply.term,
+                    reply.reinstated,
+                    reply.refused
+                );
+                (reply.term, reply.segment_id)
+            }
+        };
+        tracing::debug!("segment {} mounted as {segment_id} (term {term})", self.segment_name());
+        self.segment_id.store(segment_id, Ordering::Release);
+        Ok(())
+    }
+
+    /// The address of the master this client talks to now (with an `etcd://` master address:
+    /// the leader it follows).
+    pub fn master_address(&self) -> String {
+        self.rpc.addr()
+    }
+
+    /// The objects this client's segment holds, as far as it knows (its owner index).
+    pub fn owned_objects(&self) -> usize {
+        self.index.len()
+    }
+
+    pub(super) fn start_heartbeat(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        let link = self.link.clone();
+        let interval = self.config.ping_interval;
+        std::thread::Builder::new()
+            .name("crescent-heartbeat".into())
+            .spawn(move || {
+                let mut master_was_down = false;
+                while !stop.load(Ordering::Acquire) {
+                    // While the master is away, look for it (or a new leader) more often.
+                    link.wait_tick(if master_was_down { interval.min(DOWN_PING) } else { interval });
+                    let Some(client) = weak.upgrade() else { return };
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    client.heartbeat(&mut master_was_down);
+                }
+            })
+            .expect("spawning the heartbeat thread");
+    }
+
+    fn heartbeat(&self, master_was_down: &mut bool) {
+        let disk = self.disk.as_ref().map(DiskLink::counters);
+        let outcome = self.ping_with_term(disk).map(|(mut r, _)| match check(r.status.take(), "") {
+            Ok(()) => Pinged::Ok(r),
+            Err(StoreError::NeedRemount) => Pinged::Remount,
+            Err(e) => Pinged::Failed(e),
+        });
+        match outcome.unwrap_or_else(Pinged::Failed) {
+            Pinged::Ok(reply) => {
+                if let Some(disk) = &self.disk {
+                    disk.apply_ping(&reply);
+                }
+                if *master_was_down {
+                    tracing::info!("master {} reachable again", self.rpc.addr());
+                }
+                *master_was_down = false;
+                self.link.ping_ok();
+            }
+            Pinged::Remount => {
+                if let Err(e) = self.remount() {
+                    tracing::warn!("remount failed: {e}");
+                }
+            }
+            Pinged::Failed(e) => {
+                if !*master_was_down {
+                    tracing::warn!("heartbeat failed: {e}");
+                }
+                *master_was_down = true;
+                // Gone, deposed or a standby: with an etcd address, another master may lead.
+                if self.rpc.follow_leader() {
+                    self.link.poke();
+                }
+            }
+        }
+    }
+
+    /// A ping (with a short timeout: a master that accepts connections but does not answer,
+    /// a frozen one, is noticed soon) and the term its reply carries.
+    fn ping_with_term(&self, disk: Option<DiskCounters>) -> Result<(PingReply, u64)> {
+        let mut req = tonic::Request::new(PingRequest { client_id: self.id.clone(), disk });
+        req.set_timeout(self.config.ping_interval.clamp(PING_TIMEOUT_MIN, PING_TIMEOUT_MAX) * 2);
+        let reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
+        let term = reply.term;
+        Ok((reply, term))
+    }
+
+    /// Mounts the segment (and the disk) again if the master dropped this client or a new
+    /// master answers; returns whether it did. Once, however many threads found out at the
+    /// same time (a second remount would drop what was put after the first).
+    pub(super) fn remount(&self) -> Result<bool> {
+        if !self.contributes() {
+            return Ok(false);
+        }
+        let _one = self.remounting.lock();
+        let (reply, term) = self.ping_with_term(None)?;
+        match check(reply.status, "") {
+            Err(StoreError::NeedRemount) => {}
+            // Known to the master (remounted by another thread meanwhile), or it is not there.
+            other => return other.map(|()| false),
+        }
+        let kind = if term != 0 && term == self.index.mount().term {
+            tracing::warn!(
+                "the master dropped this client; remounting segment {} (its objects are gone)",
+                self.segment_name()
+            );
+            MountKind::Dropped
+        } else {
+            tracing::warn!(
+                "a new master (term {term}) answers; remounting segment {} with its {} object(s)",
+                self.segment_name(),
+                self.index.len()
+            );
+            MountKind::NewMaster
+        };
+        self.mount(kind)?;
+        if let Some(disk) = &self.disk {
+            disk.remount();
+        }
+        self.link.poke(); // confirm with a ping now
+        Ok(true)
+    }
+
+    /// Keeps an owner stream open to the master for the current mount (a new one after each
+    /// remount), applying its news to the index and acknowledging them.
+    pub(super) fn start_owner_stream(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        self.rpc.handle().spawn(owner_stream(weak));
+    }
+}
+
+/// A ping's timeout is twice the ping interval, within twice these.
+const PING_TIMEOUT_MIN: Duration = Duration::from_millis(250);
+const PING_TIMEOUT_MAX: Duration = Duration::from_secs(2);
+
+/// How long the first mount keeps looking for a leader that answers.
+const FIRST_MOUNT_WAIT: Duration = Duration::from_secs(15);
+
+/// Ping period while the master does not answer.
+const DOWN_PING: Duration = Duration::from_millis(100);
+
+/// How often an open owner stream checks whether its mount is still the current one.
+const MOUNT_CHECK: Duration = Duration::from_millis(100);
+/// Pause before opening an owner stream again after it failed or closed.
+const STREAM_RETRY: Duration = Duration::from_millis(50);
+
+async fn owner_stream(weak: Weak<StoreClient>) {
+    loop {
+        let Some(client) = weak.upgrade() else { return };
+        if client.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let (index, id, mut grpc) = (client.index.clone(), client.id.clone(), client.rpc.client());
+        drop(client);
+        let mount = index.mount();
+        if mount.segment_id == 0 {
+            tokio::time::sleep(STREAM_RETRY).await;
+            continue;
+        }
+        if let Err(e) = run_stream(&index, &id, &mut grpc, &weak).await {
+            tracing::debug!("owner stream of segment {} (term {}): {e}", mount.segment_id, mount.term);
+        }
+        tokio::time::sleep(STREAM_RETRY).await;
+    }
+}
+
+/// One owner stream, until it fails or the mount changes.
+async fn run_stream(
+    index: &Arc<OwnerIndex>,
+    client_id: &str,
+    grpc: &mut crate::proto::master_client::MasterClient<tonic::transport::Channel>,
+    weak: &Weak<StoreClient>,
+) -> std::result::Result<(), String> {
+    let mount = index.mount();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<OwnerAck>();
+    let ack =
+        |acked| OwnerAck { client_id: client_id.to_string(), term: mount.term, acked, segment_id: mount.segment_id };
+    tx.send(ack(mount.acked)).map_err(|e| e.to_string())?;
+    let opened = tokio::time::timeout(Duration::from_secs(5), grpc.owner_stream(UnboundedReceiverStream::new(rx)))
+        .await
+        .map_err(|_| "the master did not open the stream in time".to_string())?
+        .map_err(|s| s.message().to_string())?;
+    let mut news = opened.into_inner();
+    loop {
+        let next = tokio::select! {
+            n = news.message() => n,
+            () = tokio::time::sleep(MOUNT_CHECK) => {
+                let stopped = weak.upgrade().is_none_or(|c| c.stop.load(Ordering::Acquire));
+                if stopped || index.mount().generation != mount.generation {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        match next {
+            Ok(Some(n)) => match index.apply(&n, Instant::now()) {
+                Some(acked) => tx.send(ack(acked)).map_err(|e| e.to_string())?,
+                None => return Ok(()), // about another mount: this stream is stale
+            },
+            Ok(None) => return Err("closed by the master".into()),
+            Err(s) => return Err(s.message().to_string()),
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The owner index: what this client's memory segment holds, as the master told it.
+//!
+//! The master sends the owner of a segment ordered news — "commit" and "drop" — and commits a
+//! put only once the owners acknowledged (see the master's `owners` module). The index is the
+//! owner's copy of that news: key → (version, offset, size, pins). When a *new* master answers
+//! (a new term: a restart or a failover), the client mounts its segment again with this index
+//! as its report, and the new master reinstates every object; when the *same* master dropped
+//! the client (silent past its TTL), its objects were dropped too, and the index is discarded.
+//!
+//! The index belongs to one mount: (term, segment id). News of any other mount are ignored
+//! and not acknowledged. Sans-IO: the time is an argument.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::proto::{OwnedObject, OwnerNews};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owned {
+    version: u64,
+    offset: u64,
+    size: u64,
+    hard_pin: bool,
+    soft_pin_until: Option<Instant>,
+}
+
+/// Which mount the index belongs to, and how far its news are applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mount {
+    pub term: u64,
+    pub segment_id: u64,
+    /// News applied up to this sequence number.
+    pub acked: u64,
+    /// Changes at every mount (for the stream to reconnect with the new identity).
+    pub generation: u64,
+}
+
+#[derive(Default)]
+struct State {
+    mount: Mount,
+    objects: HashMap<String, Owned>,
+}
+
+#[derive(Default)]
+pub struct OwnerIndex {
+    state: Mutex<State>,
+}
+
+impl OwnerIndex {
+    pub fn mount(&self) -> Mount {
+        self.state.lock().mount
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.lock().objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A remount with a report is starting: no news is applied until [`Self::mounted`]; the
+    /// objects and the last term stay.
+    pub fn unmount(&self) {
+        let mut st = self.state.lock();
+        st.mount.segment_id = 0;
+        st.mount.generation += 1;
+    }
+
+    /// The master that knew this client dropped it, and its objects with it: forget them all.
+    pub fn discard(&self) {
+        let mut st = self.state.lock();
+        st.objects.clear();
+        st.mount.segment_id = 0;
+        st.mount.generation += 1;
+    }
+
+    /// The segment is mounted as `segment_id` under `term`; `keep` the objects (a new master
+    /// reinstated them from the report) or discard them (a fresh mount; the master that
+    /// dropped this client dropped them).
+    pub fn mounted(&self, term: u64, segment_id: u64, keep: bool) {
+        let mut st = self.state.lock();
+        if !keep {
+            st.objects.clear();
+        }
+        let generation = st.mount.generation + 1;
+        st.mount = Mount { term, segment_id, acked: 0, generation };
+    }
+
+    /// Applies news; returns the sequence number to acknowledge, or `None` when the news are
+    /// not about the current mount (they are then ignored, unacknowledged).
+    pub fn apply(&self, news: &OwnerNews, now: Instant) -> Option<u64> {
+        let mut st = self.state.lock();
+        if news.term == 0 || news.term != st.mount.term || st.mount.segment_id == 0 {
+            return None;
+        }
+        let segment_id = st.mount.segment_id;
+        for item in &news.items {
+            // Sequence numbers are per mount and have no gaps: an item seen already (sent
+            // again after a reconnect) is skipped.
+            if item.seq <= st.mount.acked {
+                continue;
+            }
+            st.mount.acked = item.seq;
+            if item.segment_id != segment_id {
+                continue;
+            }
+            if item.commit {
+                let soft_pin_until =
+                    (item.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(item.soft_pin_ttl_ms));
+                let owned = Owned {
+                    version: item.version,
+                    offset: item.offset,
+                    size: item.size,
+                    hard_pin: item.hard_pin,
+                    soft_pin_until,
+                };
+                match st.objects.get(&item.key) {
+                    Some(o) if o.version > item.version => {}
+                    _ => {
+                        st.objects.insert(item.key.clone(), owned);
+                    }
+                }
+            } else if st.objects.get(&item.key).is_some_and(|o| o.version <= item.version) {
+                st.objects.remove(&item.key);
+            }
+        }
+        Some(st.mount.acked)
+    }
+
+    /// What to tell a new master: every object, with its soft pin's remaining time.
+    pub fn report(&self, now: Instant) -> Vec<OwnedObject> {
+        let st = self.state.lock();
+        let mut out: Vec<OwnedObject> = st
+            .objects
+            .iter()
+            .map(|(key, o)| OwnedObject {
+                key: key.clone(),
+                version: o.version,
+                offset: o.offset,
+                size: o.size,
+                hard_pin: o.hard_pin,
+                soft_pin_remaining_ms: o
+                    .soft_pin_until
+                    .map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64),
+            })
+            .collect();
+        out.sort_by_key(|o| o.offset);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::OwnerNewsItem;
+
+    fn commit(seq: u64, key: &str, version: u64, offset: u64) -> OwnerNewsItem {
+        OwnerNewsItem {
+            seq,
+            commit: true,
+            key: key.into(),
+            version,
+            segment_id: 3,
+            offset,
+            size: 100,
+            ..Default::default()
+        }
+    }
+
+    fn drop(seq: u64, key: &str, version: u64) -> OwnerNewsItem {
+        OwnerNewsItem { seq, commit: false, key: key.into(), version, segment_id: 3, ..Default::default() }
+    }
+
+    fn news(term: u64, items: Vec<OwnerNewsItem>) -> OwnerNews {
+        OwnerNews { term, items }
+    }
+
+    #[test]
+    fn news_of_the_current_mount_build_the_report() {
+        let ix = OwnerIndex::default();
+        let now = Instant::now();
+        ix.mounted(7, 3, false);
+        let pinned = OwnerNewsItem { soft_pin_ttl_ms: 60_000, hard_pin: true, ..commit(3, "p", 1, 4096) };
+        assert_eq!(ix.apply(&news(7, vec![commit(1, "a", 10, 0), commit(2, "b", 11, 256), pinned]), now), Some(3));
+        assert_eq!(ix.apply(&news(7, vec![drop(4, "a", 10)]), now), Some(4));
+        let later = now + Duration::from_secs(10);
+        let report = ix.report(later);
+        assert_eq!(report.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["b", "p"]);
+        assert_eq!((report[0].version, report[0].offset, report[0].size), (11, 256, 100));
+        assert!(report[1].hard_pin);
+        assert_eq!(report[1].soft_pin_remaining_ms, 50_000);
+    }
+
+    #[test]
+    fn news_of_another_term_or_mount_are_ignored_and_repeats_skipped() {
+        let ix = OwnerIndex::default();
+        let now = Instant::now();
+        assert_eq!(ix.apply(&news(7, vec![commit(1, "a", 1, 0)]), now), None, "not mounted");
+        ix.mounted(7, 3, false);
+        assert_eq!(ix.apply(&news(6, vec![commit(1, "a", 1, 0)]), now), None, "an older master");
+        assert!(ix.is_empty());
+        ix.apply(&news(7, vec![commit(1, "a", 1, 0), commit(2, "b", 1, 256)]), now);
+        // Sent again after a reconnect: the drop of "a" at seq 1 would be wrong; seq 1 is old.
+        assert_eq!(ix.apply(&news(7, vec![drop(1, "a", 1), commit(2, "b", 1, 256)]), now), Some(2));
+        assert_eq!(ix.len(), 2);
+        // An item about another segment is acknowledged but not applied.
+        let other = OwnerNewsItem { segment_id: 99, ..commit(3, "c", 1, 512) };
+        assert_eq!(ix.apply(&news(7, vec![other]), now), Some(3));
+        assert_eq!(ix.len(), 2);
+        // A drop of an older version keeps the newer one.
+        ix.apply(&news(7, vec![commit(4, "a", 5, 0), drop(5, "a", 1)]), now);
+        assert_eq!(ix.report(now)[0].version, 5);
+        // During a remount nothing is applied, and the last term is remembered.
+        ix.unmount();
+        assert_eq!(ix.apply(&news(7, vec![drop(6, "a", 5)]), now), None);
+        assert_eq!(ix.mount().term, 7);
+        ix.mounted(8, 4, true);
+        assert_eq!(ix.len(), 2);
+        assert_eq!(ix.mount().acked, 0);
+        ix.discard();
+        assert!(ix.is_empty());
+        assert_eq!(ix.apply(&news(8, vec![commit(1, "x", 1, 0)]), now), None);
+    }
+}

@@ -1,0 +1,370 @@
+//! Owners hold the truth about their segments; the master is a rebuildable cache of them.
+//!
+//! Each mounted memory segment has an *owner link*: the ordered news the master sends the
+//! segment's client about the objects placed in it — "commit" (the object is now visible with
+//! a replica here, at this offset) and "drop" (it is gone) — numbered from 1 per mount, sent on
+//! the client's `OwnerStream` and acknowledged cumulatively. The client keeps what it learns in
+//! its owner index, which it reports to a new master ([`super::rebuild`]). Therefore:
+//!
+//! * A put is acknowledged to its writer only once the owners of its replicas acknowledged the
+//!   commit ([`Master::put_end_begin`] / [`Master::put_end_finish`]); a replica whose owner
+//!   does not acknowledge in time is not committed there, and with none left the put fails
+//!   with [`StoreError::OwnersUnreachable`].
+//! * A replica that goes (removal, eviction, a refused report) is invisible at once, but its
+//!   range stays *quarantined* — not reallocated — until its owner acknowledged the drop: a
+//!   master rebuilt from that owner's index could otherwise believe in a range that was reused.
+//!   A segment that goes takes its quarantine with it.
+//! * News not acknowledged are sent again when the owner's stream reconnects. An owner that
+//!   lets more than [`MAX_UNACKED_NEWS`] pile up loses its link: its index cannot be trusted,
+//!   so its next ping says `NEED_REMOUNT` under the same term and it starts afresh.
+//!
+//! News carry the master's term; an owner applies only news of the term it mounted under.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use super::allocator::Block;
+use super::{Master, State};
+use crate::error::{Result, StoreError};
+use crate::proto::{OwnerNews, OwnerNewsItem, Tier};
+
+/// Most news waiting for an owner's acknowledgement; beyond it the link is lost (see above).
+pub const MAX_UNACKED_NEWS: usize = 1 << 20;
+
+pub(super) struct OwnerLink {
+    client_id: String,
+    last_seq: u64,
+    acked: u64,
+    /// Sent (or to send) and not acknowledged, oldest first.
+    unacked: VecDeque<OwnerNewsItem>,
+    /// Queued by the operation in progress; sent as one message when it ends.
+    outbox: Vec<OwnerNewsItem>,
+    /// The connected stream, if any: (its id, where its messages go).
+    stream: Option<(u64, mpsc::UnboundedSender<OwnerNews>)>,
+    acked_tx: watch::Sender<u64>,
+    /// Ranges waiting for a drop's acknowledgement: (seq of the drop, block).
+    quarantine: VecDeque<(u64, Block)>,
+    broken: bool,
+}
+
+impl OwnerLink {
+    fn new(client_id: &str) -> Self {
+        OwnerLink {
+            client_id: client_id.to_string(),
+            last_seq: 0,
+            acked: 0,
+            unacked: VecDeque::new(),
+            outbox: Vec::new(),
+            stream: None,
+            acked_tx: watch::channel(0).0,
+            quarantine: VecDeque::new(),
+            broken: false,
+        }
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    pub fn quarantined_bytes(&self) -> u64 {
+        self.quarantine.iter().map(|(_, b)| b.reserved).sum()
+    }
+}
+
+/// What a call waits for before it answers: owners' acknowledgements up to sequence numbers.
+#[derive(Debug, Default)]
+pub struct AckWait {
+    owners: Vec<(u64, u64, watch::Receiver<u64>)>,
+}
+
+impl AckWait {
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty()
+    }
+
+    pub fn merge(&mut self, other: AckWait) {
+        self.owners.extend(other.owners);
+    }
+
+    /// Waits until every owner acknowledged, or one is gone, or `timeout` passed.
+    pub async fn wait(&mut self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for (_, seq, rx) in &mut self.owners {
+            let seq = *seq;
+            // A closed channel (the segment went away) ends the wait for that owner.
+            let _ = tokio::time::timeout_at(deadline, rx.wait_for(|a| *a >= seq)).await;
+        }
+    }
+}
+
+/// The pins a commit news carries (the owner reports them to a new master).
+#[derive(Clone, Copy)]
+pub(super) struct Pins {
+    pub hard: bool,
+    pub soft_until: Option<Instant>,
+}
+
+/// The object a commit news is about.
+pub(super) struct Announced<'a> {
+    pub key: &'a str,
+    pub version: u64,
+    pub size: u64,
+    pub pins: Pins,
+}
+
+impl Master {
+    /// A link for a memory segment just mounted.
+    pub(super) fn open_link(st: &mut State, segment_id: u64, client_id: &str) {
+        st.owners.insert(segment_id, OwnerLink::new(client_id));
+    }
+
+    pub(super) fn push_news(st: &mut State, segment_id: u64, mut item: OwnerNewsItem) -> Option<u64> {
+        let link = st.owners.get_mut(&segment_id)?;
+        link.last_seq += 1;
+        item.seq = link.last_seq;
+        if link.unacked.len() >= MAX_UNACKED_NEWS {
+            link.unacked.pop_front();
+            if !link.broken {
+                tracing::warn!(
+                    "client {} has not acknowledged {MAX_UNACKED_NEWS} news about segment {segment_id}: it must remount",
+                    link.client_id
+                );
+            }
+            link.broken = true;
+        }
+        link.unacked.push_back(item.clone());
+        link.outbox.push(item);
+        if !st.dirty_links.contains(&segment_id) {
+            st.dirty_links.push(segment_id);
+        }
+        Some(link.last_seq)
+    }
+
+    /// Tells a memory segment's owner that `key` is committed there; returns the news' seq.
+    pub(super) fn queue_commit(
+        st: &mut State,
+        segment_id: u64,
+        block: Block,
+        obj: &Announced<'_>,
+        now: Instant,
+    ) -> Option<u64> {
+        let Announced { key, version, size, pins } = *obj;
+        if st.segments.get(&segment_id).is_none_or(|s| s.tier == Tier::Ssd) {
+            return None;
+        }
+        let soft_pin_ttl_ms = pins.soft_until.map_or(0, |t| t.saturating_duration_since(now).as_millis().max(1) as u64);
+        let item = OwnerNewsItem {
+            seq: 0,
+            commit: true,
+            key: key.to_string(),
+            version,
+            segment_id,
+            offset: block.offset,
+            size,
+            hard_pin: pins.hard,
+            soft_pin_ttl_ms,
+        };
+        Self::push_news(st, segment_id, item)
+    }
+
+    /// A replica goes: its owner is told, and its range waits for the acknowledgement (when the
+    /// owner was told of it at all; otherwise it is free at once). Returns the bytes given up.
+    pub(super) fn free_replica(
+        st: &mut State,
+        key: &str,
+        version: u64,
+        segment_id: u64,
+        block: Block,
+        announced: bool,
+    ) -> u64 {
+        if !st.segments.contains_key(&segment_id) {
+            return 0;
+        }
+        let seq = if announced {
+            let item = OwnerNewsItem {
+                seq: 0,
+                commit: false,
+                key: key.to_string(),
+                version,
+                segment_id,
+                offset: block.offset,
+                ..Default::default()
+            };
+            Self::push_news(st, segment_id, item)
+        } else {
+            None
+        };
+        match seq {
+            Some(seq) => st.owners.get_mut(&segment_id).expect("pushed above").quarantine.push_back((seq, block)),
+            None => st.segments.get_mut(&segment_id).expect("checked above").alloc.release(block),
+        }
+        if st.instant_acks {
+            if let Some(seq) = seq {
+                Self::apply_ack(st, segment_id, seq);
+            }
+        }
+        block.reserved
+    }
+
+    /// Sends what the operation queued, one message per owner.
+    pub(super) fn flush_news(&self, st: &mut State) {
+        let term = self.term();
+        for segment_id in std::mem::take(&mut st.dirty_links) {
+            let instant = st.instant_acks;
+            let Some(link) = st.owners.get_mut(&segment_id) else { continue };
+            let items = std::mem::take(&mut link.outbox);
+            if items.is_empty() {
+                continue;
+            }
+            if instant {
+                let last = link.last_seq;
+                Self::apply_ack(st, segment_id, last);
+                continue;
+            }
+            if let Some((_, tx)) = &link.stream {
+                // A closed stream keeps the items unacknowledged: sent again on reconnect.
+                let _ = tx.send(OwnerNews { term, items });
+            }
+        }
+    }
+
+    /// What to wait for: each of these segments' owners acknowledging all news queued so far.
+    pub(super) fn waits(st: &State, segments: impl IntoIterator<Item = u64>) -> AckWait {
+        let mut w = AckWait::default();
+        for id in segments {
+            if w.owners.iter().any(|(s, _, _)| *s == id) {
+                continue;
+            }
+            if let Some(link) = st.owners.get(&id).filter(|l| l.last_seq > l.acked) {
+                w.owners.push((id, link.last_seq, link.acked_tx.subscribe()));
+            }
+        }
+        w
+    }
+
+    pub(super) fn is_acked(st: &State, segment_id: u64, seq: u64) -> bool {
+        st.owners.get(&segment_id).is_some_and(|l| l.acked >= seq)
+    }
+
+    /// Records an owner's acknowledgement up to `acked`: released quarantined ranges go back to
+    /// the segment's allocator. Returns whether any did.
+    fn apply_ack(st: &mut State, segment_id: u64, acked: u64) -> bool {
+        let Some(link) = st.owners.get_mut(&segment_id) else { return false };
+        let acked = acked.min(link.last_seq);
+        if acked <= link.acked {
+            return false;
+        }
+        link.acked = acked;
+        while link.unacked.front().is_some_and(|i| i.seq <= acked) {
+            link.unacked.pop_front();
+        }
+        let mut released = Vec::new();
+        while link.quarantine.front().is_some_and(|(seq, _)| *seq <= acked) {
+            released.push(link.quarantine.pop_front().expect("checked").1);
+        }
+        link.acked_tx.send_replace(acked);
+        let freed = !released.is_empty();
+        if let Some(seg) = st.segments.get_mut(&segment_id) {
+            for b in released {
+                seg.alloc.release(b);
+            }
+        }
+        freed
+    }
+
+    /// An owner's acknowledgement (from its stream). Acks of another term or mount are ignored.
+    pub fn owner_ack(&self, client_id: &str, term: u64, segment_id: u64, acked: u64) {
+        if term != self.term() {
+            return;
+        }
+        let mut st = self.state.lock();
+        if st.owners.get(&segment_id).is_none_or(|l| l.client_id != client_id) {
+            return;
+        }
+        if Self::apply_ack(&mut st, segment_id, acked) {
+            self.space_freed.notify_waiters();
+        }
+    }
+
+    /// An owner's stream connected, having applied news up to `acked`: the rest are sent again
+    /// on it. Returns the stream's id (for [`Self::detach_owner`]).
+    pub fn attach_owner(
+        &self,
+        client_id: &str,
+        term: u64,
+        segment_id: u64,
+        acked: u64,
+        tx: mpsc::UnboundedSender<OwnerNews>,
+    ) -> Result<u64> {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        self.fence.check(now)?;
+        if term != self.term() {
+            return Err(StoreError::MasterChanged(format!(
+                "this master's term is {}, not {term}: mount again",
+                self.term()
+            )));
+        }
+        match st.owners.get(&segment_id) {
+            Some(l) if l.client_id == client_id && !l.broken => {}
+            _ => return Err(StoreError::NeedRemount),
+        }
+        if Self::apply_ack(&mut st, segment_id, acked) {
+            self.space_freed.notify_waiters();
+        }
+        st.next_stream += 1;
+        let id = st.next_stream;
+        let link = st.owners.get_mut(&segment_id).expect("checked above");
+        link.outbox.clear(); // everything in it is in `unacked`, sent now
+        let items: Vec<OwnerNewsItem> = link.unacked.iter().cloned().collect();
+        if !items.is_empty() {
+            let _ = tx.send(OwnerNews { term, items });
+        }
+        link.stream = Some((id, tx));
+        Ok(id)
+    }
+
+    pub fn detach_owner(&self, segment_id: u64, stream: u64) {
+        let mut st = self.state.lock();
+        if let Some(link) = st.owners.get_mut(&segment_id) {
+            if link.stream.as_ref().is_some_and(|(id, _)| *id == stream) {
+                link.stream = None;
+            }
+        }
+    }
+
+    /// Whether any of this client's links is lost (it must remount and start afresh).
+    pub(super) fn link_broken(st: &State, client_id: &str) -> bool {
+        st.clients
+            .get(client_id)
+            .is_some_and(|c| c.segments.iter().any(|s| st.owners.get(s).is_some_and(|l| l.is_broken())))
+    }
+
+    /// Bytes waiting in quarantine, all segments together.
+    pub fn quarantined_bytes(&self) -> u64 {
+        self.state.lock().owners.values().map(|l| l.quarantined_bytes()).sum()
+    }
+
+    /// Runs `f` (a call that may need quarantined space) and, while it fails for lack of space
+    /// with ranges in quarantine, waits for owners' acknowledgements and runs it again, for at
+    /// most `owner_ack_timeout`.
+    pub async fn retry_after_quarantine<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        let deadline = tokio::time::Instant::now() + self.config.owner_ack_timeout;
+        loop {
+            let freed = self.space_freed.notified();
+            match f() {
+                Err(StoreError::NoSpace { .. })
+                    if self.quarantined_bytes() > 0 && tokio::time::Instant::now() < deadline =>
+                {
+                    let _ = tokio::time::timeout_at(deadline, freed).await;
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,283 @@
+//! The master with fake owners: commits wait for acknowledgements, removals quarantine their
+//! ranges, news come again after a reconnect, and a rebuilt master resolves its reports.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::error::StoreError;
+use crate::master::{Master, MasterConfig};
+use crate::proto::{OwnedObject, OwnerNews, OwnerNewsItem, PutOptions, SegmentInfo};
+
+const SEG: u64 = 64 << 10;
+
+fn master() -> Arc<Master> {
+    let m = Master::new(MasterConfig::default()).unwrap();
+    m.state.lock().instant_acks = false;
+    m
+}
+
+fn info(name: &str, base: u64) -> SegmentInfo {
+    SegmentInfo { name: name.into(), base, size: SEG, tier: 0 }
+}
+
+/// An owner on the other end of an owner stream, acknowledging only when told.
+struct FakeOwner {
+    client: String,
+    segment: u64,
+    rx: mpsc::UnboundedReceiver<OwnerNews>,
+    seen: u64,
+}
+
+impl FakeOwner {
+    fn mount(m: &Master, client: &str, base: u64) -> FakeOwner {
+        let segment = m.mount_segment(client, &info(&format!("{client}:1"), base), "h").unwrap();
+        FakeOwner::attach(m, client, segment, 0)
+    }
+
+    fn attach(m: &Master, client: &str, segment: u64, acked: u64) -> FakeOwner {
+        let (tx, rx) = mpsc::unbounded_channel();
+        m.attach_owner(client, m.term(), segment, acked, tx).unwrap();
+        FakeOwner { client: client.into(), segment, rx, seen: acked }
+    }
+
+    fn news(&mut self) -> Vec<OwnerNewsItem> {
+        let mut out = Vec::new();
+        while let Ok(n) = self.rx.try_recv() {
+            out.extend(n.items);
+        }
+        if let Some(last) = out.last() {
+            self.seen = last.seq;
+        }
+        out
+    }
+
+    fn ack(&mut self, m: &Master) {
+        self.news();
+        m.owner_ack(&self.client, m.term(), self.segment, self.seen);
+    }
+}
+
+fn opts(replicas: u32) -> PutOptions {
+    PutOptions { replica_num: replicas, ..Default::default() }
+}
+
+#[test]
+fn a_put_is_committed_only_where_its_owner_acknowledged() {
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    let mut b = FakeOwner::mount(&m, "b", 1 << 31);
+    m.put_start("w", "k", 1000, &opts(2)).unwrap();
+    let commit = m.put_end_begin("w", "k").unwrap();
+    assert!(!commit.wait.is_empty());
+    assert!(!m.exists("k").unwrap(), "not visible before its owners know");
+    a.ack(&m);
+    let told_b = b.news();
+    assert_eq!(told_b.len(), 1);
+    assert!(told_b[0].commit && told_b[0].key == "k" && told_b[0].size == 1000);
+    // b never acknowledges: the put commits with a's replica only.
+    m.put_end_finish(&commit).unwrap();
+    let replicas = m.query("k").unwrap().replicas;
+    assert_eq!(replicas.len(), 1);
+    assert_eq!(replicas[0].client_id, "a");
+    // b is told to drop what it may have applied; its range waits for that.
+    let drop = b.news();
+    assert!(drop.len() == 1 && !drop[0].commit && drop[0].key == "k");
+    assert_eq!(m.quarantined_bytes(), 1024);
+    b.ack(&m);
+    assert_eq!(m.quarantined_bytes(), 0);
+}
+
+#[test]
+fn a_put_no_owner_acknowledged_fails_and_leaves_nothing() {
+    let m = master();
+    let _a = FakeOwner::mount(&m, "a", 1 << 30);
+    m.put_start("w", "k", 1000, &opts(1)).unwrap();
+    let commit = m.put_end_begin("w", "k").unwrap();
+    let e = m.put_end_finish(&commit).unwrap_err();
+    assert!(matches!(e, StoreError::OwnersUnreachable(ref k) if k == "k"), "{e:?}");
+    assert!(e.is_master_change(), "retryable");
+    assert!(!m.exists("k").unwrap());
+    assert!(m.query("k").unwrap().replicas.is_empty());
+}
+
+#[test]
+fn removed_ranges_are_not_reused_until_the_owner_acknowledged_the_drop() {
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    m.put_start("a", "k", SEG, &opts(1)).unwrap();
+    let c = m.put_end_begin("a", "k").unwrap();
+    a.ack(&m);
+    m.put_end_finish(&c).unwrap();
+    let wait = m.remove("k", false).unwrap();
+    assert!(!wait.is_empty(), "the removal's answer waits for the owner");
+    assert!(!m.exists("k").unwrap(), "invisible at once");
+    // The whole segment is still quarantined: a new put finds no room.
+    assert!(matches!(m.put_start("a", "k2", SEG, &opts(1)), Err(StoreError::NoSpace { .. })));
+    a.ack(&m);
+    m.put_start("a", "k2", SEG, &opts(1)).expect("room once the owner acknowledged");
+}
+
+#[test]
+fn eviction_quarantines_and_a_put_waiting_for_room_gets_it_after_the_ack() {
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    m.put_start("a", "old", SEG / 2, &opts(1)).unwrap();
+    let c = m.put_end_begin("a", "old").unwrap();
+    a.ack(&m);
+    m.put_end_finish(&c).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (m2, m3) = (m.clone(), m.clone());
+    let got = rt.block_on(async move {
+        let put = m2.retry_after_quarantine(|| m2.put_start("a", "new", SEG, &opts(1)));
+        let ack = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            a.ack(&m3);
+        };
+        tokio::join!(put, ack).0
+    });
+    got.expect("the put got the evicted object's room once its drop was acknowledged");
+    assert!(!m.exists("old").unwrap());
+}
+
+#[test]
+fn news_not_acknowledged_come_again_on_reconnect_and_other_terms_are_refused() {
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    for k in ["k1", "k2", "k3"] {
+        m.put_start("a", k, 100, &opts(1)).unwrap();
+        m.put_end_begin("a", k).unwrap();
+    }
+    let seqs: Vec<u64> = a.news().iter().map(|i| i.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    // The stream breaks after the owner applied the first one; it reconnects saying so.
+    let mut again = FakeOwner::attach(&m, "a", a.segment, 1);
+    let items = again.news();
+    assert_eq!(items.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(), ["k2", "k3"]);
+    // Another term's hello or acks are not this master's.
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let stale = m.attach_owner("a", m.term() ^ 1, a.segment, 0, tx);
+    assert!(matches!(stale, Err(StoreError::MasterChanged(_))), "{:?}", stale.err());
+    m.owner_ack("a", m.term() ^ 1, a.segment, 3);
+    assert!(!Master::is_acked(&m.state.lock(), a.segment, 3));
+    // Nor may a client speak for another's segment.
+    m.owner_ack("b", m.term(), a.segment, 3);
+    assert!(!Master::is_acked(&m.state.lock(), a.segment, 3));
+    again.ack(&m);
+    assert!(Master::is_acked(&m.state.lock(), a.segment, 3));
+}
+
+#[test]
+fn a_put_end_a_new_master_knows_nothing_of_is_a_master_change() {
+    let m = master();
+    let e = m.put_end_begin("unknown-client", "k").unwrap_err();
+    assert!(matches!(e, StoreError::MasterChanged(_)), "{e:?}");
+    FakeOwner::mount(&m, "c", 1 << 30);
+    assert!(matches!(m.put_end_begin("c", "k"), Err(StoreError::NotFound(_))), "a known client's unknown put");
+}
+
+fn owned(key: &str, version: u64, offset: u64, size: u64) -> OwnedObject {
+    OwnedObject { key: key.into(), version, offset, size, hard_pin: false, soft_pin_remaining_ms: 0 }
+}
+
+#[test]
+fn a_rebuilt_master_takes_the_highest_version_and_drops_the_stale_copies() {
+    let m = master();
+    let now = Instant::now();
+    let a_report = [
+        owned("k1", 5, 0, 1000),
+        owned("k2", 3, 1024, 500),
+        OwnedObject { hard_pin: true, soft_pin_remaining_ms: 60_000, ..owned("pinned", 9, 4096, 100) },
+    ];
+    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &a_report, now).unwrap();
+    assert_eq!((r.reinstated, r.refused), (3, 0));
+    let b_report = [owned("k1", 7, 0, 1000), owned("k2", 3, 8192, 500)];
+    let rb = m.remount_with_report_at("b", &info("b:1", 1 << 31), "h", &b_report, now).unwrap();
+    assert_eq!((rb.reinstated, rb.refused), (2, 0));
+    let mut a = FakeOwner::attach(&m, "a", r.segment_id, 0);
+    // k1: b's newer version wins; a drops its copy, whose range waits for that.
+    let k1 = m.query("k1").unwrap();
+    assert_eq!((k1.version, k1.replicas.len()), (7, 1));
+    assert_eq!(k1.replicas[0].client_id, "b");
+    let told = a.news();
+    assert!(told.len() == 1 && !told[0].commit && told[0].key == "k1" && told[0].version == 5, "{told:?}");
+    assert_eq!(m.quarantined_bytes(), 1024);
+    // k2: the same version from both owners: one object, two replicas, at the reported places.
+    let k2 = m.query("k2").unwrap();
+    assert_eq!(k2.replicas.len(), 2);
+    let mut addrs: Vec<u64> = k2.replicas.iter().map(|x| x.address).collect();
+    addrs.sort();
+    assert_eq!(addrs, [(1 << 30) + 1024, (1 << 31) + 8192]);
+    // Reinstated objects are complete, leased afresh, pinned as reported.
+    let p = m.query("pinned").unwrap();
+    assert!(p.exists && p.hard_pinned && p.lease_remaining_ms > 0);
+    // Versions handed out later are newer than any reported.
+    m.put_start("b", "later", 10, &opts(1)).unwrap();
+    assert!(m.query("later").unwrap().version > 9);
+    // New puts never land on reinstated ranges.
+    let mut i = 0;
+    while m
+        .put_start("a", &format!("fill{i}"), 256, &PutOptions { preferred_segments: vec!["a:1".into()], ..opts(1) })
+        .is_ok()
+    {
+        i += 1;
+    }
+    let mut taken: Vec<(u64, u64)> = Vec::new();
+    for key in ["k2", "pinned"].into_iter().map(String::from).chain((0..i).map(|i| format!("fill{i}"))) {
+        for x in m.query(&key).unwrap().replicas.iter().filter(|x| x.client_id == "a") {
+            taken.push((x.address, x.address + x.size));
+        }
+    }
+    taken.sort();
+    assert!(taken.iter().all(|(start, _)| *start >= (1 << 30) + 1024), "k1's old range is quarantined: {taken:?}");
+    for w in taken.windows(2) {
+        assert!(w[0].1 <= w[1].0, "overlap {w:?}");
+    }
+}
+
+#[test]
+fn reports_that_overlap_or_lose_to_a_put_in_flight_are_refused() {
+    let m = master();
+    // A put started at this master before the owner reported the key: the put wins.
+    FakeOwner::mount(&m, "w", 1 << 32);
+    m.put_start("w", "k", 100, &opts(1)).unwrap();
+    let report = [owned("k", 1, 0, 100), owned("x", 2, 512, 1000), owned("y", 3, 1024, 100), owned("z", 4, SEG, 10)];
+    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, Instant::now()).unwrap();
+    // x and y overlap: the first reported keeps its range; z lies outside the segment.
+    assert_eq!((r.reinstated, r.refused), (1, 3));
+    assert!(m.exists("x").unwrap() && !m.exists("y").unwrap() && !m.exists("z").unwrap());
+    let mut a = FakeOwner::attach(&m, "a", r.segment_id, 0);
+    let mut dropped: Vec<String> = a.news().into_iter().filter(|i| !i.commit).map(|i| i.key).collect();
+    dropped.sort();
+    assert_eq!(dropped, ["k", "y", "z"]);
+    assert_eq!(m.query("k").unwrap().replicas[0].client_id, "w", "the put in flight keeps the key");
+}
+
+#[test]
+fn a_leader_whose_lease_may_have_lapsed_refuses_writes_and_a_standby_knows_nothing() {
+    let m = Master::with_role(MasterConfig::default(), crate::master::fence::Role::Standby { leader: None }).unwrap();
+    let e = m.mount_segment("a", &info("a:1", 1 << 30), "h").unwrap_err();
+    assert!(matches!(e, StoreError::NotLeader(_)), "{e:?}");
+    let now = Instant::now();
+    m.become_leader(42, now + Duration::from_secs(60));
+    assert_eq!(m.term(), 42);
+    m.mount_segment("a", &info("a:1", 1 << 30), "h").unwrap();
+    m.put_start("a", "k", 10, &opts(1)).unwrap();
+    m.put_end("a", "k").unwrap();
+    // The lease was not renewed: the deadline passes.
+    m.fence().lead(42, now);
+    for e in [
+        m.put_start("a", "k2", 10, &opts(1)).unwrap_err(),
+        m.remove("k", true).unwrap_err(),
+        m.get_replica_list("k").unwrap_err(),
+    ] {
+        assert!(matches!(e, StoreError::NotLeader(ref why) if why.contains("term 42")), "{e:?}");
+    }
+    assert!(matches!(m.ping("a"), crate::master::PingOutcome::NotLeader(_)));
+    m.step_down(Some("10.0.0.9:50051".into()));
+    let e = m.exists("k").unwrap_err();
+    assert!(e.to_string().contains("the leader is 10.0.0.9:50051"), "{e}");
+    m.become_leader(43, Instant::now() + Duration::from_secs(60));
+    assert!(!m.exists("k").unwrap(), "a new leadership starts empty (reports rebuild it)");
+}

@@ -1,0 +1,236 @@
+//! Masters with high availability on a real three-member etcd: clients given
+//! `etcd://…` put and get in a loop while leaders are SIGKILLed one after the other and then an
+//! etcd member; or while the leader is frozen (SIGSTOP) until its lease runs out and then
+//! continued. Every acknowledged key reads back with its bytes, no client is restarted, no
+//! call hangs, and a continued deposed leader serves no write.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crescent_store::proto::master_client::MasterClient;
+use crescent_store::proto::{Code, MountSegmentRequest, PutStartRequest, SegmentInfo};
+use crescent_store::{ClientConfig, StoreClient};
+use crescent_tests::etcd_cluster::EtcdCluster;
+use crescent_tests::services::unique_cluster;
+use crescent_tests::store::{pattern_bytes, spawn_master};
+use crescent_tests::{eventually, ChildGuard};
+use parking_lot::Mutex;
+use rand::Rng;
+
+const VALUE: usize = 4096;
+/// Longer than any call may take, failover included: a call past it hangs.
+const HANG: Duration = Duration::from_secs(45);
+
+fn value(who: usize, n: u64) -> Vec<u8> {
+    pattern_bytes(VALUE, (who as u64) << 40 | n)
+}
+
+fn ha_master(etcd: &EtcdCluster, cluster: &str) -> (ChildGuard, String) {
+    let endpoints = format!("--etcd_endpoints={}", etcd.endpoints());
+    let cluster = format!("--cluster_id={cluster}");
+    spawn_master(
+        &[],
+        &[
+            "--rpc-address",
+            "127.0.0.1:0",
+            "--admin-address",
+            "",
+            "--enable_ha",
+            "--ha_backend_type=etcd",
+            &endpoints,
+            &cluster,
+        ],
+    )
+}
+
+fn client(etcd: &EtcdCluster, cluster: &str) -> Arc<StoreClient> {
+    StoreClient::connect(ClientConfig {
+        master_server_address: etcd.url(),
+        cluster_id: Some(cluster.to_string()),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: 16 << 20,
+        local_buffer_size: 8 << 20,
+        ping_interval: Duration::from_millis(100),
+        ..ClientConfig::default()
+    })
+    .expect("client connects through etcd")
+}
+
+/// Clients putting new keys and reading back acknowledged ones, until stopped.
+struct Load {
+    acked: Arc<Mutex<Vec<(usize, u64)>>>,
+    stop: Arc<AtomicBool>,
+    wrong: Arc<AtomicU64>,
+    slowest: Arc<Mutex<Duration>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(clients: &[Arc<StoreClient>]) -> Load {
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let wrong = Arc::new(AtomicU64::new(0));
+        let slowest = Arc::new(Mutex::new(Duration::ZERO));
+        let threads = clients
+            .iter()
+            .enumerate()
+            .map(|(who, c)| {
+                let (c, acked, stop, wrong, slowest) =
+                    (c.clone(), acked.clone(), stop.clone(), wrong.clone(), slowest.clone());
+                std::thread::spawn(move || {
+                    let mut rng = rand::rng();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        let t = Instant::now();
+                        if c.put(&format!("k{who}-{n}"), &value(who, n)).is_ok() {
+                            acked.lock().push((who, n));
+                        }
+                        let pick = {
+                            let a = acked.lock();
+                            (!a.is_empty()).then(|| a[rng.random_range(0..a.len())])
+                        };
+                        if let Some((w, m)) = pick {
+                            if let Ok(v) = c.get(&format!("k{w}-{m}")) {
+                                if v != value(w, m) {
+                                    wrong.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        let took = t.elapsed();
+                        let mut s = slowest.lock();
+                        *s = (*s).max(took);
+                    }
+                })
+            })
+            .collect();
+        Load { acked, stop, wrong, slowest, threads }
+    }
+
+    fn acked(&self) -> usize {
+        self.acked.lock().len()
+    }
+
+    /// Waits until `more` puts were acknowledged after now (the cluster serves again).
+    fn progresses(&self, more: usize, within: Duration) -> bool {
+        let from = self.acked();
+        eventually(within, || self.acked() >= from + more)
+    }
+
+    /// Stops the load; every acknowledged key reads back with its bytes through `reader`.
+    fn finish(self, reader: &StoreClient) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().expect("a load thread panicked");
+        }
+        assert_eq!(self.wrong.load(Ordering::Relaxed), 0, "gets returned other bytes");
+        let slowest = *self.slowest.lock();
+        assert!(slowest < HANG, "a call took {slowest:?}");
+        let acked = self.acked.lock().clone();
+        assert!(acked.len() > 20, "the load made progress ({} puts)", acked.len());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut lost = Vec::new();
+        for (w, m) in acked {
+            let key = format!("k{w}-{m}");
+            loop {
+                match reader.get(&key) {
+                    Ok(v) => {
+                        assert!(v == value(w, m), "{key} read back other bytes");
+                        break;
+                    }
+                    Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    Err(e) => {
+                        lost.push(format!("{key}: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(lost.is_empty(), "{} acknowledged key(s) lost: {lost:?}", lost.len());
+    }
+}
+
+/// Waits until every client follows a master other than `old`; returns the new one.
+fn followed_away(clients: &[Arc<StoreClient>], old: &str) -> String {
+    assert!(
+        eventually(Duration::from_secs(20), || clients.iter().all(|c| c.master_address() != old)),
+        "the clients follow a new leader"
+    );
+    clients[0].master_address()
+}
+
+/// An etcd cluster, HA masters (process, address) and clients following their leader.
+type Cluster = (EtcdCluster, String, Vec<(ChildGuard, String)>, Vec<Arc<StoreClient>>);
+
+fn setup(masters: usize) -> Option<Cluster> {
+    let etcd = match EtcdCluster::start(3) {
+        Ok(e) => e,
+        Err(why) => {
+            crescent_tests::skip(&why);
+            return None;
+        }
+    };
+    let cluster = unique_cluster("ha");
+    let procs: Vec<(ChildGuard, String)> = (0..masters).map(|_| ha_master(&etcd, &cluster)).collect();
+    let clients: Vec<Arc<StoreClient>> = (0..2).map(|_| client(&etcd, &cluster)).collect();
+    Some((etcd, cluster, procs, clients))
+}
+
+#[test]
+fn leaders_and_an_etcd_member_killed_under_load_lose_no_acknowledged_key() {
+    let Some((mut etcd, _cluster, mut masters, clients)) = setup(3) else { return };
+    let load = Load::start(&clients);
+    assert!(load.progresses(20, Duration::from_secs(20)), "the cluster serves");
+    for round in 0..2 {
+        let leader = clients[0].master_address();
+        let i = masters.iter().position(|(_, a)| *a == leader).expect("the leader is one of ours");
+        let (mut proc, _) = masters.remove(i);
+        proc.kill_now();
+        let next = followed_away(&clients, &leader);
+        println!("round {round}: killed the leader {leader}; {next} leads now");
+        assert!(load.progresses(10, Duration::from_secs(20)), "the new leader {next} serves");
+    }
+    etcd.kill(0);
+    assert!(load.progresses(10, Duration::from_secs(20)), "the cluster serves with an etcd member gone");
+    load.finish(&clients[1]);
+}
+
+/// A raw call to `addr`: the code of a mount's and a put's answer.
+fn direct_codes(addr: &str) -> (Code, Code) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = MasterClient::connect(format!("http://{addr}")).await.expect("the master answers");
+        let segment = SegmentInfo { name: "direct:1".into(), base: 1 << 40, size: 1 << 20, tier: 0 };
+        let req = MountSegmentRequest { client_id: "direct".into(), segment: Some(segment), host: "h".into() };
+        let m = c.mount_segment(req).await.unwrap().into_inner().status.unwrap().code;
+        let req = PutStartRequest { client_id: "direct".into(), key: "k".into(), size: 10, options: None };
+        let p = c.put_start(req).await.unwrap().into_inner().status.unwrap().code;
+        (Code::try_from(m).unwrap(), Code::try_from(p).unwrap())
+    })
+}
+
+#[test]
+fn a_frozen_leader_continued_after_its_lease_ran_out_serves_no_write() {
+    let Some((_etcd, _cluster, masters, clients)) = setup(2) else { return };
+    let load = Load::start(&clients);
+    assert!(load.progresses(20, Duration::from_secs(20)), "the cluster serves");
+    let leader = clients[0].master_address();
+    let (proc, _) = masters.iter().find(|(_, a)| *a == leader).expect("the leader is one of ours");
+    let pid = proc.0.id().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &pid]).status().expect("kill runs").success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let next = followed_away(&clients, &leader);
+    assert!(load.progresses(10, Duration::from_secs(20)), "the new leader {next} serves");
+    signal("-CONT");
+    // Continued: it refuses writes at once, and keeps refusing them.
+    for _ in 0..5 {
+        let (mount, put) = direct_codes(&leader);
+        assert_eq!((mount, put), (Code::NotLeader, Code::NotLeader), "the deposed leader {leader} served a write");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    load.finish(&clients[1]);
+}
