@@ -28,7 +28,7 @@ ci_ensure_rust() {
 }
 
 # The packages every build and test needs.
-CI_BASE_PACKAGES=(build-essential pkg-config iproute2 iperf3 protobuf-compiler python3 python3-venv python3-dev
+CI_BASE_PACKAGES=(build-essential pkg-config iproute2 nftables iperf3 protobuf-compiler python3 python3-venv python3-dev
   libibverbs-dev)
 
 # Builds the rdma integration test binary (crescent-tests, test `rdma`) without running it and

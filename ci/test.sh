@@ -46,4 +46,9 @@ ci_log "disk left after the tests: $(df -h --output=avail . | tail -1 | tr -d ' 
 ci_log "rdma on real verbs: the rdma tests and tebench in a soft-RoCE VM"
 bash ci/rdma-vm.sh
 
+# Last: its instrumented release build is the longest step, and needs disk of its own.
+ci_log "coverage-guided fuzzing, short form: each target from its committed corpus for a few seconds"
+# The instrumented release build is most of this step; the long runs are in docs/src/testing.md.
+bash ci/fuzz.sh "${CRESCENT_FUZZ_SECONDS:-5}"
+
 ci_log "all test suites passed"

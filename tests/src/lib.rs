@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crescent_engine::{EngineConfig, TransferEngine};
 
 pub mod etcd_cluster;
+pub mod faults;
 pub mod netns;
 pub mod services;
 pub mod store;

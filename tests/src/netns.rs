@@ -53,6 +53,11 @@ impl HostPair {
         Ok(pair)
     }
 
+    /// The veth end inside namespace `b`.
+    pub fn veth_b(&self) -> String {
+        self.veth_a.trim_end_matches('a').to_string() + "b"
+    }
+
     /// `ip netns exec <ns>` as a command prefix.
     pub fn exec_prefix<'a>(&'a self, ns: &'a str) -> [&'a str; 4] {
         ["ip", "netns", "exec", ns]

@@ -737,3 +737,41 @@ fn traffic_spreads_over_two_devices_and_moves_to_one_when_the_others_link_goes_d
     assert!(stats.failed_over > 0, "slices on {dev2} moved to {dev}: {stats:?} {lanes:?}");
     drop(down);
 }
+
+// ---- fault injection (issue 24): the contract of `crescent_tests::faults` over rdma ----
+
+/// A `tebench target` and a `fault-prober` over rdma on the rxe device, on loopback.
+fn rdma_fault_case() -> Option<(crescent_tests::faults::EngineCase, crescent_tests::faults::Prober)> {
+    let (dev, gid) = rxe()?;
+    let mut env = vec![format!("MC_DEVICE={dev}")];
+    env.extend(gid.map(|g| format!("MC_GID_INDEX={g}")));
+    Some(crescent_tests::faults::EngineCase::start_at(crescent_tests::faults::Place::Loopback { env }, "rdma"))
+}
+
+#[test]
+fn faults_rdma_target_stopped_and_continued() {
+    use crescent_tests::faults::signal;
+    use rustix::process::Signal;
+    let Some((c, mut p)) = rdma_fault_case() else { return };
+    // One-sided reads and writes need no target CPU: a stopped target need not be felt, but
+    // every call keeps its bound and its bytes.
+    c.each_round(
+        &mut p,
+        |c| signal(c.target_pid(), Signal::STOP),
+        |c| signal(c.target_pid(), Signal::CONT),
+        &[],
+        false,
+    );
+}
+
+#[test]
+fn faults_rdma_target_killed_and_restarted() {
+    let Some((c, mut p)) = rdma_fault_case() else { return };
+    c.each_round(&mut p, |c| c.target.lock().unwrap().kill_now(), |c| c.restart_target(), &["resync"], true);
+}
+
+#[test]
+fn faults_rdma_target_out_of_file_descriptors() {
+    let Some((c, mut p)) = rdma_fault_case() else { return };
+    c.target_out_of_fds(&mut p);
+}

@@ -81,6 +81,12 @@ impl EngineConfig {
     /// Overrides the fields that `MC_*` variables set; a malformed value is an
     /// [`EngineError::Config`].
     pub fn apply_env(&mut self) -> Result<()> {
+        self.apply_vars(&|name| std::env::var(name).ok())
+    }
+
+    /// [`Self::apply_env`] with `var` as the environment (unset and blank values are skipped).
+    pub fn apply_vars(&mut self, var: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+        let env = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         if let Some(v) = env("MC_FORCE_TCP") {
             if parse_bool("MC_FORCE_TCP", &v)? {
                 self.protocol = Some(TransportKind::Tcp);
@@ -106,10 +112,7 @@ impl EngineConfig {
             self.tcp_slice_len = parse_size(&v).map_err(|e| EngineError::Config(format!("MC_TCP_SLICE_SIZE: {e}")))?;
         }
         if let Some(v) = env("MC_TRANSFER_TIMEOUT") {
-            let secs = v.trim().parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0).ok_or_else(|| {
-                EngineError::Config(format!("MC_TRANSFER_TIMEOUT={v:?} is not a positive number of seconds"))
-            })?;
-            self.transfer_timeout = Duration::from_secs_f64(secs);
+            self.transfer_timeout = parse_seconds("MC_TRANSFER_TIMEOUT", &v)?;
         }
         if let Some(v) = env("MC_METADATA_CLUSTER_ID") {
             self.metadata_cluster_id = Some(v.trim().to_string());
@@ -120,7 +123,7 @@ impl EngineConfig {
         if let Some(k) = Keyring::from_env().map_err(|e| EngineError::Config(e.to_string()))? {
             self.cluster_secret = Some(k);
         }
-        self.apply_rdma_vars(&env)
+        self.apply_rdma_vars(var)
     }
 
     /// The rdma settings of [`Self::apply_env`], with `var` as the environment.
@@ -182,10 +185,6 @@ fn parse_int(name: &str, v: &str, min: u64, max: u64) -> Result<u64> {
         .ok_or_else(|| EngineError::Config(format!("{name}={v:?} is not a number from {min} to {max}")))
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
 /// A positive number of seconds, at most a year.
 fn parse_seconds(name: &str, v: &str) -> Result<Duration> {
     v.trim()
@@ -241,6 +240,19 @@ mod tests {
             let err = parse_seconds("MC_METADATA_TTL", bad).unwrap_err();
             assert!(err.to_string().contains("MC_METADATA_TTL"), "{bad:?}: {err}");
         }
+    }
+
+    /// Found by the env_values fuzz target: a timeout too large for a `Duration` aborted the
+    /// process (`Duration::from_secs_f64` panics) instead of being refused.
+    #[test]
+    fn a_transfer_timeout_too_large_is_refused() {
+        let vars = |name: &str| (name == "MC_TRANSFER_TIMEOUT").then(|| "99922222222222222222222".to_string());
+        let err = EngineConfig::default().apply_vars(&vars).unwrap_err();
+        assert!(err.to_string().contains("MC_TRANSFER_TIMEOUT"), "{err}");
+        let vars = |name: &str| (name == "MC_TRANSFER_TIMEOUT").then(|| "2.5".to_string());
+        let mut c = EngineConfig::default();
+        c.apply_vars(&vars).unwrap();
+        assert_eq!(c.transfer_timeout, Duration::from_millis(2500));
     }
 
     #[test]

@@ -102,10 +102,23 @@ impl RegisteredMemory {
 struct Segment {
     name: String,
     descriptor: RwLock<Arc<SegmentDescriptor>>,
-    transport: Arc<dyn Transport>,
-    endpoint: Endpoint,
+    /// The transport and the peer's endpoint that requests go to: replaced when a fetched
+    /// descriptor names another endpoint (the peer restarted, with new ports).
+    route: RwLock<Route>,
     /// When the descriptor was last fetched again because a request looked out of range.
     last_refresh: Mutex<Option<Instant>>,
+}
+
+#[derive(Clone)]
+struct Route {
+    transport: Arc<dyn Transport>,
+    endpoint: Endpoint,
+}
+
+impl Segment {
+    fn route(&self) -> Route {
+        self.route.read().clone()
+    }
 }
 
 /// One process's transfer engine: its registered memory (its segment), the transports that
@@ -407,8 +420,7 @@ impl TransferEngine {
         let segment = Arc::new(Segment {
             name: name.to_string(),
             descriptor: RwLock::new(Arc::new(descriptor)),
-            transport,
-            endpoint,
+            route: RwLock::new(Route { transport, endpoint }),
             last_refresh: Mutex::new(None),
         });
         let mut by_name = self.by_name.lock();
@@ -425,7 +437,8 @@ impl TransferEngine {
     pub fn close_segment(&self, id: SegmentId) -> Result<()> {
         let segment = self.segments.write().remove(&id).ok_or(EngineError::UnknownSegment(id))?;
         self.by_name.lock().remove(&segment.name);
-        segment.transport.forget_peer(&segment.endpoint);
+        let route = segment.route();
+        route.transport.forget_peer(&route.endpoint);
         Ok(())
     }
 
@@ -436,7 +449,7 @@ impl TransferEngine {
 
     /// Which transport moves bytes to and from an opened segment.
     pub fn segment_transport(&self, id: SegmentId) -> Result<TransportKind> {
-        Ok(self.segment(id)?.transport.kind())
+        Ok(self.segment(id)?.route().transport.kind())
     }
 
     /// Fetches an opened segment's descriptor again (it registered or unregistered memory
@@ -444,7 +457,27 @@ impl TransferEngine {
     pub fn resync_segment(&self, id: SegmentId) -> Result<()> {
         let segment = self.segment(id)?;
         let d = self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT)?;
-        segment.transport.set_peer_regions(&segment.endpoint, remote_regions(&d));
+        self.install_descriptor(&segment, d)
+    }
+
+    /// Puts a freshly fetched descriptor of `segment` in place: its regions, and its endpoint
+    /// when that changed (a peer restarted under the same name listens on new ports; requests
+    /// to the old ones would fail until the segment was closed and opened again).
+    fn install_descriptor(&self, segment: &Segment, d: SegmentDescriptor) -> Result<()> {
+        let old = segment.route();
+        let same_host = segment.descriptor.read().host_id == d.host_id;
+        let same_kind = d.endpoints.iter().find(|e| e.kind() == old.transport.kind());
+        if same_kind != Some(&old.endpoint) {
+            let (transport, endpoint) = match same_kind {
+                Some(ep) if same_host && old.transport.connect(ep).is_ok() => (old.transport.clone(), ep.clone()),
+                _ => self.choose_transport(&segment.name, &d)?,
+            };
+            tracing::info!("segment {}: now using {endpoint} (was {})", segment.name, old.endpoint);
+            old.transport.forget_peer(&old.endpoint);
+            *segment.route.write() = Route { transport, endpoint };
+        }
+        let route = segment.route();
+        route.transport.set_peer_regions(&route.endpoint, remote_regions(&d));
         *segment.descriptor.write() = Arc::new(d);
         Ok(())
     }
@@ -452,7 +485,7 @@ impl TransferEngine {
     /// The segments opened, by handle: name and transport, in handle order.
     pub fn open_segments(&self) -> Vec<(SegmentId, String, TransportKind)> {
         let mut v: Vec<_> =
-            self.segments.read().iter().map(|(id, s)| (*id, s.name.clone(), s.transport.kind())).collect();
+            self.segments.read().iter().map(|(id, s)| (*id, s.name.clone(), s.route().transport.kind())).collect();
         v.sort_by_key(|(id, ..)| *id);
         v
     }
@@ -525,12 +558,8 @@ impl TransferEngine {
             return false;
         }
         *last = Some(Instant::now());
-        match self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT) {
-            Ok(d) => {
-                segment.transport.set_peer_regions(&segment.endpoint, remote_regions(&d));
-                *segment.descriptor.write() = Arc::new(d);
-                true
-            }
+        match self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT).and_then(|d| self.install_descriptor(segment, d)) {
+            Ok(()) => true,
             Err(e) => {
                 tracing::warn!("refreshing the descriptor of {} failed: {e}", segment.name);
                 false
@@ -629,13 +658,14 @@ impl TransferEngine {
             });
         }
         for (segment, slices) in per_segment.into_values() {
-            segment.transport.submit(&segment.endpoint, slices);
+            let route = segment.route();
+            route.transport.submit(&route.endpoint, slices);
         }
         Ok(())
     }
 
     fn plan(&self, segment: &Segment, r: &TransferRequest) -> std::result::Result<Vec<Piece>, PlanError> {
-        let max = segment.transport.slice_len_for(r.length);
+        let max = segment.route().transport.slice_len_for(r.length);
         let local_end = |a: u64| self.table.find(a, 1).map(|region| region.end());
         for attempt in 0..2 {
             let descriptor = segment.descriptor.read().clone();

@@ -139,7 +139,7 @@ impl NotifyQueue {
     }
 
     /// Serves one [`MessageKind::Notify`] request: the [`MessageKind::NotifyAck`] byte.
-    pub(crate) fn receive(&self, payload: &[u8]) -> u8 {
+    pub fn receive(&self, payload: &[u8]) -> u8 {
         match Notification::decode(payload) {
             Ok(n) => match self.push(n) {
                 Ok(()) => ACCEPTED,

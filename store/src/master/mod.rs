@@ -9,6 +9,7 @@ pub mod access;
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod conn_limit;
 mod disk;
 pub mod events;
 pub mod fence;

@@ -10,6 +10,7 @@ use crescent_engine::metadata::server::MetadataServer;
 
 use crate::error::{Result, StoreError};
 use crate::master::access::{self, Access};
+use crate::master::conn_limit;
 use crate::master::fence::Role;
 use crate::master::ha::HaSettings;
 use crate::master::service::MasterService;
@@ -168,11 +169,8 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
                 let rpc = tokio::net::TcpListener::from_std(rpc).expect("registering the rpc listener");
                 // Replies of batch calls span several segments: without TCP_NODELAY they would
                 // wait on the client's delayed ACK (40 ms per call).
-                let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(rpc), |s| {
-                    s.inspect(|s| {
-                        let _ = s.set_nodelay(nodelay);
-                    })
-                });
+                let gate = conn_limit::Gate::new(conn_limit::MAX_CONNECTIONS, conn_limit::MAX_CONNECTIONS_PER_PEER);
+                let incoming = gate.incoming(rpc, nodelay);
                 let (stop_admin_tx, stop_admin_rx) = oneshot::channel::<()>();
                 if let Some(admin) = admin {
                     let admin = tokio::net::TcpListener::from_std(admin).expect("registering the admin listener");

@@ -136,13 +136,7 @@ impl Message {
                 payload.extend_from_slice(&slot.to_le_bytes());
                 put_qp(&mut payload, qp);
             }
-            Message::Reject { reason } => {
-                let mut end = reason.len().min(MAX_PAYLOAD as usize);
-                while !reason.is_char_boundary(end) {
-                    end -= 1;
-                }
-                payload.extend_from_slice(&reason.as_bytes()[..end]);
-            }
+            Message::Reject { reason } => payload.extend_from_slice(&reason.as_bytes()[..fitted(reason)]),
             Message::Ping | Message::Pong => {}
         }
         // Every payload is bounded by construction (names and reasons are cut to fit).
@@ -158,7 +152,10 @@ impl Message {
             }
             2 => Message::Accept { slot: r.u32()?, qp: r.qp()? },
             3 => {
-                let reason = String::from_utf8_lossy(r.0).into_owned();
+                // Invalid UTF-8 becomes U+FFFD (3 bytes a byte): cut to what a Reject can carry,
+                // so that a decoded message is one this side could send.
+                let mut reason = String::from_utf8_lossy(r.0).into_owned();
+                reason.truncate(fitted(&reason));
                 r.0 = &[];
                 Message::Reject { reason }
             }
@@ -272,6 +269,15 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The length of the longest prefix of `reason` (cut at a character) a payload can carry.
+fn fitted(reason: &str) -> usize {
+    let mut end = reason.len().min(MAX_PAYLOAD as usize);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +289,16 @@ mod tests {
 
     fn read(bytes: &[u8]) -> Result<Message, WireError> {
         Message::read(&mut &bytes[..], None)
+    }
+
+    /// Found by the rdma_wire fuzz target: a reason of invalid UTF-8 grew past the payload cap
+    /// when decoded (each byte a 3-byte U+FFFD), so sending it on cut it to another message.
+    #[test]
+    fn a_reject_of_invalid_utf8_decodes_to_a_message_that_fits() {
+        let m = Message::decode(3, &[0xa7; MAX_PAYLOAD as usize]).unwrap();
+        let Message::Reject { reason } = &m else { panic!("{m:?}") };
+        assert!(reason.len() <= MAX_PAYLOAD as usize, "a reason of {} bytes", reason.len());
+        assert_eq!(read(&m.encode()).unwrap(), m);
     }
 
     #[test]
