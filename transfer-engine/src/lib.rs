@@ -5,15 +5,37 @@
 //! remote registered memory. Requests go in batches that end `Completed`, `Failed(reason)` or
 //! `TimedOut` — never hang.
 //!
-//! ```no_run
-//! use crescent_engine::{EngineConfig, Opcode, TransferEngine, TransferRequest};
-//! let engine = TransferEngine::new(EngineConfig::from_env()?)?;
-//! let buf = engine.alloc_registered(1 << 20, "cpu:0")?;
-//! let target = engine.open_segment("10.0.0.2:12345")?;
-//! let remote = engine.segment_descriptor(target)?.buffers[0].addr;
-//! engine.transfer_sync(&[TransferRequest {
-//!     opcode: Opcode::Read, source: buf.addr(), target, target_offset: remote, length: 4096,
-//! }])?;
+//! Two engines in one process on loopback: the target registers a buffer, the initiator
+//! opens the target's segment by its name and reads from it, then writes into it.
+//!
+//! ```
+//! use crescent_engine::{EngineConfig, Opcode, TransferEngine, TransferRequest, TransportKind};
+//! let config = || EngineConfig {
+//!     local_hostname: Some("127.0.0.1".into()),
+//!     protocol: Some(TransportKind::Tcp), // or None: chosen per peer (shm on this host)
+//!     ..EngineConfig::default()
+//! };
+//! let target = TransferEngine::new(config())?;
+//! let exported = target.alloc_registered(8192, "cpu:0")?;
+//! // SAFETY: `exported` is 8192 bytes this example owns; nothing transfers into it yet.
+//! unsafe { std::ptr::write_bytes(exported.addr() as *mut u8, 7, 8192) };
+//!
+//! let initiator = TransferEngine::new(config())?;
+//! let local = initiator.alloc_registered(4096, "cpu:0")?;
+//! let segment = initiator.open_segment(target.segment_name())?;
+//! let remote = initiator.segment_descriptor(segment)?.buffers[0].addr;
+//! let read = TransferRequest { opcode: Opcode::Read, source: local.addr(), target: segment, target_offset: remote, length: 4096 };
+//! initiator.transfer_sync(&[read])?;
+//! // SAFETY: the read has ended; `local` is 4096 bytes of registered memory.
+//! let got = unsafe { std::slice::from_raw_parts(local.addr() as *const u8, 4096) };
+//! assert!(got.iter().all(|&b| b == 7));
+//!
+//! // A write of those bytes to the second half of the target's buffer.
+//! let write = TransferRequest { opcode: Opcode::Write, target_offset: remote + 4096, ..read };
+//! initiator.transfer_sync(&[write])?;
+//! // SAFETY: the write has ended; `exported` is 8192 bytes of registered memory.
+//! let there = unsafe { std::slice::from_raw_parts(exported.addr() as *const u8, 8192) };
+//! assert!(there.iter().all(|&b| b == 7));
 //! # Ok::<(), crescent_engine::EngineError>(())
 //! ```
 
