@@ -235,6 +235,10 @@ type Service = crescent_store::proto::master_server::MasterServer<crescent_store
 
 thread_local! {
     static MASTER: std::cell::RefCell<(Service, u32)> = std::cell::RefCell::new((new_master(), 0));
+    /// The master's handlers run on tokio, as in `crescent-master` (timers: the owner
+    /// stream's first acknowledgement waits with a deadline).
+    static RUNTIME: tokio::runtime::Runtime =
+        tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a tokio runtime");
 }
 
 fn new_master() -> Service {
@@ -270,10 +274,10 @@ pub fn master_request(data: &[u8]) {
             m.0 = new_master();
         }
         let fut = m.0.call(req);
-        let resp = pollster::block_on(fut).expect("the service answers every request");
+        let resp = RUNTIME.with(|rt| rt.block_on(fut)).expect("the service answers every request");
         if !matches!(method, "Subscribe" | "OwnerStream") {
             // The reply (or the status in its trailers) is produced here.
-            let _ = pollster::block_on(resp.into_body().collect());
+            let _ = RUNTIME.with(|rt| rt.block_on(resp.into_body().collect()));
         }
     });
 }
