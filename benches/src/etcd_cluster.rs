@@ -12,7 +12,8 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
 }
 
-fn find_binary(name: &str) -> Option<PathBuf> {
+/// `name` on `PATH` (or in /usr/bin, /usr/sbin).
+pub fn find_binary(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
@@ -22,7 +23,7 @@ fn find_binary(name: &str) -> Option<PathBuf> {
 }
 
 /// Whether the etcd member on `port` says it is healthy (it has a leader).
-fn etcd_healthy(port: u16) -> bool {
+pub fn etcd_healthy(port: u16) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(500))
     else {
         return false;

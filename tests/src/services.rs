@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crescent_benches::etcd_cluster::{etcd_healthy, find_binary};
+
 use crate::eventually;
 
 /// A metadata service kind under test.
@@ -59,33 +61,6 @@ pub fn free_port() -> u16 {
 
 fn answers(port: u16) -> bool {
     TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(200)).is_ok()
-}
-
-/// Whether the etcd on `port` says it is healthy (`GET /health`: `"health":"true"` once the
-/// member has a leader).
-fn etcd_healthy(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(500))
-    else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut reply = String::new();
-    let _ = s.read_to_string(&mut reply);
-    reply.contains(r#""health":"true""#)
-}
-
-fn find_binary(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 /// A service process of a test's own, on a port it keeps across restarts; killed on drop.
