@@ -138,6 +138,44 @@ pub trait StoreApi: Send + Sync {
         )))
     }
 
+    // ---- sessions (Mooncake's `batch_*_session_*`): a full client keeps them ----
+
+    /// See [`StoreClient::batch_get_session_start`].
+    fn batch_get_session_start(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        let _ = keys;
+        Err(no_sessions())
+    }
+    /// See [`StoreClient::batch_get_into_session_ranges`].
+    fn batch_get_into_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        let _ = (keys, ranges);
+        Err(no_sessions())
+    }
+    /// See [`StoreClient::batch_get_session_end`].
+    fn batch_get_session_end(&self, keys: &[String]) -> Result<()> {
+        let _ = keys;
+        Err(no_sessions())
+    }
+    /// See [`StoreClient::batch_put_session_start`].
+    fn batch_put_session_start(&self, keys: &[String], sizes: &[u64], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        let _ = (keys, sizes, options);
+        Err(no_sessions())
+    }
+    /// See [`StoreClient::batch_put_from_session_ranges`].
+    fn batch_put_from_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        let _ = (keys, ranges);
+        Err(no_sessions())
+    }
+    /// See [`StoreClient::batch_put_session_end`].
+    fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        let _ = keys;
+        Err(no_sessions())
+    }
+    /// See [`StoreClient::batch_put_session_revoke`].
+    fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        let _ = keys;
+        Err(no_sessions())
+    }
+
     // ---- short forms ----
 
     fn put(&self, key: &str, value: &[u8]) -> Result<()> {
@@ -186,6 +224,14 @@ pub trait StoreApi: Send + Sync {
     fn remove_all(&self) -> Result<u64> {
         self.remove_all_with(false)
     }
+}
+
+/// A client that keeps no sessions (a dummy client: its standalone client would have to keep
+/// them for it).
+fn no_sessions() -> crate::StoreError {
+    crate::StoreError::invalid(
+        "get and put sessions need a client set up with setup(); a dummy client (setup_dummy) does not keep them",
+    )
 }
 
 /// One piece per key, from parallel lists of addresses and lengths.
@@ -294,6 +340,28 @@ impl StoreApi for StoreClient {
     }
     fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>> {
         Ok(StoreClient::batch_get_buffer(self, keys)?.into_iter().map(|r| r.map(HeldBuffer::from)).collect())
+    }
+    fn batch_get_session_start(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_get_session_start(self, keys)
+    }
+    fn batch_get_into_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_get_into_session_ranges(self, keys, ranges)
+    }
+    fn batch_get_session_end(&self, keys: &[String]) -> Result<()> {
+        StoreClient::batch_get_session_end(self, keys);
+        Ok(())
+    }
+    fn batch_put_session_start(&self, keys: &[String], sizes: &[u64], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_put_session_start(self, keys, sizes, options)
+    }
+    fn batch_put_from_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_put_from_session_ranges(self, keys, ranges)
+    }
+    fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_put_session_end(self, keys)
+    }
+    fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_put_session_revoke(self, keys)
     }
     fn close(&self) -> Result<()> {
         StoreClient::close(self)

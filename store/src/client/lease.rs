@@ -38,10 +38,15 @@ impl LeaseClock {
         }
         Err(StoreError::LeaseExpired { key: key.to_string(), lease_ms: ttl_ms, took_ms: took.as_millis() as u64 })
     }
+
+    /// Whether `ttl_ms` (0: no limit) has passed since the clock's start.
+    pub(crate) fn past(self, ttl_ms: u64) -> bool {
+        ttl_ms != 0 && self.0.elapsed() >= Duration::from_millis(ttl_ms)
+    }
 }
 
 /// A replica list with the clock of the lease it grants.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Listed {
     pub(crate) reply: GetReplicaListReply,
     pub(crate) clock: LeaseClock,
@@ -79,5 +84,7 @@ mod tests {
             other => panic!("expected LeaseExpired, got {other:?}"),
         }
         assert!(long_ago.held("k", 0).is_ok(), "a master that states no lease sets no limit");
+        assert!(long_ago.past(1000) && !long_ago.past(3_600_000) && !now.past(3_600_000));
+        assert!(!long_ago.past(0), "a master that states no put timeout sets no limit");
     }
 }

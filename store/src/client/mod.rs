@@ -15,7 +15,9 @@
 //!    master by [`disk_link`]).
 //! 4. [`StoreClient`] tells the master how it went (commit or revoke a put).
 //!
-//! A batch is the same executor over many keys, with one master round trip per step.
+//! A batch is the same executor over many keys, with one master round trip per step. A
+//! session ([`session`]) keeps a batch's master answer (replica lists with their lease, or put
+//! placements) for several ranged transfers of the same keys, then ends it.
 //!
 //! [`api::StoreApi`] is the API as a trait, for callers that work with either this client or a
 //! [`dummy::DummyClient`] (a worker's client that forwards every call to a standalone client,
@@ -37,6 +39,7 @@ mod put_retry;
 mod read;
 pub mod rpc;
 pub mod sched;
+mod session;
 pub mod sg;
 mod write;
 
@@ -124,6 +127,8 @@ pub struct StoreClient {
     index: Arc<owner_index::OwnerIndex>,
     /// Heartbeat wake-ups and answers ([`master_link`]).
     link: Arc<master_link::Link>,
+    /// Open get and put sessions ([`session`]).
+    sessions: session::Sessions,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -189,6 +194,7 @@ impl StoreClient {
             metrics_server: parking_lot::Mutex::new(None),
             index: Arc::default(),
             link: Arc::default(),
+            sessions: session::Sessions::default(),
         });
         if let Some(addr) = metrics_address {
             let weak = Arc::downgrade(&client);
@@ -1031,7 +1037,20 @@ impl StoreClient {
 
     /// The batch get into registered memory: one round trip, then the executor.
     fn read_many(&self, keys: &[String], wants: &[Want<'_>]) -> Result<Vec<Result<u64>>> {
-        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let (lists, results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        self.read_lists(keys, &lists, wants, results)
+    }
+
+    /// The executor's part of a batch get into registered memory, on answers the master gave
+    /// (now, or at a get session's start): what each key `wants` of the value `lists` describes.
+    /// Keys whose result is an error already are left alone. Returns the bytes read per key.
+    fn read_lists(
+        &self,
+        keys: &[String],
+        lists: &[Option<Listed>],
+        wants: &[Want<'_>],
+        mut results: Vec<Result<()>>,
+    ) -> Result<Vec<Result<u64>>> {
         let mut sizes = vec![0u64; keys.len()];
         let mut extents: Vec<Vec<Extent>> = vec![Vec::new(); keys.len()];
         for i in 0..keys.len() {
@@ -1042,7 +1061,7 @@ impl StoreClient {
             }
         }
         let mut dsts: Vec<Option<Dst<'_>>> = extents.iter().map(|e| Some(Dst::Registered(e))).collect();
-        self.exec().read_batch(keys, &lists, &mut dsts, &mut results, false)?;
+        self.exec().read_batch(keys, lists, &mut dsts, &mut results, false)?;
         Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n)).collect())
     }
 
@@ -1188,6 +1207,7 @@ impl StoreClient {
         }
         self.stop.store(true, Ordering::Release);
         self.metrics_server.lock().take();
+        self.close_sessions();
         let disk_closed = self.disk.as_ref().map_or(Ok(()), DiskLink::close);
         if self.segment.is_some() {
             let req = UnmountSegmentRequest {

@@ -7,7 +7,7 @@ use crescent_engine::{Opcode, TransferRequest};
 
 use super::exec::Exec;
 use super::plan;
-use super::sg::Src;
+use super::sg::{Extent, Src};
 use crate::error::{Result, StoreError};
 use crate::proto::ReplicaDescriptor;
 use crate::staging::StagingBlock;
@@ -150,5 +150,66 @@ impl<'c> Exec<'c> {
         }
         self.finish_batch(batch, keys, &owner, results)?;
         Ok(all_local)
+    }
+
+    /// A put session's ranged writes (see [`super::session`]): for each key whose result is
+    /// still Ok, each range of `ranges[i]` — `[offset, +len)` of the value, from registered
+    /// memory at `addr` — into every replica the master placed the value on (`placed[i]`, for a
+    /// value of `sizes[i]` bytes; the ranges were checked inside it): this client's own by
+    /// memcpy, the others in one engine batch. A failure fails its key (the first is kept).
+    pub(crate) fn write_ranges(
+        &self,
+        keys: &[String],
+        placed: &[&[ReplicaDescriptor]],
+        sizes: &[u64],
+        ranges: &[&[Extent]],
+        results: &mut [Result<()>],
+    ) -> Result<()> {
+        let me = self.engine.segment_name();
+        let (mut requests, mut owner) = (Vec::new(), Vec::new());
+        for i in 0..keys.len() {
+            if results[i].is_err() {
+                continue;
+            }
+            let plan = plan::write_plan(placed[i], me);
+            for r in &plan.local {
+                let Some(dst) = self.local_replica(r, sizes[i]) else {
+                    results[i] =
+                        Err(StoreError::Internal(format!("replica of {:?} outside this client's segment", keys[i])));
+                    break;
+                };
+                for e in ranges[i].iter().filter(|e| e.len > 0) {
+                    // SAFETY: the caller registered [addr, +len) (checked before the write
+                    // started) and keeps it valid and unchanged for the call.
+                    let src = unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.len as usize) };
+                    dst[e.offset as usize..(e.offset + e.len) as usize].copy_from_slice(src);
+                }
+            }
+            if results[i].is_err() {
+                continue;
+            }
+            for r in plan.remote {
+                match self.open(&keys[i], &r.segment_name) {
+                    Ok(seg) => {
+                        for e in ranges[i].iter().filter(|e| e.len > 0) {
+                            requests.push(TransferRequest {
+                                opcode: Opcode::Write,
+                                source: e.addr,
+                                target: seg,
+                                target_offset: r.address + e.offset,
+                                length: e.len,
+                            });
+                            owner.push(i);
+                        }
+                    }
+                    Err(e) => {
+                        results[i] = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let batch = self.start_batch(&requests)?;
+        self.finish_batch(batch, keys, &owner, results)
     }
 }

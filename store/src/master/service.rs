@@ -290,7 +290,12 @@ impl MasterRpc for MasterService {
         let reply = match placed {
             Ok((mut replicas, version)) => {
                 unscope_replicas(&t, &mut replicas);
-                PutStartReply { status: ok(), replicas, version }
+                PutStartReply {
+                    status: ok(),
+                    replicas,
+                    version,
+                    put_timeout_ms: m.config().put_timeout.as_millis() as u64,
+                }
             }
             Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
         };
@@ -339,7 +344,12 @@ impl MasterRpc for MasterService {
             items.push(match placed {
                 Ok((mut replicas, version)) => {
                     unscope_replicas(&t, &mut replicas);
-                    PutStartReply { status: ok(), replicas, version }
+                    PutStartReply {
+                        status: ok(),
+                        replicas,
+                        version,
+                        put_timeout_ms: m.config().put_timeout.as_millis() as u64,
+                    }
                 }
                 Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
             });

@@ -1,0 +1,422 @@
+//! Sessions: a batch's master round trip made once for several ranged transfers of the same
+//! keys (Mooncake's `batch_get_session_*` and `batch_put_session_*`), for engines that load
+//! or save a cache block layer by layer.
+//!
+//! A **get session** keeps, per key, the replica list the master gave at its start, with its
+//! read lease ([`super::lease`]). Each ranged get then runs the executor's read plan on that
+//! list without asking the master again. The list keeps the memory replicas only (a session
+//! reads ranges; a disk copy is read whole); a key without one has no session
+//! ([`PeerFault::NoReplica`]). The session lasts as long as its lease: a ranged get that starts
+//! or ends after it fails with [`StoreError::LeaseExpired`] and ends the session (the bytes may
+//! belong to another object by then), so that a new start asks for a new lease. Ending a
+//! session drops the list (the lease runs out at the master by itself).
+//!
+//! A **put session** keeps, per key, the placement the master gave at its start (the object
+//! reserved, not yet readable). Each ranged write puts some of the value's bytes into every
+//! replica; the end commits the object, a revoke gives its space back. The master keeps a
+//! placement for its put timeout (it says how long in its reply): once that has passed on this
+//! client's clock, started before the request (so never behind the master's), ranged writes
+//! are refused, since the space may be given to another object; end and revoke then get the
+//! master's answer. End and revoke seal the session first (no new ranged writes), then wait —
+//! at most the engine's transfer timeout — for the ranged writes in flight. A failed end keeps
+//! the session, sealed, for another end or a revoke; a revoke of a placement the master no
+//! longer has succeeds. Closing the client revokes the put sessions still open.
+//!
+//! Sessions are keyed by object key, one of each kind per key and client: a second put start
+//! of a key with an open session is refused; a second get start replaces the session.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::lease::{LeaseClock, Listed};
+use super::plan;
+use super::rpc::check;
+use super::sg::{self, Extent};
+use super::{one_per_key, StoreClient, Want};
+use crate::error::{PeerFault, Result, StoreError, Waited};
+use crate::proto::{BatchKeyRequest, BatchPutStartRequest, PutOptions, ReplicaDescriptor, Tier};
+
+/// The open sessions of one client.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    gets: Mutex<HashMap<String, Listed>>,
+    puts: Mutex<HashMap<String, PutSession>>,
+    /// Signalled whenever a put session's ranged writes in flight drop.
+    writes_ended: Condvar,
+}
+
+/// A reserved object and what may still be done with it.
+#[derive(Debug)]
+struct PutSession {
+    replicas: Vec<ReplicaDescriptor>,
+    size: u64,
+    /// Started before the master was asked: the placement holds for `put_timeout_ms` from it.
+    clock: LeaseClock,
+    put_timeout_ms: u64,
+    /// False once an end or a revoke began: no new ranged writes.
+    writable: bool,
+    /// Ranged writes in flight.
+    writing: usize,
+}
+
+fn no_get_session(key: &str) -> StoreError {
+    StoreError::invalid(format!("no get session for {key:?} (batch_get_session_start first; it may have ended)"))
+}
+
+fn no_put_session(key: &str) -> StoreError {
+    StoreError::invalid(format!("no put session for {key:?} (batch_put_session_start first; it may have ended)"))
+}
+
+/// Whether every replica of a placement is in memory (a session writes memory replicas).
+fn in_memory(replicas: &[ReplicaDescriptor]) -> bool {
+    !replicas.is_empty() && replicas.iter().all(|r| r.tier != Tier::Ssd as i32)
+}
+
+/// The ranges of `key` checked inside a value of `size` bytes: the bytes they move.
+fn checked(client: &StoreClient, key: &str, ranges: &[Extent], size: u64) -> Result<u64> {
+    let n = sg::check_ranges(key, ranges, size)?;
+    client.check_registered(ranges.iter().filter(|e| e.len > 0).map(|e| (e.addr, e.len)))?;
+    Ok(n)
+}
+
+/// Counts a put session's ranged writes in flight down when dropped (whatever became of them),
+/// so that an end or a revoke waiting for them goes on.
+struct Writing<'a> {
+    sessions: &'a Sessions,
+    keys: Vec<String>,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut puts = self.sessions.puts.lock();
+        for key in &self.keys {
+            if let Some(s) = puts.get_mut(key) {
+                s.writing = s.writing.saturating_sub(1);
+            }
+        }
+        drop(puts);
+        self.sessions.writes_ended.notify_all();
+    }
+}
+
+impl StoreClient {
+    // ---- get sessions ----
+
+    /// Starts a get session for each key: its replica list asked once (one master round
+    /// trip), kept with its lease for [`Self::batch_get_into_session_ranges`]. Per key: Ok, or
+    /// why there is no session (the master's answer, or no replica in memory). A key's
+    /// previous get session is replaced (or dropped, when the new start fails).
+    pub fn batch_get_session_start(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        let lists = self.batch_replica_lists(keys)?;
+        let mut gets = self.sessions.gets.lock();
+        // Sessions whose lease ran out are of no use any more.
+        gets.retain(|key, list| list.lease_held(key).is_ok());
+        Ok(keys
+            .iter()
+            .zip(lists)
+            .map(|(key, list)| {
+                gets.remove(key);
+                let mut list = list?;
+                list.reply.replicas.retain(plan::readable_in_memory);
+                if list.replicas.is_empty() {
+                    return Err(StoreError::peer_gone(key, PeerFault::NoReplica));
+                }
+                gets.insert(key.clone(), list);
+                Ok(())
+            })
+            .collect())
+    }
+
+    /// Ranged gets on get sessions, without asking the master: for key `i`, each extent of
+    /// `ranges[i]` takes `[offset, +len)` of the value into registered memory at `addr`; the
+    /// remote reads of every key go in one engine batch. Per key: the bytes read, or an error —
+    /// no session, a range outside the value or memory not registered (caller's mistakes), the
+    /// lease ended (the session with it), a transfer that failed.
+    pub fn batch_get_into_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != ranges.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
+        }
+        let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
+        let mut lists: Vec<Option<Listed>> = Vec::with_capacity(keys.len());
+        {
+            let mut gets = self.sessions.gets.lock();
+            for (key, r) in keys.iter().zip(ranges) {
+                let found = match gets.get(key) {
+                    None => Err(no_get_session(key)),
+                    Some(list) => match list.lease_held(key) {
+                        Err(e) => {
+                            gets.remove(key);
+                            Err(e)
+                        }
+                        Ok(()) => checked(self, key, r, list.size).map(|_| list.clone()),
+                    },
+                };
+                let (list, result) = match found {
+                    Ok(list) => (Some(list), Ok(())),
+                    Err(e) => (None, Err(e)),
+                };
+                lists.push(list);
+                results.push(result);
+            }
+        }
+        let wants: Vec<Want<'_>> = ranges.iter().map(|r| Want::Ranges(r)).collect();
+        let results = self.read_lists(keys, &lists, &wants, results)?;
+        // A read that ended after the lease ends its session too.
+        let expired: Vec<&String> = keys
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| matches!(r, Err(StoreError::LeaseExpired { .. })))
+            .map(|(k, _)| k)
+            .collect();
+        if !expired.is_empty() {
+            let mut gets = self.sessions.gets.lock();
+            for key in expired {
+                gets.remove(key);
+            }
+        }
+        Ok(results)
+    }
+
+    /// Ends the get sessions of `keys` (those without one are fine).
+    pub fn batch_get_session_end(&self, keys: &[String]) {
+        let mut gets = self.sessions.gets.lock();
+        for key in keys {
+            gets.remove(key);
+        }
+    }
+
+    // ---- put sessions ----
+
+    /// Starts a put session for each key: the object of `sizes[i]` bytes placed by the master
+    /// (one round trip) and kept for [`Self::batch_put_from_session_ranges`] until
+    /// [`Self::batch_put_session_end`] or [`Self::batch_put_session_revoke`]. Per key: Ok, or
+    /// why there is no session (one is open already, an empty value, the master's answer — an
+    /// existing key is [`StoreError::AlreadyExists`]).
+    pub fn batch_put_session_start(
+        &self,
+        keys: &[String],
+        sizes: &[u64],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != sizes.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} sizes", keys.len(), sizes.len())));
+        }
+        let mut results: Vec<Result<()>> = {
+            let puts = self.sessions.puts.lock();
+            keys.iter()
+                .zip(sizes)
+                .map(|(key, &size)| {
+                    if puts.contains_key(key) {
+                        Err(StoreError::invalid(format!("a put session for {key:?} is open already")))
+                    } else if size == 0 {
+                        Err(StoreError::invalid(format!("empty value for key {key:?}")))
+                    } else {
+                        Ok(())
+                    }
+                })
+                .collect()
+        };
+        let todo: Vec<usize> = (0..keys.len()).filter(|&i| results[i].is_ok()).collect();
+        if todo.is_empty() {
+            return Ok(results);
+        }
+        todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
+        let req = BatchPutStartRequest {
+            client_id: self.id.clone(),
+            keys: todo.iter().map(|&i| keys[i].clone()).collect(),
+            sizes: todo.iter().map(|&i| sizes[i]).collect(),
+            options: Some(options.clone()),
+        };
+        let clock = LeaseClock::start();
+        let reply = self.rpc.call(|mut c| async move { c.batch_put_start(req).await })?;
+        one_per_key(reply.items.len(), todo.len())?;
+        let mut revoke = Vec::new();
+        {
+            let mut puts = self.sessions.puts.lock();
+            for (&i, item) in todo.iter().zip(reply.items) {
+                let key = &keys[i];
+                results[i] = check(item.status, key);
+                if results[i].is_err() {
+                    continue;
+                }
+                if puts.contains_key(key) {
+                    // Started meanwhile by another call (the master places a key once: this
+                    // answer is that placement's, which the open session holds).
+                    results[i] = Err(StoreError::invalid(format!("a put session for {key:?} is open already")));
+                    continue;
+                }
+                if !in_memory(&item.replicas) {
+                    // Nothing a session can write.
+                    revoke.push(key.clone());
+                    results[i] = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
+                    continue;
+                }
+                let session = PutSession {
+                    replicas: item.replicas,
+                    size: sizes[i],
+                    clock,
+                    put_timeout_ms: item.put_timeout_ms,
+                    writable: true,
+                    writing: 0,
+                };
+                puts.insert(key.clone(), session);
+            }
+        }
+        self.batch_revoke(revoke);
+        Ok(results)
+    }
+
+    /// Ranged writes on put sessions, without asking the master: for key `i`, each extent of
+    /// `ranges[i]` puts `len` bytes from registered memory at `addr` at `offset` of the value,
+    /// into every replica (the remote writes of every key in one engine batch). Per key: the
+    /// bytes written, or an error — no session or one sealed by an end or revoke, a range
+    /// outside the value, memory not registered, the placement past the master's put timeout,
+    /// a transfer that failed.
+    pub fn batch_put_from_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != ranges.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
+        }
+        let n = keys.len();
+        let mut results: Vec<Result<()>> = Vec::with_capacity(n);
+        let mut bytes = vec![0u64; n];
+        let mut placed: Vec<Vec<ReplicaDescriptor>> = vec![Vec::new(); n];
+        let mut sizes = vec![0u64; n];
+        let mut clocks: Vec<Option<(LeaseClock, u64)>> = vec![None; n];
+        let mut writing = Writing { sessions: &self.sessions, keys: Vec::new() };
+        {
+            let mut puts = self.sessions.puts.lock();
+            for i in 0..n {
+                let key = &keys[i];
+                let result = match puts.get_mut(key) {
+                    None => Err(no_put_session(key)),
+                    Some(s) if !s.writable => {
+                        Err(StoreError::invalid(format!("the put session of {key:?} is ending: no more writes")))
+                    }
+                    Some(s) if s.clock.past(s.put_timeout_ms) => Err(past_put_timeout(key, s.put_timeout_ms)),
+                    Some(s) => checked(self, key, ranges[i], s.size).map(|n| {
+                        s.writing += 1;
+                        writing.keys.push(key.clone());
+                        (bytes[i], placed[i], sizes[i], clocks[i]) =
+                            (n, s.replicas.clone(), s.size, Some((s.clock, s.put_timeout_ms)));
+                    }),
+                };
+                results.push(result);
+            }
+        }
+        let refs: Vec<&[ReplicaDescriptor]> = placed.iter().map(|p| &p[..]).collect();
+        self.exec().write_ranges(keys, &refs, &sizes, ranges, &mut results)?;
+        // A write that ended after the placement's time may have landed in another object's
+        // space: not a success.
+        for i in 0..n {
+            if let (Ok(()), Some((clock, ttl))) = (&results[i], clocks[i]) {
+                if clock.past(ttl) {
+                    results[i] = Err(past_put_timeout(&keys[i], ttl));
+                }
+            }
+        }
+        drop(writing);
+        Ok(results.into_iter().zip(bytes).map(|(r, n)| r.map(|()| n)).collect())
+    }
+
+    /// Seals the put sessions of `keys` and waits for their ranged writes in flight (at most
+    /// the engine's transfer timeout). Returns a result per key (no session; still writing
+    /// when the wait ended) and the keys to tell the master about.
+    fn seal(&self, keys: &[String]) -> (Vec<Result<()>>, Vec<usize>) {
+        let after = self.engine.config().transfer_timeout;
+        let deadline = Instant::now() + after;
+        let mut puts = self.sessions.puts.lock();
+        let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
+        for key in keys {
+            results.push(match puts.get_mut(key) {
+                Some(s) => {
+                    s.writable = false;
+                    Ok(())
+                }
+                None => Err(no_put_session(key)),
+            });
+        }
+        let busy = |puts: &HashMap<String, PutSession>, key: &String| puts.get(key).is_some_and(|s| s.writing > 0);
+        while keys.iter().zip(&results).any(|(k, r)| r.is_ok() && busy(&puts, k)) {
+            if self.sessions.writes_ended.wait_until(&mut puts, deadline).timed_out() {
+                break;
+            }
+        }
+        let mut todo = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            if results[i].is_err() {
+                continue;
+            }
+            if busy(&puts, key) {
+                results[i] = Err(StoreError::TimedOut { waited: Waited::Transfer { key: key.clone() }, after });
+            } else if !puts.contains_key(key) {
+                results[i] = Err(no_put_session(key)); // ended by another call meanwhile
+            } else {
+                todo.push(i);
+            }
+        }
+        (results, todo)
+    }
+
+    /// Ends the put sessions of `keys`: the objects are committed (one master round trip) and
+    /// readable. Per key: Ok (the session is gone), or an error — no session, the master's
+    /// answer (the session stays, sealed: end or revoke it again).
+    pub fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        let (mut results, todo) = self.seal(keys);
+        if todo.is_empty() {
+            return Ok(results);
+        }
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys: todo.iter().map(|&i| keys[i].clone()).collect() };
+        let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
+        one_per_key(reply.statuses.len(), todo.len())?;
+        let mut puts = self.sessions.puts.lock();
+        for (&i, status) in todo.iter().zip(reply.statuses) {
+            results[i] = check(Some(status), &keys[i]);
+            if results[i].is_ok() {
+                puts.remove(&keys[i]);
+            }
+        }
+        Ok(results)
+    }
+
+    /// Revokes the put sessions of `keys`: the reserved space goes back (one master round
+    /// trip). Per key: Ok (the session is gone; also when the master had dropped the
+    /// placement), or an error — no session, the master's answer (the session stays, sealed).
+    pub fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        let (mut results, todo) = self.seal(keys);
+        if todo.is_empty() {
+            return Ok(results);
+        }
+        todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys: todo.iter().map(|&i| keys[i].clone()).collect() };
+        let reply = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await })?;
+        one_per_key(reply.statuses.len(), todo.len())?;
+        let mut puts = self.sessions.puts.lock();
+        for (&i, status) in todo.iter().zip(reply.statuses) {
+            results[i] = match check(Some(status), &keys[i]) {
+                Ok(()) | Err(StoreError::NotFound(_)) => {
+                    puts.remove(&keys[i]);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
+        }
+        Ok(results)
+    }
+
+    /// At close: the put sessions still open are revoked (their space is not held until the
+    /// master's put timeout), the get sessions dropped.
+    pub(crate) fn close_sessions(&self) {
+        self.sessions.gets.lock().clear();
+        let open: Vec<String> = self.sessions.puts.lock().drain().map(|(k, _)| k).collect();
+        self.batch_revoke(open);
+    }
+}
+
+fn past_put_timeout(key: &str, ttl_ms: u64) -> StoreError {
+    StoreError::invalid(format!(
+        "the put session of {key:?} is past the master's put timeout ({ttl_ms} ms): its space may be given to other \
+         objects; revoke it and start again"
+    ))
+}
