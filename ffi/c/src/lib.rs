@@ -44,10 +44,12 @@ pub const CRESCENT_ERR_CLIENT_NOT_FOUND: i32 = -103;
 pub const CRESCENT_ERR_NO_AVAILABLE_HANDLE: i32 = -200;
 pub const CRESCENT_ERR_INVALID_PARAMS: i32 = -600;
 pub const CRESCENT_ERR_INVALID_HANDLE: i32 = -650;
+pub const CRESCENT_ERR_INVALID_REPLICA: i32 = -702;
 pub const CRESCENT_ERR_REPLICA_IS_NOT_READY: i32 = -703;
 pub const CRESCENT_ERR_OBJECT_NOT_FOUND: i32 = -704;
 pub const CRESCENT_ERR_OBJECT_ALREADY_EXISTS: i32 = -705;
 pub const CRESCENT_ERR_OBJECT_HAS_LEASE: i32 = -706;
+pub const CRESCENT_ERR_LEASE_EXPIRED: i32 = -707;
 pub const CRESCENT_ERR_TRANSFER_FAIL: i32 = -800;
 pub const CRESCENT_ERR_RPC_FAIL: i32 = -900;
 pub const CRESCENT_ERR_UNAVAILABLE_IN_CURRENT_STATUS: i32 = -1010;
@@ -1172,10 +1174,12 @@ mod tests {
             (CRESCENT_ERR_NO_AVAILABLE_HANDLE, Status::NoAvailableHandle),
             (CRESCENT_ERR_INVALID_PARAMS, Status::InvalidParams),
             (CRESCENT_ERR_INVALID_HANDLE, Status::InvalidHandle),
+            (CRESCENT_ERR_INVALID_REPLICA, Status::InvalidReplica),
             (CRESCENT_ERR_REPLICA_IS_NOT_READY, Status::ReplicaIsNotReady),
             (CRESCENT_ERR_OBJECT_NOT_FOUND, Status::ObjectNotFound),
             (CRESCENT_ERR_OBJECT_ALREADY_EXISTS, Status::ObjectAlreadyExists),
             (CRESCENT_ERR_OBJECT_HAS_LEASE, Status::ObjectHasLease),
+            (CRESCENT_ERR_LEASE_EXPIRED, Status::LeaseExpired),
             (CRESCENT_ERR_TRANSFER_FAIL, Status::TransferFail),
             (CRESCENT_ERR_RPC_FAIL, Status::RpcFail),
             (CRESCENT_ERR_UNAVAILABLE_IN_CURRENT_STATUS, Status::UnavailableInCurrentStatus),

@@ -24,10 +24,15 @@ pub enum Status {
     InvalidParams = -600,
     /// C ABI: a handle that is null, unknown, already freed or of the wrong kind.
     InvalidHandle = -650,
+    /// No replica fit for the call (a get session: none in memory; a put session: no memory
+    /// replica placed).
+    InvalidReplica = -702,
     ReplicaIsNotReady = -703,
     ObjectNotFound = -704,
     ObjectAlreadyExists = -705,
     ObjectHasLease = -706,
+    /// A get session's read lease ended before its ranged read did (the session ends too).
+    LeaseExpired = -707,
     /// Moving the bytes failed: the peer holding them is gone, timed out, refused the access.
     TransferFail = -800,
     /// The master (or a metadata service) cannot be reached.
@@ -41,7 +46,7 @@ impl Status {
         self as i32
     }
 
-    pub const ALL: [Status; 16] = [
+    pub const ALL: [Status; 18] = [
         Status::Ok,
         Status::Internal,
         Status::BufferOverflow,
@@ -51,10 +56,12 @@ impl Status {
         Status::NoAvailableHandle,
         Status::InvalidParams,
         Status::InvalidHandle,
+        Status::InvalidReplica,
         Status::ReplicaIsNotReady,
         Status::ObjectNotFound,
         Status::ObjectAlreadyExists,
         Status::ObjectHasLease,
+        Status::LeaseExpired,
         Status::TransferFail,
         Status::RpcFail,
         Status::UnavailableInCurrentStatus,
@@ -77,10 +84,12 @@ impl Status {
             Status::NoAvailableHandle => "NO_AVAILABLE_HANDLE\0",
             Status::InvalidParams => "INVALID_PARAMS\0",
             Status::InvalidHandle => "INVALID_HANDLE\0",
+            Status::InvalidReplica => "INVALID_REPLICA\0",
             Status::ReplicaIsNotReady => "REPLICA_IS_NOT_READY\0",
             Status::ObjectNotFound => "OBJECT_NOT_FOUND\0",
             Status::ObjectAlreadyExists => "OBJECT_ALREADY_EXISTS\0",
             Status::ObjectHasLease => "OBJECT_HAS_LEASE\0",
+            Status::LeaseExpired => "LEASE_EXPIRED\0",
             Status::TransferFail => "TRANSFER_FAIL\0",
             Status::RpcFail => "RPC_FAIL\0",
             Status::UnavailableInCurrentStatus => "UNAVAILABLE_IN_CURRENT_STATUS\0",
@@ -124,6 +133,18 @@ pub fn store_status(e: &StoreError) -> Status {
     }
 }
 
+/// The status a store error is reported with by the session calls (`batch_get_session_*`,
+/// `batch_put_session_*`, their ranged transfers), as Mooncake's: a lease that ended is
+/// `LEASE_EXPIRED` (elsewhere `TRANSFER_FAIL`, see [`store_status`]), no replica in memory
+/// `INVALID_REPLICA`.
+pub fn session_status(e: &StoreError) -> Status {
+    match e {
+        StoreError::LeaseExpired { .. } => Status::LeaseExpired,
+        StoreError::PeerGone { cause: crescent_store::error::PeerFault::NoReplica, .. } => Status::InvalidReplica,
+        e => store_status(e),
+    }
+}
+
 /// The status an engine error is reported with.
 pub fn engine_status(e: &EngineError) -> Status {
     match e {
@@ -164,6 +185,15 @@ mod tests {
         for (e, code) in cases {
             assert_eq!(store_status(&e).code(), code, "{e}");
         }
+    }
+
+    #[test]
+    fn session_calls_tell_an_ended_lease_and_a_missing_memory_replica_apart() {
+        let lease = StoreError::LeaseExpired { key: "k".into(), lease_ms: 1, took_ms: 2 };
+        let none = StoreError::peer_gone("k", crescent_store::error::PeerFault::NoReplica);
+        assert_eq!((session_status(&lease).code(), store_status(&lease).code()), (-707, -800));
+        assert_eq!((session_status(&none).code(), store_status(&none).code()), (-702, -800));
+        assert_eq!(session_status(&StoreError::NotFound("k".into())).code(), -704);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::fmt::Display;
 
-pub use codes::{engine_status, store_status, Status};
+pub use codes::{engine_status, session_status, store_status, Status};
 pub use replicate::{ReplicateConfig, SoftPinAction};
 pub use setup::{
     client_port_range, protocol_of, SetupArgs, DEFAULT_CLIENT_HTTP_PORT, DEFAULT_GLOBAL_SEGMENT_SIZE,
@@ -69,6 +69,8 @@ pub fn fail(status: Status, message: impl Display) -> Status {
         | Status::ObjectHasLease
         | Status::InvalidParams
         | Status::InvalidHandle
+        | Status::InvalidReplica
+        | Status::LeaseExpired
         | Status::BufferOverflow
         | Status::UnavailableInCurrentStatus => tracing::debug!("{message}"),
         _ => tracing::warn!("{message}"),
@@ -80,6 +82,11 @@ pub fn fail(status: Status, message: impl Display) -> Status {
 /// [`fail`] for a store error.
 pub fn store_fail(e: &crescent_store::StoreError) -> Status {
     fail(store_status(e), e)
+}
+
+/// [`fail`] for a store error of a get or put session's call.
+pub fn session_fail(e: &crescent_store::StoreError) -> Status {
+    fail(session_status(e), e)
 }
 
 /// [`fail`] for an engine error.

@@ -22,7 +22,7 @@ use crescent_ffi::engine::TransferEngine;
 use crescent_ffi::store::client::{Extent, Piece};
 use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::{HeldBuffer, StoreApi, StoreClient};
-use crescent_ffi::{fail, store_fail, SetupArgs, SoftPinAction, Status};
+use crescent_ffi::{fail, session_fail, store_fail, SetupArgs, SoftPinAction, Status};
 use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -287,6 +287,96 @@ fn key_pieces(
         keep.push(mem);
     }
     Ok(Ok(pieces))
+}
+
+/// One key's ranges in a ranged session call: buffer `j` (an int address or a buffer object,
+/// kept exported in `keep`) takes or gives `sizes[j]` bytes at `offsets[j]` of the value.
+/// Lists of other lengths, memory that is not registered or a size larger than a buffer
+/// object refuse the key with INVALID_PARAMS. Empty ranges move nothing.
+#[allow(clippy::too_many_arguments)]
+fn key_ranges(
+    client: &dyn StoreApi,
+    ptrs: &Bound<'_, PyAny>,
+    sizes: &[u64],
+    offsets: &[u64],
+    writable: bool,
+    keep: &mut Vec<Mem>,
+    what: &str,
+    key: &str,
+) -> PyResult<Result<Vec<Extent>, i32>> {
+    let ptrs = items(ptrs)?;
+    if ptrs.len() != sizes.len() || ptrs.len() != offsets.len() {
+        return Ok(Err(invalid(format!(
+            "{what}: key {key:?} has {} buffers, {} sizes and {} offsets",
+            ptrs.len(),
+            sizes.len(),
+            offsets.len()
+        ))));
+    }
+    let mut extents = Vec::with_capacity(ptrs.len());
+    for (j, obj) in ptrs.iter().enumerate() {
+        let (mem, len) = match store_mem(obj, Some(sizes[j]), writable, &format!("{what}: {key:?}: buffer {j}"))? {
+            Ok(m) => m,
+            Err(code) => return Ok(Err(code)),
+        };
+        if len > 0 {
+            if !client.is_registered(mem.addr(), len) {
+                return Ok(Err(invalid(format!(
+                    "{what}: {key:?}: buffer {j} [{:#x}, +{len}) is not registered memory (register_buffer first)",
+                    mem.addr()
+                ))));
+            }
+            extents.push(Extent { offset: offsets[j], addr: mem.addr(), len });
+        }
+        keep.push(mem);
+    }
+    Ok(Ok(extents))
+}
+
+/// The ranges of a ranged session call, checked per key (see [`key_ranges`]); lists of other
+/// lengths are INVALID_PARAMS for every key.
+#[allow(clippy::too_many_arguments)]
+fn session_ranges(
+    client: &dyn StoreApi,
+    what: &str,
+    keys: &[String],
+    all_buffer_ptrs: &Bound<'_, PyAny>,
+    all_sizes: &[Vec<u64>],
+    all_offsets: &[Vec<u64>],
+    writable: bool,
+    keep: &mut Vec<Mem>,
+) -> PyResult<(Vec<Result<u64, i32>>, Vec<Vec<Extent>>)> {
+    let n = keys.len();
+    let ptr_lists = items(all_buffer_ptrs)?;
+    if ptr_lists.len() != n || all_sizes.len() != n || all_offsets.len() != n {
+        let message = format!(
+            "{what}: {n} keys, {} buffer lists, {} size lists, {} offset lists",
+            ptr_lists.len(),
+            all_sizes.len(),
+            all_offsets.len()
+        );
+        return Ok((per_key(n, Err(invalid(message))), vec![Vec::new(); n]));
+    }
+    let mut results = Vec::with_capacity(n);
+    let mut ranges = Vec::with_capacity(n);
+    for i in 0..n {
+        let r = key_ranges(client, &ptr_lists[i], &all_sizes[i], &all_offsets[i], writable, keep, what, &keys[i])?;
+        results.push(r.as_ref().map(|_| 0).map_err(|c| *c));
+        ranges.push(r.unwrap_or_default());
+    }
+    Ok((results, ranges))
+}
+
+/// A session call's per-key results as Mooncake's codes.
+fn session_codes<T>(
+    rs: Result<Vec<Result<T, crescent_ffi::store::StoreError>>, crescent_ffi::store::StoreError>,
+    n: usize,
+    ok: impl Fn(T) -> i64,
+) -> Vec<i64> {
+    match rs {
+        Ok(rs) => rs.into_iter().map(|r| r.map_or_else(|e| session_fail(&e).code() as i64, &ok)).collect(),
+        Err(e) => per_key(n, session_fail(&e).code() as i64),
+    }
 }
 
 /// Runs a batch call on the keys not refused yet (`results[i]` is `Err(code)` for a refused
@@ -1732,6 +1822,168 @@ impl Store {
             }
         }
         Ok(results)
+    }
+
+    /// batch_get_session_start(keys) -> list[int]: starts a get session per key — its replicas
+    /// asked once (one master round trip) and kept, with their read lease, for
+    /// `batch_get_into_multi_buffer_ranges` — until `batch_get_session_end` or the lease's end.
+    /// 0 per key, or a negative code: OBJECT_NOT_FOUND, INVALID_REPLICA (no replica in
+    /// memory)... A key's previous session is replaced. Before setup: [].
+    fn batch_get_session_start(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            not_set_up("batch_get_session_start");
+            return Vec::new();
+        };
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        session_codes(py.detach(|| client.batch_get_session_start(&keys)), keys.len(), |()| 0)
+    }
+
+    /// batch_get_into_multi_buffer_ranges(keys, all_buffer_ptrs, all_sizes, all_src_offsets)
+    /// -> list[int]: ranged gets on get sessions, without asking the master: for key `i`,
+    /// `all_sizes[i][j]` bytes of the value from `all_src_offsets[i][j]` into registered
+    /// buffer `all_buffer_ptrs[i][j]`; the remote reads of every key in one engine batch.
+    /// Bytes read per key, or a negative code: INVALID_PARAMS for every key when the lists'
+    /// lengths differ; for a key without a session (never started, ended), with lists of other
+    /// lengths, a range past the value's end or memory not registered; LEASE_EXPIRED when the
+    /// session's lease ended (the session ends with it). Before setup: [].
+    fn batch_get_into_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: Vec<Vec<u64>>,
+        all_src_offsets: Vec<Vec<u64>>,
+    ) -> PyResult<Vec<i64>> {
+        crescent_ffi::clear_last_error();
+        let what = "batch_get_into_multi_buffer_ranges";
+        let Some(client) = self.client() else {
+            not_set_up(what);
+            return Ok(Vec::new());
+        };
+        let mut keep = Vec::new();
+        let (mut results, ranges) =
+            session_ranges(&*client, what, &keys, all_buffer_ptrs, &all_sizes, &all_src_offsets, true, &mut keep)?;
+        py.detach(|| {
+            on_accepted(&mut results, &keys, ranges, |keys, ranges| {
+                let refs: Vec<&[Extent]> = ranges.iter().map(|r| &r[..]).collect();
+                let codes = session_codes(client.batch_get_into_session_ranges(keys, &refs), keys.len(), |n| n as i64);
+                codes.into_iter().map(|c| if c < 0 { Err(c as i32) } else { Ok(c as u64) }).collect()
+            })
+        });
+        Ok(results.into_iter().map(|r| r.map_or_else(|code| code as i64, |n| n as i64)).collect())
+    }
+
+    /// batch_get_session_end(keys) -> int: ends the get sessions of `keys` (keys without one
+    /// are fine); 0. Before setup: -1, as Mooncake's binding answers.
+    fn batch_get_session_end(&self, py: Python<'_>, keys: Vec<String>) -> i32 {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            fail(Status::Internal, "batch_get_session_end: the store is not set up (call setup() first) or was closed");
+            return Status::Internal.code();
+        };
+        py.detach(|| client.batch_get_session_end(&keys)).map_or_else(|e| session_fail(&e).code(), |()| 0)
+    }
+
+    /// batch_put_session_start(keys, sizes, config=None) -> list[int]: starts a put session
+    /// per key — an object of `sizes[i]` bytes placed by the master (one round trip), written
+    /// by `batch_put_from_multi_buffer_ranges`, then made readable by `batch_put_session_end`
+    /// or given back by `batch_put_session_revoke`. 0 per key, or a negative code:
+    /// INVALID_PARAMS for every key when the lists' lengths differ (or `config` is refused),
+    /// for a key with an open session or size 0; OBJECT_ALREADY_EXISTS for a key that exists;
+    /// NO_AVAILABLE_HANDLE without room. Before setup: [].
+    #[pyo3(signature = (keys, sizes, config=None))]
+    fn batch_put_session_start(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i64> {
+        crescent_ffi::clear_last_error();
+        let what = "batch_put_session_start";
+        let Some(client) = self.client() else {
+            not_set_up(what);
+            return Vec::new();
+        };
+        let n = keys.len();
+        if sizes.len() != n {
+            return per_key(n, invalid(format!("{what}: {n} keys but {} sizes", sizes.len())) as i64);
+        }
+        let options = match put_options(&*client, config.as_deref(), n) {
+            Ok(o) => o,
+            Err(code) => return per_key(n, code as i64),
+        };
+        if n == 0 {
+            return Vec::new();
+        }
+        session_codes(py.detach(|| client.batch_put_session_start(&keys, &sizes, &options)), n, |()| 0)
+    }
+
+    /// batch_put_from_multi_buffer_ranges(keys, all_buffer_ptrs, all_sizes, all_dst_offsets)
+    /// -> list[int]: ranged writes on put sessions, without asking the master: for key `i`,
+    /// `all_sizes[i][j]` bytes from registered buffer `all_buffer_ptrs[i][j]` at
+    /// `all_dst_offsets[i][j]` of the value, into every replica (the remote writes of every
+    /// key in one engine batch). Bytes written per key, or a negative code: INVALID_PARAMS for
+    /// every key when the lists' lengths differ; for a key without a session (never started,
+    /// ended, being ended), with lists of other lengths, a range past the value's end, memory
+    /// not registered, or past the master's put timeout. Before setup: [].
+    fn batch_put_from_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: Vec<Vec<u64>>,
+        all_dst_offsets: Vec<Vec<u64>>,
+    ) -> PyResult<Vec<i64>> {
+        crescent_ffi::clear_last_error();
+        let what = "batch_put_from_multi_buffer_ranges";
+        let Some(client) = self.client() else {
+            not_set_up(what);
+            return Ok(Vec::new());
+        };
+        let mut keep = Vec::new();
+        let (mut results, ranges) =
+            session_ranges(&*client, what, &keys, all_buffer_ptrs, &all_sizes, &all_dst_offsets, false, &mut keep)?;
+        py.detach(|| {
+            on_accepted(&mut results, &keys, ranges, |keys, ranges| {
+                let refs: Vec<&[Extent]> = ranges.iter().map(|r| &r[..]).collect();
+                let codes = session_codes(client.batch_put_from_session_ranges(keys, &refs), keys.len(), |n| n as i64);
+                codes.into_iter().map(|c| if c < 0 { Err(c as i32) } else { Ok(c as u64) }).collect()
+            })
+        });
+        Ok(results.into_iter().map(|r| r.map_or_else(|code| code as i64, |n| n as i64)).collect())
+    }
+
+    /// batch_put_session_end(keys) -> list[int]: commits the objects of the put sessions of
+    /// `keys` (one master round trip; ranged writes in flight are waited for) and ends the
+    /// sessions. 0 per key, or a negative code: INVALID_PARAMS without a session (never
+    /// started, ended already); the master's answer otherwise (OBJECT_NOT_FOUND once it has
+    /// dropped the placement), and then the session stays for another end or a revoke.
+    /// Before setup: [].
+    fn batch_put_session_end(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            not_set_up("batch_put_session_end");
+            return Vec::new();
+        };
+        session_codes(py.detach(|| client.batch_put_session_end(&keys)), keys.len(), |()| 0)
+    }
+
+    /// batch_put_session_revoke(keys) -> list[int]: gives back the space of the put sessions
+    /// of `keys` (one master round trip; ranged writes in flight are waited for) and ends the
+    /// sessions; nothing is stored. 0 per key (also when the master had dropped the placement),
+    /// INVALID_PARAMS without a session, else the master's answer (the session stays).
+    /// Before setup: [].
+    fn batch_put_session_revoke(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            not_set_up("batch_put_session_revoke");
+            return Vec::new();
+        };
+        session_codes(py.detach(|| client.batch_put_session_revoke(&keys)), keys.len(), |()| 0)
     }
 
     /// put_parts(key, *parts, config=None) -> int: puts the concatenation of `parts`

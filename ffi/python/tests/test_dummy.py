@@ -143,3 +143,17 @@ def test_a_dummy_client_has_the_whole_store_api(port):
     assert s.is_exist("py/held") == 0
     s.close()
     assert s.health_check() == 1, "closed"
+
+
+def test_a_dummy_client_refuses_sessions_with_a_code_and_says_why(port):
+    s = dummy(port)
+    assert s.batch_get_session_start(["py/s"]) == [-600]
+    assert "setup_dummy" in crescent.last_error()
+    assert s.batch_put_session_start(["py/s"], [10]) == [-600]
+    assert s.batch_put_from_multi_buffer_ranges(["py/s"], [[]], [[]], [[]]) == [-600]
+    assert s.batch_get_into_multi_buffer_ranges(["py/s"], [[]], [[]], [[]]) == [-600]
+    assert s.batch_put_session_end(["py/s"]) == [-600]
+    assert s.batch_put_session_revoke(["py/s"]) == [-600]
+    assert s.batch_get_session_end(["py/s"]) == -600
+    assert s.is_exist("py/s") == 0
+    s.close()

@@ -16,10 +16,12 @@ CLIENT_NOT_FOUND: int
 NO_AVAILABLE_HANDLE: int
 INVALID_PARAMS: int
 INVALID_HANDLE: int
+INVALID_REPLICA: int
 REPLICA_IS_NOT_READY: int
 OBJECT_NOT_FOUND: int
 OBJECT_ALREADY_EXISTS: int
 OBJECT_HAS_LEASE: int
+LEASE_EXPIRED: int
 TRANSFER_FAIL: int
 RPC_FAIL: int
 UNAVAILABLE_IN_CURRENT_STATUS: int
@@ -269,6 +271,38 @@ class MooncakeDistributedStore:
         all_sizes: Sequence[Sequence[Sequence[int]]],
     ) -> list[list[list[int]]]:
         """Ranges of values into registered buffers; bytes read or a negative code per range."""
+    def batch_get_session_start(self, keys: Sequence[str]) -> list[int]:
+        """Starts a get session per key (replicas asked once, kept with their read lease); 0 or
+        a negative code per key ([] before setup)."""
+    def batch_get_into_multi_buffer_ranges(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[Memory]],
+        all_sizes: Sequence[Sequence[int]],
+        all_src_offsets: Sequence[Sequence[int]],
+    ) -> list[int]:
+        """Ranged gets on get sessions (no master round trip); bytes read or a negative code
+        per key (LEASE_EXPIRED once the session's lease ended)."""
+    def batch_get_session_end(self, keys: Sequence[str]) -> int:
+        """Ends the get sessions of ``keys``; 0 (-1 before setup)."""
+    def batch_put_session_start(
+        self, keys: Sequence[str], sizes: Sequence[int], config: ReplicateConfig | None = None
+    ) -> list[int]:
+        """Starts a put session per key (the object placed, not yet readable); 0 or a negative
+        code per key ([] before setup)."""
+    def batch_put_from_multi_buffer_ranges(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[Memory]],
+        all_sizes: Sequence[Sequence[int]],
+        all_dst_offsets: Sequence[Sequence[int]],
+    ) -> list[int]:
+        """Ranged writes on put sessions (no master round trip); bytes written or a negative
+        code per key."""
+    def batch_put_session_end(self, keys: Sequence[str]) -> list[int]:
+        """Commits the put sessions' objects and ends the sessions; 0 or a negative code per key."""
+    def batch_put_session_revoke(self, keys: Sequence[str]) -> list[int]:
+        """Gives back the put sessions' space and ends the sessions; 0 or a negative code per key."""
     def put_parts(self, key: str, *parts: Buffer, config: ReplicateConfig | None = None) -> int:
         """Puts the concatenation of ``parts`` as one value; 0 or a negative code."""
     def upsert_parts(self, key: str, *parts: Buffer, config: ReplicateConfig | None = None) -> int: ...
