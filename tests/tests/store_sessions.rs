@@ -100,8 +100,8 @@ fn a_value_saved_layer_by_layer_in_a_session_loads_back_layer_by_layer_without_a
     assert!(ended.iter().all(|r| r.is_ok()), "{ended:?}");
     let calls: Vec<u64> = rpc_counts(&m, &METHODS).iter().zip(&before).map(|(x, y)| x - y).collect();
     assert_eq!(calls, vec![1, 1, 0, 0, 0, 0], "calls of {METHODS:?} for a session of {LAYERS} layers");
-    for k in 0..keys.len() {
-        assert!(holder.get(&keys[k]).unwrap() == value(k), "value {k}, read whole");
+    for (k, key) in keys.iter().enumerate() {
+        assert!(holder.get(key).unwrap() == value(k), "value {k}, read whole");
     }
 
     // Loaded back layer by layer: by the consumer (remote reads) and by the holder (its own

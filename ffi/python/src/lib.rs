@@ -333,6 +333,9 @@ fn key_ranges(
     Ok(Ok(extents))
 }
 
+/// Per key of a ranged session call: its result so far (Ok until refused) and its ranges.
+type SessionRanges = (Vec<Result<u64, i32>>, Vec<Vec<Extent>>);
+
 /// The ranges of a ranged session call, checked per key (see [`key_ranges`]); lists of other
 /// lengths are INVALID_PARAMS for every key.
 #[allow(clippy::too_many_arguments)]
@@ -345,7 +348,7 @@ fn session_ranges(
     all_offsets: &[Vec<u64>],
     writable: bool,
     keep: &mut Vec<Mem>,
-) -> PyResult<(Vec<Result<u64, i32>>, Vec<Vec<Extent>>)> {
+) -> PyResult<SessionRanges> {
     let n = keys.len();
     let ptr_lists = items(all_buffer_ptrs)?;
     if ptr_lists.len() != n || all_sizes.len() != n || all_offsets.len() != n {
