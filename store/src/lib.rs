@@ -40,12 +40,14 @@
 //! master.shutdown();
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![warn(missing_docs)]
 
 pub mod allocator;
 pub mod client;
 pub mod error;
 pub mod leader;
 mod logging;
+#[allow(missing_docs)] // documented in the next commit, apart (another branch reshapes master/)
 pub mod master;
 mod metrics_registry;
 pub mod pattern;
