@@ -47,7 +47,6 @@ pub mod client;
 pub mod error;
 pub mod leader;
 mod logging;
-#[allow(missing_docs)] // documented in the next commit, apart (another branch reshapes master/)
 pub mod master;
 mod metrics_registry;
 pub mod pattern;
