@@ -14,8 +14,11 @@ ci_mdbook() {
   fi
 }
 
-# Builds docs/ into docs/book/ and checks every relative link and anchor of README.md and the book.
+# Builds docs/ into docs/book/ and checks every relative link and anchor of README.md and the book;
+# then the library crates' API docs, where a broken or ambiguous intra-doc link is an error.
 ci_docs() {
+  ci_log "the API docs: cargo doc of the library crates, warnings denied"
+  RUSTDOCFLAGS="-D warnings" cargo doc --locked -q --no-deps -p crescent-transports -p crescent-engine -p crescent-store
   ci_log "the book: mdbook build docs, then its links (ci/check-links.py)"
   ci_mdbook
   "$CI_MDBOOK" build docs

@@ -29,14 +29,37 @@ pub struct Block {
 /// Why [`SegmentAllocator::reserve`] refused a range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ReserveError {
+    /// The range is empty, wraps, or ends past [`SegmentAllocator::capacity`].
     #[error("range [{offset}, +{len}) is not inside the segment's {capacity} usable bytes")]
-    OutOfRange { offset: u64, len: u64, capacity: u64 },
+    OutOfRange {
+        /// Requested offset, in bytes from the segment's start.
+        offset: u64,
+        /// Requested length, in bytes.
+        len: u64,
+        /// The segment's usable bytes.
+        capacity: u64,
+    },
+    /// The offset is not on a granule boundary.
     #[error("offset {offset} is not a multiple of the segment's {granule}-byte granule")]
-    Misaligned { offset: u64, granule: u64 },
+    Misaligned {
+        /// Requested offset, in bytes.
+        offset: u64,
+        /// The segment's granule, in bytes.
+        granule: u64,
+    },
+    /// Part of the range (rounded up to the granule) is already handed out.
     #[error("range [{offset}, +{len}) overlaps space in use")]
-    InUse { offset: u64, len: u64 },
+    InUse {
+        /// Requested offset, in bytes.
+        offset: u64,
+        /// Requested length, in bytes.
+        len: u64,
+    },
 }
 
+/// The free space of one segment of `size` bytes, in granule units; not thread-safe (its
+/// owner locks it). Invariant: free ranges never touch (a release merges them), and
+/// `reserved + free == capacity`.
 pub struct SegmentAllocator {
     /// Free ranges: offset → length (bytes, multiples of the granule), never adjacent.
     by_offset: BTreeMap<u64, u64>,
@@ -49,6 +72,9 @@ pub struct SegmentAllocator {
 }
 
 impl SegmentAllocator {
+    /// An allocator for a segment of `size` bytes, all free. The granule is the smallest power
+    /// of two from 256 bytes up that keeps the segment at 2^31 units at most; the tail beyond
+    /// the last whole granule is not usable.
     pub fn new(size: u64) -> Self {
         let mut granule = MIN_GRANULE;
         while size / granule > MAX_UNITS {
@@ -74,6 +100,7 @@ impl SegmentAllocator {
         self.size
     }
 
+    /// Bytes handed out and not released (each block counts its rounded-up size).
     pub fn reserved(&self) -> u64 {
         self.reserved
     }
@@ -83,6 +110,7 @@ impl SegmentAllocator {
         self.blocks
     }
 
+    /// Bytes not handed out: `capacity - reserved`, possibly in several pieces.
     pub fn free(&self) -> u64 {
         self.size - self.reserved
     }

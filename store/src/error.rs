@@ -37,59 +37,123 @@ pub enum Fault {
 #[non_exhaustive]
 pub enum StoreError {
     // ---- the caller's mistakes ----
+    /// An argument the call cannot use (an empty or too long key, a size of 0 or over the
+    /// largest object, more replicas than allowed); the text says which.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A configuration value out of its range or contradicting another; the text names it.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A zero-copy call was given memory that no registered buffer holds whole.
     #[error("buffer [{addr:#x}, +{len}) is not registered memory: call register_buffer first")]
-    NotRegistered { addr: u64, len: u64 },
+    NotRegistered {
+        /// The buffer's address in this process.
+        addr: u64,
+        /// The buffer's length, in bytes.
+        len: u64,
+    },
+    /// The destination buffer cannot hold the object (nothing was read into it).
     #[error("buffer of {have} bytes is too small for object {key:?} of {need} bytes")]
-    BufferTooSmall { key: String, need: u64, have: u64 },
+    BufferTooSmall {
+        /// The object's key.
+        key: String,
+        /// Bytes needed: the object's (or the range's) size.
+        need: u64,
+        /// Bytes the buffer holds.
+        have: u64,
+    },
+    /// A ranged read asked for bytes past the object's end.
     #[error("range [{offset}, +{len}) is not inside object {key:?} of {size} bytes")]
-    BadRange { key: String, offset: u64, len: u64, size: u64 },
+    BadRange {
+        /// The object's key.
+        key: String,
+        /// The range's start, in bytes from the object's start.
+        offset: u64,
+        /// The range's length, in bytes.
+        len: u64,
+        /// The object's size, in bytes.
+        size: u64,
+    },
 
     // ---- what the store answers about an object or a client ----
+    /// No complete object has this key.
     #[error("object {0:?} not found")]
     NotFound(String),
+    /// A put of a key that is already stored (or being put).
     #[error("object {0:?} already exists")]
     AlreadyExists(String),
+    /// The pool has no room for the object's replicas, even after evicting what may be
+    /// evicted (or fewer segments are mounted than replicas asked for).
     #[error("no space for {size} bytes x {replicas} replica(s) (after eviction): {detail}")]
-    NoSpace { size: u64, replicas: u32, detail: String },
+    NoSpace {
+        /// The object's size, in bytes.
+        size: u64,
+        /// Replicas asked for.
+        replicas: u32,
+        /// What was short (segments mounted, bytes free).
+        detail: String,
+    },
+    /// A remove without `force` of an object a reader holds a lease on.
     #[error("object {0:?} is leased by a reader; retry after the lease or force")]
     Leased(String),
+    /// The object's put has started but not ended: it cannot be read, removed or copied yet.
     #[error("object {0:?} is still being written")]
     NotReady(String),
+    /// The master has no segment of this name.
     #[error("segment {0} is not mounted")]
     SegmentNotFound(String),
+    /// A mount of a segment name another client holds.
     #[error("segment {0} is already mounted by another client")]
     SegmentExists(String),
+    /// The master knows no client of this id.
     #[error("client {0} is not known to the master")]
     ClientNotFound(String),
+    /// The master forgot this client (it missed its pings past the TTL, or the master
+    /// restarted): it must mount its segments again before its calls succeed.
     #[error("the master dropped this client (silent past its TTL): remount needed")]
     NeedRemount,
     /// A read from memory ended after the object's read lease: the bytes may have been
     /// replaced meanwhile, so they are not returned (get it again).
     #[error("reading object {key:?} took {took_ms} ms, past its {lease_ms} ms read lease; get it again")]
-    LeaseExpired { key: String, lease_ms: u64, took_ms: u64 },
+    LeaseExpired {
+        /// The object's key.
+        key: String,
+        /// The read lease the master granted, in milliseconds.
+        lease_ms: u64,
+        /// How long the read took, in milliseconds.
+        took_ms: u64,
+    },
 
     // ---- peers ----
+    /// The client that holds the object's replica (or its disk file) could not be read
+    /// from or written to; `cause` says how.
     #[error("the holder of object {key:?} is gone: {cause}")]
     PeerGone {
+        /// The object's key.
         key: String,
+        /// What failed.
         #[source]
         cause: PeerFault,
     },
 
     // ---- the master ----
+    /// No connection to the master, or the call broke off on the way (the source says how).
     #[error("master at {addr} is unreachable: {source}")]
     MasterUnreachable {
+        /// The master's RPC address.
         addr: String,
+        /// The connection's or the call's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The master answered with an error this client has no other variant for.
     #[error("master replied {code:?}: {message}")]
-    Master { code: Code, message: String },
+    Master {
+        /// The reply's code.
+        code: Code,
+        /// The reply's text.
+        message: String,
+    },
     /// The master's reply makes no sense (no status, a batch reply of the wrong length, an
     /// event stream that ended).
     #[error("bad reply from the master: {0}")]
@@ -111,7 +175,9 @@ pub enum StoreError {
     /// buffers again) once the standalone client is back.
     #[error("standalone client at {addr} is unavailable: {source}")]
     StandaloneUnavailable {
+        /// The standalone client's address.
         addr: String,
+        /// The connect's or the connection's error.
         #[source]
         source: std::io::Error,
     },
@@ -123,23 +189,46 @@ pub enum StoreError {
     /// peer's, the engine's, the disk tier's): its text, whose fault and whether a retry may
     /// help, as the standalone client judged them.
     #[error("{message}")]
-    Relayed { fault: Fault, retryable: bool, code: Code, message: String },
+    Relayed {
+        /// Whose fault, as the standalone client judged it.
+        fault: Fault,
+        /// Whether the same call may succeed if made again.
+        retryable: bool,
+        /// The wire code it maps to.
+        code: Code,
+        /// The original error's text.
+        message: String,
+    },
 
     // ---- either: a deadline ----
+    /// The call's deadline passed while it waited for `waited`; whose fault depends on what
+    /// it waited for.
     #[error("timed out after {after:?} waiting for {waited}")]
-    TimedOut { waited: Waited, after: Duration },
+    TimedOut {
+        /// What it was waiting for.
+        waited: Waited,
+        /// The time it had.
+        after: Duration,
+    },
 
     // ---- the engine, the disk tier, this process ----
+    /// The transfer engine refused or failed a call: the caller's fault when the engine's
+    /// error is ([`EngineError::is_caller_error`]), a peer's otherwise.
     #[error("transfer engine: {0}")]
     Engine(#[from] EngineError),
+    /// The disk tier failed: a file could not be created, written or read, or a remote
+    /// disk read ended short; the text names the file or the object.
     #[error("disk tier: {0}")]
     Disk(String),
+    /// A disk file's header or contents do not check out (a torn write, a foreign file).
     #[error("corrupt disk file: {0}")]
     CorruptFile(String),
     /// A fault of this process's system (a thread or a runtime that cannot start, a socket).
     #[error("{what}: {source}")]
     System {
+        /// What failed (`"starting a tokio runtime"`).
         what: String,
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
@@ -161,7 +250,9 @@ pub enum PeerFault {
     /// Its disk service could not be reached or broke off.
     #[error("disk service {service}: {source}")]
     DiskService {
+        /// The disk service's address.
         service: String,
+        /// The connection's error.
         #[source]
         source: std::io::Error,
     },
@@ -175,13 +266,25 @@ pub enum PeerFault {
 #[non_exhaustive]
 pub enum Waited {
     /// The master's answer.
-    Master { addr: String },
+    Master {
+        /// The master's RPC address.
+        addr: String,
+    },
     /// The transfer of an object's bytes.
-    Transfer { key: String },
+    Transfer {
+        /// The object's key.
+        key: String,
+    },
     /// Room in the client's staging buffer (held by other calls or remote disk readers).
-    Staging { len: u64 },
+    Staging {
+        /// Bytes asked for.
+        len: u64,
+    },
     /// A dummy client's standalone client: its answer to a call.
-    Standalone { addr: String },
+    Standalone {
+        /// The standalone client's address.
+        addr: String,
+    },
 }
 
 impl std::fmt::Display for Waited {
@@ -195,6 +298,7 @@ impl std::fmt::Display for Waited {
     }
 }
 
+/// The store's `Result`: [`StoreError`] unless said otherwise.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 impl StoreError {

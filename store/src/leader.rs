@@ -20,6 +20,7 @@ pub const ETCD_SCHEME: &str = "etcd://";
 /// How long one etcd call may take.
 pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_millis(800);
 
+/// The etcd key the leader of cluster `cluster_id` holds: `/crescent/<cluster_id>/master/leader`.
 pub fn leader_key(cluster_id: &str) -> String {
     format!("/crescent/{cluster_id}/master/leader")
 }

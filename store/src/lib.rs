@@ -40,6 +40,7 @@
 //! master.shutdown();
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![warn(missing_docs)]
 
 pub mod allocator;
 pub mod client;

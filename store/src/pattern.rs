@@ -8,6 +8,8 @@ pub fn byte_at(seed: u64, offset: u64) -> u8 {
     (x >> 56) as u8 ^ (offset >> 12) as u8
 }
 
+/// Fills `buf` with the pattern of `seed` as it runs from `base_offset` on: `buf[i]` becomes
+/// [`byte_at`]`(seed, base_offset + i)`, so a piece of a value is filled as it lies in the whole.
 pub fn fill(buf: &mut [u8], seed: u64, base_offset: u64) {
     for (i, b) in buf.iter_mut().enumerate() {
         *b = byte_at(seed, base_offset + i as u64);
@@ -28,7 +30,12 @@ pub fn first_mismatch(buf: &[u8], seed: u64, base_offset: u64) -> Option<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mismatch {
     /// Another length: truncated (`got < want`) or over-long.
-    Length { got: u64, want: u64 },
+    Length {
+        /// The value's length, in bytes.
+        got: u64,
+        /// The length it should have.
+        want: u64,
+    },
     /// The first byte that differs.
     Byte(u64),
 }

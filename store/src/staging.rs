@@ -15,6 +15,9 @@ use crescent_engine::RegisteredMemory;
 use crate::allocator::{Block, SegmentAllocator};
 use crate::error::{Result, StoreError, Waited};
 
+/// The client's staging buffer: one registered memory region cut into blocks on demand.
+/// Shared by the calls of a client (and its disk service); every block goes back when its
+/// holder drops it, and waiters are woken then.
 pub struct Staging {
     mem: RegisteredMemory,
     alloc: Mutex<SegmentAllocator>,
@@ -29,12 +32,16 @@ pub struct StagingBlock<'a> {
 }
 
 impl StagingBlock<'_> {
+    /// The block's start, a virtual address inside the registered staging memory (what a
+    /// transfer names as its local address).
     pub fn addr(&self) -> u64 {
         self.staging.mem.addr() + self.block.as_ref().expect("held").offset
     }
+    /// Its usable length in bytes: what was asked, capped at [`Staging::chunk`].
     pub fn len(&self) -> u64 {
         self.len
     }
+    /// True for a block of 0 bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -66,14 +73,17 @@ pub struct HeldBlock {
 }
 
 impl HeldBlock {
+    /// The block's start, a virtual address inside the registered staging memory.
     pub fn addr(&self) -> u64 {
         self.staging.mem.addr() + self.block.as_ref().expect("held").offset
     }
 
+    /// The value's length, in bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
 
+    /// True for a block of 0 bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -103,11 +113,14 @@ impl Drop for HeldBlock {
 }
 
 impl Staging {
+    /// A staging buffer over `mem`, all of it free (cut in granules of
+    /// [`SegmentAllocator`]).
     pub fn new(mem: RegisteredMemory) -> Self {
         let alloc = SegmentAllocator::new(mem.len());
         Staging { mem, alloc: Mutex::new(alloc), freed: Condvar::new() }
     }
 
+    /// The registered memory the blocks are cut from.
     pub fn memory(&self) -> &RegisteredMemory {
         &self.mem
     }

@@ -45,7 +45,6 @@ pub mod batch;
 pub mod config;
 pub mod descriptor;
 mod engine;
-#[allow(missing_docs)] // the variants and fields say what they are in their `#[error]` messages
 pub mod error;
 pub mod handshake;
 pub mod host;

@@ -1,3 +1,5 @@
+//! The transport layer's one error type, [`TransportError`].
+
 use std::io;
 
 /// Errors of the transport layer.
@@ -6,23 +8,66 @@ use std::io;
 /// or unknown regions) from a fault of the system or of a peer.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
+    /// The caller passed something the transport cannot use: a zero-length region, a local
+    /// range outside every registered region, a configuration bound out of its range; the
+    /// text says which.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Registering `[addr, addr + len)` failed: it overlaps the region already registered
+    /// at `other`. Addresses are virtual addresses of this process, `len` is in bytes.
     #[error("region [{addr:#x}, {addr:#x}+{len}) overlaps the registered region at {other:#x}")]
-    Overlap { addr: u64, len: u64, other: u64 },
+    Overlap {
+        /// Start of the rejected range.
+        addr: u64,
+        /// Length of the rejected range, in bytes.
+        len: u64,
+        /// Start of the registered region it overlaps.
+        other: u64,
+    },
+    /// Unregistering or looking up a region by its start address found none starting there.
     #[error("no registered region starts at {0:#x}")]
     NotRegistered(u64),
+    /// The region at `addr` cannot be unregistered now: transfers of this process still use
+    /// it, a peer's access did not end in time, or a same-host peer did not release its
+    /// mapping in time; `why` says which.
     #[error("region at {addr:#x} is busy: {why}")]
-    RegionBusy { addr: u64, why: String },
+    RegionBusy {
+        /// Start of the busy region.
+        addr: u64,
+        /// What holds it.
+        why: String,
+    },
+    /// The operating system refused to create or map `len` bytes of shareable memory
+    /// (memfd, `ftruncate` or `mmap` failed).
     #[error("allocating {len} bytes of shareable memory failed: {source}")]
-    Alloc { len: u64, source: io::Error },
+    Alloc {
+        /// Requested size, in bytes.
+        len: u64,
+        /// The failing system call's error.
+        source: io::Error,
+    },
+    /// A transport could not bind or inspect its listening socket (TCP address or abstract
+    /// Unix socket name).
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: String, source: io::Error },
+    Listen {
+        /// The address or socket name it tried to listen on.
+        addr: String,
+        /// The bind error.
+        source: io::Error,
+    },
+    /// The named transport (`"tcp"`, `"shm"`, `"rdma"`) cannot serve: no device or library,
+    /// no thread could be started, or the peer cannot be reached; the text says why. A fault
+    /// of the system or the peer, not of the caller.
     #[error("transport {0} is unavailable: {1}")]
     Unavailable(&'static str, String),
     /// The device could not pin the memory: the process's locked-memory limit is too small.
     #[error("transport {transport} cannot pin the memory: {reason}")]
-    PinLimit { transport: &'static str, reason: String },
+    PinLimit {
+        /// The transport that tried to pin (`"rdma"`).
+        transport: &'static str,
+        /// The device's error and the limit in force.
+        reason: String,
+    },
 }
 
 impl TransportError {

@@ -10,19 +10,13 @@
 //! every transport (which checks each remote access against it on the target side).
 #![warn(missing_docs)]
 
-// `missing_docs` holds except for the modules marked below, which still have public items without
-// docs (issue 22 §6: 100 of them, in net, shm and tcp) and are let off until those are written.
-#[allow(missing_docs)] // the variants and fields say what they are in their `#[error]` messages
 pub mod error;
 pub mod memory;
-#[allow(missing_docs)]
 pub mod net;
 pub mod rdma;
 pub mod region;
-#[allow(missing_docs)]
 pub mod shm;
 pub mod slice;
-#[allow(missing_docs)]
 pub mod tcp;
 mod transport;
 

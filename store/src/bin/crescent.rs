@@ -6,6 +6,9 @@
 //! crescent dummy --server HOST:PORT   # the same, as a dummy client of a crescent-client
 //! crescent token [--tenant T | --admin] # the master's bearer token of the cluster secret
 //! ```
+// The doc comments of the clap types below are the tool's `--help` text, written for a
+// terminal (`[SIZE]`, `DIR/<cluster id>/`), not as rustdoc markup.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 use std::io::{BufRead, Write};
 use std::sync::Arc;

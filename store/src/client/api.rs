@@ -15,8 +15,11 @@ use super::{HeldBlock, StoreClient};
 
 /// Memory that holds one value for its owner until dropped (what `get_buffer` returns).
 pub trait Held: Send + Sync {
+    /// The value's first byte, a virtual address of this process.
     fn addr(&self) -> u64;
+    /// The value's length, in bytes.
     fn len(&self) -> u64;
+    /// True for a value of 0 bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -37,15 +40,20 @@ impl Held for HeldBlock {
 pub struct HeldBuffer(Box<dyn Held>);
 
 impl HeldBuffer {
+    /// Wraps memory that holds a value (boxed: the two clients hold different kinds).
     pub fn new(held: impl Held + 'static) -> HeldBuffer {
         HeldBuffer(Box::new(held))
     }
+    /// The value's first byte, a virtual address of this process (registered memory: it may
+    /// be handed to the zero-copy calls).
     pub fn addr(&self) -> u64 {
         self.0.addr()
     }
+    /// The value's length, in bytes.
     pub fn len(&self) -> u64 {
         self.0.len()
     }
+    /// True for a value of 0 bytes.
     pub fn is_empty(&self) -> bool {
         self.0.len() == 0
     }
@@ -83,45 +91,77 @@ pub trait StoreApi: Send + Sync {
 
     /// Registers memory of this process for the zero-copy calls.
     fn register_buffer(&self, addr: u64, len: u64) -> Result<()>;
+    /// Unregisters the buffer registered at `addr`, waiting a bounded time for transfers that
+    /// still use it (an error if they do not end).
     fn unregister_buffer(&self, addr: u64) -> Result<()>;
     /// Whether `[addr, +len)` may be handed to the zero-copy calls as it is.
     fn is_registered(&self, addr: u64, len: u64) -> bool;
 
+    /// Puts `value` under `key` with `options`; a key that exists is left as it was
+    /// ([`StoreClient::put_with`]).
     fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
+    /// Zero-copy put of the value made of `pieces` of registered memory, in order
+    /// ([`StoreClient::put_from_sg`]).
     fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
+    /// The whole value of `key`, copied into a new vector ([`StoreClient::get`]).
     fn get(&self, key: &str) -> Result<Vec<u8>>;
+    /// Zero-copy get of the whole value into `pieces` of registered memory, in order; returns
+    /// the object's size ([`StoreClient::get_into_sg`]).
     fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64>;
+    /// Zero-copy get of ranges of the value; returns the bytes read
+    /// ([`StoreClient::get_into_ranges`]).
     fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64>;
     /// Puts that replace the key's value if it has one (Mooncake's upserts).
     fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
+    /// [`StoreApi::put_from_sg`] that replaces the key's value if it has one.
     fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
     /// The value made of `parts`, one after another (`put_parts` / `upsert_parts`).
     fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
+    /// [`StoreApi::put_parts_with`] that replaces the key's value if it has one.
     fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
     /// The value held in memory of this process until the result is dropped.
     fn get_buffer(&self, key: &str) -> Result<HeldBuffer>;
 
+    /// Puts several values (bytes), `values[i]` under `keys[i]`; one result per key
+    /// ([`StoreClient::put_batch_with`]).
     fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    /// Zero-copy puts of values each made of pieces of registered memory; one result per key
+    /// ([`StoreClient::batch_put_from_sg`]).
     fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    /// The values of several keys, as bytes; one result per key ([`StoreClient::get_batch`]).
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>>;
+    /// Zero-copy gets of several whole values, each into its pieces of registered memory;
+    /// the size read per key ([`StoreClient::batch_get_into_sg`]).
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>>;
+    /// Zero-copy gets of ranges of several values; the bytes read per key
+    /// ([`StoreClient::batch_get_into_ranges`]).
     fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>>;
+    /// [`StoreApi::put_batch_with`] that replaces each key's value if it has one.
     fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
+    /// [`StoreApi::batch_put_from_sg`] that replaces each key's value if it has one.
     fn batch_upsert_from_sg(
         &self,
         keys: &[String],
         values: &[&[Piece]],
         options: &PutOptions,
     ) -> Result<Vec<Result<()>>>;
+    /// [`StoreApi::get_buffer`] for several keys; one result per key.
     fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>>;
 
+    /// Whether a committed object has this key (no lease is granted).
     fn exists(&self, key: &str) -> Result<bool>;
+    /// [`StoreApi::exists`] for several keys, in one call to the master; one answer per key.
     fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>>;
+    /// Everything the master knows of a key (replicas, size, lease), without side effects.
     fn query(&self, key: &str) -> Result<QueryKeyReply>;
+    /// The size in bytes of a committed object (no lease is granted).
     fn get_size(&self, key: &str) -> Result<u64>;
+    /// Removes an object; refused with [`crate::StoreError::Leased`] while a reader holds its
+    /// lease, unless `force`.
     fn remove_with(&self, key: &str, force: bool) -> Result<()>;
     /// `force`: leased objects too.
     fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64>;
+    /// Removes every committed object (`force`: leased ones too); returns how many.
     fn remove_all_with(&self, force: bool) -> Result<u64>;
 
     /// Ends the client (a full client unmounts its segment; a dummy client releases what it
@@ -178,24 +218,33 @@ pub trait StoreApi: Send + Sync {
 
     // ---- short forms ----
 
+    /// [`StoreApi::put_with`] with the default options.
     fn put(&self, key: &str, value: &[u8]) -> Result<()> {
         self.put_with(key, value, &self.default_options())
     }
+    /// Zero-copy put of the `len` bytes of registered memory at `addr`.
     fn put_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
         self.put_from_sg(key, &[Piece::new(addr, len)], options)
     }
+    /// [`StoreApi::put_from_with`] with the default options.
     fn put_from(&self, key: &str, addr: u64, len: u64) -> Result<()> {
         self.put_from_with(key, addr, len, &self.default_options())
     }
+    /// [`StoreApi::put_from_with`] that replaces the key's value if it has one.
     fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
         self.upsert_from_sg(key, &[Piece::new(addr, len)], options)
     }
+    /// Zero-copy get of the whole value into the `len` bytes of registered memory at `addr`;
+    /// returns the object's size ([`crate::StoreError::BufferTooSmall`] if `len` is less).
     fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
         self.get_into_sg(key, &[Piece::new(addr, len)])
     }
+    /// [`StoreApi::put_batch_with`] with the default options.
     fn put_batch(&self, keys: &[String], values: &[&[u8]]) -> Result<Vec<Result<()>>> {
         self.put_batch_with(keys, values, &self.default_options())
     }
+    /// Zero-copy puts of `sizes[i]` bytes at `addrs[i]` under `keys[i]`; the three lists must
+    /// have one length ([`crate::StoreError::InvalidArgument`] otherwise).
     fn batch_put_from_with(
         &self,
         keys: &[String],
@@ -207,20 +256,26 @@ pub trait StoreApi: Send + Sync {
         let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
         self.batch_put_from_sg(keys, &values, options)
     }
+    /// [`StoreApi::batch_put_from_with`] with the default options.
     fn batch_put_from(&self, keys: &[String], addrs: &[u64], sizes: &[u64]) -> Result<Vec<Result<()>>> {
         self.batch_put_from_with(keys, addrs, sizes, &self.default_options())
     }
+    /// Zero-copy gets of `keys[i]` into the `lens[i]` bytes at `addrs[i]`; the size read per
+    /// key. The three lists must have one length.
     fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
         let pieces = one_piece_each(keys, addrs, lens)?;
         let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
         self.batch_get_into_sg(keys, &values)
     }
+    /// [`StoreApi::remove_with`] without `force`.
     fn remove(&self, key: &str) -> Result<()> {
         self.remove_with(key, false)
     }
+    /// [`StoreApi::remove_by_regex_with`] without `force`.
     fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
         self.remove_by_regex_with(pattern, false)
     }
+    /// [`StoreApi::remove_all_with`] without `force`.
     fn remove_all(&self) -> Result<u64> {
         self.remove_all_with(false)
     }

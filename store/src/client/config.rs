@@ -14,9 +14,15 @@ use super::disk;
 use crate::client::hot_cache::HotCacheSettings;
 use crate::error::{Result, StoreError};
 
+/// Bytes a client contributes to the pool unless configured otherwise (`global_segment_size`):
+/// 512 MiB.
 pub const DEFAULT_SEGMENT_SIZE: u64 = 512 << 20;
+/// Bytes of a client's staging buffer unless configured otherwise (`local_buffer_size`): 128 MiB.
 pub const DEFAULT_LOCAL_BUFFER_SIZE: u64 = 128 << 20;
 
+/// Everything a [`super::StoreClient`] is set up with, under Mooncake's names. Build it
+/// from [`ClientConfig::default`] with struct update, or from the environment and a
+/// Mooncake JSON file ([`ClientConfig::from_env`], [`ClientConfig::apply_file`]).
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// Address (or host:port) peers use to reach this client's transfer engine.
@@ -255,6 +261,9 @@ impl ClientConfig {
         self.apply_json(&text).map_err(|e| StoreError::Config(format!("{}: {e}", path.display())))
     }
 
+    /// Applies a Mooncake-style JSON config given as text: each key present overrides the
+    /// field of the same name, sizes may be numbers or strings (`"512MB"`). Unknown keys are
+    /// ignored; a value out of range is a [`StoreError::Config`] naming the key.
     pub fn apply_json(&mut self, text: &str) -> Result<()> {
         let f: FileConfig =
             serde_json::from_str(text).map_err(|e| StoreError::Config(format!("invalid JSON config: {e}")))?;

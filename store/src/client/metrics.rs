@@ -48,6 +48,8 @@ pub struct ClientMetrics {
 }
 
 impl ClientMetrics {
+    /// A registry of the client's series (prefix `crescent_client_`), every one at 0; fails
+    /// only if two series were given one name (a bug: [`StoreError::Internal`]).
     pub fn new() -> Result<Self> {
         let registry = Registry::new_custom(Some("crescent_client".into()), None).map_err(internal)?;
         let gauge = |name: &str, help: &str| gauge(&registry, name, help);
@@ -178,6 +180,7 @@ impl MetricsServer {
         Ok(MetricsServer { addr, stop: Some(stop) })
     }
 
+    /// The address it listens on (the port picked when the configured one was 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

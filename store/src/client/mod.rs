@@ -4,15 +4,15 @@
 //! A call goes one way through the client's parts:
 //!
 //! 1. [`StoreClient`] (this file) checks the caller's arguments and asks the master: a get's
-//!    replica list (with its read lease, [`lease`]), a put's placement.
-//! 2. [`plan`] decides, from the master's answer alone, what to read or write: for a get, the
+//!    replica list (with its read lease, `lease`), a put's placement.
+//! 2. `plan` decides, from the master's answer alone, what to read or write: for a get, the
 //!    ordered sources (this client's replica, the hot cache's entry, remote replicas, this
 //!    client's disk file, other clients' disk files); for a put, the local and remote replicas.
-//! 3. The executor ([`exec`], [`read`], [`write`]) carries the plan out over typed sources and
+//! 3. The executor (`exec`, `read`, `write`) carries the plan out over typed sources and
 //!    destinations ([`sg`]: scatter/gather lists, so a ranged or multi-buffer get is a plain
 //!    get with other extents), using the components: the engine, the staging buffer
-//!    ([`staging`]), the hot cache ([`hot_cache`]) and the disk tier ([`disk`], linked to the
-//!    master by [`disk_link`]).
+//!    ([`crate::staging`]), the hot cache ([`hot_cache`]) and the disk tier ([`disk`], linked to the
+//!    master by `disk_link`).
 //! 4. [`StoreClient`] tells the master how it went (commit or revoke a put).
 //!
 //! A batch is the same executor over many keys, with one master round trip per step. A
@@ -100,6 +100,10 @@ impl Want<'_> {
     }
 }
 
+/// A full store client: it contributes a segment of registered memory to the pool, keeps a
+/// registered staging buffer, optionally a hot cache and a disk tier, and talks to the master
+/// (heartbeats, the owner stream). Calls are blocking and may be made from any thread;
+/// [`StoreClient::close`] (or the drop of the last `Arc`) ends it.
 pub struct StoreClient {
     id: String,
     config: ClientConfig,
@@ -221,14 +225,19 @@ impl StoreClient {
         Ok(client)
     }
 
+    /// The client's id at the master: a UUID made at connect.
     pub fn id(&self) -> &str {
         &self.id
     }
 
+    /// The transfer engine that moves the client's bytes (its own, or the one given to
+    /// [`Self::connect_with_engine`]); register memory with it for the zero-copy calls.
     pub fn engine(&self) -> &Arc<TransferEngine> {
         &self.engine
     }
 
+    /// The engine's segment name: what other clients open to reach this client's memory, and
+    /// what `local_first` placements name.
     pub fn segment_name(&self) -> &str {
         self.engine.segment_name()
     }
@@ -264,6 +273,7 @@ impl StoreClient {
         self.hot.as_ref()
     }
 
+    /// The hot cache's counters, when it is enabled.
     pub fn hot_cache_metrics(&self) -> Option<HotCacheMetrics> {
         self.hot.as_ref().map(HotCache::metrics)
     }
@@ -344,6 +354,8 @@ impl StoreClient {
         Ok(self.engine.register(addr, len, "cpu:0")?)
     }
 
+    /// Unregisters the buffer registered at `addr`, waiting a bounded time for transfers that
+    /// still use it (an error if they do not end).
     pub fn unregister_buffer(&self, addr: u64) -> Result<()> {
         Ok(self.engine.unregister(addr)?)
     }
@@ -360,6 +372,7 @@ impl StoreClient {
 
     // ---- puts ----
 
+    /// Puts the bytes `value` under `key` with the default options ([`Self::put_with`]).
     pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
         self.put_with(key, value, &self.default_options())
     }
@@ -377,6 +390,7 @@ impl StoreClient {
         self.put_from_with(key, addr, len, &self.default_options())
     }
 
+    /// Zero-copy put of the `len` bytes of registered memory at `addr`, with `options`.
     pub fn put_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
         self.put_from_sg(key, &[Piece::new(addr, len)], options)
     }
@@ -611,6 +625,8 @@ impl StoreClient {
         Ok((Listed { reply: list, clock }, confirmed))
     }
 
+    /// The whole value of `key`, read from the best source (a local replica, the hot cache, a
+    /// remote replica, a disk file) into a new vector.
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
         let mut early = Vec::new();
         let (list, served) = self.replica_list_reading_disk(key, |size| {
@@ -670,6 +686,7 @@ impl StoreClient {
         self.put_batch_with(keys, values, &self.default_options())
     }
 
+    /// [`Self::put_batch`] with `options`.
     pub fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
         if keys.len() != values.len() {
             return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
@@ -697,6 +714,8 @@ impl StoreClient {
         self.batch_put_from_with(keys, addrs, sizes, &self.default_options())
     }
 
+    /// [`Self::batch_put_from`] with `options`; the three lists must have one length
+    /// ([`StoreError::InvalidArgument`] otherwise).
     pub fn batch_put_from_with(
         &self,
         keys: &[String],
@@ -1122,6 +1141,7 @@ impl StoreClient {
         Ok(reply.exists)
     }
 
+    /// [`Self::exists`] for several keys, in one call to the master; one answer per key.
     pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
         let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
         let reply = self.rpc.call(|mut c| async move { c.batch_exists(req).await })?;
@@ -1151,6 +1171,7 @@ impl StoreClient {
         self.remove_with(key, false)
     }
 
+    /// [`Self::remove`]; `force` removes an object even while a reader holds its lease.
     pub fn remove_with(&self, key: &str, force: bool) -> Result<()> {
         self.hot_invalidate(key);
         let req = RemoveRequest { client_id: self.id.clone(), key: key.to_string(), force };
@@ -1177,6 +1198,7 @@ impl StoreClient {
         Ok(reply.removed)
     }
 
+    /// Removes every committed object not leased by a reader; returns how many.
     pub fn remove_all(&self) -> Result<u64> {
         self.remove_all_with(false)
     }

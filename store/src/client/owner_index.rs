@@ -29,7 +29,9 @@ struct Owned {
 /// Which mount the index belongs to, and how far its news are applied.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Mount {
+    /// The master's term the segment was mounted under (0: not mounted yet).
     pub term: u64,
+    /// The segment's id at that master (0: between an unmount and the next mount).
     pub segment_id: u64,
     /// News applied up to this sequence number.
     pub acked: u64,
@@ -43,20 +45,26 @@ struct State {
     objects: HashMap<String, Owned>,
 }
 
+/// The owner index of one client's segment: key → where the object lies in the segment,
+/// its version and pins, kept under a lock (the owner stream's thread applies news, the
+/// heartbeat reads it for a remount).
 #[derive(Default)]
 pub struct OwnerIndex {
     state: Mutex<State>,
 }
 
 impl OwnerIndex {
+    /// The mount the index belongs to now, and how far its news are applied.
     pub fn mount(&self) -> Mount {
         self.state.lock().mount
     }
 
+    /// Objects the index holds.
     pub fn len(&self) -> usize {
         self.state.lock().objects.len()
     }
 
+    /// True when it holds no object.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

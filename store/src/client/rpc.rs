@@ -9,7 +9,7 @@
 //! the task's thread where tokio allows it (`block_in_place` on a multi-thread runtime) or
 //! runs on a thread of its own (a current-thread runtime), instead of panicking as a nested
 //! `block_on` would; the runtimes are shut down without waiting when the client is dropped
-//! there ([`outside_async`]).
+//! there (`outside_async`).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,6 +105,10 @@ impl Drop for OwnRuntime {
     }
 }
 
+/// The client's connection to the master (or to the leader of a cluster of masters, found
+/// and followed through etcd): blocking calls from any thread, streams in the background.
+/// Every call has a deadline; a call in flight when the followed master changes ends with a
+/// retryable error.
 pub struct MasterRpc {
     /// Drives the unary channel, on the calling thread (one caller at a time drives it; the
     /// others wait for their own replies).

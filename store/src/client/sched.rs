@@ -53,8 +53,11 @@ impl Drop for EventSubscription {
 /// Counters of a [`WarmupWorker`].
 #[derive(Debug, Default)]
 pub struct WarmupStats {
+    /// Replication tasks taken from the master.
     pub tasks: AtomicU64,
+    /// Replicas those tasks added.
     pub replicas_added: AtomicU64,
+    /// Tasks that failed (logged at debug level).
     pub failures: AtomicU64,
 }
 
@@ -63,6 +66,7 @@ pub struct WarmupStats {
 pub struct WarmupWorker {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Its counters, shared with the worker's thread.
     pub stats: Arc<WarmupStats>,
 }
 

@@ -1,7 +1,7 @@
 //! Where a value's bytes come from (a put) and where they go (a get): scatter/gather lists.
 //!
-//! A put reads its value from a [`Src`]: plain bytes (in one slice or in parts), or pieces of
-//! registered memory taken in order (the value is their concatenation). A get writes into a [`Dst`]: plain bytes, or
+//! A put reads its value from a `Src`: plain bytes (in one slice or in parts), or pieces of
+//! registered memory taken in order (the value is their concatenation). A get writes into a `Dst`: plain bytes, or
 //! extents of registered memory, each receiving one range of the value. A plain `get_into` is
 //! one extent taking the whole value; a ranged or multi-buffer get is several; a byte `get` is
 //! plain bytes. Every source of a read (a local replica, the hot cache, a remote replica, a
@@ -12,11 +12,15 @@ use crate::error::{Result, StoreError};
 /// `len` bytes of memory at `addr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {
+    /// Its first byte, a virtual address of this process (registered memory for the
+    /// zero-copy calls).
     pub addr: u64,
+    /// Its length, in bytes.
     pub len: u64,
 }
 
 impl Piece {
+    /// The `len` bytes at `addr`.
     pub fn new(addr: u64, len: u64) -> Piece {
         Piece { addr, len }
     }
@@ -27,7 +31,9 @@ impl Piece {
 pub struct Extent {
     /// Where the range starts in the value.
     pub offset: u64,
+    /// Where the range goes: a virtual address of this process, registered memory.
     pub addr: u64,
+    /// The range's length, in bytes.
     pub len: u64,
 }
 

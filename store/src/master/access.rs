@@ -47,10 +47,14 @@ pub struct Access {
 }
 
 impl Access {
+    /// Access under `keyring`'s secrets (`None`: everything open, every tenant by name), the
+    /// admin port's read-only routes left open when `admin_open_reads`; refusals are counted in
+    /// `refused` by its `port` label (`grpc`, `admin`).
     pub fn new(keyring: Option<Keyring>, admin_open_reads: bool, refused: IntCounterVec) -> Access {
         Access { keyring: keyring.map(Arc::new), admin_open_reads, refused }
     }
 
+    /// True when a secret is set: calls and admin requests need tokens.
     pub fn is_required(&self) -> bool {
         self.keyring.is_some()
     }

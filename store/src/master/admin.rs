@@ -24,6 +24,8 @@ use crate::proto::{ReplicaStatus, Tier};
 const MOONCAKE_INVALID_KEY: i32 = -400;
 const MOONCAKE_OBJECT_NOT_FOUND: i32 = -704;
 
+/// The admin port's routes over `master`: Mooncake's and Crescent's (see the module doc),
+/// without access control (the server adds it, see [`super::access`]).
 pub fn router(master: Arc<Master>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))

@@ -13,7 +13,7 @@
 //!
 //! Every flag upstream defines is either honoured (mapped onto [`MasterConfig`]) or, when
 //! Crescent has no such feature, accepted with its value type-checked and named in one
-//! warning at start ([`IGNORED`]). A flag neither knows is an error. `--enable_ha` is checked as
+//! warning at start (`IGNORED`). A flag neither knows is an error. `--enable_ha` is checked as
 //! upstream checks it; of its backends only etcd runs ([`super::config::HaConfig`], docs/src/ha.md).
 //!
 //! Precedence, as upstream: the command line over the config file over the defaults; Crescent's
@@ -290,6 +290,7 @@ const CONFIG_KEY_ALIASES: &[(&str, &str)] = &[("client_live_ttl_sec", "client_tt
 /// What the command line asks for.
 #[derive(Debug)]
 pub struct Settings {
+    /// The master's configuration: defaults, then the config file, then the flags.
     pub config: MasterConfig,
     /// Log a metrics summary every [`METRIC_REPORT_INTERVAL`].
     pub metric_reporting: bool,
@@ -304,7 +305,9 @@ pub struct Settings {
 /// A bad command line: the message to print, and whether it is a request for help/version.
 #[derive(Debug)]
 pub enum CliError {
+    /// What clap made of the arguments: an unknown or malformed flag, or `--help` / `--version`.
     Clap(clap::Error),
+    /// A flag's value that parses but cannot be used; the message names the flag.
     Invalid(String),
 }
 

@@ -20,6 +20,9 @@ pub enum AllocationStrategy {
     FreeRatioFirst,
 }
 
+/// The master's settings, under upstream's names (a JSON config file's keys, the flags of
+/// [`super::cli`]). Durations in a file are milliseconds. Checked by
+/// [`MasterConfig::validate`] when the master starts.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MasterConfig {
@@ -27,6 +30,7 @@ pub struct MasterConfig {
     pub rpc_address: String,
     /// HTTP admin listen address (`/metrics`, `/health`, `/query_key`, `/keys`, `/segments`); empty: none.
     pub admin_address: String,
+    /// Where a put's replicas go.
     pub allocation_strategy: AllocationStrategy,
     /// A read lease lasts this long after a get's replica list.
     #[serde(with = "millis", alias = "lease_ttl_ms")]
@@ -57,6 +61,7 @@ pub struct MasterConfig {
     /// Hot-key policy: keys read more often than this (reads per second over `hot_window`) get
     /// one more replica, through a client running a warm-up worker; 0 turns the policy off.
     pub hot_read_threshold: f64,
+    /// The window the hot-key policy counts reads over.
     #[serde(with = "millis", alias = "hot_window_ms")]
     pub hot_window: Duration,
     /// The policy adds replicas up to this many per object.
@@ -101,6 +106,7 @@ pub struct MasterConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HaConfig {
+    /// Campaign for the leadership (else this master serves alone).
     pub enabled: bool,
     /// `etcd` (upstream also names `redis` and `k8s`, which Crescent refuses).
     pub backend_type: String,
@@ -180,6 +186,9 @@ impl MasterConfig {
         Keyring::from_env().map_err(config)
     }
 
+    /// Checks the settings: watermark and eviction ratio in (0, 1], the leases and timeouts
+    /// positive, the HA settings valid; the first value out of range is a
+    /// [`StoreError::Config`] naming it.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(StoreError::Config(m));
         if !(self.eviction_high_watermark > 0.0 && self.eviction_high_watermark <= 1.0) {

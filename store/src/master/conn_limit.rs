@@ -43,6 +43,7 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// A gate admitting `max_total` connections at once, `max_per_peer` of them from one address.
     pub fn new(max_total: usize, max_per_peer: usize) -> Arc<Gate> {
         Arc::new(Gate { max_total, max_per_peer, counts: Mutex::new(Counts::default()) })
     }
@@ -133,6 +134,7 @@ pub struct Admitted {
 }
 
 impl Admitted {
+    /// The address the connection came from (what the per-peer bound counts it under).
     pub fn peer(&self) -> IpAddr {
         self.slot.peer
     }

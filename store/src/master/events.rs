@@ -12,12 +12,15 @@ use tokio::sync::broadcast;
 use crate::master::{Master, State};
 use crate::proto::{Event, EventKind, Tier};
 
+/// The master's event channel: a bounded broadcast of [`Event`]s, each numbered (`seq`, from
+/// 1, one sequence for all kinds).
 pub struct Events {
     tx: broadcast::Sender<Event>,
     seq: AtomicU64,
 }
 
 impl Events {
+    /// A channel keeping `capacity` events (at least 1) for subscribers that fall behind.
     pub fn new(capacity: usize) -> Self {
         let (tx, _) = broadcast::channel(capacity.max(1));
         Events { tx, seq: AtomicU64::new(0) }
@@ -28,6 +31,7 @@ impl Events {
         self.tx.receiver_count() > 0
     }
 
+    /// A new subscriber: it receives the events sent from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.tx.subscribe()
     }

@@ -21,20 +21,32 @@ pub enum Role {
     /// No HA: the only master, always writable.
     Single,
     /// HA, not the leader; the leader's address when known.
-    Standby { leader: Option<String> },
+    Standby {
+        /// The leader's RPC address, when known.
+        leader: Option<String>,
+    },
     /// HA leader of `term` until `deadline` (monotonic clock).
-    Leader { term: u64, deadline: Instant },
+    Leader {
+        /// The leadership's term (the leader key's create revision in etcd).
+        term: u64,
+        /// The last instant it may write at.
+        deadline: Instant,
+    },
 }
 
+/// The guard every state-changing call of the master passes ([`Fence::check`]): what this
+/// master is now, behind a lock.
 pub struct Fence {
     role: Mutex<Role>,
 }
 
 impl Fence {
+    /// A fence starting as `role`.
     pub fn new(role: Role) -> Self {
         Fence { role: Mutex::new(role) }
     }
 
+    /// What this master is now.
     pub fn role(&self) -> Role {
         self.role.lock().clone()
     }
@@ -82,6 +94,7 @@ impl Fence {
         }
     }
 
+    /// Lost (or never had) the leadership: a standby, `leader` leading when known.
     pub fn stand_by(&self, leader: Option<String>) {
         *self.role.lock() = Role::Standby { leader };
     }

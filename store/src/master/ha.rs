@@ -28,10 +28,13 @@ const RETRY: Duration = Duration::from_millis(200);
 /// What a master's elections need.
 #[derive(Debug, Clone)]
 pub struct HaSettings {
+    /// etcd's endpoints, `host:port` each.
     pub endpoints: Vec<String>,
+    /// The cluster the masters campaign in (names the leader key).
     pub cluster_id: String,
     /// The address clients reach this master at (the leader key's value).
     pub advertise: String,
+    /// The leadership's lease in etcd (whole seconds).
     pub lease_ttl: Duration,
 }
 

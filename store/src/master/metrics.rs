@@ -10,43 +10,76 @@ use crate::master::{DiskTotals, Totals};
 use crate::metrics_registry::{counter, gauge, internal, register};
 use crate::proto::DiskCounters;
 
+/// The master's Prometheus series (prefix `crescent_master_`), in a registry of its own, and
+/// Mooncake's names beside them ([`MooncakeMetrics`]). Each field's doc names its series.
 pub struct Metrics {
     registry: Registry,
+    /// `capacity_bytes`: bytes contributed by mounted segments.
     pub capacity: IntGauge,
+    /// `used_bytes`: bytes allocated to objects.
     pub used: IntGauge,
+    /// `keys`: objects, committed or being written.
     pub keys: IntGauge,
+    /// `segments`: mounted segments.
     pub segments: IntGauge,
+    /// `clients`: live clients.
     pub clients: IntGauge,
+    /// `puts_total`: puts started.
     pub puts: IntCounter,
+    /// `gets_total`: replica lists served.
     pub gets: IntCounter,
+    /// `evictions_total`: objects evicted.
     pub evictions: IntCounter,
+    /// `evicted_bytes_total`: bytes freed by eviction.
     pub evicted_bytes: IntCounter,
+    /// `puts_reclaimed_total`: unfinished puts reclaimed after the put timeout.
     pub puts_reclaimed: IntCounter,
+    /// `clients_dropped_total`: clients dropped for missing heartbeats.
     pub clients_dropped: IntCounter,
+    /// `errors_total{kind}`: failed operations, by the error's code.
     pub errors: IntCounterVec,
+    /// `rpc_latency_seconds{method}`: time to serve an RPC, by method.
     pub rpc_latency: HistogramVec,
     // cache-aware scheduling
+    /// `queried_keys_total`: keys asked about by `QueryKeys` and `PrefixQuery`.
     pub queried_keys: IntCounter,
+    /// `published_keys`: near-engine keys published by clients now.
     pub published_keys: IntGauge,
+    /// `events_total`: events sent to subscribers.
     pub events: IntCounter,
+    /// `replicas_added_total`: replicas added to existing objects (warm-up).
     pub replicas_added: IntCounter,
+    /// `replicated_bytes_total`: bytes copied into added replicas.
     pub replicated_bytes: IntCounter,
+    /// `hot_keys_total`: keys found above the hot-key read rate.
     pub hot_keys: IntCounter,
+    /// `replication_tasks_queued_total`: hot keys queued for replication.
     pub replication_tasks_queued: IntCounter,
+    /// `replication_tasks_dropped_total`: hot keys not queued because the queue was full.
     pub replication_tasks_dropped: IntCounter,
+    /// `replication_tasks_taken_total`: replication tasks handed to workers.
     pub replication_tasks_taken: IntCounter,
     // disk tier (set at each scrape, see [`crate::master::Master::render_metrics`])
+    /// `disk_segments`: mounted disk segments (tier SSD).
     pub disk_segments: IntGauge,
+    /// `disk_capacity_bytes`: bytes the mounted disk segments may use.
     pub disk_capacity: IntGauge,
+    /// `disk_used_bytes`: bytes of the values with a copy on a mounted disk, per copy.
     pub disk_used: IntGauge,
+    /// `disk_replicas`: disk copies of objects (one per object and disk).
     pub disk_replicas: IntGauge,
+    /// `disk_only_keys`: objects whose only copies are on disks.
     pub disk_only_keys: IntGauge,
+    /// `disk_removals_pending`: removals waiting for a disk to delete its files.
     pub disk_removals_pending: IntGauge,
     /// What each disk's client reported (label `disk`, `counter`): its counters since it started.
     pub disk_client: IntGaugeVec,
     // high availability (see [`crate::master::ha`])
+    /// `elections_total`: times this master was elected leader (HA).
     pub elections: IntCounter,
+    /// `is_leader`: 1 while this master may serve (the leader, or the only master), else 0.
     pub is_leader: IntGauge,
+    /// `term`: this master's term (HA: the revision of its leadership; else a random id).
     pub term: IntGauge,
     /// The same (and more) under Mooncake's names, for upstream's dashboard.
     pub mooncake: MooncakeMetrics,
@@ -55,6 +88,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Every series at 0; fails only if two series were given one name (a bug:
+    /// [`StoreError::Internal`]).
     pub fn new() -> Result<Self> {
         let registry = Registry::new_custom(Some("crescent_master".into()), None).map_err(internal)?;
         let gauge = |name: &str, help: &str| gauge(&registry, name, help);
@@ -131,10 +166,12 @@ impl Metrics {
         })
     }
 
+    /// Counts a failed operation under its error's code.
     pub fn error(&self, e: &StoreError) {
         self.errors.with_label_values(&[e.code().as_str_name()]).inc();
     }
 
+    /// Sets the size gauges (ours and Mooncake's) from the master's totals.
     pub fn set_totals(&self, t: &Totals) {
         self.capacity.set(t.capacity as i64);
         self.used.set(t.used as i64);
@@ -148,6 +185,8 @@ impl Metrics {
         mc.active_clients.set(t.clients as i64);
     }
 
+    /// Sets the disk tier's gauges from the master's totals, and `disk_client` from what each
+    /// disk's client (by disk id) reported on its last ping.
     pub fn set_disk(&self, d: &DiskTotals, clients: &[(String, DiskCounters)]) {
         self.disk_client.reset();
         for (disk, c) in clients {

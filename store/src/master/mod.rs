@@ -170,27 +170,39 @@ impl State {
 /// A put being committed ([`Master::put_end_begin`]): what its answer waits for.
 #[derive(Debug)]
 pub struct Commit {
+    /// The object's key.
     pub key: String,
+    /// The version being committed.
     pub version: u64,
+    /// The owners' acknowledgements of its commit news.
     pub wait: owners::AckWait,
 }
 
 /// A get's answer: the replicas to read from, under a lease.
 #[derive(Debug, Clone)]
 pub struct ReplicaList {
+    /// Where the bytes are: memory replicas first, then disk copies (read through their owners).
     pub replicas: Vec<ReplicaDescriptor>,
+    /// The object's size, in bytes.
     pub size: u64,
+    /// The object's version (what the replicas hold).
     pub version: u64,
+    /// How long the read lease lasts from now: read within it, or the bytes may be replaced.
     pub lease_ttl: Duration,
 }
 
 /// Totals for metrics and the admin page.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Totals {
+    /// Bytes contributed by mounted memory segments.
     pub capacity: u64,
+    /// Bytes allocated to objects in them.
     pub used: u64,
+    /// Objects, committed or being written.
     pub keys: u64,
+    /// Mounted segments.
     pub segments: u64,
+    /// Live clients.
     pub clients: u64,
 }
 
@@ -199,6 +211,7 @@ pub struct Totals {
 pub struct DiskTotals {
     /// Mounted disk segments, and the bytes they may use.
     pub segments: u64,
+    /// Bytes those disk segments may use.
     pub capacity: u64,
     /// Bytes of the values with a copy on a disk (per copy).
     pub used: u64,
@@ -210,26 +223,41 @@ pub struct DiskTotals {
     pub removals_pending: u64,
 }
 
+/// One mounted segment, as the admin port lists it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SegmentView {
+    /// The segment's id at this master.
     pub id: u64,
+    /// Its name (the engine segment of its client, or `ssd:<disk id>`).
     pub name: String,
+    /// The client that mounted it.
     pub client_id: String,
+    /// That client's host, as it reported it.
     pub host: String,
+    /// Its tier's name (`DRAM`, `VRAM`, `SSD`).
     pub tier: String,
+    /// Bytes it contributes.
     pub capacity: u64,
+    /// Bytes allocated in it.
     pub used: u64,
 }
 
 /// What a ping learns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PingOutcome {
+    /// The client is known; its heartbeat is noted.
     Ok,
+    /// The master does not know the client (dropped for silence, restarted, or its owner link was
+    /// lost): it must mount again.
     NeedRemount,
     /// A standby or a deposed leader: the reason, naming the leader when known.
     NotLeader(String),
 }
 
+/// The master's state and logic: segments and clients, objects and their replicas, leases,
+/// eviction, the owner links, the disk tier's records, events and metrics, all behind one lock.
+/// Sans-IO where it can be: the network lives in [`service`] and [`server`]; every call that
+/// changes the state first passes the [`fence`] (a standby refuses it).
 pub struct Master {
     config: MasterConfig,
     state: Mutex<State>,
@@ -253,6 +281,8 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 }
 
 impl Master {
+    /// A single master (no HA) with `config`, checked first; with a state directory, the removals
+    /// saved there are loaded.
     pub fn new(config: MasterConfig) -> Result<Arc<Master>> {
         Self::with_role(config, fence::Role::Single)
     }
@@ -276,6 +306,7 @@ impl Master {
         Ok(master)
     }
 
+    /// The settings it runs with.
     pub fn config(&self) -> &MasterConfig {
         &self.config
     }
@@ -285,6 +316,7 @@ impl Master {
         self.term.load(Ordering::Acquire)
     }
 
+    /// Who may change the state: the fence HA elections move.
     pub fn fence(&self) -> &fence::Fence {
         &self.fence
     }
@@ -322,12 +354,16 @@ impl Master {
         self.update_gauges();
     }
 
+    /// Its Prometheus series.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
     // ---- segments and clients ----
 
+    /// Mounts `client_id`'s segment `info` (its memory contributed to the pool) and returns its
+    /// id; mounting the same segment again returns the same id. A name another client (or
+    /// another range) holds is [`StoreError::SegmentExists`].
     pub fn mount_segment(&self, client_id: &str, info: &SegmentInfo, host: &str) -> Result<u64> {
         let now = Instant::now();
         let mut st = self.state.lock();
@@ -413,6 +449,8 @@ impl Master {
         self.mount_segment(client_id, info, host)
     }
 
+    /// Unmounts a segment of `client_id`: its replicas go (objects left with none are dropped),
+    /// and so does its owner link.
     pub fn unmount_segment(&self, client_id: &str, segment_id: u64) -> Result<()> {
         let mut st = self.state.lock();
         self.fence.check(Instant::now())?;
@@ -467,6 +505,7 @@ impl Master {
         gone.len()
     }
 
+    /// A client's heartbeat: keeps it alive, or says it must remount or ask the leader.
     pub fn ping(&self, client_id: &str) -> PingOutcome {
         let mut st = self.state.lock();
         if let Err(e) = self.fence.check(Instant::now()) {
@@ -486,6 +525,10 @@ impl Master {
 
     // ---- puts ----
 
+    /// Starts a put of `size` bytes under `key`: allocates its replicas per `opts` (evicting if
+    /// needed) and returns where to write them and the object's new version. The put must end
+    /// ([`Self::put_end_begin`], then [`Self::put_end_finish`]) or be revoked within the put
+    /// timeout.
     pub fn put_start(
         &self,
         client_id: &str,
@@ -751,6 +794,8 @@ impl Master {
         self.put_end_finish(&commit)
     }
 
+    /// Gives up `client_id`'s put of `key` before it committed: the object and its space go.
+    /// Revoking a committed object is [`StoreError::InvalidArgument`] (remove it instead).
     pub fn put_revoke(&self, client_id: &str, key: &str) -> Result<()> {
         check_key(key)?;
         let mut st = self.state.lock();
@@ -858,6 +903,7 @@ impl Master {
         Ok(st.objects.get(key).is_some_and(|o| o.complete))
     }
 
+    /// Per key, whether a committed object has it (no lease is granted).
     pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
         for k in keys {
             check_key(k)?;
@@ -923,6 +969,8 @@ impl Master {
         self.remove_matching(|k| re.is_match(k), force)
     }
 
+    /// Removes every committed object (`force`: leased ones too); returns (removed, skipped as
+    /// leased) and the owners' acknowledgements to wait for.
     pub fn remove_all(&self, force: bool) -> Result<((u64, u64), owners::AckWait)> {
         self.remove_matching(|_| true, force)
     }
@@ -1095,6 +1143,7 @@ impl Master {
         }
     }
 
+    /// Its sizes now.
     pub fn totals(&self) -> Totals {
         Self::totals_of(&self.state.lock())
     }
@@ -1143,10 +1192,12 @@ impl Master {
         self.metrics.set_totals(&self.totals());
     }
 
+    /// At most `limit` keys of committed objects, in no particular order.
     pub fn keys(&self, limit: usize) -> Vec<String> {
         self.state.lock().objects.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.clone()).take(limit).collect()
     }
 
+    /// Every mounted segment, by id.
     pub fn segments(&self) -> Vec<SegmentView> {
         let st = self.state.lock();
         let mut v: Vec<SegmentView> = st

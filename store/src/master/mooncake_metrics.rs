@@ -119,17 +119,27 @@ struct Batch {
     failed_items: IntCounter,
 }
 
+/// Mooncake's master metrics under upstream's names (no prefix: `master_*` and the cache
+/// counters), for upstream's dashboards; in a registry of their own, rendered after Crescent's.
 pub struct MooncakeMetrics {
     registry: Registry,
+    /// `master_allocated_bytes`: memory bytes allocated across all segments.
     pub allocated_bytes: IntGauge,
+    /// `master_total_capacity_bytes`: memory capacity of all mounted segments.
     pub total_capacity_bytes: IntGauge,
     /// Per memory segment (label `segment`): allocated and capacity bytes.
     pub segment_allocated_bytes: IntGaugeVec,
+    /// `segment_total_capacity_bytes{segment}`: the segment's memory capacity.
     pub segment_total_capacity_bytes: IntGaugeVec,
+    /// `master_key_count`: keys the master holds (committed or being written).
     pub key_count: IntGauge,
+    /// `master_soft_pin_key_count`: keys under a soft pin.
     pub soft_pin_key_count: IntGauge,
+    /// `master_active_clients`: live clients.
     pub active_clients: IntGauge,
+    /// `master_value_size_bytes`: sizes of the values put.
     pub value_size: Histogram,
+    /// `master_put_start_alloc_failures_total`: `PutStart` requests refused for want of space.
     pub put_start_alloc_failures: IntCounter,
     ops: HashMap<&'static str, (IntCounter, IntCounter)>,
     batches: HashMap<&'static str, Batch>,
@@ -137,7 +147,9 @@ pub struct MooncakeMetrics {
     eviction_successes: [IntCounter; 2],
     evicted_keys: [IntCounter; 2],
     evicted_bytes: [IntCounter; 2],
+    /// `master_put_start_discard_cnt`: puts not ended in time, discarded.
     pub put_start_discard_cnt: IntCounter,
+    /// `master_put_start_release_cnt`: discarded puts whose space was freed.
     pub put_start_release_cnt: IntCounter,
     /// Gets (GetReplicaList results): all, with a complete replica, served from memory or
     /// from a disk, and their bytes.
@@ -149,17 +161,22 @@ pub struct MooncakeMetrics {
     file_hit_bytes: IntCounter,
     /// Objects with a memory replica, and with a disk copy.
     pub mem_cache_nums: IntGauge,
+    /// `file_cache_nums_`: objects with a disk copy.
     pub file_cache_nums: IntGauge,
 }
 
 /// Where one get's replicas were (for the cache counters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GetSource {
+    /// A complete memory replica served it.
     Memory,
+    /// Only disk copies could serve it.
     Disk,
 }
 
 impl MooncakeMetrics {
+    /// Every series at 0; fails only if two series were given one name (a bug:
+    /// [`crate::StoreError::Internal`]).
     pub fn new() -> Result<Self> {
         let registry = Registry::new();
         let r = &registry;
@@ -314,6 +331,7 @@ impl MooncakeMetrics {
         }
     }
 
+    /// The registry holding these series.
     pub fn registry(&self) -> &Registry {
         &self.registry
     }

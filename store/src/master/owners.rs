@@ -80,10 +80,12 @@ pub struct AckWait {
 }
 
 impl AckWait {
+    /// True when there is nothing to wait for (no owner was sent news).
     pub fn is_empty(&self) -> bool {
         self.owners.is_empty()
     }
 
+    /// Waits for `other`'s acknowledgements too.
     pub fn merge(&mut self, other: AckWait) {
         self.owners.extend(other.owners);
     }
@@ -326,6 +328,8 @@ impl Master {
         Ok(id)
     }
 
+    /// The owner stream `stream` of `segment_id` ended: news wait for the next one (nothing is
+    /// detached when another stream took its place meanwhile).
     pub fn detach_owner(&self, segment_id: u64, stream: u64) {
         let mut st = self.state.lock();
         if let Some(link) = st.owners.get_mut(&segment_id) {

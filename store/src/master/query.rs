@@ -47,6 +47,7 @@ impl Rate {
         self.newest = s;
     }
 
+    /// Counts one event at `now` (an event older than the window is not counted).
     pub fn record(&mut self, now: Instant) {
         let s = second(now);
         self.advance(s);

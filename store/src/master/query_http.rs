@@ -28,6 +28,8 @@ struct Keys {
     keys: Vec<String>,
 }
 
+/// The scheduler's query routes, merged into the admin port: `GET /query?key=` and
+/// `POST /query` (several keys), `POST /prefix`, `GET /nodes`.
 pub fn routes() -> Router<Arc<Master>> {
     Router::new()
         .route("/query", get(query_one).post(query_many))

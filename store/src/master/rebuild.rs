@@ -24,6 +24,7 @@ use crate::proto::{OwnedObject, OwnerNewsItem, SegmentInfo};
 /// What a report brought.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Rebuilt {
+    /// The id the reported segment is mounted as.
     pub segment_id: u64,
     /// Objects or replicas now listed.
     pub reinstated: u64,

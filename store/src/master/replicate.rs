@@ -42,17 +42,24 @@ pub(super) struct Pending {
 /// A replication being ended ([`Master::replicate_end_begin`]): what its answer waits for.
 #[derive(Debug)]
 pub struct ReplicationCommit {
+    /// The object's key.
     pub key: String,
+    /// The copying client's id.
     pub client: String,
+    /// The owners' acknowledgements of the new replicas' commit news.
     pub wait: super::owners::AckWait,
 }
 
 /// What `ReplicateStart` hands the copying client.
 #[derive(Debug, Clone)]
 pub struct ReplicationPlan {
+    /// The object's size, in bytes.
     pub size: u64,
+    /// The object's version (the copy is of this version only).
     pub version: u64,
+    /// Complete replicas to copy from.
     pub sources: Vec<ReplicaDescriptor>,
+    /// Places reserved for the new replicas: copy the value there, then end the replication.
     pub targets: Vec<ReplicaDescriptor>,
 }
 

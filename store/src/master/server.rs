@@ -32,18 +32,23 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// HTTP/2 flow-control windows: how much a peer may send before the master reads it.
 pub const STREAM_WINDOW: u32 = 1 << 20;
+/// The same for a whole connection, all its streams together.
 pub const CONNECTION_WINDOW: u32 = 4 << 20;
 /// Largest header block (gRPC metadata is a few hundred bytes).
 pub const MAX_HEADER_LIST: u32 = 64 << 10;
 /// A connection whose peer does not answer HTTP/2 pings for [`KEEPALIVE_TIMEOUT`] after
 /// [`KEEPALIVE_INTERVAL`] of silence is closed (a vanished host frees its connection).
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// How long the master waits for the answer to its HTTP/2 ping.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running master; dropping it (or [`MasterHandle::shutdown`]) stops it.
 pub struct MasterHandle {
+    /// The master itself (for calls in the same process).
     pub master: Arc<Master>,
+    /// Where the gRPC service listens (the port picked when the configured one was 0).
     pub rpc_addr: SocketAddr,
+    /// Where the admin port listens; `None` without one.
     pub admin_addr: Option<SocketAddr>,
     /// The embedded http metadata server ([`MasterConfig::http_metadata_address`]).
     pub metadata_server: Option<MetadataServer>,
@@ -59,6 +64,8 @@ impl MasterHandle {
         format!("{ip}:{}", self.rpc_addr.port())
     }
 
+    /// Stops serving, waits for the master's thread to end, then saves the removals waiting
+    /// for disks (with a state directory).
     pub fn shutdown(mut self) {
         self.stop_now();
     }

@@ -16,6 +16,9 @@ use crate::master::{tenant, Master, PingOutcome, MAX_KEY_LEN};
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
 use crate::proto::*;
 
+/// The master's gRPC service (`crescent.master.v1.Master`, upstream's calls and Crescent's):
+/// each call checks its arguments and bounds, maps to a [`Master`] method, and answers with a
+/// status that carries the error's code.
 pub struct MasterService {
     master: Arc<Master>,
 }
@@ -38,6 +41,8 @@ pub const MAX_REQUEST_MESSAGE: usize = MAX_BATCH_KEYS * (MAX_KEY_LEN + PER_KEY_O
 pub use crate::protocol::MAX_MESSAGE;
 
 impl MasterService {
+    /// The service over `master`, as tonic serves it: requests up to [`MAX_REQUEST_MESSAGE`]
+    /// bytes, replies up to [`MAX_MESSAGE`].
     pub fn new(master: Arc<Master>) -> MasterServer<MasterService> {
         MasterServer::new(MasterService { master })
             .max_decoding_message_size(MAX_REQUEST_MESSAGE)

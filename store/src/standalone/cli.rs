@@ -85,9 +85,13 @@ struct Cli {
 /// What the command line asks for.
 #[derive(Debug)]
 pub struct Settings {
+    /// The client's configuration: the environment's, with the flags applied over it.
     pub config: ClientConfig,
+    /// Where to serve dummy clients (`--socket`, or the default address).
     pub socket: Address,
+    /// Who may connect (`--allow-uid` besides this process's user) and how many at once.
     pub access: Access,
+    /// One line per flag accepted for Mooncake's sake but ignored here, to log at start.
     pub warnings: Vec<String>,
 }
 

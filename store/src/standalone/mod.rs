@@ -3,7 +3,7 @@
 //! ([`crate::client::dummy`]) of the worker processes on its host.
 //!
 //! * **Access**: a unix socket ([`Address`]: abstract name or path), served by the transports'
-//!   accept loop ([`crescent_transports::net::serve`]: at most [`Access::max_connections`] at
+//!   accept loop ([`crescent_transports::net::serve()`]: at most [`Access::max_connections`] at
 //!   a time, [`Access::max_per_process`] of one process). A connection is admitted by its
 //!   peer's kernel credentials (`SO_PEERCRED`): the standalone client's own user, or one named
 //!   in [`Access::uids`].
@@ -136,6 +136,7 @@ impl StandaloneServer {
         Ok(StandaloneServer { state, address: address.clone(), server: Some(server) })
     }
 
+    /// Where it serves dummy clients.
     pub fn address(&self) -> &Address {
         &self.address
     }

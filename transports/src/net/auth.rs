@@ -98,6 +98,7 @@ pub enum Service {
 }
 
 impl Service {
+    /// Every kind of listener, in wire-code order (1..=5): what the counters are indexed by.
     pub const ALL: [Service; 5] = [Service::Tcp, Service::Shm, Service::RdmaControl, Service::Handshake, Service::Disk];
 
     /// Its name in metrics and logs.
@@ -145,7 +146,12 @@ pub enum AuthError {
     BadProof,
     /// The listener is another kind of port than the dialer meant.
     #[error("the peer is a {found} port, not a {expected} port")]
-    WrongService { expected: Service, found: String },
+    WrongService {
+        /// The kind of port the dialer meant.
+        expected: Service,
+        /// The kind the listener said it is.
+        found: String,
+    },
     /// The listener refused this side's proof.
     #[error("the peer refused our proof of the cluster secret")]
     Refused,
@@ -159,6 +165,7 @@ pub enum AuthError {
     /// The exchange did not end within its time.
     #[error("authentication did not complete within {0:?}")]
     TimedOut(Duration),
+    /// The connection failed during the exchange (reset, broken pipe).
     #[error("authentication: {0}")]
     Io(#[source] io::Error),
 }
@@ -437,14 +444,19 @@ impl Auth {
         self.keyring.is_some()
     }
 
+    /// The secrets connections must prove knowledge of; `None` when no secret is set.
     pub fn keyring(&self) -> Option<&Keyring> {
         self.keyring.as_deref()
     }
 
+    /// The time the whole exchange may take, on either side ([`DEFAULT_TIMEOUT`] unless set
+    /// with [`Auth::with_timeout`]).
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
+    /// The admitted / refused / failed-dial counters, shared by every clone of this `Auth`
+    /// and by the guards made from it.
     pub fn stats(&self) -> &Arc<AuthStats> {
         &self.stats
     }
@@ -496,6 +508,8 @@ impl Guard {
         Guard::default()
     }
 
+    /// The kind of port this guard protects; `None` for an open guard, which admits every
+    /// connection without an exchange.
     pub fn service(&self) -> Option<Service> {
         self.service
     }

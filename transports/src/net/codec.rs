@@ -27,7 +27,9 @@ pub const MAX_HEADER: usize = 40;
 pub struct Format {
     /// What speaks it, for errors and logs ("tcp transport").
     pub name: &'static str,
+    /// The bytes every frame starts with (2 or 4 of them: `CT`, `CRQP`, ...).
     pub magic: &'static [u8],
+    /// The version byte that follows the magic; a frame of any other version is refused.
     pub version: u8,
     /// Bytes of the fixed header, prefix included.
     pub header_len: usize,
@@ -42,16 +44,51 @@ pub struct Format {
 /// malformed, oversized, truncated or late frame is one of these, never a panic or a hang.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
+    /// The frame does not start with the format's magic: the peer speaks something else.
     #[error("bad magic {found:02x?} (not a crescent {format} peer)")]
-    BadMagic { format: &'static str, found: Vec<u8> },
+    BadMagic {
+        /// The format's name ([`Format::name`]).
+        format: &'static str,
+        /// The bytes found where the magic belongs.
+        found: Vec<u8>,
+    },
+    /// The peer speaks another version of the format.
     #[error("unsupported {format} version {found} (this side speaks {expected})")]
-    Version { format: &'static str, found: u8, expected: u8 },
+    Version {
+        /// The format's name.
+        format: &'static str,
+        /// The peer's version byte.
+        found: u8,
+        /// This side's version ([`Format::version`]).
+        expected: u8,
+    },
+    /// The kind byte names no message of the format (checked by the format's own decoder).
     #[error("unknown {format} message kind {kind}")]
-    Kind { format: &'static str, kind: u8 },
+    Kind {
+        /// The format's name.
+        format: &'static str,
+        /// The unknown kind byte.
+        kind: u8,
+    },
+    /// The announced payload length exceeds the cap; nothing was allocated for it.
     #[error("a {format} frame announces {len} payload bytes, more than the {max} allowed")]
-    Oversized { format: &'static str, len: u64, max: u64 },
+    Oversized {
+        /// The format's name.
+        format: &'static str,
+        /// Announced payload length, in bytes.
+        len: u64,
+        /// The cap in force, in bytes (the smaller of the caller's and the format's).
+        max: u64,
+    },
+    /// The frame is well-delimited but its contents break the format's rules (a header too
+    /// short, a field out of range); `why` says which.
     #[error("malformed {format} frame: {why}")]
-    Malformed { format: &'static str, why: String },
+    Malformed {
+        /// The format's name.
+        format: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The peer closed the connection between two frames.
     #[error("the peer closed the connection")]
     Closed,
@@ -60,10 +97,18 @@ pub enum FrameError {
     Idle(Duration),
     /// A frame began but was not complete within its time (the connection is out of step).
     #[error("a {format} frame was not complete within {limit:?}")]
-    TimedOut { format: &'static str, limit: Duration },
+    TimedOut {
+        /// The format's name.
+        format: &'static str,
+        /// The time the whole frame had.
+        limit: Duration,
+    },
+    /// The connection failed (reset, broken pipe, ...) while reading or writing a frame.
     #[error("{format} connection: {source}")]
     Io {
+        /// The format's name.
         format: &'static str,
+        /// The socket's error.
         #[source]
         source: io::Error,
     },
@@ -79,8 +124,12 @@ impl FrameError {
 /// A length-prefixed frame as read: its kind, its header and its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawFrame {
+    /// The kind byte (after magic and version), not yet checked against the format's kinds.
     pub kind: u8,
+    /// The fixed header, prefix included, in its first [`Format::header_len`] bytes; the
+    /// rest is zero.
     pub header: [u8; MAX_HEADER],
+    /// The payload, exactly as long as the header announced.
     pub payload: Vec<u8>,
 }
 

@@ -9,7 +9,7 @@
 //!   before anything is allocated) and reading/writing length-prefixed frames with deadlines;
 //!   the tcp transport, the shm and rdma control messages, the engine's handshake and the
 //!   store's disk service are its formats;
-//! * [`serve`]: the accept loop: connections bounded in total and per peer (address, or pid
+//! * [`serve`](mod@serve): the accept loop: connections bounded in total and per peer (address, or pid
 //!   for a same-host peer), backoff on accept errors (`EMFILE`, `ENFILE`, ...), a connection
 //!   count that a failed thread start cannot leak, and a clean shutdown.
 //!

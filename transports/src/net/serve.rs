@@ -4,7 +4,7 @@
 //! * **Bounded connections**, in total and per peer ([`PeerKey`]: the address for tcp, the
 //!   process for a same-host unix socket), so one peer cannot take every slot: a connection
 //!   over a bound is closed at once (the handler's `refused` hook may tell it why first).
-//! * **A count that cannot leak**: a connection's slot is a [`Ticket`] owned by its thread's
+//! * **A count that cannot leak**: a connection's slot is a `Ticket` owned by its thread's
 //!   closure; a thread that fails to start drops the closure, and with it the slot.
 //! * **Backoff on accept errors** ([`AcceptBackoff`]): with no file descriptor left (`EMFILE`,
 //!   `ENFILE`) the pending connection stays queued and `accept` fails again at once; the loop
@@ -14,7 +14,7 @@
 //! * **A clean shutdown**: dropping the [`Server`] wakes the loop (an eventfd, no self-connect),
 //!   shuts every live connection down (their threads return) and joins the loop's thread.
 //!
-//! * **Authentication** (issue 26) in one place: [`open_connection`] runs the listener's
+//! * **Authentication** (issue 26) in one place: `open_connection` runs the listener's
 //!   [`Guard`] on the connection's thread, under its slot and within the exchange's deadline,
 //!   before the handler sees any byte; a peer that does not prove it knows the cluster secret
 //!   is closed and counted ([`super::AuthStats`]).
@@ -41,9 +41,13 @@ pub enum PeerKey {
     Ip(IpAddr),
     /// A same-host peer on a unix socket, as the kernel tells it (`SO_PEERCRED`).
     Process {
+        /// The peer's process id.
         pid: i32,
+        /// The peer's user id.
         uid: u32,
     },
+    /// The kernel could not say who the peer is (`SO_PEERCRED` failed): all such peers
+    /// share one per-peer bound.
     Unknown,
 }
 
@@ -71,6 +75,7 @@ pub struct Limits {
 
 /// A listening socket the loop accepts from.
 pub trait Listener: AsFd + Send + 'static {
+    /// The kind of connection it accepts (a `TcpStream`, a unix socket).
     type Conn: Connection;
     /// Accepts one connection (the listener is non-blocking: `WouldBlock` when none is
     /// pending) and says whose it is.
@@ -105,7 +110,10 @@ impl Connection for std::os::unix::net::UnixStream {
 
 /// One accepted connection, handed to the handler on its own thread.
 pub struct Accepted<C> {
+    /// The connection, already authenticated when the listener has a guard; shared with the
+    /// loop, which shuts it down on [`Server`]'s shutdown.
     pub stream: Arc<C>,
+    /// Whose connection it is (what the per-peer bound counted it under).
     pub peer: PeerKey,
     /// The listener's idle time (see [`Limits::idle`]).
     pub idle: Option<Duration>,
@@ -121,7 +129,9 @@ pub struct AcceptBackoff {
 }
 
 impl AcceptBackoff {
+    /// The first wait after a non-transient accept error.
     pub const FIRST: Duration = Duration::from_millis(5);
+    /// The longest wait, however many accepts failed in a row.
     pub const MAX: Duration = Duration::from_secs(1);
 
     /// How long to wait before accepting again after `err`.
@@ -135,6 +145,7 @@ impl AcceptBackoff {
         self.delay
     }
 
+    /// An accept worked: the next error waits [`AcceptBackoff::FIRST`] again.
     pub fn on_success(&mut self) {
         self.delay = Duration::ZERO;
     }

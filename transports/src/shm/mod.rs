@@ -118,6 +118,10 @@ struct Job {
     slice: Slice,
 }
 
+/// The shm transport of one engine: the listener that grants same-host peers access to the
+/// engine's registered regions, one control connection per peer it reaches, and the threads
+/// that copy its slices. Dropping it stops the listener and closes its connections; the copy
+/// threads finish the slices already queued, then end.
 pub struct ShmTransport {
     config: ShmConfig,
     server: Arc<Server>,

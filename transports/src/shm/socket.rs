@@ -22,16 +22,24 @@ pub const MAX_NAME_LEN: usize = 100;
 /// What went wrong receiving a frame.
 #[derive(Debug, thiserror::Error)]
 pub enum RecvError {
+    /// The socket failed, or the receive timed out.
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// The message is not a valid control frame.
     #[error("{0}")]
     Wire(#[from] WireError),
+    /// A frame of this kind came with this many descriptors: only a granted memfd
+    /// `MapReply` carries one, and it carries exactly one ([`Frame::carries_fd`]).
     #[error("a {0:?} frame came with {1} file descriptor(s)")]
     Fds(super::wire::Kind, usize),
+    /// The message or its descriptors did not fit the receive buffers (`MSG_TRUNC` or
+    /// `MSG_CTRUNC`): the peer sent more than one frame's worth.
     #[error("a control message was truncated")]
     Truncated,
 }
 
+/// One end of a control connection, or the listening socket: frames are sent and received
+/// whole, one per message, with at most one descriptor alongside.
 #[derive(Debug)]
 pub struct Socket {
     fd: OwnedFd,
@@ -61,6 +69,7 @@ impl Socket {
         Ok(Socket { fd })
     }
 
+    /// Accepts a connection on a listening socket, waiting for one if none is pending.
     pub fn accept(&self) -> io::Result<Socket> {
         let fd = net::accept_with(&self.fd, SocketFlags::CLOEXEC)?;
         Ok(Socket { fd })

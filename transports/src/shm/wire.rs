@@ -17,8 +17,11 @@
 
 use crate::net::{Format, FrameError};
 
+/// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"CS";
+/// The version this side speaks; a peer of another version is refused.
 pub const VERSION: u8 = 1;
+/// Every frame's size, in bytes (one `SOCK_SEQPACKET` message).
 pub const FRAME_LEN: usize = 40;
 /// The frame layout in the net layer's terms: a fixed header and no payload.
 pub const FORMAT: Format = Format {
@@ -32,20 +35,30 @@ pub const FORMAT: Format = Format {
 /// Size of the target's probe word.
 pub const PROBE_LEN: u64 = 8;
 
+/// A control message's kind (its wire code is the discriminant); the module doc says which
+/// fields each one sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
+    /// Initiator → target, first message: asks where the probe word is.
     Hello = 1,
+    /// Target → initiator: `addr`/`len` of the probe word, `id` the value it holds.
     HelloReply = 2,
+    /// Initiator → target: asks for the region holding `[addr, +len)`; `id` names the request.
     Map = 3,
+    /// Target → initiator: the answer to the `Map` with the same `id`.
     MapReply = 4,
+    /// Target → initiator: region `region` is being unregistered.
     Revoke = 5,
+    /// Initiator → target: no copy uses region `region` any more.
     RevokeAck = 6,
 }
 
+/// The outcome a `MapReply` carries (every other kind carries `Ok`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Status {
+    /// The range is granted.
     Ok = 0,
     /// The range is not inside one registered region of the target.
     OutOfRange = 1,
@@ -55,6 +68,7 @@ pub enum Status {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Mode {
+    /// No access granted: every kind but a successful `MapReply`.
     None = 0,
     /// Map the memfd that comes with the reply; copies are plain memcpy.
     Memfd = 1,
@@ -62,43 +76,71 @@ pub enum Mode {
     ProcessVm = 2,
 }
 
+/// One control message, decoded. Fields a kind does not use are zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frame {
+    /// Which message it is.
     pub kind: Kind,
+    /// A `MapReply`'s outcome; `Ok` otherwise.
     pub status: Status,
+    /// How a granted region is reached; `None` unless a successful `MapReply`.
     pub mode: Mode,
+    /// A `Map`'s request id (echoed by its `MapReply`), or a `HelloReply`'s probe value.
     pub id: u64,
+    /// Start address, in the target's address space: of the requested range (`Map`), of
+    /// the granted region (`MapReply`) or of the probe word (`HelloReply`).
     pub addr: u64,
+    /// Length in bytes of the range `addr` starts.
     pub len: u64,
+    /// The target's id of a granted, revoked or released region.
     pub region: u64,
 }
 
+/// Why a received control message was refused; the connection is then dropped.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
+    /// The message is not [`FRAME_LEN`] bytes long.
     #[error("a control message of {0} bytes (frames are {FRAME_LEN})")]
     Length(usize),
     /// Bad magic or version: the net layer's checks.
     #[error(transparent)]
     Frame(#[from] FrameError),
+    /// The kind byte names no [`Kind`].
     #[error("unknown message kind {0}")]
     Kind(u8),
+    /// The status byte names no [`Status`].
     #[error("unknown status {0}")]
     Status(u8),
+    /// The mode byte names no [`Mode`].
     #[error("unknown access mode {0}")]
     Mode(u8),
+    /// Bytes 6..8 are not zero.
     #[error("reserved bytes are not zero")]
     Reserved,
+    /// A frame that must carry a range carries an empty, null or wrapping one (or a probe
+    /// word that is not [`PROBE_LEN`] bytes).
     #[error("a {kind:?} frame with an invalid range [{addr:#x}, +{len})")]
-    Range { kind: Kind, addr: u64, len: u64 },
+    Range {
+        /// The frame's kind.
+        kind: Kind,
+        /// The range's start.
+        addr: u64,
+        /// The range's length, in bytes.
+        len: u64,
+    },
+    /// Status and mode contradict each other or the kind (a granted `MapReply` without a
+    /// mode, a refusal with one, a status on a kind that has none).
     #[error("a {0:?} frame with an inconsistent status or mode")]
     Inconsistent(Kind),
 }
 
 impl Frame {
+    /// A frame of `kind` with every other field zero (`Ok`, `None`).
     pub fn new(kind: Kind) -> Frame {
         Frame { kind, status: Status::Ok, mode: Mode::None, id: 0, addr: 0, len: 0, region: 0 }
     }
 
+    /// The frame's 40 wire bytes (layout in the module doc).
     pub fn encode(&self) -> [u8; FRAME_LEN] {
         let mut b = [0u8; FRAME_LEN];
         FORMAT.put_prefix(&mut b, self.kind as u8);

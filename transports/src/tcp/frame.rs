@@ -12,8 +12,11 @@
 
 use crate::net::{Format, FrameError as NetError};
 
+/// The first two bytes of every header.
 pub const MAGIC: [u8; 2] = *b"CT";
+/// The version this side speaks; a peer of another version is refused.
 pub const VERSION: u8 = 1;
+/// Every header's size, in bytes.
 pub const HEADER_LEN: usize = 32;
 /// Largest payload a frame may announce; larger is a protocol violation.
 pub const MAX_PAYLOAD: u64 = 64 << 20;
@@ -28,12 +31,17 @@ pub const FORMAT: Format = Format {
     max_payload: MAX_PAYLOAD,
 };
 
+/// What a frame is (its wire code is the discriminant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FrameKind {
+    /// Initiator → target: send me `len` bytes from `addr`; no payload.
     ReadRequest = 1,
+    /// Initiator → target: store the `len` payload bytes that follow at `addr`.
     WriteRequest = 2,
+    /// Target → initiator: the `len` bytes read (when the status is `Ok`; none otherwise).
     ReadResponse = 3,
+    /// Target → initiator: the write's status; no payload.
     WriteResponse = 4,
 }
 
@@ -41,34 +49,47 @@ pub enum FrameKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Status {
+    /// The access was done (also the status of every request).
     Ok = 0,
     /// The range is not inside one registered region of the target.
     OutOfRange = 1,
 }
 
+/// One frame's header, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// What the frame is.
     pub kind: FrameKind,
+    /// A response's outcome; `Ok` in a request.
     pub status: Status,
+    /// The initiator's id of the request, echoed by its response.
     pub id: u64,
+    /// Start of the accessed range, a virtual address in the target's registered memory.
     pub addr: u64,
+    /// Length of the accessed range in bytes, at most [`MAX_PAYLOAD`]; also the payload's
+    /// length where the kind carries one ([`Header::payload_len`]).
     pub len: u64,
 }
 
+/// Why a received header was refused; the connection is then dropped.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     /// Bad magic or version, or an oversized payload: the net layer's checks.
     #[error(transparent)]
     Frame(#[from] NetError),
+    /// The kind byte names no [`FrameKind`].
     #[error("unknown frame kind {0}")]
     Kind(u8),
+    /// The status word names no [`Status`].
     #[error("unknown status {0}")]
     Status(u32),
+    /// A failed read response announces payload bytes.
     #[error("a {0:?} frame must not carry a payload length with an error status")]
     Inconsistent(FrameKind),
 }
 
 impl Header {
+    /// The header's 32 wire bytes (layout in the module doc).
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         FORMAT.put_prefix(&mut b, self.kind as u8);

@@ -35,6 +35,8 @@ pub struct TcpConfig {
     pub lanes: usize,
     /// Largest slice; larger requests are cut by the engine.
     pub max_slice_len: u64,
+    /// Time the tcp connect of one lane to a peer may take (the authentication that follows
+    /// has [`Auth::timeout`]).
     pub connect_timeout: Duration,
     /// Connections the server serves at once, from everyone.
     pub max_connections: usize,
@@ -83,6 +85,10 @@ struct PeerLanes {
     next: AtomicUsize,
 }
 
+/// The tcp transport of one engine: the listener that serves peers' reads and writes of the
+/// engine's registered regions, and the lanes it opened to the peers it reaches. Dropping it
+/// closes the port and every served connection, and shuts its lanes down (slices still
+/// pending on them fail).
 pub struct TcpTransport {
     config: TcpConfig,
     port: u16,
@@ -128,6 +134,7 @@ impl TcpTransport {
         Ok(TcpTransport { config, port, peers: Mutex::new(HashMap::new()), server })
     }
 
+    /// The port it listens on (the one picked when [`TcpConfig::port`] was 0).
     pub fn port(&self) -> u16 {
         self.port
     }

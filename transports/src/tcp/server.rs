@@ -1,6 +1,6 @@
 //! Target side of the tcp transport: serves peers' reads and writes of local registered memory.
 //!
-//! Runs on the net layer's accept loop ([`crate::net::serve`]): connections are bounded in
+//! Runs on the net layer's accept loop ([`crate::net::serve()`]): connections are bounded in
 //! total and per peer address, a connection idle for [`super::TcpConfig::idle_timeout`] is
 //! closed, and every frame — a request coming in, a response of up to 64 MiB going out — has
 //! one deadline ([`super::TcpConfig::io_timeout`]), so a peer that stalls mid-frame or stops

@@ -30,6 +30,7 @@ use crate::proto::DiskEntry;
 /// as long as the last, up to [`RETRY_MAX`] (the master spares an object whose file is being
 /// written for 10 s: a file announced within that time keeps its object through evictions).
 pub const RETRY_FIRST: Duration = Duration::from_millis(200);
+/// The longest wait between two retries, however many calls failed in a row.
 pub const RETRY_MAX: Duration = Duration::from_secs(2);
 /// How long the committer sleeps with nothing to commit before it looks for retries due.
 pub const RETRY_IDLE: Duration = Duration::from_secs(1);
@@ -42,8 +43,12 @@ pub const RETRY_BATCH: usize = 1000;
 /// One call to make: `UpdateDiskReplicas(added, removed, restore)`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Call {
+    /// Files to list this disk as a holder of (key, version, size).
     pub added: Vec<DiskEntry>,
+    /// Files this disk no longer holds.
     pub removed: Vec<DiskEntry>,
+    /// A retry or a remount's report: the master may have lost the objects, and takes back an
+    /// added file unless it knows of its removal or of another version.
     pub restore: bool,
     /// Per added entry, the generation its file was prepared under.
     generations: Vec<u64>,
@@ -116,6 +121,7 @@ impl Announcements {
         self.added.len() + self.removed.len()
     }
 
+    /// True when nothing waits to be told again.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -60,21 +60,30 @@ impl std::fmt::Display for FsyncScope {
 
 /// A file written under its temporary name, on its way to the committer.
 pub struct Written {
+    /// The object's key.
     pub key: String,
+    /// The object's version at the master.
     pub version: u64,
     /// The generation its offload was prepared under (see [`super::announce`]).
     pub generation: u64,
+    /// The value's length, in bytes.
     pub value_len: u64,
+    /// The file itself, under its temporary name.
     pub staged: Staged,
 }
 
 /// A file a round made durable under its final name.
 #[derive(Debug)]
 pub struct Committed {
+    /// The object's key.
     pub key: String,
+    /// The object's version at the master.
     pub version: u64,
+    /// The generation its offload was prepared under.
     pub generation: u64,
+    /// The value's length, in bytes.
     pub value_len: u64,
+    /// Its final name.
     pub path: PathBuf,
     /// Its length (it takes [`super::format::disk_len`] of it on disk).
     pub file_len: u64,
@@ -83,15 +92,20 @@ pub struct Committed {
 /// A file a round gave up (the reason logged): no name of it is left.
 #[derive(Debug)]
 pub struct GivenUp {
+    /// The object's key.
     pub key: String,
+    /// The value's length, in bytes.
     pub value_len: u64,
+    /// The file's length, in bytes (for the queue's and the capacity's accounts).
     pub file_len: u64,
 }
 
 /// What one round did.
 #[derive(Debug, Default)]
 pub struct Round {
+    /// Files now durable under their final names, in the batch's order.
     pub committed: Vec<Committed>,
+    /// Files it could not make durable (no name of them is left).
     pub given_up: Vec<GivenUp>,
 }
 

@@ -54,6 +54,8 @@ pub struct FileImage {
 }
 
 impl FileImage {
+    /// The image of `key`'s file holding a copy of `value` (its CRC-32 taken with the copy), in
+    /// fresh memory.
     pub fn new(key: &str, value: &[u8]) -> FileImage {
         FileImage::reusing(Vec::new(), key, value)
     }
@@ -87,6 +89,7 @@ impl FileImage {
         self.buf
     }
 
+    /// The value's length, in bytes.
     pub fn value_len(&self) -> u64 {
         self.value_len as u64
     }
@@ -123,6 +126,7 @@ impl ResidentValue {
         ResidentValue { crc, ..self }
     }
 
+    /// The value's length, in bytes.
     pub fn value_len(&self) -> usize {
         self.len
     }
@@ -187,11 +191,14 @@ impl Output<'_> {
 
 /// What a writer writes: a whole file image, or a value where it lies.
 pub enum FileBody {
+    /// A copy of the value, in a file image.
     Image(FileImage),
+    /// The value where it lies, the putting client's own replica.
     Resident(ResidentValue),
 }
 
 impl FileBody {
+    /// The value's length, in bytes, whichever body it is.
     pub fn value_len(&self) -> u64 {
         match self {
             FileBody::Image(i) => i.value_len(),
@@ -585,10 +592,12 @@ impl FileReader {
         Ok(())
     }
 
+    /// The value's length, in bytes (as the master and the header say).
     pub fn size(&self) -> u64 {
         self.size
     }
 
+    /// Bytes of the value not read yet.
     pub fn remaining(&self) -> u64 {
         self.size - self.pos
     }

@@ -28,7 +28,9 @@
 
 use crate::error::{Result, StoreError};
 
+/// The first four bytes of every file.
 pub const MAGIC: [u8; 4] = *b"CRSD";
+/// The format version this tier writes and reads; a file of another version is refused.
 pub const FORMAT_VERSION: u16 = 1;
 /// Fixed part of the header.
 pub const FIXED_LEN: usize = 48;
@@ -48,9 +50,13 @@ pub const TMP_SUFFIX: &str = ".tmp";
 /// A file's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
+    /// The object's key (1..=4096 bytes of UTF-8).
     pub key: String,
+    /// The value's length, in bytes.
     pub value_len: u64,
+    /// The object's version at the master.
     pub version: u64,
+    /// CRC-32 of the value.
     pub value_crc: u32,
 }
 
@@ -171,13 +177,20 @@ pub fn file_name(key: &str, version: u64) -> (String, String) {
 #[derive(Debug, PartialEq, Eq)]
 pub enum NameKind {
     /// A final file: its key hash and version.
-    File { hash: String, version: u64 },
+    File {
+        /// The key's hash, 32 lowercase hex digits.
+        hash: String,
+        /// The object's version.
+        version: u64,
+    },
     /// A temporary file left by an interrupted write.
     Temporary,
     /// Something this tier did not write.
     Other,
 }
 
+/// What the entry `name` of a hash directory is: a final file (32 lowercase hex digits of
+/// the key's hash, `-`, 16 of the version, `.crs`), a temporary file, or something else.
 pub fn parse_name(name: &str) -> NameKind {
     if name.ends_with(TMP_SUFFIX) && name.len() > 32 && name.as_bytes()[..32].iter().all(u8::is_ascii_hexdigit) {
         return NameKind::Temporary;

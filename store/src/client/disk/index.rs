@@ -16,11 +16,14 @@ use super::recycle::{Retired, RetiredFiles};
 /// One file on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// The object's version at the master.
     pub version: u64,
+    /// The value's length, in bytes.
     pub value_len: u64,
     /// Bytes the file takes on disk: its header and value in whole 4 KiB blocks
     /// ([`super::format::disk_len`]); the capacity counts these.
     pub disk_len: u64,
+    /// The file's final name.
     pub path: PathBuf,
     /// Reads in progress: a pinned file is never evicted.
     pins: u32,
@@ -30,6 +33,7 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The entry of a file at `path`, not pinned and not marked the only copy.
     pub fn new(version: u64, value_len: u64, disk_len: u64, path: PathBuf) -> Entry {
         Entry { version, value_len, disk_len, path, pins: 0, only_copy: false }
     }
@@ -60,6 +64,10 @@ pub enum NoRoom {
     Pinned,
 }
 
+/// The index of one disk tier: its files by key in least-recently-used order, and the bytes
+/// they use, writes have reserved and retired files keep, against the capacity. A write
+/// reserves its bytes before it starts ([`Index::reserve`]), evicting unpinned files and
+/// retired ones as needed, so writes in progress never overcommit the capacity together.
 #[derive(Debug)]
 pub struct Index {
     /// Most recently used first.
@@ -73,13 +81,16 @@ pub struct Index {
 }
 
 impl Index {
+    /// An empty index of `capacity` bytes over the retired-file pool `retired`.
     pub fn new(capacity: u64, retired: RetiredFiles) -> Index {
         Index { map: LruCache::unbounded(), used: 0, reserved: 0, capacity, retired }
     }
 
+    /// Bytes the tier may use on disk.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
+    /// Bytes the indexed files take on disk (whole 4 KiB blocks).
     pub fn used(&self) -> u64 {
         self.used
     }
@@ -87,12 +98,15 @@ impl Index {
     pub fn retired_bytes(&self) -> u64 {
         self.retired.bytes()
     }
+    /// Retired files kept for reuse.
     pub fn retired_files(&self) -> usize {
         self.retired.len()
     }
+    /// Files in the index.
     pub fn len(&self) -> usize {
         self.map.len()
     }
+    /// True when no file is indexed.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
@@ -142,6 +156,8 @@ impl Index {
         old
     }
 
+    /// Takes `key`'s file out of the index (its bytes no longer count as used), pinned or not;
+    /// the caller deletes or retires it.
     pub fn remove(&mut self, key: &str) -> Option<Entry> {
         let e = self.map.pop(key)?;
         self.used -= e.disk_len;
@@ -213,6 +229,7 @@ impl Index {
         std::iter::from_fn(|| self.retired.pop_oldest()).collect()
     }
 
+    /// Drops `path` from the retired-file pool (its rename failed, or it went missing).
     pub fn forget_retired(&mut self, path: &std::path::Path) {
         self.retired.forget(path);
     }

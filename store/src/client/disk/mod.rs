@@ -74,7 +74,10 @@ pub use stats::DiskStats;
 
 /// Share of the file system's free space taken by default.
 pub const DEFAULT_CAPACITY_SHARE: f64 = 0.9;
+/// Writer threads unless configured otherwise (`disk_writer_threads`).
 pub const DEFAULT_WRITERS: usize = 4;
+/// Bytes of values that may wait to be written unless configured otherwise
+/// (`disk_queue_size`): 256 MiB.
 pub const DEFAULT_QUEUE_BYTES: u64 = 256 << 20;
 /// How long opening waits for the storage root's lock before calling it taken.
 const LOCK_WAIT: Duration = Duration::from_secs(1);
@@ -93,6 +96,7 @@ pub struct DiskConfig {
     pub cluster_id: String,
     /// Bytes the tier may use; `None`: what its files take now plus 90 % of the free space.
     pub capacity: Option<u64>,
+    /// Writer threads.
     pub writers: usize,
     /// Bytes of values waiting to be written; beyond it offloads are dropped and counted.
     pub queue_bytes: u64,
@@ -234,6 +238,9 @@ struct Pending {
     bytes: u64,
 }
 
+/// One client's disk tier over one storage root: the index of its files, the writer pool
+/// and the committer, the announcements to the master and the counters. It holds the root's
+/// lock while open (a second tier on the same root and cluster fails to open).
 pub struct DiskTier {
     dir: PathBuf,
     disk_id: String,
@@ -406,10 +413,12 @@ impl DiskTier {
         &self.disk_id
     }
 
+    /// The tier's directory, `<root>/<cluster id>`.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// Bytes the tier may use on disk (configured, or taken from the free space at open).
     pub fn capacity(&self) -> u64 {
         self.index.lock().capacity()
     }
@@ -1126,6 +1135,7 @@ impl DiskTier {
         inc(&self.counters.served_reads);
     }
 
+    /// Its counters and sizes now.
     pub fn stats(&self) -> DiskStats {
         self.counters.snapshot(self.sizes())
     }

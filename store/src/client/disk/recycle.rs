@@ -24,6 +24,7 @@ pub const MAX_FILES: usize = 4096;
 /// One retired file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retired {
+    /// Its name in the retired directory.
     pub path: PathBuf,
     /// Bytes it takes on disk (whole 4 KiB blocks, see [`super::format::disk_len`]).
     pub len: u64,
@@ -50,10 +51,12 @@ impl RetiredFiles {
         self.bytes
     }
 
+    /// Files kept.
     pub fn len(&self) -> usize {
         self.files.len()
     }
 
+    /// True when no file is kept.
     pub fn is_empty(&self) -> bool {
         self.files.is_empty()
     }

@@ -36,9 +36,13 @@ use super::DiskTier;
 use crate::error::{PeerFault, Result, StoreError};
 use crate::staging::Staging;
 
+/// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"CD";
+/// The version this side speaks; a peer of another version is refused.
 pub const WIRE_VERSION: u8 = 1;
+/// Bytes of a frame's header.
 pub const HEADER_LEN: usize = 8;
+/// Most payload bytes a frame may carry (8 KiB); a longer announced payload is refused unread.
 pub const MAX_PAYLOAD: usize = 8 << 10;
 /// How long either side waits for the other.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -56,12 +60,18 @@ pub const FORMAT: Format = Format {
     max_payload: MAX_PAYLOAD as u64,
 };
 
+/// A frame's kind (its wire code is the discriminant; the module doc gives each payload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// Reader → owner: open (key, version, size).
     Open = 1,
+    /// Owner → reader: the file is open; the owner's segment name.
     Opened = 2,
+    /// Reader → owner: the next piece, at most this many bytes (releases the last one).
     Next = 3,
+    /// Owner → reader: where the next piece lies in the owner's staging buffer.
     Piece = 4,
+    /// Owner → reader: the request failed (a code and a message).
     Error = 5,
 }
 
@@ -107,12 +117,16 @@ fn u64_at(p: &[u8], at: usize) -> Result<u64> {
 /// An `Open` request.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OpenRequest {
+    /// The object's version the reader expects.
     pub version: u64,
+    /// The value's size the reader expects, in bytes.
     pub size: u64,
+    /// The object's key.
     pub key: String,
 }
 
 impl OpenRequest {
+    /// Its payload: version, size, then the key.
     pub fn encode(&self) -> Vec<u8> {
         let mut p = Vec::with_capacity(16 + self.key.len());
         p.extend_from_slice(&self.version.to_le_bytes());
@@ -120,6 +134,8 @@ impl OpenRequest {
         p.extend_from_slice(self.key.as_bytes());
         p
     }
+    /// Parses a payload from a peer (untrusted): short payloads, keys that are not UTF-8, empty
+    /// or longer than the longest key are refused ([`StoreError::Disk`]).
     pub fn decode(p: &[u8]) -> Result<OpenRequest> {
         let version = u64_at(p, 0)?;
         let size = u64_at(p, 8)?;
@@ -134,12 +150,16 @@ impl OpenRequest {
 /// A `Piece` answer.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub struct Piece {
+    /// The piece's address in the owner's registered staging buffer (read it with the engine).
     pub addr: u64,
+    /// Its length, in bytes.
     pub len: u64,
+    /// True on the value's last piece: every byte was sent and the checksum checked.
     pub last: bool,
 }
 
 impl Piece {
+    /// Its 17-byte payload: address, length, last.
     pub fn encode(&self) -> Vec<u8> {
         let mut p = Vec::with_capacity(17);
         p.extend_from_slice(&self.addr.to_le_bytes());
@@ -147,6 +167,7 @@ impl Piece {
         p.push(self.last as u8);
         p
     }
+    /// Parses a payload from the owner (untrusted): exactly 17 bytes, `last` 0 or 1.
     pub fn decode(p: &[u8]) -> Result<Piece> {
         if p.len() != 17 || p[16] > 1 {
             return Err(bad("malformed piece"));

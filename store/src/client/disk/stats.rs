@@ -15,16 +15,23 @@ use crate::metrics_registry::{counter, gauge, internal};
 /// current sizes.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct DiskStats {
+    /// Files indexed now.
     pub files: u64,
+    /// Bytes they take on disk now (whole 4 KiB blocks).
     pub used_bytes: u64,
+    /// Bytes the tier may use.
     pub capacity: u64,
     /// Removed files kept to be written over, and their bytes (within the capacity).
     pub retired_files: u64,
+    /// Bytes of those retired files.
     pub retired_bytes: u64,
     /// Files written over a retired or evicted file instead of a new one.
     pub recycled: u64,
+    /// Offloads handed to the writers.
     pub queued: u64,
+    /// Files written, made durable and indexed.
     pub written: u64,
+    /// Bytes of the files written.
     pub bytes_written: u64,
     /// Offloads dropped because the queue was full (logged too).
     pub queue_full: u64,
@@ -35,20 +42,25 @@ pub struct DiskStats {
     /// Offloads dropped because their value's memory was given to another object (evicted
     /// or removed) before the writer had it.
     pub overwritten: u64,
+    /// Files whose write, flush or rename failed (logged; never announced).
     pub write_failures: u64,
     /// Files the master refused (their object was removed or put again meanwhile).
     pub stale_refused: u64,
+    /// Files evicted to make room.
     pub evicted: u64,
+    /// Files deleted on the master's removals.
     pub removed: u64,
     /// Files found at start with a bad header or length (removed before they are announced),
     /// or whose value failed its checksum in the check after start ([`super::DiskTier::verify_found`]:
     /// removed and the master told); and temporary files of interrupted writes.
     pub corrupt_removed: u64,
+    /// Temporary files of interrupted writes, deleted at start.
     pub incomplete_removed: u64,
     /// At start: older versions of a key.
     pub stale_removed: u64,
     /// Reads of this disk's files for gets of this client (early reads included).
     pub local_reads: u64,
+    /// Reads of this disk's files served to other clients (through the disk service).
     pub served_reads: u64,
     /// Reads that found a corrupt value (the file is deleted).
     pub corrupt_reads: u64,
@@ -56,6 +68,7 @@ pub struct DiskStats {
     /// answering, and of those, the ones whose answer showed another version or no file here
     /// (their bytes were read again from where the answer said).
     pub early_reads: u64,
+    /// Early reads whose answer showed another copy or version.
     pub early_reads_wasted: u64,
     /// Times a file was marked as its object's only copy after the start (the master's news
     /// on a ping, or a get that found no other copy): gets read such a file early.
@@ -77,12 +90,19 @@ pub struct DiskStats {
 /// The tier's present sizes (the index's and the announcements' own numbers).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sizes {
+    /// Files indexed.
     pub files: u64,
+    /// Bytes they take on disk.
     pub used_bytes: u64,
+    /// Bytes the tier may use.
     pub capacity: u64,
+    /// Retired files kept for reuse.
     pub retired_files: u64,
+    /// Bytes of those.
     pub retired_bytes: u64,
+    /// Files and removals waiting to be told to the master again.
     pub unannounced: u64,
+    /// Files found at start not checked yet.
     pub unverified: u64,
 }
 
@@ -147,6 +167,8 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// The tier's registry with every series at 0; fails only if two series were given one name
+    /// (a bug: [`crate::StoreError::Internal`]).
     pub fn new() -> Result<Counters> {
         let registry = Registry::new_custom(Some("crescent_client_disk".into()), None).map_err(internal)?;
         Ok(Counters {

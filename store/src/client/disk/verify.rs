@@ -24,7 +24,9 @@ pub const VERIFY_QUIET: Duration = Duration::from_millis(200);
 /// A file found at start, to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found {
+    /// The object's key.
     pub key: String,
+    /// The object's version, as the index holds it.
     pub version: u64,
     /// Its value's size.
     pub size: u64,

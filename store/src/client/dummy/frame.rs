@@ -11,7 +11,7 @@
 //! peer that stops mid-frame costs a bounded wait, never a hang.
 //!
 //! The standalone client accepts on the transports' one accept loop
-//! ([`crescent_transports::net::serve`]: bounded connections in total and per process,
+//! ([`crescent_transports::net::serve()`]: bounded connections in total and per process,
 //! backoff, clean shutdown), as the shm transport's control socket does. The framing is its
 //! own for the same reason as shm's: a frame may carry a descriptor (`SCM_RIGHTS`), which the
 //! net layer's codec (plain reads and writes) cannot; it moves there once the codec can.
@@ -41,8 +41,11 @@ pub const MAX_PAYLOAD: usize = 256 << 20;
 /// One frame.
 #[derive(Debug, Default)]
 pub struct Frame {
+    /// The encoded call or reply ([`super::wire`]), at most [`MAX_MESSAGE`] bytes.
     pub message: Vec<u8>,
+    /// A byte value given or returned with it, at most [`MAX_PAYLOAD`] bytes (often empty).
     pub payload: Vec<u8>,
+    /// A descriptor passed alongside (`SCM_RIGHTS`): a memfd the dummy client shares.
     pub fd: Option<OwnedFd>,
 }
 
@@ -64,7 +67,9 @@ pub enum RecvError {
 /// which, like a tcp port, belongs to the network namespace).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Address {
+    /// A socket file at this path (1..=100 bytes).
     Path(std::path::PathBuf),
+    /// This name in the abstract namespace (written `@name`; 1..=100 bytes).
     Abstract(String),
 }
 
@@ -123,6 +128,7 @@ impl Listener {
         Ok(Listener { fd, address: address.clone() })
     }
 
+    /// Where it listens.
     pub fn address(&self) -> &Address {
         &self.address
     }

@@ -26,7 +26,9 @@ use crate::error::{Result, StoreError, Waited};
 /// One memfd shared with the standalone client.
 #[derive(Debug)]
 pub struct Region {
+    /// Its id on the wire (from 1, never reused by this client).
     pub id: u32,
+    /// The memory itself, a sealed memfd mapped here.
     pub mem: SharedMemory,
 }
 
@@ -87,6 +89,8 @@ impl Drop for Bounce<'_> {
     }
 }
 
+/// All memory of a dummy client that its calls may name: shared regions (the pool, the
+/// local buffer, dedicated allocations) and registered heap buffers, by address.
 pub struct Memory {
     regions: RwLock<Vec<Arc<Region>>>,
     next_id: AtomicU32,
@@ -184,6 +188,8 @@ impl Memory {
         Ok(())
     }
 
+    /// Unregisters the heap buffer registered at `addr`; memory of a shared region needs no
+    /// unregistering (it succeeds). Anything else is [`StoreError::NotRegistered`].
     pub fn unregister(&self, addr: u64) -> Result<()> {
         if self.heap.lock().remove(&addr).is_some() || self.regions.read().iter().any(|r| r.contains(addr, 1)) {
             return Ok(());

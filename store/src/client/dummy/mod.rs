@@ -179,6 +179,8 @@ impl DummyClient {
         Ok(DummyClient { inner })
     }
 
+    /// Its id: a UUID made at connect, sent in every connection's `Hello` (so the standalone
+    /// client knows a reconnection as the same client).
     pub fn id(&self) -> &str {
         &self.inner.id
     }

@@ -22,15 +22,20 @@ pub const VERSION: u32 = 2;
 /// `len` bytes at `offset` of shared region `region`.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mem {
+    /// The shared region's id.
     pub region: u32,
+    /// Offset in the region, in bytes.
     pub offset: u64,
+    /// Length, in bytes.
     pub len: u64,
 }
 
 /// The range `[offset, +dst.len)` of a value, read into `dst`.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
+    /// Where the range starts in the value, in bytes.
     pub offset: u64,
+    /// The shared memory receiving it (its `len` is the range's length).
     pub dst: Mem,
 }
 
@@ -39,89 +44,144 @@ pub struct Span {
 pub enum Request {
     /// The first message of a connection: who calls (its id, stable across reconnects).
     Hello {
+        /// The caller's [`VERSION`]; another version is refused.
         version: u32,
+        /// The dummy client's id.
         client_id: String,
     },
     /// Shares a memfd (attached) as region `region` of `len` bytes.
     Share {
+        /// The id the dummy client gives the region.
         region: u32,
+        /// Its length, in bytes (the memfd must be as long).
         len: u64,
     },
     /// Ends the sharing of a region.
     Unshare {
+        /// The region's id.
         region: u32,
     },
+    /// Keeps the connection alive; answered `Done`.
     Ping,
     /// Whether the standalone client's master answers.
     Health,
     /// The value is the payload. `upsert`: replacing the key's value if it has one.
     Put {
+        /// The object's key.
         key: String,
+        /// The put's options, prost-encoded (empty: the standalone client's defaults).
         options: Vec<u8>,
+        /// Replace the key's value if it has one (an upsert) instead of leaving it.
         upsert: bool,
     },
+    /// Zero-copy put of the value held by `pieces`; answered `Done`.
     PutFrom {
+        /// The object's key.
         key: String,
+        /// Shared memory holding the value, in order.
         pieces: Vec<Mem>,
+        /// The put's options, prost-encoded (empty: the standalone client's defaults).
         options: Vec<u8>,
+        /// Replace the key's value if it has one (an upsert) instead of leaving it.
         upsert: bool,
     },
+    /// The whole value, answered `Bytes` (the value in the payload).
     Get {
+        /// The object's key.
         key: String,
     },
+    /// Zero-copy get of the whole value into `pieces`; answered `Size`.
     GetInto {
+        /// The object's key.
         key: String,
+        /// Shared memory receiving the value, in order.
         pieces: Vec<Mem>,
     },
+    /// Zero-copy get of ranges of the value; answered `Size` (the bytes read).
     GetRanges {
+        /// The object's key.
         key: String,
+        /// The ranges to read, each into shared memory.
         ranges: Vec<Span>,
     },
     /// The values, one after another, are the payload.
     PutBatch {
+        /// The objects' keys.
         keys: Vec<String>,
+        /// Per key, the length of its value in the payload, in bytes.
         lens: Vec<u64>,
+        /// The put's options, prost-encoded (empty: the standalone client's defaults).
         options: Vec<u8>,
+        /// Replace the key's value if it has one (an upsert) instead of leaving it.
         upsert: bool,
     },
+    /// Zero-copy puts of several values; answered `Results`.
     PutFromBatch {
+        /// The objects' keys.
         keys: Vec<String>,
+        /// Per key, its pieces of shared memory, in order.
         values: Vec<Vec<Mem>>,
+        /// The put's options, prost-encoded (empty: the standalone client's defaults).
         options: Vec<u8>,
+        /// Replace the key's value if it has one (an upsert) instead of leaving it.
         upsert: bool,
     },
+    /// Several values, answered `Results` with the values one after another in the payload.
     GetBatch {
+        /// The objects' keys.
         keys: Vec<String>,
     },
+    /// Zero-copy gets of several whole values; answered `Results` of sizes.
     GetIntoBatch {
+        /// The objects' keys.
         keys: Vec<String>,
+        /// Per key, its pieces of shared memory, in order.
         values: Vec<Vec<Mem>>,
     },
+    /// Zero-copy gets of ranges of several values; answered `Results` of sizes.
     GetRangesBatch {
+        /// The objects' keys.
         keys: Vec<String>,
+        /// Per key, the ranges to read, each into shared memory.
         ranges: Vec<Vec<Span>>,
     },
+    /// Whether a committed object has the key; answered `Bool`.
     Exists {
+        /// The object's key.
         key: String,
     },
+    /// [`Request::Exists`] for several keys; answered `Bools`.
     BatchExists {
+        /// The objects' keys.
         keys: Vec<String>,
     },
+    /// Everything the master knows of the key; answered `Query`.
     Query {
+        /// The object's key.
         key: String,
     },
+    /// The object's size; answered `Size`.
     GetSize {
+        /// The object's key.
         key: String,
     },
+    /// Removes the object; answered `Done`.
     Remove {
+        /// The object's key.
         key: String,
+        /// Remove leased objects too.
         force: bool,
     },
+    /// Removes every object whose key matches; answered `Size` (how many).
     RemoveByRegex {
+        /// A regular expression; keys it matches anywhere are removed.
         pattern: String,
+        /// Remove leased objects too.
         force: bool,
     },
+    /// Removes every object; answered `Size` (how many).
     RemoveAll {
+        /// Remove leased objects too.
         force: bool,
     },
 }
@@ -132,15 +192,24 @@ pub enum Reply {
     /// To `Hello`: whether this client's regions are still shared (another connection of it
     /// is open), and what `default_options` needs.
     Hello {
+        /// The standalone client's [`VERSION`].
         version: u32,
+        /// True when this client's regions are still shared (it need not share them again).
         known: bool,
+        /// The standalone client's segment (what `local_first` puts prefer).
         segment_name: String,
+        /// Its configured replicas per put.
         replica_num: u32,
     },
+    /// The call succeeded and returns nothing.
     Done,
+    /// The call failed.
     Fail(WireError),
+    /// A size or a count: bytes read, an object's size, objects removed.
     Size(u64),
+    /// A yes or no (`Exists`, `Health`).
     Bool(bool),
+    /// One yes or no per key (`BatchExists`).
     Bools(Vec<bool>),
     /// The value is the payload.
     Bytes,
@@ -153,44 +222,68 @@ pub enum Reply {
 /// One key's result in a batch.
 #[derive(Serialize, Deserialize, Debug)]
 pub enum Outcome {
+    /// The key's call succeeded (a put).
     Done,
+    /// Bytes read into the key's memory.
     Size(u64),
     /// This many bytes of the payload.
     Bytes(u64),
+    /// The key's call failed.
     Fail(WireError),
 }
 
 /// A [`StoreError`] on the wire.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum WireError {
+    /// [`StoreError::InvalidArgument`].
     Invalid(String),
+    /// [`StoreError::Config`].
     Config(String),
+    /// [`StoreError::NotRegistered`].
     NotRegistered {
+        /// The buffer's address in the dummy client.
         addr: u64,
+        /// Its length, in bytes.
         len: u64,
     },
+    /// [`StoreError::BufferTooSmall`].
     BufferTooSmall {
+        /// The object's key.
         key: String,
+        /// Bytes needed.
         need: u64,
+        /// Bytes the buffer holds.
         have: u64,
     },
+    /// [`StoreError::BadRange`].
     BadRange {
+        /// The object's key.
         key: String,
+        /// The range's start in the value, in bytes.
         offset: u64,
+        /// The range's length, in bytes.
         len: u64,
+        /// The object's size, in bytes.
         size: u64,
     },
     /// An answer about an object or a client, rebuilt by [`StoreError::from_status`].
     Status {
+        /// The [`Code`] as a number.
         code: i32,
+        /// The error's text.
         message: String,
+        /// The key it is about (empty for answers about a client or the pool).
         key: String,
     },
     /// Anything else.
     Relayed {
+        /// Whose fault ([`Fault`]: 0 caller, 1 peer, 2 master, 3 local, 4 answer).
         fault: u8,
+        /// Whether the same call may succeed if made again.
         retryable: bool,
+        /// The [`Code`] it maps to, as a number.
         code: i32,
+        /// The error's text.
         message: String,
     },
 }

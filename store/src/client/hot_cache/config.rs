@@ -18,17 +18,22 @@ pub const MAX_BLOCKS: u64 = 1 << 20;
 
 /// Environment variables, first spelling first: when both are set, the first wins.
 pub const CACHE_SIZE_VARS: [&str; 2] = ["LOCAL_HOT_CACHE_SIZE", "MC_STORE_LOCAL_HOT_CACHE_SIZE"];
+/// The block size's environment variables, first spelling first (as [`CACHE_SIZE_VARS`]).
 pub const BLOCK_SIZE_VARS: [&str; 2] = ["LOCAL_HOT_BLOCK_SIZE", "MC_STORE_LOCAL_HOT_BLOCK_SIZE"];
+/// The environment variable of the admission policy (`always`, `second_access`).
 pub const ADMISSION_VAR: &str = "LOCAL_HOT_CACHE_ADMISSION";
 
 /// A size as it was written, and where (for the warning that names it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SizeSetting {
+    /// Where it was written: a variable's or config key's name, or the builder's setting.
     pub source: String,
+    /// The text as written (not yet parsed).
     pub value: String,
 }
 
 impl SizeSetting {
+    /// The size `value`, written at `source`.
     pub fn new(source: impl Into<String>, value: impl Into<String>) -> Self {
         SizeSetting { source: source.into(), value: value.into() }
     }
@@ -61,8 +66,11 @@ impl std::str::FromStr for Admission {
 /// The hot cache's settings before they are checked (see [`HotCacheSettings::resolve`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HotCacheSettings {
+    /// Bytes of the whole cache; unset: no cache.
     pub cache_size: Option<SizeSetting>,
+    /// Bytes of one block; unset: [`DEFAULT_BLOCK_SIZE`].
     pub block_size: Option<SizeSetting>,
+    /// Which misses may fill the cache.
     pub admission: Admission,
 }
 
@@ -71,16 +79,22 @@ pub struct HotCacheSettings {
 pub enum Resolved {
     /// No cache; `warning` (one line naming the unusable value) unless the size was unset.
     Disabled {
+        /// The line to log, naming the setting and why it is unusable.
         warning: Option<String>,
     },
+    /// A cache of this layout.
     Enabled(Layout),
 }
 
 /// `blocks` blocks of `block_size` bytes, allocated and registered once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
+    /// Number of blocks: the cache size over the block size, rounded down, at least 1 and
+    /// at most [`MAX_BLOCKS`].
     pub blocks: u32,
+    /// Bytes of one block.
     pub block_size: u64,
+    /// Which misses may fill the cache.
     pub admission: Admission,
 }
 

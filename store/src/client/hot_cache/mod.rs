@@ -72,7 +72,9 @@ const ALL_LOCAL_NOTICE: u64 = 100;
 /// What the cache did so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HotCacheMetrics {
+    /// Blocks the cache has (fixed at its start).
     pub blocks: u64,
+    /// Bytes of one block.
     pub block_size: u64,
     /// Objects in the cache now.
     pub entries: u64,
@@ -134,14 +136,18 @@ fn bump(c: &AtomicU64, n: u64) {
 /// What the master said an object is: an entry serves a get only while this still holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
+    /// The object's version (a new put of the key is a new version).
     pub version: u64,
+    /// The object's size, in bytes.
     pub size: u64,
     /// The replica the bytes came from.
     pub segment: String,
+    /// The replica's address in that segment (the engine's `target_offset`).
     pub address: u64,
 }
 
 impl Identity {
+    /// The identity of the object `list` describes, read from `replica` (one of its replicas).
     pub fn of(list: &GetReplicaListReply, replica: &ReplicaDescriptor) -> Self {
         Identity {
             version: list.version,
@@ -382,10 +388,12 @@ pub struct Guard<'a> {
 }
 
 impl Guard<'_> {
+    /// The object's size, in bytes.
     pub fn size(&self) -> u64 {
         self.entry.blocks.len
     }
 
+    /// What the master said the object was when the entry was filled.
     pub fn identity(&self) -> &Identity {
         &self.entry.id
     }
@@ -402,6 +410,7 @@ impl Guard<'_> {
         bump(&self.counters.bytes_served, dst.len() as u64);
     }
 
+    /// The object's bytes, copied into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
         bump(&self.counters.bytes_served, self.size());
         self.entry.blocks.to_vec()
@@ -508,6 +517,7 @@ impl HotCache {
         Ok(HotCache { inner, jobs: Some(jobs), worker: Some(worker) })
     }
 
+    /// Its counters now, and how many entries and blocks are in use.
     pub fn metrics(&self) -> HotCacheMetrics {
         let c = &self.inner.counters;
         let free = self.inner.region.free.lock().len() as u64;
@@ -632,6 +642,8 @@ impl HotCache {
         self.inner.index.retain(|k, _| !re.is_match(k));
     }
 
+    /// Forgets every key: later gets miss (a get that already holds a [`Guard`] still reads
+    /// its entry).
     pub fn clear(&self) {
         self.inner.index.clear();
     }

@@ -15,7 +15,9 @@ use std::io::{self, IoSlice};
 /// The engines there are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
+    /// Plain system calls ([`psync`]).
     Psync,
+    /// Linked io_uring submissions ([`uring`]).
     IoUring,
 }
 
@@ -65,7 +67,11 @@ impl EngineKind {
 ///   engine that stops using its fast path (a broken ring) still takes later calls.
 /// * [`Self::kind`] names the path the next call takes (for the tier's counters).
 pub trait IoEngine: Send {
+    /// Writes all of `slices` at offset 0 of `file`, then flushes its data if `then_sync` (see
+    /// the contract above).
     fn write_all(&mut self, file: &File, slices: &[IoSlice<'_>], then_sync: bool) -> io::Result<()>;
+    /// Flushes `file`'s data (`fdatasync`).
     fn sync_data(&mut self, file: &File) -> io::Result<()>;
+    /// The path the next call takes.
     fn kind(&self) -> EngineKind;
 }

@@ -23,6 +23,8 @@ pub struct Uring {
 }
 
 impl Uring {
+    /// An engine with a ring of its own; fails where the kernel makes no ring (no io_uring,
+    /// refused by seccomp or `kernel.io_uring_disabled`, out of locked memory).
     pub fn new() -> io::Result<Uring> {
         Ok(Uring { ring: Some(Ring::new()?) })
     }
@@ -84,6 +86,8 @@ impl IoEngine for Uring {
 const WRITE: u64 = 1;
 const SYNC: u64 = 2;
 
+/// A writer's io_uring (4 entries): a write and its flush go in as one linked submission,
+/// and a call returns only once the kernel holds none of its entries.
 pub struct Ring {
     ring: IoUring,
     /// Waiting failed for another reason than a signal, or the writer gave the ring up: it is
