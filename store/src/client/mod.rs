@@ -16,7 +16,7 @@
 //! 4. [`StoreClient`] tells the master how it went (commit or revoke a put).
 //!
 //! A batch is the same executor over many keys, with one master round trip per step. A
-//! session ([`session`]) keeps a batch's master answer (replica lists with their lease, or put
+//! session (`session`) keeps a batch's master answer (replica lists with their lease, or put
 //! placements) for several ranged transfers of the same keys, then ends it.
 //!
 //! [`api::StoreApi`] is the API as a trait, for callers that work with either this client or a
