@@ -274,7 +274,6 @@ impl Master {
                         complete: true,
                         writer: String::new(),
                         started: now,
-                        last_access: now,
                         lease_until: None,
                         soft_pin_until: None,
                         hard_pin: false,

@@ -16,6 +16,7 @@ pub mod fence;
 pub mod ha;
 pub mod metrics;
 pub mod mooncake_metrics;
+mod objects;
 pub mod owners;
 pub mod published;
 pub mod query;
@@ -41,6 +42,7 @@ use crate::proto::{EventKind, PutOptions, QueryKeyReply, ReplicaDescriptor, Repl
 pub use crate::protocol::{disk_segment_name, MAX_KEY_LEN, MAX_OBJECT_SIZE};
 pub use config::{AllocationStrategy, MasterConfig};
 use metrics::Metrics;
+use objects::{Object, ObjectMap, Replica};
 
 /// Smallest segment a client may mount (one page; smaller ones cannot hold the allocator's units).
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
@@ -60,51 +62,9 @@ struct Segment {
     disk_service: String,
 }
 
-struct Replica {
-    segment_id: u64,
-    block: Block,
-    /// The seq of the commit news its owner was sent ([`owners`]; 0: the owner reported it):
-    /// from then on its range is freed only once the owner acknowledged a drop.
-    news: Option<u64>,
-}
-
-struct Object {
-    size: u64,
-    version: u64,
-    replicas: Vec<Replica>,
-    /// Disk segments (tier SSD) holding a copy, read through their owner ([`disk`]).
-    ssd: Vec<u64>,
-    /// The disk of the client that put this version (its offload may be in flight): a removal
-    /// is queued for it even before its file is announced ([`disk`]).
-    offload_disk: Option<String>,
-    complete: bool,
-    writer: String,
-    started: Instant,
-    last_access: Instant,
-    lease_until: Option<Instant>,
-    soft_pin_until: Option<Instant>,
-    hard_pin: bool,
-    /// Set when the put commits, if its writer has a disk tier: the writer's disk writes the
-    /// file from the replica in the writer's memory, so eviction takes this object only after
-    /// every other candidate, until its file is announced or this passes ([`OFFLOAD_HOLD`]).
-    offload_held_until: Option<Instant>,
-}
-
 /// How long a committed object whose file is being written is spared by eviction (see
 /// `Object::offload_held_until`): far longer than a disk tier takes with a full queue.
 pub const OFFLOAD_HOLD: Duration = Duration::from_secs(10);
-
-impl Object {
-    fn leased(&self, now: Instant) -> bool {
-        self.lease_until.is_some_and(|t| t > now)
-    }
-    fn offload_held(&self, now: Instant) -> bool {
-        self.offload_held_until.is_some_and(|t| t > now)
-    }
-    fn evictable(&self, now: Instant) -> bool {
-        self.complete && !self.hard_pin && !self.leased(now) && self.soft_pin_until.is_none_or(|t| t <= now)
-    }
-}
 
 struct Client {
     last_ping: Instant,
@@ -118,7 +78,7 @@ struct Client {
 struct State {
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
-    objects: HashMap<String, Object>,
+    objects: ObjectMap,
     clients: HashMap<String, Client>,
     next_segment: u64,
     next_version: u64,
@@ -453,9 +413,9 @@ impl Master {
             obj.replicas.retain(|r| r.segment_id != segment_id);
             obj.ssd.retain(|s| *s != segment_id);
             if obj.replicas.is_empty() && obj.ssd.is_empty() {
-                gone.push(key.clone());
+                gone.push(key.to_string());
             } else if had_memory && obj.replicas.is_empty() {
-                disk_only.push(key.clone());
+                disk_only.push(key.to_string());
             }
         }
         for key in &gone {
@@ -578,7 +538,6 @@ impl Master {
             complete: false,
             writer: client_id.to_string(),
             started: now,
-            last_access: now,
             lease_until: None,
             soft_pin_until,
             hard_pin: opts.hard_pin,
@@ -733,9 +692,8 @@ impl Master {
             );
             Self::free_replica(&mut st, key, version, r.segment_id, r.block, r.news.is_some());
         }
+        st.objects.commit(key);
         let obj = st.objects.get_mut(key).expect("looked up above");
-        obj.complete = true;
-        obj.last_access = now;
         if obj.offload_disk.is_some() {
             obj.offload_held_until = Some(now + OFFLOAD_HOLD);
         }
@@ -831,7 +789,7 @@ impl Master {
         }
         let until = now + self.config.lease_ttl;
         obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
-        obj.last_access = now;
+        st.objects.touch(key);
         let st = &mut *st;
         let obj = &st.objects[key];
         for r in &obj.replicas {
@@ -893,8 +851,11 @@ impl Master {
     /// acknowledged (the service answers then, so that a removed key cannot come back from an
     /// owner's report).
     pub fn remove(&self, key: &str, force: bool) -> Result<owners::AckWait> {
+        self.remove_at(key, force, Instant::now())
+    }
+
+    fn remove_at(&self, key: &str, force: bool, now: Instant) -> Result<owners::AckWait> {
         check_key(key)?;
-        let now = Instant::now();
         let mut st = self.state.lock();
         self.fence.check(now)?;
         let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
@@ -932,16 +893,24 @@ impl Master {
         matches: impl Fn(&str) -> bool,
         force: bool,
     ) -> Result<((u64, u64), owners::AckWait)> {
-        let now = Instant::now();
+        self.remove_matching_at(matches, force, Instant::now())
+    }
+
+    fn remove_matching_at(
+        &self,
+        matches: impl Fn(&str) -> bool,
+        force: bool,
+        now: Instant,
+    ) -> Result<((u64, u64), owners::AckWait)> {
         let mut st = self.state.lock();
         self.fence.check(now)?;
         let (mut victims, mut skipped) = (Vec::new(), 0);
-        for (k, o) in &st.objects {
+        for (k, o) in st.objects.iter() {
             if o.complete && matches(k) {
                 if o.leased(now) && !force {
                     skipped += 1;
                 } else {
-                    victims.push(k.clone());
+                    victims.push(k.to_string());
                 }
             }
         }
@@ -967,28 +936,30 @@ impl Master {
         self.evict_in(st, now, at_least, None)
     }
 
-    /// [`Self::evict`] of `tenant`'s objects only, when given.
+    /// [`Self::evict`] of `tenant`'s objects only, when given. It walks the objects from the
+    /// least recently used and stops once it has enough ([`objects`]): its cost is the objects
+    /// it looks at, not the store's size.
     fn evict_in(&self, st: &mut State, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
         let capacity = Self::totals_of(st).capacity;
         let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
-        let mut candidates: Vec<(bool, Instant, String)> = st
-            .objects
-            .iter()
-            .filter(|(k, o)| {
-                o.evictable(now) && !o.replicas.is_empty() && tenant.is_none_or(|t| tenant::tenant_of(k) == t)
-            })
-            .map(|(k, o)| (o.offload_held(now), o.last_access, k.clone()))
-            .collect();
-        candidates.sort();
         let (mut freed, mut count) = (0, 0);
-        for (_, _, key) in candidates {
-            if freed >= target {
+        // One walk plans it all when every replica's bytes come back as planned; another walk
+        // follows only if fewer came back (then the victims of the first are gone).
+        while freed < target {
+            let plan =
+                st.objects.eviction_plan(now, target - freed, |k| tenant.is_none_or(|t| tenant::tenant_of(k) == t));
+            for key in &plan.parked {
+                st.objects.touch(key);
+            }
+            if plan.victims.is_empty() {
                 break;
             }
-            self.emit_object(st, &key, EventKind::Evicted);
-            // An object with a disk copy loses its memory replicas only: gets read the disk.
-            freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
-            count += 1;
+            for key in plan.victims {
+                self.emit_object(st, &key, EventKind::Evicted);
+                // An object with a disk copy loses its memory replicas only: gets read the disk.
+                freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
+                count += 1;
+            }
         }
         self.metrics.mooncake.eviction(count, freed);
         if count > 0 {
@@ -1037,9 +1008,9 @@ impl Master {
         }
         let stale: Vec<String> = st
             .objects
-            .iter()
-            .filter(|(_, o)| !o.complete && now.saturating_duration_since(o.started) > self.config.put_timeout)
-            .map(|(k, _)| k.clone())
+            .unfinished()
+            .filter(|k| now.saturating_duration_since(st.objects[*k].started) > self.config.put_timeout)
+            .map(str::to_string)
             .collect();
         for key in stale {
             Self::remove_object(&mut st, &key);
@@ -1144,7 +1115,7 @@ impl Master {
     }
 
     pub fn keys(&self, limit: usize) -> Vec<String> {
-        self.state.lock().objects.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.clone()).take(limit).collect()
+        self.state.lock().objects.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.to_string()).take(limit).collect()
     }
 
     pub fn segments(&self) -> Vec<SegmentView> {
@@ -1167,6 +1138,10 @@ impl Master {
     }
 }
 
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod scale_tests;
 #[cfg(test)]
 mod sched_tests;
 #[cfg(test)]
