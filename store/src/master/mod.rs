@@ -3,7 +3,9 @@
 //!
 //! All state sits behind one mutex: every operation is a few map lookups, far cheaper than
 //! the gRPC round trip around it, and one lock keeps eviction, leases and liveness trivially
-//! consistent. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
+//! consistent. The objects are kept in the order of their last use ([`objects`]), so an
+//! eviction looks at the objects it takes (and the few protected ones it passes), not at the
+//! whole store. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
 
 pub mod access;
 pub mod admin;
@@ -42,7 +44,8 @@ use crate::proto::{EventKind, PutOptions, QueryKeyReply, ReplicaDescriptor, Repl
 pub use crate::protocol::{disk_segment_name, MAX_KEY_LEN, MAX_OBJECT_SIZE};
 pub use config::{AllocationStrategy, MasterConfig};
 use metrics::Metrics;
-use objects::{Object, ObjectMap, Replica};
+use objects::{Object, ObjectMap, Replica, Stamp};
+use thin_vec::ThinVec;
 
 /// Smallest segment a client may mount (one page; smaller ones cannot hold the allocator's units).
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
@@ -79,6 +82,8 @@ struct State {
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
     objects: ObjectMap,
+    /// The client ids and disk names objects refer to, shared ([`objects::Names`]).
+    names: objects::Names,
     clients: HashMap<String, Client>,
     next_segment: u64,
     next_version: u64,
@@ -221,6 +226,7 @@ impl Master {
     pub fn with_role(config: MasterConfig, role: fence::Role) -> Result<Arc<Master>> {
         config.validate()?;
         let removals_file = config.state_dir.as_deref().map(removals_file::RemovalsFile::open).transpose()?;
+        Stamp::start_clock();
         let first_version = disk::first_version();
         let master = Arc::new(Master {
             config: config.clone(),
@@ -527,17 +533,18 @@ impl Master {
             (0, true) => Some(self.config.default_soft_pin_ttl),
             (ms, _) => Some(Duration::from_millis(ms)),
         };
-        let soft_pin_until = soft_pin.map(|ttl| now + ttl);
-        let offload_disk = Self::disk_of_client(&st, client_id);
+        let soft_pin_until = soft_pin.map(|ttl| Stamp::of(now + ttl));
+        let offload_disk = Self::disk_of_client(&st, client_id).map(|d| st.names.get(&d));
+        let writer = Some(st.names.get(client_id));
         let object = Object {
             size,
             version,
-            replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block, news: None }).collect(),
-            ssd: Vec::new(),
+            replicas: blocks.into_iter().map(|(segment_id, block)| Replica::new(segment_id, block, None)).collect(),
+            ssd: ThinVec::new(),
             offload_disk,
             complete: false,
-            writer: client_id.to_string(),
-            started: now,
+            writer,
+            started: Stamp::of(now),
             lease_until: None,
             soft_pin_until,
             hard_pin: opts.hard_pin,
@@ -625,7 +632,7 @@ impl Master {
                 StoreError::MasterChanged(format!("this master does not know the put of {key:?} nor its writer"))
             });
         };
-        if obj.writer != client_id && !obj.complete {
+        if !obj.written_by(client_id) && !obj.complete {
             return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")));
         }
         let version = obj.version;
@@ -637,14 +644,14 @@ impl Master {
             .replicas
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.news.is_none())
+            .filter(|(_, r)| r.news().is_none())
             .map(|(i, r)| (i, r.segment_id, r.block))
             .collect();
         let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         for (i, segment_id, block) in fresh {
             let what = owners::Announced { key, version, size, pins };
             let seq = Self::queue_commit(&mut st, segment_id, block, &what, now);
-            st.objects.get_mut(key).expect("looked up above").replicas[i].news = seq;
+            st.objects.get_mut(key).expect("looked up above").replicas[i].set_news(seq);
         }
         self.flush_news(&mut st);
         let wait = Self::waits(&st, segments);
@@ -666,7 +673,7 @@ impl Master {
             return Ok(());
         }
         let acked: Vec<bool> =
-            obj.replicas.iter().map(|r| r.news.is_some_and(|seq| Self::is_acked(&st, r.segment_id, seq))).collect();
+            obj.replicas.iter().map(|r| r.news().is_some_and(|seq| Self::is_acked(&st, r.segment_id, seq))).collect();
         if !acked.iter().any(|a| *a) {
             Self::remove_object(&mut st, key);
             self.flush_news(&mut st);
@@ -690,12 +697,12 @@ impl Master {
                 "put of {key:?}: the owner of segment {} did not acknowledge; replica dropped",
                 r.segment_id
             );
-            Self::free_replica(&mut st, key, version, r.segment_id, r.block, r.news.is_some());
+            Self::free_replica(&mut st, key, version, r.segment_id, r.block, r.news().is_some());
         }
         st.objects.commit(key);
         let obj = st.objects.get_mut(key).expect("looked up above");
         if obj.offload_disk.is_some() {
-            obj.offload_held_until = Some(now + OFFLOAD_HOLD);
+            obj.offload_held_until = Some(Stamp::of(now + OFFLOAD_HOLD));
         }
         self.emit_object(&st, key, EventKind::Stored);
         self.flush_news(&mut st);
@@ -723,7 +730,7 @@ impl Master {
                     "object {key:?} is already committed; remove it instead"
                 )))
             }
-            Some(o) if o.writer != client_id => {
+            Some(o) if !o.written_by(client_id) => {
                 return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")))
             }
             Some(_) => {}
@@ -742,7 +749,7 @@ impl Master {
         Self::queue_disk_removals(st, key, &obj);
         let mut freed = 0;
         for r in obj.replicas {
-            freed += Self::free_replica(st, key, obj.version, r.segment_id, r.block, r.news.is_some());
+            freed += Self::free_replica(st, key, obj.version, r.segment_id, r.block, r.news().is_some());
         }
         Some(freed)
     }
@@ -788,7 +795,7 @@ impl Master {
             return Err(StoreError::NotReady(key.to_string()));
         }
         let until = now + self.config.lease_ttl;
-        obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
+        objects::extend(&mut obj.lease_until, until);
         st.objects.touch(key);
         let st = &mut *st;
         let obj = &st.objects[key];
@@ -840,7 +847,9 @@ impl Master {
             size: obj.size,
             version: obj.version,
             replicas: Self::describe(&st, obj),
-            lease_remaining_ms: obj.lease_until.map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64),
+            lease_remaining_ms: obj
+                .lease_until
+                .map_or(0, |t| t.instant().saturating_duration_since(now).as_millis() as u64),
             hard_pinned: obj.hard_pin,
         })
     }
@@ -916,7 +925,7 @@ impl Master {
         }
         let mut segments = HashSet::new();
         for k in &victims {
-            segments.extend(st.objects[k].replicas.iter().map(|r| r.segment_id));
+            segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
             self.emit_object(&st, k, EventKind::Removed);
             Self::remove_object(&mut st, k);
         }
@@ -1009,7 +1018,7 @@ impl Master {
         let stale: Vec<String> = st
             .objects
             .unfinished()
-            .filter(|k| now.saturating_duration_since(st.objects[*k].started) > self.config.put_timeout)
+            .filter(|k| now.saturating_duration_since(st.objects[*k].started.instant()) > self.config.put_timeout)
             .map(str::to_string)
             .collect();
         for key in stale {
@@ -1021,6 +1030,7 @@ impl Master {
             tracing::warn!("put of {key:?} never ended: reclaimed after {:?}", self.config.put_timeout);
         }
         self.reclaim_replications(&mut st, now);
+        st.names.prune();
         self.expire_published(&mut st, now);
         self.hot_tick(&mut st, now);
         let totals = Self::totals_of(&st);
@@ -1084,7 +1094,7 @@ impl Master {
         }
         let (mut pinned, mut in_memory, mut on_disk) = (0, 0, 0);
         for o in st.objects.values() {
-            pinned += o.soft_pin_until.is_some_and(|t| t > now) as i64;
+            pinned += o.soft_pinned(now) as i64;
             in_memory += (o.complete && !o.replicas.is_empty()) as i64;
             on_disk += (!o.ssd.is_empty()) as i64;
         }

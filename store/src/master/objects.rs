@@ -16,51 +16,140 @@
 //! as that. Protections that end with time (leases, soft pins) keep their place, as does an
 //! object of another tenant: the walk passes them.
 
-use std::time::Instant;
+use std::collections::HashSet;
+use std::num::NonZeroU64;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use lru::LruCache;
+use smallvec::SmallVec;
+use thin_vec::ThinVec;
 
 use crate::allocator::Block;
+
+/// The instant [`Stamp`]s count from: the first time the master looks at the clock.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// An instant in 8 bytes (`Option<Stamp>` too, where `Option<Instant>` takes 16): nanoseconds
+/// since [`EPOCH`], plus one. Instants before the epoch read as the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Stamp(NonZeroU64);
+
+impl Stamp {
+    /// Fixes the epoch: call before taking instants that will become stamps.
+    pub(super) fn start_clock() {
+        LazyLock::force(&EPOCH);
+    }
+
+    pub(super) fn of(t: Instant) -> Stamp {
+        let nanos = t.saturating_duration_since(*EPOCH).as_nanos().min(u64::MAX as u128 - 1) as u64;
+        Stamp(NonZeroU64::MIN.saturating_add(nanos))
+    }
+
+    pub(super) fn instant(self) -> Instant {
+        *EPOCH + Duration::from_nanos(self.0.get() - 1)
+    }
+}
+
+/// Later of a deadline and another.
+pub(super) fn extend(until: &mut Option<Stamp>, to: Instant) {
+    let to = Stamp::of(to);
+    *until = Some(until.map_or(to, |t| t.max(to)));
+}
+
+/// Whether a deadline is still ahead at `now`.
+pub(super) fn ahead(until: Option<Stamp>, now: Instant) -> bool {
+    until.is_some_and(|t| t > Stamp::of(now))
+}
+
+/// One shared copy of the names objects refer to (their writers' client ids and disks): an
+/// object holds a pointer, not a copy. Names no object refers to any more are dropped by
+/// [`Names::prune`].
+#[derive(Default)]
+pub(super) struct Names(HashSet<Arc<str>>);
+
+impl Names {
+    pub(super) fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(n) = self.0.get(name) {
+            return n.clone();
+        }
+        let n: Arc<str> = name.into();
+        self.0.insert(n.clone());
+        n
+    }
+
+    pub(super) fn prune(&mut self) {
+        self.0.retain(|n| Arc::strong_count(n) > 1);
+    }
+}
 
 pub(super) struct Replica {
     pub(super) segment_id: u64,
     pub(super) block: Block,
+    /// The seq of the commit news its owner was sent, plus one ([`Replica::news`]).
+    news: Option<NonZeroU64>,
+}
+
+impl Replica {
+    pub(super) fn new(segment_id: u64, block: Block, news: Option<u64>) -> Replica {
+        let mut r = Replica { segment_id, block, news: None };
+        r.set_news(news);
+        r
+    }
+
     /// The seq of the commit news its owner was sent ([`super::owners`]; 0: the owner reported
     /// it): from then on its range is freed only once the owner acknowledged a drop.
-    pub(super) news: Option<u64>,
+    pub(super) fn news(&self) -> Option<u64> {
+        self.news.map(|n| n.get() - 1)
+    }
+
+    pub(super) fn set_news(&mut self, seq: Option<u64>) {
+        // Seqs count news one by one from 1: u64::MAX is never reached.
+        self.news = seq.and_then(|s| NonZeroU64::new(s.saturating_add(1)));
+    }
 }
 
 pub(super) struct Object {
     pub(super) size: u64,
     pub(super) version: u64,
-    pub(super) replicas: Vec<Replica>,
-    /// Disk segments (tier SSD) holding a copy, read through their owner ([`super::disk`]).
-    pub(super) ssd: Vec<u64>,
+    /// Almost always one (inline: no allocation of its own).
+    pub(super) replicas: SmallVec<[Replica; 1]>,
+    /// Disk segments (tier SSD) holding a copy, read through their owner ([`super::disk`]);
+    /// one pointer while empty.
+    pub(super) ssd: ThinVec<u64>,
     /// The disk of the client that put this version (its offload may be in flight): a removal
     /// is queued for it even before its file is announced ([`super::disk`]).
-    pub(super) offload_disk: Option<String>,
+    pub(super) offload_disk: Option<Arc<str>>,
     /// Committed: visible to gets. Set only through [`ObjectMap::commit`] once in the map.
     pub(super) complete: bool,
-    pub(super) writer: String,
-    pub(super) started: Instant,
-    pub(super) lease_until: Option<Instant>,
-    pub(super) soft_pin_until: Option<Instant>,
+    /// The client writing it (none for objects rebuilt from reports or disks).
+    pub(super) writer: Option<Arc<str>>,
+    pub(super) started: Stamp,
+    pub(super) lease_until: Option<Stamp>,
+    pub(super) soft_pin_until: Option<Stamp>,
     pub(super) hard_pin: bool,
     /// Set when the put commits, if its writer has a disk tier: the writer's disk writes the
     /// file from the replica in the writer's memory, so eviction takes this object only after
     /// every other candidate, until its file is announced or this passes ([`super::OFFLOAD_HOLD`]).
-    pub(super) offload_held_until: Option<Instant>,
+    pub(super) offload_held_until: Option<Stamp>,
 }
 
 impl Object {
     pub(super) fn leased(&self, now: Instant) -> bool {
-        self.lease_until.is_some_and(|t| t > now)
+        ahead(self.lease_until, now)
+    }
+    pub(super) fn soft_pinned(&self, now: Instant) -> bool {
+        ahead(self.soft_pin_until, now)
     }
     pub(super) fn offload_held(&self, now: Instant) -> bool {
-        self.offload_held_until.is_some_and(|t| t > now)
+        ahead(self.offload_held_until, now)
     }
     pub(super) fn evictable(&self, now: Instant) -> bool {
-        self.complete && !self.hard_pin && !self.leased(now) && self.soft_pin_until.is_none_or(|t| t <= now)
+        self.complete && !self.hard_pin && !self.leased(now) && !self.soft_pinned(now)
+    }
+    /// Whether `client` is writing it.
+    pub(super) fn written_by(&self, client: &str) -> bool {
+        self.writer.as_deref() == Some(client)
     }
     /// Eviction cannot take it until something else changes it first (see the module doc).
     fn never_evictable_as_is(&self) -> bool {
