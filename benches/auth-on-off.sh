@@ -6,15 +6,18 @@
 # `open_segment_us` (dialling the target's handshake port, where the challenge-response is)
 # with the secret on and off.
 #
-#   benches/auth-on-off.sh [--pairs N] [--no-build] [SECONDS]  (default 5 pairs, 2 s per tebench run)
+#   benches/auth-on-off.sh [--pairs N] [--store-bytes SIZE] [--no-build] [SECONDS]
+#   (default 5 pairs, 2 s per tebench run, 512M moved per storebench row: a row of 128M lasts
+#   about 60 ms on loopback, too short to rise above the machine's noise)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DUR=2 PAIRS=5 BUILD=1
+DUR=2 PAIRS=5 BUILD=1 STORE_BYTES=512M
 while [ $# -gt 0 ]; do
   case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
+    --store-bytes) STORE_BYTES=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     [0-9]*) DUR=$1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -91,7 +94,7 @@ store_mib_s() { # on|off op
   run=$(wc -l <"$WORK/runs")
   out=$WORK/store.$run.json
   (with "$1" "$BIN/storebench" --master "${MASTER[$1]}" --local-hostname 127.0.0.1 --redis "127.0.0.1:$redis_port" \
-    --sizes $((1048576 + run)) --bytes-per-row 128M --meta-keys 0 --json "$out") >/dev/null 2>>"$WORK/storebench.err"
+    --sizes $((1048576 + run)) --bytes-per-row "$STORE_BYTES" --meta-keys 0 --json "$out") >/dev/null 2>>"$WORK/storebench.err"
   python3 - "$out" "$2" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

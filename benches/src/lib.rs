@@ -11,10 +11,35 @@ pub mod ssd;
 
 pub use crescent_store::init_logging;
 
+/// Longest duration a benchmark's command line takes, in seconds (a year).
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// A command-line number of seconds: finite, not negative, at most [`MAX_SECONDS`]
+/// (`Duration::from_secs_f64` panics on what is not).
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{s:?} is not a number of seconds: {e}"))?;
+    if !v.is_finite() || !(0.0..=MAX_SECONDS).contains(&v) {
+        return Err(format!("{s:?}: seconds must be between 0 and {MAX_SECONDS}"));
+    }
+    Ok(v)
+}
+
 /// CPU time this process has used so far (all threads, user and system), in seconds. Unlike
 /// wall-clock time it does not grow while other programs hold the CPUs, so bytes per CPU
 /// second compare fairly on a busy machine.
 pub fn process_cpu_seconds() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn seconds_out_of_range_are_refused_not_panicked_on() {
+        assert_eq!(super::parse_seconds("2.5"), Ok(2.5));
+        assert_eq!(super::parse_seconds("0"), Ok(0.0));
+        for bad in ["-1", "nan", "inf", "1e300", "99922222222222222222222", "x"] {
+            assert!(super::parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
 }

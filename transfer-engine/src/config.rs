@@ -120,7 +120,7 @@ impl EngineConfig {
         if let Some(v) = env("MC_METADATA_TTL") {
             self.metadata_ttl = parse_seconds("MC_METADATA_TTL", &v)?;
         }
-        if let Some(k) = Keyring::from_env().map_err(|e| EngineError::Config(e.to_string()))? {
+        if let Some(k) = Keyring::from_vars(var).map_err(|e| EngineError::Config(e.to_string()))? {
             self.cluster_secret = Some(k);
         }
         self.apply_rdma_vars(var)
@@ -231,6 +231,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cluster_secret_comes_from_the_variables_given_not_the_process_environment() {
+        assert!(std::env::var_os("CRESCENT_CLUSTER_SECRET").is_none(), "run without a secret in the environment");
+        let vars =
+            |name: &str| (name == "CRESCENT_CLUSTER_SECRET").then(|| "0123456789abcdef0123456789abcdef".to_string());
+        let mut c = EngineConfig::default();
+        c.apply_vars(&vars).unwrap();
+        assert!(c.cluster_secret.is_some());
+        let only_next = |name: &str| (name == "CRESCENT_CLUSTER_SECRET_NEXT").then(|| "x".repeat(32));
+        assert!(EngineConfig::default().apply_vars(&only_next).is_err(), "the next secret alone is refused");
+    }
 
     #[test]
     fn seconds() {

@@ -44,7 +44,7 @@ struct Cli {
     #[arg(long, visible_alias = "buffer_size", default_value = "1G", value_parser = size)]
     buffer_size: u64,
     /// Seconds to run.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = crescent_benches::parse_seconds)]
     duration: f64,
     /// Print one JSON object with the results (after the human-readable line).
     #[arg(long)]

@@ -108,7 +108,7 @@ struct InitiatorArgs {
     threads: usize,
     /// Seconds measured. Each thread's first batch (connection set-up, first touch of the
     /// memory) comes before and is not measured.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = crescent_benches::parse_seconds)]
     duration: f64,
     /// Print one JSON object with the results (after the human-readable lines).
     #[arg(long)]
@@ -117,7 +117,7 @@ struct InitiatorArgs {
     #[arg(long)]
     verify: bool,
     /// Seconds between progress lines (0: none).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crescent_benches::parse_seconds)]
     report_interval: f64,
 }
 

@@ -369,11 +369,20 @@ fn ignored_arg(f: &Ignored) -> Arg {
 
 /// The parser: Crescent's flags, the honoured upstream ones, and [`IGNORED`] (hidden).
 fn command(bin: &str) -> Command {
-    let mut cmd = Cli::command().bin_name(bin.to_string());
-    for f in IGNORED {
-        cmd = cmd.arg(ignored_arg(f));
-    }
-    cmd
+    // Built once: building checks the whole definition (clap's debug assertions compare every
+    // pair of arguments), which costs more than parsing a command line.
+    static BUILT: std::sync::OnceLock<Command> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let mut cmd = Cli::command();
+            for f in IGNORED {
+                cmd = cmd.arg(ignored_arg(f));
+            }
+            cmd.build();
+            cmd
+        })
+        .clone()
+        .bin_name(bin.to_string())
 }
 
 /// Every long flag name the parser knows, with whether it is a boolean (for `-flag` and

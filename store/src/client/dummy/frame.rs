@@ -29,6 +29,8 @@ use rustix::net::{
 /// Marks a frame of this protocol (and its version): `"CRS"` and 1.
 const MAGIC: u32 = u32::from_le_bytes(*b"CRS\x01");
 const HEADER: usize = 12;
+/// Bytes after the header taken with it in a frame's first read.
+const EARLY: usize = 4096;
 
 /// Largest message (keys, piece lists): a batch of many thousand keys fits.
 pub const MAX_MESSAGE: usize = 16 << 20;
@@ -232,8 +234,16 @@ impl Conn {
         let total = HEADER + message.len() + payload_len;
         let mut sent = 0usize;
         let mut fd = fd;
+        // The first attempt does not wait (a call's frame usually fits the socket's buffer
+        // at once); only when the socket is full does the send wait, by the deadline.
+        let mut wait = false;
         while sent < total {
-            net::sockopt::set_socket_timeout(&self.fd, net::sockopt::Timeout::Send, Some(left(deadline)?))?;
+            let flags = if wait {
+                net::sockopt::set_socket_timeout(&self.fd, net::sockopt::Timeout::Send, Some(left(deadline)?))?;
+                SendFlags::NOSIGNAL
+            } else {
+                SendFlags::NOSIGNAL | SendFlags::DONTWAIT
+            };
             // The parts not yet (fully) sent.
             let mut skip = sent;
             let mut iov = Vec::with_capacity(parts.len());
@@ -251,9 +261,16 @@ impl Conn {
             if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
                 return Err(io::Error::other("no room for a file descriptor"));
             }
-            match net::sendmsg(&self.fd, &iov, &mut control, SendFlags::NOSIGNAL) {
+            match net::sendmsg(&self.fd, &iov, &mut control, flags) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the peer takes no more bytes")),
-                Ok(n) => sent += n,
+                Ok(n) => {
+                    sent += n;
+                    wait = true;
+                }
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) if sent == 0 && !wait => {
+                    fd = fds.first().copied();
+                    wait = true;
+                }
                 Err(rustix::io::Errno::INTR) if sent == 0 => fd = fds.first().copied(),
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
@@ -266,33 +283,43 @@ impl Conn {
     /// takes, for a server between calls); once it started, the rest must arrive by `rest`
     /// from then (or by `first`'s deadline, whichever is later).
     pub fn recv(&self, first: Option<Instant>, rest: Duration) -> Result<Frame, RecvError> {
-        let mut header = [0u8; HEADER];
+        // The header and the start of the frame in one read (a call's message is small, so
+        // it usually arrives whole with it: one system call per frame, not one per part).
+        // The peer sends nothing more before this side answers, so whatever arrives beyond
+        // this frame's end breaks the protocol.
+        let mut head = [0u8; HEADER + EARLY];
         let mut fds = Vec::new();
-        let mut got = self.read(&mut header, first, &mut fds, true)?;
+        let mut got = self.read(&mut head, first, &mut fds, true)?;
         if got == 0 {
             return Err(RecvError::Closed);
         }
         let deadline = first.map_or_else(|| Instant::now() + rest, |f| f.max(Instant::now() + rest));
         while got < HEADER {
-            let n = self.read(&mut header[got..], Some(deadline), &mut fds, false)?;
-            got += n;
+            got += self.read(&mut head[got..], Some(deadline), &mut fds, false)?;
         }
-        let magic = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+        let magic = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
         if magic != MAGIC {
             return Err(RecvError::Bad(format!("not a frame of this protocol (magic {magic:#010x})")));
         }
-        let message_len = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize;
-        let payload_len = u32::from_le_bytes(header[8..].try_into().expect("4 bytes")) as usize;
+        let message_len = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) as usize;
+        let payload_len = u32::from_le_bytes(head[8..HEADER].try_into().expect("4 bytes")) as usize;
         if message_len > MAX_MESSAGE || payload_len > MAX_PAYLOAD {
             return Err(RecvError::Bad(format!(
                 "a frame of {message_len} message and {payload_len} payload bytes is over the limits \
                  ({MAX_MESSAGE} and {MAX_PAYLOAD})"
             )));
         }
+        let early = &head[HEADER..got];
+        if early.len() > message_len + payload_len {
+            return Err(RecvError::Bad("a frame arrived before the answer to the previous one".into()));
+        }
+        let (early_message, early_payload) = early.split_at(early.len().min(message_len));
         let mut message = vec![0u8; message_len];
-        self.read_exact(&mut message, deadline, &mut fds)?;
+        message[..early_message.len()].copy_from_slice(early_message);
+        self.read_exact(&mut message[early_message.len()..], deadline, &mut fds)?;
         let mut payload = vec![0u8; payload_len];
-        self.read_exact(&mut payload, deadline, &mut fds)?;
+        payload[..early_payload.len()].copy_from_slice(early_payload);
+        self.read_exact(&mut payload[early_payload.len()..], deadline, &mut fds)?;
         if fds.len() > 1 {
             return Err(RecvError::Bad(format!("a frame came with {} file descriptors (at most 1)", fds.len())));
         }
@@ -392,6 +419,25 @@ mod tests {
         let reader = std::thread::spawn(move || b.recv(Some(soon()), Duration::from_secs(5)).map(|f| f.payload));
         a.send(b"", &[&big], None, soon()).unwrap();
         assert_eq!(reader.join().unwrap().unwrap(), big);
+    }
+
+    #[test]
+    fn the_bytes_read_with_the_header_go_to_the_message_and_the_payload_they_belong_to() {
+        let (a, b) = pair();
+        // Message and payload both start in the frame's first read, and the message is longer
+        // than that read takes: each part gets exactly its bytes.
+        for (message_len, payload_len) in [(10, 20), (EARLY - 3, 40), (EARLY + 100, 5), (0, EARLY * 2)] {
+            let message: Vec<u8> = (0..message_len).map(|i| (i % 251) as u8).collect();
+            let payload: Vec<u8> = (0..payload_len).map(|i| (i % 241) as u8 ^ 0x5a).collect();
+            a.send(&message, &[&payload], None, soon()).unwrap();
+            let f = b.recv(Some(soon()), Duration::from_secs(1)).unwrap();
+            assert_eq!((f.message, f.payload), (message, payload), "{message_len} + {payload_len}");
+        }
+        // A second frame sent before the first was answered breaks the protocol: it is told,
+        // not taken as part of the first.
+        a.send(b"one", &[], None, soon()).unwrap();
+        a.send(b"two", &[], None, soon()).unwrap();
+        assert!(matches!(b.recv(Some(soon()), Duration::from_secs(1)), Err(RecvError::Bad(_))));
     }
 
     #[test]
