@@ -51,6 +51,10 @@ use thin_vec::ThinVec;
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
+/// Most objects an eviction above the high watermark takes per hold of the lock: the calls
+/// waiting for it go between two runs of them (a round of 5 % of a million objects is about
+/// 50 000 objects).
+pub const EVICTION_CHUNK: usize = 1024;
 
 struct Segment {
     name: String,
@@ -116,6 +120,8 @@ struct State {
     next_stream: u64,
     /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
     instant_acks: bool,
+    /// An eviction above the watermark is under way (it lets other calls in between its chunks).
+    evicting: bool,
 }
 
 impl State {
@@ -555,7 +561,7 @@ impl Master {
         // Above the high watermark: make room ahead of the next puts.
         let totals = Self::totals_of(&st);
         if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
-            self.evict(&mut st, now, 0);
+            self.evict(&mut st, now);
         }
         self.flush_news(&mut st);
         Ok((descriptors, version))
@@ -938,45 +944,86 @@ impl Master {
 
     // ---- eviction, reclaim, liveness ----
 
-    /// Evicts least-recently-used evictable objects until `at_least` bytes and the configured
-    /// ratio of capacity are freed (or nothing evictable is left); objects whose file is still
-    /// being written from memory (`offload_held_until`) go last. Returns bytes freed.
-    fn evict(&self, st: &mut State, now: Instant, at_least: u64) -> u64 {
-        self.evict_in(st, now, at_least, None)
+    /// Eviction above the high watermark: [`Self::evict_in`] of every tenant's objects, with
+    /// no minimum, [`EVICTION_CHUNK`] objects per hold of the lock (the calls waiting for it go
+    /// between two chunks). One at a time: a put or sweep that finds one under way leaves the
+    /// work to it.
+    fn evict(&self, st: &mut parking_lot::MutexGuard<'_, State>, now: Instant) -> u64 {
+        if st.evicting {
+            return 0;
+        }
+        st.evicting = true;
+        let target = self.eviction_target(st, 0);
+        let (mut freed, mut count) = (0, 0);
+        while freed < target {
+            let Some((f, c)) = self.evict_some(st, now, target - freed, None, EVICTION_CHUNK) else { break };
+            (freed, count) = (freed + f, count + c);
+            if freed < target {
+                self.flush_news(st);
+                parking_lot::MutexGuard::bump(st);
+            }
+        }
+        st.evicting = false;
+        self.count_eviction(count, freed);
+        freed
     }
 
-    /// [`Self::evict`] of `tenant`'s objects only, when given. It walks the objects from the
+    /// Evicts least-recently-used evictable objects of `tenant` (every tenant's when none)
+    /// until `at_least` bytes and the configured ratio of capacity are freed (or nothing
+    /// evictable is left); objects whose file is still being written from memory
+    /// (`offload_held_until`) go last. Returns bytes freed. It walks the objects from the
     /// least recently used and stops once it has enough ([`objects`]): its cost is the objects
     /// it looks at, not the store's size.
     fn evict_in(&self, st: &mut State, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
-        let capacity = Self::totals_of(st).capacity;
-        let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
+        let target = self.eviction_target(st, at_least);
         let (mut freed, mut count) = (0, 0);
-        // One walk plans it all when every replica's bytes come back as planned; another walk
-        // follows only if fewer came back (then the victims of the first are gone).
         while freed < target {
-            let plan =
-                st.objects.eviction_plan(now, target - freed, |k| tenant.is_none_or(|t| tenant::tenant_of(k) == t));
-            for key in &plan.parked {
-                st.objects.touch(key);
-            }
-            if plan.victims.is_empty() {
-                break;
-            }
-            for key in plan.victims {
-                self.emit_object(st, &key, EventKind::Evicted);
-                // An object with a disk copy loses its memory replicas only: gets read the disk.
-                freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
-                count += 1;
-            }
+            let Some((f, c)) = self.evict_some(st, now, target - freed, tenant, usize::MAX) else { break };
+            (freed, count) = (freed + f, count + c);
         }
+        self.count_eviction(count, freed);
+        freed
+    }
+
+    fn eviction_target(&self, st: &State, at_least: u64) -> u64 {
+        at_least.max((Self::totals_of(st).capacity as f64 * self.config.eviction_ratio) as u64)
+    }
+
+    /// One plan of at most `most` objects toward `target` bytes, carried out: (bytes freed,
+    /// objects), or `None` when nothing is left to take. (Another plan follows only if fewer
+    /// bytes came back than planned, or the plan stopped at `most`.)
+    fn evict_some(
+        &self,
+        st: &mut State,
+        now: Instant,
+        target: u64,
+        tenant: Option<&str>,
+        most: usize,
+    ) -> Option<(u64, u64)> {
+        let plan = st.objects.eviction_plan(now, target, most, |k| tenant.is_none_or(|t| tenant::tenant_of(k) == t));
+        for key in &plan.parked {
+            st.objects.touch(key);
+        }
+        if plan.victims.is_empty() {
+            return None;
+        }
+        let (mut freed, mut count) = (0, 0);
+        for key in plan.victims {
+            self.emit_object(st, &key, EventKind::Evicted);
+            // An object with a disk copy loses its memory replicas only: gets read the disk.
+            freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
+            count += 1;
+        }
+        Some((freed, count))
+    }
+
+    fn count_eviction(&self, count: u64, freed: u64) {
         self.metrics.mooncake.eviction(count, freed);
         if count > 0 {
             self.metrics.evictions.inc_by(count);
             self.metrics.evicted_bytes.inc_by(freed);
             tracing::info!("evicted {count} object(s), {freed} bytes");
         }
-        freed
     }
 
     /// Drops silent clients, reclaims unfinished puts and evicts above the high watermark.
@@ -1035,7 +1082,7 @@ impl Master {
         self.hot_tick(&mut st, now);
         let totals = Self::totals_of(&st);
         if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
-            self.evict(&mut st, now, 0);
+            self.evict(&mut st, now);
         }
         self.flush_news(&mut st);
         drop(st);

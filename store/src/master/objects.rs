@@ -251,14 +251,22 @@ impl ObjectMap {
     /// The objects eviction takes to free `target` bytes, least recently used first, among
     /// those `eligible` (a tenant's) and evictable at `now`; objects whose file is still being
     /// written from memory (`offload_held_until`) only after every other one. It stops at the
-    /// first object that brings the bytes planned to `target`.
-    pub(super) fn eviction_plan(&self, now: Instant, target: u64, eligible: impl Fn(&str) -> bool) -> EvictionPlan {
+    /// first object that brings the bytes planned to `target`, or at `most` objects (the
+    /// next plan goes on from there: the victims of this one will be gone).
+    pub(super) fn eviction_plan(
+        &self,
+        now: Instant,
+        target: u64,
+        most: usize,
+        eligible: impl Fn(&str) -> bool,
+    ) -> EvictionPlan {
         let mut plan = EvictionPlan::default();
         let mut held = Vec::new();
         let mut planned = 0;
         for (key, obj) in self.map.iter().rev() {
-            if planned >= target {
-                break;
+            if planned >= target || plan.victims.len() >= most {
+                // Enough, or the rest for the next plan: no object put aside is needed yet.
+                return plan;
             }
             if obj.never_evictable_as_is() {
                 plan.parked.push(key.to_string());
@@ -275,7 +283,7 @@ impl ObjectMap {
             plan.victims.push(key.to_string());
         }
         for (key, bytes) in held {
-            if planned >= target {
+            if planned >= target || plan.victims.len() >= most {
                 break;
             }
             planned += bytes;

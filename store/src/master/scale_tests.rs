@@ -113,3 +113,37 @@ fn eviction_order_and_protections_hold_at_a_million_objects() {
     assert_eq!(gone.iter().filter(|g| **g).count() as u64, ordinary, "and no other");
     assert_eq!(m.totals().keys, FILL + specials + 1 - evicted);
 }
+
+#[test]
+fn an_eviction_above_the_watermark_takes_the_oldest_in_order_across_its_chunks() {
+    // The put that passes half the capacity evicts 35 % of it: three chunks and more.
+    let n = 10 * EVICTION_CHUNK as u64;
+    let config = MasterConfig {
+        eviction_high_watermark: 0.5,
+        eviction_ratio: 0.35,
+        lease_ttl: Duration::from_secs(60),
+        ..MasterConfig::default()
+    };
+    let m = Master::new(config).unwrap();
+    let info = SegmentInfo { name: "s1".into(), base: 1 << 40, size: n * SIZE, tier: Tier::Dram as i32 };
+    m.mount_segment("c1", &info, "h").unwrap();
+    let later = Instant::now() + Duration::from_secs(3600);
+    // Half the capacity; every seventh of the first 2000 is leased when the eviction runs
+    // (and, read, moves behind the others of those 2000).
+    m.fill("c1", (0..2000).map(|i| key("k", i)), SIZE);
+    let leased = |i: u64| i < 2000 && i % 7 == 0;
+    for i in (0..2000).filter(|i| leased(*i)) {
+        m.get_replica_list_inner(&key("k", i), later).unwrap();
+    }
+    m.fill("c1", (2000..n / 2).map(|i| key("k", i)), SIZE);
+    assert_eq!(m.metrics().evictions.get(), 0);
+    m.put_start_inner("c1", "trigger", SIZE, &PutOptions::default(), later).unwrap();
+
+    let evicted = (((n * SIZE) as f64 * 0.35) as u64).div_ceil(SIZE);
+    assert!(evicted > 3 * EVICTION_CHUNK as u64);
+    assert_eq!(m.metrics().evictions.get(), evicted);
+    let expected: Vec<u64> = (0..n / 2).filter(|i| !leased(*i)).take(evicted as usize).collect();
+    let gone: Vec<u64> = (0..n / 2).filter(|i| !m.exists(&key("k", *i)).unwrap()).collect();
+    assert_eq!(gone, expected, "the oldest unleased objects, and only they");
+    assert_eq!(m.query("trigger").unwrap().replicas.len(), 1, "the put that passed the watermark is placed");
+}
