@@ -131,7 +131,7 @@ fn an_eviction_above_the_watermark_takes_the_oldest_in_order_across_its_chunks()
     // Half the capacity; every seventh of the first 2000 is leased when the eviction runs
     // (and, read, moves behind the others of those 2000).
     m.fill("c1", (0..2000).map(|i| key("k", i)), SIZE);
-    let leased = |i: u64| i < 2000 && i % 7 == 0;
+    let leased = |i: u64| i < 2000 && i.is_multiple_of(7);
     for i in (0..2000).filter(|i| leased(*i)) {
         m.get_replica_list_inner(&key("k", i), later).unwrap();
     }
