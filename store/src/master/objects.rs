@@ -299,3 +299,21 @@ impl std::ops::Index<&str> for ObjectMap {
         self.get(key).expect("a key of the object map")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_record_fits_its_memory_budget() {
+        // docs/src/store.md#inside-the-master: 136 bytes, and one replica without an
+        // allocation of its own.
+        assert!(std::mem::size_of::<Object>() <= 136, "Object is {} bytes", std::mem::size_of::<Object>());
+        assert_eq!(std::mem::size_of::<Replica>(), 32);
+        assert_eq!(std::mem::size_of::<Option<Stamp>>(), 8);
+        let block = Block { offset: 0, reserved: 4096 };
+        let replicas: SmallVec<[Replica; 1]> = smallvec::smallvec![Replica::new(1, block, Some(0))];
+        assert!(!replicas.spilled());
+        assert_eq!(replicas[0].news(), Some(0), "seq 0 (reported by its owner) is kept");
+    }
+}
