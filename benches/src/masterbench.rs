@@ -992,8 +992,8 @@ fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
             if let (Some(a), Some(b)) = (med(&first.rounds_us), med(&last.rounds_us)) {
                 println!();
                 println!(
-                    "eviction round at {} objects: {:.1}x the one at {} objects (a round frees {:.0} % of the \
-                     capacity: its objects grow with the store)",
+                    "eviction round at {} objects: {:.1}x the one at {} objects (a round takes {:.0} % of the \
+                     objects: their number grows with the store)",
                     last.objects,
                     b as f64 / a.max(1) as f64,
                     first.objects,
