@@ -950,13 +950,19 @@ fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
     println!();
     println!(
         "| objects | master RSS mounted | RSS at the watermark | bytes per object | eviction round (PutStart that evicts) \
-         median | range | objects per round | ordinary PutStart median |"
+         median | range | objects per round | per object evicted | ordinary PutStart median |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let med = |v: &[u64]| -> Option<u64> {
         let mut v = v.to_vec();
         v.sort_unstable();
         v.get(v.len() / 2).copied()
+    };
+    // What one evicted object costs: a round frees a share of the capacity, so its objects (and
+    // its time) grow with the store even when each one costs the same.
+    let per_evicted = |s: &SizeRow| -> Option<f64> {
+        let (us, n) = (med(&s.rounds_us)?, med(&s.evicted_per_round)?);
+        Some(us as f64 / n.max(1) as f64)
     };
     for s in sizes {
         let per_object = match (s.rss_mounted, s.rss_filled) {
@@ -966,7 +972,7 @@ fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
             _ => "- (no pid)".into(),
         };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.objects,
             s.rss_mounted.map_or("-".into(), report::fmt_bytes),
             s.rss_filled.map_or("-".into(), report::fmt_bytes),
@@ -977,6 +983,7 @@ fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
                 _ => "-".into(),
             },
             med(&s.evicted_per_round).map_or("-".into(), |v| v.to_string()),
+            per_evicted(s).map_or("-".into(), |us| format!("{us:.2} us")),
             med(&s.plain_put_us).map_or("-".into(), report::fmt_us),
         );
     }
@@ -985,10 +992,20 @@ fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
             if let (Some(a), Some(b)) = (med(&first.rounds_us), med(&last.rounds_us)) {
                 println!();
                 println!(
-                    "eviction round at {} objects: {:.1}x the one at {} objects (target: independent of the store's \
-                     size, about 1x)",
+                    "eviction round at {} objects: {:.1}x the one at {} objects (a round takes {:.0} % of the \
+                     objects: their number grows with the store)",
                     last.objects,
                     b as f64 / a.max(1) as f64,
+                    first.objects,
+                    100.0 * med(&last.evicted_per_round).unwrap_or(0) as f64 / last.filled.max(1) as f64
+                );
+            }
+            if let (Some(a), Some(b)) = (per_evicted(first), per_evicted(last)) {
+                println!(
+                    "per object evicted at {} objects: {:.1}x the cost at {} objects (target: independent of the \
+                     store's size, about 1x)",
+                    last.objects,
+                    b / a.max(f64::MIN_POSITIVE),
                     first.objects
                 );
             }

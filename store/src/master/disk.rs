@@ -268,13 +268,12 @@ impl Master {
                     Object {
                         size: e.size,
                         version: e.version,
-                        replicas: Vec::new(),
-                        ssd: vec![segment_id],
+                        replicas: Default::default(),
+                        ssd: thin_vec::thin_vec![segment_id],
                         offload_disk: None,
                         complete: true,
-                        writer: String::new(),
-                        started: now,
-                        last_access: now,
+                        writer: None,
+                        started: super::Stamp::of(now),
                         lease_until: None,
                         soft_pin_until: None,
                         hard_pin: false,
@@ -387,8 +386,8 @@ impl Master {
         let mut names: Vec<String> =
             obj.ssd.iter().filter_map(|id| st.segments.get(id).map(|s| s.name.clone())).collect();
         if let Some(d) = &obj.offload_disk {
-            if !names.contains(d) {
-                names.push(d.clone());
+            if !names.iter().any(|n| **n == **d) {
+                names.push(d.to_string());
             }
         }
         if !names.is_empty() {
@@ -414,7 +413,7 @@ impl Master {
         let (version, replicas) = (obj.version, std::mem::take(&mut obj.replicas));
         let mut freed = 0;
         for r in replicas {
-            freed += Self::free_replica(st, key, version, r.segment_id, r.block, r.news.is_some());
+            freed += Self::free_replica(st, key, version, r.segment_id, r.block, r.news().is_some());
         }
         Self::tell_disks_memory_is_gone(st, key);
         Some(freed)

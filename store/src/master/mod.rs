@@ -3,7 +3,9 @@
 //!
 //! All state sits behind one mutex: every operation is a few map lookups, far cheaper than
 //! the gRPC round trip around it, and one lock keeps eviction, leases and liveness trivially
-//! consistent. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
+//! consistent. The objects are kept in the order of their last use ([`objects`]), so an
+//! eviction looks at the objects it takes (and the few protected ones it passes), not at the
+//! whole store. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
 
 pub mod access;
 pub mod admin;
@@ -16,6 +18,7 @@ pub mod fence;
 pub mod ha;
 pub mod metrics;
 pub mod mooncake_metrics;
+mod objects;
 pub mod owners;
 pub mod published;
 pub mod query;
@@ -41,11 +44,17 @@ use crate::proto::{EventKind, PutOptions, QueryKeyReply, ReplicaDescriptor, Repl
 pub use crate::protocol::{disk_segment_name, MAX_KEY_LEN, MAX_OBJECT_SIZE};
 pub use config::{AllocationStrategy, MasterConfig};
 use metrics::Metrics;
+use objects::{Object, ObjectMap, Replica, Stamp};
+use thin_vec::ThinVec;
 
 /// Smallest segment a client may mount (one page; smaller ones cannot hold the allocator's units).
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
+/// Most objects an eviction above the high watermark takes per hold of the lock: the calls
+/// waiting for it go between two runs of them (a round of 5 % of a million objects is about
+/// 50 000 objects).
+pub const EVICTION_CHUNK: usize = 1024;
 
 struct Segment {
     name: String,
@@ -60,51 +69,9 @@ struct Segment {
     disk_service: String,
 }
 
-struct Replica {
-    segment_id: u64,
-    block: Block,
-    /// The seq of the commit news its owner was sent ([`owners`]; 0: the owner reported it):
-    /// from then on its range is freed only once the owner acknowledged a drop.
-    news: Option<u64>,
-}
-
-struct Object {
-    size: u64,
-    version: u64,
-    replicas: Vec<Replica>,
-    /// Disk segments (tier SSD) holding a copy, read through their owner ([`disk`]).
-    ssd: Vec<u64>,
-    /// The disk of the client that put this version (its offload may be in flight): a removal
-    /// is queued for it even before its file is announced ([`disk`]).
-    offload_disk: Option<String>,
-    complete: bool,
-    writer: String,
-    started: Instant,
-    last_access: Instant,
-    lease_until: Option<Instant>,
-    soft_pin_until: Option<Instant>,
-    hard_pin: bool,
-    /// Set when the put commits, if its writer has a disk tier: the writer's disk writes the
-    /// file from the replica in the writer's memory, so eviction takes this object only after
-    /// every other candidate, until its file is announced or this passes ([`OFFLOAD_HOLD`]).
-    offload_held_until: Option<Instant>,
-}
-
 /// How long a committed object whose file is being written is spared by eviction (see
 /// `Object::offload_held_until`): far longer than a disk tier takes with a full queue.
 pub const OFFLOAD_HOLD: Duration = Duration::from_secs(10);
-
-impl Object {
-    fn leased(&self, now: Instant) -> bool {
-        self.lease_until.is_some_and(|t| t > now)
-    }
-    fn offload_held(&self, now: Instant) -> bool {
-        self.offload_held_until.is_some_and(|t| t > now)
-    }
-    fn evictable(&self, now: Instant) -> bool {
-        self.complete && !self.hard_pin && !self.leased(now) && self.soft_pin_until.is_none_or(|t| t <= now)
-    }
-}
 
 struct Client {
     last_ping: Instant,
@@ -118,7 +85,9 @@ struct Client {
 struct State {
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
-    objects: HashMap<String, Object>,
+    objects: ObjectMap,
+    /// The client ids and disk names objects refer to, shared ([`objects::Names`]).
+    names: objects::Names,
     clients: HashMap<String, Client>,
     next_segment: u64,
     next_version: u64,
@@ -151,6 +120,8 @@ struct State {
     next_stream: u64,
     /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
     instant_acks: bool,
+    /// An eviction above the watermark is under way (it lets other calls in between its chunks).
+    evicting: bool,
 }
 
 impl State {
@@ -291,6 +262,7 @@ impl Master {
     pub fn with_role(config: MasterConfig, role: fence::Role) -> Result<Arc<Master>> {
         config.validate()?;
         let removals_file = config.state_dir.as_deref().map(removals_file::RemovalsFile::open).transpose()?;
+        Stamp::start_clock();
         let first_version = disk::first_version();
         let master = Arc::new(Master {
             config: config.clone(),
@@ -491,9 +463,9 @@ impl Master {
             obj.replicas.retain(|r| r.segment_id != segment_id);
             obj.ssd.retain(|s| *s != segment_id);
             if obj.replicas.is_empty() && obj.ssd.is_empty() {
-                gone.push(key.clone());
+                gone.push(key.to_string());
             } else if had_memory && obj.replicas.is_empty() {
-                disk_only.push(key.clone());
+                disk_only.push(key.to_string());
             }
         }
         for key in &gone {
@@ -610,18 +582,18 @@ impl Master {
             (0, true) => Some(self.config.default_soft_pin_ttl),
             (ms, _) => Some(Duration::from_millis(ms)),
         };
-        let soft_pin_until = soft_pin.map(|ttl| now + ttl);
-        let offload_disk = Self::disk_of_client(&st, client_id);
+        let soft_pin_until = soft_pin.map(|ttl| Stamp::of(now + ttl));
+        let offload_disk = Self::disk_of_client(&st, client_id).map(|d| st.names.get(&d));
+        let writer = Some(st.names.get(client_id));
         let object = Object {
             size,
             version,
-            replicas: blocks.into_iter().map(|(segment_id, block)| Replica { segment_id, block, news: None }).collect(),
-            ssd: Vec::new(),
+            replicas: blocks.into_iter().map(|(segment_id, block)| Replica::new(segment_id, block, None)).collect(),
+            ssd: ThinVec::new(),
             offload_disk,
             complete: false,
-            writer: client_id.to_string(),
-            started: now,
-            last_access: now,
+            writer,
+            started: Stamp::of(now),
             lease_until: None,
             soft_pin_until,
             hard_pin: opts.hard_pin,
@@ -632,7 +604,7 @@ impl Master {
         // Above the high watermark: make room ahead of the next puts.
         let totals = Self::totals_of(&st);
         if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
-            self.evict(&mut st, now, 0);
+            self.evict(&mut st, now);
         }
         self.flush_news(&mut st);
         Ok((descriptors, version))
@@ -709,7 +681,7 @@ impl Master {
                 StoreError::MasterChanged(format!("this master does not know the put of {key:?} nor its writer"))
             });
         };
-        if obj.writer != client_id && !obj.complete {
+        if !obj.written_by(client_id) && !obj.complete {
             return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")));
         }
         let version = obj.version;
@@ -721,14 +693,14 @@ impl Master {
             .replicas
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.news.is_none())
+            .filter(|(_, r)| r.news().is_none())
             .map(|(i, r)| (i, r.segment_id, r.block))
             .collect();
         let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         for (i, segment_id, block) in fresh {
             let what = owners::Announced { key, version, size, pins };
             let seq = Self::queue_commit(&mut st, segment_id, block, &what, now);
-            st.objects.get_mut(key).expect("looked up above").replicas[i].news = seq;
+            st.objects.get_mut(key).expect("looked up above").replicas[i].set_news(seq);
         }
         self.flush_news(&mut st);
         let wait = Self::waits(&st, segments);
@@ -750,7 +722,7 @@ impl Master {
             return Ok(());
         }
         let acked: Vec<bool> =
-            obj.replicas.iter().map(|r| r.news.is_some_and(|seq| Self::is_acked(&st, r.segment_id, seq))).collect();
+            obj.replicas.iter().map(|r| r.news().is_some_and(|seq| Self::is_acked(&st, r.segment_id, seq))).collect();
         if !acked.iter().any(|a| *a) {
             Self::remove_object(&mut st, key);
             self.flush_news(&mut st);
@@ -774,13 +746,12 @@ impl Master {
                 "put of {key:?}: the owner of segment {} did not acknowledge; replica dropped",
                 r.segment_id
             );
-            Self::free_replica(&mut st, key, version, r.segment_id, r.block, r.news.is_some());
+            Self::free_replica(&mut st, key, version, r.segment_id, r.block, r.news().is_some());
         }
+        st.objects.commit(key);
         let obj = st.objects.get_mut(key).expect("looked up above");
-        obj.complete = true;
-        obj.last_access = now;
         if obj.offload_disk.is_some() {
-            obj.offload_held_until = Some(now + OFFLOAD_HOLD);
+            obj.offload_held_until = Some(Stamp::of(now + OFFLOAD_HOLD));
         }
         self.emit_object(&st, key, EventKind::Stored);
         self.flush_news(&mut st);
@@ -810,7 +781,7 @@ impl Master {
                     "object {key:?} is already committed; remove it instead"
                 )))
             }
-            Some(o) if o.writer != client_id => {
+            Some(o) if !o.written_by(client_id) => {
                 return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")))
             }
             Some(_) => {}
@@ -829,7 +800,7 @@ impl Master {
         Self::queue_disk_removals(st, key, &obj);
         let mut freed = 0;
         for r in obj.replicas {
-            freed += Self::free_replica(st, key, obj.version, r.segment_id, r.block, r.news.is_some());
+            freed += Self::free_replica(st, key, obj.version, r.segment_id, r.block, r.news().is_some());
         }
         Some(freed)
     }
@@ -875,8 +846,8 @@ impl Master {
             return Err(StoreError::NotReady(key.to_string()));
         }
         let until = now + self.config.lease_ttl;
-        obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
-        obj.last_access = now;
+        objects::extend(&mut obj.lease_until, until);
+        st.objects.touch(key);
         let st = &mut *st;
         let obj = &st.objects[key];
         for r in &obj.replicas {
@@ -928,7 +899,9 @@ impl Master {
             size: obj.size,
             version: obj.version,
             replicas: Self::describe(&st, obj),
-            lease_remaining_ms: obj.lease_until.map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64),
+            lease_remaining_ms: obj
+                .lease_until
+                .map_or(0, |t| t.instant().saturating_duration_since(now).as_millis() as u64),
             hard_pinned: obj.hard_pin,
         })
     }
@@ -939,8 +912,11 @@ impl Master {
     /// acknowledged (the service answers then, so that a removed key cannot come back from an
     /// owner's report).
     pub fn remove(&self, key: &str, force: bool) -> Result<owners::AckWait> {
+        self.remove_at(key, force, Instant::now())
+    }
+
+    fn remove_at(&self, key: &str, force: bool, now: Instant) -> Result<owners::AckWait> {
         check_key(key)?;
-        let now = Instant::now();
         let mut st = self.state.lock();
         self.fence.check(now)?;
         let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
@@ -980,22 +956,30 @@ impl Master {
         matches: impl Fn(&str) -> bool,
         force: bool,
     ) -> Result<((u64, u64), owners::AckWait)> {
-        let now = Instant::now();
+        self.remove_matching_at(matches, force, Instant::now())
+    }
+
+    fn remove_matching_at(
+        &self,
+        matches: impl Fn(&str) -> bool,
+        force: bool,
+        now: Instant,
+    ) -> Result<((u64, u64), owners::AckWait)> {
         let mut st = self.state.lock();
         self.fence.check(now)?;
         let (mut victims, mut skipped) = (Vec::new(), 0);
-        for (k, o) in &st.objects {
+        for (k, o) in st.objects.iter() {
             if o.complete && matches(k) {
                 if o.leased(now) && !force {
                     skipped += 1;
                 } else {
-                    victims.push(k.clone());
+                    victims.push(k.to_string());
                 }
             }
         }
         let mut segments = HashSet::new();
         for k in &victims {
-            segments.extend(st.objects[k].replicas.iter().map(|r| r.segment_id));
+            segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
             self.emit_object(&st, k, EventKind::Removed);
             Self::remove_object(&mut st, k);
         }
@@ -1008,43 +992,86 @@ impl Master {
 
     // ---- eviction, reclaim, liveness ----
 
-    /// Evicts least-recently-used evictable objects until `at_least` bytes and the configured
-    /// ratio of capacity are freed (or nothing evictable is left); objects whose file is still
-    /// being written from memory (`offload_held_until`) go last. Returns bytes freed.
-    fn evict(&self, st: &mut State, now: Instant, at_least: u64) -> u64 {
-        self.evict_in(st, now, at_least, None)
+    /// Eviction above the high watermark: [`Self::evict_in`] of every tenant's objects, with
+    /// no minimum, [`EVICTION_CHUNK`] objects per hold of the lock (the calls waiting for it go
+    /// between two chunks). One at a time: a put or sweep that finds one under way leaves the
+    /// work to it.
+    fn evict(&self, st: &mut parking_lot::MutexGuard<'_, State>, now: Instant) -> u64 {
+        if st.evicting {
+            return 0;
+        }
+        st.evicting = true;
+        let target = self.eviction_target(st, 0);
+        let (mut freed, mut count) = (0, 0);
+        while freed < target {
+            let Some((f, c)) = self.evict_some(st, now, target - freed, None, EVICTION_CHUNK) else { break };
+            (freed, count) = (freed + f, count + c);
+            if freed < target {
+                self.flush_news(st);
+                parking_lot::MutexGuard::bump(st);
+            }
+        }
+        st.evicting = false;
+        self.count_eviction(count, freed);
+        freed
     }
 
-    /// [`Self::evict`] of `tenant`'s objects only, when given.
+    /// Evicts least-recently-used evictable objects of `tenant` (every tenant's when none)
+    /// until `at_least` bytes and the configured ratio of capacity are freed (or nothing
+    /// evictable is left); objects whose file is still being written from memory
+    /// (`offload_held_until`) go last. Returns bytes freed. It walks the objects from the
+    /// least recently used and stops once it has enough ([`objects`]): its cost is the objects
+    /// it looks at, not the store's size.
     fn evict_in(&self, st: &mut State, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
-        let capacity = Self::totals_of(st).capacity;
-        let target = at_least.max((capacity as f64 * self.config.eviction_ratio) as u64);
-        let mut candidates: Vec<(bool, Instant, String)> = st
-            .objects
-            .iter()
-            .filter(|(k, o)| {
-                o.evictable(now) && !o.replicas.is_empty() && tenant.is_none_or(|t| tenant::tenant_of(k) == t)
-            })
-            .map(|(k, o)| (o.offload_held(now), o.last_access, k.clone()))
-            .collect();
-        candidates.sort();
+        let target = self.eviction_target(st, at_least);
         let (mut freed, mut count) = (0, 0);
-        for (_, _, key) in candidates {
-            if freed >= target {
-                break;
-            }
+        while freed < target {
+            let Some((f, c)) = self.evict_some(st, now, target - freed, tenant, usize::MAX) else { break };
+            (freed, count) = (freed + f, count + c);
+        }
+        self.count_eviction(count, freed);
+        freed
+    }
+
+    fn eviction_target(&self, st: &State, at_least: u64) -> u64 {
+        at_least.max((Self::totals_of(st).capacity as f64 * self.config.eviction_ratio) as u64)
+    }
+
+    /// One plan of at most `most` objects toward `target` bytes, carried out: (bytes freed,
+    /// objects), or `None` when nothing is left to take. (Another plan follows only if fewer
+    /// bytes came back than planned, or the plan stopped at `most`.)
+    fn evict_some(
+        &self,
+        st: &mut State,
+        now: Instant,
+        target: u64,
+        tenant: Option<&str>,
+        most: usize,
+    ) -> Option<(u64, u64)> {
+        let plan = st.objects.eviction_plan(now, target, most, |k| tenant.is_none_or(|t| tenant::tenant_of(k) == t));
+        for key in &plan.parked {
+            st.objects.touch(key);
+        }
+        if plan.victims.is_empty() {
+            return None;
+        }
+        let (mut freed, mut count) = (0, 0);
+        for key in plan.victims {
             self.emit_object(st, &key, EventKind::Evicted);
             // An object with a disk copy loses its memory replicas only: gets read the disk.
             freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
             count += 1;
         }
+        Some((freed, count))
+    }
+
+    fn count_eviction(&self, count: u64, freed: u64) {
         self.metrics.mooncake.eviction(count, freed);
         if count > 0 {
             self.metrics.evictions.inc_by(count);
             self.metrics.evicted_bytes.inc_by(freed);
             tracing::info!("evicted {count} object(s), {freed} bytes");
         }
-        freed
     }
 
     /// Drops silent clients, reclaims unfinished puts and evicts above the high watermark.
@@ -1085,9 +1112,9 @@ impl Master {
         }
         let stale: Vec<String> = st
             .objects
-            .iter()
-            .filter(|(_, o)| !o.complete && now.saturating_duration_since(o.started) > self.config.put_timeout)
-            .map(|(k, _)| k.clone())
+            .unfinished()
+            .filter(|k| now.saturating_duration_since(st.objects[*k].started.instant()) > self.config.put_timeout)
+            .map(str::to_string)
             .collect();
         for key in stale {
             Self::remove_object(&mut st, &key);
@@ -1098,11 +1125,12 @@ impl Master {
             tracing::warn!("put of {key:?} never ended: reclaimed after {:?}", self.config.put_timeout);
         }
         self.reclaim_replications(&mut st, now);
+        st.names.prune();
         self.expire_published(&mut st, now);
         self.hot_tick(&mut st, now);
         let totals = Self::totals_of(&st);
         if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
-            self.evict(&mut st, now, 0);
+            self.evict(&mut st, now);
         }
         self.flush_news(&mut st);
         drop(st);
@@ -1162,7 +1190,7 @@ impl Master {
         }
         let (mut pinned, mut in_memory, mut on_disk) = (0, 0, 0);
         for o in st.objects.values() {
-            pinned += o.soft_pin_until.is_some_and(|t| t > now) as i64;
+            pinned += o.soft_pinned(now) as i64;
             in_memory += (o.complete && !o.replicas.is_empty()) as i64;
             on_disk += (!o.ssd.is_empty()) as i64;
         }
@@ -1194,7 +1222,7 @@ impl Master {
 
     /// At most `limit` keys of committed objects, in no particular order.
     pub fn keys(&self, limit: usize) -> Vec<String> {
-        self.state.lock().objects.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.clone()).take(limit).collect()
+        self.state.lock().objects.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.to_string()).take(limit).collect()
     }
 
     /// Every mounted segment, by id.
@@ -1218,6 +1246,10 @@ impl Master {
     }
 }
 
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod scale_tests;
 #[cfg(test)]
 mod sched_tests;
 #[cfg(test)]

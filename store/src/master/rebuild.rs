@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use super::owners::Pins;
-use super::{check_key, Master, Object, Replica, State, MAX_OBJECT_SIZE};
+use super::{check_key, objects, Master, Object, Replica, Stamp, State, MAX_OBJECT_SIZE};
 use crate::error::Result;
 use crate::proto::{OwnedObject, OwnerNewsItem, SegmentInfo};
 
@@ -114,7 +114,7 @@ impl Master {
             Some(obj) if obj.version == o.version && obj.size == o.size => {
                 let obj = st.objects.get_mut(&o.key).expect("looked up");
                 if obj.replicas.iter().all(|r| r.segment_id != segment_id) {
-                    obj.replicas.push(Replica { segment_id, block, news: Some(0) });
+                    obj.replicas.push(Replica::new(segment_id, block, Some(0)));
                     Self::merge_pins(obj, o, now, self.config.lease_ttl);
                     return true;
                 }
@@ -135,13 +135,12 @@ impl Master {
         let mut obj = Object {
             size: o.size,
             version: o.version,
-            replicas: vec![Replica { segment_id, block, news: Some(0) }],
-            ssd: Vec::new(),
+            replicas: smallvec::smallvec![Replica::new(segment_id, block, Some(0))],
+            ssd: Default::default(),
             offload_disk: None,
             complete: true,
-            writer: String::new(),
-            started: now,
-            last_access: now,
+            writer: None,
+            started: Stamp::of(now),
             lease_until: None,
             soft_pin_until: None,
             hard_pin: false,
@@ -157,14 +156,14 @@ impl Master {
         obj.hard_pin |= o.hard_pin;
         if o.soft_pin_remaining_ms > 0 {
             let until = now + Duration::from_millis(o.soft_pin_remaining_ms);
-            obj.soft_pin_until = Some(obj.soft_pin_until.map_or(until, |t| t.max(until)));
+            objects::extend(&mut obj.soft_pin_until, until);
         }
         let until = now + lease_ttl;
-        obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
+        objects::extend(&mut obj.lease_until, until);
     }
 
     /// What a commit news for `obj` carries.
     pub(super) fn pins_of(obj: &Object) -> Pins {
-        Pins { hard: obj.hard_pin, soft_until: obj.soft_pin_until }
+        Pins { hard: obj.hard_pin, soft_until: obj.soft_pin_until.map(Stamp::instant) }
     }
 }

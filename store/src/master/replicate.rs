@@ -140,7 +140,7 @@ impl Master {
         }
         let obj = st.objects.get_mut(key).expect("looked up above");
         let until = now + self.config.lease_ttl;
-        obj.lease_until = Some(obj.lease_until.map_or(until, |t| t.max(until)));
+        super::objects::extend(&mut obj.lease_until, until);
         let obj = &st.objects[key];
         // Copies come from memory replicas; disk copies are read through their owner, not the engine.
         let sources: Vec<ReplicaDescriptor> =
@@ -244,7 +244,7 @@ impl Master {
             let acked = seq.is_some_and(|s| Self::is_acked(st, id, s));
             if alive && acked {
                 added.push(id);
-                let replica = Replica { segment_id: id, block, news: seq };
+                let replica = Replica::new(id, block, seq);
                 st.objects.get_mut(key).expect("alive").replicas.push(replica);
             } else {
                 Self::free_replica(st, key, pending.version, id, block, seq.is_some());

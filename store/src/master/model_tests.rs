@@ -1,0 +1,233 @@
+//! The master's answers against a reference model of its metadata: random sequences of puts,
+//! commits, revokes, gets, exists, removals and sweeps on a few keys, on a clock the test
+//! moves (leases end, unfinished puts are reclaimed), compared answer by answer.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const KEYS: u8 = 6;
+const GRANULE: u64 = 256;
+const LEASE: Duration = Duration::from_millis(1000);
+const PUT_TIMEOUT: Duration = Duration::from_millis(3000);
+
+#[derive(Debug, Clone)]
+enum Op {
+    PutStart(u8, u64),
+    PutEnd(u8),
+    Revoke(u8),
+    Get(u8),
+    Exists(u8),
+    BatchExists,
+    Remove(u8, bool),
+    RemoveAll(bool),
+    /// Moves the clock on by this many milliseconds.
+    Advance(u64),
+    Sweep,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let k = 0..KEYS;
+    prop_oneof![
+        3 => (k.clone(), 1..=20_000u64).prop_map(|(k, s)| Op::PutStart(k, s)),
+        3 => k.clone().prop_map(Op::PutEnd),
+        1 => k.clone().prop_map(Op::Revoke),
+        3 => k.clone().prop_map(Op::Get),
+        1 => k.clone().prop_map(Op::Exists),
+        1 => Just(Op::BatchExists),
+        2 => (k.clone(), any::<bool>()).prop_map(|(k, f)| Op::Remove(k, f)),
+        1 => any::<bool>().prop_map(Op::RemoveAll),
+        2 => (1..2500u64).prop_map(Op::Advance),
+        1 => Just(Op::Sweep),
+    ]
+}
+
+/// What an answer was, as the model tells it.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Ok,
+    Size(u64),
+    Bool(bool),
+    Bools(Vec<bool>),
+    Counts(u64, u64),
+    NotFound,
+    NotReady,
+    AlreadyExists,
+    Leased,
+    Invalid,
+    Other(String),
+}
+
+fn answer<T>(r: Result<T>, ok: impl FnOnce(T) -> Answer) -> Answer {
+    match r {
+        Ok(v) => ok(v),
+        Err(StoreError::NotFound(_)) => Answer::NotFound,
+        Err(StoreError::NotReady(_)) => Answer::NotReady,
+        Err(StoreError::AlreadyExists(_)) => Answer::AlreadyExists,
+        Err(StoreError::Leased(_)) => Answer::Leased,
+        Err(StoreError::InvalidArgument(_)) => Answer::Invalid,
+        Err(e) => Answer::Other(e.to_string()),
+    }
+}
+
+struct Entry {
+    size: u64,
+    complete: bool,
+    /// Milliseconds on the test's clock.
+    started: u64,
+    lease_until: Option<u64>,
+}
+
+/// The metadata as the documentation states it: one map of keys.
+#[derive(Default)]
+struct Model {
+    objects: BTreeMap<String, Entry>,
+    now: u64,
+}
+
+impl Model {
+    fn leased(&self, e: &Entry) -> bool {
+        e.lease_until.is_some_and(|t| t > self.now)
+    }
+
+    fn apply(&mut self, op: &Op) -> Answer {
+        let now = self.now;
+        match op {
+            Op::PutStart(k, size) => {
+                let key = name(*k);
+                if self.objects.contains_key(&key) {
+                    return Answer::AlreadyExists;
+                }
+                self.objects.insert(key, Entry { size: *size, complete: false, started: now, lease_until: None });
+                Answer::Size(*size)
+            }
+            Op::PutEnd(k) => match self.objects.get_mut(&name(*k)) {
+                None => Answer::NotFound,
+                Some(e) => {
+                    e.complete = true;
+                    Answer::Ok
+                }
+            },
+            Op::Revoke(k) => match self.objects.get(&name(*k)) {
+                None => Answer::NotFound,
+                Some(e) if e.complete => Answer::Invalid,
+                Some(_) => {
+                    self.objects.remove(&name(*k));
+                    Answer::Ok
+                }
+            },
+            Op::Get(k) => match self.objects.get_mut(&name(*k)) {
+                None => Answer::NotFound,
+                Some(e) if !e.complete => Answer::NotReady,
+                Some(e) => {
+                    let until = now + LEASE.as_millis() as u64;
+                    e.lease_until = Some(e.lease_until.map_or(until, |t| t.max(until)));
+                    Answer::Size(e.size)
+                }
+            },
+            Op::Exists(k) => Answer::Bool(self.objects.get(&name(*k)).is_some_and(|e| e.complete)),
+            Op::BatchExists => {
+                Answer::Bools((0..KEYS).map(|k| self.objects.get(&name(k)).is_some_and(|e| e.complete)).collect())
+            }
+            Op::Remove(k, force) => match self.objects.get(&name(*k)) {
+                None => Answer::NotFound,
+                Some(e) if !e.complete => Answer::NotReady,
+                Some(e) if self.leased(e) && !force => Answer::Leased,
+                Some(_) => {
+                    self.objects.remove(&name(*k));
+                    Answer::Ok
+                }
+            },
+            Op::RemoveAll(force) => {
+                let (mut removed, mut skipped) = (Vec::new(), 0);
+                for (k, e) in &self.objects {
+                    if e.complete {
+                        if self.leased(e) && !force {
+                            skipped += 1;
+                        } else {
+                            removed.push(k.clone());
+                        }
+                    }
+                }
+                for k in &removed {
+                    self.objects.remove(k);
+                }
+                Answer::Counts(removed.len() as u64, skipped)
+            }
+            Op::Advance(ms) => {
+                self.now += ms;
+                Answer::Ok
+            }
+            Op::Sweep => {
+                let timeout = PUT_TIMEOUT.as_millis() as u64;
+                self.objects.retain(|_, e| e.complete || now - e.started <= timeout);
+                Answer::Ok
+            }
+        }
+    }
+}
+
+fn name(k: u8) -> String {
+    format!("key-{k}")
+}
+
+fn run(m: &Master, t0: Instant, now_ms: u64, op: &Op) -> Answer {
+    let now = t0 + Duration::from_millis(now_ms);
+    let plain = PutOptions::default();
+    match op {
+        Op::PutStart(k, size) => answer(m.put_start_inner("c1", &name(*k), *size, &plain, now), |(r, _)| {
+            assert_eq!(r.len(), 1);
+            Answer::Size(r[0].size)
+        }),
+        Op::PutEnd(k) => answer(m.put_end("c1", &name(*k)), |_| Answer::Ok),
+        Op::Revoke(k) => answer(m.put_revoke("c1", &name(*k)), |_| Answer::Ok),
+        Op::Get(k) => answer(m.get_replica_list_inner(&name(*k), now), |l| Answer::Size(l.size)),
+        Op::Exists(k) => answer(m.exists(&name(*k)), Answer::Bool),
+        Op::BatchExists => answer(m.batch_exists(&(0..KEYS).map(name).collect::<Vec<_>>()), Answer::Bools),
+        Op::Remove(k, force) => answer(m.remove_at(&name(*k), *force, now), |_| Answer::Ok),
+        Op::RemoveAll(force) => answer(m.remove_matching_at(|_| true, *force, now), |((r, s), _)| Answer::Counts(r, s)),
+        Op::Advance(_) => Answer::Ok,
+        Op::Sweep => {
+            m.sweep_at(now);
+            Answer::Ok
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn answers_match_a_model_of_the_metadata(ops in proptest::collection::vec(op(), 1..80)) {
+        let config = MasterConfig {
+            lease_ttl: LEASE,
+            put_timeout: PUT_TIMEOUT,
+            // The test's clock runs ahead of the real one: the client must not look silent.
+            client_ttl: Duration::from_secs(86_400),
+            ..MasterConfig::default()
+        };
+        let m = Master::new(config).unwrap();
+        // Room for every key at its largest: nothing is evicted.
+        let info = SegmentInfo { name: "s1".into(), base: 1 << 30, size: 1 << 20, tier: Tier::Dram as i32 };
+        m.mount_segment("c1", &info, "h").unwrap();
+        let t0 = Instant::now();
+        let mut model = Model::default();
+        for (i, op) in ops.iter().enumerate() {
+            let now = model.now;
+            let expected = model.apply(op);
+            let got = run(&m, t0, now, op);
+            prop_assert_eq!(&got, &expected, "op {} ({:?}) of {:?}", i, op, ops);
+            let t = m.totals();
+            prop_assert_eq!(t.keys, model.objects.len() as u64, "keys after op {} of {:?}", i, ops);
+            let used: u64 = model.objects.values().map(|e| e.size.next_multiple_of(GRANULE)).sum();
+            prop_assert_eq!(t.used, used, "bytes in use after op {} of {:?}", i, ops);
+            let mut listed = m.keys(usize::MAX);
+            listed.sort();
+            let committed: Vec<String> =
+                model.objects.iter().filter(|(_, e)| e.complete).map(|(k, _)| k.clone()).collect();
+            prop_assert_eq!(listed, committed, "committed keys after op {} of {:?}", i, ops);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Eviction's order and protections in a store of a million objects.
+
+use super::*;
+
+const SIZE: u64 = 4096;
+/// Ordinary objects besides the few of each kind below.
+const FILL: u64 = 1_000_000;
+const FEW: usize = 10;
+
+fn key(kind: &str, i: impl std::fmt::Display) -> String {
+    format!("{kind}{i}")
+}
+
+impl Master {
+    /// Commits objects of `size` bytes one after the other as puts and their commits leave
+    /// them (placed by the allocator, the most recently used last), without each call's
+    /// checks, news and events: a million of them in seconds in a debug build.
+    fn fill(&self, client: &str, keys: impl Iterator<Item = String>, size: u64) {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        for key in keys {
+            let blocks = self.allocate(&mut st, access::DEFAULT_TENANT, size, 1, &PutOptions::default()).unwrap();
+            let version = st.next_version;
+            st.next_version += 1;
+            let writer = Some(st.names.get(client));
+            let object = Object {
+                size,
+                version,
+                replicas: blocks.into_iter().map(|(id, block)| Replica::new(id, block, None)).collect(),
+                ssd: ThinVec::new(),
+                offload_disk: None,
+                complete: true,
+                writer,
+                started: Stamp::of(now),
+                lease_until: None,
+                soft_pin_until: None,
+                hard_pin: false,
+                offload_held_until: None,
+            };
+            st.objects.insert(key, object);
+        }
+    }
+}
+
+#[test]
+fn eviction_order_and_protections_hold_at_a_million_objects() {
+    // Nothing evicts until the segment is full; then one eviction frees 1 % of it.
+    let config = MasterConfig {
+        eviction_high_watermark: 1.0,
+        eviction_ratio: 0.01,
+        lease_ttl: Duration::from_secs(60),
+        ..MasterConfig::default()
+    };
+    let m = Master::new(config).unwrap();
+    let specials = 6 * FEW as u64;
+    let capacity = (FILL + specials) * SIZE;
+    let info = SegmentInfo { name: "s1".into(), base: 1 << 40, size: capacity, tier: Tier::Dram as i32 };
+    m.mount_segment("c1", &info, "h").unwrap();
+    let plain = PutOptions::default();
+    let put = |k: &str, opts: &PutOptions| {
+        m.put_start("c1", k, SIZE, opts).unwrap();
+        m.put_end("c1", k).unwrap();
+    };
+    // The eviction runs an hour from now: leases granted now have ended by then, the ones
+    // granted for then have not.
+    let now = Instant::now();
+    let later = now + Duration::from_secs(3600);
+    let hard = PutOptions { hard_pin: true, ..Default::default() };
+    let soft = PutOptions { soft_pin_ttl_ms: 2 * 3600 * 1000, ..Default::default() };
+    // The oldest objects, in this order: probed (only asked about: no change of order), read
+    // again at the end (most recently used then), leased for the eviction's time, hard- and
+    // soft-pinned, and puts never ended.
+    for i in 0..FEW {
+        put(&key("probed", i), &plain);
+    }
+    for i in 0..FEW {
+        put(&key("read", i), &plain);
+    }
+    for i in 0..FEW {
+        put(&key("leased", i), &plain);
+        m.get_replica_list_inner(&key("leased", i), later).unwrap();
+    }
+    for i in 0..FEW {
+        put(&key("hard", i), &hard);
+        put(&key("soft", i), &soft);
+        m.put_start("c1", &key("unfinished", i), SIZE, &plain).unwrap();
+    }
+    m.fill("c1", (0..FILL).map(|i| key("k", i)), SIZE);
+    assert_eq!(m.totals().used, capacity, "full, and nothing evicted yet");
+    for i in 0..FEW {
+        assert!(m.exists(&key("probed", i)).unwrap());
+        m.query(&key("probed", i)).unwrap();
+        m.get_replica_list_inner(&key("read", i), now).unwrap();
+    }
+
+    // The next put finds no room: one eviction of 1 % of the capacity, least recently used first.
+    m.put_start_inner("c1", "trigger", SIZE, &plain, later).unwrap();
+    let evicted = ((capacity as f64 * 0.01) as u64).div_ceil(SIZE);
+    assert_eq!(m.metrics().evictions.get(), evicted);
+    for i in 0..FEW {
+        assert!(!m.exists(&key("probed", i)).unwrap(), "probing does not make an object recent");
+        assert!(m.exists(&key("read", i)).unwrap(), "read again: recently used");
+        assert!(m.exists(&key("leased", i)).unwrap(), "leased when the eviction ran");
+        assert!(m.exists(&key("hard", i)).unwrap(), "hard-pinned");
+        assert!(m.exists(&key("soft", i)).unwrap(), "soft-pinned when the eviction ran");
+        assert_eq!(m.query(&key("unfinished", i)).unwrap().replicas.len(), 1, "an unfinished put keeps its space");
+    }
+    // The rest of the victims are the oldest ordinary objects, in the order they were put.
+    let ordinary = evicted - FEW as u64;
+    let gone: Vec<bool> = (0..FILL).map(|i| !m.exists(&key("k", i)).unwrap()).collect();
+    let first_kept = gone.iter().position(|g| !g).unwrap() as u64;
+    assert_eq!(first_kept, ordinary, "the {ordinary} oldest went");
+    assert_eq!(gone.iter().filter(|g| **g).count() as u64, ordinary, "and no other");
+    assert_eq!(m.totals().keys, FILL + specials + 1 - evicted);
+}
+
+#[test]
+fn an_eviction_above_the_watermark_takes_the_oldest_in_order_across_its_chunks() {
+    // The put that passes half the capacity evicts 35 % of it: three chunks and more.
+    let n = 10 * EVICTION_CHUNK as u64;
+    let config = MasterConfig {
+        eviction_high_watermark: 0.5,
+        eviction_ratio: 0.35,
+        lease_ttl: Duration::from_secs(60),
+        ..MasterConfig::default()
+    };
+    let m = Master::new(config).unwrap();
+    let info = SegmentInfo { name: "s1".into(), base: 1 << 40, size: n * SIZE, tier: Tier::Dram as i32 };
+    m.mount_segment("c1", &info, "h").unwrap();
+    let later = Instant::now() + Duration::from_secs(3600);
+    // Half the capacity; every seventh of the first 2000 is leased when the eviction runs
+    // (and, read, moves behind the others of those 2000).
+    m.fill("c1", (0..2000).map(|i| key("k", i)), SIZE);
+    let leased = |i: u64| i < 2000 && i.is_multiple_of(7);
+    for i in (0..2000).filter(|i| leased(*i)) {
+        m.get_replica_list_inner(&key("k", i), later).unwrap();
+    }
+    m.fill("c1", (2000..n / 2).map(|i| key("k", i)), SIZE);
+    assert_eq!(m.metrics().evictions.get(), 0);
+    m.put_start_inner("c1", "trigger", SIZE, &PutOptions::default(), later).unwrap();
+
+    let evicted = (((n * SIZE) as f64 * 0.35) as u64).div_ceil(SIZE);
+    assert!(evicted > 3 * EVICTION_CHUNK as u64);
+    assert_eq!(m.metrics().evictions.get(), evicted);
+    let expected: Vec<u64> = (0..n / 2).filter(|i| !leased(*i)).take(evicted as usize).collect();
+    let gone: Vec<u64> = (0..n / 2).filter(|i| !m.exists(&key("k", *i)).unwrap()).collect();
+    assert_eq!(gone, expected, "the oldest unleased objects, and only they");
+    assert_eq!(m.query("trigger").unwrap().replicas.len(), 1, "the put that passed the watermark is placed");
+}
