@@ -3,7 +3,7 @@
 //!
 //! All state sits behind one mutex: every operation is a few map lookups, far cheaper than
 //! the gRPC round trip around it, and one lock keeps eviction, leases and liveness trivially
-//! consistent. The objects are kept in the order of their last use ([`objects`]), so an
+//! consistent. The objects are kept in the order of their last use (`objects`), so an
 //! eviction looks at the objects it takes (and the few protected ones it passes), not at the
 //! whole store. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
 
