@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import threading
 
+import numpy as np
 import pytest
 
 import crescent
@@ -53,6 +54,18 @@ class Master:
     def stop(self):
         self.proc.kill()
         self.proc.wait()
+
+
+def pattern(n: int, seed: int) -> np.ndarray:
+    """`n` bytes of a pattern fixed by `seed`."""
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def registered(store, n: int, fill: int = 0) -> np.ndarray:
+    """`n` bytes filled with `fill`, registered with `store`."""
+    a = np.full(n, fill, dtype=np.uint8)
+    assert store.register_buffer(a.ctypes.data, a.nbytes) == 0
+    return a
 
 
 def connect(master: Master, segment: int = 64 * MiB, buffer: int = 16 * MiB) -> crescent.MooncakeDistributedStore:

@@ -11,7 +11,7 @@ import pytest
 import crescent
 from mooncake.store import MooncakeDistributedStore
 
-from conftest import MiB, connect
+from conftest import MiB, connect, pattern, registered
 
 INVALID = -600
 NOT_FOUND = -704
@@ -19,16 +19,6 @@ NOT_FOUND = -704
 
 def key(tag: str) -> str:
     return f"{tag}/{uuid.uuid4().hex}"
-
-
-def pattern(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-
-
-def registered(store, n: int, fill: int = 0) -> np.ndarray:
-    a = np.full(n, fill, dtype=np.uint8)
-    assert store.register_buffer(a.ctypes.data, a.nbytes) == 0
-    return a
 
 
 def test_multi_buffer_values_come_back_whole_into_another_layout(store_a, store_b):

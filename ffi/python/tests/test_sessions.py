@@ -14,7 +14,7 @@ import numpy as np
 import crescent
 from mooncake.store import MooncakeDistributedStore
 
-from conftest import Master, MiB, connect
+from conftest import Master, MiB, connect, pattern, registered
 
 INVALID = -600
 INVALID_REPLICA = -702
@@ -27,16 +27,6 @@ LAYERS = 4
 
 def key(tag: str) -> str:
     return f"sess/{tag}/{uuid.uuid4().hex}"
-
-
-def pattern(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-
-
-def registered(store, n: int, fill: int = 0) -> np.ndarray:
-    a = np.full(n, fill, dtype=np.uint8)
-    assert store.register_buffer(a.ctypes.data, a.nbytes) == 0
-    return a
 
 
 def layer_args(bufs, layer: int, nkeys: int):
