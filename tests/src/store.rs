@@ -140,6 +140,20 @@ pub fn loopback_client_config(m: &crescent_store::master::server::MasterHandle) 
     }
 }
 
+/// A client of the master `m` on loopback contributing `segment` bytes (0: a pure consumer,
+/// whose replicas are all remote), with a 4 MiB local buffer.
+pub fn loopback_client(
+    m: &crescent_store::master::server::MasterHandle,
+    segment: u64,
+) -> std::sync::Arc<crescent_store::StoreClient> {
+    crescent_store::StoreClient::connect(crescent_store::ClientConfig {
+        global_segment_size: segment,
+        local_buffer_size: 4 << 20,
+        ..loopback_client_config(m)
+    })
+    .expect("a client of the loopback master")
+}
+
 /// `len` bytes of the store's checkable pattern, seeded with `seed`.
 pub fn pattern_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];

@@ -3,26 +3,18 @@
 //! near-engine keys, 10k-key batches, prefix queries, replication with real bytes, the hot-key
 //! warm-up worker and the event stream (including a subscriber that falls behind).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::{EventKind, EventMessage, Tier};
-use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{MasterConfig, StoreError};
 use crescent_tests::eventually;
 
 fn master_with(config: MasterConfig) -> MasterHandle {
     crescent_tests::store::loopback_master(config)
 }
 
-fn client(m: &MasterHandle, segment: u64) -> Arc<StoreClient> {
-    StoreClient::connect(ClientConfig {
-        global_segment_size: segment,
-        local_buffer_size: 4 << 20,
-        ..crescent_tests::store::loopback_client_config(m)
-    })
-    .unwrap()
-}
+use crescent_tests::store::loopback_client as client;
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
     crescent_tests::store::pattern_bytes(len, seed)

@@ -4,12 +4,11 @@
 //! layer; what a session holds and when it ends (end, revoke, its lease, the master's put
 //! timeout, the client's close); and the caller's mistakes, each failing its key alone.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_store::client::Extent;
 use crescent_store::master::server::MasterHandle;
-use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{MasterConfig, StoreClient, StoreError};
 
 const PAGE: usize = 64 << 10;
 const LAYERS: usize = 4;
@@ -18,15 +17,7 @@ fn master_with(config: MasterConfig) -> MasterHandle {
     crescent_tests::store::loopback_master(config)
 }
 
-/// A client contributing `segment` bytes (0: a pure consumer, whose replicas are all remote).
-fn client(m: &MasterHandle, segment: u64) -> Arc<StoreClient> {
-    StoreClient::connect(ClientConfig {
-        global_segment_size: segment,
-        local_buffer_size: 4 << 20,
-        ..crescent_tests::store::loopback_client_config(m)
-    })
-    .unwrap()
-}
+use crescent_tests::store::loopback_client as client;
 
 /// Registered memory holding `bytes` (the caller keeps it alive).
 fn registered(c: &StoreClient, bytes: Vec<u8>) -> Vec<u8> {
