@@ -16,6 +16,7 @@ use crescent_engine::notify::{Notification, NotifyQueue};
 use crescent_engine::{EngineConfig, SegmentDescriptor};
 use crescent_store::client::disk::{format, service};
 use crescent_store::client::hot_cache::HotCacheSettings;
+use crescent_store::master::cli::{check_config_file, ConfigFormat};
 use crescent_store::ClientConfig;
 use crescent_transports::rdma::wire::Message;
 use crescent_transports::shm::wire as shm;
@@ -294,15 +295,32 @@ pub fn client_config(data: &[u8]) {
 }
 
 /// The master's configuration files: upstream's `--config_path` JSON (first byte even) or
-/// Crescent's `--config` JSON (odd), through the whole command-line parse.
+/// Crescent's `--config` JSON (odd), read by [`check_config_file`] (the file formats alone, fast
+/// enough for millions of inputs). A file the check accepts then goes through the whole
+/// command-line parse, which must agree: it never refuses the file itself (upstream's format:
+/// no error about `--config_path=`; Crescent's: no error at all, nothing else being set).
 pub fn master_config(data: &[u8]) {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     let Some((pick, text)) = data.split_first() else { return };
+    let Ok(text) = std::str::from_utf8(text) else { return };
+    let format = if pick % 2 == 0 { ConfigFormat::Mooncake } else { ConfigFormat::Crescent };
+    if check_config_file(format, text).is_err() {
+        return;
+    }
     let dir = DIR.get_or_init(|| tempfile::tempdir().expect("a temporary directory"));
     let path = dir.path().join("master.json");
     std::fs::write(&path, text).expect("writing the config file");
-    let flag = if pick % 2 == 0 { "--config_path" } else { "--config" };
-    let _ = crescent_store::master::cli::parse(["crescent-master".to_string(), format!("{flag}={}", path.display())]);
+    let flag = if format == ConfigFormat::Mooncake { "--config_path" } else { "--config" };
+    let parsed =
+        crescent_store::master::cli::parse(["crescent-master".to_string(), format!("{flag}={}", path.display())]);
+    match (format, parsed) {
+        (_, Ok(_)) => {}
+        (ConfigFormat::Mooncake, Err(e)) => {
+            let shown = e.to_string();
+            assert!(!shown.contains("--config_path="), "the check accepted a file the parse refuses: {shown}");
+        }
+        (ConfigFormat::Crescent, Err(e)) => panic!("the check accepted a file the parse refuses: {e}"),
+    }
 }
 
 /// Every environment variable of the engine, the store client and the hot cache: the input's

@@ -464,14 +464,19 @@ pub(crate) fn normalize(args: Vec<String>, known: &[(String, bool)], depth: usiz
 
 /// Upstream's JSON master config as flags (placed before the command line, which wins).
 fn config_path_args(path: &Path, known: &[(String, bool)]) -> Result<Vec<String>, CliError> {
-    let shown = path.display();
+    let shown = path.display().to_string();
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default().to_ascii_lowercase();
     if ext == "yaml" || ext == "yml" {
         return Err(invalid(format!("--config_path={shown}: Crescent reads JSON master configs only")));
     }
     let text = std::fs::read_to_string(path).map_err(|e| invalid(format!("--config_path={shown}: {e}")))?;
+    config_path_flags(&shown, &text, known)
+}
+
+/// The flags an upstream JSON master config (`text`, read from `shown`) stands for.
+fn config_path_flags(shown: &str, text: &str, known: &[(String, bool)]) -> Result<Vec<String>, CliError> {
     let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| invalid(format!("--config_path={shown}: {e}")))?;
+        serde_json::from_str(text).map_err(|e| invalid(format!("--config_path={shown}: {e}")))?;
     let obj = json.as_object().ok_or_else(|| invalid(format!("--config_path={shown}: not a JSON object")))?;
     let mut out = Vec::new();
     for (key, value) in obj {
@@ -488,6 +493,70 @@ fn config_path_args(path: &Path, known: &[(String, bool)]) -> Result<Vec<String>
         out.push(format!("--{flag}={text}"));
     }
     Ok(out)
+}
+
+/// Crescent's JSON master config (`--config`), read from `shown`.
+fn config_file(shown: &str, text: &str) -> Result<MasterConfig, CliError> {
+    serde_json::from_str::<MasterConfig>(text).map_err(|e| invalid(format!("{shown}: {e}")))
+}
+
+/// The two formats of a master config file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigFormat {
+    /// Crescent's JSON (`--config`): [`MasterConfig`]'s fields.
+    Crescent,
+    /// `mooncake_master`'s JSON (`--config_path`): keys named as its flags.
+    Mooncake,
+}
+
+/// Every long flag name with a command of that one argument (the value check of [`parse`]
+/// without matching a whole command line), and [`long_flags`]; built once.
+#[allow(clippy::type_complexity)]
+fn single_flag_commands() -> &'static (std::collections::HashMap<String, Command>, Vec<(String, bool)>) {
+    static BUILT: std::sync::OnceLock<(std::collections::HashMap<String, Command>, Vec<(String, bool)>)> =
+        std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let full = command("crescent-master");
+        let mut map = std::collections::HashMap::new();
+        let help = |a: &Arg| {
+            matches!(a.get_action(), ArgAction::Help | ArgAction::HelpShort | ArgAction::HelpLong | ArgAction::Version)
+        };
+        for a in full.get_arguments().filter(|a| !help(a)) {
+            for name in a.get_long_and_visible_aliases().into_iter().flatten() {
+                let mut one = Command::new("check")
+                    .no_binary_name(true)
+                    .disable_help_flag(true)
+                    .disable_version_flag(true)
+                    .arg(a.clone());
+                one.build();
+                map.insert(name.to_string(), one);
+            }
+        }
+        (map, long_flags(&full))
+    })
+}
+
+/// Reads a master config file's text as [`parse`] reads the file, without a command line
+/// around it: every key known and every value of the type its flag takes (upstream's format),
+/// or a configuration that passes [`MasterConfig::validate`] (Crescent's). Checks a file before
+/// a deployment uses it (and is what the `master_config` fuzz target drives: the file formats
+/// without the command-line matching around them).
+pub fn check_config_file(format: ConfigFormat, text: &str) -> Result<(), CliError> {
+    match format {
+        ConfigFormat::Crescent => config_file("the config file", text)?.validate().map_err(|e| invalid(e.to_string())),
+        ConfigFormat::Mooncake => {
+            let flags = config_path_flags("the config file", text, &single_flag_commands().1)?;
+            for flag in &flags {
+                let name = flag.trim_start_matches("--").split_once('=').map_or(flag.as_str(), |(n, _)| n);
+                let cmd = single_flag_commands()
+                    .0
+                    .get(name)
+                    .ok_or_else(|| invalid(format!("--config_path: unknown key {name:?}")))?;
+                cmd.clone().try_get_matches_from([flag]).map_err(|e| invalid(format!("--config_path: {e}")))?;
+            }
+            Ok(())
+        }
+    }
 }
 
 fn given(m: &ArgMatches, id: &str) -> bool {
@@ -554,7 +623,7 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
-            serde_json::from_str::<MasterConfig>(&text).map_err(|e| invalid(format!("{}: {e}", path.display())))?
+            config_file(&path.display().to_string(), &text)?
         }
         None => MasterConfig::default(),
     };
@@ -898,6 +967,32 @@ mod tests {
             let e = parse_err(args);
             assert!(e.contains(named), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_config_file_is_checked_as_the_parse_reads_it() {
+        let ok = r#"{"rpc_port": 50052, "default_kv_lease_ttl": "5s", "eviction_ratio": 0.1, "enable_ha": false}"#;
+        check_config_file(ConfigFormat::Mooncake, ok).expect("upstream's keys and values");
+        for (text, named) in [
+            (r#"{"no_such_key": 1}"#, "no_such_key"),
+            (r#"{"eviction_ratio": "lots"}"#, "lots"),
+            (r#"{"default_kv_lease_ttl": "5d"}"#, "5d"),
+            (r#"{"rpc_port": 70000}"#, "70000"),
+            (r#"{"enable_ha": "maybe"}"#, "maybe"),
+            (r#"[1, 2]"#, "not a JSON object"),
+        ] {
+            let e = check_config_file(ConfigFormat::Mooncake, text).expect_err(text).to_string();
+            assert!(e.contains(named), "{text}: {e}");
+            // The parse refuses the same file for the same reason.
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("m.json");
+            std::fs::write(&path, text).unwrap();
+            let p = parse_err(&[&format!("--config_path={}", path.display())]);
+            assert!(p.contains(named), "{text}: {p}");
+        }
+        check_config_file(ConfigFormat::Crescent, r#"{"lease_ttl_ms": 2000}"#).expect("Crescent's keys");
+        let e = check_config_file(ConfigFormat::Crescent, r#"{"eviction_high_watermark": 1.5}"#).unwrap_err();
+        assert!(e.to_string().contains("watermark"), "{e}");
     }
 
     #[test]
