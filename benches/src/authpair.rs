@@ -36,7 +36,7 @@ use crescent_engine::{
 use crescent_store::master::server::MasterHandle;
 use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
 use crescent_transports::net::auth::{SECRET_ENV, SECRET_FILE_ENV, SECRET_NEXT_ENV};
-use crescent_transports::net::Keyring;
+use crescent_transports::net::{Keyring, Service};
 
 use crate::report::{self, median, Load, Pairs, Target};
 
@@ -127,7 +127,7 @@ impl EnginePair {
 struct StoreSide {
     dst: RegisteredMemory,
     user: Arc<StoreClient>,
-    _holder: Arc<StoreClient>,
+    holder: Arc<StoreClient>,
     master: MasterHandle,
 }
 
@@ -160,7 +160,7 @@ impl StoreSide {
             ..client_config(&master, secret)
         })?;
         let dst = user.engine().alloc_registered(value.next_multiple_of(2 << 20), "cpu:0")?;
-        Ok(StoreSide { dst, user, _holder: holder, master })
+        Ok(StoreSide { dst, user, holder, master })
     }
 }
 
@@ -266,6 +266,11 @@ fn connect_us(dialer: &TransferEngine, local: &RegisteredMemory, name: &str, rem
     let us = t.elapsed().as_secs_f64() * 1e6;
     dialer.close_segment(id)?;
     Ok(us)
+}
+
+/// Connections `engine`'s listeners admitted after authenticating them, every service.
+fn admitted(engine: &TransferEngine) -> u64 {
+    Service::ALL.iter().map(|&s| engine.auth().stats().accepted(s)).sum()
 }
 
 /// Whether `engine` refused a connection since its count was `before`, waiting up to 5 s for
@@ -375,6 +380,8 @@ pub fn run(args: AuthPairArgs) -> Result<()> {
         report::utc_now()
     );
     let mut rows: Vec<Vec<Pairs>> = vec![Vec::new(); ROWS.len()];
+    // Connections the secret-on target and holder authenticated while their rows ran.
+    let mut handshakes = [0u64; 2];
     let size = args.value_size;
     let mut value = vec![0u8; size as usize];
     pattern::fill(&mut value, 7, 0);
@@ -389,15 +396,18 @@ pub fn run(args: AuthPairArgs) -> Result<()> {
             handshake(&keyring, &on, &off, args.connects)?;
         }
         let engines = |s: Side| if s == Side::On { &on } else { &off };
+        let before = admitted(&on.target);
         for (i, op) in [Opcode::Read, Opcode::Write].into_iter().enumerate() {
             rows[i].push(measure_pairs(per_round, |s, _| engines(s).chunk(op, args.chunk, args.block_size))?);
         }
+        handshakes[0] += admitted(&on.target) - before;
         drop((on, off));
         let (on, off) = both(on_first, |s| StoreSide::new((s == Side::On).then_some(&keyring), size))?;
         if round == 0 {
             check_master_refuses(&on)?;
         }
         let store = |s: Side| if s == Side::On { &on } else { &off };
+        let before = admitted(on.holder.engine());
         // put: a new key each time, removed after it is measured.
         rows[2].push(measure_pairs(per_round, |s, p| {
             let key = format!("auth-pair/put/{p}");
@@ -433,6 +443,7 @@ pub fn run(args: AuthPairArgs) -> Result<()> {
             }
             Ok(rate)
         })?);
+        handshakes[1] += admitted(on.holder.engine()) - before;
     }
     println!();
     println!(
@@ -446,6 +457,16 @@ pub fn run(args: AuthPairArgs) -> Result<()> {
         missed += usize::from(!print_row(label, row_size, &rows[i], args.resamples));
     }
     println!();
+    // Per connection, not per request: a handful of connections for hundreds of transfers.
+    let per_side = args.rounds * (per_round + 1);
+    println!(
+        "authenticated connections while the rows ran (secret-on side): engine target {} for {} transfers, store \
+         holder {} for {} puts, gets and get_intos",
+        handshakes[0],
+        2 * per_side,
+        handshakes[1],
+        3 * per_side + args.rounds
+    );
     load.finish();
     if missed > 0 {
         println!("tebench auth-pair: {missed} row(s) below the target");

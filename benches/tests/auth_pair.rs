@@ -37,6 +37,16 @@ fn auth_pair_prints_every_row_and_its_secret_on_side_refuses_secretless_peers() 
     );
     assert!(stdout.contains("load average at start") && stdout.contains("load average at end"), "{stdout}");
     assert!(stdout.lines().any(|l| l.starts_with("handshake: ") && l.contains("per connection")), "{stdout}");
+    // Per connection: the secret-on target and holder authenticated some connections while the
+    // rows ran (their tcp lanes), and fewer than the requests they served.
+    let counts = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("authenticated connections while the rows ran (secret-on side): "))
+        .unwrap_or_else(|| panic!("no count of authenticated connections in:\n{stdout}"));
+    let numbers: Vec<u64> = counts.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(numbers.len(), 4, "{counts}");
+    assert!(numbers[0] > 0 && numbers[0] < numbers[1], "engine target: {counts}");
+    assert!(numbers[2] > 0 && numbers[2] < numbers[3], "store holder: {counts}");
     let cells =
         |line: &str| line.split('|').map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect::<Vec<_>>();
     for label in ["engine read", "engine write", "store put", "store get", "store get_into (zero copy)"] {
