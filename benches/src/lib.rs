@@ -1,6 +1,7 @@
 //! Shared pieces of Crescent's benchmark binaries.
 
 pub use crescent_store::pattern;
+pub mod authpair;
 pub mod dummybench;
 pub mod etcd_cluster;
 pub mod failover;

@@ -146,6 +146,20 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The master refused the call's credentials (gRPC `UNAUTHENTICATED` or
+    /// `PERMISSION_DENIED`): it runs with a cluster secret and this client has none, or
+    /// another one. The caller's configuration; retrying cannot help, so it is not retried.
+    #[error(
+        "the master at {addr} refused this client: the master requires the cluster secret (set \
+         CRESCENT_CLUSTER_SECRET_FILE or CRESCENT_CLUSTER_SECRET to the master's secret): {source}"
+    )]
+    Unauthenticated {
+        /// The master's RPC address.
+        addr: String,
+        /// The master's refusal.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The master answered with an error this client has no other variant for.
     #[error("master replied {code:?}: {message}")]
     Master {
@@ -330,7 +344,8 @@ impl StoreError {
             | StoreError::Config(_)
             | StoreError::NotRegistered { .. }
             | StoreError::BufferTooSmall { .. }
-            | StoreError::BadRange { .. } => Fault::Caller,
+            | StoreError::BadRange { .. }
+            | StoreError::Unauthenticated { .. } => Fault::Caller,
             StoreError::NotFound(_)
             | StoreError::AlreadyExists(_)
             | StoreError::NoSpace { .. }
@@ -413,7 +428,8 @@ impl StoreError {
             | StoreError::Config(_)
             | StoreError::NotRegistered { .. }
             | StoreError::BufferTooSmall { .. }
-            | StoreError::BadRange { .. } => Code::InvalidArgument,
+            | StoreError::BadRange { .. }
+            | StoreError::Unauthenticated { .. } => Code::InvalidArgument,
             StoreError::NotFound(_) => Code::ObjectNotFound,
             StoreError::AlreadyExists(_) => Code::ObjectAlreadyExists,
             StoreError::NoSpace { .. } => Code::NoSpace,

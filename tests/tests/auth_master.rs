@@ -120,6 +120,20 @@ fn without_the_secret_the_master_and_its_admin_port_serve_nothing() {
 }
 
 #[test]
+fn a_client_without_the_secret_is_refused_at_its_first_call_with_a_typed_error() {
+    let m = loopback_master(MasterConfig { cluster_secret: Some(keyring(SECRET)), ..Default::default() });
+    let refused = || m.master.metrics().auth_refused.with_label_values(&["grpc"]).get();
+    for (i, secret) in [Some(WRONG), None].into_iter().enumerate() {
+        let err = client(&m, secret).expect_err("a client without the secret is refused");
+        // Not `MasterUnreachable`, which the mount retries for its whole first-mount wait.
+        assert!(matches!(err, crescent_store::StoreError::Unauthenticated { .. }), "{err:?}");
+        assert!(err.is_caller_error() && !err.is_retryable(), "{err}");
+        assert!(err.to_string().contains("CRESCENT_CLUSTER_SECRET"), "the error says what to set: {err}");
+        assert_eq!(refused(), i as u64 + 1, "one refused call per client, no retries");
+    }
+}
+
+#[test]
 fn a_disk_service_serves_files_only_to_readers_with_the_secret() {
     let m = loopback_master(MasterConfig { cluster_secret: Some(keyring(SECRET)), ..Default::default() });
     let root = tempfile::tempdir().unwrap();

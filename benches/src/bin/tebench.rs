@@ -5,6 +5,7 @@
 //! host B$ tebench initiator --segment <A's name> --operation read --block-size 64K \
 //!             --batch-size 128 --threads 2 --duration 10
 //! ```
+//! `tebench auth-pair` measures the cluster secret's cost in one process (no target needed).
 //! Flag names follow Mooncake's `transfer_engine_bench` (`--mode target|initiator`,
 //! `--segment_id`, `--block_size`, ... are accepted too).
 
@@ -37,6 +38,9 @@ enum Role {
     Target(TargetArgs),
     /// Move data to or from a target and report throughput and batch latency.
     Initiator(InitiatorArgs),
+    /// The cluster secret on vs off, in one process: engine pairs over tcp loopback and
+    /// masters with their clients, alternating pairs (see `crescent_benches::authpair`).
+    AuthPair(crescent_benches::authpair::AuthPairArgs),
 }
 
 #[derive(Args, Clone)]
@@ -173,6 +177,7 @@ fn main() {
     let result = match cli.role {
         Role::Target(a) => run_target(a),
         Role::Initiator(a) => run_initiator(a),
+        Role::AuthPair(a) => crescent_benches::authpair::run(a),
     };
     if let Err(e) = result {
         eprintln!("tebench: error: {e:#}");

@@ -125,6 +125,10 @@ pub fn store_status(e: &StoreError) -> Status {
             Status::TransferFail
         }
         StoreError::MasterUnreachable { .. } | StoreError::BadReply(_) => Status::RpcFail,
+        // The master refused this client's credentials (no cluster secret, or another one): a
+        // bad configuration, as the caller's other mistakes, and not RPC_FAIL, which upstream's
+        // clients retry.
+        StoreError::Unauthenticated { .. } => Status::InvalidParams,
         // A master change (restart, failover, a standby answering) or owners that did not
         // acknowledge a commit: retryable, as upstream's clients treat RPC_FAIL.
         StoreError::NotLeader(_) | StoreError::MasterChanged(_) | StoreError::OwnersUnreachable(_) => Status::RpcFail,
@@ -177,6 +181,7 @@ mod tests {
             (StoreError::BufferTooSmall { key: "k".into(), need: 2, have: 1 }, -10),
             (StoreError::NoSpace { size: 1, replicas: 1, detail: String::new() }, -200),
             (StoreError::master_unreachable("a", "r"), -900),
+            (StoreError::Unauthenticated { addr: "a".into(), source: "wrong token".into() }, -600),
             (StoreError::peer_gone("k", crescent_store::error::PeerFault::NoReplica), -800),
             (StoreError::BadRange { key: "k".into(), offset: 1, len: 2, size: 2 }, -600),
             (StoreError::NotRegistered { addr: 1, len: 2 }, -600),

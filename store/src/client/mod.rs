@@ -1231,11 +1231,12 @@ impl StoreClient {
         self.metrics_server.lock().take();
         self.close_sessions();
         let disk_closed = self.disk.as_ref().map_or(Ok(()), DiskLink::close);
-        if self.segment.is_some() {
-            let req = UnmountSegmentRequest {
-                client_id: self.id.clone(),
-                segment_id: self.segment_id.load(Ordering::Acquire),
-            };
+        // Segment 0 is none: a client whose first mount failed (a master that refused its
+        // credentials, say) has nothing to unmount, and the master would answer
+        // `SegmentNotFound` to a call it might refuse besides.
+        let segment_id = self.segment_id.load(Ordering::Acquire);
+        if self.segment.is_some() && segment_id != 0 {
+            let req = UnmountSegmentRequest { client_id: self.id.clone(), segment_id };
             let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
             check(reply.status, "")?;
         }

@@ -371,11 +371,15 @@ async fn until_switched<T>(
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The error for a call that got no reply from the master at `addr`: a master that took too
-/// long is told apart from one that cannot be reached.
+/// long is told apart from one that cannot be reached, and both from one that refused this
+/// client's credentials (not retried: the same credentials would be refused again).
 fn call_error(addr: &str, s: &tonic::Status) -> StoreError {
     match s.code() {
         tonic::Code::DeadlineExceeded => {
             StoreError::TimedOut { waited: Waited::Master { addr: addr.to_string() }, after: CALL_TIMEOUT }
+        }
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+            StoreError::Unauthenticated { addr: addr.to_string(), source: Box::new(s.clone()) }
         }
         _ => StoreError::master_unreachable(addr, s.clone()),
     }
@@ -416,6 +420,12 @@ mod tests {
         assert!(matches!(slow, StoreError::TimedOut { waited: Waited::Master { .. }, .. }), "{slow:?}");
         let gone = call_error("m:1", &tonic::Status::unavailable("connection refused"));
         assert!(matches!(gone, StoreError::MasterUnreachable { .. }), "{gone:?}");
+        for refusal in [tonic::Status::unauthenticated("a wrong token"), tonic::Status::permission_denied("no")] {
+            let refused = call_error("m:1", &refusal);
+            assert!(matches!(refused, StoreError::Unauthenticated { .. }), "{refused:?}");
+            assert!(!refused.is_retryable() && !refused.is_master_change() && refused.is_caller_error());
+            assert!(refused.to_string().contains("CRESCENT_CLUSTER_SECRET"), "{refused}");
+        }
         assert!(matches!(check(None, "k"), Err(StoreError::BadReply(_))));
         assert!(check(Some(Status { code: Code::Ok as i32, message: String::new() }), "k").is_ok());
         let refused = check(Some(Status { code: Code::ObjectNotFound as i32, message: "no".into() }), "k");

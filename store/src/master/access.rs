@@ -7,6 +7,14 @@
 //!   so a client cannot claim a tenant whose token it cannot make. The admin port's token is
 //!   `Bearer <hex>` with the context `crescent-master admin`; `crescent token --admin` prints it.
 //! * **Rotation.** A token made with either secret of the master's keyring is accepted.
+//! * **Verified once.** A token's HMAC is checked the first time it comes; the verified token
+//!   and its tenant are then kept (at most [`TOKEN_CACHE_CAP`] of them), so the calls after
+//!   cost a lookup, not an HMAC: authentication per client, not per request. Only tokens
+//!   that verified enter, so a flood of wrong tokens cannot grow the map (each still costs its
+//!   HMAC, as before); a map that is full is emptied and refills with the tokens in use. The
+//!   map belongs to the [`Access`] of one keyring, which does not change while the master
+//!   runs (a rotation restarts the master with both secrets; see docs: security), so a token
+//!   kept is never one its keyring would refuse.
 //! * **The admin port.** With a secret, every route but `/health` (liveness probes) needs the
 //!   admin token, because `/query_key`, `/get_all_*`, `/keys`, `/segments` and the scheduler's
 //!   queries name keys, segments and memory addresses — what an outsider needs to aim at a
@@ -15,6 +23,8 @@
 //! * **Refusals are counted** in `crescent_master_auth_refused_total{port}` and answered with
 //!   `UNAUTHENTICATED` (gRPC) or 401 (admin).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::extract::Request;
@@ -22,6 +32,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use crescent_transports::net::Keyring;
+use parking_lot::RwLock;
 use prometheus::IntCounterVec;
 use tonic::metadata::MetadataMap;
 
@@ -38,12 +49,20 @@ impl Default for Tenant {
     }
 }
 
+/// Verified client tokens an [`Access`] keeps at most.
+pub const TOKEN_CACHE_CAP: usize = 4096;
+
 /// The master's access control.
 #[derive(Clone)]
 pub struct Access {
     keyring: Option<Arc<Keyring>>,
     admin_open_reads: bool,
     refused: IntCounterVec,
+    /// Client tokens that verified under `keyring` (the whole `Bearer` value's token), and
+    /// their tenants.
+    verified: Arc<RwLock<HashMap<String, Tenant>>>,
+    /// HMAC verifications of client tokens made (cache misses), for tests and profiles.
+    verifications: Arc<AtomicU64>,
 }
 
 impl Access {
@@ -51,7 +70,18 @@ impl Access {
     /// admin port's read-only routes left open when `admin_open_reads`; refusals are counted in
     /// `refused` by its `port` label (`grpc`, `admin`).
     pub fn new(keyring: Option<Keyring>, admin_open_reads: bool, refused: IntCounterVec) -> Access {
-        Access { keyring: keyring.map(Arc::new), admin_open_reads, refused }
+        Access {
+            keyring: keyring.map(Arc::new),
+            admin_open_reads,
+            refused,
+            verified: Arc::default(),
+            verifications: Arc::default(),
+        }
+    }
+
+    /// How many client tokens were checked by their HMAC (calls whose token was not kept).
+    pub fn token_verifications(&self) -> u64 {
+        self.verifications.load(Ordering::Relaxed)
     }
 
     /// True when a secret is set: calls and admin requests need tokens.
@@ -78,11 +108,29 @@ impl Access {
             tonic::Status::unauthenticated(format!("{why} (the master requires the cluster secret's token)"))
         };
         let token = Self::bearer(header("authorization")).ok_or_else(|| refuse("no bearer token"))?;
+        if let Some(tenant) = self.verified.read().get(token) {
+            return Ok(tenant.clone());
+        }
         let (tenant, _) = token.split_once('.').ok_or_else(|| refuse("a malformed token"))?;
-        if check_tenant(tenant).is_err() || !keyring.verify_token(&tenant_context(tenant), &token[tenant.len() + 1..]) {
+        if check_tenant(tenant).is_err() {
             return Err(refuse("a wrong token"));
         }
-        Ok(Tenant(tenant.to_string()))
+        self.verifications.fetch_add(1, Ordering::Relaxed);
+        if !keyring.verify_token(&tenant_context(tenant), &token[tenant.len() + 1..]) {
+            return Err(refuse("a wrong token"));
+        }
+        let tenant = Tenant(tenant.to_string());
+        let mut verified = self.verified.write();
+        if verified.len() >= TOKEN_CACHE_CAP {
+            verified.clear();
+        }
+        verified.insert(token.to_string(), tenant.clone());
+        Ok(tenant)
+    }
+
+    /// How many verified client tokens are kept now.
+    pub fn tokens_kept(&self) -> usize {
+        self.verified.read().len()
     }
 
     /// True when an admin request for `path` with `authorization` may be served.
@@ -152,6 +200,53 @@ mod tests {
         // Rotation: a master holding both accepts tokens of either.
         let both = access(Some(&[B, A]), false);
         assert!(both.check_call(&call(Some(&client_token(&k, "team-a")))).is_ok());
+    }
+
+    #[test]
+    fn a_token_is_verified_once_and_wrong_ones_are_still_refused() {
+        let a = access(Some(&[A]), false);
+        let k = Keyring::new(&[A]).unwrap();
+        let good = client_token(&k, "team-a");
+        for _ in 0..5 {
+            assert_eq!(a.check_call(&call(Some(&good))).unwrap(), Tenant("team-a".into()));
+        }
+        assert_eq!(a.token_verifications(), 1, "one HMAC for five calls");
+        assert_eq!(a.tokens_kept(), 1);
+        // A wrong token after the right one was kept: refused, checked, not kept. The kept
+        // token with its MAC changed, another secret's, another tenant on its MAC.
+        let mut changed = good.clone().into_bytes();
+        let last = changed.len() - 1;
+        changed[last] = if changed[last] == b'0' { b'1' } else { b'0' };
+        let changed = String::from_utf8(changed).unwrap();
+        let other_secret = client_token(&Keyring::new(&[B]).unwrap(), "team-a");
+        let forged = good.replacen("team-a", "team-b", 1);
+        for bad in [&changed, &other_secret, &forged] {
+            for _ in 0..2 {
+                assert!(a.check_call(&call(Some(bad))).is_err(), "{bad}");
+            }
+        }
+        assert_eq!(a.token_verifications(), 7, "a refused token is checked every time");
+        assert_eq!(a.tokens_kept(), 1, "refused tokens are not kept");
+        assert_eq!(a.refused.with_label_values(&["grpc"]).get(), 6);
+        // Clones (the gRPC gate's and the admin router's) share what is kept.
+        assert!(a.clone().check_call(&call(Some(&good))).is_ok());
+        assert_eq!(a.token_verifications(), 7);
+    }
+
+    #[test]
+    fn the_kept_tokens_stay_under_their_cap() {
+        let a = access(Some(&[A]), false);
+        let k = Keyring::new(&[A]).unwrap();
+        let first = client_token(&k, "t0");
+        for i in 0..TOKEN_CACHE_CAP + 10 {
+            assert!(a.check_call(&call(Some(&client_token(&k, &format!("t{i}"))))).is_ok());
+            assert!(a.tokens_kept() <= TOKEN_CACHE_CAP);
+        }
+        assert_eq!(a.token_verifications(), (TOKEN_CACHE_CAP + 10) as u64);
+        // The first token was dropped with the full map; it is verified again, then kept.
+        assert!(a.check_call(&call(Some(&first))).is_ok());
+        assert!(a.check_call(&call(Some(&first))).is_ok());
+        assert_eq!(a.token_verifications(), (TOKEN_CACHE_CAP + 11) as u64);
     }
 
     #[test]
