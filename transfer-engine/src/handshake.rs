@@ -208,9 +208,15 @@ pub fn fetch_descriptor(name: &str, timeout: Duration, auth: &Auth) -> Result<Se
         Ok((MessageKind::Error, payload)) => Err(bad(String::from_utf8_lossy(&payload).into_owned())),
         Ok((kind, _)) => Err(bad(format!("unexpected reply {kind:?}"))),
         Err(WireError::Frame(e)) if e.is_timeout() => Err(timed_out()),
-        Err(WireError::Frame(FrameError::Closed)) => {
-            Err(unreachable("it closed the connection without answering (too many connections?)".into()))
-        }
+        Err(WireError::Frame(FrameError::Closed)) => Err(unreachable(if auth.is_required() {
+            "it closed the connection without answering (too many connections?)".into()
+        } else {
+            // A listener with a cluster secret closes a connection that does not open with
+            // the authentication exchange: say so, since this engine has no secret.
+            "it closed the connection without answering: it may require the cluster secret, which this engine \
+             lacks (CRESCENT_CLUSTER_SECRET or CRESCENT_CLUSTER_SECRET_FILE), or have too many connections"
+                .into()
+        })),
         Err(e) => Err(bad(e.to_string())),
     }
 }
@@ -261,6 +267,20 @@ mod tests {
         assert!(matches!(err, EngineError::PeerTimedOut { .. }), "{err}");
         assert!(err.to_string().contains(&format!("waiting for the descriptor of {name}")), "{err}");
         holder.join().unwrap();
+    }
+
+    #[test]
+    fn an_engine_without_the_secret_is_told_the_peer_may_require_it() {
+        let secret =
+            Auth::new(Some(crescent_transports::net::Keyring::new(&["0123456789abcdef0123456789abcdef"]).unwrap()));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let server =
+            HandshakeServer::start(listener, &secret, Arc::new(|| b"{}".to_vec()), Arc::new(NotifyQueue::default()))
+                .unwrap();
+        let name = format!("127.0.0.1:{}", server.port());
+        let err = fetch_descriptor(&name, Duration::from_secs(10), &Auth::open()).unwrap_err();
+        assert!(matches!(err, EngineError::SegmentUnreachable { .. }), "{err}");
+        assert!(err.to_string().contains("cluster secret"), "the error names the likely cause: {err}");
     }
 
     proptest! {
