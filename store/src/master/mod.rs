@@ -51,10 +51,10 @@ use thin_vec::ThinVec;
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
-/// Most objects an eviction above the high watermark takes per hold of the lock: the calls
-/// waiting for it go between two runs of them (a round of 5 % of a million objects is about
-/// 50 000 objects).
-pub const EVICTION_CHUNK: usize = 1024;
+/// Most objects one step of an eviction round takes per hold of the lock ([`Master::evict_step`]):
+/// the calls waiting for the lock go between two steps (a round of 5 % of a million objects is
+/// about 50 000 objects, some 200 steps).
+pub const EVICTION_STEP: usize = 256;
 
 struct Segment {
     name: String,
@@ -120,8 +120,30 @@ struct State {
     next_stream: u64,
     /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
     instant_acks: bool,
-    /// An eviction above the watermark is under way (it lets other calls in between its chunks).
-    evicting: bool,
+    /// The eviction round under way, if any ([`Master::evict_step`]).
+    round: Option<Round>,
+    /// A put found no room since the last round began: the next step starts a round even
+    /// below the high watermark.
+    pressure: bool,
+}
+
+/// An eviction round: what it set out to free, and what it freed so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct Round {
+    target: u64,
+    freed: u64,
+    count: u64,
+}
+
+/// Wakes the evictor thread ([`Master::start_sweeper`]); without one (unit tests), the call that
+/// finds eviction needed runs the round's steps itself, letting waiting calls in between them.
+#[derive(Default)]
+struct Evictor {
+    /// A round is wanted: set by puts and sweeps, taken by the evictor thread.
+    wanted: Mutex<bool>,
+    wake: parking_lot::Condvar,
+    /// The evictor thread runs.
+    running: std::sync::atomic::AtomicBool,
 }
 
 impl State {
@@ -242,6 +264,8 @@ pub struct Master {
     term: AtomicU64,
     /// Signalled when quarantined ranges come back ([`owners`]).
     space_freed: tokio::sync::Notify,
+    /// The background eviction's wake-up ([`Master::evict_step`]).
+    evictor: Arc<Evictor>,
 }
 
 pub(crate) fn check_key(key: &str) -> Result<()> {
@@ -273,6 +297,7 @@ impl Master {
             fence: fence::Fence::new(role),
             term: AtomicU64::new((rand::random::<u64>() >> 1).max(1)),
             space_freed: tokio::sync::Notify::new(),
+            evictor: Arc::default(),
         });
         master.load_saved_removals()?;
         Ok(master)
@@ -530,6 +555,25 @@ impl Master {
         opts: &PutOptions,
         now: Instant,
     ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
+        let mut evict = false;
+        let r = self.put_start_locked(client_id, key, size, opts, now, &mut evict);
+        if evict {
+            self.evict_soon(now);
+        }
+        r
+    }
+
+    /// [`Self::put_start_inner`] under the lock; sets `evict` when a round of eviction is wanted
+    /// (above the high watermark, or a put found no room).
+    fn put_start_locked(
+        &self,
+        client_id: &str,
+        key: &str,
+        size: u64,
+        opts: &PutOptions,
+        now: Instant,
+        evict: &mut bool,
+    ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
         check_key(key)?;
         if size == 0 || size > MAX_OBJECT_SIZE {
             return Err(StoreError::InvalidArgument(format!("object size {size} is not in 1..={MAX_OBJECT_SIZE}")));
@@ -557,10 +601,13 @@ impl Master {
         let blocks = match self.allocate(&mut st, tenant, size, replicas, opts) {
             Some(b) => b,
             None => {
-                // No room: evict (the tenant's objects: only they free its segments), then try
-                // once more (evicted ranges in quarantine come back when their owners
-                // acknowledge: the service tries again then).
+                // No room: evict what this put needs (the tenant's objects: only they free its
+                // segments; a few objects, not a round), then try once more (evicted ranges in
+                // quarantine come back when their owners acknowledge: the service tries again
+                // then). The round that makes room ahead of the next puts runs off this call.
                 let freed = self.evict_in(&mut st, now, size * replicas as u64, Some(tenant));
+                st.pressure = true;
+                *evict = true;
                 self.flush_news(&mut st);
                 tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
                 self.allocate(&mut st, tenant, size, replicas, opts).ok_or_else(|| StoreError::NoSpace {
@@ -601,11 +648,8 @@ impl Master {
         };
         let descriptors = Self::describe(&st, &object);
         st.objects.insert(key.to_string(), object);
-        // Above the high watermark: make room ahead of the next puts.
-        let totals = Self::totals_of(&st);
-        if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
-            self.evict(&mut st, now);
-        }
+        // Above the high watermark: make room ahead of the next puts (off this call).
+        *evict |= self.above_watermark(&st);
         self.flush_news(&mut st);
         Ok((descriptors, version))
     }
@@ -992,41 +1036,70 @@ impl Master {
 
     // ---- eviction, reclaim, liveness ----
 
-    /// Eviction above the high watermark: [`Self::evict_in`] of every tenant's objects, with
-    /// no minimum, [`EVICTION_CHUNK`] objects per hold of the lock (the calls waiting for it go
-    /// between two chunks). One at a time: a put or sweep that finds one under way leaves the
-    /// work to it.
-    fn evict(&self, st: &mut parking_lot::MutexGuard<'_, State>, now: Instant) -> u64 {
-        if st.evicting {
-            return 0;
+    /// Whether memory use is above the high watermark (a round of eviction is due).
+    fn above_watermark(&self, st: &State) -> bool {
+        let totals = Self::totals_of(st);
+        totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark
+    }
+
+    /// A round of eviction is wanted: the evictor thread is woken, or, without one (unit
+    /// tests), this call runs the round's steps, releasing the lock between them.
+    fn evict_soon(&self, now: Instant) {
+        if self.evictor.running.load(Ordering::Acquire) {
+            *self.evictor.wanted.lock() = true;
+            self.evictor.wake.notify_one();
+        } else {
+            while self.evict_step(now, EVICTION_STEP) {}
         }
-        st.evicting = true;
-        let target = self.eviction_target(st, 0);
-        let (mut freed, mut count) = (0, 0);
-        while freed < target {
-            let Some((f, c)) = self.evict_some(st, now, target - freed, None, EVICTION_CHUNK) else { break };
-            (freed, count) = (freed + f, count + c);
-            if freed < target {
-                self.flush_news(st);
-                parking_lot::MutexGuard::bump(st);
+    }
+
+    /// One step of the eviction round: starts a round when none is under way and memory use is
+    /// above the high watermark (or a put found no room since the last one), then evicts at most
+    /// `most` of the least recently used evictable objects of every tenant toward the round's
+    /// target ([`MasterConfig::eviction_ratio`] of the capacity), under one hold of the lock.
+    /// Returns whether the round goes on (call again). The evictor thread calls it in a loop;
+    /// tests call it to drive eviction step by step.
+    pub(crate) fn evict_step(&self, now: Instant, most: usize) -> bool {
+        let mut st = self.state.lock();
+        if !self.fence.leads(now) {
+            st.round = None;
+            return false;
+        }
+        let round = match st.round.take() {
+            Some(r) => Some(r),
+            None if std::mem::take(&mut st.pressure) || self.above_watermark(&st) => {
+                Some(Round { target: self.eviction_target(&st, 0), ..Round::default() })
             }
+            None => None,
+        };
+        let Some(mut round) = round else { return false };
+        let step = self.evict_some(&mut st, now, round.target.saturating_sub(round.freed), None, most);
+        if let Some((freed, count)) = step {
+            (round.freed, round.count) = (round.freed + freed, round.count + count);
+            self.count_eviction(count, freed);
         }
-        st.evicting = false;
-        self.count_eviction(count, freed);
-        freed
+        let more = step.is_some() && round.freed < round.target;
+        if more {
+            st.round = Some(round);
+        } else if round.count > 0 {
+            tracing::info!("eviction round: {} object(s), {} bytes", round.count, round.freed);
+        }
+        self.flush_news(&mut st);
+        // Straight to a call waiting for the lock, if any: the evictor does not take it again first.
+        parking_lot::MutexGuard::unlock_fair(st);
+        self.update_gauges();
+        more
     }
 
     /// Evicts least-recently-used evictable objects of `tenant` (every tenant's when none)
-    /// until `at_least` bytes and the configured ratio of capacity are freed (or nothing
-    /// evictable is left); objects whose file is still being written from memory
-    /// (`offload_held_until`) go last. Returns bytes freed. It walks the objects from the
-    /// least recently used and stops once it has enough ([`objects`]): its cost is the objects
-    /// it looks at, not the store's size.
+    /// until `at_least` bytes are freed (or nothing evictable is left); objects whose file is
+    /// still being written from memory (`offload_held_until`) go last. Returns bytes freed. It
+    /// walks the objects from the least recently used and stops once it has enough
+    /// ([`objects`]): its cost is the objects it looks at, not the store's size.
     fn evict_in(&self, st: &mut State, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
-        let target = self.eviction_target(st, at_least);
         let (mut freed, mut count) = (0, 0);
-        while freed < target {
-            let Some((f, c)) = self.evict_some(st, now, target - freed, tenant, usize::MAX) else { break };
+        while freed < at_least {
+            let Some((f, c)) = self.evict_some(st, now, at_least - freed, tenant, usize::MAX) else { break };
             (freed, count) = (freed + f, count + c);
         }
         self.count_eviction(count, freed);
@@ -1070,7 +1143,7 @@ impl Master {
         if count > 0 {
             self.metrics.evictions.inc_by(count);
             self.metrics.evicted_bytes.inc_by(freed);
-            tracing::info!("evicted {count} object(s), {freed} bytes");
+            tracing::debug!("evicted {count} object(s), {freed} bytes");
         }
     }
 
@@ -1128,17 +1201,19 @@ impl Master {
         st.names.prune();
         self.expire_published(&mut st, now);
         self.hot_tick(&mut st, now);
-        let totals = Self::totals_of(&st);
-        if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
-            self.evict(&mut st, now);
-        }
+        let evict = self.above_watermark(&st);
         self.flush_news(&mut st);
         drop(st);
         self.update_gauges();
+        if evict {
+            self.evict_soon(now);
+        }
     }
 
-    /// Runs [`Self::sweep`] every `sweep_interval` until the master is dropped.
+    /// Runs [`Self::sweep`] every `sweep_interval`, and the evictor (rounds of
+    /// [`Self::evict_step`] when a put or a sweep asks for one), until the master is dropped.
     pub fn start_sweeper(self: &Arc<Self>) {
+        self.start_evictor();
         let weak = Arc::downgrade(self);
         let interval = self.config.sweep_interval;
         std::thread::Builder::new()
@@ -1152,6 +1227,36 @@ impl Master {
                 }
             })
             .expect("spawning the sweeper");
+    }
+
+    /// The evictor thread: woken when a round is wanted, it runs the round's steps, each under
+    /// one short hold of the lock, so no put or get waits behind a whole round.
+    fn start_evictor(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let evictor = self.evictor.clone();
+        if evictor.running.swap(true, Ordering::AcqRel) {
+            return; // one is running already
+        }
+        std::thread::Builder::new()
+            .name("crescent-master-evict".into())
+            .spawn(move || loop {
+                {
+                    let mut wanted = evictor.wanted.lock();
+                    if !*wanted {
+                        // Woken by a request, or now and then to see whether the master is gone.
+                        evictor.wake.wait_for(&mut wanted, Duration::from_millis(500));
+                    }
+                    if !std::mem::take(&mut *wanted) {
+                        if weak.strong_count() == 0 {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+                let Some(master) = weak.upgrade() else { return };
+                while master.evict_step(Instant::now(), EVICTION_STEP) {}
+            })
+            .expect("spawning the evictor");
     }
 
     // ---- views ----
