@@ -157,17 +157,16 @@ impl Master {
         self.metrics.queried_keys.inc_by(keys.len() as u64);
         let mut nodes = Nodes::default();
         let mut items = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(LOCK_CHUNK) {
+        // One key's shard (and the global state) at a time: no call waits behind a long query.
+        for key in keys {
             let now = Instant::now();
-            let st = self.state.lock();
-            for key in chunk {
-                items.push(Self::locate(&st, &mut nodes, key, now));
-            }
+            let st = self.lock_key(key);
+            items.push(Self::locate(&st, &mut nodes, key, now));
         }
         Ok(QueryKeysReply { status: None, nodes: nodes.list, items })
     }
 
-    fn locate(st: &State, nodes: &mut Nodes, key: &str, now: Instant) -> KeyLocations {
+    fn locate(st: &super::Locked<'_>, nodes: &mut Nodes, key: &str, now: Instant) -> KeyLocations {
         let mut out = KeyLocations::default();
         if let Some(obj) = st.objects.get(key).filter(|o| o.complete) {
             out.exists = true;
@@ -196,7 +195,7 @@ impl Master {
         check_keys(keys)?;
         self.metrics.queried_keys.inc_by(keys.len() as u64);
         let now = Instant::now();
-        let st = self.state.lock();
+        let st = self.lock_all();
         let mut pool_prefix: Option<u32> = None;
         // Nodes (by client id) that hold every chunk so far.
         let mut alive: HashMap<String, NodePrefix> = HashMap::new();

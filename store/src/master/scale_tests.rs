@@ -17,7 +17,7 @@ impl Master {
     /// checks, news and events: a million of them in seconds in a debug build.
     fn fill(&self, client: &str, keys: impl Iterator<Item = String>, size: u64) {
         let now = Instant::now();
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         for key in keys {
             let blocks = self.allocate(&mut st, access::DEFAULT_TENANT, size, 1, &PutOptions::default()).unwrap();
             let version = st.next_version;
@@ -179,9 +179,45 @@ fn a_put_above_the_watermark_leaves_the_round_to_the_evictor_which_takes_it_in_s
         }
     }
     assert_eq!(m.metrics().evictions.get(), evicted, "the round freed its share of the capacity");
-    assert_eq!(steps as u64, evicted.div_ceil(EVICTION_STEP as u64));
+    assert!(steps as u64 >= evicted.div_ceil(EVICTION_STEP as u64), "{steps} steps");
     let gone: Vec<u64> = (0..n / 2).filter(|i| !m.exists(&key("k", *i)).unwrap()).collect();
     assert_eq!(gone, (0..evicted).collect::<Vec<_>>(), "the oldest went, in order");
     assert!(!m.evict_step(now, EVICTION_STEP), "below the watermark now: no new round");
     assert_eq!(m.metrics().evictions.get(), evicted);
+}
+
+#[test]
+fn a_call_on_a_key_of_another_shard_does_not_wait_for_a_held_shard() {
+    let m = Master::new(MasterConfig::default()).unwrap();
+    let info = SegmentInfo { name: "s1".into(), base: 1 << 40, size: 1 << 20, tier: Tier::Dram as i32 };
+    m.mount_segment("c1", &info, "h").unwrap();
+    let a = "a".to_string();
+    let b = (0..).map(|i| format!("b{i}")).find(|k| objects::shard_of(k) != objects::shard_of(&a)).unwrap();
+    m.put_start("c1", &a, 4096, &PutOptions::default()).unwrap();
+    m.put_end("c1", &a).unwrap();
+
+    // Key a's shard is held (as by a call stalled on it): every call on b goes through.
+    let held = m.shard_of_key(&a);
+    let (done, finished) = std::sync::mpsc::channel();
+    let m2 = m.clone();
+    let b2 = b.clone();
+    std::thread::spawn(move || {
+        let r = (|| -> Result<()> {
+            m2.put_start("c1", &b2, 4096, &PutOptions::default())?;
+            m2.put_end("c1", &b2)?;
+            assert!(m2.exists(&b2)?);
+            m2.get_replica_list(&b2)?;
+            assert!(m2.query(&b2)?.exists);
+            m2.evict_step(Instant::now(), EVICTION_STEP); // below the watermark: nothing to do
+            m2.remove(&b2, true)?;
+            Ok(())
+        })();
+        done.send(r).unwrap();
+    });
+    // (A guard against a hang, not a measure: the calls take microseconds.)
+    let r = finished.recv_timeout(Duration::from_secs(120)).expect("the calls on b waited for a's shard");
+    r.unwrap();
+    drop(held);
+    assert!(m.exists(&a).unwrap(), "a's shard works again once released");
+    assert!(!m.exists(&b).unwrap());
 }
