@@ -1,11 +1,22 @@
 //! The master: owns metadata only (key → replicas → segment, address, size, tier, status).
 //! Clients contribute segments and move bytes themselves with the transfer engine.
 //!
-//! All state sits behind one mutex: every operation is a few map lookups, far cheaper than
-//! the gRPC round trip around it, and one lock keeps eviction, leases and liveness trivially
-//! consistent. The objects are kept in the order of their last use (`objects`), so an
-//! eviction looks at the objects it takes (and the few protected ones it passes), not at the
-//! whole store. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
+//! The objects live in 32 shards by key hash, each under its own mutex; the segments and their
+//! allocators, clients, owner links, the disk tier's records and the other state that spans
+//! keys live under one more (the private `shards` module). **Lock order: shards before the
+//! global state, shards in ascending index; never a shard while holding the global state.** A
+//! call on one key takes its shard, then the global state, for a few map look-ups; calls on
+//! keys of different shards wait for each other only during those short global holds. Calls
+//! that walk every object (unmount, a remount with a report, the sweep, disk-file updates,
+//! prefix queries) take every shard; remove-all, metrics scrapes and eviction take one shard
+//! at a time.
+//!
+//! Each shard keeps its objects in the order of their last use, and every use takes a tick of
+//! one process-wide counter, so eviction merges the shards' least recently used ends into the
+//! order a single list would give (the private `objects` module). A background evictor thread
+//! runs eviction rounds in steps of [`EVICTION_STEP`] objects ([`Master::evict_step`]), so no
+//! put or get waits behind a whole round. The gRPC layer ([`service`]) and the admin HTTP layer
+//! ([`admin`]) are thin.
 
 pub mod access;
 pub mod admin;
@@ -1034,29 +1045,34 @@ impl Master {
         force: bool,
         now: Instant,
     ) -> Result<((u64, u64), owners::AckWait)> {
-        let mut st = self.lock_all();
-        self.fence.check(now)?;
-        let (mut victims, mut skipped) = (Vec::new(), 0);
-        for (k, o) in st.objects.iter() {
-            if o.complete && matches(k) {
-                if o.leased(now) && !force {
-                    skipped += 1;
-                } else {
-                    victims.push(k.to_string());
+        // One shard at a time (with the global state): the calls on the other shards go on
+        // meanwhile, and what they do is theirs (a put into a shard already done stays).
+        let (mut removed, mut skipped) = (0, 0);
+        let mut segments = HashSet::new();
+        for i in 0..SHARDS {
+            let mut st = self.lock_shard(i);
+            self.fence.check(now)?;
+            let mut victims = Vec::new();
+            for (k, o) in st.objects.iter() {
+                if o.complete && matches(k) {
+                    if o.leased(now) && !force {
+                        skipped += 1;
+                    } else {
+                        victims.push(k.to_string());
+                    }
                 }
             }
+            for k in &victims {
+                segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
+                self.emit_object(&st, k, EventKind::Removed);
+                Self::remove_object(&mut st, k);
+            }
+            self.flush_news(&mut st);
+            removed += victims.len() as u64;
         }
-        let mut segments = HashSet::new();
-        for k in &victims {
-            segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
-            self.emit_object(&st, k, EventKind::Removed);
-            Self::remove_object(&mut st, k);
-        }
-        self.flush_news(&mut st);
-        let wait = Self::waits(&st, segments);
-        drop(st);
+        let wait = Self::waits(&self.state.lock(), segments);
         self.update_gauges();
-        Ok(((victims.len() as u64, skipped), wait))
+        Ok(((removed, skipped), wait))
     }
 
     // ---- eviction, reclaim, liveness ----

@@ -111,7 +111,8 @@ impl Model {
                 if self.objects.contains_key(&key) {
                     return Answer::AlreadyExists;
                 }
-                self.objects.insert(key, Entry { size: *size, complete: false, started: now, lease_until: None, used: 0 });
+                self.objects
+                    .insert(key, Entry { size: *size, complete: false, started: now, lease_until: None, used: 0 });
                 Answer::Size(*size)
             }
             Op::PutEnd(k) => match self.objects.get_mut(&name(*k)) {

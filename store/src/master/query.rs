@@ -2,8 +2,9 @@
 //! prefix per node, and per-node load. Read-only: no lease is granted or renewed and no
 //! object's place in the eviction order moves.
 //!
-//! Big batches are answered in chunks of [`LOCK_CHUNK`] keys, taking the master's lock once
-//! per chunk, so that a 100k-key query does not stall puts and gets for its whole duration.
+//! A batch of keys is answered one key at a time, each under its shard's lock (and the global
+//! state's), so that a 100k-key query does not stall puts and gets for its whole duration. A
+//! prefix query holds every shard for its keys (its answer needs one consistent view).
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -17,8 +18,6 @@ use crate::proto::{
 
 /// Most keys in one query.
 pub const MAX_QUERY_KEYS: usize = 1 << 20;
-/// Keys answered per hold of the master's lock.
-pub const LOCK_CHUNK: usize = 2048;
 /// Seconds of history behind the per-node rates.
 pub const RATE_WINDOW_SECS: u64 = 10;
 
