@@ -14,7 +14,7 @@
 //! Each shard keeps its objects in the order of their last use, and every use takes a tick of
 //! one process-wide counter, so eviction merges the shards' least recently used ends into the
 //! order a single list would give (the private `objects` module). A background evictor thread
-//! runs eviction rounds in steps of [`EVICTION_STEP`] objects ([`Master::evict_step`]), so no
+//! runs eviction rounds in steps of [`EVICTION_STEP`] objects (`Master::evict_step`), so no
 //! put or get waits behind a whole round. The gRPC layer ([`service`]) and the admin HTTP layer
 //! ([`admin`]) are thin.
 
@@ -64,7 +64,7 @@ use thin_vec::ThinVec;
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
-/// Most objects one step of an eviction round takes per hold of the lock ([`Master::evict_step`]):
+/// Most objects one step of an eviction round takes per hold of the lock (`Master::evict_step`):
 /// the calls waiting for the lock go between two steps (a round of 5 % of a million objects is
 /// about 50 000 objects, some 200 steps).
 pub const EVICTION_STEP: usize = 256;
@@ -132,7 +132,7 @@ struct State {
     next_stream: u64,
     /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
     instant_acks: bool,
-    /// The eviction round under way, if any ([`Master::evict_step`]).
+    /// The eviction round under way, if any (`Master::evict_step`).
     round: Option<Round>,
     /// A put found no room since the last round began: the next step starts a round even
     /// below the high watermark.
@@ -281,7 +281,7 @@ pub struct Master {
     term: AtomicU64,
     /// Signalled when quarantined ranges come back ([`owners`]).
     space_freed: tokio::sync::Notify,
-    /// The background eviction's wake-up ([`Master::evict_step`]).
+    /// The background eviction's wake-up (`Master::evict_step`).
     evictor: Arc<Evictor>,
 }
 
@@ -1298,7 +1298,7 @@ impl Master {
     }
 
     /// Runs [`Self::sweep`] every `sweep_interval`, and the evictor (rounds of
-    /// [`Self::evict_step`] when a put or a sweep asks for one), until the master is dropped.
+    /// `evict_step` when a put or a sweep asks for one), until the master is dropped.
     pub fn start_sweeper(self: &Arc<Self>) {
         self.start_evictor();
         let weak = Arc::downgrade(self);
