@@ -43,6 +43,7 @@ impl Events {
 }
 
 /// What an event says about where a copy is.
+#[derive(Clone, Copy)]
 pub(super) struct Place<'a> {
     pub tier: Tier,
     pub client_id: &'a str,

@@ -477,30 +477,53 @@ impl Master {
     /// Unmounts a segment of `client_id`: its replicas go (objects left with none are dropped),
     /// and so does its owner link.
     pub fn unmount_segment(&self, client_id: &str, segment_id: u64) -> Result<()> {
-        let mut st = self.lock_all();
-        self.fence.check(Instant::now())?;
-        match st.segments.get(&segment_id) {
-            Some(s) if s.client_id == client_id => {}
-            Some(_) => {
-                return Err(StoreError::InvalidArgument(format!("segment {segment_id} belongs to another client")))
+        // The segment's records go first, under the global lock alone (nothing is placed on it
+        // from then on); its replicas then go one shard at a time, the calls on the other
+        // shards going on meanwhile. (A get in between finds a replica whose segment is gone:
+        // it is not listed, as after the unmount.)
+        let seg = {
+            let mut st = self.state.lock();
+            self.fence.check(Instant::now())?;
+            match st.segments.get(&segment_id) {
+                Some(s) if s.client_id == client_id => {}
+                Some(_) => {
+                    return Err(StoreError::InvalidArgument(format!("segment {segment_id} belongs to another client")))
+                }
+                None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
             }
-            None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
+            Self::drop_segment_record(&mut st, segment_id).expect("looked up above")
+        };
+        let place = events::Place { tier: seg.tier, client_id: &seg.client_id, host: &seg.host, segment: &seg.name };
+        let mut dropped = 0;
+        for i in 0..SHARDS {
+            let mut st = self.lock_shard(i);
+            if self.events.active() {
+                for (key, obj) in st.objects.iter().filter(|(_, o)| o.complete) {
+                    if obj.replicas.iter().any(|r| r.segment_id == segment_id) {
+                        self.emit(EventKind::Removed, key, obj.size, place);
+                    }
+                }
+            }
+            dropped += Self::strip_segment(&mut st, segment_id);
         }
-        self.emit_segment_gone(&st, segment_id);
-        let dropped = Self::drop_segment(&mut st, segment_id);
         tracing::info!(
             "client {client_id} unmounted segment {segment_id}; {dropped} object(s) lost their last replica"
         );
-        drop(st);
         self.update_gauges();
         Ok(())
     }
 
     /// Removes a segment and every replica on it; returns how many objects were removed.
     fn drop_segment(st: &mut Locked<'_>, segment_id: u64) -> usize {
-        let Some(seg) = st.segments.remove(&segment_id) else {
+        if Self::drop_segment_record(st, segment_id).is_none() {
             return 0;
-        };
+        }
+        Self::strip_segment(st, segment_id)
+    }
+
+    /// Removes a segment's records (not its replicas: [`Self::strip_segment`]); returns it.
+    fn drop_segment_record(st: &mut State, segment_id: u64) -> Option<Segment> {
+        let seg = st.segments.remove(&segment_id)?;
         st.segment_by_name.remove(&seg.name);
         if let Some(c) = st.clients.get_mut(&seg.client_id) {
             c.segments.remove(&segment_id);
@@ -509,6 +532,12 @@ impl Master {
         st.owners.remove(&segment_id);
         st.dirty_links.retain(|s| *s != segment_id);
         st.disk_only_news.remove(&segment_id);
+        Some(seg)
+    }
+
+    /// Drops the replicas and disk copies on a dropped segment from the objects of the shards
+    /// held; returns how many objects were left with none and removed.
+    fn strip_segment(st: &mut Locked<'_>, segment_id: u64) -> usize {
         let mut gone = Vec::new();
         let mut disk_only = Vec::new();
         for (key, obj) in st.objects.iter_mut() {
