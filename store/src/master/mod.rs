@@ -7,9 +7,8 @@
 //! global state, shards in ascending index; never a shard while holding the global state.** A
 //! call on one key takes its shard, then the global state, for a few map look-ups; calls on
 //! keys of different shards wait for each other only during those short global holds. Calls
-//! that walk every object (unmount, a remount with a report, the sweep, disk-file updates,
-//! prefix queries) take every shard; remove-all, metrics scrapes and eviction take one shard
-//! at a time.
+//! that walk every object (a remount, the sweep, disk-file updates, prefix queries) take every
+//! shard; unmount, remove-all, metrics scrapes and eviction take one shard at a time.
 //!
 //! Each shard keeps its objects in the order of their last use, and every use takes a tick of
 //! one process-wide counter, so eviction merges the shards' least recently used ends into the

@@ -6,8 +6,9 @@
 //! holding the global state. A call on one key takes its shard, then the global state
 //! ([`Master::lock_key`]); calls on keys of different shards wait for each other only for the
 //! global state's short holds, never for each other's object work. Calls that walk every object
-//! (unmount, remount with a report, remove-all, the sweep) take every shard
-//! ([`Master::lock_all`]); eviction takes one shard at a time ([`Master::evict_step`]).
+//! (a remount, the sweep, disk-file updates, prefix queries) take every shard
+//! ([`Master::lock_all`]); unmount, remove-all and eviction take one shard at a time
+//! ([`Master::evict_step`]).
 
 use std::ops::{Deref, DerefMut, Index};
 use std::sync::atomic::{AtomicU64, Ordering};
