@@ -19,9 +19,10 @@
 //! 4. *fill* to `--objects`; the master's RSS (`VmRSS` of `/proc/PID/status`) before the fill
 //!    and after, divided by the objects, is its memory per object;
 //! 5. eviction rounds: the store is topped up to one put below the watermark, then single puts
-//!    follow until one of them makes the master evict (seen in `NodeStats`: used bytes drop);
-//!    that put's `PutStart` time is one eviction round (the master evicts inside it), beside an
-//!    ordinary put's;
+//!    follow until one of them makes the master evict (seen in `NodeStats`: used bytes drop).
+//!    The master's evictor runs the round after that put answered: the time from the put's
+//!    start to the last drop of the used bytes (no change for 5 ms after it) is one eviction
+//!    round; that put's `PutStart` time is shown beside an ordinary put's;
 //! 6. and 7. the single and batched streams again (no removes), each started one put below the
 //!    watermark, so that eviction runs while all clients call.
 //!
@@ -322,6 +323,8 @@ struct SizeRow {
     rounds_us: Vec<u64>,
     evicted_per_round: Vec<u64>,
     plain_put_us: Vec<u64>,
+    /// PutStart of the put that crossed the watermark (the round runs after it answered).
+    crossing_put_us: Vec<u64>,
 }
 
 pub fn run(args: MasterArgs) -> Result<()> {
@@ -550,6 +553,7 @@ async fn phases_of_size(
     let mut rounds_us = Vec::new();
     let mut evicted_per_round = Vec::new();
     let mut plain_put_us = Vec::new();
+    let mut crossing_put_us = Vec::new();
     for _ in 0..args.eviction_rounds {
         top_up(sims, args, &mut filled, reserved).await?;
         let sim = &mut sims[0];
@@ -577,9 +581,26 @@ async fn phases_of_size(
             if !ok(&e.status) {
                 bail!("PutEnd {key}: {}", describe(&e.status));
             }
-            let after = node_stats(&mut sim.rpc, &sim.id).await?;
+            // The round runs in the master's evictor, after this put answered: watch the used
+            // bytes drop (for a while), then until they stop dropping.
+            let mut after = node_stats(&mut sim.rpc, &sim.id).await?;
+            let wait_start = Instant::now();
+            while after.used >= before.used && wait_start.elapsed() < Duration::from_millis(200) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                after = node_stats(&mut sim.rpc, &sim.id).await?;
+            }
             if after.used < before.used {
-                rounds_us.push(took);
+                let mut done = t.elapsed();
+                loop {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let again = node_stats(&mut sim.rpc, &sim.id).await?;
+                    if again.used == after.used && again.objects == after.objects {
+                        break;
+                    }
+                    (after, done) = (again, t.elapsed());
+                }
+                rounds_us.push(done.as_micros() as u64);
+                crossing_put_us.push(took);
                 evicted_per_round.push(before.objects + 1 - after.objects);
                 found = true;
                 break;
@@ -622,6 +643,7 @@ async fn phases_of_size(
         rounds_us,
         evicted_per_round,
         plain_put_us,
+        crossing_put_us,
     };
     Ok((rows, size))
 }
@@ -949,10 +971,11 @@ fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
     }
     println!();
     println!(
-        "| objects | master RSS mounted | RSS at the watermark | bytes per object | eviction round (PutStart that evicts) \
-         median | range | objects per round | per object evicted | ordinary PutStart median |"
+        "| objects | master RSS mounted | RSS at the watermark | bytes per object | eviction round (crossing put to \
+         last drop of used bytes) median | range | objects per round | per object evicted | PutStart that crossed \
+         the watermark median | ordinary PutStart median |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let med = |v: &[u64]| -> Option<u64> {
         let mut v = v.to_vec();
         v.sort_unstable();
@@ -972,7 +995,7 @@ fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
             _ => "- (no pid)".into(),
         };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.objects,
             s.rss_mounted.map_or("-".into(), report::fmt_bytes),
             s.rss_filled.map_or("-".into(), report::fmt_bytes),
@@ -984,6 +1007,7 @@ fn print_tables(phases: &[PhaseRow], sizes: &[SizeRow]) {
             },
             med(&s.evicted_per_round).map_or("-".into(), |v| v.to_string()),
             per_evicted(s).map_or("-".into(), |us| format!("{us:.2} us")),
+            med(&s.crossing_put_us).map_or("-".into(), report::fmt_us),
             med(&s.plain_put_us).map_or("-".into(), report::fmt_us),
         );
     }

@@ -130,7 +130,7 @@ impl Master {
         }
         let name = disk_segment_name(disk_id);
         let now = Instant::now();
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         self.fence.check(now)?;
         if let Some(&id) = st.segment_by_name.get(&name) {
             let seg = &st.segments[&id];
@@ -186,7 +186,7 @@ impl Master {
         removed: &[DiskEntry],
         restore: bool,
     ) -> Result<Vec<Result<()>>> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         self.fence.check(Instant::now())?;
         let disk_name = match st.segments.get(&segment_id) {
             Some(s) if s.client_id == client_id && s.tier == Tier::Ssd => s.name.clone(),
@@ -230,7 +230,7 @@ impl Master {
     }
 
     fn add_disk_copy(
-        st: &mut State,
+        st: &mut super::Locked<'_>,
         disk_name: &str,
         segment_id: u64,
         e: &DiskEntry,
@@ -244,6 +244,7 @@ impl Master {
         if st.disk_removals.get(disk_name).and_then(|p| p.get(&e.key)).is_some_and(|v| v >= e.version) {
             return Err(StoreError::NotFound(e.key.clone())); // removed while the disk was away
         }
+        let floor = st.version_floor;
         match st.objects.get_mut(&e.key) {
             Some(obj) if obj.complete && obj.version == e.version && obj.size == e.size => {
                 if !obj.ssd.contains(&segment_id) {
@@ -255,7 +256,7 @@ impl Master {
             Some(_) => Err(StoreError::AlreadyExists(e.key.clone())), // another version: the file is stale
             // A fresh file of an object this master handed the version out for, and that is
             // gone: removed (or lost with its holders) while its file was written.
-            None if !restore && e.version >= st.version_floor => Err(StoreError::NotFound(e.key.clone())),
+            None if !restore && e.version >= floor => Err(StoreError::NotFound(e.key.clone())),
             None => {
                 // The master lost the object (its holders went away), or never knew it: its
                 // version is older than this master (a put made before a restart, whose file
@@ -320,7 +321,7 @@ impl Master {
         if held.is_empty() {
             return;
         }
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         let (mut merged, mut forgotten) = (0, 0);
         for h in held {
             if h.disk.is_empty() || h.disk.len() > 300 || check_key(&h.key).is_err() {
@@ -404,7 +405,7 @@ impl Master {
 
     /// Eviction: an object with a disk copy loses its memory replicas and stays; one without
     /// is removed. Returns the bytes of memory freed.
-    pub(super) fn evict_memory_replicas(st: &mut State, key: &str) -> Option<u64> {
+    pub(super) fn evict_memory_replicas(st: &mut super::Locked<'_>, key: &str) -> Option<u64> {
         let has_disk = !st.objects.get(key)?.ssd.is_empty();
         if !has_disk {
             return Self::remove_object(st, key);
@@ -421,8 +422,9 @@ impl Master {
 
     /// `key` has no memory replica left: its disks' owners are told on their next ping, so
     /// that their gets of it read the file while they ask (see the client's early reads).
-    pub(super) fn tell_disks_memory_is_gone(st: &mut State, key: &str) {
-        let State { objects, disk_only_news, .. } = st;
+    pub(super) fn tell_disks_memory_is_gone(st: &mut super::Locked<'_>, key: &str) {
+        let super::Locked { objects, g } = st;
+        let disk_only_news = &mut g.disk_only_news;
         let Some(obj) = objects.get(key) else { return };
         for id in &obj.ssd {
             let news = disk_only_news.entry(*id).or_default();
@@ -469,20 +471,25 @@ impl Master {
 
     /// Totals of the disk tier (one pass over the objects: computed when metrics are scraped).
     pub fn disk_totals(&self) -> DiskTotals {
-        let st = self.state.lock();
         let mut t = DiskTotals::default();
-        for s in st.segments.values().filter(|s| s.tier == Tier::Ssd) {
-            t.segments += 1;
-            t.capacity += s.alloc.capacity();
+        {
+            let st = self.state.lock();
+            for s in st.segments.values().filter(|s| s.tier == Tier::Ssd) {
+                t.segments += 1;
+                t.capacity += s.alloc.capacity();
+            }
+            t.removals_pending = st.disk_removals.values().map(|p| p.len() as u64).sum();
         }
-        for obj in st.objects.values().filter(|o| !o.ssd.is_empty()) {
-            t.replicas += obj.ssd.len() as u64;
-            t.used += obj.size * obj.ssd.len() as u64;
-            if obj.replicas.is_empty() {
-                t.disk_only_keys += 1;
+        // One shard at a time, without the global lock: calls on the other shards go on.
+        for i in 0..super::SHARDS {
+            for obj in self.shard(i).values().filter(|o| !o.ssd.is_empty()) {
+                t.replicas += obj.ssd.len() as u64;
+                t.used += obj.size * obj.ssd.len() as u64;
+                if obj.replicas.is_empty() {
+                    t.disk_only_keys += 1;
+                }
             }
         }
-        t.removals_pending = st.disk_removals.values().map(|p| p.len() as u64).sum();
         t
     }
 
@@ -515,13 +522,19 @@ impl Master {
 
     /// Per disk: how many objects it holds (for the admin page and tests).
     pub fn disk_holdings(&self) -> HashMap<String, u64> {
+        let mut by_id: HashMap<u64, u64> = HashMap::new();
+        for i in 0..super::SHARDS {
+            for obj in self.shard(i).values() {
+                for id in &obj.ssd {
+                    *by_id.entry(*id).or_default() += 1;
+                }
+            }
+        }
         let st = self.state.lock();
         let mut out: HashMap<String, u64> = HashMap::new();
-        for obj in st.objects.values() {
-            for id in &obj.ssd {
-                if let Some(seg) = st.segments.get(id) {
-                    *out.entry(seg.name.clone()).or_default() += 1;
-                }
+        for (id, n) in by_id {
+            if let Some(seg) = st.segments.get(&id) {
+                *out.entry(seg.name.clone()).or_default() += n;
             }
         }
         out

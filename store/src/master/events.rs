@@ -43,6 +43,7 @@ impl Events {
 }
 
 /// What an event says about where a copy is.
+#[derive(Clone, Copy)]
 pub(super) struct Place<'a> {
     pub tier: Tier,
     pub client_id: &'a str,
@@ -76,7 +77,7 @@ impl Master {
     }
 
     /// One event per replica of a committed object (before it is removed, or once committed).
-    pub(super) fn emit_object(&self, st: &State, key: &str, kind: EventKind) {
+    pub(super) fn emit_object(&self, st: &super::Locked<'_>, key: &str, kind: EventKind) {
         if !self.events.active() {
             return;
         }
@@ -96,7 +97,7 @@ impl Master {
     }
 
     /// `Removed` for every committed replica on a segment about to be dropped.
-    pub(super) fn emit_segment_gone(&self, st: &State, segment_id: u64) {
+    pub(super) fn emit_segment_gone(&self, st: &super::Locked<'_>, segment_id: u64) {
         if !self.events.active() {
             return;
         }

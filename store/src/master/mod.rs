@@ -1,11 +1,21 @@
 //! The master: owns metadata only (key → replicas → segment, address, size, tier, status).
 //! Clients contribute segments and move bytes themselves with the transfer engine.
 //!
-//! All state sits behind one mutex: every operation is a few map lookups, far cheaper than
-//! the gRPC round trip around it, and one lock keeps eviction, leases and liveness trivially
-//! consistent. The objects are kept in the order of their last use (`objects`), so an
-//! eviction looks at the objects it takes (and the few protected ones it passes), not at the
-//! whole store. The gRPC layer ([`service`]) and the admin HTTP layer ([`admin`]) are thin.
+//! The objects live in 32 shards by key hash, each under its own mutex; the segments and their
+//! allocators, clients, owner links, the disk tier's records and the other state that spans
+//! keys live under one more (the private `shards` module). **Lock order: shards before the
+//! global state, shards in ascending index; never a shard while holding the global state.** A
+//! call on one key takes its shard, then the global state, for a few map look-ups; calls on
+//! keys of different shards wait for each other only during those short global holds. Calls
+//! that walk every object (a remount, the sweep, disk-file updates, prefix queries) take every
+//! shard; unmount, remove-all, metrics scrapes and eviction take one shard at a time.
+//!
+//! Each shard keeps its objects in the order of their last use, and every use takes a tick of
+//! one process-wide counter, so eviction merges the shards' least recently used ends into the
+//! order a single list would give (the private `objects` module). A background evictor thread
+//! runs eviction rounds in steps of [`EVICTION_STEP`] objects (`Master::evict_step`), so no
+//! put or get waits behind a whole round. The gRPC layer ([`service`]) and the admin HTTP layer
+//! ([`admin`]) are thin.
 
 pub mod access;
 pub mod admin;
@@ -28,6 +38,7 @@ mod removals_file;
 pub mod replicate;
 pub mod server;
 pub mod service;
+mod shards;
 pub mod tenant;
 
 use std::collections::{HashMap, HashSet};
@@ -44,17 +55,18 @@ use crate::proto::{EventKind, PutOptions, QueryKeyReply, ReplicaDescriptor, Repl
 pub use crate::protocol::{disk_segment_name, MAX_KEY_LEN, MAX_OBJECT_SIZE};
 pub use config::{AllocationStrategy, MasterConfig};
 use metrics::Metrics;
-use objects::{Object, ObjectMap, Replica, Stamp};
+use objects::{Object, ObjectMap, Replica, Stamp, SHARDS};
+use shards::Locked;
 use thin_vec::ThinVec;
 
 /// Smallest segment a client may mount (one page; smaller ones cannot hold the allocator's units).
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
-/// Most objects an eviction above the high watermark takes per hold of the lock: the calls
-/// waiting for it go between two runs of them (a round of 5 % of a million objects is about
-/// 50 000 objects).
-pub const EVICTION_CHUNK: usize = 1024;
+/// Most objects one step of an eviction round takes per hold of the lock (`Master::evict_step`):
+/// the calls waiting for the lock go between two steps (a round of 5 % of a million objects is
+/// about 50 000 objects, some 200 steps).
+pub const EVICTION_STEP: usize = 256;
 
 struct Segment {
     name: String,
@@ -85,7 +97,6 @@ struct Client {
 struct State {
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
-    objects: ObjectMap,
     /// The client ids and disk names objects refer to, shared ([`objects::Names`]).
     names: objects::Names,
     clients: HashMap<String, Client>,
@@ -120,8 +131,30 @@ struct State {
     next_stream: u64,
     /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
     instant_acks: bool,
-    /// An eviction above the watermark is under way (it lets other calls in between its chunks).
-    evicting: bool,
+    /// The eviction round under way, if any (`Master::evict_step`).
+    round: Option<Round>,
+    /// A put found no room since the last round began: the next step starts a round even
+    /// below the high watermark.
+    pressure: bool,
+}
+
+/// An eviction round: what it set out to free, and what it freed so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct Round {
+    target: u64,
+    freed: u64,
+    count: u64,
+}
+
+/// Wakes the evictor thread ([`Master::start_sweeper`]); without one (unit tests), the call that
+/// finds eviction needed runs the round's steps itself, letting waiting calls in between them.
+#[derive(Default)]
+struct Evictor {
+    /// A round is wanted: set by puts and sweeps, taken by the evictor thread.
+    wanted: Mutex<bool>,
+    wake: parking_lot::Condvar,
+    /// The evictor thread runs.
+    running: std::sync::atomic::AtomicBool,
 }
 
 impl State {
@@ -231,6 +264,11 @@ pub enum PingOutcome {
 /// changes the state first passes the [`fence`] (a standby refuses it).
 pub struct Master {
     config: MasterConfig,
+    /// The objects, by key hash ([`shards`]: the lock order).
+    shards: Box<[Mutex<ObjectMap>]>,
+    /// Objects in every shard.
+    object_count: AtomicU64,
+    /// Everything but the objects.
     state: Mutex<State>,
     metrics: Metrics,
     events: events::Events,
@@ -242,6 +280,8 @@ pub struct Master {
     term: AtomicU64,
     /// Signalled when quarantined ranges come back ([`owners`]).
     space_freed: tokio::sync::Notify,
+    /// The background eviction's wake-up (`Master::evict_step`).
+    evictor: Arc<Evictor>,
 }
 
 pub(crate) fn check_key(key: &str) -> Result<()> {
@@ -266,6 +306,8 @@ impl Master {
         let first_version = disk::first_version();
         let master = Arc::new(Master {
             config: config.clone(),
+            shards: (0..SHARDS).map(|_| Mutex::new(ObjectMap::default())).collect(),
+            object_count: AtomicU64::new(0),
             state: Mutex::new(State::fresh(first_version)),
             metrics: Metrics::new()?,
             events: events::Events::new(config.event_buffer),
@@ -273,6 +315,7 @@ impl Master {
             fence: fence::Fence::new(role),
             term: AtomicU64::new((rand::random::<u64>() >> 1).max(1)),
             space_freed: tokio::sync::Notify::new(),
+            evictor: Arc::default(),
         });
         master.load_saved_removals()?;
         Ok(master)
@@ -306,8 +349,8 @@ impl Master {
     /// Became the HA leader of `term`: starts from an empty state (the owners' reports rebuild
     /// it), writable until `deadline`.
     pub fn become_leader(&self, term: u64, deadline: Instant) {
-        let mut st = self.state.lock();
-        *st = State::fresh(disk::first_version());
+        let mut st = self.lock_all();
+        Self::forget_everything(&mut st);
         self.term.store(term, Ordering::Release);
         self.fence.lead(term, deadline);
         drop(st);
@@ -319,11 +362,20 @@ impl Master {
 
     /// Stopped leading: forgets everything (a later leadership rebuilds from reports).
     pub fn step_down(&self, leader: Option<String>) {
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         self.fence.stand_by(leader);
-        *st = State::fresh(disk::first_version());
+        Self::forget_everything(&mut st);
         drop(st);
         self.update_gauges();
+    }
+
+    /// A fresh state and no objects (every shard is held).
+    fn forget_everything(st: &mut Locked<'_>) {
+        *st.g = State::fresh(disk::first_version());
+        let keys: Vec<String> = st.objects.iter().map(|(k, _)| k.to_string()).collect();
+        for k in keys {
+            st.objects.remove(&k);
+        }
     }
 
     /// Its Prometheus series.
@@ -409,7 +461,7 @@ impl Master {
     /// Mount after a `NeedRemount`: whatever the master still had of this client is dropped first.
     pub fn remount_segment(&self, client_id: &str, info: &SegmentInfo, host: &str) -> Result<u64> {
         {
-            let mut st = self.state.lock();
+            let mut st = self.lock_all();
             self.fence.check(Instant::now())?;
             if let Some(&id) = st.segment_by_name.get(&info.name) {
                 if st.segments[&id].client_id == client_id {
@@ -424,30 +476,53 @@ impl Master {
     /// Unmounts a segment of `client_id`: its replicas go (objects left with none are dropped),
     /// and so does its owner link.
     pub fn unmount_segment(&self, client_id: &str, segment_id: u64) -> Result<()> {
-        let mut st = self.state.lock();
-        self.fence.check(Instant::now())?;
-        match st.segments.get(&segment_id) {
-            Some(s) if s.client_id == client_id => {}
-            Some(_) => {
-                return Err(StoreError::InvalidArgument(format!("segment {segment_id} belongs to another client")))
+        // The segment's records go first, under the global lock alone (nothing is placed on it
+        // from then on); its replicas then go one shard at a time, the calls on the other
+        // shards going on meanwhile. (A get in between finds a replica whose segment is gone:
+        // it is not listed, as after the unmount.)
+        let seg = {
+            let mut st = self.state.lock();
+            self.fence.check(Instant::now())?;
+            match st.segments.get(&segment_id) {
+                Some(s) if s.client_id == client_id => {}
+                Some(_) => {
+                    return Err(StoreError::InvalidArgument(format!("segment {segment_id} belongs to another client")))
+                }
+                None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
             }
-            None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
+            Self::drop_segment_record(&mut st, segment_id).expect("looked up above")
+        };
+        let place = events::Place { tier: seg.tier, client_id: &seg.client_id, host: &seg.host, segment: &seg.name };
+        let mut dropped = 0;
+        for i in 0..SHARDS {
+            let mut st = self.lock_shard(i);
+            if self.events.active() {
+                for (key, obj) in st.objects.iter().filter(|(_, o)| o.complete) {
+                    if obj.replicas.iter().any(|r| r.segment_id == segment_id) {
+                        self.emit(EventKind::Removed, key, obj.size, place);
+                    }
+                }
+            }
+            dropped += Self::strip_segment(&mut st, segment_id);
         }
-        self.emit_segment_gone(&st, segment_id);
-        let dropped = Self::drop_segment(&mut st, segment_id);
         tracing::info!(
             "client {client_id} unmounted segment {segment_id}; {dropped} object(s) lost their last replica"
         );
-        drop(st);
         self.update_gauges();
         Ok(())
     }
 
     /// Removes a segment and every replica on it; returns how many objects were removed.
-    fn drop_segment(st: &mut State, segment_id: u64) -> usize {
-        let Some(seg) = st.segments.remove(&segment_id) else {
+    fn drop_segment(st: &mut Locked<'_>, segment_id: u64) -> usize {
+        if Self::drop_segment_record(st, segment_id).is_none() {
             return 0;
-        };
+        }
+        Self::strip_segment(st, segment_id)
+    }
+
+    /// Removes a segment's records (not its replicas: [`Self::strip_segment`]); returns it.
+    fn drop_segment_record(st: &mut State, segment_id: u64) -> Option<Segment> {
+        let seg = st.segments.remove(&segment_id)?;
         st.segment_by_name.remove(&seg.name);
         if let Some(c) = st.clients.get_mut(&seg.client_id) {
             c.segments.remove(&segment_id);
@@ -456,6 +531,12 @@ impl Master {
         st.owners.remove(&segment_id);
         st.dirty_links.retain(|s| *s != segment_id);
         st.disk_only_news.remove(&segment_id);
+        Some(seg)
+    }
+
+    /// Drops the replicas and disk copies on a dropped segment from the objects of the shards
+    /// held; returns how many objects were left with none and removed.
+    fn strip_segment(st: &mut Locked<'_>, segment_id: u64) -> usize {
         let mut gone = Vec::new();
         let mut disk_only = Vec::new();
         for (key, obj) in st.objects.iter_mut() {
@@ -530,6 +611,41 @@ impl Master {
         opts: &PutOptions,
         now: Instant,
     ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
+        let mut evict = false;
+        let mut r = self.put_start_locked(client_id, key, size, opts, now, &mut evict, false);
+        if let Err(StoreError::NoSpace { size, replicas, .. }) = &r {
+            if evict {
+                // No room: evict what this put needs (the tenant's objects: only they free its
+                // segments; a few objects, not a round), then try once more (evicted ranges in
+                // quarantine come back when their owners acknowledge: the service tries again
+                // then). The round that makes room ahead of the next puts runs off this call.
+                let tenant = tenant::tenant_of(key);
+                let freed = self.evict_in(now, size * *replicas as u64, Some(tenant));
+                tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
+                self.state.lock().pressure = true;
+                r = self.put_start_locked(client_id, key, *size, opts, now, &mut evict, true);
+            }
+        }
+        if evict {
+            self.evict_soon(now);
+        }
+        r
+    }
+
+    /// [`Self::put_start_inner`] under the key's locks; sets `evict` when eviction is wanted
+    /// (above the high watermark, or no room: then it answers [`StoreError::NoSpace`], and
+    /// the caller evicts and calls again with `evicted`).
+    #[allow(clippy::too_many_arguments)]
+    fn put_start_locked(
+        &self,
+        client_id: &str,
+        key: &str,
+        size: u64,
+        opts: &PutOptions,
+        now: Instant,
+        evict: &mut bool,
+        evicted: bool,
+    ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
         check_key(key)?;
         if size == 0 || size > MAX_OBJECT_SIZE {
             return Err(StoreError::InvalidArgument(format!("object size {size} is not in 1..={MAX_OBJECT_SIZE}")));
@@ -538,7 +654,7 @@ impl Master {
         if replicas > MAX_REPLICAS {
             return Err(StoreError::InvalidArgument(format!("replica_num {replicas} exceeds {MAX_REPLICAS}")));
         }
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(now)?;
         if st.objects.contains_key(key) {
             return Err(StoreError::AlreadyExists(key.to_string()));
@@ -557,17 +673,13 @@ impl Master {
         let blocks = match self.allocate(&mut st, tenant, size, replicas, opts) {
             Some(b) => b,
             None => {
-                // No room: evict (the tenant's objects: only they free its segments), then try
-                // once more (evicted ranges in quarantine come back when their owners
-                // acknowledge: the service tries again then).
-                let freed = self.evict_in(&mut st, now, size * replicas as u64, Some(tenant));
-                self.flush_news(&mut st);
-                tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
-                self.allocate(&mut st, tenant, size, replicas, opts).ok_or_else(|| StoreError::NoSpace {
+                // No room: the caller evicts (other shards than this key's) and asks again.
+                *evict |= !evicted;
+                return Err(StoreError::NoSpace {
                     size,
                     replicas,
                     detail: "every segment is full of leased, pinned or unfinished objects".into(),
-                })?
+                });
             }
         };
         for (segment_id, _) in &blocks {
@@ -601,11 +713,8 @@ impl Master {
         };
         let descriptors = Self::describe(&st, &object);
         st.objects.insert(key.to_string(), object);
-        // Above the high watermark: make room ahead of the next puts.
-        let totals = Self::totals_of(&st);
-        if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
-            self.evict(&mut st, now);
-        }
+        // Above the high watermark: make room ahead of the next puts (off this call).
+        *evict |= self.above_watermark(&st);
         self.flush_news(&mut st);
         Ok((descriptors, version))
     }
@@ -671,7 +780,7 @@ impl Master {
     pub fn put_end_begin(&self, client_id: &str, key: &str) -> Result<Commit> {
         check_key(key)?;
         let now = Instant::now();
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(now)?;
         let known = st.clients.contains_key(client_id);
         let Some(obj) = st.objects.get_mut(key) else {
@@ -712,7 +821,7 @@ impl Master {
     pub fn put_end_finish(&self, commit: &Commit) -> Result<()> {
         let key = commit.key.as_str();
         let now = Instant::now();
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(now)?;
         let obj = match st.objects.get(key) {
             Some(o) if o.version == commit.version => o,
@@ -769,7 +878,7 @@ impl Master {
     /// Revoking a committed object is [`StoreError::InvalidArgument`] (remove it instead).
     pub fn put_revoke(&self, client_id: &str, key: &str) -> Result<()> {
         check_key(key)?;
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(Instant::now())?;
         match st.objects.get(key) {
             None if !st.clients.contains_key(client_id) => {
@@ -795,7 +904,7 @@ impl Master {
 
     /// Removes an object; its replicas' owners are told (their ranges wait in quarantine).
     /// Returns the bytes given up.
-    fn remove_object(st: &mut State, key: &str) -> Option<u64> {
+    fn remove_object(st: &mut Locked<'_>, key: &str) -> Option<u64> {
         let obj = st.objects.remove(key)?;
         Self::queue_disk_removals(st, key, &obj);
         let mut freed = 0;
@@ -839,7 +948,7 @@ impl Master {
 
     fn get_replica_list_inner(&self, key: &str, now: Instant) -> Result<ReplicaList> {
         check_key(key)?;
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(now)?;
         let obj = st.objects.get_mut(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete {
@@ -848,8 +957,8 @@ impl Master {
         let until = now + self.config.lease_ttl;
         objects::extend(&mut obj.lease_until, until);
         st.objects.touch(key);
-        let st = &mut *st;
-        let obj = &st.objects[key];
+        let Locked { objects, g } = &mut st;
+        let (obj, st) = (&objects[key], &mut **g);
         for r in &obj.replicas {
             if let Some(seg) = st.segments.get_mut(&r.segment_id) {
                 seg.load.gets.record(now);
@@ -869,9 +978,9 @@ impl Master {
     /// Whether a committed object exists. No lease, no change of eviction order.
     pub fn exists(&self, key: &str) -> Result<bool> {
         check_key(key)?;
-        let st = self.state.lock();
+        let shard = self.shard_of_key(key);
         self.fence.check(Instant::now())?;
-        Ok(st.objects.get(key).is_some_and(|o| o.complete))
+        Ok(shard.get(key).is_some_and(|o| o.complete))
     }
 
     /// Per key, whether a committed object has it (no lease is granted).
@@ -879,16 +988,15 @@ impl Master {
         for k in keys {
             check_key(k)?;
         }
-        let st = self.state.lock();
         self.fence.check(Instant::now())?;
-        Ok(keys.iter().map(|k| st.objects.get(k).is_some_and(|o| o.complete)).collect())
+        Ok(keys.iter().map(|k| self.shard_of_key(k).get(k).is_some_and(|o| o.complete)).collect())
     }
 
     /// Everything known about a key, with no side effect.
     pub fn query(&self, key: &str) -> Result<QueryKeyReply> {
         check_key(key)?;
         let now = Instant::now();
-        let st = self.state.lock();
+        let st = self.lock_key(key);
         self.fence.check(now)?;
         let Some(obj) = st.objects.get(key) else {
             return Ok(QueryKeyReply { exists: false, ..Default::default() });
@@ -917,7 +1025,7 @@ impl Master {
 
     fn remove_at(&self, key: &str, force: bool, now: Instant) -> Result<owners::AckWait> {
         check_key(key)?;
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(now)?;
         let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete {
@@ -965,102 +1073,182 @@ impl Master {
         force: bool,
         now: Instant,
     ) -> Result<((u64, u64), owners::AckWait)> {
-        let mut st = self.state.lock();
-        self.fence.check(now)?;
-        let (mut victims, mut skipped) = (Vec::new(), 0);
-        for (k, o) in st.objects.iter() {
-            if o.complete && matches(k) {
-                if o.leased(now) && !force {
-                    skipped += 1;
-                } else {
-                    victims.push(k.to_string());
+        // One shard at a time (with the global state): the calls on the other shards go on
+        // meanwhile, and what they do is theirs (a put into a shard already done stays).
+        let (mut removed, mut skipped) = (0, 0);
+        let mut segments = HashSet::new();
+        for i in 0..SHARDS {
+            let mut st = self.lock_shard(i);
+            self.fence.check(now)?;
+            let mut victims = Vec::new();
+            for (k, o) in st.objects.iter() {
+                if o.complete && matches(k) {
+                    if o.leased(now) && !force {
+                        skipped += 1;
+                    } else {
+                        victims.push(k.to_string());
+                    }
                 }
             }
+            for k in &victims {
+                segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
+                self.emit_object(&st, k, EventKind::Removed);
+                Self::remove_object(&mut st, k);
+            }
+            self.flush_news(&mut st);
+            removed += victims.len() as u64;
         }
-        let mut segments = HashSet::new();
-        for k in &victims {
-            segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
-            self.emit_object(&st, k, EventKind::Removed);
-            Self::remove_object(&mut st, k);
-        }
-        self.flush_news(&mut st);
-        let wait = Self::waits(&st, segments);
-        drop(st);
+        let wait = Self::waits(&self.state.lock(), segments);
         self.update_gauges();
-        Ok(((victims.len() as u64, skipped), wait))
+        Ok(((removed, skipped), wait))
     }
 
     // ---- eviction, reclaim, liveness ----
 
-    /// Eviction above the high watermark: [`Self::evict_in`] of every tenant's objects, with
-    /// no minimum, [`EVICTION_CHUNK`] objects per hold of the lock (the calls waiting for it go
-    /// between two chunks). One at a time: a put or sweep that finds one under way leaves the
-    /// work to it.
-    fn evict(&self, st: &mut parking_lot::MutexGuard<'_, State>, now: Instant) -> u64 {
-        if st.evicting {
-            return 0;
+    /// Whether memory use is above the high watermark (a round of eviction is due).
+    fn above_watermark(&self, st: &State) -> bool {
+        let totals = Self::totals_of(st);
+        totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark
+    }
+
+    /// A round of eviction is wanted: the evictor thread is woken, or, without one (unit
+    /// tests), this call runs the round's steps, releasing the lock between them.
+    fn evict_soon(&self, now: Instant) {
+        if self.evictor.running.load(Ordering::Acquire) {
+            *self.evictor.wanted.lock() = true;
+            self.evictor.wake.notify_one();
+        } else {
+            while self.evict_step(now, EVICTION_STEP) {}
         }
-        st.evicting = true;
-        let target = self.eviction_target(st, 0);
-        let (mut freed, mut count) = (0, 0);
-        while freed < target {
-            let Some((f, c)) = self.evict_some(st, now, target - freed, None, EVICTION_CHUNK) else { break };
-            (freed, count) = (freed + f, count + c);
-            if freed < target {
-                self.flush_news(st);
-                parking_lot::MutexGuard::bump(st);
+    }
+
+    /// One step of the eviction round: starts a round when none is under way and memory use is
+    /// above the high watermark (or a put found no room since the last one), then evicts at most
+    /// `most` of the least recently used evictable objects of every tenant toward the round's
+    /// target ([`MasterConfig::eviction_ratio`] of the capacity), each shard's under one short
+    /// hold of its lock ([`Self::evict_some`]). Returns whether the round goes on (call again).
+    /// The evictor thread calls it in a loop; tests call it to drive eviction step by step.
+    pub(crate) fn evict_step(&self, now: Instant, most: usize) -> bool {
+        let left = {
+            let mut st = self.state.lock();
+            if !self.fence.leads(now) {
+                st.round = None;
+                return false;
+            }
+            if st.round.is_none() {
+                if !(std::mem::take(&mut st.pressure) || self.above_watermark(&st)) {
+                    return false;
+                }
+                st.round = Some(Round { target: self.eviction_target(&st), ..Round::default() });
+            }
+            let round = st.round.expect("set above");
+            round.target.saturating_sub(round.freed)
+        };
+        let step = self.evict_some(now, left, None, most);
+        let mut st = self.state.lock();
+        let Some(round) = st.round.as_mut() else { return false }; // a new term meanwhile
+        let (freed, count) = step.unwrap_or((0, 0));
+        (round.freed, round.count) = (round.freed + freed, round.count + count);
+        self.count_eviction(count, freed);
+        let more = count > 0 && round.freed < round.target;
+        if !more {
+            let round = st.round.take().expect("looked up above");
+            if round.count > 0 {
+                tracing::info!("eviction round: {} object(s), {} bytes", round.count, round.freed);
             }
         }
-        st.evicting = false;
-        self.count_eviction(count, freed);
-        freed
+        drop(st);
+        self.update_gauges();
+        more
     }
 
     /// Evicts least-recently-used evictable objects of `tenant` (every tenant's when none)
-    /// until `at_least` bytes and the configured ratio of capacity are freed (or nothing
-    /// evictable is left); objects whose file is still being written from memory
-    /// (`offload_held_until`) go last. Returns bytes freed. It walks the objects from the
-    /// least recently used and stops once it has enough ([`objects`]): its cost is the objects
-    /// it looks at, not the store's size.
-    fn evict_in(&self, st: &mut State, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
-        let target = self.eviction_target(st, at_least);
+    /// until `at_least` bytes are freed (or nothing evictable is left); objects whose file is
+    /// still being written from memory (`offload_held_until`) go last. Returns bytes freed.
+    /// Holds no lock when called: it takes the shards one at a time.
+    fn evict_in(&self, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
         let (mut freed, mut count) = (0, 0);
-        while freed < target {
-            let Some((f, c)) = self.evict_some(st, now, target - freed, tenant, usize::MAX) else { break };
+        while freed < at_least {
+            let Some((f, c)) = self.evict_some(now, at_least - freed, tenant, EVICTION_STEP) else { break };
             (freed, count) = (freed + f, count + c);
+            if c == 0 {
+                break;
+            }
         }
         self.count_eviction(count, freed);
+        self.update_gauges();
         freed
     }
 
-    fn eviction_target(&self, st: &State, at_least: u64) -> u64 {
-        at_least.max((Self::totals_of(st).capacity as f64 * self.config.eviction_ratio) as u64)
+    fn eviction_target(&self, st: &State) -> u64 {
+        (Self::totals_of(st).capacity as f64 * self.config.eviction_ratio) as u64
     }
 
-    /// One plan of at most `most` objects toward `target` bytes, carried out: (bytes freed,
-    /// objects), or `None` when nothing is left to take. (Another plan follows only if fewer
-    /// bytes came back than planned, or the plan stopped at `most`.)
-    fn evict_some(
-        &self,
-        st: &mut State,
-        now: Instant,
-        target: u64,
-        tenant: Option<&str>,
-        most: usize,
-    ) -> Option<(u64, u64)> {
-        let plan = st.objects.eviction_plan(now, target, most, |k| tenant.is_none_or(|t| tenant::tenant_of(k) == t));
-        for key in &plan.parked {
-            st.objects.touch(key);
-        }
-        if plan.victims.is_empty() {
+    /// At most `most` objects toward `target` bytes, the least recently used of all shards
+    /// first, evicted: (bytes freed, objects), or `None` when nothing is left to take.
+    ///
+    /// Each shard plans from its least recently used end (a few more than its share of
+    /// `most`), under its lock alone; the plans merge by their objects' last use
+    /// ([`objects::Victim::tick`]) into the globally least recently used, cut where a shard's
+    /// plan stopped early (what it did not list comes after its last victim). Then each shard's
+    /// chosen objects go under one hold of the shard and the global state, each only if it was
+    /// not used, pinned or removed since it was planned. So the order is the one a single
+    /// map would give, and a step's cost is its plans' objects, not the store's size.
+    fn evict_some(&self, now: Instant, target: u64, tenant: Option<&str>, most: usize) -> Option<(u64, u64)> {
+        if target == 0 || most == 0 {
             return None;
         }
+        let eligible = |k: &str| tenant.is_none_or(|t| tenant::tenant_of(k) == t);
+        let per_shard = (most / SHARDS * 2).clamp(8, most.max(8));
+        let mut candidates: Vec<(usize, objects::Victim)> = Vec::new();
+        // The latest (held, tick) the merge may take: the last victim of a plan that stopped early.
+        let mut bound = (true, u64::MAX);
+        for i in 0..SHARDS {
+            let mut shard = self.shard(i);
+            let plan = shard.eviction_plan(now, target, per_shard, eligible);
+            for key in &plan.parked {
+                shard.touch(key);
+            }
+            drop(shard);
+            if plan.more {
+                if let Some(last) = plan.victims.last() {
+                    bound = bound.min((last.held, last.tick));
+                }
+            }
+            candidates.extend(plan.victims.into_iter().map(|v| (i, v)));
+        }
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort_unstable_by_key(|(_, v)| (v.held, v.tick));
+        let (mut planned, mut chosen) = (0, 0);
+        for (_, v) in &candidates {
+            if planned >= target || chosen >= most || (v.held, v.tick) > bound {
+                break;
+            }
+            planned += v.bytes;
+            chosen += 1;
+        }
+        candidates.truncate(chosen);
+        // By shard, in the merged order within each.
+        candidates.sort_by_key(|(i, _)| *i);
         let (mut freed, mut count) = (0, 0);
-        for key in plan.victims {
-            self.emit_object(st, &key, EventKind::Evicted);
-            // An object with a disk copy loses its memory replicas only: gets read the disk.
-            freed += Self::evict_memory_replicas(st, &key).unwrap_or(0);
-            count += 1;
+        for group in candidates.chunk_by(|a, b| a.0 == b.0) {
+            let mut st = self.lock_shard(group[0].0);
+            for (_, v) in group {
+                let as_planned = st
+                    .objects
+                    .get(&v.key)
+                    .is_some_and(|o| o.complete && o.tick() == v.tick && o.evictable(now) && !o.replicas.is_empty());
+                if !as_planned {
+                    continue;
+                }
+                self.emit_object(&st, &v.key, EventKind::Evicted);
+                // An object with a disk copy loses its memory replicas only: gets read the disk.
+                freed += Self::evict_memory_replicas(&mut st, &v.key).unwrap_or(0);
+                count += 1;
+            }
+            self.flush_news(&mut st);
         }
         Some((freed, count))
     }
@@ -1070,7 +1258,7 @@ impl Master {
         if count > 0 {
             self.metrics.evictions.inc_by(count);
             self.metrics.evicted_bytes.inc_by(freed);
-            tracing::info!("evicted {count} object(s), {freed} bytes");
+            tracing::debug!("evicted {count} object(s), {freed} bytes");
         }
     }
 
@@ -1080,7 +1268,7 @@ impl Master {
     }
 
     fn sweep_at(&self, now: Instant) {
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         if !self.fence.leads(now) {
             return;
         }
@@ -1128,17 +1316,19 @@ impl Master {
         st.names.prune();
         self.expire_published(&mut st, now);
         self.hot_tick(&mut st, now);
-        let totals = Self::totals_of(&st);
-        if totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark {
-            self.evict(&mut st, now);
-        }
+        let evict = self.above_watermark(&st);
         self.flush_news(&mut st);
         drop(st);
         self.update_gauges();
+        if evict {
+            self.evict_soon(now);
+        }
     }
 
-    /// Runs [`Self::sweep`] every `sweep_interval` until the master is dropped.
+    /// Runs [`Self::sweep`] every `sweep_interval`, and the evictor (rounds of
+    /// `evict_step` when a put or a sweep asks for one), until the master is dropped.
     pub fn start_sweeper(self: &Arc<Self>) {
+        self.start_evictor();
         let weak = Arc::downgrade(self);
         let interval = self.config.sweep_interval;
         std::thread::Builder::new()
@@ -1154,6 +1344,36 @@ impl Master {
             .expect("spawning the sweeper");
     }
 
+    /// The evictor thread: woken when a round is wanted, it runs the round's steps, each under
+    /// one short hold of the lock, so no put or get waits behind a whole round.
+    fn start_evictor(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let evictor = self.evictor.clone();
+        if evictor.running.swap(true, Ordering::AcqRel) {
+            return; // one is running already
+        }
+        std::thread::Builder::new()
+            .name("crescent-master-evict".into())
+            .spawn(move || loop {
+                {
+                    let mut wanted = evictor.wanted.lock();
+                    if !*wanted {
+                        // Woken by a request, or now and then to see whether the master is gone.
+                        evictor.wake.wait_for(&mut wanted, Duration::from_millis(500));
+                    }
+                    if !std::mem::take(&mut *wanted) {
+                        if weak.strong_count() == 0 {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+                let Some(master) = weak.upgrade() else { return };
+                while master.evict_step(Instant::now(), EVICTION_STEP) {}
+            })
+            .expect("spawning the evictor");
+    }
+
     // ---- views ----
 
     fn totals_of(st: &State) -> Totals {
@@ -1165,7 +1385,7 @@ impl Master {
         Totals {
             capacity,
             used,
-            keys: st.objects.len() as u64,
+            keys: 0, // kept outside the global state: see Self::totals
             segments: st.segments.len() as u64,
             clients: st.clients.len() as u64,
         }
@@ -1173,26 +1393,31 @@ impl Master {
 
     /// Its sizes now.
     pub fn totals(&self) -> Totals {
-        Self::totals_of(&self.state.lock())
+        Totals { keys: self.object_count(), ..Self::totals_of(&self.state.lock()) }
     }
 
     /// Sets the gauges a scrape reads that no operation keeps up to date: per-segment bytes,
     /// soft-pinned keys, values in memory and on disks (Mooncake's names).
     pub fn refresh_scrape_gauges(&self) {
         let now = Instant::now();
-        let st = self.state.lock();
         let mc = &self.metrics.mooncake;
-        mc.segment_allocated_bytes.reset();
-        mc.segment_total_capacity_bytes.reset();
-        for s in st.segments.values().filter(|s| s.tier != Tier::Ssd) {
-            mc.segment_allocated_bytes.with_label_values(&[s.name.as_str()]).set(s.alloc.reserved() as i64);
-            mc.segment_total_capacity_bytes.with_label_values(&[s.name.as_str()]).set(s.alloc.capacity() as i64);
+        {
+            let st = self.state.lock();
+            mc.segment_allocated_bytes.reset();
+            mc.segment_total_capacity_bytes.reset();
+            for s in st.segments.values().filter(|s| s.tier != Tier::Ssd) {
+                mc.segment_allocated_bytes.with_label_values(&[s.name.as_str()]).set(s.alloc.reserved() as i64);
+                mc.segment_total_capacity_bytes.with_label_values(&[s.name.as_str()]).set(s.alloc.capacity() as i64);
+            }
         }
+        // Every object, one shard at a time (no global lock): calls on the other shards go on.
         let (mut pinned, mut in_memory, mut on_disk) = (0, 0, 0);
-        for o in st.objects.values() {
-            pinned += o.soft_pinned(now) as i64;
-            in_memory += (o.complete && !o.replicas.is_empty()) as i64;
-            on_disk += (!o.ssd.is_empty()) as i64;
+        for i in 0..SHARDS {
+            for o in self.shard(i).values() {
+                pinned += o.soft_pinned(now) as i64;
+                in_memory += (o.complete && !o.replicas.is_empty()) as i64;
+                on_disk += (!o.ssd.is_empty()) as i64;
+            }
         }
         mc.soft_pin_key_count.set(pinned);
         mc.mem_cache_nums.set(in_memory);
@@ -1222,7 +1447,15 @@ impl Master {
 
     /// At most `limit` keys of committed objects, in no particular order.
     pub fn keys(&self, limit: usize) -> Vec<String> {
-        self.state.lock().objects.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.to_string()).take(limit).collect()
+        let mut keys = Vec::new();
+        for i in 0..SHARDS {
+            let shard = self.shard(i);
+            keys.extend(shard.iter().filter(|(_, o)| o.complete).map(|(k, _)| k.to_string()).take(limit - keys.len()));
+            if keys.len() == limit {
+                break;
+            }
+        }
+        keys
     }
 
     /// Every mounted segment, by id.

@@ -1,6 +1,8 @@
 //! The master's answers against a reference model of its metadata: random sequences of puts,
 //! commits, revokes, gets, exists, removals and sweeps on a few keys, on a clock the test
-//! moves (leases end, unfinished puts are reclaimed), compared answer by answer.
+//! moves (leases end, unfinished puts are reclaimed), compared answer by answer; and eviction
+//! rounds, which must take the least recently used unleased committed objects of all shards
+//! in order (the keys spread over several shards).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +14,9 @@ const KEYS: u8 = 6;
 const GRANULE: u64 = 256;
 const LEASE: Duration = Duration::from_millis(1000);
 const PUT_TIMEOUT: Duration = Duration::from_millis(3000);
+const CAPACITY: u64 = 1 << 20;
+/// Share of the capacity an eviction round frees: one to a few objects here.
+const EVICTION_RATIO: f64 = 0.02;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -26,6 +31,8 @@ enum Op {
     /// Moves the clock on by this many milliseconds.
     Advance(u64),
     Sweep,
+    /// A round of eviction (as a put that found no room asks for), in steps of this many objects.
+    Evict(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -41,6 +48,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(Op::RemoveAll),
         2 => (1..2500u64).prop_map(Op::Advance),
         1 => Just(Op::Sweep),
+        1 => (1..4usize).prop_map(Op::Evict),
     ]
 }
 
@@ -78,6 +86,8 @@ struct Entry {
     /// Milliseconds on the test's clock.
     started: u64,
     lease_until: Option<u64>,
+    /// Its last use (commit or get), on the model's use counter.
+    used: u64,
 }
 
 /// The metadata as the documentation states it: one map of keys.
@@ -85,6 +95,7 @@ struct Entry {
 struct Model {
     objects: BTreeMap<String, Entry>,
     now: u64,
+    uses: u64,
 }
 
 impl Model {
@@ -100,13 +111,18 @@ impl Model {
                 if self.objects.contains_key(&key) {
                     return Answer::AlreadyExists;
                 }
-                self.objects.insert(key, Entry { size: *size, complete: false, started: now, lease_until: None });
+                self.objects
+                    .insert(key, Entry { size: *size, complete: false, started: now, lease_until: None, used: 0 });
                 Answer::Size(*size)
             }
             Op::PutEnd(k) => match self.objects.get_mut(&name(*k)) {
                 None => Answer::NotFound,
                 Some(e) => {
-                    e.complete = true;
+                    if !e.complete {
+                        e.complete = true;
+                        self.uses += 1;
+                        e.used = self.uses;
+                    }
                     Answer::Ok
                 }
             },
@@ -124,6 +140,8 @@ impl Model {
                 Some(e) => {
                     let until = now + LEASE.as_millis() as u64;
                     e.lease_until = Some(e.lease_until.map_or(until, |t| t.max(until)));
+                    self.uses += 1;
+                    e.used = self.uses;
                     Answer::Size(e.size)
                 }
             },
@@ -165,6 +183,25 @@ impl Model {
                 self.objects.retain(|_, e| e.complete || now - e.started <= timeout);
                 Answer::Ok
             }
+            Op::Evict(_) => {
+                let target = (CAPACITY as f64 * EVICTION_RATIO) as u64;
+                let mut order: Vec<(u64, String)> = self
+                    .objects
+                    .iter()
+                    .filter(|(_, e)| e.complete && !self.leased(e))
+                    .map(|(k, e)| (e.used, k.clone()))
+                    .collect();
+                order.sort();
+                let (mut count, mut freed) = (0, 0);
+                for (_, k) in order {
+                    if freed >= target {
+                        break;
+                    }
+                    freed += self.objects.remove(&k).expect("listed").size.next_multiple_of(GRANULE);
+                    count += 1;
+                }
+                Answer::Counts(count, freed)
+            }
         }
     }
 }
@@ -193,6 +230,12 @@ fn run(m: &Master, t0: Instant, now_ms: u64, op: &Op) -> Answer {
             m.sweep_at(now);
             Answer::Ok
         }
+        Op::Evict(step) => {
+            let (count, freed) = (m.metrics().evictions.get(), m.metrics().evicted_bytes.get());
+            m.state.lock().pressure = true;
+            while m.evict_step(now, *step) {}
+            Answer::Counts(m.metrics().evictions.get() - count, m.metrics().evicted_bytes.get() - freed)
+        }
     }
 }
 
@@ -206,11 +249,14 @@ proptest! {
             put_timeout: PUT_TIMEOUT,
             // The test's clock runs ahead of the real one: the client must not look silent.
             client_ttl: Duration::from_secs(86_400),
+            eviction_ratio: EVICTION_RATIO,
             ..MasterConfig::default()
         };
         let m = Master::new(config).unwrap();
-        // Room for every key at its largest: nothing is evicted.
-        let info = SegmentInfo { name: "s1".into(), base: 1 << 30, size: 1 << 20, tier: Tier::Dram as i32 };
+        let shards: std::collections::HashSet<usize> = (0..KEYS).map(|k| objects::shard_of(&name(k))).collect();
+        prop_assert!(shards.len() > 1, "the keys spread over several shards");
+        // Room for every key at its largest: nothing is evicted but by the Evict steps.
+        let info = SegmentInfo { name: "s1".into(), base: 1 << 30, size: CAPACITY, tier: Tier::Dram as i32 };
         m.mount_segment("c1", &info, "h").unwrap();
         let t0 = Instant::now();
         let mut model = Model::default();

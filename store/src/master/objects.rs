@@ -17,7 +17,9 @@
 //! object of another tenant: the walk passes them.
 
 use std::collections::HashSet;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -26,6 +28,23 @@ use smallvec::SmallVec;
 use thin_vec::ThinVec;
 
 use crate::allocator::Block;
+
+/// How many shards the objects are split into, by key hash ([`shard_of`]).
+pub(super) const SHARDS: usize = 32;
+
+/// The shard of `key`: a hash with fixed keys (the same shard in every run and process).
+pub(super) fn shard_of(key: &str) -> usize {
+    (BuildHasherDefault::<DefaultHasher>::default().hash_one(key) % SHARDS as u64) as usize
+}
+
+/// The use clock: every use of a committed object (its commit, a get, a report that brings it
+/// back) takes the next tick, so that the shards' least-recently-used orders merge into one
+/// ([`ObjectMap::eviction_plan`]). One for the process: ticks only need to grow.
+static USE_CLOCK: AtomicU64 = AtomicU64::new(1);
+
+fn next_tick() -> Stamp {
+    Stamp(NonZeroU64::new(USE_CLOCK.fetch_add(1, Ordering::Relaxed)).expect("ticks start at 1"))
+}
 
 /// The instant [`Stamp`]s count from: the first time the master looks at the clock.
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -124,6 +143,10 @@ pub(super) struct Object {
     pub(super) complete: bool,
     /// The client writing it (none for objects rebuilt from reports or disks).
     pub(super) writer: Option<Arc<str>>,
+    /// While the put is unfinished: when it started (the sweep reclaims it after the put
+    /// timeout). Once committed: its last use, a tick of [`USE_CLOCK`] (set by [`ObjectMap`]),
+    /// which orders objects of different shards for eviction. (One field for both keeps the
+    /// record in its budget: an unfinished put is never evicted, a committed one never reclaimed.)
     pub(super) started: Stamp,
     pub(super) lease_until: Option<Stamp>,
     pub(super) soft_pin_until: Option<Stamp>,
@@ -147,6 +170,10 @@ impl Object {
     pub(super) fn evictable(&self, now: Instant) -> bool {
         self.complete && !self.hard_pin && !self.leased(now) && !self.soft_pinned(now)
     }
+    /// Its last use, once committed ([`USE_CLOCK`]).
+    pub(super) fn tick(&self) -> u64 {
+        self.started.0.get()
+    }
     /// Whether `client` is writing it.
     pub(super) fn written_by(&self, client: &str) -> bool {
         self.writer.as_deref() == Some(client)
@@ -161,12 +188,27 @@ impl Object {
     }
 }
 
+/// One object an eviction plan takes.
+#[derive(Debug)]
+pub(super) struct Victim {
+    pub(super) key: String,
+    /// Its last use ([`USE_CLOCK`]): the plans of several shards merge by it.
+    pub(super) tick: u64,
+    /// The memory its eviction frees.
+    pub(super) bytes: u64,
+    /// Its file is still being written from memory: it goes after every other candidate.
+    pub(super) held: bool,
+}
+
 /// What an eviction takes, in its order, and what it moves out of its way.
 #[derive(Debug, Default)]
 pub(super) struct EvictionPlan {
-    pub(super) victims: Vec<String>,
+    pub(super) victims: Vec<Victim>,
     /// Keys met that eviction cannot take as they are: to move to the front.
     pub(super) parked: Vec<String>,
+    /// The plan stopped early (enough bytes, or `most` objects): the shard may have more
+    /// candidates, all after its last victim.
+    pub(super) more: bool,
 }
 
 /// Key → object, ordered by last use (see the module doc).
@@ -183,10 +225,6 @@ impl Default for ObjectMap {
 }
 
 impl ObjectMap {
-    pub(super) fn len(&self) -> usize {
-        self.map.len()
-    }
-
     /// The object, without changing the order.
     pub(super) fn get(&self, key: &str) -> Option<&Object> {
         self.map.peek(key)
@@ -201,15 +239,16 @@ impl ObjectMap {
         self.map.contains(key)
     }
 
-    /// Adds (or replaces) an object as the most recently used.
-    pub(super) fn insert(&mut self, key: impl Into<Box<str>>, obj: Object) {
+    /// Adds (or replaces) an object as the most recently used; returns whether the key is new.
+    pub(super) fn insert(&mut self, key: impl Into<Box<str>>, mut obj: Object) -> bool {
         let key = key.into();
         if obj.complete {
+            obj.started = next_tick();
             self.unfinished.remove(&key);
         } else {
             self.unfinished.insert(key.clone());
         }
-        self.map.put(key, obj);
+        self.map.put(key, obj).is_none()
     }
 
     pub(super) fn remove(&mut self, key: &str) -> Option<Object> {
@@ -219,13 +258,18 @@ impl ObjectMap {
 
     /// `key` was just used: it becomes the most recently used.
     pub(super) fn touch(&mut self, key: &str) {
-        self.map.promote(key);
+        if let Some(obj) = self.map.get_mut(key) {
+            if obj.complete {
+                obj.started = next_tick();
+            }
+        }
     }
 
     /// Commits a put: visible from now on, and the most recently used.
     pub(super) fn commit(&mut self, key: &str) {
         if let Some(obj) = self.map.get_mut(key) {
             obj.complete = true;
+            obj.started = next_tick();
             self.unfinished.remove(key);
         }
     }
@@ -266,6 +310,7 @@ impl ObjectMap {
         for (key, obj) in self.map.iter().rev() {
             if planned >= target || plan.victims.len() >= most {
                 // Enough, or the rest for the next plan: no object put aside is needed yet.
+                plan.more = true;
                 return plan;
             }
             if obj.never_evictable_as_is() {
@@ -275,19 +320,22 @@ impl ObjectMap {
             if !obj.evictable(now) || !eligible(key) {
                 continue;
             }
+            let victim =
+                Victim { key: key.to_string(), tick: obj.started.0.get(), bytes: obj.memory_bytes(), held: false };
             if obj.offload_held(now) {
-                held.push((key, obj.memory_bytes()));
+                held.push(Victim { held: true, ..victim });
                 continue;
             }
-            planned += obj.memory_bytes();
-            plan.victims.push(key.to_string());
+            planned += victim.bytes;
+            plan.victims.push(victim);
         }
-        for (key, bytes) in held {
+        for victim in held {
             if planned >= target || plan.victims.len() >= most {
+                plan.more = true;
                 break;
             }
-            planned += bytes;
-            plan.victims.push(key.to_string());
+            planned += victim.bytes;
+            plan.victims.push(victim);
         }
         plan
     }

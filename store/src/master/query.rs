@@ -2,8 +2,9 @@
 //! prefix per node, and per-node load. Read-only: no lease is granted or renewed and no
 //! object's place in the eviction order moves.
 //!
-//! Big batches are answered in chunks of [`LOCK_CHUNK`] keys, taking the master's lock once
-//! per chunk, so that a 100k-key query does not stall puts and gets for its whole duration.
+//! A batch of keys is answered one key at a time, each under its shard's lock (and the global
+//! state's), so that a 100k-key query does not stall puts and gets for its whole duration. A
+//! prefix query holds every shard for its keys (its answer needs one consistent view).
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -17,8 +18,6 @@ use crate::proto::{
 
 /// Most keys in one query.
 pub const MAX_QUERY_KEYS: usize = 1 << 20;
-/// Keys answered per hold of the master's lock.
-pub const LOCK_CHUNK: usize = 2048;
 /// Seconds of history behind the per-node rates.
 pub const RATE_WINDOW_SECS: u64 = 10;
 
@@ -157,17 +156,16 @@ impl Master {
         self.metrics.queried_keys.inc_by(keys.len() as u64);
         let mut nodes = Nodes::default();
         let mut items = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(LOCK_CHUNK) {
+        // One key's shard (and the global state) at a time: no call waits behind a long query.
+        for key in keys {
             let now = Instant::now();
-            let st = self.state.lock();
-            for key in chunk {
-                items.push(Self::locate(&st, &mut nodes, key, now));
-            }
+            let st = self.lock_key(key);
+            items.push(Self::locate(&st, &mut nodes, key, now));
         }
         Ok(QueryKeysReply { status: None, nodes: nodes.list, items })
     }
 
-    fn locate(st: &State, nodes: &mut Nodes, key: &str, now: Instant) -> KeyLocations {
+    fn locate(st: &super::Locked<'_>, nodes: &mut Nodes, key: &str, now: Instant) -> KeyLocations {
         let mut out = KeyLocations::default();
         if let Some(obj) = st.objects.get(key).filter(|o| o.complete) {
             out.exists = true;
@@ -196,7 +194,7 @@ impl Master {
         check_keys(keys)?;
         self.metrics.queried_keys.inc_by(keys.len() as u64);
         let now = Instant::now();
-        let st = self.state.lock();
+        let st = self.lock_all();
         let mut pool_prefix: Option<u32> = None;
         // Nodes (by client id) that hold every chunk so far.
         let mut alive: HashMap<String, NodePrefix> = HashMap::new();

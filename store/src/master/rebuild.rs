@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use super::owners::Pins;
-use super::{check_key, objects, Master, Object, Replica, Stamp, State, MAX_OBJECT_SIZE};
+use super::{check_key, objects, Master, Object, Replica, Stamp, MAX_OBJECT_SIZE};
 use crate::error::Result;
 use crate::proto::{OwnedObject, OwnerNewsItem, SegmentInfo};
 
@@ -52,7 +52,7 @@ impl Master {
         objects: &[OwnedObject],
         now: Instant,
     ) -> Result<Rebuilt> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         self.fence.check(now)?;
         // Whatever this master had of the segment from this client is stale: the report is
         // the truth now.
@@ -84,7 +84,7 @@ impl Master {
     }
 
     /// One reported object: true when it is listed now.
-    fn reinstate(&self, st: &mut State, segment_id: u64, o: &OwnedObject, now: Instant) -> bool {
+    fn reinstate(&self, st: &mut super::Locked<'_>, segment_id: u64, o: &OwnedObject, now: Instant) -> bool {
         let valid = check_key(&o.key).is_ok() && o.size > 0 && o.size <= MAX_OBJECT_SIZE && o.version > 0;
         let block = if valid {
             st.segments.get_mut(&segment_id).expect("mounted").alloc.reserve(o.offset, o.size).ok()

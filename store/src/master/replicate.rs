@@ -89,9 +89,9 @@ impl Master {
             return Err(StoreError::InvalidArgument(format!("replica count {count} is not in 1..={MAX_REPLICAS}")));
         }
         let now = Instant::now();
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(now)?;
-        let st = &mut *st;
+        let st = &mut st;
         let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete || st.replications.contains_key(key) {
             return Err(StoreError::NotReady(key.to_string()));
@@ -174,9 +174,9 @@ impl Master {
     pub fn replicate_end_begin(&self, client_id: &str, key: &str, done: &[u64]) -> Result<ReplicationCommit> {
         check_key(key)?;
         let now = Instant::now();
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(now)?;
-        let st = &mut *st;
+        let st = &mut st;
         let pending = match st.replications.get(key) {
             None => {
                 return Err(StoreError::InvalidArgument(format!("no replication of {key:?} is in progress")));
@@ -226,9 +226,9 @@ impl Master {
     /// block goes and the call fails with `OBJECT_NOT_FOUND`.
     pub fn replicate_end_finish(&self, c: &ReplicationCommit) -> Result<(u32, u32)> {
         let key = c.key.as_str();
-        let mut st = self.state.lock();
+        let mut st = self.lock_key(key);
         self.fence.check(Instant::now())?;
-        let st = &mut *st;
+        let st = &mut st;
         let pending = match st.replications.remove(key) {
             Some(p) if p.client == c.client && p.news.is_some() => p,
             Some(p) => {
@@ -289,7 +289,7 @@ impl Master {
     }
 
     /// Ends a hot-key window: queues keys read faster than the threshold.
-    pub(super) fn hot_tick(&self, st: &mut State, now: Instant) {
+    pub(super) fn hot_tick(&self, st: &mut super::Locked<'_>, now: Instant) {
         if self.config.hot_read_threshold <= 0.0 {
             return;
         }
@@ -335,7 +335,7 @@ impl Master {
     /// [`Self::take_replication_tasks`] of the keys `mine` accepts (a tenant's); the others
     /// stay queued, in their order.
     pub fn take_replication_tasks_of(&self, max: u32, mine: impl Fn(&str) -> bool) -> Vec<ReplicationTask> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         let mut tasks = Vec::new();
         let mut others = Vec::new();
         while tasks.len() < max as usize {

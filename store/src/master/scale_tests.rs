@@ -17,7 +17,7 @@ impl Master {
     /// checks, news and events: a million of them in seconds in a debug build.
     fn fill(&self, client: &str, keys: impl Iterator<Item = String>, size: u64) {
         let now = Instant::now();
-        let mut st = self.state.lock();
+        let mut st = self.lock_all();
         for key in keys {
             let blocks = self.allocate(&mut st, access::DEFAULT_TENANT, size, 1, &PutOptions::default()).unwrap();
             let version = st.next_version;
@@ -93,9 +93,11 @@ fn eviction_order_and_protections_hold_at_a_million_objects() {
         m.get_replica_list_inner(&key("read", i), now).unwrap();
     }
 
-    // The next put finds no room: one eviction of 1 % of the capacity, least recently used first.
+    // The next put finds no room: it evicts the one object it needs, then (no evictor thread
+    // here: the put runs its steps) a round of 1 % of the capacity, least recently used first,
+    // EVICTION_STEP objects per step.
     m.put_start_inner("c1", "trigger", SIZE, &plain, later).unwrap();
-    let evicted = ((capacity as f64 * 0.01) as u64).div_ceil(SIZE);
+    let evicted = 1 + ((capacity as f64 * 0.01) as u64).div_ceil(SIZE);
     assert_eq!(m.metrics().evictions.get(), evicted);
     for i in 0..FEW {
         assert!(!m.exists(&key("probed", i)).unwrap(), "probing does not make an object recent");
@@ -115,9 +117,9 @@ fn eviction_order_and_protections_hold_at_a_million_objects() {
 }
 
 #[test]
-fn an_eviction_above_the_watermark_takes_the_oldest_in_order_across_its_chunks() {
-    // The put that passes half the capacity evicts 35 % of it: three chunks and more.
-    let n = 10 * EVICTION_CHUNK as u64;
+fn an_eviction_round_takes_the_oldest_in_order_across_its_steps() {
+    // The put that passes half the capacity evicts 35 % of it: many steps.
+    let n = 40 * EVICTION_STEP as u64;
     let config = MasterConfig {
         eviction_high_watermark: 0.5,
         eviction_ratio: 0.35,
@@ -140,10 +142,82 @@ fn an_eviction_above_the_watermark_takes_the_oldest_in_order_across_its_chunks()
     m.put_start_inner("c1", "trigger", SIZE, &PutOptions::default(), later).unwrap();
 
     let evicted = (((n * SIZE) as f64 * 0.35) as u64).div_ceil(SIZE);
-    assert!(evicted > 3 * EVICTION_CHUNK as u64);
+    assert!(evicted > 10 * EVICTION_STEP as u64);
     assert_eq!(m.metrics().evictions.get(), evicted);
     let expected: Vec<u64> = (0..n / 2).filter(|i| !leased(*i)).take(evicted as usize).collect();
     let gone: Vec<u64> = (0..n / 2).filter(|i| !m.exists(&key("k", *i)).unwrap()).collect();
     assert_eq!(gone, expected, "the oldest unleased objects, and only they");
     assert_eq!(m.query("trigger").unwrap().replicas.len(), 1, "the put that passed the watermark is placed");
+}
+
+#[test]
+fn a_put_above_the_watermark_leaves_the_round_to_the_evictor_which_takes_it_in_steps() {
+    let n = 40 * EVICTION_STEP as u64;
+    let config = MasterConfig { eviction_high_watermark: 0.5, eviction_ratio: 0.35, ..MasterConfig::default() };
+    let m = Master::new(config).unwrap();
+    let info = SegmentInfo { name: "s1".into(), base: 1 << 40, size: n * SIZE, tier: Tier::Dram as i32 };
+    m.mount_segment("c1", &info, "h").unwrap();
+    m.fill("c1", (0..n / 2).map(|i| key("k", i)), SIZE);
+    // As if the evictor thread ran: the put only asks for the round.
+    m.evictor.running.store(true, Ordering::Release);
+    let now = Instant::now();
+    m.put_start_inner("c1", "trigger", SIZE, &PutOptions::default(), now).unwrap();
+    assert_eq!(m.metrics().evictions.get(), 0, "the put evicted nothing itself");
+    assert!(*m.evictor.wanted.lock(), "it asked the evictor for a round");
+    assert!(m.exists("k0").unwrap());
+
+    let evicted = (((n * SIZE) as f64 * 0.35) as u64).div_ceil(SIZE);
+    let mut steps = 0;
+    loop {
+        let before = m.metrics().evictions.get();
+        let more = m.evict_step(now, EVICTION_STEP);
+        let taken = m.metrics().evictions.get() - before;
+        assert!(taken <= EVICTION_STEP as u64, "step {steps} took {taken} objects");
+        steps += 1;
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(m.metrics().evictions.get(), evicted, "the round freed its share of the capacity");
+    assert!(steps as u64 >= evicted.div_ceil(EVICTION_STEP as u64), "{steps} steps");
+    let gone: Vec<u64> = (0..n / 2).filter(|i| !m.exists(&key("k", *i)).unwrap()).collect();
+    assert_eq!(gone, (0..evicted).collect::<Vec<_>>(), "the oldest went, in order");
+    assert!(!m.evict_step(now, EVICTION_STEP), "below the watermark now: no new round");
+    assert_eq!(m.metrics().evictions.get(), evicted);
+}
+
+#[test]
+fn a_call_on_a_key_of_another_shard_does_not_wait_for_a_held_shard() {
+    let m = Master::new(MasterConfig::default()).unwrap();
+    let info = SegmentInfo { name: "s1".into(), base: 1 << 40, size: 1 << 20, tier: Tier::Dram as i32 };
+    m.mount_segment("c1", &info, "h").unwrap();
+    let a = "a".to_string();
+    let b = (0..).map(|i| format!("b{i}")).find(|k| objects::shard_of(k) != objects::shard_of(&a)).unwrap();
+    m.put_start("c1", &a, 4096, &PutOptions::default()).unwrap();
+    m.put_end("c1", &a).unwrap();
+
+    // Key a's shard is held (as by a call stalled on it): every call on b goes through.
+    let held = m.shard_of_key(&a);
+    let (done, finished) = std::sync::mpsc::channel();
+    let m2 = m.clone();
+    let b2 = b.clone();
+    std::thread::spawn(move || {
+        let r = (|| -> Result<()> {
+            m2.put_start("c1", &b2, 4096, &PutOptions::default())?;
+            m2.put_end("c1", &b2)?;
+            assert!(m2.exists(&b2)?);
+            m2.get_replica_list(&b2)?;
+            assert!(m2.query(&b2)?.exists);
+            m2.evict_step(Instant::now(), EVICTION_STEP); // below the watermark: nothing to do
+            m2.remove(&b2, true)?;
+            Ok(())
+        })();
+        done.send(r).unwrap();
+    });
+    // (A guard against a hang, not a measure: the calls take microseconds.)
+    let r = finished.recv_timeout(Duration::from_secs(120)).expect("the calls on b waited for a's shard");
+    r.unwrap();
+    drop(held);
+    assert!(m.exists(&a).unwrap(), "a's shard works again once released");
+    assert!(!m.exists(&b).unwrap());
 }

@@ -282,13 +282,13 @@ fn hot_keys_are_queued_for_replication_within_bounds() {
         put_from(&m, "a", "sa", k, 1000, 1);
     }
     let t0 = Instant::now();
-    m.hot_tick(&mut m.state.lock(), t0); // opens the window
+    m.hot_tick(&mut m.lock_all(), t0); // opens the window
     for _ in 0..50 {
         m.get_replica_list("hot").unwrap();
         m.get_replica_list("hot2").unwrap();
     }
     m.get_replica_list("cold").unwrap();
-    m.hot_tick(&mut m.state.lock(), t0 + Duration::from_millis(150));
+    m.hot_tick(&mut m.lock_all(), t0 + Duration::from_millis(150));
     assert_eq!(m.metrics().hot_keys.get(), 2);
     assert_eq!(m.metrics().replication_tasks_queued.get(), 1, "the queue holds one");
     assert_eq!(m.metrics().replication_tasks_dropped.get(), 1);
@@ -302,7 +302,7 @@ fn hot_keys_are_queued_for_replication_within_bounds() {
     for _ in 0..50 {
         m.get_replica_list(&tasks[0].key).unwrap();
     }
-    m.hot_tick(&mut m.state.lock(), t0 + Duration::from_millis(300));
+    m.hot_tick(&mut m.lock_all(), t0 + Duration::from_millis(300));
     assert!(m.take_replication_tasks(10).is_empty());
 }
 
