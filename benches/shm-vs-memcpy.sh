@@ -8,6 +8,7 @@
 #   BUFFER=1G    size of the target's buffer (and of memcpy-bench's stand-in for it)
 #   BATCH=128    requests (blocks) per batch
 #   PAIRS=5      memcpy/shm pairs per row (--pairs; REPEAT, its old name, is read too)
+#   BIN_DIR=DIR  use DIR's tebench and memcpy-bench as they are instead of building
 #
 # The shm transport copies with MC_SHM_THREADS threads; the script sets it to the thread
 # count of each row, so that both sides copy with the same number of threads.
@@ -40,8 +41,12 @@ while [ $# -gt 0 ]; do
 done
 . benches/lib-pairs.sh
 
-cargo build --release --quiet -p crescent-benches
-bin=${CARGO_TARGET_DIR:-$PWD/target}/release
+if [ -n "${BIN_DIR:-}" ]; then
+  bin=$BIN_DIR # a build kept aside (to compare two builds), used as it is
+else
+  cargo build --release --quiet -p crescent-benches
+  bin=${CARGO_TARGET_DIR:-$PWD/target}/release
+fi
 work=$(mktemp -d)
 target_pid=""
 cleanup() {

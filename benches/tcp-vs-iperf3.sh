@@ -17,6 +17,8 @@
 # server (its `cpu_utilization_percent` host and remote totals times the test's length). On a
 # machine that other programs keep busy, wall-clock rates measure the scheduler as much as the
 # code; CPU per byte does not.
+#
+#   BIN_DIR=DIR   use DIR/tebench as it is instead of building (to compare two builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=2 PAIRS=5 CSV=${CSV:-} BLOCKS="64K 1M 16M" THREADS="1 2" OPS="read write"
@@ -30,16 +32,20 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --ops) OPS=$2; shift 2 ;;
     --iperf-streams) STREAMS=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     [0-9]*) DUR=$1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 command -v iperf3 >/dev/null || { echo "iperf3 is missing: apt-get install iperf3" >&2; exit 1; }
 . benches/lib-pairs.sh
-echo "building tebench (release)..." >&2
-cargo build --release -q -p crescent-benches --bin tebench
-TEBENCH=${CARGO_TARGET_DIR:-$PWD/target}/release/tebench
+if [ -n "${BIN_DIR:-}" ]; then
+  TEBENCH=$BIN_DIR/tebench # a build kept aside (to compare two builds), used as it is
+else
+  echo "building tebench (release)..." >&2
+  cargo build --release -q -p crescent-benches --bin tebench
+  TEBENCH=${CARGO_TARGET_DIR:-$PWD/target}/release/tebench
+fi
 
 PIDS=()
 WORK=$(mktemp -d)
