@@ -8,13 +8,13 @@
 
 use std::io::{self, IoSlice};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::frame::{FrameKind, Header, Status, FORMAT, HEADER_LEN};
+use super::frame::{FrameKind, Header, Status, HEADER_LEN};
 use crate::net::serve::Accepted;
-use crate::net::wire::{discard_by, recv_exact_by, recv_now, send_all_by};
+use crate::net::wire::{send_all_by, RecvBuf};
 use crate::net::{serve, FrameError, Guard, Limits, Server};
 use crate::RegionTable;
 
@@ -52,7 +52,10 @@ pub fn serve_connection(
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut s = stream;
-    let mut buf = [0u8; HEADER_LEN];
+    let fd = stream.as_fd();
+    // Requests arrive ahead of their turn here: read requests come coalesced, up to 64 in one
+    // receive, and a write's next header comes with the end of its payload.
+    let mut rb = RecvBuf::new(super::RECV_BUF);
     // Payload-less responses (write acknowledgements, errors) wait here and leave in one write:
     // before this thread would block reading, ahead of a read response, or when many are queued.
     let mut acks: Vec<u8> = Vec::with_capacity(MAX_PENDING_ACKS * HEADER_LEN);
@@ -66,29 +69,35 @@ pub fn serve_connection(
     loop {
         // Take a header that has already arrived without blocking; flush acknowledgements first
         // when none has (the initiator may be waiting for them).
-        let mut filled = match recv_now(stream.as_fd(), &mut buf)? {
-            Some(0) => {
-                flush(&mut s, &mut acks)?;
-                return Ok(());
+        if rb.buffered().is_empty() {
+            match rb.recv_now(fd)? {
+                Some(0) => {
+                    flush(&mut s, &mut acks)?;
+                    return Ok(());
+                }
+                Some(_) => {}
+                None => {
+                    flush(&mut s, &mut acks)?;
+                    match rb.recv_by(fd, idle.map(|d| Instant::now() + d)) {
+                        Ok(0) => return Ok(()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                            return Err(invalid(FrameError::Idle(idle.unwrap_or_default())))
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
             }
-            Some(n) => n,
-            None => 0,
-        };
-        if filled == 0 {
-            flush(&mut s, &mut acks)?;
-            filled = match FORMAT.await_frame(&mut s, &mut buf, idle) {
-                Ok(n) => n,
-                Err(FrameError::Closed) => return Ok(()),
-                Err(e) => return Err(invalid(e)),
-            };
         }
         // From the first byte of a request, its header and payload have one deadline.
         let deadline = Instant::now() + io_timeout;
-        recv_exact_by(&mut s, &mut buf[filled..], Some(deadline))?;
-        let req = Header::decode(&buf).map_err(invalid)?;
+        rb.fill_by(fd, HEADER_LEN, Some(deadline))?;
+        let header: &[u8; HEADER_LEN] = rb.buffered()[..HEADER_LEN].try_into().expect("a whole header is buffered");
+        let req = Header::decode(header).map_err(invalid)?;
+        rb.consume(HEADER_LEN);
         match req.kind {
             FrameKind::ReadRequest => serve_read(&mut s, table, &req, &mut acks, io_timeout)?,
-            FrameKind::WriteRequest => serve_write(&mut s, table, &req, &mut acks, deadline)?,
+            FrameKind::WriteRequest => serve_write(fd, &mut rb, table, &req, &mut acks, deadline)?,
             kind => return Err(invalid(format!("a peer sent a {kind:?} frame, which only targets send"))),
         }
         if acks.len() >= MAX_PENDING_ACKS * HEADER_LEN {
@@ -131,7 +140,8 @@ fn serve_read(
 }
 
 fn serve_write(
-    s: &mut &TcpStream,
+    fd: BorrowedFd<'_>,
+    rb: &mut RecvBuf,
     table: &RegionTable,
     req: &Header,
     acks: &mut Vec<u8>,
@@ -140,12 +150,12 @@ fn serve_write(
     let status = match table.access(req.addr, req.len) {
         Some(access) => {
             // Receive straight into registered memory.
-            recv_exact_by(s, access.as_mut_slice(), Some(deadline))?;
+            rb.recv_exact_by(fd, access.as_mut_slice(), Some(deadline))?;
             Status::Ok
         }
         None => {
             tracing::debug!("tcp transport: write of [{:#x}, +{}) is out of range", req.addr, req.len);
-            discard_by(s, req.len, Some(deadline))?;
+            rb.discard_by(fd, req.len, Some(deadline))?;
             Status::OutOfRange
         }
     };
