@@ -59,6 +59,7 @@ pub mod socket;
 pub mod wire;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -120,8 +121,8 @@ struct Job {
 
 /// The shm transport of one engine: the listener that grants same-host peers access to the
 /// engine's registered regions, one control connection per peer it reaches, and the threads
-/// that copy its slices (small slices whose grant is at hand are copied by the submitting
-/// thread itself, see [`INLINE_SLICE_MAX`]). Dropping it stops the listener and closes its connections; the copy
+/// that copy its slices (the submitting thread copies its share of the small ones itself, see
+/// [`INLINE_SLICE_MAX`]). Dropping it stops the listener and closes its connections; the copy
 /// threads finish the slices already queued, then end.
 pub struct ShmTransport {
     config: ShmConfig,
@@ -131,6 +132,8 @@ pub struct ShmTransport {
     peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
+    /// Copy threads not copying now (waiting for a job).
+    idle: Arc<AtomicUsize>,
 }
 
 impl ShmTransport {
@@ -161,10 +164,11 @@ impl ShmTransport {
             })
             .map_err(unavailable)?;
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let idle = Arc::new(AtomicUsize::new(config.copy_threads));
         let workers = (0..config.copy_threads)
             .map(|_| {
-                let rx = rx.clone();
-                std::thread::Builder::new().name("crescent-shm-copy".into()).spawn(move || copy_loop(rx))
+                let (rx, idle) = (rx.clone(), idle.clone());
+                std::thread::Builder::new().name("crescent-shm-copy".into()).spawn(move || copy_loop(rx, &idle))
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(unavailable)?;
@@ -176,6 +180,7 @@ impl ShmTransport {
             peers: Mutex::new(HashMap::new()),
             jobs: Some(tx),
             workers,
+            idle,
         })
     }
 
@@ -198,17 +203,20 @@ impl ShmTransport {
     }
 }
 
-/// Slices at most this long are copied on the thread that submits them, when it can take
+/// Slices at most this long may be copied on the thread that submits them, when it can take
 /// their grant at once: handing a small slice to a copy thread costs two wake-ups (the
-/// worker's, then the waiter's) and a cache miss on the other core, about as long as the
-/// copy itself.
+/// worker's, then the waiter's), and on a busy machine each waits for a CPU. The submitting
+/// thread takes its share of a submit's small slices (all of them when no copy thread is
+/// idle, or when there is only one slice); idle copy threads take the rest, so a large
+/// batch of small slices still spreads over the cores.
 pub const INLINE_SLICE_MAX: u64 = 256 << 10;
 /// Bytes one `submit` copies on the submitting thread at most; the rest goes to the copy
-/// threads, so a large batch of small slices still spreads over them.
+/// threads.
 pub const INLINE_SUBMIT_MAX: u64 = 16 << 20;
 
-fn copy_loop(rx: Receiver<Job>) {
+fn copy_loop(rx: Receiver<Job>, idle: &AtomicUsize) {
     for Job { peer, slice } in rx {
+        idle.fetch_sub(1, Ordering::Relaxed);
         let Slice { opcode, local_addr, remote_addr, len, completion } = slice;
         let access = completion.local_access();
         let with_local = |f: &mut dyn FnMut() -> Result<(), String>| access.as_ref().and_then(|a| a.with(&mut *f));
@@ -218,6 +226,7 @@ fn copy_loop(rx: Receiver<Job>) {
             result = peer.copy(opcode, local_addr, remote_addr, len, with_local);
         }
         finish(&peer, completion, remote_addr, len, result);
+        idle.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -302,6 +311,17 @@ impl Transport for ShmTransport {
                         queue(slice);
                     }
                 }
+                // Idle copy threads and this one share the small slices.
+                let idle = self.idle.load(Ordering::Relaxed);
+                let shared_out = inline.len() * idle / (idle + 1);
+                let inline = inline.into_iter().enumerate().filter_map(|(i, slice)| {
+                    if i < shared_out {
+                        queue(slice);
+                        None
+                    } else {
+                        Some(slice)
+                    }
+                });
                 for slice in inline {
                     // Without a grant at hand (the first access to a region, a revoke in
                     // progress), a copy thread asks the peer for it.
