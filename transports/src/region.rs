@@ -291,6 +291,19 @@ impl RegionTable {
         Some(RegionAccess { addr, len, _region: region, _lock: lock })
     }
 
+    /// [`RegionTable::access`] without waiting: `Err(())` when the region's lock cannot be
+    /// taken now (an unregister waits for it). For a caller that already holds an access to
+    /// the region: a second blocking one would wait behind that unregister, which waits for
+    /// the first.
+    #[allow(clippy::result_unit_err)]
+    pub fn try_access(&self, addr: u64, len: u64) -> Result<Option<RegionAccess>, ()> {
+        let Some(region) = self.find(addr, len).filter(|r| !r.local_only) else {
+            return Ok(None);
+        };
+        let lock = region.access.try_read_arc().ok_or(())?;
+        Ok(Some(RegionAccess { addr, len, _region: region, _lock: lock }))
+    }
+
     /// Every registered region, in address order.
     pub fn snapshot(&self) -> Vec<Arc<Region>> {
         self.regions.read().values().cloned().collect()

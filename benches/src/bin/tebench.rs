@@ -111,7 +111,8 @@ struct InitiatorArgs {
     #[arg(long, default_value_t = 1)]
     threads: usize,
     /// Seconds measured. Each thread's first batch (connection set-up, first touch of the
-    /// memory) comes before and is not measured.
+    /// memory; with `--warm-up-pass`, its first pass over its share) comes before and is not
+    /// measured.
     #[arg(long, default_value_t = 10.0, value_parser = crescent_benches::parse_seconds)]
     duration: f64,
     /// Print one JSON object with the results (after the human-readable lines).
@@ -120,6 +121,12 @@ struct InitiatorArgs {
     /// Check the bytes: reads against the target's `--pattern`; writes by reading them back.
     #[arg(long)]
     verify: bool,
+    /// The unmeasured warm-up moves every block of the thread's share of the target's buffer
+    /// once, not one batch: the first touch of each page (page faults, and for shm the
+    /// mapping of the peer's memory, which a helper thread pre-faults meanwhile) then comes
+    /// before the measured part, as it does for memcpy-bench's buffers.
+    #[arg(long)]
+    warm_up_pass: bool,
     /// Seconds between progress lines (0: none).
     #[arg(long, default_value_t = 1.0, value_parser = crescent_benches::parse_seconds)]
     report_interval: f64,
@@ -270,6 +277,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
     for (t, local) in locals.into_iter().enumerate() {
         let (engine, bytes, stop, warmed_up) = (engine.clone(), bytes.clone(), stop.clone(), warmed_up.clone());
         let (op, block, batch, verify) = (args.operation, args.block_size, args.batch_size, args.verify);
+        let warm_up_pass = args.warm_up_pass;
         let threads = args.threads;
         let (remote_base, remote_len) = (remote.addr, remote.length);
         handles.push(std::thread::spawn(move || {
@@ -283,6 +291,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
                 block,
                 batch,
                 verify,
+                warm_up_pass,
                 remote_base,
                 remote_len,
                 &bytes,
@@ -378,6 +387,7 @@ fn initiator_thread(
     block: u64,
     batch: usize,
     verify: bool,
+    warm_up_pass: bool,
     remote_base: u64,
     remote_len: u64,
     bytes: &AtomicU64,
@@ -391,7 +401,9 @@ fn initiator_thread(
     let first_block = (thread as u64 * share) % (remote_len / block);
     let window = block * batch as u64;
     let mut iteration: u64 = 0;
-    // The first batch is the unmeasured warm-up; the barrier is passed whatever its outcome.
+    // The first batch (or pass over the share) is the unmeasured warm-up; the barrier is
+    // passed whatever its outcome.
+    let warm_up_batches = if warm_up_pass { share.div_ceil(batch as u64) } else { 1 };
     let mut warming_up = true;
     while warming_up || (!stop.load(Ordering::Relaxed) && result.mismatch.is_none()) {
         let offsets: Vec<u64> =
@@ -450,7 +462,9 @@ fn initiator_thread(
                 }
             }
         }
-        warm_up_done(&mut warming_up, warmed_up);
+        if iteration + 1 >= warm_up_batches || result.errors > 0 || result.mismatch.is_some() {
+            warm_up_done(&mut warming_up, warmed_up);
+        }
         if result.errors > 0 {
             break;
         }

@@ -199,6 +199,144 @@ pub fn discard_by(w: &mut (impl Wire + ?Sized), mut len: u64, deadline: Option<I
     Ok(())
 }
 
+/// Bytes received from a socket ahead of the frame being parsed: one receive brings in as many
+/// small frames (headers, acknowledgements) as have arrived, up to its capacity, instead of one
+/// receive per frame; and a payload's last part and the next frame's start come in the same
+/// receive ([`RecvBuf::recv_payload_now`]).
+pub struct RecvBuf {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl RecvBuf {
+    /// An empty buffer of `capacity` bytes (at least one frame header).
+    pub fn new(capacity: usize) -> Self {
+        RecvBuf { buf: vec![0u8; capacity.max(1)].into_boxed_slice(), start: 0, end: 0 }
+    }
+
+    /// The bytes received and not consumed yet.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    /// Drops the first `n` buffered bytes (at most all of them).
+    pub fn consume(&mut self, n: usize) {
+        self.start = (self.start + n).min(self.end);
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+    }
+
+    /// Room for at least `want` more bytes after what is buffered (moving it to the front).
+    fn make_room(&mut self, want: usize) {
+        if self.buf.len() - self.end < want.min(self.buf.len() - (self.end - self.start)) {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+    }
+
+    /// One receive that does not wait into the free space: `Ok(None)` when nothing has
+    /// arrived, `Ok(Some(0))` when the peer closed the stream (or the buffer is full).
+    pub fn recv_now(&mut self, fd: BorrowedFd<'_>) -> io::Result<Option<usize>> {
+        self.make_room(self.buf.len());
+        let n = recv_now(fd, &mut self.buf[self.end..])?;
+        if let Some(n) = n {
+            self.end += n;
+        }
+        Ok(n)
+    }
+
+    /// One receive into the free space, waiting until `deadline` for at least one byte.
+    /// `Ok(0)`: the peer closed the stream; [`io::ErrorKind::TimedOut`]: nothing by `deadline`.
+    pub fn recv_by(&mut self, fd: BorrowedFd<'_>, deadline: Option<Instant>) -> io::Result<usize> {
+        loop {
+            match self.recv_now(fd)? {
+                Some(n) => return Ok(n),
+                None => wait_fd(fd, PollFlags::IN, deadline)?,
+            }
+        }
+    }
+
+    /// Receives until at least `n` bytes (at most the capacity) are buffered, by `deadline`.
+    /// A close before is [`io::ErrorKind::UnexpectedEof`].
+    pub fn fill_by(&mut self, fd: BorrowedFd<'_>, n: usize, deadline: Option<Instant>) -> io::Result<()> {
+        let n = n.min(self.buf.len());
+        self.make_room(n - self.buffered().len().min(n));
+        while self.buffered().len() < n {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(timed_out());
+            }
+            if self.recv_by(fd, deadline)? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the connection closed after {} of {n} bytes", self.buffered().len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the next payload bytes into `dest` without waiting: those already buffered, then
+    /// (if `dest` has room left) one receive straight into `dest` that also brings what
+    /// follows the payload into the buffer. Returns how many bytes went into `dest`;
+    /// `Ok(None)` when none were buffered and none have arrived, `Ok(Some(0))` when the peer
+    /// closed the stream (or `dest` is empty).
+    pub fn recv_payload_now(&mut self, fd: BorrowedFd<'_>, dest: &mut [u8]) -> io::Result<Option<usize>> {
+        let k = self.buffered().len().min(dest.len());
+        if k > 0 || dest.is_empty() {
+            dest[..k].copy_from_slice(&self.buf[self.start..self.start + k]);
+            self.consume(k);
+            return Ok(Some(k));
+        }
+        // The buffer is empty here: all of it takes what follows the payload.
+        let mut iov = [io::IoSliceMut::new(dest), io::IoSliceMut::new(&mut self.buf[..])];
+        let n = loop {
+            let mut control = rustix::net::RecvAncillaryBuffer::default();
+            match rustix::net::recvmsg(fd, &mut iov, &mut control, RecvFlags::DONTWAIT) {
+                Ok(m) => break m.bytes,
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let into_dest = n.min(dest.len());
+        (self.start, self.end) = (0, n - into_dest);
+        Ok(Some(into_dest))
+    }
+
+    /// Receives exactly `dest.len()` payload bytes by `deadline` (buffered ones first); what
+    /// follows them stays buffered.
+    pub fn recv_exact_by(&mut self, fd: BorrowedFd<'_>, dest: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
+        let mut got = 0;
+        while got < dest.len() {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(timed_out());
+            }
+            match self.recv_payload_now(fd, &mut dest[got..])? {
+                Some(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("the connection closed after {got} of {} bytes", dest.len()),
+                    ))
+                }
+                Some(n) => got += n,
+                None => wait_fd(fd, PollFlags::IN, deadline)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives and drops `len` bytes by `deadline` (buffered ones first), keeping the stream
+    /// in step.
+    pub fn discard_by(&mut self, fd: BorrowedFd<'_>, len: u64, deadline: Option<Instant>) -> io::Result<()> {
+        let k = (self.buffered().len() as u64).min(len);
+        self.consume(k as usize);
+        let mut fd = fd;
+        discard_by(&mut fd, len - k, deadline)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +369,93 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
         drop(b);
+    }
+
+    /// `n` bytes of a pattern that starts at `seed`.
+    fn bytes(seed: u8, n: usize) -> Vec<u8> {
+        (0..n).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+    }
+
+    #[test]
+    fn a_header_split_over_two_receives_is_joined() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let (header, payload) = (bytes(1, 32), bytes(50, 5));
+        let mut rb = RecvBuf::new(2048);
+        a.write_all(&header[..10]).unwrap();
+        assert_eq!(rb.recv_now(b.as_fd()).unwrap(), Some(10));
+        a.write_all(&header[10..]).unwrap();
+        a.write_all(&payload).unwrap();
+        rb.fill_by(b.as_fd(), 32, None).unwrap();
+        assert_eq!(&rb.buffered()[..32], &header[..]);
+        rb.consume(32);
+        let mut dest = [0u8; 5];
+        rb.recv_exact_by(b.as_fd(), &mut dest, None).unwrap();
+        assert_eq!(&dest[..], &payload[..]);
+        assert!(rb.buffered().is_empty());
+    }
+
+    #[test]
+    fn a_payload_longer_than_the_buffer_lands_in_place_and_the_next_header_stays_buffered() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let (first, payload, next) = (bytes(1, 32), bytes(7, 10_000), bytes(90, 32));
+        a.write_all(&[&first[..], &payload, &next].concat()).unwrap();
+        drop(a);
+        let mut rb = RecvBuf::new(64);
+        rb.fill_by(b.as_fd(), 32, None).unwrap();
+        assert_eq!(&rb.buffered()[..32], &first[..]);
+        rb.consume(32);
+        let mut dest = vec![0u8; payload.len()];
+        rb.recv_exact_by(b.as_fd(), &mut dest, None).unwrap();
+        assert!(dest == payload, "the payload differs");
+        // The next header came along with the payload's end, or is read now.
+        rb.fill_by(b.as_fd(), 32, None).unwrap();
+        assert_eq!(rb.buffered(), &next[..]);
+        rb.consume(32);
+        assert_eq!(rb.recv_by(b.as_fd(), None).unwrap(), 0, "then the close");
+    }
+
+    #[test]
+    fn two_frames_in_one_receive_are_parsed_from_the_buffer() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let frames: Vec<(Vec<u8>, Vec<u8>)> = vec![(bytes(1, 32), bytes(2, 8)), (bytes(3, 32), bytes(4, 8))];
+        let wire: Vec<u8> = frames.iter().flat_map(|(h, p)| [h.clone(), p.clone()].concat()).collect();
+        a.write_all(&wire).unwrap();
+        let mut rb = RecvBuf::new(2048);
+        assert_eq!(rb.recv_now(b.as_fd()).unwrap(), Some(wire.len()), "one receive takes both");
+        // Closed before they are parsed: both come from the buffer alone.
+        drop(a);
+        for (header, payload) in &frames {
+            rb.fill_by(b.as_fd(), 32, None).unwrap();
+            assert_eq!(&rb.buffered()[..32], &header[..]);
+            rb.consume(32);
+            let mut dest = [0u8; 8];
+            rb.recv_exact_by(b.as_fd(), &mut dest, None).unwrap();
+            assert_eq!(&dest[..], &payload[..]);
+        }
+        assert_eq!(rb.recv_by(b.as_fd(), None).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_discarded_payload_takes_the_buffered_part_first_and_keeps_the_stream_in_step() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let (header, payload, next) = (bytes(1, 32), bytes(2, 5000), bytes(3, 32));
+        a.write_all(&[&header[..], &payload, &next].concat()).unwrap();
+        let mut rb = RecvBuf::new(100);
+        rb.fill_by(b.as_fd(), 32, None).unwrap();
+        rb.consume(32);
+        assert!(!rb.buffered().is_empty(), "part of the payload is buffered");
+        rb.discard_by(b.as_fd(), payload.len() as u64, None).unwrap();
+        rb.fill_by(b.as_fd(), 32, None).unwrap();
+        assert_eq!(&rb.buffered()[..32], &next[..]);
+    }
+
+    #[test]
+    fn a_header_cut_by_the_close_is_an_unexpected_end() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(&bytes(1, 20)).unwrap();
+        drop(a);
+        let mut rb = RecvBuf::new(2048);
+        assert_eq!(rb.fill_by(b.as_fd(), 32, None).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub mod socket;
 pub mod wire;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -120,7 +121,8 @@ struct Job {
 
 /// The shm transport of one engine: the listener that grants same-host peers access to the
 /// engine's registered regions, one control connection per peer it reaches, and the threads
-/// that copy its slices. Dropping it stops the listener and closes its connections; the copy
+/// that copy its slices (the submitting thread copies its share of the small ones itself, see
+/// [`INLINE_SLICE_MAX`]). Dropping it stops the listener and closes its connections; the copy
 /// threads finish the slices already queued, then end.
 pub struct ShmTransport {
     config: ShmConfig,
@@ -130,6 +132,8 @@ pub struct ShmTransport {
     peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
+    /// Copy threads not copying now (waiting for a job).
+    idle: Arc<AtomicUsize>,
 }
 
 impl ShmTransport {
@@ -160,10 +164,11 @@ impl ShmTransport {
             })
             .map_err(unavailable)?;
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let idle = Arc::new(AtomicUsize::new(config.copy_threads));
         let workers = (0..config.copy_threads)
             .map(|_| {
-                let rx = rx.clone();
-                std::thread::Builder::new().name("crescent-shm-copy".into()).spawn(move || copy_loop(rx))
+                let (rx, idle) = (rx.clone(), idle.clone());
+                std::thread::Builder::new().name("crescent-shm-copy".into()).spawn(move || copy_loop(rx, &idle))
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(unavailable)?;
@@ -175,6 +180,7 @@ impl ShmTransport {
             peers: Mutex::new(HashMap::new()),
             jobs: Some(tx),
             workers,
+            idle,
         })
     }
 
@@ -197,8 +203,20 @@ impl ShmTransport {
     }
 }
 
-fn copy_loop(rx: Receiver<Job>) {
+/// Slices at most this long may be copied on the thread that submits them, when it can take
+/// their grant at once: handing a small slice to a copy thread costs two wake-ups (the
+/// worker's, then the waiter's), and on a busy machine each waits for a CPU. The submitting
+/// thread takes its share of a submit's small slices (all of them when no copy thread is
+/// idle, or when there is only one slice); idle copy threads take the rest, so a large
+/// batch of small slices still spreads over the cores.
+pub const INLINE_SLICE_MAX: u64 = 256 << 10;
+/// Bytes one `submit` copies on the submitting thread at most; the rest goes to the copy
+/// threads.
+pub const INLINE_SUBMIT_MAX: u64 = 16 << 20;
+
+fn copy_loop(rx: Receiver<Job>, idle: &AtomicUsize) {
     for Job { peer, slice } in rx {
+        idle.fetch_sub(1, Ordering::Relaxed);
         let Slice { opcode, local_addr, remote_addr, len, completion } = slice;
         let access = completion.local_access();
         let with_local = |f: &mut dyn FnMut() -> Result<(), String>| access.as_ref().and_then(|a| a.with(&mut *f));
@@ -207,17 +225,34 @@ fn copy_loop(rx: Receiver<Job>) {
         if matches!(result, Err(CopyError::Revoked)) {
             result = peer.copy(opcode, local_addr, remote_addr, len, with_local);
         }
-        match result {
-            Ok(()) => completion.complete(SliceOutcome::Completed),
-            Err(CopyError::OutOfRange) | Err(CopyError::Revoked) => {
-                completion.fail(FailureReason::out_of_range(format!(
-                    "target {} rejected the access: [{remote_addr:#x}, +{len}) is outside its \
-                 registered memory",
-                    peer.name()
-                )))
-            }
-            Err(CopyError::Failed(reason)) => completion.fail(reason),
+        finish(&peer, completion, remote_addr, len, result);
+        idle.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Copies `slice` on this thread if its grant can be taken at once; gives it back when not.
+fn copy_now(peer: &Peer, slice: Slice) -> Option<Slice> {
+    let Slice { opcode, local_addr, remote_addr, len, .. } = slice;
+    let access = slice.completion.local_access();
+    let with_local = |f: &mut dyn FnMut() -> Result<(), String>| access.as_ref().and_then(|a| a.with(&mut *f));
+    match peer.try_copy_now(opcode, local_addr, remote_addr, len, with_local) {
+        Some(result) => {
+            finish(peer, slice.completion, remote_addr, len, result);
+            None
         }
+        None => Some(slice),
+    }
+}
+
+/// Ends a slice with the outcome of its copy.
+fn finish(peer: &Peer, completion: crate::Completion, remote_addr: u64, len: u64, result: Result<(), CopyError>) {
+    match result {
+        Ok(()) => completion.complete(SliceOutcome::Completed),
+        Err(CopyError::OutOfRange) | Err(CopyError::Revoked) => completion.fail(FailureReason::out_of_range(format!(
+            "target {} rejected the access: [{remote_addr:#x}, +{len}) is outside its registered memory",
+            peer.name()
+        ))),
+        Err(CopyError::Failed(reason)) => completion.fail(reason),
     }
 }
 
@@ -259,9 +294,39 @@ impl Transport for ShmTransport {
         };
         match self.peer(endpoint) {
             Ok(peer) => {
-                for slice in slices {
+                let queue = |slice: Slice| {
                     if let Err(e) = jobs.send(Job { peer: peer.clone(), slice }) {
                         e.0.slice.completion.fail(FailureReason::local("the shm transport is shutting down"));
+                    }
+                };
+                // Large slices (and small ones past this submit's inline budget) go to the
+                // copy threads first, so that they start while this thread copies the rest.
+                let mut budget = INLINE_SUBMIT_MAX;
+                let mut inline = Vec::new();
+                for slice in slices {
+                    if slice.len <= INLINE_SLICE_MAX && slice.len <= budget {
+                        budget -= slice.len;
+                        inline.push(slice);
+                    } else {
+                        queue(slice);
+                    }
+                }
+                // Idle copy threads and this one share the small slices.
+                let idle = self.idle.load(Ordering::Relaxed);
+                let shared_out = inline.len() * idle / (idle + 1);
+                let inline = inline.into_iter().enumerate().filter_map(|(i, slice)| {
+                    if i < shared_out {
+                        queue(slice);
+                        None
+                    } else {
+                        Some(slice)
+                    }
+                });
+                for slice in inline {
+                    // Without a grant at hand (the first access to a region, a revoke in
+                    // progress), a copy thread asks the peer for it.
+                    if let Some(slice) = copy_now(&peer, slice) {
+                        queue(slice);
                     }
                 }
             }
@@ -319,6 +384,102 @@ mod tests {
         let (grant, _) = client.recv().unwrap().unwrap();
         assert_eq!((grant.kind, grant.mode), (Kind::MapReply, Mode::ProcessVm));
         (transport, region, memory, client)
+    }
+
+    /// Records each slice's outcome; with a gate, the first claim of the slice's local memory
+    /// says so on `entered` and waits for `release` (a copy thread kept busy).
+    #[derive(Default)]
+    struct Sink {
+        outcomes: parking_lot::Mutex<Vec<(usize, SliceOutcome)>>,
+        gate: Option<(Sender<()>, Receiver<()>)>,
+    }
+    impl crate::CompletionSink for Sink {
+        fn begin_local_access(&self, _: usize) -> bool {
+            if let Some((entered, release)) = &self.gate {
+                let _ = entered.send(());
+                let _ = release.recv();
+            }
+            true
+        }
+        fn end_local_access(&self, _: usize) {}
+        fn complete(&self, slice: usize, outcome: SliceOutcome) {
+            self.outcomes.lock().push((slice, outcome));
+        }
+    }
+
+    /// Slice `n` of `sink`: `len` bytes at offset `at` of the local and the remote buffer.
+    fn slice(opcode: crate::Opcode, bases: (u64, u64), at: usize, len: usize, sink: &Arc<Sink>, n: usize) -> Slice {
+        Slice {
+            opcode,
+            local_addr: bases.0 + at as u64,
+            remote_addr: bases.1 + at as u64,
+            len: len as u64,
+            completion: crate::Completion::new(sink.clone(), n),
+        }
+    }
+
+    #[test]
+    fn small_slices_are_copied_by_the_submitting_thread_while_the_copy_threads_are_busy() {
+        use crate::Opcode::{Read, Write};
+        const LEN: usize = 4 << 20;
+        let mut remote: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        let table = Arc::new(RegionTable::new());
+        let region = table.insert(Region::new(remote.as_mut_ptr() as u64, LEN as u64, "cpu:0", None)).unwrap();
+        let transport = ShmTransport::start(ShmConfig { copy_threads: 1, ..ShmConfig::default() }, table).unwrap();
+        transport.register_region(&region).unwrap();
+        let endpoint = transport.endpoint();
+        let mut local: Vec<u8> = (0..LEN).map(|i| (i % 241) as u8).collect();
+        let bases = (local.as_mut_ptr() as u64, remote.as_mut_ptr() as u64);
+
+        // The first slice finds no grant at hand: a copy thread asks the peer for it.
+        let first = Arc::new(Sink::default());
+        transport.submit(&endpoint, vec![slice(Read, bases, 0, 4096, &first, 0)]);
+        let waited = std::time::Instant::now();
+        while first.outcomes.lock().is_empty() {
+            assert!(waited.elapsed() < Duration::from_secs(60), "the first slice never ended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(*first.outcomes.lock(), vec![(0, SliceOutcome::Completed)]);
+
+        // The only copy thread takes a large slice and stays inside its copy until released.
+        let (entered_tx, entered) = crossbeam_channel::bounded(1);
+        let (release, release_rx) = crossbeam_channel::bounded(1);
+        let blocked = Arc::new(Sink { gate: Some((entered_tx, release_rx)), ..Sink::default() });
+        let big = (INLINE_SLICE_MAX * 2) as usize;
+        transport.submit(&endpoint, vec![slice(Read, bases, 0, big, &blocked, 0)]);
+        entered.recv().unwrap();
+
+        // Small reads and writes meanwhile: all ended, with their bytes, when submit returns.
+        let small = Arc::new(Sink::default());
+        let block = 64 << 10;
+        let slices = (0..8)
+            .map(|n| {
+                let at = big + n * block;
+                slice(if n % 2 == 0 { Read } else { Write }, bases, at, block, &small, n)
+            })
+            .collect();
+        transport.submit(&endpoint, slices);
+        let mut outcomes = std::mem::take(&mut *small.outcomes.lock());
+        outcomes.sort_by_key(|(n, _)| *n);
+        assert_eq!(outcomes, (0..8).map(|n| (n, SliceOutcome::Completed)).collect::<Vec<_>>());
+        for n in 0..8 {
+            let at = big + n * block;
+            // SAFETY: no copy of these ranges is in flight (their slices ended above).
+            let (l, r) = unsafe {
+                (
+                    std::slice::from_raw_parts((bases.0 as *const u8).add(at), block),
+                    std::slice::from_raw_parts((bases.1 as *const u8).add(at), block),
+                )
+            };
+            assert!(l == r, "slice {n}: the bytes differ");
+            let pattern = if n % 2 == 0 { 251 } else { 241 };
+            assert!(r.iter().enumerate().all(|(i, &b)| b == ((at + i) % pattern) as u8), "slice {n}: wrong source");
+        }
+
+        release.send(()).unwrap();
+        drop(transport); // the copy thread finishes the large slice first
+        assert_eq!(*blocked.outcomes.lock(), vec![(0, SliceOutcome::Completed)]);
+        drop((local, remote));
     }
 
     #[test]

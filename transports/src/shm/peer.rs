@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Sender};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use super::copy;
 use super::mapping::Mapping;
@@ -205,6 +205,41 @@ impl Peer {
         if !*live {
             return Err(CopyError::Revoked);
         }
+        self.copy_in(&grant, &live, op, local, remote, len, with_local)
+    }
+
+    /// [`Peer::copy`] if it can be done at once: when a grant covering `[remote, +len)` is
+    /// already held and its lock is free now. `None` (nothing done) when the copy would first
+    /// have to ask the peer for a grant, or wait for a revoke in progress.
+    pub(super) fn try_copy_now(
+        &self,
+        op: Opcode,
+        local: u64,
+        remote: u64,
+        len: u64,
+        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
+    ) -> Option<Result<(), CopyError>> {
+        let grant = self.find_grant(remote, len)?;
+        let live = grant.live.try_read()?;
+        if !*live {
+            return None;
+        }
+        Some(self.copy_in(&grant, &live, op, local, remote, len, with_local))
+    }
+
+    /// The copy itself, inside `grant`, whose lock the caller holds shared (`_live`, which
+    /// keeps the grant's memory from being revoked until the copy is done) and found live.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_in(
+        &self,
+        grant: &Grant,
+        _live: &RwLockReadGuard<'_, bool>,
+        op: Opcode,
+        local: u64,
+        remote: u64,
+        len: u64,
+        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
+    ) -> Result<(), CopyError> {
         if self.is_dead() {
             return Err(CopyError::Failed(FailureReason::peer_gone(self.gone())));
         }
@@ -223,7 +258,6 @@ impl Peer {
             // have been reused: see the module documentation).
             Access::ProcessVm => unsafe { copy::process_vm(self.pid, op, local, remote, len) },
         });
-        drop(live);
         match outcome {
             None | Some(Ok(())) => Ok(()),
             // The peer's memory could not be copied (it may have died meanwhile: its grants

@@ -29,9 +29,10 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use rustix::event::PollFlags;
 
-use super::frame::{FrameKind, Header, Status, FORMAT, HEADER_LEN};
-use crate::net::wire::{discard_by, recv_exact_by, recv_now, send_all_by, send_now, timed_out, wait_fd};
-use crate::net::{FrameError, Service};
+use super::frame::{FrameKind, Header, Status, HEADER_LEN};
+use super::RECV_BUF;
+use crate::net::wire::{send_all_by, send_now, timed_out, wait_fd, RecvBuf};
+use crate::net::Service;
 use crate::{Completion, FailureKind, FailureReason, LocalAccess, Opcode, Slice, SliceOutcome};
 
 /// Read requests coalesced into one `write` at most.
@@ -306,16 +307,18 @@ fn reader_loop(stream: TcpStream, shared: Arc<LaneShared>) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// Waits for the first bytes of a response header. Idle lanes wait as long as they like; a
-/// lane with requests waiting gives up once the oldest has waited the io time with nothing
-/// heard from the peer since.
-fn await_response(stream: &TcpStream, shared: &LaneShared, buf: &mut [u8], last_heard: Instant) -> io::Result<usize> {
-    let mut s = stream;
+/// Waits for the first bytes of a response header (false: the peer closed the connection).
+/// Idle lanes wait as long as they like; a lane with requests waiting gives up once the oldest
+/// has waited the io time with nothing heard from the peer since.
+fn await_response(stream: &TcpStream, shared: &LaneShared, rb: &mut RecvBuf, last_heard: Instant) -> io::Result<bool> {
     loop {
-        match FORMAT.await_frame(&mut s, buf, Some(Duration::from_secs(1))) {
-            Ok(n) => return Ok(n),
-            Err(FrameError::Closed) => return Ok(0),
-            Err(FrameError::Idle(_)) => {
+        if !rb.buffered().is_empty() {
+            return Ok(true);
+        }
+        match rb.recv_by(stream.as_fd(), Some(Instant::now() + Duration::from_secs(1))) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                 let oldest = shared.pending.lock().values().map(|p| p.sent).min();
                 let limit = shared.io_timeout;
                 if oldest.is_some_and(|t| t.elapsed() >= limit) && last_heard.elapsed() >= limit {
@@ -325,26 +328,25 @@ fn await_response(stream: &TcpStream, shared: &LaneShared, buf: &mut [u8], last_
                     ));
                 }
             }
-            Err(FrameError::Io { source, .. }) => return Err(source),
-            Err(e) => return Err(io::Error::other(e.to_string())),
+            Err(e) => return Err(e),
         }
     }
 }
 
 fn read_responses(stream: &TcpStream, shared: &LaneShared) -> io::Result<()> {
-    let mut buf = [0u8; HEADER_LEN];
+    let mut rb = RecvBuf::new(RECV_BUF);
     let mut last_heard = Instant::now();
-    let mut s = stream;
     loop {
-        let filled = await_response(stream, shared, &mut buf, last_heard)?;
-        if filled == 0 {
+        if !await_response(stream, shared, &mut rb, last_heard)? {
             return Ok(());
         }
         // From its first byte, a response (header and payload) has the lane's io time.
         let deadline = Instant::now() + shared.io_timeout;
-        recv_exact_by(&mut s, &mut buf[filled..], Some(deadline))?;
+        rb.fill_by(stream.as_fd(), HEADER_LEN, Some(deadline))?;
         last_heard = Instant::now();
-        let resp = Header::decode(&buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let header: &[u8; HEADER_LEN] = rb.buffered()[..HEADER_LEN].try_into().expect("a whole header is buffered");
+        let resp = Header::decode(header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        rb.consume(HEADER_LEN);
         let pending = shared.pending.lock().remove(&resp.id).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidData, format!("response to unknown request id {}", resp.id))
         })?;
@@ -370,7 +372,7 @@ fn read_responses(stream: &TcpStream, shared: &LaneShared) -> io::Result<()> {
             pending.completion.complete(SliceOutcome::Completed);
             continue;
         }
-        match recv_payload(stream, &pending, deadline) {
+        match recv_payload(stream, &mut rb, &pending, deadline) {
             Ok(true) => pending.completion.complete(SliceOutcome::Completed),
             Ok(false) => drop(pending), // ended before its bytes were all in: already reported
             Err(e) => {
@@ -386,10 +388,11 @@ fn read_responses(stream: &TcpStream, shared: &LaneShared) -> io::Result<()> {
     }
 }
 
-/// Receives a read response's payload into the slice's memory by `deadline`, claiming the
-/// memory for each non-blocking receive only. False if the slice ended meanwhile (the rest of
-/// the payload is then read into scratch, keeping the stream in step).
-fn recv_payload(stream: &TcpStream, pending: &Pending, deadline: Instant) -> io::Result<bool> {
+/// Receives a read response's payload into the slice's memory by `deadline` (the bytes of it
+/// already in `rb` first), claiming the memory for each non-blocking receive only. False if
+/// the slice ended meanwhile (the rest of the payload is then read into scratch, keeping the
+/// stream in step).
+fn recv_payload(stream: &TcpStream, rb: &mut RecvBuf, pending: &Pending, deadline: Instant) -> io::Result<bool> {
     let (local_addr, len) = (pending.local_addr, pending.len as usize);
     let mut got = 0usize;
     while got < len {
@@ -400,11 +403,11 @@ fn recv_payload(stream: &TcpStream, pending: &Pending, deadline: Instant) -> io:
             // SAFETY: as in the writer: a registered, in-flight local range, claimed for this
             // one non-blocking receive.
             let dest = unsafe { std::slice::from_raw_parts_mut((local_addr as usize + got) as *mut u8, len - got) };
-            recv_now(stream.as_fd(), dest)
+            rb.recv_payload_now(stream.as_fd(), dest)
         });
         match step {
             None => {
-                discard_by(&mut &*stream, (len - got) as u64, Some(deadline))?;
+                rb.discard_by(stream.as_fd(), (len - got) as u64, Some(deadline))?;
                 return Ok(false);
             }
             Some(Ok(Some(0))) => {

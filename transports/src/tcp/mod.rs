@@ -22,6 +22,11 @@ use lane::Lane;
 /// per-frame work than a second stream saves.
 const MIN_SPREAD_SLICE: u64 = 64 << 10;
 
+/// Bytes each end of a connection receives ahead of the frame it parses: a response (or
+/// request) header and what follows it come in one receive, up to 64 headers (read requests,
+/// write acknowledgements) at once, and a payload's last part comes with the next header.
+pub const RECV_BUF: usize = 2 << 10;
+
 /// Settings of the tcp transport.
 #[derive(Debug, Clone)]
 pub struct TcpConfig {
