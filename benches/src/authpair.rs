@@ -38,6 +38,9 @@ use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreErro
 use crescent_transports::net::auth::{SECRET_ENV, SECRET_FILE_ENV, SECRET_NEXT_ENV};
 use crescent_transports::net::{Keyring, Service};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 use crate::report::{self, median, Load, Pairs, Target};
 
 #[derive(Args, Debug, Clone)]
@@ -182,15 +185,8 @@ fn bootstrap_median_ci(rounds: &[Vec<f64>], resamples: usize) -> (f64, f64) {
     if rounds.is_empty() || resamples == 0 {
         return (0.0, 0.0);
     }
-    // splitmix64: enough randomness for resampling, and the same on every platform.
-    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = |n: usize| {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) % n as u64) as usize
-    };
+    let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
+    let mut next = |n: usize| rng.random_range(0..n);
     let mut medians: Vec<f64> = (0..resamples)
         .map(|_| {
             let mut sample = Vec::new();
