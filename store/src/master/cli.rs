@@ -545,13 +545,10 @@ pub fn check_config_file(format: ConfigFormat, text: &str) -> Result<(), CliErro
     match format {
         ConfigFormat::Crescent => config_file("the config file", text)?.validate().map_err(|e| invalid(e.to_string())),
         ConfigFormat::Mooncake => {
-            let flags = config_path_flags("the config file", text, &single_flag_commands().1)?;
-            for flag in &flags {
+            let (commands, known) = single_flag_commands();
+            for flag in &config_path_flags("the config file", text, known)? {
                 let name = flag.trim_start_matches("--").split_once('=').map_or(flag.as_str(), |(n, _)| n);
-                let cmd = single_flag_commands()
-                    .0
-                    .get(name)
-                    .ok_or_else(|| invalid(format!("--config_path: unknown key {name:?}")))?;
+                let cmd = commands.get(name).ok_or_else(|| invalid(format!("--config_path: unknown key {name:?}")))?;
                 cmd.clone().try_get_matches_from([flag]).map_err(|e| invalid(format!("--config_path: {e}")))?;
             }
             Ok(())
