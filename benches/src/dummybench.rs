@@ -184,9 +184,8 @@ pub fn run(args: DummyArgs) -> Result<()> {
                 None => format!("{:.2} | {:.2}-{:.2} | none (one copy) | |", s.ratio, s.lo, s.hi),
             };
             let (replies_now, requests_now) = (dummy.replies(), server.requests());
-            let share = |polled: u64, waited: u64| {
-                format!("{:.0} %", 100.0 * polled as f64 / (polled + waited).max(1) as f64)
-            };
+            let share =
+                |polled: u64, waited: u64| format!("{:.0} %", 100.0 * polled as f64 / (polled + waited).max(1) as f64);
             println!(
                 "| {label} | {:.2} | {:.2} | {cells} {:.0} / {:.0} | {} | {} |",
                 s.ours / 1e9,

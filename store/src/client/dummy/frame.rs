@@ -511,6 +511,40 @@ mod tests {
     }
 
     #[test]
+    fn polling_takes_a_frame_that_is_there_without_blocking_and_stops_at_a_close_or_the_deadline() {
+        let (a, b) = pair();
+        let mem = crescent_transports::SharedMemory::allocate(4096, "crescent-test").unwrap();
+        // Already there: taken by polling, whole (payload and descriptor too).
+        a.send(b"call", &[b"xy"], Some(mem.fd()), soon()).unwrap();
+        let (f, polled) = b.recv_polling(Some(soon()), Duration::from_secs(1), Duration::from_secs(5)).unwrap();
+        assert!(polled);
+        assert_eq!((&f.message[..], &f.payload[..], f.fd.is_some()), (&b"call"[..], &b"xy"[..], true));
+        // Without polling, the same frame is taken by a blocking read.
+        a.send(b"call", &[], None, soon()).unwrap();
+        let (f, polled) = b.recv_polling(Some(soon()), Duration::from_secs(1), Duration::ZERO).unwrap();
+        assert!(!polled);
+        assert_eq!(f.message, b"call");
+        // A frame sent after the poll ended still arrives (the reader blocks for it).
+        let reader = std::thread::spawn(move || {
+            let r = b.recv_polling(None, Duration::from_secs(5), Duration::from_micros(1)).map(|(f, _)| f.message);
+            (b, r)
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        a.send(b"late", &[], None, soon()).unwrap();
+        let (b, r) = reader.join().unwrap();
+        assert_eq!(r.unwrap(), b"late");
+        // The first deadline bounds the poll; a closed peer ends it.
+        let e =
+            b.recv_polling(Some(Instant::now() + Duration::from_millis(20)), Duration::ZERO, Duration::from_secs(600));
+        assert!(matches!(&e, Err(RecvError::Io(io)) if io.kind() == io::ErrorKind::TimedOut), "{e:?}");
+        drop(a);
+        assert!(matches!(
+            b.recv_polling(None, Duration::from_secs(1), Duration::from_secs(600)),
+            Err(RecvError::Closed)
+        ));
+    }
+
+    #[test]
     fn oversized_or_foreign_frames_are_refused_before_allocating() {
         let (a, b) = pair();
         let mut header = [0u8; HEADER];
