@@ -378,8 +378,8 @@ fn back_to_back_calls_are_taken_by_polling_and_polling_is_bounded_and_optional()
     std::thread::sleep(Duration::from_millis(50));
     calls(&d, 1);
     assert!(s._server.requests().waited >= 1, "{:?}", s._server.requests());
-    // Calls longer than the client's bound make it block at once: after its first reply
-    // (polled for up to 1 ns, as no call's time is known yet), none is polled for.
+    // Calls longer than the client's bound block for their replies (the first, polled for
+    // up to 1 ns before any call's time is known, at most is taken polling).
     calls(&d, 10);
     assert!(d.replies().polled <= 1, "{:?}", d.replies());
     assert_eq!(d.replies().polled + d.replies().waited, 12);

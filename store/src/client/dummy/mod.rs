@@ -465,6 +465,18 @@ fn unexpected_outcome(o: &Outcome) -> StoreError {
     StoreError::BadFrame(format!("a result that does not fit the call: {o:?}"))
 }
 
+/// How long a call polls for its reply, given the bound and recent calls' time (zero: none
+/// yet): none when they took longer than the bound, else up to twice their time.
+fn poll_bound(cap: Duration, recent: Duration) -> Duration {
+    if recent > cap {
+        Duration::ZERO
+    } else if recent.is_zero() {
+        cap
+    } else {
+        cap.min(recent * 2)
+    }
+}
+
 fn done(reply: Reply) -> Result<()> {
     match reply {
         Reply::Done => Ok(()),
@@ -561,15 +573,7 @@ impl Inner {
     /// How long the next call polls for its reply: up to twice the recent calls' time, while
     /// that is within [`DummyConfig::reply_poll`] (and all of it before the first call).
     fn poll(&self) -> Duration {
-        let cap = self.config.reply_poll;
-        let recent = Duration::from_nanos(self.service_ns.load(Ordering::Relaxed));
-        if recent > cap {
-            Duration::ZERO
-        } else if recent.is_zero() {
-            cap
-        } else {
-            cap.min(recent * 2)
-        }
+        poll_bound(self.config.reply_poll, Duration::from_nanos(self.service_ns.load(Ordering::Relaxed)))
     }
 
     /// Counts a reply, and its call's time in the moving average (a quarter per call).
@@ -918,5 +922,20 @@ impl StoreApi for DummyClient {
 impl Drop for DummyClient {
     fn drop(&mut self) {
         let _ = StoreApi::close(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_polls_for_twice_its_predecessors_time_within_the_bound_and_not_after_long_calls() {
+        let us = Duration::from_micros;
+        assert_eq!(poll_bound(us(500), Duration::ZERO), us(500), "nothing known yet: the bound");
+        assert_eq!(poll_bound(us(500), us(100)), us(200));
+        assert_eq!(poll_bound(us(500), us(400)), us(500));
+        assert_eq!(poll_bound(us(500), us(501)), Duration::ZERO, "longer calls block at once");
+        assert_eq!(poll_bound(Duration::ZERO, us(10)), Duration::ZERO, "zero: never");
     }
 }
