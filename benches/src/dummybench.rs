@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use crescent_engine::parse_size;
+use crescent_store::client::dummy::DEFAULT_REPLY_POLL;
 use crescent_store::standalone::{Access, StandaloneServer};
 use crescent_store::{pattern, ClientConfig, DummyClient, DummyConfig, MasterConfig, StoreApi, StoreClient};
 
@@ -44,6 +45,12 @@ pub struct DummyArgs {
     /// Also a row per size into heap memory (bounced through the local buffer).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub heap: bool,
+    /// The dummy client's polling for a reply, in µs (`DummyConfig::reply_poll`; 0: never).
+    #[arg(long)]
+    pub client_poll_us: Option<u64>,
+    /// The standalone client's polling for the next request, in µs (`Access::poll`; 0: never).
+    #[arg(long)]
+    pub server_poll_us: Option<u64>,
 }
 
 const TARGET: Target = Target::AtLeast(0.9);
@@ -90,15 +97,19 @@ pub fn run(args: DummyArgs) -> Result<()> {
     let standalone =
         StoreClient::connect(ClientConfig { global_segment_size: 4 << 20, local_buffer_size: 16 << 20, ..base })?;
     let socket = format!("@crescent-dummybench-{}", std::process::id());
-    let _server = StandaloneServer::start(
+    let access = Access::default();
+    let server_poll = args.server_poll_us.map_or(access.poll, Duration::from_micros);
+    let server = StandaloneServer::start(
         standalone.clone(),
         &crescent_store::client::dummy::frame::Address::parse(&socket)?,
-        Access::default(),
+        Access { poll: server_poll, ..access },
     )?;
+    let client_poll = args.client_poll_us.map_or(DEFAULT_REPLY_POLL, Duration::from_micros);
     let dummy = DummyClient::connect(DummyConfig {
         server_address: socket,
         mem_pool_size: batch_bytes.next_multiple_of(2 << 20),
         local_buffer_size: if args.heap { batch_bytes.next_multiple_of(2 << 20) } else { 0 },
+        reply_poll: client_poll,
         ..DummyConfig::default()
     })?;
     // The standalone client's own destination: registered once, as a caller would.
@@ -110,18 +121,21 @@ pub fn run(args: DummyArgs) -> Result<()> {
     }
     println!(
         "storebench dummy: batch_get_into of {} keys per call, standalone client <- holder via {}, {} per side per \
-         pair, {} pairs, {}",
+         pair, {} pairs, polling for a reply up to {} µs and for the next request {} µs, {}",
         args.batch,
         args.protocol.as_deref().unwrap_or("the engine's choice"),
         report::fmt_bytes(args.bytes_per_side),
         args.pairs,
+        client_poll.as_micros(),
+        server_poll.as_micros(),
         report::utc_now()
     );
     println!();
     println!(
-        "| value, dummy's memory | dummy client GB/s | standalone client GB/s | ratio (median) | range | target | |"
+        "| value, dummy's memory | dummy client GB/s | standalone client GB/s | ratio (median) | range | target | | \
+         µs per call, dummy / standalone | replies polled | requests polled |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut all_met = true;
     for (row, &size) in args.sizes.iter().enumerate() {
         let keys: Vec<String> = (0..args.batch).map(|i| format!("dummybench/{row}/{i}")).collect();
@@ -149,6 +163,7 @@ pub fn run(args: DummyArgs) -> Result<()> {
         let mut row = |label: String, dst: &[u64], target: Option<Target>| -> Result<()> {
             let via_dummy = || check(dummy.batch_get_into(&keys, dst, &sizes)?, size);
             via_dummy()?;
+            let (replies, requests) = (dummy.replies(), server.requests());
             let mut pairs = Pairs::default();
             for p in 0..args.pairs {
                 let (d, s) = if p % 2 == 0 {
@@ -168,7 +183,18 @@ pub fn run(args: DummyArgs) -> Result<()> {
                 }
                 None => format!("{:.2} | {:.2}-{:.2} | none (one copy) | |", s.ratio, s.lo, s.hi),
             };
-            println!("| {label} | {:.2} | {:.2} | {cells}", s.ours / 1e9, s.limit / 1e9);
+            let (replies_now, requests_now) = (dummy.replies(), server.requests());
+            let share =
+                |polled: u64, waited: u64| format!("{:.0} %", 100.0 * polled as f64 / (polled + waited).max(1) as f64);
+            println!(
+                "| {label} | {:.2} | {:.2} | {cells} {:.0} / {:.0} | {} | {} |",
+                s.ours / 1e9,
+                s.limit / 1e9,
+                bytes as f64 / s.ours * 1e6,
+                bytes as f64 / s.limit * 1e6,
+                share(replies_now.polled - replies.polled, replies_now.waited - replies.waited),
+                share(requests_now.polled - requests.polled, requests_now.waited - requests.waited),
+            );
             Ok(())
         };
         row(format!("{} pool", report::fmt_bytes(size)), &dummy_addrs, Some(TARGET))?;

@@ -335,3 +335,66 @@ fn a_dummy_client_upserts_puts_parts_holds_buffers_and_forces_removals() {
     d.put("r1", b"1").unwrap();
     assert_eq!(d.remove_by_regex_with("^r", true).unwrap(), 1);
 }
+
+/// `n` calls that reach the standalone client (each asks its master).
+fn calls(d: &DummyClient, n: usize) {
+    for i in 0..n {
+        assert!(!d.exists(&format!("poll-{i}")).unwrap());
+    }
+}
+
+#[test]
+fn back_to_back_calls_are_taken_by_polling_and_polling_is_bounded_and_optional() {
+    // A poll longer than any gap between a reply and the worker's next request: every
+    // request after the first is taken while the connection's thread polls, none after
+    // blocking; the worker's first reply (before any call's time is known) is polled for.
+    let s = in_process_with(Access { poll: Duration::from_secs(5), ..Access::default() });
+    let d = DummyClient::connect(DummyConfig {
+        server_address: s.socket.clone(),
+        mem_pool_size: 0,
+        local_buffer_size: 0,
+        reply_poll: Duration::from_secs(5),
+        ping_interval: Duration::from_secs(3600),
+        ..DummyConfig::default()
+    })
+    .unwrap();
+    calls(&d, 20);
+    let requests = s._server.requests();
+    assert_eq!(requests, crescent_store::standalone::RequestCounts { polled: 20, waited: 0 }, "{requests:?}");
+    let replies = d.replies();
+    assert!(replies.polled >= 1, "{replies:?}");
+    assert_eq!(replies.polled + replies.waited, 21, "the hello and 20 calls: {replies:?}");
+    // A worker that pauses past the poll is still served: its thread blocked meanwhile.
+    let s = in_process_with(Access { poll: Duration::from_micros(1), ..Access::default() });
+    let d = DummyClient::connect(DummyConfig {
+        server_address: s.socket.clone(),
+        mem_pool_size: 0,
+        local_buffer_size: 0,
+        reply_poll: Duration::from_nanos(1),
+        ping_interval: Duration::from_secs(3600),
+        ..DummyConfig::default()
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    calls(&d, 1);
+    assert!(s._server.requests().waited >= 1, "{:?}", s._server.requests());
+    // Calls longer than the client's bound block for their replies (the first, polled for
+    // up to 1 ns before any call's time is known, at most is taken polling).
+    calls(&d, 10);
+    assert!(d.replies().polled <= 1, "{:?}", d.replies());
+    assert_eq!(d.replies().polled + d.replies().waited, 12);
+    // Zero: never polls.
+    let s = in_process_with(Access { poll: Duration::ZERO, ..Access::default() });
+    let d = DummyClient::connect(DummyConfig {
+        server_address: s.socket.clone(),
+        mem_pool_size: 0,
+        local_buffer_size: 0,
+        reply_poll: Duration::ZERO,
+        ping_interval: Duration::from_secs(3600),
+        ..DummyConfig::default()
+    })
+    .unwrap();
+    calls(&d, 10);
+    assert_eq!(s._server.requests(), crescent_store::standalone::RequestCounts { polled: 0, waited: 10 });
+    assert_eq!(d.replies(), crescent_store::client::dummy::ReplyCounts { polled: 0, waited: 11 });
+}

@@ -23,7 +23,7 @@ pub mod cli;
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,12 +55,30 @@ pub struct Access {
     pub max_connections: usize,
     /// Connections of one process (a dummy client opens one per thread calling at once).
     pub max_per_process: usize,
+    /// After a reply, how long a connection's thread polls for the worker's next request
+    /// before it blocks ([`Conn::recv_polling`]): a worker calling in a loop sends it within
+    /// µs, and one taken while polling costs no thread wake-up (tens of µs on a virtual
+    /// machine, a tenth of a 1 MiB call). At most this much CPU per call; zero: never poll.
+    pub poll: Duration,
 }
+
+/// Polling after a reply, by default: the time a worker calling in a loop takes to send its
+/// next request, with room for a busy host, and short against the calls it speeds up.
+pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 
 impl Default for Access {
     fn default() -> Self {
-        Access { uids: Vec::new(), max_connections: 1024, max_per_process: 256 }
+        Access { uids: Vec::new(), max_connections: 1024, max_per_process: 256, poll: DEFAULT_POLL }
     }
+}
+
+/// How a standalone client's connections took their requests (see [`Access::poll`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Requests that arrived while their connection's thread polled after a reply.
+    pub polled: u64,
+    /// Requests its thread blocked for (the first of a connection, or after a pause).
+    pub waited: u64,
 }
 
 /// A region a worker shared: its memfd mapped here and registered with the engine.
@@ -103,6 +121,8 @@ struct State {
     access: Access,
     workers: Mutex<Workers>,
     stop: AtomicBool,
+    polled: AtomicU64,
+    waited: AtomicU64,
 }
 
 /// A running standalone client's service; stopped on drop.
@@ -122,8 +142,14 @@ impl StandaloneServer {
             // Dummy clients' pooled connections idle between calls.
             idle: None,
         };
-        let state =
-            Arc::new(State { client, access, workers: Mutex::new(HashMap::new()), stop: AtomicBool::new(false) });
+        let state = Arc::new(State {
+            client,
+            access,
+            workers: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+            polled: AtomicU64::new(0),
+            waited: AtomicU64::new(0),
+        });
         let st = state.clone();
         // No cluster secret here: dummy clients are processes of this host on a unix socket,
         // admitted by their credentials (see `admit`), not peers of the cluster.
@@ -144,6 +170,14 @@ impl StandaloneServer {
     /// Workers attached now, and the regions they share (for tests and logs).
     pub fn workers(&self) -> Vec<(i32, usize)> {
         self.state.workers.lock().values().map(|(w, _)| (w.pid, w.regions.read().len())).collect()
+    }
+
+    /// How the requests after the hellos were taken so far (for tests and benchmarks).
+    pub fn requests(&self) -> RequestCounts {
+        RequestCounts {
+            polled: self.state.polled.load(Ordering::Relaxed),
+            waited: self.state.waited.load(Ordering::Relaxed),
+        }
     }
 
     /// Stops accepting and ends every connection.
@@ -227,8 +261,12 @@ fn serve(state: &Arc<State>, conn: &Conn, pid: i32) {
     };
     if send(conn, &reply, &[]) {
         loop {
-            let frame = match conn.recv(None, FRAME_TIMEOUT) {
-                Ok(f) => f,
+            let frame = match conn.recv_polling(None, FRAME_TIMEOUT, state.access.poll) {
+                Ok((f, polled)) => {
+                    let counter = if polled { &state.polled } else { &state.waited };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    f
+                }
                 Err(RecvError::Closed) => break,
                 Err(e) => {
                     if !state.stop.load(Ordering::Acquire) {

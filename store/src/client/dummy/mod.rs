@@ -22,7 +22,7 @@ pub mod frame;
 pub mod memory;
 pub mod wire;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,24 @@ pub struct DummyConfig {
     pub connect_timeout: Duration,
     /// How often the monitor thread checks the standalone client (and reconnects).
     pub ping_interval: Duration,
+    /// After sending a request, how long a call may poll its socket for the reply before it
+    /// blocks ([`Conn::recv_polling`]): a reply taken while polling costs no thread wake-up
+    /// (tens of µs on a virtual machine). It polls only while this client's recent calls
+    /// took at most this long (then up to twice their time, at most this): a longer call
+    /// blocks at once, its wake-up a small part of it. Zero: never poll.
+    pub reply_poll: Duration,
+}
+
+/// [`DummyConfig::reply_poll`] by default: about a 16 x 64 KiB batch's time on a busy host.
+pub const DEFAULT_REPLY_POLL: Duration = Duration::from_micros(500);
+
+/// How a dummy client's calls took their replies (see [`DummyConfig::reply_poll`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplyCounts {
+    /// Replies that arrived while their call polled.
+    pub polled: u64,
+    /// Replies their call blocked for.
+    pub waited: u64,
 }
 
 impl Default for DummyConfig {
@@ -67,6 +85,7 @@ impl Default for DummyConfig {
             call_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
             ping_interval: Duration::from_secs(1),
+            reply_poll: DEFAULT_REPLY_POLL,
         }
     }
 }
@@ -106,6 +125,10 @@ struct Inner {
     /// Whether the last attempt reached the standalone client (for one log line per change).
     up: AtomicBool,
     closed: AtomicBool,
+    /// Recent calls' time from request sent to reply taken, in ns (a moving average).
+    service_ns: AtomicU64,
+    polled: AtomicU64,
+    waited: AtomicU64,
 }
 
 /// A dummy client; see the module documentation.
@@ -171,6 +194,9 @@ impl DummyClient {
             server: RwLock::new(ServerInfo::default()),
             up: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            service_ns: AtomicU64::new(0),
+            polled: AtomicU64::new(0),
+            waited: AtomicU64::new(0),
         });
         let conn = inner.open(Instant::now() + inner.config.connect_timeout)?;
         inner.idle.lock().push(conn);
@@ -188,6 +214,14 @@ impl DummyClient {
     /// The standalone client's socket.
     pub fn server(&self) -> &Address {
         &self.inner.address
+    }
+
+    /// How this client's calls took their replies so far (for tests and benchmarks).
+    pub fn replies(&self) -> ReplyCounts {
+        ReplyCounts {
+            polled: self.inner.polled.load(Ordering::Relaxed),
+            waited: self.inner.waited.load(Ordering::Relaxed),
+        }
     }
 
     /// `len` bytes of shared memory (zeroed at first use): from the pool, or a memfd of its own
@@ -431,6 +465,18 @@ fn unexpected_outcome(o: &Outcome) -> StoreError {
     StoreError::BadFrame(format!("a result that does not fit the call: {o:?}"))
 }
 
+/// How long a call polls for its reply, given the bound and recent calls' time (zero: none
+/// yet): none when they took longer than the bound, else up to twice their time.
+fn poll_bound(cap: Duration, recent: Duration) -> Duration {
+    if recent > cap {
+        Duration::ZERO
+    } else if recent.is_zero() {
+        cap
+    } else {
+        cap.min(recent * 2)
+    }
+}
+
 fn done(reply: Reply) -> Result<()> {
     match reply {
         Reply::Done => Ok(()),
@@ -504,7 +550,8 @@ impl Inner {
     ) -> Result<(Reply, Vec<u8>)> {
         let message = wire::encode(request)?;
         conn.send(&message, payload, fd.map(|m| m.fd()), deadline).map_err(|e| self.io_error(e))?;
-        let frame = conn.recv(Some(deadline), Duration::ZERO).map_err(|e| match e {
+        let sent = Instant::now();
+        let (frame, polled) = conn.recv_polling(Some(deadline), Duration::ZERO, self.poll()).map_err(|e| match e {
             RecvError::Io(e) => self.io_error(e),
             RecvError::Closed => self.unavailable(std::io::Error::new(
                 std::io::ErrorKind::ConnectionAborted,
@@ -512,6 +559,7 @@ impl Inner {
             )),
             RecvError::Bad(m) => StoreError::BadFrame(m),
         })?;
+        self.served(sent.elapsed(), polled);
         if frame.fd.is_some() {
             return Err(StoreError::BadFrame("a reply came with a file descriptor".into()));
         }
@@ -520,6 +568,23 @@ impl Inner {
             Reply::Fail(e) => Err(e.into()),
             r => Ok((r, frame.payload)),
         }
+    }
+
+    /// How long the next call polls for its reply: up to twice the recent calls' time, while
+    /// that is within [`DummyConfig::reply_poll`] (and all of it before the first call).
+    fn poll(&self) -> Duration {
+        poll_bound(self.config.reply_poll, Duration::from_nanos(self.service_ns.load(Ordering::Relaxed)))
+    }
+
+    /// Counts a reply, and its call's time in the moving average (a quarter per call).
+    fn served(&self, took: Duration, polled: bool) {
+        let counter = if polled { &self.polled } else { &self.waited };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        // Concurrent calls may lose each other's update: an average of recent calls either way.
+        let old = self.service_ns.load(Ordering::Relaxed);
+        let new = if old == 0 { took } else { old - old / 4 + took / 4 };
+        self.service_ns.store(new, Ordering::Relaxed);
     }
 
     fn io_error(&self, e: std::io::Error) -> StoreError {
@@ -857,5 +922,20 @@ impl StoreApi for DummyClient {
 impl Drop for DummyClient {
     fn drop(&mut self) {
         let _ = StoreApi::close(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_polls_for_twice_its_predecessors_time_within_the_bound_and_not_after_long_calls() {
+        let us = Duration::from_micros;
+        assert_eq!(poll_bound(us(500), Duration::ZERO), us(500), "nothing known yet: the bound");
+        assert_eq!(poll_bound(us(500), us(100)), us(200));
+        assert_eq!(poll_bound(us(500), us(400)), us(500));
+        assert_eq!(poll_bound(us(500), us(501)), Duration::ZERO, "longer calls block at once");
+        assert_eq!(poll_bound(Duration::ZERO, us(10)), Duration::ZERO, "zero: never");
     }
 }
