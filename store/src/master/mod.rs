@@ -64,10 +64,11 @@ use thin_vec::ThinVec;
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
-/// Most objects one step of an eviction round takes per hold of the lock (`Master::evict_step`):
-/// the calls waiting for the lock go between two steps (a round of 5 % of a million objects is
-/// about 50 000 objects, some 200 steps).
-pub const EVICTION_STEP: usize = 256;
+/// Most objects one step of an eviction round takes (`Master::evict_step`), each shard's
+/// under one hold of it and the global lock (two or three objects a hold): the calls waiting
+/// for a lock go between two holds (a round of 5 % of a million objects is about 50 000
+/// objects, some 800 steps). The owners' news of a step go out together at its end.
+pub const EVICTION_STEP: usize = 64;
 
 struct Segment {
     name: String,
@@ -1291,7 +1292,7 @@ impl Master {
             return None;
         }
         let eligible = |k: &str| tenant.is_none_or(|t| tenant::tenant_of(k) == t);
-        let per_shard = (most / SHARDS * 2).clamp(8, most.max(8));
+        let per_shard = (most / SHARDS * 2).clamp(4, most.max(4));
         let mut candidates: Vec<(usize, objects::Victim)> = Vec::new();
         // The latest (held, tick) the merge may take: the last victim of a plan that stopped early.
         let mut bound = (true, u64::MAX);
@@ -1340,8 +1341,10 @@ impl Master {
                 freed += Self::evict_memory_replicas(&mut st, &v.key).unwrap_or(0);
                 count += 1;
             }
-            self.flush_news(&mut st);
         }
+        // The drops of the whole step go out together: one message per owner (and one
+        // acknowledgement back), not one per shard held, which was about one per object.
+        self.flush_news(&mut self.state.lock());
         Some((freed, count))
     }
 

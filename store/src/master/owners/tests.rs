@@ -211,6 +211,40 @@ fn eviction_quarantines_and_a_put_waiting_for_room_gets_it_after_the_ack() {
 }
 
 #[test]
+fn a_step_of_eviction_tells_each_owner_once() {
+    // The drops of one eviction step, whatever shards their objects are in, go to their owner
+    // as one message (one acknowledgement back), not one message per shard.
+    let m = Master::new(MasterConfig { eviction_ratio: 0.5, ..MasterConfig::default() }).unwrap();
+    m.state.lock().instant_acks = false;
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    let keys: Vec<String> = (0..15).map(|i| format!("e{i}")).collect();
+    for k in &keys[..14] {
+        m.put_start("a", k, 4096, &opts(1)).unwrap();
+        let c = m.put_end_begin("a", k).unwrap();
+        a.ack(&m);
+        m.put_end_finish(&c).unwrap();
+    }
+    a.news();
+    // The 15th crosses the high watermark (0.9 of 64 KiB): a round frees half of the segment.
+    m.put_start("a", &keys[14], 4096, &opts(1)).unwrap();
+    let mut messages = Vec::new();
+    while let Ok(n) = a.rx.try_recv() {
+        messages.push(n.items);
+    }
+    let evicted: Vec<&String> = keys[..14].iter().filter(|k| !m.exists(k).unwrap()).collect();
+    assert_eq!(evicted.len(), 8, "half of the segment: {evicted:?}");
+    let shards: std::collections::HashSet<usize> =
+        evicted.iter().map(|k| crate::master::objects::shard_of(k)).collect();
+    assert!(shards.len() > 1, "the victims are in several shards: {shards:?}");
+    assert_eq!(messages.len(), 1, "one message for the step: {messages:?}");
+    let mut dropped: Vec<&String> = messages[0].iter().filter(|i| !i.commit).map(|i| &i.key).collect();
+    dropped.sort();
+    let mut expect = evicted.clone();
+    expect.sort();
+    assert_eq!(dropped, expect);
+}
+
+#[test]
 fn news_not_acknowledged_come_again_on_reconnect_and_other_terms_are_refused() {
     let m = master();
     let mut a = FakeOwner::mount(&m, "a", 1 << 30);
