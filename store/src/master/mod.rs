@@ -99,7 +99,7 @@ struct Client {
 struct State {
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
-    /// The client ids and disk names objects refer to, shared ([`objects::Names`]).
+    /// The writers (client ids and their disks) objects refer to, shared ([`objects::Names`]).
     names: objects::Names,
     clients: HashMap<String, Client>,
     next_segment: u64,
@@ -697,14 +697,13 @@ impl Master {
             (ms, _) => Some(Duration::from_millis(ms)),
         };
         let soft_pin_until = soft_pin.map(|ttl| Stamp::of(now + ttl));
-        let offload_disk = Self::disk_of_client(&st, client_id).map(|d| st.names.get(&d));
-        let writer = Some(st.names.get(client_id));
+        let disk = Self::disk_of_client(&st, client_id);
+        let writer = Some(st.names.writer(client_id, disk.as_deref()));
         let object = Object {
             size,
             version,
             replicas: blocks.into_iter().map(|(segment_id, block)| Replica::new(segment_id, block, None)).collect(),
             ssd: ThinVec::new(),
-            offload_disk,
             complete: false,
             writer,
             started: Stamp::of(now),
@@ -953,7 +952,7 @@ impl Master {
         }
         st.objects.commit(key);
         let obj = st.objects.get_mut(key).expect("looked up above");
-        if obj.offload_disk.is_some() {
+        if obj.offload_disk().is_some() {
             obj.offload_held_until = Some(Stamp::of(now + OFFLOAD_HOLD));
         }
         self.emit_object(st, key, EventKind::Stored);
