@@ -624,21 +624,23 @@ async fn phases_of_size(
                 after = node_stats(&mut sim.rpc, &sim.id).await?;
             }
             if after.used < before.used {
-                // Until nothing changed for 5 ms and every drop was acknowledged (acks come in
-                // bursts on a loaded machine: a pause alone is not the round's end).
+                // Until every drop was acknowledged and nothing changed for QUIET (on a loaded
+                // machine the evictor's steps and the acks pause: a short pause is not the
+                // round's end); the round ended at the last change.
                 let mut done = t.elapsed();
+                let mut quiet_since = Instant::now();
                 let give_up = Instant::now() + Duration::from_secs(60);
                 loop {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     let again = node_stats(&mut sim.rpc, &sim.id).await?;
-                    let drained = again.used <= again.objects * reserved;
                     if again.used == after.used && again.objects == after.objects {
-                        if drained || Instant::now() > give_up {
+                        let drained = again.used <= again.objects * reserved;
+                        if (drained && quiet_since.elapsed() >= QUIET) || Instant::now() > give_up {
                             break;
                         }
                         continue;
                     }
-                    (after, done) = (again, t.elapsed());
+                    (after, done, quiet_since) = (again, t.elapsed(), Instant::now());
                 }
                 rounds_us.push(done.as_micros() as u64);
                 crossing_put_us.push(took);
@@ -802,16 +804,28 @@ async fn top_up(sims: &mut [Sim], args: &MasterArgs, filled: &mut u64, reserved:
     Ok(())
 }
 
+/// How long the used bytes and objects must stay unchanged, with nothing in quarantine, for
+/// an eviction round to count as over: the evictor's steps and the owners' acknowledgements
+/// pause for milliseconds on a loaded machine.
+const QUIET: Duration = Duration::from_millis(200);
+
 /// The sizes once no range waits in quarantine (every drop acknowledged: the used bytes are
-/// the objects' own, `reserved` each), or after 60 s.
+/// the objects' own, `reserved` each) and nothing changed for [`QUIET`], or after 60 s.
 async fn settled(rpc: &mut MasterClient<Channel>, id: &str, reserved: u64) -> Result<Sizes> {
     let start = Instant::now();
+    let mut last = node_stats(rpc, id).await?;
+    let mut quiet_since = Instant::now();
     loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
         let s = node_stats(rpc, id).await?;
-        if s.used <= s.objects * reserved || start.elapsed() > Duration::from_secs(60) {
+        if (s.used, s.objects) != (last.used, last.objects) {
+            (last, quiet_since) = (s, Instant::now());
+            continue;
+        }
+        let drained = s.used <= s.objects * reserved;
+        if (drained && quiet_since.elapsed() >= QUIET) || start.elapsed() > Duration::from_secs(60) {
             return Ok(s);
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
