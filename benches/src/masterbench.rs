@@ -3,7 +3,8 @@
 //!
 //! For each store size of `--objects` (default 100k and 1M objects), a fresh `crescent-master`
 //! is spawned (or the one of `--master` is used) and `--clients` simulated clients (64 by
-//! default, each with its own gRPC channel, as tasks of one tokio runtime) mount one segment
+//! default, each with its own gRPC channel, as tasks of one tokio runtime; their owner streams
+//! acknowledge on a runtime of their own, `--ack-threads`) mount one segment
 //! each. The segments are fake (names and addresses no process serves): the master only keeps
 //! metadata, so no memory stands behind them. Their sizes are chosen so that the store reaches
 //! the master's high watermark at about `--objects` values of `--value-size` (64 KiB KV blocks
@@ -21,8 +22,9 @@
 //! 5. eviction rounds: the store is topped up to one put below the watermark, then single puts
 //!    follow until one of them makes the master evict (seen in `NodeStats`: used bytes drop).
 //!    The master's evictor runs the round after that put answered: the time from the put's
-//!    start to the last drop of the used bytes (no change for 5 ms after it) is one eviction
-//!    round; that put's `PutStart` time is shown beside an ordinary put's;
+//!    start to the last drop of the used bytes is one eviction round (over once nothing
+//!    changed for 200 ms and no evicted range waits for its owner's acknowledgement); that
+//!    put's `PutStart` time is shown beside an ordinary put's;
 //! 6. and 7. the single and batched streams again (no removes), each started one put below the
 //!    watermark, so that eviction runs while all clients call.
 //!
