@@ -3,7 +3,8 @@
 //!
 //! For each store size of `--objects` (default 100k and 1M objects), a fresh `crescent-master`
 //! is spawned (or the one of `--master` is used) and `--clients` simulated clients (64 by
-//! default, each with its own gRPC channel, as tasks of one tokio runtime) mount one segment
+//! default, each with its own gRPC channel, as tasks of one tokio runtime; their owner streams
+//! acknowledge on a runtime of their own, `--ack-threads`) mount one segment
 //! each. The segments are fake (names and addresses no process serves): the master only keeps
 //! metadata, so no memory stands behind them. Their sizes are chosen so that the store reaches
 //! the master's high watermark at about `--objects` values of `--value-size` (64 KiB KV blocks
@@ -21,8 +22,9 @@
 //! 5. eviction rounds: the store is topped up to one put below the watermark, then single puts
 //!    follow until one of them makes the master evict (seen in `NodeStats`: used bytes drop).
 //!    The master's evictor runs the round after that put answered: the time from the put's
-//!    start to the last drop of the used bytes (no change for 5 ms after it) is one eviction
-//!    round; that put's `PutStart` time is shown beside an ordinary put's;
+//!    start to the last drop of the used bytes is one eviction round (over once nothing
+//!    changed for 200 ms and no evicted range waits for its owner's acknowledgement); that
+//!    put's `PutStart` time is shown beside an ordinary put's;
 //! 6. and 7. the single and batched streams again (no removes), each started one put below the
 //!    watermark, so that eviction runs while all clients call.
 //!
@@ -97,6 +99,11 @@ pub struct MasterArgs {
     /// Deadline of every RPC, in seconds.
     #[arg(long, default_value_t = 30.0)]
     pub rpc_timeout: f64,
+    /// Threads of the runtime the simulated owners acknowledge the master's news on (0: on the
+    /// clients' runtime, where an owner's acknowledgement waits behind the calls of all 64
+    /// clients; a real client acknowledges from its own process).
+    #[arg(long, default_value_t = 1)]
+    pub ack_threads: usize,
 }
 
 /// "100k", "1M", "10M", "2500" as a count (decimal suffixes).
@@ -342,17 +349,32 @@ pub fn run(args: MasterArgs) -> Result<()> {
         bail!("with --master, give one size of --objects (each size needs a fresh master)");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let ack_runtime = match args.ack_threads {
+        0 => None,
+        n => Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(n)
+                .thread_name("storebench-acks")
+                .enable_all()
+                .build()?,
+        ),
+    };
+    let acks = ack_runtime.as_ref().map_or_else(|| runtime.handle().clone(), |r| r.handle().clone());
     let load = report::Load::start();
     println!(
         "{} storebench master: {} simulated clients (one gRPC channel and one fake segment each), values of {}, \
-         batches of {} keys, {} s per stream, lease {} ms, high watermark {}",
+         batches of {} keys, {} s per stream, lease {} ms, high watermark {}, owners' acknowledgements on {}",
         report::utc_now(),
         args.clients,
         report::fmt_bytes(args.value_size),
         args.batch,
         args.duration,
         args.lease_ttl_ms,
-        args.high_watermark
+        args.high_watermark,
+        match args.ack_threads {
+            0 => "the clients' runtime".to_string(),
+            n => format!("a runtime of {n} thread(s) of their own"),
+        }
     );
     let mut phases = Vec::new();
     let mut sizes = Vec::new();
@@ -365,7 +387,7 @@ pub fn run(args: MasterArgs) -> Result<()> {
             }
         };
         println!("{n} objects: master {what}");
-        let (p, s) = runtime.block_on(one_size(&args, &addr, pid, n))?;
+        let (p, s) = runtime.block_on(one_size(&args, &addr, pid, n, &acks))?;
         phases.extend(p);
         sizes.push(s);
     }
@@ -391,7 +413,13 @@ async fn connect(args: &MasterArgs, addr: &str) -> Result<MasterClient<Channel>>
     Ok(MasterClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE))
 }
 
-async fn one_size(args: &MasterArgs, addr: &str, pid: Option<u32>, n: u64) -> Result<(Vec<PhaseRow>, SizeRow)> {
+async fn one_size(
+    args: &MasterArgs,
+    addr: &str,
+    pid: Option<u32>,
+    n: u64,
+    acks: &tokio::runtime::Handle,
+) -> Result<(Vec<PhaseRow>, SizeRow)> {
     let clients = args.clients as u64;
     let s = args.value_size;
     // Segments sized so that the watermark falls at about n objects.
@@ -422,7 +450,15 @@ async fn one_size(args: &MasterArgs, addr: &str, pid: Option<u32>, n: u64) -> Re
         if !ok(&r.status) {
             bail!("MountSegment: {}", describe(&r.status));
         }
-        owners.push(tokio::spawn(acknowledge_news(connect(args, addr).await?, id.clone(), r.term, r.segment_id)));
+        // On the acknowledging runtime, channel included (its connection is driven there).
+        let (owner_args, owner_addr, owner_id) = (args.clone(), addr.to_string(), id.clone());
+        let (term, segment_id) = (r.term, r.segment_id);
+        let owner = acks.spawn(async move {
+            let rpc = connect(&owner_args, &owner_addr).await?;
+            acknowledge_news(rpc, owner_id, term, segment_id).await;
+            anyhow::Ok(())
+        });
+        owners.push(owner);
         sims.push(Sim { index: i, id, rpc, next: 0, live: VecDeque::new() });
     }
     // Heartbeats for every simulated client, on a channel of their own.
@@ -590,14 +626,23 @@ async fn phases_of_size(
                 after = node_stats(&mut sim.rpc, &sim.id).await?;
             }
             if after.used < before.used {
+                // Until every drop was acknowledged and nothing changed for QUIET (on a loaded
+                // machine the evictor's steps and the acks pause: a short pause is not the
+                // round's end); the round ended at the last change.
                 let mut done = t.elapsed();
+                let mut quiet_since = Instant::now();
+                let give_up = Instant::now() + Duration::from_secs(60);
                 loop {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     let again = node_stats(&mut sim.rpc, &sim.id).await?;
                     if again.used == after.used && again.objects == after.objects {
-                        break;
+                        let drained = again.used <= again.objects * reserved;
+                        if (drained && quiet_since.elapsed() >= QUIET) || Instant::now() > give_up {
+                            break;
+                        }
+                        continue;
                     }
-                    (after, done) = (again, t.elapsed());
+                    (after, done, quiet_since) = (again, t.elapsed(), Instant::now());
                 }
                 rounds_us.push(done.as_micros() as u64);
                 crossing_put_us.push(took);
@@ -608,7 +653,16 @@ async fn phases_of_size(
             plain_put_us.push(took);
         }
         if !found {
-            bail!("64 puts at the watermark and no eviction: is the master's high watermark {}?", args.high_watermark);
+            let now = node_stats(&mut sim.rpc, &sim.id).await?;
+            bail!(
+                "64 puts at the watermark and no eviction: is the master's high watermark {}? (now {} objects, \
+                 {} of {} bytes used: {:.4} of capacity)",
+                args.high_watermark,
+                now.objects,
+                now.used,
+                now.capacity,
+                now.used as f64 / now.capacity.max(1) as f64
+            );
         }
     }
 
@@ -738,7 +792,11 @@ async fn put_batch(
 
 /// Puts keys `t/...` until one more put would cross the watermark.
 async fn top_up(sims: &mut [Sim], args: &MasterArgs, filled: &mut u64, reserved: u64) -> Result<()> {
-    let now = node_stats(&mut sims[0].rpc, &sims[0].id.clone()).await?;
+    // Ranges of objects evicted or removed count as used until their owners acknowledged the
+    // drops: measured before that, the room is too small, and once they come back the store
+    // is further below the watermark than the 64 puts that look for a round.
+    let id = sims[0].id.clone();
+    let now = settled(&mut sims[0].rpc, &id, reserved).await?;
     let limit = (now.capacity as f64 * args.high_watermark) as u64;
     // The put that makes used exceed the limit evicts; stop one before it.
     let room = limit.saturating_sub(now.used) / reserved;
@@ -746,6 +804,31 @@ async fn top_up(sims: &mut [Sim], args: &MasterArgs, filled: &mut u64, reserved:
     let t = fill_keys(sims, *filled, count, args.batch, args.value_size).await?;
     *filled += t.puts;
     Ok(())
+}
+
+/// How long the used bytes and objects must stay unchanged, with nothing in quarantine, for
+/// an eviction round to count as over: the evictor's steps and the owners' acknowledgements
+/// pause for milliseconds on a loaded machine.
+const QUIET: Duration = Duration::from_millis(200);
+
+/// The sizes once no range waits in quarantine (every drop acknowledged: the used bytes are
+/// the objects' own, `reserved` each) and nothing changed for [`QUIET`], or after 60 s.
+async fn settled(rpc: &mut MasterClient<Channel>, id: &str, reserved: u64) -> Result<Sizes> {
+    let start = Instant::now();
+    let mut last = node_stats(rpc, id).await?;
+    let mut quiet_since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let s = node_stats(rpc, id).await?;
+        if (s.used, s.objects) != (last.used, last.objects) {
+            (last, quiet_since) = (s, Instant::now());
+            continue;
+        }
+        let drained = s.used <= s.objects * reserved;
+        if (drained && quiet_since.elapsed() >= QUIET) || start.elapsed() > Duration::from_secs(60) {
+            return Ok(s);
+        }
+    }
 }
 
 #[derive(Clone, Copy)]

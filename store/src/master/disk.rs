@@ -271,7 +271,6 @@ impl Master {
                         version: e.version,
                         replicas: Default::default(),
                         ssd: thin_vec::thin_vec![segment_id],
-                        offload_disk: None,
                         complete: true,
                         writer: None,
                         started: super::Stamp::of(now),
@@ -386,8 +385,8 @@ impl Master {
     pub(super) fn queue_disk_removals(st: &mut State, key: &str, obj: &Object) {
         let mut names: Vec<String> =
             obj.ssd.iter().filter_map(|id| st.segments.get(id).map(|s| s.name.clone())).collect();
-        if let Some(d) = &obj.offload_disk {
-            if !names.iter().any(|n| **n == **d) {
+        if let Some(d) = obj.offload_disk() {
+            if !names.iter().any(|n| n == d) {
                 names.push(d.to_string());
             }
         }

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rand::seq::SliceRandom;
+use smallvec::SmallVec;
 
 use crate::allocator::{Block, SegmentAllocator};
 use crate::error::{Result, StoreError};
@@ -63,10 +64,11 @@ use thin_vec::ThinVec;
 pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
-/// Most objects one step of an eviction round takes per hold of the lock (`Master::evict_step`):
-/// the calls waiting for the lock go between two steps (a round of 5 % of a million objects is
-/// about 50 000 objects, some 200 steps).
-pub const EVICTION_STEP: usize = 256;
+/// Most objects one step of an eviction round takes (`Master::evict_step`), each shard's
+/// under one hold of it and the global lock (two or three objects a hold): the calls waiting
+/// for a lock go between two holds (a round of 5 % of a million objects is about 50 000
+/// objects, some 800 steps). The owners' news of a step go out together at its end.
+pub const EVICTION_STEP: usize = 64;
 
 struct Segment {
     name: String,
@@ -97,7 +99,7 @@ struct Client {
 struct State {
     segments: HashMap<u64, Segment>,
     segment_by_name: HashMap<String, u64>,
-    /// The client ids and disk names objects refer to, shared ([`objects::Names`]).
+    /// The writers (client ids and their disks) objects refer to, shared ([`objects::Names`]).
     names: objects::Names,
     clients: HashMap<String, Client>,
     next_segment: u64,
@@ -695,14 +697,13 @@ impl Master {
             (ms, _) => Some(Duration::from_millis(ms)),
         };
         let soft_pin_until = soft_pin.map(|ttl| Stamp::of(now + ttl));
-        let offload_disk = Self::disk_of_client(&st, client_id).map(|d| st.names.get(&d));
-        let writer = Some(st.names.get(client_id));
+        let disk = Self::disk_of_client(&st, client_id);
+        let writer = Some(st.names.writer(client_id, disk.as_deref()));
         let object = Object {
             size,
             version,
             replicas: blocks.into_iter().map(|(segment_id, block)| Replica::new(segment_id, block, None)).collect(),
             ssd: ThinVec::new(),
-            offload_disk,
             complete: false,
             writer,
             started: Stamp::of(now),
@@ -782,6 +783,50 @@ impl Master {
         let now = Instant::now();
         let mut st = self.lock_key(key);
         self.fence.check(now)?;
+        let begun = Self::begin_commit(&mut st, client_id, key, now);
+        self.flush_news(&mut st);
+        let (version, segments) = begun?;
+        Ok(Commit { key: key.to_string(), version, wait: Self::waits(&st, segments) })
+    }
+
+    /// Starts committing many puts of `client_id` (a `BatchPutEnd`): the keys of each shard
+    /// under one hold of it and the global state, and the owners told once for the whole
+    /// batch (one message per owner, not one per key: each message is one more acknowledgement
+    /// for the owner to send and for the master to take the global lock for). Returns each
+    /// key's commit, in the order of `keys` (their `wait` empty), and one wait for them all.
+    pub fn put_end_begin_batch(&self, client_id: &str, keys: &[String]) -> (Vec<Result<Commit>>, owners::AckWait) {
+        let now = Instant::now();
+        let mut out: Vec<Option<Result<Commit>>> = keys.iter().map(|_| None).collect();
+        let mut by_shard = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match check_key(key) {
+                Ok(()) => by_shard.push((objects::shard_of(key), i)),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        by_shard.sort_unstable();
+        let mut segments = Vec::new();
+        for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
+            let mut st = self.lock_shard(group[0].0);
+            for &(_, i) in group {
+                let key = keys[i].as_str();
+                let begun = self.fence.check(now).and_then(|()| Self::begin_commit(&mut st, client_id, key, now));
+                out[i] = Some(begun.map(|(version, segs)| {
+                    segments.extend(segs);
+                    Commit { key: key.to_string(), version, wait: owners::AckWait::default() }
+                }));
+            }
+        }
+        let mut st = self.state.lock();
+        self.flush_news(&mut st);
+        let wait = Self::waits(&st, segments);
+        (out.into_iter().map(|c| c.expect("every key answered")).collect(), wait)
+    }
+
+    /// Queues the commit news of `client_id`'s put of `key` for its replicas' owners (the
+    /// caller flushes them); returns its version and the segments whose owners must
+    /// acknowledge (none when it is committed already).
+    fn begin_commit(st: &mut Locked<'_>, client_id: &str, key: &str, now: Instant) -> Result<(u64, Vec<u64>)> {
         let known = st.clients.contains_key(client_id);
         let Some(obj) = st.objects.get_mut(key) else {
             return Err(if known {
@@ -795,10 +840,10 @@ impl Master {
         }
         let version = obj.version;
         if obj.complete {
-            return Ok(Commit { key: key.to_string(), version, wait: owners::AckWait::default() });
+            return Ok((version, Vec::new()));
         }
         let (size, pins) = (obj.size, Self::pins_of(obj));
-        let fresh: Vec<(usize, u64, Block)> = obj
+        let fresh: SmallVec<[(usize, u64, Block); 2]> = obj
             .replicas
             .iter()
             .enumerate()
@@ -808,12 +853,10 @@ impl Master {
         let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         for (i, segment_id, block) in fresh {
             let what = owners::Announced { key, version, size, pins };
-            let seq = Self::queue_commit(&mut st, segment_id, block, &what, now);
+            let seq = Self::queue_commit(st, segment_id, block, &what, now);
             st.objects.get_mut(key).expect("looked up above").replicas[i].set_news(seq);
         }
-        self.flush_news(&mut st);
-        let wait = Self::waits(&st, segments);
-        Ok(Commit { key: key.to_string(), version, wait })
+        Ok((version, segments))
     }
 
     /// Ends a commit begun by [`Self::put_end_begin`]: the replicas whose owners acknowledged
@@ -823,6 +866,54 @@ impl Master {
         let now = Instant::now();
         let mut st = self.lock_key(key);
         self.fence.check(now)?;
+        let done = self.finish_commit(&mut st, commit, now);
+        self.flush_news(&mut st);
+        drop(st);
+        if done.is_err() {
+            self.update_gauges();
+        }
+        done
+    }
+
+    /// Ends the commits begun by [`Self::put_end_begin_batch`] (a key that did not begin keeps
+    /// its error): each shard's under one hold of it and the global state. Answers in order.
+    pub fn put_end_finish_batch(&self, commits: Vec<Result<Commit>>) -> Vec<Result<()>> {
+        let now = Instant::now();
+        let mut out: Vec<Option<Result<()>>> = commits.iter().map(|_| None).collect();
+        let mut by_shard = Vec::with_capacity(commits.len());
+        for (i, c) in commits.iter().enumerate() {
+            if let Ok(c) = c {
+                by_shard.push((objects::shard_of(&c.key), i));
+            }
+        }
+        by_shard.sort_unstable();
+        let mut failed = false;
+        for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
+            let mut st = self.lock_shard(group[0].0);
+            for &(_, i) in group {
+                let commit = commits[i].as_ref().expect("listed above");
+                let done = self.fence.check(now).and_then(|()| self.finish_commit(&mut st, commit, now));
+                failed |= done.is_err();
+                out[i] = Some(done);
+            }
+            self.flush_news(&mut st);
+        }
+        if failed {
+            self.update_gauges();
+        }
+        commits
+            .into_iter()
+            .zip(out)
+            .map(|(c, done)| match c {
+                Err(e) => Err(e),
+                Ok(_) => done.expect("every commit answered"),
+            })
+            .collect()
+    }
+
+    /// [`Self::put_end_finish`] under the key's locks (the caller flushes the news).
+    fn finish_commit(&self, st: &mut Locked<'_>, commit: &Commit, now: Instant) -> Result<()> {
+        let key = commit.key.as_str();
         let obj = match st.objects.get(key) {
             Some(o) if o.version == commit.version => o,
             _ => return Err(StoreError::NotFound(key.to_string())), // revoked or reclaimed meanwhile
@@ -830,40 +921,41 @@ impl Master {
         if obj.complete {
             return Ok(());
         }
-        let acked: Vec<bool> =
-            obj.replicas.iter().map(|r| r.news().is_some_and(|seq| Self::is_acked(&st, r.segment_id, seq))).collect();
+        let acked: SmallVec<[bool; 2]> =
+            obj.replicas.iter().map(|r| r.news().is_some_and(|seq| Self::is_acked(st, r.segment_id, seq))).collect();
         if !acked.iter().any(|a| *a) {
-            Self::remove_object(&mut st, key);
-            self.flush_news(&mut st);
-            drop(st);
-            self.update_gauges();
+            Self::remove_object(st, key);
             tracing::warn!("put of {key:?} failed: no owner of its replicas acknowledged the commit");
             return Err(StoreError::OwnersUnreachable(key.to_string()));
         }
         let obj = st.objects.get_mut(key).expect("looked up above");
-        let (version, all) = (obj.version, std::mem::take(&mut obj.replicas));
-        let mut lost = Vec::new();
-        for (r, ok) in all.into_iter().zip(acked) {
-            if ok {
-                st.objects.get_mut(key).expect("looked up above").replicas.push(r);
-            } else {
-                lost.push(r);
+        let version = obj.version;
+        if acked.iter().all(|a| *a) {
+            // Every owner acknowledged (the usual case): the replicas stay where they are.
+        } else {
+            let all = std::mem::take(&mut obj.replicas);
+            let mut lost = Vec::new();
+            for (r, ok) in all.into_iter().zip(acked) {
+                if ok {
+                    st.objects.get_mut(key).expect("looked up above").replicas.push(r);
+                } else {
+                    lost.push(r);
+                }
             }
-        }
-        for r in lost {
-            tracing::warn!(
-                "put of {key:?}: the owner of segment {} did not acknowledge; replica dropped",
-                r.segment_id
-            );
-            Self::free_replica(&mut st, key, version, r.segment_id, r.block, r.news().is_some());
+            for r in lost {
+                tracing::warn!(
+                    "put of {key:?}: the owner of segment {} did not acknowledge; replica dropped",
+                    r.segment_id
+                );
+                Self::free_replica(st, key, version, r.segment_id, r.block, r.news().is_some());
+            }
         }
         st.objects.commit(key);
         let obj = st.objects.get_mut(key).expect("looked up above");
-        if obj.offload_disk.is_some() {
+        if obj.offload_disk().is_some() {
             obj.offload_held_until = Some(Stamp::of(now + OFFLOAD_HOLD));
         }
-        self.emit_object(&st, key, EventKind::Stored);
-        self.flush_news(&mut st);
+        self.emit_object(st, key, EventKind::Stored);
         Ok(())
     }
 
@@ -1199,7 +1291,7 @@ impl Master {
             return None;
         }
         let eligible = |k: &str| tenant.is_none_or(|t| tenant::tenant_of(k) == t);
-        let per_shard = (most / SHARDS * 2).clamp(8, most.max(8));
+        let per_shard = (most / SHARDS * 2).clamp(4, most.max(4));
         let mut candidates: Vec<(usize, objects::Victim)> = Vec::new();
         // The latest (held, tick) the merge may take: the last victim of a plan that stopped early.
         let mut bound = (true, u64::MAX);
@@ -1248,8 +1340,10 @@ impl Master {
                 freed += Self::evict_memory_replicas(&mut st, &v.key).unwrap_or(0);
                 count += 1;
             }
-            self.flush_news(&mut st);
         }
+        // The drops of the whole step go out together: one message per owner (and one
+        // acknowledgement back), not one per shard held, which was about one per object.
+        self.flush_news(&mut self.state.lock());
         Some((freed, count))
     }
 

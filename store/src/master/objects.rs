@@ -16,7 +16,7 @@
 //! as that. Protections that end with time (leases, soft pins) keep their place, as does an
 //! object of another tenant: the walk passes them.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,24 +81,117 @@ pub(super) fn ahead(until: Option<Stamp>, now: Instant) -> bool {
     until.is_some_and(|t| t > Stamp::of(now))
 }
 
-/// One shared copy of the names objects refer to (their writers' client ids and disks): an
-/// object holds a pointer, not a copy. Names no object refers to any more are dropped by
-/// [`Names::prune`].
+/// Who wrote an object: its client, and that client's disk (whose offload of the object may
+/// be in flight: a removal is queued for it even before its file is announced, see
+/// [`super::disk`]). One copy per (client, disk), shared by all its objects ([`Names`]): an
+/// object holds one thin pointer.
+#[derive(Debug)]
+pub(super) struct Writer {
+    pub(super) client: Box<str>,
+    pub(super) disk: Option<Box<str>>,
+}
+
+/// The [`Writer`]s objects refer to, one copy each, by client id. Writers no object refers to
+/// any more are dropped by [`Names::prune`].
 #[derive(Default)]
-pub(super) struct Names(HashSet<Arc<str>>);
+pub(super) struct Names(HashMap<Box<str>, SmallVec<[Arc<Writer>; 1]>>);
 
 impl Names {
-    pub(super) fn get(&mut self, name: &str) -> Arc<str> {
-        if let Some(n) = self.0.get(name) {
-            return n.clone();
+    pub(super) fn writer(&mut self, client: &str, disk: Option<&str>) -> Arc<Writer> {
+        let of_client = match self.0.get_mut(client) {
+            Some(w) => w,
+            None => self.0.entry(client.into()).or_default(),
+        };
+        if let Some(w) = of_client.iter().find(|w| w.disk.as_deref() == disk) {
+            return w.clone();
         }
-        let n: Arc<str> = name.into();
-        self.0.insert(n.clone());
-        n
+        let w = Arc::new(Writer { client: client.into(), disk: disk.map(Into::into) });
+        of_client.push(w.clone());
+        w
     }
 
     pub(super) fn prune(&mut self) {
-        self.0.retain(|n| Arc::strong_count(n) > 1);
+        self.0.retain(|_, of_client| {
+            of_client.retain(|w| Arc::strong_count(w) > 1);
+            !of_client.is_empty()
+        });
+    }
+}
+
+/// Longest key kept inside its [`Key`], without an allocation of its own.
+const INLINE_KEY: usize = 22;
+
+/// An object's key: up to [`INLINE_KEY`] bytes inline (24 bytes, where a `Box<str>` takes 16
+/// and an allocation of 32 with malloc's header for a 12-24-byte key), longer ones boxed.
+/// Hashes and compares as its `str`, so maps of keys are looked up by `&str`.
+#[derive(Clone)]
+pub(super) enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Boxed(Box<str>),
+}
+
+impl Key {
+    pub(super) fn as_str(&self) -> &str {
+        match self {
+            // SAFETY: `bytes[..len]` is a copy of a whole `str` (`From<&str>`), so valid UTF-8.
+            Key::Inline { len, bytes } => unsafe { std::str::from_utf8_unchecked(&bytes[..*len as usize]) },
+            Key::Boxed(b) => b,
+        }
+    }
+}
+
+impl From<&str> for Key {
+    fn from(s: &str) -> Key {
+        if s.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..s.len()].copy_from_slice(s.as_bytes());
+            Key::Inline { len: s.len() as u8, bytes }
+        } else {
+            Key::Boxed(s.into())
+        }
+    }
+}
+
+impl From<String> for Key {
+    fn from(s: String) -> Key {
+        if s.len() <= INLINE_KEY {
+            Key::from(s.as_str())
+        } else {
+            Key::Boxed(s.into_boxed_str())
+        }
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::borrow::Borrow<str> for Key {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
     }
 }
 
@@ -136,13 +229,11 @@ pub(super) struct Object {
     /// Disk segments (tier SSD) holding a copy, read through their owner ([`super::disk`]);
     /// one pointer while empty.
     pub(super) ssd: ThinVec<u64>,
-    /// The disk of the client that put this version (its offload may be in flight): a removal
-    /// is queued for it even before its file is announced ([`super::disk`]).
-    pub(super) offload_disk: Option<Arc<str>>,
     /// Committed: visible to gets. Set only through [`ObjectMap::commit`] once in the map.
     pub(super) complete: bool,
-    /// The client writing it (none for objects rebuilt from reports or disks).
-    pub(super) writer: Option<Arc<str>>,
+    /// The client that put this version and its disk (none for objects rebuilt from reports
+    /// or disks): one shared pointer.
+    pub(super) writer: Option<Arc<Writer>>,
     /// While the put is unfinished: when it started (the sweep reclaims it after the put
     /// timeout). Once committed: its last use, a tick of [`USE_CLOCK`] (set by [`ObjectMap`]),
     /// which orders objects of different shards for eviction. (One field for both keeps the
@@ -176,7 +267,12 @@ impl Object {
     }
     /// Whether `client` is writing it.
     pub(super) fn written_by(&self, client: &str) -> bool {
-        self.writer.as_deref() == Some(client)
+        self.writer.as_ref().is_some_and(|w| &*w.client == client)
+    }
+    /// The disk of the client that put this version, if it has one: its offload may be in
+    /// flight, so a removal is queued for it even before its file is announced.
+    pub(super) fn offload_disk(&self) -> Option<&str> {
+        self.writer.as_ref()?.disk.as_deref()
     }
     /// Eviction cannot take it until something else changes it first (see the module doc).
     fn never_evictable_as_is(&self) -> bool {
@@ -213,7 +309,7 @@ pub(super) struct EvictionPlan {
 
 /// Key → object, ordered by last use (see the module doc).
 pub(super) struct ObjectMap {
-    map: LruCache<Box<str>, Object>,
+    map: LruCache<Key, Object>,
     /// Keys of the puts not committed yet (few: those in flight), for the sweep's reclaim.
     unfinished: std::collections::HashSet<Box<str>>,
 }
@@ -240,13 +336,13 @@ impl ObjectMap {
     }
 
     /// Adds (or replaces) an object as the most recently used; returns whether the key is new.
-    pub(super) fn insert(&mut self, key: impl Into<Box<str>>, mut obj: Object) -> bool {
+    pub(super) fn insert(&mut self, key: impl Into<Key>, mut obj: Object) -> bool {
         let key = key.into();
         if obj.complete {
             obj.started = next_tick();
-            self.unfinished.remove(&key);
+            self.unfinished.remove(key.as_str());
         } else {
-            self.unfinished.insert(key.clone());
+            self.unfinished.insert(key.as_str().into());
         }
         self.map.put(key, obj).is_none()
     }
@@ -354,14 +450,75 @@ mod tests {
 
     #[test]
     fn an_object_record_fits_its_memory_budget() {
-        // docs/src/store.md#inside-the-master: 136 bytes, and one replica without an
-        // allocation of its own.
-        assert!(std::mem::size_of::<Object>() <= 136, "Object is {} bytes", std::mem::size_of::<Object>());
+        // docs/src/store.md#inside-the-master: 112 bytes, one replica without an allocation of
+        // its own, the writer one thin pointer, and a short key inside the list's node.
+        assert!(std::mem::size_of::<Object>() <= 112, "Object is {} bytes", std::mem::size_of::<Object>());
         assert_eq!(std::mem::size_of::<Replica>(), 32);
         assert_eq!(std::mem::size_of::<Option<Stamp>>(), 8);
+        assert_eq!(std::mem::size_of::<Option<Arc<Writer>>>(), 8);
+        assert_eq!(std::mem::size_of::<Key>(), 24);
         let block = Block { offset: 0, reserved: 4096 };
         let replicas: SmallVec<[Replica; 1]> = smallvec::smallvec![Replica::new(1, block, Some(0))];
         assert!(!replicas.spilled());
         assert_eq!(replicas[0].news(), Some(0), "seq 0 (reported by its owner) is kept");
+    }
+
+    fn object(writer: Option<Arc<Writer>>) -> Object {
+        Object {
+            size: 1,
+            version: 1,
+            replicas: SmallVec::new(),
+            ssd: ThinVec::new(),
+            complete: true,
+            writer,
+            started: Stamp::of(Instant::now()),
+            lease_until: None,
+            soft_pin_until: None,
+            hard_pin: false,
+            offload_held_until: None,
+        }
+    }
+
+    #[test]
+    fn keys_inline_or_boxed_are_found_by_their_str() {
+        let short = "o/0000000042";
+        let at_limit = "k".repeat(INLINE_KEY);
+        let long = "l".repeat(INLINE_KEY + 1);
+        let utf8 = "ключ/é"; // multi-byte, within the limit in bytes
+        assert!(matches!(Key::from(short), Key::Inline { .. }));
+        assert!(matches!(Key::from(at_limit.as_str()), Key::Inline { .. }));
+        assert!(matches!(Key::from(long.clone()), Key::Boxed(_)));
+        let mut map = ObjectMap::default();
+        for k in [short, at_limit.as_str(), long.as_str(), utf8] {
+            assert!(map.insert(k.to_string(), object(None)), "{k} is new");
+        }
+        for k in [short, at_limit.as_str(), long.as_str(), utf8] {
+            assert!(map.contains_key(k), "{k}");
+            assert_eq!(map.iter().filter(|(key, _)| *key == k).count(), 1, "{k} listed as itself");
+        }
+        assert!(!map.contains_key(&at_limit[1..]) && !map.contains_key(&long[1..]));
+        assert!(!map.insert(short, object(None)), "the same key again replaces it");
+        assert!(map.remove(&long).is_some() && !map.contains_key(&long));
+        // A shard is chosen by the key's str: the same for a key inline or not.
+        assert_eq!(shard_of(Key::from(long.as_str()).as_str()), shard_of(&long));
+    }
+
+    #[test]
+    fn writers_are_shared_per_client_and_disk_and_pruned() {
+        let mut names = Names::default();
+        let a = names.writer("a", None);
+        let a_disk = names.writer("a", Some("ssd:a"));
+        assert!(Arc::ptr_eq(&a, &names.writer("a", None)));
+        assert!(!Arc::ptr_eq(&a, &a_disk));
+        let (o, o_disk) = (object(Some(a.clone())), object(Some(a_disk.clone())));
+        assert!(o.written_by("a") && !o.written_by("b"));
+        assert_eq!((o.offload_disk(), o_disk.offload_disk()), (None, Some("ssd:a")));
+        drop((a, a_disk, o_disk));
+        names.prune();
+        assert!(Arc::ptr_eq(o.writer.as_ref().unwrap(), &names.writer("a", None)), "still referred to: kept");
+        assert_eq!(names.0["a"].len(), 1, "the writer with the disk no object refers to is gone");
+        drop(o);
+        names.prune();
+        assert!(names.0.is_empty());
     }
 }

@@ -137,7 +137,6 @@ impl Master {
             version: o.version,
             replicas: smallvec::smallvec![Replica::new(segment_id, block, Some(0))],
             ssd: Default::default(),
-            offload_disk: None,
             complete: true,
             writer: None,
             started: Stamp::of(now),

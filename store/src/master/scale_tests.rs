@@ -22,13 +22,12 @@ impl Master {
             let blocks = self.allocate(&mut st, access::DEFAULT_TENANT, size, 1, &PutOptions::default()).unwrap();
             let version = st.next_version;
             st.next_version += 1;
-            let writer = Some(st.names.get(client));
+            let writer = Some(st.names.writer(client, None));
             let object = Object {
                 size,
                 version,
                 replicas: blocks.into_iter().map(|(id, block)| Replica::new(id, block, None)).collect(),
                 ssd: ThinVec::new(),
-                offload_disk: None,
                 complete: true,
                 writer,
                 started: Stamp::of(now),

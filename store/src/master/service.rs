@@ -369,19 +369,11 @@ impl MasterRpc for MasterService {
         sc(&t, &mut r.client_id);
         sc_all(&t, &mut r.keys);
         let m = &self.master;
-        // Every key's owners are told at once; one wait for all their acknowledgements.
-        let begun: Vec<_> = r.keys.iter().map(|k| m.put_end_begin(&r.client_id, k)).collect();
-        let mut wait = crate::master::owners::AckWait::default();
-        let mut commits = Vec::with_capacity(begun.len());
-        for b in begun {
-            commits.push(b.map(|mut c| {
-                wait.merge(std::mem::take(&mut c.wait));
-                c
-            }));
-        }
+        // Every key's owners are told at once (one message each); one wait for all their
+        // acknowledgements; then every key committed, each shard's under one hold.
+        let (commits, mut wait) = m.put_end_begin_batch(&r.client_id, &r.keys);
         wait.wait(m.config().owner_ack_timeout).await;
-        let statuses =
-            commits.into_iter().map(|c| status_of(m, &c.and_then(|c| m.put_end_finish(&c))).expect("some")).collect();
+        let statuses = m.put_end_finish_batch(commits).iter().map(|done| status_of(m, done).expect("some")).collect();
         Ok(self.observed_n("BatchPutEnd", r.keys.len(), start, BatchStatusReply { statuses }))
     }
 

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::MutexGuard;
 
-use super::objects::{shard_of, Object, ObjectMap, SHARDS};
+use super::objects::{shard_of, Key, Object, ObjectMap, SHARDS};
 use super::{Master, State};
 
 /// The shards a call holds, seen as one map of the keys they hold: a key of a shard not held
@@ -51,7 +51,7 @@ impl Objects<'_> {
         self.shard(key).contains_key(key)
     }
 
-    pub(super) fn insert(&mut self, key: impl Into<Box<str>>, obj: Object) {
+    pub(super) fn insert(&mut self, key: impl Into<Key>, obj: Object) {
         let key = key.into();
         if self.shard_mut(&key).insert(key, obj) {
             self.count.fetch_add(1, Ordering::Relaxed);

@@ -103,6 +103,75 @@ fn a_put_no_owner_acknowledged_fails_and_leaves_nothing() {
 }
 
 #[test]
+fn a_batch_commit_tells_each_owner_once_and_answers_each_key() {
+    // BatchPutEnd: the commit news of all its keys go to each owner in one message (one
+    // acknowledgement each), not one message per key; each key then commits where its owner
+    // acknowledged, in the batch's order.
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    let mut b = FakeOwner::mount(&m, "b", 1 << 31);
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    let mut on_a = Vec::new();
+    for k in &keys {
+        let (replicas, _) = m.put_start("a", k, 1000, &opts(1)).unwrap();
+        on_a.push(replicas[0].segment_id == a.segment);
+    }
+    assert!(on_a.iter().any(|x| *x) && on_a.iter().any(|x| !*x), "keys on both owners: {on_a:?}");
+    m.put_start("other", "theirs", 1000, &opts(1)).unwrap();
+    let mut batch = keys.clone();
+    batch.extend(["missing".to_string(), "theirs".to_string(), String::new()]);
+    let (commits, mut wait) = m.put_end_begin_batch("a", &batch);
+    assert!(!wait.is_empty());
+    let messages = |o: &mut FakeOwner| {
+        let mut got = Vec::new();
+        while let Ok(n) = o.rx.try_recv() {
+            got.push(n.items);
+        }
+        got
+    };
+    let (to_a, to_b) = (messages(&mut a), messages(&mut b));
+    assert_eq!(to_a.len(), 1, "one message to a for the whole batch");
+    assert_eq!(to_b.len(), 1, "one message to b for the whole batch");
+    let told = |items: &[OwnerNewsItem]| {
+        let mut k: Vec<String> = items.iter().filter(|i| i.commit).map(|i| i.key.clone()).collect();
+        k.sort();
+        k
+    };
+    let mut expect_a: Vec<String> = keys.iter().zip(&on_a).filter(|(_, a)| **a).map(|(k, _)| k.clone()).collect();
+    let mut expect_b: Vec<String> = keys.iter().zip(&on_a).filter(|(_, a)| !**a).map(|(k, _)| k.clone()).collect();
+    expect_a.sort();
+    expect_b.sort();
+    assert_eq!(told(&to_a[0]), expect_a);
+    assert_eq!(told(&to_b[0]), expect_b);
+    assert!(keys.iter().all(|k| !m.exists(k).unwrap()), "nothing visible before the owners know");
+    // a acknowledges its one message; b never does.
+    a.seen = to_a[0].iter().map(|i| i.seq).max().unwrap();
+    m.owner_ack("a", m.term(), a.segment, a.seen);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(wait.wait(Duration::from_millis(50)));
+    let done = m.put_end_finish_batch(commits);
+    assert_eq!(done.len(), batch.len());
+    for ((k, on_a), r) in keys.iter().zip(&on_a).zip(&done) {
+        if *on_a {
+            assert!(r.is_ok(), "{k}: {r:?}");
+            assert!(m.exists(k).unwrap());
+        } else {
+            assert!(matches!(r, Err(StoreError::OwnersUnreachable(x)) if x == k), "{k}: {r:?}");
+            assert!(!m.exists(k).unwrap());
+        }
+    }
+    // "a" is a client this master knows: an unknown key is not found (not a master change).
+    let tail = &done[keys.len()..];
+    assert!(matches!(&tail[0], Err(StoreError::NotFound(k)) if k == "missing"), "{:?}", tail[0]);
+    assert!(matches!(&tail[1], Err(StoreError::InvalidArgument(_))), "another writer's put: {:?}", tail[1]);
+    assert!(matches!(&tail[2], Err(StoreError::InvalidArgument(_))), "an empty key: {:?}", tail[2]);
+    assert!(!m.exists("theirs").unwrap(), "another writer's put is left alone");
+}
+
+#[test]
 fn removed_ranges_are_not_reused_until_the_owner_acknowledged_the_drop() {
     let m = master();
     let mut a = FakeOwner::mount(&m, "a", 1 << 30);
@@ -139,6 +208,40 @@ fn eviction_quarantines_and_a_put_waiting_for_room_gets_it_after_the_ack() {
     });
     got.expect("the put got the evicted object's room once its drop was acknowledged");
     assert!(!m.exists("old").unwrap());
+}
+
+#[test]
+fn a_step_of_eviction_tells_each_owner_once() {
+    // The drops of one eviction step, whatever shards their objects are in, go to their owner
+    // as one message (one acknowledgement back), not one message per shard.
+    let m = Master::new(MasterConfig { eviction_ratio: 0.5, ..MasterConfig::default() }).unwrap();
+    m.state.lock().instant_acks = false;
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    let keys: Vec<String> = (0..15).map(|i| format!("e{i}")).collect();
+    for k in &keys[..14] {
+        m.put_start("a", k, 4096, &opts(1)).unwrap();
+        let c = m.put_end_begin("a", k).unwrap();
+        a.ack(&m);
+        m.put_end_finish(&c).unwrap();
+    }
+    a.news();
+    // The 15th crosses the high watermark (0.9 of 64 KiB): a round frees half of the segment.
+    m.put_start("a", &keys[14], 4096, &opts(1)).unwrap();
+    let mut messages = Vec::new();
+    while let Ok(n) = a.rx.try_recv() {
+        messages.push(n.items);
+    }
+    let evicted: Vec<&String> = keys[..14].iter().filter(|k| !m.exists(k).unwrap()).collect();
+    assert_eq!(evicted.len(), 8, "half of the segment: {evicted:?}");
+    let shards: std::collections::HashSet<usize> =
+        evicted.iter().map(|k| crate::master::objects::shard_of(k)).collect();
+    assert!(shards.len() > 1, "the victims are in several shards: {shards:?}");
+    assert_eq!(messages.len(), 1, "one message for the step: {messages:?}");
+    let mut dropped: Vec<&String> = messages[0].iter().filter(|i| !i.commit).map(|i| &i.key).collect();
+    dropped.sort();
+    let mut expect = evicted.clone();
+    expect.sort();
+    assert_eq!(dropped, expect);
 }
 
 #[test]
