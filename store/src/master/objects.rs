@@ -118,82 +118,10 @@ impl Names {
     }
 }
 
-/// Longest key kept inside its [`Key`], without an allocation of its own.
-const INLINE_KEY: usize = 22;
-
-/// An object's key: up to [`INLINE_KEY`] bytes inline (24 bytes, where a `Box<str>` takes 16
-/// and an allocation of 32 with malloc's header for a 12-24-byte key), longer ones boxed.
+/// An object's key: up to 24 bytes inside the record (where a `Box<str>` takes 16 and an
+/// allocation of 32 with malloc's header for a 12-24-byte key), longer ones on the heap.
 /// Hashes and compares as its `str`, so maps of keys are looked up by `&str`.
-#[derive(Clone)]
-pub(super) enum Key {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Boxed(Box<str>),
-}
-
-impl Key {
-    pub(super) fn as_str(&self) -> &str {
-        match self {
-            // SAFETY: `bytes[..len]` is a copy of a whole `str` (`From<&str>`), so valid UTF-8.
-            Key::Inline { len, bytes } => unsafe { std::str::from_utf8_unchecked(&bytes[..*len as usize]) },
-            Key::Boxed(b) => b,
-        }
-    }
-}
-
-impl From<&str> for Key {
-    fn from(s: &str) -> Key {
-        if s.len() <= INLINE_KEY {
-            let mut bytes = [0; INLINE_KEY];
-            bytes[..s.len()].copy_from_slice(s.as_bytes());
-            Key::Inline { len: s.len() as u8, bytes }
-        } else {
-            Key::Boxed(s.into())
-        }
-    }
-}
-
-impl From<String> for Key {
-    fn from(s: String) -> Key {
-        if s.len() <= INLINE_KEY {
-            Key::from(s.as_str())
-        } else {
-            Key::Boxed(s.into_boxed_str())
-        }
-    }
-}
-
-impl std::ops::Deref for Key {
-    type Target = str;
-    fn deref(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl std::borrow::Borrow<str> for Key {
-    fn borrow(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl std::hash::Hash for Key {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state)
-    }
-}
-
-impl PartialEq for Key {
-    fn eq(&self, other: &Key) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl Eq for Key {}
-
-impl std::fmt::Debug for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.as_str().fmt(f)
-    }
-}
+pub(super) type Key = compact_str::CompactString;
 
 pub(super) struct Replica {
     pub(super) segment_id: u64,
@@ -482,12 +410,12 @@ mod tests {
     #[test]
     fn keys_inline_or_boxed_are_found_by_their_str() {
         let short = "o/0000000042";
-        let at_limit = "k".repeat(INLINE_KEY);
-        let long = "l".repeat(INLINE_KEY + 1);
+        let at_limit = "k".repeat(24);
+        let long = "l".repeat(25);
         let utf8 = "ключ/é"; // multi-byte, within the limit in bytes
-        assert!(matches!(Key::from(short), Key::Inline { .. }));
-        assert!(matches!(Key::from(at_limit.as_str()), Key::Inline { .. }));
-        assert!(matches!(Key::from(long.clone()), Key::Boxed(_)));
+        assert!(!Key::from(short).is_heap_allocated());
+        assert!(!Key::from(at_limit.as_str()).is_heap_allocated());
+        assert!(Key::from(long.clone()).is_heap_allocated());
         let mut map = ObjectMap::default();
         for k in [short, at_limit.as_str(), long.as_str(), utf8] {
             assert!(map.insert(k.to_string(), object(None)), "{k} is new");
