@@ -246,6 +246,13 @@ impl LocalAccess {
         let _end = End(self.sink.as_ref(), self.slice);
         Some(f())
     }
+
+    /// Claims the memory until the returned claim is dropped, so that several slices' memory
+    /// can be held for one call (a gathered send); `None` if the slice already ended. Hold it
+    /// for a call that does not wait only, never across a wait on the peer.
+    pub fn claim(&self) -> Option<LocalClaim> {
+        self.sink.begin_local_access(self.slice).then(|| LocalClaim { sink: self.sink.clone(), slice: self.slice })
+    }
 }
 
 /// A claim on a slice's local memory held across threads; see [`Completion::claim_local`].

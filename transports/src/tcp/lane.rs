@@ -31,12 +31,19 @@ use rustix::event::PollFlags;
 
 use super::frame::{FrameKind, Header, Status, HEADER_LEN};
 use super::RECV_BUF;
-use crate::net::wire::{send_all_by, send_now, timed_out, wait_fd, RecvBuf};
+use crate::net::wire::{send_now, timed_out, wait_fd, RecvBuf};
 use crate::net::Service;
-use crate::{Completion, FailureKind, FailureReason, LocalAccess, Opcode, Slice, SliceOutcome};
+use crate::{Completion, FailureKind, FailureReason, LocalAccess, LocalClaim, Opcode, Slice, SliceOutcome};
 
-/// Read requests coalesced into one `write` at most.
-const MAX_COALESCED: usize = 256;
+/// Requests sent with one gathered send at most (two iovecs each at most, within `IOV_MAX`).
+const MAX_GROUP: usize = 256;
+/// A group ends once it holds this many write payload bytes (more requests wait for the next
+/// send), so a write of 512 KiB or more goes with its own send: gathering saves a send and a
+/// kernel push per small frame, while large frames gathered into one long stream cost the
+/// target more receives per byte (1 MiB writes with 4 MiB groups: 1.5 `recvmsg` per 512 KiB
+/// slice against 1.04, and 1.91-1.94 GB per CPU second against 2.03-2.38 with one send per
+/// frame, loaded machine). The group has the io time of a single frame.
+const MAX_GROUP_BYTES: u64 = 512 << 10;
 /// How often a lane waiting for the peer looks at its slices and its own deadlines.
 const STEP: Duration = Duration::from_millis(100);
 
@@ -147,21 +154,11 @@ impl Drop for Lane {
 
 fn writer_loop(stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShared>) {
     let mut next_id: u64 = 1;
-    let mut coalesced: Vec<u8> = Vec::with_capacity(MAX_COALESCED * HEADER_LEN);
+    let mut frames: Vec<Frame> = Vec::with_capacity(MAX_GROUP);
     while let Ok(first) = rx.recv() {
-        let mut result = Ok(());
-        for slice in std::iter::once(first).chain(rx.try_iter().take(MAX_COALESCED - 1)) {
-            if result.is_err() || shared.dead.load(Ordering::Acquire) {
-                slice.completion.fail(FailureReason::peer_gone(format!("connection to {} is broken", shared.peer)));
-                continue;
-            }
-            let id = next_id;
-            next_id += 1;
-            result = send_one(&stream, &shared, &mut coalesced, id, slice);
-        }
-        if result.is_ok() {
-            result = flush(&stream, &shared, &mut coalesced);
-        }
+        take_group(&shared, first, &rx, &mut next_id, &mut frames);
+        let result = send_group(&mut &stream, &shared.pending, &mut frames, Instant::now() + shared.io_timeout);
+        frames.clear();
         shared.last_send.store(now_ms(), Ordering::Relaxed);
         if let Err(e) = result {
             shared.fail_all(&io::Error::new(e.kind(), format!("send failed: {e}")));
@@ -174,18 +171,46 @@ fn writer_loop(stream: TcpStream, rx: Receiver<Slice>, shared: Arc<LaneShared>) 
     }
 }
 
-/// Sends the coalesced read requests, all of them within the lane's io time.
-fn flush(stream: &TcpStream, shared: &LaneShared, coalesced: &mut Vec<u8>) -> io::Result<()> {
-    if coalesced.is_empty() {
-        return Ok(());
-    }
-    let deadline = Instant::now() + shared.io_timeout;
-    send_all_by(&mut &*stream, &mut [IoSlice::new(coalesced)], Some(deadline))?;
-    coalesced.clear();
-    Ok(())
+/// One request on its way out: its header and, for a write, the slice's memory (claimed for
+/// each send only).
+struct Frame {
+    id: u64,
+    header: [u8; HEADER_LEN],
+    payload: Option<(LocalAccess, u64, usize)>,
 }
 
-fn send_one(stream: &TcpStream, shared: &LaneShared, coalesced: &mut Vec<u8>, id: u64, slice: Slice) -> io::Result<()> {
+impl Frame {
+    fn wire_len(&self) -> usize {
+        HEADER_LEN + self.payload.as_ref().map_or(0, |p| p.2)
+    }
+}
+
+/// Turns `first` and the slices queued behind it (at most [`MAX_GROUP`] requests and
+/// [`MAX_GROUP_BYTES`] write payload bytes) into `frames`, each registered as pending before
+/// it is on the wire, so that its response always finds it.
+fn take_group(shared: &LaneShared, first: Slice, rx: &Receiver<Slice>, next_id: &mut u64, frames: &mut Vec<Frame>) {
+    let mut bytes = 0u64;
+    let mut next = Some(first);
+    while let Some(slice) = next.take() {
+        if shared.dead.load(Ordering::Acquire) {
+            slice.completion.fail(FailureReason::peer_gone(format!("connection to {} is broken", shared.peer)));
+        } else {
+            let id = *next_id;
+            *next_id += 1;
+            if slice.opcode == Opcode::Write {
+                bytes += slice.len;
+            }
+            frames.extend(frame(shared, id, slice));
+        }
+        if frames.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
+            next = rx.try_recv().ok();
+        }
+    }
+}
+
+/// The frame of request `id`, registered as pending; none if the slice ended while queued or
+/// the lane broke.
+fn frame(shared: &LaneShared, id: u64, slice: Slice) -> Option<Frame> {
     let kind = match slice.opcode {
         Opcode::Read => FrameKind::ReadRequest,
         Opcode::Write => FrameKind::WriteRequest,
@@ -193,107 +218,136 @@ fn send_one(stream: &TcpStream, shared: &LaneShared, coalesced: &mut Vec<u8>, id
     let header = Header { kind, status: Status::Ok, id, addr: slice.remote_addr, len: slice.len }.encode();
     let access = slice.completion.local_access();
     let (opcode, local_addr, len) = (slice.opcode, slice.local_addr, slice.len);
-    // Registered before the request is on the wire, so the response always finds it.
     let pending = Pending { opcode, local_addr, len, sent: Instant::now(), completion: slice.completion };
     shared.pending.lock().insert(id, pending);
     if shared.dead.load(Ordering::Acquire) {
         if let Some(p) = shared.pending.lock().remove(&id) {
             p.completion.fail(FailureReason::peer_gone(format!("connection to {} is broken", shared.peer)));
         }
-        return Ok(());
+        return None;
     }
-    match opcode {
-        Opcode::Read if access.as_ref().and_then(|a| a.with(|| ())).is_none() => {
-            // Ended (timed out) while queued: asking for its bytes would only make the peer
-            // send what nobody reads.
+    match (opcode, access) {
+        // Ended (timed out) while queued: asking for its bytes would only make the peer send
+        // what nobody reads.
+        (Opcode::Read, Some(access)) if access.with(|| ()).is_some() => Some(Frame { id, header, payload: None }),
+        (Opcode::Write, Some(access)) => Some(Frame { id, header, payload: Some((access, local_addr, len as usize)) }),
+        _ => {
             shared.pending.lock().remove(&id);
-            Ok(())
-        }
-        Opcode::Read => {
-            coalesced.extend_from_slice(&header);
-            if coalesced.len() >= MAX_COALESCED * HEADER_LEN {
-                flush(stream, shared, coalesced)?;
-            }
-            Ok(())
-        }
-        Opcode::Write => {
-            flush(stream, shared, coalesced)?;
-            let Some(access) = access else {
-                shared.pending.lock().remove(&id);
-                return Ok(());
-            };
-            let deadline = Instant::now() + shared.io_timeout;
-            if !send_payload(stream, &header, &access, local_addr, len, deadline)? {
-                // The slice ended (timed out) before it was sent: nothing goes on the wire.
-                shared.pending.lock().remove(&id);
-            }
-            Ok(())
+            None
         }
     }
 }
 
-/// Sends `header` and the slice's `[local_addr, +len)` by `deadline`, claiming the memory for
-/// each non-blocking send only (never while waiting for room). False if the slice ended before
-/// its first byte went (nothing was sent); if it ends mid-frame, the frame is finished with
-/// zeros, which keeps the stream in step without touching the memory again.
-fn send_payload(
-    stream: &TcpStream,
-    header: &[u8; HEADER_LEN],
-    access: &LocalAccess,
-    local_addr: u64,
-    len: u64,
+/// Where a lane's frames go: one gathered send that does not wait, and a wait for room.
+trait Out {
+    /// Sends a prefix of `bufs`; `Ok(None)` when there is no room now.
+    fn send_now(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<Option<usize>>;
+    /// Waits for room until `until` (returning then without an error).
+    fn wait(&mut self, until: Instant) -> io::Result<()>;
+}
+
+impl Out for &TcpStream {
+    fn send_now(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<Option<usize>> {
+        send_now(self.as_fd(), bufs)
+    }
+    fn wait(&mut self, until: Instant) -> io::Result<()> {
+        match wait_fd(self.as_fd(), PollFlags::OUT, Some(until)) {
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// Sends `frames` in order by `deadline`, as many as the socket takes with each gathered send
+/// (one send, and one push of the kernel, for a group of 64 KiB writes where each write cost
+/// one before). Every write's memory is claimed for each send that does not wait, never while
+/// waiting for room. A write whose slice ended before its first byte went is left out (and
+/// dropped from `pending`); one that ends mid-frame is finished with zeros, which keeps the
+/// stream in step without touching the memory again.
+fn send_group(
+    out: &mut impl Out,
+    pending: &Mutex<HashMap<u64, Pending>>,
+    frames: &mut Vec<Frame>,
     deadline: Instant,
-) -> io::Result<bool> {
-    let total = HEADER_LEN + len as usize;
-    let mut sent = 0usize;
-    while sent < total {
+) -> io::Result<()> {
+    let (mut first, mut off) = (0usize, 0usize); // frames[first] is the next to go, `off` of it sent
+    let mut claims: Vec<LocalClaim> = Vec::with_capacity(frames.len());
+    while first < frames.len() {
         if Instant::now() >= deadline {
             return Err(timed_out());
         }
-        let step = access.with(|| {
-            // SAFETY: the engine checked that [local_addr, +len) lies in a registered region
-            // whose in-flight count it raised; the claim keeps the slice from ending (and the
-            // memory from being handed back) during this one non-blocking send.
-            let payload = unsafe { std::slice::from_raw_parts(local_addr as *const u8, len as usize) };
-            if sent < HEADER_LEN {
-                send_now(stream.as_fd(), &[IoSlice::new(&header[sent..]), IoSlice::new(payload)])
-            } else {
-                send_now(stream.as_fd(), &[IoSlice::new(&payload[sent - HEADER_LEN..])])
-            }
-        });
-        match step {
-            None if sent == 0 => return Ok(false),
-            None => {
-                let rest = total - sent;
-                tracing::debug!(
-                    "tcp transport: a write's slice ended mid-frame; sending {rest} zero bytes in its place"
-                );
-                send_zeros(stream, rest, deadline)?;
-                return Ok(true);
-            }
-            Some(Ok(Some(0))) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting bytes")),
-            Some(Ok(Some(n))) => sent += n,
-            // No room: wait without the claim, a step at a time (the slice may end meanwhile).
-            Some(Ok(None)) => {
-                match wait_fd(stream.as_fd(), PollFlags::OUT, Some(deadline.min(Instant::now() + STEP))) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
-                    Err(e) => return Err(e),
+        let mut i = first;
+        while i < frames.len() {
+            match frames[i].payload.as_ref().map(|(access, ..)| access.claim()) {
+                None => {}
+                Some(Some(claim)) => claims.push(claim),
+                Some(None) if i == first && off > 0 => {
+                    let rest = frames[i].wire_len() - off;
+                    tracing::debug!(
+                        "tcp transport: a write's slice ended mid-frame; sending {rest} zero bytes in its place"
+                    );
+                    send_zeros(out, rest, deadline)?;
+                    (first, off) = (first + 1, 0);
+                }
+                Some(None) => {
+                    let ended = frames.remove(i);
+                    pending.lock().remove(&ended.id);
+                    continue;
                 }
             }
-            Some(Err(e)) => return Err(e),
+            i += 1;
+        }
+        if first == frames.len() {
+            break;
+        }
+        let sent = {
+            let mut iov = Vec::with_capacity(2 * (frames.len() - first));
+            for f in &frames[first..] {
+                iov.push(IoSlice::new(&f.header));
+                if let Some((_, addr, len)) = f.payload {
+                    // SAFETY: the engine checked that [addr, +len) lies in a registered region
+                    // whose in-flight count it raised; the claim taken above (in `claims`)
+                    // keeps the slice from ending, and its memory from being handed back,
+                    // until after this one send that does not wait.
+                    iov.push(IoSlice::new(unsafe { std::slice::from_raw_parts(addr as *const u8, len) }));
+                }
+            }
+            let mut bufs = &mut iov[..];
+            IoSlice::advance_slices(&mut bufs, off);
+            out.send_now(bufs)
+        };
+        claims.clear();
+        match sent? {
+            Some(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting bytes")),
+            Some(mut n) => {
+                while n > 0 {
+                    let rest = frames[first].wire_len() - off;
+                    if n < rest {
+                        off += n;
+                        break;
+                    }
+                    (first, off, n) = (first + 1, 0, n - rest);
+                }
+            }
+            // No room: wait without the claims, a step at a time (slices may end meanwhile).
+            None => out.wait(deadline.min(Instant::now() + STEP))?,
         }
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Sends `n` zero bytes by `deadline`.
-fn send_zeros(stream: &TcpStream, mut n: usize, deadline: Instant) -> io::Result<()> {
+fn send_zeros(out: &mut impl Out, mut n: usize, deadline: Instant) -> io::Result<()> {
     static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     while n > 0 {
-        let k = n.min(ZEROS.len());
-        send_all_by(&mut &*stream, &mut [IoSlice::new(&ZEROS[..k])], Some(deadline))?;
-        n -= k;
+        if Instant::now() >= deadline {
+            return Err(timed_out());
+        }
+        match out.send_now(&[IoSlice::new(&ZEROS[..n.min(ZEROS.len())])])? {
+            Some(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting bytes")),
+            Some(k) => n -= k,
+            None => out.wait(deadline)?,
+        }
     }
     Ok(())
 }
@@ -419,4 +473,126 @@ fn recv_payload(stream: &TcpStream, rb: &mut RecvBuf, pending: &Pending, deadlin
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CompletionSink;
+    use std::collections::HashSet;
+
+    /// Slices whose end the test decides.
+    #[derive(Default)]
+    struct Sink {
+        ended: Mutex<HashSet<usize>>,
+    }
+
+    impl CompletionSink for Sink {
+        fn begin_local_access(&self, slice: usize) -> bool {
+            !self.ended.lock().contains(&slice)
+        }
+        fn end_local_access(&self, _: usize) {}
+        fn complete(&self, _: usize, _: SliceOutcome) {}
+    }
+
+    /// A socket that takes at most `room` bytes per send and records them; `after` runs after
+    /// each send with the number of sends so far.
+    struct Recorder<F: FnMut(usize)> {
+        wire: Vec<u8>,
+        sends: usize,
+        room: usize,
+        after: F,
+    }
+
+    impl<F: FnMut(usize)> Out for Recorder<F> {
+        fn send_now(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<Option<usize>> {
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(self.room - n);
+                self.wire.extend_from_slice(&b[..k]);
+                n += k;
+            }
+            self.sends += 1;
+            (self.after)(self.sends);
+            Ok(Some(n))
+        }
+        fn wait(&mut self, _: Instant) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn shared() -> LaneShared {
+        LaneShared {
+            peer: "test".into(),
+            pending: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+            last_send: AtomicU64::new(0),
+            io_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Queues a write of `memory` (or a read into it) as slice `n`; returns its request header.
+    fn queue(tx: &Sender<Slice>, sink: &Arc<Sink>, n: usize, opcode: Opcode, memory: &[u8]) -> Vec<u8> {
+        let (remote_addr, len) = (0x10_0000 * (n as u64 + 1), memory.len() as u64);
+        let completion = Completion::new(sink.clone(), n);
+        tx.send(Slice { opcode, local_addr: memory.as_ptr() as u64, remote_addr, len, completion }).unwrap();
+        let kind = if opcode == Opcode::Write { FrameKind::WriteRequest } else { FrameKind::ReadRequest };
+        Header { kind, status: Status::Ok, id: n as u64 + 1, addr: remote_addr, len }.encode().to_vec()
+    }
+
+    fn pattern(seed: u8, n: usize) -> Vec<u8> {
+        (0..n).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+    }
+
+    #[test]
+    fn queued_writes_and_reads_go_out_with_one_send_in_request_order() {
+        let (shared, sink) = (shared(), Arc::new(Sink::default()));
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (a, b, c, d) = (pattern(1, 5000), vec![0u8; 4096], pattern(2, 3000), pattern(3, 70_000));
+        let mut expected = queue(&tx, &sink, 0, Opcode::Write, &a);
+        expected.extend(&a);
+        expected.extend(queue(&tx, &sink, 1, Opcode::Read, &b));
+        expected.extend(queue(&tx, &sink, 2, Opcode::Write, &c));
+        expected.extend(&c);
+        expected.extend(queue(&tx, &sink, 3, Opcode::Write, &d));
+        expected.extend(&d);
+        let (mut next_id, mut frames) = (1, Vec::new());
+        take_group(&shared, rx.recv().unwrap(), &rx, &mut next_id, &mut frames);
+        let mut out = Recorder { wire: Vec::new(), sends: 0, room: usize::MAX, after: |_| {} };
+        send_group(&mut out, &shared.pending, &mut frames, Instant::now() + Duration::from_secs(30)).unwrap();
+        assert_eq!(out.sends, 1, "four queued requests, one send");
+        assert!(out.wire == expected, "headers and payloads in request order");
+        let mut ids: Vec<u64> = shared.pending.lock().keys().copied().collect();
+        ids.sort();
+        assert_eq!(ids, vec![1, 2, 3, 4], "all four wait for their responses");
+    }
+
+    #[test]
+    fn a_write_that_ends_mid_frame_is_finished_with_zeros_and_one_that_ended_before_is_left_out() {
+        let (shared, sink) = (shared(), Arc::new(Sink::default()));
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (a, b, c, d) = (pattern(1, 5000), vec![0u8; 4096], pattern(2, 3000), pattern(3, 7000));
+        let mut expected = queue(&tx, &sink, 0, Opcode::Write, &a);
+        expected.extend(&a[..1000 - HEADER_LEN]);
+        expected.extend(vec![0u8; a.len() - (1000 - HEADER_LEN)]);
+        expected.extend(queue(&tx, &sink, 1, Opcode::Read, &b));
+        queue(&tx, &sink, 2, Opcode::Write, &c); // ends before its first byte went
+        expected.extend(queue(&tx, &sink, 3, Opcode::Write, &d));
+        expected.extend(&d);
+        let (mut next_id, mut frames) = (1, Vec::new());
+        take_group(&shared, rx.recv().unwrap(), &rx, &mut next_id, &mut frames);
+        // The socket takes 1000 bytes a send; after the first, slices 0 and 2 end (timed out).
+        let ends = sink.clone();
+        let after = move |sends: usize| {
+            if sends == 1 {
+                ends.ended.lock().extend([0, 2]);
+            }
+        };
+        let mut out = Recorder { wire: Vec::new(), sends: 0, room: 1000, after };
+        send_group(&mut out, &shared.pending, &mut frames, Instant::now() + Duration::from_secs(30)).unwrap();
+        assert!(out.wire == expected, "the stream stays in step: zeros for the rest of 0, nothing of 2");
+        let mut ids: Vec<u64> = shared.pending.lock().keys().copied().collect();
+        ids.sort();
+        assert_eq!(ids, vec![1, 2, 4], "the request never sent waits for no response");
+    }
 }
