@@ -60,7 +60,8 @@ link_mib_s() {
 }
 store_run() { # pair
   local meta=(--meta-keys 0)
-  [ "$1" -eq "$PAIRS" ] && meta=()
+  # Only the last pair measures the metadata rate, unless the caller set --meta-keys itself.
+  { [ "$1" -eq "$PAIRS" ] || [[ " ${ARGS[*]} " == *" --meta-keys "* ]]; } && meta=()
   ip netns exec "$NS_B" "$BIN/storebench" --master "$MASTER" --local-hostname "$ADDR_B" --redis "$ADDR_A:6390" \
     --link-mib-s "$2" --json "$WORK/store.$1.json" "${meta[@]}" "${ARGS[@]}" >"$WORK/store.$1.out"
 }
