@@ -188,7 +188,17 @@ impl<'c> Exec<'c> {
                 let at = out.as_mut_ptr() as u64;
                 match self.engine.lend_local(Some(seg), at, size) {
                     // The loan ends once the transfer has (it is dropped after it).
-                    Ok(Some(_loan)) => return self.transfer(key, std::iter::once(read(at, offset, size))),
+                    Ok(Some(_loan)) => {
+                        let id = self
+                            .engine
+                            .transfer_start(&[read(at, offset, size)])
+                            .map_err(|e| self.transfer_error(key, e))?;
+                        // While it moves, this thread (otherwise idle) makes the fresh pages
+                        // present, one call for all instead of a fault per page inside the
+                        // receiving threads' copies (see `value_buffer::populate`).
+                        hot_cache::value_buffer::populate(at as *const u8, size as usize);
+                        return self.engine.transfer_finish(id).map_err(|e| self.transfer_error(key, e));
+                    }
                     Ok(None) => {}
                     Err(e) => tracing::debug!("reading {key:?} through the staging buffer: {e}"),
                 }
