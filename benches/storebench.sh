@@ -48,7 +48,8 @@ for _ in $(seq 50); do ip netns exec "$NS_B" redis-cli -h "$ADDR_A" -p 6390 ping
 link_mib_s() {
   local best=0 p v
   for p in "-P 1" "-P 2"; do
-    ip netns exec "$NS_A" iperf3 -s -1 -B "$ADDR_A" -p 5399 >/dev/null 2>&1 &
+    # (bounded: a server whose client never came would hold the run forever)
+    ip netns exec "$NS_A" timeout 15 iperf3 -s -1 -B "$ADDR_A" -p 5399 >/dev/null 2>&1 &
     local server=$!
     sleep 0.3
     v=$(ip netns exec "$NS_B" iperf3 -c "$ADDR_A" -p 5399 -R $p -l 1M -t 2 -J 2>/dev/null |
@@ -60,7 +61,8 @@ link_mib_s() {
 }
 store_run() { # pair
   local meta=(--meta-keys 0)
-  [ "$1" -eq "$PAIRS" ] && meta=()
+  # Only the last pair measures the metadata rate, unless the caller set --meta-keys itself.
+  { [ "$1" -eq "$PAIRS" ] || [[ " ${ARGS[*]} " == *" --meta-keys "* ]]; } && meta=()
   ip netns exec "$NS_B" "$BIN/storebench" --master "$MASTER" --local-hostname "$ADDR_B" --redis "$ADDR_A:6390" \
     --link-mib-s "$2" --json "$WORK/store.$1.json" "${meta[@]}" "${ARGS[@]}" >"$WORK/store.$1.out"
 }

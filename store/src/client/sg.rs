@@ -7,6 +7,8 @@
 //! plain bytes. Every source of a read (a local replica, the hot cache, a remote replica, a
 //! disk file) fills any of them, so ranges and layouts are no separate code path.
 
+use std::mem::MaybeUninit;
+
 use crate::error::{Result, StoreError};
 
 /// `len` bytes of memory at `addr`.
@@ -175,8 +177,10 @@ impl Src<'_> {
 /// Where a get's bytes go.
 pub(crate) enum Dst<'a> {
     /// Plain memory holding the value's range from `offset` on: filled through the staging
-    /// buffer, the hot cache's blocks or a loan to the engine.
-    Bytes { out: &'a mut [u8], offset: u64 },
+    /// buffer, the hot cache's blocks or a loan to the engine. It need not have been written
+    /// before (a byte get's fresh vector is neither zeroed nor faulted in first): every source
+    /// writes all of it or fails, and it is read only once a source has written it.
+    Bytes { out: &'a mut [MaybeUninit<u8>], offset: u64 },
     /// Registered (or lent) memory: the engine writes the extents directly.
     Registered(&'a [Extent]),
 }
@@ -229,7 +233,7 @@ impl Dst<'_> {
                 let (lo, hi) = (from.max(*offset), end.min(*offset + out.len() as u64));
                 if lo < hi {
                     out[(lo - *offset) as usize..(hi - *offset) as usize]
-                        .copy_from_slice(&src[(lo - from) as usize..(hi - from) as usize]);
+                        .write_copy_of_slice(&src[(lo - from) as usize..(hi - from) as usize]);
                 }
             }
             Dst::Registered(extents) => {
@@ -237,11 +241,10 @@ impl Dst<'_> {
                     let (lo, hi) = (from.max(e.offset), end.min(e.offset + e.len));
                     if lo < hi {
                         // SAFETY: the caller registered (or lent) [addr, +len) for this call and
-                        // keeps it valid; nothing else writes it during the get.
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut((e.addr + lo - e.offset) as *mut u8, (hi - lo) as usize)
-                        };
-                        dst.copy_from_slice(&src[(lo - from) as usize..(hi - from) as usize]);
+                        // keeps it valid; nothing else writes it during the get. Taken as
+                        // possibly unwritten memory: it is only written here.
+                        let dst = unsafe { raw_out(e.addr + lo - e.offset, hi - lo) };
+                        dst.write_copy_of_slice(&src[(lo - from) as usize..(hi - from) as usize]);
                     }
                 }
             }
@@ -249,10 +252,13 @@ impl Dst<'_> {
     }
 
     /// Calls `f(value offset, bytes)` for each part of the destination once the value's bytes
-    /// have landed there (to copy them on, e.g. into the hot cache).
+    /// have landed there (to copy them on, e.g. into the hot cache). Only after a read into the
+    /// whole destination has succeeded.
     pub(crate) fn landed(&mut self, mut f: impl FnMut(u64, &[u8])) {
         match self {
-            Dst::Bytes { out, offset } => f(*offset, out),
+            // SAFETY: the read into all of `out` has succeeded (the contract above), so every
+            // byte of it has been written.
+            Dst::Bytes { out, offset } => f(*offset, unsafe { out.assume_init_ref() }),
             Dst::Registered(extents) => {
                 for e in extents.iter() {
                     // SAFETY: the caller registered (or lent) [addr, +len) for this call; the
@@ -262,6 +268,16 @@ impl Dst<'_> {
             }
         }
     }
+}
+
+/// `len` bytes at `addr` as memory to write, whether or not it has been written before.
+///
+/// # Safety
+/// `[addr, +len)` must be valid for writes for as long as the slice lives, and nothing else
+/// may access it meanwhile.
+pub(crate) unsafe fn raw_out<'a>(addr: u64, len: u64) -> &'a mut [MaybeUninit<u8>] {
+    // SAFETY: the caller's contract; any bytes are valid `MaybeUninit<u8>`.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut MaybeUninit<u8>, len as usize) }
 }
 
 /// Where `[from, from + len)` of a value lands in `extents`: `(local address, offset in the
@@ -338,10 +354,12 @@ mod tests {
         src.copy_to(2, &mut mid);
         assert_eq!(&mid, &value[2..21]);
 
-        let mut out = vec![0u8; 4];
-        let mut bytes = Dst::Bytes { out: &mut out, offset: 3 };
+        let mut out: Vec<u8> = Vec::with_capacity(4);
+        let mut bytes = Dst::Bytes { out: &mut out.spare_capacity_mut()[..4], offset: 3 };
         bytes.write_at(0, &value[..5]);
         bytes.write_at(5, &value[5..10]);
-        assert_eq!(out, &value[3..7]);
+        let mut seen = Vec::new();
+        bytes.landed(|off, b| seen.push((off, b.to_vec())));
+        assert_eq!(seen, [(3, value[3..7].to_vec())]);
     }
 }

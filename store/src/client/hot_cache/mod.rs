@@ -44,6 +44,7 @@ pub mod config;
 mod tests;
 pub(crate) mod value_buffer;
 
+use std::mem::MaybeUninit;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -209,12 +210,14 @@ impl Blocks {
     }
 
     fn copy_to(&self, dst: &mut [u8]) {
-        self.copy_range_to(0, dst)
+        // SAFETY: the same layout, and only initialised bytes are written through it (below),
+        // so `dst` stays initialised.
+        self.copy_range_to(0, unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) })
     }
 
     /// Copies the object's bytes `[from, from + dst.len())` out. Only that range is read, so
     /// transfers into the rest of the blocks may still be running.
-    fn copy_range_to(&self, from: u64, dst: &mut [u8]) {
+    fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
         let end = from + dst.len() as u64;
         for (off, addr, len) in self.pieces() {
             let (lo, hi) = (off.max(from), (off + len).min(end));
@@ -225,7 +228,7 @@ impl Blocks {
             // belong to this value alone; the transfers into [lo, hi) have ended (the caller's
             // contract) and nothing else writes there.
             let src = unsafe { std::slice::from_raw_parts((addr + lo - off) as *const u8, (hi - lo) as usize) };
-            dst[(lo - from) as usize..(hi - from) as usize].copy_from_slice(src);
+            dst[(lo - from) as usize..(hi - from) as usize].write_copy_of_slice(src);
         }
     }
 
@@ -336,7 +339,7 @@ impl Fill {
 
     /// Copies the object's bytes `[from, from + dst.len())` out, once the transfers into that
     /// range of [`Self::pieces`] have ended (those into the rest may still run).
-    pub fn copy_range_to(&self, from: u64, dst: &mut [u8]) {
+    pub fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
         self.blocks().copy_range_to(from, dst)
     }
 
@@ -405,7 +408,7 @@ impl Guard<'_> {
     }
 
     /// Copies the object's bytes `[from, from + dst.len())` into `dst`.
-    pub fn copy_range_to(&self, from: u64, dst: &mut [u8]) {
+    pub fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
         self.entry.blocks.copy_range_to(from, dst);
         bump(&self.counters.bytes_served, dst.len() as u64);
     }

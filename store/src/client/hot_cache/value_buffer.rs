@@ -12,10 +12,11 @@
 //! attempt saw the same). Before Linux 5.14 the advice is
 //! refused and the pages fault on first write, as without it.
 //!
-//! Only for hits, whose copy starts at once: a miss's buffer is written by its transfer, whose
-//! page faults overlap the network wait; populating it first would put them all before the
-//! transfer (the first round of `get_batch` with the cache was 1.4x instead of 1.0x in a run
-//! made that way).
+//! For hits, whose copy starts at once. A miss's buffer is written by its transfer: populating
+//! it first would put all the faults before the transfer (the first round of `get_batch` with
+//! the cache was 1.4x instead of 1.0x in a run made that way); a byte `get` lent to the engine
+//! populates it while the transfer runs instead, from the calling thread, which otherwise only
+//! waits (the pages the receiving threads reach first fault there, as before).
 
 use rustix::mm::{madvise, Advice};
 
