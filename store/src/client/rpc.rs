@@ -381,6 +381,11 @@ fn call_error(addr: &str, s: &tonic::Status) -> StoreError {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
             StoreError::Unauthenticated { addr: addr.to_string(), source: Box::new(s.clone()) }
         }
+        // The call itself was refused (a batch over the master's cap, a message too large):
+        // the same call would be refused again.
+        tonic::Code::InvalidArgument | tonic::Code::OutOfRange => {
+            StoreError::InvalidArgument(format!("the master at {addr} refused the call: {}", s.message()))
+        }
         _ => StoreError::master_unreachable(addr, s.clone()),
     }
 }
@@ -425,6 +430,14 @@ mod tests {
             assert!(matches!(refused, StoreError::Unauthenticated { .. }), "{refused:?}");
             assert!(!refused.is_retryable() && !refused.is_master_change() && refused.is_caller_error());
             assert!(refused.to_string().contains("CRESCENT_CLUSTER_SECRET"), "{refused}");
+        }
+        for refusal in [
+            tonic::Status::invalid_argument("16387 keys in one batch call; at most 16384 (split the batch)"),
+            tonic::Status::out_of_range("message too large"),
+        ] {
+            let refused = call_error("m:1", &refusal);
+            assert!(matches!(refused, StoreError::InvalidArgument(_)), "{refused:?}");
+            assert!(!refused.is_retryable() && refused.is_caller_error(), "{refused:?}");
         }
         assert!(matches!(check(None, "k"), Err(StoreError::BadReply(_))));
         assert!(check(Some(Status { code: Code::Ok as i32, message: String::new() }), "k").is_ok());
