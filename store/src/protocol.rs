@@ -11,8 +11,13 @@ pub const MAX_KEY_LEN: usize = 4096;
 /// Largest object accepted.
 pub const MAX_OBJECT_SIZE: u64 = 1 << 40;
 
+/// Most keys in one batch call to the master (BatchPutStart/End/Revoke, BatchGetReplicaList,
+/// BatchExists): the master refuses a larger batch whole with `INVALID_ARGUMENT`; the client
+/// splits a caller's larger batch into calls of at most this many keys.
+pub const MAX_BATCH_KEYS: usize = 16_384;
+
 /// Largest reply the master encodes, and the client decodes: a batch's replica lists
-/// (`master::service::MAX_BATCH_KEYS` × up to 16 replicas) or a scheduler query's locations fit.
+/// ([`MAX_BATCH_KEYS`] × up to 16 replicas) or a scheduler query's locations fit.
 pub const MAX_MESSAGE: usize = 256 << 20;
 
 /// A disk segment's name for a disk id.

@@ -339,6 +339,34 @@ fn batch_calls_make_one_master_round_trip_per_batch_whatever_their_size() {
 }
 
 #[test]
+fn a_batch_larger_than_the_masters_cap_is_split_into_calls_it_accepts() {
+    use crescent_store::master::service::MAX_BATCH_KEYS;
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    let n = MAX_BATCH_KEYS + 3;
+    let keys: Vec<String> = (0..n).map(|i| format!("big{i}")).collect();
+    let values: Vec<Vec<u8>> = (0..n).map(|i| (i as u32).to_le_bytes().to_vec()).collect();
+    let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
+    let methods = ["BatchPutStart", "BatchPutEnd", "BatchGetReplicaList", "BatchExists"];
+    let before = rpc_counts(&m, &methods);
+    let put = a.put_batch(&keys, &refs).unwrap();
+    assert!(put.iter().all(|r| r.is_ok()), "{:?}", put.iter().find(|r| r.is_err()));
+    let mut asked = keys.clone();
+    asked.push("never-put".into());
+    let exists = b.batch_exists(&asked).unwrap();
+    assert_eq!(exists.len(), n + 1);
+    assert!(exists[..n].iter().all(|&e| e) && !exists[n], "every key put exists, in order; the other not");
+    let got = b.get_batch(&keys).unwrap();
+    assert_eq!(got.len(), n);
+    for (i, (g, v)) in got.iter().zip(&values).enumerate() {
+        assert!(g.as_ref().is_ok_and(|g| g == v), "key {i}: {g:?}");
+    }
+    let after = rpc_counts(&m, &methods);
+    let calls: Vec<u64> = after.iter().zip(&before).map(|(x, y)| x - y).collect();
+    assert_eq!(calls, vec![2, 2, 2, 2], "calls of {methods:?} for batches of {n} keys");
+}
+
+#[test]
 fn puts_of_existing_keys_keep_the_value_and_upserts_replace_it() {
     let m = master();
     let (a, b) = (client(&m), client(&m));

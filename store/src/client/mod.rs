@@ -51,6 +51,7 @@ use crescent_engine::{RegisteredMemory, TransferEngine};
 
 use crate::error::{Result, StoreError};
 use crate::proto::*;
+use crate::protocol::MAX_BATCH_KEYS;
 pub use crate::staging::HeldBlock;
 use crate::staging::Staging;
 pub use api::{Held, HeldBuffer, StoreApi};
@@ -65,6 +66,23 @@ use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
 use sg::{Dst, Src};
 pub use sg::{Extent, Piece};
+
+/// Runs `call` on consecutive ranges of `n` keys, at most [`MAX_BATCH_KEYS`] each (the master
+/// refuses a larger batch whole), and joins their answers in order. The first range whose
+/// call fails ends it with that error.
+pub(crate) fn in_batches<T>(
+    n: usize,
+    mut call: impl FnMut(std::ops::Range<usize>) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(n);
+    let mut from = 0;
+    while from < n {
+        let to = n.min(from + MAX_BATCH_KEYS);
+        out.extend(call(from..to)?);
+        from = to;
+    }
+    Ok(out)
+}
 
 /// A batch reply must hold one item per key asked.
 pub(crate) fn one_per_key(items: usize, keys: usize) -> Result<()> {
@@ -877,6 +895,40 @@ impl StoreClient {
         srcs: &[Src<'_>],
         options: &PutOptions,
     ) -> Result<(Vec<Result<(Vec<ReplicaDescriptor>, u64)>>, Vec<Option<PreparedOffload>>)> {
+        if keys.len() <= MAX_BATCH_KEYS {
+            return self.batch_put_start_call(keys, sizes, srcs, options);
+        }
+        // One call per range of keys; where a later call fails, the puts the earlier ones
+        // started go back before the error is returned.
+        let (mut starts, mut offloads) = (Vec::with_capacity(keys.len()), Vec::new());
+        let mut from = 0;
+        while from < keys.len() {
+            let to = keys.len().min(from + MAX_BATCH_KEYS);
+            match self.batch_put_start_call(&keys[from..to], &sizes[from..to], &srcs[from..to], options) {
+                Ok((s, o)) => {
+                    starts.extend(s);
+                    offloads.extend(o);
+                }
+                Err(e) => {
+                    let started = starts.iter().enumerate().filter(|(_, s)| s.is_ok()).map(|(i, _)| keys[i].clone());
+                    self.batch_revoke(started.collect());
+                    return Err(e);
+                }
+            }
+            from = to;
+        }
+        Ok((starts, offloads))
+    }
+
+    /// [`Self::batch_put_start`] of at most [`MAX_BATCH_KEYS`] keys: one call to the master.
+    #[allow(clippy::type_complexity)]
+    fn batch_put_start_call(
+        &self,
+        keys: &[String],
+        sizes: &[u64],
+        srcs: &[Src<'_>],
+        options: &PutOptions,
+    ) -> Result<(Vec<Result<(Vec<ReplicaDescriptor>, u64)>>, Vec<Option<PreparedOffload>>)> {
         let req = BatchPutStartRequest {
             client_id: self.id.clone(),
             keys: keys.to_vec(),
@@ -927,7 +979,7 @@ impl StoreClient {
         let (settled, mut results) = plan::settle(written, mode);
         self.batch_revoke(settled.revoke.iter().map(|&i| keys[i].clone()).collect());
         let commit = &settled.commit;
-        if !commit.is_empty() {
+        for commit in commit.chunks(MAX_BATCH_KEYS) {
             let req =
                 BatchKeyRequest { client_id: self.id.clone(), keys: commit.iter().map(|&i| keys[i].clone()).collect() };
             let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
@@ -943,24 +995,29 @@ impl StoreClient {
         if keys.is_empty() {
             return;
         }
-        let req = BatchKeyRequest { client_id: self.id.clone(), keys };
-        if let Err(e) = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await }) {
-            tracing::warn!("revoking failed puts: {e}");
+        for keys in keys.chunks(MAX_BATCH_KEYS) {
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+            if let Err(e) = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await }) {
+                tracing::warn!("revoking failed puts: {e}");
+            }
         }
     }
 
     /// The master's answers for a batch of keys (one round trip), each with its lease's clock.
     fn batch_replica_lists(&self, keys: &[String]) -> Result<Vec<Result<Listed>>> {
-        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
-        let clock = LeaseClock::start();
-        let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
-        one_per_key(reply.items.len(), keys.len())?;
-        Ok(reply
-            .items
-            .into_iter()
-            .zip(keys)
-            .map(|(mut item, key)| check(item.status.take(), key).map(|()| Listed { reply: item, clock }))
-            .collect())
+        in_batches(keys.len(), |r| {
+            let keys = &keys[r];
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+            let clock = LeaseClock::start();
+            let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
+            one_per_key(reply.items.len(), keys.len())?;
+            Ok(reply
+                .items
+                .into_iter()
+                .zip(keys)
+                .map(|(mut item, key)| check(item.status.take(), key).map(|()| Listed { reply: item, clock }))
+                .collect())
+        })
     }
 
     /// The answers split into those to read and the master's refusals (per-key results).
@@ -1146,10 +1203,13 @@ impl StoreClient {
 
     /// [`Self::exists`] for several keys, in one call to the master; one answer per key.
     pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
-        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
-        let reply = self.rpc.call(|mut c| async move { c.batch_exists(req).await })?;
-        check(reply.status, "")?;
-        Ok(reply.exists)
+        in_batches(keys.len(), |r| {
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys[r.clone()].to_vec() };
+            let reply = self.rpc.call(|mut c| async move { c.batch_exists(req).await })?;
+            check(reply.status, "")?;
+            one_per_key(reply.exists.len(), r.len())?;
+            Ok(reply.exists)
+        })
     }
 
     /// Everything the master knows of a key, without side effects.

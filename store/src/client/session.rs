@@ -37,6 +37,7 @@ use super::sg::{self, Extent};
 use super::{one_per_key, StoreClient, Want};
 use crate::error::{PeerFault, Result, StoreError, Waited};
 use crate::proto::{BatchKeyRequest, BatchPutStartRequest, PutOptions, ReplicaDescriptor, Tier};
+use crate::protocol::MAX_BATCH_KEYS;
 
 /// The open sessions of one client.
 #[derive(Default)]
@@ -223,45 +224,62 @@ impl StoreClient {
             return Ok(results);
         }
         todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
-        let req = BatchPutStartRequest {
-            client_id: self.id.clone(),
-            keys: todo.iter().map(|&i| keys[i].clone()).collect(),
-            sizes: todo.iter().map(|&i| sizes[i]).collect(),
-            options: Some(options.clone()),
-        };
-        let clock = LeaseClock::start();
-        let reply = self.rpc.call(|mut c| async move { c.batch_put_start(req).await })?;
-        one_per_key(reply.items.len(), todo.len())?;
-        let mut revoke = Vec::new();
-        {
-            let mut puts = self.sessions.puts.lock();
-            for (&i, item) in todo.iter().zip(reply.items) {
-                let key = &keys[i];
-                results[i] = check(item.status, key);
-                if results[i].is_err() {
-                    continue;
+        // At most MAX_BATCH_KEYS keys per call to the master.
+        let (mut revoke, mut opened) = (Vec::new(), Vec::new());
+        for todo in todo.chunks(MAX_BATCH_KEYS) {
+            let req = BatchPutStartRequest {
+                client_id: self.id.clone(),
+                keys: todo.iter().map(|&i| keys[i].clone()).collect(),
+                sizes: todo.iter().map(|&i| sizes[i]).collect(),
+                options: Some(options.clone()),
+            };
+            let clock = LeaseClock::start();
+            let reply = match self.rpc.call(|mut c| async move { c.batch_put_start(req).await }) {
+                Ok(reply) => reply,
+                Err(e) => {
+                    // The sessions this call opened before go back with it.
+                    let mut puts = self.sessions.puts.lock();
+                    opened.iter().for_each(|k| {
+                        puts.remove(k);
+                    });
+                    drop(puts);
+                    revoke.extend(opened);
+                    self.batch_revoke(revoke);
+                    return Err(e);
                 }
-                if puts.contains_key(key) {
-                    // Started meanwhile by another call (the master places a key once: this
-                    // answer is that placement's, which the open session holds).
-                    results[i] = Err(StoreError::invalid(format!("a put session for {key:?} is open already")));
-                    continue;
+            };
+            one_per_key(reply.items.len(), todo.len())?;
+            {
+                let mut puts = self.sessions.puts.lock();
+                for (&i, item) in todo.iter().zip(reply.items) {
+                    let key = &keys[i];
+                    results[i] = check(item.status, key);
+                    if results[i].is_err() {
+                        continue;
+                    }
+                    if puts.contains_key(key) {
+                        // Started meanwhile by another call (the master places a key once: this
+                        // answer is that placement's, which the open session holds).
+                        results[i] = Err(StoreError::invalid(format!("a put session for {key:?} is open already")));
+                        continue;
+                    }
+                    if !in_memory(&item.replicas) {
+                        // Nothing a session can write.
+                        revoke.push(key.clone());
+                        results[i] = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
+                        continue;
+                    }
+                    let session = PutSession {
+                        replicas: item.replicas,
+                        size: sizes[i],
+                        clock,
+                        put_timeout_ms: item.put_timeout_ms,
+                        writable: true,
+                        writing: 0,
+                    };
+                    puts.insert(key.clone(), session);
+                    opened.push(key.clone());
                 }
-                if !in_memory(&item.replicas) {
-                    // Nothing a session can write.
-                    revoke.push(key.clone());
-                    results[i] = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
-                    continue;
-                }
-                let session = PutSession {
-                    replicas: item.replicas,
-                    size: sizes[i],
-                    clock,
-                    put_timeout_ms: item.put_timeout_ms,
-                    writable: true,
-                    writing: 0,
-                };
-                puts.insert(key.clone(), session);
             }
         }
         self.batch_revoke(revoke);
@@ -367,14 +385,17 @@ impl StoreClient {
         if todo.is_empty() {
             return Ok(results);
         }
-        let req = BatchKeyRequest { client_id: self.id.clone(), keys: todo.iter().map(|&i| keys[i].clone()).collect() };
-        let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
-        one_per_key(reply.statuses.len(), todo.len())?;
-        let mut puts = self.sessions.puts.lock();
-        for (&i, status) in todo.iter().zip(reply.statuses) {
-            results[i] = check(Some(status), &keys[i]);
-            if results[i].is_ok() {
-                puts.remove(&keys[i]);
+        for todo in todo.chunks(MAX_BATCH_KEYS) {
+            let req =
+                BatchKeyRequest { client_id: self.id.clone(), keys: todo.iter().map(|&i| keys[i].clone()).collect() };
+            let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
+            one_per_key(reply.statuses.len(), todo.len())?;
+            let mut puts = self.sessions.puts.lock();
+            for (&i, status) in todo.iter().zip(reply.statuses) {
+                results[i] = check(Some(status), &keys[i]);
+                if results[i].is_ok() {
+                    puts.remove(&keys[i]);
+                }
             }
         }
         Ok(results)
@@ -389,18 +410,21 @@ impl StoreClient {
             return Ok(results);
         }
         todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
-        let req = BatchKeyRequest { client_id: self.id.clone(), keys: todo.iter().map(|&i| keys[i].clone()).collect() };
-        let reply = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await })?;
-        one_per_key(reply.statuses.len(), todo.len())?;
-        let mut puts = self.sessions.puts.lock();
-        for (&i, status) in todo.iter().zip(reply.statuses) {
-            results[i] = match check(Some(status), &keys[i]) {
-                Ok(()) | Err(StoreError::NotFound(_)) => {
-                    puts.remove(&keys[i]);
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            };
+        for todo in todo.chunks(MAX_BATCH_KEYS) {
+            let req =
+                BatchKeyRequest { client_id: self.id.clone(), keys: todo.iter().map(|&i| keys[i].clone()).collect() };
+            let reply = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await })?;
+            one_per_key(reply.statuses.len(), todo.len())?;
+            let mut puts = self.sessions.puts.lock();
+            for (&i, status) in todo.iter().zip(reply.statuses) {
+                results[i] = match check(Some(status), &keys[i]) {
+                    Ok(()) | Err(StoreError::NotFound(_)) => {
+                        puts.remove(&keys[i]);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                };
+            }
         }
         Ok(results)
     }

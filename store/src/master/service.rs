@@ -23,9 +23,9 @@ pub struct MasterService {
     master: Arc<Master>,
 }
 
-/// Most keys in one batch call (BatchPutStart/End/Revoke, BatchGetReplicaList, BatchExists);
-/// a larger batch is refused whole with `INVALID_ARGUMENT` (the client splits its batches).
-pub const MAX_BATCH_KEYS: usize = 16_384;
+/// Most keys in one batch call; a larger batch is refused whole with `INVALID_ARGUMENT` (the
+/// client splits its batches).
+pub use crate::protocol::MAX_BATCH_KEYS;
 
 /// Bytes a request spends per key beyond the key itself, generously: field tags and lengths,
 /// a size or version varint, an entry's enclosing message (a `DiskEntry`, a `HeldRemoval`
