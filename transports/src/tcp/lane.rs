@@ -282,6 +282,13 @@ fn send_group(
                 None => {}
                 Some(Some(claim)) => claims.push(claim),
                 Some(None) if i == first && off > 0 => {
+                    // The header is ours: the rest of it goes as it is, so the target reads
+                    // the frame it began; only the payload becomes zeros.
+                    if off < HEADER_LEN {
+                        let header = frames[i].header;
+                        send_bytes(out, &header[off..], deadline)?;
+                        off = HEADER_LEN;
+                    }
                     let rest = frames[i].wire_len() - off;
                     tracing::debug!(
                         "tcp transport: a write's slice ended mid-frame; sending {rest} zero bytes in its place"
@@ -340,12 +347,22 @@ fn send_group(
 fn send_zeros(out: &mut impl Out, mut n: usize, deadline: Instant) -> io::Result<()> {
     static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     while n > 0 {
+        let k = n.min(ZEROS.len());
+        send_bytes(out, &ZEROS[..k], deadline)?;
+        n -= k;
+    }
+    Ok(())
+}
+
+/// Sends all of `bytes` by `deadline`.
+fn send_bytes(out: &mut impl Out, mut bytes: &[u8], deadline: Instant) -> io::Result<()> {
+    while !bytes.is_empty() {
         if Instant::now() >= deadline {
             return Err(timed_out());
         }
-        match out.send_now(&[IoSlice::new(&ZEROS[..n.min(ZEROS.len())])])? {
+        match out.send_now(&[IoSlice::new(bytes)])? {
             Some(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting bytes")),
-            Some(k) => n -= k,
+            Some(k) => bytes = &bytes[k..],
             None => out.wait(deadline)?,
         }
     }
@@ -594,5 +611,28 @@ mod tests {
         let mut ids: Vec<u64> = shared.pending.lock().keys().copied().collect();
         ids.sort();
         assert_eq!(ids, vec![1, 2, 4], "the request never sent waits for no response");
+    }
+
+    #[test]
+    fn a_write_that_ends_inside_its_header_still_sends_the_whole_header_then_zeros() {
+        let (shared, sink) = (shared(), Arc::new(Sink::default()));
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let a = pattern(4, 3000);
+        let header = queue(&tx, &sink, 0, Opcode::Write, &a);
+        let mut expected = header.clone();
+        expected.extend(vec![0u8; a.len()]);
+        let (mut next_id, mut frames) = (1, Vec::new());
+        take_group(&shared, rx.recv().unwrap(), &rx, &mut next_id, &mut frames);
+        // The socket takes 10 bytes a send (less than a header); the slice ends after the first.
+        let ends = sink.clone();
+        let after = move |sends: usize| {
+            if sends == 1 {
+                ends.ended.lock().insert(0);
+            }
+        };
+        let mut out = Recorder { wire: Vec::new(), sends: 0, room: 10, after };
+        send_group(&mut out, &shared.pending, &mut frames, Instant::now() + Duration::from_secs(30)).unwrap();
+        assert_eq!(out.wire[..HEADER_LEN], header[..], "the header goes whole, as the target began to read it");
+        assert!(out.wire == expected, "then zeros in place of the payload");
     }
 }
