@@ -77,6 +77,10 @@ struct Cli {
     /// Users admitted besides this process's own (by the kernel's peer credentials).
     #[arg(long = "allow-uid", value_delimiter = ',')]
     allow_uid: Vec<u32>,
+    /// After a reply, how long a connection's thread polls for the worker's next request
+    /// before it blocks, in µs (0: never poll; see the docs' "polling instead of wake-ups").
+    #[arg(long = "request-poll-us", default_value_t = super::DEFAULT_POLL.as_micros() as u64)]
+    request_poll_us: u64,
     /// The disk tier's root directory.
     #[arg(long = "storage-root")]
     storage_root: Option<PathBuf>,
@@ -173,7 +177,16 @@ fn settings(cli: Cli, mut config: ClientConfig) -> Result<Settings, CliError> {
         Some(s) => Address::parse(&s).map_err(|e| invalid(format!("--socket: {e}")))?,
         None => frame::default_address(cli.port),
     };
-    Ok(Settings { config, socket, access: Access { uids: cli.allow_uid, ..Access::default() }, warnings })
+    Ok(Settings {
+        config,
+        socket,
+        access: Access {
+            uids: cli.allow_uid,
+            poll: std::time::Duration::from_micros(cli.request_poll_us),
+            ..Access::default()
+        },
+        warnings,
+    })
 }
 
 /// The binaries' `main`: runs the standalone client until SIGINT/SIGTERM. Exit codes: 0 after
@@ -266,6 +279,10 @@ mod tests {
         let s = parse_ok(&["--socket=/run/crescent/client.sock", "--allow-uid=1000,1001", "--local_buffer_size=0"]);
         assert_eq!(s.socket, Address::Path("/run/crescent/client.sock".into()));
         assert_eq!(s.access.uids, vec![1000, 1001]);
+        assert_eq!(s.access.poll, Access::default().poll, "the request poll's default");
+        let quiet = parse_ok(&["--request-poll-us=0"]);
+        assert!(quiet.access.poll.is_zero(), "0 turns the request poll off");
+        assert_eq!(parse_ok(&["--request-poll-us", "200"]).access.poll, std::time::Duration::from_micros(200));
         assert_eq!(s.config.local_buffer_size, ClientConfig::default().local_buffer_size, "0: the default");
         let bad = |args: &[&str]| {
             let cli = Cli::try_parse_from(std::iter::once("c").chain(args.iter().copied()));
