@@ -185,5 +185,13 @@ fn a_disk_service_serves_files_only_to_readers_with_the_secret() {
         256 << 10,
     )
     .expect("a reader with the secret opens the file");
-    assert!(owner.render_metrics().contains("crescent_client_auth_refused_total{service=\"disk\"} 2"));
+    // The service counts a refusal once its side of the exchange has ended, which can be
+    // after the refused reader has seen it end (a reader with a wrong secret stops at the
+    // service's proof and hangs up first): wait for the count, boundedly.
+    let refused = "crescent_client_auth_refused_total{service=\"disk\"} 2";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !owner.render_metrics().contains(refused) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(owner.render_metrics().contains(refused), "{}", owner.render_metrics());
 }
