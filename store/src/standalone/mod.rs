@@ -23,7 +23,7 @@ pub mod cli;
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,14 +72,9 @@ impl Default for Access {
     }
 }
 
-/// How a standalone client's connections took their requests (see [`Access::poll`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestCounts {
-    /// Requests that arrived while their connection's thread polled after a reply.
-    pub polled: u64,
-    /// Requests its thread blocked for (the first of a connection, or after a pause).
-    pub waited: u64,
-}
+/// How a standalone client's connections took their requests (see [`Access::poll`]): a
+/// connection's first request, and one after a pause, is waited for.
+pub type RequestCounts = frame::PollCounts;
 
 /// A region a worker shared: its memfd mapped here and registered with the engine.
 struct Shared {
@@ -121,8 +116,7 @@ struct State {
     access: Access,
     workers: Mutex<Workers>,
     stop: AtomicBool,
-    polled: AtomicU64,
-    waited: AtomicU64,
+    requests: frame::PollCounter,
 }
 
 /// A running standalone client's service; stopped on drop.
@@ -147,8 +141,7 @@ impl StandaloneServer {
             access,
             workers: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
-            polled: AtomicU64::new(0),
-            waited: AtomicU64::new(0),
+            requests: frame::PollCounter::default(),
         });
         let st = state.clone();
         // No cluster secret here: dummy clients are processes of this host on a unix socket,
@@ -174,10 +167,7 @@ impl StandaloneServer {
 
     /// How the requests after the hellos were taken so far (for tests and benchmarks).
     pub fn requests(&self) -> RequestCounts {
-        RequestCounts {
-            polled: self.state.polled.load(Ordering::Relaxed),
-            waited: self.state.waited.load(Ordering::Relaxed),
-        }
+        self.state.requests.get()
     }
 
     /// Stops accepting and ends every connection.
@@ -263,8 +253,7 @@ fn serve(state: &Arc<State>, conn: &Conn, pid: i32) {
         loop {
             let frame = match conn.recv_polling(None, FRAME_TIMEOUT, state.access.poll) {
                 Ok((f, polled)) => {
-                    let counter = if polled { &state.polled } else { &state.waited };
-                    counter.fetch_add(1, Ordering::Relaxed);
+                    state.requests.count(polled);
                     f
                 }
                 Err(RecvError::Closed) => break,

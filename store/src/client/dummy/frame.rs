@@ -176,6 +176,36 @@ impl Drop for Listener {
 fn new_socket() -> io::Result<OwnedFd> {
     Ok(net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)?)
 }
+/// How frames were taken on one side of the wire: while polling, or after blocking (see
+/// [`Conn::recv_polling`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollCounts {
+    /// Frames that arrived while the receiver polled.
+    pub polled: u64,
+    /// Frames the receiver blocked for.
+    pub waited: u64,
+}
+
+/// [`PollCounts`] kept by threads as they take frames.
+#[derive(Debug, Default)]
+pub struct PollCounter {
+    polled: std::sync::atomic::AtomicU64,
+    waited: std::sync::atomic::AtomicU64,
+}
+
+impl PollCounter {
+    /// Counts one frame, taken while polling or not.
+    pub fn count(&self, polled: bool) {
+        let counter = if polled { &self.polled } else { &self.waited };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn get(&self) -> PollCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        PollCounts { polled: self.polled.load(Relaxed), waited: self.waited.load(Relaxed) }
+    }
+}
 
 /// One connection.
 #[derive(Debug)]

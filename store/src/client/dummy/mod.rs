@@ -68,13 +68,7 @@ pub struct DummyConfig {
 pub const DEFAULT_REPLY_POLL: Duration = Duration::from_micros(500);
 
 /// How a dummy client's calls took their replies (see [`DummyConfig::reply_poll`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ReplyCounts {
-    /// Replies that arrived while their call polled.
-    pub polled: u64,
-    /// Replies their call blocked for.
-    pub waited: u64,
-}
+pub type ReplyCounts = frame::PollCounts;
 
 impl Default for DummyConfig {
     fn default() -> Self {
@@ -127,8 +121,7 @@ struct Inner {
     closed: AtomicBool,
     /// Recent calls' time from request sent to reply taken, in ns (a moving average).
     service_ns: AtomicU64,
-    polled: AtomicU64,
-    waited: AtomicU64,
+    replies: frame::PollCounter,
 }
 
 /// A dummy client; see the module documentation.
@@ -195,8 +188,7 @@ impl DummyClient {
             up: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             service_ns: AtomicU64::new(0),
-            polled: AtomicU64::new(0),
-            waited: AtomicU64::new(0),
+            replies: frame::PollCounter::default(),
         });
         let conn = inner.open(Instant::now() + inner.config.connect_timeout)?;
         inner.idle.lock().push(conn);
@@ -218,10 +210,7 @@ impl DummyClient {
 
     /// How this client's calls took their replies so far (for tests and benchmarks).
     pub fn replies(&self) -> ReplyCounts {
-        ReplyCounts {
-            polled: self.inner.polled.load(Ordering::Relaxed),
-            waited: self.inner.waited.load(Ordering::Relaxed),
-        }
+        self.inner.replies.get()
     }
 
     /// `len` bytes of shared memory (zeroed at first use): from the pool, or a memfd of its own
@@ -578,8 +567,7 @@ impl Inner {
 
     /// Counts a reply, and its call's time in the moving average (a quarter per call).
     fn served(&self, took: Duration, polled: bool) {
-        let counter = if polled { &self.polled } else { &self.waited };
-        counter.fetch_add(1, Ordering::Relaxed);
+        self.replies.count(polled);
         let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         // Concurrent calls may lose each other's update: an average of recent calls either way.
         let old = self.service_ns.load(Ordering::Relaxed);
