@@ -234,7 +234,8 @@ impl StoreClient {
                 options: Some(options.clone()),
             };
             let clock = LeaseClock::start();
-            let reply = match self.rpc.call(|mut c| async move { c.batch_put_start(req).await }) {
+            let reply = self.rpc.call(|mut c| async move { c.batch_put_start(req).await });
+            let reply = match reply.and_then(|r| one_per_key(r.items.len(), todo.len()).map(|()| r)) {
                 Ok(reply) => reply,
                 Err(e) => {
                     // The sessions this call opened before go back with it.
@@ -248,7 +249,6 @@ impl StoreClient {
                     return Err(e);
                 }
             };
-            one_per_key(reply.items.len(), todo.len())?;
             {
                 let mut puts = self.sessions.puts.lock();
                 for (&i, item) in todo.iter().zip(reply.items) {
