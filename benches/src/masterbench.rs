@@ -629,22 +629,9 @@ async fn phases_of_size(
                 // Until every drop was acknowledged and nothing changed for QUIET (on a loaded
                 // machine the evictor's steps and the acks pause: a short pause is not the
                 // round's end); the round ended at the last change.
-                let mut done = t.elapsed();
-                let mut quiet_since = Instant::now();
-                let give_up = Instant::now() + Duration::from_secs(60);
-                loop {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    let again = node_stats(&mut sim.rpc, &sim.id).await?;
-                    if again.used == after.used && again.objects == after.objects {
-                        let drained = again.used <= again.objects * reserved;
-                        if (drained && quiet_since.elapsed() >= QUIET) || Instant::now() > give_up {
-                            break;
-                        }
-                        continue;
-                    }
-                    (after, done, quiet_since) = (again, t.elapsed(), Instant::now());
-                }
-                rounds_us.push(done.as_micros() as u64);
+                let (last, changed) = settled(&mut sim.rpc, &sim.id, reserved).await?;
+                after = last;
+                rounds_us.push(changed.duration_since(t).as_micros() as u64);
                 crossing_put_us.push(took);
                 evicted_per_round.push(before.objects + 1 - after.objects);
                 found = true;
@@ -796,7 +783,7 @@ async fn top_up(sims: &mut [Sim], args: &MasterArgs, filled: &mut u64, reserved:
     // drops: measured before that, the room is too small, and once they come back the store
     // is further below the watermark than the 64 puts that look for a round.
     let id = sims[0].id.clone();
-    let now = settled(&mut sims[0].rpc, &id, reserved).await?;
+    let (now, _) = settled(&mut sims[0].rpc, &id, reserved).await?;
     let limit = (now.capacity as f64 * args.high_watermark) as u64;
     // The put that makes used exceed the limit evicts; stop one before it.
     let room = limit.saturating_sub(now.used) / reserved;
@@ -812,8 +799,9 @@ async fn top_up(sims: &mut [Sim], args: &MasterArgs, filled: &mut u64, reserved:
 const QUIET: Duration = Duration::from_millis(200);
 
 /// The sizes once no range waits in quarantine (every drop acknowledged: the used bytes are
-/// the objects' own, `reserved` each) and nothing changed for [`QUIET`], or after 60 s.
-async fn settled(rpc: &mut MasterClient<Channel>, id: &str, reserved: u64) -> Result<Sizes> {
+/// the objects' own, `reserved` each) and nothing changed for [`QUIET`], or after 60 s; and
+/// when they last changed (an eviction round ends there).
+async fn settled(rpc: &mut MasterClient<Channel>, id: &str, reserved: u64) -> Result<(Sizes, Instant)> {
     let start = Instant::now();
     let mut last = node_stats(rpc, id).await?;
     let mut quiet_since = Instant::now();
@@ -826,7 +814,7 @@ async fn settled(rpc: &mut MasterClient<Channel>, id: &str, reserved: u64) -> Re
         }
         let drained = s.used <= s.objects * reserved;
         if (drained && quiet_since.elapsed() >= QUIET) || start.elapsed() > Duration::from_secs(60) {
-            return Ok(s);
+            return Ok((s, quiet_since));
         }
     }
 }
