@@ -40,15 +40,12 @@ fn minor_faults() -> u64 {
     rest.split_whitespace().nth(7).and_then(|f| f.parse().ok()).unwrap_or(0)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
+/// A byte get's share of `get_into`'s rate (issue 28 §2).
+const TARGET: report::Target = report::Target::AtLeast(0.85);
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
-    println!("load average at start: {}", load());
+    let load = report::Load::start();
     let max = *cli.sizes.iter().max().context("no sizes")?;
     let client = StoreClient::connect(ClientConfig {
         master_server_address: cli.master.clone(),
@@ -60,14 +57,14 @@ fn main() -> Result<()> {
     })?;
     let mut buf = vec![0u8; max as usize];
     client.register_buffer(buf.as_mut_ptr() as u64, buf.len() as u64)?;
-    println!("| value | pairs | get ms (p50) | get_into ms (p50) | get / get_into | range | faults per get | per get_into | target | met |");
+    println!("| value | pairs | get ms (p50) | get_into ms (p50) | faults per get | per get_into | get / get_into | range | target | met |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for &size in &cli.sizes {
         let key = format!("bgp/{size}");
         let mut value = vec![0u8; size as usize];
         pattern::fill(&mut value, size, 0);
         client.put(&key, &value)?;
-        let (mut t_get, mut t_into, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut t_get, mut t_into, mut pairs) = (Vec::new(), Vec::new(), report::Pairs::default());
         let (mut f_get, mut f_into) = (0, 0);
         for i in 0..cli.pairs + 2 {
             let mut get = || -> Result<f64> {
@@ -103,29 +100,27 @@ fn main() -> Result<()> {
             }
             t_get.push(a);
             t_into.push(b);
-            ratio.push(b / a);
+            pairs.push(1.0 / a, 1.0 / b); // rates: get / get_into = b / a
         }
         if pattern::first_mismatch(&buf[..size as usize], size, 0).is_some() {
             bail!("get_into returned wrong bytes");
         }
         let n = cli.pairs as f64;
-        let (lo, hi) = ratio.iter().fold((f64::MAX, 0f64), |(l, h), &r| (l.min(r), h.max(r)));
-        let r = median(&mut ratio);
         println!(
-            "| {} | {} | {:.2} | {:.2} | {r:.2} | {lo:.2}-{hi:.2} | {:.0} | {:.0} | >= 0.85 | {} |",
+            "| {} | {} | {:.2} | {:.2} | {:.0} | {:.0} | {}",
             report::fmt_bytes(size),
             cli.pairs,
-            1e3 * median(&mut t_get),
-            1e3 * median(&mut t_into),
+            1e3 * report::median(&t_get),
+            1e3 * report::median(&t_into),
             f_get as f64 / n,
             f_into as f64 / n,
-            if r >= 0.85 { "met" } else { "NOT met" }
+            pairs.summary().ratio_cells(TARGET),
         );
         // Best effort: a lease from the last gets may still hold it (the holder has room).
         let _ = client.remove(&key);
     }
     client.unregister_buffer(buf.as_mut_ptr() as u64)?;
     client.close()?;
-    println!("load average at end: {}", load());
+    load.finish();
     Ok(())
 }
