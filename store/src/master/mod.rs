@@ -797,14 +797,13 @@ impl Master {
     pub fn put_end_begin_batch(&self, client_id: &str, keys: &[String]) -> (Vec<Result<Commit>>, owners::AckWait) {
         let now = Instant::now();
         let mut out: Vec<Option<Result<Commit>>> = keys.iter().map(|_| None).collect();
-        let mut by_shard = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
-            match check_key(key) {
-                Ok(()) => by_shard.push((objects::shard_of(key), i)),
-                Err(e) => out[i] = Some(Err(e)),
+            if let Err(e) = check_key(key) {
+                out[i] = Some(Err(e));
             }
         }
-        by_shard.sort_unstable();
+        let by_shard =
+            shards::by_shard(keys.iter().enumerate().filter(|(i, _)| out[*i].is_none()).map(|(i, k)| (i, k.as_str())));
         let mut segments = Vec::new();
         for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
             let mut st = self.lock_shard(group[0].0);
@@ -880,13 +879,8 @@ impl Master {
     pub fn put_end_finish_batch(&self, commits: Vec<Result<Commit>>) -> Vec<Result<()>> {
         let now = Instant::now();
         let mut out: Vec<Option<Result<()>>> = commits.iter().map(|_| None).collect();
-        let mut by_shard = Vec::with_capacity(commits.len());
-        for (i, c) in commits.iter().enumerate() {
-            if let Ok(c) = c {
-                by_shard.push((objects::shard_of(&c.key), i));
-            }
-        }
-        by_shard.sort_unstable();
+        let by_shard =
+            shards::by_shard(commits.iter().enumerate().filter_map(|(i, c)| Some((i, c.as_ref().ok()?.key.as_str()))));
         let mut failed = false;
         for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
             let mut st = self.lock_shard(group[0].0);

@@ -115,6 +115,14 @@ impl DerefMut for Locked<'_> {
     }
 }
 
+/// `(shard, index)` of each `(index, key)`, in ascending shard order: a batch walks it with
+/// `chunk_by` to take each shard's lock once, in the lock order.
+pub(super) fn by_shard<'k>(keys: impl IntoIterator<Item = (usize, &'k str)>) -> Vec<(usize, usize)> {
+    let mut v: Vec<(usize, usize)> = keys.into_iter().map(|(i, key)| (shard_of(key), i)).collect();
+    v.sort_unstable();
+    v
+}
+
 impl Master {
     fn lock_shards(&self, first: usize, end: usize) -> Locked<'_> {
         let guards = self.shards[first..end].iter().map(|s| s.lock()).collect();
