@@ -1066,11 +1066,11 @@ impl StoreClient {
             read?;
         } else {
             drop(loans);
-            let mut dsts: Vec<Option<Dst<'_>>> = bufs
-                .iter_mut()
-                // SAFETY: the read writes only initialised bytes into them.
-                .map(|b| (!b.is_empty()).then(|| Dst::Bytes { out: unsafe { sg::as_out(b) }, offset: 0 }))
-                .collect();
+            // SAFETY: the same layout; the read writes only initialised bytes into them.
+            let as_out =
+                |b: &mut Vec<u8>| unsafe { &mut *(&mut b[..] as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+            let mut dsts: Vec<Option<Dst<'_>>> =
+                bufs.iter_mut().map(|b| (!b.is_empty()).then(|| Dst::Bytes { out: as_out(b), offset: 0 })).collect();
             exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
         }
         Ok(results.into_iter().zip(bufs).map(|(r, buf)| r.map(|()| buf)).collect())

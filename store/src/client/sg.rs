@@ -280,17 +280,6 @@ pub(crate) unsafe fn raw_out<'a>(addr: u64, len: u64) -> &'a mut [MaybeUninit<u8
     unsafe { std::slice::from_raw_parts_mut(addr as *mut MaybeUninit<u8>, len as usize) }
 }
 
-/// Initialised bytes taken as memory to write (the form [`Dst::Bytes`] and the hot cache's
-/// copies take).
-///
-/// # Safety
-/// Only initialised bytes may be written through the result, so that `bytes` stays
-/// initialised.
-pub(crate) unsafe fn as_out(bytes: &mut [u8]) -> &mut [MaybeUninit<u8>] {
-    // SAFETY: the same layout; the caller's contract keeps the bytes initialised.
-    unsafe { &mut *(bytes as *mut [u8] as *mut [MaybeUninit<u8>]) }
-}
-
 /// Where `[from, from + len)` of a value lands in `extents`: `(local address, offset in the
 /// value, length)` of each part that some extent takes.
 pub(crate) fn spans(extents: &[Extent], from: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64)> + '_ {

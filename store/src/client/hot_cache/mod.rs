@@ -212,7 +212,7 @@ impl Blocks {
     fn copy_to(&self, dst: &mut [u8]) {
         // SAFETY: the same layout, and only initialised bytes are written through it (below),
         // so `dst` stays initialised.
-        self.copy_range_to(0, unsafe { crate::client::sg::as_out(dst) })
+        self.copy_range_to(0, unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) })
     }
 
     /// Copies the object's bytes `[from, from + dst.len())` out. Only that range is read, so
