@@ -10,6 +10,13 @@
 //! The same program is built as `mooncake_master` too; the flags are parsed in
 //! [`crescent_store::master::cli`].
 
+// Every RPC allocates its request, reply and owners' news; with glibc's malloc that was about
+// a quarter of the master's CPU (docs/src/benchmarks.md, "Master at scale"). The binary's
+// choice only: the library leaves the allocator to the program that links it.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     crescent_store::master::cli::main()
 }
