@@ -1355,61 +1355,103 @@ impl Master {
         self.sweep_at(Instant::now());
     }
 
+    /// A sweep holds every shard only for what walks every object: dropping a silent client's
+    /// segments, ending a hot-key window. The reclaim of puts that never ended takes one shard
+    /// at a time (each shard's unfinished puts are few: those in flight), and the rest needs the
+    /// global state alone. So a sweep, every `sweep_interval`, stops no call on another shard:
+    /// holding every shard it queued them all behind its holds and behind any call it waited
+    /// for, a pause of every call in the master five times a second.
     fn sweep_at(&self, now: Instant) {
-        let mut st = self.lock_all();
-        if !self.fence.leads(now) {
-            return;
+        let walk_all = {
+            let st = self.state.lock();
+            if !self.fence.leads(now) {
+                return;
+            }
+            self.silent_clients(&st, now).next().is_some() || self.hot_tick_due(&st, now)
+        };
+        if walk_all {
+            let mut st = self.lock_all();
+            if !self.fence.leads(now) {
+                return;
+            }
+            self.drop_silent_clients(&mut st, now);
+            self.hot_tick(&mut st, now);
+            self.flush_news(&mut st);
         }
-        let silent: Vec<String> = st
-            .clients
-            .iter()
-            .filter(|(_, c)| now.saturating_duration_since(c.last_ping) > self.config.client_ttl)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in silent {
-            let client = st.clients.remove(&id).expect("listed above");
-            if client.segments.is_empty() {
-                // It unmounted everything (closed cleanly): nothing to drop, nothing to warn of.
-                self.retract_client(&mut st, &id);
-                tracing::debug!("client {id} closed: forgotten");
+        for i in 0..SHARDS {
+            let timed_out = |shard: &ObjectMap, k: &str| {
+                now.saturating_duration_since(shard[k].started.instant()) > self.config.put_timeout
+            };
+            let shard = self.shard(i);
+            let any_stale = shard.unfinished().any(|k| timed_out(&shard, k));
+            drop(shard);
+            if !any_stale {
                 continue;
             }
-            let mut lost = 0;
-            for seg in client.segments {
-                self.emit_segment_gone(&st, seg);
-                lost += Self::drop_segment(&mut st, seg);
+            let mut st = self.lock_shard(i);
+            if !self.fence.leads(now) {
+                return;
             }
-            self.retract_client(&mut st, &id);
-            self.metrics.clients_dropped.inc();
-            tracing::warn!(
-                "client {id} silent for more than {:?}: dropped its segments; {lost} object(s) lost",
-                self.config.client_ttl
-            );
+            let stale: Vec<String> = st
+                .objects
+                .unfinished()
+                .filter(|k| now.saturating_duration_since(st.objects[*k].started.instant()) > self.config.put_timeout)
+                .map(str::to_string)
+                .collect();
+            for key in stale {
+                Self::remove_object(&mut st, &key);
+                self.metrics.puts_reclaimed.inc();
+                // Mooncake discards a stale put, then frees its space later; Crescent does both now.
+                self.metrics.mooncake.put_start_discard_cnt.inc();
+                self.metrics.mooncake.put_start_release_cnt.inc();
+                tracing::warn!("put of {key:?} never ended: reclaimed after {:?}", self.config.put_timeout);
+            }
+            self.flush_news(&mut st);
         }
-        let stale: Vec<String> = st
-            .objects
-            .unfinished()
-            .filter(|k| now.saturating_duration_since(st.objects[*k].started.instant()) > self.config.put_timeout)
-            .map(str::to_string)
-            .collect();
-        for key in stale {
-            Self::remove_object(&mut st, &key);
-            self.metrics.puts_reclaimed.inc();
-            // Mooncake discards a stale put, then frees its space later; Crescent does both now.
-            self.metrics.mooncake.put_start_discard_cnt.inc();
-            self.metrics.mooncake.put_start_release_cnt.inc();
-            tracing::warn!("put of {key:?} never ended: reclaimed after {:?}", self.config.put_timeout);
+        let mut st = self.state.lock();
+        if !self.fence.leads(now) {
+            return;
         }
         self.reclaim_replications(&mut st, now);
         st.names.prune();
         self.expire_published(&mut st, now);
-        self.hot_tick(&mut st, now);
         let evict = self.above_watermark(&st);
         self.flush_news(&mut st);
         drop(st);
         self.update_gauges();
         if evict {
             self.evict_soon(now);
+        }
+    }
+
+    /// Clients that have not pinged within the client TTL.
+    fn silent_clients<'s>(&self, st: &'s State, now: Instant) -> impl Iterator<Item = &'s str> + 's {
+        let ttl = self.config.client_ttl;
+        st.clients.iter().filter(move |(_, c)| now.saturating_duration_since(c.last_ping) > ttl).map(|(id, _)| &**id)
+    }
+
+    /// Drops the clients silent for longer than the client TTL, with their segments' objects.
+    fn drop_silent_clients(&self, st: &mut Locked<'_>, now: Instant) {
+        let silent: Vec<String> = self.silent_clients(st, now).map(str::to_string).collect();
+        for id in silent {
+            let client = st.clients.remove(&id).expect("listed above");
+            if client.segments.is_empty() {
+                // It unmounted everything (closed cleanly): nothing to drop, nothing to warn of.
+                self.retract_client(st, &id);
+                tracing::debug!("client {id} closed: forgotten");
+                continue;
+            }
+            let mut lost = 0;
+            for seg in client.segments {
+                self.emit_segment_gone(st, seg);
+                lost += Self::drop_segment(st, seg);
+            }
+            self.retract_client(st, &id);
+            self.metrics.clients_dropped.inc();
+            tracing::warn!(
+                "client {id} silent for more than {:?}: dropped its segments; {lost} object(s) lost",
+                self.config.client_ttl
+            );
         }
     }
 

@@ -288,6 +288,12 @@ impl Master {
         }
     }
 
+    /// Whether [`Self::hot_tick`] has work (it opens the first window, or ends one).
+    pub(super) fn hot_tick_due(&self, st: &super::State, now: Instant) -> bool {
+        self.config.hot_read_threshold > 0.0
+            && st.hot.window_start.is_none_or(|start| now.saturating_duration_since(start) >= self.config.hot_window)
+    }
+
     /// Ends a hot-key window: queues keys read faster than the threshold.
     pub(super) fn hot_tick(&self, st: &mut super::Locked<'_>, now: Instant) {
         if self.config.hot_read_threshold <= 0.0 {

@@ -220,3 +220,46 @@ fn a_call_on_a_key_of_another_shard_does_not_wait_for_a_held_shard() {
     assert!(m.exists(&a).unwrap(), "a's shard works again once released");
     assert!(!m.exists(&b).unwrap());
 }
+
+#[test]
+fn a_sweep_waiting_for_a_held_shard_holds_no_other_shard() {
+    let m = Master::new(MasterConfig::default()).unwrap();
+    let info = SegmentInfo { name: "s1".into(), base: 1 << 40, size: 1 << 20, tier: Tier::Dram as i32 };
+    m.mount_segment("c1", &info, "h").unwrap();
+    // a in the last shard a sweep visits, b in the first.
+    let a = (0..).map(|i| format!("a{i}")).find(|k| objects::shard_of(k) == SHARDS - 1).unwrap();
+    let b = (0..).map(|i| format!("b{i}")).find(|k| objects::shard_of(k) == 0).unwrap();
+
+    // a's shard is held (as by a call stalled on it) while a sweep runs: the sweep waits for it.
+    let held = m.shard_of_key(&a);
+    let sweeping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (m2, sweeping2) = (m.clone(), sweeping.clone());
+    let sweep = std::thread::spawn(move || {
+        sweeping2.store(true, std::sync::atomic::Ordering::Release);
+        m2.sweep();
+    });
+    // Calls on b go through meanwhile: the sweep holds b's shard only while it looks at it, not
+    // while it waits for a's (a sweep used to take every shard, in order, and hold them).
+    let (done, finished) = std::sync::mpsc::channel();
+    let m3 = m.clone();
+    std::thread::spawn(move || {
+        while !sweeping.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        let r = (|| -> Result<()> {
+            for _ in 0..20_000 {
+                m3.put_start("c1", &b, 4096, &PutOptions::default())?;
+                m3.put_end("c1", &b)?;
+                assert!(m3.exists(&b)?);
+                m3.remove(&b, true)?;
+            }
+            Ok(())
+        })();
+        done.send(r).unwrap();
+    });
+    // (A guard against a hang, not a measure: the calls take milliseconds.)
+    let r = finished.recv_timeout(Duration::from_secs(120)).expect("the calls on b waited for the sweep");
+    r.unwrap();
+    drop(held);
+    sweep.join().unwrap();
+}
