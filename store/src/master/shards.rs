@@ -14,6 +14,7 @@ use std::ops::{Deref, DerefMut, Index};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::MutexGuard;
+use smallvec::SmallVec;
 
 use super::objects::{shard_of, Key, Object, ObjectMap, SHARDS};
 use super::{Master, State};
@@ -21,7 +22,8 @@ use super::{Master, State};
 /// The shards a call holds, seen as one map of the keys they hold: a key of a shard not held
 /// is a bug of the call (it panics).
 pub(super) struct Objects<'a> {
-    guards: Vec<MutexGuard<'a, ObjectMap>>,
+    /// Inline for the one shard of a call on one key: no allocation per call.
+    guards: SmallVec<[MutexGuard<'a, ObjectMap>; 1]>,
     /// The shard of `guards[0]`; the others follow it.
     first: usize,
     /// The master's count of objects, kept by inserts and removals.
