@@ -224,7 +224,8 @@ impl Object {
 /// One object an eviction plan takes.
 #[derive(Debug)]
 pub(super) struct Victim {
-    pub(super) key: String,
+    /// Inline up to 24 bytes, as in the map: planning allocates nothing per object.
+    pub(super) key: Key,
     /// Its last use ([`USE_CLOCK`]): the plans of several shards merge by it.
     pub(super) tick: u64,
     /// The memory its eviction frees.
@@ -238,7 +239,7 @@ pub(super) struct Victim {
 pub(super) struct EvictionPlan {
     pub(super) victims: Vec<Victim>,
     /// Keys met that eviction cannot take as they are: to move to the front.
-    pub(super) parked: Vec<String>,
+    pub(super) parked: Vec<Key>,
     /// The plan stopped early (enough bytes, or `most` objects): the shard may have more
     /// candidates, all after its last victim.
     pub(super) more: bool,
@@ -347,14 +348,14 @@ impl ObjectMap {
                 return plan;
             }
             if obj.never_evictable_as_is() {
-                plan.parked.push(key.to_string());
+                plan.parked.push(key.clone());
                 continue;
             }
             if !obj.evictable(now) || !eligible(key) {
                 continue;
             }
             let victim =
-                Victim { key: key.to_string(), tick: obj.started.0.get(), bytes: obj.memory_bytes(), held: false };
+                Victim { key: key.clone(), tick: obj.started.0.get(), bytes: obj.memory_bytes(), held: false };
             if obj.offload_held(now) {
                 held.push(Victim { held: true, ..victim });
                 continue;
