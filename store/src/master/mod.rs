@@ -47,7 +47,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rand::seq::SliceRandom;
+use rand::Rng;
 use smallvec::SmallVec;
 
 use crate::allocator::{Block, SegmentAllocator};
@@ -736,15 +736,18 @@ impl Master {
             .filter(|(_, s)| s.tier != Tier::Ssd && s.alloc.free() >= size && tenant::tenant_of(&s.client_id) == tenant)
             .map(|(id, _)| *id)
             .collect();
-        match self.config.allocation_strategy {
-            AllocationStrategy::FreeRatioFirst => candidates.sort_by(|a, b| {
+        // Random order (but for free-ratio-first) is drawn as far as the loop below walks it (a
+        // Fisher-Yates shuffle one step per candidate tried): the same order as shuffling every
+        // segment first, for the one or two draws a put needs, under the global lock.
+        let shuffled = self.config.allocation_strategy != AllocationStrategy::FreeRatioFirst;
+        if !shuffled {
+            candidates.sort_by(|a, b| {
                 let ratio = |id: &u64| {
                     let a = &st.segments[id].alloc;
                     a.free() as f64 / a.capacity() as f64
                 };
                 ratio(b).total_cmp(&ratio(a))
-            }),
-            _ => candidates.shuffle(&mut rand::rng()),
+            });
         }
         let local_first = self.config.allocation_strategy == AllocationStrategy::LocalFirst;
         let local = local_first.then_some(&opts.preferred_segment);
@@ -759,10 +762,16 @@ impl Master {
             }
         }
         let mut got = Vec::new();
-        for id in candidates {
+        let mut rng = rand::rng();
+        for i in 0..candidates.len() {
             if got.len() == replicas as usize {
                 break;
             }
+            if shuffled && i >= front {
+                let j = rng.random_range(i..candidates.len());
+                candidates.swap(i, j);
+            }
+            let id = candidates[i];
             if let Some(block) = st.segments.get_mut(&id).expect("candidate").alloc.allocate(size) {
                 got.push((id, block));
             }
