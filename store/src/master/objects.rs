@@ -354,8 +354,7 @@ impl ObjectMap {
             if !obj.evictable(now) || !eligible(key) {
                 continue;
             }
-            let victim =
-                Victim { key: key.clone(), tick: obj.started.0.get(), bytes: obj.memory_bytes(), held: false };
+            let victim = Victim { key: key.clone(), tick: obj.started.0.get(), bytes: obj.memory_bytes(), held: false };
             if obj.offload_held(now) {
                 held.push(Victim { held: true, ..victim });
                 continue;

@@ -6,9 +6,9 @@
 //! holding the global state. A call on one key takes its shard, then the global state
 //! ([`Master::lock_key`]); calls on keys of different shards wait for each other only for the
 //! global state's short holds, never for each other's object work. Calls that walk every object
-//! (a remount, the sweep, disk-file updates, prefix queries) take every shard
-//! ([`Master::lock_all`]); unmount, remove-all and eviction take one shard at a time
-//! ([`Master::evict_step`]).
+//! (a remount, a sweep that drops a silent client or ends a hot-key window, disk-file updates,
+//! prefix queries) take every shard ([`Master::lock_all`]); unmount, remove-all, eviction
+//! ([`Master::evict_step`]) and the sweep's reclaim of stale puts take one shard at a time.
 
 use std::ops::{Deref, DerefMut, Index};
 use std::sync::atomic::{AtomicU64, Ordering};
