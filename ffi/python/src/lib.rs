@@ -53,8 +53,9 @@ impl ValueSink for BytesSink {
     fn buffer(&mut self, size: u64) -> crescent_ffi::store::Result<&mut [MaybeUninit<u8>]> {
         let fits = matches!(&self.made, Some((_, _, len)) if *len as u64 == size);
         if !fits {
-            let len = pyo3::ffi::Py_ssize_t::try_from(size)
-                .map_err(|_| StoreError::invalid(format!("a value of {size} bytes does not fit a Python bytes object")))?;
+            let len = pyo3::ffi::Py_ssize_t::try_from(size).map_err(|_| {
+                StoreError::invalid(format!("a value of {size} bytes does not fit a Python bytes object"))
+            })?;
             // The object is made with the GIL held (briefly: the allocation), then written
             // without it.
             let made = Python::attach(|py| -> PyResult<(Py<PyBytes>, *mut u8)> {

@@ -1103,8 +1103,7 @@ impl StoreClient {
         } else {
             drop(loans);
             // SAFETY: the same layout; the read writes only initialised bytes into them.
-            let as_out =
-                |b: &mut Vec<u8>| unsafe { &mut *(&mut b[..] as *mut [u8] as *mut [MaybeUninit<u8>]) };
+            let as_out = |b: &mut Vec<u8>| unsafe { &mut *(&mut b[..] as *mut [u8] as *mut [MaybeUninit<u8>]) };
             let mut dsts: Vec<Option<Dst<'_>>> =
                 bufs.iter_mut().map(|b| (!b.is_empty()).then(|| Dst::Bytes { out: as_out(b), offset: 0 })).collect();
             exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
