@@ -154,3 +154,39 @@ fn get_with_reads_disk_files_and_asks_again_when_a_stale_file_had_another_size()
     let s = a.disk_stats().unwrap();
     assert_eq!((s.early_reads, s.early_reads_wasted), (2, 1), "{s:?}");
 }
+
+#[test]
+fn get_batch_with_fills_each_keys_sink_and_fails_a_wrong_sink_or_a_miss_alone() {
+    let m = crescent_tests::store::loopback_master(MasterConfig::default());
+    let holder = crescent_tests::store::loopback_client(&m, 64 << 20);
+    let reader = reader(&m);
+    let lens = [1, 4097, (2 << 20) + 1, 3 << 20];
+    let values: Vec<Vec<u8>> =
+        lens.iter().enumerate().map(|(i, &n)| crescent_tests::store::pattern_bytes(n, 120 + i as u64)).collect();
+    for (i, v) in values.iter().enumerate() {
+        holder.put(&format!("gwb/{i}"), v).expect("put");
+    }
+    let mut keys: Vec<String> = (0..lens.len()).map(|i| format!("gwb/{i}")).collect();
+    keys.push("gwb/none".into());
+    keys.push("gwb/1".into()); // again, into a sink one byte short
+    for client in [&reader, &holder] {
+        let mut sinks: Vec<Recording> = keys.iter().map(|_| Recording::default()).collect();
+        sinks[keys.len() - 1].skew = -1;
+        let mut refs: Vec<&mut dyn ValueSink> = sinks.iter_mut().map(|s| s as &mut dyn ValueSink).collect();
+        let got = client.get_batch_with(&keys, &mut refs).expect("get_batch_with");
+        for (i, &n) in lens.iter().enumerate() {
+            assert!(matches!(got[i], Ok(m) if m == n as u64), "{n} bytes: {:?}", got[i]);
+            assert_eq!(sinks[i].asked, [n as u64]);
+            assert!(sinks[i].value() == values[i], "{n} bytes: wrong bytes");
+        }
+        assert!(matches!(got[4], Err(StoreError::NotFound(_))), "{:?}", got[4]);
+        assert!(sinks[4].asked.is_empty(), "a miss asked its sink");
+        match &got[5] {
+            Err(e @ StoreError::BufferTooSmall { need: 4097, have: 4096, .. }) => assert!(e.is_caller_error()),
+            other => panic!("a short sink: {other:?}"),
+        }
+    }
+    let mut one = Recording::default();
+    let mut refs: Vec<&mut dyn ValueSink> = vec![&mut one];
+    assert!(matches!(reader.get_batch_with(&keys, &mut refs), Err(StoreError::InvalidArgument(_))));
+}

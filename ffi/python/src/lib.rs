@@ -1471,11 +1471,18 @@ impl Store {
         if keys.is_empty() {
             return Vec::new();
         }
-        match py.detach(|| client.get_batch(&keys)) {
+        // Each value straight into the bytes object returned for it, as `get`.
+        let mut sinks: Vec<BytesSink> = keys.iter().map(|_| BytesSink::default()).collect();
+        let got = py.detach(|| {
+            let mut refs: Vec<&mut dyn ValueSink> = sinks.iter_mut().map(|s| s as &mut dyn ValueSink).collect();
+            client.get_batch_with(&keys, &mut refs)
+        });
+        match got {
             Ok(rs) => rs
                 .into_iter()
-                .map(|r| match r {
-                    Ok(v) => PyBytes::new(py, &v),
+                .zip(sinks)
+                .map(|(r, sink)| match r {
+                    Ok(_) => sink.into_bytes(py),
                     Err(e) => {
                         store_fail(&e);
                         PyBytes::new(py, &[])

@@ -36,6 +36,14 @@ def test_get_returns_exact_bytes_across_pages_from_memory(store_a, store_b):
             assert got == v, (who, n)
             # A finished bytes object: hashes and slices as one made from the same bytes.
             assert hash(got) == hash(v) and got[-1:] == v[-1:], (who, n)
+    # A batch: each value into its own bytes, a miss empty.
+    keys = [key("batch") for _ in SIZES]
+    values = [pattern(n, 300 + i).tobytes() for i, n in enumerate(SIZES)]
+    assert store_a.put_batch(keys, values) == 0, crescent.last_error()
+    for s in (store_b, store_a):
+        got = s.get_batch(keys + [key("missing")])
+        assert [type(g) for g in got] == [bytes] * (len(keys) + 1)
+        assert got == values + [b""]
     # Two gets of one key are two objects with the same bytes.
     a, b = store_b.get(k), store_b.get(k)
     assert a == b and a is not b
@@ -77,7 +85,7 @@ def _status_kib(field: str) -> int:
         return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
 
 
-def test_a_get_holds_one_copy_of_the_value():
+def test_a_get_and_a_batch_get_hold_one_copy_of_the_value():
     # 48 MiB: above glibc's largest mmap threshold (32 MiB), so every buffer of that size is
     # its own mapping, resident while it lives and gone when freed; the process's peak RSS
     # then says how many copies a get held at once. Reading the value into a vector and
@@ -103,6 +111,14 @@ def test_a_get_holds_one_copy_of_the_value():
         grew = (_status_kib("VmHWM") - base) << 10
         assert len(got) == n and got == v.tobytes()
         assert grew < 1.5 * n, f"the get's peak held {grew / n:.2f}x the value (one copy: about 1x)"
+        del got
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status_kib("VmRSS")
+        got = reader.get_batch(["big"])
+        grew = (_status_kib("VmHWM") - base) << 10
+        assert len(got[0]) == n and got[0] == v.tobytes()
+        assert grew < 1.5 * n, f"the batch get's peak held {grew / n:.2f}x the value (one copy: about 1x)"
     finally:
         reader.close()
         holder.close()

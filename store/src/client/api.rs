@@ -174,6 +174,25 @@ pub trait StoreApi: Send + Sync {
     fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>>;
     /// The values of several keys, as bytes; one result per key ([`StoreClient::get_batch`]).
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>>;
+    /// The values of several keys, each written into the memory its sink makes once the
+    /// sizes are known; the size per key ([`StoreClient::get_batch_with`]). Provided: a
+    /// [`StoreApi::get_batch`] copied into the sinks.
+    fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != sinks.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} sinks", keys.len(), sinks.len())));
+        }
+        let values = self.get_batch(keys)?;
+        Ok(values
+            .into_iter()
+            .zip(sinks.iter_mut())
+            .zip(keys)
+            .map(|((value, sink), key)| {
+                let value = value?;
+                sink_buffer(key, &mut **sink, value.len() as u64)?.write_copy_of_slice(&value);
+                Ok(value.len() as u64)
+            })
+            .collect())
+    }
     /// Zero-copy gets of several whole values, each into its pieces of registered memory;
     /// the size read per key ([`StoreClient::batch_get_into_sg`]).
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>>;
@@ -380,6 +399,9 @@ impl StoreApi for StoreClient {
     }
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
         StoreClient::get_batch(self, keys)
+    }
+    fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
+        StoreClient::get_batch_with(self, keys, sinks)
     }
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
         StoreClient::batch_get_into_sg(self, keys, values)

@@ -1075,12 +1075,60 @@ impl StoreClient {
     /// ([`TransferEngine::lend_local`]); otherwise one after another through the staging
     /// buffer.
     pub fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
-        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let (lists, results) = Self::split_lists(self.batch_replica_lists(keys)?);
         let mut bufs: Vec<Vec<u8>> =
             lists.iter().map(|l| vec![0u8; l.as_ref().map_or(0, |l| l.size) as usize]).collect();
-        let mut loans = Vec::with_capacity(bufs.len());
+        let outs = bufs.iter_mut().map(|b| Some(&mut b[..])).collect();
+        let results = self.read_batch_bytes(keys, &lists, outs, results)?;
+        Ok(results.into_iter().zip(bufs).map(|(r, buf)| r.map(|()| buf)).collect())
+    }
+
+    /// [`Self::get_batch`] into memory each key's sink makes once the master has given the
+    /// sizes (a binding's own objects, such as Python `bytes`, so that no value is copied
+    /// again after the get); returns the size read per key. A sink's memory of the wrong
+    /// length, or a sink's error, fails its key alone (the caller's mistake for a wrong length,
+    /// as in [`Self::get_with`]). The memory is zeroed before the read (a batch lends it to
+    /// the engine as registered memory, which the disk tier's reads take as written bytes).
+    pub fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != sinks.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} sinks", keys.len(), sinks.len())));
+        }
+        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let mut outs = Vec::with_capacity(keys.len());
+        for (i, sink) in sinks.iter_mut().enumerate() {
+            let out = match (&lists[i], &results[i]) {
+                (Some(list), Ok(())) => match api::sink_buffer(&keys[i], &mut **sink, list.size) {
+                    Ok(out) => {
+                        out.fill(MaybeUninit::new(0));
+                        // SAFETY: every byte was just written.
+                        Some(unsafe { out.assume_init_mut() })
+                    }
+                    Err(e) => {
+                        results[i] = Err(e);
+                        None
+                    }
+                },
+                _ => None,
+            };
+            outs.push(out);
+        }
+        let results = self.read_batch_bytes(keys, &lists, outs, results)?;
+        Ok(results.into_iter().zip(&lists).map(|(r, l)| r.map(|()| l.as_ref().map_or(0, |l| l.size))).collect())
+    }
+
+    /// Reads the values `lists` describes into `outs` (each the value's size; `None`: a key
+    /// that is not read, its result an error already): lent to the engine where every buffer
+    /// can be, else through the staging buffer.
+    fn read_batch_bytes(
+        &self,
+        keys: &[String],
+        lists: &[Option<Listed>],
+        mut outs: Vec<Option<&mut [u8]>>,
+        mut results: Vec<Result<()>>,
+    ) -> Result<Vec<Result<()>>> {
+        let mut loans = Vec::with_capacity(outs.len());
         let mut lent = true;
-        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+        for b in outs.iter_mut().flatten().filter(|b| !b.is_empty()) {
             match self.engine.lend_local(None, b.as_mut_ptr() as u64, b.len() as u64) {
                 Ok(Some(loan)) => loans.push(loan),
                 _ => {
@@ -1091,24 +1139,26 @@ impl StoreClient {
         }
         let exec = self.exec();
         if lent {
-            let extents: Vec<[Extent; 1]> = bufs
+            let extents: Vec<Option<[Extent; 1]>> = outs
                 .iter_mut()
-                .map(|b| [Extent { offset: 0, addr: b.as_mut_ptr() as u64, len: b.len() as u64 }])
+                .map(|b| b.as_mut().map(|b| [Extent { offset: 0, addr: b.as_mut_ptr() as u64, len: b.len() as u64 }]))
                 .collect();
             let mut dsts: Vec<Option<Dst<'_>>> =
-                extents.iter().map(|e| (e[0].len > 0).then(|| Dst::Registered(&e[..]))).collect();
-            let read = exec.read_batch(keys, &lists, &mut dsts, &mut results, true);
+                extents.iter().map(|e| e.as_ref().filter(|e| e[0].len > 0).map(|e| Dst::Registered(&e[..]))).collect();
+            let read = exec.read_batch(keys, lists, &mut dsts, &mut results, true);
             drop(loans); // after every transfer into the buffers has ended
             read?;
         } else {
             drop(loans);
             // SAFETY: the same layout; the read writes only initialised bytes into them.
-            let as_out = |b: &mut Vec<u8>| unsafe { &mut *(&mut b[..] as *mut [u8] as *mut [MaybeUninit<u8>]) };
-            let mut dsts: Vec<Option<Dst<'_>>> =
-                bufs.iter_mut().map(|b| (!b.is_empty()).then(|| Dst::Bytes { out: as_out(b), offset: 0 })).collect();
-            exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
+            let as_out = |b: &mut [u8]| unsafe { &mut *(b as *mut [u8] as *mut [MaybeUninit<u8>]) };
+            let mut dsts: Vec<Option<Dst<'_>>> = outs
+                .into_iter()
+                .map(|b| b.filter(|b| !b.is_empty()).map(|b| Dst::Bytes { out: as_out(b), offset: 0 }))
+                .collect();
+            exec.read_batch(keys, lists, &mut dsts, &mut results, false)?;
         }
-        Ok(results.into_iter().zip(bufs).map(|(r, buf)| r.map(|()| buf)).collect())
+        Ok(results)
     }
 
     /// Zero-copy gets into registered memory: remote reads go in one engine batch; a key whose
