@@ -55,7 +55,7 @@ pub mod protocol;
 pub mod staging;
 pub mod standalone;
 
-pub use client::{ClientConfig, DummyClient, DummyConfig, HeldBuffer, StoreApi, StoreClient};
+pub use client::{ClientConfig, DummyClient, DummyConfig, HeldBuffer, StoreApi, StoreClient, ValueSink};
 pub use error::{Result, StoreError};
 pub use logging::init_logging;
 pub use master::{AllocationStrategy, Master, MasterConfig};

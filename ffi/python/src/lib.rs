@@ -15,18 +15,87 @@
 //! * the GIL is released during master calls and transfers, so other Python threads run.
 
 use std::collections::HashMap;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crescent_ffi::engine::TransferEngine;
 use crescent_ffi::store::client::{Extent, Piece};
 use crescent_ffi::store::proto::PutOptions;
-use crescent_ffi::store::{HeldBuffer, StoreApi, StoreClient};
+use crescent_ffi::store::{HeldBuffer, StoreApi, StoreClient, StoreError, ValueSink};
 use crescent_ffi::{fail, session_fail, store_fail, SetupArgs, SoftPinAction, Status};
 use parking_lot::{Mutex, RwLock};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+
+// ---- values handed out to Python ----
+
+/// A get's `bytes` object, made once the value's size is known and written by the get while
+/// the GIL is released. Nothing in Python can reach the object until the get returns it
+/// (`get` returns it only after a get that succeeded), so writing the bytes of an immutable
+/// `bytes` object is safe here: CPython's `PyBytes_FromStringAndSize(NULL, n)` is made for
+/// exactly this. pyo3's `PyBytes::new_with` is not used: it zeroes the buffer before handing
+/// it over (`write_bytes(buffer, 0, len)` in pyo3 0.30's `types/bytes.rs`), a pass over the
+/// value that faults its fresh pages in on the calling thread, which the get exists to avoid.
+#[derive(Default)]
+struct BytesSink {
+    /// The object with its buffer's first byte and length.
+    made: Option<(Py<PyBytes>, *mut u8, usize)>,
+}
+
+// SAFETY: the pointer is the buffer of the `bytes` object held beside it, which lives as long
+// as the sink; nothing else can reach the object while the sink has it (see above), so the
+// one thread that holds the sink is the only one that touches those bytes.
+unsafe impl Send for BytesSink {}
+
+impl ValueSink for BytesSink {
+    fn buffer(&mut self, size: u64) -> crescent_ffi::store::Result<&mut [MaybeUninit<u8>]> {
+        let fits = matches!(&self.made, Some((_, _, len)) if *len as u64 == size);
+        if !fits {
+            let len = pyo3::ffi::Py_ssize_t::try_from(size).map_err(|_| {
+                StoreError::invalid(format!("a value of {size} bytes does not fit a Python bytes object"))
+            })?;
+            // The object is made with the GIL held (briefly: the allocation), then written
+            // without it.
+            let made = Python::attach(|py| -> PyResult<(Py<PyBytes>, *mut u8)> {
+                // The object a previous call made (another size) goes with the GIL held.
+                drop(self.made.take());
+                // SAFETY: a null source makes CPython allocate `len` bytes left unwritten (and
+                // a new object for every len but 0); the call returns a new reference or null
+                // with an exception set, which `from_owned_ptr_or_err` takes either way.
+                let obj = unsafe {
+                    Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len))
+                }?;
+                let bytes = obj.cast_into::<PyBytes>()?;
+                // SAFETY: a bytes object's buffer, valid while the object lives.
+                let at = unsafe { pyo3::ffi::PyBytes_AsString(bytes.as_ptr()) }.cast::<u8>();
+                Ok((bytes.unbind(), at))
+            });
+            let (obj, at) = made.map_err(|e| {
+                StoreError::system(
+                    format!("making a bytes object of {size} bytes"),
+                    std::io::Error::new(std::io::ErrorKind::OutOfMemory, e.to_string()),
+                )
+            })?;
+            self.made = Some((obj, at, len as usize));
+        }
+        let (_, at, len) = self.made.as_ref().expect("made above");
+        // SAFETY: `at` is the object's buffer of `len` bytes, which this sink alone writes
+        // (see `BytesSink`), borrowed for no longer than the sink.
+        Ok(unsafe { std::slice::from_raw_parts_mut(at.cast::<MaybeUninit<u8>>(), *len) })
+    }
+}
+
+impl BytesSink {
+    /// The value after a get that succeeded (empty bytes if nothing was made).
+    fn into_bytes(self, py: Python<'_>) -> Bound<'_, PyBytes> {
+        match self.made {
+            Some((obj, _, _)) => obj.into_bound(py),
+            None => PyBytes::new(py, &[]),
+        }
+    }
+}
 
 // ---- memory handed in from Python ----
 
@@ -1308,14 +1377,19 @@ impl Store {
     }
 
     /// get(key) -> bytes: the value, or empty bytes if it is missing or the get failed.
+    ///
+    /// The value is read straight into the `bytes` object returned (made, not zeroed, once
+    /// the master has given the size), with the GIL released during the transfer: no copy
+    /// after the get (see [`BytesSink`]).
     fn get<'py>(&self, py: Python<'py>, key: &str) -> Bound<'py, PyBytes> {
         crescent_ffi::clear_last_error();
         let client = match self.byte_client("get") {
             Ok(c) => c,
             Err(_) => return PyBytes::new(py, &[]),
         };
-        match py.detach(|| client.get(key)) {
-            Ok(v) => PyBytes::new(py, &v),
+        let mut sink = BytesSink::default();
+        match py.detach(|| client.get_with(key, &mut sink)) {
+            Ok(_) => sink.into_bytes(py),
             Err(e) => {
                 store_fail(&e);
                 PyBytes::new(py, &[])
@@ -1397,11 +1471,18 @@ impl Store {
         if keys.is_empty() {
             return Vec::new();
         }
-        match py.detach(|| client.get_batch(&keys)) {
+        // Each value straight into the bytes object returned for it, as `get`.
+        let mut sinks: Vec<BytesSink> = keys.iter().map(|_| BytesSink::default()).collect();
+        let got = py.detach(|| {
+            let mut refs: Vec<&mut dyn ValueSink> = sinks.iter_mut().map(|s| s as &mut dyn ValueSink).collect();
+            client.get_batch_with(&keys, &mut refs)
+        });
+        match got {
             Ok(rs) => rs
                 .into_iter()
-                .map(|r| match r {
-                    Ok(v) => PyBytes::new(py, &v),
+                .zip(sinks)
+                .map(|(r, sink)| match r {
+                    Ok(_) => sink.into_bytes(py),
                     Err(e) => {
                         store_fail(&e);
                         PyBytes::new(py, &[])

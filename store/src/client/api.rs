@@ -7,7 +7,9 @@
 //! The methods mean what [`StoreClient`]'s methods of the same names mean; the provided ones
 //! are the short forms (default options, one buffer).
 
-use crate::error::Result;
+use std::mem::MaybeUninit;
+
+use crate::error::{Result, StoreError};
 use crate::proto::{PutOptions, QueryKeyReply};
 
 use super::sg::{Extent, Piece};
@@ -77,6 +79,40 @@ impl std::fmt::Debug for HeldBuffer {
     }
 }
 
+/// Memory that a get of bytes ([`StoreClient::get_with`]) writes the value into, made by the
+/// caller once the value's size is known: a binding's own object (a Python `bytes`), a buffer
+/// of the caller's choosing. The get writes every byte of it or fails; the caller takes the
+/// value out of its sink after a get that succeeded (after one that failed, its bytes are
+/// unwritten and must not be read).
+pub trait ValueSink: Send {
+    /// Memory for a value of `size` bytes, exactly `size` bytes long (a shorter or longer one
+    /// is refused as the caller's mistake). Called before any byte of the value is read; it
+    /// may be called again in the same get (a disk file read while the master was asked that
+    /// turned out not to be the value: then with the size the master gave), and the memory
+    /// the last call returned is the one that holds the value. An error (the memory could not
+    /// be had) ends the get with it.
+    fn buffer(&mut self, size: u64) -> Result<&mut [MaybeUninit<u8>]>;
+}
+
+/// `sink`'s memory for a value of `size` bytes, refused unless it is exactly that long.
+pub(crate) fn sink_buffer<'s>(
+    key: &str,
+    sink: &'s mut (dyn ValueSink + '_),
+    size: u64,
+) -> Result<&'s mut [MaybeUninit<u8>]> {
+    let out = sink.buffer(size)?;
+    let have = out.len() as u64;
+    if have < size {
+        return Err(StoreError::BufferTooSmall { key: key.to_string(), need: size, have });
+    }
+    if have > size {
+        return Err(StoreError::invalid(format!(
+            "get of {key:?}: the sink gave {have} bytes for a value of {size}; it must give exactly the size asked for"
+        )));
+    }
+    Ok(out)
+}
+
 /// The store's calls, whichever client carries them out.
 pub trait StoreApi: Send + Sync {
     /// The name of the segment this client's puts prefer (`local_first`): a full client's
@@ -105,6 +141,14 @@ pub trait StoreApi: Send + Sync {
     fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
     /// The whole value of `key`, copied into a new vector ([`StoreClient::get`]).
     fn get(&self, key: &str) -> Result<Vec<u8>>;
+    /// The whole value of `key`, written into the memory `sink` gives once the size is known;
+    /// returns the size ([`StoreClient::get_with`]). Provided: a [`StoreApi::get`] copied
+    /// into the sink (a dummy client receives the value over its socket first).
+    fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
+        let value = self.get(key)?;
+        sink_buffer(key, sink, value.len() as u64)?.write_copy_of_slice(&value);
+        Ok(value.len() as u64)
+    }
     /// Zero-copy get of the whole value into `pieces` of registered memory, in order; returns
     /// the object's size ([`StoreClient::get_into_sg`]).
     fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64>;
@@ -130,6 +174,25 @@ pub trait StoreApi: Send + Sync {
     fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>>;
     /// The values of several keys, as bytes; one result per key ([`StoreClient::get_batch`]).
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>>;
+    /// The values of several keys, each written into the memory its sink makes once the
+    /// sizes are known; the size per key ([`StoreClient::get_batch_with`]). Provided: a
+    /// [`StoreApi::get_batch`] copied into the sinks.
+    fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != sinks.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} sinks", keys.len(), sinks.len())));
+        }
+        let values = self.get_batch(keys)?;
+        Ok(values
+            .into_iter()
+            .zip(sinks.iter_mut())
+            .zip(keys)
+            .map(|((value, sink), key)| {
+                let value = value?;
+                sink_buffer(key, &mut **sink, value.len() as u64)?.write_copy_of_slice(&value);
+                Ok(value.len() as u64)
+            })
+            .collect())
+    }
     /// Zero-copy gets of several whole values, each into its pieces of registered memory;
     /// the size read per key ([`StoreClient::batch_get_into_sg`]).
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>>;
@@ -319,6 +382,9 @@ impl StoreApi for StoreClient {
     fn get(&self, key: &str) -> Result<Vec<u8>> {
         StoreClient::get(self, key)
     }
+    fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
+        StoreClient::get_with(self, key, sink)
+    }
     fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
         StoreClient::get_into_sg(self, key, pieces)
     }
@@ -333,6 +399,9 @@ impl StoreApi for StoreClient {
     }
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
         StoreClient::get_batch(self, keys)
+    }
+    fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
+        StoreClient::get_batch_with(self, keys, sinks)
     }
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
         StoreClient::batch_get_into_sg(self, keys, values)

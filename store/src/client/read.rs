@@ -56,26 +56,6 @@ impl<'c> Exec<'c> {
         self.run(key, list, &planned, 0, dst)
     }
 
-    /// Reads the whole object `list` describes into a new vector.
-    ///
-    /// The vector is not zeroed first (that cost a pass over the value, ~0.45 ms per 10 MiB
-    /// here, on top of the transfer): the read writes into its spare capacity, and its length
-    /// is set only once a source has written every byte. A read that fails returns the error
-    /// and drops the vector unseen.
-    pub(crate) fn read_vec(&self, key: &str, list: &Listed) -> Result<Vec<u8>> {
-        let planned = self.plan(key, list, true);
-        if let (Some(Step::Cached), Some(guard)) = (planned.steps.first(), &planned.guard) {
-            return Ok(guard.to_vec());
-        }
-        let size = list.size as usize;
-        let mut out = Vec::with_capacity(size);
-        self.run(key, list, &planned, 0, &mut Dst::Bytes { out: &mut out.spare_capacity_mut()[..size], offset: 0 })?;
-        // SAFETY: the read succeeded, and a source that serves a read writes all of its
-        // destination (here `[0, size)` of the capacity) or fails.
-        unsafe { out.set_len(size) };
-        Ok(out)
-    }
-
     /// Tries the plan's sources from `from` on until one serves the read.
     fn run(&self, key: &str, list: &Listed, planned: &Planned<'_, '_>, from: usize, dst: &mut Dst<'_>) -> Result<()> {
         let mut last_err = None;
