@@ -174,7 +174,9 @@ impl Completion {
     /// Runs `f` while holding the slice's claim on its local memory. Returns `None` without
     /// running `f` if the slice already ended.
     pub fn with_local_access<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        self.local_access()?.with(f)
+        // The sink borrowed, not cloned: no reference count to bump on a line every thread
+        // completing this submission's slices also touches.
+        with_claim(self.sink.as_deref()?, self.slice, f)
     }
 
     /// A handle that can claim the slice's local memory after the `Completion` itself has
@@ -234,17 +236,7 @@ pub struct LocalAccess {
 impl LocalAccess {
     /// Runs `f` while holding the claim; `None` if the slice already ended.
     pub fn with<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        if !self.sink.begin_local_access(self.slice) {
-            return None;
-        }
-        struct End<'a>(&'a dyn CompletionSink, usize);
-        impl Drop for End<'_> {
-            fn drop(&mut self) {
-                self.0.end_local_access(self.1);
-            }
-        }
-        let _end = End(self.sink.as_ref(), self.slice);
-        Some(f())
+        with_claim(self.sink.as_ref(), self.slice, f)
     }
 
     /// Claims the memory until the returned claim is dropped, so that several slices' memory
@@ -253,6 +245,22 @@ impl LocalAccess {
     pub fn claim(&self) -> Option<LocalClaim> {
         self.sink.begin_local_access(self.slice).then(|| LocalClaim { sink: self.sink.clone(), slice: self.slice })
     }
+}
+
+/// Runs `f` between `sink`'s begin and end of an access to `slice`'s local memory (the end
+/// even when `f` panics); `None` without running it if the slice already ended.
+fn with_claim<R>(sink: &dyn CompletionSink, slice: usize, f: impl FnOnce() -> R) -> Option<R> {
+    if !sink.begin_local_access(slice) {
+        return None;
+    }
+    struct End<'a>(&'a dyn CompletionSink, usize);
+    impl Drop for End<'_> {
+        fn drop(&mut self) {
+            self.0.end_local_access(self.1);
+        }
+    }
+    let _end = End(sink, slice);
+    Some(f())
 }
 
 /// A claim on a slice's local memory held across threads; see [`Completion::claim_local`].

@@ -15,7 +15,7 @@ use super::copy;
 use super::mapping::Mapping;
 use super::socket::Socket;
 use super::wire::{Frame, Kind, Mode, Status};
-use crate::{FailureReason, Opcode};
+use crate::{FailureReason, Slice};
 
 /// How long the peer may take to answer a hello or a map request.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -69,6 +69,9 @@ pub(super) struct Peer {
     map_lock: Mutex<()>,
     pending: Mutex<HashMap<u64, PendingMap>>,
     next_id: AtomicU64,
+    /// Grant lookups so far (each a shared lock of `grants`; a run of copies inside one grant
+    /// looks it up once).
+    lookups: AtomicU64,
     dead: AtomicBool,
     dead_reason: Mutex<Option<String>>,
 }
@@ -99,6 +102,7 @@ impl Peer {
             map_lock: Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            lookups: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             dead_reason: Mutex::new(None),
         });
@@ -144,7 +148,14 @@ impl Peer {
         self.socket.shutdown();
     }
 
+    /// Grant lookups made so far.
+    #[cfg(test)]
+    pub(super) fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
     fn find_grant(&self, addr: u64, len: u64) -> Option<Arc<Grant>> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
         let grants = self.grants.read();
         let (_, g) = grants.range(..=addr).next_back()?;
         g.contains(addr, len).then(|| g.clone())
@@ -188,63 +199,93 @@ impl Peer {
         }
     }
 
-    /// Copies `len` bytes between local memory at `local` and the peer's `[remote, +len)`.
-    ///
-    /// `with_local` runs the copy while the slice's local memory is claimed (it returns
-    /// `None` without running it when the slice already ended).
-    pub(super) fn copy(
-        &self,
-        op: Opcode,
-        local: u64,
-        remote: u64,
-        len: u64,
-        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
-    ) -> Result<(), CopyError> {
+    /// Copies `slice` (`[remote, +len)` of the peer) inside a grant, asking the peer for one if
+    /// none is held; the copy runs while the slice's local memory is claimed (not at all when
+    /// the slice already ended).
+    fn copy(&self, slice: &Slice, remote: u64, len: u64) -> Result<(), CopyError> {
         let grant = self.grant_for(remote, len)?;
         let live = grant.live.read();
         if !*live {
             return Err(CopyError::Revoked);
         }
-        self.copy_in(&grant, &live, op, local, remote, len, with_local)
+        self.copy_in(&grant, &live, slice)
     }
 
-    /// [`Peer::copy`] if it can be done at once: when a grant covering `[remote, +len)` is
-    /// already held and its lock is free now. `None` (nothing done) when the copy would first
-    /// have to ask the peer for a grant, or wait for a revoke in progress.
-    pub(super) fn try_copy_now(
+    /// Copies the slices `next` hands out, one after the other, and reports each with its
+    /// outcome to `done`. Consecutive slices inside one grant share its lookup and its shared
+    /// lock, which is yielded between copies to a revoke that waits for it
+    /// ([`RwLockReadGuard::bump`]), so a revoke waits for one copy at most, as with a lock per
+    /// copy.
+    ///
+    /// `wait`: a slice without a grant at hand asks the peer for it (as [`Peer::copy`]).
+    /// Otherwise the run stops there and gives that slice back undone: the submitting thread
+    /// copies only what it can copy at once, and leaves the asking to a copy thread.
+    pub(super) fn copy_run(
         &self,
-        op: Opcode,
-        local: u64,
-        remote: u64,
-        len: u64,
-        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
-    ) -> Option<Result<(), CopyError>> {
-        let grant = self.find_grant(remote, len)?;
-        let live = grant.live.try_read()?;
-        if !*live {
-            return None;
+        wait: bool,
+        next: &mut dyn FnMut() -> Option<Slice>,
+        done: &mut dyn FnMut(Slice, Result<(), CopyError>),
+    ) -> Option<Slice> {
+        let mut slice = next()?;
+        loop {
+            let (remote, len) = (slice.remote_addr, slice.len);
+            let grant = if wait {
+                match self.grant_for(remote, len) {
+                    Ok(grant) => grant,
+                    Err(e) => {
+                        done(slice, Err(e));
+                        slice = next()?;
+                        continue;
+                    }
+                }
+            } else {
+                match self.find_grant(remote, len) {
+                    Some(grant) => grant,
+                    None => return Some(slice),
+                }
+            };
+            let mut live = match wait {
+                true => grant.live.read(),
+                false => match grant.live.try_read() {
+                    Some(live) => live,
+                    None => return Some(slice),
+                },
+            };
+            if !*live {
+                drop(live);
+                if !wait {
+                    return Some(slice);
+                }
+                // Revoked under our feet: ask again once (the region may be registered anew).
+                let result = self.copy(&slice, remote, len);
+                done(slice, result);
+                slice = next()?;
+                continue;
+            }
+            loop {
+                let result = self.copy_in(&grant, &live, &slice);
+                done(slice, result);
+                slice = next()?;
+                if !grant.contains(slice.remote_addr, slice.len) {
+                    break;
+                }
+                RwLockReadGuard::bump(&mut live);
+                if !*live {
+                    break; // revoked meanwhile: looked up again above
+                }
+            }
         }
-        Some(self.copy_in(&grant, &live, op, local, remote, len, with_local))
     }
 
     /// The copy itself, inside `grant`, whose lock the caller holds shared (`_live`, which
     /// keeps the grant's memory from being revoked until the copy is done) and found live.
-    #[allow(clippy::too_many_arguments)]
-    fn copy_in(
-        &self,
-        grant: &Grant,
-        _live: &RwLockReadGuard<'_, bool>,
-        op: Opcode,
-        local: u64,
-        remote: u64,
-        len: u64,
-        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
-    ) -> Result<(), CopyError> {
+    fn copy_in(&self, grant: &Grant, _live: &RwLockReadGuard<'_, bool>, slice: &Slice) -> Result<(), CopyError> {
         if self.is_dead() {
             return Err(CopyError::Failed(FailureReason::peer_gone(self.gone())));
         }
+        let Slice { opcode: op, local_addr: local, remote_addr: remote, len, .. } = *slice;
         let offset = remote - grant.addr;
-        let outcome = with_local(&mut || match &grant.access {
+        let outcome = slice.completion.with_local_access(|| match &grant.access {
             Access::Mapped(mapping) => {
                 let at = mapping.at(offset, len).ok_or_else(|| "range outside the peer's mapping".to_string())?;
                 // SAFETY: `local` is registered memory of a live slice, claimed by
