@@ -196,6 +196,16 @@ impl Completion {
         sink.begin_local_access(self.slice).then_some(LocalClaim { sink, slice: self.slice })
     }
 
+    /// [`Completion::claim_local`] borrowed from the completion (no reference to the sink
+    /// taken): for claiming several slices' memory before copying them all, so that the
+    /// copies run back to back and only the end of the last claim waits for their stores to
+    /// land (each claim's end is an atomic read-modify-write, which waits for every store
+    /// before it). `None` if the slice already ended.
+    pub fn claim_here(&self) -> Option<BorrowedClaim<'_>> {
+        let sink = self.sink.as_deref()?;
+        sink.begin_local_access(self.slice).then_some(BorrowedClaim { sink, slice: self.slice })
+    }
+
     /// [`Completion::claim_local`] for a claim held across a wait on a device or a peer: if
     /// the slice's owner ends the slice while the claim is held (its deadline passed), it
     /// calls `abort`, which must make the transport release the claim promptly. So the
@@ -253,14 +263,21 @@ fn with_claim<R>(sink: &dyn CompletionSink, slice: usize, f: impl FnOnce() -> R)
     if !sink.begin_local_access(slice) {
         return None;
     }
-    struct End<'a>(&'a dyn CompletionSink, usize);
-    impl Drop for End<'_> {
-        fn drop(&mut self) {
-            self.0.end_local_access(self.1);
-        }
-    }
-    let _end = End(sink, slice);
+    let _end = BorrowedClaim { sink, slice };
     Some(f())
+}
+
+/// A claim on a slice's local memory that lives no longer than its [`Completion`]; see
+/// [`Completion::claim_here`]. Dropping it ends the access.
+pub struct BorrowedClaim<'a> {
+    sink: &'a dyn CompletionSink,
+    slice: usize,
+}
+
+impl Drop for BorrowedClaim<'_> {
+    fn drop(&mut self) {
+        self.sink.end_local_access(self.slice);
+    }
 }
 
 /// A claim on a slice's local memory held across threads; see [`Completion::claim_local`].

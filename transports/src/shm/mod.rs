@@ -423,16 +423,21 @@ mod tests {
     struct Sink {
         outcomes: parking_lot::Mutex<Vec<(usize, SliceOutcome)>>,
         gate: Option<(Sender<()>, Receiver<()>)>,
+        /// Claims begun (true) and ended (false), by slice, in order.
+        claims: parking_lot::Mutex<Vec<(bool, usize)>>,
     }
     impl crate::CompletionSink for Sink {
-        fn begin_local_access(&self, _: usize) -> bool {
+        fn begin_local_access(&self, slice: usize) -> bool {
             if let Some((entered, release)) = &self.gate {
                 let _ = entered.send(());
                 let _ = release.recv();
             }
+            self.claims.lock().push((true, slice));
             true
         }
-        fn end_local_access(&self, _: usize) {}
+        fn end_local_access(&self, slice: usize) {
+            self.claims.lock().push((false, slice));
+        }
         fn complete(&self, slice: usize, outcome: SliceOutcome) {
             self.outcomes.lock().push((slice, outcome));
         }
@@ -493,6 +498,11 @@ mod tests {
         let mut outcomes = std::mem::take(&mut *small.outcomes.lock());
         outcomes.sort_by_key(|(n, _)| *n);
         assert_eq!(outcomes, (0..8).map(|n| (n, SliceOutcome::Completed)).collect::<Vec<_>>());
+        // In runs of four (`peer::RUN`): a run's slices are all claimed before its copies, and
+        // the claims end after them (no claim's end waits for the stores of one copy alone).
+        let (begin, end) = (|n| (true, n), |n| (false, n));
+        let runs = [0..4, 4..8].map(|run| run.clone().map(begin).chain(run.map(end)).collect::<Vec<_>>()).concat();
+        assert_eq!(*small.claims.lock(), runs);
         for n in 0..8 {
             let at = big + n * block;
             // SAFETY: no copy of these ranges is in flight (their slices ended above).

@@ -17,6 +17,9 @@ use super::socket::Socket;
 use super::wire::{Frame, Kind, Mode, Status};
 use crate::{FailureReason, Slice};
 
+/// Slices of one grant claimed together and copied back to back (see [`Peer::copy_run`]).
+pub const RUN: usize = 4;
+
 /// How long the peer may take to answer a hello or a map request.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -202,20 +205,28 @@ impl Peer {
     /// Copies `slice` (`[remote, +len)` of the peer) inside a grant, asking the peer for one if
     /// none is held; the copy runs while the slice's local memory is claimed (not at all when
     /// the slice already ended).
-    fn copy(&self, slice: &Slice, remote: u64, len: u64) -> Result<(), CopyError> {
-        let grant = self.grant_for(remote, len)?;
+    fn copy(&self, slice: Slice) -> (Slice, Result<(), CopyError>) {
+        let grant = match self.grant_for(slice.remote_addr, slice.len) {
+            Ok(grant) => grant,
+            Err(e) => return (slice, Err(e)),
+        };
         let live = grant.live.read();
         if !*live {
-            return Err(CopyError::Revoked);
+            return (slice, Err(CopyError::Revoked));
         }
-        self.copy_in(&grant, &live, slice)
+        let run = [slice];
+        let mut results = Vec::with_capacity(1);
+        self.copy_in(&grant, &live, &run, &mut results);
+        let [slice] = run;
+        (slice, results.pop().expect("one outcome per slice"))
     }
 
-    /// Copies the slices `next` hands out, one after the other, and reports each with its
-    /// outcome to `done`. Consecutive slices inside one grant share its lookup and its shared
-    /// lock, which is yielded between copies to a revoke that waits for it
-    /// ([`RwLockReadGuard::bump`]), so a revoke waits for one copy at most, as with a lock per
-    /// copy.
+    /// Copies the slices `next` hands out and reports each with its outcome to `done`.
+    /// Consecutive slices inside one grant share its lookup and its shared lock, and are
+    /// copied in runs of up to [`RUN`]: every slice of a run is claimed first, then all are
+    /// copied back to back, then the claims end (see [`crate::Completion::claim_here`]). The
+    /// lock is yielded between runs to a revoke that waits for it
+    /// ([`RwLockReadGuard::bump`]), so a revoke waits for one run at most.
     ///
     /// `wait`: a slice without a grant at hand asks the peer for it (as [`Peer::copy`]).
     /// Otherwise the run stops there and gives that slice back undone: the submitting thread
@@ -227,6 +238,8 @@ impl Peer {
         done: &mut dyn FnMut(Slice, Result<(), CopyError>),
     ) -> Option<Slice> {
         let mut slice = next()?;
+        let mut run: Vec<Slice> = Vec::with_capacity(RUN);
+        let mut results: Vec<Result<(), CopyError>> = Vec::with_capacity(RUN);
         loop {
             let (remote, len) = (slice.remote_addr, slice.len);
             let grant = if wait {
@@ -257,15 +270,34 @@ impl Peer {
                     return Some(slice);
                 }
                 // Revoked under our feet: ask again once (the region may be registered anew).
-                let result = self.copy(&slice, remote, len);
-                done(slice, result);
+                let (s, result) = self.copy(slice);
+                done(s, result);
                 slice = next()?;
                 continue;
             }
+            // Runs inside this grant; `slice` is the first slice of the next run.
             loop {
-                let result = self.copy_in(&grant, &live, &slice);
-                done(slice, result);
-                slice = next()?;
+                run.push(slice);
+                let mut after = None;
+                while run.len() < RUN {
+                    match next() {
+                        Some(s) if grant.contains(s.remote_addr, s.len) => run.push(s),
+                        other => {
+                            after = other;
+                            break;
+                        }
+                    }
+                }
+                let full = run.len() == RUN;
+                self.copy_in(&grant, &live, &run, &mut results);
+                for (s, result) in run.drain(..).zip(results.drain(..)) {
+                    done(s, result);
+                }
+                slice = match after {
+                    Some(s) => s,
+                    None if full => next()?,
+                    None => return None, // `next` has nothing left
+                };
                 if !grant.contains(slice.remote_addr, slice.len) {
                     break;
                 }
@@ -277,34 +309,56 @@ impl Peer {
         }
     }
 
-    /// The copy itself, inside `grant`, whose lock the caller holds shared (`_live`, which
-    /// keeps the grant's memory from being revoked until the copy is done) and found live.
-    fn copy_in(&self, grant: &Grant, _live: &RwLockReadGuard<'_, bool>, slice: &Slice) -> Result<(), CopyError> {
+    /// The copies of `run`, inside `grant`, whose lock the caller holds shared (`_live`,
+    /// which keeps the grant's memory from being revoked until the copies are done) and found
+    /// live; one outcome per slice goes to `results`. A slice that already ended is not copied
+    /// (and counts as done: its outcome was decided).
+    fn copy_in(
+        &self,
+        grant: &Grant,
+        _live: &RwLockReadGuard<'_, bool>,
+        run: &[Slice],
+        results: &mut Vec<Result<(), CopyError>>,
+    ) {
+        debug_assert!(run.len() <= RUN);
         if self.is_dead() {
-            return Err(CopyError::Failed(FailureReason::peer_gone(self.gone())));
+            results.extend(run.iter().map(|_| Err(CopyError::Failed(FailureReason::peer_gone(self.gone())))));
+            return;
         }
-        let Slice { opcode: op, local_addr: local, remote_addr: remote, len, .. } = *slice;
-        let offset = remote - grant.addr;
-        let outcome = slice.completion.with_local_access(|| match &grant.access {
-            Access::Mapped(mapping) => {
-                let at = mapping.at(offset, len).ok_or_else(|| "range outside the peer's mapping".to_string())?;
-                // SAFETY: `local` is registered memory of a live slice, claimed by
-                // `with_local`; `at` is inside the mapping, which the read-held live grant
-                // keeps mapped.
-                unsafe { copy::memcpy(op, local as *mut u8, at, len as usize) };
-                Ok(())
+        // Every slice's local memory claimed first; the claims end together below.
+        let claims: [Option<crate::BorrowedClaim<'_>>; RUN] =
+            std::array::from_fn(|i| run.get(i).and_then(|s| s.completion.claim_here()));
+        for (slice, claim) in run.iter().zip(&claims) {
+            if claim.is_none() {
+                results.push(Ok(()));
+                continue;
             }
-            // SAFETY: as above for `local`; the grant (read-held) guarantees that the peer
-            // still has `[remote, +len)` registered, and the peer is alive (its pid cannot
-            // have been reused: see the module documentation).
-            Access::ProcessVm => unsafe { copy::process_vm(self.pid, op, local, remote, len) },
-        });
-        match outcome {
-            None | Some(Ok(())) => Ok(()),
+            let Slice { opcode: op, local_addr: local, remote_addr: remote, len, .. } = *slice;
+            let offset = remote - grant.addr;
+            let outcome = match &grant.access {
+                Access::Mapped(mapping) => match mapping.at(offset, len) {
+                    Some(at) => {
+                        // SAFETY: `local` is registered memory of a live slice, claimed
+                        // above; `at` is inside the mapping, which the read-held live grant
+                        // keeps mapped.
+                        unsafe { copy::memcpy(op, local as *mut u8, at, len as usize) };
+                        Ok(())
+                    }
+                    None => Err("range outside the peer's mapping".to_string()),
+                },
+                // SAFETY: as above for `local`; the grant (read-held) guarantees that the
+                // peer still has `[remote, +len)` registered, and the peer is alive (its pid
+                // cannot have been reused: see the module documentation).
+                Access::ProcessVm => unsafe { copy::process_vm(self.pid, op, local, remote, len) },
+            };
             // The peer's memory could not be copied (it may have died meanwhile: its grants
             // are then revoked, and the next copy says so).
-            Some(Err(reason)) => Err(CopyError::Failed(FailureReason::peer_gone(format!("{}: {reason}", self.name)))),
+            results.push(
+                outcome
+                    .map_err(|reason| CopyError::Failed(FailureReason::peer_gone(format!("{}: {reason}", self.name)))),
+            );
         }
+        drop(claims);
     }
 
     fn read_loop(self: Arc<Self>) {
