@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -69,29 +69,6 @@ pub struct Batch {
     waker: AtomicWaker,
     /// Called each time the last unfinished request ends (after waiters are woken).
     idle: Mutex<Option<IdleHook>>,
-    /// Waits that saw the batch end while they polled.
-    polled: AtomicU64,
-    /// Waiters asleep on `done` now.
-    sleeping: AtomicUsize,
-}
-
-/// Rounds a waiter polls before it sleeps; each spins [`POLL_SPINS`] times, then yields.
-pub const POLL_ROUNDS: u32 = 8;
-/// Spins (`std::hint::spin_loop`) per poll round: a few microseconds.
-pub const POLL_SPINS: u32 = 128;
-
-/// Polls `ended` for at most [`POLL_ROUNDS`] rounds; true as soon as it holds.
-fn poll(ended: impl Fn() -> bool) -> bool {
-    for _ in 0..POLL_ROUNDS {
-        for _ in 0..POLL_SPINS {
-            if ended() {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        std::thread::yield_now();
-    }
-    ended()
 }
 
 /// What [`Batch::on_idle`] installs.
@@ -108,8 +85,6 @@ impl Batch {
             done: Condvar::new(),
             waker: AtomicWaker::new(),
             idle: Mutex::new(None),
-            polled: AtomicU64::new(0),
-            sleeping: AtomicUsize::new(0),
         })
     }
 
@@ -190,45 +165,20 @@ impl Batch {
     }
 
     /// Blocks until every submitted request has ended or `timeout` passes; true if all ended.
-    ///
-    /// It polls first, a bounded number of rounds ([`poll`]), and only then sleeps: a batch's
-    /// last slices often end a few microseconds after the caller starts waiting (a copy
-    /// thread's last copy), and a sleep costs a wake-up, which on a machine whose idle CPUs
-    /// are slow to wake takes longer than the copy. Each round yields the CPU, so a poll does
-    /// not keep a thread that would end the batch from running on this core.
     pub fn wait(&self, timeout: Option<Duration>) -> bool {
-        if timeout != Some(Duration::ZERO) && poll(|| self.unfinished() == 0) {
-            self.polled.fetch_add(1, Ordering::Relaxed);
-            return true;
-        }
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut guard = self.lock.lock();
         while self.unfinished() > 0 {
-            self.sleeping.fetch_add(1, Ordering::Relaxed);
-            let timed_out = match deadline {
-                Some(d) => self.done.wait_until(&mut guard, d).timed_out(),
-                None => {
-                    self.done.wait(&mut guard);
-                    false
+            match deadline {
+                Some(d) => {
+                    if self.done.wait_until(&mut guard, d).timed_out() {
+                        return self.unfinished() == 0;
+                    }
                 }
-            };
-            self.sleeping.fetch_sub(1, Ordering::Relaxed);
-            if timed_out {
-                return self.unfinished() == 0;
+                None => self.done.wait(&mut guard),
             }
         }
         true
-    }
-
-    /// A waiter is asleep on the batch (it holds the batch's lock until it is).
-    #[cfg(test)]
-    fn waiting(&self) -> bool {
-        self.sleeping.load(Ordering::Relaxed) > 0
-    }
-
-    /// Waits that saw the batch end while they polled (no sleep, no wake-up).
-    pub fn polled_waits(&self) -> u64 {
-        self.polled.load(Ordering::Relaxed)
     }
 
     fn end_slice(&self, request: usize, code: u8, reason: Option<FailureReason>) {
@@ -460,47 +410,6 @@ mod tests {
         assert!(batch.wait(Some(Duration::ZERO)));
         // Every slice released its region.
         assert_eq!(table.find(0x1000, 1).unwrap().inflight(), 0);
-    }
-
-    #[test]
-    fn a_poll_is_bounded_and_sees_an_end_within_its_rounds() {
-        let calls = std::cell::Cell::new(0u32);
-        let after = |n: u32| {
-            calls.set(0);
-            let calls = &calls;
-            move || {
-                calls.set(calls.get() + 1);
-                calls.get() > n
-            }
-        };
-        // Ends during the last round: seen.
-        assert!(poll(after((POLL_ROUNDS - 1) * POLL_SPINS + 3)));
-        // Never ends: given up after its rounds (and a last look).
-        assert!(!poll(after(u32::MAX)));
-        assert_eq!(calls.get(), POLL_ROUNDS * POLL_SPINS + 1);
-    }
-
-    #[test]
-    fn a_wait_on_a_batch_that_ended_counts_as_polled_and_one_that_did_not_sleeps_until_woken() {
-        let (batch, table) = setup(2);
-        let sub = submission(&batch, &table, &[1]);
-        sub.complete(0, SliceOutcome::Completed);
-        assert!(batch.wait(None));
-        assert_eq!(batch.polled_waits(), 1);
-        // A request that ends only after the poll gave up: the waiter sleeps, and the end
-        // wakes it (the completing thread waits for the waiter to be asleep on the lock).
-        let sub = submission(&batch, &table, &[1]);
-        let (b, s) = (batch.clone(), sub.clone());
-        let ender = std::thread::spawn(move || {
-            while !b.waiting() {
-                std::thread::yield_now();
-            }
-            s.complete(0, SliceOutcome::Completed);
-        });
-        assert!(batch.wait(None));
-        ender.join().unwrap();
-        assert_eq!(batch.polled_waits(), 1, "the second wait slept");
-        assert_eq!(batch.statuses(), vec![TransferStatus::Completed; 2]);
     }
 
     #[test]
