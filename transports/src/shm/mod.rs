@@ -25,7 +25,8 @@
 //! every initiator holding the grant has acknowledged its revocation.**
 //!
 //! * Initiator: every copy holds its grant's lock *shared* for the whole copy and checks that
-//!   the grant is live. A `Revoke {region}` from the target is handled by the initiator's
+//!   the grant is live (a copier keeps the lock across one run of at most `peer::RUN` copies
+//!   inside the grant and yields it between runs to a revoke that waits for it). A `Revoke {region}` from the target is handled by the initiator's
 //!   reader thread: it takes the lock *exclusively* (so it waits for copies in progress),
 //!   marks the grant dead, drops it (unmapping the memfd) and only then sends `RevokeAck`.
 //!   A later copy to that range finds no grant and asks again; the target, which no longer
