@@ -321,14 +321,15 @@ impl Peer {
         results: &mut Vec<Result<(), CopyError>>,
     ) {
         debug_assert!(run.len() <= RUN);
-        if self.is_dead() {
-            results.extend(run.iter().map(|_| Err(CopyError::Failed(FailureReason::peer_gone(self.gone())))));
-            return;
-        }
         // Every slice's local memory claimed first; the claims end together below.
         let claims: [Option<crate::BorrowedClaim<'_>>; RUN] =
             std::array::from_fn(|i| run.get(i).and_then(|s| s.completion.claim_here()));
         for (slice, claim) in run.iter().zip(&claims) {
+            // Checked before each copy, so that process_vm never reaches a pid known dead.
+            if self.is_dead() {
+                results.push(Err(CopyError::Failed(FailureReason::peer_gone(self.gone()))));
+                continue;
+            }
             if claim.is_none() {
                 results.push(Ok(()));
                 continue;
