@@ -127,49 +127,18 @@ enum Job {
 /// The small slices of one submit, shared by the submitting thread and the copy threads it
 /// woke: each copier takes the next slice nobody took yet, so a copy thread that is slow to
 /// start (on a busy machine, or a vCPU slow to wake) holds back no slice, and a submit costs
-/// one hand-off per copy thread woken instead of one per slice. The submitting thread takes
-/// from the front, copy threads from the back, so that from one batch to the next each core
-/// mostly copies the same blocks (into the same local memory, whose lines then stay in its
-/// cache instead of moving between cores).
+/// one hand-off per copy thread woken instead of one per slice.
 struct Share {
     peer: Arc<Peer>,
-    slices: Ends<Slice>,
+    slices: Box<[Mutex<Option<Slice>>]>,
+    next: AtomicUsize,
 }
 
-/// Items taken once each, from the front by one taker and from the back by others.
-struct Ends<T> {
-    items: Box<[Mutex<Option<T>>]>,
-    /// The next item from the front.
-    front: AtomicUsize,
-    /// One past the next item from the back.
-    back: AtomicUsize,
-}
-
-impl<T> Ends<T> {
-    fn new(items: Vec<T>) -> Self {
-        let n = items.len();
-        Ends {
-            items: items.into_iter().map(|item| Mutex::new(Some(item))).collect(),
-            front: AtomicUsize::new(0),
-            back: AtomicUsize::new(n),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    /// The next item from the front nobody took yet. Once a slot is found taken, the takers
-    /// from the back have passed it: everything is taken.
-    fn take_front(&self) -> Option<T> {
-        let i = self.front.fetch_add(1, Ordering::Relaxed);
-        self.items.get(i)?.lock().take()
-    }
-
-    /// The next item from the back nobody took yet (as above, the other way).
-    fn take_back(&self) -> Option<T> {
-        let end = self.back.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1)).ok()?;
-        self.items[end - 1].lock().take()
+impl Share {
+    /// The next slice nobody took yet.
+    fn take(&self) -> Option<Slice> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        self.slices.get(i)?.lock().take()
     }
 }
 
@@ -279,7 +248,7 @@ fn copy_loop(rx: Receiver<Job>, idle: &AtomicUsize) {
             }
             Job::Share(share) => {
                 let peer = &share.peer;
-                peer.copy_run(true, &mut || share.slices.take_back(), &mut |s, result| finish(peer, s, result));
+                peer.copy_run(true, &mut || share.take(), &mut |s, result| finish(peer, s, result));
             }
         }
         idle.fetch_add(1, Ordering::Relaxed);
@@ -360,7 +329,11 @@ impl Transport for ShmTransport {
                     return;
                 }
                 let bytes: u64 = small.iter().map(|slice| slice.len).sum();
-                let share = Arc::new(Share { peer: peer.clone(), slices: Ends::new(small) });
+                let share = Arc::new(Share {
+                    peer: peer.clone(),
+                    slices: small.into_iter().map(|slice| Mutex::new(Some(slice))).collect(),
+                    next: AtomicUsize::new(0),
+                });
                 // Idle copy threads help (one slice alone is not worth a wake-up), and one
                 // at least when this thread's budget does not cover the submit.
                 let n = share.slices.len();
@@ -379,7 +352,7 @@ impl Transport for ShmTransport {
                     if budget == 0 {
                         return None; // the copy threads take the rest
                     }
-                    let slice = share.slices.take_front()?;
+                    let slice = share.take()?;
                     budget = budget.saturating_sub(slice.len);
                     Some(slice)
                 };
@@ -604,30 +577,6 @@ mod tests {
         assert!((1..=3).contains(&lookups), "{lookups} grant lookups for {SLICES} slices in one grant");
         drop(transport);
         drop((local, remote));
-    }
-
-    #[test]
-    fn a_share_is_taken_from_the_front_by_one_and_from_the_back_by_the_others_each_item_once() {
-        let ends = Ends::new((0..6).collect());
-        assert_eq!((ends.take_front(), ends.take_back(), ends.take_back()), (Some(0), Some(5), Some(4)));
-        assert_eq!((ends.take_front(), ends.take_front(), ends.take_back()), (Some(1), Some(2), Some(3)));
-        // Everything taken: both ends say so, however often asked.
-        assert_eq!((ends.take_front(), ends.take_back(), ends.take_back()), (None, None, None));
-        assert_eq!(ends.take_front(), None);
-        // Concurrently: every item exactly once.
-        let ends = Arc::new(Ends::new((0..1000).collect::<Vec<u32>>()));
-        let backs: Vec<_> = (0..3)
-            .map(|_| {
-                let ends = ends.clone();
-                std::thread::spawn(move || std::iter::from_fn(|| ends.take_back()).collect::<Vec<_>>())
-            })
-            .collect();
-        let mut all: Vec<u32> = std::iter::from_fn(|| ends.take_front()).collect();
-        for back in backs {
-            all.extend(back.join().unwrap());
-        }
-        all.sort();
-        assert_eq!(all, (0..1000).collect::<Vec<_>>());
     }
 
     #[test]
