@@ -280,7 +280,8 @@ impl Submission {
         let slot = &self.slots[slice];
         let code = slot.state.load(Ordering::Acquire) >> 1;
         drop(slot.guard.lock().take());
-        let reason = slot.reason.lock().take();
+        // Only an error outcome leaves a reason (see `set_outcome`).
+        let reason = if code == COMPLETED { None } else { slot.reason.lock().take() };
         self.batch.end_slice(slot.request, code, reason);
     }
 

@@ -603,8 +603,14 @@ impl TransferEngine {
     pub fn submit(&self, batch_id: BatchId, requests: &[TransferRequest]) -> Result<()> {
         let batch = self.batch(batch_id)?;
         let mut planned = Vec::with_capacity(requests.len());
+        // Requests of a batch mostly go to one segment: looked up once per run of them.
+        let mut last: Option<Arc<Segment>> = None;
         for (i, r) in requests.iter().enumerate() {
-            let segment = self.segment(r.target)?;
+            let segment = match &last {
+                Some(s) if planned.last().is_some_and(|(id, _, _)| *id == r.target) => s.clone(),
+                _ => self.segment(r.target)?,
+            };
+            last = Some(segment.clone());
             if r.length == 0 {
                 return Err(EngineError::InvalidArgument(format!("request {i} has length 0")));
             }
@@ -616,13 +622,14 @@ impl TransferEngine {
                 }
                 Err(PlanError::Remote(msg)) => Err(msg),
             };
-            planned.push((segment, pieces));
+            planned.push((r.target, segment, pieces));
         }
         let base = batch.reserve(requests.len())?;
         let deadline = Instant::now() + self.config.transfer_timeout;
         let mut submission = Submission::new(batch.clone(), deadline);
-        let mut outgoing: Vec<(usize, Opcode, Piece, usize)> = Vec::new();
-        for (i, ((_, pieces), r)) in planned.iter().zip(requests).enumerate() {
+        let mut outgoing: Vec<(usize, Opcode, Piece, usize)> = Vec::with_capacity(requests.len());
+        let mut guards = Vec::new();
+        for (i, ((_, _, pieces), r)) in planned.iter().zip(requests).enumerate() {
             let slot = base + i;
             let pieces = match pieces {
                 Ok(p) => p,
@@ -631,25 +638,39 @@ impl TransferEngine {
                     continue;
                 }
             };
-            let guards: std::result::Result<Vec<_>, _> =
-                pieces.iter().map(|p| self.table.acquire_local(p.local_addr, p.len)).collect();
-            match guards {
-                Ok(guards) => {
+            // One buffer for every request's guards (all or none of a request's are kept).
+            guards.clear();
+            let acquired = pieces.iter().try_for_each(|p| {
+                guards.push(self.table.acquire_local(p.local_addr, p.len)?);
+                Ok::<_, crescent_transports::TransportError>(())
+            });
+            match acquired {
+                Ok(()) => {
                     batch.start_request(slot, pieces.len());
-                    for (p, g) in pieces.iter().zip(guards) {
+                    for (p, g) in pieces.iter().zip(guards.drain(..)) {
                         outgoing.push((i, r.opcode, *p, submission.add_slice(slot, g)));
                     }
                 }
-                Err(e) => batch.fail_request(slot, FailureReason::local(e.to_string())),
+                Err(e) => {
+                    guards.clear();
+                    batch.fail_request(slot, FailureReason::local(e.to_string()));
+                }
             }
         }
         let submission = Arc::new(submission);
         self.watchdog.watch(&submission);
-        let mut per_segment: HashMap<SegmentId, (Arc<Segment>, Vec<Slice>)> = HashMap::new();
+        // Slices per segment, in the order segments first appear (mostly just one).
+        let mut per_segment: Vec<(SegmentId, Vec<Slice>)> = Vec::new();
         for (i, opcode, p, slice) in outgoing {
-            let segment = &planned[i].0;
-            let entry = per_segment.entry(requests[i].target).or_insert_with(|| (segment.clone(), Vec::new()));
-            entry.1.push(Slice {
+            let target = requests[i].target;
+            let at = match per_segment.iter().rposition(|(id, _)| *id == target) {
+                Some(at) => at,
+                None => {
+                    per_segment.push((target, Vec::new()));
+                    per_segment.len() - 1
+                }
+            };
+            per_segment[at].1.push(Slice {
                 opcode,
                 local_addr: p.local_addr,
                 remote_addr: p.remote_addr,
@@ -657,7 +678,8 @@ impl TransferEngine {
                 completion: Completion::new(submission.clone(), slice),
             });
         }
-        for (segment, slices) in per_segment.into_values() {
+        for (target, slices) in per_segment {
+            let segment = &planned.iter().find(|(id, _, _)| *id == target).expect("a planned segment").1;
             let route = segment.route();
             route.transport.submit(&route.endpoint, slices);
         }
@@ -665,8 +687,8 @@ impl TransferEngine {
     }
 
     fn plan(&self, segment: &Segment, r: &TransferRequest) -> std::result::Result<Vec<Piece>, PlanError> {
-        let max = segment.route().transport.slice_len_for(r.length);
-        let local_end = |a: u64| self.table.find(a, 1).map(|region| region.end());
+        let max = segment.route.read().transport.slice_len_for(r.length);
+        let local_end = |a: u64| self.table.end_of(a);
         for attempt in 0..2 {
             let descriptor = segment.descriptor.read().clone();
             match cut(r.source, r.target_offset, r.length, max, local_end, |a| descriptor.buffer_end(a)) {

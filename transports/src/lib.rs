@@ -24,6 +24,7 @@ pub use error::TransportError;
 pub use memory::SharedMemory;
 pub use region::{DeviceKey, InflightGuard, Region, RegionAccess, RegionKeys, RegionTable};
 pub use slice::{
-    Abort, Completion, CompletionSink, FailureKind, FailureReason, LocalAccess, LocalClaim, Opcode, Slice, SliceOutcome,
+    Abort, BorrowedClaim, Completion, CompletionSink, FailureKind, FailureReason, LocalAccess, LocalClaim, Opcode,
+    Slice, SliceOutcome,
 };
 pub use transport::{Endpoint, RemoteRegion, Transport, TransportKind};

@@ -260,6 +260,12 @@ impl RegionTable {
         }
     }
 
+    /// Where the region containing `addr` ends, if one does (a look-up without taking a
+    /// reference to the region).
+    pub fn end_of(&self, addr: u64) -> Option<u64> {
+        Self::find_in(&self.regions.read(), addr, 1).map(|region| region.end())
+    }
+
     /// The region containing all of `[addr, addr+len)`, if any.
     pub fn find(&self, addr: u64, len: u64) -> Option<Arc<Region>> {
         let map = self.regions.read();

@@ -174,7 +174,9 @@ impl Completion {
     /// Runs `f` while holding the slice's claim on its local memory. Returns `None` without
     /// running `f` if the slice already ended.
     pub fn with_local_access<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        self.local_access()?.with(f)
+        // The sink borrowed, not cloned: no reference count to bump on a line every thread
+        // completing this submission's slices also touches.
+        with_claim(self.sink.as_deref()?, self.slice, f)
     }
 
     /// A handle that can claim the slice's local memory after the `Completion` itself has
@@ -192,6 +194,16 @@ impl Completion {
     pub fn claim_local(&self) -> Option<LocalClaim> {
         let sink = self.sink.clone()?;
         sink.begin_local_access(self.slice).then_some(LocalClaim { sink, slice: self.slice })
+    }
+
+    /// [`Completion::claim_local`] borrowed from the completion (no reference to the sink
+    /// taken): for claiming several slices' memory before copying them all, so that the
+    /// copies run back to back and only the end of the last claim waits for their stores to
+    /// land (each claim's end is an atomic read-modify-write, which waits for every store
+    /// before it). `None` if the slice already ended.
+    pub fn claim_here(&self) -> Option<BorrowedClaim<'_>> {
+        let sink = self.sink.as_deref()?;
+        sink.begin_local_access(self.slice).then_some(BorrowedClaim { sink, slice: self.slice })
     }
 
     /// [`Completion::claim_local`] for a claim held across a wait on a device or a peer: if
@@ -234,17 +246,7 @@ pub struct LocalAccess {
 impl LocalAccess {
     /// Runs `f` while holding the claim; `None` if the slice already ended.
     pub fn with<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        if !self.sink.begin_local_access(self.slice) {
-            return None;
-        }
-        struct End<'a>(&'a dyn CompletionSink, usize);
-        impl Drop for End<'_> {
-            fn drop(&mut self) {
-                self.0.end_local_access(self.1);
-            }
-        }
-        let _end = End(self.sink.as_ref(), self.slice);
-        Some(f())
+        with_claim(self.sink.as_ref(), self.slice, f)
     }
 
     /// Claims the memory until the returned claim is dropped, so that several slices' memory
@@ -252,6 +254,29 @@ impl LocalAccess {
     /// for a call that does not wait only, never across a wait on the peer.
     pub fn claim(&self) -> Option<LocalClaim> {
         self.sink.begin_local_access(self.slice).then(|| LocalClaim { sink: self.sink.clone(), slice: self.slice })
+    }
+}
+
+/// Runs `f` between `sink`'s begin and end of an access to `slice`'s local memory (the end
+/// even when `f` panics); `None` without running it if the slice already ended.
+fn with_claim<R>(sink: &dyn CompletionSink, slice: usize, f: impl FnOnce() -> R) -> Option<R> {
+    if !sink.begin_local_access(slice) {
+        return None;
+    }
+    let _end = BorrowedClaim { sink, slice };
+    Some(f())
+}
+
+/// A claim on a slice's local memory that lives no longer than its [`Completion`]; see
+/// [`Completion::claim_here`]. Dropping it ends the access.
+pub struct BorrowedClaim<'a> {
+    sink: &'a dyn CompletionSink,
+    slice: usize,
+}
+
+impl Drop for BorrowedClaim<'_> {
+    fn drop(&mut self) {
+        self.sink.end_local_access(self.slice);
     }
 }
 

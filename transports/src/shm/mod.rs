@@ -25,7 +25,8 @@
 //! every initiator holding the grant has acknowledged its revocation.**
 //!
 //! * Initiator: every copy holds its grant's lock *shared* for the whole copy and checks that
-//!   the grant is live. A `Revoke {region}` from the target is handled by the initiator's
+//!   the grant is live (a copier keeps the lock across one run of at most `peer::RUN` copies
+//!   inside the grant and yields it between runs to a revoke that waits for it). A `Revoke {region}` from the target is handled by the initiator's
 //!   reader thread: it takes the lock *exclusively* (so it waits for copies in progress),
 //!   marks the grant dead, drops it (unmapping the memfd) and only then sends `RevokeAck`.
 //!   A later copy to that range finds no grant and asks again; the target, which no longer
@@ -114,9 +115,31 @@ struct PeerSlot {
     peer: Mutex<Option<Arc<Peer>>>,
 }
 
-struct Job {
+/// What a copy thread is handed.
+enum Job {
+    /// One slice: a large one, or a small one whose grant the submitting thread did not have
+    /// at hand.
+    One(Arc<Peer>, Slice),
+    /// The small slices of one submit, which the submitting thread copies too.
+    Share(Arc<Share>),
+}
+
+/// The small slices of one submit, shared by the submitting thread and the copy threads it
+/// woke: each copier takes the next slice nobody took yet, so a copy thread that is slow to
+/// start (on a busy machine, or a vCPU slow to wake) holds back no slice, and a submit costs
+/// one hand-off per copy thread woken instead of one per slice.
+struct Share {
     peer: Arc<Peer>,
-    slice: Slice,
+    slices: Box<[Mutex<Option<Slice>>]>,
+    next: AtomicUsize,
+}
+
+impl Share {
+    /// The next slice nobody took yet.
+    fn take(&self) -> Option<Slice> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        self.slices.get(i)?.lock().take()
+    }
 }
 
 /// The shm transport of one engine: the listener that grants same-host peers access to the
@@ -205,47 +228,36 @@ impl ShmTransport {
 
 /// Slices at most this long may be copied on the thread that submits them, when it can take
 /// their grant at once: handing a small slice to a copy thread costs two wake-ups (the
-/// worker's, then the waiter's), and on a busy machine each waits for a CPU. The submitting
-/// thread takes its share of a submit's small slices (all of them when no copy thread is
-/// idle, or when there is only one slice); idle copy threads take the rest, so a large
-/// batch of small slices still spreads over the cores.
+/// worker's, then the waiter's), and on a busy machine each waits for a CPU. A submit's small
+/// slices are shared ([`Share`]): the submitting thread and the idle copy threads it wakes
+/// (none for a single slice) each take the next slice until none is left, so a large batch
+/// of small slices still spreads over the cores, and a copy thread that starts late takes
+/// fewer.
 pub const INLINE_SLICE_MAX: u64 = 256 << 10;
 /// Bytes one `submit` copies on the submitting thread at most; the rest goes to the copy
 /// threads.
 pub const INLINE_SUBMIT_MAX: u64 = 16 << 20;
 
 fn copy_loop(rx: Receiver<Job>, idle: &AtomicUsize) {
-    for Job { peer, slice } in rx {
+    for job in rx {
         idle.fetch_sub(1, Ordering::Relaxed);
-        let Slice { opcode, local_addr, remote_addr, len, completion } = slice;
-        let access = completion.local_access();
-        let with_local = |f: &mut dyn FnMut() -> Result<(), String>| access.as_ref().and_then(|a| a.with(&mut *f));
-        let mut result = peer.copy(opcode, local_addr, remote_addr, len, with_local);
-        // A grant revoked under our feet: ask again once (the region may be registered anew).
-        if matches!(result, Err(CopyError::Revoked)) {
-            result = peer.copy(opcode, local_addr, remote_addr, len, with_local);
+        match job {
+            Job::One(peer, slice) => {
+                let mut slice = Some(slice);
+                peer.copy_run(true, &mut || slice.take(), &mut |s, result| finish(&peer, s, result));
+            }
+            Job::Share(share) => {
+                let peer = &share.peer;
+                peer.copy_run(true, &mut || share.take(), &mut |s, result| finish(peer, s, result));
+            }
         }
-        finish(&peer, completion, remote_addr, len, result);
         idle.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Copies `slice` on this thread if its grant can be taken at once; gives it back when not.
-fn copy_now(peer: &Peer, slice: Slice) -> Option<Slice> {
-    let Slice { opcode, local_addr, remote_addr, len, .. } = slice;
-    let access = slice.completion.local_access();
-    let with_local = |f: &mut dyn FnMut() -> Result<(), String>| access.as_ref().and_then(|a| a.with(&mut *f));
-    match peer.try_copy_now(opcode, local_addr, remote_addr, len, with_local) {
-        Some(result) => {
-            finish(peer, slice.completion, remote_addr, len, result);
-            None
-        }
-        None => Some(slice),
-    }
-}
-
 /// Ends a slice with the outcome of its copy.
-fn finish(peer: &Peer, completion: crate::Completion, remote_addr: u64, len: u64, result: Result<(), CopyError>) {
+fn finish(peer: &Peer, slice: Slice, result: Result<(), CopyError>) {
+    let Slice { remote_addr, len, completion, .. } = slice;
     match result {
         Ok(()) => completion.complete(SliceOutcome::Completed),
         Err(CopyError::OutOfRange) | Err(CopyError::Revoked) => completion.fail(FailureReason::out_of_range(format!(
@@ -294,40 +306,60 @@ impl Transport for ShmTransport {
         };
         match self.peer(endpoint) {
             Ok(peer) => {
-                let queue = |slice: Slice| {
-                    if let Err(e) = jobs.send(Job { peer: peer.clone(), slice }) {
-                        e.0.slice.completion.fail(FailureReason::local("the shm transport is shutting down"));
+                let queue = |job: Job| {
+                    if let Err(e) = jobs.send(job) {
+                        match e.0 {
+                            Job::One(_, slice) => {
+                                slice.completion.fail(FailureReason::local("the shm transport is shutting down"))
+                            }
+                            Job::Share(_) => {} // this thread takes what nobody else does
+                        }
+                        return false;
                     }
+                    true
                 };
-                // Large slices (and small ones past this submit's inline budget) go to the
-                // copy threads first, so that they start while this thread copies the rest.
+                // Large slices go to the copy threads first, so that they start while this
+                // thread copies the small ones.
+                let (small, large): (Vec<Slice>, Vec<Slice>) =
+                    slices.into_iter().partition(|slice| slice.len <= INLINE_SLICE_MAX);
+                for slice in large {
+                    queue(Job::One(peer.clone(), slice));
+                }
+                if small.is_empty() {
+                    return;
+                }
+                let bytes: u64 = small.iter().map(|slice| slice.len).sum();
+                let share = Arc::new(Share {
+                    peer: peer.clone(),
+                    slices: small.into_iter().map(|slice| Mutex::new(Some(slice))).collect(),
+                    next: AtomicUsize::new(0),
+                });
+                // Idle copy threads help (one slice alone is not worth a wake-up), and one
+                // at least when this thread's budget does not cover the submit.
+                let n = share.slices.len();
+                let mut helpers = self.idle.load(Ordering::Relaxed).min(n - 1);
+                if bytes > INLINE_SUBMIT_MAX {
+                    helpers = helpers.max(1);
+                }
                 let mut budget = INLINE_SUBMIT_MAX;
-                let mut inline = Vec::new();
-                for slice in slices {
-                    if slice.len <= INLINE_SLICE_MAX && slice.len <= budget {
-                        budget -= slice.len;
-                        inline.push(slice);
-                    } else {
-                        queue(slice);
+                for _ in 0..helpers {
+                    if !queue(Job::Share(share.clone())) {
+                        budget = u64::MAX; // no copy thread left to take the rest
+                        break;
                     }
                 }
-                // Idle copy threads and this one share the small slices.
-                let idle = self.idle.load(Ordering::Relaxed);
-                let shared_out = inline.len() * idle / (idle + 1);
-                let inline = inline.into_iter().enumerate().filter_map(|(i, slice)| {
-                    if i < shared_out {
-                        queue(slice);
-                        None
-                    } else {
-                        Some(slice)
+                let mut next = || {
+                    if budget == 0 {
+                        return None; // the copy threads take the rest
                     }
-                });
-                for slice in inline {
-                    // Without a grant at hand (the first access to a region, a revoke in
-                    // progress), a copy thread asks the peer for it.
-                    if let Some(slice) = copy_now(&peer, slice) {
-                        queue(slice);
-                    }
+                    let slice = share.take()?;
+                    budget = budget.saturating_sub(slice.len);
+                    Some(slice)
+                };
+                // Without a grant at hand (the first access to a region, a revoke in
+                // progress), a copy thread asks the peer for it.
+                while let Some(slice) = peer.copy_run(false, &mut next, &mut |s, result| finish(&peer, s, result)) {
+                    queue(Job::One(peer.clone(), slice));
                 }
             }
             Err(reason) => {
@@ -392,16 +424,21 @@ mod tests {
     struct Sink {
         outcomes: parking_lot::Mutex<Vec<(usize, SliceOutcome)>>,
         gate: Option<(Sender<()>, Receiver<()>)>,
+        /// Claims begun (true) and ended (false), by slice, in order.
+        claims: parking_lot::Mutex<Vec<(bool, usize)>>,
     }
     impl crate::CompletionSink for Sink {
-        fn begin_local_access(&self, _: usize) -> bool {
+        fn begin_local_access(&self, slice: usize) -> bool {
             if let Some((entered, release)) = &self.gate {
                 let _ = entered.send(());
                 let _ = release.recv();
             }
+            self.claims.lock().push((true, slice));
             true
         }
-        fn end_local_access(&self, _: usize) {}
+        fn end_local_access(&self, slice: usize) {
+            self.claims.lock().push((false, slice));
+        }
         fn complete(&self, slice: usize, outcome: SliceOutcome) {
             self.outcomes.lock().push((slice, outcome));
         }
@@ -462,6 +499,11 @@ mod tests {
         let mut outcomes = std::mem::take(&mut *small.outcomes.lock());
         outcomes.sort_by_key(|(n, _)| *n);
         assert_eq!(outcomes, (0..8).map(|n| (n, SliceOutcome::Completed)).collect::<Vec<_>>());
+        // In runs of four (`peer::RUN`): a run's slices are all claimed before its copies, and
+        // the claims end after them (no claim's end waits for the stores of one copy alone).
+        let (begin, end) = (|n| (true, n), |n| (false, n));
+        let runs = [0..4, 4..8].map(|run| run.clone().map(begin).chain(run.map(end)).collect::<Vec<_>>()).concat();
+        assert_eq!(*small.claims.lock(), runs);
         for n in 0..8 {
             let at = big + n * block;
             // SAFETY: no copy of these ranges is in flight (their slices ended above).
@@ -479,6 +521,61 @@ mod tests {
         release.send(()).unwrap();
         drop(transport); // the copy thread finishes the large slice first
         assert_eq!(*blocked.outcomes.lock(), vec![(0, SliceOutcome::Completed)]);
+        drop((local, remote));
+    }
+
+    #[test]
+    fn a_run_of_small_slices_in_one_grant_looks_the_grant_up_once_per_copier() {
+        use crate::Opcode::{Read, Write};
+        const LEN: usize = 4 << 20;
+        let mut remote: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        let table = Arc::new(RegionTable::new());
+        let region = table.insert(Region::new(remote.as_mut_ptr() as u64, LEN as u64, "cpu:0", None)).unwrap();
+        let transport = ShmTransport::start(ShmConfig { copy_threads: 2, ..ShmConfig::default() }, table).unwrap();
+        transport.register_region(&region).unwrap();
+        let endpoint = transport.endpoint();
+        let mut local: Vec<u8> = (0..LEN).map(|i| (i % 241) as u8).collect();
+        let bases = (local.as_mut_ptr() as u64, remote.as_mut_ptr() as u64);
+        let wait_for = |sink: &Sink, n: usize| {
+            let waited = std::time::Instant::now();
+            while sink.outcomes.lock().len() < n {
+                assert!(waited.elapsed() < Duration::from_secs(60), "the slices never ended");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // The first slice gets the grant.
+        let first = Arc::new(Sink::default());
+        transport.submit(&endpoint, vec![slice(Read, bases, 0, 4096, &first, 0)]);
+        wait_for(&first, 1);
+        let peer = transport.peer(&endpoint).unwrap();
+        let before = peer.lookups();
+
+        const SLICES: usize = 48;
+        let block = 64 << 10;
+        let sink = Arc::new(Sink::default());
+        let slices = (0..SLICES)
+            .map(|n| slice(if n % 2 == 0 { Read } else { Write }, bases, n * block, block, &sink, n))
+            .collect();
+        transport.submit(&endpoint, slices);
+        wait_for(&sink, SLICES);
+        let mut outcomes = std::mem::take(&mut *sink.outcomes.lock());
+        outcomes.sort_by_key(|(n, _)| *n);
+        assert_eq!(outcomes, (0..SLICES).map(|n| (n, SliceOutcome::Completed)).collect::<Vec<_>>());
+        for n in 0..SLICES {
+            let at = n * block;
+            // SAFETY: no copy of these ranges is in flight (their slices ended above).
+            let (l, r) = unsafe {
+                (
+                    std::slice::from_raw_parts((bases.0 as *const u8).add(at), block),
+                    std::slice::from_raw_parts((bases.1 as *const u8).add(at), block),
+                )
+            };
+            assert!(l == r, "slice {n}: the bytes differ");
+        }
+        // The submitting thread and at most both copy threads: one lookup each.
+        let lookups = peer.lookups() - before;
+        assert!((1..=3).contains(&lookups), "{lookups} grant lookups for {SLICES} slices in one grant");
+        drop(transport);
         drop((local, remote));
     }
 

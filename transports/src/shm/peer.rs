@@ -15,7 +15,10 @@ use super::copy;
 use super::mapping::Mapping;
 use super::socket::Socket;
 use super::wire::{Frame, Kind, Mode, Status};
-use crate::{FailureReason, Opcode};
+use crate::{FailureReason, Slice};
+
+/// Slices of one grant claimed together and copied back to back (see [`Peer::copy_run`]).
+pub const RUN: usize = 4;
 
 /// How long the peer may take to answer a hello or a map request.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -69,6 +72,9 @@ pub(super) struct Peer {
     map_lock: Mutex<()>,
     pending: Mutex<HashMap<u64, PendingMap>>,
     next_id: AtomicU64,
+    /// Grant lookups so far (each a shared lock of `grants`; a run of copies inside one grant
+    /// looks it up once).
+    lookups: AtomicU64,
     dead: AtomicBool,
     dead_reason: Mutex<Option<String>>,
 }
@@ -99,6 +105,7 @@ impl Peer {
             map_lock: Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            lookups: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             dead_reason: Mutex::new(None),
         });
@@ -144,7 +151,14 @@ impl Peer {
         self.socket.shutdown();
     }
 
+    /// Grant lookups made so far.
+    #[cfg(test)]
+    pub(super) fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
     fn find_grant(&self, addr: u64, len: u64) -> Option<Arc<Grant>> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
         let grants = self.grants.read();
         let (_, g) = grants.range(..=addr).next_back()?;
         g.contains(addr, len).then(|| g.clone())
@@ -188,82 +202,164 @@ impl Peer {
         }
     }
 
-    /// Copies `len` bytes between local memory at `local` and the peer's `[remote, +len)`.
-    ///
-    /// `with_local` runs the copy while the slice's local memory is claimed (it returns
-    /// `None` without running it when the slice already ended).
-    pub(super) fn copy(
-        &self,
-        op: Opcode,
-        local: u64,
-        remote: u64,
-        len: u64,
-        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
-    ) -> Result<(), CopyError> {
-        let grant = self.grant_for(remote, len)?;
+    /// Copies `slice` (`[remote, +len)` of the peer) inside a grant, asking the peer for one if
+    /// none is held; the copy runs while the slice's local memory is claimed (not at all when
+    /// the slice already ended).
+    fn copy(&self, slice: Slice) -> (Slice, Result<(), CopyError>) {
+        let grant = match self.grant_for(slice.remote_addr, slice.len) {
+            Ok(grant) => grant,
+            Err(e) => return (slice, Err(e)),
+        };
         let live = grant.live.read();
         if !*live {
-            return Err(CopyError::Revoked);
+            return (slice, Err(CopyError::Revoked));
         }
-        self.copy_in(&grant, &live, op, local, remote, len, with_local)
+        let run = [slice];
+        let mut results = Vec::with_capacity(1);
+        self.copy_in(&grant, &live, &run, &mut results);
+        let [slice] = run;
+        (slice, results.pop().expect("one outcome per slice"))
     }
 
-    /// [`Peer::copy`] if it can be done at once: when a grant covering `[remote, +len)` is
-    /// already held and its lock is free now. `None` (nothing done) when the copy would first
-    /// have to ask the peer for a grant, or wait for a revoke in progress.
-    pub(super) fn try_copy_now(
+    /// Copies the slices `next` hands out and reports each with its outcome to `done`.
+    /// Consecutive slices inside one grant share its lookup and its shared lock, and are
+    /// copied in runs of up to [`RUN`]: every slice of a run is claimed first, then all are
+    /// copied back to back, then the claims end (see [`crate::Completion::claim_here`]). The
+    /// lock is yielded between runs to a revoke that waits for it
+    /// ([`RwLockReadGuard::bump`]), so a revoke waits for one run at most.
+    ///
+    /// `wait`: a slice without a grant at hand asks the peer for it (as [`Peer::copy`]).
+    /// Otherwise the run stops there and gives that slice back undone: the submitting thread
+    /// copies only what it can copy at once, and leaves the asking to a copy thread.
+    pub(super) fn copy_run(
         &self,
-        op: Opcode,
-        local: u64,
-        remote: u64,
-        len: u64,
-        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
-    ) -> Option<Result<(), CopyError>> {
-        let grant = self.find_grant(remote, len)?;
-        let live = grant.live.try_read()?;
-        if !*live {
-            return None;
+        wait: bool,
+        next: &mut dyn FnMut() -> Option<Slice>,
+        done: &mut dyn FnMut(Slice, Result<(), CopyError>),
+    ) -> Option<Slice> {
+        let mut slice = next()?;
+        let mut run: Vec<Slice> = Vec::with_capacity(RUN);
+        let mut results: Vec<Result<(), CopyError>> = Vec::with_capacity(RUN);
+        loop {
+            let (remote, len) = (slice.remote_addr, slice.len);
+            let grant = if wait {
+                match self.grant_for(remote, len) {
+                    Ok(grant) => grant,
+                    Err(e) => {
+                        done(slice, Err(e));
+                        slice = next()?;
+                        continue;
+                    }
+                }
+            } else {
+                match self.find_grant(remote, len) {
+                    Some(grant) => grant,
+                    None => return Some(slice),
+                }
+            };
+            let mut live = match wait {
+                true => grant.live.read(),
+                false => match grant.live.try_read() {
+                    Some(live) => live,
+                    None => return Some(slice),
+                },
+            };
+            if !*live {
+                drop(live);
+                if !wait {
+                    return Some(slice);
+                }
+                // Revoked under our feet: ask again once (the region may be registered anew).
+                let (s, result) = self.copy(slice);
+                done(s, result);
+                slice = next()?;
+                continue;
+            }
+            // Runs inside this grant; `slice` is the first slice of the next run.
+            loop {
+                run.push(slice);
+                let mut after = None;
+                while run.len() < RUN {
+                    match next() {
+                        Some(s) if grant.contains(s.remote_addr, s.len) => run.push(s),
+                        other => {
+                            after = other;
+                            break;
+                        }
+                    }
+                }
+                let full = run.len() == RUN;
+                self.copy_in(&grant, &live, &run, &mut results);
+                for (s, result) in run.drain(..).zip(results.drain(..)) {
+                    done(s, result);
+                }
+                slice = match after {
+                    Some(s) => s,
+                    None if full => next()?,
+                    None => return None, // `next` has nothing left
+                };
+                if !grant.contains(slice.remote_addr, slice.len) {
+                    break;
+                }
+                RwLockReadGuard::bump(&mut live);
+                if !*live {
+                    break; // revoked meanwhile: looked up again above
+                }
+            }
         }
-        Some(self.copy_in(&grant, &live, op, local, remote, len, with_local))
     }
 
-    /// The copy itself, inside `grant`, whose lock the caller holds shared (`_live`, which
-    /// keeps the grant's memory from being revoked until the copy is done) and found live.
-    #[allow(clippy::too_many_arguments)]
+    /// The copies of `run`, inside `grant`, whose lock the caller holds shared (`_live`,
+    /// which keeps the grant's memory from being revoked until the copies are done) and found
+    /// live; one outcome per slice goes to `results`. A slice that already ended is not copied
+    /// (and counts as done: its outcome was decided).
     fn copy_in(
         &self,
         grant: &Grant,
         _live: &RwLockReadGuard<'_, bool>,
-        op: Opcode,
-        local: u64,
-        remote: u64,
-        len: u64,
-        with_local: impl Fn(&mut dyn FnMut() -> Result<(), String>) -> Option<Result<(), String>>,
-    ) -> Result<(), CopyError> {
-        if self.is_dead() {
-            return Err(CopyError::Failed(FailureReason::peer_gone(self.gone())));
-        }
-        let offset = remote - grant.addr;
-        let outcome = with_local(&mut || match &grant.access {
-            Access::Mapped(mapping) => {
-                let at = mapping.at(offset, len).ok_or_else(|| "range outside the peer's mapping".to_string())?;
-                // SAFETY: `local` is registered memory of a live slice, claimed by
-                // `with_local`; `at` is inside the mapping, which the read-held live grant
-                // keeps mapped.
-                unsafe { copy::memcpy(op, local as *mut u8, at, len as usize) };
-                Ok(())
+        run: &[Slice],
+        results: &mut Vec<Result<(), CopyError>>,
+    ) {
+        debug_assert!(run.len() <= RUN);
+        // Every slice's local memory claimed first; the claims end together below.
+        let claims: [Option<crate::BorrowedClaim<'_>>; RUN] =
+            std::array::from_fn(|i| run.get(i).and_then(|s| s.completion.claim_here()));
+        for (slice, claim) in run.iter().zip(&claims) {
+            // Checked before each copy, so that process_vm never reaches a pid known dead.
+            if self.is_dead() {
+                results.push(Err(CopyError::Failed(FailureReason::peer_gone(self.gone()))));
+                continue;
             }
-            // SAFETY: as above for `local`; the grant (read-held) guarantees that the peer
-            // still has `[remote, +len)` registered, and the peer is alive (its pid cannot
-            // have been reused: see the module documentation).
-            Access::ProcessVm => unsafe { copy::process_vm(self.pid, op, local, remote, len) },
-        });
-        match outcome {
-            None | Some(Ok(())) => Ok(()),
+            if claim.is_none() {
+                results.push(Ok(()));
+                continue;
+            }
+            let Slice { opcode: op, local_addr: local, remote_addr: remote, len, .. } = *slice;
+            let offset = remote - grant.addr;
+            let outcome = match &grant.access {
+                Access::Mapped(mapping) => match mapping.at(offset, len) {
+                    Some(at) => {
+                        // SAFETY: `local` is registered memory of a live slice, claimed
+                        // above; `at` is inside the mapping, which the read-held live grant
+                        // keeps mapped.
+                        unsafe { copy::memcpy(op, local as *mut u8, at, len as usize) };
+                        Ok(())
+                    }
+                    None => Err("range outside the peer's mapping".to_string()),
+                },
+                // SAFETY: as above for `local`; the grant (read-held) guarantees that the
+                // peer still has `[remote, +len)` registered, and the peer is alive (its pid
+                // cannot have been reused: see the module documentation).
+                Access::ProcessVm => unsafe { copy::process_vm(self.pid, op, local, remote, len) },
+            };
             // The peer's memory could not be copied (it may have died meanwhile: its grants
             // are then revoked, and the next copy says so).
-            Some(Err(reason)) => Err(CopyError::Failed(FailureReason::peer_gone(format!("{}: {reason}", self.name)))),
+            results.push(
+                outcome
+                    .map_err(|reason| CopyError::Failed(FailureReason::peer_gone(format!("{}: {reason}", self.name)))),
+            );
         }
+        drop(claims);
     }
 
     fn read_loop(self: Arc<Self>) {
