@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The client's local hot cache between two hosts (network namespaces), in one run:
 #
-#   benches/hotcache.sh [hot-cache|replay|all] [--pairs N]     (default: all, 5 pairs)
+#   benches/hotcache.sh [hot-cache|replay|all] [--pairs N] [--pin]   (default: all, 5 pairs)
 #
 # Host A runs crescent-master and a holder client (crescent client, 2 GiB segment) that holds
 # every object; host B runs storebench, whose readers fetch them over tcp. The reference table
@@ -10,13 +10,16 @@
 # iperf3 measures each link state in the same run. In hot-cache, every row's first round with
 # the cache is held against the first round without it in --pairs pairs of fresh readers
 # (storebench hot-cache --pairs; target <= 1.10x); the load average is printed at start and end.
+# --pin gives each host a core of its own (A's processes on CPU 0, B's on CPU 1, iperf3 too),
+# as two machines have, instead of both sharing the two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "hotcache.sh needs root (network namespaces)" >&2; exit 1; }
-WHAT=all PAIRS=5
+WHAT=all PAIRS=5 PIN=
 while [ $# -gt 0 ]; do
   case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
+    --pin) PIN=1; shift ;;
     hot-cache|replay|all) WHAT=$1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -33,6 +36,14 @@ bench_netns_up
 VETH_B="cb$$b"
 
 bench_store_up
+ON_A=() ON_B=()
+if [ -n "$PIN" ]; then
+  [ "$(nproc)" -ge 2 ] || { echo "--pin needs two CPUs" >&2; exit 1; }
+  # Threads inherit their creator's CPUs, so pinning every thread now pins the later ones too.
+  for p in "${PIDS[@]}"; do taskset -a -p -c 0 "$p" >/dev/null; done
+  ON_A=(taskset -c 0) ON_B=(taskset -c 1)
+  echo "pinned: host A (master, holder) on CPU 0, host B (storebench) on CPU 1"
+fi
 
 shape() { # on|off
   for pair in "$NS_A $VETH_A" "$NS_B $VETH_B"; do
@@ -45,16 +56,16 @@ shape() { # on|off
 }
 iperf() {
   if command -v iperf3 >/dev/null; then
-    ip netns exec "$NS_A" iperf3 -s -1 -B "$ADDR_A" >/dev/null 2>&1 &
+    ip netns exec "$NS_A" "${ON_A[@]}" iperf3 -s -1 -B "$ADDR_A" >/dev/null 2>&1 &
     sleep 0.3
-    ip netns exec "$NS_B" iperf3 -c "$ADDR_A" -R -t 2 -f g 2>/dev/null | awk '/receiver/ {print "iperf3 A->B: " $(NF-2) " " $(NF-1)}'
+    ip netns exec "$NS_B" "${ON_B[@]}" iperf3 -c "$ADDR_A" -R -t 2 -f g 2>/dev/null | awk '/receiver/ {print "iperf3 A->B: " $(NF-2) " " $(NF-1)}'
   fi
 }
 run() { # label, storebench args
   local label=$1; shift
   echo "$(date -u +%F), $label: $(iperf)"
   echo
-  ip netns exec "$NS_B" "$BIN/storebench" "$@" --master "$MASTER" --local-hostname "$ADDR_B" --label "$label"
+  ip netns exec "$NS_B" "${ON_B[@]}" "$BIN/storebench" "$@" --master "$MASTER" --local-hostname "$ADDR_B" --label "$label"
 }
 
 if [ "$WHAT" = all ] || [ "$WHAT" = hot-cache ]; then
