@@ -1,6 +1,8 @@
 # Two hosts on one machine for the benchmark scripts (sourced): network namespaces A and B
 # joined by a veth pair, 198.18.<n>.1 and 198.18.<n>.2 (the benchmarking range). Needs root.
-# Defines NS_A NS_B ADDR_A ADDR_B VETH_A and bench_netns_up / bench_netns_down.
+# Defines NS_A NS_B ADDR_A ADDR_B VETH_A and bench_netns_up / bench_netns_down, and
+# bench_hosts_up, which a script calls first: it builds, makes BIN, WORK and PIDS, and brings
+# the hosts up, to be taken down at exit.
 
 bench_netns_up() {
   local n=$((RANDOM % 200 + 20))
@@ -18,6 +20,29 @@ bench_netns_up() {
 bench_netns_down() {
   ip netns del "$NS_A" 2>/dev/null || true
   ip netns del "$NS_B" 2>/dev/null || true
+}
+
+# Builds the release binaries of the packages named, sets BIN (where they are), WORK (a scratch
+# directory) and PIDS (what the script starts, stopped at exit) and brings the two hosts up;
+# at exit the processes are stopped, the hosts taken down and WORK removed.
+bench_hosts_up() { # package...
+  echo "building (release)..." >&2
+  local pkg args=()
+  for pkg in "$@"; do args+=(-p "$pkg"); done
+  cargo build --release -q "${args[@]}"
+  BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
+  WORK=$(mktemp -d)
+  PIDS=()
+  trap bench_hosts_down EXIT
+  bench_netns_up
+}
+
+bench_hosts_down() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 0.2
+  bench_netns_down
+  rm -rf "$WORK"
 }
 
 # Waits until FILE has a line starting with PREFIX and prints the rest of it.

@@ -17,14 +17,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 "$PYTHON" -c 'import crescent' || { echo "$PYTHON cannot import crescent: install the wheel" >&2; exit 1; }
 . benches/lib-netns.sh
-echo "building (release)..." >&2
-cargo build --release -q -p crescent-store
-BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.2; bench_netns_down; rm -rf "$WORK"; }
-trap cleanup EXIT
-bench_netns_up
+bench_hosts_up crescent-store
 bench_store_up
 printf '%s, py-byteget: Python get vs get_into over tcp between two network namespaces\n' "$(date -u '+%F %H:%M UTC')"
 ip netns exec "$NS_B" "$PYTHON" benches/py-byteget.py --master "$MASTER" --local-hostname "$ADDR_B" "$@" 2>"$WORK/py.err" ||

@@ -29,14 +29,7 @@ while [ $# -gt 0 ]; do
 done
 . benches/lib-netns.sh
 . benches/lib-pairs.sh
-echo "building (release)..." >&2
-cargo build --release -q -p crescent-store -p crescent-benches
-BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.2; bench_netns_down; rm -rf "$WORK"; }
-trap cleanup EXIT
-bench_netns_up
+bench_hosts_up crescent-store crescent-benches
 
 ip netns exec "$NS_A" redis-server --bind "$ADDR_A" --port 6390 --save "" --appendonly no \
   --protected-mode no --logfile "$WORK/redis.log" &
