@@ -229,7 +229,7 @@ impl ShmTransport {
 /// Slices at most this long may be copied on the thread that submits them, when it can take
 /// their grant at once: handing a small slice to a copy thread costs two wake-ups (the
 /// worker's, then the waiter's), and on a busy machine each waits for a CPU. A submit's small
-/// slices are shared ([`Share`]): the submitting thread and the idle copy threads it wakes
+/// slices are shared (`Share`): the submitting thread and the idle copy threads it wakes
 /// (none for a single slice) each take the next slice until none is left, so a large batch
 /// of small slices still spreads over the cores, and a copy thread that starts late takes
 /// fewer.
