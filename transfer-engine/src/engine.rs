@@ -604,13 +604,11 @@ impl TransferEngine {
         let batch = self.batch(batch_id)?;
         let mut planned = Vec::with_capacity(requests.len());
         // Requests of a batch mostly go to one segment: looked up once per run of them.
-        let mut last: Option<Arc<Segment>> = None;
         for (i, r) in requests.iter().enumerate() {
-            let segment = match &last {
-                Some(s) if planned.last().is_some_and(|(id, _, _)| *id == r.target) => s.clone(),
+            let segment = match planned.last() {
+                Some((id, s, _)) if *id == r.target => Arc::clone(s),
                 _ => self.segment(r.target)?,
             };
-            last = Some(segment.clone());
             if r.length == 0 {
                 return Err(EngineError::InvalidArgument(format!("request {i} has length 0")));
             }
