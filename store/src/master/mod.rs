@@ -1388,11 +1388,9 @@ impl Master {
             self.flush_news(&mut st);
         }
         for i in 0..SHARDS {
-            let timed_out = |shard: &ObjectMap, k: &str| {
-                now.saturating_duration_since(shard[k].started.instant()) > self.config.put_timeout
-            };
+            let timed_out = |started: Instant| now.saturating_duration_since(started) > self.config.put_timeout;
             let shard = self.shard(i);
-            let any_stale = shard.unfinished().any(|k| timed_out(&shard, k));
+            let any_stale = shard.unfinished().any(|k| timed_out(shard[k].started.instant()));
             drop(shard);
             if !any_stale {
                 continue;
@@ -1404,7 +1402,7 @@ impl Master {
             let stale: Vec<String> = st
                 .objects
                 .unfinished()
-                .filter(|k| now.saturating_duration_since(st.objects[*k].started.instant()) > self.config.put_timeout)
+                .filter(|k| timed_out(st.objects[*k].started.instant()))
                 .map(str::to_string)
                 .collect();
             for key in stale {
