@@ -26,7 +26,16 @@
 //!    changed for 200 ms and no evicted range waits for its owner's acknowledgement); that
 //!    put's `PutStart` time is shown beside an ordinary put's;
 //! 6. and 7. the single and batched streams again (no removes), each started one put below the
-//!    watermark, so that eviction runs while all clients call.
+//!    watermark, so that eviction runs while all clients call;
+//! 8. the single-key stream while evicting again in *open loop*, once per share of
+//!    `--open-loop` (default 0.5 and 0.75): all clients together offer that share of the RPC
+//!    rate the closed-loop single-key stream reached below the watermark (phase 2), each client
+//!    at a fixed pace. In the closed loop (2, 6) every client calls again the moment an answer
+//!    comes, so 64 callers always wait and the latency is mostly their queue (Little's law:
+//!    64 / rate); the open loop asks what a call costs at a load the master keeps up with. A
+//!    call's latency counts from when it was due: a client that fell behind its pace (the
+//!    master was slow) is charged for the wait, so slowness is not hidden by calling less
+//!    (coordinated omission); a client ahead of its pace sleeps and counts from the send.
 //!
 //! A put counts as one metadata op (its two RPCs are timed separately); gets, exists and
 //! removes as one op per key. Latencies are of single RPCs as the clients see them (their
@@ -104,6 +113,11 @@ pub struct MasterArgs {
     /// clients; a real client acknowledges from its own process).
     #[arg(long, default_value_t = 1)]
     pub ack_threads: usize,
+    /// Open-loop single-key phases while evicting: the RPC rates the clients offer together, as
+    /// shares of the rate the closed-loop single-key stream reached below the watermark
+    /// (comma-separated; empty for none).
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.75")]
+    pub open_loop: Vec<f64>,
 }
 
 /// "100k", "1M", "10M", "2500" as a count (decimal suffixes).
@@ -338,6 +352,9 @@ pub fn run(args: MasterArgs) -> Result<()> {
     if args.clients == 0 || args.batch == 0 || args.objects.is_empty() {
         bail!("--clients, --batch and --objects must be positive");
     }
+    if args.open_loop.iter().any(|s| !(s.is_finite() && *s > 0.0 && *s <= 1.0)) {
+        bail!("--open-loop shares must be in (0, 1]");
+    }
     let positive = |v: f64| v > 0.0 && v.is_finite();
     if !positive(args.duration) || !positive(args.rpc_timeout) {
         bail!("--duration and --rpc-timeout must be positive");
@@ -533,9 +550,13 @@ async fn phases_of_size(
     let mut filled = n / 2;
 
     // 2. Single calls below the watermark.
-    let (t, secs) =
-        stream(sims, filled, Stream { batch: 1, value_size: args.value_size, removes: true, dur, put_budget: None })
-            .await;
+    let (t, secs) = stream(
+        sims,
+        filled,
+        Stream { batch: 1, value_size: args.value_size, removes: true, dur, put_budget: None, pace: None },
+    )
+    .await;
+    let closed_loop_rate = t.all.len() as f64 / secs.max(1e-9);
     rows.push(PhaseRow {
         objects: n,
         phase: "mixed, 1 key per call, below the watermark".into(),
@@ -551,7 +572,7 @@ async fn phases_of_size(
     let (t, secs) = stream(
         sims,
         filled,
-        Stream { batch: b, value_size: args.value_size, removes: false, dur, put_budget: Some(budget) },
+        Stream { batch: b, value_size: args.value_size, removes: false, dur, put_budget: Some(budget), pace: None },
     )
     .await;
     rows.push(PhaseRow {
@@ -657,9 +678,8 @@ async fn phases_of_size(
     for batch in [1, b] {
         top_up(sims, args, &mut filled, reserved).await?;
         let before = node_stats(&mut admin, &admin_id).await?;
-        let (t, secs) =
-            stream(sims, filled, Stream { batch, value_size: args.value_size, removes: false, dur, put_budget: None })
-                .await;
+        let spec = Stream { batch, value_size: args.value_size, removes: false, dur, put_budget: None, pace: None };
+        let (t, secs) = stream(sims, filled, spec).await;
         let after = node_stats(&mut admin, &admin_id).await?;
         let evicted = (before.objects + t.puts).saturating_sub(t.removes).saturating_sub(after.objects);
         let phase = if batch == 1 {
@@ -674,6 +694,31 @@ async fn phases_of_size(
             tally: t,
             evicted: Some(evicted),
             target: if batch == 1 { "p99 <= 5 ms" } else { ">= 100000 ops/s, p99 <= 5 ms" },
+        });
+    }
+    // 8. The single-key stream while evicting, in open loop at shares of the closed loop's rate.
+    for &share in &args.open_loop {
+        top_up(sims, args, &mut filled, reserved).await?;
+        let offered = closed_loop_rate * share;
+        // Each client's interval between two calls, so that all of them together offer `offered`.
+        let pace = Duration::from_secs_f64(sims.len() as f64 / offered.max(1.0));
+        let before = node_stats(&mut admin, &admin_id).await?;
+        let spec =
+            Stream { batch: 1, value_size: args.value_size, removes: false, dur, put_budget: None, pace: Some(pace) };
+        let (t, secs) = stream(sims, filled, spec).await;
+        let after = node_stats(&mut admin, &admin_id).await?;
+        let evicted = (before.objects + t.puts).saturating_sub(t.removes).saturating_sub(after.objects);
+        rows.push(PhaseRow {
+            objects: n,
+            phase: format!(
+                "mixed, 1 key per call, evicting, open loop: {:.0} RPCs/s offered ({:.0} % of the closed loop)",
+                offered,
+                share * 100.0
+            ),
+            secs,
+            tally: t,
+            evicted: Some(evicted),
+            target: "p99 <= 5 ms",
         });
     }
     let size = SizeRow {
@@ -827,6 +872,39 @@ struct Stream {
     dur: Duration,
     /// Most puts (keys) of all clients together.
     put_budget: Option<u64>,
+    /// Open loop: each client's interval between the starts of two calls (closed loop: none).
+    pace: Option<Duration>,
+}
+
+/// When a client's next call starts and from when its latency counts.
+struct Pacer {
+    pace: Option<Duration>,
+    /// When the next call is due (open loop).
+    due: Instant,
+}
+
+impl Pacer {
+    fn new(pace: Option<Duration>) -> Self {
+        // Clients start spread over one interval, not all at once.
+        let offset = pace.map_or(Duration::ZERO, |p| p.mul_f64(rand::rng().random_range(0.0..1.0)));
+        Pacer { pace, due: Instant::now() + offset }
+    }
+
+    /// Waits until the next call is due and returns the instant its latency counts from: the
+    /// send in the closed loop or when ahead of the pace; when the call is late, the moment it
+    /// was due, so the wait the master's slowness caused is charged to it.
+    async fn start(&mut self) -> Instant {
+        let Some(pace) = self.pace else { return Instant::now() };
+        let due = self.due;
+        self.due += pace;
+        let now = Instant::now();
+        if now >= due {
+            due
+        } else {
+            tokio::time::sleep_until(due.into()).await;
+            Instant::now()
+        }
+    }
 }
 
 /// Every client runs the mixed stream for `spec.dur`; returns the tally and the seconds.
@@ -864,6 +942,7 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
         (0..n).map(|_| format!("o/{:010}", rng.random_range(0..filled.max(1)))).collect()
     };
     let size = spec.value_size;
+    let mut pacer = Pacer::new(spec.pace);
     while Instant::now() < deadline {
         // A put of b new keys, within the budget.
         let take = b as u64;
@@ -878,7 +957,7 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
             .collect();
         if b == 1 {
             let key = keys.into_iter().next().expect("one key");
-            let s = Instant::now();
+            let s = pacer.start().await;
             let r = sim
                 .rpc
                 .put_start(PutStartRequest {
@@ -891,7 +970,7 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
             t.record(Rpc::PutStart, s.elapsed());
             match r.map(|r| r.into_inner()) {
                 Ok(r) if ok(&r.status) => {
-                    let s = Instant::now();
+                    let s = pacer.start().await;
                     let e = sim.rpc.put_end(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
                     t.record(Rpc::PutEnd, s.elapsed());
                     match e.map(|e| e.into_inner()) {
@@ -916,7 +995,7 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
             let keys = random_keys(b);
             if b == 1 {
                 let key = keys.into_iter().next().expect("one key");
-                let s = Instant::now();
+                let s = pacer.start().await;
                 let r = sim.rpc.get_replica_list(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
                 t.record(Rpc::Get, s.elapsed());
                 match r.map(|r| r.into_inner()) {
@@ -929,7 +1008,7 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
                     Err(e) => t.fail(format!("GetReplicaList {key}: {e}")),
                 }
             } else {
-                let s = Instant::now();
+                let s = pacer.start().await;
                 let r = sim.rpc.batch_get_replica_list(BatchKeyRequest { client_id: sim.id.clone(), keys }).await;
                 t.record(Rpc::BatchGet, s.elapsed());
                 match r.map(|r| r.into_inner()) {
@@ -948,7 +1027,7 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
             }
         }
         let keys = random_keys(b);
-        let s = Instant::now();
+        let s = pacer.start().await;
         if b == 1 {
             let key = keys.into_iter().next().expect("one key");
             let r = sim.rpc.exists(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
@@ -976,7 +1055,7 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
         // One remove of this client's oldest new key (keeps the store's size).
         if spec.removes {
             if let Some(key) = sim.live.pop_front() {
-                let s = Instant::now();
+                let s = pacer.start().await;
                 let r =
                     sim.rpc.remove(RemoveRequest { client_id: sim.id.clone(), key: key.clone(), force: false }).await;
                 t.record(Rpc::Remove, s.elapsed());
@@ -1122,5 +1201,27 @@ mod tests {
         assert!(parse_count("0").is_err());
         assert!(parse_count("1.5M").is_err());
         assert!(parse_count("x").is_err());
+    }
+
+    /// The open loop charges a late call for its wait: a client whose previous call overran its
+    /// pace counts the next call's latency from when it was due, not from when it was sent.
+    #[tokio::test]
+    async fn a_late_call_counts_from_when_it_was_due() {
+        let pace = Duration::from_millis(20);
+        let first_due = Instant::now() + pace;
+        let mut pacer = Pacer { pace: Some(pace), due: first_due };
+        // Ahead of the pace: it waits for the due time and counts from the send.
+        let started = pacer.start().await;
+        assert!(started >= first_due, "a call ahead of its pace is not sent early");
+        // A call that takes five paces: the next one is late.
+        std::thread::sleep(pace * 5);
+        let before = Instant::now();
+        let counted_from = pacer.start().await;
+        assert_eq!(counted_from, first_due + pace, "a late call counts from when it was due");
+        assert!(counted_from < before);
+        // The closed loop counts from the send.
+        let mut closed = Pacer::new(None);
+        let before = Instant::now();
+        assert!(closed.start().await >= before);
     }
 }
