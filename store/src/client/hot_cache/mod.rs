@@ -22,7 +22,10 @@
 //!   to the caller from there: the same transfer and the same one copy as without the cache.
 //!   A zero-copy get (`get_into`, `batch_get_into`) reads straight into the caller's memory as
 //!   before and, once its transfers have ended, copies the bytes from there into the reserved
-//!   blocks (one memcpy before the call returns: the caller owns its buffer afterwards).
+//!   blocks (one memcpy before the call returns: the caller owns its buffer afterwards). The
+//!   copies into the blocks, and a byte get's copy out to its fresh result, use non-temporal
+//!   stores ([`stream_copy`]): the destination is not read soon, and a plain `memcpy` reads
+//!   every cold line before writing it.
 //!   Entering the filled object into the index goes through a bounded queue served by one
 //!   worker thread; the queue has one slot per block (at most [`MAX_FILL_QUEUE`]) and every
 //!   queued fill holds a block, so it does not overflow below that size; when it is full the
