@@ -22,15 +22,22 @@ bench_netns_down() {
   ip netns del "$NS_B" 2>/dev/null || true
 }
 
-# Builds the release binaries of the packages named, sets BIN (where they are), WORK (a scratch
+# Builds the release binaries of the packages named (or, with BIN_DIR=DIR set, takes DIR's as
+# they are), sets BIN (where they are), WORK (a scratch
 # directory) and PIDS (what the script starts, stopped at exit) and brings the two hosts up;
 # at exit the processes are stopped, the hosts taken down and WORK removed.
 bench_hosts_up() { # package...
-  echo "building (release)..." >&2
-  local pkg args=()
-  for pkg in "$@"; do args+=(-p "$pkg"); done
-  cargo build --release -q "${args[@]}"
-  BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
+  if [ -n "${BIN_DIR:-}" ]; then
+    # A build kept aside (to compare two builds on the same machine state): used as it is.
+    BIN=$(cd "$BIN_DIR" && pwd)
+    echo "binaries from $BIN (not built)" >&2
+  else
+    echo "building (release)..." >&2
+    local pkg args=()
+    for pkg in "$@"; do args+=(-p "$pkg"); done
+    cargo build --release -q "${args[@]}"
+    BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
+  fi
   WORK=$(mktemp -d)
   PIDS=()
   trap bench_hosts_down EXIT

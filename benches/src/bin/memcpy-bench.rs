@@ -9,7 +9,13 @@
 //! between its share of it and its own local window (at most 256 MiB, like tebench), batch
 //! after batch, block by block. Both buffers are shared memfd memory, as `alloc_registered`
 //! gives tebench.
+//!
+//! `--streaming` copies with the hot cache's non-temporal stores
+//! (`crescent_store::client::hot_cache::stream_copy`) instead of `memcpy`: with `--operation
+//! write` and a buffer larger than the caches, what a fill into the cache's blocks costs
+//! either way (`memcpy-bench --operation write --block-size 2M --batch-size 16 [--streaming]`).
 
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +24,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use crescent_benches::{process_cpu_seconds, report};
 use crescent_engine::parse_size;
+use crescent_store::client::hot_cache::stream_copy::copy_streaming;
 use crescent_transports::SharedMemory;
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -49,6 +56,9 @@ struct Cli {
     /// Print one JSON object with the results (after the human-readable line).
     #[arg(long)]
     json: bool,
+    /// Copy with non-temporal stores (the hot cache's fill copy) instead of memcpy.
+    #[arg(long)]
+    streaming: bool,
 }
 
 /// Largest local window per thread (tebench's without --verify).
@@ -83,6 +93,7 @@ fn main() -> Result<()> {
             let (remote, bytes, stop) = (remote.clone(), bytes.clone(), stop.clone());
             let (op, block, batch, threads) =
                 (args.operation, args.block_size, args.batch_size as u64, args.threads as u64);
+            let streaming = args.streaming;
             std::thread::spawn(move || {
                 let total_blocks = remote.len() / block;
                 let share = (total_blocks / threads).max(1);
@@ -96,10 +107,20 @@ fn main() -> Result<()> {
                             Operation::Read => (r, l),
                             Operation::Write => (l, r),
                         };
-                        // SAFETY: both ranges lie inside mappings this program owns, and no
-                        // two threads copy into the same bytes (each has its own share and
-                        // its own local window).
-                        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, block as usize) };
+                        // SAFETY: both ranges lie inside mappings this program owns (two
+                        // different ones, so they do not overlap), and no two threads copy
+                        // into the same bytes (each has its own share and its own local
+                        // window); the slices live for this one copy.
+                        unsafe {
+                            if streaming {
+                                copy_streaming(
+                                    std::slice::from_raw_parts_mut(dst as *mut MaybeUninit<u8>, block as usize),
+                                    std::slice::from_raw_parts(src as *const u8, block as usize),
+                                );
+                            } else {
+                                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, block as usize);
+                            }
+                        }
                     }
                     bytes.fetch_add(batch * block, Ordering::Relaxed);
                     iteration += 1;
@@ -121,7 +142,8 @@ fn main() -> Result<()> {
         Operation::Write => "write",
     };
     println!(
-        "memcpy-bench {op} {} x {} per batch, {} thread(s): {gbps:.2} GB/s ({} in {elapsed:.1} s)",
+        "memcpy-bench {op}{} {} x {} per batch, {} thread(s): {gbps:.2} GB/s ({} in {elapsed:.1} s)",
+        if args.streaming { " (streaming stores)" } else { "" },
         report::fmt_bytes(args.block_size),
         args.batch_size,
         args.threads,
@@ -131,7 +153,7 @@ fn main() -> Result<()> {
         let json = serde_json::json!({
             "operation": op, "block_size": args.block_size, "batch_size": args.batch_size,
             "threads": args.threads, "duration_s": elapsed, "bytes": total, "gb_per_s": gbps,
-            "cpu_s": cpu_s,
+            "cpu_s": cpu_s, "streaming": args.streaming,
         });
         println!("{json}");
     }

@@ -253,6 +253,10 @@ impl<'c> Exec<'c> {
                 at += n;
             }
         }
+        // While the first pieces move, this thread (otherwise idle) makes the result's fresh
+        // pages present, one call for all instead of a fault per page inside the copies out
+        // (see `value_buffer::populate`).
+        hot_cache::value_buffer::populate(out.as_ptr() as *const u8, out.len());
         while let Some((id, off, n)) = landing.pieces.pop_front() {
             self.engine.transfer_finish(id).map_err(|e| self.transfer_error(key, e))?;
             fill.copy_range_to(off, &mut out[off as usize..(off + n) as usize]);

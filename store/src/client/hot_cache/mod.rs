@@ -22,7 +22,10 @@
 //!   to the caller from there: the same transfer and the same one copy as without the cache.
 //!   A zero-copy get (`get_into`, `batch_get_into`) reads straight into the caller's memory as
 //!   before and, once its transfers have ended, copies the bytes from there into the reserved
-//!   blocks (one memcpy before the call returns: the caller owns its buffer afterwards).
+//!   blocks (one memcpy before the call returns: the caller owns its buffer afterwards). The
+//!   copies into the blocks, and a byte get's copy out to its fresh result, use non-temporal
+//!   stores ([`stream_copy`]): the destination is not read soon, and a plain `memcpy` reads
+//!   every cold line before writing it.
 //!   Entering the filled object into the index goes through a bounded queue served by one
 //!   worker thread; the queue has one slot per block (at most [`MAX_FILL_QUEUE`]) and every
 //!   queued fill holds a block, so it does not overflow below that size; when it is full the
@@ -40,6 +43,7 @@
 //!   its second miss while it is remembered in a bounded ghost list.
 
 pub mod config;
+pub mod stream_copy;
 #[cfg(test)]
 mod tests;
 pub(crate) mod value_buffer;
@@ -212,12 +216,13 @@ impl Blocks {
     fn copy_to(&self, dst: &mut [u8]) {
         // SAFETY: the same layout, and only initialised bytes are written through it (below),
         // so `dst` stays initialised.
-        self.copy_range_to(0, unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) })
+        self.copy_range_to(0, unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) }, false)
     }
 
     /// Copies the object's bytes `[from, from + dst.len())` out. Only that range is read, so
-    /// transfers into the rest of the blocks may still be running.
-    fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
+    /// transfers into the rest of the blocks may still be running. `stream`: with
+    /// non-temporal stores (see [`stream_copy`]), for a destination not read soon.
+    fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>], stream: bool) {
         let end = from + dst.len() as u64;
         for (off, addr, len) in self.pieces() {
             let (lo, hi) = (off.max(from), (off + len).min(end));
@@ -228,7 +233,12 @@ impl Blocks {
             // belong to this value alone; the transfers into [lo, hi) have ended (the caller's
             // contract) and nothing else writes there.
             let src = unsafe { std::slice::from_raw_parts((addr + lo - off) as *const u8, (hi - lo) as usize) };
-            dst[(lo - from) as usize..(hi - from) as usize].write_copy_of_slice(src);
+            let dst = &mut dst[(lo - from) as usize..(hi - from) as usize];
+            if stream {
+                stream_copy::copy_streaming(dst, src);
+            } else {
+                dst.write_copy_of_slice(src);
+            }
         }
     }
 
@@ -240,7 +250,8 @@ impl Blocks {
         out
     }
 
-    /// Writes the object's bytes `[from, from + src.len())` into the blocks.
+    /// Writes the object's bytes `[from, from + src.len())` into the blocks, with
+    /// non-temporal stores (see [`stream_copy`]): nothing reads them before a later hit.
     ///
     /// `&mut self`: only a fill, which owns its blocks exclusively and whose transfers have
     /// ended, writes them.
@@ -253,8 +264,10 @@ impl Blocks {
             }
             // SAFETY: inside the cache's registered mapping (see `slices`); these blocks belong
             // to this fill alone and no transfer into them is running.
-            unsafe { std::slice::from_raw_parts_mut((addr + lo - off) as *mut u8, (hi - lo) as usize) }
-                .copy_from_slice(&src[(lo - from) as usize..(hi - from) as usize]);
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut((addr + lo - off) as *mut MaybeUninit<u8>, (hi - lo) as usize)
+            };
+            stream_copy::copy_streaming(dst, &src[(lo - from) as usize..(hi - from) as usize]);
         }
     }
 }
@@ -338,9 +351,11 @@ impl Fill {
     }
 
     /// Copies the object's bytes `[from, from + dst.len())` out, once the transfers into that
-    /// range of [`Self::pieces`] have ended (those into the rest may still run).
+    /// range of [`Self::pieces`] have ended (those into the rest may still run). With
+    /// non-temporal stores (see [`stream_copy`]): the destination is a fresh result, which
+    /// the caches could not hold whole at the sizes where that matters.
     pub fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
-        self.blocks().copy_range_to(from, dst)
+        self.blocks().copy_range_to(from, dst, true)
     }
 
     /// Copies the object's bytes in from where the get put them (`src`: the whole object, read
@@ -409,7 +424,7 @@ impl Guard<'_> {
 
     /// Copies the object's bytes `[from, from + dst.len())` into `dst`.
     pub fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
-        self.entry.blocks.copy_range_to(from, dst);
+        self.entry.blocks.copy_range_to(from, dst, false);
         bump(&self.counters.bytes_served, dst.len() as u64);
     }
 
