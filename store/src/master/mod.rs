@@ -67,8 +67,17 @@ pub const MAX_REPLICAS: u32 = 16;
 /// Most objects one step of an eviction round takes (`Master::evict_step`), each shard's
 /// under one hold of it and the global lock (two or three objects a hold): the calls waiting
 /// for a lock go between two holds (a round of 5 % of a million objects is about 50 000
-/// objects, some 800 steps). The owners' news of a step go out together at its end.
+/// objects, some 800 steps). The owners' news of a round go out every
+/// [`EVICTION_NEWS_BATCH`] objects.
 pub const EVICTION_STEP: usize = 64;
+
+/// Objects an eviction round evicts between two sends of its drops to the owners (and at its
+/// end): with 64 owners, about 64 drops a message, where sent after each step (one or two an
+/// owner) the messages and their acknowledgements, not the eviction, made the round's cost.
+/// Ranges wait in quarantine until their drop is acknowledged, so a longer wait delays their
+/// reuse; a put that finds no room sends every queued drop at once (`Master::evict_in`), and
+/// so does each sweep.
+pub const EVICTION_NEWS_BATCH: u64 = 4096;
 
 struct Segment {
     name: String,
@@ -130,6 +139,14 @@ struct State {
     owners: HashMap<u64, owners::OwnerLink>,
     /// Links with news queued by the operation in progress.
     dirty_links: Vec<u64>,
+    /// Links with drops queued by the eviction round under way, which sends them every
+    /// [`EVICTION_NEWS_BATCH`] objects and at its end ([`Master::flush_round_news`]), not
+    /// after each step: a step's drops are spread over every owner, so sent per step they
+    /// were about one message (and one acknowledgement) per evicted object. Any other flush
+    /// of such a link sends them along.
+    round_links: Vec<u64>,
+    /// Set while an eviction round's step holds the lock: its drops go to `round_links`.
+    round_news: bool,
     next_stream: u64,
     /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
     instant_acks: bool,
@@ -146,6 +163,8 @@ struct Round {
     target: u64,
     freed: u64,
     count: u64,
+    /// Objects evicted since the round last sent its drops ([`EVICTION_NEWS_BATCH`]).
+    unsent: u64,
 }
 
 /// Wakes the evictor thread ([`Master::start_sweeper`]); without one (unit tests), the call that
@@ -532,6 +551,7 @@ impl Master {
         // Its quarantine goes with it: the owner is gone or gave the memory up.
         st.owners.remove(&segment_id);
         st.dirty_links.retain(|s| *s != segment_id);
+        st.round_links.retain(|s| *s != segment_id);
         st.disk_only_news.remove(&segment_id);
         Some(seg)
     }
@@ -1228,6 +1248,7 @@ impl Master {
             let mut st = self.state.lock();
             if !self.fence.leads(now) {
                 st.round = None;
+                self.flush_round_news(&mut st);
                 return false;
             }
             if st.round.is_none() {
@@ -1239,19 +1260,28 @@ impl Master {
             let round = st.round.expect("set above");
             round.target.saturating_sub(round.freed)
         };
-        let step = self.evict_some(now, left, None, most);
+        let step = self.evict_some(now, left, None, most, true);
         let mut st = self.state.lock();
-        let Some(round) = st.round.as_mut() else { return false }; // a new term meanwhile
         let (freed, count) = step.unwrap_or((0, 0));
-        (round.freed, round.count) = (round.freed + freed, round.count + count);
         self.count_eviction(count, freed);
+        let Some(round) = st.round.as_mut() else {
+            // A new term meanwhile.
+            self.flush_round_news(&mut st);
+            return false;
+        };
+        (round.freed, round.count, round.unsent) = (round.freed + freed, round.count + count, round.unsent + count);
         let more = count > 0 && round.freed < round.target;
+        if more && round.unsent < EVICTION_NEWS_BATCH {
+            return true;
+        }
+        round.unsent = 0;
         if !more {
             let round = st.round.take().expect("looked up above");
             if round.count > 0 {
                 tracing::info!("eviction round: {} object(s), {} bytes", round.count, round.freed);
             }
         }
+        self.flush_round_news(&mut st);
         drop(st);
         self.update_gauges();
         more
@@ -1264,12 +1294,15 @@ impl Master {
     fn evict_in(&self, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
         let (mut freed, mut count) = (0, 0);
         while freed < at_least {
-            let Some((f, c)) = self.evict_some(now, at_least - freed, tenant, EVICTION_STEP) else { break };
+            let Some((f, c)) = self.evict_some(now, at_least - freed, tenant, EVICTION_STEP, false) else { break };
             (freed, count) = (freed + f, count + c);
             if c == 0 {
                 break;
             }
         }
+        // A put waits for this room: its drops go out now, and the round's queued ones too
+        // (their ranges come back once acknowledged, which a put out of room may wait for).
+        self.flush_round_news(&mut self.state.lock());
         self.count_eviction(count, freed);
         self.update_gauges();
         freed
@@ -1289,7 +1322,17 @@ impl Master {
     /// chosen objects go under one hold of the shard and the global state, each only if it was
     /// not used, pinned or removed since it was planned. So the order is the one a single
     /// map would give, and a step's cost is its plans' objects, not the store's size.
-    fn evict_some(&self, now: Instant, target: u64, tenant: Option<&str>, most: usize) -> Option<(u64, u64)> {
+    ///
+    /// The owners' drops are queued, not sent: for a `round`'s step, with the round's
+    /// ([`EVICTION_NEWS_BATCH`]); the caller sends them.
+    fn evict_some(
+        &self,
+        now: Instant,
+        target: u64,
+        tenant: Option<&str>,
+        most: usize,
+        round: bool,
+    ) -> Option<(u64, u64)> {
         if target == 0 || most == 0 {
             return None;
         }
@@ -1330,6 +1373,7 @@ impl Master {
         let (mut freed, mut count) = (0, 0);
         for group in candidates.chunk_by(|a, b| a.0 == b.0) {
             let mut st = self.lock_shard(group[0].0);
+            st.round_news = round;
             for (_, v) in group {
                 let as_planned = st
                     .objects
@@ -1343,10 +1387,8 @@ impl Master {
                 freed += Self::evict_memory_replicas(&mut st, &v.key).unwrap_or(0);
                 count += 1;
             }
+            st.round_news = false;
         }
-        // The drops of the whole step go out together: one message per owner (and one
-        // acknowledgement back), not one per shard held, which was about one per object.
-        self.flush_news(&mut self.state.lock());
         Some((freed, count))
     }
 
@@ -1423,7 +1465,9 @@ impl Master {
         st.names.prune();
         self.expire_published(&mut st, now);
         let evict = self.above_watermark(&st);
-        self.flush_news(&mut st);
+        // With the round's drops too: a round whose evictor gets little CPU still sends them
+        // every sweep interval at least.
+        self.flush_round_news(&mut st);
         drop(st);
         self.update_gauges();
         if evict {
