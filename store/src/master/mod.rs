@@ -79,6 +79,10 @@ pub const EVICTION_STEP: usize = 64;
 /// so does each sweep.
 pub const EVICTION_NEWS_BATCH: u64 = 4096;
 
+/// The evictor thread's name (what `top -H` and `perf` show: 15 bytes at most, where
+/// `crescent-master-evict` read as `crescent-master`, like every other thread of the master).
+pub const EVICTOR_THREAD: &str = "crescent-evict";
+
 struct Segment {
     name: String,
     client_id: String,
@@ -1526,31 +1530,45 @@ impl Master {
     }
 
     /// The evictor thread: woken when a round is wanted, it runs the round's steps, each under
-    /// one short hold of the lock, so no put or get waits behind a whole round.
+    /// one short hold of the lock, so no put or get waits behind a whole round; at the nice
+    /// value [`MasterConfig::evictor_nice`], so that on a busy machine the calls come first
+    /// (a put that finds no room evicts what it needs itself, [`Self::evict_in`], so none
+    /// fails for an evictor behind).
     fn start_evictor(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let evictor = self.evictor.clone();
         if evictor.running.swap(true, Ordering::AcqRel) {
             return; // one is running already
         }
+        let nice = self.config.evictor_nice;
         std::thread::Builder::new()
-            .name("crescent-master-evict".into())
-            .spawn(move || loop {
-                {
-                    let mut wanted = evictor.wanted.lock();
-                    if !*wanted {
-                        // Woken by a request, or now and then to see whether the master is gone.
-                        evictor.wake.wait_for(&mut wanted, Duration::from_millis(500));
-                    }
-                    if !std::mem::take(&mut *wanted) {
-                        if weak.strong_count() == 0 {
-                            return;
-                        }
-                        continue;
+            .name(EVICTOR_THREAD.into())
+            .spawn(move || {
+                if nice != 0 {
+                    // This thread only: on Linux a nice value is a thread's (who = 0: the
+                    // caller), and a new thread starts with its creator's.
+                    let to = rustix::process::getpriority_process(None).map_or(nice, |n| (n + nice).min(19));
+                    if let Err(e) = rustix::process::setpriority_process(None, to) {
+                        tracing::warn!("the evictor thread keeps the master's priority: setpriority({to}): {e}");
                     }
                 }
-                let Some(master) = weak.upgrade() else { return };
-                while master.evict_step(Instant::now(), EVICTION_STEP) {}
+                loop {
+                    {
+                        let mut wanted = evictor.wanted.lock();
+                        if !*wanted {
+                            // Woken by a request, or now and then to see whether the master is gone.
+                            evictor.wake.wait_for(&mut wanted, Duration::from_millis(500));
+                        }
+                        if !std::mem::take(&mut *wanted) {
+                            if weak.strong_count() == 0 {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                    let Some(master) = weak.upgrade() else { return };
+                    while master.evict_step(Instant::now(), EVICTION_STEP) {}
+                }
             })
             .expect("spawning the evictor");
     }
