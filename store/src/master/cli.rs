@@ -120,6 +120,10 @@ struct Cli {
     /// Share of capacity one eviction frees [default: 0.05].
     #[arg(long, visible_alias = "eviction_ratio")]
     eviction_ratio: Option<f64>,
+    /// How much nicer than the master its evictor thread runs, 0 to 19: above 0, eviction
+    /// rounds yield the cores to the calls [default: 10].
+    #[arg(long)]
+    evictor_nice: Option<i32>,
     /// Hot-key policy: keys read faster than this (reads/s) get one more replica through a
     /// client's warm-up worker; 0 turns it off [default: 0].
     #[arg(long)]
@@ -703,6 +707,9 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     }
     if let Some(v) = cli.eviction_ratio {
         config.eviction_ratio = v;
+    }
+    if let Some(v) = cli.evictor_nice {
+        config.evictor_nice = v;
     }
     if let Some(v) = cli.hot_read_threshold {
         config.hot_read_threshold = v;

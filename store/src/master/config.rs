@@ -42,6 +42,11 @@ pub struct MasterConfig {
     pub eviction_high_watermark: f64,
     /// Share of capacity one eviction frees.
     pub eviction_ratio: f64,
+    /// How much nicer than the rest of the master its evictor thread runs (0 to 19, added to
+    /// the master's nice value, 19 at most): above 0, a round yields the cores to the calls
+    /// while it runs, and takes what they leave. A put that finds no room never waits for it:
+    /// it evicts what it needs itself.
+    pub evictor_nice: i32,
     /// A client silent for this long is dropped with its segments and replicas.
     #[serde(with = "millis", alias = "client_ttl_ms")]
     pub client_ttl: Duration,
@@ -137,6 +142,10 @@ pub const HA_BACKENDS: [&str; 3] = ["etcd", "redis", "k8s"];
 
 pub use crate::protocol::DEFAULT_CLUSTER_ID;
 
+/// [`MasterConfig::evictor_nice`]'s default: a nice-10 thread weighs about a tenth of a nice-0
+/// one where both want the same core (the kernel's weights: 110 and 1024).
+pub const DEFAULT_EVICTOR_NICE: i32 = 10;
+
 impl Default for MasterConfig {
     fn default() -> Self {
         MasterConfig {
@@ -147,6 +156,7 @@ impl Default for MasterConfig {
             default_soft_pin_ttl: Duration::from_secs(30 * 60),
             eviction_high_watermark: 0.90,
             eviction_ratio: 0.05,
+            evictor_nice: DEFAULT_EVICTOR_NICE,
             client_ttl: Duration::from_secs(10),
             put_timeout: Duration::from_secs(60),
             sweep_interval: Duration::from_millis(200),
@@ -196,6 +206,9 @@ impl MasterConfig {
         }
         if !(self.eviction_ratio > 0.0 && self.eviction_ratio <= 1.0) {
             return bad(format!("eviction_ratio {} is not in (0, 1]", self.eviction_ratio));
+        }
+        if !(0..=19).contains(&self.evictor_nice) {
+            return bad(format!("evictor_nice {} is not in 0..=19", self.evictor_nice));
         }
         for (name, d) in [
             ("lease_ttl", self.lease_ttl),

@@ -65,10 +65,24 @@ pub const MIN_SEGMENT_SIZE: u64 = 4096;
 /// Most replicas per object.
 pub const MAX_REPLICAS: u32 = 16;
 /// Most objects one step of an eviction round takes (`Master::evict_step`), each shard's
-/// under one hold of it and the global lock (two or three objects a hold): the calls waiting
-/// for a lock go between two holds (a round of 5 % of a million objects is about 50 000
-/// objects, some 800 steps). The owners' news of a step go out together at its end.
-pub const EVICTION_STEP: usize = 64;
+/// under one hold of it and the global lock (about eight objects, microseconds, a hold): the
+/// calls waiting for a lock go between two holds (a round of 5 % of a million objects is
+/// about 50 000 objects, some 200 steps). Each step takes every shard's lock twice and the
+/// global one once a shard, whatever its size: 64 objects a step made that a cost of each
+/// object. The owners' news of a round go out every [`EVICTION_NEWS_BATCH`] objects.
+pub const EVICTION_STEP: usize = 256;
+
+/// Objects an eviction round evicts between two sends of its drops to the owners (and at its
+/// end): with 64 owners, about 64 drops a message, where sent after each step (one or two an
+/// owner) the messages and their acknowledgements, not the eviction, made the round's cost.
+/// Ranges wait in quarantine until their drop is acknowledged, so a longer wait delays their
+/// reuse; a put that finds no room sends every queued drop at once (`Master::evict_in`), and
+/// so does each sweep.
+pub const EVICTION_NEWS_BATCH: u64 = 4096;
+
+/// The evictor thread's name (what `top -H` and `perf` show: 15 bytes at most, where
+/// `crescent-master-evict` read as `crescent-master`, like every other thread of the master).
+pub const EVICTOR_THREAD: &str = "crescent-evict";
 
 struct Segment {
     name: String,
@@ -130,6 +144,14 @@ struct State {
     owners: HashMap<u64, owners::OwnerLink>,
     /// Links with news queued by the operation in progress.
     dirty_links: Vec<u64>,
+    /// Links with drops queued by the eviction round under way, which sends them every
+    /// [`EVICTION_NEWS_BATCH`] objects and at its end ([`Master::flush_round_news`]), not
+    /// after each step: a step's drops are spread over every owner, so sent per step they
+    /// were about one message (and one acknowledgement) per evicted object. Any other flush
+    /// of such a link sends them along.
+    round_links: Vec<u64>,
+    /// Set while an eviction round's step holds the lock: its drops go to `round_links`.
+    round_news: bool,
     next_stream: u64,
     /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
     instant_acks: bool,
@@ -146,6 +168,8 @@ struct Round {
     target: u64,
     freed: u64,
     count: u64,
+    /// Objects evicted since the round last sent its drops ([`EVICTION_NEWS_BATCH`]).
+    unsent: u64,
 }
 
 /// Wakes the evictor thread ([`Master::start_sweeper`]); without one (unit tests), the call that
@@ -532,6 +556,7 @@ impl Master {
         // Its quarantine goes with it: the owner is gone or gave the memory up.
         st.owners.remove(&segment_id);
         st.dirty_links.retain(|s| *s != segment_id);
+        st.round_links.retain(|s| *s != segment_id);
         st.disk_only_news.remove(&segment_id);
         Some(seg)
     }
@@ -1228,6 +1253,7 @@ impl Master {
             let mut st = self.state.lock();
             if !self.fence.leads(now) {
                 st.round = None;
+                self.flush_round_news(&mut st);
                 return false;
             }
             if st.round.is_none() {
@@ -1239,19 +1265,28 @@ impl Master {
             let round = st.round.expect("set above");
             round.target.saturating_sub(round.freed)
         };
-        let step = self.evict_some(now, left, None, most);
+        let step = self.evict_some(now, left, None, most, true);
         let mut st = self.state.lock();
-        let Some(round) = st.round.as_mut() else { return false }; // a new term meanwhile
         let (freed, count) = step.unwrap_or((0, 0));
-        (round.freed, round.count) = (round.freed + freed, round.count + count);
         self.count_eviction(count, freed);
+        let Some(round) = st.round.as_mut() else {
+            // A new term meanwhile.
+            self.flush_round_news(&mut st);
+            return false;
+        };
+        (round.freed, round.count, round.unsent) = (round.freed + freed, round.count + count, round.unsent + count);
         let more = count > 0 && round.freed < round.target;
+        if more && round.unsent < EVICTION_NEWS_BATCH {
+            return true;
+        }
+        round.unsent = 0;
         if !more {
             let round = st.round.take().expect("looked up above");
             if round.count > 0 {
                 tracing::info!("eviction round: {} object(s), {} bytes", round.count, round.freed);
             }
         }
+        self.flush_round_news(&mut st);
         drop(st);
         self.update_gauges();
         more
@@ -1264,12 +1299,15 @@ impl Master {
     fn evict_in(&self, now: Instant, at_least: u64, tenant: Option<&str>) -> u64 {
         let (mut freed, mut count) = (0, 0);
         while freed < at_least {
-            let Some((f, c)) = self.evict_some(now, at_least - freed, tenant, EVICTION_STEP) else { break };
+            let Some((f, c)) = self.evict_some(now, at_least - freed, tenant, EVICTION_STEP, false) else { break };
             (freed, count) = (freed + f, count + c);
             if c == 0 {
                 break;
             }
         }
+        // A put waits for this room: its drops go out now, and the round's queued ones too
+        // (their ranges come back once acknowledged, which a put out of room may wait for).
+        self.flush_round_news(&mut self.state.lock());
         self.count_eviction(count, freed);
         self.update_gauges();
         freed
@@ -1289,7 +1327,17 @@ impl Master {
     /// chosen objects go under one hold of the shard and the global state, each only if it was
     /// not used, pinned or removed since it was planned. So the order is the one a single
     /// map would give, and a step's cost is its plans' objects, not the store's size.
-    fn evict_some(&self, now: Instant, target: u64, tenant: Option<&str>, most: usize) -> Option<(u64, u64)> {
+    ///
+    /// The owners' drops are queued, not sent: for a `round`'s step, with the round's
+    /// ([`EVICTION_NEWS_BATCH`]); the caller sends them.
+    fn evict_some(
+        &self,
+        now: Instant,
+        target: u64,
+        tenant: Option<&str>,
+        most: usize,
+        round: bool,
+    ) -> Option<(u64, u64)> {
         if target == 0 || most == 0 {
             return None;
         }
@@ -1325,11 +1373,12 @@ impl Master {
             chosen += 1;
         }
         candidates.truncate(chosen);
-        // By shard, in the merged order within each.
-        candidates.sort_by_key(|(i, _)| *i);
+        // By shard, in the merged order within each (in place: a stable sort allocates).
+        candidates.sort_unstable_by_key(|(i, v)| (*i, v.held, v.tick));
         let (mut freed, mut count) = (0, 0);
         for group in candidates.chunk_by(|a, b| a.0 == b.0) {
             let mut st = self.lock_shard(group[0].0);
+            st.round_news = round;
             for (_, v) in group {
                 let as_planned = st
                     .objects
@@ -1343,10 +1392,8 @@ impl Master {
                 freed += Self::evict_memory_replicas(&mut st, &v.key).unwrap_or(0);
                 count += 1;
             }
+            st.round_news = false;
         }
-        // The drops of the whole step go out together: one message per owner (and one
-        // acknowledgement back), not one per shard held, which was about one per object.
-        self.flush_news(&mut self.state.lock());
         Some((freed, count))
     }
 
@@ -1423,7 +1470,9 @@ impl Master {
         st.names.prune();
         self.expire_published(&mut st, now);
         let evict = self.above_watermark(&st);
-        self.flush_news(&mut st);
+        // With the round's drops too: a round whose evictor gets little CPU still sends them
+        // every sweep interval at least.
+        self.flush_round_news(&mut st);
         drop(st);
         self.update_gauges();
         if evict {
@@ -1482,31 +1531,45 @@ impl Master {
     }
 
     /// The evictor thread: woken when a round is wanted, it runs the round's steps, each under
-    /// one short hold of the lock, so no put or get waits behind a whole round.
+    /// one short hold of the lock, so no put or get waits behind a whole round; at the nice
+    /// value [`MasterConfig::evictor_nice`], so that on a busy machine the calls come first
+    /// (a put that finds no room evicts what it needs itself, [`Self::evict_in`], so none
+    /// fails for an evictor behind).
     fn start_evictor(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let evictor = self.evictor.clone();
         if evictor.running.swap(true, Ordering::AcqRel) {
             return; // one is running already
         }
+        let nice = self.config.evictor_nice;
         std::thread::Builder::new()
-            .name("crescent-master-evict".into())
-            .spawn(move || loop {
-                {
-                    let mut wanted = evictor.wanted.lock();
-                    if !*wanted {
-                        // Woken by a request, or now and then to see whether the master is gone.
-                        evictor.wake.wait_for(&mut wanted, Duration::from_millis(500));
-                    }
-                    if !std::mem::take(&mut *wanted) {
-                        if weak.strong_count() == 0 {
-                            return;
-                        }
-                        continue;
+            .name(EVICTOR_THREAD.into())
+            .spawn(move || {
+                if nice != 0 {
+                    // This thread only: on Linux a nice value is a thread's (who = 0: the
+                    // caller), and a new thread starts with its creator's.
+                    let to = rustix::process::getpriority_process(None).map_or(nice, |n| (n + nice).min(19));
+                    if let Err(e) = rustix::process::setpriority_process(None, to) {
+                        tracing::warn!("the evictor thread keeps the master's priority: setpriority({to}): {e}");
                     }
                 }
-                let Some(master) = weak.upgrade() else { return };
-                while master.evict_step(Instant::now(), EVICTION_STEP) {}
+                loop {
+                    {
+                        let mut wanted = evictor.wanted.lock();
+                        if !*wanted {
+                            // Woken by a request, or now and then to see whether the master is gone.
+                            evictor.wake.wait_for(&mut wanted, Duration::from_millis(500));
+                        }
+                        if !std::mem::take(&mut *wanted) {
+                            if weak.strong_count() == 0 {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                    let Some(master) = weak.upgrade() else { return };
+                    while master.evict_step(Instant::now(), EVICTION_STEP) {}
+                }
             })
             .expect("spawning the evictor");
     }

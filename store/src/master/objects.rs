@@ -286,8 +286,13 @@ impl ObjectMap {
     }
 
     pub(super) fn remove(&mut self, key: &str) -> Option<Object> {
-        self.unfinished.remove(key);
-        self.map.pop(key)
+        let obj = self.map.pop(key)?;
+        // Only an unfinished put's key is in the set: a committed object's removal (every
+        // eviction's) does not hash the key for it.
+        if !obj.complete {
+            self.unfinished.remove(key);
+        }
+        Some(obj)
     }
 
     /// `key` was just used: it becomes the most recently used.

@@ -138,8 +138,9 @@ impl Master {
         }
         link.unacked.push_back(item.clone());
         link.outbox.push(item);
-        if !st.dirty_links.contains(&segment_id) {
-            st.dirty_links.push(segment_id);
+        let links = if st.round_news { &mut st.round_links } else { &mut st.dirty_links };
+        if !links.contains(&segment_id) {
+            links.push(segment_id);
         }
         Some(link.last_seq)
     }
@@ -212,8 +213,21 @@ impl Master {
 
     /// Sends what the operation queued, one message per owner.
     pub(super) fn flush_news(&self, st: &mut State) {
+        let links = std::mem::take(&mut st.dirty_links);
+        self.flush_links(st, links);
+    }
+
+    /// Sends what the operation queued and the drops the eviction round queued so far
+    /// ([`super::EVICTION_NEWS_BATCH`]).
+    pub(super) fn flush_round_news(&self, st: &mut State) {
+        let mut links = std::mem::take(&mut st.round_links);
+        links.extend(std::mem::take(&mut st.dirty_links));
+        self.flush_links(st, links);
+    }
+
+    fn flush_links(&self, st: &mut State, links: Vec<u64>) {
         let term = self.term();
-        for segment_id in std::mem::take(&mut st.dirty_links) {
+        for segment_id in links {
             let instant = st.instant_acks;
             let Some(link) = st.owners.get_mut(&segment_id) else { continue };
             let items = std::mem::take(&mut link.outbox);

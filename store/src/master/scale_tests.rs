@@ -16,6 +16,12 @@ impl Master {
     /// them (placed by the allocator, the most recently used last), without each call's
     /// checks, news and events: a million of them in seconds in a debug build.
     fn fill(&self, client: &str, keys: impl Iterator<Item = String>, size: u64) {
+        self.fill_with_news(client, keys, size, None)
+    }
+
+    /// [`Self::fill`], each replica known to its owner as of commit news `seq` (its drop is
+    /// news for the owner, its range quarantined until acknowledged).
+    fn fill_with_news(&self, client: &str, keys: impl Iterator<Item = String>, size: u64, seq: Option<u64>) {
         let now = Instant::now();
         let mut st = self.lock_all();
         for key in keys {
@@ -26,7 +32,7 @@ impl Master {
             let object = Object {
                 size,
                 version,
-                replicas: blocks.into_iter().map(|(id, block)| Replica::new(id, block, None)).collect(),
+                replicas: blocks.into_iter().map(|(id, block)| Replica::new(id, block, seq)).collect(),
                 ssd: ThinVec::new(),
                 complete: true,
                 writer,
@@ -179,10 +185,59 @@ fn a_put_above_the_watermark_leaves_the_round_to_the_evictor_which_takes_it_in_s
     }
     assert_eq!(m.metrics().evictions.get(), evicted, "the round freed its share of the capacity");
     assert!(steps as u64 >= evicted.div_ceil(EVICTION_STEP as u64), "{steps} steps");
+    // And mostly full ones, of 256 objects: each step's fixed cost (every shard's lock taken
+    // twice, the global one once a shard) spread over that many.
+    assert!(steps as u64 <= 2 * evicted.div_ceil(256), "{steps} steps for {evicted} objects");
     let gone: Vec<u64> = (0..n / 2).filter(|i| !m.exists(&key("k", *i)).unwrap()).collect();
     assert_eq!(gone, (0..evicted).collect::<Vec<_>>(), "the oldest went, in order");
     assert!(!m.evict_step(now, EVICTION_STEP), "below the watermark now: no new round");
     assert_eq!(m.metrics().evictions.get(), evicted);
+}
+
+#[test]
+fn an_eviction_round_sends_its_drops_to_each_owner_in_batches_not_per_step() {
+    // Four owners with streams (acknowledging only when told); the round evicts 35 % of the
+    // capacity, about 90 steps, each taking objects of every owner.
+    let per_owner = 4096;
+    let config = MasterConfig { eviction_high_watermark: 0.5, eviction_ratio: 0.35, ..MasterConfig::default() };
+    let m = Master::new(config).unwrap();
+    m.state.lock().instant_acks = false;
+    let mut owners = Vec::new();
+    for o in 0..4u64 {
+        let client = format!("c{o}");
+        let info =
+            SegmentInfo { name: format!("s{o}"), base: (o + 1) << 40, size: per_owner * SIZE, tier: Tier::Dram as i32 };
+        let segment = m.mount_segment(&client, &info, "h").unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        m.attach_owner(&client, m.term(), segment, 0, tx).unwrap();
+        owners.push((client, segment, rx));
+    }
+    m.fill_with_news("c0", (0..2 * per_owner + 1).map(|i| key("k", i)), SIZE, Some(0));
+    let now = Instant::now();
+    let mut steps = 0;
+    while m.evict_step(now, EVICTION_STEP) {
+        steps += 1;
+    }
+    let evicted = m.metrics().evictions.get();
+    assert_eq!(evicted, ((4 * per_owner * SIZE) as f64 * 0.35 / SIZE as f64).ceil() as u64);
+    assert!(steps as u64 >= evicted / EVICTION_STEP as u64, "{steps} steps");
+    assert_eq!(m.quarantined_bytes(), evicted * SIZE, "every evicted range waits for its owner");
+
+    let mut drops = 0;
+    for (client, segment, rx) in &mut owners {
+        let (mut messages, mut last) = (0, 0);
+        while let Ok(news) = rx.try_recv() {
+            messages += 1;
+            assert!(news.items.iter().all(|i| !i.commit));
+            drops += news.items.len() as u64;
+            last = news.items.last().map_or(last, |i| i.seq);
+        }
+        // One message per EVICTION_NEWS_BATCH objects of the round at most (one a step before).
+        assert!(messages >= 1 && messages <= evicted.div_ceil(EVICTION_NEWS_BATCH), "{client}: {messages} messages");
+        m.owner_ack(client, m.term(), *segment, last);
+    }
+    assert_eq!(drops, evicted, "every drop was sent by the round's end");
+    assert_eq!(m.quarantined_bytes(), 0, "and, acknowledged, every range is free again");
 }
 
 #[test]

@@ -722,13 +722,7 @@ impl MasterRpc for MasterService {
         // The news are of the owner's segment, so of its tenant's keys: under its names.
         #[allow(clippy::result_large_err)] // tonic's Status
         let news = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |mut news: OwnerNews| {
-            news.items.retain_mut(|i| match tenant::unscope(&t.0, &i.key) {
-                Some(k) => {
-                    i.key = k.to_string();
-                    true
-                }
-                None => false,
-            });
+            news.items.retain_mut(|i| tenant::unscope_in_place(&t.0, &mut i.key));
             Ok(news)
         });
         Ok(Response::new(Box::pin(news)))

@@ -40,6 +40,15 @@ pub fn unscope<'a>(tenant: &str, scoped: &'a str) -> Option<&'a str> {
     }
 }
 
+/// [`unscope`] of a name the caller owns: its scope (a prefix) cut in place, none for most of
+/// the default tenant's names, without a copy; false (the name left as it was) when it belongs
+/// to another tenant.
+pub fn unscope_in_place(tenant: &str, scoped: &mut String) -> bool {
+    let Some(len) = unscope(tenant, scoped).map(str::len) else { return false };
+    scoped.drain(..scoped.len() - len);
+    true
+}
+
 /// The tenant a scoped key or client id belongs to.
 pub fn tenant_of(scoped: &str) -> &str {
     match scoped.strip_prefix(MARK) {
@@ -51,6 +60,23 @@ pub fn tenant_of(scoped: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_unscoped_in_place_read_as_unscope_says() {
+        for t in [DEFAULT_TENANT, "a", "ab"] {
+            for name in ["k/1", "\0k", "", "é/ключ"] {
+                let scoped = scope(t, name);
+                for reader in [DEFAULT_TENANT, "a", "ab"] {
+                    let mut s = scoped.clone();
+                    let kept = unscope_in_place(reader, &mut s);
+                    match unscope(reader, &scoped) {
+                        Some(n) => assert!(kept && s == n, "{t}/{name:?} read by {reader}: {s:?}"),
+                        None => assert!(!kept && s == scoped, "{t}/{name:?} read by {reader}: {s:?}"),
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn scoped_names_round_trip_and_never_cross_tenants() {

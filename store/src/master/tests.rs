@@ -466,3 +466,48 @@ fn metrics_show_the_disk_tier() {
     m.unmount_segment("c1", disk).unwrap();
     assert!(!m.render_metrics().contains("crescent_master_disk_client{"), "an unmounted disk's counters go");
 }
+
+/// The nice values of this process's threads named [`EVICTOR_THREAD`] (Linux's `/proc`).
+fn evictor_nice_values() -> Vec<i32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != EVICTOR_THREAD {
+            continue;
+        }
+        // After "pid (comm) ": state is field 3, nice field 19.
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+        if let Some(nice) = fields.get(16).and_then(|n| n.parse().ok()) {
+            out.push(nice);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_evictor_thread_runs_at_its_nice_value_and_still_evicts() {
+    // A nice value no other test's master uses (7 above this process's): its evictor is this one's.
+    let nice = (rustix::process::getpriority_process(None).unwrap() + 7).min(19);
+    let config = MasterConfig { evictor_nice: 7, eviction_high_watermark: 0.5, ..MasterConfig::default() };
+    let m = master_with(config);
+    mount(&m, "c1", "s1", 64 * 4096);
+    m.start_sweeper();
+    for i in 0..40 {
+        put(&m, &format!("k{i}"), 4096, 1).unwrap();
+    }
+    // (A guard against a hang, not a measure: the thread starts and evicts in milliseconds.)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Its rounds bring the use back to the watermark.
+    while !(evictor_nice_values().contains(&nice) && m.totals().used <= 32 * 4096) {
+        assert!(
+            Instant::now() < deadline,
+            "evictor threads at nice {:?}, {} of {} bytes used",
+            evictor_nice_values(),
+            m.totals().used,
+            64 * 4096
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(m.metrics().evictions.get() >= 8);
+}
