@@ -157,6 +157,12 @@ pub struct ShmTransport {
     workers: Vec<JoinHandle<()>>,
     /// Copy threads not copying now (waiting for a job).
     idle: Arc<AtomicUsize>,
+    /// Submitting threads copying their share of small slices now.
+    inline: AtomicUsize,
+    /// CPUs this process may run on: more copiers than that only take turns on them.
+    cpus: usize,
+    /// Copy threads woken to help with a submit's small slices, so far.
+    helpers_woken: AtomicUsize,
 }
 
 impl ShmTransport {
@@ -204,6 +210,9 @@ impl ShmTransport {
             jobs: Some(tx),
             workers,
             idle,
+            inline: AtomicUsize::new(0),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            helpers_woken: AtomicUsize::new(0),
         })
     }
 
@@ -230,13 +239,29 @@ impl ShmTransport {
 /// their grant at once: handing a small slice to a copy thread costs two wake-ups (the
 /// worker's, then the waiter's), and on a busy machine each waits for a CPU. A submit's small
 /// slices are shared (`Share`): the submitting thread and the idle copy threads it wakes
-/// (none for a single slice) each take the next slice until none is left, so a large batch
-/// of small slices still spreads over the cores, and a copy thread that starts late takes
-/// fewer.
+/// (none for a single slice, nor while the threads copying already number the CPUs) each
+/// take the next slice until none is left, so a large batch of small slices still spreads
+/// over the cores, and a copy thread that starts late takes fewer.
 pub const INLINE_SLICE_MAX: u64 = 256 << 10;
 /// Bytes one `submit` copies on the submitting thread at most; the rest goes to the copy
 /// threads.
 pub const INLINE_SUBMIT_MAX: u64 = 16 << 20;
+
+/// Counts a submitting thread as copying until dropped.
+struct Copying<'a>(&'a AtomicUsize);
+
+impl<'a> Copying<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Copying(count)
+    }
+}
+
+impl Drop for Copying<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 fn copy_loop(rx: Receiver<Job>, idle: &AtomicUsize) {
     for job in rx {
@@ -334,10 +359,17 @@ impl Transport for ShmTransport {
                     slices: small.into_iter().map(|slice| Mutex::new(Some(slice))).collect(),
                     next: AtomicUsize::new(0),
                 });
-                // Idle copy threads help (one slice alone is not worth a wake-up), and one
-                // at least when this thread's budget does not cover the submit.
+                // Idle copy threads help (one slice alone is not worth a wake-up) while CPUs
+                // are left over by the threads copying now, this one included: with as many
+                // submitting threads as CPUs, each copies its own slices, as a plain memcpy
+                // per thread would, and no hand-off or copier taking turns on a CPU costs
+                // anything. One helps at least when this thread's budget does not cover the
+                // submit.
+                let _copying = Copying::enter(&self.inline);
                 let n = share.slices.len();
-                let mut helpers = self.idle.load(Ordering::Relaxed).min(n - 1);
+                let idle = self.idle.load(Ordering::Relaxed).min(self.config.copy_threads);
+                let copying = self.inline.load(Ordering::Relaxed) + (self.config.copy_threads - idle);
+                let mut helpers = idle.min(n - 1).min(self.cpus.saturating_sub(copying));
                 if bytes > INLINE_SUBMIT_MAX {
                     helpers = helpers.max(1);
                 }
@@ -347,6 +379,7 @@ impl Transport for ShmTransport {
                         budget = u64::MAX; // no copy thread left to take the rest
                         break;
                     }
+                    self.helpers_woken.fetch_add(1, Ordering::Relaxed);
                 }
                 let mut next = || {
                     if budget == 0 {
@@ -426,6 +459,8 @@ mod tests {
         gate: Option<(Sender<()>, Receiver<()>)>,
         /// Claims begun (true) and ended (false), by slice, in order.
         claims: parking_lot::Mutex<Vec<(bool, usize)>>,
+        /// The thread that claimed each slice, in order.
+        copiers: parking_lot::Mutex<Vec<std::thread::ThreadId>>,
     }
     impl crate::CompletionSink for Sink {
         fn begin_local_access(&self, slice: usize) -> bool {
@@ -434,6 +469,7 @@ mod tests {
                 let _ = release.recv();
             }
             self.claims.lock().push((true, slice));
+            self.copiers.lock().push(std::thread::current().id());
             true
         }
         fn end_local_access(&self, slice: usize) {
@@ -575,6 +611,68 @@ mod tests {
         // The submitting thread and at most both copy threads: one lookup each.
         let lookups = peer.lookups() - before;
         assert!((1..=3).contains(&lookups), "{lookups} grant lookups for {SLICES} slices in one grant");
+        drop(transport);
+        drop((local, remote));
+    }
+
+    #[test]
+    fn copy_threads_help_with_small_slices_only_while_cpus_are_left_over() {
+        use crate::Opcode::{Read, Write};
+        const LEN: usize = 4 << 20;
+        let mut remote: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        let table = Arc::new(RegionTable::new());
+        let region = table.insert(Region::new(remote.as_mut_ptr() as u64, LEN as u64, "cpu:0", None)).unwrap();
+        let mut transport = ShmTransport::start(ShmConfig { copy_threads: 2, ..ShmConfig::default() }, table).unwrap();
+        transport.register_region(&region).unwrap();
+        let endpoint = transport.endpoint();
+        let mut local: Vec<u8> = (0..LEN).map(|i| (i % 241) as u8).collect();
+        let bases = (local.as_mut_ptr() as u64, remote.as_mut_ptr() as u64);
+        let settle = |transport: &ShmTransport, sink: &Sink, n: usize| {
+            let waited = std::time::Instant::now();
+            while sink.outcomes.lock().len() < n || transport.idle.load(Ordering::Relaxed) < 2 {
+                assert!(waited.elapsed() < Duration::from_secs(60), "the slices never ended");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // The first slice gets the grant (a copy thread asks the peer).
+        let first = Arc::new(Sink::default());
+        transport.submit(&endpoint, vec![slice(Read, bases, 0, 4096, &first, 0)]);
+        settle(&transport, &first, 1);
+
+        let block = 64 << 10;
+        let batch = |sink: &Arc<Sink>, from: usize| {
+            (0..8)
+                .map(|n| slice(if n % 2 == 0 { Read } else { Write }, bases, (from + n) * block, block, sink, n))
+                .collect()
+        };
+        // One CPU, taken by the submitting thread: it copies every slice itself, and wakes
+        // neither copy thread (they would only take turns with it).
+        transport.cpus = 1;
+        let alone = Arc::new(Sink::default());
+        transport.submit(&endpoint, batch(&alone, 0));
+        assert_eq!(transport.helpers_woken.load(Ordering::Relaxed), 0);
+        assert_eq!(alone.outcomes.lock().len(), 8, "every slice ended on the submitting thread");
+        assert!(alone.copiers.lock().iter().all(|&t| t == std::thread::current().id()));
+
+        // Two CPUs: one copy thread helps, not both.
+        transport.cpus = 2;
+        let helped = Arc::new(Sink::default());
+        transport.submit(&endpoint, batch(&helped, 8));
+        settle(&transport, &helped, 8);
+        assert_eq!(transport.helpers_woken.load(Ordering::Relaxed), 1);
+
+        let mut outcomes =
+            [alone, helped].iter().flat_map(|s| std::mem::take(&mut *s.outcomes.lock())).collect::<Vec<_>>();
+        outcomes.sort_by_key(|(n, _)| *n);
+        assert!(outcomes.iter().all(|(_, o)| *o == SliceOutcome::Completed), "{outcomes:?}");
+        // SAFETY: no copy of these ranges is in flight (their slices ended above).
+        let (l, r) = unsafe {
+            (
+                std::slice::from_raw_parts(bases.0 as *const u8, 16 * block),
+                std::slice::from_raw_parts(bases.1 as *const u8, 16 * block),
+            )
+        };
+        assert!(l == r, "the copied bytes differ");
         drop(transport);
         drop((local, remote));
     }
