@@ -121,7 +121,7 @@ struct Cli {
     #[arg(long, visible_alias = "eviction_ratio")]
     eviction_ratio: Option<f64>,
     /// How much nicer than the master its evictor thread runs, 0 to 19: above 0, eviction
-    /// rounds yield the cores to the calls [default: 10].
+    /// rounds yield the cores to the calls [default: 0].
     #[arg(long)]
     evictor_nice: Option<i32>,
     /// Hot-key policy: keys read faster than this (reads/s) get one more replica through a

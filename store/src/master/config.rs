@@ -142,9 +142,12 @@ pub const HA_BACKENDS: [&str; 3] = ["etcd", "redis", "k8s"];
 
 pub use crate::protocol::DEFAULT_CLUSTER_ID;
 
-/// [`MasterConfig::evictor_nice`]'s default: a nice-10 thread weighs about a tenth of a nice-0
-/// one where both want the same core (the kernel's weights: 110 and 1024).
-pub const DEFAULT_EVICTOR_NICE: i32 = 10;
+/// [`MasterConfig::evictor_nice`]'s default: 0, the evictor at the master's own priority. At
+/// 10 (a nice-10 thread weighs about a tenth of a nice-0 one where both want the same core)
+/// the 10 M-object store's batched puts while evicting fell to 44.9 k ops/s against 104.3 k
+/// at 0 (storebench master, 2026-12-03 19:05 / 19:15 UTC): puts that found no room evicted for
+/// themselves while the nice evictor waited for a core. See docs/src/benchmarks.md.
+pub const DEFAULT_EVICTOR_NICE: i32 = 0;
 
 impl Default for MasterConfig {
     fn default() -> Self {

@@ -1532,9 +1532,9 @@ impl Master {
 
     /// The evictor thread: woken when a round is wanted, it runs the round's steps, each under
     /// one short hold of the lock, so no put or get waits behind a whole round; at the nice
-    /// value [`MasterConfig::evictor_nice`], so that on a busy machine the calls come first
-    /// (a put that finds no room evicts what it needs itself, [`Self::evict_in`], so none
-    /// fails for an evictor behind).
+    /// value [`MasterConfig::evictor_nice`] (0 by default), above 0 so that on a busy machine
+    /// the calls come first (a put that finds no room evicts what it needs itself,
+    /// [`Self::evict_in`], so none fails for an evictor behind).
     fn start_evictor(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let evictor = self.evictor.clone();
