@@ -40,6 +40,21 @@ fn storebench_master_runs_every_phase_with_no_failed_call_and_measures_eviction_
                 assert!(evicted > 0, "nothing evicted in {row:?}");
             }
         }
+        // The open loop runs once per share of --open-loop (0.5 and 0.75 by default), each
+        // row naming its share, with no failed call.
+        for share in ["(50 % of the closed loop)", "(75 % of the closed loop)"] {
+            let row = stdout
+                .lines()
+                .map(cells)
+                .find(|c| {
+                    c.len() == 13
+                        && c[0] == n
+                        && c[1].starts_with("mixed, 1 key per call, evicting, open loop: ")
+                        && c[1].ends_with(share)
+                })
+                .unwrap_or_else(|| panic!("no {n} open-loop row at {share} in:\n{stdout}"));
+            assert_eq!(row[11], "0", "failed calls in {row:?}");
+        }
         // Eviction rounds were found and timed, and the master's memory was read.
         let size = stdout
             .lines()
