@@ -124,6 +124,11 @@ struct Cli {
     /// rounds yield the cores to the calls [default: 0].
     #[arg(long)]
     evictor_nice: Option<i32>,
+    /// The share of one core an eviction round takes while memory is not tight, in (0, 1]; a
+    /// round that a put is waiting for, or above halfway from the watermark to full, runs at
+    /// full speed [default: 0.25].
+    #[arg(long)]
+    evictor_duty: Option<f64>,
     /// Hot-key policy: keys read faster than this (reads/s) get one more replica through a
     /// client's warm-up worker; 0 turns it off [default: 0].
     #[arg(long)]
@@ -710,6 +715,9 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     }
     if let Some(v) = cli.evictor_nice {
         config.evictor_nice = v;
+    }
+    if let Some(v) = cli.evictor_duty {
+        config.evictor_duty = v;
     }
     if let Some(v) = cli.hot_read_threshold {
         config.hot_read_threshold = v;

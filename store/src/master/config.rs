@@ -47,6 +47,11 @@ pub struct MasterConfig {
     /// while it runs, and takes what they leave. A put that finds no room never waits for it:
     /// it evicts what it needs itself.
     pub evictor_nice: i32,
+    /// The share of one core an eviction round takes while memory is not tight (0 to 1; 1: no
+    /// pauses): after each step the evictor sleeps in proportion to the step's time, so the
+    /// calls keep the cores. A round runs at full speed once a put has found no room or memory
+    /// use passes halfway from the high watermark to full.
+    pub evictor_duty: f64,
     /// A client silent for this long is dropped with its segments and replicas.
     #[serde(with = "millis", alias = "client_ttl_ms")]
     pub client_ttl: Duration,
@@ -149,6 +154,10 @@ pub use crate::protocol::DEFAULT_CLUSTER_ID;
 /// themselves while the nice evictor waited for a core. See docs/src/benchmarks.md.
 pub const DEFAULT_EVICTOR_NICE: i32 = 0;
 
+/// [`MasterConfig::evictor_duty`]'s default. See docs/src/benchmarks.md for what it does to a
+/// call's p99 while a round runs.
+pub const DEFAULT_EVICTOR_DUTY: f64 = 0.25;
+
 impl Default for MasterConfig {
     fn default() -> Self {
         MasterConfig {
@@ -160,6 +169,7 @@ impl Default for MasterConfig {
             eviction_high_watermark: 0.90,
             eviction_ratio: 0.05,
             evictor_nice: DEFAULT_EVICTOR_NICE,
+            evictor_duty: DEFAULT_EVICTOR_DUTY,
             client_ttl: Duration::from_secs(10),
             put_timeout: Duration::from_secs(60),
             sweep_interval: Duration::from_millis(200),
@@ -212,6 +222,9 @@ impl MasterConfig {
         }
         if !(0..=19).contains(&self.evictor_nice) {
             return bad(format!("evictor_nice {} is not in 0..=19", self.evictor_nice));
+        }
+        if !(self.evictor_duty > 0.0 && self.evictor_duty <= 1.0) {
+            return bad(format!("evictor_duty {} is not in (0, 1]", self.evictor_duty));
         }
         for (name, d) in [
             ("lease_ttl", self.lease_ttl),

@@ -511,3 +511,36 @@ fn the_evictor_thread_runs_at_its_nice_value_and_still_evicts() {
     }
     assert!(m.metrics().evictions.get() >= 8);
 }
+
+#[test]
+fn a_round_pauses_after_each_step_to_keep_its_duty_until_it_is_urgent() {
+    let step = Duration::from_millis(2);
+    // A quarter of a core: each step is followed by three times its length.
+    assert_eq!(pause_after_step(step, 0.25, false), Duration::from_millis(6));
+    assert_eq!(pause_after_step(step, 1.0, false), Duration::ZERO, "duty 1: no pauses");
+    assert_eq!(pause_after_step(step, 0.25, true), Duration::ZERO, "an urgent round runs at full speed");
+
+    // Urgent past halfway from the high watermark (0.5) to full: 48 of 64 pages. Pinned
+    // objects, so the rounds their puts start free nothing and the use stays where it is put.
+    let m = master_with(MasterConfig { eviction_high_watermark: 0.5, ..MasterConfig::default() });
+    mount(&m, "c1", "s1", 64 * 4096);
+    let pinned = PutOptions { hard_pin: true, ..Default::default() };
+    for i in 0..48 {
+        m.put_start("c1", &format!("k{i}"), 4096, &pinned).unwrap();
+        m.put_end("c1", &format!("k{i}")).unwrap();
+    }
+    assert_eq!(m.totals().used, 48 * 4096);
+    assert!(!m.eviction_urgent(), "at 0.75 of capacity: not yet past halfway");
+    m.put_start("c1", "k48", 4096, &pinned).unwrap();
+    assert!(m.eviction_urgent(), "past halfway from the watermark to full");
+
+    // A put that found no room makes it urgent whatever the use.
+    let m = master_with(MasterConfig { eviction_high_watermark: 0.5, ..MasterConfig::default() });
+    mount(&m, "c1", "s1", 64 * 4096);
+    put(&m, "a", 4096, 1).unwrap();
+    assert!(!m.eviction_urgent());
+    m.state.lock().pressure = true;
+    assert!(m.eviction_urgent());
+    assert!(MasterConfig { evictor_duty: 0.0, ..MasterConfig::default() }.validate().is_err());
+    assert!(MasterConfig { evictor_duty: 1.5, ..MasterConfig::default() }.validate().is_err());
+}
