@@ -36,6 +36,9 @@
 //!    call's latency counts from when it was due: a client that fell behind its pace (the
 //!    master was slow) is charged for the wait, so slowness is not hidden by calling less
 //!    (coordinated omission); a client ahead of its pace sleeps and counts from the send.
+//!    The first share also runs right after phase 2, below the watermark (with removes, as
+//!    phase 2): the same calls at the same load with nothing evicting, so the rows while
+//!    evicting show what eviction adds to a call's tail.
 //!
 //! A put counts as one metadata op (its two RPCs are timed separately); gets, exists and
 //! removes as one op per key. Latencies are of single RPCs as the clients see them (their
@@ -565,6 +568,23 @@ async fn phases_of_size(
         evicted: Some(0),
         target: "-",
     });
+    // 2b. The same in open loop at the first share: the tail of a call with nothing evicting,
+    // beside which the open-loop phases while evicting (8.) tell what eviction adds.
+    if let Some(&share) = args.open_loop.first() {
+        let offered = closed_loop_rate * share;
+        let pace = Duration::from_secs_f64(sims.len() as f64 / offered.max(1.0));
+        let spec =
+            Stream { batch: 1, value_size: args.value_size, removes: true, dur, put_budget: None, pace: Some(pace) };
+        let (t, secs) = stream(sims, filled, spec).await;
+        rows.push(PhaseRow {
+            objects: n,
+            phase: format!("{}, below the watermark", open_loop_phase(offered, share)),
+            secs,
+            tally: t,
+            evicted: Some(0),
+            target: "-",
+        });
+    }
     // 3. Batched, below the watermark: the puts may fill up to 0.85 of capacity.
     let now = node_stats(&mut admin, &admin_id).await?;
     let per = (now.used / now.objects.max(1)).max(1);
@@ -710,11 +730,7 @@ async fn phases_of_size(
         let evicted = (before.objects + t.puts).saturating_sub(t.removes).saturating_sub(after.objects);
         rows.push(PhaseRow {
             objects: n,
-            phase: format!(
-                "mixed, 1 key per call, evicting, open loop: {:.0} RPCs/s offered ({:.0} % of the closed loop)",
-                offered,
-                share * 100.0
-            ),
+            phase: format!("{}, evicting", open_loop_phase(offered, share)),
             secs,
             tally: t,
             evicted: Some(evicted),
@@ -732,6 +748,12 @@ async fn phases_of_size(
         crossing_put_us,
     };
     Ok((rows, size))
+}
+
+/// An open-loop phase's name: "mixed, 1 key per call, open loop: R RPCs/s offered (S % of
+/// the closed loop)".
+fn open_loop_phase(offered: f64, share: f64) -> String {
+    format!("mixed, 1 key per call, open loop: {offered:.0} RPCs/s offered ({:.0} % of the closed loop)", share * 100.0)
 }
 
 /// Puts `count` new fill keys `o/<i>` (from `first` on), spread over all clients, in batches.

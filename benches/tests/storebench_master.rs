@@ -40,20 +40,26 @@ fn storebench_master_runs_every_phase_with_no_failed_call_and_measures_eviction_
                 assert!(evicted > 0, "nothing evicted in {row:?}");
             }
         }
-        // The open loop runs once per share of --open-loop (0.5 and 0.75 by default), each
-        // row naming its share, with no failed call.
-        for share in ["(50 % of the closed loop)", "(75 % of the closed loop)"] {
+        // The open loop runs while evicting once per share of --open-loop (0.5 and 0.75 by
+        // default), and below the watermark at the first share, each row naming its share,
+        // with no failed call.
+        for (share, when) in [("50 %", "below the watermark"), ("50 %", "evicting"), ("75 %", "evicting")] {
             let row = stdout
                 .lines()
                 .map(cells)
                 .find(|c| {
                     c.len() == 13
                         && c[0] == n
-                        && c[1].starts_with("mixed, 1 key per call, evicting, open loop: ")
-                        && c[1].ends_with(share)
+                        && c[1].starts_with("mixed, 1 key per call, open loop: ")
+                        && c[1].ends_with(&format!("({share} of the closed loop), {when}"))
                 })
-                .unwrap_or_else(|| panic!("no {n} open-loop row at {share} in:\n{stdout}"));
+                .unwrap_or_else(|| panic!("no {n} open-loop row at {share} {when} in:\n{stdout}"));
             assert_eq!(row[11], "0", "failed calls in {row:?}");
+            if when == "below the watermark" {
+                assert_eq!(row[10], "0", "the open loop below the watermark evicted: {row:?}");
+            } else {
+                assert!(row[10].parse::<u64>().unwrap() > 0, "nothing evicted in {row:?}");
+            }
         }
         // Eviction rounds were found and timed, and the master's memory was read.
         let size = stdout
