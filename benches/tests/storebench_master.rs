@@ -65,14 +65,17 @@ fn storebench_master_runs_every_phase_with_no_failed_call_and_measures_eviction_
         let size = stdout
             .lines()
             .map(cells)
-            .find(|c| c.len() == 10 && c[0] == n && c[3].ends_with("B (target <= 256)"))
+            .find(|c| c.len() == 11 && c[0] == n && c[3].ends_with("B (target <= 256)"))
             .unwrap_or_else(|| panic!("no memory and eviction row for {n} in:\n{stdout}"));
         assert_ne!(size[4], "-", "no eviction round timed: {size:?}");
         let per_round: u64 = size[6].parse().unwrap();
         assert!(per_round > 0, "{size:?}");
         assert!(size[7].ends_with(" us"), "no cost per object evicted: {size:?}");
+        // The evictor thread's CPU was read (a few ticks at this size: maybe 0.00).
+        let cpu: f64 = size[8].strip_suffix(" us").and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{size:?}"));
+        assert!(cpu >= 0.0, "{size:?}");
         // The put that crossed the watermark, beside an ordinary one (the round runs after it).
-        for put_start in &size[8..10] {
+        for put_start in &size[9..11] {
             assert!(put_start.ends_with(" ms") || put_start.ends_with(" us"), "no PutStart timed: {size:?}");
         }
     }
