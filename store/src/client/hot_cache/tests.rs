@@ -16,7 +16,7 @@ fn cache(blocks: u32, admission: Admission) -> HotCache {
     let engine =
         TransferEngine::new(EngineConfig { local_hostname: Some("127.0.0.1".into()), ..EngineConfig::default() })
             .unwrap();
-    HotCache::with_layout(&engine, Layout { blocks, block_size: B, admission }).unwrap()
+    HotCache::with_layout(&engine, Layout { blocks, block_size: B, admission, fill: FillMode::Inline }).unwrap()
 }
 
 fn list(version: u64, size: u64) -> GetReplicaListReply {
