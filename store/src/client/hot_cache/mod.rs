@@ -1047,13 +1047,11 @@ impl Inner {
     fn wait_for_idle(&self, flight: &Flight) -> bool {
         let go_on = || !self.closing.load(Ordering::SeqCst) && !flight.void.load(Ordering::SeqCst);
         let mut n = self.foreground.lock();
-        let mut waited = false;
-        while *n > 0 && !flight.urgent.load(Ordering::SeqCst) && go_on() {
-            waited = true;
-            self.idle.wait(&mut n);
-        }
-        if waited {
+        if *n > 0 && !flight.urgent.load(Ordering::SeqCst) && go_on() {
             bump(&self.counters.filler_waits, 1);
+            while *n > 0 && !flight.urgent.load(Ordering::SeqCst) && go_on() {
+                self.idle.wait(&mut n);
+            }
         }
         go_on()
     }
