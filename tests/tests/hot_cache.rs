@@ -379,6 +379,8 @@ fn the_hot_cache_metrics_are_served_for_prometheus() {
         "crescent_client_hot_cache_misses_total 1",
         "crescent_client_hot_cache_fills_total 1",
         "crescent_client_hot_cache_dropped_fills_total 0",
+        "crescent_client_hot_cache_deferred_fills_total 1",
+        "crescent_client_hot_cache_taken_over_total 0",
         "crescent_client_hot_cache_evictions_total 0",
         "crescent_client_hot_cache_served_bytes_total 1048576",
         "crescent_client_hot_cache_entries 1",

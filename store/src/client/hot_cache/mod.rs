@@ -26,8 +26,10 @@
 //!     The filler keeps these rules:
 //!     1. *Off the critical path*: it reads in pieces of 2 MiB and, before each, waits (on a
 //!        condition variable, no spinning) while any remote read of this client's own is in
-//!        flight ([`HotCache::foreground`], held around every remote transfer of a get). It
-//!        holds no lock a get needs while it transfers.
+//!        flight ([`HotCache::foreground`], held around every remote transfer of a get), and
+//!        until none has been for [`FILL_IDLE_GRACE`] (back-to-back gets leave gaps of a
+//!        master round trip, too short for a piece). It holds no lock a get needs while it
+//!        transfers.
 //!     2. *A repeat miss does not wait for idleness*: a get that misses a key whose deferred
 //!        fill is still queued takes it over and fills inline (below); one that finds it
 //!        started joins it (single flight), and from then on the filler no longer yields for
@@ -98,6 +100,10 @@ use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
 
 /// Bytes the deferred filler reads at a time, checking for the client's own reads before each.
 pub const FILL_PIECE: u64 = 2 << 20;
+/// How long the client's own reads must have left the link idle before the filler starts a
+/// piece: back-to-back gets leave gaps of one master round trip between their transfers, and
+/// a piece started in such a gap would slow the next get down.
+pub const FILL_IDLE_GRACE: Duration = Duration::from_millis(2);
 
 /// The most fills waiting for the worker (the queue has one slot per block up to this); more
 /// are dropped.
@@ -393,8 +399,8 @@ struct Inner {
     pending: AtomicU64,
     fill_mode: FillMode,
     /// Remote reads of this client's own in flight (deferred mode only): the filler waits for
-    /// none before each piece.
-    foreground: Mutex<usize>,
+    /// none, for [`FILL_IDLE_GRACE`], before each piece.
+    foreground: Mutex<Busy>,
     /// Signalled when `foreground` drops to 0, a get joins a deferred fill, or the cache closes.
     idle: Condvar,
     /// Set by [`HotCache::close`]: the filler drops what it has.
@@ -408,6 +414,12 @@ pub(crate) struct Deferred {
     list: Listed,
 }
 
+/// The client's own remote reads in flight, and since when there has been none.
+struct Busy {
+    reads: usize,
+    idle_since: Instant,
+}
+
 /// Stands for a remote read of the client in flight while held (see [`HotCache::foreground`]).
 pub struct Foreground<'a> {
     inner: Option<&'a Inner>,
@@ -416,9 +428,10 @@ pub struct Foreground<'a> {
 impl Drop for Foreground<'_> {
     fn drop(&mut self) {
         if let Some(inner) = self.inner {
-            let mut n = inner.foreground.lock();
-            *n -= 1;
-            if *n == 0 {
+            let mut busy = inner.foreground.lock();
+            busy.reads -= 1;
+            if busy.reads == 0 {
+                busy.idle_since = Instant::now();
                 inner.idle.notify_all();
             }
         }
@@ -634,7 +647,7 @@ impl HotCache {
             counters: Counters::default(),
             pending: AtomicU64::new(0),
             fill_mode: layout.fill,
-            foreground: Mutex::new(0),
+            foreground: Mutex::new(Busy { reads: 0, idle_since: Instant::now() }),
             idle: Condvar::new(),
             closing: AtomicBool::new(false),
         });
@@ -679,7 +692,7 @@ impl HotCache {
         if self.inner.fill_mode != FillMode::Deferred {
             return Foreground { inner: None };
         }
-        *self.inner.foreground.lock() += 1;
+        self.inner.foreground.lock().reads += 1;
         Foreground { inner: Some(&self.inner) }
     }
 
@@ -1042,15 +1055,35 @@ impl Inner {
         }
     }
 
-    /// Waits until no read of the client's own is in flight, unless a get waits for this fill
-    /// (or it was voided, or the cache closes). Whether the fill goes on.
+    /// Waits until no read of the client's own has been in flight for [`FILL_IDLE_GRACE`],
+    /// unless a get waits for this fill (or it was voided, or the cache closes). Whether the
+    /// fill goes on.
     fn wait_for_idle(&self, flight: &Flight) -> bool {
         let go_on = || !self.closing.load(Ordering::SeqCst) && !flight.void.load(Ordering::SeqCst);
-        let mut n = self.foreground.lock();
-        if *n > 0 && !flight.urgent.load(Ordering::SeqCst) && go_on() {
-            bump(&self.counters.filler_waits, 1);
-            while *n > 0 && !flight.urgent.load(Ordering::SeqCst) && go_on() {
-                self.idle.wait(&mut n);
+        let free = || flight.urgent.load(Ordering::SeqCst) || !go_on();
+        let mut busy = self.foreground.lock();
+        let mut counted = false;
+        loop {
+            if free() {
+                break;
+            }
+            let wait = if busy.reads > 0 {
+                None
+            } else {
+                match FILL_IDLE_GRACE.checked_sub(busy.idle_since.elapsed()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => break, // idle long enough
+                }
+            };
+            if !counted {
+                bump(&self.counters.filler_waits, 1);
+                counted = true;
+            }
+            match wait {
+                None => self.idle.wait(&mut busy),
+                Some(left) => {
+                    self.idle.wait_for(&mut busy, left);
+                }
             }
         }
         go_on()
@@ -1084,6 +1117,8 @@ impl Inner {
                     if !self.wait_for_idle(&flight) {
                         return Err("closing or invalidated".into());
                     }
+                    // A lease already over: the read could not be entered anyway.
+                    list.lease_held(&fill.key).map_err(|e| e.to_string())?;
                     let target = match seg {
                         Some(s) => s,
                         None => *seg.insert(engine.open_segment(&fill.id.segment).map_err(|e| e.to_string())?),
