@@ -447,13 +447,18 @@ fn until(c: &StoreClient, what: &str, cond: impl Fn(&HotCacheMetrics) -> bool) {
     }
 }
 
-/// Runs `f` on a thread and fails the test if it has not returned within 60 s (a hang guard).
+/// Runs `f` on a thread and fails the test if it panicked or has not returned within 60 s (a
+/// hang guard, not a timing).
 fn within_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what}: hung"))
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed (see its panic above)"),
+    }
 }
 
 /// Deferred mode (the default): a cold get reads as without the cache; the filler then reads
