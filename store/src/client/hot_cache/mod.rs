@@ -46,9 +46,9 @@
 //!        abandons the running one before its next piece, and joins the thread.
 //!   * **Inline**: every fill is made of the bytes the get itself brought; nothing is read
 //!     from the network twice, at the cost of one more copy of the value inside the get. A
-//!     byte get (`get`, `get_batch`) that misses lands the remote bytes
-//!   directly in blocks reserved for the fill (instead of the staging buffer) and copies them
-//!   to the caller from there: the same transfer and the same one copy as without the cache.
+//!     byte get (`get`, `get_batch`) that misses lands the remote bytes directly in blocks
+//!     reserved for the fill (instead of the staging buffer) and copies them to the caller
+//!     from there: the same transfer and the same one copy as without the cache.
 //!     A zero-copy get (`get_into`, `batch_get_into`) reads straight into the caller's memory
 //!     as before and, once its transfers have ended, copies the bytes from there into the
 //!     reserved blocks (one memcpy before the call returns: the caller owns its buffer
