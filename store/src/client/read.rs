@@ -123,7 +123,7 @@ impl<'c> Exec<'c> {
             Miss::Defer(fill) => {
                 self.read_replica(key, r, dst)?; // on failure the fill's blocks go back
                 list.lease_held(key)?;
-                cache.defer(fill, list);
+                cache.defer(fill, list.lease_end());
                 Ok(())
             }
             Miss::Lead(mut fill) => {
@@ -454,7 +454,7 @@ impl<'c> Exec<'c> {
         if let Some(cache) = self.hot {
             for (i, fill) in deferred {
                 if let (Ok(()), Some(list)) = (&results[i], &lists[i]) {
-                    cache.defer(fill, list);
+                    cache.defer(fill, list.lease_end());
                 } // else dropped: its blocks go back
             }
         }

@@ -95,7 +95,6 @@ use crescent_engine::{RegisteredMemory, TransferEngine};
 
 pub use config::{Admission, FillMode, HotCacheSettings, Layout, Resolved, SizeSetting};
 
-use crate::client::lease::Listed;
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
 
 /// Bytes the deferred filler reads at a time, checking for the client's own reads before each.
@@ -408,10 +407,20 @@ struct Inner {
 }
 
 /// A fill handed to the filler: the reserved blocks (taken by the filler when it begins, or by
-/// a repeat miss before that) and the replica list whose lease the filler's read must end in.
-pub(crate) struct Deferred {
+/// a repeat miss before that) and when the lease of the get's replica list ends (the filler's
+/// read must end before; `None`: no lease stated).
+struct Deferred {
     fill: Mutex<Option<Fill>>,
-    list: Listed,
+    lease_end: Option<Instant>,
+}
+
+impl Deferred {
+    fn lease_held(&self) -> std::result::Result<(), String> {
+        match self.lease_end {
+            Some(end) if Instant::now() >= end => Err("the read lease ran out".into()),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The client's own remote reads in flight, and since when there has been none.
@@ -696,11 +705,13 @@ impl HotCache {
         Foreground { inner: Some(&self.inner) }
     }
 
-    /// Hands a fill whose get read the object (within `list`'s lease) to the filler; dropped
-    /// (counted, its blocks back) when the filler's queue is full or closed.
-    pub(crate) fn defer(&self, fill: Fill, list: &Listed) {
+    /// Hands a fill whose get read the object within its read lease to the filler, with the
+    /// time that lease ends (`None`: the master stated none): the filler's read must end
+    /// before it, as the get's had to. Dropped (counted, its blocks back) when the filler's
+    /// queue is full or closed.
+    pub fn defer(&self, fill: Fill, lease_end: Option<Instant>) {
         let flight = fill.flight.clone();
-        let job = Arc::new(Deferred { fill: Mutex::new(Some(fill)), list: list.clone() });
+        let job = Arc::new(Deferred { fill: Mutex::new(Some(fill)), lease_end });
         *flight.parked.lock() = Arc::downgrade(&job);
         let inner = &self.inner;
         inner.pending.fetch_add(1, Ordering::AcqRel);
@@ -1099,7 +1110,7 @@ impl Inner {
                 if self.closing.load(Ordering::SeqCst) {
                     bump(&self.counters.dropped, 1);
                 } else {
-                    self.fill_one(engine, fill, &job.list);
+                    self.fill_one(engine, fill, &job);
                 }
             }
             drop(job);
@@ -1107,7 +1118,7 @@ impl Inner {
         }
     }
 
-    fn fill_one(&self, engine: &TransferEngine, mut fill: Fill, list: &Listed) {
+    fn fill_one(&self, engine: &TransferEngine, mut fill: Fill, job: &Deferred) {
         let flight = fill.flight.clone();
         let read = || -> std::result::Result<(), String> {
             let mut seg = None;
@@ -1118,7 +1129,7 @@ impl Inner {
                         return Err("closing or invalidated".into());
                     }
                     // A lease already over: the read could not be entered anyway.
-                    list.lease_held(&fill.key).map_err(|e| e.to_string())?;
+                    job.lease_held()?;
                     let target = match seg {
                         Some(s) => s,
                         None => *seg.insert(engine.open_segment(&fill.id.segment).map_err(|e| e.to_string())?),
@@ -1137,7 +1148,7 @@ impl Inner {
                     at += n;
                 }
             }
-            list.lease_held(&fill.key).map_err(|e| e.to_string())
+            job.lease_held()
         };
         match read() {
             Ok(()) if flight.void.load(Ordering::SeqCst) => {

@@ -313,7 +313,7 @@ fn deferred_cache(blocks: u32) -> HotCache {
 
 #[test]
 fn a_full_filler_queue_drops_deferred_fills_and_close_ends_the_filler_with_fills_queued() {
-    use crate::client::lease::{LeaseClock, Listed};
+    let lease_end = || Some(std::time::Instant::now() + std::time::Duration::from_secs(10));
     let total = MAX_FILL_QUEUE + 8;
     let c = Arc::new(deferred_cache(total as u32));
     // A read of the client's own in flight: the filler takes the first fill and waits, the
@@ -324,7 +324,7 @@ fn a_full_filler_queue_drops_deferred_fills_and_close_ends_the_filler_with_fills
         let Miss::Defer(fill) = c.begin(&format!("k{i}"), &l, &l.replicas[0]) else {
             panic!("k{i}: expected to defer")
         };
-        c.defer(fill, &Listed { reply: l.clone(), clock: LeaseClock::start() });
+        c.defer(fill, lease_end());
     }
     let m = c.metrics();
     assert!(m.dropped_fills >= 7, "{m}");
@@ -347,6 +347,6 @@ fn a_full_filler_queue_drops_deferred_fills_and_close_ends_the_filler_with_fills
     // After close a miss's fill is dropped at once.
     let l = list(2, B);
     let Miss::Defer(fill) = c.begin("late", &l, &l.replicas[0]) else { panic!("expected to defer") };
-    c.defer(fill, &Listed { reply: l.clone(), clock: LeaseClock::start() });
+    c.defer(fill, lease_end());
     assert_eq!((c.metrics().dropped_fills, c.metrics().blocks_in_use), (total as u64 + 1, 0));
 }
