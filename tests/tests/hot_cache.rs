@@ -46,6 +46,11 @@ fn reader(m: &MasterHandle, blocks: u64) -> Arc<StoreClient> {
     client(m, 4 * MIB, HotCacheSettings::with_sizes(blocks * MIB, Some(MIB)))
 }
 
+/// Settings of a cache of `blocks` blocks of 1 MiB whose misses are filled by the filler.
+fn deferred(blocks: u64) -> HotCacheSettings {
+    HotCacheSettings { fill: FillMode::Deferred, ..HotCacheSettings::with_sizes(blocks * MIB, Some(MIB)) }
+}
+
 fn data(len: u64, seed: u64) -> Vec<u8> {
     crescent_tests::store::pattern_bytes(len as usize, seed)
 }
@@ -301,9 +306,10 @@ fn tcp_client(m: &MasterHandle, segment: u64, hot: HotCacheSettings) -> Arc<Stor
 fn an_inline_zero_copy_miss_fills_the_cache_from_the_bytes_it_read() {
     let m = master();
     let a = tcp_client(&m, 16 * MIB, HotCacheSettings::default());
-    // Inline mode: the fill is made of the get's own bytes (a deferred fill reads again).
-    let inline = HotCacheSettings { fill: FillMode::Inline, ..HotCacheSettings::with_sizes(8 * MIB, Some(MIB)) };
-    let b = tcp_client(&m, 4 * MIB, inline);
+    // Inline mode (the default): the fill is made of the get's own bytes (a deferred fill
+    // reads again).
+    let b = tcp_client(&m, 4 * MIB, HotCacheSettings::with_sizes(8 * MIB, Some(MIB)));
+    assert_eq!(b.hot_cache().unwrap().fill_mode(), FillMode::Inline, "the default");
     let size = 4 * MIB;
     a.put("z", &data(size, 21)).unwrap();
     // The first object of A's fresh segment sits at the segment's start.
@@ -379,7 +385,7 @@ fn the_hot_cache_metrics_are_served_for_prometheus() {
         "crescent_client_hot_cache_misses_total 1",
         "crescent_client_hot_cache_fills_total 1",
         "crescent_client_hot_cache_dropped_fills_total 0",
-        "crescent_client_hot_cache_deferred_fills_total 1",
+        "crescent_client_hot_cache_deferred_fills_total 0",
         "crescent_client_hot_cache_taken_over_total 0",
         "crescent_client_hot_cache_evictions_total 0",
         "crescent_client_hot_cache_served_bytes_total 1048576",
@@ -461,7 +467,7 @@ fn within_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send +
     }
 }
 
-/// Deferred mode (the default): a cold get reads as without the cache; the filler then reads
+/// Deferred mode: a cold get reads as without the cache; the filler then reads
 /// the object again into the cache, and the next get is a hit that moves nothing over the
 /// network (the holder has stopped serving its memory by then). Byte gets and batches into
 /// registered buffers alike.
@@ -469,8 +475,8 @@ fn within_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send +
 fn a_deferred_miss_is_filled_in_the_background_and_the_next_get_hits_without_the_network() {
     let m = master();
     let a = tcp_client(&m, 16 * MIB, HotCacheSettings::default());
-    let b = tcp_client(&m, 4 * MIB, HotCacheSettings::with_sizes(8 * MIB, Some(MIB)));
-    assert_eq!(b.hot_cache().unwrap().fill_mode(), FillMode::Deferred, "the default");
+    let b = tcp_client(&m, 4 * MIB, deferred(8));
+    assert_eq!(b.hot_cache().unwrap().fill_mode(), FillMode::Deferred);
     let size = 3 * MIB + 5;
     a.put("one", &data(size, 51)).unwrap();
     a.put("two", &data(MIB, 52)).unwrap();
@@ -504,7 +510,7 @@ fn a_deferred_miss_is_filled_in_the_background_and_the_next_get_hits_without_the
 fn the_filler_yields_to_the_clients_reads_but_a_repeat_miss_never_waits_for_idleness() {
     let m = master();
     let a = client(&m, 16 * MIB, HotCacheSettings::default());
-    let b = reader(&m, 8);
+    let b = client(&m, 4 * MIB, deferred(8));
     a.put("k1", &data(MIB, 61)).unwrap();
     a.put("k2", &data(MIB, 62)).unwrap();
     // A read of B's own in flight throughout (a test's stand-in for one).
@@ -550,7 +556,7 @@ fn the_filler_yields_to_the_clients_reads_but_a_repeat_miss_never_waits_for_idle
 fn an_invalidation_voids_a_waiting_deferred_fill() {
     let m = master();
     let a = client(&m, 16 * MIB, HotCacheSettings::default());
-    let b = reader(&m, 8);
+    let b = client(&m, 4 * MIB, deferred(8));
     let size = 2 * MIB;
     a.put("k", &data(size, 71)).unwrap();
     let fg = b.hot_cache().unwrap().foreground(); // the filler waits
@@ -575,7 +581,7 @@ fn an_invalidation_voids_a_waiting_deferred_fill() {
 fn close_stops_the_filler_with_fills_queued() {
     let m = master();
     let a = client(&m, 16 * MIB, HotCacheSettings::default());
-    let b = reader(&m, 8);
+    let b = client(&m, 4 * MIB, deferred(8));
     for i in 0..4 {
         a.put(&format!("q{i}"), &data(MIB, 80 + i)).unwrap();
     }

@@ -480,7 +480,7 @@ mod tests {
     fn hot_cache_keys_are_read_from_the_file_and_judged_later() {
         use crate::client::hot_cache::{Admission, FillMode, Layout, Resolved};
         let mut c = ClientConfig::default();
-        c.apply_json(r#"{"local_hot_cache_size":838860800,"local_hot_block_size":"16777216","local_hot_cache_admission":"second_access","local_hot_cache_fill":"inline"}"#)
+        c.apply_json(r#"{"local_hot_cache_size":838860800,"local_hot_block_size":"16777216","local_hot_cache_admission":"second_access","local_hot_cache_fill":"deferred"}"#)
             .unwrap();
         assert_eq!(
             c.hot_cache.resolve(),
@@ -488,7 +488,7 @@ mod tests {
                 blocks: 50,
                 block_size: 16 << 20,
                 admission: Admission::SecondAccess,
-                fill: FillMode::Inline
+                fill: FillMode::Deferred
             })
         );
         // Sizes take the grammar of the other size keys.
@@ -499,7 +499,7 @@ mod tests {
                 blocks: 50,
                 block_size: 16 << 20,
                 admission: Admission::SecondAccess,
-                fill: FillMode::Inline
+                fill: FillMode::Deferred
             })
         );
         // An unusable size is not an error: the client starts without the cache.
@@ -507,8 +507,8 @@ mod tests {
         assert!(matches!(c.hot_cache.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"800XB\"")));
         assert!(c.apply_json(r#"{"local_hot_cache_admission":"maybe"}"#).is_err());
         assert!(c.apply_json(r#"{"local_hot_cache_fill":"later"}"#).is_err());
-        c.apply_json(r#"{"local_hot_cache_fill":"deferred"}"#).unwrap();
-        assert_eq!(c.hot_cache.fill, FillMode::Deferred);
+        c.apply_json(r#"{"local_hot_cache_fill":"inline"}"#).unwrap();
+        assert_eq!(c.hot_cache.fill, FillMode::Inline);
     }
 
     #[test]

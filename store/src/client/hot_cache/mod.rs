@@ -17,7 +17,7 @@
 //!   last holder lets go, even when the entry was invalidated meanwhile; so a block being read
 //!   is never overwritten by a fill.
 //! * **Fills** come in two modes ([`FillMode`], setting `LOCAL_HOT_CACHE_FILL`):
-//!   * **Deferred** (default): a get that misses does exactly what it does without the cache
+//!   * **Deferred**: a get that misses does exactly what it does without the cache
 //!     (the same transfer into the caller's memory or its fresh result, no copy into the
 //!     cache) and hands the fill, with blocks reserved for it, to a background **filler**
 //!     thread, which later reads the replica again into those blocks with the engine (on RDMA
@@ -44,9 +44,9 @@
 //!        still have to match the master's identity of the object, as every hit does).
 //!     5. *Shutdown*: [`HotCache::close`] (the client's `close`) drops the queued fills,
 //!        abandons the running one before its next piece, and joins the thread.
-//!   * **Inline**: every fill is made of the bytes the get itself brought; nothing is read
-//!     from the network twice, at the cost of one more copy of the value inside the get. A
-//!     byte get (`get`, `get_batch`) that misses lands the remote bytes directly in blocks
+//!   * **Inline** (default): every fill is made of the bytes the get itself brought;
+//!     nothing is read from the network twice, at the cost of one more copy of the value
+//!     inside the get. A byte get (`get`, `get_batch`) that misses lands the remote bytes directly in blocks
 //!     reserved for the fill (instead of the staging buffer) and copies them to the caller
 //!     from there: the same transfer and the same one copy as without the cache.
 //!     A zero-copy get (`get_into`, `batch_get_into`) reads straight into the caller's memory
