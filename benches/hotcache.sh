@@ -2,7 +2,9 @@
 # The client's local hot cache between two hosts (network namespaces), in one run:
 #
 #   benches/hotcache.sh [hot-cache|replay|all] [--pairs N] [--pin] [--link shaped|unshaped|both]
-#   (default: all, 5 pairs, both links; BIN_DIR=DIR runs DIR's binaries instead of building)
+#                       [--fill inline|deferred]
+#   (default: all, 5 pairs, both links, inline fills; BIN_DIR=DIR runs DIR's binaries instead
+#   of building)
 #
 # Host A runs crescent-master and a holder client (crescent client, 2 GiB segment) that holds
 # every object; host B runs storebench, whose readers fetch them over tcp. The reference table
@@ -16,12 +18,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "hotcache.sh needs root (network namespaces)" >&2; exit 1; }
-WHAT=all PAIRS=5 PIN= LINK=both
+WHAT=all PAIRS=5 PIN= LINK=both FILL=inline
 while [ $# -gt 0 ]; do
   case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
     --pin) PIN=1; shift ;;
     --link) LINK=$2; shift 2 ;;
+    --fill) FILL=$2; shift 2 ;;
     hot-cache|replay|all) WHAT=$1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -65,8 +68,8 @@ run() { # label, storebench args
 
 if [ "$WHAT" = all ] || [ "$WHAT" = hot-cache ]; then
   case $LINK in shaped|unshaped|both) ;; *) echo "--link shaped, unshaped or both" >&2; exit 2 ;; esac
-  if [ "$LINK" != unshaped ]; then SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" hot-cache --pairs "$PAIRS"; fi
-  if [ "$LINK" != shaped ]; then SHAPE=off shape; run "veth unshaped" hot-cache --pairs "$PAIRS"; fi
+  if [ "$LINK" != unshaped ]; then SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" hot-cache --pairs "$PAIRS" --fill "$FILL"; fi
+  if [ "$LINK" != shaped ]; then SHAPE=off shape; run "veth unshaped" hot-cache --pairs "$PAIRS" --fill "$FILL"; fi
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = replay ]; then
   SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" replay

@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use crescent_engine::parse_size;
-use crescent_store::client::hot_cache::{Admission, HotCacheSettings};
+use crescent_store::client::hot_cache::{Admission, FillMode, HotCacheSettings};
 use crescent_store::{pattern, ClientConfig, StoreClient};
 
 use crate::report;
@@ -61,6 +61,15 @@ pub struct HotCacheArgs {
     /// round's ratio (cached / uncached, target <= 1.10x).
     #[arg(long, default_value_t = 5)]
     pub pairs: usize,
+    /// How the cached readers' misses fill the cache: `inline` (the default: the get fills
+    /// the cache from its own bytes) or `deferred` (a background filler reads the object
+    /// again when the reader's own reads leave the link idle).
+    #[arg(long, default_value = "inline", value_parser = parse_fill)]
+    pub fill: FillMode,
+}
+
+fn parse_fill(s: &str) -> Result<FillMode, String> {
+    s.parse().map_err(|e: crescent_store::StoreError| e.to_string())
 }
 
 #[derive(Args, Debug, Clone)]
@@ -110,11 +119,17 @@ fn writer(c: &Common) -> Result<Arc<StoreClient>> {
     })?)
 }
 
-fn reader(c: &Common, cache: u64, block: Option<u64>, admission: Admission, buffer: u64) -> Result<Arc<StoreClient>> {
+fn reader(
+    c: &Common,
+    cache: u64,
+    block: Option<u64>,
+    (admission, fill): (Admission, FillMode),
+    buffer: u64,
+) -> Result<Arc<StoreClient>> {
     let hot_cache = if cache == 0 {
         HotCacheSettings::default()
     } else {
-        HotCacheSettings { admission, ..HotCacheSettings::with_sizes(cache, block) }
+        HotCacheSettings { admission, fill, ..HotCacheSettings::with_sizes(cache, block) }
     };
     let client = StoreClient::connect(ClientConfig {
         master_server_address: c.master.clone(),
@@ -169,7 +184,7 @@ fn reader_rounds(
     c: u64,
     rounds: usize,
 ) -> Result<(Vec<f64>, String)> {
-    let r = reader(&a.common, c, None, Admission::Always, 64 * MIB)?;
+    let r = reader(&a.common, c, None, (Admission::Always, a.fill), 64 * MIB)?;
     // batchGet reads into buffers allocated and registered once, as an inference
     // engine does (and as the reference's batch call does): `batch_get_into`.
     let mut bufs = vec![0u8; a.batch * size as usize];
@@ -307,11 +322,12 @@ fn print_first_round_pairs(a: &HotCacheArgs, pairs: &[(&str, u64, u64, report::P
 
 fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
     println!(
-        "hot cache, {} rounds, {} keys{}; values and caches in MiB; Avg round = mean of all rounds, Warm avg = \
+        "hot cache ({:?} fill), {} rounds, {} keys{}; values and caches in MiB; Avg round = mean of all rounds, Warm avg = \
          rounds 2-{}; Delta = 1 - Avg round / First round of the same row, as the reference computes it (its \
          row 2: 1 - 287.38 / 1204.43 = 76.14 %), Warm delta = 1 - Warm avg / First round; batchGet = \
          batch_get_into into buffers registered once, batchGet (bytes) = get_batch, which allocates a fresh \
          buffer per value and call",
+        a.fill,
         a.rounds,
         a.keys,
         if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
@@ -334,7 +350,7 @@ fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
                 let fr = r.first() / b.first();
                 checks.push(format!(
                     "{} {} MiB / {} MiB: warm delta {:.2} % (target >= 90 %: {}), first round {:.2}x the uncached first \
-                     round (target <= 1.10x: {}); cache: {}",
+                     round (target <= 1.10x: {}); rounds (ms): {}; cache: {}",
                     r.method,
                     r.size / MIB,
                     r.cache / MIB,
@@ -342,6 +358,7 @@ fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
                     if wd >= 0.90 { "met" } else { "NOT met" },
                     fr,
                     if fr <= 1.10 { "met" } else { "NOT met" },
+                    r.rounds_ms.iter().map(|ms| format!("{ms:.1}")).collect::<Vec<_>>().join(" "),
                     r.metrics
                 ));
                 (
@@ -433,7 +450,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
                 let admissions: &[Admission] =
                     if here == 0 { &[Admission::Always] } else { &[Admission::Always, Admission::SecondAccess] };
                 for &adm in admissions {
-                    let r = reader(&a.common, here, Some(chunk), adm, 16 * MIB)?;
+                    let r = reader(&a.common, here, Some(chunk), (adm, FillMode::default()), 16 * MIB)?;
                     let (lat, secs) = run_replay(&r, &plan, conc, chunks, chunk, &key)?;
                     let m = r.hot_cache().map(|h| {
                         h.flush();

@@ -356,6 +356,7 @@ pub const ENV_NAMES: [&str; 30] = [
     "LOCAL_HOT_CACHE_SIZE",
     "LOCAL_HOT_BLOCK_SIZE",
     "MC_STORE_LOCAL_HOT_CACHE_SIZE",
+    "LOCAL_HOT_CACHE_FILL",
 ];
 
 /// Environment values (sizes, durations, numbers, names): line `i` of the input is the value

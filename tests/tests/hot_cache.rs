@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use crescent_engine::TransportKind;
-use crescent_store::client::hot_cache::{HotCacheMetrics, HotCacheSettings};
+use crescent_store::client::hot_cache::{FillMode, HotCacheMetrics, HotCacheSettings};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::{pattern, AllocationStrategy, ClientConfig, MasterConfig, StoreClient};
 
@@ -44,6 +44,11 @@ fn client_over(
 /// A reader whose cache has `blocks` blocks of 1 MiB.
 fn reader(m: &MasterHandle, blocks: u64) -> Arc<StoreClient> {
     client(m, 4 * MIB, HotCacheSettings::with_sizes(blocks * MIB, Some(MIB)))
+}
+
+/// Settings of a cache of `blocks` blocks of 1 MiB whose misses are filled by the filler.
+fn deferred(blocks: u64) -> HotCacheSettings {
+    HotCacheSettings { fill: FillMode::Deferred, ..HotCacheSettings::with_sizes(blocks * MIB, Some(MIB)) }
 }
 
 fn data(len: u64, seed: u64) -> Vec<u8> {
@@ -298,10 +303,13 @@ fn tcp_client(m: &MasterHandle, segment: u64, hot: HotCacheSettings) -> Arc<Stor
 }
 
 #[test]
-fn a_zero_copy_miss_fills_the_cache_from_the_bytes_it_read() {
+fn an_inline_zero_copy_miss_fills_the_cache_from_the_bytes_it_read() {
     let m = master();
     let a = tcp_client(&m, 16 * MIB, HotCacheSettings::default());
+    // Inline mode (the default): the fill is made of the get's own bytes (a deferred fill
+    // reads again).
     let b = tcp_client(&m, 4 * MIB, HotCacheSettings::with_sizes(8 * MIB, Some(MIB)));
+    assert_eq!(b.hot_cache().unwrap().fill_mode(), FillMode::Inline, "the default");
     let size = 4 * MIB;
     a.put("z", &data(size, 21)).unwrap();
     // The first object of A's fresh segment sits at the segment's start.
@@ -377,6 +385,8 @@ fn the_hot_cache_metrics_are_served_for_prometheus() {
         "crescent_client_hot_cache_misses_total 1",
         "crescent_client_hot_cache_fills_total 1",
         "crescent_client_hot_cache_dropped_fills_total 0",
+        "crescent_client_hot_cache_deferred_fills_total 0",
+        "crescent_client_hot_cache_taken_over_total 0",
         "crescent_client_hot_cache_evictions_total 0",
         "crescent_client_hot_cache_served_bytes_total 1048576",
         "crescent_client_hot_cache_entries 1",
@@ -426,4 +436,163 @@ fn gets_into_several_buffers_and_by_ranges_fill_and_hit_the_cache() {
     let m2 = metrics(&b);
     assert_eq!((m2.misses, m2.fills, m2.hits), (1, 1, 3), "{m2}");
     b.unregister_buffer(at).unwrap();
+}
+
+/// The cache's counters now, without waiting for the worker or the filler (which may be
+/// held back on purpose).
+fn now(c: &StoreClient) -> HotCacheMetrics {
+    c.hot_cache_metrics().unwrap()
+}
+
+/// Polls `cond` on `c`'s counters for up to 20 s (a guard against a hang, not a timing).
+fn until(c: &StoreClient, what: &str, cond: impl Fn(&HotCacheMetrics) -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !cond(&now(c)) {
+        assert!(std::time::Instant::now() < deadline, "{what}: {}", now(c));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Runs `f` on a thread and fails the test if it panicked or has not returned within 60 s (a
+/// hang guard, not a timing).
+fn within_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed (see its panic above)"),
+    }
+}
+
+/// Deferred mode: a cold get reads as without the cache; the filler then reads
+/// the object again into the cache, and the next get is a hit that moves nothing over the
+/// network (the holder has stopped serving its memory by then). Byte gets and batches into
+/// registered buffers alike.
+#[test]
+fn a_deferred_miss_is_filled_in_the_background_and_the_next_get_hits_without_the_network() {
+    let m = master();
+    let a = tcp_client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = tcp_client(&m, 4 * MIB, deferred(8));
+    assert_eq!(b.hot_cache().unwrap().fill_mode(), FillMode::Deferred);
+    let size = 3 * MIB + 5;
+    a.put("one", &data(size, 51)).unwrap();
+    a.put("two", &data(MIB, 52)).unwrap();
+    let base = a.query("one").unwrap().replicas[0].address;
+    assert!(ok(&b.get("one").unwrap(), size, 51), "the cold get's own bytes");
+    let mut buf = vec![0u8; MIB as usize];
+    let at = buf.as_mut_ptr() as u64;
+    b.register_buffer(at, MIB).unwrap();
+    let got = b.batch_get_into(&["two".to_string()], &[at], &[MIB]).unwrap();
+    assert_eq!(*got[0].as_ref().unwrap(), MIB);
+    assert!(ok(&buf, MIB, 52));
+    let m1 = metrics(&b); // waits for the filler
+    assert_eq!((m1.misses, m1.deferred_fills, m1.fills, m1.dropped_fills, m1.hits), (2, 2, 2, 0, 0), "{m1}");
+    // The holder stops serving: only the cache can answer now.
+    a.engine().unregister(base).unwrap();
+    assert!(ok(&b.get("one").unwrap(), size, 51), "a hit");
+    buf.fill(0);
+    let got = b.batch_get_into(&["two".to_string()], &[at], &[MIB]).unwrap();
+    assert_eq!(*got[0].as_ref().unwrap(), MIB);
+    assert!(ok(&buf, MIB, 52), "a hit");
+    let m2 = metrics(&b);
+    assert_eq!((m2.hits, m2.misses, m2.bytes_served), (2, 2, size + MIB), "{m2}");
+    b.unregister_buffer(at).unwrap();
+}
+
+/// While a read of the client's own is in flight the filler transfers nothing; a repeat miss
+/// of a key whose deferred fill is still queued fills it inline, and one of a key whose fill
+/// the filler has begun joins it and is served by it — all while that read is still in
+/// flight (the filler stops yielding for a fill a get waits for).
+#[test]
+fn the_filler_yields_to_the_clients_reads_but_a_repeat_miss_never_waits_for_idleness() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = client(&m, 4 * MIB, deferred(8));
+    a.put("k1", &data(MIB, 61)).unwrap();
+    a.put("k2", &data(MIB, 62)).unwrap();
+    // A read of B's own in flight throughout (a test's stand-in for one).
+    let busy = {
+        let b = b.clone();
+        let (hold, release) = std::sync::mpsc::channel::<()>();
+        let (held, is_held) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let _fg = b.hot_cache().unwrap().foreground();
+            held.send(()).unwrap();
+            let _ = release.recv();
+        });
+        is_held.recv().unwrap();
+        (hold, t)
+    };
+    let b2 = b.clone();
+    within_deadline("repeat misses while the client reads", move || {
+        let b = b2;
+        assert!(ok(&b.get("k1").unwrap(), MIB, 61));
+        assert!(ok(&b.get("k2").unwrap(), MIB, 62));
+        // The filler has begun k1's fill and waits before its first piece; k2's is queued.
+        until(&b, "the filler waits for the client's read", |m| m.filler_waits >= 1);
+        let m1 = now(&b);
+        assert_eq!((m1.deferred_fills, m1.fills, m1.entries), (2, 0, 0), "nothing transferred yet: {m1}");
+        // k2: still queued, taken over and filled inline by this get.
+        assert!(ok(&b.get("k2").unwrap(), MIB, 62));
+        // k1: begun, joined, and served by the filler's fetch although the read still runs.
+        assert!(ok(&b.get("k1").unwrap(), MIB, 61));
+        let m2 = now(&b);
+        assert_eq!((m2.taken_over, m2.merged, m2.misses, m2.hits), (1, 1, 4, 0), "{m2}");
+    });
+    drop(busy.0);
+    busy.1.join().unwrap();
+    let m3 = metrics(&b);
+    assert_eq!((m3.fills, m3.entries, m3.dropped_fills), (2, 2, 0), "{m3}");
+    assert!(ok(&b.get("k1").unwrap(), MIB, 61) && ok(&b.get("k2").unwrap(), MIB, 62));
+    assert_eq!(metrics(&b).hits, 2);
+}
+
+/// The client's own remove of a key while its deferred fill waits: the fill is voided (never
+/// entered, its blocks back), and the next get reads the key's new bytes.
+#[test]
+fn an_invalidation_voids_a_waiting_deferred_fill() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = client(&m, 4 * MIB, deferred(8));
+    let size = 2 * MIB;
+    a.put("k", &data(size, 71)).unwrap();
+    let fg = b.hot_cache().unwrap().foreground(); // the filler waits
+    assert!(ok(&b.get("k").unwrap(), size, 71));
+    b.remove_with("k", true).unwrap();
+    // Same size, same holder: the new bytes likely sit where the old ones were.
+    a.put("k", &data(size, 72)).unwrap();
+    drop(fg);
+    let m1 = metrics(&b);
+    assert_eq!((m1.deferred_fills, m1.fills, m1.entries, m1.blocks_in_use), (1, 0, 0, 0), "{m1}");
+    assert_eq!(m1.dropped_fills, 1, "{m1}");
+    assert!(ok(&b.get("k").unwrap(), size, 72), "the new bytes");
+    flush(&b);
+    assert!(ok(&b.get("k").unwrap(), size, 72), "and then from the cache");
+    let m2 = metrics(&b);
+    assert_eq!((m2.hits, m2.fills), (1, 1), "{m2}");
+}
+
+/// `close` with deferred fills queued behind a read of the client's own returns (the filler
+/// stops; the queued fills go, with their blocks).
+#[test]
+fn close_stops_the_filler_with_fills_queued() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = client(&m, 4 * MIB, deferred(8));
+    for i in 0..4 {
+        a.put(&format!("q{i}"), &data(MIB, 80 + i)).unwrap();
+    }
+    let fg = b.hot_cache().unwrap().foreground();
+    for i in 0..4 {
+        assert!(ok(&b.get(&format!("q{i}")).unwrap(), MIB, 80 + i));
+    }
+    until(&b, "the filler waits", |m| m.filler_waits >= 1);
+    let b2 = b.clone();
+    within_deadline("close with fills queued", move || b2.close().unwrap());
+    drop(fg);
+    let m1 = metrics(&b);
+    assert_eq!((m1.deferred_fills, m1.dropped_fills, m1.fills, m1.blocks_in_use), (4, 4, 0, 0), "{m1}");
 }

@@ -147,6 +147,7 @@ struct FileConfig {
     local_hot_cache_size: Option<serde_json::Value>,
     local_hot_block_size: Option<serde_json::Value>,
     local_hot_cache_admission: Option<String>,
+    local_hot_cache_fill: Option<String>,
     client_metrics_address: Option<String>,
     cluster_secret_file: Option<String>,
     tenant_id: Option<String>,
@@ -332,6 +333,9 @@ impl ClientConfig {
         if let Some(v) = f.local_hot_cache_admission {
             hot.admission = v.parse().map_err(|e| StoreError::Config(format!("local_hot_cache_admission: {e}")))?;
         }
+        if let Some(v) = f.local_hot_cache_fill {
+            hot.fill = v.parse().map_err(|e| StoreError::Config(format!("local_hot_cache_fill: {e}")))?;
+        }
         if let Some(v) = f.client_metrics_address {
             self.metrics_address = Some(v.trim().to_string()).filter(|a| !a.is_empty());
         }
@@ -474,24 +478,37 @@ mod tests {
 
     #[test]
     fn hot_cache_keys_are_read_from_the_file_and_judged_later() {
-        use crate::client::hot_cache::{Admission, Layout, Resolved};
+        use crate::client::hot_cache::{Admission, FillMode, Layout, Resolved};
         let mut c = ClientConfig::default();
-        c.apply_json(r#"{"local_hot_cache_size":838860800,"local_hot_block_size":"16777216","local_hot_cache_admission":"second_access"}"#)
+        c.apply_json(r#"{"local_hot_cache_size":838860800,"local_hot_block_size":"16777216","local_hot_cache_admission":"second_access","local_hot_cache_fill":"deferred"}"#)
             .unwrap();
         assert_eq!(
             c.hot_cache.resolve(),
-            Resolved::Enabled(Layout { blocks: 50, block_size: 16 << 20, admission: Admission::SecondAccess })
+            Resolved::Enabled(Layout {
+                blocks: 50,
+                block_size: 16 << 20,
+                admission: Admission::SecondAccess,
+                fill: FillMode::Deferred
+            })
         );
         // Sizes take the grammar of the other size keys.
         c.apply_json(r#"{"local_hot_cache_size":"800MB"}"#).unwrap();
         assert_eq!(
             c.hot_cache.resolve(),
-            Resolved::Enabled(Layout { blocks: 50, block_size: 16 << 20, admission: Admission::SecondAccess })
+            Resolved::Enabled(Layout {
+                blocks: 50,
+                block_size: 16 << 20,
+                admission: Admission::SecondAccess,
+                fill: FillMode::Deferred
+            })
         );
         // An unusable size is not an error: the client starts without the cache.
         c.apply_json(r#"{"local_hot_cache_size":"800XB"}"#).unwrap();
         assert!(matches!(c.hot_cache.resolve(), Resolved::Disabled { warning: Some(w) } if w.contains("\"800XB\"")));
         assert!(c.apply_json(r#"{"local_hot_cache_admission":"maybe"}"#).is_err());
+        assert!(c.apply_json(r#"{"local_hot_cache_fill":"later"}"#).is_err());
+        c.apply_json(r#"{"local_hot_cache_fill":"inline"}"#).unwrap();
+        assert_eq!(c.hot_cache.fill, FillMode::Inline);
     }
 
     #[test]

@@ -57,6 +57,12 @@ impl Listed {
     pub(crate) fn lease_held(&self, key: &str) -> Result<()> {
         self.clock.held(key, self.reply.lease_ttl_ms)
     }
+
+    /// When the list's lease ends: a read that ends later is refused as [`Self::lease_held`]
+    /// refuses it (`None`: the master stated no lease).
+    pub(crate) fn lease_end(&self) -> Option<Instant> {
+        (self.reply.lease_ttl_ms != 0).then(|| self.clock.0 + Duration::from_millis(self.reply.lease_ttl_ms))
+    }
 }
 
 impl Deref for Listed {

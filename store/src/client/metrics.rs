@@ -39,6 +39,9 @@ pub struct ClientMetrics {
     merged: IntCounter,
     fills: IntCounter,
     dropped_fills: IntCounter,
+    deferred_fills: IntCounter,
+    taken_over: IntCounter,
+    filler_waits: IntCounter,
     evictions: IntCounter,
     bytes_served: IntCounter,
     auth_required: IntGauge,
@@ -73,6 +76,18 @@ impl ClientMetrics {
             dropped_fills: counter(
                 "hot_cache_dropped_fills_total",
                 "Fills given up: queue full, no block free, or the transfer failed",
+            )?,
+            deferred_fills: counter(
+                "hot_cache_deferred_fills_total",
+                "Fills handed to the background filler (deferred fill mode)",
+            )?,
+            taken_over: counter(
+                "hot_cache_taken_over_total",
+                "Deferred fills a repeat miss took over and filled inline before the filler began them",
+            )?,
+            filler_waits: counter(
+                "hot_cache_filler_waits_total",
+                "Times the background filler waited, before a piece, for this client's own reads to end",
             )?,
             evictions: counter("hot_cache_evictions_total", "Hot cache entries evicted to make room")?,
             bytes_served: counter("hot_cache_served_bytes_total", "Bytes copied to callers out of the hot cache")?,
@@ -130,6 +145,9 @@ impl ClientMetrics {
                 (&self.merged, m.merged),
                 (&self.fills, m.fills),
                 (&self.dropped_fills, m.dropped_fills),
+                (&self.deferred_fills, m.deferred_fills),
+                (&self.taken_over, m.taken_over),
+                (&self.filler_waits, m.filler_waits),
                 (&self.evictions, m.evictions),
                 (&self.bytes_served, m.bytes_served),
             ] {

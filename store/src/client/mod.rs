@@ -1376,6 +1376,9 @@ impl StoreClient {
             return Ok(());
         }
         self.stop.store(true, Ordering::Release);
+        if let Some(hot) = &self.hot {
+            hot.close(); // the deferred filler stops (its queued fills dropped)
+        }
         self.metrics_server.lock().take();
         self.close_sessions();
         let disk_closed = self.disk.as_ref().map_or(Ok(()), DiskLink::close);

@@ -20,8 +20,9 @@ use crate::proto::ReplicaDescriptor;
 /// Piece of a byte get staged at a time (two are in flight).
 const STAGED_GET_PIECE: u64 = 2 << 20;
 
-/// Piece a byte get with the cache lands at a time (see [`Exec::land`]).
-const LAND_PIECE: u64 = 2 << 20;
+/// Piece a byte get with the cache lands at a time (see [`Exec::land`]); the deferred filler
+/// reads in the same pieces.
+const LAND_PIECE: u64 = hot_cache::FILL_PIECE;
 
 /// One key's plan, with the hot cache's entry it holds on a hit.
 struct Planned<'l, 'c> {
@@ -99,11 +100,13 @@ impl<'c> Exec<'c> {
         }
     }
 
-    /// Reads a remote replica. With the cache (`fill`): a byte get lands the bytes in blocks
-    /// reserved for the fill and copies them to the caller from there (in place of the staging
-    /// buffer); a get into registered memory reads there and copies from there into the
-    /// blocks. A get of an object another get is fetching waits for that fetch instead. A read
-    /// that ends after the list's lease fails and fills nothing (see [`super::lease`]).
+    /// Reads a remote replica. With the cache (`fill`), deferred mode: read as without the
+    /// cache, then hand the fill to the filler. Inline mode (or a deferred fill this get took
+    /// over): a byte get lands the bytes in blocks reserved for the fill and copies them to
+    /// the caller from there (in place of the staging buffer); a get into registered memory
+    /// reads there and copies from there into the blocks. A get of an object another get (or
+    /// the filler) is fetching waits for that fetch instead. A read that ends after the list's
+    /// lease fails and fills nothing (see [`super::lease`]).
     fn read_remote(
         &self,
         key: &str,
@@ -117,6 +120,12 @@ impl<'c> Exec<'c> {
             return list.lease_held(key);
         };
         match cache.begin(key, list, r) {
+            Miss::Defer(fill) => {
+                self.read_replica(key, r, dst)?; // on failure the fill's blocks go back
+                list.lease_held(key)?;
+                cache.defer(fill, list.lease_end());
+                Ok(())
+            }
             Miss::Lead(mut fill) => {
                 match dst {
                     Dst::Bytes { out, offset: 0 } if out.len() as u64 == list.size => self.land(key, r, &fill, out)?,
@@ -148,6 +157,7 @@ impl<'c> Exec<'c> {
 
     /// Reads what `dst` takes of a remote replica `r` (no lease check: the caller's).
     pub(crate) fn read_replica(&self, key: &str, r: &ReplicaDescriptor, dst: &mut Dst<'_>) -> Result<()> {
+        let _foreground = self.hot.map(HotCache::foreground); // the filler waits meanwhile
         let seg = self.open(key, &r.segment_name)?;
         let read = |local: u64, at: u64, n: u64| TransferRequest {
             opcode: Opcode::Read,
@@ -235,6 +245,7 @@ impl<'c> Exec<'c> {
     /// the staged get without the cache overlaps its copies), so that only the last piece's
     /// copy adds to the get.
     fn land(&self, key: &str, r: &ReplicaDescriptor, fill: &Fill, out: &mut [MaybeUninit<u8>]) -> Result<()> {
+        let _foreground = self.hot.map(HotCache::foreground); // the filler waits meanwhile
         let seg = self.open(key, &r.segment_name)?;
         let mut landing = Landing { engine: self.engine, pieces: VecDeque::new() };
         for (off, addr, len) in fill.pieces() {
@@ -352,6 +363,7 @@ impl<'c> Exec<'c> {
         let mut requests_of: Vec<std::ops::Range<usize>> = vec![0..0; n];
         let (mut hits, mut fills, mut joins, mut batched, mut later) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut deferred = Vec::new();
         for i in 0..n {
             let (Some(list), Some(dst), Ok(())) = (&lists[i], dsts[i].as_mut(), &results[i]) else { continue };
             let planned = self.plan(&keys[i], list, dst.covers(list.size));
@@ -369,6 +381,7 @@ impl<'c> Exec<'c> {
                     if let (Some(cache), true) = (self.hot, fill) {
                         match cache.begin(&keys[i], list, replica) {
                             Miss::Lead(f) => fills.push((i, f)),
+                            Miss::Defer(f) => deferred.push((i, f)),
                             Miss::Join(joined) => {
                                 joins.push((i, joined));
                                 transfer = false;
@@ -405,6 +418,8 @@ impl<'c> Exec<'c> {
             }
             plans[i] = Some(planned);
         }
+        // The filler waits while this batch's transfers move.
+        let foreground = self.hot.filter(|_| !requests.is_empty()).map(HotCache::foreground);
         let batch = self.start_batch(&requests)?;
         for &i in &hits {
             let guard = plans[i].as_ref().and_then(|p| p.guard.as_ref()).expect("a hit holds its entry");
@@ -424,6 +439,7 @@ impl<'c> Exec<'c> {
             _ => drop(fills),
         }
         self.finish_batch(batch, keys, &owner, results)?;
+        drop(foreground);
         // A read that ended after the lease may hold another object's bytes (see [`super::lease`]).
         for &i in &batched {
             if let (Ok(()), Some(list)) = (&results[i], &lists[i]) {
@@ -431,6 +447,15 @@ impl<'c> Exec<'c> {
             }
             if results[i].as_ref().is_err_and(plan::try_next) {
                 later.push((i, 1));
+            }
+        }
+        // Misses read within their lease hand their fills to the filler (before this batch
+        // waits for any fetch: a key twice in the batch waits for the first one's fill).
+        if let Some(cache) = self.hot {
+            for (i, fill) in deferred {
+                if let (Ok(()), Some(list)) = (&results[i], &lists[i]) {
+                    cache.defer(fill, list.lease_end());
+                } // else dropped: its blocks go back
             }
         }
         if let Some(cache) = self.hot {

@@ -1,6 +1,8 @@
 //! The hot cache's settings: `LOCAL_HOT_CACHE_SIZE` / `LOCAL_HOT_BLOCK_SIZE` (or their
 //! `MC_STORE_` forms), the config file's `local_hot_cache_size` / `local_hot_block_size`, or a
-//! builder. Sizes take the grammar of every size knob ([`crescent_engine::parse_size`]:
+//! builder; beside them the admission policy (`LOCAL_HOT_CACHE_ADMISSION`,
+//! `local_hot_cache_admission`) and how misses fill the cache (`LOCAL_HOT_CACHE_FILL`,
+//! `local_hot_cache_fill`: [`FillMode`]). Sizes take the grammar of every size knob ([`crescent_engine::parse_size`]:
 //! `419430400`, `400M`, `1G`, ...). Unlike the client's other settings, an unusable size is not
 //! an error: it disables the cache with one warning that names the value (an unset size
 //! disables it silently).
@@ -22,6 +24,8 @@ pub const CACHE_SIZE_VARS: [&str; 2] = ["LOCAL_HOT_CACHE_SIZE", "MC_STORE_LOCAL_
 pub const BLOCK_SIZE_VARS: [&str; 2] = ["LOCAL_HOT_BLOCK_SIZE", "MC_STORE_LOCAL_HOT_BLOCK_SIZE"];
 /// The environment variable of the admission policy (`always`, `second_access`).
 pub const ADMISSION_VAR: &str = "LOCAL_HOT_CACHE_ADMISSION";
+/// The environment variables of the fill mode (`inline`, `deferred`), first spelling first.
+pub const FILL_VARS: [&str; 2] = ["LOCAL_HOT_CACHE_FILL", "MC_STORE_LOCAL_HOT_CACHE_FILL"];
 
 /// A size as it was written, and where (for the warning that names it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +67,32 @@ impl std::str::FromStr for Admission {
     }
 }
 
+/// How a miss fills the cache (see the module doc of [`super`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FillMode {
+    /// The get itself fills the cache from the bytes it brought: one more copy of the value
+    /// inside the call (a byte get lands in the cache's blocks and copies out, a get into
+    /// the caller's memory copies from there into the blocks). The default: on a link slower
+    /// than the copy, the deferred fill's second transfer costs the next round more than the
+    /// copy costs the first (docs: benchmarks, hot cache).
+    #[default]
+    Inline,
+    /// The get does what it does without the cache; a background filler reads the replica
+    /// again into the cache's blocks when this client's own reads leave the link idle.
+    Deferred,
+}
+
+impl std::str::FromStr for FillMode {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "inline" | "" => Ok(FillMode::Inline),
+            "deferred" => Ok(FillMode::Deferred),
+            _ => Err(StoreError::Config(format!("hot cache fill {s:?}: expected \"inline\" or \"deferred\""))),
+        }
+    }
+}
+
 /// The hot cache's settings before they are checked (see [`HotCacheSettings::resolve`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HotCacheSettings {
@@ -72,6 +102,8 @@ pub struct HotCacheSettings {
     pub block_size: Option<SizeSetting>,
     /// Which misses may fill the cache.
     pub admission: Admission,
+    /// How a miss fills the cache.
+    pub fill: FillMode,
 }
 
 /// What the settings amount to.
@@ -96,6 +128,8 @@ pub struct Layout {
     pub block_size: u64,
     /// Which misses may fill the cache.
     pub admission: Admission,
+    /// How a miss fills the cache.
+    pub fill: FillMode,
 }
 
 /// A size in the grammar of every size knob ([`crescent_engine::parse_size`]: `4096`, `64K`,
@@ -120,6 +154,7 @@ impl HotCacheSettings {
             cache_size: Some(SizeSetting::new("hot cache size", cache_size.to_string())),
             block_size: block_size.map(|b| SizeSetting::new("hot cache block size", b.to_string())),
             admission: Admission::Always,
+            fill: FillMode::default(),
         }
     }
 
@@ -137,6 +172,10 @@ impl HotCacheSettings {
             admission: match get(ADMISSION_VAR) {
                 Some(v) => v.parse().map_err(|e| StoreError::Config(format!("{ADMISSION_VAR}: {e}")))?,
                 None => Admission::Always,
+            },
+            fill: match FILL_VARS.iter().find_map(|n| get(n).map(|v| (*n, v))) {
+                Some((name, v)) => v.parse().map_err(|e| StoreError::Config(format!("{name}: {e}")))?,
+                None => FillMode::default(),
             },
         })
     }
@@ -171,7 +210,12 @@ impl HotCacheSettings {
         if blocks > MAX_BLOCKS {
             return disabled(cache, &format!("makes {blocks} blocks of {block_name}: more than {MAX_BLOCKS} blocks"));
         }
-        Resolved::Enabled(Layout { blocks: blocks as u32, block_size: block_bytes, admission: self.admission })
+        Resolved::Enabled(Layout {
+            blocks: blocks as u32,
+            block_size: block_bytes,
+            admission: self.admission,
+            fill: self.fill,
+        })
     }
 
     /// Applies the config file's keys (any JSON value: numbers, strings, and whatever else is
@@ -212,12 +256,36 @@ mod tests {
     #[test]
     fn valid_sizes_make_floor_size_over_block_blocks() {
         let r = from(&[("LOCAL_HOT_CACHE_SIZE", "419430400")]).resolve();
-        assert_eq!(r, Resolved::Enabled(Layout { blocks: 25, block_size: 16 << 20, admission: Admission::Always }));
+        assert_eq!(
+            r,
+            Resolved::Enabled(Layout {
+                blocks: 25,
+                block_size: 16 << 20,
+                admission: Admission::Always,
+                fill: FillMode::Inline
+            })
+        );
         let r = from(&[("LOCAL_HOT_CACHE_SIZE", " 1000 "), ("LOCAL_HOT_BLOCK_SIZE", "300")]).resolve();
-        assert_eq!(r, Resolved::Enabled(Layout { blocks: 3, block_size: 300, admission: Admission::Always }));
+        assert_eq!(
+            r,
+            Resolved::Enabled(Layout {
+                blocks: 3,
+                block_size: 300,
+                admission: Admission::Always,
+                fill: FillMode::Inline
+            })
+        );
         // Exactly one block.
         let r = from(&[("MC_STORE_LOCAL_HOT_CACHE_SIZE", "4096"), ("MC_STORE_LOCAL_HOT_BLOCK_SIZE", "4096")]).resolve();
-        assert_eq!(r, Resolved::Enabled(Layout { blocks: 1, block_size: 4096, admission: Admission::Always }));
+        assert_eq!(
+            r,
+            Resolved::Enabled(Layout {
+                blocks: 1,
+                block_size: 4096,
+                admission: Admission::Always,
+                fill: FillMode::Inline
+            })
+        );
     }
 
     #[test]
@@ -234,7 +302,7 @@ mod tests {
             vars.extend(block.map(|b| ("LOCAL_HOT_BLOCK_SIZE", b)));
             assert_eq!(
                 from(&vars).resolve(),
-                Resolved::Enabled(Layout { blocks, block_size, admission: Admission::Always }),
+                Resolved::Enabled(Layout { blocks, block_size, admission: Admission::Always, fill: FillMode::Inline }),
                 "{vars:?}"
             );
             assert_eq!(crescent_engine::parse_size(cache).unwrap(), blocks as u64 * block_size, "{cache}");
@@ -307,6 +375,37 @@ mod tests {
     }
 
     #[test]
+    fn fill_mode_defaults_to_inline_and_parses_both_spellings() {
+        assert_eq!(from(&[]).fill, FillMode::Inline);
+        assert_eq!(from(&[("LOCAL_HOT_CACHE_FILL", " Deferred ")]).fill, FillMode::Deferred);
+        assert_eq!(from(&[("LOCAL_HOT_CACHE_FILL", "Inline")]).fill, FillMode::Inline);
+        assert_eq!(from(&[("MC_STORE_LOCAL_HOT_CACHE_FILL", "inline")]).fill, FillMode::Inline);
+        assert_eq!(
+            from(&[("LOCAL_HOT_CACHE_FILL", "deferred"), ("MC_STORE_LOCAL_HOT_CACHE_FILL", "inline")]).fill,
+            FillMode::Deferred,
+            "the plain spelling wins"
+        );
+        let map: HashMap<&str, &str> = [("LOCAL_HOT_CACHE_FILL", "lazy")].into();
+        let e = HotCacheSettings::from_vars(|n| map.get(n).map(|v| v.to_string())).unwrap_err().to_string();
+        assert!(e.contains("lazy") && e.contains("LOCAL_HOT_CACHE_FILL"), "{e}");
+        let r = from(&[
+            ("LOCAL_HOT_CACHE_SIZE", "8192"),
+            ("LOCAL_HOT_BLOCK_SIZE", "4096"),
+            ("LOCAL_HOT_CACHE_FILL", "deferred"),
+        ])
+        .resolve();
+        assert_eq!(
+            r,
+            Resolved::Enabled(Layout {
+                blocks: 2,
+                block_size: 4096,
+                admission: Admission::Always,
+                fill: FillMode::Deferred
+            })
+        );
+    }
+
+    #[test]
     fn file_values_of_any_json_type_are_judged_by_resolve() {
         let mut s = HotCacheSettings::default();
         HotCacheSettings::apply_file_value(&mut s.cache_size, "local_hot_cache_size", Some(serde_json::json!(-5)));
@@ -324,7 +423,12 @@ mod tests {
         );
         assert_eq!(
             s.resolve(),
-            Resolved::Enabled(Layout { blocks: 2, block_size: 16 << 20, admission: Admission::Always })
+            Resolved::Enabled(Layout {
+                blocks: 2,
+                block_size: 16 << 20,
+                admission: Admission::Always,
+                fill: FillMode::Inline
+            })
         );
         // null leaves the previous value.
         HotCacheSettings::apply_file_value(&mut s.cache_size, "local_hot_cache_size", Some(serde_json::Value::Null));

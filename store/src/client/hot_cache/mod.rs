@@ -16,16 +16,47 @@
 //!   that is held is never evicted, and its blocks go back to the free list only after the
 //!   last holder lets go, even when the entry was invalidated meanwhile; so a block being read
 //!   is never overwritten by a fill.
-//! * **Fills.** Every fill is made of the bytes the get itself brought; nothing is read from
-//!   the network twice. A byte get (`get`, `get_batch`) that misses lands the remote bytes
-//!   directly in blocks reserved for the fill (instead of the staging buffer) and copies them
-//!   to the caller from there: the same transfer and the same one copy as without the cache.
-//!   A zero-copy get (`get_into`, `batch_get_into`) reads straight into the caller's memory as
-//!   before and, once its transfers have ended, copies the bytes from there into the reserved
-//!   blocks (one memcpy before the call returns: the caller owns its buffer afterwards). The
-//!   copies into the blocks, and a byte get's copy out to its fresh result, use non-temporal
-//!   stores ([`stream_copy`]): the destination is not read soon, and a plain `memcpy` reads
-//!   every cold line before writing it.
+//! * **Fills** come in two modes ([`FillMode`], setting `LOCAL_HOT_CACHE_FILL`):
+//!   * **Deferred**: a get that misses does exactly what it does without the cache
+//!     (the same transfer into the caller's memory or its fresh result, no copy into the
+//!     cache) and hands the fill, with blocks reserved for it, to a background **filler**
+//!     thread, which later reads the replica again into those blocks with the engine (on RDMA
+//!     a one-sided read the NIC does; on TCP the peer sends it again) and enters it. So the
+//!     object crosses the network twice, but the second time off the get's critical path.
+//!     The filler keeps these rules:
+//!     1. *Off the critical path*: it reads in pieces of 2 MiB and, before each, waits (on a
+//!        condition variable, no spinning) while any remote read of this client's own is in
+//!        flight ([`HotCache::foreground`], held around every remote transfer of a get), and
+//!        until none has been for [`FILL_IDLE_GRACE`] (back-to-back gets leave gaps of a
+//!        master round trip, too short for a piece). It holds no lock a get needs while it
+//!        transfers.
+//!     2. *A repeat miss does not wait for idleness*: a get that misses a key whose deferred
+//!        fill is still queued takes it over and fills inline (below); one that finds it
+//!        started joins it (single flight), and from then on the filler no longer yields for
+//!        that fill, so a waiting get and a yielding filler never wait for each other.
+//!     3. *Bounded*: its queue has the fill queue's size (one slot per block, at most
+//!        [`MAX_FILL_QUEUE`]); when full the fill is dropped (counted in `dropped_fills`),
+//!        never waited for. The blocks of a dropped or failed fill go back. The read lease is
+//!        checked after the filler's transfer, as an inline fill checks it after the get's:
+//!        a fill whose lease ran out is dropped.
+//!     4. *Invalidation*: the client's own put or remove of the key ([`HotCache::invalidate`])
+//!        voids a queued or running fill of it: it is never entered (and a later hit would
+//!        still have to match the master's identity of the object, as every hit does).
+//!     5. *Shutdown*: [`HotCache::close`] (the client's `close`) drops the queued fills,
+//!        abandons the running one before its next piece, and joins the thread.
+//!   * **Inline** (default): every fill is made of the bytes the get itself brought;
+//!     nothing is read from the network twice, at the cost of one more copy of the value
+//!     inside the get. A byte get (`get`, `get_batch`) that misses lands the remote bytes directly in blocks
+//!     reserved for the fill (instead of the staging buffer) and copies them to the caller
+//!     from there: the same transfer and the same one copy as without the cache.
+//!     A zero-copy get (`get_into`, `batch_get_into`) reads straight into the caller's memory
+//!     as before and, once its transfers have ended, copies the bytes from there into the
+//!     reserved blocks (one memcpy before the call returns: the caller owns its buffer
+//!     afterwards). The copies into the blocks, and a byte get's copy out to its fresh result,
+//!     use non-temporal stores ([`stream_copy`]): the destination is not read soon, and a
+//!     plain `memcpy` reads every cold line before writing it. (A deferred fill taken over
+//!     by a repeat miss is filled this way.)
+//!
 //!   Entering the filled object into the index goes through a bounded queue served by one
 //!   worker thread; the queue has one slot per block (at most [`MAX_FILL_QUEUE`]) and every
 //!   queued fill holds a block, so it does not overflow below that size; when it is full the
@@ -51,7 +82,7 @@ pub(crate) mod value_buffer;
 use std::mem::MaybeUninit;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -62,9 +93,16 @@ use parking_lot::{Condvar, Mutex};
 
 use crescent_engine::{RegisteredMemory, TransferEngine};
 
-pub use config::{Admission, HotCacheSettings, Layout, Resolved, SizeSetting};
+pub use config::{Admission, FillMode, HotCacheSettings, Layout, Resolved, SizeSetting};
 
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
+
+/// Bytes the deferred filler reads at a time, checking for the client's own reads before each.
+pub const FILL_PIECE: u64 = 2 << 20;
+/// How long the client's own reads must have left the link idle before the filler starts a
+/// piece: back-to-back gets leave gaps of one master round trip between their transfers, and
+/// a piece started in such a gap would slow the next get down.
+pub const FILL_IDLE_GRACE: Duration = Duration::from_millis(2);
 
 /// The most fills waiting for the worker (the queue has one slot per block up to this); more
 /// are dropped.
@@ -100,17 +138,26 @@ pub struct HotCacheMetrics {
     /// Misses served by another get's fetch of the same object (single flight) instead of a
     /// transfer of their own.
     pub merged: u64,
+    /// Fills handed to the deferred filler.
+    pub deferred_fills: u64,
+    /// Deferred fills a repeat miss took over (and filled inline) before the filler began them.
+    pub taken_over: u64,
+    /// Times the filler waited, before a piece, for this client's own reads to end.
+    pub filler_waits: u64,
 }
 
 impl std::fmt::Display for HotCacheMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "hits={} misses={} merged={} fills={} dropped_fills={} evictions={} bytes_served={} entries={} blocks_in_use={}/{}",
+            "hits={} misses={} merged={} fills={} deferred={} taken_over={} filler_waits={} dropped_fills={} evictions={} bytes_served={} entries={} blocks_in_use={}/{}",
             self.hits,
             self.misses,
             self.merged,
             self.fills,
+            self.deferred_fills,
+            self.taken_over,
+            self.filler_waits,
             self.dropped_fills,
             self.evictions,
             self.bytes_served,
@@ -130,6 +177,9 @@ struct Counters {
     evictions: AtomicU64,
     bytes_served: AtomicU64,
     merged: AtomicU64,
+    deferred: AtomicU64,
+    taken_over: AtomicU64,
+    filler_waits: AtomicU64,
     local_reads: AtomicU64,
     said_all_local: AtomicBool,
 }
@@ -295,9 +345,35 @@ struct Flight {
     /// `None` while the fetch runs; then the entry, or `None` when the fetch failed.
     landed: Mutex<Option<Option<Arc<Entry>>>>,
     cv: Condvar,
+    /// A deferred fill's job while it waits in the filler's queue: a repeat miss takes its
+    /// fill over from there. (Weak: the queue owns the job.)
+    parked: Mutex<Weak<Deferred>>,
+    /// A get waits for this fetch: the filler no longer yields to the client's reads for it.
+    urgent: AtomicBool,
+    /// The key was invalidated (the client's own put or remove) during the fetch: its bytes
+    /// are never entered.
+    void: AtomicBool,
 }
 
 impl Flight {
+    fn new(id: Identity) -> Self {
+        Flight {
+            id,
+            landed: Mutex::new(None),
+            cv: Condvar::new(),
+            parked: Mutex::new(Weak::new()),
+            urgent: AtomicBool::new(false),
+            void: AtomicBool::new(false),
+        }
+    }
+
+    /// The fill of this flight's deferred job, if it is still queued (not begun by the filler).
+    fn take_parked(&self) -> Option<Fill> {
+        let job = self.parked.lock().upgrade()?;
+        let fill = job.fill.lock().take();
+        fill
+    }
+
     fn finish(&self, entry: Option<Arc<Entry>>) {
         let mut landed = self.landed.lock();
         if landed.is_none() {
@@ -318,8 +394,57 @@ struct Inner {
     touch_tx: Sender<String>,
     touch_rx: Receiver<String>,
     counters: Counters,
-    /// Jobs queued or running.
+    /// Jobs queued or running (the worker's and the filler's).
     pending: AtomicU64,
+    fill_mode: FillMode,
+    /// Remote reads of this client's own in flight (deferred mode only): the filler waits for
+    /// none, for [`FILL_IDLE_GRACE`], before each piece.
+    foreground: Mutex<Busy>,
+    /// Signalled when `foreground` drops to 0, a get joins a deferred fill, or the cache closes.
+    idle: Condvar,
+    /// Set by [`HotCache::close`]: the filler drops what it has.
+    closing: AtomicBool,
+}
+
+/// A fill handed to the filler: the reserved blocks (taken by the filler when it begins, or by
+/// a repeat miss before that) and when the lease of the get's replica list ends (the filler's
+/// read must end before; `None`: no lease stated).
+struct Deferred {
+    fill: Mutex<Option<Fill>>,
+    lease_end: Option<Instant>,
+}
+
+impl Deferred {
+    fn lease_held(&self) -> std::result::Result<(), String> {
+        match self.lease_end {
+            Some(end) if Instant::now() >= end => Err("the read lease ran out".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The client's own remote reads in flight, and since when there has been none.
+struct Busy {
+    reads: usize,
+    idle_since: Instant,
+}
+
+/// Stands for a remote read of the client in flight while held (see [`HotCache::foreground`]).
+pub struct Foreground<'a> {
+    inner: Option<&'a Inner>,
+}
+
+impl Drop for Foreground<'_> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner {
+            let mut busy = inner.foreground.lock();
+            busy.reads -= 1;
+            if busy.reads == 0 {
+                busy.idle_since = Instant::now();
+                inner.idle.notify_all();
+            }
+        }
+    }
 }
 
 /// Blocks reserved for one object being read, and the flight other gets of it wait for;
@@ -386,6 +511,9 @@ pub enum Miss {
     /// Read the object into this fill's blocks (or into the caller's memory, then
     /// [`Fill::copy_from`]) and publish it.
     Lead(Fill),
+    /// Read the object as without the cache, then hand this fill to the filler
+    /// ([`HotCache::defer`]) once the read succeeded within its lease.
+    Defer(Fill),
     /// Another get is fetching the same object: wait for it ([`HotCache::wait`]).
     Join(Joined),
     /// Not cached (not admitted, too large, or no block free); read as without the cache.
@@ -448,6 +576,9 @@ pub struct HotCache {
     inner: Arc<Inner>,
     jobs: Option<Sender<Job>>,
     worker: Option<JoinHandle<()>>,
+    /// The filler's queue and thread (deferred mode); taken by [`Self::close`].
+    deferred: Mutex<Option<Sender<Arc<Deferred>>>>,
+    filler: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for HotCache {
@@ -469,13 +600,14 @@ impl HotCache {
             Resolved::Enabled(layout) => match Self::with_layout(engine, layout) {
                 Ok(cache) => {
                     tracing::info!(
-                        "local hot cache enabled: {} blocks of {} bytes ({} bytes registered), admission {:?}; \
-                         it keeps objects read from other clients' replicas (a client whose data is all local \
-                         gains nothing from it)",
+                        "local hot cache enabled: {} blocks of {} bytes ({} bytes registered), admission {:?}, \
+                         fill {:?}; it keeps objects read from other clients' replicas (a client whose data is \
+                         all local gains nothing from it)",
                         layout.blocks,
                         layout.block_size,
                         layout.blocks as u64 * layout.block_size,
-                        layout.admission
+                        layout.admission,
+                        layout.fill
                     );
                     Some(cache)
                 }
@@ -523,16 +655,95 @@ impl HotCache {
             touch_rx,
             counters: Counters::default(),
             pending: AtomicU64::new(0),
+            fill_mode: layout.fill,
+            foreground: Mutex::new(Busy { reads: 0, idle_since: Instant::now() }),
+            idle: Condvar::new(),
+            closing: AtomicBool::new(false),
         });
         // Every queued fill holds at least one block: one slot per block and the queue never
-        // overflows (up to MAX_FILL_QUEUE blocks).
-        let (jobs, rx) = bounded((layout.blocks as usize).clamp(1, MAX_FILL_QUEUE));
+        // overflows (up to MAX_FILL_QUEUE blocks). The filler's queue is sized alike.
+        let slots = (layout.blocks as usize).clamp(1, MAX_FILL_QUEUE);
+        let (jobs, rx) = bounded(slots);
         let worker_inner = inner.clone();
         let worker = std::thread::Builder::new()
             .name("crescent-hot-fill".into())
             .spawn(move || worker_inner.serve(rx))
             .map_err(|e| crate::StoreError::Internal(format!("spawning the hot cache's fill worker: {e}")))?;
-        Ok(HotCache { inner, jobs: Some(jobs), worker: Some(worker) })
+        let mut cache = HotCache {
+            inner,
+            jobs: Some(jobs),
+            worker: Some(worker),
+            deferred: Mutex::new(None),
+            filler: Mutex::new(None),
+        };
+        if layout.fill == FillMode::Deferred {
+            let (tx, rx) = bounded(slots);
+            let (filler_inner, engine) = (cache.inner.clone(), engine.clone());
+            let filler = std::thread::Builder::new()
+                .name("crescent-hot-filler".into())
+                .spawn(move || filler_inner.fill_deferred(&engine, rx))
+                .map_err(|e| crate::StoreError::Internal(format!("spawning the hot cache's filler: {e}")))?;
+            cache.deferred = Mutex::new(Some(tx));
+            cache.filler = Mutex::new(Some(filler));
+        }
+        Ok(cache)
+    }
+
+    /// How misses fill this cache.
+    pub fn fill_mode(&self) -> FillMode {
+        self.inner.fill_mode
+    }
+
+    /// Held around every remote read of the client's own (its transfers): while any is held,
+    /// the deferred filler starts no piece of its own (except for a fill a get waits for).
+    /// In inline mode it counts nothing.
+    pub fn foreground(&self) -> Foreground<'_> {
+        if self.inner.fill_mode != FillMode::Deferred {
+            return Foreground { inner: None };
+        }
+        self.inner.foreground.lock().reads += 1;
+        Foreground { inner: Some(&self.inner) }
+    }
+
+    /// Hands a fill whose get read the object within its read lease to the filler, with the
+    /// time that lease ends (`None`: the master stated none): the filler's read must end
+    /// before it, as the get's had to. Dropped (counted, its blocks back) when the filler's
+    /// queue is full or closed.
+    pub fn defer(&self, fill: Fill, lease_end: Option<Instant>) {
+        let flight = fill.flight.clone();
+        let job = Arc::new(Deferred { fill: Mutex::new(Some(fill)), lease_end });
+        *flight.parked.lock() = Arc::downgrade(&job);
+        let inner = &self.inner;
+        inner.pending.fetch_add(1, Ordering::AcqRel);
+        let sent = match &*self.deferred.lock() {
+            Some(tx) => tx.try_send(job).map_err(|_| ()),
+            None => Err(()),
+        };
+        match sent {
+            Ok(()) => bump(&inner.counters.deferred, 1),
+            Err(()) => {
+                // The job (and with it the fill, unless a repeat miss took it just now) is
+                // dropped: its blocks go back, gets waiting for it read for themselves.
+                inner.pending.fetch_sub(1, Ordering::AcqRel);
+                bump(&inner.counters.dropped, 1);
+            }
+        }
+    }
+
+    /// Stops the deferred filler: queued fills are dropped, the running one is abandoned
+    /// before its next piece (a piece in flight ends within the engine's transfer timeout),
+    /// and its thread is joined. Gets still work afterwards; their fills are dropped.
+    pub fn close(&self) {
+        self.inner.closing.store(true, Ordering::SeqCst);
+        {
+            let _fg = self.inner.foreground.lock();
+            self.inner.idle.notify_all();
+        }
+        self.deferred.lock().take(); // the filler ends once the queue is closed and drained
+        let filler = self.filler.lock().take();
+        if let Some(f) = filler {
+            let _ = f.join();
+        }
     }
 
     /// Its counters now, and how many entries and blocks are in use.
@@ -551,6 +762,9 @@ impl HotCache {
             evictions: c.evictions.load(Ordering::Relaxed),
             bytes_served: c.bytes_served.load(Ordering::Relaxed),
             merged: c.merged.load(Ordering::Relaxed),
+            deferred_fills: c.deferred.load(Ordering::Relaxed),
+            taken_over: c.taken_over.load(Ordering::Relaxed),
+            filler_waits: c.filler_waits.load(Ordering::Relaxed),
         }
     }
 
@@ -587,6 +801,14 @@ impl HotCache {
         let inner = &self.inner;
         if let Some(flight) = inner.flights.get(key).map(|f| f.value().clone()) {
             if flight.id.matches(list) {
+                // A deferred fill not begun yet: this get fills it inline instead.
+                if let Some(fill) = flight.take_parked() {
+                    bump(&inner.counters.taken_over, 1);
+                    return Miss::Lead(fill);
+                }
+                // Begun (or led by another get): wait for it, and the filler stops yielding.
+                flight.urgent.store(true, Ordering::SeqCst);
+                inner.wake_filler();
                 let patience = Duration::from_millis((list.lease_ttl_ms / 2).max(100));
                 return Miss::Join(Joined { flight, patience });
             }
@@ -596,7 +818,7 @@ impl HotCache {
             return Miss::Skip;
         }
         let id = Identity::of(list, replica);
-        let flight = Arc::new(Flight { id: id.clone(), landed: Mutex::new(None), cv: Condvar::new() });
+        let flight = Arc::new(Flight::new(id.clone()));
         match inner.flights.entry(key.to_string()) {
             dashmap::Entry::Occupied(_) => return Miss::Skip, // another get began it just now
             dashmap::Entry::Vacant(v) => {
@@ -605,7 +827,11 @@ impl HotCache {
         }
         match inner.reserve(&id) {
             Some(blocks) => {
-                Miss::Lead(Fill { key: key.to_string(), id, blocks: Some(blocks), flight, inner: inner.clone() })
+                let fill = Fill { key: key.to_string(), id, blocks: Some(blocks), flight, inner: inner.clone() };
+                match inner.fill_mode {
+                    FillMode::Inline => Miss::Lead(fill),
+                    FillMode::Deferred => Miss::Defer(fill),
+                }
             }
             None => {
                 inner.flights.remove_if(key, |_, f| Arc::ptr_eq(f, &flight));
@@ -634,6 +860,10 @@ impl HotCache {
     /// Hands a fill whose bytes have landed to the worker (the gets waiting for it are served
     /// at once); dropped (counted) when the queue is full.
     pub fn publish(&self, mut fill: Fill) {
+        if fill.flight.void.load(Ordering::SeqCst) {
+            bump(&self.inner.counters.dropped, 1);
+            return; // invalidated meanwhile: dropped, its blocks go back
+        }
         let Some(blocks) = fill.blocks.take() else { return };
         let entry = Arc::new(Entry { id: fill.id.clone(), blocks });
         fill.flight.finish(Some(entry.clone()));
@@ -650,19 +880,27 @@ impl HotCache {
         }
     }
 
-    /// Forgets `key` (the client's own put or remove). Holders finish their reads first.
+    /// Forgets `key` (the client's own put or remove): a fill of it queued or running is
+    /// voided (never entered). Holders finish their reads first.
     pub fn invalidate(&self, key: &str) {
+        let flight = self.inner.flights.get(key).map(|f| f.value().clone());
+        self.inner.void(flight.into_iter());
         self.inner.index.remove(key);
     }
 
     /// Forgets every key `re` matches.
     pub fn invalidate_matching(&self, re: &regex::Regex) {
+        let flights: Vec<_> =
+            self.inner.flights.iter().filter(|f| re.is_match(f.key())).map(|f| f.value().clone()).collect();
+        self.inner.void(flights.into_iter());
         self.inner.index.retain(|k, _| !re.is_match(k));
     }
 
     /// Forgets every key: later gets miss (a get that already holds a [`Guard`] still reads
     /// its entry).
     pub fn clear(&self) {
+        let flights: Vec<_> = self.inner.flights.iter().map(|f| f.value().clone()).collect();
+        self.inner.void(flights.into_iter());
         self.inner.index.clear();
     }
 
@@ -694,6 +932,7 @@ impl HotCache {
 
 impl Drop for HotCache {
     fn drop(&mut self) {
+        self.close();
         self.jobs = None; // the worker ends when the queue is closed and empty
         if let Some(w) = self.worker.take() {
             let _ = w.join();
@@ -791,12 +1030,149 @@ impl Inner {
         bump(&self.counters.fills, 1);
     }
 
+    /// Enters a landed object unless its key was invalidated meanwhile (checked before and
+    /// after: an invalidation between the two finds the entry and removes it, or is seen by
+    /// the second check), and ends its flight.
+    fn enter(&self, key: String, entry: Arc<Entry>, flight: &Arc<Flight>) {
+        if flight.void.load(Ordering::SeqCst) {
+            bump(&self.counters.dropped, 1);
+        } else {
+            let id = entry.id.clone();
+            self.insert(key.clone(), entry);
+            if flight.void.load(Ordering::SeqCst) {
+                self.index.remove_if(&key, |_, e| e.id == id);
+            }
+        }
+        self.flights.remove_if(&key, |_, f| Arc::ptr_eq(f, flight));
+    }
+
+    /// Marks these flights' fills as void; a deferred one still queued is dropped at once
+    /// (its blocks back).
+    fn void(&self, flights: impl Iterator<Item = Arc<Flight>>) {
+        for flight in flights {
+            flight.void.store(true, Ordering::SeqCst);
+            if let Some(fill) = flight.take_parked() {
+                bump(&self.counters.dropped, 1);
+                drop(fill);
+            }
+        }
+        self.wake_filler(); // a running fill that was voided stops before its next piece
+    }
+
+    fn wake_filler(&self) {
+        if self.fill_mode == FillMode::Deferred {
+            let _fg = self.foreground.lock();
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits until no read of the client's own has been in flight for [`FILL_IDLE_GRACE`],
+    /// unless a get waits for this fill (or it was voided, or the cache closes). Whether the
+    /// fill goes on.
+    fn wait_for_idle(&self, flight: &Flight) -> bool {
+        let go_on = || !self.closing.load(Ordering::SeqCst) && !flight.void.load(Ordering::SeqCst);
+        let free = || flight.urgent.load(Ordering::SeqCst) || !go_on();
+        let mut busy = self.foreground.lock();
+        let mut counted = false;
+        loop {
+            if free() {
+                break;
+            }
+            let wait = if busy.reads > 0 {
+                None
+            } else {
+                match FILL_IDLE_GRACE.checked_sub(busy.idle_since.elapsed()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => break, // idle long enough
+                }
+            };
+            if !counted {
+                bump(&self.counters.filler_waits, 1);
+                counted = true;
+            }
+            match wait {
+                None => self.idle.wait(&mut busy),
+                Some(left) => {
+                    self.idle.wait_for(&mut busy, left);
+                }
+            }
+        }
+        go_on()
+    }
+
+    /// The filler: reads each deferred fill's replica into its blocks, piece by piece when
+    /// this client's own reads leave the link idle, and enters it if its lease still held when
+    /// the read ended and its key was not invalidated.
+    fn fill_deferred(&self, engine: &TransferEngine, jobs: Receiver<Arc<Deferred>>) {
+        while let Ok(job) = jobs.recv() {
+            let fill = job.fill.lock().take(); // None: a repeat miss took it over
+            if let Some(fill) = fill {
+                if self.closing.load(Ordering::SeqCst) {
+                    bump(&self.counters.dropped, 1);
+                } else {
+                    self.fill_one(engine, fill, &job);
+                }
+            }
+            drop(job);
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn fill_one(&self, engine: &TransferEngine, mut fill: Fill, job: &Deferred) {
+        let flight = fill.flight.clone();
+        let read = || -> std::result::Result<(), String> {
+            let mut seg = None;
+            for (off, addr, len) in fill.pieces() {
+                let mut at = 0;
+                while at < len {
+                    if !self.wait_for_idle(&flight) {
+                        return Err("closing or invalidated".into());
+                    }
+                    // A lease already over: the read could not be entered anyway.
+                    job.lease_held()?;
+                    let target = match seg {
+                        Some(s) => s,
+                        None => *seg.insert(engine.open_segment(&fill.id.segment).map_err(|e| e.to_string())?),
+                    };
+                    let n = FILL_PIECE.min(len - at);
+                    let request = crescent_engine::TransferRequest {
+                        opcode: crescent_engine::Opcode::Read,
+                        source: addr + at,
+                        target,
+                        target_offset: fill.id.address + off + at,
+                        length: n,
+                    };
+                    // Synchronous: the piece has ended (or the engine gave up on it) before the
+                    // blocks can go back.
+                    engine.transfer_sync(&[request]).map_err(|e| e.to_string())?;
+                    at += n;
+                }
+            }
+            job.lease_held()
+        };
+        match read() {
+            Ok(()) if flight.void.load(Ordering::SeqCst) => {
+                bump(&self.counters.dropped, 1); // the fill's drop gives its blocks back
+            }
+            Ok(()) => {
+                let Some(blocks) = fill.blocks.take() else { return };
+                let entry = Arc::new(Entry { id: fill.id.clone(), blocks });
+                flight.finish(Some(entry.clone()));
+                let key = std::mem::take(&mut fill.key);
+                self.enter(key, entry, &flight);
+            }
+            Err(why) => {
+                tracing::debug!("hot cache: deferred fill of {:?} dropped: {why}", fill.key);
+                bump(&self.counters.dropped, 1);
+            }
+        }
+    }
+
     fn serve(&self, jobs: Receiver<Job>) {
         loop {
             match jobs.recv_timeout(Duration::from_millis(200)) {
                 Ok(Job { key, entry, flight }) => {
-                    self.insert(key.clone(), entry);
-                    self.flights.remove_if(&key, |_, f| Arc::ptr_eq(f, &flight));
+                    self.enter(key, entry, &flight);
                     self.pending.fetch_sub(1, Ordering::AcqRel);
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {

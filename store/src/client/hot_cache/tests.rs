@@ -16,7 +16,7 @@ fn cache(blocks: u32, admission: Admission) -> HotCache {
     let engine =
         TransferEngine::new(EngineConfig { local_hostname: Some("127.0.0.1".into()), ..EngineConfig::default() })
             .unwrap();
-    HotCache::with_layout(&engine, Layout { blocks, block_size: B, admission }).unwrap()
+    HotCache::with_layout(&engine, Layout { blocks, block_size: B, admission, fill: FillMode::Inline }).unwrap()
 }
 
 fn list(version: u64, size: u64) -> GetReplicaListReply {
@@ -301,4 +301,52 @@ fn a_get_of_an_object_being_fetched_waits_for_that_fetch() {
     assert_eq!(c.metrics().blocks_in_use, 1);
     // ... and the next miss of it leads a fetch again.
     drop(lead(&c, "j"));
+}
+
+fn deferred_cache(blocks: u32) -> HotCache {
+    let engine =
+        TransferEngine::new(EngineConfig { local_hostname: Some("127.0.0.1".into()), ..EngineConfig::default() })
+            .unwrap();
+    let layout = Layout { blocks, block_size: B, admission: Admission::Always, fill: FillMode::Deferred };
+    HotCache::with_layout(&engine, layout).unwrap()
+}
+
+#[test]
+fn a_full_filler_queue_drops_deferred_fills_and_close_ends_the_filler_with_fills_queued() {
+    let lease_end = || Some(std::time::Instant::now() + std::time::Duration::from_secs(10));
+    let total = MAX_FILL_QUEUE + 8;
+    let c = Arc::new(deferred_cache(total as u32));
+    // A read of the client's own in flight: the filler takes the first fill and waits, the
+    // queue fills up; deferring must neither wait nor lose count.
+    let fg = c.foreground();
+    for i in 0..total {
+        let l = list(1, B);
+        let Miss::Defer(fill) = c.begin(&format!("k{i}"), &l, &l.replicas[0]) else {
+            panic!("k{i}: expected to defer")
+        };
+        c.defer(fill, lease_end());
+    }
+    let m = c.metrics();
+    assert!(m.dropped_fills >= 7, "{m}");
+    assert_eq!(m.deferred_fills + m.dropped_fills, total as u64, "{m}");
+    assert_eq!(m.blocks_in_use, m.deferred_fills, "dropped fills gave their blocks back: {m}");
+    // close returns although the read is still in flight, and the filler's thread is joined.
+    // (On a thread of its own: a close that hung fails the test instead of hanging it.)
+    let (tx, rx) = std::sync::mpsc::channel();
+    let closing = c.clone();
+    std::thread::spawn(move || {
+        closing.close();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30)).expect("close returned");
+    assert!(c.filler.lock().is_none(), "the filler was joined");
+    drop(fg);
+    c.flush();
+    let m = c.metrics();
+    assert_eq!((m.dropped_fills, m.fills, m.blocks_in_use), (total as u64, 0, 0), "{m}");
+    // After close a miss's fill is dropped at once.
+    let l = list(2, B);
+    let Miss::Defer(fill) = c.begin("late", &l, &l.replicas[0]) else { panic!("expected to defer") };
+    c.defer(fill, lease_end());
+    assert_eq!((c.metrics().dropped_fills, c.metrics().blocks_in_use), (total as u64 + 1, 0));
 }
