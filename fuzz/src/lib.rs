@@ -325,7 +325,7 @@ pub fn master_config(data: &[u8]) {
 
 /// Every environment variable of the engine, the store client and the hot cache: the input's
 /// lines are the values, in this order.
-pub const ENV_NAMES: [&str; 30] = [
+pub const ENV_NAMES: [&str; 31] = [
     "MC_FORCE_TCP",
     "MC_TCP_LANES",
     "MC_SHM_THREADS",
