@@ -2,8 +2,8 @@
 # The client's local hot cache between two hosts (network namespaces), in one run:
 #
 #   benches/hotcache.sh [hot-cache|replay|all] [--pairs N] [--pin] [--link shaped|unshaped|both]
-#                       [--fill inline|deferred]
-#   (default: all, 5 pairs, both links, inline fills; BIN_DIR=DIR runs DIR's binaries instead
+#                       [--fill auto|inline|deferred]
+#   (default: all, 5 pairs, both links, auto fills (the client's default); BIN_DIR=DIR runs DIR's binaries instead
 #   of building)
 #
 # Host A runs crescent-master and a holder client (crescent client, 2 GiB segment) that holds
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "hotcache.sh needs root (network namespaces)" >&2; exit 1; }
-WHAT=all PAIRS=5 PIN= LINK=both FILL=inline
+WHAT=all PAIRS=5 PIN= LINK=both FILL=auto
 while [ $# -gt 0 ]; do
   case $1 in
     --pairs) PAIRS=$2; shift 2 ;;

@@ -61,10 +61,11 @@ pub struct HotCacheArgs {
     /// round's ratio (cached / uncached, target <= 1.10x).
     #[arg(long, default_value_t = 5)]
     pub pairs: usize,
-    /// How the cached readers' misses fill the cache: `inline` (the default: the get fills
-    /// the cache from its own bytes) or `deferred` (a background filler reads the object
-    /// again when the reader's own reads leave the link idle).
-    #[arg(long, default_value = "inline", value_parser = parse_fill)]
+    /// How the cached readers' misses fill the cache: `auto` (the client's default: each
+    /// miss inline or deferred by how the link compares with a memory copy), `inline` (the
+    /// get fills the cache from its own bytes) or `deferred` (a background filler reads the
+    /// object again when the reader's own reads leave the link idle).
+    #[arg(long, default_value = "auto", value_parser = parse_fill)]
     pub fill: FillMode,
 }
 

@@ -41,9 +41,15 @@ fn client_over(
     .unwrap()
 }
 
-/// A reader whose cache has `blocks` blocks of 1 MiB.
+/// A reader whose cache has `blocks` blocks of 1 MiB, filled inline (these tests count
+/// fills right after the gets; the default, auto, may defer them on loopback).
 fn reader(m: &MasterHandle, blocks: u64) -> Arc<StoreClient> {
-    client(m, 4 * MIB, HotCacheSettings::with_sizes(blocks * MIB, Some(MIB)))
+    client(m, 4 * MIB, inline(blocks * MIB, MIB))
+}
+
+/// Settings of a cache of `bytes` in blocks of `block` bytes whose misses fill inline.
+fn inline(bytes: u64, block: u64) -> HotCacheSettings {
+    HotCacheSettings { fill: FillMode::Inline, ..HotCacheSettings::with_sizes(bytes, Some(block)) }
 }
 
 /// Settings of a cache of `blocks` blocks of 1 MiB whose misses are filled by the filler.
@@ -115,7 +121,7 @@ fn a_key_removed_and_put_again_elsewhere_is_read_anew_not_from_the_cache() {
 fn an_object_over_several_blocks_larger_than_a_piece_is_read_exactly() {
     let m = master();
     let a = client(&m, 64 * MIB, HotCacheSettings::default());
-    let b = client(&m, 4 * MIB, HotCacheSettings::with_sizes(12 * MIB, Some(3 * MIB)));
+    let b = client(&m, 4 * MIB, inline(12 * MIB, 3 * MIB));
     let len = 7 * MIB + 5;
     a.put("big", &data(len, 9)).unwrap();
     assert!(ok(&b.get("big").unwrap(), len, 9), "miss");
@@ -129,7 +135,7 @@ fn an_object_over_several_blocks_larger_than_a_piece_is_read_exactly() {
 fn only_remote_objects_are_cached() {
     let m = master();
     let a = client(&m, 64 * MIB, HotCacheSettings::default());
-    let b = client(&m, 64 * MIB, HotCacheSettings::with_sizes(8 * MIB, Some(MIB)));
+    let b = client(&m, 64 * MIB, inline(8 * MIB, MIB));
     b.put("mine", &data(MIB, 1)).unwrap(); // on B's own segment
     a.put("theirs", &data(MIB, 2)).unwrap();
     for _ in 0..3 {
@@ -306,10 +312,9 @@ fn tcp_client(m: &MasterHandle, segment: u64, hot: HotCacheSettings) -> Arc<Stor
 fn an_inline_zero_copy_miss_fills_the_cache_from_the_bytes_it_read() {
     let m = master();
     let a = tcp_client(&m, 16 * MIB, HotCacheSettings::default());
-    // Inline mode (the default): the fill is made of the get's own bytes (a deferred fill
-    // reads again).
-    let b = tcp_client(&m, 4 * MIB, HotCacheSettings::with_sizes(8 * MIB, Some(MIB)));
-    assert_eq!(b.hot_cache().unwrap().fill_mode(), FillMode::Inline, "the default");
+    // Inline mode: the fill is made of the get's own bytes (a deferred fill reads again).
+    let b = tcp_client(&m, 4 * MIB, inline(8 * MIB, MIB));
+    assert_eq!(b.hot_cache().unwrap().fill_mode(), FillMode::Inline);
     let size = 4 * MIB;
     a.put("z", &data(size, 21)).unwrap();
     // The first object of A's fresh segment sits at the segment's start.
@@ -369,7 +374,7 @@ fn the_hot_cache_metrics_are_served_for_prometheus() {
     let b = StoreClient::connect(ClientConfig {
         global_segment_size: 4 * MIB,
         local_buffer_size: 4 * MIB,
-        hot_cache: HotCacheSettings::with_sizes(8 * MIB, Some(MIB)),
+        hot_cache: inline(8 * MIB, MIB),
         metrics_address: Some("127.0.0.1:0".into()),
         ..crescent_tests::store::loopback_client_config(&m)
     })
@@ -595,4 +600,32 @@ fn close_stops_the_filler_with_fills_queued() {
     drop(fg);
     let m1 = metrics(&b);
     assert_eq!((m1.deferred_fills, m1.dropped_fills, m1.fills, m1.blocks_in_use), (4, 4, 0, 0), "{m1}");
+}
+
+/// The default fill mode (auto) measures the client's reads: between two clients of one host
+/// (shm, a transfer as fast as memory) a copy of each cold get's bytes would add far more than
+/// a tenth to it, so after the first read the misses go to the filler. Every get returns the
+/// object's bytes, and every object filled either way is a hit next time.
+#[test]
+fn the_default_auto_fill_defers_where_the_link_is_as_fast_as_a_copy() {
+    let m = master();
+    let a = client(&m, 64 * MIB, HotCacheSettings::default());
+    let b = client(&m, 4 * MIB, HotCacheSettings::with_sizes(32 * MIB, Some(MIB)));
+    assert_eq!(b.hot_cache().unwrap().fill_mode(), FillMode::Auto, "the default");
+    let n = 16u64;
+    for i in 0..n {
+        a.put(&format!("auto{i}"), &data(MIB, 70 + i)).unwrap();
+    }
+    for i in 0..n {
+        assert!(ok(&b.get(&format!("auto{i}")).unwrap(), MIB, 70 + i), "cold get {i}");
+    }
+    let cold = metrics(&b); // waits for the filler
+    let share = b.hot_cache().unwrap().copy_share().expect("the reads were measured");
+    assert!(cold.deferred_fills > 0 && share > 0.10, "share {share:.3}: {cold}");
+    assert_eq!((cold.misses, cold.fills + cold.dropped_fills), (n, n), "{cold}");
+    for i in 0..n {
+        assert!(ok(&b.get(&format!("auto{i}")).unwrap(), MIB, 70 + i), "warm get {i}");
+    }
+    let warm = metrics(&b);
+    assert_eq!(warm.hits - cold.hits, cold.fills, "{warm}");
 }

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crescent_engine::{BatchId, Opcode, TransferEngine, TransferRequest, TransferStatus};
 
@@ -121,16 +121,23 @@ impl<'c> Exec<'c> {
         };
         match cache.begin(key, list, r) {
             Miss::Defer(fill) => {
+                let started = Instant::now();
                 self.read_replica(key, r, dst)?; // on failure the fill's blocks go back
+                cache.note_read(list.size, started.elapsed());
                 list.lease_held(key)?;
                 cache.defer(fill, list.lease_end());
                 Ok(())
             }
             Miss::Lead(mut fill) => {
+                let started = Instant::now();
                 match dst {
-                    Dst::Bytes { out, offset: 0 } if out.len() as u64 == list.size => self.land(key, r, &fill, out)?,
+                    Dst::Bytes { out, offset: 0 } if out.len() as u64 == list.size => {
+                        self.land(key, r, &fill, out)?;
+                        cache.note_read(list.size, started.elapsed());
+                    }
                     dst => {
                         self.read_replica(key, r, dst)?;
+                        cache.note_read(list.size, started.elapsed());
                         dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
                     }
                 }
@@ -420,6 +427,7 @@ impl<'c> Exec<'c> {
         }
         // The filler waits while this batch's transfers move.
         let foreground = self.hot.filter(|_| !requests.is_empty()).map(HotCache::foreground);
+        let started = Instant::now();
         let batch = self.start_batch(&requests)?;
         for &i in &hits {
             let guard = plans[i].as_ref().and_then(|p| p.guard.as_ref()).expect("a hit holds its entry");
@@ -440,6 +448,10 @@ impl<'c> Exec<'c> {
         }
         self.finish_batch(batch, keys, &owner, results)?;
         drop(foreground);
+        if let (Some(cache), false) = (self.hot, requests.is_empty()) {
+            // The batch's reads as one, for the auto fill's choice (see `hot_cache::fill_choice`).
+            cache.note_read(requests.iter().map(|r| r.length).sum(), started.elapsed());
+        }
         // A read that ended after the lease may hold another object's bytes (see [`super::lease`]).
         for &i in &batched {
             if let (Ok(()), Some(list)) = (&results[i], &lists[i]) {

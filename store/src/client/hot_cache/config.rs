@@ -24,7 +24,7 @@ pub const CACHE_SIZE_VARS: [&str; 2] = ["LOCAL_HOT_CACHE_SIZE", "MC_STORE_LOCAL_
 pub const BLOCK_SIZE_VARS: [&str; 2] = ["LOCAL_HOT_BLOCK_SIZE", "MC_STORE_LOCAL_HOT_BLOCK_SIZE"];
 /// The environment variable of the admission policy (`always`, `second_access`).
 pub const ADMISSION_VAR: &str = "LOCAL_HOT_CACHE_ADMISSION";
-/// The environment variables of the fill mode (`inline`, `deferred`), first spelling first.
+/// The environment variables of the fill mode (`auto`, `inline`, `deferred`), first spelling first.
 pub const FILL_VARS: [&str; 2] = ["LOCAL_HOT_CACHE_FILL", "MC_STORE_LOCAL_HOT_CACHE_FILL"];
 
 /// A size as it was written, and where (for the warning that names it).
@@ -70,12 +70,15 @@ impl std::str::FromStr for Admission {
 /// How a miss fills the cache (see the module doc of [`super`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FillMode {
+    /// Each miss inline or deferred, by how the link compares with a memory copy
+    /// ([`super::fill_choice`]): inline while the copy adds at most a tenth to a miss's read
+    /// (a link much slower than the copy, such as the reference's 2.5 Gbit/s one), deferred
+    /// where it would add more (a fast link, RDMA). The default.
+    #[default]
+    Auto,
     /// The get itself fills the cache from the bytes it brought: one more copy of the value
     /// inside the call (a byte get lands in the cache's blocks and copies out, a get into
-    /// the caller's memory copies from there into the blocks). The default: on a link slower
-    /// than the copy, the deferred fill's second transfer costs the next round more than the
-    /// copy costs the first (docs: benchmarks, hot cache).
-    #[default]
+    /// the caller's memory copies from there into the blocks).
     Inline,
     /// The get does what it does without the cache; a background filler reads the replica
     /// again into the cache's blocks when this client's own reads leave the link idle.
@@ -86,9 +89,12 @@ impl std::str::FromStr for FillMode {
     type Err = StoreError;
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "inline" | "" => Ok(FillMode::Inline),
+            "auto" | "" => Ok(FillMode::Auto),
+            "inline" => Ok(FillMode::Inline),
             "deferred" => Ok(FillMode::Deferred),
-            _ => Err(StoreError::Config(format!("hot cache fill {s:?}: expected \"inline\" or \"deferred\""))),
+            _ => {
+                Err(StoreError::Config(format!("hot cache fill {s:?}: expected \"auto\", \"inline\" or \"deferred\"")))
+            }
         }
     }
 }
@@ -262,7 +268,7 @@ mod tests {
                 blocks: 25,
                 block_size: 16 << 20,
                 admission: Admission::Always,
-                fill: FillMode::Inline
+                fill: FillMode::Auto
             })
         );
         let r = from(&[("LOCAL_HOT_CACHE_SIZE", " 1000 "), ("LOCAL_HOT_BLOCK_SIZE", "300")]).resolve();
@@ -272,7 +278,7 @@ mod tests {
                 blocks: 3,
                 block_size: 300,
                 admission: Admission::Always,
-                fill: FillMode::Inline
+                fill: FillMode::Auto
             })
         );
         // Exactly one block.
@@ -283,7 +289,7 @@ mod tests {
                 blocks: 1,
                 block_size: 4096,
                 admission: Admission::Always,
-                fill: FillMode::Inline
+                fill: FillMode::Auto
             })
         );
     }
@@ -302,7 +308,7 @@ mod tests {
             vars.extend(block.map(|b| ("LOCAL_HOT_BLOCK_SIZE", b)));
             assert_eq!(
                 from(&vars).resolve(),
-                Resolved::Enabled(Layout { blocks, block_size, admission: Admission::Always, fill: FillMode::Inline }),
+                Resolved::Enabled(Layout { blocks, block_size, admission: Admission::Always, fill: FillMode::Auto }),
                 "{vars:?}"
             );
             assert_eq!(crescent_engine::parse_size(cache).unwrap(), blocks as u64 * block_size, "{cache}");
@@ -375,8 +381,9 @@ mod tests {
     }
 
     #[test]
-    fn fill_mode_defaults_to_inline_and_parses_both_spellings() {
-        assert_eq!(from(&[]).fill, FillMode::Inline);
+    fn fill_mode_defaults_to_auto_and_parses_both_spellings() {
+        assert_eq!(from(&[]).fill, FillMode::Auto);
+        assert_eq!(from(&[("LOCAL_HOT_CACHE_FILL", "AUTO")]).fill, FillMode::Auto);
         assert_eq!(from(&[("LOCAL_HOT_CACHE_FILL", " Deferred ")]).fill, FillMode::Deferred);
         assert_eq!(from(&[("LOCAL_HOT_CACHE_FILL", "Inline")]).fill, FillMode::Inline);
         assert_eq!(from(&[("MC_STORE_LOCAL_HOT_CACHE_FILL", "inline")]).fill, FillMode::Inline);
@@ -427,7 +434,7 @@ mod tests {
                 blocks: 2,
                 block_size: 16 << 20,
                 admission: Admission::Always,
-                fill: FillMode::Inline
+                fill: FillMode::Auto
             })
         );
         // null leaves the previous value.

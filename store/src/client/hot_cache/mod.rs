@@ -16,7 +16,10 @@
 //!   that is held is never evicted, and its blocks go back to the free list only after the
 //!   last holder lets go, even when the entry was invalidated meanwhile; so a block being read
 //!   is never overwritten by a fill.
-//! * **Fills** come in two modes ([`FillMode`], setting `LOCAL_HOT_CACHE_FILL`):
+//! * **Fills** are made in one of two ways ([`FillMode`], setting `LOCAL_HOT_CACHE_FILL`);
+//!   the default, **auto**, picks one per miss by how the link compares with a memory copy
+//!   ([`fill_choice`]): inline while the copy adds at most a tenth to the client's remote
+//!   reads, deferred beyond.
 //!   * **Deferred**: a get that misses does exactly what it does without the cache
 //!     (the same transfer into the caller's memory or its fresh result, no copy into the
 //!     cache) and hands the fill, with blocks reserved for it, to a background **filler**
@@ -27,9 +30,8 @@
 //!     1. *Off the critical path*: it reads in pieces of 2 MiB and, before each, waits (on a
 //!        condition variable, no spinning) while any remote read of this client's own is in
 //!        flight ([`HotCache::foreground`], held around every remote transfer of a get), and
-//!        until none has been for [`FILL_IDLE_GRACE`] (back-to-back gets leave gaps of a
-//!        master round trip, too short for a piece). It holds no lock a get needs while it
-//!        transfers.
+//!        until none has been for longer than the client's usual gaps between reads
+//!        ([`idle_gaps`]). It holds no lock a get needs while it transfers.
 //!     2. *A repeat miss does not wait for idleness*: a get that misses a key whose deferred
 //!        fill is still queued takes it over and fills inline (below); one that finds it
 //!        started joins it (single flight), and from then on the filler no longer yields for
@@ -44,7 +46,7 @@
 //!        still have to match the master's identity of the object, as every hit does).
 //!     5. *Shutdown*: [`HotCache::close`] (the client's `close`) drops the queued fills,
 //!        abandons the running one before its next piece, and joins the thread.
-//!   * **Inline** (default): every fill is made of the bytes the get itself brought;
+//!   * **Inline**: every fill is made of the bytes the get itself brought;
 //!     nothing is read from the network twice, at the cost of one more copy of the value
 //!     inside the get. A byte get (`get`, `get_batch`) that misses lands the remote bytes directly in blocks
 //!     reserved for the fill (instead of the staging buffer) and copies them to the caller
@@ -74,6 +76,8 @@
 //!   its second miss while it is remembered in a bounded ghost list.
 
 pub mod config;
+pub mod fill_choice;
+pub mod idle_gaps;
 pub mod stream_copy;
 #[cfg(test)]
 mod tests;
@@ -94,15 +98,13 @@ use parking_lot::{Condvar, Mutex};
 use crescent_engine::{RegisteredMemory, TransferEngine};
 
 pub use config::{Admission, FillMode, HotCacheSettings, Layout, Resolved, SizeSetting};
+use fill_choice::FillChoice;
+use idle_gaps::IdleGaps;
 
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
 
 /// Bytes the deferred filler reads at a time, checking for the client's own reads before each.
 pub const FILL_PIECE: u64 = 2 << 20;
-/// How long the client's own reads must have left the link idle before the filler starts a
-/// piece: back-to-back gets leave gaps of one master round trip between their transfers, and
-/// a piece started in such a gap would slow the next get down.
-pub const FILL_IDLE_GRACE: Duration = Duration::from_millis(2);
 
 /// The most fills waiting for the worker (the queue has one slot per block up to this); more
 /// are dropped.
@@ -397,8 +399,11 @@ struct Inner {
     /// Jobs queued or running (the worker's and the filler's).
     pending: AtomicU64,
     fill_mode: FillMode,
-    /// Remote reads of this client's own in flight (deferred mode only): the filler waits for
-    /// none, for [`FILL_IDLE_GRACE`], before each piece.
+    /// How [`FillMode::Auto`] fills each miss (`None` in the other modes, or when the cache is
+    /// too small to measure a copy: then inline).
+    choice: Option<FillChoice>,
+    /// Remote reads of this client's own in flight (deferred and auto modes): the filler
+    /// waits for none, for the grace its gaps give ([`idle_gaps`]), before each piece.
     foreground: Mutex<Busy>,
     /// Signalled when `foreground` drops to 0, a get joins a deferred fill, or the cache closes.
     idle: Condvar,
@@ -423,10 +428,14 @@ impl Deferred {
     }
 }
 
-/// The client's own remote reads in flight, and since when there has been none.
+/// The client's own remote reads in flight, since when there has been none, and the last
+/// gaps between them.
 struct Busy {
     reads: usize,
     idle_since: Instant,
+    /// Whether any read was seen (the time before the first is no gap).
+    read_before: bool,
+    gaps: IdleGaps,
 }
 
 /// Stands for a remote read of the client in flight while held (see [`HotCache::foreground`]).
@@ -636,6 +645,21 @@ impl HotCache {
             unsafe { std::ptr::write_volatile((mem.addr() + at) as *mut u8, 0) };
         }
         tracing::debug!("hot cache: {len} bytes faulted in in {:?}", started.elapsed());
+        let choice = match layout.fill {
+            FillMode::Auto => {
+                // SAFETY: inside the mapping just allocated and faulted in; nothing else uses
+                // it yet (the calibration's copies overwrite bytes no entry holds).
+                let blocks =
+                    unsafe { std::slice::from_raw_parts_mut(mem.addr() as *mut MaybeUninit<u8>, len as usize) };
+                let choice = FillChoice::calibrate(blocks);
+                match &choice {
+                    Some(c) => tracing::debug!("hot cache: streaming copies at {:.1} GB/s", c.copy_rate() / 1e9),
+                    None => tracing::debug!("hot cache: too small to measure a copy; misses fill inline"),
+                }
+                choice
+            }
+            FillMode::Inline | FillMode::Deferred => None,
+        };
         let region = Arc::new(Region {
             mem,
             block_size: layout.block_size,
@@ -656,7 +680,13 @@ impl HotCache {
             counters: Counters::default(),
             pending: AtomicU64::new(0),
             fill_mode: layout.fill,
-            foreground: Mutex::new(Busy { reads: 0, idle_since: Instant::now() }),
+            choice,
+            foreground: Mutex::new(Busy {
+                reads: 0,
+                idle_since: Instant::now(),
+                read_before: false,
+                gaps: IdleGaps::default(),
+            }),
             idle: Condvar::new(),
             closing: AtomicBool::new(false),
         });
@@ -676,7 +706,7 @@ impl HotCache {
             deferred: Mutex::new(None),
             filler: Mutex::new(None),
         };
-        if layout.fill == FillMode::Deferred {
+        if cache.inner.uses_filler() {
             let (tx, rx) = bounded(slots);
             let (filler_inner, engine) = (cache.inner.clone(), engine.clone());
             let filler = std::thread::Builder::new()
@@ -698,11 +728,33 @@ impl HotCache {
     /// the deferred filler starts no piece of its own (except for a fill a get waits for).
     /// In inline mode it counts nothing.
     pub fn foreground(&self) -> Foreground<'_> {
-        if self.inner.fill_mode != FillMode::Deferred {
+        if !self.inner.uses_filler() {
             return Foreground { inner: None };
         }
-        self.inner.foreground.lock().reads += 1;
+        let mut busy = self.inner.foreground.lock();
+        if busy.reads == 0 {
+            if busy.read_before {
+                let gap = busy.idle_since.elapsed();
+                busy.gaps.push(gap);
+            }
+            busy.read_before = true;
+        }
+        busy.reads += 1;
         Foreground { inner: Some(&self.inner) }
+    }
+
+    /// Takes a remote read of a miss (`bytes` in `took`) into [`FillMode::Auto`]'s choice
+    /// ([`fill_choice`]); nothing in the other modes.
+    pub fn note_read(&self, bytes: u64, took: Duration) {
+        if let Some(choice) = &self.inner.choice {
+            choice.note_read(bytes, took);
+        }
+    }
+
+    /// The moving average of the share a copy of a miss's bytes would add to its read, as
+    /// [`FillMode::Auto`] measures it (`None`: another mode, or no read seen yet).
+    pub fn copy_share(&self) -> Option<f64> {
+        self.inner.choice.as_ref().and_then(FillChoice::copy_share)
     }
 
     /// Hands a fill whose get read the object within its read lease to the filler, with the
@@ -828,9 +880,9 @@ impl HotCache {
         match inner.reserve(&id) {
             Some(blocks) => {
                 let fill = Fill { key: key.to_string(), id, blocks: Some(blocks), flight, inner: inner.clone() };
-                match inner.fill_mode {
-                    FillMode::Inline => Miss::Lead(fill),
+                match inner.miss_mode() {
                     FillMode::Deferred => Miss::Defer(fill),
+                    FillMode::Inline | FillMode::Auto => Miss::Lead(fill),
                 }
             }
             None => {
@@ -1059,14 +1111,32 @@ impl Inner {
         self.wake_filler(); // a running fill that was voided stops before its next piece
     }
 
+    /// Whether this cache has a filler (deferred mode, and auto where it measured a copy).
+    fn uses_filler(&self) -> bool {
+        match self.fill_mode {
+            FillMode::Deferred => true,
+            FillMode::Auto => self.choice.is_some(),
+            FillMode::Inline => false,
+        }
+    }
+
+    /// How the next miss fills (never [`FillMode::Auto`]).
+    fn miss_mode(&self) -> FillMode {
+        match self.fill_mode {
+            FillMode::Auto => self.choice.as_ref().map_or(FillMode::Inline, FillChoice::mode),
+            mode => mode,
+        }
+    }
+
     fn wake_filler(&self) {
-        if self.fill_mode == FillMode::Deferred {
+        if self.uses_filler() {
             let _fg = self.foreground.lock();
             self.idle.notify_all();
         }
     }
 
-    /// Waits until no read of the client's own has been in flight for [`FILL_IDLE_GRACE`],
+    /// Waits until no read of the client's own has been in flight for the grace of its gaps
+    /// ([`IdleGaps::grace`]),
     /// unless a get waits for this fill (or it was voided, or the cache closes). Whether the
     /// fill goes on.
     fn wait_for_idle(&self, flight: &Flight) -> bool {
@@ -1081,7 +1151,7 @@ impl Inner {
             let wait = if busy.reads > 0 {
                 None
             } else {
-                match FILL_IDLE_GRACE.checked_sub(busy.idle_since.elapsed()) {
+                match busy.gaps.grace().checked_sub(busy.idle_since.elapsed()) {
                     Some(left) if !left.is_zero() => Some(left),
                     _ => break, // idle long enough
                 }

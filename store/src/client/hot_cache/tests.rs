@@ -350,3 +350,34 @@ fn a_full_filler_queue_drops_deferred_fills_and_close_ends_the_filler_with_fills
     c.defer(fill, lease_end());
     assert_eq!((c.metrics().dropped_fills, c.metrics().blocks_in_use), (total as u64 + 1, 0));
 }
+
+#[test]
+fn auto_fills_inline_until_the_reads_show_a_link_too_fast_for_the_copy() {
+    let engine =
+        TransferEngine::new(EngineConfig { local_hostname: Some("127.0.0.1".into()), ..EngineConfig::default() })
+            .unwrap();
+    let size = 512 << 10;
+    let layout = Layout { blocks: 4, block_size: size, admission: Admission::Always, fill: FillMode::Auto };
+    let c = HotCache::with_layout(&engine, layout).unwrap();
+    let begin = |key: &str| {
+        let l = list(1, size);
+        c.begin(key, &l, &l.replicas[0])
+    };
+    assert_eq!(c.copy_share(), None);
+    assert!(matches!(begin("first"), Miss::Lead(_)), "no read seen yet: inline");
+    // Reads that take a hundred times what a copy of their bytes takes (a slow link): inline.
+    let rate = c.inner.choice.as_ref().expect("a cache of 2 MiB measures its copies").copy_rate();
+    let copy = std::time::Duration::from_secs_f64(size as f64 / rate);
+    for _ in 0..4 {
+        c.note_read(size, copy * 100);
+    }
+    assert!(matches!(begin("slow"), Miss::Lead(_)));
+    // Reads as fast as the copy (a fast link, RDMA): the copy would double the get, so the
+    // filler does it later.
+    for _ in 0..32 {
+        c.note_read(size, copy);
+    }
+    assert!(c.copy_share().unwrap() > fill_choice::INLINE_UP_TO);
+    assert!(matches!(begin("fast"), Miss::Defer(_)));
+    c.close();
+}

@@ -1,0 +1,160 @@
+//! How [`FillMode::Auto`](super::FillMode::Auto) fills a miss: inline where the copy it adds
+//! is small beside the transfer, deferred where it is not.
+//!
+//! An inline fill costs the get one copy of the value; a deferred fill costs it nothing but
+//! reads the value over the link a second time when the client's reads leave it idle. Which
+//! is cheaper depends on how the link compares with a memory copy: on the 2.5 Gbit/s link a
+//! 10 MiB value takes about 35 ms to arrive and 1-2 ms to copy (the inline fill's first round
+//! measured 1.00-1.01x the uncached one, while a deferred fill's second transfer cost the next
+//! round), on the unshaped veth it arrives in about 4.5 ms and the copy made the first round
+//! 1.09-1.31x (docs: benchmarks, hot cache).
+//!
+//! So the cache measures both: how fast a streaming copy into its own blocks goes, once when
+//! it starts ([`FillChoice::calibrate`]), and how long each remote read of a miss takes
+//! ([`FillChoice::note_read`]). The *copy share* of a read is the time the copy of its bytes
+//! would take over the time the read took; the cache keeps a moving average of it, and fills
+//! inline while that average is at most [`INLINE_UP_TO`] (no read seen yet: inline).
+
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::stream_copy;
+use super::FillMode;
+
+/// The largest share of a read's time the inline fill's copy may add (the first round's
+/// target is at most 1.10x the uncached one).
+pub const INLINE_UP_TO: f64 = 0.10;
+
+/// Bytes the calibration copies at a time (best of [`CALIBRATION_ROUNDS`]).
+const CALIBRATION_BYTES: usize = 4 << 20;
+const CALIBRATION_ROUNDS: usize = 3;
+/// Weight of a new read in the moving average of the copy share.
+const NEW_READ_WEIGHT: f64 = 0.125;
+
+/// The copy rate of this machine and the copy share of the reads seen so far.
+#[derive(Debug)]
+pub struct FillChoice {
+    /// Bytes per second of a streaming copy into the cache's blocks.
+    copy_rate: f64,
+    /// The moving average of the copy share, as `f64` bits; `NO_READ` until the first read.
+    share: AtomicU64,
+}
+
+const NO_READ: u64 = u64::MAX;
+
+impl FillChoice {
+    /// A choice for a machine whose streaming copies move `copy_rate` bytes per second.
+    pub fn with_copy_rate(copy_rate: f64) -> Self {
+        FillChoice { copy_rate: copy_rate.max(1.0), share: AtomicU64::new(NO_READ) }
+    }
+
+    /// Measures the copy rate with streaming copies inside `blocks` (the cache's own memory,
+    /// not yet in use: its bytes are overwritten); `None` when it is too small to measure
+    /// (under two pieces of [`stream_copy::STREAM_FROM`] bytes).
+    pub fn calibrate(blocks: &mut [MaybeUninit<u8>]) -> Option<Self> {
+        let n = (blocks.len() / 2).min(CALIBRATION_BYTES);
+        if n < stream_copy::STREAM_FROM {
+            return None;
+        }
+        let (src, dst) = blocks.split_at_mut(n);
+        src.fill(MaybeUninit::new(0));
+        // SAFETY: every byte of `src` was just written.
+        let src: &[u8] = unsafe { src.assume_init_ref() };
+        let dst = &mut dst[..n];
+        let mut best = Duration::MAX;
+        for _ in 0..CALIBRATION_ROUNDS {
+            let t = Instant::now();
+            stream_copy::copy_streaming(dst, src);
+            best = best.min(t.elapsed());
+        }
+        Some(Self::with_copy_rate(n as f64 / best.as_secs_f64().max(1e-9)))
+    }
+
+    /// Bytes per second of a streaming copy here.
+    pub fn copy_rate(&self) -> f64 {
+        self.copy_rate
+    }
+
+    /// Takes a remote read of `bytes` that took `took` into the average.
+    pub fn note_read(&self, bytes: u64, took: Duration) {
+        if bytes == 0 {
+            return;
+        }
+        let sample = bytes as f64 / self.copy_rate / took.as_secs_f64().max(1e-9);
+        let _ = self.share.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            let new = if old == NO_READ {
+                sample
+            } else {
+                let old = f64::from_bits(old);
+                old + NEW_READ_WEIGHT * (sample - old)
+            };
+            Some(new.to_bits())
+        });
+    }
+
+    /// The average copy share of the reads seen, if any.
+    pub fn copy_share(&self) -> Option<f64> {
+        match self.share.load(Ordering::Relaxed) {
+            NO_READ => None,
+            bits => Some(f64::from_bits(bits)),
+        }
+    }
+
+    /// How the next miss fills: inline while the copy share is at most [`INLINE_UP_TO`] or
+    /// unknown, deferred above it.
+    pub fn mode(&self) -> FillMode {
+        match self.copy_share() {
+            Some(share) if share > INLINE_UP_TO => FillMode::Deferred,
+            _ => FillMode::Inline,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: f64 = 1e9;
+
+    #[test]
+    fn a_link_much_slower_than_the_copy_fills_inline_and_a_fast_one_deferred() {
+        let c = FillChoice::with_copy_rate(8.0 * GB);
+        assert_eq!(c.mode(), FillMode::Inline, "no read seen yet");
+        // 10 MiB in 35 ms (the 2.5 Gbit/s link): the copy is ~4 % of the read.
+        c.note_read(10 << 20, Duration::from_millis(35));
+        assert!(c.copy_share().unwrap() < 0.05);
+        assert_eq!(c.mode(), FillMode::Inline);
+        // 10 MiB in 4.5 ms (the unshaped veth): ~29 %; the average moves there within a few reads.
+        for _ in 0..8 {
+            c.note_read(10 << 20, Duration::from_micros(4500));
+        }
+        assert!(c.copy_share().unwrap() > 0.15);
+        assert_eq!(c.mode(), FillMode::Deferred);
+        // And back when the link slows down.
+        for _ in 0..16 {
+            c.note_read(10 << 20, Duration::from_millis(35));
+        }
+        assert_eq!(c.mode(), FillMode::Inline);
+    }
+
+    #[test]
+    fn one_outlier_does_not_flip_the_mode() {
+        let c = FillChoice::with_copy_rate(8.0 * GB);
+        for _ in 0..8 {
+            c.note_read(10 << 20, Duration::from_millis(35));
+        }
+        c.note_read(10 << 20, Duration::from_millis(4)); // one fast read (~33 %)
+        assert_eq!(c.mode(), FillMode::Inline);
+    }
+
+    #[test]
+    fn calibration_measures_a_positive_rate_and_needs_room() {
+        let mut small = vec![MaybeUninit::new(0u8); stream_copy::STREAM_FROM];
+        assert!(FillChoice::calibrate(&mut small).is_none());
+        let mut room = vec![MaybeUninit::new(0u8); 2 * stream_copy::STREAM_FROM];
+        let c = FillChoice::calibrate(&mut room).expect("room for two pieces");
+        assert!(c.copy_rate() > 1.0 && c.copy_rate().is_finite());
+        assert_eq!(c.copy_share(), None);
+    }
+}
