@@ -1136,16 +1136,18 @@ impl Inner {
     }
 
     /// Waits until no read of the client's own has been in flight for the grace of its gaps
-    /// ([`IdleGaps::grace`]),
-    /// unless a get waits for this fill (or it was voided, or the cache closes). Whether the
-    /// fill goes on.
-    fn wait_for_idle(&self, flight: &Flight) -> bool {
+    /// ([`IdleGaps::grace`]), unless a get waits for this fill (or it was voided, or the cache
+    /// closes), and no longer than `lease_end`: a client that keeps reading at its usual pace
+    /// never leaves the link idle that long, and its deferred fills must not hold their blocks
+    /// beyond the time they could be entered. Whether the fill goes on (the caller checks the
+    /// lease).
+    fn wait_for_idle(&self, flight: &Flight, lease_end: Option<Instant>) -> bool {
         let go_on = || !self.closing.load(Ordering::SeqCst) && !flight.void.load(Ordering::SeqCst);
         let free = || flight.urgent.load(Ordering::SeqCst) || !go_on();
         let mut busy = self.foreground.lock();
         let mut counted = false;
         loop {
-            if free() {
+            if free() || lease_end.is_some_and(|end| Instant::now() >= end) {
                 break;
             }
             let wait = if busy.reads > 0 {
@@ -1160,10 +1162,15 @@ impl Inner {
                 bump(&self.counters.filler_waits, 1);
                 counted = true;
             }
-            match wait {
+            let until = match (wait, lease_end) {
+                (None, None) => None,
+                (Some(left), end) => Some(end.map_or(Instant::now() + left, |e| e.min(Instant::now() + left))),
+                (None, Some(end)) => Some(end),
+            };
+            match until {
                 None => self.idle.wait(&mut busy),
-                Some(left) => {
-                    self.idle.wait_for(&mut busy, left);
+                Some(until) => {
+                    self.idle.wait_until(&mut busy, until);
                 }
             }
         }
@@ -1195,7 +1202,7 @@ impl Inner {
             for (off, addr, len) in fill.pieces() {
                 let mut at = 0;
                 while at < len {
-                    if !self.wait_for_idle(&flight) {
+                    if !self.wait_for_idle(&flight, job.lease_end) {
                         return Err("closing or invalidated".into());
                     }
                     // A lease already over: the read could not be entered anyway.

@@ -381,3 +381,25 @@ fn auto_fills_inline_until_the_reads_show_a_link_too_fast_for_the_copy() {
     assert!(matches!(begin("fast"), Miss::Defer(_)));
     c.close();
 }
+
+#[test]
+fn a_deferred_fill_whose_lease_ends_while_the_client_keeps_reading_gives_its_blocks_back() {
+    let c = deferred_cache(4);
+    // The client's reads never leave the link idle (one held in flight throughout).
+    let fg = c.foreground();
+    let l = list(1, B);
+    let Miss::Defer(fill) = c.begin("k", &l, &l.replicas[0]) else { panic!("expected to defer") };
+    c.defer(fill, Some(std::time::Instant::now() + std::time::Duration::from_millis(50)));
+    assert_eq!(c.metrics().blocks_in_use, 1);
+    // The filler gives up at the lease's end instead of waiting for idleness forever.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while c.metrics().dropped_fills == 0 {
+        assert!(std::time::Instant::now() < deadline, "the fill still holds its block: {}", c.metrics());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    c.flush();
+    let m = c.metrics();
+    assert_eq!((m.dropped_fills, m.fills, m.blocks_in_use), (1, 0, 0), "{m}");
+    drop(fg);
+    c.close();
+}
