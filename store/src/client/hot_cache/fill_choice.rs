@@ -1,4 +1,4 @@
-//! How [`FillMode::Auto`](super::FillMode::Auto) fills a miss: inline where the copy it adds
+//! How [`FillMode::Auto`] fills a miss: inline where the copy it adds
 //! is small beside the transfer, deferred where it is not.
 //!
 //! An inline fill costs the get one copy of the value; a deferred fill costs it nothing but
