@@ -255,21 +255,16 @@ impl<'c> Exec<'c> {
         let _foreground = self.hot.map(HotCache::foreground); // the filler waits meanwhile
         let seg = self.open(key, &r.segment_name)?;
         let mut landing = Landing { engine: self.engine, pieces: VecDeque::new() };
-        for (off, addr, len) in fill.pieces() {
-            let mut at = 0;
-            while at < len {
-                let n = LAND_PIECE.min(len - at);
-                let request = TransferRequest {
-                    opcode: Opcode::Read,
-                    source: addr + at,
-                    target: seg,
-                    target_offset: r.address + off + at,
-                    length: n,
-                };
-                let id = self.engine.transfer_start(&[request]).map_err(|e| self.transfer_error(key, e))?;
-                landing.pieces.push_back((id, off + at, n));
-                at += n;
-            }
+        for (off, addr, n) in fill.chunks(LAND_PIECE) {
+            let request = TransferRequest {
+                opcode: Opcode::Read,
+                source: addr,
+                target: seg,
+                target_offset: r.address + off,
+                length: n,
+            };
+            let id = self.engine.transfer_start(&[request]).map_err(|e| self.transfer_error(key, e))?;
+            landing.pieces.push_back((id, off, n));
         }
         // While the first pieces move, this thread (otherwise idle) makes the result's fresh
         // pages present, one call for all instead of a fault per page inside the copies out

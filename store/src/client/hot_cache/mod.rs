@@ -473,10 +473,21 @@ impl Fill {
         self.blocks.as_ref().expect("a fill holds its blocks until published")
     }
 
-    /// `(offset in the object, address, length)` of each registered block the object's bytes
-    /// go to, in order.
-    pub fn pieces(&self) -> Vec<(u64, u64, u64)> {
-        self.blocks().pieces().collect()
+    /// `(offset in the object, address, length)` of the places in the registered blocks the
+    /// object's bytes go to, in order, each at most `most` bytes (none crosses a block): the
+    /// transfers that fill it.
+    pub fn chunks(&self, most: u64) -> Vec<(u64, u64, u64)> {
+        let most = most.max(1);
+        let mut out = Vec::new();
+        for (off, addr, len) in self.blocks().pieces() {
+            let mut at = 0;
+            while at < len {
+                let n = most.min(len - at);
+                out.push((off + at, addr + at, n));
+                at += n;
+            }
+        }
+        out
     }
 
     /// The object's size.
@@ -485,7 +496,7 @@ impl Fill {
     }
 
     /// Copies the object's bytes `[from, from + dst.len())` out, once the transfers into that
-    /// range of [`Self::pieces`] have ended (those into the rest may still run). With
+    /// range of [`Self::chunks`] have ended (those into the rest may still run). With
     /// non-temporal stores (see [`stream_copy`]): the destination is a fresh result, which
     /// the caches could not hold whole at the sizes where that matters.
     pub fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
@@ -1199,31 +1210,26 @@ impl Inner {
         let flight = fill.flight.clone();
         let read = || -> std::result::Result<(), String> {
             let mut seg = None;
-            for (off, addr, len) in fill.pieces() {
-                let mut at = 0;
-                while at < len {
-                    if !self.wait_for_idle(&flight, job.lease_end) {
-                        return Err("closing or invalidated".into());
-                    }
-                    // A lease already over: the read could not be entered anyway.
-                    job.lease_held()?;
-                    let target = match seg {
-                        Some(s) => s,
-                        None => *seg.insert(engine.open_segment(&fill.id.segment).map_err(|e| e.to_string())?),
-                    };
-                    let n = FILL_PIECE.min(len - at);
-                    let request = crescent_engine::TransferRequest {
-                        opcode: crescent_engine::Opcode::Read,
-                        source: addr + at,
-                        target,
-                        target_offset: fill.id.address + off + at,
-                        length: n,
-                    };
-                    // Synchronous: the piece has ended (or the engine gave up on it) before the
-                    // blocks can go back.
-                    engine.transfer_sync(&[request]).map_err(|e| e.to_string())?;
-                    at += n;
+            for (off, addr, n) in fill.chunks(FILL_PIECE) {
+                if !self.wait_for_idle(&flight, job.lease_end) {
+                    return Err("closing or invalidated".into());
                 }
+                // A lease already over: the read could not be entered anyway.
+                job.lease_held()?;
+                let target = match seg {
+                    Some(s) => s,
+                    None => *seg.insert(engine.open_segment(&fill.id.segment).map_err(|e| e.to_string())?),
+                };
+                let request = crescent_engine::TransferRequest {
+                    opcode: crescent_engine::Opcode::Read,
+                    source: addr,
+                    target,
+                    target_offset: fill.id.address + off,
+                    length: n,
+                };
+                // Synchronous: the piece has ended (or the engine gave up on it) before the
+                // blocks can go back.
+                engine.transfer_sync(&[request]).map_err(|e| e.to_string())?;
             }
             job.lease_held()
         };

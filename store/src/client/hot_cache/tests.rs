@@ -403,3 +403,23 @@ fn a_deferred_fill_whose_lease_ends_while_the_client_keeps_reading_gives_its_blo
     drop(fg);
     c.close();
 }
+
+#[test]
+fn a_fills_chunks_cover_the_object_in_order_within_blocks() {
+    let c = cache(4, Admission::Always);
+    let size = 2 * B + 100;
+    let l = list(1, size);
+    let Miss::Lead(fill) = c.begin("k", &l, &l.replicas[0]) else { panic!("expected to lead") };
+    let chunks = fill.chunks(1000);
+    let mut next = 0;
+    for &(off, addr, n) in &chunks {
+        assert_eq!(off, next, "in order, no gap: {chunks:?}");
+        assert!(n > 0 && n <= 1000);
+        // Within one block: the chunk starts and ends in the same block of the region.
+        assert_eq!(off / B, (off + n - 1) / B, "{chunks:?}");
+        assert_eq!((addr - c.inner.region.mem.addr()) % B, off % B);
+        next += n;
+    }
+    assert_eq!(next, size);
+    assert_eq!(fill.chunks(u64::MAX).len(), 3, "one per block");
+}
