@@ -240,7 +240,17 @@ fn reader_rounds(
     if method == BATCH_GET {
         r.unregister_buffer(base)?;
     }
-    let metrics = r.hot_cache_metrics().map(|m| m.to_string()).unwrap_or_default();
+    let mut metrics = r.hot_cache_metrics().map(|m| m.to_string()).unwrap_or_default();
+    if let Some(cache) = r.hot_cache() {
+        // The auto fill's view: the copy rate it measured at start and the copy share of the
+        // last reads (see the client's hot_cache::fill_choice).
+        if let Some(rate) = cache.copy_rate() {
+            metrics += &format!(" copy_rate={:.1}GB/s", rate / 1e9);
+        }
+        if let Some(share) = cache.copy_share() {
+            metrics += &format!(" copy_share={share:.3}");
+        }
+    }
     r.close()?;
     Ok((rounds_ms, metrics))
 }

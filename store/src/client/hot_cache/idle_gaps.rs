@@ -7,7 +7,9 @@
 //! between the client's reads, so that a client reading at a steady pace is left alone, and
 //! the filler runs when a gap lasts longer than the client's usual ones. It is at least
 //! [`MIN_GRACE`] and at most [`MAX_GRACE`] (a client whose reads are seconds apart has its
-//! fills made within a tenth of a second of idleness).
+//! fills made within a tenth of a second of idleness). Until three gaps are known the wait is
+//! [`MAX_GRACE`]: a batch reader's first calls leave long gaps (it checks or uses 5 x 25 MiB
+//! between them), and a short wait there put the filler beside its next call.
 
 use std::time::Duration;
 
@@ -39,7 +41,7 @@ impl IdleGaps {
     pub fn grace(&self) -> Duration {
         let n = self.seen.min(KEPT);
         if n < ENOUGH {
-            return MIN_GRACE;
+            return MAX_GRACE;
         }
         let mut gaps = self.last;
         let gaps = &mut gaps[..n];
@@ -59,7 +61,10 @@ mod tests {
     #[test]
     fn a_steady_pace_is_waited_out_and_a_longer_gap_is_used() {
         let mut g = IdleGaps::default();
-        assert_eq!(g.grace(), MIN_GRACE, "nothing known yet");
+        assert_eq!(g.grace(), MAX_GRACE, "nothing known yet: the longest wait");
+        g.push(ms(10));
+        g.push(ms(10));
+        assert_eq!(g.grace(), MAX_GRACE, "two gaps are not enough");
         for _ in 0..8 {
             g.push(ms(10)); // reads every 10 ms apart (e.g. work between gets)
         }

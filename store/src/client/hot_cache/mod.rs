@@ -762,10 +762,16 @@ impl HotCache {
         }
     }
 
-    /// The moving average of the share a copy of a miss's bytes would add to its read, as
+    /// The median share a copy of a miss's bytes would add to its read (of the last ones), as
     /// [`FillMode::Auto`] measures it (`None`: another mode, or no read seen yet).
     pub fn copy_share(&self) -> Option<f64> {
         self.inner.choice.as_ref().and_then(FillChoice::copy_share)
+    }
+
+    /// Bytes per second of a streaming copy into the blocks, as [`FillMode::Auto`] measured
+    /// it at start (`None`: another mode, or a cache too small to measure).
+    pub fn copy_rate(&self) -> Option<f64> {
+        self.inner.choice.as_ref().map(FillChoice::copy_rate)
     }
 
     /// Hands a fill whose get read the object within its read lease to the filler, with the

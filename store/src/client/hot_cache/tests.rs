@@ -352,7 +352,7 @@ fn a_full_filler_queue_drops_deferred_fills_and_close_ends_the_filler_with_fills
 }
 
 #[test]
-fn auto_fills_inline_until_the_reads_show_a_link_too_fast_for_the_copy() {
+fn auto_defers_until_a_read_is_measured_then_follows_the_link() {
     let engine =
         TransferEngine::new(EngineConfig { local_hostname: Some("127.0.0.1".into()), ..EngineConfig::default() })
             .unwrap();
@@ -364,7 +364,7 @@ fn auto_fills_inline_until_the_reads_show_a_link_too_fast_for_the_copy() {
         c.begin(key, &l, &l.replicas[0])
     };
     assert_eq!(c.copy_share(), None);
-    assert!(matches!(begin("first"), Miss::Lead(_)), "no read seen yet: inline");
+    assert!(matches!(begin("first"), Miss::Defer(_)), "no read seen yet: deferred");
     // Reads that take a hundred times what a copy of their bytes takes (a slow link): inline.
     let rate = c.inner.choice.as_ref().expect("a cache of 2 MiB measures its copies").copy_rate();
     let copy = std::time::Duration::from_secs_f64(size as f64 / rate);
