@@ -32,9 +32,8 @@ use super::FillMode;
 pub const INLINE_UP_TO: f64 = 0.10;
 
 /// Bytes the calibration copies at a time: more than a core's caches hold, as a fill's copy
-/// of a value of several MiB (the median of [`CALIBRATION_ROUNDS`]: the best of three 4 MiB
-/// copies read up to twice a fill's rate on the benchmarks' VM, which kept a reader of the
-/// unshaped link inline).
+/// of a value of several MiB; the rate is the median of [`CALIBRATION_ROUNDS`] copies, not
+/// the best (a best of three 4 MiB copies, the first build's rule, can only err high).
 const CALIBRATION_BYTES: usize = 16 << 20;
 const CALIBRATION_ROUNDS: usize = 5;
 /// Reads whose copy share is remembered.
