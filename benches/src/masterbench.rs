@@ -596,9 +596,7 @@ async fn phases_of_size(
     // beside which the open-loop phases while evicting (8.) tell what eviction adds.
     if let Some(&share) = args.open_loop.first() {
         let offered = closed_loop_rate * share;
-        let pace = Duration::from_secs_f64(sims.len() as f64 / offered.max(1.0));
-        let spec =
-            Stream { batch: 1, value_size: args.value_size, removes: true, dur, put_budget: None, pace: Some(pace) };
+        let spec = open_loop_stream(args, sims.len(), offered, true, dur);
         let (t, secs) = stream(sims, filled, spec).await;
         rows.push(PhaseRow {
             objects: n,
@@ -750,11 +748,8 @@ async fn phases_of_size(
     for &share in &args.open_loop {
         top_up(sims, args, &mut filled, reserved).await?;
         let offered = closed_loop_rate * share;
-        // Each client's interval between two calls, so that all of them together offer `offered`.
-        let pace = Duration::from_secs_f64(sims.len() as f64 / offered.max(1.0));
         let before = node_stats(&mut admin, &admin_id).await?;
-        let spec =
-            Stream { batch: 1, value_size: args.value_size, removes: false, dur, put_budget: None, pace: Some(pace) };
+        let spec = open_loop_stream(args, sims.len(), offered, false, dur);
         let (t, secs) = stream(sims, filled, spec).await;
         let after = node_stats(&mut admin, &admin_id).await?;
         let evicted = (before.objects + t.puts).saturating_sub(t.removes).saturating_sub(after.objects);
@@ -779,6 +774,13 @@ async fn phases_of_size(
         evictor_cpu,
     };
     Ok((rows, size))
+}
+
+/// The single-key stream of `clients` clients offering `offered` calls per second together
+/// (each paced at `clients / offered` between its calls), for `dur`, with or without removes.
+fn open_loop_stream(args: &MasterArgs, clients: usize, offered: f64, removes: bool, dur: Duration) -> Stream {
+    let pace = Duration::from_secs_f64(clients as f64 / offered.max(1.0));
+    Stream { batch: 1, value_size: args.value_size, removes, dur, put_budget: None, pace: Some(pace) }
 }
 
 /// An open-loop phase's name: "mixed, 1 key per call, open loop: R RPCs/s offered (S % of

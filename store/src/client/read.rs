@@ -130,16 +130,19 @@ impl<'c> Exec<'c> {
             }
             Miss::Lead(mut fill) => {
                 let started = Instant::now();
-                match dst {
+                let landed = match &mut *dst {
                     Dst::Bytes { out, offset: 0 } if out.len() as u64 == list.size => {
                         self.land(key, r, &fill, out)?;
-                        cache.note_read(list.size, started.elapsed());
+                        true
                     }
                     dst => {
                         self.read_replica(key, r, dst)?;
-                        cache.note_read(list.size, started.elapsed());
-                        dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
+                        false
                     }
+                };
+                cache.note_read(list.size, started.elapsed());
+                if !landed {
+                    dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
                 }
                 list.lease_held(key)?; // on failure the fill's blocks go back
                 cache.publish(fill);

@@ -1236,8 +1236,13 @@ impl Master {
 
     /// Whether memory use is above the high watermark (a round of eviction is due).
     fn above_watermark(&self, st: &State) -> bool {
+        Self::used_above(st, self.config.eviction_high_watermark)
+    }
+
+    /// Whether memory use is above `fraction` of the capacity (never, with no capacity).
+    fn used_above(st: &State, fraction: f64) -> bool {
         let totals = Self::totals_of(st);
-        totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * self.config.eviction_high_watermark
+        totals.capacity > 0 && totals.used as f64 > totals.capacity as f64 * fraction
     }
 
     /// A round of eviction is wanted: the evictor thread is woken, or, without one (unit
@@ -1607,9 +1612,8 @@ impl Master {
     /// memory use is past halfway from the high watermark to full.
     fn eviction_urgent(&self) -> bool {
         let st = self.state.lock();
-        let totals = Self::totals_of(&st);
         let hw = self.config.eviction_high_watermark;
-        st.pressure || totals.used as f64 > totals.capacity as f64 * (hw + (1.0 - hw) / 2.0)
+        st.pressure || Self::used_above(&st, hw + (1.0 - hw) / 2.0)
     }
 
     // ---- views ----

@@ -1179,12 +1179,9 @@ impl Inner {
                 bump(&self.counters.filler_waits, 1);
                 counted = true;
             }
-            let until = match (wait, lease_end) {
-                (None, None) => None,
-                (Some(left), end) => Some(end.map_or(Instant::now() + left, |e| e.min(Instant::now() + left))),
-                (None, Some(end)) => Some(end),
-            };
-            match until {
+            // Until idle long enough or the lease's end, whichever comes first (neither: a read
+            // ending wakes it).
+            match [wait.map(|left| Instant::now() + left), lease_end].into_iter().flatten().min() {
                 None => self.idle.wait(&mut busy),
                 Some(until) => {
                     self.idle.wait_until(&mut busy, until);
