@@ -678,3 +678,35 @@ fn get_buffer_reads_once_into_the_clients_own_registered_memory_and_holds_it() {
     let four: Vec<HeldBlock> = (0..4).map(|_| b.get_buffer("gb/1b").unwrap()).collect();
     assert!(four.iter().all(|h| h.bytes() == &data(1 << 20, 34)[..]));
 }
+
+/// How many pages of `buf` (whole 4 KiB pages) are present (`/proc/self/pagemap`, bit 63).
+fn present_pages(buf: &[u8]) -> (usize, usize) {
+    use std::io::{Read, Seek, SeekFrom};
+    let first = (buf.as_ptr() as usize).div_ceil(4096);
+    let end = (buf.as_ptr() as usize + buf.len()) / 4096;
+    let mut map = std::fs::File::open("/proc/self/pagemap").unwrap();
+    map.seek(SeekFrom::Start(first as u64 * 8)).unwrap();
+    let mut raw = vec![0u8; (end - first) * 8];
+    map.read_exact(&mut raw).unwrap();
+    let present = raw.chunks_exact(8).filter(|e| u64::from_le_bytes((*e).try_into().unwrap()) >> 63 == 1).count();
+    (present, end - first)
+}
+
+#[test]
+fn a_registered_buffer_is_resident_before_the_first_transfer_and_keeps_its_bytes() {
+    let m = master();
+    let (a, b) = (client(&m), client(&m));
+    // A fresh allocation: its pages are not there until something touches them.
+    let mut dst = vec![0u8; 16 << 20];
+    let (before, pages) = present_pages(&dst);
+    assert!(before < pages / 2, "{before} of {pages} pages present before registering");
+    b.register_buffer(dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();
+    // As an RDMA registration would pin them: the transfers into it do not fault page by page.
+    assert_eq!(present_pages(&dst), (pages, pages), "every page present once registered");
+    assert!(dst.iter().all(|&x| x == 0), "registering changed no byte");
+    let value = data(3 << 20, 41);
+    a.put("res/1", &value).unwrap();
+    let n = b.get_into("res/1", dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();
+    assert_eq!(&dst[..n as usize], &value[..]);
+    b.unregister_buffer(dst.as_mut_ptr() as u64).unwrap();
+}

@@ -37,6 +37,7 @@ pub mod owner_index;
 mod plan;
 mod put_retry;
 mod read;
+mod resident;
 pub mod rpc;
 pub mod sched;
 mod session;
@@ -368,9 +369,13 @@ impl StoreClient {
 
     // ---- memory the caller registers for zero-copy calls ----
 
-    /// Registers caller memory for `put_from` / `get_into` (once, then reuse it).
+    /// Registers caller memory for `put_from` / `get_into` (once, then reuse it). Its pages
+    /// are made resident now, as an RDMA registration pins them, so that the first transfers
+    /// into it do not fault page by page in the transport's threads (`client/resident.rs`).
     pub fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
-        Ok(self.engine.register(addr, len, "cpu:0")?)
+        self.engine.register(addr, len, "cpu:0")?;
+        resident::populate(addr, len);
+        Ok(())
     }
 
     /// Unregisters the buffer registered at `addr`, waiting a bounded time for transfers that

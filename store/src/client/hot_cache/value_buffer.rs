@@ -18,11 +18,8 @@
 //! populates it while the transfer runs instead, from the calling thread, which otherwise only
 //! waits (the pages the receiving threads reach first fault there, as before).
 
-use rustix::mm::{madvise, Advice};
-
 /// Values at least this long get the advice (smaller ones come from heap that stays mapped).
 const ADVISE_FROM: usize = 4 << 20;
-const PAGE: usize = 4096;
 
 /// An empty vector with room for `len` bytes, none of them touched yet.
 pub(crate) fn with_capacity(len: usize) -> Vec<u8> {
@@ -34,15 +31,8 @@ pub(crate) fn with_capacity(len: usize) -> Vec<u8> {
 /// Makes the pages of `[at, +len)`, memory this process allocated, present and writable
 /// (for a hit's copy into a fresh buffer).
 pub(crate) fn populate(at: *const u8, len: usize) {
-    if len < ADVISE_FROM {
-        return;
-    }
-    let start = (at as usize).next_multiple_of(PAGE);
-    let end = (at as usize + len) / PAGE * PAGE;
-    if end > start {
-        // SAFETY: [start, end) lies inside the caller's allocation of `len` bytes at `at`;
-        // populating makes its pages present and writable, never changes their contents.
-        let _ = unsafe { madvise(start as *mut _, end - start, Advice::LinuxPopulateWrite) };
+    if len >= ADVISE_FROM {
+        crate::client::resident::populate(at as u64, len as u64);
     }
 }
 
