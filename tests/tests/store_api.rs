@@ -696,8 +696,9 @@ fn present_pages(buf: &[u8]) -> (usize, usize) {
 fn a_registered_buffer_is_resident_before_the_first_transfer_and_keeps_its_bytes() {
     let m = master();
     let (a, b) = (client(&m), client(&m));
-    // A fresh allocation: its pages are not there until something touches them.
-    let mut dst = vec![0u8; 16 << 20];
+    // A fresh allocation (above glibc's largest mmap threshold, 32 MiB, so never recycled
+    // heap): its pages are not there until something touches them.
+    let mut dst = vec![0u8; 40 << 20];
     let (before, pages) = present_pages(&dst);
     assert!(before < pages / 2, "{before} of {pages} pages present before registering");
     b.register_buffer(dst.as_mut_ptr() as u64, dst.len() as u64).unwrap();

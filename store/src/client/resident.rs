@@ -46,8 +46,9 @@ mod tests {
 
     #[test]
     fn populated_memory_is_present_and_keeps_its_bytes() {
-        // Large enough to be a fresh mapping whose pages nothing touched yet.
-        let mut buf = vec![0u8; 16 << 20];
+        // Above glibc's largest mmap threshold (32 MiB): always a fresh mapping whose pages
+        // nothing touched yet, whatever other tests freed before.
+        let mut buf = vec![0u8; 40 << 20];
         let (addr, len) = (buf.as_ptr() as u64, buf.len() as u64);
         let inner = &buf[PAGE..buf.len() - PAGE]; // whole pages wherever the vector starts
         let before = present_pages(inner);
