@@ -52,6 +52,7 @@ mod metrics_registry;
 pub mod pattern;
 pub mod proto;
 pub mod protocol;
+mod resident;
 pub mod staging;
 pub mod standalone;
 

@@ -51,7 +51,7 @@ const RDMA: &[Layer] = &[
 /// The store (`store/src`), lowest layer first.
 const STORE: &[Layer] = &[
     Layer("shared types", Ordered, &["proto", "error", "protocol", "metrics_registry", "pattern", "leader", "logging"]),
-    Layer("memory", Ordered, &["allocator", "staging"]),
+    Layer("memory", Ordered, &["allocator", "staging", "resident"]),
     Layer("services", Apart, &["master", "client"]),
     // The standalone client serves a full client's store to dummy clients.
     Layer("standalone", Ordered, &["standalone"]),

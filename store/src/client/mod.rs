@@ -37,7 +37,6 @@ pub mod owner_index;
 mod plan;
 mod put_retry;
 mod read;
-mod resident;
 pub mod rpc;
 pub mod sched;
 mod session;
@@ -371,10 +370,10 @@ impl StoreClient {
 
     /// Registers caller memory for `put_from` / `get_into` (once, then reuse it). Its pages
     /// are made resident now, as an RDMA registration pins them, so that the first transfers
-    /// into it do not fault page by page in the transport's threads (`client/resident.rs`).
+    /// into it do not fault page by page in the transport's threads (`resident.rs`).
     pub fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
         self.engine.register(addr, len, "cpu:0")?;
-        resident::populate(addr, len);
+        crate::resident::populate(addr, len);
         Ok(())
     }
 

@@ -32,7 +32,7 @@ pub(crate) fn with_capacity(len: usize) -> Vec<u8> {
 /// (for a hit's copy into a fresh buffer).
 pub(crate) fn populate(at: *const u8, len: usize) {
     if len >= ADVISE_FROM {
-        crate::client::resident::populate(at as u64, len as u64);
+        crate::resident::populate(at as u64, len as u64);
     }
 }
 
