@@ -2,7 +2,7 @@
 # The client's local hot cache between two hosts (network namespaces), in one run:
 #
 #   benches/hotcache.sh [hot-cache|replay|all] [--pairs N] [--pin] [--link shaped|unshaped|both]
-#                       [--fill auto|inline|deferred]
+#                       [--fill auto|inline|deferred] [-- STOREBENCH-HOT-CACHE-ARGS...]
 #   (default: all, 5 pairs, both links, auto fills (the client's default); BIN_DIR=DIR runs DIR's binaries instead
 #   of building)
 #
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "hotcache.sh needs root (network namespaces)" >&2; exit 1; }
-WHAT=all PAIRS=5 PIN= LINK=both FILL=auto
+WHAT=all PAIRS=5 PIN= LINK=both FILL=auto EXTRA=()
 while [ $# -gt 0 ]; do
   case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
@@ -26,6 +26,7 @@ while [ $# -gt 0 ]; do
     --link) LINK=$2; shift 2 ;;
     --fill) FILL=$2; shift 2 ;;
     hot-cache|replay|all) WHAT=$1; shift ;;
+    --) shift; EXTRA=("$@"); break ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -68,8 +69,8 @@ run() { # label, storebench args
 
 if [ "$WHAT" = all ] || [ "$WHAT" = hot-cache ]; then
   case $LINK in shaped|unshaped|both) ;; *) echo "--link shaped, unshaped or both" >&2; exit 2 ;; esac
-  if [ "$LINK" != unshaped ]; then SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" hot-cache --pairs "$PAIRS" --fill "$FILL"; fi
-  if [ "$LINK" != shaped ]; then SHAPE=off shape; run "veth unshaped" hot-cache --pairs "$PAIRS" --fill "$FILL"; fi
+  if [ "$LINK" != unshaped ]; then SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" hot-cache --pairs "$PAIRS" --fill "$FILL" "${EXTRA[@]}"; fi
+  if [ "$LINK" != shaped ]; then SHAPE=off shape; run "veth unshaped" hot-cache --pairs "$PAIRS" --fill "$FILL" "${EXTRA[@]}"; fi
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = replay ]; then
   SHAPE=on shape; run "veth shaped to 2.5 Gbit/s (tc tbf)" replay

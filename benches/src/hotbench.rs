@@ -67,6 +67,52 @@ pub struct HotCacheArgs {
     /// object again when the reader's own reads leave the link idle).
     #[arg(long, default_value = "auto", value_parser = parse_fill)]
     pub fill: FillMode,
+    /// The rows to run, of `get`, `batchGet` and `bytes` (`batchGet (bytes)`).
+    #[arg(long, value_delimiter = ',', default_value = "get,batchGet,bytes", value_parser = parse_method)]
+    pub methods: Vec<&'static str>,
+    /// Memory written and freed before each fresh reader starts (0: none), so that both
+    /// readers of a pair start on memory the machine has backed: see [`warm_memory`].
+    #[arg(long, default_value = "2G", value_parser = size_or_zero)]
+    pub warm_memory: u64,
+}
+
+/// Writes `bytes` of fresh memory and frees it again.
+///
+/// In a VM whose guest hands free memory back to the hypervisor (virtio-balloon free page
+/// reporting, as on the Firecracker VMs these benchmarks run on: `page_reporting_order` 9), the
+/// first write to a page the guest gave back faults on the host as well. A reader that starts
+/// an 800 MiB hot cache takes the guest's backed free pages first, so the fresh buffers of its
+/// first call (a byte get's results) landed on pages given back: measured 2026-12-04, a
+/// 5 x 10 MiB `get_batch` took 97-168 ms instead of 33 ms in such a first call, in the first
+/// reader of the process too, whether it had a cache or not; the ratio of a pair then measured
+/// which reader met given-back memory. Writing 2 GiB before every reader, cached or not, took
+/// those calls back to 33-40 ms. On a machine without page reporting this only costs time.
+fn warm_memory(bytes: u64) {
+    if bytes > 0 {
+        let pages = vec![1u8; bytes as usize];
+        std::hint::black_box(&pages);
+    }
+}
+
+/// Whether this (virtual) machine may hand free memory back to its host: a virtio balloon
+/// device, and the kernel's free page reporting order.
+fn page_reporting() -> String {
+    let balloon = std::fs::read_dir("/sys/bus/virtio/drivers/virtio_balloon")
+        .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("virtio")))
+        .unwrap_or(false);
+    match std::fs::read_to_string("/sys/module/page_reporting/parameters/page_reporting_order") {
+        Ok(order) if balloon => format!("virtio balloon, reporting order {}", order.trim()),
+        _ => "no virtio balloon seen".into(),
+    }
+}
+
+fn parse_method(s: &str) -> Result<&'static str, String> {
+    match s {
+        "get" => Ok(GET),
+        "batchGet" => Ok(BATCH_GET),
+        "bytes" => Ok(BATCH_GET_BYTES),
+        _ => Err(format!("{s:?}: get, batchGet or bytes")),
+    }
 }
 
 fn parse_fill(s: &str) -> Result<FillMode, String> {
@@ -160,6 +206,9 @@ struct Row {
     batch: Option<usize>,
     rounds_ms: Vec<f64>,
     metrics: String,
+    /// A cached reader's warm calls against their limit (see [`HitLimit`]), one pair per warm
+    /// round.
+    hits: report::Pairs,
 }
 
 impl Row {
@@ -175,8 +224,64 @@ impl Row {
     }
 }
 
+/// What a warm hit may cost (issue 28 §4): one memcpy of the call's values into the kind of
+/// memory the call returns them in (a fresh vector per value for `get` and `batchGet (bytes)`,
+/// the registered buffers for `batchGet`) plus the master's answer for its keys (`exists` /
+/// `batch_exists`: a round trip to the master for the same keys, as a hit's replica-list
+/// check is). Measured in the cached reader right after each warm round, call for call, so
+/// that the round and its limit form a pair. The copies read a source as large as the cached
+/// values (one value's room per key, in the round's order), not one value again and again: a
+/// source that stays in the CPU's caches would make the limit a cache-to-cache copy, which a
+/// hit from a cache of hundreds of MiB is not.
+struct HitLimit {
+    src: Vec<u8>,
+    size: usize,
+}
+
+impl HitLimit {
+    /// Milliseconds of each call-sized unit of the limit for `keys` in calls of `batch`.
+    fn unit_ms(
+        &self,
+        r: &StoreClient,
+        method: &str,
+        keys: &[String],
+        batch: usize,
+        bufs: &mut [u8],
+    ) -> Result<Vec<f64>> {
+        let size = self.size;
+        let value = |i: usize| &self.src[i * size..][..size];
+        let mut units = Vec::new();
+        if method == GET {
+            for (i, k) in keys.iter().enumerate() {
+                let t = Instant::now();
+                r.exists(k)?;
+                let v = value(i).to_vec();
+                units.push(t.elapsed().as_secs_f64() * 1e3);
+                std::hint::black_box(&v);
+            }
+        } else {
+            for (n, chunk) in keys.chunks(batch).enumerate() {
+                let t = Instant::now();
+                r.batch_exists(chunk)?;
+                let fresh: Vec<Vec<u8>> = if method == BATCH_GET {
+                    for j in 0..chunk.len() {
+                        bufs[j * size..][..size].copy_from_slice(value(n * batch + j));
+                    }
+                    Vec::new()
+                } else {
+                    (0..chunk.len()).map(|j| value(n * batch + j).to_vec()).collect()
+                };
+                units.push(t.elapsed().as_secs_f64() * 1e3);
+                std::hint::black_box(&fresh);
+            }
+        }
+        Ok(units)
+    }
+}
+
 /// One fresh reader (cache `c`, 0: none) over `keys` for `rounds` rounds with `method`;
-/// returns each round's milliseconds and the cache's metrics.
+/// returns each round's milliseconds, the cache's metrics and, for a cached reader, its warm
+/// calls against their limit.
 fn reader_rounds(
     a: &HotCacheArgs,
     size: u64,
@@ -184,7 +289,8 @@ fn reader_rounds(
     method: &str,
     c: u64,
     rounds: usize,
-) -> Result<(Vec<f64>, String)> {
+) -> Result<(Vec<f64>, String, report::Pairs)> {
+    warm_memory(a.warm_memory);
     let r = reader(&a.common, c, None, (Admission::Always, a.fill), 64 * MIB)?;
     // batchGet reads into buffers allocated and registered once, as an inference
     // engine does (and as the reference's batch call does): `batch_get_into`.
@@ -196,13 +302,18 @@ fn reader_rounds(
     let addrs: Vec<u64> = (0..a.batch as u64).map(|j| base + j * size).collect();
     let lens = vec![size; a.batch];
     let mut rounds_ms = Vec::new();
+    let limit =
+        (c > 0 && rounds > 1).then(|| HitLimit { src: vec![1u8; keys.len() * size as usize], size: size as usize });
+    let mut hits = report::Pairs::default();
     for round in 0..rounds {
         let verify = round == 0 || round == rounds - 1;
         let mut ms = 0.0;
+        let mut calls_ms = Vec::new();
         if method == GET {
             for (i, k) in keys.iter().enumerate() {
                 let t = Instant::now();
                 let v = r.get(k)?;
+                calls_ms.push(t.elapsed().as_secs_f64() * 1e3);
                 ms += t.elapsed().as_secs_f64() * 1e3;
                 if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, i as u64, 0).is_some()) {
                     bail!("wrong bytes for {k}");
@@ -212,6 +323,7 @@ fn reader_rounds(
             for (n, chunk) in keys.chunks(a.batch).enumerate() {
                 let t = Instant::now();
                 let got = r.batch_get_into(chunk, &addrs, &lens)?;
+                calls_ms.push(t.elapsed().as_secs_f64() * 1e3);
                 ms += t.elapsed().as_secs_f64() * 1e3;
                 for (j, n_read) in got.into_iter().enumerate() {
                     let seed = (n * a.batch + j) as u64;
@@ -225,6 +337,7 @@ fn reader_rounds(
             for (n, chunk) in keys.chunks(a.batch).enumerate() {
                 let t = Instant::now();
                 let got = r.get_batch(chunk)?;
+                calls_ms.push(t.elapsed().as_secs_f64() * 1e3);
                 ms += t.elapsed().as_secs_f64() * 1e3;
                 for (j, v) in got.into_iter().enumerate() {
                     let v = v?;
@@ -236,6 +349,10 @@ fn reader_rounds(
             }
         }
         rounds_ms.push(ms);
+        if let (Some(limit), true) = (&limit, round > 0) {
+            let units = limit.unit_ms(&r, method, keys, a.batch, &mut bufs)?;
+            hits.push(report::median(&calls_ms), report::median(&units));
+        }
     }
     if method == BATCH_GET {
         r.unregister_buffer(base)?;
@@ -252,7 +369,7 @@ fn reader_rounds(
         }
     }
     r.close()?;
-    Ok((rounds_ms, metrics))
+    Ok((rounds_ms, metrics, hits))
 }
 
 /// The reference table's measurement: rounds over the same keys, get or batchGet, with and
@@ -273,7 +390,7 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
         for (i, k) in keys.iter().enumerate() {
             w.put(k, &value(size, i as u64)).with_context(|| format!("putting {k}"))?;
         }
-        for method in [GET, BATCH_GET, BATCH_GET_BYTES] {
+        for &method in &a.methods {
             // Pair 1 runs every round (the table); the further pairs only the first round,
             // which is all their ratio needs. Uncached first in odd pairs, cached first in even.
             let mut first = report::Pairs::default();
@@ -282,12 +399,12 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
                 let order = if pair % 2 == 0 { [0, cache] } else { [cache, 0] };
                 let mut firsts = [0.0; 2];
                 for c in order {
-                    let (rounds_ms, metrics) = reader_rounds(&a, size, &keys, method, c, rounds)?;
+                    let (rounds_ms, metrics, hits) = reader_rounds(&a, size, &keys, method, c, rounds)?;
                     firsts[usize::from(c > 0)] = rounds_ms[0];
                     if pair == 0 {
                         let (calls, batch) =
                             if method == GET { (a.keys, None) } else { (a.keys / a.batch, Some(a.batch)) };
-                        rows.push(Row { method, size, cache: c, calls, batch, rounds_ms, metrics });
+                        rows.push(Row { method, size, cache: c, calls, batch, rounds_ms, metrics, hits });
                     }
                 }
                 first.push(firsts[1], firsts[0]);
@@ -301,6 +418,7 @@ pub fn hot_cache(a: HotCacheArgs) -> Result<()> {
     w.close()?;
     print_hot_table(&a, &rows);
     print_first_round_pairs(&a, &pairs);
+    print_warm_hits(&a, &rows);
     load.finish();
     Ok(())
 }
@@ -331,18 +449,49 @@ fn print_first_round_pairs(a: &HotCacheArgs, pairs: &[(&str, u64, u64, report::P
     println!();
 }
 
+fn print_warm_hits(a: &HotCacheArgs, rows: &[Row]) {
+    println!(
+        "A warm hit against one memcpy of its values plus the master's answer: per cached row, each warm round's \
+         median call against the median of the same calls' limit measured right after it (a memcpy of the call's \
+         values into the memory the call returns them in, plus exists / batch_exists of its keys), {} pairs, ms{}",
+        a.rounds - 1,
+        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) }
+    );
+    println!();
+    println!(
+        "| Method | Value (MB) | Cache (MB) | warm call (ms) | memcpy + master (ms) | ratio | range | target | met |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in rows.iter().filter(|r| !r.hits.is_empty()) {
+        let s = r.hits.summary();
+        println!(
+            "| {} | {} | {} | {:.2} | {:.2} | {}",
+            r.method,
+            r.size / MIB,
+            r.cache / MIB,
+            s.ours,
+            s.limit,
+            s.ratio_cells(report::Target::AtMost(1.00))
+        );
+    }
+    println!();
+}
+
 fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
     println!(
         "hot cache ({:?} fill), {} rounds, {} keys{}; values and caches in MiB; Avg round = mean of all rounds, Warm avg = \
          rounds 2-{}; Delta = 1 - Avg round / First round of the same row, as the reference computes it (its \
          row 2: 1 - 287.38 / 1204.43 = 76.14 %), Warm delta = 1 - Warm avg / First round; batchGet = \
          batch_get_into into buffers registered once, batchGet (bytes) = get_batch, which allocates a fresh \
-         buffer per value and call",
+         buffer per value and call; before each reader {} MiB of memory written and freed (--warm-memory; the guest's free \
+         page reporting: {})",
         a.fill,
         a.rounds,
         a.keys,
         if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
-        a.rounds
+        a.rounds,
+        a.warm_memory / MIB,
+        page_reporting()
     );
     println!();
     println!(

@@ -7,7 +7,9 @@
 //! would. Measured (`storebench hot-cache`, `batch_get_into` of 5 x 25 MiB into buffers
 //! allocated and registered once, unshaped veth, 2026-12-04): a fresh reader's first call took
 //! 65-80 ms with the pages faulting in the receiving threads, and 180-260 ms in some readers
-//! that had an 800 MiB hot cache; with the buffer resident, 44-52 ms in every reader.
+//! that had an 800 MiB hot cache; with the buffer resident, 44-52 ms in every reader. (The
+//! slow ones met memory the VM's guest had handed back to its host, free page reporting, whose
+//! first write faults on the host too: see `benches/src/hotbench.rs`, `warm_memory`.)
 
 use rustix::mm::{madvise, Advice};
 
