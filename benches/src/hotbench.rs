@@ -71,7 +71,8 @@ pub struct HotCacheArgs {
     #[arg(long, value_delimiter = ',', default_value = "get,batchGet,bytes", value_parser = parse_method)]
     pub methods: Vec<&'static str>,
     /// Memory written and freed before each fresh reader starts (0: none), so that both
-    /// readers of a pair start on memory the machine has backed: see [`warm_memory`].
+    /// readers of a pair start on memory the machine has backed (in a VM whose guest hands
+    /// free memory back to its host, the first write to such memory faults on the host too).
     #[arg(long, default_value = "2G", value_parser = size_or_zero)]
     pub warm_memory: u64,
 }
