@@ -357,6 +357,56 @@ fn a_key_twice_in_a_batch_is_fetched_once() {
     b.unregister_buffer(base).unwrap();
 }
 
+/// A zero-copy batch get copies the values its cache holds while the master answers, and
+/// keeps a copy only where the answer is the object copied: a key put again meanwhile is read
+/// anew over the copy, a key removed meanwhile fails, and neither is served stale.
+#[test]
+fn a_zero_copy_batch_copies_hits_while_the_master_answers_and_never_keeps_a_stale_copy() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let c = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 8);
+    a.put("e1", &data(2 * MIB, 41)).unwrap();
+    a.put("e2", &data(MIB, 42)).unwrap();
+    let slot = 2 * MIB;
+    let mut buf = vec![0u8; 2 * slot as usize];
+    let base = buf.as_mut_ptr() as u64;
+    b.register_buffer(base, buf.len() as u64).unwrap();
+    let keys = vec!["e1".to_string(), "e2".to_string()];
+    let get = |b: &StoreClient| b.batch_get_into(&keys, &[base, base + slot], &[slot, slot]).unwrap();
+
+    let sizes = |r: Vec<crescent_store::Result<u64>>| r.into_iter().map(|r| r.ok()).collect::<Vec<_>>();
+    assert_eq!(sizes(get(&b)), [Some(2 * MIB), Some(MIB)]); // misses: fill the cache
+    flush(&b);
+    buf.fill(0);
+    assert_eq!(sizes(get(&b)), [Some(2 * MIB), Some(MIB)]);
+    assert!(ok(&buf[..slot as usize], 2 * MIB, 41) && ok(&buf[slot as usize..][..MIB as usize], MIB, 42));
+    let m1 = metrics(&b);
+    assert_eq!((m1.hits, m1.early_copies, m1.early_copies_wasted), (2, 2, 0), "{m1}");
+    assert_eq!(m1.bytes_served, 3 * MIB, "each hit's bytes counted once: {m1}");
+
+    // e1 put again by another client (same size, new version): the early copy of the old
+    // entry is written over by a read of the new object.
+    a.remove_with("e1", true).unwrap();
+    c.put("e1", &data(2 * MIB, 43)).unwrap();
+    buf.fill(0);
+    assert_eq!(sizes(get(&b)), [Some(2 * MIB), Some(MIB)]);
+    assert!(ok(&buf[..slot as usize], 2 * MIB, 43), "the new object, not the cached one");
+    assert!(ok(&buf[slot as usize..][..MIB as usize], MIB, 42));
+    let m2 = metrics(&b);
+    assert_eq!((m2.early_copies, m2.early_copies_wasted), (3, 1), "{m2}");
+
+    // e2 removed: its copy is made, then the get fails for it.
+    a.remove_with("e2", true).unwrap();
+    let r = get(&b);
+    assert_eq!(r[0].as_ref().ok(), Some(&(2 * MIB)));
+    assert!(r[1].is_err(), "removed: not served from the cache ({:?})", r[1]);
+    assert!(ok(&buf[..slot as usize], 2 * MIB, 43));
+    let m3 = metrics(&b);
+    assert_eq!((m3.early_copies, m3.early_copies_wasted), (4, 2), "{m3}");
+    b.unregister_buffer(base).unwrap();
+}
+
 /// `GET /metrics` from `addr`: the body.
 fn scrape(addr: std::net::SocketAddr) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crescent_engine::{BatchId, EngineError, RegisteredMemory, TransferEngine, TransferRequest, TransferStatus};
 
 use super::disk_link::DiskLink;
-use super::hot_cache::HotCache;
+use super::hot_cache::{HotCache, Identity};
 use crate::error::{PeerFault, Result, StoreError, Waited};
 use crate::proto::ReplicaDescriptor;
 use crate::staging::{Staging, StagingBlock};
@@ -26,6 +26,9 @@ pub(crate) struct Exec<'c> {
     pub disk: Option<&'c DiskLink>,
     /// When the request gives up waiting (for room in the staging buffer, for a transfer).
     pub deadline: Instant,
+    /// Per key of a batch read: the identity of the hot-cache entry already copied into the
+    /// key's destination while the master answered (an early copy), if any. Empty: none.
+    pub early: &'c [Option<Identity>],
 }
 
 impl<'c> Exec<'c> {

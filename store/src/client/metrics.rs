@@ -42,6 +42,8 @@ pub struct ClientMetrics {
     deferred_fills: IntCounter,
     taken_over: IntCounter,
     filler_waits: IntCounter,
+    early_copies: IntCounter,
+    early_copies_wasted: IntCounter,
     evictions: IntCounter,
     bytes_served: IntCounter,
     auth_required: IntGauge,
@@ -88,6 +90,14 @@ impl ClientMetrics {
             filler_waits: counter(
                 "hot_cache_filler_waits_total",
                 "Times the background filler waited, before a piece, for this client's own reads to end",
+            )?,
+            early_copies: counter(
+                "hot_cache_early_copies_total",
+                "Hot cache hits of zero-copy batch gets copied while the master answered",
+            )?,
+            early_copies_wasted: counter(
+                "hot_cache_early_copies_wasted_total",
+                "Copies made while the master answered that its answer did not confirm (the object changed)",
             )?,
             evictions: counter("hot_cache_evictions_total", "Hot cache entries evicted to make room")?,
             bytes_served: counter("hot_cache_served_bytes_total", "Bytes copied to callers out of the hot cache")?,
@@ -148,6 +158,8 @@ impl ClientMetrics {
                 (&self.deferred_fills, m.deferred_fills),
                 (&self.taken_over, m.taken_over),
                 (&self.filler_waits, m.filler_waits),
+                (&self.early_copies, m.early_copies),
+                (&self.early_copies_wasted, m.early_copies_wasted),
                 (&self.evictions, m.evictions),
                 (&self.bytes_served, m.bytes_served),
             ] {

@@ -61,12 +61,16 @@ use disk::{DiskStats, PreparedOffload};
 use disk_link::DiskLink;
 pub use dummy::{DummyClient, DummyConfig};
 use exec::Exec;
-use hot_cache::{HotCache, HotCacheMetrics};
+use hot_cache::{HotCache, HotCacheMetrics, Identity};
 use lease::{LeaseClock, Listed};
 use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
 use sg::{Dst, Src};
 pub use sg::{Extent, Piece};
+
+/// Per key of a batch get: the identity of the hot-cache entry copied into the key's memory
+/// while the master answered, if any (see `StoreClient::batch_replica_lists_copying_hits`).
+type EarlyCopies = Vec<Option<Identity>>;
 
 /// Runs `call` on consecutive ranges of `n` keys, at most [`MAX_BATCH_KEYS`] each (the master
 /// refuses a larger batch whole), and joins their answers in order. The first range whose
@@ -323,6 +327,7 @@ impl StoreClient {
             hot: self.hot.as_ref(),
             disk: self.disk.as_ref(),
             deadline: Instant::now() + self.engine.config().transfer_timeout,
+            early: &[],
         }
     }
 
@@ -1050,14 +1055,62 @@ impl StoreClient {
             let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
             let clock = LeaseClock::start();
             let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
-            one_per_key(reply.items.len(), keys.len())?;
-            Ok(reply
-                .items
-                .into_iter()
-                .zip(keys)
-                .map(|(mut item, key)| check(item.status.take(), key).map(|()| Listed { reply: item, clock }))
-                .collect())
+            Self::lists_of(reply, keys, clock)
         })
+    }
+
+    /// The master's answers to a batch of replica-list requests, one per key.
+    fn lists_of(reply: BatchGetReplicaListReply, keys: &[String], clock: LeaseClock) -> Result<Vec<Result<Listed>>> {
+        one_per_key(reply.items.len(), keys.len())?;
+        Ok(reply
+            .items
+            .into_iter()
+            .zip(keys)
+            .map(|(mut item, key)| check(item.status.take(), key).map(|()| Listed { reply: item, clock }))
+            .collect())
+    }
+
+    /// [`Self::batch_replica_lists`] for a zero-copy batch get: while the master answers, each
+    /// key's value that the hot cache holds is copied into the registered memory the key
+    /// `wants` it in (an early copy), so that a hit costs the larger of the round trip and the
+    /// copy instead of their sum. Returns the answers and, per key, the identity of the entry
+    /// copied; the batch read (`Exec::read_batch`) keeps a copy only where the answer says the key still
+    /// is that object, and otherwise reads over it as it would have. A key whose answer is an
+    /// error keeps whatever the copy wrote (the caller's memory holds no value after a failed
+    /// get). Batches of more than one call's keys, and clients without a cache, ask as before.
+    fn batch_replica_lists_copying_hits(
+        &self,
+        keys: &[String],
+        wants: &[Want<'_>],
+    ) -> Result<(Vec<Result<Listed>>, EarlyCopies)> {
+        let none = || vec![None; keys.len()];
+        let Some(cache) = self.hot.as_ref().filter(|_| keys.len() <= MAX_BATCH_KEYS) else {
+            return Ok((self.batch_replica_lists(keys)?, none()));
+        };
+        let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>)>> = keys
+            .iter()
+            .zip(wants)
+            .map(|(key, want)| {
+                let guard = cache.peek(key)?;
+                let (extents, _) = want.extents(key, guard.size()).ok()?;
+                Some((guard, extents))
+            })
+            .collect();
+        if held.iter().all(Option::is_none) {
+            return Ok((self.batch_replica_lists(keys)?, none()));
+        }
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+        let clock = LeaseClock::start();
+        let (reply, ()) = self.rpc.call_beside(
+            |mut c| async move { c.batch_get_replica_list(req).await },
+            || {
+                for (guard, extents) in held.iter().flatten() {
+                    read::copy_entry_early(guard, extents);
+                }
+            },
+        );
+        let lists = Self::lists_of(reply?, keys, clock)?;
+        Ok((lists, held.into_iter().map(|h| h.map(|(guard, _)| guard.identity().clone())).collect()))
     }
 
     /// The answers split into those to read and the master's refusals (per-key results).
@@ -1205,8 +1258,9 @@ impl StoreClient {
 
     /// The batch get into registered memory: one round trip, then the executor.
     fn read_many(&self, keys: &[String], wants: &[Want<'_>]) -> Result<Vec<Result<u64>>> {
-        let (lists, results) = Self::split_lists(self.batch_replica_lists(keys)?);
-        self.read_lists(keys, &lists, wants, results)
+        let (lists, early) = self.batch_replica_lists_copying_hits(keys, wants)?;
+        let (lists, results) = Self::split_lists(lists);
+        self.read_lists_after(keys, &lists, wants, results, &early)
     }
 
     /// The executor's part of a batch get into registered memory, on answers the master gave
@@ -1217,7 +1271,20 @@ impl StoreClient {
         keys: &[String],
         lists: &[Option<Listed>],
         wants: &[Want<'_>],
+        results: Vec<Result<()>>,
+    ) -> Result<Vec<Result<u64>>> {
+        self.read_lists_after(keys, lists, wants, results, &[])
+    }
+
+    /// [`Self::read_lists`] after the early copies `early` (see
+    /// [`Self::batch_replica_lists_copying_hits`]; empty: none).
+    fn read_lists_after(
+        &self,
+        keys: &[String],
+        lists: &[Option<Listed>],
+        wants: &[Want<'_>],
         mut results: Vec<Result<()>>,
+        early: &[Option<Identity>],
     ) -> Result<Vec<Result<u64>>> {
         let mut sizes = vec![0u64; keys.len()];
         let mut extents: Vec<Vec<Extent>> = vec![Vec::new(); keys.len()];
@@ -1229,7 +1296,8 @@ impl StoreClient {
             }
         }
         let mut dsts: Vec<Option<Dst<'_>>> = extents.iter().map(|e| Some(Dst::Registered(e))).collect();
-        self.exec().read_batch(keys, lists, &mut dsts, &mut results, false)?;
+        let exec = Exec { early, ..self.exec() };
+        exec.read_batch(keys, lists, &mut dsts, &mut results, false)?;
         Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n)).collect())
     }
 

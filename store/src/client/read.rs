@@ -13,7 +13,7 @@ use super::exec::Exec;
 use super::hot_cache::{self, Fill, Guard, HotCache, Miss};
 use super::lease::Listed;
 use super::plan::{self, Hot, Known, Step};
-use super::sg::{raw_out, spans, Dst};
+use super::sg::{raw_out, spans, Dst, Extent};
 use crate::error::{PeerFault, Result, StoreError};
 use crate::proto::ReplicaDescriptor;
 
@@ -427,9 +427,16 @@ impl<'c> Exec<'c> {
         let foreground = self.hot.filter(|_| !requests.is_empty()).map(HotCache::foreground);
         let started = Instant::now();
         let batch = self.start_batch(&requests)?;
+        let mut confirmed = vec![false; if self.early.is_empty() { 0 } else { n }];
         for &i in &hits {
             let guard = plans[i].as_ref().and_then(|p| p.guard.as_ref()).expect("a hit holds its entry");
             let dst = dsts[i].as_mut().expect("planned");
+            if self.early.get(i).and_then(Option::as_ref) == Some(guard.identity()) {
+                // Copied while the master answered, from this very object: nothing to do.
+                guard.confirm_early_copy(dst.extents().iter().map(|e| e.len).sum());
+                confirmed[i] = true;
+                continue;
+            }
             if fresh {
                 if let Dst::Registered(extents) = dst {
                     for e in extents.iter() {
@@ -438,6 +445,12 @@ impl<'c> Exec<'c> {
                 }
             }
             copy_entry(guard, dst);
+        }
+        if let Some(cache) = self.hot {
+            // An early copy the answer did not confirm is written over by the read planned from
+            // the answer (or its key fails, as it would have without the copy).
+            let wasted = self.early.iter().zip(&confirmed).filter(|(e, c)| e.is_some() && !**c).count();
+            cache.note_early_copies_wasted(wasted as u64);
         }
         match (self.hot, batch) {
             (Some(cache), Some(id)) => self.fill_as_transfers_end(cache, id, &requests_of, fills, dsts, (keys, lists)),
@@ -530,6 +543,17 @@ impl<'c> Exec<'c> {
                 let _ = self.engine.wait_batch(batch, Some(Duration::from_millis(1)));
             }
         }
+    }
+}
+
+/// Copies what `extents` of the caller's registered memory take of a cached object out of
+/// its entry, before the master has confirmed that the entry still is the object (an early
+/// copy: see [`HotCache::peek`]).
+pub(crate) fn copy_entry_early(guard: &Guard<'_>, extents: &[Extent]) {
+    for e in extents {
+        // SAFETY: the caller's registered memory for this call (checked at the call's entry);
+        // nothing else writes it during the get.
+        guard.copy_range_early(e.offset, unsafe { raw_out(e.addr, e.len) });
     }
 }
 

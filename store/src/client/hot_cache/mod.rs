@@ -11,7 +11,9 @@
 //!   (which changes whenever the key is put again), size, and the replica it was read from. A
 //!   hit still asks the master for the replica list (that is the version check, and it renews
 //!   the read lease) and only skips the data transfer; an entry whose identity no longer
-//!   matches is dropped, never served.
+//!   matches is dropped, never served. A zero-copy batch get copies the entries it finds
+//!   while the master answers ([`HotCache::peek`], an early copy) and keeps a copy only when
+//!   the answer has the identity it copied.
 //! * **Blocks in use.** A [`Guard`] holds an entry while its bytes are copied out. An entry
 //!   that is held is never evicted, and its blocks go back to the free list only after the
 //!   last holder lets go, even when the entry was invalidated meanwhile; so a block being read
@@ -146,14 +148,22 @@ pub struct HotCacheMetrics {
     pub taken_over: u64,
     /// Times the filler waited, before a piece, for this client's own reads to end.
     pub filler_waits: u64,
+    /// Hits whose bytes were copied while the master answered (a zero-copy batch get copies
+    /// the entry it holds for a key before the answer confirms it; see [`HotCache::peek`]).
+    pub early_copies: u64,
+    /// Such copies the answer did not confirm (the object changed or went): the get then read
+    /// the object as it would have, over the copy.
+    pub early_copies_wasted: u64,
 }
 
 impl std::fmt::Display for HotCacheMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "hits={} misses={} merged={} fills={} deferred={} taken_over={} filler_waits={} dropped_fills={} evictions={} bytes_served={} entries={} blocks_in_use={}/{}",
+            "hits={} early_copies={} early_copies_wasted={} misses={} merged={} fills={} deferred={} taken_over={} filler_waits={} dropped_fills={} evictions={} bytes_served={} entries={} blocks_in_use={}/{}",
             self.hits,
+            self.early_copies,
+            self.early_copies_wasted,
             self.misses,
             self.merged,
             self.fills,
@@ -182,6 +192,8 @@ struct Counters {
     deferred: AtomicU64,
     taken_over: AtomicU64,
     filler_waits: AtomicU64,
+    early_copies: AtomicU64,
+    early_copies_wasted: AtomicU64,
     local_reads: AtomicU64,
     said_all_local: AtomicBool,
 }
@@ -576,6 +588,19 @@ impl Guard<'_> {
         bump(&self.counters.bytes_served, dst.len() as u64);
     }
 
+    /// [`Self::copy_range_to`] for an early copy (see [`HotCache::peek`]): counted as served
+    /// only when [`Self::confirm_early_copy`] is.
+    pub fn copy_range_early(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
+        self.entry.blocks.copy_range_to(from, dst, false);
+    }
+
+    /// Counts an early copy of `bytes` of this entry that the master's answer confirmed: the
+    /// get's hit (this guard, from [`HotCache::lookup`]) need not copy again.
+    pub fn confirm_early_copy(&self, bytes: u64) {
+        bump(&self.counters.early_copies, 1);
+        bump(&self.counters.bytes_served, bytes);
+    }
+
     /// The object's bytes, copied into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
         bump(&self.counters.bytes_served, self.size());
@@ -834,7 +859,23 @@ impl HotCache {
             deferred_fills: c.deferred.load(Ordering::Relaxed),
             taken_over: c.taken_over.load(Ordering::Relaxed),
             filler_waits: c.filler_waits.load(Ordering::Relaxed),
+            early_copies: c.early_copies.load(Ordering::Relaxed),
+            early_copies_wasted: c.early_copies_wasted.load(Ordering::Relaxed),
         }
+    }
+
+    /// The entry the cache holds for `key` now, whatever object the master will say the key
+    /// is: for a copy made while the master answers (an early copy), which only counts once
+    /// [`Guard::confirm_early_copy`] finds the answer matching. Counts nothing and does not
+    /// touch the key's recency (the get's [`Self::lookup`] does, once the answer is in).
+    pub fn peek(&self, key: &str) -> Option<Guard<'_>> {
+        let entry = self.inner.index.get(key).map(|e| e.value().clone())?;
+        Some(Guard { entry, counters: &self.inner.counters })
+    }
+
+    /// Counts early copies (see [`Self::peek`]) that the master's answer did not confirm.
+    pub fn note_early_copies_wasted(&self, n: u64) {
+        bump(&self.inner.counters.early_copies_wasted, n);
     }
 
     /// The entry for `key` if it still is the object `list` describes; counts a hit or a miss.
