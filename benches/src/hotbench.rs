@@ -308,14 +308,12 @@ fn reader_rounds(
     let mut hits = report::Pairs::default();
     for round in 0..rounds {
         let verify = round == 0 || round == rounds - 1;
-        let mut ms = 0.0;
         let mut calls_ms = Vec::new();
         if method == GET {
             for (i, k) in keys.iter().enumerate() {
                 let t = Instant::now();
                 let v = r.get(k)?;
                 calls_ms.push(t.elapsed().as_secs_f64() * 1e3);
-                ms += t.elapsed().as_secs_f64() * 1e3;
                 if verify && (v.len() as u64 != size || pattern::first_mismatch(&v, i as u64, 0).is_some()) {
                     bail!("wrong bytes for {k}");
                 }
@@ -325,7 +323,6 @@ fn reader_rounds(
                 let t = Instant::now();
                 let got = r.batch_get_into(chunk, &addrs, &lens)?;
                 calls_ms.push(t.elapsed().as_secs_f64() * 1e3);
-                ms += t.elapsed().as_secs_f64() * 1e3;
                 for (j, n_read) in got.into_iter().enumerate() {
                     let seed = (n * a.batch + j) as u64;
                     let v = &bufs[j * size as usize..][..size as usize];
@@ -339,7 +336,6 @@ fn reader_rounds(
                 let t = Instant::now();
                 let got = r.get_batch(chunk)?;
                 calls_ms.push(t.elapsed().as_secs_f64() * 1e3);
-                ms += t.elapsed().as_secs_f64() * 1e3;
                 for (j, v) in got.into_iter().enumerate() {
                     let v = v?;
                     let seed = (n * a.batch + j) as u64;
@@ -349,7 +345,7 @@ fn reader_rounds(
                 }
             }
         }
-        rounds_ms.push(ms);
+        rounds_ms.push(calls_ms.iter().sum());
         if let (Some(limit), true) = (&limit, round > 0) {
             let units = limit.unit_ms(&r, method, keys, a.batch, &mut bufs)?;
             hits.push(report::median(&calls_ms), report::median(&units));

@@ -1260,25 +1260,15 @@ impl StoreClient {
     fn read_many(&self, keys: &[String], wants: &[Want<'_>]) -> Result<Vec<Result<u64>>> {
         let (lists, early) = self.batch_replica_lists_copying_hits(keys, wants)?;
         let (lists, results) = Self::split_lists(lists);
-        self.read_lists_after(keys, &lists, wants, results, &early)
+        self.read_lists(keys, &lists, wants, results, &early)
     }
 
     /// The executor's part of a batch get into registered memory, on answers the master gave
     /// (now, or at a get session's start): what each key `wants` of the value `lists` describes.
-    /// Keys whose result is an error already are left alone. Returns the bytes read per key.
+    /// Keys whose result is an error already are left alone. `early`: the keys' early copies
+    /// (see [`Self::batch_replica_lists_copying_hits`]; empty: none). Returns the bytes read per
+    /// key.
     fn read_lists(
-        &self,
-        keys: &[String],
-        lists: &[Option<Listed>],
-        wants: &[Want<'_>],
-        results: Vec<Result<()>>,
-    ) -> Result<Vec<Result<u64>>> {
-        self.read_lists_after(keys, lists, wants, results, &[])
-    }
-
-    /// [`Self::read_lists`] after the early copies `early` (see
-    /// [`Self::batch_replica_lists_copying_hits`]; empty: none).
-    fn read_lists_after(
         &self,
         keys: &[String],
         lists: &[Option<Listed>],

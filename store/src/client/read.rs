@@ -427,14 +427,14 @@ impl<'c> Exec<'c> {
         let foreground = self.hot.filter(|_| !requests.is_empty()).map(HotCache::foreground);
         let started = Instant::now();
         let batch = self.start_batch(&requests)?;
-        let mut confirmed = vec![false; if self.early.is_empty() { 0 } else { n }];
+        let mut confirmed = 0;
         for &i in &hits {
             let guard = plans[i].as_ref().and_then(|p| p.guard.as_ref()).expect("a hit holds its entry");
             let dst = dsts[i].as_mut().expect("planned");
             if self.early.get(i).and_then(Option::as_ref) == Some(guard.identity()) {
                 // Copied while the master answered, from this very object: nothing to do.
                 guard.confirm_early_copy(dst.extents().iter().map(|e| e.len).sum());
-                confirmed[i] = true;
+                confirmed += 1;
                 continue;
             }
             if fresh {
@@ -449,8 +449,8 @@ impl<'c> Exec<'c> {
         if let Some(cache) = self.hot {
             // An early copy the answer did not confirm is written over by the read planned from
             // the answer (or its key fails, as it would have without the copy).
-            let wasted = self.early.iter().zip(&confirmed).filter(|(e, c)| e.is_some() && !**c).count();
-            cache.note_early_copies_wasted(wasted as u64);
+            let copied = self.early.iter().filter(|e| e.is_some()).count();
+            cache.note_early_copies_wasted((copied - confirmed) as u64);
         }
         match (self.hot, batch) {
             (Some(cache), Some(id)) => self.fill_as_transfers_end(cache, id, &requests_of, fills, dsts, (keys, lists)),

@@ -163,7 +163,7 @@ impl StoreClient {
             }
         }
         let wants: Vec<Want<'_>> = ranges.iter().map(|r| Want::Ranges(r)).collect();
-        let results = self.read_lists(keys, &lists, &wants, results)?;
+        let results = self.read_lists(keys, &lists, &wants, results, &[])?;
         // A read that ended after the lease ends its session too.
         let expired: Vec<&String> = keys
             .iter()
