@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crescent_engine::TransportKind;
 use crescent_store::client::hot_cache::{FillMode, HotCacheMetrics, HotCacheSettings};
+use crescent_store::client::Extent;
 use crescent_store::master::server::MasterHandle;
 use crescent_store::{pattern, AllocationStrategy, ClientConfig, MasterConfig, StoreClient};
 
@@ -407,6 +408,57 @@ fn a_zero_copy_batch_copies_hits_while_the_master_answers_and_never_keeps_a_stal
     b.unregister_buffer(base).unwrap();
 }
 
+/// A single-key get (bytes, zero copy, ranges) copies a value its cache holds while the master
+/// answers, and keeps the copy only where the answer is the object copied: a key put again
+/// meanwhile with another size is read anew into memory of the new size, a key removed
+/// meanwhile fails, and neither is served stale.
+#[test]
+fn a_single_get_copies_its_hit_while_the_master_answers_and_never_keeps_a_stale_copy() {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let c = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 8);
+    a.put("s1", &data(2 * MIB, 51)).unwrap();
+    a.put("s2", &data(MIB, 52)).unwrap();
+    let mut buf = vec![0u8; 2 * MIB as usize];
+    let base = buf.as_mut_ptr() as u64;
+    b.register_buffer(base, buf.len() as u64).unwrap();
+    let early = |b: &StoreClient| {
+        let m = metrics(b);
+        (m.hits, m.early_copies, m.early_copies_wasted)
+    };
+
+    assert!(ok(&b.get("s1").unwrap(), 2 * MIB, 51)); // miss: fills the cache
+    assert_eq!(b.get_into("s2", base, MIB).unwrap(), MIB);
+    flush(&b);
+    assert!(ok(&b.get("s1").unwrap(), 2 * MIB, 51));
+    buf.fill(0);
+    assert_eq!(b.get_into("s2", base, 2 * MIB).unwrap(), MIB);
+    assert!(ok(&buf[..MIB as usize], MIB, 52));
+    buf.fill(0);
+    let range = [Extent { offset: 1000, addr: base, len: 5000 }];
+    assert_eq!(b.get_into_ranges("s2", &range).unwrap(), 5000);
+    assert_eq!(&buf[..5000], &data(MIB, 52)[1000..6000]);
+    assert_eq!(early(&b), (3, 3, 0), "every hit copied while the master answered");
+    assert_eq!(metrics(&b).bytes_served, 3 * MIB + 5000, "each hit's bytes counted once");
+
+    // s1 put again by another client with another size: the copy of the old entry is not
+    // kept; the get reads the new object into memory of its size.
+    a.remove_with("s1", true).unwrap();
+    c.put("s1", &data(MIB + 7, 53)).unwrap();
+    assert!(ok(&b.get("s1").unwrap(), MIB + 7, 53), "the new object, not the cached one");
+    assert_eq!(early(&b), (3, 3, 1), "a copy made, not kept");
+
+    // s2 removed: its copy is made, then the get fails, and the entry is dropped, so the next
+    // get of it copies nothing.
+    a.remove_with("s2", true).unwrap();
+    assert!(b.get_into("s2", base, MIB).is_err(), "removed: not served from the cache");
+    assert_eq!(early(&b), (3, 3, 2));
+    assert!(b.get("s2").is_err());
+    assert_eq!(early(&b), (3, 3, 2), "the gone key's entry was dropped");
+    b.unregister_buffer(base).unwrap();
+}
+
 /// `GET /metrics` from `addr`: the body.
 fn scrape(addr: std::net::SocketAddr) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -459,7 +511,7 @@ fn the_hot_cache_metrics_are_served_for_prometheus() {
 
 #[test]
 fn gets_into_several_buffers_and_by_ranges_fill_and_hit_the_cache() {
-    use crescent_store::client::{Extent, Piece};
+    use crescent_store::client::Piece;
     let m = master();
     let a = client(&m, 64 * MIB, HotCacheSettings::default());
     let b = reader(&m, 8);

@@ -72,6 +72,15 @@ pub use sg::{Extent, Piece};
 /// while the master answered, if any (see `StoreClient::batch_replica_lists_copying_hits`).
 type EarlyCopies = Vec<Option<Identity>>;
 
+/// Drops the hot cache's entry for `key` when the master's answer `e` says the key is gone
+/// (removed or evicted since the entry was filled), so that later gets of it do not copy the
+/// stale entry while they ask.
+fn forget_if_gone(cache: &HotCache, key: &str, e: &StoreError) {
+    if matches!(e, StoreError::NotFound(_)) {
+        cache.invalidate(key);
+    }
+}
+
 /// Runs `call` on consecutive ranges of `n` keys, at most [`MAX_BATCH_KEYS`] each (the master
 /// refuses a larger batch whole), and joins their answers in order. The first range whose
 /// call fails ends it with that error.
@@ -608,6 +617,33 @@ impl StoreClient {
         Ok(Listed { reply, clock })
     }
 
+    /// [`Self::replica_list`] for a get of a value the hot cache holds (`guard`, from
+    /// [`HotCache::peek`]): while the master answers, `copy` copies the entry into the get's
+    /// destination (an early copy, as [`Self::batch_replica_lists_copying_hits`] makes for a
+    /// batch), so that a hit costs the larger of the round trip and the copy instead of their
+    /// sum. Returns the answer and the identity of the entry copied, for [`Exec::early`]: the
+    /// read keeps the copy only where the answer says the key still is that object.
+    fn replica_list_copying_hit(
+        &self,
+        key: &str,
+        guard: hot_cache::Guard<'_>,
+        copy: impl FnOnce(&hot_cache::Guard<'_>),
+    ) -> Result<(Listed, [Option<Identity>; 1])> {
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let clock = LeaseClock::start();
+        let (reply, ()) = self.rpc.call_while(|mut c| async move { c.get_replica_list(req).await }, || copy(&guard));
+        match reply.and_then(|mut reply| check(reply.status.take(), key).map(|()| reply)) {
+            Ok(reply) => Ok((Listed { reply, clock }, [Some(guard.identity().clone())])),
+            Err(e) => {
+                if let Some(cache) = &self.hot {
+                    cache.note_early_copies_wasted(1);
+                    forget_if_gone(cache, key, &e);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Asks the master for `key`'s replicas. When this client's disk holds what was, the last
     /// time it looked, the object's only copy, the file is read into `dst(size)` while the
     /// master answers: the round trip is then hidden behind the read instead of before it.
@@ -679,6 +715,16 @@ impl StoreClient {
     /// ([`StoreError::BufferTooSmall`], [`StoreError::InvalidArgument`]), refused before
     /// anything is read.
     pub fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
+        if let Some(guard) = self.hot.as_ref().and_then(|cache| cache.peek(key)) {
+            // A hit (most likely): the sink's memory for the cached size, copied into while
+            // the master answers; asked for again if the answer gives another size.
+            let size = guard.size();
+            let out = api::sink_buffer(key, sink, size)?;
+            let (list, early) = self.replica_list_copying_hit(key, guard, |g| g.copy_range_early(0, &mut out[..]))?;
+            let out = if list.size == size { out } else { api::sink_buffer(key, sink, list.size)? };
+            Exec { early: &early, ..self.exec() }.read(key, &list, &mut Dst::Bytes { out, offset: 0 })?;
+            return Ok(list.size);
+        }
         let mut refused = None;
         let (list, served) = self.replica_list_reading_disk(key, |size| match api::sink_buffer(key, sink, size) {
             Ok(out) => {
@@ -712,6 +758,9 @@ impl StoreClient {
     /// laid out in several buffers); returns the object's size.
     pub fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        if let Some(got) = self.get_into_copying_hit(key, Want::Whole(pieces)) {
+            return got;
+        }
         let early = match pieces {
             [p] => Some(*p),
             _ => None,
@@ -724,7 +773,7 @@ impl StoreClient {
         if served {
             return Ok(list.size);
         }
-        self.read_listed(key, &list, Want::Whole(pieces))
+        self.read_listed(key, &list, Want::Whole(pieces), &[])
     }
 
     /// Zero-copy get of ranges of a value: each extent takes `[offset, offset + len)` of the
@@ -732,13 +781,30 @@ impl StoreClient {
     /// mistake ([`StoreError::BadRange`]). Returns the bytes read.
     pub fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64> {
         self.check_registered(ranges.iter().map(|e| (e.addr, e.len)))?;
+        if let Some(got) = self.get_into_copying_hit(key, Want::Ranges(ranges)) {
+            return got;
+        }
         let list = self.replica_list(key)?;
-        self.read_listed(key, &list, Want::Ranges(ranges))
+        self.read_listed(key, &list, Want::Ranges(ranges), &[])
     }
 
-    fn read_listed(&self, key: &str, list: &Listed, want: Want<'_>) -> Result<u64> {
+    /// A zero-copy get of a value the hot cache holds, with an early copy (see
+    /// [`Self::replica_list_copying_hit`]); `None` when the cache does not hold the key, or
+    /// the caller's memory does not fit the cached value (the get then asks first).
+    fn get_into_copying_hit(&self, key: &str, want: Want<'_>) -> Option<Result<u64>> {
+        let guard = self.hot.as_ref()?.peek(key)?;
+        let (extents, _) = want.extents(key, guard.size()).ok()?;
+        let got = self
+            .replica_list_copying_hit(key, guard, |g| read::copy_entry_early(g, &extents))
+            .and_then(|(list, early)| self.read_listed(key, &list, want, &early));
+        Some(got)
+    }
+
+    /// Reads what `want` takes of the object `list` describes into registered memory; `early`:
+    /// its early copy, if any (see [`Exec::early`]). Returns the bytes read.
+    fn read_listed(&self, key: &str, list: &Listed, want: Want<'_>, early: &[Option<Identity>]) -> Result<u64> {
         let (extents, n) = want.extents(key, list.size)?;
-        self.exec().read(key, list, &mut Dst::Registered(&extents))?;
+        Exec { early, ..self.exec() }.read(key, list, &mut Dst::Registered(&extents))?;
         Ok(n)
     }
 
@@ -1110,6 +1176,11 @@ impl StoreClient {
             },
         );
         let lists = Self::lists_of(reply?, keys, clock)?;
+        for ((key, list), _) in keys.iter().zip(&lists).zip(&held).filter(|(_, h)| h.is_some()) {
+            if let Err(e) = list {
+                forget_if_gone(cache, key, e);
+            }
+        }
         Ok((lists, held.into_iter().map(|h| h.map(|(guard, _)| guard.identity().clone())).collect()))
     }
 
