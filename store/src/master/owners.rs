@@ -217,6 +217,13 @@ impl Master {
         self.flush_links(st, links);
     }
 
+    /// Sends the drops the eviction round queued to the `turns` links that have waited longest
+    /// (see [`super::EVICTION_NEWS_BATCH`]).
+    pub(super) fn flush_round_news_share(&self, st: &mut State, turns: usize) {
+        let links: Vec<u64> = st.round_links.drain(..turns.min(st.round_links.len())).collect();
+        self.flush_links(st, links);
+    }
+
     /// Sends what the operation queued and the drops the eviction round queued so far
     /// ([`super::EVICTION_NEWS_BATCH`]).
     pub(super) fn flush_round_news(&self, st: &mut State) {

@@ -194,10 +194,10 @@ fn a_put_above_the_watermark_leaves_the_round_to_the_evictor_which_takes_it_in_s
     assert_eq!(m.metrics().evictions.get(), evicted);
 }
 
-#[test]
-fn an_eviction_round_sends_its_drops_to_each_owner_in_batches_not_per_step() {
-    // Four owners with streams (acknowledging only when told); the round evicts 35 % of the
-    // capacity, about 90 steps, each taking objects of every owner.
+/// Four owners with streams (acknowledging only when told), and a store filled so that a round
+/// evicts 35 % of the capacity, some 23 steps, each taking objects of every owner.
+type OwnerStream = (String, u64, tokio::sync::mpsc::UnboundedReceiver<crate::proto::OwnerNews>);
+fn four_owners_above_the_watermark() -> (Arc<Master>, Vec<OwnerStream>, u64) {
     let per_owner = 4096;
     let config = MasterConfig { eviction_high_watermark: 0.5, eviction_ratio: 0.35, ..MasterConfig::default() };
     let m = Master::new(config).unwrap();
@@ -213,6 +213,12 @@ fn an_eviction_round_sends_its_drops_to_each_owner_in_batches_not_per_step() {
         owners.push((client, segment, rx));
     }
     m.fill_with_news("c0", (0..2 * per_owner + 1).map(|i| key("k", i)), SIZE, Some(0));
+    (m, owners, per_owner)
+}
+
+#[test]
+fn an_eviction_round_sends_its_drops_to_each_owner_in_batches_not_per_step() {
+    let (m, mut owners, per_owner) = four_owners_above_the_watermark();
     let now = Instant::now();
     let mut steps = 0;
     while m.evict_step(now, EVICTION_STEP) {
@@ -232,12 +238,42 @@ fn an_eviction_round_sends_its_drops_to_each_owner_in_batches_not_per_step() {
             drops += news.items.len() as u64;
             last = news.items.last().map_or(last, |i| i.seq);
         }
-        // One message per EVICTION_NEWS_BATCH objects of the round at most (one a step before).
-        assert!(messages >= 1 && messages <= evicted.div_ceil(EVICTION_NEWS_BATCH), "{client}: {messages} messages");
+        // One message per EVICTION_NEWS_BATCH objects of the round, and one at its end, at most
+        // (one a step before).
+        assert!(
+            messages >= 1 && messages <= evicted.div_ceil(EVICTION_NEWS_BATCH) + 1,
+            "{client}: {messages} messages"
+        );
         m.owner_ack(client, m.term(), *segment, last);
     }
     assert_eq!(drops, evicted, "every drop was sent by the round's end");
     assert_eq!(m.quarantined_bytes(), 0, "and, acknowledged, every range is free again");
+}
+
+#[test]
+fn an_eviction_round_spreads_its_sends_over_its_steps_instead_of_every_owner_at_once() {
+    let (m, mut owners, _) = four_owners_above_the_watermark();
+    let now = Instant::now();
+    let (mut busiest_step, mut during) = (0, vec![0; owners.len()]);
+    loop {
+        let more = m.evict_step(now, EVICTION_STEP);
+        if !more {
+            break; // the round's end sends what is left to every owner
+        }
+        let mut sent_to = 0;
+        for (i, (_, _, rx)) in owners.iter_mut().enumerate() {
+            let mut messages = 0;
+            while rx.try_recv().is_ok() {
+                messages += 1;
+            }
+            during[i] += messages;
+            sent_to += usize::from(messages > 0);
+        }
+        busiest_step = busiest_step.max(sent_to);
+    }
+    // 256 objects a step over 4 owners: an owner's turn every 4 steps (4096 objects each).
+    assert_eq!(busiest_step, 1, "no step sends to more than one owner");
+    assert!(during.iter().all(|&n| n >= 1), "each owner had its turn before the round's end: {during:?}");
 }
 
 #[test]
