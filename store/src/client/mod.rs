@@ -631,7 +631,10 @@ impl StoreClient {
     ) -> Result<(Listed, [Option<Identity>; 1])> {
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
         let clock = LeaseClock::start();
-        let (reply, ()) = self.rpc.call_while(|mut c| async move { c.get_replica_list(req).await }, || copy(&guard));
+        // Beside, not while: sending the request and reading the answer on the calling thread
+        // cost more than the hand-off to the background runtime (0.95 against 0.90-0.91 of
+        // memcpy + master for a warm 10 MiB get).
+        let (reply, ()) = self.rpc.call_beside(|mut c| async move { c.get_replica_list(req).await }, || copy(&guard));
         match reply.and_then(|mut reply| check(reply.status.take(), key).map(|()| reply)) {
             Ok(reply) => Ok((Listed { reply, clock }, [Some(guard.identity().clone())])),
             Err(e) => {
