@@ -358,17 +358,24 @@ fn a_key_twice_in_a_batch_is_fetched_once() {
     b.unregister_buffer(base).unwrap();
 }
 
+/// A master, two clients without a cache that hold values (the first has put `keys`: 2 MiB of
+/// `seed`, then 1 MiB of `seed + 1`) and a reader with an 8 MiB cache: `[holder, other, reader]`.
+fn two_holders_and_a_reader(keys: [&str; 2], seed: u64) -> (MasterHandle, [Arc<StoreClient>; 3]) {
+    let m = master();
+    let a = client(&m, 16 * MIB, HotCacheSettings::default());
+    let c = client(&m, 16 * MIB, HotCacheSettings::default());
+    let b = reader(&m, 8);
+    a.put(keys[0], &data(2 * MIB, seed)).unwrap();
+    a.put(keys[1], &data(MIB, seed + 1)).unwrap();
+    (m, [a, c, b])
+}
+
 /// A zero-copy batch get copies the values its cache holds while the master answers, and
 /// keeps a copy only where the answer is the object copied: a key put again meanwhile is read
 /// anew over the copy, a key removed meanwhile fails, and neither is served stale.
 #[test]
 fn a_zero_copy_batch_copies_hits_while_the_master_answers_and_never_keeps_a_stale_copy() {
-    let m = master();
-    let a = client(&m, 16 * MIB, HotCacheSettings::default());
-    let c = client(&m, 16 * MIB, HotCacheSettings::default());
-    let b = reader(&m, 8);
-    a.put("e1", &data(2 * MIB, 41)).unwrap();
-    a.put("e2", &data(MIB, 42)).unwrap();
+    let (_m, [a, c, b]) = two_holders_and_a_reader(["e1", "e2"], 41);
     let slot = 2 * MIB;
     let mut buf = vec![0u8; 2 * slot as usize];
     let base = buf.as_mut_ptr() as u64;
@@ -414,12 +421,7 @@ fn a_zero_copy_batch_copies_hits_while_the_master_answers_and_never_keeps_a_stal
 /// meanwhile fails, and neither is served stale.
 #[test]
 fn a_single_get_copies_its_hit_while_the_master_answers_and_never_keeps_a_stale_copy() {
-    let m = master();
-    let a = client(&m, 16 * MIB, HotCacheSettings::default());
-    let c = client(&m, 16 * MIB, HotCacheSettings::default());
-    let b = reader(&m, 8);
-    a.put("s1", &data(2 * MIB, 51)).unwrap();
-    a.put("s2", &data(MIB, 52)).unwrap();
+    let (_m, [a, c, b]) = two_holders_and_a_reader(["s1", "s2"], 51);
     let mut buf = vec![0u8; 2 * MIB as usize];
     let base = buf.as_mut_ptr() as u64;
     b.register_buffer(base, buf.len() as u64).unwrap();
