@@ -72,6 +72,18 @@ pub use sg::{Extent, Piece};
 /// while the master answered, if any (see `StoreClient::batch_replica_lists_copying_hits`).
 type EarlyCopies = Vec<Option<Identity>>;
 
+/// The entry `cache` holds for `key`, with the extents of it the caller `wants`: what an early
+/// copy copies (`None`: not held, or the caller's memory does not fit the cached value).
+fn held_for_early_copy<'c>(
+    cache: &'c HotCache,
+    key: &str,
+    want: &Want<'_>,
+) -> Option<(hot_cache::Guard<'c>, Vec<Extent>)> {
+    let guard = cache.peek(key)?;
+    let (extents, _) = want.extents(key, guard.size()).ok()?;
+    Some((guard, extents))
+}
+
 /// Drops the hot cache's entry for `key` when the master's answer `e` says the key is gone
 /// (removed or evicted since the entry was filled), so that later gets of it do not copy the
 /// stale entry while they ask.
@@ -795,8 +807,7 @@ impl StoreClient {
     /// [`Self::replica_list_copying_hit`]); `None` when the cache does not hold the key, or
     /// the caller's memory does not fit the cached value (the get then asks first).
     fn get_into_copying_hit(&self, key: &str, want: Want<'_>) -> Option<Result<u64>> {
-        let guard = self.hot.as_ref()?.peek(key)?;
-        let (extents, _) = want.extents(key, guard.size()).ok()?;
+        let (guard, extents) = held_for_early_copy(self.hot.as_ref()?, key, &want)?;
         let got = self
             .replica_list_copying_hit(key, guard, |g| read::copy_entry_early(g, &extents))
             .and_then(|(list, early)| self.read_listed(key, &list, want, &early));
@@ -1156,15 +1167,8 @@ impl StoreClient {
         let Some(cache) = self.hot.as_ref().filter(|_| keys.len() <= MAX_BATCH_KEYS) else {
             return Ok((self.batch_replica_lists(keys)?, none()));
         };
-        let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>)>> = keys
-            .iter()
-            .zip(wants)
-            .map(|(key, want)| {
-                let guard = cache.peek(key)?;
-                let (extents, _) = want.extents(key, guard.size()).ok()?;
-                Some((guard, extents))
-            })
-            .collect();
+        let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>)>> =
+            keys.iter().zip(wants).map(|(key, want)| held_for_early_copy(cache, key, want)).collect();
         if held.iter().all(Option::is_none) {
             return Ok((self.batch_replica_lists(keys)?, none()));
         }

@@ -56,20 +56,25 @@ impl<'c> Exec<'c> {
     /// done already; an early copy of another is written over as if it were not there.
     pub(crate) fn read(&self, key: &str, list: &Listed, dst: &mut Dst<'_>) -> Result<()> {
         let planned = self.plan(key, list, dst.covers(list.size));
-        if let Some(copied) = self.early.first().and_then(Option::as_ref) {
-            match (planned.steps.first(), &planned.guard) {
-                (Some(Step::Cached), Some(guard)) if guard.identity() == copied => {
-                    guard.confirm_early_copy(dst.extents().iter().map(|e| e.len).sum());
-                    return Ok(());
-                }
-                _ => {
-                    if let Some(cache) = self.hot {
-                        cache.note_early_copies_wasted(1);
-                    }
-                }
+        if let (Some(Step::Cached), Some(guard)) = (planned.steps.first(), &planned.guard) {
+            if self.keeps_early_copy(0, guard, dst) {
+                return Ok(());
             }
         }
+        if let (Some(cache), Some(Some(_))) = (self.hot, self.early.first()) {
+            cache.note_early_copies_wasted(1);
+        }
         self.run(key, list, &planned, 0, dst)
+    }
+
+    /// Whether key `i`'s early copy ([`Exec::early`]) is of the object its hit `guard` holds:
+    /// then `dst` holds the value already, and the copy counts as the hit's.
+    fn keeps_early_copy(&self, i: usize, guard: &Guard<'_>, dst: &mut Dst<'_>) -> bool {
+        let kept = self.early.get(i).and_then(Option::as_ref) == Some(guard.identity());
+        if kept {
+            guard.confirm_early_copy(dst.extents().iter().map(|e| e.len).sum());
+        }
+        kept
     }
 
     /// Tries the plan's sources from `from` on until one serves the read.
@@ -446,9 +451,8 @@ impl<'c> Exec<'c> {
         for &i in &hits {
             let guard = plans[i].as_ref().and_then(|p| p.guard.as_ref()).expect("a hit holds its entry");
             let dst = dsts[i].as_mut().expect("planned");
-            if self.early.get(i).and_then(Option::as_ref) == Some(guard.identity()) {
+            if self.keeps_early_copy(i, guard, dst) {
                 // Copied while the master answered, from this very object: nothing to do.
-                guard.confirm_early_copy(dst.extents().iter().map(|e| e.len).sum());
                 confirmed += 1;
                 continue;
             }

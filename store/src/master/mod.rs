@@ -185,8 +185,6 @@ struct Round {
     /// Sends owed to the round's links, in objects x links: a step adds its objects times the
     /// links waiting, and each [`EVICTION_NEWS_BATCH`] of it is one link's turn.
     owed: u64,
-    /// Objects evicted since the gauges were last set (every [`EVICTION_NEWS_BATCH`]).
-    ungauged: u64,
 }
 
 /// Wakes the evictor thread ([`Master::start_sweeper`]); without one (unit tests), the call that
@@ -1297,12 +1295,10 @@ impl Master {
             self.flush_round_news(&mut st);
             return false;
         };
-        (round.freed, round.count, round.ungauged) = (round.freed + freed, round.count + count, round.ungauged + count);
+        (round.freed, round.count) = (round.freed + freed, round.count + count);
         let more = count > 0 && round.freed < round.target;
-        let gauge = !more || round.ungauged >= EVICTION_NEWS_BATCH;
-        if gauge {
-            round.ungauged = 0;
-        }
+        // The gauges are set every EVICTION_NEWS_BATCH objects of the round, and at its end.
+        let gauge = !more || round.count / EVICTION_NEWS_BATCH != (round.count - count) / EVICTION_NEWS_BATCH;
         if more {
             round.owed += count * waiting;
             let turns = round.owed / EVICTION_NEWS_BATCH;
