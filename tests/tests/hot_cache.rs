@@ -117,7 +117,9 @@ fn a_key_removed_and_put_again_elsewhere_is_read_anew_not_from_the_cache() {
 
 /// A byte get that misses lands the object in pieces of 2 MiB and copies each out as it
 /// arrives: an object over several blocks of 3 MiB (so pieces start inside blocks, and the
-/// last is short) comes back exact on the miss and again from the cache.
+/// last is short) comes back exact on the miss and again from the cache. Its hits (larger
+/// than `HIT_STREAM_FROM`: copied with streaming stores) are exact too into registered
+/// memory that starts off a cache line, alone and in a batch.
 #[test]
 fn an_object_over_several_blocks_larger_than_a_piece_is_read_exactly() {
     let m = master();
@@ -130,6 +132,20 @@ fn an_object_over_several_blocks_larger_than_a_piece_is_read_exactly() {
     assert!(ok(&b.get("big").unwrap(), len, 9), "hit");
     let got = metrics(&b);
     assert_eq!((got.hits, got.misses, got.bytes_served), (1, 1, len));
+
+    let mut mem = vec![0u8; (len + 64) as usize];
+    b.register_buffer(mem.as_mut_ptr() as u64, mem.len() as u64).unwrap();
+    let at = mem.as_ptr() as u64 + 3;
+    assert_eq!(b.get_into("big", at, len).unwrap(), len);
+    assert!(ok(&mem[3..][..len as usize], len, 9), "zero-copy hit");
+    mem.fill(0);
+    let got = b.batch_get_into(&["big".to_string()], &[at], &[len]).unwrap();
+    assert_eq!(*got[0].as_ref().unwrap(), len);
+    assert!(ok(&mem[3..][..len as usize], len, 9), "zero-copy hit in a batch");
+    assert!(mem[..3].iter().chain(&mem[3 + len as usize..]).all(|&b| b == 0), "nothing written outside");
+    let got = metrics(&b);
+    assert_eq!((got.hits, got.misses), (3, 1));
+    b.unregister_buffer(mem.as_ptr() as u64).unwrap();
 }
 
 #[test]

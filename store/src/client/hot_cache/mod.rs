@@ -59,7 +59,8 @@
 //!     afterwards). The copies into the blocks, and a byte get's copy out to its fresh result,
 //!     use non-temporal stores ([`stream_copy`]): the destination is not read soon, and a
 //!     plain `memcpy` reads every cold line before writing it. (A deferred fill taken over
-//!     by a repeat miss is filled this way.)
+//!     by a repeat miss is filled this way.) A hit's copy does too once it is larger than
+//!     the caches would keep of it ([`stream_copy::HIT_STREAM_FROM`]).
 //!
 //!   Entering the filled object into the index goes through a bounded queue served by one
 //!   worker thread; the queue has one slot per block (at most [`MAX_FILL_QUEUE`]) and every
@@ -582,16 +583,17 @@ impl Guard<'_> {
         bump(&self.counters.bytes_served, self.size());
     }
 
-    /// Copies the object's bytes `[from, from + dst.len())` into `dst`.
+    /// Copies the object's bytes `[from, from + dst.len())` into `dst`; with non-temporal
+    /// stores from [`stream_copy::HIT_STREAM_FROM`] bytes (see [`stream_copy::streams_hit`]).
     pub fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
-        self.entry.blocks.copy_range_to(from, dst, false);
+        self.entry.blocks.copy_range_to(from, dst, stream_copy::streams_hit(dst.len()));
         bump(&self.counters.bytes_served, dst.len() as u64);
     }
 
     /// [`Self::copy_range_to`] for an early copy (see [`HotCache::peek`]): counted as served
     /// only when [`Self::confirm_early_copy`] is.
     pub fn copy_range_early(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
-        self.entry.blocks.copy_range_to(from, dst, false);
+        self.entry.blocks.copy_range_to(from, dst, stream_copy::streams_hit(dst.len()));
     }
 
     /// Counts an early copy of `bytes` of this entry that the master's answer confirmed: the
