@@ -118,9 +118,29 @@ pub struct MasterArgs {
     pub ack_threads: usize,
     /// Open-loop single-key phases while evicting: the RPC rates the clients offer together, as
     /// shares of the rate the closed-loop single-key stream reached below the watermark
-    /// (comma-separated; empty for none).
-    #[arg(long, value_delimiter = ',', default_value = "0.5,0.75")]
-    pub open_loop: Vec<f64>,
+    /// (comma-separated, each in (0, 1]; empty for none).
+    #[arg(long, default_value = "0.5,0.75", value_parser = parse_shares)]
+    pub open_loop: Shares,
+}
+
+/// Shares of a rate, from a comma-separated list (empty: none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shares(pub Vec<f64>);
+
+impl std::ops::Deref for Shares {
+    type Target = [f64];
+    fn deref(&self) -> &[f64] {
+        &self.0
+    }
+}
+
+/// "0.5,0.75" as shares, each in (0, 1]; "" as none.
+pub fn parse_shares(s: &str) -> Result<Shares, String> {
+    let share = |t: &str| match t.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("{t:?} is not a share in (0, 1] (examples: 0.5, 0.75)")),
+    };
+    Ok(Shares(if s.trim().is_empty() { Vec::new() } else { s.split(',').map(share).collect::<Result<_, _>>()? }))
 }
 
 /// "100k", "1M", "10M", "2500" as a count (decimal suffixes).
@@ -378,9 +398,6 @@ struct SizeRow {
 pub fn run(args: MasterArgs) -> Result<()> {
     if args.clients == 0 || args.batch == 0 || args.objects.is_empty() {
         bail!("--clients, --batch and --objects must be positive");
-    }
-    if args.open_loop.iter().any(|s| !(s.is_finite() && *s > 0.0 && *s <= 1.0)) {
-        bail!("--open-loop shares must be in (0, 1]");
     }
     let positive = |v: f64| v > 0.0 && v.is_finite();
     if !positive(args.duration) || !positive(args.rpc_timeout) {
@@ -745,7 +762,7 @@ async fn phases_of_size(
         });
     }
     // 8. The single-key stream while evicting, in open loop at shares of the closed loop's rate.
-    for &share in &args.open_loop {
+    for &share in args.open_loop.iter() {
         top_up(sims, args, &mut filled, reserved).await?;
         let offered = closed_loop_rate * share;
         let before = node_stats(&mut admin, &admin_id).await?;
@@ -1267,6 +1284,17 @@ mod tests {
         assert!(parse_count("0").is_err());
         assert!(parse_count("1.5M").is_err());
         assert!(parse_count("x").is_err());
+    }
+
+    /// `--open-loop ''` runs no open-loop phase, as its help says; shares outside (0, 1] are
+    /// refused at parsing.
+    #[test]
+    fn open_loop_shares_parse_and_empty_means_none() {
+        assert_eq!(parse_shares("0.5,0.75"), Ok(Shares(vec![0.5, 0.75])));
+        assert_eq!(parse_shares(""), Ok(Shares(Vec::new())));
+        for bad in ["0", "1.5", "x", "0.5,", "nan"] {
+            assert!(parse_shares(bad).is_err(), "{bad:?}");
+        }
     }
 
     /// The open loop charges a late call for its wait: a client whose previous call overran its
