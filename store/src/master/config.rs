@@ -158,6 +158,12 @@ pub const DEFAULT_EVICTOR_NICE: i32 = 0;
 /// call's p99 while a round runs.
 pub const DEFAULT_EVICTOR_DUTY: f64 = 0.25;
 
+/// Threads serving gRPC on a machine of `cpus` CPUs when no flag says: as upstream's
+/// `mooncake_master` (its `--max_threads` default of 4, capped at the CPU count).
+pub fn rpc_threads_for(cpus: usize) -> usize {
+    cpus.clamp(1, 4)
+}
+
 impl Default for MasterConfig {
     fn default() -> Self {
         MasterConfig {
@@ -182,7 +188,7 @@ impl Default for MasterConfig {
             hot_queue: 1024,
             state_dir: None,
             owner_ack_timeout: Duration::from_secs(3),
-            rpc_threads: 2,
+            rpc_threads: rpc_threads_for(std::thread::available_parallelism().map_or(1, |p| p.get())),
             rpc_tcp_nodelay: true,
             http_metadata_address: String::new(),
             cluster_id: DEFAULT_CLUSTER_ID.into(),
@@ -311,6 +317,15 @@ mod millis {
 mod tests {
     use super::*;
     use clap::ValueEnum;
+
+    /// With no thread flag the master serves gRPC on as many threads as upstream's does: one
+    /// per CPU, at most 4.
+    #[test]
+    fn grpc_threads_default_to_the_cpus_at_most_four() {
+        assert_eq!([1, 2, 3, 4, 8, 96].map(rpc_threads_for), [1, 2, 3, 4, 4, 4]);
+        let cpus = std::thread::available_parallelism().map_or(1, |p| p.get());
+        assert_eq!(MasterConfig::default().rpc_threads, cpus.min(4));
+    }
 
     #[test]
     fn strategies_are_named_as_flags_and_as_in_json() {
