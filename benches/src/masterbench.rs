@@ -36,7 +36,7 @@
 //!    call's latency counts from when it was due: a client that fell behind its pace (the
 //!    master was slow) is charged for the wait, so slowness is not hidden by calling less
 //!    (coordinated omission); a client ahead of its pace sleeps and counts from the send.
-//!    The first share also runs right after phase 2, below the watermark (with removes, as
+//!    Every share also runs right after phase 2, below the watermark (with removes, as
 //!    phase 2): the same calls at the same load with nothing evicting, so the rows while
 //!    evicting show what eviction adds to a call's tail.
 //!
@@ -609,9 +609,9 @@ async fn phases_of_size(
         evicted: Some(0),
         target: "-",
     });
-    // 2b. The same in open loop at the first share: the tail of a call with nothing evicting,
-    // beside which the open-loop phases while evicting (8.) tell what eviction adds.
-    if let Some(&share) = args.open_loop.first() {
+    // 2b. The same in open loop at each share: the tail of a call with nothing evicting, beside
+    // which the open-loop phases at the same shares while evicting (8.) tell what eviction adds.
+    for &share in args.open_loop.iter() {
         let offered = closed_loop_rate * share;
         let spec = open_loop_stream(args, sims.len(), offered, true, dur);
         let (t, secs) = stream(sims, filled, spec).await;
