@@ -629,6 +629,16 @@ impl StoreClient {
         Ok(Listed { reply, clock })
     }
 
+    /// [`Self::replica_list`] with `meanwhile` run on the calling thread while the master
+    /// answers (the call on the background runtime, [`MasterRpc::call_beside`]): for work
+    /// that does not wait for the answer and outlasts the round trip.
+    fn replica_list_beside<R>(&self, key: &str, meanwhile: impl FnOnce() -> R) -> (Result<Listed>, R) {
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let clock = LeaseClock::start();
+        let (reply, side) = self.rpc.call_beside(|mut c| async move { c.get_replica_list(req).await }, meanwhile);
+        (reply.and_then(|mut reply| check(reply.status.take(), key).map(|()| Listed { reply, clock })), side)
+    }
+
     /// [`Self::replica_list`] for a get of a value the hot cache holds (`guard`, from
     /// [`HotCache::peek`]): while the master answers, `copy` copies the entry into the get's
     /// destination (an early copy, as [`Self::batch_replica_lists_copying_hits`] makes for a
@@ -641,14 +651,12 @@ impl StoreClient {
         guard: hot_cache::Guard<'_>,
         copy: impl FnOnce(&hot_cache::Guard<'_>),
     ) -> Result<(Listed, [Option<Identity>; 1])> {
-        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
-        let clock = LeaseClock::start();
         // Beside, not while: sending the request and reading the answer on the calling thread
         // cost more than the hand-off to the background runtime (0.95 against 0.90-0.91 of
         // memcpy + master for a warm 10 MiB get).
-        let (reply, ()) = self.rpc.call_beside(|mut c| async move { c.get_replica_list(req).await }, || copy(&guard));
-        match reply.and_then(|mut reply| check(reply.status.take(), key).map(|()| reply)) {
-            Ok(reply) => Ok((Listed { reply, clock }, [Some(guard.identity().clone())])),
+        let (listed, ()) = self.replica_list_beside(key, || copy(&guard));
+        match listed {
+            Ok(listed) => Ok((listed, [Some(guard.identity().clone())])),
             Err(e) => {
                 if let Some(cache) = &self.hot {
                     cache.note_early_copies_wasted(1);
@@ -677,14 +685,9 @@ impl StoreClient {
             return Ok((self.replica_list(key)?, false));
         };
         let tier = &disk.tier;
-        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
-        let clock = LeaseClock::start();
-        let (reply, read) = self
-            .rpc
-            .call_beside(|mut c| async move { c.get_replica_list(req).await }, || tier.read_local(key, version, out));
-        let list = reply.and_then(|mut list| check(list.status.take(), key).map(|()| list));
-        let confirmed = match (&list, &read) {
-            (Ok(l), Ok(())) => {
+        let (listed, read) = self.replica_list_beside(key, || tier.read_local(key, version, out));
+        let confirmed = match (&listed, &read) {
+            (Ok(Listed { reply: l, .. }), Ok(())) => {
                 l.version == version
                     && l.size == size
                     && l.replicas.iter().any(|r| {
@@ -696,12 +699,12 @@ impl StoreClient {
             _ => false,
         };
         tier.early_read_judged(key, version, confirmed);
-        let list = list?;
-        if confirmed && list.replicas.iter().any(plan::readable_in_memory) {
+        let listed = listed?;
+        if confirmed && listed.reply.replicas.iter().any(plan::readable_in_memory) {
             // Back in memory meanwhile: later gets read it from there.
             tier.note_only_copy(key, version, false);
         }
-        Ok((Listed { reply: list, clock }, confirmed))
+        Ok((listed, confirmed))
     }
 
     /// The whole value of `key`, read from the best source (a local replica, the hot cache, a
