@@ -72,6 +72,21 @@ pub use sg::{Extent, Piece};
 /// while the master answered, if any (see `StoreClient::batch_replica_lists_copying_hits`).
 type EarlyCopies = Vec<Option<Identity>>;
 
+/// A get copies its hits early (while the master answers) only when it copies at least this
+/// many bytes: the early path hands the call to the background runtime and, when the copy ends
+/// before the answer, waits for that thread to wake it, which costs more than the copy hides
+/// for small values. Measured on this VM (`benches/hotcache.sh hot-cache --link unshaped
+/// --pairs 1 -- --methods get,batchGet --sizes 64K,256K,1M,4M`, 2026-12-04 22:51-22:53 UTC,
+/// alternated, two runs each), warm call early / asking first: `get` 64 KiB 0.14 / 0.12 ms,
+/// 256 KiB 0.21-0.23 / 0.13 ms, 1 MiB 0.14-0.16 / 0.25-0.26 ms; `batchGet` of 5 x 64 KiB
+/// 0.16-0.24 / 0.14-0.16 ms, of 5 x 256 KiB 0.19-0.20 / 0.25-0.29 ms.
+pub(crate) const EARLY_COPY_FROM: u64 = 1 << 20;
+
+/// Whether a get whose hits copy `bytes` in all copies them early (see [`EARLY_COPY_FROM`]).
+fn worth_copying_early(bytes: u64) -> bool {
+    bytes >= EARLY_COPY_FROM
+}
+
 /// The entry `cache` holds for `key`, with the extents of it the caller `wants`: what an early
 /// copy copies (`None`: not held, or the caller's memory does not fit the cached value).
 fn held_for_early_copy<'c>(
@@ -733,7 +748,9 @@ impl StoreClient {
     /// ([`StoreError::BufferTooSmall`], [`StoreError::InvalidArgument`]), refused before
     /// anything is read.
     pub fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
-        if let Some(guard) = self.hot.as_ref().and_then(|cache| cache.peek(key)) {
+        if let Some(guard) =
+            self.hot.as_ref().and_then(|cache| cache.peek(key)).filter(|g| worth_copying_early(g.size()))
+        {
             // A hit (most likely): the sink's memory for the cached size, copied into while
             // the master answers; asked for again if the answer gives another size.
             let size = guard.size();
@@ -807,10 +824,14 @@ impl StoreClient {
     }
 
     /// A zero-copy get of a value the hot cache holds, with an early copy (see
-    /// [`Self::replica_list_copying_hit`]); `None` when the cache does not hold the key, or
-    /// the caller's memory does not fit the cached value (the get then asks first).
+    /// [`Self::replica_list_copying_hit`]); `None` when the cache does not hold the key, the
+    /// caller's memory does not fit the cached value, or the copy is too small to be worth it
+    /// ([`EARLY_COPY_FROM`]): the get then asks first.
     fn get_into_copying_hit(&self, key: &str, want: Want<'_>) -> Option<Result<u64>> {
         let (guard, extents) = held_for_early_copy(self.hot.as_ref()?, key, &want)?;
+        if !worth_copying_early(extents.iter().map(|e| e.len).sum()) {
+            return None;
+        }
         let got = self
             .replica_list_copying_hit(key, guard, |g| read::copy_entry_early(g, &extents))
             .and_then(|(list, early)| self.read_listed(key, &list, want, &early));
@@ -1160,7 +1181,8 @@ impl StoreClient {
     /// copied; the batch read (`Exec::read_batch`) keeps a copy only where the answer says the key still
     /// is that object, and otherwise reads over it as it would have. A key whose answer is an
     /// error keeps whatever the copy wrote (the caller's memory holds no value after a failed
-    /// get). Batches of more than one call's keys, and clients without a cache, ask as before.
+    /// get). Batches of more than one call's keys, batches whose hits copy less than
+    /// [`EARLY_COPY_FROM`] in all, and clients without a cache, ask as before.
     fn batch_replica_lists_copying_hits(
         &self,
         keys: &[String],
@@ -1172,7 +1194,8 @@ impl StoreClient {
         };
         let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>)>> =
             keys.iter().zip(wants).map(|(key, want)| held_for_early_copy(cache, key, want)).collect();
-        if held.iter().all(Option::is_none) {
+        let bytes = held.iter().flatten().flat_map(|(_, extents)| extents).map(|e| e.len).sum();
+        if !worth_copying_early(bytes) {
             return Ok((self.batch_replica_lists(keys)?, none()));
         }
         let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
