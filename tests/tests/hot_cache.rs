@@ -388,7 +388,8 @@ fn two_holders_and_a_reader(keys: [&str; 2], seed: u64) -> (MasterHandle, [Arc<S
 
 /// A zero-copy batch get copies the values its cache holds while the master answers, and
 /// keeps a copy only where the answer is the object copied: a key put again meanwhile is read
-/// anew over the copy, a key removed meanwhile fails, and neither is served stale.
+/// anew over the copy, a key removed meanwhile fails, and neither is served stale. A batch
+/// whose hits copy less than 1 MiB asks first.
 #[test]
 fn a_zero_copy_batch_copies_hits_while_the_master_answers_and_never_keeps_a_stale_copy() {
     let (_m, [a, c, b]) = two_holders_and_a_reader(["e1", "e2"], 41);
@@ -428,6 +429,17 @@ fn a_zero_copy_batch_copies_hits_while_the_master_answers_and_never_keeps_a_stal
     assert!(ok(&buf[..slot as usize], 2 * MIB, 43));
     let m3 = metrics(&b);
     assert_eq!((m3.early_copies, m3.early_copies_wasted), (4, 2), "{m3}");
+
+    // A batch whose hits copy less than 1 MiB in all asks first and copies after.
+    a.put("e3", &data(MIB / 4, 44)).unwrap();
+    let small = ["e3".to_string()];
+    assert_eq!(sizes(b.batch_get_into(&small, &[base], &[slot]).unwrap()), [Some(MIB / 4)]); // miss
+    flush(&b);
+    buf.fill(0);
+    assert_eq!(sizes(b.batch_get_into(&small, &[base], &[slot]).unwrap()), [Some(MIB / 4)]);
+    assert!(ok(&buf[..(MIB / 4) as usize], MIB / 4, 44));
+    let m4 = metrics(&b);
+    assert_eq!((m4.hits, m4.early_copies, m4.early_copies_wasted), (m3.hits + 1, 4, 2), "{m4}");
     b.unregister_buffer(base).unwrap();
 }
 
