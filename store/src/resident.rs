@@ -33,6 +33,7 @@ pub(crate) fn populate(addr: u64, len: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::mm::{mmap_anonymous, munmap, MapFlags, ProtFlags};
     use std::io::{Read, Seek, SeekFrom};
 
     /// How many of the pages of `buf` are present (`/proc/self/pagemap`, bit 63).
@@ -48,17 +49,30 @@ mod tests {
 
     #[test]
     fn populated_memory_is_present_and_keeps_its_bytes() {
-        // Above glibc's largest mmap threshold (32 MiB): always a fresh mapping whose pages
-        // nothing touched yet, whatever other tests freed before.
-        let mut buf = vec![0u8; 40 << 20];
-        let (addr, len) = (buf.as_ptr() as u64, buf.len() as u64);
-        let inner = &buf[PAGE..buf.len() - PAGE]; // whole pages wherever the vector starts
-        let before = present_pages(inner);
-        assert!(before < inner.len() / PAGE / 2, "a fresh allocation is mostly absent ({before} pages present)");
-        assert!(populate(addr, len));
-        assert_eq!(present_pages(inner), inner.len() / PAGE, "every page present");
+        // A mapping of its own, so that no page was touched before: memory from the allocator
+        // may come from heap other tests of this process wrote and freed (glibc serves even a
+        // request above its mmap threshold from a large enough free top of its heap).
+        let len = 40 << 20;
+        // SAFETY: a fresh private anonymous mapping, used below only as `len` bytes and
+        // unmapped at the end of the test.
+        let at =
+            unsafe { mmap_anonymous(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::PRIVATE) }
+                .expect("mmap");
+        // SAFETY: the mapping above: `len` bytes, readable and writable, zero-filled, owned
+        // by this test alone until it is unmapped.
+        let buf = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, len) };
+        let inner_pages = len / PAGE;
+        let before = present_pages(buf);
+        assert_eq!(before, 0, "a fresh mapping has no page present");
+        let half = &buf[..len / 2];
+        assert!(populate(half.as_ptr() as u64 + 1, half.len() as u64 - 1), "whole pages inside the range");
+        assert_eq!(present_pages(buf), inner_pages / 2 - 1, "every whole page of the range present, no other");
+        assert!(populate(buf.as_ptr() as u64, len as u64));
+        assert_eq!(present_pages(buf), inner_pages, "every page present");
         buf[12345] = 7;
         assert!(buf.iter().enumerate().all(|(i, &b)| b == if i == 12345 { 7 } else { 0 }));
+        // SAFETY: the mapping made above, no longer borrowed.
+        unsafe { munmap(at, len) }.expect("munmap");
     }
 
     #[test]
