@@ -87,16 +87,17 @@ fn worth_copying_early(bytes: u64) -> bool {
     bytes >= EARLY_COPY_FROM
 }
 
-/// The entry `cache` holds for `key`, with the extents of it the caller `wants`: what an early
-/// copy copies (`None`: not held, or the caller's memory does not fit the cached value).
+/// The entry `cache` holds for `key`, with the extents of it the caller `wants` and their
+/// bytes: what an early copy copies (`None`: not held, or the caller's memory does not fit the
+/// cached value).
 fn held_for_early_copy<'c>(
     cache: &'c HotCache,
     key: &str,
     want: &Want<'_>,
-) -> Option<(hot_cache::Guard<'c>, Vec<Extent>)> {
+) -> Option<(hot_cache::Guard<'c>, Vec<Extent>, u64)> {
     let guard = cache.peek(key)?;
-    let (extents, _) = want.extents(key, guard.size()).ok()?;
-    Some((guard, extents))
+    let (extents, bytes) = want.extents(key, guard.size()).ok()?;
+    Some((guard, extents, bytes))
 }
 
 /// Drops the hot cache's entry for `key` when the master's answer `e` says the key is gone
@@ -828,8 +829,8 @@ impl StoreClient {
     /// caller's memory does not fit the cached value, or the copy is too small to be worth it
     /// ([`EARLY_COPY_FROM`]): the get then asks first.
     fn get_into_copying_hit(&self, key: &str, want: Want<'_>) -> Option<Result<u64>> {
-        let (guard, extents) = held_for_early_copy(self.hot.as_ref()?, key, &want)?;
-        if !worth_copying_early(extents.iter().map(|e| e.len).sum()) {
+        let (guard, extents, bytes) = held_for_early_copy(self.hot.as_ref()?, key, &want)?;
+        if !worth_copying_early(bytes) {
             return None;
         }
         let got = self
@@ -1192,9 +1193,9 @@ impl StoreClient {
         let Some(cache) = self.hot.as_ref().filter(|_| keys.len() <= MAX_BATCH_KEYS) else {
             return Ok((self.batch_replica_lists(keys)?, none()));
         };
-        let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>)>> =
+        let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>, u64)>> =
             keys.iter().zip(wants).map(|(key, want)| held_for_early_copy(cache, key, want)).collect();
-        let bytes = held.iter().flatten().flat_map(|(_, extents)| extents).map(|e| e.len).sum();
+        let bytes = held.iter().flatten().map(|(_, _, bytes)| bytes).sum();
         if !worth_copying_early(bytes) {
             return Ok((self.batch_replica_lists(keys)?, none()));
         }
@@ -1203,7 +1204,7 @@ impl StoreClient {
         let (reply, ()) = self.rpc.call_beside(
             |mut c| async move { c.batch_get_replica_list(req).await },
             || {
-                for (guard, extents) in held.iter().flatten() {
+                for (guard, extents, _) in held.iter().flatten() {
                     read::copy_entry_early(guard, extents);
                 }
             },
@@ -1214,7 +1215,7 @@ impl StoreClient {
                 forget_if_gone(cache, key, e);
             }
         }
-        Ok((lists, held.into_iter().map(|h| h.map(|(guard, _)| guard.identity().clone())).collect()))
+        Ok((lists, held.into_iter().map(|h| h.map(|(guard, _, _)| guard.identity().clone())).collect()))
     }
 
     /// The answers split into those to read and the master's refusals (per-key results).

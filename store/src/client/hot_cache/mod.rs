@@ -586,7 +586,7 @@ impl Guard<'_> {
     /// Copies the object's bytes `[from, from + dst.len())` into `dst`; with non-temporal
     /// stores from [`stream_copy::HIT_STREAM_FROM`] bytes (see [`stream_copy::streams_hit`]).
     pub fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
-        self.entry.blocks.copy_range_to(from, dst, stream_copy::streams_hit(dst.len()));
+        self.copy_range_early(from, dst);
         bump(&self.counters.bytes_served, dst.len() as u64);
     }
 
