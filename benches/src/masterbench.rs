@@ -111,11 +111,17 @@ pub struct MasterArgs {
     /// Deadline of every RPC, in seconds.
     #[arg(long, default_value_t = 30.0)]
     pub rpc_timeout: f64,
-    /// Threads of the runtime the simulated owners acknowledge the master's news on (0: on the
-    /// clients' runtime, where an owner's acknowledgement waits behind the calls of all 64
-    /// clients; a real client acknowledges from its own process).
+    /// Threads of the runtime the simulated owners acknowledge the master's news on (0: each
+    /// owner on its client's runtime, where an owner's acknowledgement waits behind the calls
+    /// of the clients that share it; a real client acknowledges from its own process).
     #[arg(long, default_value_t = 1)]
     pub ack_threads: usize,
+    /// Threads the simulated clients' calls run on, each a single-threaded runtime serving
+    /// its share of the clients (client i on thread i mod N); 0: one work-stealing runtime
+    /// of two threads for all of them. Default: half the CPUs, at least one (the master
+    /// needs the rest).
+    #[arg(long)]
+    pub client_threads: Option<usize>,
     /// Open-loop single-key phases while evicting: the RPC rates the clients offer together, as
     /// shares of the rate the closed-loop single-key stream reached below the watermark
     /// (comma-separated, each in (0, 1]; empty for none).
@@ -255,6 +261,8 @@ struct Sim {
     index: usize,
     id: String,
     rpc: MasterClient<Channel>,
+    /// The runtime this client's calls run on.
+    lane: tokio::runtime::Handle,
     next: u64,
     live: VecDeque<String>,
 }
@@ -409,7 +417,11 @@ pub fn run(args: MasterArgs) -> Result<()> {
     if args.master.is_some() && args.objects.len() > 1 {
         bail!("with --master, give one size of --objects (each size needs a fresh master)");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let client_threads = args
+        .client_threads
+        .unwrap_or_else(|| client_threads_for(std::thread::available_parallelism().map_or(1, |n| n.get())));
+    let lanes = Lanes::start(client_threads)?;
     let ack_runtime = match args.ack_threads {
         0 => None,
         n => Some(
@@ -420,11 +432,12 @@ pub fn run(args: MasterArgs) -> Result<()> {
                 .build()?,
         ),
     };
-    let acks = ack_runtime.as_ref().map_or_else(|| runtime.handle().clone(), |r| r.handle().clone());
+    let acks = ack_runtime.as_ref().map(|r| r.handle().clone());
     let load = report::Load::start();
     println!(
         "{} storebench master: {} simulated clients (one gRPC channel and one fake segment each), values of {}, \
-         batches of {} keys, {} s per stream, lease {} ms, high watermark {}, owners' acknowledgements on {}",
+         batches of {} keys, {} s per stream, lease {} ms, high watermark {}, clients' calls on {}, owners' \
+         acknowledgements on {}",
         report::utc_now(),
         args.clients,
         report::fmt_bytes(args.value_size),
@@ -432,8 +445,12 @@ pub fn run(args: MasterArgs) -> Result<()> {
         args.duration,
         args.lease_ttl_ms,
         args.high_watermark,
+        match client_threads {
+            0 => "a work-stealing runtime of 2 threads".to_string(),
+            n => format!("{n} single-threaded runtime(s)"),
+        },
         match args.ack_threads {
-            0 => "the clients' runtime".to_string(),
+            0 => "the clients' runtimes".to_string(),
             n => format!("a runtime of {n} thread(s) of their own"),
         }
     );
@@ -448,7 +465,7 @@ pub fn run(args: MasterArgs) -> Result<()> {
             }
         };
         println!("{n} objects: master {what}");
-        let (p, s) = runtime.block_on(one_size(&args, &addr, pid, n, &acks))?;
+        let (p, s) = runtime.block_on(one_size(&args, &addr, pid, n, &acks, &lanes))?;
         phases.extend(p);
         sizes.push(s);
     }
@@ -479,7 +496,8 @@ async fn one_size(
     addr: &str,
     pid: Option<u32>,
     n: u64,
-    acks: &tokio::runtime::Handle,
+    acks: &Option<tokio::runtime::Handle>,
+    lanes: &Lanes,
 ) -> Result<(Vec<PhaseRow>, SizeRow)> {
     let clients = args.clients as u64;
     let s = args.value_size;
@@ -493,7 +511,10 @@ async fn one_size(
     // as a real client does, or no put of its segment would commit.
     let mut owners = Vec::new();
     for i in 0..args.clients {
-        let mut rpc = connect(args, addr).await?;
+        let lane = lanes.of(i);
+        // Connected on its lane: the channel's connection is driven there.
+        let (lane_args, lane_addr) = (args.clone(), addr.to_string());
+        let mut rpc = lane.spawn(async move { connect(&lane_args, &lane_addr).await }).await??;
         let id = format!("storebench-master-{run_id}-{i}");
         let r = rpc
             .mount_segment(MountSegmentRequest {
@@ -514,13 +535,13 @@ async fn one_size(
         // On the acknowledging runtime, channel included (its connection is driven there).
         let (owner_args, owner_addr, owner_id) = (args.clone(), addr.to_string(), id.clone());
         let (term, segment_id) = (r.term, r.segment_id);
-        let owner = acks.spawn(async move {
+        let owner = acks.as_ref().unwrap_or(&lane).spawn(async move {
             let rpc = connect(&owner_args, &owner_addr).await?;
             acknowledge_news(rpc, owner_id, term, segment_id).await;
             anyhow::Ok(())
         });
         owners.push(owner);
-        sims.push(Sim { index: i, id, rpc, next: 0, live: VecDeque::new() });
+        sims.push(Sim { index: i, id, rpc, lane, next: 0, live: VecDeque::new() });
     }
     // Heartbeats for every simulated client, on a channel of their own.
     let stop_pings = Arc::new(AtomicBool::new(false));
@@ -542,6 +563,52 @@ async fn one_size(
     let _ = pinger.await;
     owners.iter().for_each(tokio::task::JoinHandle::abort);
     result
+}
+
+/// The default client threads on a machine of `cpus`: half of them, at least one.
+fn client_threads_for(cpus: usize) -> usize {
+    (cpus / 2).max(1)
+}
+
+/// The runtimes the simulated clients run on: `n` threads, each a single-threaded runtime,
+/// or with `n` = 0 one work-stealing runtime of two threads. A work-stealing runtime wakes its
+/// other thread for each task that becomes ready while one runs; on two shared cores those
+/// wake-ups (cross-CPU interrupts in a VM) cost the master's share of the CPU.
+struct Lanes {
+    handles: Vec<tokio::runtime::Handle>,
+    /// Dropped at the end: the single-threaded runtimes' threads end.
+    _stop: tokio::sync::watch::Sender<()>,
+    _shared: Option<tokio::runtime::Runtime>,
+}
+
+impl Lanes {
+    fn start(n: usize) -> Result<Lanes> {
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        if n == 0 {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("storebench-clients")
+                .enable_all()
+                .build()?;
+            return Ok(Lanes { handles: vec![rt.handle().clone()], _stop: stop, _shared: Some(rt) });
+        }
+        let mut handles = Vec::new();
+        for i in 0..n {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            handles.push(rt.handle().clone());
+            let mut stopped = stopped.clone();
+            std::thread::Builder::new().name(format!("storebench-clients-{i}")).spawn(move || {
+                rt.block_on(async move {
+                    let _ = stopped.changed().await;
+                })
+            })?;
+        }
+        Ok(Lanes { handles, _stop: stop, _shared: None })
+    }
+
+    fn of(&self, client: usize) -> tokio::runtime::Handle {
+        self.handles[client % self.handles.len()].clone()
+    }
 }
 
 /// A simulated owner's stream: every item of news acknowledged as soon as it arrives (a real
@@ -815,7 +882,7 @@ async fn fill_keys(sims: &mut [Sim], first: u64, count: u64, batch: usize, size:
         let id = sim.id.clone();
         let c = c as u64;
         let mut tally = Tally::new();
-        tasks.push(tokio::spawn(async move {
+        tasks.push(sim.lane.spawn(async move {
             let mine: Vec<u64> = (first..first + count).filter(|i| i % clients == c).collect();
             for chunk in mine.chunks(batch) {
                 let keys: Vec<String> = chunk.iter().map(|i| format!("o/{i:010}")).collect();
@@ -987,7 +1054,8 @@ async fn stream(sims: &mut Vec<Sim>, filled: u64, spec: Stream) -> (Tally, f64) 
     let mut tasks = Vec::new();
     for mut sim in std::mem::take(sims) {
         let budget = budget.clone();
-        tasks.push(tokio::spawn(async move {
+        let lane = sim.lane.clone();
+        tasks.push(lane.spawn(async move {
             let mut t = Tally::new();
             client_stream(&mut sim, filled, spec, deadline, &budget, &mut t).await;
             (sim, t)
@@ -1288,6 +1356,26 @@ mod tests {
 
     /// `--open-loop ''` runs no open-loop phase, as its help says; shares outside (0, 1] are
     /// refused at parsing.
+    #[test]
+    fn clients_are_dealt_to_their_lanes_and_each_lane_is_one_thread() {
+        assert_eq!(client_threads_for(2), 1, "on two CPUs the master keeps one");
+        assert_eq!(client_threads_for(1), 1);
+        assert_eq!(client_threads_for(16), 8);
+        let lanes = Lanes::start(2).expect("lanes");
+        let thread_of = |client: usize| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            lanes.of(client).spawn(async move {
+                let _ = tx.send(std::thread::current().id());
+            });
+            rx.recv_timeout(Duration::from_secs(10)).expect("the lane runs its tasks")
+        };
+        let (a, b) = (thread_of(0), thread_of(1));
+        assert_ne!(a, b, "two lanes, two threads");
+        assert_eq!(thread_of(2), a, "client 2 shares client 0's lane");
+        assert_eq!(thread_of(3), b);
+        assert_eq!(thread_of(4), a);
+    }
+
     #[test]
     fn open_loop_shares_parse_and_empty_means_none() {
         assert_eq!(parse_shares("0.5,0.75"), Ok(Shares(vec![0.5, 0.75])));
