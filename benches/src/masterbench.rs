@@ -111,10 +111,10 @@ pub struct MasterArgs {
     /// Deadline of every RPC, in seconds.
     #[arg(long, default_value_t = 30.0)]
     pub rpc_timeout: f64,
-    /// Threads of the runtime the simulated owners acknowledge the master's news on (0: each
-    /// owner on its client's runtime, where an owner's acknowledgement waits behind the calls
-    /// of the clients that share it; a real client acknowledges from its own process).
-    #[arg(long, default_value_t = 1)]
+    /// Threads of a runtime of their own for the simulated owners to acknowledge the master's
+    /// news on; 0: each owner on its client's runtime, as a real client acknowledges on the
+    /// runtime its calls use (on two CPUs one thread fewer for the scheduler to share out).
+    #[arg(long, default_value_t = 0)]
     pub ack_threads: usize,
     /// Threads the simulated clients' calls run on, each a single-threaded runtime serving
     /// its share of the clients (client i on thread i mod N); 0: one work-stealing runtime
