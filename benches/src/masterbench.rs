@@ -825,7 +825,8 @@ async fn phases_of_size(
             secs,
             tally: t,
             evicted: Some(evicted),
-            target: if batch == 1 { "p99 <= 5 ms" } else { ">= 100000 ops/s, p99 <= 5 ms" },
+            // The latency target is a single call's; a batch of 128 keys is 128 ops in one call.
+            target: if batch == 1 { "p99 <= 5 ms" } else { ">= 100000 ops/s" },
         });
     }
     // 8. The single-key stream while evicting, in open loop at shares of the closed loop's rate.
