@@ -1355,8 +1355,8 @@ mod tests {
         assert!(parse_count("x").is_err());
     }
 
-    /// `--open-loop ''` runs no open-loop phase, as its help says; shares outside (0, 1] are
-    /// refused at parsing.
+    /// The default leaves the master half the CPUs, and each simulated client's tasks run on
+    /// its own lane's one thread (client i on lane i mod N).
     #[test]
     fn clients_are_dealt_to_their_lanes_and_each_lane_is_one_thread() {
         assert_eq!(client_threads_for(2), 1, "on two CPUs the master keeps one");
@@ -1377,6 +1377,8 @@ mod tests {
         assert_eq!(thread_of(4), a);
     }
 
+    /// `--open-loop ''` runs no open-loop phase, as its help says; shares outside (0, 1] are
+    /// refused at parsing.
     #[test]
     fn open_loop_shares_parse_and_empty_means_none() {
         assert_eq!(parse_shares("0.5,0.75"), Ok(Shares(vec![0.5, 0.75])));
