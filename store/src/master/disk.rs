@@ -327,7 +327,7 @@ impl Master {
                 continue;
             }
             if st.objects.get(&h.key).is_some_and(|o| o.complete && o.version <= h.version) {
-                Self::remove_object(&mut st, &h.key);
+                Self::remove_object(&mut st, &h.key, Instant::now());
             }
             let cap = st.max_pending_removals;
             let pending = st.disk_removals.entry(h.disk.clone()).or_default();
@@ -404,16 +404,16 @@ impl Master {
 
     /// Eviction: an object with a disk copy loses its memory replicas and stays; one without
     /// is removed. Returns the bytes of memory freed.
-    pub(super) fn evict_memory_replicas(st: &mut super::Locked<'_>, key: &str) -> Option<u64> {
+    pub(super) fn evict_memory_replicas(st: &mut super::Locked<'_>, key: &str, now: Instant) -> Option<u64> {
         let has_disk = !st.objects.get(key)?.ssd.is_empty();
         if !has_disk {
-            return Self::remove_object(st, key);
+            return Self::remove_object(st, key, now);
         }
         let obj = st.objects.get_mut(key)?;
         let (version, replicas) = (obj.version, std::mem::take(&mut obj.replicas));
         let mut freed = 0;
         for r in replicas {
-            freed += Self::free_replica(st, key, version, r.segment_id, r.block, r.news().is_some());
+            freed += Self::free_replica(st, key, version, r.segment_id, r.block, r.news().is_some(), None);
         }
         Self::tell_disks_memory_is_gone(st, key);
         Some(freed)

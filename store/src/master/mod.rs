@@ -26,6 +26,7 @@ mod disk;
 pub mod events;
 pub mod fence;
 pub mod ha;
+mod lease_holds;
 pub mod metrics;
 pub mod mooncake_metrics;
 mod objects;
@@ -155,6 +156,8 @@ struct State {
     held_generation: u64,
     /// Memory segment id → the news link to its owner ([`owners`]).
     owners: HashMap<u64, owners::OwnerLink>,
+    /// Ranges of objects removed while a read lease on them ran ([`lease_holds`]).
+    holds: lease_holds::LeaseHolds,
     /// Links with news queued by the operation in progress.
     dirty_links: Vec<u64>,
     /// Links with drops queued by the eviction round under way, first queued first: each step
@@ -570,6 +573,7 @@ impl Master {
         }
         // Its quarantine goes with it: the owner is gone or gave the memory up.
         st.owners.remove(&segment_id);
+        st.holds.forget_segment(segment_id);
         st.dirty_links.retain(|s| *s != segment_id);
         st.round_links.retain(|s| *s != segment_id);
         st.disk_only_news.remove(&segment_id);
@@ -712,6 +716,7 @@ impl Master {
                 detail: format!("{memory_segments} memory segment(s) mounted; replicas need distinct segments"),
             });
         }
+        Self::release_ended_holds(&mut st, now);
         let blocks = match self.allocate(&mut st, tenant, size, replicas, opts) {
             Some(b) => b,
             None => {
@@ -967,7 +972,7 @@ impl Master {
         let acked: SmallVec<[bool; 2]> =
             obj.replicas.iter().map(|r| r.news().is_some_and(|seq| Self::is_acked(st, r.segment_id, seq))).collect();
         if !acked.iter().any(|a| *a) {
-            Self::remove_object(st, key);
+            Self::remove_object(st, key, now);
             tracing::warn!("put of {key:?} failed: no owner of its replicas acknowledged the commit");
             return Err(StoreError::OwnersUnreachable(key.to_string()));
         }
@@ -990,7 +995,7 @@ impl Master {
                     "put of {key:?}: the owner of segment {} did not acknowledge; replica dropped",
                     r.segment_id
                 );
-                Self::free_replica(st, key, version, r.segment_id, r.block, r.news().is_some());
+                Self::free_replica(st, key, version, r.segment_id, r.block, r.news().is_some(), None);
             }
         }
         st.objects.commit(key);
@@ -1030,21 +1035,23 @@ impl Master {
             }
             Some(_) => {}
         }
-        Self::remove_object(&mut st, key);
+        Self::remove_object(&mut st, key, Instant::now());
         self.flush_news(&mut st);
         drop(st);
         self.update_gauges();
         Ok(())
     }
 
-    /// Removes an object; its replicas' owners are told (their ranges wait in quarantine).
+    /// Removes an object; its replicas' owners are told (their ranges wait in quarantine, and,
+    /// while a read lease on the object runs at `now`, until it ends: [`lease_holds`]).
     /// Returns the bytes given up.
-    fn remove_object(st: &mut Locked<'_>, key: &str) -> Option<u64> {
+    fn remove_object(st: &mut Locked<'_>, key: &str, now: Instant) -> Option<u64> {
         let obj = st.objects.remove(key)?;
         Self::queue_disk_removals(st, key, &obj);
+        let hold = obj.lease_until.map(|t| t.instant()).filter(|t| *t > now);
         let mut freed = 0;
         for r in obj.replicas {
-            freed += Self::free_replica(st, key, obj.version, r.segment_id, r.block, r.news().is_some());
+            freed += Self::free_replica(st, key, obj.version, r.segment_id, r.block, r.news().is_some(), hold);
         }
         Some(freed)
     }
@@ -1171,7 +1178,7 @@ impl Master {
         }
         let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         self.emit_object(&st, key, EventKind::Removed);
-        Self::remove_object(&mut st, key);
+        Self::remove_object(&mut st, key, now);
         self.flush_news(&mut st);
         let wait = Self::waits(&st, segments);
         drop(st);
@@ -1228,7 +1235,7 @@ impl Master {
             for k in &victims {
                 segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
                 self.emit_object(&st, k, EventKind::Removed);
-                Self::remove_object(&mut st, k);
+                Self::remove_object(&mut st, k, now);
             }
             self.flush_news(&mut st);
             removed += victims.len() as u64;
@@ -1415,7 +1422,7 @@ impl Master {
                 }
                 self.emit_object(&st, &v.key, EventKind::Evicted);
                 // An object with a disk copy loses its memory replicas only: gets read the disk.
-                freed += Self::evict_memory_replicas(&mut st, &v.key).unwrap_or(0);
+                freed += Self::evict_memory_replicas(&mut st, &v.key, now).unwrap_or(0);
                 count += 1;
             }
             st.round_news = false;
@@ -1479,7 +1486,7 @@ impl Master {
                 .map(str::to_string)
                 .collect();
             for key in stale {
-                Self::remove_object(&mut st, &key);
+                Self::remove_object(&mut st, &key, now);
                 self.metrics.puts_reclaimed.inc();
                 // Mooncake discards a stale put, then frees its space later; Crescent does both now.
                 self.metrics.mooncake.put_start_discard_cnt.inc();
@@ -1493,6 +1500,9 @@ impl Master {
             return;
         }
         self.reclaim_replications(&mut st, now);
+        if Self::release_ended_holds(&mut st, now) {
+            self.space_freed.notify_waiters();
+        }
         st.names.prune();
         self.expire_published(&mut st, now);
         let evict = self.above_watermark(&st);

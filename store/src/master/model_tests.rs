@@ -1,6 +1,7 @@
 //! The master's answers against a reference model of its metadata: random sequences of puts,
 //! commits, revokes, gets, exists, removals and sweeps on a few keys, on a clock the test
-//! moves (leases end, unfinished puts are reclaimed), compared answer by answer; and eviction
+//! moves (leases end, unfinished puts are reclaimed, the space of objects force-removed under
+//! a lease comes back once it ended), compared answer by answer; and eviction
 //! rounds, which must take the least recently used unleased committed objects of all shards
 //! in order (the keys spread over several shards).
 
@@ -94,6 +95,9 @@ struct Entry {
 #[derive(Default)]
 struct Model {
     objects: BTreeMap<String, Entry>,
+    /// Bytes of objects removed under a running lease, and when the lease ends: still in use
+    /// until a put or a sweep after that finds them free.
+    held: Vec<(u64, u64)>,
     now: u64,
     uses: u64,
 }
@@ -101,6 +105,20 @@ struct Model {
 impl Model {
     fn leased(&self, e: &Entry) -> bool {
         e.lease_until.is_some_and(|t| t > self.now)
+    }
+
+    /// Removes `key`; its bytes stay in use while a lease on it runs.
+    fn remove(&mut self, key: &str) {
+        let e = self.objects.remove(key).expect("removing a known key");
+        if let Some(until) = e.lease_until.filter(|t| *t > self.now) {
+            self.held.push((until, e.size.next_multiple_of(GRANULE)));
+        }
+    }
+
+    /// Lets the holds whose lease ended go.
+    fn release_holds(&mut self) {
+        let now = self.now;
+        self.held.retain(|(until, _)| *until > now);
     }
 
     fn apply(&mut self, op: &Op) -> Answer {
@@ -111,6 +129,7 @@ impl Model {
                 if self.objects.contains_key(&key) {
                     return Answer::AlreadyExists;
                 }
+                self.release_holds();
                 self.objects
                     .insert(key, Entry { size: *size, complete: false, started: now, lease_until: None, used: 0 });
                 Answer::Size(*size)
@@ -154,7 +173,7 @@ impl Model {
                 Some(e) if !e.complete => Answer::NotReady,
                 Some(e) if self.leased(e) && !force => Answer::Leased,
                 Some(_) => {
-                    self.objects.remove(&name(*k));
+                    self.remove(&name(*k));
                     Answer::Ok
                 }
             },
@@ -170,7 +189,7 @@ impl Model {
                     }
                 }
                 for k in &removed {
-                    self.objects.remove(k);
+                    self.remove(k);
                 }
                 Answer::Counts(removed.len() as u64, skipped)
             }
@@ -181,6 +200,7 @@ impl Model {
             Op::Sweep => {
                 let timeout = PUT_TIMEOUT.as_millis() as u64;
                 self.objects.retain(|_, e| e.complete || now - e.started <= timeout);
+                self.release_holds();
                 Answer::Ok
             }
             Op::Evict(_) => {
@@ -267,7 +287,8 @@ proptest! {
             prop_assert_eq!(&got, &expected, "op {} ({:?}) of {:?}", i, op, ops);
             let t = m.totals();
             prop_assert_eq!(t.keys, model.objects.len() as u64, "keys after op {} of {:?}", i, ops);
-            let used: u64 = model.objects.values().map(|e| e.size.next_multiple_of(GRANULE)).sum();
+            let used: u64 = model.objects.values().map(|e| e.size.next_multiple_of(GRANULE)).sum::<u64>()
+                + model.held.iter().map(|(_, bytes)| bytes).sum::<u64>();
             prop_assert_eq!(t.used, used, "bytes in use after op {} of {:?}", i, ops);
             let mut listed = m.keys(usize::MAX);
             listed.sort();

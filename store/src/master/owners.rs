@@ -71,6 +71,11 @@ impl OwnerLink {
     pub fn quarantined_bytes(&self) -> u64 {
         self.quarantine.iter().map(|(_, b)| b.reserved).sum()
     }
+
+    /// The news acknowledged so far (cumulative).
+    pub(super) fn acked(&self) -> u64 {
+        self.acked
+    }
 }
 
 /// What a call waits for before it answers: owners' acknowledgements up to sequence numbers.
@@ -173,7 +178,9 @@ impl Master {
     }
 
     /// A replica goes: its owner is told, and its range waits for the acknowledgement (when the
-    /// owner was told of it at all; otherwise it is free at once). Returns the bytes given up.
+    /// owner was told of it at all; otherwise it is free at once) and, with `hold`, until then:
+    /// the end of a read lease still running on the object ([`super::lease_holds`]). Returns the
+    /// bytes given up.
     pub(super) fn free_replica(
         st: &mut State,
         key: &str,
@@ -181,6 +188,7 @@ impl Master {
         segment_id: u64,
         block: Block,
         announced: bool,
+        hold: Option<Instant>,
     ) -> u64 {
         if !st.segments.contains_key(&segment_id) {
             return 0;
@@ -199,9 +207,12 @@ impl Master {
         } else {
             None
         };
-        match seq {
-            Some(seq) => st.owners.get_mut(&segment_id).expect("pushed above").quarantine.push_back((seq, block)),
-            None => st.segments.get_mut(&segment_id).expect("checked above").alloc.release(block),
+        match (seq, hold) {
+            (seq, Some(until)) => st.holds.hold(segment_id, block, until, seq),
+            (Some(seq), None) => {
+                st.owners.get_mut(&segment_id).expect("pushed above").quarantine.push_back((seq, block))
+            }
+            (None, None) => st.segments.get_mut(&segment_id).expect("checked above").alloc.release(block),
         }
         if st.instant_acks {
             if let Some(seq) = seq {
@@ -367,14 +378,16 @@ impl Master {
             .is_some_and(|c| c.segments.iter().any(|s| st.owners.get(s).is_some_and(|l| l.is_broken())))
     }
 
-    /// Bytes waiting in quarantine, all segments together.
+    /// Bytes waiting in quarantine (for their owners' acknowledgements, or for read leases to
+    /// end: [`super::lease_holds`]), all segments together.
     pub fn quarantined_bytes(&self) -> u64 {
-        self.state.lock().owners.values().map(|l| l.quarantined_bytes()).sum()
+        let st = self.state.lock();
+        st.owners.values().map(|l| l.quarantined_bytes()).sum::<u64>() + st.holds.bytes()
     }
 
     /// Runs `f` (a call that may need quarantined space) and, while it fails for lack of space
-    /// with ranges in quarantine, waits for owners' acknowledgements and runs it again, for at
-    /// most `owner_ack_timeout`.
+    /// with ranges in quarantine, waits for owners' acknowledgements or the end of the soonest
+    /// read lease holding a range, and runs it again, for at most `owner_ack_timeout`.
     pub async fn retry_after_quarantine<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
         let deadline = tokio::time::Instant::now() + self.config.owner_ack_timeout;
         loop {
@@ -383,7 +396,9 @@ impl Master {
                 Err(StoreError::NoSpace { .. })
                     if self.quarantined_bytes() > 0 && tokio::time::Instant::now() < deadline =>
                 {
-                    let _ = tokio::time::timeout_at(deadline, freed).await;
+                    let lease_end = self.state.lock().holds.next_end().map(tokio::time::Instant::from_std);
+                    let wake = lease_end.map_or(deadline, |t| t.min(deadline));
+                    let _ = tokio::time::timeout_at(wake, freed).await;
                 }
                 r => return r,
             }

@@ -123,12 +123,12 @@ impl Master {
             Some(obj) if obj.version > o.version => true,
             Some(_) => {
                 // An older version listed by another owner: ours replaces it.
-                Self::remove_object(st, &o.key);
+                Self::remove_object(st, &o.key, now);
                 false
             }
         };
         if stale {
-            Self::free_replica(st, &o.key, o.version, segment_id, block, true);
+            Self::free_replica(st, &o.key, o.version, segment_id, block, true, None);
             return false;
         }
         st.next_version = st.next_version.max(o.version.saturating_add(1));

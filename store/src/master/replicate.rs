@@ -92,6 +92,7 @@ impl Master {
         let mut st = self.lock_key(key);
         self.fence.check(now)?;
         let st = &mut st;
+        Self::release_ended_holds(st, now);
         let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if !obj.complete || st.replications.contains_key(key) {
             return Err(StoreError::NotReady(key.to_string()));
@@ -196,7 +197,7 @@ impl Master {
         let Some(obj) = alive else {
             let p = st.replications.remove(key).expect("looked up above");
             for (id, block) in p.targets {
-                Self::free_replica(st, key, version, id, block, false);
+                Self::free_replica(st, key, version, id, block, false, None);
             }
             return Err(StoreError::NotFound(key.to_string()));
         };
@@ -247,7 +248,7 @@ impl Master {
                 let replica = Replica::new(id, block, seq);
                 st.objects.get_mut(key).expect("alive").replicas.push(replica);
             } else {
-                Self::free_replica(st, key, pending.version, id, block, seq.is_some());
+                Self::free_replica(st, key, pending.version, id, block, seq.is_some(), None);
             }
         }
         self.flush_news(st);
@@ -282,7 +283,7 @@ impl Master {
             let p = st.replications.remove(&key).expect("listed above");
             let news = p.news.unwrap_or_else(|| vec![None; p.targets.len()]);
             for ((id, block), seq) in p.targets.into_iter().zip(news) {
-                Self::free_replica(st, &key, p.version, id, block, seq.is_some());
+                Self::free_replica(st, &key, p.version, id, block, seq.is_some(), None);
             }
             tracing::warn!("replication of {key:?} by {} never ended: reclaimed", p.client);
         }
