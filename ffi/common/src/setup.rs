@@ -64,7 +64,15 @@ impl Default for SetupArgs {
     }
 }
 
+/// A size of the dict form: as the engine's sizes, and, as upstream's, zero too (`"0"`,
+/// `"0MB"`): a client that contributes no segment, or has no local buffer.
 fn size(name: &str, value: &str) -> Result<u64, StoreError> {
+    let t = value.trim();
+    let unit = t.trim_start_matches(|c: char| c.is_ascii_digit());
+    let zero = unit.len() < t.len() && t[..t.len() - unit.len()].bytes().all(|b| b == b'0');
+    if zero && parse_size(&format!("1{unit}")).is_ok() {
+        return Ok(0);
+    }
     parse_size(value).map_err(|e| StoreError::Config(format!("{name}: {e}")))
 }
 
@@ -290,6 +298,20 @@ mod tests {
         ] {
             let e = bad.client_config();
             assert!(matches!(e, Err(StoreError::Config(_))), "{bad:?}: {e:?}");
+        }
+    }
+
+    /// LMCache's scheduler-side lookup client sets up a pure consumer with sizes of `"0"`.
+    #[test]
+    fn zero_sizes_of_the_dict_form_are_accepted() {
+        for zero in ["0", " 0 ", "00", "0MB", "0 GiB"] {
+            let a = SetupArgs::from_pairs(required(&[("global_segment_size", zero), ("local_buffer_size", zero)]))
+                .unwrap_or_else(|e| panic!("{zero:?}: {e}"));
+            assert_eq!((a.global_segment_size, a.local_buffer_size), (0, 0), "{zero:?}");
+        }
+        for bad in ["", "0x", "-0", "0.5"] {
+            let e = SetupArgs::from_pairs(required(&[("global_segment_size", bad)])).unwrap_err().to_string();
+            assert!(e.contains("global_segment_size"), "{bad:?}: {e}");
         }
     }
 

@@ -39,6 +39,22 @@ def test_names_match_mooncake():
     assert crescent.OBJECT_NOT_FOUND == -704 and crescent.status_name(-704) == "OBJECT_NOT_FOUND"
 
 
+def test_a_lookup_client_set_up_with_zero_sizes_as_lmcache_does_sees_what_others_stored(master, store_a):
+    """LMCache's scheduler-side lookup client: the dict form with sizes of "0" (a pure consumer,
+    no local buffer), then existence checks of what the workers stored."""
+    keys = ["lookup-0", "lookup-1"]
+    for k in keys:
+        assert store_a.put(k, b"chunk of " + k.encode()) == 0
+    lookup = MooncakeDistributedStore()
+    rc = lookup.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+                       "global_segment_size": "0", "local_buffer_size": "0", "protocol": "tcp",
+                       "master_server_address": master.addr})
+    assert rc == 0, crescent.last_error()
+    assert lookup.batch_is_exist(keys + ["lookup-missing"]) == [1, 1, 0]
+    assert lookup.is_exist("lookup-0") == 1
+    assert lookup.close() == 0
+
+
 def test_setup_forms_and_failures(master):
     s = MooncakeDistributedStore()
     rc = s.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "global_segment_size": "32MB",
