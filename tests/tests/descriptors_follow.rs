@@ -4,6 +4,8 @@
 //! bounded while, before it fails out of range. Over the P2P handshake here; through etcd,
 //! redis and http in `metadata_services.rs`.
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ use std::time::{Duration, Instant};
 use crescent_benches::pattern;
 use crescent_engine::handshake;
 use crescent_engine::{EngineError, Opcode, TransferEngine, TransferRequest};
-use crescent_tests::loopback_engine;
+use crescent_tests::{loopback_engine, workspace_bin, ChildGuard};
 use crescent_transports::net::Auth;
 use crescent_transports::SharedMemory;
 
@@ -135,4 +137,37 @@ fn an_address_never_registered_still_fails_out_of_range_before_the_deadline() {
             length: LEN,
         }])
         .unwrap();
+}
+
+/// `tebench initiator` started as soon as its target's engine is up, before the target
+/// registered its buffer: it says that it waits, and runs once the buffer is registered.
+#[test]
+fn tebench_initiator_waits_for_its_target_to_register() {
+    let owner = loopback_engine(TIMEOUT);
+    let mut child = ChildGuard(
+        Command::new(workspace_bin("tebench"))
+            .args(["initiator", "--segment", owner.segment_name(), "--operation", "write"])
+            .args(["--local-hostname", "127.0.0.1", "--protocol", "tcp", "--block-size", "64K"])
+            .args(["--batch-size", "4", "--duration", "0.3", "--verify", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let printed = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap());
+    let mut stderr = BufReader::new(child.0.stderr.take().unwrap());
+    let mut said = String::new();
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 && !line.contains("waiting up to") {
+        said.push_str(&line);
+        line.clear();
+    }
+    assert!(line.contains("has no registered buffer yet"), "the initiator said: {said}{line}");
+    let _buffer = owner.alloc_registered(4 << 20, "cpu:0").unwrap();
+    let rest = std::io::read_to_string(stderr).unwrap();
+    let status = child.0.wait().unwrap();
+    let out = printed.join().unwrap();
+    assert!(status.success(), "tebench initiator: {out}\n{said}{line}{rest}");
+    assert!(out.contains("\"verified\":true"), "verified bytes: {out}");
 }
