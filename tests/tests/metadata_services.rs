@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use crescent_benches::pattern;
 use crescent_engine::metadata::server::MetadataServer;
-use crescent_engine::metadata::{Keys, MetadataStore, RpcMeta, ServiceAddress};
+use crescent_engine::metadata::{fetch_descriptor, Keys, MetadataStore, RpcMeta, ServiceAddress};
 use crescent_engine::{
     EngineConfig, EngineError, Opcode, RegisteredMemory, SegmentId, TransferEngine, TransferRequest,
 };
 use crescent_tests::services::{free_port, shared_service, unique_cluster, Kind, PrivateService};
 use crescent_tests::{eventually, spawn_tebench_target_env, workspace_bin, ChildGuard};
+use crescent_transports::SharedMemory;
 
 fn engine(url: &str, cluster: &str, ttl: Duration) -> Arc<TransferEngine> {
     TransferEngine::new(EngineConfig {
@@ -133,6 +134,52 @@ fn two_engines_find_each_other_and_transfer(kind: Kind, test: &str) {
     let c = engine(&url, &cluster, Duration::from_secs(10));
     let err = c.open_segment(&name).unwrap_err();
     assert!(matches!(err, EngineError::SegmentNotFound { .. }), "{err}");
+}
+
+per_service!(a_segment_opened_before_its_owner_registered_follows_it);
+/// A decode node opens a prefill node's segment while that node is still registering: the
+/// registration is published as it happens, and a request for the new memory that arrives
+/// before it reads the descriptor again until the memory is listed.
+fn a_segment_opened_before_its_owner_registered_follows_it(kind: Kind, test: &str) {
+    let mut http = None;
+    let Some(url) = shared_service(kind, test, &mut http) else {
+        return;
+    };
+    let cluster = unique_cluster("follow");
+    let keys = Keys::new(Some(&cluster));
+    let service = store(&url);
+    let owner = engine(&url, &cluster, Duration::from_secs(10));
+    let initiator = engine(&url, &cluster, Duration::from_secs(10));
+    let name = owner.segment_name().to_string();
+    let seg = initiator.open_segment(&name).unwrap();
+    assert!(initiator.segment_descriptor(seg).unwrap().buffers.is_empty(), "nothing registered yet");
+
+    // The memory's address is known before it is registered (as a master hands it out); the
+    // owner registers it a moment after the initiator's read has started.
+    let mem = Arc::new(SharedMemory::allocate(1 << 20, "late").unwrap());
+    // SAFETY: nothing transfers this memory yet.
+    pattern::fill(unsafe { std::slice::from_raw_parts_mut(mem.addr() as *mut u8, 1 << 20) }, 13, 0);
+    let local = initiator.alloc_registered(1 << 20, "cpu:0").unwrap();
+    let (go, told) = std::sync::mpsc::channel::<()>();
+    let registrar = {
+        let (owner, mem) = (owner.clone(), mem.clone());
+        std::thread::spawn(move || {
+            told.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            owner.register(mem.addr(), mem.len(), "cpu:0").unwrap();
+        })
+    };
+    go.send(()).unwrap();
+    read_and_check(&initiator, seg, &local, mem.addr(), 1 << 20, 13).expect("the read waits for the registration");
+    registrar.join().unwrap();
+
+    // Each registration is in the service by the time register returns.
+    let published = fetch_descriptor(service.as_ref(), &keys, &name).unwrap();
+    assert!(published.buffers.iter().any(|b| b.addr == mem.addr() && b.length == 1 << 20), "{published:?}");
+    let second = filled(&owner, 1 << 20, 17);
+    let published = fetch_descriptor(service.as_ref(), &keys, &name).unwrap();
+    assert!(published.buffers.iter().any(|b| b.addr == second.addr()), "{published:?}");
+    read_and_check(&initiator, seg, &local, second.addr(), 1 << 20, 17).unwrap();
 }
 
 per_service!(clusters_sharing_a_service_are_isolated);

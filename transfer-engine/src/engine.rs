@@ -31,8 +31,17 @@ pub type SegmentId = u64;
 
 /// How long an unregister waits for a peer's access in progress to end.
 const UNREGISTER_WAIT: Duration = Duration::from_secs(5);
-/// Descriptors are fetched again at most this often when a request seems out of range.
-const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
+/// How long a request for an address its segment's cached descriptor does not list keeps
+/// reading the descriptor again (the owner may still be registering that memory) before it
+/// fails out of range; the request's deadline bounds it too.
+const FOLLOW_LIMIT: Duration = Duration::from_secs(2);
+/// The wait between the first two of those reads; each later wait doubles, up to
+/// [`FOLLOW_MAX_WAIT`].
+const FOLLOW_FIRST_WAIT: Duration = Duration::from_millis(20);
+const FOLLOW_MAX_WAIT: Duration = Duration::from_millis(500);
+/// Shortest time one of those reads may take over the P2P handshake, however little of the
+/// window is left.
+const FOLLOW_MIN_FETCH: Duration = Duration::from_millis(200);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One transfer: `length` bytes between local registered memory at `source` and the target
@@ -105,7 +114,8 @@ struct Segment {
     /// The transport and the peer's endpoint that requests go to: replaced when a fetched
     /// descriptor names another endpoint (the peer restarted, with new ports).
     route: RwLock<Route>,
-    /// When the descriptor was last fetched again because a request looked out of range.
+    /// When the last read of the descriptor for a request that looked out of range started;
+    /// held across that read, so that callers that missed together share one read.
     last_refresh: Mutex<Option<Instant>>,
 }
 
@@ -546,25 +556,18 @@ impl TransferEngine {
         })
     }
 
-    /// Fetches a segment's descriptor again unless `seen` was already replaced (by another
-    /// thread) or it was fetched very recently; true if a newer descriptor is in place.
-    fn refresh_segment(&self, segment: &Segment, seen: &Arc<SegmentDescriptor>) -> bool {
-        // Held across the fetch: concurrent callers wait for one fetch instead of each doing one.
+    /// Reads `segment`'s descriptor again and puts it in place, unless a read that started
+    /// after `missed` (when the caller looked at the descriptor it found wanting) has done so
+    /// already: callers that miss together share one read. `timeout` bounds a P2P read.
+    fn refresh_segment(&self, segment: &Segment, missed: Instant, timeout: Duration) -> Result<()> {
+        // Held across the read: concurrent callers wait for one read instead of each doing one.
         let mut last = segment.last_refresh.lock();
-        if !Arc::ptr_eq(&segment.descriptor.read(), seen) {
-            return true;
-        }
-        if last.is_some_and(|t| t.elapsed() < REFRESH_INTERVAL) {
-            return false;
+        if last.is_some_and(|started| started >= missed) {
+            return Ok(());
         }
         *last = Some(Instant::now());
-        match self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT).and_then(|d| self.install_descriptor(segment, d)) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!("refreshing the descriptor of {} failed: {e}", segment.name);
-                false
-            }
-        }
+        let d = self.directory.fetch(&segment.name, timeout)?;
+        self.install_descriptor(segment, d)
     }
 
     // ---- batches ----
@@ -602,6 +605,10 @@ impl TransferEngine {
     /// submitted. A request outside the target's registered memory ends `Failed` with the reason.
     pub fn submit(&self, batch_id: BatchId, requests: &[TransferRequest]) -> Result<()> {
         let batch = self.batch(batch_id)?;
+        // The requests' deadline counts from here: time spent waiting for a descriptor to
+        // list a request's target (at most FOLLOW_LIMIT for the whole call) is part of it.
+        let deadline = Instant::now() + self.config.transfer_timeout;
+        let follow_until = deadline.min(Instant::now() + FOLLOW_LIMIT);
         let mut planned = Vec::with_capacity(requests.len());
         // Requests of a batch mostly go to one segment: looked up once per run of them.
         for (i, r) in requests.iter().enumerate() {
@@ -612,7 +619,7 @@ impl TransferEngine {
             if r.length == 0 {
                 return Err(EngineError::InvalidArgument(format!("request {i} has length 0")));
             }
-            let pieces = match self.plan(&segment, r) {
+            let pieces = match self.plan(&segment, r, follow_until) {
                 Ok(p) => Ok(p),
                 Err(PlanError::Local(msg)) => return Err(EngineError::InvalidArgument(format!("request {i}: {msg}"))),
                 Err(PlanError::NotRegistered { addr, len }) => {
@@ -623,7 +630,6 @@ impl TransferEngine {
             planned.push((r.target, segment, pieces));
         }
         let base = batch.reserve(requests.len())?;
-        let deadline = Instant::now() + self.config.transfer_timeout;
         let mut submission = Submission::new(batch.clone(), deadline);
         let mut outgoing: Vec<(usize, Opcode, Piece, usize)> = Vec::with_capacity(requests.len());
         let mut guards = Vec::new();
@@ -684,28 +690,67 @@ impl TransferEngine {
         Ok(())
     }
 
-    fn plan(&self, segment: &Segment, r: &TransferRequest) -> std::result::Result<Vec<Piece>, PlanError> {
+    /// Cuts `r` into pieces within the local and the target's registered memory. A target
+    /// range that the cached descriptor does not list is looked up again, with growing waits,
+    /// until `follow_until`: the owner may have registered it since the descriptor was read,
+    /// or be registering it still (a segment opened as its owner starts). Only then does the
+    /// request fail out of range. The target checks every access itself whatever this says.
+    fn plan(
+        &self,
+        segment: &Segment,
+        r: &TransferRequest,
+        follow_until: Instant,
+    ) -> std::result::Result<Vec<Piece>, PlanError> {
         let max = segment.route.read().transport.slice_len_for(r.length);
         let local_end = |a: u64| self.table.end_of(a);
-        for attempt in 0..2 {
+        let first_miss = Instant::now();
+        let mut reads = 0u32;
+        let mut wait = FOLLOW_FIRST_WAIT;
+        let mut read_error = None;
+        loop {
+            let looked = Instant::now();
             let descriptor = segment.descriptor.read().clone();
             match cut(r.source, r.target_offset, r.length, max, local_end, |a| descriptor.buffer_end(a)) {
-                Ok(pieces) => return Ok(pieces),
+                Ok(pieces) => {
+                    if reads > 0 {
+                        tracing::debug!(
+                            "segment {}: its descriptor lists [{:#x}, +{}) after {reads} read(s) again",
+                            segment.name,
+                            r.target_offset,
+                            r.length
+                        );
+                    }
+                    return Ok(pieces);
+                }
                 Err(CutError::Local { addr, len }) => return Err(PlanError::NotRegistered { addr, len }),
                 Err(CutError::Remote { addr, len }) => {
-                    // The descriptor may be stale (the target registered more memory since).
-                    if attempt == 0 && self.refresh_segment(segment, &descriptor) {
-                        continue;
+                    let left = follow_until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        let read_error = read_error.map(|e| format!("; reading it failed: {e}")).unwrap_or_default();
+                        return Err(PlanError::Remote(FailureReason::out_of_range(format!(
+                            "[{addr:#x}, +{len}) is outside the registered memory of segment {} (its descriptor, \
+                             read again {reads} time(s) over {} ms, does not list it{read_error})",
+                            segment.name,
+                            first_miss.elapsed().as_millis()
+                        ))));
                     }
-                    return Err(PlanError::Remote(FailureReason::out_of_range(format!(
-                        "[{addr:#x}, +{len}) is outside the registered memory of segment {}",
-                        segment.name
-                    ))));
+                    if reads > 0 {
+                        std::thread::sleep(wait.min(left));
+                        wait = (wait * 2).min(FOLLOW_MAX_WAIT);
+                    }
+                    reads += 1;
+                    let timeout = follow_until.saturating_duration_since(Instant::now()).max(FOLLOW_MIN_FETCH);
+                    match self.refresh_segment(segment, looked, timeout.min(HANDSHAKE_TIMEOUT)) {
+                        Ok(()) => read_error = None,
+                        Err(e) => {
+                            tracing::debug!("segment {}: reading its descriptor again failed: {e}", segment.name);
+                            read_error = Some(e.to_string());
+                        }
+                    }
                 }
                 Err(CutError::Empty) => return Err(PlanError::Local("empty request".into())),
             }
         }
-        unreachable!("the loop returns on its second attempt")
     }
 
     /// Statuses of every request submitted to the batch so far.

@@ -17,8 +17,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use crescent_benches::{init_logging, pattern, process_cpu_seconds, report};
 use crescent_engine::{
-    parse_device_list, parse_size, EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest,
-    TransferStatus, TransportKind,
+    parse_device_list, parse_size, BufferDescriptor, EngineConfig, EngineError, Opcode, RegisteredMemory, SegmentId,
+    TransferEngine, TransferRequest, TransferStatus, TransportKind,
 };
 use hdrhistogram::Histogram;
 
@@ -130,7 +130,14 @@ struct InitiatorArgs {
     /// Seconds between progress lines (0: none).
     #[arg(long, default_value_t = 1.0, value_parser = crescent_benches::parse_seconds)]
     report_interval: f64,
+    /// Seconds to wait for the target to be published and to register its buffer (an
+    /// initiator started together with its target); then the run gives up with the reason.
+    #[arg(long, default_value_t = 30.0, value_parser = crescent_benches::parse_seconds)]
+    wait_for_target: f64,
 }
+
+/// Longest pause between two looks at a target that is not ready yet.
+const TARGET_POLL_MAX: Duration = Duration::from_millis(500);
 
 /// Largest local buffer per thread without `--verify`.
 const MAX_LOCAL_WINDOW: u64 = 256 << 20;
@@ -229,6 +236,68 @@ fn run_target(args: TargetArgs) -> Result<()> {
     Ok(())
 }
 
+/// Opens the target's segment, waiting until `give_up` while a metadata service does not list
+/// it yet (its target is still starting); the handle and how long the successful open took in
+/// µs. Opening dials the target's handshake port: with a cluster secret, this is where the
+/// connection's challenge-response happens (the JSON's `open_segment_us`).
+fn open_target(engine: &TransferEngine, name: &str, give_up: Instant, waiting: Duration) -> Result<(SegmentId, f64)> {
+    let mut pause = Duration::from_millis(20);
+    let mut said = false;
+    loop {
+        let opening = Instant::now();
+        match engine.open_segment(name) {
+            Ok(id) => return Ok((id, opening.elapsed().as_secs_f64() * 1e6)),
+            Err(e @ EngineError::SegmentNotFound { .. }) => {
+                if Instant::now() >= give_up {
+                    return Err(e).with_context(|| {
+                        format!("opening segment {name}: not published after waiting {waiting:?} (--wait-for-target)")
+                    });
+                }
+                if !std::mem::replace(&mut said, true) {
+                    eprintln!("tebench: segment {name} is not published yet ({e}); waiting up to {waiting:?} for it");
+                }
+            }
+            Err(e) => return Err(e).with_context(|| format!("opening segment {name}")),
+        }
+        std::thread::sleep(pause.min(give_up.saturating_duration_since(Instant::now())));
+        pause = (pause * 2).min(TARGET_POLL_MAX);
+    }
+}
+
+/// The largest buffer the target's descriptor lists. A target that has not registered one yet
+/// (an initiator started as soon as the target's engine was up) is looked up again, with
+/// growing pauses, until `give_up`.
+fn registered_buffer(
+    engine: &TransferEngine,
+    target: SegmentId,
+    name: &str,
+    give_up: Instant,
+    waiting: Duration,
+) -> Result<BufferDescriptor> {
+    let mut pause = Duration::from_millis(20);
+    let mut said = false;
+    let mut last_error = None;
+    loop {
+        let descriptor = engine.segment_descriptor(target)?;
+        if let Some(b) = descriptor.buffers.iter().max_by_key(|b| b.length) {
+            return Ok(b.clone());
+        }
+        if Instant::now() >= give_up {
+            let why = last_error.map(|e| format!(" (reading its descriptor last failed: {e})")).unwrap_or_default();
+            bail!(
+                "segment {name} has no registered buffer after waiting {waiting:?}{why}: has its target registered \
+                 memory? (--wait-for-target sets the wait)"
+            );
+        }
+        if !std::mem::replace(&mut said, true) {
+            eprintln!("tebench: segment {name} has no registered buffer yet; waiting up to {waiting:?} for its target");
+        }
+        std::thread::sleep(pause.min(give_up.saturating_duration_since(Instant::now())));
+        pause = (pause * 2).min(TARGET_POLL_MAX);
+        last_error = engine.resync_segment(target).err();
+    }
+}
+
 struct ThreadResult {
     hist: Histogram<u64>,
     errors: u64,
@@ -241,18 +310,10 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
         bail!("--batch-size, --threads and --duration must be positive");
     }
     let engine = engine(&args.engine)?;
-    // Opening the segment dials the target's handshake port: with a cluster secret, this is
-    // where the connection's challenge-response happens (the JSON's `open_segment_us`).
-    let opening = Instant::now();
-    let target = engine.open_segment(&args.segment).with_context(|| format!("opening segment {}", args.segment))?;
-    let open_segment_us = opening.elapsed().as_secs_f64() * 1e6;
-    let descriptor = engine.segment_descriptor(target)?;
-    let remote = descriptor
-        .buffers
-        .iter()
-        .max_by_key(|b| b.length)
-        .with_context(|| format!("segment {} has no registered buffer", args.segment))?
-        .clone();
+    let waiting = Duration::from_secs_f64(args.wait_for_target);
+    let give_up = Instant::now() + waiting;
+    let (target, open_segment_us) = open_target(&engine, &args.segment, give_up, waiting)?;
+    let remote = registered_buffer(&engine, target, &args.segment, give_up, waiting)?;
     // Without --verify, requests may share local memory: a batch of 128 x 16 MiB needs no
     // 2 GiB of local buffer to measure the transport.
     let local_blocks = if args.verify {
