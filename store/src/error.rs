@@ -44,6 +44,18 @@ pub enum StoreError {
     /// A configuration value out of its range or contradicting another; the text names it.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The storage root cannot be used: it is read-only, or this process may not write it
+    /// (a root that is merely full is not this error: the disk tier starts on it, full).
+    #[error("invalid configuration: storage root {}: {what}: {source}", root.display())]
+    StorageRoot {
+        /// The storage root.
+        root: std::path::PathBuf,
+        /// What failed (`"not writable"`).
+        what: &'static str,
+        /// The file system's answer.
+        #[source]
+        source: std::io::Error,
+    },
     /// A zero-copy call was given memory that no registered buffer holds whole.
     #[error("buffer [{addr:#x}, +{len}) is not registered memory: call register_buffer first")]
     NotRegistered {
@@ -234,6 +246,18 @@ pub enum StoreError {
     /// disk read ended short; the text names the file or the object.
     #[error("disk tier: {0}")]
     Disk(String),
+    /// The disk tier's file system refused a call on one of its files (`ENOSPC` on a full
+    /// disk, `EIO`, ...): `what` it was doing, to which file, and the system's error.
+    #[error("disk tier: {what} {}: {source}", path.display())]
+    DiskIo {
+        /// What failed (`"writing"`, `"flushing"`, `"reading"`).
+        what: &'static str,
+        /// The file (or directory).
+        path: std::path::PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A disk file's header or contents do not check out (a torn write, a foreign file).
     #[error("corrupt disk file: {0}")]
     CorruptFile(String),
@@ -312,6 +336,12 @@ impl std::fmt::Display for Waited {
     }
 }
 
+/// Whether `e` says the file system (or the user's quota on it) has no room left.
+pub fn is_no_space(e: &std::io::Error) -> bool {
+    let full = [rustix::io::Errno::NOSPC, rustix::io::Errno::DQUOT];
+    e.raw_os_error().is_some_and(|n| full.iter().any(|f| f.raw_os_error() == n))
+}
+
 /// The store's `Result`: [`StoreError`] unless said otherwise.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -342,6 +372,7 @@ impl StoreError {
         match self {
             StoreError::InvalidArgument(_)
             | StoreError::Config(_)
+            | StoreError::StorageRoot { .. }
             | StoreError::NotRegistered { .. }
             | StoreError::BufferTooSmall { .. }
             | StoreError::BadRange { .. }
@@ -373,9 +404,11 @@ impl StoreError {
             StoreError::Relayed { fault, .. } => *fault,
             StoreError::Engine(e) if e.is_caller_error() => Fault::Caller,
             StoreError::Engine(_) => Fault::Peer,
-            StoreError::Disk(_) | StoreError::CorruptFile(_) | StoreError::System { .. } | StoreError::Internal(_) => {
-                Fault::Local
-            }
+            StoreError::Disk(_)
+            | StoreError::DiskIo { .. }
+            | StoreError::CorruptFile(_)
+            | StoreError::System { .. }
+            | StoreError::Internal(_) => Fault::Local,
         }
     }
 
@@ -408,6 +441,12 @@ impl StoreError {
         }
     }
 
+    /// True when a file system refused a write for want of space (`ENOSPC`, or `EDQUOT`: a
+    /// quota is full): the disk is full, not broken.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, StoreError::DiskIo { source, .. } | StoreError::StorageRoot { source, .. } if is_no_space(source))
+    }
+
     /// True when the call failed because the master went away, changed or is not the leader:
     /// the same call may succeed once the client follows the (new) master.
     pub fn is_master_change(&self) -> bool {
@@ -426,6 +465,7 @@ impl StoreError {
         match self {
             StoreError::InvalidArgument(_)
             | StoreError::Config(_)
+            | StoreError::StorageRoot { .. }
             | StoreError::NotRegistered { .. }
             | StoreError::BufferTooSmall { .. }
             | StoreError::BadRange { .. }

@@ -13,6 +13,7 @@ pub mod faults;
 pub mod netns;
 pub mod services;
 pub mod store;
+pub mod tmpfs;
 
 /// A test that cannot run here says why (`SKIPPED: <why>`) and returns, unless
 /// `CRESCENT_NO_SKIP=1`: `ci/test.sh` sets it where it provides what the tests need (root for

@@ -13,6 +13,7 @@ use crescent_tests::faults::{
 };
 use crescent_tests::netns::HostPair;
 use crescent_tests::store::{spawn_master, ClientProc};
+use crescent_tests::tmpfs::Tmpfs;
 use crescent_tests::{skip, ChildGuard};
 use rustix::process::Signal;
 
@@ -394,43 +395,6 @@ fn store_reader_out_of_file_descriptors() {
     assert_settles("client B", b.pid(), b0, RECOVERY);
 }
 
-/// A size-limited tmpfs, unmounted when dropped.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().to_str().unwrap().to_string();
-        run(&["mount", "-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &path]);
-        Tmpfs(dir)
-    }
-
-    fn path(&self) -> &str {
-        self.0.path().to_str().unwrap()
-    }
-
-    /// Bytes in use on the file system.
-    fn used(&self) -> u64 {
-        let st = rustix::fs::statvfs(self.path()).expect("statvfs");
-        (st.f_blocks - st.f_bfree) * st.f_frsize
-    }
-
-    fn resize(&self, size: &str) {
-        run(&["mount", "-o", &format!("remount,size={size}"), self.path()]);
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").args(["-l", self.path()]).status();
-    }
-}
-
-fn run(args: &[&str]) {
-    let out = std::process::Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 fn disk_stat(c: &mut ClientProc, name: &str) -> u64 {
     let stats: serde_json::Value = serde_json::from_str(&c.ok("disk_stats")).expect("disk_stats is JSON");
     stats[name].as_u64().unwrap_or_else(|| panic!("no {name} in {stats}"))
@@ -442,8 +406,8 @@ fn store_disk_full_during_offload() {
     // The tier believes it has 64 MiB; the file system holds 6: offloads fail with ENOSPC.
     // Memory (8 MiB) evicts the older values, so later gets read the disk (A's own, and B's
     // through A's disk service) — whatever was not written whole must not be served.
-    let disk = Tmpfs::mount("6M");
-    let extra = ["--storage-root", disk.path(), "--storage-capacity", "64M"];
+    let disk = Tmpfs::mount("6M").expect("the fault suite runs as root");
+    let extra = ["--storage-root", disk.path().to_str().unwrap(), "--storage-capacity", "64M"];
     let mut a = c.client_of(false, "8M", &extra);
     let mut b = c.client(true, &[]);
     let offload_bound = Duration::from_secs(120) + limit();

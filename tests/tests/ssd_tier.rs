@@ -1,6 +1,7 @@
 //! The disk tier through the client API, against an in-process master on loopback: values
 //! persisted, read from disk once memory lost them (here and through another client),
-//! restarts, removal, capacity, damaged files, cluster isolation, configuration errors.
+//! restarts, removal, capacity, damaged files, cluster isolation, configuration errors, a full
+//! disk (a small tmpfs of the test's own: root, or skipped).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::{PutOptions, Tier};
 use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_tests::tmpfs::Tmpfs;
 
 fn master() -> MasterHandle {
     crescent_tests::store::loopback_master(MasterConfig::default())
@@ -432,4 +434,125 @@ fn a_put_whose_file_is_announced_after_a_master_restart_is_served_from_it() {
     let s = a.disk_stats().unwrap();
     // The new master took the fresh announcement itself (no refusal the client had to doubt).
     assert_eq!((s.files, s.stale_refused, s.ambiguous_refusals), (2, 0, 0), "{s:?}");
+}
+
+/// A small tmpfs of `size` for a full-disk test; `None` (the test skipped) where this process
+/// cannot mount one.
+fn small_fs(size: &str) -> Option<Tmpfs> {
+    Tmpfs::mount(size).map_err(|why| crescent_tests::skip(&why)).ok()
+}
+
+/// The value of the client's metric `name` in its Prometheus text.
+fn metric(c: &StoreClient, name: &str) -> String {
+    let text = c.render_metrics();
+    let line = text.lines().find(|l| l.split_once(' ').is_some_and(|(n, _)| n == name));
+    line.and_then(|l| l.split_once(' ')).map(|(_, v)| v.to_string()).unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
+#[test]
+fn a_client_restarted_on_a_full_disk_serves_its_files_skips_offloads_and_writes_again_once_there_is_room() {
+    let Some(fs) = small_fs("16M") else { return };
+    let m = master();
+    let a = client(&m, Some(fs.path()));
+    a.put("before", &data(1 << 20, 1)).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    a.close().unwrap();
+    drop(a);
+    // Other programs fill the disk while the client is down.
+    fs.fill("filler");
+    let a = StoreClient::connect(config(&m, Some(fs.path())))
+        .unwrap_or_else(|e| panic!("a client did not start on a full disk: {e}"));
+    let s = a.disk_stats().unwrap();
+    assert!(s.full && s.files == 1, "{s:?}");
+    assert_eq!(metric(&a, "crescent_client_disk_full"), "1");
+    // Its file is served, here and to another client (it is the object's only copy).
+    let f = client(&m, None);
+    assert_eq!(tiers(&f, "before"), [Tier::Ssd as i32]);
+    assert!(a.get("before").unwrap() == data(1 << 20, 1));
+    assert!(f.get("before").unwrap() == data(1 << 20, 1));
+    // A put succeeds in memory; its offload is skipped and counted, not tried.
+    a.put("while-full", &data(1 << 20, 2)).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    let s = a.disk_stats().unwrap();
+    assert_eq!((s.full, s.full_skipped, s.written, s.write_failures, s.files), (true, 1, 0, 0, 1), "{s:?}");
+    assert_eq!(metric(&a, "crescent_client_disk_full_skipped_total"), "1");
+    assert!(a.get("while-full").unwrap() == data(1 << 20, 2));
+    // Room again: the next offload is written, without a restart.
+    std::fs::remove_file(fs.path().join("filler")).unwrap();
+    a.put("after", &data(1 << 20, 3)).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    let s = a.disk_stats().unwrap();
+    assert_eq!((s.full, s.written, s.files, s.full_skipped), (false, 1, 2, 1), "{s:?}");
+    assert_eq!(metric(&a, "crescent_client_disk_full"), "0");
+    fill_memory(&f, "full");
+    assert_eq!(tiers(&f, "after"), [Tier::Ssd as i32]);
+    assert!(f.get("after").unwrap() == data(1 << 20, 3));
+}
+
+#[test]
+fn a_disk_that_fills_while_running_turns_full_after_one_refused_write_and_writes_again_once_there_is_room() {
+    let Some(fs) = small_fs("8M") else { return };
+    let m = master();
+    let mut c = config(&m, Some(fs.path()));
+    c.disk_writer_threads = 1;
+    let a = StoreClient::connect(c).unwrap();
+    let put = |k: &str, seed| {
+        a.put(k, &data(1 << 20, seed)).unwrap();
+        assert!(a.flush_offload(Duration::from_secs(60)));
+        a.disk_stats().unwrap()
+    };
+    let s = put("k0", 0);
+    assert_eq!((s.full, s.written), (false, 1), "{s:?}");
+    let uring_before = s.uring_writes;
+    fs.fill("filler");
+    // The first write refused for want of space makes the tier full; later offloads are not tried.
+    let s = put("k1", 1);
+    assert_eq!((s.full, s.write_failures, s.full_skipped), (true, 1, 0), "{s:?}");
+    for i in 2..5 {
+        put(&format!("k{i}"), i);
+    }
+    let s = a.disk_stats().unwrap();
+    assert_eq!((s.full, s.write_failures, s.full_skipped, s.files), (true, 1, 3, 1), "{s:?}");
+    for i in 0..5u64 {
+        assert!(a.get(&format!("k{i}")).unwrap() == data(1 << 20, i), "k{i}");
+    }
+    std::fs::remove_file(fs.path().join("filler")).unwrap();
+    let s = put("k5", 5);
+    assert_eq!((s.full, s.written, s.files), (false, 2, 2), "{s:?}");
+    // A writer that wrote through io_uring still does: a full disk is not the ring's fault.
+    assert!(uring_before == 0 || s.uring_writes > uring_before, "{s:?}");
+}
+
+#[test]
+fn a_client_starts_full_on_a_full_disk_it_never_used_and_takes_its_capacity_once_there_is_room() {
+    let Some(fs) = small_fs("8M") else { return };
+    fs.fill("filler");
+    let m = master();
+    let mut c = config(&m, Some(fs.path()));
+    c.storage_capacity = None; // a share of the free space: none now
+    let a = StoreClient::connect(c).unwrap_or_else(|e| panic!("a client did not start on a full disk: {e}"));
+    let s = a.disk_stats().unwrap();
+    assert!(s.full && s.capacity < 1 << 20, "{s:?}");
+    a.put("k0", &data(1 << 20, 0)).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    assert_eq!(a.disk_stats().unwrap().full_skipped, 1);
+    std::fs::remove_file(fs.path().join("filler")).unwrap();
+    a.put("k1", &data(1 << 20, 1)).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    let s = a.disk_stats().unwrap();
+    assert!(!s.full && s.capacity > 1 << 20 && s.written == 1, "{s:?}");
+    assert!(a.disk_dir().unwrap().join("DISK_ID").exists(), "the disk id is saved with the first file");
+}
+
+#[test]
+fn a_read_only_storage_root_still_fails_the_start_with_a_clear_error() {
+    let Some(fs) = small_fs("4M") else { return };
+    let m = master();
+    client(&m, Some(fs.path())).close().unwrap();
+    fs.read_only();
+    let e = StoreClient::connect(config(&m, Some(fs.path()))).unwrap_err();
+    assert!(matches!(e, StoreError::StorageRoot { .. }) && e.is_caller_error(), "{e:?}");
+    let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    assert_eq!(source.and_then(std::io::Error::raw_os_error), Some(rustix::io::Errno::ROFS.raw_os_error()), "{e}");
+    assert!(e.to_string().contains("not writable"), "{e}");
 }

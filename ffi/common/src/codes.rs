@@ -107,6 +107,7 @@ pub fn store_status(e: &StoreError) -> Status {
     match e {
         StoreError::InvalidArgument(_)
         | StoreError::Config(_)
+        | StoreError::StorageRoot { .. }
         | StoreError::NotRegistered { .. }
         | StoreError::BadRange { .. } => Status::InvalidParams,
         StoreError::BufferTooSmall { .. } => Status::BufferOverflow,

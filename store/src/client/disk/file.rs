@@ -37,8 +37,8 @@ use super::io::IoEngine;
 use super::recycle::Retired;
 use crate::error::{Result, StoreError};
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> StoreError {
-    StoreError::Disk(format!("{what} {}: {e}", path.display()))
+fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> StoreError {
+    StoreError::DiskIo { what, path: path.to_path_buf(), source }
 }
 
 /// A whole file in memory, 4 KiB-aligned for direct I/O: room for the header and key, the

@@ -90,6 +90,13 @@ impl Index {
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
+
+    /// Sets the bytes the tier may use (an automatic capacity taken anew); files over a
+    /// smaller one go at the next write's reservation.
+    pub fn set_capacity(&mut self, capacity: u64) {
+        self.capacity = capacity;
+    }
+
     /// Bytes the indexed files take on disk (whole 4 KiB blocks).
     pub fn used(&self) -> u64 {
         self.used

@@ -21,6 +21,8 @@
 //! * [`index`]: key → file in LRU order (the `lru` crate), capacity in 4 KiB blocks, pins.
 //! * [`recycle`]: removed files kept to be written over by later offloads.
 //! * [`verify`]: the background check of the files found at start.
+//! * [`space`]: whether the file system has room: a full disk is a state of the tier (offloads
+//!   skipped, files still served, writes again once there is room), not a failure to start.
 //! * [`stats`]: the tier's Prometheus registry, the one record of its counters ([`DiskStats`]).
 //! * [`service`]: the tiny request/response service through which other clients read the
 //!   files of this one with the transfer engine.
@@ -46,19 +48,20 @@ pub mod index;
 pub mod io;
 pub mod recycle;
 pub mod service;
+pub mod space;
 pub mod stats;
 pub mod verify;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::error::{Result, StoreError};
+use crate::error::{is_no_space, Result, StoreError};
 use crate::proto::{DiskEntry, HeldRemoval};
 use announce::{Announcements, Call, Verdict};
 pub use commit::FsyncScope;
@@ -69,6 +72,7 @@ use index::{Entry, Index, NoRoom, Room};
 use io::{EngineKind, IoEngine};
 use prometheus::IntCounter;
 use recycle::{parse_retired_name, RetiredFiles, RETIRED_DIR};
+use space::{Probe, Space};
 use stats::Counters;
 pub use stats::DiskStats;
 
@@ -160,6 +164,8 @@ enum Prepared {
     Checksum(u32),
     /// Larger than the whole disk tier: counted when queued.
     TooLarge,
+    /// The file system is full ([`space`]): skipped, counted when queued.
+    DiskFull,
     /// No room in the queue: counted (and warned about) when queued.
     QueueFull,
     Queued,
@@ -184,6 +190,11 @@ impl PreparedOffload {
                 return;
             }
             Prepared::QueueFull => return tier.queue_full(&self.key),
+            Prepared::DiskFull => {
+                inc(&tier.counters.full_skipped);
+                tracing::debug!("not offloading {:?}: the disk tier's file system is full", self.key);
+                return;
+            }
             Prepared::Queued => return,
             Prepared::Image(image) => file::FileBody::Image(image),
             Prepared::Checksum(crc) => match resident {
@@ -272,6 +283,11 @@ pub struct DiskTier {
     /// [`VERIFY_QUIET`]).
     quiet: Arc<verify::Quiet>,
     last_full_warning: Mutex<Option<Instant>>,
+    /// Whether the file system is full now ([`space`]).
+    space: Space,
+    /// The disk id could not be saved at open (the file system was full): it is saved before
+    /// the first file is written.
+    id_unsaved: AtomicBool,
     /// Holds the storage root's lock (released when the process ends, however it ends).
     _lock: File,
     /// Tests: runs in [`Self::open_reader`] between the look-up and the open.
@@ -302,10 +318,14 @@ impl DiskTier {
         }
         let dir = root.join(&config.cluster_id);
         std::fs::create_dir_all(&dir).map_err(|e| config_err(root, format!("cannot create {}: {e}", dir.display())))?;
-        let probe = dir.join(format!(".probe-{}", std::process::id()));
-        std::fs::write(&probe, b"probe")
-            .and_then(|()| std::fs::remove_file(&probe))
-            .map_err(|e| config_err(root, format!("not writable: {e}")))?;
+        // A root that is merely full opens, full: its files are served, and offloads are
+        // written again once there is room ([`space`]). One that refuses writes otherwise
+        // (read-only, not ours) is a configuration to fix.
+        let full = space::probe(&dir).map_err(|source| StoreError::StorageRoot {
+            root: root.clone(),
+            what: "not writable",
+            source,
+        })? == Probe::Full;
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -326,7 +346,7 @@ impl DiskTier {
                 format!("cluster directory {} is in use by another client process", dir.display()),
             ));
         }
-        let disk_id = disk_id(&dir).map_err(|e| config_err(root, format!("disk id: {e}")))?;
+        let (disk_id, id_saved) = disk_id(&dir).map_err(|e| config_err(root, format!("disk id: {e}")))?;
         if config.fsync == Some(FsyncScope::FileSystem) {
             // A sandbox may refuse `syncfs` (or a file system not support it): flushing each
             // file instead keeps the files as safe.
@@ -338,8 +358,11 @@ impl DiskTier {
         let counters = Counters::new()?;
         let files = scan(&dir, &counters);
         let retired_dir = dir.join(RETIRED_DIR);
-        std::fs::create_dir_all(&retired_dir)
-            .map_err(|e| config_err(root, format!("cannot create {}: {e}", retired_dir.display())))?;
+        match std::fs::create_dir_all(&retired_dir) {
+            // No room for it: removed files are deleted rather than kept (a rename into it fails).
+            Err(e) if is_no_space(&e) => {}
+            r => r.map_err(|e| config_err(root, format!("cannot create {}: {e}", retired_dir.display())))?,
+        }
         let retired = scan_retired(&retired_dir);
         let existing: u64 =
             files.iter().map(|(_, e, _)| e.disk_len).sum::<u64>() + retired.iter().map(|(_, _, len)| len).sum::<u64>();
@@ -347,7 +370,10 @@ impl DiskTier {
             Some(c) => c,
             None => {
                 let st = rustix::fs::statvfs(&dir).map_err(|e| config_err(root, format!("statvfs: {e}")))?;
-                existing + (st.f_bavail as f64 * st.f_frsize as f64 * DEFAULT_CAPACITY_SHARE) as u64
+                // Never 0 (the master refuses a disk of no capacity): on a full root with no
+                // files of ours, one block, taken anew once there is room ([`Self::room_again`]).
+                let share = (st.f_bavail as f64 * st.f_frsize as f64 * DEFAULT_CAPACITY_SHARE) as u64;
+                (existing + share).max(format::ALIGN)
             }
         };
         let mut index = Index::new(capacity, RetiredFiles::new(retired_dir, config.recycle_bytes));
@@ -371,6 +397,14 @@ impl DiskTier {
             }
         }
         let c = &counters;
+        if full {
+            tracing::warn!(
+                "disk tier {}: the file system is full; serving the {} file(s) there, skipping new offloads \
+                 until it has room again",
+                dir.display(),
+                index.len()
+            );
+        }
         tracing::info!(
             "disk tier {} (disk {disk_id}): {} file(s), {} of {} bytes, {} retired file(s) to reuse; \
              removed {} corrupt, {} incomplete, {} stale",
@@ -402,6 +436,8 @@ impl DiskTier {
             found: Mutex::new(found),
             quiet: Arc::default(),
             last_full_warning: Mutex::new(None),
+            space: Space::new(full),
+            id_unsaved: AtomicBool::new(!id_saved),
             _lock: lock,
             #[cfg(test)]
             before_open: Mutex::new(None),
@@ -526,7 +562,11 @@ impl DiskTier {
     fn reserve(self: &Arc<Self>, key: &str, len: u64, make: impl FnOnce() -> Prepared) -> PreparedOffload {
         let generation = self.announcements.lock().generation();
         let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, generation, state };
-        if disk_len(data_offset(key.len()) + len) > self.capacity() {
+        let room = disk_len(data_offset(key.len()) + len);
+        if self.space.is_full() && !self.room_again(room) {
+            return prepared(Prepared::DiskFull);
+        }
+        if room > self.capacity() {
             return prepared(Prepared::TooLarge);
         }
         {
@@ -538,6 +578,58 @@ impl DiskTier {
             p.bytes += len;
         }
         prepared(make())
+    }
+
+    /// While the tier is full: whether the file system has room again for a file of `room`
+    /// bytes and a margin ([`space::has_room`]). The first call that finds it ends the state
+    /// (logged once), and an automatic capacity (none configured) is taken anew: what the
+    /// tier's files take plus [`DEFAULT_CAPACITY_SHARE`] of the free space.
+    fn room_again(&self, room: u64) -> bool {
+        let (free, size) = match space::free_and_size(&self.dir) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!("disk tier: statvfs {}: {e}", self.dir.display());
+                return false;
+            }
+        };
+        if !space::has_room(free, size, room) {
+            return false;
+        }
+        if self.space.recover() {
+            let capacity = {
+                let mut ix = self.index.lock();
+                if self.config.capacity.is_none() {
+                    let taken = ix.used() + ix.retired_bytes();
+                    ix.set_capacity(taken + (free as f64 * DEFAULT_CAPACITY_SHARE) as u64);
+                }
+                ix.capacity()
+            };
+            tracing::info!(
+                "disk tier {}: the file system has room again ({free} bytes free); writing offloads again \
+                 (capacity {capacity} bytes; {} skipped while it was full so far)",
+                self.dir.display(),
+                self.counters.full_skipped.get()
+            );
+        }
+        true
+    }
+
+    /// A write was refused for want of space: the tier is full (logged when it becomes so).
+    fn became_full(&self, e: &StoreError, gave_back: &str) {
+        if self.space.fill() {
+            tracing::warn!(
+                "disk tier {}: the file system is full ({e}{gave_back}); serving the files there, skipping new \
+                 offloads until it has room again",
+                self.dir.display()
+            );
+        } else {
+            tracing::debug!("disk tier: {e}{gave_back}");
+        }
+    }
+
+    /// Whether the file system under the tier is full now ([`space`]).
+    pub fn is_full(&self) -> bool {
+        self.space.is_full()
     }
 
     /// A kept image's memory large enough for this value, if any.
@@ -731,6 +823,27 @@ impl DiskTier {
     }
 
     fn write_one(&self, job: &mut Job, engine: &mut dyn IoEngine) -> Option<file::Staged> {
+        if self.space.is_full() {
+            // Queued before the disk filled: not tried (each would fail the same way).
+            inc(&self.counters.full_skipped);
+            tracing::debug!("not offloading {:?}: the disk tier's file system is full", job.key);
+            return None;
+        }
+        if self.id_unsaved.load(Ordering::Acquire) {
+            match save_disk_id(&self.dir, &self.disk_id) {
+                Ok(()) => self.id_unsaved.store(false, Ordering::Release),
+                Err(source) => {
+                    inc(&self.counters.write_failures);
+                    let e = StoreError::DiskIo { what: "saving the disk id in", path: self.dir.clone(), source };
+                    if e.is_disk_full() {
+                        self.became_full(&e, "");
+                    } else {
+                        tracing::warn!("{e}");
+                    }
+                    return None;
+                }
+            }
+        }
         let value_len = job.body.value_len();
         let room = disk_len(data_offset(job.key.len()) + value_len);
         let evicted = {
@@ -831,10 +944,14 @@ impl DiskTier {
                     let _ = std::fs::remove_file(&f.path);
                 }
                 inc(&self.counters.write_failures);
-                if retired.is_empty() {
-                    tracing::warn!("disk tier: {e}");
+                let gave_back = match retired.len() {
+                    0 => String::new(),
+                    n => format!("; deleted the {n} file(s) kept for reuse"),
+                };
+                if e.is_disk_full() {
+                    self.became_full(&e, &gave_back);
                 } else {
-                    tracing::warn!("disk tier: {e}; deleted the {} file(s) kept for reuse", retired.len());
+                    tracing::warn!("{e}{gave_back}");
                 }
                 None
             }
@@ -1068,7 +1185,7 @@ impl DiskTier {
     /// Drops a file that a read found damaged (`e`, when it says so), counted in `counter`,
     /// and tells the master.
     fn drop_damaged(&self, key: &str, version: u64, e: &StoreError, counter: &IntCounter) {
-        if matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_)) {
+        if matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_) | StoreError::DiskIo { .. }) {
             tracing::warn!("disk tier: {e}; dropping the file");
             inc(counter);
             // Not reused: the device may be what corrupted it.
@@ -1103,7 +1220,7 @@ impl DiskTier {
             Ok(()) | Err(StoreError::NotFound(_)) => false,
             Err(e) => {
                 self.drop_damaged(&f.key, f.version, &e, &self.counters.corrupt_removed);
-                matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_))
+                matches!(e, StoreError::CorruptFile(_) | StoreError::Disk(_) | StoreError::DiskIo { .. })
             }
         }
     }
@@ -1158,6 +1275,7 @@ impl DiskTier {
             retired_bytes,
             unannounced: self.announcements.lock().len() as u64,
             unverified: self.unverified.load(Ordering::Relaxed),
+            full: self.space.is_full(),
         }
     }
 }
@@ -1213,23 +1331,37 @@ fn load_held(dir: &Path) -> Vec<HeldRemoval> {
 /// The file of removals kept for the master.
 const TOMBSTONES: &str = "TOMBSTONES";
 
-/// Reads (or creates) the disk id kept in `dir`.
-fn disk_id(dir: &Path) -> std::io::Result<String> {
+/// Reads (or makes and saves) the disk id kept in `dir`; with it, whether it is saved: a new
+/// id is not when the file system is full ([`save_disk_id`] then saves it before the first
+/// file is written).
+fn disk_id(dir: &Path) -> std::io::Result<(String, bool)> {
     let path = dir.join("DISK_ID");
     if let Ok(text) = std::fs::read_to_string(&path) {
         let id = text.trim();
         if !id.is_empty() && id.len() <= 64 && id.bytes().all(|c| c.is_ascii_hexdigit() || c == b'-') {
-            return Ok(id.to_string());
+            return Ok((id.to_string(), true));
         }
         tracing::warn!("{} holds no valid id; making a new one", path.display());
     }
     let id = uuid::Uuid::new_v4().to_string();
+    match save_disk_id(dir, &id) {
+        Ok(()) => Ok((id, true)),
+        Err(e) if is_no_space(&e) => Ok((id, false)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Saves `id` as the disk id of `dir`, durably (no temporary file is left when it fails).
+fn save_disk_id(dir: &Path, id: &str) -> std::io::Result<()> {
     let tmp = dir.join(format!("DISK_ID.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, &id)?;
-    File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
-    File::open(dir)?.sync_all()?;
-    Ok(id)
+    let saved = std::fs::write(&tmp, id)
+        .and_then(|()| File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, dir.join("DISK_ID")))
+        .and_then(|()| File::open(dir)?.sync_all());
+    if saved.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    saved
 }
 
 /// A file that just left the index: renamed into the retired files when nobody is reading

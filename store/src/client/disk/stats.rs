@@ -85,6 +85,11 @@ pub struct DiskStats {
     pub unannounced: u64,
     /// Files found at start whose values the check after start has not read yet, now.
     pub unverified: u64,
+    /// Offloads skipped because the file system was full (their puts succeeded in memory).
+    pub full_skipped: u64,
+    /// Whether the file system under the tier is full now: files are served, new offloads
+    /// skipped until it has room again ([`super::space`]).
+    pub full: bool,
 }
 
 /// The tier's present sizes (the index's and the announcements' own numbers).
@@ -104,6 +109,8 @@ pub struct Sizes {
     pub unannounced: u64,
     /// Files found at start not checked yet.
     pub unverified: u64,
+    /// Whether the file system is full.
+    pub full: bool,
 }
 
 /// The tier's metrics.
@@ -157,6 +164,8 @@ pub struct Counters {
     pub announce_failures: IntCounter,
     /// Files refused by a master that may never have known their put: kept, told again as restores.
     pub ambiguous_refusals: IntCounter,
+    /// Offloads skipped because the file system was full.
+    pub full_skipped: IntCounter,
     files: IntGauge,
     used_bytes: IntGauge,
     capacity: IntGauge,
@@ -164,6 +173,7 @@ pub struct Counters {
     retired_bytes: IntGauge,
     unannounced: IntGauge,
     unverified: IntGauge,
+    full: IntGauge,
 }
 
 impl Counters {
@@ -244,6 +254,11 @@ impl Counters {
                 "ambiguous_refusals_total",
                 "Files refused by a master that may never have known their put: kept, told again as restores",
             )?,
+            full_skipped: counter(
+                &registry,
+                "full_skipped_total",
+                "Offloads skipped because the file system was full (their puts succeeded in memory)",
+            )?,
             files: gauge(&registry, "files", "Files on this disk")?,
             used_bytes: gauge(&registry, "used_bytes", "Bytes the files take on disk")?,
             capacity: gauge(&registry, "capacity", "Bytes the tier may use")?,
@@ -251,6 +266,11 @@ impl Counters {
             retired_bytes: gauge(&registry, "retired_bytes", "Bytes of the retired files")?,
             unannounced: gauge(&registry, "unannounced", "Files and removals waiting to be told to the master again")?,
             unverified: gauge(&registry, "unverified", "Files found at start not checked yet")?,
+            full: gauge(
+                &registry,
+                "full",
+                "1 while the file system is full: files served, new offloads skipped until it has room",
+            )?,
             registry,
         })
     }
@@ -282,6 +302,7 @@ impl Counters {
             uring_writes: self.uring_writes.get(),
             announce_failures: self.announce_failures.get(),
             ambiguous_refusals: self.ambiguous_refusals.get(),
+            full_skipped: self.full_skipped.get(),
             files: sizes.files,
             used_bytes: sizes.used_bytes,
             capacity: sizes.capacity,
@@ -289,6 +310,7 @@ impl Counters {
             retired_bytes: sizes.retired_bytes,
             unannounced: sizes.unannounced,
             unverified: sizes.unverified,
+            full: sizes.full,
         }
     }
 
@@ -301,6 +323,7 @@ impl Counters {
         self.retired_bytes.set(sizes.retired_bytes.min(i64::MAX as u64) as i64);
         self.unannounced.set(sizes.unannounced.min(i64::MAX as u64) as i64);
         self.unverified.set(sizes.unverified.min(i64::MAX as u64) as i64);
+        self.full.set(i64::from(sizes.full));
         self.registry.gather()
     }
 }
@@ -325,6 +348,6 @@ mod tests {
         assert_eq!((t, m.get_counter().value()), (prometheus::proto::MetricType::COUNTER, 3.0));
         let (t, m) = kind("crescent_client_disk_files").unwrap();
         assert_eq!((t, m.get_gauge().value()), (prometheus::proto::MetricType::GAUGE, 2.0));
-        assert_eq!(families.len(), 31, "every field of DiskStats, once");
+        assert_eq!(families.len(), 33, "every field of DiskStats, once");
     }
 }

@@ -59,6 +59,9 @@ impl IoEngine for Uring {
                 self.drop_broken();
                 Err(e)
             }
+            // The file system is full: its answer, not the ring's; the ring is kept for when
+            // there is room again (see `disk::space`).
+            Err(e) if crate::error::is_no_space(&e) => Err(e),
             // Refused through the ring: once more with plain calls; this writer keeps to them.
             Err(e) => {
                 tracing::warn!("disk tier: a write through io_uring failed ({e}); using plain system calls");
