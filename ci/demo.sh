@@ -15,8 +15,22 @@ ci_log "building (release)"
 cargo build --release --workspace --locked
 BIN="${CARGO_TARGET_DIR:-target}/release"
 
+# The tools' logs (at info unless RUST_LOG says otherwise) go to a file: the terminal shows the
+# demo's own lines; a step that fails prints its cause, the log's last lines and where it is.
+DEMO_LOG=$(mktemp /tmp/crescent-demo.XXXXXX.log)
+step() {
+  local what=$1
+  shift
+  if ! RUST_LOG="${RUST_LOG:-info}" "$@" 2>>"$DEMO_LOG"; then
+    echo "demo: failed: $what; its last log lines:" >&2
+    tail -n 15 "$DEMO_LOG" >&2
+    echo "demo: the full log is $DEMO_LOG" >&2
+    exit 1
+  fi
+}
+
 ci_log "crescent demo: a master and two clients on this machine"
-"$BIN/crescent" demo
+step "crescent demo" "$BIN/crescent" demo
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -24,25 +38,26 @@ trap cleanup EXIT
 
 ci_log "tebench: a target serving 256 MiB on loopback"
 out=$(mktemp)
-"$BIN/tebench" target --buffer-size 256M --pattern --local-hostname 127.0.0.1 >"$out" &
+RUST_LOG="${RUST_LOG:-info}" "$BIN/tebench" target --buffer-size 256M --pattern --local-hostname 127.0.0.1 \
+  >"$out" 2>>"$DEMO_LOG" &
 PIDS+=($!)
 for _ in $(seq 300); do grep -q '^segment: ' "$out" && break; sleep 0.1; done
 SEG=$(sed -n 's/^segment: //p' "$out")
-[ -n "$SEG" ] || { echo "tebench target did not start" >&2; exit 1; }
+[ -n "$SEG" ] || { echo "demo: the tebench target did not start; the full log is $DEMO_LOG" >&2; exit 1; }
 echo "target segment: $SEG"
 
 for op in read write; do
   ci_log "tebench: initiator $op, 64 KiB blocks, batch 128, 2 threads, 3 s, data verified"
-  "$BIN/tebench" initiator --segment "$SEG" --operation "$op" --block-size 64K --batch-size 128 \
-    --threads 2 --duration 3 --verify --local-hostname 127.0.0.1
+  step "tebench initiator $op" "$BIN/tebench" initiator --segment "$SEG" --operation "$op" --block-size 64K \
+    --batch-size 128 --threads 2 --duration 3 --verify --local-hostname 127.0.0.1
 done
 ci_log "tebench: initiator read, 1 MiB blocks, 3 s (throughput, not verified)"
-"$BIN/tebench" initiator --segment "$SEG" --operation read --block-size 1M --batch-size 128 \
-  --threads 1 --duration 3 --local-hostname 127.0.0.1
+step "tebench initiator read 1 MiB" "$BIN/tebench" initiator --segment "$SEG" --operation read --block-size 1M \
+  --batch-size 128 --threads 1 --duration 3 --local-hostname 127.0.0.1
 
 ci_python_env
 ci_python_wheel release
 ci_log "Python: batch_get_into of 10 MiB values through the crescent package vs from Rust"
 "$CI_VENV/bin/python" benches/ffi-batch-get.py --bin-dir "$BIN" --repeats 1 --rounds 20
 
-ci_log "demo finished"
+ci_log "demo finished (the tools' logs: $DEMO_LOG)"

@@ -10,7 +10,7 @@ pub mod masterbench;
 pub mod report;
 pub mod ssd;
 
-pub use crescent_store::init_logging;
+pub use crescent_store::{init_logging, init_tool_logging};
 
 /// Longest duration a benchmark's command line takes, in seconds (a year).
 pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;

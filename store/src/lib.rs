@@ -58,5 +58,5 @@ pub mod standalone;
 
 pub use client::{ClientConfig, DummyClient, DummyConfig, HeldBuffer, StoreApi, StoreClient, ValueSink};
 pub use error::{Result, StoreError};
-pub use logging::init_logging;
+pub use logging::{init_logging, init_tool_logging};
 pub use master::{AllocationStrategy, Master, MasterConfig};

@@ -1,8 +1,21 @@
 //! The store's binaries' logging: `tracing` to stderr.
 
-/// Logs to stderr (`RUST_LOG` overrides the default `info`), with colours only on a terminal.
+/// Logs to stderr (`RUST_LOG` overrides the default `info`), with colours only on a terminal:
+/// for servers (`crescent-master`, the standalone client), whose log is their record.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    init_logging_at("info");
+}
+
+/// Logs to stderr at `warn` unless `RUST_LOG` says otherwise: for command-line tools
+/// (`crescent`, `tebench`, `storebench`), whose output on stdout is what the user reads; the
+/// engine's and the clients' routine messages (a segment mounted, a peer connected) would
+/// bury it.
+pub fn init_tool_logging() {
+    init_logging_at("warn");
+}
+
+fn init_logging_at(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

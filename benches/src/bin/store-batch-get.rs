@@ -47,7 +47,7 @@ struct Cli {
 }
 
 fn main() {
-    crescent_store::init_logging();
+    crescent_store::init_tool_logging();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("store-batch-get: error: {e:#}");
         std::process::exit(1);

@@ -140,7 +140,7 @@ impl Row {
 }
 
 fn main() {
-    crescent_store::init_logging();
+    crescent_store::init_tool_logging();
     if std::env::args().nth(1).as_deref() == Some("ssd") {
         if let Err(e) = crescent_benches::ssd::main(std::env::args().skip(1)) {
             eprintln!("storebench ssd: error: {e:#}");

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use crescent_benches::{init_logging, pattern, process_cpu_seconds, report};
+use crescent_benches::{init_tool_logging, pattern, process_cpu_seconds, report};
 use crescent_engine::{
     parse_device_list, parse_size, BufferDescriptor, EngineConfig, EngineError, Opcode, RegisteredMemory, SegmentId,
     TransferEngine, TransferRequest, TransferStatus, TransportKind,
@@ -186,7 +186,7 @@ fn engine(args: &EngineArgs) -> Result<Arc<TransferEngine>> {
 }
 
 fn main() {
-    init_logging();
+    init_tool_logging();
     let cli = Cli::parse_from(normalized_args());
     let result = match cli.role {
         Role::Target(a) => run_target(a),

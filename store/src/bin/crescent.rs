@@ -147,7 +147,7 @@ struct ClientArgs {
 }
 
 fn main() {
-    crescent_store::init_logging();
+    crescent_store::init_tool_logging();
     let result = match Cli::parse().command {
         Command::Demo(a) => demo(a),
         Command::Client(a) => client(a),
@@ -219,7 +219,13 @@ fn demo(args: DemoArgs) -> Result<()> {
     }
     println!("forced removal: exists now {:?}", b.batch_exists(&keys(&args.sizes))?);
     let totals = master.master.totals();
-    println!("master: {} segment(s), {} bytes capacity, {} used", totals.segments, totals.capacity, totals.used);
+    println!(
+        "master: {} segment(s), {} bytes capacity, {} used ({} of them held until B's read leases end: a read in flight never gets another object's bytes)",
+        totals.segments,
+        totals.capacity,
+        totals.used,
+        master.master.quarantined_bytes()
+    );
     a.close()?;
     b.close()?;
     println!("demo finished");
