@@ -11,6 +11,7 @@ use crescent_engine::{EngineConfig, TransferEngine};
 pub mod etcd_cluster;
 pub mod faults;
 pub mod netns;
+pub mod partition;
 pub mod services;
 pub mod store;
 pub mod tmpfs;

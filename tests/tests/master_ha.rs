@@ -1,8 +1,9 @@
 //! Masters with high availability on a real three-member etcd: clients given
 //! `etcd://…` put and get in a loop while leaders are SIGKILLed one after the other and then an
 //! etcd member; or while the leader is frozen (SIGSTOP) until its lease runs out and then
-//! continued. Every acknowledged key reads back with its bytes, no client is restarted, no
-//! call hangs, and a continued deposed leader serves no write.
+//! continued; or while the leader is cut off from etcd (and only from etcd: the clients still
+//! reach it) and then reconnected. Every acknowledged key reads back with its bytes, no client
+//! is restarted, no call hangs, and a deposed leader serves no write.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{Code, MountSegmentRequest, PutStartRequest, SegmentInfo};
 use crescent_store::{ClientConfig, StoreClient};
 use crescent_tests::etcd_cluster::EtcdCluster;
+use crescent_tests::partition::Partition;
 use crescent_tests::services::unique_cluster;
 use crescent_tests::store::{pattern_bytes, spawn_master};
 use crescent_tests::{eventually, ChildGuard};
@@ -27,7 +29,12 @@ fn value(who: usize, n: u64) -> Vec<u8> {
 }
 
 fn ha_master(etcd: &EtcdCluster, cluster: &str) -> (ChildGuard, String) {
-    let endpoints = format!("--etcd_endpoints={}", etcd.endpoints());
+    ha_master_via(&etcd.endpoints(), cluster)
+}
+
+/// An HA master reaching etcd at `endpoints` (`;`-separated).
+fn ha_master_via(endpoints: &str, cluster: &str) -> (ChildGuard, String) {
+    let endpoints = format!("--etcd_endpoints={endpoints}");
     let cluster = format!("--cluster_id={cluster}");
     spawn_master(
         &[],
@@ -232,5 +239,57 @@ fn a_frozen_leader_continued_after_its_lease_ran_out_serves_no_write() {
         assert_eq!((mount, put), (Code::NotLeader, Code::NotLeader), "the deposed leader {leader} served a write");
         std::thread::sleep(Duration::from_millis(200));
     }
+    load.finish(&clients[1]);
+}
+
+/// Mooncake's users report a leader partitioned from etcd as the case that splits a cluster:
+/// here the leader, cut off from etcd alone (a black hole: its connections stay open, nothing
+/// flows), must stop serving writes once its lease can have run out, a standby must take over
+/// and the clients follow it; reconnected, the old leader stays deposed.
+#[test]
+fn a_leader_cut_off_from_etcd_stops_writing_and_a_standby_takes_over() {
+    let etcd = match EtcdCluster::start(3) {
+        Ok(e) => e,
+        Err(why) => {
+            crescent_tests::skip(&why);
+            return;
+        }
+    };
+    let cluster = unique_cluster("ha");
+    // Each master reaches etcd through relays of its own: cutting them cuts that master off.
+    let relays: Vec<Vec<Partition>> = (0..2)
+        .map(|_| etcd.endpoints().split(';').map(|ep| Partition::start(ep.parse().expect("an endpoint"))).collect())
+        .collect();
+    let masters: Vec<(ChildGuard, String)> = relays
+        .iter()
+        .map(|r| {
+            let endpoints: Vec<String> = r.iter().map(|p| p.addr().to_string()).collect();
+            ha_master_via(&endpoints.join(";"), &cluster)
+        })
+        .collect();
+    let clients: Vec<Arc<StoreClient>> = (0..2).map(|_| client(&etcd, &cluster)).collect();
+    let load = Load::start(&clients);
+    assert!(load.progresses(20, Duration::from_secs(20)), "the cluster serves");
+    let leader = clients[0].master_address();
+    let i = masters.iter().position(|(_, a)| *a == leader).expect("the leader is one of ours");
+    relays[i].iter().for_each(Partition::cut);
+    let next = followed_away(&clients, &leader);
+    assert!(load.progresses(10, Duration::from_secs(20)), "the new leader {next} serves");
+    // The cut-off leader refuses writes (it cannot know it still leads), and keeps refusing
+    // them once it reaches etcd again and sees the new leader.
+    assert!(
+        eventually(Duration::from_secs(10), || direct_codes(&leader) == (Code::NotLeader, Code::NotLeader)),
+        "the leader cut off from etcd {leader} still served writes"
+    );
+    relays[i].iter().for_each(Partition::heal);
+    for _ in 0..5 {
+        assert_eq!(
+            direct_codes(&leader),
+            (Code::NotLeader, Code::NotLeader),
+            "the deposed leader {leader} served a write"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(clients[0].master_address(), next, "the clients stay with the new leader");
     load.finish(&clients[1]);
 }
