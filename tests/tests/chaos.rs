@@ -10,8 +10,13 @@
 //!   latency across the cluster): the reader's calls on the other holder's keys never fail,
 //!   and its p99 before, during and after is reported (the figures are printed, not asserted).
 //!
+//! * Long keys under load (Mooncake #3452: the master ran out of memory): with
+//!   `--max-metadata-bytes`, the master's metadata stays under it, puts go on by evicting
+//!   the least recently used objects, and the process lives.
+//!
 //! The other faults of the issue are elsewhere: the disk tier filling and emptying in
-//! `ssd_tier.rs` and `faults_store.rs`, a frozen or killed leader master in `master_ha.rs`.
+//! `ssd_tier.rs` and `faults_store.rs`; a frozen, killed or partitioned leader master in
+//! `master_ha.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -262,5 +267,67 @@ fn a_client_killed_and_restarted_under_load_leaves_the_other_clients_working() {
         after.1,
         after.2,
         ratio(after.2)
+    );
+}
+
+/// `GET /metrics` of the admin port `addr`: the value of `name`.
+fn metric(addr: &str, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("the admin port");
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("{name} is not in /metrics"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the master's status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn long_keys_under_load_keep_the_masters_metadata_under_its_limit() {
+    const LIMIT: u64 = 16 << 20;
+    let admin = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("its address").to_string()
+    };
+    let limit = LIMIT.to_string();
+    let (master, addr) =
+        spawn_master(&[], &["--rpc-address", "127.0.0.1:0", "--admin-address", &admin, "--max-metadata-bytes", &limit]);
+    let mut c = ClientProc::spawn(
+        &[],
+        &["--master", &addr, "--local-hostname", "127.0.0.1", "--segment-size", "256M", "--buffer-size", "8M"],
+    );
+    let rss_before = rss_kib(master.0.id());
+    // 38 400 objects of 1 KiB keys: about 48 MiB of metadata offered, three times the limit.
+    let long = "k".repeat(1000);
+    let key = |b: usize, i: usize| format!("{b:04}-{i:03}-{long}");
+    let (batches, per) = (300, 128);
+    for b in 0..batches {
+        let keys: Vec<String> = (0..per).map(|i| format!("{}:256", key(b, i))).collect();
+        let answer = c.ok(&format!("batch_put 7 {}", keys.join(" ")));
+        assert!(answer.split_whitespace().all(|r| r == "ok"), "batch {b}: {answer}");
+    }
+    let metadata = metric(&admin, "crescent_master_metadata_bytes");
+    let evictions = metric(&admin, "crescent_master_evictions_total");
+    assert!(metadata <= LIMIT as f64, "the metadata ({metadata} B) passed its limit ({LIMIT} B)");
+    assert!(evictions > 0.0, "puts past the limit evicted");
+    assert_eq!(c.ok(&format!("exists {}", key(batches - 1, per - 1))), "true", "the newest key is there");
+    assert_eq!(c.ok(&format!("exists {}", key(0, 0))), "false", "the oldest went");
+    let rss_after = rss_kib(master.0.id());
+    eprintln!(
+        "metadata limit {LIMIT} B: {} objects offered with 1 KiB keys, metadata {metadata} B, {evictions} evictions, \
+         master RSS {rss_before} -> {rss_after} KiB",
+        batches * per
     );
 }

@@ -143,6 +143,10 @@ struct Cli {
     /// copies sit on clients that are away [default: none, kept in memory].
     #[arg(long, visible_alias = "state_dir")]
     state_dir: Option<PathBuf>,
+    /// The most memory the objects' metadata may take, e.g. 8G: beyond it puts evict the least
+    /// recently used objects, or are refused with NO_SPACE [default: half the machine's memory].
+    #[arg(long, value_parser = size_flag)]
+    max_metadata_bytes: Option<u64>,
     /// File holding the cluster secret (one line; two during a rotation): every gRPC call and
     /// admin request must then carry its token [default: CRESCENT_CLUSTER_SECRET_FILE, else
     /// CRESCENT_CLUSTER_SECRET and CRESCENT_CLUSTER_SECRET_NEXT, else none: open].
@@ -346,6 +350,11 @@ pub(crate) fn gflags_bool(v: &str) -> Result<bool, String> {
         "false" | "0" | "no" | "f" | "n" => Ok(false),
         _ => Err(format!("{v:?} is not a boolean (true, false, 1, 0, yes, no)")),
     }
+}
+
+/// A size flag: bytes, or with K, M, G or T.
+fn size_flag(v: &str) -> Result<u64, String> {
+    crescent_engine::parse_size(v)
 }
 
 /// Upstream's durations (`ParseDurationMs`): a non-negative integer of milliseconds, or with a
@@ -736,6 +745,9 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     }
     if let Some(v) = cli.state_dir {
         config.state_dir = Some(v);
+    }
+    if let Some(v) = cli.max_metadata_bytes {
+        config.max_metadata_bytes = Some(v);
     }
 
     // The embedded http metadata server (upstream's defaults: 0.0.0.0:8080).

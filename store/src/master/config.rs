@@ -109,6 +109,12 @@ pub struct MasterConfig {
     pub cluster_secret: Option<crescent_transports::net::Keyring>,
     /// With a secret, leave the admin port's read-only routes open (`--admin-open-reads`).
     pub admin_open_reads: bool,
+    /// The most memory the objects' metadata may take (`--max-metadata-bytes`), counted as
+    /// [`crate::master::OBJECT_METADATA_BYTES`] per object plus its key: a put that would pass
+    /// it evicts the least recently used objects first, and is refused (`NO_SPACE`) when none
+    /// can go. `None`: half the machine's memory, so that long keys under load end in
+    /// eviction or refusals, never in the master killed for memory.
+    pub max_metadata_bytes: Option<u64>,
 }
 
 /// Mooncake's high-availability settings (docs/src/ha.md): with `enabled`, the master campaigns
@@ -196,6 +202,7 @@ impl Default for MasterConfig {
             cluster_secret_file: None,
             cluster_secret: None,
             admin_open_reads: false,
+            max_metadata_bytes: None,
         }
     }
 }

@@ -24,6 +24,10 @@ pub struct Metrics {
     pub segments: IntGauge,
     /// `clients`: live clients.
     pub clients: IntGauge,
+    /// `metadata_bytes`: the objects' metadata as the metadata limit counts it.
+    pub metadata_bytes: IntGauge,
+    /// `metadata_limit_bytes`: that limit (`--max-metadata-bytes`).
+    pub metadata_limit: IntGauge,
     /// `puts_total`: puts started.
     pub puts: IntCounter,
     /// `gets_total`: replica lists served.
@@ -129,6 +133,8 @@ impl Metrics {
             keys: gauge("keys", "Objects (committed or being written)")?,
             segments: gauge("segments", "Mounted segments")?,
             clients: gauge("clients", "Live clients")?,
+            metadata_bytes: gauge("metadata_bytes", "The objects' metadata, as --max-metadata-bytes counts it")?,
+            metadata_limit: gauge("metadata_limit_bytes", "The limit of metadata_bytes (--max-metadata-bytes)")?,
             puts: counter("puts_total", "Puts started")?,
             elections: counter("elections_total", "Times this master was elected leader (HA)")?,
             is_leader: gauge("is_leader", "1 while this master may serve (the leader, or the only master), else 0")?,

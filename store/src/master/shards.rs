@@ -28,6 +28,8 @@ pub(super) struct Objects<'a> {
     first: usize,
     /// The master's count of objects, kept by inserts and removals.
     count: &'a AtomicU64,
+    /// The bytes of their keys, likewise.
+    key_bytes: &'a AtomicU64,
 }
 
 impl Objects<'_> {
@@ -55,8 +57,10 @@ impl Objects<'_> {
 
     pub(super) fn insert(&mut self, key: impl Into<Key>, obj: Object) {
         let key = key.into();
+        let len = key.as_str().len() as u64;
         if self.shard_mut(&key).insert(key, obj) {
             self.count.fetch_add(1, Ordering::Relaxed);
+            self.key_bytes.fetch_add(len, Ordering::Relaxed);
         }
     }
 
@@ -64,6 +68,7 @@ impl Objects<'_> {
         let gone = self.shard_mut(key).remove(key);
         if gone.is_some() {
             self.count.fetch_sub(1, Ordering::Relaxed);
+            self.key_bytes.fetch_sub(key.len() as u64, Ordering::Relaxed);
         }
         gone
     }
@@ -128,7 +133,7 @@ pub(super) fn by_shard<'k>(keys: impl IntoIterator<Item = (usize, &'k str)>) -> 
 impl Master {
     fn lock_shards(&self, first: usize, end: usize) -> Locked<'_> {
         let guards = self.shards[first..end].iter().map(|s| s.lock()).collect();
-        let objects = Objects { guards, first, count: &self.object_count };
+        let objects = Objects { guards, first, count: &self.object_count, key_bytes: &self.key_bytes };
         Locked { objects, g: self.state.lock() }
     }
 

@@ -122,6 +122,35 @@ fn a_forced_removal_keeps_a_leased_range_from_new_puts_until_the_lease_ends() {
     assert_eq!(m.quarantined_bytes(), 0);
 }
 
+/// Upstream's master ran out of memory under long-context load (long keys, many objects):
+/// here the metadata has a limit; puts past it evict the least recently used objects, and
+/// are refused with a clear answer when none can go, never growing past it.
+#[test]
+fn the_metadata_stays_under_its_limit_by_evicting_and_refuses_when_nothing_can_go() {
+    let key = |i: usize| format!("{i:06}/{}", "x".repeat(1000));
+    let per_object = OBJECT_METADATA_BYTES + key(0).len() as u64;
+    let limit = 100 * per_object;
+    let m = master_with(MasterConfig { max_metadata_bytes: Some(limit), ..MasterConfig::default() });
+    mount(&m, "c1", "s1", 64 << 20);
+    for i in 0..1000 {
+        put(&m, &key(i), 1024, 1).unwrap_or_else(|e| panic!("put {i} past the limit: {e}"));
+        assert!(m.metadata_bytes() <= limit, "put {i}: {} > {limit}", m.metadata_bytes());
+    }
+    assert!(m.exists(&key(999)).unwrap(), "the newest object is there");
+    assert!(!m.exists(&key(0)).unwrap(), "the oldest went");
+    assert!(m.metrics().evictions.get() >= 900, "{} evictions", m.metrics().evictions.get());
+    // Everything leased: nothing can go, so a new put is refused, with the reason.
+    for k in m.keys(usize::MAX) {
+        m.get_replica_list(&k).unwrap();
+    }
+    let refused = put(&m, &key(1000), 1024, 1);
+    match refused {
+        Err(StoreError::NoSpace { detail, .. }) => assert!(detail.contains("metadata"), "{detail}"),
+        other => panic!("expected NoSpace for the metadata, got {other:?}"),
+    }
+    assert!(m.metadata_bytes() <= limit);
+}
+
 /// A range whose object was removed with no lease on it (or after its lease) is free at once.
 #[test]
 fn a_removal_after_the_lease_frees_the_range_at_once() {
