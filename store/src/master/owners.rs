@@ -379,7 +379,7 @@ impl Master {
     }
 
     /// Bytes waiting in quarantine (for their owners' acknowledgements, or for read leases to
-    /// end: [`super::lease_holds`]), all segments together.
+    /// end: see the master's `lease_holds` module), all segments together.
     pub fn quarantined_bytes(&self) -> u64 {
         let st = self.state.lock();
         st.owners.values().map(|l| l.quarantined_bytes()).sum::<u64>() + st.holds.bytes()
