@@ -738,6 +738,69 @@ fn traffic_spreads_over_two_devices_and_moves_to_one_when_the_others_link_goes_d
     drop(down);
 }
 
+/// Mooncake #3299 and #3868: after an RDMA link flapped, every client reconnected at once, over
+/// and over. Here the second device's link goes down and up five times while reads run over
+/// both devices: every request ends (completed with the right bytes, or failed: none hangs),
+/// the peer's connection is rebuilt a bounded number of times (no storm), and afterwards every
+/// read completes.
+#[test]
+fn a_flapping_link_ends_every_request_and_reconnects_a_bounded_number_of_times() {
+    let Some((dev, gid)) = rxe() else { return };
+    let (Ok(dev2), Ok(netdev2)) = (std::env::var("RXE_VM_DEV2"), std::env::var("RXE_VM_NETDEV2")) else {
+        eprintln!("skipped: RXE_VM_DEV2 / RXE_VM_NETDEV2 name no second soft-RoCE device (ci/rdma-in-vm.sh adds one)");
+        return;
+    };
+    let config = || RdmaConfig {
+        devices: vec![dev.clone(), dev2.clone()],
+        gid_index: gid,
+        qps_per_peer: 1,
+        ib_timeout: 14,
+        retry_cnt: 3,
+        ..small_queues()
+    };
+    let target = side_with(4 << 20, config());
+    fill_side(&target, 41);
+    let initiator = side_with(4 << 20, config());
+    let peer = know(&initiator, &target);
+    let outcomes = read_slices(&initiator, &target, &peer, 256, 41);
+    assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
+    let before = initiator.transport.peer_stats(&peer);
+
+    const FLAPS: u64 = 5;
+    let (mut completed, mut failed) = (0, 0);
+    for flap in 0..FLAPS {
+        let sink = Outcomes::new(1024);
+        initiator
+            .transport
+            .submit(&peer, slices(&sink, Opcode::Read, initiator.mem.addr(), target.mem.addr(), 1024, 4096));
+        let down = LinkDown::new(&netdev2);
+        std::thread::sleep(Duration::from_millis(500));
+        drop(down);
+        // Every request of the flap ends within the bound: none waits for ever on the link.
+        let outcomes = sink.wait(Duration::from_secs(120));
+        check_completed(&initiator, &outcomes, 41);
+        completed += outcomes.iter().filter(|o| **o == SliceOutcome::Completed).count();
+        failed += outcomes.len() - outcomes.iter().filter(|o| **o == SliceOutcome::Completed).count();
+        eprintln!("flap {flap}: {:?}", initiator.transport.peer_stats(&peer));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Afterwards every read completes, with the right bytes.
+    assert!(
+        eventually(Duration::from_secs(60), || read_slices(&initiator, &target, &peer, 256, 41)
+            .iter()
+            .all(|o| *o == SliceOutcome::Completed)),
+        "reads complete again after the flaps: {:?}",
+        initiator.transport.peer_stats(&peer)
+    );
+    let after = initiator.transport.peer_stats(&peer);
+    let reconnects = after.connect_attempts - before.connect_attempts;
+    eprintln!(
+        "{FLAPS} flaps: {completed} reads completed, {failed} failed, {reconnects} reconnects; {after:?}; lanes {:?}",
+        initiator.transport.lane_stats(&peer)
+    );
+    assert!(reconnects <= 2 * FLAPS + 2, "no reconnect storm: {reconnects} reconnects for {FLAPS} flaps");
+}
+
 // ---- fault injection (issue 24): the contract of `crescent_tests::faults` over rdma ----
 
 /// A `tebench target` and a `fault-prober` over rdma on the rxe device, on loopback.
