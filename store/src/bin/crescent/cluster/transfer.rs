@@ -73,14 +73,18 @@ struct Progress {
 }
 
 impl Progress {
-    /// Bytes done of `total` (`count`: the position moves), or a spinner beside the size of a
-    /// step whose progress cannot be seen (a transfer the client runs in one call).
+    /// Bytes done of `total` (`count`: the position moves; `total` 0: unknown), or a spinner
+    /// beside the size of a step whose progress cannot be seen (a transfer the client runs in
+    /// one call).
     fn start(message: String, total: u64, count: bool) -> Progress {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
         if !std::io::stderr().is_terminal() {
             return Progress { bar, done: None, timer: None };
         }
-        let template = if count {
+        let template = if count && total == 0 {
+            // A pipe: its length is known only at its end.
+            "{spinner} {msg} {bytes} [{elapsed}] {binary_bytes_per_sec}"
+        } else if count {
             "{spinner} {msg} {bytes}/{total_bytes} [{elapsed}] {binary_bytes_per_sec}"
         } else {
             "{spinner} {msg} ({total_bytes}) [{elapsed}]"
