@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crescent_engine::{EngineConfig, TransferEngine};
 
+pub mod dashboards;
 pub mod etcd_cluster;
 pub mod faults;
 pub mod netns;

@@ -23,6 +23,29 @@ pub fn spawn_master(prefix: &[&str], args: &[&str]) -> (ChildGuard, String) {
     }
 }
 
+/// Starts `crescent-master` with `args` on loopback and returns it with its gRPC address and its
+/// admin URL (`http://HOST:PORT`), as it prints them; the rest of its output is drained.
+pub fn spawn_master_with_admin(args: &[&str]) -> (ChildGuard, String, String) {
+    let mut cmd = command(&[], "crescent-master");
+    cmd.args(["--rpc-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = ChildGuard(cmd.spawn().expect("spawn crescent-master"));
+    let lines = lines_of(child.0.stdout.take().expect("stdout"));
+    let (mut rpc, mut admin) = (None, None);
+    while rpc.is_none() || admin.is_none() {
+        let line = lines.recv_timeout(Duration::from_secs(60)).expect("crescent-master printed its addresses");
+        if let Some(addr) = line.strip_prefix("master: ") {
+            rpc = Some(addr.trim().to_string());
+        } else if let Some(url) = line.strip_prefix("admin: ") {
+            admin = Some(url.trim().trim_end_matches("/metrics").to_string());
+        }
+    }
+    std::thread::spawn(move || while lines.recv().is_ok() {});
+    (child, rpc.unwrap_or_default(), admin.unwrap_or_default())
+}
+
 fn command(prefix: &[&str], bin: &str) -> Command {
     let bin = workspace_bin(bin);
     match prefix.split_first() {
