@@ -2,6 +2,7 @@
 
 pub use crescent_store::pattern;
 pub mod authpair;
+pub mod checksumbench;
 pub mod dummybench;
 pub mod etcd_cluster;
 pub mod failover;

@@ -762,7 +762,11 @@ async fn phases_of_size(
             if !ok(&r.status) {
                 bail!("PutStart {key}: {}", describe(&r.status));
             }
-            let e = sim.rpc.put_end(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await?.into_inner();
+            let e = sim
+                .rpc
+                .put_end(KeyRequest { client_id: sim.id.clone(), key: key.clone(), ..Default::default() })
+                .await?
+                .into_inner();
             if !ok(&e.status) {
                 bail!("PutEnd {key}: {}", describe(&e.status));
             }
@@ -939,7 +943,8 @@ async fn put_batch(
         return started;
     }
     let t = Instant::now();
-    let r = rpc.batch_put_end(BatchKeyRequest { client_id: id.into(), keys: started.clone() }).await;
+    let r =
+        rpc.batch_put_end(BatchKeyRequest { client_id: id.into(), keys: started.clone(), ..Default::default() }).await;
     tally.record(Rpc::BatchPutEnd, t.elapsed());
     match r {
         Ok(r) => {
@@ -1112,7 +1117,10 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
             match r.map(|r| r.into_inner()) {
                 Ok(r) if ok(&r.status) => {
                     let s = pacer.start().await;
-                    let e = sim.rpc.put_end(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
+                    let e = sim
+                        .rpc
+                        .put_end(KeyRequest { client_id: sim.id.clone(), key: key.clone(), ..Default::default() })
+                        .await;
                     t.record(Rpc::PutEnd, s.elapsed());
                     match e.map(|e| e.into_inner()) {
                         Ok(e) if ok(&e.status) => {
@@ -1137,7 +1145,10 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
             if b == 1 {
                 let key = keys.into_iter().next().expect("one key");
                 let s = pacer.start().await;
-                let r = sim.rpc.get_replica_list(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
+                let r = sim
+                    .rpc
+                    .get_replica_list(KeyRequest { client_id: sim.id.clone(), key: key.clone(), ..Default::default() })
+                    .await;
                 t.record(Rpc::Get, s.elapsed());
                 match r.map(|r| r.into_inner()) {
                     Ok(r) if ok(&r.status) => t.ops += 1,
@@ -1150,7 +1161,10 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
                 }
             } else {
                 let s = pacer.start().await;
-                let r = sim.rpc.batch_get_replica_list(BatchKeyRequest { client_id: sim.id.clone(), keys }).await;
+                let r = sim
+                    .rpc
+                    .batch_get_replica_list(BatchKeyRequest { client_id: sim.id.clone(), keys, ..Default::default() })
+                    .await;
                 t.record(Rpc::BatchGet, s.elapsed());
                 match r.map(|r| r.into_inner()) {
                     Ok(r) => {
@@ -1171,7 +1185,8 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
         let s = pacer.start().await;
         if b == 1 {
             let key = keys.into_iter().next().expect("one key");
-            let r = sim.rpc.exists(KeyRequest { client_id: sim.id.clone(), key: key.clone() }).await;
+            let r =
+                sim.rpc.exists(KeyRequest { client_id: sim.id.clone(), key: key.clone(), ..Default::default() }).await;
             t.record(Rpc::Exists, s.elapsed());
             match r.map(|r| r.into_inner()) {
                 Ok(r) if ok(&r.status) => {
@@ -1182,7 +1197,8 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
                 Err(e) => t.fail(format!("Exists {key}: {e}")),
             }
         } else {
-            let r = sim.rpc.batch_exists(BatchKeyRequest { client_id: sim.id.clone(), keys }).await;
+            let r =
+                sim.rpc.batch_exists(BatchKeyRequest { client_id: sim.id.clone(), keys, ..Default::default() }).await;
             t.record(Rpc::BatchExists, s.elapsed());
             match r.map(|r| r.into_inner()) {
                 Ok(r) if ok(&r.status) => {

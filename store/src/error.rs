@@ -136,6 +136,23 @@ pub enum StoreError {
         took_ms: u64,
     },
 
+    /// With checksums on ([`crate::ClientConfig::verify_checksums`]), a get read the whole
+    /// value and its bytes do not match the checksum its writer took at the put: they were
+    /// changed after it (in the holder's memory, on the way, or by a read that raced a reuse
+    /// of the space), so they are not returned. Every replica the get could read was tried.
+    #[error(
+        "object {key:?} read back with CRC-32 {got:#010x}, not the {expected:#010x} its writer took: its bytes \
+         were changed after the put, and none are returned"
+    )]
+    ChecksumMismatch {
+        /// The object's key.
+        key: String,
+        /// The checksum the writer took (kept by the master).
+        expected: u32,
+        /// The checksum of the bytes read.
+        got: u32,
+    },
+
     // ---- peers ----
     /// The client that holds the object's replica (or its disk file) could not be read
     /// from or written to; `cause` says how.
@@ -389,6 +406,8 @@ impl StoreError {
             // Mounting a segment another client holds: this client's configuration.
             StoreError::SegmentExists(_) => Fault::Caller,
             StoreError::PeerGone { .. } => Fault::Peer,
+            // The bytes changed where they were kept or on their way: the holder's side.
+            StoreError::ChecksumMismatch { .. } => Fault::Peer,
             StoreError::MasterUnreachable { .. }
             | StoreError::Master { .. }
             | StoreError::BadReply(_)
@@ -483,6 +502,7 @@ impl StoreError {
             StoreError::NotLeader(_) => Code::NotLeader,
             StoreError::MasterChanged(_) => Code::MasterChanged,
             StoreError::OwnersUnreachable(_) => Code::OwnersUnreachable,
+            StoreError::ChecksumMismatch { .. } => Code::ChecksumMismatch,
             StoreError::Master { code, .. } | StoreError::Relayed { code, .. } => *code,
             _ => Code::Internal,
         }
@@ -524,6 +544,8 @@ impl StoreError {
             Code::NotLeader => StoreError::NotLeader(after("not the leader: ")),
             Code::MasterChanged => StoreError::MasterChanged(after("the master changed: ")),
             Code::OwnersUnreachable => StoreError::OwnersUnreachable(key.to_string()),
+            Code::ChecksumMismatch => parse_checksum_mismatch(message, key)
+                .unwrap_or(StoreError::Master { code, message: message.to_string() }),
             code => StoreError::Master { code, message: message.to_string() },
         }
     }
@@ -535,6 +557,15 @@ fn parse_no_space(message: &str) -> Option<StoreError> {
     let (size, rest) = rest.split_once(" bytes x ")?;
     let (replicas, detail) = rest.split_once(" replica(s) (after eviction): ")?;
     Some(StoreError::NoSpace { size: size.parse().ok()?, replicas: replicas.parse().ok()?, detail: detail.to_string() })
+}
+
+/// `ChecksumMismatch`'s checksums back from its text.
+fn parse_checksum_mismatch(message: &str, key: &str) -> Option<StoreError> {
+    let hex = |s: &str| u32::from_str_radix(s.strip_prefix("0x")?, 16).ok();
+    let (_, rest) = message.split_once(" read back with CRC-32 ")?;
+    let (got, rest) = rest.split_once(", not the ")?;
+    let (expected, _) = rest.split_once(' ')?;
+    Some(StoreError::ChecksumMismatch { key: key.to_string(), expected: hex(expected)?, got: hex(got)? })
 }
 
 /// `LeaseExpired`'s durations back from its text.
@@ -564,6 +595,7 @@ mod tests {
             StoreError::ClientNotFound("c-1".into()),
             StoreError::NeedRemount,
             StoreError::LeaseExpired { key: "k".into(), lease_ms: 100, took_ms: 250 },
+            StoreError::ChecksumMismatch { key: "k".into(), expected: 0xdead_beef, got: 0 },
             StoreError::NotLeader("this master is a standby; the leader is 10.0.0.2:50051".into()),
             StoreError::MasterChanged("this master does not know the put".into()),
             StoreError::OwnersUnreachable("k".into()),

@@ -75,10 +75,10 @@ fn without_the_secret_the_master_and_its_admin_port_serve_nothing() {
             }
             Ok(r)
         });
-        let keys = BatchKeyRequest { client_id: "x".into(), keys: vec!["k".into()] };
+        let keys = BatchKeyRequest { client_id: "x".into(), keys: vec!["k".into()], ..Default::default() };
         let e = rt.block_on(c.batch_exists(keys)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
-        let get = KeyRequest { client_id: "x".into(), key: "k".into() };
+        let get = KeyRequest { client_id: "x".into(), key: "k".into(), ..Default::default() };
         assert_eq!(rt.block_on(c.get_replica_list(get)).unwrap_err().code(), tonic::Code::Unauthenticated);
         let all = RemoveAllRequest { client_id: "x".into(), ..Default::default() };
         assert_eq!(rt.block_on(c.remove_all(all)).unwrap_err().code(), tonic::Code::Unauthenticated);

@@ -261,7 +261,12 @@ fn an_oversized_grpc_message_is_refused_before_the_master_holds_it() {
     let (rt, client) = grpc(&m.rpc);
     // Warm the master up (its threads and first allocations) before measuring.
     let mut c = client.clone();
-    rt.block_on(c.batch_exists(BatchKeyRequest { client_id: "w".into(), keys: vec!["warm".into()] })).unwrap();
+    rt.block_on(c.batch_exists(BatchKeyRequest {
+        client_id: "w".into(),
+        keys: vec!["warm".into()],
+        ..Default::default()
+    }))
+    .unwrap();
     let before = peak_rss(pid);
     // 200 MiB in one message (a 200 MiB key): before the cap, the master buffered all of it.
     let huge = PutStartRequest { client_id: "x".into(), key: "k".repeat(200 << 20), size: 1, options: None };
@@ -276,14 +281,15 @@ fn an_oversized_grpc_message_is_refused_before_the_master_holds_it() {
     // The master still serves, and the largest legitimate batch passes: 10 001 keys of the
     // longest length (41 MB in one message).
     let keys: Vec<String> = (0..10_001).map(|i| format!("{i:05}{}", "k".repeat(MAX_KEY_LEN - 5))).collect();
-    let request = BatchKeyRequest { client_id: "x".into(), keys };
+    let request = BatchKeyRequest { client_id: "x".into(), keys, ..Default::default() };
     assert!(prost::Message::encoded_len(&request) < MAX_REQUEST_MESSAGE);
     let reply = rt.block_on(c.batch_exists(request)).expect("a 10 001-key batch of 4 KiB keys passes").into_inner();
     assert_eq!(reply.exists.len(), 10_001);
     assert!(reply.exists.iter().all(|e| !e));
     // A batch of more keys than the limit is refused whole, as the caller's mistake.
     let keys: Vec<String> = (0..=MAX_BATCH_KEYS).map(|i| format!("k{i}")).collect();
-    let refused = rt.block_on(c.batch_exists(BatchKeyRequest { client_id: "x".into(), keys })).unwrap_err();
+    let refused =
+        rt.block_on(c.batch_exists(BatchKeyRequest { client_id: "x".into(), keys, ..Default::default() })).unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().contains(&MAX_BATCH_KEYS.to_string()), "{refused:?}");
 }

@@ -32,7 +32,7 @@ async fn served(addr: SocketAddr) -> Result<(), String> {
         .connect()
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let req = KeyRequest { client_id: "flood-test".into(), key: "k".into() };
+    let req = KeyRequest { client_id: "flood-test".into(), key: "k".into(), ..Default::default() };
     MasterClient::new(channel).exists(req).await.map(|_| ()).map_err(|s| format!("Exists: {s}"))
 }
 

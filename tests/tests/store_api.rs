@@ -228,7 +228,10 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
         assert_eq!(code(r.into_inner().items[0].status.clone()), Code::InvalidArgument);
         // A put this master never started, from a client it does not know: a put of a master
         // that is gone (restarted, failed over), which the writer must start again.
-        let r = c.put_end(KeyRequest { client_id: "x".into(), key: "never-started".into() }).await.unwrap();
+        let r = c
+            .put_end(KeyRequest { client_id: "x".into(), key: "never-started".into(), ..Default::default() })
+            .await
+            .unwrap();
         assert_eq!(code(r.into_inner().status), Code::MasterChanged);
     });
     // The master still serves.

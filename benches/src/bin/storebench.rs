@@ -22,12 +22,14 @@
 //! with simulated clients at scale (see `crescent_benches::masterbench`).
 //! `storebench dummy [--sizes 64K,1M,4M] [--batch 16]` measures a dummy client's
 //! `batch_get_into` beside its standalone client's own (see `crescent_benches::dummybench`).
+//! `storebench checksums [--sizes 64K,1M,16M]` measures what end-to-end checksums cost a
+//! get_into and a put_from (see `crescent_benches::checksumbench`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use crescent_benches::{dummybench, hotbench, masterbench, report};
+use crescent_benches::{checksumbench, dummybench, hotbench, masterbench, report};
 use crescent_engine::parse_size;
 use crescent_store::{pattern, ClientConfig, StoreClient};
 use hdrhistogram::Histogram;
@@ -83,6 +85,8 @@ enum Mode {
     Master(masterbench::MasterArgs),
     /// A dummy client's batch_get_into beside its standalone client's own, alternating pairs.
     Dummy(dummybench::DummyArgs),
+    /// End-to-end checksums: get_into and put_from with verify_checksums on beside off.
+    Checksums(checksumbench::ChecksumArgs),
 }
 
 #[derive(clap::Args)]
@@ -162,6 +166,7 @@ fn main() {
         Some(Mode::Replay(a)) => hotbench::replay(a),
         Some(Mode::Master(a)) => masterbench::run(a),
         Some(Mode::Dummy(a)) => dummybench::run(a),
+        Some(Mode::Checksums(a)) => checksumbench::run(a),
         None => run(cli),
     };
     if let Err(e) = result {

@@ -51,6 +51,7 @@ pub const CRESCENT_ERR_OBJECT_ALREADY_EXISTS: i32 = -705;
 pub const CRESCENT_ERR_OBJECT_HAS_LEASE: i32 = -706;
 pub const CRESCENT_ERR_LEASE_EXPIRED: i32 = -707;
 pub const CRESCENT_ERR_TRANSFER_FAIL: i32 = -800;
+pub const CRESCENT_ERR_CHECKSUM_MISMATCH: i32 = -801;
 pub const CRESCENT_ERR_RPC_FAIL: i32 = -900;
 pub const CRESCENT_ERR_UNAVAILABLE_IN_CURRENT_STATUS: i32 = -1010;
 
@@ -1181,6 +1182,7 @@ mod tests {
             (CRESCENT_ERR_OBJECT_HAS_LEASE, Status::ObjectHasLease),
             (CRESCENT_ERR_LEASE_EXPIRED, Status::LeaseExpired),
             (CRESCENT_ERR_TRANSFER_FAIL, Status::TransferFail),
+            (CRESCENT_ERR_CHECKSUM_MISMATCH, Status::ChecksumMismatch),
             (CRESCENT_ERR_RPC_FAIL, Status::RpcFail),
             (CRESCENT_ERR_UNAVAILABLE_IN_CURRENT_STATUS, Status::UnavailableInCurrentStatus),
         ];

@@ -35,6 +35,8 @@ pub enum Status {
     LeaseExpired = -707,
     /// Moving the bytes failed: the peer holding them is gone, timed out, refused the access.
     TransferFail = -800,
+    /// With checksums on, a get read bytes that differ from the checksum taken at the put.
+    ChecksumMismatch = -801,
     /// The master (or a metadata service) cannot be reached.
     RpcFail = -900,
     /// Not possible in the current state: before setup, after close, remount pending.
@@ -46,7 +48,7 @@ impl Status {
         self as i32
     }
 
-    pub const ALL: [Status; 18] = [
+    pub const ALL: [Status; 19] = [
         Status::Ok,
         Status::Internal,
         Status::BufferOverflow,
@@ -63,6 +65,7 @@ impl Status {
         Status::ObjectHasLease,
         Status::LeaseExpired,
         Status::TransferFail,
+        Status::ChecksumMismatch,
         Status::RpcFail,
         Status::UnavailableInCurrentStatus,
     ];
@@ -91,6 +94,7 @@ impl Status {
             Status::ObjectHasLease => "OBJECT_HAS_LEASE\0",
             Status::LeaseExpired => "LEASE_EXPIRED\0",
             Status::TransferFail => "TRANSFER_FAIL\0",
+            Status::ChecksumMismatch => "CHECKSUM_MISMATCH\0",
             Status::RpcFail => "RPC_FAIL\0",
             Status::UnavailableInCurrentStatus => "UNAVAILABLE_IN_CURRENT_STATUS\0",
         }
@@ -126,6 +130,8 @@ pub fn store_status(e: &StoreError) -> Status {
             Status::TransferFail
         }
         StoreError::MasterUnreachable { .. } | StoreError::BadReply(_) => Status::RpcFail,
+        // Upstream's code for the same check (`MOONCAKE_STORE_CHECKSUM`).
+        StoreError::ChecksumMismatch { .. } => Status::ChecksumMismatch,
         // The master refused this client's credentials (no cluster secret, or another one): a
         // bad configuration, as the caller's other mistakes, and not RPC_FAIL, which upstream's
         // clients retry.
@@ -187,6 +193,7 @@ mod tests {
             (StoreError::BadRange { key: "k".into(), offset: 1, len: 2, size: 2 }, -600),
             (StoreError::NotRegistered { addr: 1, len: 2 }, -600),
             (StoreError::Internal("x".into()), -1),
+            (StoreError::ChecksumMismatch { key: "k".into(), expected: 1, got: 2 }, -801),
         ];
         for (e, code) in cases {
             assert_eq!(store_status(&e).code(), code, "{e}");

@@ -85,6 +85,11 @@ pub struct ClientConfig {
     /// A put that fails because the master went away, changed or is not the leader is put
     /// again once a master answers, for this long at most (`master_failover_timeout_ms`).
     pub master_failover_timeout: std::time::Duration,
+    /// End-to-end checksums (`verify_checksums`; `CRESCENT_VERIFY_CHECKSUMS=1`; default off):
+    /// this client takes a CRC-32 of every value it puts (kept by the master with the object),
+    /// and a get that reads a whole value whose bytes do not match its object's checksum fails
+    /// with [`StoreError::ChecksumMismatch`] (see [`super::checksum`]).
+    pub verify_checksums: bool,
 }
 
 impl Default for ClientConfig {
@@ -113,6 +118,7 @@ impl Default for ClientConfig {
             cluster_secret: None,
             tenant_id: crate::protocol::DEFAULT_TENANT.into(),
             master_failover_timeout: std::time::Duration::from_secs(30),
+            verify_checksums: false,
         }
     }
 }
@@ -152,6 +158,7 @@ struct FileConfig {
     cluster_secret_file: Option<String>,
     tenant_id: Option<String>,
     master_failover_timeout_ms: Option<u64>,
+    verify_checksums: Option<bool>,
 }
 
 fn size_of(name: &str, v: SizeValue) -> Result<u64> {
@@ -170,6 +177,9 @@ impl ClientConfig {
         let mut c = ClientConfig { hot_cache: HotCacheSettings::from_env()?, ..ClientConfig::default() };
         if let Ok(addr) = std::env::var(super::metrics::METRICS_ADDRESS_ENV) {
             c.metrics_address = Some(addr.trim().to_string()).filter(|a| !a.is_empty());
+        }
+        if let Some(on) = super::checksum::verify_from_env(|name| std::env::var(name).ok())? {
+            c.verify_checksums = on;
         }
         if let Ok(root) = std::env::var("MOONCAKE_STORAGE_ROOT_DIR") {
             if !root.trim().is_empty() {
@@ -350,6 +360,9 @@ impl ClientConfig {
         }
         if let Some(v) = f.master_failover_timeout_ms {
             self.master_failover_timeout = std::time::Duration::from_millis(v);
+        }
+        if let Some(v) = f.verify_checksums {
+            self.verify_checksums = v;
         }
         Ok(())
     }

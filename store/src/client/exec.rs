@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crescent_engine::{BatchId, EngineError, RegisteredMemory, TransferEngine, TransferRequest, TransferStatus};
 
+use super::checksum::Checksums;
 use super::disk_link::DiskLink;
 use super::hot_cache::{HotCache, Identity};
 use crate::error::{PeerFault, Result, StoreError, Waited};
@@ -29,6 +30,9 @@ pub(crate) struct Exec<'c> {
     /// Per key of a batch read: the identity of the hot-cache entry already copied into the
     /// key's destination while the master answered (an early copy), if any. Empty: none.
     pub early: &'c [Option<Identity>],
+    /// With checksums on: the counters whole-value reads are verified against (see
+    /// [`super::checksum`]); none: reads are not verified.
+    pub verify: Option<&'c Arc<Checksums>>,
 }
 
 impl<'c> Exec<'c> {

@@ -17,6 +17,7 @@ use prometheus::proto::MetricFamily;
 use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use tokio::sync::oneshot;
 
+use crate::client::checksum::ChecksumCounts;
 use crate::client::hot_cache::HotCacheMetrics;
 use crate::error::{Result, StoreError};
 use crate::metrics_registry::{counter, gauge, internal, register};
@@ -50,6 +51,9 @@ pub struct ClientMetrics {
     auth_accepted: IntCounterVec,
     auth_refused: IntCounterVec,
     auth_dial_failed: IntCounterVec,
+    checksums_verified: IntCounter,
+    checksum_mismatches: IntCounter,
+    checksums_absent: IntCounter,
 }
 
 impl ClientMetrics {
@@ -115,6 +119,19 @@ impl ClientMetrics {
                 "auth_dial_failed_total",
                 "Connections from this client to a peer's port that failed to authenticate, by port",
             )?,
+            checksums_verified: counter(
+                "checksums_verified_total",
+                "Whole-value reads whose bytes matched the checksum taken at the put (verify_checksums on)",
+            )?,
+            checksum_mismatches: counter(
+                "checksum_mismatches_total",
+                "Reads (and hot cache fills) whose bytes did not match the checksum taken at the put: each read \
+                 failed with CHECKSUM_MISMATCH",
+            )?,
+            checksums_absent: counter(
+                "checksums_absent_total",
+                "Whole-value reads of objects put without a checksum (not verified)",
+            )?,
             registry,
             sync: Mutex::new(()),
         })
@@ -123,8 +140,14 @@ impl ClientMetrics {
     /// The text exposition of `hot` (`None`: the cache is off; its series read 0) and of
     /// `disk` (the disk tier's own registry, its counters as counters, see `disk::stats`;
     /// `None`: no disk tier, no series).
-    /// `auth`: the engine's authentication counters.
-    pub fn render(&self, hot: Option<HotCacheMetrics>, disk: Option<Vec<MetricFamily>>, auth: &Auth) -> String {
+    /// `auth`: the engine's authentication counters; `checksums`: the end-to-end checksums'.
+    pub fn render(
+        &self,
+        hot: Option<HotCacheMetrics>,
+        disk: Option<Vec<MetricFamily>>,
+        auth: &Auth,
+        checksums: ChecksumCounts,
+    ) -> String {
         {
             let _one_at_a_time = self.sync.lock();
             self.auth_required.set(auth.is_required() as i64);
@@ -162,6 +185,9 @@ impl ClientMetrics {
                 (&self.early_copies_wasted, m.early_copies_wasted),
                 (&self.evictions, m.evictions),
                 (&self.bytes_served, m.bytes_served),
+                (&self.checksums_verified, checksums.verified),
+                (&self.checksum_mismatches, checksums.mismatches),
+                (&self.checksums_absent, checksums.unchecked),
             ] {
                 c.inc_by(v.saturating_sub(c.get()));
             }

@@ -24,6 +24,7 @@
 //! `crescent-client`, on its host).
 
 pub mod api;
+pub mod checksum;
 pub mod config;
 pub mod disk;
 mod disk_link;
@@ -193,6 +194,8 @@ pub struct StoreClient {
     link: Arc<master_link::Link>,
     /// Open get and put sessions ([`session`]).
     sessions: session::Sessions,
+    /// End-to-end checksums' counters ([`checksum`]; used with `verify_checksums` on).
+    checksums: Arc<checksum::Checksums>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -259,6 +262,7 @@ impl StoreClient {
             index: Arc::default(),
             link: Arc::default(),
             sessions: session::Sessions::default(),
+            checksums: Arc::default(),
         });
         if let Some(addr) = metrics_address {
             let weak = Arc::downgrade(&client);
@@ -309,7 +313,21 @@ impl StoreClient {
             self.hot_cache_metrics(),
             self.disk.as_ref().map(|d| d.tier.metric_families()),
             self.engine.auth(),
+            self.checksum_counts(),
         )
+    }
+
+    /// What end-to-end checksums found so far (see [`checksum`]): reads verified, reads whose
+    /// bytes did not match (each failed with [`StoreError::ChecksumMismatch`], or a hot-cache
+    /// fill dropped), reads of objects put without a checksum. All 0 with
+    /// `verify_checksums` off.
+    pub fn checksum_counts(&self) -> checksum::ChecksumCounts {
+        self.checksums.counts()
+    }
+
+    /// The checksum to send with the commit of a put of `src`: taken when `verify_checksums` is on.
+    fn checksum_of(&self, src: &Src<'_>) -> Option<u32> {
+        self.config.verify_checksums.then(|| checksum::of_src(src))
     }
 
     /// Where the client's `GET /metrics` endpoint listens, when `metrics_address` is set.
@@ -365,6 +383,7 @@ impl StoreClient {
             disk: self.disk.as_ref(),
             deadline: Instant::now() + self.engine.config().transfer_timeout,
             early: &[],
+            verify: self.config.verify_checksums.then_some(&self.checksums),
         }
     }
 
@@ -565,16 +584,19 @@ impl StoreClient {
         // segment, where nothing is staged).
         // When the last put stayed in our own segment, this one likely does too: the disk
         // tier then takes only the CRC now and writes the file from our replica.
+        // With checksums on, the value's is taken meanwhile too.
         let local = self.last_put_local.load(Ordering::Relaxed);
         let stage_early = src.is_plain() && !local;
-        let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
-            self.rpc.call_while(start(req.clone()), || {
-                let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
-                (offload, if stage_early { exec.stage_first_piece(&src) } else { Ok(None) })
-            })
-        } else {
-            (self.rpc.call(start(req.clone())), (None, Ok(None)))
-        };
+        let (reply, (offload, first_piece, checksum)) =
+            if self.disk.is_some() || stage_early || self.config.verify_checksums {
+                self.rpc.call_while(start(req.clone()), || {
+                    let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
+                    let first = if stage_early { exec.stage_first_piece(&src) } else { Ok(None) };
+                    (offload, first, self.checksum_of(&src))
+                })
+            } else {
+                (self.rpc.call(start(req.clone())), (None, Ok(None), None))
+            };
         let mut reply = reply?;
         let mut started = check(reply.status.take(), key);
         // No room: after a restart (or once it dropped us) the master has no segment of ours
@@ -591,16 +613,21 @@ impl StoreClient {
         if let Ok(all_local) = written {
             self.last_put_local.store(all_local, Ordering::Relaxed);
         }
-        self.finish_put(key, written.map(|_| ()))?;
+        self.finish_put(key, written.map(|_| ()), checksum)?;
         if let Some(offload) = offload {
             self.queue_offload(&exec, offload, reply.version, &reply.replicas, &src);
         }
         Ok(Written::Done)
     }
 
-    /// Commits a put whose bytes were written; revokes one that failed, whatever the reason.
-    fn finish_put(&self, key: &str, written: Result<()>) -> Result<()> {
-        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+    /// Commits a put whose bytes were written (with the value's `checksum`, if taken); revokes
+    /// one that failed, whatever the reason.
+    fn finish_put(&self, key: &str, written: Result<()>, checksum: Option<u32>) -> Result<()> {
+        let req = KeyRequest {
+            client_id: self.id.clone(),
+            key: key.to_string(),
+            checksum: checksum.map(|crc32| crate::proto::Checksum { crc32 }),
+        };
         match written {
             Ok(()) => {
                 let r = self.rpc.call(|mut c| async move { c.put_end(req).await })?;
@@ -638,7 +665,7 @@ impl StoreClient {
     // ---- gets ----
 
     fn replica_list(&self, key: &str) -> Result<Listed> {
-        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string(), ..Default::default() };
         let clock = LeaseClock::start();
         let mut reply = self.rpc.call(|mut c| async move { c.get_replica_list(req).await })?;
         check(reply.status.take(), key)?;
@@ -649,7 +676,7 @@ impl StoreClient {
     /// answers (the call on the background runtime, [`MasterRpc::call_beside`]): for work
     /// that does not wait for the answer and outlasts the round trip.
     fn replica_list_beside<R>(&self, key: &str, meanwhile: impl FnOnce() -> R) -> (Result<Listed>, R) {
-        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string(), ..Default::default() };
         let clock = LeaseClock::start();
         let (reply, side) = self.rpc.call_beside(|mut c| async move { c.get_replica_list(req).await }, meanwhile);
         (reply.and_then(|mut reply| check(reply.status.take(), key).map(|()| Listed { reply, clock })), side)
@@ -1025,7 +1052,7 @@ impl StoreClient {
                 (Err(e), false) => Written::Refused(e),
             })
             .collect();
-        let (results, settled) = self.batch_put_finish(keys, written, mode)?;
+        let (results, settled) = self.batch_put_finish(keys, srcs, written, mode)?;
         let mut offloads: Vec<Option<PreparedOffload>> = offloads;
         for &i in &settled.commit {
             if let (Ok(()), Some(offload)) = (&results[i], offloads.get_mut(i).and_then(Option::take)) {
@@ -1123,6 +1150,7 @@ impl StoreClient {
     fn batch_put_finish(
         &self,
         keys: &[String],
+        srcs: &[Src<'_>],
         written: Vec<Written>,
         mode: Mode,
     ) -> Result<(Vec<Result<()>>, plan::Settled)> {
@@ -1130,8 +1158,15 @@ impl StoreClient {
         self.batch_revoke(settled.revoke.iter().map(|&i| keys[i].clone()).collect());
         let commit = &settled.commit;
         for commit in commit.chunks(MAX_BATCH_KEYS) {
-            let req =
-                BatchKeyRequest { client_id: self.id.clone(), keys: commit.iter().map(|&i| keys[i].clone()).collect() };
+            let checksums = match self.config.verify_checksums {
+                true => commit.iter().map(|&i| crate::proto::Checksum { crc32: checksum::of_src(&srcs[i]) }).collect(),
+                false => Vec::new(),
+            };
+            let req = BatchKeyRequest {
+                client_id: self.id.clone(),
+                keys: commit.iter().map(|&i| keys[i].clone()).collect(),
+                checksums,
+            };
             let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
             one_per_key(reply.statuses.len(), commit.len())?;
             for (&i, status) in commit.iter().zip(reply.statuses) {
@@ -1146,7 +1181,7 @@ impl StoreClient {
             return;
         }
         for keys in keys.chunks(MAX_BATCH_KEYS) {
-            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec(), ..Default::default() };
             if let Err(e) = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await }) {
                 tracing::warn!("revoking failed puts: {e}");
             }
@@ -1157,7 +1192,7 @@ impl StoreClient {
     fn batch_replica_lists(&self, keys: &[String]) -> Result<Vec<Result<Listed>>> {
         in_batches(keys.len(), |r| {
             let keys = &keys[r];
-            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec(), ..Default::default() };
             let clock = LeaseClock::start();
             let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
             Self::lists_of(reply, keys, clock)
@@ -1199,7 +1234,7 @@ impl StoreClient {
         if !worth_copying_early(bytes) {
             return Ok((self.batch_replica_lists(keys)?, none()));
         }
-        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec() };
+        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec(), ..Default::default() };
         let clock = LeaseClock::start();
         let (reply, ()) = self.rpc.call_beside(
             |mut c| async move { c.batch_get_replica_list(req).await },
@@ -1447,7 +1482,7 @@ impl StoreClient {
 
     /// Whether a committed object exists (no lease is granted).
     pub fn exists(&self, key: &str) -> Result<bool> {
-        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string(), ..Default::default() };
         let reply = self.rpc.call(|mut c| async move { c.exists(req).await })?;
         check(reply.status, key)?;
         Ok(reply.exists)
@@ -1456,7 +1491,8 @@ impl StoreClient {
     /// [`Self::exists`] for several keys, in one call to the master; one answer per key.
     pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
         in_batches(keys.len(), |r| {
-            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys[r.clone()].to_vec() };
+            let req =
+                BatchKeyRequest { client_id: self.id.clone(), keys: keys[r.clone()].to_vec(), ..Default::default() };
             let reply = self.rpc.call(|mut c| async move { c.batch_exists(req).await })?;
             check(reply.status, "")?;
             one_per_key(reply.exists.len(), r.len())?;
@@ -1466,7 +1502,7 @@ impl StoreClient {
 
     /// Everything the master knows of a key, without side effects.
     pub fn query(&self, key: &str) -> Result<QueryKeyReply> {
-        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string() };
+        let req = KeyRequest { client_id: self.id.clone(), key: key.to_string(), ..Default::default() };
         let mut reply = self.rpc.call(|mut c| async move { c.query_key(req).await })?;
         check(reply.status.take(), key)?;
         Ok(reply)

@@ -24,6 +24,8 @@ struct Owned {
     size: u64,
     hard_pin: bool,
     soft_pin_until: Option<Instant>,
+    /// The object's checksum as the commit news had it, for a rebuilt master to keep.
+    checksum: Option<u32>,
 }
 
 /// Which mount the index belongs to, and how far its news are applied.
@@ -124,6 +126,7 @@ impl OwnerIndex {
                     size: item.size,
                     hard_pin: item.hard_pin,
                     soft_pin_until,
+                    checksum: item.checksum.map(|c| c.crc32),
                 };
                 match st.objects.get(&item.key) {
                     Some(o) if o.version > item.version => {}
@@ -153,6 +156,7 @@ impl OwnerIndex {
                 soft_pin_remaining_ms: o
                     .soft_pin_until
                     .map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64),
+                checksum: o.checksum.map(|crc32| crate::proto::Checksum { crc32 }),
             })
             .collect();
         out.sort_by_key(|o| o.offset);
@@ -200,6 +204,18 @@ mod tests {
         assert_eq!((report[0].version, report[0].offset, report[0].size), (11, 256, 100));
         assert!(report[1].hard_pin);
         assert_eq!(report[1].soft_pin_remaining_ms, 50_000);
+    }
+
+    #[test]
+    fn the_report_keeps_the_checksum_the_commit_news_had() {
+        let ix = OwnerIndex::default();
+        let now = Instant::now();
+        ix.mounted(7, 3, false);
+        let checked = OwnerNewsItem { checksum: Some(crate::proto::Checksum { crc32: 0 }), ..commit(1, "c", 1, 0) };
+        ix.apply(&news(7, vec![checked, commit(2, "n", 1, 256)]), now);
+        let report = ix.report(now);
+        assert_eq!(report[0].checksum, Some(crate::proto::Checksum { crc32: 0 }), "a crc of 0 is a checksum");
+        assert_eq!(report[1].checksum, None, "none taken, none reported");
     }
 
     #[test]

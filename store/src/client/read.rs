@@ -77,6 +77,25 @@ impl<'c> Exec<'c> {
         kept
     }
 
+    /// With checksums on ([`Exec::verify`]), checks the bytes a read of the object `list`
+    /// describes wrote into `dst` (all of them: the caller's read succeeded) against the
+    /// object's checksum; a whole-value read that does not match fails.
+    fn verified(&self, key: &str, list: &Listed, dst: &mut Dst<'_>) -> Result<()> {
+        match self.verify {
+            Some(checks) => checks.verify(key, list.checksum.map(|c| c.crc32), list.size, dst),
+            None => Ok(()),
+        }
+    }
+
+    /// A fill the deferred filler will make: with checksums on, it checks the blocks before
+    /// entering them (the get's own read is checked apart).
+    fn verifying(&self, mut fill: Fill, list: &Listed) -> Fill {
+        if let (Some(checks), Some(c)) = (self.verify, list.checksum) {
+            fill.verify_with(c.crc32, checks.clone());
+        }
+        fill
+    }
+
     /// Tries the plan's sources from `from` on until one serves the read.
     fn run(&self, key: &str, list: &Listed, planned: &Planned<'_, '_>, from: usize, dst: &mut Dst<'_>) -> Result<()> {
         let mut last_err = None;
@@ -112,11 +131,18 @@ impl<'c> Exec<'c> {
                     .local_replica(r, list.size)
                     .ok_or_else(|| StoreError::Internal(format!("replica of {key:?} outside this client's segment")))?;
                 dst.write_at(0, src);
-                list.lease_held(key)
+                list.lease_held(key)?;
+                self.verified(key, list, dst)
             }
             Step::Remote { replica, fill } => self.read_remote(key, list, replica, fill, dst),
-            Step::OwnDisk => self.read_own_disk(key, list, dst),
-            Step::RemoteDisk(r) => self.read_remote_disk(key, r, list, dst),
+            Step::OwnDisk => {
+                self.read_own_disk(key, list, dst)?;
+                self.verified(key, list, dst)
+            }
+            Step::RemoteDisk(r) => {
+                self.read_remote_disk(key, r, list, dst)?;
+                self.verified(key, list, dst)
+            }
         }
     }
 
@@ -137,7 +163,8 @@ impl<'c> Exec<'c> {
     ) -> Result<()> {
         let Some(cache) = self.hot.filter(|_| fill) else {
             self.read_replica(key, r, dst)?;
-            return list.lease_held(key);
+            list.lease_held(key)?;
+            return self.verified(key, list, dst);
         };
         match cache.begin(key, list, r) {
             Miss::Defer(fill) => {
@@ -145,7 +172,8 @@ impl<'c> Exec<'c> {
                 self.read_replica(key, r, dst)?; // on failure the fill's blocks go back
                 cache.note_read(list.size, started.elapsed());
                 list.lease_held(key)?;
-                cache.defer(fill, list.lease_end());
+                self.verified(key, list, dst)?;
+                cache.defer(self.verifying(fill, list), list.lease_end());
                 Ok(())
             }
             Miss::Lead(mut fill) => {
@@ -165,9 +193,12 @@ impl<'c> Exec<'c> {
                     dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
                 }
                 list.lease_held(key)?; // on failure the fill's blocks go back
+                                       // What the fill holds is what `dst` holds: unverified bytes never enter.
+                self.verified(key, list, dst)?;
                 cache.publish(fill);
                 Ok(())
             }
+            // Entries were checked when filled (with checksums on).
             Miss::Join(joined) => match cache.wait(joined) {
                 Some(guard) => {
                     copy_entry(&guard, dst);
@@ -175,12 +206,14 @@ impl<'c> Exec<'c> {
                 }
                 None => {
                     self.read_replica(key, r, dst)?;
-                    list.lease_held(key)
+                    list.lease_held(key)?;
+                    self.verified(key, list, dst)
                 }
             },
             Miss::Skip => {
                 self.read_replica(key, r, dst)?;
-                list.lease_held(key)
+                list.lease_held(key)?;
+                self.verified(key, list, dst)
             }
         }
     }
@@ -471,8 +504,12 @@ impl<'c> Exec<'c> {
             let copied = self.early.iter().filter(|e| e.is_some()).count();
             cache.note_early_copies_wasted((copied - confirmed) as u64);
         }
+        // With checksums on: the keys checked before their fill was published, and how it went.
+        let mut checked: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
         match (self.hot, batch) {
-            (Some(cache), Some(id)) => self.fill_as_transfers_end(cache, id, &requests_of, fills, dsts, (keys, lists)),
+            (Some(cache), Some(id)) => {
+                self.fill_as_transfers_end(cache, id, &requests_of, fills, dsts, (keys, lists), &mut checked)
+            }
             // Fills without a transfer go back before anyone waits for them.
             _ => drop(fills),
         }
@@ -487,6 +524,12 @@ impl<'c> Exec<'c> {
             if let (Ok(()), Some(list)) = (&results[i], &lists[i]) {
                 results[i] = list.lease_held(&keys[i]);
             }
+            if let (Ok(()), Some(list), Some(dst)) = (&results[i], &lists[i], dsts[i].as_mut()) {
+                results[i] = match checked[i].take() {
+                    Some(verdict) => verdict,
+                    None => self.verified(&keys[i], list, dst),
+                };
+            }
             if results[i].as_ref().is_err_and(plan::try_next) {
                 later.push((i, 1));
             }
@@ -496,7 +539,7 @@ impl<'c> Exec<'c> {
         if let Some(cache) = self.hot {
             for (i, fill) in deferred {
                 if let (Ok(()), Some(list)) = (&results[i], &lists[i]) {
-                    cache.defer(fill, list.lease_end());
+                    cache.defer(self.verifying(fill, list), list.lease_end());
                 } // else dropped: its blocks go back
             }
         }
@@ -526,7 +569,9 @@ impl<'c> Exec<'c> {
     /// Fills the cache from each miss of a running batch as soon as its own transfers have
     /// completed, while the others still move. A fill whose transfer failed (or that has none)
     /// is dropped: its blocks go back and the gets waiting for it read for themselves. So is
-    /// one whose read ended after its lease.
+    /// one whose read ended after its lease, and, with checksums on, one whose bytes do not
+    /// match (each checked key's verdict goes to `checked`, for the get's own result).
+    #[allow(clippy::too_many_arguments)]
     fn fill_as_transfers_end(
         &self,
         cache: &HotCache,
@@ -535,6 +580,7 @@ impl<'c> Exec<'c> {
         fills: Vec<(usize, Fill)>,
         dsts: &mut [Option<Dst<'_>>],
         (keys, lists): (&[String], &[Option<Listed>]),
+        checked: &mut [Option<Result<()>>],
     ) {
         let mut waiting: Vec<(usize, Fill)> = fills;
         while !waiting.is_empty() {
@@ -550,7 +596,15 @@ impl<'c> Exec<'c> {
                 } else if mine.iter().all(|s| *s == TransferStatus::Completed)
                     && lists[i].as_ref().is_some_and(|l| l.lease_held(&keys[i]).is_ok())
                 {
-                    if let Some(dst) = dsts[i].as_mut() {
+                    if let (Some(dst), Some(list)) = (dsts[i].as_mut(), lists[i].as_ref()) {
+                        if self.verify.is_some() {
+                            let verdict = self.verified(&keys[i], list, dst);
+                            let ok = verdict.is_ok();
+                            checked[i] = Some(verdict);
+                            if !ok {
+                                continue; // dropped: unverified bytes never enter
+                            }
+                        }
                         dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
                         cache.publish(fill);
                     }

@@ -414,7 +414,7 @@ mod tests {
     use crate::proto::KeyRequest;
 
     fn exists(rpc: &MasterRpc) -> Result<crate::proto::ExistsReply> {
-        let req = KeyRequest { client_id: "c".into(), key: "k".into() };
+        let req = KeyRequest { client_id: "c".into(), key: "k".into(), ..Default::default() };
         rpc.call(|mut c| async move { c.exists(req).await })
     }
 
@@ -460,7 +460,7 @@ mod tests {
         let slow = {
             let rpc = rpc.clone();
             std::thread::spawn(move || {
-                let req = KeyRequest { client_id: "c".into(), key: "k".into() };
+                let req = KeyRequest { client_id: "c".into(), key: "k".into(), ..Default::default() };
                 let (reply, side) = rpc.call_while(
                     |mut c| async move { c.exists(req).await },
                     || {

@@ -386,8 +386,11 @@ impl StoreClient {
             return Ok(results);
         }
         for todo in todo.chunks(MAX_BATCH_KEYS) {
-            let req =
-                BatchKeyRequest { client_id: self.id.clone(), keys: todo.iter().map(|&i| keys[i].clone()).collect() };
+            let req = BatchKeyRequest {
+                client_id: self.id.clone(),
+                keys: todo.iter().map(|&i| keys[i].clone()).collect(),
+                ..Default::default()
+            };
             let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
             one_per_key(reply.statuses.len(), todo.len())?;
             let mut puts = self.sessions.puts.lock();
@@ -411,8 +414,11 @@ impl StoreClient {
         }
         todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
         for todo in todo.chunks(MAX_BATCH_KEYS) {
-            let req =
-                BatchKeyRequest { client_id: self.id.clone(), keys: todo.iter().map(|&i| keys[i].clone()).collect() };
+            let req = BatchKeyRequest {
+                client_id: self.id.clone(),
+                keys: todo.iter().map(|&i| keys[i].clone()).collect(),
+                ..Default::default()
+            };
             let reply = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await })?;
             one_per_key(reply.statuses.len(), todo.len())?;
             let mut puts = self.sessions.puts.lock();

@@ -278,6 +278,7 @@ impl Master {
                         soft_pin_until: None,
                         hard_pin: false,
                         offload_held_until: None,
+                        checksum: Default::default(),
                     },
                 );
                 Ok(())

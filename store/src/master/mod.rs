@@ -251,6 +251,8 @@ pub struct ReplicaList {
     pub version: u64,
     /// How long the read lease lasts from now: read within it, or the bytes may be replaced.
     pub lease_ttl: Duration,
+    /// The CRC-32 its writer took of the value (none: not taken).
+    pub checksum: Option<u32>,
 }
 
 /// Totals for metrics and the admin page.
@@ -829,6 +831,7 @@ impl Master {
             soft_pin_until,
             hard_pin: opts.hard_pin,
             offload_held_until: None,
+            checksum: Default::default(),
         };
         let descriptors = Self::describe(&st, &object);
         st.objects.insert(key.to_string(), object);
@@ -905,12 +908,14 @@ impl Master {
 
     /// Starts committing a put: its replicas' owners are told; the commit completes with
     /// [`Self::put_end_finish`] once they acknowledged (or the wait timed out).
-    pub fn put_end_begin(&self, client_id: &str, key: &str) -> Result<Commit> {
+    /// `checksum`: the CRC-32 the writer took of the value (none: not taken), kept with the
+    /// object and handed out with its replica lists.
+    pub fn put_end_begin(&self, client_id: &str, key: &str, checksum: Option<u32>) -> Result<Commit> {
         check_key(key)?;
         let now = Instant::now();
         let mut st = self.lock_key(key);
         self.fence.check(now)?;
-        let begun = Self::begin_commit(&mut st, client_id, key, now);
+        let begun = Self::begin_commit(&mut st, client_id, key, checksum, now);
         self.flush_news(&mut st);
         let (version, segments) = begun?;
         Ok(Commit { key: key.to_string(), version, wait: Self::waits(&st, segments) })
@@ -921,11 +926,21 @@ impl Master {
     /// batch (one message per owner, not one per key: each message is one more acknowledgement
     /// for the owner to send and for the master to take the global lock for). Returns each
     /// key's commit, in the order of `keys` (their `wait` empty), and one wait for them all.
-    pub fn put_end_begin_batch(&self, client_id: &str, keys: &[String]) -> (Vec<Result<Commit>>, owners::AckWait) {
+    /// `checksums`: empty (none taken), or each key's, as [`Self::put_end_begin`] takes it;
+    /// another count fails every key.
+    pub fn put_end_begin_batch(
+        &self,
+        client_id: &str,
+        keys: &[String],
+        checksums: &[Option<u32>],
+    ) -> (Vec<Result<Commit>>, owners::AckWait) {
         let now = Instant::now();
         let mut out: Vec<Option<Result<Commit>>> = keys.iter().map(|_| None).collect();
         for (i, key) in keys.iter().enumerate() {
-            if let Err(e) = check_key(key) {
+            if !checksums.is_empty() && checksums.len() != keys.len() {
+                let e = format!("{} keys but {} checksums", keys.len(), checksums.len());
+                out[i] = Some(Err(StoreError::InvalidArgument(e)));
+            } else if let Err(e) = check_key(key) {
                 out[i] = Some(Err(e));
             }
         }
@@ -936,7 +951,9 @@ impl Master {
             let mut st = self.lock_shard(group[0].0);
             for &(_, i) in group {
                 let key = keys[i].as_str();
-                let begun = self.fence.check(now).and_then(|()| Self::begin_commit(&mut st, client_id, key, now));
+                let checksum = checksums.get(i).copied().flatten();
+                let begun =
+                    self.fence.check(now).and_then(|()| Self::begin_commit(&mut st, client_id, key, checksum, now));
                 out[i] = Some(begun.map(|(version, segs)| {
                     segments.extend(segs);
                     Commit { key: key.to_string(), version, wait: owners::AckWait::default() }
@@ -951,8 +968,15 @@ impl Master {
 
     /// Queues the commit news of `client_id`'s put of `key` for its replicas' owners (the
     /// caller flushes them); returns its version and the segments whose owners must
-    /// acknowledge (none when it is committed already).
-    fn begin_commit(st: &mut Locked<'_>, client_id: &str, key: &str, now: Instant) -> Result<(u64, Vec<u64>)> {
+    /// acknowledge (none when it is committed already). The object keeps `checksum` (a
+    /// commit already made keeps the one it had).
+    fn begin_commit(
+        st: &mut Locked<'_>,
+        client_id: &str,
+        key: &str,
+        checksum: Option<u32>,
+        now: Instant,
+    ) -> Result<(u64, Vec<u64>)> {
         let known = st.clients.contains_key(client_id);
         let Some(obj) = st.objects.get_mut(key) else {
             return Err(if known {
@@ -968,6 +992,7 @@ impl Master {
         if obj.complete {
             return Ok((version, Vec::new()));
         }
+        obj.checksum = objects::Checksum::new(checksum);
         let (size, pins) = (obj.size, Self::pins_of(obj));
         let fresh: SmallVec<[(usize, u64, Block); 2]> = obj
             .replicas
@@ -978,7 +1003,7 @@ impl Master {
             .collect();
         let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         for (i, segment_id, block) in fresh {
-            let what = owners::Announced { key, version, size, pins };
+            let what = owners::Announced { key, version, size, pins, checksum: objects::Checksum::new(checksum) };
             let seq = Self::queue_commit(st, segment_id, block, &what, now);
             st.objects.get_mut(key).expect("looked up above").replicas[i].set_news(seq);
         }
@@ -1083,7 +1108,7 @@ impl Master {
     /// Commits a put at once (unit tests: owners acknowledge instantly there).
     #[cfg(test)]
     pub fn put_end(&self, client_id: &str, key: &str) -> Result<()> {
-        let commit = self.put_end_begin(client_id, key)?;
+        let commit = self.put_end_begin(client_id, key, None)?;
         self.put_end_finish(&commit)
     }
 
@@ -1187,6 +1212,7 @@ impl Master {
             size: obj.size,
             version: obj.version,
             lease_ttl: self.config.lease_ttl,
+            checksum: obj.checksum.get(),
         })
     }
 

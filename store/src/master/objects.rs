@@ -158,6 +158,28 @@ impl Replica {
     }
 }
 
+/// An object's end-to-end checksum as the master keeps it: the CRC-32 its writer took of the
+/// value (see the proto's `Checksum`), or none. 5 bytes of alignment 1 (an `Option<u32>` takes
+/// 8 with alignment 4), so that it fits in the padding after the record's flags: the record
+/// stays at 112 bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Checksum(Option<[u8; 4]>);
+
+impl Checksum {
+    pub(super) fn new(crc32: Option<u32>) -> Checksum {
+        Checksum(crc32.map(u32::to_le_bytes))
+    }
+
+    pub(super) fn get(self) -> Option<u32> {
+        self.0.map(u32::from_le_bytes)
+    }
+
+    /// As the wire has it (absent: none).
+    pub(super) fn to_proto(self) -> Option<crate::proto::Checksum> {
+        self.get().map(|crc32| crate::proto::Checksum { crc32 })
+    }
+}
+
 pub(super) struct Object {
     pub(super) size: u64,
     pub(super) version: u64,
@@ -183,6 +205,9 @@ pub(super) struct Object {
     /// file from the replica in the writer's memory, so eviction takes this object only after
     /// every other candidate, until its file is announced or this passes ([`super::OFFLOAD_HOLD`]).
     pub(super) offload_held_until: Option<Stamp>,
+    /// The checksum its writer took of the value at the commit (none: not taken; objects
+    /// rebuilt from disk reports have none).
+    pub(super) checksum: Checksum,
 }
 
 impl Object {
@@ -418,6 +443,7 @@ mod tests {
             soft_pin_until: None,
             hard_pin: false,
             offload_held_until: None,
+            checksum: Default::default(),
         }
     }
 

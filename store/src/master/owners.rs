@@ -119,6 +119,8 @@ pub(super) struct Announced<'a> {
     pub version: u64,
     pub size: u64,
     pub pins: Pins,
+    /// The object's checksum, for the owner to report back to a rebuilt master.
+    pub checksum: super::objects::Checksum,
 }
 
 impl Master {
@@ -158,7 +160,7 @@ impl Master {
         obj: &Announced<'_>,
         now: Instant,
     ) -> Option<u64> {
-        let Announced { key, version, size, pins } = *obj;
+        let Announced { key, version, size, pins, checksum } = *obj;
         if st.segments.get(&segment_id).is_none_or(|s| s.tier == Tier::Ssd) {
             return None;
         }
@@ -173,6 +175,7 @@ impl Master {
             size,
             hard_pin: pins.hard,
             soft_pin_ttl_ms,
+            checksum: checksum.to_proto(),
         };
         Self::push_news(st, segment_id, item)
     }

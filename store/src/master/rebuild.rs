@@ -115,6 +115,9 @@ impl Master {
                 let obj = st.objects.get_mut(&o.key).expect("looked up");
                 if obj.replicas.iter().all(|r| r.segment_id != segment_id) {
                     obj.replicas.push(Replica::new(segment_id, block, Some(0)));
+                    if obj.checksum.get().is_none() {
+                        obj.checksum = objects::Checksum::new(o.checksum.map(|c| c.crc32));
+                    }
                     Self::merge_pins(obj, o, now, self.config.lease_ttl);
                     return true;
                 }
@@ -144,6 +147,7 @@ impl Master {
             soft_pin_until: None,
             hard_pin: false,
             offload_held_until: None,
+            checksum: objects::Checksum::new(o.checksum.map(|c| c.crc32)),
         };
         Self::merge_pins(&mut obj, o, now, self.config.lease_ttl);
         st.objects.insert(o.key.clone(), obj);

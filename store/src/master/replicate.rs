@@ -201,12 +201,12 @@ impl Master {
             }
             return Err(StoreError::NotFound(key.to_string()));
         };
-        let (size, pins) = (obj.size, Self::pins_of(obj));
+        let (size, pins, checksum) = (obj.size, Self::pins_of(obj), obj.checksum);
         let mut news = Vec::with_capacity(targets.len());
         let mut told = Vec::new();
         for (id, block) in targets {
             let seq = if done.contains(&id) {
-                let what = super::owners::Announced { key, version, size, pins };
+                let what = super::owners::Announced { key, version, size, pins, checksum };
                 Self::queue_commit(st, id, block, &what, now)
             } else {
                 None

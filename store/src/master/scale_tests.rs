@@ -41,6 +41,7 @@ impl Master {
                 soft_pin_until: None,
                 hard_pin: false,
                 offload_held_until: None,
+                checksum: Default::default(),
             };
             st.objects.insert(key, object);
         }

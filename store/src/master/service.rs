@@ -75,9 +75,9 @@ impl MasterService {
     }
 
     /// Commits a put once its owners acknowledged (or the wait ran out).
-    async fn commit(&self, client: &str, key: &str) -> Result<(), StoreError> {
+    async fn commit(&self, client: &str, key: &str, checksum: Option<u32>) -> Result<(), StoreError> {
         let m = &self.master;
-        let mut commit = m.put_end_begin(client, key)?;
+        let mut commit = m.put_end_begin(client, key, checksum)?;
         commit.wait.wait(m.config().owner_ack_timeout).await;
         m.put_end_finish(&commit)
     }
@@ -197,6 +197,7 @@ fn replica_list_reply(m: &Master, key: &str) -> GetReplicaListReply {
             size: l.size,
             version: l.version,
             lease_ttl_ms: l.lease_ttl.as_millis() as u64,
+            checksum: l.checksum.map(|crc32| Checksum { crc32 }),
         },
         Err(e) => GetReplicaListReply { status: status(m, &e), ..Default::default() },
     }
@@ -312,7 +313,7 @@ impl MasterRpc for MasterService {
         let (t, mut r) = tenant_req(req);
         sc(&t, &mut r.client_id);
         sc(&t, &mut r.key);
-        let done = self.commit(&r.client_id, &r.key).await;
+        let done = self.commit(&r.client_id, &r.key, r.checksum.map(|c| c.crc32)).await;
         Ok(self.observed("PutEnd", start, StatusReply { status: status_of(&self.master, &done) }))
     }
 
@@ -371,7 +372,8 @@ impl MasterRpc for MasterService {
         let m = &self.master;
         // Every key's owners are told at once (one message each); one wait for all their
         // acknowledgements; then every key committed, each shard's under one hold.
-        let (commits, mut wait) = m.put_end_begin_batch(&r.client_id, &r.keys);
+        let checksums: Vec<Option<u32>> = r.checksums.iter().map(|c| Some(c.crc32)).collect();
+        let (commits, mut wait) = m.put_end_begin_batch(&r.client_id, &r.keys, &checksums);
         wait.wait(m.config().owner_ack_timeout).await;
         let statuses = m.put_end_finish_batch(commits).iter().map(|done| status_of(m, done).expect("some")).collect();
         Ok(self.observed_n("BatchPutEnd", r.keys.len(), start, BatchStatusReply { statuses }))

@@ -10,6 +10,7 @@ last failed call.
 
 from crescent._crescent import (
     BUFFER_OVERFLOW,
+    CHECKSUM_MISMATCH,
     CLIENT_NOT_FOUND,
     INTERNAL_ERROR,
     INVALID_HANDLE,
@@ -42,6 +43,7 @@ CrescentStore = MooncakeDistributedStore
 
 __all__ = [
     "BUFFER_OVERFLOW",
+    "CHECKSUM_MISMATCH",
     "CLIENT_NOT_FOUND",
     "INTERNAL_ERROR",
     "INVALID_HANDLE",

@@ -325,7 +325,7 @@ impl From<&StoreError> for WireError {
             | StoreError::AlreadyExists(k)
             | StoreError::Leased(k)
             | StoreError::NotReady(k) => status(k),
-            StoreError::LeaseExpired { key, .. } => status(key),
+            StoreError::LeaseExpired { key, .. } | StoreError::ChecksumMismatch { key, .. } => status(key),
             StoreError::NoSpace { .. }
             | StoreError::SegmentNotFound(_)
             | StoreError::SegmentExists(_)

@@ -104,6 +104,7 @@ pub use config::{Admission, FillMode, HotCacheSettings, Layout, Resolved, SizeSe
 use fill_choice::FillChoice;
 use idle_gaps::IdleGaps;
 
+use super::checksum::{self, Checksums};
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
 
 /// Bytes the deferred filler reads at a time, checking for the client's own reads before each.
@@ -479,9 +480,25 @@ pub struct Fill {
     blocks: Option<Blocks>,
     flight: Arc<Flight>,
     inner: Arc<Inner>,
+    /// With checksums on, for a fill the deferred filler makes: the object's checksum, which
+    /// the blocks must match before they are entered, and the counters a mismatch goes to.
+    verify: Option<(u32, Arc<Checksums>)>,
 }
 
 impl Fill {
+    /// Makes the deferred filler check the blocks it read against `expected` (the object's
+    /// checksum) before it enters them; a mismatch drops the fill and is counted in `checks`.
+    pub fn verify_with(&mut self, expected: u32, checks: Arc<Checksums>) {
+        self.verify = Some((expected, checks));
+    }
+
+    /// Whether the blocks hold what the fill's checksum (if any) says: true without one.
+    fn matches_checksum(&self) -> bool {
+        let Some((expected, checks)) = &self.verify else { return true };
+        let got = checksum::of_parts(self.blocks().slices());
+        checks.judge(&self.key, *expected, got).is_ok()
+    }
+
     fn blocks(&self) -> &Blocks {
         self.blocks.as_ref().expect("a fill holds its blocks until published")
     }
@@ -939,7 +956,8 @@ impl HotCache {
         }
         match inner.reserve(&id) {
             Some(blocks) => {
-                let fill = Fill { key: key.to_string(), id, blocks: Some(blocks), flight, inner: inner.clone() };
+                let fill =
+                    Fill { key: key.to_string(), id, blocks: Some(blocks), flight, inner: inner.clone(), verify: None };
                 match inner.miss_mode() {
                     FillMode::Deferred => Miss::Defer(fill),
                     FillMode::Inline | FillMode::Auto => Miss::Lead(fill),
@@ -1277,7 +1295,11 @@ impl Inner {
                 // blocks can go back.
                 engine.transfer_sync(&[request]).map_err(|e| e.to_string())?;
             }
-            job.lease_held()
+            job.lease_held()?;
+            match fill.matches_checksum() {
+                true => Ok(()),
+                false => Err("its bytes do not match the object's checksum".into()),
+            }
         };
         match read() {
             Ok(()) if flight.void.load(Ordering::SeqCst) => {

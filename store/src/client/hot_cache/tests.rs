@@ -32,6 +32,7 @@ fn list(version: u64, size: u64) -> GetReplicaListReply {
         size,
         version,
         lease_ttl_ms: 10_000,
+        checksum: None,
     }
 }
 

@@ -69,7 +69,7 @@ fn a_put_is_committed_only_where_its_owner_acknowledged() {
     let mut a = FakeOwner::mount(&m, "a", 1 << 30);
     let mut b = FakeOwner::mount(&m, "b", 1 << 31);
     m.put_start("w", "k", 1000, &opts(2)).unwrap();
-    let commit = m.put_end_begin("w", "k").unwrap();
+    let commit = m.put_end_begin("w", "k", None).unwrap();
     assert!(!commit.wait.is_empty());
     assert!(!m.exists("k").unwrap(), "not visible before its owners know");
     a.ack(&m);
@@ -94,7 +94,7 @@ fn a_put_no_owner_acknowledged_fails_and_leaves_nothing() {
     let m = master();
     let _a = FakeOwner::mount(&m, "a", 1 << 30);
     m.put_start("w", "k", 1000, &opts(1)).unwrap();
-    let commit = m.put_end_begin("w", "k").unwrap();
+    let commit = m.put_end_begin("w", "k", None).unwrap();
     let e = m.put_end_finish(&commit).unwrap_err();
     assert!(matches!(e, StoreError::OwnersUnreachable(ref k) if k == "k"), "{e:?}");
     assert!(e.is_master_change(), "retryable");
@@ -120,7 +120,7 @@ fn a_batch_commit_tells_each_owner_once_and_answers_each_key() {
     m.put_start("other", "theirs", 1000, &opts(1)).unwrap();
     let mut batch = keys.clone();
     batch.extend(["missing".to_string(), "theirs".to_string(), String::new()]);
-    let (commits, mut wait) = m.put_end_begin_batch("a", &batch);
+    let (commits, mut wait) = m.put_end_begin_batch("a", &batch, &[]);
     assert!(!wait.is_empty());
     let messages = |o: &mut FakeOwner| {
         let mut got = Vec::new();
@@ -176,7 +176,7 @@ fn removed_ranges_are_not_reused_until_the_owner_acknowledged_the_drop() {
     let m = master();
     let mut a = FakeOwner::mount(&m, "a", 1 << 30);
     m.put_start("a", "k", SEG, &opts(1)).unwrap();
-    let c = m.put_end_begin("a", "k").unwrap();
+    let c = m.put_end_begin("a", "k", None).unwrap();
     a.ack(&m);
     m.put_end_finish(&c).unwrap();
     let wait = m.remove("k", false).unwrap();
@@ -193,7 +193,7 @@ fn eviction_quarantines_and_a_put_waiting_for_room_gets_it_after_the_ack() {
     let m = master();
     let mut a = FakeOwner::mount(&m, "a", 1 << 30);
     m.put_start("a", "old", SEG / 2, &opts(1)).unwrap();
-    let c = m.put_end_begin("a", "old").unwrap();
+    let c = m.put_end_begin("a", "old", None).unwrap();
     a.ack(&m);
     m.put_end_finish(&c).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -220,7 +220,7 @@ fn a_step_of_eviction_tells_each_owner_once() {
     let keys: Vec<String> = (0..15).map(|i| format!("e{i}")).collect();
     for k in &keys[..14] {
         m.put_start("a", k, 4096, &opts(1)).unwrap();
-        let c = m.put_end_begin("a", k).unwrap();
+        let c = m.put_end_begin("a", k, None).unwrap();
         a.ack(&m);
         m.put_end_finish(&c).unwrap();
     }
@@ -250,7 +250,7 @@ fn news_not_acknowledged_come_again_on_reconnect_and_other_terms_are_refused() {
     let mut a = FakeOwner::mount(&m, "a", 1 << 30);
     for k in ["k1", "k2", "k3"] {
         m.put_start("a", k, 100, &opts(1)).unwrap();
-        m.put_end_begin("a", k).unwrap();
+        m.put_end_begin("a", k, None).unwrap();
     }
     let seqs: Vec<u64> = a.news().iter().map(|i| i.seq).collect();
     assert_eq!(seqs, [1, 2, 3]);
@@ -274,14 +274,14 @@ fn news_not_acknowledged_come_again_on_reconnect_and_other_terms_are_refused() {
 #[test]
 fn a_put_end_a_new_master_knows_nothing_of_is_a_master_change() {
     let m = master();
-    let e = m.put_end_begin("unknown-client", "k").unwrap_err();
+    let e = m.put_end_begin("unknown-client", "k", None).unwrap_err();
     assert!(matches!(e, StoreError::MasterChanged(_)), "{e:?}");
     FakeOwner::mount(&m, "c", 1 << 30);
-    assert!(matches!(m.put_end_begin("c", "k"), Err(StoreError::NotFound(_))), "a known client's unknown put");
+    assert!(matches!(m.put_end_begin("c", "k", None), Err(StoreError::NotFound(_))), "a known client's unknown put");
 }
 
 fn owned(key: &str, version: u64, offset: u64, size: u64) -> OwnedObject {
-    OwnedObject { key: key.into(), version, offset, size, hard_pin: false, soft_pin_remaining_ms: 0 }
+    OwnedObject { key: key.into(), version, offset, size, ..Default::default() }
 }
 
 #[test]
@@ -383,4 +383,40 @@ fn a_leader_whose_lease_may_have_lapsed_refuses_writes_and_a_standby_knows_nothi
     assert!(e.to_string().contains("the leader is 10.0.0.9:50051"), "{e}");
     m.become_leader(43, Instant::now() + Duration::from_secs(60));
     assert!(!m.exists("k").unwrap(), "a new leadership starts empty (reports rebuild it)");
+}
+
+#[test]
+fn a_checksum_taken_at_the_put_goes_to_its_readers_its_owners_and_a_rebuilt_master() {
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    m.put_start("w", "k", 1000, &opts(1)).unwrap();
+    let commit = m.put_end_begin("w", "k", Some(0)).unwrap();
+    let told = a.news();
+    assert_eq!(told[0].checksum, Some(crate::proto::Checksum { crc32: 0 }), "a CRC of 0 is one");
+    a.ack(&m);
+    m.put_end_finish(&commit).unwrap();
+    assert_eq!(m.get_replica_list("k").unwrap().checksum, Some(0));
+    // A put without one (an older client, a put session): none, and no news field either.
+    m.put_start("w", "n", 10, &opts(1)).unwrap();
+    let commit = m.put_end_begin("w", "n", None).unwrap();
+    assert_eq!(a.news()[0].checksum, None);
+    a.ack(&m);
+    m.put_end_finish(&commit).unwrap();
+    assert_eq!(m.get_replica_list("n").unwrap().checksum, None);
+    // A batch commit: one per key, or another count refused.
+    let keys: Vec<String> = vec!["b1".into(), "b2".into()];
+    for k in &keys {
+        m.put_start("w", k, 10, &opts(1)).unwrap();
+    }
+    let (refused, _) = m.put_end_begin_batch("w", &keys, &[Some(1)]);
+    assert!(refused.iter().all(|c| matches!(c, Err(StoreError::InvalidArgument(_)))));
+    let (commits, _) = m.put_end_begin_batch("w", &keys, &[Some(1), Some(2)]);
+    a.ack(&m);
+    assert!(m.put_end_finish_batch(commits).iter().all(Result::is_ok));
+    assert_eq!(m.get_replica_list("b2").unwrap().checksum, Some(2));
+    // A new master rebuilt from the owner's report keeps it.
+    let rebuilt = master();
+    let report = [OwnedObject { checksum: Some(crate::proto::Checksum { crc32: 0xabcd }), ..owned("k", 5, 0, 1000) }];
+    rebuilt.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, Instant::now()).unwrap();
+    assert_eq!(rebuilt.get_replica_list("k").unwrap().checksum, Some(0xabcd));
 }
