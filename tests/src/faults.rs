@@ -253,6 +253,16 @@ pub fn limit_fds(pid: u32, n: usize) -> usize {
     soft
 }
 
+/// Two hosts for a fault case, or `None` after saying why the case skips (a tool missing, not
+/// root: see [`crate::skip`]).
+pub fn host_pair(tag: &str) -> Option<crate::netns::HostPair> {
+    if let Some(why) = tools_missing() {
+        crate::skip(&why);
+        return None;
+    }
+    crate::netns::HostPair::create(tag).map_err(|why| crate::skip(&why)).ok()
+}
+
 /// Whether the tools of the suite are here (`nft`, `tc`, `prlimit`, `ip`).
 pub fn tools_missing() -> Option<String> {
     for tool in ["ip", "nft", "tc", "prlimit"] {

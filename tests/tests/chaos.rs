@@ -20,10 +20,10 @@
 
 use std::time::{Duration, Instant};
 
-use crescent_tests::faults::{bound, tools_missing, Link, RECOVERY};
+use crescent_tests::faults::{bound, host_pair, Link, RECOVERY};
 use crescent_tests::netns::HostPair;
 use crescent_tests::store::{spawn_master, ClientProc};
-use crescent_tests::{skip, ChildGuard};
+use crescent_tests::ChildGuard;
 
 /// Each client's transfer deadline (`MC_TRANSFER_TIMEOUT`), seconds.
 const TRANSFER_TIMEOUT: &str = "1";
@@ -47,17 +47,7 @@ struct Blip {
 
 impl Blip {
     fn create(tag: &str) -> Option<Blip> {
-        if let Some(why) = tools_missing() {
-            skip(&why);
-            return None;
-        }
-        let hosts = match HostPair::create(tag) {
-            Ok(h) => h,
-            Err(why) => {
-                skip(&why);
-                return None;
-            }
-        };
+        let hosts = host_pair(tag)?;
         let rpc = format!("{}:{MASTER_PORT}", hosts.addr_a);
         // The default client TTL (10 s): a blip shorter than it must not cost a client its segment.
         let args = ["--rpc-address", &rpc, "--admin-address", ""];

@@ -9,12 +9,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crescent_tests::faults::{
-    assert_settles, bound, limit_fds, lowest_free_fd, rounds, signal, tools_missing, usage, Link, Usage, HOLD, RECOVERY,
+    assert_settles, bound, host_pair, limit_fds, lowest_free_fd, rounds, signal, usage, Link, Usage, HOLD, RECOVERY,
 };
 use crescent_tests::netns::HostPair;
 use crescent_tests::store::{spawn_master, ClientProc};
 use crescent_tests::tmpfs::Tmpfs;
-use crescent_tests::{skip, ChildGuard};
+use crescent_tests::ChildGuard;
 use rustix::process::Signal;
 
 /// Each client's transfer deadline (`MC_TRANSFER_TIMEOUT`), seconds.
@@ -68,17 +68,7 @@ fn check(a: &Answer, limit: Duration) {
 }
 
 fn cluster(tag: &str) -> Option<Cluster> {
-    if let Some(why) = tools_missing() {
-        skip(&why);
-        return None;
-    }
-    let hosts = match HostPair::create(tag) {
-        Ok(h) => h,
-        Err(why) => {
-            skip(&why);
-            return None;
-        }
-    };
+    let hosts = host_pair(tag)?;
     let rpc = format!("{}:{MASTER_PORT}", hosts.addr_a);
     let master_args: Vec<String> =
         ["--rpc-address", &rpc, "--admin-address", "", "--client-ttl-ms", "10000"].map(String::from).to_vec();

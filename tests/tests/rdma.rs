@@ -692,27 +692,47 @@ impl Drop for LinkDown {
     }
 }
 
-#[test]
-fn traffic_spreads_over_two_devices_and_moves_to_one_when_the_others_link_goes_down() {
-    let Some((dev, gid)) = rxe() else { return };
+/// A target and an initiator on both soft-RoCE devices (one queue pair each), the target's
+/// `len` bytes filled with `seed` and read once whole.
+struct TwoDevices {
+    dev: String,
+    dev2: String,
+    netdev2: String,
+    target: Side,
+    initiator: Side,
+    peer: Endpoint,
+}
+
+/// [`TwoDevices`] with the queue pairs' `ib_timeout` and `retry_cnt`; `None` (the test skips)
+/// without rxe or without the second device of `ci/rdma-in-vm.sh`.
+fn two_devices(len: u64, ib_timeout: u8, retry_cnt: u8, seed: u64) -> Option<TwoDevices> {
+    let (dev, gid) = rxe()?;
     let (Ok(dev2), Ok(netdev2)) = (std::env::var("RXE_VM_DEV2"), std::env::var("RXE_VM_NETDEV2")) else {
         eprintln!("skipped: RXE_VM_DEV2 / RXE_VM_NETDEV2 name no second soft-RoCE device (ci/rdma-in-vm.sh adds one)");
-        return;
+        return None;
     };
     let config = || RdmaConfig {
         devices: vec![dev.clone(), dev2.clone()],
         gid_index: gid,
         qps_per_peer: 1,
-        ib_timeout: 16,
-        retry_cnt: 5,
+        ib_timeout,
+        retry_cnt,
         ..small_queues()
     };
-    let target = side_with(16 << 20, config());
-    fill_side(&target, 31);
-    let initiator = side_with(16 << 20, config());
+    let target = side_with(len, config());
+    fill_side(&target, seed);
+    let initiator = side_with(len, config());
     let peer = know(&initiator, &target);
-    let outcomes = read_slices(&initiator, &target, &peer, 256, 31);
+    let outcomes = read_slices(&initiator, &target, &peer, 256, seed);
     assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
+    Some(TwoDevices { dev, dev2, netdev2, target, initiator, peer })
+}
+
+#[test]
+fn traffic_spreads_over_two_devices_and_moves_to_one_when_the_others_link_goes_down() {
+    let Some(TwoDevices { dev, dev2, netdev2, target, initiator, peer }) = two_devices(16 << 20, 16, 5, 31) else {
+        return;
+    };
     let lanes = initiator.transport.lane_stats(&peer);
     let on = |lanes: &[crescent_transports::rdma::LaneStats], d: &str| {
         lanes.iter().filter(|l| l.device == d).map(|l| l.completed).sum::<u64>()
@@ -745,25 +765,7 @@ fn traffic_spreads_over_two_devices_and_moves_to_one_when_the_others_link_goes_d
 /// read completes.
 #[test]
 fn a_flapping_link_ends_every_request_and_reconnects_a_bounded_number_of_times() {
-    let Some((dev, gid)) = rxe() else { return };
-    let (Ok(dev2), Ok(netdev2)) = (std::env::var("RXE_VM_DEV2"), std::env::var("RXE_VM_NETDEV2")) else {
-        eprintln!("skipped: RXE_VM_DEV2 / RXE_VM_NETDEV2 name no second soft-RoCE device (ci/rdma-in-vm.sh adds one)");
-        return;
-    };
-    let config = || RdmaConfig {
-        devices: vec![dev.clone(), dev2.clone()],
-        gid_index: gid,
-        qps_per_peer: 1,
-        ib_timeout: 14,
-        retry_cnt: 3,
-        ..small_queues()
-    };
-    let target = side_with(4 << 20, config());
-    fill_side(&target, 41);
-    let initiator = side_with(4 << 20, config());
-    let peer = know(&initiator, &target);
-    let outcomes = read_slices(&initiator, &target, &peer, 256, 41);
-    assert!(outcomes.iter().all(|o| *o == SliceOutcome::Completed), "{outcomes:?}");
+    let Some(TwoDevices { netdev2, target, initiator, peer, .. }) = two_devices(4 << 20, 14, 3, 41) else { return };
     let before = initiator.transport.peer_stats(&peer);
 
     const FLAPS: u64 = 5;

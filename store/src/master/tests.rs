@@ -99,17 +99,23 @@ fn a_lease_blocks_removal_unless_forced() {
 /// A forced removal takes the key at once, but not the space a reader was told about: until
 /// the read lease ends, no put is given it (a reader may still be copying those bytes, and
 /// would return a value mixing two objects).
-#[test]
-fn a_forced_removal_keeps_a_leased_range_from_new_puts_until_the_lease_ends() {
+/// A master whose one segment of 64 KiB is filled by object `k`, read (leased) at the
+/// returned instant; its range's address, and the lease's length.
+fn one_leased_object() -> (Arc<Master>, Instant, u64, Duration) {
     let lease = Duration::from_secs(5);
     let m = master_with(MasterConfig { lease_ttl: lease, ..MasterConfig::default() });
     mount(&m, "c1", "s1", 64 << 10);
-    let opts = PutOptions::default();
     let t0 = Instant::now();
-    m.put_start_inner("c1", "k", 64 << 10, &opts, t0).unwrap();
+    m.put_start_inner("c1", "k", 64 << 10, &PutOptions::default(), t0).unwrap();
     m.put_end("c1", "k").unwrap();
-    let read = m.get_replica_list_inner("k", t0).unwrap();
-    let range = read.replicas[0].address;
+    let range = m.get_replica_list_inner("k", t0).unwrap().replicas[0].address;
+    (m, t0, range, lease)
+}
+
+#[test]
+fn a_forced_removal_keeps_a_leased_range_from_new_puts_until_the_lease_ends() {
+    let (m, t0, range, lease) = one_leased_object();
+    let opts = PutOptions::default();
 
     m.remove_at("k", true, t0 + Duration::from_secs(1)).unwrap();
     assert!(!m.exists("k").unwrap(), "the key goes at once");
@@ -154,17 +160,11 @@ fn the_metadata_stays_under_its_limit_by_evicting_and_refuses_when_nothing_can_g
 /// A range whose object was removed with no lease on it (or after its lease) is free at once.
 #[test]
 fn a_removal_after_the_lease_frees_the_range_at_once() {
-    let lease = Duration::from_secs(5);
-    let m = master_with(MasterConfig { lease_ttl: lease, ..MasterConfig::default() });
-    mount(&m, "c1", "s1", 64 << 10);
-    let opts = PutOptions::default();
-    let t0 = Instant::now();
-    m.put_start_inner("c1", "k", 64 << 10, &opts, t0).unwrap();
-    m.put_end("c1", "k").unwrap();
-    m.get_replica_list_inner("k", t0).unwrap();
+    let (m, t0, range, lease) = one_leased_object();
     m.remove_at("k", true, t0 + lease).unwrap();
     assert_eq!(m.quarantined_bytes(), 0);
-    m.put_start_inner("c1", "k2", 64 << 10, &opts, t0 + lease).unwrap();
+    let (placed, _) = m.put_start_inner("c1", "k2", 64 << 10, &PutOptions::default(), t0 + lease).unwrap();
+    assert_eq!(placed[0].address, range);
 }
 
 #[test]
