@@ -85,6 +85,9 @@ pub struct ClientConfig {
     /// A put that fails because the master went away, changed or is not the leader is put
     /// again once a master answers, for this long at most (`master_failover_timeout_ms`).
     pub master_failover_timeout: std::time::Duration,
+    /// How long a call to the master, and connecting to it, may take (`MC_RPC_TIMEOUT_MS`,
+    /// `MC_RPC_CONNECT_TIMEOUT_MS`; 30 s and 3 s by default).
+    pub rpc_timeouts: super::rpc::RpcTimeouts,
 }
 
 impl Default for ClientConfig {
@@ -113,6 +116,7 @@ impl Default for ClientConfig {
             cluster_secret: None,
             tenant_id: crate::protocol::DEFAULT_TENANT.into(),
             master_failover_timeout: std::time::Duration::from_secs(30),
+            rpc_timeouts: super::rpc::RpcTimeouts::default(),
         }
     }
 }
@@ -163,11 +167,16 @@ fn size_of(name: &str, v: SizeValue) -> Result<u64> {
 }
 
 impl ClientConfig {
-    /// Defaults and the hot cache's variables, then `MOONCAKE_STORAGE_ROOT_DIR`, then the JSON
+    /// Defaults, the hot cache's variables and the master's RPC deadlines (`MC_RPC_TIMEOUT_MS`,
+    /// `MC_RPC_CONNECT_TIMEOUT_MS`), then `MOONCAKE_STORAGE_ROOT_DIR`, then the JSON
     /// file named by `MOONCAKE_CONFIG_PATH` if set, else Mooncake's `MOONCAKE_*` variables
     /// ([`Self::apply_mooncake_env`]).
     pub fn from_env() -> Result<Self> {
-        let mut c = ClientConfig { hot_cache: HotCacheSettings::from_env()?, ..ClientConfig::default() };
+        let mut c = ClientConfig {
+            hot_cache: HotCacheSettings::from_env()?,
+            rpc_timeouts: super::rpc::RpcTimeouts::from_vars(|name| std::env::var(name).ok())?,
+            ..ClientConfig::default()
+        };
         if let Ok(addr) = std::env::var(super::metrics::METRICS_ADDRESS_ENV) {
             c.metrics_address = Some(addr.trim().to_string()).filter(|a| !a.is_empty());
         }
