@@ -1,6 +1,6 @@
 //! The store's binaries' logging: `tracing` to stderr.
 
-/// Logs to stderr (`RUST_LOG` overrides the default `info`), with colours only on a terminal:
+/// Logs to stderr (`RUST_LOG`, else `MC_LOG_LEVEL`, overrides the default `info`), with colours only on a terminal:
 /// for servers (`crescent-master`, the standalone client), whose log is their record.
 pub fn init_logging() {
     init_logging_at("info");
@@ -14,11 +14,17 @@ pub fn init_tool_logging() {
     init_logging_at("warn");
 }
 
-fn init_logging_at(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
+/// `RUST_LOG` if set, else Mooncake's `MC_LOG_LEVEL` (`TRACE`, `INFO`, `WARNING`, `ERROR`),
+/// else `default`; an unusable `MC_LOG_LEVEL` is named in a warning once logging is up.
+fn init_logging_at(default: &'static str) {
+    let (directives, warning) = crescent_engine::env_vars::log_filter_or(default);
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| default.into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
 }

@@ -1,5 +1,6 @@
 //! Engine configuration: defaults, Mooncake's environment variables, and size parsing.
 
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use crescent_transports::net::Keyring;
@@ -30,6 +31,16 @@ pub struct EngineConfig {
     pub protocol: Option<TransportKind>,
     /// Handshake port; 0 picks a free one (overridden by a port in `local_hostname`).
     pub rpc_port: u16,
+    /// Mooncake's legacy RPC port binding (`MC_LEGACY_RPC_PORT_BINDING`): with a metadata
+    /// service (not `P2PHANDSHAKE`) and a `local_hostname` naming no port, the handshake
+    /// listens on this port (`MC_HANDSHAKE_PORT`, default 12001) instead of [`Self::rpc_port`].
+    pub legacy_rpc_port: Option<u16>,
+    /// How long a handshake with a peer (its descriptor, a notification) may take
+    /// (`MC_HANDSHAKE_CONNECT_TIMEOUT`, seconds).
+    pub handshake_timeout: Duration,
+    /// The IPv4 address the tcp transport listens on and publishes (`MC_TCP_BIND_ADDRESS`); also
+    /// the engine's address when `local_hostname` is unset. `None`: every interface.
+    pub tcp_bind_address: Option<Ipv4Addr>,
     /// Connections per peer for the tcp transport.
     pub tcp_lanes: usize,
     /// Largest slice the tcp transport sends as one frame.
@@ -55,6 +66,9 @@ impl Default for EngineConfig {
             metadata_ttl: Duration::from_secs(10),
             protocol: None,
             rpc_port: 0,
+            legacy_rpc_port: None,
+            handshake_timeout: Duration::from_secs(5),
+            tcp_bind_address: None,
             tcp_lanes: 2,
             tcp_slice_len: 1 << 20,
             shm_copy_threads: std::thread::available_parallelism().map_or(2, |n| n.get()).min(4),
@@ -66,11 +80,14 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// Defaults, then the environment: `MC_FORCE_TCP=1`, `MC_TCP_LANES`, `MC_TCP_SLICE_SIZE`,
-    /// `MC_SHM_THREADS`, `MC_TRANSFER_TIMEOUT` (seconds), `MC_METADATA_CLUSTER_ID`, `MC_METADATA_TTL`
-    /// (seconds), and for rdma `MC_DEVICE` (comma-separated device names), `MC_GID_INDEX`, `MC_MTU`,
-    /// `MC_SLICE_SIZE`, `MC_NUM_QP_PER_EP`, `MC_IB_TIMEOUT`, `MC_IB_RETRY_CNT`, `MC_IBVERBS_LIBRARY`,
-    /// and the cluster secret (`CRESCENT_CLUSTER_SECRET_FILE`, else `CRESCENT_CLUSTER_SECRET` with
+    /// Defaults, then the environment: `MC_FORCE_TCP=1`, `MC_TCP_LANES` (or
+    /// `MC_TCP_LANES_PER_PEER`), `MC_TCP_SLICE_SIZE`, `MC_TCP_BIND_ADDRESS`, `MC_SHM_THREADS`,
+    /// `MC_TRANSFER_TIMEOUT` (seconds), `MC_METADATA_CLUSTER_ID`, `MC_METADATA_TTL` (seconds),
+    /// `MC_HANDSHAKE_CONNECT_TIMEOUT` (seconds), `MC_LEGACY_RPC_PORT_BINDING` with
+    /// `MC_HANDSHAKE_PORT`, and for rdma `MC_DEVICE` (or `MC_TE_FILTERS`: comma-separated device
+    /// names), `MC_GID_INDEX`, `MC_MTU`, `MC_SLICE_SIZE`, `MC_NUM_QP_PER_EP`, `MC_IB_PORT`,
+    /// `MC_IB_SL`, `MC_IB_TC`, `MC_MAX_WR`, `MC_RETRY_CNT`, `MC_IB_TIMEOUT`, `MC_IB_RETRY_CNT`,
+    /// `MC_IBVERBS_LIBRARY`, and the cluster secret (`CRESCENT_CLUSTER_SECRET_FILE`, else `CRESCENT_CLUSTER_SECRET` with
     /// `CRESCENT_CLUSTER_SECRET_NEXT`). Invalid values are errors naming the value.
     pub fn from_env() -> Result<Self> {
         let mut config = EngineConfig::default();
@@ -92,13 +109,28 @@ impl EngineConfig {
                 self.protocol = Some(TransportKind::Tcp);
             }
         }
-        if let Some(v) = env("MC_TCP_LANES") {
-            self.tcp_lanes = v
+        // Mooncake's name for the lanes, read when Crescent's is not set.
+        for name in ["MC_TCP_LANES_PER_PEER", "MC_TCP_LANES"] {
+            if let Some(v) = env(name) {
+                self.tcp_lanes = parse_int(name, &v, 1, 64)? as usize;
+            }
+        }
+        if let Some(v) = env("MC_TCP_BIND_ADDRESS") {
+            let ip = v
                 .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (1..=64).contains(n))
-                .ok_or_else(|| EngineError::Config(format!("MC_TCP_LANES={v:?} is not a number from 1 to 64")))?;
+                .parse::<Ipv4Addr>()
+                .map_err(|_| EngineError::Config(format!("MC_TCP_BIND_ADDRESS={v:?} is not an IPv4 address")))?;
+            self.tcp_bind_address = Some(ip);
+        }
+        if let Some(v) = env("MC_HANDSHAKE_CONNECT_TIMEOUT") {
+            self.handshake_timeout = Duration::from_secs(parse_int("MC_HANDSHAKE_CONNECT_TIMEOUT", &v, 1, 3599)?);
+        }
+        let handshake_port = match env("MC_HANDSHAKE_PORT") {
+            Some(v) => parse_int("MC_HANDSHAKE_PORT", &v, 1, u64::from(u16::MAX))? as u16,
+            None => DEFAULT_HANDSHAKE_PORT,
+        };
+        if env("MC_LEGACY_RPC_PORT_BINDING").is_some() {
+            self.legacy_rpc_port = Some(handshake_port);
         }
         if let Some(v) = env("MC_SHM_THREADS") {
             self.shm_copy_threads = v
@@ -130,8 +162,11 @@ impl EngineConfig {
     fn apply_rdma_vars(&mut self, var: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         let env = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let rdma = &mut self.rdma;
-        if let Some(v) = env("MC_DEVICE") {
-            rdma.devices = parse_device_list(&v)?;
+        // Mooncake's device allow-list, read when `MC_DEVICE` is not set.
+        for name in ["MC_TE_FILTERS", "MC_DEVICE"] {
+            if let Some(v) = env(name) {
+                rdma.devices = parse_device_list(&v).map_err(|e| EngineError::Config(format!("{name}: {e}")))?;
+            }
         }
         if let Some(v) = env("MC_GID_INDEX") {
             // A queue pair names its source GID in 8 bits; the port's table is checked at start.
@@ -159,12 +194,31 @@ impl EngineConfig {
         if let Some(v) = env("MC_IB_RETRY_CNT") {
             rdma.retry_cnt = parse_int("MC_IB_RETRY_CNT", &v, 0, 7)? as u8;
         }
+        if let Some(v) = env("MC_IB_PORT") {
+            rdma.ib_port = Some(parse_int("MC_IB_PORT", &v, 1, u64::from(u8::MAX))? as u8);
+        }
+        if let Some(v) = env("MC_IB_SL") {
+            rdma.service_level = parse_int("MC_IB_SL", &v, 0, 15)? as u8;
+        }
+        if let Some(v) = env("MC_IB_TC") {
+            rdma.traffic_class = parse_int("MC_IB_TC", &v, 0, u64::from(u8::MAX))? as u8;
+        }
+        if let Some(v) = env("MC_MAX_WR") {
+            rdma.max_send_wr = parse_int("MC_MAX_WR", &v, 1, u64::from(u16::MAX))? as u32;
+        }
+        if let Some(v) = env("MC_RETRY_CNT") {
+            rdma.max_attempts = parse_int("MC_RETRY_CNT", &v, 1, 127)? as u32;
+        }
         if let Some(v) = env("MC_IBVERBS_LIBRARY") {
             rdma.library = Some(v.trim().to_string());
         }
         Ok(())
     }
 }
+
+/// Mooncake's default handshake port (`MC_HANDSHAKE_PORT`), used with
+/// `MC_LEGACY_RPC_PORT_BINDING`.
+pub const DEFAULT_HANDSHAKE_PORT: u16 = 12001;
 
 /// Parses a comma-separated list of RDMA device names (Mooncake's `device_name`).
 pub fn parse_device_list(text: &str) -> Result<Vec<String>> {
@@ -337,6 +391,84 @@ mod tests {
             let text = err.to_string();
             let named = if name == "MC_DEVICE" { "bad/name" } else { value };
             assert!(text.contains(named), "{name}={value}: {text}");
+            assert!(err.is_caller_error(), "{name}={value}: {text}");
+        }
+    }
+
+    fn engine_from(vars: &[(&str, &str)]) -> Result<EngineConfig> {
+        let vars: std::collections::HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut config = EngineConfig::default();
+        config.apply_vars(&|name| vars.get(name).cloned())?;
+        Ok(config)
+    }
+
+    #[test]
+    fn mooncake_engine_variables_set_their_settings() {
+        let c = engine_from(&[
+            ("MC_TCP_BIND_ADDRESS", " 10.0.0.7 "),
+            ("MC_HANDSHAKE_CONNECT_TIMEOUT", "12"),
+            ("MC_TCP_LANES_PER_PEER", "6"),
+            ("MC_TE_FILTERS", "mlx5_2, mlx5_3"),
+            ("MC_IB_PORT", "2"),
+            ("MC_IB_SL", "3"),
+            ("MC_IB_TC", "106"),
+            ("MC_MAX_WR", "1024"),
+            ("MC_RETRY_CNT", "9"),
+        ])
+        .unwrap();
+        assert_eq!(c.tcp_bind_address, Some(Ipv4Addr::new(10, 0, 0, 7)));
+        assert_eq!(c.handshake_timeout, Duration::from_secs(12));
+        assert_eq!(c.tcp_lanes, 6);
+        assert_eq!(c.rdma.devices, vec!["mlx5_2", "mlx5_3"]);
+        assert_eq!(c.rdma.ib_port, Some(2));
+        assert_eq!((c.rdma.service_level, c.rdma.traffic_class), (3, 106));
+        assert_eq!((c.rdma.max_send_wr, c.rdma.max_attempts), (1024, 9));
+        // Crescent's own names win over Mooncake's.
+        let c = engine_from(&[
+            ("MC_TCP_LANES_PER_PEER", "6"),
+            ("MC_TCP_LANES", "3"),
+            ("MC_TE_FILTERS", "a"),
+            ("MC_DEVICE", "b"),
+        ])
+        .unwrap();
+        assert_eq!((c.tcp_lanes, c.rdma.devices), (3, vec!["b".to_string()]));
+        // Unset: the defaults.
+        let c = engine_from(&[]).unwrap();
+        assert_eq!((c.tcp_bind_address, c.handshake_timeout, c.legacy_rpc_port), (None, Duration::from_secs(5), None));
+    }
+
+    #[test]
+    fn the_handshake_port_counts_only_with_the_legacy_binding() {
+        assert_eq!(engine_from(&[("MC_HANDSHAKE_PORT", "13000")]).unwrap().legacy_rpc_port, None);
+        let c = engine_from(&[("MC_LEGACY_RPC_PORT_BINDING", "1"), ("MC_HANDSHAKE_PORT", "13000")]).unwrap();
+        assert_eq!(c.legacy_rpc_port, Some(13000));
+        let c = engine_from(&[("MC_LEGACY_RPC_PORT_BINDING", "1")]).unwrap();
+        assert_eq!(c.legacy_rpc_port, Some(DEFAULT_HANDSHAKE_PORT));
+    }
+
+    #[test]
+    fn invalid_mooncake_engine_variables_are_errors_naming_them() {
+        for (name, value) in [
+            ("MC_TCP_BIND_ADDRESS", "eth0"),
+            ("MC_TCP_BIND_ADDRESS", "::1"),
+            ("MC_HANDSHAKE_CONNECT_TIMEOUT", "0"),
+            ("MC_HANDSHAKE_CONNECT_TIMEOUT", "3600"),
+            ("MC_HANDSHAKE_PORT", "0"),
+            ("MC_HANDSHAKE_PORT", "65536"),
+            ("MC_TCP_LANES_PER_PEER", "0"),
+            ("MC_TE_FILTERS", "bad/name"),
+            ("MC_IB_PORT", "0"),
+            ("MC_IB_SL", "16"),
+            ("MC_IB_TC", "256"),
+            ("MC_MAX_WR", "0"),
+            ("MC_MAX_WR", "65536"),
+            ("MC_RETRY_CNT", "0"),
+            ("MC_RETRY_CNT", "128"),
+        ] {
+            let err = engine_from(&[(name, value)]).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(name) && text.contains(value), "{name}={value}: {text}");
             assert!(err.is_caller_error(), "{name}={value}: {text}");
         }
     }

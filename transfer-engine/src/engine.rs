@@ -17,7 +17,7 @@ use crescent_transports::{
 use parking_lot::{Mutex, RwLock};
 
 use crate::batch::{Batch, BatchCompletion, BatchId, Submission, TransferStatus, Watchdog};
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, P2P_HANDSHAKE};
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
 use crate::error::{EngineError, Result};
 use crate::handshake::{self, HandshakeServer};
@@ -42,7 +42,6 @@ const FOLLOW_MAX_WAIT: Duration = Duration::from_millis(500);
 /// Shortest time one of those reads may take over the P2P handshake, however little of the
 /// window is left.
 const FOLLOW_MIN_FETCH: Duration = Duration::from_millis(200);
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One transfer: `length` bytes between local registered memory at `source` and the target
 /// segment's registered memory at address `target_offset` (as listed in its descriptor's
@@ -167,12 +166,21 @@ impl std::fmt::Debug for TransferEngine {
 impl TransferEngine {
     /// Starts an engine: its handshake listener and its transports.
     pub fn new(config: EngineConfig) -> Result<Arc<Self>> {
+        crate::env_vars::check_environment();
         // A malformed connection string fails before anything starts.
         ServiceAddress::parse(&config.metadata_server)?;
+        // Mooncake's legacy binding: with a metadata service, a fixed handshake port.
+        let unnamed_port = match config.legacy_rpc_port {
+            Some(p) if config.metadata_server.trim() != P2P_HANDSHAKE => p,
+            _ => config.rpc_port,
+        };
         let (host, port) = match config.local_hostname.as_deref() {
             Some(h) if h.contains(':') && handshake::split_host_port(h).is_ok() => handshake::split_host_port(h)?,
-            Some(h) if !h.trim().is_empty() => (h.trim().to_string(), config.rpc_port),
-            _ => (host::default_advertise_host(), config.rpc_port),
+            Some(h) if !h.trim().is_empty() => (h.trim().to_string(), unnamed_port),
+            _ => match config.tcp_bind_address {
+                Some(ip) if !ip.is_unspecified() => (ip.to_string(), unnamed_port),
+                _ => (host::default_advertise_host(), unnamed_port),
+            },
         };
         let listener = TcpListener::bind(("0.0.0.0", port))
             .map_err(|e| EngineError::Config(format!("cannot listen for handshakes on port {port}: {e}")))?;
@@ -184,7 +192,11 @@ impl TransferEngine {
         let table = Arc::new(RegionTable::new());
         let tcp = TcpTransport::start(
             TcpConfig {
-                advertise_host: host.clone(),
+                bind_host: config.tcp_bind_address.map_or_else(|| TcpConfig::default().bind_host, |ip| ip.to_string()),
+                advertise_host: match config.tcp_bind_address {
+                    Some(ip) if !ip.is_unspecified() => ip.to_string(),
+                    _ => host.clone(),
+                },
                 lanes: config.tcp_lanes,
                 max_slice_len: config.tcp_slice_len,
                 auth: auth.clone(),
@@ -228,7 +240,6 @@ impl TransferEngine {
         );
         Ok(Arc::new(TransferEngine {
             watchdog: Watchdog::start(config.transfer_timeout),
-            config,
             name,
             host_id,
             table,
@@ -241,9 +252,10 @@ impl TransferEngine {
             next_batch: AtomicU64::new(1),
             directory,
             notifies,
-            outbox: Outbox::start(HANDSHAKE_TIMEOUT, auth.clone())?,
+            outbox: Outbox::start(config.handshake_timeout, auth.clone())?,
             auth,
             _handshake: handshake,
+            config,
         }))
     }
 
@@ -423,7 +435,7 @@ impl TransferEngine {
         if let Some(id) = self.by_name.lock().get(name) {
             return Ok(*id);
         }
-        let descriptor = self.directory.fetch(name, HANDSHAKE_TIMEOUT)?;
+        let descriptor = self.directory.fetch(name, self.config.handshake_timeout)?;
         let (transport, endpoint) = self.choose_transport(name, &descriptor)?;
         tracing::info!("segment {name}: using {endpoint}");
         transport.set_peer_regions(&endpoint, remote_regions(&descriptor));
@@ -466,7 +478,7 @@ impl TransferEngine {
     /// since); the handle stays the same.
     pub fn resync_segment(&self, id: SegmentId) -> Result<()> {
         let segment = self.segment(id)?;
-        let d = self.directory.fetch(&segment.name, HANDSHAKE_TIMEOUT)?;
+        let d = self.directory.fetch(&segment.name, self.config.handshake_timeout)?;
         self.install_descriptor(&segment, d)
     }
 
@@ -740,7 +752,7 @@ impl TransferEngine {
                     }
                     reads += 1;
                     let timeout = follow_until.saturating_duration_since(Instant::now()).max(FOLLOW_MIN_FETCH);
-                    match self.refresh_segment(segment, looked, timeout.min(HANDSHAKE_TIMEOUT)) {
+                    match self.refresh_segment(segment, looked, timeout.min(self.config.handshake_timeout)) {
                         Ok(()) => read_error = None,
                         Err(e) => {
                             tracing::debug!("segment {}: reading its descriptor again failed: {e}", segment.name);
@@ -858,7 +870,7 @@ impl TransferEngine {
     /// then one descriptor request within the handshake's deadline.
     pub fn probe(&self, name: &str) -> Result<()> {
         let address = self.directory.handshake_address(name)?;
-        handshake::fetch_descriptor(&address, HANDSHAKE_TIMEOUT, &self.auth).map(|_| ())
+        handshake::fetch_descriptor(&address, self.config.handshake_timeout, &self.auth).map(|_| ())
     }
 }
 

@@ -45,6 +45,7 @@ pub mod batch;
 pub mod config;
 pub mod descriptor;
 mod engine;
+pub mod env_vars;
 pub mod error;
 pub mod handshake;
 pub mod host;

@@ -94,17 +94,23 @@ pub fn engine_fail(e: &crescent_engine::EngineError) -> Status {
     fail(engine_status(e), e)
 }
 
-/// Logs to stderr once per process: `RUST_LOG` if set, else warnings and errors only (a
+/// Logs to stderr once per process: `RUST_LOG` if set, else `MC_LOG_LEVEL` (Mooncake's
+/// `TRACE`, `INFO`, `WARNING`, `ERROR`), else warnings and errors only (a
 /// library should stay quiet inside its host's output).
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+        // `RUST_LOG`, else Mooncake's `MC_LOG_LEVEL`, else `warn`.
+        let (directives, warning) = crescent_engine::env_vars::log_filter_or("warn");
+        let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| "warn".into());
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .try_init();
+        if let Some(w) = warning {
+            tracing::warn!("{w}");
+        }
     });
 }
 

@@ -90,6 +90,9 @@ pub struct ClientConfig {
     /// and a get that reads a whole value whose bytes do not match its object's checksum fails
     /// with [`StoreError::ChecksumMismatch`] (see [`super::checksum`]).
     pub verify_checksums: bool,
+    /// How long a call to the master, and connecting to it, may take (`MC_RPC_TIMEOUT_MS`,
+    /// `MC_RPC_CONNECT_TIMEOUT_MS`; 30 s and 3 s by default).
+    pub rpc_timeouts: super::rpc::RpcTimeouts,
 }
 
 impl Default for ClientConfig {
@@ -119,6 +122,7 @@ impl Default for ClientConfig {
             tenant_id: crate::protocol::DEFAULT_TENANT.into(),
             master_failover_timeout: std::time::Duration::from_secs(30),
             verify_checksums: false,
+            rpc_timeouts: super::rpc::RpcTimeouts::default(),
         }
     }
 }
@@ -170,11 +174,16 @@ fn size_of(name: &str, v: SizeValue) -> Result<u64> {
 }
 
 impl ClientConfig {
-    /// Defaults and the hot cache's variables, then `MOONCAKE_STORAGE_ROOT_DIR`, then the JSON
+    /// Defaults, the hot cache's variables and the master's RPC deadlines (`MC_RPC_TIMEOUT_MS`,
+    /// `MC_RPC_CONNECT_TIMEOUT_MS`), then `MOONCAKE_STORAGE_ROOT_DIR`, then the JSON
     /// file named by `MOONCAKE_CONFIG_PATH` if set, else Mooncake's `MOONCAKE_*` variables
     /// ([`Self::apply_mooncake_env`]).
     pub fn from_env() -> Result<Self> {
-        let mut c = ClientConfig { hot_cache: HotCacheSettings::from_env()?, ..ClientConfig::default() };
+        let mut c = ClientConfig {
+            hot_cache: HotCacheSettings::from_env()?,
+            rpc_timeouts: super::rpc::RpcTimeouts::from_vars(|name| std::env::var(name).ok())?,
+            ..ClientConfig::default()
+        };
         if let Ok(addr) = std::env::var(super::metrics::METRICS_ADDRESS_ENV) {
             c.metrics_address = Some(addr.trim().to_string()).filter(|a| !a.is_empty());
         }

@@ -221,11 +221,17 @@ impl StoreClient {
     }
 
     fn connect_using(config: ClientConfig, engine: Option<Arc<TransferEngine>>) -> Result<Arc<Self>> {
+        // Mooncake's variables set here that Crescent ignores: one warning each, once.
+        crescent_engine::env_vars::check_environment();
         let tier = DiskLink::open_tier(&config)?;
         let engine_config = config.engine_config()?;
         let credentials = rpc::Credentials::new(engine_config.cluster_secret.as_ref(), &config.tenant_id)?;
-        let rpc =
-            Arc::new(MasterRpc::connect_in(&config.master_server_address, &config.leader_cluster_id(), credentials)?);
+        let rpc = Arc::new(MasterRpc::connect_with(
+            &config.master_server_address,
+            &config.leader_cluster_id(),
+            credentials,
+            config.rpc_timeouts,
+        )?);
         let engine = match engine {
             Some(engine) => engine,
             None => TransferEngine::new(engine_config)?,

@@ -124,6 +124,47 @@ pub struct MasterRpc {
     switched: tokio::sync::Notify,
     /// What every call carries (also on the channels to a new leader).
     credentials: Credentials,
+    /// The deadlines of every call and connection.
+    timeouts: RpcTimeouts,
+}
+
+/// How long a call to the master, and connecting to it, may take (Mooncake's
+/// `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpcTimeouts {
+    /// A call's deadline (30 s by default).
+    pub call: Duration,
+    /// Connecting's deadline (3 s by default).
+    pub connect: Duration,
+}
+
+impl Default for RpcTimeouts {
+    fn default() -> Self {
+        RpcTimeouts { call: CALL_TIMEOUT, connect: Duration::from_secs(3) }
+    }
+}
+
+impl RpcTimeouts {
+    /// The defaults with `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS` from `var`
+    /// (milliseconds, 1 ms to a day; unset or blank: the default). Upstream's negative
+    /// `MC_RPC_TIMEOUT_MS` (no deadline) is refused: every call here keeps one.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let ms = |name: &str| -> Result<Option<Duration>> {
+            let Some(v) = var(name).filter(|v| !v.trim().is_empty()) else { return Ok(None) };
+            v.trim().parse::<u64>().ok().filter(|n| (1..=86_400_000).contains(n)).map(|n| Some(Duration::from_millis(n))).ok_or_else(
+                || {
+                    StoreError::Config(format!(
+                        "{name}={v:?} is not a number of milliseconds from 1 to 86400000 (every call to the master keeps a deadline)"
+                    ))
+                },
+            )
+        };
+        let d = RpcTimeouts::default();
+        Ok(RpcTimeouts {
+            call: ms("MC_RPC_TIMEOUT_MS")?.unwrap_or(d.call),
+            connect: ms("MC_RPC_CONNECT_TIMEOUT_MS")?.unwrap_or(d.connect),
+        })
+    }
 }
 
 struct Conn {
@@ -151,6 +192,11 @@ impl MasterRpc {
     /// Connects to the master at `addr`: `host:port`, or `etcd://h1:2379;h2:2379` to follow
     /// the leader of `cluster_id`'s masters.
     pub fn connect_in(addr: &str, cluster_id: &str, credentials: Credentials) -> Result<Self> {
+        Self::connect_with(addr, cluster_id, credentials, RpcTimeouts::default())
+    }
+
+    /// [`Self::connect_in`] with the calls' and connections' deadlines.
+    pub fn connect_with(addr: &str, cluster_id: &str, credentials: Credentials, timeouts: RpcTimeouts) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("crescent-client-rpc")
@@ -186,7 +232,7 @@ impl MasterRpc {
         } else {
             (addr.to_string(), None)
         };
-        let conn = Conn::open(&calls, &runtime, &master, false, &credentials)?;
+        let conn = Conn::open(&calls, &runtime, &master, false, &credentials, timeouts)?;
         Ok(MasterRpc {
             calls,
             runtime,
@@ -194,6 +240,7 @@ impl MasterRpc {
             leader,
             switched: tokio::sync::Notify::new(),
             credentials,
+            timeouts,
         })
     }
 
@@ -212,7 +259,7 @@ impl MasterRpc {
         if addr == self.conn.read().addr && term == source.term.load(Ordering::Acquire) {
             return false;
         }
-        match Conn::open(&self.calls, &self.runtime, &addr, true, &self.credentials) {
+        match Conn::open(&self.calls, &self.runtime, &addr, true, &self.credentials, self.timeouts) {
             Ok(conn) => {
                 tracing::info!("following the master leading now: {addr} (term {term})");
                 *self.conn.write() = conn;
@@ -254,7 +301,7 @@ impl MasterRpc {
 
     /// A call's outcome: the reply's body, or what kept it from coming.
     fn reply<T>(&self, r: Result<tonic::Response<T>, tonic::Status>) -> Result<T> {
-        r.map(|r| r.into_inner()).map_err(|s| call_error(&self.addr(), &s))
+        r.map(|r| r.into_inner()).map_err(|s| call_error(&self.addr(), &s, self.timeouts.call))
     }
 
     /// Runs one call and, while the master works on it, `meanwhile` on the calling thread
@@ -327,11 +374,18 @@ impl MasterRpc {
 impl Conn {
     /// Channels to the master at `addr`: connected now (an error if it is not there), or
     /// `lazy` (connected by the first call).
-    fn open(calls: &Runtime, runtime: &Runtime, addr: &str, lazy: bool, credentials: &Credentials) -> Result<Conn> {
+    fn open(
+        calls: &Runtime,
+        runtime: &Runtime,
+        addr: &str,
+        lazy: bool,
+        credentials: &Credentials,
+        timeouts: RpcTimeouts,
+    ) -> Result<Conn> {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| StoreError::Config(format!("master address {addr:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(3))
-            .timeout(CALL_TIMEOUT)
+            .connect_timeout(timeouts.connect)
+            .timeout(timeouts.call)
             .tcp_nodelay(true);
         let connect = |rt: &Runtime| {
             let channel = if lazy {
@@ -367,16 +421,16 @@ async fn until_switched<T>(
     }
 }
 
-/// How long a call may wait for the master's answer.
+/// How long a call may wait for the master's answer unless `MC_RPC_TIMEOUT_MS` says otherwise.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The error for a call that got no reply from the master at `addr`: a master that took too
 /// long is told apart from one that cannot be reached, and both from one that refused this
 /// client's credentials (not retried: the same credentials would be refused again).
-fn call_error(addr: &str, s: &tonic::Status) -> StoreError {
+fn call_error(addr: &str, s: &tonic::Status, after: Duration) -> StoreError {
     match s.code() {
         tonic::Code::DeadlineExceeded => {
-            StoreError::TimedOut { waited: Waited::Master { addr: addr.to_string() }, after: CALL_TIMEOUT }
+            StoreError::TimedOut { waited: Waited::Master { addr: addr.to_string() }, after }
         }
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
             StoreError::Unauthenticated { addr: addr.to_string(), source: Box::new(s.clone()) }
@@ -419,14 +473,34 @@ mod tests {
     }
 
     #[test]
+    fn mooncake_rpc_timeouts_set_the_deadlines_and_bad_values_are_named() {
+        let from = |pairs: &'static [(&'static str, &'static str)]| {
+            RpcTimeouts::from_vars(move |n| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string()))
+        };
+        assert_eq!(from(&[]).unwrap(), RpcTimeouts::default());
+        let t = from(&[("MC_RPC_TIMEOUT_MS", "1500"), ("MC_RPC_CONNECT_TIMEOUT_MS", " 250 ")]).unwrap();
+        assert_eq!((t.call, t.connect), (Duration::from_millis(1500), Duration::from_millis(250)));
+        for (name, bad) in [
+            ("MC_RPC_TIMEOUT_MS", "-1"),
+            ("MC_RPC_TIMEOUT_MS", "0"),
+            ("MC_RPC_TIMEOUT_MS", "5s"),
+            ("MC_RPC_CONNECT_TIMEOUT_MS", "86400001"),
+        ] {
+            let pairs: &'static [(&str, &str)] = Box::leak(Box::new([(name, bad)]));
+            let e = from(pairs).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(bad), "{name}={bad}: {e}");
+        }
+    }
+
+    #[test]
     fn a_master_too_slow_is_a_timeout_and_a_reply_without_status_is_no_success() {
-        let slow = call_error("m:1", &tonic::Status::deadline_exceeded("Timeout expired"));
+        let slow = call_error("m:1", &tonic::Status::deadline_exceeded("Timeout expired"), CALL_TIMEOUT);
         assert!(slow.to_string().contains("m:1"), "{slow}");
         assert!(matches!(slow, StoreError::TimedOut { waited: Waited::Master { .. }, .. }), "{slow:?}");
-        let gone = call_error("m:1", &tonic::Status::unavailable("connection refused"));
+        let gone = call_error("m:1", &tonic::Status::unavailable("connection refused"), CALL_TIMEOUT);
         assert!(matches!(gone, StoreError::MasterUnreachable { .. }), "{gone:?}");
         for refusal in [tonic::Status::unauthenticated("a wrong token"), tonic::Status::permission_denied("no")] {
-            let refused = call_error("m:1", &refusal);
+            let refused = call_error("m:1", &refusal, CALL_TIMEOUT);
             assert!(matches!(refused, StoreError::Unauthenticated { .. }), "{refused:?}");
             assert!(!refused.is_retryable() && !refused.is_master_change() && refused.is_caller_error());
             assert!(refused.to_string().contains("CRESCENT_CLUSTER_SECRET"), "{refused}");
@@ -435,7 +509,7 @@ mod tests {
             tonic::Status::invalid_argument("16387 keys in one batch call; at most 16384 (split the batch)"),
             tonic::Status::out_of_range("message too large"),
         ] {
-            let refused = call_error("m:1", &refusal);
+            let refused = call_error("m:1", &refusal, CALL_TIMEOUT);
             assert!(matches!(refused, StoreError::InvalidArgument(_)), "{refused:?}");
             assert!(!refused.is_retryable() && refused.is_caller_error(), "{refused:?}");
         }

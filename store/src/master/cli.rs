@@ -810,18 +810,28 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     })
 }
 
+/// `RUST_LOG` if set, else Mooncake's `MC_LOG_LEVEL`, else glog's `-v` (1: debug, 2: trace),
+/// else info; then the environment's Mooncake variables this master ignores, named once.
 fn init_logging(verbosity: Option<i32>) {
     let default = match verbosity {
         Some(v) if v >= 2 => "trace",
         Some(1) => "debug",
         _ => "info",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
+    let (directives, warning) = match verbosity {
+        Some(v) if v >= 1 && std::env::var_os("RUST_LOG").is_none() => (default.to_string(), None),
+        _ => crescent_engine::env_vars::log_filter_or(default),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| default.into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
+    crescent_engine::env_vars::check_environment();
 }
 
 /// The binaries' `main`: parses the command line, runs the master until SIGINT/SIGTERM.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ::redis::{Client, Connection, IntoConnectionInfo, RedisError};
+use ::redis::{Client, Connection, ConnectionInfo, IntoConnectionInfo, RedisError};
 use parking_lot::Mutex;
 
 use super::{unavailable, MAX_VALUE_LEN, SERVICE_TIMEOUT};
@@ -20,6 +20,30 @@ pub(crate) fn check_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// `info` with what `url` leaves out taken from Mooncake's variables (`var`): the user and
+/// password (`MC_REDIS_USERNAME`, `MC_REDIS_PASSWORD`) when the URL has no password, the
+/// database (`MC_REDIS_DB_INDEX`, 0-255 as upstream) when its path names none.
+fn with_env(info: ConnectionInfo, url: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<ConnectionInfo> {
+    let set = |name: &str| var(name).filter(|v| !v.is_empty());
+    let mut redis = info.redis_settings().clone();
+    if redis.password().is_none() {
+        if let Some(user) = set("MC_REDIS_USERNAME") {
+            redis = redis.set_username(user);
+        }
+        if let Some(password) = set("MC_REDIS_PASSWORD") {
+            redis = redis.set_password(password);
+        }
+    }
+    let path_names_db = ::redis::parse_redis_url(url).is_some_and(|u| !u.path().trim_matches('/').is_empty());
+    if let Some(v) = set("MC_REDIS_DB_INDEX").filter(|_| !path_names_db) {
+        let db = v.trim().parse::<u8>().map_err(|_| {
+            EngineError::Config(format!("MC_REDIS_DB_INDEX={v:?} is not a database number from 0 to 255"))
+        })?;
+        redis = redis.set_db(i64::from(db));
+    }
+    Ok(info.set_redis_settings(redis))
+}
+
 pub(crate) struct RedisStore {
     address: String,
     client: Client,
@@ -28,10 +52,15 @@ pub(crate) struct RedisStore {
 
 impl RedisStore {
     /// Connects to the server and checks that it answers (and accepts the credentials).
+    /// Credentials and database the URL does not give come from Mooncake's `MC_REDIS_USERNAME`,
+    /// `MC_REDIS_PASSWORD` and `MC_REDIS_DB_INDEX`.
     pub(crate) fn connect(url: &str, address: &str) -> Result<Self> {
-        let client = Client::open(url).map_err(|e| {
+        let invalid = |e: RedisError| {
             EngineError::Config(format!("metadata server {address}: invalid redis URL ({:?})", e.kind()))
-        })?;
+        };
+        let info = url.into_connection_info().map_err(invalid)?;
+        let info = with_env(info, url, &|name| std::env::var(name).ok())?;
+        let client = Client::open(info).map_err(invalid)?;
         let store = RedisStore { address: address.to_string(), client, connection: Mutex::new(None) };
         store.call(|c| ::redis::cmd("PING").query::<String>(c))?;
         tracing::info!("metadata: connected to {address}");
@@ -104,5 +133,41 @@ impl super::MetadataStore for RedisStore {
 
     fn delete(&self, key: &str) -> Result<()> {
         self.call(|c| ::redis::cmd("DEL").arg(key).query::<i64>(c)).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(url: &str, vars: &[(&str, &str)]) -> Result<ConnectionInfo> {
+        let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let var = move |n: &str| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        with_env(url.into_connection_info().unwrap(), url, &var)
+    }
+
+    #[test]
+    fn mooncake_variables_fill_in_what_the_url_leaves_out() {
+        let env = [("MC_REDIS_USERNAME", "alice"), ("MC_REDIS_PASSWORD", "s3cret"), ("MC_REDIS_DB_INDEX", "7")];
+        let r = info("redis://10.0.0.1:6379", &env).unwrap();
+        let r = r.redis_settings();
+        assert_eq!((r.username(), r.password(), r.db()), (Some("alice"), Some("s3cret"), 7));
+        // The URL's own credentials and database win.
+        let r = info("redis://bob:pw@10.0.0.1:6379/2", &env).unwrap();
+        let r = r.redis_settings();
+        assert_eq!((r.username(), r.password(), r.db()), (Some("bob"), Some("pw"), 2));
+        // Unset: nothing added.
+        let r = info("redis://10.0.0.1:6379", &[]).unwrap();
+        let r = r.redis_settings();
+        assert_eq!((r.username(), r.password(), r.db()), (None, None, 0));
+    }
+
+    #[test]
+    fn a_bad_database_index_is_an_error_naming_it() {
+        for bad in ["256", "-1", "one"] {
+            let e = info("redis://h:6379", &[("MC_REDIS_DB_INDEX", bad)]).unwrap_err();
+            assert!(e.to_string().contains("MC_REDIS_DB_INDEX") && e.to_string().contains(bad), "{e}");
+            assert!(e.is_caller_error(), "{e}");
+        }
     }
 }

@@ -15,6 +15,14 @@ pub struct RdmaConfig {
     pub gid_index: Option<u32>,
     /// Path MTU in bytes (`MC_MTU`), capped by each port's active MTU; `None`: the active MTU.
     pub mtu: Option<u32>,
+    /// The port number used on each device (`MC_IB_PORT`), which must be active; `None`: the
+    /// first active port.
+    pub ib_port: Option<u8>,
+    /// Service level of the queue pairs, 0-15 (`MC_IB_SL`).
+    pub service_level: u8,
+    /// Traffic class of the queue pairs' global route header (`MC_IB_TC`; RoCE and routed
+    /// InfiniBand).
+    pub traffic_class: u8,
     /// Address the queue-pair exchange listens on.
     pub bind_host: String,
     /// Host peers use to reach the exchange (published in the descriptor).
@@ -25,13 +33,13 @@ pub struct RdmaConfig {
     pub max_slice_len: u64,
     /// Queue pairs per peer and local device.
     pub qps_per_peer: usize,
-    /// Work requests outstanding per queue pair (capped by the device).
+    /// Work requests outstanding per queue pair, capped by the device (`MC_MAX_WR`).
     pub max_send_wr: u32,
     /// ACK timeout exponent of each queue pair: 4.096 µs × 2^n (`MC_IB_TIMEOUT`).
     pub ib_timeout: u8,
     /// Retransmissions of each queue pair before its work request fails (`MC_IB_RETRY_CNT`).
     pub retry_cnt: u8,
-    /// Attempts per slice (on different queue pairs) before it fails.
+    /// Attempts per slice (on different queue pairs) before it fails (`MC_RETRY_CNT`).
     pub max_attempts: u32,
     /// How long the poller spins on an empty completion queue before sleeping on events.
     pub poll_spin: Duration,
@@ -48,6 +56,9 @@ impl Default for RdmaConfig {
             devices: Vec::new(),
             gid_index: None,
             mtu: None,
+            ib_port: None,
+            service_level: 0,
+            traffic_class: 0,
             bind_host: "0.0.0.0".into(),
             advertise_host: "127.0.0.1".into(),
             port: 0,

@@ -44,8 +44,12 @@ pub struct Device {
     pub(crate) pd: *mut ibv_pd,
     channel: *mut ibv_comp_channel,
     pub(crate) cq: *mut ibv_cq,
-    /// The port used: the first active one.
+    /// The port used: the configured one (`MC_IB_PORT`), else the first active one.
     pub port: u8,
+    /// Service level of its queue pairs (`MC_IB_SL`).
+    pub service_level: u8,
+    /// Traffic class of its queue pairs' global route header (`MC_IB_TC`).
+    pub traffic_class: u8,
     /// The index of [`Self::gid`] in the port's GID table.
     pub gid_index: u8,
     /// The GID its queue pairs are addressed by (on RoCE; InfiniBand routes by the LID).
@@ -255,7 +259,16 @@ fn open_one(
         return Err(format!("query_device failed: {}", os_err()));
     }
     let mut port = None;
-    for p in 1..=attr.phys_port_cnt {
+    if let Some(p) = config.ib_port {
+        if p > attr.phys_port_cnt {
+            return Err(format!("has no port {p} (MC_IB_PORT; it has {})", attr.phys_port_cnt));
+        }
+    }
+    let candidates = match config.ib_port {
+        Some(p) => p..=p,
+        None => 1..=attr.phys_port_cnt,
+    };
+    for p in candidates {
         // SAFETY: zeroed integers; `PortAttrBuf` leaves spare room after the known fields.
         let mut buf: ffi::PortAttrBuf = unsafe { std::mem::zeroed() };
         // SAFETY: a valid context, an existing port number and a large enough buffer.
@@ -264,7 +277,11 @@ fn open_one(
             break;
         }
     }
-    let (port, pattr) = port.ok_or("no active port")?;
+    let (port, pattr) = match (port, config.ib_port) {
+        (Some(found), _) => found,
+        (None, Some(p)) => return Err(format!("port {p} (MC_IB_PORT) is not active")),
+        (None, None) => return Err("no active port".into()),
+    };
     let gid_index = match config.gid_index {
         Some(i) => check_gid_index(i, pattr.gid_tbl_len)?,
         None => auto_gid_index(verbs, ctx, name, port, &pattr)?,
@@ -321,6 +338,8 @@ fn open_one(
         channel,
         cq,
         port,
+        service_level: config.service_level,
+        traffic_class: config.traffic_class,
         gid_index,
         gid,
         lid: pattr.lid,

@@ -157,17 +157,21 @@ impl RdmaTransport {
             || config.max_attempts == 0
             || config.ib_timeout > 31
             || config.retry_cnt > 7
+            || config.service_level > 15
+            || config.ib_port == Some(0)
         {
             return Err(TransportError::InvalidArgument(format!(
                 "rdma settings out of range: slice {} (1..={MAX_SLICE}), {} queue pairs per peer \
                  (1..=64), {} work requests per queue pair, {} attempts, timeout {} (0..=31), \
-                 retry count {} (0..=7)",
+                 retry count {} (0..=7), service level {} (0..=15), port {:?} (1..)",
                 config.max_slice_len,
                 config.qps_per_peer,
                 config.max_send_wr,
                 config.max_attempts,
                 config.ib_timeout,
-                config.retry_cnt
+                config.retry_cnt,
+                config.service_level,
+                config.ib_port
             )));
         }
         let unavailable = |why: String| TransportError::Unavailable("rdma", why);

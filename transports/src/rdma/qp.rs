@@ -155,12 +155,13 @@ impl Qp {
         a.min_rnr_timer = 12;
         a.ah_attr.port_num = self.device.port;
         a.ah_attr.dlid = remote.lid;
-        a.ah_attr.sl = 0;
+        a.ah_attr.sl = self.device.service_level;
         if self.device.link_layer == ffi::IBV_LINK_LAYER_ETHERNET || remote.lid == 0 {
             a.ah_attr.is_global = 1;
             a.ah_attr.grh.dgid.raw = remote.gid;
             a.ah_attr.grh.sgid_index = self.device.gid_index;
             a.ah_attr.grh.hop_limit = 64;
+            a.ah_attr.grh.traffic_class = self.device.traffic_class;
         }
         self.modify(
             &mut a,
