@@ -5,7 +5,7 @@
 //! replica list. A get of such a client that reads the whole value computes the checksum of
 //! the bytes it read, after the transfer and before it returns: bytes that do not match fail
 //! the read with [`StoreError::ChecksumMismatch`] (the get tries the object's other sources
-//! first, as after any failed source) and are counted ([`Checksums::mismatches`]). What is
+//! first, as after any failed source) and are counted (in the client's `checksum_mismatches` metric). What is
 //! not verified: ranged reads and get sessions (they read part of the value), objects put
 //! without a checksum (by a client with the setting off, an older client, a put session) and
 //! hot-cache hits (an entry is verified when it is filled, and a fill that does not match is
