@@ -15,3 +15,14 @@ K8S_VERSION="${CI_K8S_VERSION:-1.33.0}"
 ci_log "Kubernetes manifests: deploy/k8s/*.yaml against Kubernetes $K8S_VERSION (strict)"
 "$VENV/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" deploy/k8s/*.yaml
 echo "deploy/k8s: $(ls deploy/k8s/*.yaml | wc -l) manifest files valid"
+
+# Every pod runs the image deploy/Containerfile builds, tagged with the workspace's version
+# (docs/src/operations.md, "The image"): a release that bumps the version bumps the manifests.
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+bad=$(grep -Hn 'image:' deploy/k8s/*.yaml | grep -v "image: crescent:$version\$" || true)
+if [ -n "$bad" ]; then
+  echo "deploy/k8s: every image must be crescent:$version (Cargo.toml's version); these differ:" >&2
+  echo "$bad" >&2
+  exit 1
+fi
+echo "deploy/k8s: every pod runs crescent:$version"

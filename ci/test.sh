@@ -49,6 +49,9 @@ ci_log "disk left after the tests: $(df -h --output=avail . | tail -1 | tr -d ' 
 ci_log "rdma on real verbs: the rdma tests and tebench in a soft-RoCE VM"
 bash ci/rdma-vm.sh
 
+ci_log "the image: deploy/Containerfile's runtime stage over these binaries, a master and two clients as containers"
+bash ci/image.sh "$TARGET_DIR/debug" ci/.work/wheels
+
 # Last: its instrumented release build is the longest step, and needs disk of its own.
 ci_log "coverage-guided fuzzing, short form: each target from its committed corpus for a few seconds"
 # The instrumented release build is most of this step; the long runs are in docs/src/testing.md.
