@@ -39,6 +39,17 @@ if [ "$(id -u)" -eq 0 ]; then export CRESCENT_NO_SKIP=1; fi
 cargo test --workspace --locked
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+
+ci_log "soak, short form: 3 minutes of mixed calls across client processes under scheduled faults"
+# It fails when an acknowledged key is lost, a read is torn or a process's RSS grows past 10 %;
+# the 60-minute run is in docs/src/benchmarks.md. It needs root (a network namespace, nftables,
+# a tmpfs), as the namespace tests do.
+if [ "$(id -u)" -eq 0 ]; then
+  "$TARGET_DIR/debug/storebench" soak --minutes 3 --out "$TARGET_DIR/soak"
+else
+  ci_log "soak skipped: it needs root"
+fi
+
 ci_c_example "$TARGET_DIR/debug"
 ci_c_te_test "$TARGET_DIR/debug"
 ci_python_env
