@@ -460,9 +460,8 @@ fn run(cli: SoakArgs) -> Result<()> {
     for pid in etcd.pids() {
         track(&s.tracked, "etcd", pid, None);
     }
-    let mut masters: Vec<Option<MasterProc>> = Vec::new();
-    masters.push(Some(spawn_master(&etcd, &cluster, 0, &s)?));
-    masters.push(Some(spawn_master(&etcd, &cluster, 1, &s)?));
+    let mut masters: Vec<Option<MasterProc>> =
+        vec![Some(spawn_master(&etcd, &cluster, 0, &s)?), Some(spawn_master(&etcd, &cluster, 1, &s)?)];
     let probe = StoreClient::connect(ClientConfig {
         master_server_address: s.master_url.clone(),
         cluster_id: Some(cluster.clone()),
