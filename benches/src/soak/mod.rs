@@ -136,14 +136,27 @@ fn in_own_netns(args: &[String]) -> Result<()> {
     let ns = Netns(format!("crsc-soak-{}", std::process::id()));
     cmd("ip", &["netns", "add", &ns.0])?;
     cmd("ip", &["-n", &ns.0, "link", "set", "lo", "up"])?;
-    let status = Command::new("ip")
+    on_signals()?;
+    let mut child = Command::new("ip")
         .args(["netns", "exec", &ns.0])
         .arg(std::env::current_exe()?)
         .arg("soak")
         .args(args)
         .env(NETNS_ENV, &ns.0)
-        .status()
+        .spawn()
         .context("ip netns exec")?;
+    // `ip netns exec` execs the command: the child is the run; a signal here is passed on.
+    let mut forwarded = false;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if INTERRUPTED.load(Ordering::Relaxed) && !forwarded {
+            let _ = cmd("kill", &["-TERM", &child.id().to_string()]);
+            forwarded = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     drop(ns);
     if !status.success() {
         std::process::exit(status.code().unwrap_or(1));
@@ -204,9 +217,17 @@ fn log_file(out: &Path, name: &str) -> Result<std::fs::File> {
     Ok(std::fs::OpenOptions::new().create(true).append(true).open(out.join(format!("{name}.log")))?)
 }
 
+/// A `crescent-master` process, killed when dropped.
 struct MasterProc {
     child: Child,
     addr: String,
+}
+
+impl Drop for MasterProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn sibling(name: &str) -> Result<PathBuf> {
@@ -259,20 +280,35 @@ struct Setup {
     workers: u64,
 }
 
+/// A worker process, killed when dropped (its last lines counted).
 struct WorkerProc {
     child: Child,
-    stdin: ChildStdin,
-    reader: std::thread::JoinHandle<()>,
+    stdin: Option<ChildStdin>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl WorkerProc {
     fn kill(self, s: &Setup) {
-        let mut me = self;
-        untrack(&s.tracked, me.child.id());
-        let _ = me.child.kill();
-        let _ = me.child.wait();
-        // Its last lines are counted before it is started again.
-        let _ = me.reader.join();
+        untrack(&s.tracked, self.child.id());
+    }
+
+    /// Closes its stdin (it exits), waits up to `grace`, then kills it.
+    fn finish(mut self, grace: Duration) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
     }
 }
 
@@ -317,17 +353,15 @@ fn spawn_worker(s: &Setup, id: u64, incarnation: u32) -> Result<WorkerProc> {
             tally.lock().unwrap().line(id, &line);
         }
     });
-    let mut w = WorkerProc { child, stdin, reader };
+    let w = WorkerProc { child, stdin: Some(stdin), reader: Some(reader) };
     match rx.recv_timeout(Duration::from_secs(120)) {
         Ok(()) => {
             track(&s.tracked, &worker_name(s, id), w.child.id(), None);
             Ok(w)
         }
         Err(_) => {
-            let _ = w.child.kill();
-            let status = w.child.wait();
-            let _ = w.reader.join();
-            bail!("{} did not start ({status:?}); see its log", worker_name(s, id))
+            drop(w);
+            bail!("{} did not start; see its log", worker_name(s, id))
         }
     }
 }
@@ -401,10 +435,29 @@ fn nft_drop_all_but(ports: &[u16]) -> Result<()> {
 }
 
 /// Sleeps until `at` after `t0`.
-fn at(t0: Instant, secs: f64) {
-    if let Some(d) = (t0 + Duration::from_secs_f64(secs)).checked_duration_since(Instant::now()) {
-        std::thread::sleep(d);
+/// Set by SIGINT / SIGTERM: the run ends early (every process it started is killed).
+static INTERRUPTED: std::sync::LazyLock<Arc<AtomicBool>> = std::sync::LazyLock::new(Default::default);
+
+/// Sleeps until `secs` after `t0`; `Err` once the run is interrupted.
+fn at(t0: Instant, secs: f64) -> Result<()> {
+    let end = t0 + Duration::from_secs_f64(secs);
+    loop {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        match end.checked_duration_since(Instant::now()) {
+            Some(d) => std::thread::sleep(d.min(Duration::from_millis(100))),
+            None => return Ok(()),
+        }
     }
+}
+
+/// Sets [`INTERRUPTED`] on SIGINT and SIGTERM.
+fn on_signals() -> Result<()> {
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, INTERRUPTED.clone())?;
+    }
+    Ok(())
 }
 
 /// The faults done and what they took.
@@ -429,6 +482,7 @@ impl Faults {
 }
 
 fn run(cli: SoakArgs) -> Result<()> {
+    on_signals()?;
     let out = std::env::current_dir()?.join(&cli.out);
     std::fs::create_dir_all(&out)?;
     for old in std::fs::read_dir(&out)? {
@@ -522,29 +576,28 @@ fn run(cli: SoakArgs) -> Result<()> {
     for cycle in 0..cycles {
         for (p, phase) in PHASES.iter().enumerate() {
             let t0 = start + Duration::from_secs_f64(cycle_secs * cycle as f64 + (cli.phase_secs * p as u64) as f64);
-            at(t0, 0.0);
+            at(t0, 0.0)?;
             s.tally.lock().unwrap().phase = p;
             if workers[victim as usize].is_none() {
                 restart_victim(&mut workers, &mut incarnation, &mut faults);
             }
             match *phase {
                 "client-kill" => {
-                    at(t0, 2.0);
+                    at(t0, 2.0)?;
                     kill_victim(&mut workers, &mut faults);
-                    at(t0, 4.0);
+                    at(t0, 4.0)?;
                     restart_victim(&mut workers, &mut incarnation, &mut faults);
                 }
                 "master-failover" => {
-                    at(t0, 2.0);
+                    at(t0, 2.0)?;
                     let leader = probe.master_address();
                     let Some(slot) = masters.iter().position(|m| m.as_ref().is_some_and(|m| m.addr == leader)) else {
                         faults.event(start, format!("the leader {leader} is none of the masters; no failover"));
                         continue;
                     };
-                    let mut dead = masters[slot].take().expect("found above");
+                    let dead = masters[slot].take().expect("found above");
                     untrack(&s.tracked, dead.child.id());
-                    let _ = dead.child.kill();
-                    let _ = dead.child.wait();
+                    drop(dead);
                     let t = Instant::now();
                     faults.failovers += 1;
                     // Until the soak's own client follows a new leader (and it answers).
@@ -559,29 +612,29 @@ fn run(cli: SoakArgs) -> Result<()> {
                         start,
                         format!("leader {leader} killed; {} answers after {ms:.0} ms", probe.master_address()),
                     );
-                    at(t0, 5.0);
+                    at(t0, 5.0)?;
                     match spawn_master(&etcd, &cluster, slot, &s) {
                         Ok(m) => masters[slot] = Some(m),
                         Err(e) => faults.event(start, format!("master {slot} failed to start again: {e:#}")),
                     }
                 }
                 "link-blip" => {
-                    at(t0, 2.0);
+                    at(t0, 2.0)?;
                     nft_drop_all_but(&etcd.client_ports)?;
                     faults.blips += 1;
                     faults.event(start, "link down: TCP dropped for 3.5 s".into());
-                    at(t0, 5.5);
+                    at(t0, 5.5)?;
                     cmd("nft", &["delete", "table", "inet", NFT_TABLE])?;
                 }
                 "disk-full" => {
-                    at(t0, 1.0);
+                    at(t0, 1.0)?;
                     let n = disk.fill()?;
                     faults.disk_fills += 1;
                     faults.event(start, format!("disk full: {} filled", report::fmt_bytes(n)));
-                    at(t0, 4.0);
+                    at(t0, 4.0)?;
                     kill_victim(&mut workers, &mut faults);
                     restart_victim(&mut workers, &mut incarnation, &mut faults);
-                    at(t0, 9.0);
+                    at(t0, 9.0)?;
                     disk.empty();
                     faults.event(start, "disk space back".into());
                 }
@@ -589,7 +642,7 @@ fn run(cli: SoakArgs) -> Result<()> {
             }
         }
     }
-    at(start, cycle_secs * cycles as f64);
+    at(start, cycle_secs * cycles as f64)?;
     if workers[victim as usize].is_none() {
         restart_victim(&mut workers, &mut incarnation, &mut faults);
     }
@@ -597,8 +650,10 @@ fn run(cli: SoakArgs) -> Result<()> {
 
     // Stop the workload, then read every key back.
     for w in workers.iter_mut().flatten() {
-        let _ = writeln!(w.stdin, "stop");
-        let _ = w.stdin.flush();
+        if let Some(stdin) = w.stdin.as_mut() {
+            let _ = writeln!(stdin, "stop");
+            let _ = stdin.flush();
+        }
     }
     let live = workers.iter().flatten().count();
     let t = Instant::now();
@@ -619,21 +674,10 @@ fn run(cli: SoakArgs) -> Result<()> {
     stop_sampling.store(true, Ordering::Relaxed);
     let (samples, evicted) = sampling.join().map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
     for w in workers.into_iter().flatten() {
-        drop(w.stdin);
-        let mut child = w.child;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = w.reader.join();
+        w.finish(Duration::from_secs(10));
     }
     drop(probe);
-    for mut m in masters.into_iter().flatten() {
-        let _ = m.child.kill();
-        let _ = m.child.wait();
-    }
+    drop(masters);
     for i in 0..etcd.client_ports.len() {
         etcd.kill(i);
     }
