@@ -116,6 +116,11 @@ pub struct WorkerArgs {
 enum State {
     Absent,
     Present(u32),
+    /// Generation `g` was present and an upsert since answered `OBJECT_LEASED`, which
+    /// `upsert_with` documents as leaving the old value: this worker's reads check that (a
+    /// stale read otherwise), but the coordinator counts the key in doubt, as after any failed
+    /// call (a key upserted later is not one whose put must read back).
+    Refused(u32),
     Unknown,
 }
 
@@ -124,8 +129,21 @@ impl State {
         match self {
             State::Absent => 0,
             State::Present(g) => g as i64,
-            State::Unknown => -1,
+            State::Refused(_) | State::Unknown => -1,
         }
+    }
+
+    /// The generation reads should return, if one is known.
+    fn expected(self) -> Option<u32> {
+        match self {
+            State::Present(g) | State::Refused(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// The state after an upsert that answered `OBJECT_LEASED`.
+    fn refused(self) -> State {
+        self.expected().map_or(State::Unknown, State::Refused)
     }
 }
 
@@ -191,14 +209,15 @@ impl Worker {
                     checks.torn += 1;
                 }
                 Ok(g) => {
-                    if !matches!(self.state[i], State::Present(want) if want == g) && self.state[i] != State::Unknown {
+                    let expected = self.state[i].expected();
+                    if expected != Some(g) && (expected.is_some() || self.state[i] == State::Absent) {
                         tracing::error!(key = %key(gid, self.a.keys), got = g, want = self.state[i].wire(), history = ?self.history[i], "soak: a read returned another generation than the last acknowledged write (want: 0 absent)");
                         checks.stale += 1;
                     }
                 }
             },
             Err(e) => {
-                if matches!(e, StoreError::NotFound(_)) && matches!(self.state[i], State::Present(_)) {
+                if matches!(e, StoreError::NotFound(_)) && self.state[i].expected().is_some() {
                     checks.missing += 1;
                 }
                 errs.push(code(e));
@@ -300,7 +319,7 @@ impl Worker {
                 match r {
                     Ok(()) => self.state[i] = State::Present(g),
                     Err(e @ StoreError::Leased(_)) if !absent => {
-                        self.state[i] = was;
+                        self.state[i] = was.refused();
                         errs.push(code(&e));
                     }
                     Err(e) => errs.push(code(&e)),
@@ -327,7 +346,7 @@ impl Worker {
                         for ((&i, r), (&g, &was)) in idx.iter().zip(&all).zip(gens.iter().zip(&before)) {
                             match r {
                                 Ok(()) if was == State::Absent => self.state[i] = State::Present(g),
-                                Ok(()) if matches!(was, State::Present(_)) => self.state[i] = was,
+                                Ok(()) if was.expected().is_some() => self.state[i] = was,
                                 Ok(()) => {}
                                 Err(e) => errs.push(code(e)),
                             }
@@ -348,9 +367,9 @@ impl Worker {
                     &self.c.default_options(),
                 ) {
                     Ok(()) => self.state[i] = State::Present(g),
-                    // A reader's lease protects the old value: the upsert changed nothing.
+                    // A reader's lease protects the old value, says upsert_with.
                     Err(e @ StoreError::Leased(_)) => {
-                        self.state[i] = was;
+                        self.state[i] = was.refused();
                         errs.push(code(&e));
                     }
                     Err(e) => errs.push(code(&e)),
