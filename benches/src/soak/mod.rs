@@ -506,7 +506,7 @@ fn run(cli: SoakArgs) -> Result<()> {
         cluster: cluster.clone(),
         disk: disk.0.clone(),
         tracked: Arc::new(Mutex::new(Vec::new())),
-        tally: Arc::new(Mutex::new(Tally::new(PHASES.to_vec()))),
+        tally: Arc::new(Mutex::new(Tally::new(PHASES.iter().copied().chain(["settle (end)"]).collect()))),
         workers: cli.holders + 1,
         cli: cli.clone(),
     });
@@ -648,7 +648,9 @@ fn run(cli: SoakArgs) -> Result<()> {
     }
     let run_secs = start.elapsed().as_secs_f64();
 
-    // Stop the workload, then read every key back.
+    // Stop the workload (each worker first gives its keys in doubt a value), then read every
+    // key back.
+    s.tally.lock().unwrap().phase = PHASES.len();
     for w in workers.iter_mut().flatten() {
         if let Some(stdin) = w.stdin.as_mut() {
             let _ = writeln!(stdin, "stop");

@@ -251,6 +251,48 @@ impl Worker {
         }));
     }
 
+    /// Gives every key in doubt a known value before the read-back: an upsert, tried again
+    /// (for up to 15 s a key, 40 s in all) while leases of reads that are ending refuse it.
+    fn settle(&mut self) {
+        let all = Instant::now() + Duration::from_secs(40);
+        for i in 0..self.state.len() {
+            if Instant::now() > all {
+                break;
+            }
+            if matches!(self.state[i], State::Present(_) | State::Absent) {
+                continue;
+            }
+            let end = (Instant::now() + Duration::from_secs(15)).min(all);
+            while Instant::now() < end {
+                let g = self.new_gen();
+                let t = Instant::now();
+                self.begin(&[i]);
+                let was = self.state[i];
+                let mut errs = Vec::new();
+                match self.c.upsert_with(
+                    &key(self.gid(i), self.a.keys),
+                    &value(self.gid(i), g),
+                    &self.c.default_options(),
+                ) {
+                    Ok(()) => self.state[i] = State::Present(g),
+                    Err(e @ StoreError::Leased(_)) => {
+                        self.state[i] = was.refused();
+                        errs.push(code(&e));
+                    }
+                    Err(e) => {
+                        self.state[i] = State::Unknown;
+                        errs.push(code(&e));
+                    }
+                }
+                self.end("settle_upsert", t, &errs, &[i], &Checks::default());
+                if errs.is_empty() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+
     /// One call of the mix on random keys.
     fn step(&mut self, rng: &mut impl Rng) {
         let n = self.a.keys as usize;
@@ -527,6 +569,7 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<()> {
         w.step(&mut rng);
     }
     let _ = reader.join();
+    w.settle();
     out.emit(json!({ "stopped": true }));
     while !closed.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
