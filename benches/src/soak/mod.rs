@@ -22,10 +22,11 @@
 //! | link-blip | every TCP packet in the namespace but etcd's is dropped for 3.5 s (nftables) |
 //! | disk-full | the tmpfs of the disk tier is filled; the victim is killed and started on the full disk; the filler is removed |
 //!
-//! At the end the workers stop, and this process reads back every key whose last call was
-//! acknowledged: a key acknowledged present must read back whole with its last generation, a
-//! key acknowledged removed must be absent (a key whose last call failed or never ended is in
-//! doubt and skipped). The killed victim holds no segment, so that no kill drops a replica by
+//! At the end the workers stop, each first giving its keys in doubt (last call failed, or cut
+//! by a kill) a known value with an upsert tried again while leases end; then this process
+//! reads back every key: a key acknowledged present must read back whole with its last
+//! generation, a key acknowledged removed must be absent (a key still in doubt is skipped and
+//! counted). The killed victim holds no segment, so that no kill drops a replica by
 //! design; the store is sized so that nothing is evicted, and the masters' eviction counters are
 //! sampled to show it.
 //!
