@@ -39,6 +39,22 @@ if [ "$(id -u)" -eq 0 ]; then export CRESCENT_NO_SKIP=1; fi
 cargo test --workspace --locked
 
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+
+# The soak's short form: 3 minutes of mixed calls across client processes under scheduled
+# faults; it fails when an acknowledged key is lost, a read is torn or a process's RSS grows
+# past 10 %. Not run by default yet (CRESCENT_CI_SOAK=1 runs it): its first runs found failover
+# bugs in the store (removes undone by a new leader's rebuild, an acknowledged write gone after
+# a leader kill: docs/src/testing.md), so it would fail CI by chance until they are fixed.
+# It needs root (a network namespace, nftables, a tmpfs), as the namespace tests do.
+if [ "${CRESCENT_CI_SOAK:-0}" != 1 ]; then
+  ci_log "soak skipped: CRESCENT_CI_SOAK=1 runs it (see docs/src/testing.md, the soak)"
+elif [ "$(id -u)" -eq 0 ]; then
+  ci_log "soak, short form: 3 minutes of mixed calls across client processes under scheduled faults"
+  "$TARGET_DIR/debug/storebench" soak --minutes 3 --out "$TARGET_DIR/soak"
+else
+  ci_log "soak skipped: it needs root"
+fi
+
 ci_c_example "$TARGET_DIR/debug"
 ci_c_te_test "$TARGET_DIR/debug"
 ci_python_env

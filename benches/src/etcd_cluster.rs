@@ -109,6 +109,11 @@ impl EtcdCluster {
         self.url().trim_start_matches("etcd://").to_string()
     }
 
+    /// The process ids of the members still running.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members.iter().flatten().map(Child::id).collect()
+    }
+
     /// SIGKILLs member `i`.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].take() {

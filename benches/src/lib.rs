@@ -9,6 +9,7 @@ pub mod failover;
 pub mod hotbench;
 pub mod masterbench;
 pub mod report;
+pub mod soak;
 pub mod ssd;
 
 pub use crescent_store::{init_logging, init_tool_logging};

@@ -16,6 +16,9 @@
 //! master in this process on loopback.
 //! `storebench ssd [--dir DIR]` measures the disk tier instead (see `crescent_benches::ssd`).
 //! `storebench failover [--kills 20]` measures HA failovers (see `crescent_benches::failover`).
+//! `storebench soak [--minutes 3]` runs a mixed workload under scheduled faults and checks that
+//! nothing acknowledged is lost, nothing read is torn, and no process grows (see
+//! `crescent_benches::soak`).
 //! Two more modes measure the client's local hot cache (`benches/hotcache.sh` runs them):
 //! `storebench hot-cache --master A:PORT --local-hostname B` and `storebench replay ...`.
 //! `storebench master [--objects 100k,1M] [--clients 64]` drives a spawned `crescent-master`
@@ -151,6 +154,18 @@ fn main() {
             std::process::exit(1);
         }
         return;
+    }
+    for (mode, run) in [
+        ("soak", crescent_benches::soak::main as fn(std::iter::Skip<std::env::Args>) -> anyhow::Result<()>),
+        ("soak-worker", crescent_benches::soak::worker::main),
+    ] {
+        if std::env::args().nth(1).as_deref() == Some(mode) {
+            if let Err(e) = run(std::env::args().skip(1)) {
+                eprintln!("storebench {mode}: error: {e:#}");
+                std::process::exit(1);
+            }
+            return;
+        }
     }
     if std::env::args().nth(1).as_deref() == Some("failover") {
         if let Err(e) = crescent_benches::failover::main(std::env::args().skip(1)) {
