@@ -9,7 +9,8 @@ op, size, threads) prints Mooncake's and Crescent's medians, the median of the p
 Crescent / Mooncake with their range, the limit's median (iperf3 or memcpy, measured in the
 same pairs) and the median of the per-pair ratios Crescent / limit and Mooncake / limit.
 Writes DIR/table.md (the same table), DIR/summary.csv and one SVG per part
-(DIR/vs-mooncake-engine.svg, DIR/vs-mooncake-store.svg), drawn by benches/plot.py.
+(DIR/vs-mooncake-engine.svg, DIR/vs-mooncake-store.svg), drawn by benches/plot.py as its
+FIGURES list says (`plot.py --all` redraws them from benches/results/vs-mooncake.csv).
 """
 
 import argparse
@@ -21,10 +22,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plot  # noqa: E402  (benches/plot.py)
 
-TITLES = {
-    "engine": "engine over tcp loopback: transfer_engine_bench vs tebench",
-    "store": "store over tcp loopback: Python put / get, holder + reader",
-}
 
 
 def summarise(raw):
@@ -88,14 +85,14 @@ def main():
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()})
+    # The plots as benches/plot.py --all draws them from a copy in benches/results/.
     csv_text = (out / "summary.csv").read_text()
-    for part in sorted({r["part"] for r in rows}):
-        unit = next(r["unit"] for r in rows if r["part"] == part)
-        svg = plot.plot(csv_text, True, "op,size,threads", "Mooncake,Crescent,limit", f"part={part}",
-                        TITLES.get(part, part), unit)
-        path = out / f"vs-mooncake-{part}.svg"
-        path.write_text(svg)
-        print(f"wrote {path}", file=sys.stderr)
+    parts = {r["part"] for r in rows}
+    for src, label, values, where, title, unit, name in plot.FIGURES:
+        if src == "vs-mooncake.csv" and where.partition("=")[2] in parts:
+            path = out / name
+            path.write_text(plot.plot(csv_text, True, label, values, where, title, unit))
+            print(f"wrote {path}", file=sys.stderr)
 
 if __name__ == "__main__":
     main()

@@ -30,8 +30,9 @@
 # pairs and Crescent then Mooncake in even ones. It prints both medians, the median of the
 # per-pair ratios Crescent / Mooncake and their range, the limit and each side's share of it,
 # with the load average at start and end; writes DIR/raw.csv, DIR/summary.csv, DIR/table.md and
-# DIR/vs-mooncake-{engine,store}.svg (DIR: --out, default ci/.work/vs-mooncake). Every process
-# it starts is ended when it exits.
+# DIR/vs-mooncake-{engine,store}.svg (DIR: --out, default ci/.work/vs-mooncake), and every
+# process's log under DIR/logs/ (a failed run prints the end of its log). Every process it
+# starts is ended when it exits.
 #
 #   BIN_DIR=DIR   use DIR's tebench, crescent-master and memcpy-bench instead of building
 set -euo pipefail
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
     --sizes) SIZES=$2; shift 2 ;;
     --iperf-streams) STREAMS=$2; shift 2 ;;
     --window) WINDOW=$2; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     [0-9]*) DUR=$1; shift ;;
     *) echo "vs-mooncake.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -68,7 +69,7 @@ if ! "$MVENV/bin/python" -c 'import mooncake.store' 2>/dev/null; then
   echo "installing $WHEEL into $MVENV ..." >&2
   [ -x "$MVENV/bin/python" ] || python3 -m venv "$MVENV" || die "cannot make a venv at $MVENV (apt-get install python3-venv)"
   "$MVENV/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL" ||
-    die "cannot install $WHEEL from PyPI into $MVENV (no network, or no wheel for this Python ($(python3 -V)) and machine ($(uname -m)): upstream publishes CPython 3.10-3.13 wheels for x86_64 and aarch64 Linux)"
+    die "cannot install $WHEEL from PyPI into $MVENV (pip's reason above: no network, or no wheel of it for $(python3 -V) on $(uname -m) Linux)"
 fi
 MPKG=$("$MVENV/bin/python" -c 'import mooncake, os; print(os.path.dirname(os.path.realpath(mooncake.__file__)))') ||
   die "$MVENV cannot import upstream's mooncake package"
@@ -123,7 +124,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-mkdir -p "$OUT"
+LOGS=$OUT/logs
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
 RAW=$OUT/raw.csv
 echo "part,op,size,threads,pair,first,mooncake,crescent,limit,unit,limit_name" >"$RAW"
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -134,6 +137,17 @@ wait_for() { # file pattern what pid
     sleep 0.1
   done
   tail -n 5 "$1" >&2; die "$3 did not start in 30 s"
+}
+# measure LOG COMMAND...: the command's stdout into $WORK/out, its stderr appended to LOG; when
+# it fails, the log's last lines and where the whole of it is.
+measure() {
+  local log=$1
+  shift
+  if ! "$@" >"$WORK/out" 2>>"$log"; then
+    echo "vs-mooncake.sh: $(basename "$log" .log) failed; the last lines of $log:" >&2
+    tail -n 8 "$log" | cut -c 1-300 >&2
+    return 1
+  fi
 }
 bytes() { python3 -c 'import sys; t = sys.argv[1].upper(); u = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}; print(int(t[:-1]) * u[t[-1]] if t[-1] in u else int(t))' "$1"; }
 
@@ -176,31 +190,33 @@ if [ "$ONLY" != store ]; then
   IPORT=$(free_port)
   iperf3 -s -B 127.0.0.1 -p "$IPORT" >/dev/null 2>&1 &
   PIDS+=($!)
-  "$BIN/tebench" target --protocol tcp --buffer-size "$WINDOW" --local-hostname 127.0.0.1 >"$WORK/ctarget.out" 2>&1 &
+  "$BIN/tebench" target --protocol tcp --buffer-size "$WINDOW" --local-hostname 127.0.0.1 >"$LOGS/tebench-target.log" 2>&1 &
   PIDS+=($!)
-  wait_for "$WORK/ctarget.out" '^segment: ' "tebench target" "${PIDS[-1]}"
-  CSEG=$(sed -n 's/^segment: //p' "$WORK/ctarget.out")
+  wait_for "$LOGS/tebench-target.log" '^segment: ' "tebench target" "${PIDS[-1]}"
+  CSEG=$(sed -n 's/^segment: //p' "$LOGS/tebench-target.log")
   env "${MENV[@]}" "$MPKG/transfer_engine_bench" --mode=target --protocol=tcp --metadata_server=P2PHANDSHAKE \
-    --local_server_name=127.0.0.1 --buffer_size="$(bytes "$WINDOW")" --logtostderr >"$WORK/mtarget.out" 2>&1 &
+    --local_server_name=127.0.0.1 --buffer_size="$(bytes "$WINDOW")" --logtostderr >"$LOGS/mooncake-target.log" 2>&1 &
   PIDS+=($!)
-  wait_for "$WORK/mtarget.out" 'listening on 127\.0\.0\.1:[0-9]' "transfer_engine_bench --mode=target" "${PIDS[-1]}"
-  MSEG=$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$WORK/mtarget.out" | head -n 1)
+  wait_for "$LOGS/mooncake-target.log" 'listening on 127\.0\.0\.1:[0-9]' "transfer_engine_bench --mode=target" "${PIDS[-1]}"
+  MSEG=$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$LOGS/mooncake-target.log" | head -n 1)
   sleep 0.5
   iperf_gbps() {
-    iperf3 -c 127.0.0.1 -p "$IPORT" -t "$DUR" -P "$STREAMS" -J 2>/dev/null |
-      python3 -c 'import json, sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))'
+    measure "$LOGS/iperf3.log" iperf3 -c 127.0.0.1 -p "$IPORT" -t "$DUR" -P "$STREAMS" -J || return 1
+    python3 -c 'import json, sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))' <"$WORK/out"
   }
   crescent_gbps() { # op block threads batch
-    "$BIN/tebench" initiator --segment "$CSEG" --protocol tcp --operation "$1" --block-size "$2" \
-      --batch-size "$4" --threads "$3" --duration "$DUR" --report-interval 0 --json \
-      --local-hostname 127.0.0.1 2>>"$WORK/cinit.err" | tail -n 1 |
-      python3 -c 'import json, sys; print("%.3f" % json.load(sys.stdin)["gb_per_s"])'
+    measure "$LOGS/tebench-initiator.log" "$BIN/tebench" initiator --segment "$CSEG" --protocol tcp --operation "$1" \
+      --block-size "$2" --batch-size "$4" --threads "$3" --duration "$DUR" --report-interval 0 --json \
+      --local-hostname 127.0.0.1 || return 1
+    tail -n 1 "$WORK/out" | python3 -c 'import json, sys; print("%.3f" % json.load(sys.stdin)["gb_per_s"])'
   }
   mooncake_gbps() { # op block threads batch: GB/s from its batch count and duration (10^9 B)
-    env "${MENV[@]}" "$MPKG/transfer_engine_bench" --mode=initiator --protocol=tcp --metadata_server=P2PHANDSHAKE \
-      --local_server_name=127.0.0.1 --segment_id="$MSEG" --operation="$1" --block_size="$(bytes "$2")" \
-      --batch_size="$4" --threads="$3" --duration="$DUR" --buffer_size="$(bytes "$WINDOW")" --logtostderr 2>&1 |
-      tee -a "$WORK/minit.err" | python3 -c '
+    local log=$LOGS/mooncake-initiator.log
+    measure "$log" env "${MENV[@]}" "$MPKG/transfer_engine_bench" --mode=initiator --protocol=tcp \
+      --metadata_server=P2PHANDSHAKE --local_server_name=127.0.0.1 --segment_id="$MSEG" --operation="$1" \
+      --block_size="$(bytes "$2")" --batch_size="$4" --threads="$3" --duration="$DUR" \
+      --buffer_size="$(bytes "$WINDOW")" --logtostderr || return 1
+    grep 'Test completed: ' "$log" | tail -n 1 | python3 -c '
 import re, sys
 m = re.search(r"Test completed: duration ([0-9.]+), batch count ([0-9]+)", sys.stdin.read())
 m or sys.exit("transfer_engine_bench printed no result")
@@ -229,32 +245,37 @@ if [ "$ONLY" != engine ]; then
   MASTER_FLAGS=(--rpc_address=127.0.0.1 --metrics_host=127.0.0.1 --default_kv_lease_ttl=500)
   MPORT=$(free_port)
   "$MPKG/mooncake_master" "${MASTER_FLAGS[@]}" --rpc_port="$MPORT" --metrics_port="$(free_port)" \
-    --logtostderr >"$WORK/mmaster.out" 2>&1 &
+    --logtostderr >"$LOGS/mooncake_master.log" 2>&1 &
   PIDS+=($!)
   CPORT=$(free_port)
   "$BIN/crescent-master" "${MASTER_FLAGS[@]}" --rpc_port="$CPORT" --metrics_port="$(free_port)" \
-    >"$WORK/cmaster.out" 2>&1 &
+    >"$LOGS/crescent-master.log" 2>&1 &
   PIDS+=($!)
   for p in "$MPORT" "$CPORT"; do
     for _ in $(seq 300); do python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$p" 2>/dev/null && break; sleep 0.1; done
   done
-  env "${MENV[@]}" "$MVENV/bin/python" benches/vs-mooncake-store.py holder --master "127.0.0.1:$MPORT" >"$WORK/mholder.out" 2>&1 &
+  env "${MENV[@]}" "$MVENV/bin/python" benches/vs-mooncake-store.py holder --master "127.0.0.1:$MPORT" \
+    >"$LOGS/mooncake-holder.log" 2>&1 &
   PIDS+=($!)
-  wait_for "$WORK/mholder.out" '^ready ' "Mooncake's holder (see $WORK/mmaster.out)" "${PIDS[-1]}"
-  "$CPY" benches/vs-mooncake-store.py holder --master "127.0.0.1:$CPORT" >"$WORK/cholder.out" 2>&1 &
+  wait_for "$LOGS/mooncake-holder.log" '^ready ' "Mooncake's holder (see $LOGS/mooncake_master.log)" "${PIDS[-1]}"
+  "$CPY" benches/vs-mooncake-store.py holder --master "127.0.0.1:$CPORT" >"$LOGS/crescent-holder.log" 2>&1 &
   PIDS+=($!)
-  wait_for "$WORK/cholder.out" '^ready ' "Crescent's holder" "${PIDS[-1]}"
-  echo "store: Mooncake's package $(sed -n 's/^ready //p' "$WORK/mholder.out"), Crescent's $(sed -n 's/^ready //p' "$WORK/cholder.out")" >&2
+  wait_for "$LOGS/crescent-holder.log" '^ready ' "Crescent's holder (see $LOGS/crescent-master.log)" "${PIDS[-1]}"
+  echo "store: Mooncake's package $(sed -n 's/^ready //p' "$LOGS/mooncake-holder.log"), Crescent's $(sed -n 's/^ready //p' "$LOGS/crescent-holder.log")" >&2
   mooncake_reader() { # size -> "put get" (MiB/s)
-    env "${MENV[@]}" "$MVENV/bin/python" benches/vs-mooncake-store.py reader --master "127.0.0.1:$MPORT" --size "$1" \
-      2>>"$WORK/mreader.err" | tail -n 1
+    measure "$LOGS/mooncake-reader.log" env "${MENV[@]}" "$MVENV/bin/python" benches/vs-mooncake-store.py reader \
+      --master "127.0.0.1:$MPORT" --size "$1" || return 1
+    tail -n 1 "$WORK/out"
   }
   crescent_reader() { # size -> "put get" (MiB/s)
-    "$CPY" benches/vs-mooncake-store.py reader --master "127.0.0.1:$CPORT" --size "$1" 2>>"$WORK/creader.err" | tail -n 1
+    measure "$LOGS/crescent-reader.log" "$CPY" benches/vs-mooncake-store.py reader --master "127.0.0.1:$CPORT" --size "$1" ||
+      return 1
+    tail -n 1 "$WORK/out"
   }
   memcpy_mibs() { # size -> MiB/s of one thread's memcpy of that size
-    "$BIN/memcpy-bench" --operation write --block-size "$1" --batch-size 16 --threads 1 --duration 1 --json 2>/dev/null |
-      tail -n 1 | python3 -c 'import json, sys; print("%.0f" % (json.load(sys.stdin)["gb_per_s"] * 1e9 / 2**20))'
+    measure "$LOGS/memcpy-bench.log" "$BIN/memcpy-bench" --operation write --block-size "$1" --batch-size 16 --threads 1 \
+      --duration 1 --json || return 1
+    tail -n 1 "$WORK/out" | python3 -c 'import json, sys; print("%.0f" % (json.load(sys.stdin)["gb_per_s"] * 1e9 / 2**20))'
   }
   for sz in $SIZES; do
     row store put "$sz" 1 MiB/s memcpy "memcpy_mibs $sz" "mooncake_reader $sz" "crescent_reader $sz"
