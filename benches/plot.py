@@ -30,6 +30,12 @@ FIGURES = [
      "store get_into (zero copy) vs Redis GET, two hosts", "MiB/s", "storebench-vs-redis.svg"),
     ("shm-vs-memcpy.md", "op,block,threads", "shm GB/s,memcpy GB/s", None,
      "shm transport vs memcpy (one host, batch 128)", "GB/s", "shm-vs-memcpy.svg"),
+    # benches/vs-mooncake.sh's summary.csv (its report draws the same two from it)
+    ("vs-mooncake.csv", "op,size,threads", "Mooncake,Crescent,limit", "part=engine",
+     "engine over tcp loopback: transfer_engine_bench vs tebench (limit: iperf3)", "GB/s",
+     "vs-mooncake-engine.svg"),
+    ("vs-mooncake.csv", "op,size,threads", "Mooncake,Crescent,limit", "part=store",
+     "store over tcp loopback: Python put / get (limit: memcpy)", "MiB/s", "vs-mooncake-store.svg"),
 ]
 
 COLOURS = ["#3b6ea8", "#d9822b", "#5a9e5a", "#a23b72", "#777777"]
