@@ -126,6 +126,9 @@ fn an_operator_sees_and_manages_a_running_cluster() {
 
     // A put of an existing key is refused, not silently ignored; --replace replaces.
     at("put", &rpc, &admin, &["cli/b", file.to_str().unwrap()]).one_line_error("put over cli/b", "cli/b exists");
+    // A replacement is refused while a reader's lease lasts (as upstream's upsert): the get of
+    // cli/b above leased it for 300 ms.
+    std::thread::sleep(std::time::Duration::from_millis(400));
     at("put", &rpc, &admin, &["--replace", "cli/b", file.to_str().unwrap()]).ok("put --replace");
     assert!(at("get", &rpc, &admin, &["cli/b"]).ok("get replaced").out == value);
 
