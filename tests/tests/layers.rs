@@ -58,9 +58,13 @@ const STORE: &[Layer] = &[
     Layer("crate", Ordered, &[""]),
 ];
 
-/// Inside the store client: its storage tiers stand on their own, below the rest of it.
-const STORE_CLIENT: &[Layer] =
-    &[Layer("tiers", Apart, &["disk", "hot_cache"]), Layer("the rest of the client", Ordered, &["*"])];
+/// Inside the store client: what a value is (its scatter/gather pieces, its checksum) at the
+/// bottom; its storage tiers above, standing on their own; the rest of it on top.
+const STORE_CLIENT: &[Layer] = &[
+    Layer("values", Ordered, &["sg", "checksum"]),
+    Layer("tiers", Apart, &["disk", "hot_cache"]),
+    Layer("the rest of the client", Ordered, &["*"]),
+];
 
 /// One import: `from` names `to` (both module paths, `""` the crate root) at `file:line`.
 #[derive(Debug, Clone)]
