@@ -256,7 +256,7 @@ pub struct ReplicaList {
 }
 
 /// Totals for metrics and the admin page.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Totals {
     /// Bytes contributed by mounted memory segments.
     pub capacity: u64,
@@ -287,8 +287,8 @@ pub struct DiskTotals {
     pub removals_pending: u64,
 }
 
-/// One mounted segment, as the admin port lists it.
-#[derive(Debug, Clone, serde::Serialize)]
+/// One mounted segment, as the admin port lists it (and the `crescent` command reads it).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SegmentView {
     /// The segment's id at this master.
     pub id: u64,

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crescent_store::master::{SegmentView, Totals};
 use serde::Deserialize;
 use serde_json::Value;
 use ureq::Agent;
@@ -24,28 +25,6 @@ pub struct Health {
     pub leader: Option<String>,
     pub cluster_id: String,
     pub totals: Totals,
-}
-
-/// The master's totals (its `Totals`).
-#[derive(Debug, Clone, Copy, Default, Deserialize, serde::Serialize)]
-pub struct Totals {
-    pub capacity: u64,
-    pub used: u64,
-    pub keys: u64,
-    pub segments: u64,
-    pub clients: u64,
-}
-
-/// One mounted segment (`/segments`).
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-pub struct Segment {
-    pub id: u64,
-    pub name: String,
-    pub client_id: String,
-    pub host: String,
-    pub tier: String,
-    pub capacity: u64,
-    pub used: u64,
 }
 
 /// One client (`/nodes`).
@@ -179,10 +158,10 @@ impl Admin {
     }
 
     /// `/segments`, memory and disks, in the master's order.
-    pub fn segments(&self) -> Result<Vec<Segment>, CliError> {
+    pub fn segments(&self) -> Result<Vec<SegmentView>, CliError> {
         #[derive(Deserialize)]
         struct Answer {
-            segments: Vec<Segment>,
+            segments: Vec<SegmentView>,
         }
         Ok(self.get_json::<Answer>("/segments")?.segments)
     }

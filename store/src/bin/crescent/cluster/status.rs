@@ -7,7 +7,9 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 
-use super::admin::{Admin, Health, Node, Segment};
+use crescent_store::master::SegmentView;
+
+use super::admin::{Admin, Health, Node};
 use super::prom::Samples;
 use super::{bytes, percent, print_json, CliError, ClusterArgs};
 
@@ -47,7 +49,7 @@ struct Snapshot {
     at: Instant,
     health: Health,
     metrics: Samples,
-    segments: Vec<Segment>,
+    segments: Vec<SegmentView>,
     nodes: Vec<Node>,
 }
 
