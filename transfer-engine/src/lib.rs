@@ -48,6 +48,7 @@ mod engine;
 pub mod env_vars;
 pub mod error;
 pub mod handshake;
+pub mod handshake_wire;
 pub mod host;
 pub mod metadata;
 pub mod notify;

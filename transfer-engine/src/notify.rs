@@ -28,10 +28,10 @@ use parking_lot::Mutex;
 
 use crate::batch::{Batch, BatchId, TransferStatus};
 use crate::error::{EngineError, Result};
-use crate::handshake::{self, MessageKind};
+use crate::handshake_wire::{self as wire, MessageKind};
 
 /// Most bytes of name and message together (what fits in one handshake request).
-pub const MAX_NOTIFY_BYTES: usize = handshake::MAX_REQUEST as usize - 4;
+pub const MAX_NOTIFY_BYTES: usize = wire::MAX_REQUEST as usize - 4;
 /// Most notifications a receiver holds until they are taken.
 pub const QUEUE_CAPACITY: usize = 4096;
 /// Most bytes (names and messages) a receiver holds until they are taken.
@@ -161,13 +161,13 @@ impl NotifyQueue {
 pub fn send(peer: &str, address: &str, n: &Notification, timeout: Duration, auth: &Auth) -> Result<()> {
     n.check()?;
     let unreachable = |reason: String| EngineError::SegmentUnreachable { name: peer.to_string(), reason };
-    let mut stream = handshake::connect(peer, address, timeout, auth)?;
+    let mut stream = wire::connect(peer, address, timeout, auth)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    handshake::write_message(&mut stream, MessageKind::Notify, &n.encode())
+    wire::write_message(&mut stream, MessageKind::Notify, &n.encode())
         .map_err(|e| unreachable(format!("sending the notification: {e}")))?;
     let bad = |reason: String| EngineError::BadPeerReply { peer: peer.to_string(), reason };
-    match handshake::read_message(&mut stream, 64) {
+    match wire::read_message(&mut stream, 64) {
         Ok((MessageKind::NotifyAck, ack)) => match ack.as_slice() {
             [ACCEPTED] => Ok(()),
             [QUEUE_FULL] => Err(EngineError::NotifyQueueFull { peer: peer.to_string() }),
@@ -291,7 +291,7 @@ mod tests {
         assert!(matches!(too_big.check(), Err(EngineError::NotifyTooLarge { .. })));
         assert!(Notification::decode(&too_big.encode()).is_err());
         // The largest one fits one handshake request.
-        assert!(big.encode().len() <= handshake::MAX_REQUEST as usize);
+        assert!(big.encode().len() <= wire::MAX_REQUEST as usize);
     }
 
     #[test]
