@@ -299,9 +299,9 @@ pub enum PeerFault {
     /// The engine could not reach it or move the bytes.
     #[error(transparent)]
     Engine(#[from] EngineError),
-    /// A transfer to or from it failed.
+    /// A transfer to or from it failed (the slice's typed reason).
     #[error("transfer failed: {0}")]
-    Transfer(String),
+    Transfer(#[source] crescent_engine::FailureReason),
     /// Its disk service could not be reached or broke off.
     #[error("disk service {service}: {source}")]
     DiskService {

@@ -56,7 +56,7 @@ pub mod slicing;
 
 pub use batch::{BatchCompletion, BatchId, TransferStatus};
 pub use config::{parse_device_list, parse_size, EngineConfig, P2P_HANDSHAKE};
-pub use crescent_transports::{Opcode, TransportKind};
+pub use crescent_transports::{FailureKind, FailureReason, Opcode, TransportKind};
 pub use descriptor::{BufferDescriptor, SegmentDescriptor};
 pub use engine::{LocalLoan, RegisteredMemory, SegmentId, TransferEngine, TransferRequest};
 pub use error::{EngineError, Result};

@@ -128,7 +128,7 @@ impl<'c> Exec<'c> {
                     StoreError::Engine(crescent_engine::EngineError::TransferFailed { request: i, reason })
                 }
                 TransferStatus::Failed(reason) => {
-                    StoreError::peer_gone(&keys[i], PeerFault::Transfer(reason.to_string()))
+                    StoreError::peer_gone(&keys[i], PeerFault::Transfer(reason))
                 }
                 TransferStatus::Pending => StoreError::Internal("batch ended with a pending request".into()),
             };

@@ -691,7 +691,7 @@ impl FileReader {
             done = self.read_first(buf)?;
         }
         let at = data_offset(self.key.len()) + pos + done as u64;
-        self.read_piece(&mut buf[done..], at).map_err(|e| StoreError::Disk(format!("reading a file: {e}")))
+        self.read_piece(&mut buf[done..], at).map_err(|e| io_err("reading", &self.path, e))
     }
 
     /// A large read, in pieces of [`READ_PIECE`]: a helper thread takes each piece's checksum
