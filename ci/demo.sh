@@ -58,6 +58,6 @@ step "tebench initiator read 1 MiB" "$BIN/tebench" initiator --segment "$SEG" --
 ci_python_env
 ci_python_wheel release
 ci_log "Python: batch_get_into of 10 MiB values through the crescent package vs from Rust"
-"$CI_VENV/bin/python" benches/ffi-batch-get.py --bin-dir "$BIN" --repeats 1 --rounds 20
+step "Python batch_get_into" "$CI_VENV/bin/python" benches/ffi-batch-get.py --bin-dir "$BIN" --repeats 1 --rounds 20
 
 ci_log "demo finished (the tools' logs: $DEMO_LOG)"
