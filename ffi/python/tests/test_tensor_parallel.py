@@ -367,11 +367,13 @@ def test_batch_parallelism(store_a, store_b):
 
 
 def test_upsert_tensor_with_parallelism(store_a, store_b):
-    a, k = full((4, 6)), key("upsert")
+    # (No read before an upsert of the same key: a reader's lease would hold the old value.)
+    a, kept, k = full((4, 6)), key("kept"), key("upsert")
+    assert store_a.put_tensor_with_parallelism(kept, a[:2], tp(0, 2, 0)) == 0
+    assert store_a.put_tensor_with_parallelism(kept, a[:2] + 100, tp(0, 2, 0)) == 0  # a put keeps the value
+    assert same(store_b.get_tensor_with_tp(kept, tp_rank=0, tp_size=2), a[:2])
     assert store_a.put_tensor_with_parallelism(k, a[:2], tp(0, 2, 0)) == 0
-    assert store_a.put_tensor_with_parallelism(k, a[:2] + 100, tp(0, 2, 0)) == 0  # a put keeps the value
-    assert same(store_b.get_tensor_with_tp(k, tp_rank=0, tp_size=2), a[:2])
-    assert store_a.upsert_tensor_with_parallelism(k, a[:2] + 100, tp(0, 2, 0)) == 0
+    assert store_a.upsert_tensor_with_parallelism(k, a[:2] + 100, tp(0, 2, 0)) == 0  # an upsert replaces it
     assert store_a.upsert_tensor_with_parallelism(k, a[2:] + 100, tp(1, 2, 0)) == 0
     assert same(store_b.get_tensor_with_parallelism(k, ReadTarget("full", tp(0, 2, 0))), a + 100)
     keys = [key("bu0"), key("bu1")]
