@@ -461,3 +461,19 @@ def test_safetensors_round_trip(store_a, store_b, tmp_path, monkeypatch):
     assert same(store_b.load_tensor_from_safetensor(file_name=other), b)
     assert same(store_a.get_tensor(other), b)
     assert store_b.load_tensor_from_safetensor("x", str(tmp_path / "absent.safetensors")) is None
+
+
+def test_safetensors_package_missing(store_a, tmp_path, monkeypatch):
+    import sys
+
+    import crescent
+
+    a, k = full((2, 2)), key("st-missing")
+    assert store_a.put_tensor(k, a) == 0
+    for name in ("safetensors", "safetensors.numpy", "safetensors.torch"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
+    assert store_a.save_tensor_to_safetensor(k, str(tmp_path / "f")) == INVALID_PARAMS
+    assert "safetensors" in crescent.last_error()
+    assert store_a.load_tensor_from_safetensor(k, str(tmp_path / "f")) is None
+    assert "safetensors" in crescent.last_error()
+    assert crescent.status_name(FILE_NOT_FOUND) == "UNKNOWN"
