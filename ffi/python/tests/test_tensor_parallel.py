@@ -293,6 +293,53 @@ def test_parallelism_multi_axis(store_a, store_b):
     assert store_b.get_tensor_with_parallelism(k3, ReadTarget("full", ep)) is None  # full needs a TP axis
 
 
+def layout(mode, rank, size, split_dim):
+    """Mooncake's test layouts: TP alone, or TP with a DP, PP or EP axis."""
+    t = ParallelAxis("tp", rank, size, split_dim)
+    other = {"tp": None, "dp_tp": ParallelAxis("dp", 0, 2), "pp_tp": ParallelAxis("pp", 0, 2, stage_id=7),
+             "ep_tp": ParallelAxis("ep", 0, 2, expert_id=11)}[mode]
+    return axes(t) if other is None else axes(other, t)
+
+
+@pytest.mark.parametrize("shape,split_dim,put_size,get_size,mode", [
+    ((8, 12, 6), 0, 4, 2, "tp"),
+    ((8, 12, 6), 1, 4, 2, "dp_tp"),
+    ((8, 12, 6), 2, 2, 4, "pp_tp"),
+    ((8, 12, 6), 1, 2, 4, "ep_tp"),
+    ((12, 8, 6), 0, 2, 2, "tp"),
+    ((12, 8, 8), 2, 4, 4, "dp_tp"),
+    ((8, 12, 6), 2, 2, 4, "tp"),
+])
+def test_target_shard_matrix(store_a, store_b, shape, split_dim, put_size, get_size, mode):
+    """Mooncake's test_40 / test_41: shards written at one TP size, read at another."""
+    a, k = full(shape), key(f"matrix-{mode}")
+    for rank in range(put_size):
+        # TP alone takes the shard; with another axis, the full tensor (the shard is cut from it).
+        given = np.split(a, put_size, axis=split_dim)[rank] if mode == "tp" else a
+        assert store_a.put_tensor_with_parallelism(k, np.ascontiguousarray(given),
+                                                   layout(mode, rank, put_size, split_dim)) == 0
+    into = registered(store_b, 1 << 16)
+    try:
+        if shape[split_dim] % get_size:
+            # Not uniform for the reader: nothing to cut, except Mooncake's last resort for TP
+            # alone, <key>_tp_<rank> as stored (not for the _into form).
+            target = ReadTarget("shard", layout(mode, 0, get_size, split_dim))
+            got = store_b.get_tensor_with_parallelism(k, target)
+            assert got is None if mode != "tp" else same(got, np.split(a, put_size, axis=split_dim)[0])
+            assert store_b.get_tensor_with_parallelism_into(k, into.ctypes.data, into.nbytes, target) is None
+            return
+        for rank in range(get_size):
+            want = np.split(a, get_size, axis=split_dim)[rank]
+            target = ReadTarget("shard", layout(mode, rank, get_size, split_dim))
+            assert same(store_b.get_tensor_with_parallelism(k, target), want)
+            assert same(store_b.get_tensor_with_parallelism_into(k, into.ctypes.data, into.nbytes, target), want)
+        target = ReadTarget("full", layout(mode, 0, get_size, split_dim))
+        assert same(store_b.get_tensor_with_parallelism(k, target), a)
+        assert same(store_b.get_tensor_with_parallelism_into(k, into.ctypes.data, into.nbytes, target), a)
+    finally:
+        store_b.unregister_buffer(into.ctypes.data)
+
+
 @pytest.mark.parametrize("bad", [
     [ParallelAxis("dp", 0, 2, split_dim=0)],
     [ParallelAxis("ep", 0, 2)],
