@@ -2,12 +2,13 @@
 
 CI_VENV="${CI_VENV:-.venv}"
 
-# A virtual environment under the repository (.venv, git-ignored) with maturin, numpy, pytest and
-# setuptools (the mooncake alias wheel's build backend): CI never touches the system's Python.
+# A virtual environment under the repository (.venv, git-ignored) with maturin, numpy, pytest,
+# setuptools (the mooncake alias wheel's build backend) and safetensors (the safetensors file
+# methods' tests): CI never touches the system's Python.
 ci_python_env() {
   [ -x "$CI_VENV/bin/python" ] || python3 -m venv "$CI_VENV"
   "$CI_VENV/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.9.4,<2" numpy pytest \
-    "setuptools>=70.1"
+    "setuptools>=70.1" safetensors
 }
 
 # Builds the wheel of ffi/python with maturin ($1: release or debug) and the pure-Python wheel of

@@ -1,6 +1,7 @@
 """``mooncake.store`` over Crescent: ``MooncakeDistributedStore``, ``ReplicateConfig``, the
 enums (``SoftPinAction``, ``ReplicaStatus``, ``ObjectDataType`` and their values), the
-descriptor types and ``BufferHandle``."""
+descriptor types, ``BufferHandle`` and the sharded tensor requests (``ParallelAxis``,
+``TensorParallelism``, ``ReadTarget``): every name in ``crescent.store.__all__``."""
 
 from crescent.store import *  # noqa: F401,F403
 from crescent.store import __all__ as _crescent_all

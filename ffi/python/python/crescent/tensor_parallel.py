@@ -1,0 +1,1249 @@
+"""Mooncake's sharded tensor methods: the ``*_tensor_with_tp*`` wrappers, the unified
+``*_tensor_with_parallelism*`` family with ``ParallelAxis`` / ``TensorParallelism`` /
+``ReadTarget``, and ``save_tensor_to_safetensor`` / ``load_tensor_from_safetensor``.
+
+One logical tensor is kept as one object per shard, each in Mooncake's tensor layout with a
+shard header (``layout_kind`` SHARD, the global and local shapes and the layout axes), under
+Mooncake's key names:
+
+- ``<key>_tp_<rank>``: a TP shard of a single-TP-axis layout (``put_tensor_with_tp`` writes
+  all of them from a full tensor; ``put_tensor_with_parallelism`` with one TP axis writes the
+  shard it is given);
+- ``<key>__dp_0of2__tp_1of4_sd0__ep_…_eid3__pp_…_sid7``: a shard of a multi-axis (or non-TP)
+  layout, the axes in the order DP, TP, EP, PP whatever order the request gave;
+- ``<key>__writer_<rank>of<size>_sd<dim>``: a shard written from a ``writer_partition``;
+- ``<key>__parallelism_manifest`` / ``<key>__writer_manifest``: 96 bytes naming the global
+  shape, dtype, split dimension and shard count, written next to the shards by the
+  ``*_with_parallelism`` writes, so that a reader can find and reassemble them.
+
+Only uniform sharding is accepted (the split dimension divisible by the shard count), as in
+Mooncake; other inputs are INVALID_PARAMS. A reader asking for another TP size than the
+writer's gets its shard reassembled from the stored ones (``mode="shard"``) or the whole tensor
+(``mode="full"``); the ``*_with_tp`` getters read ``<key>_tp_<rank>`` as stored.
+
+The methods are Mooncake's (mooncake-integration/store/store_py.cpp with store_py_internal.h
+and store_py_parallel_{read,write}.h): each public method below is a one-line entry into the
+few shared routines (split, write, plan a read, run it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import struct
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import crescent._crescent as _native
+from crescent._crescent import ReplicateConfig
+from crescent._tensor import (
+    _DTYPES,
+    _HEADER,
+    _SHAPES,
+    MAX_TENSOR_DIMS,
+    TENSOR_MAGIC,
+    TENSOR_METADATA_SIZE,
+    TENSOR_VERSION,
+    _address,
+    _as_tensor,
+    _memory_at,
+    _numpy,
+    _Tensor,
+    _tensor_of_value,
+    _torch,
+    _to_tensor,
+    parse_tensor_header,
+)
+
+INVALID_PARAMS = _native.INVALID_PARAMS
+#: Mooncake's ErrorCode::FILE_NOT_FOUND: ``save_tensor_to_safetensor`` of a key with no tensor.
+FILE_NOT_FOUND = -1100
+
+log = logging.getLogger("crescent.store")
+
+# LayoutAxisKind numbers; their order is also the order of the axes in a shard's key.
+AXIS_KINDS = ("dp", "tp", "ep", "pp")
+_RESERVED_KIND = 4
+MAX_LAYOUT_AXES = 4
+LAYOUT_FULL, LAYOUT_SHARD = 0, 1
+_AXIS = struct.Struct("<6iq")  # kind, axis_index, shard_rank, shard_count, split_dim, reserved0, reserved1
+_MANIFEST = struct.Struct("<IHHiiiii4x8q")  # WriterShardManifest: header (28 bytes, padded to 32), global shape
+MANIFEST_MAGIC = 0x574D414E
+MANIFEST_VERSION = 1
+
+
+def _fail(message: str) -> int:
+    """Records `message` as this thread's last error; INVALID_PARAMS."""
+    return _native._fail_invalid(message)
+
+
+# ---- the request types, as Mooncake's binding exposes them ----
+
+
+class ParallelAxis:
+    """One axis of a shard's identity: ``kind`` ("tp", "dp", "ep" or "pp"), ``rank`` of
+    ``size``, ``split_dim`` (the tensor dimension a layout axis such as TP splits),
+    ``expert_id`` (EP) and ``stage_id`` (PP). Mooncake's constructor takes no arguments; the
+    fields may also be given here as keywords."""
+
+    __slots__ = ("kind", "rank", "size", "split_dim", "expert_id", "stage_id")
+
+    def __init__(self, kind: str = "", rank: int = 0, size: int = 1, split_dim: int | None = None,
+                 expert_id: int | None = None, stage_id: int | None = None):
+        self.kind, self.rank, self.size = kind, rank, size
+        self.split_dim, self.expert_id, self.stage_id = split_dim, expert_id, stage_id
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"ParallelAxis({fields})"
+
+
+class TensorParallelism:
+    """The ordered axes that identify a stored or requested shard."""
+
+    __slots__ = ("axes",)
+
+    def __init__(self, axes: Sequence[ParallelAxis] | None = None):
+        self.axes = list(axes) if axes is not None else []
+
+    def __repr__(self) -> str:
+        return f"TensorParallelism(axes={self.axes!r})"
+
+
+_MODES = ("as_stored", "shard", "full")
+
+
+class ReadTarget:
+    """What a read wants: the object as stored (``mode="as_stored"``, the default), the shard
+    ``parallelism`` names (``"shard"``) or the whole tensor (``"full"``). Modes are
+    case-insensitive; another one is a RuntimeError, as in Mooncake."""
+
+    __slots__ = ("_mode", "parallelism")
+
+    def __init__(self, mode: str = "as_stored", parallelism: TensorParallelism | None = None):
+        self.mode = mode
+        self.parallelism = parallelism
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        mode = str(value).lower()
+        if mode not in _MODES:
+            raise RuntimeError("Unsupported ReadTarget mode")
+        self._mode = mode
+
+    def __repr__(self) -> str:
+        return f"ReadTarget(mode={self._mode!r}, parallelism={self.parallelism!r})"
+
+
+# ---- requests, parsed and checked (ParallelAxisSpec and friends) ----
+
+
+class _Axis(NamedTuple):
+    kind: str  # "dp", "tp", "ep", "pp"
+    rank: int
+    size: int
+    split_dim: int | None = None
+    expert_id: int | None = None
+    stage_id: int | None = None
+
+
+def _kind(name: Any) -> int | None:
+    try:
+        return AXIS_KINDS.index(str(name).lower())
+    except ValueError:
+        return None
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _parse_parallelism(obj: Any, context: str) -> list[_Axis] | None:
+    """The axes of a ``TensorParallelism`` (any object with ``axes`` of objects with
+    ``kind``, ``rank`` and ``size``); None (and the reason recorded) if it is not one."""
+    if not hasattr(obj, "axes"):
+        _fail(f"{context}: TensorParallelism must provide axes")
+        return None
+    axes = []
+    for a in obj.axes:
+        if not all(hasattr(a, f) for f in ("kind", "rank", "size")):
+            _fail(f"{context}: ParallelAxis must provide kind, rank, and size")
+            return None
+        if _kind(a.kind) is None:
+            _fail(f"{context}: unsupported parallel axis kind {a.kind!r}")
+            return None
+        try:
+            axes.append(_Axis(AXIS_KINDS[_kind(a.kind)], int(a.rank), int(a.size),
+                              _opt_int(getattr(a, "split_dim", None)), _opt_int(getattr(a, "expert_id", None)),
+                              _opt_int(getattr(a, "stage_id", None))))
+        except (TypeError, ValueError):
+            _fail(f"{context}: ParallelAxis fields must be integers")
+            return None
+    return axes
+
+
+def _check_parallelism(axes: list[_Axis] | None, context: str) -> list[_Axis] | None:
+    """Mooncake's validate_parallelism_spec: 1 to 4 axes of distinct kinds, each rank within
+    its size; TP with a split_dim, EP with an expert_id, PP with a stage_id, only TP with a
+    split_dim."""
+    if axes is None:
+        return None
+    if not axes:
+        _fail(f"{context}: parallelism axes cannot be empty")
+        return None
+    if len(axes) > MAX_LAYOUT_AXES:
+        _fail(f"{context}: axis count exceeds max supported axes")
+        return None
+    seen = set()
+    for a in axes:
+        if a.size <= 0 or not 0 <= a.rank < a.size:
+            _fail(f"{context}: invalid rank/size for axis {a.kind} ({a.rank} of {a.size})")
+            return None
+        if a.kind in seen:
+            _fail(f"{context}: duplicate axis kinds are not supported")
+            return None
+        seen.add(a.kind)
+        problem = {
+            "tp": None if a.split_dim is not None else "TP axis requires split_dim",
+            "dp": "DP axis must not provide split_dim" if a.split_dim is not None else None,
+            "ep": ("EP axis requires expert_id" if a.expert_id is None else
+                   "EP axis must not provide split_dim in this phase" if a.split_dim is not None else None),
+            "pp": ("PP axis requires stage_id" if a.stage_id is None else
+                   "PP axis must not provide split_dim" if a.split_dim is not None else None),
+        }[a.kind]
+        if problem:
+            _fail(f"{context}: {problem}")
+            return None
+    return axes
+
+
+def _request(obj: Any, context: str) -> list[_Axis] | None:
+    """A checked ``TensorParallelism``; None if absent or bad."""
+    if obj is None:
+        _fail(f"{context}: parallelism is required")
+        return None
+    return _check_parallelism(_parse_parallelism(obj, context), context)
+
+
+class _Writer(NamedTuple):
+    rank: int
+    size: int
+    split_dim: int
+
+
+def _parse_writer(obj: Any, context: str) -> _Writer | None:
+    """A ``writer_partition``: any object with ``rank``, ``size`` and ``split_dim``."""
+    if not all(hasattr(obj, f) for f in ("rank", "size", "split_dim")):
+        _fail(f"{context}: writer_partition must provide rank, size, and split_dim")
+        return None
+    w = _Writer(int(obj.rank), int(obj.size), int(obj.split_dim))
+    if w.size <= 0 or not 0 <= w.rank < w.size or w.split_dim < 0:
+        _fail(f"{context}: invalid writer partition {tuple(w)}")
+        return None
+    return w
+
+
+def _canonical(axes: Sequence[_Axis]) -> list[_Axis]:
+    return sorted(axes, key=lambda a: AXIS_KINDS.index(a.kind))
+
+
+def _tp_index(axes: Sequence[_Axis]) -> int | None:
+    return next((i for i, a in enumerate(axes) if a.kind == "tp"), None)
+
+
+def _single_tp(axes: Sequence[_Axis]) -> bool:
+    return len(axes) == 1 and axes[0].kind == "tp"
+
+
+def _with_tp(axes: Sequence[_Axis], **changes: int) -> list[_Axis]:
+    """`axes` with their TP axis' fields changed."""
+    return [a._replace(**changes) if a.kind == "tp" else a for a in axes]
+
+
+# ---- key names (Mooncake's) ----
+
+
+def tp_key(key: str, rank: int) -> str:
+    return f"{key}_tp_{rank}"
+
+
+def parallelism_key(key: str, axes: Sequence[_Axis]) -> str:
+    """The key of the shard `axes` name: ``<key>_tp_<rank>`` for one TP axis, else one
+    ``__<kind>_<rank>of<size>[_sd<d>][_eid<e>][_sid<s>]`` per axis in DP, TP, EP, PP order."""
+    if _single_tp(axes):
+        return tp_key(key, axes[0].rank)
+    out = key
+    for a in _canonical(axes):
+        out += f"__{a.kind}_{a.rank}of{a.size}"
+        for tag, value in (("sd", a.split_dim), ("eid", a.expert_id), ("sid", a.stage_id)):
+            if value is not None:
+                out += f"_{tag}{value}"
+    return out
+
+
+def writer_key(key: str, w: _Writer) -> str:
+    return f"{key}__writer_{w.rank}of{w.size}_sd{w.split_dim}"
+
+
+def writer_manifest_key(key: str) -> str:
+    return key + "__writer_manifest"
+
+
+def parallelism_manifest_key(key: str) -> str:
+    return key + "__parallelism_manifest"
+
+
+# ---- shard headers and manifests ----
+
+
+def _shape_fields(shape: Sequence[int]) -> list[int]:
+    return list(shape) + [-1] * (MAX_TENSOR_DIMS - len(shape))
+
+
+def shard_header(dtype: int, global_shape: Sequence[int], local_shape: Sequence[int], data_bytes: int,
+                 axes: Sequence[_Axis] = (), layout: int = LAYOUT_SHARD) -> bytes:
+    """Mooncake's TensorMetadata of a shard: the axes in the request's order, each with its
+    rank, count and split_dim (-1 for none), EP's expert_id / PP's stage_id in reserved0 and
+    the shard's extent along split_dim in reserved1."""
+    packed = b""
+    for i, a in enumerate(axes):
+        extra = a.expert_id if a.kind == "ep" else a.stage_id if a.kind == "pp" else None
+        extent = local_shape[a.split_dim] if a.split_dim is not None else 0
+        packed += _AXIS.pack(AXIS_KINDS.index(a.kind), i, a.rank, a.size,
+                             -1 if a.split_dim is None else a.split_dim, extra or 0, extent)
+    packed += bytes(MAX_LAYOUT_AXES * _AXIS.size - len(packed))
+    return (_HEADER.pack(TENSOR_MAGIC, TENSOR_VERSION, TENSOR_METADATA_SIZE, dtype, len(global_shape), layout, 0,
+                         TENSOR_METADATA_SIZE, data_bytes)
+            + _SHAPES.pack(*_shape_fields(global_shape), *_shape_fields(local_shape), len(axes), 0) + packed)
+
+
+class _Meta(NamedTuple):
+    """A parsed TensorMetadata."""
+
+    dtype: int
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    layout: int
+    axes: tuple[tuple[int, int, int, int, int, int, int], ...]  # the stored LayoutAxis fields
+    offset: int
+    nbytes: int
+
+    def tp_axis(self):
+        return next((a for a in self.axes if a[0] == 1), None)
+
+    def parallelism(self) -> list[_Axis] | None:
+        """Mooncake's parallelism_from_metadata: the stored axes, in DP, TP, EP, PP order."""
+        if self.layout != LAYOUT_SHARD:
+            return None
+        axes = []
+        for kind, _index, rank, count, split_dim, reserved0, _extent in self.axes:
+            name = AXIS_KINDS[kind] if kind < len(AXIS_KINDS) else "unknown"
+            axes.append(_Axis(name, rank, count, split_dim if split_dim >= 0 else None,
+                              reserved0 if name == "ep" else None, reserved0 if name == "pp" else None))
+        return sorted(axes, key=lambda a: (AXIS_KINDS + ("unknown",)).index(a.kind))
+
+
+def parse_metadata(raw: Any, total: int) -> _Meta | None:
+    """The TensorMetadata at the start of a value of `total` bytes, checked as Mooncake's
+    ValidateTensorMetadata does (its layout axes included); None if it is not one."""
+    base = parse_tensor_header(raw, total)
+    if base is None:
+        return None
+    dtype, local_shape, offset, nbytes = base
+    layout = _HEADER.unpack_from(raw, 0)[5]
+    fields = _SHAPES.unpack_from(raw, _HEADER.size)
+    ndim = len(local_shape)
+    axes = tuple(_AXIS.unpack_from(raw, _HEADER.size + _SHAPES.size + i * _AXIS.size) for i in range(fields[16]))
+    for kind, _index, rank, count, split_dim, _r0, _r1 in axes:
+        if not 0 <= kind <= _RESERVED_KIND or count <= 0 or not 0 <= rank < count or not -1 <= split_dim < ndim:
+            return None
+    return _Meta(dtype, tuple(fields[:ndim]), local_shape, layout, axes, offset, nbytes)
+
+
+def _metadata_of_prefix(raw: Any) -> _Meta | None:
+    """The metadata of a value of which only the first TENSOR_METADATA_SIZE bytes are at hand."""
+    if len(raw) < TENSOR_METADATA_SIZE:
+        return None
+    offset, nbytes = _HEADER.unpack_from(raw, 0)[7:9]
+    return parse_metadata(raw, offset + nbytes)
+
+
+def manifest(global_shape: Sequence[int], dtype: int, split_dim: int, count: int) -> bytes:
+    """Mooncake's WriterShardManifest (96 bytes), for the writer and the parallelism manifests."""
+    return _MANIFEST.pack(MANIFEST_MAGIC, MANIFEST_VERSION, _MANIFEST.size, dtype, len(global_shape), split_dim, count,
+                          0, *_shape_fields(global_shape))
+
+
+class _Manifest(NamedTuple):
+    dtype: int
+    global_shape: tuple[int, ...]
+    split_dim: int
+    count: int
+
+
+def parse_manifest(raw: Any) -> _Manifest | None:
+    if raw is None or len(raw) < _MANIFEST.size:
+        return None
+    magic, version, size, dtype, ndim, split_dim, count, _r, *shape = _MANIFEST.unpack_from(raw, 0)
+    if ((magic, version, size) != (MANIFEST_MAGIC, MANIFEST_VERSION, _MANIFEST.size) or not 0 <= ndim <= MAX_TENSOR_DIMS
+            or count <= 0 or not 0 <= split_dim < ndim or any(d < 0 for d in shape[:ndim])):
+        return None
+    return _Manifest(dtype, tuple(shape[:ndim]), split_dim, count)
+
+
+# ---- splitting a tensor ----
+
+
+def _uniform(shape: Sequence[int], split_dim: int, count: int, context: str) -> bool:
+    """Mooncake's validate_uniform_shard_request."""
+    if not 0 <= split_dim < len(shape) or count <= 0:
+        _fail(f"{context}: invalid shard parameters (split_dim {split_dim} of {len(shape)} dims, {count} shards)")
+        return False
+    if shape[split_dim] % count:
+        _fail(f"{context}: only uniform sharding is supported ({shape[split_dim]} is not divisible by {count})")
+        return False
+    return True
+
+
+def _shard_range(extent: int, rank: int, count: int) -> tuple[int, int]:
+    """Mooncake's calculate_shard_range: (start, length) of shard `rank` of `count`."""
+    if extent < 0 or count <= 0 or not 0 <= rank < count:
+        return 0, 0
+    start, end = extent * rank // count, extent * (rank + 1) // count
+    return start, end - start
+
+
+def _array(t: _Tensor):
+    np = _numpy()
+    np_type = _DTYPES[t.dtype][1]
+    a = np.frombuffer(t.data, dtype=np_type) if t.data.nbytes else np.empty(0, dtype=np_type)
+    return a.reshape(t.shape)
+
+
+def _shard_of(t: _Tensor, split_dim: int, rank: int, count: int) -> _Tensor:
+    """Shard `rank` of `count` of `t` along `split_dim` (uniform sharding checked before)."""
+    start, length = _shard_range(t.shape[split_dim], rank, count)
+    part = _numpy().ascontiguousarray(_array(t)[(slice(None),) * split_dim + (slice(start, start + length),)])
+    return _Tensor(t.dtype, tuple(part.shape), memoryview(part).cast("B") if part.size else memoryview(b""))
+
+
+class _Object(NamedTuple):
+    """One object to write: its key and its parts (header, data)."""
+
+    key: str
+    parts: tuple[Any, ...]
+
+
+def _shard_object(key: str, full: _Tensor, shard: _Tensor, axes: Sequence[_Axis],
+                  global_shape: Sequence[int] | None = None) -> _Object:
+    header = shard_header(shard.dtype, full.shape if global_shape is None else global_shape, shard.shape,
+                          shard.data.nbytes, axes)
+    return _Object(key, (header, shard.data))
+
+
+def _tp_split(key: str, t: _Tensor, size: int, split_dim: int, axes: Sequence[_Axis] | None,
+              context: str) -> list[_Object] | None:
+    """All `size` TP shards of the full tensor `t` (Mooncake's build_tp_shard_infos): under
+    ``<key>_tp_<rank>`` with one TP axis when `axes` is None, else under the key of `axes`
+    with their TP rank set."""
+    if not _uniform(t.shape, split_dim, size, context):
+        return None
+    out = []
+    for rank in range(size):
+        shard_axes = ([_Axis("tp", rank, size, split_dim)] if axes is None else _with_tp(axes, rank=rank))
+        out.append(_shard_object(parallelism_key(key, shard_axes), t, _shard_of(t, split_dim, rank, size),
+                                 shard_axes))
+    return out
+
+
+def _tensor(obj: Any, context: str) -> _Tensor | None:
+    t = None if obj is None else _as_tensor(obj)
+    if t is None:
+        _fail(f"{context}: not a tensor Mooncake's layout can hold (torch tensor, numpy array, __dlpack__ or "
+              "buffer object of a supported dtype, at most 8 dimensions)")
+    return t
+
+
+def _tensor_at(addr: int, size: int, context: str) -> tuple[_Tensor, _Meta] | None:
+    """The tensor object in registered memory at `addr` ([header][data], `size` bytes)."""
+    if addr == 0 or size < TENSOR_METADATA_SIZE:
+        _fail(f"{context}: the buffer is null or smaller than the tensor header ({size} bytes)")
+        return None
+    raw = _memory_at(addr, size)
+    meta = parse_metadata(raw, size)
+    if meta is None:
+        _fail(f"{context}: invalid tensor object metadata")
+        return None
+    return _Tensor(meta.dtype, meta.local_shape, raw[meta.offset:meta.offset + meta.nbytes]), meta
+
+
+def _check_config(config: Any) -> int:
+    """Mooncake's validate_replicate_config: preferred_segments, when given, one per replica."""
+    preferred = getattr(config, "preferred_segments", None) if config is not None else None
+    if preferred and len(preferred) != config.replica_num:
+        return _fail(f"Preferred segments size ({len(preferred)}) must match replica_num ({config.replica_num})")
+    return 0
+
+
+_CONFIG_FIELDS = ("replica_num", "nof_replica_num", "dfs_replica_num", "soft_pin_action", "soft_pin_ttl_ms",
+                  "with_hard_pin", "preferred_segment", "preferred_segments", "preferred_nof_segments",
+                  "prefer_alloc_in_same_node", "data_type")
+
+
+def _config_for(config: Any, group_ids: list[str] | None) -> Any:
+    """`config` with its group_ids replaced (Mooncake's ForSingleKey / MakeRepeatedIndexedConfig)."""
+    if config is None or getattr(config, "group_ids", None) is None:
+        return config
+    copy = ReplicateConfig()
+    for name in _CONFIG_FIELDS:
+        if hasattr(config, name):
+            setattr(copy, name, getattr(config, name))
+    copy.group_ids = group_ids
+    return copy
+
+
+def _key_config(config: Any, i: int) -> Any:
+    groups = getattr(config, "group_ids", None) if config is not None else None
+    return _config_for(config, [groups[i]]) if groups is not None and i < len(groups) else config
+
+
+# ---- reads: which byte ranges of which objects make the result ----
+
+
+class _Source(NamedTuple):
+    key: str
+    meta: _Meta
+    value: Any  # the whole value (a BufferHandle) when it was read whole, else None
+
+
+class _Plan(NamedTuple):
+    """A result of `total` bytes: `header`, then the data assembled from `fragments`
+    (key, offset in the result, offset in the object, length)."""
+
+    header: bytes
+    total: int
+    fragments: list[tuple[str, int, int, int]]
+    sources: list[_Source]
+
+
+def _whole_plan(source: _Source) -> _Plan:
+    meta = source.meta
+    header_len = meta.offset
+    return _Plan(b"", header_len + meta.nbytes, [(source.key, 0, 0, header_len + meta.nbytes)], [source])
+
+
+def _assemble_plan(sources: list[_Source], global_shape: Sequence[int], split_dim: int, axes: Sequence[_Axis],
+                   start: int, extent: int, context: str) -> _Plan | None:
+    """Mooncake's reconstruction plan: the rows of each TP shard in `sources` that fall in
+    [start, start + extent) of `split_dim`, laid out as one tensor of `global_shape` with that
+    extent (a full tensor when `axes` is empty, else the shard they name); every row covered,
+    or None."""
+    if not sources or not 0 <= split_dim < len(global_shape):
+        _fail(f"{context}: missing reconstruction shard sources")
+        return None
+    dtype = sources[0].meta.dtype
+    itemsize = _numpy().dtype(_DTYPES[dtype][1]).itemsize
+    before = after = 1
+    for d in global_shape[:split_dim]:
+        before *= d
+    for d in global_shape[split_dim + 1:]:
+        after *= d
+    covered = [False] * extent
+    fragments = []
+    for s in sources:
+        tp = s.meta.tp_axis()
+        local = s.meta.local_shape
+        if (s.meta.dtype != dtype or s.meta.layout != LAYOUT_SHARD or tp is None or len(local) != len(global_shape)
+                or any(local[d] != global_shape[d] for d in range(len(local)) if d != split_dim)):
+            _fail(f"{context}: shard shape or TP metadata mismatch for key {s.key}")
+            return None
+        _kind, _index, rank, count, sd, _r0, _r1 = tp
+        if sd != split_dim or global_shape[split_dim] % count:
+            _fail(f"{context}: invalid TP shard metadata for key {s.key}")
+            return None
+        s_start, s_extent = _shard_range(global_shape[split_dim], rank, count)
+        if local[split_dim] != s_extent:
+            _fail(f"{context}: shard extent mismatch for key {s.key}")
+            return None
+        lo, hi = max(s_start, start), min(s_start + s_extent, start + extent)
+        if hi <= lo:
+            continue
+        row = (hi - lo) * after * itemsize
+        for i in range(lo - start, hi - start):
+            covered[i] = True
+        if row == 0:
+            continue
+        for b in range(before):
+            dst = TENSOR_METADATA_SIZE + (b * extent + lo - start) * after * itemsize
+            src = s.meta.offset + (b * s_extent + lo - s_start) * after * itemsize
+            fragments.append((s.key, dst, src, row))
+    if not all(covered):
+        _fail(f"{context}: shard extents do not cover reconstructed dimension")
+        return None
+    shape = list(global_shape)
+    shape[split_dim] = extent
+    nbytes = before * extent * after * itemsize
+    header = shard_header(dtype, global_shape, shape, nbytes, axes, LAYOUT_SHARD if axes else LAYOUT_FULL)
+    return _Plan(header, TENSOR_METADATA_SIZE + nbytes, fragments, sources)
+
+
+class _Reconstruction(NamedTuple):
+    sources: list[_Source]
+    global_shape: tuple[int, ...]
+    split_dim: int
+    dtype: int
+
+
+def _compatible(request: list[_Axis], meta: _Meta, context: str) -> bool:
+    """Mooncake's resolve_tp_compatible_parallelism_from_metadata followed by
+    parallelism_specs_equal_by_kind(allow_tp_rank_mismatch): the stored shard has the same
+    axes as the request, its TP axis differing at most in rank."""
+    stored = meta.parallelism()
+    if stored is None or len(stored) != len(request):
+        _fail(f"{context}: missing shard parallelism metadata or axis count mismatch")
+        return False
+    for want, have in zip(_canonical(request), stored):
+        if want.kind == "tp" and have.kind == "tp":
+            if want._replace(rank=have.rank) != have:
+                _fail(f"{context}: TP axis metadata mismatch")
+                return False
+        elif want != have:
+            _fail(f"{context}: non-TP axis metadata mismatch")
+            return False
+    return True
+
+
+# ---- the methods ----
+
+_PUT, _UPSERT = "put", "upsert"
+
+
+class ShardedTensorMethods:
+    """The sharded tensor methods of ``MooncakeDistributedStore`` (mixed into it)."""
+
+    # -- the shared routines --
+
+    def _write_objects(self, objects: list[_Object], config: Any, mode: str) -> int:
+        """Writes each object; 0, or the first failure's code (Mooncake stops there too)."""
+        write = self.upsert_parts if mode == _UPSERT else self.put_parts
+        for obj in objects:
+            rc = write(obj.key, *obj.parts, config=config) if config is not None else write(obj.key, *obj.parts)
+            if rc != 0:
+                return rc
+        return 0
+
+    def _whole_writes(self, keys: list[str], tensors: list[Any], config: Any, mode: str) -> list[int]:
+        """Each tensor whole under its key, with its own group id when `config` has them."""
+        return [self._put_tensors([k], [t], _key_config(config, i), mode == _UPSERT)[0]
+                for i, (k, t) in enumerate(zip(keys, tensors))]
+
+    def _tp_write(self, keys: Sequence[str], tensors: Sequence[Any], config: Any, tp_size: int, split_dim: int,
+                  mode: str, context: str) -> list[int]:
+        """``*_tensor_with_tp``: each full tensor split into all `tp_size` shards under
+        ``<key>_tp_<rank>``; tp_size <= 1 stores the tensor whole under its key."""
+        keys, tensors = list(keys), list(tensors)
+        if len(keys) != len(tensors) or not keys:
+            if keys:
+                _fail(f"{context}: {len(keys)} keys but {len(tensors)} tensors")
+            return [INVALID_PARAMS] * len(keys)
+        rc = _check_config(config)
+        if rc:
+            return [INVALID_PARAMS] * len(keys)
+        groups = getattr(config, "group_ids", None) if config is not None else None
+        if groups is not None and len(groups) != len(keys):
+            return [_fail(f"{context}: group_ids size must match keys size")] * len(keys)
+        if tp_size <= 1:
+            return self._whole_writes(keys, tensors, config, mode)
+        results = []
+        for i, (key, tensor) in enumerate(zip(keys, tensors)):
+            t = _tensor(tensor, context)
+            shards = None if t is None else _tp_split(key, t, tp_size, split_dim, None, context)
+            results.append(INVALID_PARAMS if shards is None else
+                           self._write_objects(shards, _key_config(config, i), mode))
+        return results
+
+    def _tp_write_from(self, keys: Sequence[str], buffer_ptrs: Sequence[Any], sizes: Sequence[int], tp_size: int,
+                       split_dim: int, context: str) -> list[int]:
+        """``*_tensor_with_tp_from``: each buffer holds a full tensor object, split as
+        ``_tp_write`` does; tp_size <= 1 stores it whole."""
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if tp_size <= 1:
+            return self._tensors_from(keys, buffer_ptrs, sizes, False)
+        if not len(keys) == len(buffer_ptrs) == len(sizes) or not keys:
+            if keys:
+                _fail(f"{context}: keys, buffer_ptrs and sizes must have the same length")
+            return [INVALID_PARAMS] * len(keys)
+        results = []
+        for key, ptr, size in zip(keys, buffer_ptrs, sizes):
+            got = _tensor_at(_address(ptr), size, context)
+            shards = None if got is None else _tp_split(key, got[0], tp_size, split_dim, None, context)
+            results.append(INVALID_PARAMS if shards is None else self._write_objects(shards, None, _PUT))
+        return results
+
+    def _parallelism_write(self, key: str, tensor: Any, parallelism: Any, config: Any, writer_partition: Any,
+                           mode: str, context: str, from_buffer: tuple[int, int] | None = None) -> int:
+        """One ``*_tensor_with_parallelism[_from]`` write (Mooncake's write routes):
+
+        - ``writer_partition`` (not with ``parallelism``): shard ``rank`` of the full tensor,
+          under ``<key>__writer_<rank>of<size>_sd<dim>``, and the writer manifest;
+        - neither: the tensor whole under ``key``;
+        - one TP axis: the tensor is that shard (``_from``: the buffer is the full tensor and
+          every shard is written), under ``<key>_tp_<rank>``, with the parallelism manifest;
+        - several axes with TP: shard ``rank`` of the full tensor (``_from``: every shard),
+          under the key of the axes, with the parallelism manifest (``_from``: none);
+        - no TP axis: the tensor as it is, under the key of the axes.
+        """
+        if writer_partition is not None and parallelism is not None:
+            return _fail(f"{context}: writer_partition cannot be combined with parallelism")
+        if from_buffer is not None:
+            addr, size = from_buffer
+            got = _tensor_at(addr, size, context)
+            if got is None:
+                return INVALID_PARAMS
+            t, meta = got
+        else:
+            t, meta = None, None
+        if writer_partition is not None:
+            w = _parse_writer(writer_partition, context)
+            if w is None:
+                return INVALID_PARAMS
+            if t is None:
+                t = _tensor(tensor, context)
+            if t is None or not _uniform(t.shape, w.split_dim, w.size, context):
+                return INVALID_PARAMS
+            if meta is not None and meta.global_shape != meta.local_shape:
+                return _fail(f"{context}: the buffer holds a shard, not a full tensor")
+            axes = [_Axis("tp", w.rank, w.size, w.split_dim)]
+            shard = _shard_object(writer_key(key, w), t, _shard_of(t, w.split_dim, w.rank, w.size), axes)
+            return self._write_objects(
+                [shard, _Object(writer_manifest_key(key), (manifest(t.shape, t.dtype, w.split_dim, w.size),))],
+                config, mode)
+        if parallelism is None:
+            rc = _check_config(config)
+            if rc:
+                return rc
+            if from_buffer is not None:
+                write = self.upsert_from if mode == _UPSERT else self.put_from
+                return write(key, from_buffer[0], from_buffer[1], config) if config is not None else \
+                    write(key, from_buffer[0], from_buffer[1])
+            return self._put_tensors([key], [tensor], config, mode == _UPSERT)[0]
+        axes = _request(parallelism, context)
+        if axes is None:
+            return INVALID_PARAMS
+        if t is None:
+            t = _tensor(tensor, context)
+            if t is None:
+                return INVALID_PARAMS
+        tp = _tp_index(axes)
+        if tp is None:
+            # A shard whose identity has no layout axis: stored as given (Mooncake's generic route).
+            g = t.shape if meta is None else meta.global_shape
+            return self._write_objects([_shard_object(parallelism_key(key, axes), t, t, axes, g)], config, mode)
+        size, split_dim = axes[tp].size, axes[tp].split_dim
+        if from_buffer is not None:
+            if meta.global_shape != meta.local_shape:
+                return _fail(f"{context}: the buffer holds a shard, not a full tensor")
+            shards = _tp_split(key, t, size, split_dim, axes, context)
+            return INVALID_PARAMS if shards is None else self._write_objects(shards, config, mode)
+        if len(axes) == 1:
+            # The tensor is the shard: the global shape is its shape times the shard count.
+            if not 0 <= split_dim < len(t.shape):
+                return _fail(f"{context}: split_dim {split_dim} out of range for {len(t.shape)} dims")
+            global_shape = list(t.shape)
+            global_shape[split_dim] *= size
+            objects = [_shard_object(parallelism_key(key, axes), t, t, axes, global_shape)]
+        else:
+            if not _uniform(t.shape, split_dim, size, context):
+                return INVALID_PARAMS
+            global_shape = t.shape
+            objects = [_shard_object(parallelism_key(key, axes), t, _shard_of(t, split_dim, axes[tp].rank, size),
+                                     axes)]
+        objects.append(_Object(parallelism_manifest_key(key), (manifest(global_shape, t.dtype, split_dim, size),)))
+        return self._write_objects(objects, config, mode)
+
+    def _parallelism_batch_write(self, keys: Sequence[str], values: Sequence[Any], parallelisms: Any, config: Any,
+                                 writer_partitions: Any, mode: str, context: str,
+                                 sizes: Sequence[int] | None = None) -> list[int]:
+        """The batch forms: one request per key from ``parallelisms`` or ``writer_partitions``
+        (lists as long as ``keys``, not both), or plain whole-tensor writes when neither."""
+        keys, values = list(keys), list(values)
+        n = len(keys)
+        groups = getattr(config, "group_ids", None) if config is not None else None
+        if groups is not None and len(groups) != n:
+            return [_fail(f"{context}: group_ids size must match keys size")] * n
+        if parallelisms is not None and writer_partitions is not None:
+            return [_fail(f"{context}: writer_partitions cannot be combined with parallelisms")] * n
+        if len(values) != n or (sizes is not None and len(list(sizes)) != n):
+            return [_fail(f"{context}: values and keys must have the same length")] * n
+        sizes = list(sizes) if sizes is not None else None
+        if parallelisms is None and writer_partitions is None:
+            rc = _check_config(config)
+            if rc:
+                return [rc] * n
+            if sizes is None:
+                return self._whole_writes(keys, values, config, mode)
+            if config is None:
+                return self._tensors_from(keys, values, sizes, mode == _UPSERT)
+            if not keys:
+                return []
+            for i, (ptr, size) in enumerate(zip(values, sizes)):
+                if _tensor_at(_address(ptr), size, f"{context}: tensor object buffer at index {i}") is None:
+                    return [INVALID_PARAMS] * n
+            write = self.batch_upsert_from if mode == _UPSERT else self.batch_put_from
+            return write(keys, values, sizes, config)
+        requests, name = ((parallelisms, "parallelisms") if parallelisms is not None
+                          else (writer_partitions, "writer_partitions"))
+        if not isinstance(requests, list) or len(requests) != n:
+            return [_fail(f"{context}: {name} must be a list as long as keys")] * n
+        results = []
+        for i, key in enumerate(keys):
+            p, w = (requests[i], None) if parallelisms is not None else (None, requests[i])
+            buffer = None if sizes is None else (_address(values[i]), sizes[i])
+            results.append(self._parallelism_write(key, values[i], p, _key_config(config, i), w, mode, context,
+                                                   buffer))
+        return results
+
+    # -- reads --
+
+    def _load(self, keys: list[str], whole: bool, context: str) -> list[_Source] | None:
+        """The metadata of each key's object (whole values when `whole`, else their headers
+        only, read into a scratch buffer); None if one is missing or not a tensor."""
+        if not keys:
+            return []
+        if whole:
+            handles = self.batch_get_buffer(keys)
+            metas = [None if h is None else parse_metadata(h, h.size()) for h in handles]
+        else:
+            scratch = bytearray(TENSOR_METADATA_SIZE * len(keys))
+            addr = _address(scratch)
+            if self.register_buffer(addr, len(scratch)) != 0:
+                _fail(f"{context}: failed to register metadata scratch buffer")
+                return None
+            try:
+                got = self.get_into_ranges([addr], [keys], [[[i * TENSOR_METADATA_SIZE] for i in range(len(keys))]],
+                                           [[[0] for _ in keys]], [[[TENSOR_METADATA_SIZE] for _ in keys]])
+            finally:
+                self.unregister_buffer(addr)
+            view = memoryview(scratch)
+            metas = [_metadata_of_prefix(view[i * TENSOR_METADATA_SIZE:(i + 1) * TENSOR_METADATA_SIZE])
+                     if got[0][i] == [TENSOR_METADATA_SIZE] else None for i in range(len(keys))]
+            handles = [None] * len(keys)
+        for key, meta in zip(keys, metas):
+            if meta is None:
+                _fail(f"{context}: missing reconstructed shard source for key {key}")
+                return None
+        return [_Source(k, m, h) for k, m, h in zip(keys, metas, handles)]
+
+    def _load_one(self, key: str, whole: bool, context: str) -> _Source | None:
+        got = self._load([key], whole, context)
+        return got[0] if got else None
+
+    def _manifest(self, key: str) -> _Manifest | None:
+        return parse_manifest(self.get_buffer(key))
+
+    def _writer_reconstruction(self, key: str, whole: bool, context: str) -> _Reconstruction | None:
+        """The shards a writer-partition manifest names, checked."""
+        m = self._manifest(writer_manifest_key(key))
+        if m is None:
+            return None
+        keys = [writer_key(key, _Writer(r, m.count, m.split_dim)) for r in range(m.count)]
+        sources = self._load(keys, whole, context)
+        if sources is None:
+            return None
+        for rank, s in enumerate(sources):
+            stored = s.meta.parallelism()
+            if not stored or not _single_tp(stored) or stored[0][1:4] != (rank, m.count, m.split_dim):
+                _fail(f"{context}: writer shard metadata mismatch for key {s.key}")
+                return None
+        return _Reconstruction(sources, m.global_shape, m.split_dim, m.dtype)
+
+    def _parallelism_reconstruction(self, key: str, axes: list[_Axis], whole: bool,
+                                    context: str) -> _Reconstruction | None:
+        """Mooncake's load_parallelism_full_reconstruction_sources: the TP shards that make up
+        the tensor `axes` belongs to — the ones its parallelism manifest counts, else those
+        the request's (or, for one TP axis, the stored) TP size names."""
+        tp = _tp_index(axes)
+        if tp is None:
+            _fail(f"{context}: full reconstruction requires a TP axis")
+            return None
+        want = axes[tp]
+        canonical = _canonical(axes)
+        m = self._manifest(parallelism_manifest_key(key))
+        if (m is not None and want.split_dim == m.split_dim and m.global_shape[m.split_dim] % want.size == 0
+                and m.global_shape[m.split_dim] % m.count == 0):
+            keys = [parallelism_key(key, _with_tp(canonical, rank=r, size=m.count)) for r in range(m.count)]
+            sources = self._load(keys, whole, context)
+            if sources is not None and all(_compatible(_with_tp(canonical, rank=r, size=m.count), s.meta, context)
+                                           for r, s in enumerate(sources)):
+                return _Reconstruction(sources, m.global_shape, m.split_dim, m.dtype)
+        if _single_tp(canonical):
+            first = self._load_one(key if want.size <= 1 else tp_key(key, 0), whole, context)
+            stored = None if first is None else first.meta.tp_axis()
+            if first is None or first.meta.layout != LAYOUT_SHARD or stored is None:
+                _fail(f"{context}: no shard matched requested layout for TP rank 0")
+                return None
+            count, split_dim, g = stored[3], stored[4], first.meta.global_shape
+            if want.split_dim != split_dim or not 0 <= split_dim < len(g) or g[split_dim] % want.size \
+                    or g[split_dim] % count:
+                _fail(f"{context}: split_dim mismatch or non-uniform sharding")
+                return None
+            sources = self._load([key if count <= 1 else tp_key(key, r) for r in range(count)], whole, context)
+            if sources is None:
+                return None
+            for r, s in enumerate(sources):
+                a = s.meta.tp_axis()
+                if s.meta.layout != LAYOUT_SHARD or a is None or a[2:5] != (r, count, split_dim):
+                    _fail(f"{context}: shard metadata mismatch for TP rank {r}")
+                    return None
+            return _Reconstruction(sources, g, split_dim, first.meta.dtype)
+        keys = [parallelism_key(key, _with_tp(canonical, rank=r)) for r in range(want.size)]
+        sources = self._load(keys, whole, context)
+        if sources is None or not all(_compatible(_with_tp(canonical, rank=r), s.meta, context)
+                                      for r, s in enumerate(sources)):
+            return None
+        g = sources[0].meta.global_shape
+        split_dim = sources[0].meta.tp_axis()[4]
+        if want.split_dim != split_dim or g[split_dim] % want.size:
+            _fail(f"{context}: split_dim mismatch or non-uniform sharding")
+            return None
+        return _Reconstruction(sources, g, split_dim, sources[0].meta.dtype)
+
+    def _full_plan(self, r: _Reconstruction, context: str) -> _Plan | None:
+        return _assemble_plan(r.sources, r.global_shape, r.split_dim, (), 0, r.global_shape[r.split_dim], context)
+
+    def _shard_plan(self, r: _Reconstruction, axes: list[_Axis], context: str) -> _Plan | None:
+        want = axes[_tp_index(axes)]
+        start, extent = _shard_range(r.global_shape[r.split_dim], want.rank, want.size)
+        return _assemble_plan(r.sources, r.global_shape, r.split_dim, axes, start, extent, context)
+
+    def _plan(self, key: str, target: Any, whole: bool, context: str) -> _Plan | None:
+        """How to make what `target` (a ReadTarget or None) asks of `key` (Mooncake's
+        get_tensor_with_parallelism and build_tensor_into_plan_for_target)."""
+        if target is None:
+            mode, parallelism = "as_stored", None
+        elif not (hasattr(target, "mode") and hasattr(target, "parallelism")):
+            _fail(f"{context}: ReadTarget must provide mode and parallelism")
+            return None
+        else:
+            mode, parallelism = str(target.mode).lower(), target.parallelism
+            if mode not in _MODES:
+                _fail(f"{context}: unsupported ReadTarget mode {target.mode!r}")
+                return None
+        if parallelism is None and mode == "as_stored":
+            s = self._load_one(key, whole, context)
+            return None if s is None else _whole_plan(s)
+        if parallelism is None and mode == "full":
+            r = self._writer_reconstruction(key, whole, context)
+            if r is None:
+                s = self._load_one(key, whole, context)
+                return None if s is None else _whole_plan(s)
+            return self._full_plan(r, context)
+        axes = _request(parallelism, context)
+        if axes is None:
+            return None
+        if mode == "shard":
+            direct = [parallelism_key(key, axes)]
+            if _single_tp(axes):
+                a = axes[0]
+                direct.append(writer_key(key, _Writer(a.rank, a.size, a.split_dim or 0)))
+            for read_key in direct:
+                s = self._load_one(read_key, whole, context)
+                if s is not None and s.meta.parallelism() == _canonical(axes):
+                    return _whole_plan(s)
+            if _tp_index(axes) is None:
+                _fail(f"{context}: parallelism metadata mismatch for key {key}")
+                return None
+            r = self._parallelism_reconstruction(key, axes, whole, context)
+            return None if r is None else self._shard_plan(r, axes, context)
+        if mode == "full":
+            r = self._parallelism_reconstruction(key, axes, whole, context)
+            return None if r is None else self._full_plan(r, context)
+        _fail(f"{context}: unsupported ReadTarget mode (as_stored with a parallelism)")
+        return None
+
+    def _run(self, plan: _Plan) -> Any:
+        """A plan's result as a tensor of its own (from the whole values it read)."""
+        if not plan.header:
+            (s,) = plan.sources
+            return _tensor_of_value(s.value, s.value.size(), copy=True)
+        out = bytearray(plan.total)
+        out[:TENSOR_METADATA_SIZE] = plan.header
+        values = {s.key: memoryview(s.value) for s in plan.sources}
+        for key, dst, src, n in plan.fragments:
+            out[dst:dst + n] = values[key][src:src + n]
+        meta = parse_metadata(out, plan.total)
+        return _to_tensor(meta.dtype, meta.local_shape, memoryview(out)[meta.offset:], copy=False)
+
+    def _run_into(self, plans: list[tuple[_Plan, int, int]], context: str) -> list[Any]:
+        """Runs plans into registered memory (address, size) in one get_into_ranges; a tensor
+        over each buffer, or None where its plan did not fit or a range failed."""
+        out: list[Any] = [None] * len(plans)
+        batch = []
+        for i, (plan, addr, size) in enumerate(plans):
+            if plan.total > size:
+                _fail(f"{context}: buffer too small ({size} bytes) for {plan.total} bytes")
+                continue
+            keys: dict[str, list[list[int]]] = {}
+            for key, dst, src, n in plan.fragments:
+                ranges = keys.setdefault(key, [[], [], []])
+                ranges[0].append(dst)
+                ranges[1].append(src)
+                ranges[2].append(n)
+            batch.append((i, addr, keys))
+        sent = [b for b in batch if b[2]]
+        results = iter(self.get_into_ranges([b[1] for b in sent], [list(b[2]) for b in sent],
+                                            [[r[0] for r in b[2].values()] for b in sent],
+                                            [[r[1] for r in b[2].values()] for b in sent],
+                                            [[r[2] for r in b[2].values()] for b in sent]) if sent else [])
+        for i, addr, keys in batch:
+            if keys and next(results) != [r[2] for r in keys.values()]:
+                _fail(f"{context}: a range of the read failed")
+                continue
+            plan, _, _ = plans[i]
+            if plan.header:
+                ctypes.memmove(addr, plan.header, TENSOR_METADATA_SIZE)
+            out[i] = _tensor_of_value(_memory_at(addr, plan.total), plan.total, copy=False)
+        return out
+
+    def _parallelism_get(self, keys: Sequence[str], targets: Any, context: str) -> list[Any]:
+        keys = list(keys)
+        if targets is None:
+            return self.batch_get_tensor(keys)
+        if not isinstance(targets, list) or len(targets) != len(keys):
+            _fail(f"{context}: targets must be a list as long as keys")
+            return [None] * len(keys)
+        plans = [self._plan(k, t, True, context) for k, t in zip(keys, targets)]
+        out = [None if p is None else self._run(p) for p in plans]
+        # Mooncake's last resort for one TP axis: the object under <key>_tp_<rank> as it is.
+        for i, (k, t) in enumerate(zip(keys, targets)):
+            if out[i] is None and t is not None and str(getattr(t, "mode", "")).lower() == "shard":
+                axes = _check_parallelism(_parse_parallelism(t.parallelism, context), context) \
+                    if getattr(t, "parallelism", None) is not None else None
+                if axes and _single_tp(axes):
+                    out[i] = self.get_tensor(k if axes[0].size <= 1 else tp_key(k, axes[0].rank))
+        return out
+
+    def _parallelism_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[Any], sizes: Sequence[int],
+                              targets: Any, context: str) -> list[Any]:
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if not len(keys) == len(buffer_ptrs) == len(sizes):
+            _fail(f"{context}: keys, buffer_ptrs, and sizes must have the same length")
+            return [None] * len(keys)
+        if targets is not None and (not isinstance(targets, list) or len(targets) != len(keys)):
+            _fail(f"{context}: targets must be a list as long as keys")
+            return [None] * len(keys)
+        targets = targets if targets is not None else [None] * len(keys)
+        planned, where = [], []
+        for i, (k, p, n, t) in enumerate(zip(keys, buffer_ptrs, sizes, targets)):
+            addr = _address(p)
+            if addr == 0:
+                _fail(f"{context}: buffer pointer cannot be null")
+                continue
+            plan = self._plan(k, t, False, context)
+            if plan is not None:
+                planned.append((plan, addr, n))
+                where.append(i)
+        out: list[Any] = [None] * len(keys)
+        for i, got in zip(where, self._run_into(planned, context)):
+            out[i] = got
+        return out
+
+    def _tp_read_keys(self, keys: Sequence[str], tp_rank: int, tp_size: int) -> list[str]:
+        return list(keys) if tp_size <= 1 else [tp_key(k, tp_rank) for k in keys]
+
+    # -- Mooncake's methods: *_tensor_with_tp --
+
+    def put_tensor_with_tp(self, key: str, tensor: Any, tp_rank: int = 0, tp_size: int = 1,
+                           split_dim: int = 0) -> int:
+        """Splits the full `tensor` into `tp_size` shards along `split_dim` and stores shard r
+        under ``<key>_tp_<r>`` (every shard, whatever `tp_rank`); tp_size <= 1 stores it whole
+        under `key`. 0, INVALID_PARAMS (a split_dim out of range, a size not divisible) or the
+        first failed put's code."""
+        return self._tp_write([key], [tensor], None, tp_size, split_dim, _PUT, "put_tensor_with_tp")[0]
+
+    def pub_tensor_with_tp(self, key: str, tensor: Any, config: ReplicateConfig | None = None, tp_rank: int = 0,
+                           tp_size: int = 1, split_dim: int = 0) -> int:
+        """``put_tensor_with_tp`` with each shard placed as `config` asks."""
+        return self._tp_write([key], [tensor], config, tp_size, split_dim, _PUT, "pub_tensor_with_tp")[0]
+
+    def batch_put_tensor_with_tp(self, base_keys: Sequence[str], tensors_list: Sequence[Any], tp_rank: int = 0,
+                                 tp_size: int = 1, split_dim: int = 0) -> list[int]:
+        return self._tp_write(base_keys, tensors_list, None, tp_size, split_dim, _PUT, "batch_put_tensor_with_tp")
+
+    def batch_pub_tensor_with_tp(self, base_keys: Sequence[str], tensors_list: Sequence[Any],
+                                 config: ReplicateConfig | None = None, tp_rank: int = 0, tp_size: int = 1,
+                                 split_dim: int = 0) -> list[int]:
+        return self._tp_write(base_keys, tensors_list, config, tp_size, split_dim, _PUT, "batch_pub_tensor_with_tp")
+
+    def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> Any:
+        """The object under ``<key>_tp_<tp_rank>`` as stored (``key`` when tp_size <= 1); None
+        if missing. It is not re-split: a reader of another TP size than the writer's gets
+        the writer's shard of that rank (``get_tensor_with_parallelism`` re-splits)."""
+        return self.get_tensor(self._tp_read_keys([key], tp_rank, tp_size)[0])
+
+    def batch_get_tensor_with_tp(self, base_keys: Sequence[str], tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
+        return self.batch_get_tensor(self._tp_read_keys(base_keys, tp_rank, tp_size))
+
+    def get_tensor_with_tp_into(self, key: str, buffer_ptr: Any, size: int, tp_rank: int = 0, tp_size: int = 1,
+                                split_dim: int = 0) -> Any:
+        return self.get_tensor_into(self._tp_read_keys([key], tp_rank, tp_size)[0], buffer_ptr, size)
+
+    def batch_get_tensor_with_tp_into(self, base_keys: Sequence[str], buffer_ptrs: Sequence[Any],
+                                      sizes: Sequence[int], tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
+        return self.batch_get_tensor_into(self._tp_read_keys(base_keys, tp_rank, tp_size), buffer_ptrs, sizes)
+
+    def put_tensor_with_tp_from(self, key: str, buffer_ptr: Any, size: int, tp_rank: int = 0, tp_size: int = 1,
+                                split_dim: int = 0) -> int:
+        """``put_tensor_with_tp`` of the full tensor object ([header][data]) in registered
+        memory."""
+        return self._tp_write_from([key], [buffer_ptr], [size], tp_size, split_dim, "put_tensor_with_tp_from")[0]
+
+    def batch_put_tensor_with_tp_from(self, base_keys: Sequence[str], buffer_ptrs: Sequence[Any],
+                                      sizes: Sequence[int], tp_rank: int = 0, tp_size: int = 1,
+                                      split_dim: int = 0) -> list[int]:
+        return self._tp_write_from(base_keys, buffer_ptrs, sizes, tp_size, split_dim, "batch_put_tensor_with_tp_from")
+
+    # -- Mooncake's methods: *_tensor_with_parallelism --
+
+    def put_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: TensorParallelism | None = None,
+                                    config: ReplicateConfig | None = None, writer_partition: Any = None) -> int:
+        """Stores `tensor` as the object `parallelism` names (see ``_parallelism_write``), or
+        shard ``writer_partition.rank`` of it; 0 or a negative code."""
+        return self._parallelism_write(key, tensor, parallelism, config, writer_partition, _PUT,
+                                       "put_tensor_with_parallelism")
+
+    def upsert_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: TensorParallelism | None = None,
+                                       config: ReplicateConfig | None = None, writer_partition: Any = None) -> int:
+        return self._parallelism_write(key, tensor, parallelism, config, writer_partition, _UPSERT,
+                                       "upsert_tensor_with_parallelism")
+
+    def put_tensor_with_parallelism_from(self, key: str, buffer_ptr: Any, size: int,
+                                         parallelism: TensorParallelism | None = None,
+                                         config: ReplicateConfig | None = None, writer_partition: Any = None) -> int:
+        return self._parallelism_write(key, None, parallelism, config, writer_partition, _PUT,
+                                       "put_tensor_with_parallelism_from", (_address(buffer_ptr), size))
+
+    def upsert_tensor_with_parallelism_from(self, key: str, buffer_ptr: Any, size: int,
+                                            parallelism: TensorParallelism | None = None,
+                                            config: ReplicateConfig | None = None,
+                                            writer_partition: Any = None) -> int:
+        return self._parallelism_write(key, None, parallelism, config, writer_partition, _UPSERT,
+                                       "upsert_tensor_with_parallelism_from", (_address(buffer_ptr), size))
+
+    def batch_put_tensor_with_parallelism(self, keys: Sequence[str], tensors_list: Sequence[Any],
+                                          parallelisms: list[TensorParallelism | None] | None = None,
+                                          config: ReplicateConfig | None = None,
+                                          writer_partitions: list[Any] | None = None) -> list[int]:
+        return self._parallelism_batch_write(keys, tensors_list, parallelisms, config, writer_partitions, _PUT,
+                                             "batch_put_tensor_with_parallelism")
+
+    def batch_upsert_tensor_with_parallelism(self, keys: Sequence[str], tensors_list: Sequence[Any],
+                                             parallelisms: list[TensorParallelism | None] | None = None,
+                                             config: ReplicateConfig | None = None,
+                                             writer_partitions: list[Any] | None = None) -> list[int]:
+        return self._parallelism_batch_write(keys, tensors_list, parallelisms, config, writer_partitions, _UPSERT,
+                                             "batch_upsert_tensor_with_parallelism")
+
+    def batch_put_tensor_with_parallelism_from(self, keys: Sequence[str], buffer_ptrs: Sequence[Any],
+                                               sizes: Sequence[int],
+                                               parallelisms: list[TensorParallelism | None] | None = None,
+                                               config: ReplicateConfig | None = None,
+                                               writer_partitions: list[Any] | None = None) -> list[int]:
+        return self._parallelism_batch_write(keys, buffer_ptrs, parallelisms, config, writer_partitions, _PUT,
+                                             "batch_put_tensor_with_parallelism_from", sizes)
+
+    def batch_upsert_tensor_with_parallelism_from(self, keys: Sequence[str], buffer_ptrs: Sequence[Any],
+                                                  sizes: Sequence[int],
+                                                  parallelisms: list[TensorParallelism | None] | None = None,
+                                                  config: ReplicateConfig | None = None,
+                                                  writer_partitions: list[Any] | None = None) -> list[int]:
+        return self._parallelism_batch_write(keys, buffer_ptrs, parallelisms, config, writer_partitions, _UPSERT,
+                                             "batch_upsert_tensor_with_parallelism_from", sizes)
+
+    def get_tensor_with_parallelism(self, key: str, target: ReadTarget | None = None) -> Any:
+        """What `target` asks of `key`: the object as stored (None / ``as_stored``), the shard
+        ``target.parallelism`` names, reassembled from the stored shards when none is stored
+        under its key (``shard``), or the whole tensor (``full``). None on failure."""
+        return self._parallelism_get([key], [target], "get_tensor_with_parallelism")[0]
+
+    def batch_get_tensor_with_parallelism(self, keys: Sequence[str],
+                                          targets: list[ReadTarget | None] | None = None) -> list[Any]:
+        return self._parallelism_get(keys, targets, "batch_get_tensor_with_parallelism")
+
+    def get_tensor_with_parallelism_into(self, key: str, buffer_ptr: Any, size: int,
+                                         target: ReadTarget | None = None) -> Any:
+        """``get_tensor_with_parallelism`` into registered memory ([header][data], the shards'
+        byte ranges read straight into place); a tensor over the buffer, or None."""
+        return self._parallelism_get_into([key], [buffer_ptr], [size], None if target is None else [target],
+                                          "get_tensor_with_parallelism_into")[0]
+
+    def batch_get_tensor_with_parallelism_into(self, keys: Sequence[str], buffer_ptrs: Sequence[Any],
+                                               sizes: Sequence[int],
+                                               targets: list[ReadTarget | None] | None = None) -> list[Any]:
+        return self._parallelism_get_into(keys, buffer_ptrs, sizes, targets, "batch_get_tensor_with_parallelism_into")
+
+    # -- safetensors files --
+
+    def save_tensor_to_safetensor(self, key: str, file_name: str | None = None) -> int:
+        """Writes the tensor under `key` to the safetensors file `file_name` (default: the key)
+        as its one entry, named `key`. 0; FILE_NOT_FOUND (-1100) when the key holds no tensor;
+        INVALID_PARAMS when the file cannot be written or the ``safetensors`` package is
+        missing (and, without torch, for bfloat16 / float8 tensors, which numpy cannot name)."""
+        raw = self.get_buffer(key)
+        meta = None if raw is None else parse_metadata(raw, raw.size())
+        if meta is None:
+            _fail(f"save_tensor_to_safetensor: failed to fetch tensor for key {key}")
+            return FILE_NOT_FOUND
+        try:
+            save_file = _safetensors_module("save_tensor_to_safetensor", meta.dtype).save_file
+            tensor = _to_tensor(meta.dtype, meta.local_shape, memoryview(raw)[meta.offset:], copy=True)
+            save_file({key: tensor}, key if file_name is None else file_name)
+        except Exception as e:  # noqa: BLE001  (a missing package, safetensors' and the OS's errors alike)
+            log.warning("Failed to save tensor to safetensor file: %s", e)
+            return _fail(f"Failed to save tensor to safetensor file: {e}")
+        return 0
+
+    def load_tensor_from_safetensor(self, key: str | None = None, file_name: str | None = None) -> Any:
+        """Reads a safetensors file and stores its tensor named `key` (else its first, with a
+        warning) under `key` (default: the file name); the tensor, or None."""
+        if file_name is None:
+            raise TypeError("load_tensor_from_safetensor() missing required argument: 'file_name'")
+        try:
+            loaded = _safetensors_module("load_tensor_from_safetensor").load_file(file_name)
+        except Exception as e:  # noqa: BLE001
+            log.warning("Failed to load tensor from safetensor file: %s", e)
+            _fail(f"Failed to load tensor from safetensor file: {e}")
+            return None
+        if not loaded:
+            _fail(f"No tensors found in safetensor file: {file_name}")
+            return None
+        store_key = file_name if key is None else key
+        if key is not None and key not in loaded:
+            log.warning("Key %s not found in safetensor file; using first entry", key)
+        tensor = loaded[key] if key is not None and key in loaded else next(iter(loaded.values()))
+        rc = self.put_tensor(store_key, tensor)
+        if rc != 0:
+            _fail(f"Failed to store tensor for key {store_key}, rc={rc}")
+            return None
+        return tensor
+
+
+def _safetensors_module(context: str, dtype: int | None = None) -> Any:
+    """``safetensors.torch`` (Mooncake's choice) where torch is importable, else
+    ``safetensors.numpy``; ImportError with the reason when the package is missing, TypeError
+    for a `dtype` numpy cannot name (bfloat16, float8) without torch."""
+    try:
+        if _torch() is not None:
+            import safetensors.torch as module
+        else:
+            import safetensors.numpy as module
+    except ImportError as e:
+        raise ImportError(f"{context} needs the safetensors package (pip install safetensors): {e}") from e
+    name = None if dtype is None else _DTYPES[dtype][0]
+    if _torch() is None and name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        raise TypeError(f"{context}: a {name} tensor needs torch (numpy has no such dtype)")
+    return module
