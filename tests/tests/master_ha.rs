@@ -3,8 +3,10 @@
 //! etcd member; or while the leader is frozen (SIGSTOP) until its lease runs out and then
 //! continued; or while the leader is cut off from etcd (and only from etcd: the clients still
 //! reach it) and then reconnected. Every acknowledged key reads back with its bytes, no client
-//! is restarted, no call hangs, and a deposed leader serves no write.
+//! is restarted, no call hangs, and a deposed leader serves no write. The converse too: a link
+//! blip that cuts the clients off but spares etcd deposes no one.
 
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -292,4 +294,66 @@ fn a_leader_cut_off_from_etcd_stops_writing_and_a_standby_takes_over() {
     }
     assert_eq!(clients[0].master_address(), next, "the clients stay with the new leader");
     load.finish(&clients[1]);
+}
+
+/// The leader's term as etcd has it (the leader key's create revision), `None` while no master
+/// leads.
+fn leader_term(etcd: &EtcdCluster, cluster: &str) -> Option<u64> {
+    let endpoints: Vec<String> = etcd.endpoints().split(';').map(str::to_string).collect();
+    let key = crescent_store::leader::leader_key(cluster);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut members = crescent_store::leader::Members::connect(&endpoints).await.expect("etcd clients");
+        members.leader(&key).await.expect("etcd answers").map(|(_, term)| term)
+    })
+}
+
+/// Mooncake #2039's blip, 3.5 s, as the soak makes it (`storebench soak`'s link-blip phase:
+/// nftables drops every TCP packet but etcd's) in a network namespace of the test's own: the
+/// clients cannot reach the leader, but the leader reaches etcd, renews its lease and keeps
+/// its term — a blip is not a failover. (The soak's first rule dropped etcd's packets too, so
+/// every blip there deposed the leader.)
+#[test]
+fn a_link_blip_that_spares_etcd_leaves_the_leader_and_its_term() {
+    let Some(hosts) = crescent_tests::faults::host_pair("hablip") else { return };
+    crescent_tests::netns::in_netns(&hosts.a, || {
+        let etcd = match EtcdCluster::start(1) {
+            Ok(e) => e,
+            Err(why) => {
+                crescent_tests::skip(&why);
+                return;
+            }
+        };
+        let cluster = unique_cluster("ha");
+        let _masters: Vec<(ChildGuard, String)> = (0..2).map(|_| ha_master(&etcd, &cluster)).collect();
+        let c = client(&etcd, &cluster);
+        c.put("before", &value(0, 1)).expect("the cluster serves");
+        let leader = c.master_address();
+        let term = leader_term(&etcd, &cluster).expect("a master leads");
+        let leader_addr: SocketAddr = leader.parse().expect("the leader's address");
+        let etcd_addr = SocketAddr::from(([127, 0, 0, 1], etcd.client_ports[0]));
+
+        let blip = Instant::now();
+        crescent_benches::soak::blip_start(&etcd.client_ports).expect("nft starts the blip");
+        let wait = Duration::from_millis(500);
+        let master_reached = TcpStream::connect_timeout(&leader_addr, wait).is_ok();
+        let etcd_reached = TcpStream::connect_timeout(&etcd_addr, wait).is_ok();
+        std::thread::sleep(Duration::from_millis(3500).saturating_sub(blip.elapsed()));
+        crescent_benches::soak::blip_end().expect("nft ends the blip");
+        assert!(!master_reached, "the blip let a connection to the master {leader} through");
+
+        // A leader that could not renew its lease stepped down during the blip (its deadline
+        // is 1.6 s after its last renewal) and an election followed; wait for a leader, then
+        // compare.
+        assert!(eventually(Duration::from_secs(10), || leader_term(&etcd, &cluster).is_some()), "a master leads");
+        let now = leader_term(&etcd, &cluster).expect("a master leads");
+        assert_eq!(
+            now, term,
+            "the blip changed the leader's term (etcd reached during the blip: {etcd_reached}; the leader was {leader})"
+        );
+        assert!(etcd_reached, "the blip dropped etcd's packets");
+        assert_eq!(c.master_address(), leader, "the client follows the same leader");
+        c.put("after", &value(0, 2)).expect("a put after the blip");
+        assert_eq!(c.get("before").expect("a key put before the blip"), value(0, 1));
+    });
 }

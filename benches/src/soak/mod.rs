@@ -418,16 +418,34 @@ fn sampler(
     }))
 }
 
-fn nft_drop_all_but(ports: &[u16]) -> Result<()> {
-    let set: Vec<String> = ports.iter().map(u16::to_string).collect();
-    let set = set.join(", ");
-    let script = format!(
+/// The nftables script of a link blip: every TCP packet that arrives in the namespace is
+/// dropped, but those to or from a port of `spare` (etcd's client ports).
+///
+/// The spared ports are accepted first and everything else dropped after. The obvious single
+/// rule, `tcp dport != P tcp sport != P drop`, does not mean that: nft (1.0.6 here) merges the
+/// two adjacent 16-bit comparisons into one 32-bit `!=` of both ports at once, so it drops
+/// every packet whose ports are not *both* `P` — etcd's too. With that rule every blip cut the
+/// leader master off etcd, and the leader rightly stepped down (issue 48).
+pub fn blip_script(spare: &[u16]) -> String {
+    let mut script = format!(
         "add table inet {NFT_TABLE}\n\
-         add chain inet {NFT_TABLE} input {{ type filter hook input priority 0; policy accept; }}\n\
-         add rule inet {NFT_TABLE} input meta l4proto tcp tcp dport != {{ {set} }} tcp sport != {{ {set} }} drop\n"
+         add chain inet {NFT_TABLE} input {{ type filter hook input priority 0; policy accept; }}\n"
     );
+    if !spare.is_empty() {
+        let set: Vec<String> = spare.iter().map(u16::to_string).collect();
+        let set = set.join(", ");
+        script += &format!(
+            "add rule inet {NFT_TABLE} input tcp dport {{ {set} }} accept\n\
+             add rule inet {NFT_TABLE} input tcp sport {{ {set} }} accept\n"
+        );
+    }
+    script + &format!("add rule inet {NFT_TABLE} input meta l4proto tcp drop\n")
+}
+
+/// Starts a link blip ([`blip_script`]) in the network namespace of the calling thread.
+pub fn blip_start(spare: &[u16]) -> Result<()> {
     let mut child = Command::new("nft").args(["-f", "-"]).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    child.stdin.take().context("nft's stdin")?.write_all(script.as_bytes())?;
+    child.stdin.take().context("nft's stdin")?.write_all(blip_script(spare).as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
         bail!("nft: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -435,7 +453,11 @@ fn nft_drop_all_but(ports: &[u16]) -> Result<()> {
     Ok(())
 }
 
-/// Sleeps until `at` after `t0`.
+/// Ends the link blip of [`blip_start`].
+pub fn blip_end() -> Result<()> {
+    cmd("nft", &["delete", "table", "inet", NFT_TABLE])
+}
+
 /// Set by SIGINT / SIGTERM: the run ends early (every process it started is killed).
 static INTERRUPTED: std::sync::LazyLock<Arc<AtomicBool>> = std::sync::LazyLock::new(Default::default);
 
@@ -621,11 +643,11 @@ fn run(cli: SoakArgs) -> Result<()> {
                 }
                 "link-blip" => {
                     at(t0, 2.0)?;
-                    nft_drop_all_but(&etcd.client_ports)?;
+                    blip_start(&etcd.client_ports)?;
                     faults.blips += 1;
                     faults.event(start, "link down: TCP dropped for 3.5 s".into());
                     at(t0, 5.5)?;
-                    cmd("nft", &["delete", "table", "inet", NFT_TABLE])?;
+                    blip_end()?;
                 }
                 "disk-full" => {
                     at(t0, 1.0)?;

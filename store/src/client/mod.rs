@@ -470,8 +470,8 @@ impl StoreClient {
     /// A put of a key that exists (or is being put) succeeds and leaves the object as it was,
     /// as Mooncake's puts do ([`Self::upsert_with`] replaces it).
     pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_retrying(key, value.len() as u64, Mode::Put, || {
-            self.put_one(key, Src::Bytes(value), options, Mode::Put)
+        self.put_retrying(key, value.len() as u64, Mode::Put, |started| {
+            self.put_one(key, Src::Bytes(value), options, Mode::Put, started)
         })
     }
 
@@ -490,15 +490,17 @@ impl StoreClient {
     pub fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
         let len = pieces.iter().map(|p| p.len).sum();
-        self.put_retrying(key, len, Mode::Put, || self.put_one(key, Src::Registered(pieces), options, Mode::Put))
+        self.put_retrying(key, len, Mode::Put, |started| {
+            self.put_one(key, Src::Registered(pieces), options, Mode::Put, started)
+        })
     }
 
     /// Mooncake's upsert: stores `value`, replacing the key's value if it has one (the old
     /// object is removed, then the value put again). A reader's lease still protects the old
     /// value: [`StoreError::Leased`] until it ends.
     pub fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_retrying(key, value.len() as u64, Mode::Upsert, || {
-            self.put_one(key, Src::Bytes(value), options, Mode::Upsert)
+        self.put_retrying(key, value.len() as u64, Mode::Upsert, |started| {
+            self.put_one(key, Src::Bytes(value), options, Mode::Upsert, started)
         })
     }
 
@@ -506,13 +508,17 @@ impl StoreClient {
     /// the parts are copied to the replicas, the same single copy a byte put makes.
     pub fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
         let len = parts.iter().map(|p| p.len() as u64).sum();
-        self.put_retrying(key, len, Mode::Put, || self.put_one(key, Src::Parts(parts), options, Mode::Put))
+        self.put_retrying(key, len, Mode::Put, |started| {
+            self.put_one(key, Src::Parts(parts), options, Mode::Put, started)
+        })
     }
 
     /// [`Self::put_parts_with`] that replaces the key's value if it has one (`upsert_parts`).
     pub fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
         let len = parts.iter().map(|p| p.len() as u64).sum();
-        self.put_retrying(key, len, Mode::Upsert, || self.put_one(key, Src::Parts(parts), options, Mode::Upsert))
+        self.put_retrying(key, len, Mode::Upsert, |started| {
+            self.put_one(key, Src::Parts(parts), options, Mode::Upsert, started)
+        })
     }
 
     /// [`Self::upsert_with`] from registered memory (zero copy).
@@ -524,7 +530,9 @@ impl StoreClient {
     pub fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
         let len = pieces.iter().map(|p| p.len).sum();
-        self.put_retrying(key, len, Mode::Upsert, || self.put_one(key, Src::Registered(pieces), options, Mode::Upsert))
+        self.put_retrying(key, len, Mode::Upsert, |started| {
+            self.put_one(key, Src::Registered(pieces), options, Mode::Upsert, started)
+        })
     }
 
     /// The options `put` and the other calls without options use: the configured
@@ -539,11 +547,20 @@ impl StoreClient {
     }
 
     /// One key's write: a put, and for an upsert that finds the key, its removal and a put
-    /// again (another writer may put the key in between: a few tries).
-    fn put_one(&self, key: &str, src: Src<'_>, options: &PutOptions, mode: Mode) -> Result<()> {
+    /// again (another writer may put the key in between: a few tries). `started` is set to the
+    /// version of each put the master starts ([`Self::put_retrying`] asks about it after a
+    /// master change).
+    fn put_one(
+        &self,
+        key: &str,
+        src: Src<'_>,
+        options: &PutOptions,
+        mode: Mode,
+        started: &mut Option<u64>,
+    ) -> Result<()> {
         let mut refused = None;
         for _ in 0..UPSERT_TRIES {
-            let e = match self.put_new(key, src, options)? {
+            let e = match self.put_new(key, src, options, started)? {
                 Written::Refused(e) => e,
                 Written::Done => return Ok(()),
                 Written::Failed(e) => return Err(e),
@@ -570,8 +587,9 @@ impl StoreClient {
     }
 
     /// A put as the master sees it: `Refused` when it would not start it, `Done` once
-    /// committed; any other failure is an error (the put revoked).
-    fn put_new(&self, key: &str, src: Src<'_>, options: &PutOptions) -> Result<Written> {
+    /// committed; any other failure is an error (the put revoked). `started` is set to the
+    /// version the master gives the put once it starts it.
+    fn put_new(&self, key: &str, src: Src<'_>, options: &PutOptions, started: &mut Option<u64>) -> Result<Written> {
         let len = src.len();
         if len == 0 {
             return Err(StoreError::invalid(format!("empty value for key {key:?}")));
@@ -604,17 +622,18 @@ impl StoreClient {
                 (self.rpc.call(start(req.clone())), (None, Ok(None), None))
             };
         let mut reply = reply?;
-        let mut started = check(reply.status.take(), key);
+        let mut begun = check(reply.status.take(), key);
         // No room: after a restart (or once it dropped us) the master has no segment of ours
         // until we remount. Remount now and place the value again, rather than fail until the
         // heartbeat remounts.
-        if matches!(started, Err(StoreError::NoSpace { .. })) && self.remounted() {
+        if matches!(begun, Err(StoreError::NoSpace { .. })) && self.remounted() {
             reply = self.rpc.call(start(req))?;
-            started = check(reply.status.take(), key);
+            begun = check(reply.status.take(), key);
         }
-        if let Err(e) = started {
+        if let Err(e) = begun {
             return Ok(Written::Refused(e));
         }
+        *started = Some(reply.version);
         let written = first_piece.and_then(|first| exec.write(key, &reply.replicas, &src, first));
         if let Ok(all_local) = written {
             self.last_put_local.store(all_local, Ordering::Relaxed);
@@ -964,15 +983,17 @@ impl StoreClient {
     }
 
     /// The batch write: [`Self::put_once`], then, for an upsert, the keys that existed are
-    /// removed and put again (a few rounds, as [`Self::put_one`]).
+    /// removed and put again (a few rounds, as [`Self::put_one`]). `started[i]` is set to the
+    /// version of each put of key `i` the master starts.
     fn put_many_rounds(
         &self,
         keys: &[String],
         srcs: &[Src<'_>],
         options: &PutOptions,
         mode: Mode,
+        started: &mut [Option<u64>],
     ) -> Result<Vec<Result<()>>> {
-        let (mut results, mut replace) = self.put_once(keys, srcs, options, mode)?;
+        let (mut results, mut replace) = self.put_once(keys, srcs, options, mode, started)?;
         for _ in 1..UPSERT_TRIES {
             if replace.is_empty() {
                 break;
@@ -986,7 +1007,12 @@ impl StoreClient {
             }
             let sub_keys: Vec<String> = again.iter().map(|&i| keys[i].clone()).collect();
             let sub_srcs: Vec<Src<'_>> = again.iter().map(|&i| srcs[i]).collect();
-            let (sub_results, sub_replace) = self.put_once(&sub_keys, &sub_srcs, options, mode)?;
+            let mut sub_started: Vec<Option<u64>> = again.iter().map(|&i| started[i]).collect();
+            let round = self.put_once(&sub_keys, &sub_srcs, options, mode, &mut sub_started);
+            for (&i, v) in again.iter().zip(sub_started) {
+                started[i] = v;
+            }
+            let (sub_results, sub_replace) = round?;
             for (&i, r) in again.iter().zip(sub_results) {
                 results[i] = r;
             }
@@ -998,16 +1024,36 @@ impl StoreClient {
     /// The batch put, with the keys that fail for a master change put again ([`put_retry`]).
     fn put_many(&self, keys: &[String], srcs: &[Src<'_>], options: &PutOptions, mode: Mode) -> Result<Vec<Result<()>>> {
         let sizes: Vec<u64> = srcs.iter().map(Src::len).collect();
-        self.batch_put_retrying(keys, &sizes, mode, |todo| {
-            let ks: Vec<String> = todo.iter().map(|&i| keys[i].clone()).collect();
-            let ss: Vec<Src<'_>> = todo.iter().map(|&i| srcs[i]).collect();
-            self.put_many_rounds(&ks, &ss, options, mode)
+        self.batch_put_retrying(keys, &sizes, mode, |todo, started| {
+            self.put_some(keys, srcs, options, mode, todo, started)
         })
+    }
+
+    /// [`Self::put_many_rounds`] of the keys at the indices `todo`; `started` is by index into
+    /// `keys`.
+    fn put_some(
+        &self,
+        keys: &[String],
+        srcs: &[Src<'_>],
+        options: &PutOptions,
+        mode: Mode,
+        todo: &[usize],
+        started: &mut [Option<u64>],
+    ) -> Result<Vec<Result<()>>> {
+        let ks: Vec<String> = todo.iter().map(|&i| keys[i].clone()).collect();
+        let ss: Vec<Src<'_>> = todo.iter().map(|&i| srcs[i]).collect();
+        let mut sub_started: Vec<Option<u64>> = todo.iter().map(|&i| started[i]).collect();
+        let r = self.put_many_rounds(&ks, &ss, options, mode, &mut sub_started);
+        for (&i, v) in todo.iter().zip(sub_started) {
+            started[i] = v;
+        }
+        r
     }
 
     /// The batch put: placed in one round trip, written by the executor (registered values in
     /// one engine batch), then committed and revoked in one round trip each. Returns the
-    /// results and the keys an upsert is to replace.
+    /// results and the keys an upsert is to replace; `started[i]` is set to the version of
+    /// key `i`'s put if the master started it.
     #[allow(clippy::type_complexity)]
     fn put_once(
         &self,
@@ -1015,6 +1061,7 @@ impl StoreClient {
         srcs: &[Src<'_>],
         options: &PutOptions,
         mode: Mode,
+        started: &mut [Option<u64>],
     ) -> Result<(Vec<Result<()>>, Vec<usize>)> {
         let sizes: Vec<u64> = srcs.iter().map(Src::len).collect();
         if let Some(i) = sizes.iter().position(|s| *s == 0) {
@@ -1025,9 +1072,10 @@ impl StoreClient {
         let (starts, offloads) = self.batch_put_start(keys, &sizes, srcs, options)?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut placed: Vec<(Vec<ReplicaDescriptor>, u64)> = Vec::with_capacity(keys.len());
-        for start in starts {
+        for (i, start) in starts.into_iter().enumerate() {
             match start {
                 Ok(p) => {
+                    started[i] = Some(p.1);
                     placed.push(p);
                     results.push(Ok(()));
                 }
@@ -1037,22 +1085,22 @@ impl StoreClient {
                 }
             }
         }
-        let started: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        let begun: Vec<bool> = results.iter().map(Result::is_ok).collect();
         let replicas: Vec<&[ReplicaDescriptor]> = placed.iter().map(|(r, _)| &r[..]).collect();
         match exec.write_batch(keys, &replicas, srcs, &mut results) {
             Ok(all_local) => self.last_put_local.store(all_local, Ordering::Relaxed),
             Err(e) => {
                 // The batch failed as a whole: every put it started goes back at once.
                 let revoke: Vec<String> =
-                    keys.iter().zip(&started).filter(|(_, s)| **s).map(|(k, _)| k.clone()).collect();
+                    keys.iter().zip(&begun).filter(|(_, s)| **s).map(|(k, _)| k.clone()).collect();
                 self.batch_revoke(revoke);
                 return Err(e);
             }
         }
         let written = results
             .into_iter()
-            .zip(started)
-            .map(|(r, started)| match (r, started) {
+            .zip(begun)
+            .map(|(r, begun)| match (r, begun) {
                 (Ok(()), _) => Written::Done,
                 (Err(e), true) => Written::Failed(e),
                 (Err(e), false) => Written::Refused(e),
