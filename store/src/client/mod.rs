@@ -541,6 +541,7 @@ impl StoreClient {
     /// One key's write: a put, and for an upsert that finds the key, its removal and a put
     /// again (another writer may put the key in between: a few tries).
     fn put_one(&self, key: &str, src: Src<'_>, options: &PutOptions, mode: Mode) -> Result<()> {
+        let options = &*mode.options(options);
         let mut refused = None;
         for _ in 0..UPSERT_TRIES {
             let e = match self.put_new(key, src, options)? {
@@ -972,6 +973,7 @@ impl StoreClient {
         options: &PutOptions,
         mode: Mode,
     ) -> Result<Vec<Result<()>>> {
+        let options = &*mode.options(options);
         let (mut results, mut replace) = self.put_once(keys, srcs, options, mode)?;
         for _ in 1..UPSERT_TRIES {
             if replace.is_empty() {
