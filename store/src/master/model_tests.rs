@@ -145,6 +145,8 @@ impl Model {
         self.objects.retain(|_, e| !e.reported);
         self.held.retain(|(_, _, reported)| !reported);
         if self.buried.contains(&key) {
+            // Refused; a reader may hold a lease on it from the earlier master.
+            self.held.push((self.now + LEASE.as_millis() as u64, size.next_multiple_of(GRANULE), true));
             return Answer::Counts(0, 1);
         }
         if let Some(e) = self.objects.get(&key) {
@@ -321,7 +323,7 @@ fn run(m: &Master, t0: Instant, now_ms: u64, op: &Op) -> Answer {
         Op::Report(k, size) => {
             let o =
                 crate::proto::OwnedObject { key: name(*k), version: 1, offset: 0, size: *size, ..Default::default() };
-            answer(m.remount_with_report_at("c2", &holder_segment(), "h", &[o], now), |r| {
+            answer(m.remount_with_report_at("c2", &holder_segment(), "h", &[o], &[], now), |r| {
                 Answer::Counts(r.reinstated, r.refused)
             })
         }
@@ -359,7 +361,7 @@ proptest! {
         m.mount_segment("c1", &info, "h").unwrap();
         let t0 = Instant::now();
         // The second holder reports at once (nothing), and again with each Report.
-        m.remount_with_report_at("c2", &holder_segment(), "h", &[], t0).unwrap();
+        m.remount_with_report_at("c2", &holder_segment(), "h", &[], &[], t0).unwrap();
         let mut model = Model::default();
         for (i, op) in ops.iter().enumerate() {
             let now = model.now;

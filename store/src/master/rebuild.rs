@@ -4,7 +4,9 @@
 //! again with the objects its owner index holds ([`Master::remount_with_report`]). Each one is
 //! reinstated at its exact range (reserved in the segment's allocator, so nothing else is
 //! placed over it), complete, with a fresh read lease of `lease_ttl` (a lease in force at the
-//! failover stays honoured) and the pins reported. Conflicts:
+//! failover stays honoured) and the pins reported. The report also lists the ranges of objects
+//! dropped while a read lease on them still ran (a forced removal, see the `lease_holds`
+//! module): they are held out of reuse for what remains of that lease. Conflicts:
 //!
 //! * the same key, version and size from several owners: one object, one replica per owner;
 //! * different versions: the highest complete version wins; the owners of the others are told
@@ -42,7 +44,11 @@ use super::owners::Pins;
 use super::{check_key, objects, Master, Object, Replica, Stamp, MAX_OBJECT_SIZE};
 use crate::allocator::Block;
 use crate::error::Result;
-use crate::proto::{OwnedObject, OwnerNewsItem, SegmentInfo};
+use crate::proto::{HeldRange, OwnedObject, OwnerNewsItem, SegmentInfo};
+
+/// Longest a reported held range is kept out of reuse (a client's claim: its lease ended long
+/// before; the range is in the client's own segment, so only it would lose room).
+pub const MAX_HELD_RANGE: Duration = Duration::from_secs(3600);
 
 /// What a master that took over remembers while its owners report (see the module doc).
 #[derive(Debug, Default)]
@@ -137,15 +143,17 @@ pub struct Rebuilt {
 }
 
 impl Master {
-    /// Mounts a segment under this master with the objects its owner holds in it.
+    /// Mounts a segment under this master with the objects its owner holds in it, and the
+    /// ranges it reports held for read leases.
     pub fn remount_with_report(
         &self,
         client_id: &str,
         info: &SegmentInfo,
         host: &str,
         objects: &[OwnedObject],
+        held: &[HeldRange],
     ) -> Result<Rebuilt> {
-        self.remount_with_report_at(client_id, info, host, objects, Instant::now())
+        self.remount_with_report_at(client_id, info, host, objects, held, Instant::now())
     }
 
     pub(super) fn remount_with_report_at(
@@ -154,6 +162,7 @@ impl Master {
         info: &SegmentInfo,
         host: &str,
         objects: &[OwnedObject],
+        held: &[HeldRange],
         now: Instant,
     ) -> Result<Rebuilt> {
         let mut st = self.lock_all();
@@ -176,6 +185,16 @@ impl Master {
                 out.refused += 1;
             }
         }
+        let mut holding = 0;
+        for h in held {
+            let remaining = Duration::from_millis(h.remaining_ms).min(MAX_HELD_RANGE);
+            let seg = st.segments.get_mut(&segment_id).expect("mounted");
+            // A range a reported object lies in is out of reuse already.
+            if let Ok(block) = seg.alloc.reserve(h.offset, h.size) {
+                st.holds.hold(segment_id, block, now + remaining, None);
+                holding += 1;
+            }
+        }
         self.flush_news(&mut st);
         drop(st);
         if late {
@@ -186,7 +205,7 @@ impl Master {
             );
         }
         tracing::info!(
-            "client {client_id} remounted segment {} as {segment_id} with a report: {} object(s) reinstated, {} refused",
+            "client {client_id} remounted segment {} as {segment_id} with a report: {} object(s) reinstated, {} refused, {holding} range(s) held for read leases",
             info.name,
             out.reinstated,
             out.refused
@@ -233,7 +252,7 @@ impl Master {
             if !late {
                 tracing::info!("report of {:?} version {} refused: removed since", o.key, o.version);
             }
-            Self::refuse(st, o, segment_id, block);
+            self.refuse(st, o, segment_id, block, now);
             return false;
         }
         let stale = match st.objects.get(&o.key) {
@@ -270,7 +289,7 @@ impl Master {
             }
         };
         if stale {
-            Self::refuse(st, o, segment_id, block);
+            self.refuse(st, o, segment_id, block, now);
             return false;
         }
         st.next_version = st.next_version.max(o.version.saturating_add(1));
@@ -293,9 +312,12 @@ impl Master {
         true
     }
 
-    /// A reported copy is not listed: its owner drops it (its range waits for that).
-    fn refuse(st: &mut super::Locked<'_>, o: &OwnedObject, segment_id: u64, block: Block) {
-        Self::free_replica(st, &o.key, o.version, segment_id, block, true, None);
+    /// A reported copy is not listed: its owner drops it. A reader may hold a lease on it
+    /// granted by the master before (as long as this master's leases at most): its range stays
+    /// out of reuse that long, as after a forced removal (see `lease_holds`).
+    fn refuse(&self, st: &mut super::Locked<'_>, o: &OwnedObject, segment_id: u64, block: Block, now: Instant) {
+        let hold = Some(now + self.config.lease_ttl);
+        Self::free_replica(st, &o.key, o.version, segment_id, block, true, hold);
     }
 
     /// Removes this master's object of `key`, for a reported copy to take its place. A put in
