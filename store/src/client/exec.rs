@@ -127,9 +127,7 @@ impl<'c> Exec<'c> {
                 TransferStatus::Failed(reason) if reason.is_out_of_range() => {
                     StoreError::Engine(crescent_engine::EngineError::TransferFailed { request: i, reason })
                 }
-                TransferStatus::Failed(reason) => {
-                    StoreError::peer_gone(&keys[i], PeerFault::Transfer(reason))
-                }
+                TransferStatus::Failed(reason) => StoreError::peer_gone(&keys[i], PeerFault::Transfer(reason)),
                 TransferStatus::Pending => StoreError::Internal("batch ended with a pending request".into()),
             };
             if results[i].is_ok() {

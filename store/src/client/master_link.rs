@@ -132,10 +132,16 @@ impl StoreClient {
             }
             MountKind::NewMaster => {
                 self.index.unmount();
-                let objects = self.index.report(Instant::now());
+                let now = Instant::now();
+                let (objects, held) = (self.index.report(now), self.index.held(now));
                 let reported = objects.len();
-                let req =
-                    RemountWithReportRequest { client_id: self.id.clone(), segment: Some(segment), host, objects };
+                let req = RemountWithReportRequest {
+                    client_id: self.id.clone(),
+                    segment: Some(segment),
+                    host,
+                    objects,
+                    held,
+                };
                 let reply = self.rpc.call(|mut c| async move { c.remount_with_report(req).await })?;
                 check(reply.status, "")?;
                 self.index.mounted(reply.term, reply.segment_id, true);

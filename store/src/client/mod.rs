@@ -558,6 +558,7 @@ impl StoreClient {
         mode: Mode,
         started: &mut Option<u64>,
     ) -> Result<()> {
+        let options = &*mode.options(options);
         let mut refused = None;
         for _ in 0..UPSERT_TRIES {
             let e = match self.put_new(key, src, options, started)? {
@@ -993,6 +994,7 @@ impl StoreClient {
         mode: Mode,
         started: &mut [Option<u64>],
     ) -> Result<Vec<Result<()>>> {
+        let options = &*mode.options(options);
         let (mut results, mut replace) = self.put_once(keys, srcs, options, mode, started)?;
         for _ in 1..UPSERT_TRIES {
             if replace.is_empty() {

@@ -9,13 +9,18 @@
 //!
 //! The index belongs to one mount: (term, segment id). News of any other mount are ignored
 //! and not acknowledged. Sans-IO: the time is an argument.
+//!
+//! It also keeps the ranges of objects dropped while a read lease on them still ran (a drop
+//! whose news carry `hold_ms`): the master keeps them out of reuse until the lease ends, and a
+//! new master taking over before then learns them from the report (its allocator is fresh:
+//! otherwise it could place a put where a reader is still copying from). They go once ended.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::proto::{OwnedObject, OwnerNews};
+use crate::proto::{HeldRange, OwnedObject, OwnerNews};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Owned {
@@ -45,6 +50,8 @@ pub struct Mount {
 struct State {
     mount: Mount,
     objects: HashMap<String, Owned>,
+    /// Ranges held for read leases: (offset, size, until).
+    held: Vec<(u64, u64, Instant)>,
 }
 
 /// The owner index of one client's segment: key → where the object lies in the segment,
@@ -83,6 +90,7 @@ impl OwnerIndex {
     pub fn discard(&self) {
         let mut st = self.state.lock();
         st.objects.clear();
+        st.held.clear();
         st.mount.segment_id = 0;
         st.mount.generation += 1;
     }
@@ -94,6 +102,7 @@ impl OwnerIndex {
         let mut st = self.state.lock();
         if !keep {
             st.objects.clear();
+            st.held.clear();
         }
         let generation = st.mount.generation + 1;
         st.mount = Mount { term, segment_id, acked: 0, generation };
@@ -107,6 +116,7 @@ impl OwnerIndex {
             return None;
         }
         let segment_id = st.mount.segment_id;
+        st.held.retain(|(_, _, until)| *until > now);
         for item in &news.items {
             // Sequence numbers are per mount and have no gaps: an item seen already (sent
             // again after a reconnect) is skipped.
@@ -134,8 +144,13 @@ impl OwnerIndex {
                         st.objects.insert(item.key.clone(), owned);
                     }
                 }
-            } else if st.objects.get(&item.key).is_some_and(|o| o.version <= item.version) {
-                st.objects.remove(&item.key);
+            } else {
+                if item.hold_ms > 0 && item.size > 0 {
+                    st.held.push((item.offset, item.size, now + Duration::from_millis(item.hold_ms)));
+                }
+                if st.objects.get(&item.key).is_some_and(|o| o.version <= item.version) {
+                    st.objects.remove(&item.key);
+                }
             }
         }
         Some(st.mount.acked)
@@ -161,6 +176,21 @@ impl OwnerIndex {
             .collect();
         out.sort_by_key(|o| o.offset);
         out
+    }
+
+    /// The ranges still held for read leases at `now`, with what remains of each, for a new
+    /// master (see the module doc).
+    pub fn held(&self, now: Instant) -> Vec<HeldRange> {
+        let st = self.state.lock();
+        st.held
+            .iter()
+            .filter(|(_, _, until)| *until > now)
+            .map(|&(offset, size, until)| HeldRange {
+                offset,
+                size,
+                remaining_ms: until.saturating_duration_since(now).as_millis().max(1) as u64,
+            })
+            .collect()
     }
 }
 
@@ -204,6 +234,25 @@ mod tests {
         assert_eq!((report[0].version, report[0].offset, report[0].size), (11, 256, 100));
         assert!(report[1].hard_pin);
         assert_eq!(report[1].soft_pin_remaining_ms, 50_000);
+    }
+
+    #[test]
+    fn a_drop_under_a_read_lease_is_reported_held_until_the_lease_ends() {
+        let ix = OwnerIndex::default();
+        let now = Instant::now();
+        ix.mounted(7, 3, false);
+        let held = OwnerNewsItem { size: 256, hold_ms: 5_000, offset: 512, ..drop(2, "a", 1) };
+        ix.apply(&news(7, vec![commit(1, "a", 1, 512), held, drop(3, "b", 1)]), now);
+        assert!(ix.is_empty());
+        let later = now + Duration::from_secs(2);
+        assert_eq!(ix.held(later), [HeldRange { offset: 512, size: 256, remaining_ms: 3_000 }]);
+        // Kept across a remount under a new master (it may go too before the lease ends).
+        ix.unmount();
+        ix.mounted(8, 4, true);
+        assert_eq!(ix.held(later).len(), 1);
+        assert!(ix.held(now + Duration::from_secs(5)).is_empty(), "the lease ended");
+        ix.discard();
+        assert!(ix.held(later).is_empty());
     }
 
     #[test]

@@ -130,6 +130,18 @@ pub(crate) enum Mode {
     Upsert,
 }
 
+impl Mode {
+    /// The options a write of this mode sends the master: an upsert's say so
+    /// (`PutOptions.replace`: its object replaces the key's value even against a copy a holder
+    /// reports later to a master rebuilding from reports; a plain put's gives way to one).
+    pub(crate) fn options(self, options: &crate::proto::PutOptions) -> std::borrow::Cow<'_, crate::proto::PutOptions> {
+        match self {
+            Mode::Put => std::borrow::Cow::Borrowed(options),
+            Mode::Upsert => std::borrow::Cow::Owned(crate::proto::PutOptions { replace: true, ..options.clone() }),
+        }
+    }
+}
+
 /// What becomes of a put the master refused to start, by the write's mode.
 #[derive(Debug)]
 pub(crate) enum Refusal {

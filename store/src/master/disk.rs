@@ -244,6 +244,9 @@ impl Master {
         if st.disk_removals.get(disk_name).and_then(|p| p.get(&e.key)).is_some_and(|v| v >= e.version) {
             return Err(StoreError::NotFound(e.key.clone())); // removed while the disk was away
         }
+        if st.window.buried(&e.key, e.version, now) {
+            return Err(StoreError::NotFound(e.key.clone())); // removed since this master took over
+        }
         let floor = st.version_floor;
         match st.objects.get_mut(&e.key) {
             Some(obj) if obj.complete && obj.version == e.version && obj.size == e.size => {
@@ -547,8 +550,11 @@ mod tests {
     use crate::master::MasterConfig;
     use crate::proto::{PutOptions, SegmentInfo};
 
+    /// A master past its rebuild window (these tests restore files of keys it removed itself,
+    /// standing for a disk that missed the removal; in the window a tombstone refuses them).
     fn setup() -> (std::sync::Arc<Master>, u64) {
         let m = Master::new(MasterConfig::default()).unwrap();
+        m.state.lock().window = crate::master::rebuild::Window::default();
         m.mount_segment("c1", &SegmentInfo { name: "mem".into(), base: 1 << 30, size: 4 << 20, tier: 0 }, "h").unwrap();
         let disk = m.mount_disk("c1", "d1", "h:1", 1 << 30, "h").unwrap();
         (m, disk)

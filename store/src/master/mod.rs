@@ -172,6 +172,8 @@ struct State {
     owners: HashMap<u64, owners::OwnerLink>,
     /// Ranges of objects removed while a read lease on them ran ([`lease_holds`]).
     holds: lease_holds::LeaseHolds,
+    /// What calls answered since taking over a later report must not undo ([`rebuild`]).
+    window: rebuild::Window,
     /// Links with news queued by the operation in progress.
     dirty_links: Vec<u64>,
     /// Links with drops queued by the eviction round under way, first queued first: each step
@@ -383,6 +385,7 @@ impl Master {
             space_freed: tokio::sync::Notify::new(),
             evictor: Arc::default(),
         });
+        master.state.lock().window = rebuild::Window::open_until(Instant::now() + config.client_ttl);
         master.load_saved_removals()?;
         Ok(master)
     }
@@ -417,6 +420,7 @@ impl Master {
     pub fn become_leader(&self, term: u64, deadline: Instant) {
         let mut st = self.lock_all();
         Self::forget_everything(&mut st);
+        st.window = rebuild::Window::open_until(Instant::now() + self.config.client_ttl);
         self.term.store(term, Ordering::Release);
         self.fence.lead(term, deadline);
         drop(st);
@@ -835,6 +839,7 @@ impl Master {
         };
         let descriptors = Self::describe(&st, &object);
         st.objects.insert(key.to_string(), object);
+        st.window.put_started(key, version, opts.replace, now);
         // Above the high watermark: make room ahead of the next puts (off this call).
         *evict |= self.above_watermark(&st);
         self.flush_news(&mut st);
@@ -1268,7 +1273,13 @@ impl Master {
         check_key(key)?;
         let mut st = self.lock_key(key);
         self.fence.check(now)?;
-        let obj = st.objects.get(key).ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+        if !st.objects.contains_key(key) {
+            // Gone, as far as this master knows: a copy a holder reports later is older.
+            let next = st.next_version;
+            st.window.removed(key, next, now);
+            return Err(StoreError::NotFound(key.to_string()));
+        }
+        let obj = st.objects.get(key).expect("looked up above");
         if !obj.complete {
             return Err(StoreError::NotReady(key.to_string()));
         }
@@ -1278,6 +1289,8 @@ impl Master {
         let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         self.emit_object(&st, key, EventKind::Removed);
         Self::remove_object(&mut st, key, now);
+        let next = st.next_version;
+        st.window.removed(key, next, now);
         self.flush_news(&mut st);
         let wait = Self::waits(&st, segments);
         drop(st);
@@ -1331,10 +1344,12 @@ impl Master {
                     }
                 }
             }
+            let next = st.next_version;
             for k in &victims {
                 segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
                 self.emit_object(&st, k, EventKind::Removed);
                 Self::remove_object(&mut st, k, now);
+                st.window.removed(k, next, now);
             }
             self.flush_news(&mut st);
             removed += victims.len() as u64;
@@ -1599,6 +1614,7 @@ impl Master {
             return;
         }
         self.reclaim_replications(&mut st, now);
+        st.window.close_if_over(now);
         if Self::release_ended_holds(&mut st, now) {
             self.space_freed.notify_waiters();
         }

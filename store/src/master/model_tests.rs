@@ -4,6 +4,11 @@
 //! a lease comes back once it ended), compared answer by answer; and eviction
 //! rounds, which must take the least recently used unleased committed objects of all shards
 //! in order (the keys spread over several shards).
+//!
+//! The master is new (it took over: its rebuild window is open throughout), and a second
+//! holder reports, now and then, a copy of a key made by an earlier master (`Report`): it is
+//! reinstated unless a removal this master answered buried the key, and a plain put this
+//! master started of the key gives way to it (see the `rebuild` module).
 
 use std::collections::BTreeMap;
 
@@ -15,9 +20,10 @@ const KEYS: u8 = 6;
 const GRANULE: u64 = 256;
 const LEASE: Duration = Duration::from_millis(1000);
 const PUT_TIMEOUT: Duration = Duration::from_millis(3000);
+/// Each segment's: the writer's, and the reporting holder's.
 const CAPACITY: u64 = 1 << 20;
-/// Share of the capacity an eviction round frees: one to a few objects here.
-const EVICTION_RATIO: f64 = 0.02;
+/// Share of the capacity (both segments) an eviction round frees: one to a few objects here.
+const EVICTION_RATIO: f64 = 0.01;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -34,6 +40,9 @@ enum Op {
     Sweep,
     /// A round of eviction (as a put that found no room asks for), in steps of this many objects.
     Evict(usize),
+    /// The second holder mounts its segment again with a report of one object of this key and
+    /// size, made by an earlier master (what it held before goes with the remount).
+    Report(u8, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -50,6 +59,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (1..2500u64).prop_map(Op::Advance),
         1 => Just(Op::Sweep),
         1 => (1..4usize).prop_map(Op::Evict),
+        2 => (k.clone(), 1..=20_000u64).prop_map(|(k, s)| Op::Report(k, s)),
     ]
 }
 
@@ -89,15 +99,23 @@ struct Entry {
     lease_until: Option<u64>,
     /// Its last use (commit or get), on the model's use counter.
     used: u64,
+    /// Reported by the second holder (in its segment).
+    reported: bool,
+    /// A put this master started without a removal of the key before: a reported copy of
+    /// the key replaces it.
+    provisional: bool,
 }
 
 /// The metadata as the documentation states it: one map of keys.
 #[derive(Default)]
 struct Model {
     objects: BTreeMap<String, Entry>,
-    /// Bytes of objects removed under a running lease, and when the lease ends: still in use
-    /// until a put or a sweep after that finds them free.
-    held: Vec<(u64, u64)>,
+    /// Bytes of objects removed under a running lease (or of a put in flight that gave way to
+    /// a report), when the hold ends and whether in the reporting holder's segment: still in
+    /// use until a put or a sweep after that finds them free.
+    held: Vec<(u64, u64, bool)>,
+    /// Keys a removal answered since taking over (reported copies of them are refused).
+    buried: std::collections::BTreeSet<String>,
     now: u64,
     uses: u64,
 }
@@ -111,14 +129,50 @@ impl Model {
     fn remove(&mut self, key: &str) {
         let e = self.objects.remove(key).expect("removing a known key");
         if let Some(until) = e.lease_until.filter(|t| *t > self.now) {
-            self.held.push((until, e.size.next_multiple_of(GRANULE)));
+            self.held.push((until, e.size.next_multiple_of(GRANULE), e.reported));
         }
     }
 
     /// Lets the holds whose lease ended go.
     fn release_holds(&mut self) {
         let now = self.now;
-        self.held.retain(|(until, _)| *until > now);
+        self.held.retain(|(until, _, _)| *until > now);
+    }
+
+    /// The second holder's report of `key`: (reinstated, refused).
+    fn report(&mut self, key: String, size: u64) -> Answer {
+        // The remount drops what its segment held, and the holds in it.
+        self.objects.retain(|_, e| !e.reported);
+        self.held.retain(|(_, _, reported)| !reported);
+        if self.buried.contains(&key) {
+            // Refused; a reader may hold a lease on it from the earlier master.
+            self.held.push((self.now + LEASE.as_millis() as u64, size.next_multiple_of(GRANULE), true));
+            return Answer::Counts(0, 1);
+        }
+        if let Some(e) = self.objects.get(&key) {
+            assert!(e.provisional, "a key not buried was put provisionally");
+            if e.complete {
+                self.remove(&key);
+            } else {
+                // In flight: held until its put timeout.
+                let until = (e.started + PUT_TIMEOUT.as_millis() as u64).max(self.now);
+                self.held.push((until, e.size.next_multiple_of(GRANULE), false));
+                self.objects.remove(&key);
+            }
+        }
+        self.uses += 1;
+        let lease_until = Some(self.now + LEASE.as_millis() as u64);
+        let e = Entry {
+            size,
+            complete: true,
+            started: self.now,
+            lease_until,
+            used: self.uses,
+            reported: true,
+            provisional: false,
+        };
+        self.objects.insert(key, e);
+        Answer::Counts(1, 0)
     }
 
     fn apply(&mut self, op: &Op) -> Answer {
@@ -130,8 +184,17 @@ impl Model {
                     return Answer::AlreadyExists;
                 }
                 self.release_holds();
-                self.objects
-                    .insert(key, Entry { size: *size, complete: false, started: now, lease_until: None, used: 0 });
+                let provisional = !self.buried.contains(&key);
+                let e = Entry {
+                    size: *size,
+                    complete: false,
+                    started: now,
+                    lease_until: None,
+                    used: 0,
+                    reported: false,
+                    provisional,
+                };
+                self.objects.insert(key, e);
                 Answer::Size(*size)
             }
             Op::PutEnd(k) => match self.objects.get_mut(&name(*k)) {
@@ -169,11 +232,15 @@ impl Model {
                 Answer::Bools((0..KEYS).map(|k| self.objects.get(&name(k)).is_some_and(|e| e.complete)).collect())
             }
             Op::Remove(k, force) => match self.objects.get(&name(*k)) {
-                None => Answer::NotFound,
+                None => {
+                    self.buried.insert(name(*k));
+                    Answer::NotFound
+                }
                 Some(e) if !e.complete => Answer::NotReady,
                 Some(e) if self.leased(e) && !force => Answer::Leased,
                 Some(_) => {
                     self.remove(&name(*k));
+                    self.buried.insert(name(*k));
                     Answer::Ok
                 }
             },
@@ -190,6 +257,7 @@ impl Model {
                 }
                 for k in &removed {
                     self.remove(k);
+                    self.buried.insert(k.clone());
                 }
                 Answer::Counts(removed.len() as u64, skipped)
             }
@@ -203,8 +271,9 @@ impl Model {
                 self.release_holds();
                 Answer::Ok
             }
+            Op::Report(k, size) => self.report(name(*k), *size),
             Op::Evict(_) => {
-                let target = (CAPACITY as f64 * EVICTION_RATIO) as u64;
+                let target = ((2 * CAPACITY) as f64 * EVICTION_RATIO) as u64;
                 let mut order: Vec<(u64, String)> = self
                     .objects
                     .iter()
@@ -232,7 +301,8 @@ fn name(k: u8) -> String {
 
 fn run(m: &Master, t0: Instant, now_ms: u64, op: &Op) -> Answer {
     let now = t0 + Duration::from_millis(now_ms);
-    let plain = PutOptions::default();
+    // The writer's segment: the reporting holder's is for its reports.
+    let plain = PutOptions { preferred_segments: vec!["s1".into()], ..PutOptions::default() };
     match op {
         Op::PutStart(k, size) => answer(m.put_start_inner("c1", &name(*k), *size, &plain, now), |(r, _)| {
             assert_eq!(r.len(), 1);
@@ -250,6 +320,13 @@ fn run(m: &Master, t0: Instant, now_ms: u64, op: &Op) -> Answer {
             m.sweep_at(now);
             Answer::Ok
         }
+        Op::Report(k, size) => {
+            let o =
+                crate::proto::OwnedObject { key: name(*k), version: 1, offset: 0, size: *size, ..Default::default() };
+            answer(m.remount_with_report_at("c2", &holder_segment(), "h", &[o], &[], now), |r| {
+                Answer::Counts(r.reinstated, r.refused)
+            })
+        }
         Op::Evict(step) => {
             let (count, freed) = (m.metrics().evictions.get(), m.metrics().evicted_bytes.get());
             m.state.lock().pressure = true;
@@ -257,6 +334,10 @@ fn run(m: &Master, t0: Instant, now_ms: u64, op: &Op) -> Answer {
             Answer::Counts(m.metrics().evictions.get() - count, m.metrics().evicted_bytes.get() - freed)
         }
     }
+}
+
+fn holder_segment() -> SegmentInfo {
+    SegmentInfo { name: "s2".into(), base: 1 << 40, size: CAPACITY, tier: Tier::Dram as i32 }
 }
 
 proptest! {
@@ -279,6 +360,8 @@ proptest! {
         let info = SegmentInfo { name: "s1".into(), base: 1 << 30, size: CAPACITY, tier: Tier::Dram as i32 };
         m.mount_segment("c1", &info, "h").unwrap();
         let t0 = Instant::now();
+        // The second holder reports at once (nothing), and again with each Report.
+        m.remount_with_report_at("c2", &holder_segment(), "h", &[], &[], t0).unwrap();
         let mut model = Model::default();
         for (i, op) in ops.iter().enumerate() {
             let now = model.now;
@@ -288,7 +371,7 @@ proptest! {
             let t = m.totals();
             prop_assert_eq!(t.keys, model.objects.len() as u64, "keys after op {} of {:?}", i, ops);
             let used: u64 = model.objects.values().map(|e| e.size.next_multiple_of(GRANULE)).sum::<u64>()
-                + model.held.iter().map(|(_, bytes)| bytes).sum::<u64>();
+                + model.held.iter().map(|(_, bytes, _)| bytes).sum::<u64>();
             prop_assert_eq!(t.used, used, "bytes in use after op {} of {:?}", i, ops);
             let mut listed = m.keys(usize::MAX);
             listed.sort();

@@ -176,6 +176,7 @@ impl Master {
             hard_pin: pins.hard,
             soft_pin_ttl_ms,
             checksum: checksum.to_proto(),
+            hold_ms: 0,
         };
         Self::push_news(st, segment_id, item)
     }
@@ -197,6 +198,12 @@ impl Master {
             return 0;
         }
         let seq = if announced {
+            // With a read lease still running, the owner keeps the range's hold too, for a
+            // new master to keep if this one goes before the lease ends (see `rebuild`).
+            let hold_ms = hold.map_or(0, |until| {
+                let left = until.saturating_duration_since(Instant::now());
+                u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
+            });
             let item = OwnerNewsItem {
                 seq: 0,
                 commit: false,
@@ -204,6 +211,8 @@ impl Master {
                 version,
                 segment_id,
                 offset: block.offset,
+                size: block.reserved,
+                hold_ms,
                 ..Default::default()
             };
             Self::push_news(st, segment_id, item)

@@ -739,7 +739,7 @@ impl MasterRpc for MasterService {
         r.objects.iter_mut().for_each(|o| sc(&t, &mut o.key));
         self.timed("RemountWithReport", |m| {
             let seg = r.segment.unwrap_or_default();
-            match m.remount_with_report(&r.client_id, &seg, &r.host, &r.objects) {
+            match m.remount_with_report(&r.client_id, &seg, &r.host, &r.objects, &r.held) {
                 Ok(b) => RemountWithReportReply {
                     status: ok(),
                     segment_id: b.segment_id,

@@ -293,10 +293,10 @@ fn a_rebuilt_master_takes_the_highest_version_and_drops_the_stale_copies() {
         owned("k2", 3, 1024, 500),
         OwnedObject { hard_pin: true, soft_pin_remaining_ms: 60_000, ..owned("pinned", 9, 4096, 100) },
     ];
-    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &a_report, now).unwrap();
+    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &a_report, &[], now).unwrap();
     assert_eq!((r.reinstated, r.refused), (3, 0));
     let b_report = [owned("k1", 7, 0, 1000), owned("k2", 3, 8192, 500)];
-    let rb = m.remount_with_report_at("b", &info("b:1", 1 << 31), "h", &b_report, now).unwrap();
+    let rb = m.remount_with_report_at("b", &info("b:1", 1 << 31), "h", &b_report, &[], now).unwrap();
     assert_eq!((rb.reinstated, rb.refused), (2, 0));
     let mut a = FakeOwner::attach(&m, "a", r.segment_id, 0);
     // k1: b's newer version wins; a drops its copy, whose range waits for that.
@@ -340,13 +340,13 @@ fn a_rebuilt_master_takes_the_highest_version_and_drops_the_stale_copies() {
 }
 
 #[test]
-fn reports_that_overlap_or_lose_to_a_put_in_flight_are_refused() {
+fn reports_that_overlap_or_lose_to_an_upsert_in_flight_are_refused() {
     let m = master();
-    // A put started at this master before the owner reported the key: the put wins.
+    // An upsert started at this master before the owner reported the key: the upsert wins.
     FakeOwner::mount(&m, "w", 1 << 32);
-    m.put_start("w", "k", 100, &opts(1)).unwrap();
+    m.put_start("w", "k", 100, &upsert()).unwrap();
     let report = [owned("k", 1, 0, 100), owned("x", 2, 512, 1000), owned("y", 3, 1024, 100), owned("z", 4, SEG, 10)];
-    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, Instant::now()).unwrap();
+    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, &[], Instant::now()).unwrap();
     // x and y overlap: the first reported keeps its range; z lies outside the segment.
     assert_eq!((r.reinstated, r.refused), (1, 3));
     assert!(m.exists("x").unwrap() && !m.exists("y").unwrap() && !m.exists("z").unwrap());
@@ -354,7 +354,124 @@ fn reports_that_overlap_or_lose_to_a_put_in_flight_are_refused() {
     let mut dropped: Vec<String> = a.news().into_iter().filter(|i| !i.commit).map(|i| i.key).collect();
     dropped.sort();
     assert_eq!(dropped, ["k", "y", "z"]);
-    assert_eq!(m.query("k").unwrap().replicas[0].client_id, "w", "the put in flight keeps the key");
+    assert_eq!(m.query("k").unwrap().replicas[0].client_id, "w", "the upsert in flight keeps the key");
+}
+
+fn upsert() -> PutOptions {
+    PutOptions { replace: true, ..opts(1) }
+}
+
+/// Puts and commits `key` of `size` bytes on `owner`'s segment.
+fn put_on(m: &Master, owner: &mut FakeOwner, key: &str, size: u64, o: &PutOptions) -> u64 {
+    let o = PutOptions { preferred_segments: vec![format!("{}:1", owner.client)], ..o.clone() };
+    let (_, version) = m.put_start(&owner.client, key, size, &o).unwrap();
+    let c = m.put_end_begin(&owner.client, key, None).unwrap();
+    owner.ack(m);
+    m.put_end_finish(&c).unwrap();
+    version
+}
+
+#[test]
+fn a_removal_answered_while_the_holders_report_is_not_undone_by_a_later_report() {
+    // Issue 48's soak: a new master answered a forced removal of a key whose holder had not
+    // reported yet; the report then brought the object back, and a later put of the key
+    // answered OK and left the old value.
+    let m = master();
+    let now = Instant::now();
+    // Not reported yet: the removal answers NOT_FOUND, which tells the caller it is gone.
+    assert!(matches!(m.remove("k", true), Err(StoreError::NotFound(_))));
+    // Reported by one holder, removed (OK), then reported by a second holder of a replica.
+    let rb = m.remount_with_report_at("b", &info("b:1", 1 << 31), "h", &[owned("r", 6, 0, 100)], &[], now).unwrap();
+    assert_eq!(rb.reinstated, 1);
+    m.remove("r", true).unwrap();
+    let report = [owned("k", 5, 0, 100), owned("r", 6, 4096, 100), owned("kept", 7, 8192, 100)];
+    let ra = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, &[], now).unwrap();
+    assert_eq!((ra.reinstated, ra.refused), (1, 2));
+    assert!(!m.exists("k").unwrap() && !m.exists("r").unwrap(), "removed keys stay removed");
+    assert!(m.exists("kept").unwrap());
+    let mut a = FakeOwner::attach(&m, "a", ra.segment_id, 0);
+    let mut dropped: Vec<String> = a.news().into_iter().filter(|i| !i.commit).map(|i| i.key).collect();
+    dropped.sort();
+    assert_eq!(dropped, ["k", "r"], "their holder drops them");
+    // A put of the key now writes a new value rather than finding the old one.
+    let v = put_on(&m, &mut a, "k", 100, &opts(1));
+    assert!(v > 5 && m.query("k").unwrap().version == v);
+    // Nor does a disk copy of the removed version come back.
+    let disk = m.mount_disk("a", "d1", "h:1", 1 << 20, "h").unwrap();
+    let e = crate::proto::DiskEntry { key: "r".into(), size: 100, version: 6 };
+    let got = m.update_disk_replicas("a", disk, &[e], &[], true).unwrap();
+    assert!(matches!(got[0], Err(StoreError::NotFound(_))), "{got:?}");
+    assert!(!m.exists("r").unwrap());
+}
+
+#[test]
+fn a_plain_put_of_a_key_not_reported_yet_leaves_the_reported_value_an_upsert_replaces_it() {
+    // Issue 48's soak: a value acknowledged just before a leader's kill was gone afterwards. A
+    // put of the key (which leaves an existing value, and answers OK) reached the new master
+    // before the key's holder reported; the master started it as a new object, and refused
+    // the report as older.
+    let m = master();
+    let now = Instant::now();
+    let mut w = FakeOwner::mount(&m, "w", 1 << 32);
+    let put = put_on(&m, &mut w, "k", 100, &opts(1));
+    m.put_start("w", "inflight", 100, &opts(1)).unwrap();
+    let upserted = put_on(&m, &mut w, "u", 100, &upsert());
+    let report = [owned("k", 5, 0, 100), owned("inflight", 6, 4096, 100), owned("u", 7, 8192, 100)];
+    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, &[], now).unwrap();
+    assert_eq!((r.reinstated, r.refused), (2, 1));
+    // The plain puts' keys keep the values that were there first; their own objects go.
+    assert_eq!(m.query("k").unwrap().version, 5);
+    assert_eq!(m.query("k").unwrap().replicas[0].client_id, "a");
+    assert_eq!(m.query("inflight").unwrap().version, 6);
+    // The put in flight ends as a put of an existing key does: OK, the value left as it was.
+    let c = m.put_end_begin("w", "inflight", None).unwrap();
+    m.put_end_finish(&c).unwrap();
+    assert_eq!(m.query("inflight").unwrap().version, 6);
+    // Its range stays out of reuse until its put timeout (its writer may still be copying).
+    assert!(m.quarantined_bytes() >= 256);
+    let dropped: Vec<String> = w.news().into_iter().filter(|i| !i.commit).map(|i| i.key).collect();
+    assert_eq!(dropped, ["k"], "the committed put's object is dropped by its owner (put {put})");
+    // The upsert replaced the key: the older reported copy is refused.
+    assert_eq!(m.query("u").unwrap().version, upserted);
+}
+
+#[test]
+fn a_report_after_the_rebuild_window_is_refused() {
+    let m = master();
+    let late = Instant::now() + m.config().client_ttl + Duration::from_secs(1);
+    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &[owned("k", 5, 0, 100)], &[], late).unwrap();
+    assert_eq!((r.reinstated, r.refused), (0, 1), "its client was silent for the client TTL");
+    assert!(!m.exists("k").unwrap());
+}
+
+#[test]
+fn a_range_held_for_a_read_lease_stays_held_at_a_new_master() {
+    // A forced removal under a read lease keeps the object's range out of reuse until the
+    // lease ends; a master that takes over meanwhile learns the range from its owner.
+    let m1 = master();
+    let mut a = FakeOwner::mount(&m1, "a", 1 << 30);
+    let ix = crate::client::owner_index::OwnerIndex::default();
+    ix.mounted(m1.term(), a.segment, false);
+    m1.put_start("w", "k", SEG, &opts(1)).unwrap();
+    let c = m1.put_end_begin("w", "k", None).unwrap();
+    let news = a.news();
+    ix.apply(&OwnerNews { term: m1.term(), items: news }, Instant::now());
+    a.ack(&m1);
+    m1.put_end_finish(&c).unwrap();
+    let lease = m1.get_replica_list("k").unwrap().lease_ttl;
+    m1.remove("k", true).unwrap();
+    let news = a.news();
+    assert!(news[0].hold_ms > 0 && news[0].size == SEG, "{news:?}");
+    let now = Instant::now();
+    ix.apply(&OwnerNews { term: m1.term(), items: news }, now);
+    assert!(ix.is_empty());
+    // m1 goes; m2 is rebuilt from a's report.
+    let m2 = master();
+    let r = m2.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &ix.report(now), &ix.held(now), now).unwrap();
+    assert_eq!(r.reinstated, 0);
+    let put = |at| m2.put_start_inner("w", "n", SEG, &opts(1), at);
+    assert!(matches!(put(now), Err(StoreError::NoSpace { .. })), "a reader may still copy from k's range");
+    put(now + lease + Duration::from_millis(10)).expect("room once the lease ended");
 }
 
 #[test]
@@ -417,6 +534,6 @@ fn a_checksum_taken_at_the_put_goes_to_its_readers_its_owners_and_a_rebuilt_mast
     // A new master rebuilt from the owner's report keeps it.
     let rebuilt = master();
     let report = [OwnedObject { checksum: Some(crate::proto::Checksum { crc32: 0xabcd }), ..owned("k", 5, 0, 1000) }];
-    rebuilt.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, Instant::now()).unwrap();
+    rebuilt.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, &[], Instant::now()).unwrap();
     assert_eq!(rebuilt.get_replica_list("k").unwrap().checksum, Some(0xabcd));
 }
