@@ -104,7 +104,7 @@ fn registration_takes_device_locations_and_auto_detection_and_refuses_bad_input(
     assert!(locations.contains(&(host.as_ptr() as u64, "*".to_string())), "host memory stays host: {locations:?}");
 
     let c = DeviceBuffer::new(0, MIB);
-    let other = vec![0u8; 64];
+    let other = [0u8; 64];
     let refused = |addr: u64, len: u64, location: &str, expected: &dyn Fn(&TransportError) -> bool| {
         let err = e.register(addr, len, location).unwrap_err();
         assert!(err.is_caller_error(), "{location}: {err}");

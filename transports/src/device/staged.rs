@@ -199,10 +199,16 @@ mod tests {
         Slice { opcode, local_addr, remote_addr: 0x1000, len, completion: Completion::new(sink.clone(), 0) }
     }
 
-    /// The staged slice's bytes (host memory of the bounce buffer).
-    fn bounce_bytes(s: &Slice) -> &mut [u8] {
+    /// The staged slice's bytes (host memory of the bounce buffer), copied.
+    fn bounce_bytes(s: &Slice) -> Vec<u8> {
         // SAFETY: the bounce buffer is host memory that lives as long as the staged slice.
-        unsafe { std::slice::from_raw_parts_mut(s.local_addr as *mut u8, s.len as usize) }
+        unsafe { std::slice::from_raw_parts(s.local_addr as *const u8, s.len as usize) }.to_vec()
+    }
+
+    /// Fills the staged slice's bounce buffer with `byte` (as a transport receiving would).
+    fn fill_bounce(s: &Slice, byte: u8) {
+        // SAFETY: as in `bounce_bytes`; nothing else uses the buffer meanwhile.
+        unsafe { std::ptr::write_bytes(s.local_addr as *mut u8, byte, s.len as usize) }
     }
 
     #[test]
@@ -211,7 +217,7 @@ mod tests {
         let sink = Arc::new(Sink::default());
         let staged = stage(slice(Opcode::Write, BASE + 10, 100, &sink), &memory).unwrap();
         assert!(mock.at(staged.local_addr, 1).is_none(), "the transport gets host memory");
-        assert_eq!(bounce_bytes(&staged), &mock.memory.lock()[10..110]);
+        assert_eq!(bounce_bytes(&staged), mock.memory.lock()[10..110]);
         staged.completion.complete(SliceOutcome::Completed);
         assert_eq!(*sink.outcomes.lock(), vec![SliceOutcome::Completed]);
     }
@@ -221,7 +227,7 @@ mod tests {
         let (mock, memory) = memory();
         let sink = Arc::new(Sink::default());
         let staged = stage(slice(Opcode::Read, BASE + 1000, 64, &sink), &memory).unwrap();
-        bounce_bytes(&staged).fill(0xab);
+        fill_bounce(&staged, 0xab);
         assert_ne!(mock.memory.lock()[1000], 0xab, "nothing reaches the device before completion");
         staged.completion.complete(SliceOutcome::Completed);
         assert!(mock.memory.lock()[1000..1064].iter().all(|&b| b == 0xab));
@@ -230,7 +236,7 @@ mod tests {
         // A read whose slice ended (timed out) meanwhile leaves the device alone.
         let sink = Arc::new(Sink::default());
         let staged = stage(slice(Opcode::Read, BASE + 2000, 64, &sink), &memory).unwrap();
-        bounce_bytes(&staged).fill(0xcd);
+        fill_bounce(&staged, 0xcd);
         sink.ended.store(true, Ordering::SeqCst);
         staged.completion.complete(SliceOutcome::Completed);
         assert!(mock.memory.lock()[2000..2064].iter().all(|&b| b != 0xcd));
@@ -242,7 +248,7 @@ mod tests {
         let (mock, memory) = memory();
         let sink = Arc::new(Sink::default());
         let staged = stage(slice(Opcode::Read, BASE, 16, &sink), &memory).unwrap();
-        bounce_bytes(&staged).fill(0xee);
+        fill_bounce(&staged, 0xee);
         let reason = FailureReason::peer_gone("the peer died");
         staged.completion.fail(reason.clone());
         assert_eq!(*sink.outcomes.lock(), vec![SliceOutcome::Failed(reason)]);
