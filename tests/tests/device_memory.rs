@@ -263,6 +263,12 @@ fn moves_device_memory_with_another_process(protocol: Option<TransportKind>, exp
     e.transfer_sync(&[request(Opcode::Read, local_host.addr(), seg, peer.host, MIB)]).unwrap();
     // SAFETY: the transfer ended.
     assert_eq!(pattern::first_mismatch(unsafe { &local_host.as_slice()[..MIB as usize] }, 5, 0), None);
+    // The peer unregisters its device memory while this process holds it (an IPC mapping over
+    // shm): the unregister waits for the revoke, later requests fail out of range, none crashes.
+    assert_eq!(peer.ask("unregister"), "ok");
+    let err = e.transfer_sync(&[request(Opcode::Read, local.addr, seg, peer.device, MIB)]).unwrap_err();
+    assert!(err.to_string().contains("outside"), "{err}");
+    e.transfer_sync(&[request(Opcode::Read, local.addr, seg, peer.host, MIB)]).unwrap();
     writeln!(peer.stdin, "quit").unwrap();
     e.unregister(fresh.addr).unwrap();
     e.unregister(local.addr).unwrap();

@@ -13,6 +13,8 @@
 //! each:
 //! * `verify OFF LEN SEED BASE`: copies `[device+OFF, +LEN)` to the host with the driver and
 //!   compares it with the pattern of `SEED` at offset `BASE`: `ok`, or `mismatch AT`;
+//! * `unregister`: unregisters the device memory (peers holding it are revoked first): `ok`,
+//!   or `err MESSAGE`;
 //! * `quit`.
 //!
 //! `--touch` allocates device memory and reads a byte of it with the CPU: with the fake driver
@@ -72,6 +74,7 @@ fn main() -> Result<()> {
     writeln!(out, "host: {:#x}", host.as_ptr() as u64)?;
     writeln!(out, "ready")?;
     out.flush()?;
+    let mut registered = true;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -79,13 +82,22 @@ fn main() -> Result<()> {
             ["verify", off, len, seed, base] => {
                 verify(&driver, device, off.parse()?, len.parse()?, seed.parse()?, base.parse()?)?
             }
+            ["unregister"] => match engine.unregister(device) {
+                Ok(()) => {
+                    registered = false;
+                    "ok".to_string()
+                }
+                Err(e) => format!("err {e}"),
+            },
             ["quit"] => break,
             _ => format!("unknown command {line:?}"),
         };
         writeln!(out, "{answer}")?;
         out.flush()?;
     }
-    engine.unregister(device)?;
+    if registered {
+        engine.unregister(device)?;
+    }
     engine.unregister(host.as_ptr() as u64)?;
     driver.api().free(0, device)?;
     Ok(())
