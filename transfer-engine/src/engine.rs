@@ -731,11 +731,13 @@ impl TransferEngine {
             return (slices, Vec::new());
         }
         let descriptor = segment.descriptor.read().clone();
-        let remote_on_device = |addr: u64| {
-            descriptor.buffers.iter().any(|b| {
-                b.addr <= addr && addr - b.addr < b.length && matches!(b.location.parse(), Ok(Location::Cuda(_)))
-            })
-        };
+        let is_device = |b: &BufferDescriptor| matches!(b.location.parse(), Ok(Location::Cuda(_)));
+        // The common case, host memory on both ends, costs no look-up per slice.
+        if !self.table.holds_device_memory() && !descriptor.buffers.iter().any(is_device) {
+            return (slices, Vec::new());
+        }
+        let remote_on_device =
+            |addr: u64| descriptor.buffers.iter().any(|b| b.addr <= addr && addr - b.addr < b.length && is_device(b));
         slices
             .into_iter()
             .partition(|s| self.table.device_memory(s.local_addr, s.len).is_none() && !remote_on_device(s.remote_addr))

@@ -238,6 +238,11 @@ impl RegionTable {
         &self.devices
     }
 
+    /// Whether any registered region is on a device now.
+    pub fn holds_device_memory(&self) -> bool {
+        self.device_regions.load(Ordering::Acquire) > 0
+    }
+
     /// The device memory holding `[addr, +len)`, when a registered region on a device holds
     /// it (host memory and unregistered ranges: `None`). Cheap while no region is on a device.
     pub fn device_memory(&self, addr: u64, len: u64) -> Option<DeviceMemory> {
