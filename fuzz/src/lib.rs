@@ -86,7 +86,7 @@ pub fn tcp_frame(data: &[u8]) {
     }
 }
 
-/// The shm control socket: 40-byte frames (and input of any other length, refused).
+/// The shm control socket: 120-byte frames (and input of any other length, refused).
 pub fn shm_wire(data: &[u8]) {
     let _ = shm::Frame::decode(data);
     for chunk in data.chunks(shm::FRAME_LEN) {

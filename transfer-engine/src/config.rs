@@ -55,6 +55,10 @@ pub struct EngineConfig {
     /// (`CRESCENT_CLUSTER_SECRET_FILE`, `CRESCENT_CLUSTER_SECRET` and
     /// `CRESCENT_CLUSTER_SECRET_NEXT`); `None`: every port is open.
     pub cluster_secret: Option<Keyring>,
+    /// The CUDA driver library that device memory is reached through; `None`:
+    /// `$CRESCENT_CUDA_DRIVER`, else `libcuda.so.1`. Loaded when a registration first needs
+    /// it (a device location, or `*`), so a host without a GPU never loads it for `cpu:N`.
+    pub cuda_driver: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +79,7 @@ impl Default for EngineConfig {
             transfer_timeout: Duration::from_secs(30),
             rdma: RdmaConfig::default(),
             cluster_secret: None,
+            cuda_driver: None,
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crescent_transports::device::{Devices, Location, Placement};
 use crescent_transports::net::Auth;
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
@@ -189,7 +190,7 @@ impl TransferEngine {
         let auth = Auth::new(config.cluster_secret.clone());
         warn_if_open(&auth, &host, port);
         let host_id = host::host_id();
-        let table = Arc::new(RegionTable::new());
+        let table = Arc::new(RegionTable::with_devices(Devices::new(config.cuda_driver.clone())));
         let tcp = TcpTransport::start(
             TcpConfig {
                 bind_host: config.tcp_bind_address.map_or_else(|| TcpConfig::default().bind_host, |ip| ip.to_string()),
@@ -303,19 +304,30 @@ impl TransferEngine {
 
     // ---- registration ----
 
-    /// Registers `[addr, addr+len)`; `location` is Mooncake's (`cpu:0`, ...).
+    /// Registers `[addr, addr+len)`; `location` is Mooncake's: `cpu:N` (host memory, taken
+    /// as given), `cuda:N` (memory of CUDA device `N`, checked with the driver: the device must
+    /// exist and the range lie inside one of its allocations), or `*` (the driver's pointer
+    /// attributes decide, as upstream's do; host memory where no driver loads).
     ///
     /// The caller keeps the memory valid until it is unregistered.
     pub fn register(&self, addr: u64, len: u64, location: &str) -> Result<()> {
-        self.register_region(Region::new(addr, len, location, None))?;
+        self.register_region(self.region_at(addr, len, location)?)?;
         self.directory.publish();
         Ok(())
+    }
+
+    /// The region `[addr, +len)` registered at `location` is: on a device or in host memory.
+    fn region_at(&self, addr: u64, len: u64, location: &str) -> Result<Region> {
+        Ok(match self.table.devices().place(addr, len, location)? {
+            Placement::Host(label) => Region::new(addr, len, label, None),
+            Placement::Device(memory) => Region::on_device(addr, len, memory),
+        })
     }
 
     /// Registers several regions; all or none.
     pub fn register_batch(&self, regions: &[(u64, u64)], location: &str) -> Result<()> {
         for (i, &(addr, len)) in regions.iter().enumerate() {
-            if let Err(e) = self.register_region(Region::new(addr, len, location, None)) {
+            if let Err(e) = self.region_at(addr, len, location).and_then(|r| self.register_region(r)) {
                 for &(done, _) in &regions[..i] {
                     let _ = self.unregister(done);
                 }
@@ -413,8 +425,14 @@ impl TransferEngine {
         Ok(Some(LocalLoan { table: &self.table, addr }))
     }
 
-    /// Allocates `len` bytes of shareable memory and registers them.
+    /// Allocates `len` bytes of shareable host memory and registers them. A device location is
+    /// refused: device memory is allocated by the caller's framework and registered.
     pub fn alloc_registered(&self, len: u64, location: &str) -> Result<RegisteredMemory> {
+        if let Location::Cuda(_) = location.parse::<Location>()? {
+            return Err(EngineError::InvalidArgument(format!(
+                "alloc_registered allocates host memory; allocate {location} memory on the device and register it"
+            )));
+        }
         let mem = Arc::new(SharedMemory::allocate(len, "crescent")?);
         self.register_region(Region::new(mem.addr(), mem.len(), location, Some(mem.clone())))?;
         self.directory.publish();
@@ -697,9 +715,50 @@ impl TransferEngine {
         for (target, slices) in per_segment {
             let segment = &planned.iter().find(|(id, _, _)| *id == target).expect("a planned segment").1;
             let route = segment.route();
+            let (slices, detour) = self.device_detour(segment, &route, slices);
             route.transport.submit(&route.endpoint, slices);
+            if !detour.is_empty() {
+                self.submit_over_tcp(segment, detour);
+            }
         }
         Ok(())
+    }
+
+    /// Splits off the slices of an rdma route that touch device memory (on either end): the
+    /// NIC has no GPUDirect registration of it yet, so they go over tcp, staged.
+    fn device_detour(&self, segment: &Segment, route: &Route, slices: Vec<Slice>) -> (Vec<Slice>, Vec<Slice>) {
+        if route.transport.kind() != TransportKind::Rdma {
+            return (slices, Vec::new());
+        }
+        let descriptor = segment.descriptor.read().clone();
+        let is_device = |b: &BufferDescriptor| matches!(b.location.parse(), Ok(Location::Cuda(_)));
+        // The common case, host memory on both ends, costs no look-up per slice.
+        if !self.table.holds_device_memory() && !descriptor.buffers.iter().any(is_device) {
+            return (slices, Vec::new());
+        }
+        let remote_on_device =
+            |addr: u64| descriptor.buffers.iter().any(|b| b.addr <= addr && addr - b.addr < b.length && is_device(b));
+        slices
+            .into_iter()
+            .partition(|s| self.table.device_memory(s.local_addr, s.len).is_none() && !remote_on_device(s.remote_addr))
+    }
+
+    /// Sends `slices` to `segment` over tcp (its descriptor's tcp endpoint).
+    fn submit_over_tcp(&self, segment: &Segment, slices: Vec<Slice>) {
+        let tcp = self.transports.iter().find(|t| t.kind() == TransportKind::Tcp);
+        let endpoint = segment.descriptor.read().endpoints.iter().find(|e| e.kind() == TransportKind::Tcp).cloned();
+        match (tcp, endpoint) {
+            (Some(tcp), Some(endpoint)) => tcp.submit(&endpoint, slices),
+            _ => {
+                let reason = FailureReason::local(format!(
+                    "segment {}: device memory moves over tcp until GPUDirect RDMA exists, and it offers no tcp endpoint",
+                    segment.name
+                ));
+                for s in slices {
+                    s.completion.fail(reason.clone());
+                }
+            }
+        }
     }
 
     /// Cuts `r` into pieces within the local and the target's registered memory. A target

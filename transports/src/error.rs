@@ -68,6 +68,62 @@ pub enum TransportError {
         /// The device's error and the limit in force.
         reason: String,
     },
+    /// A device location was named, but no device driver can be loaded here (no library,
+    /// or it does not initialise); the text says which library and why. The host's fault.
+    #[error("device memory is unavailable: {reason}")]
+    DriverUnavailable {
+        /// Why the driver cannot be used.
+        reason: String,
+    },
+    /// A call of the device driver failed.
+    #[error("device driver call {call} failed: {reason}")]
+    Driver {
+        /// The driver's function.
+        call: &'static str,
+        /// The driver's error, in its words.
+        reason: String,
+    },
+    /// A registration named a device this host does not have.
+    #[error("location {location}: no such device (this process sees {devices})")]
+    UnknownDevice {
+        /// The location as given (`cuda:3`).
+        location: String,
+        /// How many devices the driver reports.
+        devices: u32,
+    },
+    /// A registration named a device location for memory the driver does not know.
+    #[error("[{addr:#x}, ...) registered at {location} is not device memory")]
+    NotDeviceMemory {
+        /// The range's start.
+        addr: u64,
+        /// The location as given.
+        location: String,
+    },
+    /// A registration named one device for memory of another.
+    #[error("[{addr:#x}, ...) registered at {location} is memory of device {actual}")]
+    WrongDevice {
+        /// The range's start.
+        addr: u64,
+        /// The location as given.
+        location: String,
+        /// The device the driver says it is on.
+        actual: u32,
+    },
+    /// A range of device memory does not lie inside one allocation (transports export and copy
+    /// device memory allocation by allocation).
+    #[error(
+        "device range [{addr:#x}, +{len}) is not inside one allocation (the one at {addr:#x} is [{base:#x}, +{size}))"
+    )]
+    SpansAllocations {
+        /// The range's start.
+        addr: u64,
+        /// Its length in bytes.
+        len: u64,
+        /// The allocation holding `addr`: its start.
+        base: u64,
+        /// Its size in bytes.
+        size: u64,
+    },
 }
 
 impl TransportError {
@@ -79,6 +135,10 @@ impl TransportError {
                 | TransportError::Overlap { .. }
                 | TransportError::NotRegistered(_)
                 | TransportError::RegionBusy { .. }
+                | TransportError::UnknownDevice { .. }
+                | TransportError::NotDeviceMemory { .. }
+                | TransportError::WrongDevice { .. }
+                | TransportError::SpansAllocations { .. }
         )
     }
 }

@@ -10,6 +10,7 @@
 //! every transport (which checks each remote access against it on the target side).
 #![warn(missing_docs)]
 
+pub mod device;
 pub mod error;
 pub mod memory;
 pub mod net;

@@ -17,6 +17,7 @@ use parking_lot::lock_api::ArcRwLockReadGuard;
 use parking_lot::{RawRwLock, RwLock};
 use serde::{Deserialize, Serialize};
 
+use crate::device::{DeviceMemory, Devices};
 use crate::{SharedMemory, TransportError};
 
 /// Per-transport registration data of one region, published in the segment descriptor
@@ -52,6 +53,8 @@ pub struct Region {
     shared: Option<Arc<SharedMemory>>,
     /// Lent to this process's own transfers only (see [`Region::local_only`]).
     local_only: bool,
+    /// Device memory: the CPU never touches it; transports copy it with the driver.
+    device: Option<DeviceMemory>,
 }
 
 impl std::fmt::Debug for Region {
@@ -78,7 +81,20 @@ impl Region {
             keys: RwLock::new(RegionKeys::default()),
             shared,
             local_only: false,
+            device: None,
         }
+    }
+
+    /// A region of device memory: `[addr, +len)` inside `memory`'s allocation, at its
+    /// location (`cuda:N`).
+    pub fn on_device(addr: u64, len: u64, memory: DeviceMemory) -> Self {
+        let location = memory.location();
+        Region { device: Some(memory), ..Region::new(addr, len, location, None) }
+    }
+
+    /// Its device memory, when it is on a device (the CPU must not touch it).
+    pub fn device(&self) -> Option<&DeviceMemory> {
+        self.device.as_ref()
     }
 
     /// Memory lent to this process's own transfers only: peers never get access to it and
@@ -155,7 +171,7 @@ impl Drop for InflightGuard {
 pub struct RegionAccess {
     addr: u64,
     len: u64,
-    _region: Arc<Region>,
+    region: Arc<Region>,
     _lock: ArcRwLockReadGuard<RawRwLock, ()>,
 }
 
@@ -172,32 +188,68 @@ impl RegionAccess {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// The bytes as a slice.
+    /// The region's device memory when it is on a device: then the bytes move through the
+    /// driver's copies only, never [`RegionAccess::as_slice`].
+    pub fn device(&self) -> Option<&DeviceMemory> {
+        self.region.device()
+    }
+    /// The bytes as a slice (host memory only: see [`RegionAccess::device`]).
     pub fn as_slice(&self) -> &[u8] {
+        assert!(self.region.device.is_none(), "device memory is never touched by the CPU");
         // SAFETY: `[addr, addr+len)` lies inside a registered region (checked when the access
         // was granted) that cannot be unregistered while this access holds its lock.
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len as usize) }
     }
-    /// The bytes as a mutable slice. Registered memory is shared with remote peers by
+    /// The bytes as a mutable slice (host memory only). Registered memory is shared with remote peers by
     /// contract: the owner does not expect exclusive use of it while it is registered.
     #[allow(clippy::mut_from_ref)]
     pub fn as_mut_slice(&self) -> &mut [u8] {
+        assert!(self.region.device.is_none(), "device memory is never touched by the CPU");
         // SAFETY: as in `as_slice`; writes into registered memory are what the owner
         // registered it for (one-sided remote writes).
         unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len as usize) }
     }
 }
 
-/// All registered regions of this process, keyed by start address.
+/// All registered regions of this process, keyed by start address, and the device driver
+/// that reaches those on a device.
 #[derive(Debug, Default)]
 pub struct RegionTable {
     regions: RwLock<BTreeMap<u64, Arc<Region>>>,
+    devices: Devices,
+    /// Regions on a device now: while none is, transports skip the look-up of a slice's region.
+    device_regions: AtomicUsize,
 }
 
 impl RegionTable {
-    /// A table with no region.
+    /// A table with no region; its device driver is loaded from the default place when first
+    /// needed.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A table with no region whose device driver is `devices`.
+    pub fn with_devices(devices: Devices) -> Self {
+        RegionTable { devices, ..Self::default() }
+    }
+
+    /// The device driver of this process's registrations.
+    pub fn devices(&self) -> &Devices {
+        &self.devices
+    }
+
+    /// Whether any registered region is on a device now.
+    pub fn holds_device_memory(&self) -> bool {
+        self.device_regions.load(Ordering::Acquire) > 0
+    }
+
+    /// The device memory holding `[addr, +len)`, when a registered region on a device holds
+    /// it (host memory and unregistered ranges: `None`). Cheap while no region is on a device.
+    pub fn device_memory(&self, addr: u64, len: u64) -> Option<DeviceMemory> {
+        if self.device_regions.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.find(addr, len)?.device().cloned()
     }
 
     /// Adds a region; rejects empty, wrapping or overlapping ranges.
@@ -216,6 +268,9 @@ impl RegionTable {
             return Err(TransportError::Overlap { addr, len, other });
         }
         let region = Arc::new(region);
+        if region.device.is_some() {
+            self.device_regions.fetch_add(1, Ordering::AcqRel);
+        }
         map.insert(addr, region.clone());
         Ok(region)
     }
@@ -252,7 +307,12 @@ impl RegionTable {
         // No new access can start now; wait for accesses in progress to end.
         let quiesced = region.access.try_write_for(wait).is_some();
         match quiesced {
-            true => Ok(region),
+            true => {
+                if region.device.is_some() {
+                    self.device_regions.fetch_sub(1, Ordering::AcqRel);
+                }
+                Ok(region)
+            }
             false => {
                 self.regions.write().insert(addr, region.clone());
                 Err(TransportError::RegionBusy { addr, why: format!("a peer's access did not end within {wait:?}") })
@@ -294,7 +354,7 @@ impl RegionTable {
     pub fn access(&self, addr: u64, len: u64) -> Option<RegionAccess> {
         let region = self.find(addr, len).filter(|r| !r.local_only)?;
         let lock = region.access.read_arc();
-        Some(RegionAccess { addr, len, _region: region, _lock: lock })
+        Some(RegionAccess { addr, len, region, _lock: lock })
     }
 
     /// [`RegionTable::access`] without waiting: `Err(())` when the region's lock cannot be
@@ -307,7 +367,7 @@ impl RegionTable {
             return Ok(None);
         };
         let lock = region.access.try_read_arc().ok_or(())?;
-        Ok(Some(RegionAccess { addr, len, _region: region, _lock: lock }))
+        Ok(Some(RegionAccess { addr, len, region, _lock: lock }))
     }
 
     /// Every registered region, in address order.

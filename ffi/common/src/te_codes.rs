@@ -80,7 +80,10 @@ pub fn te_code(e: &EngineError) -> TeCode {
             TransportError::NotRegistered(_) => TeCode::AddressNotRegistered,
             TransportError::Alloc { .. } => TeCode::Memory,
             TransportError::Listen { .. } => TeCode::Socket,
-            TransportError::Unavailable(..) | TransportError::PinLimit { .. } => TeCode::Context,
+            TransportError::Unavailable(..)
+            | TransportError::PinLimit { .. }
+            | TransportError::DriverUnavailable { .. }
+            | TransportError::Driver { .. } => TeCode::Context,
             _ => TeCode::InvalidArgument,
         },
         _ => TeCode::InvalidArgument,

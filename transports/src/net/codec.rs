@@ -9,7 +9,7 @@
 //! | format | magic | header | length at | payload cap |
 //! |---|---|---|---|---|
 //! | tcp transport ([`crate::tcp::frame`]) | `CT` | 32 | — (the header's `len`, by kind) | 64 MiB |
-//! | shm control ([`crate::shm::wire`]) | `CS` | 40 | — (no payload; one frame per message) | 0 |
+//! | shm control ([`crate::shm::wire`]) | `CS` | 120 | — (no payload; one frame per message) | 0 |
 //! | rdma control ([`crate::rdma::wire`]) | `CRQP` | 12 | 8 | 1 KiB |
 //! | engine handshake (`crescent_engine::handshake`) | `CRHS` | 12 | 8 | 4 KiB requests, 16 MiB replies |
 //! | store disk service (`crescent_store`) | `CD` | 8 | 4 | 8 KiB |

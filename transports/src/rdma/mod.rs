@@ -348,6 +348,19 @@ impl Transport for RdmaTransport {
     }
 
     fn register_region(&self, region: &Arc<Region>) -> Result<RegionKeys, TransportError> {
+        if let Some(memory) = region.device() {
+            // GPUDirect (dma-buf or nvidia-peermem) is not implemented: the NIC never gets
+            // device memory, and the engine moves requests that touch it over tcp, staged.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::info!(
+                    "rdma: device memory ({}) is not registered with the NIC (no GPUDirect RDMA yet); requests \
+                     that touch it go over tcp, staged through pinned host buffers",
+                    memory.location()
+                )
+            });
+            return Ok(RegionKeys::default());
+        }
         let rdma = self.shared.mrs.register(&self.shared.devices, region.addr(), region.len())?;
         Ok(RegionKeys { rdma })
     }

@@ -3,7 +3,47 @@
 
 use std::io;
 
+use crate::device::{DeviceMemory, Driver};
 use crate::Opcode;
+
+/// Copies `len` bytes between `local` and `remote`, one or both device memory, with the
+/// device driver on a stream of `device`. The CPU touches neither range.
+pub fn device(driver: &Driver, device: u32, op: Opcode, local: u64, remote: u64, len: u64) -> Result<(), String> {
+    let (dst, src) = match op {
+        Opcode::Read => (local, remote),
+        Opcode::Write => (remote, local),
+    };
+    driver.copy(device, dst, src, len).map_err(|e| e.to_string())
+}
+
+/// [`process_vm`] for local device memory: through a pinned bounce buffer, filled from the
+/// device before a write, copied to the device after a read.
+///
+/// # Safety
+/// As for [`process_vm`]; `[local, +len)` lies in `memory`.
+pub unsafe fn process_vm_staged(
+    pid: i32,
+    op: Opcode,
+    memory: &DeviceMemory,
+    local: u64,
+    remote: u64,
+    len: u64,
+) -> Result<(), String> {
+    let device = memory.allocation.device;
+    let bounce = memory.driver.bounce(len).map_err(|e| e.to_string())?;
+    match op {
+        Opcode::Read => {
+            // SAFETY: the bounce buffer is host memory of our own, at least `len` bytes long.
+            unsafe { process_vm(pid, op, bounce.addr(), remote, len)? };
+            memory.driver.copy(device, local, bounce.addr(), len).map_err(|e| e.to_string())
+        }
+        Opcode::Write => {
+            memory.driver.copy(device, bounce.addr(), local, len).map_err(|e| e.to_string())?;
+            // SAFETY: as above.
+            unsafe { process_vm(pid, op, bounce.addr(), remote, len) }
+        }
+    }
+}
 
 /// Copies `len` bytes between local memory and a mapping of the peer's memory.
 ///

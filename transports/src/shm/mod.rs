@@ -7,6 +7,10 @@
 //! * memory the engine allocated (`alloc_registered`: a memfd sealed against resizing) comes
 //!   with its memfd over `SCM_RIGHTS`; the initiator maps it once and a transfer is one
 //!   memcpy between its own registered memory and that mapping;
+//! * device memory comes with its allocation's CUDA IPC handle; the initiator opens it once
+//!   per allocation and copies with the device driver, device to device or to and from its
+//!   own host memory (see [`crate::device`]); local device memory is likewise copied by the
+//!   driver, through a pinned bounce buffer where the peer's memory is reached by process_vm;
 //! * any other registered memory (heap, a Python buffer) is copied with one
 //!   `process_vm_readv`/`process_vm_writev` by the initiator. At connection time the
 //!   initiator reads a probe word of the target that way; when the kernel refuses (another
@@ -149,6 +153,9 @@ impl Share {
 /// threads finish the slices already queued, then end.
 pub struct ShmTransport {
     config: ShmConfig,
+    /// This process's registered memory (its peers' copies look up which local ranges are on
+    /// a device).
+    table: Arc<RegionTable>,
     server: Arc<Server>,
     /// The accept loop; dropping it closes the socket and every served connection.
     listener: Option<crate::net::Server>,
@@ -179,7 +186,7 @@ impl ShmTransport {
             addr: format!("unix socket @{}", config.socket_name),
             source,
         })?;
-        let server = Server::new(table);
+        let server = Server::new(table.clone());
         let unavailable = |e: std::io::Error| TransportError::Unavailable("shm", format!("no thread: {e}"));
         let limits = crate::net::Limits {
             max_connections: server::MAX_CONNECTIONS,
@@ -204,6 +211,7 @@ impl ShmTransport {
         tracing::debug!("shm transport listening on @{}, {} copy threads", config.socket_name, config.copy_threads);
         Ok(ShmTransport {
             config,
+            table,
             server,
             listener: Some(listener),
             peers: Mutex::new(HashMap::new()),
@@ -229,7 +237,7 @@ impl ShmTransport {
             }
         }
         *current = None;
-        let peer = Peer::connect(socket, &self.config.auth)?;
+        let peer = Peer::connect(socket, &self.config.auth, self.table.clone())?;
         *current = Some(peer.clone());
         Ok(peer)
     }

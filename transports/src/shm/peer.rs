@@ -15,7 +15,8 @@ use super::copy;
 use super::mapping::Mapping;
 use super::socket::Socket;
 use super::wire::{Frame, Kind, Mode, Status};
-use crate::{FailureReason, Slice};
+use crate::device::IpcMapping;
+use crate::{FailureReason, RegionTable, Slice};
 
 /// Slices of one grant claimed together and copied back to back (see [`Peer::copy_run`]).
 pub const RUN: usize = 4;
@@ -27,6 +28,11 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 enum Access {
     Mapped(Mapping),
     ProcessVm,
+    /// The peer's device allocation, opened here; the region starts `offset` bytes into it.
+    Device {
+        mapping: Arc<IpcMapping>,
+        offset: u64,
+    },
 }
 
 /// Access to one registered region of the peer, until the peer revokes it.
@@ -64,6 +70,9 @@ struct PendingMap {
 pub(super) struct Peer {
     name: String,
     socket: Socket,
+    /// This process's registered memory: which local ranges are on a device, and the driver
+    /// that opens a peer's device memory.
+    table: Arc<RegionTable>,
     pid: i32,
     /// Why process_vm_readv/writev cannot reach the peer, if it cannot.
     process_vm_denied: Option<String>,
@@ -82,7 +91,11 @@ pub(super) struct Peer {
 impl Peer {
     /// Connects to the peer listening on `socket_name`, learns its pid from the kernel and
     /// whether process_vm access to it works.
-    pub(super) fn connect(socket_name: &str, auth: &crate::net::Auth) -> Result<Arc<Peer>, String> {
+    pub(super) fn connect(
+        socket_name: &str,
+        auth: &crate::net::Auth,
+        table: Arc<RegionTable>,
+    ) -> Result<Arc<Peer>, String> {
         use std::os::fd::AsFd;
         let name = format!("shm peer @{socket_name}");
         let socket =
@@ -99,6 +112,7 @@ impl Peer {
         let peer = Arc::new(Peer {
             name: format!("{name} (pid {pid})"),
             socket,
+            table,
             pid,
             process_vm_denied: denied,
             grants: RwLock::new(BTreeMap::new()),
@@ -336,8 +350,10 @@ impl Peer {
             }
             let Slice { opcode: op, local_addr: local, remote_addr: remote, len, .. } = *slice;
             let offset = remote - grant.addr;
-            let outcome = match &grant.access {
-                Access::Mapped(mapping) => match mapping.at(offset, len) {
+            // Local device memory is never touched by the CPU: the driver copies it.
+            let local_device = self.table.device_memory(local, len);
+            let outcome = match (&grant.access, &local_device) {
+                (Access::Mapped(mapping), None) => match mapping.at(offset, len) {
                     Some(at) => {
                         // SAFETY: `local` is registered memory of a live slice, claimed
                         // above; `at` is inside the mapping, which the read-held live grant
@@ -347,10 +363,24 @@ impl Peer {
                     }
                     None => Err("range outside the peer's mapping".to_string()),
                 },
+                (Access::Mapped(mapping), Some(memory)) => match mapping.at(offset, len) {
+                    Some(at) => copy::device(&memory.driver, memory.allocation.device, op, local, at as u64, len),
+                    None => Err("range outside the peer's mapping".to_string()),
+                },
                 // SAFETY: as above for `local`; the grant (read-held) guarantees that the
                 // peer still has `[remote, +len)` registered, and the peer is alive (its pid
                 // cannot have been reused: see the module documentation).
-                Access::ProcessVm => unsafe { copy::process_vm(self.pid, op, local, remote, len) },
+                (Access::ProcessVm, None) => unsafe { copy::process_vm(self.pid, op, local, remote, len) },
+                // SAFETY: as for the plain process_vm copy; the device side is the driver's.
+                (Access::ProcessVm, Some(memory)) => unsafe {
+                    copy::process_vm_staged(self.pid, op, memory, local, remote, len)
+                },
+                // The opened allocation holds the region at `base + offset` (checked against
+                // the allocation's size when the grant was installed).
+                (Access::Device { mapping, offset: at }, _) => {
+                    let remote = mapping.base() + at + offset;
+                    copy::device(mapping.driver(), mapping.device(), op, local, remote, len)
+                }
             };
             // The peer's memory could not be copied (it may have died meanwhile: its grants
             // are then revoked, and the next copy says so).
@@ -433,6 +463,9 @@ impl Peer {
         if frame.status == Status::OutOfRange {
             return Ok(Ok(None));
         }
+        if frame.status == Status::DeviceUnavailable {
+            return Ok(Err(format!("{} cannot export its device memory to this process", self.name)));
+        }
         if !frame.contains(pending.addr, pending.len) {
             return Err(Fatal(format!(
                 "{} granted [{:#x}, +{}) for a request of [{:#x}, +{}]",
@@ -448,6 +481,11 @@ impl Peer {
                 None => Access::ProcessVm,
                 // Not fatal: the peer's memfd regions remain reachable.
                 Some(why) => return Ok(Err(format!("{}: {why}", self.name))),
+            },
+            // Not fatal either: the peer's host memory remains reachable.
+            (Mode::DeviceIpc, None) => match self.open_device(frame) {
+                Ok(access) => access,
+                Err(why) => return Ok(Err(format!("{}: {why}", self.name))),
             },
             _ => return Err(Fatal(format!("{}: a grant without its memory", self.name))),
         };
@@ -465,6 +503,30 @@ impl Peer {
             prefault_in_background(grant.clone());
         }
         Ok(Ok(Some(grant)))
+    }
+}
+
+impl Peer {
+    /// Opens the device allocation of a `DeviceIpc` grant, on the same device ordinal when
+    /// this process sees it (else its first device), and checks that the granted region lies
+    /// inside what was opened (the peer's numbers are not trusted).
+    fn open_device(&self, frame: &Frame) -> Result<Access, String> {
+        let ipc = frame.ipc.as_ref().ok_or("a device grant without its handle")?;
+        let driver = self.table.devices().driver().map_err(|e| format!("cannot open its device memory: {e}"))?;
+        let count = driver.api().device_count().map_err(|e| e.to_string())?;
+        let device = if ipc.device < count { ipc.device } else { 0 };
+        let handle = crate::device::IpcHandle(ipc.handle);
+        let mapping = driver.open_ipc(device, &handle).map_err(|e| format!("cannot open its device memory: {e}"))?;
+        let opened = driver.api().allocation(mapping.base()).map_err(|e| e.to_string())?;
+        let start = ipc.offset.checked_add(mapping.base()).filter(|s| s.checked_add(frame.len).is_some());
+        let inside = start.is_some_and(|start| opened.is_some_and(|a| a.contains(start, frame.len)));
+        if !inside {
+            return Err(format!(
+                "its device grant [+{}, +{}) does not lie inside the allocation it opens",
+                ipc.offset, frame.len
+            ));
+        }
+        Ok(Access::Device { mapping, offset: ipc.offset })
     }
 }
 

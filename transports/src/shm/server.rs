@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::socket::Socket;
-use super::wire::{Frame, Kind, Mode, Status, PROBE_LEN};
+use super::wire::{Frame, IpcGrant, Kind, Mode, Status, PROBE_LEN};
 use crate::net::serve::Accepted;
 use crate::{Region, RegionTable, TransportError};
 
@@ -147,20 +147,38 @@ impl Server {
             let refusal = Frame { status: Status::OutOfRange, id: req.id, ..Frame::new(Kind::MapReply) };
             return conn.socket.send(&refusal, None).map_err(|e| e.to_string());
         };
-        // Memory the engine allocated (sealed, one memfd per region) is mapped by the peer;
-        // any other registered memory is reached with process_vm_readv/writev.
+        // Device memory is opened by the peer through its allocation's IPC handle; memory the
+        // engine allocated (sealed, one memfd per region) is mapped by the peer; any other
+        // registered memory is reached with process_vm_readv/writev.
         let memfd =
             region.shared_memory().filter(|m| m.sealed() && m.addr() == region.addr() && m.len() == region.len());
+        let (mode, ipc) = match region.device() {
+            Some(memory) => match memory.driver.api().ipc_export(&memory.allocation) {
+                Ok(handle) => {
+                    let offset = region.addr() - memory.allocation.base;
+                    (Mode::DeviceIpc, Some(IpcGrant { device: memory.allocation.device, offset, handle: handle.0 }))
+                }
+                Err(e) => {
+                    tracing::warn!("shm transport: cannot export device memory at {:#x} to a peer: {e}", region.addr());
+                    let refusal = Frame { status: Status::DeviceUnavailable, id: req.id, ..Frame::new(Kind::MapReply) };
+                    return conn.socket.send(&refusal, None).map_err(|e| e.to_string());
+                }
+            },
+            None if memfd.is_some() => (Mode::Memfd, None),
+            None => (Mode::ProcessVm, None),
+        };
         let reply = Frame {
-            mode: if memfd.is_some() { Mode::Memfd } else { Mode::ProcessVm },
+            mode,
             id: req.id,
             addr: region.addr(),
             len: region.len(),
             region: id,
+            ipc,
             ..Frame::new(Kind::MapReply)
         };
         conn.granted.lock().insert(id);
-        conn.socket.send(&reply, memfd.map(|m| m.fd())).map_err(|e| e.to_string())
+        let fd = if mode == Mode::Memfd { memfd.map(|m| m.fd()) } else { None };
+        conn.socket.send(&reply, fd).map_err(|e| e.to_string())
     }
 
     pub(super) fn export(&self, region: &Arc<Region>) {

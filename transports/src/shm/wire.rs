@@ -1,28 +1,36 @@
-//! The shm transport's control messages: fixed 40-byte little-endian frames, one per
+//! The shm transport's control messages: fixed 120-byte little-endian frames, one per
 //! `SOCK_SEQPACKET` message, so a frame is never split or merged with another.
 //!
 //! ```text
 //! 0      2         3      4        5      6          8      16      24      32       40
 //! | "CS" | version | kind | status | mode | reserved | id   | addr  | len   | region |
+//! 40       44         48       56            120
+//! | device | reserved | offset | ipc handle |      (zero unless mode = DeviceIpc)
 //! ```
 //! * `Hello` → `HelloReply {addr, len = 8, id = probe value}`: where the target keeps a probe
 //!   word, so the initiator can test whether the kernel lets it use `process_vm_readv` on it.
 //! * `Map {id, addr, len}` → `MapReply {id, status, mode, addr, len, region}`: the registered
 //!   region holding `[addr, +len)` (its whole extent and its id), reached by mapping the memfd
-//!   that comes with the reply (`mode = Memfd`) or by `process_vm_*` (`mode = ProcessVm`).
+//!   that comes with the reply (`mode = Memfd`), by `process_vm_*` (`mode = ProcessVm`), or,
+//!   for device memory, by opening the allocation's IPC handle on the initiator's `device`
+//!   (`mode = DeviceIpc`): the region starts `offset` bytes into the allocation. A target that
+//!   cannot export its device memory answers `status = DeviceUnavailable`.
 //! * target → initiator `Revoke {region}` → `RevokeAck {region}`: the region is being
 //!   unregistered; the ack says that no copy of the initiator uses it any more.
 //!
 //! Frames come from another process and are untrusted: [`Frame::decode`] checks every field.
 
+use crate::device::IPC_HANDLE_LEN;
 use crate::net::{Format, FrameError};
 
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"CS";
 /// The version this side speaks; a peer of another version is refused.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Every frame's size, in bytes (one `SOCK_SEQPACKET` message).
-pub const FRAME_LEN: usize = 40;
+pub const FRAME_LEN: usize = 120;
+/// Where the device block starts (the frames of version 1 ended there).
+const DEVICE_AT: usize = 40;
 /// The frame layout in the net layer's terms: a fixed header and no payload.
 pub const FORMAT: Format = Format {
     name: "shm control",
@@ -62,6 +70,8 @@ pub enum Status {
     Ok = 0,
     /// The range is not inside one registered region of the target.
     OutOfRange = 1,
+    /// The range is device memory the target cannot export (its driver refused).
+    DeviceUnavailable = 2,
 }
 
 /// How the initiator reaches a granted region.
@@ -74,6 +84,19 @@ pub enum Mode {
     Memfd = 1,
     /// `process_vm_readv`/`process_vm_writev` on the target's address range.
     ProcessVm = 2,
+    /// Device memory: open the IPC handle of [`Frame::ipc`] and copy with the device driver.
+    DeviceIpc = 3,
+}
+
+/// How to open a granted region of device memory (a `DeviceIpc` grant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcGrant {
+    /// The target's device ordinal for the allocation.
+    pub device: u32,
+    /// Where the region starts in the allocation, in bytes.
+    pub offset: u64,
+    /// The allocation's IPC handle.
+    pub handle: [u8; IPC_HANDLE_LEN],
 }
 
 /// One control message, decoded. Fields a kind does not use are zero.
@@ -94,6 +117,8 @@ pub struct Frame {
     pub len: u64,
     /// The target's id of a granted, revoked or released region.
     pub region: u64,
+    /// How to open a `DeviceIpc` grant; `None` for every other frame.
+    pub ipc: Option<IpcGrant>,
 }
 
 /// Why a received control message was refused; the connection is then dropped.
@@ -114,7 +139,8 @@ pub enum WireError {
     /// The mode byte names no [`Mode`].
     #[error("unknown access mode {0}")]
     Mode(u8),
-    /// Bytes 6..8 are not zero.
+    /// Bytes 6..8 are not zero, or the device block of a frame that has none, or its
+    /// reserved bytes.
     #[error("reserved bytes are not zero")]
     Reserved,
     /// A frame that must carry a range carries an empty, null or wrapping one (or a probe
@@ -137,10 +163,10 @@ pub enum WireError {
 impl Frame {
     /// A frame of `kind` with every other field zero (`Ok`, `None`).
     pub fn new(kind: Kind) -> Frame {
-        Frame { kind, status: Status::Ok, mode: Mode::None, id: 0, addr: 0, len: 0, region: 0 }
+        Frame { kind, status: Status::Ok, mode: Mode::None, id: 0, addr: 0, len: 0, region: 0, ipc: None }
     }
 
-    /// The frame's 40 wire bytes (layout in the module doc).
+    /// The frame's wire bytes (layout in the module doc).
     pub fn encode(&self) -> [u8; FRAME_LEN] {
         let mut b = [0u8; FRAME_LEN];
         FORMAT.put_prefix(&mut b, self.kind as u8);
@@ -150,6 +176,11 @@ impl Frame {
         b[16..24].copy_from_slice(&self.addr.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
         b[32..40].copy_from_slice(&self.region.to_le_bytes());
+        if let Some(ipc) = &self.ipc {
+            b[DEVICE_AT..DEVICE_AT + 4].copy_from_slice(&ipc.device.to_le_bytes());
+            b[DEVICE_AT + 8..DEVICE_AT + 16].copy_from_slice(&ipc.offset.to_le_bytes());
+            b[DEVICE_AT + 16..].copy_from_slice(&ipc.handle);
+        }
         b
     }
 
@@ -168,19 +199,31 @@ impl Frame {
         let status = match b[4] {
             0 => Status::Ok,
             1 => Status::OutOfRange,
+            2 => Status::DeviceUnavailable,
             s => return Err(WireError::Status(s)),
         };
         let mode = match b[5] {
             0 => Mode::None,
             1 => Mode::Memfd,
             2 => Mode::ProcessVm,
+            3 => Mode::DeviceIpc,
             m => return Err(WireError::Mode(m)),
         };
         if b[6] != 0 || b[7] != 0 {
             return Err(WireError::Reserved);
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let frame = Frame { kind, status, mode, id: u64_at(8), addr: u64_at(16), len: u64_at(24), region: u64_at(32) };
+        let ipc = match mode {
+            Mode::DeviceIpc if b[DEVICE_AT + 4..DEVICE_AT + 8] == [0; 4] => Some(IpcGrant {
+                device: u32::from_le_bytes(b[DEVICE_AT..DEVICE_AT + 4].try_into().expect("4 bytes")),
+                offset: u64_at(DEVICE_AT + 8),
+                handle: b[DEVICE_AT + 16..].try_into().expect("the handle's bytes"),
+            }),
+            _ if b[DEVICE_AT..].iter().all(|&x| x == 0) => None,
+            _ => return Err(WireError::Reserved),
+        };
+        let frame =
+            Frame { kind, status, mode, id: u64_at(8), addr: u64_at(16), len: u64_at(24), region: u64_at(32), ipc };
         frame.validate()?;
         Ok(frame)
     }
@@ -191,10 +234,16 @@ impl Frame {
         let inconsistent = || WireError::Inconsistent(self.kind);
         match self.kind {
             Kind::MapReply => match (self.status, self.mode) {
-                (Status::Ok, Mode::None) | (Status::OutOfRange, Mode::Memfd | Mode::ProcessVm) => {
+                (Status::Ok, Mode::None) => return Err(inconsistent()),
+                (Status::OutOfRange | Status::DeviceUnavailable, mode) if mode != Mode::None => {
                     return Err(inconsistent())
                 }
                 (Status::Ok, _) if !range_ok => return Err(bad_range()),
+                (Status::Ok, Mode::DeviceIpc)
+                    if self.ipc.is_none_or(|ipc| ipc.offset.checked_add(self.len).is_none()) =>
+                {
+                    return Err(bad_range())
+                }
                 _ => {}
             },
             _ if self.status != Status::Ok || self.mode != Mode::None => return Err(inconsistent()),
@@ -225,6 +274,11 @@ mod tests {
         Frame { mode, id: 7, addr: 0x7000_0000, len: 1 << 20, region: 3, ..Frame::new(Kind::MapReply) }
     }
 
+    fn device_reply() -> Frame {
+        let ipc = IpcGrant { device: 1, offset: 4096, handle: std::array::from_fn(|i| i as u8 + 1) };
+        Frame { ipc: Some(ipc), ..map_reply(Mode::DeviceIpc) }
+    }
+
     #[test]
     fn frames_roundtrip() {
         let frames = [
@@ -233,7 +287,9 @@ mod tests {
             Frame { id: 1, addr: 0x1000, len: 5, ..Frame::new(Kind::Map) },
             map_reply(Mode::Memfd),
             map_reply(Mode::ProcessVm),
+            device_reply(),
             Frame { status: Status::OutOfRange, id: 9, ..Frame::new(Kind::MapReply) },
+            Frame { status: Status::DeviceUnavailable, id: 9, ..Frame::new(Kind::MapReply) },
             Frame { region: 4, ..Frame::new(Kind::Revoke) },
             Frame { region: 4, ..Frame::new(Kind::RevokeAck) },
         ];
@@ -252,8 +308,8 @@ mod tests {
         b[0] = b'X';
         assert!(matches!(Frame::decode(&b), Err(WireError::Frame(FrameError::BadMagic { .. }))));
         let mut b = good;
-        b[2] = 2;
-        assert!(matches!(Frame::decode(&b), Err(WireError::Frame(FrameError::Version { found: 2, .. }))));
+        b[2] = 1;
+        assert!(matches!(Frame::decode(&b), Err(WireError::Frame(FrameError::Version { found: 1, .. }))));
         let mut b = good;
         b[3] = 0;
         assert!(matches!(Frame::decode(&b), Err(WireError::Kind(0))));
@@ -275,6 +331,19 @@ mod tests {
         assert!(Frame::decode(&map_with_mode.encode()).is_err());
         let empty_map = Frame::new(Kind::Map);
         assert!(Frame::decode(&empty_map.encode()).is_err());
+        // A device grant without its handle, a device block on another frame, a refusal with
+        // a device block.
+        let mut b = device_reply().encode();
+        b[DEVICE_AT + 4] = 1;
+        assert!(matches!(Frame::decode(&b), Err(WireError::Reserved)));
+        let mut b = map_reply(Mode::Memfd).encode();
+        b[FRAME_LEN - 1] = 1;
+        assert!(matches!(Frame::decode(&b), Err(WireError::Reserved)));
+        let refused = Frame { status: Status::DeviceUnavailable, ..device_reply() };
+        assert!(Frame::decode(&refused.encode()).is_err());
+        let overflowing =
+            Frame { ipc: Some(IpcGrant { offset: u64::MAX - 4, ..device_reply().ipc.unwrap() }), ..device_reply() };
+        assert!(matches!(Frame::decode(&overflowing.encode()), Err(WireError::Range { .. })));
     }
 
     #[test]
@@ -289,14 +358,15 @@ mod tests {
 
     proptest! {
         #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
             let _ = Frame::decode(&bytes);
         }
 
         #[test]
         fn decoded_frames_are_consistent(mut bytes in proptest::array::uniform32(any::<u8>()),
                                          tail in proptest::array::uniform8(any::<u8>()),
-                                         kind in 1u8..=6, status in 0u8..=1, mode in 0u8..=2) {
+                                         device in proptest::array::uniform16(any::<u8>()),
+                                         kind in 1u8..=6, status in 0u8..=2, mode in 0u8..=3) {
             // Valid headers with arbitrary contents: whatever decodes keeps the invariants.
             bytes[0..2].copy_from_slice(&MAGIC);
             bytes[2] = VERSION;
@@ -307,8 +377,10 @@ mod tests {
             bytes[7] = 0;
             let mut b = [0u8; FRAME_LEN];
             b[..32].copy_from_slice(&bytes);
-            b[32..].copy_from_slice(&tail);
+            b[32..DEVICE_AT].copy_from_slice(&tail);
+            b[DEVICE_AT..DEVICE_AT + 16].copy_from_slice(&device);
             if let Ok(f) = Frame::decode(&b) {
+                prop_assert_eq!(f.ipc.is_some(), f.mode == Mode::DeviceIpc);
                 if f.kind == Kind::MapReply && f.status == Status::Ok {
                     prop_assert!(f.mode != Mode::None);
                     prop_assert!(f.addr.checked_add(f.len).is_some() && f.len > 0);

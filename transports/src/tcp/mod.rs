@@ -1,6 +1,8 @@
 //! The tcp transport: versioned, length-prefixed frames over several connections ("lanes")
 //! per peer, so that large transfers use more than one core. Payloads go straight between the
-//! socket and registered memory; the target checks every access against its region table.
+//! socket and registered host memory; device memory is staged through pinned host buffers on
+//! either end ([`crate::device::stage`]), never touched by the CPU. The target checks every
+//! access against its region table.
 
 pub mod frame;
 mod lane;
@@ -97,6 +99,9 @@ struct PeerLanes {
 pub struct TcpTransport {
     config: TcpConfig,
     port: u16,
+    /// This process's registered memory: a slice whose local memory is on a device is staged
+    /// through a pinned host buffer ([`crate::device::stage`]).
+    table: Arc<RegionTable>,
     peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
     /// The accept loop; dropping it closes the port and every served connection.
     server: Server,
@@ -133,10 +138,10 @@ impl TcpTransport {
             max_per_peer: config.max_connections_per_peer,
             idle: Some(config.idle_timeout),
         };
-        let server = server::start(listener, table, limits, config.auth.guard(Service::Tcp), config.io_timeout)
+        let server = server::start(listener, table.clone(), limits, config.auth.guard(Service::Tcp), config.io_timeout)
             .map_err(|e| TransportError::Unavailable("tcp", format!("cannot start the listener thread: {e}")))?;
         tracing::debug!("tcp transport listening on port {port}, {} lanes per peer", config.lanes);
-        Ok(TcpTransport { config, port, peers: Mutex::new(HashMap::new()), server })
+        Ok(TcpTransport { config, port, table, peers: Mutex::new(HashMap::new()), server })
     }
 
     /// The port it listens on (the one picked when [`TcpConfig::port`] was 0).
@@ -217,6 +222,15 @@ impl Transport for TcpTransport {
             Ok(peer_lanes) => {
                 let n = peer_lanes.lanes.len();
                 for slice in slices {
+                    // Device memory: staged here, slice by slice, so that a lane sends one
+                    // slice while the next is copied off the device.
+                    let slice = match self.table.device_memory(slice.local_addr, slice.len) {
+                        None => slice,
+                        Some(memory) => match crate::device::stage(slice, &memory) {
+                            Some(staged) => staged,
+                            None => continue,
+                        },
+                    };
                     let i = peer_lanes.next.fetch_add(1, Ordering::Relaxed) % n;
                     peer_lanes.lanes[i].send(slice);
                 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::frame::{FrameKind, Header, Status, HEADER_LEN};
+use crate::device::Bounce;
 use crate::net::serve::Accepted;
 use crate::net::wire::{send_all_by, RecvBuf};
 use crate::net::{serve, FrameError, Guard, Limits, Server};
@@ -162,18 +163,36 @@ fn serve_reads(
             None => break,
         }
     }
+    // Device memory is staged through pinned host buffers; host memory goes out as it is.
+    let staged = responses
+        .iter()
+        .map(|(_, access)| access.as_ref().map_or(Ok(None), |a| stage_out(a).map_err(io::Error::other)))
+        .collect::<io::Result<Vec<Option<Bounce>>>>()?;
     let mut iov = Vec::with_capacity(1 + 2 * responses.len());
     iov.push(IoSlice::new(acks));
-    for (header, access) in &responses {
+    for ((header, access), bounce) in responses.iter().zip(&staged) {
         iov.push(IoSlice::new(header));
-        if let Some(a) = access {
-            iov.push(IoSlice::new(a.as_slice()));
+        match (access, bounce) {
+            (Some(a), Some(b)) => iov.push(IoSlice::new(b.bytes(a.len()))),
+            (Some(a), None) => iov.push(IoSlice::new(a.as_slice())),
+            (None, _) => {}
         }
     }
     // The regions stay in use until the whole group is out or its deadline passed.
     send_all_by(s, &mut iov, Some(Instant::now() + io_timeout))?;
     acks.clear();
     Ok(())
+}
+
+/// A copy of `access`'s bytes in a bounce buffer when they are device memory (`None` for host
+/// memory, which is sent as it is).
+fn stage_out(access: &RegionAccess) -> Result<Option<Bounce>, crate::TransportError> {
+    let Some(memory) = access.device() else {
+        return Ok(None);
+    };
+    let bounce = memory.driver.bounce(access.len())?;
+    memory.driver.copy(memory.allocation.device, bounce.addr(), access.addr(), access.len())?;
+    Ok(Some(bounce))
 }
 
 /// The next request if it is a read request whose header is already buffered (left in the
@@ -192,11 +211,23 @@ fn serve_write(
     deadline: Instant,
 ) -> io::Result<()> {
     let status = match table.access(req.addr, req.len) {
-        Some(access) => {
+        Some(access) => match access.device() {
+            // Device memory: received into a pinned buffer, then copied to the device.
+            Some(memory) => {
+                let mut bounce = memory.driver.bounce(access.len()).map_err(io::Error::other)?;
+                rb.recv_exact_by(fd, bounce.bytes_mut(access.len()), Some(deadline))?;
+                memory
+                    .driver
+                    .copy(memory.allocation.device, access.addr(), bounce.addr(), access.len())
+                    .map_err(io::Error::other)?;
+                Status::Ok
+            }
             // Receive straight into registered memory.
-            rb.recv_exact_by(fd, access.as_mut_slice(), Some(deadline))?;
-            Status::Ok
-        }
+            None => {
+                rb.recv_exact_by(fd, access.as_mut_slice(), Some(deadline))?;
+                Status::Ok
+            }
+        },
         None => {
             tracing::debug!("tcp transport: write of [{:#x}, +{}) is out of range", req.addr, req.len);
             rb.discard_by(fd, req.len, Some(deadline))?;

@@ -1,0 +1,341 @@
+//! A fake CUDA driver for tests: the subset of the driver API Crescent calls, with device
+//! memory simulated by a memfd mapped twice.
+//!
+//! * The "device pointer" is a `PROT_NONE` mapping: any CPU touch of device memory kills the
+//!   process with SIGSEGV, as it would on a real GPU (where the address is not host memory).
+//! * A second, hidden read-write mapping of the same memfd is what this driver's copies use.
+//! * An IPC handle names the exporting process, the memfd's descriptor number and the size:
+//!   another process opens it through `/proc/<pid>/fd/<n>` and maps it the same two ways.
+//!
+//! It reports `FAKE_CUDA_DEVICES` devices (default 2). Built by `tests/build.rs` with plain
+//! `rustc` (no dependencies) into a cdylib that tests name with `CRESCENT_CUDA_DRIVER`.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::cell::Cell;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::sync::Mutex;
+
+type CuResult = c_int;
+
+const SUCCESS: CuResult = 0;
+const INVALID_VALUE: CuResult = 1;
+const OUT_OF_MEMORY: CuResult = 2;
+const INVALID_DEVICE: CuResult = 101;
+const INVALID_CONTEXT: CuResult = 201;
+const INVALID_HANDLE: CuResult = 400;
+
+const PROT_NONE: c_int = 0;
+const PROT_RW: c_int = 1 | 2;
+const MAP_SHARED: c_int = 1;
+const MAP_PRIVATE: c_int = 2;
+const MAP_ANONYMOUS: c_int = 0x20;
+const MFD_CLOEXEC: c_uint = 1;
+
+const MAGIC: &[u8; 8] = b"FAKECUDA";
+
+/// `CUipcMemHandle`: 64 bytes, passed by value as a C struct.
+#[repr(C)]
+pub struct IpcHandle {
+    reserved: [u8; 64],
+}
+
+extern "C" {
+    fn memfd_create(name: *const c_char, flags: c_uint) -> c_int;
+    fn ftruncate(fd: c_int, len: i64) -> c_int;
+    fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void;
+    fn munmap(addr: *mut c_void, len: usize) -> c_int;
+}
+
+struct Alloc {
+    /// The device pointer: a PROT_NONE mapping.
+    base: u64,
+    len: u64,
+    /// The read-write mapping of the same pages, which copies use.
+    shadow: u64,
+    device: u32,
+    /// The memfd (kept open so that other processes can open the allocation).
+    fd: Option<OwnedFd>,
+    /// Opened from another process's handle (closed with cuIpcCloseMemHandle).
+    imported: bool,
+}
+
+static ALLOCS: Mutex<Vec<Alloc>> = Mutex::new(Vec::new());
+static PINNED: Mutex<Vec<(u64, usize)>> = Mutex::new(Vec::new());
+
+thread_local! {
+    static CURRENT: Cell<u32> = const { Cell::new(0) };
+}
+
+fn devices() -> u32 {
+    std::env::var("FAKE_CUDA_DEVICES").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+}
+
+/// Maps `fd` twice (device view, shadow view); `None` if either mapping fails.
+fn map_twice(fd: c_int, len: usize) -> Option<(u64, u64)> {
+    // SAFETY: fresh shared mappings of a file we hold; no existing memory is touched.
+    unsafe {
+        let base = mmap(std::ptr::null_mut(), len, PROT_NONE, MAP_SHARED, fd, 0);
+        if base as isize == -1 {
+            return None;
+        }
+        let shadow = mmap(std::ptr::null_mut(), len, PROT_RW, MAP_SHARED, fd, 0);
+        if shadow as isize == -1 {
+            munmap(base, len);
+            return None;
+        }
+        Some((base as u64, shadow as u64))
+    }
+}
+
+fn unmap(a: &Alloc) {
+    // SAFETY: the two mappings this allocation made.
+    unsafe {
+        munmap(a.base as *mut c_void, a.len as usize);
+        munmap(a.shadow as *mut c_void, a.len as usize);
+    }
+}
+
+/// Where the CPU may touch `[ptr, +len)`: the shadow for device memory (which must hold all of
+/// it), the address itself for host memory.
+fn resolve(allocs: &[Alloc], ptr: u64, len: u64) -> Result<u64, CuResult> {
+    for a in allocs {
+        if ptr >= a.base && ptr < a.base + a.len {
+            if ptr.checked_add(len).is_none_or(|end| end > a.base + a.len) {
+                return Err(INVALID_VALUE);
+            }
+            return Ok(a.shadow + (ptr - a.base));
+        }
+    }
+    Ok(ptr)
+}
+
+#[no_mangle]
+pub extern "C" fn cuInit(_flags: c_uint) -> CuResult {
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
+    *count = devices() as c_int;
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> CuResult {
+    if ordinal < 0 || ordinal as u32 >= devices() {
+        return INVALID_DEVICE;
+    }
+    *device = ordinal;
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device: c_int) -> CuResult {
+    if device < 0 || device as u32 >= devices() {
+        return INVALID_DEVICE;
+    }
+    *ctx = (device as usize + 1) as *mut c_void;
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CuResult {
+    let n = ctx as usize;
+    if n == 0 || n as u32 > devices() {
+        return INVALID_CONTEXT;
+    }
+    CURRENT.with(|c| c.set(n as u32 - 1));
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64) -> CuResult {
+    let allocs = ALLOCS.lock().unwrap();
+    let Some(a) = allocs.iter().find(|a| ptr >= a.base && ptr < a.base + a.len) else {
+        return INVALID_VALUE;
+    };
+    match attribute {
+        2 => *(data as *mut c_uint) = 2, // CU_MEMORYTYPE_DEVICE
+        8 => *(data as *mut c_int) = 0,  // not managed
+        9 => *(data as *mut c_int) = a.device as c_int,
+        _ => return INVALID_VALUE,
+    }
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64) -> CuResult {
+    let allocs = ALLOCS.lock().unwrap();
+    let Some(a) = allocs.iter().find(|a| ptr >= a.base && ptr < a.base + a.len) else {
+        return INVALID_VALUE;
+    };
+    if !base.is_null() {
+        *base = a.base;
+    }
+    if !size.is_null() {
+        *size = a.len as usize;
+    }
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint) -> CuResult {
+    *stream = Box::into_raw(Box::new(0u64)).cast();
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> CuResult {
+    if stream.is_null() {
+        return INVALID_HANDLE;
+    }
+    SUCCESS
+}
+
+/// Copies at once (the stream is always idle when synchronised).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAsync(dst: u64, src: u64, len: usize, stream: *mut c_void) -> CuResult {
+    if stream.is_null() {
+        return INVALID_HANDLE;
+    }
+    let allocs = ALLOCS.lock().unwrap();
+    let (to, from) = match (resolve(&allocs, dst, len as u64), resolve(&allocs, src, len as u64)) {
+        (Ok(to), Ok(from)) => (to, from),
+        _ => return INVALID_VALUE,
+    };
+    std::ptr::copy(from as *const u8, to as *mut u8, len);
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, len: usize) -> CuResult {
+    if len == 0 {
+        return INVALID_VALUE;
+    }
+    let fd = memfd_create(c"fake-cuda".as_ptr(), MFD_CLOEXEC);
+    if fd < 0 {
+        return OUT_OF_MEMORY;
+    }
+    let fd = OwnedFd::from_raw_fd(fd);
+    if ftruncate(fd.as_raw_fd(), len as i64) != 0 {
+        return OUT_OF_MEMORY;
+    }
+    let Some((base, shadow)) = map_twice(fd.as_raw_fd(), len) else {
+        return OUT_OF_MEMORY;
+    };
+    let device = CURRENT.with(Cell::get);
+    ALLOCS.lock().unwrap().push(Alloc { base, len: len as u64, shadow, device, fd: Some(fd), imported: false });
+    *ptr = base;
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
+    let mut allocs = ALLOCS.lock().unwrap();
+    let Some(i) = allocs.iter().position(|a| a.base == ptr && !a.imported) else {
+        return INVALID_VALUE;
+    };
+    let a = allocs.swap_remove(i);
+    unmap(&a);
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(ptr: *mut *mut c_void, len: usize, _flags: c_uint) -> CuResult {
+    let p = mmap(std::ptr::null_mut(), len, PROT_RW, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if p as isize == -1 {
+        return OUT_OF_MEMORY;
+    }
+    PINNED.lock().unwrap().push((p as u64, len));
+    *ptr = p;
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CuResult {
+    let mut pinned = PINNED.lock().unwrap();
+    let Some(i) = pinned.iter().position(|(p, _)| *p == ptr as u64) else {
+        return INVALID_VALUE;
+    };
+    let (p, len) = pinned.swap_remove(i);
+    munmap(p as *mut c_void, len);
+    SUCCESS
+}
+
+/// The handle: magic, pid, descriptor number, size, device.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut IpcHandle, ptr: u64) -> CuResult {
+    let allocs = ALLOCS.lock().unwrap();
+    let Some(a) = allocs.iter().find(|a| a.base == ptr && !a.imported) else {
+        return INVALID_VALUE;
+    };
+    let fd = a.fd.as_ref().expect("an allocation of this process keeps its memfd").as_raw_fd();
+    let mut h = [0u8; 64];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    h[12..16].copy_from_slice(&fd.to_le_bytes());
+    h[16..24].copy_from_slice(&a.len.to_le_bytes());
+    h[24..28].copy_from_slice(&a.device.to_le_bytes());
+    (*handle).reserved = h;
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcHandle, _flags: c_uint) -> CuResult {
+    let handle = handle.reserved;
+    if &handle[..8] != MAGIC {
+        return INVALID_HANDLE;
+    }
+    let pid = u32::from_le_bytes(handle[8..12].try_into().unwrap());
+    let fd = i32::from_le_bytes(handle[12..16].try_into().unwrap());
+    let len = u64::from_le_bytes(handle[16..24].try_into().unwrap());
+    // As the real driver: a process cannot open its own allocation's handle.
+    if pid == std::process::id() {
+        return INVALID_CONTEXT;
+    }
+    let file = match std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/fd/{fd}")) {
+        Ok(f) => f,
+        Err(_) => return INVALID_HANDLE,
+    };
+    match file.metadata() {
+        Ok(m) if m.len() == len => {}
+        _ => return INVALID_HANDLE,
+    }
+    let fd = file.into_raw_fd();
+    let mapped = map_twice(fd, len as usize);
+    drop(OwnedFd::from_raw_fd(fd));
+    let Some((base, shadow)) = mapped else {
+        return OUT_OF_MEMORY;
+    };
+    let device = CURRENT.with(Cell::get);
+    ALLOCS.lock().unwrap().push(Alloc { base, len, shadow, device, fd: None, imported: true });
+    *ptr = base;
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuIpcCloseMemHandle(ptr: u64) -> CuResult {
+    let mut allocs = ALLOCS.lock().unwrap();
+    let Some(i) = allocs.iter().position(|a| a.base == ptr && a.imported) else {
+        return INVALID_VALUE;
+    };
+    let a = allocs.swap_remove(i);
+    unmap(&a);
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorString(code: CuResult, text: *mut *const c_char) -> CuResult {
+    let s: &'static std::ffi::CStr = match code {
+        SUCCESS => c"no error",
+        INVALID_VALUE => c"invalid argument",
+        OUT_OF_MEMORY => c"out of memory",
+        INVALID_DEVICE => c"invalid device ordinal",
+        INVALID_CONTEXT => c"invalid device context",
+        INVALID_HANDLE => c"invalid resource handle",
+        _ => return INVALID_VALUE,
+    };
+    *text = s.as_ptr();
+    SUCCESS
+}

@@ -1,0 +1,315 @@
+//! Device (GPU) memory on the fake CUDA driver (`tests/fake-cuda`, built by `tests/build.rs`):
+//! device memory there is a `PROT_NONE` mapping, so a transport that touched it with the CPU
+//! would kill the test. Registration (good and bad input), tcp within a process and between
+//! two, CUDA IPC over shm between two processes, and mixed host/device requests, each checked
+//! byte for byte by copying the device memory back with the driver.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crescent_engine::{EngineConfig, EngineError, Opcode, TransferEngine, TransferRequest, TransportKind};
+use crescent_store::pattern;
+use crescent_tests::ChildGuard;
+use crescent_transports::device::{Devices, Driver};
+use crescent_transports::TransportError;
+
+const MIB: u64 = 1 << 20;
+
+fn fake_driver() -> PathBuf {
+    PathBuf::from(env!("FAKE_CUDA_DRIVER"))
+}
+
+/// The fake driver, loaded in this process (the engines load the same library).
+fn driver() -> Arc<Driver> {
+    Devices::new(Some(fake_driver())).driver().expect("the fake CUDA driver loads")
+}
+
+fn engine(protocol: Option<TransportKind>, cuda_driver: PathBuf) -> Arc<TransferEngine> {
+    let config = EngineConfig {
+        local_hostname: Some("127.0.0.1".into()),
+        protocol,
+        transfer_timeout: Duration::from_secs(30),
+        cuda_driver: Some(cuda_driver),
+        ..EngineConfig::default()
+    };
+    TransferEngine::new(config).expect("engine starts on loopback")
+}
+
+/// Device memory of the fake driver, freed when dropped.
+struct DeviceBuffer {
+    driver: Arc<Driver>,
+    device: u32,
+    addr: u64,
+    len: u64,
+}
+
+impl DeviceBuffer {
+    fn new(device: u32, len: u64) -> Self {
+        let driver = driver();
+        let addr = driver.api().alloc(device, len).expect("fake device memory");
+        DeviceBuffer { driver, device, addr, len }
+    }
+
+    /// Filled with the pattern of `seed` (copied from the host with the driver).
+    fn with_pattern(device: u32, len: u64, seed: u64) -> Self {
+        let buffer = Self::new(device, len);
+        let mut host = vec![0u8; len as usize];
+        pattern::fill(&mut host, seed, 0);
+        buffer.driver.copy(device, buffer.addr, host.as_ptr() as u64, len).unwrap();
+        buffer
+    }
+
+    /// `[off, +len)` copied back to the host with the driver.
+    fn read_back(&self, off: u64, len: u64) -> Vec<u8> {
+        let mut host = vec![0u8; len as usize];
+        self.driver.copy(self.device, host.as_mut_ptr() as u64, self.addr + off, len).unwrap();
+        host
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let _ = self.driver.api().free(self.device, self.addr);
+    }
+}
+
+fn request(opcode: Opcode, source: u64, target: u64, target_offset: u64, length: u64) -> TransferRequest {
+    TransferRequest { opcode, source, target, target_offset, length }
+}
+
+fn transport_error(e: EngineError) -> TransportError {
+    match e {
+        EngineError::Transport(t) => t,
+        other => panic!("expected a transport error, got {other}"),
+    }
+}
+
+#[test]
+fn registration_takes_device_locations_and_auto_detection_and_refuses_bad_input() {
+    let e = engine(Some(TransportKind::Tcp), fake_driver());
+    let (a, b) = (DeviceBuffer::new(0, MIB), DeviceBuffer::new(1, MIB));
+    let mut host = vec![0u8; 4096];
+    e.register(a.addr, MIB, "cuda:0").unwrap();
+    // `*`: the driver's pointer attributes decide (upstream's register_buffer of a CUDA pointer).
+    e.register(b.addr + 4096, 8192, "*").unwrap();
+    e.register(host.as_mut_ptr() as u64, 4096, "*").unwrap();
+    let locations: Vec<(u64, String)> =
+        e.local_descriptor().buffers.iter().map(|b| (b.addr, b.location.clone())).collect();
+    assert!(locations.contains(&(a.addr, "cuda:0".to_string())), "{locations:?}");
+    assert!(locations.contains(&(b.addr + 4096, "cuda:1".to_string())), "auto-detected: {locations:?}");
+    assert!(locations.contains(&(host.as_ptr() as u64, "*".to_string())), "host memory stays host: {locations:?}");
+
+    let c = DeviceBuffer::new(0, MIB);
+    let other = [0u8; 64];
+    let refused = |addr: u64, len: u64, location: &str, expected: &dyn Fn(&TransportError) -> bool| {
+        let err = e.register(addr, len, location).unwrap_err();
+        assert!(err.is_caller_error(), "{location}: {err}");
+        let err = transport_error(err);
+        assert!(expected(&err), "{location} [{addr:#x}, +{len}): {err}");
+        assert!(!e.is_registered(addr, 1), "a refused registration leaves nothing registered");
+    };
+    refused(c.addr, 4096, "cuda:7", &|e| matches!(e, TransportError::UnknownDevice { devices: 2, .. }));
+    refused(other.as_ptr() as u64, 64, "cuda:0", &|e| matches!(e, TransportError::NotDeviceMemory { .. }));
+    refused(c.addr, 4096, "cuda:1", &|e| matches!(e, TransportError::WrongDevice { actual: 0, .. }));
+    refused(c.addr + MIB - 10, 100, "cuda:0", &|e| matches!(e, TransportError::SpansAllocations { .. }));
+    refused(c.addr + MIB - 10, 100, "*", &|e| matches!(e, TransportError::SpansAllocations { .. }));
+    refused(c.addr, 4096, "cuda:zero", &|e| matches!(e, TransportError::InvalidArgument(_)));
+    let err = e.alloc_registered(MIB, "cuda:0").unwrap_err();
+    assert!(err.is_caller_error() && err.to_string().contains("cuda:0"), "{err}");
+    e.unregister(a.addr).unwrap();
+    e.unregister(b.addr + 4096).unwrap();
+    e.unregister(host.as_ptr() as u64).unwrap();
+}
+
+#[test]
+fn without_a_driver_a_device_registration_is_a_clear_error_and_host_memory_still_works() {
+    let e = engine(Some(TransportKind::Tcp), PathBuf::from("/nonexistent/libcuda.so.1"));
+    let mut host = vec![0u8; 4096];
+    let err = e.register(0x7000_0000, 4096, "cuda:0").unwrap_err();
+    assert!(!err.is_caller_error(), "the host lacks the driver: {err}");
+    assert!(matches!(transport_error(err), TransportError::DriverUnavailable { .. }));
+    e.register(host.as_mut_ptr() as u64, 4096, "*").unwrap();
+    let d = e.local_descriptor();
+    assert_eq!(d.buffers[0].location, "*", "host memory, the driver being absent");
+}
+
+#[test]
+fn tcp_moves_device_memory_both_ways_and_between_host_and_device() {
+    let target = engine(Some(TransportKind::Tcp), fake_driver());
+    let initiator = engine(Some(TransportKind::Tcp), fake_driver());
+    let len = 3 * MIB + 12_345;
+    let remote = DeviceBuffer::with_pattern(0, 8 * MIB, 1);
+    let mut remote_host = vec![0u8; (4 * MIB) as usize];
+    pattern::fill(&mut remote_host, 3, 0);
+    target.register(remote.addr, remote.len, "cuda:0").unwrap();
+    target.register(remote_host.as_mut_ptr() as u64, 4 * MIB, "cpu:0").unwrap();
+    let local = DeviceBuffer::new(1, 8 * MIB);
+    initiator.register(local.addr, local.len, "*").unwrap();
+    let local_host = initiator.alloc_registered(4 * MIB, "cpu:0").unwrap();
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    assert_eq!(initiator.segment_transport(seg).unwrap(), TransportKind::Tcp);
+
+    // Device to device: read 3 MiB and a bit from an odd offset (several slices, both lanes).
+    initiator.transfer_sync(&[request(Opcode::Read, local.addr + 7, seg, remote.addr + 1001, len)]).unwrap();
+    assert_eq!(pattern::first_mismatch(&local.read_back(7, len), 1, 1001), None);
+    // Device to device, written: a fresh pattern of the initiator's device lands on the target's.
+    let fresh = DeviceBuffer::with_pattern(1, len, 2);
+    initiator.register(fresh.addr, fresh.len, "cuda:1").unwrap();
+    initiator.transfer_sync(&[request(Opcode::Write, fresh.addr, seg, remote.addr + 4 * MIB, len)]).unwrap();
+    assert_eq!(pattern::first_mismatch(&remote.read_back(4 * MIB, len), 2, 0), None);
+    assert_eq!(pattern::first_mismatch(&remote.read_back(0, 4 * MIB), 1, 0), None, "nothing else written");
+
+    // Mixed: the target's device into host memory here, and the target's host memory into a device.
+    initiator.transfer_sync(&[request(Opcode::Read, local_host.addr(), seg, remote.addr, 2 * MIB)]).unwrap();
+    // SAFETY: the transfer ended.
+    assert_eq!(pattern::first_mismatch(unsafe { &local_host.as_slice()[..(2 * MIB) as usize] }, 1, 0), None);
+    initiator
+        .transfer_sync(&[request(Opcode::Read, local.addr, seg, remote_host.as_ptr() as u64 + 5, 2 * MIB)])
+        .unwrap();
+    assert_eq!(pattern::first_mismatch(&local.read_back(0, 2 * MIB), 3, 5), None);
+    // Host here into the target's device.
+    // SAFETY: no transfer uses the memory now.
+    pattern::fill(unsafe { &mut local_host.as_mut_slice()[..MIB as usize] }, 4, 0);
+    initiator.transfer_sync(&[request(Opcode::Write, local_host.addr(), seg, remote.addr + MIB, MIB)]).unwrap();
+    assert_eq!(pattern::first_mismatch(&remote.read_back(MIB, MIB), 4, 0), None);
+
+    // Out of range stays out of range on a device too.
+    let err = initiator.transfer_sync(&[request(Opcode::Read, local.addr, seg, remote.addr + 8 * MIB - 10, 100)]);
+    assert!(err.is_err(), "a read past the target's device region fails");
+    initiator.unregister(fresh.addr).unwrap();
+    initiator.unregister(local.addr).unwrap();
+    target.unregister(remote.addr).unwrap();
+}
+
+/// A `device-peer` process and its lines.
+struct Peer {
+    _child: ChildGuard,
+    stdin: ChildStdin,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    segment: String,
+    device: u64,
+    host: u64,
+}
+
+impl Peer {
+    fn spawn(args: &[&str], driver: &std::path::Path) -> Peer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_device-peer"))
+            .args(args)
+            .env("CRESCENT_CUDA_DRIVER", driver)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn device-peer");
+        let stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut segment, mut device, mut host) = (String::new(), 0, 0);
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            let hex = |v: &str| u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).unwrap();
+            if let Some(v) = line.strip_prefix("segment: ") {
+                segment = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("device: ") {
+                device = hex(v);
+            } else if let Some(v) = line.strip_prefix("host: ") {
+                host = hex(v);
+            } else if line == "ready" {
+                break;
+            }
+        }
+        assert!(device != 0 && host != 0 && !segment.is_empty(), "device-peer started");
+        Peer { _child: ChildGuard(child), stdin, lines, segment, device, host }
+    }
+
+    fn ask(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.lines.next().expect("device-peer answers").unwrap()
+    }
+}
+
+/// Both directions between this process's device (and host) memory and the peer's device
+/// (and host) memory, over `protocol` (`None`: chosen, shm on this host).
+fn moves_device_memory_with_another_process(protocol: Option<TransportKind>, expected: TransportKind) {
+    let args: &[&str] = if protocol.is_some() { &["--protocol", "tcp"] } else { &[] };
+    let mut peer = Peer::spawn(args, &fake_driver());
+    let e = engine(protocol, fake_driver());
+    let seg = e.open_segment(&peer.segment).unwrap();
+    assert_eq!(e.segment_transport(seg).unwrap(), expected);
+    let local = DeviceBuffer::new(0, 4 * MIB);
+    e.register(local.addr, local.len, "cuda:0").unwrap();
+    let local_host = e.alloc_registered(4 * MIB, "cpu:0").unwrap();
+
+    // Their device into our device.
+    e.transfer_sync(&[request(Opcode::Read, local.addr + 3, seg, peer.device + 999, 3 * MIB)]).unwrap();
+    assert_eq!(pattern::first_mismatch(&local.read_back(3, 3 * MIB), 1, 999), None);
+    // Our device into theirs: checked by the peer, which copies it back with its driver.
+    let fresh = DeviceBuffer::with_pattern(0, 2 * MIB, 5);
+    e.register(fresh.addr, fresh.len, "*").unwrap();
+    e.transfer_sync(&[request(Opcode::Write, fresh.addr, seg, peer.device + MIB + 17, 2 * MIB)]).unwrap();
+    assert_eq!(peer.ask(&format!("verify {} {} 5 0", MIB + 17, 2 * MIB)), "ok");
+    assert_eq!(peer.ask(&format!("verify 0 {} 1 0", MIB + 17)), "ok", "nothing written before the range");
+    // Their device into our host memory, their host memory into our device.
+    e.transfer_sync(&[request(Opcode::Read, local_host.addr(), seg, peer.device, MIB)]).unwrap();
+    // SAFETY: the transfer ended.
+    assert_eq!(pattern::first_mismatch(unsafe { &local_host.as_slice()[..MIB as usize] }, 1, 0), None);
+    e.transfer_sync(&[request(Opcode::Read, local.addr, seg, peer.host + 11, 2 * MIB)]).unwrap();
+    assert_eq!(pattern::first_mismatch(&local.read_back(0, 2 * MIB), 3, 11), None);
+    // Our device into their host memory, read back into ours.
+    e.transfer_sync(&[request(Opcode::Write, fresh.addr, seg, peer.host, MIB)]).unwrap();
+    e.transfer_sync(&[request(Opcode::Read, local_host.addr(), seg, peer.host, MIB)]).unwrap();
+    // SAFETY: the transfer ended.
+    assert_eq!(pattern::first_mismatch(unsafe { &local_host.as_slice()[..MIB as usize] }, 5, 0), None);
+    // The peer unregisters its device memory while this process holds it (an IPC mapping over
+    // shm): the unregister waits for the revoke, later requests fail out of range, none crashes.
+    assert_eq!(peer.ask("unregister"), "ok");
+    let err = e.transfer_sync(&[request(Opcode::Read, local.addr, seg, peer.device, MIB)]).unwrap_err();
+    assert!(err.to_string().contains("outside"), "{err}");
+    e.transfer_sync(&[request(Opcode::Read, local.addr, seg, peer.host, MIB)]).unwrap();
+    writeln!(peer.stdin, "quit").unwrap();
+    e.unregister(fresh.addr).unwrap();
+    e.unregister(local.addr).unwrap();
+}
+
+#[test]
+fn shm_moves_device_memory_between_two_processes_through_ipc() {
+    moves_device_memory_with_another_process(None, TransportKind::Shm);
+}
+
+#[test]
+fn tcp_moves_device_memory_between_two_processes() {
+    moves_device_memory_with_another_process(Some(TransportKind::Tcp), TransportKind::Tcp);
+}
+
+#[test]
+fn a_peer_that_cannot_open_the_device_memory_fails_the_request_clearly() {
+    let peer = Peer::spawn(&[], &fake_driver());
+    // This process has no driver: the peer's device memory cannot be opened here over shm.
+    let e = engine(None, PathBuf::from("/nonexistent/libcuda.so.1"));
+    let seg = e.open_segment(&peer.segment).unwrap();
+    assert_eq!(e.segment_transport(seg).unwrap(), TransportKind::Shm);
+    let local = e.alloc_registered(MIB, "cpu:0").unwrap();
+    let err = e.transfer_sync(&[request(Opcode::Read, local.addr(), seg, peer.device, MIB)]).unwrap_err();
+    assert!(err.to_string().contains("device memory"), "{err}");
+    // Its host memory is still reachable.
+    e.transfer_sync(&[request(Opcode::Read, local.addr(), seg, peer.host, MIB)]).unwrap();
+    // SAFETY: the transfer ended.
+    assert_eq!(pattern::first_mismatch(unsafe { local.as_slice() }, 3, 0), None);
+}
+
+#[test]
+fn the_fake_drivers_device_memory_cannot_be_touched_by_the_cpu() {
+    let status = Command::new(env!("CARGO_BIN_EXE_device-peer"))
+        .arg("--touch")
+        .env("CRESCENT_CUDA_DRIVER", fake_driver())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(SIGSEGV), "a CPU read of device memory kills the process: {status}");
+}
+
+/// SIGSEGV's number on Linux.
+const SIGSEGV: i32 = 11;

@@ -1,0 +1,316 @@
+//! CUDA's driver API (`libcuda.so.1`), loaded at run time: the subset [`DeviceApi`] needs.
+//!
+//! Every call that needs a context makes the device's primary context current on the calling
+//! thread first (cheap: a thread-local store in the driver). Copies run on non-blocking streams
+//! kept per device for reuse, one stream per copy in progress.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::path::Path;
+use std::sync::OnceLock;
+
+use libloading::Library;
+use parking_lot::Mutex;
+
+use super::{Allocation, DeviceApi, IpcHandle, IPC_HANDLE_LEN};
+use crate::TransportError;
+
+/// The library loaded when no path is given.
+pub const DEFAULT_LIBRARY: &str = "libcuda.so.1";
+
+type CuResult = c_int;
+type CuDevice = c_int;
+type CuContext = *mut c_void;
+type CuStream = *mut c_void;
+type CuDevicePtr = u64;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CuIpcMemHandle {
+    reserved: [u8; IPC_HANDLE_LEN],
+}
+
+const CUDA_SUCCESS: CuResult = 0;
+const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
+const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+const CU_STREAM_NON_BLOCKING: c_uint = 1;
+const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+/// Pinned for every context, not only the allocating one (bounce buffers serve every device).
+const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
+
+/// The driver's entry points this crate calls, as `cuda.h` declares them (the `_v2` symbols
+/// are those `cuda.h` maps the plain names to).
+struct Api {
+    init: unsafe extern "C" fn(c_uint) -> CuResult,
+    device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
+    device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
+    primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
+    ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
+    pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult,
+    mem_get_address_range: unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) -> CuResult,
+    stream_create: unsafe extern "C" fn(*mut CuStream, c_uint) -> CuResult,
+    stream_synchronize: unsafe extern "C" fn(CuStream) -> CuResult,
+    memcpy_async: unsafe extern "C" fn(CuDevicePtr, CuDevicePtr, usize, CuStream) -> CuResult,
+    ipc_get_mem_handle: unsafe extern "C" fn(*mut CuIpcMemHandle, CuDevicePtr) -> CuResult,
+    ipc_open_mem_handle: unsafe extern "C" fn(*mut CuDevicePtr, CuIpcMemHandle, c_uint) -> CuResult,
+    ipc_close_mem_handle: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
+    mem_alloc: unsafe extern "C" fn(*mut CuDevicePtr, usize) -> CuResult,
+    mem_free: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
+    mem_host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult,
+    mem_free_host: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+}
+
+/// The CUDA driver, loaded and initialised.
+pub struct Cuda {
+    api: Api,
+    devices: u32,
+    /// Each device's primary context (as an address), retained on first use.
+    contexts: Vec<OnceLock<usize>>,
+    /// Idle streams, with their device.
+    streams: Mutex<Vec<(u32, usize)>>,
+    /// Kept loaded for as long as any of the pointers in `api` may be called.
+    _lib: Library,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda").field("devices", &self.devices).finish_non_exhaustive()
+    }
+}
+
+impl Cuda {
+    /// Loads the driver (`path`, or [`DEFAULT_LIBRARY`]), resolves every entry point used and
+    /// initialises it. The error says which step failed.
+    pub fn load(path: Option<&Path>) -> Result<Cuda, String> {
+        let name = path.map_or_else(|| DEFAULT_LIBRARY.to_string(), |p| p.display().to_string());
+        // SAFETY: loading the CUDA driver runs its initializers, which set up its own state
+        // only; nothing else in this process is touched.
+        let lib = unsafe {
+            match path {
+                Some(p) => Library::new(p),
+                None => Library::new(DEFAULT_LIBRARY),
+            }
+        }
+        .map_err(|e| format!("cannot load {name}: {e}"))?;
+        macro_rules! sym {
+            ($($name:literal),+) => {{
+                let mut found = None;
+                $(
+                    if found.is_none() {
+                        // SAFETY: the symbol's type is the one cuda.h declares for it, mirrored
+                        // by the field's type.
+                        found = unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok().map(|f| *f);
+                    }
+                )+
+                found.ok_or_else(|| format!("{name} lacks {}", [$($name),+].join(" / ")))?
+            }};
+        }
+        let api = Api {
+            init: sym!("cuInit"),
+            device_get_count: sym!("cuDeviceGetCount"),
+            device_get: sym!("cuDeviceGet"),
+            primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
+            ctx_set_current: sym!("cuCtxSetCurrent"),
+            pointer_get_attribute: sym!("cuPointerGetAttribute"),
+            mem_get_address_range: sym!("cuMemGetAddressRange_v2"),
+            stream_create: sym!("cuStreamCreate"),
+            stream_synchronize: sym!("cuStreamSynchronize"),
+            memcpy_async: sym!("cuMemcpyAsync"),
+            ipc_get_mem_handle: sym!("cuIpcGetMemHandle"),
+            ipc_open_mem_handle: sym!("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"),
+            ipc_close_mem_handle: sym!("cuIpcCloseMemHandle"),
+            mem_alloc: sym!("cuMemAlloc_v2"),
+            mem_free: sym!("cuMemFree_v2"),
+            mem_host_alloc: sym!("cuMemHostAlloc"),
+            mem_free_host: sym!("cuMemFreeHost"),
+            get_error_string: sym!("cuGetErrorString"),
+        };
+        let mut cuda = Cuda { api, devices: 0, contexts: Vec::new(), streams: Mutex::new(Vec::new()), _lib: lib };
+        // SAFETY: cuInit takes flags (0) and touches nothing of ours.
+        cuda.check("cuInit", unsafe { (cuda.api.init)(0) }).map_err(|e| e.to_string())?;
+        let mut count: c_int = 0;
+        // SAFETY: the driver writes one int through the pointer.
+        cuda.check("cuDeviceGetCount", unsafe { (cuda.api.device_get_count)(&mut count) })
+            .map_err(|e| e.to_string())?;
+        cuda.devices = u32::try_from(count).unwrap_or(0);
+        cuda.contexts = (0..cuda.devices).map(|_| OnceLock::new()).collect();
+        Ok(cuda)
+    }
+
+    fn error_text(&self, code: CuResult) -> String {
+        let mut text: *const c_char = std::ptr::null();
+        // SAFETY: the driver stores a pointer to a static string (or fails for an unknown code).
+        let known = unsafe { (self.api.get_error_string)(code, &mut text) } == CUDA_SUCCESS && !text.is_null();
+        if !known {
+            return format!("error {code}");
+        }
+        // SAFETY: a NUL-terminated static string of the driver.
+        let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+        format!("{text} ({code})")
+    }
+
+    fn check(&self, call: &'static str, code: CuResult) -> Result<(), TransportError> {
+        if code == CUDA_SUCCESS {
+            return Ok(());
+        }
+        Err(TransportError::Driver { call, reason: self.error_text(code) })
+    }
+
+    /// Makes `device`'s primary context current on this thread (retaining it the first time).
+    fn enter(&self, device: u32) -> Result<(), TransportError> {
+        let slot = self.contexts.get(device as usize).ok_or_else(|| TransportError::UnknownDevice {
+            location: format!("cuda:{device}"),
+            devices: self.devices,
+        })?;
+        let ctx = match slot.get() {
+            Some(ctx) => *ctx,
+            None => {
+                let mut dev: CuDevice = 0;
+                // SAFETY: the driver writes one device handle through the pointer.
+                self.check("cuDeviceGet", unsafe { (self.api.device_get)(&mut dev, device as c_int) })?;
+                let mut ctx: CuContext = std::ptr::null_mut();
+                // SAFETY: the driver writes the context handle through the pointer; a primary
+                // context retained here stays retained for the life of the process.
+                self.check("cuDevicePrimaryCtxRetain", unsafe { (self.api.primary_ctx_retain)(&mut ctx, dev) })?;
+                // Two threads may retain it at once: the driver counts both, one is kept.
+                *slot.get_or_init(|| ctx as usize)
+            }
+        };
+        // SAFETY: a primary context retained above.
+        self.check("cuCtxSetCurrent", unsafe { (self.api.ctx_set_current)(ctx as CuContext) })
+    }
+
+    fn attribute<T: Default>(&self, attribute: c_int, addr: u64) -> Result<Option<T>, TransportError> {
+        let mut value = T::default();
+        // SAFETY: `value` has the type the driver writes for `attribute` (callers pair them).
+        let code = unsafe { (self.api.pointer_get_attribute)(&mut value as *mut T as *mut c_void, attribute, addr) };
+        match code {
+            CUDA_SUCCESS => Ok(Some(value)),
+            // Memory the driver does not know: plain host memory.
+            CUDA_ERROR_INVALID_VALUE => Ok(None),
+            code => self.check("cuPointerGetAttribute", code).map(|()| None),
+        }
+    }
+}
+
+impl DeviceApi for Cuda {
+    fn vendor(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_count(&self) -> Result<u32, TransportError> {
+        Ok(self.devices)
+    }
+
+    fn allocation(&self, addr: u64) -> Result<Option<Allocation>, TransportError> {
+        let Some(kind) = self.attribute::<c_uint>(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)? else {
+            return Ok(None);
+        };
+        // Managed memory is reachable by the CPU: it moves as host memory.
+        let managed = self.attribute::<c_int>(CU_POINTER_ATTRIBUTE_IS_MANAGED, addr)?.unwrap_or(0) != 0;
+        if kind != CU_MEMORYTYPE_DEVICE || managed {
+            return Ok(None);
+        }
+        let Some(device) = self.attribute::<c_int>(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr)? else {
+            return Ok(None);
+        };
+        let device = u32::try_from(device).map_err(|_| TransportError::Driver {
+            call: "cuPointerGetAttribute",
+            reason: format!("device ordinal {device} of {addr:#x}"),
+        })?;
+        self.enter(device)?;
+        let (mut base, mut len): (CuDevicePtr, usize) = (0, 0);
+        // SAFETY: the driver writes the allocation's base and size through the pointers.
+        self.check("cuMemGetAddressRange", unsafe { (self.api.mem_get_address_range)(&mut base, &mut len, addr) })?;
+        Ok(Some(Allocation { device, base, len: len as u64 }))
+    }
+
+    fn copy(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError> {
+        self.enter(device)?;
+        let idle = {
+            let mut streams = self.streams.lock();
+            streams.iter().position(|(d, _)| *d == device).map(|i| streams.swap_remove(i).1)
+        };
+        let stream = match idle {
+            Some(stream) => stream as CuStream,
+            None => {
+                let mut stream: CuStream = std::ptr::null_mut();
+                // SAFETY: the driver writes the new stream's handle through the pointer.
+                self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) })?;
+                stream
+            }
+        };
+        // SAFETY: the caller (a transport) guarantees that `[src, +len)` and `[dst, +len)` are
+        // memory it may read and write now (registered, claimed, or a bounce buffer of its
+        // own) until this call returns: the stream is synchronised before it does.
+        let queued = self.check("cuMemcpyAsync", unsafe { (self.api.memcpy_async)(dst, src, len as usize, stream) });
+        // SAFETY: a stream created above (or kept idle in the pool).
+        let done = self.check("cuStreamSynchronize", unsafe { (self.api.stream_synchronize)(stream) });
+        // A stream whose copy failed is not reused (its state is the driver's to report).
+        if queued.is_ok() && done.is_ok() {
+            self.streams.lock().push((device, stream as usize));
+        }
+        queued.and(done)
+    }
+
+    fn ipc_export(&self, allocation: &Allocation) -> Result<IpcHandle, TransportError> {
+        self.enter(allocation.device)?;
+        let mut handle = CuIpcMemHandle { reserved: [0; IPC_HANDLE_LEN] };
+        // SAFETY: the driver fills the 64-byte handle for the allocation's base address.
+        self.check("cuIpcGetMemHandle", unsafe { (self.api.ipc_get_mem_handle)(&mut handle, allocation.base) })?;
+        Ok(IpcHandle(handle.reserved))
+    }
+
+    fn ipc_open(&self, device: u32, handle: &IpcHandle) -> Result<u64, TransportError> {
+        self.enter(device)?;
+        let mut base: CuDevicePtr = 0;
+        let handle = CuIpcMemHandle { reserved: handle.0 };
+        // SAFETY: the driver maps the exported allocation and writes its address here; the
+        // handle is passed by value as cuda.h declares.
+        self.check("cuIpcOpenMemHandle", unsafe {
+            (self.api.ipc_open_mem_handle)(&mut base, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        })?;
+        Ok(base)
+    }
+
+    fn ipc_close(&self, device: u32, base: u64) -> Result<(), TransportError> {
+        self.enter(device)?;
+        // SAFETY: `base` was returned by cuIpcOpenMemHandle and no copy uses it any more
+        // (its last user dropped it).
+        self.check("cuIpcCloseMemHandle", unsafe { (self.api.ipc_close_mem_handle)(base) })
+    }
+
+    fn alloc(&self, device: u32, len: u64) -> Result<u64, TransportError> {
+        self.enter(device)?;
+        let mut addr: CuDevicePtr = 0;
+        // SAFETY: the driver writes the new allocation's address through the pointer.
+        self.check("cuMemAlloc", unsafe { (self.api.mem_alloc)(&mut addr, len as usize) })?;
+        Ok(addr)
+    }
+
+    fn free(&self, device: u32, addr: u64) -> Result<(), TransportError> {
+        self.enter(device)?;
+        // SAFETY: `addr` came from `alloc`, and its owner no longer uses it.
+        self.check("cuMemFree", unsafe { (self.api.mem_free)(addr) })
+    }
+
+    fn alloc_pinned(&self, len: u64) -> Result<u64, TransportError> {
+        self.enter(0)?;
+        let mut addr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the driver writes the new host allocation's address through the pointer.
+        self.check("cuMemHostAlloc", unsafe {
+            (self.api.mem_host_alloc)(&mut addr, len as usize, CU_MEMHOSTALLOC_PORTABLE)
+        })?;
+        Ok(addr as u64)
+    }
+
+    fn free_pinned(&self, addr: u64) -> Result<(), TransportError> {
+        self.enter(0)?;
+        // SAFETY: `addr` came from `alloc_pinned`, and its owner no longer uses it.
+        self.check("cuMemFreeHost", unsafe { (self.api.mem_free_host)(addr as *mut c_void) })
+    }
+}

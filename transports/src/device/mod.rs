@@ -1,0 +1,241 @@
+//! Device (GPU) memory: where it is, and how bytes get in and out of it without the CPU
+//! touching it.
+//!
+//! A vendor's driver is reached through one small trait, [`DeviceApi`]: pointer attributes
+//! (is this address device memory, on which device, in which allocation), copies on a stream
+//! (device↔host, device↔device), and IPC export/import of allocations so that a process on
+//! the same host can copy to and from them. CUDA's driver API ([`cuda::Cuda`]) is the one
+//! implementation; another vendor is one more.
+//!
+//! The driver library is loaded at run time (like libibverbs): a binary runs on hosts with
+//! and without a GPU, and only a registration that needs the driver fails without one.
+//! [`Devices`] loads it once, on first use, from [`Devices::new`]'s path, else
+//! `$CRESCENT_CUDA_DRIVER`, else `libcuda.so.1`.
+//!
+//! On top of the vendor's calls, [`Driver`] adds what every transport needs the same way:
+//! pinned host bounce buffers kept for reuse ([`Bounce`]), and imported IPC allocations
+//! shared by every grant that uses them ([`IpcMapping`]).
+
+mod bounce;
+pub mod cuda;
+mod ipc;
+mod location;
+mod staged;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use crate::TransportError;
+
+pub use bounce::Bounce;
+pub use ipc::IpcMapping;
+pub use location::{Location, Placement};
+pub use staged::stage;
+
+/// The variable that names the CUDA driver library to load (the fake one, in tests).
+pub const CUDA_DRIVER_ENV: &str = "CRESCENT_CUDA_DRIVER";
+
+/// Size of an IPC handle, as CUDA defines it (`CU_IPC_HANDLE_SIZE`).
+pub const IPC_HANDLE_LEN: usize = 64;
+
+/// One device allocation, as the driver knows it: the device it lives on and its extent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// The device's ordinal (`N` of `cuda:N`).
+    pub device: u32,
+    /// Its first byte's address in this process.
+    pub base: u64,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+impl Allocation {
+    /// True when `[addr, +len)` lies inside it.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.base && addr.checked_add(len).is_some_and(|end| end <= self.base + self.len)
+    }
+}
+
+/// An allocation exported for another process on the same host (opaque bytes of the vendor).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct IpcHandle(
+    /// The handle's bytes.
+    pub [u8; IPC_HANDLE_LEN],
+);
+
+impl fmt::Debug for IpcHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IpcHandle(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
+/// A vendor's device driver: the calls the transports need, nothing more.
+///
+/// Contract: every call may come from any thread, concurrently; copies are complete when
+/// [`DeviceApi::copy`] returns (the implementation waits for its stream); addresses are this
+/// process's (unified addressing: a device pointer and a host pointer never coincide).
+pub trait DeviceApi: Send + Sync + fmt::Debug {
+    /// Its vendor's name for device locations (`"cuda"` for `cuda:N`).
+    fn vendor(&self) -> &'static str;
+    /// How many devices this process sees.
+    fn device_count(&self) -> Result<u32, TransportError>;
+    /// The device allocation holding `addr`, or `None` when `addr` is not device memory.
+    fn allocation(&self, addr: u64) -> Result<Option<Allocation>, TransportError>;
+    /// Copies `len` bytes from `src` to `dst` (either may be device or host memory) on a
+    /// stream of `device`, and waits for the copy to end.
+    fn copy(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError>;
+    /// Exports `allocation` for another process on this host.
+    fn ipc_export(&self, allocation: &Allocation) -> Result<IpcHandle, TransportError>;
+    /// Opens an allocation another process exported, on `device`; returns its base address
+    /// here. Each handle is opened once per process (see [`Driver::open_ipc`]).
+    fn ipc_open(&self, device: u32, handle: &IpcHandle) -> Result<u64, TransportError>;
+    /// Closes an allocation opened with [`DeviceApi::ipc_open`].
+    fn ipc_close(&self, device: u32, base: u64) -> Result<(), TransportError>;
+    /// Allocates `len` bytes of memory on `device`.
+    fn alloc(&self, device: u32, len: u64) -> Result<u64, TransportError>;
+    /// Frees memory from [`DeviceApi::alloc`].
+    fn free(&self, device: u32, addr: u64) -> Result<(), TransportError>;
+    /// Allocates `len` bytes of page-locked host memory (fast device copies).
+    fn alloc_pinned(&self, len: u64) -> Result<u64, TransportError>;
+    /// Frees memory from [`DeviceApi::alloc_pinned`].
+    fn free_pinned(&self, addr: u64) -> Result<(), TransportError>;
+}
+
+/// A loaded device driver and the services built on it, shared by the registrations and
+/// transports of a process.
+#[derive(Debug)]
+pub struct Driver {
+    api: Box<dyn DeviceApi>,
+    bounce: bounce::Pool,
+    ipc: ipc::Opened,
+}
+
+impl Driver {
+    /// Wraps a vendor's driver.
+    pub fn new(api: Box<dyn DeviceApi>) -> Arc<Driver> {
+        Arc::new(Driver { api, bounce: bounce::Pool::default(), ipc: ipc::Opened::default() })
+    }
+
+    /// The vendor's calls.
+    pub fn api(&self) -> &dyn DeviceApi {
+        &*self.api
+    }
+
+    /// Copies `len` bytes from `src` to `dst` on a stream of `device` and waits for the copy.
+    pub fn copy(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError> {
+        self.api.copy(device, dst, src, len)
+    }
+
+    /// A pinned host buffer of at least `len` bytes, reused from earlier transfers when one is
+    /// free; it goes back to the pool when dropped.
+    pub fn bounce(self: &Arc<Self>, len: u64) -> Result<Bounce, TransportError> {
+        bounce::take(self, len)
+    }
+
+    /// Opens the allocation behind `handle` (another process's) on `device`, or shares the
+    /// mapping already open: a process opens each handle once, and closes it when the last
+    /// [`IpcMapping`] of it is dropped.
+    pub fn open_ipc(self: &Arc<Self>, device: u32, handle: &IpcHandle) -> Result<Arc<IpcMapping>, TransportError> {
+        ipc::open(self, device, handle)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        for addr in self.bounce.drain() {
+            if let Err(e) = self.api.free_pinned(addr) {
+                tracing::debug!("device memory: freeing a pinned bounce buffer failed: {e}");
+            }
+        }
+    }
+}
+
+/// Device memory that is registered: the driver that reaches it and its allocation.
+#[derive(Debug, Clone)]
+pub struct DeviceMemory {
+    /// The driver of its device.
+    pub driver: Arc<Driver>,
+    /// The allocation the registered range lies in.
+    pub allocation: Allocation,
+}
+
+impl DeviceMemory {
+    /// Its location's name (`cuda:0`).
+    pub fn location(&self) -> String {
+        format!("{}:{}", self.driver.api().vendor(), self.allocation.device)
+    }
+}
+
+/// The device driver of a process, loaded on first use.
+pub struct Devices {
+    path: Option<PathBuf>,
+    loaded: OnceLock<Result<Arc<Driver>, String>>,
+}
+
+impl fmt::Debug for Devices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.loaded.get() {
+            None => "not loaded",
+            Some(Ok(_)) => "loaded",
+            Some(Err(_)) => "unavailable",
+        };
+        f.debug_struct("Devices").field("path", &self.path).field("state", &state).finish()
+    }
+}
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices::new(None)
+    }
+}
+
+impl Devices {
+    /// Loads the CUDA driver from `path` when first needed; `None`: `$CRESCENT_CUDA_DRIVER`,
+    /// else `libcuda.so.1`.
+    pub fn new(path: Option<PathBuf>) -> Self {
+        Devices { path, loaded: OnceLock::new() }
+    }
+
+    /// Uses `driver` (another vendor's, or one a test provides).
+    pub fn with_driver(driver: Arc<Driver>) -> Self {
+        let loaded = OnceLock::new();
+        let _ = loaded.set(Ok(driver));
+        Devices { path: None, loaded }
+    }
+
+    /// The driver, loaded now if it was not; an error ([`TransportError::DriverUnavailable`])
+    /// says why it cannot be, every time it is asked.
+    pub fn driver(&self) -> Result<Arc<Driver>, TransportError> {
+        let loaded = self.loaded.get_or_init(|| {
+            let path = self.path.clone().or_else(|| std::env::var_os(CUDA_DRIVER_ENV).map(PathBuf::from));
+            let name = path.as_deref().map_or_else(|| cuda::DEFAULT_LIBRARY.into(), |p| p.display().to_string());
+            match cuda::Cuda::load(path.as_deref()) {
+                Ok(api) => {
+                    tracing::info!("device memory: loaded the CUDA driver {name}");
+                    Ok(Driver::new(Box::new(api)))
+                }
+                Err(e) => {
+                    // Quiet: every `*` registration of a host without a GPU comes here once.
+                    tracing::debug!("device memory: no CUDA driver ({e}); device locations cannot be registered");
+                    Err(e)
+                }
+            }
+        });
+        loaded.clone().map_err(|reason| TransportError::DriverUnavailable { reason })
+    }
+
+    /// The driver if it was loaded already (no attempt to load it).
+    pub fn loaded(&self) -> Option<Arc<Driver>> {
+        self.loaded.get().and_then(|l| l.as_ref().ok()).cloned()
+    }
+
+    /// Where `[addr, +len)` registered at `location` lives; see [`Placement`].
+    pub fn place(&self, addr: u64, len: u64, location: &str) -> Result<Placement, TransportError> {
+        location::place(self, addr, len, location)
+    }
+}
