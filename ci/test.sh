@@ -42,12 +42,11 @@ TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 
 # The soak's short form: 3 minutes of mixed calls across client processes under scheduled
 # faults; it fails when an acknowledged key is lost, a read is torn or a process's RSS grows
-# past 10 %. Not run by default yet (CRESCENT_CI_SOAK=1 runs it): its first runs found failover
-# bugs in the store (removes undone by a new leader's rebuild, an acknowledged write gone after
-# a leader kill: docs/src/testing.md), so it would fail CI by chance until they are fixed.
-# It needs root (a network namespace, nftables, a tmpfs), as the namespace tests do.
-if [ "${CRESCENT_CI_SOAK:-0}" != 1 ]; then
-  ci_log "soak skipped: CRESCENT_CI_SOAK=1 runs it (see docs/src/testing.md, the soak)"
+# past 10 % (stale reads are reported, not failed: docs/src/testing.md, the soak).
+# It needs root (a network namespace, nftables, a tmpfs), as the namespace tests do;
+# CRESCENT_CI_SOAK=0 skips it.
+if [ "${CRESCENT_CI_SOAK:-1}" = 0 ]; then
+  ci_log "soak skipped (CRESCENT_CI_SOAK=0)"
 elif [ "$(id -u)" -eq 0 ]; then
   ci_log "soak, short form: 3 minutes of mixed calls across client processes under scheduled faults"
   "$TARGET_DIR/debug/storebench" soak --minutes 3 --out "$TARGET_DIR/soak"
