@@ -19,7 +19,7 @@
 //! **The rebuild window.** The reports come in over the first second or so after the new
 //! master took over, while it already answers calls; until a key's holder reported, the master
 //! takes the key for absent. A later report must not undo what such an answer told its caller
-//! ([`Window`]), for the client TTL from taking over:
+//! (`Window`), for the client TTL from taking over:
 //!
 //! * a removal answered (OK or `OBJECT_NOT_FOUND`: both tell the caller the key is gone) leaves
 //!   a *tombstone*: a copy of the key older than the removal, reported or restored from a disk
