@@ -45,10 +45,11 @@ struct Cli {
 
 const CLUSTER: &str = "storebench-failover";
 
-/// A `crescent-master` process, killed when dropped.
-struct MasterProc {
-    child: Child,
-    addr: String,
+/// A `crescent-master` process, killed when dropped (the soak starts its masters as this too).
+pub(crate) struct MasterProc {
+    pub(crate) child: Child,
+    /// Its gRPC address.
+    pub(crate) addr: String,
 }
 
 impl Drop for MasterProc {

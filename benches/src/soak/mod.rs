@@ -52,6 +52,7 @@ use clap::Parser;
 use crescent_store::{ClientConfig, StoreClient, StoreError};
 
 use crate::etcd_cluster::EtcdCluster;
+use crate::failover::MasterProc;
 use crate::report;
 use tally::{Known, Sample, Tally};
 
@@ -216,19 +217,6 @@ fn untrack(t: &Tracked, pid: u32) {
 
 fn log_file(out: &Path, name: &str) -> Result<std::fs::File> {
     Ok(std::fs::OpenOptions::new().create(true).append(true).open(out.join(format!("{name}.log")))?)
-}
-
-/// A `crescent-master` process, killed when dropped.
-struct MasterProc {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for MasterProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn sibling(name: &str) -> Result<PathBuf> {
