@@ -267,29 +267,30 @@ impl Worker {
                 let g = self.new_gen();
                 let t = Instant::now();
                 self.begin(&[i]);
-                let was = self.state[i];
                 let mut errs = Vec::new();
-                match self.c.upsert_with(
-                    &key(self.gid(i), self.a.keys),
-                    &value(self.gid(i), g),
-                    &self.c.default_options(),
-                ) {
-                    Ok(()) => self.state[i] = State::Present(g),
-                    Err(e @ StoreError::Leased(_)) => {
-                        self.state[i] = was.refused();
-                        errs.push(code(&e));
-                    }
-                    Err(e) => {
-                        self.state[i] = State::Unknown;
-                        errs.push(code(&e));
-                    }
-                }
+                self.upsert_key(i, g, &mut errs);
                 self.end("settle_upsert", t, &errs, &[i], &Checks::default());
                 if errs.is_empty() {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
+        }
+    }
+
+    /// Upserts key `i` with generation `g`, noting what its state is now and any error's code
+    /// in `errs`.
+    fn upsert_key(&mut self, i: usize, g: u32, errs: &mut Vec<String>) {
+        let was = self.state[i];
+        self.state[i] = State::Unknown;
+        match self.c.upsert_with(&key(self.gid(i), self.a.keys), &value(self.gid(i), g), &self.c.default_options()) {
+            Ok(()) => self.state[i] = State::Present(g),
+            // A reader's lease protects the old value, says upsert_with.
+            Err(e @ StoreError::Leased(_)) => {
+                self.state[i] = was.refused();
+                errs.push(code(&e));
+            }
+            Err(e) => errs.push(code(&e)),
         }
     }
 
@@ -401,21 +402,7 @@ impl Worker {
             70..=84 => {
                 let g = self.new_gen();
                 self.begin(&[i]);
-                let was = self.state[i];
-                self.state[i] = State::Unknown;
-                match self.c.upsert_with(
-                    &key(self.gid(i), self.a.keys),
-                    &value(self.gid(i), g),
-                    &self.c.default_options(),
-                ) {
-                    Ok(()) => self.state[i] = State::Present(g),
-                    // A reader's lease protects the old value, says upsert_with.
-                    Err(e @ StoreError::Leased(_)) => {
-                        self.state[i] = was.refused();
-                        errs.push(code(&e));
-                    }
-                    Err(e) => errs.push(code(&e)),
-                }
+                self.upsert_key(i, g, &mut errs);
                 self.end("upsert", t, &errs, &[i], &checks);
             }
             _ => {
