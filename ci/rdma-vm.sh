@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Runs the RDMA suite on real verbs: builds the rdma test binary and tebench here (debug),
-# then runs ci/rdma-in-vm.sh in ONE soft-RoCE VM (../shared/rxe-vm/run-in-rxe-vm.sh, or
-# $RXE_VM_SCRIPT). Without the VM script this fails, unless CRESCENT_SKIP_RDMA_VM=1.
+# then runs ci/rdma-in-vm.sh in ONE soft-RoCE VM (../shared/rxe-vm/run-in-rxe-vm.sh, the same
+# beside a local origin, or $RXE_VM_SCRIPT). Without the VM script this fails, unless CRESCENT_SKIP_RDMA_VM=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib.sh
 
+# A clone made elsewhere (a temporary directory) finds it beside the repository it was cloned
+# from, when that is a local path.
 vm="${RXE_VM_SCRIPT:-../shared/rxe-vm/run-in-rxe-vm.sh}"
+if [ -z "${RXE_VM_SCRIPT:-}" ] && [ ! -x "$vm" ]; then
+  origin=$(git config --get remote.origin.url 2>/dev/null || true)
+  if [ -n "$origin" ] && [ -d "$origin" ] && [ -x "$origin/../shared/rxe-vm/run-in-rxe-vm.sh" ]; then
+    vm="$origin/../shared/rxe-vm/run-in-rxe-vm.sh"
+  fi
+fi
 if [ ! -x "$vm" ]; then
   if [ "${CRESCENT_SKIP_RDMA_VM:-0}" = 1 ]; then
     ci_log "rdma: skipped (no VM script at $vm, CRESCENT_SKIP_RDMA_VM=1)"
