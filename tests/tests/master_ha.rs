@@ -53,8 +53,8 @@ fn ha_master_via(endpoints: &str, cluster: &str) -> (ChildGuard, String) {
     )
 }
 
-fn client(etcd: &EtcdCluster, cluster: &str) -> Arc<StoreClient> {
-    StoreClient::connect(ClientConfig {
+fn client_config(etcd: &EtcdCluster, cluster: &str) -> ClientConfig {
+    ClientConfig {
         master_server_address: etcd.url(),
         cluster_id: Some(cluster.to_string()),
         local_hostname: Some("127.0.0.1".into()),
@@ -62,8 +62,11 @@ fn client(etcd: &EtcdCluster, cluster: &str) -> Arc<StoreClient> {
         local_buffer_size: 8 << 20,
         ping_interval: Duration::from_millis(100),
         ..ClientConfig::default()
-    })
-    .expect("client connects through etcd")
+    }
+}
+
+fn client(etcd: &EtcdCluster, cluster: &str) -> Arc<StoreClient> {
+    StoreClient::connect(client_config(etcd, cluster)).expect("client connects through etcd")
 }
 
 /// Clients putting new keys and reading back acknowledged ones, until stopped.
@@ -356,4 +359,55 @@ fn a_link_blip_that_spares_etcd_leaves_the_leader_and_its_term() {
         c.put("after", &value(0, 2)).expect("a put after the blip");
         assert_eq!(c.get("before").expect("a key put before the blip"), value(0, 1));
     });
+}
+
+/// The soak's stale read: a key with a disk copy, removed (answered OK) just before the leader
+/// is killed, came back at the new leader — the disk learns its removals on its client's next
+/// ping, which never came, and re-announced its file to the new leader. The removal is now
+/// recorded in etcd before it is answered, and the new leader buries it. (A holder pinging
+/// every 3 s: the removal cannot reach its disk before the kill.)
+#[test]
+fn a_key_removed_just_before_the_leader_dies_stays_removed_though_a_disk_kept_it() {
+    let etcd = match EtcdCluster::start(1) {
+        Ok(e) => e,
+        Err(why) => {
+            crescent_tests::skip(&why);
+            return;
+        }
+    };
+    let cluster = unique_cluster("ha");
+    let mut masters: Vec<(ChildGuard, String)> = (0..2).map(|_| ha_master(&etcd, &cluster)).collect();
+    let root = tempfile::tempdir().expect("a storage root");
+    let holder = StoreClient::connect(ClientConfig {
+        storage_root_dir: Some(root.path().to_path_buf()),
+        storage_capacity: Some(64 << 20),
+        ping_interval: Duration::from_secs(3),
+        ..client_config(&etcd, &cluster)
+    })
+    .expect("the holder connects");
+    let other = client(&etcd, &cluster);
+    for k in ["gone", "kept"] {
+        holder.put(k, &value(0, 7)).expect("put");
+    }
+    assert!(holder.flush_offload(Duration::from_secs(30)), "the values reach the disk");
+
+    other.remove("gone").expect("the removal is answered");
+    let leader = other.master_address();
+    let i = masters.iter().position(|(_, a)| *a == leader).expect("the leader is one of ours");
+    masters.remove(i).0.kill_now();
+    let next = followed_away(&[other.clone(), holder.clone()], &leader);
+    println!("killed the leader {leader}; {next} leads now");
+
+    // The holder remounted and re-announced its files: "kept" is back, "gone" stays gone.
+    assert!(
+        eventually(Duration::from_secs(20), || other.get("kept").is_ok_and(|v| v == value(0, 7))),
+        "the key kept reads back at the new leader"
+    );
+    for _ in 0..10 {
+        match other.get("gone") {
+            Err(e) if e.code() == Code::ObjectNotFound => {}
+            got => panic!("the removed key came back at the new leader: {:?}", got.map(|v| v.len())),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

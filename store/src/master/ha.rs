@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
+use super::removal_records::RemovalRecords;
 use super::Master;
 use crate::error::Result;
 use crate::leader::{leader_key, Members};
@@ -47,7 +48,9 @@ impl HaSettings {
 }
 
 /// Campaigns, leads and steps down until the runtime stops.
-pub async fn run(master: Arc<Master>, ha: HaSettings) {
+/// A master elected reads the removals earlier leaders recorded (`records`) before it takes
+/// its first call; one that cannot read them does not lead.
+pub async fn run(master: Arc<Master>, ha: HaSettings, records: Arc<RemovalRecords>) {
     let key = leader_key(&ha.cluster_id);
     let mut etcd = loop {
         match Members::connect(&ha.endpoints).await {
@@ -62,7 +65,22 @@ pub async fn run(master: Arc<Master>, ha: HaSettings) {
     loop {
         match campaign(&mut etcd, &key, &ha).await {
             Ok(Some((lease, term, sent))) => {
-                master.become_leader(term, sent + ha.lease_ttl.saturating_sub(ha.margin()));
+                let inherited = match records.load().await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!("HA: won term {term} but cannot read the removal records, not leading: {e}");
+                        let _ = etcd.run(|mut c| async move { c.lease_revoke(lease).await }).await;
+                        tokio::time::sleep(RETRY).await;
+                        continue;
+                    }
+                };
+                if !inherited.is_empty() {
+                    tracing::info!(
+                        "HA: {} removal(s) recorded by earlier leaders buried for the rebuild",
+                        inherited.len()
+                    );
+                }
+                master.become_leader(term, sent + ha.lease_ttl.saturating_sub(ha.margin()), &inherited);
                 master.metrics().elections.inc();
                 tracing::info!("HA: elected leader of cluster {} (term {term}) at {}", ha.cluster_id, ha.advertise);
                 let why = lead(&master, &mut etcd, lease, &ha).await;

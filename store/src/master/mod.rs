@@ -35,6 +35,7 @@ pub mod published;
 pub mod query;
 pub mod query_http;
 pub mod rebuild;
+pub mod removal_records;
 mod removals_file;
 pub mod replicate;
 pub mod server;
@@ -58,6 +59,7 @@ pub use crate::protocol::{disk_segment_name, MAX_KEY_LEN, MAX_OBJECT_SIZE};
 pub use config::{AllocationStrategy, MasterConfig};
 use metrics::Metrics;
 use objects::{Object, ObjectMap, Replica, Stamp, SHARDS};
+use removal_records::{Removal, Removed};
 use shards::Locked;
 use thin_vec::ThinVec;
 
@@ -417,10 +419,15 @@ impl Master {
 
     /// Became the HA leader of `term`: starts from an empty state (the owners' reports rebuild
     /// it), writable until `deadline`.
-    pub fn become_leader(&self, term: u64, deadline: Instant) {
+    /// `inherited`: the removals earlier leaders recorded ([`removal_records`]), buried in the
+    /// rebuild window.
+    pub fn become_leader(&self, term: u64, deadline: Instant, inherited: &[removal_records::Tombstone]) {
         let mut st = self.lock_all();
         Self::forget_everything(&mut st);
         st.window = rebuild::Window::open_until(Instant::now() + self.config.client_ttl);
+        for t in inherited {
+            st.window.inherit(&t.key, t.mark);
+        }
         self.term.store(term, Ordering::Release);
         self.fence.lead(term, deadline);
         drop(st);
@@ -1265,11 +1272,11 @@ impl Master {
     /// Removes a committed object: invisible at once; the returned wait ends when its owners
     /// acknowledged (the service answers then, so that a removed key cannot come back from an
     /// owner's report).
-    pub fn remove(&self, key: &str, force: bool) -> Result<owners::AckWait> {
+    pub fn remove(&self, key: &str, force: bool) -> Result<Removal> {
         self.remove_at(key, force, Instant::now())
     }
 
-    fn remove_at(&self, key: &str, force: bool, now: Instant) -> Result<owners::AckWait> {
+    fn remove_at(&self, key: &str, force: bool, now: Instant) -> Result<Removal> {
         check_key(key)?;
         let mut st = self.lock_key(key);
         self.fence.check(now)?;
@@ -1287,19 +1294,20 @@ impl Master {
             return Err(StoreError::Leased(key.to_string()));
         }
         let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
+        let on_disk = obj.has_disk_copy();
         self.emit_object(&st, key, EventKind::Removed);
         Self::remove_object(&mut st, key, now);
         let next = st.next_version;
         st.window.removed(key, next, now);
         self.flush_news(&mut st);
-        let wait = Self::waits(&st, segments);
+        let wait = Self::waits(&st, segments.iter().copied());
         drop(st);
         self.update_gauges();
-        Ok(wait)
+        Ok(Removal { wait, removed: vec![Removed { key: key.to_string(), mark: next, segments, on_disk }] })
     }
 
     /// Removes committed objects whose key matches `pattern`; returns (removed, skipped as leased).
-    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<((u64, u64), owners::AckWait)> {
+    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<((u64, u64), Removal)> {
         let re = regex::RegexBuilder::new(pattern)
             .size_limit(1 << 20)
             .build()
@@ -1309,15 +1317,11 @@ impl Master {
 
     /// Removes every committed object (`force`: leased ones too); returns (removed, skipped as
     /// leased) and the owners' acknowledgements to wait for.
-    pub fn remove_all(&self, force: bool) -> Result<((u64, u64), owners::AckWait)> {
+    pub fn remove_all(&self, force: bool) -> Result<((u64, u64), Removal)> {
         self.remove_matching(|_| true, force)
     }
 
-    pub(crate) fn remove_matching(
-        &self,
-        matches: impl Fn(&str) -> bool,
-        force: bool,
-    ) -> Result<((u64, u64), owners::AckWait)> {
+    pub(crate) fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool) -> Result<((u64, u64), Removal)> {
         self.remove_matching_at(matches, force, Instant::now())
     }
 
@@ -1326,11 +1330,12 @@ impl Master {
         matches: impl Fn(&str) -> bool,
         force: bool,
         now: Instant,
-    ) -> Result<((u64, u64), owners::AckWait)> {
+    ) -> Result<((u64, u64), Removal)> {
         // One shard at a time (with the global state): the calls on the other shards go on
         // meanwhile, and what they do is theirs (a put into a shard already done stays).
         let (mut removed, mut skipped) = (0, 0);
         let mut segments = HashSet::new();
+        let mut gone = Vec::new();
         for i in 0..SHARDS {
             let mut st = self.lock_shard(i);
             self.fence.check(now)?;
@@ -1346,7 +1351,10 @@ impl Master {
             }
             let next = st.next_version;
             for k in &victims {
-                segments.extend(st.objects[k.as_str()].replicas.iter().map(|r| r.segment_id));
+                let obj = &st.objects[k.as_str()];
+                let its: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
+                segments.extend(its.iter().copied());
+                gone.push(Removed { key: k.clone(), mark: next, segments: its, on_disk: obj.has_disk_copy() });
                 self.emit_object(&st, k, EventKind::Removed);
                 Self::remove_object(&mut st, k, now);
                 st.window.removed(k, next, now);
@@ -1356,7 +1364,7 @@ impl Master {
         }
         let wait = Self::waits(&self.state.lock(), segments);
         self.update_gauges();
-        Ok(((removed, skipped), wait))
+        Ok(((removed, skipped), Removal { wait, removed: gone }))
     }
 
     // ---- eviction, reclaim, liveness ----

@@ -104,6 +104,12 @@ impl AckWait {
             let _ = tokio::time::timeout_at(deadline, rx.wait_for(|a| *a >= seq)).await;
         }
     }
+
+    /// The segments whose owners have not acknowledged (so far): an owner whose segment went
+    /// away without acknowledging counts, since it may still report to a new master.
+    pub fn unacked_segments(&self) -> Vec<u64> {
+        self.owners.iter().filter(|(_, seq, rx)| *rx.borrow() < *seq).map(|(s, _, _)| *s).collect()
+    }
 }
 
 /// The pins a commit news carries (the owner reports them to a new master).

@@ -108,6 +108,13 @@ impl Window {
         *mark = (*mark).max(next);
     }
 
+    /// A removal an earlier leader recorded ([`super::removal_records`]): copies of `key` older
+    /// than `mark` are gone.
+    pub(super) fn inherit(&mut self, key: &str, mark: u64) {
+        let m = self.tombstones.entry(key.to_string()).or_default();
+        *m = (*m).max(mark);
+    }
+
     /// A put of `key` (unknown to this master) started at `now` as `version`; `replace`: an
     /// upsert's.
     pub(super) fn put_started(&mut self, key: &str, version: u64, replace: bool, now: Instant) {

@@ -13,6 +13,7 @@ use crate::master::access::{self, Access};
 use crate::master::conn_limit;
 use crate::master::fence::Role;
 use crate::master::ha::HaSettings;
+use crate::master::removal_records::RemovalRecords;
 use crate::master::service::MasterService;
 use crate::master::{admin, Master, MasterConfig};
 use tonic::service::interceptor::InterceptedService;
@@ -157,12 +158,17 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     }
     let access = Access::new(keyring, config.admin_open_reads, master.metrics().auth_refused.clone());
     let gate = access.clone();
+    let records = ha.as_ref().map(|ha| Arc::new(RemovalRecords::new(ha)));
+    let elected_records = records.clone();
     #[allow(clippy::result_large_err)] // tonic's Status
-    let service = InterceptedService::new(MasterService::new(master.clone()), move |mut req: tonic::Request<()>| {
-        let tenant = gate.check_call(req.metadata())?;
-        req.extensions_mut().insert(tenant);
-        Ok(req)
-    });
+    let service = InterceptedService::new(
+        MasterService::with_records(master.clone(), records),
+        move |mut req: tonic::Request<()>| {
+            let tenant = gate.check_call(req.metadata())?;
+            req.extensions_mut().insert(tenant);
+            Ok(req)
+        },
+    );
     let gate = access.clone();
     let admin_router = admin::router(master.clone())
         .layer(axum::middleware::from_fn(move |req, next| access::admin_gate(gate.clone(), req, next)));
@@ -171,7 +177,8 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         .spawn(move || {
             runtime.block_on(async move {
                 if let Some(ha) = ha {
-                    tokio::spawn(crate::master::ha::run(elections, ha));
+                    let records = elected_records.expect("made with the HA settings");
+                    tokio::spawn(crate::master::ha::run(elections, ha, records));
                 }
                 let rpc = tokio::net::TcpListener::from_std(rpc).expect("registering the rpc listener");
                 // Replies of batch calls span several segments: without TCP_NODELAY they would

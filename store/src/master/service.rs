@@ -12,6 +12,7 @@ use tonic::{Request, Response};
 use crate::error::StoreError;
 use crate::master::access::Tenant;
 use crate::master::mooncake_metrics::GetSource;
+use crate::master::removal_records::{Removal, RemovalRecords};
 use crate::master::{tenant, Master, PingOutcome, MAX_KEY_LEN};
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
 use crate::proto::*;
@@ -21,6 +22,8 @@ use crate::proto::*;
 /// status that carries the error's code.
 pub struct MasterService {
     master: Arc<Master>,
+    /// Where removals that a copy may still hold are recorded before they are answered (HA).
+    records: Option<Arc<RemovalRecords>>,
 }
 
 /// Most keys in one batch call; a larger batch is refused whole with `INVALID_ARGUMENT` (the
@@ -44,7 +47,13 @@ impl MasterService {
     /// The service over `master`, as tonic serves it: requests up to [`MAX_REQUEST_MESSAGE`]
     /// bytes, replies up to [`MAX_MESSAGE`].
     pub fn new(master: Arc<Master>) -> MasterServer<MasterService> {
-        MasterServer::new(MasterService { master })
+        Self::with_records(master, None)
+    }
+
+    /// The service, recording in `records` the removals a copy may still hold before it
+    /// answers them (see the master's `removal_records` module).
+    pub fn with_records(master: Arc<Master>, records: Option<Arc<RemovalRecords>>) -> MasterServer<MasterService> {
+        MasterServer::new(MasterService { master, records })
             .max_decoding_message_size(MAX_REQUEST_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
     }
@@ -72,6 +81,19 @@ impl MasterService {
 
     fn observed<T: Outcome>(&self, method: &str, start: Instant, out: T) -> Response<T> {
         self.observed_n(method, 1, start, out)
+    }
+
+    /// Waits for a removal's owners (at most `owner_ack_timeout`), then records what a copy may
+    /// still hold, when there is somewhere to record it; an answer may go out once this is Ok.
+    async fn settle(&self, mut removal: Removal) -> Result<(), StoreError> {
+        let m = &self.master;
+        removal.wait(m.config().owner_ack_timeout).await;
+        let Some(records) = &self.records else { return Ok(()) };
+        let unsettled = removal.unsettled();
+        if unsettled.is_empty() {
+            return Ok(());
+        }
+        records.record(m.term(), &unsettled).await
     }
 
     /// Commits a put once its owners acknowledged (or the wait ran out).
@@ -460,10 +482,7 @@ impl MasterRpc for MasterService {
         let m = &self.master;
         // Answered once the owners acknowledged (or the wait ran out): see owners.rs.
         let removed = match m.remove(&r.key, r.force) {
-            Ok(mut wait) => {
-                wait.wait(m.config().owner_ack_timeout).await;
-                Ok(())
-            }
+            Ok(removal) => self.settle(removal).await,
             Err(e) => Err(e),
         };
         Ok(self.observed("Remove", start, StatusReply { status: status_of(m, &removed) }))
@@ -755,16 +774,13 @@ impl MasterRpc for MasterService {
 
 impl MasterService {
     /// The answer to a removal by pattern, once the owners acknowledged.
-    async fn removed_reply(
-        &self,
-        r: Result<((u64, u64), crate::master::owners::AckWait), StoreError>,
-    ) -> RemoveByRegexReply {
+    async fn removed_reply(&self, r: Result<((u64, u64), Removal), StoreError>) -> RemoveByRegexReply {
         let m = &self.master;
         match r {
-            Ok(((removed, skipped_leased), mut wait)) => {
-                wait.wait(m.config().owner_ack_timeout).await;
-                RemoveByRegexReply { status: ok(), removed, skipped_leased }
-            }
+            Ok(((removed, skipped_leased), removal)) => match self.settle(removal).await {
+                Ok(()) => RemoveByRegexReply { status: ok(), removed, skipped_leased },
+                Err(e) => RemoveByRegexReply { status: status(m, &e), ..Default::default() },
+            },
             Err(e) => RemoveByRegexReply { status: status(m, &e), ..Default::default() },
         }
     }

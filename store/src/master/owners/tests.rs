@@ -480,7 +480,7 @@ fn a_leader_whose_lease_may_have_lapsed_refuses_writes_and_a_standby_knows_nothi
     let e = m.mount_segment("a", &info("a:1", 1 << 30), "h").unwrap_err();
     assert!(matches!(e, StoreError::NotLeader(_)), "{e:?}");
     let now = Instant::now();
-    m.become_leader(42, now + Duration::from_secs(60));
+    m.become_leader(42, now + Duration::from_secs(60), &[]);
     assert_eq!(m.term(), 42);
     m.mount_segment("a", &info("a:1", 1 << 30), "h").unwrap();
     m.put_start("a", "k", 10, &opts(1)).unwrap();
@@ -498,7 +498,7 @@ fn a_leader_whose_lease_may_have_lapsed_refuses_writes_and_a_standby_knows_nothi
     m.step_down(Some("10.0.0.9:50051".into()));
     let e = m.exists("k").unwrap_err();
     assert!(e.to_string().contains("the leader is 10.0.0.9:50051"), "{e}");
-    m.become_leader(43, Instant::now() + Duration::from_secs(60));
+    m.become_leader(43, Instant::now() + Duration::from_secs(60), &[]);
     assert!(!m.exists("k").unwrap(), "a new leadership starts empty (reports rebuild it)");
 }
 
@@ -536,4 +536,38 @@ fn a_checksum_taken_at_the_put_goes_to_its_readers_its_owners_and_a_rebuilt_mast
     let report = [OwnedObject { checksum: Some(crate::proto::Checksum { crc32: 0xabcd }), ..owned("k", 5, 0, 1000) }];
     rebuilt.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, &[], Instant::now()).unwrap();
     assert_eq!(rebuilt.get_replica_list("k").unwrap().checksum, Some(0xabcd));
+}
+
+#[test]
+fn a_removal_its_owner_did_not_acknowledge_is_unsettled_and_a_new_leader_inheriting_it_refuses_the_copy() {
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    let v = put_on(&m, &mut a, "k", 100, &opts(1));
+    let kept = put_on(&m, &mut a, "kept", 100, &opts(1));
+    let removal = m.remove("k", true).unwrap();
+    let unsettled = removal.unsettled();
+    assert_eq!(unsettled.len(), 1, "the owner has not acknowledged the drop: {unsettled:?}");
+    assert_eq!(unsettled[0].key, "k");
+    assert!(unsettled[0].mark > v, "the mark buries the removed version");
+    // Once the owner acknowledged, nothing is left to record.
+    let mut other = m.remove("kept", true).unwrap();
+    a.ack(&m);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(other.wait(Duration::from_millis(50)));
+    assert!(other.unsettled().is_empty(), "an acknowledged removal is settled");
+
+    // A new leader that inherited the record: the owner's report of the old copy is refused;
+    // without the record it would be reinstated.
+    let fresh = |inherited: &[crate::master::removal_records::Tombstone]| {
+        let n = master();
+        n.become_leader(7, Instant::now() + Duration::from_secs(60), inherited);
+        let report = [owned("k", v, 0, 100), owned("kept2", kept, 4096, 100)];
+        let r = n.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, &[], Instant::now()).unwrap();
+        (r.reinstated, n.exists("k").unwrap())
+    };
+    assert_eq!(fresh(&[]), (2, true), "without the record the removed copy comes back");
+    assert_eq!(fresh(&unsettled), (1, false), "the inherited record buries it");
 }
