@@ -172,17 +172,16 @@ fn followed_away(clients: &[Arc<StoreClient>], old: &str) -> String {
     clients[0].master_address()
 }
 
+/// A real etcd cluster of `members`, or `None` (and the test skipped) where etcd is missing.
+fn etcd_or_skip(members: usize) -> Option<EtcdCluster> {
+    EtcdCluster::start(members).map_err(|why| crescent_tests::skip(&why)).ok()
+}
+
 /// An etcd cluster, HA masters (process, address) and clients following their leader.
 type Cluster = (EtcdCluster, String, Vec<(ChildGuard, String)>, Vec<Arc<StoreClient>>);
 
 fn setup(masters: usize) -> Option<Cluster> {
-    let etcd = match EtcdCluster::start(3) {
-        Ok(e) => e,
-        Err(why) => {
-            crescent_tests::skip(&why);
-            return None;
-        }
-    };
+    let etcd = etcd_or_skip(3)?;
     let cluster = unique_cluster("ha");
     let procs: Vec<(ChildGuard, String)> = (0..masters).map(|_| ha_master(&etcd, &cluster)).collect();
     let clients: Vec<Arc<StoreClient>> = (0..2).map(|_| client(&etcd, &cluster)).collect();
@@ -253,13 +252,7 @@ fn a_frozen_leader_continued_after_its_lease_ran_out_serves_no_write() {
 /// and the clients follow it; reconnected, the old leader stays deposed.
 #[test]
 fn a_leader_cut_off_from_etcd_stops_writing_and_a_standby_takes_over() {
-    let etcd = match EtcdCluster::start(3) {
-        Ok(e) => e,
-        Err(why) => {
-            crescent_tests::skip(&why);
-            return;
-        }
-    };
+    let Some(etcd) = etcd_or_skip(3) else { return };
     let cluster = unique_cluster("ha");
     // Each master reaches etcd through relays of its own: cutting them cuts that master off.
     let relays: Vec<Vec<Partition>> = (0..2)
@@ -320,13 +313,7 @@ fn leader_term(etcd: &EtcdCluster, cluster: &str) -> Option<u64> {
 fn a_link_blip_that_spares_etcd_leaves_the_leader_and_its_term() {
     let Some(hosts) = crescent_tests::faults::host_pair("hablip") else { return };
     crescent_tests::netns::in_netns(&hosts.a, || {
-        let etcd = match EtcdCluster::start(1) {
-            Ok(e) => e,
-            Err(why) => {
-                crescent_tests::skip(&why);
-                return;
-            }
-        };
+        let Some(etcd) = etcd_or_skip(1) else { return };
         let cluster = unique_cluster("ha");
         let _masters: Vec<(ChildGuard, String)> = (0..2).map(|_| ha_master(&etcd, &cluster)).collect();
         let c = client(&etcd, &cluster);
@@ -368,13 +355,7 @@ fn a_link_blip_that_spares_etcd_leaves_the_leader_and_its_term() {
 /// every 3 s: the removal cannot reach its disk before the kill.)
 #[test]
 fn a_key_removed_just_before_the_leader_dies_stays_removed_though_a_disk_kept_it() {
-    let etcd = match EtcdCluster::start(1) {
-        Ok(e) => e,
-        Err(why) => {
-            crescent_tests::skip(&why);
-            return;
-        }
-    };
+    let Some(etcd) = etcd_or_skip(1) else { return };
     let cluster = unique_cluster("ha");
     let mut masters: Vec<(ChildGuard, String)> = (0..2).map(|_| ha_master(&etcd, &cluster)).collect();
     let root = tempfile::tempdir().expect("a storage root");
