@@ -215,3 +215,50 @@ fn restarts_lose_no_acknowledged_key() {
 fn restarts_lose_no_acknowledged_key_50_rounds() {
     rounds(50);
 }
+
+/// With a state directory, a removal a disk copy has not heard of yet (disks learn removals on
+/// their client's next ping, here every 3 s) is recorded there before it is answered: the
+/// master SIGKILLed right after the answer and started again does not let the disk bring the
+/// key back. Without the record, the re-announced file reinstated it.
+#[test]
+fn with_a_state_dir_a_key_removed_just_before_a_restart_stays_removed_though_a_disk_kept_it() {
+    let port = free_port();
+    let state = tempfile::tempdir().expect("a state directory");
+    let spawn_with_state = || {
+        let mut args = master_args(port);
+        args.extend(["--state-dir".to_string(), state.path().display().to_string()]);
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        spawn_master(&[], &args).0
+    };
+    let mut master = spawn_with_state();
+    let root = tempfile::tempdir().expect("a storage root");
+    let holder = StoreClient::connect(ClientConfig {
+        master_server_address: format!("127.0.0.1:{port}"),
+        local_hostname: Some("127.0.0.1".into()),
+        global_segment_size: 1 << 20,
+        local_buffer_size: 4 << 20,
+        storage_root_dir: Some(root.path().to_path_buf()),
+        storage_capacity: Some(64 << 20),
+        ping_interval: Duration::from_secs(3),
+        ..ClientConfig::default()
+    })
+    .expect("the holder connects");
+    let other = client(port);
+    for k in ["gone", "kept"] {
+        holder.put(k, &value(k)).expect("put");
+    }
+    assert!(holder.flush_offload(Duration::from_secs(30)), "the values reach the disk");
+    other.remove("gone").expect("the removal is answered");
+    master.kill_now();
+    let _master = spawn_with_state();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    assert_eq!(get_eventually(&other, "kept", deadline).expect("the kept key reads back"), value("kept"));
+    for _ in 0..10 {
+        match other.get("gone") {
+            Err(StoreError::NotFound(_)) => {}
+            got => panic!("the removed key came back after the restart: {:?}", got.map(|v| v.len())),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

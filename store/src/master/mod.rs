@@ -437,6 +437,15 @@ impl Master {
         self.update_gauges();
     }
 
+    /// Removals recorded before this master started (`removal_records`), buried in its
+    /// rebuild window.
+    pub fn inherit_removals(&self, inherited: &[removal_records::Tombstone]) {
+        let mut st = self.state.lock();
+        for t in inherited {
+            st.window.inherit(&t.key, t.mark);
+        }
+    }
+
     /// Stopped leading: forgets everything (a later leadership rebuilds from reports).
     pub fn step_down(&self, leader: Option<String>) {
         let mut st = self.lock_all();

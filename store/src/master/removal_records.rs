@@ -23,10 +23,16 @@
 //! acknowledgement, a disk's ping, or the client copies of disk removals handed back to a
 //! new master).
 //!
-//! A single master (no HA) records nothing: removals answered without every copy's
-//! acknowledgement can come back after a restart of the master, as before.
+//! A single master with a state directory (`--state-dir`) appends the same records to
+//! `<dir>/removed-keys.jsonl` and flushes it before answering; it reads the file when it
+//! starts (dropping expired records and rewriting the rest) and buries them in its rebuild
+//! window, as a new leader does. A single master without one records nothing: a removal
+//! answered without every copy's acknowledgement can come back after its restart.
 
-use std::time::{Duration, Instant};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
@@ -73,8 +79,39 @@ impl Removed {
     }
 }
 
+/// Where a master records its unsettled removals.
+pub enum RemovalRecords {
+    /// HA: the cluster's etcd.
+    Etcd(EtcdRecords),
+    /// A single master's state directory.
+    File(FileRecords),
+}
+
+impl RemovalRecords {
+    /// Writes `records` before their removals are answered (`term`: the leadership they
+    /// were made under, for etcd).
+    pub async fn record(&self, term: u64, records: &[Tombstone]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        match self {
+            RemovalRecords::Etcd(e) => e.record(term, records).await,
+            RemovalRecords::File(f) => f.record(records).await,
+        }
+    }
+
+    /// The records a master about to lead inherits (etcd's; a file's are read once, when
+    /// the single master starts: [`FileRecords::open`]).
+    pub async fn load(&self) -> Result<Vec<Tombstone>> {
+        match self {
+            RemovalRecords::Etcd(e) => e.load().await,
+            RemovalRecords::File(_) => Ok(Vec::new()),
+        }
+    }
+}
+
 /// The records of one cluster in etcd.
-pub struct RemovalRecords {
+pub struct EtcdRecords {
     /// Connected on first use.
     etcd: tokio::sync::Mutex<Option<Members>>,
     endpoints: Vec<String>,
@@ -84,10 +121,10 @@ pub struct RemovalRecords {
     lease: parking_lot::Mutex<Option<(i64, Instant)>>,
 }
 
-impl RemovalRecords {
+impl EtcdRecords {
     /// Records in the etcd of `ha` (nothing is asked yet).
-    pub fn new(ha: &HaSettings) -> RemovalRecords {
-        RemovalRecords {
+    pub fn new(ha: &HaSettings) -> EtcdRecords {
+        EtcdRecords {
             etcd: tokio::sync::Mutex::new(None),
             endpoints: ha.endpoints.clone(),
             prefix: format!("/crescent/{}/master/removed/", ha.cluster_id),
@@ -230,5 +267,171 @@ impl Removal {
             .filter(|r| r.unsettled(&unacked))
             .map(|r| Tombstone { key: r.key.clone(), mark: r.mark })
             .collect()
+    }
+}
+
+/// The name of a single master's records in its state directory.
+pub const FILE_NAME: &str = "removed-keys.jsonl";
+
+/// One line of the file.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Line {
+    key: String,
+    mark: u64,
+    /// When it was recorded, in seconds since the Unix epoch.
+    at: u64,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn file_err(what: &str, path: &Path, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Config(format!("{what} {}: {e}", path.display()))
+}
+
+/// A single master's records: an append-only file of JSON lines, rewritten without the
+/// expired ones at start and whenever it holds more than twice the live ones.
+pub struct FileRecords {
+    state: Arc<parking_lot::Mutex<FileState>>,
+}
+
+struct FileState {
+    path: PathBuf,
+    file: std::fs::File,
+    /// The live records, oldest first (what a rewrite keeps).
+    live: std::collections::VecDeque<Line>,
+    /// Lines in the file.
+    lines: usize,
+}
+
+impl FileState {
+    fn drop_expired(&mut self, now: u64) {
+        while self.live.front().is_some_and(|l| l.at + RECORD_TTL.as_secs() < now) {
+            self.live.pop_front();
+        }
+        while self.live.len() > MAX_LOADED {
+            self.live.pop_front();
+        }
+    }
+
+    /// Replaces the file with the live records (temporary file, flush, rename).
+    fn rewrite(&mut self) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("jsonl.tmp");
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        for l in &self.live {
+            serde_json::to_writer(&mut out, l)?;
+            out.write_all(b"\n")?;
+        }
+        let f = out.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        self.file = std::fs::OpenOptions::new().append(true).open(&self.path)?;
+        self.lines = self.live.len();
+        Ok(())
+    }
+
+    fn append(&mut self, records: &[Tombstone], now: u64) -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        for t in records {
+            let line = Line { key: t.key.clone(), mark: t.mark, at: now };
+            serde_json::to_writer(&mut buf, &line)?;
+            buf.push(b'\n');
+            self.live.push_back(line);
+        }
+        self.file.write_all(&buf)?;
+        self.file.sync_data()?;
+        self.lines += records.len();
+        self.drop_expired(now);
+        if self.lines > 2 * self.live.len() + 10_000 {
+            self.rewrite()?;
+        }
+        Ok(())
+    }
+}
+
+impl FileRecords {
+    /// Opens (or creates) the records in `dir` and returns the live ones. A file that cannot
+    /// be read stops the start: starting without it would let removed objects come back. A
+    /// malformed line (a write cut by a crash ends the file with one) is skipped.
+    pub fn open(dir: &Path) -> Result<(FileRecords, Vec<Tombstone>)> {
+        let path = dir.join(FILE_NAME);
+        let now = unix_now();
+        let mut live = std::collections::VecDeque::new();
+        match std::fs::File::open(&path) {
+            Ok(f) => {
+                for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+                    let line = line.map_err(|e| file_err("cannot read", &path, e))?;
+                    match serde_json::from_str::<Line>(&line) {
+                        Ok(l) if l.at + RECORD_TTL.as_secs() >= now => live.push_back(l),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!("{}: line {} skipped: {e}", path.display(), n + 1),
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(file_err("cannot read", &path, e)),
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| file_err("cannot open", &path, e))?;
+        let mut state = FileState { path: path.clone(), file, live, lines: 0 };
+        state.drop_expired(now);
+        state.rewrite().map_err(|e| file_err("cannot rewrite", &path, e))?;
+        let loaded = state.live.iter().map(|l| Tombstone { key: l.key.clone(), mark: l.mark }).collect();
+        Ok((FileRecords { state: Arc::new(parking_lot::Mutex::new(state)) }, loaded))
+    }
+
+    async fn record(&self, records: &[Tombstone]) -> Result<()> {
+        let state = self.state.clone();
+        let records = records.to_vec();
+        let written = tokio::task::spawn_blocking(move || {
+            let mut st = state.lock();
+            let path = st.path.clone();
+            st.append(&records, unix_now()).map_err(|e| (path, e))
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((path, e))) => Err(StoreError::Internal(format!(
+                "the removal could not be recorded in {} ({e}); remove it again",
+                path.display()
+            ))),
+            Err(e) => Err(StoreError::Internal(format!("recording a removal: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(key: &str, mark: u64) -> Tombstone {
+        Tombstone { key: key.into(), mark }
+    }
+
+    #[test]
+    fn a_state_dir_keeps_live_records_across_starts_and_drops_expired_and_torn_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (f, loaded) = FileRecords::open(dir.path()).unwrap();
+        assert!(loaded.is_empty());
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+        rt.block_on(RemovalRecords::File(f).record(0, &[t("a", 5), t("b/ü", 6)])).unwrap();
+        // An expired record and a line cut by a crash, appended by hand.
+        let path = dir.path().join(FILE_NAME);
+        let old = unix_now() - RECORD_TTL.as_secs() - 5;
+        let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        writeln!(file, r#"{{"key":"old","mark":1,"at":{old}}}"#).unwrap();
+        write!(file, r#"{{"key":"cut","ma"#).unwrap();
+        drop(file);
+        let (_, loaded) = FileRecords::open(dir.path()).unwrap();
+        assert_eq!(loaded, [t("a", 5), t("b/ü", 6)]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2, "rewritten without the expired and the cut line: {text}");
     }
 }

@@ -13,7 +13,7 @@ use crate::master::access::{self, Access};
 use crate::master::conn_limit;
 use crate::master::fence::Role;
 use crate::master::ha::HaSettings;
-use crate::master::removal_records::RemovalRecords;
+use crate::master::removal_records::{EtcdRecords, FileRecords, RemovalRecords};
 use crate::master::service::MasterService;
 use crate::master::{admin, Master, MasterConfig};
 use tonic::service::interceptor::InterceptedService;
@@ -158,7 +158,18 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     }
     let access = Access::new(keyring, config.admin_open_reads, master.metrics().auth_refused.clone());
     let gate = access.clone();
-    let records = ha.as_ref().map(|ha| Arc::new(RemovalRecords::new(ha)));
+    let records = match (&ha, &config.state_dir) {
+        (Some(ha), _) => Some(Arc::new(RemovalRecords::Etcd(EtcdRecords::new(ha)))),
+        (None, Some(dir)) => {
+            let (file, loaded) = FileRecords::open(dir)?;
+            if !loaded.is_empty() {
+                tracing::info!("{} removal(s) recorded before this start buried for the rebuild", loaded.len());
+            }
+            master.inherit_removals(&loaded);
+            Some(Arc::new(RemovalRecords::File(file)))
+        }
+        (None, None) => None,
+    };
     let elected_records = records.clone();
     #[allow(clippy::result_large_err)] // tonic's Status
     let service = InterceptedService::new(
