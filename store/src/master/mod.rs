@@ -1321,7 +1321,7 @@ impl Master {
             .size_limit(1 << 20)
             .build()
             .map_err(|e| StoreError::InvalidArgument(format!("bad regex {pattern:?}: {e}")))?;
-        self.remove_matching(|k| re.is_match(k), force)
+        self.remove_matching(move |k| re.is_match(k), force)
     }
 
     /// Removes every committed object (`force`: leased ones too); returns (removed, skipped as
@@ -1330,16 +1330,29 @@ impl Master {
         self.remove_matching(|_| true, force)
     }
 
-    pub(crate) fn remove_matching(&self, matches: impl Fn(&str) -> bool, force: bool) -> Result<((u64, u64), Removal)> {
+    pub(crate) fn remove_matching(
+        &self,
+        matches: impl Fn(&str) -> bool + Send + Sync + 'static,
+        force: bool,
+    ) -> Result<((u64, u64), Removal)> {
         self.remove_matching_at(matches, force, Instant::now())
     }
 
     fn remove_matching_at(
         &self,
-        matches: impl Fn(&str) -> bool,
+        matches: impl Fn(&str) -> bool + Send + Sync + 'static,
         force: bool,
         now: Instant,
     ) -> Result<((u64, u64), Removal)> {
+        let matches = Arc::new(matches);
+        {
+            // In a rebuild window, keys no holder has reported yet match too: their copies
+            // reported later are older than this removal.
+            let mut st = self.state.lock();
+            self.fence.check(now)?;
+            let next = st.next_version;
+            st.window.removed_matching(matches.clone(), next, now);
+        }
         // One shard at a time (with the global state): the calls on the other shards go on
         // meanwhile, and what they do is theirs (a put into a shard already done stays).
         let (mut removed, mut skipped) = (0, 0);

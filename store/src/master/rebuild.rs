@@ -37,7 +37,8 @@
 //! which keys those are, nor which holders are still to report, and parking every put of a
 //! new key would stop writes for the whole window after each failover.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::owners::Pins;
@@ -61,6 +62,22 @@ pub(super) struct Window {
     /// Key → version of a plain put of it this master started not knowing the key: a reported
     /// copy replaces that object.
     provisional: HashMap<String, u64>,
+    /// The matches of `RemoveByRegex` / `RemoveAll` calls, each with its mark: a copy of a
+    /// matching key older than the mark is refused (the oldest go past [`MAX_PATTERNS`]).
+    patterns: VecDeque<(Pattern, u64)>,
+}
+
+/// Most removals by pattern a rebuild window remembers.
+pub const MAX_PATTERNS: usize = 4096;
+
+/// What a removal by pattern matched.
+#[derive(Clone)]
+pub(super) struct Pattern(pub Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pattern")
+    }
 }
 
 impl Window {
@@ -80,14 +97,16 @@ impl Window {
         if self.is_open(now) {
             return true;
         }
-        if !self.tombstones.is_empty() || !self.provisional.is_empty() {
+        if !self.tombstones.is_empty() || !self.provisional.is_empty() || !self.patterns.is_empty() {
             tracing::info!(
-                "rebuild window closed: {} tombstone(s), {} provisional put(s) forgotten",
+                "rebuild window closed: {} tombstone(s), {} removal(s) by pattern, {} provisional put(s) forgotten",
                 self.tombstones.len(),
+                self.patterns.len(),
                 self.provisional.len()
             );
             self.tombstones = HashMap::new();
             self.provisional = HashMap::new();
+            self.patterns = VecDeque::new();
         }
         false
     }
@@ -106,6 +125,25 @@ impl Window {
         self.provisional.remove(key);
         let mark = self.tombstones.entry(key.to_string()).or_default();
         *mark = (*mark).max(next);
+    }
+
+    /// Keys matching `matches` were removed at `now`, this master's next version being `next`
+    /// (a `RemoveByRegex` or `RemoveAll`): copies of a matching key older than that are gone,
+    /// found or not.
+    pub(super) fn removed_matching(
+        &mut self,
+        matches: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+        next: u64,
+        now: Instant,
+    ) {
+        if !self.close_if_over(now) {
+            return;
+        }
+        if self.patterns.len() >= MAX_PATTERNS {
+            tracing::warn!("{MAX_PATTERNS} removals by pattern in this rebuild window: the oldest is forgotten");
+            self.patterns.pop_front();
+        }
+        self.patterns.push_back((Pattern(matches), next));
     }
 
     /// A removal an earlier leader recorded ([`super::removal_records`]): copies of `key` older
@@ -128,7 +166,9 @@ impl Window {
     /// Whether a copy of `key` at `version`, reported or restored at `now`, is one a call
     /// this master answered took for gone.
     pub(super) fn buried(&self, key: &str, version: u64, now: Instant) -> bool {
-        self.is_open(now) && self.tombstones.get(key).is_some_and(|mark| version < *mark)
+        self.is_open(now)
+            && (self.tombstones.get(key).is_some_and(|mark| version < *mark)
+                || self.patterns.iter().any(|(p, mark)| version < *mark && (p.0)(key)))
     }
 
     /// Whether this master's object of `key` at `version` is a plain put's that a reported

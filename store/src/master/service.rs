@@ -500,7 +500,7 @@ impl MasterRpc for MasterService {
             .map_err(|e| StoreError::InvalidArgument(format!("bad regex {:?}: {e}", r.pattern)));
         // The tenant's keys, matched by their names.
         let removed = re.and_then(|re| {
-            self.master.remove_matching(|k| tenant::unscope(&t.0, k).is_some_and(|k| re.is_match(k)), r.force)
+            self.master.remove_matching(move |k| tenant::unscope(&t.0, k).is_some_and(|k| re.is_match(k)), r.force)
         });
         let reply = self.removed_reply(removed).await;
         Ok(self.observed("RemoveByRegex", start, reply))
@@ -509,7 +509,7 @@ impl MasterRpc for MasterService {
     async fn remove_all(&self, req: Request<RemoveAllRequest>) -> Result<Response<RemoveByRegexReply>, tonic::Status> {
         let start = Instant::now();
         let (t, r) = tenant_req(req);
-        let mine = |k: &str| tenant::unscope(&t.0, k).is_some();
+        let mine = move |k: &str| tenant::unscope(&t.0, k).is_some();
         let reply = self.removed_reply(self.master.remove_matching(mine, r.force)).await;
         Ok(self.observed("RemoveAll", start, reply))
     }

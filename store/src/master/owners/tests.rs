@@ -571,3 +571,24 @@ fn a_removal_its_owner_did_not_acknowledge_is_unsettled_and_a_new_leader_inherit
     assert_eq!(fresh(&[]), (2, true), "without the record the removed copy comes back");
     assert_eq!(fresh(&unsettled), (1, false), "the inherited record buries it");
 }
+
+#[test]
+fn a_removal_by_pattern_in_the_rebuild_window_buries_matching_keys_not_reported_yet() {
+    let m = master();
+    let now = Instant::now();
+    // Nothing reported yet: both calls find nothing, and say so.
+    assert_eq!(m.remove_by_regex("^tmp/", true).unwrap().0, (0, 0));
+    let report = [owned("tmp/a", 5, 0, 100), owned("keep/b", 6, 4096, 100)];
+    let r = m.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &report, &[], now).unwrap();
+    assert_eq!((r.reinstated, r.refused), (1, 1), "the matching key is refused, the other reinstated");
+    assert!(!m.exists("tmp/a").unwrap() && m.exists("keep/b").unwrap());
+    assert_eq!(m.remove_all(true).unwrap().0, (1, 0));
+    let rb =
+        m.remount_with_report_at("b", &info("b:1", 1 << 31), "h", &[owned("late/c", 7, 0, 100)], &[], now).unwrap();
+    assert_eq!((rb.reinstated, rb.refused), (0, 1), "RemoveAll buries every older copy");
+    // A put after the removal is newer than its mark.
+    let mut b = FakeOwner::attach(&m, "b", rb.segment_id, 0);
+    let _ = b.news();
+    put_on(&m, &mut b, "tmp/new", 100, &opts(1));
+    assert!(m.exists("tmp/new").unwrap());
+}
