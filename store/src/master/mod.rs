@@ -1345,14 +1345,14 @@ impl Master {
         now: Instant,
     ) -> Result<((u64, u64), Removal)> {
         let matches = Arc::new(matches);
-        {
-            // In a rebuild window, keys no holder has reported yet match too: their copies
-            // reported later are older than this removal.
+        // In a rebuild window, keys no holder has reported yet match too: their copies
+        // reported later are older than this removal. The leased keys it skips are spared.
+        let spared = {
             let mut st = self.state.lock();
             self.fence.check(now)?;
             let next = st.next_version;
-            st.window.removed_matching(matches.clone(), next, now);
-        }
+            st.window.removed_matching(matches.clone(), next, now)
+        };
         // One shard at a time (with the global state): the calls on the other shards go on
         // meanwhile, and what they do is theirs (a put into a shard already done stays).
         let (mut removed, mut skipped) = (0, 0);
@@ -1366,6 +1366,9 @@ impl Master {
                 if o.complete && matches(k) {
                     if o.leased(now) && !force {
                         skipped += 1;
+                        if let Some(spared) = &spared {
+                            spared.lock().insert(k.to_string());
+                        }
                     } else {
                         victims.push(k.to_string());
                     }

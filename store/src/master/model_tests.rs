@@ -116,6 +116,9 @@ struct Model {
     held: Vec<(u64, u64, bool)>,
     /// Keys a removal answered since taking over (reported copies of them are refused).
     buried: std::collections::BTreeSet<String>,
+    /// Each `RemoveAll` since taking over, with the leased keys it skipped: reported copies of
+    /// every other key are refused.
+    removed_all: Vec<std::collections::BTreeSet<String>>,
     now: u64,
     uses: u64,
 }
@@ -144,7 +147,7 @@ impl Model {
         // The remount drops what its segment held, and the holds in it.
         self.objects.retain(|_, e| !e.reported);
         self.held.retain(|(_, _, reported)| !reported);
-        if self.buried.contains(&key) {
+        if self.buried.contains(&key) || self.removed_all.iter().any(|spared| !spared.contains(&key)) {
             // Refused; a reader may hold a lease on it from the earlier master.
             self.held.push((self.now + LEASE.as_millis() as u64, size.next_multiple_of(GRANULE), true));
             return Answer::Counts(0, 1);
@@ -246,10 +249,12 @@ impl Model {
             },
             Op::RemoveAll(force) => {
                 let (mut removed, mut skipped) = (Vec::new(), 0);
+                let mut spared = std::collections::BTreeSet::new();
                 for (k, e) in &self.objects {
                     if e.complete {
                         if self.leased(e) && !force {
                             skipped += 1;
+                            spared.insert(k.clone());
                         } else {
                             removed.push(k.clone());
                         }
@@ -259,6 +264,7 @@ impl Model {
                     self.remove(k);
                     self.buried.insert(k.clone());
                 }
+                self.removed_all.push(spared);
                 Answer::Counts(removed.len() as u64, skipped)
             }
             Op::Advance(ms) => {

@@ -70,9 +70,21 @@ pub(super) struct Window {
 /// Most removals by pattern a rebuild window remembers.
 pub const MAX_PATTERNS: usize = 4096;
 
-/// What a removal by pattern matched.
+/// What a removal by pattern matched, and the keys it skipped (leased: not removed).
 #[derive(Clone)]
-pub(super) struct Pattern(pub Arc<dyn Fn(&str) -> bool + Send + Sync>);
+pub(super) struct Pattern {
+    matches: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    spared: Spared,
+}
+
+/// The keys a removal by pattern skipped, filled in while it runs.
+pub(super) type Spared = Arc<parking_lot::Mutex<std::collections::HashSet<String>>>;
+
+impl Pattern {
+    fn buries(&self, key: &str) -> bool {
+        (self.matches)(key) && !self.spared.lock().contains(key)
+    }
+}
 
 impl std::fmt::Debug for Pattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -129,21 +141,24 @@ impl Window {
 
     /// Keys matching `matches` were removed at `now`, this master's next version being `next`
     /// (a `RemoveByRegex` or `RemoveAll`): copies of a matching key older than that are gone,
-    /// found or not.
+    /// found or not, but for the leased keys it skipped (noted in what this returns when the
+    /// window is open).
     pub(super) fn removed_matching(
         &mut self,
         matches: Arc<dyn Fn(&str) -> bool + Send + Sync>,
         next: u64,
         now: Instant,
-    ) {
+    ) -> Option<Spared> {
         if !self.close_if_over(now) {
-            return;
+            return None;
         }
         if self.patterns.len() >= MAX_PATTERNS {
             tracing::warn!("{MAX_PATTERNS} removals by pattern in this rebuild window: the oldest is forgotten");
             self.patterns.pop_front();
         }
-        self.patterns.push_back((Pattern(matches), next));
+        let spared = Spared::default();
+        self.patterns.push_back((Pattern { matches, spared: spared.clone() }, next));
+        Some(spared)
     }
 
     /// A removal an earlier leader recorded ([`super::removal_records`]): copies of `key` older
@@ -168,7 +183,7 @@ impl Window {
     pub(super) fn buried(&self, key: &str, version: u64, now: Instant) -> bool {
         self.is_open(now)
             && (self.tombstones.get(key).is_some_and(|mark| version < *mark)
-                || self.patterns.iter().any(|(p, mark)| version < *mark && (p.0)(key)))
+                || self.patterns.iter().any(|(p, mark)| version < *mark && p.buries(key)))
     }
 
     /// Whether this master's object of `key` at `version` is a plain put's that a reported
