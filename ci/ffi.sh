@@ -74,6 +74,20 @@ ci_c_te_test() {
   MC_FORCE_TCP=1 RUST_LOG=error ci/.work/transfer_engine_test
 }
 
+# ffi/c/tests/transfer_engine_device_test.c against libtransfer_engine of $1 on the fake CUDA
+# driver: a child process's cuda:0 memory and this one's device and host memory moved both ways,
+# over shm (CUDA IPC between the processes) and over tcp (MC_FORCE_TCP=1, staged).
+ci_c_te_device_test() {
+  local dir=$1 fake
+  ci_log "C ABI: ffi/c/tests/transfer_engine_device_test.c on the fake CUDA driver"
+  fake=$(ci_fake_cuda_driver "$dir")
+  mkdir -p ci/.work
+  gcc -std=c11 -Wall -Wextra -Werror -I "$dir/include" ffi/c/tests/transfer_engine_device_test.c -L "$dir" \
+    -ltransfer_engine -ldl -Wl,-rpath,"$(cd "$dir" && pwd)" -o ci/.work/transfer_engine_device_test
+  CRESCENT_CUDA_DRIVER="$fake" RUST_LOG=error ci/.work/transfer_engine_device_test
+  CRESCENT_CUDA_DRIVER="$fake" MC_FORCE_TCP=1 RUST_LOG=error ci/.work/transfer_engine_device_test
+}
+
 # The fake CUDA driver tests/build.rs built into the cargo tree of $1 (target/<profile>): the
 # newest, where builds of several configurations left more than one.
 ci_fake_cuda_driver() {
