@@ -219,8 +219,8 @@ impl Mem {
         let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
         Err(if takes == Takes::Host && device::offers(obj) {
             PyTypeError::new_err(format!(
-                "{what}: a {name} offers device memory (__cuda_array_interface__ or DLPack), which the \
-                 TransferEngine's calls take; here give an int address"
+                "{what}: a {name} offers its memory by address (__cuda_array_interface__ or DLPack), which \
+                 the TransferEngine's calls take; the store's take an int address or a buffer object"
             ))
         } else if takes == Takes::Host {
             PyTypeError::new_err(format!(
