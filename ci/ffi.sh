@@ -74,8 +74,36 @@ ci_c_te_test() {
   MC_FORCE_TCP=1 RUST_LOG=error ci/.work/transfer_engine_test
 }
 
+# ffi/c/tests/transfer_engine_device_test.c against libtransfer_engine of $1 on the fake CUDA
+# driver: a child process's cuda:0 memory and this one's device and host memory moved both ways,
+# over shm (CUDA IPC between the processes) and over tcp (MC_FORCE_TCP=1, staged).
+ci_c_te_device_test() {
+  local dir=$1 fake
+  ci_log "C ABI: ffi/c/tests/transfer_engine_device_test.c on the fake CUDA driver"
+  fake=$(ci_fake_cuda_driver "$dir")
+  mkdir -p ci/.work
+  gcc -std=c11 -Wall -Wextra -Werror -I "$dir/include" ffi/c/tests/transfer_engine_device_test.c -L "$dir" \
+    -ltransfer_engine -ldl -Wl,-rpath,"$(cd "$dir" && pwd)" -o ci/.work/transfer_engine_device_test
+  CRESCENT_CUDA_DRIVER="$fake" RUST_LOG=error ci/.work/transfer_engine_device_test
+  CRESCENT_CUDA_DRIVER="$fake" MC_FORCE_TCP=1 RUST_LOG=error ci/.work/transfer_engine_device_test
+}
+
+# The fake CUDA driver tests/build.rs built into the cargo tree of $1 (target/<profile>): the
+# newest, where builds of several configurations left more than one.
+ci_fake_cuda_driver() {
+  local found
+  found=$(ls -t "$1"/build/crescent-tests-*/out/libfake_cuda.so 2>/dev/null | head -1)
+  [ -n "$found" ] || { echo "no fake CUDA driver under $1/build (cargo build -p crescent-tests builds it)" >&2; return 1; }
+  echo "$found"
+}
+
 # The pytest suite against binaries of $1. pytest's exit 5 ("no tests collected") fails too.
+# The device tests (test_device.py) run on the fake CUDA driver: named here, so that they run
+# rather than skip.
 ci_pytest() {
   ci_log "Python package: pytest ffi/python/tests"
-  CRESCENT_BIN_DIR="$1" "$CI_VENV/bin/python" -m pytest ffi/python/tests -q -p no:cacheprovider
+  local fake
+  fake=$(ci_fake_cuda_driver "$1")
+  CRESCENT_BIN_DIR="$1" CRESCENT_FAKE_CUDA_DRIVER="$fake" "$CI_VENV/bin/python" -m pytest ffi/python/tests -q \
+    -p no:cacheprovider
 }

@@ -56,6 +56,7 @@ fi
 
 ci_c_example "$TARGET_DIR/debug"
 ci_c_te_test "$TARGET_DIR/debug"
+ci_c_te_device_test "$TARGET_DIR/debug"
 ci_python_env
 ci_python_wheel debug
 ci_pytest "$TARGET_DIR/debug"

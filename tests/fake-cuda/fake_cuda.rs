@@ -7,6 +7,10 @@
 //! * An IPC handle names the exporting process, the memfd's descriptor number and the size:
 //!   another process opens it through `/proc/<pid>/fd/<n>` and maps it the same two ways.
 //!
+//! * A stream runs the work queued on it in order: `cuLaunchHostFunc` runs its function on a
+//!   thread of its own once the stream's earlier work is done; a copy on the stream, and
+//!   `cuStreamSynchronize`, wait for that work first. Stream 0 is one default stream.
+//!
 //! It reports `FAKE_CUDA_DEVICES` devices (default 2). Built by `tests/build.rs` with plain
 //! `rustc` (no dependencies) into a cdylib that tests name with `CRESCENT_CUDA_DRIVER`.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
@@ -65,6 +69,35 @@ static PINNED: Mutex<Vec<(u64, usize)>> = Mutex::new(Vec::new());
 
 thread_local! {
     static CURRENT: Cell<u32> = const { Cell::new(0) };
+    /// Whether cuCtxSetCurrent was called on this thread (cuCtxGetCurrent answers null before).
+    static CONTEXT_SET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A stream: the last work queued on it (each piece of work waits for the one before).
+struct Stream {
+    last: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Stream 0.
+static DEFAULT_STREAM: Stream = Stream { last: Mutex::new(None) };
+
+/// The stream behind a handle (0: the default stream).
+unsafe fn stream<'a>(handle: *mut c_void) -> &'a Stream {
+    if handle.is_null() {
+        &DEFAULT_STREAM
+    } else {
+        &*(handle as *const Stream)
+    }
+}
+
+impl Stream {
+    /// Waits for the work queued so far.
+    fn drain(&self) {
+        let last = self.last.lock().unwrap().take();
+        if let Some(work) = last {
+            let _ = work.join();
+        }
+    }
 }
 
 fn devices() -> u32 {
@@ -146,6 +179,13 @@ pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CuResult {
         return INVALID_CONTEXT;
     }
     CURRENT.with(|c| c.set(n as u32 - 1));
+    CONTEXT_SET.with(|c| c.set(true));
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> CuResult {
+    *ctx = if CONTEXT_SET.with(Cell::get) { (CURRENT.with(Cell::get) as usize + 1) as *mut c_void } else { std::ptr::null_mut() };
     SUCCESS
 }
 
@@ -180,25 +220,50 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usiz
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint) -> CuResult {
-    *stream = Box::into_raw(Box::new(0u64)).cast();
+pub unsafe extern "C" fn cuStreamCreate(handle: *mut *mut c_void, _flags: c_uint) -> CuResult {
+    *handle = Box::into_raw(Box::new(Stream { last: Mutex::new(None) })).cast();
     SUCCESS
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> CuResult {
-    if stream.is_null() {
-        return INVALID_HANDLE;
-    }
+pub unsafe extern "C" fn cuStreamSynchronize(handle: *mut c_void) -> CuResult {
+    stream(handle).drain();
     SUCCESS
 }
 
-/// Copies at once (the stream is always idle when synchronised).
+/// Runs `f(data)` on a thread of its own once the stream's earlier work is done.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyAsync(dst: u64, src: u64, len: usize, stream: *mut c_void) -> CuResult {
-    if stream.is_null() {
-        return INVALID_HANDLE;
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    handle: *mut c_void,
+    f: Option<unsafe extern "C" fn(*mut c_void)>,
+    data: *mut c_void,
+) -> CuResult {
+    let Some(f) = f else {
+        return INVALID_VALUE;
+    };
+    let s = stream(handle);
+    let mut last = s.last.lock().unwrap();
+    let before = last.take();
+    let data = data as usize;
+    let work = std::thread::Builder::new().name("fake-cuda-host-fn".into()).spawn(move || {
+        if let Some(before) = before {
+            let _ = before.join();
+        }
+        f(data as *mut c_void);
+    });
+    match work {
+        Ok(work) => {
+            *last = Some(work);
+            SUCCESS
+        }
+        Err(_) => OUT_OF_MEMORY,
     }
+}
+
+/// Copies once the stream's earlier work is done, before returning.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAsync(dst: u64, src: u64, len: usize, handle: *mut c_void) -> CuResult {
+    stream(handle).drain();
     let allocs = ALLOCS.lock().unwrap();
     let (to, from) = match (resolve(&allocs, dst, len as u64), resolve(&allocs, src, len as u64)) {
         (Ok(to), Ok(from)) => (to, from),

@@ -185,6 +185,53 @@ fn tcp_moves_device_memory_both_ways_and_between_host_and_device() {
     target.unregister(remote.addr).unwrap();
 }
 
+#[test]
+fn a_transfer_on_a_stream_runs_on_the_drivers_time_and_reports_a_later_failure_once() {
+    let target = engine(Some(TransportKind::Tcp), fake_driver());
+    let initiator = engine(Some(TransportKind::Tcp), fake_driver());
+    let remote = DeviceBuffer::new(0, 4 * MIB);
+    target.register(remote.addr, remote.len, "cuda:0").unwrap();
+    let local = DeviceBuffer::with_pattern(0, 2 * MIB, 7);
+    initiator.register(local.addr, local.len, "cuda:0").unwrap();
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    let (held, dropped) = std::sync::mpsc::channel::<()>();
+
+    // Stream 0 (the default stream; no context is current on this thread: device 0's is used).
+    let write = request(Opcode::Write, local.addr + 3, seg, remote.addr + 5, 2 * MIB - 3);
+    initiator.transfer_on_stream(0, vec![write], held).unwrap();
+    // `hold` goes once the transfer has ended: then the bytes are there.
+    let ended = dropped.recv_timeout(Duration::from_secs(30));
+    assert_eq!(ended, Err(std::sync::mpsc::RecvTimeoutError::Disconnected), "dropped, not timed out");
+    assert_eq!(pattern::first_mismatch(&remote.read_back(5, 2 * MIB - 3), 7, 3), None);
+
+    // Refused at once, nothing queued: memory not registered, length 0, an unknown segment.
+    let refused = |r: TransferRequest| initiator.transfer_on_stream(0, vec![r], ()).unwrap_err();
+    let err = refused(request(Opcode::Write, local.addr + 2 * MIB, seg, remote.addr, 16));
+    assert!(matches!(err, EngineError::LocalNotRegistered { .. }), "{err}");
+    let err = refused(request(Opcode::Write, local.addr, seg, remote.addr, 0));
+    assert!(matches!(err, EngineError::InvalidArgument(_)), "{err}");
+    let err = refused(request(Opcode::Write, local.addr, 999, remote.addr, 16));
+    assert!(matches!(err, EngineError::UnknownSegment(999)), "{err}");
+
+    // A read past the target's region fails on the stream's time: the next call reports it, once.
+    let past = request(Opcode::Read, local.addr, seg, remote.addr + 4 * MIB - 10, 100);
+    initiator.transfer_on_stream(0, vec![past], ()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let reported = loop {
+        match initiator.transfer_on_stream(0, Vec::new(), ()) {
+            Err(e) => break e,
+            Ok(()) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(()) => panic!("the failed transfer was never reported"),
+        }
+    };
+    assert!(matches!(reported, EngineError::StreamTransferFailed { .. }), "{reported}");
+    assert!(reported.to_string().contains("outside"), "{reported}");
+    initiator.transfer_on_stream(0, Vec::new(), ()).unwrap();
+    assert_eq!(pattern::first_mismatch(&local.read_back(0, 2 * MIB), 7, 0), None, "the failed read wrote nothing");
+    initiator.unregister(local.addr).unwrap();
+    target.unregister(remote.addr).unwrap();
+}
+
 /// A `device-peer` process and its lines.
 struct Peer {
     _child: ChildGuard,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crescent_transports::device::{Devices, Location, Placement};
+use crescent_transports::device::{DeviceMemory, Devices, Location, Placement};
 use crescent_transports::net::Auth;
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
@@ -156,6 +156,8 @@ pub struct TransferEngine {
     _handshake: HandshakeServer,
     /// The cluster secret's check on every port, and its counters.
     auth: Auth,
+    /// The failure of a transfer queued on a device stream, until the next such call reports it.
+    stream_failure: Arc<Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -256,6 +258,7 @@ impl TransferEngine {
             outbox: Outbox::start(config.handshake_timeout, auth.clone())?,
             auth,
             _handshake: handshake,
+            stream_failure: Arc::default(),
             config,
         }))
     }
@@ -423,6 +426,12 @@ impl TransferEngine {
         }
         self.table.insert(Region::local_only(addr, len))?;
         Ok(Some(LocalLoan { table: &self.table, addr }))
+    }
+
+    /// The device memory `[addr, +len)` lies in, when it is registered memory of a device (the
+    /// CPU must not touch it: its bytes move through the driver's copies).
+    pub fn local_device_memory(&self, addr: u64, len: u64) -> Option<DeviceMemory> {
+        self.table.device_memory(addr, len)
     }
 
     /// Allocates `len` bytes of shareable host memory and registers them. A device location is
@@ -879,6 +888,87 @@ impl TransferEngine {
                 TransferStatus::Pending => unreachable!("wait_batch returns once all ended"),
             }
         }
+        Ok(())
+    }
+
+    // ---- transfers ordered on a device stream (upstream's `transfer_*_on_cuda`) ----
+
+    /// Queues `requests` on the caller's device stream (`stream`: the driver's handle, 0 for
+    /// the default stream of the calling thread's context): they start once the work queued on
+    /// the stream before them is done, and the work queued after them waits until they have
+    /// ended. Returns once they are queued.
+    ///
+    /// Checked now, each a typed error with nothing queued: a request of length 0, local
+    /// memory that is not registered, an unknown segment, no device driver, a stream the
+    /// driver refuses. A failure of the transfer itself comes later, on the driver's time: it
+    /// is logged, the stream goes on, and this engine's next call of this method returns it
+    /// as [`EngineError::StreamTransferFailed`] (once). Upstream ends the process instead.
+    ///
+    /// `hold` is dropped once the transfer has ended (on a thread of the engine's, after the
+    /// stream went on): what keeps the local memory alive, say; it is dropped at once when
+    /// nothing is queued.
+    pub fn transfer_on_stream<H: Send + 'static>(
+        self: &Arc<Self>,
+        stream: u64,
+        requests: Vec<TransferRequest>,
+        hold: H,
+    ) -> Result<()> {
+        if let Some(reason) = self.stream_failure.lock().take() {
+            return Err(EngineError::StreamTransferFailed { reason });
+        }
+        let mut device = None;
+        for (i, r) in requests.iter().enumerate() {
+            if r.length == 0 {
+                return Err(EngineError::InvalidArgument(format!("request {i} has length 0")));
+            }
+            if !self.is_registered(r.source, r.length) {
+                return Err(EngineError::LocalNotRegistered { request: i, addr: r.source, len: r.length });
+            }
+            self.segment(r.target)?;
+            device = device.or_else(|| self.table.device_memory(r.source, r.length));
+        }
+        if requests.is_empty() {
+            return Ok(());
+        }
+        // The stream's context: the local device memory's device (the first request's on a
+        // device), unless the caller has a context current.
+        let (driver, ordinal) = match device {
+            Some(memory) => (memory.driver, memory.allocation.device),
+            None => (self.table.devices().driver()?, 0),
+        };
+        let engine = Arc::clone(self);
+        let failure = Arc::clone(&self.stream_failure);
+        let count = requests.len();
+        let work = Box::new(move || {
+            // The driver's thread must not call the driver, and the transfer's copies do: it
+            // runs on a thread of its own while this one holds the stream.
+            let (done, ended) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new().name("crescent-on-stream".into()).spawn(move || {
+                if let Err(e) = engine.transfer_sync(&requests) {
+                    tracing::error!(
+                        "a transfer of {} request(s) queued on a device stream failed: {e}",
+                        requests.len()
+                    );
+                    *engine.stream_failure.lock() = Some(e.to_string());
+                }
+                let _ = done.send(());
+                // The engine's last reference may go here, not on the driver's thread (which
+                // must not call the driver, as closing the engine's IPC mappings does).
+                drop(engine);
+                drop(hold);
+            });
+            match spawned {
+                Ok(_) => {
+                    let _ = ended.recv();
+                }
+                Err(e) => {
+                    tracing::error!("a transfer queued on a device stream cannot start a thread: {e}");
+                    *failure.lock() = Some(format!("cannot start a thread for it: {e}"));
+                }
+            }
+        });
+        driver.api().launch_host_func(ordinal, stream, work)?;
+        tracing::debug!("{count} request(s) queued on device stream {stream:#x}");
         Ok(())
     }
 

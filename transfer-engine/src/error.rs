@@ -149,6 +149,15 @@ pub enum EngineError {
         #[source]
         source: crescent_transports::net::AuthError,
     },
+    /// A transfer queued on a device stream ([`TransferEngine::transfer_on_stream`]) failed
+    /// after that call had returned; the engine's next such call reports it, once.
+    ///
+    /// [`TransferEngine::transfer_on_stream`]: crate::TransferEngine::transfer_on_stream
+    #[error("a transfer queued on a device stream earlier failed: {reason}")]
+    StreamTransferFailed {
+        /// Why it failed.
+        reason: String,
+    },
     /// A transfer did not end within its deadline (`MC_TRANSFER_TIMEOUT`).
     #[error("transfer timed out")]
     TimedOut,

@@ -8,7 +8,9 @@
 //!   own codes where upstream passes them through (`register_memory`: -7 overlapping, -3 not
 //!   registered, ...); `crescent.last_error()` has the message;
 //! * calls that return a batch id or an address give 0 on failure;
-//! * memory is an int address, or any C-contiguous buffer object (Crescent's addition);
+//! * memory is an int address, or (Crescent's addition) any C-contiguous buffer object, or an
+//!   array offering its address — `__cuda_array_interface__` or DLPack: torch and cupy
+//!   tensors, on a GPU or not — neither framework being a dependency;
 //! * the GIL is released while the engine works.
 
 use std::collections::HashMap;
@@ -20,11 +22,11 @@ use crescent_ffi::engine::{
 };
 use crescent_ffi::{te_engine_fail, te_fail, TeCode};
 use parking_lot::{Mutex, RwLock};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyType};
 
-use crate::{Exported, Mem};
+use crate::{Exported, Mem, Takes};
 
 /// Upstream's `kWildcardLocation`: memory of any placement.
 const WILDCARD_LOCATION: &str = "*";
@@ -140,8 +142,9 @@ pub(crate) struct Engine {
     engine: RwLock<Option<Arc<TransferEngine>>>,
     /// Buffers from `allocate_managed_buffer`, by address.
     managed: Mutex<HashMap<u64, RegisteredMemory>>,
-    /// Buffer objects registered by `register_memory`, kept exported until unregistered.
-    pinned: Mutex<HashMap<u64, Exported>>,
+    /// Buffer objects and arrays registered by `register_memory`, kept (exported) until
+    /// unregistered.
+    pinned: Mutex<HashMap<u64, Mem>>,
 }
 
 /// One call's requests: local addresses (with the exports that keep buffer objects alive for
@@ -154,7 +157,7 @@ struct Requests {
 
 impl Requests {
     fn one(buffer: &Bound<'_, PyAny>, peer: u64, length: u64, opcode: Opcode) -> PyResult<Self> {
-        let mem = Mem::new(buffer, opcode == Opcode::Read, "buffer")?;
+        let mem = Mem::any(buffer, opcode == Opcode::Read, "buffer")?;
         let length = mem.size(Some(length), "buffer")?;
         Ok(Requests { mems: vec![mem], peers: vec![peer], lengths: vec![length] })
     }
@@ -178,7 +181,7 @@ impl Requests {
         let mut mems = Vec::with_capacity(list.len());
         for (i, (obj, &len)) in list.iter().zip(&lengths).enumerate() {
             let what = format!("buffers[{i}]");
-            let m = Mem::new(obj, opcode == Opcode::Read, &what)?;
+            let m = Mem::any(obj, opcode == Opcode::Read, &what)?;
             m.size(Some(len), &what)?;
             mems.push(m);
         }
@@ -340,6 +343,60 @@ impl Engine {
             Err(message) => te(TeCode::InvalidArgument, message),
         })
     }
+
+    /// Upstream's `*_on_cuda`: the requests queued on the caller's CUDA stream (see
+    /// `TransferEngine::transfer_on_stream`); `None` once queued. A refusal raises
+    /// `RuntimeError` (as upstream's does), the message also in `last_error()`.
+    fn on_cuda(
+        &self,
+        py: Python<'_>,
+        opcode: Opcode,
+        target: &str,
+        requests: Result<Requests, String>,
+        stream: Option<&Bound<'_, PyAny>>,
+        hint: &str,
+    ) -> PyResult<()> {
+        check_hint(hint)?;
+        let stream = stream.map_or(Ok(0), stream_handle)?;
+        let requests = requests.map_err(|message| runtime(TeCode::InvalidArgument, message))?;
+        let Some(engine) = self.engine() else {
+            return Err(runtime(TeCode::InvalidArgument, "transfer on a CUDA stream: call initialize() first"));
+        };
+        let queued = py.detach(|| {
+            let segment = engine.open_segment(target)?;
+            let reqs = requests.build(opcode, segment);
+            // The buffer objects stay exported until the transfer has ended.
+            engine.transfer_on_stream(stream, reqs, requests.mems)
+        });
+        queued.map_err(|e| {
+            te_engine_fail(&e);
+            PyRuntimeError::new_err(e.to_string())
+        })
+    }
+}
+
+/// A `RuntimeError` with `message`, recorded as the last error with `code`.
+fn runtime(code: TeCode, message: impl std::fmt::Display) -> PyErr {
+    let message = message.to_string();
+    te_fail(code, &message);
+    PyRuntimeError::new_err(message)
+}
+
+/// A CUDA stream given to the `*_on_cuda` calls: an int handle (`cudaStream_t`, 0 for the
+/// default stream), or a stream object of torch (`cuda_stream`) or cupy (`ptr`).
+fn stream_handle(stream: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let handle = if stream.hasattr("cuda_stream")? {
+        stream.getattr("cuda_stream")?
+    } else if stream.hasattr("ptr")? && !stream.hasattr("__index__")? {
+        stream.getattr("ptr")?
+    } else {
+        stream.clone()
+    };
+    handle.extract::<u64>().map_err(|_| {
+        PyTypeError::new_err(
+            "stream_ptr: expected an int CUDA stream handle (0: the default stream) or a stream object",
+        )
+    })
 }
 
 /// The engine's configuration for upstream's `initialize` arguments: a port in
@@ -459,14 +516,14 @@ impl Engine {
         location: &str,
     ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
-        let mem = Mem::new(buffer_addr, false, "buffer_addr")?;
+        let mem = Mem::any(buffer_addr, false, "buffer_addr")?;
         let len = mem.size(capacity, "buffer_addr")?;
         let Some(engine) = self.engine() else { return Ok(Self::not_initialized("register_memory")) };
         let addr = mem.addr();
         Ok(match py.detach(|| engine.register(addr, len, location)) {
             Ok(()) => {
-                if let Mem::Buffer(b) = mem {
-                    self.pinned.lock().insert(addr, b);
+                if mem.holds_object() {
+                    self.pinned.lock().insert(addr, mem);
                 }
                 0
             }
@@ -485,15 +542,15 @@ impl Engine {
     ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
         let n = buffer_addresses.len()?;
-        let (mems, lens) = crate::mems(buffer_addresses, capacities, false, n)?;
+        let (mems, lens) = crate::mems(buffer_addresses, capacities, false, n, Takes::HostOrDevice)?;
         let Some(engine) = self.engine() else { return Ok(Self::not_initialized("batch_register_memory")) };
         let regions: Vec<(u64, u64)> = mems.iter().map(Mem::addr).zip(lens).collect();
         Ok(match py.detach(|| engine.register_batch(&regions, location)) {
             Ok(()) => {
                 let mut pinned = self.pinned.lock();
                 for m in mems {
-                    if let Mem::Buffer(b) = m {
-                        pinned.insert(b.addr(), b);
+                    if m.holds_object() {
+                        pinned.insert(m.addr(), m);
                     }
                 }
                 0
@@ -506,7 +563,7 @@ impl Engine {
     /// -3 if nothing is registered there.
     fn unregister_memory(&self, py: Python<'_>, buffer_addr: &Bound<'_, PyAny>) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
-        let addr = Mem::new(buffer_addr, false, "buffer_addr")?.addr();
+        let addr = Mem::any(buffer_addr, false, "buffer_addr")?.addr();
         let Some(engine) = self.engine() else { return Ok(Self::not_initialized("unregister_memory")) };
         Ok(match py.detach(|| engine.unregister(addr)) {
             Ok(()) => {
@@ -524,7 +581,7 @@ impl Engine {
         let addrs: Vec<u64> = buffer_addresses
             .try_iter()?
             .enumerate()
-            .map(|(i, o)| Ok(Mem::new(&o?, false, &format!("buffer_addresses[{i}]"))?.addr()))
+            .map(|(i, o)| Ok(Mem::any(&o?, false, &format!("buffer_addresses[{i}]"))?.addr()))
             .collect::<PyResult<_>>()?;
         let Some(engine) = self.engine() else { return Ok(Self::not_initialized("batch_unregister_memory")) };
         let results: Vec<Result<(), EngineError>> = py.detach(|| addrs.iter().map(|&a| engine.unregister(a)).collect());
@@ -720,6 +777,86 @@ impl Engine {
         self.many_async(py, opcode, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint)
     }
 
+    /// transfer_write_on_cuda(target_hostname, buffer, peer_buffer_address, length,
+    /// stream_ptr=0, transport_hint="") -> None: the write is queued on the CUDA stream: it
+    /// starts once the work queued before it is done, and later work waits for it. Raises
+    /// `RuntimeError` when it cannot be queued; a failure of the transfer itself is logged and
+    /// raised by the engine's next `*_on_cuda` call (upstream ends the process).
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, stream_ptr=None, transport_hint=""))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_write_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_buffer_address: u64,
+        length: u64,
+        stream_ptr: Option<&Bound<'_, PyAny>>,
+        transport_hint: &str,
+    ) -> PyResult<()> {
+        crescent_ffi::clear_last_error();
+        let r = Requests::one(buffer, peer_buffer_address, length, Opcode::Write)?;
+        self.on_cuda(py, Opcode::Write, target_hostname, Ok(r), stream_ptr, transport_hint)
+    }
+
+    /// transfer_read_on_cuda(target_hostname, buffer, peer_buffer_address, length,
+    /// stream_ptr=0, transport_hint="") -> None: the read, queued on the CUDA stream as
+    /// `transfer_write_on_cuda` queues a write.
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, stream_ptr=None, transport_hint=""))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_read_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_buffer_address: u64,
+        length: u64,
+        stream_ptr: Option<&Bound<'_, PyAny>>,
+        transport_hint: &str,
+    ) -> PyResult<()> {
+        crescent_ffi::clear_last_error();
+        let r = Requests::one(buffer, peer_buffer_address, length, Opcode::Read)?;
+        self.on_cuda(py, Opcode::Read, target_hostname, Ok(r), stream_ptr, transport_hint)
+    }
+
+    /// batch_transfer_write_on_cuda(target_hostname, buffers, peer_buffer_addresses, lengths,
+    /// stream_ptr=0, transport_hint="") -> None: the writes, queued on the CUDA stream as one.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr=None, transport_hint=""))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_write_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        stream_ptr: Option<&Bound<'_, PyAny>>,
+        transport_hint: &str,
+    ) -> PyResult<()> {
+        crescent_ffi::clear_last_error();
+        let r = Requests::many(buffers, peer_buffer_addresses, lengths, Opcode::Write)?;
+        self.on_cuda(py, Opcode::Write, target_hostname, r, stream_ptr, transport_hint)
+    }
+
+    /// batch_transfer_read_on_cuda(target_hostname, buffers, peer_buffer_addresses, lengths,
+    /// stream_ptr=0, transport_hint="") -> None: the reads, queued on the CUDA stream as one.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr=None, transport_hint=""))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_read_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        stream_ptr: Option<&Bound<'_, PyAny>>,
+        transport_hint: &str,
+    ) -> PyResult<()> {
+        crescent_ffi::clear_last_error();
+        let r = Requests::many(buffers, peer_buffer_addresses, lengths, Opcode::Read)?;
+        self.on_cuda(py, Opcode::Read, target_hostname, r, stream_ptr, transport_hint)
+    }
+
     /// transfer_submit_write(target_hostname, buffer, peer_buffer_address, length,
     /// transport_hint="") -> int: a batch id (poll with `transfer_check_status`), 0 on failure.
     #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint=""))]
@@ -852,8 +989,15 @@ impl Engine {
     }
 
     /// write_bytes_to_buffer(buffer_addr, src, length) -> int: copies `length` bytes of `src`
-    /// (bytes-like or str) into local registered memory at `buffer_addr`; -1 outside it.
-    fn write_bytes_to_buffer(&self, buffer_addr: u64, src: &Bound<'_, PyAny>, length: u64) -> PyResult<i32> {
+    /// (bytes-like or str) into local registered memory at `buffer_addr` (device memory through
+    /// its driver); -1 outside it.
+    fn write_bytes_to_buffer(
+        &self,
+        py: Python<'_>,
+        buffer_addr: u64,
+        src: &Bound<'_, PyAny>,
+        length: u64,
+    ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
         let encoded;
         let src = match src.cast::<PyString>() {
@@ -873,6 +1017,15 @@ impl Engine {
         if !engine.is_registered(buffer_addr, length) {
             return Ok(te(TeCode::InvalidArgument, format!("[{buffer_addr:#x}, +{length}) is not registered memory")));
         }
+        if let Some(device) = engine.local_device_memory(buffer_addr, length) {
+            // Device memory: copied in by its driver (the CPU cannot touch it).
+            let from = src.bytes().as_ptr() as u64;
+            let copied = py.detach(|| device.driver.copy(device.allocation.device, buffer_addr, from, length));
+            return Ok(match copied {
+                Ok(()) => 0,
+                Err(e) => te_engine_fail(&e.into()).code(),
+            });
+        }
         // SAFETY: the range lies inside memory registered with this engine, which its owner
         // keeps valid while registered; `src` is a live export of at least `length` bytes.
         unsafe { std::ptr::copy_nonoverlapping(src.bytes().as_ptr(), buffer_addr as *mut u8, length as usize) };
@@ -880,7 +1033,7 @@ impl Engine {
     }
 
     /// read_bytes_from_buffer(buffer_addr, length) -> bytes: a copy of local registered memory
-    /// (empty bytes outside registered memory).
+    /// (device memory through its driver; empty bytes outside registered memory).
     fn read_bytes_from_buffer<'py>(&self, py: Python<'py>, buffer_addr: u64, length: u64) -> Bound<'py, PyBytes> {
         crescent_ffi::clear_last_error();
         let Some(engine) = self.engine() else {
@@ -890,6 +1043,18 @@ impl Engine {
         if length == 0 || !engine.is_registered(buffer_addr, length) {
             te(TeCode::InvalidArgument, format!("[{buffer_addr:#x}, +{length}) is not registered memory"));
             return PyBytes::new(py, &[]);
+        }
+        if let Some(device) = engine.local_device_memory(buffer_addr, length) {
+            // Device memory: copied out by its driver (the CPU cannot touch it).
+            let mut out = vec![0u8; length as usize];
+            let to = out.as_mut_ptr() as u64;
+            return match py.detach(|| device.driver.copy(device.allocation.device, to, buffer_addr, length)) {
+                Ok(()) => PyBytes::new(py, &out),
+                Err(e) => {
+                    te_engine_fail(&e.into());
+                    PyBytes::new(py, &[])
+                }
+            };
         }
         // SAFETY: the range lies inside memory registered with this engine (valid while
         // registered); it is copied out at once.

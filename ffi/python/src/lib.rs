@@ -155,14 +155,42 @@ impl Drop for Exported {
     }
 }
 
-/// Memory given either as an int address (Mooncake's convention) or as a buffer object.
+/// Memory given as an int address (Mooncake's convention), a buffer object, or (where a call
+/// takes [`Takes::HostOrDevice`]) an array offering its address: `__cuda_array_interface__`
+/// or DLPack.
 enum Mem {
     Addr(u64),
     Buffer(Exported),
+    Array(device::DeviceArray),
+}
+
+/// Which objects a call takes for memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Takes {
+    /// An int address or a buffer object (the store's calls).
+    Host,
+    /// Those, and arrays by address (`__cuda_array_interface__`, DLPack): the engine's calls.
+    HostOrDevice,
 }
 
 impl Mem {
+    /// An int address or a buffer object.
     fn new(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Self> {
+        Self::parse(obj, writable, what, Takes::Host)
+    }
+
+    /// An int address, a buffer object, or an array by address (device memory included).
+    fn any(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Self> {
+        Self::parse(obj, writable, what, Takes::HostOrDevice)
+    }
+
+    fn parse(obj: &Bound<'_, PyAny>, writable: bool, what: &str, takes: Takes) -> PyResult<Self> {
+        // First: a CUDA array (a torch tensor has `__index__` too, for one-item tensors).
+        if takes == Takes::HostOrDevice {
+            if let Some(array) = device::from_cuda_array_interface(obj, writable, what)? {
+                return Ok(Mem::Array(array));
+            }
+        }
         // An int, or an integer-like scalar without a length (numpy.uint64 has the buffer
         // protocol too, but means an address here, e.g. from an array of addresses).
         let int_like =
@@ -175,16 +203,35 @@ impl Mem {
         if obj.is_instance_of::<pyo3::types::PyString>() {
             return Err(PyTypeError::new_err(format!("{what}: expected an int address or a buffer, not str")));
         }
-        Exported::new(obj, writable).map(Mem::Buffer).map_err(|e| {
-            if e.is_instance_of::<PyTypeError>(obj.py()) {
-                PyTypeError::new_err(format!(
-                    "{what}: expected an int address or an object with the buffer protocol (bytearray, memoryview, \
-                     numpy array), not {}",
-                    obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-                ))
-            } else {
-                e
+        let e = match Exported::new(obj, writable) {
+            Ok(b) => return Ok(Mem::Buffer(b)),
+            Err(e) => e,
+        };
+        if !e.is_instance_of::<PyTypeError>(obj.py()) {
+            return Err(e);
+        }
+        // No buffer protocol: a DLPack exporter (a CPU or CUDA tensor of torch, say).
+        if takes == Takes::HostOrDevice {
+            if let Some(array) = device::from_dlpack(obj, what)? {
+                return Ok(Mem::Array(array));
             }
+        }
+        let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        Err(if takes == Takes::Host && device::offers(obj) {
+            PyTypeError::new_err(format!(
+                "{what}: a {name} offers its memory by address (__cuda_array_interface__ or DLPack), which \
+                 the TransferEngine's calls take; the store's take an int address or a buffer object"
+            ))
+        } else if takes == Takes::Host {
+            PyTypeError::new_err(format!(
+                "{what}: expected an int address or an object with the buffer protocol (bytearray, memoryview, \
+                 numpy array), not {name}"
+            ))
+        } else {
+            PyTypeError::new_err(format!(
+                "{what}: expected an int address, an object with the buffer protocol (bytearray, memoryview, \
+                 numpy array), __cuda_array_interface__ or DLPack (torch, cupy), not {name}"
+            ))
         })
     }
 
@@ -192,7 +239,13 @@ impl Mem {
         match self {
             Mem::Addr(a) => *a,
             Mem::Buffer(b) => b.addr(),
+            Mem::Array(a) => a.addr(),
         }
+    }
+
+    /// Whether it holds an object that must stay alive while its memory is registered.
+    fn holds_object(&self) -> bool {
+        !matches!(self, Mem::Addr(_))
     }
 
     /// The length to use: `size` if given (at most the buffer's length), else the buffer's.
@@ -207,16 +260,22 @@ impl Mem {
             }
             (Mem::Buffer(_), Some(n)) => Ok(n),
             (Mem::Buffer(b), None) => Ok(b.len()),
+            (Mem::Array(a), Some(n)) if n > a.len() => {
+                Err(PyValueError::new_err(format!("{what}: size {n} is larger than the array ({} bytes)", a.len())))
+            }
+            (Mem::Array(_), Some(n)) => Ok(n),
+            (Mem::Array(a), None) => Ok(a.len()),
         }
     }
 }
 
-/// Memory for a list of buffers with optional sizes.
+/// Memory for a list of buffers with optional sizes, each one of the objects `takes` says.
 fn mems(
     buffers: &Bound<'_, PyAny>,
     sizes: Option<Vec<u64>>,
     writable: bool,
     count: usize,
+    takes: Takes,
 ) -> PyResult<(Vec<Mem>, Vec<u64>)> {
     let list: Vec<Bound<'_, PyAny>> = buffers.try_iter()?.collect::<PyResult<_>>()?;
     if list.len() != count {
@@ -231,7 +290,7 @@ fn mems(
     let mut lens = Vec::with_capacity(count);
     for (i, obj) in list.iter().enumerate() {
         let what = format!("buffers[{i}]");
-        let m = Mem::new(obj, writable, &what)?;
+        let m = Mem::parse(obj, writable, &what, takes)?;
         lens.push(m.size(sizes.as_ref().map(|s| s[i]), &what)?);
         out.push(m);
     }
@@ -276,6 +335,11 @@ fn store_mem(
         }
         (Mem::Buffer(b), None) => {
             let n = b.len();
+            Ok((mem, n))
+        }
+        // Not taken by the store's calls (`Mem::new`); sized as a buffer would be.
+        (Mem::Array(a), None) => {
+            let n = a.len();
             Ok((mem, n))
         }
         (_, Some(n)) => Ok((mem, n)),
@@ -1861,6 +1925,7 @@ impl Store {
             let base = mem.addr();
             let capacity = match &mem {
                 Mem::Buffer(b) => Some(b.len()),
+                Mem::Array(a) => Some(a.len()),
                 Mem::Addr(_) => None,
             };
             keep.push(mem);
@@ -2264,6 +2329,7 @@ fn status_name(code: i32) -> &'static str {
     Status::from_code(code).map_or("UNKNOWN", Status::name)
 }
 
+mod device;
 mod dummy;
 mod engine;
 

@@ -22,9 +22,9 @@ UNKNOWN = "127.0.0.1:1"  # nothing listens on port 1
 class Peer:
     """An engine in another process, its managed buffer, and its notifications."""
 
-    def __init__(self, protocol: str, size: int = 16 * MiB):
+    def __init__(self, protocol: str, size: int = 16 * MiB, location: str = ""):
         self.proc = subprocess.Popen(
-            [sys.executable, str(PEER), protocol, str(size)],
+            [sys.executable, str(PEER), protocol, str(size), location],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -83,7 +83,8 @@ def test_names_match_mooncake():
         "batch_transfer_sync_write", "batch_transfer_async", "batch_transfer_async_read",
         "batch_transfer_async_write", "get_batch_transfer_status", "transfer_submit_write", "transfer_check_status",
         "send_probe", "get_notifies", "allocate_managed_buffer", "free_managed_buffer", "get_first_buffer_address",
-        "write_bytes_to_buffer", "read_bytes_from_buffer", "warmup_efa_segment",
+        "write_bytes_to_buffer", "read_bytes_from_buffer", "warmup_efa_segment", "transfer_write_on_cuda",
+        "transfer_read_on_cuda", "batch_transfer_write_on_cuda", "batch_transfer_read_on_cuda",
     ]:
         assert callable(getattr(TransferEngine, name)), name
     assert crescent.TransferEngine is TransferEngine
@@ -91,7 +92,7 @@ def test_names_match_mooncake():
     assert (int(TransferOpcode.Read), int(TransferOpcode.Write)) == (0, 1)
     assert TransferOpcode.Read == 0 and TransferOpcode.Write == 1
     assert mooncake_engine.Read == TransferOpcode.Read and mooncake_engine.Write == TransferOpcode.Write
-    assert not mooncake_engine.SUPPORT_CUDA
+    assert mooncake_engine.SUPPORT_CUDA, "device memory and the *_on_cuda calls are in every build"
     n = TransferNotify()
     assert (n.name, n.msg) == ("", "")
     n = TransferNotify(name="a", msg="b")

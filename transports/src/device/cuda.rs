@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use libloading::Library;
 use parking_lot::Mutex;
 
-use super::{Allocation, DeviceApi, IpcHandle, IPC_HANDLE_LEN};
+use super::{Allocation, DeviceApi, HostFunc, IpcHandle, IPC_HANDLE_LEN};
 use crate::TransportError;
 
 /// The library loaded when no path is given.
@@ -22,6 +22,8 @@ type CuDevice = c_int;
 type CuContext = *mut c_void;
 type CuStream = *mut c_void;
 type CuDevicePtr = u64;
+/// `CUhostFn`: what `cuLaunchHostFunc` runs.
+type CuHostFn = unsafe extern "C" fn(*mut c_void);
 
 /// `CUipcMemHandle`: 64 opaque bytes, passed by value.
 #[repr(C)]
@@ -49,6 +51,7 @@ struct Api {
     device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
     primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
     ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
+    ctx_get_current: unsafe extern "C" fn(*mut CuContext) -> CuResult,
     pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult,
     mem_get_address_range: unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuDevicePtr) -> CuResult,
     stream_create: unsafe extern "C" fn(*mut CuStream, c_uint) -> CuResult,
@@ -62,6 +65,8 @@ struct Api {
     mem_host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult,
     mem_free_host: unsafe extern "C" fn(*mut c_void) -> CuResult,
     get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    /// `cuLaunchHostFunc` (CUDA 10 and later); without it, work cannot be queued on a stream.
+    launch_host_func: Option<unsafe extern "C" fn(CuStream, CuHostFn, *mut c_void) -> CuResult>,
 }
 
 /// The CUDA driver, loaded and initialised.
@@ -115,6 +120,7 @@ impl Cuda {
             device_get: sym!("cuDeviceGet"),
             primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
             ctx_set_current: sym!("cuCtxSetCurrent"),
+            ctx_get_current: sym!("cuCtxGetCurrent"),
             pointer_get_attribute: sym!("cuPointerGetAttribute"),
             mem_get_address_range: sym!("cuMemGetAddressRange_v2"),
             stream_create: sym!("cuStreamCreate"),
@@ -128,6 +134,8 @@ impl Cuda {
             mem_host_alloc: sym!("cuMemHostAlloc"),
             mem_free_host: sym!("cuMemFreeHost"),
             get_error_string: sym!("cuGetErrorString"),
+            // SAFETY: as in `sym!`: the type cuda.h declares for cuLaunchHostFunc.
+            launch_host_func: unsafe { lib.get(b"cuLaunchHostFunc\0") }.ok().map(|f| *f),
         };
         let mut cuda = Cuda { api, devices: 0, contexts: Vec::new(), streams: Mutex::new(Vec::new()), _lib: lib };
         // SAFETY: cuInit takes flags (0) and touches nothing of ours.
@@ -182,6 +190,18 @@ impl Cuda {
         };
         // SAFETY: a primary context retained above.
         self.check("cuCtxSetCurrent", unsafe { (self.api.ctx_set_current)(ctx as CuContext) })
+    }
+
+    /// Makes `device`'s primary context current on this thread unless a context is current
+    /// already (the caller's own, e.g. a framework's, which owns the caller's streams).
+    fn enter_unless_current(&self, device: u32) -> Result<(), TransportError> {
+        let mut ctx: CuContext = std::ptr::null_mut();
+        // SAFETY: the driver writes the current context's handle (or null) through the pointer.
+        self.check("cuCtxGetCurrent", unsafe { (self.api.ctx_get_current)(&mut ctx) })?;
+        if ctx.is_null() {
+            self.enter(device)?;
+        }
+        Ok(())
     }
 
     fn attribute<T: Default>(&self, attribute: c_int, addr: u64) -> Result<Option<T>, TransportError> {
@@ -312,5 +332,35 @@ impl DeviceApi for Cuda {
         self.enter(0)?;
         // SAFETY: `addr` came from `alloc_pinned`, and its owner no longer uses it.
         self.check("cuMemFreeHost", unsafe { (self.api.mem_free_host)(addr as *mut c_void) })
+    }
+
+    fn launch_host_func(&self, device: u32, stream: u64, f: HostFunc) -> Result<(), TransportError> {
+        let Some(launch) = self.api.launch_host_func else {
+            return Err(TransportError::Driver {
+                call: "cuLaunchHostFunc",
+                reason: "this CUDA driver lacks it (CUDA 10 or later has it)".into(),
+            });
+        };
+        self.enter_unless_current(device)?;
+        let data = Box::into_raw(Box::new(f));
+        // SAFETY: `run_host_func` takes back the box made here exactly once, when the driver
+        // runs it; `stream` is the caller's handle (0: the default stream of the current
+        // context), which the driver checks.
+        let queued = self.check("cuLaunchHostFunc", unsafe { launch(stream as CuStream, run_host_func, data.cast()) });
+        if queued.is_err() {
+            // SAFETY: the driver refused, so it will never run the callback: the box is still ours.
+            drop(unsafe { Box::from_raw(data) });
+        }
+        queued
+    }
+}
+
+/// What the driver calls for [`DeviceApi::launch_host_func`]: runs the boxed work once. A
+/// panic stops here (it must not unwind into the driver).
+unsafe extern "C" fn run_host_func(data: *mut c_void) {
+    // SAFETY: `data` is the box `launch_host_func` leaked for this one call.
+    let f = unsafe { Box::from_raw(data.cast::<HostFunc>()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        tracing::error!("device memory: work queued on a stream panicked");
     }
 }

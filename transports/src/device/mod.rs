@@ -104,7 +104,25 @@ pub trait DeviceApi: Send + Sync + fmt::Debug {
     fn alloc_pinned(&self, len: u64) -> Result<u64, TransportError>;
     /// Frees memory from [`DeviceApi::alloc_pinned`].
     fn free_pinned(&self, addr: u64) -> Result<(), TransportError>;
+    /// Queues `f` on the caller's `stream` (a handle of the vendor's, `0` for the default
+    /// stream): the driver runs it on a thread of its own once the work queued before it on
+    /// that stream is done, and work queued after it waits until `f` returns. `f` must not
+    /// call the driver (a vendor may deadlock). The stream belongs to the context current on
+    /// the calling thread; where none is, to `device`'s primary context. When this returns
+    /// an error, `f` was dropped without running.
+    ///
+    /// The default: a driver without such callbacks refuses.
+    fn launch_host_func(&self, device: u32, stream: u64, f: HostFunc) -> Result<(), TransportError> {
+        let _ = (device, stream, f);
+        Err(TransportError::Driver {
+            call: "launch_host_func",
+            reason: format!("the {} driver has no host functions on streams", self.vendor()),
+        })
+    }
 }
+
+/// Work a driver runs on a stream, [`DeviceApi::launch_host_func`].
+pub type HostFunc = Box<dyn FnOnce() + Send + 'static>;
 
 /// A loaded device driver and the services built on it, shared by the registrations and
 /// transports of a process.

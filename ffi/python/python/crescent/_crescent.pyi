@@ -1,6 +1,7 @@
 """Type stubs of the native module behind ``crescent`` (see the package docstring)."""
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 from types import TracebackType
 
 from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
@@ -30,6 +31,14 @@ UNAVAILABLE_IN_CURRENT_STATUS: int
 # Memory for the zero-copy calls: an int address (Mooncake's convention) or any C-contiguous
 # object with the buffer protocol (bytearray, memoryview, numpy array, ...).
 Memory = int | Buffer
+
+class DeviceArray(Protocol):
+    """An array the TransferEngine's calls take by address (Crescent's addition): a CUDA tensor
+    of torch or cupy (``__cuda_array_interface__``), or any DLPack exporter (host or CUDA
+    memory). It must be C-contiguous."""
+
+# Memory for the TransferEngine's calls: the store's, and device arrays.
+EngineMemory = int | Buffer | DeviceArray
 
 def last_error() -> str:
     """The message of this thread's last failed call ("" if it succeeded)."""
@@ -372,28 +381,28 @@ class TransferEngine:
         """``host:port``: what peers pass as ``target_hostname`` (Crescent's addition)."""
     def get_engine(self) -> InnerTransferEngine | None: ...
     def get_engine_ptr(self) -> int: ...
-    def register_memory(self, buffer_addr: Memory, capacity: int | None = None, location: str = "*") -> int:
+    def register_memory(self, buffer_addr: EngineMemory, capacity: int | None = None, location: str = "*") -> int:
         """0, -7 overlapping registered memory, -1 a zero capacity."""
     def batch_register_memory(
-        self, buffer_addresses: Sequence[Memory], capacities: Sequence[int] | None = None, location: str = "*"
+        self, buffer_addresses: Sequence[EngineMemory], capacities: Sequence[int] | None = None, location: str = "*"
     ) -> int:
         """Registers all regions or none."""
-    def unregister_memory(self, buffer_addr: Memory) -> int:
+    def unregister_memory(self, buffer_addr: EngineMemory) -> int:
         """0, or -3 when nothing is registered there."""
-    def batch_unregister_memory(self, buffer_addresses: Sequence[Memory]) -> int:
+    def batch_unregister_memory(self, buffer_addresses: Sequence[EngineMemory]) -> int:
         """Unregisters each; the first error's code."""
     def transfer_sync_read(
-        self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int, transport_hint: str = ""
+        self, target_hostname: str, buffer: EngineMemory, peer_buffer_address: int, length: int, transport_hint: str = ""
     ) -> int:
         """Reads ``length`` bytes of the target's registered memory into local ``buffer``; 0 or -1."""
     def transfer_sync_write(
-        self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int, transport_hint: str = ""
+        self, target_hostname: str, buffer: EngineMemory, peer_buffer_address: int, length: int, transport_hint: str = ""
     ) -> int:
         """Writes ``length`` bytes of local ``buffer`` into the target's registered memory; 0 or -1."""
     def transfer_sync(
         self,
         target_hostname: str,
-        buffer: Memory,
+        buffer: EngineMemory,
         peer_buffer_address: int,
         length: int,
         opcode: TransferOpcode | int,
@@ -404,7 +413,7 @@ class TransferEngine:
     def batch_transfer_sync_read(
         self,
         target_hostname: str,
-        buffers: Sequence[Memory],
+        buffers: Sequence[EngineMemory],
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         transport_hint: str = "",
@@ -412,7 +421,7 @@ class TransferEngine:
     def batch_transfer_sync_write(
         self,
         target_hostname: str,
-        buffers: Sequence[Memory],
+        buffers: Sequence[EngineMemory],
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         transport_hint: str = "",
@@ -420,7 +429,7 @@ class TransferEngine:
     def batch_transfer_sync(
         self,
         target_hostname: str,
-        buffers: Sequence[Memory],
+        buffers: Sequence[EngineMemory],
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         opcode: TransferOpcode | int,
@@ -430,7 +439,7 @@ class TransferEngine:
     def batch_transfer_async_read(
         self,
         target_hostname: str,
-        buffers: Sequence[Memory],
+        buffers: Sequence[EngineMemory],
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         transport_hint: str = "",
@@ -439,7 +448,7 @@ class TransferEngine:
     def batch_transfer_async_write(
         self,
         target_hostname: str,
-        buffers: Sequence[Memory],
+        buffers: Sequence[EngineMemory],
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         transport_hint: str = "",
@@ -448,7 +457,7 @@ class TransferEngine:
     def batch_transfer_async(
         self,
         target_hostname: str,
-        buffers: Sequence[Memory],
+        buffers: Sequence[EngineMemory],
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         opcode: TransferOpcode | int,
@@ -456,8 +465,51 @@ class TransferEngine:
     ) -> int: ...
     def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
         """Waits for the batches and frees them; 0 if all completed, else -1."""
+    def transfer_write_on_cuda(
+        self,
+        target_hostname: str,
+        buffer: EngineMemory,
+        peer_buffer_address: int,
+        length: int,
+        stream_ptr: int | object | None = 0,
+        transport_hint: str = "",
+    ) -> None:
+        """Queues the write on the CUDA stream (an int ``cudaStream_t``, 0 the default stream, or
+        a torch/cupy stream object): it starts once the stream's earlier work is done, and later
+        work waits for it. ``RuntimeError`` when it cannot be queued; a failure of the transfer
+        itself is logged and raised by the engine's next ``*_on_cuda`` call."""
+    def transfer_read_on_cuda(
+        self,
+        target_hostname: str,
+        buffer: EngineMemory,
+        peer_buffer_address: int,
+        length: int,
+        stream_ptr: int | object | None = 0,
+        transport_hint: str = "",
+    ) -> None:
+        """Queues the read on the CUDA stream, as ``transfer_write_on_cuda``."""
+    def batch_transfer_write_on_cuda(
+        self,
+        target_hostname: str,
+        buffers: Sequence[EngineMemory],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        stream_ptr: int | object | None = 0,
+        transport_hint: str = "",
+    ) -> None:
+        """Queues the writes on the CUDA stream, as one."""
+    def batch_transfer_read_on_cuda(
+        self,
+        target_hostname: str,
+        buffers: Sequence[EngineMemory],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        stream_ptr: int | object | None = 0,
+        transport_hint: str = "",
+    ) -> None:
+        """Queues the reads on the CUDA stream, as one."""
     def transfer_submit_write(
-        self, target_hostname: str, buffer: Memory, peer_buffer_address: int, length: int, transport_hint: str = ""
+        self, target_hostname: str, buffer: EngineMemory, peer_buffer_address: int, length: int, transport_hint: str = ""
     ) -> int:
         """A batch id (poll with ``transfer_check_status``), 0 on failure."""
     def transfer_check_status(self, batch_id: int) -> int:
@@ -468,9 +520,11 @@ class TransferEngine:
     def get_first_buffer_address(self, segment_name: str) -> int:
         """The address of the segment's first registered buffer, or 0."""
     def write_bytes_to_buffer(self, buffer_addr: int, src: Buffer | str, length: int) -> int:
-        """Copies ``src`` into local registered memory; -1 outside it."""
+        """Copies ``src`` into local registered memory (device memory through its driver); -1
+        outside it."""
     def read_bytes_from_buffer(self, buffer_addr: int, length: int) -> bytes:
-        """A copy of local registered memory (empty bytes outside it)."""
+        """A copy of local registered memory (device memory through its driver; empty bytes
+        outside it)."""
     def get_notifies(self) -> list[TransferNotify]:
         """The notifications received since the last call, oldest first; each once."""
     def send_probe(self, peer_server_name: str) -> int:

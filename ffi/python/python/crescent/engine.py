@@ -1,7 +1,8 @@
 """The transfer engine, as ``mooncake.engine`` names it: ``TransferEngine``, ``TransferOpcode``
 (also as ``Read`` / ``Write``), ``TransferNotify``, ``InnerTransferEngine`` (what
-``TransferEngine.get_engine()`` returns) and the ``SUPPORT_*`` build flags (no CUDA, HIP, MUSA,
-EFA or NVLink transports in Crescent).
+``TransferEngine.get_engine()`` returns) and the ``SUPPORT_*`` build flags: CUDA device memory
+is supported (the driver is loaded at run time, so every build has the ``*_on_cuda`` calls); no
+HIP, MUSA, EFA or NVLink transports in Crescent.
 
 Return values are upstream's: 0 or a negative transfer-engine code (-1 for a failed transfer),
 a batch id or an address that is 0 on failure; ``crescent.last_error()`` has the message.
@@ -12,7 +13,7 @@ from crescent._crescent import InnerTransferEngine, TransferEngine, TransferNoti
 Read = TransferOpcode.Read
 Write = TransferOpcode.Write
 
-SUPPORT_CUDA = False
+SUPPORT_CUDA = True
 SUPPORT_EFA = False
 SUPPORT_HIP = False
 SUPPORT_INTRA_NVLINK = False
