@@ -186,17 +186,35 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
         let mut c = MasterClient::connect(format!("http://{}", m.client_address())).await.unwrap();
         let code = |s: Option<crescent_store::proto::Status>| Code::try_from(s.unwrap().code).unwrap();
         let r = c
-            .put_start(PutStartRequest { client_id: "x".into(), key: "k".repeat(1 << 20), size: 10, options: None })
+            .put_start(PutStartRequest {
+                client_id: "x".into(),
+                key: "k".repeat(1 << 20),
+                size: 10,
+                options: None,
+                checksum: None,
+            })
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
         let r = c
-            .put_start(PutStartRequest { client_id: "x".into(), key: "k".into(), size: 0, options: None })
+            .put_start(PutStartRequest {
+                client_id: "x".into(),
+                key: "k".into(),
+                size: 0,
+                options: None,
+                checksum: None,
+            })
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
         let r = c
-            .put_start(PutStartRequest { client_id: "x".into(), key: "k".into(), size: 10, options: None })
+            .put_start(PutStartRequest {
+                client_id: "x".into(),
+                key: "k".into(),
+                size: 10,
+                options: None,
+                checksum: None,
+            })
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().status), Code::NoSpace, "no segment mounted");
@@ -222,6 +240,7 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
                 keys: vec!["a".into()],
                 sizes: vec![],
                 options: None,
+                checksums: vec![],
             })
             .await
             .unwrap();
