@@ -2,7 +2,12 @@
 //!
 //! The master sends the owner of a segment ordered news — "commit" and "drop" — and commits a
 //! put only once the owners acknowledged (see the master's `owners` module). The index is the
-//! owner's copy of that news: key → (version, offset, size, pins). When a *new* master answers
+//! owner's copy of that news: key → (version, offset, size, pins, checksum). A commit may be
+//! *pending*: sent at the put's start, with the CRC-32 its writer took of the value, while the
+//! bytes are still moving; a later commit of the same version makes it complete, a drop removes
+//! it. The master may answer the put before the owner learnt it is complete, so a report to a
+//! new master settles each pending commit by the bytes the segment holds ([`OwnerIndex::report`]).
+//! When a *new* master answers
 //! (a new term: a restart or a failover), the client mounts its segment again with this index
 //! as its report, and the new master reinstates every object; when the *same* master dropped
 //! the client (silent past its TTL), its objects were dropped too, and the index is discarded.
