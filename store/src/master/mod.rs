@@ -246,6 +246,15 @@ pub struct Commit {
     pending: bool,
 }
 
+/// A commit begun (`Master::begin_commit`).
+struct Begun {
+    version: u64,
+    /// The news (segment, seq) whose acknowledgements the commit needs.
+    news: Vec<(u64, u64)>,
+    /// Those are the pending commit sent at the put's start.
+    pending: bool,
+}
+
 /// How a put starts ([`Master::put_start_checked`]).
 #[derive(Debug, Clone, Copy)]
 struct StartHow {
@@ -1005,7 +1014,7 @@ impl Master {
         self.fence.check(now)?;
         let begun = Self::begin_commit(&mut st, client_id, key, checksum, now);
         self.flush_news(&mut st);
-        let (version, news, pending) = begun?;
+        let Begun { version, news, pending } = begun?;
         Ok(Commit { key: key.to_string(), version, wait: Self::waits_for(&st, news), pending })
     }
 
@@ -1042,7 +1051,7 @@ impl Master {
                 let checksum = checksums.get(i).copied().flatten();
                 let begun =
                     self.fence.check(now).and_then(|()| Self::begin_commit(&mut st, client_id, key, checksum, now));
-                out[i] = Some(begun.map(|(version, seqs, pending)| {
+                out[i] = Some(begun.map(|Begun { version, news: seqs, pending }| {
                     news.extend(seqs);
                     Commit { key: key.to_string(), version, wait: owners::AckWait::default(), pending }
                 }));
@@ -1070,7 +1079,7 @@ impl Master {
         key: &str,
         checksum: Option<u32>,
         now: Instant,
-    ) -> Result<(u64, Vec<(u64, u64)>, bool)> {
+    ) -> Result<Begun> {
         let known = st.clients.contains_key(client_id);
         let Some(obj) = st.objects.get_mut(key) else {
             return Err(if known {
@@ -1084,7 +1093,7 @@ impl Master {
         }
         let version = obj.version;
         if obj.complete {
-            return Ok((version, Vec::new(), false));
+            return Ok(Begun { version, news: Vec::new(), pending: false });
         }
         let started = obj.checksum.get();
         if let (Some(start), Some(end)) = (started, checksum) {
@@ -1104,7 +1113,7 @@ impl Master {
         obj.checksum = objects::Checksum::new(checksum);
         if pending {
             let news = obj.replicas.iter().filter_map(|r| Some((r.segment_id, r.news()?))).collect();
-            return Ok((version, news, started.is_some()));
+            return Ok(Begun { version, news, pending: started.is_some() });
         }
         let (size, pins) = (obj.size, Self::pins_of(obj));
         let fresh: SmallVec<[(usize, u64, Block); 2]> = obj
@@ -1128,7 +1137,7 @@ impl Master {
         }
         let obj = st.objects.get(key).expect("looked up above");
         let news = obj.replicas.iter().filter_map(|r| Some((r.segment_id, r.news()?))).collect();
-        Ok((version, news, false))
+        Ok(Begun { version, news, pending: false })
     }
 
     /// Ends a commit begun by [`Self::put_end_begin`]: the replicas whose owners acknowledged
