@@ -7,7 +7,7 @@ use crescent_store::client::{Extent, HeldBlock, Piece};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
-    BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutOptions, PutStartRequest, SegmentInfo,
+    BatchPutStartRequest, Checksum, Code, KeyRequest, MountSegmentRequest, PutOptions, PutStartRequest, SegmentInfo,
     UnmountSegmentRequest,
 };
 use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
@@ -245,6 +245,20 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().items[0].status.clone()), Code::InvalidArgument);
+        // Checksums: none, or one per key.
+        let r = c
+            .batch_put_start(BatchPutStartRequest {
+                client_id: "x".into(),
+                keys: vec!["a".into(), "b".into()],
+                sizes: vec![10, 10],
+                options: None,
+                checksums: vec![Checksum { crc32: 1 }],
+            })
+            .await
+            .unwrap();
+        let items = r.into_inner().items;
+        assert_eq!(items.len(), 2);
+        assert!(items.iter().all(|i| code(i.status.clone()) == Code::InvalidArgument), "{items:?}");
         // A put this master never started, from a client it does not know: a put of a master
         // that is gone (restarted, failed over), which the writer must start again.
         let r = c

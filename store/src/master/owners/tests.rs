@@ -728,3 +728,28 @@ fn a_new_master_keeps_a_pending_put_whose_bytes_match_and_drops_a_torn_one() {
     // Settled once: a later report does not look at the bytes again.
     assert_eq!(a.index.report(now, |_, _, _| false).len(), 1);
 }
+
+#[test]
+fn a_batch_start_tells_each_owner_of_its_pending_commits_once() {
+    // BatchPutStart: the pending commits of all its keys go to each owner in one message,
+    // sent when the batch has been placed (`flush_owner_news`), not one per key.
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    let mut b = FakeOwner::mount(&m, "b", 1 << 31);
+    for i in 0..12 {
+        m.put_start_checked("w", &format!("k{i}"), 1000, &opts(1), Some(i), false).unwrap();
+    }
+    assert!(a.rx.try_recv().is_err() && b.rx.try_recv().is_err(), "nothing sent before the batch ends");
+    m.flush_owner_news();
+    let mut items = 0;
+    for owner in [&mut a, &mut b] {
+        let mut messages = 0;
+        while let Ok(n) = owner.rx.try_recv() {
+            messages += 1;
+            items += n.items.len();
+            assert!(n.items.iter().all(|i| i.pending && i.commit));
+        }
+        assert!(messages <= 1, "one message per owner, not one per key: {messages}");
+    }
+    assert_eq!(items, 12, "one item per key");
+}
