@@ -58,7 +58,7 @@ use clap::Args;
 use crescent_engine::parse_size;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
-    BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, NodeStatsRequest, OwnerAck,
+    BatchKeyRequest, BatchPutStartRequest, Checksum, Code, KeyRequest, MountSegmentRequest, NodeStatsRequest, OwnerAck,
     PingRequest, PutOptions, PutStartRequest, RemoveRequest, SegmentInfo, Status, Tier,
 };
 use hdrhistogram::Histogram;
@@ -69,6 +69,11 @@ use crate::report;
 
 /// Largest gRPC message the simulated clients send or accept (the master's own limit).
 const MAX_MESSAGE: usize = 256 << 20;
+
+/// The checksum every simulated put starts with (no bytes move here): as a client's put of a
+/// value up to `checksum::START_MAX` does, so that `PutEnd` is measured on its usual path
+/// (the owners told at the start, nothing to wait for at the end).
+const VALUE_CRC: Checksum = Checksum { crc32: 0 };
 
 #[derive(Args, Debug, Clone)]
 pub struct MasterArgs {
@@ -755,6 +760,7 @@ async fn phases_of_size(
                     key: key.clone(),
                     size: args.value_size,
                     options: Some(PutOptions::default()),
+                    checksum: Some(VALUE_CRC),
                 })
                 .await?
                 .into_inner();
@@ -919,6 +925,7 @@ async fn put_batch(
         .batch_put_start(BatchPutStartRequest {
             client_id: id.into(),
             sizes: vec![size; keys.len()],
+            checksums: vec![VALUE_CRC; keys.len()],
             keys: keys.clone(),
             options: Some(PutOptions::default()),
         })
@@ -1111,6 +1118,7 @@ async fn client_stream(sim: &mut Sim, filled: u64, spec: Stream, deadline: Insta
                     key: key.clone(),
                     size,
                     options: Some(PutOptions::default()),
+                    checksum: Some(VALUE_CRC),
                 })
                 .await;
             t.record(Rpc::PutStart, s.elapsed());

@@ -269,7 +269,8 @@ fn an_oversized_grpc_message_is_refused_before_the_master_holds_it() {
     .unwrap();
     let before = peak_rss(pid);
     // 200 MiB in one message (a 200 MiB key): before the cap, the master buffered all of it.
-    let huge = PutStartRequest { client_id: "x".into(), key: "k".repeat(200 << 20), size: 1, options: None };
+    let huge =
+        PutStartRequest { client_id: "x".into(), key: "k".repeat(200 << 20), size: 1, options: None, checksum: None };
     let answer = rt.block_on(c.put_start(huge));
     let grown = peak_rss(pid).saturating_sub(before);
     println!("master peak RSS {} MiB before, +{} MiB after a 200 MiB message", before >> 20, grown >> 20);

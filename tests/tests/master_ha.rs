@@ -215,7 +215,8 @@ fn direct_codes(addr: &str) -> (Code, Code) {
         let segment = SegmentInfo { name: "direct:1".into(), base: 1 << 40, size: 1 << 20, tier: 0 };
         let req = MountSegmentRequest { client_id: "direct".into(), segment: Some(segment), host: "h".into() };
         let m = c.mount_segment(req).await.unwrap().into_inner().status.unwrap().code;
-        let req = PutStartRequest { client_id: "direct".into(), key: "k".into(), size: 10, options: None };
+        let req =
+            PutStartRequest { client_id: "direct".into(), key: "k".into(), size: 10, options: None, checksum: None };
         let p = c.put_start(req).await.unwrap().into_inner().status.unwrap().code;
         (Code::try_from(m).unwrap(), Code::try_from(p).unwrap())
     })

@@ -7,7 +7,7 @@ use crescent_store::client::{Extent, HeldBlock, Piece};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
-    BatchPutStartRequest, Code, KeyRequest, MountSegmentRequest, PutOptions, PutStartRequest, SegmentInfo,
+    BatchPutStartRequest, Checksum, Code, KeyRequest, MountSegmentRequest, PutOptions, PutStartRequest, SegmentInfo,
     UnmountSegmentRequest,
 };
 use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
@@ -186,17 +186,35 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
         let mut c = MasterClient::connect(format!("http://{}", m.client_address())).await.unwrap();
         let code = |s: Option<crescent_store::proto::Status>| Code::try_from(s.unwrap().code).unwrap();
         let r = c
-            .put_start(PutStartRequest { client_id: "x".into(), key: "k".repeat(1 << 20), size: 10, options: None })
+            .put_start(PutStartRequest {
+                client_id: "x".into(),
+                key: "k".repeat(1 << 20),
+                size: 10,
+                options: None,
+                checksum: None,
+            })
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
         let r = c
-            .put_start(PutStartRequest { client_id: "x".into(), key: "k".into(), size: 0, options: None })
+            .put_start(PutStartRequest {
+                client_id: "x".into(),
+                key: "k".into(),
+                size: 0,
+                options: None,
+                checksum: None,
+            })
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
         let r = c
-            .put_start(PutStartRequest { client_id: "x".into(), key: "k".into(), size: 10, options: None })
+            .put_start(PutStartRequest {
+                client_id: "x".into(),
+                key: "k".into(),
+                size: 10,
+                options: None,
+                checksum: None,
+            })
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().status), Code::NoSpace, "no segment mounted");
@@ -222,10 +240,25 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
                 keys: vec!["a".into()],
                 sizes: vec![],
                 options: None,
+                checksums: vec![],
             })
             .await
             .unwrap();
         assert_eq!(code(r.into_inner().items[0].status.clone()), Code::InvalidArgument);
+        // Checksums: none, or one per key.
+        let r = c
+            .batch_put_start(BatchPutStartRequest {
+                client_id: "x".into(),
+                keys: vec!["a".into(), "b".into()],
+                sizes: vec![10, 10],
+                options: None,
+                checksums: vec![Checksum { crc32: 1 }],
+            })
+            .await
+            .unwrap();
+        let items = r.into_inner().items;
+        assert_eq!(items.len(), 2);
+        assert!(items.iter().all(|i| code(i.status.clone()) == Code::InvalidArgument), "{items:?}");
         // A put this master never started, from a client it does not know: a put of a master
         // that is gone (restarted, failed over), which the writer must start again.
         let r = c

@@ -133,7 +133,8 @@ impl StoreClient {
             MountKind::NewMaster => {
                 self.index.unmount();
                 let now = Instant::now();
-                let (objects, held) = (self.index.report(now), self.index.held(now));
+                let matches = |offset, size, crc| self.segment_holds(offset, size, crc);
+                let (objects, held) = (self.index.report(now, matches), self.index.held(now));
                 let reported = objects.len();
                 let req = RemountWithReportRequest {
                     client_id: self.id.clone(),
@@ -158,6 +159,22 @@ impl StoreClient {
         tracing::debug!("segment {} mounted as {segment_id} (term {term})", self.segment_name());
         self.segment_id.store(segment_id, Ordering::Release);
         Ok(())
+    }
+
+    /// Whether our segment's range `[offset, offset + size)` (from its base) holds bytes whose
+    /// checksum is `crc`: how a pending commit is settled for a new master ([`OwnerIndex::report`]).
+    /// A range outside the segment holds nothing.
+    fn segment_holds(&self, offset: u64, size: u64, crc: u32) -> bool {
+        let Some(segment) = self.segment.as_ref() else { return false };
+        if size == 0 || offset.checked_add(size).is_none_or(|end| end > segment.len()) {
+            return false;
+        }
+        // SAFETY: inside our own registered segment, which lives as long as this client. A
+        // writer whose put the old master placed there may still be copying into the range:
+        // the bytes read then are a mix that does not match, and the put is dropped (the
+        // range stays held for that writer), which is what such a put needs.
+        let bytes = unsafe { std::slice::from_raw_parts((segment.addr() + offset) as *const u8, size as usize) };
+        super::checksum::of_bytes(bytes) == crc
     }
 
     /// The address of the master this client talks to now (with an `etcd://` master address:

@@ -331,9 +331,17 @@ impl StoreClient {
         self.checksums.counts()
     }
 
-    /// The checksum to send with the commit of a put of `src`: taken when `verify_checksums` is on.
-    fn checksum_of(&self, src: &Src<'_>) -> Option<u32> {
-        self.config.verify_checksums.then(|| checksum::of_src(src))
+    /// The checksum to send with the start of a put of `src` (see [`checksum::START_MAX`]):
+    /// with `verify_checksums` on, always (the commit carries it too); otherwise for values up
+    /// to [`checksum::START_MAX`].
+    fn start_checksum(&self, src: &Src<'_>) -> Option<u32> {
+        (self.config.verify_checksums || src.len() <= checksum::START_MAX).then(|| checksum::of_src(src))
+    }
+
+    /// The checksum the commit of a put carries (kept with the object, verified by readers):
+    /// the start's, with `verify_checksums` on.
+    fn end_checksum(&self, start: Option<u32>) -> Option<u32> {
+        start.filter(|_| self.config.verify_checksums)
     }
 
     /// Where the client's `GET /metrics` endpoint listens, when `metrics_address` is set.
@@ -597,11 +605,15 @@ impl StoreClient {
         }
         self.hot_invalidate(key);
         let exec = self.exec();
+        // Taken before the start: the holders are told of the placement with it, and the
+        // commit then needs no further word from them (see `checksum::START_MAX`).
+        let crc = self.start_checksum(&src);
         let req = PutStartRequest {
             client_id: self.id.clone(),
             key: key.to_string(),
             size: len,
             options: Some(options.clone()),
+            checksum: crc.map(|crc32| crate::proto::Checksum { crc32 }),
         };
         let start = |req: PutStartRequest| move |mut c: rpc::Client| async move { c.put_start(req).await };
         // While the master places the object: the disk tier's copy of the value, and a byte
@@ -609,19 +621,18 @@ impl StoreClient {
         // segment, where nothing is staged).
         // When the last put stayed in our own segment, this one likely does too: the disk
         // tier then takes only the CRC now and writes the file from our replica.
-        // With checksums on, the value's is taken meanwhile too.
         let local = self.last_put_local.load(Ordering::Relaxed);
         let stage_early = src.is_plain() && !local;
-        let (reply, (offload, first_piece, checksum)) =
-            if self.disk.is_some() || stage_early || self.config.verify_checksums {
-                self.rpc.call_while(start(req.clone()), || {
-                    let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
-                    let first = if stage_early { exec.stage_first_piece(&src) } else { Ok(None) };
-                    (offload, first, self.checksum_of(&src))
-                })
-            } else {
-                (self.rpc.call(start(req.clone())), (None, Ok(None), None))
-            };
+        let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
+            self.rpc.call_while(start(req.clone()), || {
+                let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
+                let first = if stage_early { exec.stage_first_piece(&src) } else { Ok(None) };
+                (offload, first)
+            })
+        } else {
+            (self.rpc.call(start(req.clone())), (None, Ok(None)))
+        };
+        let checksum = self.end_checksum(crc);
         let mut reply = reply?;
         let mut begun = check(reply.status.take(), key);
         // No room: after a restart (or once it dropped us) the master has no segment of ours
@@ -1071,7 +1082,12 @@ impl StoreClient {
         }
         keys.iter().for_each(|k| self.hot_invalidate(k));
         let exec = self.exec();
-        let (starts, offloads) = self.batch_put_start(keys, &sizes, srcs, options)?;
+        // As a single put's (see `put_new`): each value's checksum before the start; one list
+        // for the batch, so either every value's or none (some value above the bound).
+        let take = self.config.verify_checksums || sizes.iter().all(|s| *s <= checksum::START_MAX);
+        let crcs: Vec<Option<u32>> =
+            srcs.iter().map(|src| if take { Some(checksum::of_src(src)) } else { None }).collect();
+        let (starts, offloads) = self.batch_put_start(keys, &sizes, srcs, &crcs, options)?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut placed: Vec<(Vec<ReplicaDescriptor>, u64)> = Vec::with_capacity(keys.len());
         for (i, start) in starts.into_iter().enumerate() {
@@ -1108,7 +1124,7 @@ impl StoreClient {
                 (Err(e), false) => Written::Refused(e),
             })
             .collect();
-        let (results, settled) = self.batch_put_finish(keys, srcs, written, mode)?;
+        let (results, settled) = self.batch_put_finish(keys, &crcs, written, mode)?;
         let mut offloads: Vec<Option<PreparedOffload>> = offloads;
         for &i in &settled.commit {
             if let (Ok(()), Some(offload)) = (&results[i], offloads.get_mut(i).and_then(Option::take)) {
@@ -1126,10 +1142,11 @@ impl StoreClient {
         keys: &[String],
         sizes: &[u64],
         srcs: &[Src<'_>],
+        crcs: &[Option<u32>],
         options: &PutOptions,
     ) -> Result<(Vec<Result<(Vec<ReplicaDescriptor>, u64)>>, Vec<Option<PreparedOffload>>)> {
         if keys.len() <= MAX_BATCH_KEYS {
-            return self.batch_put_start_call(keys, sizes, srcs, options);
+            return self.batch_put_start_call(keys, sizes, srcs, crcs, options);
         }
         // One call per range of keys; where a later call fails, the puts the earlier ones
         // started go back before the error is returned.
@@ -1137,7 +1154,13 @@ impl StoreClient {
         let mut from = 0;
         while from < keys.len() {
             let to = keys.len().min(from + MAX_BATCH_KEYS);
-            match self.batch_put_start_call(&keys[from..to], &sizes[from..to], &srcs[from..to], options) {
+            match self.batch_put_start_call(
+                &keys[from..to],
+                &sizes[from..to],
+                &srcs[from..to],
+                &crcs[from..to],
+                options,
+            ) {
                 Ok((s, o)) => {
                     starts.extend(s);
                     offloads.extend(o);
@@ -1160,13 +1183,19 @@ impl StoreClient {
         keys: &[String],
         sizes: &[u64],
         srcs: &[Src<'_>],
+        crcs: &[Option<u32>],
         options: &PutOptions,
     ) -> Result<(Vec<Result<(Vec<ReplicaDescriptor>, u64)>>, Vec<Option<PreparedOffload>>)> {
+        let checksums = match crcs.iter().all(Option::is_some) {
+            true => crcs.iter().map(|c| crate::proto::Checksum { crc32: c.expect("all some") }).collect(),
+            false => Vec::new(),
+        };
         let req = BatchPutStartRequest {
             client_id: self.id.clone(),
             keys: keys.to_vec(),
             sizes: sizes.to_vec(),
             options: Some(options.clone()),
+            checksums,
         };
         let start = |req: BatchPutStartRequest| move |mut c: rpc::Client| async move { c.batch_put_start(req).await };
         let (reply, offloads) = match &self.disk {
@@ -1206,7 +1235,7 @@ impl StoreClient {
     fn batch_put_finish(
         &self,
         keys: &[String],
-        srcs: &[Src<'_>],
+        crcs: &[Option<u32>],
         written: Vec<Written>,
         mode: Mode,
     ) -> Result<(Vec<Result<()>>, plan::Settled)> {
@@ -1214,8 +1243,12 @@ impl StoreClient {
         self.batch_revoke(settled.revoke.iter().map(|&i| keys[i].clone()).collect());
         let commit = &settled.commit;
         for commit in commit.chunks(MAX_BATCH_KEYS) {
+            // Taken before the start (with checksums on, always).
             let checksums = match self.config.verify_checksums {
-                true => commit.iter().map(|&i| crate::proto::Checksum { crc32: checksum::of_src(&srcs[i]) }).collect(),
+                true => commit
+                    .iter()
+                    .filter_map(|&i| Some(crate::proto::Checksum { crc32: self.end_checksum(crcs[i])? }))
+                    .collect(),
                 false => Vec::new(),
             };
             let req = BatchKeyRequest {

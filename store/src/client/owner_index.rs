@@ -2,7 +2,12 @@
 //!
 //! The master sends the owner of a segment ordered news — "commit" and "drop" — and commits a
 //! put only once the owners acknowledged (see the master's `owners` module). The index is the
-//! owner's copy of that news: key → (version, offset, size, pins). When a *new* master answers
+//! owner's copy of that news: key → (version, offset, size, pins, checksum). A commit may be
+//! *pending*: sent at the put's start, with the CRC-32 its writer took of the value, while the
+//! bytes are still moving; a later commit of the same version makes it complete, a drop removes
+//! it. The master may answer the put before the owner learnt it is complete, so a report to a
+//! new master settles each pending commit by the bytes the segment holds ([`OwnerIndex::report`]).
+//! When a *new* master answers
 //! (a new term: a restart or a failover), the client mounts its segment again with this index
 //! as its report, and the new master reinstates every object; when the *same* master dropped
 //! the client (silent past its TTL), its objects were dropped too, and the index is discarded.
@@ -31,6 +36,9 @@ struct Owned {
     soft_pin_until: Option<Instant>,
     /// The object's checksum as the commit news had it, for a rebuilt master to keep.
     checksum: Option<u32>,
+    /// A pending commit (the put is being written): until when its writer may write the
+    /// range. `None`: committed.
+    pending_until: Option<Instant>,
 }
 
 /// Which mount the index belongs to, and how far its news are applied.
@@ -53,6 +61,10 @@ struct State {
     /// Ranges held for read leases: (offset, size, until).
     held: Vec<(u64, u64, Instant)>,
 }
+
+/// Longest a pending commit's range is held after its bytes did not match (its news'
+/// `hold_ms`, the old master's put timeout, is the master's word; bounded all the same).
+pub const MAX_PENDING_MS: u64 = 3_600_000;
 
 /// The owner index of one client's segment: key → where the object lies in the segment,
 /// its version and pins, kept under a lock (the owner stream's thread applies news, the
@@ -130,6 +142,7 @@ impl OwnerIndex {
             if item.commit {
                 let soft_pin_until =
                     (item.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(item.soft_pin_ttl_ms));
+                let pending_until = item.pending.then(|| now + Duration::from_millis(item.hold_ms.min(MAX_PENDING_MS)));
                 let owned = Owned {
                     version: item.version,
                     offset: item.offset,
@@ -137,9 +150,12 @@ impl OwnerIndex {
                     hard_pin: item.hard_pin,
                     soft_pin_until,
                     checksum: item.checksum.map(|c| c.crc32),
+                    pending_until,
                 };
                 match st.objects.get(&item.key) {
                     Some(o) if o.version > item.version => {}
+                    // A pending commit after the complete one (never sent so) changes nothing.
+                    Some(o) if o.version == item.version && o.pending_until.is_none() && item.pending => {}
                     _ => {
                         st.objects.insert(item.key.clone(), owned);
                     }
@@ -157,8 +173,35 @@ impl OwnerIndex {
     }
 
     /// What to tell a new master: every object, with its soft pin's remaining time.
-    pub fn report(&self, now: Instant) -> Vec<OwnedObject> {
-        let st = self.state.lock();
+    ///
+    /// A pending commit (a put the old master may have answered without a further word to
+    /// this owner) is settled first by its bytes: `matches(offset, size, crc)` says whether
+    /// the segment's range holds bytes of that checksum. Matching, the writer's transfer
+    /// finished and the object is reported (and kept) as committed; not matching (or with no
+    /// checksum to compare), the put cannot have been answered OK, and the object is dropped
+    /// here, its range held until its writer's put timeout ran out ([`Self::held`]: the writer
+    /// may still be copying into it).
+    pub fn report(&self, now: Instant, matches: impl Fn(u64, u64, u32) -> bool) -> Vec<OwnedObject> {
+        let mut st = self.state.lock();
+        let pending: Vec<String> =
+            st.objects.iter().filter(|(_, o)| o.pending_until.is_some()).map(|(k, _)| k.clone()).collect();
+        for key in pending {
+            let o = st.objects[&key];
+            if o.checksum.is_some_and(|crc| matches(o.offset, o.size, crc)) {
+                st.objects.get_mut(&key).expect("listed above").pending_until = None;
+                tracing::debug!("pending put of {key:?} (version {}) holds its whole value: reported", o.version);
+                continue;
+            }
+            st.objects.remove(&key);
+            let until = o.pending_until.expect("pending");
+            if until > now && o.size > 0 {
+                st.held.push((o.offset, o.size, until));
+            }
+            tracing::info!(
+                "pending put of {key:?} (version {}) was not written whole: dropped, its range held for its writer",
+                o.version
+            );
+        }
         let mut out: Vec<OwnedObject> = st
             .objects
             .iter()
@@ -229,7 +272,7 @@ mod tests {
         assert_eq!(ix.apply(&news(7, vec![commit(1, "a", 10, 0), commit(2, "b", 11, 256), pinned]), now), Some(3));
         assert_eq!(ix.apply(&news(7, vec![drop(4, "a", 10)]), now), Some(4));
         let later = now + Duration::from_secs(10);
-        let report = ix.report(later);
+        let report = ix.report(later, |_, _, _| false);
         assert_eq!(report.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["b", "p"]);
         assert_eq!((report[0].version, report[0].offset, report[0].size), (11, 256, 100));
         assert!(report[1].hard_pin);
@@ -262,7 +305,7 @@ mod tests {
         ix.mounted(7, 3, false);
         let checked = OwnerNewsItem { checksum: Some(crate::proto::Checksum { crc32: 0 }), ..commit(1, "c", 1, 0) };
         ix.apply(&news(7, vec![checked, commit(2, "n", 1, 256)]), now);
-        let report = ix.report(now);
+        let report = ix.report(now, |_, _, _| false);
         assert_eq!(report[0].checksum, Some(crate::proto::Checksum { crc32: 0 }), "a crc of 0 is a checksum");
         assert_eq!(report[1].checksum, None, "none taken, none reported");
     }
@@ -285,7 +328,7 @@ mod tests {
         assert_eq!(ix.len(), 2);
         // A drop of an older version keeps the newer one.
         ix.apply(&news(7, vec![commit(4, "a", 5, 0), drop(5, "a", 1)]), now);
-        assert_eq!(ix.report(now)[0].version, 5);
+        assert_eq!(ix.report(now, |_, _, _| false)[0].version, 5);
         // During a remount nothing is applied, and the last term is remembered.
         ix.unmount();
         assert_eq!(ix.apply(&news(7, vec![drop(6, "a", 5)]), now), None);
@@ -296,5 +339,49 @@ mod tests {
         ix.discard();
         assert!(ix.is_empty());
         assert_eq!(ix.apply(&news(8, vec![commit(1, "x", 1, 0)]), now), None);
+    }
+
+    #[test]
+    fn a_pending_commit_is_settled_by_its_bytes_for_a_new_master() {
+        let ix = OwnerIndex::default();
+        let now = Instant::now();
+        ix.mounted(7, 3, false);
+        let pending = |seq, key: &str, offset, crc32| OwnerNewsItem {
+            pending: true,
+            hold_ms: 60_000,
+            checksum: Some(crate::proto::Checksum { crc32 }),
+            ..commit(seq, key, 1, offset)
+        };
+        let unchecked = OwnerNewsItem { checksum: None, ..pending(3, "none", 512, 0) };
+        ix.apply(&news(7, vec![pending(1, "whole", 0, 11), pending(2, "torn", 256, 22), unchecked]), now);
+        // A complete news makes a pending commit complete; a pending one after it changes nothing.
+        ix.apply(
+            &news(7, vec![pending(4, "done", 768, 44), commit(5, "done", 1, 768), pending(6, "done", 768, 44)]),
+            now,
+        );
+        assert_eq!(ix.len(), 4);
+        let later = now + Duration::from_secs(10);
+        let asked = Mutex::new(Vec::new());
+        let report = ix.report(later, |offset, size, crc| {
+            asked.lock().push((offset, size, crc));
+            crc == 11
+        });
+        let mut asked = asked.into_inner();
+        asked.sort();
+        assert_eq!(asked, [(0, 100, 11), (256, 100, 22)], "only pending commits with a checksum are checked");
+        assert_eq!(report.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["whole", "done"]);
+        assert_eq!(report[0].checksum, Some(crate::proto::Checksum { crc32: 11 }));
+        // The others are dropped; their ranges held for what remains of their writers' time.
+        let mut held = ix.held(later);
+        held.sort_by_key(|h| h.offset);
+        assert_eq!(
+            held,
+            [
+                HeldRange { offset: 256, size: 100, remaining_ms: 50_000 },
+                HeldRange { offset: 512, size: 100, remaining_ms: 50_000 },
+            ]
+        );
+        // Settled once: the next report checks nothing.
+        assert_eq!(ix.report(later, |_, _, _| unreachable!("settled")).len(), 2);
     }
 }

@@ -240,8 +240,32 @@ pub struct Commit {
     pub key: String,
     /// The version being committed.
     pub version: u64,
-    /// The owners' acknowledgements of its commit news.
+    /// The owners' acknowledgements of its commit news: of the pending commit sent at the
+    /// put's start (usually in already), or of the commit sent now (a put without a checksum).
     pub wait: owners::AckWait,
+    /// The owners were told at the put's start (a pending commit): once committed, they are
+    /// told it is complete, and the answer does not wait for that.
+    pending: bool,
+}
+
+/// A commit begun (`Master::begin_commit`).
+struct Begun {
+    version: u64,
+    /// The news (segment, seq) whose acknowledgements the commit needs.
+    news: Vec<(u64, u64)>,
+    /// Those are the pending commit sent at the put's start.
+    pending: bool,
+}
+
+/// How a put starts ([`Master::put_start_checked`]).
+#[derive(Debug, Clone, Copy)]
+struct StartHow {
+    /// The checksum its writer took of the value (none: not taken).
+    crc: Option<u32>,
+    /// Send the owners' news at once.
+    flush: bool,
+    /// The caller evicted for it already.
+    evicted: bool,
 }
 
 /// A get's answer: the replicas to read from, under a lease.
@@ -677,7 +701,24 @@ impl Master {
         size: u64,
         opts: &PutOptions,
     ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
-        let r = self.put_start_inner(client_id, key, size, opts, Instant::now());
+        self.put_start_checked(client_id, key, size, opts, None, true)
+    }
+
+    /// [`Self::put_start`] of a value whose CRC-32 its writer took before (`crc`): the owners
+    /// of its replicas are told of the placement now, with the checksum (a *pending* commit,
+    /// see [`owners`]), so that its end needs no further word from them. `flush`: send the
+    /// owners' news now (a batch sends them once, with [`Self::flush_owner_news`]).
+    pub fn put_start_checked(
+        &self,
+        client_id: &str,
+        key: &str,
+        size: u64,
+        opts: &PutOptions,
+        crc: Option<u32>,
+        flush: bool,
+    ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
+        let how = StartHow { crc, flush, evicted: false };
+        let r = self.put_start_how(client_id, key, size, opts, how, Instant::now());
         // (Errors are counted where they become a reply's status, as every RPC's are.)
         match &r {
             Ok(_) => {
@@ -691,6 +732,8 @@ impl Master {
         r
     }
 
+    /// A put started at `now` without a checksum (unit tests).
+    #[cfg(test)]
     fn put_start_inner(
         &self,
         client_id: &str,
@@ -699,9 +742,21 @@ impl Master {
         opts: &PutOptions,
         now: Instant,
     ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
+        self.put_start_how(client_id, key, size, opts, StartHow { crc: None, flush: true, evicted: false }, now)
+    }
+
+    fn put_start_how(
+        &self,
+        client_id: &str,
+        key: &str,
+        size: u64,
+        opts: &PutOptions,
+        how: StartHow,
+        now: Instant,
+    ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
         self.make_metadata_room(key, size, opts.replica_num.max(1), now)?;
         let mut evict = false;
-        let mut r = self.put_start_locked(client_id, key, size, opts, now, &mut evict, false);
+        let mut r = self.put_start_locked(client_id, key, size, opts, now, &mut evict, how);
         if let Err(StoreError::NoSpace { size, replicas, .. }) = &r {
             if evict {
                 // No room: evict what this put needs (the tenant's objects: only they free its
@@ -712,7 +767,15 @@ impl Master {
                 let freed = self.evict_in(now, size * *replicas as u64, Some(tenant));
                 tracing::debug!("put of {key:?} found no room; evicted {freed} bytes");
                 self.state.lock().pressure = true;
-                r = self.put_start_locked(client_id, key, *size, opts, now, &mut evict, true);
+                r = self.put_start_locked(
+                    client_id,
+                    key,
+                    *size,
+                    opts,
+                    now,
+                    &mut evict,
+                    StartHow { evicted: true, ..how },
+                );
             }
         }
         if evict {
@@ -773,9 +836,15 @@ impl Master {
         Ok(())
     }
 
-    /// [`Self::put_start_inner`] under the key's locks; sets `evict` when eviction is wanted
+    /// Sends the owners' news queued and not sent yet (a `BatchPutStart`'s pending commits,
+    /// one message per owner for the whole batch).
+    pub fn flush_owner_news(&self) {
+        self.flush_news(&mut self.state.lock());
+    }
+
+    /// [`Self::put_start_how`] under the key's locks; sets `evict` when eviction is wanted
     /// (above the high watermark, or no room: then it answers [`StoreError::NoSpace`], and
-    /// the caller evicts and calls again with `evicted`).
+    /// the caller evicts and calls again with `how.evicted`).
     #[allow(clippy::too_many_arguments)]
     fn put_start_locked(
         &self,
@@ -785,8 +854,9 @@ impl Master {
         opts: &PutOptions,
         now: Instant,
         evict: &mut bool,
-        evicted: bool,
+        how: StartHow,
     ) -> Result<(Vec<ReplicaDescriptor>, u64)> {
+        let StartHow { crc, flush, evicted } = how;
         check_key(key)?;
         if size == 0 || size > MAX_OBJECT_SIZE {
             return Err(StoreError::InvalidArgument(format!("object size {size} is not in 1..={MAX_OBJECT_SIZE}")));
@@ -851,14 +921,36 @@ impl Master {
             soft_pin_until,
             hard_pin: opts.hard_pin,
             offload_held_until: None,
-            checksum: Default::default(),
+            // Until the commit: the checksum the owners were told with the pending commit.
+            checksum: objects::Checksum::new(crc),
         };
         let descriptors = Self::describe(&st, &object);
-        st.objects.insert(key.to_string(), object);
+        if crc.is_some() {
+            // The pending commit: each owner learns the placement while the bytes move.
+            let what = owners::Announced {
+                key,
+                version,
+                size,
+                pins: Self::pins_of(&object),
+                checksum: object.checksum,
+                pending_for: Some(self.config.put_timeout),
+            };
+            let placed: SmallVec<[(u64, Block); 2]> = object.replicas.iter().map(|r| (r.segment_id, r.block)).collect();
+            let mut object = object;
+            for (i, (segment_id, block)) in placed.into_iter().enumerate() {
+                let seq = Self::queue_commit(&mut st, segment_id, block, &what, now);
+                object.replicas[i].set_news(seq);
+            }
+            st.objects.insert(key.to_string(), object);
+        } else {
+            st.objects.insert(key.to_string(), object);
+        }
         st.window.put_started(key, version, opts.replace, now);
         // Above the high watermark: make room ahead of the next puts (off this call).
         *evict |= self.above_watermark(&st);
-        self.flush_news(&mut st);
+        if flush {
+            self.flush_news(&mut st);
+        }
         Ok((descriptors, version))
     }
 
@@ -938,8 +1030,8 @@ impl Master {
         self.fence.check(now)?;
         let begun = Self::begin_commit(&mut st, client_id, key, checksum, now);
         self.flush_news(&mut st);
-        let (version, segments) = begun?;
-        Ok(Commit { key: key.to_string(), version, wait: Self::waits(&st, segments) })
+        let Begun { version, news, pending } = begun?;
+        Ok(Commit { key: key.to_string(), version, wait: Self::waits_for(&st, news), pending })
     }
 
     /// Starts committing many puts of `client_id` (a `BatchPutEnd`): the keys of each shard
@@ -967,7 +1059,7 @@ impl Master {
         }
         let by_shard =
             shards::by_shard(keys.iter().enumerate().filter(|(i, _)| out[*i].is_none()).map(|(i, k)| (i, k.as_str())));
-        let mut segments = Vec::new();
+        let mut news = Vec::new();
         for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
             let mut st = self.lock_shard(group[0].0);
             for &(_, i) in group {
@@ -975,29 +1067,35 @@ impl Master {
                 let checksum = checksums.get(i).copied().flatten();
                 let begun =
                     self.fence.check(now).and_then(|()| Self::begin_commit(&mut st, client_id, key, checksum, now));
-                out[i] = Some(begun.map(|(version, segs)| {
-                    segments.extend(segs);
-                    Commit { key: key.to_string(), version, wait: owners::AckWait::default() }
+                out[i] = Some(begun.map(|Begun { version, news: seqs, pending }| {
+                    news.extend(seqs);
+                    Commit { key: key.to_string(), version, wait: owners::AckWait::default(), pending }
                 }));
             }
         }
         let mut st = self.state.lock();
         self.flush_news(&mut st);
-        let wait = Self::waits(&st, segments);
+        let wait = Self::waits_for(&st, news);
         (out.into_iter().map(|c| c.expect("every key answered")).collect(), wait)
     }
 
     /// Queues the commit news of `client_id`'s put of `key` for its replicas' owners (the
-    /// caller flushes them); returns its version and the segments whose owners must
-    /// acknowledge (none when it is committed already). The object keeps `checksum` (a
+    /// caller flushes them); returns its version, the news (segment, seq) whose
+    /// acknowledgements the commit needs (none when it is committed already), and whether
+    /// those are the pending commit sent at the put's start. The object keeps `checksum` (a
     /// commit already made keeps the one it had).
+    ///
+    /// A put started with a checksum told its owners then (a pending commit, see [`owners`]):
+    /// nothing is sent now, and the commit needs only their acknowledgements of that, in by now
+    /// as a rule. Its end's `checksum`, when taken, must be the start's: a value that changed
+    /// while it was written fails the put (`INVALID_ARGUMENT`) and the object goes.
     fn begin_commit(
         st: &mut Locked<'_>,
         client_id: &str,
         key: &str,
         checksum: Option<u32>,
         now: Instant,
-    ) -> Result<(u64, Vec<u64>)> {
+    ) -> Result<Begun> {
         let known = st.clients.contains_key(client_id);
         let Some(obj) = st.objects.get_mut(key) else {
             return Err(if known {
@@ -1011,9 +1109,28 @@ impl Master {
         }
         let version = obj.version;
         if obj.complete {
-            return Ok((version, Vec::new()));
+            return Ok(Begun { version, news: Vec::new(), pending: false });
         }
+        let started = obj.checksum.get();
+        if let (Some(start), Some(end)) = (started, checksum) {
+            if start != end {
+                Self::remove_object(st, key, now);
+                tracing::warn!("put of {key:?} failed: the value changed while it was written");
+                return Err(StoreError::InvalidArgument(format!(
+                    "the checksum of {key:?} at its end ({end:#010x}) is not the one at its start ({start:#010x}): \
+                     the value changed while it was written"
+                )));
+            }
+        }
+        let obj = st.objects.get_mut(key).expect("looked up above");
+        // Every replica's owner was told already: at the put's start (a pending commit), or
+        // by an earlier end of this put (its answer lost, the call made again).
+        let pending = obj.replicas.iter().all(|r| r.news().is_some());
         obj.checksum = objects::Checksum::new(checksum);
+        if pending {
+            let news = obj.replicas.iter().filter_map(|r| Some((r.segment_id, r.news()?))).collect();
+            return Ok(Begun { version, news, pending: started.is_some() });
+        }
         let (size, pins) = (obj.size, Self::pins_of(obj));
         let fresh: SmallVec<[(usize, u64, Block); 2]> = obj
             .replicas
@@ -1022,13 +1139,21 @@ impl Master {
             .filter(|(_, r)| r.news().is_none())
             .map(|(i, r)| (i, r.segment_id, r.block))
             .collect();
-        let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         for (i, segment_id, block) in fresh {
-            let what = owners::Announced { key, version, size, pins, checksum: objects::Checksum::new(checksum) };
+            let what = owners::Announced {
+                key,
+                version,
+                size,
+                pins,
+                checksum: objects::Checksum::new(checksum),
+                pending_for: None,
+            };
             let seq = Self::queue_commit(st, segment_id, block, &what, now);
             st.objects.get_mut(key).expect("looked up above").replicas[i].set_news(seq);
         }
-        Ok((version, segments))
+        let obj = st.objects.get(key).expect("looked up above");
+        let news = obj.replicas.iter().filter_map(|r| Some((r.segment_id, r.news()?))).collect();
+        Ok(Begun { version, news, pending: false })
     }
 
     /// Ends a commit begun by [`Self::put_end_begin`]: the replicas whose owners acknowledged
@@ -1122,6 +1247,25 @@ impl Master {
         if obj.offload_disk().is_some() {
             obj.offload_held_until = Some(Stamp::of(now + OFFLOAD_HOLD));
         }
+        if commit.pending {
+            // The owners knew of it as pending: now they learn it is complete (not waited for:
+            // until they do, a master rebuilt from their reports keeps it from its checksum).
+            let what = owners::Announced {
+                key,
+                version,
+                size: obj.size,
+                pins: Self::pins_of(obj),
+                checksum: obj.checksum,
+                pending_for: None,
+            };
+            let placed: SmallVec<[(u64, Block); 2]> = obj.replicas.iter().map(|r| (r.segment_id, r.block)).collect();
+            for (i, (segment_id, block)) in placed.into_iter().enumerate() {
+                let seq = Self::queue_commit(st, segment_id, block, &what, now);
+                if seq.is_some() {
+                    st.objects.get_mut(key).expect("looked up above").replicas[i].set_news(seq);
+                }
+            }
+        }
         self.emit_object(st, key, EventKind::Stored);
         Ok(())
     }
@@ -1135,7 +1279,10 @@ impl Master {
 
     /// Gives up `client_id`'s put of `key` before it committed: the object and its space go.
     /// Revoking a committed object is [`StoreError::InvalidArgument`] (remove it instead).
-    pub fn put_revoke(&self, client_id: &str, key: &str) -> Result<()> {
+    /// Returns what the answer waits for: the owners told of the put at its start (a pending
+    /// commit) acknowledging its drop, so that no master rebuilt from their reports after the
+    /// answer brings it back.
+    pub fn put_revoke(&self, client_id: &str, key: &str) -> Result<owners::AckWait> {
         check_key(key)?;
         let mut st = self.lock_key(key);
         self.fence.check(Instant::now())?;
@@ -1154,11 +1301,14 @@ impl Master {
             }
             Some(_) => {}
         }
+        let told: SmallVec<[u64; 2]> =
+            st.objects[key].replicas.iter().filter(|r| r.news().is_some()).map(|r| r.segment_id).collect();
         Self::remove_object(&mut st, key, Instant::now());
         self.flush_news(&mut st);
+        let wait = Self::waits(&st, told);
         drop(st);
         self.update_gauges();
-        Ok(())
+        Ok(wait)
     }
 
     /// Removes an object; its replicas' owners are told (their ranges wait in quarantine, and,

@@ -146,8 +146,9 @@ impl Replica {
         r
     }
 
-    /// The seq of the commit news its owner was sent ([`super::owners`]; 0: the owner reported
-    /// it): from then on its range is freed only once the owner acknowledged a drop.
+    /// The seq of the last commit news its owner was sent, pending or complete
+    /// ([`super::owners`]; 0: the owner reported it): from then on its range is freed only
+    /// once the owner acknowledged a drop.
     pub(super) fn news(&self) -> Option<u64> {
         self.news.map(|n| n.get() - 1)
     }

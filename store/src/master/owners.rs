@@ -6,10 +6,25 @@
 //! the client's `OwnerStream` and acknowledged cumulatively. The client keeps what it learns in
 //! its owner index, which it reports to a new master ([`super::rebuild`]). Therefore:
 //!
-//! * A put is acknowledged to its writer only once the owners of its replicas acknowledged the
-//!   commit ([`Master::put_end_begin`] / [`Master::put_end_finish`]); a replica whose owner
+//! * A put is acknowledged to its writer only once the owners of its replicas acknowledged
+//!   news of it ([`Master::put_end_begin`] / [`Master::put_end_finish`]); a replica whose owner
 //!   does not acknowledge in time is not committed there, and with none left the put fails
-//!   with [`StoreError::OwnersUnreachable`].
+//!   with [`StoreError::OwnersUnreachable`]. A put whose writer took the value's CRC-32 before
+//!   it started ([`Master::put_start_checked`]) tells its owners at the start: a *pending*
+//!   commit (key, version, range, checksum, and the put timeout), acknowledged while the bytes
+//!   move. Its end then needs no further word from them (it waits only for that
+//!   acknowledgement, in by then as a rule), commits, answers, and queues a *complete* commit
+//!   behind, not waited for. Until the owner applied that, its index holds the object as
+//!   pending; reporting to a new master, it checks the range's bytes against the checksum: an
+//!   object whose bytes match was written whole (its put may have been answered OK) and is
+//!   reported; one whose bytes do not cannot have been answered OK (the end comes after the
+//!   transfer) and is dropped, its range held out of reuse until the put timeout (its writer
+//!   may still be copying). A put written whole whose end never came is thus kept by a new
+//!   master: the same as a put whose answer was lost. A put without a checksum (an older
+//!   client, a put session, a value above the client's bound) is told only at its end, and
+//!   the end waits for that acknowledgement, as before. A revoked (or reclaimed, or refused)
+//!   pending put is dropped like a removal, and the revoke's answer waits for the drop's
+//!   acknowledgement.
 //! * A replica that goes (removal, eviction, a refused report) is invisible at once, but its
 //!   range stays *quarantined* — not reallocated — until its owner acknowledged the drop: a
 //!   master rebuilt from that owner's index could otherwise believe in a range that was reused.
@@ -127,6 +142,10 @@ pub(super) struct Announced<'a> {
     pub pins: Pins,
     /// The object's checksum, for the owner to report back to a rebuilt master.
     pub checksum: super::objects::Checksum,
+    /// A put still being written (a *pending* commit, sent at its start with the checksum its
+    /// writer took before): how long the writer may still write the range (its put timeout).
+    /// `None`: the object is committed.
+    pub pending_for: Option<Duration>,
 }
 
 impl Master {
@@ -166,7 +185,7 @@ impl Master {
         obj: &Announced<'_>,
         now: Instant,
     ) -> Option<u64> {
-        let Announced { key, version, size, pins, checksum } = *obj;
+        let Announced { key, version, size, pins, checksum, pending_for } = *obj;
         if st.segments.get(&segment_id).is_none_or(|s| s.tier == Tier::Ssd) {
             return None;
         }
@@ -182,7 +201,8 @@ impl Master {
             hard_pin: pins.hard,
             soft_pin_ttl_ms,
             checksum: checksum.to_proto(),
-            hold_ms: 0,
+            hold_ms: pending_for.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)),
+            pending: pending_for.is_some(),
         };
         Self::push_news(st, segment_id, item)
     }
@@ -291,6 +311,21 @@ impl Master {
             }
             if let Some(link) = st.owners.get(&id).filter(|l| l.last_seq > l.acked) {
                 w.owners.push((id, link.last_seq, link.acked_tx.subscribe()));
+            }
+        }
+        w
+    }
+
+    /// What to wait for: each `(segment, seq)`'s owner acknowledging the news `seq` (those
+    /// acknowledged already are left out: nothing to wait for when all are).
+    pub(super) fn waits_for(st: &State, news: impl IntoIterator<Item = (u64, u64)>) -> AckWait {
+        let mut w = AckWait::default();
+        for (id, seq) in news {
+            if let Some(link) = st.owners.get(&id).filter(|l| l.acked < seq) {
+                match w.owners.iter_mut().find(|(s, _, _)| *s == id) {
+                    Some(o) => o.1 = o.1.max(seq),
+                    None => w.owners.push((id, seq, link.acked_tx.subscribe())),
+                }
             }
         }
         w

@@ -206,7 +206,7 @@ impl Master {
         let mut told = Vec::new();
         for (id, block) in targets {
             let seq = if done.contains(&id) {
-                let what = super::owners::Announced { key, version, size, pins, checksum };
+                let what = super::owners::Announced { key, version, size, pins, checksum, pending_for: None };
                 Self::queue_commit(st, id, block, &what, now)
             } else {
                 None

@@ -313,8 +313,10 @@ impl MasterRpc for MasterService {
         sc(&t, &mut r.key);
         let m = &self.master;
         let opts = r.options.unwrap_or_default();
+        let crc = r.checksum.map(|c| c.crc32);
         // Space freed by eviction waits for its owners' acknowledgements (see owners.rs).
-        let placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, &r.key, r.size, &opts)).await;
+        let placed =
+            m.retry_after_quarantine(|| m.put_start_checked(&r.client_id, &r.key, r.size, &opts, crc, true)).await;
         let reply = match placed {
             Ok((mut replicas, version)) => {
                 unscope_replicas(&t, &mut replicas);
@@ -343,7 +345,17 @@ impl MasterRpc for MasterService {
         let (t, mut r) = tenant_req(req);
         sc(&t, &mut r.client_id);
         sc(&t, &mut r.key);
-        self.timed("PutRevoke", |m| StatusReply { status: status_of(m, &m.put_revoke(&r.client_id, &r.key)) })
+        let start = Instant::now();
+        let m = &self.master;
+        // Answered once the owners told of the put at its start acknowledged its drop.
+        let revoked = match m.put_revoke(&r.client_id, &r.key) {
+            Ok(mut wait) => {
+                wait.wait(m.config().owner_ack_timeout).await;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        Ok(self.observed("PutRevoke", start, StatusReply { status: status_of(m, &revoked) }))
     }
 
     async fn batch_put_start(
@@ -361,13 +373,21 @@ impl MasterRpc for MasterService {
             let items = vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)];
             return Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }));
         }
+        if !r.checksums.is_empty() && r.checksums.len() != r.keys.len() {
+            let e = StoreError::InvalidArgument(format!("{} keys but {} checksums", r.keys.len(), r.checksums.len()));
+            let items = vec![PutStartReply { status: status(m, &e), ..Default::default() }; r.keys.len().max(1)];
+            return Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }));
+        }
         let opts = r.options.unwrap_or_default();
         let mut items = Vec::with_capacity(r.keys.len());
-        for (k, s) in r.keys.iter().zip(&r.sizes) {
-            let mut placed = m.put_start(&r.client_id, k, *s, &opts);
+        // The owners' pending commits go once for the whole batch (one message per owner).
+        for (i, (k, s)) in r.keys.iter().zip(&r.sizes).enumerate() {
+            let crc = r.checksums.get(i).map(|c| c.crc32);
+            let mut placed = m.put_start_checked(&r.client_id, k, *s, &opts, crc, false);
             // Refused for room while evicted ranges wait in quarantine: again once released.
             if matches!(placed, Err(StoreError::NoSpace { .. })) && m.quarantined_bytes() > 0 {
-                placed = m.retry_after_quarantine(|| m.put_start(&r.client_id, k, *s, &opts)).await;
+                m.flush_owner_news();
+                placed = m.retry_after_quarantine(|| m.put_start_checked(&r.client_id, k, *s, &opts, crc, false)).await;
             }
             items.push(match placed {
                 Ok((mut replicas, version)) => {
@@ -382,6 +402,7 @@ impl MasterRpc for MasterService {
                 Err(e) => PutStartReply { status: status(m, &e), ..Default::default() },
             });
         }
+        m.flush_owner_news();
         Ok(self.observed_n("BatchPutStart", r.keys.len(), start, BatchPutStartReply { items }))
     }
 
@@ -409,9 +430,20 @@ impl MasterRpc for MasterService {
         check_batch(r.keys.len())?;
         sc(&t, &mut r.client_id);
         sc_all(&t, &mut r.keys);
-        self.timed_n("BatchPutRevoke", r.keys.len(), |m| BatchStatusReply {
-            statuses: r.keys.iter().map(|k| status_of(m, &m.put_revoke(&r.client_id, k)).expect("some")).collect(),
-        })
+        let start = Instant::now();
+        let m = &self.master;
+        // One wait for every drop's acknowledgement (see `put_revoke`).
+        let mut wait = crate::master::owners::AckWait::default();
+        let statuses = r
+            .keys
+            .iter()
+            .map(|k| {
+                let revoked = m.put_revoke(&r.client_id, k).map(|w| wait.merge(w));
+                status_of(m, &revoked).expect("some")
+            })
+            .collect();
+        wait.wait(m.config().owner_ack_timeout).await;
+        Ok(self.observed_n("BatchPutRevoke", r.keys.len(), start, BatchStatusReply { statuses }))
     }
 
     async fn get_replica_list(&self, req: Request<KeyRequest>) -> Result<Response<GetReplicaListReply>, tonic::Status> {

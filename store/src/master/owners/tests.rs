@@ -467,7 +467,9 @@ fn a_range_held_for_a_read_lease_stays_held_at_a_new_master() {
     assert!(ix.is_empty());
     // m1 goes; m2 is rebuilt from a's report.
     let m2 = master();
-    let r = m2.remount_with_report_at("a", &info("a:1", 1 << 30), "h", &ix.report(now), &ix.held(now), now).unwrap();
+    let r = m2
+        .remount_with_report_at("a", &info("a:1", 1 << 30), "h", &ix.report(now, |_, _, _| false), &ix.held(now), now)
+        .unwrap();
     assert_eq!(r.reinstated, 0);
     let put = |at| m2.put_start_inner("w", "n", SEG, &opts(1), at);
     assert!(matches!(put(now), Err(StoreError::NoSpace { .. })), "a reader may still copy from k's range");
@@ -591,4 +593,218 @@ fn a_removal_by_pattern_in_the_rebuild_window_buries_matching_keys_not_reported_
     let _ = b.news();
     put_on(&m, &mut b, "tmp/new", 100, &opts(1));
     assert!(m.exists("tmp/new").unwrap());
+}
+
+// ---- pending commits: the owners told at the put's start ----
+
+/// An owner whose news go into a real owner index (the client's), acknowledged when told.
+struct IndexedOwner {
+    fake: FakeOwner,
+    index: crate::client::owner_index::OwnerIndex,
+}
+
+impl IndexedOwner {
+    fn mount(m: &Master, client: &str, base: u64) -> IndexedOwner {
+        let fake = FakeOwner::mount(m, client, base);
+        let index = crate::client::owner_index::OwnerIndex::default();
+        index.mounted(m.term(), fake.segment, false);
+        IndexedOwner { fake, index }
+    }
+
+    /// Applies the news sent so far; acknowledges them when `ack`.
+    fn apply(&mut self, m: &Master, ack: bool) -> Vec<OwnerNewsItem> {
+        let items = self.fake.news();
+        if !items.is_empty() {
+            let news = OwnerNews { term: m.term(), items: items.clone() };
+            let acked = self.index.apply(&news, Instant::now()).unwrap();
+            if ack {
+                m.owner_ack(&self.fake.client, m.term(), self.fake.segment, acked);
+            }
+        }
+        items
+    }
+}
+
+fn crc(bytes: &[u8]) -> u32 {
+    crate::client::checksum::of_bytes(bytes)
+}
+
+#[test]
+fn a_put_started_with_a_checksum_commits_without_waiting_for_its_owner_again() {
+    let m = master();
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    m.put_start_checked("w", "k", 1000, &opts(1), Some(0xabcd), true).unwrap();
+    // The owner learns of the placement at the start, with the checksum, and acknowledges
+    // while the bytes move.
+    let told = a.apply(&m, true);
+    assert_eq!(told.len(), 1);
+    assert!(told[0].commit && told[0].pending && told[0].key == "k" && told[0].size == 1000, "{told:?}");
+    assert_eq!(told[0].checksum, Some(crate::proto::Checksum { crc32: 0xabcd }));
+    assert!(told[0].hold_ms > 0, "the put timeout goes with it");
+    assert!(!m.exists("k").unwrap(), "not visible before its end");
+    // From here on the owner acknowledges nothing: the end does not wait for it.
+    let commit = m.put_end_begin("w", "k", Some(0xabcd)).unwrap();
+    assert!(commit.wait.is_empty(), "the pending commit was acknowledged: nothing to wait for");
+    m.put_end_finish(&commit).unwrap();
+    assert!(m.exists("k").unwrap());
+    assert_eq!(m.get_replica_list("k").unwrap().checksum, Some(0xabcd));
+    // The owner is told it is complete, behind the answer.
+    let complete = a.apply(&m, false);
+    assert!(complete.len() == 1 && complete[0].commit && !complete[0].pending && complete[0].key == "k");
+    // A put without a checksum commits as before: the end waits for the commit's acknowledgement.
+    m.put_start_checked("w", "old", 10, &opts(1), None, true).unwrap();
+    assert!(a.apply(&m, true).is_empty(), "nothing told at the start");
+    let commit = m.put_end_begin("w", "old", None).unwrap();
+    assert!(!commit.wait.is_empty());
+}
+
+#[test]
+fn a_pending_commit_its_owner_never_acknowledged_fails_the_put_as_before() {
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    m.put_start_checked("w", "k", 1000, &opts(1), Some(7), true).unwrap();
+    assert!(a.news()[0].pending);
+    let commit = m.put_end_begin("w", "k", None).unwrap();
+    assert!(!commit.wait.is_empty(), "waits for the pending commit's acknowledgement");
+    let e = m.put_end_finish(&commit).unwrap_err();
+    assert!(matches!(e, StoreError::OwnersUnreachable(ref k) if k == "k"), "{e:?}");
+    assert!(!m.exists("k").unwrap());
+    // The owner is told to drop it; the range waits for that.
+    let drop = a.news();
+    assert!(drop.len() == 1 && !drop[0].commit && drop[0].key == "k", "{drop:?}");
+    assert_eq!(m.quarantined_bytes(), 1024);
+    a.ack(&m);
+    assert_eq!(m.quarantined_bytes(), 0);
+}
+
+#[test]
+fn a_revoked_or_changed_pending_put_is_dropped_at_its_owner_before_the_answer() {
+    let m = master();
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    m.put_start_checked("w", "r", 1000, &opts(1), Some(1), true).unwrap();
+    a.apply(&m, true);
+    assert_eq!(a.index.len(), 1, "pending at the owner");
+    // Revoked: the answer waits for the owner's drop (a new master then cannot bring it back).
+    let wait = m.put_revoke("w", "r").unwrap();
+    assert!(!wait.is_empty());
+    assert!(!a.apply(&m, true)[0].commit);
+    assert!(a.index.is_empty());
+    assert_eq!(m.quarantined_bytes(), 0);
+    // A revoke of a put without a checksum has nothing to wait for, as before.
+    m.put_start_checked("w", "plain", 1000, &opts(1), None, true).unwrap();
+    assert!(m.put_revoke("w", "plain").unwrap().is_empty());
+    // An end whose checksum is not the start's: the value changed while written.
+    m.put_start_checked("w", "c", 1000, &opts(1), Some(1), true).unwrap();
+    a.apply(&m, true);
+    let e = m.put_end_begin("w", "c", Some(2)).unwrap_err();
+    assert!(matches!(e, StoreError::InvalidArgument(_)), "{e:?}");
+    assert!(!m.exists("c").unwrap());
+    assert!(!a.apply(&m, true)[0].commit, "dropped at its owner");
+    assert!(a.index.is_empty());
+}
+
+#[test]
+fn a_pending_put_whose_space_expired_ends_with_not_found_and_leaves_nothing() {
+    let config = MasterConfig { put_timeout: Duration::from_secs(1), ..MasterConfig::default() };
+    let m = Master::new(config).unwrap();
+    m.state.lock().instant_acks = false;
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    m.put_start_checked("a", "late", 1000, &opts(1), Some(1), true).unwrap();
+    a.apply(&m, true);
+    // Reclaimed after the put timeout (within the client TTL: the writer is still alive).
+    m.sweep_at(Instant::now() + Duration::from_secs(2));
+    let e = m.put_end_begin("a", "late", Some(1)).unwrap_err();
+    assert!(matches!(e, StoreError::NotFound(ref k) if k == "late"), "{e:?}");
+    assert!(!a.apply(&m, true)[0].commit, "the owner drops it");
+    assert!(a.index.is_empty());
+    assert_eq!(m.quarantined_bytes(), 0);
+}
+
+#[test]
+fn a_forced_removal_racing_a_pending_put_leaves_nothing_at_its_owner() {
+    let m = master();
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    m.put_start_checked("w", "k", 1000, &opts(1), Some(3), true).unwrap();
+    a.apply(&m, true);
+    // While the bytes move, the key cannot be removed, even forced: it is not committed.
+    assert!(matches!(m.remove("k", true), Err(StoreError::NotReady(_))));
+    let commit = m.put_end_begin("w", "k", Some(3)).unwrap();
+    m.put_end_finish(&commit).unwrap();
+    m.get_replica_list("k").unwrap(); // a reader's lease
+                                      // Removed (forced, under the lease) before the owner heard it is complete: the owner gets
+                                      // both news in order and ends with nothing, and the removal waits for that.
+    let wait = m.remove("k", true).unwrap();
+    assert!(!wait.is_empty());
+    let told = a.apply(&m, true);
+    assert_eq!(told.iter().map(|i| (i.commit, i.pending)).collect::<Vec<_>>(), [(true, false), (false, false)]);
+    assert!(a.index.is_empty());
+    assert!(a.index.report(Instant::now(), |_, _, _| true).is_empty(), "nothing to bring back");
+    assert!(!m.exists("k").unwrap());
+}
+
+#[test]
+fn a_new_master_keeps_a_pending_put_whose_bytes_match_and_drops_a_torn_one() {
+    let m = master();
+    let base = 1 << 30;
+    let mut a = IndexedOwner::mount(&m, "a", base);
+    let mut segment = vec![0u8; SEG as usize];
+    let (done, torn) = (vec![7u8; 3000], vec![9u8; 2000]);
+    let offset = |key: &str, value: &[u8]| {
+        let (replicas, _) =
+            m.put_start_checked("w", key, value.len() as u64, &opts(1), Some(crc(value)), true).unwrap();
+        replicas[0].address - base
+    };
+    let (done_at, torn_at) = (offset("done", &done), offset("torn", &torn));
+    a.apply(&m, true);
+    // "done" was written whole and answered OK; the owner never heard it is complete (the
+    // master went first). "torn" is half written: its writer was still copying.
+    segment[done_at as usize..][..done.len()].copy_from_slice(&done);
+    segment[torn_at as usize..][..1000].copy_from_slice(&torn[..1000]);
+    let commit = m.put_end_begin("w", "done", None).unwrap();
+    assert!(commit.wait.is_empty());
+    m.put_end_finish(&commit).unwrap();
+    // A new master: the owner settles its pending commits by their bytes, then reports.
+    let now = Instant::now();
+    a.index.unmount();
+    let holds = |off: u64, size: u64, crc32: u32| crc(&segment[off as usize..(off + size) as usize]) == crc32;
+    let report = a.index.report(now, holds);
+    let held = a.index.held(now);
+    assert_eq!(report.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["done"]);
+    assert_eq!(report[0].checksum, Some(crate::proto::Checksum { crc32: crc(&done) }));
+    assert_eq!((held.len(), held[0].offset, held[0].size), (1, torn_at, 2000), "the torn range stays held");
+    assert!(held[0].remaining_ms > 0 && held[0].remaining_ms <= m.config().put_timeout.as_millis() as u64);
+    let rebuilt = master();
+    let r = rebuilt.remount_with_report_at("a", &info("a:1", base), "h", &report, &held, now).unwrap();
+    assert_eq!((r.reinstated, r.refused), (1, 0));
+    let list = rebuilt.get_replica_list("done").unwrap();
+    assert_eq!((list.size, list.replicas[0].address), (3000, base + done_at));
+    assert!(!rebuilt.exists("torn").unwrap(), "nothing half-written is readable");
+    assert!(rebuilt.quarantined_bytes() >= 2000, "the torn range is not reused while its writer may write");
+    // Settled once: a later report does not look at the bytes again.
+    assert_eq!(a.index.report(now, |_, _, _| false).len(), 1);
+}
+
+#[test]
+fn a_batch_start_tells_each_owner_of_its_pending_commits_once() {
+    // BatchPutStart: the pending commits of all its keys go to each owner in one message,
+    // sent when the batch has been placed (`flush_owner_news`), not one per key.
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    let mut b = FakeOwner::mount(&m, "b", 1 << 31);
+    for i in 0..12 {
+        m.put_start_checked("w", &format!("k{i}"), 1000, &opts(1), Some(i), false).unwrap();
+    }
+    assert!(a.rx.try_recv().is_err() && b.rx.try_recv().is_err(), "nothing sent before the batch ends");
+    m.flush_owner_news();
+    let mut items = 0;
+    for owner in [&mut a, &mut b] {
+        let mut messages = 0;
+        while let Ok(n) = owner.rx.try_recv() {
+            messages += 1;
+            items += n.items.len();
+            assert!(n.items.iter().all(|i| i.pending && i.commit));
+        }
+        assert!(messages <= 1, "one message per owner, not one per key: {messages}");
+    }
+    assert_eq!(items, 12, "one item per key");
 }
