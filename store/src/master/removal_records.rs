@@ -36,7 +36,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
-use super::ha::HaSettings;
 use crate::error::{Result, StoreError};
 use crate::leader::{leader_key, Members};
 
@@ -122,13 +121,13 @@ pub struct EtcdRecords {
 }
 
 impl EtcdRecords {
-    /// Records in the etcd of `ha` (nothing is asked yet).
-    pub fn new(ha: &HaSettings) -> EtcdRecords {
+    /// Records of cluster `cluster_id` in the etcd at `endpoints` (nothing is asked yet).
+    pub fn new(endpoints: &[String], cluster_id: &str) -> EtcdRecords {
         EtcdRecords {
             etcd: tokio::sync::Mutex::new(None),
-            endpoints: ha.endpoints.clone(),
-            prefix: format!("/crescent/{}/master/removed/", ha.cluster_id),
-            leader_key: leader_key(&ha.cluster_id),
+            endpoints: endpoints.to_vec(),
+            prefix: format!("/crescent/{cluster_id}/master/removed/"),
+            leader_key: leader_key(cluster_id),
             lease: parking_lot::Mutex::new(None),
         }
     }

@@ -159,7 +159,7 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     let access = Access::new(keyring, config.admin_open_reads, master.metrics().auth_refused.clone());
     let gate = access.clone();
     let records = match (&ha, &config.state_dir) {
-        (Some(ha), _) => Some(Arc::new(RemovalRecords::Etcd(EtcdRecords::new(ha)))),
+        (Some(ha), _) => Some(Arc::new(RemovalRecords::Etcd(EtcdRecords::new(&ha.endpoints, &ha.cluster_id)))),
         (None, Some(dir)) => {
             let (file, loaded) = FileRecords::open(dir)?;
             if !loaded.is_empty() {
