@@ -335,6 +335,20 @@ fn each<'a>(
     Ok(answer.ints())
 }
 
+/// Runs row `m`'s op of the key (or pattern) at `key`, named `what` in errors, with no memory:
+/// 0, a size, a count or 1/0, or a negative status.
+///
+/// # Safety
+/// `key` is null or NUL-terminated.
+unsafe fn keyed(store: *const CrescentStore, key: *const c_char, what: &str, m: &'static Method) -> i64 {
+    call(|| {
+        let s = store_of(store)?;
+        // SAFETY: caller's contract.
+        let key = unsafe { text(key, what) }?;
+        one(&s, m, key, Mem::None, PutOptions::default())
+    })
+}
+
 /// Writes each key's integer into its result.
 fn fill<T: TryFrom<i64>>(out: &mut [T], values: Vec<i64>) -> R<()> {
     for (o, v) in out.iter_mut().zip(values) {
@@ -1102,12 +1116,8 @@ pub unsafe extern "C" fn crescent_store_batch_get_into(
 /// `key` is NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_exists(store: *const CrescentStore, key: *const c_char) -> i32 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
-        one(&s, &c::EXISTS, key, Mem::None, PutOptions::default())
-    }) as i32
+    // SAFETY: forwarded contract.
+    unsafe { keyed(store, key, "key", &c::EXISTS) as i32 }
 }
 
 /// Existence of `count` keys: `results[i]` = 1 or 0. Returns `CRESCENT_OK` or an error for
@@ -1137,12 +1147,8 @@ pub unsafe extern "C" fn crescent_store_batch_exists(
 /// `key` is NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_get_size(store: *const CrescentStore, key: *const c_char) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
-        one(&s, &c::GET_SIZE, key, Mem::None, PutOptions::default())
-    })
+    // SAFETY: forwarded contract.
+    unsafe { keyed(store, key, "key", &c::GET_SIZE) }
 }
 
 /// Removes `key` (refused with `CRESCENT_ERR_OBJECT_HAS_LEASE` while a reader holds it).
@@ -1151,12 +1157,8 @@ pub unsafe extern "C" fn crescent_store_get_size(store: *const CrescentStore, ke
 /// `key` is NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_remove(store: *const CrescentStore, key: *const c_char) -> i32 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
-        one(&s, &c::REMOVE, key, Mem::None, PutOptions::default())
-    }) as i32
+    // SAFETY: forwarded contract.
+    unsafe { keyed(store, key, "key", &c::REMOVE) as i32 }
 }
 
 /// Removes every object whose key matches the regular expression; returns how many.
@@ -1165,12 +1167,8 @@ pub unsafe extern "C" fn crescent_store_remove(store: *const CrescentStore, key:
 /// `pattern` is NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_remove_by_regex(store: *const CrescentStore, pattern: *const c_char) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let pattern = unsafe { text(pattern, "pattern") }?;
-        one(&s, &c::REMOVE_BY_REGEX, pattern, Mem::None, PutOptions::default())
-    })
+    // SAFETY: forwarded contract.
+    unsafe { keyed(store, pattern, "pattern", &c::REMOVE_BY_REGEX) }
 }
 
 /// Removes every object; returns how many.

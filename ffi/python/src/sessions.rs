@@ -1,51 +1,103 @@
-//! The ranged calls: get and put sessions' ranges checked per key, and `get_into_ranges`'s
-//! reads of ranges of many values.
+//! The ranged calls: the session calls' preamble, their ranges checked per key, and
+//! `get_into_ranges`'s reads of ranges of many values.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crescent_ffi::store::client::Extent;
-use crescent_ffi::store::StoreApi;
+use crescent_ffi::store::{Result as StoreResult, StoreApi};
 use crescent_ffi::{session_fail, store_fail};
 use pyo3::prelude::*;
 
 use crate::mem::*;
-use crate::{invalid, per_key};
+use crate::store::Store;
+use crate::{invalid, not_set_up, per_key};
 
 /// Per key of a ranged session call: its result so far (Ok until refused) and its ranges.
 pub(crate) type SessionRanges = (Vec<Result<u64, i32>>, Vec<Vec<Extent>>);
 
+/// The arguments of a ranged session call: per key, its buffers (int addresses or buffer
+/// objects), their sizes and their offsets in the value.
+pub(crate) struct Ranges<'a, 'py> {
+    pub(crate) keys: &'a [String],
+    pub(crate) buffers: &'a Bound<'py, PyAny>,
+    pub(crate) sizes: &'a [Vec<u64>],
+    pub(crate) offsets: &'a [Vec<u64>],
+}
+
 /// The ranges of a ranged session call, checked per key (see [`key_ranges`]); lists of other
 /// lengths are INVALID_PARAMS for every key.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn session_ranges(
+fn checked_ranges(
     client: &dyn StoreApi,
     what: &str,
-    keys: &[String],
-    all_buffer_ptrs: &Bound<'_, PyAny>,
-    all_sizes: &[Vec<u64>],
-    all_offsets: &[Vec<u64>],
+    args: &Ranges<'_, '_>,
     writable: bool,
     keep: &mut Vec<Mem>,
 ) -> PyResult<SessionRanges> {
+    let Ranges { keys, buffers, sizes, offsets } = *args;
     let n = keys.len();
-    let ptr_lists = items(all_buffer_ptrs)?;
-    if ptr_lists.len() != n || all_sizes.len() != n || all_offsets.len() != n {
+    let ptr_lists = items(buffers)?;
+    if ptr_lists.len() != n || sizes.len() != n || offsets.len() != n {
         let message = format!(
             "{what}: {n} keys, {} buffer lists, {} size lists, {} offset lists",
             ptr_lists.len(),
-            all_sizes.len(),
-            all_offsets.len()
+            sizes.len(),
+            offsets.len()
         );
         return Ok((per_key(n, Err(invalid(message))), vec![Vec::new(); n]));
     }
     let mut results = Vec::with_capacity(n);
     let mut ranges = Vec::with_capacity(n);
     for i in 0..n {
-        let r = key_ranges(client, &ptr_lists[i], &all_sizes[i], &all_offsets[i], writable, keep, what, &keys[i])?;
+        let r = key_ranges(client, &ptr_lists[i], &sizes[i], &offsets[i], writable, keep, what, &keys[i])?;
         results.push(r.as_ref().map(|_| 0).map_err(|c| *c));
         ranges.push(r.unwrap_or_default());
     }
     Ok((results, ranges))
+}
+
+/// The per-key results of a session's ranged transfer of many keys.
+type RangedResults = StoreResult<Vec<StoreResult<u64>>>;
+
+impl Store {
+    /// The preamble of the session calls: the last error cleared; before set-up the refusal
+    /// recorded and no result (`[]`, Mooncake's answer).
+    pub(crate) fn session<T>(&self, what: &str, f: impl FnOnce(Arc<dyn StoreApi>) -> Vec<T>) -> Vec<T> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            not_set_up(what);
+            return Vec::new();
+        };
+        f(client)
+    }
+
+    /// A ranged session call: the ranges checked per key (buffers written when `writable`),
+    /// then `transfer` of the keys not refused, with the GIL released. Bytes moved per key, or
+    /// a negative code.
+    pub(crate) fn session_ranges(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        args: Ranges<'_, '_>,
+        writable: bool,
+        transfer: impl FnOnce(&dyn StoreApi, &[String], &[&[Extent]]) -> RangedResults + Send,
+    ) -> PyResult<Vec<i64>> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            not_set_up(what);
+            return Ok(Vec::new());
+        };
+        let mut keep = Vec::new();
+        let (mut results, ranges) = checked_ranges(&*client, what, &args, writable, &mut keep)?;
+        py.detach(|| {
+            on_accepted(&mut results, args.keys, ranges, |keys, ranges| {
+                let refs: Vec<&[Extent]> = ranges.iter().map(|r| &r[..]).collect();
+                let codes = session_codes(transfer(&*client, keys, &refs), keys.len(), |n| n as i64);
+                codes.into_iter().map(|c| if c < 0 { Err(c as i32) } else { Ok(c as u64) }).collect()
+            })
+        });
+        Ok(results.into_iter().map(|r| r.map_or_else(|code| code as i64, |n| n as i64)).collect())
+    }
 }
 
 /// A session call's per-key results as Mooncake's codes.

@@ -654,15 +654,12 @@ impl Store {
     /// 0 per key, or a negative code: OBJECT_NOT_FOUND, INVALID_REPLICA (no replica in
     /// memory)... A key's previous session is replaced. Before setup: [].
     fn batch_get_session_start(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
-        crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up("batch_get_session_start");
-            return Vec::new();
-        };
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        session_codes(py.detach(|| client.batch_get_session_start(&keys)), keys.len(), |()| 0)
+        self.session("batch_get_session_start", |client| {
+            if keys.is_empty() {
+                return Vec::new();
+            }
+            session_codes(py.detach(|| client.batch_get_session_start(&keys)), keys.len(), |()| 0)
+        })
     }
 
     /// batch_get_into_multi_buffer_ranges(keys, all_buffer_ptrs, all_sizes, all_src_offsets)
@@ -681,23 +678,10 @@ impl Store {
         all_sizes: Vec<Vec<u64>>,
         all_src_offsets: Vec<Vec<u64>>,
     ) -> PyResult<Vec<i64>> {
-        crescent_ffi::clear_last_error();
-        let what = "batch_get_into_multi_buffer_ranges";
-        let Some(client) = self.client() else {
-            not_set_up(what);
-            return Ok(Vec::new());
-        };
-        let mut keep = Vec::new();
-        let (mut results, ranges) =
-            session_ranges(&*client, what, &keys, all_buffer_ptrs, &all_sizes, &all_src_offsets, true, &mut keep)?;
-        py.detach(|| {
-            on_accepted(&mut results, &keys, ranges, |keys, ranges| {
-                let refs: Vec<&[Extent]> = ranges.iter().map(|r| &r[..]).collect();
-                let codes = session_codes(client.batch_get_into_session_ranges(keys, &refs), keys.len(), |n| n as i64);
-                codes.into_iter().map(|c| if c < 0 { Err(c as i32) } else { Ok(c as u64) }).collect()
-            })
-        });
-        Ok(results.into_iter().map(|r| r.map_or_else(|code| code as i64, |n| n as i64)).collect())
+        let ranges = Ranges { keys: &keys, buffers: all_buffer_ptrs, sizes: &all_sizes, offsets: &all_src_offsets };
+        self.session_ranges(py, "batch_get_into_multi_buffer_ranges", ranges, true, |client, keys, ranges| {
+            client.batch_get_into_session_ranges(keys, ranges)
+        })
     }
 
     /// batch_get_session_end(keys) -> int: ends the get sessions of `keys` (keys without one
@@ -726,24 +710,21 @@ impl Store {
         sizes: Vec<u64>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> Vec<i64> {
-        crescent_ffi::clear_last_error();
         let what = "batch_put_session_start";
-        let Some(client) = self.client() else {
-            not_set_up(what);
-            return Vec::new();
-        };
-        let n = keys.len();
-        if sizes.len() != n {
-            return per_key(n, invalid(format!("{what}: {n} keys but {} sizes", sizes.len())) as i64);
-        }
-        let options = match put_options(&*client, config.as_deref(), n) {
-            Ok(o) => o,
-            Err(code) => return per_key(n, code as i64),
-        };
-        if n == 0 {
-            return Vec::new();
-        }
-        session_codes(py.detach(|| client.batch_put_session_start(&keys, &sizes, &options)), n, |()| 0)
+        self.session(what, |client| {
+            let n = keys.len();
+            if sizes.len() != n {
+                return per_key(n, invalid(format!("{what}: {n} keys but {} sizes", sizes.len())) as i64);
+            }
+            let options = match put_options(&*client, config.as_deref(), n) {
+                Ok(o) => o,
+                Err(code) => return per_key(n, code as i64),
+            };
+            if n == 0 {
+                return Vec::new();
+            }
+            session_codes(py.detach(|| client.batch_put_session_start(&keys, &sizes, &options)), n, |()| 0)
+        })
     }
 
     /// batch_put_from_multi_buffer_ranges(keys, all_buffer_ptrs, all_sizes, all_dst_offsets)
@@ -762,23 +743,10 @@ impl Store {
         all_sizes: Vec<Vec<u64>>,
         all_dst_offsets: Vec<Vec<u64>>,
     ) -> PyResult<Vec<i64>> {
-        crescent_ffi::clear_last_error();
-        let what = "batch_put_from_multi_buffer_ranges";
-        let Some(client) = self.client() else {
-            not_set_up(what);
-            return Ok(Vec::new());
-        };
-        let mut keep = Vec::new();
-        let (mut results, ranges) =
-            session_ranges(&*client, what, &keys, all_buffer_ptrs, &all_sizes, &all_dst_offsets, false, &mut keep)?;
-        py.detach(|| {
-            on_accepted(&mut results, &keys, ranges, |keys, ranges| {
-                let refs: Vec<&[Extent]> = ranges.iter().map(|r| &r[..]).collect();
-                let codes = session_codes(client.batch_put_from_session_ranges(keys, &refs), keys.len(), |n| n as i64);
-                codes.into_iter().map(|c| if c < 0 { Err(c as i32) } else { Ok(c as u64) }).collect()
-            })
-        });
-        Ok(results.into_iter().map(|r| r.map_or_else(|code| code as i64, |n| n as i64)).collect())
+        let ranges = Ranges { keys: &keys, buffers: all_buffer_ptrs, sizes: &all_sizes, offsets: &all_dst_offsets };
+        self.session_ranges(py, "batch_put_from_multi_buffer_ranges", ranges, false, |client, keys, ranges| {
+            client.batch_put_from_session_ranges(keys, ranges)
+        })
     }
 
     /// batch_put_session_end(keys) -> list[int]: commits the objects of the put sessions of
@@ -788,12 +756,9 @@ impl Store {
     /// dropped the placement), and then the session stays for another end or a revoke.
     /// Before setup: [].
     fn batch_put_session_end(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
-        crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up("batch_put_session_end");
-            return Vec::new();
-        };
-        session_codes(py.detach(|| client.batch_put_session_end(&keys)), keys.len(), |()| 0)
+        self.session("batch_put_session_end", |client| {
+            session_codes(py.detach(|| client.batch_put_session_end(&keys)), keys.len(), |()| 0)
+        })
     }
 
     /// batch_put_session_revoke(keys) -> list[int]: gives back the space of the put sessions
@@ -802,12 +767,9 @@ impl Store {
     /// INVALID_PARAMS without a session, else the master's answer (the session stays).
     /// Before setup: [].
     fn batch_put_session_revoke(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
-        crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up("batch_put_session_revoke");
-            return Vec::new();
-        };
-        session_codes(py.detach(|| client.batch_put_session_revoke(&keys)), keys.len(), |()| 0)
+        self.session("batch_put_session_revoke", |client| {
+            session_codes(py.detach(|| client.batch_put_session_revoke(&keys)), keys.len(), |()| 0)
+        })
     }
 
     /// put_parts(key, *parts, config=None) -> int: puts the concatenation of `parts`
