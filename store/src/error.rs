@@ -287,6 +287,18 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A buffer of device memory given to an op: the store moves host memory only so far.
+    #[error("{key:?}: buffer [{addr:#x}, +{len}) is memory of cuda:{device}; the store moves host memory only")]
+    DeviceMemory {
+        /// The op's key.
+        key: String,
+        /// The GPU (`cuda:N`).
+        device: u32,
+        /// The buffer's first byte (a device pointer).
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
     /// A broken invariant of the store itself.
     #[error("internal error: {0}")]
     Internal(String),
@@ -393,6 +405,7 @@ impl StoreError {
             | StoreError::NotRegistered { .. }
             | StoreError::BufferTooSmall { .. }
             | StoreError::BadRange { .. }
+            | StoreError::DeviceMemory { .. }
             | StoreError::Unauthenticated { .. } => Fault::Caller,
             StoreError::NotFound(_)
             | StoreError::AlreadyExists(_)
@@ -488,6 +501,7 @@ impl StoreError {
             | StoreError::NotRegistered { .. }
             | StoreError::BufferTooSmall { .. }
             | StoreError::BadRange { .. }
+            | StoreError::DeviceMemory { .. }
             | StoreError::Unauthenticated { .. } => Code::InvalidArgument,
             StoreError::NotFound(_) => Code::ObjectNotFound,
             StoreError::AlreadyExists(_) => Code::ObjectAlreadyExists,

@@ -26,6 +26,8 @@ use std::time::Duration;
 use crescent_ffi::engine::{
     EngineConfig, Opcode, RegisteredMemory, TransferEngine, TransferRequest, TransferStatus, P2P_HANDSHAKE,
 };
+use crescent_ffi::methods::{self, c, Mem, Method};
+use crescent_ffi::store::client::Buffer;
 use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreClient;
 use crescent_ffi::{
@@ -300,6 +302,59 @@ unsafe fn batch_args<P: Copy>(
     let (keys, bufs, sizes) =
         unsafe { (keys_of(keys, count)?, array(buffers, count, "buffers")?, array(sizes, count, "sizes")?) };
     Ok((keys, bufs.iter().map(|&p| addr(p)).collect(), sizes.iter().map(|&n| n as u64).collect()))
+}
+
+// ---- the table's rows (`crescent_ffi::methods::c`) ----
+
+/// `len` bytes of host memory at `addr`.
+fn host<'a>(addr: u64, len: usize) -> Mem<'a> {
+    Mem::Buffers(vec![Buffer::host(addr, len as u64)])
+}
+
+/// Runs row `m`'s op of `key` with `mem`: 0, a size, a count or 1/0, or the op's status.
+fn one<'a>(s: &StoreClient, m: &'static Method, key: &'a str, mem: Mem<'a>, options: PutOptions) -> R<i64> {
+    let answer = methods::run(s, m, vec![Ok(m.op(key, mem, false))], options);
+    match answer.int(m) {
+        code if code < 0 => Err(Status::from_code(code as i32).unwrap_or(Status::Internal)),
+        v => Ok(v),
+    }
+}
+
+/// Runs row `m`'s ops of `keys` with `mems`: each op's integer (0, a size or 1/0, or its
+/// status), or the status of the whole call.
+fn each<'a>(
+    s: &StoreClient,
+    m: &'static Method,
+    keys: &'a [String],
+    mems: Vec<Mem<'a>>,
+    options: PutOptions,
+) -> R<Vec<i64>> {
+    let ops = keys.iter().zip(mems).map(|(k, mem)| Ok(m.op(k, mem, false))).collect();
+    let answer = methods::run(s, m, ops, options);
+    answer.whole?;
+    Ok(answer.ints())
+}
+
+/// Runs row `m`'s op of the key (or pattern) at `key`, named `what` in errors, with no memory:
+/// 0, a size, a count or 1/0, or a negative status.
+///
+/// # Safety
+/// `key` is null or NUL-terminated.
+unsafe fn keyed(store: *const CrescentStore, key: *const c_char, what: &str, m: &'static Method) -> i64 {
+    call(|| {
+        let s = store_of(store)?;
+        // SAFETY: caller's contract.
+        let key = unsafe { text(key, what) }?;
+        one(&s, m, key, Mem::None, PutOptions::default())
+    })
+}
+
+/// Writes each key's integer into its result.
+fn fill<T: TryFrom<i64>>(out: &mut [T], values: Vec<i64>) -> R<()> {
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = T::try_from(v).map_err(|_| fail(Status::Internal, format!("result {v} does not fit")))?;
+    }
+    Ok(())
 }
 
 /// Writes through an out-pointer.
@@ -863,7 +918,7 @@ pub unsafe extern "C" fn crescent_store_put_with(
         let (key, options) = unsafe { (text(key, "key")?, put_options(&s, config)?) };
         // SAFETY: `len` readable bytes per the caller's contract.
         let value = unsafe { array(value.cast::<u8>(), len, "value") }?;
-        s.put_with(key, value, &options).map_err(|e| store_fail(&e))
+        one(&s, &c::PUT, key, Mem::Bytes(value), options).map(drop)
     })
 }
 
@@ -957,7 +1012,7 @@ pub unsafe extern "C" fn crescent_store_put_from_with(
         let s = store_of(store)?;
         // SAFETY: caller's contract.
         let (key, options) = unsafe { (text(key, "key")?, put_options(&s, config)?) };
-        s.put_from_with(key, buf as u64, len as u64, &options).map_err(|e| store_fail(&e))
+        one(&s, &c::PUT_FROM, key, host(buf as u64, len), options).map(drop)
     })
 }
 
@@ -977,7 +1032,7 @@ pub unsafe extern "C" fn crescent_store_get_into(
         let s = store_of(store)?;
         // SAFETY: caller's contract.
         let key = unsafe { text(key, "key") }?;
-        s.get_into(key, buf as u64, len as u64).map(|n| n as i64).map_err(|e| store_fail(&e))
+        one(&s, &c::GET_INTO, key, host(buf as u64, len), PutOptions::default())
     })
 }
 
@@ -1025,14 +1080,8 @@ pub unsafe extern "C" fn crescent_store_batch_put_from_with(
                 put_options(&s, config)?,
             )
         };
-        let rs = s.batch_put_from_with(&keys, &addrs, &lens, &options).map_err(|e| store_fail(&e))?;
-        for (o, r) in out.iter_mut().zip(&rs) {
-            *o = match r {
-                Ok(()) => CRESCENT_OK,
-                Err(e) => store_fail(e).code(),
-            };
-        }
-        Ok(())
+        let mems = addrs.iter().zip(&lens).map(|(&a, &n)| host(a, n as usize)).collect();
+        fill(out, each(&s, &c::BATCH_PUT_FROM, &keys, mems, options)?)
     })
 }
 
@@ -1056,14 +1105,8 @@ pub unsafe extern "C" fn crescent_store_batch_get_into(
         // SAFETY: `count` elements each per the caller's contract.
         let ((keys, addrs, lens), out) =
             unsafe { (batch_args(keys, buffers, sizes, count, |p| p as u64)?, array_mut(results, count, "results")?) };
-        let rs = s.batch_get_into(&keys, &addrs, &lens).map_err(|e| store_fail(&e))?;
-        for (o, r) in out.iter_mut().zip(&rs) {
-            *o = match r {
-                Ok(n) => *n as i64,
-                Err(e) => store_fail(e).code() as i64,
-            };
-        }
-        Ok(())
+        let mems = addrs.iter().zip(&lens).map(|(&a, &n)| host(a, n as usize)).collect();
+        fill(out, each(&s, &c::BATCH_GET_INTO, &keys, mems, PutOptions::default())?)
     })
 }
 
@@ -1073,12 +1116,8 @@ pub unsafe extern "C" fn crescent_store_batch_get_into(
 /// `key` is NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_exists(store: *const CrescentStore, key: *const c_char) -> i32 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
-        s.exists(key).map(i64::from).map_err(|e| store_fail(&e))
-    }) as i32
+    // SAFETY: forwarded contract.
+    unsafe { keyed(store, key, "key", &c::EXISTS) as i32 }
 }
 
 /// Existence of `count` keys: `results[i]` = 1 or 0. Returns `CRESCENT_OK` or an error for
@@ -1097,14 +1136,8 @@ pub unsafe extern "C" fn crescent_store_batch_exists(
         let s = store_of(store)?;
         // SAFETY: `count` elements each per the caller's contract.
         let (keys, out) = unsafe { (keys_of(keys, count)?, array_mut(results, count, "results")?) };
-        let found = s.batch_exists(&keys).map_err(|e| store_fail(&e))?;
-        if found.len() != keys.len() {
-            return Err(fail(Status::Internal, format!("{} answers for {} keys", found.len(), keys.len())));
-        }
-        for (o, f) in out.iter_mut().zip(found) {
-            *o = i32::from(f);
-        }
-        Ok(())
+        let mems = keys.iter().map(|_| Mem::None).collect();
+        fill(out, each(&s, &c::BATCH_EXISTS, &keys, mems, PutOptions::default())?)
     })
 }
 
@@ -1114,12 +1147,8 @@ pub unsafe extern "C" fn crescent_store_batch_exists(
 /// `key` is NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_get_size(store: *const CrescentStore, key: *const c_char) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
-        s.get_size(key).map(|n| n as i64).map_err(|e| store_fail(&e))
-    })
+    // SAFETY: forwarded contract.
+    unsafe { keyed(store, key, "key", &c::GET_SIZE) }
 }
 
 /// Removes `key` (refused with `CRESCENT_ERR_OBJECT_HAS_LEASE` while a reader holds it).
@@ -1128,12 +1157,8 @@ pub unsafe extern "C" fn crescent_store_get_size(store: *const CrescentStore, ke
 /// `key` is NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_remove(store: *const CrescentStore, key: *const c_char) -> i32 {
-    status(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
-        s.remove(key).map_err(|e| store_fail(&e))
-    })
+    // SAFETY: forwarded contract.
+    unsafe { keyed(store, key, "key", &c::REMOVE) as i32 }
 }
 
 /// Removes every object whose key matches the regular expression; returns how many.
@@ -1142,12 +1167,8 @@ pub unsafe extern "C" fn crescent_store_remove(store: *const CrescentStore, key:
 /// `pattern` is NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_remove_by_regex(store: *const CrescentStore, pattern: *const c_char) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let pattern = unsafe { text(pattern, "pattern") }?;
-        s.remove_by_regex(pattern).map(|n| n as i64).map_err(|e| store_fail(&e))
-    })
+    // SAFETY: forwarded contract.
+    unsafe { keyed(store, pattern, "pattern", &c::REMOVE_BY_REGEX) }
 }
 
 /// Removes every object; returns how many.
@@ -1155,7 +1176,7 @@ pub unsafe extern "C" fn crescent_store_remove_by_regex(store: *const CrescentSt
 pub extern "C" fn crescent_store_remove_all(store: *const CrescentStore) -> i64 {
     call(|| {
         let s = store_of(store)?;
-        s.remove_all().map(|n| n as i64).map_err(|e| store_fail(&e))
+        one(&s, &c::REMOVE_ALL, "", Mem::None, PutOptions::default())
     })
 }
 

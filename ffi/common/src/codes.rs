@@ -113,7 +113,8 @@ pub fn store_status(e: &StoreError) -> Status {
         | StoreError::Config(_)
         | StoreError::StorageRoot { .. }
         | StoreError::NotRegistered { .. }
-        | StoreError::BadRange { .. } => Status::InvalidParams,
+        | StoreError::BadRange { .. }
+        | StoreError::DeviceMemory { .. } => Status::InvalidParams,
         StoreError::BufferTooSmall { .. } => Status::BufferOverflow,
         StoreError::NotFound(_) => Status::ObjectNotFound,
         StoreError::AlreadyExists(_) => Status::ObjectAlreadyExists,

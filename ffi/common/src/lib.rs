@@ -8,9 +8,12 @@
 //! * [`ReplicateConfig`]: Mooncake's per-put replica count, pins and preferred segments;
 //! * [`TeCode`]: Mooncake Transfer Engine's own return codes (`ERR_*`, `Status::Code`) for the
 //!   engine's C and Python interfaces;
+//! * [`methods`]: the table of the store methods of both bindings (a row per method: its ops
+//!   and its return shape) and the one function that runs a row;
 //! * [`init_logging`]: `tracing` to stderr for a process that embeds Crescent.
 
 mod codes;
+pub mod methods;
 mod replicate;
 mod setup;
 mod te_codes;

@@ -12,20 +12,9 @@ use std::mem::MaybeUninit;
 use crate::error::{Result, StoreError};
 use crate::proto::{PutOptions, QueryKeyReply};
 
+use super::op::{Batch, Buffer, Dest, Held, HeldBuffer, Kind, Op, Outcome, Source, ValueSink};
 use super::sg::{Extent, Piece};
 use super::{HeldBlock, StoreClient};
-
-/// Memory that holds one value for its owner until dropped (what `get_buffer` returns).
-pub trait Held: Send + Sync {
-    /// The value's first byte, a virtual address of this process.
-    fn addr(&self) -> u64;
-    /// The value's length, in bytes.
-    fn len(&self) -> u64;
-    /// True for a value of 0 bytes.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 impl Held for HeldBlock {
     fn addr(&self) -> u64 {
@@ -36,62 +25,10 @@ impl Held for HeldBlock {
     }
 }
 
-/// A value read by `get_buffer`: a block of a full client's local buffer, or of a dummy
-/// client's memory shared with its standalone client. The bytes stay valid, and are the
-/// owner's alone, until it is dropped.
-pub struct HeldBuffer(Box<dyn Held>);
-
-impl HeldBuffer {
-    /// Wraps memory that holds a value (boxed: the two clients hold different kinds).
-    pub fn new(held: impl Held + 'static) -> HeldBuffer {
-        HeldBuffer(Box::new(held))
-    }
-    /// The value's first byte, a virtual address of this process (registered memory: it may
-    /// be handed to the zero-copy calls).
-    pub fn addr(&self) -> u64 {
-        self.0.addr()
-    }
-    /// The value's length, in bytes.
-    pub fn len(&self) -> u64 {
-        self.0.len()
-    }
-    /// True for a value of 0 bytes.
-    pub fn is_empty(&self) -> bool {
-        self.0.len() == 0
-    }
-    /// The bytes (what the get wrote there).
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `Held` memory belongs to this value alone while it lives, and the get that
-        // filled it has ended.
-        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len() as usize) }
-    }
-}
-
 impl From<HeldBlock> for HeldBuffer {
     fn from(block: HeldBlock) -> HeldBuffer {
         HeldBuffer::new(block)
     }
-}
-
-impl std::fmt::Debug for HeldBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeldBuffer").field("addr", &self.addr()).field("len", &self.len()).finish()
-    }
-}
-
-/// Memory that a get of bytes ([`StoreClient::get_with`]) writes the value into, made by the
-/// caller once the value's size is known: a binding's own object (a Python `bytes`), a buffer
-/// of the caller's choosing. The get writes every byte of it or fails; the caller takes the
-/// value out of its sink after a get that succeeded (after one that failed, its bytes are
-/// unwritten and must not be read).
-pub trait ValueSink: Send {
-    /// Memory for a value of `size` bytes, exactly `size` bytes long (a shorter or longer one
-    /// is refused as the caller's mistake). Called before any byte of the value is read; it
-    /// may be called again in the same get (a disk file read while the master was asked that
-    /// turned out not to be the value: then with the size the master gave), and the memory
-    /// the last call returned is the one that holds the value. An error (the memory could not
-    /// be had) ends the get with it.
-    fn buffer(&mut self, size: u64) -> Result<&mut [MaybeUninit<u8>]>;
 }
 
 /// `sink`'s memory for a value of `size` bytes, refused unless it is exactly that long.
@@ -277,6 +214,13 @@ pub trait StoreApi: Send + Sync {
     fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         let _ = keys;
         Err(no_sessions())
+    }
+
+    /// Runs `batch`: one outcome per op, in order (see [`super::op`]). An op refused before it
+    /// runs (a device buffer) fails alone; an error of a whole batched call is the error of
+    /// the run. Provided: the ops are mapped onto the calls above.
+    fn run(&self, batch: Batch<'_>) -> Result<Vec<Result<Outcome>>> {
+        run_ops(self, batch)
     }
 
     // ---- short forms ----
@@ -490,4 +434,134 @@ impl StoreApi for StoreClient {
     fn close(&self) -> Result<()> {
         StoreClient::close(self)
     }
+}
+
+// ---- the executor of `StoreApi::run` ----
+
+/// Host buffers as pieces of registered memory.
+fn pieces(buffers: &[Buffer]) -> Vec<Piece> {
+    buffers.iter().map(|b| Piece::new(b.addr, b.len)).collect()
+}
+
+/// Runs `batch` on `api` (see [`StoreApi::run`]).
+fn run_ops<A: StoreApi + ?Sized>(api: &A, batch: Batch<'_>) -> Result<Vec<Result<Outcome>>> {
+    let Batch { ops, options, together } = batch;
+    let mut out: Vec<Option<Result<Outcome>>> = Vec::with_capacity(ops.len());
+    // The ops to run, in groups of one kind (one op each unless `together`).
+    let mut groups: Vec<Vec<(usize, Op<'_>)>> = Vec::new();
+    for (i, op) in ops.into_iter().enumerate() {
+        if let Some(e) = op.refusal() {
+            out.push(Some(Err(e)));
+            continue;
+        }
+        out.push(None);
+        match groups.last_mut() {
+            Some(g) if together && g[0].1.kind() == op.kind() => g.push((i, op)),
+            _ => groups.push(vec![(i, op)]),
+        }
+    }
+    for group in groups {
+        let (slots, ops): (Vec<usize>, Vec<Op<'_>>) = group.into_iter().unzip();
+        let outcomes = if together {
+            run_batched(api, ops, &options)?
+        } else {
+            ops.into_iter().map(|op| run_one(api, op, &options)).collect()
+        };
+        for (slot, r) in slots.into_iter().zip(outcomes) {
+            out[slot] = Some(r);
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(StoreError::Internal("an op without an outcome".into()))))
+        .collect())
+}
+
+/// One op, by the single-key call of its kind.
+fn run_one<A: StoreApi + ?Sized>(api: &A, op: Op<'_>, options: &PutOptions) -> Result<Outcome> {
+    match op {
+        Op::Get { key, into: Dest::Bytes } => api.get(key).map(Outcome::Bytes),
+        Op::Get { key, into: Dest::Sink(sink) } => api.get_with(key, sink).map(Outcome::Size),
+        Op::Get { key, into: Dest::Buffers(b) } => api.get_into_sg(key, &pieces(&b)).map(Outcome::Size),
+        Op::Get { key, into: Dest::Held } => api.get_buffer(key).map(Outcome::Held),
+        Op::Put { key, from: Source::Bytes(v), upsert: false } => api.put_with(key, v, options).map(done),
+        Op::Put { key, from: Source::Bytes(v), upsert: true } => api.upsert_with(key, v, options).map(done),
+        Op::Put { key, from: Source::Parts(p), upsert: false } => api.put_parts_with(key, &p, options).map(done),
+        Op::Put { key, from: Source::Parts(p), upsert: true } => api.upsert_parts_with(key, &p, options).map(done),
+        Op::Put { key, from: Source::Buffers(b), upsert: false } => {
+            api.put_from_sg(key, &pieces(&b), options).map(done)
+        }
+        Op::Put { key, from: Source::Buffers(b), upsert: true } => {
+            api.upsert_from_sg(key, &pieces(&b), options).map(done)
+        }
+        Op::Exists { key } => api.exists(key).map(Outcome::Exists),
+        Op::Size { key } => api.get_size(key).map(Outcome::Size),
+        Op::Remove { key, force } => api.remove_with(key, force).map(done),
+        Op::RemoveMatching { pattern, force } => api.remove_by_regex_with(pattern, force).map(Outcome::Count),
+        Op::RemoveAll { force } => api.remove_all_with(force).map(Outcome::Count),
+    }
+}
+
+fn done(_: ()) -> Outcome {
+    Outcome::Done
+}
+
+/// Ops of one kind as one batched call; an error of the whole call ends the run.
+fn run_batched<A: StoreApi + ?Sized>(api: &A, ops: Vec<Op<'_>>, options: &PutOptions) -> Result<Vec<Result<Outcome>>> {
+    let keys: Vec<String> = ops.iter().map(|op| op.key().to_string()).collect();
+    let each = |rs: Vec<Result<()>>| rs.into_iter().map(|r| r.map(done)).collect();
+    let sizes = |rs: Vec<Result<u64>>| rs.into_iter().map(|r| r.map(Outcome::Size)).collect();
+    Ok(match ops[0].kind() {
+        Kind::GetBytes => api.get_batch(&keys)?.into_iter().map(|r| r.map(Outcome::Bytes)).collect(),
+        Kind::GetSink => {
+            let mut sinks: Vec<&mut dyn ValueSink> = ops
+                .into_iter()
+                .filter_map(|op| match op {
+                    Op::Get { into: Dest::Sink(s), .. } => Some(s),
+                    _ => None,
+                })
+                .collect();
+            sizes(api.get_batch_with(&keys, &mut sinks)?)
+        }
+        Kind::GetBuffers => {
+            let values: Vec<Vec<Piece>> = ops.iter().map(|op| pieces(op.buffers())).collect();
+            let refs: Vec<&[Piece]> = values.iter().map(|v| &v[..]).collect();
+            sizes(api.batch_get_into_sg(&keys, &refs)?)
+        }
+        Kind::GetHeld => api.batch_get_buffer(&keys)?.into_iter().map(|r| r.map(Outcome::Held)).collect(),
+        Kind::PutBytes(upsert) => {
+            let values: Vec<&[u8]> = ops
+                .iter()
+                .map(|op| match op {
+                    Op::Put { from: Source::Bytes(v), .. } => *v,
+                    _ => &[],
+                })
+                .collect();
+            each(if upsert {
+                api.upsert_batch_with(&keys, &values, options)?
+            } else {
+                api.put_batch_with(&keys, &values, options)?
+            })
+        }
+        Kind::PutBuffers(upsert) => {
+            let values: Vec<Vec<Piece>> = ops.iter().map(|op| pieces(op.buffers())).collect();
+            let refs: Vec<&[Piece]> = values.iter().map(|v| &v[..]).collect();
+            each(if upsert {
+                api.batch_upsert_from_sg(&keys, &refs, options)?
+            } else {
+                api.batch_put_from_sg(&keys, &refs, options)?
+            })
+        }
+        Kind::Exists => {
+            let found = api.batch_exists(&keys)?;
+            if found.len() != keys.len() {
+                return Err(StoreError::Internal(format!("{} answers for {} keys", found.len(), keys.len())));
+            }
+            found.into_iter().map(|b| Ok(Outcome::Exists(b))).collect()
+        }
+        // No batched call of their own: one call each.
+        Kind::PutParts(_) | Kind::Size | Kind::Remove | Kind::RemoveMany => {
+            ops.into_iter().map(|op| run_one(api, op, options)).collect()
+        }
+    })
 }

@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use prost::Message;
 
-use super::api::{Held, HeldBuffer, StoreApi};
+use super::api::StoreApi;
+use super::op::{Held, HeldBuffer};
 use super::sg::{Extent, Piece};
 use crate::error::{Result, StoreError, Waited};
 use crate::proto::{PutOptions, QueryKeyReply};
