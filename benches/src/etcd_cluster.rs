@@ -82,6 +82,9 @@ impl EtcdCluster {
                 .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
                 .args(["--initial-cluster", &initial.join(","), "--initial-cluster-state", "new"])
                 .args(["--initial-cluster-token", &token])
+                // As a deployment runs it: the masters' removal records are writes whose history
+                // etcd keeps until compacted.
+                .args(["--auto-compaction-mode", "periodic", "--auto-compaction-retention", "1m"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

@@ -17,11 +17,12 @@
 //! transaction that holds only while this master's leadership key is still the one it won —
 //! a deposed leader's record is refused, and its removal is answered `NOT_LEADER` (the client
 //! removes the key again at the new leader). A new leader reads every record before it takes
-//! its first call and buries them in its rebuild window. Records expire after
-//! [`RECORD_TTL`] (an etcd lease shared by the records of a minute): long past any rebuild
-//! window, and long enough for the copies to have heard of their removal since (an owner's
-//! acknowledgement, a disk's ping, or the client copies of disk removals handed back to a
-//! new master).
+//! its first call and buries them in its rebuild window. Records expire after [`record_ttl`]
+//! (three client TTLs, at least a minute; an etcd lease shared by the records of ten seconds):
+//! past any rebuild window, and long enough for the copies to have heard of their removal
+//! since (an owner's acknowledgement, a disk's ping, or the client copies of disk removals
+//! handed back to a new master). Each record is an etcd write: etcd keeps their history until
+//! it is compacted, so run it with auto-compaction (docs: HA).
 //!
 //! A single master with a state directory (`--state-dir`) appends the same records to
 //! `<dir>/removed-keys.jsonl` and flushes it before answering; it reads the file when it
@@ -39,10 +40,14 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use crate::error::{Result, StoreError};
 use crate::leader::{leader_key, Members};
 
-/// How long a record lives in etcd.
-pub const RECORD_TTL: Duration = Duration::from_secs(600);
-/// How long one etcd lease takes new records (each record lives `RECORD_TTL` to this longer).
-const LEASE_SHARED_FOR: Duration = Duration::from_secs(60);
+/// How long a record lives, given the client TTL: longer than a copy that has not heard of its
+/// removal can stay silent and still report (its client TTL, at the old master or in a new
+/// master's rebuild window), with room for a failover between.
+pub fn record_ttl(client_ttl: Duration) -> Duration {
+    (3 * client_ttl).max(Duration::from_secs(60))
+}
+/// How long one etcd lease takes new records (each record lives up to this longer).
+const LEASE_SHARED_FOR: Duration = Duration::from_secs(10);
 /// Records written per transaction (etcd refuses more than 128 operations by default).
 const PER_TXN: usize = 100;
 /// Most records a new leader reads; more are a sign of a fault, and the rest are logged.
@@ -118,17 +123,21 @@ pub struct EtcdRecords {
     leader_key: String,
     /// The lease new records share, and when it was granted.
     lease: parking_lot::Mutex<Option<(i64, Instant)>>,
+    /// How long a record lives.
+    ttl: Duration,
 }
 
 impl EtcdRecords {
-    /// Records of cluster `cluster_id` in the etcd at `endpoints` (nothing is asked yet).
-    pub fn new(endpoints: &[String], cluster_id: &str) -> EtcdRecords {
+    /// Records of cluster `cluster_id` in the etcd at `endpoints`, living `ttl` (nothing is
+    /// asked yet).
+    pub fn new(endpoints: &[String], cluster_id: &str, ttl: Duration) -> EtcdRecords {
         EtcdRecords {
             etcd: tokio::sync::Mutex::new(None),
             endpoints: endpoints.to_vec(),
             prefix: format!("/crescent/{cluster_id}/master/removed/"),
             leader_key: leader_key(cluster_id),
             lease: parking_lot::Mutex::new(None),
+            ttl,
         }
     }
 
@@ -202,7 +211,7 @@ impl EtcdRecords {
                 return Ok(id);
             }
         }
-        let ttl = (RECORD_TTL + LEASE_SHARED_FOR).as_secs() as i64;
+        let ttl = (self.ttl + LEASE_SHARED_FOR).as_secs() as i64;
         let id = etcd.run(|mut c| async move { c.lease_grant(ttl, None).await }).await?.id();
         *self.lease.lock() = Some((id, Instant::now()));
         Ok(id)
@@ -302,11 +311,13 @@ struct FileState {
     live: std::collections::VecDeque<Line>,
     /// Lines in the file.
     lines: usize,
+    /// How long a record lives, in seconds.
+    ttl: u64,
 }
 
 impl FileState {
     fn drop_expired(&mut self, now: u64) {
-        while self.live.front().is_some_and(|l| l.at + RECORD_TTL.as_secs() < now) {
+        while self.live.front().is_some_and(|l| l.at + self.ttl < now) {
             self.live.pop_front();
         }
         while self.live.len() > MAX_LOADED {
@@ -356,7 +367,7 @@ impl FileRecords {
     /// Opens (or creates) the records in `dir` and returns the live ones. A file that cannot
     /// be read stops the start: starting without it would let removed objects come back. A
     /// malformed line (a write cut by a crash ends the file with one) is skipped.
-    pub fn open(dir: &Path) -> Result<(FileRecords, Vec<Tombstone>)> {
+    pub fn open(dir: &Path, ttl: Duration) -> Result<(FileRecords, Vec<Tombstone>)> {
         let path = dir.join(FILE_NAME);
         let now = unix_now();
         let mut live = std::collections::VecDeque::new();
@@ -365,7 +376,7 @@ impl FileRecords {
                 for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
                     let line = line.map_err(|e| file_err("cannot read", &path, e))?;
                     match serde_json::from_str::<Line>(&line) {
-                        Ok(l) if l.at + RECORD_TTL.as_secs() >= now => live.push_back(l),
+                        Ok(l) if l.at + ttl.as_secs() >= now => live.push_back(l),
                         Ok(_) => {}
                         Err(e) => tracing::warn!("{}: line {} skipped: {e}", path.display(), n + 1),
                     }
@@ -379,7 +390,7 @@ impl FileRecords {
             .append(true)
             .open(&path)
             .map_err(|e| file_err("cannot open", &path, e))?;
-        let mut state = FileState { path: path.clone(), file, live, lines: 0 };
+        let mut state = FileState { path: path.clone(), file, live, lines: 0, ttl: ttl.as_secs() };
         state.drop_expired(now);
         state.rewrite().map_err(|e| file_err("cannot rewrite", &path, e))?;
         let loaded = state.live.iter().map(|l| Tombstone { key: l.key.clone(), mark: l.mark }).collect();
@@ -417,18 +428,19 @@ mod tests {
     #[test]
     fn a_state_dir_keeps_live_records_across_starts_and_drops_expired_and_torn_lines() {
         let dir = tempfile::tempdir().unwrap();
-        let (f, loaded) = FileRecords::open(dir.path()).unwrap();
+        let ttl = Duration::from_secs(60);
+        let (f, loaded) = FileRecords::open(dir.path(), ttl).unwrap();
         assert!(loaded.is_empty());
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
         rt.block_on(RemovalRecords::File(f).record(0, &[t("a", 5), t("b/ü", 6)])).unwrap();
         // An expired record and a line cut by a crash, appended by hand.
         let path = dir.path().join(FILE_NAME);
-        let old = unix_now() - RECORD_TTL.as_secs() - 5;
+        let old = unix_now() - ttl.as_secs() - 5;
         let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
         writeln!(file, r#"{{"key":"old","mark":1,"at":{old}}}"#).unwrap();
         write!(file, r#"{{"key":"cut","ma"#).unwrap();
         drop(file);
-        let (_, loaded) = FileRecords::open(dir.path()).unwrap();
+        let (_, loaded) = FileRecords::open(dir.path(), ttl).unwrap();
         assert_eq!(loaded, [t("a", 5), t("b/ü", 6)]);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 2, "rewritten without the expired and the cut line: {text}");

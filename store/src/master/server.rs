@@ -13,7 +13,7 @@ use crate::master::access::{self, Access};
 use crate::master::conn_limit;
 use crate::master::fence::Role;
 use crate::master::ha::HaSettings;
-use crate::master::removal_records::{EtcdRecords, FileRecords, RemovalRecords};
+use crate::master::removal_records::{record_ttl, EtcdRecords, FileRecords, RemovalRecords};
 use crate::master::service::MasterService;
 use crate::master::{admin, Master, MasterConfig};
 use tonic::service::interceptor::InterceptedService;
@@ -159,9 +159,13 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     let access = Access::new(keyring, config.admin_open_reads, master.metrics().auth_refused.clone());
     let gate = access.clone();
     let records = match (&ha, &config.state_dir) {
-        (Some(ha), _) => Some(Arc::new(RemovalRecords::Etcd(EtcdRecords::new(&ha.endpoints, &ha.cluster_id)))),
+        (Some(ha), _) => Some(Arc::new(RemovalRecords::Etcd(EtcdRecords::new(
+            &ha.endpoints,
+            &ha.cluster_id,
+            record_ttl(config.client_ttl),
+        )))),
         (None, Some(dir)) => {
-            let (file, loaded) = FileRecords::open(dir)?;
+            let (file, loaded) = FileRecords::open(dir, record_ttl(config.client_ttl))?;
             if !loaded.is_empty() {
                 tracing::info!("{} removal(s) recorded before this start buried for the rebuild", loaded.len());
             }
