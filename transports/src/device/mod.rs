@@ -21,8 +21,10 @@ pub mod cuda;
 mod ipc;
 mod location;
 mod staged;
+mod vmm;
 
 use std::fmt;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -32,6 +34,7 @@ pub use bounce::Bounce;
 pub use ipc::IpcMapping;
 pub use location::{Location, Placement};
 pub use staged::stage;
+pub use vmm::VmmMapping;
 
 /// The variable that names the CUDA driver library to load (the fake one, in tests).
 pub const CUDA_DRIVER_ENV: &str = "CRESCENT_CUDA_DRIVER";
@@ -104,6 +107,49 @@ pub trait DeviceApi: Send + Sync + fmt::Debug {
     fn alloc_pinned(&self, len: u64) -> Result<u64, TransportError>;
     /// Frees memory from [`DeviceApi::alloc_pinned`].
     fn free_pinned(&self, addr: u64) -> Result<(), TransportError>;
+    /// Exports `allocation` as a POSIX file descriptor when it is memory of the virtual
+    /// memory management API (CUDA's `cuMemCreate` + `cuMemMap`, which IPC handles cannot
+    /// share); `Ok(None)` when it is not (an [`DeviceApi::ipc_export`] allocation).
+    ///
+    /// The default: no such memory.
+    fn vmm_export(&self, allocation: &Allocation) -> Result<Option<OwnedFd>, TransportError> {
+        let _ = allocation;
+        Ok(None)
+    }
+    /// Maps the `len` bytes of an allocation another process exported with
+    /// [`DeviceApi::vmm_export`] (`fd`, consumed) into this process, readable and writable by
+    /// `device`; returns their address here. Undone by [`DeviceApi::vmm_close`].
+    ///
+    /// The default: refused.
+    fn vmm_import(&self, device: u32, fd: OwnedFd, len: u64) -> Result<u64, TransportError> {
+        let _ = (device, fd, len);
+        Err(TransportError::Driver {
+            call: "vmm_import",
+            reason: format!("the {} driver cannot import shareable allocations", self.vendor()),
+        })
+    }
+    /// Unmaps an allocation mapped by [`DeviceApi::vmm_import`] and frees its addresses.
+    fn vmm_close(&self, device: u32, base: u64, len: u64) -> Result<(), TransportError> {
+        let _ = (device, base, len);
+        Ok(())
+    }
+    /// Allocates at least `len` bytes on `device` through the virtual memory management API,
+    /// exportable with [`DeviceApi::vmm_export`] (as a framework's allocator does; tests and
+    /// benchmarks use it). Freed with [`DeviceApi::vmm_free`].
+    ///
+    /// The default: refused.
+    fn vmm_alloc(&self, device: u32, len: u64) -> Result<u64, TransportError> {
+        let _ = (device, len);
+        Err(TransportError::Driver {
+            call: "vmm_alloc",
+            reason: format!("the {} driver has no virtual memory management", self.vendor()),
+        })
+    }
+    /// Frees memory from [`DeviceApi::vmm_alloc`].
+    fn vmm_free(&self, device: u32, addr: u64) -> Result<(), TransportError> {
+        let _ = (device, addr);
+        Ok(())
+    }
     /// Queues `f` on the caller's `stream` (a handle of the vendor's, `0` for the default
     /// stream): the driver runs it on a thread of its own once the work queued before it on
     /// that stream is done, and work queued after it waits until `f` returns. `f` must not
@@ -153,6 +199,12 @@ impl Driver {
     /// free; it goes back to the pool when dropped.
     pub fn bounce(self: &Arc<Self>, len: u64) -> Result<Bounce, TransportError> {
         bounce::take(self, len)
+    }
+
+    /// Maps the allocation of `len` bytes that another process exported as `fd` (see
+    /// [`DeviceApi::vmm_export`]) on `device`, until the [`VmmMapping`] is dropped.
+    pub fn import_vmm(self: &Arc<Self>, device: u32, fd: OwnedFd, len: u64) -> Result<VmmMapping, TransportError> {
+        vmm::import(self, device, fd, len)
     }
 
     /// Opens the allocation behind `handle` (another process's) on `device`, or shares the
