@@ -224,6 +224,48 @@ fn tcp_moves_device_memory_both_ways_and_between_host_and_device() {
 }
 
 #[test]
+fn tcp_pipelines_device_payloads_of_odd_sizes_across_several_chunks_both_ways() {
+    // Slices of an odd size spanning several of the target's 256 KiB chunks, at odd offsets.
+    let slice = 700_001;
+    let config = EngineConfig {
+        local_hostname: Some("127.0.0.1".into()),
+        protocol: Some(TransportKind::Tcp),
+        transfer_timeout: Duration::from_secs(30),
+        cuda_driver: Some(fake_driver()),
+        tcp_slice_len: slice,
+        ..EngineConfig::default()
+    };
+    let target = TransferEngine::new(config.clone()).unwrap();
+    let initiator = TransferEngine::new(config).unwrap();
+    // Read from [0, 3 MiB) of it, written at 3 MiB and on.
+    let remote = DeviceBuffer::with_pattern(0, 8 * MIB, 11);
+    target.register(remote.addr, remote.len, "cuda:0").unwrap();
+    let local = DeviceBuffer::new(1, 4 * MIB);
+    initiator.register(local.addr, local.len, "cuda:1").unwrap();
+    let local_host = initiator.alloc_registered(4 * MIB, "cpu:0").unwrap();
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    for len in [1, 262_143, 262_145, slice, 3 * slice + 17] {
+        // Device to device, read then written back elsewhere.
+        initiator.transfer_sync(&[request(Opcode::Read, local.addr + 5, seg, remote.addr + 3, len)]).unwrap();
+        assert_eq!(pattern::first_mismatch(&local.read_back(5, len), 11, 3), None, "read {len}");
+        let at = 3 * MIB + 9;
+        initiator.transfer_sync(&[request(Opcode::Write, local.addr + 5, seg, remote.addr + at, len)]).unwrap();
+        assert_eq!(pattern::first_mismatch(&remote.read_back(at, len), 11, 3), None, "written {len}");
+        // The target's device into host memory here, and host memory into the target's device.
+        initiator.transfer_sync(&[request(Opcode::Read, local_host.addr() + 1, seg, remote.addr + 7, len)]).unwrap();
+        // SAFETY: the transfer ended.
+        let host = unsafe { &local_host.as_slice()[1..1 + len as usize] };
+        assert_eq!(pattern::first_mismatch(host, 11, 7), None, "read into host {len}");
+        let at = 5 * MIB + 1;
+        initiator.transfer_sync(&[request(Opcode::Write, local_host.addr() + 1, seg, remote.addr + at, len)]).unwrap();
+        assert_eq!(pattern::first_mismatch(&remote.read_back(at, len), 11, 7), None, "written from host {len}");
+    }
+    assert_eq!(pattern::first_mismatch(&remote.read_back(0, 3 * MIB), 11, 0), None, "nothing else written");
+    initiator.unregister(local.addr).unwrap();
+    target.unregister(remote.addr).unwrap();
+}
+
+#[test]
 fn a_transfer_on_a_stream_runs_on_the_drivers_time_and_reports_a_later_failure_once() {
     let target = engine(Some(TransportKind::Tcp), fake_driver());
     let initiator = engine(Some(TransportKind::Tcp), fake_driver());

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use libloading::Library;
 use parking_lot::Mutex;
 
-use super::{Allocation, DeviceApi, HostFunc, IpcHandle, IPC_HANDLE_LEN};
+use super::{Allocation, DeviceApi, HostFunc, IpcHandle, PendingCopy, IPC_HANDLE_LEN};
 use crate::TransportError;
 
 /// The library loaded when no path is given.
@@ -314,6 +314,21 @@ impl Cuda {
         Ok(base)
     }
 
+    /// An idle stream of `device` (the caller's context current), or a new one.
+    fn take_stream(&self, device: u32) -> Result<CuStream, TransportError> {
+        let idle = {
+            let mut streams = self.streams.lock();
+            streams.iter().position(|(d, _)| *d == device).map(|i| streams.swap_remove(i).1)
+        };
+        if let Some(stream) = idle {
+            return Ok(stream as CuStream);
+        }
+        let mut stream: CuStream = std::ptr::null_mut();
+        // SAFETY: the driver writes the new stream's handle through the pointer.
+        self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) })?;
+        Ok(stream)
+    }
+
     fn attribute<T: Default>(&self, attribute: c_int, addr: u64) -> Result<Option<T>, TransportError> {
         let mut value = T::default();
         // SAFETY: `value` has the type the driver writes for `attribute` (callers pair them).
@@ -359,21 +374,34 @@ impl DeviceApi for Cuda {
         Ok(Some(Allocation { device, base, len: len as u64 }))
     }
 
+    fn copy_start(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<PendingCopy, TransportError> {
+        self.enter(device)?;
+        let stream = self.take_stream(device)?;
+        // SAFETY: the caller (a `Copying`) keeps `[src, +len)` and `[dst, +len)` valid until
+        // `copy_wait` has synchronised the stream.
+        let queued = self.check("cuMemcpyAsync", unsafe { (self.api.memcpy_async)(dst, src, len as usize, stream) });
+        if let Err(e) = queued {
+            // SAFETY: a stream of ours; whatever was queued on it before has ended.
+            unsafe { (self.api.stream_synchronize)(stream) };
+            return Err(e);
+        }
+        Ok(PendingCopy(stream as u64))
+    }
+
+    fn copy_wait(&self, device: u32, copy: PendingCopy) -> Result<(), TransportError> {
+        self.enter(device)?;
+        let stream = copy.0 as CuStream;
+        // SAFETY: a stream `copy_start` took from the pool, waited for once.
+        let done = self.check("cuStreamSynchronize", unsafe { (self.api.stream_synchronize)(stream) });
+        if done.is_ok() {
+            self.streams.lock().push((device, stream as usize));
+        }
+        done
+    }
+
     fn copy(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError> {
         self.enter(device)?;
-        let idle = {
-            let mut streams = self.streams.lock();
-            streams.iter().position(|(d, _)| *d == device).map(|i| streams.swap_remove(i).1)
-        };
-        let stream = match idle {
-            Some(stream) => stream as CuStream,
-            None => {
-                let mut stream: CuStream = std::ptr::null_mut();
-                // SAFETY: the driver writes the new stream's handle through the pointer.
-                self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) })?;
-                stream
-            }
-        };
+        let stream = self.take_stream(device)?;
         // SAFETY: the caller (a transport) guarantees that `[src, +len)` and `[dst, +len)` are
         // memory it may read and write now (registered, claimed, or a bounce buffer of its
         // own) until this call returns: the stream is synchronised before it does.

@@ -20,6 +20,7 @@ mod bounce;
 pub mod cuda;
 mod ipc;
 mod location;
+pub mod pipeline;
 mod staged;
 mod vmm;
 
@@ -92,6 +93,19 @@ pub trait DeviceApi: Send + Sync + fmt::Debug {
     /// Copies `len` bytes from `src` to `dst` (either may be device or host memory) on a
     /// stream of `device`, and waits for the copy to end.
     fn copy(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError>;
+    /// Starts copying `len` bytes from `src` to `dst` on a stream of `device` and returns
+    /// without waiting; [`DeviceApi::copy_wait`] waits for it, exactly once. Both ranges must
+    /// stay valid until then ([`Driver::copy_start`] makes sure of it).
+    ///
+    /// The default: copies now (the wait has nothing left to do).
+    fn copy_start(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<PendingCopy, TransportError> {
+        self.copy(device, dst, src, len).map(|()| PendingCopy(0))
+    }
+    /// Waits for a copy [`DeviceApi::copy_start`] started.
+    fn copy_wait(&self, device: u32, copy: PendingCopy) -> Result<(), TransportError> {
+        let _ = (device, copy);
+        Ok(())
+    }
     /// Exports `allocation` for another process on this host.
     fn ipc_export(&self, allocation: &Allocation) -> Result<IpcHandle, TransportError>;
     /// Opens an allocation another process exported, on `device`; returns its base address
@@ -167,6 +181,42 @@ pub trait DeviceApi: Send + Sync + fmt::Debug {
     }
 }
 
+/// A copy in progress, [`DeviceApi::copy_start`]: the vendor's token for it (CUDA: its stream).
+#[derive(Debug, PartialEq, Eq)]
+pub struct PendingCopy(
+    /// The vendor's token.
+    pub u64,
+);
+
+/// A copy in progress on a [`Driver`]: [`Copying::wait`] waits for it; dropped without a wait,
+/// it waits then (so the memory it uses outlives it).
+#[derive(Debug)]
+pub struct Copying {
+    driver: Arc<Driver>,
+    device: u32,
+    pending: Option<PendingCopy>,
+}
+
+impl Copying {
+    /// Waits until the copy has ended.
+    pub fn wait(mut self) -> Result<(), TransportError> {
+        match self.pending.take() {
+            Some(pending) => self.driver.api.copy_wait(self.device, pending),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Copying {
+    fn drop(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            if let Err(e) = self.driver.api.copy_wait(self.device, pending) {
+                tracing::debug!("device memory: a copy nobody waited for failed: {e}");
+            }
+        }
+    }
+}
+
 /// Work a driver runs on a stream, [`DeviceApi::launch_host_func`].
 pub type HostFunc = Box<dyn FnOnce() + Send + 'static>;
 
@@ -193,6 +243,13 @@ impl Driver {
     /// Copies `len` bytes from `src` to `dst` on a stream of `device` and waits for the copy.
     pub fn copy(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError> {
         self.api.copy(device, dst, src, len)
+    }
+
+    /// Starts copying `len` bytes from `src` to `dst` on a stream of `device`; the copy has
+    /// ended when the returned [`Copying`] is waited for or dropped.
+    pub fn copy_start(self: &Arc<Self>, device: u32, dst: u64, src: u64, len: u64) -> Result<Copying, TransportError> {
+        let pending = self.api.copy_start(device, dst, src, len)?;
+        Ok(Copying { driver: self.clone(), device, pending: Some(pending) })
     }
 
     /// A pinned host buffer of at least `len` bytes, reused from earlier transfers when one is
