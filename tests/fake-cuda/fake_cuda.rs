@@ -7,6 +7,12 @@
 //! * An IPC handle names the exporting process, the memfd's descriptor number and the size:
 //!   another process opens it through `/proc/<pid>/fd/<n>` and maps it the same two ways.
 //!
+//! * Memory of the virtual memory management API (`cuMemCreate`, `cuMemMap`...): an allocation
+//!   handle is a memfd (named `fake-cuda-vmm-<pid>` after the creating process, so a test can
+//!   find where it is mapped), `cuMemAddressReserve` reserves `PROT_NONE` addresses, `cuMemMap`
+//!   maps the memfd over them (and a shadow), and copies refuse it until `cuMemSetAccess`.
+//!   `cuMemExportToShareableHandle` hands out a duplicate of the memfd as the POSIX file
+//!   descriptor; `cuIpcGetMemHandle` refuses such memory, as the real driver does.
 //! * A stream runs the work queued on it in order: `cuLaunchHostFunc` runs its function on a
 //!   thread of its own once the stream's earlier work is done; a copy on the stream, and
 //!   `cuStreamSynchronize`, wait for that work first. Stream 0 is one default stream.
@@ -49,7 +55,12 @@ extern "C" {
     fn ftruncate(fd: c_int, len: i64) -> c_int;
     fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void;
     fn munmap(addr: *mut c_void, len: usize) -> c_int;
+    fn fcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int;
 }
+
+const MAP_FIXED: c_int = 0x10;
+const MAP_NORESERVE: c_int = 0x4000;
+const F_DUPFD_CLOEXEC: c_int = 1030;
 
 struct Alloc {
     /// The device pointer: a PROT_NONE mapping.
@@ -62,7 +73,28 @@ struct Alloc {
     fd: Option<OwnedFd>,
     /// Opened from another process's handle (closed with cuIpcCloseMemHandle).
     imported: bool,
+    /// Mapped with cuMemMap: the allocation handle's id (unmapped with cuMemUnmap).
+    vmm: Option<u64>,
+    /// cuMemSetAccess was called on it (always true for other memory).
+    access: bool,
 }
+
+/// An allocation handle of the VMM API: its memfd, held by its handle and its mappings.
+struct Handle {
+    id: u64,
+    fd: OwnedFd,
+    len: u64,
+    device: u32,
+    /// Created asking for POSIX descriptors (or imported from one): exportable.
+    exportable: bool,
+    /// Handles given out plus mappings; the memfd is closed at zero.
+    refs: u32,
+}
+
+static HANDLES: Mutex<Vec<Handle>> = Mutex::new(Vec::new());
+static NEXT_HANDLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// Address ranges reserved with cuMemAddressReserve.
+static RESERVED: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
 static ALLOCS: Mutex<Vec<Alloc>> = Mutex::new(Vec::new());
 static PINNED: Mutex<Vec<(u64, usize)>> = Mutex::new(Vec::new());
@@ -135,6 +167,9 @@ fn resolve(allocs: &[Alloc], ptr: u64, len: u64) -> Result<u64, CuResult> {
     for a in allocs {
         if ptr >= a.base && ptr < a.base + a.len {
             if ptr.checked_add(len).is_none_or(|end| end > a.base + a.len) {
+                return Err(INVALID_VALUE);
+            }
+            if !a.access {
                 return Err(INVALID_VALUE);
             }
             return Ok(a.shadow + (ptr - a.base));
@@ -290,7 +325,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, len: usize) -> CuResult {
         return OUT_OF_MEMORY;
     };
     let device = CURRENT.with(Cell::get);
-    ALLOCS.lock().unwrap().push(Alloc { base, len: len as u64, shadow, device, fd: Some(fd), imported: false });
+    ALLOCS.lock().unwrap().push(Alloc { base, len: len as u64, shadow, device, fd: Some(fd), imported: false, vmm: None, access: true });
     *ptr = base;
     SUCCESS
 }
@@ -298,7 +333,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, len: usize) -> CuResult {
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
     let mut allocs = ALLOCS.lock().unwrap();
-    let Some(i) = allocs.iter().position(|a| a.base == ptr && !a.imported) else {
+    let Some(i) = allocs.iter().position(|a| a.base == ptr && !a.imported && a.vmm.is_none()) else {
         return INVALID_VALUE;
     };
     let a = allocs.swap_remove(i);
@@ -335,6 +370,10 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut IpcHandle, ptr: u64) -> 
     let Some(a) = allocs.iter().find(|a| a.base == ptr && !a.imported) else {
         return INVALID_VALUE;
     };
+    // As the real driver: memory of cuMemCreate has no legacy IPC handle.
+    if a.vmm.is_some() {
+        return INVALID_VALUE;
+    }
     let fd = a.fd.as_ref().expect("an allocation of this process keeps its memfd").as_raw_fd();
     let mut h = [0u8; 64];
     h[..8].copy_from_slice(MAGIC);
@@ -374,7 +413,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(ptr: *mut u64, handle: IpcHandle,
         return OUT_OF_MEMORY;
     };
     let device = CURRENT.with(Cell::get);
-    ALLOCS.lock().unwrap().push(Alloc { base, len, shadow, device, fd: None, imported: true });
+    ALLOCS.lock().unwrap().push(Alloc { base, len, shadow, device, fd: None, imported: true, vmm: None, access: true });
     *ptr = base;
     SUCCESS
 }
@@ -402,5 +441,245 @@ pub unsafe extern "C" fn cuGetErrorString(code: CuResult, text: *mut *const c_ch
         _ => return INVALID_VALUE,
     };
     *text = s.as_ptr();
+    SUCCESS
+}
+
+/// `CUmemAllocationProp`'s first fields: type, requested handle types, location (type, id).
+#[repr(C)]
+pub struct AllocationProp {
+    kind: c_int,
+    handle_types: c_int,
+    location_kind: c_int,
+    location_id: c_int,
+}
+
+const POSIX_FD: c_int = 1;
+const GRANULARITY: usize = 2 << 20;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(g: *mut usize, prop: *const AllocationProp, _o: c_int) -> CuResult {
+    if g.is_null() || prop.is_null() {
+        return INVALID_VALUE;
+    }
+    *g = GRANULARITY;
+    SUCCESS
+}
+
+fn new_handle(fd: OwnedFd, len: u64, device: u32, exportable: bool) -> u64 {
+    let id = NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    HANDLES.lock().unwrap().push(Handle { id, fd, len, device, exportable, refs: 1 });
+    id
+}
+
+/// Drops one reference of handle `id`; the memfd closes with the last.
+fn unref(handles: &mut Vec<Handle>, id: u64) -> bool {
+    let Some(i) = handles.iter().position(|h| h.id == id) else {
+        return false;
+    };
+    handles[i].refs -= 1;
+    if handles[i].refs == 0 {
+        handles.swap_remove(i);
+    }
+    true
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, len: usize, prop: *const AllocationProp, _flags: u64) -> CuResult {
+    if prop.is_null() || len == 0 || len % GRANULARITY != 0 {
+        return INVALID_VALUE;
+    }
+    let prop = &*prop;
+    if prop.kind != 1 || prop.location_kind != 1 || prop.location_id < 0 || prop.location_id as u32 >= devices() {
+        return INVALID_VALUE;
+    }
+    let name = std::ffi::CString::new(format!("fake-cuda-vmm-{}", std::process::id())).unwrap();
+    let fd = memfd_create(name.as_ptr(), MFD_CLOEXEC);
+    if fd < 0 {
+        return OUT_OF_MEMORY;
+    }
+    let fd = OwnedFd::from_raw_fd(fd);
+    if ftruncate(fd.as_raw_fd(), len as i64) != 0 {
+        return OUT_OF_MEMORY;
+    }
+    *handle = new_handle(fd, len as u64, prop.location_id as u32, prop.handle_types & POSIX_FD != 0);
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
+    if unref(&mut HANDLES.lock().unwrap(), handle) {
+        SUCCESS
+    } else {
+        INVALID_HANDLE
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(ptr: *mut u64, len: usize, _align: usize, _addr: u64, _flags: u64) -> CuResult {
+    if len == 0 || len % GRANULARITY != 0 {
+        return INVALID_VALUE;
+    }
+    let p = mmap(std::ptr::null_mut(), len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if p as isize == -1 {
+        return OUT_OF_MEMORY;
+    }
+    RESERVED.lock().unwrap().push((p as u64, len as u64));
+    *ptr = p as u64;
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressFree(ptr: u64, len: usize) -> CuResult {
+    let mut reserved = RESERVED.lock().unwrap();
+    let Some(i) = reserved.iter().position(|&r| r == (ptr, len as u64)) else {
+        return INVALID_VALUE;
+    };
+    if ALLOCS.lock().unwrap().iter().any(|a| a.base >= ptr && a.base < ptr + len as u64) {
+        return INVALID_VALUE; // still mapped
+    }
+    reserved.swap_remove(i);
+    munmap(ptr as *mut c_void, len);
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemMap(ptr: u64, len: usize, offset: usize, handle: u64, _flags: u64) -> CuResult {
+    let inside = RESERVED.lock().unwrap().iter().any(|&(b, l)| ptr >= b && ptr + len as u64 <= b + l);
+    if offset != 0 || len == 0 || !inside {
+        return INVALID_VALUE;
+    }
+    let mut allocs = ALLOCS.lock().unwrap();
+    if allocs.iter().any(|a| a.base < ptr + len as u64 && ptr < a.base + a.len) {
+        return INVALID_VALUE; // already mapped
+    }
+    let mut handles = HANDLES.lock().unwrap();
+    let Some(h) = handles.iter_mut().find(|h| h.id == handle) else {
+        return INVALID_HANDLE;
+    };
+    if len as u64 > h.len {
+        return INVALID_VALUE;
+    }
+    let fd = h.fd.as_raw_fd();
+    let base = mmap(ptr as *mut c_void, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if base as isize == -1 {
+        return OUT_OF_MEMORY;
+    }
+    let shadow = mmap(std::ptr::null_mut(), len, PROT_RW, MAP_SHARED, fd, 0);
+    if shadow as isize == -1 {
+        mmap(ptr as *mut c_void, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        return OUT_OF_MEMORY;
+    }
+    h.refs += 1;
+    allocs.push(Alloc {
+        base: ptr,
+        len: len as u64,
+        shadow: shadow as u64,
+        device: h.device,
+        fd: None,
+        imported: false,
+        vmm: Some(handle),
+        access: false,
+    });
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemUnmap(ptr: u64, len: usize) -> CuResult {
+    let mut allocs = ALLOCS.lock().unwrap();
+    let Some(i) = allocs.iter().position(|a| a.base == ptr && a.len == len as u64 && a.vmm.is_some()) else {
+        return INVALID_VALUE;
+    };
+    let a = allocs.swap_remove(i);
+    munmap(a.shadow as *mut c_void, len);
+    // Back to reserved addresses.
+    mmap(ptr as *mut c_void, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    unref(&mut HANDLES.lock().unwrap(), a.vmm.unwrap());
+    SUCCESS
+}
+
+/// `CUmemAccessDesc`: location (type, id), flags.
+#[repr(C)]
+pub struct AccessDesc {
+    location_kind: c_int,
+    location_id: c_int,
+    flags: c_int,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, len: usize, desc: *const AccessDesc, count: usize) -> CuResult {
+    if desc.is_null() || count == 0 {
+        return INVALID_VALUE;
+    }
+    let descs = std::slice::from_raw_parts(desc, count);
+    if descs.iter().any(|d| d.location_kind != 1 || d.location_id < 0 || d.location_id as u32 >= devices()) {
+        return INVALID_DEVICE;
+    }
+    let read_write = descs.iter().any(|d| d.flags == 3);
+    let mut allocs = ALLOCS.lock().unwrap();
+    let end = ptr + len as u64;
+    let mut covered = 0;
+    for a in allocs.iter_mut().filter(|a| a.vmm.is_some() && a.base >= ptr && a.base + a.len <= end) {
+        a.access = read_write;
+        covered += a.len;
+    }
+    if covered != len as u64 {
+        return INVALID_VALUE;
+    }
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> CuResult {
+    let allocs = ALLOCS.lock().unwrap();
+    let addr = addr as u64;
+    let Some(id) = allocs.iter().find(|a| addr >= a.base && addr < a.base + a.len).and_then(|a| a.vmm) else {
+        return INVALID_VALUE;
+    };
+    let mut handles = HANDLES.lock().unwrap();
+    let Some(h) = handles.iter_mut().find(|h| h.id == id) else {
+        return INVALID_VALUE;
+    };
+    h.refs += 1;
+    *handle = id;
+    SUCCESS
+}
+
+/// A POSIX descriptor: a duplicate of the handle's memfd, the caller's to close.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(out: *mut c_void, handle: u64, kind: c_int, _flags: u64) -> CuResult {
+    if out.is_null() || kind != POSIX_FD {
+        return INVALID_VALUE;
+    }
+    let handles = HANDLES.lock().unwrap();
+    let Some(h) = handles.iter().find(|h| h.id == handle) else {
+        return INVALID_HANDLE;
+    };
+    if !h.exportable {
+        return INVALID_VALUE;
+    }
+    let fd = fcntl(h.fd.as_raw_fd(), F_DUPFD_CLOEXEC, 0);
+    if fd < 0 {
+        return OUT_OF_MEMORY;
+    }
+    *(out as *mut c_int) = fd;
+    SUCCESS
+}
+
+/// Imports a POSIX descriptor (passed as the pointer's value; it stays the caller's).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(handle: *mut u64, os: *mut c_void, kind: c_int) -> CuResult {
+    if handle.is_null() || kind != POSIX_FD {
+        return INVALID_VALUE;
+    }
+    let fd = fcntl(os as usize as c_int, F_DUPFD_CLOEXEC, 0);
+    if fd < 0 {
+        return INVALID_HANDLE;
+    }
+    let file = std::fs::File::from_raw_fd(fd);
+    let len = match file.metadata() {
+        Ok(m) if m.len() > 0 && m.len() % GRANULARITY as u64 == 0 => m.len(),
+        _ => return INVALID_HANDLE,
+    };
+    *handle = new_handle(OwnedFd::from(file), len, CURRENT.with(Cell::get), true);
     SUCCESS
 }

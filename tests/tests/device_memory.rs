@@ -45,18 +45,33 @@ struct DeviceBuffer {
     device: u32,
     addr: u64,
     len: u64,
+    /// Allocated through the virtual memory management API (`cuMemCreate` + `cuMemMap`).
+    vmm: bool,
 }
 
 impl DeviceBuffer {
     fn new(device: u32, len: u64) -> Self {
         let driver = driver();
         let addr = driver.api().alloc(device, len).expect("fake device memory");
-        DeviceBuffer { driver, device, addr, len }
+        DeviceBuffer { driver, device, addr, len, vmm: false }
+    }
+
+    /// Memory of the virtual memory management API (`len` a multiple of its granularity).
+    fn vmm(device: u32, len: u64) -> Self {
+        let driver = driver();
+        let addr = driver.api().vmm_alloc(device, len).expect("fake VMM device memory");
+        DeviceBuffer { driver, device, addr, len, vmm: true }
     }
 
     /// Filled with the pattern of `seed` (copied from the host with the driver).
     fn with_pattern(device: u32, len: u64, seed: u64) -> Self {
-        let buffer = Self::new(device, len);
+        Self::new(device, len).filled(seed)
+    }
+
+    /// Its bytes set to the pattern of `seed`.
+    fn filled(self, seed: u64) -> Self {
+        let (device, len) = (self.device, self.len);
+        let buffer = self;
         let mut host = vec![0u8; len as usize];
         pattern::fill(&mut host, seed, 0);
         buffer.driver.copy(device, buffer.addr, host.as_ptr() as u64, len).unwrap();
@@ -73,7 +88,30 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let _ = self.driver.api().free(self.device, self.addr);
+        let _ = match self.vmm {
+            true => self.driver.api().vmm_free(self.device, self.addr),
+            false => self.driver.api().free(self.device, self.addr),
+        };
+    }
+}
+
+/// How many mappings this process has of the fake's VMM allocations made by process `pid`
+/// (their memfds are named after it): a peer's memory imported here and not yet released.
+fn vmm_mappings_of(pid: u32) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let name = format!("fake-cuda-vmm-{pid} ");
+    maps.lines().filter(|l| l.contains(&name)).count()
+}
+
+/// Waits (up to 10 s) until this process has no mapping left of `pid`'s VMM allocations.
+fn wait_unmapped(pid: u32) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = vmm_mappings_of(pid);
+        if left == 0 || std::time::Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -186,6 +224,48 @@ fn tcp_moves_device_memory_both_ways_and_between_host_and_device() {
 }
 
 #[test]
+fn tcp_pipelines_device_payloads_of_odd_sizes_across_several_chunks_both_ways() {
+    // Slices of an odd size spanning several of the target's 256 KiB chunks, at odd offsets.
+    let slice = 700_001;
+    let config = EngineConfig {
+        local_hostname: Some("127.0.0.1".into()),
+        protocol: Some(TransportKind::Tcp),
+        transfer_timeout: Duration::from_secs(30),
+        cuda_driver: Some(fake_driver()),
+        tcp_slice_len: slice,
+        ..EngineConfig::default()
+    };
+    let target = TransferEngine::new(config.clone()).unwrap();
+    let initiator = TransferEngine::new(config).unwrap();
+    // Read from [0, 3 MiB) of it, written at 3 MiB and on.
+    let remote = DeviceBuffer::with_pattern(0, 8 * MIB, 11);
+    target.register(remote.addr, remote.len, "cuda:0").unwrap();
+    let local = DeviceBuffer::new(1, 4 * MIB);
+    initiator.register(local.addr, local.len, "cuda:1").unwrap();
+    let local_host = initiator.alloc_registered(4 * MIB, "cpu:0").unwrap();
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    for len in [1, 262_143, 262_145, slice, 3 * slice + 17] {
+        // Device to device, read then written back elsewhere.
+        initiator.transfer_sync(&[request(Opcode::Read, local.addr + 5, seg, remote.addr + 3, len)]).unwrap();
+        assert_eq!(pattern::first_mismatch(&local.read_back(5, len), 11, 3), None, "read {len}");
+        let at = 3 * MIB + 9;
+        initiator.transfer_sync(&[request(Opcode::Write, local.addr + 5, seg, remote.addr + at, len)]).unwrap();
+        assert_eq!(pattern::first_mismatch(&remote.read_back(at, len), 11, 3), None, "written {len}");
+        // The target's device into host memory here, and host memory into the target's device.
+        initiator.transfer_sync(&[request(Opcode::Read, local_host.addr() + 1, seg, remote.addr + 7, len)]).unwrap();
+        // SAFETY: the transfer ended.
+        let host = unsafe { &local_host.as_slice()[1..1 + len as usize] };
+        assert_eq!(pattern::first_mismatch(host, 11, 7), None, "read into host {len}");
+        let at = 5 * MIB + 1;
+        initiator.transfer_sync(&[request(Opcode::Write, local_host.addr() + 1, seg, remote.addr + at, len)]).unwrap();
+        assert_eq!(pattern::first_mismatch(&remote.read_back(at, len), 11, 7), None, "written from host {len}");
+    }
+    assert_eq!(pattern::first_mismatch(&remote.read_back(0, 3 * MIB), 11, 0), None, "nothing else written");
+    initiator.unregister(local.addr).unwrap();
+    target.unregister(remote.addr).unwrap();
+}
+
+#[test]
 fn a_transfer_on_a_stream_runs_on_the_drivers_time_and_reports_a_later_failure_once() {
     let target = engine(Some(TransportKind::Tcp), fake_driver());
     let initiator = engine(Some(TransportKind::Tcp), fake_driver());
@@ -279,22 +359,33 @@ impl Peer {
 }
 
 /// Both directions between this process's device (and host) memory and the peer's device
-/// (and host) memory, over `protocol` (`None`: chosen, shm on this host).
-fn moves_device_memory_with_another_process(protocol: Option<TransportKind>, expected: TransportKind) {
-    let args: &[&str] = if protocol.is_some() { &["--protocol", "tcp"] } else { &[] };
-    let mut peer = Peer::spawn(args, &fake_driver());
+/// (and host) memory, over `protocol` (`None`: chosen, shm on this host). `vmm`: the device
+/// memory of both processes is of the virtual memory management API (`cuMemCreate`), which
+/// shm reaches through exported descriptors instead of IPC handles.
+fn moves_device_memory_with_another_process(protocol: Option<TransportKind>, expected: TransportKind, vmm: bool) {
+    let mut args: Vec<&str> = if protocol.is_some() { vec!["--protocol", "tcp"] } else { Vec::new() };
+    if vmm {
+        args.push("--vmm");
+    }
+    let mut peer = Peer::spawn(&args, &fake_driver());
+    let peer_pid = peer._child.0.id();
     let e = engine(protocol, fake_driver());
     let seg = e.open_segment(&peer.segment).unwrap();
     assert_eq!(e.segment_transport(seg).unwrap(), expected);
-    let local = DeviceBuffer::new(0, 4 * MIB);
+    let alloc =
+        |device: u32, len: u64| if vmm { DeviceBuffer::vmm(device, len) } else { DeviceBuffer::new(device, len) };
+    let local = alloc(0, 4 * MIB);
     e.register(local.addr, local.len, "cuda:0").unwrap();
     let local_host = e.alloc_registered(4 * MIB, "cpu:0").unwrap();
 
     // Their device into our device.
     e.transfer_sync(&[request(Opcode::Read, local.addr + 3, seg, peer.device + 999, 3 * MIB)]).unwrap();
     assert_eq!(pattern::first_mismatch(&local.read_back(3, 3 * MIB), 1, 999), None);
+    if vmm && expected == TransportKind::Shm {
+        assert!(vmm_mappings_of(peer_pid) > 0, "the peer's VMM allocation is mapped here");
+    }
     // Our device into theirs: checked by the peer, which copies it back with its driver.
-    let fresh = DeviceBuffer::with_pattern(0, 2 * MIB, 5);
+    let fresh = alloc(0, 2 * MIB).filled(5);
     e.register(fresh.addr, fresh.len, "*").unwrap();
     e.transfer_sync(&[request(Opcode::Write, fresh.addr, seg, peer.device + MIB + 17, 2 * MIB)]).unwrap();
     assert_eq!(peer.ask(&format!("verify {} {} 5 0", MIB + 17, 2 * MIB)), "ok");
@@ -313,6 +404,7 @@ fn moves_device_memory_with_another_process(protocol: Option<TransportKind>, exp
     // The peer unregisters its device memory while this process holds it (an IPC mapping over
     // shm): the unregister waits for the revoke, later requests fail out of range, none crashes.
     assert_eq!(peer.ask("unregister"), "ok");
+    assert_eq!(wait_unmapped(peer_pid), 0, "the revoked VMM allocation is unmapped here");
     let err = e.transfer_sync(&[request(Opcode::Read, local.addr, seg, peer.device, MIB)]).unwrap_err();
     assert!(err.to_string().contains("outside"), "{err}");
     e.transfer_sync(&[request(Opcode::Read, local.addr, seg, peer.host, MIB)]).unwrap();
@@ -323,12 +415,49 @@ fn moves_device_memory_with_another_process(protocol: Option<TransportKind>, exp
 
 #[test]
 fn shm_moves_device_memory_between_two_processes_through_ipc() {
-    moves_device_memory_with_another_process(None, TransportKind::Shm);
+    moves_device_memory_with_another_process(None, TransportKind::Shm, false);
 }
 
 #[test]
 fn tcp_moves_device_memory_between_two_processes() {
-    moves_device_memory_with_another_process(Some(TransportKind::Tcp), TransportKind::Tcp);
+    moves_device_memory_with_another_process(Some(TransportKind::Tcp), TransportKind::Tcp, false);
+}
+
+#[test]
+fn shm_moves_vmm_device_memory_between_two_processes_through_exported_descriptors() {
+    moves_device_memory_with_another_process(None, TransportKind::Shm, true);
+}
+
+#[test]
+fn tcp_moves_vmm_device_memory_between_two_processes() {
+    moves_device_memory_with_another_process(Some(TransportKind::Tcp), TransportKind::Tcp, true);
+}
+
+#[test]
+fn a_peers_vmm_memory_is_unmapped_when_its_process_dies_and_legacy_memory_reads_it_too() {
+    let mut peer = Peer::spawn(&["--vmm"], &fake_driver());
+    let peer_pid = peer._child.0.id();
+    let e = engine(None, fake_driver());
+    let seg = e.open_segment(&peer.segment).unwrap();
+    assert_eq!(e.segment_transport(seg).unwrap(), TransportKind::Shm);
+    // VMM memory on their end only: into memory of cuMemAlloc on another device here, and
+    // into host memory.
+    let local = DeviceBuffer::new(1, 2 * MIB);
+    e.register(local.addr, local.len, "*").unwrap();
+    e.transfer_sync(&[request(Opcode::Read, local.addr + 1, seg, peer.device + 4097, 2 * MIB - 1)]).unwrap();
+    assert_eq!(pattern::first_mismatch(&local.read_back(1, 2 * MIB - 1), 1, 4097), None);
+    let local_host = e.alloc_registered(MIB, "cpu:0").unwrap();
+    e.transfer_sync(&[request(Opcode::Read, local_host.addr(), seg, peer.device + 5, MIB)]).unwrap();
+    // SAFETY: the transfer ended.
+    assert_eq!(pattern::first_mismatch(unsafe { local_host.as_slice() }, 1, 5), None);
+    assert!(vmm_mappings_of(peer_pid) > 0, "the peer's VMM allocation is mapped here");
+    // The peer dies without unregistering: its connection closes, the grant goes, and with it
+    // the mapping of its allocation.
+    peer._child.kill_now();
+    assert_eq!(wait_unmapped(peer_pid), 0, "the dead peer's VMM allocation is unmapped here");
+    let err = e.transfer_sync(&[request(Opcode::Read, local.addr, seg, peer.device, MIB)]);
+    assert!(err.is_err(), "the dead peer's memory is out of reach");
+    e.unregister(local.addr).unwrap();
 }
 
 #[test]
@@ -360,3 +489,48 @@ fn the_fake_drivers_device_memory_cannot_be_touched_by_the_cpu() {
 
 /// SIGSEGV's number on Linux.
 const SIGSEGV: i32 = 11;
+
+/// The shm endpoint's socket name of `engine`.
+fn shm_socket(engine: &TransferEngine) -> String {
+    engine
+        .local_descriptor()
+        .endpoints
+        .iter()
+        .find_map(|e| match e {
+            crescent_transports::Endpoint::Shm { socket } => Some(socket.clone()),
+            _ => None,
+        })
+        .expect("an shm endpoint")
+}
+
+#[test]
+fn vmm_memory_goes_as_a_descriptor_only_to_an_initiator_that_announced_it() {
+    use crescent_transports::shm::socket::Socket;
+    use crescent_transports::shm::wire::{Frame, Kind, Mode, Status, FEATURES};
+    let target = engine(None, fake_driver());
+    let memory = DeviceBuffer::vmm(0, 4 * MIB);
+    target.register(memory.addr + MIB, 2 * MIB, "cuda:0").unwrap();
+    let name = shm_socket(&target);
+    let ask = |features: u64| {
+        let s = Socket::connect(&name, Duration::from_secs(5)).unwrap();
+        s.set_recv_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.send(&Frame { id: features, ..Frame::new(Kind::Hello) }, None).unwrap();
+        assert_eq!(s.recv().unwrap().unwrap().0.kind, Kind::HelloReply);
+        s.send(&Frame { id: 1, addr: memory.addr + MIB + 5, len: 10, ..Frame::new(Kind::Map) }, None).unwrap();
+        s.recv().unwrap().expect("a map reply")
+    };
+    // An initiator of before the feature (its hello's id is 0): refused cleanly, no descriptor.
+    let (old, fd) = ask(0);
+    assert_eq!((old.kind, old.status, old.mode), (Kind::MapReply, Status::DeviceUnavailable, Mode::None));
+    assert!(fd.is_none());
+    // One that announced it: the allocation's descriptor, its size and the region's offset.
+    let (new, fd) = ask(FEATURES);
+    assert_eq!((new.status, new.mode), (Status::Ok, Mode::DeviceVmm));
+    assert_eq!((new.addr, new.len), (memory.addr + MIB, 2 * MIB));
+    let vmm = new.vmm.expect("the allocation's size and the region's offset");
+    assert_eq!((vmm.device, vmm.offset, vmm.size), (0, MIB, 4 * MIB));
+    let fd = fd.expect("the exported descriptor");
+    let size = std::fs::File::from(fd).metadata().unwrap().len();
+    assert_eq!(size, 4 * MIB, "the fake's descriptor is the allocation's memfd");
+    target.unregister(memory.addr + MIB).unwrap();
+}

@@ -1,13 +1,14 @@
 //! device-peer: the target process of the device-memory tests (`tests/tests/device_memory.rs`).
 //!
 //! ```text
-//! device-peer [--protocol tcp] [--location cuda:0|*] [--len BYTES]
+//! device-peer [--protocol tcp] [--location cuda:0|*] [--len BYTES] [--vmm]
 //! device-peer --touch
 //! ```
 //!
 //! Starts an engine on loopback, allocates `--len` bytes (default 4 MiB) of device memory on
 //! device 0 through the CUDA driver that `CRESCENT_CUDA_DRIVER` names, fills it with the
-//! pattern of seed 1, registers it at `--location` (default `cuda:0`), registers as much host
+//! pattern of seed 1 (with `--vmm`: through the virtual memory management API, as
+//! `cuMemCreate` + `cuMemMap`, rounded up to the driver's granularity), registers it at `--location` (default `cuda:0`), registers as much host
 //! memory (heap, `cpu:0`) with the pattern of seed 3, and prints `segment: NAME`,
 //! `device: ADDR`, `host: ADDR`, then `ready`. Then it answers commands from stdin, one line
 //! each:
@@ -34,6 +35,7 @@ fn main() -> Result<()> {
     let mut location = "cuda:0".to_string();
     let mut len: u64 = 4 << 20;
     let mut touch = false;
+    let mut vmm = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -41,11 +43,12 @@ fn main() -> Result<()> {
             "--location" => location = args.next().context("--location takes a value")?,
             "--len" => len = args.next().context("--len takes a value")?.parse()?,
             "--touch" => touch = true,
+            "--vmm" => vmm = true,
             other => bail!("unknown argument {other:?}"),
         }
     }
     let driver = Devices::new(None).driver()?;
-    let device = driver.api().alloc(0, len)?;
+    let device = if vmm { driver.api().vmm_alloc(0, len)? } else { driver.api().alloc(0, len)? };
     if touch {
         // SAFETY: none: this reads device memory with the CPU on purpose, to show that the
         // fake driver's device mappings cannot be read (the process dies here).
@@ -99,7 +102,11 @@ fn main() -> Result<()> {
         engine.unregister(device)?;
     }
     engine.unregister(host.as_ptr() as u64)?;
-    driver.api().free(0, device)?;
+    if vmm {
+        driver.api().vmm_free(0, device)?;
+    } else {
+        driver.api().free(0, device)?;
+    }
     Ok(())
 }
 

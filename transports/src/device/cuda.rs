@@ -5,13 +5,14 @@
 //! kept per device for reuse, one stream per copy in progress.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::OnceLock;
 
 use libloading::Library;
 use parking_lot::Mutex;
 
-use super::{Allocation, DeviceApi, HostFunc, IpcHandle, IPC_HANDLE_LEN};
+use super::{Allocation, DeviceApi, HostFunc, IpcHandle, PendingCopy, IPC_HANDLE_LEN};
 use crate::TransportError;
 
 /// The library loaded when no path is given.
@@ -43,6 +44,56 @@ const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 /// Pinned for every context, not only the allocating one (bounce buffers serve every device).
 const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
 
+/// `CUmemGenericAllocationHandle`.
+type CuMemHandle = u64;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CuMemLocation {
+    kind: c_int,
+    id: c_int,
+}
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+struct CuMemAllocationProp {
+    kind: c_int,
+    requested_handle_types: c_int,
+    location: CuMemLocation,
+    win32_handle_meta_data: *mut c_void,
+    /// `allocFlags`: compression type, GPUDirect RDMA capable, usage, reserved.
+    alloc_flags: [u8; 8],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+struct CuMemAccessDesc {
+    location: CuMemLocation,
+    flags: c_int,
+}
+
+const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
+const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: c_int = 1;
+
+/// The virtual memory management entry points (CUDA 10.2 and later): all or none.
+struct VmmApi {
+    create: unsafe extern "C" fn(*mut CuMemHandle, usize, *const CuMemAllocationProp, u64) -> CuResult,
+    release: unsafe extern "C" fn(CuMemHandle) -> CuResult,
+    address_reserve: unsafe extern "C" fn(*mut CuDevicePtr, usize, usize, CuDevicePtr, u64) -> CuResult,
+    address_free: unsafe extern "C" fn(CuDevicePtr, usize) -> CuResult,
+    map: unsafe extern "C" fn(CuDevicePtr, usize, usize, CuMemHandle, u64) -> CuResult,
+    unmap: unsafe extern "C" fn(CuDevicePtr, usize) -> CuResult,
+    set_access: unsafe extern "C" fn(CuDevicePtr, usize, *const CuMemAccessDesc, usize) -> CuResult,
+    export: unsafe extern "C" fn(*mut c_void, CuMemHandle, c_int, u64) -> CuResult,
+    import: unsafe extern "C" fn(*mut CuMemHandle, *mut c_void, c_int) -> CuResult,
+    retain: unsafe extern "C" fn(*mut CuMemHandle, *mut c_void) -> CuResult,
+    granularity: unsafe extern "C" fn(*mut usize, *const CuMemAllocationProp, c_int) -> CuResult,
+}
+
 /// The driver's entry points this crate calls, as `cuda.h` declares them (the `_v2` symbols
 /// are those `cuda.h` maps the plain names to).
 struct Api {
@@ -67,6 +118,8 @@ struct Api {
     get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
     /// `cuLaunchHostFunc` (CUDA 10 and later); without it, work cannot be queued on a stream.
     launch_host_func: Option<unsafe extern "C" fn(CuStream, CuHostFn, *mut c_void) -> CuResult>,
+    /// Without them (before CUDA 10.2), no memory is VMM memory and none is imported.
+    vmm: Option<VmmApi>,
 }
 
 /// The CUDA driver, loaded and initialised.
@@ -136,6 +189,27 @@ impl Cuda {
             get_error_string: sym!("cuGetErrorString"),
             // SAFETY: as in `sym!`: the type cuda.h declares for cuLaunchHostFunc.
             launch_host_func: unsafe { lib.get(b"cuLaunchHostFunc\0") }.ok().map(|f| *f),
+            vmm: (|| {
+                macro_rules! opt {
+                    ($name:literal) => {
+                        // SAFETY: as in `sym!`: the type cuda.h declares for it.
+                        unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok().map(|f| *f)?
+                    };
+                }
+                Some(VmmApi {
+                    create: opt!("cuMemCreate"),
+                    release: opt!("cuMemRelease"),
+                    address_reserve: opt!("cuMemAddressReserve"),
+                    address_free: opt!("cuMemAddressFree"),
+                    map: opt!("cuMemMap"),
+                    unmap: opt!("cuMemUnmap"),
+                    set_access: opt!("cuMemSetAccess"),
+                    export: opt!("cuMemExportToShareableHandle"),
+                    import: opt!("cuMemImportFromShareableHandle"),
+                    retain: opt!("cuMemRetainAllocationHandle"),
+                    granularity: opt!("cuMemGetAllocationGranularity"),
+                })
+            })(),
         };
         let mut cuda = Cuda { api, devices: 0, contexts: Vec::new(), streams: Mutex::new(Vec::new()), _lib: lib };
         // SAFETY: cuInit takes flags (0) and touches nothing of ours.
@@ -204,6 +278,57 @@ impl Cuda {
         Ok(())
     }
 
+    fn vmm_api(&self, call: &'static str) -> Result<&VmmApi, TransportError> {
+        self.api.vmm.as_ref().ok_or_else(|| TransportError::Driver {
+            call,
+            reason: "this CUDA driver lacks the virtual memory management API (CUDA 10.2 or later has it)".into(),
+        })
+    }
+
+    /// Maps `handle` (`len` bytes) at new addresses, readable and writable by `device`; the
+    /// mapping holds the allocation, so the handle can be released by the caller.
+    fn vmm_map(&self, vmm: &VmmApi, device: u32, handle: CuMemHandle, len: usize) -> Result<u64, TransportError> {
+        let mut base: CuDevicePtr = 0;
+        // SAFETY: the driver writes the reserved range's address through the pointer.
+        self.check("cuMemAddressReserve", unsafe { (vmm.address_reserve)(&mut base, len, 0, 0, 0) })?;
+        // SAFETY: `[base, +len)` was just reserved and nothing is mapped there.
+        let mapped = self.check("cuMemMap", unsafe { (vmm.map)(base, len, 0, handle, 0) });
+        let access = mapped.and_then(|()| {
+            let desc = CuMemAccessDesc {
+                location: CuMemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device as c_int },
+                flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: one descriptor, read by the driver during the call; the range is mapped.
+            let set = self.check("cuMemSetAccess", unsafe { (vmm.set_access)(base, len, &desc, 1) });
+            if set.is_err() {
+                // SAFETY: mapped above, used by nobody yet.
+                unsafe { (vmm.unmap)(base, len) };
+            }
+            set
+        });
+        if let Err(e) = access {
+            // SAFETY: reserved above; nothing is mapped there any more.
+            unsafe { (vmm.address_free)(base, len) };
+            return Err(e);
+        }
+        Ok(base)
+    }
+
+    /// An idle stream of `device` (the caller's context current), or a new one.
+    fn take_stream(&self, device: u32) -> Result<CuStream, TransportError> {
+        let idle = {
+            let mut streams = self.streams.lock();
+            streams.iter().position(|(d, _)| *d == device).map(|i| streams.swap_remove(i).1)
+        };
+        if let Some(stream) = idle {
+            return Ok(stream as CuStream);
+        }
+        let mut stream: CuStream = std::ptr::null_mut();
+        // SAFETY: the driver writes the new stream's handle through the pointer.
+        self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) })?;
+        Ok(stream)
+    }
+
     fn attribute<T: Default>(&self, attribute: c_int, addr: u64) -> Result<Option<T>, TransportError> {
         let mut value = T::default();
         // SAFETY: `value` has the type the driver writes for `attribute` (callers pair them).
@@ -249,21 +374,34 @@ impl DeviceApi for Cuda {
         Ok(Some(Allocation { device, base, len: len as u64 }))
     }
 
+    fn copy_start(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<PendingCopy, TransportError> {
+        self.enter(device)?;
+        let stream = self.take_stream(device)?;
+        // SAFETY: the caller (a `Copying`) keeps `[src, +len)` and `[dst, +len)` valid until
+        // `copy_wait` has synchronised the stream.
+        let queued = self.check("cuMemcpyAsync", unsafe { (self.api.memcpy_async)(dst, src, len as usize, stream) });
+        if let Err(e) = queued {
+            // SAFETY: a stream of ours; whatever was queued on it before has ended.
+            unsafe { (self.api.stream_synchronize)(stream) };
+            return Err(e);
+        }
+        Ok(PendingCopy(stream as u64))
+    }
+
+    fn copy_wait(&self, device: u32, copy: PendingCopy) -> Result<(), TransportError> {
+        self.enter(device)?;
+        let stream = copy.0 as CuStream;
+        // SAFETY: a stream `copy_start` took from the pool, waited for once.
+        let done = self.check("cuStreamSynchronize", unsafe { (self.api.stream_synchronize)(stream) });
+        if done.is_ok() {
+            self.streams.lock().push((device, stream as usize));
+        }
+        done
+    }
+
     fn copy(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError> {
         self.enter(device)?;
-        let idle = {
-            let mut streams = self.streams.lock();
-            streams.iter().position(|(d, _)| *d == device).map(|i| streams.swap_remove(i).1)
-        };
-        let stream = match idle {
-            Some(stream) => stream as CuStream,
-            None => {
-                let mut stream: CuStream = std::ptr::null_mut();
-                // SAFETY: the driver writes the new stream's handle through the pointer.
-                self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING) })?;
-                stream
-            }
-        };
+        let stream = self.take_stream(device)?;
         // SAFETY: the caller (a transport) guarantees that `[src, +len)` and `[dst, +len)` are
         // memory it may read and write now (registered, claimed, or a bounce buffer of its
         // own) until this call returns: the stream is synchronised before it does.
@@ -302,6 +440,110 @@ impl DeviceApi for Cuda {
         // SAFETY: `base` was returned by cuIpcOpenMemHandle and no copy uses it any more
         // (its last user dropped it).
         self.check("cuIpcCloseMemHandle", unsafe { (self.api.ipc_close_mem_handle)(base) })
+    }
+
+    fn vmm_export(&self, allocation: &Allocation) -> Result<Option<OwnedFd>, TransportError> {
+        let Some(vmm) = self.api.vmm.as_ref() else {
+            return Ok(None);
+        };
+        self.enter(allocation.device)?;
+        let mut handle: CuMemHandle = 0;
+        // SAFETY: the driver writes the handle of the allocation mapped at `base` (and retains
+        // it), or fails for memory that is not of cuMemMap.
+        let code = unsafe { (vmm.retain)(&mut handle, allocation.base as *mut c_void) };
+        if code != CUDA_SUCCESS {
+            tracing::trace!("device memory: {:#x} is not VMM memory ({})", allocation.base, self.error_text(code));
+            return Ok(None);
+        }
+        let mut fd: c_int = -1;
+        // SAFETY: for a POSIX descriptor the driver writes an int through the pointer.
+        let exported = self.check("cuMemExportToShareableHandle", unsafe {
+            (vmm.export)((&mut fd as *mut c_int).cast(), handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+        });
+        // SAFETY: the handle retained above, released once.
+        let released = self.check("cuMemRelease", unsafe { (vmm.release)(handle) });
+        exported?;
+        if fd < 0 {
+            return Err(TransportError::Driver {
+                call: "cuMemExportToShareableHandle",
+                reason: format!("descriptor {fd}"),
+            });
+        }
+        // SAFETY: a descriptor the driver opened for this caller, owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        released?;
+        Ok(Some(fd))
+    }
+
+    fn vmm_import(&self, device: u32, fd: OwnedFd, len: u64) -> Result<u64, TransportError> {
+        let vmm = self.vmm_api("cuMemImportFromShareableHandle")?;
+        let len = usize::try_from(len)
+            .map_err(|_| TransportError::Driver { call: "cuMemAddressReserve", reason: format!("{len} bytes") })?;
+        self.enter(device)?;
+        let raw = fd.into_raw_fd();
+        let mut handle: CuMemHandle = 0;
+        // SAFETY: the driver writes the imported allocation's handle; a POSIX descriptor is
+        // passed as the pointer's value, and stays ours (closed below).
+        let imported = self.check("cuMemImportFromShareableHandle", unsafe {
+            (vmm.import)(&mut handle, raw as usize as *mut c_void, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        });
+        // SAFETY: the descriptor taken from `fd` above; the driver holds its own reference.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+        imported?;
+        let mapped = self.vmm_map(vmm, device, handle, len);
+        // SAFETY: the handle imported above, released once; a mapping holds the allocation.
+        let released = self.check("cuMemRelease", unsafe { (vmm.release)(handle) });
+        let base = mapped?;
+        if let Err(e) = released {
+            tracing::debug!("device memory: releasing an imported handle failed: {e}");
+        }
+        Ok(base)
+    }
+
+    fn vmm_close(&self, device: u32, base: u64, len: u64) -> Result<(), TransportError> {
+        let vmm = self.vmm_api("cuMemUnmap")?;
+        self.enter(device)?;
+        // SAFETY: `[base, +len)` was mapped by `vmm_import` and no copy uses it any more.
+        let unmapped = self.check("cuMemUnmap", unsafe { (vmm.unmap)(base, len as usize) });
+        // SAFETY: the range `vmm_import` reserved, unmapped above.
+        let freed = self.check("cuMemAddressFree", unsafe { (vmm.address_free)(base, len as usize) });
+        unmapped.and(freed)
+    }
+
+    fn vmm_alloc(&self, device: u32, len: u64) -> Result<u64, TransportError> {
+        let vmm = self.vmm_api("cuMemCreate")?;
+        self.enter(device)?;
+        let prop = CuMemAllocationProp {
+            kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            location: CuMemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device as c_int },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        };
+        let mut granularity: usize = 0;
+        // SAFETY: the driver reads `prop` and writes one size through the pointer.
+        self.check("cuMemGetAllocationGranularity", unsafe {
+            (vmm.granularity)(&mut granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        })?;
+        let len = usize::try_from(len)
+            .ok()
+            .and_then(|len| len.max(1).checked_next_multiple_of(granularity.max(1)))
+            .ok_or_else(|| TransportError::Driver { call: "cuMemCreate", reason: format!("{len} bytes") })?;
+        let mut handle: CuMemHandle = 0;
+        // SAFETY: the driver reads `prop` and writes the new allocation's handle.
+        self.check("cuMemCreate", unsafe { (vmm.create)(&mut handle, len, &prop, 0) })?;
+        let mapped = self.vmm_map(vmm, device, handle, len);
+        // SAFETY: the handle created above, released once; the mapping holds the allocation.
+        unsafe { (vmm.release)(handle) };
+        mapped
+    }
+
+    fn vmm_free(&self, device: u32, addr: u64) -> Result<(), TransportError> {
+        self.enter(device)?;
+        let (mut base, mut len): (CuDevicePtr, usize) = (0, 0);
+        // SAFETY: the driver writes the mapping's base and size through the pointers.
+        self.check("cuMemGetAddressRange", unsafe { (self.api.mem_get_address_range)(&mut base, &mut len, addr) })?;
+        self.vmm_close(device, base, len as u64)
     }
 
     fn alloc(&self, device: u32, len: u64) -> Result<u64, TransportError> {

@@ -20,9 +20,12 @@ mod bounce;
 pub mod cuda;
 mod ipc;
 mod location;
+pub mod pipeline;
 mod staged;
+mod vmm;
 
 use std::fmt;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -32,6 +35,7 @@ pub use bounce::Bounce;
 pub use ipc::IpcMapping;
 pub use location::{Location, Placement};
 pub use staged::stage;
+pub use vmm::VmmMapping;
 
 /// The variable that names the CUDA driver library to load (the fake one, in tests).
 pub const CUDA_DRIVER_ENV: &str = "CRESCENT_CUDA_DRIVER";
@@ -89,6 +93,19 @@ pub trait DeviceApi: Send + Sync + fmt::Debug {
     /// Copies `len` bytes from `src` to `dst` (either may be device or host memory) on a
     /// stream of `device`, and waits for the copy to end.
     fn copy(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError>;
+    /// Starts copying `len` bytes from `src` to `dst` on a stream of `device` and returns
+    /// without waiting; [`DeviceApi::copy_wait`] waits for it, exactly once. Both ranges must
+    /// stay valid until then ([`Driver::copy_start`] makes sure of it).
+    ///
+    /// The default: copies now (the wait has nothing left to do).
+    fn copy_start(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<PendingCopy, TransportError> {
+        self.copy(device, dst, src, len).map(|()| PendingCopy(0))
+    }
+    /// Waits for a copy [`DeviceApi::copy_start`] started.
+    fn copy_wait(&self, device: u32, copy: PendingCopy) -> Result<(), TransportError> {
+        let _ = (device, copy);
+        Ok(())
+    }
     /// Exports `allocation` for another process on this host.
     fn ipc_export(&self, allocation: &Allocation) -> Result<IpcHandle, TransportError>;
     /// Opens an allocation another process exported, on `device`; returns its base address
@@ -104,6 +121,49 @@ pub trait DeviceApi: Send + Sync + fmt::Debug {
     fn alloc_pinned(&self, len: u64) -> Result<u64, TransportError>;
     /// Frees memory from [`DeviceApi::alloc_pinned`].
     fn free_pinned(&self, addr: u64) -> Result<(), TransportError>;
+    /// Exports `allocation` as a POSIX file descriptor when it is memory of the virtual
+    /// memory management API (CUDA's `cuMemCreate` + `cuMemMap`, which IPC handles cannot
+    /// share); `Ok(None)` when it is not (an [`DeviceApi::ipc_export`] allocation).
+    ///
+    /// The default: no such memory.
+    fn vmm_export(&self, allocation: &Allocation) -> Result<Option<OwnedFd>, TransportError> {
+        let _ = allocation;
+        Ok(None)
+    }
+    /// Maps the `len` bytes of an allocation another process exported with
+    /// [`DeviceApi::vmm_export`] (`fd`, consumed) into this process, readable and writable by
+    /// `device`; returns their address here. Undone by [`DeviceApi::vmm_close`].
+    ///
+    /// The default: refused.
+    fn vmm_import(&self, device: u32, fd: OwnedFd, len: u64) -> Result<u64, TransportError> {
+        let _ = (device, fd, len);
+        Err(TransportError::Driver {
+            call: "vmm_import",
+            reason: format!("the {} driver cannot import shareable allocations", self.vendor()),
+        })
+    }
+    /// Unmaps an allocation mapped by [`DeviceApi::vmm_import`] and frees its addresses.
+    fn vmm_close(&self, device: u32, base: u64, len: u64) -> Result<(), TransportError> {
+        let _ = (device, base, len);
+        Ok(())
+    }
+    /// Allocates at least `len` bytes on `device` through the virtual memory management API,
+    /// exportable with [`DeviceApi::vmm_export`] (as a framework's allocator does; tests and
+    /// benchmarks use it). Freed with [`DeviceApi::vmm_free`].
+    ///
+    /// The default: refused.
+    fn vmm_alloc(&self, device: u32, len: u64) -> Result<u64, TransportError> {
+        let _ = (device, len);
+        Err(TransportError::Driver {
+            call: "vmm_alloc",
+            reason: format!("the {} driver has no virtual memory management", self.vendor()),
+        })
+    }
+    /// Frees memory from [`DeviceApi::vmm_alloc`].
+    fn vmm_free(&self, device: u32, addr: u64) -> Result<(), TransportError> {
+        let _ = (device, addr);
+        Ok(())
+    }
     /// Queues `f` on the caller's `stream` (a handle of the vendor's, `0` for the default
     /// stream): the driver runs it on a thread of its own once the work queued before it on
     /// that stream is done, and work queued after it waits until `f` returns. `f` must not
@@ -118,6 +178,42 @@ pub trait DeviceApi: Send + Sync + fmt::Debug {
             call: "launch_host_func",
             reason: format!("the {} driver has no host functions on streams", self.vendor()),
         })
+    }
+}
+
+/// A copy in progress, [`DeviceApi::copy_start`]: the vendor's token for it (CUDA: its stream).
+#[derive(Debug, PartialEq, Eq)]
+pub struct PendingCopy(
+    /// The vendor's token.
+    pub u64,
+);
+
+/// A copy in progress on a [`Driver`]: [`Copying::wait`] waits for it; dropped without a wait,
+/// it waits then (so the memory it uses outlives it).
+#[derive(Debug)]
+pub struct Copying {
+    driver: Arc<Driver>,
+    device: u32,
+    pending: Option<PendingCopy>,
+}
+
+impl Copying {
+    /// Waits until the copy has ended.
+    pub fn wait(mut self) -> Result<(), TransportError> {
+        match self.pending.take() {
+            Some(pending) => self.driver.api.copy_wait(self.device, pending),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Copying {
+    fn drop(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            if let Err(e) = self.driver.api.copy_wait(self.device, pending) {
+                tracing::debug!("device memory: a copy nobody waited for failed: {e}");
+            }
+        }
     }
 }
 
@@ -149,10 +245,23 @@ impl Driver {
         self.api.copy(device, dst, src, len)
     }
 
+    /// Starts copying `len` bytes from `src` to `dst` on a stream of `device`; the copy has
+    /// ended when the returned [`Copying`] is waited for or dropped.
+    pub fn copy_start(self: &Arc<Self>, device: u32, dst: u64, src: u64, len: u64) -> Result<Copying, TransportError> {
+        let pending = self.api.copy_start(device, dst, src, len)?;
+        Ok(Copying { driver: self.clone(), device, pending: Some(pending) })
+    }
+
     /// A pinned host buffer of at least `len` bytes, reused from earlier transfers when one is
     /// free; it goes back to the pool when dropped.
     pub fn bounce(self: &Arc<Self>, len: u64) -> Result<Bounce, TransportError> {
         bounce::take(self, len)
+    }
+
+    /// Maps the allocation of `len` bytes that another process exported as `fd` (see
+    /// [`DeviceApi::vmm_export`]) on `device`, until the [`VmmMapping`] is dropped.
+    pub fn import_vmm(self: &Arc<Self>, device: u32, fd: OwnedFd, len: u64) -> Result<VmmMapping, TransportError> {
+        vmm::import(self, device, fd, len)
     }
 
     /// Opens the allocation behind `handle` (another process's) on `device`, or shares the

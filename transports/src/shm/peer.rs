@@ -14,8 +14,8 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use super::copy;
 use super::mapping::Mapping;
 use super::socket::Socket;
-use super::wire::{Frame, Kind, Mode, Status};
-use crate::device::IpcMapping;
+use super::wire::{Frame, Kind, Mode, Status, FEATURES};
+use crate::device::{IpcMapping, VmmMapping};
 use crate::{FailureReason, RegionTable, Slice};
 
 /// Slices of one grant claimed together and copied back to back (see [`Peer::copy_run`]).
@@ -31,6 +31,12 @@ enum Access {
     /// The peer's device allocation, opened here; the region starts `offset` bytes into it.
     Device {
         mapping: Arc<IpcMapping>,
+        offset: u64,
+    },
+    /// The peer's VMM allocation, mapped here for this grant; the region starts `offset`
+    /// bytes into it.
+    Vmm {
+        mapping: VmmMapping,
         offset: u64,
     },
 }
@@ -132,7 +138,7 @@ impl Peer {
     }
 
     fn hello(socket: &Socket) -> Result<Frame, String> {
-        socket.send(&Frame::new(Kind::Hello), None).map_err(|e| e.to_string())?;
+        socket.send(&Frame { id: FEATURES, ..Frame::new(Kind::Hello) }, None).map_err(|e| e.to_string())?;
         let reply = match socket.recv_by(Some(std::time::Instant::now() + REPLY_TIMEOUT)) {
             Ok(Some((frame, _))) if frame.kind == Kind::HelloReply => frame,
             Ok(Some((frame, _))) => return Err(format!("it answered with {:?}", frame.kind)),
@@ -381,6 +387,11 @@ impl Peer {
                     let remote = mapping.base() + at + offset;
                     copy::device(mapping.driver(), mapping.device(), op, local, remote, len)
                 }
+                // Likewise (checked against the mapping's size when the grant was installed).
+                (Access::Vmm { mapping, offset: at }, _) => {
+                    let remote = mapping.base() + at + offset;
+                    copy::device(mapping.driver(), mapping.device(), op, local, remote, len)
+                }
             };
             // The peer's memory could not be copied (it may have died meanwhile: its grants
             // are then revoked, and the next copy says so).
@@ -487,6 +498,10 @@ impl Peer {
                 Ok(access) => access,
                 Err(why) => return Ok(Err(format!("{}: {why}", self.name))),
             },
+            (Mode::DeviceVmm, Some(fd)) => match self.import_device(frame, fd) {
+                Ok(access) => access,
+                Err(why) => return Ok(Err(format!("{}: {why}", self.name))),
+            },
             _ => return Err(Fatal(format!("{}: a grant without its memory", self.name))),
         };
         let grant =
@@ -527,6 +542,29 @@ impl Peer {
             ));
         }
         Ok(Access::Device { mapping, offset: ipc.offset })
+    }
+}
+
+impl Peer {
+    /// Maps the VMM allocation of a `DeviceVmm` grant (`fd`, from the peer) on the same
+    /// device ordinal when this process sees it (else its first device). The frame's checks
+    /// put the region inside the allocation's size, which is what is mapped: the driver
+    /// refuses a descriptor of a smaller allocation.
+    fn import_device(&self, frame: &Frame, fd: OwnedFd) -> Result<Access, String> {
+        let vmm = frame.vmm.as_ref().ok_or("a device grant without its allocation")?;
+        let driver = self.table.devices().driver().map_err(|e| format!("cannot map its device memory: {e}"))?;
+        let count = driver.api().device_count().map_err(|e| e.to_string())?;
+        let device = if vmm.device < count { vmm.device } else { 0 };
+        let mapping =
+            driver.import_vmm(device, fd, vmm.size).map_err(|e| format!("cannot map its device memory: {e}"))?;
+        let inside = vmm.offset.checked_add(frame.len).is_some_and(|end| end <= mapping.len());
+        if !inside {
+            return Err(format!(
+                "its device grant [+{}, +{}) does not lie inside the allocation it maps",
+                vmm.offset, frame.len
+            ));
+        }
+        Ok(Access::Vmm { mapping, offset: vmm.offset })
     }
 }
 

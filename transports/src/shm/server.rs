@@ -2,6 +2,7 @@
 //! the grants when a region is unregistered (see the lifetime design in [`super`]).
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::socket::Socket;
-use super::wire::{Frame, IpcGrant, Kind, Mode, Status, PROBE_LEN};
+use super::wire::{Frame, IpcGrant, Kind, Mode, Status, VmmGrant, FEATURE_DEVICE_VMM, PROBE_LEN};
+use crate::device::DeviceMemory;
 use crate::net::serve::Accepted;
 use crate::{Region, RegionTable, TransportError};
 
@@ -37,6 +39,8 @@ struct Conn {
     granted: Mutex<HashSet<u64>>,
     changed: Condvar,
     dead: AtomicBool,
+    /// What the initiator's hello announced it takes ([`super::wire::FEATURES`]).
+    features: AtomicU64,
 }
 
 impl Conn {
@@ -86,6 +90,7 @@ impl Server {
             granted: Mutex::new(HashSet::new()),
             changed: Condvar::new(),
             dead: AtomicBool::new(false),
+            features: AtomicU64::new(0),
         });
         {
             let mut conns = self.conns.lock();
@@ -113,6 +118,7 @@ impl Server {
             };
             match frame.kind {
                 Kind::Hello => {
+                    conn.features.store(frame.id, Ordering::Relaxed);
                     let reply = Frame {
                         id: *self.probe,
                         addr: &*self.probe as *const u64 as u64,
@@ -152,20 +158,17 @@ impl Server {
         // registered memory is reached with process_vm_readv/writev.
         let memfd =
             region.shared_memory().filter(|m| m.sealed() && m.addr() == region.addr() && m.len() == region.len());
-        let (mode, ipc) = match region.device() {
-            Some(memory) => match memory.driver.api().ipc_export(&memory.allocation) {
-                Ok(handle) => {
-                    let offset = region.addr() - memory.allocation.base;
-                    (Mode::DeviceIpc, Some(IpcGrant { device: memory.allocation.device, offset, handle: handle.0 }))
-                }
+        let (mode, ipc, vmm, device_fd) = match region.device() {
+            Some(memory) => match export_device(conn, memory, region.addr()) {
+                Ok(grant) => grant,
                 Err(e) => {
                     tracing::warn!("shm transport: cannot export device memory at {:#x} to a peer: {e}", region.addr());
                     let refusal = Frame { status: Status::DeviceUnavailable, id: req.id, ..Frame::new(Kind::MapReply) };
                     return conn.socket.send(&refusal, None).map_err(|e| e.to_string());
                 }
             },
-            None if memfd.is_some() => (Mode::Memfd, None),
-            None => (Mode::ProcessVm, None),
+            None if memfd.is_some() => (Mode::Memfd, None, None, None),
+            None => (Mode::ProcessVm, None, None, None),
         };
         let reply = Frame {
             mode,
@@ -174,10 +177,17 @@ impl Server {
             len: region.len(),
             region: id,
             ipc,
+            vmm,
             ..Frame::new(Kind::MapReply)
         };
         conn.granted.lock().insert(id);
-        let fd = if mode == Mode::Memfd { memfd.map(|m| m.fd()) } else { None };
+        let fd = match mode {
+            Mode::Memfd => memfd.map(|m| m.fd()),
+            Mode::DeviceVmm => device_fd.as_ref().map(|fd| fd.as_fd()),
+            _ => None,
+        };
+        // The exported descriptor (a VMM allocation's) is closed here once sent: the peer
+        // holds its own copy.
         conn.socket.send(&reply, fd).map_err(|e| e.to_string())
     }
 
@@ -243,4 +253,27 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// A device grant's mode, its IPC handle or VMM block, and the descriptor sent with it.
+type DeviceExport = (Mode, Option<IpcGrant>, Option<VmmGrant>, Option<OwnedFd>);
+
+/// How a peer reaches registered device memory at `addr` (the region's start): memory of the
+/// virtual memory management API as a descriptor of its allocation (`DeviceVmm`, to a peer
+/// that takes it), any other through its allocation's IPC handle (`DeviceIpc`).
+fn export_device(conn: &Conn, memory: &DeviceMemory, addr: u64) -> Result<DeviceExport, TransportError> {
+    let allocation = &memory.allocation;
+    let offset = addr - allocation.base;
+    if let Some(fd) = memory.driver.api().vmm_export(allocation)? {
+        if conn.features.load(Ordering::Relaxed) & FEATURE_DEVICE_VMM == 0 {
+            return Err(TransportError::Driver {
+                call: "vmm_export",
+                reason: "it is VMM memory (cuMemCreate), which this peer's version cannot import".into(),
+            });
+        }
+        let vmm = VmmGrant { device: allocation.device, offset, size: allocation.len };
+        return Ok((Mode::DeviceVmm, None, Some(vmm), Some(fd)));
+    }
+    let handle = memory.driver.api().ipc_export(allocation)?;
+    Ok((Mode::DeviceIpc, Some(IpcGrant { device: allocation.device, offset, handle: handle.0 }), None, None))
 }

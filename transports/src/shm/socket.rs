@@ -28,8 +28,8 @@ pub enum RecvError {
     /// The message is not a valid control frame.
     #[error("{0}")]
     Wire(#[from] WireError),
-    /// A frame of this kind came with this many descriptors: only a granted memfd
-    /// `MapReply` carries one, and it carries exactly one ([`Frame::carries_fd`]).
+    /// A frame of this kind came with this many descriptors: only a `MapReply` granting a
+    /// memfd or a VMM allocation carries one, and it carries exactly one ([`Frame::carries_fd`]).
     #[error("a {0:?} frame came with {1} file descriptor(s)")]
     Fds(super::wire::Kind, usize),
     /// The message or its descriptors did not fit the receive buffers (`MSG_TRUNC` or

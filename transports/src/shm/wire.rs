@@ -7,8 +7,15 @@
 //! 40       44         48       56            120
 //! | device | reserved | offset | ipc handle |      (zero unless mode = DeviceIpc)
 //! ```
-//! * `Hello` → `HelloReply {addr, len = 8, id = probe value}`: where the target keeps a probe
-//!   word, so the initiator can test whether the kernel lets it use `process_vm_readv` on it.
+//! * `Hello {id = features}` → `HelloReply {addr, len = 8, id = probe value}`: where the target
+//!   keeps a probe word, so the initiator can test whether the kernel lets it use
+//!   `process_vm_readv` on it. The hello's `id` holds the [`FEATURES`] the initiator takes
+//!   (initiators before them send 0, which targets before them never read).
+//! * `mode = DeviceVmm` (only to an initiator whose hello has [`FEATURE_DEVICE_VMM`]): device
+//!   memory of the virtual memory management API, whose allocation comes as the file
+//!   descriptor attached to the reply (`cuMemExportToShareableHandle`); the device block holds
+//!   `device`, `offset` and, instead of an IPC handle, the allocation's size (8 bytes, the
+//!   rest zero). A target whose initiator lacks the feature answers `DeviceUnavailable`.
 //! * `Map {id, addr, len}` → `MapReply {id, status, mode, addr, len, region}`: the registered
 //!   region holding `[addr, +len)` (its whole extent and its id), reached by mapping the memfd
 //!   that comes with the reply (`mode = Memfd`), by `process_vm_*` (`mode = ProcessVm`), or,
@@ -25,8 +32,14 @@ use crate::net::{Format, FrameError};
 
 /// The first two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"CS";
-/// The version this side speaks; a peer of another version is refused.
+/// The version this side speaks; a peer of another version is refused. Additions that keep
+/// the layout (a new mode) are announced in the hello's [`FEATURES`] instead, so that peers
+/// of version 2 without them keep working with those with them.
 pub const VERSION: u8 = 2;
+/// Feature bit: the initiator takes `DeviceVmm` grants (device memory as a descriptor).
+pub const FEATURE_DEVICE_VMM: u64 = 1;
+/// The features an initiator of this build announces in its hello.
+pub const FEATURES: u64 = FEATURE_DEVICE_VMM;
 /// Every frame's size, in bytes (one `SOCK_SEQPACKET` message).
 pub const FRAME_LEN: usize = 120;
 /// Where the device block starts (the frames of version 1 ended there).
@@ -86,6 +99,9 @@ pub enum Mode {
     ProcessVm = 2,
     /// Device memory: open the IPC handle of [`Frame::ipc`] and copy with the device driver.
     DeviceIpc = 3,
+    /// Device memory of the virtual memory management API: import the descriptor that comes
+    /// with the reply ([`Frame::vmm`]) and copy with the device driver.
+    DeviceVmm = 4,
 }
 
 /// How to open a granted region of device memory (a `DeviceIpc` grant).
@@ -97,6 +113,18 @@ pub struct IpcGrant {
     pub offset: u64,
     /// The allocation's IPC handle.
     pub handle: [u8; IPC_HANDLE_LEN],
+}
+
+/// How to map a granted region of VMM device memory (a `DeviceVmm` grant), whose allocation
+/// is the descriptor attached to the reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmmGrant {
+    /// The target's device ordinal for the allocation.
+    pub device: u32,
+    /// Where the region starts in the allocation, in bytes.
+    pub offset: u64,
+    /// The allocation's size, in bytes (what the initiator maps).
+    pub size: u64,
 }
 
 /// One control message, decoded. Fields a kind does not use are zero.
@@ -119,6 +147,8 @@ pub struct Frame {
     pub region: u64,
     /// How to open a `DeviceIpc` grant; `None` for every other frame.
     pub ipc: Option<IpcGrant>,
+    /// How to map a `DeviceVmm` grant; `None` for every other frame.
+    pub vmm: Option<VmmGrant>,
 }
 
 /// Why a received control message was refused; the connection is then dropped.
@@ -163,7 +193,7 @@ pub enum WireError {
 impl Frame {
     /// A frame of `kind` with every other field zero (`Ok`, `None`).
     pub fn new(kind: Kind) -> Frame {
-        Frame { kind, status: Status::Ok, mode: Mode::None, id: 0, addr: 0, len: 0, region: 0, ipc: None }
+        Frame { kind, status: Status::Ok, mode: Mode::None, id: 0, addr: 0, len: 0, region: 0, ipc: None, vmm: None }
     }
 
     /// The frame's wire bytes (layout in the module doc).
@@ -180,6 +210,11 @@ impl Frame {
             b[DEVICE_AT..DEVICE_AT + 4].copy_from_slice(&ipc.device.to_le_bytes());
             b[DEVICE_AT + 8..DEVICE_AT + 16].copy_from_slice(&ipc.offset.to_le_bytes());
             b[DEVICE_AT + 16..].copy_from_slice(&ipc.handle);
+        }
+        if let Some(vmm) = &self.vmm {
+            b[DEVICE_AT..DEVICE_AT + 4].copy_from_slice(&vmm.device.to_le_bytes());
+            b[DEVICE_AT + 8..DEVICE_AT + 16].copy_from_slice(&vmm.offset.to_le_bytes());
+            b[DEVICE_AT + 16..DEVICE_AT + 24].copy_from_slice(&vmm.size.to_le_bytes());
         }
         b
     }
@@ -207,23 +242,39 @@ impl Frame {
             1 => Mode::Memfd,
             2 => Mode::ProcessVm,
             3 => Mode::DeviceIpc,
+            4 => Mode::DeviceVmm,
             m => return Err(WireError::Mode(m)),
         };
         if b[6] != 0 || b[7] != 0 {
             return Err(WireError::Reserved);
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let ipc = match mode {
-            Mode::DeviceIpc if b[DEVICE_AT + 4..DEVICE_AT + 8] == [0; 4] => Some(IpcGrant {
-                device: u32::from_le_bytes(b[DEVICE_AT..DEVICE_AT + 4].try_into().expect("4 bytes")),
-                offset: u64_at(DEVICE_AT + 8),
-                handle: b[DEVICE_AT + 16..].try_into().expect("the handle's bytes"),
-            }),
-            _ if b[DEVICE_AT..].iter().all(|&x| x == 0) => None,
+        let device = u32::from_le_bytes(b[DEVICE_AT..DEVICE_AT + 4].try_into().expect("4 bytes"));
+        let (ipc, vmm) = match mode {
+            Mode::DeviceIpc if b[DEVICE_AT + 4..DEVICE_AT + 8] == [0; 4] => {
+                let handle = b[DEVICE_AT + 16..].try_into().expect("the handle's bytes");
+                (Some(IpcGrant { device, offset: u64_at(DEVICE_AT + 8), handle }), None)
+            }
+            Mode::DeviceVmm
+                if b[DEVICE_AT + 4..DEVICE_AT + 8] == [0; 4] && b[DEVICE_AT + 24..].iter().all(|&x| x == 0) =>
+            {
+                (None, Some(VmmGrant { device, offset: u64_at(DEVICE_AT + 8), size: u64_at(DEVICE_AT + 16) }))
+            }
+            Mode::DeviceIpc | Mode::DeviceVmm => return Err(WireError::Reserved),
+            _ if b[DEVICE_AT..].iter().all(|&x| x == 0) => (None, None),
             _ => return Err(WireError::Reserved),
         };
-        let frame =
-            Frame { kind, status, mode, id: u64_at(8), addr: u64_at(16), len: u64_at(24), region: u64_at(32), ipc };
+        let frame = Frame {
+            kind,
+            status,
+            mode,
+            id: u64_at(8),
+            addr: u64_at(16),
+            len: u64_at(24),
+            region: u64_at(32),
+            ipc,
+            vmm,
+        };
         frame.validate()?;
         Ok(frame)
     }
@@ -244,6 +295,12 @@ impl Frame {
                 {
                     return Err(bad_range())
                 }
+                // The region must lie inside the allocation the initiator maps.
+                (Status::Ok, Mode::DeviceVmm)
+                    if self.vmm.is_none_or(|vmm| vmm.offset.checked_add(self.len).is_none_or(|end| end > vmm.size)) =>
+                {
+                    return Err(bad_range())
+                }
                 _ => {}
             },
             _ if self.status != Status::Ok || self.mode != Mode::None => return Err(inconsistent()),
@@ -256,7 +313,7 @@ impl Frame {
 
     /// Whether a file descriptor must come with this frame (and none may come with others).
     pub fn carries_fd(&self) -> bool {
-        self.kind == Kind::MapReply && self.status == Status::Ok && self.mode == Mode::Memfd
+        self.kind == Kind::MapReply && self.status == Status::Ok && matches!(self.mode, Mode::Memfd | Mode::DeviceVmm)
     }
 
     /// True when `[addr, +len)` of this (validated) frame contains `[addr, +len)`.
@@ -277,6 +334,33 @@ mod tests {
     fn device_reply() -> Frame {
         let ipc = IpcGrant { device: 1, offset: 4096, handle: std::array::from_fn(|i| i as u8 + 1) };
         Frame { ipc: Some(ipc), ..map_reply(Mode::DeviceIpc) }
+    }
+
+    fn vmm_reply() -> Frame {
+        let vmm = VmmGrant { device: 1, offset: 4096, size: 4 << 20 };
+        Frame { vmm: Some(vmm), ..map_reply(Mode::DeviceVmm) }
+    }
+
+    #[test]
+    fn a_vmm_grant_roundtrips_carries_its_descriptor_and_lies_inside_its_allocation() {
+        let f = vmm_reply();
+        assert_eq!(Frame::decode(&f.encode()).unwrap(), f);
+        assert!(f.carries_fd());
+        // The region ends past the allocation the initiator maps.
+        let past = Frame { vmm: Some(VmmGrant { offset: (3 << 20) + 1, ..f.vmm.unwrap() }), ..f };
+        assert!(matches!(Frame::decode(&past.encode()), Err(WireError::Range { .. })));
+        let wrapping = Frame { vmm: Some(VmmGrant { offset: u64::MAX - 4, ..f.vmm.unwrap() }), ..f };
+        assert!(matches!(Frame::decode(&wrapping.encode()), Err(WireError::Range { .. })));
+        // Bytes after the size are reserved, as are a VMM block's bytes 4..8.
+        let mut b = f.encode();
+        b[DEVICE_AT + 24] = 1;
+        assert!(matches!(Frame::decode(&b), Err(WireError::Reserved)));
+        let mut b = f.encode();
+        b[DEVICE_AT + 5] = 1;
+        assert!(matches!(Frame::decode(&b), Err(WireError::Reserved)));
+        // A hello announcing features decodes (targets before them ignore its id).
+        let hello = Frame { id: FEATURES, ..Frame::new(Kind::Hello) };
+        assert_eq!(Frame::decode(&hello.encode()).unwrap(), hello);
     }
 
     #[test]
@@ -366,7 +450,7 @@ mod tests {
         fn decoded_frames_are_consistent(mut bytes in proptest::array::uniform32(any::<u8>()),
                                          tail in proptest::array::uniform8(any::<u8>()),
                                          device in proptest::array::uniform16(any::<u8>()),
-                                         kind in 1u8..=6, status in 0u8..=2, mode in 0u8..=3) {
+                                         kind in 1u8..=6, status in 0u8..=2, mode in 0u8..=4) {
             // Valid headers with arbitrary contents: whatever decodes keeps the invariants.
             bytes[0..2].copy_from_slice(&MAGIC);
             bytes[2] = VERSION;
@@ -381,6 +465,10 @@ mod tests {
             b[DEVICE_AT..DEVICE_AT + 16].copy_from_slice(&device);
             if let Ok(f) = Frame::decode(&b) {
                 prop_assert_eq!(f.ipc.is_some(), f.mode == Mode::DeviceIpc);
+                prop_assert_eq!(f.vmm.is_some(), f.mode == Mode::DeviceVmm);
+                if let (Some(vmm), Status::Ok) = (f.vmm, f.status) {
+                    prop_assert!(vmm.offset.checked_add(f.len).is_some_and(|end| end <= vmm.size));
+                }
                 if f.kind == Kind::MapReply && f.status == Status::Ok {
                     prop_assert!(f.mode != Mode::None);
                     prop_assert!(f.addr.checked_add(f.len).is_some() && f.len > 0);

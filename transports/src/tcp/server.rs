@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::frame::{FrameKind, Header, Status, HEADER_LEN};
-use crate::device::Bounce;
+use crate::device::{pipeline, Bounce};
 use crate::net::serve::Accepted;
 use crate::net::wire::{send_all_by, RecvBuf};
 use crate::net::{serve, FrameError, Guard, Limits, Server};
@@ -163,7 +163,10 @@ fn serve_reads(
             None => break,
         }
     }
-    // Device memory is staged through pinned host buffers; host memory goes out as it is.
+    // Device memory of one chunk at most is staged through a pinned host buffer and gathered
+    // with the rest; larger device payloads go out chunk by chunk, each copied off the device
+    // while the one before is sent. Host memory goes out as it is.
+    let deadline = Instant::now() + io_timeout;
     let staged = responses
         .iter()
         .map(|(_, access)| access.as_ref().map_or(Ok(None), |a| stage_out(a).map_err(io::Error::other)))
@@ -174,20 +177,32 @@ fn serve_reads(
         iov.push(IoSlice::new(header));
         match (access, bounce) {
             (Some(a), Some(b)) => iov.push(IoSlice::new(b.bytes(a.len()))),
-            (Some(a), None) => iov.push(IoSlice::new(a.as_slice())),
+            (Some(a), None) => match a.device() {
+                // What is gathered so far (this header last) goes first.
+                Some(memory) => {
+                    send_all_by(s, &mut iov, Some(deadline))?;
+                    iov.clear();
+                    pipeline::send_from_device(memory, a.addr(), a.len(), |bytes| {
+                        send_all_by(s, &mut [IoSlice::new(bytes)], Some(deadline))
+                    })?;
+                }
+                None => iov.push(IoSlice::new(a.as_slice())),
+            },
             (None, _) => {}
         }
     }
     // The regions stay in use until the whole group is out or its deadline passed.
-    send_all_by(s, &mut iov, Some(Instant::now() + io_timeout))?;
+    send_all_by(s, &mut iov, Some(deadline))?;
+    drop(iov);
     acks.clear();
     Ok(())
 }
 
-/// A copy of `access`'s bytes in a bounce buffer when they are device memory (`None` for host
-/// memory, which is sent as it is).
+/// A copy of `access`'s bytes in a bounce buffer when they are device memory of one chunk at
+/// most (`None` for host memory, which is sent as it is, and larger device memory, which is
+/// sent through [`pipeline::send_from_device`]).
 fn stage_out(access: &RegionAccess) -> Result<Option<Bounce>, crate::TransportError> {
-    let Some(memory) = access.device() else {
+    let Some(memory) = access.device().filter(|_| access.len() <= pipeline::CHUNK) else {
         return Ok(None);
     };
     let bounce = memory.driver.bounce(access.len())?;
@@ -212,14 +227,12 @@ fn serve_write(
 ) -> io::Result<()> {
     let status = match table.access(req.addr, req.len) {
         Some(access) => match access.device() {
-            // Device memory: received into a pinned buffer, then copied to the device.
+            // Device memory: received chunk by chunk into pinned buffers, each copied to the
+            // device while the next is received.
             Some(memory) => {
-                let mut bounce = memory.driver.bounce(access.len()).map_err(io::Error::other)?;
-                rb.recv_exact_by(fd, bounce.bytes_mut(access.len()), Some(deadline))?;
-                memory
-                    .driver
-                    .copy(memory.allocation.device, access.addr(), bounce.addr(), access.len())
-                    .map_err(io::Error::other)?;
+                pipeline::recv_into_device(memory, access.addr(), access.len(), |buf| {
+                    rb.recv_exact_by(fd, buf, Some(deadline))
+                })?;
                 Status::Ok
             }
             // Receive straight into registered memory.
