@@ -970,6 +970,15 @@ impl Engine {
         }
     }
 
+    /// get_local_topology(device_name=None) -> str: upstream's topology matrix as JSON, an
+    /// object `{"cpu:<numa node>": [[preferred RDMA devices], [the others]]}` (an RDMA device
+    /// is preferred by the NUMA node it hangs off); `device_name` (comma-separated) keeps only
+    /// those devices. `{}` on a host without NUMA support. Needs no `initialize`.
+    #[pyo3(signature = (device_name=None))]
+    fn get_local_topology(&self, py: Python<'_>, device_name: Option<String>) -> String {
+        py.detach(|| crate::host::local_topology(device_name.as_deref()))
+    }
+
     /// get_first_buffer_address(segment_name) -> int: the address of the segment's first
     /// registered buffer, or 0 if it cannot be opened or has none.
     fn get_first_buffer_address(&self, py: Python<'_>, segment_name: &str) -> u64 {

@@ -18,6 +18,7 @@ mod call;
 mod device;
 mod dummy;
 mod engine;
+mod host;
 mod mem;
 mod sessions;
 mod store;
@@ -83,6 +84,7 @@ fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBufferDescriptor>()?;
     m.add_class::<PyBufferHandle>()?;
     engine::add_classes(m)?;
+    host::add(m)?;
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(status_name, m)?)?;
     m.add_function(wrap_pyfunction!(_fail_invalid, m)?)?;

@@ -49,6 +49,24 @@ def status_name(code: int) -> str:
 def _fail_invalid(message: str) -> int:
     """Records ``message`` as this thread's last error; returns INVALID_PARAMS."""
 
+class MooncakeHostMemAllocator:
+    """Host memory another process can map (a memfd), as upstream's shared-memory helper gives."""
+    def __init__(self) -> None: ...
+    def alloc(self, size: int) -> int:
+        """The address of ``size`` fresh, zeroed bytes; RuntimeError when they cannot be mapped."""
+    def free(self, ptr: int) -> int:
+        """0 once the allocation at ``ptr`` is unmapped, -1 for an address it did not give."""
+
+def get_alloc_func_addr() -> int:
+    """The address of a C function ``void *alloc(size_t size)`` (NULL on failure)."""
+
+def get_free_func_addr() -> int:
+    """The address of a C function ``void free(void *ptr)`` for what that ``alloc`` gave."""
+
+def bind_to_numa_node(node: int) -> None:
+    """Runs the calling thread on ``node``'s CPUs and prefers its memory; a warning (and no
+    change) without NUMA support or for a node out of range (-1: every node)."""
+
 class SoftPinAction:
     """What a put or upsert does to the object's soft pin (Mooncake's values)."""
 
@@ -517,6 +535,8 @@ class TransferEngine:
     def allocate_managed_buffer(self, length: int) -> int:
         """The address of ``length`` bytes of registered memory, or 0 on failure."""
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int: ...
+    def get_local_topology(self, device_name: str | None = None) -> str:
+        """Upstream's topology matrix as JSON: ``{"cpu:<node>": [[preferred RDMA devices], [others]]}``."""
     def get_first_buffer_address(self, segment_name: str) -> int:
         """The address of the segment's first registered buffer, or 0."""
     def write_bytes_to_buffer(self, buffer_addr: int, src: Buffer | str, length: int) -> int:

@@ -28,11 +28,15 @@ from crescent._crescent import (
     Descriptor,
     DiskDescriptor,
     MemoryDescriptor,
+    MooncakeHostMemAllocator,
     ObjectDataType,
     ReplicaDescriptor,
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
+    bind_to_numa_node,
+    get_alloc_func_addr,
+    get_free_func_addr,
 )
 from crescent._tensor import (  # noqa: F401  (the layout's helpers, kept importable from here)
     MAX_TENSOR_DIMS,
@@ -262,6 +266,7 @@ __all__ = [
     "DiskDescriptor",
     "MemoryDescriptor",
     "MooncakeDistributedStore",
+    "MooncakeHostMemAllocator",
     "MooncakeDistributedStoreAsync",
     "ObjectDataType",
     "ParallelAxis",
@@ -272,6 +277,9 @@ __all__ = [
     "SoftPinAction",
     "TENSOR_METADATA_SIZE",
     "TensorParallelism",
+    "bind_to_numa_node",
+    "get_alloc_func_addr",
+    "get_free_func_addr",
     "parse_tensor_header",
     "tensor_header",
 ]
