@@ -973,7 +973,8 @@ impl Engine {
     /// get_local_topology(device_name=None) -> str: upstream's topology matrix as JSON, an
     /// object `{"cpu:<numa node>": [[preferred RDMA devices], [the others]]}` (an RDMA device
     /// is preferred by the NUMA node it hangs off); `device_name` (comma-separated) keeps only
-    /// those devices. `{}` on a host without NUMA support. Needs no `initialize`.
+    /// those devices; a `cuda:<n>` entry per GPU when the CUDA driver loads (every device
+    /// preferred). `{}` on a host without NUMA support or GPUs. Needs no `initialize`.
     #[pyo3(signature = (device_name=None))]
     fn get_local_topology(&self, py: Python<'_>, device_name: Option<String>) -> String {
         py.detach(|| crate::host::local_topology(device_name.as_deref()))

@@ -257,7 +257,8 @@ fn rdma_devices(filter: &[&str]) -> Vec<Hca> {
 }
 
 /// Upstream's topology matrix as JSON: `{"cpu:<node>": [[preferred HCAs], [other HCAs]], ...}`,
-/// an HCA preferred by the node it hangs off; `{}` without NUMA support. `device_name`
+/// an HCA preferred by the node it hangs off, and `"cuda:<n>"` for each GPU when the device
+/// driver loads; `{}` without NUMA support or GPUs. `device_name`
 /// (comma-separated) keeps only the HCAs it names.
 pub(crate) fn local_topology(device_name: Option<&str>) -> String {
     let filter: Vec<&str> = device_name.unwrap_or("").split(',').filter(|s| !s.is_empty()).collect();
@@ -267,6 +268,16 @@ pub(crate) fn local_topology(device_name: Option<&str>) -> String {
         let (preferred, avail): (Vec<&Hca>, Vec<&Hca>) = hcas.iter().partition(|h| h.numa_node == i64::from(node));
         let names = |v: Vec<&Hca>| serde_json::Value::from(v.into_iter().map(|h| h.name.clone()).collect::<Vec<_>>());
         matrix.insert(format!("cpu:{node}"), serde_json::Value::from(vec![names(preferred), names(avail)]));
+    }
+    // GPUs, when a driver loads: every RDMA device preferred (their PCI distance to the GPU,
+    // which upstream ranks them by, is not read here).
+    if let Ok(driver) = crescent_transports::device::Devices::default().driver() {
+        let api = driver.api();
+        let all: Vec<String> = hcas.iter().map(|h| h.name.clone()).collect();
+        for i in 0..api.device_count().unwrap_or(0) {
+            let entry = vec![serde_json::Value::from(all.clone()), serde_json::Value::from(Vec::<String>::new())];
+            matrix.insert(format!("{}:{i}", api.vendor()), serde_json::Value::from(entry));
+        }
     }
     serde_json::to_string_pretty(&serde_json::Value::Object(matrix)).unwrap_or_else(|_| "{}".into())
 }

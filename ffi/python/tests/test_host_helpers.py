@@ -14,6 +14,7 @@ import pytest
 
 from crescent import store
 from crescent.engine import TransferEngine
+from cuda_driver import fake_driver_path
 
 NODE_DIR = pathlib.Path("/sys/devices/system/node")
 
@@ -193,7 +194,9 @@ def test_bind_to_numa_node_without_numa_is_skipped():
         assert before == after
 
 
-def test_get_local_topology():
+def test_get_local_topology(monkeypatch, tmp_path):
+    # No GPU driver here (a missing one named): only the NUMA nodes' entries.
+    monkeypatch.setenv("CRESCENT_CUDA_DRIVER", str(tmp_path / "libcuda-missing.so.1"))
     engine = TransferEngine()  # no initialize needed, as upstream's makes its own
     topo = json.loads(engine.get_local_topology())
     assert isinstance(topo, dict)
@@ -212,3 +215,18 @@ def test_get_local_topology():
     assert json.loads(engine.get_local_topology(None)) == topo
     with pytest.raises(TypeError):
         engine.get_local_topology(5)
+
+
+def test_get_local_topology_lists_the_gpus(monkeypatch):
+    path = fake_driver_path()
+    if path is None:
+        if os.environ.get("CRESCENT_NO_SKIP") == "1":
+            pytest.fail("the fake CUDA driver is not built (cargo build -p crescent-tests builds it)")
+        pytest.skip("the fake CUDA driver is not built (cargo build -p crescent-tests builds it)")
+    monkeypatch.setenv("CRESCENT_CUDA_DRIVER", str(path))
+    monkeypatch.setenv("FAKE_CUDA_DEVICES", "3")
+    topo = json.loads(TransferEngine().get_local_topology())
+    assert sorted(k for k in topo if k.startswith("cuda:")) == ["cuda:0", "cuda:1", "cuda:2"]
+    assert {k for k in topo if not k.startswith("cuda:")} == ({f"cpu:{n}" for n in nodes()} if NODE_DIR.exists() else set())
+    for k in ("cuda:0", "cuda:1", "cuda:2"):
+        assert len(topo[k]) == 2 and topo[k][1] == []

@@ -536,7 +536,8 @@ class TransferEngine:
         """The address of ``length`` bytes of registered memory, or 0 on failure."""
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int: ...
     def get_local_topology(self, device_name: str | None = None) -> str:
-        """Upstream's topology matrix as JSON: ``{"cpu:<node>": [[preferred RDMA devices], [others]]}``."""
+        """Upstream's topology matrix as JSON: ``{"cpu:<node>": [[preferred RDMA devices], [others]]}``,
+        and ``"cuda:<n>"`` per GPU when the CUDA driver loads."""
     def get_first_buffer_address(self, segment_name: str) -> int:
         """The address of the segment's first registered buffer, or 0."""
     def write_bytes_to_buffer(self, buffer_addr: int, src: Buffer | str, length: int) -> int:
