@@ -75,11 +75,14 @@ fn values_evicted_from_memory_are_read_from_disk_here_and_through_another_client
     for k in keys {
         assert_eq!(tiers(&a, k), [Tier::Ssd as i32], "{k}: only the disk copy is left");
     }
-    // Here: the local file. Elsewhere: through A's disk service and the engine.
+    // Here: the local file. Elsewhere: through A's disk service and the engine (counted as
+    // Mooncake's offload RPC reads, there only).
+    assert_eq!((a.remote_disk_reads(), f.remote_disk_reads()), (0, 0));
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(a.get(k).unwrap(), data(sizes[i], i as u64), "{k}");
         assert_eq!(f.get(k).unwrap(), data(sizes[i], i as u64), "{k}");
     }
+    assert_eq!((a.remote_disk_reads(), f.remote_disk_reads()), (0, keys.len() as u64));
     assert!(a.exists("k1").unwrap() && f.exists(&long).unwrap());
     // Zero copy and batches take the same path.
     let mut dst = vec![0u8; 6 << 20];

@@ -248,6 +248,13 @@ impl Store {
         }
     }
 
+    /// get_offload_rpc_read_count() -> int: how many values this client read from another
+    /// client's disk through its disk service (0 before setup, and for a dummy client, as
+    /// upstream).
+    fn get_offload_rpc_read_count(&self) -> i64 {
+        self.client().map_or(0, |c| c.remote_disk_reads() as i64)
+    }
+
     /// get_hostname() -> str: this client's segment name (`host:port`), "" before setup.
     fn get_hostname(&self) -> String {
         self.client().map(|c| c.segment_name().to_string()).unwrap_or_default()

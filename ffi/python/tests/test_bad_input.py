@@ -106,4 +106,5 @@ def test_closed_and_never_set_up_stores(master):
         assert st.register_buffer(4096, 10) == INVALID_PARAMS
         assert st.health_check() == 1
         assert st.get_hostname() == ""
+        assert st.get_offload_rpc_read_count() == 0
         assert st.close() == 0

@@ -94,6 +94,8 @@ def test_put_on_one_client_get_on_the_other(store_a, store_b):
         k = key("obj")
         assert store_a.put(k, v) == 0
         assert store_b.get(k) == bytes(v)
+    # Both hold the values in memory: no read went to another client's disk.
+    assert store_a.get_offload_rpc_read_count() == store_b.get_offload_rpc_read_count() == 0
     # Missing: empty bytes, a negative size, the message names the key.
     k = key("missing")
     assert store_b.get(k) == b""

@@ -62,6 +62,13 @@ pub trait StoreApi: Send + Sync {
     /// when that cannot be reached).
     fn master_reachable(&self) -> bool;
 
+    /// How many values were read from another client's disk through its disk service
+    /// (Mooncake's `get_offload_rpc_read_count`); 0 where this side reads none itself (a dummy
+    /// client, as upstream's answers 0 for one).
+    fn remote_disk_reads(&self) -> u64 {
+        0
+    }
+
     /// Registers memory of this process for the zero-copy calls.
     fn register_buffer(&self, addr: u64, len: u64) -> Result<()>;
     /// Unregisters the buffer registered at `addr`, waiting a bounded time for transfers that
@@ -376,6 +383,9 @@ impl StoreApi for StoreClient {
     }
     fn master_reachable(&self) -> bool {
         StoreClient::master_reachable(self)
+    }
+    fn remote_disk_reads(&self) -> u64 {
+        StoreClient::remote_disk_reads(self)
     }
     fn is_registered(&self, addr: u64, len: u64) -> bool {
         self.engine().is_registered(addr, len)

@@ -187,6 +187,9 @@ pub struct StoreClient {
     remounting: parking_lot::Mutex<()>,
     /// The disk tier, with a storage root.
     disk: Option<DiskLink>,
+    /// Reads of values from another client's disk, through its disk service (Mooncake's
+    /// offload RPC reads).
+    remote_disk_reads: AtomicU64,
     metrics: metrics::ClientMetrics,
     /// The Prometheus endpoint, when `metrics_address` is set; stopped by `close`.
     metrics_server: parking_lot::Mutex<Option<metrics::MetricsServer>>,
@@ -265,6 +268,7 @@ impl StoreClient {
             closed: AtomicBool::new(false),
             remounting: parking_lot::Mutex::new(()),
             disk,
+            remote_disk_reads: AtomicU64::new(0),
             metrics: metrics::ClientMetrics::new()?,
             metrics_server: parking_lot::Mutex::new(None),
             index: Arc::default(),
@@ -372,6 +376,12 @@ impl StoreClient {
         self.hot.as_ref().map(HotCache::metrics)
     }
 
+    /// How many values this client read from another client's disk (through its disk
+    /// service): Mooncake's `get_offload_rpc_read_count`.
+    pub fn remote_disk_reads(&self) -> u64 {
+        self.remote_disk_reads.load(Ordering::Relaxed)
+    }
+
     /// The disk tier's counters, if this client has one.
     pub fn disk_stats(&self) -> Option<DiskStats> {
         self.disk.as_ref().map(|d| d.tier.stats())
@@ -400,6 +410,7 @@ impl StoreClient {
             deadline: Instant::now() + self.engine.config().transfer_timeout,
             early: &[],
             verify: self.config.verify_checksums.then_some(&self.checksums),
+            remote_disk_reads: &self.remote_disk_reads,
         }
     }
 

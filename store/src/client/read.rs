@@ -355,6 +355,7 @@ impl<'c> Exec<'c> {
     /// registered memory and we read them with the engine.
     fn read_remote_disk(&self, key: &str, r: &ReplicaDescriptor, list: &Listed, dst: &mut Dst<'_>) -> Result<()> {
         let (version, size) = (list.version, list.size);
+        self.remote_disk_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (mut reader, segment) =
             super::disk::service::DiskReader::open(&r.disk_service, self.engine.auth(), key, version, size)?;
         let seg = self.open(key, &segment)?;

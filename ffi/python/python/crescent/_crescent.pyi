@@ -209,6 +209,8 @@ class MooncakeDistributedStore:
         """0 healthy, 1 not set up or closed, 2 the master unreachable."""
     def get_hostname(self) -> str:
         """This client's segment name (``host:port``); "" before setup."""
+    def get_offload_rpc_read_count(self) -> int:
+        """Values read from another client's disk through its disk service (0 before setup)."""
     def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:
         """Stores ``value`` under ``key``; a key that exists keeps its value (0)."""
     def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:
