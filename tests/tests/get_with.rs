@@ -122,6 +122,9 @@ fn get_with_reads_disk_files_and_asks_again_when_a_stale_file_had_another_size()
         storage_root_dir: Some(root.path().to_path_buf()),
         storage_capacity: Some(256 << 20),
         ping_interval,
+        // Removals reach the disk on pings only (as with a master that keeps no link for
+        // disks): the stale file below stays.
+        disk_news_stream: false,
         ..crescent_tests::store::loopback_client_config(&m)
     };
     let a = StoreClient::connect(config(Duration::from_secs(1))).unwrap();

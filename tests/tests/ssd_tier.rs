@@ -164,10 +164,12 @@ fn a_file_expected_to_be_the_only_copy_is_read_while_the_master_answers_but_neve
     assert!(a.flush_offload(Duration::from_secs(60)));
     a.close().unwrap();
     drop(a);
-    // Restarted: its files are the only copies. Pings an hour apart: A hears of no removal
-    // during the test, so its file of a replaced object stays in its index.
+    // Restarted: its files are the only copies. Pings an hour apart and no owner stream for its
+    // disk (as with a master that keeps no link for disks, or one A is cut off from): A hears
+    // of no removal during the test, so its file of a replaced object stays in its index.
     let a = StoreClient::connect(ClientConfig {
         ping_interval: Duration::from_secs(3600),
+        disk_news_stream: false,
         ..config(&m, Some(root.path()))
     })
     .unwrap();
@@ -254,6 +256,31 @@ fn removal_deletes_disk_copies_for_good() {
     let a = client(&m, Some(root.path()));
     assert_eq!(a.disk_stats().unwrap().files, 0);
     assert!(!f.exists("x/three").unwrap());
+}
+
+/// A removal is answered once the disks with a copy deleted it (their clients' owner streams
+/// for the disk acknowledged), not on their next ping: a removed key's file cannot come back
+/// at a new master. Both a holder's disk and that of a writer without a memory segment.
+#[test]
+fn a_removal_is_answered_after_the_disks_with_a_copy_deleted_it() {
+    let m = master();
+    let slow_pings = |root: &Path, segment: u64| ClientConfig {
+        ping_interval: Duration::from_secs(30),
+        global_segment_size: segment,
+        ..config(&m, Some(root))
+    };
+    let (root_a, root_w) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let holder = StoreClient::connect(slow_pings(root_a.path(), 8 << 20)).unwrap();
+    let writer = StoreClient::connect(slow_pings(root_w.path(), 0)).unwrap();
+    let other = client(&m, None);
+    holder.put("held", &data(100_000, 1)).unwrap();
+    writer.put("written", &data(100_000, 2)).unwrap();
+    assert!(holder.flush_offload(Duration::from_secs(60)) && writer.flush_offload(Duration::from_secs(60)));
+    assert_eq!((holder.disk_stats().unwrap().files, writer.disk_stats().unwrap().files), (1, 1));
+    other.remove("held").unwrap();
+    other.remove("written").unwrap();
+    assert_eq!(holder.disk_stats().unwrap().files, 0, "the holder's disk deleted its copy before the answer");
+    assert_eq!(writer.disk_stats().unwrap().files, 0, "the writer's disk deleted its copy before the answer");
 }
 
 #[test]

@@ -46,6 +46,11 @@ pub struct ClientConfig {
     /// Disk tier: values are also persisted under `<root>/<cluster id>/`
     /// (`MOONCAKE_STORAGE_ROOT_DIR`, `storage_root_dir`); `None`: no disk tier.
     pub storage_root_dir: Option<PathBuf>,
+    /// Whether the disk tier hears removals at once on an owner stream of its own (the
+    /// default; a removal is then answered after its file went), or on pings only, as with a
+    /// master that keeps no link for disks: its files of removed objects stay until the next
+    /// ping, and reads never serve them meanwhile (tests of that path turn it off).
+    pub disk_news_stream: bool,
     /// `cluster_id`; `None`: `MC_METADATA_CLUSTER_ID`, else `default`.
     pub cluster_id: Option<String>,
     /// Bytes the disk tier may use (`storage_capacity`); `None`: what its files take plus
@@ -107,6 +112,7 @@ impl Default for ClientConfig {
             local_buffer_size: DEFAULT_LOCAL_BUFFER_SIZE,
             replica_num: 1,
             ping_interval: std::time::Duration::from_secs(1),
+            disk_news_stream: true,
             storage_root_dir: None,
             cluster_id: None,
             storage_capacity: None,

@@ -4,7 +4,7 @@
 //! put committed). The executor reads the tier's files through [`DiskLink::tier`]; nothing
 //! here reads or writes values itself.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use super::config::ClientConfig;
 use super::disk::file::ResidentValue;
 use super::disk::service::DiskService;
 use super::disk::{Announcer, DiskTier, PreparedOffload};
+use super::disk_news::DiskMount;
 use super::rpc::{check, MasterRpc};
 use super::sg::Src;
 use crate::error::{Result, StoreError};
@@ -58,8 +59,12 @@ impl Announcer for MasterAnnouncer {
 pub(crate) struct DiskLink {
     pub tier: Arc<DiskTier>,
     service: DiskService,
-    /// The disk's segment at the master.
-    segment_id: Arc<AtomicU64>,
+    /// The disk's mount at the master (segment and term).
+    mount: Arc<DiskMount>,
+    /// Ends the disk's owner stream ([`super::disk_news`]).
+    stop: Arc<AtomicBool>,
+    /// Whether to keep that stream (`ClientConfig::disk_news_stream`).
+    news_stream: bool,
     /// The disk's name in replica lists.
     segment_name: String,
     rpc: Arc<MasterRpc>,
@@ -81,11 +86,22 @@ impl DiskLink {
         staging: Arc<Staging>,
         rpc: Arc<MasterRpc>,
         client_id: String,
+        news_stream: bool,
     ) -> Result<DiskLink> {
         let host = engine.segment_name().rsplit_once(':').map_or("127.0.0.1", |(h, _)| h).to_string();
         let service = DiskService::start(&host, engine.auth(), &tier, staging, engine.segment_name().to_string())?;
         let segment_name = disk_segment_name(tier.disk_id());
-        Ok(DiskLink { tier, service, segment_id: Arc::new(AtomicU64::new(0)), segment_name, rpc, client_id, host })
+        Ok(DiskLink {
+            tier,
+            service,
+            mount: Arc::default(),
+            stop: Arc::default(),
+            news_stream,
+            segment_name,
+            rpc,
+            client_id,
+            host,
+        })
     }
 
     /// The disk's name in replica lists.
@@ -100,8 +116,18 @@ impl DiskLink {
         self.tier.start(Arc::new(MasterAnnouncer {
             rpc: self.rpc.clone(),
             client_id: self.client_id.clone(),
-            segment_id: self.segment_id.clone(),
+            segment_id: self.mount.segment_id.clone(),
         }));
+        if self.news_stream {
+            let news = super::disk_news::run(
+                Arc::downgrade(&self.rpc),
+                Arc::downgrade(&self.tier),
+                self.client_id.clone(),
+                self.mount.clone(),
+                self.stop.clone(),
+            );
+            self.rpc.handle().spawn(news);
+        }
         self.tier.restore_all()?;
         self.tier.verify_found();
         Ok(())
@@ -118,7 +144,8 @@ impl DiskLink {
         };
         let reply = self.rpc.call(|mut c| async move { c.mount_disk(req).await })?;
         check(reply.status, "")?;
-        self.segment_id.store(reply.segment_id, Ordering::Release);
+        self.mount.term.store(reply.term, Ordering::Release);
+        self.mount.segment_id.store(reply.segment_id, Ordering::Release);
         Ok(())
     }
 
@@ -194,13 +221,14 @@ impl DiskLink {
 
     /// Flushes the writers and unmounts the disk (its copies are no longer served).
     pub(crate) fn close(&self) -> Result<()> {
+        self.stop.store(true, Ordering::Release);
         if !self.tier.flush(CLOSE_FLUSH_TIMEOUT) {
             tracing::warn!("closing: offloads still queued after {CLOSE_FLUSH_TIMEOUT:?}");
         }
         self.tier.shutdown();
         let req = UnmountSegmentRequest {
             client_id: self.client_id.clone(),
-            segment_id: self.segment_id.load(Ordering::Acquire),
+            segment_id: self.mount.segment_id.load(Ordering::Acquire),
         };
         let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
         check(reply.status, "")

@@ -28,6 +28,7 @@ pub mod checksum;
 pub mod config;
 pub mod disk;
 mod disk_link;
+mod disk_news;
 pub mod dummy;
 mod exec;
 pub mod hot_cache;
@@ -248,7 +249,9 @@ impl StoreClient {
         let staging = Arc::new(Staging::new(engine.alloc_registered(config.local_buffer_size, "cpu:0")?));
         let id = uuid::Uuid::new_v4().to_string();
         let disk = match tier {
-            Some(tier) => Some(DiskLink::new(tier, &engine, staging.clone(), rpc.clone(), id.clone())?),
+            Some(tier) => {
+                Some(DiskLink::new(tier, &engine, staging.clone(), rpc.clone(), id.clone(), config.disk_news_stream)?)
+            }
             None => None,
         };
         let hot = HotCache::start(&engine, &config.hot_cache);

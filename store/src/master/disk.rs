@@ -12,7 +12,10 @@
 //! * Removing an object queues a removal for every disk that held it, keyed by the disk id
 //!   (not the client), and hands it to the owner on its pings until the owner acknowledges
 //!   the deletion — also across the owner's restart, whose re-announced files are checked
-//!   against the queue.
+//!   against the queue. A disk segment has an owner link too ([`super::owners`]): the removal
+//!   goes at once on the client's owner stream for the disk, the client deletes the file (or
+//!   dooms the write of it in flight) before it acknowledges, and the removal is answered
+//!   after that acknowledgement, as for a memory replica (so it needs no removal record).
 //! * Versions start at the master's start time in nanoseconds, so a version names one put
 //!   across master restarts, and a file announced after a master restart keeps its version.
 //! * That first version is the master's *version floor*: a version below it was handed out
@@ -28,10 +31,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use smallvec::SmallVec;
+
 use super::{check_key, Client, DiskTotals, Master, Object, Segment, State};
 use crate::allocator::SegmentAllocator;
 use crate::error::{Result, StoreError};
-use crate::proto::{DiskCounters, DiskEntry, HeldRemoval, ReplicaDescriptor, ReplicaStatus, Tier};
+use crate::proto::{DiskCounters, DiskEntry, HeldRemoval, OwnerNewsItem, ReplicaDescriptor, ReplicaStatus, Tier};
 use crate::protocol::disk_segment_name;
 
 /// Most removals kept for one disk while it is away; beyond it the oldest (first queued) are
@@ -135,6 +140,9 @@ impl Master {
         if let Some(&id) = st.segment_by_name.get(&name) {
             let seg = &st.segments[&id];
             if seg.client_id == client_id && seg.disk_service == disk_service {
+                if !st.owners.contains_key(&id) {
+                    Self::open_link(&mut st, id, client_id);
+                }
                 return Ok(id);
             }
             // A disk moves to another client of its tenant only ([`super::tenant`]).
@@ -171,6 +179,8 @@ impl Master {
             })
             .segments
             .insert(id);
+        // Removals reach the disk on this link at once (and on pings, until acknowledged there).
+        Self::open_link(&mut st, id, client_id);
         tracing::info!("client {client_id} mounted disk {name} ({capacity} bytes, served at {disk_service}) as {id}");
         Ok(id)
     }
@@ -399,11 +409,44 @@ impl Master {
         }
         let cap = st.max_pending_removals;
         for name in names {
+            // Told at once on the disk's owner stream too, where its client keeps one.
+            if let Some(&id) = st.segment_by_name.get(&name).filter(|id| st.owners.contains_key(id)) {
+                let item = OwnerNewsItem {
+                    commit: false,
+                    key: key.to_string(),
+                    version: obj.version,
+                    segment_id: id,
+                    ..Default::default()
+                };
+                Self::push_news(st, id, item);
+            }
             let pending = st.disk_removals.entry(name.clone()).or_default();
             if let Some((oldest, _)) = pending.insert(key, obj.version, cap).0 {
                 tracing::warn!("disk {name} has {cap} removals pending; forgetting the oldest, of {oldest:?}");
             }
         }
+    }
+
+    /// The disk segments holding (or maybe writing) a copy of `obj` whose clients keep an
+    /// owner stream for them (a removal waits for their acknowledgement, as for memory), and
+    /// whether another disk does (it hears of the removal on its client's next ping only).
+    pub(super) fn disk_holders(st: &State, obj: &Object) -> (SmallVec<[u64; 2]>, bool) {
+        let mut linked = SmallVec::new();
+        let mut unlinked = false;
+        let by_name = obj.offload_disk().and_then(|d| st.segment_by_name.get(d).copied());
+        for id in obj.ssd.iter().copied().chain(by_name) {
+            if linked.contains(&id) {
+                continue;
+            }
+            if st.owners.contains_key(&id) {
+                linked.push(id);
+            } else {
+                unlinked = true;
+            }
+        }
+        // A writer's disk that is not mounted (yet) may still be writing its copy.
+        unlinked |= obj.offload_disk().is_some() && by_name.is_none();
+        (linked, unlinked)
     }
 
     /// Eviction: an object with a disk copy loses its memory replicas and stays; one without

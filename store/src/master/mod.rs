@@ -1452,8 +1452,8 @@ impl Master {
         if obj.leased(now) && !force {
             return Err(StoreError::Leased(key.to_string()));
         }
-        let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
-        let on_disk = obj.has_disk_copy();
+        let (disks, disk_unlinked) = Self::disk_holders(&st, obj);
+        let segments: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).chain(disks).collect();
         self.emit_object(&st, key, EventKind::Removed);
         Self::remove_object(&mut st, key, now);
         let next = st.next_version;
@@ -1462,7 +1462,7 @@ impl Master {
         let wait = Self::waits(&st, segments.iter().copied());
         drop(st);
         self.update_gauges();
-        Ok(Removal { wait, removed: vec![Removed { key: key.to_string(), mark: next, segments, on_disk }] })
+        Ok(Removal { wait, removed: vec![Removed { key: key.to_string(), mark: next, segments, disk_unlinked }] })
     }
 
     /// Removes committed objects whose key matches `pattern`; returns (removed, skipped as leased).
@@ -1527,9 +1527,10 @@ impl Master {
             let next = st.next_version;
             for k in &victims {
                 let obj = &st.objects[k.as_str()];
-                let its: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
+                let (disks, disk_unlinked) = Self::disk_holders(&st, obj);
+                let its: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).chain(disks).collect();
                 segments.extend(its.iter().copied());
-                gone.push(Removed { key: k.clone(), mark: next, segments: its, on_disk: obj.has_disk_copy() });
+                gone.push(Removed { key: k.clone(), mark: next, segments: its, disk_unlinked });
                 self.emit_object(&st, k, EventKind::Removed);
                 Self::remove_object(&mut st, k, now);
                 st.window.removed(k, next, now);

@@ -237,10 +237,6 @@ impl Object {
     pub(super) fn offload_disk(&self) -> Option<&str> {
         self.writer.as_ref()?.disk.as_deref()
     }
-    /// Whether a disk holds (or may be writing) a copy: its removal reaches the disk on a ping.
-    pub(super) fn has_disk_copy(&self) -> bool {
-        !self.ssd.is_empty() || self.offload_disk().is_some()
-    }
     /// Eviction cannot take it until something else changes it first (see the module doc).
     fn never_evictable_as_is(&self) -> bool {
         !self.complete || self.hard_pin || self.replicas.is_empty()

@@ -1,13 +1,15 @@
 //! Removals that must outlive the master which answered them (HA on etcd).
 //!
-//! A removal is invisible at once, and is answered once the owners of its memory replicas
-//! acknowledged their drop ([`super::owners`]). Two kinds of copies can still hold the object
-//! when the answer goes out:
+//! A removal is invisible at once, and is answered once the owners of its memory replicas and
+//! of the disks with a copy acknowledged it on their owner streams ([`super::owners`]; a client
+//! keeps one stream per memory segment and one for its disk). Two kinds of copies can still
+//! hold the object when the answer goes out:
 //!
-//! * a memory replica whose owner did not acknowledge within `owner_ack_timeout` (the owner is
-//!   cut off, frozen, or slow);
-//! * a disk copy: disks learn their removals on their client's next ping (the master's `disk` module),
-//!   and a removal made just before the leader dies never reaches them.
+//! * a copy whose owner did not acknowledge within `owner_ack_timeout` (the owner is cut off,
+//!   frozen, or slow);
+//! * a disk copy on a client that keeps no owner stream for its disk (an older client): it
+//!   learns its removals on its client's next ping (the master's `disk` module), and a removal
+//!   made just before the leader dies never reaches it.
 //!
 //! A new leader rebuilds from what the owners report and what the disks announce
 //! ([`super::rebuild`]); such a copy would bring the removed object back, and a reader would
@@ -69,17 +71,19 @@ pub struct Removed {
     pub key: String,
     /// Copies of a version below this are gone.
     pub mark: u64,
-    /// The memory segments its replicas were in.
+    /// The segments told of it on their owner streams: the memory segments its replicas
+    /// were in, and the disks with a copy whose clients keep a stream for them.
     pub segments: Vec<u64>,
-    /// Whether a disk held a copy.
-    pub on_disk: bool,
+    /// Whether a disk without an owner stream held (or may be writing) a copy: it hears of
+    /// the removal on its client's next ping only.
+    pub disk_unlinked: bool,
 }
 
 impl Removed {
     /// Whether a copy may still hold the object, given the segments whose owners have not
     /// acknowledged.
     pub fn unsettled(&self, unacked: &[u64]) -> bool {
-        self.on_disk || self.segments.iter().any(|s| unacked.contains(s))
+        self.disk_unlinked || self.segments.iter().any(|s| unacked.contains(s))
     }
 }
 

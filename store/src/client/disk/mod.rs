@@ -91,6 +91,9 @@ pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 const MAX_QUEUED_JOBS: usize = 4096;
 /// Bytes of written images kept for the next offloads (their pages are already faulted in).
 const SPARE_IMAGE_BYTES: usize = 64 << 20;
+/// Most removals remembered to doom the writes of their keys that were queued before them
+/// ([`DiskTier::apply_owner_removal`]): far more than the offloads that can be in flight.
+const MAX_DOOMED: std::num::NonZeroUsize = std::num::NonZeroUsize::new(65_536).expect("not zero");
 /// Settings of the disk tier (see [`crate::ClientConfig`]).
 #[derive(Debug, Clone)]
 pub struct DiskConfig {
@@ -267,6 +270,10 @@ pub struct DiskTier {
     /// Keys with an offload queued or being written, with how many: a removal of such a key
     /// is not acknowledged yet (its file may appear after the removal; see [`Self::apply_removals`]).
     in_flight: Mutex<std::collections::HashMap<String, u32>>,
+    /// Removals heard on the disk's owner stream ([`Self::apply_owner_removal`]), newest
+    /// [`MAX_DOOMED`] kept: key → the version at or below which a file of it, written after
+    /// the removal, is deleted instead of kept and announced.
+    doomed: Mutex<lru::LruCache<String, u64>>,
     /// Removals pending at the master (for any disk), kept here so that they outlive a master
     /// restart: also in `<dir>/TOMBSTONES`, handed back at every mount.
     held: Mutex<Vec<HeldRemoval>>,
@@ -430,6 +437,7 @@ impl DiskTier {
             idle: Condvar::new(),
             announcer: RwLock::new(None),
             in_flight: Mutex::new(Default::default()),
+            doomed: Mutex::new(lru::LruCache::new(MAX_DOOMED)),
             spare_images: Mutex::new(Vec::new()),
             announcements: Mutex::new(Announcements::default()),
             unverified: Arc::new(AtomicU64::new(found.len() as u64)),
@@ -851,6 +859,9 @@ impl DiskTier {
             if ix.get(&job.key).is_some_and(|e| e.version >= job.version) {
                 return None; // this or a newer version is on disk already
             }
+            if self.is_doomed(&job.key, job.version) {
+                return None; // removed while it waited
+            }
             ix.reserve(room)
         };
         let Room { evicted, reuse, discard } = match evicted {
@@ -987,6 +998,12 @@ impl DiskTier {
             let replaced = {
                 let mut ix = self.index.lock();
                 ix.release(disk_len(c.file_len));
+                if self.is_doomed(&c.key, c.version) {
+                    // Removed while it was written: never indexed, never announced.
+                    drop(ix);
+                    let _ = std::fs::remove_file(&c.path);
+                    continue;
+                }
                 let old = ix.insert(&c.key, Entry::new(c.version, c.value_len, disk_len(c.file_len), c.path.clone()));
                 // The same name (key and version) is the file just renamed over it: nothing went.
                 let old = old.filter(|old| old.path != c.path);
@@ -1062,6 +1079,36 @@ impl DiskTier {
         if !acked.is_empty() {
             self.announce(Vec::new(), acked);
         }
+    }
+
+    /// A removal heard on the disk's owner stream ([`super::disk_news`]), acknowledged once this
+    /// returns: the file of `key`, if it holds `version` or older, is deleted (or retired), and
+    /// a write of it queued before the removal (in flight, or prepared with its put and not yet
+    /// queued) deletes its file instead of keeping and announcing it — so that no copy of the
+    /// removed object can come back at a new master, whatever happens to this one. (The same
+    /// removal still comes on pings, until its deletion is announced: [`Self::apply_removals`].)
+    pub fn apply_owner_removal(&self, key: &str, version: u64) {
+        // Under the index's lock: a write of `key` commits either before (its file is in the
+        // index, and goes here) or after (and finds the key doomed: `commit`).
+        let mut ix = self.index.lock();
+        {
+            let mut doomed = self.doomed.lock();
+            let at = doomed.get(key).map_or(version, |v| (*v).max(version));
+            doomed.put(key.to_string(), at);
+        }
+        let gone = match ix.get(key) {
+            Some(e) if e.version <= version => ix.remove(key),
+            _ => None,
+        };
+        if let Some(e) = gone {
+            retire_or_delete(&mut ix, &e);
+            inc(&self.counters.removed);
+        }
+    }
+
+    /// Whether a file of `key` at `version` is of an object removed since ([`Self::apply_owner_removal`]).
+    fn is_doomed(&self, key: &str, version: u64) -> bool {
+        self.doomed.lock().peek(key).is_some_and(|v| version <= *v)
     }
 
     /// The removals this tier keeps for the master (handed back at every mount).

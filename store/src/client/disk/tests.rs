@@ -339,6 +339,42 @@ fn a_removal_of_a_key_whose_offload_is_in_flight_is_not_acknowledged() {
     assert_eq!(tier.version_of("k"), None);
 }
 
+/// A removal heard on the disk's owner stream is acknowledged at once, so a write of the key
+/// queued before it (or written and not yet committed) must not leave a file that a new master
+/// would take back: it is deleted, never indexed nor announced. A newer put's file stays.
+#[test]
+fn a_removal_on_the_owner_stream_dooms_the_writes_of_its_key_in_flight() {
+    let root = tempfile::tempdir().unwrap();
+    let tier = DiskTier::open(config(root.path())).unwrap(); // writers not started: the jobs wait
+    let rec = Arc::new(Recorder::default());
+    *tier.announcer.write() = Some(rec.clone());
+    let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_JOBS);
+    *tier.queue.lock() = Some(tx);
+    tier.offload("queued", 5, &value(1000, 1));
+    tier.offload("staged", 5, &value(1000, 2));
+    tier.offload("newer", 7, &value(1000, 3));
+    let (written_tx, written_rx) = crossbeam_channel::unbounded();
+    let mut jobs: Vec<_> = rx.try_iter().collect();
+    let queued = jobs.remove(0);
+    for job in jobs {
+        tier.write_job(job, &written_tx, &mut io::psync::Psync); // staged, not committed
+    }
+    for key in ["queued", "staged", "newer"] {
+        tier.apply_owner_removal(key, 5);
+    }
+    tier.write_job(queued, &written_tx, &mut io::psync::Psync);
+    tier.commit(written_rx.try_iter().collect());
+    assert_eq!(tier.version_of("queued"), None);
+    assert_eq!(tier.version_of("staged"), None);
+    assert_eq!(tier.version_of("newer"), Some(7), "a put after the removal keeps its file");
+    let announced: Vec<String> = rec.added.lock().iter().map(|e| e.key.clone()).collect();
+    assert_eq!(announced, ["newer"]);
+    assert_eq!(tier.stats().files, 1);
+    // A file indexed before the removal goes with it.
+    tier.apply_owner_removal("newer", 7);
+    assert_eq!(tier.version_of("newer"), None);
+}
+
 #[test]
 fn removals_kept_for_the_master_survive_a_restart_of_this_client() {
     let root = tempfile::tempdir().unwrap();
