@@ -20,6 +20,8 @@ mod bounce;
 pub mod cuda;
 mod ipc;
 mod location;
+#[cfg(test)]
+mod mock;
 pub mod pipeline;
 mod staged;
 mod vmm;

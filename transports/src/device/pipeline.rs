@@ -97,70 +97,12 @@ pub fn recv_into_device(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Allocation, DeviceApi, Driver, IpcHandle, PendingCopy};
-    use crate::TransportError;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use crate::device::mock::Mock;
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
-    /// A driver whose "device memory" is host memory (the test's vectors): copies are memcpy.
-    /// Counts copies started and not yet waited for.
-    #[derive(Debug, Default)]
-    struct Mock {
-        running: AtomicUsize,
-        most: AtomicUsize,
-    }
-
-    impl DeviceApi for Arc<Mock> {
-        fn vendor(&self) -> &'static str {
-            "mock"
-        }
-        fn device_count(&self) -> Result<u32, TransportError> {
-            Ok(1)
-        }
-        fn allocation(&self, _: u64) -> Result<Option<Allocation>, TransportError> {
-            Ok(None)
-        }
-        fn copy(&self, _: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError> {
-            // SAFETY: test memory: vectors of the test and bounce buffers of the mock.
-            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
-            Ok(())
-        }
-        fn copy_start(&self, device: u32, dst: u64, src: u64, len: u64) -> Result<PendingCopy, TransportError> {
-            self.copy(device, dst, src, len)?;
-            let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-            self.most.fetch_max(running, Ordering::SeqCst);
-            Ok(PendingCopy(1))
-        }
-        fn copy_wait(&self, _: u32, copy: PendingCopy) -> Result<(), TransportError> {
-            assert_eq!(copy, PendingCopy(1));
-            self.running.fetch_sub(1, Ordering::SeqCst);
-            Ok(())
-        }
-        fn ipc_export(&self, _: &Allocation) -> Result<IpcHandle, TransportError> {
-            Err(TransportError::Driver { call: "ipc_export", reason: "mock".into() })
-        }
-        fn ipc_open(&self, _: u32, _: &IpcHandle) -> Result<u64, TransportError> {
-            Err(TransportError::Driver { call: "ipc_open", reason: "mock".into() })
-        }
-        fn ipc_close(&self, _: u32, _: u64) -> Result<(), TransportError> {
-            Ok(())
-        }
-        fn alloc(&self, _: u32, _: u64) -> Result<u64, TransportError> {
-            Err(TransportError::Driver { call: "alloc", reason: "mock".into() })
-        }
-        fn free(&self, _: u32, _: u64) -> Result<(), TransportError> {
-            Ok(())
-        }
-        fn alloc_pinned(&self, len: u64) -> Result<u64, TransportError> {
-            Ok(Box::leak(vec![0u8; len as usize].into_boxed_slice()).as_mut_ptr() as u64)
-        }
-        fn free_pinned(&self, _: u64) -> Result<(), TransportError> {
-            Ok(())
-        }
-    }
-
     fn memory(mock: &Arc<Mock>, base: u64, len: u64) -> DeviceMemory {
-        DeviceMemory { driver: Driver::new(Box::new(mock.clone())), allocation: Allocation { device: 0, base, len } }
+        mock.memory(base, len)
     }
 
     #[test]

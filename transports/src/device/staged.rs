@@ -110,68 +110,8 @@ impl CompletionSink for Staged {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Allocation, DeviceApi, Driver, IpcHandle};
-    use crate::TransportError;
+    use crate::device::mock::{Mock, BASE};
     use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// Device memory at a made-up address range, backed by a vector the CPU never sees
-    /// through that address.
-    const BASE: u64 = 0x7e00_0000_0000;
-    const LEN: u64 = 1 << 16;
-
-    #[derive(Debug)]
-    struct Mock {
-        memory: parking_lot::Mutex<Vec<u8>>,
-    }
-
-    impl Mock {
-        fn at(&self, addr: u64, len: u64) -> Option<*mut u8> {
-            (addr >= BASE && addr + len <= BASE + LEN).then(|| {
-                // SAFETY: inside the vector, which is never resized.
-                unsafe { self.memory.lock().as_mut_ptr().add((addr - BASE) as usize) }
-            })
-        }
-    }
-
-    impl DeviceApi for Arc<Mock> {
-        fn vendor(&self) -> &'static str {
-            "mock"
-        }
-        fn device_count(&self) -> Result<u32, TransportError> {
-            Ok(1)
-        }
-        fn allocation(&self, addr: u64) -> Result<Option<Allocation>, TransportError> {
-            Ok(self.at(addr, 1).map(|_| Allocation { device: 0, base: BASE, len: LEN }))
-        }
-        fn copy(&self, _device: u32, dst: u64, src: u64, len: u64) -> Result<(), TransportError> {
-            let to = self.at(dst, len).unwrap_or(dst as *mut u8);
-            let from = self.at(src, len).unwrap_or(src as *mut u8);
-            // SAFETY: test memory: the mock's vector or a bounce buffer of the test's own.
-            unsafe { std::ptr::copy(from, to, len as usize) };
-            Ok(())
-        }
-        fn ipc_export(&self, _: &Allocation) -> Result<IpcHandle, TransportError> {
-            Err(TransportError::Driver { call: "ipc_export", reason: "mock".into() })
-        }
-        fn ipc_open(&self, _: u32, _: &IpcHandle) -> Result<u64, TransportError> {
-            Err(TransportError::Driver { call: "ipc_open", reason: "mock".into() })
-        }
-        fn ipc_close(&self, _: u32, _: u64) -> Result<(), TransportError> {
-            Ok(())
-        }
-        fn alloc(&self, _: u32, _: u64) -> Result<u64, TransportError> {
-            Err(TransportError::Driver { call: "alloc", reason: "mock".into() })
-        }
-        fn free(&self, _: u32, _: u64) -> Result<(), TransportError> {
-            Ok(())
-        }
-        fn alloc_pinned(&self, len: u64) -> Result<u64, TransportError> {
-            Ok(Box::leak(vec![0u8; len as usize].into_boxed_slice()).as_mut_ptr() as u64)
-        }
-        fn free_pinned(&self, _: u64) -> Result<(), TransportError> {
-            Ok(())
-        }
-    }
 
     #[derive(Default)]
     struct Sink {
@@ -190,9 +130,9 @@ mod tests {
     }
 
     fn memory() -> (Arc<Mock>, DeviceMemory) {
-        let mock = Arc::new(Mock { memory: parking_lot::Mutex::new((0..LEN).map(|i| (i % 251) as u8).collect()) });
-        let driver = Driver::new(Box::new(mock.clone()));
-        (mock, DeviceMemory { driver, allocation: Allocation { device: 0, base: BASE, len: LEN } })
+        let mock = Mock::with_range();
+        let memory = mock.memory(BASE, crate::device::mock::LEN);
+        (mock, memory)
     }
 
     fn slice(opcode: Opcode, local_addr: u64, len: u64, sink: &Arc<Sink>) -> Slice {
@@ -217,7 +157,7 @@ mod tests {
         let sink = Arc::new(Sink::default());
         let staged = stage(slice(Opcode::Write, BASE + 10, 100, &sink), &memory).unwrap();
         assert!(mock.at(staged.local_addr, 1).is_none(), "the transport gets host memory");
-        assert_eq!(bounce_bytes(&staged), mock.memory.lock()[10..110]);
+        assert_eq!(bounce_bytes(&staged), mock.bytes(10, 110));
         staged.completion.complete(SliceOutcome::Completed);
         assert_eq!(*sink.outcomes.lock(), vec![SliceOutcome::Completed]);
     }
@@ -228,9 +168,9 @@ mod tests {
         let sink = Arc::new(Sink::default());
         let staged = stage(slice(Opcode::Read, BASE + 1000, 64, &sink), &memory).unwrap();
         fill_bounce(&staged, 0xab);
-        assert_ne!(mock.memory.lock()[1000], 0xab, "nothing reaches the device before completion");
+        assert_ne!(mock.bytes(1000, 1001)[0], 0xab, "nothing reaches the device before completion");
         staged.completion.complete(SliceOutcome::Completed);
-        assert!(mock.memory.lock()[1000..1064].iter().all(|&b| b == 0xab));
+        assert!(mock.bytes(1000, 1064).iter().all(|&b| b == 0xab));
         assert_eq!(*sink.outcomes.lock(), vec![SliceOutcome::Completed]);
 
         // A read whose slice ended (timed out) meanwhile leaves the device alone.
@@ -239,7 +179,7 @@ mod tests {
         fill_bounce(&staged, 0xcd);
         sink.ended.store(true, Ordering::SeqCst);
         staged.completion.complete(SliceOutcome::Completed);
-        assert!(mock.memory.lock()[2000..2064].iter().all(|&b| b != 0xcd));
+        assert!(mock.bytes(2000, 2064).iter().all(|&b| b != 0xcd));
         assert!(!sink.outcomes.lock().contains(&SliceOutcome::Completed));
     }
 
@@ -252,6 +192,6 @@ mod tests {
         let reason = FailureReason::peer_gone("the peer died");
         staged.completion.fail(reason.clone());
         assert_eq!(*sink.outcomes.lock(), vec![SliceOutcome::Failed(reason)]);
-        assert_ne!(mock.memory.lock()[0], 0xee, "a failed read writes nothing to the device");
+        assert_ne!(mock.bytes(0, 1)[0], 0xee, "a failed read writes nothing to the device");
     }
 }
