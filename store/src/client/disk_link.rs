@@ -141,6 +141,7 @@ impl DiskLink {
             capacity: self.tier.capacity(),
             host: self.host.clone(),
             held_removals: self.tier.held_removals(),
+            owner_stream: self.news_stream,
         };
         let reply = self.rpc.call(|mut c| async move { c.mount_disk(req).await })?;
         check(reply.status, "")?;

@@ -114,9 +114,8 @@ impl PendingRemovals {
 }
 
 impl Master {
-    /// Mounts a client's disk tier. A disk that is still mounted by a previous process (the
-    /// client restarted before the master noticed) is taken over: the storage root is locked
-    /// by one process at a time, so the old mount is stale.
+    /// Mounts a client's disk tier that hears of removals on pings only (see
+    /// [`Self::mount_disk_linked`]).
     pub fn mount_disk(
         &self,
         client_id: &str,
@@ -124,6 +123,24 @@ impl Master {
         disk_service: &str,
         capacity: u64,
         host: &str,
+    ) -> Result<u64> {
+        self.mount_disk_linked(client_id, disk_id, disk_service, capacity, host, false)
+    }
+
+    /// Mounts a client's disk tier. A disk that is still mounted by a previous process (the
+    /// client restarted before the master noticed) is taken over: the storage root is locked
+    /// by one process at a time, so the old mount is stale. With `owner_stream` (the client
+    /// keeps an owner stream for the disk), the disk gets an owner link: removals go on it at
+    /// once and are answered after its acknowledgement; without it (an older client), a link
+    /// nobody acknowledges would only hold every removal up for `owner_ack_timeout`.
+    pub fn mount_disk_linked(
+        &self,
+        client_id: &str,
+        disk_id: &str,
+        disk_service: &str,
+        capacity: u64,
+        host: &str,
+        owner_stream: bool,
     ) -> Result<u64> {
         if client_id.is_empty() || disk_id.is_empty() || disk_id.len() > 256 || disk_service.is_empty() {
             return Err(StoreError::InvalidArgument(
@@ -140,8 +157,12 @@ impl Master {
         if let Some(&id) = st.segment_by_name.get(&name) {
             let seg = &st.segments[&id];
             if seg.client_id == client_id && seg.disk_service == disk_service {
-                if !st.owners.contains_key(&id) {
-                    Self::open_link(&mut st, id, client_id);
+                match owner_stream {
+                    true if !st.owners.contains_key(&id) => Self::open_link(&mut st, id, client_id),
+                    true => {}
+                    false => {
+                        st.owners.remove(&id);
+                    }
                 }
                 return Ok(id);
             }
@@ -179,8 +200,10 @@ impl Master {
             })
             .segments
             .insert(id);
-        // Removals reach the disk on this link at once (and on pings, until acknowledged there).
-        Self::open_link(&mut st, id, client_id);
+        if owner_stream {
+            // Removals reach the disk on this link at once (and on pings, until acknowledged there).
+            Self::open_link(&mut st, id, client_id);
+        }
         tracing::info!("client {client_id} mounted disk {name} ({capacity} bytes, served at {disk_service}) as {id}");
         Ok(id)
     }

@@ -585,7 +585,7 @@ impl MasterRpc for MasterService {
         r.held_removals.iter_mut().for_each(|h| sc(&t, &mut h.key));
         self.timed("MountDisk", |m| {
             m.merge_held_removals(&r.held_removals);
-            match m.mount_disk(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host) {
+            match m.mount_disk_linked(&r.client_id, &r.disk_id, &r.disk_service, r.capacity, &r.host, r.owner_stream) {
                 Ok(id) => MountSegmentReply { status: ok(), segment_id: id, term: m.term() },
                 Err(e) => MountSegmentReply { status: status(m, &e), segment_id: 0, term: m.term() },
             }

@@ -808,3 +808,45 @@ fn a_batch_start_tells_each_owner_of_its_pending_commits_once() {
     }
     assert_eq!(items, 12, "one item per key");
 }
+
+#[test]
+fn a_removal_is_settled_once_a_linked_disk_with_a_copy_acknowledged_it() {
+    // Issue 48's hour soak: every forced remove of a disk-backed key was recorded in etcd,
+    // since disks heard of removals on pings only. A disk whose client keeps an owner stream
+    // for it is told at once, and the removal needs no record once it acknowledged.
+    let m = master();
+    let mut a = FakeOwner::mount(&m, "a", 1 << 30);
+    let disk = m.mount_disk_linked("a", "d1", "h:1", 1 << 20, "h", true).unwrap();
+    let mut d = FakeOwner::attach(&m, "a", disk, 0);
+    let old = m.mount_disk("b", "d2", "h:2", 1 << 20, "h").unwrap(); // an older client: no link
+    let mut on_disks = |key: &str, disks: &[u64]| {
+        let v = put_on(&m, &mut a, key, 100, &opts(1));
+        for &disk in disks {
+            let e = crate::proto::DiskEntry { key: key.into(), size: 100, version: v };
+            let client = if disk == old { "b" } else { "a" };
+            assert!(m.update_disk_replicas(client, disk, &[e], &[], false).unwrap()[0].is_ok());
+        }
+        v
+    };
+    let v = on_disks("k", &[disk]);
+    on_disks("both", &[disk, old]);
+
+    let removal = m.remove("k", true).unwrap();
+    let told = d.news();
+    assert_eq!(told.len(), 1);
+    assert!(!told[0].commit && told[0].key == "k" && told[0].version == v && told[0].segment_id == disk);
+    let unsettled = |r: &crate::master::removal_records::Removal| -> Vec<String> {
+        r.unsettled().into_iter().map(|t| t.key).collect()
+    };
+    assert_eq!(unsettled(&removal), ["k"], "not acknowledged yet: a record is needed");
+    a.ack(&m);
+    assert_eq!(unsettled(&removal), ["k"], "the disk has not acknowledged yet");
+    d.ack(&m);
+    assert!(unsettled(&removal).is_empty(), "every copy acknowledged: nothing to record");
+
+    // A copy on a disk without a link still needs its record, whatever the others did.
+    let removal = m.remove("both", true).unwrap();
+    a.ack(&m);
+    d.ack(&m);
+    assert_eq!(unsettled(&removal), ["both"]);
+}
