@@ -180,3 +180,28 @@ def test_without_a_driver_a_device_array_is_refused_clearly(driver, tmp_path):
     code, message = out.stdout.splitlines()[-2:]
     assert int(code) < 0, "refused with a code"
     assert "device memory is unavailable" in message and "libcuda-missing" in message, message
+
+
+def test_a_dummy_client_refuses_device_memory_clearly(driver):
+    """A dummy client copies registered memory through its local buffer with the CPU: device
+    memory is refused at registration, never touched."""
+    import random
+
+    from test_dummy import Standalone
+
+    m = Master("--lease-ttl-ms", "30000")
+    port = random.randrange(20000, 60000)
+    sc = Standalone(m, port)
+    try:
+        s = crescent.MooncakeDistributedStore()
+        assert s.setup_dummy(8 * MiB, 4 * MiB, f"127.0.0.1:{port}") == 0, crescent.last_error()
+        a = device(driver, rand(4096, 10))
+        assert s.register_buffer(a.ptr, 4096) < 0
+        assert "dummy client" in crescent.last_error() and "cuda:0" in crescent.last_error()
+        assert s.register_buffer(a) < 0
+        assert "host memory only" in crescent.last_error()
+        assert s.put_from("py-dummy-dev", a.ptr, 4096) < 0, "not registered"
+        s.close()
+    finally:
+        sc.stop()
+        m.stop()
