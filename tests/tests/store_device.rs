@@ -392,3 +392,51 @@ fn bad_device_input_is_a_typed_error_never_a_crash() {
     let err = none.register_buffer_at(a.addr, MIB, "cuda:0").unwrap_err();
     assert!(err.fault() != Fault::Caller && err.to_string().contains("libcuda"), "{err}");
 }
+
+#[test]
+fn the_disk_tier_takes_a_put_from_device_memory_and_serves_gets_into_it() {
+    let m = crescent_tests::store::loopback_master(MasterConfig::default());
+    let root = tempfile::tempdir().unwrap();
+    let engine = |driver| {
+        TransferEngine::new(EngineConfig {
+            local_hostname: Some("127.0.0.1".into()),
+            protocol: Some(TransportKind::Tcp),
+            cuda_driver: Some(driver),
+            ..EngineConfig::default()
+        })
+        .unwrap()
+    };
+    let config = |root: Option<&std::path::Path>| ClientConfig {
+        global_segment_size: 8 * MIB,
+        local_buffer_size: 4 * MIB,
+        storage_root_dir: root.map(|r| r.to_path_buf()),
+        storage_capacity: Some(256 * MIB),
+        ..crescent_tests::store::loopback_client_config(&m)
+    };
+    let a = StoreClient::connect_with_engine(config(Some(root.path())), engine(fake_driver())).unwrap();
+    let f = StoreClient::connect_with_engine(config(None), engine(fake_driver())).unwrap();
+    let len = 3 * MIB + 99;
+    let src = DeviceBuffer::with_pattern(len, 51);
+    a.register_buffer(src.addr, len).unwrap();
+    // The disk tier's copy of a put from device memory is copied out with the driver.
+    a.put_from("on-disk", src.addr, len).unwrap();
+    assert!(a.flush_offload(Duration::from_secs(60)));
+    for i in 0..40 {
+        f.put(&format!("fill/{i}"), &data(MIB, 1000 + i)).unwrap();
+    }
+    let tiers: Vec<i32> = a.query("on-disk").unwrap().replicas.iter().map(|r| r.tier).collect();
+    assert_eq!(tiers, [crescent_store::proto::Tier::Ssd as i32], "only the disk copy is left");
+    // Its own file (read into host memory, then to the device) and another client's (staged by
+    // the owner's disk service, read by the engine into device memory).
+    for c in [&a, &f] {
+        let dst = DeviceBuffer::new(len);
+        c.register_buffer(dst.addr, len).unwrap();
+        assert_eq!(c.get_into("on-disk", dst.addr, len).unwrap(), len);
+        assert!(holds(&dst.read_back(0, len), 51, 0), "{}", c.segment_name());
+        let two = [Piece::new(dst.addr, MIB), Piece::new(dst.addr + MIB, len - MIB)];
+        dst.set(0);
+        assert_eq!(c.get_into_sg("on-disk", &two).unwrap(), len);
+        assert!(holds(&dst.read_back(0, len), 51, 0), "{}: two buffers", c.segment_name());
+        c.unregister_buffer(dst.addr).unwrap();
+    }
+}
