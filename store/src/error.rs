@@ -287,8 +287,9 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
-    /// A buffer of device memory given to an op: the store moves host memory only so far.
-    #[error("{key:?}: buffer [{addr:#x}, +{len}) is memory of cuda:{device}; the store moves host memory only")]
+    /// A buffer given to an op as memory of a GPU that is not registered memory of that GPU
+    /// (register it with `register_buffer` first; a dummy client moves host memory only).
+    #[error("{key:?}: buffer [{addr:#x}, +{len}) is not registered memory of cuda:{device}: register it with register_buffer first")]
     DeviceMemory {
         /// The op's key.
         key: String,

@@ -53,6 +53,8 @@ struct DlTensor {
 pub(crate) struct DeviceArray {
     addr: u64,
     len: u64,
+    /// The array says its memory is a GPU's (CUDA Array Interface, DLPack's `kDLCUDA`).
+    on_device: bool,
     _owner: Py<PyAny>,
 }
 
@@ -64,11 +66,11 @@ impl DeviceArray {
     pub(crate) fn len(&self) -> u64 {
         self.len
     }
-}
 
-/// Whether `obj` offers its memory by address (CUDA Array Interface or DLPack).
-pub(crate) fn offers(obj: &Bound<'_, PyAny>) -> bool {
-    obj.hasattr(CAI).unwrap_or(false) || obj.hasattr("__dlpack__").unwrap_or(false)
+    /// Whether the array says its memory is a GPU's (not host, pinned or managed memory).
+    pub(crate) fn on_device(&self) -> bool {
+        self.on_device
+    }
 }
 
 /// `obj`'s memory through `__cuda_array_interface__`; `None` when it has none.
@@ -118,7 +120,7 @@ pub(crate) fn from_cuda_array_interface(
     if readonly && writable {
         return Err(PyBufferError::new_err(format!("{what}: the array is read-only, and this call writes into it")));
     }
-    Ok(Some(DeviceArray { addr, len, _owner: obj.clone().unbind() }))
+    Ok(Some(DeviceArray { addr, len, on_device: true, _owner: obj.clone().unbind() }))
 }
 
 /// `obj`'s memory through DLPack (`__dlpack_device__`, then `__dlpack__()`); `None` when it has
@@ -186,7 +188,8 @@ pub(crate) fn from_dlpack(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option
     let addr = (t.data as u64)
         .checked_add(t.byte_offset)
         .ok_or_else(|| PyValueError::new_err(format!("{what}: DLPack data pointer plus byte_offset overflows")))?;
-    Ok(Some(DeviceArray { addr, len, _owner: capsule.unbind() }))
+    let on_device = t.device.device_type == DL_CUDA;
+    Ok(Some(DeviceArray { addr, len, on_device, _owner: capsule.unbind() }))
 }
 
 /// The length in bytes of an array of `shape` whose items are `itemsize` bytes, refused unless

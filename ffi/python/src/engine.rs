@@ -26,7 +26,7 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyType};
 
-use crate::{Exported, Mem, Takes};
+use crate::{Exported, Mem};
 
 /// Upstream's `kWildcardLocation`: memory of any placement.
 const WILDCARD_LOCATION: &str = "*";
@@ -542,7 +542,7 @@ impl Engine {
     ) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
         let n = buffer_addresses.len()?;
-        let (mems, lens) = crate::mems(buffer_addresses, capacities, false, n, Takes::HostOrDevice)?;
+        let (mems, lens) = crate::mems(buffer_addresses, capacities, false, n)?;
         let Some(engine) = self.engine() else { return Ok(Self::not_initialized("batch_register_memory")) };
         let regions: Vec<(u64, u64)> = mems.iter().map(Mem::addr).zip(lens).collect();
         Ok(match py.detach(|| engine.register_batch(&regions, location)) {

@@ -24,7 +24,7 @@ mod sessions;
 mod store;
 mod types;
 
-use mem::{mems, Exported, Mem, Takes};
+use mem::{mems, Exported, Mem};
 use store::Store;
 use types::*;
 

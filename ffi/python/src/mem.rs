@@ -138,41 +138,21 @@ impl Drop for Exported {
     }
 }
 
-/// Memory given as an int address (Mooncake's convention), a buffer object, or (where a call
-/// takes [`Takes::HostOrDevice`]) an array offering its address: `__cuda_array_interface__`
-/// or DLPack.
+/// Memory given as an int address (Mooncake's convention), a buffer object, or an array
+/// offering its address (`__cuda_array_interface__` or DLPack; device memory included): what
+/// the engine's and the store's calls take.
 pub(crate) enum Mem {
     Addr(u64),
     Buffer(Exported),
     Array(device::DeviceArray),
 }
 
-/// Which objects a call takes for memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Takes {
-    /// An int address or a buffer object (the store's calls).
-    Host,
-    /// Those, and arrays by address (`__cuda_array_interface__`, DLPack): the engine's calls.
-    HostOrDevice,
-}
-
 impl Mem {
-    /// An int address or a buffer object.
-    pub(crate) fn new(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Self> {
-        Self::parse(obj, writable, what, Takes::Host)
-    }
-
     /// An int address, a buffer object, or an array by address (device memory included).
     pub(crate) fn any(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Self> {
-        Self::parse(obj, writable, what, Takes::HostOrDevice)
-    }
-
-    pub(crate) fn parse(obj: &Bound<'_, PyAny>, writable: bool, what: &str, takes: Takes) -> PyResult<Self> {
         // First: a CUDA array (a torch tensor has `__index__` too, for one-item tensors).
-        if takes == Takes::HostOrDevice {
-            if let Some(array) = device::from_cuda_array_interface(obj, writable, what)? {
-                return Ok(Mem::Array(array));
-            }
+        if let Some(array) = device::from_cuda_array_interface(obj, writable, what)? {
+            return Ok(Mem::Array(array));
         }
         // An int, or an integer-like scalar without a length (numpy.uint64 has the buffer
         // protocol too, but means an address here, e.g. from an array of addresses).
@@ -194,28 +174,14 @@ impl Mem {
             return Err(e);
         }
         // No buffer protocol: a DLPack exporter (a CPU or CUDA tensor of torch, say).
-        if takes == Takes::HostOrDevice {
-            if let Some(array) = device::from_dlpack(obj, what)? {
-                return Ok(Mem::Array(array));
-            }
+        if let Some(array) = device::from_dlpack(obj, what)? {
+            return Ok(Mem::Array(array));
         }
         let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
-        Err(if takes == Takes::Host && device::offers(obj) {
-            PyTypeError::new_err(format!(
-                "{what}: a {name} offers its memory by address (__cuda_array_interface__ or DLPack), which \
-                 the TransferEngine's calls take; the store's take an int address or a buffer object"
-            ))
-        } else if takes == Takes::Host {
-            PyTypeError::new_err(format!(
-                "{what}: expected an int address or an object with the buffer protocol (bytearray, memoryview, \
-                 numpy array), not {name}"
-            ))
-        } else {
-            PyTypeError::new_err(format!(
-                "{what}: expected an int address, an object with the buffer protocol (bytearray, memoryview, \
-                 numpy array), __cuda_array_interface__ or DLPack (torch, cupy), not {name}"
-            ))
-        })
+        Err(PyTypeError::new_err(format!(
+            "{what}: expected an int address, an object with the buffer protocol (bytearray, memoryview, numpy \
+             array), __cuda_array_interface__ or DLPack (torch, cupy), not {name}"
+        )))
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -252,13 +218,12 @@ impl Mem {
     }
 }
 
-/// Memory for a list of buffers with optional sizes, each one of the objects `takes` says.
+/// Memory for a list of buffers with optional sizes, each one of the objects [`Mem::any`] takes.
 pub(crate) fn mems(
     buffers: &Bound<'_, PyAny>,
     sizes: Option<Vec<u64>>,
     writable: bool,
     count: usize,
-    takes: Takes,
 ) -> PyResult<(Vec<Mem>, Vec<u64>)> {
     let list: Vec<Bound<'_, PyAny>> = buffers.try_iter()?.collect::<PyResult<_>>()?;
     if list.len() != count {
@@ -273,7 +238,7 @@ pub(crate) fn mems(
     let mut lens = Vec::with_capacity(count);
     for (i, obj) in list.iter().enumerate() {
         let what = format!("buffers[{i}]");
-        let m = Mem::parse(obj, writable, &what, takes)?;
+        let m = Mem::any(obj, writable, &what)?;
         lens.push(m.size(sizes.as_ref().map(|s| s[i]), &what)?);
         out.push(m);
     }
@@ -289,7 +254,7 @@ pub(crate) fn store_mem(
     writable: bool,
     what: &str,
 ) -> PyResult<Result<(Mem, u64), i32>> {
-    let mem = Mem::new(obj, writable, what)?;
+    let mem = Mem::any(obj, writable, what)?;
     Ok(match (&mem, size) {
         (Mem::Addr(_), None) => Err(invalid(format!("{what}: a size is required with an int address"))),
         (Mem::Buffer(b), Some(n)) if n > b.len() => {
@@ -299,7 +264,10 @@ pub(crate) fn store_mem(
             let n = b.len();
             Ok((mem, n))
         }
-        // Not taken by the store's calls (`Mem::new`); sized as a buffer would be.
+        // A tensor by address (device memory included): sized as a buffer would be.
+        (Mem::Array(a), Some(n)) if n > a.len() => {
+            Err(invalid(format!("{what}: size {n} is larger than the array ({} bytes)", a.len())))
+        }
         (Mem::Array(a), None) => {
             let n = a.len();
             Ok((mem, n))

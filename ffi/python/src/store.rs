@@ -35,7 +35,7 @@ pub(crate) struct Store {
     /// A full client (`setup`) or a dummy client (`setup_dummy`, see `dummy.rs`).
     pub(crate) client: RwLock<Option<Arc<dyn StoreApi>>>,
     /// Buffer objects registered by `register_buffer`, kept exported until unregistered.
-    pub(crate) pinned: Mutex<HashMap<u64, Exported>>,
+    pub(crate) pinned: Mutex<HashMap<u64, Mem>>,
     /// `setup` was given `local_buffer_size` 0: the calls that move values through the local
     /// buffer (byte puts and gets) fail, as in Mooncake.
     pub(crate) no_local_buffer: AtomicBool,
@@ -351,10 +351,16 @@ impl Store {
         };
         let Some(client) = self.client() else { return Ok(not_set_up("register_buffer")) };
         let addr = mem.addr();
-        Ok(match py.detach(|| client.register_buffer(addr, len)) {
+        // A tensor that says it is a GPU's memory must be: registered as such (a clear error
+        // without a driver); an int address is told apart by the driver, as upstream's.
+        let location = match &mem {
+            Mem::Array(a) if a.on_device() => "cuda",
+            _ => "*",
+        };
+        Ok(match py.detach(|| client.register_buffer_at(addr, len, location)) {
             Ok(()) => {
-                if let Mem::Buffer(b) = mem {
-                    self.pinned.lock().insert(addr, b);
+                if mem.holds_object() {
+                    self.pinned.lock().insert(addr, mem);
                 }
                 0
             }
@@ -365,7 +371,7 @@ impl Store {
     /// unregister_buffer(buffer_ptr) -> int: the int address or the buffer object registered.
     fn unregister_buffer(&self, py: Python<'_>, buffer_ptr: &Bound<'_, PyAny>) -> PyResult<i32> {
         crescent_ffi::clear_last_error();
-        let addr = Mem::new(buffer_ptr, false, "buffer_ptr")?.addr();
+        let addr = Mem::any(buffer_ptr, false, "buffer_ptr")?.addr();
         let Some(client) = self.client() else { return Ok(not_set_up("unregister_buffer")) };
         Ok(match py.detach(|| client.unregister_buffer(addr)) {
             Ok(()) => {
@@ -603,7 +609,7 @@ impl Store {
         let mut ranges: Vec<KeyRanges> = Vec::new();
         let mut keep = Vec::with_capacity(nb);
         for i in 0..nb {
-            let mem = Mem::new(&buffers[i], true, &format!("{what}: buffer_ptrs[{i}]"))?;
+            let mem = Mem::any(&buffers[i], true, &format!("{what}: buffer_ptrs[{i}]"))?;
             let base = mem.addr();
             let capacity = match &mem {
                 Mem::Buffer(b) => Some(b.len()),

@@ -69,8 +69,27 @@ pub trait StoreApi: Send + Sync {
         0
     }
 
-    /// Registers memory of this process for the zero-copy calls.
+    /// Registers memory of this process for the zero-copy calls (host memory, or a GPU's
+    /// memory where the driver's pointer attributes say so).
     fn register_buffer(&self, addr: u64, len: u64) -> Result<()>;
+    /// [`StoreApi::register_buffer`] at a location given (`cpu:N`, `cuda:N`, `*`: see
+    /// [`StoreClient::register_buffer_at`]). Provided: host locations only (a dummy client
+    /// moves host memory only).
+    fn register_buffer_at(&self, addr: u64, len: u64, location: &str) -> Result<()> {
+        match location.trim() {
+            "" | "*" => self.register_buffer(addr, len),
+            l if l.to_ascii_lowercase().starts_with("cpu") => self.register_buffer(addr, len),
+            l => Err(StoreError::invalid(format!(
+                "register_buffer at {l}: this client moves host memory only (device memory needs a client set up with setup())"
+            ))),
+        }
+    }
+    /// The GPU whose registered memory `[addr, +len)` is, if it is device memory. Provided:
+    /// none (a dummy client registers host memory only).
+    fn device_of(&self, addr: u64, len: u64) -> Option<u32> {
+        let _ = (addr, len);
+        None
+    }
     /// Unregisters the buffer registered at `addr`, waiting a bounded time for transfers that
     /// still use it (an error if they do not end).
     fn unregister_buffer(&self, addr: u64) -> Result<()>;
@@ -224,7 +243,7 @@ pub trait StoreApi: Send + Sync {
     }
 
     /// Runs `batch`: one outcome per op, in order (see [`super::op`]). An op refused before it
-    /// runs (a device buffer) fails alone; an error of a whole batched call is the error of
+    /// runs (a buffer tagged as a GPU's memory that is not) fails alone; an error of a whole batched call is the error of
     /// the run. Provided: the ops are mapped onto the calls above.
     fn run(&self, batch: Batch<'_>) -> Result<Vec<Result<Outcome>>> {
         run_ops(self, batch)
@@ -320,6 +339,12 @@ impl StoreApi for StoreClient {
     }
     fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
         StoreClient::register_buffer(self, addr, len)
+    }
+    fn register_buffer_at(&self, addr: u64, len: u64, location: &str) -> Result<()> {
+        StoreClient::register_buffer_at(self, addr, len, location)
+    }
+    fn device_of(&self, addr: u64, len: u64) -> Option<u32> {
+        self.engine().local_device_memory(addr, len).map(|m| m.allocation.device)
     }
     fn unregister_buffer(&self, addr: u64) -> Result<()> {
         StoreClient::unregister_buffer(self, addr)
@@ -448,7 +473,7 @@ impl StoreApi for StoreClient {
 
 // ---- the executor of `StoreApi::run` ----
 
-/// Host buffers as pieces of registered memory.
+/// Buffers as pieces of registered memory (host or device: the registration says which).
 fn pieces(buffers: &[Buffer]) -> Vec<Piece> {
     buffers.iter().map(|b| Piece::new(b.addr, b.len)).collect()
 }
@@ -460,7 +485,7 @@ fn run_ops<A: StoreApi + ?Sized>(api: &A, batch: Batch<'_>) -> Result<Vec<Result
     // The ops to run, in groups of one kind (one op each unless `together`).
     let mut groups: Vec<Vec<(usize, Op<'_>)>> = Vec::new();
     for (i, op) in ops.into_iter().enumerate() {
-        if let Some(e) = op.refusal() {
+        if let Some(e) = op.refusal(|addr, len| api.device_of(addr, len)) {
             out.push(Some(Err(e)));
             continue;
         }

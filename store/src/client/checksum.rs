@@ -66,42 +66,56 @@ pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u32 {
     h.finalize()
 }
 
-/// The checksum of a put's value.
-pub(crate) fn of_src(src: &Src<'_>) -> u32 {
-    match src {
+/// The checksum of a put's value; `None` for a value in device memory (the writer takes no
+/// checksum of it: that would need the CPU to read the device's memory, or a copy of it).
+pub(crate) fn of_src(src: &Src<'_>) -> Option<u32> {
+    Some(match src {
         Src::Bytes(b) => of_bytes(b),
         Src::Parts(parts) => of_parts(parts.iter().copied()),
-        Src::Registered(pieces) => of_parts(pieces.iter().map(|p| {
+        Src::Registered(_, reach) if reach.has_device() => return None,
+        Src::Registered(pieces, _) => of_parts(pieces.iter().map(|p| {
             // SAFETY: the caller registered this piece and keeps it valid and unchanged for the
             // put (checked registered before the put starts).
             unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.len as usize) }
         })),
-    }
+    })
 }
 
 /// The checksum of the value `[0, size)` that a read has written into `dst`, when `dst` takes
 /// exactly that (its extents side by side, no overlap, no gap); `None` otherwise (a ranged
-/// read: nothing to compare).
-pub(crate) fn of_dst(dst: &mut Dst<'_>, size: u64) -> Option<u32> {
+/// read: nothing to compare). Device memory is copied to the host to be summed.
+pub(crate) fn of_dst(dst: &mut Dst<'_>, size: u64) -> Result<Option<u32>> {
     let mut extents = dst.extents();
     extents.retain(|e| e.len > 0);
     extents.sort_unstable_by_key(|e| e.offset);
     let mut reach = 0;
     for e in &extents {
         if e.offset != reach {
-            return None;
+            return Ok(None);
         }
         reach += e.len;
     }
     if reach != size {
-        return None;
+        return Ok(None);
     }
-    Some(of_parts(extents.iter().map(|e| {
+    if let Dst::Registered(_, device) = dst {
+        if device.has_device() {
+            let mut h = crc32fast::Hasher::new();
+            let mut host = Vec::new();
+            for e in &extents {
+                host.resize(e.len as usize, 0);
+                device.read(e.addr, &mut host)?;
+                h.update(&host);
+            }
+            return Ok(Some(h.finalize()));
+        }
+    }
+    Ok(Some(of_parts(extents.iter().map(|e| {
         // SAFETY: the destination's memory for this call (the caller's registered or lent
         // memory, or its bytes), which the read has written whole (the caller's contract:
         // called once a source served the read); nothing else writes it during the get.
         unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.len as usize) }
-    })))
+    }))))
 }
 
 /// The client's checksum counters.
@@ -142,7 +156,7 @@ impl Checksums {
             }
             return Ok(());
         };
-        match of_dst(dst, size) {
+        match of_dst(dst, size)? {
             Some(got) => self.judge(key, expected, got),
             None => Ok(()),
         }
@@ -165,7 +179,7 @@ mod tests {
     use std::mem::MaybeUninit;
 
     use super::*;
-    use crate::client::sg::{Extent, Piece};
+    use crate::client::sg::{Extent, Piece, Reach};
 
     #[test]
     fn every_form_of_a_value_has_the_checksum_of_its_bytes() {
@@ -173,10 +187,10 @@ mod tests {
         let want = of_bytes(&value);
         assert_eq!(of_bytes(b"123456789"), 0xcbf4_3926, "the standard check value");
         let (a, b) = value.split_at(1234);
-        assert_eq!(of_src(&Src::Bytes(&value)), want);
-        assert_eq!(of_src(&Src::Parts(&[a, b])), want);
+        assert_eq!(of_src(&Src::Bytes(&value)), Some(want));
+        assert_eq!(of_src(&Src::Parts(&[a, b])), Some(want));
         let pieces = [Piece::new(a.as_ptr() as u64, a.len() as u64), Piece::new(b.as_ptr() as u64, b.len() as u64)];
-        assert_eq!(of_src(&Src::Registered(&pieces)), want);
+        assert_eq!(of_src(&Src::Registered(&pieces, Reach::host())), Some(want));
     }
 
     #[test]
@@ -189,13 +203,13 @@ mod tests {
             Extent { offset: 1000, addr: b.as_ptr() as u64, len: b.len() as u64 },
             Extent { offset: 0, addr: a.as_ptr() as u64, len: a.len() as u64 },
         ];
-        assert_eq!(of_dst(&mut Dst::Registered(&whole), 4096), Some(want));
-        assert_eq!(of_dst(&mut Dst::Registered(&whole[..1]), 4096), None, "a range");
+        assert_eq!(of_dst(&mut Dst::Registered(&whole, Reach::host()), 4096).unwrap(), Some(want));
+        assert_eq!(of_dst(&mut Dst::Registered(&whole[..1], Reach::host()), 4096).unwrap(), None, "a range");
         let overlap = [whole[1], Extent { offset: 999, ..whole[0] }];
-        assert_eq!(of_dst(&mut Dst::Registered(&overlap), 4095), None, "overlapping extents");
+        assert_eq!(of_dst(&mut Dst::Registered(&overlap, Reach::host()), 4095).unwrap(), None, "overlapping extents");
         let mut out: Vec<MaybeUninit<u8>> = value.iter().map(|&b| MaybeUninit::new(b)).collect();
-        assert_eq!(of_dst(&mut Dst::Bytes { out: &mut out, offset: 0 }, 4096), Some(want));
-        assert_eq!(of_dst(&mut Dst::Bytes { out: &mut out[..10], offset: 5 }, 4096), None);
+        assert_eq!(of_dst(&mut Dst::Bytes { out: &mut out, offset: 0 }, 4096).unwrap(), Some(want));
+        assert_eq!(of_dst(&mut Dst::Bytes { out: &mut out[..10], offset: 5 }, 4096).unwrap(), None);
     }
 
     #[test]

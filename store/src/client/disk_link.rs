@@ -191,14 +191,12 @@ impl DiskLink {
     /// The value's file image (or, with `in_place`, only its CRC-32), made before its put
     /// commits (see [`DiskTier::prepare`]): queued once the put committed ([`Self::queue`]),
     /// it never makes the put wait for the disk.
-    pub(crate) fn prepare(&self, key: &str, src: &Src<'_>, in_place: bool) -> PreparedOffload {
+    /// A value in device memory is copied to the host for it (the disk tier stays host-side);
+    /// an error is that copy's.
+    pub(crate) fn prepare(&self, key: &str, src: &Src<'_>, in_place: bool) -> Result<PreparedOffload> {
         let mut scratch = Vec::new();
-        let bytes = src.gathered(&mut scratch);
-        if in_place {
-            self.tier.prepare_resident(key, bytes)
-        } else {
-            self.tier.prepare(key, bytes)
-        }
+        let bytes = src.gathered(&mut scratch)?;
+        Ok(if in_place { self.tier.prepare_resident(key, bytes) } else { self.tier.prepare(key, bytes) })
     }
 
     /// Hands a committed put's offload to the writers, who read the value from `resident`, the
@@ -216,7 +214,16 @@ impl DiskLink {
             unsafe { ResidentValue::new(Box::new(segment.clone()), bytes.as_ptr() as u64, bytes.len()) }
         });
         let mut scratch = Vec::new();
-        let bytes: &[u8] = if resident.is_some() { &[] } else { src.gathered(&mut scratch) };
+        let bytes: &[u8] = match resident {
+            Some(_) => &[],
+            None => match src.gathered(&mut scratch) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::warn!("not offloading a value to disk: {e}");
+                    return;
+                }
+            },
+        };
         offload.queue_resident(version, resident, bytes);
     }
 

@@ -69,7 +69,7 @@ use lease::{LeaseClock, Listed};
 pub use op::{Batch, Buffer, Dest, Held, HeldBuffer, Memory, Op, Outcome, Source, ValueSink};
 use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
-use sg::{Dst, Src};
+use sg::{Dst, Reach, Src};
 pub use sg::{Extent, Piece};
 
 /// Per key of a batch get: the identity of the hot-cache entry copied into the key's memory
@@ -102,6 +102,12 @@ fn held_for_early_copy<'c>(
     let guard = cache.peek(key)?;
     let (extents, bytes) = want.extents(key, guard.size()).ok()?;
     Some((guard, extents, bytes))
+}
+
+/// A disk-tier offload prepared, or none (with a warning) when its value could not be had (a
+/// copy out of device memory that failed): the put goes on without its disk copy.
+fn offload_or_warn(key: &str, prepared: Result<PreparedOffload>) -> Option<PreparedOffload> {
+    prepared.inspect_err(|e| tracing::warn!("not offloading {key:?} to disk: {e}")).ok()
 }
 
 /// Drops the hot cache's entry for `key` when the master's answer `e` says the key is gone
@@ -344,7 +350,8 @@ impl StoreClient {
     /// with `verify_checksums` on, always (the commit carries it too); otherwise for values up
     /// to [`checksum::START_MAX`].
     fn start_checksum(&self, src: &Src<'_>) -> Option<u32> {
-        (self.config.verify_checksums || src.len() <= checksum::START_MAX).then(|| checksum::of_src(src))
+        // None for a value in device memory (see `checksum::of_src`).
+        (self.config.verify_checksums || src.len() <= checksum::START_MAX).then(|| checksum::of_src(src)).flatten()
     }
 
     /// The checksum the commit of a put carries (kept with the object, verified by readers):
@@ -459,11 +466,32 @@ impl StoreClient {
 
     // ---- memory the caller registers for zero-copy calls ----
 
-    /// Registers caller memory for `put_from` / `get_into` (once, then reuse it). Its pages
-    /// are made resident now, as an RDMA registration pins them, so that the first transfers
-    /// into it do not fault page by page in the transport's threads (`resident.rs`).
+    /// Registers caller memory for `put_from` / `get_into` (once, then reuse it): host memory,
+    /// or device memory, told apart by the driver's pointer attributes as upstream's
+    /// `register_buffer` does (location `*`; without a driver, host memory). Host pages are
+    /// made resident now, as an RDMA registration pins them, so that the first transfers into
+    /// it do not fault page by page in the transport's threads (`resident.rs`).
     pub fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
-        self.engine.register(addr, len, "cpu:0")?;
+        self.register_buffer_at(addr, len, "*")
+    }
+
+    /// [`Self::register_buffer`] at a given location: `cpu:N` (host memory), `cuda:N` (memory
+    /// of GPU `N`, checked with the driver: an unknown device, a pointer that is not its memory,
+    /// a range crossing two allocations or a missing driver is an error), `cuda` (memory of
+    /// whichever GPU the driver says, checked likewise: what a binding knows of a tensor that
+    /// offers `__cuda_array_interface__`) or `*` (detected).
+    pub fn register_buffer_at(&self, addr: u64, len: u64, location: &str) -> Result<()> {
+        let any_gpu = location.trim().eq_ignore_ascii_case("cuda");
+        self.engine.register(addr, len, if any_gpu { "*" } else { location })?;
+        if self.engine.local_device_memory(addr, len).is_some() {
+            return Ok(());
+        }
+        if any_gpu {
+            // Not device memory after all (or no driver to tell): undone, and a registration on
+            // GPU 0 says why (the driver missing, or not device memory) without touching it.
+            let _ = self.engine.unregister(addr);
+            return self.engine.register(addr, len, "cuda:0").map_err(StoreError::from);
+        }
         crate::resident::populate(addr, len);
         Ok(())
     }
@@ -472,6 +500,16 @@ impl StoreClient {
     /// still use it (an error if they do not end).
     pub fn unregister_buffer(&self, addr: u64) -> Result<()> {
         Ok(self.engine.unregister(addr)?)
+    }
+
+    /// How the client reaches `pieces` of the caller's registered memory (see [`Reach`]).
+    fn reach(&self, pieces: &[Piece]) -> Reach<'_> {
+        Reach::of(&self.engine, pieces.iter().map(|p| (p.addr, p.len)))
+    }
+
+    /// How the client reaches the caller's registered memory that `extents` go to.
+    fn extents_reach(&self, extents: &[Extent]) -> Reach<'_> {
+        Reach::of(&self.engine, extents.iter().map(|e| (e.addr, e.len)))
     }
 
     /// Zero-copy calls take registered memory only (register it once with `register_buffer`).
@@ -515,7 +553,7 @@ impl StoreClient {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
         let len = pieces.iter().map(|p| p.len).sum();
         self.put_retrying(key, len, Mode::Put, |started| {
-            self.put_one(key, Src::Registered(pieces), options, Mode::Put, started)
+            self.put_one(key, Src::Registered(pieces, self.reach(pieces)), options, Mode::Put, started)
         })
     }
 
@@ -555,7 +593,7 @@ impl StoreClient {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
         let len = pieces.iter().map(|p| p.len).sum();
         self.put_retrying(key, len, Mode::Upsert, |started| {
-            self.put_one(key, Src::Registered(pieces), options, Mode::Upsert, started)
+            self.put_one(key, Src::Registered(pieces, self.reach(pieces)), options, Mode::Upsert, started)
         })
     }
 
@@ -641,7 +679,7 @@ impl StoreClient {
         let stage_early = src.is_plain() && !local;
         let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
             self.rpc.call_while(start(req.clone()), || {
-                let offload = self.disk.as_ref().map(|d| d.prepare(key, &src, local));
+                let offload = self.disk.as_ref().and_then(|d| offload_or_warn(key, d.prepare(key, &src, local)));
                 let first = if stage_early { exec.stage_first_piece(&src) } else { Ok(None) };
                 (offload, first)
             })
@@ -877,8 +915,10 @@ impl StoreClient {
         if let Some(got) = self.get_into_copying_hit(key, Want::Whole(pieces)) {
             return got;
         }
+        // The disk file read straight into the caller's memory while the master answers: host
+        // memory only (the CPU must not touch a device's).
         let early = match pieces {
-            [p] => Some(*p),
+            [p] if !self.reach(pieces).has_device() => Some(*p),
             _ => None,
         };
         let (list, served) = self.replica_list_reading_disk(key, |size| {
@@ -910,6 +950,9 @@ impl StoreClient {
     /// ([`EARLY_COPY_FROM`]): the get then asks first.
     fn get_into_copying_hit(&self, key: &str, want: Want<'_>) -> Option<Result<u64>> {
         let (guard, extents, bytes) = held_for_early_copy(self.hot.as_ref()?, key, &want)?;
+        if self.extents_reach(&extents).has_device() {
+            return None; // a hit into device memory is copied once the master confirms it
+        }
         if !worth_copying_early(bytes) {
             return None;
         }
@@ -923,7 +966,8 @@ impl StoreClient {
     /// its early copy, if any (see [`Exec::early`]). Returns the bytes read.
     fn read_listed(&self, key: &str, list: &Listed, want: Want<'_>, early: &[Option<Identity>]) -> Result<u64> {
         let (extents, n) = want.extents(key, list.size)?;
-        Exec { early, ..self.exec() }.read(key, list, &mut Dst::Registered(&extents))?;
+        let reach = self.extents_reach(&extents);
+        Exec { early, ..self.exec() }.read(key, list, &mut Dst::Registered(&extents, reach))?;
         Ok(n)
     }
 
@@ -991,7 +1035,7 @@ impl StoreClient {
             return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
         }
         self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v)).collect();
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
         self.put_many(keys, &srcs, options, Mode::Put)
     }
 
@@ -1006,7 +1050,7 @@ impl StoreClient {
             return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
         }
         self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v)).collect();
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
         self.put_many(keys, &srcs, options, Mode::Upsert)
     }
 
@@ -1101,8 +1145,7 @@ impl StoreClient {
         // As a single put's (see `put_new`): each value's checksum before the start; one list
         // for the batch, so either every value's or none (some value above the bound).
         let take = self.config.verify_checksums || sizes.iter().all(|s| *s <= checksum::START_MAX);
-        let crcs: Vec<Option<u32>> =
-            srcs.iter().map(|src| if take { Some(checksum::of_src(src)) } else { None }).collect();
+        let crcs: Vec<Option<u32>> = srcs.iter().map(|src| if take { checksum::of_src(src) } else { None }).collect();
         let (starts, offloads) = self.batch_put_start(keys, &sizes, srcs, &crcs, options)?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut placed: Vec<(Vec<ReplicaDescriptor>, u64)> = Vec::with_capacity(keys.len());
@@ -1220,7 +1263,10 @@ impl StoreClient {
             Some(disk) => {
                 let local = self.last_put_local.load(Ordering::Relaxed);
                 self.rpc.call_while(start(req.clone()), || {
-                    keys.iter().zip(srcs).map(|(key, src)| Some(disk.prepare(key, src, local))).collect()
+                    keys.iter()
+                        .zip(srcs)
+                        .map(|(key, src)| offload_or_warn(key, disk.prepare(key, src, local)))
+                        .collect()
                 })
             }
             None => (self.rpc.call(start(req.clone())), Vec::new()),
@@ -1260,7 +1306,9 @@ impl StoreClient {
         let commit = &settled.commit;
         for commit in commit.chunks(MAX_BATCH_KEYS) {
             // Taken before the start (with checksums on, always).
-            let checksums = match self.config.verify_checksums {
+            // One per key or none (a value in device memory has none: see `checksum::of_src`).
+            let all = commit.iter().all(|&i| crcs[i].is_some());
+            let checksums = match self.config.verify_checksums && all {
                 true => commit
                     .iter()
                     .filter_map(|&i| Some(crate::proto::Checksum { crc32: self.end_checksum(crcs[i])? }))
@@ -1333,8 +1381,14 @@ impl StoreClient {
         let Some(cache) = self.hot.as_ref().filter(|_| keys.len() <= MAX_BATCH_KEYS) else {
             return Ok((self.batch_replica_lists(keys)?, none()));
         };
-        let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>, u64)>> =
-            keys.iter().zip(wants).map(|(key, want)| held_for_early_copy(cache, key, want)).collect();
+        // Hits into device memory are copied once the master confirms them (no early copy).
+        let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>, u64)>> = keys
+            .iter()
+            .zip(wants)
+            .map(|(key, want)| {
+                held_for_early_copy(cache, key, want).filter(|(_, e, _)| !self.extents_reach(e).has_device())
+            })
+            .collect();
         let bytes = held.iter().flatten().map(|(_, _, bytes)| bytes).sum();
         if !worth_copying_early(bytes) {
             return Ok((self.batch_replica_lists(keys)?, none()));
@@ -1445,8 +1499,10 @@ impl StoreClient {
                 .iter_mut()
                 .map(|b| b.as_mut().map(|b| [Extent { offset: 0, addr: b.as_mut_ptr() as u64, len: b.len() as u64 }]))
                 .collect();
-            let mut dsts: Vec<Option<Dst<'_>>> =
-                extents.iter().map(|e| e.as_ref().filter(|e| e[0].len > 0).map(|e| Dst::Registered(&e[..]))).collect();
+            let mut dsts: Vec<Option<Dst<'_>>> = extents
+                .iter()
+                .map(|e| e.as_ref().filter(|e| e[0].len > 0).map(|e| Dst::Registered(&e[..], Reach::host())))
+                .collect();
             let read = exec.read_batch(keys, lists, &mut dsts, &mut results, true);
             drop(loans); // after every transfer into the buffers has ended
             read?;
@@ -1530,7 +1586,8 @@ impl StoreClient {
                 Err(e) => results[i] = Err(e),
             }
         }
-        let mut dsts: Vec<Option<Dst<'_>>> = extents.iter().map(|e| Some(Dst::Registered(e))).collect();
+        let mut dsts: Vec<Option<Dst<'_>>> =
+            extents.iter().map(|e| Some(Dst::Registered(e, self.extents_reach(e)))).collect();
         let exec = Exec { early, ..self.exec() };
         exec.read_batch(keys, lists, &mut dsts, &mut results, false)?;
         Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n)).collect())
@@ -1549,7 +1606,7 @@ impl StoreClient {
         let exec = self.exec();
         let block = self.staging.acquire_held(list.size, exec.deadline)?;
         let whole = [Extent { offset: 0, addr: block.addr(), len: list.size }];
-        exec.read(key, &list, &mut Dst::Registered(&whole))?;
+        exec.read(key, &list, &mut Dst::Registered(&whole, Reach::host()))?;
         Ok(block)
     }
 
@@ -1572,7 +1629,8 @@ impl StoreClient {
         }
         let wholes: Vec<Option<[Extent; 1]>> =
             blocks.iter().map(|b| b.as_ref().map(|b| [Extent { offset: 0, addr: b.addr(), len: b.len() }])).collect();
-        let mut dsts: Vec<Option<Dst<'_>>> = wholes.iter().map(|w| w.as_ref().map(|w| Dst::Registered(w))).collect();
+        let mut dsts: Vec<Option<Dst<'_>>> =
+            wholes.iter().map(|w| w.as_ref().map(|w| Dst::Registered(w, Reach::host()))).collect();
         exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
         Ok(results
             .into_iter()

@@ -3,9 +3,12 @@
 //! a batch, [`StoreApi::run`](crate::StoreApi::run), giving one [`Outcome`] per op.
 //!
 //! Memory is a scatter/gather list of [`Buffer`]s, each tagged with where it lives
-//! ([`Memory::Host`], or [`Memory::Cuda`] for a GPU's memory). The executor moves host memory;
-//! an op with a device buffer is refused alone with [`StoreError::DeviceMemory`] (this is
-//! where device memory will meet the store).
+//! ([`Memory::Host`], or [`Memory::Cuda`] for a GPU's memory), registered with
+//! `register_buffer` either way. Where a buffer lives is what its registration says (the
+//! driver's pointer attributes); a buffer tagged [`Memory::Cuda`] that is not registered memory
+//! of that GPU is refused alone with [`StoreError::DeviceMemory`]. Device memory moves as host
+//! memory does, except that the client never touches it with the CPU (see the device memory
+//! page of the book).
 //!
 //! A batch runs its ops either one call each ([`Batch::one`]), or, made with
 //! [`Batch::together`], consecutive ops of one kind as one batched call (one master round
@@ -279,13 +282,14 @@ impl Op<'_> {
         }
     }
 
-    /// Refused before it runs: a device buffer (the executor moves host memory only).
-    pub(crate) fn refusal(&self) -> Option<StoreError> {
+    /// Refused before it runs: a buffer tagged as memory of a GPU that `device_of` (the
+    /// client's registrations) does not place on that GPU.
+    pub(crate) fn refusal(&self, device_of: impl Fn(u64, u64) -> Option<u32>) -> Option<StoreError> {
         self.buffers().iter().find_map(|b| match b.memory {
-            Memory::Host => None,
-            Memory::Cuda(device) => {
+            Memory::Cuda(device) if b.len > 0 && device_of(b.addr, b.len) != Some(device) => {
                 Some(StoreError::DeviceMemory { key: self.key().to_string(), device, addr: b.addr, len: b.len })
             }
+            Memory::Host | Memory::Cuda(_) => None,
         })
     }
 }

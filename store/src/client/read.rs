@@ -123,14 +123,13 @@ impl<'c> Exec<'c> {
         match step {
             Step::Cached => {
                 let guard = guard.ok_or_else(|| StoreError::Internal("a cache hit without its entry".into()))?;
-                copy_entry(guard, dst);
-                Ok(())
+                copy_entry(guard, dst)
             }
             Step::Local(r) => {
                 let src = self
                     .local_replica(r, list.size)
                     .ok_or_else(|| StoreError::Internal(format!("replica of {key:?} outside this client's segment")))?;
-                dst.write_at(0, src);
+                dst.write_at(0, src)?;
                 list.lease_held(key)?;
                 self.verified(key, list, dst)
             }
@@ -190,7 +189,7 @@ impl<'c> Exec<'c> {
                 };
                 cache.note_read(list.size, started.elapsed());
                 if !landed {
-                    dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
+                    dst.landed(|off, bytes| fill.copy_range_from(off, bytes))?;
                 }
                 list.lease_held(key)?; // on failure the fill's blocks go back
                                        // What the fill holds is what `dst` holds: unverified bytes never enter.
@@ -200,10 +199,7 @@ impl<'c> Exec<'c> {
             }
             // Entries were checked when filled (with checksums on).
             Miss::Join(joined) => match cache.wait(joined) {
-                Some(guard) => {
-                    copy_entry(&guard, dst);
-                    Ok(())
-                }
+                Some(guard) => copy_entry(&guard, dst),
                 None => {
                     self.read_replica(key, r, dst)?;
                     list.lease_held(key)?;
@@ -230,7 +226,7 @@ impl<'c> Exec<'c> {
             length: n,
         };
         match dst {
-            Dst::Registered(extents) => self.transfer(key, extents.iter().map(|e| read(e.addr, e.offset, e.len))),
+            Dst::Registered(extents, _) => self.transfer(key, extents.iter().map(|e| read(e.addr, e.offset, e.len))),
             Dst::Bytes { out: [], .. } => Ok(()),
             Dst::Bytes { out, offset } => {
                 let (offset, size) = (*offset, out.len() as u64);
@@ -343,7 +339,7 @@ impl<'c> Exec<'c> {
                 // whole) and the parts wanted copied out.
                 let mut value = vec![0u8; list.size as usize];
                 disk.tier.read_local(key, list.version, &mut value)?;
-                dst.write_at(0, &value);
+                dst.write_at(0, &value)?;
             }
         }
         // The next get of it reads the file while it asks the master.
@@ -370,7 +366,7 @@ impl<'c> Exec<'c> {
         let mut confirmed = false;
         while off < size {
             let piece = match dst {
-                Dst::Registered(extents) => {
+                Dst::Registered(extents, _) => {
                     let p = reader.next(size - off)?;
                     self.transfer(key, spans(extents, off, p.len).map(|(to, at, n)| read(to, p.addr + at - off, n)))?;
                     p
@@ -379,7 +375,7 @@ impl<'c> Exec<'c> {
                     let mut block = self.stage(size - off)?;
                     let p = reader.next(block.len())?;
                     self.transfer(key, std::iter::once(read(block.addr(), p.addr, p.len)))?;
-                    dst.write_at(off, &block.bytes()[..p.len as usize]);
+                    dst.write_at(off, &block.bytes()[..p.len as usize])?;
                     p
                 }
             };
@@ -435,7 +431,7 @@ impl<'c> Exec<'c> {
                         later.push((i, 1));
                     }
                 }
-                (Some(Step::Remote { replica, fill }), Dst::Registered(extents)) => {
+                (Some(Step::Remote { replica, fill }), Dst::Registered(extents, _)) => {
                     let mut transfer = true;
                     if let (Some(cache), true) = (self.hot, fill) {
                         match cache.begin(&keys[i], list, replica) {
@@ -491,13 +487,16 @@ impl<'c> Exec<'c> {
                 continue;
             }
             if fresh {
-                if let Dst::Registered(extents) = dst {
-                    for e in extents.iter() {
+                // Fresh destinations are the client's own host memory, never a device's.
+                if let Dst::Registered(extents, reach) = dst {
+                    for e in extents.iter().filter(|_| !reach.has_device()) {
                         hot_cache::value_buffer::populate(e.addr as *const u8, e.len as usize);
                     }
                 }
             }
-            copy_entry(guard, dst);
+            if let Err(e) = copy_entry(guard, dst) {
+                results[i] = Err(e);
+            }
         }
         if let Some(cache) = self.hot {
             // An early copy the answer did not confirm is written over by the read planned from
@@ -547,7 +546,9 @@ impl<'c> Exec<'c> {
         if let Some(cache) = self.hot {
             for (i, joined) in joins {
                 if let Some(guard) = cache.wait(joined) {
-                    copy_entry(&guard, dsts[i].as_mut().expect("planned"));
+                    if let Err(e) = copy_entry(&guard, dsts[i].as_mut().expect("planned")) {
+                        results[i] = Err(e);
+                    }
                 } else {
                     later.push((i, 0));
                 }
@@ -606,7 +607,10 @@ impl<'c> Exec<'c> {
                                 continue; // dropped: unverified bytes never enter
                             }
                         }
-                        dst.landed(|off, bytes| fill.copy_range_from(off, bytes));
+                        if let Err(e) = dst.landed(|off, bytes| fill.copy_range_from(off, bytes)) {
+                            tracing::debug!("{:?}: not cached: {e}", keys[i]);
+                            continue; // dropped: its blocks go back
+                        }
                         cache.publish(fill);
                     }
                 } // else failed, or ended after the lease: dropped
@@ -631,18 +635,33 @@ pub(crate) fn copy_entry_early(guard: &Guard<'_>, extents: &[Extent]) {
     }
 }
 
-/// Copies what `dst` takes of a cached object out of its entry.
-fn copy_entry(guard: &Guard<'_>, dst: &mut Dst<'_>) {
+/// Copies what `dst` takes of a cached object out of its entry (into device memory through
+/// the host: the entry's bytes are copied out, then to the device).
+fn copy_entry(guard: &Guard<'_>, dst: &mut Dst<'_>) -> Result<()> {
+    if let Dst::Registered(extents, reach) = dst {
+        if reach.has_device() {
+            let mut host: Vec<u8> = Vec::new();
+            for e in extents.iter() {
+                host.resize(e.len as usize, 0);
+                // SAFETY: the same layout; the copy writes only initialised bytes into it.
+                guard.copy_range_to(e.offset, unsafe { &mut *(&mut host[..] as *mut [u8] as *mut [MaybeUninit<u8>]) });
+                reach.write(e.addr, &host)?;
+            }
+            return Ok(());
+        }
+    }
     for e in dst.extents() {
-        // SAFETY: `dst`'s memory: the caller's registered (or lent) memory for this call, or
-        // the caller's own bytes borrowed by `dst`; nothing else writes it during the get.
+        // SAFETY: `dst`'s memory: the caller's registered (or lent) host memory for this call,
+        // or the caller's own bytes borrowed by `dst`; nothing else writes it during the get.
         guard.copy_range_to(e.offset, unsafe { raw_out(e.addr, e.len) });
     }
+    Ok(())
 }
 
 /// The destination as one slice, when it takes the whole value `[0, size)` in one piece.
 fn whole_slice<'d>(dst: &'d mut Dst<'_>, size: u64) -> Option<&'d mut [u8]> {
-    if !dst.whole_in_one(size) {
+    // Device memory is never handed out as a slice: the CPU must not touch it.
+    if !dst.whole_in_one(size) || dst.on_device() {
         return None;
     }
     match dst {
@@ -655,8 +674,8 @@ fn whole_slice<'d>(dst: &'d mut Dst<'_>, size: u64) -> Option<&'d mut [u8]> {
         }
         // SAFETY: the caller registered [addr, +len) for this call, and nothing else writes it
         // during the get (the slice lives no longer than the borrow of `dst`).
-        Dst::Registered([e]) => Some(unsafe { std::slice::from_raw_parts_mut(e.addr as *mut u8, e.len as usize) }),
-        Dst::Registered(_) => None,
+        Dst::Registered([e], _) => Some(unsafe { std::slice::from_raw_parts_mut(e.addr as *mut u8, e.len as usize) }),
+        Dst::Registered(..) => None,
     }
 }
 

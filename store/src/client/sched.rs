@@ -10,7 +10,7 @@ use crescent_engine::{Opcode, TransferRequest};
 
 use super::lease::LeaseClock;
 use super::rpc::{check, outside_async};
-use super::sg::{Dst, Extent};
+use super::sg::{Dst, Extent, Reach};
 use super::StoreClient;
 use crate::error::{PeerFault, Result, StoreError};
 use crate::proto::*;
@@ -192,7 +192,7 @@ impl StoreClient {
                     let into = [Extent { offset: 0, addr: t.address, len: size }];
                     let mut last = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
                     for s in &sources {
-                        last = exec.read_replica(key, s, &mut Dst::Registered(&into));
+                        last = exec.read_replica(key, s, &mut Dst::Registered(&into, Reach::host()));
                         if last.is_ok() {
                             break;
                         }
@@ -236,7 +236,7 @@ impl StoreClient {
             let into = [Extent { offset: off, addr: block.addr(), len: n }];
             let mut read = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
             for s in &sources {
-                read = exec.read_replica(key, s, &mut Dst::Registered(&into));
+                read = exec.read_replica(key, s, &mut Dst::Registered(&into, Reach::host()));
                 if read.is_ok() {
                     break;
                 }

@@ -9,6 +9,8 @@
 
 use std::mem::MaybeUninit;
 
+use crescent_engine::{EngineError, TransferEngine};
+
 use crate::error::{Result, StoreError};
 
 /// `len` bytes of memory at `addr`.
@@ -75,6 +77,76 @@ pub(crate) fn check_ranges(key: &str, ranges: &[Extent], size: u64) -> Result<u6
     Ok(n)
 }
 
+/// How the client reaches the caller's registered memory: host memory with the CPU, device
+/// (GPU) memory registered with the engine only through the device layer's copies (the CPU
+/// never dereferences a device pointer). [`Reach::host`] (no engine): every piece is host
+/// memory, as for memory the client allocated itself.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Reach<'e>(Option<&'e TransferEngine>);
+
+impl<'e> Reach<'e> {
+    /// Memory that is host memory throughout.
+    pub(crate) fn host() -> Reach<'static> {
+        Reach(None)
+    }
+
+    /// The reach of the `(address, length)` pieces given: through `engine`'s registrations
+    /// when one of them is device memory, else [`Reach::host`] (nothing to look up later).
+    pub(crate) fn of(engine: &'e TransferEngine, pieces: impl IntoIterator<Item = (u64, u64)>) -> Reach<'e> {
+        let device = pieces.into_iter().any(|(addr, len)| len > 0 && engine.local_device_memory(addr, len).is_some());
+        Reach(device.then_some(engine))
+    }
+
+    /// Whether some of the memory is device memory.
+    pub(crate) fn has_device(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The driver and device of `[addr, +len)` when it is device memory.
+    fn device(&self, addr: u64, len: u64) -> Option<crescent_transports::device::DeviceMemory> {
+        self.0?.local_device_memory(addr, len)
+    }
+
+    /// Copies host bytes `src` to the caller's memory at `addr` (host-to-device on a device).
+    pub(crate) fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
+        let len = src.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
+        match self.device(addr, len) {
+            Some(m) => m.driver.copy(m.allocation.device, addr, src.as_ptr() as u64, len).map_err(device_copy),
+            None => {
+                // SAFETY: host memory the caller registered (or lent) for this call, checked at
+                // the call's entry; nothing else writes it during the call.
+                unsafe { raw_out(addr, len) }.write_copy_of_slice(src);
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies the caller's memory at `addr` into host memory `dst` (device-to-host on a device).
+    pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        let len = dst.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
+        match self.device(addr, len) {
+            Some(m) => m.driver.copy(m.allocation.device, dst.as_mut_ptr() as u64, addr, len).map_err(device_copy),
+            None => {
+                // SAFETY: host memory the caller registered for this call (checked at the call's
+                // entry) and keeps valid and unchanged during it.
+                dst.copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) });
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A copy of the device layer that failed (the driver's error, in the engine's terms).
+fn device_copy(e: crescent_transports::TransportError) -> StoreError {
+    StoreError::Engine(EngineError::Transport(e))
+}
+
 /// A put's value.
 #[derive(Clone, Copy)]
 pub(crate) enum Src<'a> {
@@ -83,8 +155,9 @@ pub(crate) enum Src<'a> {
     /// Plain memory in parts, one after another (Mooncake's `put_parts`): moved through the
     /// staging buffer, gathered as it is copied there.
     Parts(&'a [&'a [u8]]),
-    /// Registered memory, piece after piece: moved by the engine directly (zero copy).
-    Registered(&'a [Piece]),
+    /// Registered memory, piece after piece: moved by the engine directly (zero copy); the
+    /// client reaches it itself (its own replica, the disk tier) as [`Reach`] says.
+    Registered(&'a [Piece], Reach<'a>),
 }
 
 impl Src<'_> {
@@ -92,7 +165,7 @@ impl Src<'_> {
         match self {
             Src::Bytes(b) => b.len() as u64,
             Src::Parts(parts) => parts.iter().map(|p| p.len() as u64).sum(),
-            Src::Registered(pieces) => total(pieces).unwrap_or(u64::MAX),
+            Src::Registered(pieces, _) => total(pieces).unwrap_or(u64::MAX),
         }
     }
 
@@ -102,8 +175,8 @@ impl Src<'_> {
         matches!(self, Src::Bytes(_) | Src::Parts(_))
     }
 
-    /// The value's bytes `[off, off + dst.len())`, gathered into `dst`.
-    pub(crate) fn copy_to(&self, off: u64, dst: &mut [u8]) {
+    /// The value's bytes `[off, off + dst.len())`, gathered into `dst` (host memory).
+    pub(crate) fn copy_to(&self, off: u64, dst: &mut [u8]) -> Result<()> {
         match self {
             Src::Bytes(b) => dst.copy_from_slice(&b[off as usize..off as usize + dst.len()]),
             Src::Parts(parts) => {
@@ -119,51 +192,52 @@ impl Src<'_> {
                     at += n;
                 }
             }
-            Src::Registered(pieces) => {
+            Src::Registered(pieces, reach) => {
                 let end = off + dst.len() as u64;
                 let mut at = 0u64;
                 for p in pieces.iter() {
                     let (lo, hi) = (at.max(off), (at + p.len).min(end));
                     if lo < hi {
-                        // SAFETY: the caller registered this piece and keeps it valid and
-                        // unchanged for the put (checked registered before the put starts).
-                        let src =
-                            unsafe { std::slice::from_raw_parts((p.addr + lo - at) as *const u8, (hi - lo) as usize) };
-                        dst[(lo - off) as usize..(hi - off) as usize].copy_from_slice(src);
+                        // The caller registered this piece and keeps it valid and unchanged
+                        // for the put (checked registered before the put starts).
+                        reach.read(p.addr + lo - at, &mut dst[(lo - off) as usize..(hi - off) as usize])?;
                     }
                     at += p.len;
                 }
             }
         }
+        Ok(())
     }
 
-    /// The value as one slice when it is in one piece of memory.
+    /// The value as one slice when it is in one piece of host memory.
     pub(crate) fn contiguous(&self) -> Option<&[u8]> {
         match self {
             Src::Bytes(b) | Src::Parts([b]) => Some(b),
             Src::Parts(_) => None,
-            Src::Registered([p]) => {
+            Src::Registered(_, reach) if reach.has_device() => None,
+            Src::Registered([p], _) => {
                 // SAFETY: as in `copy_to`: the caller's registered memory, valid during the put.
                 Some(unsafe { std::slice::from_raw_parts(p.addr as *const u8, p.len as usize) })
             }
-            Src::Registered(_) => None,
+            Src::Registered(..) => None,
         }
     }
 
-    /// The value in one slice: itself, or gathered into `scratch`.
-    pub(crate) fn gathered<'s>(&'s self, scratch: &'s mut Vec<u8>) -> &'s [u8] {
+    /// The value in one slice of host memory: itself, or gathered into `scratch` (device
+    /// memory copied from the device).
+    pub(crate) fn gathered<'s>(&'s self, scratch: &'s mut Vec<u8>) -> Result<&'s [u8]> {
         if let Some(b) = self.contiguous() {
-            return b;
+            return Ok(b);
         }
         scratch.resize(self.len() as usize, 0);
-        self.copy_to(0, scratch);
-        scratch
+        self.copy_to(0, scratch)?;
+        Ok(scratch)
     }
 
     /// `(address, offset in the value, length)` of each registered piece (none for bytes).
     pub(crate) fn registered_pieces(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         let pieces: &[Piece] = match self {
-            Src::Registered(p) => p,
+            Src::Registered(p, _) => p,
             Src::Bytes(_) | Src::Parts(_) => &[],
         };
         pieces.iter().filter(|p| p.len > 0).scan(0u64, |at, p| {
@@ -181,8 +255,9 @@ pub(crate) enum Dst<'a> {
     /// before (a byte get's fresh vector is neither zeroed nor faulted in first): every source
     /// writes all of it or fails, and it is read only once a source has written it.
     Bytes { out: &'a mut [MaybeUninit<u8>], offset: u64 },
-    /// Registered (or lent) memory: the engine writes the extents directly.
-    Registered(&'a [Extent]),
+    /// Registered (or lent) memory: the engine writes the extents directly; the client
+    /// reaches them itself (a local replica, a cache hit, a disk file) as [`Reach`] says.
+    Registered(&'a [Extent], Reach<'a>),
 }
 
 impl Dst<'_> {
@@ -192,16 +267,21 @@ impl Dst<'_> {
             Dst::Bytes { out, offset } => {
                 vec![Extent { offset: *offset, addr: out.as_mut_ptr() as u64, len: out.len() as u64 }]
             }
-            Dst::Registered(e) => e.to_vec(),
+            Dst::Registered(e, _) => e.to_vec(),
         }
+    }
+
+    /// Whether some of the destination is device memory (which the CPU must not touch).
+    pub(crate) fn on_device(&self) -> bool {
+        matches!(self, Dst::Registered(_, reach) if reach.has_device())
     }
 
     /// Whether the destination takes exactly the value `[0, size)` in one extent.
     pub(crate) fn whole_in_one(&self, size: u64) -> bool {
         match self {
             Dst::Bytes { out, offset } => *offset == 0 && out.len() as u64 == size,
-            Dst::Registered([e]) => e.offset == 0 && e.len == size,
-            Dst::Registered(_) => false,
+            Dst::Registered([e], _) => e.offset == 0 && e.len == size,
+            Dst::Registered(..) => false,
         }
     }
 
@@ -209,7 +289,7 @@ impl Dst<'_> {
     pub(crate) fn covers(&self, size: u64) -> bool {
         match self {
             Dst::Bytes { out, offset } => *offset == 0 && out.len() as u64 == size,
-            Dst::Registered(extents) => {
+            Dst::Registered(extents, _) => {
                 let mut e: Vec<(u64, u64)> = extents.iter().map(|x| (x.offset, x.offset + x.len)).collect();
                 e.sort_unstable();
                 let mut reach = 0;
@@ -226,7 +306,7 @@ impl Dst<'_> {
 
     /// Writes `src`, the value's bytes from `from` on, into the parts of the destination it
     /// overlaps.
-    pub(crate) fn write_at(&mut self, from: u64, src: &[u8]) {
+    pub(crate) fn write_at(&mut self, from: u64, src: &[u8]) -> Result<()> {
         let end = from + src.len() as u64;
         match self {
             Dst::Bytes { out, offset } => {
@@ -236,30 +316,37 @@ impl Dst<'_> {
                         .write_copy_of_slice(&src[(lo - from) as usize..(hi - from) as usize]);
                 }
             }
-            Dst::Registered(extents) => {
+            Dst::Registered(extents, reach) => {
                 for e in extents.iter() {
                     let (lo, hi) = (from.max(e.offset), end.min(e.offset + e.len));
                     if lo < hi {
-                        // SAFETY: the caller registered (or lent) [addr, +len) for this call and
-                        // keeps it valid; nothing else writes it during the get. Taken as
-                        // possibly unwritten memory: it is only written here.
-                        let dst = unsafe { raw_out(e.addr + lo - e.offset, hi - lo) };
-                        dst.write_copy_of_slice(&src[(lo - from) as usize..(hi - from) as usize]);
+                        // The caller registered (or lent) [addr, +len) for this call and keeps it
+                        // valid; nothing else writes it during the get.
+                        reach.write(e.addr + lo - e.offset, &src[(lo - from) as usize..(hi - from) as usize])?;
                     }
                 }
             }
         }
+        Ok(())
     }
 
     /// Calls `f(value offset, bytes)` for each part of the destination once the value's bytes
     /// have landed there (to copy them on, e.g. into the hot cache). Only after a read into the
-    /// whole destination has succeeded.
-    pub(crate) fn landed(&mut self, mut f: impl FnMut(u64, &[u8])) {
+    /// whole destination has succeeded. Device memory is copied to the host for `f` first.
+    pub(crate) fn landed(&mut self, mut f: impl FnMut(u64, &[u8])) -> Result<()> {
         match self {
             // SAFETY: the read into all of `out` has succeeded (the contract above), so every
             // byte of it has been written.
             Dst::Bytes { out, offset } => f(*offset, unsafe { out.assume_init_ref() }),
-            Dst::Registered(extents) => {
+            Dst::Registered(extents, reach) if reach.has_device() => {
+                let mut host = Vec::new();
+                for e in extents.iter() {
+                    host.resize(e.len as usize, 0);
+                    reach.read(e.addr, &mut host)?;
+                    f(e.offset, &host);
+                }
+            }
+            Dst::Registered(extents, _) => {
                 for e in extents.iter() {
                     // SAFETY: the caller registered (or lent) [addr, +len) for this call; the
                     // transfers into it have ended.
@@ -267,6 +354,7 @@ impl Dst<'_> {
                 }
             }
         }
+        Ok(())
     }
 }
 
@@ -321,13 +409,13 @@ mod tests {
         let value: Vec<u8> = (0..32).collect();
         let (a, b) = (value[..10].to_vec(), value[10..].to_vec());
         let pieces = [Piece::new(a.as_ptr() as u64, 10), Piece::new(b.as_ptr() as u64, 22)];
-        let src = Src::Registered(&pieces);
+        let src = Src::Registered(&pieces, Reach::host());
         assert_eq!(src.len(), 32);
         assert!(src.contiguous().is_none());
         let mut scratch = Vec::new();
-        assert_eq!(src.gathered(&mut scratch), &value[..]);
+        assert_eq!(src.gathered(&mut scratch).unwrap(), &value[..]);
         let mut mid = [0u8; 6];
-        src.copy_to(7, &mut mid);
+        src.copy_to(7, &mut mid).unwrap();
         assert_eq!(&mid, &value[7..13]);
         assert_eq!(src.registered_pieces().map(|(_, off, len)| (off, len)).collect::<Vec<_>>(), [(0, 10), (10, 22)]);
 
@@ -336,10 +424,10 @@ mod tests {
             Extent { offset: 20, addr: y.as_mut_ptr() as u64, len: 7 },
             Extent { offset: 2, addr: x.as_mut_ptr() as u64, len: 5 },
         ];
-        let mut dst = Dst::Registered(&extents);
+        let mut dst = Dst::Registered(&extents, Reach::host());
         assert!(!dst.covers(32) && !dst.whole_in_one(32));
-        dst.write_at(0, &value[..16]);
-        dst.write_at(16, &value[16..]);
+        dst.write_at(0, &value[..16]).unwrap();
+        dst.write_at(16, &value[16..]).unwrap();
         assert_eq!((&x[..], &y[..]), (&value[2..7], &value[20..27]));
         let got: Vec<(u64, u64, u64)> = spans(&extents, 4, 18).map(|(_, o, l)| (o, l, 0)).collect();
         assert_eq!(got, [(20, 2, 0), (4, 3, 0)]);
@@ -349,17 +437,17 @@ mod tests {
         assert_eq!(src.len(), 32);
         assert!(src.is_plain() && src.contiguous().is_none() && src.registered_pieces().next().is_none());
         let mut scratch = Vec::new();
-        assert_eq!(src.gathered(&mut scratch), &value[..]);
+        assert_eq!(src.gathered(&mut scratch).unwrap(), &value[..]);
         let mut mid = [0u8; 19];
-        src.copy_to(2, &mut mid);
+        src.copy_to(2, &mut mid).unwrap();
         assert_eq!(&mid, &value[2..21]);
 
         let mut out: Vec<u8> = Vec::with_capacity(4);
         let mut bytes = Dst::Bytes { out: &mut out.spare_capacity_mut()[..4], offset: 3 };
-        bytes.write_at(0, &value[..5]);
-        bytes.write_at(5, &value[5..10]);
+        bytes.write_at(0, &value[..5]).unwrap();
+        bytes.write_at(5, &value[5..10]).unwrap();
         let mut seen = Vec::new();
-        bytes.landed(|off, b| seen.push((off, b.to_vec())));
+        bytes.landed(|off, b| seen.push((off, b.to_vec()))).unwrap();
         assert_eq!(seen, [(3, value[3..7].to_vec())]);
     }
 }

@@ -7,7 +7,7 @@ use crescent_engine::{Opcode, TransferRequest};
 
 use super::exec::Exec;
 use super::plan;
-use super::sg::{Extent, Src};
+use super::sg::{Extent, Reach, Src};
 use crate::error::{Result, StoreError};
 use crate::proto::ReplicaDescriptor;
 use crate::staging::StagingBlock;
@@ -42,7 +42,7 @@ impl<'c> Exec<'c> {
             length,
         };
         match src {
-            Src::Registered(_) => self.transfer(
+            Src::Registered(..) => self.transfer(
                 key,
                 targets.iter().flat_map(|&(seg, at)| {
                     src.registered_pieces().map(move |(addr, off, n)| write(addr, seg, at + off, n))
@@ -56,7 +56,7 @@ impl<'c> Exec<'c> {
                         Some(staged) => staged,
                         None => {
                             let mut block = self.stage(len - off)?;
-                            src.copy_to(off, block.bytes());
+                            src.copy_to(off, block.bytes())?;
                             block
                         }
                     };
@@ -77,17 +77,18 @@ impl<'c> Exec<'c> {
             return Ok(None);
         }
         let mut block = self.stage(src.len())?;
-        src.copy_to(0, block.bytes());
+        src.copy_to(0, block.bytes())?;
         Ok(Some(block))
     }
 
-    /// Copies the value into this client's own replicas.
+    /// Copies the value into this client's own replicas (from device memory by the device's
+    /// copies).
     fn write_local(&self, key: &str, local: &[&ReplicaDescriptor], src: &Src<'_>) -> Result<()> {
         for r in local {
             let dst = self
                 .local_replica(r, src.len())
                 .ok_or_else(|| StoreError::Internal(format!("replica of {key:?} outside this client's segment")))?;
-            src.copy_to(0, dst);
+            src.copy_to(0, dst)?;
         }
         Ok(())
     }
@@ -172,6 +173,7 @@ impl<'c> Exec<'c> {
                 continue;
             }
             let plan = plan::write_plan(placed[i], me);
+            let reach = Reach::of(self.engine, ranges[i].iter().map(|e| (e.addr, e.len)));
             for r in &plan.local {
                 let Some(dst) = self.local_replica(r, sizes[i]) else {
                     results[i] =
@@ -179,10 +181,12 @@ impl<'c> Exec<'c> {
                     break;
                 };
                 for e in ranges[i].iter().filter(|e| e.len > 0) {
-                    // SAFETY: the caller registered [addr, +len) (checked before the write
-                    // started) and keeps it valid and unchanged for the call.
-                    let src = unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.len as usize) };
-                    dst[e.offset as usize..(e.offset + e.len) as usize].copy_from_slice(src);
+                    // The caller registered [addr, +len) (checked before the write started)
+                    // and keeps it valid and unchanged for the call.
+                    if let Err(err) = reach.read(e.addr, &mut dst[e.offset as usize..(e.offset + e.len) as usize]) {
+                        results[i] = Err(err);
+                        break;
+                    }
                 }
             }
             if results[i].is_err() {

@@ -34,6 +34,7 @@ use super::op::{Held, HeldBuffer};
 use super::sg::{Extent, Piece};
 use crate::error::{Result, StoreError, Waited};
 use crate::proto::{PutOptions, QueryKeyReply};
+use crescent_transports::device::{Devices, Driver};
 use frame::{Address, Conn, RecvError, MAX_PAYLOAD};
 use memory::{Bounce, Loc, Memory, Region};
 use wire::{Mem, Outcome, Reply, Request, Span};
@@ -711,6 +712,14 @@ impl StoreApi for DummyClient {
     }
 
     fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
+        // Its calls copy registered memory through the local buffer with the CPU: a GPU's
+        // memory is refused here (told apart by the driver, where one loads).
+        if let Some(device) = device_of_pointer(addr) {
+            return Err(StoreError::invalid(format!(
+                "register_buffer({addr:#x}, {len}): memory of cuda:{device}; a dummy client (setup_dummy) moves host \
+                 memory only: register device memory with a client set up with setup()"
+            )));
+        }
         self.inner.memory.register(addr, len)
     }
 
@@ -912,6 +921,21 @@ impl Drop for DummyClient {
     fn drop(&mut self) {
         let _ = StoreApi::close(self);
     }
+}
+
+/// The GPU whose memory `addr` is, when the CUDA driver loads and says so (none without one:
+/// then nothing in this process can be device memory the driver would know).
+/// A driver that does not load is tried again at the next registration (it is rare).
+fn device_of_pointer(addr: u64) -> Option<u32> {
+    static DRIVER: std::sync::OnceLock<Arc<Driver>> = std::sync::OnceLock::new();
+    let driver = match DRIVER.get() {
+        Some(driver) => driver,
+        None => {
+            let loaded = Devices::default().driver().ok()?;
+            DRIVER.get_or_init(|| loaded)
+        }
+    };
+    driver.api().allocation(addr).ok().flatten().map(|a| a.device)
 }
 
 #[cfg(test)]
