@@ -180,7 +180,7 @@ row() {
       echo "store,put,$size,$th,$i,$first,$mp,$cp,$l,$unit,$lname" >>"$RAW"
       echo "store,get,$size,$th,$i,$first,$mg,$cg,$l,$unit,$lname" >>"$RAW"
       if [ "$(bytes "$size")" -lt $((1 << 20)) ]; then # small values: puts per second too (memcpy's in values/s)
-        echo "store,put,$size,$th,$i,$first,$mo,$co,$(python3 -c 'import sys; print("%.0f" % (float(sys.argv[1]) * 2**20 / int(sys.argv[2])))' "$l" "$(bytes "$size")"),puts/s,$lname" >>"$RAW"
+        echo "store,put/s,$size,$th,$i,$first,$mo,$co,$(python3 -c 'import sys; print("%.0f" % (float(sys.argv[1]) * 2**20 / int(sys.argv[2])))' "$l" "$(bytes "$size")"),puts/s,$lname" >>"$RAW"
       fi
     else
       echo "  pair $i of $PAIRS, $part $op $size x$th ($unit): Mooncake $m, Crescent $c, $lname $l ($first first)" >&2
