@@ -3,8 +3,8 @@
 #
 #   benches/tensor-tp.sh [--pairs N] [--size 256M] [--shards 8] [--rounds 3]
 #
-# Starts a crescent-master (0.5 s read lease, as benches/vs-mooncake.sh's store rows) and a holder
-# process with a 1 GiB segment, then per pair one reader process without a segment
+# Starts a crescent-master (2 s read lease: a 256 MiB batch read may pass 0.5 s on a busy
+# machine) and a holder process with a 1 GiB segment, then per pair one reader process without a segment
 # (benches/vs-mooncake-store.py tensor, through `mooncake.store` of Crescent's venv) that runs
 # --rounds rounds of: `put_tensor_with_tp` of a --size float32 tensor in --shards shards along
 # dim 0 and `batch_put_from` of the same bytes (a 304-byte header and a shard per key, from
@@ -52,7 +52,7 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 PORT=$(free_port)
 "$BIN/crescent-master" --rpc_address=127.0.0.1 --rpc_port="$PORT" --metrics_host=127.0.0.1 \
-  --metrics_port="$(free_port)" --default_kv_lease_ttl=500 >"$WORK/master.log" 2>&1 &
+  --metrics_port="$(free_port)" --default_kv_lease_ttl=2000 >"$WORK/master.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 300); do python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$PORT" 2>/dev/null && break; sleep 0.1; done
 "$CPY" benches/vs-mooncake-store.py holder --master "127.0.0.1:$PORT" >"$WORK/holder.log" 2>&1 &

@@ -602,3 +602,24 @@ def test_sharded_reads_land_in_memory_of_their_own(store_a, store_b, monkeypatch
     # Results own their memory: writing one changes nothing stored.
     arr(whole)[0, 0] = -1
     assert same(store_b.get_tensor_with_tp(k, tp_rank=0, tp_size=2), a[:1])
+
+
+def test_sharded_read_memory_is_used_again_only_once_its_results_are_gone(store_a, store_b, monkeypatch):
+    import gc
+
+    a, k = full((2, 1 << 18)), key("pool")  # 2 MiB
+    assert store_a.put_tensor_with_tp(k, a, tp_size=2, split_dim=0) == 0
+    first = store_b.get_tensor_with_tp(k, tp_rank=0, tp_size=2)
+    kept = arr(first)[:, :4]  # a view that outlives the result
+    del first
+    gc.collect()
+    calls = spy(monkeypatch, store_b, "register_buffer")
+    second = store_b.get_tensor_with_tp(k, tp_rank=1, tp_size=2)
+    # The kept view's memory is not read into: the second result got memory of its own.
+    assert same(kept, a[:1, :4]) and same(second, a[1:])
+    assert len(calls["register_buffer"]) == 2  # the header scratch and the new memory
+    del kept, second
+    gc.collect()
+    calls["register_buffer"].clear()
+    assert same(store_b.get_tensor_with_tp(k, tp_rank=0, tp_size=2), a[:1])
+    assert len(calls["register_buffer"]) == 1  # the header scratch only: memory used again

@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import struct
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -652,6 +655,52 @@ def _compatible(request: list[_Axis], meta: _Meta, context: str) -> bool:
 _PUT, _UPSERT = "put", "upsert"
 
 
+#: Idle result memory a store keeps registered for its next sharded reads (``_ResultPool``).
+_POOL_IDLE = 1 << 30
+
+
+class _ResultPool:
+    """Memory for the sharded reads' results, registered once and used again: a read takes an
+    idle block large enough (else maps and registers a new one), its results are views of the
+    block, and the block comes back when the last of them is gone. A fresh allocation's first
+    touch (its pages faulted in) costs about as much as reading the tensor; at most _POOL_IDLE
+    bytes stay idle, the rest is unregistered and unmapped."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.idle: list[tuple[mmap.mmap, int]] = []  # (block, address), smallest first
+
+    def take(self, store: Any, n: int) -> tuple[mmap.mmap, int] | None:
+        with self.lock:
+            fit = next((i for i, (b, _) in enumerate(self.idle) if n <= len(b) <= 2 * n), None)
+            got = self.idle.pop(fit) if fit is not None else None
+        if got is not None and _native._is_registered(store, got[1], len(got[0])):
+            return got
+        if got is not None:
+            self._drop(store, got)  # its client was closed and set up again: map a new one
+        block = mmap.mmap(-1, max(n, 1 << 20))
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(block))
+        if store.register_buffer(addr, len(block)) != 0:
+            block.close()
+            return None
+        return block, addr
+
+    def give(self, store: Any, got: tuple[mmap.mmap, int]) -> None:
+        with self.lock:
+            self.idle.append(got)
+            self.idle.sort(key=lambda g: len(g[0]))
+            drop = []
+            while sum(len(b) for b, _ in self.idle) > _POOL_IDLE:
+                drop.append(self.idle.pop())
+        for g in drop:
+            self._drop(store, g)
+
+    @staticmethod
+    def _drop(store: Any, got: tuple[mmap.mmap, int]) -> None:
+        if _native._is_registered(store, got[1], len(got[0])):
+            store.unregister_buffer(got[1])
+
+
 class ShardedTensorMethods:
     """The sharded tensor methods of ``MooncakeDistributedStore`` (mixed into it)."""
 
@@ -1057,9 +1106,9 @@ class ShardedTensorMethods:
         return None
 
     def _run_fresh(self, plans: list[_Plan | None], context: str) -> list[Any]:
-        """Runs plans into memory of their own, one allocation registered for the call, in one
-        get_into_ranges: the shards' byte ranges land where the results keep them (no copy).
-        A tensor per plan (None where the plan is None or its read failed)."""
+        """Runs plans into memory the results own (one block of the store's ``_ResultPool``) in
+        one get_into_ranges: the shards' byte ranges land where the results keep them (no
+        copy). A tensor per plan (None where the plan is None or its read failed)."""
         out: list[Any] = [None] * len(plans)
         where = [i for i, p in enumerate(plans) if p is not None and p.total > 0]
         if not where:
@@ -1069,18 +1118,19 @@ class ShardedTensorMethods:
         for i in where:
             offsets.append(total)
             total += (plans[i].total + 63) // 64 * 64  # each result's data aligned as numpy's own
-        memory = np.empty(total, dtype=np.uint8)
-        base = memory.ctypes.data
-        lent = self._lend([(base, total)])
-        if lent is None:
+        pool = self.__dict__.setdefault("_result_pool", _ResultPool())
+        block = pool.take(self, total)
+        if block is None:
             _fail(f"{context}: cannot register {total} bytes for the result")
             return out
-        try:
-            views = [memoryview(memory[o:o + plans[i].total]) for i, o in zip(where, offsets)]
-            got = self._run_into([(plans[i], base + o, plans[i].total) for i, o in zip(where, offsets)], context,
-                                 views)
-        finally:
-            self._give_back(lent)
+        # Every result is a view of `anchor` (numpy collapses views onto it, the first array
+        # over memory it does not own): the block goes back to the pool once none is left.
+        anchor = np.frombuffer(block[0], dtype=np.uint8, count=total)
+        weakref.finalize(anchor, pool.give, self, block)
+        views = [memoryview(anchor[o:o + plans[i].total]) for i, o in zip(where, offsets)]
+        got = self._run_into([(plans[i], block[1] + o, plans[i].total) for i, o in zip(where, offsets)], context,
+                             views)
+        del views, anchor
         for i, t in zip(where, got):
             out[i] = t
         return out
