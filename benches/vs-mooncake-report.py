@@ -85,11 +85,14 @@ def main():
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()})
-    # The plots as benches/plot.py --all draws them from a copy in benches/results/.
-    csv_text = (out / "summary.csv").read_text()
+    # The plots as benches/plot.py --all draws them from a copy in benches/results/, each of
+    # the rows in its unit (not the store's puts/s rows on its MiB/s axis).
+    lines = (out / "summary.csv").read_text().splitlines(keepends=True)
+    unit_col = keys.index("unit")
     parts = {r["part"] for r in rows}
     for src, label, values, where, title, unit, name in plot.FIGURES:
         if src == "vs-mooncake.csv" and where.partition("=")[2] in parts:
+            csv_text = "".join(lines[:1] + [ln for ln in lines[1:] if ln.split(",")[unit_col] == unit])
             path = out / name
             path.write_text(plot.plot(csv_text, True, label, values, where, title, unit))
             print(f"wrote {path}", file=sys.stderr)

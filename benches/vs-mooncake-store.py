@@ -10,13 +10,28 @@ Run by the interpreter of the venv under test (upstream's wheel, or Crescent's `
   PYTHON vs-mooncake-store.py reader --master 127.0.0.1:PORT --size 1M [--bytes 256M]
       contributes no segment (global_segment_size 0): puts values of --size bytes (they land
       in the holder's segment) and gets each back, --bytes in all after one untimed warm-up
-      put and get; checks every value read; prints `<put MiB/s> <get MiB/s>` on one line
-      (bytes over the summed time of the calls of each kind), then removes its keys.
+      put and get; checks every value read; prints `<put MiB/s> <get MiB/s> <puts/s>` on one
+      line (bytes, and puts, over the summed time of the calls of each kind), then removes its
+      keys.
+  PYTHON vs-mooncake-store.py batch --master 127.0.0.1:PORT --count 32 --size 1M [--bytes 256M]
+      contributes no segment: `batch_put_from` of --count keys of --size bytes each from one
+      registered buffer, --bytes in all after one untimed warm-up batch (one of its values read
+      back with `get` and checked); prints `<MiB/s>` (bytes over the summed time of the batch
+      calls), removing each batch's keys before the next.
+  PYTHON vs-mooncake-store.py tensor --master 127.0.0.1:PORT [--size 256M] [--shards 8]
+      [--rounds 3] (Crescent's package: upstream's tensor methods need torch)
+      contributes no segment: per round, `put_tensor_with_tp` of a --size float32 tensor split
+      into --shards along dim 0 against `batch_put_from` of the same bytes (--shards keys of a
+      header and a shard each, from one registered buffer), then `get_tensor_with_tp` of every
+      rank against `batch_get_into` of those keys into registered buffers, the two of each pair
+      in alternating order; checks what it reads; prints `<tp put> <batch_put_from> <tp get>
+      <batch_get_into>` in MiB/s (bytes over the summed time of each kind's calls).
 
 Loopback only: the client's hostname is 127.0.0.1, protocol tcp, metadata P2PHANDSHAKE.
 """
 
 import argparse
+import ctypes
 import os
 import signal
 import sys
@@ -75,18 +90,119 @@ def reader(a):
             put_s += t1 - t0
             get_s += t2 - t1
     mib = count * n / (1 << 20)
-    print(f"{mib / put_s:.1f} {mib / get_s:.1f}", flush=True)
-    # Free the holder's space for the next run. A get's read lease (the masters run with a
-    # short --default_kv_lease_ttl) refuses a remove for a moment (-706, OBJECT_HAS_LEASE);
-    # -704 is OBJECT_NOT_FOUND. No is_exist here: upstream's renews the lease.
+    print(f"{mib / put_s:.1f} {mib / get_s:.1f} {count / put_s:.0f}", flush=True)
+    remove(s, keys)
+    s.close()
+
+
+def remove(s, keys):
+    """Frees the holder's space for the next run. A get's read lease (the masters run with a
+    short --default_kv_lease_ttl) refuses a remove for a moment (-706, OBJECT_HAS_LEASE); -704
+    is OBJECT_NOT_FOUND. No is_exist here: upstream's renews the lease."""
     left, deadline = keys, time.monotonic() + 10
     while left and time.monotonic() < deadline:
         left = [k for k in left if s.remove(k) not in (0, -704)]
         if left:
             time.sleep(0.1)
-    s.close()
     if left:
         sys.exit(f"vs-mooncake-store: {len(left)} key(s) could not be removed")
+
+
+def registered(s, n):
+    """A bytearray of `n` random bytes registered with `s`, and its address (by address, as
+    upstream's binding takes it)."""
+    buf = bytearray(os.urandom(n))
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    if s.register_buffer(addr, n) != 0:
+        sys.exit(f"vs-mooncake-store: register_buffer of {n} bytes failed")
+    return buf, addr
+
+
+def batch(a):
+    n, count = size(a.size), a.count
+    rounds = max(1, size(a.bytes) // (n * count))
+    s, _ = store(a.master, 0, 64 << 20)
+    buf, addr = registered(s, n * count)
+    tag = f"vsb-{os.getpid()}"
+    took, all_keys = 0.0, []
+    for r in range(rounds + 1):  # round 0 opens the connections: not timed
+        keys = [f"{tag}-{r}-{i}" for i in range(count)]
+        t0 = time.perf_counter()
+        rcs = s.batch_put_from(keys, [addr + i * n for i in range(count)], [n] * count)
+        t1 = time.perf_counter()
+        all_keys += keys
+        if any(rc != 0 for rc in rcs):
+            sys.exit(f"vs-mooncake-store: batch_put_from of {count} x {n} bytes returned {rcs}")
+        if r == 0 and s.get(keys[-1]) != bytes(buf[(count - 1) * n:]):
+            sys.exit(f"vs-mooncake-store: get({keys[-1]!r}) is not the value put")
+        if r > 0:
+            took += t1 - t0
+        remove(s, keys)  # the holder's segment holds a few rounds, not all
+    print(f"{rounds * count * n / (1 << 20) / took:.1f}", flush=True)
+    s.unregister_buffer(addr)
+    s.close()
+
+
+def tensor(a):
+    import numpy as np
+
+    n, shards = size(a.size), a.shards
+    s, _ = store(a.master, 0, 64 << 20)
+    if not hasattr(s, "put_tensor_with_tp"):
+        sys.exit("vs-mooncake-store: this package has no put_tensor_with_tp")
+    full = np.frombuffer(os.urandom(n), dtype=np.float32).reshape(shards, -1)
+    shard = n // shards
+    # The baseline's values: the same bytes as the tensor's objects (a 304-byte header and a
+    # shard each), in registered memory, put and read back with the batch calls.
+    header = 304
+    src, src_addr = registered(s, shards * (header + shard))
+    dst, dst_addr = registered(s, shards * (header + shard))
+    tag = f"vst-{os.getpid()}"
+    took = {"tp_put": 0.0, "batch_put": 0.0, "tp_get": 0.0, "batch_get": 0.0}
+
+    def tp_put(r):
+        t0 = time.perf_counter()
+        rc = s.put_tensor_with_tp(f"{tag}-t{r}", full, tp_rank=0, tp_size=shards, split_dim=0)
+        took["tp_put"] += time.perf_counter() - t0 if r else 0
+        if rc != 0:
+            sys.exit(f"vs-mooncake-store: put_tensor_with_tp returned {rc}")
+
+    def batch_put(r):
+        keys = [f"{tag}-b{r}-{i}" for i in range(shards)]
+        t0 = time.perf_counter()
+        rcs = s.batch_put_from(keys, [src_addr + i * (header + shard) for i in range(shards)], [header + shard] * shards)
+        took["batch_put"] += time.perf_counter() - t0 if r else 0
+        if any(rc != 0 for rc in rcs):
+            sys.exit(f"vs-mooncake-store: batch_put_from returned {rcs}")
+
+    def tp_get(r):
+        got = []
+        t0 = time.perf_counter()
+        for rank in range(shards):
+            got.append(s.get_tensor_with_tp(f"{tag}-t{r}", tp_rank=rank, tp_size=shards))
+        took["tp_get"] += time.perf_counter() - t0 if r else 0
+        for rank, t in enumerate(got):
+            if t is None or np.asarray(t).tobytes() != full[rank:rank + 1].tobytes():  # random bits: NaNs too
+                sys.exit(f"vs-mooncake-store: get_tensor_with_tp rank {rank} is not the shard put")
+
+    def batch_get(r):
+        keys = [f"{tag}-b{r}-{i}" for i in range(shards)]
+        t0 = time.perf_counter()
+        got = s.batch_get_into(keys, [dst_addr + i * (header + shard) for i in range(shards)], [header + shard] * shards)
+        took["batch_get"] += time.perf_counter() - t0 if r else 0
+        if got != [header + shard] * shards or dst[:header + shard] != src[:header + shard]:
+            sys.exit(f"vs-mooncake-store: batch_get_into returned {got}")
+
+    for r in range(a.rounds + 1):  # round 0 opens the connections: not timed
+        for pair in ((tp_put, batch_put), (tp_get, batch_get)):
+            for f in (pair if r % 2 else pair[::-1]):
+                f(r)
+        remove(s, [f"{tag}-t{r}_tp_{i}" for i in range(shards)] + [f"{tag}-b{r}-{i}" for i in range(shards)])
+    mib = a.rounds * shards * (header + shard) / (1 << 20)
+    print(" ".join(f"{mib / took[k]:.1f}" for k in ("tp_put", "batch_put", "tp_get", "batch_get")), flush=True)
+    s.unregister_buffer(src_addr)
+    s.unregister_buffer(dst_addr)
+    s.close()
 
 
 def main():
@@ -99,8 +215,18 @@ def main():
     p.add_argument("--master", required=True)
     p.add_argument("--size", required=True)
     p.add_argument("--bytes", default="256M")
+    p = sub.add_parser("batch")
+    p.add_argument("--master", required=True)
+    p.add_argument("--count", type=int, default=32)
+    p.add_argument("--size", default="1M")
+    p.add_argument("--bytes", default="256M")
+    p = sub.add_parser("tensor")
+    p.add_argument("--master", required=True)
+    p.add_argument("--size", default="256M")
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    holder(a) if a.cmd == "holder" else reader(a)
+    {"holder": holder, "reader": reader, "batch": batch, "tensor": tensor}[a.cmd](a)
 
 
 if __name__ == "__main__":

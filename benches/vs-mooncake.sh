@@ -24,7 +24,9 @@
 #         process without a segment that puts --sizes values (into the holder) and gets them
 #         back, 256 MiB each way, through `from mooncake.store import MooncakeDistributedStore`
 #         of its own venv (benches/vs-mooncake-store.py). Limit: memcpy of the same size
-#         (memcpy-bench, one thread).
+#         (memcpy-bench, one thread). Sizes under 1 MiB get a row of puts per second too.
+#         Then `batch_put_from` of 32 x 1 MiB from registered memory, 256 MiB per measurement;
+#         limit: the engine's write throughput on the same link (tebench write, 1 MiB blocks).
 #
 # Every row runs --pairs pairs (default 3): the limit, then Mooncake then Crescent in odd
 # pairs and Crescent then Mooncake in even ones. It prints both medians, the median of the
@@ -170,10 +172,16 @@ row() {
     if [ -z "$l" ] || [ -z "$m" ] || [ -z "$c" ]; then
       die "a run printed no figure ($part $op $size, pair $i): '$l' '$m' '$c'"
     fi
-    if [ "$part" = store ]; then # readers print "put get": one line per op
-      echo "  pair $i of $PAIRS, store $size (put get, MiB/s): Mooncake $m, Crescent $c, memcpy $l ($first first)" >&2
-      echo "store,put,$size,$th,$i,$first,${m% *},${c% *},$l,$unit,$lname" >>"$RAW"
-      echo "store,get,$size,$th,$i,$first,${m#* },${c#* },$l,$unit,$lname" >>"$RAW"
+    if [ "$part" = store ] && [ "$op" = put ]; then # readers print "put get puts/s": a line per op
+      local mp mg mo cp cg co
+      read -r mp mg mo <<<"$m"
+      read -r cp cg co <<<"$c"
+      echo "  pair $i of $PAIRS, store $size (put get MiB/s, puts/s): Mooncake $m, Crescent $c, memcpy $l ($first first)" >&2
+      echo "store,put,$size,$th,$i,$first,$mp,$cp,$l,$unit,$lname" >>"$RAW"
+      echo "store,get,$size,$th,$i,$first,$mg,$cg,$l,$unit,$lname" >>"$RAW"
+      if [ "$(bytes "$size")" -lt $((1 << 20)) ]; then # small values: puts per second too (memcpy's in values/s)
+        echo "store,put/s,$size,$th,$i,$first,$mo,$co,$(python3 -c 'import sys; print("%.0f" % (float(sys.argv[1]) * 2**20 / int(sys.argv[2])))' "$l" "$(bytes "$size")"),puts/s,$lname" >>"$RAW"
+      fi
     else
       echo "  pair $i of $PAIRS, $part $op $size x$th ($unit): Mooncake $m, Crescent $c, $lname $l ($first first)" >&2
       echo "$part,$op,$size,$th,$i,$first,$m,$c,$l,$unit,$lname" >>"$RAW"
@@ -280,6 +288,27 @@ if [ "$ONLY" != engine ]; then
   for sz in $SIZES; do
     row store put "$sz" 1 MiB/s memcpy "memcpy_mibs $sz" "mooncake_reader $sz" "crescent_reader $sz"
   done
+  # batch_put_from of 32 x 1 MiB from registered memory, beside the engine's write throughput on
+  # the same link (tebench write of 1 MiB blocks over tcp loopback, as the engine rows run it).
+  "$BIN/tebench" target --protocol tcp --buffer-size "$WINDOW" --local-hostname 127.0.0.1 >"$LOGS/tebench-store-target.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$LOGS/tebench-store-target.log" '^segment: ' "tebench target" "${PIDS[-1]}"
+  TSEG=$(sed -n 's/^segment: //p' "$LOGS/tebench-store-target.log")
+  tebench_write_mibs() { # MiB/s of tebench's 1 MiB writes, batch as the engine rows (WINDOW / 1 MiB, at most 128)
+    local batch=$(( $(bytes "$WINDOW") / (1 << 20) ))
+    [ "$batch" -le 128 ] || batch=128
+    measure "$LOGS/tebench-store-initiator.log" "$BIN/tebench" initiator --segment "$TSEG" --protocol tcp \
+      --operation write --block-size 1M --batch-size "$batch" --threads 1 --duration "$DUR" --report-interval 0 \
+      --json --local-hostname 127.0.0.1 || return 1
+    tail -n 1 "$WORK/out" | python3 -c 'import json, sys; print("%.0f" % (json.load(sys.stdin)["gb_per_s"] * 1e9 / 2**20))'
+  }
+  batch_put() { # python master_port -> MiB/s of batch_put_from of 32 x 1 MiB
+    measure "$LOGS/batch-put.log" env "${MENV[@]}" "$1" benches/vs-mooncake-store.py batch --master "127.0.0.1:$2" \
+      --count 32 --size 1M || return 1
+    tail -n 1 "$WORK/out"
+  }
+  row store batch_put_from 32x1M 1 MiB/s "tebench write 1M" tebench_write_mibs "batch_put $MVENV/bin/python $MPORT" \
+    "batch_put $CPY $CPORT"
 fi
 
 echo

@@ -65,6 +65,14 @@ fn _fail_invalid(message: &str) -> i32 {
     invalid(message)
 }
 
+/// _is_registered(store, addr, len) -> bool: whether `[addr, +len)` lies in memory registered
+/// with `store`'s client (the tensor methods' choice between the caller's registration and one
+/// of their own for the call); False before setup.
+#[pyfunction]
+fn _is_registered(store: PyRef<'_, Store>, addr: u64, len: u64) -> bool {
+    store.client().is_some_and(|c| c.is_registered(addr, len))
+}
+
 /// status_name(code) -> str: Mooncake's name of a status code ("OBJECT_NOT_FOUND", ...).
 #[pyfunction]
 fn status_name(code: i32) -> &'static str {
@@ -88,6 +96,7 @@ fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(status_name, m)?)?;
     m.add_function(wrap_pyfunction!(_fail_invalid, m)?)?;
+    m.add_function(wrap_pyfunction!(_is_registered, m)?)?;
     for s in Status::ALL {
         m.add(s.name(), s.code())?;
     }

@@ -524,3 +524,102 @@ def test_safetensors_package_missing(store_a, tmp_path, monkeypatch):
     assert store_a.load_tensor_from_safetensor(k, str(tmp_path / "f")) is None
     assert "safetensors" in crescent.last_error()
     assert crescent.status_name(FILE_NOT_FOUND) == "UNKNOWN"
+
+
+# ---- no copy: shards from the tensor's memory in one batch, reads into memory of their own ----
+
+def spy(monkeypatch, store, *names):
+    """The calls of `store`'s methods `names` (their positional arguments), recorded while the
+    test runs (the instance's attributes shadow the class's)."""
+    calls = {n: [] for n in names}
+    for n in names:
+        def record(*args, _real=getattr(store, n), _name=n, **kwargs):
+            calls[_name].append(args)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(store, n, record)
+    return calls
+
+
+BYTE_PUTS = ("put_parts", "put_batch", "put", "upsert_parts", "upsert_batch")
+
+
+def test_put_tensor_with_tp_puts_every_shard_from_the_tensor_in_one_batch(store_a, store_b, monkeypatch):
+    from crescent._crescent import _is_registered
+
+    a, k = full((8, 1 << 16)), key("direct")  # 2 MiB
+    base, shard = a.ctypes.data, a.nbytes // 8
+    calls = spy(monkeypatch, store_a, "batch_put_from_multi_buffers", *BYTE_PUTS)
+    assert store_a.put_tensor_with_tp(k, a, tp_size=8, split_dim=0) == 0
+    assert all(calls[n] == [] for n in BYTE_PUTS)
+    ((keys, ptrs, sizes, *_),) = calls["batch_put_from_multi_buffers"]
+    assert keys == [f"{k}_tp_{r}" for r in range(8)]
+    # Each object is its header and its shard, the shard read where the tensor holds it.
+    assert [p[1] for p in ptrs] == [base + r * shard for r in range(8)]
+    assert sizes == [[HEADER, shard]] * 8
+    # The tensor's memory was registered for the call only.
+    assert not _is_registered(store_a, base, a.nbytes)
+    monkeypatch.undo()
+    for r in range(8):
+        assert same(store_b.get_tensor_with_tp(k, tp_rank=r, tp_size=8), a[r:r + 1])
+        assert same(store_b.get_tensor(f"{k}_tp_{r}"), a[r:r + 1])
+
+
+def test_sharded_put_of_registered_memory_and_of_another_split_dim(store_a, store_b, monkeypatch):
+    from crescent._crescent import _is_registered
+
+    # Memory the caller registered is used as it is, and stays registered.
+    a, k = full((4, 1 << 17)), key("registered")  # 2 MiB
+    assert store_a.register_buffer(a.ctypes.data, a.nbytes) == 0
+    try:
+        calls = spy(monkeypatch, store_a, "batch_put_from_multi_buffers", *BYTE_PUTS)
+        assert store_a.put_tensor_with_tp(k, a, tp_size=4, split_dim=0) == 0
+        assert _is_registered(store_a, a.ctypes.data, a.nbytes)
+        # Shards along dim 1 are gathered (as Mooncake's contiguous() does), then put in one batch too.
+        assert store_a.put_tensor_with_tp(k + "/sd1", a, tp_size=4, split_dim=1) == 0
+        assert len(calls["batch_put_from_multi_buffers"]) == 2 and all(calls[n] == [] for n in BYTE_PUTS)
+        monkeypatch.undo()
+    finally:
+        assert store_a.unregister_buffer(a.ctypes.data) == 0
+    for r, part in enumerate(np.split(a, 4, axis=1)):
+        assert same(store_b.get_tensor_with_tp(k, tp_rank=r, tp_size=4), a[r:r + 1])
+        assert same(store_b.get_tensor_with_tp(k + "/sd1", tp_rank=r, tp_size=4), part)
+
+
+def test_sharded_reads_land_in_memory_of_their_own(store_a, store_b, monkeypatch):
+    # 24 MiB in two shards: more than the reader's 16 MiB local buffer holds at once.
+    a, k = full((2, 3 << 20)), key("big")
+    assert store_a.put_tensor_with_tp(k, a, tp_size=2, split_dim=0) == 0
+    calls = spy(monkeypatch, store_b, "get_buffer", "batch_get_buffer")
+    whole = store_b.get_tensor_with_parallelism(k, ReadTarget("full", tp(0, 2, 0)))
+    shards = store_b.batch_get_tensor_with_tp([k, key("missing")], tp_rank=1, tp_size=2)
+    # Only the 96-byte manifests pass through the local buffer, never a shard.
+    held = [args[0] for args in calls["get_buffer"]] + [k for args in calls["batch_get_buffer"] for k in args[0]]
+    assert all(h.endswith("_manifest") for h in held)
+    monkeypatch.undo()
+    assert same(whole, a) and arr(whole).flags.writeable
+    assert same(shards[0], a[1:]) and shards[1] is None
+    # Results own their memory: writing one changes nothing stored.
+    arr(whole)[0, 0] = -1
+    assert same(store_b.get_tensor_with_tp(k, tp_rank=0, tp_size=2), a[:1])
+
+
+def test_sharded_read_memory_is_used_again_only_once_its_results_are_gone(store_a, store_b, monkeypatch):
+    import gc
+
+    a, k = full((2, 1 << 18)), key("pool")  # 2 MiB
+    assert store_a.put_tensor_with_tp(k, a, tp_size=2, split_dim=0) == 0
+    first = store_b.get_tensor_with_tp(k, tp_rank=0, tp_size=2)
+    kept = arr(first)[:, :4]  # a view that outlives the result
+    del first
+    gc.collect()
+    calls = spy(monkeypatch, store_b, "register_buffer")
+    second = store_b.get_tensor_with_tp(k, tp_rank=1, tp_size=2)
+    # The kept view's memory is not read into: the second result got memory of its own.
+    assert same(kept, a[:1, :4]) and same(second, a[1:])
+    assert len(calls["register_buffer"]) == 2  # the header scratch and the new memory
+    del kept, second
+    gc.collect()
+    calls["register_buffer"].clear()
+    assert same(store_b.get_tensor_with_tp(k, tp_rank=0, tp_size=2), a[:1])
+    assert len(calls["register_buffer"]) == 1  # the header scratch only: memory used again

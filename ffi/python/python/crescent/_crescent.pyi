@@ -49,6 +49,9 @@ def status_name(code: int) -> str:
 def _fail_invalid(message: str) -> int:
     """Records ``message`` as this thread's last error; returns INVALID_PARAMS."""
 
+def _is_registered(store: MooncakeDistributedStore, addr: int, len: int) -> bool:
+    """Whether ``[addr, +len)`` lies in memory registered with ``store``'s client (False before setup)."""
+
 class MooncakeHostMemAllocator:
     """Host memory another process can map (a memfd), as upstream's shared-memory helper gives."""
     def __init__(self) -> None: ...

@@ -66,7 +66,8 @@ def _as_tensor(obj: Any) -> _Tensor | None:
         t = obj.detach().cpu().contiguous()
         flat = t.reshape(-1)
         raw = flat.to(torch.uint8) if name == "bool" else flat.view(torch.uint8)
-        return _Tensor(names.index(name), tuple(t.shape), memoryview(raw.numpy().tobytes()))
+        # The tensor's own bytes (numpy's view of them), not a copy.
+        return _Tensor(names.index(name), tuple(t.shape), memoryview(raw.numpy()))
     if not isinstance(obj, np.ndarray):
         if hasattr(obj, "__dlpack__"):
             try:

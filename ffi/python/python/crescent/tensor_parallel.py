@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import struct
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -431,6 +434,37 @@ def _shard_of(t: _Tensor, split_dim: int, rank: int, count: int) -> _Tensor:
     return _Tensor(t.dtype, tuple(part.shape), memoryview(part).cast("B") if part.size else memoryview(b""))
 
 
+#: Shards of at least this many data bytes in all are written from the tensor's memory
+#: (registered for the call where it is not registered); smaller ones are copied through the
+#: local buffer, where the copy costs less than a registration.
+_DIRECT_MIN = 1 << 20
+
+
+def _nbytes(part: Any) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
+def _spans(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (address, length) ranges merged into disjoint spans, empty ones left out."""
+    out: list[tuple[int, int]] = []
+    for addr, n in sorted(r for r in ranges if r[1] > 0):
+        if out and addr <= out[-1][0] + out[-1][1]:
+            start = out[-1][0]
+            out[-1] = (start, max(out[-1][0] + out[-1][1], addr + n) - start)
+        else:
+            out.append((addr, n))
+    return out
+
+
+def _repeat_groups(config: Any, n: int) -> Any:
+    """`config` for a batch of `n` shards of one tensor: its one group id (``_key_config``)
+    repeated for each (Mooncake's MakeRepeatedIndexedConfig)."""
+    groups = getattr(config, "group_ids", None) if config is not None else None
+    if groups is None or len(groups) == n or len(groups) != 1:
+        return config
+    return _config_for(config, list(groups) * n)
+
+
 class _Object(NamedTuple):
     """One object to write: its key and its parts (header, data)."""
 
@@ -517,7 +551,6 @@ def _key_config(config: Any, i: int) -> Any:
 class _Source(NamedTuple):
     key: str
     meta: _Meta
-    value: Any  # the whole value (a BufferHandle) when it was read whole, else None
 
 
 class _Plan(NamedTuple):
@@ -622,19 +655,124 @@ def _compatible(request: list[_Axis], meta: _Meta, context: str) -> bool:
 _PUT, _UPSERT = "put", "upsert"
 
 
+#: Idle result memory a store keeps registered for its next sharded reads (``_ResultPool``).
+_POOL_IDLE = 1 << 30
+
+
+class _ResultPool:
+    """Memory for the sharded reads' results, registered once and used again: a read takes an
+    idle block large enough (else maps and registers a new one), its results are views of the
+    block, and the block comes back when the last of them is gone. A fresh allocation's first
+    touch (its pages faulted in) costs about as much as reading the tensor; at most _POOL_IDLE
+    bytes stay idle, the rest is unregistered and unmapped."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.idle: list[tuple[mmap.mmap, int]] = []  # (block, address), smallest first
+
+    def take(self, store: Any, n: int) -> tuple[mmap.mmap, int] | None:
+        with self.lock:
+            fit = next((i for i, (b, _) in enumerate(self.idle) if n <= len(b) <= 2 * n), None)
+            got = self.idle.pop(fit) if fit is not None else None
+        if got is not None and _native._is_registered(store, got[1], len(got[0])):
+            return got
+        if got is not None:
+            self._drop(store, got)  # its client was closed and set up again: map a new one
+        block = mmap.mmap(-1, max(n, 1 << 20))
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(block))
+        if store.register_buffer(addr, len(block)) != 0:
+            block.close()
+            return None
+        return block, addr
+
+    def give(self, store: Any, got: tuple[mmap.mmap, int]) -> None:
+        with self.lock:
+            self.idle.append(got)
+            self.idle.sort(key=lambda g: len(g[0]))
+            drop = []
+            while sum(len(b) for b, _ in self.idle) > _POOL_IDLE:
+                drop.append(self.idle.pop())
+        for g in drop:
+            self._drop(store, g)
+
+    @staticmethod
+    def _drop(store: Any, got: tuple[mmap.mmap, int]) -> None:
+        if _native._is_registered(store, got[1], len(got[0])):
+            store.unregister_buffer(got[1])
+
+
 class ShardedTensorMethods:
     """The sharded tensor methods of ``MooncakeDistributedStore`` (mixed into it)."""
 
     # -- the shared routines --
 
     def _write_objects(self, objects: list[_Object], config: Any, mode: str) -> int:
-        """Writes each object; 0, or the first failure's code (Mooncake stops there too)."""
-        write = self.upsert_parts if mode == _UPSERT else self.put_parts
-        for obj in objects:
-            rc = write(obj.key, *obj.parts, config=config) if config is not None else write(obj.key, *obj.parts)
+        """Writes the objects in one batch call, the manifests (objects without data) in a
+        second one once every shard is in; 0, or the first failure's code. Shards of
+        _DIRECT_MIN bytes or more in all go from the tensor's own memory (``_write_direct``),
+        smaller ones (and upserts) through the local buffer."""
+        shards = [o for o in objects if len(o.parts) > 1]
+        for group in (shards, [o for o in objects if len(o.parts) <= 1]):
+            if not group:
+                continue
+            config_n = _repeat_groups(config, len(group))
+            rc = None
+            if mode == _PUT and sum(_nbytes(o.parts[1]) for o in group if len(o.parts) > 1) >= _DIRECT_MIN:
+                rc = self._write_direct(group, config_n)
+            if rc is None:
+                write = self.upsert_batch if mode == _UPSERT else self.put_batch
+                values = [b"".join(o.parts) for o in group]
+                keys = [o.key for o in group]
+                rc = write(keys, values, config_n) if config_n is not None else write(keys, values)
             if rc != 0:
                 return rc
         return 0
+
+    def _write_direct(self, objects: list[_Object], config: Any) -> int | None:
+        """Puts the objects with one ``batch_put_from_multi_buffers``: each object's first
+        part (its header) from a scratch buffer, its data from the tensor's memory where it
+        is (registered for the call where it is not registered already: no copy). 0 or the
+        first failure's code; None (nothing written) when that memory cannot be registered."""
+        heads = bytearray(b"".join(o.parts[0] for o in objects))
+        base = _address(heads)
+        data = [(_address(o.parts[1]), _nbytes(o.parts[1])) if len(o.parts) > 1 and _nbytes(o.parts[1]) else None
+                for o in objects]
+        lent = self._lend([(base, len(heads))] + [d for d in data if d is not None])
+        if lent is None:
+            return None
+        try:
+            ptrs, sizes, at = [], [], base
+            for o, d in zip(objects, data):
+                n = len(o.parts[0])
+                ptrs.append([at] if d is None else [at, d[0]])
+                sizes.append([n] if d is None else [n, d[1]])
+                at += n
+            keys = [o.key for o in objects]
+            results = (self.batch_put_from_multi_buffers(keys, ptrs, sizes, config) if config is not None
+                       else self.batch_put_from_multi_buffers(keys, ptrs, sizes))
+        finally:
+            self._give_back(lent)
+        return next((rc for rc in results if rc != 0), 0)
+
+    def _lend(self, ranges: Sequence[tuple[int, int]]) -> list[int] | None:
+        """Registers the memory of `ranges` (address, length) that is not registered with
+        this client already; the addresses it registered (for ``_give_back``), or None, with
+        nothing left registered, when a range can be neither."""
+        mine: list[int] = []
+        for addr, n in _spans(ranges):
+            if _native._is_registered(self, addr, n):
+                continue
+            if self.register_buffer(addr, n) != 0:
+                log.debug("tensor memory [%#x, +%d) could not be registered: %s", addr, n, _native.last_error())
+                self._give_back(mine)
+                return None
+            mine.append(addr)
+        return mine
+
+    def _give_back(self, addrs: Sequence[int]) -> None:
+        for addr in addrs:
+            if self.unregister_buffer(addr) != 0:
+                log.warning("tensor memory at %#x stays registered: %s", addr, _native.last_error())
 
     def _whole_writes(self, keys: list[str], tensors: list[Any], config: Any, mode: str) -> list[int]:
         """Each tensor whole under its key, with its own group id when `config` has them."""
@@ -809,49 +947,52 @@ class ShardedTensorMethods:
 
     # -- reads --
 
-    def _load(self, keys: list[str], whole: bool, context: str) -> list[_Source] | None:
-        """The metadata of each key's object (whole values when `whole`, else their headers
-        only, read into a scratch buffer); None if one is missing or not a tensor."""
+    def _load(self, keys: list[str], context: str) -> list[_Source] | None:
+        """The metadata of each key's object (its header only, ``_headers``); None if one is
+        missing or not a tensor."""
         if not keys:
             return []
-        if whole:
-            handles = self.batch_get_buffer(keys)
-            metas = [None if h is None else parse_metadata(h, h.size()) for h in handles]
-        else:
-            scratch = bytearray(TENSOR_METADATA_SIZE * len(keys))
-            addr = _address(scratch)
-            if self.register_buffer(addr, len(scratch)) != 0:
-                _fail(f"{context}: failed to register metadata scratch buffer")
-                return None
-            try:
-                got = self.get_into_ranges([addr], [keys], [[[i * TENSOR_METADATA_SIZE] for i in range(len(keys))]],
-                                           [[[0] for _ in keys]], [[[TENSOR_METADATA_SIZE] for _ in keys]])
-            finally:
-                self.unregister_buffer(addr)
-            view = memoryview(scratch)
-            metas = [_metadata_of_prefix(view[i * TENSOR_METADATA_SIZE:(i + 1) * TENSOR_METADATA_SIZE])
-                     if got[0][i] == [TENSOR_METADATA_SIZE] else None for i in range(len(keys))]
-            handles = [None] * len(keys)
+        metas = self._headers(keys, context)
+        if metas is None:
+            return None
         for key, meta in zip(keys, metas):
             if meta is None:
                 _fail(f"{context}: missing reconstructed shard source for key {key}")
                 return None
-        return [_Source(k, m, h) for k, m, h in zip(keys, metas, handles)]
+        return [_Source(k, m) for k, m in zip(keys, metas)]
 
-    def _load_one(self, key: str, whole: bool, context: str) -> _Source | None:
-        got = self._load([key], whole, context)
+    def _headers(self, keys: list[str], context: str) -> list[_Meta | None] | None:
+        """The metadata of each key's object, None where it is missing or not a tensor: the
+        first TENSOR_METADATA_SIZE bytes of every key in one ranged read into a scratch
+        buffer. None (recorded) when the scratch buffer cannot be registered."""
+        scratch = bytearray(TENSOR_METADATA_SIZE * len(keys))
+        addr = _address(scratch)
+        if self.register_buffer(addr, len(scratch)) != 0:
+            _fail(f"{context}: failed to register metadata scratch buffer")
+            return None
+        try:
+            got = self.get_into_ranges([addr], [keys], [[[i * TENSOR_METADATA_SIZE] for i in range(len(keys))]],
+                                       [[[0] for _ in keys]], [[[TENSOR_METADATA_SIZE] for _ in keys]])
+        finally:
+            self.unregister_buffer(addr)
+        view = memoryview(scratch)
+        return [_metadata_of_prefix(view[i * TENSOR_METADATA_SIZE:(i + 1) * TENSOR_METADATA_SIZE])
+                if got[0][i] == [TENSOR_METADATA_SIZE] else None for i in range(len(keys))]
+
+    def _load_one(self, key: str, context: str) -> _Source | None:
+        got = self._load([key], context)
         return got[0] if got else None
 
     def _manifest(self, key: str) -> _Manifest | None:
         return parse_manifest(self.get_buffer(key))
 
-    def _writer_reconstruction(self, key: str, whole: bool, context: str) -> _Reconstruction | None:
+    def _writer_reconstruction(self, key: str, context: str) -> _Reconstruction | None:
         """The shards a writer-partition manifest names, checked."""
         m = self._manifest(writer_manifest_key(key))
         if m is None:
             return None
         keys = [writer_key(key, _Writer(r, m.count, m.split_dim)) for r in range(m.count)]
-        sources = self._load(keys, whole, context)
+        sources = self._load(keys, context)
         if sources is None:
             return None
         for rank, s in enumerate(sources):
@@ -861,8 +1002,7 @@ class ShardedTensorMethods:
                 return None
         return _Reconstruction(sources, m.global_shape, m.split_dim, m.dtype)
 
-    def _parallelism_reconstruction(self, key: str, axes: list[_Axis], whole: bool,
-                                    context: str) -> _Reconstruction | None:
+    def _parallelism_reconstruction(self, key: str, axes: list[_Axis], context: str) -> _Reconstruction | None:
         """Mooncake's load_parallelism_full_reconstruction_sources: the TP shards that make up
         the tensor `axes` belongs to — the ones its parallelism manifest counts, else those
         the request's (or, for one TP axis, the stored) TP size names."""
@@ -876,12 +1016,12 @@ class ShardedTensorMethods:
         if (m is not None and want.split_dim == m.split_dim and m.global_shape[m.split_dim] % want.size == 0
                 and m.global_shape[m.split_dim] % m.count == 0):
             keys = [parallelism_key(key, _with_tp(canonical, rank=r, size=m.count)) for r in range(m.count)]
-            sources = self._load(keys, whole, context)
+            sources = self._load(keys, context)
             if sources is not None and all(_compatible(_with_tp(canonical, rank=r, size=m.count), s.meta, context)
                                            for r, s in enumerate(sources)):
                 return _Reconstruction(sources, m.global_shape, m.split_dim, m.dtype)
         if _single_tp(canonical):
-            first = self._load_one(key if want.size <= 1 else tp_key(key, 0), whole, context)
+            first = self._load_one(key if want.size <= 1 else tp_key(key, 0), context)
             stored = None if first is None else first.meta.tp_axis()
             if first is None or first.meta.layout != LAYOUT_SHARD or stored is None:
                 _fail(f"{context}: no shard matched requested layout for TP rank 0")
@@ -891,7 +1031,7 @@ class ShardedTensorMethods:
                     or g[split_dim] % count:
                 _fail(f"{context}: split_dim mismatch or non-uniform sharding")
                 return None
-            sources = self._load([key if count <= 1 else tp_key(key, r) for r in range(count)], whole, context)
+            sources = self._load([key if count <= 1 else tp_key(key, r) for r in range(count)], context)
             if sources is None:
                 return None
             for r, s in enumerate(sources):
@@ -901,7 +1041,7 @@ class ShardedTensorMethods:
                     return None
             return _Reconstruction(sources, g, split_dim, first.meta.dtype)
         keys = [parallelism_key(key, _with_tp(canonical, rank=r)) for r in range(want.size)]
-        sources = self._load(keys, whole, context)
+        sources = self._load(keys, context)
         if sources is None or not all(_compatible(_with_tp(canonical, rank=r), s.meta, context)
                                       for r, s in enumerate(sources)):
             return None
@@ -920,7 +1060,7 @@ class ShardedTensorMethods:
         start, extent = _shard_range(r.global_shape[r.split_dim], want.rank, want.size)
         return _assemble_plan(r.sources, r.global_shape, r.split_dim, axes, start, extent, context)
 
-    def _plan(self, key: str, target: Any, whole: bool, context: str) -> _Plan | None:
+    def _plan(self, key: str, target: Any, context: str) -> _Plan | None:
         """How to make what `target` (a ReadTarget or None) asks of `key` (Mooncake's
         get_tensor_with_parallelism and build_tensor_into_plan_for_target)."""
         if target is None:
@@ -934,12 +1074,12 @@ class ShardedTensorMethods:
                 _fail(f"{context}: unsupported ReadTarget mode {target.mode!r}")
                 return None
         if parallelism is None and mode == "as_stored":
-            s = self._load_one(key, whole, context)
+            s = self._load_one(key, context)
             return None if s is None else _whole_plan(s)
         if parallelism is None and mode == "full":
-            r = self._writer_reconstruction(key, whole, context)
+            r = self._writer_reconstruction(key, context)
             if r is None:
-                s = self._load_one(key, whole, context)
+                s = self._load_one(key, context)
                 return None if s is None else _whole_plan(s)
             return self._full_plan(r, context)
         axes = _request(parallelism, context)
@@ -951,36 +1091,55 @@ class ShardedTensorMethods:
                 a = axes[0]
                 direct.append(writer_key(key, _Writer(a.rank, a.size, a.split_dim or 0)))
             for read_key in direct:
-                s = self._load_one(read_key, whole, context)
+                s = self._load_one(read_key, context)
                 if s is not None and s.meta.parallelism() == _canonical(axes):
                     return _whole_plan(s)
             if _tp_index(axes) is None:
                 _fail(f"{context}: parallelism metadata mismatch for key {key}")
                 return None
-            r = self._parallelism_reconstruction(key, axes, whole, context)
+            r = self._parallelism_reconstruction(key, axes, context)
             return None if r is None else self._shard_plan(r, axes, context)
         if mode == "full":
-            r = self._parallelism_reconstruction(key, axes, whole, context)
+            r = self._parallelism_reconstruction(key, axes, context)
             return None if r is None else self._full_plan(r, context)
         _fail(f"{context}: unsupported ReadTarget mode (as_stored with a parallelism)")
         return None
 
-    def _run(self, plan: _Plan) -> Any:
-        """A plan's result as a tensor of its own (from the whole values it read)."""
-        if not plan.header:
-            (s,) = plan.sources
-            return _tensor_of_value(s.value, s.value.size(), copy=True)
-        out = bytearray(plan.total)
-        out[:TENSOR_METADATA_SIZE] = plan.header
-        values = {s.key: memoryview(s.value) for s in plan.sources}
-        for key, dst, src, n in plan.fragments:
-            out[dst:dst + n] = values[key][src:src + n]
-        meta = parse_metadata(out, plan.total)
-        return _to_tensor(meta.dtype, meta.local_shape, memoryview(out)[meta.offset:], copy=False)
+    def _run_fresh(self, plans: list[_Plan | None], context: str) -> list[Any]:
+        """Runs plans into memory the results own (one block of the store's ``_ResultPool``) in
+        one get_into_ranges: the shards' byte ranges land where the results keep them (no
+        copy). A tensor per plan (None where the plan is None or its read failed)."""
+        out: list[Any] = [None] * len(plans)
+        where = [i for i, p in enumerate(plans) if p is not None and p.total > 0]
+        if not where:
+            return out
+        np = _numpy()
+        offsets, total = [], 0
+        for i in where:
+            offsets.append(total)
+            total += (plans[i].total + 63) // 64 * 64  # each result's data aligned as numpy's own
+        pool = self.__dict__.setdefault("_result_pool", _ResultPool())
+        block = pool.take(self, total)
+        if block is None:
+            _fail(f"{context}: cannot register {total} bytes for the result")
+            return out
+        # Every result is a view of `anchor` (numpy collapses views onto it, the first array
+        # over memory it does not own): the block goes back to the pool once none is left.
+        anchor = np.frombuffer(block[0], dtype=np.uint8, count=total)
+        weakref.finalize(anchor, pool.give, self, block)
+        views = [memoryview(anchor[o:o + plans[i].total]) for i, o in zip(where, offsets)]
+        got = self._run_into([(plans[i], block[1] + o, plans[i].total) for i, o in zip(where, offsets)], context,
+                             views)
+        del views, anchor
+        for i, t in zip(where, got):
+            out[i] = t
+        return out
 
-    def _run_into(self, plans: list[tuple[_Plan, int, int]], context: str) -> list[Any]:
+    def _run_into(self, plans: list[tuple[_Plan, int, int]], context: str,
+                  views: list[memoryview] | None = None) -> list[Any]:
         """Runs plans into registered memory (address, size) in one get_into_ranges; a tensor
-        over each buffer, or None where its plan did not fit or a range failed."""
+        over each buffer (over `views[i]`, the same memory, when given), or None where its
+        plan did not fit or a range failed."""
         out: list[Any] = [None] * len(plans)
         batch = []
         for i, (plan, addr, size) in enumerate(plans):
@@ -1006,7 +1165,8 @@ class ShardedTensorMethods:
             plan, _, _ = plans[i]
             if plan.header:
                 ctypes.memmove(addr, plan.header, TENSOR_METADATA_SIZE)
-            out[i] = _tensor_of_value(_memory_at(addr, plan.total), plan.total, copy=False)
+            memory = views[i] if views is not None else _memory_at(addr, plan.total)
+            out[i] = _tensor_of_value(memory, plan.total, copy=False)
         return out
 
     def _parallelism_get(self, keys: Sequence[str], targets: Any, context: str) -> list[Any]:
@@ -1016,8 +1176,7 @@ class ShardedTensorMethods:
         if not isinstance(targets, list) or len(targets) != len(keys):
             _fail(f"{context}: targets must be a list as long as keys")
             return [None] * len(keys)
-        plans = [self._plan(k, t, True, context) for k, t in zip(keys, targets)]
-        out = [None if p is None else self._run(p) for p in plans]
+        out = self._run_fresh([self._plan(k, t, context) for k, t in zip(keys, targets)], context)
         # Mooncake's last resort for one TP axis: the object under <key>_tp_<rank> as it is.
         for i, (k, t) in enumerate(zip(keys, targets)):
             if out[i] is None and t is not None and str(getattr(t, "mode", "")).lower() == "shard":
@@ -1043,7 +1202,7 @@ class ShardedTensorMethods:
             if addr == 0:
                 _fail(f"{context}: buffer pointer cannot be null")
                 continue
-            plan = self._plan(k, t, False, context)
+            plan = self._plan(k, t, context)
             if plan is not None:
                 planned.append((plan, addr, n))
                 where.append(i)
@@ -1079,14 +1238,26 @@ class ShardedTensorMethods:
                                  split_dim: int = 0) -> list[int]:
         return self._tp_write(base_keys, tensors_list, config, tp_size, split_dim, _PUT, "batch_pub_tensor_with_tp")
 
+    def _tp_get(self, keys: list[str], context: str) -> list[Any]:
+        """The tensors under `keys` as stored (None where missing or not a tensor): their
+        headers in one ranged read, then their values in another, straight into memory the
+        results own (no copy, no room needed in the local buffer)."""
+        if not keys:
+            return []
+        metas = self._headers(keys, context)
+        if metas is None:
+            return [None] * len(keys)
+        return self._run_fresh([None if m is None else _whole_plan(_Source(k, m)) for k, m in zip(keys, metas)],
+                               context)
+
     def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> Any:
         """The object under ``<key>_tp_<tp_rank>`` as stored (``key`` when tp_size <= 1); None
         if missing. It is not re-split: a reader of another TP size than the writer's gets
         the writer's shard of that rank (``get_tensor_with_parallelism`` re-splits)."""
-        return self.get_tensor(self._tp_read_keys([key], tp_rank, tp_size)[0])
+        return self._tp_get(self._tp_read_keys([key], tp_rank, tp_size), "get_tensor_with_tp")[0]
 
     def batch_get_tensor_with_tp(self, base_keys: Sequence[str], tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
-        return self.batch_get_tensor(self._tp_read_keys(base_keys, tp_rank, tp_size))
+        return self._tp_get(self._tp_read_keys(base_keys, tp_rank, tp_size), "batch_get_tensor_with_tp")
 
     def get_tensor_with_tp_into(self, key: str, buffer_ptr: Any, size: int, tp_rank: int = 0, tp_size: int = 1,
                                 split_dim: int = 0) -> Any:
