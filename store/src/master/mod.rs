@@ -41,6 +41,7 @@ pub mod replicate;
 pub mod server;
 pub mod service;
 mod shards;
+pub mod tasks;
 pub mod tenant;
 
 use std::collections::{HashMap, HashSet};
@@ -374,6 +375,8 @@ pub struct Master {
     space_freed: tokio::sync::Notify,
     /// The background eviction's wake-up (`Master::evict_step`).
     evictor: Arc<Evictor>,
+    /// Replica tasks ([`tasks`]); locked alone, never while a shard or the state is.
+    tasks: Mutex<tasks::Tasks>,
 }
 
 pub(crate) fn check_key(key: &str) -> Result<()> {
@@ -410,6 +413,7 @@ impl Master {
             term: AtomicU64::new((rand::random::<u64>() >> 1).max(1)),
             space_freed: tokio::sync::Notify::new(),
             evictor: Arc::default(),
+            tasks: Mutex::default(),
         });
         master.state.lock().window = rebuild::Window::open_until(Instant::now() + config.client_ttl);
         master.load_saved_removals()?;
@@ -1798,6 +1802,9 @@ impl Master {
         }
         self.reclaim_replications(&mut st, now);
         st.window.close_if_over(now);
+        drop(st);
+        self.expire_tasks(now);
+        let mut st = self.state.lock();
         if Self::release_ended_holds(&mut st, now) {
             self.space_freed.notify_waiters();
         }
