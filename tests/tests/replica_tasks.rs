@@ -77,7 +77,7 @@ fn bad_task_requests_get_upstreams_codes() {
     let invalid = |r: crescent_store::Result<(u64, u64)>| matches!(r, Err(StoreError::InvalidArgument(_)));
     assert!(invalid(a.create_copy_task("k", &[])), "no target");
     assert!(invalid(a.create_copy_task("k", &["10.0.0.1:1".into()])), "unknown segment");
-    assert!(matches!(a.create_copy_task("missing", &[sb.clone()]), Err(StoreError::NotFound(_))));
+    assert!(matches!(a.create_copy_task("missing", std::slice::from_ref(&sb)), Err(StoreError::NotFound(_))));
     assert!(invalid(a.create_move_task("k", &sa, &sa)), "same source and target");
     assert!(invalid(a.create_move_task("k", &sb, &sa)), "the source holds no replica");
     assert!(invalid(a.create_move_task("k", &sa, "10.0.0.1:1")), "unknown target");
