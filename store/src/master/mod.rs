@@ -375,7 +375,7 @@ pub struct Master {
     space_freed: tokio::sync::Notify,
     /// The background eviction's wake-up (`Master::evict_step`).
     evictor: Arc<Evictor>,
-    /// Replica tasks ([`tasks`]); locked alone, never while a shard or the state is.
+    /// Replica tasks ([`tasks`]); a leaf lock: nothing else is locked while it is held.
     tasks: Mutex<tasks::Tasks>,
 }
 
@@ -1764,7 +1764,10 @@ impl Master {
             if !self.fence.leads(now) {
                 return;
             }
+            let gone: Vec<String> = self.silent_clients(&st, now).map(str::to_string).collect();
             self.drop_silent_clients(&mut st, now);
+            // Their replica tasks will never be reported (the tasks' lock is a leaf).
+            self.fail_tasks_of(&gone);
             self.hot_tick(&mut st, now);
             self.flush_news(&mut st);
         }

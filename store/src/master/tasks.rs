@@ -20,7 +20,8 @@
 //! [`MasterConfig::task_pending_timeout`](super::config::MasterConfig::task_pending_timeout),
 //! or `PROCESSING` after `task_processing_timeout`, is failed by the sweep with the message
 //! "pending timeout" / "processing timeout". A key removed meanwhile fails the task
-//! (`OBJECT_NOT_FOUND ...`). Tasks live in the master's memory only: after a restart or a
+//! (`OBJECT_NOT_FOUND ...`); so does the master dropping the assigned client (silent past its
+//! TTL). Tasks live in the master's memory only: after a restart or a
 //! failover the new master knows none of them, and `query_task` answers `TASK_NOT_FOUND`.
 
 use std::collections::{HashMap, VecDeque};
@@ -345,6 +346,25 @@ impl Master {
         Self::free_replica(st, key, version, source_id, replica.block, announced, hold);
         self.flush_news(st);
         Ok(())
+    }
+
+    /// Fails the unfinished tasks of clients the master dropped (silent past their TTL).
+    pub(super) fn fail_tasks_of(&self, clients: &[String]) {
+        if clients.is_empty() {
+            return;
+        }
+        let mut tasks = self.tasks.lock();
+        let theirs: Vec<(Id, String)> = tasks
+            .all
+            .iter()
+            .filter(|(_, t)| !t.finished() && clients.contains(&t.client))
+            .map(|(id, t)| (*id, t.client.clone()))
+            .collect();
+        for (id, client) in theirs {
+            tracing::warn!("task {}: its client {client} went away", show(id));
+            let why = format!("the assigned client {client} went away (silent past its TTL)");
+            tasks.finish(id, TaskStatus::TaskFailed, why, self.config.max_finished_tasks);
+        }
     }
 
     /// Fails the tasks past their deadline (the sweep calls this; so does a query).

@@ -194,3 +194,18 @@ fn batch_replica_clear_takes_the_callers_unleased_objects() {
     assert_eq!(cleared, ["two"]);
     assert!(!m.exists("two").unwrap());
 }
+
+#[test]
+fn the_tasks_of_a_client_that_went_away_fail() {
+    let m = Master::new(MasterConfig { client_ttl: Duration::from_millis(50), ..MasterConfig::default() }).unwrap();
+    mount(&m, "a", "sa");
+    mount(&m, "b", "sb");
+    put(&m, "a", "sa", "k");
+    let id = m.create_copy_task("k", &["sb".into()]).unwrap();
+    std::thread::sleep(Duration::from_millis(80));
+    m.ping("b");
+    m.sweep();
+    let (s, message) = status(&m, id);
+    assert_eq!(s, TaskStatus::TaskFailed);
+    assert!(message.contains("went away"), "{message}");
+}
