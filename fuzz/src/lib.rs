@@ -198,7 +198,7 @@ pub fn descriptor_json(data: &[u8]) {
 }
 
 /// The master's gRPC methods (of the streaming `Subscribe` and `OwnerStream`: their start).
-pub const MASTER_METHODS: [&str; 31] = [
+pub const MASTER_METHODS: [&str; 36] = [
     "MountSegment",
     "UnmountSegment",
     "RemountSegment",
@@ -230,6 +230,11 @@ pub const MASTER_METHODS: [&str; 31] = [
     "UpdateDiskReplicas",
     "OwnerStream",
     "RemountWithReport",
+    "CreateCopyTask",
+    "CreateMoveTask",
+    "QueryTask",
+    "FinishTask",
+    "BatchReplicaClear",
 ];
 
 type Service = crescent_store::proto::master_server::MasterServer<crescent_store::master::service::MasterService>;

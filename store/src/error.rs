@@ -120,6 +120,13 @@ pub enum StoreError {
     /// The master knows no client of this id.
     #[error("client {0} is not known to the master")]
     ClientNotFound(String),
+    /// The master has no replica task of this id: never created, forgotten (only the latest
+    /// finished tasks are kept), or created at a master that has since been replaced.
+    #[error("task {0} not found")]
+    TaskNotFound(String),
+    /// Too many replica tasks wait for their clients already: create it later.
+    #[error("too many pending tasks: {0}")]
+    TooManyTasks(String),
     /// The master forgot this client (it missed its pings past the TTL, or the master
     /// restarted): it must mount its segments again before its calls succeed.
     #[error("the master dropped this client (silent past its TTL): remount needed")]
@@ -415,6 +422,8 @@ impl StoreError {
             | StoreError::NotReady(_)
             | StoreError::SegmentNotFound(_)
             | StoreError::ClientNotFound(_)
+            | StoreError::TaskNotFound(_)
+            | StoreError::TooManyTasks(_)
             | StoreError::NeedRemount
             | StoreError::LeaseExpired { .. } => Fault::Answer,
             // Mounting a segment another client holds: this client's configuration.
@@ -459,6 +468,7 @@ impl StoreError {
             StoreError::Leased(_)
             | StoreError::NotReady(_)
             | StoreError::NoSpace { .. }
+            | StoreError::TooManyTasks(_)
             | StoreError::NeedRemount
             | StoreError::LeaseExpired { .. }
             | StoreError::PeerGone { .. }
@@ -512,6 +522,8 @@ impl StoreError {
             StoreError::SegmentNotFound(_) => Code::SegmentNotFound,
             StoreError::SegmentExists(_) => Code::SegmentAlreadyExists,
             StoreError::ClientNotFound(_) => Code::ClientNotFound,
+            StoreError::TaskNotFound(_) => Code::TaskNotFound,
+            StoreError::TooManyTasks(_) => Code::TaskPendingLimitExceeded,
             StoreError::NeedRemount => Code::NeedRemount,
             StoreError::LeaseExpired { .. } => Code::LeaseExpired,
             StoreError::NotLeader(_) => Code::NotLeader,
@@ -551,6 +563,8 @@ impl StoreError {
             }
             Code::ClientNotFound => StoreError::ClientNotFound(between("client ", " is not known to the master")),
             Code::NeedRemount => StoreError::NeedRemount,
+            Code::TaskNotFound => StoreError::TaskNotFound(between("task ", " not found")),
+            Code::TaskPendingLimitExceeded => StoreError::TooManyTasks(after("too many pending tasks: ")),
             Code::LeaseExpired => parse_lease_expired(message, key).unwrap_or(StoreError::LeaseExpired {
                 key: key.to_string(),
                 lease_ms: 0,

@@ -56,6 +56,8 @@ pub const CRESCENT_ERR_TRANSFER_FAIL: i32 = -800;
 pub const CRESCENT_ERR_CHECKSUM_MISMATCH: i32 = -801;
 pub const CRESCENT_ERR_RPC_FAIL: i32 = -900;
 pub const CRESCENT_ERR_UNAVAILABLE_IN_CURRENT_STATUS: i32 = -1010;
+pub const CRESCENT_ERR_TASK_NOT_FOUND: i32 = -1400;
+pub const CRESCENT_ERR_TASK_PENDING_LIMIT_EXCEEDED: i32 = -1401;
 
 /// `CrescentTransferRequest.opcode`: pull remote bytes into local memory.
 pub const CRESCENT_OPCODE_READ: i32 = 0;
@@ -1206,6 +1208,8 @@ mod tests {
             (CRESCENT_ERR_CHECKSUM_MISMATCH, Status::ChecksumMismatch),
             (CRESCENT_ERR_RPC_FAIL, Status::RpcFail),
             (CRESCENT_ERR_UNAVAILABLE_IN_CURRENT_STATUS, Status::UnavailableInCurrentStatus),
+            (CRESCENT_ERR_TASK_NOT_FOUND, Status::TaskNotFound),
+            (CRESCENT_ERR_TASK_PENDING_LIMIT_EXCEEDED, Status::TaskPendingLimitExceeded),
         ];
         assert_eq!(pairs.len(), Status::ALL.len());
         for (c, s) in pairs {

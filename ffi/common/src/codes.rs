@@ -41,6 +41,10 @@ pub enum Status {
     RpcFail = -900,
     /// Not possible in the current state: before setup, after close, remount pending.
     UnavailableInCurrentStatus = -1010,
+    /// `query_task`: no task of this id (never created, forgotten, or at another master).
+    TaskNotFound = -1400,
+    /// `create_copy_task` / `create_move_task`: too many tasks wait already.
+    TaskPendingLimitExceeded = -1401,
 }
 
 impl Status {
@@ -48,7 +52,7 @@ impl Status {
         self as i32
     }
 
-    pub const ALL: [Status; 19] = [
+    pub const ALL: [Status; 21] = [
         Status::Ok,
         Status::Internal,
         Status::BufferOverflow,
@@ -68,6 +72,8 @@ impl Status {
         Status::ChecksumMismatch,
         Status::RpcFail,
         Status::UnavailableInCurrentStatus,
+        Status::TaskNotFound,
+        Status::TaskPendingLimitExceeded,
     ];
 
     /// The status with this code, if it is one.
@@ -97,6 +103,8 @@ impl Status {
             Status::ChecksumMismatch => "CHECKSUM_MISMATCH\0",
             Status::RpcFail => "RPC_FAIL\0",
             Status::UnavailableInCurrentStatus => "UNAVAILABLE_IN_CURRENT_STATUS\0",
+            Status::TaskNotFound => "TASK_NOT_FOUND\0",
+            Status::TaskPendingLimitExceeded => "TASK_PENDING_LIMIT_EXCEEDED\0",
         }
     }
 
@@ -124,6 +132,8 @@ pub fn store_status(e: &StoreError) -> Status {
         StoreError::SegmentNotFound(_) => Status::SegmentNotFound,
         StoreError::SegmentExists(_) => Status::SegmentAlreadyExists,
         StoreError::ClientNotFound(_) => Status::ClientNotFound,
+        StoreError::TaskNotFound(_) => Status::TaskNotFound,
+        StoreError::TooManyTasks(_) => Status::TaskPendingLimitExceeded,
         StoreError::NeedRemount => Status::UnavailableInCurrentStatus,
         // A read past its lease: moving the bytes did not give the object's bytes.
         StoreError::TimedOut { waited: Waited::Master { .. }, .. } => Status::RpcFail,

@@ -22,6 +22,7 @@ mod host;
 mod mem;
 mod sessions;
 mod store;
+mod tasks;
 mod types;
 
 use mem::{mems, Exported, Mem};
@@ -93,6 +94,7 @@ fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBufferHandle>()?;
     engine::add_classes(m)?;
     host::add(m)?;
+    tasks::add(m)?;
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(status_name, m)?)?;
     m.add_function(wrap_pyfunction!(_fail_invalid, m)?)?;

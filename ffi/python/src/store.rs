@@ -880,6 +880,45 @@ impl Store {
         out
     }
 
+    /// batch_replica_clear(keys, segment_name="") -> list[str]: of `keys`, the objects this
+    /// client put whose read leases are over lose their replicas on `segment_name` (with "",
+    /// they go); returns the keys cleared ([] on an error).
+    #[pyo3(signature = (keys, segment_name=String::new()))]
+    fn batch_replica_clear(&self, py: Python<'_>, keys: Vec<String>, segment_name: String) -> Vec<String> {
+        crescent_ffi::clear_last_error();
+        let client = self.client();
+        py.detach(|| crate::tasks::cleared(client.as_deref(), &keys, &segment_name))
+    }
+
+    /// create_copy_task(key, targets) -> tuple[tuple[int, int], int]: (the task's id, 0), or
+    /// ((0, 0), a negative code). The owner of a replica copies it to each target segment.
+    fn create_copy_task(&self, py: Python<'_>, key: String, targets: Vec<String>) -> ((u64, u64), i32) {
+        crescent_ffi::clear_last_error();
+        let client = self.client();
+        py.detach(|| {
+            crate::tasks::created("create_copy_task", client.as_deref(), |c| c.create_copy_task(&key, &targets))
+        })
+    }
+
+    /// create_move_task(key, source, target) -> tuple[tuple[int, int], int]: (the task's id, 0),
+    /// or ((0, 0), a negative code). The owner of `source` copies its replica to `target`,
+    /// then the source replica goes.
+    fn create_move_task(&self, py: Python<'_>, key: String, source: String, target: String) -> ((u64, u64), i32) {
+        crescent_ffi::clear_last_error();
+        let client = self.client();
+        py.detach(|| {
+            crate::tasks::created("create_move_task", client.as_deref(), |c| c.create_move_task(&key, &source, &target))
+        })
+    }
+
+    /// query_task(task_id) -> tuple[QueryTaskResponse | None, int]: the task's state and 0, or
+    /// (None, a negative code: TASK_NOT_FOUND for an id the master does not know).
+    fn query_task(&self, py: Python<'_>, task_id: (u64, u64)) -> (Option<crate::tasks::PyQueryTaskResponse>, i32) {
+        crescent_ffi::clear_last_error();
+        let client = self.client();
+        py.detach(|| crate::tasks::queried(client.as_deref(), task_id))
+    }
+
     /// remove(key, force=False) -> int: 0, or a negative error code (-706 while a reader
     /// holds a lease, unless `force`).
     #[pyo3(signature = (key, force=false))]

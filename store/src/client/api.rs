@@ -242,6 +242,29 @@ pub trait StoreApi: Send + Sync {
         Err(no_sessions())
     }
 
+    // ---- replica tasks (Mooncake's `create_copy_task`, ...): a full client's ----
+
+    /// See [`StoreClient::create_copy_task`].
+    fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<(u64, u64)> {
+        let _ = (key, targets);
+        Err(no_tasks())
+    }
+    /// See [`StoreClient::create_move_task`].
+    fn create_move_task(&self, key: &str, source: &str, target: &str) -> Result<(u64, u64)> {
+        let _ = (key, source, target);
+        Err(no_tasks())
+    }
+    /// See [`StoreClient::query_task`].
+    fn query_task(&self, id: (u64, u64)) -> Result<crate::proto::TaskInfo> {
+        let _ = id;
+        Err(no_tasks())
+    }
+    /// See [`StoreClient::batch_replica_clear`].
+    fn batch_replica_clear(&self, keys: &[String], segment_name: &str) -> Result<Vec<String>> {
+        let _ = (keys, segment_name);
+        Err(no_tasks())
+    }
+
     /// Runs `batch`: one outcome per op, in order (see [`super::op`]). An op refused before it
     /// runs (a buffer tagged as a GPU's memory that is not) fails alone; an error of a whole batched call is the error of
     /// the run. Provided: the ops are mapped onto the calls above.
@@ -322,6 +345,14 @@ fn no_sessions() -> crate::StoreError {
     )
 }
 
+/// A client that does not carry replica tasks (a dummy client: they are its standalone
+/// client's to ask for).
+fn no_tasks() -> crate::StoreError {
+    crate::StoreError::invalid(
+        "replica tasks and batch_replica_clear need a client set up with setup(); a dummy client (setup_dummy) does not forward them",
+    )
+}
+
 /// One piece per key, from parallel lists of addresses and lengths.
 fn one_piece_each(keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<[Piece; 1]>> {
     if keys.len() != addrs.len() || keys.len() != lens.len() {
@@ -393,6 +424,18 @@ impl StoreApi for StoreClient {
     }
     fn query(&self, key: &str) -> Result<QueryKeyReply> {
         StoreClient::query(self, key)
+    }
+    fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<(u64, u64)> {
+        StoreClient::create_copy_task(self, key, targets)
+    }
+    fn create_move_task(&self, key: &str, source: &str, target: &str) -> Result<(u64, u64)> {
+        StoreClient::create_move_task(self, key, source, target)
+    }
+    fn query_task(&self, id: (u64, u64)) -> Result<crate::proto::TaskInfo> {
+        StoreClient::query_task(self, id)
+    }
+    fn batch_replica_clear(&self, keys: &[String], segment_name: &str) -> Result<Vec<String>> {
+        StoreClient::batch_replica_clear(self, keys, segment_name)
     }
     fn get_size(&self, key: &str) -> Result<u64> {
         StoreClient::get_size(self, key)

@@ -204,13 +204,17 @@ impl StoreClient {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    client.heartbeat(&mut master_was_down);
+                    let tasks = client.heartbeat(&mut master_was_down);
+                    if !tasks.is_empty() {
+                        client.run_tasks(tasks);
+                    }
                 }
             })
             .expect("spawning the heartbeat thread");
     }
 
-    fn heartbeat(&self, master_was_down: &mut bool) {
+    /// One ping; returns the replica tasks its reply assigned to this client.
+    fn heartbeat(&self, master_was_down: &mut bool) -> Vec<TaskAssignment> {
         let disk = self.disk.as_ref().map(DiskLink::counters);
         let outcome = self.ping_with_term(disk).map(|(mut r, _)| match check(r.status.take(), "") {
             Ok(()) => Pinged::Ok(r),
@@ -233,6 +237,7 @@ impl StoreClient {
                 }
                 *master_was_down = false;
                 self.link.ping_ok();
+                return reply.tasks;
             }
             Pinged::Remount => {
                 if let Err(e) = self.remount() {
@@ -250,6 +255,7 @@ impl StoreClient {
                 }
             }
         }
+        Vec::new()
     }
 
     /// A ping (with a short timeout: a master that accepts connections but does not answer,

@@ -44,6 +44,7 @@ pub mod rpc;
 pub mod sched;
 mod session;
 pub mod sg;
+mod tasks;
 mod write;
 
 use std::mem::MaybeUninit;

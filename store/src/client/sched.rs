@@ -149,10 +149,21 @@ impl StoreClient {
     /// Adds up to `count` replicas of `key` on segments that hold none: the master allocates,
     /// this client copies the bytes with the engine, then commits the copies that succeeded.
     pub fn replicate(&self, key: &str, count: u32) -> Result<Replicated> {
-        let req = ReplicateStartRequest { client_id: self.id.clone(), key: key.to_string(), count };
+        self.replicate_with(key, count, Vec::new())
+    }
+
+    /// [`Self::replicate`] onto the segments named `targets` (those holding no replica yet);
+    /// with none, `count` segments the master picks.
+    pub(super) fn replicate_with(&self, key: &str, count: u32, targets: Vec<String>) -> Result<Replicated> {
+        let req =
+            ReplicateStartRequest { client_id: self.id.clone(), key: key.to_string(), count, target_segments: targets };
         let clock = LeaseClock::start();
         let mut plan = self.rpc.call(|mut c| async move { c.replicate_start(req).await })?;
         check(plan.status.take(), key)?;
+        if plan.targets.is_empty() {
+            // Every named target holds a replica already: nothing was reserved.
+            return Ok(Replicated { added: 0, replicas: plan.sources.len() as u32 });
+        }
         // A copy that ended after the sources' lease may hold another object's bytes: none
         // of its targets is committed (the master reclaims them with the warm-up).
         let copied = self.copy_to_targets(key, &plan).and_then(|done| {

@@ -114,6 +114,20 @@ struct Cli {
     /// Reclaim a put not ended within this many seconds (mooncake_master's flag).
     #[arg(long = "put_start_discard_timeout_sec")]
     put_start_discard_timeout_sec: Option<u64>,
+    /// Fail a replica task its client has not taken within this many seconds; 0: never
+    /// [default: 300] (mooncake_master's flag).
+    #[arg(long = "pending_task_timeout_sec")]
+    pending_task_timeout_sec: Option<u64>,
+    /// Fail a replica task its client has not reported within this many seconds; 0: never
+    /// [default: 300] (mooncake_master's flag).
+    #[arg(long = "processing_task_timeout_sec")]
+    processing_task_timeout_sec: Option<u64>,
+    /// Most replica tasks waiting for their clients [default: 10000] (mooncake_master's flag).
+    #[arg(long = "max_total_pending_tasks")]
+    max_total_pending_tasks: Option<usize>,
+    /// Finished replica tasks kept for query_task [default: 10000] (mooncake_master's flag).
+    #[arg(long = "max_total_finished_tasks")]
+    max_total_finished_tasks: Option<usize>,
     /// Start evicting above this share of capacity [default: 0.90].
     #[arg(long, visible_alias = "eviction_high_watermark_ratio")]
     eviction_high_watermark: Option<f64>,
@@ -276,11 +290,7 @@ const IGNORED: &[Ignored] = &[
     ig("snapshot_catalog_backend_type", Kind::Str),
     ig("snapshot_catalog_store_connstring", Kind::Str),
     ig("snapshot_catalog_backend_connstring", Kind::Str),
-    ig("max_total_finished_tasks", Kind::Uint),
-    ig("max_total_pending_tasks", Kind::Uint),
     ig("max_total_processing_tasks", Kind::Uint),
-    ig("pending_task_timeout_sec", Kind::Uint),
-    ig("processing_task_timeout_sec", Kind::Uint),
     ig("max_retry_attempts", Kind::Uint),
     ig("cxl_path", Kind::Str),
     ig("cxl_size", Kind::Uint),
@@ -715,6 +725,18 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     }
     if let Some(v) = cli.put_start_discard_timeout_sec {
         config.put_timeout = Duration::from_secs(v);
+    }
+    if let Some(v) = cli.pending_task_timeout_sec {
+        config.task_pending_timeout = Duration::from_secs(v);
+    }
+    if let Some(v) = cli.processing_task_timeout_sec {
+        config.task_processing_timeout = Duration::from_secs(v);
+    }
+    if let Some(v) = cli.max_total_pending_tasks {
+        config.max_pending_tasks = v;
+    }
+    if let Some(v) = cli.max_total_finished_tasks {
+        config.max_finished_tasks = v;
     }
     if let Some(v) = cli.eviction_high_watermark {
         config.eviction_high_watermark = v;

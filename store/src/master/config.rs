@@ -78,6 +78,21 @@ pub struct MasterConfig {
     pub hot_max_replicas: u32,
     /// Most replication tasks waiting for a worker; hot keys beyond it are dropped (and counted).
     pub hot_queue: usize,
+    /// A replica task (`create_copy_task` / `create_move_task`) not taken by its client within
+    /// this fails ("pending timeout"; `--pending_task_timeout_sec`); 0: no deadline (upstream's
+    /// meaning of 0).
+    #[serde(with = "millis", alias = "task_pending_timeout_ms")]
+    pub task_pending_timeout: Duration,
+    /// A replica task its client has not reported within this fails ("processing timeout";
+    /// `--processing_task_timeout_sec`); 0: no deadline.
+    #[serde(with = "millis", alias = "task_processing_timeout_ms")]
+    pub task_processing_timeout: Duration,
+    /// Most replica tasks waiting for their clients; more are refused with
+    /// `TASK_PENDING_LIMIT_EXCEEDED` (`--max_total_pending_tasks`).
+    pub max_pending_tasks: usize,
+    /// Finished replica tasks kept for `query_task`; the oldest are forgotten beyond it
+    /// (`--max_total_finished_tasks`).
+    pub max_finished_tasks: usize,
     /// Directory where the master keeps what must outlive it: the removals waiting for disks
     /// that are away (see docs/src/disk-tier.md). None: kept in memory only.
     pub state_dir: Option<std::path::PathBuf>,
@@ -192,6 +207,10 @@ impl Default for MasterConfig {
             hot_window: Duration::from_secs(5),
             hot_max_replicas: 3,
             hot_queue: 1024,
+            task_pending_timeout: Duration::from_secs(300),
+            task_processing_timeout: Duration::from_secs(300),
+            max_pending_tasks: 10_000,
+            max_finished_tasks: 10_000,
             state_dir: None,
             owner_ack_timeout: Duration::from_secs(3),
             rpc_threads: rpc_threads_for(std::thread::available_parallelism().map_or(1, |p| p.get())),

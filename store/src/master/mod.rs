@@ -41,6 +41,7 @@ pub mod replicate;
 pub mod server;
 pub mod service;
 mod shards;
+pub mod tasks;
 pub mod tenant;
 
 use std::collections::{HashMap, HashSet};
@@ -374,6 +375,8 @@ pub struct Master {
     space_freed: tokio::sync::Notify,
     /// The background eviction's wake-up (`Master::evict_step`).
     evictor: Arc<Evictor>,
+    /// Replica tasks ([`tasks`]); a leaf lock: nothing else is locked while it is held.
+    tasks: Mutex<tasks::Tasks>,
 }
 
 pub(crate) fn check_key(key: &str) -> Result<()> {
@@ -410,6 +413,7 @@ impl Master {
             term: AtomicU64::new((rand::random::<u64>() >> 1).max(1)),
             space_freed: tokio::sync::Notify::new(),
             evictor: Arc::default(),
+            tasks: Mutex::default(),
         });
         master.state.lock().window = rebuild::Window::open_until(Instant::now() + config.client_ttl);
         master.load_saved_removals()?;
@@ -1761,7 +1765,10 @@ impl Master {
             if !self.fence.leads(now) {
                 return;
             }
+            let gone: Vec<String> = self.silent_clients(&st, now).map(str::to_string).collect();
             self.drop_silent_clients(&mut st, now);
+            // Their replica tasks will never be reported (the tasks' lock is a leaf).
+            self.fail_tasks_of(&gone);
             self.hot_tick(&mut st, now);
             self.flush_news(&mut st);
         }
@@ -1799,6 +1806,9 @@ impl Master {
         }
         self.reclaim_replications(&mut st, now);
         st.window.close_if_over(now);
+        drop(st);
+        self.expire_tasks(now);
+        let mut st = self.state.lock();
         if Self::release_ended_holds(&mut st, now) {
             self.space_freed.notify_waiters();
         }

@@ -38,6 +38,11 @@ pub const OPS: &[(&str, &str)] = &[
     ("ReplicateEnd", "copy_end"),
     // Warm-up workers take replication tasks: Mooncake's FetchTasks.
     ("TakeReplicationTasks", "fetch_tasks"),
+    ("CreateCopyTask", "create_copy_task"),
+    ("CreateMoveTask", "create_move_task"),
+    ("QueryTask", "query_task"),
+    // A client's report of a task it ran: Mooncake's MarkTaskToComplete (`update_task`).
+    ("FinishTask", "update_task"),
 ];
 
 /// Mooncake operations Crescent has no RPC for (their counters stay at zero).
@@ -51,10 +56,6 @@ const OPS_ABSENT: &[&str] = &[
     "move_end",
     "move_revoke",
     "evict_disk_replica",
-    "create_copy_task",
-    "create_move_task",
-    "query_task",
-    "update_task",
 ];
 
 /// Crescent's batch gRPC method → Mooncake's batch operation (`master_batch_<op>_*`).
@@ -64,9 +65,10 @@ pub const BATCHES: &[(&str, &str)] = &[
     ("BatchPutRevoke", "put_revoke"),
     ("BatchGetReplicaList", "get_replica_list"),
     ("BatchExists", "exist_key"),
+    ("BatchReplicaClear", "replica_clear"),
 ];
 
-const BATCHES_ABSENT: &[&str] = &["query_ip", "replica_clear"];
+const BATCHES_ABSENT: &[&str] = &["query_ip"];
 
 /// Counters and gauges Crescent has no counterpart of (exported at zero).
 const COUNTERS_ABSENT: &[(&str, &str)] = &[

@@ -84,7 +84,21 @@ impl HotKeys {
 impl Master {
     /// Allocates up to `count` new replicas of a committed object; see the module docs.
     pub fn replicate_start(&self, client_id: &str, key: &str, count: u32) -> Result<ReplicationPlan> {
+        self.replicate_start_to(client_id, key, count, &[])
+    }
+
+    /// [`Self::replicate_start`] onto the segments named `targets` (those that hold no replica
+    /// of the object yet; `count` is then ignored), as a replica task's copy does. When every
+    /// target holds one already, the plan has no targets and nothing is to be ended.
+    pub fn replicate_start_to(
+        &self,
+        client_id: &str,
+        key: &str,
+        count: u32,
+        targets: &[String],
+    ) -> Result<ReplicationPlan> {
         check_key(key)?;
+        let count = if targets.is_empty() { count } else { u32::try_from(targets.len()).unwrap_or(u32::MAX) };
         if count == 0 || count > MAX_REPLICAS {
             return Err(StoreError::InvalidArgument(format!("replica count {count} is not in 1..={MAX_REPLICAS}")));
         }
@@ -118,6 +132,29 @@ impl Master {
             };
             ratio(b).total_cmp(&ratio(a)).then(a.cmp(b))
         });
+        if !targets.is_empty() {
+            let mut named = Vec::new();
+            for name in targets {
+                let id = Self::task_target(st, key, name)?;
+                if holding.contains(&id) || named.contains(&id) {
+                    continue;
+                }
+                if !candidates.contains(&id) {
+                    return Err(StoreError::NoSpace {
+                        size,
+                        replicas: 1,
+                        detail: format!("segment {name:?} has no room for a replica"),
+                    });
+                }
+                named.push(id);
+            }
+            if named.is_empty() {
+                // Every target holds one already: nothing to copy.
+                return Ok(ReplicationPlan { size, version, sources: Vec::new(), targets: Vec::new() });
+            }
+            candidates = named;
+        }
+        let targets_asked = !targets.is_empty();
         let mut targets = Vec::new();
         for id in candidates {
             if targets.len() as u32 == count.min(room) {
@@ -128,6 +165,17 @@ impl Master {
                 seg.load.puts.record(now);
                 targets.push((id, block));
             }
+        }
+        if targets_asked && (targets.len() as u32) < count.min(room) {
+            // A named segment's room went to fragmentation: all or none.
+            for (id, block) in targets {
+                Self::free_replica(st, key, version, id, block, false, None);
+            }
+            return Err(StoreError::NoSpace {
+                size,
+                replicas: count,
+                detail: "a target segment has no block large enough".into(),
+            });
         }
         if targets.is_empty() {
             return Err(StoreError::NoSpace {

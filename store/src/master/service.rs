@@ -13,7 +13,7 @@ use crate::error::StoreError;
 use crate::master::access::Tenant;
 use crate::master::mooncake_metrics::GetSource;
 use crate::master::removal_records::{Removal, RemovalRecords};
-use crate::master::{tenant, Master, PingOutcome, MAX_KEY_LEN};
+use crate::master::{tasks, tenant, Master, PingOutcome, MAX_KEY_LEN};
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
 use crate::proto::*;
 
@@ -142,6 +142,9 @@ single_outcome!(
     ReplicateStartReply,
     ReplicateEndReply,
     TakeReplicationTasksReply,
+    CreateTaskReply,
+    QueryTaskReply,
+    BatchReplicaClearReply,
     QueryKeysReply,
     PrefixQueryReply,
     NodeStatsReply,
@@ -571,6 +574,11 @@ impl MasterRpc for MasterService {
                     held_removals,
                     disk_only: unscope_entries(&t, m.disk_only_news_for(&r.client_id)),
                     term: m.term(),
+                    tasks: m
+                        .take_tasks(&r.client_id)
+                        .into_iter()
+                        .filter_map(|a| Some(TaskAssignment { key: tenant::unscope(&t.0, &a.key)?.to_string(), ..a }))
+                        .collect(),
                 }
             }
             PingOutcome::NeedRemount => {
@@ -674,20 +682,22 @@ impl MasterRpc for MasterService {
         let (t, mut r) = tenant_req(req);
         sc(&t, &mut r.client_id);
         sc(&t, &mut r.key);
-        self.timed("ReplicateStart", |m| match m.replicate_start(&r.client_id, &r.key, r.count) {
-            Ok(mut p) => {
-                unscope_replicas(&t, &mut p.sources);
-                unscope_replicas(&t, &mut p.targets);
-                ReplicateStartReply {
-                    status: ok(),
-                    size: p.size,
-                    version: p.version,
-                    sources: p.sources,
-                    targets: p.targets,
-                    lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
+        self.timed("ReplicateStart", |m| {
+            match m.replicate_start_to(&r.client_id, &r.key, r.count, &r.target_segments) {
+                Ok(mut p) => {
+                    unscope_replicas(&t, &mut p.sources);
+                    unscope_replicas(&t, &mut p.targets);
+                    ReplicateStartReply {
+                        status: ok(),
+                        size: p.size,
+                        version: p.version,
+                        sources: p.sources,
+                        targets: p.targets,
+                        lease_ttl_ms: m.config().lease_ttl.as_millis() as u64,
+                    }
                 }
+                Err(e) => ReplicateStartReply { status: status(m, &e), ..Default::default() },
             }
-            Err(e) => ReplicateStartReply { status: status(m, &e), ..Default::default() },
         })
     }
 
@@ -712,6 +722,75 @@ impl MasterRpc for MasterService {
             Err(e) => ReplicateEndReply { status: status(m, &e), ..Default::default() },
         };
         Ok(self.observed("ReplicateEnd", start, reply))
+    }
+
+    async fn create_copy_task(
+        &self,
+        req: Request<CreateCopyTaskRequest>,
+    ) -> Result<Response<CreateTaskReply>, tonic::Status> {
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
+        self.timed("CreateCopyTask", |m| match m.create_copy_task(&r.key, &r.targets) {
+            Ok(id) => CreateTaskReply { status: ok(), id: Some(tasks::wire_id(id)) },
+            Err(e) => CreateTaskReply { status: status(m, &e), id: None },
+        })
+    }
+
+    async fn create_move_task(
+        &self,
+        req: Request<CreateMoveTaskRequest>,
+    ) -> Result<Response<CreateTaskReply>, tonic::Status> {
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.key);
+        self.timed("CreateMoveTask", |m| match m.create_move_task(&r.key, &r.source, &r.target) {
+            Ok(id) => CreateTaskReply { status: ok(), id: Some(tasks::wire_id(id)) },
+            Err(e) => CreateTaskReply { status: status(m, &e), id: None },
+        })
+    }
+
+    async fn query_task(&self, req: Request<QueryTaskRequest>) -> Result<Response<QueryTaskReply>, tonic::Status> {
+        let (t, r) = tenant_req(req);
+        self.timed("QueryTask", |m| {
+            match m.query_task(tasks::from_wire(r.id.as_ref()), |k| tenant::unscope(&t.0, k).is_some()) {
+                Ok(mut info) => {
+                    unscope_id(&t, &mut info.assigned_client);
+                    QueryTaskReply { status: ok(), task: Some(info) }
+                }
+                Err(e) => QueryTaskReply { status: status(m, &e), task: None },
+            }
+        })
+    }
+
+    async fn finish_task(&self, req: Request<FinishTaskRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        self.timed("FinishTask", |m| StatusReply {
+            status: status_of(m, &m.finish_task(&r.client_id, tasks::from_wire(r.id.as_ref()), r.ok, &r.message)),
+        })
+    }
+
+    async fn batch_replica_clear(
+        &self,
+        req: Request<BatchReplicaClearRequest>,
+    ) -> Result<Response<BatchReplicaClearReply>, tonic::Status> {
+        let start = Instant::now();
+        let (t, mut r) = tenant_req(req);
+        sc(&t, &mut r.client_id);
+        sc_all(&t, &mut r.keys);
+        let m = &self.master;
+        let cleared = match m.batch_replica_clear(&r.client_id, &r.keys, &r.segment_name) {
+            Ok((keys, removal)) => self.settle(removal).await.map(|()| keys),
+            Err(e) => Err(e),
+        };
+        let reply = match cleared {
+            Ok(keys) => BatchReplicaClearReply {
+                status: ok(),
+                cleared_keys: keys.iter().filter_map(|k| tenant::unscope(&t.0, k).map(str::to_string)).collect(),
+            },
+            Err(e) => BatchReplicaClearReply { status: status(m, &e), cleared_keys: Vec::new() },
+        };
+        let asked = r.keys.len();
+        Ok(self.observed_n("BatchReplicaClear", asked, start, reply))
     }
 
     async fn take_replication_tasks(

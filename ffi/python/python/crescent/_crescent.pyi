@@ -102,6 +102,29 @@ class ReplicaStatus:
     FAILED: ReplicaStatus
     def __int__(self) -> int: ...
 
+class TaskType:
+    REPLICA_COPY: TaskType
+    REPLICA_MOVE: TaskType
+    def __int__(self) -> int: ...
+
+class TaskStatus:
+    PENDING: TaskStatus
+    PROCESSING: TaskStatus
+    FAILED: TaskStatus
+    SUCCESS: TaskStatus
+    def __int__(self) -> int: ...
+
+class QueryTaskResponse:
+    """A replica task's state, as query_task returns it."""
+    id: tuple[int, int]
+    type: TaskType
+    status: TaskStatus
+    created_at_ms_epoch: int
+    last_updated_at_ms_epoch: int
+    assigned_client: str
+    message: str
+    def __init__(self) -> None: ...
+
 class Descriptor:
     """Where a memory replica's bytes are."""
 
@@ -346,6 +369,10 @@ class MooncakeDistributedStore:
     def get_size(self, key: str) -> int:
         """The value's size in bytes, or a negative code."""
     def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]: ...
+    def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]: ...
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]: ...
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]: ...
+    def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]: ...
     def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDescriptor]]: ...
     def remove(self, key: str, force: bool = False) -> int:
         """0, or a negative code (OBJECT_HAS_LEASE while a reader holds a lease, unless force)."""

@@ -30,10 +30,13 @@ from crescent._crescent import (
     MemoryDescriptor,
     MooncakeHostMemAllocator,
     ObjectDataType,
+    QueryTaskResponse,
     ReplicaDescriptor,
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
+    TaskStatus,
+    TaskType,
     bind_to_numa_node,
     get_alloc_func_addr,
     get_free_func_addr,
@@ -251,8 +254,9 @@ class AsyncStore:
 
 CrescentStore = MooncakeDistributedStore
 
-# Mooncake exports the values of these enums at module level (pybind's export_values).
-for _enum in (ObjectDataType, ReplicaStatus):
+# Mooncake exports the values of these enums at module level (pybind's export_values); as in
+# Mooncake, TaskStatus's PROCESSING and FAILED are the ones left at module level.
+for _enum in (ObjectDataType, ReplicaStatus, TaskType, TaskStatus):
     for _name in dir(_enum):
         if _name.isupper():
             globals()[_name] = getattr(_enum, _name)
@@ -270,12 +274,15 @@ __all__ = [
     "MooncakeDistributedStoreAsync",
     "ObjectDataType",
     "ParallelAxis",
+    "QueryTaskResponse",
     "ReadTarget",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",
     "TENSOR_METADATA_SIZE",
+    "TaskStatus",
+    "TaskType",
     "TensorParallelism",
     "bind_to_numa_node",
     "get_alloc_func_addr",
