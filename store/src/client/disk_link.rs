@@ -4,7 +4,7 @@
 //! put committed). The executor reads the tier's files through [`DiskLink::tier`]; nothing
 //! here reads or writes values itself.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +65,8 @@ pub(crate) struct DiskLink {
     rpc: Arc<MasterRpc>,
     client_id: String,
     host: String,
+    /// Unmounted by [`Self::drain`]: not mounted again.
+    drained: AtomicBool,
 }
 
 impl DiskLink {
@@ -85,7 +87,16 @@ impl DiskLink {
         let host = engine.segment_name().rsplit_once(':').map_or("127.0.0.1", |(h, _)| h).to_string();
         let service = DiskService::start(&host, engine.auth(), &tier, staging, engine.segment_name().to_string())?;
         let segment_name = disk_segment_name(tier.disk_id());
-        Ok(DiskLink { tier, service, segment_id: Arc::new(AtomicU64::new(0)), segment_name, rpc, client_id, host })
+        Ok(DiskLink {
+            tier,
+            service,
+            segment_id: Arc::new(AtomicU64::new(0)),
+            segment_name,
+            rpc,
+            client_id,
+            host,
+            drained: AtomicBool::new(false),
+        })
     }
 
     /// The disk's name in replica lists.
@@ -122,8 +133,12 @@ impl DiskLink {
         Ok(())
     }
 
-    /// After the master dropped this client: mount the disk again and re-announce its files.
+    /// After the master dropped this client: mount the disk again and re-announce its files
+    /// (not once drained, [`Self::drain`]).
     pub(crate) fn remount(&self) {
+        if self.drained.load(Ordering::Acquire) {
+            return;
+        }
         if let Err(e) = self.mount().and_then(|()| self.tier.restore_all()) {
             tracing::warn!("remounting the disk tier: {e}");
         }
@@ -192,12 +207,37 @@ impl DiskLink {
         offload.queue_resident(version, resident, bytes);
     }
 
+    /// Mooncake's `unmount_local_disk_segment`: unmounts the disk at the master (objects whose
+    /// only copy was a file of it are gone, the others lose that copy), keeps it from being
+    /// mounted again, and waits `grace` (reads of its files granted before may finish). Once
+    /// drained, a second call does nothing.
+    pub(crate) fn drain(&self, grace: Duration) -> Result<()> {
+        if self.drained.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let req = UnmountSegmentRequest {
+            client_id: self.client_id.clone(),
+            segment_id: self.segment_id.load(Ordering::Acquire),
+        };
+        let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await });
+        if let Err(e) = reply.and_then(|r| check(r.status, "")) {
+            self.drained.store(false, Ordering::Release);
+            return Err(e);
+        }
+        tracing::info!("disk segment {} unmounted (drained); waiting {grace:?}", self.segment_name);
+        std::thread::sleep(grace);
+        Ok(())
+    }
+
     /// Flushes the writers and unmounts the disk (its copies are no longer served).
     pub(crate) fn close(&self) -> Result<()> {
         if !self.tier.flush(CLOSE_FLUSH_TIMEOUT) {
             tracing::warn!("closing: offloads still queued after {CLOSE_FLUSH_TIMEOUT:?}");
         }
         self.tier.shutdown();
+        if self.drained.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let req = UnmountSegmentRequest {
             client_id: self.client_id.clone(),
             segment_id: self.segment_id.load(Ordering::Acquire),
