@@ -229,6 +229,7 @@ impl StoreClient {
     }
 
     fn heartbeat(&self, master_was_down: &mut bool) {
+        self.extras.sweep(Instant::now());
         let disk = self.disk.as_ref().map(DiskLink::counters);
         let outcome = self.ping_with_term(disk).map(|(mut r, _)| match check(r.status.take(), "") {
             Ok(()) => Pinged::Ok(r),

@@ -136,8 +136,8 @@ impl Extras {
         self.mounted.lock().clone()
     }
 
-    /// Frees the retired segments whose time came.
-    fn sweep(&self, now: Instant) {
+    /// Frees the retired segments whose time came (at each heartbeat and unmount).
+    pub fn sweep(&self, now: Instant) {
         let gone: Vec<_> = {
             let mut retired = self.retired.lock();
             let (gone, kept) = retired.drain(..).partition(|(until, _)| *until <= now);
@@ -159,7 +159,7 @@ fn map_file(path: &Path, offset: u64, size: u64) -> Result<u64> {
         return Err(bad(format!("offset {offset} + size {size} is beyond its {file_len} bytes")));
     }
     let page = rustix::param::page_size() as u64;
-    if offset % page != 0 {
+    if !offset.is_multiple_of(page) {
         return Err(bad(format!("offset {offset} is not a multiple of the page size {page}")));
     }
     // SAFETY: a fresh shared mapping of an open file's range checked above; nothing else in
@@ -288,9 +288,11 @@ impl StoreClient {
                         "{what}({id}): mounted by mount_segment; unmount it with unmount_segment"
                     )))
                 }
-                Some(_) => return Err(StoreError::invalid(format!(
+                Some(_) => {
+                    return Err(StoreError::invalid(format!(
                     "{what}({id}): allocated by allocate_and_mount_segment; unmount it with unmount_and_free_segment"
-                ))),
+                )))
+                }
                 None => return Err(StoreError::invalid(format!("{what}({id}): not a segment this client mounted"))),
             }
         };
