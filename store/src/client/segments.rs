@@ -182,7 +182,7 @@ impl StoreClient {
     /// Mounts `[offset, +size)` of the file at `path` (mapped shared, read-write, and
     /// registered with the engine) as a segment of this client; returns its ids (one, or none
     /// for `size` 0, as Mooncake). `offset` must be a multiple of the page size, the range
-    /// within the file. The file's bytes are the pool's until [`Self::unmount_segment`].
+    /// within the file. The file's bytes are the pool's until [`Self::unmount_segments`].
     pub fn mount_segment(&self, path: &Path, offset: u64, size: u64, location: &str) -> Result<Vec<String>> {
         if size == 0 {
             return Ok(Vec::new());
@@ -198,7 +198,7 @@ impl StoreClient {
         self.mount_extra(memory, false).map(|id| vec![id])
     }
 
-    /// Allocates `size` bytes (rounded up to [`SEGMENT_ALIGN`]) of page-aligned host memory,
+    /// Allocates `size` bytes (rounded up to a multiple of 4 MiB, as Mooncake) of page-aligned host memory,
     /// registers them with the engine and mounts them as a segment of this client; returns its
     /// ids and the size allocated.
     pub fn allocate_and_mount_segment(&self, size: u64, location: &str) -> Result<(Vec<String>, u64)> {
