@@ -25,6 +25,17 @@ pub fn disk_segment_name(disk_id: &str) -> String {
     format!("ssd:{disk_id}")
 }
 
+/// What separates a client's extra memory segment's name from its engine's segment name:
+/// `host:port#<uuid>` (see `StoreClient::allocate_and_mount_segment`). Every segment of a
+/// client is memory of its one engine segment, so a reader opens `host:port`.
+pub const EXTRA_SEGMENT_MARK: char = '#';
+
+/// The transfer engine's segment that holds a memory segment named `name` at the master: the
+/// name itself, or the part before [`EXTRA_SEGMENT_MARK`] for a client's extra segment.
+pub fn engine_segment(name: &str) -> &str {
+    name.split_once(EXTRA_SEGMENT_MARK).map_or(name, |(engine, _)| engine)
+}
+
 /// Mooncake's default `--cluster_id`: the masters' election and the clients' leader lookup
 /// both use it when none is given.
 pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";

@@ -45,7 +45,32 @@ pub(crate) struct Store {
 /// internal copies (disk tier, warm-up); the calls that need a local buffer are refused.
 pub(crate) const INTERNAL_STAGING: u64 = 1 << 20;
 
+/// Mooncake's segment methods answer -1 for what the client checks itself (and before
+/// setup); a failure at the master keeps its code.
+fn segment_code(e: &crescent_ffi::store::StoreError) -> i32 {
+    match e {
+        crescent_ffi::store::StoreError::InvalidArgument(_) => {
+            fail(Status::InvalidParams, e);
+            -1
+        }
+        _ => store_fail(e).code(),
+    }
+}
+
+fn segment_unset(what: &str) -> i32 {
+    not_set_up(what);
+    -1
+}
+
 impl Store {
+    /// `unmount_segment` and `unmount_and_free_segment`: 0, or the first failure's code.
+    fn unmount_segments(&self, what: &str, py: Python<'_>, ids: Vec<String>, free: bool, grace_s: u64) -> i32 {
+        let Some(c) = self.client() else { return segment_unset(what) };
+        let grace = std::time::Duration::from_secs(grace_s);
+        let results = py.detach(|| c.unmount_segments(&ids, free, grace));
+        results.iter().find_map(|r| r.as_ref().err()).map_or(0, segment_code)
+    }
+
     /// Connects the client, on `shared` (an engine the caller runs) when given, else on an
     /// engine of its own.
     pub(crate) fn start(&self, py: Python<'_>, args: SetupArgs, shared: Option<Arc<TransferEngine>>) -> i32 {
@@ -258,6 +283,92 @@ impl Store {
     /// get_hostname() -> str: this client's segment name (`host:port`), "" before setup.
     fn get_hostname(&self) -> String {
         self.client().map(|c| c.segment_name().to_string()).unwrap_or_default()
+    }
+
+    /// mount_segment(path, size, offset=0, protocol="tcp", location="") -> dict: maps
+    /// `[offset, +size)` of the file at `path` (shared, read-write) and mounts it as another
+    /// segment of this client: `{"ret": 0, "segment_ids": [id]}`, or `ret` -1 (an unreadable
+    /// file, a range beyond it, an offset not page-aligned) and no ids; `size` 0 mounts nothing
+    /// (`ret` 0, no ids), as Mooncake. `protocol` is the engine's, chosen at setup.
+    #[pyo3(signature = (path, size, offset=0, protocol="tcp".to_string(), location=String::new()))]
+    fn mount_segment<'py>(
+        &self,
+        py: Python<'py>,
+        path: String,
+        size: u64,
+        offset: u64,
+        protocol: String,
+        location: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let _ = protocol;
+        let out = PyDict::new(py);
+        let (ret, ids) = match self.client() {
+            None => (segment_unset("mount_segment"), Vec::new()),
+            Some(c) => match py.detach(|| c.mount_segment(std::path::Path::new(&path), offset, size, &location)) {
+                Ok(ids) => (0, ids),
+                Err(e) => (segment_code(&e), Vec::new()),
+            },
+        };
+        out.set_item("ret", ret)?;
+        out.set_item("segment_ids", ids)?;
+        Ok(out)
+    }
+
+    /// allocate_and_mount_segment(size, protocol="tcp", location="") -> dict: allocates `size`
+    /// bytes (rounded up to 4 MiB, as Mooncake's slabs) of host memory, registers and mounts
+    /// them as another segment of this client: `{"ret": 0, "segment_ids": [id],
+    /// "allocated_size": n}`, or `ret` -1 (size 0, no memory) with no ids and size 0.
+    #[pyo3(signature = (size, protocol="tcp".to_string(), location=String::new()))]
+    fn allocate_and_mount_segment<'py>(
+        &self,
+        py: Python<'py>,
+        size: u64,
+        protocol: String,
+        location: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let _ = protocol;
+        let out = PyDict::new(py);
+        let (ret, ids, allocated) = match self.client() {
+            None => (segment_unset("allocate_and_mount_segment"), Vec::new(), 0),
+            Some(c) => match py.detach(|| c.allocate_and_mount_segment(size, &location)) {
+                Ok((ids, allocated)) => (0, ids, allocated),
+                Err(e) => (segment_code(&e), Vec::new(), 0),
+            },
+        };
+        out.set_item("ret", ret)?;
+        out.set_item("segment_ids", ids)?;
+        out.set_item("allocated_size", allocated)?;
+        Ok(out)
+    }
+
+    /// unmount_segment(segment_ids, grace_period_seconds=0) -> int: unmounts segments that
+    /// `mount_segment` mounted; their objects lose those replicas (an object whose only replica
+    /// was there is gone). 0, or the first failure's code (-1 for an id this client did not
+    /// mount with `mount_segment`, or unmounted already). The mapping stays while reads granted
+    /// before may still use it, and at least the grace period.
+    #[pyo3(signature = (segment_ids, grace_period_seconds=0))]
+    fn unmount_segment(&self, py: Python<'_>, segment_ids: Vec<String>, grace_period_seconds: u64) -> i32 {
+        self.unmount_segments("unmount_segment", py, segment_ids, false, grace_period_seconds)
+    }
+
+    /// unmount_and_free_segment(segment_ids, grace_period_seconds=0) -> int: as
+    /// `unmount_segment`, for segments `allocate_and_mount_segment` allocated; their memory is
+    /// freed once no read granted before can use it (and the grace period passed).
+    #[pyo3(signature = (segment_ids, grace_period_seconds=0))]
+    fn unmount_and_free_segment(&self, py: Python<'_>, segment_ids: Vec<String>, grace_period_seconds: u64) -> i32 {
+        self.unmount_segments("unmount_and_free_segment", py, segment_ids, true, grace_period_seconds)
+    }
+
+    /// unmount_local_disk_segment(grace_period_seconds=0) -> int: unmounts this client's disk
+    /// tier at the master (its files no longer serve gets; objects whose only copy they were are
+    /// gone), then waits the grace period. 0 also without a disk tier, as Mooncake.
+    #[pyo3(signature = (grace_period_seconds=0))]
+    fn unmount_local_disk_segment(&self, py: Python<'_>, grace_period_seconds: u64) -> i32 {
+        let Some(c) = self.client() else { return segment_unset("unmount_local_disk_segment") };
+        match py.detach(|| c.unmount_local_disk_segment(std::time::Duration::from_secs(grace_period_seconds))) {
+            Ok(()) => 0,
+            Err(e) => segment_code(&e),
+        }
     }
 
     /// put(key, value, config=None) -> int: stores `value` (bytes or any buffer object) under

@@ -165,7 +165,8 @@ pub(crate) fn replica_descriptor(r: &crescent_ffi::store::proto::ReplicaDescript
         buffer_descriptor: PyBufferDescriptor {
             size: r.size,
             buffer_address: r.address,
-            transport_endpoint: r.segment_name.clone(),
+            // The engine's segment (a client's extra segment is `host:port#<id>` at the master).
+            transport_endpoint: crescent_ffi::store::protocol::engine_segment(&r.segment_name).to_string(),
         },
     });
     PyReplicaDescriptor { status, memory, disk_service: r.disk_service.clone() }

@@ -204,6 +204,30 @@ pub trait StoreApi: Send + Sync {
         )))
     }
 
+    // ---- segments mounted at run time: a full client's (upstream's need a `RealClient`) ----
+
+    /// See [`StoreClient::mount_segment`].
+    fn mount_segment(&self, path: &std::path::Path, offset: u64, size: u64, location: &str) -> Result<Vec<String>> {
+        let _ = (path, offset, size, location);
+        Err(no_segments("mount_segment"))
+    }
+    /// See [`StoreClient::allocate_and_mount_segment`].
+    fn allocate_and_mount_segment(&self, size: u64, location: &str) -> Result<(Vec<String>, u64)> {
+        let _ = (size, location);
+        Err(no_segments("allocate_and_mount_segment"))
+    }
+    /// See [`StoreClient::unmount_segments`]: one result per id.
+    fn unmount_segments(&self, ids: &[String], free: bool, grace: std::time::Duration) -> Vec<Result<()>> {
+        let _ = grace;
+        let name = if free { "unmount_and_free_segment" } else { "unmount_segment" };
+        ids.iter().map(|_| Err(no_segments(name))).collect()
+    }
+    /// See [`StoreClient::unmount_local_disk_segment`].
+    fn unmount_local_disk_segment(&self, grace: std::time::Duration) -> Result<()> {
+        let _ = grace;
+        Err(no_segments("unmount_local_disk_segment"))
+    }
+
     // ---- sessions (Mooncake's `batch_*_session_*`): a full client keeps them ----
 
     /// See [`StoreClient::batch_get_session_start`].
@@ -339,6 +363,12 @@ pub trait StoreApi: Send + Sync {
 
 /// A client that keeps no sessions (a dummy client: its standalone client would have to keep
 /// them for it).
+fn no_segments(method: &str) -> crate::StoreError {
+    crate::StoreError::invalid(format!(
+        "{method} needs a client set up with setup(); a dummy client (setup_dummy) mounts no segments"
+    ))
+}
+
 fn no_sessions() -> crate::StoreError {
     crate::StoreError::invalid(
         "get and put sessions need a client set up with setup(); a dummy client (setup_dummy) does not keep them",
@@ -364,6 +394,18 @@ fn one_piece_each(keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<[P
 impl StoreApi for StoreClient {
     fn segment_name(&self) -> String {
         StoreClient::segment_name(self).to_string()
+    }
+    fn mount_segment(&self, path: &std::path::Path, offset: u64, size: u64, location: &str) -> Result<Vec<String>> {
+        StoreClient::mount_segment(self, path, offset, size, location)
+    }
+    fn allocate_and_mount_segment(&self, size: u64, location: &str) -> Result<(Vec<String>, u64)> {
+        StoreClient::allocate_and_mount_segment(self, size, location)
+    }
+    fn unmount_segments(&self, ids: &[String], free: bool, grace: std::time::Duration) -> Vec<Result<()>> {
+        StoreClient::unmount_segments(self, ids, free, grace)
+    }
+    fn unmount_local_disk_segment(&self, grace: std::time::Duration) -> Result<()> {
+        StoreClient::unmount_local_disk_segment(self, grace)
     }
     fn default_options(&self) -> PutOptions {
         StoreClient::default_options(self)

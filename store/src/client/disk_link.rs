@@ -70,6 +70,8 @@ pub(crate) struct DiskLink {
     rpc: Arc<MasterRpc>,
     client_id: String,
     host: String,
+    /// Unmounted by [`Self::drain`]: not mounted again.
+    drained: AtomicBool,
 }
 
 impl DiskLink {
@@ -101,6 +103,7 @@ impl DiskLink {
             rpc,
             client_id,
             host,
+            drained: AtomicBool::new(false),
         })
     }
 
@@ -150,8 +153,12 @@ impl DiskLink {
         Ok(())
     }
 
-    /// After the master dropped this client: mount the disk again and re-announce its files.
+    /// After the master dropped this client: mount the disk again and re-announce its files
+    /// (not once drained, [`Self::drain`]).
     pub(crate) fn remount(&self) {
+        if self.drained.load(Ordering::Acquire) {
+            return;
+        }
         if let Err(e) = self.mount().and_then(|()| self.tier.restore_all()) {
             tracing::warn!("remounting the disk tier: {e}");
         }
@@ -227,6 +234,30 @@ impl DiskLink {
         offload.queue_resident(version, resident, bytes);
     }
 
+    /// Mooncake's `unmount_local_disk_segment`: unmounts the disk at the master (objects whose
+    /// only copy was a file of it are gone, the others lose that copy), keeps it from being
+    /// mounted again, and waits `grace` (reads of its files granted before may finish). Once
+    /// drained, a second call does nothing.
+    pub(crate) fn drain(&self, grace: Duration) -> Result<()> {
+        if self.drained.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let req = UnmountSegmentRequest {
+            client_id: self.client_id.clone(),
+            segment_id: self.mount.segment_id.load(Ordering::Acquire),
+        };
+        let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await });
+        if let Err(e) = reply.and_then(|r| check(r.status, "")) {
+            self.drained.store(false, Ordering::Release);
+            return Err(e);
+        }
+        // The master keeps no link for it any more: its owner stream ends.
+        self.stop.store(true, Ordering::Release);
+        tracing::info!("disk segment {} unmounted (drained); waiting {grace:?}", self.segment_name);
+        std::thread::sleep(grace);
+        Ok(())
+    }
+
     /// Flushes the writers and unmounts the disk (its copies are no longer served).
     pub(crate) fn close(&self) -> Result<()> {
         self.stop.store(true, Ordering::Release);
@@ -234,6 +265,9 @@ impl DiskLink {
             tracing::warn!("closing: offloads still queued after {CLOSE_FLUSH_TIMEOUT:?}");
         }
         self.tier.shutdown();
+        if self.drained.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let req = UnmountSegmentRequest {
             client_id: self.client_id.clone(),
             segment_id: self.mount.segment_id.load(Ordering::Acquire),

@@ -63,6 +63,7 @@ impl<'c> Exec<'c> {
 
     /// Opens the segment of a peer's replica (the holder is gone if it cannot be reached).
     pub(crate) fn open(&self, key: &str, segment: &str) -> Result<crescent_engine::SegmentId> {
+        let segment = crate::protocol::engine_segment(segment);
         self.engine.open_segment(segment).map_err(|e| StoreError::peer_gone(key, e))
     }
 

@@ -112,13 +112,34 @@ impl StoreClient {
     }
 
     fn mount_once(&self, kind: MountKind) -> Result<()> {
-        // A pure consumer contributes no memory: the master does not know it.
-        let Some(segment) = self.segment_info() else { return Ok(()) };
+        // A pure consumer contributes no memory of its own at start: the master does not know
+        // it (until it mounts an extra segment).
+        if let Some(segment) = self.segment_info() {
+            let holds = |offset, size, crc| self.segment_holds(offset, size, crc);
+            let segment_id = self.mount_segment_info(kind, segment, &self.index, holds)?;
+            self.segment_id.store(segment_id, Ordering::Release);
+        }
+        if kind != MountKind::First {
+            self.remount_extras(kind)?;
+        }
+        Ok(())
+    }
+
+    /// Mounts `segment` at the master, as `kind` says, with `index` its owner index (`holds`
+    /// settles its pending commits for a new master); returns its id.
+    pub(super) fn mount_segment_info(
+        &self,
+        kind: MountKind,
+        segment: SegmentInfo,
+        index: &OwnerIndex,
+        holds: impl Fn(u64, u64, u32) -> bool,
+    ) -> Result<u64> {
         let host = self.host();
+        let name = segment.name.clone();
         let (term, segment_id) = match kind {
             MountKind::First | MountKind::Dropped => {
                 if kind == MountKind::Dropped {
-                    self.index.discard();
+                    index.discard();
                 }
                 let req = MountSegmentRequest { client_id: self.id.clone(), segment: Some(segment), host };
                 let reply = if kind == MountKind::Dropped {
@@ -127,14 +148,13 @@ impl StoreClient {
                     self.rpc.call(|mut c| async move { c.mount_segment(req).await })?
                 };
                 check(reply.status, "")?;
-                self.index.mounted(reply.term, reply.segment_id, false);
+                index.mounted(reply.term, reply.segment_id, false);
                 (reply.term, reply.segment_id)
             }
             MountKind::NewMaster => {
-                self.index.unmount();
+                index.unmount();
                 let now = Instant::now();
-                let matches = |offset, size, crc| self.segment_holds(offset, size, crc);
-                let (objects, held) = (self.index.report(now, matches), self.index.held(now));
+                let (objects, held) = (index.report(now, holds), index.held(now));
                 let reported = objects.len();
                 let req = RemountWithReportRequest {
                     client_id: self.id.clone(),
@@ -145,10 +165,9 @@ impl StoreClient {
                 };
                 let reply = self.rpc.call(|mut c| async move { c.remount_with_report(req).await })?;
                 check(reply.status, "")?;
-                self.index.mounted(reply.term, reply.segment_id, true);
+                index.mounted(reply.term, reply.segment_id, true);
                 tracing::info!(
-                    "segment {} mounted under the master's term {}: {reported} object(s) reported, {} reinstated, {} refused",
-                    self.segment_name(),
+                    "segment {name} mounted under the master's term {}: {reported} object(s) reported, {} reinstated, {} refused",
                     reply.term,
                     reply.reinstated,
                     reply.refused
@@ -156,9 +175,8 @@ impl StoreClient {
                 (reply.term, reply.segment_id)
             }
         };
-        tracing::debug!("segment {} mounted as {segment_id} (term {term})", self.segment_name());
-        self.segment_id.store(segment_id, Ordering::Release);
-        Ok(())
+        tracing::debug!("segment {name} mounted as {segment_id} (term {term})");
+        Ok(segment_id)
     }
 
     /// Whether our segment's range `[offset, offset + size)` (from its base) holds bytes whose
@@ -215,6 +233,7 @@ impl StoreClient {
 
     /// One ping; returns the replica tasks its reply assigned to this client.
     fn heartbeat(&self, master_was_down: &mut bool) -> Vec<TaskAssignment> {
+        self.extras.sweep(Instant::now());
         let disk = self.disk.as_ref().map(DiskLink::counters);
         let outcome = self.ping_with_term(disk).map(|(mut r, _)| match check(r.status.take(), "") {
             Ok(()) => Pinged::Ok(r),
@@ -282,7 +301,12 @@ impl StoreClient {
             // Known to the master (remounted by another thread meanwhile), or it is not there.
             other => return other.map(|()| false),
         }
-        let kind = if term != 0 && term == self.index.mount().term {
+        // The term this client mounted under: its first segment's, else an extra one's.
+        let mounted_term = std::iter::once(self.index.mount().term)
+            .chain(self.extras.all().iter().map(|e| e.index.mount().term))
+            .find(|t| *t != 0)
+            .unwrap_or(0);
+        let kind = if term != 0 && term == mounted_term {
             tracing::warn!(
                 "the master dropped this client; remounting segment {} (its objects are gone)",
                 self.segment_name()
@@ -307,8 +331,14 @@ impl StoreClient {
     /// Keeps an owner stream open to the master for the current mount (a new one after each
     /// remount), applying its news to the index and acknowledging them.
     pub(super) fn start_owner_stream(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        self.rpc.handle().spawn(owner_stream(weak));
+        self.start_owner_stream_of(&self.index);
+    }
+
+    /// [`Self::start_owner_stream`] for the segment whose owner index is `index`; it ends
+    /// when the index or the client goes.
+    pub(super) fn start_owner_stream_of(&self, index: &Arc<OwnerIndex>) {
+        let weak = self.me.clone();
+        self.rpc.handle().spawn(owner_stream(weak, Arc::downgrade(index)));
     }
 }
 
@@ -327,13 +357,14 @@ const MOUNT_CHECK: Duration = Duration::from_millis(100);
 /// Pause before opening an owner stream again after it failed or closed.
 const STREAM_RETRY: Duration = Duration::from_millis(50);
 
-async fn owner_stream(weak: Weak<StoreClient>) {
+async fn owner_stream(weak: Weak<StoreClient>, index_of: Weak<OwnerIndex>) {
     loop {
         let Some(client) = weak.upgrade() else { return };
         if client.stop.load(Ordering::Acquire) {
             return;
         }
-        let (index, id, mut grpc) = (client.index.clone(), client.id.clone(), client.rpc.client());
+        let Some(index) = index_of.upgrade() else { return };
+        let (id, mut grpc) = (client.id.clone(), client.rpc.client());
         drop(client);
         let mount = index.mount();
         if mount.segment_id == 0 {

@@ -42,6 +42,7 @@ mod put_retry;
 mod read;
 pub mod rpc;
 pub mod sched;
+mod segments;
 mod session;
 pub mod sg;
 mod tasks;
@@ -176,6 +177,10 @@ impl Want<'_> {
 /// (heartbeats, the owner stream). Calls are blocking and may be made from any thread;
 /// [`StoreClient::close`] (or the drop of the last `Arc`) ends it.
 pub struct StoreClient {
+    /// Itself, for the tasks it starts after set-up (an extra segment's owner stream).
+    me: std::sync::Weak<StoreClient>,
+    /// Segments mounted at run time ([`segments`]).
+    extras: segments::Extras,
     id: String,
     config: ClientConfig,
     engine: Arc<TransferEngine>,
@@ -263,7 +268,10 @@ impl StoreClient {
         };
         let hot = HotCache::start(&engine, &config.hot_cache);
         let metrics_address = config.metrics_address.clone();
-        let client = Arc::new(StoreClient {
+        let client_metrics = metrics::ClientMetrics::new()?;
+        let client = Arc::new_cyclic(|me| StoreClient {
+            me: me.clone(),
+            extras: segments::Extras::default(),
             id,
             config,
             engine,
@@ -279,7 +287,7 @@ impl StoreClient {
             remounting: parking_lot::Mutex::new(()),
             disk,
             remote_disk_reads: AtomicU64::new(0),
-            metrics: metrics::ClientMetrics::new()?,
+            metrics: client_metrics,
             metrics_server: parking_lot::Mutex::new(None),
             index: Arc::default(),
             link: Arc::default(),
@@ -374,7 +382,7 @@ impl StoreClient {
     /// A pure consumer contributes no memory, so the master does not know it (and asks it to
     /// remount at every heartbeat).
     fn contributes(&self) -> bool {
-        self.segment.is_some() || self.disk.is_some()
+        self.segment.is_some() || self.disk.is_some() || !self.extras.is_empty()
     }
 
     /// The client's hot cache, when enabled.
@@ -1749,6 +1757,7 @@ impl StoreClient {
         self.metrics_server.lock().take();
         self.close_sessions();
         let disk_closed = self.disk.as_ref().map_or(Ok(()), DiskLink::close);
+        let extras_closed = self.unmount_all_extras();
         // Segment 0 is none: a client whose first mount failed (a master that refused its
         // credentials, say) has nothing to unmount, and the master would answer
         // `SegmentNotFound` to a call it might refuse besides.
@@ -1758,7 +1767,7 @@ impl StoreClient {
             let reply = self.rpc.call(|mut c| async move { c.unmount_segment(req).await })?;
             check(reply.status, "")?;
         }
-        disk_closed
+        disk_closed.and(extras_closed)
     }
 }
 

@@ -88,6 +88,11 @@ impl LeaseHolds {
         out
     }
 
+    /// When the last lease holding a range of `segment_id` ends (`None`: none holds one).
+    pub(super) fn last_end_of(&self, segment_id: u64) -> Option<Instant> {
+        self.running.iter().filter(|Reverse(h)| h.segment_id == segment_id).map(|Reverse(h)| h.until).max()
+    }
+
     /// Forgets the holds of a segment that went (its allocator went with it).
     pub(super) fn forget_segment(&mut self, segment_id: u64) {
         self.running.retain(|Reverse(h)| h.segment_id != segment_id);

@@ -590,6 +590,18 @@ impl Master {
     /// Unmounts a segment of `client_id`: its replicas go (objects left with none are dropped),
     /// and so does its owner link.
     pub fn unmount_segment(&self, client_id: &str, segment_id: u64) -> Result<()> {
+        self.unmount_segment_leased(client_id, segment_id).map(|_| ())
+    }
+
+    /// [`Self::unmount_segment`], answering how long from now the segment's memory may still
+    /// be read or written by calls the master granted before: the last read lease on an object
+    /// with a replica there, the last lease holding a range of it, and the put timeout of a put
+    /// still writing there. The owner keeps the memory (registered, unchanged) that long, so a
+    /// read granted before the unmount never sees other bytes: it ends within its lease, or
+    /// fails with the lease expired.
+    pub fn unmount_segment_leased(&self, client_id: &str, segment_id: u64) -> Result<Duration> {
+        let now = Instant::now();
+        let mut busy_until = now;
         // The segment's records go first, under the global lock alone (nothing is placed on it
         // from then on); its replicas then go one shard at a time, the calls on the other
         // shards going on meanwhile. (A get in between finds a replica whose segment is gone:
@@ -604,6 +616,9 @@ impl Master {
                 }
                 None => return Err(StoreError::SegmentNotFound(segment_id.to_string())),
             }
+            if let Some(end) = st.holds.last_end_of(segment_id) {
+                busy_until = busy_until.max(end);
+            }
             Self::drop_segment_record(&mut st, segment_id).expect("looked up above")
         };
         let place = events::Place { tier: seg.tier, client_id: &seg.client_id, host: &seg.host, segment: &seg.name };
@@ -617,13 +632,24 @@ impl Master {
                     }
                 }
             }
+            for (_, obj) in st.objects.iter() {
+                if !obj.replicas.iter().any(|r| r.segment_id == segment_id) {
+                    continue;
+                }
+                if let Some(lease) = obj.lease_until {
+                    busy_until = busy_until.max(lease.instant());
+                }
+                if !obj.complete {
+                    busy_until = busy_until.max(obj.started.instant() + self.config.put_timeout);
+                }
+            }
             dropped += Self::strip_segment(&mut st, segment_id);
         }
         tracing::info!(
             "client {client_id} unmounted segment {segment_id}; {dropped} object(s) lost their last replica"
         );
         self.update_gauges();
-        Ok(())
+        Ok(busy_until.saturating_duration_since(now))
     }
 
     /// Removes a segment and every replica on it; returns how many objects were removed.

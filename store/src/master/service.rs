@@ -139,6 +139,7 @@ single_outcome!(
     RemoveByRegexReply,
     PingReply,
     MountSegmentReply,
+    UnmountSegmentReply,
     ReplicateStartReply,
     ReplicateEndReply,
     TakeReplicationTasksReply,
@@ -301,11 +302,12 @@ impl MasterRpc for MasterService {
     async fn unmount_segment(
         &self,
         req: Request<UnmountSegmentRequest>,
-    ) -> Result<Response<StatusReply>, tonic::Status> {
+    ) -> Result<Response<UnmountSegmentReply>, tonic::Status> {
         let (t, mut r) = tenant_req(req);
         sc(&t, &mut r.client_id);
-        self.timed("UnmountSegment", |m| StatusReply {
-            status: status_of(m, &m.unmount_segment(&r.client_id, r.segment_id)),
+        self.timed("UnmountSegment", |m| match m.unmount_segment_leased(&r.client_id, r.segment_id) {
+            Ok(busy) => UnmountSegmentReply { status: ok(), busy_ms: busy.as_millis().try_into().unwrap_or(u64::MAX) },
+            Err(e) => UnmountSegmentReply { status: status(m, &e), busy_ms: 0 },
         })
     }
 

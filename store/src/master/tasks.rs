@@ -419,12 +419,14 @@ impl Master {
             let its: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
             let next = st.next_version;
             if segment_name.is_empty() {
+                let (disks, disk_unlinked) = Self::disk_holders(&st, obj);
+                let its: Vec<u64> = its.into_iter().chain(disks).collect();
                 segments.extend(its.iter().copied());
                 gone.push(super::removal_records::Removed {
                     key: key.clone(),
                     mark: next,
                     segments: its,
-                    on_disk: obj.has_disk_copy(),
+                    disk_unlinked,
                 });
                 self.emit_object(&st, key, EventKind::Removed);
                 Self::remove_object(&mut st, key, now);
@@ -439,7 +441,7 @@ impl Master {
                         key: key.clone(),
                         mark: next,
                         segments: its,
-                        on_disk: false,
+                        disk_unlinked: false,
                     });
                     self.emit_object(&st, key, EventKind::Removed);
                     Self::remove_object(&mut st, key, now);

@@ -615,3 +615,23 @@ fn a_round_pauses_after_each_step_to_keep_its_duty_until_it_is_urgent() {
     assert!(MasterConfig { evictor_duty: 0.0, ..MasterConfig::default() }.validate().is_err());
     assert!(MasterConfig { evictor_duty: 1.5, ..MasterConfig::default() }.validate().is_err());
 }
+
+#[test]
+fn an_unmount_says_how_long_calls_granted_before_may_still_use_the_segment() {
+    let m = master_with(MasterConfig { lease_ttl: Duration::from_secs(30), ..MasterConfig::default() });
+    let busy = |id: u64| m.unmount_segment_leased("c1", id).unwrap();
+    // Nothing read, nothing being written: the memory is free at once.
+    let idle = mount(&m, "c1", "idle", 1 << 20);
+    put(&m, "idle-k", 1000, 1).unwrap();
+    assert_eq!(busy(idle), Duration::ZERO);
+    // A read lease granted before the unmount: kept until it ends.
+    let read = mount(&m, "c1", "read", 1 << 20);
+    put(&m, "read-k", 1000, 1).unwrap();
+    m.get_replica_list("read-k").unwrap();
+    assert!(busy(read) > Duration::from_secs(20));
+    assert!(!m.exists("read-k").unwrap(), "its only replica went with the segment");
+    // A put still writing there: kept for its put timeout.
+    let write = mount(&m, "c1", "write", 1 << 20);
+    m.put_start("c1", "write-k", 1000, &PutOptions::default()).unwrap();
+    assert!(busy(write) > m.config.put_timeout / 2);
+}

@@ -1,7 +1,7 @@
 """Type stubs of the native module behind ``crescent`` (see the package docstring)."""
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 from types import TracebackType
 
 from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
@@ -237,6 +237,20 @@ class MooncakeDistributedStore:
         """This client's segment name (``host:port``); "" before setup."""
     def get_offload_rpc_read_count(self) -> int:
         """Values read from another client's disk through its disk service (0 before setup)."""
+    def mount_segment(
+        self, path: str, size: int, offset: int = 0, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        """Maps ``[offset, +size)`` of a file and mounts it: ``{"ret", "segment_ids"}``."""
+    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """Unmounts segments from ``mount_segment``: 0, or the first failure's code (-1)."""
+    def allocate_and_mount_segment(
+        self, size: int, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        """Allocates and mounts a segment: ``{"ret", "segment_ids", "allocated_size"}``."""
+    def unmount_and_free_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """Unmounts segments from ``allocate_and_mount_segment`` and frees their memory."""
+    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
+        """Unmounts this client's disk tier at the master (0 also without one)."""
     def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:
         """Stores ``value`` under ``key``; a key that exists keeps its value (0)."""
     def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> int:

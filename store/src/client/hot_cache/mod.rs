@@ -1282,7 +1282,11 @@ impl Inner {
                 job.lease_held()?;
                 let target = match seg {
                     Some(s) => s,
-                    None => *seg.insert(engine.open_segment(&fill.id.segment).map_err(|e| e.to_string())?),
+                    None => *seg.insert(
+                        engine
+                            .open_segment(crate::protocol::engine_segment(&fill.id.segment))
+                            .map_err(|e| e.to_string())?,
+                    ),
                 };
                 let request = crescent_engine::TransferRequest {
                     opcode: crescent_engine::Opcode::Read,
