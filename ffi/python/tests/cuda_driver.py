@@ -13,6 +13,8 @@ import glob
 import os
 import pathlib
 
+import pytest
+
 from conftest import bin_dir
 
 ENV = "CRESCENT_FAKE_CUDA_DRIVER"
@@ -164,3 +166,21 @@ class DLPackArray:
 
     def __dlpack__(self, stream=None):
         return _capsule_new(ctypes.addressof(self._tensor), b"dltensor", None)
+
+
+@pytest.fixture(scope="module")
+def driver():
+    """The fake driver, named by CRESCENT_CUDA_DRIVER for the module's engines and clients (loaded
+    by each one's first device registration) and their peers. A module imports it to use it."""
+    path = fake_driver_path()
+    if path is None:
+        if os.environ.get("CRESCENT_NO_SKIP") == "1":
+            pytest.fail("the fake CUDA driver is not built (cargo build -p crescent-tests builds it)")
+        pytest.skip("the fake CUDA driver is not built (cargo build -p crescent-tests builds it)")
+    before = os.environ.get("CRESCENT_CUDA_DRIVER")
+    os.environ["CRESCENT_CUDA_DRIVER"] = str(path)
+    yield Driver(path)
+    if before is None:
+        del os.environ["CRESCENT_CUDA_DRIVER"]
+    else:
+        os.environ["CRESCENT_CUDA_DRIVER"] = before

@@ -21,7 +21,7 @@ import pytest
 
 import crescent
 from crescent.engine import TransferEngine, TransferOpcode
-from cuda_driver import CudaArray, DLPackArray, Driver, fake_driver_path
+from cuda_driver import CudaArray, DLPackArray, Driver, driver  # noqa: F401 (driver: a fixture)
 from test_engine import Peer
 
 MiB = 1 << 20
@@ -32,24 +32,6 @@ ODD = 2 * MiB + 4097
 
 def rand(n: int, seed: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
-
-
-@pytest.fixture(scope="module")
-def driver():
-    """The fake driver, named by CRESCENT_CUDA_DRIVER for this module's engines (loaded by
-    each engine's first device registration) and their peers."""
-    path = fake_driver_path()
-    if path is None:
-        if os.environ.get("CRESCENT_NO_SKIP") == "1":
-            pytest.fail("the fake CUDA driver is not built (cargo build -p crescent-tests builds it)")
-        pytest.skip("the fake CUDA driver is not built (cargo build -p crescent-tests builds it)")
-    before = os.environ.get("CRESCENT_CUDA_DRIVER")
-    os.environ["CRESCENT_CUDA_DRIVER"] = str(path)
-    yield Driver(path)
-    if before is None:
-        del os.environ["CRESCENT_CUDA_DRIVER"]
-    else:
-        os.environ["CRESCENT_CUDA_DRIVER"] = before
 
 
 def engine(protocol: str = "tcp") -> TransferEngine:

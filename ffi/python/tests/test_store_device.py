@@ -18,7 +18,7 @@ import pytest
 
 import crescent
 from conftest import Master, connect
-from cuda_driver import CudaArray, DLPackArray, Driver, fake_driver_path
+from cuda_driver import CudaArray, DLPackArray, Driver, driver, fake_driver_path  # noqa: F401 (driver: a fixture)
 
 MiB = 1 << 20
 ODD = MiB + 4097
@@ -26,23 +26,6 @@ ODD = MiB + 4097
 
 def rand(n: int, seed: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
-
-
-@pytest.fixture(scope="module")
-def driver():
-    """The fake driver, named by CRESCENT_CUDA_DRIVER for this module's clients."""
-    path = fake_driver_path()
-    if path is None:
-        if os.environ.get("CRESCENT_NO_SKIP") == "1":
-            pytest.fail("the fake CUDA driver is not built (cargo build -p crescent-tests builds it)")
-        pytest.skip("the fake CUDA driver is not built (cargo build -p crescent-tests builds it)")
-    before = os.environ.get("CRESCENT_CUDA_DRIVER")
-    os.environ["CRESCENT_CUDA_DRIVER"] = str(path)
-    yield Driver(path)
-    if before is None:
-        del os.environ["CRESCENT_CUDA_DRIVER"]
-    else:
-        os.environ["CRESCENT_CUDA_DRIVER"] = before
 
 
 @pytest.fixture(scope="module")
