@@ -1081,7 +1081,7 @@ impl DiskTier {
         }
     }
 
-    /// A removal heard on the disk's owner stream ([`super::disk_news`]), acknowledged once this
+    /// A removal heard on the disk's owner stream (the client's `disk_news`), acknowledged once this
     /// returns: the file of `key`, if it holds `version` or older, is deleted (or retired), and
     /// a write of it queued before the removal (in flight, or prepared with its put and not yet
     /// queued) deletes its file instead of keeping and announcing it — so that no copy of the
