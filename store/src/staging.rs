@@ -149,15 +149,34 @@ impl Staging {
     /// however large; more than the buffer holds is the caller's mistake), waiting while the
     /// buffer is full as [`Self::acquire`] does.
     pub fn acquire_held(self: &Arc<Self>, len: u64, deadline: Instant) -> Result<HeldBlock> {
-        let capacity = self.alloc.lock().capacity();
+        self.check_held(len)?;
+        let block = self.wait_for(len, deadline)?;
+        Ok(HeldBlock { staging: self.clone(), block: Some(block), len })
+    }
+
+    /// [`Self::acquire_held`] without waiting: the block if `len` bytes in one piece are free
+    /// now, none while the buffer is too full (Mooncake's `BufferPool` leases, which fall back
+    /// to memory of their own then).
+    pub fn try_acquire_held(self: &Arc<Self>, len: u64) -> Result<Option<HeldBlock>> {
+        self.check_held(len)?;
+        let block = self.alloc.lock().allocate(len);
+        Ok(block.map(|block| HeldBlock { staging: self.clone(), block: Some(block), len }))
+    }
+
+    /// The buffer's size, in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.alloc.lock().capacity()
+    }
+
+    fn check_held(&self, len: u64) -> Result<()> {
+        let capacity = self.capacity();
         if len == 0 || len > capacity {
             return Err(StoreError::invalid(format!(
                 "a value of {len} bytes cannot be held in the local buffer of {capacity} bytes (set \
                  local_buffer_size larger)"
             )));
         }
-        let block = self.wait_for(len, deadline)?;
-        Ok(HeldBlock { staging: self.clone(), block: Some(block), len })
+        Ok(())
     }
 
     fn wait_for(&self, len: u64, deadline: Instant) -> Result<Block> {
@@ -216,5 +235,25 @@ mod tests {
         assert!(e.contains("staging buffer"), "{e}");
         drop(held);
         assert_eq!(staging.acquire(4096, Instant::now()).unwrap().len(), 4096, "free again: taken at once");
+    }
+
+    #[test]
+    fn a_lease_of_the_buffer_is_there_at_once_or_not_at_all_and_comes_back_when_dropped() {
+        let engine = crescent_engine::TransferEngine::new(crescent_engine::EngineConfig {
+            local_hostname: Some("127.0.0.1".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let staging = Arc::new(Staging::new(engine.alloc_registered(64 << 10, "cpu:0").unwrap()));
+        assert_eq!(staging.capacity(), 64 << 10);
+        let whole = staging.try_acquire_held(64 << 10).unwrap().expect("an empty buffer has room for all of it");
+        assert_eq!((whole.len(), whole.addr()), (64 << 10, staging.memory().addr()));
+        assert!(staging.try_acquire_held(1).unwrap().is_none(), "full: none, without waiting");
+        drop(whole);
+        let a = staging.try_acquire_held(32 << 10).unwrap().expect("room again");
+        let b = staging.try_acquire_held(32 << 10).unwrap().expect("the other half");
+        assert!(a.addr() + a.len() <= b.addr() || b.addr() + b.len() <= a.addr(), "two leases never overlap");
+        assert!(staging.try_acquire_held(0).is_err(), "0 bytes is the caller's mistake");
+        assert!(staging.try_acquire_held((64 << 10) + 1).is_err(), "more than the buffer holds too");
     }
 }

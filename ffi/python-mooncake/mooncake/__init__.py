@@ -21,8 +21,10 @@ for _dist in ("mooncake-transfer-engine", "mooncake-transfer-engine-non-cuda", "
 
 import crescent as _crescent  # noqa: E402
 
+from mooncake.buffer_pool import BufferPool, RegisteredBufferPool  # noqa: E402
+
 __version__ = _crescent.__version__
 #: The implementation behind these names.
 backend = "crescent"
 
-__all__ = ["backend"]
+__all__ = ["BufferPool", "RegisteredBufferPool", "backend"]

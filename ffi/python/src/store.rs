@@ -12,7 +12,7 @@ use crescent_ffi::store::client::Extent;
 use crescent_ffi::store::{StoreApi, StoreClient};
 use crescent_ffi::{fail, session_fail, store_fail, SetupArgs, Status};
 use parking_lot::{Mutex, RwLock};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -418,6 +418,31 @@ impl Store {
     /// failed.
     fn batch_get_buffer(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<PyBufferHandle>> {
         self.held(py, &mc::BATCH_GET_BUFFER, &keys)
+    }
+
+    /// _local_buffer_size() -> int: the size of the local buffer `BufferPool` leases from; 0
+    /// before setup, for a dummy client and after a setup with `local_buffer_size` 0.
+    fn _local_buffer_size(&self) -> u64 {
+        match self.client() {
+            Some(client) if !self.no_local_buffer.load(Ordering::Acquire) => client.local_buffer_size(),
+            _ => 0,
+        }
+    }
+
+    /// _hold_local_buffer(size) -> BufferHandle | None: `size` bytes of the local buffer, held
+    /// until the handle goes, or None while that much is not free in one piece (`BufferPool`'s
+    /// leases). RuntimeError for a size of 0 or past the buffer, and without a local buffer.
+    fn _hold_local_buffer(&self, py: Python<'_>, size: u64) -> PyResult<Option<PyBufferHandle>> {
+        if self._local_buffer_size() == 0 {
+            return Err(PyRuntimeError::new_err("BufferPool requires a store configured with a local buffer"));
+        }
+        let Some(client) = self.client() else {
+            return Err(PyRuntimeError::new_err("MooncakeDistributedStore is not initialized"));
+        };
+        match py.detach(|| client.hold_local(size)) {
+            Ok(block) => Ok(block.map(|block| PyBufferHandle { block })),
+            Err(e) => Err(PyRuntimeError::new_err(e.to_string())),
+        }
     }
 
     /// put_batch(keys, values, config=None) -> int: 0 if every put succeeded, else the first

@@ -128,6 +128,18 @@ pub trait StoreApi: Send + Sync {
     fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
     /// The value held in memory of this process until the result is dropped.
     fn get_buffer(&self, key: &str) -> Result<HeldBuffer>;
+    /// `len` bytes of the client's local buffer, held until the result is dropped, if they
+    /// are free now ([`StoreClient::hold_local`]). Provided: a client without a local buffer
+    /// of its own (a dummy client, as in Mooncake) refuses.
+    fn hold_local(&self, len: u64) -> Result<Option<HeldBuffer>> {
+        let _ = len;
+        Err(StoreError::invalid("this client has no local buffer of its own to lease from"))
+    }
+    /// The size of the client's local buffer in bytes, 0 for a client without one
+    /// ([`StoreClient::local_buffer_size`]).
+    fn local_buffer_size(&self) -> u64 {
+        0
+    }
 
     /// Puts several values (bytes), `values[i]` under `keys[i]`; one result per key
     /// ([`StoreClient::put_batch_with`]).
@@ -514,6 +526,12 @@ impl StoreApi for StoreClient {
     }
     fn get_buffer(&self, key: &str) -> Result<HeldBuffer> {
         StoreClient::get_buffer(self, key).map(HeldBuffer::from)
+    }
+    fn hold_local(&self, len: u64) -> Result<Option<HeldBuffer>> {
+        Ok(StoreClient::hold_local(self, len)?.map(HeldBuffer::from))
+    }
+    fn local_buffer_size(&self) -> u64 {
+        StoreClient::local_buffer_size(self)
     }
     fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
         StoreClient::upsert_batch_with(self, keys, values, options)

@@ -1650,6 +1650,19 @@ impl StoreClient {
             .collect())
     }
 
+    /// `len` bytes of this client's local (staging) buffer, held for the caller until it drops
+    /// the block, if that much is free in one piece now (none while the buffer is too full;
+    /// 0 bytes, or more than the buffer holds, is the caller's mistake). What Mooncake's
+    /// `BufferPool` leases: registered memory the zero-copy calls take as it is.
+    pub fn hold_local(&self, len: u64) -> Result<Option<HeldBlock>> {
+        self.staging.try_acquire_held(len)
+    }
+
+    /// The size of this client's local (staging) buffer, in bytes.
+    pub fn local_buffer_size(&self) -> u64 {
+        self.staging.capacity()
+    }
+
     // ---- probes and removal ----
 
     /// Whether a committed object exists (no lease is granted).

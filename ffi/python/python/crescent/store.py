@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,13 +55,28 @@ from crescent._tensor import (  # noqa: F401  (the layout's helpers, kept import
     parse_tensor_header,
     tensor_header,
 )
+from crescent.buffer_pool import (
+    BufferLease,
+    BufferLeaseView,
+    BufferPool,
+    RegisteredBufferLease,
+    RegisteredBufferLeaseView,
+    RegisteredBufferPool,
+)
+from crescent.engram import EngramStore, EngramStoreConfig
 from crescent.tensor_parallel import ParallelAxis, ReadTarget, ShardedTensorMethods, TensorParallelism
 
 INVALID_PARAMS = _native.INVALID_PARAMS
+_log = logging.getLogger("crescent.store")
 
 
 class MooncakeDistributedStore(ShardedTensorMethods, _native.MooncakeDistributedStore):
     __doc__ = _native.MooncakeDistributedStore.__doc__
+
+    def _get_pyclient_capsule(self) -> MooncakeDistributedStore:
+        """Mooncake's handle of the client for its helper classes (``BufferPool``,
+        ``EngramStore``); Crescent's store is its own client, so the store itself."""
+        return self
 
     # ---- tensor puts ----
 
@@ -252,6 +268,59 @@ class AsyncStore:
         return call
 
 
+def _tensor_metadata_size() -> int:
+    """The size of Mooncake's tensor header in front of a tensor value (304 bytes)."""
+    return TENSOR_METADATA_SIZE
+
+
+def _serialize_tensor(tensor: Any) -> tuple[bytes, int, int, Any]:
+    """Mooncake's ``(header, data address, data bytes, owner)`` of a tensor: the header a
+    value of it starts with, and where its bytes are (C order; ``owner`` keeps them alive).
+    ``ValueError`` for what Mooncake's layout cannot hold."""
+    t = _as_tensor(tensor)
+    if t is None:
+        raise ValueError("unsupported tensor for Mooncake tensor serialization")
+    nbytes = t.data.nbytes
+    addr = _address(t.data) if nbytes else 0
+    return tensor_header(t.dtype, t.shape, nbytes), addr, nbytes, t.data
+
+
+def _deserialize_tensor(payload: bytes) -> Any:
+    """The tensor of a value in Mooncake's layout (a copy of its bytes); ``ValueError`` for
+    bytes that are not one."""
+    tensor = _tensor_of_value(payload, len(payload), copy=True)
+    if tensor is None:
+        raise ValueError("invalid serialized Mooncake tensor payload")
+    return tensor
+
+
+def _get_pyclient_from_wrapper(wrapper: Any) -> Any:
+    """Mooncake's handle of a store's client for its helper classes; here the store itself,
+    which ``BufferPool`` and ``EngramStore`` take."""
+    return wrapper._get_pyclient_capsule()
+
+
+class MooncakeDistributedNoFRegister:
+    """Mooncake's registration of NVMe-oF SSDs (SPDK targets) with the master: hardware
+    Crescent does not drive. Both calls log why and answer -1, Mooncake's failure code for
+    them (as when its master cannot be reached)."""
+
+    def real_register(self, nqn: str = "", nsid: int = 1, traddr: str = "", trsvcid: int = 4420, base: int = 0,
+                      size: int = 1024, master_server_addr: str = "127.0.0.1:50051") -> int:
+        return self._unsupported(f"real_register({nqn!r}, nsid={nsid}, traddr={traddr!r})")
+
+    def real_unregister_by_endpoint(self, nqn: str = "", nsid: int = 1, traddr: str = "", trsvcid: int = 4420,
+                                    master_server_addr: str = "127.0.0.1:50051") -> int:
+        return self._unsupported(f"real_unregister_by_endpoint({nqn!r}, nsid={nsid}, traddr={traddr!r})")
+
+    @staticmethod
+    def _unsupported(call: str) -> int:
+        message = f"{call}: NVMe-oF segments are not supported by Crescent (no SPDK / NVMe-oF transport)"
+        _log.error("%s", message)
+        _native._fail_invalid(message)
+        return -1
+
+
 CrescentStore = MooncakeDistributedStore
 
 # Mooncake exports the values of these enums at module level (pybind's export_values); as in
@@ -265,10 +334,16 @@ del _enum, _name
 __all__ = [
     "AsyncStore",
     "BufferHandle",
+    "BufferLease",
+    "BufferLeaseView",
+    "BufferPool",
     "CrescentStore",
     "Descriptor",
     "DiskDescriptor",
+    "EngramStore",
+    "EngramStoreConfig",
     "MemoryDescriptor",
+    "MooncakeDistributedNoFRegister",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
     "MooncakeDistributedStoreAsync",
@@ -276,11 +351,18 @@ __all__ = [
     "ParallelAxis",
     "QueryTaskResponse",
     "ReadTarget",
+    "RegisteredBufferLease",
+    "RegisteredBufferLeaseView",
+    "RegisteredBufferPool",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",
     "TENSOR_METADATA_SIZE",
+    "_deserialize_tensor",
+    "_get_pyclient_from_wrapper",
+    "_serialize_tensor",
+    "_tensor_metadata_size",
     "TaskStatus",
     "TaskType",
     "TensorParallelism",
