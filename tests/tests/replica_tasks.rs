@@ -129,3 +129,27 @@ fn batch_replica_clear_takes_only_the_callers_unleased_objects() {
     assert_eq!(b.batch_replica_clear(&keys, "").unwrap(), ["b/0"]);
     assert!(!b.exists("b/0").unwrap());
 }
+
+#[test]
+fn a_task_reaches_its_client_at_once_not_at_its_next_ping() {
+    // The holder pings once a minute: the master's nudge on its owner stream, not its ping
+    // tick, is what hands it the task (it stays alive on the master meanwhile: 90 s TTL).
+    let m = loopback_master(MasterConfig { client_ttl: Duration::from_secs(90), ..MasterConfig::default() });
+    let a = StoreClient::connect(crescent_store::ClientConfig {
+        global_segment_size: 16 << 20,
+        local_buffer_size: 4 << 20,
+        ping_interval: Duration::from_secs(60),
+        ..loopback_client_config(&m)
+    })
+    .unwrap();
+    let b = client(&m, 16 << 20);
+    let value = pattern_bytes(1 << 20, 9);
+    a.put("k", &value).unwrap();
+    let id = b.create_copy_task("k", &[b.segment_name().to_string()]).unwrap();
+    let t = ended(&b, id, Duration::from_secs(20));
+    assert_eq!(t.status, TaskStatus::TaskSuccess as i32, "{t:?}");
+    assert_eq!(t.assigned_client, a.id());
+    let mut both = vec![a.segment_name().to_string(), b.segment_name().to_string()];
+    both.sort();
+    assert_eq!(segments_of(&b, "k"), both);
+}

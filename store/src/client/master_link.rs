@@ -407,6 +407,12 @@ async fn run_stream(
             }
         };
         match next {
+            Ok(Some(n)) if n.tasks_waiting && n.items.is_empty() => {
+                // Replica tasks wait for this client: ping now to take them.
+                if let Some(client) = weak.upgrade() {
+                    client.link.poke();
+                }
+            }
             Ok(Some(n)) => match index.apply(&n, Instant::now()) {
                 Some(acked) => tx.send(ack(acked)).map_err(|e| e.to_string())?,
                 None => return Ok(()), // about another mount: this stream is stale

@@ -260,7 +260,7 @@ mod tests {
     }
 
     fn news(term: u64, items: Vec<OwnerNewsItem>) -> OwnerNews {
-        OwnerNews { term, items }
+        OwnerNews { term, items, tasks_waiting: false }
     }
 
     #[test]

@@ -297,7 +297,20 @@ impl Master {
             }
             if let Some((_, tx)) = &link.stream {
                 // A closed stream keeps the items unacknowledged: sent again on reconnect.
-                let _ = tx.send(OwnerNews { term, items });
+                let _ = tx.send(OwnerNews { term, items, tasks_waiting: false });
+            }
+        }
+    }
+
+    /// Tells `client_id` on its owner streams that replica tasks wait for it, so that it pings
+    /// now and its ping reply hands them over, instead of at its next tick (a client that
+    /// misses this, its stream being down, takes them at that tick).
+    pub(super) fn nudge_owner(&self, client_id: &str) {
+        let term = self.term();
+        let st = self.state.lock();
+        for link in st.owners.values().filter(|l| l.client_id == client_id && !l.broken) {
+            if let Some((_, tx)) = &link.stream {
+                let _ = tx.send(OwnerNews { term, items: Vec::new(), tasks_waiting: true });
             }
         }
     }
@@ -407,7 +420,7 @@ impl Master {
         link.outbox.clear(); // everything in it is in `unacked`, sent now
         let items: Vec<OwnerNewsItem> = link.unacked.iter().cloned().collect();
         if !items.is_empty() {
-            let _ = tx.send(OwnerNews { term, items });
+            let _ = tx.send(OwnerNews { term, items, tasks_waiting: false });
         }
         link.stream = Some((id, tx));
         Ok(id)

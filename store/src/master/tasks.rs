@@ -208,7 +208,9 @@ impl Master {
         })?;
         let (source, client) = (source.name.clone(), source.client_id.clone());
         drop(st);
-        self.submit_task(TaskType::ReplicaCopy, key, source, targets.to_vec(), client)
+        let id = self.submit_task(TaskType::ReplicaCopy, key, source, targets.to_vec(), client.clone())?;
+        self.nudge_owner(&client);
+        Ok(id)
     }
 
     /// Mooncake's `CreateMoveTask`: a task moving `key`'s replica on segment `source` to
@@ -240,7 +242,10 @@ impl Master {
         }
         let client = st.segments[&source_id.expect("holds a replica")].client_id.clone();
         drop(st);
-        self.submit_task(TaskType::ReplicaMove, key, source.to_string(), vec![target.to_string()], client)
+        let id =
+            self.submit_task(TaskType::ReplicaMove, key, source.to_string(), vec![target.to_string()], client.clone())?;
+        self.nudge_owner(&client);
+        Ok(id)
     }
 
     /// Mooncake's `QueryTask`: the task's state; `TASK_NOT_FOUND` for an id this master does

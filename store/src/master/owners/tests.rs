@@ -455,7 +455,7 @@ fn a_range_held_for_a_read_lease_stays_held_at_a_new_master() {
     m1.put_start("w", "k", SEG, &opts(1)).unwrap();
     let c = m1.put_end_begin("w", "k", None).unwrap();
     let news = a.news();
-    ix.apply(&OwnerNews { term: m1.term(), items: news }, Instant::now());
+    ix.apply(&OwnerNews { term: m1.term(), items: news, tasks_waiting: false }, Instant::now());
     a.ack(&m1);
     m1.put_end_finish(&c).unwrap();
     let lease = m1.get_replica_list("k").unwrap().lease_ttl;
@@ -463,7 +463,7 @@ fn a_range_held_for_a_read_lease_stays_held_at_a_new_master() {
     let news = a.news();
     assert!(news[0].hold_ms > 0 && news[0].size == SEG, "{news:?}");
     let now = Instant::now();
-    ix.apply(&OwnerNews { term: m1.term(), items: news }, now);
+    ix.apply(&OwnerNews { term: m1.term(), items: news, tasks_waiting: false }, now);
     assert!(ix.is_empty());
     // m1 goes; m2 is rebuilt from a's report.
     let m2 = master();
@@ -615,7 +615,7 @@ impl IndexedOwner {
     fn apply(&mut self, m: &Master, ack: bool) -> Vec<OwnerNewsItem> {
         let items = self.fake.news();
         if !items.is_empty() {
-            let news = OwnerNews { term: m.term(), items: items.clone() };
+            let news = OwnerNews { term: m.term(), items: items.clone(), tasks_waiting: false };
             let acked = self.index.apply(&news, Instant::now()).unwrap();
             if ack {
                 m.owner_ack(&self.fake.client, m.term(), self.fake.segment, acked);
