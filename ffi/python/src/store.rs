@@ -420,6 +420,41 @@ impl Store {
         self.held(py, &mc::BATCH_GET_BUFFER, &keys)
     }
 
+    /// _batch_get_into_placed(keys, place) -> list[int]: whole values read into registered
+    /// memory that `place(sizes)` gives once the sizes are known (one master round trip for
+    /// all): `sizes[i]` is None where key `i` has no value, and `place` answers an address per
+    /// key (None skips it). Per key, the value's size or a negative code. An exception `place`
+    /// raises is raised. The sharded tensor reads' path (`crescent.tensor_parallel`).
+    fn _batch_get_into_placed(&self, py: Python<'_>, keys: Vec<String>, place: Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        crescent_ffi::clear_last_error();
+        let Some(client) = self.client() else {
+            let code = not_set_up("_batch_get_into_placed") as i64;
+            return Ok(vec![code; keys.len()]);
+        };
+        let place = place.unbind();
+        let mut raised: Option<PyErr> = None;
+        let result = py.detach(|| {
+            client.batch_get_into_placed(&keys, &mut |sizes| {
+                Python::attach(|py| {
+                    place.bind(py).call1((sizes.to_vec(),)).and_then(|r| r.extract::<Vec<Option<u64>>>()).map_err(|e| {
+                        let message = e.to_string();
+                        raised = Some(e);
+                        crescent_ffi::store::StoreError::invalid(message)
+                    })
+                })
+            })
+        });
+        if let Some(e) = raised {
+            return Err(e);
+        }
+        Ok(match result {
+            Ok(results) => {
+                results.into_iter().map(|r| r.map_or_else(|e| store_fail(&e).code() as i64, |n| n as i64)).collect()
+            }
+            Err(e) => vec![store_fail(&e).code() as i64; keys.len()],
+        })
+    }
+
     /// _local_buffer_size() -> int: the size of the local buffer `BufferPool` leases from; 0
     /// before setup, for a dummy client and after a setup with `local_buffer_size` 0.
     fn _local_buffer_size(&self) -> u64 {

@@ -12,7 +12,7 @@ use std::mem::MaybeUninit;
 use crate::error::{Result, StoreError};
 use crate::proto::{PutOptions, QueryKeyReply};
 
-use super::op::{Batch, Buffer, Dest, Held, HeldBuffer, Kind, Op, Outcome, Source, ValueSink};
+use super::op::{Batch, Buffer, Dest, Held, HeldBuffer, Kind, Op, Outcome, Placer, Source, ValueSink};
 use super::sg::{Extent, Piece};
 use super::{HeldBlock, StoreClient};
 
@@ -128,6 +128,37 @@ pub trait StoreApi: Send + Sync {
     fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
     /// The value held in memory of this process until the result is dropped.
     fn get_buffer(&self, key: &str) -> Result<HeldBuffer>;
+    /// Whole values read into memory `place` gives once their sizes are known
+    /// ([`StoreClient::batch_get_into_placed`]). Provided: each key's size asked on its own,
+    /// then one batch of zero-copy gets (a dummy client).
+    fn batch_get_into_placed(&self, keys: &[String], place: &mut Placer<'_>) -> Result<Vec<Result<u64>>> {
+        let sizes: Vec<Result<u64>> = keys.iter().map(|k| self.get_size(k)).collect();
+        let addrs = place(&sizes.iter().map(|s| s.as_ref().ok().copied()).collect::<Vec<_>>())?;
+        if addrs.len() != keys.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} places", keys.len(), addrs.len())));
+        }
+        let mut out: Vec<Result<u64>> = Vec::with_capacity(keys.len());
+        let (mut wanted, mut pieces) = (Vec::new(), Vec::new());
+        for (i, (size, addr)) in sizes.into_iter().zip(addrs).enumerate() {
+            out.push(match (size, addr) {
+                (Err(e), _) => Err(e),
+                (Ok(_), None) => Err(StoreError::invalid(format!("{:?}: not placed by the caller", keys[i]))),
+                (Ok(n), Some(addr)) => {
+                    wanted.push(i);
+                    pieces.push([Piece::new(addr, n)]);
+                    Ok(n)
+                }
+            });
+        }
+        let names: Vec<String> = wanted.iter().map(|&i| keys[i].clone()).collect();
+        let refs: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
+        for (i, r) in wanted.into_iter().zip(self.batch_get_into_sg(&names, &refs)?) {
+            if let Err(e) = r {
+                out[i] = Err(e);
+            }
+        }
+        Ok(out)
+    }
     /// `len` bytes of the client's local buffer, held until the result is dropped, if they
     /// are free now ([`StoreClient::hold_local`]). Provided: a client without a local buffer
     /// of its own (a dummy client, as in Mooncake) refuses.
@@ -529,6 +560,9 @@ impl StoreApi for StoreClient {
     }
     fn hold_local(&self, len: u64) -> Result<Option<HeldBuffer>> {
         Ok(StoreClient::hold_local(self, len)?.map(HeldBuffer::from))
+    }
+    fn batch_get_into_placed(&self, keys: &[String], place: &mut Placer<'_>) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_get_into_placed(self, keys, place)
     }
     fn local_buffer_size(&self) -> u64 {
         StoreClient::local_buffer_size(self)

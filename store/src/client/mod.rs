@@ -68,7 +68,7 @@ pub use dummy::{DummyClient, DummyConfig};
 use exec::Exec;
 use hot_cache::{HotCache, HotCacheMetrics, Identity};
 use lease::{LeaseClock, Listed};
-pub use op::{Batch, Buffer, Dest, Held, HeldBuffer, Memory, Op, Outcome, Source, ValueSink};
+pub use op::{Batch, Buffer, Dest, Held, HeldBuffer, Memory, Op, Outcome, Placer, Source, ValueSink};
 use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
 use sg::{Dst, Reach, Src};
@@ -1648,6 +1648,47 @@ impl StoreClient {
                 r.and_then(|()| block.ok_or_else(|| StoreError::Internal("a read without its block".into())))
             })
             .collect())
+    }
+
+    /// Whole values read into memory the caller places once their sizes are known, with one
+    /// master round trip for them all: `place` is given each key's size (`None` where the key
+    /// has no value to read) and answers where each value goes (registered memory of at least
+    /// that size, or `None` to skip the key); then every read goes in one engine batch. Per
+    /// key: the value's size, or why it was not read. For a reader that keeps values in
+    /// memory of its own (the sharded tensor reads' results), which would otherwise ask for
+    /// the sizes first, in a round trip of their own.
+    pub fn batch_get_into_placed(&self, keys: &[String], place: &mut Placer<'_>) -> Result<Vec<Result<u64>>> {
+        let (mut lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let sizes: Vec<Option<u64>> = lists.iter().map(|l| l.as_ref().map(|l| l.size)).collect();
+        let addrs = place(&sizes)?;
+        if addrs.len() != keys.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} places", keys.len(), addrs.len())));
+        }
+        let mut wholes: Vec<Option<[Extent; 1]>> = Vec::with_capacity(keys.len());
+        for (i, addr) in addrs.into_iter().enumerate() {
+            let whole = match (sizes[i], addr) {
+                (Some(len), Some(addr)) if results[i].is_ok() => match self.check_registered([(addr, len)]) {
+                    Ok(()) => Some([Extent { offset: 0, addr, len }]),
+                    Err(e) => {
+                        results[i] = Err(e);
+                        None
+                    }
+                },
+                (Some(_), None) if results[i].is_ok() => {
+                    results[i] = Err(StoreError::invalid(format!("{:?}: not placed by the caller", keys[i])));
+                    None
+                }
+                _ => None,
+            };
+            if whole.is_none() {
+                lists[i] = None;
+            }
+            wholes.push(whole);
+        }
+        let mut dsts: Vec<Option<Dst<'_>>> =
+            wholes.iter().map(|w| w.as_ref().map(|w| Dst::Registered(w, Reach::host()))).collect();
+        self.exec().read_batch(keys, &lists, &mut dsts, &mut results, false)?;
+        Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n.unwrap_or(0))).collect())
     }
 
     /// `len` bytes of this client's local (staging) buffer, held for the caller until it drops

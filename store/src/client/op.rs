@@ -23,6 +23,11 @@ use std::mem::MaybeUninit;
 use crate::error::{Result, StoreError};
 use crate::proto::PutOptions;
 
+/// Where whole values go once their sizes are known (`batch_get_into_placed`): given each
+/// key's size (`None` where it has no value), an address of registered memory per key, or
+/// `None` to skip it.
+pub type Placer<'a> = dyn FnMut(&[Option<u64>]) -> crate::error::Result<Vec<Option<u64>>> + 'a;
+
 /// Memory that holds one value for its owner until dropped (what `get_buffer` returns).
 pub trait Held: Send + Sync {
     /// The value's first byte, a virtual address of this process.

@@ -1239,16 +1239,46 @@ class ShardedTensorMethods:
         return self._tp_write(base_keys, tensors_list, config, tp_size, split_dim, _PUT, "batch_pub_tensor_with_tp")
 
     def _tp_get(self, keys: list[str], context: str) -> list[Any]:
-        """The tensors under `keys` as stored (None where missing or not a tensor): their
-        headers in one ranged read, then their values in another, straight into memory the
-        results own (no copy, no room needed in the local buffer)."""
+        """The tensors under `keys` as stored (None where missing or not a tensor), read whole
+        straight into memory the results own (no copy, no room needed in the local buffer):
+        one master round trip gives the sizes, a block of the ``_ResultPool`` is taken for
+        them, and one engine batch reads every value into it."""
         if not keys:
             return []
-        metas = self._headers(keys, context)
-        if metas is None:
+        np = _numpy()
+        pool = self.__dict__.setdefault("_result_pool", _ResultPool())
+        taken: dict[str, Any] = {}
+
+        def place(sizes: list[int | None]) -> list[int | None]:
+            offsets: list[int | None] = []
+            total = 0
+            for n in sizes:
+                if n is None or n < TENSOR_METADATA_SIZE:
+                    offsets.append(None)
+                    continue
+                offsets.append(total)
+                total += (n + 63) // 64 * 64  # each value aligned as numpy's own
+            block = pool.take(self, total) if total else None
+            if block is None:
+                if total:
+                    _fail(f"{context}: cannot register {total} bytes for the result")
+                return [None] * len(sizes)
+            taken.update(block=block, total=total, offsets=offsets)
+            return [None if o is None else block[1] + o for o in offsets]
+
+        got = self._batch_get_into_placed(keys, place)
+        if "block" not in taken:
             return [None] * len(keys)
-        return self._run_fresh([None if m is None else _whole_plan(_Source(k, m)) for k, m in zip(keys, metas)],
-                               context)
+        block = taken["block"]
+        # Every result is a view of `anchor`: the block goes back to the pool once none is left.
+        anchor = np.frombuffer(block[0], dtype=np.uint8, count=taken["total"])
+        weakref.finalize(anchor, pool.give, self, block)
+        out: list[Any] = []
+        for n, o in zip(got, taken["offsets"]):
+            value = None if n < 0 or o is None else memoryview(anchor[o:o + n])
+            out.append(None if value is None or parse_metadata(value, n) is None
+                       else _tensor_of_value(value, n, copy=False))
+        return out
 
     def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> Any:
         """The object under ``<key>_tp_<tp_rank>`` as stored (``key`` when tp_size <= 1); None
