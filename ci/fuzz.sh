@@ -26,7 +26,7 @@ case "${1:-}" in
   *) amount="$1"; shift ;;
 esac
 
-ALL_TARGETS=(tcp_frame shm_wire rdma_wire handshake disk_service descriptor_json master_request client_config
+ALL_TARGETS=(tcp_frame shm_wire rdma_wire handshake rpc_frame disk_service descriptor_json master_request client_config
   master_config env_values)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${ALL_TARGETS[@]}")

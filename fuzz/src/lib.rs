@@ -13,6 +13,7 @@ use std::time::Duration;
 use crescent_engine::handshake::{self, MessageKind};
 use crescent_engine::metadata::RpcMeta;
 use crescent_engine::notify::{Notification, NotifyQueue};
+use crescent_engine::rpc;
 use crescent_engine::{EngineConfig, SegmentDescriptor};
 use crescent_store::client::disk::{format, service};
 use crescent_store::client::hot_cache::HotCacheSettings;
@@ -151,6 +152,25 @@ pub fn handshake(data: &[u8]) {
             }
             _ => {}
         }
+    }
+}
+
+/// The rpc port of `RpcInterface`: frames as the server and the client read them; what decodes
+/// stays within the bounds and encodes back to the same frame.
+pub fn rpc_frame(data: &[u8]) {
+    let mut r = data;
+    while let Ok(f) = rpc::read_frame(&mut r, None, LIMIT) {
+        assert!(f.data.len() as u64 <= rpc::MAX_MESSAGE);
+        let meta = match &f.tensor {
+            Some(t) => {
+                assert!(t.dtype.len() <= rpc::MAX_DTYPE && t.shape.len() <= rpc::MAX_DIMS, "{t:?}");
+                t.encode().expect("a decoded meta encodes")
+            }
+            None => Vec::new(),
+        };
+        let mut again = Vec::new();
+        rpc::write_frame(&mut again, f.kind, &meta, &f.data, LIMIT).expect("a decoded frame encodes");
+        assert_eq!(rpc::read_frame(&mut again.as_slice(), None, LIMIT).ok(), Some(f));
     }
 }
 

@@ -127,7 +127,7 @@ pub const TABLE: &[Entry] = &[
     up(&["MC_ENDPOINT_STORE_TYPE", "MC_MAX_EP_PER_CTX"], Ignored("Crescent keeps one endpoint per peer and device, without an eviction policy")),
     up(&["MC_METADATA_SERVER", "MC_LOCAL_SERVER_NAME"], Ignored("upstream tests' settings; Crescent's are metadata_server / local_hostname (MOONCAKE_TE_META_DATA_SERVER, MOONCAKE_LOCAL_HOSTNAME)")),
     up(&["MC_RPC_CLIENT_IO_THREADS", "MC_STORE_RPC_CLIENT_IO_THREADS", "MC_TE_RPC_CLIENT_IO_THREADS"], Ignored("Crescent's RPC runtimes size themselves")),
-    up(&["MC_RPC_PROTOCOL"], Ignored("the master's RPC is gRPC over tcp; no RDMA RPC")),
+    up(&["MC_RPC_PROTOCOL"], Ignored("the master's RPC is gRPC over tcp and mooncake.engine.RpcInterface runs over tcp (rdma is logged at initialize); no RDMA RPC")),
     // ---- ignored: the rdma transport ----
     up(&["MC_MAX_SGE"], Ignored("Crescent posts one scatter/gather entry per work request")),
     up(&["MC_MAX_INLINE"], Ignored("Crescent sends no inline data")),

@@ -58,6 +58,26 @@ pub enum EngineError {
         /// What it waited for (a handshake's reply, a connection).
         what: &'static str,
     },
+    /// Something this build does not do (a hardware path it does not drive).
+    #[error("not supported by this build: {0}")]
+    Unsupported(String),
+    /// A peer could not be reached: nothing listens there, the connection was reset or closed
+    /// before it answered.
+    #[error("peer {peer} is unreachable: {reason}")]
+    PeerUnreachable {
+        /// The peer's address.
+        peer: String,
+        /// What failed.
+        reason: String,
+    },
+    /// A peer refused a message and said why (an rpc server, for a message over its bounds).
+    #[error("peer {peer} rejected the message: {reason}")]
+    Rejected {
+        /// The peer's address.
+        peer: String,
+        /// Its reason.
+        reason: String,
+    },
     /// A peer answered with bytes that are not a valid reply.
     #[error("peer {peer} sent an invalid reply: {reason}")]
     BadPeerReply {

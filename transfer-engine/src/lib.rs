@@ -52,6 +52,8 @@ pub mod handshake_wire;
 pub mod host;
 pub mod metadata;
 pub mod notify;
+pub mod rpc;
+pub mod shared_segment;
 pub mod slicing;
 
 pub use batch::{BatchCompletion, BatchId, TransferStatus};

@@ -70,7 +70,9 @@ pub fn te_code(e: &EngineError) -> TeCode {
         EngineError::BatchFull { .. } | EngineError::NotifyQueueFull { .. } => TeCode::TooManyRequests,
         EngineError::BatchInFlight { .. } => TeCode::BatchBusy,
         EngineError::LocalNotRegistered { .. } => TeCode::AddressNotRegistered,
-        EngineError::SegmentUnreachable { .. } | EngineError::Io(_) => TeCode::Socket,
+        EngineError::SegmentUnreachable { .. } | EngineError::PeerUnreachable { .. } | EngineError::Io(_) => {
+            TeCode::Socket
+        }
         EngineError::BadPeerReply { .. } => TeCode::RejectHandshake,
         EngineError::NoCommonTransport { .. } => TeCode::Endpoint,
         EngineError::MetadataUnavailable { .. } | EngineError::SegmentNotFound { .. } => TeCode::Metadata,

@@ -20,6 +20,8 @@ mod dummy;
 mod engine;
 mod host;
 mod mem;
+mod rpc;
+mod segment;
 mod sessions;
 mod store;
 mod tasks;
@@ -94,6 +96,8 @@ fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBufferHandle>()?;
     engine::add_classes(m)?;
     host::add(m)?;
+    rpc::add(m)?;
+    segment::add(m)?;
     tasks::add(m)?;
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(status_name, m)?)?;

@@ -1,6 +1,7 @@
 //! Mutual authentication of a connection by a cluster secret (issue 26): once per
 //! connection, before the first frame, on every port of Crescent (the tcp transport, the shm
-//! and rdma control sockets, the engine's handshake port, the store's disk service).
+//! and rdma control sockets, the engine's handshake port, the store's disk service, the rpc
+//! port of `mooncake.engine.RpcInterface`).
 //!
 //! # The exchange
 //!
@@ -95,11 +96,14 @@ pub enum Service {
     Handshake = 4,
     /// The store client's disk service.
     Disk = 5,
+    /// Mooncake's `RpcInterface` server (`mooncake.engine`).
+    Rpc = 6,
 }
 
 impl Service {
-    /// Every kind of listener, in wire-code order (1..=5): what the counters are indexed by.
-    pub const ALL: [Service; 5] = [Service::Tcp, Service::Shm, Service::RdmaControl, Service::Handshake, Service::Disk];
+    /// Every kind of listener, in wire-code order (1..=6): what the counters are indexed by.
+    pub const ALL: [Service; 6] =
+        [Service::Tcp, Service::Shm, Service::RdmaControl, Service::Handshake, Service::Disk, Service::Rpc];
 
     /// Its name in metrics and logs.
     pub fn as_str(self) -> &'static str {
@@ -109,6 +113,7 @@ impl Service {
             Service::RdmaControl => "rdma_control",
             Service::Handshake => "handshake",
             Service::Disk => "disk",
+            Service::Rpc => "rpc",
         }
     }
 
@@ -379,9 +384,9 @@ fn nonce() -> [u8; NONCE_LEN] {
 /// What a listener counts, per [`Service`].
 #[derive(Debug, Default)]
 pub struct AuthStats {
-    accepted: [AtomicU64; 5],
-    refused: [AtomicU64; 5],
-    dial_failed: [AtomicU64; 5],
+    accepted: [AtomicU64; 6],
+    refused: [AtomicU64; 6],
+    dial_failed: [AtomicU64; 6],
 }
 
 impl AuthStats {

@@ -13,6 +13,7 @@
 //! | rdma control ([`crate::rdma::wire`]) | `CRQP` | 12 | 8 | 1 KiB |
 //! | engine handshake (`crescent_engine::handshake`) | `CRHS` | 12 | 8 | 4 KiB requests, 16 MiB replies |
 //! | store disk service (`crescent_store`) | `CD` | 8 | 4 | 8 KiB |
+//! | rpc (`crescent_engine::rpc`, Mooncake's `RpcInterface`) | `CRPC` | 16 | 12 | 1 GiB, read as it arrives |
 
 use std::io::{self, IoSlice};
 use std::time::{Duration, Instant};
