@@ -203,14 +203,20 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_full_buffer_makes_a_caller_wait_until_its_deadline_and_no_longer() {
+    /// A staging buffer of `len` bytes registered with an engine of its own (kept with it).
+    fn staging_of(len: u64) -> (Arc<crescent_engine::TransferEngine>, Arc<Staging>) {
         let engine = crescent_engine::TransferEngine::new(crescent_engine::EngineConfig {
             local_hostname: Some("127.0.0.1".into()),
             ..Default::default()
         })
         .unwrap();
-        let staging = Arc::new(Staging::new(engine.alloc_registered(64 << 10, "cpu:0").unwrap()));
+        let staging = Arc::new(Staging::new(engine.alloc_registered(len, "cpu:0").unwrap()));
+        (engine, staging)
+    }
+
+    #[test]
+    fn a_full_buffer_makes_a_caller_wait_until_its_deadline_and_no_longer() {
+        let (_engine, staging) = staging_of(64 << 10);
         // Whoever holds the whole buffer (other calls, a remote disk reader that went quiet).
         let held: Vec<StagingBlock<'_>> =
             (0..4).map(|_| staging.acquire(staging.chunk(), Instant::now()).unwrap()).collect();
@@ -239,12 +245,7 @@ mod tests {
 
     #[test]
     fn a_lease_of_the_buffer_is_there_at_once_or_not_at_all_and_comes_back_when_dropped() {
-        let engine = crescent_engine::TransferEngine::new(crescent_engine::EngineConfig {
-            local_hostname: Some("127.0.0.1".into()),
-            ..Default::default()
-        })
-        .unwrap();
-        let staging = Arc::new(Staging::new(engine.alloc_registered(64 << 10, "cpu:0").unwrap()));
+        let (_engine, staging) = staging_of(64 << 10);
         assert_eq!(staging.capacity(), 64 << 10);
         let whole = staging.try_acquire_held(64 << 10).unwrap().expect("an empty buffer has room for all of it");
         assert_eq!((whole.len(), whole.addr()), (64 << 10, staging.memory().addr()));
