@@ -284,6 +284,18 @@ impl RpcInterface {
         self.running.stopped.notify_all();
     }
 
+    /// Sends one message now, the GIL let go: 0 once the server's callback has returned, -1
+    /// (with the reason) on failure or before `initialize`.
+    fn send_now(&self, py: Python<'_>, what: &str, target: &str, meta: Option<&TensorMeta>, bytes: &[u8]) -> i32 {
+        let Some(client) = self.client() else {
+            return failed(format!("RpcInterface.{what}: call initialize(...) first"));
+        };
+        match py.detach(|| client.send(target, meta, bytes)) {
+            Ok(()) => 0,
+            Err(e) => failed(format!("{what} to {target}: {e}")),
+        }
+    }
+
     /// Sends on a thread of its own and resolves a future of `event_loop` with the outcome.
     fn send_async<'py>(
         &self,
@@ -456,14 +468,11 @@ impl RpcInterface {
     /// Sends `data` (bytes or any C-contiguous buffer) to the server at `target_address`
     /// (`host:port`): 0 once its data callback has returned, -1 on failure.
     fn send_data(&self, py: Python<'_>, target_address: &str, data: &Bound<'_, PyAny>) -> PyResult<i32> {
-        let Some(client) = self.client() else {
+        if self.client().is_none() {
             return Ok(failed("RpcInterface.send_data: call initialize(...) first"));
-        };
+        }
         let exported = Exported::new(data, false)?;
-        Ok(match py.detach(|| client.send(target_address, None, exported.bytes())) {
-            Ok(()) => 0,
-            Err(e) => failed(format!("send_data to {target_address}: {e}")),
-        })
+        Ok(self.send_now(py, "send_data", target_address, None, exported.bytes()))
     }
 
     /// `send_data` on another thread: an asyncio future of `loop`, resolved with 0 or failed
@@ -481,16 +490,12 @@ impl RpcInterface {
     /// Sends a tensor (a host torch tensor, or a C-contiguous numpy array) with its dtype and
     /// shape: 0 once the server's tensor callback has returned, -1 on failure.
     fn send_tensor(&self, py: Python<'_>, target_address: &str, tensor: &Bound<'_, PyAny>) -> i32 {
-        let Some(client) = self.client() else {
+        if self.client().is_none() {
             return failed("RpcInterface.send_tensor: call initialize(...) first");
-        };
-        let (meta, bytes) = match tensor_parts(tensor) {
-            Ok(p) => p,
-            Err(e) => return failed(e),
-        };
-        match py.detach(|| client.send(target_address, Some(&meta), bytes.bytes())) {
-            Ok(()) => 0,
-            Err(e) => failed(format!("send_tensor to {target_address}: {e}")),
+        }
+        match tensor_parts(tensor) {
+            Ok((meta, bytes)) => self.send_now(py, "send_tensor", target_address, Some(&meta), bytes.bytes()),
+            Err(e) => failed(e),
         }
     }
 
