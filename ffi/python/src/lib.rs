@@ -76,6 +76,19 @@ fn _is_registered(store: PyRef<'_, Store>, addr: u64, len: u64) -> bool {
     store.client().is_some_and(|c| c.is_registered(addr, len))
 }
 
+/// _register_source(store, addr, len) -> int: registers `[addr, +len)` for the puts the
+/// tensor methods make from a tensor's own memory (no pages made resident: they hold the
+/// tensor's bytes already); 0 or a negative code, the reason in last_error().
+#[pyfunction]
+fn _register_source(py: Python<'_>, store: PyRef<'_, Store>, addr: u64, len: u64) -> i32 {
+    crescent_ffi::clear_last_error();
+    let Some(client) = store.client() else { return not_set_up("_register_source") };
+    match py.detach(|| client.register_source(addr, len)) {
+        Ok(()) => 0,
+        Err(e) => crescent_ffi::store_fail(&e).code(),
+    }
+}
+
 /// status_name(code) -> str: Mooncake's name of a status code ("OBJECT_NOT_FOUND", ...).
 #[pyfunction]
 fn status_name(code: i32) -> &'static str {
@@ -103,6 +116,7 @@ fn _crescent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(status_name, m)?)?;
     m.add_function(wrap_pyfunction!(_fail_invalid, m)?)?;
     m.add_function(wrap_pyfunction!(_is_registered, m)?)?;
+    m.add_function(wrap_pyfunction!(_register_source, m)?)?;
     for s in Status::ALL {
         m.add(s.name(), s.code())?;
     }

@@ -84,6 +84,11 @@ pub trait StoreApi: Send + Sync {
             ))),
         }
     }
+    /// Registers `[addr, +len)` for puts that read from it ([`StoreClient::register_source`]:
+    /// no pages made resident). Provided: [`StoreApi::register_buffer`].
+    fn register_source(&self, addr: u64, len: u64) -> Result<()> {
+        self.register_buffer(addr, len)
+    }
     /// The GPU whose registered memory `[addr, +len)` is, if it is device memory. Provided:
     /// none (a dummy client registers host memory only).
     fn device_of(&self, addr: u64, len: u64) -> Option<u32> {
@@ -458,6 +463,9 @@ impl StoreApi for StoreClient {
     }
     fn register_buffer_at(&self, addr: u64, len: u64, location: &str) -> Result<()> {
         StoreClient::register_buffer_at(self, addr, len, location)
+    }
+    fn register_source(&self, addr: u64, len: u64) -> Result<()> {
+        StoreClient::register_source(self, addr, len)
     }
     fn device_of(&self, addr: u64, len: u64) -> Option<u32> {
         self.engine().local_device_memory(addr, len).map(|m| m.allocation.device)

@@ -762,7 +762,7 @@ class ShardedTensorMethods:
         for addr, n in _spans(ranges):
             if _native._is_registered(self, addr, n):
                 continue
-            if self.register_buffer(addr, n) != 0:
+            if _native._register_source(self, addr, n) != 0:
                 log.debug("tensor memory [%#x, +%d) could not be registered: %s", addr, n, _native.last_error())
                 self._give_back(mine)
                 return None
