@@ -360,7 +360,7 @@ impl StoreClient {
     /// to [`checksum::START_MAX`].
     fn start_checksum(&self, src: &Src<'_>) -> Option<u32> {
         // None for a value in device memory (see `checksum::of_src`).
-        (self.config.verify_checksums || src.len() <= checksum::START_MAX).then(|| checksum::of_src(src)).flatten()
+        checksum::take_at_start(self.config.verify_checksums, [src.len()]).then(|| checksum::of_src(src)).flatten()
     }
 
     /// The checksum the commit of a put carries (kept with the object, verified by readers):
@@ -1159,9 +1159,9 @@ impl StoreClient {
         }
         keys.iter().for_each(|k| self.hot_invalidate(k));
         let exec = self.exec();
-        // As a single put's (see `put_new`): each value's checksum before the start; one list
-        // for the batch, so either every value's or none (some value above the bound).
-        let take = self.config.verify_checksums || sizes.iter().all(|s| *s <= checksum::START_MAX);
+        // As a single put's (see `put_new`): each value's checksum before the start, or none
+        // (the bound is on the batch's bytes: it saves one owner round trip in all).
+        let take = checksum::take_at_start(self.config.verify_checksums, sizes.iter().copied());
         let crcs: Vec<Option<u32>> = srcs.iter().map(|src| if take { checksum::of_src(src) } else { None }).collect();
         let (starts, offloads) = self.batch_put_start(keys, &sizes, srcs, &crcs, options)?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
