@@ -188,6 +188,16 @@ struct State {
     round_links: Vec<u64>,
     /// Set while an eviction round's step holds the lock: its drops go to `round_links`.
     round_news: bool,
+    /// Links with news that may wait up to [`owners::LAZY_NEWS_DELAY`]: the *complete* commits
+    /// of puts their owners knew as pending, which nothing waits for. They go out with the
+    /// link's next news (in a stream of puts, the next put's pending commit) or, at the
+    /// latest, when [`Master::flush_lazy_news`] runs; one message and one acknowledgement
+    /// fewer per put on the master's and the owner's CPUs.
+    lazy_links: Vec<u64>,
+    /// Set while such news is queued: it goes to `lazy_links`.
+    lazy_news: bool,
+    /// A [`Master::flush_lazy_news`] is scheduled ([`Master::lazy_news_unscheduled`]).
+    lazy_scheduled: bool,
     next_stream: u64,
     /// Unit tests without owner streams: every owner acknowledges at once, as one in sync would.
     instant_acks: bool,
@@ -672,6 +682,7 @@ impl Master {
         st.holds.forget_segment(segment_id);
         st.dirty_links.retain(|s| *s != segment_id);
         st.round_links.retain(|s| *s != segment_id);
+        st.lazy_links.retain(|s| *s != segment_id);
         st.disk_only_news.remove(&segment_id);
         Some(seg)
     }
@@ -1289,12 +1300,14 @@ impl Master {
                 pending_for: None,
             };
             let placed: SmallVec<[(u64, Block); 2]> = obj.replicas.iter().map(|r| (r.segment_id, r.block)).collect();
+            st.lazy_news = !st.instant_acks;
             for (i, (segment_id, block)) in placed.into_iter().enumerate() {
                 let seq = Self::queue_commit(st, segment_id, block, &what, now);
                 if seq.is_some() {
                     st.objects.get_mut(key).expect("looked up above").replicas[i].set_news(seq);
                 }
             }
+            st.lazy_news = false;
         }
         self.emit_object(st, key, EventKind::Stored);
         Ok(())

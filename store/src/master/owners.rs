@@ -14,7 +14,8 @@
 //!   commit (key, version, range, checksum, and the put timeout), acknowledged while the bytes
 //!   move. Its end then needs no further word from them (it waits only for that
 //!   acknowledgement, in by then as a rule), commits, answers, and queues a *complete* commit
-//!   behind, not waited for. Until the owner applied that, its index holds the object as
+//!   behind, not waited for and sent lazily: with the link's next news, or within
+//!   [`LAZY_NEWS_DELAY`]. Until the owner applied that, its index holds the object as
 //!   pending; reporting to a new master, it checks the range's bytes against the checksum: an
 //!   object whose bytes match was written whole (its put may have been answered OK) and is
 //!   reported; one whose bytes do not cannot have been answered OK (the end comes after the
@@ -47,6 +48,11 @@ use crate::proto::{OwnerNews, OwnerNewsItem, Tier};
 
 /// Most news waiting for an owner's acknowledgement; beyond it the link is lost (see above).
 pub const MAX_UNACKED_NEWS: usize = 1 << 20;
+
+/// Longest a *complete* commit waits to go out with its link's next news (see the master's
+/// `lazy_links`). Nothing waits for it: until its owner applies it, the owner's index holds the
+/// object as pending, which a master rebuilt meanwhile keeps from its checksum.
+pub const LAZY_NEWS_DELAY: Duration = Duration::from_millis(5);
 
 pub(super) struct OwnerLink {
     client_id: String,
@@ -170,7 +176,13 @@ impl Master {
         }
         link.unacked.push_back(item.clone());
         link.outbox.push(item);
-        let links = if st.round_news { &mut st.round_links } else { &mut st.dirty_links };
+        let links = if st.round_news {
+            &mut st.round_links
+        } else if st.lazy_news {
+            &mut st.lazy_links
+        } else {
+            &mut st.dirty_links
+        };
         if !links.contains(&segment_id) {
             links.push(segment_id);
         }
@@ -279,6 +291,23 @@ impl Master {
         let mut links = std::mem::take(&mut st.round_links);
         links.extend(std::mem::take(&mut st.dirty_links));
         self.flush_links(st, links);
+    }
+
+    /// Whether news wait in the lazy links with no [`Self::flush_lazy_news`] scheduled; true
+    /// marks one scheduled: the caller then runs it within [`LAZY_NEWS_DELAY`].
+    pub fn lazy_news_unscheduled(&self) -> bool {
+        let mut st = self.state.lock();
+        let first = !st.lazy_links.is_empty() && !st.lazy_scheduled;
+        st.lazy_scheduled |= first;
+        first
+    }
+
+    /// Sends the news waiting in the lazy links (those another flush did not send already).
+    pub fn flush_lazy_news(&self) {
+        let mut st = self.state.lock();
+        st.lazy_scheduled = false;
+        let links = std::mem::take(&mut st.lazy_links);
+        self.flush_links(&mut st, links);
     }
 
     fn flush_links(&self, st: &mut State, links: Vec<u64>) {

@@ -12,6 +12,7 @@ use tonic::{Request, Response};
 use crate::error::StoreError;
 use crate::master::access::Tenant;
 use crate::master::mooncake_metrics::GetSource;
+use crate::master::owners::LAZY_NEWS_DELAY;
 use crate::master::removal_records::{Removal, RemovalRecords};
 use crate::master::{tasks, tenant, Master, PingOutcome, MAX_KEY_LEN};
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
@@ -101,7 +102,21 @@ impl MasterService {
         let m = &self.master;
         let mut commit = m.put_end_begin(client, key, checksum)?;
         commit.wait.wait(m.config().owner_ack_timeout).await;
-        m.put_end_finish(&commit)
+        let done = m.put_end_finish(&commit);
+        self.schedule_lazy_news();
+        done
+    }
+
+    /// Sends the commits' lazy news ([`LAZY_NEWS_DELAY`]) after that delay, unless a
+    /// send of them is scheduled already.
+    fn schedule_lazy_news(&self) {
+        if self.master.lazy_news_unscheduled() {
+            let m = self.master.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(LAZY_NEWS_DELAY).await;
+                m.flush_lazy_news();
+            });
+        }
     }
 
     #[allow(clippy::result_large_err)] // tonic's handler signature
@@ -424,6 +439,7 @@ impl MasterRpc for MasterService {
         let (commits, mut wait) = m.put_end_begin_batch(&r.client_id, &r.keys, &checksums);
         wait.wait(m.config().owner_ack_timeout).await;
         let statuses = m.put_end_finish_batch(commits).iter().map(|done| status_of(m, done).expect("some")).collect();
+        self.schedule_lazy_news();
         Ok(self.observed_n("BatchPutEnd", r.keys.len(), start, BatchStatusReply { statuses }))
     }
 

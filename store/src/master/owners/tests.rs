@@ -648,14 +648,51 @@ fn a_put_started_with_a_checksum_commits_without_waiting_for_its_owner_again() {
     m.put_end_finish(&commit).unwrap();
     assert!(m.exists("k").unwrap());
     assert_eq!(m.get_replica_list("k").unwrap().checksum, Some(0xabcd));
-    // The owner is told it is complete, behind the answer.
+    // The owner is told it is complete, behind the answer and lazily: with its next news, or
+    // when the flush scheduled for it runs (the service runs it LAZY_NEWS_DELAY later).
+    assert!(a.apply(&m, false).is_empty(), "not sent with the answer");
+    assert!(m.lazy_news_unscheduled(), "a flush is to be scheduled");
+    assert!(!m.lazy_news_unscheduled(), "once");
+    m.flush_lazy_news();
     let complete = a.apply(&m, false);
     assert!(complete.len() == 1 && complete[0].commit && !complete[0].pending && complete[0].key == "k");
+    assert!(!m.lazy_news_unscheduled(), "nothing left to send");
     // A put without a checksum commits as before: the end waits for the commit's acknowledgement.
     m.put_start_checked("w", "old", 10, &opts(1), None, true).unwrap();
     assert!(a.apply(&m, true).is_empty(), "nothing told at the start");
     let commit = m.put_end_begin("w", "old", None).unwrap();
     assert!(!commit.wait.is_empty());
+}
+
+#[test]
+fn in_a_stream_of_puts_each_put_costs_its_owner_one_message_and_one_acknowledgement() {
+    // A put started with a checksum tells its owner at the start (pending) and, once
+    // committed, that it is complete; the complete news waits for the next put's pending one,
+    // so that the owner (and the master) handle one message per put, not two.
+    let m = master();
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    let puts = 20;
+    let mut messages = 0;
+    for i in 0..puts {
+        let key = format!("k{i}");
+        m.put_start_checked("w", &key, 1000, &opts(1), Some(i), true).unwrap();
+        while let Ok(n) = a.fake.rx.try_recv() {
+            messages += 1;
+            let acked = a.index.apply(&n, Instant::now()).unwrap();
+            m.owner_ack("a", m.term(), a.fake.segment, acked);
+        }
+        let commit = m.put_end_begin("w", &key, Some(i)).unwrap();
+        assert!(commit.wait.is_empty(), "the pending news was acknowledged");
+        m.put_end_finish(&commit).unwrap();
+    }
+    assert_eq!(messages, puts, "one message per put: each start's, carrying the last put's completion");
+    m.flush_lazy_news();
+    let last = a.apply(&m, true);
+    assert!(last.len() == 1 && last[0].key == format!("k{}", puts - 1) && !last[0].pending, "{last:?}");
+    // The owner's index holds every object as complete: it reports them all to a new master
+    // without looking at their bytes (a pending one whose bytes did not match would go).
+    let reported = a.index.report(Instant::now(), |_, _, _| false);
+    assert_eq!(reported.len(), puts as usize, "{reported:?}");
 }
 
 #[test]
