@@ -8,10 +8,12 @@
 # (benches/vs-mooncake-store.py tensor, through `mooncake.store` of Crescent's venv) that runs
 # --rounds rounds of: `put_tensor_with_tp` of a --size float32 tensor in --shards shards along
 # dim 0 and `batch_put_from` of the same bytes (a 304-byte header and a shard per key, from
-# registered memory); `get_tensor_with_tp` of every rank and `batch_get_into` of the baseline's
-# keys into registered memory; the two of each pair in alternating order. Prints a row per
-# direction through benches/pairs.py: both medians (MiB/s), the median of the per-pair ratios
-# tensor / batch and their range, against the target >= 0.90.
+# registered memory); `get_tensor_with_tp` of every rank, `batch_get_into` of the baseline's
+# keys into registered memory, and one `batch_get_into` per key (a call per shard, as the
+# sharded get makes); in alternating order. Prints a row per direction through
+# benches/pairs.py: both medians (MiB/s), the median of the per-pair ratios tensor / batch and
+# their range, against the target >= 0.90; and a third row, the sharded get against a
+# batch_get_into per key.
 #
 #   BIN_DIR=DIR   use DIR's crescent-master instead of building it (release)
 #   PYTHON=PATH   the interpreter with Crescent's wheel (default .venv/bin/python; ci/ffi.sh
@@ -64,12 +66,16 @@ python3 benches/pairs.py load start
 for i in $(seq 1 "$PAIRS"); do
   "$CPY" benches/vs-mooncake-store.py tensor --master "127.0.0.1:$PORT" --size "$SIZE" --shards "$SHARDS" \
     --rounds "$ROUNDS" >"$WORK/out" 2>"$WORK/reader.log" || { tail -n 8 "$WORK/reader.log" >&2; die "pair $i failed"; }
-  read -r tp_put batch_put tp_get batch_get <"$WORK/out"
-  echo "  pair $i of $PAIRS (MiB/s): put_tensor_with_tp $tp_put, batch_put_from $batch_put; get_tensor_with_tp $tp_get, batch_get_into $batch_get" >&2
+  read -r tp_put batch_put tp_get batch_get key_get <"$WORK/out"
+  echo "  pair $i of $PAIRS (MiB/s): put_tensor_with_tp $tp_put, batch_put_from $batch_put; get_tensor_with_tp $tp_get, batch_get_into $batch_get, per key $key_get" >&2
   echo "$tp_put $batch_put" >>"$WORK/put"
   echo "$tp_get $batch_get" >>"$WORK/get"
+  echo "$tp_get $key_get" >>"$WORK/keyget"
 done
 python3 benches/pairs.py header "op|tensor|shards" "sharded MiB/s" "batch MiB/s"
 python3 benches/pairs.py row "put_tensor_with_tp / batch_put_from|$SIZE|$SHARDS" "$WORK/put" --target '>=0.90'
 python3 benches/pairs.py row "get_tensor_with_tp / batch_get_into|$SIZE|$SHARDS" "$WORK/get" --target '>=0.90'
+# Not the row: the same calls on both sides (a shard per call), which tells the cost of
+# the sharded form itself from that of making a call per shard.
+python3 benches/pairs.py row "get_tensor_with_tp / batch_get_into per key|$SIZE|$SHARDS" "$WORK/keyget" --target '>=0.90'
 python3 benches/pairs.py load end

@@ -23,9 +23,11 @@ Run by the interpreter of the venv under test (upstream's wheel, or Crescent's `
       contributes no segment: per round, `put_tensor_with_tp` of a --size float32 tensor split
       into --shards along dim 0 against `batch_put_from` of the same bytes (--shards keys of a
       header and a shard each, from one registered buffer), then `get_tensor_with_tp` of every
-      rank against `batch_get_into` of those keys into registered buffers, the two of each pair
+      rank against `batch_get_into` of those keys into registered buffers and against one
+      `batch_get_into` per key (rank by rank, one call per shard as get_tensor_with_tp makes),
       in alternating order; checks what it reads; prints `<tp put> <batch_put_from> <tp get>
-      <batch_get_into>` in MiB/s (bytes over the summed time of each kind's calls).
+      <batch_get_into> <batch_get_into per key>` in MiB/s (bytes over the summed time of each
+      kind's calls).
 
 Loopback only: the client's hostname is 127.0.0.1, protocol tcp, metadata P2PHANDSHAKE.
 """
@@ -158,7 +160,7 @@ def tensor(a):
     src, src_addr = registered(s, shards * (header + shard))
     dst, dst_addr = registered(s, shards * (header + shard))
     tag = f"vst-{os.getpid()}"
-    took = {"tp_put": 0.0, "batch_put": 0.0, "tp_get": 0.0, "batch_get": 0.0}
+    took = {"tp_put": 0.0, "batch_put": 0.0, "tp_get": 0.0, "batch_get": 0.0, "key_get": 0.0}
 
     def tp_put(r):
         t0 = time.perf_counter()
@@ -193,13 +195,24 @@ def tensor(a):
         if got != [header + shard] * shards or dst[:header + shard] != src[:header + shard]:
             sys.exit(f"vs-mooncake-store: batch_get_into returned {got}")
 
+    def key_get(r):
+        keys = [f"{tag}-b{r}-{i}" for i in range(shards)]
+        got = []
+        t0 = time.perf_counter()
+        for i in range(shards):
+            got += s.batch_get_into([keys[i]], [dst_addr + i * (header + shard)], [header + shard])
+        took["key_get"] += time.perf_counter() - t0 if r else 0
+        if got != [header + shard] * shards or dst[:header + shard] != src[:header + shard]:
+            sys.exit(f"vs-mooncake-store: batch_get_into of one key returned {got}")
+
     for r in range(a.rounds + 1):  # round 0 opens the connections: not timed
-        for pair in ((tp_put, batch_put), (tp_get, batch_get)):
-            for f in (pair if r % 2 else pair[::-1]):
+        for group in ((tp_put, batch_put), (tp_get, batch_get, key_get)):
+            for f in (group if r % 2 else group[::-1]):
                 f(r)
         remove(s, [f"{tag}-t{r}_tp_{i}" for i in range(shards)] + [f"{tag}-b{r}-{i}" for i in range(shards)])
     mib = a.rounds * shards * (header + shard) / (1 << 20)
-    print(" ".join(f"{mib / took[k]:.1f}" for k in ("tp_put", "batch_put", "tp_get", "batch_get")), flush=True)
+    print(" ".join(f"{mib / took[k]:.1f}" for k in ("tp_put", "batch_put", "tp_get", "batch_get", "key_get")),
+          flush=True)
     s.unregister_buffer(src_addr)
     s.unregister_buffer(dst_addr)
     s.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,10 +31,21 @@ _NUMPY_CODE = {"f4": 0, "f8": 1, "i1": 2, "u1": 3, "i2": 4, "u2": 5, "i4": 6, "u
                "f2": 11}
 
 
+#: Set once ``import torch`` failed: a failed import is not remembered by Python and searches
+#: every directory of sys.path again (about 0.25 ms per get_tensor_with_tp call, which asks
+#: twice).
+_no_torch = False
+
+
 def _torch():
+    global _no_torch
+    torch = sys.modules.get("torch")
+    if torch is not None or _no_torch:
+        return torch
     try:
         import torch
     except ImportError:
+        _no_torch = True
         return None
     return torch
 
