@@ -6,7 +6,10 @@ does the running); this helper turns the pairs into a row: both medians, the med
 per-pair ratios (each taken within its pair, so that a limit that drifts between pairs moves
 both sides of a ratio alike), the ratios' range, the target and whether the median meets it.
 
-  pairs.py load start|end                     the machine's load (warns at start above 0.5)
+  pairs.py load start|end                     the machine's load (warns at start above 0.5);
+                                              at end, the CPU time the hypervisor took
+                                              (steal) since start, which a load average
+                                              does not show
   pairs.py header LABELS OURS LIMIT [--metric NAME,OURS,LIMIT ...]
   pairs.py row LABELS FILE --target '>=0.90' [--metric NAME ...] [--csv OUT]
 
@@ -25,7 +28,45 @@ import sys
 BUSY = 0.5
 
 
+def cpu_times():
+    """The machine's cumulative CPU times (/proc/stat's `cpu` line), or None."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_mark():
+    """Where `load start` leaves the CPU times for `load end`: one file per process group (a
+    bench script and what it runs)."""
+    return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"pairs-cpu-{os.getuid()}-{os.getpgrp()}")
+
+
+def steal(when):
+    now = cpu_times()
+    if now is None:
+        return
+    if when == "start":
+        with open(steal_mark(), "w") as f:
+            f.write(" ".join(map(str, now)))
+        return
+    try:
+        with open(steal_mark()) as f:
+            then = [int(x) for x in f.read().split()]
+        os.unlink(steal_mark())
+    except (OSError, ValueError):
+        return
+    d = [b - a for a, b in zip(then, now)]
+    total = sum(d[:8])
+    if total <= 0 or len(d) < 8:
+        return
+    print(f"cpu since start: busy {100 * (total - d[3] - d[4]) / total:.0f} %, "
+          f"taken by the hypervisor (steal) {100 * d[7] / total:.1f} %")
+
+
 def load(when):
+    steal(when)
     try:
         with open("/proc/loadavg") as f:
             one, five, fifteen = f.read().split()[:3]
