@@ -112,7 +112,9 @@ fn byte_puts_into_another_clients_memory_arrive_whole_whether_staged_ahead_or_no
     })
     .unwrap();
     // The writer's own segment takes only the small values (the master places local-first):
-    // the others go to the holder, through the writer's staging buffer (4 MiB: 1 MiB pieces).
+    // the others go to the holder, values under 1 MiB and values in parts through the writer's
+    // staging buffer (4 MiB: 1 MiB pieces), larger ones from the caller's memory lent to the
+    // engine for the call.
     let writer = StoreClient::connect(ClientConfig {
         global_segment_size: 256 << 10,
         local_buffer_size: 4 << 20,
@@ -132,12 +134,42 @@ fn byte_puts_into_another_clients_memory_arrive_whole_whether_staged_ahead_or_no
             let v = data(*len, round * 10 + i as u64);
             writer.put(&key, &v).unwrap();
             written.push((key, v));
+            let key = format!("r{round}/p{i}");
+            let v = data(*len, round * 10 + i as u64 + 5);
+            let (a, b) = v.split_at(len / 3);
+            writer.put_parts_with(&key, &[a, b], &writer.default_options()).unwrap();
+            written.push((key, v));
         }
     }
     for (key, v) in &written {
         assert!(holder.get(key).unwrap() == *v, "{key} read back from the holder");
         assert!(writer.get(key).unwrap() == *v, "{key} read back by its writer");
     }
+}
+
+#[test]
+fn a_large_byte_put_needs_no_room_in_the_staging_buffer() {
+    // A value of 1 MiB or more goes from the caller's memory (lent to the engine for the call),
+    // so a put goes on while the whole local buffer is held (by a BufferPool lease, say).
+    let m = master();
+    let holder = StoreClient::connect(ClientConfig {
+        global_segment_size: 64 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    let writer = StoreClient::connect(ClientConfig {
+        global_segment_size: 0, // every value goes to the holder, through the engine
+        local_buffer_size: 4 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    let held = writer.hold_local(4 << 20).unwrap().expect("the whole buffer is free");
+    for (i, len) in [1 << 20, (9 << 20) + 77].into_iter().enumerate() {
+        let v = data(len, 40 + i as u64);
+        writer.put(&format!("big{i}"), &v).unwrap();
+        assert!(holder.get(&format!("big{i}")).unwrap() == v, "big{i} read back whole");
+    }
+    drop(held);
 }
 
 #[test]

@@ -88,6 +88,12 @@ type EarlyCopies = Vec<Option<Identity>>;
 /// 0.16-0.24 / 0.14-0.16 ms, of 5 x 256 KiB 0.19-0.20 / 0.25-0.29 ms.
 pub(crate) const EARLY_COPY_FROM: u64 = 1 << 20;
 
+/// A byte put of at least this many bytes writes from the caller's memory, lent to the engine
+/// for the call, instead of copying the value into the staging buffer first (see
+/// [`StoreClient::put_with`]). Below it the copy is hidden: the value's first piece is staged
+/// while the master places it, and a round trip outlasts the copy of 1 MiB here.
+pub(crate) const LEND_PUT_MIN: u64 = 1 << 20;
+
 /// Whether a get whose hits copy `bytes` in all copies them early (see [`EARLY_COPY_FROM`]).
 fn worth_copying_early(bytes: u64) -> bool {
     bytes >= EARLY_COPY_FROM
@@ -549,9 +555,30 @@ impl StoreClient {
     /// A put of a key that exists (or is being put) succeeds and leaves the object as it was,
     /// as Mooncake's puts do ([`Self::upsert_with`] replaces it).
     pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_retrying(key, value.len() as u64, Mode::Put, |started| {
-            self.put_one(key, Src::Bytes(value), options, Mode::Put, started)
-        })
+        self.put_value(key, value, options, Mode::Put)
+    }
+
+    /// A put or upsert of a value of plain bytes: one of [`LEND_PUT_MIN`] bytes or more is
+    /// written from the caller's memory, lent to the engine for the call
+    /// ([`TransferEngine::lend_local`], where no transport needs registered memory), as a
+    /// zero-copy put writes; a smaller one (or with rdma up) through the staging buffer.
+    fn put_value(&self, key: &str, value: &[u8], options: &PutOptions, mode: Mode) -> Result<()> {
+        let piece = [Piece::new(value.as_ptr() as u64, value.len() as u64)];
+        // Dropped when this returns, after every transfer from the value ended.
+        let loan = (piece[0].len >= LEND_PUT_MIN)
+            .then(|| match self.engine.lend_local(None, piece[0].addr, piece[0].len) {
+                Ok(loan) => loan,
+                Err(e) => {
+                    tracing::debug!("putting {key:?} through the staging buffer: {e}");
+                    None
+                }
+            })
+            .flatten();
+        let src = match loan {
+            Some(_) => Src::Registered(&piece, Reach::host()),
+            None => Src::Bytes(value),
+        };
+        self.put_retrying(key, value.len() as u64, mode, |started| self.put_one(key, src, options, mode, started))
     }
 
     /// Zero-copy put from registered memory.
@@ -578,9 +605,7 @@ impl StoreClient {
     /// object is removed, then the value put again). A reader's lease still protects the old
     /// value: [`StoreError::Leased`] until it ends.
     pub fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_retrying(key, value.len() as u64, Mode::Upsert, |started| {
-            self.put_one(key, Src::Bytes(value), options, Mode::Upsert, started)
-        })
+        self.put_value(key, value, options, Mode::Upsert)
     }
 
     /// Puts the value made of `parts` one after another (Mooncake's `put_parts`): gathered as
