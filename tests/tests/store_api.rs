@@ -103,24 +103,30 @@ fn zero_copy_and_byte_calls_agree_across_two_clients() {
     a.unregister_buffer(src.as_ptr() as u64).unwrap();
 }
 
+/// A holder with a 64 MiB segment, and a writer with a segment of `writer_segment` bytes and
+/// a 4 MiB staging buffer (1 MiB pieces).
+fn holder_and_writer(m: &MasterHandle, writer_segment: u64) -> (Arc<StoreClient>, Arc<StoreClient>) {
+    let holder = StoreClient::connect(ClientConfig {
+        global_segment_size: 64 << 20,
+        ..crescent_tests::store::loopback_client_config(m)
+    })
+    .unwrap();
+    let writer = StoreClient::connect(ClientConfig {
+        global_segment_size: writer_segment,
+        local_buffer_size: 4 << 20,
+        ..crescent_tests::store::loopback_client_config(m)
+    })
+    .unwrap();
+    (holder, writer)
+}
+
 #[test]
 fn byte_puts_into_another_clients_memory_arrive_whole_whether_staged_ahead_or_not() {
     let m = master();
-    let holder = StoreClient::connect(ClientConfig {
-        global_segment_size: 64 << 20,
-        ..crescent_tests::store::loopback_client_config(&m)
-    })
-    .unwrap();
     // The writer's own segment takes only the small values (the master places local-first):
     // the others go to the holder, values under 1 MiB and values in parts through the writer's
-    // staging buffer (4 MiB: 1 MiB pieces), larger ones from the caller's memory lent to the
-    // engine for the call.
-    let writer = StoreClient::connect(ClientConfig {
-        global_segment_size: 256 << 10,
-        local_buffer_size: 4 << 20,
-        ..crescent_tests::store::loopback_client_config(&m)
-    })
-    .unwrap();
+    // staging buffer, larger ones from the caller's memory lent to the engine for the call.
+    let (holder, writer) = holder_and_writer(&m, 256 << 10);
     let sizes = [300 << 10, (3 << 20) + 5, (9 << 20) + 123];
     let mut written = Vec::new();
     for round in 0..2u64 {
@@ -152,17 +158,8 @@ fn a_large_byte_put_needs_no_room_in_the_staging_buffer() {
     // A value of 1 MiB or more goes from the caller's memory (lent to the engine for the call),
     // so a put goes on while the whole local buffer is held (by a BufferPool lease, say).
     let m = master();
-    let holder = StoreClient::connect(ClientConfig {
-        global_segment_size: 64 << 20,
-        ..crescent_tests::store::loopback_client_config(&m)
-    })
-    .unwrap();
-    let writer = StoreClient::connect(ClientConfig {
-        global_segment_size: 0, // every value goes to the holder, through the engine
-        local_buffer_size: 4 << 20,
-        ..crescent_tests::store::loopback_client_config(&m)
-    })
-    .unwrap();
+    // No segment of its own: every value goes to the holder, through the engine.
+    let (holder, writer) = holder_and_writer(&m, 0);
     let held = writer.hold_local(4 << 20).unwrap().expect("the whole buffer is free");
     for (i, len) in [1 << 20, (9 << 20) + 77].into_iter().enumerate() {
         let v = data(len, 40 + i as u64);
