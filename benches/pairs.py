@@ -66,17 +66,16 @@ def steal(when):
 
 
 def load(when):
-    steal(when)
     try:
         with open("/proc/loadavg") as f:
             one, five, fifteen = f.read().split()[:3]
+        print(f"load average at {when}: {one} {five} {fifteen} (1, 5, 15 min)")
+        if when == "start" and float(one) > BUSY:
+            print(f"warning: 1-minute load {one} > {BUSY} at start: other programs are running; "
+                  "the figures measure a shared machine")
     except OSError:
         print(f"load average at {when}: unknown")
-        return
-    print(f"load average at {when}: {one} {five} {fifteen} (1, 5, 15 min)")
-    if when == "start" and float(one) > BUSY:
-        print(f"warning: 1-minute load {one} > {BUSY} at start: other programs are running; "
-              "the figures measure a shared machine")
+    steal(when)
 
 
 def parse_target(text):

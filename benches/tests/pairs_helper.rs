@@ -64,4 +64,6 @@ fn the_load_line_warns_only_when_the_machine_is_busy_at_start() {
     let out = Command::new("python3").arg(pairs_py()).args(["load", "end"]).output().expect("python3");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("load average at end: ") && !text.contains("warning"), "{text}");
+    // The end also says what the hypervisor took since the start (same process group).
+    assert!(text.contains("cpu since start: busy ") && text.contains("(steal)"), "{text}");
 }
