@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crescent_engine::{RegisteredMemory, TransferEngine};
+use crescent_engine::{LocalLoan, RegisteredMemory, TransferEngine};
 
 use crate::error::{Result, StoreError};
 use crate::proto::*;
@@ -563,22 +563,51 @@ impl StoreClient {
     /// ([`TransferEngine::lend_local`], where no transport needs registered memory), as a
     /// zero-copy put writes; a smaller one (or with rdma up) through the staging buffer.
     fn put_value(&self, key: &str, value: &[u8], options: &PutOptions, mode: Mode) -> Result<()> {
-        let piece = [Piece::new(value.as_ptr() as u64, value.len() as u64)];
+        let pieces = [[Piece::new(value.as_ptr() as u64, value.len() as u64)]];
         // Dropped when this returns, after every transfer from the value ended.
-        let loan = (piece[0].len >= LEND_PUT_MIN)
-            .then(|| match self.engine.lend_local(None, piece[0].addr, piece[0].len) {
-                Ok(loan) => loan,
-                Err(e) => {
-                    tracing::debug!("putting {key:?} through the staging buffer: {e}");
-                    None
-                }
-            })
-            .flatten();
-        let src = match loan {
-            Some(_) => Src::Registered(&piece, Reach::host()),
+        let loans = if pieces[0][0].len >= LEND_PUT_MIN { self.lend_values(&pieces) } else { None };
+        let src = match loans {
+            Some(_) => Src::Registered(&pieces[0], Reach::host()),
             None => Src::Bytes(value),
         };
         self.put_retrying(key, value.len() as u64, mode, |started| self.put_one(key, src, options, mode, started))
+    }
+
+    /// Lends the memory of `values` (one piece each) to the engine for one call
+    /// ([`TransferEngine::lend_local`]): every value's, or none — where a transport needs
+    /// registered memory (rdma), or a value overlaps memory the caller registered; the caller
+    /// then copies the values through the staging buffer. Each loan ends when it is dropped,
+    /// which the caller does after every transfer from it ended.
+    fn lend_values(&self, values: &[[Piece; 1]]) -> Option<Vec<LocalLoan<'_>>> {
+        let mut loans = Vec::with_capacity(values.len());
+        for [p] in values {
+            match self.engine.lend_local(None, p.addr, p.len) {
+                Ok(Some(loan)) => loans.push(loan),
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::debug!("byte values put through the staging buffer: {e}");
+                    return None;
+                }
+            }
+        }
+        Some(loans)
+    }
+
+    /// The sources of a batch of byte values: lent to the engine, so that they move in one
+    /// engine batch as `batch_put_from`'s do, where every value can be (`pieces`, one per value,
+    /// and the loans, kept by the caller until the batch ended); else plain bytes, copied
+    /// through the staging buffer one after another.
+    fn batch_sources<'v>(
+        &self,
+        values: &'v [&'v [u8]],
+        pieces: &'v [[Piece; 1]],
+    ) -> (Vec<Src<'v>>, Option<Vec<LocalLoan<'_>>>) {
+        let loans = if values.iter().all(|v| !v.is_empty()) { self.lend_values(pieces) } else { None };
+        let srcs = match loans {
+            Some(_) => pieces.iter().map(|p| Src::Registered(p, Reach::host())).collect(),
+            None => values.iter().map(|v| Src::Bytes(v)).collect(),
+        };
+        (srcs, loans)
     }
 
     /// Zero-copy put from registered memory.
@@ -1025,7 +1054,8 @@ impl StoreClient {
         if keys.len() != values.len() {
             return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
         }
-        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Bytes(v)).collect();
+        let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
+        let (srcs, _loans) = self.batch_sources(values, &pieces);
         self.put_many(keys, &srcs, options, Mode::Put)
     }
 
@@ -1039,7 +1069,8 @@ impl StoreClient {
         if keys.len() != values.len() {
             return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
         }
-        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Bytes(v)).collect();
+        let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
+        let (srcs, _loans) = self.batch_sources(values, &pieces);
         self.put_many(keys, &srcs, options, Mode::Upsert)
     }
 
