@@ -45,7 +45,7 @@ pub mod tasks;
 pub mod tenant;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -387,6 +387,10 @@ pub struct Master {
     evictor: Arc<Evictor>,
     /// Replica tasks ([`tasks`]); a leaf lock: nothing else is locked while it is held.
     tasks: Mutex<tasks::Tasks>,
+    /// A commit queued lazy news with no flush of them scheduled: the caller of the commit is
+    /// to schedule one ([`Master::lazy_news_unscheduled`]), without taking the state's lock
+    /// again.
+    lazy_due: AtomicBool,
 }
 
 pub(crate) fn check_key(key: &str) -> Result<()> {
@@ -424,6 +428,7 @@ impl Master {
             space_freed: tokio::sync::Notify::new(),
             evictor: Arc::default(),
             tasks: Mutex::default(),
+            lazy_due: AtomicBool::new(false),
         });
         master.state.lock().window = rebuild::Window::open_until(Instant::now() + config.client_ttl);
         master.load_saved_removals()?;
@@ -1308,6 +1313,10 @@ impl Master {
                 }
             }
             st.lazy_news = false;
+            if !st.lazy_links.is_empty() && !st.lazy_scheduled {
+                st.lazy_scheduled = true;
+                self.lazy_due.store(true, Ordering::Release);
+            }
         }
         self.emit_object(st, key, EventKind::Stored);
         Ok(())

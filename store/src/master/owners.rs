@@ -293,13 +293,11 @@ impl Master {
         self.flush_links(st, links);
     }
 
-    /// Whether news wait in the lazy links with no [`Self::flush_lazy_news`] scheduled; true
-    /// marks one scheduled: the caller then runs it within [`LAZY_NEWS_DELAY`].
+    /// Whether a commit queued news in the lazy links with no [`Self::flush_lazy_news`]
+    /// scheduled (the commit marked one scheduled, under the lock it held); true once: the
+    /// caller then runs it within [`LAZY_NEWS_DELAY`].
     pub fn lazy_news_unscheduled(&self) -> bool {
-        let mut st = self.state.lock();
-        let first = !st.lazy_links.is_empty() && !st.lazy_scheduled;
-        st.lazy_scheduled |= first;
-        first
+        self.lazy_due.swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Sends the news waiting in the lazy links (those another flush did not send already).
