@@ -115,11 +115,6 @@ impl SegmentAllocator {
         self.size - self.reserved
     }
 
-    /// The allocation unit: every block's offset and length are multiples of it.
-    pub fn granule(&self) -> u64 {
-        self.granule
-    }
-
     fn insert_free(&mut self, offset: u64, len: u64) {
         self.by_offset.insert(offset, len);
         self.by_len.insert((len, offset));

@@ -42,7 +42,7 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod allocator;
+mod allocator;
 pub mod client;
 pub mod error;
 pub mod leader;
@@ -53,7 +53,7 @@ pub mod pattern;
 pub mod proto;
 pub mod protocol;
 mod resident;
-pub mod staging;
+mod staging;
 pub mod standalone;
 
 pub use client::{ClientConfig, DummyClient, DummyConfig, HeldBuffer, StoreApi, StoreClient, ValueSink};

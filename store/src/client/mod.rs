@@ -9,9 +9,9 @@
 //!    ordered sources (this client's replica, the hot cache's entry, remote replicas, this
 //!    client's disk file, other clients' disk files); for a put, the local and remote replicas.
 //! 3. The executor (`exec`, `read`, `write`) carries the plan out over typed sources and
-//!    destinations ([`sg`]: scatter/gather lists, so a ranged or multi-buffer get is a plain
+//!    destinations (`sg`: scatter/gather lists, so a ranged or multi-buffer get is a plain
 //!    get with other extents), using the components: the engine, the staging buffer
-//!    ([`crate::staging`]), the hot cache ([`hot_cache`]) and the disk tier ([`disk`], linked to the
+//!    (`crate::staging`), the hot cache ([`hot_cache`]) and the disk tier ([`disk`], linked to the
 //!    master by `disk_link`).
 //! 4. [`StoreClient`] tells the master how it went (commit or revoke a put).
 //!
@@ -36,7 +36,7 @@ mod lease;
 mod master_link;
 pub mod metrics;
 pub mod op;
-pub mod owner_index;
+pub(crate) mod owner_index;
 mod plan;
 mod put_retry;
 mod read;
@@ -44,7 +44,7 @@ pub mod rpc;
 pub mod sched;
 mod segments;
 mod session;
-pub mod sg;
+mod sg;
 mod tasks;
 mod write;
 

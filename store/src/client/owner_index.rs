@@ -86,6 +86,7 @@ impl OwnerIndex {
     }
 
     /// True when it holds no object.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -24,7 +24,7 @@ pub const COMMIT_BATCH: usize = 64;
 /// power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsyncScope {
-    /// The committer takes the files written since its last round (up to [`COMMIT_BATCH`]),
+    /// The committer takes the files written since its last round (up to `COMMIT_BATCH`),
     /// flushes the storage root's file system (`syncfs`), renames them, and flushes it again:
     /// two device flushes a round, however many files it has. The writers do not flush. Best
     /// where the storage root has its file system (or device) to itself, the usual case: a

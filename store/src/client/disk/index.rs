@@ -1,7 +1,7 @@
 //! The disk tier's in-memory index: key → file in least-recently-used order (an unbounded
 //! [`lru::LruCache`]: the bound is in bytes, which this module keeps), and the bytes used and
 //! reserved against the capacity, counted as the files take them on disk (whole 4 KiB blocks),
-//! with the retired files kept for reuse (see [`super::recycle`]).
+//! with the retired files kept for reuse (see `super::recycle`).
 //!
 //! The rules: a file being read (pinned) is never evicted, and so never cut short or written
 //! over under its reader; a reservation holds its bytes until released, so writes in progress

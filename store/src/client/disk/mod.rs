@@ -2,11 +2,11 @@
 //! to a file under `<root>/<cluster id>/`, asynchronously, by a bounded pool of writer
 //! threads (each writes a file under a temporary name through its [`io`] engine) and one
 //! committer (makes a round of written files durable under their final names, see
-//! [`commit`], then indexes them and announces them to the master in one call, see
-//! [`announce`]); a get that finds no memory replica reads the file (here, or through the
+//! `commit`, then indexes them and announces them to the master in one call, see
+//! `announce`); a get that finds no memory replica reads the file (here, or through the
 //! owning client's [`service`]; a file being read is pinned against eviction); a restart
 //! re-announces the files to the master, then reads them all once in the background and
-//! removes those whose value fails its checksum ([`verify`]). The tier also keeps, for the
+//! removes those whose value fails its checksum (`verify`). The tier also keeps, for the
 //! master, the removals pending at it (`TOMBSTONES`), handed back at every mount so they
 //! outlive a master restart.
 //!
@@ -16,12 +16,12 @@
 //! * [`format`](mod@format): the file format and names (hash of the key; the key is inside the file).
 //! * [`io`]: the writers' [`io::IoEngine`] (plain calls, or io_uring), chosen once at open.
 //! * [`file`](mod@file): writing one file under a temporary name, and checked reading.
-//! * [`commit`]: commit rounds and the fsync policy ([`FsyncScope`]).
-//! * [`announce`]: what the master must hear, and when, as a sans-IO state machine.
+//! * `commit`: commit rounds and the fsync policy ([`FsyncScope`]).
+//! * `announce`: what the master must hear, and when, as a sans-IO state machine.
 //! * [`index`]: key → file in LRU order (the `lru` crate), capacity in 4 KiB blocks, pins.
-//! * [`recycle`]: removed files kept to be written over by later offloads.
-//! * [`verify`]: the background check of the files found at start.
-//! * [`space`]: whether the file system has room: a full disk is a state of the tier (offloads
+//! * `recycle`: removed files kept to be written over by later offloads.
+//! * `verify`: the background check of the files found at start.
+//! * `space`: whether the file system has room: a full disk is a state of the tier (offloads
 //!   skipped, files still served, writes again once there is room), not a failure to start.
 //! * [`stats`]: the tier's Prometheus registry, the one record of its counters ([`DiskStats`]).
 //! * [`service`]: the tiny request/response service through which other clients read the
@@ -32,25 +32,25 @@
 //! `fsync` on, also after a power loss); the master hears of no file before its rename is
 //! durable; an interrupted write leaves at most a temporary file, removed at the next start; a
 //! value that fails its checksum is never served; an acknowledged put's file is never deleted
-//! on a refusal from a master that may not have known the put ([`announce`]).
+//! on a refusal from a master that may not have known the put (`announce`).
 //!
 //! The parallelism comes from the threads: each job is one large sequential write (followed by
 //! an `fdatasync` with [`FsyncScope::File`]), which blocks in the kernel anyway, and a few
 //! writers keep the device busy (each write is megabytes). The pool is small and bounded, and
 //! so is the queue in bytes.
 
-pub mod announce;
-pub mod commit;
+mod announce;
+mod commit;
 pub mod file;
 pub mod format;
 pub mod hold;
 pub mod index;
 pub mod io;
-pub mod recycle;
+mod recycle;
 pub mod service;
-pub mod space;
+mod space;
 pub mod stats;
-pub mod verify;
+mod verify;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -85,7 +85,7 @@ pub const DEFAULT_WRITERS: usize = 4;
 pub const DEFAULT_QUEUE_BYTES: u64 = 256 << 20;
 /// How long opening waits for the storage root's lock before calling it taken.
 const LOCK_WAIT: Duration = Duration::from_secs(1);
-/// Bytes of removed files kept to be written over (see [`recycle`]).
+/// Bytes of removed files kept to be written over (see `recycle`).
 pub const DEFAULT_RECYCLE_BYTES: u64 = 1 << 30;
 /// Most offloads waiting at once, whatever their size.
 const MAX_QUEUED_JOBS: usize = 4096;
@@ -108,7 +108,7 @@ pub struct DiskConfig {
     /// Bytes of values waiting to be written; beyond it offloads are dropped and counted.
     pub queue_bytes: u64,
     /// How files are made durable before they are announced; `None`: not at all (see
-    /// [`FsyncScope`] and [`commit`]).
+    /// [`FsyncScope`] and `commit`).
     pub fsync: Option<FsyncScope>,
     /// Bytes of removed files kept to be written over by later offloads; 0: none.
     pub recycle_bytes: u64,
@@ -635,7 +635,7 @@ impl DiskTier {
         }
     }
 
-    /// Whether the file system under the tier is full now ([`space`]).
+    /// Whether the file system under the tier is full now (`space`).
     pub fn is_full(&self) -> bool {
         self.space.is_full()
     }
@@ -1244,7 +1244,7 @@ impl DiskTier {
 
     /// Reads every file found at start once, in the background, and drops those whose value
     /// fails its checksum: removed, counted as `corrupt_removed`, the master told (see
-    /// [`verify`]). Called once the files are announced (a later call does nothing).
+    /// `verify`). Called once the files are announced (a later call does nothing).
     pub fn verify_found(self: &Arc<Self>) {
         let found = std::mem::take(&mut *self.found.lock());
         let weak = Arc::downgrade(self);

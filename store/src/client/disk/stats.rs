@@ -79,7 +79,7 @@ pub struct DiskStats {
     /// say); what they carried is told again ([`super::DiskTier::retry_announcements`]).
     pub announce_failures: u64,
     /// Files the master refused that it may never have known (the disk was mounted again,
-    /// or a call failed, since their put): kept and told again as restores ([`super::announce`]).
+    /// or a call failed, since their put): kept and told again as restores (`super::announce`).
     pub ambiguous_refusals: u64,
     /// Files and removals waiting to be told to the master again, now.
     pub unannounced: u64,
@@ -88,7 +88,7 @@ pub struct DiskStats {
     /// Offloads skipped because the file system was full (their puts succeeded in memory).
     pub full_skipped: u64,
     /// Whether the file system under the tier is full now: files are served, new offloads
-    /// skipped until it has room again ([`super::space`]).
+    /// skipped until it has room again (`super::space`).
     pub full: bool,
 }
 

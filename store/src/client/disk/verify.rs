@@ -78,6 +78,7 @@ impl Quiet {
     }
 
     /// How long the check waits for quiet ([`VERIFY_QUIET`]; tests change it).
+    #[cfg(test)]
     pub fn set_quiet(&self, quiet: Duration) {
         self.quiet_us.store(quiet.as_micros() as u64, Ordering::Relaxed);
     }

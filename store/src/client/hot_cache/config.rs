@@ -71,7 +71,7 @@ impl std::str::FromStr for Admission {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FillMode {
     /// Each miss inline or deferred, by how the link compares with a memory copy
-    /// ([`super::fill_choice`]): inline while the copy adds at most a tenth to a miss's read
+    /// (`super::fill_choice`): inline while the copy adds at most a tenth to a miss's read
     /// (a link much slower than the copy, such as the reference's 2.5 Gbit/s one), deferred
     /// where it would add more (a fast link, RDMA). The default.
     #[default]

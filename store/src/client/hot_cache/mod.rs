@@ -20,7 +20,7 @@
 //!   is never overwritten by a fill.
 //! * **Fills** are made in one of two ways ([`FillMode`], setting `LOCAL_HOT_CACHE_FILL`);
 //!   the default, **auto**, picks one per miss by how the link compares with a memory copy
-//!   ([`fill_choice`]): inline while the copy adds at most a tenth to the client's remote
+//!   (`fill_choice`): inline while the copy adds at most a tenth to the client's remote
 //!   reads, deferred beyond.
 //!   * **Deferred**: a get that misses does exactly what it does without the cache
 //!     (the same transfer into the caller's memory or its fresh result, no copy into the
@@ -33,7 +33,7 @@
 //!        condition variable, no spinning) while any remote read of this client's own is in
 //!        flight ([`HotCache::foreground`], held around every remote transfer of a get), and
 //!        until none has been for longer than the client's usual gaps between reads
-//!        ([`idle_gaps`]). It holds no lock a get needs while it transfers.
+//!        (`idle_gaps`). It holds no lock a get needs while it transfers.
 //!     2. *A repeat miss does not wait for idleness*: a get that misses a key whose deferred
 //!        fill is still queued takes it over and fills inline (below); one that finds it
 //!        started joins it (single flight), and from then on the filler no longer yields for
@@ -79,8 +79,8 @@
 //!   its second miss while it is remembered in a bounded ghost list.
 
 pub mod config;
-pub mod fill_choice;
-pub mod idle_gaps;
+mod fill_choice;
+mod idle_gaps;
 pub mod stream_copy;
 #[cfg(test)]
 mod tests;
@@ -799,7 +799,7 @@ impl HotCache {
     }
 
     /// Takes a remote read of a miss (`bytes` in `took`) into [`FillMode::Auto`]'s choice
-    /// ([`fill_choice`]); nothing in the other modes.
+    /// (`fill_choice`); nothing in the other modes.
     pub fn note_read(&self, bytes: u64, took: Duration) {
         if let Some(choice) = &self.inner.choice {
             choice.note_read(bytes, took);

@@ -1,13 +1,13 @@
 //! How a disk writer hands a file's bytes and its flush to the kernel: an [`IoEngine`], one
 //! per writer thread, of the kind chosen once when the tier opens ([`EngineKind::choose`]).
 //!
-//! * [`psync`]: plain system calls one by one (`pwritev`, then `fdatasync`): everywhere.
-//! * [`uring`]: the write and its flush as one linked io_uring submission (one system call
+//! * `psync`: plain system calls one by one (`pwritev`, then `fdatasync`): everywhere.
+//! * `uring`: the write and its flush as one linked io_uring submission (one system call
 //!   and one sleep for both), where the kernel offers io_uring; a writer whose ring fails
 //!   in a way plain calls may not falls back to them for good (logged).
 
-pub mod psync;
-pub mod uring;
+pub(crate) mod psync;
+pub(crate) mod uring;
 
 use std::fs::File;
 use std::io::{self, IoSlice};
@@ -15,9 +15,9 @@ use std::io::{self, IoSlice};
 /// The engines there are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
-    /// Plain system calls ([`psync`]).
+    /// Plain system calls (`psync`).
     Psync,
-    /// Linked io_uring submissions ([`uring`]).
+    /// Linked io_uring submissions (`uring`).
     IoUring,
 }
 
