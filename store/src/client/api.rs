@@ -337,7 +337,7 @@ pub trait StoreApi: Send + Sync {
         Err(no_tasks())
     }
 
-    /// Runs `batch`: one outcome per op, in order (see [`super::op`]). An op refused before it
+    /// Runs `batch`: one outcome per op, in order (see `super::op`). An op refused before it
     /// runs (a buffer tagged as a GPU's memory that is not) fails alone; an error of a whole batched call is the error of
     /// the run. Provided: the ops are mapped onto the calls above.
     fn run(&self, batch: Batch<'_>) -> Result<Vec<Result<Outcome>>> {

@@ -23,7 +23,7 @@
 //! [`dummy::DummyClient`] (a worker's client that forwards every call to a standalone client,
 //! `crescent-client`, on its host).
 
-pub mod api;
+mod api;
 pub mod checksum;
 pub mod config;
 pub mod disk;
@@ -34,13 +34,13 @@ mod exec;
 pub mod hot_cache;
 mod lease;
 mod master_link;
-pub mod metrics;
-pub mod op;
+mod metrics;
+mod op;
 pub(crate) mod owner_index;
 mod plan;
 mod put_retry;
 mod read;
-pub mod rpc;
+mod rpc;
 pub mod sched;
 mod segments;
 mod session;

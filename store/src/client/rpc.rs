@@ -53,6 +53,7 @@ impl Credentials {
     }
 
     /// No secret, the default tenant.
+    #[cfg(test)]
     pub fn open() -> Credentials {
         Credentials::new(None, protocol::DEFAULT_TENANT).expect("the default tenant is valid")
     }
@@ -185,17 +186,20 @@ const FIRST_LEADER_WAIT: Duration = Duration::from_secs(15);
 
 impl MasterRpc {
     /// Connects to the master at `addr` (`host:port`); fails with a clear error if it is not there.
+    #[cfg(test)]
     pub fn connect(addr: &str, credentials: Credentials) -> Result<Self> {
         Self::connect_in(addr, crate::protocol::DEFAULT_CLUSTER_ID, credentials)
     }
 
     /// Connects to the master at `addr`: `host:port`, or `etcd://h1:2379;h2:2379` to follow
     /// the leader of `cluster_id`'s masters.
+    #[cfg(test)]
     pub fn connect_in(addr: &str, cluster_id: &str, credentials: Credentials) -> Result<Self> {
         Self::connect_with(addr, cluster_id, credentials, RpcTimeouts::default())
     }
 
-    /// [`Self::connect_in`] with the calls' and connections' deadlines.
+    /// Connects to the master at `addr` (`host:port`, or `etcd://h1:2379;h2:2379` to follow the
+    /// leader of `cluster_id`'s masters) with the calls' and connections' deadlines.
     pub fn connect_with(addr: &str, cluster_id: &str, credentials: Credentials, timeouts: RpcTimeouts) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

@@ -113,10 +113,6 @@ impl Index {
     pub fn len(&self) -> usize {
         self.map.len()
     }
-    /// True when no file is indexed.
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
 
     /// The file of `key` (not a use: the order stays).
     pub fn get(&self, key: &str) -> Option<&Entry> {
@@ -258,11 +254,6 @@ impl Index {
     /// Every key with its file (for announcing them).
     pub fn entries(&self) -> Vec<(String, Entry)> {
         self.map.iter().map(|(k, e)| (k.clone(), e.clone())).collect()
-    }
-
-    /// Keys matching `f`.
-    pub fn keys_where(&self, f: impl Fn(&str) -> bool) -> Vec<String> {
-        self.map.iter().map(|(k, _)| k).filter(|k| f(k)).cloned().collect()
     }
 }
 

@@ -15,15 +15,15 @@
 //!
 //! * [`format`](mod@format): the file format and names (hash of the key; the key is inside the file).
 //! * [`io`]: the writers' [`io::IoEngine`] (plain calls, or io_uring), chosen once at open.
-//! * [`file`](mod@file): writing one file under a temporary name, and checked reading.
+//! * `file`: writing one file under a temporary name, and checked reading.
 //! * `commit`: commit rounds and the fsync policy ([`FsyncScope`]).
 //! * `announce`: what the master must hear, and when, as a sans-IO state machine.
-//! * [`index`]: key → file in LRU order (the `lru` crate), capacity in 4 KiB blocks, pins.
+//! * `index`: key → file in LRU order (the `lru` crate), capacity in 4 KiB blocks, pins.
 //! * `recycle`: removed files kept to be written over by later offloads.
 //! * `verify`: the background check of the files found at start.
 //! * `space`: whether the file system has room: a full disk is a state of the tier (offloads
 //!   skipped, files still served, writes again once there is room), not a failure to start.
-//! * [`stats`]: the tier's Prometheus registry, the one record of its counters ([`DiskStats`]).
+//! * `stats`: the tier's Prometheus registry, the one record of its counters ([`DiskStats`]).
 //! * [`service`]: the tiny request/response service through which other clients read the
 //!   files of this one with the transfer engine.
 //! * [`hold`]: test support, holding commit rounds.
@@ -41,15 +41,15 @@
 
 mod announce;
 mod commit;
-pub mod file;
+pub(crate) mod file;
 pub mod format;
 pub mod hold;
-pub mod index;
+mod index;
 pub mod io;
 mod recycle;
 pub mod service;
 mod space;
-pub mod stats;
+mod stats;
 mod verify;
 
 use std::fs::{File, OpenOptions};
@@ -1304,7 +1304,7 @@ impl DiskTier {
         self.counters.snapshot(self.sizes())
     }
 
-    /// The tier's metrics, for the client's `/metrics` (see [`stats`]).
+    /// The tier's metrics, for the client's `/metrics` (see `stats`).
     pub fn metric_families(&self) -> Vec<prometheus::proto::MetricFamily> {
         self.counters.gather(self.sizes())
     }

@@ -57,6 +57,7 @@ impl RetiredFiles {
     }
 
     /// True when no file is kept.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.files.is_empty()
     }

@@ -11,7 +11,7 @@ use prometheus::{IntCounter, IntGauge, Registry};
 use crate::error::Result;
 use crate::metrics_registry::{counter, gauge, internal};
 
-/// What the tier has done (counters since start, read back from [`Counters`]), plus its
+/// What the tier has done (counters since start, read back from `Counters`), plus its
 /// current sizes.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct DiskStats {

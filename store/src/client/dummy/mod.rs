@@ -7,7 +7,7 @@
 //!   client admits peers of its own user by their kernel credentials). Every call has a
 //!   deadline ([`DummyConfig::call_timeout`]); a connection is used by one call at a time and
 //!   kept in a pool for the next.
-//! * Memory ([`memory`]): what this process allocates through the API (the pool,
+//! * Memory (`memory`): what this process allocates through the API (the pool,
 //!   `alloc_from_mem_pool`, the local buffer) is a memfd shared with the standalone client
 //!   over the socket (`SCM_RIGHTS`); it maps and registers it, so gets land in these pages and
 //!   puts read them with no extra copy. Other registered memory is bounced through the local
@@ -19,7 +19,7 @@
 //!   what it shared: the standalone client sees its connections close.
 
 pub mod frame;
-pub mod memory;
+mod memory;
 pub mod wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

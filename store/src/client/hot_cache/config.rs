@@ -104,7 +104,7 @@ impl std::str::FromStr for FillMode {
 pub struct HotCacheSettings {
     /// Bytes of the whole cache; unset: no cache.
     pub cache_size: Option<SizeSetting>,
-    /// Bytes of one block; unset: [`DEFAULT_BLOCK_SIZE`].
+    /// Bytes of one block; unset: `DEFAULT_BLOCK_SIZE`.
     pub block_size: Option<SizeSetting>,
     /// Which misses may fill the cache.
     pub admission: Admission,
@@ -128,7 +128,7 @@ pub enum Resolved {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// Number of blocks: the cache size over the block size, rounded down, at least 1 and
-    /// at most [`MAX_BLOCKS`].
+    /// at most `MAX_BLOCKS`.
     pub blocks: u32,
     /// Bytes of one block.
     pub block_size: u64,

@@ -78,7 +78,7 @@
 //!   that nobody holds. Optional admission ([`Admission::SecondAccess`]) caches a key only on
 //!   its second miss while it is remembered in a bounded ghost list.
 
-pub mod config;
+mod config;
 mod fill_choice;
 mod idle_gaps;
 pub mod stream_copy;
