@@ -15,7 +15,11 @@
 //!
 //! * [`format`](mod@format): the file format and names (hash of the key; the key is inside the file).
 //! * [`io`]: the writers' [`io::IoEngine`] (plain calls, or io_uring), chosen once at open.
+//! * `offload`: what a put hands the tier ([`PreparedOffload`]) and the room it holds in the
+//!   queue.
+//! * `writer`: a writer thread's job: one file under a temporary name, new or written over.
 //! * `file`: writing one file under a temporary name, and checked reading.
+//! * `scan`: what an opening tier finds in its root (disk id, held removals, files).
 //! * `commit`: commit rounds and the fsync policy ([`FsyncScope`]).
 //! * `announce`: what the master must hear, and when, as a sans-IO state machine.
 //! * `index`: key → file in LRU order (the `lru` crate), capacity in 4 KiB blocks, pins.
@@ -46,11 +50,14 @@ pub mod format;
 pub mod hold;
 mod index;
 pub mod io;
+mod offload;
 mod recycle;
+mod scan;
 pub mod service;
 mod space;
 mod stats;
 mod verify;
+mod writer;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -58,7 +65,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{is_no_space, Result, StoreError};
@@ -67,11 +74,14 @@ use announce::{Announcements, Call, Verdict};
 pub use commit::FsyncScope;
 use commit::{Written, COMMIT_BATCH};
 use file::FileReader;
-use format::{data_offset, disk_len, key_hash, parse_name, NameKind};
-use index::{Entry, Index, NoRoom, Room};
-use io::{EngineKind, IoEngine};
+use format::disk_len;
+use index::{Entry, Index};
+use io::EngineKind;
+use offload::Job;
+pub use offload::PreparedOffload;
 use prometheus::IntCounter;
-use recycle::{parse_retired_name, RetiredFiles, RETIRED_DIR};
+use recycle::{RetiredFiles, RETIRED_DIR};
+use scan::{disk_id, load_held, scan, scan_retired, TOMBSTONES};
 use space::{Probe, Space};
 use stats::Counters;
 pub use stats::DiskStats;
@@ -139,111 +149,6 @@ pub trait Announcer: Send + Sync {
     /// `restore`: the files come from a restart (the master may recreate lost objects).
     /// Returns, per added entry, whether the master lists this disk as a holder.
     fn announce(&self, added: &[DiskEntry], removed: &[DiskEntry], restore: bool) -> Result<Vec<bool>>;
-}
-
-struct Job {
-    key: String,
-    version: u64,
-    /// The announcements' generation when the offload was prepared ([`announce`]).
-    generation: u64,
-    body: file::FileBody,
-}
-
-/// A value on its way to the writers: see [`DiskTier::prepare`].
-pub struct PreparedOffload {
-    tier: Arc<DiskTier>,
-    key: String,
-    len: u64,
-    /// The announcements' generation now, before the put goes to the master ([`announce`]).
-    generation: u64,
-    state: Prepared,
-}
-
-enum Prepared {
-    /// The file image, holding its room in the queue.
-    Image(file::FileImage),
-    /// Only the value's CRC-32, holding its room in the queue: the writers read the value
-    /// where the put leaves it ([`PreparedOffload::queue_resident`]).
-    Checksum(u32),
-    /// Larger than the whole disk tier: counted when queued.
-    TooLarge,
-    /// The file system is full ([`space`]): skipped, counted when queued.
-    DiskFull,
-    /// No room in the queue: counted (and warned about) when queued.
-    QueueFull,
-    Queued,
-}
-
-impl PreparedOffload {
-    /// Hands the image to the writers as object `version` (its put committed). Never blocks.
-    /// (Prepared by [`DiskTier::prepare`].)
-    pub fn queue(self, version: u64) {
-        self.queue_resident(version, None, &[]);
-    }
-
-    /// Like [`Self::queue`]; prepared by [`DiskTier::prepare_resident`], the writers read the
-    /// value from `resident` (the put's own replica), or from a copy of `value` made now when
-    /// there is none.
-    pub fn queue_resident(mut self, version: u64, resident: Option<file::ResidentValue>, value: &[u8]) {
-        let tier = self.tier.clone();
-        let body = match std::mem::replace(&mut self.state, Prepared::Queued) {
-            Prepared::TooLarge => {
-                inc(&tier.counters.too_large);
-                tracing::debug!("not offloading {:?}: {} bytes exceed the disk tier's capacity", self.key, self.len);
-                return;
-            }
-            Prepared::QueueFull => return tier.queue_full(&self.key),
-            Prepared::DiskFull => {
-                inc(&tier.counters.full_skipped);
-                tracing::debug!("not offloading {:?}: the disk tier's file system is full", self.key);
-                return;
-            }
-            Prepared::Queued => return,
-            Prepared::Image(image) => file::FileBody::Image(image),
-            Prepared::Checksum(crc) => match resident {
-                Some(v) if v.value_len() as u64 == self.len => file::FileBody::Resident(v.expecting(crc)),
-                None if value.len() as u64 == self.len => file::FileBody::Image(file::FileImage::reusing(
-                    tier.spare_image(&self.key, value.len()),
-                    &self.key,
-                    value,
-                )),
-                _ => {
-                    tracing::error!("offload of {:?}: no bytes to write (a bug); not persisted", self.key);
-                    return tier.release(self.len);
-                }
-            },
-        };
-        let key = std::mem::take(&mut self.key);
-        *tier.in_flight.lock().entry(key.clone()).or_default() += 1;
-        let job = Job { key: key.clone(), version, generation: self.generation, body };
-        let sent = match tier.queue.lock().as_ref() {
-            Some(tx) => tx.try_send(job).map_err(|e| matches!(e, TrySendError::Full(_))),
-            None => Err(false),
-        };
-        match sent {
-            Ok(()) => inc(&tier.counters.queued),
-            Err(full) => {
-                tier.job_done(&key, self.len);
-                if full {
-                    tier.queue_full(&key);
-                }
-            }
-        }
-    }
-}
-
-impl Drop for PreparedOffload {
-    /// Not queued (its put failed): the room in the queue and the memory go back.
-    fn drop(&mut self) {
-        match std::mem::replace(&mut self.state, Prepared::Queued) {
-            Prepared::Image(image) => {
-                self.tier.release(self.len);
-                self.tier.keep_spare(image.into_buffer());
-            }
-            Prepared::Checksum(_) => self.tier.release(self.len),
-            _ => {}
-        }
-    }
 }
 
 #[derive(Default)]
@@ -542,155 +447,6 @@ impl DiskTier {
         Ok(())
     }
 
-    /// Queues `value` (object `version` of `key`, just committed) for writing. Never blocks
-    /// on the disk: a full queue drops the offload, counted and logged. (The client prepares
-    /// and queues in two steps, around its put's commit.)
-    #[cfg(test)]
-    pub fn offload(self: &Arc<Self>, key: &str, version: u64, value: &[u8]) {
-        self.prepare(key, value).queue(version);
-    }
-
-    /// Copies `value` into its file image and takes its room in the queue, before its put
-    /// commits: the copy then overlaps the put's call to the master. [`PreparedOffload::queue`]
-    /// hands it to the writers once the put committed; dropping it gives the room back.
-    pub fn prepare(self: &Arc<Self>, key: &str, value: &[u8]) -> PreparedOffload {
-        self.reserve(key, value.len() as u64, || {
-            Prepared::Image(file::FileImage::reusing(self.spare_image(key, value.len()), key, value))
-        })
-    }
-
-    /// Like [`Self::prepare`], but takes only the value's CRC-32: for a put expected to
-    /// leave a replica in this client's own segment, which the writers then read in place
-    /// ([`PreparedOffload::queue_resident`]): no copy on the putting thread.
-    pub fn prepare_resident(self: &Arc<Self>, key: &str, value: &[u8]) -> PreparedOffload {
-        self.reserve(key, value.len() as u64, || Prepared::Checksum(crc32fast::hash(value)))
-    }
-
-    /// Takes room in the queue for `len` bytes, then prepares them with `make`.
-    fn reserve(self: &Arc<Self>, key: &str, len: u64, make: impl FnOnce() -> Prepared) -> PreparedOffload {
-        let generation = self.announcements.lock().generation();
-        let prepared = |state| PreparedOffload { tier: self.clone(), key: key.to_string(), len, generation, state };
-        let room = disk_len(data_offset(key.len()) + len);
-        if self.space.is_full() && !self.room_again(room) {
-            return prepared(Prepared::DiskFull);
-        }
-        if room > self.capacity() {
-            return prepared(Prepared::TooLarge);
-        }
-        {
-            let mut p = self.pending.lock();
-            if p.jobs > 0 && p.bytes + len > self.config.queue_bytes {
-                return prepared(Prepared::QueueFull);
-            }
-            p.jobs += 1;
-            p.bytes += len;
-        }
-        prepared(make())
-    }
-
-    /// While the tier is full: whether the file system has room again for a file of `room`
-    /// bytes and a margin ([`space::has_room`]). The first call that finds it ends the state
-    /// (logged once), and an automatic capacity (none configured) is taken anew: what the
-    /// tier's files take plus [`DEFAULT_CAPACITY_SHARE`] of the free space.
-    fn room_again(&self, room: u64) -> bool {
-        let (free, size) = match space::free_and_size(&self.dir) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::debug!("disk tier: statvfs {}: {e}", self.dir.display());
-                return false;
-            }
-        };
-        if !space::has_room(free, size, room) {
-            return false;
-        }
-        if self.space.recover() {
-            let capacity = {
-                let mut ix = self.index.lock();
-                if self.config.capacity.is_none() {
-                    let taken = ix.used() + ix.retired_bytes();
-                    ix.set_capacity(taken + (free as f64 * DEFAULT_CAPACITY_SHARE) as u64);
-                }
-                ix.capacity()
-            };
-            tracing::info!(
-                "disk tier {}: the file system has room again ({free} bytes free); writing offloads again \
-                 (capacity {capacity} bytes; {} skipped while it was full so far)",
-                self.dir.display(),
-                self.counters.full_skipped.get()
-            );
-        }
-        true
-    }
-
-    /// A write was refused for want of space: the tier is full (logged when it becomes so).
-    fn became_full(&self, e: &StoreError, gave_back: &str) {
-        if self.space.fill() {
-            tracing::warn!(
-                "disk tier {}: the file system is full ({e}{gave_back}); serving the files there, skipping new \
-                 offloads until it has room again",
-                self.dir.display()
-            );
-        } else {
-            tracing::debug!("disk tier: {e}{gave_back}");
-        }
-    }
-
-    /// Whether the file system under the tier is full now (`space`).
-    pub fn is_full(&self) -> bool {
-        self.space.is_full()
-    }
-
-    /// A kept image's memory large enough for this value, if any.
-    fn spare_image(&self, key: &str, value_len: usize) -> Vec<u8> {
-        let want = file::FileImage::memory_len(key.len(), value_len);
-        let mut spare = self.spare_images.lock();
-        spare.iter().position(|b| b.len() >= want).map(|i| spare.swap_remove(i)).unwrap_or_default()
-    }
-
-    fn queue_full(&self, key: &str) {
-        inc(&self.counters.queue_full);
-        let mut last = self.last_full_warning.lock();
-        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
-            *last = Some(Instant::now());
-            tracing::warn!(
-                "disk tier: offload queue full ({} bytes waiting): {key:?} is not persisted ({} dropped so far)",
-                self.pending.lock().bytes,
-                self.counters.queue_full.get()
-            );
-        }
-    }
-
-    fn job_done(&self, key: &str, len: u64) {
-        {
-            let mut f = self.in_flight.lock();
-            if let Some(n) = f.get_mut(key) {
-                *n -= 1;
-                if *n == 0 {
-                    f.remove(key);
-                }
-            }
-        }
-        self.release(len);
-    }
-
-    /// Gives back a job's room in the queue.
-    fn release(&self, len: u64) {
-        let mut p = self.pending.lock();
-        p.jobs -= 1;
-        p.bytes -= len;
-        if p.jobs == 0 {
-            self.idle.notify_all();
-        }
-    }
-
-    /// Keeps a written (or unused) image's memory for the next offloads, up to a bound.
-    fn keep_spare(&self, buf: Vec<u8>) {
-        let mut spare = self.spare_images.lock();
-        if spare.iter().map(Vec::len).sum::<usize>() + buf.len() <= SPARE_IMAGE_BYTES {
-            spare.push(buf);
-        }
-    }
-
     /// Waits until every queued offload is written and announced, or kept to be announced
     /// again when the call failed (see [`DiskStats::unannounced`]), or until `timeout` passes.
     pub fn flush(&self, timeout: Duration) -> bool {
@@ -803,185 +559,6 @@ impl DiskTier {
                 "disk tier: told the master about {files} file(s) and {removals} removal(s) that earlier calls missed"
             );
         }
-    }
-
-    /// A writer's part: room, the file's bytes under a temporary name; the committer does
-    /// the rest. A job that ends here (nothing written) is done at once.
-    fn write_job(&self, mut job: Job, committer: &Sender<Written>, engine: &mut dyn IoEngine) {
-        let len = job.body.value_len();
-        let staged = self.write_one(&mut job, engine);
-        if let Some(buf) =
-            std::mem::replace(&mut job.body, file::FileBody::Image(file::FileImage::new("", &[]))).into_buffer()
-        {
-            self.keep_spare(buf);
-        }
-        match staged {
-            Some(staged) => {
-                let w =
-                    Written { key: job.key, version: job.version, generation: job.generation, value_len: len, staged };
-                if let Err(e) = committer.send(w) {
-                    let w = e.into_inner();
-                    self.index.lock().release(disk_len(w.staged.file_len));
-                    w.staged.abandon();
-                    self.job_done(&w.key, len);
-                }
-            }
-            None => self.job_done(&job.key, len),
-        }
-    }
-
-    fn write_one(&self, job: &mut Job, engine: &mut dyn IoEngine) -> Option<file::Staged> {
-        if self.space.is_full() {
-            // Queued before the disk filled: not tried (each would fail the same way).
-            inc(&self.counters.full_skipped);
-            tracing::debug!("not offloading {:?}: the disk tier's file system is full", job.key);
-            return None;
-        }
-        if self.id_unsaved.load(Ordering::Acquire) {
-            match save_disk_id(&self.dir, &self.disk_id) {
-                Ok(()) => self.id_unsaved.store(false, Ordering::Release),
-                Err(source) => {
-                    inc(&self.counters.write_failures);
-                    let e = StoreError::DiskIo { what: "saving the disk id in", path: self.dir.clone(), source };
-                    if e.is_disk_full() {
-                        self.became_full(&e, "");
-                    } else {
-                        tracing::warn!("{e}");
-                    }
-                    return None;
-                }
-            }
-        }
-        let value_len = job.body.value_len();
-        let room = disk_len(data_offset(job.key.len()) + value_len);
-        let evicted = {
-            let mut ix = self.index.lock();
-            if ix.get(&job.key).is_some_and(|e| e.version >= job.version) {
-                return None; // this or a newer version is on disk already
-            }
-            if self.is_doomed(&job.key, job.version) {
-                return None; // removed while it waited
-            }
-            ix.reserve(room)
-        };
-        let Room { evicted, reuse, discard } = match evicted {
-            Ok(room) => room,
-            Err(NoRoom::TooLarge) => {
-                inc(&self.counters.too_large);
-                return None;
-            }
-            Err(NoRoom::Pinned) => {
-                inc(&self.counters.busy_dropped);
-                tracing::debug!("not offloading {:?}: room only by evicting files being read", job.key);
-                return None;
-            }
-        };
-        if !evicted.is_empty() {
-            let removed: Vec<DiskEntry> = evicted
-                .iter()
-                .map(|(k, e)| {
-                    if reuse.as_ref().is_none_or(|r| r.path != e.path) {
-                        let _ = std::fs::remove_file(&e.path);
-                    }
-                    inc(&self.counters.evicted);
-                    DiskEntry { key: k.clone(), size: e.value_len, version: e.version }
-                })
-                .collect();
-            tracing::debug!("disk tier: evicted {} file(s) to make room", removed.len());
-            self.announce(Vec::new(), removed);
-        }
-        for f in discard {
-            let _ = std::fs::remove_file(&f.path);
-        }
-        if let file::FileBody::Resident(v) = &job.body {
-            if !v.in_place() {
-                // Not 4 KiB-aligned for direct I/O: through an image after all.
-                let file::FileBody::Resident(v) =
-                    std::mem::replace(&mut job.body, file::FileBody::Image(file::FileImage::new("", &[])))
-                else {
-                    unreachable!()
-                };
-                match v.into_image(self.spare_image(&job.key, value_len as usize), &job.key) {
-                    Some(image) => job.body = file::FileBody::Image(image),
-                    None => return self.overwritten(&job.key, room, reuse),
-                }
-            }
-        }
-        let through_ring = engine.kind() == EngineKind::IoUring;
-        let written = file::write_staged(
-            &self.dir,
-            &job.key,
-            job.version,
-            &mut job.body,
-            reuse.as_ref(),
-            engine,
-            self.config.fsync == Some(FsyncScope::File),
-        );
-        // (A write the ring refused was made with plain calls, and the ring given up.)
-        if through_ring && engine.kind() == EngineKind::IoUring && written.is_ok() {
-            inc(&self.counters.uring_writes);
-        }
-        if written.as_ref().is_ok_and(|s| s.recycled) {
-            inc(&self.counters.recycled);
-        }
-        let written = match written {
-            Ok(staged) if matches!(&job.body, file::FileBody::Resident(v) if !v.unchanged()) => {
-                staged.abandon();
-                return self.overwritten(&job.key, room, None);
-            }
-            other => other,
-        };
-        let written = written.and_then(|staged| {
-            // Flushed here, so that the writers' flushes overlap (each waits for the device).
-            if self.config.fsync == Some(FsyncScope::File) {
-                if let Err(e) = staged.flush(engine) {
-                    staged.abandon();
-                    return Err(e);
-                }
-            }
-            Ok(staged)
-        });
-        match written {
-            Ok(staged) => Some(staged),
-            Err(e) => {
-                // The file system may be full (of others' files too): the retired files are
-                // ours to give back first.
-                let retired = {
-                    let mut ix = self.index.lock();
-                    ix.release(room);
-                    ix.drain_retired()
-                };
-                for f in &retired {
-                    let _ = std::fs::remove_file(&f.path);
-                }
-                inc(&self.counters.write_failures);
-                let gave_back = match retired.len() {
-                    0 => String::new(),
-                    n => format!("; deleted the {n} file(s) kept for reuse"),
-                };
-                if e.is_disk_full() {
-                    self.became_full(&e, &gave_back);
-                } else {
-                    tracing::warn!("{e}{gave_back}");
-                }
-                None
-            }
-        }
-    }
-
-    /// An offload whose value changed in memory before the writer had it (the master gave
-    /// its range to another object): dropped and counted. The room reserved goes back, and
-    /// so does the file to reuse, when it was not used.
-    fn overwritten(&self, key: &str, room: u64, unused: Option<recycle::Retired>) -> Option<file::Staged> {
-        inc(&self.counters.overwritten);
-        tracing::debug!("not offloading {key:?}: its memory was reused before it was written");
-        let mut ix = self.index.lock();
-        ix.release(room);
-        if let Some(f) = unused {
-            drop(ix);
-            let _ = std::fs::remove_file(&f.path);
-        }
-        None
     }
 
     /// The committer's part, for a round of written files ([`commit::commit_round`] makes
@@ -1362,55 +939,6 @@ impl Drop for Pin {
     }
 }
 
-/// The removals kept for the master, from `<dir>/TOMBSTONES` (none when missing or damaged).
-fn load_held(dir: &Path) -> Vec<HeldRemoval> {
-    let path = dir.join(TOMBSTONES);
-    let Ok(text) = std::fs::read(&path) else { return Vec::new() };
-    match serde_json::from_slice::<Vec<(String, String, u64)>>(&text) {
-        Ok(v) => v.into_iter().map(|(disk, key, version)| HeldRemoval { disk, key, version }).collect(),
-        Err(e) => {
-            tracing::warn!("disk tier: ignoring {}: {e}", path.display());
-            Vec::new()
-        }
-    }
-}
-
-/// The file of removals kept for the master.
-const TOMBSTONES: &str = "TOMBSTONES";
-
-/// Reads (or makes and saves) the disk id kept in `dir`; with it, whether it is saved: a new
-/// id is not when the file system is full ([`save_disk_id`] then saves it before the first
-/// file is written).
-fn disk_id(dir: &Path) -> std::io::Result<(String, bool)> {
-    let path = dir.join("DISK_ID");
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let id = text.trim();
-        if !id.is_empty() && id.len() <= 64 && id.bytes().all(|c| c.is_ascii_hexdigit() || c == b'-') {
-            return Ok((id.to_string(), true));
-        }
-        tracing::warn!("{} holds no valid id; making a new one", path.display());
-    }
-    let id = uuid::Uuid::new_v4().to_string();
-    match save_disk_id(dir, &id) {
-        Ok(()) => Ok((id, true)),
-        Err(e) if is_no_space(&e) => Ok((id, false)),
-        Err(e) => Err(e),
-    }
-}
-
-/// Saves `id` as the disk id of `dir`, durably (no temporary file is left when it fails).
-fn save_disk_id(dir: &Path, id: &str) -> std::io::Result<()> {
-    let tmp = dir.join(format!("DISK_ID.{}.tmp", std::process::id()));
-    let saved = std::fs::write(&tmp, id)
-        .and_then(|()| File::open(&tmp)?.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, dir.join("DISK_ID")))
-        .and_then(|()| File::open(dir)?.sync_all());
-    if saved.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    saved
-}
-
 /// A file that just left the index: renamed into the retired files when nobody is reading
 /// it and the pool has room (the rename happens under the index's lock, so no write can take
 /// the name before the file is there), deleted otherwise.
@@ -1427,84 +955,6 @@ fn retire_or_delete(ix: &mut Index, e: &Entry) {
         }
     }
     let _ = std::fs::remove_file(&e.path);
-}
-
-/// The retired files under `dir` (path, number in the name, bytes), oldest name first;
-/// deletes anything else there.
-fn scan_retired(dir: &Path) -> Vec<(PathBuf, u64, u64)> {
-    let mut found = Vec::new();
-    for f in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = f.path();
-        let number = parse_retired_name(&f.file_name().to_string_lossy());
-        match (number, f.metadata()) {
-            (Some(n), Ok(m)) if m.is_file() => found.push((path, n, disk_len(m.len()))),
-            _ => {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
-    }
-    found.sort_by_key(|(_, n, _)| *n);
-    found
-}
-
-/// Indexes the valid files under `dir`, oldest first; removes temporary files, files with a
-/// bad header or length and older versions (counted). The values' checksums are checked on
-/// every read and, once the files are announced, by [`DiskTier::verify_found`], not here.
-fn scan(dir: &Path, c: &Counters) -> Vec<(String, Entry, std::time::SystemTime)> {
-    let mut found: std::collections::HashMap<String, (Entry, std::time::SystemTime)> = Default::default();
-    let Ok(subs) = std::fs::read_dir(dir) else { return Vec::new() };
-    for sub in subs.flatten() {
-        let name = sub.file_name();
-        let name = name.to_string_lossy();
-        if name.len() != 2 || !name.bytes().all(|b| b.is_ascii_hexdigit()) || !sub.path().is_dir() {
-            continue;
-        }
-        let Ok(files) = std::fs::read_dir(sub.path()) else { continue };
-        for f in files.flatten() {
-            let path = f.path();
-            let fname = f.file_name().to_string_lossy().to_string();
-            match parse_name(&fname) {
-                NameKind::Other => continue,
-                NameKind::Temporary => {
-                    let _ = std::fs::remove_file(&path);
-                    inc(&c.incomplete_removed);
-                }
-                NameKind::File { hash, version } => {
-                    let valid = file::read_header(&path)
-                        .ok()
-                        .filter(|(_, h)| h.version == version && key_hash(&h.key) == hash && hash.starts_with(&*name));
-                    let Some((file, h)) = valid else {
-                        tracing::warn!("disk tier: removing damaged file {}", path.display());
-                        let _ = std::fs::remove_file(&path);
-                        inc(&c.corrupt_removed);
-                        continue;
-                    };
-                    let mtime = file.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
-                    let mut entry = Entry::new(h.version, h.value_len, h.disk_len(), path.clone());
-                    // Whatever was in memory went with the process that wrote it (unless
-                    // another client holds a replica: the first get finds out).
-                    entry.only_copy = true;
-                    match found.get(&h.key) {
-                        Some((old, _)) if old.version >= version => {
-                            let _ = std::fs::remove_file(&path);
-                            inc(&c.stale_removed);
-                        }
-                        Some((old, _)) => {
-                            let _ = std::fs::remove_file(&old.path);
-                            inc(&c.stale_removed);
-                            found.insert(h.key, (entry, mtime));
-                        }
-                        None => {
-                            found.insert(h.key, (entry, mtime));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let mut files: Vec<_> = found.into_iter().map(|(k, (e, t))| (k, e, t)).collect();
-    files.sort_by_key(|(_, _, t)| *t);
-    files
 }
 
 #[cfg(test)]
