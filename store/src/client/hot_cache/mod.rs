@@ -78,9 +78,13 @@
 //!   that nobody holds. Optional admission ([`Admission::SecondAccess`]) caches a key only on
 //!   its second miss while it is remembered in a bounded ghost list.
 
+mod blocks;
 mod config;
+mod fill;
 mod fill_choice;
+mod filler;
 mod idle_gaps;
+mod metrics;
 pub mod stream_copy;
 #[cfg(test)]
 mod tests;
@@ -98,13 +102,16 @@ use dashmap::DashMap;
 use lru::LruCache;
 use parking_lot::{Condvar, Mutex};
 
-use crescent_engine::{RegisteredMemory, TransferEngine};
+use crescent_engine::TransferEngine;
 
+use blocks::{Blocks, Region};
 pub use config::{Admission, FillMode, HotCacheSettings, Layout, Resolved, SizeSetting};
+pub use fill::Fill;
 use fill_choice::FillChoice;
 use idle_gaps::IdleGaps;
+pub use metrics::HotCacheMetrics;
+use metrics::{bump, Counters};
 
-use super::checksum::{self, Checksums};
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus};
 
 /// Bytes the deferred filler reads at a time, checking for the client's own reads before each.
@@ -117,92 +124,6 @@ pub const MAX_FILL_QUEUE: usize = 4096;
 const TOUCH_BUFFER: usize = 4096;
 /// Local reads, with no remote one, after which the client says the cache gains it nothing.
 const ALL_LOCAL_NOTICE: u64 = 100;
-
-/// What the cache did so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HotCacheMetrics {
-    /// Blocks the cache has (fixed at its start).
-    pub blocks: u64,
-    /// Bytes of one block.
-    pub block_size: u64,
-    /// Objects in the cache now.
-    pub entries: u64,
-    /// Blocks not on the free list (held by entries or by fills in progress).
-    pub blocks_in_use: u64,
-    /// Gets of remote objects served from the cache.
-    pub hits: u64,
-    /// Gets of remote objects that were not (or no longer validly) in the cache.
-    pub misses: u64,
-    /// Objects put into the cache.
-    pub fills: u64,
-    /// Fills given up: queue full, no block free, fetch failed or too late.
-    pub dropped_fills: u64,
-    /// Entries evicted to make room.
-    pub evictions: u64,
-    /// Bytes copied to callers out of the cache.
-    pub bytes_served: u64,
-    /// Misses served by another get's fetch of the same object (single flight) instead of a
-    /// transfer of their own.
-    pub merged: u64,
-    /// Fills handed to the deferred filler.
-    pub deferred_fills: u64,
-    /// Deferred fills a repeat miss took over (and filled inline) before the filler began them.
-    pub taken_over: u64,
-    /// Times the filler waited, before a piece, for this client's own reads to end.
-    pub filler_waits: u64,
-    /// Hits whose bytes were copied while the master answered (a zero-copy batch get copies
-    /// the entry it holds for a key before the answer confirms it; see [`HotCache::peek`]).
-    pub early_copies: u64,
-    /// Such copies the answer did not confirm (the object changed or went): the get then read
-    /// the object as it would have, over the copy.
-    pub early_copies_wasted: u64,
-}
-
-impl std::fmt::Display for HotCacheMetrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "hits={} early_copies={} early_copies_wasted={} misses={} merged={} fills={} deferred={} taken_over={} filler_waits={} dropped_fills={} evictions={} bytes_served={} entries={} blocks_in_use={}/{}",
-            self.hits,
-            self.early_copies,
-            self.early_copies_wasted,
-            self.misses,
-            self.merged,
-            self.fills,
-            self.deferred_fills,
-            self.taken_over,
-            self.filler_waits,
-            self.dropped_fills,
-            self.evictions,
-            self.bytes_served,
-            self.entries,
-            self.blocks_in_use,
-            self.blocks
-        )
-    }
-}
-
-#[derive(Default)]
-struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    fills: AtomicU64,
-    dropped: AtomicU64,
-    evictions: AtomicU64,
-    bytes_served: AtomicU64,
-    merged: AtomicU64,
-    deferred: AtomicU64,
-    taken_over: AtomicU64,
-    filler_waits: AtomicU64,
-    early_copies: AtomicU64,
-    early_copies_wasted: AtomicU64,
-    local_reads: AtomicU64,
-    said_all_local: AtomicBool,
-}
-
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
 
 /// What the master said an object is: an entry serves a get only while this still holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,110 +158,6 @@ impl Identity {
                     && r.segment_name == self.segment
                     && r.address == self.address
             })
-    }
-}
-
-/// The registered memory, cut into blocks, and the free list.
-struct Region {
-    mem: RegisteredMemory,
-    block_size: u64,
-    free: Mutex<Vec<u32>>,
-}
-
-/// Blocks owned by one fill or one entry, holding `len` bytes of an object in order; they go
-/// back to the free list when dropped.
-struct Blocks {
-    region: Arc<Region>,
-    ids: Vec<u32>,
-    len: u64,
-}
-
-impl Blocks {
-    /// `(offset in the object, address, length)` of each block's part of the object.
-    fn pieces(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        let b = self.region.block_size;
-        self.ids.iter().enumerate().map(move |(i, &id)| {
-            let off = i as u64 * b;
-            (off, self.region.mem.addr() + id as u64 * b, b.min(self.len - off))
-        })
-    }
-
-    /// The object's bytes, block by block.
-    ///
-    /// Callers hold the blocks exclusively (a fill whose transfers have ended) or through an
-    /// entry (whose bytes never change once published).
-    fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        self.pieces().map(|(_, addr, len)| {
-            // SAFETY: inside the cache's registered mapping (block id < block count, len <= the
-            // block size), which lives as long as `self.region`. These blocks belong to this
-            // value alone: nothing writes them while it lives (a fill's transfers have ended
-            // before its bytes are read, an entry is never written after it is published).
-            unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) }
-        })
-    }
-
-    fn copy_to(&self, dst: &mut [u8]) {
-        // SAFETY: the same layout, and only initialised bytes are written through it (below),
-        // so `dst` stays initialised.
-        self.copy_range_to(0, unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) }, false)
-    }
-
-    /// Copies the object's bytes `[from, from + dst.len())` out. Only that range is read, so
-    /// transfers into the rest of the blocks may still be running. `stream`: with
-    /// non-temporal stores (see [`stream_copy`]), for a destination not read soon.
-    fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>], stream: bool) {
-        let end = from + dst.len() as u64;
-        for (off, addr, len) in self.pieces() {
-            let (lo, hi) = (off.max(from), (off + len).min(end));
-            if lo >= hi {
-                continue;
-            }
-            // SAFETY: inside the cache's registered mapping (see `slices`), in blocks that
-            // belong to this value alone; the transfers into [lo, hi) have ended (the caller's
-            // contract) and nothing else writes there.
-            let src = unsafe { std::slice::from_raw_parts((addr + lo - off) as *const u8, (hi - lo) as usize) };
-            let dst = &mut dst[(lo - from) as usize..(hi - from) as usize];
-            if stream {
-                stream_copy::copy_streaming(dst, src);
-            } else {
-                dst.write_copy_of_slice(src);
-            }
-        }
-    }
-
-    fn to_vec(&self) -> Vec<u8> {
-        let mut out = value_buffer::with_capacity(self.len as usize);
-        for s in self.slices() {
-            out.extend_from_slice(s);
-        }
-        out
-    }
-
-    /// Writes the object's bytes `[from, from + src.len())` into the blocks, with
-    /// non-temporal stores (see [`stream_copy`]): nothing reads them before a later hit.
-    ///
-    /// `&mut self`: only a fill, which owns its blocks exclusively and whose transfers have
-    /// ended, writes them.
-    fn copy_range_from(&mut self, from: u64, src: &[u8]) {
-        let end = (from + src.len() as u64).min(self.len);
-        for (off, addr, len) in self.pieces() {
-            let (lo, hi) = (off.max(from), (off + len).min(end));
-            if lo >= hi {
-                continue;
-            }
-            // SAFETY: inside the cache's registered mapping (see `slices`); these blocks belong
-            // to this fill alone and no transfer into them is running.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut((addr + lo - off) as *mut MaybeUninit<u8>, (hi - lo) as usize)
-            };
-            stream_copy::copy_streaming(dst, &src[(lo - from) as usize..(hi - from) as usize]);
-        }
-    }
-}
-
-impl Drop for Blocks {
-    fn drop(&mut self) {
-        self.region.free.lock().append(&mut self.ids);
     }
 }
 
@@ -466,92 +283,6 @@ impl Drop for Foreground<'_> {
                 busy.idle_since = Instant::now();
                 inner.idle.notify_all();
             }
-        }
-    }
-}
-
-/// Blocks reserved for one object being read, and the flight other gets of it wait for;
-/// published into the cache by [`HotCache::publish`], or given back when dropped (the waiting
-/// gets then read the object themselves).
-pub struct Fill {
-    key: String,
-    id: Identity,
-    /// Taken when published.
-    blocks: Option<Blocks>,
-    flight: Arc<Flight>,
-    inner: Arc<Inner>,
-    /// With checksums on, for a fill the deferred filler makes: the object's checksum, which
-    /// the blocks must match before they are entered, and the counters a mismatch goes to.
-    verify: Option<(u32, Arc<Checksums>)>,
-}
-
-impl Fill {
-    /// Makes the deferred filler check the blocks it read against `expected` (the object's
-    /// checksum) before it enters them; a mismatch drops the fill and is counted in `checks`.
-    pub fn verify_with(&mut self, expected: u32, checks: Arc<Checksums>) {
-        self.verify = Some((expected, checks));
-    }
-
-    /// Whether the blocks hold what the fill's checksum (if any) says: true without one.
-    fn matches_checksum(&self) -> bool {
-        let Some((expected, checks)) = &self.verify else { return true };
-        let got = checksum::of_parts(self.blocks().slices());
-        checks.judge(&self.key, *expected, got).is_ok()
-    }
-
-    fn blocks(&self) -> &Blocks {
-        self.blocks.as_ref().expect("a fill holds its blocks until published")
-    }
-
-    /// `(offset in the object, address, length)` of the places in the registered blocks the
-    /// object's bytes go to, in order, each at most `most` bytes (none crosses a block): the
-    /// transfers that fill it.
-    pub fn chunks(&self, most: u64) -> Vec<(u64, u64, u64)> {
-        let most = most.max(1);
-        let mut out = Vec::new();
-        for (off, addr, len) in self.blocks().pieces() {
-            let mut at = 0;
-            while at < len {
-                let n = most.min(len - at);
-                out.push((off + at, addr + at, n));
-                at += n;
-            }
-        }
-        out
-    }
-
-    /// The object's size.
-    pub fn size(&self) -> u64 {
-        self.id.size
-    }
-
-    /// Copies the object's bytes `[from, from + dst.len())` out, once the transfers into that
-    /// range of [`Self::chunks`] have ended (those into the rest may still run). With
-    /// non-temporal stores (see [`stream_copy`]): the destination is a fresh result, which
-    /// the caches could not hold whole at the sizes where that matters.
-    pub fn copy_range_to(&self, from: u64, dst: &mut [MaybeUninit<u8>]) {
-        self.blocks().copy_range_to(from, dst, true)
-    }
-
-    /// Copies the object's bytes in from where the get put them (`src`: the whole object, read
-    /// for the caller).
-    pub fn copy_from(&mut self, src: &[u8]) {
-        self.copy_range_from(0, src)
-    }
-
-    /// Copies the object's bytes `[from, from + src.len())` in from where the get put them (a
-    /// get into several buffers fills the entry piece by piece).
-    pub fn copy_range_from(&mut self, from: u64, src: &[u8]) {
-        self.blocks.as_mut().expect("a fill holds its blocks until published").copy_range_from(from, src)
-    }
-}
-
-impl Drop for Fill {
-    fn drop(&mut self) {
-        if self.blocks.is_some() {
-            // Not published: the gets waiting for this fetch read the object themselves.
-            self.flight.finish(None);
-            self.inner.flights.remove_if(&self.key, |_, f| Arc::ptr_eq(f, &self.flight));
         }
     }
 }
@@ -1187,157 +918,5 @@ impl Inner {
             }
         }
         self.wake_filler(); // a running fill that was voided stops before its next piece
-    }
-
-    /// Whether this cache has a filler (deferred mode, and auto where it measured a copy).
-    fn uses_filler(&self) -> bool {
-        match self.fill_mode {
-            FillMode::Deferred => true,
-            FillMode::Auto => self.choice.is_some(),
-            FillMode::Inline => false,
-        }
-    }
-
-    /// How the next miss fills (never [`FillMode::Auto`]).
-    fn miss_mode(&self) -> FillMode {
-        match self.fill_mode {
-            FillMode::Auto => self.choice.as_ref().map_or(FillMode::Inline, FillChoice::mode),
-            mode => mode,
-        }
-    }
-
-    fn wake_filler(&self) {
-        if self.uses_filler() {
-            let _fg = self.foreground.lock();
-            self.idle.notify_all();
-        }
-    }
-
-    /// Waits until no read of the client's own has been in flight for the grace of its gaps
-    /// ([`IdleGaps::grace`]), unless a get waits for this fill (or it was voided, or the cache
-    /// closes), and no longer than `lease_end`: a client that keeps reading at its usual pace
-    /// never leaves the link idle that long, and its deferred fills must not hold their blocks
-    /// beyond the time they could be entered. Whether the fill goes on (the caller checks the
-    /// lease).
-    fn wait_for_idle(&self, flight: &Flight, lease_end: Option<Instant>) -> bool {
-        let go_on = || !self.closing.load(Ordering::SeqCst) && !flight.void.load(Ordering::SeqCst);
-        let free = || flight.urgent.load(Ordering::SeqCst) || !go_on();
-        let mut busy = self.foreground.lock();
-        let mut counted = false;
-        loop {
-            if free() || lease_end.is_some_and(|end| Instant::now() >= end) {
-                break;
-            }
-            let wait = if busy.reads > 0 {
-                None
-            } else {
-                match busy.gaps.grace().checked_sub(busy.idle_since.elapsed()) {
-                    Some(left) if !left.is_zero() => Some(left),
-                    _ => break, // idle long enough
-                }
-            };
-            if !counted {
-                bump(&self.counters.filler_waits, 1);
-                counted = true;
-            }
-            // Until idle long enough or the lease's end, whichever comes first (neither: a read
-            // ending wakes it).
-            match [wait.map(|left| Instant::now() + left), lease_end].into_iter().flatten().min() {
-                None => self.idle.wait(&mut busy),
-                Some(until) => {
-                    self.idle.wait_until(&mut busy, until);
-                }
-            }
-        }
-        go_on()
-    }
-
-    /// The filler: reads each deferred fill's replica into its blocks, piece by piece when
-    /// this client's own reads leave the link idle, and enters it if its lease still held when
-    /// the read ended and its key was not invalidated.
-    fn fill_deferred(&self, engine: &TransferEngine, jobs: Receiver<Arc<Deferred>>) {
-        while let Ok(job) = jobs.recv() {
-            let fill = job.fill.lock().take(); // None: a repeat miss took it over
-            if let Some(fill) = fill {
-                if self.closing.load(Ordering::SeqCst) {
-                    bump(&self.counters.dropped, 1);
-                } else {
-                    self.fill_one(engine, fill, &job);
-                }
-            }
-            drop(job);
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-
-    fn fill_one(&self, engine: &TransferEngine, mut fill: Fill, job: &Deferred) {
-        let flight = fill.flight.clone();
-        let read = || -> std::result::Result<(), String> {
-            let mut seg = None;
-            for (off, addr, n) in fill.chunks(FILL_PIECE) {
-                if !self.wait_for_idle(&flight, job.lease_end) {
-                    return Err("closing or invalidated".into());
-                }
-                // A lease already over: the read could not be entered anyway.
-                job.lease_held()?;
-                let target = match seg {
-                    Some(s) => s,
-                    None => *seg.insert(
-                        engine
-                            .open_segment(crate::protocol::engine_segment(&fill.id.segment))
-                            .map_err(|e| e.to_string())?,
-                    ),
-                };
-                let request = crescent_engine::TransferRequest {
-                    opcode: crescent_engine::Opcode::Read,
-                    source: addr,
-                    target,
-                    target_offset: fill.id.address + off,
-                    length: n,
-                };
-                // Synchronous: the piece has ended (or the engine gave up on it) before the
-                // blocks can go back.
-                engine.transfer_sync(&[request]).map_err(|e| e.to_string())?;
-            }
-            job.lease_held()?;
-            match fill.matches_checksum() {
-                true => Ok(()),
-                false => Err("its bytes do not match the object's checksum".into()),
-            }
-        };
-        match read() {
-            Ok(()) if flight.void.load(Ordering::SeqCst) => {
-                bump(&self.counters.dropped, 1); // the fill's drop gives its blocks back
-            }
-            Ok(()) => {
-                let Some(blocks) = fill.blocks.take() else { return };
-                let entry = Arc::new(Entry { id: fill.id.clone(), blocks });
-                flight.finish(Some(entry.clone()));
-                let key = std::mem::take(&mut fill.key);
-                self.enter(key, entry, &flight);
-            }
-            Err(why) => {
-                tracing::debug!("hot cache: deferred fill of {:?} dropped: {why}", fill.key);
-                bump(&self.counters.dropped, 1);
-            }
-        }
-    }
-
-    fn serve(&self, jobs: Receiver<Job>) {
-        loop {
-            match jobs.recv_timeout(Duration::from_millis(200)) {
-                Ok(Job { key, entry, flight }) => {
-                    self.enter(key, entry, &flight);
-                    self.pending.fetch_sub(1, Ordering::AcqRel);
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    // Keep the hits' recency buffer from filling up.
-                    if let Some(mut p) = self.policy.try_lock() {
-                        self.drain_touches(&mut p);
-                    }
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
-            }
-        }
     }
 }
