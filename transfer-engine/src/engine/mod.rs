@@ -12,20 +12,22 @@ use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
 use crescent_transports::{
-    Completion, Endpoint, FailureReason, Opcode, Region, RegionKeys, RegionTable, RemoteRegion, SharedMemory, Slice,
-    Transport, TransportError, TransportKind,
+    Endpoint, Opcode, Region, RegionKeys, RegionTable, RemoteRegion, SharedMemory, Transport, TransportError,
+    TransportKind,
 };
 use parking_lot::{Mutex, RwLock};
 
-use crate::batch::{Batch, BatchCompletion, BatchId, Submission, TransferStatus, Watchdog};
+use crate::batch::{Batch, BatchCompletion, BatchId, TransferStatus, Watchdog};
 use crate::config::{EngineConfig, P2P_HANDSHAKE};
 use crate::descriptor::{BufferDescriptor, SegmentDescriptor};
 use crate::error::{EngineError, Result};
 use crate::handshake::{self, HandshakeServer};
 use crate::host;
+use crate::memory::{LocalLoan, RegisteredMemory};
 use crate::metadata::{Directory, RpcMeta, ServiceAddress};
 use crate::notify::{self, Notification, NotifyQueue, Outbox};
-use crate::slicing::{cut, CutError, Piece};
+
+mod submit;
 
 /// Handle of an opened segment.
 pub type SegmentId = u64;
@@ -59,53 +61,6 @@ pub struct TransferRequest {
     pub target_offset: u64,
     /// Bytes to move.
     pub length: u64,
-}
-
-/// Memory allocated and registered by [`TransferEngine::alloc_registered`].
-///
-/// The bytes stay valid while this value or the registration lives: dropping it without
-/// [`TransferEngine::free_registered`] leaves the memory registered (and allocated) until the
-/// engine is dropped.
-#[derive(Debug, Clone)]
-pub struct RegisteredMemory {
-    mem: Arc<SharedMemory>,
-}
-
-impl RegisteredMemory {
-    /// Its first byte's address.
-    pub fn addr(&self) -> u64 {
-        self.mem.addr()
-    }
-    /// Its length in bytes.
-    pub fn len(&self) -> u64 {
-        self.mem.len()
-    }
-    /// It has no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.mem.is_empty()
-    }
-    /// The mapping underneath (shareable with a process on the same host).
-    pub fn shared_memory(&self) -> &Arc<SharedMemory> {
-        &self.mem
-    }
-    /// The bytes.
-    ///
-    /// # Safety
-    /// No transfer (local or a peer's) may write this memory while the slice is alive.
-    pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: a live mapping of `len` bytes; the caller rules out concurrent writes.
-        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len() as usize) }
-    }
-    /// The bytes, mutable.
-    ///
-    /// # Safety
-    /// No transfer may read or write this memory while the slice is alive, and no other
-    /// reference to it may exist.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
-        // SAFETY: a live mapping of `len` bytes; the caller guarantees exclusive use.
-        unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, self.len() as usize) }
-    }
 }
 
 struct Segment {
@@ -638,201 +593,6 @@ impl TransferEngine {
         Ok(())
     }
 
-    /// Submits requests into a batch (appended after those already submitted).
-    ///
-    /// A request whose local side is not registered memory is a caller error: nothing is
-    /// submitted. A request outside the target's registered memory ends `Failed` with the reason.
-    pub fn submit(&self, batch_id: BatchId, requests: &[TransferRequest]) -> Result<()> {
-        let batch = self.batch(batch_id)?;
-        // The requests' deadline counts from here: time spent waiting for a descriptor to
-        // list a request's target (at most FOLLOW_LIMIT for the whole call) is part of it.
-        let deadline = Instant::now() + self.config.transfer_timeout;
-        let follow_until = deadline.min(Instant::now() + FOLLOW_LIMIT);
-        let mut planned = Vec::with_capacity(requests.len());
-        // Requests of a batch mostly go to one segment: looked up once per run of them.
-        for (i, r) in requests.iter().enumerate() {
-            let segment = match planned.last() {
-                Some((id, s, _)) if *id == r.target => Arc::clone(s),
-                _ => self.segment(r.target)?,
-            };
-            if r.length == 0 {
-                return Err(EngineError::InvalidArgument(format!("request {i} has length 0")));
-            }
-            let pieces = match self.plan(&segment, r, follow_until) {
-                Ok(p) => Ok(p),
-                Err(PlanError::Local(msg)) => return Err(EngineError::InvalidArgument(format!("request {i}: {msg}"))),
-                Err(PlanError::NotRegistered { addr, len }) => {
-                    return Err(EngineError::LocalNotRegistered { request: i, addr, len })
-                }
-                Err(PlanError::Remote(msg)) => Err(msg),
-            };
-            planned.push((r.target, segment, pieces));
-        }
-        let base = batch.reserve(requests.len())?;
-        let mut submission = Submission::new(batch.clone(), deadline);
-        let mut outgoing: Vec<(usize, Opcode, Piece, usize)> = Vec::with_capacity(requests.len());
-        let mut guards = Vec::new();
-        for (i, ((_, _, pieces), r)) in planned.iter().zip(requests).enumerate() {
-            let slot = base + i;
-            let pieces = match pieces {
-                Ok(p) => p,
-                Err(reason) => {
-                    batch.fail_request(slot, reason.clone());
-                    continue;
-                }
-            };
-            // One buffer for every request's guards (all or none of a request's are kept).
-            guards.clear();
-            let acquired = pieces.iter().try_for_each(|p| {
-                guards.push(self.table.acquire_local(p.local_addr, p.len)?);
-                Ok::<_, crescent_transports::TransportError>(())
-            });
-            match acquired {
-                Ok(()) => {
-                    batch.start_request(slot, pieces.len());
-                    for (p, g) in pieces.iter().zip(guards.drain(..)) {
-                        outgoing.push((i, r.opcode, *p, submission.add_slice(slot, g)));
-                    }
-                }
-                Err(e) => {
-                    guards.clear();
-                    batch.fail_request(slot, FailureReason::local(e.to_string()));
-                }
-            }
-        }
-        let submission = Arc::new(submission);
-        self.watchdog.watch(&submission);
-        // Slices per segment, in the order segments first appear (mostly just one).
-        let mut per_segment: Vec<(SegmentId, Vec<Slice>)> = Vec::new();
-        for (i, opcode, p, slice) in outgoing {
-            let target = requests[i].target;
-            let at = match per_segment.iter().rposition(|(id, _)| *id == target) {
-                Some(at) => at,
-                None => {
-                    per_segment.push((target, Vec::new()));
-                    per_segment.len() - 1
-                }
-            };
-            per_segment[at].1.push(Slice {
-                opcode,
-                local_addr: p.local_addr,
-                remote_addr: p.remote_addr,
-                len: p.len,
-                completion: Completion::new(submission.clone(), slice),
-            });
-        }
-        for (target, slices) in per_segment {
-            let segment = &planned.iter().find(|(id, _, _)| *id == target).expect("a planned segment").1;
-            let route = segment.route();
-            let (slices, detour) = self.device_detour(segment, &route, slices);
-            route.transport.submit(&route.endpoint, slices);
-            if !detour.is_empty() {
-                self.submit_over_tcp(segment, detour);
-            }
-        }
-        Ok(())
-    }
-
-    /// Splits off the slices of an rdma route that touch device memory (on either end): the
-    /// NIC has no GPUDirect registration of it yet, so they go over tcp, staged.
-    fn device_detour(&self, segment: &Segment, route: &Route, slices: Vec<Slice>) -> (Vec<Slice>, Vec<Slice>) {
-        if route.transport.kind() != TransportKind::Rdma {
-            return (slices, Vec::new());
-        }
-        let descriptor = segment.descriptor.read().clone();
-        let is_device = |b: &BufferDescriptor| matches!(b.location.parse(), Ok(Location::Cuda(_)));
-        // The common case, host memory on both ends, costs no look-up per slice.
-        if !self.table.holds_device_memory() && !descriptor.buffers.iter().any(is_device) {
-            return (slices, Vec::new());
-        }
-        let remote_on_device =
-            |addr: u64| descriptor.buffers.iter().any(|b| b.addr <= addr && addr - b.addr < b.length && is_device(b));
-        slices
-            .into_iter()
-            .partition(|s| self.table.device_memory(s.local_addr, s.len).is_none() && !remote_on_device(s.remote_addr))
-    }
-
-    /// Sends `slices` to `segment` over tcp (its descriptor's tcp endpoint).
-    fn submit_over_tcp(&self, segment: &Segment, slices: Vec<Slice>) {
-        let tcp = self.transports.iter().find(|t| t.kind() == TransportKind::Tcp);
-        let endpoint = segment.descriptor.read().endpoints.iter().find(|e| e.kind() == TransportKind::Tcp).cloned();
-        match (tcp, endpoint) {
-            (Some(tcp), Some(endpoint)) => tcp.submit(&endpoint, slices),
-            _ => {
-                let reason = FailureReason::local(format!(
-                    "segment {}: device memory moves over tcp until GPUDirect RDMA exists, and it offers no tcp endpoint",
-                    segment.name
-                ));
-                for s in slices {
-                    s.completion.fail(reason.clone());
-                }
-            }
-        }
-    }
-
-    /// Cuts `r` into pieces within the local and the target's registered memory. A target
-    /// range that the cached descriptor does not list is looked up again, with growing waits,
-    /// until `follow_until`: the owner may have registered it since the descriptor was read,
-    /// or be registering it still (a segment opened as its owner starts). Only then does the
-    /// request fail out of range. The target checks every access itself whatever this says.
-    fn plan(
-        &self,
-        segment: &Segment,
-        r: &TransferRequest,
-        follow_until: Instant,
-    ) -> std::result::Result<Vec<Piece>, PlanError> {
-        let max = segment.route.read().transport.slice_len_for(r.length);
-        let local_end = |a: u64| self.table.end_of(a);
-        let first_miss = Instant::now();
-        let mut reads = 0u32;
-        let mut wait = FOLLOW_FIRST_WAIT;
-        let mut read_error = None;
-        loop {
-            let looked = Instant::now();
-            let descriptor = segment.descriptor.read().clone();
-            match cut(r.source, r.target_offset, r.length, max, local_end, |a| descriptor.buffer_end(a)) {
-                Ok(pieces) => {
-                    if reads > 0 {
-                        tracing::debug!(
-                            "segment {}: its descriptor lists [{:#x}, +{}) after {reads} read(s) again",
-                            segment.name,
-                            r.target_offset,
-                            r.length
-                        );
-                    }
-                    return Ok(pieces);
-                }
-                Err(CutError::Local { addr, len }) => return Err(PlanError::NotRegistered { addr, len }),
-                Err(CutError::Remote { addr, len }) => {
-                    let left = follow_until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        let read_error = read_error.map(|e| format!("; reading it failed: {e}")).unwrap_or_default();
-                        return Err(PlanError::Remote(FailureReason::out_of_range(format!(
-                            "[{addr:#x}, +{len}) is outside the registered memory of segment {} (its descriptor, \
-                             read again {reads} time(s) over {} ms, does not list it{read_error})",
-                            segment.name,
-                            first_miss.elapsed().as_millis()
-                        ))));
-                    }
-                    if reads > 0 {
-                        std::thread::sleep(wait.min(left));
-                        wait = (wait * 2).min(FOLLOW_MAX_WAIT);
-                    }
-                    reads += 1;
-                    let timeout = follow_until.saturating_duration_since(Instant::now()).max(FOLLOW_MIN_FETCH);
-                    match self.refresh_segment(segment, looked, timeout.min(self.config.handshake_timeout)) {
-                        Ok(()) => read_error = None,
-                        Err(e) => {
-                            tracing::debug!("segment {}: reading its descriptor again failed: {e}", segment.name);
-                            read_error = Some(e.to_string());
-                        }
-                    }
-                }
-                Err(CutError::Empty) => return Err(PlanError::Local("empty request".into())),
-            }
-        }
-    }
-
     /// Statuses of every request submitted to the batch so far.
     pub fn batch_status(&self, id: BatchId) -> Result<Vec<TransferStatus>> {
         Ok(self.batch(id)?.statuses())
@@ -1066,12 +826,6 @@ pub fn is_loopback(host: &str) -> bool {
     host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-enum PlanError {
-    Local(String),
-    NotRegistered { addr: u64, len: u64 },
-    Remote(FailureReason),
-}
-
 /// The endpoints to publish: all, less rdma's once it was turned off.
 fn offered(endpoints: &[Endpoint], rdma: Option<&RdmaTransport>) -> Vec<Endpoint> {
     let rdma_off = rdma.is_some_and(RdmaTransport::is_withdrawn);
@@ -1099,29 +853,5 @@ fn describe(name: &str, host_id: &str, endpoints: &[Endpoint], table: &RegionTab
                 keys: r.keys(),
             })
             .collect(),
-    }
-}
-
-/// Memory lent with [`TransferEngine::lend_local`]; dropping it takes the memory back.
-pub struct LocalLoan<'a> {
-    table: &'a RegionTable,
-    addr: u64,
-}
-
-impl Drop for LocalLoan<'_> {
-    /// Returns only once no transfer uses the memory any more, so that its owner may free it
-    /// right after: a transfer the caller waited for has let go of it already, so this is
-    /// one removal from the table in practice.
-    fn drop(&mut self) {
-        let mut warned = false;
-        while let Err(e) = self.table.remove(self.addr, Duration::from_millis(100)) {
-            if matches!(e, crescent_transports::TransportError::NotRegistered(_)) {
-                return;
-            }
-            if !std::mem::replace(&mut warned, true) {
-                tracing::warn!("lent memory at {:#x} is still in use ({e}); waiting for it", self.addr);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
     }
 }
