@@ -25,10 +25,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches, Parser};
+use clap::{ArgMatches, Command, CommandFactory, FromArgMatches, Parser};
 
 use super::config::{AllocationStrategy, MasterConfig};
 use super::server;
+
+mod gflags;
+mod ignored;
+
+pub use gflags::{check_config_file, ConfigFormat};
+use gflags::{config_file, config_path_args};
+pub(crate) use gflags::{long_flags, normalize};
+use ignored::{ignored_arg, IGNORED};
 
 /// How often `--enable_metric_reporting` (on by default, as upstream) logs a summary.
 pub const METRIC_REPORT_INTERVAL: Duration = Duration::from_secs(10);
@@ -205,111 +213,6 @@ struct Cli {
     v: Option<i32>,
 }
 
-/// A flag of `mooncake_master` that Crescent accepts without a feature behind it.
-struct Ignored {
-    name: &'static str,
-    kind: Kind,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Bool,
-    Int,
-    Uint,
-    Double,
-    Str,
-    Duration,
-}
-
-const fn ig(name: &'static str, kind: Kind) -> Ignored {
-    Ignored { name, kind }
-}
-
-/// `mooncake_master`'s flags (and glog's) with no Crescent feature behind them: their values
-/// are checked as upstream's types, then they are named in one warning. Crescent's
-/// counterparts, where there are, are in the docs' compatibility table.
-const IGNORED: &[Ignored] = &[
-    ig("max_kv_soft_pin_ttl", Kind::Duration),
-    ig("allow_evict_soft_pinned_objects", Kind::Bool),
-    ig("nof_eviction_ratio", Kind::Double),
-    ig("nof_eviction_high_watermark_ratio", Kind::Double),
-    ig("rpc_interface", Kind::Str),
-    ig("rpc_conn_timeout_seconds", Kind::Int),
-    ig("enable_offload", Kind::Bool),
-    ig("offload_on_evict", Kind::Bool),
-    ig("offload_force_evict", Kind::Bool),
-    ig("offloading_queue_limit", Kind::Uint),
-    ig("offload_cap_ratio", Kind::Double),
-    ig("promotion_on_hit", Kind::Bool),
-    ig("promotion_admission_threshold", Kind::Uint),
-    ig("promotion_queue_limit", Kind::Uint),
-    ig("promotion_max_per_heartbeat", Kind::Uint),
-    ig("dynamic_replication_mode", Kind::Str),
-    ig("dynamic_replication_heat_window_seconds", Kind::Uint),
-    ig("dynamic_replication_admission_qps_threshold", Kind::Double),
-    ig("dynamic_replication_max_memory_replicas", Kind::Uint),
-    ig("enable_kv_events", Kind::Bool),
-    ig("kv_events_bind_endpoint", Kind::Str),
-    ig("kv_events_model_name", Kind::Str),
-    ig("kv_events_backend_id", Kind::Str),
-    ig("kv_events_tenant_id", Kind::Str),
-    ig("kv_events_additional_salt", Kind::Str),
-    ig("kv_events_lora_name", Kind::Str),
-    ig("kv_events_block_size", Kind::Uint),
-    ig("kv_events_dp_rank", Kind::Uint),
-    ig("kv_events_emit_legacy_compat", Kind::Bool),
-    ig("kv_events_emit_object_key", Kind::Bool),
-    ig("kv_events_queue_capacity", Kind::Uint),
-    ig("nof_heartbeat_interval_sec", Kind::Int),
-    ig("nof_heartbeat_probe_timeout_ms", Kind::Uint),
-    ig("nof_heartbeat_failures_threshold", Kind::Uint),
-    ig("root_fs_dir", Kind::Str),
-    ig("global_file_segment_size", Kind::Int),
-    ig("oplog_poll_interval_ms", Kind::Int),
-    ig("oplog_batch_max_entries", Kind::Uint),
-    ig("batch_oplog_retry_timeout_sec", Kind::Uint),
-    ig("enable_metadata_cleanup_on_timeout", Kind::Bool),
-    ig("pod_name", Kind::Str),
-    ig("pod_namespace", Kind::Str),
-    ig("put_start_release_timeout_sec", Kind::Uint),
-    ig("enable_disk_eviction", Kind::Bool),
-    ig("quota_bytes", Kind::Uint),
-    ig("enable_multi_tenants", Kind::Bool),
-    ig("tenant_quota_connector_type", Kind::Str),
-    ig("tenant_quota_connector_uri", Kind::Str),
-    ig("snapshot_backup_dir", Kind::Str),
-    ig("enable_snapshot_restore", Kind::Bool),
-    ig("enable_snapshot", Kind::Bool),
-    ig("snapshot_interval_seconds", Kind::Uint),
-    ig("snapshot_child_timeout_seconds", Kind::Uint),
-    ig("snapshot_retention_count", Kind::Uint),
-    ig("snapshot_object_store_type", Kind::Str),
-    ig("snapshot_payload_store_type", Kind::Str),
-    ig("snapshot_payload_backend_type", Kind::Str),
-    ig("snapshot_catalog_store_type", Kind::Str),
-    ig("snapshot_catalog_backend_type", Kind::Str),
-    ig("snapshot_catalog_store_connstring", Kind::Str),
-    ig("snapshot_catalog_backend_connstring", Kind::Str),
-    ig("max_total_processing_tasks", Kind::Uint),
-    ig("max_retry_attempts", Kind::Uint),
-    ig("cxl_path", Kind::Str),
-    ig("cxl_size", Kind::Uint),
-    ig("enable_cxl", Kind::Bool),
-    // glog's, which mooncake_master also takes (Crescent logs through tracing: RUST_LOG).
-    ig("log_dir", Kind::Str),
-    ig("logtostderr", Kind::Bool),
-    ig("alsologtostderr", Kind::Bool),
-    ig("colorlogtostderr", Kind::Bool),
-    ig("minloglevel", Kind::Int),
-    ig("stderrthreshold", Kind::Int),
-    ig("vmodule", Kind::Str),
-    ig("max_log_size", Kind::Uint),
-    ig("logbufsecs", Kind::Int),
-];
-
-/// Upstream's config-file keys that differ from the flag of the same setting.
-const CONFIG_KEY_ALIASES: &[(&str, &str)] = &[("client_live_ttl_sec", "client_ttl")];
-
 /// What the command line asks for.
 #[derive(Debug)]
 pub struct Settings {
@@ -386,18 +289,6 @@ pub fn duration_flag(v: &str) -> Result<Duration, String> {
     n.checked_mul(unit).map(Duration::from_millis).ok_or_else(|| format!("{v:?} is too large"))
 }
 
-fn ignored_arg(f: &Ignored) -> Arg {
-    let a = Arg::new(f.name).long(f.name).hide(true).action(ArgAction::Set);
-    match f.kind {
-        Kind::Bool => a.value_parser(gflags_bool).num_args(0..=1).require_equals(true).default_missing_value("true"),
-        Kind::Int => a.value_parser(clap::value_parser!(i64)),
-        Kind::Uint => a.value_parser(clap::value_parser!(u64)),
-        Kind::Double => a.value_parser(clap::value_parser!(f64)),
-        Kind::Str => a,
-        Kind::Duration => a.value_parser(duration_flag),
-    }
-}
-
 /// The parser: Crescent's flags, the honoured upstream ones, and [`IGNORED`] (hidden).
 fn command(bin: &str) -> Command {
     // Built once: building checks the whole definition (clap's debug assertions compare every
@@ -414,174 +305,6 @@ fn command(bin: &str) -> Command {
         })
         .clone()
         .bin_name(bin.to_string())
-}
-
-/// Every long flag name the parser knows, with whether it is a boolean (for `-flag` and
-/// `--noflag`).
-pub(crate) fn long_flags(cmd: &Command) -> Vec<(String, bool)> {
-    let mut out = Vec::new();
-    for a in cmd.get_arguments() {
-        let is_bool = a.get_num_args().is_some_and(|n| n.min_values() == 0);
-        for name in a.get_long_and_visible_aliases().into_iter().flatten() {
-            out.push((name.to_string(), is_bool));
-        }
-    }
-    out.push(("help".into(), false));
-    out.push(("version".into(), false));
-    out
-}
-
-/// gflags spellings clap does not have, rewritten: `-flag[=v]` (one dash) as `--flag[=v]`,
-/// `--noflag` (a boolean) as `--flag=false`, and `--flagfile=F` (one flag per line, `#`
-/// comments) expanded in place.
-pub(crate) fn normalize(args: Vec<String>, known: &[(String, bool)], depth: usize) -> Result<Vec<String>, CliError> {
-    let is_known = |n: &str| known.iter().any(|(k, _)| k == n);
-    let is_bool = |n: &str| known.iter().any(|(k, b)| k == n && *b);
-    let mut out = Vec::with_capacity(args.len());
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        if arg == "--" {
-            out.push(arg);
-            out.extend(it.by_ref());
-            break;
-        }
-        let long = match arg.strip_prefix("--") {
-            Some(rest) => Some(rest.to_string()),
-            // One dash and a name (not `-h`, not a negative number): gflags' long flag.
-            None => arg
-                .strip_prefix('-')
-                .filter(|r| r.len() > 1 && r.starts_with(|c: char| c.is_ascii_alphabetic()))
-                .map(str::to_string),
-        };
-        let Some(long) = long else {
-            out.push(arg);
-            continue;
-        };
-        let (name, value) = match long.split_once('=') {
-            Some((n, v)) => (n.to_string(), Some(v.to_string())),
-            None => (long.clone(), None),
-        };
-        if name == "flagfile" {
-            let path = match value {
-                Some(v) => v,
-                None => it.next().ok_or_else(|| invalid("--flagfile needs a file"))?,
-            };
-            if depth > 8 {
-                return Err(invalid(format!("--flagfile={path}: flag files nested too deep")));
-            }
-            let text = std::fs::read_to_string(&path).map_err(|e| invalid(format!("--flagfile={path}: {e}")))?;
-            let lines: Vec<String> = text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                .map(str::to_string)
-                .collect();
-            out.extend(normalize(lines, known, depth + 1)?);
-            continue;
-        }
-        if value.is_none() && !is_known(&name) {
-            if let Some(base) = name.strip_prefix("no").filter(|b| is_bool(b)) {
-                out.push(format!("--{base}=false"));
-                continue;
-            }
-        }
-        out.push(format!("--{long}"));
-    }
-    Ok(out)
-}
-
-/// Upstream's JSON master config as flags (placed before the command line, which wins).
-fn config_path_args(path: &Path, known: &[(String, bool)]) -> Result<Vec<String>, CliError> {
-    let shown = path.display().to_string();
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default().to_ascii_lowercase();
-    if ext == "yaml" || ext == "yml" {
-        return Err(invalid(format!("--config_path={shown}: Crescent reads JSON master configs only")));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| invalid(format!("--config_path={shown}: {e}")))?;
-    config_path_flags(&shown, &text, known)
-}
-
-/// The flags an upstream JSON master config (`text`, read from `shown`) stands for.
-fn config_path_flags(shown: &str, text: &str, known: &[(String, bool)]) -> Result<Vec<String>, CliError> {
-    let json: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| invalid(format!("--config_path={shown}: {e}")))?;
-    let obj = json.as_object().ok_or_else(|| invalid(format!("--config_path={shown}: not a JSON object")))?;
-    let mut out = Vec::new();
-    for (key, value) in obj {
-        let flag = CONFIG_KEY_ALIASES.iter().find(|(k, _)| k == key).map(|(_, f)| *f).unwrap_or(key);
-        if matches!(flag, "config" | "config_path" | "port" | "max_threads") || !known.iter().any(|(k, _)| k == flag) {
-            return Err(invalid(format!("--config_path={shown}: unknown key {key:?}")));
-        }
-        let text = match value {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Bool(b) => b.to_string(),
-            serde_json::Value::Number(n) => n.to_string(),
-            other => return Err(invalid(format!("--config_path={shown}: {key} is {other}, not a value"))),
-        };
-        out.push(format!("--{flag}={text}"));
-    }
-    Ok(out)
-}
-
-/// Crescent's JSON master config (`--config`), read from `shown`.
-fn config_file(shown: &str, text: &str) -> Result<MasterConfig, CliError> {
-    serde_json::from_str::<MasterConfig>(text).map_err(|e| invalid(format!("{shown}: {e}")))
-}
-
-/// The two formats of a master config file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConfigFormat {
-    /// Crescent's JSON (`--config`): [`MasterConfig`]'s fields.
-    Crescent,
-    /// `mooncake_master`'s JSON (`--config_path`): keys named as its flags.
-    Mooncake,
-}
-
-/// Every long flag name with a command of that one argument (the value check of [`parse`]
-/// without matching a whole command line), and [`long_flags`]; built once.
-#[allow(clippy::type_complexity)]
-fn single_flag_commands() -> &'static (std::collections::HashMap<String, Command>, Vec<(String, bool)>) {
-    static BUILT: std::sync::OnceLock<(std::collections::HashMap<String, Command>, Vec<(String, bool)>)> =
-        std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let full = command("crescent-master");
-        let mut map = std::collections::HashMap::new();
-        let help = |a: &Arg| {
-            matches!(a.get_action(), ArgAction::Help | ArgAction::HelpShort | ArgAction::HelpLong | ArgAction::Version)
-        };
-        for a in full.get_arguments().filter(|a| !help(a)) {
-            for name in a.get_long_and_visible_aliases().into_iter().flatten() {
-                let mut one = Command::new("check")
-                    .no_binary_name(true)
-                    .disable_help_flag(true)
-                    .disable_version_flag(true)
-                    .arg(a.clone());
-                one.build();
-                map.insert(name.to_string(), one);
-            }
-        }
-        (map, long_flags(&full))
-    })
-}
-
-/// Reads a master config file's text as [`parse`] reads the file, without a command line
-/// around it: every key known and every value of the type its flag takes (upstream's format),
-/// or a configuration that passes [`MasterConfig::validate`] (Crescent's). Checks a file before
-/// a deployment uses it (and is what the `master_config` fuzz target drives: the file formats
-/// without the command-line matching around them).
-pub fn check_config_file(format: ConfigFormat, text: &str) -> Result<(), CliError> {
-    match format {
-        ConfigFormat::Crescent => config_file("the config file", text)?.validate().map_err(|e| invalid(e.to_string())),
-        ConfigFormat::Mooncake => {
-            let (commands, known) = single_flag_commands();
-            for flag in &config_path_flags("the config file", text, known)? {
-                let name = flag.trim_start_matches("--").split_once('=').map_or(flag.as_str(), |(n, _)| n);
-                let cmd = commands.get(name).ok_or_else(|| invalid(format!("--config_path: unknown key {name:?}")))?;
-                cmd.clone().try_get_matches_from([flag]).map_err(|e| invalid(format!("--config_path: {e}")))?;
-            }
-            Ok(())
-        }
-    }
 }
 
 fn given(m: &ArgMatches, id: &str) -> bool {
