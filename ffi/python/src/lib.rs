@@ -20,11 +20,13 @@ mod dummy;
 mod engine;
 mod host;
 mod mem;
+mod ranges;
 mod rpc;
 mod segment;
 mod sessions;
 mod store;
 mod tasks;
+mod twins;
 mod types;
 
 use mem::{mems, Exported, Mem};

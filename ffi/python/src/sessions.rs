@@ -1,12 +1,10 @@
-//! The ranged calls: the session calls' preamble, their ranges checked per key, and
-//! `get_into_ranges`'s reads of ranges of many values.
+//! The ranged session calls: their preamble and their ranges checked per key.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
+use crescent_ffi::session_fail;
 use crescent_ffi::store::client::Extent;
 use crescent_ffi::store::{Result as StoreResult, StoreApi};
-use crescent_ffi::{session_fail, store_fail};
 use pyo3::prelude::*;
 
 use crate::mem::*;
@@ -130,78 +128,4 @@ pub(crate) fn on_accepted<T, V>(
     for (&i, r) in accepted.iter().zip(call(&sub_keys, &sub_values)) {
         results[i] = r;
     }
-}
-
-/// A key's ranges in `get_into_ranges`, each with where its result goes (buffer, key, range).
-pub(crate) type KeyRanges = Vec<(Extent, (usize, usize, usize))>;
-
-/// The ranged reads of `get_into_ranges`: the keys `wanted` (by slot) with their ranges, one
-/// batch. A range past the end of its value fails alone: the key's other ranges are read
-/// again without it (the value's size comes with the refusal). Per key, a result per range.
-pub(crate) fn ranged_reads(
-    client: &dyn StoreApi,
-    keys: &[String],
-    ranges: &[KeyRanges],
-    wanted: &[usize],
-) -> Vec<(usize, Vec<Result<(), i32>>)> {
-    use crescent_ffi::store::StoreError;
-    // Per slot: Ok, or the code and, for a range past the end, the value's size.
-    let read = |slots: &[usize], keep: &dyn Fn(usize, &Extent) -> bool| -> Vec<Result<(), (i32, Option<u64>)>> {
-        let ks: Vec<String> = slots.iter().map(|&s| keys[s].clone()).collect();
-        let extents: Vec<Vec<Extent>> =
-            slots.iter().map(|&s| ranges[s].iter().map(|(e, _)| *e).filter(|e| keep(s, e)).collect()).collect();
-        let refs: Vec<&[Extent]> = extents.iter().map(|e| &e[..]).collect();
-        let fail = |e: &StoreError| {
-            let size = match e {
-                StoreError::BadRange { size, .. } => Some(*size),
-                _ => None,
-            };
-            (store_fail(e).code(), size)
-        };
-        match client.batch_get_into_ranges(&ks, &refs) {
-            Ok(rs) => rs.into_iter().map(|r| r.map(|_| ()).map_err(|e| fail(&e))).collect(),
-            Err(e) => {
-                let f = fail(&e);
-                slots.iter().map(|_| Err((f.0, None))).collect()
-            }
-        }
-    };
-    let mut out: Vec<(usize, Vec<Result<(), i32>>)> = Vec::with_capacity(wanted.len());
-    let mut sizes: HashMap<usize, u64> = HashMap::new();
-    for (&slot, r) in wanted.iter().zip(read(wanted, &|_, _| true)) {
-        match r {
-            Err((_, Some(size))) => {
-                sizes.insert(slot, size);
-            }
-            r => out.push((slot, vec![r.map_err(|(code, _)| code); ranges[slot].len()])),
-        }
-    }
-    if sizes.is_empty() {
-        return out;
-    }
-    let inside = |size: u64, e: &Extent| e.offset.checked_add(e.len).is_some_and(|end| end <= size);
-    let again: Vec<usize> = wanted.iter().copied().filter(|s| sizes.contains_key(s)).collect();
-    // Keys with no range inside their value are not read again.
-    let some_inside = |s: usize| ranges[s].iter().any(|(e, _)| inside(sizes[&s], e));
-    let reread: Vec<usize> = again.iter().copied().filter(|&s| some_inside(s)).collect();
-    let mut second = read(&reread, &|s, e| inside(sizes[&s], e)).into_iter();
-    for &slot in &again {
-        let size = sizes[&slot];
-        let code = if some_inside(slot) { second.next().unwrap_or(Ok(())).map_err(|(code, _)| code) } else { Ok(()) };
-        let per_range = ranges[slot]
-            .iter()
-            .map(|(e, _)| {
-                if inside(size, e) {
-                    code
-                } else {
-                    Err(invalid(format!(
-                        "get_into_ranges: {:?}: range [{}, +{}) is past the end of the value ({size} bytes)",
-                        keys[slot], e.offset, e.len
-                    )))
-                }
-            })
-            .collect();
-        out.push((slot, per_range));
-    }
-    out
 }

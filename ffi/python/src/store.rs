@@ -8,7 +8,6 @@ use std::sync::Arc;
 use crescent_ffi::engine::TransferEngine;
 use crescent_ffi::methods::{mooncake as mc, Mem as OpMem};
 use crescent_ffi::store::client::Buffer;
-use crescent_ffi::store::client::Extent;
 use crescent_ffi::store::{StoreApi, StoreClient};
 use crescent_ffi::{fail, session_fail, store_fail, SetupArgs, Status};
 use parking_lot::{Mutex, RwLock};
@@ -18,6 +17,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::call::multi_buffer_ops;
 use crate::mem::*;
+use crate::ranges::RangeLists;
 use crate::sessions::*;
 use crate::types::*;
 use crate::{dummy, engine, invalid, not_set_up, per_key, status};
@@ -754,82 +754,7 @@ impl Store {
         all_src_offsets: Vec<Vec<Vec<u64>>>,
         all_sizes: Vec<Vec<Vec<u64>>>,
     ) -> PyResult<Vec<Vec<Vec<i64>>>> {
-        crescent_ffi::clear_last_error();
-        let what = "get_into_ranges";
-        let buffers = items(buffer_ptrs)?;
-        let nb = buffers.len();
-        // Mooncake's shape of the results, every range INVALID_PARAMS until it is read.
-        let bad = Status::InvalidParams.code() as i64;
-        let mut results: Vec<Vec<Vec<i64>>> = (0..nb)
-            .map(|i| {
-                let nk = all_keys.get(i).map_or(1, Vec::len);
-                (0..nk).map(|j| vec![bad; all_dst_offsets.get(i).and_then(|d| d.get(j)).map_or(1, Vec::len)]).collect()
-            })
-            .collect();
-        let Some(client) = self.client() else {
-            not_set_up(what);
-            return Ok(results);
-        };
-        if [all_keys.len(), all_dst_offsets.len(), all_src_offsets.len(), all_sizes.len()].iter().any(|&l| l != nb) {
-            invalid(format!("{what}: {nb} buffers but lists of other lengths"));
-            return Ok(results);
-        }
-        // Each key's ranges (from every buffer), and where each range's result goes.
-        let mut keys: Vec<String> = Vec::new();
-        let mut index: HashMap<String, usize> = HashMap::new();
-        let mut ranges: Vec<KeyRanges> = Vec::new();
-        let mut keep = Vec::with_capacity(nb);
-        for i in 0..nb {
-            let mem = Mem::any(&buffers[i], true, &format!("{what}: buffer_ptrs[{i}]"))?;
-            let base = mem.addr();
-            let capacity = match &mem {
-                Mem::Buffer(b) => Some(b.len()),
-                Mem::Array(a) => Some(a.len()),
-                Mem::Addr(_) => None,
-            };
-            keep.push(mem);
-            let (ks, dsts, srcs, sizes) = (&all_keys[i], &all_dst_offsets[i], &all_src_offsets[i], &all_sizes[i]);
-            if dsts.len() != ks.len() || srcs.len() != ks.len() || sizes.len() != ks.len() {
-                invalid(format!("{what}: buffer {i}: {} keys but lists of other lengths", ks.len()));
-                continue;
-            }
-            for (j, key) in ks.iter().enumerate() {
-                let (dst, src, size) = (&dsts[j], &srcs[j], &sizes[j]);
-                if src.len() != dst.len() || size.len() != dst.len() {
-                    invalid(format!("{what}: buffer {i}, key {key:?}: offsets and sizes of other lengths"));
-                    continue;
-                }
-                let slot = *index.entry(key.clone()).or_insert_with(|| {
-                    keys.push(key.clone());
-                    ranges.push(Vec::new());
-                    keys.len() - 1
-                });
-                for k in 0..dst.len() {
-                    let (d, len) = (dst[k], size[k]);
-                    let inside = d.checked_add(len).is_some_and(|end| capacity.is_none_or(|c| end <= c));
-                    let addr = base.wrapping_add(d);
-                    if !inside || (len > 0 && !client.is_registered(addr, len)) {
-                        invalid(format!(
-                            "{what}: buffer {i}, key {key:?}, range {k}: [{addr:#x}, +{len}) is not registered memory"
-                        ));
-                        continue;
-                    }
-                    if len == 0 {
-                        results[i][j][k] = 0;
-                        continue;
-                    }
-                    ranges[slot].push((Extent { offset: src[k], addr, len }, (i, j, k)));
-                }
-            }
-        }
-        let wanted: Vec<usize> = (0..keys.len()).filter(|&s| !ranges[s].is_empty()).collect();
-        let outcome = py.detach(|| ranged_reads(&*client, &keys, &ranges, &wanted));
-        for (slot, r) in outcome {
-            for (&(e, (i, j, k)), r) in ranges[slot].iter().zip(r) {
-                results[i][j][k] = r.map_or_else(|code| code as i64, |()| e.len as i64);
-            }
-        }
-        Ok(results)
+        self.read_ranges(py, buffer_ptrs, RangeLists { all_keys, all_dst_offsets, all_src_offsets, all_sizes })
     }
 
     /// batch_get_session_start(keys) -> list[int]: starts a get session per key — its replicas
