@@ -143,7 +143,7 @@ impl Call<'_, '_> {
 /// lengths refuse every key with INVALID_PARAMS (a put's also when one key's buffers and sizes
 /// differ in number); memory that is not registered, a key's buffers and sizes of other
 /// numbers (a get), or no bytes to put refuse that key alone.
-pub(crate) fn multi_buffer_ops<'a>(
+fn multi_buffer_ops<'a>(
     c: &Call<'_, '_>,
     client: &dyn StoreApi,
     keys: &'a [String],
@@ -264,6 +264,25 @@ impl Store {
             c.run(1, config, |_| Ok(Ok(vec![Ok(c.op(key, OpMem::Parts(slices), false))])))
         })?;
         Ok(answer.int(m))
+    }
+
+    /// `batch_put_from_multi_buffers`, `batch_get_into_multi_buffers`: see [`multi_buffer_ops`].
+    pub(crate) fn multi_buffers(
+        &self,
+        py: Python<'_>,
+        m: &'static Method,
+        keys: &[String],
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &[Vec<u64>],
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Vec<i64>> {
+        let answer = self.call(py, m, |c| {
+            let mut keep = Vec::new();
+            c.run(keys.len(), config, |client| {
+                multi_buffer_ops(c, client, keys, all_buffer_ptrs, all_sizes, m.kind == OpKind::Get, &mut keep)
+            })
+        })?;
+        Ok(answer.ints())
     }
 
     /// `get_buffer`, `batch_get_buffer`: values held in the client's memory, None where a get

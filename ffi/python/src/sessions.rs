@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crescent_ffi::session_fail;
 use crescent_ffi::store::client::Extent;
-use crescent_ffi::store::{Result as StoreResult, StoreApi};
+use crescent_ffi::store::StoreApi;
 use pyo3::prelude::*;
 
 use crate::mem::*;
@@ -16,11 +16,11 @@ pub(crate) type SessionRanges = (Vec<Result<u64, i32>>, Vec<Vec<Extent>>);
 
 /// The arguments of a ranged session call: per key, its buffers (int addresses or buffer
 /// objects), their sizes and their offsets in the value.
-pub(crate) struct Ranges<'a, 'py> {
-    pub(crate) keys: &'a [String],
-    pub(crate) buffers: &'a Bound<'py, PyAny>,
-    pub(crate) sizes: &'a [Vec<u64>],
-    pub(crate) offsets: &'a [Vec<u64>],
+struct Ranges<'a, 'py> {
+    keys: &'a [String],
+    buffers: &'a Bound<'py, PyAny>,
+    sizes: &'a [Vec<u64>],
+    offsets: &'a [Vec<u64>],
 }
 
 /// The ranges of a ranged session call, checked per key (see [`key_ranges`]); lists of other
@@ -54,9 +54,6 @@ fn checked_ranges(
     Ok((results, ranges))
 }
 
-/// The per-key results of a session's ranged transfer of many keys.
-type RangedResults = StoreResult<Vec<StoreResult<u64>>>;
-
 impl Store {
     /// The preamble of the session calls: the last error cleared; before set-up the refusal
     /// recorded and no result (`[]`, Mooncake's answer).
@@ -69,28 +66,38 @@ impl Store {
         f(client)
     }
 
-    /// A ranged session call: the ranges checked per key (buffers written when `writable`),
-    /// then `transfer` of the keys not refused, with the GIL released. Bytes moved per key, or
-    /// a negative code.
+    /// A ranged session call, `batch_get_into_multi_buffer_ranges` (`get`) or
+    /// `batch_put_from_multi_buffer_ranges`: per key `i`, `sizes[i][j]` bytes at
+    /// `offsets[i][j]` of the value, to or from `buffers[i][j]`. The ranges checked per key
+    /// (buffers written for a get), then the transfer of the keys not refused, with the GIL
+    /// released. Bytes moved per key, or a negative code.
     pub(crate) fn session_ranges(
         &self,
         py: Python<'_>,
-        what: &str,
-        args: Ranges<'_, '_>,
-        writable: bool,
-        transfer: impl FnOnce(&dyn StoreApi, &[String], &[&[Extent]]) -> RangedResults + Send,
+        keys: &[String],
+        buffers: &Bound<'_, PyAny>,
+        sizes: &[Vec<u64>],
+        offsets: &[Vec<u64>],
+        get: bool,
     ) -> PyResult<Vec<i64>> {
+        let what = if get { "batch_get_into_multi_buffer_ranges" } else { "batch_put_from_multi_buffer_ranges" };
+        let args = Ranges { keys, buffers, sizes, offsets };
         crescent_ffi::clear_last_error();
         let Some(client) = self.client() else {
             not_set_up(what);
             return Ok(Vec::new());
         };
         let mut keep = Vec::new();
-        let (mut results, ranges) = checked_ranges(&*client, what, &args, writable, &mut keep)?;
+        let (mut results, ranges) = checked_ranges(&*client, what, &args, get, &mut keep)?;
         py.detach(|| {
             on_accepted(&mut results, args.keys, ranges, |keys, ranges| {
                 let refs: Vec<&[Extent]> = ranges.iter().map(|r| &r[..]).collect();
-                let codes = session_codes(transfer(&*client, keys, &refs), keys.len(), |n| n as i64);
+                let moved = if get {
+                    client.batch_get_into_session_ranges(keys, &refs)
+                } else {
+                    client.batch_put_from_session_ranges(keys, &refs)
+                };
+                let codes = session_codes(moved, keys.len(), |n| n as i64);
                 codes.into_iter().map(|c| if c < 0 { Err(c as i32) } else { Ok(c as u64) }).collect()
             })
         });
