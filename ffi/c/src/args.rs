@@ -13,6 +13,14 @@ pub(crate) fn invalid(message: impl std::fmt::Display) -> Status {
     fail(Status::InvalidParams, message)
 }
 
+/// `Ok` when `p`, named `what` in the error, is not null.
+pub(crate) fn non_null<T>(p: *const T, what: &str) -> R<()> {
+    if p.is_null() {
+        return Err(invalid(format!("{what} is null")));
+    }
+    Ok(())
+}
+
 /// A required C string.
 ///
 /// # Safety

@@ -9,9 +9,9 @@ use crescent_ffi::engine::{EngineConfig, Opcode, TransferEngine, TransferRequest
 use crescent_ffi::{engine_fail, fail, store_fail, Status};
 use parking_lot::Mutex;
 
-use crate::args::{array, array_mut, copy_name, invalid, put_out, text, text_or};
-use crate::calls::{call, status};
-use crate::handles::{bad_handle, engine_of, insert, EngineState, Object, HANDLES};
+use crate::args::{array, array_mut, copy_name, invalid, non_null, put_out, text, text_or};
+use crate::calls::{engine_call, engine_status, status};
+use crate::handles::{bad_handle, insert, EngineState, Object, HANDLES};
 use crate::{
     CrescentEngine, CrescentTransferRequest, CRESCENT_OPCODE_READ, CRESCENT_OPCODE_WRITE, CRESCENT_TRANSFER_COMPLETED,
     CRESCENT_TRANSFER_FAILED, CRESCENT_TRANSFER_PENDING, CRESCENT_TRANSFER_TIMED_OUT, R,
@@ -35,9 +35,7 @@ pub unsafe extern "C" fn crescent_engine_new(
 ) -> i32 {
     crescent_ffi::init_logging();
     status(|| {
-        if out.is_null() {
-            return Err(invalid("out is null"));
-        }
+        non_null(out, "out")?;
         // SAFETY: caller's contract on the strings.
         let host = unsafe { text_or(local_hostname, "local_hostname", "") }?;
         // SAFETY: as above.
@@ -85,8 +83,7 @@ pub unsafe extern "C" fn crescent_engine_segment_name(
     buf: *mut c_char,
     len: usize,
 ) -> i64 {
-    call(|| {
-        let e = engine_of(engine)?;
+    engine_call(engine, |e| {
         // SAFETY: forwarded contract.
         unsafe { copy_name(e.engine.segment_name(), buf, len) }
     })
@@ -95,7 +92,7 @@ pub unsafe extern "C" fn crescent_engine_segment_name(
 /// The engine's handshake (RPC) port.
 #[no_mangle]
 pub extern "C" fn crescent_engine_rpc_port(engine: *const CrescentEngine) -> i32 {
-    call(|| Ok(engine_of(engine)?.engine.rpc_port() as i64)) as i32
+    engine_call(engine, |e| Ok(e.engine.rpc_port() as i64)) as i32
 }
 
 /// Registers `[addr, addr+len)` for transfers; `location` null means `"cpu:0"`. The memory
@@ -110,11 +107,8 @@ pub unsafe extern "C" fn crescent_engine_register(
     len: usize,
     location: *const c_char,
 ) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
-        if addr.is_null() {
-            return Err(invalid("addr is null"));
-        }
+    engine_status(engine, |e| {
+        non_null(addr, "addr")?;
         // SAFETY: caller's contract on the string.
         let location = unsafe { text_or(location, "location", "cpu:0") }?;
         e.engine.register(addr as u64, len as u64, location).map_err(|e| engine_fail(&e))
@@ -124,10 +118,7 @@ pub unsafe extern "C" fn crescent_engine_register(
 /// Unregisters the region that starts at `addr` (refused while transfers use it).
 #[no_mangle]
 pub extern "C" fn crescent_engine_unregister(engine: *const CrescentEngine, addr: *mut c_void) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
-        e.engine.unregister(addr as u64).map_err(|e| engine_fail(&e))
-    })
+    engine_status(engine, |e| e.engine.unregister(addr as u64).map_err(|e| engine_fail(&e)))
 }
 
 /// Allocates `len` bytes of registered, shareable memory; the address goes to `*out_addr`.
@@ -141,11 +132,8 @@ pub unsafe extern "C" fn crescent_engine_alloc(
     len: usize,
     out_addr: *mut *mut c_void,
 ) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
-        if out_addr.is_null() {
-            return Err(invalid("out_addr is null"));
-        }
+    engine_status(engine, |e| {
+        non_null(out_addr, "out_addr")?;
         let mem = e.engine.alloc_registered(len as u64, "cpu:0").map_err(|e| engine_fail(&e))?;
         let addr = mem.addr();
         e.managed.lock().insert(addr, mem);
@@ -157,8 +145,7 @@ pub unsafe extern "C" fn crescent_engine_alloc(
 /// Frees a buffer from `crescent_engine_alloc`.
 #[no_mangle]
 pub extern "C" fn crescent_engine_free_buffer(engine: *const CrescentEngine, addr: *mut c_void) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
+    engine_status(engine, |e| {
         let mem = e
             .managed
             .lock()
@@ -182,13 +169,10 @@ pub unsafe extern "C" fn crescent_engine_open_segment(
     name: *const c_char,
     out_segment: *mut u64,
 ) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
+    engine_status(engine, |e| {
         // SAFETY: caller's contract on the string.
         let name = unsafe { text(name, "name") }?;
-        if out_segment.is_null() {
-            return Err(invalid("out_segment is null"));
-        }
+        non_null(out_segment, "out_segment")?;
         let id = e.engine.open_segment(name).map_err(|e| engine_fail(&e))?;
         // SAFETY: checked non-null; writable per the caller's contract.
         unsafe { put_out(out_segment, id, "out_segment") }
@@ -208,8 +192,7 @@ pub unsafe extern "C" fn crescent_engine_segment_buffer(
     out_addr: *mut u64,
     out_len: *mut u64,
 ) -> i64 {
-    call(|| {
-        let e = engine_of(engine)?;
+    engine_call(engine, |e| {
         let d = e.engine.segment_descriptor(segment).map_err(|e| engine_fail(&e))?;
         let b = d
             .buffers
@@ -233,11 +216,8 @@ pub unsafe extern "C" fn crescent_engine_allocate_batch(
     capacity: usize,
     out_batch: *mut u64,
 ) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
-        if out_batch.is_null() {
-            return Err(invalid("out_batch is null"));
-        }
+    engine_status(engine, |e| {
+        non_null(out_batch, "out_batch")?;
         let id = e.engine.allocate_batch(capacity).map_err(|e| engine_fail(&e))?;
         // SAFETY: checked non-null; writable per the caller's contract.
         unsafe { put_out(out_batch, id, "out_batch") }
@@ -277,8 +257,7 @@ pub unsafe extern "C" fn crescent_engine_submit(
     requests: *const CrescentTransferRequest,
     count: usize,
 ) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
+    engine_status(engine, |e| {
         // SAFETY: `count` requests per the caller's contract.
         let reqs = requests_of(unsafe { array(requests, count, "requests") }?)?;
         e.engine.submit(batch, &reqs).map_err(|e| engine_fail(&e))
@@ -324,8 +303,7 @@ pub unsafe extern "C" fn crescent_engine_batch_status(
     statuses: *mut i32,
     count: usize,
 ) -> i64 {
-    call(|| {
-        let e = engine_of(engine)?;
+    engine_call(engine, |e| {
         let s = e.engine.batch_status(batch).map_err(|e| engine_fail(&e))?;
         write_statuses(&s, statuses, count)
     })
@@ -345,8 +323,7 @@ pub unsafe extern "C" fn crescent_engine_wait_batch(
     statuses: *mut i32,
     count: usize,
 ) -> i64 {
-    call(|| {
-        let e = engine_of(engine)?;
+    engine_call(engine, |e| {
         let timeout = u64::try_from(timeout_ms).ok().map(Duration::from_millis);
         let s = e.engine.wait_batch(batch, timeout).map_err(|e| engine_fail(&e))?;
         write_statuses(&s, statuses, count)
@@ -357,10 +334,7 @@ pub unsafe extern "C" fn crescent_engine_wait_batch(
 /// in flight.
 #[no_mangle]
 pub extern "C" fn crescent_engine_free_batch(engine: *const CrescentEngine, batch: u64) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
-        e.engine.free_batch(batch).map_err(|e| engine_fail(&e))
-    })
+    engine_status(engine, |e| e.engine.free_batch(batch).map_err(|e| engine_fail(&e)))
 }
 
 /// Moves `count` requests and blocks until all have ended; `CRESCENT_OK` only if all completed.
@@ -373,8 +347,7 @@ pub unsafe extern "C" fn crescent_engine_transfer_sync(
     requests: *const CrescentTransferRequest,
     count: usize,
 ) -> i32 {
-    status(|| {
-        let e = engine_of(engine)?;
+    engine_status(engine, |e| {
         // SAFETY: `count` requests per the caller's contract.
         let reqs = requests_of(unsafe { array(requests, count, "requests") }?)?;
         e.engine.transfer_sync(&reqs).map_err(|e| engine_fail(&e))

@@ -10,10 +10,10 @@ use crescent_ffi::store::StoreClient;
 use crescent_ffi::{fail, store_fail, SetupArgs, Status};
 
 use crate::args::{
-    array, array_mut, batch_args, copy_name, fill, invalid, keys_of, put_options, put_out, text, text_or,
+    array, array_mut, batch_args, copy_name, fill, keys_of, non_null, put_options, put_out, text, text_or,
 };
-use crate::calls::{call, status};
-use crate::handles::{bad_handle, insert, store_of, Object, HANDLES};
+use crate::calls::{status, store_call, store_status};
+use crate::handles::{bad_handle, insert, Object, HANDLES};
 use crate::{CrescentReplicateConfig, CrescentStore, R};
 
 /// `len` bytes of host memory at `addr`.
@@ -45,18 +45,32 @@ fn each<'a>(
     Ok(answer.ints())
 }
 
-/// Runs row `m`'s op of the key (or pattern) at `key`, named `what` in errors, with no memory:
-/// 0, a size, a count or 1/0, or a negative status.
+/// The preamble of the calls on one key (or pattern, named `what` in errors), written once:
+/// the last error cleared, the store's handle resolved and the key read; then `f`, whose
+/// integer (0, a size, a count or 1/0) or negative status is returned.
+///
+/// # Safety
+/// `key` is null or NUL-terminated.
+unsafe fn with_key(
+    store: *const CrescentStore,
+    key: *const c_char,
+    what: &str,
+    f: impl FnOnce(&StoreClient, &str) -> R<i64>,
+) -> i64 {
+    store_call(store, |s| {
+        // SAFETY: caller's contract.
+        let key = unsafe { text(key, what) }?;
+        f(s, key)
+    })
+}
+
+/// Runs row `m`'s op of the key (or pattern) at `key`, named `what` in errors, with no memory.
 ///
 /// # Safety
 /// `key` is null or NUL-terminated.
 unsafe fn keyed(store: *const CrescentStore, key: *const c_char, what: &str, m: &'static Method) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, what) }?;
-        one(&s, m, key, Mem::None, PutOptions::default())
-    })
+    // SAFETY: forwarded contract.
+    unsafe { with_key(store, key, what, |s, key| one(s, m, key, Mem::None, PutOptions::default())) }
 }
 
 /// Mooncake's `setup`: starts a store client, contributes `global_segment_size` bytes to the
@@ -80,9 +94,7 @@ pub unsafe extern "C" fn crescent_store_setup(
 ) -> i32 {
     crescent_ffi::init_logging();
     status(|| {
-        if out.is_null() {
-            return Err(invalid("out is null"));
-        }
+        non_null(out, "out")?;
         let d = SetupArgs::default();
         // SAFETY: the caller's contract on the strings (null or NUL-terminated), for all five.
         let (local_hostname, metadata_server, protocol, rdma_devices, master_server_addr) = unsafe {
@@ -140,8 +152,7 @@ pub extern "C" fn crescent_store_close(store: *mut CrescentStore) -> i32 {
 /// `buf` points to `len` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn crescent_store_segment_name(store: *const CrescentStore, buf: *mut c_char, len: usize) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
+    store_call(store, |s| {
         // SAFETY: forwarded contract.
         unsafe { copy_name(s.segment_name(), buf, len) }
     })
@@ -174,14 +185,13 @@ pub unsafe extern "C" fn crescent_store_put_with(
     len: usize,
     config: *const CrescentReplicateConfig,
 ) -> i32 {
-    status(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let (key, options) = unsafe { (text(key, "key")?, put_options(&s, config)?) };
-        // SAFETY: `len` readable bytes per the caller's contract.
-        let value = unsafe { array(value.cast::<u8>(), len, "value") }?;
-        one(&s, &c::PUT, key, Mem::Bytes(value), options).map(drop)
-    })
+    let put = |s: &StoreClient, key: &str| {
+        // SAFETY: a null or valid config and `len` readable bytes per the caller's contract.
+        let (options, value) = unsafe { (put_options(s, config)?, array(value.cast::<u8>(), len, "value")?) };
+        one(s, &c::PUT, key, Mem::Bytes(value), options).map(|_| 0)
+    };
+    // SAFETY: the caller's contract on the key.
+    unsafe { with_key(store, key, "key", put) as i32 }
 }
 
 /// Gets `key` into `buf` (any memory, `len` bytes). Returns the object's size, or
@@ -196,10 +206,7 @@ pub unsafe extern "C" fn crescent_store_get(
     buf: *mut c_void,
     len: usize,
 ) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
+    let get = |s: &StoreClient, key: &str| {
         let value = s.get(key).map_err(|e| store_fail(&e))?;
         if value.len() > len {
             return Err(fail(
@@ -211,7 +218,9 @@ pub unsafe extern "C" fn crescent_store_get(
         let dst = unsafe { array_mut(buf.cast::<u8>(), len, "buf") }?;
         dst[..value.len()].copy_from_slice(&value);
         Ok(value.len() as i64)
-    })
+    };
+    // SAFETY: the caller's contract on the key.
+    unsafe { with_key(store, key, "key", get) }
 }
 
 /// Registers caller memory for the zero-copy calls (`put_from`, `get_into` and their batch
@@ -225,11 +234,8 @@ pub unsafe extern "C" fn crescent_store_register_buffer(
     addr: *mut c_void,
     len: usize,
 ) -> i32 {
-    status(|| {
-        let s = store_of(store)?;
-        if addr.is_null() {
-            return Err(invalid("addr is null"));
-        }
+    store_status(store, |s| {
+        non_null(addr, "addr")?;
         s.register_buffer(addr as u64, len as u64).map_err(|e| store_fail(&e))
     })
 }
@@ -237,10 +243,7 @@ pub unsafe extern "C" fn crescent_store_register_buffer(
 /// Unregisters the buffer registered at `addr`.
 #[no_mangle]
 pub extern "C" fn crescent_store_unregister_buffer(store: *const CrescentStore, addr: *mut c_void) -> i32 {
-    status(|| {
-        let s = store_of(store)?;
-        s.unregister_buffer(addr as u64).map_err(|e| store_fail(&e))
-    })
+    store_status(store, |s| s.unregister_buffer(addr as u64).map_err(|e| store_fail(&e)))
 }
 
 /// Zero-copy put of `len` bytes of registered memory at `buf`.
@@ -270,12 +273,13 @@ pub unsafe extern "C" fn crescent_store_put_from_with(
     len: usize,
     config: *const CrescentReplicateConfig,
 ) -> i32 {
-    status(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let (key, options) = unsafe { (text(key, "key")?, put_options(&s, config)?) };
-        one(&s, &c::PUT_FROM, key, host(buf as u64, len), options).map(drop)
-    })
+    let put = |s: &StoreClient, key: &str| {
+        // SAFETY: a null or valid config per the caller's contract.
+        let options = unsafe { put_options(s, config) }?;
+        one(s, &c::PUT_FROM, key, host(buf as u64, len), options).map(|_| 0)
+    };
+    // SAFETY: the caller's contract on the key.
+    unsafe { with_key(store, key, "key", put) as i32 }
 }
 
 /// Zero-copy get into registered memory (`len` bytes at `buf`). Returns the object's size,
@@ -290,12 +294,10 @@ pub unsafe extern "C" fn crescent_store_get_into(
     buf: *mut c_void,
     len: usize,
 ) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
-        // SAFETY: caller's contract.
-        let key = unsafe { text(key, "key") }?;
-        one(&s, &c::GET_INTO, key, host(buf as u64, len), PutOptions::default())
-    })
+    // SAFETY: the caller's contract on the key.
+    unsafe {
+        with_key(store, key, "key", |s, key| one(s, &c::GET_INTO, key, host(buf as u64, len), PutOptions::default()))
+    }
 }
 
 /// Zero-copy puts of `count` values: `keys[i]` from registered `buffers[i]` of `sizes[i]`
@@ -332,18 +334,17 @@ pub unsafe extern "C" fn crescent_store_batch_put_from_with(
     results: *mut i32,
     config: *const CrescentReplicateConfig,
 ) -> i32 {
-    status(|| {
-        let s = store_of(store)?;
+    store_status(store, |s| {
         // SAFETY: `count` elements each and a null or valid config per the caller's contract.
         let ((keys, addrs, lens), out, options) = unsafe {
             (
                 batch_args(keys, buffers, sizes, count, |p| p as u64)?,
                 array_mut(results, count, "results")?,
-                put_options(&s, config)?,
+                put_options(s, config)?,
             )
         };
         let mems = addrs.iter().zip(&lens).map(|(&a, &n)| host(a, n as usize)).collect();
-        fill(out, each(&s, &c::BATCH_PUT_FROM, &keys, mems, options)?)
+        fill(out, each(s, &c::BATCH_PUT_FROM, &keys, mems, options)?)
     })
 }
 
@@ -362,13 +363,12 @@ pub unsafe extern "C" fn crescent_store_batch_get_into(
     count: usize,
     results: *mut i64,
 ) -> i32 {
-    status(|| {
-        let s = store_of(store)?;
+    store_status(store, |s| {
         // SAFETY: `count` elements each per the caller's contract.
         let ((keys, addrs, lens), out) =
             unsafe { (batch_args(keys, buffers, sizes, count, |p| p as u64)?, array_mut(results, count, "results")?) };
         let mems = addrs.iter().zip(&lens).map(|(&a, &n)| host(a, n as usize)).collect();
-        fill(out, each(&s, &c::BATCH_GET_INTO, &keys, mems, PutOptions::default())?)
+        fill(out, each(s, &c::BATCH_GET_INTO, &keys, mems, PutOptions::default())?)
     })
 }
 
@@ -394,12 +394,11 @@ pub unsafe extern "C" fn crescent_store_batch_exists(
     count: usize,
     results: *mut i32,
 ) -> i32 {
-    status(|| {
-        let s = store_of(store)?;
+    store_status(store, |s| {
         // SAFETY: `count` elements each per the caller's contract.
         let (keys, out) = unsafe { (keys_of(keys, count)?, array_mut(results, count, "results")?) };
         let mems = keys.iter().map(|_| Mem::None).collect();
-        fill(out, each(&s, &c::BATCH_EXISTS, &keys, mems, PutOptions::default())?)
+        fill(out, each(s, &c::BATCH_EXISTS, &keys, mems, PutOptions::default())?)
     })
 }
 
@@ -436,8 +435,5 @@ pub unsafe extern "C" fn crescent_store_remove_by_regex(store: *const CrescentSt
 /// Removes every object; returns how many.
 #[no_mangle]
 pub extern "C" fn crescent_store_remove_all(store: *const CrescentStore) -> i64 {
-    call(|| {
-        let s = store_of(store)?;
-        one(&s, &c::REMOVE_ALL, "", Mem::None, PutOptions::default())
-    })
+    store_call(store, |s| one(s, &c::REMOVE_ALL, "", Mem::None, PutOptions::default()))
 }
