@@ -11,7 +11,7 @@ use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreApi;
 use crescent_ffi::Status;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyTuple};
 
 use crate::mem::*;
 use crate::store::Store;
@@ -137,6 +137,63 @@ impl Call<'_, '_> {
     }
 }
 
+impl Call<'_, '_> {
+    /// `put`, `upsert`: a value of plain bytes (any buffer object).
+    pub(crate) fn bytes(
+        &self,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Answer> {
+        let value = Exported::new(value, false)?;
+        self.run(1, config, |_| Ok(Ok(vec![Ok(self.op(key, OpMem::Bytes(value.bytes()), false))])))
+    }
+
+    /// `put_batch`, `upsert_batch`: values of plain bytes.
+    pub(crate) fn bytes_each(
+        &self,
+        keys: &[String],
+        values: &Bound<'_, PyAny>,
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Answer> {
+        let values = exported_values(values)?;
+        self.run(keys.len(), config, |_| {
+            if values.len() != keys.len() {
+                let message = format!("{}: {} keys but {} values", self.m.name, keys.len(), values.len());
+                return Ok(Err(status(invalid(message))));
+            }
+            Ok(Ok(keys.iter().zip(&values).map(|(k, v)| Ok(self.op(k, OpMem::Bytes(v.bytes()), false))).collect()))
+        })
+    }
+
+    /// `put_parts`, `upsert_parts`: a value of plain bytes in parts.
+    pub(crate) fn parts(
+        &self,
+        key: &str,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Answer> {
+        let parts: Vec<Exported> = parts.iter().map(|p| Exported::new(&p, false)).collect::<PyResult<_>>()?;
+        let slices: Vec<&[u8]> = parts.iter().map(Exported::bytes).collect();
+        self.run(1, config, |_| Ok(Ok(vec![Ok(self.op(key, OpMem::Parts(slices), false))])))
+    }
+
+    /// `batch_put_from_multi_buffers`, `batch_get_into_multi_buffers`: see [`multi_buffer_ops`].
+    pub(crate) fn multi_buffers(
+        &self,
+        keys: &[String],
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &[Vec<u64>],
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Answer> {
+        let mut keep = Vec::new();
+        let writable = self.m.kind == OpKind::Get;
+        self.run(keys.len(), config, |client| {
+            multi_buffer_ops(self, client, keys, all_buffer_ptrs, all_sizes, writable, &mut keep)
+        })
+    }
+}
+
 /// The ops of a multi-buffer call (`batch_put_from_multi_buffers`,
 /// `batch_get_into_multi_buffers`): key `i`'s value is the concatenation of its buffers
 /// `all_buffer_ptrs[i]` of `all_sizes[i]` bytes (kept exported in `keep`). Lists of other
@@ -205,84 +262,6 @@ impl Store {
             )));
         }
         Ok(client)
-    }
-
-    /// `put`, `upsert`: a value of plain bytes (any buffer object).
-    pub(crate) fn put_bytes(
-        &self,
-        py: Python<'_>,
-        m: &'static Method,
-        key: &str,
-        value: &Bound<'_, PyAny>,
-        config: Option<&PyReplicateConfig>,
-    ) -> PyResult<i64> {
-        let answer = self.call(py, m, |c| {
-            let value = Exported::new(value, false)?;
-            c.run(1, config, |_| Ok(Ok(vec![Ok(c.op(key, OpMem::Bytes(value.bytes()), false))])))
-        })?;
-        Ok(answer.int(m))
-    }
-
-    /// `put_batch`, `upsert_batch`: values of plain bytes; 0 or the first error.
-    pub(crate) fn put_bytes_each(
-        &self,
-        py: Python<'_>,
-        m: &'static Method,
-        keys: Vec<String>,
-        values: &Bound<'_, PyAny>,
-        config: Option<&PyReplicateConfig>,
-    ) -> PyResult<i64> {
-        let answer = self.call(py, m, |c| {
-            let values = exported_values(values)?;
-            c.run(keys.len(), config, |_| {
-                if values.len() != keys.len() {
-                    return Ok(Err(status(invalid(format!(
-                        "{}: {} keys but {} values",
-                        m.name,
-                        keys.len(),
-                        values.len()
-                    )))));
-                }
-                Ok(Ok(keys.iter().zip(&values).map(|(k, v)| Ok(c.op(k, OpMem::Bytes(v.bytes()), false))).collect()))
-            })
-        })?;
-        Ok(answer.int(m))
-    }
-
-    /// `put_parts`, `upsert_parts`: a value of plain bytes in parts.
-    pub(crate) fn put_parts_of(
-        &self,
-        py: Python<'_>,
-        m: &'static Method,
-        key: &str,
-        parts: &Bound<'_, pyo3::types::PyTuple>,
-        config: Option<&PyReplicateConfig>,
-    ) -> PyResult<i64> {
-        let answer = self.call(py, m, |c| {
-            let parts: Vec<Exported> = parts.iter().map(|p| Exported::new(&p, false)).collect::<PyResult<_>>()?;
-            let slices: Vec<&[u8]> = parts.iter().map(Exported::bytes).collect();
-            c.run(1, config, |_| Ok(Ok(vec![Ok(c.op(key, OpMem::Parts(slices), false))])))
-        })?;
-        Ok(answer.int(m))
-    }
-
-    /// `batch_put_from_multi_buffers`, `batch_get_into_multi_buffers`: see [`multi_buffer_ops`].
-    pub(crate) fn multi_buffers(
-        &self,
-        py: Python<'_>,
-        m: &'static Method,
-        keys: &[String],
-        all_buffer_ptrs: &Bound<'_, PyAny>,
-        all_sizes: &[Vec<u64>],
-        config: Option<&PyReplicateConfig>,
-    ) -> PyResult<Vec<i64>> {
-        let answer = self.call(py, m, |c| {
-            let mut keep = Vec::new();
-            c.run(keys.len(), config, |client| {
-                multi_buffer_ops(c, client, keys, all_buffer_ptrs, all_sizes, m.kind == OpKind::Get, &mut keep)
-            })
-        })?;
-        Ok(answer.ints())
     }
 
     /// `get_buffer`, `batch_get_buffer`: values held in the client's memory, None where a get

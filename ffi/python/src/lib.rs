@@ -18,6 +18,7 @@ mod call;
 mod device;
 mod dummy;
 mod engine;
+mod enums;
 mod host;
 mod mem;
 mod ranges;
@@ -29,6 +30,7 @@ mod tasks;
 mod twins;
 mod types;
 
+use enums::*;
 use mem::{mems, Exported, Mem};
 use store::Store;
 use types::*;

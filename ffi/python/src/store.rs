@@ -162,7 +162,11 @@ pymethods_with_twins! {
         #[pyo3(signature = (*_args, **_kwargs))]
         fn new(_args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
             crescent_ffi::init_logging();
-            Store { client: RwLock::new(None), pinned: Mutex::new(HashMap::new()), no_local_buffer: AtomicBool::new(false) }
+            Store {
+                client: RwLock::new(None),
+                pinned: Mutex::new(HashMap::new()),
+                no_local_buffer: AtomicBool::new(false),
+            }
         }
 
         /// setup(local_hostname, metadata_server, global_segment_size=16 MiB, local_buffer_size=16 MiB,
@@ -219,7 +223,9 @@ pymethods_with_twins! {
                 None => None,
                 Some(e) => match engine::shared_engine(e)? {
                     Some(shared) => Some(shared),
-                    None => return Ok(invalid("setup: the engine given is not initialized; call its initialize() first")),
+                    None => {
+                        return Ok(invalid("setup: the engine given is not initialized; call its initialize() first"))
+                    }
                 },
             };
             let size = |name: &str, v: Option<&Bound<'_, PyAny>>, default: u64| match v {
@@ -258,7 +264,9 @@ pymethods_with_twins! {
 
         /// setup_dummy(mem_pool_size, local_buffer_size, server_address) -> int: see `dummy.rs`.
         #[pyo3(signature = (mem_pool_size, local_buffer_size, server_address))]
-        fn setup_dummy(&self, py: Python<'_>, mem_pool_size: u64, local_buffer_size: u64, server_address: String) -> i32 {
+        fn setup_dummy(
+            &self, py: Python<'_>, mem_pool_size: u64, local_buffer_size: u64, server_address: String,
+        ) -> i32 {
             dummy::setup_dummy(self, py, mem_pool_size, local_buffer_size, server_address)
         }
 
@@ -395,7 +403,9 @@ pymethods_with_twins! {
         /// all): `sizes[i]` is None where key `i` has no value, and `place` answers an address per
         /// key (None skips it). Per key, the value's size or a negative code. An exception `place`
         /// raises is raised. The sharded tensor reads' path (`crescent.tensor_parallel`).
-        fn _batch_get_into_placed(&self, py: Python<'_>, keys: Vec<String>, place: Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        fn _batch_get_into_placed(
+            &self, py: Python<'_>, keys: Vec<String>, place: Bound<'_, PyAny>,
+        ) -> PyResult<Vec<i64>> {
             crescent_ffi::clear_last_error();
             let Some(client) = self.client() else {
                 let code = not_set_up("_batch_get_into_placed") as i64;
@@ -406,7 +416,8 @@ pymethods_with_twins! {
             let result = py.detach(|| {
                 client.batch_get_into_placed(&keys, &mut |sizes| {
                     Python::attach(|py| {
-                        place.bind(py).call1((sizes.to_vec(),)).and_then(|r| r.extract::<Vec<Option<u64>>>()).map_err(|e| {
+                        let placed = place.bind(py).call1((sizes.to_vec(),));
+                        placed.and_then(|r| r.extract::<Vec<Option<u64>>>()).map_err(|e| {
                             let message = e.to_string();
                             raised = Some(e);
                             crescent_ffi::store::StoreError::invalid(message)
@@ -552,7 +563,9 @@ pymethods_with_twins! {
         /// get_into(key, buffer_ptr, size=None) -> int: zero-copy get into registered memory;
         /// the bytes read, or a negative error code (-10 when the buffer is too small).
         #[pyo3(signature = (key, buffer_ptr, size=None))]
-        fn get_into(&self, py: Python<'_>, key: &str, buffer_ptr: &Bound<'_, PyAny>, size: Option<u64>) -> PyResult<i64> {
+        fn get_into(
+            &self, py: Python<'_>, key: &str, buffer_ptr: &Bound<'_, PyAny>, size: Option<u64>,
+        ) -> PyResult<i64> {
             let m = &mc::GET_INTO;
             Ok(self.call(py, m, |c| c.one_buffer(key, buffer_ptr, size, None))?.int(m))
         }
@@ -583,7 +596,7 @@ pymethods_with_twins! {
             config: Option<PyRef<'_, PyReplicateConfig>>,
         ) -> PyResult<Vec<i64>> {
             let m = &mc::BATCH_PUT_FROM_MULTI_BUFFERS;
-            self.multi_buffers(py, m, &keys, all_buffer_ptrs, &all_sizes, config.as_deref())
+            Ok(self.call(py, m, |c| c.multi_buffers(&keys, all_buffer_ptrs, &all_sizes, config.as_deref()))?.ints())
         }
 
         /// batch_get_into_multi_buffers(keys, all_buffer_ptrs, all_sizes,
@@ -599,7 +612,8 @@ pymethods_with_twins! {
             prefer_alloc_in_same_node: bool,
         ) -> PyResult<Vec<i64>> {
             let _ = prefer_alloc_in_same_node;
-            self.multi_buffers(py, &mc::BATCH_GET_INTO_MULTI_BUFFERS, &keys, all_buffer_ptrs, &all_sizes, None)
+            let m = &mc::BATCH_GET_INTO_MULTI_BUFFERS;
+            Ok(self.call(py, m, |c| c.multi_buffers(&keys, all_buffer_ptrs, &all_sizes, None))?.ints())
         }
 
         /// get_into_ranges(buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes)
@@ -656,7 +670,8 @@ pymethods_with_twins! {
         fn batch_get_session_end(&self, py: Python<'_>, keys: Vec<String>) -> i32 {
             crescent_ffi::clear_last_error();
             let Some(client) = self.client() else {
-                fail(Status::Internal, "batch_get_session_end: the store is not set up (call setup() first) or was closed");
+                let message = "batch_get_session_end: the store is not set up (call setup() first) or was closed";
+                fail(Status::Internal, message);
                 return Status::Internal.code();
             };
             py.detach(|| client.batch_get_session_end(&keys)).map_or_else(|e| session_fail(&e).code(), |()| 0)
@@ -762,7 +777,9 @@ pymethods_with_twins! {
 
         /// batch_get_replica_desc(keys) -> dict[str, list[ReplicaDescriptor]]: the replicas of
         /// each key that exists (missing keys are left out, as in Mooncake).
-        fn batch_get_replica_desc(&self, py: Python<'_>, keys: Vec<String>) -> HashMap<String, Vec<PyReplicaDescriptor>> {
+        fn batch_get_replica_desc(
+            &self, py: Python<'_>, keys: Vec<String>,
+        ) -> HashMap<String, Vec<PyReplicaDescriptor>> {
             crescent_ffi::clear_last_error();
             let Some(client) = self.client() else {
                 not_set_up("batch_get_replica_desc");
@@ -813,7 +830,8 @@ pymethods_with_twins! {
             crescent_ffi::clear_last_error();
             let client = self.client();
             py.detach(|| {
-                crate::tasks::created("create_move_task", client.as_deref(), |c| c.create_move_task(&key, &source, &target))
+                let create = |c: &dyn StoreApi| c.create_move_task(&key, &source, &target);
+                crate::tasks::created("create_move_task", client.as_deref(), create)
             })
         }
 
@@ -882,7 +900,7 @@ pymethods_with_twins! {
     with m #[pyo3(signature = (key, value, config=None))]
     fn (&self, py: Python<'_>, key: &str, value: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, PyReplicateConfig>>) -> PyResult<i64> {
-        self.put_bytes(py, m, key, value, config.as_deref())
+        Ok(self.call(py, m, |c| c.bytes(key, value, config.as_deref()))?.int(m))
     }
 
     /// put_batch(keys, values, config=None) -> int: 0 if every put succeeded, else the first
@@ -893,7 +911,7 @@ pymethods_with_twins! {
     with m #[pyo3(signature = (keys, values, config=None))]
     fn (&self, py: Python<'_>, keys: Vec<String>, values: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, PyReplicateConfig>>) -> PyResult<i64> {
-        self.put_bytes_each(py, m, keys, values, config.as_deref())
+        Ok(self.call(py, m, |c| c.bytes_each(&keys, values, config.as_deref()))?.int(m))
     }
 
     /// put_from(key, buffer_ptr, size=None, config=None) -> int: zero-copy put from
@@ -932,7 +950,7 @@ pymethods_with_twins! {
     with m #[pyo3(signature = (key, *parts, config=None))]
     fn (&self, py: Python<'_>, key: &str, parts: &Bound<'_, pyo3::types::PyTuple>,
         config: Option<PyRef<'_, PyReplicateConfig>>) -> PyResult<i64> {
-        self.put_parts_of(py, m, key, parts, config.as_deref())
+        Ok(self.call(py, m, |c| c.parts(key, parts, config.as_deref()))?.int(m))
     }
 
     /// is_exist(key) -> int: 1 if the key exists, 0 if not, a negative code on error. Grants

@@ -77,7 +77,11 @@ pymethods_with_twins! {
         #[new]
         fn new() -> Self {
             crescent_ffi::init_logging();
-            Engine { engine: RwLock::new(None), managed: Mutex::new(HashMap::new()), pinned: Mutex::new(HashMap::new()) }
+            Engine {
+                engine: RwLock::new(None),
+                managed: Mutex::new(HashMap::new()),
+                pinned: Mutex::new(HashMap::new()),
+            }
         }
 
         /// `TransferEngine.TransferOpcode`, as upstream nests it.
@@ -220,7 +224,8 @@ pymethods_with_twins! {
                 .map(|(i, o)| Ok(Mem::any(&o?, false, &format!("buffer_addresses[{i}]"))?.addr()))
                 .collect::<PyResult<_>>()?;
             let Some(engine) = self.engine() else { return Ok(Self::not_initialized("batch_unregister_memory")) };
-            let results: Vec<Result<(), EngineError>> = py.detach(|| addrs.iter().map(|&a| engine.unregister(a)).collect());
+            let results: Vec<Result<(), EngineError>> =
+                py.detach(|| addrs.iter().map(|&a| engine.unregister(a)).collect());
             let mut first = 0;
             let mut pinned = self.pinned.lock();
             for (addr, r) in addrs.iter().zip(results) {
@@ -242,10 +247,11 @@ pymethods_with_twins! {
         /// transfer_sync(target_hostname, buffer, peer_buffer_address, length, opcode,
         /// notify=None, transport_hint="") -> int: 0 or -1; with `notify`, the target's engine
         /// receives it once the transfer completed.
-        #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify=None, transport_hint=""))]
+        #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify=None,
+                            transport_hint=""))]
         fn transfer_sync(
-            &self, py: Python<'_>, target_hostname: &str, buffer: &Bound<'_, PyAny>, peer_buffer_address: u64, length: u64,
-            opcode: &Bound<'_, PyAny>, notify: Option<PyRef<'_, PyNotify>>, transport_hint: &str,
+            &self, py: Python<'_>, target_hostname: &str, buffer: &Bound<'_, PyAny>, peer_buffer_address: u64,
+            length: u64, opcode: &Bound<'_, PyAny>, notify: Option<PyRef<'_, PyNotify>>, transport_hint: &str,
         ) -> PyResult<Reply> {
             let how = (PyOpcode::extract(opcode)?, Mode::Sync(notify.as_deref().map(Notification::from)));
             self.transfer(py, how, target_hostname, Buffers::One(buffer, peer_buffer_address, length), transport_hint)
@@ -253,7 +259,8 @@ pymethods_with_twins! {
 
         /// batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
         /// notify=None, transport_hint="") -> int: 0 or -1; `notify` as in `transfer_sync`.
-        #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify=None, transport_hint=""))]
+        #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify=None,
+                            transport_hint=""))]
         fn batch_transfer_sync(
             &self, py: Python<'_>, target_hostname: &str, buffers: &Bound<'_, PyAny>, peer_buffer_addresses: Vec<u64>,
             lengths: Vec<u64>, opcode: &Bound<'_, PyAny>, notify: Option<PyRef<'_, PyNotify>>, transport_hint: &str,
@@ -313,7 +320,9 @@ pymethods_with_twins! {
             let mut result = 1;
             for (i, s) in statuses.iter().enumerate() {
                 match s {
-                    TransferStatus::Failed(reason) => return te(TeCode::InvalidArgument, format!("request {i}: {reason}")),
+                    TransferStatus::Failed(reason) => {
+                        return te(TeCode::InvalidArgument, format!("request {i}: {reason}"))
+                    }
                     TransferStatus::TimedOut => {
                         te(TeCode::InvalidArgument, format!("request {i} timed out"));
                         result = -2;
@@ -424,7 +433,8 @@ pymethods_with_twins! {
                 return Ok(0);
             }
             if !engine.is_registered(buffer_addr, length) {
-                return Ok(te(TeCode::InvalidArgument, format!("[{buffer_addr:#x}, +{length}) is not registered memory")));
+                let message = format!("[{buffer_addr:#x}, +{length}) is not registered memory");
+                return Ok(te(TeCode::InvalidArgument, message));
             }
             if let Some(device) = engine.local_device_memory(buffer_addr, length) {
                 // Device memory: copied in by its driver (the CPU cannot touch it).
