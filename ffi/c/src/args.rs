@@ -5,7 +5,7 @@ use std::ffi::{c_char, CStr};
 
 use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreClient;
-use crescent_ffi::{fail, store_fail, ReplicateConfig, SoftPinAction, Status};
+use crescent_ffi::{fail, raw, store_fail, ReplicateConfig, SoftPinAction, Status};
 
 use crate::{CrescentReplicateConfig, R};
 
@@ -51,17 +51,8 @@ pub(crate) unsafe fn text_or<'a>(p: *const c_char, what: &str, default: &'a str)
 /// # Safety
 /// `p` points to `count` initialised elements that outlive the call.
 pub(crate) unsafe fn array<'a, T>(p: *const T, count: usize, what: &str) -> R<&'a [T]> {
-    if count == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return Err(invalid(format!("{what} is null")));
-    }
-    if count.checked_mul(size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
-        return Err(invalid(format!("{what}: {count} elements is too many")));
-    }
-    // SAFETY: non-null, `count` elements per the caller's contract, size checked above.
-    Ok(unsafe { std::slice::from_raw_parts(p, count) })
+    // SAFETY: forwarded contract.
+    unsafe { raw::slice(p, count) }.map_err(|e| invalid(e.message(what, "null")))
 }
 
 /// `count` writable elements at `p`.
@@ -69,17 +60,8 @@ pub(crate) unsafe fn array<'a, T>(p: *const T, count: usize, what: &str) -> R<&'
 /// # Safety
 /// `p` points to `count` writable elements that outlive the call and nothing else aliases them.
 pub(crate) unsafe fn array_mut<'a, T>(p: *mut T, count: usize, what: &str) -> R<&'a mut [T]> {
-    if count == 0 {
-        return Ok(&mut []);
-    }
-    if p.is_null() {
-        return Err(invalid(format!("{what} is null")));
-    }
-    if count.checked_mul(size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
-        return Err(invalid(format!("{what}: {count} elements is too many")));
-    }
-    // SAFETY: non-null, `count` writable unaliased elements per the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts_mut(p, count) })
+    // SAFETY: forwarded contract.
+    unsafe { raw::slice_mut(p, count) }.map_err(|e| invalid(e.message(what, "null")))
 }
 
 /// Keys from an array of C strings.

@@ -1,9 +1,7 @@
 //! The wrapper of every call: the last error cleared, the handle resolved, an error returned
 //! as its status and a panic caught as `CRESCENT_ERR_INTERNAL`.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
-use crescent_ffi::{clear_last_error, fail, Status};
+use crescent_ffi::{fail, raw, Status};
 
 use crescent_ffi::store::StoreClient;
 
@@ -12,18 +10,10 @@ use crate::{CrescentEngine, CrescentStore, R};
 
 /// Runs `f`, turning an error into its status and a panic into `CRESCENT_ERR_INTERNAL`.
 pub(crate) fn call(f: impl FnOnce() -> R<i64>) -> i64 {
-    clear_last_error();
-    match catch_unwind(AssertUnwindSafe(f)) {
+    match raw::guarded(f) {
         Ok(Ok(v)) => v,
         Ok(Err(status)) => status.code() as i64,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            fail(Status::Internal, format!("internal error (panic): {what}")).code() as i64
-        }
+        Err(message) => fail(Status::Internal, message).code() as i64,
     }
 }
 
