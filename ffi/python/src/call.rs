@@ -1,6 +1,7 @@
-//! The one preamble of the `Store` methods that are rows of `crescent_ffi::methods`: the last
-//! error cleared, the set-up check (and the local buffer's, for the byte calls), the put
-//! options, the GIL released while the ops run, and the answer shaped as the row says.
+//! The one preamble of the `Store` methods (`with_client`, `detached` for those outside the
+//! table); for the rows of `crescent_ffi::methods`: the last error cleared, the set-up check
+//! (and the local buffer's, for the byte calls), the put options, the GIL released while the
+//! ops run, and the answer shaped as the row says.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -250,6 +251,28 @@ fn multi_buffer_ops<'a>(
 impl Store {
     pub(crate) fn client(&self) -> Option<Arc<dyn StoreApi>> {
         self.client.read().clone()
+    }
+
+    /// The preamble of the methods outside the table that need the client, written once: the
+    /// last error cleared, then `f` with the client; before setup (or after close) the refusal
+    /// recorded for `what` and `T::default()` (`[]` or `{}`, Mooncake's answers).
+    pub(crate) fn with_client<T: Default>(&self, what: &str, f: impl FnOnce(Arc<dyn StoreApi>) -> T) -> T {
+        crescent_ffi::clear_last_error();
+        match self.client() {
+            Some(client) => f(client),
+            None => {
+                not_set_up(what);
+                T::default()
+            }
+        }
+    }
+
+    /// The preamble of the task methods: the last error cleared, then `f` with the client (None
+    /// before setup) and the GIL released.
+    pub(crate) fn detached<T: Send>(&self, py: Python<'_>, f: impl FnOnce(Option<&dyn StoreApi>) -> T + Send) -> T {
+        crescent_ffi::clear_last_error();
+        let client = self.client();
+        py.detach(|| f(client.as_deref()))
     }
 
     /// The client, for a call that moves bytes through the local buffer.

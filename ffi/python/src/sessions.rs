@@ -1,7 +1,5 @@
 //! The ranged session calls: their preamble and their ranges checked per key.
 
-use std::sync::Arc;
-
 use crescent_ffi::session_fail;
 use crescent_ffi::store::client::Extent;
 use crescent_ffi::store::StoreApi;
@@ -55,17 +53,6 @@ fn checked_ranges(
 }
 
 impl Store {
-    /// The preamble of the session calls: the last error cleared; before set-up the refusal
-    /// recorded and no result (`[]`, Mooncake's answer).
-    pub(crate) fn session<T>(&self, what: &str, f: impl FnOnce(Arc<dyn StoreApi>) -> Vec<T>) -> Vec<T> {
-        crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up(what);
-            return Vec::new();
-        };
-        f(client)
-    }
-
     /// A ranged session call, `batch_get_into_multi_buffer_ranges` (`get`) or
     /// `batch_put_from_multi_buffer_ranges`: per key `i`, `sizes[i][j]` bytes at
     /// `offsets[i][j]` of the value, to or from `buffers[i][j]`. The ranges checked per key

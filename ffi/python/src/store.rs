@@ -57,6 +57,21 @@ fn segment_code(e: &crescent_ffi::store::StoreError) -> i32 {
     }
 }
 
+/// The replicas of `key`; None with the failure recorded (missing, or the query failed).
+fn replicas(client: &dyn StoreApi, key: &str) -> Option<Vec<PyReplicaDescriptor>> {
+    match client.query(key) {
+        Ok(q) if q.exists => Some(q.replicas.iter().map(replica_descriptor).collect()),
+        Ok(_) => {
+            fail(Status::ObjectNotFound, format!("object {key:?} not found"));
+            None
+        }
+        Err(e) => {
+            store_fail(&e);
+            None
+        }
+    }
+}
+
 fn segment_unset(what: &str) -> i32 {
     not_set_up(what);
     -1
@@ -642,7 +657,7 @@ pymethods_with_twins! {
         /// 0 per key, or a negative code: OBJECT_NOT_FOUND, INVALID_REPLICA (no replica in
         /// memory)... A key's previous session is replaced. Before setup: [].
         fn batch_get_session_start(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
-            self.session("batch_get_session_start", |client| {
+            self.with_client("batch_get_session_start", |client| {
                 if keys.is_empty() {
                     return Vec::new();
                 }
@@ -693,7 +708,7 @@ pymethods_with_twins! {
             config: Option<PyRef<'_, PyReplicateConfig>>,
         ) -> Vec<i64> {
             let what = "batch_put_session_start";
-            self.session(what, |client| {
+            self.with_client(what, |client| {
                 let n = keys.len();
                 if sizes.len() != n {
                     return per_key(n, invalid(format!("{what}: {n} keys but {} sizes", sizes.len())) as i64);
@@ -731,7 +746,7 @@ pymethods_with_twins! {
         /// dropped the placement), and then the session stays for another end or a revoke.
         /// Before setup: [].
         fn batch_put_session_end(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
-            self.session("batch_put_session_end", |client| {
+            self.with_client("batch_put_session_end", |client| {
                 session_codes(py.detach(|| client.batch_put_session_end(&keys)), keys.len(), |()| 0)
             })
         }
@@ -742,7 +757,7 @@ pymethods_with_twins! {
         /// INVALID_PARAMS without a session, else the master's answer (the session stays).
         /// Before setup: [].
         fn batch_put_session_revoke(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
-            self.session("batch_put_session_revoke", |client| {
+            self.with_client("batch_put_session_revoke", |client| {
                 session_codes(py.detach(|| client.batch_put_session_revoke(&keys)), keys.len(), |()| 0)
             })
         }
@@ -757,22 +772,7 @@ pymethods_with_twins! {
         /// get_replica_desc(key) -> list[ReplicaDescriptor]: the key's replicas ([] if it is
         /// missing or the query failed). Grants no lease.
         fn get_replica_desc(&self, py: Python<'_>, key: &str) -> Vec<PyReplicaDescriptor> {
-            crescent_ffi::clear_last_error();
-            let Some(client) = self.client() else {
-                not_set_up("get_replica_desc");
-                return Vec::new();
-            };
-            match py.detach(|| client.query(key)) {
-                Ok(q) if q.exists => q.replicas.iter().map(replica_descriptor).collect(),
-                Ok(_) => {
-                    fail(Status::ObjectNotFound, format!("object {key:?} not found"));
-                    Vec::new()
-                }
-                Err(e) => {
-                    store_fail(&e);
-                    Vec::new()
-                }
-            }
+            self.with_client("get_replica_desc", |c| py.detach(|| replicas(&*c, key)).unwrap_or_default())
         }
 
         /// batch_get_replica_desc(keys) -> dict[str, list[ReplicaDescriptor]]: the replicas of
@@ -780,27 +780,9 @@ pymethods_with_twins! {
         fn batch_get_replica_desc(
             &self, py: Python<'_>, keys: Vec<String>,
         ) -> HashMap<String, Vec<PyReplicaDescriptor>> {
-            crescent_ffi::clear_last_error();
-            let Some(client) = self.client() else {
-                not_set_up("batch_get_replica_desc");
-                return HashMap::new();
-            };
-            let answers = py.detach(|| keys.iter().map(|k| (k.clone(), client.query(k))).collect::<Vec<_>>());
-            let mut out = HashMap::new();
-            for (key, answer) in answers {
-                match answer {
-                    Ok(q) if q.exists => {
-                        out.insert(key, q.replicas.iter().map(replica_descriptor).collect());
-                    }
-                    Ok(_) => {
-                        fail(Status::ObjectNotFound, format!("object {key:?} not found"));
-                    }
-                    Err(e) => {
-                        store_fail(&e);
-                    }
-                }
-            }
-            out
+            self.with_client("batch_get_replica_desc", |c| {
+                py.detach(|| keys.iter().filter_map(|k| Some((k.clone(), replicas(&*c, k)?))).collect())
+            })
         }
 
         /// batch_replica_clear(keys, segment_name="") -> list[str]: of `keys`, the objects this
@@ -808,39 +790,27 @@ pymethods_with_twins! {
         /// they go); returns the keys cleared ([] on an error).
         #[pyo3(signature = (keys, segment_name=String::new()))]
         fn batch_replica_clear(&self, py: Python<'_>, keys: Vec<String>, segment_name: String) -> Vec<String> {
-            crescent_ffi::clear_last_error();
-            let client = self.client();
-            py.detach(|| crate::tasks::cleared(client.as_deref(), &keys, &segment_name))
+            self.detached(py, |c| crate::tasks::cleared(c, &keys, &segment_name))
         }
 
         /// create_copy_task(key, targets) -> tuple[tuple[int, int], int]: (the task's id, 0), or
         /// ((0, 0), a negative code). The owner of a replica copies it to each target segment.
         fn create_copy_task(&self, py: Python<'_>, key: String, targets: Vec<String>) -> ((u64, u64), i32) {
-            crescent_ffi::clear_last_error();
-            let client = self.client();
-            py.detach(|| {
-                crate::tasks::created("create_copy_task", client.as_deref(), |c| c.create_copy_task(&key, &targets))
-            })
+            self.detached(py, |c| crate::tasks::created("create_copy_task", c, |c| c.create_copy_task(&key, &targets)))
         }
 
         /// create_move_task(key, source, target) -> tuple[tuple[int, int], int]: (the task's id, 0),
         /// or ((0, 0), a negative code). The owner of `source` copies its replica to `target`,
         /// then the source replica goes.
         fn create_move_task(&self, py: Python<'_>, key: String, source: String, target: String) -> ((u64, u64), i32) {
-            crescent_ffi::clear_last_error();
-            let client = self.client();
-            py.detach(|| {
-                let create = |c: &dyn StoreApi| c.create_move_task(&key, &source, &target);
-                crate::tasks::created("create_move_task", client.as_deref(), create)
-            })
+            let create = |c: &dyn StoreApi| c.create_move_task(&key, &source, &target);
+            self.detached(py, |c| crate::tasks::created("create_move_task", c, create))
         }
 
         /// query_task(task_id) -> tuple[QueryTaskResponse | None, int]: the task's state and 0, or
         /// (None, a negative code: TASK_NOT_FOUND for an id the master does not know).
         fn query_task(&self, py: Python<'_>, task_id: (u64, u64)) -> (Option<crate::tasks::PyQueryTaskResponse>, i32) {
-            crescent_ffi::clear_last_error();
-            let client = self.client();
-            py.detach(|| crate::tasks::queried(client.as_deref(), task_id))
+            self.detached(py, |c| crate::tasks::queried(c, task_id))
         }
 
         /// remove(key, force=False) -> int: 0, or a negative error code (-706 while a reader
