@@ -68,6 +68,17 @@ impl Engine {
     fn not_initialized(what: &str) -> i32 {
         te(TeCode::InvalidArgument, format!("{what}: call initialize() first"))
     }
+
+    /// The preamble of the methods that need the engine, written once: the last error
+    /// cleared, then `f` with the engine; before `initialize` the refusal recorded for `what`
+    /// and `unset(code)` answered.
+    fn with_engine<T>(&self, what: &str, unset: impl FnOnce(i32) -> T, f: impl FnOnce(Arc<TransferEngine>) -> T) -> T {
+        crescent_ffi::clear_last_error();
+        match self.engine() {
+            Some(engine) => f(engine),
+            None => unset(Self::not_initialized(what)),
+        }
+    }
 }
 
 pymethods_with_twins! {
@@ -284,98 +295,95 @@ pymethods_with_twins! {
         /// get_batch_transfer_status(batch_ids) -> int: waits for every batch to end and frees
         /// them; 0 if all completed, -1 if any failed, timed out or is unknown.
         fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<BatchId>) -> i32 {
-            crescent_ffi::clear_last_error();
-            let Some(engine) = self.engine() else { return Self::not_initialized("get_batch_transfer_status") };
-            let first_error = py.detach(|| {
-                let mut first = None;
-                for id in batch_ids {
-                    if let Err(e) = engine.transfer_finish(id) {
-                        first.get_or_insert(e);
+            self.with_engine("get_batch_transfer_status", |code| code, |engine| {
+                let first_error = py.detach(|| {
+                    let mut first = None;
+                    for id in batch_ids {
+                        if let Err(e) = engine.transfer_finish(id) {
+                            first.get_or_insert(e);
+                        }
                     }
+                    first
+                });
+                match first_error {
+                    None => 0,
+                    Some(e) => failed(&e),
                 }
-                first
-            });
-            match first_error {
-                None => 0,
-                Some(e) => failed(&e),
-            }
+            })
         }
 
         /// transfer_check_status(batch_id) -> int: 0 while in flight; once ended (the batch is then
         /// freed) 1 completed, -1 failed, -2 timed out; -1 for an unknown batch.
         fn transfer_check_status(&self, py: Python<'_>, batch_id: BatchId) -> i32 {
-            crescent_ffi::clear_last_error();
-            let Some(engine) = self.engine() else { return Self::not_initialized("transfer_check_status") };
-            let statuses = match engine.batch_status(batch_id) {
-                Ok(s) => s,
-                Err(e) => return failed(&e),
-            };
-            if statuses.iter().any(|s| !s.is_final()) {
-                return 0;
-            }
-            let freed = py.detach(|| engine.free_batch(batch_id));
-            if let Err(e) = freed {
-                return failed(&e);
-            }
-            let mut result = 1;
-            for (i, s) in statuses.iter().enumerate() {
-                match s {
-                    TransferStatus::Failed(reason) => {
-                        return te(TeCode::InvalidArgument, format!("request {i}: {reason}"))
-                    }
-                    TransferStatus::TimedOut => {
-                        te(TeCode::InvalidArgument, format!("request {i} timed out"));
-                        result = -2;
-                    }
-                    _ => {}
+            self.with_engine("transfer_check_status", |code| code, |engine| {
+                let statuses = match engine.batch_status(batch_id) {
+                    Ok(s) => s,
+                    Err(e) => return failed(&e),
+                };
+                if statuses.iter().any(|s| !s.is_final()) {
+                    return 0;
                 }
-            }
-            result
+                let freed = py.detach(|| engine.free_batch(batch_id));
+                if let Err(e) = freed {
+                    return failed(&e);
+                }
+                let mut result = 1;
+                for (i, s) in statuses.iter().enumerate() {
+                    match s {
+                        TransferStatus::Failed(reason) => {
+                            return te(TeCode::InvalidArgument, format!("request {i}: {reason}"))
+                        }
+                        TransferStatus::TimedOut => {
+                            te(TeCode::InvalidArgument, format!("request {i} timed out"));
+                            result = -2;
+                        }
+                        _ => {}
+                    }
+                }
+                result
+            })
         }
 
         /// allocate_managed_buffer(length) -> int: the address of `length` bytes of registered
         /// memory, or 0 on failure. Free it with `free_managed_buffer`.
         fn allocate_managed_buffer(&self, py: Python<'_>, length: u64) -> u64 {
-            crescent_ffi::clear_last_error();
-            let Some(engine) = self.engine() else {
-                Self::not_initialized("allocate_managed_buffer");
-                return 0;
-            };
-            match py.detach(|| engine.alloc_registered(length, WILDCARD_LOCATION)) {
-                Ok(mem) => {
-                    let addr = mem.addr();
-                    self.managed.lock().insert(addr, mem);
-                    addr
+            self.with_engine("allocate_managed_buffer", |_| 0, |engine| {
+                match py.detach(|| engine.alloc_registered(length, WILDCARD_LOCATION)) {
+                    Ok(mem) => {
+                        let addr = mem.addr();
+                        self.managed.lock().insert(addr, mem);
+                        addr
+                    }
+                    Err(e) => {
+                        te_engine_fail(&e);
+                        0
+                    }
                 }
-                Err(e) => {
-                    te_engine_fail(&e);
-                    0
-                }
-            }
+            })
         }
 
         /// free_managed_buffer(buffer_addr, length) -> int: 0, or -1 for an address that is not a
         /// managed buffer of at least `length` bytes.
         fn free_managed_buffer(&self, py: Python<'_>, buffer_addr: u64, length: u64) -> i32 {
-            crescent_ffi::clear_last_error();
-            let Some(engine) = self.engine() else { return Self::not_initialized("free_managed_buffer") };
-            let Some(mem) = self.managed.lock().remove(&buffer_addr) else {
-                return te(TeCode::InvalidArgument, format!("{buffer_addr:#x} is not a managed buffer"));
-            };
-            if mem.len() < length {
-                self.managed.lock().insert(buffer_addr, mem);
-                return te(
-                    TeCode::InvalidArgument,
-                    format!("the managed buffer at {buffer_addr:#x} is smaller than {length}"),
-                );
-            }
-            match py.detach(|| engine.free_registered(mem.clone())) {
-                Ok(()) => 0,
-                Err(e) => {
+            self.with_engine("free_managed_buffer", |code| code, |engine| {
+                let Some(mem) = self.managed.lock().remove(&buffer_addr) else {
+                    return te(TeCode::InvalidArgument, format!("{buffer_addr:#x} is not a managed buffer"));
+                };
+                if mem.len() < length {
                     self.managed.lock().insert(buffer_addr, mem);
-                    te_engine_fail(&e).code()
+                    return te(
+                        TeCode::InvalidArgument,
+                        format!("the managed buffer at {buffer_addr:#x} is smaller than {length}"),
+                    );
                 }
-            }
+                match py.detach(|| engine.free_registered(mem.clone())) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        self.managed.lock().insert(buffer_addr, mem);
+                        te_engine_fail(&e).code()
+                    }
+                }
+            })
         }
 
         /// get_local_topology(device_name=None) -> str: upstream's topology matrix as JSON, an
@@ -391,19 +399,16 @@ pymethods_with_twins! {
         /// get_first_buffer_address(segment_name) -> int: the address of the segment's first
         /// registered buffer, or 0 if it cannot be opened or has none.
         fn get_first_buffer_address(&self, py: Python<'_>, segment_name: &str) -> u64 {
-            crescent_ffi::clear_last_error();
-            let Some(engine) = self.engine() else {
-                Self::not_initialized("get_first_buffer_address");
-                return 0;
-            };
-            let r = py.detach(|| engine.open_segment(segment_name).and_then(|id| engine.segment_descriptor(id)));
-            match r {
-                Ok(d) => d.buffers.first().map_or(0, |b| b.addr),
-                Err(e) => {
-                    failed(&e);
-                    0
+            self.with_engine("get_first_buffer_address", |_| 0, |engine| {
+                let r = py.detach(|| engine.open_segment(segment_name).and_then(|id| engine.segment_descriptor(id)));
+                match r {
+                    Ok(d) => d.buffers.first().map_or(0, |b| b.addr),
+                    Err(e) => {
+                        failed(&e);
+                        0
+                    }
                 }
-            }
+            })
         }
 
         /// write_bytes_to_buffer(buffer_addr, src, length) -> int: copies `length` bytes of `src`
@@ -454,31 +459,28 @@ pymethods_with_twins! {
         /// read_bytes_from_buffer(buffer_addr, length) -> bytes: a copy of local registered memory
         /// (device memory through its driver; empty bytes outside registered memory).
         fn read_bytes_from_buffer<'py>(&self, py: Python<'py>, buffer_addr: u64, length: u64) -> Bound<'py, PyBytes> {
-            crescent_ffi::clear_last_error();
-            let Some(engine) = self.engine() else {
-                Self::not_initialized("read_bytes_from_buffer");
-                return PyBytes::new(py, &[]);
-            };
-            if length == 0 || !engine.is_registered(buffer_addr, length) {
-                te(TeCode::InvalidArgument, format!("[{buffer_addr:#x}, +{length}) is not registered memory"));
-                return PyBytes::new(py, &[]);
-            }
-            if let Some(device) = engine.local_device_memory(buffer_addr, length) {
-                // Device memory: copied out by its driver (the CPU cannot touch it).
-                let mut out = vec![0u8; length as usize];
-                let to = out.as_mut_ptr() as u64;
-                return match py.detach(|| device.driver.copy(device.allocation.device, to, buffer_addr, length)) {
-                    Ok(()) => PyBytes::new(py, &out),
-                    Err(e) => {
-                        te_engine_fail(&e.into());
-                        PyBytes::new(py, &[])
-                    }
-                };
-            }
-            // SAFETY: the range lies inside memory registered with this engine (valid while
-            // registered); it is copied out at once.
-            let bytes = unsafe { std::slice::from_raw_parts(buffer_addr as *const u8, length as usize) };
-            PyBytes::new(py, bytes)
+            self.with_engine("read_bytes_from_buffer", |_| PyBytes::new(py, &[]), |engine| {
+                if length == 0 || !engine.is_registered(buffer_addr, length) {
+                    te(TeCode::InvalidArgument, format!("[{buffer_addr:#x}, +{length}) is not registered memory"));
+                    return PyBytes::new(py, &[]);
+                }
+                if let Some(device) = engine.local_device_memory(buffer_addr, length) {
+                    // Device memory: copied out by its driver (the CPU cannot touch it).
+                    let mut out = vec![0u8; length as usize];
+                    let to = out.as_mut_ptr() as u64;
+                    return match py.detach(|| device.driver.copy(device.allocation.device, to, buffer_addr, length)) {
+                        Ok(()) => PyBytes::new(py, &out),
+                        Err(e) => {
+                            te_engine_fail(&e.into());
+                            PyBytes::new(py, &[])
+                        }
+                    };
+                }
+                // SAFETY: the range lies inside memory registered with this engine (valid while
+                // registered); it is copied out at once.
+                let bytes = unsafe { std::slice::from_raw_parts(buffer_addr as *const u8, length as usize) };
+                PyBytes::new(py, bytes)
+            })
         }
 
         /// get_notifies() -> list[TransferNotify]: the notifications received since the last
@@ -501,12 +503,12 @@ pymethods_with_twins! {
         /// send_probe(peer_server_name) -> int: 0 if the peer's engine answers, else a negative
         /// code (-200 unknown to the metadata service, -102 unreachable, -1 a bad name).
         fn send_probe(&self, py: Python<'_>, peer_server_name: &str) -> i32 {
-            crescent_ffi::clear_last_error();
-            let Some(engine) = self.engine() else { return Self::not_initialized("send_probe") };
-            match py.detach(|| engine.probe(peer_server_name)) {
-                Ok(()) => 0,
-                Err(e) => te_engine_fail(&e).code(),
-            }
+            self.with_engine("send_probe", |code| code, |engine| {
+                match py.detach(|| engine.probe(peer_server_name)) {
+                    Ok(()) => 0,
+                    Err(e) => te_engine_fail(&e).code(),
+                }
+            })
         }
 
         /// warmup_efa_segment(segment_name) -> int: 0 (there is no EFA transport, as in upstream
