@@ -78,24 +78,24 @@ fn segment_unset(what: &str) -> i32 {
 }
 
 /// The dict the mounting methods answer: `{"ret": 0 or a code, "segment_ids": [...]}`, and
-/// `"allocated_size"` (0 on a failure) for the segments the client allocated; `mounted` is
-/// None before setup.
+/// with `sized` (the segments the client allocated) `"allocated_size"`, 0 on a failure;
+/// `mounted` is None before setup.
 fn mounted_reply<'py>(
     py: Python<'py>,
     what: &str,
-    mounted: Option<crescent_ffi::store::Result<(Vec<String>, Option<u64>)>>,
+    mounted: Option<crescent_ffi::store::Result<(Vec<String>, u64)>>,
+    sized: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let allocating = what == "allocate_and_mount_segment";
     let (ret, ids, allocated) = match mounted {
-        None => (segment_unset(what), Vec::new(), None),
+        None => (segment_unset(what), Vec::new(), 0),
         Some(Ok((ids, allocated))) => (0, ids, allocated),
-        Some(Err(e)) => (segment_code(&e), Vec::new(), None),
+        Some(Err(e)) => (segment_code(&e), Vec::new(), 0),
     };
     let out = PyDict::new(py);
     out.set_item("ret", ret)?;
     out.set_item("segment_ids", ids)?;
-    if allocating {
-        out.set_item("allocated_size", allocated.unwrap_or(0))?;
+    if sized {
+        out.set_item("allocated_size", allocated)?;
     }
     Ok(out)
 }
@@ -344,7 +344,7 @@ pymethods_with_twins! {
             let _ = protocol;
             let path = std::path::Path::new(&path);
             let mounted = self.client().map(|c| py.detach(|| c.mount_segment(path, offset, size, &location)));
-            mounted_reply(py, "mount_segment", mounted.map(|r| r.map(|ids| (ids, None))))
+            mounted_reply(py, "mount_segment", mounted.map(|r| r.map(|ids| (ids, 0))), false)
         }
 
         /// allocate_and_mount_segment(size, protocol="tcp", location="") -> dict: allocates `size`
@@ -357,8 +357,7 @@ pymethods_with_twins! {
         ) -> PyResult<Bound<'py, PyDict>> {
             let _ = protocol;
             let mounted = self.client().map(|c| py.detach(|| c.allocate_and_mount_segment(size, &location)));
-            let mounted = mounted.map(|r| r.map(|(ids, allocated)| (ids, Some(allocated))));
-            mounted_reply(py, "allocate_and_mount_segment", mounted)
+            mounted_reply(py, "allocate_and_mount_segment", mounted, true)
         }
 
         /// unmount_segment(segment_ids, grace_period_seconds=0) -> int: unmounts segments that
