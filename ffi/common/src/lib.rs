@@ -10,10 +10,12 @@
 //!   engine's C and Python interfaces;
 //! * [`methods`]: the table of the store methods of both bindings (a row per method: its ops
 //!   and its return shape) and the one function that runs a row;
+//! * [`raw`]: the C interfaces' calls run with panics caught, and their raw arrays checked;
 //! * [`init_logging`]: `tracing` to stderr for a process that embeds Crescent.
 
 mod codes;
 pub mod methods;
+pub mod raw;
 mod replicate;
 mod setup;
 mod te_codes;

@@ -1,6 +1,7 @@
-//! The one preamble of the `Store` methods that are rows of `crescent_ffi::methods`: the last
-//! error cleared, the set-up check (and the local buffer's, for the byte calls), the put
-//! options, the GIL released while the ops run, and the answer shaped as the row says.
+//! The one preamble of the `Store` methods (`with_client`, `detached` for those outside the
+//! table); for the rows of `crescent_ffi::methods`: the last error cleared, the set-up check
+//! (and the local buffer's, for the byte calls), the put options, the GIL released while the
+//! ops run, and the answer shaped as the row says.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::StoreApi;
 use crescent_ffi::Status;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyTuple};
 
 use crate::mem::*;
 use crate::store::Store;
@@ -137,13 +138,70 @@ impl Call<'_, '_> {
     }
 }
 
+impl Call<'_, '_> {
+    /// `put`, `upsert`: a value of plain bytes (any buffer object).
+    pub(crate) fn bytes(
+        &self,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Answer> {
+        let value = Exported::new(value, false)?;
+        self.run(1, config, |_| Ok(Ok(vec![Ok(self.op(key, OpMem::Bytes(value.bytes()), false))])))
+    }
+
+    /// `put_batch`, `upsert_batch`: values of plain bytes.
+    pub(crate) fn bytes_each(
+        &self,
+        keys: &[String],
+        values: &Bound<'_, PyAny>,
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Answer> {
+        let values = exported_values(values)?;
+        self.run(keys.len(), config, |_| {
+            if values.len() != keys.len() {
+                let message = format!("{}: {} keys but {} values", self.m.name, keys.len(), values.len());
+                return Ok(Err(status(invalid(message))));
+            }
+            Ok(Ok(keys.iter().zip(&values).map(|(k, v)| Ok(self.op(k, OpMem::Bytes(v.bytes()), false))).collect()))
+        })
+    }
+
+    /// `put_parts`, `upsert_parts`: a value of plain bytes in parts.
+    pub(crate) fn parts(
+        &self,
+        key: &str,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Answer> {
+        let parts: Vec<Exported> = parts.iter().map(|p| Exported::new(&p, false)).collect::<PyResult<_>>()?;
+        let slices: Vec<&[u8]> = parts.iter().map(Exported::bytes).collect();
+        self.run(1, config, |_| Ok(Ok(vec![Ok(self.op(key, OpMem::Parts(slices), false))])))
+    }
+
+    /// `batch_put_from_multi_buffers`, `batch_get_into_multi_buffers`: see [`multi_buffer_ops`].
+    pub(crate) fn multi_buffers(
+        &self,
+        keys: &[String],
+        all_buffer_ptrs: &Bound<'_, PyAny>,
+        all_sizes: &[Vec<u64>],
+        config: Option<&PyReplicateConfig>,
+    ) -> PyResult<Answer> {
+        let mut keep = Vec::new();
+        let writable = self.m.kind == OpKind::Get;
+        self.run(keys.len(), config, |client| {
+            multi_buffer_ops(self, client, keys, all_buffer_ptrs, all_sizes, writable, &mut keep)
+        })
+    }
+}
+
 /// The ops of a multi-buffer call (`batch_put_from_multi_buffers`,
 /// `batch_get_into_multi_buffers`): key `i`'s value is the concatenation of its buffers
 /// `all_buffer_ptrs[i]` of `all_sizes[i]` bytes (kept exported in `keep`). Lists of other
 /// lengths refuse every key with INVALID_PARAMS (a put's also when one key's buffers and sizes
 /// differ in number); memory that is not registered, a key's buffers and sizes of other
 /// numbers (a get), or no bytes to put refuse that key alone.
-pub(crate) fn multi_buffer_ops<'a>(
+fn multi_buffer_ops<'a>(
     c: &Call<'_, '_>,
     client: &dyn StoreApi,
     keys: &'a [String],
@@ -195,6 +253,28 @@ impl Store {
         self.client.read().clone()
     }
 
+    /// The preamble of the methods outside the table that need the client, written once: the
+    /// last error cleared, then `f` with the client; before setup (or after close) the refusal
+    /// recorded for `what` and `T::default()` (`[]` or `{}`, Mooncake's answers).
+    pub(crate) fn with_client<T: Default>(&self, what: &str, f: impl FnOnce(Arc<dyn StoreApi>) -> T) -> T {
+        crescent_ffi::clear_last_error();
+        match self.client() {
+            Some(client) => f(client),
+            None => {
+                not_set_up(what);
+                T::default()
+            }
+        }
+    }
+
+    /// The preamble of the task methods: the last error cleared, then `f` with the client (None
+    /// before setup) and the GIL released.
+    pub(crate) fn detached<T: Send>(&self, py: Python<'_>, f: impl FnOnce(Option<&dyn StoreApi>) -> T + Send) -> T {
+        crescent_ffi::clear_last_error();
+        let client = self.client();
+        py.detach(|| f(client.as_deref()))
+    }
+
     /// The client, for a call that moves bytes through the local buffer.
     pub(crate) fn byte_client(&self, what: &str) -> Result<Arc<dyn StoreApi>, i32> {
         let client = self.client().ok_or_else(|| not_set_up(what))?;
@@ -205,65 +285,6 @@ impl Store {
             )));
         }
         Ok(client)
-    }
-
-    /// `put`, `upsert`: a value of plain bytes (any buffer object).
-    pub(crate) fn put_bytes(
-        &self,
-        py: Python<'_>,
-        m: &'static Method,
-        key: &str,
-        value: &Bound<'_, PyAny>,
-        config: Option<&PyReplicateConfig>,
-    ) -> PyResult<i64> {
-        let answer = self.call(py, m, |c| {
-            let value = Exported::new(value, false)?;
-            c.run(1, config, |_| Ok(Ok(vec![Ok(c.op(key, OpMem::Bytes(value.bytes()), false))])))
-        })?;
-        Ok(answer.int(m))
-    }
-
-    /// `put_batch`, `upsert_batch`: values of plain bytes; 0 or the first error.
-    pub(crate) fn put_bytes_each(
-        &self,
-        py: Python<'_>,
-        m: &'static Method,
-        keys: Vec<String>,
-        values: &Bound<'_, PyAny>,
-        config: Option<&PyReplicateConfig>,
-    ) -> PyResult<i64> {
-        let answer = self.call(py, m, |c| {
-            let values = exported_values(values)?;
-            c.run(keys.len(), config, |_| {
-                if values.len() != keys.len() {
-                    return Ok(Err(status(invalid(format!(
-                        "{}: {} keys but {} values",
-                        m.name,
-                        keys.len(),
-                        values.len()
-                    )))));
-                }
-                Ok(Ok(keys.iter().zip(&values).map(|(k, v)| Ok(c.op(k, OpMem::Bytes(v.bytes()), false))).collect()))
-            })
-        })?;
-        Ok(answer.int(m))
-    }
-
-    /// `put_parts`, `upsert_parts`: a value of plain bytes in parts.
-    pub(crate) fn put_parts_of(
-        &self,
-        py: Python<'_>,
-        m: &'static Method,
-        key: &str,
-        parts: &Bound<'_, pyo3::types::PyTuple>,
-        config: Option<&PyReplicateConfig>,
-    ) -> PyResult<i64> {
-        let answer = self.call(py, m, |c| {
-            let parts: Vec<Exported> = parts.iter().map(|p| Exported::new(&p, false)).collect::<PyResult<_>>()?;
-            let slices: Vec<&[u8]> = parts.iter().map(Exported::bytes).collect();
-            c.run(1, config, |_| Ok(Ok(vec![Ok(c.op(key, OpMem::Parts(slices), false))])))
-        })?;
-        Ok(answer.int(m))
     }
 
     /// `get_buffer`, `batch_get_buffer`: values held in the client's memory, None where a get

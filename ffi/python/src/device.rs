@@ -15,12 +15,12 @@ const CAI: &str = "__cuda_array_interface__";
 /// A DLPack capsule not consumed yet (the legacy, unversioned `DLManagedTensor`).
 const DLTENSOR: &CStr = c"dltensor";
 
-/// DLPack's device types Crescent takes: memory the engine can register (host memory, or a
-/// CUDA device's, pinned or managed memory).
-const DL_CPU: i32 = 1;
+/// DLPack's CUDA device type (`kDLCUDA`): memory of a CUDA device.
 const DL_CUDA: i32 = 2;
-const DL_CUDA_HOST: i32 = 3;
-const DL_CUDA_MANAGED: i32 = 13;
+/// DLPack's device types Crescent takes: memory the engine can register — host memory
+/// (`kDLCPU`, 1), a CUDA device's (`kDLCUDA`), pinned (`kDLCUDAHost`, 3) or managed
+/// (`kDLCUDAManaged`, 13) memory.
+const DL_REGISTRABLE: [i32; 4] = [1, DL_CUDA, 3, 13];
 
 /// `DLDevice`.
 #[repr(C)]
@@ -135,7 +135,7 @@ pub(crate) fn from_dlpack(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option
             .call_method0("__dlpack_device__")?
             .extract()
             .map_err(|_| bad("__dlpack_device__() is not a (type, id) tuple".into()))?;
-        if ![DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED].contains(&device_type) {
+        if !DL_REGISTRABLE.contains(&device_type) {
             return Err(bad(format!(
                 "device type {device_type} is not host or CUDA memory (DLPack types 1, 2, 3 and 13 are taken)"
             )));
@@ -155,7 +155,7 @@ pub(crate) fn from_dlpack(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option
     }
     // SAFETY: `DLManagedTensor` begins with its `DLTensor`, which the producer filled in.
     let t = unsafe { &*tensor.cast::<DlTensor>() };
-    if ![DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED].contains(&t.device.device_type) {
+    if !DL_REGISTRABLE.contains(&t.device.device_type) {
         return Err(bad(format!("device type {} is not host or CUDA memory", t.device.device_type)));
     }
     let ndim = usize::try_from(t.ndim).map_err(|_| bad(format!("ndim {}", t.ndim)))?;

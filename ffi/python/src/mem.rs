@@ -334,20 +334,11 @@ pub(crate) fn key_pieces(
 ) -> PyResult<Result<Vec<Piece>, i32>> {
     let mut pieces = Vec::with_capacity(ptrs.len());
     for (j, (obj, &size)) in ptrs.iter().zip(sizes).enumerate() {
-        let (mem, len) = match store_mem(obj, Some(size), writable, &format!("{key:?}: buffer {j}"))? {
-            Ok(m) => m,
+        match registered(client, obj, size, writable, keep, &format!("{key:?}: buffer {j}"))? {
+            Ok((_, 0)) => {}
+            Ok((addr, len)) => pieces.push(Piece::new(addr, len)),
             Err(code) => return Ok(Err(code)),
-        };
-        if len > 0 {
-            if !client.is_registered(mem.addr(), len) {
-                return Ok(Err(invalid(format!(
-                    "{key:?}: buffer {j} [{:#x}, +{len}) is not registered memory (register_buffer first)",
-                    mem.addr()
-                ))));
-            }
-            pieces.push(Piece::new(mem.addr(), len));
         }
-        keep.push(mem);
     }
     Ok(Ok(pieces))
 }
@@ -378,20 +369,36 @@ pub(crate) fn key_ranges(
     }
     let mut extents = Vec::with_capacity(ptrs.len());
     for (j, obj) in ptrs.iter().enumerate() {
-        let (mem, len) = match store_mem(obj, Some(sizes[j]), writable, &format!("{what}: {key:?}: buffer {j}"))? {
-            Ok(m) => m,
+        match registered(client, obj, sizes[j], writable, keep, &format!("{what}: {key:?}: buffer {j}"))? {
+            Ok((_, 0)) => {}
+            Ok((addr, len)) => extents.push(Extent { offset: offsets[j], addr, len }),
             Err(code) => return Ok(Err(code)),
-        };
-        if len > 0 {
-            if !client.is_registered(mem.addr(), len) {
-                return Ok(Err(invalid(format!(
-                    "{what}: {key:?}: buffer {j} [{:#x}, +{len}) is not registered memory (register_buffer first)",
-                    mem.addr()
-                ))));
-            }
-            extents.push(Extent { offset: offsets[j], addr: mem.addr(), len });
         }
-        keep.push(mem);
     }
     Ok(Ok(extents))
+}
+
+/// Buffer `label` of a key (an int address or a buffer object, kept exported in `keep` once
+/// accepted) of `size` bytes: its address and length. A size larger than a buffer object, or
+/// memory that is not registered, refuses the key with INVALID_PARAMS; an empty buffer is
+/// accepted as it is.
+fn registered(
+    client: &dyn StoreApi,
+    obj: &Bound<'_, PyAny>,
+    size: u64,
+    writable: bool,
+    keep: &mut Vec<Mem>,
+    label: &str,
+) -> PyResult<Result<(u64, u64), i32>> {
+    let (mem, len) = match store_mem(obj, Some(size), writable, label)? {
+        Ok(m) => m,
+        Err(code) => return Ok(Err(code)),
+    };
+    let addr = mem.addr();
+    if len > 0 && !client.is_registered(addr, len) {
+        let message = format!("{label} [{addr:#x}, +{len}) is not registered memory (register_buffer first)");
+        return Ok(Err(invalid(message)));
+    }
+    keep.push(mem);
+    Ok(Ok((addr, len)))
 }

@@ -1,12 +1,8 @@
-//! The ranged calls: the session calls' preamble, their ranges checked per key, and
-//! `get_into_ranges`'s reads of ranges of many values.
+//! The ranged session calls: their preamble and their ranges checked per key.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
+use crescent_ffi::session_fail;
 use crescent_ffi::store::client::Extent;
-use crescent_ffi::store::{Result as StoreResult, StoreApi};
-use crescent_ffi::{session_fail, store_fail};
+use crescent_ffi::store::StoreApi;
 use pyo3::prelude::*;
 
 use crate::mem::*;
@@ -18,11 +14,11 @@ pub(crate) type SessionRanges = (Vec<Result<u64, i32>>, Vec<Vec<Extent>>);
 
 /// The arguments of a ranged session call: per key, its buffers (int addresses or buffer
 /// objects), their sizes and their offsets in the value.
-pub(crate) struct Ranges<'a, 'py> {
-    pub(crate) keys: &'a [String],
-    pub(crate) buffers: &'a Bound<'py, PyAny>,
-    pub(crate) sizes: &'a [Vec<u64>],
-    pub(crate) offsets: &'a [Vec<u64>],
+struct Ranges<'a, 'py> {
+    keys: &'a [String],
+    buffers: &'a Bound<'py, PyAny>,
+    sizes: &'a [Vec<u64>],
+    offsets: &'a [Vec<u64>],
 }
 
 /// The ranges of a ranged session call, checked per key (see [`key_ranges`]); lists of other
@@ -56,43 +52,39 @@ fn checked_ranges(
     Ok((results, ranges))
 }
 
-/// The per-key results of a session's ranged transfer of many keys.
-type RangedResults = StoreResult<Vec<StoreResult<u64>>>;
-
 impl Store {
-    /// The preamble of the session calls: the last error cleared; before set-up the refusal
-    /// recorded and no result (`[]`, Mooncake's answer).
-    pub(crate) fn session<T>(&self, what: &str, f: impl FnOnce(Arc<dyn StoreApi>) -> Vec<T>) -> Vec<T> {
-        crescent_ffi::clear_last_error();
-        let Some(client) = self.client() else {
-            not_set_up(what);
-            return Vec::new();
-        };
-        f(client)
-    }
-
-    /// A ranged session call: the ranges checked per key (buffers written when `writable`),
-    /// then `transfer` of the keys not refused, with the GIL released. Bytes moved per key, or
-    /// a negative code.
+    /// A ranged session call, `batch_get_into_multi_buffer_ranges` (`get`) or
+    /// `batch_put_from_multi_buffer_ranges`: per key `i`, `sizes[i][j]` bytes at
+    /// `offsets[i][j]` of the value, to or from `buffers[i][j]`. The ranges checked per key
+    /// (buffers written for a get), then the transfer of the keys not refused, with the GIL
+    /// released. Bytes moved per key, or a negative code.
     pub(crate) fn session_ranges(
         &self,
         py: Python<'_>,
-        what: &str,
-        args: Ranges<'_, '_>,
-        writable: bool,
-        transfer: impl FnOnce(&dyn StoreApi, &[String], &[&[Extent]]) -> RangedResults + Send,
+        keys: &[String],
+        buffers: &Bound<'_, PyAny>,
+        sizes: &[Vec<u64>],
+        offsets: &[Vec<u64>],
+        get: bool,
     ) -> PyResult<Vec<i64>> {
+        let what = if get { "batch_get_into_multi_buffer_ranges" } else { "batch_put_from_multi_buffer_ranges" };
+        let args = Ranges { keys, buffers, sizes, offsets };
         crescent_ffi::clear_last_error();
         let Some(client) = self.client() else {
             not_set_up(what);
             return Ok(Vec::new());
         };
         let mut keep = Vec::new();
-        let (mut results, ranges) = checked_ranges(&*client, what, &args, writable, &mut keep)?;
+        let (mut results, ranges) = checked_ranges(&*client, what, &args, get, &mut keep)?;
         py.detach(|| {
             on_accepted(&mut results, args.keys, ranges, |keys, ranges| {
                 let refs: Vec<&[Extent]> = ranges.iter().map(|r| &r[..]).collect();
-                let codes = session_codes(transfer(&*client, keys, &refs), keys.len(), |n| n as i64);
+                let moved = if get {
+                    client.batch_get_into_session_ranges(keys, &refs)
+                } else {
+                    client.batch_put_from_session_ranges(keys, &refs)
+                };
+                let codes = session_codes(moved, keys.len(), |n| n as i64);
                 codes.into_iter().map(|c| if c < 0 { Err(c as i32) } else { Ok(c as u64) }).collect()
             })
         });
@@ -130,78 +122,4 @@ pub(crate) fn on_accepted<T, V>(
     for (&i, r) in accepted.iter().zip(call(&sub_keys, &sub_values)) {
         results[i] = r;
     }
-}
-
-/// A key's ranges in `get_into_ranges`, each with where its result goes (buffer, key, range).
-pub(crate) type KeyRanges = Vec<(Extent, (usize, usize, usize))>;
-
-/// The ranged reads of `get_into_ranges`: the keys `wanted` (by slot) with their ranges, one
-/// batch. A range past the end of its value fails alone: the key's other ranges are read
-/// again without it (the value's size comes with the refusal). Per key, a result per range.
-pub(crate) fn ranged_reads(
-    client: &dyn StoreApi,
-    keys: &[String],
-    ranges: &[KeyRanges],
-    wanted: &[usize],
-) -> Vec<(usize, Vec<Result<(), i32>>)> {
-    use crescent_ffi::store::StoreError;
-    // Per slot: Ok, or the code and, for a range past the end, the value's size.
-    let read = |slots: &[usize], keep: &dyn Fn(usize, &Extent) -> bool| -> Vec<Result<(), (i32, Option<u64>)>> {
-        let ks: Vec<String> = slots.iter().map(|&s| keys[s].clone()).collect();
-        let extents: Vec<Vec<Extent>> =
-            slots.iter().map(|&s| ranges[s].iter().map(|(e, _)| *e).filter(|e| keep(s, e)).collect()).collect();
-        let refs: Vec<&[Extent]> = extents.iter().map(|e| &e[..]).collect();
-        let fail = |e: &StoreError| {
-            let size = match e {
-                StoreError::BadRange { size, .. } => Some(*size),
-                _ => None,
-            };
-            (store_fail(e).code(), size)
-        };
-        match client.batch_get_into_ranges(&ks, &refs) {
-            Ok(rs) => rs.into_iter().map(|r| r.map(|_| ()).map_err(|e| fail(&e))).collect(),
-            Err(e) => {
-                let f = fail(&e);
-                slots.iter().map(|_| Err((f.0, None))).collect()
-            }
-        }
-    };
-    let mut out: Vec<(usize, Vec<Result<(), i32>>)> = Vec::with_capacity(wanted.len());
-    let mut sizes: HashMap<usize, u64> = HashMap::new();
-    for (&slot, r) in wanted.iter().zip(read(wanted, &|_, _| true)) {
-        match r {
-            Err((_, Some(size))) => {
-                sizes.insert(slot, size);
-            }
-            r => out.push((slot, vec![r.map_err(|(code, _)| code); ranges[slot].len()])),
-        }
-    }
-    if sizes.is_empty() {
-        return out;
-    }
-    let inside = |size: u64, e: &Extent| e.offset.checked_add(e.len).is_some_and(|end| end <= size);
-    let again: Vec<usize> = wanted.iter().copied().filter(|s| sizes.contains_key(s)).collect();
-    // Keys with no range inside their value are not read again.
-    let some_inside = |s: usize| ranges[s].iter().any(|(e, _)| inside(sizes[&s], e));
-    let reread: Vec<usize> = again.iter().copied().filter(|&s| some_inside(s)).collect();
-    let mut second = read(&reread, &|s, e| inside(sizes[&s], e)).into_iter();
-    for &slot in &again {
-        let size = sizes[&slot];
-        let code = if some_inside(slot) { second.next().unwrap_or(Ok(())).map_err(|(code, _)| code) } else { Ok(()) };
-        let per_range = ranges[slot]
-            .iter()
-            .map(|(e, _)| {
-                if inside(size, e) {
-                    code
-                } else {
-                    Err(invalid(format!(
-                        "get_into_ranges: {:?}: range [{}, +{}) is past the end of the value ({size} bytes)",
-                        keys[slot], e.offset, e.len
-                    )))
-                }
-            })
-            .collect();
-        out.push((slot, per_range));
-    }
-    out
 }

@@ -1,4 +1,5 @@
-//! Replica tasks in Python: Mooncake's `TaskType`, `TaskStatus` and `QueryTaskResponse`, and
+//! Replica tasks in Python: Mooncake's `QueryTaskResponse` (`TaskType` and `TaskStatus` are in
+//! `enums.rs`), and
 //! the store methods `create_copy_task`, `create_move_task`, `query_task` and
 //! `batch_replica_clear` (their bodies; `store.rs` holds their signatures).
 
@@ -7,27 +8,8 @@ use crescent_ffi::store::StoreApi;
 use crescent_ffi::store_fail;
 use pyo3::prelude::*;
 
+use crate::enums::{PyTaskStatus, PyTaskType};
 use crate::not_set_up;
-
-/// TaskType of a replica task (Mooncake's values).
-#[pyclass(module = "crescent._crescent", name = "TaskType", eq, eq_int, frozen, hash, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(clippy::upper_case_acronyms, non_camel_case_types)]
-pub(crate) enum PyTaskType {
-    REPLICA_COPY = 0,
-    REPLICA_MOVE = 1,
-}
-
-/// TaskStatus of a replica task (Mooncake's values: FAILED is 2, SUCCESS 3).
-#[pyclass(module = "crescent._crescent", name = "TaskStatus", eq, eq_int, frozen, hash, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(clippy::upper_case_acronyms)]
-pub(crate) enum PyTaskStatus {
-    PENDING = 0,
-    PROCESSING = 1,
-    FAILED = 2,
-    SUCCESS = 3,
-}
 
 /// QueryTaskResponse: a task's `id`, `type`, `status`, `created_at_ms_epoch`,
 /// `last_updated_at_ms_epoch`, `assigned_client` and `message`, as `query_task` returns them.

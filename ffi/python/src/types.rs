@@ -1,5 +1,5 @@
-//! The small Python types of the store: Mooncake's enums, replica descriptors, `BufferHandle`
-//! and `ReplicateConfig`.
+//! The small Python types of the store: replica descriptors, `BufferHandle` and
+//! `ReplicateConfig` (Mooncake's enums are in `enums.rs`).
 
 use crescent_ffi::store::proto::PutOptions;
 use crescent_ffi::store::{HeldBuffer, StoreApi};
@@ -7,19 +7,10 @@ use crescent_ffi::{store_fail, SoftPinAction};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::enums::{PyObjectDataType, PyReplicaStatus, PySoftPinAction};
 use crate::invalid;
 
-// ---- enums and descriptor types ----
-
-/// SoftPinAction: what a put or upsert does to the object's soft pin (Mooncake's values).
-#[pyclass(module = "crescent._crescent", name = "SoftPinAction", eq, eq_int, frozen, hash, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(clippy::upper_case_acronyms)]
-pub(crate) enum PySoftPinAction {
-    PRESERVE = 0,
-    ENABLE = 1,
-    DISABLE = 2,
-}
+// ---- descriptor types ----
 
 impl From<PySoftPinAction> for SoftPinAction {
     fn from(a: PySoftPinAction) -> Self {
@@ -29,37 +20,6 @@ impl From<PySoftPinAction> for SoftPinAction {
             PySoftPinAction::DISABLE => SoftPinAction::Disable,
         }
     }
-}
-
-/// ObjectDataType: Mooncake's classification of a value (accepted in `ReplicateConfig`; it
-/// does not change where or how Crescent stores it).
-#[pyclass(module = "crescent._crescent", name = "ObjectDataType", eq, eq_int, frozen, hash, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(clippy::upper_case_acronyms, non_camel_case_types)]
-pub(crate) enum PyObjectDataType {
-    UNKNOWN = 0,
-    KVCACHE = 1,
-    TENSOR = 2,
-    WEIGHT = 3,
-    SAMPLE = 4,
-    ACTIVATION = 5,
-    GRADIENT = 6,
-    OPTIMIZER_STATE = 7,
-    METADATA = 8,
-    GENERAL = 9,
-}
-
-/// ReplicaStatus of a replica descriptor (Mooncake's values).
-#[pyclass(module = "crescent._crescent", name = "ReplicaStatus", eq, eq_int, frozen, hash, from_py_object)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(clippy::upper_case_acronyms)]
-pub(crate) enum PyReplicaStatus {
-    UNDEFINED = 0,
-    INITIALIZED = 1,
-    PROCESSING = 2,
-    COMPLETE = 3,
-    REMOVED = 4,
-    FAILED = 5,
 }
 
 /// Descriptor: where a memory replica's bytes are — `size`, `buffer_address` (in its

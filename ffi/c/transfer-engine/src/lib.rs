@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Once};
 
@@ -22,7 +21,7 @@ use crescent_ffi::engine::{
     handshake, BatchId, EngineConfig, EngineError, Notification, Opcode, SegmentId, TransferEngine, TransferRequest,
     TransferStatus, TransportKind, P2P_HANDSHAKE,
 };
-use crescent_ffi::{te_code, TeCode};
+use crescent_ffi::{raw, te_code, TeCode};
 use parking_lot::{Mutex, RwLock};
 
 pub type segment_id_t = i32;
@@ -140,18 +139,10 @@ fn invalid(message: impl std::fmt::Display) -> Failure {
 /// Runs `f` for the C function `what`: a failure (or a panic) is logged and turned into
 /// `on_error(code)`.
 fn call<T>(what: &str, on_error: impl Fn(TeCode) -> T, f: impl FnOnce() -> Result<T, Failure>) -> T {
-    crescent_ffi::clear_last_error();
-    let failure = match catch_unwind(AssertUnwindSafe(f)) {
+    let failure = match raw::guarded(f) {
         Ok(Ok(v)) => return v,
         Ok(Err(failure)) => failure,
-        Err(panic) => {
-            let text = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Failure::new(TeCode::InvalidArgument, format!("internal error (panic): {text}"))
-        }
+        Err(message) => Failure::new(TeCode::InvalidArgument, message),
     };
     tracing::warn!("{what}: {}", failure.message);
     crescent_ffi::set_last_error(&failure.message);
@@ -197,17 +188,8 @@ unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, Failure> {
 /// # Safety
 /// `p` points to `count` initialised elements valid for the call.
 unsafe fn array<'a, T>(p: *const T, count: usize, what: &str) -> Result<&'a [T], Failure> {
-    if count == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return Err(invalid(format!("{what} is NULL")));
-    }
-    if count.checked_mul(size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
-        return Err(invalid(format!("{what}: {count} elements is too many")));
-    }
-    // SAFETY: non-NULL, `count` elements per the caller's contract, size checked above.
-    Ok(unsafe { std::slice::from_raw_parts(p, count) })
+    // SAFETY: forwarded contract.
+    unsafe { raw::slice(p, count) }.map_err(|e| invalid(e.message(what, "NULL")))
 }
 
 /// A notification's two strings (bytes up to their NUL).
