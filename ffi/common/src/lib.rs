@@ -104,19 +104,7 @@ pub fn engine_fail(e: &crescent_engine::EngineError) -> Status {
 /// library should stay quiet inside its host's output).
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // `RUST_LOG`, else Mooncake's `MC_LOG_LEVEL`, else `warn`.
-        let (directives, warning) = crescent_engine::env_vars::log_filter_or("warn");
-        let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| "warn".into());
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_writer(std::io::stderr)
-            .try_init();
-        if let Some(w) = warning {
-            tracing::warn!("{w}");
-        }
-    });
+    ONCE.call_once(crescent_store::init_tool_logging);
 }
 
 #[cfg(test)]

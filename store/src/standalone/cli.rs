@@ -14,7 +14,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use super::{Access, StandaloneServer};
 use crate::client::config::parse_protocol;
 use crate::client::dummy::frame::{self, Address};
-use crate::master::cli::{gflags_bool, invalid, long_flags, normalize, CliError};
+use crate::master::cli::{bin_name, gflags_bool, invalid, long_flags, normalize, parsed_or_exit, CliError};
 use crate::{ClientConfig, StoreClient};
 
 #[derive(Parser, Debug)]
@@ -192,17 +192,9 @@ fn settings(cli: Cli, mut config: ClientConfig) -> Result<Settings, CliError> {
 /// The binaries' `main`: runs the standalone client until SIGINT/SIGTERM. Exit codes: 0 after
 /// a signal, 2 for a bad command line, 1 when the client cannot start.
 pub fn main() -> ! {
-    let bin = std::env::args().next().unwrap_or_else(|| "crescent-client".into());
-    let bin = std::path::Path::new(&bin).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or(bin);
+    let bin = bin_name("crescent-client");
     crate::logging::init_logging();
-    let settings = match parse(std::env::args_os()) {
-        Ok(s) => s,
-        Err(CliError::Clap(e)) => e.exit(),
-        Err(CliError::Invalid(m)) => {
-            eprintln!("{bin}: error: {m}");
-            std::process::exit(2);
-        }
-    };
+    let settings = parsed_or_exit(&bin, parse(std::env::args_os()));
     if let Err(e) = run(settings) {
         eprintln!("{bin}: error: {e:#}");
         std::process::exit(1);

@@ -567,37 +567,40 @@ fn init_logging(verbosity: Option<i32>) {
         Some(v) if v >= 1 && std::env::var_os("RUST_LOG").is_none() => (default.to_string(), None),
         _ => crescent_engine::env_vars::log_filter_or(default),
     };
-    let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|_| default.into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
-    if let Some(w) = warning {
-        tracing::warn!("{w}");
-    }
+    crate::logging::install(&directives, default, warning);
     crescent_engine::env_vars::check_environment();
 }
 
 /// The binaries' `main`: parses the command line, runs the master until SIGINT/SIGTERM.
 /// Exit codes: 0 after a signal, 2 for a bad command line, 1 when the master cannot start.
 pub fn main() -> ! {
-    let bin = std::env::args().next().unwrap_or_else(|| "crescent-master".into());
-    let bin = Path::new(&bin).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or(bin);
-    let settings = match parse(std::env::args_os()) {
-        Ok(s) => s,
-        Err(CliError::Clap(e)) => e.exit(),
-        Err(CliError::Invalid(m)) => {
-            eprintln!("{bin}: error: {m}");
-            std::process::exit(2);
-        }
-    };
+    let bin = bin_name("crescent-master");
+    let settings = parsed_or_exit(&bin, parse(std::env::args_os()));
     init_logging(settings.verbosity);
     if let Err(e) = run(settings) {
         eprintln!("{bin}: error: {e}");
         std::process::exit(1);
     }
     std::process::exit(0)
+}
+
+/// The name this binary was started under (its file name), else `default`.
+pub(crate) fn bin_name(default: &str) -> String {
+    let bin = std::env::args().next().unwrap_or_else(|| default.into());
+    Path::new(&bin).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or(bin)
+}
+
+/// The parsed command line, or the process ends: clap's own exit for `--help`, `--version`
+/// and its errors, exit code 2 with the message for the others.
+pub(crate) fn parsed_or_exit<S>(bin: &str, parsed: Result<S, CliError>) -> S {
+    match parsed {
+        Ok(s) => s,
+        Err(CliError::Clap(e)) => e.exit(),
+        Err(CliError::Invalid(m)) => {
+            eprintln!("{bin}: error: {m}");
+            std::process::exit(2);
+        }
+    }
 }
 
 fn run(settings: Settings) -> anyhow::Result<()> {
