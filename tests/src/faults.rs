@@ -9,12 +9,12 @@
 //! no more descriptors, threads or memory than before, within a tolerance.
 //! `CRESCENT_FAULT_ROUNDS` (default 1; `ci/faults.sh --long`: 5) repeats each fault.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
-use crate::{workspace_bin, ChildGuard};
+use crate::{lines_of, workspace_bin, ChildGuard};
 
 /// How many times each case applies its fault (`CRESCENT_FAULT_ROUNDS`).
 pub fn rounds() -> usize {
@@ -54,18 +54,6 @@ fn parse_answer(command: &str, line: &str) -> Answer {
         _ => Outcome::Err(w.next().unwrap_or("other").to_string(), w.next().unwrap_or(line).to_string()),
     };
     Answer { outcome, took: Duration::from_millis(ms), command: command.to_string() }
-}
-
-fn lines_of(out: impl std::io::Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 /// A `fault-prober` process (see `tests/src/bin/fault-prober.rs`).

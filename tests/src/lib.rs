@@ -257,3 +257,16 @@ impl BatchLoop {
         self.handle.join().expect("the batch loop panicked")
     }
 }
+
+/// The lines a child process writes to `out`, as they come (the channel ends with them).
+pub fn lines_of(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}

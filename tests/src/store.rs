@@ -1,12 +1,12 @@
 //! Driving store processes: `crescent-master` and `crescent client` (commands on stdin, one
 //! answer line each on stdout).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use crate::{workspace_bin, ChildGuard};
+use crate::{lines_of, workspace_bin, ChildGuard};
 
 /// Starts `crescent-master` (through `prefix`, e.g. `ip netns exec NS`) and returns it with
 /// the address it prints.
@@ -56,18 +56,6 @@ fn command(prefix: &[&str], bin: &str) -> Command {
         }
         None => Command::new(bin),
     }
-}
-
-fn lines_of(out: impl std::io::Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 /// A `crescent client` process.
