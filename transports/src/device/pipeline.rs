@@ -6,7 +6,7 @@
 
 use std::io;
 
-use super::{Copying, DeviceMemory};
+use super::{Bounce, Copying, DeviceMemory};
 
 /// Bytes per chunk.
 pub const CHUNK: u64 = 256 << 10;
@@ -15,6 +15,43 @@ pub const DEPTH: usize = 2;
 
 fn driver_error(e: crate::TransportError) -> io::Error {
     io::Error::other(e)
+}
+
+/// How a move of `len` bytes is cut: `chunks` of [`CHUNK`] bytes (the last shorter), at most
+/// `depth` of them in flight, each in flight in its own bounce buffer (`buffers[i % depth]`).
+struct Stages {
+    len: u64,
+    chunks: u64,
+    depth: usize,
+    /// The copy running into or out of each buffer. Declared before the buffers: fields drop
+    /// in order, so copies still running (after an error) end before their buffers go back
+    /// to the pool.
+    copies: Vec<Option<Copying>>,
+    buffers: Vec<Bounce>,
+}
+
+impl Stages {
+    fn new(memory: &DeviceMemory, len: u64) -> io::Result<Stages> {
+        let chunks = len.div_ceil(CHUNK);
+        let depth = DEPTH.min(chunks as usize);
+        let buffers = (0..depth).map(|_| memory.driver.bounce(CHUNK.min(len))).collect::<Result<Vec<_>, _>>();
+        let buffers = buffers.map_err(driver_error)?;
+        Ok(Stages { len, chunks, depth, copies: (0..depth).map(|_| None).collect(), buffers })
+    }
+
+    /// Chunk `i`'s length.
+    fn chunk_len(&self, i: u64) -> u64 {
+        CHUNK.min(self.len - i * CHUNK)
+    }
+
+    /// Chunk `i`'s buffer slot, once the copy last running through it has ended.
+    fn free_slot(&mut self, i: u64) -> io::Result<usize> {
+        let slot = (i % self.depth as u64) as usize;
+        if let Some(copy) = self.copies[slot].take() {
+            copy.wait().map_err(driver_error)?;
+        }
+        Ok(slot)
+    }
 }
 
 /// Sends the `len` bytes of device memory at `addr` (inside `memory`) with `send`, chunk by
@@ -29,29 +66,19 @@ pub fn send_from_device(
         return Ok(());
     }
     let (driver, device) = (&memory.driver, memory.allocation.device);
-    let chunks = len.div_ceil(CHUNK);
-    let depth = DEPTH.min(chunks as usize);
-    let chunk_len = |i: u64| CHUNK.min(len - i * CHUNK);
-    // Declared before the copies, so that copies still running (an error) end before their
-    // buffers go back to the pool.
-    let buffers = (0..depth).map(|_| driver.bounce(CHUNK.min(len))).collect::<Result<Vec<_>, _>>();
-    let buffers = buffers.map_err(driver_error)?;
-    let mut copies: Vec<Option<Copying>> = (0..depth).map(|_| None).collect();
-    let start = |i: u64| {
-        let b = &buffers[(i % depth as u64) as usize];
-        driver.copy_start(device, b.addr(), addr + i * CHUNK, chunk_len(i)).map_err(driver_error)
+    let mut st = Stages::new(memory, len)?;
+    let start = |st: &Stages, i: u64| {
+        let b = &st.buffers[(i % st.depth as u64) as usize];
+        driver.copy_start(device, b.addr(), addr + i * CHUNK, st.chunk_len(i)).map_err(driver_error)
     };
-    for i in 0..depth as u64 {
-        copies[i as usize] = Some(start(i)?);
+    for i in 0..st.depth as u64 {
+        st.copies[i as usize] = Some(start(&st, i)?);
     }
-    for i in 0..chunks {
-        let slot = (i % depth as u64) as usize;
-        if let Some(copy) = copies[slot].take() {
-            copy.wait().map_err(driver_error)?;
-        }
-        send(buffers[slot].bytes(chunk_len(i)))?;
-        if i + (depth as u64) < chunks {
-            copies[slot] = Some(start(i + depth as u64)?);
+    for i in 0..st.chunks {
+        let slot = st.free_slot(i)?;
+        send(st.buffers[slot].bytes(st.chunk_len(i)))?;
+        if i + (st.depth as u64) < st.chunks {
+            st.copies[slot] = Some(start(&st, i + st.depth as u64)?);
         }
     }
     Ok(())
@@ -70,26 +97,17 @@ pub fn recv_into_device(
         return Ok(());
     }
     let (driver, device) = (&memory.driver, memory.allocation.device);
-    let chunks = len.div_ceil(CHUNK);
-    let depth = DEPTH.min(chunks as usize);
-    let chunk_len = |i: u64| CHUNK.min(len - i * CHUNK);
-    // As in `send_from_device`: the copies end before their buffers are dropped.
-    let buffers = (0..depth).map(|_| driver.bounce(CHUNK.min(len))).collect::<Result<Vec<_>, _>>();
-    let mut buffers = buffers.map_err(driver_error)?;
-    let mut copies: Vec<Option<Copying>> = (0..depth).map(|_| None).collect();
-    for i in 0..chunks {
-        let slot = (i % depth as u64) as usize;
+    let mut st = Stages::new(memory, len)?;
+    for i in 0..st.chunks {
         // The buffer's last copy onto the device must have ended before it is refilled.
-        if let Some(copy) = copies[slot].take() {
-            copy.wait().map_err(driver_error)?;
-        }
-        let n = chunk_len(i);
-        recv(buffers[slot].bytes_mut(n))?;
-        let copy = driver.copy_start(device, addr + i * CHUNK, buffers[slot].addr(), n).map_err(driver_error)?;
-        copies[slot] = Some(copy);
+        let slot = st.free_slot(i)?;
+        let n = st.chunk_len(i);
+        recv(st.buffers[slot].bytes_mut(n))?;
+        let copy = driver.copy_start(device, addr + i * CHUNK, st.buffers[slot].addr(), n).map_err(driver_error)?;
+        st.copies[slot] = Some(copy);
     }
-    for copy in copies.into_iter().flatten() {
-        copy.wait().map_err(driver_error)?;
+    for i in 0..st.depth as u64 {
+        st.free_slot(i)?;
     }
     Ok(())
 }
