@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::objects::{self, SHARDS};
+use super::objects::SHARDS;
 use super::{tenant, Master, Round, State, OBJECT_METADATA_BYTES};
 use crate::error::{Result, StoreError};
 use crate::proto::EventKind;
@@ -202,9 +202,8 @@ impl Master {
     /// first, evicted: (bytes freed, objects), or `None` when nothing is left to take.
     ///
     /// Each shard plans from its least recently used end (a few more than its share of
-    /// `most`), under its lock alone; the plans merge by their objects' last use
-    /// ([`objects::Victim::tick`]) into the globally least recently used, cut where a shard's
-    /// plan stopped early (what it did not list comes after its last victim). Then each shard's
+    /// `most`), under its lock alone; the policy ([`super::eviction`]) merges the plans into
+    /// the globally least recently used ([`super::eviction::EvictionPolicy::choose`]). Then each shard's
     /// chosen objects go under one hold of the shard and the global state, each only if it was
     /// not used, pinned or removed since it was planned. So the order is the one a single
     /// map would give, and a step's cost is its plans' objects, not the store's size.
@@ -224,38 +223,13 @@ impl Master {
         }
         let eligible = |k: &str| tenant.is_none_or(|t| tenant::tenant_of(k) == t);
         let per_shard = (most / SHARDS * 2).clamp(4, most.max(4));
-        let mut candidates: Vec<(usize, objects::Victim)> = Vec::new();
-        // The latest (held, tick) the merge may take: the last victim of a plan that stopped early.
-        let mut bound = (true, u64::MAX);
-        for i in 0..SHARDS {
-            let mut shard = self.shard(i);
-            let plan = shard.eviction_plan(now, target, per_shard, eligible);
-            for key in &plan.parked {
-                shard.touch(key);
-            }
-            drop(shard);
-            if plan.more {
-                if let Some(last) = plan.victims.last() {
-                    bound = bound.min((last.held, last.tick));
-                }
-            }
-            candidates.extend(plan.victims.into_iter().map(|v| (i, v)));
-        }
+        let plans: Vec<_> = (0..SHARDS)
+            .map(|i| (i, self.eviction.plan(&mut self.shard(i), now, target, per_shard, &eligible)))
+            .collect();
+        let candidates = self.eviction.choose(plans, target, most);
         if candidates.is_empty() {
             return None;
         }
-        candidates.sort_unstable_by_key(|(_, v)| (v.held, v.tick));
-        let (mut planned, mut chosen) = (0, 0);
-        for (_, v) in &candidates {
-            if planned >= target || chosen >= most || (v.held, v.tick) > bound {
-                break;
-            }
-            planned += v.bytes;
-            chosen += 1;
-        }
-        candidates.truncate(chosen);
-        // By shard, in the merged order within each (in place: a stable sort allocates).
-        candidates.sort_unstable_by_key(|(i, v)| (*i, v.held, v.tick));
         let (mut freed, mut count) = (0, 0);
         for group in candidates.chunk_by(|a, b| a.0 == b.0) {
             let mut st = self.lock_shard(group[0].0);

@@ -26,6 +26,7 @@ pub mod conn_limit;
 mod core;
 mod disk;
 pub mod events;
+mod eviction;
 mod evictor;
 pub mod fence;
 pub mod ha;
@@ -159,6 +160,8 @@ pub struct Master {
     config: MasterConfig,
     /// Where puts' replicas go: [`MasterConfig::allocation_strategy`]'s allocator.
     allocator: Box<dyn allocation::Allocator>,
+    /// Which objects eviction takes ([`eviction`]).
+    eviction: Box<dyn eviction::EvictionPolicy>,
     /// The objects, by key hash ([`shards`]: the lock order).
     shards: Box<[Mutex<ObjectMap>]>,
     /// Objects in every shard.
@@ -205,6 +208,7 @@ impl Master {
         let master = Arc::new(Master {
             config: config.clone(),
             allocator: allocation::for_strategy(config.allocation_strategy),
+            eviction: Box::new(eviction::Lru),
             shards: (0..SHARDS).map(|_| Mutex::new(ObjectMap::default())).collect(),
             object_count: AtomicU64::new(0),
             key_bytes: AtomicU64::new(0),
