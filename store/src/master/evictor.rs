@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::core::rounds::{self, AfterStep};
 use super::objects::SHARDS;
-use super::{tenant, Master, Round, State, OBJECT_METADATA_BYTES};
+use super::{tenant, Master, State, OBJECT_METADATA_BYTES};
 use crate::error::{Result, StoreError};
 use crate::proto::EventKind;
 
@@ -20,20 +21,8 @@ use crate::proto::EventKind;
 /// calls waiting for a lock go between two holds (a round of 5 % of a million objects is
 /// about 50 000 objects, some 200 steps). Each step takes every shard's lock twice and the
 /// global one once a shard, whatever its size: 64 objects a step made that a cost of each
-/// object. The owners' news of a round go out every [`EVICTION_NEWS_BATCH`] objects.
+/// object. The owners' news of a round go out every [`super::EVICTION_NEWS_BATCH`] objects.
 pub const EVICTION_STEP: usize = 256;
-
-/// Objects an eviction round evicts between two sends of its drops to the same owner (and at
-/// its end): with 64 owners, about 64 drops a message, where sent after each step (one or two
-/// an owner) the messages and their acknowledgements, not the eviction, made the round's cost.
-/// The owners take turns: each step sends to its share of them (those waiting longest), so the
-/// messages and acknowledgements go out evenly through the round; sent to every owner at once
-/// every 4096 objects, each such burst held up the calls arriving meanwhile (the single-key
-/// p99 of a 10 M-object store while a round ran rose from 3.5-3.9 ms to 4.6-5.2 ms; see
-/// docs/src/benchmarks.md). Ranges wait in quarantine until their drop is acknowledged, so a
-/// longer wait delays their reuse; a put that finds no room sends every queued drop at once
-/// (`Master::evict_in`), and so does each sweep.
-pub const EVICTION_NEWS_BATCH: u64 = 4096;
 
 /// The evictor's pause after a step that took `took`: none when the round is `urgent` or
 /// `duty` is 1, else what makes the step `duty` of the step and its pause together.
@@ -134,44 +123,36 @@ impl Master {
                 self.flush_round_news(&mut st);
                 return false;
             }
-            if st.core.round.is_none() {
-                if !(std::mem::take(&mut st.core.pressure) || self.above_watermark(&st)) {
-                    return false;
-                }
-                st.core.round =
-                    Some(Round { target: st.core.eviction_target(self.config.eviction_ratio), ..Round::default() });
+            let (high, ratio) = (self.config.eviction_high_watermark, self.config.eviction_ratio);
+            match rounds::step_budget(&mut st.core, high, ratio) {
+                Some(left) => left,
+                None => return false,
             }
-            let round = st.core.round.expect("set above");
-            round.target.saturating_sub(round.freed)
         };
         let step = self.evict_some(now, left, None, most, true);
         let mut st = self.state.lock();
         let (freed, count) = step.unwrap_or((0, 0));
         self.count_eviction(count, freed);
-        let waiting = st.round_links.len() as u64;
-        let Some(round) = st.core.round.as_mut() else {
-            // A new term meanwhile.
-            self.flush_round_news(&mut st);
-            return false;
-        };
-        (round.freed, round.count) = (round.freed + freed, round.count + count);
-        let more = count > 0 && round.freed < round.target;
-        // The gauges are set every EVICTION_NEWS_BATCH objects of the round, and at its end.
-        let gauge = !more || round.count / EVICTION_NEWS_BATCH != (round.count - count) / EVICTION_NEWS_BATCH;
-        if more {
-            round.owed += count * waiting;
-            let turns = round.owed / EVICTION_NEWS_BATCH;
-            round.owed %= EVICTION_NEWS_BATCH;
-            self.flush_round_news_share(&mut st, turns as usize);
-        } else {
-            let round = st.core.round.take().expect("looked up above");
-            if round.count > 0 {
-                tracing::info!("eviction round: {} object(s), {} bytes", round.count, round.freed);
+        let waiting = st.round_links.len();
+        let (more, gauges) = match rounds::end_step(&mut st.core, freed, count, waiting) {
+            AfterStep::More { turns, gauges } => {
+                self.flush_round_news_share(&mut st, turns);
+                (true, gauges)
             }
-            self.flush_round_news(&mut st);
-        }
+            AfterStep::Done(round) => {
+                if round.count > 0 {
+                    tracing::info!("eviction round: {} object(s), {} bytes", round.count, round.freed);
+                }
+                self.flush_round_news(&mut st);
+                (false, true)
+            }
+            AfterStep::Gone => {
+                self.flush_round_news(&mut st);
+                (false, false)
+            }
+        };
         drop(st);
-        if gauge {
+        if gauges {
             self.update_gauges();
         }
         more
@@ -209,7 +190,7 @@ impl Master {
     /// map would give, and a step's cost is its plans' objects, not the store's size.
     ///
     /// The owners' drops are queued, not sent: for a `round`'s step, with the round's
-    /// ([`EVICTION_NEWS_BATCH`]); the caller sends them.
+    /// ([`super::EVICTION_NEWS_BATCH`]); the caller sends them.
     pub(super) fn evict_some(
         &self,
         now: Instant,

@@ -59,7 +59,8 @@ use parking_lot::Mutex;
 pub(crate) use self::core::limits::check_key;
 pub use self::core::limits::{MAX_REPLICAS, MIN_SEGMENT_SIZE, OBJECT_METADATA_BYTES};
 use self::core::puts;
-use self::core::state::{Client, CoreState, Round, Segment};
+pub use self::core::rounds::EVICTION_NEWS_BATCH;
+use self::core::state::{Client, CoreState, Segment};
 pub use self::core::views::{DiskTotals, PingOutcome, ReplicaList, SegmentView, Totals};
 use crate::error::{Result, StoreError};
 use crate::proto::{EventKind, QueryKeyReply, ReplicaDescriptor, SegmentInfo, Tier};
@@ -68,7 +69,7 @@ pub use config::{AllocationStrategy, MasterConfig};
 #[cfg(test)]
 use evictor::pause_after_step;
 use evictor::Evictor;
-pub use evictor::{EVICTION_NEWS_BATCH, EVICTION_STEP, EVICTOR_THREAD};
+pub use evictor::{EVICTION_STEP, EVICTOR_THREAD};
 use metrics::Metrics;
 use objects::{Object, ObjectMap, Replica, Stamp, SHARDS};
 use removal_records::{Removal, Removed};
@@ -377,7 +378,7 @@ impl Master {
         // it is not listed, as after the unmount.)
         let seg = {
             let mut st = self.state.lock();
-            self.fence.check(Instant::now())?;
+            self.fence.check(now)?;
             match st.core.segments.get(&segment_id) {
                 Some(s) if s.client_id == client_id => {}
                 Some(_) => {

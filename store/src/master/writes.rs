@@ -503,25 +503,12 @@ impl Master {
     pub fn put_revoke(&self, client_id: &str, key: &str) -> Result<owners::AckWait> {
         check_key(key)?;
         let mut st = self.lock_key(key);
-        self.fence.check(Instant::now())?;
-        match st.objects.get(key) {
-            None if !st.core.clients.contains_key(client_id) => {
-                return Err(StoreError::MasterChanged(format!("this master does not know the put of {key:?}")))
-            }
-            None => return Err(StoreError::NotFound(key.to_string())),
-            Some(o) if o.complete => {
-                return Err(StoreError::InvalidArgument(format!(
-                    "object {key:?} is already committed; remove it instead"
-                )))
-            }
-            Some(o) if !o.written_by(client_id) => {
-                return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")))
-            }
-            Some(_) => {}
-        }
+        let now = Instant::now();
+        self.fence.check(now)?;
+        puts::check_revoke(st.objects.get(key), st.core.clients.contains_key(client_id), client_id, key)?;
         let told: SmallVec<[u64; 2]> =
             st.objects[key].replicas.iter().filter(|r| r.news().is_some()).map(|r| r.segment_id).collect();
-        Self::remove_object(&mut st, key, Instant::now());
+        Self::remove_object(&mut st, key, now);
         self.flush_news(&mut st);
         let wait = Self::waits(&st, told);
         drop(st);

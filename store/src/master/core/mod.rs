@@ -4,14 +4,16 @@
 //! what it decided; the driver ([`super::Master`]) reads the clock, holds the locks and turns
 //! the results into owner news, events and metrics.
 //!
-//! * [`state`]: segments, clients, versions and the eviction round;
+//! * [`state`]: segments, clients, versions;
 //! * [`limits`]: what a request is checked against;
 //! * [`puts`]: a put's object record, its replicas as read, the reclaim of stale puts;
+//! * [`rounds`]: the eviction round's accounting;
 //! * [`load`]: the per-segment rates of gets and puts;
 //! * [`views`]: the answers built from the state (replica lists, totals, segment views).
 
 pub(crate) mod limits;
 pub(crate) mod load;
 pub(crate) mod puts;
+pub(crate) mod rounds;
 pub(crate) mod state;
 pub(crate) mod views;

@@ -7,6 +7,7 @@ use thin_vec::ThinVec;
 
 use super::state::CoreState;
 use crate::allocator::Block;
+use crate::error::{Result, StoreError};
 use crate::master::objects::{Checksum, Object, Replica, Stamp, Writer};
 use crate::proto::{PutOptions, ReplicaDescriptor, ReplicaStatus};
 
@@ -75,4 +76,22 @@ pub(crate) fn describe_memory<'a>(
 /// Whether a put started at `started` outlived `put_timeout` at `now` (the sweep reclaims it).
 pub(crate) fn put_timed_out(started: Instant, put_timeout: Duration, now: Instant) -> bool {
     now.saturating_duration_since(started) > put_timeout
+}
+
+/// Whether `client_id` may revoke its put of `key` (`obj`, if the key is known; `client_known`:
+/// this master knows the client): only a put of its own not committed yet.
+pub(crate) fn check_revoke(obj: Option<&Object>, client_known: bool, client_id: &str, key: &str) -> Result<()> {
+    match obj {
+        None if !client_known => {
+            Err(StoreError::MasterChanged(format!("this master does not know the put of {key:?}")))
+        }
+        None => Err(StoreError::NotFound(key.to_string())),
+        Some(o) if o.complete => {
+            Err(StoreError::InvalidArgument(format!("object {key:?} is already committed; remove it instead")))
+        }
+        Some(o) if !o.written_by(client_id) => {
+            Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")))
+        }
+        Some(_) => Ok(()),
+    }
 }
