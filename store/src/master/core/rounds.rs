@@ -2,7 +2,7 @@
 //! the driver does after each of its steps (send the drops of some owners, set the gauges,
 //! end the round). The evictions themselves are the driver's.
 
-use super::state::CoreState;
+use super::state::{CoreState, Round};
 
 /// Objects an eviction round evicts between two sends of its drops to the same owner (and at
 /// its end): with 64 owners, about 64 drops a message, where sent after each step (one or two
@@ -15,17 +15,6 @@ use super::state::CoreState;
 /// longer wait delays their reuse; a put that finds no room sends every queued drop at once
 /// (`Master::evict_in`), and so does each sweep.
 pub const EVICTION_NEWS_BATCH: u64 = 4096;
-
-/// An eviction round: what it set out to free, and what it freed so far.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Round {
-    pub(crate) target: u64,
-    pub(crate) freed: u64,
-    pub(crate) count: u64,
-    /// Sends owed to the round's links, in objects x links: a step adds its objects times the
-    /// links waiting, and each [`EVICTION_NEWS_BATCH`] of it is one link's turn.
-    pub(crate) owed: u64,
-}
 
 /// What the driver does after a step of a round ([`end_step`]).
 #[derive(Debug, Clone, Copy)]

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use super::limits::MIN_SEGMENT_SIZE;
 use super::load::Load;
-use super::rounds::Round;
 use super::views::{SegmentView, Totals};
 use crate::allocator::SegmentAllocator;
 use crate::error::{Result, StoreError};
@@ -43,6 +42,17 @@ impl Client {
     pub(crate) fn new(now: Instant) -> Client {
         Client { last_ping: now, segments: HashSet::new(), held_sent: 0, held_sent_at: None }
     }
+}
+
+/// An eviction round: what it set out to free, and what it freed so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Round {
+    pub(crate) target: u64,
+    pub(crate) freed: u64,
+    pub(crate) count: u64,
+    /// Sends owed to the round's links, in objects x links: a step adds its objects times the
+    /// links waiting, and each [`super::rounds::EVICTION_NEWS_BATCH`] of it is one link's turn.
+    pub(crate) owed: u64,
 }
 
 /// Segments, clients, versions and the eviction round: the part of the master's global state
