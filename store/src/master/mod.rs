@@ -16,6 +16,14 @@
 //! runs eviction rounds in steps of [`EVICTION_STEP`] objects (`Master::evict_step`), so no
 //! put or get waits behind a whole round. The gRPC layer ([`service`]) and the admin HTTP layer
 //! ([`admin`]) are thin.
+//!
+//! The state and the logic over it that needs no lock, channel or clock are the private `core`
+//! module's (segments, clients, versions, the eviction round's accounting, a put's record and
+//! checks): functions of the state and `now`. Where replicas go is an allocator per strategy
+//! (the private `allocation` module), which objects eviction takes an eviction policy (the
+//! private `eviction` module). [`Master`] drives them: it reads the clock, holds the locks and
+//! turns what they decide into owner news, events and metrics (a put's calls in the private
+//! `writes` module, eviction rounds and the evictor thread in `evictor`).
 
 pub mod access;
 pub mod admin;
