@@ -67,6 +67,7 @@ use parking_lot::Mutex;
 pub(crate) use self::core::limits::check_key;
 pub use self::core::limits::{MAX_REPLICAS, MIN_SEGMENT_SIZE, OBJECT_METADATA_BYTES};
 use self::core::puts;
+pub use self::core::puts::OFFLOAD_HOLD;
 pub use self::core::rounds::EVICTION_NEWS_BATCH;
 use self::core::state::{Client, CoreState, Segment};
 pub use self::core::views::{DiskTotals, PingOutcome, ReplicaList, SegmentView, Totals};
@@ -89,10 +90,6 @@ fn physical_memory() -> u64 {
     let info = rustix::system::sysinfo();
     (info.totalram as u64).saturating_mul(u64::from(info.mem_unit.max(1))).max(1 << 30)
 }
-
-/// How long a committed object whose file is being written is spared by eviction (see
-/// `Object::offload_held_until`): far longer than a disk tier takes with a full queue.
-pub const OFFLOAD_HOLD: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct State {

@@ -10,9 +10,9 @@ use smallvec::SmallVec;
 
 use super::core::limits::check_put;
 use super::core::puts;
-use super::objects::{self, Stamp};
+use super::objects;
 use super::shards::{self, Locked};
-use super::{allocation, check_key, owners, tenant, Master, OFFLOAD_HOLD};
+use super::{allocation, check_key, owners, tenant, Master};
 use crate::allocator::Block;
 use crate::error::{Result, StoreError};
 use crate::proto::{EventKind, PutOptions, ReplicaDescriptor};
@@ -309,30 +309,15 @@ impl Master {
         now: Instant,
     ) -> Result<Begun> {
         let known = st.core.clients.contains_key(client_id);
-        let Some(obj) = st.objects.get_mut(key) else {
-            return Err(if known {
-                StoreError::NotFound(key.to_string())
-            } else {
-                StoreError::MasterChanged(format!("this master does not know the put of {key:?} nor its writer"))
-            });
-        };
-        if !obj.written_by(client_id) && !obj.complete {
-            return Err(StoreError::InvalidArgument(format!("object {key:?} is being written by another client")));
-        }
-        let version = obj.version;
-        if obj.complete {
+        let (version, complete) = puts::check_commit(st.objects.get(key), known, client_id, key)?;
+        if complete {
             return Ok(Begun { version, news: Vec::new(), pending: false });
         }
-        let started = obj.checksum.get();
-        if let (Some(start), Some(end)) = (started, checksum) {
-            if start != end {
-                Self::remove_object(st, key, now);
-                tracing::warn!("put of {key:?} failed: the value changed while it was written");
-                return Err(StoreError::InvalidArgument(format!(
-                    "the checksum of {key:?} at its end ({end:#010x}) is not the one at its start ({start:#010x}): \
-                     the value changed while it was written"
-                )));
-            }
+        let started = st.objects[key].checksum.get();
+        if let Some(e) = puts::checksum_changed(key, started, checksum) {
+            Self::remove_object(st, key, now);
+            tracing::warn!("put of {key:?} failed: the value changed while it was written");
+            return Err(e);
         }
         let obj = st.objects.get_mut(key).expect("looked up above");
         // Every replica's owner was told already: at the put's start (a pending commit), or
@@ -434,31 +419,16 @@ impl Master {
         }
         let obj = st.objects.get_mut(key).expect("looked up above");
         let version = obj.version;
-        if acked.iter().all(|a| *a) {
-            // Every owner acknowledged (the usual case): the replicas stay where they are.
-        } else {
-            let all = std::mem::take(&mut obj.replicas);
-            let mut lost = Vec::new();
-            for (r, ok) in all.into_iter().zip(acked) {
-                if ok {
-                    st.objects.get_mut(key).expect("looked up above").replicas.push(r);
-                } else {
-                    lost.push(r);
-                }
-            }
-            for r in lost {
-                tracing::warn!(
-                    "put of {key:?}: the owner of segment {} did not acknowledge; replica dropped",
-                    r.segment_id
-                );
-                Self::free_replica(st, key, version, r.segment_id, r.block, r.news().is_some(), None);
-            }
+        for r in puts::drop_unacked(obj, &acked) {
+            tracing::warn!(
+                "put of {key:?}: the owner of segment {} did not acknowledge; replica dropped",
+                r.segment_id
+            );
+            Self::free_replica(st, key, version, r.segment_id, r.block, r.news().is_some(), None);
         }
         st.objects.commit(key);
         let obj = st.objects.get_mut(key).expect("looked up above");
-        if obj.offload_disk().is_some() {
-            obj.offload_held_until = Some(Stamp::of(now + OFFLOAD_HOLD));
-        }
+        puts::hold_for_offload(obj, now);
         if commit.pending {
             // The owners knew of it as pending: now they learn it is complete (not waited for:
             // until they do, a master rebuilt from their reports keeps it from its checksum).
