@@ -8,9 +8,9 @@
 //!
 //! * `transports/src/rdma`: each module imports only modules of lower layers ([`RDMA`]);
 //! * `transports/` and `transfer-engine/`: no import cycle between their modules;
-//! * `store/`: the same over its layers ([`STORE`], [`STORE_CLIENT`]): the master and the
-//!   client never import each other (they share `proto`, `protocol`, `error` and `leader`),
-//!   and no import cycle.
+//! * `store/`: the same over its layers ([`STORE`], [`STORE_CLIENT`], [`STORE_MASTER`]): the
+//!   master and the client never import each other (they share `proto`, `protocol`, `error`
+//!   and `leader`), the master's core imports none of its driver, and no import cycle.
 //!
 //! A parent module importing its own children is not an edge (`mod.rs` is its folder's
 //! face); a child importing its parent is. A new module of `rdma/` must be given its place
@@ -56,6 +56,16 @@ const STORE: &[Layer] = &[
     // The standalone client serves a full client's store to dummy clients.
     Layer("standalone", Ordered, &["standalone"]),
     Layer("crate", Ordered, &[""]),
+];
+
+/// Inside the master: its core (the state and the logic over it, and what they are made of:
+/// the objects, tenants and access rules, the settings) at the bottom; the policies over the
+/// core (where replicas go, which objects eviction takes) apart from each other above it; the
+/// driver (`Master`, its calls, threads and services) on top.
+const STORE_MASTER: &[Layer] = &[
+    Layer("core", Ordered, &["access", "tenant", "objects", "core", "config"]),
+    Layer("policies", Apart, &["allocation", "eviction"]),
+    Layer("the driver", Ordered, &["*"]),
 ];
 
 /// Inside the store client: what a value is (its scatter/gather pieces, its checksum) at the
@@ -593,6 +603,7 @@ fn store_modules_import_only_from_lower_layers_and_have_no_cycle() {
     assert!(g.edges.iter().any(|e| e.from == "client::read" && e.to == "client::exec"), "the reader sees imports");
     assert_layered(&g, "", STORE);
     assert_layered(&g, "client", STORE_CLIENT);
+    assert_layered(&g, "master", STORE_MASTER);
     let found = cycles(&g);
     assert!(found.is_empty(), "{}", found.join("\n"));
 }

@@ -283,8 +283,12 @@ impl MasterConfig {
         if self.hot_window.is_zero() {
             return bad("hot_window must be positive".into());
         }
-        if !(1..=super::MAX_REPLICAS).contains(&self.hot_max_replicas) {
-            return bad(format!("hot_max_replicas {} is not in 1..={}", self.hot_max_replicas, super::MAX_REPLICAS));
+        if !(1..=super::core::limits::MAX_REPLICAS).contains(&self.hot_max_replicas) {
+            return bad(format!(
+                "hot_max_replicas {} is not in 1..={}",
+                self.hot_max_replicas,
+                super::core::limits::MAX_REPLICAS
+            ));
         }
         if !(1..=256).contains(&self.rpc_threads) {
             return bad(format!("rpc_threads {} is not in 1..=256", self.rpc_threads));

@@ -154,8 +154,8 @@ impl Master {
         let now = Instant::now();
         let mut st = self.lock_all();
         self.fence.check(now)?;
-        if let Some(&id) = st.segment_by_name.get(&name) {
-            let seg = &st.segments[&id];
+        if let Some(&id) = st.core.segment_by_name.get(&name) {
+            let seg = &st.core.segments[&id];
             if seg.client_id == client_id && seg.disk_service == disk_service {
                 match owner_stream {
                     true if !st.owners.contains_key(&id) => Self::open_link(&mut st, id, client_id),
@@ -174,9 +174,9 @@ impl Master {
             tracing::info!("disk {disk_id} moves from client {} to client {client_id}", seg.client_id);
             Self::drop_segment(&mut st, id);
         }
-        let id = st.next_segment;
-        st.next_segment += 1;
-        st.segments.insert(
+        let id = st.core.next_segment;
+        st.core.next_segment += 1;
+        st.core.segments.insert(
             id,
             Segment {
                 name: name.clone(),
@@ -189,8 +189,9 @@ impl Master {
                 load: super::query::Load::default(),
             },
         );
-        st.segment_by_name.insert(name.clone(), id);
-        st.clients
+        st.core.segment_by_name.insert(name.clone(), id);
+        st.core
+            .clients
             .entry(client_id.to_string())
             .or_insert_with(|| Client {
                 last_ping: now,
@@ -221,7 +222,7 @@ impl Master {
     ) -> Result<Vec<Result<()>>> {
         let mut st = self.lock_all();
         self.fence.check(Instant::now())?;
-        let disk_name = match st.segments.get(&segment_id) {
+        let disk_name = match st.core.segments.get(&segment_id) {
             Some(s) if s.client_id == client_id && s.tier == Tier::Ssd => s.name.clone(),
             Some(_) => {
                 return Err(StoreError::InvalidArgument(format!(
@@ -280,7 +281,7 @@ impl Master {
         if st.window.buried(&e.key, e.version, now) {
             return Err(StoreError::NotFound(e.key.clone())); // removed since this master took over
         }
-        let floor = st.version_floor;
+        let floor = st.core.version_floor;
         match st.objects.get_mut(&e.key) {
             Some(obj) if obj.complete && obj.version == e.version && obj.size == e.size => {
                 if !obj.ssd.contains(&segment_id) {
@@ -299,7 +300,7 @@ impl Master {
                 // was committed after its client remounted). The disk copy brings it back
                 // under its own version. (A removal made before the restart refuses it above,
                 // once handed back by the clients that keep removals.)
-                st.next_version = st.next_version.max(e.version.saturating_add(1));
+                st.core.next_version = st.core.next_version.max(e.version.saturating_add(1));
                 st.objects.insert(
                     e.key.clone(),
                     Object {
@@ -329,11 +330,11 @@ impl Master {
         let mut st = self.state.lock();
         let generation = st.held_generation;
         let st = &mut *st;
-        let client = st.clients.get_mut(client_id)?;
+        let client = st.core.clients.get_mut(client_id)?;
         let now = Instant::now();
         if client.held_sent == generation
             || client.held_sent_at.is_some_and(|t| now.duration_since(t) < HELD_REMOVALS_INTERVAL)
-            || !client.segments.iter().any(|id| st.segments.get(id).is_some_and(|s| s.tier == Tier::Ssd))
+            || !client.segments.iter().any(|id| st.core.segments.get(id).is_some_and(|s| s.tier == Tier::Ssd))
         {
             return None;
         }
@@ -388,10 +389,10 @@ impl Master {
     /// Removals waiting for this client's disks (handed out on its pings until acknowledged).
     pub fn disk_removals_for(&self, client_id: &str) -> Vec<DiskEntry> {
         let st = self.state.lock();
-        let Some(client) = st.clients.get(client_id) else { return Vec::new() };
+        let Some(client) = st.core.clients.get(client_id) else { return Vec::new() };
         let mut out = Vec::new();
         for id in &client.segments {
-            let Some(seg) = st.segments.get(id).filter(|s| s.tier == Tier::Ssd) else { continue };
+            let Some(seg) = st.core.segments.get(id).filter(|s| s.tier == Tier::Ssd) else { continue };
             if let Some(pending) = st.disk_removals.get(&seg.name) {
                 out.extend(
                     pending.iter().take(REMOVALS_PER_PING - out.len().min(REMOVALS_PER_PING)).map(|(k, v)| DiskEntry {
@@ -407,11 +408,11 @@ impl Master {
 
     /// The name of the disk segment a client has mounted, if any.
     pub(super) fn disk_of_client(st: &State, client_id: &str) -> Option<String> {
-        let client = st.clients.get(client_id)?;
+        let client = st.core.clients.get(client_id)?;
         client
             .segments
             .iter()
-            .filter_map(|id| st.segments.get(id))
+            .filter_map(|id| st.core.segments.get(id))
             .find(|s| s.tier == Tier::Ssd)
             .map(|s| s.name.clone())
     }
@@ -421,7 +422,7 @@ impl Master {
     /// now; that removal is acknowledged like any other once the file is gone or was never made.
     pub(super) fn queue_disk_removals(st: &mut State, key: &str, obj: &Object) {
         let mut names: Vec<String> =
-            obj.ssd.iter().filter_map(|id| st.segments.get(id).map(|s| s.name.clone())).collect();
+            obj.ssd.iter().filter_map(|id| st.core.segments.get(id).map(|s| s.name.clone())).collect();
         if let Some(d) = obj.offload_disk() {
             if !names.iter().any(|n| n == d) {
                 names.push(d.to_string());
@@ -433,7 +434,7 @@ impl Master {
         let cap = st.max_pending_removals;
         for name in names {
             // Told at once on the disk's owner stream too, where its client keeps one.
-            if let Some(&id) = st.segment_by_name.get(&name).filter(|id| st.owners.contains_key(id)) {
+            if let Some(&id) = st.core.segment_by_name.get(&name).filter(|id| st.owners.contains_key(id)) {
                 let item = OwnerNewsItem {
                     commit: false,
                     key: key.to_string(),
@@ -456,7 +457,7 @@ impl Master {
     pub(super) fn disk_holders(st: &State, obj: &Object) -> (SmallVec<[u64; 2]>, bool) {
         let mut linked = SmallVec::new();
         let mut unlinked = false;
-        let by_name = obj.offload_disk().and_then(|d| st.segment_by_name.get(d).copied());
+        let by_name = obj.offload_disk().and_then(|d| st.core.segment_by_name.get(d).copied());
         for id in obj.ssd.iter().copied().chain(by_name) {
             if linked.contains(&id) {
                 continue;
@@ -507,7 +508,7 @@ impl Master {
     /// The news for this client's disk since its last ping (handed out once: they are hints).
     pub fn disk_only_news_for(&self, client_id: &str) -> Vec<DiskEntry> {
         let mut st = self.state.lock();
-        let Some(client) = st.clients.get(client_id) else { return Vec::new() };
+        let Some(client) = st.core.clients.get(client_id) else { return Vec::new() };
         let disks: Vec<u64> = client.segments.iter().copied().collect();
         let mut out = Vec::new();
         for id in disks {
@@ -523,7 +524,7 @@ impl Master {
         obj: &'a Object,
     ) -> impl Iterator<Item = ReplicaDescriptor> + 'a {
         obj.ssd.iter().filter_map(move |id| {
-            let seg = st.segments.get(id)?;
+            let seg = st.core.segments.get(id)?;
             Some(ReplicaDescriptor {
                 segment_name: seg.name.clone(),
                 address: 0,
@@ -543,7 +544,7 @@ impl Master {
         let mut t = DiskTotals::default();
         {
             let st = self.state.lock();
-            for s in st.segments.values().filter(|s| s.tier == Tier::Ssd) {
+            for s in st.core.segments.values().filter(|s| s.tier == Tier::Ssd) {
                 t.segments += 1;
                 t.capacity += s.alloc.capacity();
             }
@@ -574,7 +575,7 @@ impl Master {
     pub fn disk_counters(&self) -> Vec<(String, DiskCounters)> {
         let mut st = self.state.lock();
         let st = &mut *st;
-        st.disk_counters.retain(|name, _| st.segment_by_name.contains_key(name));
+        st.disk_counters.retain(|name, _| st.core.segment_by_name.contains_key(name));
         let mut v: Vec<_> = st.disk_counters.iter().map(|(k, c)| (k.clone(), *c)).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -602,7 +603,7 @@ impl Master {
         let st = self.state.lock();
         let mut out: HashMap<String, u64> = HashMap::new();
         for (id, n) in by_id {
-            if let Some(seg) = st.segments.get(&id) {
+            if let Some(seg) = st.core.segments.get(&id) {
                 *out.entry(seg.name.clone()).or_default() += n;
             }
         }
@@ -747,7 +748,7 @@ mod tests {
         // A new master (kill -9 and restart: it knows nothing); c1 remounts, hands the removal
         // back, and its files of "k" and "gone" are committed only now: fresh announcements.
         let (m2, disk) = setup();
-        assert!(v < m2.state.lock().version_floor, "an earlier master's version");
+        assert!(v < m2.state.lock().core.version_floor, "an earlier master's version");
         m2.merge_held_removals(&held);
         let r =
             m2.update_disk_replicas("c1", disk, &[entry("k", 100, v), entry("gone", 100, v_gone)], &[], FRESH).unwrap();

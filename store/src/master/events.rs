@@ -90,7 +90,7 @@ impl Master {
     }
 
     pub(super) fn emit_replica(&self, st: &State, key: &str, size: u64, segment_id: u64, kind: EventKind) {
-        if let Some(seg) = st.segments.get(&segment_id) {
+        if let Some(seg) = st.core.segments.get(&segment_id) {
             let place = Place { tier: seg.tier, client_id: &seg.client_id, host: &seg.host, segment: &seg.name };
             self.emit(kind, key, size, place);
         }

@@ -109,11 +109,11 @@ impl Master {
         if st.holds.unacked.is_empty() && st.holds.next_end().is_none_or(|t| t > now) {
             return false;
         }
-        let State { holds, owners, segments, .. } = st;
+        let State { holds, owners, core, .. } = st;
         let ended = holds.take_ended(now, |segment_id, seq| owners.get(&segment_id).is_some_and(|l| l.acked() >= seq));
         let freed = !ended.is_empty();
         for (segment_id, block) in ended {
-            if let Some(seg) = segments.get_mut(&segment_id) {
+            if let Some(seg) = core.segments.get_mut(&segment_id) {
                 seg.alloc.release(block);
             }
         }

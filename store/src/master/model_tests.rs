@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::proto::PutOptions;
 
 const KEYS: u8 = 6;
 const GRANULE: u64 = 256;
@@ -335,7 +336,7 @@ fn run(m: &Master, t0: Instant, now_ms: u64, op: &Op) -> Answer {
         }
         Op::Evict(step) => {
             let (count, freed) = (m.metrics().evictions.get(), m.metrics().evicted_bytes.get());
-            m.state.lock().pressure = true;
+            m.state.lock().core.pressure = true;
             while m.evict_step(now, *step) {}
             Answer::Counts(m.metrics().evictions.get() - count, m.metrics().evicted_bytes.get() - freed)
         }

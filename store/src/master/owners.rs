@@ -198,7 +198,7 @@ impl Master {
         now: Instant,
     ) -> Option<u64> {
         let Announced { key, version, size, pins, checksum, pending_for } = *obj;
-        if st.segments.get(&segment_id).is_none_or(|s| s.tier == Tier::Ssd) {
+        if st.core.segments.get(&segment_id).is_none_or(|s| s.tier == Tier::Ssd) {
             return None;
         }
         let soft_pin_ttl_ms = pins.soft_until.map_or(0, |t| t.saturating_duration_since(now).as_millis().max(1) as u64);
@@ -232,7 +232,7 @@ impl Master {
         announced: bool,
         hold: Option<Instant>,
     ) -> u64 {
-        if !st.segments.contains_key(&segment_id) {
+        if !st.core.segments.contains_key(&segment_id) {
             return 0;
         }
         let seq = if announced {
@@ -262,7 +262,7 @@ impl Master {
             (Some(seq), None) => {
                 st.owners.get_mut(&segment_id).expect("pushed above").quarantine.push_back((seq, block))
             }
-            (None, None) => st.segments.get_mut(&segment_id).expect("checked above").alloc.release(block),
+            (None, None) => st.core.segments.get_mut(&segment_id).expect("checked above").alloc.release(block),
         }
         if st.instant_acks {
             if let Some(seq) = seq {
@@ -393,7 +393,7 @@ impl Master {
         }
         link.acked_tx.send_replace(acked);
         let freed = !released.is_empty();
-        if let Some(seg) = st.segments.get_mut(&segment_id) {
+        if let Some(seg) = st.core.segments.get_mut(&segment_id) {
             for b in released {
                 seg.alloc.release(b);
             }
@@ -466,7 +466,8 @@ impl Master {
 
     /// Whether any of this client's links is lost (it must remount and start afresh).
     pub(super) fn link_broken(st: &State, client_id: &str) -> bool {
-        st.clients
+        st.core
+            .clients
             .get(client_id)
             .is_some_and(|c| c.segments.iter().any(|s| st.owners.get(s).is_some_and(|l| l.is_broken())))
     }

@@ -85,7 +85,7 @@ impl Master {
         let now = Instant::now();
         let mut st = self.state.lock();
         let st = &mut *st;
-        if !st.clients.contains_key(client_id) {
+        if !st.core.clients.contains_key(client_id) {
             return Err(StoreError::ClientNotFound(client_id.to_string()));
         }
         let (host, segment) = Self::client_place(st, client_id);
@@ -217,7 +217,7 @@ impl Master {
 
     /// Where a client's published keys are reported: the host and name of its first segment.
     pub(super) fn client_place(st: &State, client_id: &str) -> (String, String) {
-        match Self::client_segment(st, client_id).and_then(|id| st.segments.get(&id)) {
+        match Self::client_segment(st, client_id).and_then(|id| st.core.segments.get(&id)) {
             Some(seg) => (seg.host.clone(), seg.name.clone()),
             None => (String::new(), String::new()),
         }
@@ -225,6 +225,6 @@ impl Master {
 
     /// The lowest-numbered segment a client has mounted.
     pub(super) fn client_segment(st: &State, client_id: &str) -> Option<u64> {
-        st.clients.get(client_id)?.segments.iter().copied().filter(|id| st.segments.contains_key(id)).min()
+        st.core.clients.get(client_id)?.segments.iter().copied().filter(|id| st.core.segments.contains_key(id)).min()
     }
 }

@@ -7,7 +7,7 @@
 //! prefix query holds every shard for its keys (its answer needs one consistent view).
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Result, StoreError};
@@ -18,60 +18,7 @@ use crate::proto::{
 
 /// Most keys in one query.
 pub const MAX_QUERY_KEYS: usize = 1 << 20;
-/// Seconds of history behind the per-node rates.
-pub const RATE_WINDOW_SECS: u64 = 10;
-
-/// Events per second over the last [`RATE_WINDOW_SECS`] seconds, in one-second buckets.
-#[derive(Default)]
-pub struct Rate {
-    buckets: [u64; RATE_WINDOW_SECS as usize],
-    /// The second (since the process' first rate) the newest bucket belongs to.
-    newest: u64,
-}
-
-fn second(now: Instant) -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    now.saturating_duration_since(*BASE.get_or_init(Instant::now)).as_secs()
-}
-
-impl Rate {
-    fn advance(&mut self, s: u64) {
-        if s <= self.newest {
-            return;
-        }
-        let gap = (s - self.newest).min(RATE_WINDOW_SECS);
-        for i in 1..=gap {
-            self.buckets[((self.newest + i) % RATE_WINDOW_SECS) as usize] = 0;
-        }
-        self.newest = s;
-    }
-
-    /// Counts one event at `now` (an event older than the window is not counted).
-    pub fn record(&mut self, now: Instant) {
-        let s = second(now);
-        self.advance(s);
-        if s + RATE_WINDOW_SECS > self.newest {
-            self.buckets[(s % RATE_WINDOW_SECS) as usize] += 1;
-        }
-    }
-
-    /// Average per second over the window ending now (read-only: stale buckets are skipped).
-    pub fn per_second(&self, now: Instant) -> f64 {
-        let s = second(now);
-        let oldest = s.saturating_sub(RATE_WINDOW_SECS - 1);
-        let sum: u64 = (oldest..=s.min(self.newest)).map(|t| self.buckets[(t % RATE_WINDOW_SECS) as usize]).sum();
-        sum as f64 / RATE_WINDOW_SECS as f64
-    }
-}
-
-/// Recent gets and puts that touched a segment.
-#[derive(Default)]
-pub struct Load {
-    /// Replica lists naming a replica on this segment.
-    pub gets: Rate,
-    /// Replicas allocated on this segment (puts and replications).
-    pub puts: Rate,
-}
+pub use super::core::load::{Load, Rate, RATE_WINDOW_SECS};
 
 /// Identity of a node in one reply's node table.
 #[derive(Hash, PartialEq, Eq, Clone)]
@@ -100,7 +47,7 @@ impl Nodes {
             self.last = Some((id, i));
             return Some(i);
         }
-        let seg = st.segments.get(&id)?;
+        let seg = st.core.segments.get(&id)?;
         let i = self.list.len() as u32;
         self.list.push(Node {
             client_id: seg.client_id.clone(),
@@ -173,7 +120,7 @@ impl Master {
             out.locations.reserve_exact(obj.replicas.len() + obj.ssd.len());
             // Memory replicas, then disk copies (tier SSD).
             for id in obj.replicas.iter().map(|r| r.segment_id).chain(obj.ssd.iter().copied()) {
-                if let (Some(node), Some(seg)) = (nodes.segment(st, id), st.segments.get(&id)) {
+                if let (Some(node), Some(seg)) = (nodes.segment(st, id), st.core.segments.get(&id)) {
                     out.locations.push(Location { node, tier: seg.tier as i32, published: false, size: obj.size });
                 }
             }
@@ -208,7 +155,7 @@ impl Master {
             }
             if let Some(obj) = obj {
                 for id in obj.replicas.iter().map(|r| r.segment_id).chain(obj.ssd.iter().copied()) {
-                    if let Some(seg) = st.segments.get(&id) {
+                    if let Some(seg) = st.core.segments.get(&id) {
                         let cand = (rank(seg.tier), seg.tier, obj.size, seg.host.as_str());
                         let best = here.entry(seg.client_id.as_str()).or_insert(cand);
                         if cand.0 < best.0 {
@@ -219,7 +166,7 @@ impl Master {
             }
             for e in st.published.live(key, now) {
                 let host = Self::client_segment(&st, &e.client)
-                    .and_then(|id| st.segments.get(&id))
+                    .and_then(|id| st.core.segments.get(&id))
                     .map_or("", |s| s.host.as_str());
                 let cand = (rank(e.tier), e.tier, e.size, host);
                 let best = here.entry(&e.client).or_insert(cand);
@@ -268,6 +215,7 @@ impl Master {
         let now = Instant::now();
         let st = self.state.lock();
         let mut nodes: Vec<NodeStats> = st
+            .core
             .clients
             .iter()
             .map(|(id, c)| {
@@ -279,7 +227,7 @@ impl Master {
                 };
                 let mut segs: Vec<u64> = c.segments.iter().copied().collect();
                 segs.sort_unstable();
-                for seg in segs.iter().filter_map(|s| st.segments.get(s)) {
+                for seg in segs.iter().filter_map(|s| st.core.segments.get(s)) {
                     if n.host.is_empty() {
                         n.host = seg.host.clone();
                     }

@@ -231,8 +231,8 @@ impl Master {
         self.fence.check(now)?;
         // Whatever this master had of the segment from this client is stale: the report is
         // the truth now.
-        if let Some(&id) = st.segment_by_name.get(&info.name) {
-            if st.segments[&id].client_id == client_id {
+        if let Some(&id) = st.core.segment_by_name.get(&info.name) {
+            if st.core.segments[&id].client_id == client_id {
                 self.emit_segment_gone(&st, id);
                 Self::drop_segment(&mut st, id);
             }
@@ -250,7 +250,7 @@ impl Master {
         let mut holding = 0;
         for h in held {
             let remaining = Duration::from_millis(h.remaining_ms).min(MAX_HELD_RANGE);
-            let seg = st.segments.get_mut(&segment_id).expect("mounted");
+            let seg = st.core.segments.get_mut(&segment_id).expect("mounted");
             // A range a reported object lies in is out of reuse already.
             if let Ok(block) = seg.alloc.reserve(h.offset, h.size) {
                 st.holds.hold(segment_id, block, now + remaining, None);
@@ -288,7 +288,7 @@ impl Master {
     ) -> bool {
         let valid = check_key(&o.key).is_ok() && o.size > 0 && o.size <= MAX_OBJECT_SIZE && o.version > 0;
         let block = if valid {
-            st.segments.get_mut(&segment_id).expect("mounted").alloc.reserve(o.offset, o.size).ok()
+            st.core.segments.get_mut(&segment_id).expect("mounted").alloc.reserve(o.offset, o.size).ok()
         } else {
             None
         };
@@ -354,7 +354,7 @@ impl Master {
             self.refuse(st, o, segment_id, block, now);
             return false;
         }
-        st.next_version = st.next_version.max(o.version.saturating_add(1));
+        st.core.next_version = st.core.next_version.max(o.version.saturating_add(1));
         let mut obj = Object {
             size: o.size,
             version: o.version,

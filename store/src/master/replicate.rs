@@ -115,6 +115,7 @@ impl Master {
         let room = MAX_REPLICAS.saturating_sub(obj.replicas.len() as u32);
         let holding: HashSet<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
         let mut candidates: Vec<u64> = st
+            .core
             .segments
             .iter()
             .filter(|(id, s)| {
@@ -127,7 +128,7 @@ impl Master {
         // Emptiest first: warm copies spread the load.
         candidates.sort_by(|a, b| {
             let ratio = |id: &u64| {
-                let a = &st.segments[id].alloc;
+                let a = &st.core.segments[id].alloc;
                 a.free() as f64 / a.capacity() as f64
             };
             ratio(b).total_cmp(&ratio(a)).then(a.cmp(b))
@@ -160,7 +161,7 @@ impl Master {
             if targets.len() as u32 == count.min(room) {
                 break;
             }
-            let seg = st.segments.get_mut(&id).expect("candidate");
+            let seg = st.core.segments.get_mut(&id).expect("candidate");
             if let Some(block) = seg.alloc.allocate(size) {
                 seg.load.puts.record(now);
                 targets.push((id, block));
@@ -197,7 +198,7 @@ impl Master {
         let target_descriptors = targets
             .iter()
             .filter_map(|(id, block)| {
-                let seg = st.segments.get(id)?;
+                let seg = st.core.segments.get(id)?;
                 Some(ReplicaDescriptor {
                     segment_name: seg.name.clone(),
                     address: seg.base + block.offset,
@@ -356,7 +357,7 @@ impl Master {
         st.hot.window_start = Some(now);
         let needed = (self.config.hot_read_threshold * window.as_secs_f64()).ceil().max(1.0) as u64;
         let reads = std::mem::take(&mut st.hot.reads);
-        let segments = st.segments.len();
+        let segments = st.core.segments.len();
         for (key, n) in reads {
             if (n as u64) < needed {
                 continue;

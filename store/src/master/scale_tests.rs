@@ -1,6 +1,8 @@
 //! Eviction's order and protections in a store of a million objects.
 
 use super::*;
+use crate::proto::PutOptions;
+use thin_vec::ThinVec;
 
 const SIZE: u64 = 4096;
 /// Ordinary objects besides the few of each kind below.
@@ -25,10 +27,18 @@ impl Master {
         let now = Instant::now();
         let mut st = self.lock_all();
         for key in keys {
-            let blocks = self.allocate(&mut st, access::DEFAULT_TENANT, size, 1, &PutOptions::default()).unwrap();
-            let version = st.next_version;
-            st.next_version += 1;
-            let writer = Some(st.names.writer(client, None));
+            let blocks = allocation::allocate(
+                &mut st.core,
+                &*self.allocator,
+                access::DEFAULT_TENANT,
+                size,
+                1,
+                &PutOptions::default(),
+            )
+            .unwrap();
+            let version = st.core.next_version;
+            st.core.next_version += 1;
+            let writer = Some(st.core.names.writer(client, None));
             let object = Object {
                 size,
                 version,

@@ -2,7 +2,8 @@
 //! replication, the hot-key policy, events and the default placement.
 
 use super::*;
-use crate::proto::{EventKind, PublishedKey};
+use crate::proto::PutOptions;
+use crate::proto::{EventKind, PublishedKey, ReplicaStatus};
 use tokio::sync::broadcast::error::TryRecvError;
 
 const BASE: u64 = 0x10_0000_0000;

@@ -166,8 +166,8 @@ impl Master {
     /// A memory segment of `key`'s tenant named `name`, for a task's target: its id.
     pub(super) fn task_target(st: &super::State, key: &str, name: &str) -> Result<u64> {
         let bad = |why: &str| Err(StoreError::InvalidArgument(format!("target segment {name:?} {why}")));
-        let Some(&id) = st.segment_by_name.get(name) else { return bad("is not mounted") };
-        let seg = &st.segments[&id];
+        let Some(&id) = st.core.segment_by_name.get(name) else { return bad("is not mounted") };
+        let seg = &st.core.segments[&id];
         if seg.tier == Tier::Ssd {
             return bad("is a disk segment (tasks copy between memory segments)");
         }
@@ -201,11 +201,9 @@ impl Master {
         let source = obj
             .replicas
             .iter()
-            .filter_map(|r| st.segments.get(&r.segment_id))
+            .filter_map(|r| st.core.segments.get(&r.segment_id))
             .find(|s| s.tier != Tier::Ssd)
-            .ok_or_else(|| {
-            StoreError::InvalidArgument(format!("object {key:?} has no memory replica to copy from"))
-        })?;
+            .ok_or_else(|| StoreError::InvalidArgument(format!("object {key:?} has no memory replica to copy from")))?;
         let (source, client) = (source.name.clone(), source.client_id.clone());
         drop(st);
         let id = self.submit_task(TaskType::ReplicaCopy, key, source, targets.to_vec(), client.clone())?;
@@ -227,7 +225,7 @@ impl Master {
             return Err(StoreError::InvalidArgument(format!("source and target are the same segment {source:?}")));
         }
         let target_id = Self::task_target(&st, key, target)?;
-        let source_id = st.segment_by_name.get(source).copied();
+        let source_id = st.core.segment_by_name.get(source).copied();
         let holds = |id: Option<u64>| id.is_some_and(|id| obj.replicas.iter().any(|r| r.segment_id == id));
         if !holds(source_id) {
             return Err(StoreError::InvalidArgument(format!(
@@ -240,7 +238,7 @@ impl Master {
         if !obj.complete {
             return Err(StoreError::NotReady(key.to_string()));
         }
-        let client = st.segments[&source_id.expect("holds a replica")].client_id.clone();
+        let client = st.core.segments[&source_id.expect("holds a replica")].client_id.clone();
         drop(st);
         let id =
             self.submit_task(TaskType::ReplicaMove, key, source.to_string(), vec![target.to_string()], client.clone())?;
@@ -332,7 +330,7 @@ impl Master {
         let Some(obj) = st.objects.get(key) else {
             return Err(format!("OBJECT_NOT_FOUND: object {key:?} was removed during the move"));
         };
-        let id_of = |name: &str| st.segment_by_name.get(name).copied();
+        let id_of = |name: &str| st.core.segment_by_name.get(name).copied();
         let (source_id, target_id) = (id_of(source), id_of(target));
         if !target_id.is_some_and(|t| obj.replicas.iter().any(|r| r.segment_id == t)) {
             return Err(format!("the new replica of {key:?} on {target:?} is not there (its segment went?)"));
@@ -422,7 +420,7 @@ impl Master {
                 continue;
             }
             let its: Vec<u64> = obj.replicas.iter().map(|r| r.segment_id).collect();
-            let next = st.next_version;
+            let next = st.core.next_version;
             if segment_name.is_empty() {
                 let (disks, disk_unlinked) = Self::disk_holders(&st, obj);
                 let its: Vec<u64> = its.into_iter().chain(disks).collect();
@@ -437,7 +435,7 @@ impl Master {
                 Self::remove_object(&mut st, key, now);
                 st.window.removed(key, next, now);
             } else {
-                let Some(&seg) = st.segment_by_name.get(segment_name) else { continue };
+                let Some(&seg) = st.core.segment_by_name.get(segment_name) else { continue };
                 let Some(i) = obj.replicas.iter().position(|r| r.segment_id == seg) else { continue };
                 if obj.replicas.len() == 1 && obj.ssd.is_empty() {
                     // Its last replica: the object goes.

@@ -1,6 +1,7 @@
 //! Unit tests of the master's rules, against the state machine directly.
 
 use super::*;
+use crate::proto::PutOptions;
 
 fn master_with(config: MasterConfig) -> Arc<Master> {
     Master::new(config).unwrap()
@@ -610,7 +611,7 @@ fn a_round_pauses_after_each_step_to_keep_its_duty_until_it_is_urgent() {
     mount(&m, "c1", "s1", 64 * 4096);
     put(&m, "a", 4096, 1).unwrap();
     assert!(!m.eviction_urgent());
-    m.state.lock().pressure = true;
+    m.state.lock().core.pressure = true;
     assert!(m.eviction_urgent());
     assert!(MasterConfig { evictor_duty: 0.0, ..MasterConfig::default() }.validate().is_err());
     assert!(MasterConfig { evictor_duty: 1.5, ..MasterConfig::default() }.validate().is_err());
