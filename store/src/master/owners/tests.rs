@@ -110,11 +110,13 @@ fn a_batch_commit_tells_each_owner_once_and_answers_each_key() {
     let m = master();
     let mut a = FakeOwner::mount(&m, "a", 1 << 30);
     let mut b = FakeOwner::mount(&m, "b", 1 << 31);
-    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
-    let mut on_a = Vec::new();
-    for k in &keys {
-        let (replicas, _) = m.put_start("a", k, 1000, &opts(1)).unwrap();
+    // Placement is random: keys are put until both owners hold some (12 at least).
+    let (mut keys, mut on_a) = (Vec::new(), Vec::new());
+    while keys.len() < 12 || (keys.len() < 64 && !(on_a.contains(&true) && on_a.contains(&false))) {
+        let k = format!("k{}", keys.len());
+        let (replicas, _) = m.put_start("a", &k, 1000, &opts(1)).unwrap();
         on_a.push(replicas[0].segment_id == a.segment);
+        keys.push(k);
     }
     assert!(on_a.iter().any(|x| *x) && on_a.iter().any(|x| !*x), "keys on both owners: {on_a:?}");
     m.put_start("other", "theirs", 1000, &opts(1)).unwrap();
