@@ -15,7 +15,7 @@
 //! order a single list would give (the private `objects` module). A background evictor thread
 //! runs eviction rounds in steps of [`EVICTION_STEP`] objects (`Master::evict_step`), so no
 //! put or get waits behind a whole round. The gRPC layer ([`service`]) and the admin HTTP layer
-//! ([`admin`]) are thin.
+//! (`admin`) are thin.
 //!
 //! The state and the logic over it that needs no lock, channel or clock are the private `core`
 //! module's (segments, clients, versions, the eviction round's accounting, a put's record and
@@ -26,34 +26,34 @@
 //! `writes` module, eviction rounds and the evictor thread in `evictor`).
 
 pub mod access;
-pub mod admin;
+mod admin;
 mod allocation;
 pub mod cli;
-pub mod config;
+mod config;
 pub mod conn_limit;
 mod core;
 mod disk;
-pub mod events;
+mod events;
 mod eviction;
 mod evictor;
-pub mod fence;
-pub mod ha;
+mod fence;
+mod ha;
 mod lease_holds;
-pub mod metrics;
-pub mod mooncake_metrics;
+mod metrics;
+mod mooncake_metrics;
 mod objects;
-pub mod owners;
-pub mod published;
-pub mod query;
-pub mod query_http;
-pub mod rebuild;
-pub mod removal_records;
+mod owners;
+mod published;
+mod query;
+mod query_http;
+mod rebuild;
+mod removal_records;
 mod removals_file;
-pub mod replicate;
+mod replicate;
 pub mod server;
 pub mod service;
 mod shards;
-pub mod tasks;
+mod tasks;
 pub mod tenant;
 mod writes;
 
@@ -161,7 +161,7 @@ impl State {
 /// The master's state and logic: segments and clients, objects and their replicas, leases,
 /// eviction, the owner links, the disk tier's records, events and metrics, all behind one lock.
 /// Sans-IO where it can be: the network lives in [`service`] and [`server`]; every call that
-/// changes the state first passes the [`fence`] (a standby refuses it).
+/// changes the state first passes the `fence` (a standby refuses it).
 pub struct Master {
     config: MasterConfig,
     /// Where puts' replicas go: [`MasterConfig::allocation_strategy`]'s allocator.
@@ -240,7 +240,7 @@ impl Master {
         &self.config
     }
 
-    /// This master's term (see [`fence`] and [`owners`]).
+    /// This master's term (see `fence` and `owners`).
     pub fn term(&self) -> u64 {
         self.term.load(Ordering::Acquire)
     }
@@ -262,7 +262,7 @@ impl Master {
 
     /// Became the HA leader of `term`: starts from an empty state (the owners' reports rebuild
     /// it), writable until `deadline`.
-    /// `inherited`: the removals earlier leaders recorded ([`removal_records`]), buried in the
+    /// `inherited`: the removals earlier leaders recorded (`removal_records`), buried in the
     /// rebuild window.
     pub fn become_leader(&self, term: u64, deadline: Instant, inherited: &[removal_records::Tombstone]) {
         let mut st = self.lock_all();

@@ -295,7 +295,7 @@ impl Master {
 
     /// Whether a commit queued news in the lazy links with no [`Self::flush_lazy_news`]
     /// scheduled (the commit marked one scheduled, under the lock it held); true once: the
-    /// caller then runs it within [`LAZY_NEWS_DELAY`].
+    /// caller then runs it within `LAZY_NEWS_DELAY`.
     pub fn lazy_news_unscheduled(&self) -> bool {
         self.lazy_due.swap(false, std::sync::atomic::Ordering::AcqRel)
     }

@@ -18,7 +18,7 @@ use crate::proto::{
 
 /// Most keys in one query.
 pub const MAX_QUERY_KEYS: usize = 1 << 20;
-pub use super::core::load::{Load, Rate, RATE_WINDOW_SECS};
+pub use super::core::load::{Load, RATE_WINDOW_SECS};
 
 /// Identity of a node in one reply's node table.
 #[derive(Hash, PartialEq, Eq, Clone)]
@@ -249,6 +249,7 @@ impl Master {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::master::core::load::Rate;
     use std::time::Duration;
 
     #[test]

@@ -69,7 +69,7 @@ impl Master {
 
     /// [`Self::put_start`] of a value whose CRC-32 its writer took before (`crc`): the owners
     /// of its replicas are told of the placement now, with the checksum (a *pending* commit,
-    /// see [`owners`]), so that its end needs no further word from them. `flush`: send the
+    /// see `owners`), so that its end needs no further word from them. `flush`: send the
     /// owners' news now (a batch sends them once, with [`Self::flush_owner_news`]).
     pub fn put_start_checked(
         &self,

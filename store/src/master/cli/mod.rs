@@ -14,7 +14,7 @@
 //! Every flag upstream defines is either honoured (mapped onto [`MasterConfig`]) or, when
 //! Crescent has no such feature, accepted with its value type-checked and named in one
 //! warning at start (`IGNORED`). A flag neither knows is an error. `--enable_ha` is checked as
-//! upstream checks it; of its backends only etcd runs ([`super::config::HaConfig`], docs/src/ha.md).
+//! upstream checks it; of its backends only etcd runs (`super::config::HaConfig`, docs/src/ha.md).
 //!
 //! Precedence, as upstream: the command line over the config file over the defaults; Crescent's
 //! `--config` and upstream's `--config_path` may not be given together.
