@@ -15,7 +15,7 @@ use super::{Access, StandaloneServer};
 use crate::client::config::parse_protocol;
 use crate::client::dummy::frame::{self, Address};
 use crate::master::cli::{gflags_bool, invalid, long_flags, normalize, CliError};
-use crate::{ClientConfig, StoreClient};
+use crate::{ClientConfig, StoreApi, StoreClient};
 
 #[derive(Parser, Debug)]
 #[command(
