@@ -508,6 +508,55 @@ impl StoreClient {
         self.put_retrying(key, value.len() as u64, mode, |started| self.put_one(key, src, options, mode, started))
     }
 
+    /// A put or upsert of the value made of `pieces` of registered memory, in order.
+    fn put_pieces(&self, key: &str, pieces: &[Piece], options: &PutOptions, mode: Mode) -> Result<()> {
+        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        let len = pieces.iter().map(|p| p.len).sum();
+        self.put_retrying(key, len, mode, |started| {
+            self.put_one(key, Src::Registered(pieces, self.reach(pieces)), options, mode, started)
+        })
+    }
+
+    /// A put or upsert of the value made of `parts` one after another: gathered as the parts
+    /// are copied to the replicas, the same single copy a byte put makes.
+    fn put_parts(&self, key: &str, parts: &[&[u8]], options: &PutOptions, mode: Mode) -> Result<()> {
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        self.put_retrying(key, len, mode, |started| self.put_one(key, Src::Parts(parts), options, mode, started))
+    }
+
+    /// Puts or upserts of several values (bytes); one result per key.
+    fn put_values(
+        &self,
+        keys: &[String],
+        values: &[&[u8]],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
+        let (srcs, _loans) = self.batch_sources(values, &pieces);
+        self.put_many(keys, &srcs, options, mode)
+    }
+
+    /// Puts or upserts of values each made of pieces of registered memory, in order: all
+    /// remote writes go in one engine batch.
+    fn put_many_pieces(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
+        self.put_many(keys, &srcs, options, mode)
+    }
+
     /// Lends the memory of `values` (one piece each) to the engine for one call
     /// ([`TransferEngine::lend_local`]): every value's, or none — where a transport needs
     /// registered memory (rdma), or a value overlaps memory the caller registered; the caller
@@ -1355,11 +1404,7 @@ impl StoreApi for StoreClient {
     /// Zero-copy put of the value made of `pieces` of registered memory, in order (a value
     /// laid out in several buffers, e.g. one per layer).
     fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
-        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        let len = pieces.iter().map(|p| p.len).sum();
-        self.put_retrying(key, len, Mode::Put, |started| {
-            self.put_one(key, Src::Registered(pieces, self.reach(pieces)), options, Mode::Put, started)
-        })
+        self.put_pieces(key, pieces, options, Mode::Put)
     }
 
     /// The whole value of `key`, read from the best source (a local replica, the hot cache, a
@@ -1469,28 +1514,18 @@ impl StoreApi for StoreClient {
 
     /// [`StoreApi::upsert_with`] of the value made of `pieces` of registered memory, in order.
     fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
-        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        let len = pieces.iter().map(|p| p.len).sum();
-        self.put_retrying(key, len, Mode::Upsert, |started| {
-            self.put_one(key, Src::Registered(pieces, self.reach(pieces)), options, Mode::Upsert, started)
-        })
+        self.put_pieces(key, pieces, options, Mode::Upsert)
     }
 
     /// Puts the value made of `parts` one after another (Mooncake's `put_parts`): gathered as
     /// the parts are copied to the replicas, the same single copy a byte put makes.
     fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
-        let len = parts.iter().map(|p| p.len() as u64).sum();
-        self.put_retrying(key, len, Mode::Put, |started| {
-            self.put_one(key, Src::Parts(parts), options, Mode::Put, started)
-        })
+        self.put_parts(key, parts, options, Mode::Put)
     }
 
     /// [`StoreApi::put_parts_with`] that replaces the key's value if it has one (`upsert_parts`).
     fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
-        let len = parts.iter().map(|p| p.len() as u64).sum();
-        self.put_retrying(key, len, Mode::Upsert, |started| {
-            self.put_one(key, Src::Parts(parts), options, Mode::Upsert, started)
-        })
+        self.put_parts(key, parts, options, Mode::Upsert)
     }
 
     /// Mooncake's `get_buffer`: the value read into a block of this client's local (staging)
@@ -1564,23 +1599,13 @@ impl StoreApi for StoreClient {
 
     /// [`StoreApi::put_batch`] with `options`.
     fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
-        let (srcs, _loans) = self.batch_sources(values, &pieces);
-        self.put_many(keys, &srcs, options, Mode::Put)
+        self.put_values(keys, values, options, Mode::Put)
     }
 
     /// Zero-copy puts of values each made of pieces of registered memory, in order: all remote
     /// writes go in one engine batch.
     fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
-        self.put_many(keys, &srcs, options, Mode::Put)
+        self.put_many_pieces(keys, values, options, Mode::Put)
     }
 
     /// Gets several values (bytes); one result per key.
@@ -1656,12 +1681,7 @@ impl StoreApi for StoreClient {
 
     /// [`StoreApi::upsert_with`] of several values (bytes); one result per key.
     fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
-        let (srcs, _loans) = self.batch_sources(values, &pieces);
-        self.put_many(keys, &srcs, options, Mode::Upsert)
+        self.put_values(keys, values, options, Mode::Upsert)
     }
 
     /// [`StoreApi::upsert_with`] of values each made of pieces of registered memory, in order.
@@ -1671,12 +1691,7 @@ impl StoreApi for StoreClient {
         values: &[&[Piece]],
         options: &PutOptions,
     ) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
-        self.put_many(keys, &srcs, options, Mode::Upsert)
+        self.put_many_pieces(keys, values, options, Mode::Upsert)
     }
 
     /// [`StoreApi::get_buffer`] for several keys: one master round trip, remote reads in one
