@@ -34,7 +34,7 @@ use crescent_engine::{
     parse_size, EngineConfig, Opcode, RegisteredMemory, SegmentId, TransferEngine, TransferRequest, TransportKind,
 };
 use crescent_store::master::server::MasterHandle;
-use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{pattern, ClientConfig, MasterConfig, StoreApi, StoreClient, StoreError};
 use crescent_transports::net::auth::{SECRET_ENV, SECRET_FILE_ENV, SECRET_NEXT_ENV};
 use crescent_transports::net::{Keyring, Service};
 

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use crescent_engine::parse_size;
-use crescent_store::{ClientConfig, StoreClient};
+use crescent_store::{ClientConfig, StoreApi, StoreClient};
 
 use crate::report::{self, Pairs, Target};
 

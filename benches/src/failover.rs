@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use crescent_store::{pattern, ClientConfig, StoreClient};
+use crescent_store::{pattern, ClientConfig, StoreApi, StoreClient};
 use hdrhistogram::Histogram;
 
 use crate::etcd_cluster::EtcdCluster;

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use crescent_engine::parse_size;
 use crescent_store::client::hot_cache::{Admission, FillMode, HotCacheSettings};
-use crescent_store::{pattern, ClientConfig, StoreClient};
+use crescent_store::{pattern, ClientConfig, StoreApi, StoreClient};
 
 use crate::report;
 use hdrhistogram::Histogram;

@@ -28,7 +28,7 @@ use clap::Parser;
 use crescent_engine::parse_size;
 use crescent_store::client::disk::FsyncScope;
 use crescent_store::master::server;
-use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient};
+use crescent_store::{pattern, ClientConfig, MasterConfig, StoreApi, StoreClient};
 use hdrhistogram::Histogram;
 
 use crate::report;

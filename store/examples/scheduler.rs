@@ -15,7 +15,7 @@ use clap::Parser;
 use crescent_store::master::server;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{NodeStatsRequest, QueryKeysRequest, Tier};
-use crescent_store::{ClientConfig, MasterConfig, StoreClient};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient};
 
 #[derive(Parser)]
 struct Cli {

@@ -26,7 +26,7 @@ pub fn disk_segment_name(disk_id: &str) -> String {
 }
 
 /// What separates a client's extra memory segment's name from its engine's segment name:
-/// `host:port#<uuid>` (see `StoreClient::allocate_and_mount_segment`). Every segment of a
+/// `host:port#<uuid>` (see `StoreApi::allocate_and_mount_segment`). Every segment of a
 /// client is memory of its one engine segment, so a reader opens `host:port`.
 pub const EXTRA_SEGMENT_MARK: char = '#';
 

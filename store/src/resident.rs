@@ -2,7 +2,7 @@
 //!
 //! A transfer into pages never touched takes one fault per 4 KiB page in the transport's
 //! receiving threads. Memory a caller registers for zero-copy calls is meant to be used again
-//! and again, so [`StoreClient::register_buffer`](crate::StoreClient::register_buffer) makes it
+//! and again, so [`StoreApi::register_buffer`](crate::StoreApi::register_buffer) makes it
 //! resident once, at registration, as registering it with an RDMA device (which pins it)
 //! would. Measured (`storebench hot-cache`, `batch_get_into` of 5 x 25 MiB into buffers
 //! allocated and registered once, unshaped veth, 2026-12-04): a fresh reader's first call took

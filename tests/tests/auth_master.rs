@@ -10,7 +10,7 @@ use std::time::Duration;
 use crescent_store::master::access;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{BatchKeyRequest, KeyRequest, RemoveAllRequest, Tier};
-use crescent_store::{ClientConfig, MasterConfig, StoreClient};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient};
 use crescent_tests::store::{loopback_client_config, loopback_master, pattern_bytes};
 use crescent_transports::net::Keyring;
 

@@ -9,7 +9,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use crescent_store::{ClientConfig, MasterConfig, StoreClient};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient};
 
 struct Counting;
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crescent_store::client::hot_cache::{FillMode, HotCacheSettings};
 use crescent_store::master::server::MasterHandle;
-use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient, StoreError};
 
 const MIB: u64 = 1 << 20;
 

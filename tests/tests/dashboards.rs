@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 
 use crescent_store::client::hot_cache::HotCacheSettings;
-use crescent_store::{ClientConfig, MasterConfig, StoreClient};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient};
 use crescent_tests::dashboards::{dashboard_exprs, exports, promql_names, repo_path};
 use crescent_tests::store::{loopback_client_config, loopback_master};
 

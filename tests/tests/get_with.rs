@@ -8,7 +8,7 @@
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
-use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError, ValueSink};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient, StoreError, ValueSink};
 
 /// A sink that records the sizes it was asked for and gives `size + skew` bytes (a wrong
 /// length when `skew` is not 0), or `fail`'s error.

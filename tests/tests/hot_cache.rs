@@ -10,7 +10,7 @@ use crescent_engine::TransportKind;
 use crescent_store::client::hot_cache::{FillMode, HotCacheMetrics, HotCacheSettings};
 use crescent_store::client::Extent;
 use crescent_store::master::server::MasterHandle;
-use crescent_store::{pattern, AllocationStrategy, ClientConfig, MasterConfig, StoreClient};
+use crescent_store::{pattern, AllocationStrategy, ClientConfig, MasterConfig, StoreApi, StoreClient};
 
 const MIB: u64 = 1 << 20;
 

@@ -10,7 +10,7 @@ use crescent_store::master::service::{MAX_BATCH_KEYS, MAX_REQUEST_MESSAGE};
 use crescent_store::master::MAX_KEY_LEN;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{BatchKeyRequest, PutStartRequest};
-use crescent_store::{ClientConfig, StoreClient};
+use crescent_store::{ClientConfig, StoreApi, StoreClient};
 use crescent_tests::dashboards::{dashboard_exprs, exports, promql_names, repo_file};
 use crescent_tests::{workspace_bin, ChildGuard};
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{Code, MountSegmentRequest, PutStartRequest, SegmentInfo};
-use crescent_store::{ClientConfig, StoreClient};
+use crescent_store::{ClientConfig, StoreApi, StoreClient};
 use crescent_tests::etcd_cluster::EtcdCluster;
 use crescent_tests::partition::Partition;
 use crescent_tests::services::unique_cluster;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_store::proto::PutOptions;
-use crescent_store::{ClientConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, StoreApi, StoreClient, StoreError};
 use crescent_tests::services::free_port;
 use crescent_tests::store::pattern_bytes;
 use crescent_tests::store::spawn_master;

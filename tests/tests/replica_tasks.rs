@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crescent_store::proto::{TaskInfo, TaskStatus, TaskType};
-use crescent_store::{MasterConfig, StoreClient, StoreError};
+use crescent_store::{MasterConfig, StoreApi, StoreClient, StoreError};
 use crescent_tests::eventually;
 use crescent_tests::store::{loopback_client as client, loopback_client_config, loopback_master, pattern_bytes};
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crescent_store::proto::PutOptions;
-use crescent_store::{ClientConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, StoreApi, StoreClient, StoreError};
 use crescent_tests::services::free_port;
 use crescent_tests::store::{loopback_client, loopback_master, pattern_bytes, spawn_master};
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::{PutOptions, Tier};
-use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient, StoreError};
 use crescent_tests::tmpfs::Tmpfs;
 
 fn master() -> MasterHandle {

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use crescent_store::client::{Extent, HeldBlock, Piece};
+use crescent_store::client::{Extent, HeldBuffer, Piece};
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{
     BatchPutStartRequest, Checksum, Code, KeyRequest, MountSegmentRequest, PutOptions, PutStartRequest, SegmentInfo,
     UnmountSegmentRequest,
 };
-use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient, StoreError};
 
 fn master() -> MasterHandle {
     crescent_tests::store::loopback_master(MasterConfig::default())
@@ -767,7 +767,7 @@ fn get_buffer_reads_once_into_the_clients_own_registered_memory_and_holds_it() {
     // The blocks go back when dropped: the whole buffer is free again.
     drop((held, own, got));
     a.put("gb/1b", &data(1 << 20, 34)).unwrap();
-    let four: Vec<HeldBlock> = (0..4).map(|_| b.get_buffer("gb/1b").unwrap()).collect();
+    let four: Vec<HeldBuffer> = (0..4).map(|_| b.get_buffer("gb/1b").unwrap()).collect();
     assert!(four.iter().all(|h| h.bytes() == &data(1 << 20, 34)[..]));
 }
 

@@ -343,7 +343,7 @@ fn sessions_and_checksums_move_device_memory() {
             ];
             let read = reader.batch_get_into_session_ranges(&k, &[&ranges]).unwrap();
             assert!(matches!(read[..], [Ok(n)] if n == len), "{read:?}");
-            reader.batch_get_session_end(&k);
+            reader.batch_get_session_end(&k).unwrap();
             assert!(holds(&dst.read_back(0, len), 31, 0), "session {i} into device memory");
         }
     }

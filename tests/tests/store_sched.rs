@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crescent_store::master::server::MasterHandle;
 use crescent_store::proto::{EventKind, EventMessage, Tier};
-use crescent_store::{MasterConfig, StoreError};
+use crescent_store::{MasterConfig, StoreApi, StoreError};
 use crescent_tests::eventually;
 
 fn master_with(config: MasterConfig) -> MasterHandle {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crescent_store::client::Extent;
 use crescent_store::master::server::MasterHandle;
-use crescent_store::{MasterConfig, StoreClient, StoreError};
+use crescent_store::{MasterConfig, StoreApi, StoreClient, StoreError};
 
 const PAGE: usize = 64 << 10;
 const LAYERS: usize = 4;
@@ -107,7 +107,7 @@ fn a_value_saved_layer_by_layer_in_a_session_loads_back_layer_by_layer_without_a
             let got = reader.batch_get_into_session_ranges(&keys, &refs(&r)).unwrap();
             assert!(got.iter().all(|g| g.as_ref().is_ok_and(|n| *n == PAGE as u64)), "layer {l}: {got:?}");
         }
-        reader.batch_get_session_end(&keys);
+        reader.batch_get_session_end(&keys).unwrap();
         let calls: Vec<u64> = rpc_counts(&m, &METHODS).iter().zip(&before).map(|(x, y)| x - y).collect();
         assert_eq!(calls, vec![0, 0, 0, 0, 1, 0], "calls of {METHODS:?} for a get session");
         assert!(dsts == layers, "every layer back in place");
@@ -199,8 +199,8 @@ fn sessions_end_once_and_refuse_what_they_do_not_hold_key_by_key() {
         2 * PAGE as u64
     );
     assert!(dst == expect);
-    c.batch_get_session_end(&gk);
-    c.batch_get_session_end(&gk);
+    c.batch_get_session_end(&gk).unwrap();
+    c.batch_get_session_end(&gk).unwrap();
     assert!(invalid(&c.batch_get_into_session_ranges(&one("a"), &[&into(0, 1)]).unwrap()[0]), "after the end");
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_store::proto::EventKind;
-use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient, StoreError};
 use crescent_tests::store::{loopback_client_config, loopback_master, pattern_bytes};
 use crescent_transports::net::Keyring;
 

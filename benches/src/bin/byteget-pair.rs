@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use crescent_benches::report;
 use crescent_engine::parse_size;
-use crescent_store::{pattern, ClientConfig, StoreClient};
+use crescent_store::{pattern, ClientConfig, StoreApi, StoreClient};
 
 #[derive(Parser)]
 struct Cli {

@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use crescent_engine::parse_size;
 use crescent_store::client::Piece;
-use crescent_store::{pattern, ClientConfig, StoreClient};
+use crescent_store::{pattern, ClientConfig, StoreApi, StoreClient};
 
 #[derive(Parser)]
 #[command(name = "store-batch-get", about = "batch_get_into of existing values in a loop (Rust reference)")]

@@ -34,7 +34,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use crescent_benches::{checksumbench, dummybench, hotbench, masterbench, report};
 use crescent_engine::parse_size;
-use crescent_store::{pattern, ClientConfig, StoreClient};
+use crescent_store::{pattern, ClientConfig, StoreApi, StoreClient};
 use hdrhistogram::Histogram;
 use redis::Commands;
 

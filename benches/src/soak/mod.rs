@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use crescent_store::{ClientConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, StoreApi, StoreClient, StoreError};
 
 use crate::etcd_cluster::EtcdCluster;
 use crate::failover::MasterProc;

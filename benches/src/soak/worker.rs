@@ -26,7 +26,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use crescent_engine::TransportKind;
 use crescent_store::proto::Code;
-use crescent_store::{ClientConfig, StoreClient, StoreError};
+use crescent_store::{ClientConfig, StoreApi, StoreClient, StoreError};
 use rand::Rng;
 use serde_json::{json, Value};
 

@@ -4,7 +4,7 @@
 use std::ffi::{c_char, CStr};
 
 use crescent_ffi::store::proto::PutOptions;
-use crescent_ffi::store::StoreClient;
+use crescent_ffi::store::{StoreApi, StoreClient};
 use crescent_ffi::{fail, raw, store_fail, ReplicateConfig, SoftPinAction, Status};
 
 use crate::{CrescentReplicateConfig, R};

@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_void};
 use crescent_ffi::methods::{self, c, Mem, Method};
 use crescent_ffi::store::client::Buffer;
 use crescent_ffi::store::proto::PutOptions;
-use crescent_ffi::store::StoreClient;
+use crescent_ffi::store::{StoreApi, StoreClient};
 use crescent_ffi::{fail, store_fail, SetupArgs, Status};
 
 use crate::args::{

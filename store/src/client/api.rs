@@ -1,11 +1,13 @@
-//! The store's API as one trait, [`StoreApi`], implemented by the full client ([`StoreClient`],
-//! which owns a segment, an engine and the disk tier) and by a dummy client
-//! ([`super::dummy::DummyClient`], which forwards every call to a standalone client on this
-//! host). Bindings (the Python `MooncakeDistributedStore`, the `crescent` tool) hold an
-//! `Arc<dyn StoreApi>` and work with either.
+//! The store's API as one trait, [`StoreApi`], implemented by the full client
+//! ([`StoreClient`](super::StoreClient), which owns a segment, an engine and the disk tier)
+//! and by a dummy client ([`super::dummy::DummyClient`], which forwards every call to a
+//! standalone client on this host). Bindings (the Python `MooncakeDistributedStore`, the
+//! `crescent` tool) hold an `Arc<dyn StoreApi>` and work with either.
 //!
-//! The methods mean what [`StoreClient`]'s methods of the same names mean; the provided ones
-//! are the short forms (default options, one buffer).
+//! Each call is written once: the full client's bodies are its `impl StoreApi` (in
+//! `client/mod.rs`, documented there where it does more than the trait says), so a caller
+//! holding a `StoreClient` imports this trait. The provided methods are the short forms
+//! (default options, one buffer) and what a dummy client does not carry.
 
 use std::mem::MaybeUninit;
 
@@ -14,7 +16,7 @@ use crate::proto::{PutOptions, QueryKeyReply};
 
 use super::op::{Batch, Buffer, Dest, Held, HeldBuffer, Kind, Op, Outcome, Placer, Source, ValueSink};
 use super::sg::{Extent, Piece};
-use super::{HeldBlock, StoreClient};
+use super::HeldBlock;
 
 impl Held for HeldBlock {
     fn addr(&self) -> u64 {
@@ -72,9 +74,9 @@ pub trait StoreApi: Send + Sync {
     /// Registers memory of this process for the zero-copy calls (host memory, or a GPU's
     /// memory where the driver's pointer attributes say so).
     fn register_buffer(&self, addr: u64, len: u64) -> Result<()>;
-    /// [`StoreApi::register_buffer`] at a location given (`cpu:N`, `cuda:N`, `*`: see
-    /// [`StoreClient::register_buffer_at`]). Provided: host locations only (a dummy client
-    /// moves host memory only).
+    /// [`StoreApi::register_buffer`] at a location given (`cpu:N`, `cuda:N`, `*`: see the
+    /// full client's, [`StoreClient`](super::StoreClient)). Provided: host locations only (a
+    /// dummy client moves host memory only).
     fn register_buffer_at(&self, addr: u64, len: u64, location: &str) -> Result<()> {
         match location.trim() {
             "" | "*" => self.register_buffer(addr, len),
@@ -84,8 +86,8 @@ pub trait StoreApi: Send + Sync {
             ))),
         }
     }
-    /// Registers `[addr, +len)` for puts that read from it ([`StoreClient::register_source`]:
-    /// no pages made resident). Provided: [`StoreApi::register_buffer`].
+    /// Registers `[addr, +len)` for puts that read from it (a full client makes
+    /// no pages resident). Provided: [`StoreApi::register_buffer`].
     fn register_source(&self, addr: u64, len: u64) -> Result<()> {
         self.register_buffer(addr, len)
     }
@@ -101,16 +103,14 @@ pub trait StoreApi: Send + Sync {
     /// Whether `[addr, +len)` may be handed to the zero-copy calls as it is.
     fn is_registered(&self, addr: u64, len: u64) -> bool;
 
-    /// Puts `value` under `key` with `options`; a key that exists is left as it was
-    /// ([`StoreClient::put_with`]).
+    /// Puts `value` under `key` with `options`; a key that exists is left as it was.
     fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
-    /// Zero-copy put of the value made of `pieces` of registered memory, in order
-    /// ([`StoreClient::put_from_sg`]).
+    /// Zero-copy put of the value made of `pieces` of registered memory, in order.
     fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()>;
-    /// The whole value of `key`, copied into a new vector ([`StoreClient::get`]).
+    /// The whole value of `key`, copied into a new vector.
     fn get(&self, key: &str) -> Result<Vec<u8>>;
     /// The whole value of `key`, written into the memory `sink` gives once the size is known;
-    /// returns the size ([`StoreClient::get_with`]). Provided: a [`StoreApi::get`] copied
+    /// returns the size. Provided: a [`StoreApi::get`] copied
     /// into the sink (a dummy client receives the value over its socket first).
     fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
         let value = self.get(key)?;
@@ -118,10 +118,9 @@ pub trait StoreApi: Send + Sync {
         Ok(value.len() as u64)
     }
     /// Zero-copy get of the whole value into `pieces` of registered memory, in order; returns
-    /// the object's size ([`StoreClient::get_into_sg`]).
+    /// the object's size.
     fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64>;
-    /// Zero-copy get of ranges of the value; returns the bytes read
-    /// ([`StoreClient::get_into_ranges`]).
+    /// Zero-copy get of ranges of the value; returns the bytes read.
     fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64>;
     /// Puts that replace the key's value if it has one (Mooncake's upserts).
     fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()>;
@@ -133,8 +132,8 @@ pub trait StoreApi: Send + Sync {
     fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()>;
     /// The value held in memory of this process until the result is dropped.
     fn get_buffer(&self, key: &str) -> Result<HeldBuffer>;
-    /// Whole values read into memory `place` gives once their sizes are known
-    /// ([`StoreClient::batch_get_into_placed`]). Provided: each key's size asked on its own,
+    /// Whole values read into memory `place` gives once their sizes are known. Provided: each
+    /// key's size asked on its own,
     /// then one batch of zero-copy gets (a dummy client).
     fn batch_get_into_placed(&self, keys: &[String], place: &mut Placer<'_>) -> Result<Vec<Result<u64>>> {
         let sizes: Vec<Result<u64>> = keys.iter().map(|k| self.get_size(k)).collect();
@@ -165,28 +164,25 @@ pub trait StoreApi: Send + Sync {
         Ok(out)
     }
     /// `len` bytes of the client's local buffer, held until the result is dropped, if they
-    /// are free now ([`StoreClient::hold_local`]). Provided: a client without a local buffer
+    /// are free now. Provided: a client without a local buffer
     /// of its own (a dummy client, as in Mooncake) refuses.
     fn hold_local(&self, len: u64) -> Result<Option<HeldBuffer>> {
         let _ = len;
         Err(StoreError::invalid("this client has no local buffer of its own to lease from"))
     }
-    /// The size of the client's local buffer in bytes, 0 for a client without one
-    /// ([`StoreClient::local_buffer_size`]).
+    /// The size of the client's local buffer in bytes, 0 for a client without one.
     fn local_buffer_size(&self) -> u64 {
         0
     }
 
-    /// Puts several values (bytes), `values[i]` under `keys[i]`; one result per key
-    /// ([`StoreClient::put_batch_with`]).
+    /// Puts several values (bytes), `values[i]` under `keys[i]`; one result per key.
     fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
-    /// Zero-copy puts of values each made of pieces of registered memory; one result per key
-    /// ([`StoreClient::batch_put_from_sg`]).
+    /// Zero-copy puts of values each made of pieces of registered memory; one result per key.
     fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>>;
-    /// The values of several keys, as bytes; one result per key ([`StoreClient::get_batch`]).
+    /// The values of several keys, as bytes; one result per key.
     fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>>;
     /// The values of several keys, each written into the memory its sink makes once the
-    /// sizes are known; the size per key ([`StoreClient::get_batch_with`]). Provided: a
+    /// sizes are known; the size per key. Provided: a
     /// [`StoreApi::get_batch`] copied into the sinks.
     fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
         if keys.len() != sinks.len() {
@@ -205,10 +201,9 @@ pub trait StoreApi: Send + Sync {
             .collect())
     }
     /// Zero-copy gets of several whole values, each into its pieces of registered memory;
-    /// the size read per key ([`StoreClient::batch_get_into_sg`]).
+    /// the size read per key.
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>>;
-    /// Zero-copy gets of ranges of several values; the bytes read per key
-    /// ([`StoreClient::batch_get_into_ranges`]).
+    /// Zero-copy gets of ranges of several values; the bytes read per key.
     fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>>;
     /// [`StoreApi::put_batch_with`] that replaces each key's value if it has one.
     fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>>;
@@ -254,23 +249,33 @@ pub trait StoreApi: Send + Sync {
 
     // ---- segments mounted at run time: a full client's (upstream's need a `RealClient`) ----
 
-    /// See [`StoreClient::mount_segment`].
+    /// Mounts `[offset, +size)` of the file at `path` (mapped shared, read-write, and
+    /// registered with the engine) as a segment of this client; returns its ids (one, or none
+    /// for `size` 0, as Mooncake). `offset` must be a multiple of the page size, the range
+    /// within the file. The file's bytes are the pool's until [`StoreApi::unmount_segments`].
     fn mount_segment(&self, path: &std::path::Path, offset: u64, size: u64, location: &str) -> Result<Vec<String>> {
         let _ = (path, offset, size, location);
         Err(no_segments("mount_segment"))
     }
-    /// See [`StoreClient::allocate_and_mount_segment`].
+    /// Allocates `size` bytes (rounded up to a multiple of 4 MiB, as Mooncake) of page-aligned host memory,
+    /// registers them with the engine and mounts them as a segment of this client; returns its
+    /// ids and the size allocated.
     fn allocate_and_mount_segment(&self, size: u64, location: &str) -> Result<(Vec<String>, u64)> {
         let _ = (size, location);
         Err(no_segments("allocate_and_mount_segment"))
     }
-    /// See [`StoreClient::unmount_segments`]: one result per id.
+    /// Unmounts the segments `ids` that [`StoreApi::mount_segment`] (`free` false) or
+    /// [`StoreApi::allocate_and_mount_segment`] (`free` true) mounted; one result per id. Their
+    /// replicas leave the pool at once (objects whose only copy was there are gone); their
+    /// memory stays registered and unchanged while calls the master granted before may still
+    /// use it, and at least `grace`, then is unregistered (and freed, or unmapped).
     fn unmount_segments(&self, ids: &[String], free: bool, grace: std::time::Duration) -> Vec<Result<()>> {
         let _ = grace;
         let name = if free { "unmount_and_free_segment" } else { "unmount_segment" };
         ids.iter().map(|_| Err(no_segments(name))).collect()
     }
-    /// See [`StoreClient::unmount_local_disk_segment`].
+    /// Mooncake's `unmount_local_disk_segment`: unmounts this client's disk tier at the master
+    /// (see `DiskLink::drain`) and waits `grace`; without a disk tier, nothing (as upstream).
     fn unmount_local_disk_segment(&self, grace: std::time::Duration) -> Result<()> {
         let _ = grace;
         Err(no_segments("unmount_local_disk_segment"))
@@ -278,37 +283,57 @@ pub trait StoreApi: Send + Sync {
 
     // ---- sessions (Mooncake's `batch_*_session_*`): a full client keeps them ----
 
-    /// See [`StoreClient::batch_get_session_start`].
+    /// Starts a get session for each key: its replica list asked once (one master round
+    /// trip), kept with its lease for [`StoreApi::batch_get_into_session_ranges`]. Per key: Ok, or
+    /// why there is no session (the master's answer, or no replica in memory). A key's
+    /// previous get session is replaced (or dropped, when the new start fails).
     fn batch_get_session_start(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         let _ = keys;
         Err(no_sessions())
     }
-    /// See [`StoreClient::batch_get_into_session_ranges`].
+    /// Ranged gets on get sessions, without asking the master: for key `i`, each extent of
+    /// `ranges[i]` takes `[offset, +len)` of the value into registered memory at `addr`; the
+    /// remote reads of every key go in one engine batch. Per key: the bytes read, or an error —
+    /// no session, a range outside the value or memory not registered (caller's mistakes), the
+    /// lease ended (the session with it), a transfer that failed.
     fn batch_get_into_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
         let _ = (keys, ranges);
         Err(no_sessions())
     }
-    /// See [`StoreClient::batch_get_session_end`].
+    /// Ends the get sessions of `keys` (those without one are fine).
     fn batch_get_session_end(&self, keys: &[String]) -> Result<()> {
         let _ = keys;
         Err(no_sessions())
     }
-    /// See [`StoreClient::batch_put_session_start`].
+    /// Starts a put session for each key: the object of `sizes[i]` bytes placed by the master
+    /// (one round trip) and kept for [`StoreApi::batch_put_from_session_ranges`] until
+    /// [`StoreApi::batch_put_session_end`] or [`StoreApi::batch_put_session_revoke`]. Per key: Ok, or
+    /// why there is no session (one is open already, an empty value, the master's answer — an
+    /// existing key is [`StoreError::AlreadyExists`]).
     fn batch_put_session_start(&self, keys: &[String], sizes: &[u64], options: &PutOptions) -> Result<Vec<Result<()>>> {
         let _ = (keys, sizes, options);
         Err(no_sessions())
     }
-    /// See [`StoreClient::batch_put_from_session_ranges`].
+    /// Ranged writes on put sessions, without asking the master: for key `i`, each extent of
+    /// `ranges[i]` puts `len` bytes from registered memory at `addr` at `offset` of the value,
+    /// into every replica (the remote writes of every key in one engine batch). Per key: the
+    /// bytes written, or an error — no session or one sealed by an end or revoke, a range
+    /// outside the value, memory not registered, the placement past the master's put timeout,
+    /// a transfer that failed.
     fn batch_put_from_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
         let _ = (keys, ranges);
         Err(no_sessions())
     }
-    /// See [`StoreClient::batch_put_session_end`].
+    /// Ends the put sessions of `keys`: the objects are committed (one master round trip) and
+    /// readable. Per key: Ok (the session is gone), or an error — no session, the master's
+    /// answer (the session stays, sealed: end or revoke it again).
     fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         let _ = keys;
         Err(no_sessions())
     }
-    /// See [`StoreClient::batch_put_session_revoke`].
+    /// Revokes the put sessions of `keys`: the reserved space goes back (one master round
+    /// trip). Per key: Ok (the session is gone; also when the master had dropped the
+    /// placement), or an error — no session, the master's answer (the session stays, sealed).
     fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         let _ = keys;
         Err(no_sessions())
@@ -316,22 +341,26 @@ pub trait StoreApi: Send + Sync {
 
     // ---- replica tasks (Mooncake's `create_copy_task`, ...): a full client's ----
 
-    /// See [`StoreClient::create_copy_task`].
+    /// Mooncake's `create_copy_task`: the master queues a task copying `key` to each segment
+    /// of `targets`; returns its id.
     fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<(u64, u64)> {
         let _ = (key, targets);
         Err(no_tasks())
     }
-    /// See [`StoreClient::create_move_task`].
+    /// Mooncake's `create_move_task`: the master queues a task moving `key`'s replica on
+    /// segment `source` to segment `target`; returns its id.
     fn create_move_task(&self, key: &str, source: &str, target: &str) -> Result<(u64, u64)> {
         let _ = (key, source, target);
         Err(no_tasks())
     }
-    /// See [`StoreClient::query_task`].
+    /// Mooncake's `query_task`: the task's type, status, times, client and message.
     fn query_task(&self, id: (u64, u64)) -> Result<crate::proto::TaskInfo> {
         let _ = id;
         Err(no_tasks())
     }
-    /// See [`StoreClient::batch_replica_clear`].
+    /// Mooncake's `batch_replica_clear`: of `keys`, the objects this client put whose read
+    /// leases are over lose their replicas on `segment_name` (or, with "", go); returns the
+    /// keys cleared.
     fn batch_replica_clear(&self, keys: &[String], segment_name: &str) -> Result<Vec<String>> {
         let _ = (keys, segment_name);
         Err(no_tasks())
@@ -437,183 +466,6 @@ fn one_piece_each(keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<[P
         return Err(crate::StoreError::invalid("keys, buffers and sizes differ in length"));
     }
     Ok(addrs.iter().zip(lens).map(|(&a, &n)| [Piece::new(a, n)]).collect())
-}
-
-impl StoreApi for StoreClient {
-    fn segment_name(&self) -> String {
-        StoreClient::segment_name(self).to_string()
-    }
-    fn mount_segment(&self, path: &std::path::Path, offset: u64, size: u64, location: &str) -> Result<Vec<String>> {
-        StoreClient::mount_segment(self, path, offset, size, location)
-    }
-    fn allocate_and_mount_segment(&self, size: u64, location: &str) -> Result<(Vec<String>, u64)> {
-        StoreClient::allocate_and_mount_segment(self, size, location)
-    }
-    fn unmount_segments(&self, ids: &[String], free: bool, grace: std::time::Duration) -> Vec<Result<()>> {
-        StoreClient::unmount_segments(self, ids, free, grace)
-    }
-    fn unmount_local_disk_segment(&self, grace: std::time::Duration) -> Result<()> {
-        StoreClient::unmount_local_disk_segment(self, grace)
-    }
-    fn default_options(&self) -> PutOptions {
-        StoreClient::default_options(self)
-    }
-    fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
-        StoreClient::register_buffer(self, addr, len)
-    }
-    fn register_buffer_at(&self, addr: u64, len: u64, location: &str) -> Result<()> {
-        StoreClient::register_buffer_at(self, addr, len, location)
-    }
-    fn register_source(&self, addr: u64, len: u64) -> Result<()> {
-        StoreClient::register_source(self, addr, len)
-    }
-    fn device_of(&self, addr: u64, len: u64) -> Option<u32> {
-        self.engine().local_device_memory(addr, len).map(|m| m.allocation.device)
-    }
-    fn unregister_buffer(&self, addr: u64) -> Result<()> {
-        StoreClient::unregister_buffer(self, addr)
-    }
-    fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        StoreClient::put_with(self, key, value, options)
-    }
-    fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
-        StoreClient::put_from_sg(self, key, pieces, options)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>> {
-        StoreClient::get(self, key)
-    }
-    fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
-        StoreClient::get_with(self, key, sink)
-    }
-    fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
-        StoreClient::get_into_sg(self, key, pieces)
-    }
-    fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64> {
-        StoreClient::get_into_ranges(self, key, ranges)
-    }
-    fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        StoreClient::put_batch_with(self, keys, values, options)
-    }
-    fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        StoreClient::batch_put_from_sg(self, keys, values, options)
-    }
-    fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
-        StoreClient::get_batch(self, keys)
-    }
-    fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
-        StoreClient::get_batch_with(self, keys, sinks)
-    }
-    fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
-        StoreClient::batch_get_into_sg(self, keys, values)
-    }
-    fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
-        StoreClient::batch_get_into_ranges(self, keys, ranges)
-    }
-    fn exists(&self, key: &str) -> Result<bool> {
-        StoreClient::exists(self, key)
-    }
-    fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
-        StoreClient::batch_exists(self, keys)
-    }
-    fn query(&self, key: &str) -> Result<QueryKeyReply> {
-        StoreClient::query(self, key)
-    }
-    fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<(u64, u64)> {
-        StoreClient::create_copy_task(self, key, targets)
-    }
-    fn create_move_task(&self, key: &str, source: &str, target: &str) -> Result<(u64, u64)> {
-        StoreClient::create_move_task(self, key, source, target)
-    }
-    fn query_task(&self, id: (u64, u64)) -> Result<crate::proto::TaskInfo> {
-        StoreClient::query_task(self, id)
-    }
-    fn batch_replica_clear(&self, keys: &[String], segment_name: &str) -> Result<Vec<String>> {
-        StoreClient::batch_replica_clear(self, keys, segment_name)
-    }
-    fn get_size(&self, key: &str) -> Result<u64> {
-        StoreClient::get_size(self, key)
-    }
-    fn remove_with(&self, key: &str, force: bool) -> Result<()> {
-        StoreClient::remove_with(self, key, force)
-    }
-    fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
-        StoreClient::remove_by_regex_with(self, pattern, force)
-    }
-    fn remove_all_with(&self, force: bool) -> Result<u64> {
-        StoreClient::remove_all_with(self, force)
-    }
-    fn master_reachable(&self) -> bool {
-        StoreClient::master_reachable(self)
-    }
-    fn remote_disk_reads(&self) -> u64 {
-        StoreClient::remote_disk_reads(self)
-    }
-    fn is_registered(&self, addr: u64, len: u64) -> bool {
-        self.engine().is_registered(addr, len)
-    }
-    fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        StoreClient::upsert_with(self, key, value, options)
-    }
-    fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
-        StoreClient::upsert_from_sg(self, key, pieces, options)
-    }
-    fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
-        StoreClient::put_parts_with(self, key, parts, options)
-    }
-    fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
-        StoreClient::upsert_parts_with(self, key, parts, options)
-    }
-    fn get_buffer(&self, key: &str) -> Result<HeldBuffer> {
-        StoreClient::get_buffer(self, key).map(HeldBuffer::from)
-    }
-    fn hold_local(&self, len: u64) -> Result<Option<HeldBuffer>> {
-        Ok(StoreClient::hold_local(self, len)?.map(HeldBuffer::from))
-    }
-    fn batch_get_into_placed(&self, keys: &[String], place: &mut Placer<'_>) -> Result<Vec<Result<u64>>> {
-        StoreClient::batch_get_into_placed(self, keys, place)
-    }
-    fn local_buffer_size(&self) -> u64 {
-        StoreClient::local_buffer_size(self)
-    }
-    fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        StoreClient::upsert_batch_with(self, keys, values, options)
-    }
-    fn batch_upsert_from_sg(
-        &self,
-        keys: &[String],
-        values: &[&[Piece]],
-        options: &PutOptions,
-    ) -> Result<Vec<Result<()>>> {
-        StoreClient::batch_upsert_from_sg(self, keys, values, options)
-    }
-    fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>> {
-        Ok(StoreClient::batch_get_buffer(self, keys)?.into_iter().map(|r| r.map(HeldBuffer::from)).collect())
-    }
-    fn batch_get_session_start(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
-        StoreClient::batch_get_session_start(self, keys)
-    }
-    fn batch_get_into_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
-        StoreClient::batch_get_into_session_ranges(self, keys, ranges)
-    }
-    fn batch_get_session_end(&self, keys: &[String]) -> Result<()> {
-        StoreClient::batch_get_session_end(self, keys);
-        Ok(())
-    }
-    fn batch_put_session_start(&self, keys: &[String], sizes: &[u64], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        StoreClient::batch_put_session_start(self, keys, sizes, options)
-    }
-    fn batch_put_from_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
-        StoreClient::batch_put_from_session_ranges(self, keys, ranges)
-    }
-    fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
-        StoreClient::batch_put_session_end(self, keys)
-    }
-    fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
-        StoreClient::batch_put_session_revoke(self, keys)
-    }
-    fn close(&self) -> Result<()> {
-        StoreClient::close(self)
-    }
 }
 
 // ---- the executor of `StoreApi::run` ----

@@ -33,7 +33,7 @@ pub(crate) struct Exec<'c> {
     /// With checksums on: the counters whole-value reads are verified against (see
     /// [`super::checksum`]); none: reads are not verified.
     pub verify: Option<&'c Arc<Checksums>>,
-    /// Counts the reads of another client's disk (`StoreClient::remote_disk_reads`).
+    /// Counts the reads of another client's disk (`StoreApi::remote_disk_reads`).
     pub remote_disk_reads: &'c std::sync::atomic::AtomicU64,
 }
 

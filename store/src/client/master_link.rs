@@ -201,11 +201,6 @@ impl StoreClient {
         self.rpc.addr()
     }
 
-    /// The objects this client's segment holds, as far as it knows (its owner index).
-    pub fn owned_objects(&self) -> usize {
-        self.index.len()
-    }
-
     pub(super) fn start_heartbeat(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let stop = self.stop.clone();

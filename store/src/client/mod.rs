@@ -73,6 +73,7 @@ use plan::{Mode, Refusal, Written};
 use rpc::{check, MasterRpc};
 use sg::{Dst, Reach, Src};
 pub use sg::{Extent, Piece};
+use tasks::task_id;
 
 /// Per key of a batch get: the identity of the hot-cache entry copied into the key's memory
 /// while the master answered, if any (see `StoreClient::batch_replica_lists_copying_hits`).
@@ -90,7 +91,7 @@ pub(crate) const EARLY_COPY_FROM: u64 = 1 << 20;
 
 /// A byte put of at least this many bytes writes from the caller's memory, lent to the engine
 /// for the call, instead of copying the value into the staging buffer first (see
-/// [`StoreClient::put_with`]). Below it the copy is hidden: the value's first piece is staged
+/// [`StoreApi::put_with`]). Below it the copy is hidden: the value's first piece is staged
 /// while the master places it, and a round trip outlasts the copy of 1 MiB here.
 pub(crate) const LEND_PUT_MIN: u64 = 1 << 20;
 
@@ -181,7 +182,7 @@ impl Want<'_> {
 /// A full store client: it contributes a segment of registered memory to the pool, keeps a
 /// registered staging buffer, optionally a hot cache and a disk tier, and talks to the master
 /// (heartbeats, the owner stream). Calls are blocking and may be made from any thread;
-/// [`StoreClient::close`] (or the drop of the last `Arc`) ends it.
+/// [`StoreApi::close`] (or the drop of the last `Arc`) ends it.
 pub struct StoreClient {
     /// Itself, for the tasks it starts after set-up (an extra segment's owner stream).
     me: std::sync::Weak<StoreClient>,
@@ -380,11 +381,6 @@ impl StoreClient {
         self.metrics_server.lock().as_ref().map(|s| s.addr())
     }
 
-    /// Whether the master could be reached at the last heartbeat (once a second by default).
-    pub fn master_reachable(&self) -> bool {
-        self.master_reachable.load(Ordering::Acquire)
-    }
-
     /// A pure consumer contributes no memory, so the master does not know it (and asks it to
     /// remount at every heartbeat).
     fn contributes(&self) -> bool {
@@ -399,12 +395,6 @@ impl StoreClient {
     /// The hot cache's counters, when it is enabled.
     pub fn hot_cache_metrics(&self) -> Option<HotCacheMetrics> {
         self.hot.as_ref().map(HotCache::metrics)
-    }
-
-    /// How many values this client read from another client's disk (through its disk
-    /// service): Mooncake's `get_offload_rpc_read_count`.
-    pub fn remote_disk_reads(&self) -> u64 {
-        self.remote_disk_reads.load(Ordering::Relaxed)
     }
 
     /// The disk tier's counters, if this client has one.
@@ -481,50 +471,6 @@ impl StoreClient {
 
     // ---- memory the caller registers for zero-copy calls ----
 
-    /// Registers caller memory for `put_from` / `get_into` (once, then reuse it): host memory,
-    /// or device memory, told apart by the driver's pointer attributes as upstream's
-    /// `register_buffer` does (location `*`; without a driver, host memory). Host pages are
-    /// made resident now, as an RDMA registration pins them, so that the first transfers into
-    /// it do not fault page by page in the transport's threads (`resident.rs`).
-    pub fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
-        self.register_buffer_at(addr, len, "*")
-    }
-
-    /// [`Self::register_buffer`] at a given location: `cpu:N` (host memory), `cuda:N` (memory
-    /// of GPU `N`, checked with the driver: an unknown device, a pointer that is not its memory,
-    /// a range crossing two allocations or a missing driver is an error), `cuda` (memory of
-    /// whichever GPU the driver says, checked likewise: what a binding knows of a tensor that
-    /// offers `__cuda_array_interface__`) or `*` (detected).
-    pub fn register_buffer_at(&self, addr: u64, len: u64, location: &str) -> Result<()> {
-        let any_gpu = location.trim().eq_ignore_ascii_case("cuda");
-        self.engine.register(addr, len, if any_gpu { "*" } else { location })?;
-        if self.engine.local_device_memory(addr, len).is_some() {
-            return Ok(());
-        }
-        if any_gpu {
-            // Not device memory after all (or no driver to tell): undone, and a registration on
-            // GPU 0 says why (the driver missing, or not device memory) without touching it.
-            let _ = self.engine.unregister(addr);
-            return self.engine.register(addr, len, "cuda:0").map_err(StoreError::from);
-        }
-        crate::resident::populate(addr, len);
-        Ok(())
-    }
-
-    /// Registers `[addr, +len)` as the source of the puts about to be made from it (memory
-    /// this process wrote, so resident): as [`Self::register_buffer`] but without making the
-    /// pages resident, which costs 8-20 ms per 256 MiB even where every page is present
-    /// (`MADV_POPULATE_WRITE` walks them all) and buys nothing to a transfer that only reads.
-    pub fn register_source(&self, addr: u64, len: u64) -> Result<()> {
-        Ok(self.engine.register(addr, len, "*")?)
-    }
-
-    /// Unregisters the buffer registered at `addr`, waiting a bounded time for transfers that
-    /// still use it (an error if they do not end).
-    pub fn unregister_buffer(&self, addr: u64) -> Result<()> {
-        Ok(self.engine.unregister(addr)?)
-    }
-
     /// How the client reaches `pieces` of the caller's registered memory (see [`Reach`]).
     fn reach(&self, pieces: &[Piece]) -> Reach<'_> {
         Reach::of(&self.engine, pieces.iter().map(|p| (p.addr, p.len)))
@@ -547,17 +493,6 @@ impl StoreClient {
 
     // ---- puts ----
 
-    /// Puts the bytes `value` under `key` with the default options ([`Self::put_with`]).
-    pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.put_with(key, value, &self.default_options())
-    }
-
-    /// A put of a key that exists (or is being put) succeeds and leaves the object as it was,
-    /// as Mooncake's puts do ([`Self::upsert_with`] replaces it).
-    pub fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_value(key, value, options, Mode::Put)
-    }
-
     /// A put or upsert of a value of plain bytes: one of [`LEND_PUT_MIN`] bytes or more is
     /// written from the caller's memory, lent to the engine for the call
     /// ([`TransferEngine::lend_local`], where no transport needs registered memory), as a
@@ -571,6 +506,55 @@ impl StoreClient {
             None => Src::Bytes(value),
         };
         self.put_retrying(key, value.len() as u64, mode, |started| self.put_one(key, src, options, mode, started))
+    }
+
+    /// A put or upsert of the value made of `pieces` of registered memory, in order.
+    fn put_pieces(&self, key: &str, pieces: &[Piece], options: &PutOptions, mode: Mode) -> Result<()> {
+        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        let len = pieces.iter().map(|p| p.len).sum();
+        self.put_retrying(key, len, mode, |started| {
+            self.put_one(key, Src::Registered(pieces, self.reach(pieces)), options, mode, started)
+        })
+    }
+
+    /// A put or upsert of the value made of `parts` one after another: gathered as the parts
+    /// are copied to the replicas, the same single copy a byte put makes.
+    fn put_parts(&self, key: &str, parts: &[&[u8]], options: &PutOptions, mode: Mode) -> Result<()> {
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        self.put_retrying(key, len, mode, |started| self.put_one(key, Src::Parts(parts), options, mode, started))
+    }
+
+    /// Puts or upserts of several values (bytes); one result per key.
+    fn put_values(
+        &self,
+        keys: &[String],
+        values: &[&[u8]],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
+        let (srcs, _loans) = self.batch_sources(values, &pieces);
+        self.put_many(keys, &srcs, options, mode)
+    }
+
+    /// Puts or upserts of values each made of pieces of registered memory, in order: all
+    /// remote writes go in one engine batch.
+    fn put_many_pieces(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+        mode: Mode,
+    ) -> Result<Vec<Result<()>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
+        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
+        self.put_many(keys, &srcs, options, mode)
     }
 
     /// Lends the memory of `values` (one piece each) to the engine for one call
@@ -608,75 +592,6 @@ impl StoreClient {
             None => values.iter().map(|v| Src::Bytes(v)).collect(),
         };
         (srcs, loans)
-    }
-
-    /// Zero-copy put from registered memory.
-    pub fn put_from(&self, key: &str, addr: u64, len: u64) -> Result<()> {
-        self.put_from_with(key, addr, len, &self.default_options())
-    }
-
-    /// Zero-copy put of the `len` bytes of registered memory at `addr`, with `options`.
-    pub fn put_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
-        self.put_from_sg(key, &[Piece::new(addr, len)], options)
-    }
-
-    /// Zero-copy put of the value made of `pieces` of registered memory, in order (a value
-    /// laid out in several buffers, e.g. one per layer).
-    pub fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
-        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        let len = pieces.iter().map(|p| p.len).sum();
-        self.put_retrying(key, len, Mode::Put, |started| {
-            self.put_one(key, Src::Registered(pieces, self.reach(pieces)), options, Mode::Put, started)
-        })
-    }
-
-    /// Mooncake's upsert: stores `value`, replacing the key's value if it has one (the old
-    /// object is removed, then the value put again). A reader's lease still protects the old
-    /// value: [`StoreError::Leased`] until it ends.
-    pub fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
-        self.put_value(key, value, options, Mode::Upsert)
-    }
-
-    /// Puts the value made of `parts` one after another (Mooncake's `put_parts`): gathered as
-    /// the parts are copied to the replicas, the same single copy a byte put makes.
-    pub fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
-        let len = parts.iter().map(|p| p.len() as u64).sum();
-        self.put_retrying(key, len, Mode::Put, |started| {
-            self.put_one(key, Src::Parts(parts), options, Mode::Put, started)
-        })
-    }
-
-    /// [`Self::put_parts_with`] that replaces the key's value if it has one (`upsert_parts`).
-    pub fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
-        let len = parts.iter().map(|p| p.len() as u64).sum();
-        self.put_retrying(key, len, Mode::Upsert, |started| {
-            self.put_one(key, Src::Parts(parts), options, Mode::Upsert, started)
-        })
-    }
-
-    /// [`Self::upsert_with`] from registered memory (zero copy).
-    pub fn upsert_from_with(&self, key: &str, addr: u64, len: u64, options: &PutOptions) -> Result<()> {
-        self.upsert_from_sg(key, &[Piece::new(addr, len)], options)
-    }
-
-    /// [`Self::upsert_with`] of the value made of `pieces` of registered memory, in order.
-    pub fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
-        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        let len = pieces.iter().map(|p| p.len).sum();
-        self.put_retrying(key, len, Mode::Upsert, |started| {
-            self.put_one(key, Src::Registered(pieces, self.reach(pieces)), options, Mode::Upsert, started)
-        })
-    }
-
-    /// The options `put` and the other calls without options use: the configured
-    /// `replica_num`, and this client's segment as the one `local_first` places on. A start
-    /// for the options of the `*_with` calls.
-    pub fn default_options(&self) -> PutOptions {
-        PutOptions {
-            replica_num: self.config.replica_num,
-            preferred_segment: if self.segment.is_some() { self.segment_name().to_string() } else { String::new() },
-            ..Default::default()
-        }
     }
 
     /// One key's write: a put, and for an upsert that finds the key, its removal and a put
@@ -912,109 +827,6 @@ impl StoreClient {
         Ok((listed, confirmed))
     }
 
-    /// The whole value of `key`, read from the best source (a local replica, the hot cache, a
-    /// remote replica, a disk file) into a new vector.
-    ///
-    /// The vector is not zeroed first (that cost a pass over the value, ~0.45 ms per 10 MiB
-    /// here, on top of the transfer): the read writes into its spare capacity, and its length
-    /// is set only once a source has written every byte. A get that fails returns the error
-    /// and drops the vector unseen.
-    pub fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let mut sink = VecSink(Vec::new());
-        let size = self.get_with(key, &mut sink)?;
-        let mut out = sink.0;
-        // SAFETY: the get succeeded, so it wrote all `size` bytes of the memory the sink last
-        // gave: `[0, size)` of this vector's capacity.
-        unsafe { out.set_len(size as usize) };
-        Ok(out)
-    }
-
-    /// The whole value of `key`, read from the best source (a local replica, the hot cache, a
-    /// remote replica, a disk file) straight into the memory `sink` gives once the size is
-    /// known (a binding's own object, such as a Python `bytes`, so that the value is not
-    /// copied again after the get); returns the size. Over tcp and shm the transfer writes
-    /// into that memory directly, lent to the engine for the call as [`Self::get`]'s vector
-    /// is. A sink's memory of the wrong length is the caller's mistake
-    /// ([`StoreError::BufferTooSmall`], [`StoreError::InvalidArgument`]), refused before
-    /// anything is read.
-    pub fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
-        if let Some(guard) =
-            self.hot.as_ref().and_then(|cache| cache.peek(key)).filter(|g| worth_copying_early(g.size()))
-        {
-            // A hit (most likely): the sink's memory for the cached size, copied into while
-            // the master answers; asked for again if the answer gives another size.
-            let size = guard.size();
-            let out = api::sink_buffer(key, sink, size)?;
-            let (list, early) = self.replica_list_copying_hit(key, guard, |g| g.copy_range_early(0, &mut out[..]))?;
-            let out = if list.size == size { out } else { api::sink_buffer(key, sink, list.size)? };
-            Exec { early: &early, ..self.exec() }.read(key, &list, &mut Dst::Bytes { out, offset: 0 })?;
-            return Ok(list.size);
-        }
-        let mut refused = None;
-        let (list, served) = self.replica_list_reading_disk(key, |size| match api::sink_buffer(key, sink, size) {
-            Ok(out) => {
-                // A file read wants initialised memory: zeroed first (on this path the disk
-                // costs far more than the pass).
-                out.fill(MaybeUninit::new(0));
-                // SAFETY: every byte was just written.
-                Some(unsafe { out.assume_init_mut() })
-            }
-            Err(e) => {
-                refused = Some(e);
-                None
-            }
-        })?;
-        if let Some(e) = refused {
-            return Err(e);
-        }
-        if !served {
-            let out = api::sink_buffer(key, sink, list.size)?;
-            self.exec().read(key, &list, &mut Dst::Bytes { out, offset: 0 })?;
-        }
-        Ok(list.size)
-    }
-
-    /// Zero-copy get into registered memory; returns the object's size.
-    pub fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64> {
-        self.get_into_sg(key, &[Piece::new(addr, len)])
-    }
-
-    /// Zero-copy get of the whole value into `pieces` of registered memory, in order (a value
-    /// laid out in several buffers); returns the object's size.
-    pub fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
-        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        if let Some(got) = self.get_into_copying_hit(key, Want::Whole(pieces)) {
-            return got;
-        }
-        // The disk file read straight into the caller's memory while the master answers: host
-        // memory only (the CPU must not touch a device's).
-        let early = match pieces {
-            [p] if !self.reach(pieces).has_device() => Some(*p),
-            _ => None,
-        };
-        let (list, served) = self.replica_list_reading_disk(key, |size| {
-            let p = early.filter(|p| size <= p.len)?;
-            // SAFETY: the caller registered [addr, +len) for this call, and size <= len.
-            Some(unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, size as usize) })
-        })?;
-        if served {
-            return Ok(list.size);
-        }
-        self.read_listed(key, &list, Want::Whole(pieces), &[])
-    }
-
-    /// Zero-copy get of ranges of a value: each extent takes `[offset, offset + len)` of the
-    /// value into registered memory at `addr`. A range outside the value is the caller's
-    /// mistake ([`StoreError::BadRange`]). Returns the bytes read.
-    pub fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64> {
-        self.check_registered(ranges.iter().map(|e| (e.addr, e.len)))?;
-        if let Some(got) = self.get_into_copying_hit(key, Want::Ranges(ranges)) {
-            return got;
-        }
-        let list = self.replica_list(key)?;
-        self.read_listed(key, &list, Want::Ranges(ranges), &[])
-    }
-
     /// A zero-copy get of a value the hot cache holds, with an early copy (see
     /// [`Self::replica_list_copying_hit`]); `None` when the cache does not hold the key, the
     /// caller's memory does not fit the cached value, or the copy is too small to be worth it
@@ -1043,89 +855,6 @@ impl StoreClient {
     }
 
     // ---- batches: one master round trip per batch ----
-
-    /// Puts several values (bytes); one result per key.
-    pub fn put_batch(&self, keys: &[String], values: &[&[u8]]) -> Result<Vec<Result<()>>> {
-        self.put_batch_with(keys, values, &self.default_options())
-    }
-
-    /// [`Self::put_batch`] with `options`.
-    pub fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
-        let (srcs, _loans) = self.batch_sources(values, &pieces);
-        self.put_many(keys, &srcs, options, Mode::Put)
-    }
-
-    /// [`Self::upsert_with`] of several values (bytes); one result per key.
-    pub fn upsert_batch_with(
-        &self,
-        keys: &[String],
-        values: &[&[u8]],
-        options: &PutOptions,
-    ) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
-        let (srcs, _loans) = self.batch_sources(values, &pieces);
-        self.put_many(keys, &srcs, options, Mode::Upsert)
-    }
-
-    /// Zero-copy puts from registered memory: all remote writes go in one engine batch.
-    pub fn batch_put_from(&self, keys: &[String], addrs: &[u64], sizes: &[u64]) -> Result<Vec<Result<()>>> {
-        self.batch_put_from_with(keys, addrs, sizes, &self.default_options())
-    }
-
-    /// [`Self::batch_put_from`] with `options`; the three lists must have one length
-    /// ([`StoreError::InvalidArgument`] otherwise).
-    pub fn batch_put_from_with(
-        &self,
-        keys: &[String],
-        addrs: &[u64],
-        sizes: &[u64],
-        options: &PutOptions,
-    ) -> Result<Vec<Result<()>>> {
-        if keys.len() != addrs.len() || keys.len() != sizes.len() {
-            return Err(StoreError::invalid("keys, buffers and sizes differ in length"));
-        }
-        let pieces: Vec<[Piece; 1]> = addrs.iter().zip(sizes).map(|(&a, &n)| [Piece::new(a, n)]).collect();
-        let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
-        self.batch_put_from_sg(keys, &values, options)
-    }
-
-    /// Zero-copy puts of values each made of pieces of registered memory, in order: all remote
-    /// writes go in one engine batch.
-    pub fn batch_put_from_sg(
-        &self,
-        keys: &[String],
-        values: &[&[Piece]],
-        options: &PutOptions,
-    ) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
-        self.put_many(keys, &srcs, options, Mode::Put)
-    }
-
-    /// [`Self::upsert_with`] of values each made of pieces of registered memory, in order.
-    pub fn batch_upsert_from_sg(
-        &self,
-        keys: &[String],
-        values: &[&[Piece]],
-        options: &PutOptions,
-    ) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
-        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
-        self.put_many(keys, &srcs, options, Mode::Upsert)
-    }
 
     /// The batch write: [`Self::put_once`], then, for an upsert, the keys that existed are
     /// removed and put again (a few rounds, as [`Self::put_one`]). `started[i]` is set to the
@@ -1496,55 +1225,6 @@ impl StoreClient {
             .unzip()
     }
 
-    /// Gets several values (bytes); one result per key.
-    ///
-    /// Where no transport needs registered memory (tcp, shm), the values are read as
-    /// `batch_get_into` reads them (hits copied from the hot cache, misses as one engine
-    /// batch), straight into their result buffers lent to the engine for the call
-    /// ([`TransferEngine::lend_local`]); otherwise one after another through the staging
-    /// buffer.
-    pub fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
-        let (lists, results) = Self::split_lists(self.batch_replica_lists(keys)?);
-        let mut bufs: Vec<Vec<u8>> =
-            lists.iter().map(|l| vec![0u8; l.as_ref().map_or(0, |l| l.size) as usize]).collect();
-        let outs = bufs.iter_mut().map(|b| Some(&mut b[..])).collect();
-        let results = self.read_batch_bytes(keys, &lists, outs, results)?;
-        Ok(results.into_iter().zip(bufs).map(|(r, buf)| r.map(|()| buf)).collect())
-    }
-
-    /// [`Self::get_batch`] into memory each key's sink makes once the master has given the
-    /// sizes (a binding's own objects, such as Python `bytes`, so that no value is copied
-    /// again after the get); returns the size read per key. A sink's memory of the wrong
-    /// length, or a sink's error, fails its key alone (the caller's mistake for a wrong length,
-    /// as in [`Self::get_with`]). The memory is zeroed before the read (a batch lends it to
-    /// the engine as registered memory, which the disk tier's reads take as written bytes).
-    pub fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != sinks.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} sinks", keys.len(), sinks.len())));
-        }
-        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
-        let mut outs = Vec::with_capacity(keys.len());
-        for (i, sink) in sinks.iter_mut().enumerate() {
-            let out = match (&lists[i], &results[i]) {
-                (Some(list), Ok(())) => match api::sink_buffer(&keys[i], &mut **sink, list.size) {
-                    Ok(out) => {
-                        out.fill(MaybeUninit::new(0));
-                        // SAFETY: every byte was just written.
-                        Some(unsafe { out.assume_init_mut() })
-                    }
-                    Err(e) => {
-                        results[i] = Err(e);
-                        None
-                    }
-                },
-                _ => None,
-            };
-            outs.push(out);
-        }
-        let results = self.read_batch_bytes(keys, &lists, outs, results)?;
-        Ok(results.into_iter().zip(&lists).map(|(r, l)| r.map(|()| l.as_ref().map_or(0, |l| l.size))).collect())
-    }
-
     /// Reads the values `lists` describes into `outs` (each the value's size; `None`: a key
     /// that is not read, its result an error already): lent to the engine where every buffer
     /// can be, else through the staging buffer.
@@ -1592,44 +1272,6 @@ impl StoreClient {
         Ok(results)
     }
 
-    /// Zero-copy gets into registered memory: remote reads go in one engine batch; a key whose
-    /// first remote replica fails is retried on its other replicas. Returns sizes read.
-    ///
-    /// With the hot cache: hits are copied out while the misses' transfers run; misses then
-    /// fill the cache from the bytes they brought; a key another get is fetching waits for
-    /// that fetch, after this batch's own fills are published (so two batches waiting for each
-    /// other's keys never wait forever).
-    pub fn batch_get_into(&self, keys: &[String], addrs: &[u64], lens: &[u64]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != addrs.len() || keys.len() != lens.len() {
-            return Err(StoreError::invalid("keys, buffers and sizes differ in length"));
-        }
-        let pieces: Vec<[Piece; 1]> = addrs.iter().zip(lens).map(|(&a, &n)| [Piece::new(a, n)]).collect();
-        let values: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();
-        self.batch_get_into_sg(keys, &values)
-    }
-
-    /// [`Self::batch_get_into`] for values laid out in several buffers: each key's whole value
-    /// goes into its pieces of registered memory, in order. Returns sizes read.
-    pub fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} buffer lists", keys.len(), values.len())));
-        }
-        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let wants: Vec<Want<'_>> = values.iter().map(|v| Want::Whole(v)).collect();
-        self.read_many(keys, &wants)
-    }
-
-    /// [`Self::get_into_ranges`] for several keys: one master round trip, remote reads in one
-    /// engine batch. Returns the bytes read per key.
-    pub fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != ranges.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
-        }
-        self.check_registered(ranges.iter().flat_map(|v| v.iter().map(|e| (e.addr, e.len))))?;
-        let wants: Vec<Want<'_>> = ranges.iter().map(|r| Want::Ranges(r)).collect();
-        self.read_many(keys, &wants)
-    }
-
     /// The batch get into registered memory: one round trip, then the executor.
     fn read_many(&self, keys: &[String], wants: &[Want<'_>]) -> Result<Vec<Result<u64>>> {
         let (lists, early) = self.batch_replica_lists_copying_hits(keys, wants)?;
@@ -1666,7 +1308,225 @@ impl StoreClient {
         Ok(results.into_iter().zip(sizes).map(|(r, n)| r.map(|()| n)).collect())
     }
 
-    // ---- values held in the local buffer ----
+    /// The client's own put or removal of `key`.
+    fn hot_invalidate(&self, key: &str) {
+        if let Some(hot) = &self.hot {
+            hot.invalidate(key);
+        }
+    }
+}
+
+impl StoreApi for StoreClient {
+    fn segment_name(&self) -> String {
+        self.engine.segment_name().to_string()
+    }
+
+    fn device_of(&self, addr: u64, len: u64) -> Option<u32> {
+        self.engine.local_device_memory(addr, len).map(|m| m.allocation.device)
+    }
+
+    fn is_registered(&self, addr: u64, len: u64) -> bool {
+        self.engine.is_registered(addr, len)
+    }
+
+    /// The options `put` and the other calls without options use: the configured
+    /// `replica_num`, and this client's segment as the one `local_first` places on. A start
+    /// for the options of the `*_with` calls.
+    fn default_options(&self) -> PutOptions {
+        PutOptions {
+            replica_num: self.config.replica_num,
+            preferred_segment: if self.segment.is_some() { self.segment_name().to_string() } else { String::new() },
+            ..Default::default()
+        }
+    }
+
+    /// Whether the master could be reached at the last heartbeat (once a second by default).
+    fn master_reachable(&self) -> bool {
+        self.master_reachable.load(Ordering::Acquire)
+    }
+
+    /// How many values this client read from another client's disk (through its disk
+    /// service): Mooncake's `get_offload_rpc_read_count`.
+    fn remote_disk_reads(&self) -> u64 {
+        self.remote_disk_reads.load(Ordering::Relaxed)
+    }
+
+    /// Registers caller memory for `put_from` / `get_into` (once, then reuse it): host memory,
+    /// or device memory, told apart by the driver's pointer attributes as upstream's
+    /// `register_buffer` does (location `*`; without a driver, host memory). Host pages are
+    /// made resident now, as an RDMA registration pins them, so that the first transfers into
+    /// it do not fault page by page in the transport's threads (`resident.rs`).
+    fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
+        self.register_buffer_at(addr, len, "*")
+    }
+
+    /// [`StoreApi::register_buffer`] at a given location: `cpu:N` (host memory), `cuda:N` (memory
+    /// of GPU `N`, checked with the driver: an unknown device, a pointer that is not its memory,
+    /// a range crossing two allocations or a missing driver is an error), `cuda` (memory of
+    /// whichever GPU the driver says, checked likewise: what a binding knows of a tensor that
+    /// offers `__cuda_array_interface__`) or `*` (detected).
+    fn register_buffer_at(&self, addr: u64, len: u64, location: &str) -> Result<()> {
+        let any_gpu = location.trim().eq_ignore_ascii_case("cuda");
+        self.engine.register(addr, len, if any_gpu { "*" } else { location })?;
+        if self.engine.local_device_memory(addr, len).is_some() {
+            return Ok(());
+        }
+        if any_gpu {
+            // Not device memory after all (or no driver to tell): undone, and a registration on
+            // GPU 0 says why (the driver missing, or not device memory) without touching it.
+            let _ = self.engine.unregister(addr);
+            return self.engine.register(addr, len, "cuda:0").map_err(StoreError::from);
+        }
+        crate::resident::populate(addr, len);
+        Ok(())
+    }
+
+    /// Registers `[addr, +len)` as the source of the puts about to be made from it (memory
+    /// this process wrote, so resident): as [`StoreApi::register_buffer`] but without making the
+    /// pages resident, which costs 8-20 ms per 256 MiB even where every page is present
+    /// (`MADV_POPULATE_WRITE` walks them all) and buys nothing to a transfer that only reads.
+    fn register_source(&self, addr: u64, len: u64) -> Result<()> {
+        Ok(self.engine.register(addr, len, "*")?)
+    }
+
+    /// Unregisters the buffer registered at `addr`, waiting a bounded time for transfers that
+    /// still use it (an error if they do not end).
+    fn unregister_buffer(&self, addr: u64) -> Result<()> {
+        Ok(self.engine.unregister(addr)?)
+    }
+
+    /// A put of a key that exists (or is being put) succeeds and leaves the object as it was,
+    /// as Mooncake's puts do ([`StoreApi::upsert_with`] replaces it).
+    fn put_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        self.put_value(key, value, options, Mode::Put)
+    }
+
+    /// Zero-copy put of the value made of `pieces` of registered memory, in order (a value
+    /// laid out in several buffers, e.g. one per layer).
+    fn put_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        self.put_pieces(key, pieces, options, Mode::Put)
+    }
+
+    /// The whole value of `key`, read from the best source (a local replica, the hot cache, a
+    /// remote replica, a disk file) into a new vector.
+    ///
+    /// The vector is not zeroed first (that cost a pass over the value, ~0.45 ms per 10 MiB
+    /// here, on top of the transfer): the read writes into its spare capacity, and its length
+    /// is set only once a source has written every byte. A get that fails returns the error
+    /// and drops the vector unseen.
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let mut sink = VecSink(Vec::new());
+        let size = self.get_with(key, &mut sink)?;
+        let mut out = sink.0;
+        // SAFETY: the get succeeded, so it wrote all `size` bytes of the memory the sink last
+        // gave: `[0, size)` of this vector's capacity.
+        unsafe { out.set_len(size as usize) };
+        Ok(out)
+    }
+
+    /// The whole value of `key`, read from the best source (a local replica, the hot cache, a
+    /// remote replica, a disk file) straight into the memory `sink` gives once the size is
+    /// known (a binding's own object, such as a Python `bytes`, so that the value is not
+    /// copied again after the get); returns the size. Over tcp and shm the transfer writes
+    /// into that memory directly, lent to the engine for the call as [`StoreApi::get`]'s vector
+    /// is. A sink's memory of the wrong length is the caller's mistake
+    /// ([`StoreError::BufferTooSmall`], [`StoreError::InvalidArgument`]), refused before
+    /// anything is read.
+    fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
+        if let Some(guard) =
+            self.hot.as_ref().and_then(|cache| cache.peek(key)).filter(|g| worth_copying_early(g.size()))
+        {
+            // A hit (most likely): the sink's memory for the cached size, copied into while
+            // the master answers; asked for again if the answer gives another size.
+            let size = guard.size();
+            let out = api::sink_buffer(key, sink, size)?;
+            let (list, early) = self.replica_list_copying_hit(key, guard, |g| g.copy_range_early(0, &mut out[..]))?;
+            let out = if list.size == size { out } else { api::sink_buffer(key, sink, list.size)? };
+            Exec { early: &early, ..self.exec() }.read(key, &list, &mut Dst::Bytes { out, offset: 0 })?;
+            return Ok(list.size);
+        }
+        let mut refused = None;
+        let (list, served) = self.replica_list_reading_disk(key, |size| match api::sink_buffer(key, sink, size) {
+            Ok(out) => {
+                // A file read wants initialised memory: zeroed first (on this path the disk
+                // costs far more than the pass).
+                out.fill(MaybeUninit::new(0));
+                // SAFETY: every byte was just written.
+                Some(unsafe { out.assume_init_mut() })
+            }
+            Err(e) => {
+                refused = Some(e);
+                None
+            }
+        })?;
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        if !served {
+            let out = api::sink_buffer(key, sink, list.size)?;
+            self.exec().read(key, &list, &mut Dst::Bytes { out, offset: 0 })?;
+        }
+        Ok(list.size)
+    }
+
+    /// Zero-copy get of the whole value into `pieces` of registered memory, in order (a value
+    /// laid out in several buffers); returns the object's size.
+    fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
+        self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
+        if let Some(got) = self.get_into_copying_hit(key, Want::Whole(pieces)) {
+            return got;
+        }
+        // The disk file read straight into the caller's memory while the master answers: host
+        // memory only (the CPU must not touch a device's).
+        let early = match pieces {
+            [p] if !self.reach(pieces).has_device() => Some(*p),
+            _ => None,
+        };
+        let (list, served) = self.replica_list_reading_disk(key, |size| {
+            let p = early.filter(|p| size <= p.len)?;
+            // SAFETY: the caller registered [addr, +len) for this call, and size <= len.
+            Some(unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, size as usize) })
+        })?;
+        if served {
+            return Ok(list.size);
+        }
+        self.read_listed(key, &list, Want::Whole(pieces), &[])
+    }
+
+    /// Zero-copy get of ranges of a value: each extent takes `[offset, offset + len)` of the
+    /// value into registered memory at `addr`. A range outside the value is the caller's
+    /// mistake ([`StoreError::BadRange`]). Returns the bytes read.
+    fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64> {
+        self.check_registered(ranges.iter().map(|e| (e.addr, e.len)))?;
+        if let Some(got) = self.get_into_copying_hit(key, Want::Ranges(ranges)) {
+            return got;
+        }
+        let list = self.replica_list(key)?;
+        self.read_listed(key, &list, Want::Ranges(ranges), &[])
+    }
+
+    /// Mooncake's upsert: stores `value`, replacing the key's value if it has one (the old
+    /// object is removed, then the value put again). A reader's lease still protects the old
+    /// value: [`StoreError::Leased`] until it ends.
+    fn upsert_with(&self, key: &str, value: &[u8], options: &PutOptions) -> Result<()> {
+        self.put_value(key, value, options, Mode::Upsert)
+    }
+
+    /// [`StoreApi::upsert_with`] of the value made of `pieces` of registered memory, in order.
+    fn upsert_from_sg(&self, key: &str, pieces: &[Piece], options: &PutOptions) -> Result<()> {
+        self.put_pieces(key, pieces, options, Mode::Upsert)
+    }
+
+    /// Puts the value made of `parts` one after another (Mooncake's `put_parts`): gathered as
+    /// the parts are copied to the replicas, the same single copy a byte put makes.
+    fn put_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        self.put_parts(key, parts, options, Mode::Put)
+    }
+
+    /// [`StoreApi::put_parts_with`] that replaces the key's value if it has one (`upsert_parts`).
+    fn upsert_parts_with(&self, key: &str, parts: &[&[u8]], options: &PutOptions) -> Result<()> {
+        self.put_parts(key, parts, options, Mode::Upsert)
+    }
 
     /// Mooncake's `get_buffer`: the value read into a block of this client's local (staging)
     /// buffer, held for the caller until it drops the block. The bytes are copied once, from
@@ -1674,44 +1534,13 @@ impl StoreClient {
     /// not again: the block is registered memory, so it can also be handed to the zero-copy
     /// calls. A value larger than the local buffer is the caller's mistake; while the buffer
     /// is full the get waits for room until its deadline.
-    pub fn get_buffer(&self, key: &str) -> Result<HeldBlock> {
+    fn get_buffer(&self, key: &str) -> Result<HeldBuffer> {
         let list = self.replica_list(key)?;
         let exec = self.exec();
         let block = self.staging.acquire_held(list.size, exec.deadline)?;
         let whole = [Extent { offset: 0, addr: block.addr(), len: list.size }];
         exec.read(key, &list, &mut Dst::Registered(&whole, Reach::host()))?;
-        Ok(block)
-    }
-
-    /// [`Self::get_buffer`] for several keys: one master round trip, remote reads in one
-    /// engine batch; one result per key.
-    pub fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBlock>>> {
-        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
-        let exec = self.exec();
-        let mut blocks: Vec<Option<HeldBlock>> = Vec::with_capacity(keys.len());
-        for (list, result) in lists.iter().zip(results.iter_mut()) {
-            let held = list.as_ref().map(|l| self.staging.acquire_held(l.size, exec.deadline));
-            blocks.push(match held {
-                Some(Ok(block)) => Some(block),
-                Some(Err(e)) => {
-                    *result = Err(e);
-                    None
-                }
-                None => None,
-            });
-        }
-        let wholes: Vec<Option<[Extent; 1]>> =
-            blocks.iter().map(|b| b.as_ref().map(|b| [Extent { offset: 0, addr: b.addr(), len: b.len() }])).collect();
-        let mut dsts: Vec<Option<Dst<'_>>> =
-            wholes.iter().map(|w| w.as_ref().map(|w| Dst::Registered(w, Reach::host()))).collect();
-        exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
-        Ok(results
-            .into_iter()
-            .zip(blocks)
-            .map(|(r, block)| {
-                r.and_then(|()| block.ok_or_else(|| StoreError::Internal("a read without its block".into())))
-            })
-            .collect())
+        Ok(block.into())
     }
 
     /// Whole values read into memory the caller places once their sizes are known, with one
@@ -1721,7 +1550,7 @@ impl StoreClient {
     /// key: the value's size, or why it was not read. For a reader that keeps values in
     /// memory of its own (the sharded tensor reads' results), which would otherwise ask for
     /// the sizes first, in a round trip of their own.
-    pub fn batch_get_into_placed(&self, keys: &[String], place: &mut Placer<'_>) -> Result<Vec<Result<u64>>> {
+    fn batch_get_into_placed(&self, keys: &[String], place: &mut Placer<'_>) -> Result<Vec<Result<u64>>> {
         let (mut lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
         let sizes: Vec<Option<u64>> = lists.iter().map(|l| l.as_ref().map(|l| l.size)).collect();
         let addrs = place(&sizes)?;
@@ -1759,27 +1588,155 @@ impl StoreClient {
     /// the block, if that much is free in one piece now (none while the buffer is too full;
     /// 0 bytes, or more than the buffer holds, is the caller's mistake). What Mooncake's
     /// `BufferPool` leases: registered memory the zero-copy calls take as it is.
-    pub fn hold_local(&self, len: u64) -> Result<Option<HeldBlock>> {
-        self.staging.try_acquire_held(len)
+    fn hold_local(&self, len: u64) -> Result<Option<HeldBuffer>> {
+        Ok(self.staging.try_acquire_held(len)?.map(HeldBuffer::from))
     }
 
     /// The size of this client's local (staging) buffer, in bytes.
-    pub fn local_buffer_size(&self) -> u64 {
+    fn local_buffer_size(&self) -> u64 {
         self.staging.capacity()
     }
 
-    // ---- probes and removal ----
+    /// [`StoreApi::put_batch`] with `options`.
+    fn put_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        self.put_values(keys, values, options, Mode::Put)
+    }
+
+    /// Zero-copy puts of values each made of pieces of registered memory, in order: all remote
+    /// writes go in one engine batch.
+    fn batch_put_from_sg(&self, keys: &[String], values: &[&[Piece]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        self.put_many_pieces(keys, values, options, Mode::Put)
+    }
+
+    /// Gets several values (bytes); one result per key.
+    ///
+    /// Where no transport needs registered memory (tcp, shm), the values are read as
+    /// `batch_get_into` reads them (hits copied from the hot cache, misses as one engine
+    /// batch), straight into their result buffers lent to the engine for the call
+    /// ([`TransferEngine::lend_local`]); otherwise one after another through the staging
+    /// buffer.
+    fn get_batch(&self, keys: &[String]) -> Result<Vec<Result<Vec<u8>>>> {
+        let (lists, results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let mut bufs: Vec<Vec<u8>> =
+            lists.iter().map(|l| vec![0u8; l.as_ref().map_or(0, |l| l.size) as usize]).collect();
+        let outs = bufs.iter_mut().map(|b| Some(&mut b[..])).collect();
+        let results = self.read_batch_bytes(keys, &lists, outs, results)?;
+        Ok(results.into_iter().zip(bufs).map(|(r, buf)| r.map(|()| buf)).collect())
+    }
+
+    /// [`StoreApi::get_batch`] into memory each key's sink makes once the master has given the
+    /// sizes (a binding's own objects, such as Python `bytes`, so that no value is copied
+    /// again after the get); returns the size read per key. A sink's memory of the wrong
+    /// length, or a sink's error, fails its key alone (the caller's mistake for a wrong length,
+    /// as in [`StoreApi::get_with`]). The memory is zeroed before the read (a batch lends it to
+    /// the engine as registered memory, which the disk tier's reads take as written bytes).
+    fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != sinks.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} sinks", keys.len(), sinks.len())));
+        }
+        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let mut outs = Vec::with_capacity(keys.len());
+        for (i, sink) in sinks.iter_mut().enumerate() {
+            let out = match (&lists[i], &results[i]) {
+                (Some(list), Ok(())) => match api::sink_buffer(&keys[i], &mut **sink, list.size) {
+                    Ok(out) => {
+                        out.fill(MaybeUninit::new(0));
+                        // SAFETY: every byte was just written.
+                        Some(unsafe { out.assume_init_mut() })
+                    }
+                    Err(e) => {
+                        results[i] = Err(e);
+                        None
+                    }
+                },
+                _ => None,
+            };
+            outs.push(out);
+        }
+        let results = self.read_batch_bytes(keys, &lists, outs, results)?;
+        Ok(results.into_iter().zip(&lists).map(|(r, l)| r.map(|()| l.as_ref().map_or(0, |l| l.size))).collect())
+    }
+
+    /// [`StoreApi::batch_get_into`] for values laid out in several buffers: each key's whole value
+    /// goes into its pieces of registered memory, in order. Returns sizes read.
+    fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != values.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} buffer lists", keys.len(), values.len())));
+        }
+        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
+        let wants: Vec<Want<'_>> = values.iter().map(|v| Want::Whole(v)).collect();
+        self.read_many(keys, &wants)
+    }
+
+    /// [`StoreApi::get_into_ranges`] for several keys: one master round trip, remote reads in one
+    /// engine batch. Returns the bytes read per key.
+    fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        if keys.len() != ranges.len() {
+            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
+        }
+        self.check_registered(ranges.iter().flat_map(|v| v.iter().map(|e| (e.addr, e.len))))?;
+        let wants: Vec<Want<'_>> = ranges.iter().map(|r| Want::Ranges(r)).collect();
+        self.read_many(keys, &wants)
+    }
+
+    /// [`StoreApi::upsert_with`] of several values (bytes); one result per key.
+    fn upsert_batch_with(&self, keys: &[String], values: &[&[u8]], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        self.put_values(keys, values, options, Mode::Upsert)
+    }
+
+    /// [`StoreApi::upsert_with`] of values each made of pieces of registered memory, in order.
+    fn batch_upsert_from_sg(
+        &self,
+        keys: &[String],
+        values: &[&[Piece]],
+        options: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        self.put_many_pieces(keys, values, options, Mode::Upsert)
+    }
+
+    /// [`StoreApi::get_buffer`] for several keys: one master round trip, remote reads in one
+    /// engine batch; one result per key.
+    fn batch_get_buffer(&self, keys: &[String]) -> Result<Vec<Result<HeldBuffer>>> {
+        let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
+        let exec = self.exec();
+        let mut blocks: Vec<Option<HeldBlock>> = Vec::with_capacity(keys.len());
+        for (list, result) in lists.iter().zip(results.iter_mut()) {
+            let held = list.as_ref().map(|l| self.staging.acquire_held(l.size, exec.deadline));
+            blocks.push(match held {
+                Some(Ok(block)) => Some(block),
+                Some(Err(e)) => {
+                    *result = Err(e);
+                    None
+                }
+                None => None,
+            });
+        }
+        let wholes: Vec<Option<[Extent; 1]>> =
+            blocks.iter().map(|b| b.as_ref().map(|b| [Extent { offset: 0, addr: b.addr(), len: b.len() }])).collect();
+        let mut dsts: Vec<Option<Dst<'_>>> =
+            wholes.iter().map(|w| w.as_ref().map(|w| Dst::Registered(w, Reach::host()))).collect();
+        exec.read_batch(keys, &lists, &mut dsts, &mut results, false)?;
+        Ok(results
+            .into_iter()
+            .zip(blocks)
+            .map(|(r, block)| {
+                r.and_then(|()| {
+                    block.map(HeldBuffer::from).ok_or_else(|| StoreError::Internal("a read without its block".into()))
+                })
+            })
+            .collect())
+    }
 
     /// Whether a committed object exists (no lease is granted).
-    pub fn exists(&self, key: &str) -> Result<bool> {
+    fn exists(&self, key: &str) -> Result<bool> {
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string(), ..Default::default() };
         let reply = self.rpc.call(|mut c| async move { c.exists(req).await })?;
         check(reply.status, key)?;
         Ok(reply.exists)
     }
 
-    /// [`Self::exists`] for several keys, in one call to the master; one answer per key.
-    pub fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+    /// [`StoreApi::exists`] for several keys, in one call to the master; one answer per key.
+    fn batch_exists(&self, keys: &[String]) -> Result<Vec<bool>> {
         in_batches(keys.len(), |r| {
             let req =
                 BatchKeyRequest { client_id: self.id.clone(), keys: keys[r.clone()].to_vec(), ..Default::default() };
@@ -1791,7 +1748,7 @@ impl StoreClient {
     }
 
     /// Everything the master knows of a key, without side effects.
-    pub fn query(&self, key: &str) -> Result<QueryKeyReply> {
+    fn query(&self, key: &str) -> Result<QueryKeyReply> {
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string(), ..Default::default() };
         let mut reply = self.rpc.call(|mut c| async move { c.query_key(req).await })?;
         check(reply.status.take(), key)?;
@@ -1799,7 +1756,7 @@ impl StoreClient {
     }
 
     /// Size of a committed object (no lease).
-    pub fn get_size(&self, key: &str) -> Result<u64> {
+    fn get_size(&self, key: &str) -> Result<u64> {
         let q = self.query(key)?;
         if !q.exists {
             return Err(StoreError::NotFound(key.to_string()));
@@ -1807,13 +1764,8 @@ impl StoreClient {
         Ok(q.size)
     }
 
-    /// Removes an object; refused while a reader holds its lease.
-    pub fn remove(&self, key: &str) -> Result<()> {
-        self.remove_with(key, false)
-    }
-
-    /// [`Self::remove`]; `force` removes an object even while a reader holds its lease.
-    pub fn remove_with(&self, key: &str, force: bool) -> Result<()> {
+    /// [`StoreApi::remove`]; `force` removes an object even while a reader holds its lease.
+    fn remove_with(&self, key: &str, force: bool) -> Result<()> {
         self.hot_invalidate(key);
         let req = RemoveRequest { client_id: self.id.clone(), key: key.to_string(), force };
         let reply = self.rpc.call(|mut c| async move { c.remove(req).await })?;
@@ -1822,13 +1774,8 @@ impl StoreClient {
         Ok(())
     }
 
-    /// Removes every committed object whose key matches `pattern`; returns how many.
-    pub fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
-        self.remove_by_regex_with(pattern, false)
-    }
-
-    /// [`Self::remove_by_regex`]; `force` removes leased objects too.
-    pub fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
+    /// [`StoreApi::remove_by_regex`]; `force` removes leased objects too.
+    fn remove_by_regex_with(&self, pattern: &str, force: bool) -> Result<u64> {
         if let (Some(hot), Ok(re)) = (&self.hot, regex::Regex::new(pattern)) {
             hot.invalidate_matching(&re);
         }
@@ -1839,13 +1786,8 @@ impl StoreClient {
         Ok(reply.removed)
     }
 
-    /// Removes every committed object not leased by a reader; returns how many.
-    pub fn remove_all(&self) -> Result<u64> {
-        self.remove_all_with(false)
-    }
-
     /// Removes every committed object (`force`: leased ones too); returns how many.
-    pub fn remove_all_with(&self, force: bool) -> Result<u64> {
+    fn remove_all_with(&self, force: bool) -> Result<u64> {
         if let Some(hot) = &self.hot {
             hot.clear();
         }
@@ -1856,15 +1798,8 @@ impl StoreClient {
         Ok(reply.removed)
     }
 
-    /// The client's own put or removal of `key`.
-    fn hot_invalidate(&self, key: &str) {
-        if let Some(hot) = &self.hot {
-            hot.invalidate(key);
-        }
-    }
-
     /// Stops heartbeats and unmounts the segment (its objects are dropped by the master).
-    pub fn close(&self) -> Result<()> {
+    fn close(&self) -> Result<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
@@ -1887,6 +1822,76 @@ impl StoreClient {
         }
         disk_closed.and(extras_closed)
     }
+
+    // ---- segments mounted at run time (segments.rs), replica tasks, sessions (session.rs) ----
+
+    fn mount_segment(&self, path: &std::path::Path, offset: u64, size: u64, location: &str) -> Result<Vec<String>> {
+        StoreClient::mount_segment(self, path, offset, size, location)
+    }
+    fn allocate_and_mount_segment(&self, size: u64, location: &str) -> Result<(Vec<String>, u64)> {
+        StoreClient::allocate_and_mount_segment(self, size, location)
+    }
+    fn unmount_segments(&self, ids: &[String], free: bool, grace: Duration) -> Vec<Result<()>> {
+        StoreClient::unmount_segments(self, ids, free, grace)
+    }
+    fn unmount_local_disk_segment(&self, grace: Duration) -> Result<()> {
+        StoreClient::unmount_local_disk_segment(self, grace)
+    }
+    fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<(u64, u64)> {
+        let req = CreateCopyTaskRequest { client_id: self.id.clone(), key: key.to_string(), targets: targets.to_vec() };
+        let mut reply = self.rpc.call(|mut c| async move { c.create_copy_task(req).await })?;
+        check(reply.status.take(), key)?;
+        task_id(reply.id.as_ref())
+    }
+    fn create_move_task(&self, key: &str, source: &str, target: &str) -> Result<(u64, u64)> {
+        let req = CreateMoveTaskRequest {
+            client_id: self.id.clone(),
+            key: key.to_string(),
+            source: source.to_string(),
+            target: target.to_string(),
+        };
+        let mut reply = self.rpc.call(|mut c| async move { c.create_move_task(req).await })?;
+        check(reply.status.take(), key)?;
+        task_id(reply.id.as_ref())
+    }
+    fn query_task(&self, id: (u64, u64)) -> Result<TaskInfo> {
+        let req = QueryTaskRequest { client_id: self.id.clone(), id: Some(TaskId { high: id.0, low: id.1 }) };
+        let mut reply = self.rpc.call(|mut c| async move { c.query_task(req).await })?;
+        check(reply.status.take(), "")?;
+        reply.task.ok_or_else(|| StoreError::BadReply("a task query's reply carries no task".into()))
+    }
+    fn batch_replica_clear(&self, keys: &[String], segment_name: &str) -> Result<Vec<String>> {
+        let req = BatchReplicaClearRequest {
+            client_id: self.id.clone(),
+            keys: keys.to_vec(),
+            segment_name: segment_name.to_string(),
+        };
+        let mut reply = self.rpc.call(|mut c| async move { c.batch_replica_clear(req).await })?;
+        check(reply.status.take(), "")?;
+        Ok(reply.cleared_keys)
+    }
+    fn batch_get_session_start(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_get_session_start(self, keys)
+    }
+    fn batch_get_into_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_get_into_session_ranges(self, keys, ranges)
+    }
+    fn batch_get_session_end(&self, keys: &[String]) -> Result<()> {
+        StoreClient::batch_get_session_end(self, keys);
+        Ok(())
+    }
+    fn batch_put_session_start(&self, keys: &[String], sizes: &[u64], options: &PutOptions) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_put_session_start(self, keys, sizes, options)
+    }
+    fn batch_put_from_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+        StoreClient::batch_put_from_session_ranges(self, keys, ranges)
+    }
+    fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_put_session_end(self, keys)
+    }
+    fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        StoreClient::batch_put_session_revoke(self, keys)
+    }
 }
 
 impl Drop for StoreClient {
@@ -1906,7 +1911,7 @@ const UPSERT_TRIES: usize = 3;
 /// How long the master keeps a silent client (for callers that wait on it).
 pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(10);
 
-/// [`StoreClient::get`]'s sink: the spare capacity of a vector, kept between calls of one get
+/// [`StoreApi::get`]'s sink: the spare capacity of a vector, kept between calls of one get
 /// (never zeroed: the get writes every byte it returns).
 struct VecSink(Vec<u8>);
 

@@ -77,7 +77,7 @@ impl std::fmt::Debug for HeldBuffer {
     }
 }
 
-/// Memory that a get of bytes ([`StoreClient::get_with`](crate::StoreClient::get_with)) writes the value into, made by the
+/// Memory that a get of bytes ([`StoreApi::get_with`](crate::StoreApi::get_with)) writes the value into, made by the
 /// caller once the value's size is known: a binding's own object (a Python `bytes`), a buffer
 /// of the caller's choosing. The get writes every byte of it or fails; the caller takes the
 /// value out of its sink after a get that succeeded (after one that failed, its bytes are

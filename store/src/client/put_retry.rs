@@ -20,7 +20,7 @@
 use std::time::Instant;
 
 use super::plan::Mode;
-use super::StoreClient;
+use super::{StoreApi, StoreClient};
 use crate::error::{Result, StoreError};
 
 /// Whether a failed put is put again: the master changed, or its end found the put gone

@@ -269,7 +269,7 @@ impl StoreClient {
     }
 
     /// Takes up to `max` hot-key tasks from the master's replication policy.
-    pub fn take_replication_tasks(&self, max: u32) -> Result<Vec<ReplicationTask>> {
+    pub(crate) fn take_replication_tasks(&self, max: u32) -> Result<Vec<ReplicationTask>> {
         let req = TakeReplicationTasksRequest { client_id: self.id.clone(), max };
         let mut reply = self.rpc.call(|mut c| async move { c.take_replication_tasks(req).await })?;
         check(reply.status.take(), "")?;

@@ -179,11 +179,8 @@ fn map_file(path: &Path, offset: u64, size: u64) -> Result<u64> {
 }
 
 impl StoreClient {
-    /// Mounts `[offset, +size)` of the file at `path` (mapped shared, read-write, and
-    /// registered with the engine) as a segment of this client; returns its ids (one, or none
-    /// for `size` 0, as Mooncake). `offset` must be a multiple of the page size, the range
-    /// within the file. The file's bytes are the pool's until [`Self::unmount_segments`].
-    pub fn mount_segment(&self, path: &Path, offset: u64, size: u64, location: &str) -> Result<Vec<String>> {
+    /// The full client's [`StoreApi::mount_segment`](super::StoreApi::mount_segment).
+    pub(crate) fn mount_segment(&self, path: &Path, offset: u64, size: u64, location: &str) -> Result<Vec<String>> {
         if size == 0 {
             return Ok(Vec::new());
         }
@@ -198,10 +195,8 @@ impl StoreClient {
         self.mount_extra(memory, false).map(|id| vec![id])
     }
 
-    /// Allocates `size` bytes (rounded up to a multiple of 4 MiB, as Mooncake) of page-aligned host memory,
-    /// registers them with the engine and mounts them as a segment of this client; returns its
-    /// ids and the size allocated.
-    pub fn allocate_and_mount_segment(&self, size: u64, location: &str) -> Result<(Vec<String>, u64)> {
+    /// The full client's [`StoreApi::allocate_and_mount_segment`](super::StoreApi::allocate_and_mount_segment).
+    pub(crate) fn allocate_and_mount_segment(&self, size: u64, location: &str) -> Result<(Vec<String>, u64)> {
         if size == 0 {
             return Err(StoreError::invalid("allocate_and_mount_segment: size is 0"));
         }
@@ -265,12 +260,8 @@ impl StoreClient {
         first_error
     }
 
-    /// Unmounts the segments `ids` that [`Self::mount_segment`] (`free` false) or
-    /// [`Self::allocate_and_mount_segment`] (`free` true) mounted; one result per id. Their
-    /// replicas leave the pool at once (objects whose only copy was there are gone); their
-    /// memory stays registered and unchanged while calls the master granted before may still
-    /// use it, and at least `grace`, then is unregistered (and freed, or unmapped).
-    pub fn unmount_segments(&self, ids: &[String], free: bool, grace: Duration) -> Vec<Result<()>> {
+    /// The full client's [`StoreApi::unmount_segments`](super::StoreApi::unmount_segments).
+    pub(crate) fn unmount_segments(&self, ids: &[String], free: bool, grace: Duration) -> Vec<Result<()>> {
         self.extras.sweep(Instant::now());
         ids.iter().map(|id| self.unmount_extra(id, free, grace)).collect()
     }
@@ -327,9 +318,8 @@ impl StoreClient {
         first
     }
 
-    /// Mooncake's `unmount_local_disk_segment`: unmounts this client's disk tier at the master
-    /// (see `DiskLink::drain`) and waits `grace`; without a disk tier, nothing (as upstream).
-    pub fn unmount_local_disk_segment(&self, grace: Duration) -> Result<()> {
+    /// The full client's [`StoreApi::unmount_local_disk_segment`](super::StoreApi::unmount_local_disk_segment).
+    pub(crate) fn unmount_local_disk_segment(&self, grace: Duration) -> Result<()> {
         match &self.disk {
             Some(disk) => disk.drain(grace),
             None => {
@@ -337,11 +327,6 @@ impl StoreClient {
                 Ok(())
             }
         }
-    }
-
-    /// The extra segments mounted now: (id, name at the master, bytes).
-    pub fn extra_segments(&self) -> Vec<(String, String, u64)> {
-        self.extras.all().iter().map(|e| (e.uuid.clone(), e.name.clone(), e.memory.len())).collect()
     }
 }
 

@@ -105,11 +105,8 @@ impl Drop for Writing<'_> {
 impl StoreClient {
     // ---- get sessions ----
 
-    /// Starts a get session for each key: its replica list asked once (one master round
-    /// trip), kept with its lease for [`Self::batch_get_into_session_ranges`]. Per key: Ok, or
-    /// why there is no session (the master's answer, or no replica in memory). A key's
-    /// previous get session is replaced (or dropped, when the new start fails).
-    pub fn batch_get_session_start(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+    /// The full client's [`StoreApi::batch_get_session_start`](super::StoreApi::batch_get_session_start).
+    pub(crate) fn batch_get_session_start(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         let lists = self.batch_replica_lists(keys)?;
         let mut gets = self.sessions.gets.lock();
         // Sessions whose lease ran out are of no use any more.
@@ -130,12 +127,12 @@ impl StoreClient {
             .collect())
     }
 
-    /// Ranged gets on get sessions, without asking the master: for key `i`, each extent of
-    /// `ranges[i]` takes `[offset, +len)` of the value into registered memory at `addr`; the
-    /// remote reads of every key go in one engine batch. Per key: the bytes read, or an error —
-    /// no session, a range outside the value or memory not registered (caller's mistakes), the
-    /// lease ended (the session with it), a transfer that failed.
-    pub fn batch_get_into_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+    /// The full client's [`StoreApi::batch_get_into_session_ranges`](super::StoreApi::batch_get_into_session_ranges).
+    pub(crate) fn batch_get_into_session_ranges(
+        &self,
+        keys: &[String],
+        ranges: &[&[Extent]],
+    ) -> Result<Vec<Result<u64>>> {
         if keys.len() != ranges.len() {
             return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
         }
@@ -180,8 +177,8 @@ impl StoreClient {
         Ok(results)
     }
 
-    /// Ends the get sessions of `keys` (those without one are fine).
-    pub fn batch_get_session_end(&self, keys: &[String]) {
+    /// The full client's [`StoreApi::batch_get_session_end`](super::StoreApi::batch_get_session_end).
+    pub(crate) fn batch_get_session_end(&self, keys: &[String]) {
         let mut gets = self.sessions.gets.lock();
         for key in keys {
             gets.remove(key);
@@ -190,12 +187,8 @@ impl StoreClient {
 
     // ---- put sessions ----
 
-    /// Starts a put session for each key: the object of `sizes[i]` bytes placed by the master
-    /// (one round trip) and kept for [`Self::batch_put_from_session_ranges`] until
-    /// [`Self::batch_put_session_end`] or [`Self::batch_put_session_revoke`]. Per key: Ok, or
-    /// why there is no session (one is open already, an empty value, the master's answer — an
-    /// existing key is [`StoreError::AlreadyExists`]).
-    pub fn batch_put_session_start(
+    /// The full client's [`StoreApi::batch_put_session_start`](super::StoreApi::batch_put_session_start).
+    pub(crate) fn batch_put_session_start(
         &self,
         keys: &[String],
         sizes: &[u64],
@@ -288,13 +281,12 @@ impl StoreClient {
         Ok(results)
     }
 
-    /// Ranged writes on put sessions, without asking the master: for key `i`, each extent of
-    /// `ranges[i]` puts `len` bytes from registered memory at `addr` at `offset` of the value,
-    /// into every replica (the remote writes of every key in one engine batch). Per key: the
-    /// bytes written, or an error — no session or one sealed by an end or revoke, a range
-    /// outside the value, memory not registered, the placement past the master's put timeout,
-    /// a transfer that failed.
-    pub fn batch_put_from_session_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
+    /// The full client's [`StoreApi::batch_put_from_session_ranges`](super::StoreApi::batch_put_from_session_ranges).
+    pub(crate) fn batch_put_from_session_ranges(
+        &self,
+        keys: &[String],
+        ranges: &[&[Extent]],
+    ) -> Result<Vec<Result<u64>>> {
         if keys.len() != ranges.len() {
             return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
         }
@@ -379,10 +371,8 @@ impl StoreClient {
         (results, todo)
     }
 
-    /// Ends the put sessions of `keys`: the objects are committed (one master round trip) and
-    /// readable. Per key: Ok (the session is gone), or an error — no session, the master's
-    /// answer (the session stays, sealed: end or revoke it again).
-    pub fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+    /// The full client's [`StoreApi::batch_put_session_end`](super::StoreApi::batch_put_session_end).
+    pub(crate) fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         let (mut results, todo) = self.seal(keys);
         if todo.is_empty() {
             return Ok(results);
@@ -406,10 +396,8 @@ impl StoreClient {
         Ok(results)
     }
 
-    /// Revokes the put sessions of `keys`: the reserved space goes back (one master round
-    /// trip). Per key: Ok (the session is gone; also when the master had dropped the
-    /// placement), or an error — no session, the master's answer (the session stays, sealed).
-    pub fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+    /// The full client's [`StoreApi::batch_put_session_revoke`](super::StoreApi::batch_put_session_revoke).
+    pub(crate) fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         let (mut results, todo) = self.seal(keys);
         if todo.is_empty() {
             return Ok(results);

@@ -23,51 +23,6 @@ const TASK_ATTEMPTS: u32 = 10;
 pub type TaskIdPair = (u64, u64);
 
 impl StoreClient {
-    /// Mooncake's `create_copy_task`: the master queues a task copying `key` to each segment
-    /// of `targets`; returns its id.
-    pub fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<TaskIdPair> {
-        let req = CreateCopyTaskRequest { client_id: self.id.clone(), key: key.to_string(), targets: targets.to_vec() };
-        let mut reply = self.rpc.call(|mut c| async move { c.create_copy_task(req).await })?;
-        check(reply.status.take(), key)?;
-        task_id(reply.id.as_ref())
-    }
-
-    /// Mooncake's `create_move_task`: the master queues a task moving `key`'s replica on
-    /// segment `source` to segment `target`; returns its id.
-    pub fn create_move_task(&self, key: &str, source: &str, target: &str) -> Result<TaskIdPair> {
-        let req = CreateMoveTaskRequest {
-            client_id: self.id.clone(),
-            key: key.to_string(),
-            source: source.to_string(),
-            target: target.to_string(),
-        };
-        let mut reply = self.rpc.call(|mut c| async move { c.create_move_task(req).await })?;
-        check(reply.status.take(), key)?;
-        task_id(reply.id.as_ref())
-    }
-
-    /// Mooncake's `query_task`: the task's type, status, times, client and message.
-    pub fn query_task(&self, id: TaskIdPair) -> Result<TaskInfo> {
-        let req = QueryTaskRequest { client_id: self.id.clone(), id: Some(TaskId { high: id.0, low: id.1 }) };
-        let mut reply = self.rpc.call(|mut c| async move { c.query_task(req).await })?;
-        check(reply.status.take(), "")?;
-        reply.task.ok_or_else(|| StoreError::BadReply("a task query's reply carries no task".into()))
-    }
-
-    /// Mooncake's `batch_replica_clear`: of `keys`, the objects this client put whose read
-    /// leases are over lose their replicas on `segment_name` (or, with "", go); returns the
-    /// keys cleared.
-    pub fn batch_replica_clear(&self, keys: &[String], segment_name: &str) -> Result<Vec<String>> {
-        let req = BatchReplicaClearRequest {
-            client_id: self.id.clone(),
-            keys: keys.to_vec(),
-            segment_name: segment_name.to_string(),
-        };
-        let mut reply = self.rpc.call(|mut c| async move { c.batch_replica_clear(req).await })?;
-        check(reply.status.take(), "")?;
-        Ok(reply.cleared_keys)
-    }
-
     /// Runs tasks the master assigned to this client, one after another on a thread of their
     /// own (the heartbeat goes on meanwhile), reporting each.
     pub(super) fn run_tasks(self: &Arc<Self>, tasks: Vec<TaskAssignment>) {
@@ -120,6 +75,6 @@ impl StoreClient {
     }
 }
 
-fn task_id(id: Option<&TaskId>) -> Result<TaskIdPair> {
+pub(super) fn task_id(id: Option<&TaskId>) -> Result<TaskIdPair> {
     id.map(|t| (t.high, t.low)).ok_or_else(|| StoreError::BadReply("a task's creation reply carries no id".into()))
 }

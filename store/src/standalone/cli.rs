@@ -15,7 +15,7 @@ use super::{Access, StandaloneServer};
 use crate::client::config::parse_protocol;
 use crate::client::dummy::frame::{self, Address};
 use crate::master::cli::{bin_name, gflags_bool, invalid, long_flags, normalize, parsed_or_exit, CliError};
-use crate::{ClientConfig, StoreClient};
+use crate::{ClientConfig, StoreApi, StoreClient};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -35,7 +35,7 @@ use prost::Message;
 
 use crate::client::dummy::frame::{self, Address, Conn, Listener, RecvError};
 use crate::client::dummy::wire::{self, Mem, Outcome, Reply, Request, Span, WireError};
-use crate::client::{Extent, Piece, StoreClient};
+use crate::client::{Extent, Piece, StoreApi, StoreClient};
 use crate::error::{Result, StoreError};
 use crate::proto::PutOptions;
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use crescent_engine::TransportKind;
 use crescent_store::client::hot_cache::HotCacheSettings;
-use crescent_store::{ClientConfig, StoreClient};
+use crescent_store::{ClientConfig, StoreApi, StoreClient};
 
 struct Args {
     role: String,

@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use crescent_engine::parse_size;
 use crescent_store::master::server;
-use crescent_store::{pattern, ClientConfig, MasterConfig, StoreClient};
+use crescent_store::{pattern, ClientConfig, MasterConfig, StoreApi, StoreClient};
 
 #[derive(Parser)]
 #[command(

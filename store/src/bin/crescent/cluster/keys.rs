@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::{ArgGroup, Args};
+use crescent_store::StoreApi;
 use serde::Deserialize;
 use serde_json::json;
 

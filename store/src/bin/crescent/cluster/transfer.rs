@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use crescent_store::client::hot_cache::HotCacheSettings;
-use crescent_store::{ClientConfig, StoreClient};
+use crescent_store::{ClientConfig, StoreApi, StoreClient};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 
