@@ -155,6 +155,15 @@ pub(crate) fn one_per_key(items: usize, keys: usize) -> Result<()> {
     }
 }
 
+/// A batch call's values, one per key: anything else is the caller's mistake.
+pub(crate) fn one_value_per_key(keys: usize, values: usize) -> Result<()> {
+    if keys == values {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(format!("{keys} keys but {values} values")))
+    }
+}
+
 /// What a get takes of a value.
 #[derive(Clone, Copy)]
 enum Want<'a> {

@@ -11,7 +11,7 @@ use super::exec::Exec;
 use super::plan::{self, Mode, Refusal, Written};
 use super::rpc::{self, check};
 use super::sg::{Piece, Reach, Src};
-use super::{checksum, offload_or_warn, one_per_key, StoreApi, StoreClient, LEND_PUT_MIN};
+use super::{checksum, offload_or_warn, one_per_key, one_value_per_key, StoreApi, StoreClient, LEND_PUT_MIN};
 use crate::error::{Result, StoreError};
 use crate::proto::{
     BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, PutOptions, PutStartReply, PutStartRequest,
@@ -62,9 +62,7 @@ impl StoreClient {
         options: &PutOptions,
         mode: Mode,
     ) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
+        one_value_per_key(keys.len(), values.len())?;
         let pieces: Vec<[Piece; 1]> = values.iter().map(|v| [Piece::new(v.as_ptr() as u64, v.len() as u64)]).collect();
         let (srcs, _loans) = self.batch_sources(values, &pieces);
         self.put_many(keys, &srcs, options, mode)
@@ -79,9 +77,7 @@ impl StoreClient {
         options: &PutOptions,
         mode: Mode,
     ) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
+        one_value_per_key(keys.len(), values.len())?;
         self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
         let srcs: Vec<Src<'_>> = values.iter().map(|v| Src::Registered(v, self.reach(v))).collect();
         self.put_many(keys, &srcs, options, mode)

@@ -30,6 +30,7 @@ use parking_lot::{Mutex, RwLock};
 use prost::Message;
 
 use super::api::StoreApi;
+use super::one_value_per_key;
 use super::op::{Held, HeldBuffer};
 use super::sg::{Extent, Piece};
 use crate::error::{Result, StoreError, Waited};
@@ -304,9 +305,7 @@ impl DummyClient {
         options: &PutOptions,
         upsert: bool,
     ) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
+        one_value_per_key(keys.len(), values.len())?;
         // In frames of at most MAX_PAYLOAD bytes; a value over it alone is refused.
         let mut results: Vec<Option<Result<()>>> = (0..keys.len()).map(|_| None).collect();
         let mut i = 0;
@@ -347,9 +346,7 @@ impl DummyClient {
         options: &PutOptions,
         upsert: bool,
     ) -> Result<Vec<Result<()>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} values", keys.len(), values.len())));
-        }
+        one_value_per_key(keys.len(), values.len())?;
         let placed = self.place(values, self.deadline())?;
         placed.copy_in();
         let request = Request::PutFromBatch {
