@@ -85,7 +85,7 @@ fn demo_cluster() -> Result<(Cluster, String, Vec<String>)> {
         a.put(k, &chunk)?; // local_first: in A's segment
     }
     let published: Vec<(String, u64)> = chunks[..12].iter().map(|k| (k.clone(), chunk.len() as u64)).collect();
-    b.publish(&published, Tier::Vram, Duration::from_secs(60))?;
+    b.sched().publish(&published, Tier::Vram, Duration::from_secs(60))?;
     b.put("popular", &chunk)?;
     for _ in 0..2000 {
         a.get("popular")?; // B serves these reads: its get rate is its load

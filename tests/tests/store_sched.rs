@@ -44,10 +44,12 @@ fn queries_over_grpc_and_http_match_known_placements_and_leave_leases_alone() {
     a.put("a/1", &data(2000, 2)).unwrap();
     b.put("b/0", &data(3000, 3)).unwrap();
     // a's inference engine holds b/0 and x/vram-only in its own GPU memory.
-    a.publish(&[("b/0".into(), 3000), ("x/vram-only".into(), 4096)], Tier::Vram, Duration::from_secs(60)).unwrap();
+    a.sched()
+        .publish(&[("b/0".into(), 3000), ("x/vram-only".into(), 4096)], Tier::Vram, Duration::from_secs(60))
+        .unwrap();
 
     let keys: Vec<String> = ["a/0", "a/1", "b/0", "x/vram-only", "missing"].iter().map(|s| s.to_string()).collect();
-    let r = b.query_keys(&keys).unwrap();
+    let r = b.sched().query_keys(&keys).unwrap();
     let (sa, sb) = (a.segment_name().to_string(), b.segment_name().to_string());
     assert_eq!(places(&r, 0), vec![(sa.clone(), Tier::Dram, false)]);
     assert_eq!((r.items[1].exists, r.items[1].size), (true, 2000));
@@ -62,14 +64,14 @@ fn queries_over_grpc_and_http_match_known_placements_and_leave_leases_alone() {
     assert!(matches!(b.get("x/vram-only"), Err(StoreError::NotFound(_))));
 
     // Longest prefix: a holds a/0, a/1 (pool); b holds neither.
-    let p = b.prefix_query(&["a/0".into(), "a/1".into(), "b/0".into(), "missing".into()]).unwrap();
+    let p = b.sched().prefix_query(&["a/0".into(), "a/1".into(), "b/0".into(), "missing".into()]).unwrap();
     assert_eq!(p.pool_prefix_len, 3);
     assert_eq!(p.nodes.len(), 1);
     assert_eq!((p.nodes[0].client_id.as_str(), p.nodes[0].prefix_len, p.nodes[0].vram), (a.id(), 3, 1));
 
     // Queries hold no lease: the objects stay removable without force.
     for _ in 0..200 {
-        b.query_keys(&keys).unwrap();
+        b.sched().query_keys(&keys).unwrap();
     }
     a.remove("a/1").expect("no lease from queries");
 
@@ -102,11 +104,11 @@ fn queries_over_grpc_and_http_match_known_placements_and_leave_leases_alone() {
     assert!(http(&m, "POST", "/query", "{not json").0 >= 400);
     assert_eq!(http(&m, "POST", "/query", r#"{"keys": [""]}"#).0, 400);
     assert_eq!(http(&m, "GET", "/query", "").0, 400);
-    assert!(matches!(b.query_keys(&["".into()]), Err(StoreError::InvalidArgument(_))));
+    assert!(matches!(b.sched().query_keys(&["".into()]), Err(StoreError::InvalidArgument(_))));
 
     // Retracting makes the published copies disappear.
-    assert_eq!(a.retract_all().unwrap(), 2);
-    assert!(b.query_keys(&["x/vram-only".into()]).unwrap().items[0].locations.is_empty());
+    assert_eq!(a.sched().retract_all().unwrap(), 2);
+    assert!(b.sched().query_keys(&["x/vram-only".into()]).unwrap().items[0].locations.is_empty());
 }
 
 #[test]
@@ -123,7 +125,7 @@ fn a_batch_of_ten_thousand_keys_in_one_grpc_call() {
     }
     let mut asked = keys.clone();
     asked.push("batch/missing".into());
-    let r = a.query_keys(&asked).unwrap();
+    let r = a.sched().query_keys(&asked).unwrap();
     assert_eq!(r.items.len(), 10_001);
     assert!(r.items[..10_000].iter().all(|i| i.exists && i.size == 64 && i.locations.len() == 1));
     assert!(!r.items[10_000].exists);
@@ -145,15 +147,18 @@ fn replicate_copies_the_bytes_to_other_nodes_which_then_serve_them() {
     a.put("r/2", &v2).unwrap();
     a.put("r/3", &v3).unwrap();
     // c holds no source: it reads a's replica into its own new replica, then writes b's from it.
-    assert_eq!(c.replicate("r/1", 2).unwrap(), crescent_store::client::sched::Replicated { added: 2, replicas: 3 });
+    assert_eq!(
+        c.sched().replicate("r/1", 2).unwrap(),
+        crescent_store::client::sched::Replicated { added: 2, replicas: 3 }
+    );
     // d holds neither a source nor a target: 9 MiB through its 4 MiB staging buffer.
-    let r = d.replicate("r/2", 1).unwrap();
+    let r = d.sched().replicate("r/2", 1).unwrap();
     assert_eq!((r.added, r.replicas), (1, 2));
     // a holds the source: it writes the new replica straight from its segment.
-    assert_eq!(a.replicate("r/3", 1).unwrap().replicas, 2);
-    assert!(matches!(a.replicate("nope", 1), Err(StoreError::NotFound(_))));
+    assert_eq!(a.sched().replicate("r/3", 1).unwrap().replicas, 2);
+    assert!(matches!(a.sched().replicate("nope", 1), Err(StoreError::NotFound(_))));
     // The new replicas hold the bytes: with a gone, the others serve every value.
-    let where_before = d.query_keys(&["r/2".into()]).unwrap();
+    let where_before = d.sched().query_keys(&["r/2".into()]).unwrap();
     assert_eq!(where_before.items[0].locations.len(), 2);
     a.close().unwrap();
     assert_eq!(d.get("r/1").unwrap(), v1);
@@ -176,8 +181,8 @@ fn hot_keys_get_more_replicas_through_a_warmup_worker() {
     let v = data(100_000, 5);
     a.put("hot", &v).unwrap();
     a.put("cold", &v).unwrap();
-    let worker = c.start_warmup_worker(Duration::from_millis(50));
-    let replicas = |k: &str| b.query_keys(&[k.to_string()]).unwrap().items[0].locations.len();
+    let worker = c.sched().start_warmup_worker(Duration::from_millis(50));
+    let replicas = |k: &str| b.sched().query_keys(&[k.to_string()]).unwrap().items[0].locations.len();
     let warmed = eventually(Duration::from_secs(30), || {
         for _ in 0..20 {
             assert_eq!(b.get("hot").unwrap().len(), v.len());
@@ -211,11 +216,11 @@ fn next_event(s: &mut crescent_store::client::sched::EventSubscription) -> Event
 fn the_event_stream_sees_puts_removals_evictions_and_publications() {
     let m = master_with(MasterConfig::default());
     let a = client(&m, 8 << 20);
-    let mut all = a.subscribe("").unwrap();
-    let mut only_p = a.subscribe("p/").unwrap();
+    let mut all = a.sched().subscribe("").unwrap();
+    let mut only_p = a.sched().subscribe("p/").unwrap();
     a.put("e/1", &data(1000, 1)).unwrap();
     a.remove("e/1").unwrap();
-    a.publish(&[("p/1".into(), 10)], Tier::Vram, Duration::from_secs(60)).unwrap();
+    a.sched().publish(&[("p/1".into(), 10)], Tier::Vram, Duration::from_secs(60)).unwrap();
     let kinds: Vec<(EventKind, String, Tier, String)> = (0..3)
         .map(|_| {
             let e = next_event(&mut all).event.unwrap();
@@ -265,7 +270,7 @@ fn the_event_stream_sees_puts_removals_evictions_and_publications() {
 fn a_subscriber_that_falls_behind_is_told_how_many_events_it_lost() {
     let m = master_with(MasterConfig { event_buffer: 64, ..MasterConfig::default() });
     let a = client(&m, 16 << 20);
-    let mut slow = a.subscribe("").unwrap();
+    let mut slow = a.sched().subscribe("").unwrap();
     // 20k events while the subscriber reads nothing: the master keeps going.
     let one = [1u8; 8];
     a.register_buffer(one.as_ptr() as u64, one.len() as u64).unwrap();

@@ -30,7 +30,7 @@ fn tenants_on_one_master_neither_see_read_overwrite_nor_remove_each_others_keys(
     let a = client(&m, "team-a", 16 << 20);
     let b = client(&m, "team-b", 16 << 20);
     let (va, vb) = (pattern_bytes(64 << 10, 1), pattern_bytes(64 << 10, 2));
-    let mut events_b = b.subscribe("").unwrap();
+    let mut events_b = b.sched().subscribe("").unwrap();
 
     a.put("k", &va).unwrap();
     a.put("a/only", &va).unwrap();
@@ -39,9 +39,9 @@ fn tenants_on_one_master_neither_see_read_overwrite_nor_remove_each_others_keys(
     assert_eq!(b.batch_exists(&["k".into(), "a/only".into()]).unwrap(), vec![false, false]);
     assert!(matches!(b.get("k"), Err(StoreError::NotFound(_))), "B reads A's key");
     assert!(!b.query("k").unwrap().exists);
-    let q = b.query_keys(&["k".into()]).unwrap();
+    let q = b.sched().query_keys(&["k".into()]).unwrap();
     assert!(!q.items[0].exists && q.items[0].locations.is_empty(), "B's query API shows A's key: {q:?}");
-    assert_eq!(b.prefix_query(&["k".into()]).unwrap().pool_prefix_len, 0);
+    assert_eq!(b.sched().prefix_query(&["k".into()]).unwrap().pool_prefix_len, 0);
     // B's key of the same name is B's own: A's value stays A's.
     b.put("k", &vb).unwrap();
     assert_eq!(a.get("k").unwrap(), va);
@@ -59,7 +59,7 @@ fn tenants_on_one_master_neither_see_read_overwrite_nor_remove_each_others_keys(
     assert_eq!(a.get("k").unwrap(), va);
     assert_eq!(a.get("a/only").unwrap(), va);
     // Node stats list the tenant's own clients only.
-    let nodes = b.node_stats().unwrap().nodes;
+    let nodes = b.sched().node_stats().unwrap().nodes;
     assert_eq!(nodes.len(), 1, "{nodes:?}");
     assert_eq!(nodes[0].client_id, b.id());
 }

@@ -446,7 +446,7 @@ fn query_bench(args: &QueryArgs) -> Result<()> {
     }
     let published: Vec<(String, u64)> = keys.iter().take(args.published).map(|k| (k.clone(), 64)).collect();
     for chunk in published.chunks(10_000) {
-        engine.publish(chunk, Tier::Vram, Duration::from_secs(600))?;
+        engine.sched().publish(chunk, Tier::Vram, Duration::from_secs(600))?;
     }
     println!(
         "{}, storebench query: master {}; {n} keys stored (64 B each) in {:.1} s, {} of them also published in VRAM",
@@ -461,7 +461,7 @@ fn query_bench(args: &QueryArgs) -> Result<()> {
     let mut exists_times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
-        let r = loader.query_keys(&keys)?;
+        let r = loader.sched().query_keys(&keys)?;
         query_times.push(t.elapsed());
         let found = r.items.iter().filter(|i| i.exists).count();
         let with_vram = r.items.iter().filter(|i| i.locations.iter().any(|l| l.published)).count();
@@ -500,7 +500,7 @@ fn query_bench(args: &QueryArgs) -> Result<()> {
         for i in 0..args.single {
             let key = keys[(i * 7919) % n].clone();
             let t = Instant::now();
-            let r = loader.query_keys(std::slice::from_ref(&key))?;
+            let r = loader.sched().query_keys(std::slice::from_ref(&key))?;
             hist.record(t.elapsed().as_micros() as u64)?;
             if !r.items[0].exists {
                 bail!("{key} not found");
@@ -560,7 +560,7 @@ fn query_bench(args: &QueryArgs) -> Result<()> {
     result?;
     loader.remove_by_regex("^qb/")?;
     loader.unregister_buffer(value.as_ptr() as u64)?;
-    engine.retract_all()?;
+    engine.sched().retract_all()?;
     Ok(())
 }
 

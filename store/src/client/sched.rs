@@ -84,57 +84,11 @@ impl Drop for WarmupWorker {
 const SUBSCRIPTION_BUFFER: usize = 4096;
 
 impl StoreClient {
-    // ---- queries (no lease, no change of eviction order) ----
-
-    /// Where each key is: pool replicas and published near-engine copies, by node and tier.
-    pub fn query_keys(&self, keys: &[String]) -> Result<QueryKeysReply> {
-        let req = QueryKeysRequest { client_id: self.id.clone(), keys: keys.to_vec() };
-        let mut reply = self.rpc.call(|mut c| async move { c.query_keys(req).await })?;
-        check(reply.status.take(), "")?;
-        super::one_per_key(reply.items.len(), keys.len())?;
-        Ok(reply)
-    }
-
-    /// For ordered chunk keys: the pool's leading chunks, and each node's longest cached prefix.
-    pub fn prefix_query(&self, keys: &[String]) -> Result<PrefixQueryReply> {
-        let req = QueryKeysRequest { client_id: self.id.clone(), keys: keys.to_vec() };
-        let mut reply = self.rpc.call(|mut c| async move { c.prefix_query(req).await })?;
-        check(reply.status.take(), "")?;
-        Ok(reply)
-    }
-
-    /// Per-node capacity, used, objects, recent get/put rates and published keys.
-    pub fn node_stats(&self) -> Result<NodeStatsReply> {
-        let req = NodeStatsRequest { client_id: self.id.clone() };
-        let mut reply = self.rpc.call(|mut c| async move { c.node_stats(req).await })?;
-        check(reply.status.take(), "")?;
-        Ok(reply)
-    }
-
-    // ---- the near-engine tier ----
-
-    /// Tells schedulers this client holds `keys` (key, size) in `tier` (VRAM or DRAM) outside
-    /// the pool, for `ttl` (publish again to renew). The store never serves these copies.
-    pub fn publish(&self, keys: &[(String, u64)], tier: Tier, ttl: Duration) -> Result<u64> {
-        let req = PublishRequest {
-            client_id: self.id.clone(),
-            tier: tier as i32,
-            ttl_ms: ttl.as_millis().min(u64::MAX as u128) as u64,
-            keys: keys.iter().map(|(key, size)| PublishedKey { key: key.clone(), size: *size }).collect(),
-        };
-        let reply = self.rpc.call(|mut c| async move { c.publish(req).await })?;
-        check(reply.status, "")?;
-        Ok(reply.count)
-    }
-
-    /// Withdraws published keys; returns how many were published.
-    pub fn retract(&self, keys: &[String]) -> Result<u64> {
-        self.retract_with(keys.to_vec(), false)
-    }
-
-    /// Withdraws every key this client published.
-    pub fn retract_all(&self) -> Result<u64> {
-        self.retract_with(Vec::new(), true)
+    /// Its cache-aware scheduling calls: where keys are, the longest cached prefix per node,
+    /// per-node load, the near-engine tier (publish, retract), warm-up replication and the
+    /// master's events.
+    pub fn sched(self: &Arc<Self>) -> Scheduling<'_> {
+        Scheduling { client: self }
     }
 
     fn retract_with(&self, keys: Vec<String>, all: bool) -> Result<u64> {
@@ -142,14 +96,6 @@ impl StoreClient {
         let reply = self.rpc.call(|mut c| async move { c.retract(req).await })?;
         check(reply.status, "")?;
         Ok(reply.count)
-    }
-
-    // ---- warm-up ----
-
-    /// Adds up to `count` replicas of `key` on segments that hold none: the master allocates,
-    /// this client copies the bytes with the engine, then commits the copies that succeeded.
-    pub fn replicate(&self, key: &str, count: u32) -> Result<Replicated> {
-        self.replicate_with(key, count, Vec::new())
     }
 
     /// [`Self::replicate`] onto the segments named `targets` (those holding no replica yet);
@@ -275,13 +221,81 @@ impl StoreClient {
         check(reply.status.take(), "")?;
         Ok(reply.tasks)
     }
+}
+
+/// A client's cache-aware scheduling calls ([`StoreClient::sched`]).
+pub struct Scheduling<'c> {
+    client: &'c Arc<StoreClient>,
+}
+
+impl Scheduling<'_> {
+    // ---- queries (no lease, no change of eviction order) ----
+
+    /// Where each key is: pool replicas and published near-engine copies, by node and tier.
+    pub fn query_keys(&self, keys: &[String]) -> Result<QueryKeysReply> {
+        let req = QueryKeysRequest { client_id: self.client.id.clone(), keys: keys.to_vec() };
+        let mut reply = self.client.rpc.call(|mut c| async move { c.query_keys(req).await })?;
+        check(reply.status.take(), "")?;
+        super::one_per_key(reply.items.len(), keys.len())?;
+        Ok(reply)
+    }
+
+    /// For ordered chunk keys: the pool's leading chunks, and each node's longest cached prefix.
+    pub fn prefix_query(&self, keys: &[String]) -> Result<PrefixQueryReply> {
+        let req = QueryKeysRequest { client_id: self.client.id.clone(), keys: keys.to_vec() };
+        let mut reply = self.client.rpc.call(|mut c| async move { c.prefix_query(req).await })?;
+        check(reply.status.take(), "")?;
+        Ok(reply)
+    }
+
+    /// Per-node capacity, used, objects, recent get/put rates and published keys.
+    pub fn node_stats(&self) -> Result<NodeStatsReply> {
+        let req = NodeStatsRequest { client_id: self.client.id.clone() };
+        let mut reply = self.client.rpc.call(|mut c| async move { c.node_stats(req).await })?;
+        check(reply.status.take(), "")?;
+        Ok(reply)
+    }
+
+    // ---- the near-engine tier ----
+
+    /// Tells schedulers this client holds `keys` (key, size) in `tier` (VRAM or DRAM) outside
+    /// the pool, for `ttl` (publish again to renew). The store never serves these copies.
+    pub fn publish(&self, keys: &[(String, u64)], tier: Tier, ttl: Duration) -> Result<u64> {
+        let req = PublishRequest {
+            client_id: self.client.id.clone(),
+            tier: tier as i32,
+            ttl_ms: ttl.as_millis().min(u64::MAX as u128) as u64,
+            keys: keys.iter().map(|(key, size)| PublishedKey { key: key.clone(), size: *size }).collect(),
+        };
+        let reply = self.client.rpc.call(|mut c| async move { c.publish(req).await })?;
+        check(reply.status, "")?;
+        Ok(reply.count)
+    }
+
+    /// Withdraws published keys; returns how many were published.
+    pub fn retract(&self, keys: &[String]) -> Result<u64> {
+        self.client.retract_with(keys.to_vec(), false)
+    }
+
+    /// Withdraws every key this client published.
+    pub fn retract_all(&self) -> Result<u64> {
+        self.client.retract_with(Vec::new(), true)
+    }
+
+    // ---- warm-up ----
+
+    /// Adds up to `count` replicas of `key` on segments that hold none: the master allocates,
+    /// this client copies the bytes with the engine, then commits the copies that succeeded.
+    pub fn replicate(&self, key: &str, count: u32) -> Result<Replicated> {
+        self.client.replicate_with(key, count, Vec::new())
+    }
 
     /// Starts a thread that, every `interval`, takes hot-key tasks from the master and
     /// replicates them (the master's `hot_read_threshold` policy decides which keys).
-    pub fn start_warmup_worker(self: &Arc<Self>, interval: Duration) -> WarmupWorker {
+    pub fn start_warmup_worker(&self, interval: Duration) -> WarmupWorker {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(WarmupStats::default());
-        let weak: Weak<StoreClient> = Arc::downgrade(self);
+        let weak: Weak<StoreClient> = Arc::downgrade(self.client);
         let (stop2, stats2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
             .name("crescent-warmup".into())
@@ -298,7 +312,7 @@ impl StoreClient {
                     };
                     for task in tasks {
                         stats2.tasks.fetch_add(1, Ordering::Relaxed);
-                        match client.replicate(&task.key, task.count) {
+                        match client.sched().replicate(&task.key, task.count) {
                             Ok(r) => {
                                 stats2.replicas_added.fetch_add(r.added as u64, Ordering::Relaxed);
                                 tracing::debug!("warm-up: {:?} now has {} replicas", task.key, r.replicas);
@@ -321,10 +335,10 @@ impl StoreClient {
     /// start with `key_prefix` ("" for all). Events emitted after this returns are delivered
     /// unless the subscriber falls behind, in which case a loss notice says how many it missed.
     pub fn subscribe(&self, key_prefix: &str) -> Result<EventSubscription> {
-        let req = SubscribeRequest { client_id: self.id.clone(), key_prefix: key_prefix.to_string() };
-        let mut client = self.rpc.client();
-        let handle = self.rpc.handle();
-        let addr = self.rpc.addr().to_string();
+        let req = SubscribeRequest { client_id: self.client.id.clone(), key_prefix: key_prefix.to_string() };
+        let mut client = self.client.rpc.client();
+        let handle = self.client.rpc.handle();
+        let addr = self.client.rpc.addr().to_string();
         let unreachable = move |s: tonic::Status| StoreError::master_unreachable(&addr, s);
         #[allow(clippy::result_large_err)] // tonic's status, as the call returns it
         let subscribed = outside_async(|| handle.block_on(async { client.subscribe(req).await }));

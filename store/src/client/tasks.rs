@@ -2,7 +2,7 @@
 //! `create_copy_task`, `create_move_task`, `query_task`), `batch_replica_clear`, and running
 //! the tasks the master assigns to this client (they come with its ping replies).
 //!
-//! A task copies with the warm-up's calls ([`StoreClient::replicate`] onto named segments):
+//! A task copies with the warm-up's calls ([`Scheduling::replicate`](super::sched::Scheduling::replicate) onto named segments):
 //! the master allocates the new replica, this client writes it with the engine, the master
 //! commits it once its owner acknowledged. The client then reports the outcome; for a move the
 //! master drops the source replica at that report. See `docs/src/store.md`.
