@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use crescent_store::master::server;
-//! use crescent_store::{ClientConfig, MasterConfig, StoreClient, StoreError};
+//! use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient, StoreError};
 //! let master = server::start(MasterConfig {
 //!     rpc_address: "127.0.0.1:0".into(),
 //!     admin_address: String::new(), // no admin/metrics port
