@@ -31,6 +31,14 @@ pub fn scope(tenant: &str, name: &str) -> String {
     }
 }
 
+/// [`scope`] of a name the caller owns, in place: no copy for the default tenant's names,
+/// which most calls carry and which stay as they are.
+pub fn scope_in_place(tenant: &str, name: &mut String) {
+    if tenant != DEFAULT_TENANT || name.starts_with(MARK) {
+        *name = scope(tenant, name);
+    }
+}
+
 /// The tenant's name for the master's `scoped`, or None when it belongs to another tenant.
 pub fn unscope<'a>(tenant: &str, scoped: &'a str) -> Option<&'a str> {
     match scoped.strip_prefix(MARK) {
@@ -66,6 +74,9 @@ mod tests {
         for t in [DEFAULT_TENANT, "a", "ab"] {
             for name in ["k/1", "\0k", "", "é/ключ"] {
                 let scoped = scope(t, name);
+                let mut in_place = name.to_string();
+                scope_in_place(t, &mut in_place);
+                assert_eq!(in_place, scoped, "{t}/{name:?} scoped in place");
                 for reader in [DEFAULT_TENANT, "a", "ab"] {
                     let mut s = scoped.clone();
                     let kept = unscope_in_place(reader, &mut s);

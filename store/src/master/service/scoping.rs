@@ -24,7 +24,7 @@ trait Names {
 
 impl Names for String {
     fn scope_names(&mut self, t: &Tenant) {
-        *self = tenant::scope(&t.0, self);
+        tenant::scope_in_place(&t.0, self);
     }
 }
 
