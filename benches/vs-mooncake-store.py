@@ -29,6 +29,15 @@ Run by the interpreter of the venv under test (upstream's wheel, or Crescent's `
       <batch_get_into> <batch_get_into per key>` in MiB/s (bytes over the summed time of each
       kind's calls).
 
+  PYTHON vs-mooncake-store.py calls --master 127.0.0.1:PORT --size 64K [--count 2000]
+      contributes no segment: --count rounds of `is_exist` of a key not stored, `put` of a
+      --size value and `get` of it, each call timed alone; prints the medians `<exists us>
+      <put us> <get us>` (the first 10 rounds open the connections: not counted), then removes
+      its keys (benches/call-latency.sh).
+  PYTHON vs-mooncake-store.py pingpong [--count 5000]
+      the limit of a call: a 64-byte message to a process of this interpreter and back over
+      loopback tcp (TCP_NODELAY), --count times; prints the median in microseconds.
+
 Loopback only: the client's hostname is 127.0.0.1, protocol tcp, metadata P2PHANDSHAKE.
 """
 
@@ -218,6 +227,65 @@ def tensor(a):
     s.close()
 
 
+def calls(a):
+    import statistics
+
+    n = size(a.size)
+    s, _ = store(a.master, 0, max(2 * n, 64 << 20))
+    value = os.urandom(n)
+    tag = f"vsc-{os.getpid()}"
+    keys = [f"{tag}-{i}" for i in range(a.count)]
+    took = {"exists": [], "put": [], "get": []}
+    for key in keys:
+        t0 = time.perf_counter()
+        s.is_exist(f"{key}-absent")
+        t1 = time.perf_counter()
+        rc = s.put(key, value)
+        t2 = time.perf_counter()
+        got = s.get(key)
+        t3 = time.perf_counter()
+        if rc != 0 or got != value:
+            sys.exit(f"vs-mooncake-store: put({key!r}) returned {rc}, or its get another value")
+        for name, t in (("exists", t1 - t0), ("put", t2 - t1), ("get", t3 - t2)):
+            took[name].append(t)
+    med = [statistics.median(took[k][10:]) * 1e6 for k in ("exists", "put", "get")]
+    print(" ".join(f"{m:.0f}" for m in med), flush=True)
+    remove(s, keys)
+    s.close()
+
+
+def pingpong(a):
+    import socket
+    import statistics
+    import subprocess
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    echo = (
+        "import socket,sys\n"
+        f"c=socket.create_connection(('127.0.0.1',{port}))\n"
+        "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
+        "while True:\n"
+        "    d=c.recv(256)\n"
+        "    if not d: break\n"
+        "    c.sendall(d)\n"
+    )
+    peer = subprocess.Popen([sys.executable, "-c", echo])
+    c, _ = listener.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    took, msg = [], b"x" * 64
+    for _ in range(a.count):
+        t0 = time.perf_counter()
+        c.sendall(msg)
+        got = 0
+        while got < len(msg):
+            got += len(c.recv(256))
+        took.append(time.perf_counter() - t0)
+    c.close()
+    peer.wait(5)
+    print(f"{statistics.median(took[10:]) * 1e6:.0f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -238,8 +306,15 @@ def main():
     p.add_argument("--size", default="256M")
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
+    p = sub.add_parser("calls")
+    p.add_argument("--master", required=True)
+    p.add_argument("--size", default="64K")
+    p.add_argument("--count", type=int, default=2000)
+    p = sub.add_parser("pingpong")
+    p.add_argument("--count", type=int, default=5000)
     a = ap.parse_args()
-    {"holder": holder, "reader": reader, "batch": batch, "tensor": tensor}[a.cmd](a)
+    cmds = {"holder": holder, "reader": reader, "batch": batch, "tensor": tensor, "calls": calls, "pingpong": pingpong}
+    cmds[a.cmd](a)
 
 
 if __name__ == "__main__":

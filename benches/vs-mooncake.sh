@@ -3,7 +3,7 @@
 #
 #   benches/vs-mooncake.sh [seconds per engine measurement, default 5] [--pairs N] [--out DIR]
 #       [--only engine|store] [--blocks "64K 1M 16M"] [--ops "read write"] [--threads "1"]
-#       [--window 256M] [--sizes "1M 10M 25M"] [--iperf-streams N]
+#       [--window 256M] [--sizes "1M 10M 25M"] [--calls "64K"] [--iperf-streams N]
 #
 # Installs upstream's non-CUDA wheel (MOONCAKE_WHEEL, default
 # mooncake-transfer-engine-non-cuda==0.3.13.post1, from PyPI) into a venv of its own
@@ -27,6 +27,9 @@
 #         (memcpy-bench, one thread). Sizes under 1 MiB get a row of puts per second too.
 #         Then `batch_put_from` of 32 x 1 MiB from registered memory, 256 MiB per measurement;
 #         limit: the engine's write throughput on the same link (tebench write, 1 MiB blocks).
+#         Then single calls (--calls sizes; "" for none): the median of 2000 `is_exist`, `put`
+#         and `get` each, timed one by one, as calls per second; limit: a 64-byte tcp
+#         ping-pong between two Python processes (round trips per second).
 #
 # Every row runs --pairs pairs (default 3): the limit, then Mooncake then Crescent in odd
 # pairs and Crescent then Mooncake in even ones. It prints both medians, the median of the
@@ -40,7 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=5 PAIRS=3 OUT=ci/.work/vs-mooncake ONLY="" BLOCKS="64K 1M 16M" OPS="read write" THREADS=1
-SIZES="1M 10M 25M" STREAMS=2 WINDOW=256M
+SIZES="1M 10M 25M" STREAMS=2 WINDOW=256M CALLS=64K
 while [ $# -gt 0 ]; do
   case $1 in
     --pairs) PAIRS=$2; shift 2 ;;
@@ -50,6 +53,7 @@ while [ $# -gt 0 ]; do
     --ops) OPS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
+    --calls) CALLS=$2; shift 2 ;;
     --iperf-streams) STREAMS=$2; shift 2 ;;
     --window) WINDOW=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -172,7 +176,15 @@ row() {
     if [ -z "$l" ] || [ -z "$m" ] || [ -z "$c" ]; then
       die "a run printed no figure ($part $op $size, pair $i): '$l' '$m' '$c'"
     fi
-    if [ "$part" = store ] && [ "$op" = put ]; then # readers print "put get puts/s": a line per op
+    if [ "$part" = store ] && [ "$op" = calls ]; then # "exists put get" calls per second
+      local me mp mg ce cp cg
+      read -r me mp mg <<<"$m"
+      read -r ce cp cg <<<"$c"
+      echo "  pair $i of $PAIRS, store calls $size (exists put get, calls/s): Mooncake $m, Crescent $c, ping-pong $l ($first first)" >&2
+      echo "store,exists,$size,$th,$i,$first,$me,$ce,$l,$unit,$lname" >>"$RAW"
+      echo "store,put call,$size,$th,$i,$first,$mp,$cp,$l,$unit,$lname" >>"$RAW"
+      echo "store,get call,$size,$th,$i,$first,$mg,$cg,$l,$unit,$lname" >>"$RAW"
+    elif [ "$part" = store ] && [ "$op" = put ]; then # readers print "put get puts/s": a line per op
       local mp mg mo cp cg co
       read -r mp mg mo <<<"$m"
       read -r cp cg co <<<"$c"
@@ -309,6 +321,20 @@ if [ "$ONLY" != engine ]; then
   }
   row store batch_put_from 32x1M 1 MiB/s "tebench write 1M" tebench_write_mibs "batch_put $MVENV/bin/python $MPORT" \
     "batch_put $CPY $CPORT"
+  # Single calls, each timed: what a call costs beside a bare round trip between two processes.
+  calls_of() { # python master_port size -> "exists put get" in calls per second (1e6 / median us)
+    measure "$LOGS/calls.log" env "${MENV[@]}" "$1" benches/vs-mooncake-store.py calls --master "127.0.0.1:$2" \
+      --size "$3" || return 1
+    tail -n 1 "$WORK/out" | python3 -c 'import sys; print(" ".join("%.0f" % (1e6 / float(x)) for x in sys.stdin.read().split()))'
+  }
+  pingpong_rate() { # round trips per second of a 64-byte tcp ping-pong between two Python processes
+    measure "$LOGS/pingpong.log" python3 benches/vs-mooncake-store.py pingpong || return 1
+    tail -n 1 "$WORK/out" | python3 -c 'import sys; print("%.0f" % (1e6 / float(sys.stdin.read())))'
+  }
+  for sz in $CALLS; do
+    row store calls "$sz" 1 calls/s ping-pong pingpong_rate "calls_of $MVENV/bin/python $MPORT $sz" \
+      "calls_of $CPY $CPORT $sz"
+  done
 fi
 
 echo

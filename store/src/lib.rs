@@ -45,6 +45,7 @@
 mod allocator;
 pub mod client;
 pub mod error;
+pub mod fastrpc;
 pub mod leader;
 mod logging;
 pub mod master;

@@ -437,7 +437,8 @@ impl StoreApi for StoreClient {
     /// Whether a committed object exists (no lease is granted).
     fn exists(&self, key: &str) -> Result<bool> {
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string(), ..Default::default() };
-        let reply = self.rpc.call(|mut c| async move { c.exists(req).await })?;
+        let reply =
+            self.rpc.unary(crate::fastrpc::Method::Exists, req, |mut c, req| async move { c.exists(req).await })?;
         check(reply.status, key)?;
         Ok(reply.exists)
     }
@@ -447,7 +448,9 @@ impl StoreApi for StoreClient {
         in_batches(keys.len(), |r| {
             let req =
                 BatchKeyRequest { client_id: self.id.clone(), keys: keys[r.clone()].to_vec(), ..Default::default() };
-            let reply = self.rpc.call(|mut c| async move { c.batch_exists(req).await })?;
+            let reply = self.rpc.unary(crate::fastrpc::Method::BatchExists, req, |mut c, req| async move {
+                c.batch_exists(req).await
+            })?;
             check(reply.status, "")?;
             one_per_key(reply.exists.len(), r.len())?;
             Ok(reply.exists)

@@ -21,7 +21,9 @@ impl StoreClient {
     pub(super) fn replica_list(&self, key: &str) -> Result<Listed> {
         let req = KeyRequest { client_id: self.id.clone(), key: key.to_string(), ..Default::default() };
         let clock = LeaseClock::start();
-        let mut reply = self.rpc.call(|mut c| async move { c.get_replica_list(req).await })?;
+        let mut reply = self.rpc.unary(crate::fastrpc::Method::GetReplicaList, req, |mut c, req| async move {
+            c.get_replica_list(req).await
+        })?;
         check(reply.status.take(), key)?;
         Ok(Listed { reply, clock })
     }
@@ -143,7 +145,9 @@ impl StoreClient {
             let keys = &keys[r];
             let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec(), ..Default::default() };
             let clock = LeaseClock::start();
-            let reply = self.rpc.call(|mut c| async move { c.batch_get_replica_list(req).await })?;
+            let reply = self.rpc.unary(crate::fastrpc::Method::BatchGetReplicaList, req, |mut c, req| async move {
+                c.batch_get_replica_list(req).await
+            })?;
             Self::lists_of(reply, keys, clock)
         })
     }

@@ -210,9 +210,13 @@ impl StoreClient {
             .name("crescent-heartbeat".into())
             .spawn(move || {
                 let mut master_was_down = false;
+                // The first ping goes at once: its reply names the master's fast RPC port.
+                let mut first = true;
                 while !stop.load(Ordering::Acquire) {
                     // While the master is away, look for it (or a new leader) more often.
-                    link.wait_tick(if master_was_down { interval.min(DOWN_PING) } else { interval });
+                    if !std::mem::take(&mut first) {
+                        link.wait_tick(if master_was_down { interval.min(DOWN_PING) } else { interval });
+                    }
                     let Some(client) = weak.upgrade() else { return };
                     if stop.load(Ordering::Acquire) {
                         return;
@@ -278,6 +282,7 @@ impl StoreClient {
         let mut req = tonic::Request::new(PingRequest { client_id: self.id.clone(), disk });
         req.set_timeout(self.config.ping_interval.clamp(PING_TIMEOUT_MIN, PING_TIMEOUT_MAX) * 2);
         let reply = self.rpc.call(|mut c| async move { c.ping(req).await })?;
+        self.rpc.offer_fast_rpc(reply.fast_rpc_port);
         let term = reply.term;
         Ok((reply, term))
     }

@@ -33,6 +33,7 @@ mod disk_link;
 mod disk_news;
 pub mod dummy;
 mod exec;
+mod fastrpc;
 mod gets;
 pub mod hot_cache;
 mod lease;

@@ -13,6 +13,7 @@ use super::rpc::{self, check};
 use super::sg::{Piece, Reach, Src};
 use super::{checksum, offload_or_warn, one_per_key, one_value_per_key, StoreApi, StoreClient, LEND_PUT_MIN};
 use crate::error::{Result, StoreError};
+use crate::fastrpc::Method;
 use crate::proto::{
     BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, PutOptions, PutStartReply, PutStartRequest,
     ReplicaDescriptor,
@@ -187,7 +188,7 @@ impl StoreClient {
             options: Some(options.clone()),
             checksum: crc.map(|crc32| crate::proto::Checksum { crc32 }),
         };
-        let start = |req: PutStartRequest| move |mut c: rpc::Client| async move { c.put_start(req).await };
+        let start = |mut c: rpc::Client, req: PutStartRequest| async move { c.put_start(req).await };
         // While the master places the object: the disk tier's copy of the value, and a byte
         // put's first piece in the staging buffer (unless the last put stayed in our own
         // segment, where nothing is staged).
@@ -196,13 +197,13 @@ impl StoreClient {
         let local = self.last_put_local.load(Ordering::Relaxed);
         let stage_early = src.is_plain() && !local;
         let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
-            self.rpc.call_while(start(req.clone()), || {
+            self.rpc.unary_while(Method::PutStart, req.clone(), start, || {
                 let offload = self.disk.as_ref().and_then(|d| offload_or_warn(key, d.prepare(key, &src, local)));
                 let first = if stage_early { exec.stage_first_piece(&src) } else { Ok(None) };
                 (offload, first)
             })
         } else {
-            (self.rpc.call(start(req.clone())), (None, Ok(None)))
+            (self.rpc.unary(Method::PutStart, req.clone(), start), (None, Ok(None)))
         };
         let checksum = self.end_checksum(crc);
         let mut reply = reply?;
@@ -211,7 +212,7 @@ impl StoreClient {
         // until we remount. Remount now and place the value again, rather than fail until the
         // heartbeat remounts.
         if matches!(begun, Err(StoreError::NoSpace { .. })) && self.remounted() {
-            reply = self.rpc.call(start(req))?;
+            reply = self.rpc.unary(Method::PutStart, req, start)?;
             begun = check(reply.status.take(), key);
         }
         if let Err(e) = begun {
@@ -239,12 +240,14 @@ impl StoreClient {
         };
         match written {
             Ok(()) => {
-                let r = self.rpc.call(|mut c| async move { c.put_end(req).await })?;
+                let r = self.rpc.unary(Method::PutEnd, req, |mut c, req| async move { c.put_end(req).await })?;
                 check(r.status, key)
             }
             Err(e) => {
-                if let Err(revoke) =
-                    self.rpc.call(|mut c| async move { c.put_revoke(req).await }).and_then(|r| check(r.status, key))
+                if let Err(revoke) = self
+                    .rpc
+                    .unary(Method::PutRevoke, req, |mut c, req| async move { c.put_revoke(req).await })
+                    .and_then(|r| check(r.status, key))
                 {
                     tracing::warn!("revoking the failed put of {key:?}: {revoke}");
                 }
@@ -479,20 +482,20 @@ impl StoreClient {
             options: Some(options.clone()),
             checksums,
         };
-        let start = |req: BatchPutStartRequest| move |mut c: rpc::Client| async move { c.batch_put_start(req).await };
+        let start = |mut c: rpc::Client, req: BatchPutStartRequest| async move { c.batch_put_start(req).await };
         let (reply, offloads) = match &self.disk {
             // The disk tier's copies of the values (or their CRCs, see `put_one`) are made
             // while the master places them.
             Some(disk) => {
                 let local = self.last_put_local.load(Ordering::Relaxed);
-                self.rpc.call_while(start(req.clone()), || {
+                self.rpc.unary_while(Method::BatchPutStart, req.clone(), start, || {
                     keys.iter()
                         .zip(srcs)
                         .map(|(key, src)| offload_or_warn(key, disk.prepare(key, src, local)))
                         .collect()
                 })
             }
-            None => (self.rpc.call(start(req.clone())), Vec::new()),
+            None => (self.rpc.unary(Method::BatchPutStart, req.clone(), start), Vec::new()),
         };
         let mut reply = reply?;
         one_per_key(reply.items.len(), keys.len())?;
@@ -502,7 +505,7 @@ impl StoreClient {
             items.iter().all(|i| i.status.as_ref().is_some_and(|s| s.code == Code::NoSpace as i32))
         };
         if !keys.is_empty() && no_space(&reply.items) && self.remounted() {
-            reply = self.rpc.call(start(req))?;
+            reply = self.rpc.unary(Method::BatchPutStart, req, start)?;
             one_per_key(reply.items.len(), keys.len())?;
         }
         let starts = reply
@@ -543,7 +546,8 @@ impl StoreClient {
                 keys: commit.iter().map(|&i| keys[i].clone()).collect(),
                 checksums,
             };
-            let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
+            let reply =
+                self.rpc.unary(Method::BatchPutEnd, req, |mut c, req| async move { c.batch_put_end(req).await })?;
             one_per_key(reply.statuses.len(), commit.len())?;
             for (&i, status) in commit.iter().zip(reply.statuses) {
                 results[i] = check(Some(status), &keys[i]);
@@ -558,7 +562,9 @@ impl StoreClient {
         }
         for keys in keys.chunks(MAX_BATCH_KEYS) {
             let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec(), ..Default::default() };
-            if let Err(e) = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await }) {
+            if let Err(e) =
+                self.rpc.unary(Method::BatchPutRevoke, req, |mut c, req| async move { c.batch_put_revoke(req).await })
+            {
                 tracing::warn!("revoking failed puts: {e}");
             }
         }

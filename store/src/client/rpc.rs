@@ -13,6 +13,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -24,7 +25,9 @@ use crescent_transports::net::Keyring;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 
+use super::fastrpc::FastRpc;
 use crate::error::{Result, StoreError, Waited};
+use crate::fastrpc::Method;
 use crate::leader::Members;
 use crate::proto::master_client::MasterClient;
 use crate::proto::{Code, Status};
@@ -50,6 +53,12 @@ impl Credentials {
                 .transpose()?,
             tenant: value(tenant.to_string())?,
         })
+    }
+
+    /// The fast RPC hello's body carrying these credentials.
+    fn hello(&self) -> Vec<u8> {
+        let text = |v: &MetadataValue<Ascii>| v.to_str().unwrap_or_default().to_string();
+        crate::fastrpc::hello_body(&self.authorization.as_ref().map(text).unwrap_or_default(), &text(&self.tenant))
     }
 
     /// No secret, the default tenant.
@@ -127,6 +136,11 @@ pub struct MasterRpc {
     credentials: Credentials,
     /// The deadlines of every call and connection.
     timeouts: RpcTimeouts,
+    /// The followed master's fast RPC port, once a ping advertised it (see [`Self::unary`]);
+    /// dropped when the client follows another master.
+    fast: RwLock<Option<Arc<FastRpc>>>,
+    /// Whether to use a fast RPC port a master advertises (`CRESCENT_FAST_RPC=0`: gRPC only).
+    fast_wanted: bool,
 }
 
 /// How long a call to the master, and connecting to it, may take (Mooncake's
@@ -245,6 +259,8 @@ impl MasterRpc {
             switched: tokio::sync::Notify::new(),
             credentials,
             timeouts,
+            fast: RwLock::new(None),
+            fast_wanted: std::env::var("CRESCENT_FAST_RPC").map_or(true, |v| v.trim() != "0"),
         })
     }
 
@@ -268,6 +284,9 @@ impl MasterRpc {
                 tracing::info!("following the master leading now: {addr} (term {term})");
                 *self.conn.write() = conn;
                 source.term.store(term, Ordering::Release);
+                if let Some(fast) = self.fast.write().take() {
+                    fast.close();
+                }
                 self.switched.notify_waiters();
                 true
             }
@@ -301,6 +320,101 @@ impl MasterRpc {
         #[allow(clippy::result_large_err)] // tonic's status, as the call returns it
         let reply = outside_async(|| self.calls.block_on(call));
         self.reply(reply)
+    }
+
+    /// Takes up the fast RPC `port` a ping of the followed master advertised (0: none), on
+    /// the host of its gRPC address: later [`Self::unary`] calls go there. A port that does
+    /// not answer or refuses the credentials is logged once and gRPC kept.
+    pub fn offer_fast_rpc(&self, port: u32) {
+        if !self.fast_wanted || Handle::try_current().is_ok() {
+            return;
+        }
+        let addr = self.addr();
+        let Some(target) = u16::try_from(port).ok().filter(|p| *p != 0).and_then(|p| {
+            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h).trim_matches(['[', ']']);
+            std::net::ToSocketAddrs::to_socket_addrs(&(host, p)).ok()?.next()
+        }) else {
+            if let Some(old) = self.fast.write().take() {
+                old.close();
+            }
+            return;
+        };
+        if self.fast.read().as_ref().is_some_and(|f| f.addr() == target) {
+            return;
+        }
+        match FastRpc::connect(target, self.credentials.hello(), self.timeouts.call, self.timeouts.connect) {
+            Ok(fast) => {
+                tracing::debug!("the master's hot calls go to its fast rpc port {target}");
+                if addr == self.addr() {
+                    if let Some(old) = self.fast.write().replace(Arc::new(fast)) {
+                        old.close();
+                    }
+                }
+            }
+            Err(e) => tracing::info!("the master's fast rpc port {target}: {} (keeping gRPC)", e.message()),
+        }
+    }
+
+    /// One hot call: over the master's fast RPC port where the master advertised one and the
+    /// caller is outside tokio, else over gRPC (`grpc` makes the call from the request).
+    pub fn unary<Q, R, F, Fut>(&self, method: Method, req: Q, grpc: F) -> Result<R>
+    where
+        Q: prost::Message,
+        R: prost::Message + Default + Send,
+        F: FnOnce(Client, Q) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>> + Send,
+    {
+        match self.fast_conn() {
+            Some((fast, conn)) => {
+                let (reply, ()) = fast.call_while(conn, method, &req, || ());
+                reply.map_err(|s| call_error(&self.addr(), &s, self.timeouts.call))
+            }
+            None => self.call(|c| grpc(c, req)),
+        }
+    }
+
+    /// [`Self::unary`] running `meanwhile` on the calling thread while the master works on the
+    /// call (as [`Self::call_while`]).
+    pub fn unary_while<Q, R, F, Fut, X>(
+        &self,
+        method: Method,
+        req: Q,
+        grpc: F,
+        meanwhile: impl FnOnce() -> X,
+    ) -> (Result<R>, X)
+    where
+        Q: prost::Message,
+        R: prost::Message + Default + Send,
+        F: FnOnce(Client, Q) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>> + Send,
+    {
+        match self.fast_conn() {
+            Some((fast, conn)) => {
+                let (reply, side) = fast.call_while(conn, method, &req, meanwhile);
+                (reply.map_err(|s| call_error(&self.addr(), &s, self.timeouts.call)), side)
+            }
+            None => self.call_while(|c| grpc(c, req), meanwhile),
+        }
+    }
+
+    /// A connection to the fast RPC port for one call, where the master advertised one and
+    /// blocking I/O is allowed here. A port that cannot be reached (its master restarted on
+    /// another port, say) is dropped until a ping names one again: the call goes over gRPC.
+    fn fast_conn(&self) -> Option<(Arc<FastRpc>, std::net::TcpStream)> {
+        if Handle::try_current().is_ok() {
+            return None;
+        }
+        let fast = self.fast.read().clone()?;
+        match fast.conn() {
+            Some(conn) => Some((fast, conn)),
+            None => {
+                let mut slot = self.fast.write();
+                if slot.as_ref().is_some_and(|f| Arc::ptr_eq(f, &fast)) {
+                    *slot = None;
+                }
+                None
+            }
+        }
     }
 
     /// A call's outcome: the reply's body, or what kept it from coming.

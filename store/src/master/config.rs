@@ -105,6 +105,10 @@ pub struct MasterConfig {
     /// Set TCP_NODELAY on clients' connections (`--rpc_enable_tcp_no_delay`): batch replies
     /// span several segments and would otherwise wait on the client's delayed ACK.
     pub rpc_tcp_nodelay: bool,
+    /// The fast RPC port for the hot calls of Crescent's own clients (`crate::fastrpc`), on
+    /// the gRPC address's host (`--fast_rpc_port`): 0 picks a free port (the default; pings
+    /// advertise it), `None` serves gRPC only.
+    pub fast_rpc_port: Option<u16>,
     /// Where to serve an embedded http metadata server (`GET/PUT/DELETE /metadata?key=`, as
     /// Mooncake's `--enable_http_metadata_server`); empty: none.
     pub http_metadata_address: String,
@@ -215,6 +219,7 @@ impl Default for MasterConfig {
             owner_ack_timeout: Duration::from_secs(3),
             rpc_threads: rpc_threads_for(std::thread::available_parallelism().map_or(1, |p| p.get())),
             rpc_tcp_nodelay: true,
+            fast_rpc_port: Some(0),
             http_metadata_address: String::new(),
             cluster_id: DEFAULT_CLUSTER_ID.into(),
             ha: HaConfig::default(),

@@ -89,6 +89,9 @@ pub struct Metrics {
     pub mooncake: MooncakeMetrics,
     /// Requests refused for want of the cluster secret's token (label `port`: grpc, admin).
     pub auth_refused: IntCounterVec,
+    /// `fast_rpc_calls_total`: calls served on the fast RPC port (`crate::fastrpc`); their
+    /// latency and outcome are counted with gRPC's, by method.
+    pub fast_rpc_calls: IntCounter,
 }
 
 impl Metrics {
@@ -127,6 +130,7 @@ impl Metrics {
         )?;
         Ok(Metrics {
             auth_refused,
+            fast_rpc_calls: counter("fast_rpc_calls_total", "Calls served on the fast RPC port")?,
             disk_client,
             capacity: gauge("capacity_bytes", "Bytes contributed by mounted segments")?,
             used: gauge("used_bytes", "Bytes allocated to objects")?,

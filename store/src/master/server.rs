@@ -51,6 +51,8 @@ pub struct MasterHandle {
     pub rpc_addr: SocketAddr,
     /// Where the admin port listens; `None` without one.
     pub admin_addr: Option<SocketAddr>,
+    /// Where the fast RPC port listens ([`crate::fastrpc`]); `None` without one.
+    pub fast_rpc_addr: Option<SocketAddr>,
     /// The embedded http metadata server ([`MasterConfig::http_metadata_address`]).
     pub metadata_server: Option<MetadataServer>,
     stop: Option<oneshot::Sender<()>>,
@@ -116,6 +118,13 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     let admin = if config.admin_address.is_empty() { None } else { Some(bind(&config.admin_address)?) };
     let rpc_addr = rpc.local_addr().map_err(|e| StoreError::Internal(e.to_string()))?;
     let admin_addr = admin.as_ref().and_then(|a| a.local_addr().ok());
+    // The fast RPC port, on the gRPC address's host.
+    let fast = match config.fast_rpc_port {
+        Some(port) => Some(bind(&std::net::SocketAddr::new(rpc_addr.ip(), port).to_string())?),
+        None => None,
+    };
+    let fast_rpc_addr = fast.as_ref().and_then(|l| l.local_addr().ok());
+    let fast_port = fast_rpc_addr.map_or(0, |a| a.port());
     let metadata_server = if config.http_metadata_address.is_empty() {
         None
     } else {
@@ -175,15 +184,14 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         (None, None) => None,
     };
     let elected_records = records.clone();
+    let shared = MasterService::shared(master.clone(), records, fast_port);
+    let fast_access = access.clone();
     #[allow(clippy::result_large_err)] // tonic's Status
-    let service = InterceptedService::new(
-        MasterService::with_records(master.clone(), records),
-        move |mut req: tonic::Request<()>| {
-            let tenant = gate.check_call(req.metadata())?;
-            req.extensions_mut().insert(tenant);
-            Ok(req)
-        },
-    );
+    let service = InterceptedService::new(MasterService::grpc(shared.clone()), move |mut req: tonic::Request<()>| {
+        let tenant = gate.check_call(req.metadata())?;
+        req.extensions_mut().insert(tenant);
+        Ok(req)
+    });
     let gate = access.clone();
     let admin_router = admin::router(master.clone())
         .layer(axum::middleware::from_fn(move |req, next| access::admin_gate(gate.clone(), req, next)));
@@ -200,6 +208,17 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
                 // wait on the client's delayed ACK (40 ms per call).
                 let gate = conn_limit::Gate::new(conn_limit::MAX_CONNECTIONS, conn_limit::MAX_CONNECTIONS_PER_PEER);
                 let incoming = gate.incoming(rpc, nodelay);
+                if let Some(fast) = fast {
+                    let fast = tokio::net::TcpListener::from_std(fast).expect("registering the fast rpc listener");
+                    // Its connections count against the gRPC port's bounds.
+                    tokio::spawn(crate::master::service::serve_fast_rpc(
+                        fast,
+                        gate.clone(),
+                        shared,
+                        fast_access,
+                        REQUEST_TIMEOUT,
+                    ));
+                }
                 let (stop_admin_tx, stop_admin_rx) = oneshot::channel::<()>();
                 if let Some(admin) = admin {
                     let admin = tokio::net::TcpListener::from_std(admin).expect("registering the admin listener");
@@ -247,10 +266,19 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
         })
         .map_err(|e| StoreError::Internal(format!("master thread: {e}")))?;
     tracing::info!(
-        "master listening: gRPC {rpc_addr}{}",
+        "master listening: gRPC {rpc_addr}{}{}",
+        if fast_port != 0 { format!(", fast rpc {}:{fast_port}", rpc_addr.ip()) } else { String::new() },
         admin_addr.map(|a| format!(", admin http://{a}/metrics")).unwrap_or_default()
     );
-    Ok(MasterHandle { master, rpc_addr, admin_addr, metadata_server, stop: Some(stop_tx), thread: Some(thread) })
+    Ok(MasterHandle {
+        master,
+        rpc_addr,
+        admin_addr,
+        fast_rpc_addr,
+        metadata_server,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
 }
 
 #[cfg(test)]

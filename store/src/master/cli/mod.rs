@@ -82,6 +82,10 @@ struct Cli {
     /// Set TCP_NODELAY on clients' connections [default: true].
     #[arg(long = "rpc_enable_tcp_no_delay", value_parser = gflags_bool, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     rpc_enable_tcp_no_delay: Option<bool>,
+    /// Port of the fast RPC wire for Crescent's clients' hot calls, on the gRPC address's host:
+    /// 0 picks a free one (pings advertise it), -1 serves gRPC only [default: 0].
+    #[arg(long = "fast_rpc_port", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-1..=65535))]
+    fast_rpc_port: Option<i32>,
     /// HTTP admin listen address for /metrics, /health, /query_key, /get_all_keys,
     /// /get_all_segments, /keys, /segments; "" disables [default: 0.0.0.0:9003].
     #[arg(long, visible_alias = "admin_address")]
@@ -407,6 +411,9 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     if let Some(v) = cli.rpc_enable_tcp_no_delay {
         config.rpc_tcp_nodelay = v;
     }
+    if let Some(port) = cli.fast_rpc_port {
+        config.fast_rpc_port = u16::try_from(port).ok();
+    }
 
     // Admin port: Crescent's --admin-address, then upstream's --metrics_host / --metrics_port.
     if let Some(v) = cli.admin_address {
@@ -655,6 +662,16 @@ mod tests {
             Ok(s) => panic!("{args:?} accepted: {s:?}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn the_fast_rpc_port_is_a_free_one_by_default_a_given_one_or_none() {
+        assert_eq!(parse_ok(&[]).config.fast_rpc_port, Some(0));
+        assert_eq!(parse_ok(&["--fast_rpc_port=7051"]).config.fast_rpc_port, Some(7051));
+        assert_eq!(parse_ok(&["--fast_rpc_port", "-1"]).config.fast_rpc_port, None);
+        assert_eq!(parse_ok(&["--fast_rpc_port=-1"]).config.fast_rpc_port, None);
+        parse_err(&["--fast_rpc_port=70000"]);
+        parse_err(&["--fast_rpc_port=-2"]);
     }
 
     #[test]

@@ -16,8 +16,11 @@ use crate::master::owners::LAZY_NEWS_DELAY;
 use crate::master::removal_records::{Removal, RemovalRecords};
 use crate::master::{tasks, tenant, Master, PingOutcome, MAX_KEY_LEN};
 
+mod fastrpc;
 mod outcome;
 mod scoping;
+
+pub use fastrpc::serve as serve_fast_rpc;
 
 use crate::proto::master_server::{Master as MasterRpc, MasterServer};
 use crate::proto::*;
@@ -31,6 +34,8 @@ pub struct MasterService {
     master: Arc<Master>,
     /// Where removals that a copy may still hold are recorded before they are answered (HA).
     records: Option<Arc<RemovalRecords>>,
+    /// The fast RPC port its pings advertise (0: none).
+    fast_rpc_port: u16,
 }
 
 /// Most keys in one batch call; a larger batch is refused whole with `INVALID_ARGUMENT` (the
@@ -60,7 +65,19 @@ impl MasterService {
     /// The service, recording in `records` the removals a copy may still hold before it
     /// answers them (see the master's `removal_records` module).
     pub fn with_records(master: Arc<Master>, records: Option<Arc<RemovalRecords>>) -> MasterServer<MasterService> {
-        MasterServer::new(MasterService { master, records })
+        Self::grpc(Self::shared(master, records, 0))
+    }
+
+    /// The service, to be shared by gRPC ([`Self::grpc`]) and the fast RPC port
+    /// ([`serve_fast_rpc`]) whose port (0: none) its pings advertise.
+    pub fn shared(master: Arc<Master>, records: Option<Arc<RemovalRecords>>, fast_rpc_port: u16) -> Arc<MasterService> {
+        Arc::new(MasterService { master, records, fast_rpc_port })
+    }
+
+    /// gRPC's server of the shared service: requests up to [`MAX_REQUEST_MESSAGE`] bytes,
+    /// replies up to [`MAX_MESSAGE`].
+    pub fn grpc(service: Arc<MasterService>) -> MasterServer<MasterService> {
+        MasterServer::from_arc(service)
             .max_decoding_message_size(MAX_REQUEST_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
     }
@@ -463,7 +480,7 @@ impl MasterRpc for MasterService {
                     })
                 }
             };
-            PingReply { term: m.term(), ..answer(m, pinged) }
+            PingReply { term: m.term(), fast_rpc_port: self.fast_rpc_port.into(), ..answer(m, pinged) }
         })
     }
 

@@ -1,0 +1,198 @@
+//! The client's side of the fast RPC wire ([`crate::fastrpc`]): a few plain TCP connections
+//! to the master's fast port, each carrying one call at a time on the calling thread
+//! (blocking `write` and `read`, no runtime, no other thread woken). Connections wait in a
+//! pool between calls and are dropped after half the master's idle bound. A call in flight
+//! has the client's call deadline (a read or write timeout); [`FastRpc::close`] (the client
+//! followed a new leader) shuts down those in flight, which end with a retryable error as
+//! gRPC's calls do.
+
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use prost::Message;
+
+use crescent_transports::net::wire::{recv_now, send_all_by};
+use crescent_transports::net::FrameError;
+
+use crate::fastrpc::{self, Method, FORMAT, HELLO};
+use crate::protocol::MAX_MESSAGE;
+
+/// Pooled connections idle longer than this are dropped (half the master's bound).
+const POOLED_IDLE: Duration = Duration::from_secs(30);
+/// Most connections kept idle in the pool.
+const POOL_MAX: usize = 16;
+
+/// Connections to one master's fast RPC port.
+pub struct FastRpc {
+    addr: SocketAddr,
+    hello: Vec<u8>,
+    call_timeout: Duration,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<(TcpStream, Instant)>>,
+    /// Connections with a call in flight (clones of their sockets), to shut down on close.
+    busy: Mutex<HashMap<u64, TcpStream>>,
+    next: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl FastRpc {
+    /// Connects to `addr` and says hello (`hello`: [`fastrpc::hello_body`]); an error where
+    /// the port does not answer or refuses the credentials (the caller then keeps gRPC).
+    #[allow(clippy::result_large_err)] // tonic's Status, as gRPC's calls return it
+    pub fn connect(
+        addr: SocketAddr,
+        hello: Vec<u8>,
+        call_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<FastRpc, tonic::Status> {
+        let rpc = FastRpc {
+            addr,
+            hello,
+            call_timeout,
+            connect_timeout,
+            idle: Mutex::new(Vec::new()),
+            busy: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        };
+        let first = rpc.open()?;
+        rpc.idle.lock().push((first, Instant::now()));
+        Ok(rpc)
+    }
+
+    /// The master's fast port this talks to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A connection for one call: a pooled one still open, else a new one; `None` where the
+    /// port cannot be reached or was closed (the caller then uses gRPC: nothing was sent).
+    pub fn conn(&self) -> Option<TcpStream> {
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        loop {
+            let Some((s, since)) = self.idle.lock().pop() else { break };
+            if since.elapsed() < POOLED_IDLE && still_open(&s) {
+                return Some(s);
+            }
+        }
+        match self.open() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::debug!("the master's fast rpc port {}: {}", self.addr, e.message());
+                None
+            }
+        }
+    }
+
+    /// One call of `method` on `conn` (from [`Self::conn`]), running `meanwhile` on the
+    /// calling thread once the request is sent and before the reply is read: the reply, or a
+    /// status as gRPC's would carry (a broken or timed-out connection is `UNAVAILABLE` /
+    /// `DEADLINE_EXCEEDED`).
+    #[allow(clippy::result_large_err)] // tonic's Status, as gRPC's calls return it
+    pub fn call_while<Q: Message, R: Message + Default, X>(
+        &self,
+        mut conn: TcpStream,
+        method: Method,
+        req: &Q,
+        meanwhile: impl FnOnce() -> X,
+    ) -> (Result<R, tonic::Status>, X) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = conn.try_clone() {
+            self.busy.lock().insert(id, clone);
+        }
+        let deadline = Instant::now() + self.call_timeout;
+        let request = fastrpc::message_frame(method as u8, req);
+        let sent =
+            send_all_by(&mut conn, &mut [IoSlice::new(&request)], Some(deadline)).map_err(|e| self.io_status(&e));
+        let side = meanwhile();
+        let reply = sent.and_then(|()| self.read_reply(&mut conn, deadline));
+        self.busy.lock().remove(&id);
+        // A connection whose call failed may hold half a frame: never reused.
+        if reply.is_ok() && !self.closed.load(Ordering::Acquire) {
+            let mut idle = self.idle.lock();
+            if idle.len() < POOL_MAX {
+                idle.push((conn, Instant::now()));
+            }
+        }
+        (reply.and_then(|(tag, body)| decode(tag, &body)), side)
+    }
+
+    /// Drops the pool and shuts down the connections in flight: their calls end with
+    /// `UNAVAILABLE`, and later ones fail at once.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.idle.lock().clear();
+        for s in self.busy.lock().values() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// A new connection, its hello answered.
+    #[allow(clippy::result_large_err)]
+    fn open(&self) -> Result<TcpStream, tonic::Status> {
+        let mut s = TcpStream::connect_timeout(&self.addr, self.connect_timeout).map_err(|e| self.io_status(&e))?;
+        s.set_nodelay(true).map_err(|e| self.io_status(&e))?;
+        let deadline = Instant::now() + self.connect_timeout;
+        let hello = fastrpc::frame(HELLO, &self.hello);
+        send_all_by(&mut s, &mut [IoSlice::new(&hello)], Some(deadline)).map_err(|e| self.io_status(&e))?;
+        let (tag, body) = self.read_reply(&mut s, deadline)?;
+        match fastrpc::reply_status(tag, &body) {
+            Some(refused) => Err(refused),
+            None => Ok(s),
+        }
+    }
+
+    /// A reply frame's tag and body, whole by `deadline`; its length is bounded before
+    /// anything is allocated for it.
+    #[allow(clippy::result_large_err)]
+    fn read_reply(&self, s: &mut TcpStream, deadline: Instant) -> Result<(u8, Vec<u8>), tonic::Status> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match FORMAT.read_frame(s, MAX_MESSAGE as u64, Some(left), left) {
+            Ok(frame) => Ok((frame.kind, frame.payload)),
+            Err(e) if e.is_timeout() => Err(tonic::Status::deadline_exceeded(format!(
+                "no reply from the master's fast rpc port {} within {:?}",
+                self.addr, self.call_timeout
+            ))),
+            Err(FrameError::Io { source, .. }) => Err(self.io_status(&source)),
+            Err(FrameError::Closed) => Err(tonic::Status::unavailable(format!(
+                "the master's fast rpc port {} closed the connection",
+                self.addr
+            ))),
+            Err(e) => Err(tonic::Status::internal(format!("the master's fast rpc reply: {e}"))),
+        }
+    }
+
+    /// What an I/O error on the connection means for the call, as gRPC would say it.
+    fn io_status(&self, e: &std::io::Error) -> tonic::Status {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            WouldBlock | TimedOut => tonic::Status::deadline_exceeded(format!(
+                "no reply from the master's fast rpc port {} within {:?}",
+                self.addr, self.call_timeout
+            )),
+            _ => tonic::Status::unavailable(format!("the master's fast rpc port {}: {e}", self.addr)),
+        }
+    }
+}
+
+/// Whether a pooled connection is still open: nothing to read on it (a master that restarted
+/// or closed it for idling has sent its end), checked without blocking.
+fn still_open(s: &TcpStream) -> bool {
+    matches!(recv_now(s.as_fd(), &mut [0u8; 1]), Ok(None))
+}
+
+/// A reply frame's message, or its status.
+#[allow(clippy::result_large_err)]
+fn decode<R: Message + Default>(tag: u8, body: &[u8]) -> Result<R, tonic::Status> {
+    if let Some(status) = fastrpc::reply_status(tag, body) {
+        return Err(status);
+    }
+    R::decode(body).map_err(|e| tonic::Status::internal(format!("a reply from the master's fast rpc port: {e}")))
+}
