@@ -50,7 +50,11 @@ const RDMA: &[Layer] = &[
 
 /// The store (`store/src`), lowest layer first.
 const STORE: &[Layer] = &[
-    Layer("shared types", Ordered, &["proto", "error", "protocol", "metrics_registry", "pattern", "leader", "logging"]),
+    Layer(
+        "shared types",
+        Ordered,
+        &["proto", "error", "protocol", "fastrpc", "metrics_registry", "pattern", "leader", "logging"],
+    ),
     Layer("memory", Ordered, &["allocator", "staging", "resident"]),
     Layer("services", Apart, &["master", "client"]),
     // The standalone client serves a full client's store to dummy clients.

@@ -14,6 +14,7 @@
 //! | engine handshake (`crescent_engine::handshake`) | `CRHS` | 12 | 8 | 4 KiB requests, 16 MiB replies |
 //! | store disk service (`crescent_store`) | `CD` | 8 | 4 | 8 KiB |
 //! | rpc (`crescent_engine::rpc`, Mooncake's `RpcInterface`) | `CRPC` | 16 | 12 | 1 GiB, read as it arrives |
+//! | store master's fast rpc (`crescent_store::fastrpc`) | `CF` | 8 | 4 | 256 MiB replies, ≈65 MiB requests |
 
 use std::io::{self, IoSlice};
 use std::time::{Duration, Instant};
