@@ -2,8 +2,8 @@
 //! put start/end/revoke and their batch forms) as length-prefixed frames over a plain TCP
 //! connection, beside gRPC. Every message is the same protobuf message as gRPC's; only the
 //! framing differs. A gRPC call on loopback cost the master about 90 µs of CPU and the caller
-//! as much again (HTTP/2 streams, headers, tasks), twice upstream's whole round trip; a frame
-//! costs one `writev` and one `recv` on each side.
+//! as much again (HTTP/2 streams, headers, tasks), more than upstream's whole round trip; a
+//! frame costs a send and a few receives on each side and no task beyond the connection's.
 //!
 //! A connection starts with a hello frame (tag [`HELLO`]) carrying the same credentials as a
 //! gRPC call's metadata (bearer token, tenant), checked once; the master answers it with an

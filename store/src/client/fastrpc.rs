@@ -1,10 +1,10 @@
 //! The client's side of the fast RPC wire ([`crate::fastrpc`]): a few plain TCP connections
-//! to the master's fast port, each carrying one call at a time on the calling thread
-//! (blocking `write` and `read`, no runtime, no other thread woken). Connections wait in a
-//! pool between calls and are dropped after half the master's idle bound. A call in flight
-//! has the client's call deadline (a read or write timeout); [`FastRpc::close`] (the client
-//! followed a new leader) shuts down those in flight, which end with a retryable error as
-//! gRPC's calls do.
+//! to the master's fast port, each carrying one call at a time on the calling thread (the net
+//! layer's `send_all_by` and `Format::read_frame`: no runtime, no other thread woken).
+//! Connections wait in a pool between calls and are closed once idle for 10 s (the master
+//! closes them after 60 s). A call has one deadline, the client's call timeout, for its request and its reply;
+//! [`FastRpc::close`] (the client followed a new leader) shuts down those in flight, which
+//! end with a retryable error as gRPC's calls do.
 
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -22,8 +22,10 @@ use crescent_transports::net::FrameError;
 use crate::fastrpc::{self, Method, FORMAT, HELLO};
 use crate::protocol::MAX_MESSAGE;
 
-/// Pooled connections idle longer than this are dropped (half the master's bound).
-const POOLED_IDLE: Duration = Duration::from_secs(30);
+/// Pooled connections idle longer than this are dropped (at the next call or heartbeat,
+/// [`FastRpc::trim`]): well within the master's idle bound, and a client that went quiet
+/// keeps no more connections than it needs.
+const POOLED_IDLE: Duration = Duration::from_secs(10);
 /// Most connections kept idle in the pool.
 const POOL_MAX: usize = 16;
 
@@ -122,6 +124,11 @@ impl FastRpc {
             }
         }
         (reply.and_then(|(tag, body)| decode(tag, &body)), side)
+    }
+
+    /// Closes the pooled connections idle for longer than [`POOLED_IDLE`].
+    pub fn trim(&self) {
+        self.idle.lock().retain(|(_, since)| since.elapsed() < POOLED_IDLE);
     }
 
     /// Drops the pool and shuts down the connections in flight: their calls end with

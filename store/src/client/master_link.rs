@@ -233,6 +233,7 @@ impl StoreClient {
     /// One ping; returns the replica tasks its reply assigned to this client.
     fn heartbeat(&self, master_was_down: &mut bool) -> Vec<TaskAssignment> {
         self.extras.sweep(Instant::now());
+        self.rpc.trim_fast_rpc();
         let disk = self.disk.as_ref().map(DiskLink::counters);
         let outcome = self.ping_with_term(disk).map(|(mut r, _)| match check(r.status.take(), "") {
             Ok(()) => Pinged::Ok(r),

@@ -355,6 +355,13 @@ impl MasterRpc {
         }
     }
 
+    /// Closes the fast RPC port's connections idle for a while (the heartbeat's, now and then).
+    pub fn trim_fast_rpc(&self) {
+        if let Some(fast) = self.fast.read().as_ref() {
+            fast.trim();
+        }
+    }
+
     /// One hot call: over the master's fast RPC port where the master advertised one and the
     /// caller is outside tokio, else over gRPC (`grpc` makes the call from the request).
     pub fn unary<Q, R, F, Fut>(&self, method: Method, req: Q, grpc: F) -> Result<R>
