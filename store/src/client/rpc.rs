@@ -372,10 +372,7 @@ impl MasterRpc {
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>> + Send,
     {
         match self.fast_conn() {
-            Some((fast, conn)) => {
-                let (reply, ()) = fast.call_while(conn, method, &req, || ());
-                reply.map_err(|s| call_error(&self.addr(), &s, self.timeouts.call))
-            }
+            Some((fast, conn)) => self.on_fast(&fast, conn, method, &req, || ()).0,
             None => self.call(|c| grpc(c, req)),
         }
     }
@@ -396,12 +393,22 @@ impl MasterRpc {
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>> + Send,
     {
         match self.fast_conn() {
-            Some((fast, conn)) => {
-                let (reply, side) = fast.call_while(conn, method, &req, meanwhile);
-                (reply.map_err(|s| call_error(&self.addr(), &s, self.timeouts.call)), side)
-            }
+            Some((fast, conn)) => self.on_fast(&fast, conn, method, &req, meanwhile),
             None => self.call_while(|c| grpc(c, req), meanwhile),
         }
+    }
+
+    /// One call on a connection to the fast RPC port, its failure said as a gRPC call's.
+    fn on_fast<Q: prost::Message, R: prost::Message + Default, X>(
+        &self,
+        fast: &FastRpc,
+        conn: std::net::TcpStream,
+        method: Method,
+        req: &Q,
+        meanwhile: impl FnOnce() -> X,
+    ) -> (Result<R>, X) {
+        let (reply, side) = fast.call_while(conn, method, req, meanwhile);
+        (reply.map_err(|s| call_error(&self.addr(), &s, self.timeouts.call)), side)
     }
 
     /// A connection to the fast RPC port for one call, where the master advertised one and
