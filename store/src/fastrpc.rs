@@ -159,6 +159,28 @@ pub fn parse_hello(body: &[u8]) -> Result<(&str, &str), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A hello is untrusted bytes: any of them parse or are refused, never panic, and a
+        /// hello that parses reads back to the same fields.
+        #[test]
+        fn any_bytes_as_a_hello_parse_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok((auth, tenant)) = parse_hello(&bytes) {
+                let again = hello_body(auth, tenant);
+                prop_assert_eq!(parse_hello(&again), Ok((auth, tenant)));
+            }
+        }
+
+        /// Any header either names a body within the bound or is refused.
+        #[test]
+        fn any_header_is_bounded(header in any::<[u8; HEADER]>(), max in 0usize..1 << 20) {
+            if let Ok((len, _)) = parse_header(&header, max) {
+                prop_assert!(len <= max);
+                prop_assert_eq!(&header[..3], &[b'C', b'F', 1][..]);
+            }
+        }
+    }
 
     #[test]
     fn a_hello_reads_back_and_a_cut_one_is_refused() {
