@@ -141,7 +141,13 @@ pub struct MasterRpc {
     fast: RwLock<Option<Arc<FastRpc>>>,
     /// Whether to use a fast RPC port a master advertises (`CRESCENT_FAST_RPC=0`: gRPC only).
     fast_wanted: bool,
+    /// The fast RPC port that last failed to connect, and when: not tried again for
+    /// [`FAST_RETRY`] (a firewalled port would hold each heartbeat for the connect timeout).
+    fast_failed: parking_lot::Mutex<Option<(std::net::SocketAddr, std::time::Instant)>>,
 }
+
+/// How long a fast RPC port that could not be connected to is left alone.
+const FAST_RETRY: Duration = Duration::from_secs(30);
 
 /// How long a call to the master, and connecting to it, may take (Mooncake's
 /// `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS`).
@@ -261,6 +267,7 @@ impl MasterRpc {
             timeouts,
             fast: RwLock::new(None),
             fast_wanted: std::env::var("CRESCENT_FAST_RPC").map_or(true, |v| v.trim() != "0"),
+            fast_failed: parking_lot::Mutex::new(None),
         })
     }
 
@@ -324,7 +331,8 @@ impl MasterRpc {
 
     /// Takes up the fast RPC `port` a ping of the followed master advertised (0: none), on
     /// the host of its gRPC address: later [`Self::unary`] calls go there. A port that does
-    /// not answer or refuses the credentials is logged once and gRPC kept.
+    /// not answer or refuses the credentials is logged, and left alone for [`FAST_RETRY`]
+    /// while gRPC serves.
     pub fn offer_fast_rpc(&self, port: u32) {
         if !self.fast_wanted || Handle::try_current().is_ok() {
             return;
@@ -342,6 +350,9 @@ impl MasterRpc {
         if self.fast.read().as_ref().is_some_and(|f| f.addr() == target) {
             return;
         }
+        if self.fast_failed.lock().is_some_and(|(at, when)| at == target && when.elapsed() < FAST_RETRY) {
+            return;
+        }
         match FastRpc::connect(target, self.credentials.hello(), self.timeouts.call, self.timeouts.connect) {
             Ok(fast) => {
                 tracing::debug!("the master's hot calls go to its fast rpc port {target}");
@@ -351,7 +362,10 @@ impl MasterRpc {
                     }
                 }
             }
-            Err(e) => tracing::info!("the master's fast rpc port {target}: {} (keeping gRPC)", e.message()),
+            Err(e) => {
+                tracing::info!("the master's fast rpc port {target}: {} (gRPC for {FAST_RETRY:?})", e.message());
+                *self.fast_failed.lock() = Some((target, std::time::Instant::now()));
+            }
         }
     }
 
@@ -649,6 +663,52 @@ mod tests {
         assert!(check(Some(Status { code: Code::Ok as i32, message: String::new() }), "k").is_ok());
         let refused = check(Some(Status { code: Code::ObjectNotFound as i32, message: "no".into() }), "k");
         assert!(matches!(refused, Err(StoreError::NotFound(ref k)) if k == "k"));
+    }
+
+    #[test]
+    fn a_fast_port_that_does_not_answer_is_left_alone_and_grpc_serves() {
+        let master = server::start(MasterConfig {
+            rpc_address: "127.0.0.1:0".into(),
+            admin_address: String::new(),
+            ..Default::default()
+        })
+        .unwrap();
+        let timeouts = RpcTimeouts { call: Duration::from_secs(5), connect: Duration::from_millis(300) };
+        let rpc = MasterRpc::connect_with(
+            &master.client_address(),
+            crate::protocol::DEFAULT_CLUSTER_ID,
+            Credentials::open(),
+            timeouts,
+        )
+        .unwrap();
+        // A port that accepts connections and never answers the hello (a wrong service there,
+        // or a frozen master): the offer waits for the connect timeout once, then not again.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = u32::from(silent.local_addr().unwrap().port());
+        let t = Instant::now();
+        rpc.offer_fast_rpc(port);
+        assert!(t.elapsed() >= Duration::from_millis(300), "the hello was waited for");
+        silent.set_nonblocking(true).unwrap();
+        let accepted = || std::iter::from_fn(|| silent.accept().ok()).count();
+        assert_eq!(accepted(), 1);
+        let t = Instant::now();
+        for _ in 0..3 {
+            rpc.offer_fast_rpc(port);
+        }
+        assert!(t.elapsed() < Duration::from_millis(300), "later offers of the port wait for nothing");
+        assert_eq!(accepted(), 0, "the port is left alone after its failure");
+        // The hot calls go over gRPC meanwhile.
+        let req = KeyRequest { client_id: "c".into(), key: "k".into(), ..Default::default() };
+        let reply: crate::proto::ExistsReply =
+            rpc.unary(Method::Exists, req, |mut c, req| async move { c.exists(req).await }).unwrap();
+        assert!(!reply.exists);
+        assert_eq!(master.master.metrics().fast_rpc_calls.get(), 0);
+        // The master's own port, once offered, takes them.
+        rpc.offer_fast_rpc(u32::from(master.fast_rpc_addr.unwrap().port()));
+        let req = KeyRequest { client_id: "c".into(), key: "k".into(), ..Default::default() };
+        let _: crate::proto::ExistsReply =
+            rpc.unary(Method::Exists, req, |mut c, req| async move { c.exists(req).await }).unwrap();
+        assert_eq!(master.master.metrics().fast_rpc_calls.get(), 1);
     }
 
     #[test]
