@@ -31,6 +31,8 @@ const POOL_MAX: usize = 16;
 
 /// Connections to one master's fast RPC port.
 pub struct FastRpc {
+    /// The gRPC address of the master that advertised the port.
+    origin: String,
     addr: SocketAddr,
     hello: Vec<u8>,
     call_timeout: Duration,
@@ -43,16 +45,18 @@ pub struct FastRpc {
 }
 
 impl FastRpc {
-    /// Connects to `addr` and says hello (`hello`: [`fastrpc::hello_body`]); an error where
+    /// Connects to `addr` (the port that `origin`, a master's gRPC address, advertised) and says hello (`hello`: [`fastrpc::hello_body`]); an error where
     /// the port does not answer or refuses the credentials (the caller then keeps gRPC).
     #[allow(clippy::result_large_err)] // tonic's Status, as gRPC's calls return it
     pub fn connect(
+        origin: &str,
         addr: SocketAddr,
         hello: Vec<u8>,
         call_timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<FastRpc, tonic::Status> {
         let rpc = FastRpc {
+            origin: origin.to_string(),
             addr,
             hello,
             call_timeout,
@@ -65,6 +69,11 @@ impl FastRpc {
         let first = rpc.open()?;
         rpc.idle.lock().push((first, Instant::now()));
         Ok(rpc)
+    }
+
+    /// The gRPC address of the master that advertised this port.
+    pub fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// The master's fast port this talks to.

@@ -338,6 +338,12 @@ impl MasterRpc {
             return;
         }
         let addr = self.addr();
+        // The port taken up already (most pings): no name lookup of the master's host.
+        if port != 0
+            && self.fast.read().as_ref().is_some_and(|f| u32::from(f.addr().port()) == port && f.origin() == addr)
+        {
+            return;
+        }
         let Some(target) = u16::try_from(port).ok().filter(|p| *p != 0).and_then(|p| {
             let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h).trim_matches(['[', ']']);
             std::net::ToSocketAddrs::to_socket_addrs(&(host, p)).ok()?.next()
@@ -353,7 +359,7 @@ impl MasterRpc {
         if self.fast_failed.lock().is_some_and(|(at, when)| at == target && when.elapsed() < FAST_RETRY) {
             return;
         }
-        match FastRpc::connect(target, self.credentials.hello(), self.timeouts.call, self.timeouts.connect) {
+        match FastRpc::connect(&addr, target, self.credentials.hello(), self.timeouts.call, self.timeouts.connect) {
             Ok(fast) => {
                 tracing::debug!("the master's hot calls go to its fast rpc port {target}");
                 if addr == self.addr() {
