@@ -252,15 +252,12 @@ impl StoreClient {
         self.master_reachable.store(!unreachable, Ordering::Release);
         match outcome {
             Pinged::Ok(reply) => {
-                if let Some(disk) = &self.disk {
-                    disk.apply_ping(&reply);
-                }
                 if *master_was_down {
                     tracing::info!("master {} reachable again", self.rpc.addr());
                 }
                 *master_was_down = false;
                 self.link.ping_ok();
-                return reply.tasks;
+                return self.took_ping(reply);
             }
             Pinged::Remount => {
                 if let Err(e) = self.remount() {
@@ -283,6 +280,16 @@ impl StoreClient {
             }
         }
         Vec::new()
+    }
+
+    /// What every answered ping brings, whoever sent it (the heartbeat, or a removal that
+    /// wants its disk copies gone now): the disk tier's news, applied; and the replica tasks
+    /// the master assigned (it marked them running when it answered), returned to be run.
+    pub(super) fn took_ping(&self, reply: PingReply) -> Vec<TaskAssignment> {
+        if let Some(disk) = &self.disk {
+            disk.apply_ping(&reply);
+        }
+        reply.tasks
     }
 
     /// A ping (with a short timeout: a master that accepts connections but does not answer,

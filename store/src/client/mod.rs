@@ -471,12 +471,18 @@ impl StoreClient {
         Ok(reply)
     }
 
-    /// After a removal: delete our own disk copies now rather than at the next heartbeat.
+    /// After a removal: delete our own disk copies now rather than at the next heartbeat. The
+    /// ping may also take replica tasks the master had for this client: they run as the
+    /// heartbeat's do.
     fn sync_disk_removals(&self) {
-        if let Some(disk) = &self.disk {
-            if let Ok(reply) = self.ping() {
-                disk.apply_ping(&reply);
-            } // else the heartbeat brings them later
+        if self.disk.is_none() {
+            return;
+        }
+        // Else the heartbeat brings them later.
+        let Ok(reply) = self.ping() else { return };
+        let tasks = self.took_ping(reply);
+        if let (false, Some(me)) = (tasks.is_empty(), self.me.upgrade()) {
+            me.run_tasks(tasks);
         }
     }
 
