@@ -3,6 +3,7 @@
 //! batch_get_into and get_batch with `ChecksumMismatch` (counted), while a reader with the
 //! setting off returns the changed bytes as before; a hot-cache fill of such bytes is never
 //! entered; a value put without a checksum (as an older client puts it) is read unverified.
+//! A put started without one waits at its commit for its holder, counted by the master.
 //! In one process against an in-process master on loopback: the holder's segment is memory
 //! of this process, which the test changes behind the store's back.
 
@@ -158,4 +159,21 @@ fn a_value_put_without_a_checksum_is_read_unverified() {
     // And changed bytes go unnoticed there: the checksum is the writer's to take.
     corrupt(&old_writer, "old/0", 0);
     assert!(verifying.get("old/0").expect("get") != value);
+}
+
+#[test]
+fn a_put_started_without_a_checksum_waits_for_its_holder_at_the_commit_and_the_master_counts_it() {
+    // Above 2 MiB a put is started without a checksum: its holder hears of it only at the
+    // commit, which answers once the holder acknowledged. The master counts such waits (the
+    // holders' share of a put's latency, for the operator).
+    let m = crescent_tests::store::loopback_master(MasterConfig::default());
+    let holder = client(&m, 16 * MIB, false, HotCacheSettings::default());
+    let writer = client(&m, 0, false, HotCacheSettings::default());
+    let waits = || m.master.metrics().commit_owner_waits.get();
+    let before = waits();
+    let value = crescent_tests::store::pattern_bytes(3 * MIB as usize, 5);
+    writer.put("big/0", &value).expect("put");
+    assert_eq!(waits(), before + 1, "the commit of a put its holder had not heard of waited");
+    assert!(m.master.metrics().commit_owner_wait_seconds.get() > 0.0);
+    assert!(holder.get("big/0").expect("get") == value);
 }

@@ -1,7 +1,8 @@
 //! Prometheus metrics of the master (one registry per master, so several can run in a process).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::error::{Result, StoreError};
@@ -92,6 +93,11 @@ pub struct Metrics {
     /// `fast_rpc_calls_total`: calls served on the fast RPC port (`crate::fastrpc`); their
     /// latency and outcome are counted with gRPC's, by method.
     pub fast_rpc_calls: IntCounter,
+    /// `commit_owner_waits_total`: commits (`PutEnd`, one per call of `BatchPutEnd`) that came
+    /// before their replicas' owners acknowledged the news of the put, and waited for them.
+    pub commit_owner_waits: IntCounter,
+    /// `commit_owner_wait_seconds_total`: the time those commits waited.
+    pub commit_owner_wait_seconds: Counter,
 }
 
 impl Metrics {
@@ -131,6 +137,18 @@ impl Metrics {
         Ok(Metrics {
             auth_refused,
             fast_rpc_calls: counter("fast_rpc_calls_total", "Calls served on the fast RPC port")?,
+            commit_owner_waits: counter(
+                "commit_owner_waits_total",
+                "Commits that came before their owners acknowledged the put's news, and waited for them",
+            )?,
+            commit_owner_wait_seconds: register(
+                &registry,
+                Counter::new(
+                    "commit_owner_wait_seconds_total",
+                    "Time commits waited for their owners' acknowledgements",
+                )
+                .map_err(internal)?,
+            )?,
             disk_client,
             capacity: gauge("capacity_bytes", "Bytes contributed by mounted segments")?,
             used: gauge("used_bytes", "Bytes allocated to objects")?,

@@ -12,7 +12,7 @@ use tonic::{Request, Response};
 use crate::error::StoreError;
 use crate::master::access::Tenant;
 use crate::master::mooncake_metrics::GetSource;
-use crate::master::owners::LAZY_NEWS_DELAY;
+use crate::master::owners::{AckWait, LAZY_NEWS_DELAY};
 use crate::master::removal_records::{Removal, RemovalRecords};
 use crate::master::{tasks, tenant, Master, PingOutcome, MAX_KEY_LEN};
 
@@ -145,10 +145,22 @@ impl MasterService {
     async fn commit(&self, client: &str, key: &str, checksum: Option<u32>) -> Result<(), StoreError> {
         let m = &self.master;
         let mut commit = m.put_end_begin(client, key, checksum)?;
-        commit.wait.wait(m.config().owner_ack_timeout).await;
+        self.wait_owners(&mut commit.wait).await;
         let done = m.put_end_finish(&commit);
         self.schedule_lazy_news();
         done
+    }
+
+    /// Waits (up to the owner timeout) for the owners a commit told of the put, counted in the
+    /// metrics when there was anything to wait for.
+    async fn wait_owners(&self, wait: &mut AckWait) {
+        if wait.is_empty() {
+            return;
+        }
+        let (m, start) = (&self.master, Instant::now());
+        wait.wait(m.config().owner_ack_timeout).await;
+        m.metrics().commit_owner_waits.inc();
+        m.metrics().commit_owner_wait_seconds.inc_by(start.elapsed().as_secs_f64());
     }
 
     /// Sends the commits' lazy news ([`LAZY_NEWS_DELAY`]) after that delay, unless a
@@ -354,7 +366,7 @@ impl MasterRpc for MasterService {
         // acknowledgements; then every key committed, each shard's under one hold.
         let checksums: Vec<Option<u32>> = r.checksums.iter().map(|c| Some(c.crc32)).collect();
         let (commits, mut wait) = m.put_end_begin_batch(&r.client_id, &r.keys, &checksums);
-        wait.wait(m.config().owner_ack_timeout).await;
+        self.wait_owners(&mut wait).await;
         let statuses = m.put_end_finish_batch(commits).iter().map(|done| status_of(m, done)).collect();
         self.schedule_lazy_news();
         Ok(self.observed_n(&t, "BatchPutEnd", r.keys.len(), start, BatchStatusReply { statuses }))
@@ -369,7 +381,7 @@ impl MasterRpc for MasterService {
         let start = Instant::now();
         let m = &self.master;
         // One wait for every drop's acknowledgement (see `put_revoke`).
-        let mut wait = crate::master::owners::AckWait::default();
+        let mut wait = AckWait::default();
         let statuses = r
             .keys
             .iter()
