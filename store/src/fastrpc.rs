@@ -13,6 +13,11 @@
 //! ([`FORMAT`]: `"CF" | version | tag | length u32 LE`, then the body), so both sides check the
 //! magic, the version and the announced length before they allocate for a frame. Schedulers and other
 //! languages keep gRPC, which serves every call; this wire serves only the calls below.
+//!
+//! A connection may instead carry one owner stream ([`Method::OwnerStream`], gRPC's
+//! `OwnerStream`): the master's news to a segment's owner, which every put with a checksum
+//! sends at its start and whose acknowledgement its commit needs, so that the holders' part of
+//! a put costs a frame each way rather than two HTTP/2 stream messages.
 
 use crescent_transports::net::Format;
 use prost::Message;
@@ -63,6 +68,11 @@ pub enum Method {
     BatchPutEnd = 9,
     /// gRPC's `BatchPutRevoke`.
     BatchPutRevoke = 10,
+    /// gRPC's `OwnerStream`, for the rest of the connection: the request is the stream's
+    /// first `OwnerAck` (its hello), answered with an empty OK frame or an error frame. Then
+    /// the master sends `OwnerNews` frames (tag [`OK`]) and the client `OwnerAck` frames (this
+    /// tag) until either side closes; no call follows on that connection.
+    OwnerStream = 11,
 }
 
 impl Method {
@@ -80,6 +90,7 @@ impl Method {
             BatchPutStart,
             BatchPutEnd,
             BatchPutRevoke,
+            OwnerStream,
         ]
         .into_iter()
         .find(|m| *m as u8 == tag)
@@ -126,6 +137,44 @@ pub fn parse_header(header: &[u8; HEADER], max: usize) -> Result<(usize, u8), St
     let len = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
     let len = FORMAT.check_len(u64::from(len), max as u64).map_err(|e| e.to_string())?;
     Ok((len, tag))
+}
+
+/// The next frame's tag and body from `io`, or `None` where the peer closed (or, with an
+/// `idle` bound, sent nothing for that long) before its first byte. Its length is checked
+/// against `max` before anything is allocated for it, and once its first byte arrived the
+/// rest must follow within `whole`. Not cancel-safe: a frame read halfway is lost with the
+/// future (read from one task, not in a `select!`).
+pub async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
+    io: &mut R,
+    idle: Option<std::time::Duration>,
+    whole: std::time::Duration,
+    max: usize,
+) -> Result<Option<(u8, Vec<u8>)>, String> {
+    use tokio::io::AsyncReadExt;
+    let mut header = [0u8; HEADER];
+    let first = async {
+        match idle {
+            Some(idle) => tokio::time::timeout(idle, io.read(&mut header)).await.unwrap_or(Ok(0)),
+            None => io.read(&mut header).await,
+        }
+    };
+    let first = match first.await {
+        Ok(0) => return Ok(None),
+        Ok(n) => n,
+        Err(e) => return Err(e.to_string()),
+    };
+    let rest = async {
+        io.read_exact(&mut header[first..]).await?;
+        let (len, tag) = parse_header(&header, max).map_err(std::io::Error::other)?;
+        let mut body = vec![0u8; len];
+        io.read_exact(&mut body).await?;
+        Ok::<_, std::io::Error>((tag, body))
+    };
+    match tokio::time::timeout(whole, rest).await {
+        Ok(Ok(frame)) => Ok(Some(frame)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("a frame not whole within {whole:?}")),
+    }
 }
 
 /// A hello's body: the bearer token's header value (may be empty) and the tenant, each a

@@ -2,7 +2,8 @@
 //! start/end and their batch forms) go there once a ping named it, with the same answers as
 //! over gRPC; the port refuses what gRPC refuses (no token, a wrong one), bounds a frame before
 //! it reads it, answers an unknown call with an error and lives on; a master without it
-//! serves everything over gRPC.
+//! serves everything over gRPC. A holder's owner stream moves there too and carries the
+//! news and acknowledgements of its puts' commits.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use crescent_store::fastrpc::{self, Method, HEADER, HELLO};
 use crescent_store::master::access;
 use crescent_store::master::server::MasterHandle;
-use crescent_store::proto::{ExistsReply, KeyRequest};
+use crescent_store::proto::{ExistsReply, KeyRequest, OwnerAck};
 use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient};
 use crescent_tests::store::{loopback_client_config, loopback_master, pattern_bytes};
 use crescent_transports::net::Keyring;
@@ -158,7 +159,57 @@ fn the_fast_port_refuses_what_grpc_refuses_and_bounds_every_frame() {
     s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
     assert!(reply(&mut s).is_none(), "a frame of another protocol closes the connection");
 
+    // An owner stream whose hello is garbage, or names a segment nobody mounted: refused
+    // with the code gRPC's stream gives, and closed.
+    for (hello, code) in [
+        (fastrpc::frame(Method::OwnerStream as u8, &[0xff; 5]), tonic::Code::InvalidArgument),
+        (
+            fastrpc::message_frame(
+                Method::OwnerStream as u8,
+                &OwnerAck { client_id: "raw".into(), term: 1, acked: 0, segment_id: 77 },
+            ),
+            tonic::Code::FailedPrecondition,
+        ),
+    ] {
+        let (mut s, _) = raw(addr, &token);
+        s.write_all(&hello).unwrap();
+        let (tag, body) = reply(&mut s).expect("an answer");
+        assert_eq!(tonic::Code::from(tag as i32), code, "{}", String::from_utf8_lossy(&body));
+        assert!(reply(&mut s).is_none(), "a refused stream is closed");
+    }
+    assert_eq!(m.master.metrics().fast_rpc_owner_streams.get(), 0);
+
     // The master goes on serving, the real client's calls included.
     let c = client(&m, Some(SECRET));
     until_fast(&m, &c, fast_calls(&m) + 1);
+}
+
+#[test]
+fn a_holders_owner_stream_moves_to_the_fast_port_and_carries_its_commits() {
+    let m = loopback_master(MasterConfig::default());
+    let holder = client(&m, None);
+    let streams = || m.master.metrics().fast_rpc_owner_streams.get();
+    let until = Instant::now() + Duration::from_secs(20);
+    while streams() == 0 {
+        assert!(Instant::now() < until, "the holder's owner stream never reached the fast port");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A writer without a segment puts into the holder: each put's holder is told at its start
+    // and acknowledges on that stream; every put commits and reads back, from either client.
+    let writer = StoreClient::connect(ClientConfig {
+        global_segment_size: 0,
+        local_buffer_size: 16 << 20,
+        ..loopback_client_config(&m)
+    })
+    .unwrap();
+    for i in 0..50u64 {
+        let v = pattern_bytes(64 << 10, i);
+        writer.put(&format!("s{i}"), &v).unwrap();
+        assert_eq!(holder.get(&format!("s{i}")).unwrap(), v);
+    }
+    assert_eq!(streams(), 1, "one stream, kept");
+    // A removal is answered once the holder acknowledged it on that stream.
+    writer.put("gone", &pattern_bytes(4096, 99)).unwrap();
+    writer.remove("gone").unwrap();
+    assert!(!holder.exists("gone").unwrap());
 }

@@ -150,6 +150,25 @@ impl FastRpc {
         }
     }
 
+    /// A connection of its own for an owner stream ([`Method::OwnerStream`]): said hello, then
+    /// the stream's first acknowledgement `first`, answered OK within the connect timeout.
+    /// Blocking; the stream is the caller's to read and write from then on.
+    #[allow(clippy::result_large_err)]
+    pub fn open_owner_stream(&self, first: &crate::proto::OwnerAck) -> Result<TcpStream, tonic::Status> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(tonic::Status::unavailable("the master's fast rpc port was given up"));
+        }
+        let mut s = self.open()?;
+        let deadline = Instant::now() + self.connect_timeout;
+        let open = fastrpc::message_frame(Method::OwnerStream as u8, first);
+        send_all_by(&mut s, &mut [IoSlice::new(&open)], Some(deadline)).map_err(|e| self.io_status(&e))?;
+        let (tag, body) = self.read_reply(&mut s, deadline)?;
+        match fastrpc::reply_status(tag, &body) {
+            Some(refused) => Err(refused),
+            None => Ok(s),
+        }
+    }
+
     /// A new connection, its hello answered.
     #[allow(clippy::result_large_err)]
     fn open(&self) -> Result<TcpStream, tonic::Status> {

@@ -13,10 +13,10 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::disk_link::DiskLink;
 use super::owner_index::OwnerIndex;
+use super::owner_stream::NewsStream;
 use super::rpc::check;
 use super::StoreClient;
 use crate::error::{Result, StoreError};
@@ -368,12 +368,16 @@ const FIRST_MOUNT_WAIT: Duration = Duration::from_secs(15);
 /// Ping period while the master does not answer.
 const DOWN_PING: Duration = Duration::from_millis(100);
 
-/// How often an open owner stream checks whether its mount is still the current one.
+/// How often an open owner stream checks whether its mount is still the current one (and
+/// whether a stream on gRPC can move to the master's fast port).
 const MOUNT_CHECK: Duration = Duration::from_millis(100);
 /// Pause before opening an owner stream again after it failed or closed.
 const STREAM_RETRY: Duration = Duration::from_millis(50);
 
 async fn owner_stream(weak: Weak<StoreClient>, index_of: Weak<OwnerIndex>) {
+    // A fast port that refused a stream (a master that serves only calls there) is not
+    // asked again; gRPC carries the stream.
+    let mut refused = None;
     loop {
         let Some(client) = weak.upgrade() else { return };
         if client.stop.load(Ordering::Acquire) {
@@ -381,43 +385,76 @@ async fn owner_stream(weak: Weak<StoreClient>, index_of: Weak<OwnerIndex>) {
         }
         let Some(index) = index_of.upgrade() else { return };
         let (id, mut grpc) = (client.id.clone(), client.rpc.client());
+        let fast = client.rpc.fast_rpc().filter(|f| Some(f.addr()) != refused);
         drop(client);
         let mount = index.mount();
         if mount.segment_id == 0 {
             tokio::time::sleep(STREAM_RETRY).await;
             continue;
         }
-        if let Err(e) = run_stream(&index, &id, &mut grpc, &weak).await {
-            tracing::debug!("owner stream of segment {} (term {}): {e}", mount.segment_id, mount.term);
+        match run_stream(&index, &id, &mut grpc, fast, &mut refused, &weak).await {
+            // For the fast port, now advertised: at once.
+            Ok(Ended::FastPortNow) => continue,
+            Ok(Ended::Stale) => {}
+            Err(e) => tracing::debug!("owner stream of segment {} (term {}): {e}", mount.segment_id, mount.term),
         }
         tokio::time::sleep(STREAM_RETRY).await;
     }
 }
 
-/// One owner stream, until it fails or the mount changes.
+/// Why an owner stream ended without an error.
+enum Ended {
+    /// The mount changed, the client stops, or the news are of another mount.
+    Stale,
+    /// The stream ran over gRPC and the master's fast port is known now: open it there.
+    FastPortNow,
+}
+
+/// One owner stream, until it fails or the mount changes: over the master's fast port
+/// `fast`, if given and it takes the stream (else gRPC; a port that refused is left in
+/// `refused`).
 async fn run_stream(
     index: &Arc<OwnerIndex>,
     client_id: &str,
     grpc: &mut super::rpc::Client,
+    fast: Option<Arc<super::fastrpc::FastRpc>>,
+    refused: &mut Option<std::net::SocketAddr>,
     weak: &Weak<StoreClient>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Ended, String> {
     let mount = index.mount();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<OwnerAck>();
     let ack =
         |acked| OwnerAck { client_id: client_id.to_string(), term: mount.term, acked, segment_id: mount.segment_id };
-    tx.send(ack(mount.acked)).map_err(|e| e.to_string())?;
-    let opened = tokio::time::timeout(Duration::from_secs(5), grpc.owner_stream(UnboundedReceiverStream::new(rx)))
-        .await
-        .map_err(|_| "the master did not open the stream in time".to_string())?
-        .map_err(|s| s.message().to_string())?;
-    let mut news = opened.into_inner();
+    let mut news = match fast {
+        Some(fast) => {
+            let port = fast.addr();
+            match NewsStream::fast(fast, ack(mount.acked)).await {
+                Ok(news) => news,
+                Err(e) => {
+                    tracing::debug!("owner stream over the fast port {port}: {e}; over gRPC");
+                    *refused = Some(port);
+                    NewsStream::grpc(grpc, ack(mount.acked)).await?
+                }
+            }
+        }
+        None => NewsStream::grpc(grpc, ack(mount.acked)).await?,
+    };
+    // Checked every MOUNT_CHECK, however often news come.
+    let mut check = tokio::time::interval(MOUNT_CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check.tick().await;
     loop {
         let next = tokio::select! {
             n = news.message() => n,
-            () = tokio::time::sleep(MOUNT_CHECK) => {
-                let stopped = weak.upgrade().is_none_or(|c| c.stop.load(Ordering::Acquire));
-                if stopped || index.mount().generation != mount.generation {
-                    return Ok(());
+            _ = check.tick() => {
+                let Some(client) = weak.upgrade().filter(|c| !c.stop.load(Ordering::Acquire)) else {
+                    return Ok(Ended::Stale);
+                };
+                if index.mount().generation != mount.generation {
+                    return Ok(Ended::Stale);
+                }
+                let fast_now = client.rpc.fast_rpc().map(|f| f.addr()).filter(|a| Some(*a) != *refused);
+                if news.fast_port().is_none() && fast_now.is_some() {
+                    return Ok(Ended::FastPortNow);
                 }
                 continue;
             }
@@ -430,11 +467,11 @@ async fn run_stream(
                 }
             }
             Ok(Some(n)) => match index.apply(&n, Instant::now()) {
-                Some(acked) => tx.send(ack(acked)).map_err(|e| e.to_string())?,
-                None => return Ok(()), // about another mount: this stream is stale
+                Some(acked) => news.ack(ack(acked))?,
+                None => return Ok(Ended::Stale), // about another mount: this stream is stale
             },
             Ok(None) => return Err("closed by the master".into()),
-            Err(s) => return Err(s.message().to_string()),
+            Err(e) => return Err(e),
         }
     }
 }

@@ -41,6 +41,7 @@ mod master_link;
 mod metrics;
 mod op;
 pub(crate) mod owner_index;
+mod owner_stream;
 mod plan;
 mod put_retry;
 mod puts;

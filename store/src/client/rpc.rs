@@ -375,6 +375,11 @@ impl MasterRpc {
         }
     }
 
+    /// The followed master's fast RPC port, where a ping advertised one (and it is wanted).
+    pub fn fast_rpc(&self) -> Option<Arc<FastRpc>> {
+        self.fast.read().clone()
+    }
+
     /// Closes the fast RPC port's connections idle for a while (the heartbeat's, now and then).
     pub fn trim_fast_rpc(&self) {
         if let Some(fast) = self.fast.read().as_ref() {

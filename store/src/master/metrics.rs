@@ -93,6 +93,8 @@ pub struct Metrics {
     /// `fast_rpc_calls_total`: calls served on the fast RPC port (`crate::fastrpc`); their
     /// latency and outcome are counted with gRPC's, by method.
     pub fast_rpc_calls: IntCounter,
+    /// `fast_rpc_owner_streams_total`: owner streams opened on the fast RPC port.
+    pub fast_rpc_owner_streams: IntCounter,
     /// `commit_owner_waits_total`: commits (`PutEnd`, one per call of `BatchPutEnd`) that came
     /// before their replicas' owners acknowledged the news of the put, and waited for them.
     pub commit_owner_waits: IntCounter,
@@ -137,6 +139,10 @@ impl Metrics {
         Ok(Metrics {
             auth_refused,
             fast_rpc_calls: counter("fast_rpc_calls_total", "Calls served on the fast RPC port")?,
+            fast_rpc_owner_streams: counter(
+                "fast_rpc_owner_streams_total",
+                "Owner streams opened on the fast RPC port",
+            )?,
             commit_owner_waits: counter(
                 "commit_owner_waits_total",
                 "Commits that came before their owners acknowledged the put's news, and waited for them",

@@ -4,19 +4,20 @@
 //! replies are theirs). Connections come through the gRPC port's [`Gate`], so its bounds
 //! hold over both ports together; a connection idle for [`IDLE`] is closed, a frame must
 //! arrive whole (and a reply be taken) within [`FRAME_DEADLINE`] of its first byte, and a
-//! call is answered within the gRPC server's request timeout (a deadline error past it).
+//! call is answered within the gRPC server's request timeout (a deadline error past it). A
+//! connection may turn into an owner stream instead, attached as gRPC's is.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio_stream::StreamExt;
 use tonic::metadata::MetadataMap;
 use tonic::Request;
 
-use super::{MasterRpc, MasterService, MAX_REQUEST_MESSAGE};
-use crate::fastrpc::{self, Method, HEADER, HELLO, MAX_HELLO, OK};
+use super::{MasterRpc, MasterService, OwnerLink, MAX_REQUEST_MESSAGE};
+use crate::fastrpc::{self, Method, HELLO, MAX_HELLO, OK};
 use crate::master::access::{Access, Tenant, TENANT_HEADER};
 use crate::master::conn_limit::{Admitted, Gate};
 use crate::proto::*;
@@ -65,6 +66,9 @@ async fn connection(
     write(&mut io, &fastrpc::frame(OK, &[])).await?;
     loop {
         let Some((tag, body)) = read_frame(&mut io, IDLE, MAX_REQUEST_MESSAGE).await? else { return Ok(()) };
+        if tag == Method::OwnerStream as u8 {
+            return owner_stream(io, service, &tenant, &body).await;
+        }
         let reply = match tokio::time::timeout(request_timeout, call(service, &tenant, tag, body)).await {
             Ok(reply) => reply,
             Err(_) => fastrpc::status_frame(&tonic::Status::deadline_exceeded("the master's request timeout passed")),
@@ -73,9 +77,56 @@ async fn connection(
     }
 }
 
+/// The rest of a connection as an owner stream ([`Method::OwnerStream`]) whose hello is
+/// `hello`: the news as the master queues them, the acknowledgements as they come, until the
+/// owner closes, sends a bad frame or stops taking news, or the master drops the link.
+async fn owner_stream(io: Admitted, service: &MasterService, tenant: &Tenant, hello: &[u8]) -> Result<(), String> {
+    let (mut rd, mut wr) = tokio::io::split(io);
+    let attached = match OwnerAck::decode(hello) {
+        Ok(hello) => service.attach_owner_link(tenant, hello),
+        Err(e) => Err(tonic::Status::invalid_argument(format!("a bad owner stream hello: {e}"))),
+    };
+    let OwnerLink { mut news, acks: link } = match attached {
+        Ok(link) => link,
+        Err(status) => {
+            let _ = write(&mut wr, &fastrpc::status_frame(&status)).await;
+            return Err(format!("owner stream refused: {}", status.message()));
+        }
+    };
+    let m = &service.master;
+    m.metrics().fast_rpc_owner_streams.inc();
+    let sent = async {
+        write(&mut wr, &fastrpc::frame(OK, &[])).await?;
+        while let Some(news) = news.next().await {
+            write(&mut wr, &fastrpc::message_frame(OK, &news)).await?;
+        }
+        Err::<(), _>("the master dropped the link".to_string())
+    };
+    let acks = async {
+        // An owner with nothing to acknowledge sends nothing: no idle bound on the next frame.
+        while let Some((tag, body)) = fastrpc::read_frame(&mut rd, None, FRAME_DEADLINE, MAX_ACK).await? {
+            if tag != Method::OwnerStream as u8 {
+                return Err(format!("a frame of tag {tag} on an owner stream"));
+            }
+            let ack = OwnerAck::decode(body.as_slice()).map_err(|e| format!("a bad acknowledgement: {e}"))?;
+            link.ack(m, &ack);
+        }
+        Ok(())
+    };
+    let ended = tokio::select! {
+        r = sent => r,
+        r = acks => r,
+    };
+    link.detach(m);
+    ended
+}
+
+/// Largest acknowledgement frame body (a client id, a few numbers).
+const MAX_ACK: usize = 4 << 10;
+
 /// Writes a frame, all of it within [`FRAME_DEADLINE`] (a peer that stops reading loses its
 /// connection).
-async fn write(io: &mut Admitted, frame: &[u8]) -> Result<(), String> {
+async fn write<W: tokio::io::AsyncWrite + Unpin>(io: &mut W, frame: &[u8]) -> Result<(), String> {
     match tokio::time::timeout(FRAME_DEADLINE, io.write_all(frame)).await {
         Ok(written) => written.map_err(|e| e.to_string()),
         Err(_) => Err(format!("a reply not taken within {FRAME_DEADLINE:?}")),
@@ -102,28 +153,10 @@ fn hello(tag: u8, body: &[u8], access: &Access) -> Result<Tenant, tonic::Status>
     access.check_call(&metadata)
 }
 
-/// The next frame (tag and body), or `None` where the peer closed or idled for `idle` before
-/// its first byte; an error for a frame over `max` (before any allocation for it) or one that
-/// stalls.
+/// The next frame of a connection, as [`fastrpc::read_frame`] reads it with `idle` and
+/// [`FRAME_DEADLINE`].
 async fn read_frame(io: &mut Admitted, idle: Duration, max: usize) -> Result<Option<(u8, Vec<u8>)>, String> {
-    let mut header = [0u8; HEADER];
-    let first = match tokio::time::timeout(idle, io.read(&mut header)).await {
-        Err(_) | Ok(Ok(0)) => return Ok(None),
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => return Err(e.to_string()),
-    };
-    let rest = async {
-        io.read_exact(&mut header[first..]).await?;
-        let (len, tag) = fastrpc::parse_header(&header, max).map_err(std::io::Error::other)?;
-        let mut body = vec![0u8; len];
-        io.read_exact(&mut body).await?;
-        Ok::<_, std::io::Error>((tag, body))
-    };
-    match tokio::time::timeout(FRAME_DEADLINE, rest).await {
-        Ok(Ok(frame)) => Ok(Some(frame)),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("a frame not whole within {FRAME_DEADLINE:?}")),
-    }
+    fastrpc::read_frame(io, Some(idle), FRAME_DEADLINE, max).await
 }
 
 /// One call: the request decoded, handed to the gRPC handler of its method under `tenant`,
@@ -156,6 +189,9 @@ async fn call(service: &MasterService, tenant: &Tenant, tag: u8, body: Vec<u8>) 
         Some(Method::BatchPutStart) => unary!(BatchPutStartRequest, batch_put_start),
         Some(Method::BatchPutEnd) => unary!(BatchKeyRequest, batch_put_end),
         Some(Method::BatchPutRevoke) => unary!(BatchKeyRequest, batch_put_revoke),
-        None => fastrpc::status_frame(&tonic::Status::unimplemented(format!("no method of tag {tag} here"))),
+        // An owner stream is opened only by a connection's first call (see `connection`).
+        Some(Method::OwnerStream) | None => {
+            fastrpc::status_frame(&tonic::Status::unimplemented(format!("no method of tag {tag} here")))
+        }
     }
 }

@@ -681,31 +681,19 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<NewsStream>, tonic::Status> {
         let t = req.extensions().get::<Tenant>().cloned().unwrap_or_default();
         let mut acks = req.into_inner();
-        let mut hello = tokio::time::timeout(HELLO_TIMEOUT, acks.message())
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, acks.message())
             .await
             .map_err(|_| tonic::Status::deadline_exceeded("no hello on the owner stream"))??
             .ok_or_else(|| tonic::Status::invalid_argument("the owner stream closed before its hello"))?;
-        hello.scope(&t);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let OwnerLink { news, acks: link } = self.attach_owner_link(&t, hello)?;
         let m = self.master.clone();
-        let client = hello.client_id;
-        let (term, segment) = (hello.term, hello.segment_id);
-        let id = m.attach_owner(&client, term, segment, hello.acked, tx).map_err(|e| {
-            m.metrics().error(&e);
-            tonic::Status::failed_precondition(format!("{}: {e}", e.code().as_str_name()))
-        })?;
         tokio::spawn(async move {
             while let Ok(Some(ack)) = acks.message().await {
-                m.owner_ack(&client, ack.term, ack.segment_id, ack.acked);
+                link.ack(&m, &ack);
             }
-            m.detach_owner(segment, id);
+            link.detach(&m);
         });
-        #[allow(clippy::result_large_err)] // tonic's Status
-        let news = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |mut news: OwnerNews| {
-            news.unscope(&t);
-            Ok(news)
-        });
-        Ok(Response::new(Box::pin(news)))
+        Ok(Response::new(Box::pin(news.into_stream().map(Ok))))
     }
 
     async fn remount_with_report(
@@ -727,6 +715,76 @@ impl MasterRpc for MasterService {
             );
             RemountWithReportReply { term: m.term(), ..reply }
         })
+    }
+}
+
+/// An owner stream attached at the master, over gRPC or the fast port: the news to send,
+/// and where its acknowledgements go.
+pub(super) struct OwnerLink {
+    pub news: NewsOut,
+    pub acks: OwnerAcks,
+}
+
+/// The news of an owner stream, on their way out.
+pub(super) struct NewsOut {
+    rx: tokio::sync::mpsc::UnboundedReceiver<OwnerNews>,
+    tenant: Tenant,
+}
+
+impl NewsOut {
+    /// The next news to send, its keys the owner's tenant's names; `None` once the master
+    /// dropped the link (another stream of the segment took over, or the segment went).
+    pub async fn next(&mut self) -> Option<OwnerNews> {
+        let mut news = self.rx.recv().await?;
+        news.unscope(&self.tenant);
+        Some(news)
+    }
+
+    /// The news as a stream ([`Self::next`]'s items).
+    pub fn into_stream(self) -> impl Stream<Item = OwnerNews> + Send {
+        let tenant = self.tenant;
+        tokio_stream::wrappers::UnboundedReceiverStream::new(self.rx).map(move |mut news| {
+            news.unscope(&tenant);
+            news
+        })
+    }
+}
+
+/// Where an owner stream's acknowledgements go: the owner its hello named.
+pub(super) struct OwnerAcks {
+    client: String,
+    segment: u64,
+    stream: u64,
+}
+
+impl OwnerAcks {
+    /// Takes an acknowledgement the owner sent (of the term and segment it names).
+    pub fn ack(&self, m: &Master, ack: &OwnerAck) {
+        m.owner_ack(&self.client, ack.term, ack.segment_id, ack.acked);
+    }
+
+    /// The stream ended: its segment's news wait for the next one.
+    pub fn detach(&self, m: &Master) {
+        m.detach_owner(self.segment, self.stream);
+    }
+}
+
+impl MasterService {
+    /// Attaches the owner stream whose first acknowledgement is `hello`, under tenant `t`: the
+    /// news not acknowledged yet come first, then the new ones as they are queued; a news's keys
+    /// are the tenant's names. Refused (`FAILED_PRECONDITION`) for an owner of another term or
+    /// a segment it does not hold.
+    #[allow(clippy::result_large_err)] // tonic's Status, as gRPC's handler returns it
+    pub(super) fn attach_owner_link(&self, t: &Tenant, mut hello: OwnerAck) -> Result<OwnerLink, tonic::Status> {
+        hello.scope(t);
+        let m = &self.master;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (client, segment) = (hello.client_id, hello.segment_id);
+        let stream = m.attach_owner(&client, hello.term, segment, hello.acked, tx).map_err(|e| {
+            m.metrics().error(&e);
+            tonic::Status::failed_precondition(format!("{}: {e}", e.code().as_str_name()))
+        })?;
+        Ok(OwnerLink { news: NewsOut { rx, tenant: t.clone() }, acks: OwnerAcks { client, segment, stream } })
     }
 }
 
