@@ -73,6 +73,9 @@ pub enum Method {
     /// the master sends `OwnerNews` frames (tag [`OK`]) and the client `OwnerAck` frames (this
     /// tag) until either side closes; no call follows on that connection.
     OwnerStream = 11,
+    /// gRPC's `PutChecksum`: sent right behind a `PutStart` on the same connection, before
+    /// its reply is read (the writer takes the checksum while the master places the put).
+    PutChecksum = 12,
 }
 
 impl Method {
@@ -91,6 +94,7 @@ impl Method {
             BatchPutEnd,
             BatchPutRevoke,
             OwnerStream,
+            PutChecksum,
         ]
         .into_iter()
         .find(|m| *m as u8 == tag)

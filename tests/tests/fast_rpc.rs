@@ -3,7 +3,7 @@
 //! over gRPC; the port refuses what gRPC refuses (no token, a wrong one), bounds a frame before
 //! it reads it, answers an unknown call with an error and lives on; a master without it
 //! serves everything over gRPC. A holder's owner stream moves there too and carries the
-//! news and acknowledgements of its puts' commits.
+//! news and acknowledgements of its puts' commits; a put's checksum follows its start there.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -202,12 +202,17 @@ fn a_holders_owner_stream_moves_to_the_fast_port_and_carries_its_commits() {
         ..loopback_client_config(&m)
     })
     .unwrap();
+    until_fast(&m, &writer, fast_calls(&m) + 1);
+    let checksums = || m.master.metrics().rpc_latency.with_label_values(&["PutChecksum"]).get_sample_count();
+    let before = checksums();
     for i in 0..50u64 {
         let v = pattern_bytes(64 << 10, i);
         writer.put(&format!("s{i}"), &v).unwrap();
         assert_eq!(holder.get(&format!("s{i}")).unwrap(), v);
     }
     assert_eq!(streams(), 1, "one stream, kept");
+    // Each put's checksum went right behind its start, taken while the master placed it.
+    assert_eq!(checksums() - before, 50, "one PutChecksum per put");
     // A removal is answered once the holder acknowledged it on that stream.
     writer.put("gone", &pattern_bytes(4096, 99)).unwrap();
     writer.remove("gone").unwrap();

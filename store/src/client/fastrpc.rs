@@ -135,6 +135,54 @@ impl FastRpc {
         (reply.and_then(|(tag, body)| decode(tag, &body)), side)
     }
 
+    /// [`Self::call_while`] with a second call behind the first on the same connection:
+    /// `meanwhile` runs once the first request is sent and may give the second request, which
+    /// is sent before the first reply is read (the master answers a connection's calls in
+    /// order). Returns the first reply, `meanwhile`'s result, and the second reply if one was
+    /// sent. The connection goes back to the pool only when both replies came.
+    #[allow(clippy::result_large_err, clippy::type_complexity)] // tonic's Status
+    pub fn call_then<Q: Message, R: Message + Default, Q2: Message, R2: Message + Default, X>(
+        &self,
+        mut conn: TcpStream,
+        method: Method,
+        req: &Q,
+        meanwhile: impl FnOnce() -> (X, Option<(Method, Q2)>),
+    ) -> (Result<R, tonic::Status>, X, Option<Result<R2, tonic::Status>>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = conn.try_clone() {
+            self.busy.lock().insert(id, clone);
+        }
+        let deadline = Instant::now() + self.call_timeout;
+        let request = fastrpc::message_frame(method as u8, req);
+        let sent =
+            send_all_by(&mut conn, &mut [IoSlice::new(&request)], Some(deadline)).map_err(|e| self.io_status(&e));
+        let (side, second) = meanwhile();
+        let second = match (&sent, second) {
+            (Ok(()), Some((method, req))) => {
+                let frame = fastrpc::message_frame(method as u8, &req);
+                Some(
+                    send_all_by(&mut conn, &mut [IoSlice::new(&frame)], Some(deadline)).map_err(|e| self.io_status(&e)),
+                )
+            }
+            _ => None,
+        };
+        let reply = sent.and_then(|()| self.read_reply(&mut conn, deadline));
+        let second = second.map(|sent| {
+            let read = reply.as_ref().map_err(Clone::clone).and(sent);
+            read.and_then(|()| self.read_reply(&mut conn, deadline))
+        });
+        self.busy.lock().remove(&id);
+        let whole = reply.is_ok() && second.as_ref().is_none_or(Result::is_ok);
+        if whole && !self.closed.load(Ordering::Acquire) {
+            let mut idle = self.idle.lock();
+            if idle.len() < POOL_MAX {
+                idle.push((conn, Instant::now()));
+            }
+        }
+        let second = second.map(|r| r.and_then(|(tag, body)| decode(tag, &body)));
+        (reply.and_then(|(tag, body)| decode(tag, &body)), side, second)
+    }
+
     /// Closes the pooled connections idle for longer than [`POOLED_IDLE`].
     pub fn trim(&self) {
         self.idle.lock().retain(|(_, since)| since.elapsed() < POOLED_IDLE);

@@ -16,7 +16,7 @@ use crate::error::{Result, StoreError};
 use crate::fastrpc::Method;
 use crate::proto::{
     BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, PutOptions, PutStartReply, PutStartRequest,
-    ReplicaDescriptor,
+    ReplicaDescriptor, StatusReply,
 };
 use crate::protocol::MAX_BATCH_KEYS;
 
@@ -178,15 +178,19 @@ impl StoreClient {
         }
         self.hot_invalidate(key);
         let exec = self.exec();
-        // Taken before the start: the holders are told of the placement with it, and the
-        // commit then needs no further word from them (see `checksum::START_MAX`).
-        let crc = self.start_checksum(&src);
+        // The holders are told of the placement with the value's checksum, and the commit then
+        // needs no further word from them (see `checksum::START_MAX`). Where the hot calls go
+        // to the master's fast port, the checksum is taken while the master places the put and
+        // sent right behind the start (`PutChecksum`); else it is taken before, and the start
+        // carries it.
+        let behind = self.rpc.has_fast_rpc();
+        let crc_first = if behind { None } else { self.start_checksum(&src) };
         let req = PutStartRequest {
             client_id: self.id.clone(),
             key: key.to_string(),
             size: len,
             options: Some(options.clone()),
-            checksum: crc.map(|crc32| crate::proto::Checksum { crc32 }),
+            checksum: crc_first.map(|crc32| crate::proto::Checksum { crc32 }),
         };
         let start = |mut c: rpc::Client, req: PutStartRequest| async move { c.put_start(req).await };
         // While the master places the object: the disk tier's copy of the value, and a byte
@@ -196,15 +200,22 @@ impl StoreClient {
         // tier then takes only the CRC now and writes the file from our replica.
         let local = self.last_put_local.load(Ordering::Relaxed);
         let stage_early = src.is_plain() && !local;
-        let (reply, (offload, first_piece)) = if self.disk.is_some() || stage_early {
-            self.rpc.unary_while(Method::PutStart, req.clone(), start, || {
-                let offload = self.disk.as_ref().and_then(|d| offload_or_warn(key, d.prepare(key, &src, local)));
-                let first = if stage_early { exec.stage_first_piece(&src) } else { Ok(None) };
-                (offload, first)
-            })
-        } else {
-            (self.rpc.unary(Method::PutStart, req.clone(), start), (None, Ok(None)))
+        let meanwhile = |fast: bool| {
+            let crc = if behind { self.start_checksum(&src) } else { crc_first };
+            let told = crc.filter(|_| behind && fast).map(|crc32| {
+                let checksum = Some(crate::proto::Checksum { crc32 });
+                (Method::PutChecksum, KeyRequest { client_id: self.id.clone(), key: key.to_string(), checksum })
+            });
+            let offload = self.disk.as_ref().and_then(|d| offload_or_warn(key, d.prepare(key, &src, local)));
+            let first = if stage_early { exec.stage_first_piece(&src) } else { Ok(None) };
+            ((offload, first, crc), told)
         };
+        let (reply, (offload, first_piece, crc), told) =
+            self.rpc.unary_then::<_, _, _, _, _, _, StatusReply>(Method::PutStart, req.clone(), start, meanwhile);
+        if let Some(Err(e)) = told.map(|r| r.and_then(|r| check(r.status, key))) {
+            // The commit then waits for the holders, as a put started without a checksum does.
+            tracing::debug!("the checksum of the put of {key:?} did not reach the master: {e}");
+        }
         let checksum = self.end_checksum(crc);
         let mut reply = reply?;
         let mut begun = check(reply.status.take(), key);

@@ -423,6 +423,45 @@ impl MasterRpc {
         }
     }
 
+    /// [`Self::unary_while`] where `meanwhile` may give a second call to send right behind the
+    /// first on the fast port's connection (see [`FastRpc::call_then`]); it is told whether
+    /// the call went there. Over gRPC the second call is not made. Returns the first reply,
+    /// `meanwhile`'s result and the second reply, if it was sent.
+    #[allow(clippy::type_complexity)]
+    pub fn unary_then<Q, R, F, Fut, X, Q2, R2>(
+        &self,
+        method: Method,
+        req: Q,
+        grpc: F,
+        meanwhile: impl FnOnce(bool) -> (X, Option<(Method, Q2)>),
+    ) -> (Result<R>, X, Option<Result<R2>>)
+    where
+        Q: prost::Message,
+        R: prost::Message + Default + Send,
+        F: FnOnce(Client, Q) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>> + Send,
+        Q2: prost::Message,
+        R2: prost::Message + Default,
+    {
+        match self.fast_conn() {
+            Some((fast, conn)) => {
+                let (reply, side, second) = fast.call_then(conn, method, &req, || meanwhile(true));
+                let error = |s: tonic::Status| call_error(&self.addr(), &s, self.timeouts.call);
+                (reply.map_err(error), side, second.map(|r| r.map_err(error)))
+            }
+            None => {
+                let (reply, (side, _)) = self.call_while(|c| grpc(c, req), || meanwhile(false));
+                (reply, side, None)
+            }
+        }
+    }
+
+    /// Whether the hot calls go to a fast RPC port now (its connection may still fail; the
+    /// call then goes over gRPC).
+    pub fn has_fast_rpc(&self) -> bool {
+        self.fast_wanted && self.fast.read().is_some() && Handle::try_current().is_err()
+    }
+
     /// One call on a connection to the fast RPC port, its failure said as a gRPC call's.
     fn on_fast<Q: prost::Message, R: prost::Message + Default, X>(
         &self,

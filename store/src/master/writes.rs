@@ -202,25 +202,9 @@ impl Master {
         let writer = Some(st.core.names.writer(client_id, disk.as_deref()));
         let object = puts::new_object(size, version, blocks, writer, opts, soft_pin_until, crc, now);
         let descriptors = Self::describe(&st, &object);
+        st.objects.insert(key.to_string(), object);
         if crc.is_some() {
-            // The pending commit: each owner learns the placement while the bytes move.
-            let what = owners::Announced {
-                key,
-                version,
-                size,
-                pins: Self::pins_of(&object),
-                checksum: object.checksum,
-                pending_for: Some(self.config.put_timeout),
-            };
-            let placed: SmallVec<[(u64, Block); 2]> = object.replicas.iter().map(|r| (r.segment_id, r.block)).collect();
-            let mut object = object;
-            for (i, (segment_id, block)) in placed.into_iter().enumerate() {
-                let seq = Self::queue_commit(&mut st, segment_id, block, &what, now);
-                object.replicas[i].set_news(seq);
-            }
-            st.objects.insert(key.to_string(), object);
-        } else {
-            st.objects.insert(key.to_string(), object);
+            self.queue_pending(&mut st, key, now);
         }
         st.window.put_started(key, version, opts.replace, now);
         // Above the high watermark: make room ahead of the next puts (off this call).
@@ -229,6 +213,50 @@ impl Master {
             self.flush_news(&mut st);
         }
         Ok((descriptors, version))
+    }
+
+    /// The pending commit of the put of `key` (started, its checksum known): each owner learns
+    /// the placement, with the checksum, while the bytes move (the caller flushes the news).
+    fn queue_pending(&self, st: &mut Locked<'_>, key: &str, now: Instant) {
+        let object = &st.objects[key];
+        let what = owners::Announced {
+            key,
+            version: object.version,
+            size: object.size,
+            pins: Self::pins_of(object),
+            checksum: object.checksum,
+            pending_for: Some(self.config.put_timeout),
+        };
+        let placed: SmallVec<[(u64, Block); 2]> = object.replicas.iter().map(|r| (r.segment_id, r.block)).collect();
+        for (i, (segment_id, block)) in placed.into_iter().enumerate() {
+            let seq = Self::queue_commit(st, segment_id, block, &what, now);
+            st.objects.get_mut(key).expect("looked up above").replicas[i].set_news(seq);
+        }
+    }
+
+    /// The checksum of a put started without one, taken by its writer while the master placed
+    /// it (`PutChecksum`, right behind `PutStart` on the fast RPC port): kept with the object,
+    /// and its owners told of the placement now, a pending commit as a put started with it
+    /// has, so that the commit needs no further word from them. A put committed or told
+    /// already is left as it is; a second, different checksum is the caller's mistake.
+    pub fn put_checksum(&self, client_id: &str, key: &str, crc: u32) -> Result<()> {
+        check_key(key)?;
+        let now = Instant::now();
+        let mut st = self.lock_key(key);
+        self.fence.check(now)?;
+        let known = st.core.clients.contains_key(client_id);
+        let (_, complete) = puts::check_commit(st.objects.get(key), known, client_id, key)?;
+        let object = st.objects.get_mut(key).expect("checked above");
+        if let Some(e) = puts::checksum_changed(key, object.checksum.get(), Some(crc)) {
+            return Err(e);
+        }
+        if complete || object.replicas.iter().any(|r| r.news().is_some()) {
+            return Ok(());
+        }
+        object.checksum = objects::Checksum::new(Some(crc));
+        self.queue_pending(&mut st, key, now);
+        self.flush_news(&mut st);
+        Ok(())
     }
 
     /// Starts committing a put: its replicas' owners are told; the commit completes with

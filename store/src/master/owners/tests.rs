@@ -667,6 +667,36 @@ fn a_put_started_with_a_checksum_commits_without_waiting_for_its_owner_again() {
 }
 
 #[test]
+fn a_checksum_sent_behind_the_start_tells_the_owner_as_a_start_with_it_does() {
+    let m = master();
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    m.put_start_checked("w", "k", 1000, &opts(1), None, true).unwrap();
+    assert!(a.apply(&m, false).is_empty(), "nothing told at a start without a checksum");
+    // Another client's checksum, or one for a key nobody puts: refused, nothing told.
+    assert!(matches!(m.put_checksum("x", "k", 1), Err(StoreError::InvalidArgument(_))));
+    assert!(m.put_checksum("w", "nope", 1).is_err());
+    assert!(a.apply(&m, false).is_empty());
+    // The writer's checksum: the owner learns the placement with it, a pending commit, and
+    // acknowledges while the bytes move; the end then waits for nothing.
+    m.put_checksum("w", "k", 0xabcd).unwrap();
+    let told = a.apply(&m, true);
+    assert!(told.len() == 1 && told[0].commit && told[0].pending && told[0].key == "k", "{told:?}");
+    assert_eq!(told[0].checksum, Some(crate::proto::Checksum { crc32: 0xabcd }));
+    // Sent again (a retry): nothing more to tell; another value's checksum is refused.
+    m.put_checksum("w", "k", 0xabcd).unwrap();
+    assert!(matches!(m.put_checksum("w", "k", 0xdcba), Err(StoreError::InvalidArgument(_))));
+    assert!(a.apply(&m, false).is_empty());
+    // (The end of a writer that verifies checksums carries it again, and readers get it.)
+    let commit = m.put_end_begin("w", "k", Some(0xabcd)).unwrap();
+    assert!(commit.wait.is_empty(), "the pending commit was acknowledged: nothing to wait for");
+    m.put_end_finish(&commit).unwrap();
+    assert_eq!(m.get_replica_list("k").unwrap().checksum, Some(0xabcd));
+    // Committed: a late checksum changes nothing.
+    m.put_checksum("w", "k", 0xabcd).unwrap();
+    assert!(a.apply(&m, false).is_empty());
+}
+
+#[test]
 fn in_a_stream_of_puts_each_put_costs_its_owner_one_message_and_one_acknowledgement() {
     // A put started with a checksum tells its owner at the start (pending) and, once
     // committed, that it is complete; the complete news waits for the next put's pending one,

@@ -305,6 +305,17 @@ impl MasterRpc for MasterService {
         Ok(self.observed(&t, "PutEnd", start, status_reply(&self.master, done)))
     }
 
+    async fn put_checksum(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
+        let (t, r) = inbound(req);
+        self.timed(&t, "PutChecksum", |m| {
+            let told = match r.checksum {
+                Some(c) => m.put_checksum(&r.client_id, &r.key, c.crc32),
+                None => Err(StoreError::invalid("PutChecksum without a checksum")),
+            };
+            status_reply(m, told)
+        })
+    }
+
     async fn put_revoke(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
         let (t, r) = inbound(req);
         let start = Instant::now();
