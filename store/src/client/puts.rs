@@ -179,11 +179,11 @@ impl StoreClient {
         self.hot_invalidate(key);
         let exec = self.exec();
         // The holders are told of the placement with the value's checksum, and the commit then
-        // needs no further word from them (see `checksum::START_MAX`). Where the hot calls go
-        // to the master's fast port, the checksum is taken while the master places the put and
-        // sent right behind the start (`PutChecksum`); else it is taken before, and the start
-        // carries it.
-        let behind = self.rpc.has_fast_rpc();
+        // needs no further word from them (see `checksum::START_MAX`). For a value of
+        // `checksum::BEHIND_MIN` or more, where the hot calls go to the master's fast port, the
+        // checksum is taken while the master places the put and sent right behind the start
+        // (`PutChecksum`); else it is taken before, and the start carries it.
+        let behind = len >= checksum::BEHIND_MIN && self.rpc.has_fast_rpc();
         let crc_first = if behind { None } else { self.start_checksum(&src) };
         let req = PutStartRequest {
             client_id: self.id.clone(),
