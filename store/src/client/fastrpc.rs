@@ -109,30 +109,14 @@ impl FastRpc {
     #[allow(clippy::result_large_err)] // tonic's Status, as gRPC's calls return it
     pub fn call_while<Q: Message, R: Message + Default, X>(
         &self,
-        mut conn: TcpStream,
+        conn: TcpStream,
         method: Method,
         req: &Q,
         meanwhile: impl FnOnce() -> X,
     ) -> (Result<R, tonic::Status>, X) {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = conn.try_clone() {
-            self.busy.lock().insert(id, clone);
-        }
-        let deadline = Instant::now() + self.call_timeout;
-        let request = fastrpc::message_frame(method as u8, req);
-        let sent =
-            send_all_by(&mut conn, &mut [IoSlice::new(&request)], Some(deadline)).map_err(|e| self.io_status(&e));
-        let side = meanwhile();
-        let reply = sent.and_then(|()| self.read_reply(&mut conn, deadline));
-        self.busy.lock().remove(&id);
-        // A connection whose call failed may hold half a frame: never reused.
-        if reply.is_ok() && !self.closed.load(Ordering::Acquire) {
-            let mut idle = self.idle.lock();
-            if idle.len() < POOL_MAX {
-                idle.push((conn, Instant::now()));
-            }
-        }
-        (reply.and_then(|(tag, body)| decode(tag, &body)), side)
+        let no_second = || (meanwhile(), None::<(Method, crate::proto::KeyRequest)>);
+        let (reply, side, _) = self.call_then::<Q, R, _, crate::proto::StatusReply, X>(conn, method, req, no_second);
+        (reply, side)
     }
 
     /// [`Self::call_while`] with a second call behind the first on the same connection:
@@ -172,6 +156,7 @@ impl FastRpc {
             read.and_then(|()| self.read_reply(&mut conn, deadline))
         });
         self.busy.lock().remove(&id);
+        // A connection whose call failed may hold half a frame: never reused.
         let whole = reply.is_ok() && second.as_ref().is_none_or(Result::is_ok);
         if whole && !self.closed.load(Ordering::Acquire) {
             let mut idle = self.idle.lock();
