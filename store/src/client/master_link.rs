@@ -282,6 +282,21 @@ impl StoreClient {
         Vec::new()
     }
 
+    /// One ping, at start, for the fast RPC port its reply names. A ping that fails is only a
+    /// debug line (the heartbeat pings again at once, and the caller's first call meets the
+    /// same fault and reports it); replica tasks it takes are run as the heartbeat's are.
+    pub(super) fn learn_fast_rpc_port(self: &Arc<Self>) {
+        match self.ping_with_term(None) {
+            Ok((reply, _)) => {
+                let tasks = self.took_ping(reply);
+                if !tasks.is_empty() {
+                    self.run_tasks(tasks);
+                }
+            }
+            Err(e) => tracing::debug!("the first ping: {e}"),
+        }
+    }
+
     /// What every answered ping brings, whoever sent it (the heartbeat, or a removal that
     /// wants its disk copies gone now): the disk tier's news, applied; and the replica tasks
     /// the master assigned (it marked them running when it answered), returned to be run.

@@ -321,6 +321,9 @@ impl StoreClient {
             *client.metrics_server.lock() = Some(server);
         }
         client.mount(master_link::MountKind::First)?;
+        // A ping now names the master's fast RPC port before the owner stream opens (it opens
+        // there, not over gRPC first) and before the caller's first call.
+        client.learn_fast_rpc_port();
         if client.segment.is_some() {
             client.start_owner_stream();
         }
