@@ -210,19 +210,15 @@ impl StoreClient {
             .name("crescent-heartbeat".into())
             .spawn(move || {
                 let mut master_was_down = false;
-                // The first ping goes at once: its reply names the master's fast RPC port.
-                let mut first = true;
+                // The first ping went at start (`learn_fast_rpc_port`): the next one an interval later.
                 while !stop.load(Ordering::Acquire) {
-                    let first = std::mem::take(&mut first);
                     // While the master is away, look for it (or a new leader) more often.
-                    if !first {
-                        link.wait_tick(if master_was_down { interval.min(DOWN_PING) } else { interval });
-                    }
+                    link.wait_tick(if master_was_down { interval.min(DOWN_PING) } else { interval });
                     let Some(client) = weak.upgrade() else { return };
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    let tasks = client.heartbeat(&mut master_was_down, first);
+                    let tasks = client.heartbeat(&mut master_was_down);
                     if !tasks.is_empty() {
                         client.run_tasks(tasks);
                     }
@@ -231,11 +227,8 @@ impl StoreClient {
             .expect("spawning the heartbeat thread");
     }
 
-    /// One ping; returns the replica tasks its reply assigned to this client. The `first`
-    /// ping goes while the caller's first calls may meet the same fault and report it (a
-    /// one-shot `crescent get` with a wrong secret): its failure is only a debug line, and the
-    /// next ping, an interval later, warns if the fault holds.
-    fn heartbeat(&self, master_was_down: &mut bool, first: bool) -> Vec<TaskAssignment> {
+    /// One ping; returns the replica tasks its reply assigned to this client.
+    fn heartbeat(&self, master_was_down: &mut bool) -> Vec<TaskAssignment> {
         self.extras.sweep(Instant::now());
         self.rpc.trim_fast_rpc();
         let disk = self.disk.as_ref().map(DiskLink::counters);
@@ -265,14 +258,10 @@ impl StoreClient {
                 }
             }
             Pinged::Failed(e) => {
-                if first {
-                    tracing::debug!("first heartbeat failed: {e}");
-                } else {
-                    if !*master_was_down {
-                        tracing::warn!("heartbeat failed: {e}");
-                    }
-                    *master_was_down = true;
+                if !*master_was_down {
+                    tracing::warn!("heartbeat failed: {e}");
                 }
+                *master_was_down = true;
                 // Gone, deposed or a standby: with an etcd address, another master may lead.
                 if self.rpc.follow_leader() {
                     self.link.poke();
@@ -283,8 +272,9 @@ impl StoreClient {
     }
 
     /// One ping, at start, for the fast RPC port its reply names. A ping that fails is only a
-    /// debug line (the heartbeat pings again at once, and the caller's first call meets the
-    /// same fault and reports it); replica tasks it takes are run as the heartbeat's are.
+    /// debug line (the caller's first call meets the same fault and reports it, a one-shot
+    /// `crescent get` with a wrong secret included; the heartbeat warns an interval later if
+    /// it holds); replica tasks it takes are run as the heartbeat's are.
     pub(super) fn learn_fast_rpc_port(self: &Arc<Self>) {
         match self.ping_with_term(None) {
             Ok((reply, _)) => {
