@@ -459,7 +459,7 @@ impl MasterRpc {
     /// Whether the hot calls go to a fast RPC port now (its connection may still fail; the
     /// call then goes over gRPC).
     pub fn has_fast_rpc(&self) -> bool {
-        self.fast_wanted && self.fast.read().is_some() && Handle::try_current().is_err()
+        self.fast.read().is_some() && Handle::try_current().is_err()
     }
 
     /// One call on a connection to the fast RPC port, its failure said as a gRPC call's.
