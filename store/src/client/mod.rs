@@ -74,6 +74,7 @@ pub use dummy::{DummyClient, DummyConfig};
 use exec::Exec;
 use hot_cache::{HotCache, HotCacheMetrics, Identity};
 pub use op::{Batch, Buffer, Dest, Held, HeldBuffer, Memory, Op, Outcome, Placer, Source, ValueSink};
+use plan::worth_copying_early;
 use rpc::{check, MasterRpc};
 pub use sg::{Extent, Piece};
 use sg::{Reach, Src};
@@ -82,26 +83,11 @@ use sg::{Reach, Src};
 /// while the master answered, if any (see `StoreClient::batch_replica_lists_copying_hits`).
 type EarlyCopies = Vec<Option<Identity>>;
 
-/// A get copies its hits early (while the master answers) only when it copies at least this
-/// many bytes: the early path hands the call to the background runtime and, when the copy ends
-/// before the answer, waits for that thread to wake it, which costs more than the copy hides
-/// for small values. Measured on this VM (`benches/hotcache.sh hot-cache --link unshaped
-/// --pairs 1 -- --methods get,batchGet --sizes 64K,256K,1M,4M`, 2026-12-04 22:51-22:53 UTC,
-/// alternated, two runs each), warm call early / asking first: `get` 64 KiB 0.14 / 0.12 ms,
-/// 256 KiB 0.21-0.23 / 0.13 ms, 1 MiB 0.14-0.16 / 0.25-0.26 ms; `batchGet` of 5 x 64 KiB
-/// 0.16-0.24 / 0.14-0.16 ms, of 5 x 256 KiB 0.19-0.20 / 0.25-0.29 ms.
-pub(crate) const EARLY_COPY_FROM: u64 = 1 << 20;
-
 /// A byte put of at least this many bytes writes from the caller's memory, lent to the engine
 /// for the call, instead of copying the value into the staging buffer first (see
 /// [`StoreApi::put_with`]). Below it the copy is hidden: the value's first piece is staged
 /// while the master places it, and a round trip outlasts the copy of 1 MiB here.
 pub(crate) const LEND_PUT_MIN: u64 = 1 << 20;
-
-/// Whether a get whose hits copy `bytes` in all copies them early (see [`EARLY_COPY_FROM`]).
-fn worth_copying_early(bytes: u64) -> bool {
-    bytes >= EARLY_COPY_FROM
-}
 
 /// The entry `cache` holds for `key`, with the extents of it the caller `wants` and their
 /// bytes: what an early copy copies (`None`: not held, or the caller's memory does not fit the

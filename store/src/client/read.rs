@@ -121,6 +121,7 @@ impl<'c> Exec<'c> {
         dst: &mut Dst<'_>,
     ) -> Result<()> {
         match step {
+            Step::Kept => Ok(()),
             Step::Cached => {
                 let guard = guard.ok_or_else(|| StoreError::Internal("a cache hit without its entry".into()))?;
                 copy_entry(guard, dst)
