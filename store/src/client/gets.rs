@@ -40,8 +40,14 @@ impl Target<'_, '_> {
         }
     }
 
+    /// Whether the memory takes the whole value in one piece (a sink's, or a single buffer's):
+    /// the only memory a disk file is read into early (the file is read whole).
+    fn one_piece(&self) -> bool {
+        matches!(self, Target::Sink(_) | Target::Registered(Want::Whole([_]), _))
+    }
+
     /// Memory for an early read from `source`, where one goes (see [`Speculative::fits`]):
-    /// host memory only, a disk file only into a sink's or a single buffer. A sink is asked
+    /// host memory only, a disk file only into [one piece](Self::one_piece). A sink is asked
     /// only then, and its refusal ends the get; registered memory that does not fit the
     /// size `source` holds (a stale entry's) makes no early read.
     fn early_memory<'t>(
@@ -51,11 +57,11 @@ impl Target<'_, '_> {
         source: &Speculative<'_>,
     ) -> Result<Option<(Dst<'t>, u64)>> {
         let size = source.size();
+        let one_piece = self.one_piece();
         match self {
             Target::Sink(_) if !source.fits(size, true) => Ok(None),
             Target::Sink(_) => self.memory(client, key, size).map(Some),
             Target::Registered(want, extents) => {
-                let one_piece = matches!(want, Want::Whole([_]));
                 let Ok((e, n)) = want.extents(key, size) else { return Ok(None) };
                 *extents = e;
                 let dst = Dst::Registered(extents, client.extents_reach(extents));
@@ -102,7 +108,7 @@ impl StoreClient {
             None => None,
         };
         if early.is_none() {
-            source = exec.only_file(key);
+            source = if target.one_piece() { exec.only_file(key) } else { None };
             early = match &source {
                 Some(s) => target.early_memory(self, key, s)?,
                 None => None,
