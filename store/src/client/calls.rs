@@ -7,14 +7,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::disk_link::DiskLink;
-use super::exec::Exec;
+use super::gets::Target;
 use super::plan::Mode;
 use super::rpc::check;
 use super::sg::{Dst, Reach};
 use super::tasks::task_id;
 use super::{
-    api, in_batches, one_per_key, worth_copying_early, Extent, HeldBlock, HeldBuffer, Piece, Placer, StoreApi,
-    StoreClient, ValueSink, VecSink, Want,
+    api, in_batches, one_per_key, Extent, HeldBlock, HeldBuffer, Piece, Placer, StoreApi, StoreClient, ValueSink,
+    VecSink, Want,
 };
 use crate::error::{Result, StoreError};
 use crate::proto::{
@@ -140,64 +140,14 @@ impl StoreApi for StoreClient {
     /// ([`StoreError::BufferTooSmall`], [`StoreError::InvalidArgument`]), refused before
     /// anything is read.
     fn get_with(&self, key: &str, sink: &mut dyn ValueSink) -> Result<u64> {
-        if let Some(guard) =
-            self.hot.as_ref().and_then(|cache| cache.peek(key)).filter(|g| worth_copying_early(g.size()))
-        {
-            // A hit (most likely): the sink's memory for the cached size, copied into while
-            // the master answers; asked for again if the answer gives another size.
-            let size = guard.size();
-            let out = api::sink_buffer(key, sink, size)?;
-            let (list, early) = self.replica_list_copying_hit(key, guard, |g| g.copy_range_early(0, &mut out[..]))?;
-            let out = if list.size == size { out } else { api::sink_buffer(key, sink, list.size)? };
-            Exec { early: &early, ..self.exec() }.read(key, &list, &mut Dst::Bytes { out, offset: 0 })?;
-            return Ok(list.size);
-        }
-        let mut refused = None;
-        let (list, served) = self.replica_list_reading_disk(key, |size| match api::sink_buffer(key, sink, size) {
-            Ok(out) => {
-                // A file read wants initialised memory: zeroed first (on this path the disk
-                // costs far more than the pass).
-                out.fill(MaybeUninit::new(0));
-                // SAFETY: every byte was just written.
-                Some(unsafe { out.assume_init_mut() })
-            }
-            Err(e) => {
-                refused = Some(e);
-                None
-            }
-        })?;
-        if let Some(e) = refused {
-            return Err(e);
-        }
-        if !served {
-            let out = api::sink_buffer(key, sink, list.size)?;
-            self.exec().read(key, &list, &mut Dst::Bytes { out, offset: 0 })?;
-        }
-        Ok(list.size)
+        self.get_one(key, Target::Sink(sink))
     }
 
     /// Zero-copy get of the whole value into `pieces` of registered memory, in order (a value
     /// laid out in several buffers); returns the object's size.
     fn get_into_sg(&self, key: &str, pieces: &[Piece]) -> Result<u64> {
         self.check_registered(pieces.iter().map(|p| (p.addr, p.len)))?;
-        if let Some(got) = self.get_into_copying_hit(key, Want::Whole(pieces)) {
-            return got;
-        }
-        // The disk file read straight into the caller's memory while the master answers: host
-        // memory only (the CPU must not touch a device's).
-        let early = match pieces {
-            [p] if !self.reach(pieces).has_device() => Some(*p),
-            _ => None,
-        };
-        let (list, served) = self.replica_list_reading_disk(key, |size| {
-            let p = early.filter(|p| size <= p.len)?;
-            // SAFETY: the caller registered [addr, +len) for this call, and size <= len.
-            Some(unsafe { std::slice::from_raw_parts_mut(p.addr as *mut u8, size as usize) })
-        })?;
-        if served {
-            return Ok(list.size);
-        }
-        self.read_listed(key, &list, Want::Whole(pieces), &[])
+        self.get_one(key, Target::Registered(Want::Whole(pieces), Vec::new()))
     }
 
     /// Zero-copy get of ranges of a value: each extent takes `[offset, offset + len)` of the
@@ -205,11 +155,7 @@ impl StoreApi for StoreClient {
     /// mistake ([`StoreError::BadRange`]). Returns the bytes read.
     fn get_into_ranges(&self, key: &str, ranges: &[Extent]) -> Result<u64> {
         self.check_registered(ranges.iter().map(|e| (e.addr, e.len)))?;
-        if let Some(got) = self.get_into_copying_hit(key, Want::Ranges(ranges)) {
-            return got;
-        }
-        let list = self.replica_list(key)?;
-        self.read_listed(key, &list, Want::Ranges(ranges), &[])
+        self.get_one(key, Target::Registered(Want::Ranges(ranges), Vec::new()))
     }
 
     /// Mooncake's upsert: stores `value`, replacing the key's value if it has one (the old

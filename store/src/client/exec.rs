@@ -11,7 +11,8 @@ use crescent_engine::{BatchId, EngineError, RegisteredMemory, TransferEngine, Tr
 
 use super::checksum::Checksums;
 use super::disk_link::DiskLink;
-use super::hot_cache::{HotCache, Identity};
+use super::hot_cache::HotCache;
+use super::plan::Early;
 use crate::error::{PeerFault, Result, StoreError, Waited};
 use crate::proto::ReplicaDescriptor;
 use crate::staging::{Staging, StagingBlock};
@@ -27,9 +28,9 @@ pub(crate) struct Exec<'c> {
     pub disk: Option<&'c DiskLink>,
     /// When the request gives up waiting (for room in the staging buffer, for a transfer).
     pub deadline: Instant,
-    /// Per key of a batch read: the identity of the hot-cache entry already copied into the
-    /// key's destination while the master answered (an early copy), if any. Empty: none.
-    pub early: &'c [Option<Identity>],
+    /// Per key of the read (one for a single get): what was read into the key's destination
+    /// while the master answered (an early read), if anything. Empty: nothing.
+    pub early: &'c [Option<Early>],
     /// With checksums on: the counters whole-value reads are verified against (see
     /// [`super::checksum`]); none: reads are not verified.
     pub verify: Option<&'c Arc<Checksums>>,

@@ -1,21 +1,76 @@
-//! How a get goes: the replica list from the master (with the hot cache's early copy or the
-//! disk tier's early read beside it), then the executor reads the replicas; the batch forms
-//! ask for all lists in one call.
+//! How a get goes: the replica list from the master, with an early read beside it where
+//! this client knows a source already (the hot cache's entry, its disk file of an object
+//! that had no other copy), then the executor runs the read plan, which keeps the early
+//! read where the answer confirms it; the batch forms ask for all lists in one call.
 
 use std::mem::MaybeUninit;
 
 use super::exec::Exec;
-use super::hot_cache::{self, Identity};
 use super::lease::{LeaseClock, Listed};
+use super::plan::{worth_copying_early, Early};
+use super::read::Speculative;
 use super::rpc::check;
 use super::sg::{Dst, Extent, Reach};
-use super::{
-    forget_if_gone, held_for_early_copy, in_batches, one_per_key, plan, read, worth_copying_early, EarlyCopies,
-    StoreClient, Want,
-};
+use super::{api, in_batches, one_per_key, StoreClient, ValueSink, Want};
 use crate::error::Result;
-use crate::proto::{BatchGetReplicaListReply, BatchKeyRequest, KeyRequest, ReplicaStatus, Tier};
+use crate::proto::{BatchGetReplicaListReply, BatchKeyRequest, KeyRequest};
 use crate::protocol::MAX_BATCH_KEYS;
+
+/// Where one get puts what it reads: memory asked for once a size is known, before the
+/// master answers at the size an early read's source holds, after it at the answer's (the
+/// same memory where the two agree).
+pub(super) enum Target<'a, 's> {
+    /// The whole value, into memory the caller's sink makes (a byte get).
+    Sink(&'a mut (dyn ValueSink + 's)),
+    /// What the caller wants of the value, into its registered memory: the extents of the
+    /// size last asked for are kept here.
+    Registered(Want<'a>, Vec<Extent>),
+}
+
+impl Target<'_, '_> {
+    /// Memory for a value of `size` bytes, and the bytes of it the get returns.
+    fn memory<'t>(&'t mut self, client: &'t StoreClient, key: &str, size: u64) -> Result<(Dst<'t>, u64)> {
+        match self {
+            Target::Sink(sink) => Ok((Dst::Bytes { out: api::sink_buffer(key, &mut **sink, size)?, offset: 0 }, size)),
+            Target::Registered(want, extents) => {
+                let n;
+                (*extents, n) = want.extents(key, size)?;
+                Ok((Dst::Registered(extents, client.extents_reach(extents)), n))
+            }
+        }
+    }
+
+    /// Whether the memory takes the whole value in one piece (a sink's, or a single buffer's):
+    /// the only memory a disk file is read into early (the file is read whole).
+    fn one_piece(&self) -> bool {
+        matches!(self, Target::Sink(_) | Target::Registered(Want::Whole([_]), _))
+    }
+
+    /// Memory for an early read from `source`, where one goes (see [`Speculative::fits`]):
+    /// host memory only, a disk file only into [one piece](Self::one_piece). A sink is asked
+    /// only then, and its refusal ends the get; registered memory that does not fit the
+    /// size `source` holds (a stale entry's) makes no early read.
+    fn early_memory<'t>(
+        &'t mut self,
+        client: &'t StoreClient,
+        key: &str,
+        source: &Speculative<'_>,
+    ) -> Result<Option<(Dst<'t>, u64)>> {
+        let size = source.size();
+        let one_piece = self.one_piece();
+        match self {
+            Target::Sink(_) if !source.fits(size, true) => Ok(None),
+            Target::Sink(_) => self.memory(client, key, size).map(Some),
+            Target::Registered(want, extents) => {
+                let Ok((e, n)) = want.extents(key, size) else { return Ok(None) };
+                *extents = e;
+                let dst = Dst::Registered(extents, client.extents_reach(extents));
+                let fits = !dst.on_device() && source.fits(n, one_piece && dst.whole_in_one(size));
+                Ok(fits.then_some((dst, n)))
+            }
+        }
+    }
+}
 
 impl StoreClient {
     pub(super) fn replica_list(&self, key: &str) -> Result<Listed> {
@@ -38,104 +93,48 @@ impl StoreClient {
         (reply.and_then(|mut reply| check(reply.status.take(), key).map(|()| Listed { reply, clock })), side)
     }
 
-    /// [`Self::replica_list`] for a get of a value the hot cache holds (`guard`, from
-    /// [`HotCache::peek`]): while the master answers, `copy` copies the entry into the get's
-    /// destination (an early copy, as [`Self::batch_replica_lists_copying_hits`] makes for a
-    /// batch), so that a hit costs the larger of the round trip and the copy instead of their
-    /// sum. Returns the answer and the identity of the entry copied, for [`Exec::early`]: the
-    /// read keeps the copy only where the answer says the key still is that object.
-    pub(super) fn replica_list_copying_hit(
-        &self,
-        key: &str,
-        guard: hot_cache::Guard<'_>,
-        copy: impl FnOnce(&hot_cache::Guard<'_>),
-    ) -> Result<(Listed, [Option<Identity>; 1])> {
-        // Beside, not while: sending the request and reading the answer on the calling thread
-        // cost more than the hand-off to the background runtime (0.95 against 0.90-0.91 of
-        // memcpy + master for a warm 10 MiB get).
-        let (listed, ()) = self.replica_list_beside(key, || copy(&guard));
-        match listed {
-            Ok(listed) => Ok((listed, [Some(guard.identity().clone())])),
-            Err(e) => {
-                if let Some(cache) = &self.hot {
-                    cache.note_early_copies_wasted(1);
-                    forget_if_gone(cache, key, &e);
-                }
-                Err(e)
-            }
+    /// One get of `key` into `target`: asks the master for the replicas while an early read
+    /// reads into `target`'s memory, where this client knows a source that fits it (the hot
+    /// cache's entry, else its disk file of an object that had no other copy), so that the get
+    /// costs the larger of the round trip and that read instead of their sum; then the
+    /// executor runs the read plan into the memory `target` gives for the answer's size (the
+    /// early read's, where the sizes agree), which keeps the early read where the answer
+    /// confirms it. Returns the bytes read.
+    pub(super) fn get_one(&self, key: &str, mut target: Target<'_, '_>) -> Result<u64> {
+        let exec = self.exec();
+        let mut source = exec.hot_entry(key);
+        let mut early = match &source {
+            Some(s) => target.early_memory(self, key, s)?,
+            None => None,
+        };
+        if early.is_none() {
+            source = if target.one_piece() { exec.only_file(key) } else { None };
+            early = match &source {
+                Some(s) => target.early_memory(self, key, s)?,
+                None => None,
+            };
         }
-    }
-
-    /// Asks the master for `key`'s replicas. When this client's disk holds what was, the last
-    /// time it looked, the object's only copy, the file is read into `dst(size)` while the
-    /// master answers: the round trip is then hidden behind the read instead of before it.
-    /// Returns the answer and whether `dst` holds the object it describes (the answer lists
-    /// this disk's file of that very version; otherwise the get reads where the answer says).
-    pub(super) fn replica_list_reading_disk<'d>(
-        &self,
-        key: &str,
-        dst: impl FnOnce(u64) -> Option<&'d mut [u8]>,
-    ) -> Result<(Listed, bool)> {
-        let guess = self.disk.as_ref().and_then(|d| Some((d, d.tier.only_copy(key)?)));
-        let Some((disk, (version, size))) = guess else {
-            return Ok((self.replica_list(key)?, false));
-        };
-        let Some(out) = dst(size) else {
-            return Ok((self.replica_list(key)?, false));
-        };
-        let tier = &disk.tier;
-        let (listed, read) = self.replica_list_beside(key, || tier.read_local(key, version, out));
-        let confirmed = match (&listed, &read) {
-            (Ok(Listed { reply: l, .. }), Ok(())) => {
-                l.version == version
-                    && l.size == size
-                    && l.replicas.iter().any(|r| {
-                        r.tier == Tier::Ssd as i32
-                            && r.status == ReplicaStatus::Complete as i32
-                            && r.segment_name == disk.segment_name()
-                    })
+        let (listed, made) = match (&source, early.as_mut()) {
+            // Beside, not while: sending the request and reading the answer on the calling
+            // thread cost more than the hand-off to the background runtime (0.95 against
+            // 0.90-0.91 of memcpy + master for a warm 10 MiB hot-cache get).
+            (Some(source), Some((dst, _))) => {
+                let (listed, made) = self.replica_list_beside(key, || exec.read_early(key, source, dst));
+                (listed, Some(made))
             }
-            _ => false,
+            _ => (self.replica_list(key), None),
         };
-        tier.early_read_judged(key, version, confirmed);
+        let early_size = source.as_ref().map(Speculative::size);
+        drop(source); // the entry copied goes back: the read looks the answer up itself
+        if let Some(made) = &made {
+            exec.early_answered(key, made, listed.as_ref());
+        }
         let listed = listed?;
-        if confirmed && listed.reply.replicas.iter().any(plan::readable_in_memory) {
-            // Back in memory meanwhile: later gets read it from there.
-            tier.note_only_copy(key, version, false);
-        }
-        Ok((listed, confirmed))
-    }
-
-    /// A zero-copy get of a value the hot cache holds, with an early copy (see
-    /// [`Self::replica_list_copying_hit`]); `None` when the cache does not hold the key, the
-    /// caller's memory does not fit the cached value, or the copy is too small to be worth it
-    /// ([`EARLY_COPY_FROM`]): the get then asks first.
-    pub(super) fn get_into_copying_hit(&self, key: &str, want: Want<'_>) -> Option<Result<u64>> {
-        let (guard, extents, bytes) = held_for_early_copy(self.hot.as_ref()?, key, &want)?;
-        if self.extents_reach(&extents).has_device() {
-            return None; // a hit into device memory is copied once the master confirms it
-        }
-        if !worth_copying_early(bytes) {
-            return None;
-        }
-        let got = self
-            .replica_list_copying_hit(key, guard, |g| read::copy_entry_early(g, &extents))
-            .and_then(|(list, early)| self.read_listed(key, &list, want, &early));
-        Some(got)
-    }
-
-    /// Reads what `want` takes of the object `list` describes into registered memory; `early`:
-    /// its early copy, if any (see [`Exec::early`]). Returns the bytes read.
-    pub(super) fn read_listed(
-        &self,
-        key: &str,
-        list: &Listed,
-        want: Want<'_>,
-        early: &[Option<Identity>],
-    ) -> Result<u64> {
-        let (extents, n) = want.extents(key, list.size)?;
-        let reach = self.extents_reach(&extents);
-        Exec { early, ..self.exec() }.read(key, list, &mut Dst::Registered(&extents, reach))?;
+        let (mut dst, n) = match early {
+            Some(early) if early_size == Some(listed.size) => early,
+            _ => target.memory(self, key, listed.size)?,
+        };
+        Exec { early: std::slice::from_ref(&made), ..self.exec() }.read(key, &listed, &mut dst)?;
         Ok(n)
     }
 
@@ -165,55 +164,6 @@ impl StoreClient {
             .zip(keys)
             .map(|(mut item, key)| check(item.status.take(), key).map(|()| Listed { reply: item, clock }))
             .collect())
-    }
-
-    /// [`Self::batch_replica_lists`] for a zero-copy batch get: while the master answers, each
-    /// key's value that the hot cache holds is copied into the registered memory the key
-    /// `wants` it in (an early copy), so that a hit costs the larger of the round trip and the
-    /// copy instead of their sum. Returns the answers and, per key, the identity of the entry
-    /// copied; the batch read (`Exec::read_batch`) keeps a copy only where the answer says the key still
-    /// is that object, and otherwise reads over it as it would have. A key whose answer is an
-    /// error keeps whatever the copy wrote (the caller's memory holds no value after a failed
-    /// get). Batches of more than one call's keys, batches whose hits copy less than
-    /// [`EARLY_COPY_FROM`] in all, and clients without a cache, ask as before.
-    pub(super) fn batch_replica_lists_copying_hits(
-        &self,
-        keys: &[String],
-        wants: &[Want<'_>],
-    ) -> Result<(Vec<Result<Listed>>, EarlyCopies)> {
-        let none = || vec![None; keys.len()];
-        let Some(cache) = self.hot.as_ref().filter(|_| keys.len() <= MAX_BATCH_KEYS) else {
-            return Ok((self.batch_replica_lists(keys)?, none()));
-        };
-        // Hits into device memory are copied once the master confirms them (no early copy).
-        let held: Vec<Option<(hot_cache::Guard<'_>, Vec<Extent>, u64)>> = keys
-            .iter()
-            .zip(wants)
-            .map(|(key, want)| {
-                held_for_early_copy(cache, key, want).filter(|(_, e, _)| !self.extents_reach(e).has_device())
-            })
-            .collect();
-        let bytes = held.iter().flatten().map(|(_, _, bytes)| bytes).sum();
-        if !worth_copying_early(bytes) {
-            return Ok((self.batch_replica_lists(keys)?, none()));
-        }
-        let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec(), ..Default::default() };
-        let clock = LeaseClock::start();
-        let (reply, ()) = self.rpc.call_beside(
-            |mut c| async move { c.batch_get_replica_list(req).await },
-            || {
-                for (guard, extents, _) in held.iter().flatten() {
-                    read::copy_entry_early(guard, extents);
-                }
-            },
-        );
-        let lists = Self::lists_of(reply?, keys, clock)?;
-        for ((key, list), _) in keys.iter().zip(&lists).zip(&held).filter(|(_, h)| h.is_some()) {
-            if let Err(e) = list {
-                forget_if_gone(cache, key, e);
-            }
-        }
-        Ok((lists, held.into_iter().map(|h| h.map(|(guard, _, _)| guard.identity().clone())).collect()))
     }
 
     /// The answers split into those to read and the master's refusals (per-key results).
@@ -274,17 +224,63 @@ impl StoreClient {
         Ok(results)
     }
 
-    /// The batch get into registered memory: one round trip, then the executor.
+    /// The batch get into registered memory: one round trip, then the executor. While the
+    /// master answers, each key's value that the hot cache holds is copied into the host
+    /// memory the key `wants` it in (an early copy), so that a hit costs the larger of the
+    /// round trip and the copy instead of their sum; the batch read keeps a copy only where
+    /// the answer says the key still is that object, and otherwise reads over it as it would
+    /// have. A key whose answer is an error keeps whatever the copy wrote (the caller's memory
+    /// holds no value after a failed get). Batches of more than one call's keys, batches whose
+    /// hits copy less than [`EARLY_COPY_FROM`](super::plan::EARLY_COPY_FROM) in all, and
+    /// clients without a cache, ask first.
     pub(super) fn read_many(&self, keys: &[String], wants: &[Want<'_>]) -> Result<Vec<Result<u64>>> {
-        let (lists, early) = self.batch_replica_lists_copying_hits(keys, wants)?;
+        let exec = self.exec();
+        let mut held: Vec<Option<(Speculative<'_>, Vec<Extent>, u64)>> = Vec::new();
+        if self.hot.is_some() && keys.len() <= MAX_BATCH_KEYS {
+            // Hits into device memory are copied once the master confirms them (no early copy).
+            held = keys
+                .iter()
+                .zip(wants)
+                .map(|(key, want)| {
+                    let source = exec.hot_entry(key)?;
+                    let (extents, bytes) = want.extents(key, source.size()).ok()?;
+                    (!self.extents_reach(&extents).has_device()).then_some((source, extents, bytes))
+                })
+                .collect();
+        }
+        let bytes = held.iter().flatten().map(|(_, _, bytes)| bytes).sum();
+        let (lists, early) = if worth_copying_early(bytes) {
+            let req = BatchKeyRequest { client_id: self.id.clone(), keys: keys.to_vec(), ..Default::default() };
+            let clock = LeaseClock::start();
+            let (reply, early) = self.rpc.call_beside(
+                |mut c| async move { c.batch_get_replica_list(req).await },
+                || -> Vec<Option<Early>> {
+                    let early = held.iter().zip(keys).map(|(h, key)| {
+                        let (source, extents, _) = h.as_ref()?;
+                        Some(exec.read_early(key, source, &mut Dst::Registered(extents, Reach::host())))
+                    });
+                    early.collect()
+                },
+            );
+            drop(held); // the entries copied go back: the reads look the answers up themselves
+            let lists = Self::lists_of(reply?, keys, clock)?;
+            for ((key, list), made) in keys.iter().zip(&lists).zip(&early) {
+                if let Some(made) = made {
+                    exec.early_answered(key, made, list.as_ref());
+                }
+            }
+            (lists, early)
+        } else {
+            (self.batch_replica_lists(keys)?, Vec::new())
+        };
         let (lists, results) = Self::split_lists(lists);
         self.read_lists(keys, &lists, wants, results, &early)
     }
 
     /// The executor's part of a batch get into registered memory, on answers the master gave
     /// (now, or at a get session's start): what each key `wants` of the value `lists` describes.
-    /// Keys whose result is an error already are left alone. `early`: the keys' early copies
-    /// (see [`Self::batch_replica_lists_copying_hits`]; empty: none). Returns the bytes read per
+    /// Keys whose result is an error already are left alone. `early`: what early reads put in
+    /// the keys' memory (see [`Self::read_many`]; empty: nothing). Returns the bytes read per
     /// key.
     pub(super) fn read_lists(
         &self,
@@ -292,7 +288,7 @@ impl StoreClient {
         lists: &[Option<Listed>],
         wants: &[Want<'_>],
         mut results: Vec<Result<()>>,
-        early: &[Option<Identity>],
+        early: &[Option<Early>],
     ) -> Result<Vec<Result<u64>>> {
         let mut sizes = vec![0u64; keys.len()];
         let mut extents: Vec<Vec<Extent>> = vec![Vec::new(); keys.len()];

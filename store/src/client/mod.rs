@@ -8,7 +8,10 @@
 //!    placement (`puts`).
 //! 2. `plan` decides, from the master's answer alone, what to read or write: for a get, the
 //!    ordered sources (this client's replica, the hot cache's entry, remote replicas, this
-//!    client's disk file, other clients' disk files); for a put, the local and remote replicas.
+//!    client's disk file, other clients' disk files), or none where the read made while the
+//!    master answered (an early read: the hot cache's entry or this client's disk file, chosen
+//!    on what the client knew before) holds the object already; for a put, the local and
+//!    remote replicas.
 //! 3. The executor (`exec`, `read`, `write`) carries the plan out over typed sources and
 //!    destinations (`sg`: scatter/gather lists, so a ranged or multi-buffer get is a plain
 //!    get with other extents), using the components: the engine, the staging buffer
@@ -72,25 +75,11 @@ use disk::{DiskStats, PreparedOffload};
 use disk_link::DiskLink;
 pub use dummy::{DummyClient, DummyConfig};
 use exec::Exec;
-use hot_cache::{HotCache, HotCacheMetrics, Identity};
+use hot_cache::{HotCache, HotCacheMetrics};
 pub use op::{Batch, Buffer, Dest, Held, HeldBuffer, Memory, Op, Outcome, Placer, Source, ValueSink};
 use rpc::{check, MasterRpc};
 pub use sg::{Extent, Piece};
 use sg::{Reach, Src};
-
-/// Per key of a batch get: the identity of the hot-cache entry copied into the key's memory
-/// while the master answered, if any (see `StoreClient::batch_replica_lists_copying_hits`).
-type EarlyCopies = Vec<Option<Identity>>;
-
-/// A get copies its hits early (while the master answers) only when it copies at least this
-/// many bytes: the early path hands the call to the background runtime and, when the copy ends
-/// before the answer, waits for that thread to wake it, which costs more than the copy hides
-/// for small values. Measured on this VM (`benches/hotcache.sh hot-cache --link unshaped
-/// --pairs 1 -- --methods get,batchGet --sizes 64K,256K,1M,4M`, 2026-12-04 22:51-22:53 UTC,
-/// alternated, two runs each), warm call early / asking first: `get` 64 KiB 0.14 / 0.12 ms,
-/// 256 KiB 0.21-0.23 / 0.13 ms, 1 MiB 0.14-0.16 / 0.25-0.26 ms; `batchGet` of 5 x 64 KiB
-/// 0.16-0.24 / 0.14-0.16 ms, of 5 x 256 KiB 0.19-0.20 / 0.25-0.29 ms.
-pub(crate) const EARLY_COPY_FROM: u64 = 1 << 20;
 
 /// A byte put of at least this many bytes writes from the caller's memory, lent to the engine
 /// for the call, instead of copying the value into the staging buffer first (see
@@ -98,37 +87,10 @@ pub(crate) const EARLY_COPY_FROM: u64 = 1 << 20;
 /// while the master places it, and a round trip outlasts the copy of 1 MiB here.
 pub(crate) const LEND_PUT_MIN: u64 = 1 << 20;
 
-/// Whether a get whose hits copy `bytes` in all copies them early (see [`EARLY_COPY_FROM`]).
-fn worth_copying_early(bytes: u64) -> bool {
-    bytes >= EARLY_COPY_FROM
-}
-
-/// The entry `cache` holds for `key`, with the extents of it the caller `wants` and their
-/// bytes: what an early copy copies (`None`: not held, or the caller's memory does not fit the
-/// cached value).
-fn held_for_early_copy<'c>(
-    cache: &'c HotCache,
-    key: &str,
-    want: &Want<'_>,
-) -> Option<(hot_cache::Guard<'c>, Vec<Extent>, u64)> {
-    let guard = cache.peek(key)?;
-    let (extents, bytes) = want.extents(key, guard.size()).ok()?;
-    Some((guard, extents, bytes))
-}
-
 /// A disk-tier offload prepared, or none (with a warning) when its value could not be had (a
 /// copy out of device memory that failed): the put goes on without its disk copy.
 fn offload_or_warn(key: &str, prepared: Result<PreparedOffload>) -> Option<PreparedOffload> {
     prepared.inspect_err(|e| tracing::warn!("not offloading {key:?} to disk: {e}")).ok()
-}
-
-/// Drops the hot cache's entry for `key` when the master's answer `e` says the key is gone
-/// (removed or evicted since the entry was filled), so that later gets of it do not copy the
-/// stale entry while they ask.
-fn forget_if_gone(cache: &HotCache, key: &str, e: &StoreError) {
-    if matches!(e, StoreError::NotFound(_)) {
-        cache.invalidate(key);
-    }
 }
 
 /// Runs `call` on consecutive ranges of `n` keys, at most [`MAX_BATCH_KEYS`] each (the master

@@ -8,13 +8,35 @@
 //! expired lease ends the read at once (the other sources share the lease and would be no
 //! better).
 //!
+//! An **early read** is a read made while the master answers, from a source this client
+//! chose on what it knew before the answer ([`Early`]): the hot cache's entry of the key, or
+//! this client's disk file when that was the object's only copy. It is a guess: the answer
+//! judges it ([`verdict`]), and a plan made after one ([`read_plan_after`]) starts with
+//! [`Step::Kept`] where it served the read, or reads over it as if it had not been made.
+//!
 //! A **write plan** splits a put's replicas into this client's own (a memcpy) and remote ones
 //! (engine writes, through the staging buffer for byte values). After the writes, [`settle`]
 //! decides per key what the master hears: commit the written puts, revoke every other put the
 //! master had started.
 
+use super::hot_cache::Identity;
 use crate::error::StoreError;
 use crate::proto::{GetReplicaListReply, ReplicaDescriptor, ReplicaStatus, Tier};
+
+/// A get copies its hits early (while the master answers) only when it copies at least this
+/// many bytes: the early path hands the call to the background runtime and, when the copy ends
+/// before the answer, waits for that thread to wake it, which costs more than the copy hides
+/// for small values. Measured on this VM (`benches/hotcache.sh hot-cache --link unshaped
+/// --pairs 1 -- --methods get,batchGet --sizes 64K,256K,1M,4M`, 2026-12-04 22:51-22:53 UTC,
+/// alternated, two runs each), warm call early / asking first: `get` 64 KiB 0.14 / 0.12 ms,
+/// 256 KiB 0.21-0.23 / 0.13 ms, 1 MiB 0.14-0.16 / 0.25-0.26 ms; `batchGet` of 5 x 64 KiB
+/// 0.16-0.24 / 0.14-0.16 ms, of 5 x 256 KiB 0.19-0.20 / 0.25-0.29 ms.
+pub(crate) const EARLY_COPY_FROM: u64 = 1 << 20;
+
+/// Whether a get whose hits copy `bytes` in all copies them early (see [`EARLY_COPY_FROM`]).
+pub(crate) fn worth_copying_early(bytes: u64) -> bool {
+    bytes >= EARLY_COPY_FROM
+}
 
 /// What the client knows beside the master's answer.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +74,58 @@ pub(crate) enum Step<'l> {
     OwnDisk,
     /// Another client's disk file, read through its disk service.
     RemoteDisk(&'l ReplicaDescriptor),
+    /// Nothing to read: an early read the answer confirmed put the object in the destination.
+    Kept,
+}
+
+/// What an early read read into the destination, from a source chosen before the master
+/// answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Early {
+    /// The hot cache's entry was copied: the object `Identity` names (what the master said the
+    /// key was when the entry was filled).
+    HotCopy(Identity),
+    /// This client's disk file of the key's `version`, of `size` bytes (the object's only copy
+    /// when this client last looked), was read; `read`: whether it read without error.
+    OwnDisk { version: u64, size: u64, read: bool },
+}
+
+/// What the master's answer makes of an early read, before the hot cache is looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict<'e> {
+    /// The destination holds the object the answer describes: the read is done.
+    Stands,
+    /// It may hold another object's bytes, or none: the read goes on over them.
+    Falls,
+    /// It holds the object if the hot cache's entry for the answer is the entry copied, the
+    /// object this identity names: the cache's look-up of the answer tells (an entry filled
+    /// again meanwhile is another copy, even of the same object).
+    IfCached(&'e Identity),
+}
+
+/// Judges an early read by the master's answer `list` (`our_disk`: this client's disk, as the
+/// master names it). A disk read stands when it read without error the file of the version and
+/// size the answer describes, and the answer lists a complete copy on this client's disk: the
+/// file may otherwise be another object's (a stale version) or one the master no longer
+/// counts. A hot copy stands or falls on the cache's entry for the answer ([`Verdict::IfCached`]).
+pub(crate) fn verdict<'e>(early: &'e Early, list: &GetReplicaListReply, our_disk: Option<&str>) -> Verdict<'e> {
+    match early {
+        Early::HotCopy(copied) => Verdict::IfCached(copied),
+        Early::OwnDisk { version, size, read } => {
+            let listed_here = our_disk.is_some_and(|d| list.replicas.iter().any(|r| on_disk(r) && r.segment_name == d));
+            if *read && list.version == *version && list.size == *size && listed_here {
+                Verdict::Stands
+            } else {
+                Verdict::Falls
+            }
+        }
+    }
+}
+
+/// Whether the object has a copy in memory to read: a disk file an early read found confirmed
+/// is then no longer its only copy (later gets read it from memory, not the file early).
+pub(crate) fn held_in_memory(list: &GetReplicaListReply) -> bool {
+    list.replicas.iter().any(readable_in_memory)
 }
 
 /// A committed replica in a memory segment: what the engine reads. Disk copies (tier SSD) are
@@ -86,6 +160,28 @@ pub(crate) fn read_plan<'l>(list: &'l GetReplicaListReply, known: Known<'_>) -> 
     }
     plan.extend(list.replicas.iter().filter(|r| on_disk(r) && !ours(r)).map(Step::RemoteDisk));
     plan
+}
+
+/// [`read_plan`] after an early read the answer judged `verdict` (none: no early read was
+/// made): only [`Step::Kept`] where it served the read (it stands, or the cache's entry for the
+/// answer, `held` on [`Hot::Hit`], is the one it copied), else the plan as without it, whose
+/// sources write over what it wrote.
+pub(crate) fn read_plan_after<'l>(
+    list: &'l GetReplicaListReply,
+    known: Known<'_>,
+    verdict: Option<Verdict<'_>>,
+    held: Option<&Identity>,
+) -> Vec<Step<'l>> {
+    let kept = match verdict {
+        Some(Verdict::Stands) => true,
+        Some(Verdict::IfCached(copied)) => known.hot == Hot::Hit && held == Some(copied),
+        Some(Verdict::Falls) | None => false,
+    };
+    if kept {
+        vec![Step::Kept]
+    } else {
+        read_plan(list, known)
+    }
 }
 
 /// Whether a read that failed with `e` tries its next source: not after a caller's mistake or
@@ -246,6 +342,7 @@ mod tests {
                 }
                 Step::OwnDisk => "own disk".to_string(),
                 Step::RemoteDisk(r) => format!("remote disk {}", r.segment_name),
+                Step::Kept => "kept".to_string(),
             })
             .collect()
     }
@@ -321,6 +418,101 @@ mod tests {
         assert!(!hot_candidate(&list(vec![mem("b:1"), mem(ME)]), ME));
         // A replica here still being written is none to read: the cache may keep the object.
         assert!(hot_candidate(&list(vec![replica(ME, Tier::Dram, ReplicaStatus::Processing), mem("b:1")]), ME));
+    }
+
+    fn identity(segment: &str) -> Identity {
+        Identity { version: 7, size: 100, segment: segment.into(), address: 0x1000 }
+    }
+
+    #[test]
+    fn an_early_disk_read_stands_on_a_complete_copy_of_its_version_on_our_disk_alone() {
+        let read = |version, size| Early::OwnDisk { version, size, read: true };
+        // (what, the early read, the master's answer, our disk, whether it stands)
+        type Case<'a> = (&'a str, Early, GetReplicaListReply, Option<&'a str>, bool);
+        let table: Vec<Case<'_>> = vec![
+            ("the file the answer lists", read(7, 100), list(vec![disk(OUR_DISK)]), Some(OUR_DISK), true),
+            (
+                "in memory again meanwhile: the file read is still the object",
+                read(7, 100),
+                list(vec![mem("b:1"), disk("disk:x"), disk(OUR_DISK)]),
+                Some(OUR_DISK),
+                true,
+            ),
+            (
+                "a read that failed",
+                Early::OwnDisk { version: 7, size: 100, read: false },
+                list(vec![disk(OUR_DISK)]),
+                Some(OUR_DISK),
+                false,
+            ),
+            ("a stale file: another version", read(6, 100), list(vec![disk(OUR_DISK)]), Some(OUR_DISK), false),
+            ("another size", read(7, 99), list(vec![disk(OUR_DISK)]), Some(OUR_DISK), false),
+            ("only another disk's copy is listed", read(7, 100), list(vec![disk("disk:x")]), Some(OUR_DISK), false),
+            (
+                "our copy is unfinished",
+                read(7, 100),
+                list(vec![replica(OUR_DISK, Tier::Ssd, ReplicaStatus::Processing)]),
+                Some(OUR_DISK),
+                false,
+            ),
+            (
+                "a memory replica under our disk's name is no disk copy",
+                read(7, 100),
+                list(vec![replica(OUR_DISK, Tier::Dram, ReplicaStatus::Complete)]),
+                Some(OUR_DISK),
+                false,
+            ),
+            ("no disk tier", read(7, 100), list(vec![disk(OUR_DISK)]), None, false),
+            ("the master lists nothing", read(7, 100), list(vec![]), Some(OUR_DISK), false),
+        ];
+        for (what, early, l, our_disk, stands) in table {
+            let want = if stands { Verdict::Stands } else { Verdict::Falls };
+            assert_eq!(verdict(&early, &l, our_disk), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_confirmed_disk_file_is_the_only_copy_unless_the_object_is_in_memory() {
+        assert!(!held_in_memory(&list(vec![disk(OUR_DISK), disk("disk:x")])));
+        assert!(held_in_memory(&list(vec![disk(OUR_DISK), mem("b:1")])));
+        // A memory replica still being written is no copy to read.
+        assert!(!held_in_memory(&list(vec![disk(OUR_DISK), replica("b:1", Tier::Dram, ReplicaStatus::Processing)])));
+    }
+
+    #[test]
+    fn a_hot_copy_is_kept_only_where_the_cache_holds_the_very_entry_copied() {
+        let l = list(vec![mem("b:1"), mem("c:1")]);
+        let copied = Early::HotCopy(identity("b:1"));
+        let judged = verdict(&copied, &l, Some(OUR_DISK));
+        assert_eq!(judged, Verdict::IfCached(&identity("b:1")), "the cache's look-up judges it");
+        let plan = |hot, held: Option<&Identity>| {
+            read_plan_after(&l, Known { me: ME, our_disk: None, hot }, Some(judged), held)
+        };
+        let remote = |i: usize, fill| Step::Remote { replica: &l.replicas[i], fill };
+        assert_eq!(plan(Hot::Hit, Some(&identity("b:1"))), vec![Step::Kept]);
+        // Filled again meanwhile (from another replica of the same object): its own copy.
+        assert_eq!(plan(Hot::Hit, Some(&identity("c:1"))), vec![Step::Cached, remote(0, false), remote(1, false)]);
+        // Not held for this answer (stale, evicted): read over the copy.
+        assert_eq!(plan(Hot::Missed { whole: true }, None), vec![remote(0, true), remote(1, true)]);
+        // A replica here meanwhile: the cache is no candidate, the copy is read over.
+        let here = list(vec![mem(ME)]);
+        let known = Known { me: ME, our_disk: None, hot: Hot::Off };
+        assert_eq!(read_plan_after(&here, known, Some(judged), None), vec![Step::Local(&here.replicas[0])]);
+    }
+
+    #[test]
+    fn a_plan_after_an_early_read_is_kept_or_the_plan_without_it() {
+        let l = list(vec![mem("b:1"), disk(OUR_DISK)]);
+        let known = Known { me: ME, our_disk: Some(OUR_DISK), hot: Hot::Missed { whole: true } };
+        assert_eq!(read_plan_after(&l, known, Some(Verdict::Stands), None), vec![Step::Kept]);
+        assert_eq!(read_plan_after(&l, known, Some(Verdict::Falls), None), read_plan(&l, known));
+        assert_eq!(read_plan_after(&l, known, None, None), read_plan(&l, known));
+    }
+
+    #[test]
+    fn hits_are_copied_early_from_a_mebibyte() {
+        assert!(worth_copying_early(EARLY_COPY_FROM));
+        assert!(!worth_copying_early(EARLY_COPY_FROM - 1));
     }
 
     #[test]

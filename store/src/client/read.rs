@@ -2,6 +2,11 @@
 //! source by source into its destination; a batch runs every key's first source together (the
 //! remote reads in one engine batch) and the rest of a key's plan only where its first source
 //! failed.
+//!
+//! An early read ([`plan::Early`]) is the executor's too: [`Exec::read_early`] reads from a
+//! source chosen before the master answers ([`Speculative`]) while the caller asks the master,
+//! [`Exec::early_answered`] counts what the answer made of it, and the plan the read then runs
+//! starts with [`Step::Kept`] where it served the read.
 
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
@@ -12,8 +17,8 @@ use crescent_engine::{BatchId, Opcode, TransferEngine, TransferRequest, Transfer
 use super::exec::Exec;
 use super::hot_cache::{self, Fill, Guard, HotCache, Miss};
 use super::lease::Listed;
-use super::plan::{self, Hot, Known, Step};
-use super::sg::{raw_out, spans, Dst, Extent};
+use super::plan::{self, Early, Hot, Known, Step, Verdict};
+use super::sg::{raw_out, spans, Dst};
 use crate::error::{PeerFault, Result, StoreError};
 use crate::proto::ReplicaDescriptor;
 
@@ -30,15 +35,57 @@ struct Planned<'l, 'c> {
     guard: Option<Guard<'c>>,
 }
 
+/// The source of an early read, chosen from what this client knows before the master answers
+/// (what the read read is a [`plan::Early`]).
+pub(crate) enum Speculative<'c> {
+    /// The hot cache's entry for the key, held while it is copied.
+    HotCopy(Guard<'c>),
+    /// This client's disk file of the key's `version`, of `size` bytes: the object's only copy
+    /// when this client last looked.
+    OwnDisk { version: u64, size: u64 },
+}
+
+impl Speculative<'_> {
+    /// The size of the value the source holds: an early read's memory is made for it.
+    pub(crate) fn size(&self) -> u64 {
+        match self {
+            Speculative::HotCopy(guard) => guard.size(),
+            Speculative::OwnDisk { size, .. } => *size,
+        }
+    }
+
+    /// Whether an early read from here goes into host memory that takes `bytes` of the value
+    /// (`whole`: all of it, in one piece): a copy out of the cache when it copies enough to be
+    /// worth the hand-off to the background runtime ([`plan::worth_copying_early`]), a file
+    /// read only into one piece (the file is read whole, and checked whole).
+    pub(crate) fn fits(&self, bytes: u64, whole: bool) -> bool {
+        match self {
+            Speculative::HotCopy(_) => plan::worth_copying_early(bytes),
+            Speculative::OwnDisk { .. } => whole,
+        }
+    }
+}
+
 impl<'c> Exec<'c> {
-    /// Looks the object up in the hot cache and plans its read (`whole`: of the whole value,
-    /// which may then fill the cache).
-    fn plan<'l>(&self, key: &str, list: &'l Listed, whole: bool) -> Planned<'l, 'c> {
+    /// Plans the read of the object `list` describes after the early read `early`, if one was
+    /// made: the answer judges it first; the hot cache is looked up unless it stands (`whole`:
+    /// whether the read takes the whole value, which may then fill the cache).
+    fn plan<'l>(
+        &self,
+        key: &str,
+        list: &'l Listed,
+        whole: impl FnOnce() -> bool,
+        early: Option<&Early>,
+    ) -> Planned<'l, 'c> {
         let me = self.engine.segment_name();
+        let our_disk = self.disk.map(|d| d.segment_name());
+        let verdict = early.map(|e| plan::verdict(e, list, our_disk));
         let (guard, hot) = match self.hot {
+            // The early read is the read: nothing is read from the cache, so it is not asked.
+            _ if verdict == Some(Verdict::Stands) => (None, Hot::Off),
             Some(cache) if plan::hot_candidate(list, me) => match cache.lookup(key, list) {
                 Some(g) => (Some(g), Hot::Hit),
-                None => (None, Hot::Missed { whole }),
+                None => (None, Hot::Missed { whole: whole() }),
             },
             Some(cache) => {
                 cache.note_local_read();
@@ -46,35 +93,90 @@ impl<'c> Exec<'c> {
             }
             None => (None, Hot::Off),
         };
-        let our_disk = self.disk.map(|d| d.segment_name());
-        let steps = plan::read_plan(list, Known { me, our_disk, hot });
+        let held = guard.as_ref().map(|g| g.identity());
+        let steps = plan::read_plan_after(list, Known { me, our_disk, hot }, verdict, held);
         Planned { steps, guard }
     }
 
-    /// Reads the object `list` describes into `dst` (which fits inside it). With an early copy
-    /// (the first of [`Exec::early`]) of the very object the answer describes, the read is
-    /// done already; an early copy of another is written over as if it were not there.
+    /// Reads the object `list` describes into `dst` (which fits inside it). Its plan starts
+    /// with [`Step::Kept`] where an early read (the first of [`Exec::early`]) put the very
+    /// object there already; an early read of another is written over as if it were not there.
     pub(crate) fn read(&self, key: &str, list: &Listed, dst: &mut Dst<'_>) -> Result<()> {
-        let planned = self.plan(key, list, dst.covers(list.size));
-        if let (Some(Step::Cached), Some(guard)) = (planned.steps.first(), &planned.guard) {
-            if self.keeps_early_copy(0, guard, dst) {
-                return Ok(());
+        let early = self.early.first().and_then(Option::as_ref);
+        let planned = self.plan(key, list, || dst.covers(list.size), early);
+        if planned.steps.first() == Some(&Step::Kept) {
+            if let Some(guard) = &planned.guard {
+                // A hot copy: it counts as the hit's.
+                guard.confirm_early_copy(dst.extents().iter().map(|e| e.len).sum());
             }
+            return Ok(());
         }
-        if let (Some(cache), Some(Some(_))) = (self.hot, self.early.first()) {
+        if let (Some(cache), Some(Early::HotCopy(_))) = (self.hot, early) {
             cache.note_early_copies_wasted(1);
         }
         self.run(key, list, &planned, 0, dst)
     }
 
-    /// Whether key `i`'s early copy ([`Exec::early`]) is of the object its hit `guard` holds:
-    /// then `dst` holds the value already, and the copy counts as the hit's.
-    fn keeps_early_copy(&self, i: usize, guard: &Guard<'_>, dst: &mut Dst<'_>) -> bool {
-        let kept = self.early.get(i).and_then(Option::as_ref) == Some(guard.identity());
-        if kept {
-            guard.confirm_early_copy(dst.extents().iter().map(|e| e.len).sum());
+    /// The hot cache's entry for `key`, whatever object the master will say the key is: the
+    /// source of an early copy.
+    pub(crate) fn hot_entry(&self, key: &str) -> Option<Speculative<'c>> {
+        self.hot?.peek(key).map(Speculative::HotCopy)
+    }
+
+    /// This client's disk file of `key` when it was, the last time this client looked, the
+    /// object's only copy: the source of an early read (the round trip is then hidden behind
+    /// the file read instead of before it).
+    pub(crate) fn only_file(&self, key: &str) -> Option<Speculative<'c>> {
+        let (version, size) = self.disk?.tier.only_copy(key)?;
+        Some(Speculative::OwnDisk { version, size })
+    }
+
+    /// Reads from `source` into `dst` before the master's answer says what the key is (the
+    /// caller runs it beside the master's call, `StoreClient::replica_list_beside`): `dst` is
+    /// host memory for the value at the size `source` holds, whole for a file (see
+    /// [`Speculative::fits`]). Returns what it read, for the answer to judge.
+    pub(crate) fn read_early(&self, key: &str, source: &Speculative<'_>, dst: &mut Dst<'_>) -> Early {
+        match source {
+            Speculative::HotCopy(guard) => {
+                copy_entry_early(guard, dst);
+                Early::HotCopy(guard.identity().clone())
+            }
+            &Speculative::OwnDisk { version, size } => {
+                let read = match (self.disk, whole_slice(dst, size)) {
+                    (Some(disk), Some(out)) => disk.tier.read_local(key, version, out).is_ok(),
+                    _ => false,
+                };
+                Early::OwnDisk { version, size, read }
+            }
         }
-        kept
+    }
+
+    /// What the master's answer (or its refusal) tells the source of the early read `early`,
+    /// before the read. A disk read is counted, wasted unless it stands (a wasted one stops
+    /// further early reads of its file), and a confirmed file the answer shows in memory too
+    /// is no longer the only copy. A hot copy is judged by the read (against the cache's entry
+    /// for the answer); one the master refused counts as wasted here, and where the master says
+    /// the key is gone the stale entry goes, so that later gets do not copy it while they ask.
+    pub(crate) fn early_answered(&self, key: &str, early: &Early, answer: std::result::Result<&Listed, &StoreError>) {
+        match (early, answer) {
+            (Early::HotCopy(_), Ok(_)) => {}
+            (Early::HotCopy(_), Err(e)) => {
+                if let Some(cache) = self.hot {
+                    cache.note_early_copies_wasted(1);
+                    forget_if_gone(cache, key, e);
+                }
+            }
+            (&Early::OwnDisk { version, .. }, answer) => {
+                let Some(disk) = self.disk else { return };
+                let our_disk = Some(disk.segment_name());
+                let stands = answer.ok().filter(|l| plan::verdict(early, l, our_disk) == Verdict::Stands);
+                disk.tier.early_read_judged(key, version, stands.is_some());
+                if stands.is_some_and(|l| plan::held_in_memory(l)) {
+                    // Back in memory meanwhile: later gets read it from there.
+                    disk.tier.note_only_copy(key, version, false);
+                }
+            }
+        }
     }
 
     /// With checksums on ([`Exec::verify`]), checks the bytes a read of the object `list`
@@ -121,6 +223,7 @@ impl<'c> Exec<'c> {
         dst: &mut Dst<'_>,
     ) -> Result<()> {
         match step {
+            Step::Kept => Ok(()),
             Step::Cached => {
                 let guard = guard.ok_or_else(|| StoreError::Internal("a cache hit without its entry".into()))?;
                 copy_entry(guard, dst)
@@ -419,10 +522,20 @@ impl<'c> Exec<'c> {
         let (mut hits, mut fills, mut joins, mut batched, mut later) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut deferred = Vec::new();
+        // Hot copies made early that the answers confirmed.
+        let mut confirmed = 0;
         for i in 0..n {
             let (Some(list), Some(dst), Ok(())) = (&lists[i], dsts[i].as_mut(), &results[i]) else { continue };
-            let planned = self.plan(&keys[i], list, dst.covers(list.size));
+            let planned =
+                self.plan(&keys[i], list, || dst.covers(list.size), self.early.get(i).and_then(Option::as_ref));
             match (planned.steps.first().copied(), &mut *dst) {
+                (Some(Step::Kept), _) => {
+                    // Copied while the master answered, from this very object: nothing to do.
+                    if let Some(guard) = &planned.guard {
+                        guard.confirm_early_copy(dst.extents().iter().map(|e| e.len).sum());
+                        confirmed += 1;
+                    }
+                }
                 (Some(Step::Cached), _) => hits.push(i),
                 (Some(Step::Local(_)), _) => {
                     let first = self.read_from(&keys[i], list, planned.steps[0], None, dst);
@@ -477,15 +590,9 @@ impl<'c> Exec<'c> {
         let foreground = self.hot.filter(|_| !requests.is_empty()).map(HotCache::foreground);
         let started = Instant::now();
         let batch = self.start_batch(&requests)?;
-        let mut confirmed = 0;
         for &i in &hits {
             let guard = plans[i].as_ref().and_then(|p| p.guard.as_ref()).expect("a hit holds its entry");
             let dst = dsts[i].as_mut().expect("planned");
-            if self.keeps_early_copy(i, guard, dst) {
-                // Copied while the master answered, from this very object: nothing to do.
-                confirmed += 1;
-                continue;
-            }
             if fresh {
                 // Fresh destinations are the client's own host memory, never a device's.
                 if let Dst::Registered(extents, reach) = dst {
@@ -500,9 +607,11 @@ impl<'c> Exec<'c> {
         }
         if let Some(cache) = self.hot {
             // An early copy the answer did not confirm is written over by the read planned from
-            // the answer (or its key fails, as it would have without the copy).
-            let copied = self.early.iter().filter(|e| e.is_some()).count();
-            cache.note_early_copies_wasted((copied - confirmed) as u64);
+            // the answer (or its key fails, as it would have without the copy). Those of keys
+            // the master refused were counted then ([`Exec::early_answered`]).
+            let copied =
+                self.early.iter().zip(lists).filter(|(e, l)| matches!(e, Some(Early::HotCopy(_))) && l.is_some());
+            cache.note_early_copies_wasted((copied.count() - confirmed) as u64);
         }
         // With checksums on: the keys checked before their fill was published, and how it went.
         let mut checked: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
@@ -624,14 +733,28 @@ impl<'c> Exec<'c> {
     }
 }
 
-/// Copies what `extents` of the caller's registered memory take of a cached object out of
-/// its entry, before the master has confirmed that the entry still is the object (an early
-/// copy: see [`HotCache::peek`]).
-pub(crate) fn copy_entry_early(guard: &Guard<'_>, extents: &[Extent]) {
-    for e in extents {
-        // SAFETY: the caller's registered memory for this call (checked at the call's entry);
-        // nothing else writes it during the get.
-        guard.copy_range_early(e.offset, unsafe { raw_out(e.addr, e.len) });
+/// Copies what `dst` (host memory) takes of a cached object out of its entry, before the
+/// master has confirmed that the entry still is the object (an early copy: see
+/// [`HotCache::peek`]).
+fn copy_entry_early(guard: &Guard<'_>, dst: &mut Dst<'_>) {
+    match dst {
+        Dst::Bytes { out, offset } => guard.copy_range_early(*offset, out),
+        Dst::Registered(extents, _) => {
+            for e in extents.iter() {
+                // SAFETY: the caller's registered memory for this call (checked at the call's
+                // entry); nothing else writes it during the get.
+                guard.copy_range_early(e.offset, unsafe { raw_out(e.addr, e.len) });
+            }
+        }
+    }
+}
+
+/// Drops the hot cache's entry for `key` when the master's answer `e` says the key is gone
+/// (removed or evicted since the entry was filled), so that later gets of it do not copy the
+/// stale entry while they ask.
+fn forget_if_gone(cache: &HotCache, key: &str, e: &StoreError) {
+    if matches!(e, StoreError::NotFound(_)) {
+        cache.invalidate(key);
     }
 }
 
