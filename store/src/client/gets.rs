@@ -271,6 +271,7 @@ impl StoreClient {
             }
             (lists, early)
         } else {
+            drop(held); // no early copy: the entries go back before the round trip, not after the reads
             (self.batch_replica_lists(keys)?, Vec::new())
         };
         let (lists, results) = Self::split_lists(lists);
