@@ -127,6 +127,11 @@ pub enum StoreError {
     /// Too many replica tasks wait for their clients already: create it later.
     #[error("too many pending tasks: {0}")]
     TooManyTasks(String),
+    /// A put's blank (a placement granted ahead, see the master's `blanks`) is not, or no
+    /// longer, this client's at this master: expired, released, or granted by another master.
+    /// Nothing was stored; the client puts the value the usual way.
+    #[error("blank gone: {0}")]
+    BlankGone(String),
     /// The master forgot this client (it missed its pings past the TTL, or the master
     /// restarted): it must mount its segments again before its calls succeed.
     #[error("the master dropped this client (silent past its TTL): remount needed")]
@@ -424,6 +429,7 @@ impl StoreError {
             | StoreError::ClientNotFound(_)
             | StoreError::TaskNotFound(_)
             | StoreError::TooManyTasks(_)
+            | StoreError::BlankGone(_)
             | StoreError::NeedRemount
             | StoreError::LeaseExpired { .. } => Fault::Answer,
             // Mounting a segment another client holds: this client's configuration.
@@ -469,6 +475,7 @@ impl StoreError {
             | StoreError::NotReady(_)
             | StoreError::NoSpace { .. }
             | StoreError::TooManyTasks(_)
+            | StoreError::BlankGone(_)
             | StoreError::NeedRemount
             | StoreError::LeaseExpired { .. }
             | StoreError::PeerGone { .. }
@@ -524,6 +531,7 @@ impl StoreError {
             StoreError::ClientNotFound(_) => Code::ClientNotFound,
             StoreError::TaskNotFound(_) => Code::TaskNotFound,
             StoreError::TooManyTasks(_) => Code::TaskPendingLimitExceeded,
+            StoreError::BlankGone(_) => Code::BlankGone,
             StoreError::NeedRemount => Code::NeedRemount,
             StoreError::LeaseExpired { .. } => Code::LeaseExpired,
             StoreError::NotLeader(_) => Code::NotLeader,
@@ -565,6 +573,7 @@ impl StoreError {
             Code::NeedRemount => StoreError::NeedRemount,
             Code::TaskNotFound => StoreError::TaskNotFound(between("task ", " not found")),
             Code::TaskPendingLimitExceeded => StoreError::TooManyTasks(after("too many pending tasks: ")),
+            Code::BlankGone => StoreError::BlankGone(after("blank gone: ")),
             Code::LeaseExpired => parse_lease_expired(message, key).unwrap_or(StoreError::LeaseExpired {
                 key: key.to_string(),
                 lease_ms: 0,

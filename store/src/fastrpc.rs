@@ -76,6 +76,10 @@ pub enum Method {
     /// gRPC's `PutChecksum`: sent right behind a `PutStart` on the same connection, before
     /// its reply is read (the writer takes the checksum while the master places the put).
     PutChecksum = 12,
+    /// gRPC's `GrantBlanks`.
+    GrantBlanks = 13,
+    /// gRPC's `PutCommitBlank`.
+    PutCommitBlank = 14,
 }
 
 impl Method {
@@ -95,6 +99,8 @@ impl Method {
             BatchPutRevoke,
             OwnerStream,
             PutChecksum,
+            GrantBlanks,
+            PutCommitBlank,
         ]
         .into_iter()
         .find(|m| *m as u8 == tag)

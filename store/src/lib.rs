@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 mod allocator;
+pub mod blank_record;
 pub mod client;
 pub mod error;
 pub mod fastrpc;

@@ -134,6 +134,8 @@ pub fn store_status(e: &StoreError) -> Status {
         StoreError::ClientNotFound(_) => Status::ClientNotFound,
         StoreError::TaskNotFound(_) => Status::TaskNotFound,
         StoreError::TooManyTasks(_) => Status::TaskPendingLimitExceeded,
+        // Never handed to a caller (the client puts the usual way instead); retryable if it were.
+        StoreError::BlankGone(_) => Status::RpcFail,
         StoreError::NeedRemount => Status::UnavailableInCurrentStatus,
         // A read past its lease: moving the bytes did not give the object's bytes.
         StoreError::TimedOut { waited: Waited::Master { .. }, .. } => Status::RpcFail,

@@ -19,6 +19,7 @@ use super::owner_index::OwnerIndex;
 use super::owner_stream::NewsStream;
 use super::rpc::check;
 use super::StoreClient;
+use crate::blank_record::RECORD_MAX;
 use crate::error::{Result, StoreError};
 use crate::proto::*;
 
@@ -115,8 +116,8 @@ impl StoreClient {
         // A pure consumer contributes no memory of its own at start: the master does not know
         // it (until it mounts an extra segment).
         if let Some(segment) = self.segment_info() {
-            let holds = |offset, size, crc| self.segment_holds(offset, size, crc);
-            let segment_id = self.mount_segment_info(kind, segment, &self.index, holds)?;
+            let memory = self.own_memory();
+            let segment_id = self.mount_segment_info(kind, segment, &self.index, memory)?;
             self.segment_id.store(segment_id, Ordering::Release);
         }
         if kind != MountKind::First {
@@ -125,14 +126,14 @@ impl StoreClient {
         Ok(())
     }
 
-    /// Mounts `segment` at the master, as `kind` says, with `index` its owner index (`holds`
-    /// settles its pending commits for a new master); returns its id.
+    /// Mounts `segment` at the master, as `kind` says, with `index` its owner index (`memory`,
+    /// the segment's, settles its pending commits and blanks for a new master); returns its id.
     pub(super) fn mount_segment_info(
         &self,
         kind: MountKind,
         segment: SegmentInfo,
         index: &OwnerIndex,
-        holds: impl Fn(u64, u64, u32) -> bool,
+        memory: Option<OwnMemory>,
     ) -> Result<u64> {
         let host = self.host();
         let name = segment.name.clone();
@@ -154,6 +155,11 @@ impl StoreClient {
             MountKind::NewMaster => {
                 index.unmount();
                 let now = Instant::now();
+                let holds = |offset, size, crc| memory.is_some_and(|m| m.holds(offset, size, crc));
+                let settled = index.settle_blanks(now, |offset| memory.and_then(|m| m.record(offset)), holds);
+                if settled > 0 {
+                    tracing::info!("{settled} blank(s) of segment {name} hold a whole value: reported as objects");
+                }
                 let (objects, held) = (index.report(now, holds), index.held(now));
                 let reported = objects.len();
                 let req = RemountWithReportRequest {
@@ -179,20 +185,9 @@ impl StoreClient {
         Ok(segment_id)
     }
 
-    /// Whether our segment's range `[offset, offset + size)` (from its base) holds bytes whose
-    /// checksum is `crc`: how a pending commit is settled for a new master ([`OwnerIndex::report`]).
-    /// A range outside the segment holds nothing.
-    fn segment_holds(&self, offset: u64, size: u64, crc: u32) -> bool {
-        let Some(segment) = self.segment.as_ref() else { return false };
-        if size == 0 || offset.checked_add(size).is_none_or(|end| end > segment.len()) {
-            return false;
-        }
-        // SAFETY: inside our own registered segment, which lives as long as this client. A
-        // writer whose put the old master placed there may still be copying into the range:
-        // the bytes read then are a mix that does not match, and the put is dropped (the
-        // range stays held for that writer), which is what such a put needs.
-        let bytes = unsafe { std::slice::from_raw_parts((segment.addr() + offset) as *const u8, size as usize) };
-        super::checksum::of_bytes(bytes) == crc
+    /// Our segment's memory, as its owner reads it to settle its index for a new master.
+    fn own_memory(&self) -> Option<OwnMemory> {
+        self.segment.as_ref().map(|segment| OwnMemory { addr: segment.addr(), len: segment.len() })
     }
 
     /// The address of the master this client talks to now (with an `etcd://` master address:
@@ -478,5 +473,40 @@ async fn run_stream(
             Ok(None) => return Err("closed by the master".into()),
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// A segment's memory, as its owner reads it to settle its owner index for a new master
+/// ([`OwnerIndex::report`], [`OwnerIndex::settle_blanks`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct OwnMemory {
+    /// The segment's first byte.
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+impl OwnMemory {
+    /// `[offset, +size)` of the segment; `None` for a range not inside it.
+    fn bytes(&self, offset: u64, size: u64) -> Option<&[u8]> {
+        if size == 0 || offset.checked_add(size).is_none_or(|end| end > self.len) {
+            return None;
+        }
+        // SAFETY: inside a segment of this client's, registered and alive while it is mounted
+        // (the caller mounts it). A writer whose put the old master placed there may still be
+        // copying into the range: the bytes read then are a mix that does not match a checksum
+        // or a record's, and the put is dropped (the range held for that writer), which is what
+        // such a put needs.
+        Some(unsafe { std::slice::from_raw_parts((self.addr + offset) as *const u8, size as usize) })
+    }
+
+    /// Whether `[offset, +size)` holds bytes whose checksum is `crc`.
+    fn holds(&self, offset: u64, size: u64, crc: u32) -> bool {
+        self.bytes(offset, size).is_some_and(|b| super::checksum::of_bytes(b) == crc)
+    }
+
+    /// The bytes where a blank's record would be: [`RECORD_MAX`] of them at `offset`.
+    fn record(&self, offset: u64) -> Option<Vec<u8>> {
+        self.bytes(offset, RECORD_MAX).map(<[u8]>::to_vec)
     }
 }

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::blank_record::{Record, RECORD_MAX};
 use crate::proto::{HeldRange, OwnedObject, OwnerNews};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,10 +55,22 @@ pub struct Mount {
     pub generation: u64,
 }
 
+/// A blank the master granted in this segment (see the master's `blanks`): not yet committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Blank {
+    offset: u64,
+    /// Its capacity: the value's size and [`RECORD_MAX`].
+    size: u64,
+    /// Until when its writer may write it.
+    until: Instant,
+}
+
 #[derive(Default)]
 struct State {
     mount: Mount,
     objects: HashMap<String, Owned>,
+    /// Blanks by id (the version of the object a commit makes of one).
+    blanks: HashMap<u64, Blank>,
     /// Ranges held for read leases: (offset, size, until).
     held: Vec<(u64, u64, Instant)>,
 }
@@ -103,6 +116,7 @@ impl OwnerIndex {
     pub fn discard(&self) {
         let mut st = self.state.lock();
         st.objects.clear();
+        st.blanks.clear();
         st.held.clear();
         st.mount.segment_id = 0;
         st.mount.generation += 1;
@@ -115,6 +129,7 @@ impl OwnerIndex {
         let mut st = self.state.lock();
         if !keep {
             st.objects.clear();
+            st.blanks.clear();
             st.held.clear();
         }
         let generation = st.mount.generation + 1;
@@ -140,7 +155,18 @@ impl OwnerIndex {
             if item.segment_id != segment_id {
                 continue;
             }
+            if item.blank {
+                if item.commit {
+                    let until = now + Duration::from_millis(item.hold_ms.min(MAX_PENDING_MS));
+                    st.blanks.insert(item.version, Blank { offset: item.offset, size: item.size, until });
+                } else {
+                    st.blanks.remove(&item.version);
+                }
+                continue;
+            }
             if item.commit {
+                // A commit in a blank settles it.
+                st.blanks.remove(&item.version);
                 let soft_pin_until =
                     (item.soft_pin_ttl_ms > 0).then(|| now + Duration::from_millis(item.soft_pin_ttl_ms));
                 let pending_until = item.pending.then(|| now + Duration::from_millis(item.hold_ms.min(MAX_PENDING_MS)));
@@ -220,6 +246,57 @@ impl OwnerIndex {
             .collect();
         out.sort_by_key(|o| o.offset);
         out
+    }
+
+    /// Settles the blanks not committed as far as this owner heard, for a new master (before
+    /// [`Self::report`]): `record(offset)` reads the [`RECORD_MAX`] bytes at `offset` of the
+    /// segment, `matches` is [`Self::report`]'s. A blank whose record is whole, names it and
+    /// sits behind a value of that checksum was committed (or could have been: its writer's
+    /// transfer ended) and becomes the object the record names, complete; any other was not
+    /// answered OK, and its range is held while its writer may still write it. Returns how
+    /// many became objects.
+    pub fn settle_blanks(
+        &self,
+        now: Instant,
+        record: impl Fn(u64) -> Option<Vec<u8>>,
+        matches: impl Fn(u64, u64, u32) -> bool,
+    ) -> usize {
+        let mut st = self.state.lock();
+        let blanks: Vec<(u64, Blank)> = st.blanks.drain().collect();
+        let mut settled = 0;
+        for (id, b) in blanks {
+            let value_size = b.size.saturating_sub(RECORD_MAX);
+            let whole = (value_size > 0)
+                .then(|| record(b.offset + value_size))
+                .flatten()
+                .and_then(|bytes| Record::decode(&bytes))
+                .filter(|r| r.blank == id && r.size == value_size && matches(b.offset, value_size, r.crc));
+            let newer = whole.as_ref().is_some_and(|r| st.objects.get(&r.key).is_some_and(|o| o.version > id));
+            match whole {
+                Some(r) if !newer => {
+                    tracing::debug!("blank {id} holds the whole value of {:?}: reported", r.key);
+                    let owned = Owned {
+                        version: id,
+                        offset: b.offset,
+                        size: value_size,
+                        hard_pin: r.hard_pin,
+                        // (From now: the owner does not know when the commit came.)
+                        soft_pin_until: (r.soft_pin_ms > 0).then(|| now + Duration::from_millis(r.soft_pin_ms)),
+                        checksum: Some(r.crc),
+                        pending_until: None,
+                    };
+                    st.objects.insert(r.key, owned);
+                    settled += 1;
+                }
+                _ => {
+                    if b.until > now {
+                        st.held.push((b.offset, b.size, b.until));
+                    }
+                    tracing::debug!("blank {id} holds no whole value: its range held for its writer");
+                }
+            }
+        }
+        settled
     }
 
     /// The ranges still held for read leases at `now`, with what remains of each, for a new

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crescent_engine::{RegisteredMemory, TransferEngine};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use super::master_link::MountKind;
+use super::master_link::{MountKind, OwnMemory};
 use super::owner_index::OwnerIndex;
 use super::rpc::check;
 use super::StoreClient;
@@ -105,17 +105,9 @@ impl Extra {
         }
     }
 
-    /// Whether `[offset, +size)` of this segment holds bytes whose checksum is `crc` (see
-    /// `StoreClient::segment_holds`).
-    fn holds(&self, offset: u64, size: u64, crc: u32) -> bool {
-        let len = self.memory.len();
-        if size == 0 || offset.checked_add(size).is_none_or(|end| end > len) {
-            return false;
-        }
-        // SAFETY: inside this segment's memory, which lives as long as this value; a writer
-        // still copying makes the checksum differ, which drops the put it belongs to.
-        let bytes = unsafe { std::slice::from_raw_parts((self.memory.addr() + offset) as *const u8, size as usize) };
-        super::checksum::of_bytes(bytes) == crc
+    /// Its memory, as its owner reads it for a new master.
+    fn memory(&self) -> OwnMemory {
+        OwnMemory { addr: self.memory.addr(), len: self.memory.len() }
     }
 }
 
@@ -240,8 +232,7 @@ impl StoreClient {
 
     /// Mounts one extra segment at the master (`kind` as the first segment's mount).
     pub(super) fn mount_extra_once(&self, extra: &Extra, kind: MountKind) -> Result<()> {
-        let holds = |offset, size, crc| extra.holds(offset, size, crc);
-        let id = self.mount_segment_info(kind, extra.info(), &extra.index, holds)?;
+        let id = self.mount_segment_info(kind, extra.info(), &extra.index, Some(extra.memory()))?;
         extra.segment_id.store(id, Ordering::Release);
         Ok(())
     }

@@ -58,6 +58,13 @@ pub struct MasterConfig {
     /// A put started and not ended (or revoked) within this is reclaimed.
     #[serde(with = "millis", alias = "put_timeout_ms")]
     pub put_timeout: Duration,
+    /// How long a blank (a placement granted to a client ahead of its puts, see the master's
+    /// `blanks`) stays the client's; the sweep takes back the space of one not used by then.
+    /// 0: no blanks (every put starts with `PutStart`).
+    #[serde(with = "millis", alias = "blank_ttl_ms")]
+    pub blank_ttl: Duration,
+    /// Most bytes of blanks one client holds at once.
+    pub blank_bytes_per_client: u64,
     /// How often liveness, reclaim and eviction are checked.
     #[serde(with = "millis", alias = "sweep_interval_ms")]
     pub sweep_interval: Duration,
@@ -203,6 +210,8 @@ impl Default for MasterConfig {
             evictor_duty: DEFAULT_EVICTOR_DUTY,
             client_ttl: Duration::from_secs(10),
             put_timeout: Duration::from_secs(60),
+            blank_ttl: Duration::from_secs(10),
+            blank_bytes_per_client: 256 << 20,
             sweep_interval: Duration::from_millis(200),
             event_buffer: 65_536,
             publish_max_ttl: Duration::from_secs(3600),

@@ -39,6 +39,12 @@ pub struct Metrics {
     pub evicted_bytes: IntCounter,
     /// `puts_reclaimed_total`: unfinished puts reclaimed after the put timeout.
     pub puts_reclaimed: IntCounter,
+    /// `blanks_granted_total`: blanks granted to clients ahead of their puts.
+    pub blanks_granted: IntCounter,
+    /// `blanks_committed_total`: puts committed in a blank (one call, no `PutStart`).
+    pub blanks_committed: IntCounter,
+    /// `blanks_expired_total`: blanks taken back unused after their time.
+    pub blanks_expired: IntCounter,
     /// `clients_dropped_total`: clients dropped for missing heartbeats.
     pub clients_dropped: IntCounter,
     /// `errors_total{kind}`: failed operations, by the error's code.
@@ -171,6 +177,9 @@ impl Metrics {
             evictions: counter("evictions_total", "Objects evicted")?,
             evicted_bytes: counter("evicted_bytes_total", "Bytes freed by eviction")?,
             puts_reclaimed: counter("puts_reclaimed_total", "Unfinished puts reclaimed after the put timeout")?,
+            blanks_granted: counter("blanks_granted_total", "Blanks granted to clients ahead of their puts")?,
+            blanks_committed: counter("blanks_committed_total", "Puts committed in a blank")?,
+            blanks_expired: counter("blanks_expired_total", "Blanks taken back unused after their time")?,
             clients_dropped: counter("clients_dropped_total", "Clients dropped for missing heartbeats")?,
             errors,
             rpc_latency,

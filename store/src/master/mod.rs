@@ -28,6 +28,7 @@
 pub mod access;
 mod admin;
 mod allocation;
+mod blanks;
 pub mod cli;
 mod config;
 pub mod conn_limit;
@@ -74,6 +75,7 @@ pub use self::core::views::{DiskTotals, PingOutcome, ReplicaList, SegmentView, T
 use crate::error::{Result, StoreError};
 use crate::proto::{EventKind, QueryKeyReply, ReplicaDescriptor, SegmentInfo, Tier};
 pub use crate::protocol::{disk_segment_name, MAX_KEY_LEN, MAX_OBJECT_SIZE};
+pub use blanks::{Granted, MAX_GRANT};
 pub use config::{AllocationStrategy, MasterConfig};
 #[cfg(test)]
 use evictor::pause_after_step;
@@ -97,6 +99,8 @@ struct State {
     core: CoreState,
     /// Near-engine copies published by clients (never served by the store).
     published: published::Published,
+    /// Blanks granted to clients and not used yet ([`blanks`]).
+    blanks: blanks::Blanks,
     /// Replications in progress: new replicas allocated, bytes being copied.
     replications: HashMap<String, replicate::Pending>,
     /// Read counts of the hot-key replication policy.
@@ -441,6 +445,7 @@ impl Master {
         // Its quarantine goes with it: the owner is gone or gave the memory up.
         st.owners.remove(&segment_id);
         st.holds.forget_segment(segment_id);
+        st.blanks.forget_segment(segment_id);
         st.dirty_links.retain(|s| *s != segment_id);
         st.round_links.retain(|s| *s != segment_id);
         st.lazy_links.retain(|s| *s != segment_id);
@@ -786,6 +791,11 @@ impl Master {
             return;
         }
         self.reclaim_replications(&mut st, now);
+        let expired = Self::expire_blanks(&mut st, now);
+        if expired > 0 {
+            self.metrics.blanks_expired.inc_by(expired as u64);
+            self.flush_news(&mut st);
+        }
         st.window.close_if_over(now);
         drop(st);
         self.expire_tasks(now);
@@ -816,6 +826,7 @@ impl Master {
         let silent: Vec<String> = self.silent_clients(st, now).map(str::to_string).collect();
         for id in silent {
             let client = st.core.clients.remove(&id).expect("listed above");
+            Self::release_blanks_of(st, &id);
             if client.segments.is_empty() {
                 // It unmounted everything (closed cleanly): nothing to drop, nothing to warn of.
                 self.retract_client(st, &id);

@@ -215,8 +215,16 @@ impl Master {
             checksum: checksum.to_proto(),
             hold_ms: pending_for.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)),
             pending: pending_for.is_some(),
+            blank: false,
         };
         Self::push_news(st, segment_id, item)
+    }
+
+    /// `block` waits for the owner's acknowledgement of news `seq` (a drop) before its reuse.
+    pub(super) fn quarantine(st: &mut State, segment_id: u64, seq: u64, block: Block) {
+        if let Some(link) = st.owners.get_mut(&segment_id) {
+            link.quarantine.push_back((seq, block));
+        }
     }
 
     /// A replica goes: its owner is told, and its range waits for the acknowledgement (when the

@@ -123,6 +123,10 @@ struct Cli {
     /// Reclaim a put not ended within this many milliseconds [default: 60000].
     #[arg(long)]
     put_timeout_ms: Option<u64>,
+    /// Take back a blank (a placement granted to a client ahead of its puts) not used within
+    /// this many milliseconds; 0: no blanks [default: 10000].
+    #[arg(long)]
+    blank_ttl_ms: Option<u64>,
     /// Reclaim a put not ended within this many seconds (mooncake_master's flag).
     #[arg(long = "put_start_discard_timeout_sec")]
     put_start_discard_timeout_sec: Option<u64>,
@@ -452,6 +456,9 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     }
     if let Some(v) = cli.put_timeout_ms {
         config.put_timeout = ms(v);
+    }
+    if let Some(v) = cli.blank_ttl_ms {
+        config.blank_ttl = ms(v);
     }
     if let Some(v) = cli.put_start_discard_timeout_sec {
         config.put_timeout = Duration::from_secs(v);

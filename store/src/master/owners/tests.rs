@@ -919,3 +919,235 @@ fn a_removal_is_settled_once_a_linked_disk_with_a_copy_acknowledged_it() {
     d.ack(&m);
     assert_eq!(unsettled(&removal), ["both"]);
 }
+
+// ---- blanks: placements granted ahead of the puts ----
+
+/// A blank's value and record, as a writer puts them into `segment` (the owner's memory).
+fn write_blank(segment: &mut [u8], offset: u64, id: u64, key: &str, value: &[u8]) {
+    let record = crate::blank_record::Record {
+        blank: id,
+        key: key.into(),
+        size: value.len() as u64,
+        crc: crc(value),
+        hard_pin: true,
+        soft_pin_ms: 0,
+    };
+    let at = offset as usize;
+    segment[at..][..value.len()].copy_from_slice(value);
+    let record = record.encode().unwrap();
+    segment[at + value.len()..][..record.len()].copy_from_slice(&record);
+}
+
+/// The owner settles its blanks and reports, as it does for a new master.
+fn report_to_new_master(
+    a: &IndexedOwner,
+    segment: &[u8],
+    now: Instant,
+) -> (usize, Vec<OwnedObject>, Vec<crate::proto::HeldRange>) {
+    a.index.unmount();
+    let holds = |off: u64, size: u64, crc32: u32| {
+        segment.get(off as usize..(off + size) as usize).is_some_and(|b| crc(b) == crc32)
+    };
+    let record =
+        |off: u64| segment.get(off as usize..(off + crate::blank_record::RECORD_MAX) as usize).map(<[u8]>::to_vec);
+    let settled = a.index.settle_blanks(now, record, holds);
+    (settled, a.index.report(now, holds), a.index.held(now))
+}
+
+#[test]
+fn a_put_in_a_blank_is_one_call_and_a_new_master_keeps_it_by_its_record() {
+    let m = master();
+    let base = 1 << 30;
+    let mut a = IndexedOwner::mount(&m, "a", base);
+    let (granted, wait) = m.grant_blanks("w", 3000, 2).unwrap();
+    assert_eq!(granted.len(), 2);
+    assert!(!wait.is_empty(), "the grant answers once the owner knows its blanks");
+    let told = a.apply(&m, true);
+    assert!(told.iter().all(|i| i.blank && i.commit && i.pending && i.key.is_empty() && i.hold_ms > 0), "{told:?}");
+    assert_eq!(told.iter().map(|i| i.size).collect::<Vec<_>>(), [3512, 3512], "the value and its record");
+    assert!(!m.exists("k").unwrap());
+    // The writer puts the value and its record in the first blank, then commits: one call,
+    // answered without a further word from the owner.
+    let mut segment = vec![0u8; SEG as usize];
+    let value = vec![5u8; 3000];
+    let (id, at) = (granted[0].id, granted[0].replica.address - base);
+    write_blank(&mut segment, at, id, "k", &value);
+    let (done, wait) = m.commit_blank_default("w", "k", id, 3000, crc(&value));
+    done.unwrap();
+    assert!(wait.is_empty());
+    let list = m.get_replica_list("k").unwrap();
+    assert_eq!((list.size, list.replicas[0].address, list.checksum), (3000, base + at, Some(crc(&value))));
+    assert!(a.apply(&m, false).is_empty(), "the owner learns of it behind the answer");
+    assert_eq!(m.blanks_held(), 1);
+    // The master goes before the owner heard of the commit: the owner reads the record and
+    // reports the object; the unused blank's range stays held for its writer.
+    let now = Instant::now();
+    let (settled, report, held) = report_to_new_master(&a, &segment, now);
+    assert_eq!(settled, 1);
+    assert_eq!(report.iter().map(|o| (o.key.as_str(), o.version, o.size)).collect::<Vec<_>>(), [("k", id, 3000)]);
+    assert!(report[0].hard_pin, "its record carries its pins");
+    let other = granted[1].replica.address - base;
+    assert_eq!(held.iter().map(|h| (h.offset, h.size)).collect::<Vec<_>>(), [(other, 3512)]);
+    let rebuilt = master();
+    let r = rebuilt.remount_with_report_at("a", &info("a:1", base), "h", &report, &held, now).unwrap();
+    assert_eq!((r.reinstated, r.refused), (1, 0));
+    let list = rebuilt.get_replica_list("k").unwrap();
+    assert_eq!((list.size, list.replicas[0].address, list.checksum), (3000, base + at, Some(crc(&value))));
+    // The unused blank is not this master's: a commit in it puts the usual way.
+    let (done, _) = rebuilt.commit_blank_default("w", "k2", granted[1].id, 3000, 1);
+    assert!(matches!(done, Err(StoreError::BlankGone(_))), "{done:?}");
+    assert!(!rebuilt.exists("k2").unwrap());
+    assert!(rebuilt.quarantined_bytes() >= 3512, "its range is not reused while its writer may write");
+}
+
+#[test]
+fn a_blank_written_but_not_committed_or_torn_is_settled_by_its_bytes() {
+    let m = master();
+    let base = 1 << 30;
+    let mut a = IndexedOwner::mount(&m, "a", base);
+    let (granted, _) = m.grant_blanks("w", 1000, 4).unwrap();
+    a.apply(&m, true);
+    let mut segment = vec![0u8; SEG as usize];
+    let at = |i: usize| granted[i].replica.address - base;
+    let value = vec![3u8; 1000];
+    // 0: written whole, its commit never came (the writer or the master went first): kept,
+    // as a put whose answer was lost. 1: torn (the value's bytes do not match the record).
+    // 2: a record naming another blank. 3: never written.
+    write_blank(&mut segment, at(0), granted[0].id, "whole", &value);
+    write_blank(&mut segment, at(1), granted[1].id, "torn", &value);
+    segment[at(1) as usize + 10] ^= 1;
+    write_blank(&mut segment, at(2), granted[0].id, "stray", &value);
+    let (settled, report, held) = report_to_new_master(&a, &segment, Instant::now());
+    assert_eq!(settled, 1);
+    assert_eq!(report.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), ["whole"]);
+    let mut held: Vec<u64> = held.iter().map(|h| h.offset).collect();
+    held.sort();
+    let mut expected = vec![at(1), at(2), at(3)];
+    expected.sort();
+    assert_eq!(held, expected, "nothing half-written is reported; its range waits for its writer");
+}
+
+#[test]
+fn a_commit_in_a_blank_gone_expired_or_not_the_callers_stores_nothing() {
+    let m = master();
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    let (granted, _) = m.grant_blanks("w", 1000, 3).unwrap();
+    a.apply(&m, true);
+    let ids: Vec<u64> = granted.iter().map(|g| g.id).collect();
+    let gone = |r: (crate::error::Result<()>, _)| matches!(r.0, Err(StoreError::BlankGone(_)));
+    assert!(gone(m.commit_blank_default("w", "k", 12345, 1000, 1)), "unknown");
+    assert!(gone(m.commit_blank_default("x", "k", ids[0], 1000, 1)), "another client's");
+    let (wrong, _) = m.commit_blank_default("w", "k", ids[0], 999, 1);
+    assert!(matches!(wrong, Err(StoreError::InvalidArgument(_))), "{wrong:?}");
+    assert!(a.apply(&m, false).is_empty(), "refusals leave the blank as it was");
+    // Expired: given back, its owner told, its range free once the owner acknowledged.
+    let late = Instant::now() + m.config().blank_ttl + Duration::from_secs(1);
+    let (expired, wait) = m.commit_blank_at("w", "k", ids[0], 1000, 1, &pinned(), late);
+    assert!(matches!(expired, Err(StoreError::BlankGone(_))), "{expired:?}");
+    assert!(!wait.is_empty(), "answered once its owner dropped it");
+    assert!(m.quarantined_bytes() > 0);
+    let dropped = a.apply(&m, true);
+    assert!(dropped.len() == 1 && dropped[0].blank && !dropped[0].commit && dropped[0].version == ids[0]);
+    assert_eq!(m.quarantined_bytes(), 0);
+    assert!(gone(m.commit_blank_default("w", "k", ids[0], 1000, 1)), "used once");
+    // A key that exists: the blank goes back (its record may name the key) before the answer.
+    let (_, _) = m.put_start("w", "k", 10, &opts(1)).unwrap();
+    let commit = m.put_end_begin("w", "k", None).unwrap();
+    a.apply(&m, true);
+    m.put_end_finish(&commit).unwrap();
+    let (exists, wait) = m.commit_blank_default("w", "k", ids[1], 1000, 1);
+    assert!(matches!(exists, Err(StoreError::AlreadyExists(_))), "{exists:?}");
+    assert!(!wait.is_empty());
+    assert!(a.apply(&m, true).iter().any(|i| i.blank && !i.commit && i.version == ids[1]));
+    assert_eq!(m.get_replica_list("k").unwrap().size, 10, "the value put first stays");
+    assert_eq!(m.blanks_held(), 1);
+}
+
+#[test]
+fn a_forced_removal_racing_a_blank_commit_leaves_nothing_at_its_owner() {
+    let m = master();
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    let (granted, _) = m.grant_blanks("w", 1000, 1).unwrap();
+    a.apply(&m, true);
+    m.commit_blank_default("w", "k", granted[0].id, 1000, 7).0.unwrap();
+    m.get_replica_list("k").unwrap(); // a reader's lease
+                                      // Removed (forced, under the lease) before the owner heard of the commit: the owner gets
+                                      // both news in order and ends with nothing, and the removal's answer waits for that.
+    let wait = m.remove("k", true).unwrap();
+    assert!(!wait.is_empty());
+    let told = a.apply(&m, true);
+    assert_eq!(told.iter().map(|i| (i.commit, i.blank)).collect::<Vec<_>>(), [(true, false), (false, false)]);
+    assert!(a.index.is_empty());
+    let mut segment = vec![0u8; SEG as usize];
+    write_blank(&mut segment, granted[0].replica.address - (1 << 30), granted[0].id, "k", &[0u8; 1000]);
+    let (settled, report, _) = report_to_new_master(&a, &segment, Instant::now());
+    assert_eq!((settled, report.len()), (0, 0), "no rebuilt master brings it back");
+}
+
+#[test]
+fn blanks_are_bounded_expire_and_go_with_their_dropped_client() {
+    let blank = (20_000 + crate::blank_record::RECORD_MAX).next_multiple_of(256);
+    let config = MasterConfig {
+        blank_bytes_per_client: 3 * blank + 100,
+        blank_ttl: Duration::from_secs(1),
+        ..MasterConfig::default()
+    };
+    let m = Master::new(config.clone()).unwrap();
+    m.state.lock().instant_acks = false;
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    // Bounded per client: three of them, not five.
+    let (granted, _) = m.grant_blanks("w", 20_000, 5).unwrap();
+    assert_eq!(granted.len(), 3);
+    assert!(m.grant_blanks("w", 20_000, 1).unwrap().0.is_empty());
+    assert!(matches!(m.grant_blanks("w", 0, 1), Err(StoreError::InvalidArgument(_))));
+    a.apply(&m, true);
+    // Their time runs out: the sweep takes them back, through the owner.
+    m.sweep_at(Instant::now() + Duration::from_secs(2));
+    assert_eq!(m.blanks_held(), 0);
+    assert_eq!(m.quarantined_bytes(), 3 * blank);
+    let dropped = a.apply(&m, true);
+    assert_eq!(dropped.iter().filter(|i| i.blank && !i.commit).count(), 3);
+    assert_eq!(m.quarantined_bytes(), 0);
+    assert_eq!(m.grant_blanks("w", 20_000, 5).unwrap().0.len(), 3, "the space and the bound came back");
+
+    // A known client (one with a segment, too small for a blank) that goes silent loses its
+    // blanks at once.
+    let m = Master::new(MasterConfig { client_ttl: Duration::from_millis(50), ..config }).unwrap();
+    m.state.lock().instant_acks = false;
+    let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
+    m.mount_segment("c", &SegmentInfo { name: "c:1".into(), base: 1 << 32, size: 4096, tier: 0 }, "h").unwrap();
+    assert_eq!(m.grant_blanks("c", 20_000, 2).unwrap().0.len(), 2);
+    a.apply(&m, true);
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(10));
+        m.ping("a");
+    }
+    m.sweep_at(Instant::now());
+    assert_eq!(m.blanks_held(), 0);
+    assert_eq!(a.apply(&m, true).iter().filter(|i| i.blank && !i.commit).count(), 2);
+}
+
+#[test]
+fn no_blanks_when_they_are_off() {
+    let m = Master::new(MasterConfig { blank_ttl: Duration::ZERO, ..MasterConfig::default() }).unwrap();
+    let _a = FakeOwner::mount(&m, "a", 1 << 30);
+    assert!(m.grant_blanks("w", 1000, 4).unwrap().0.is_empty());
+}
+
+fn pinned() -> PutOptions {
+    PutOptions { hard_pin: true, ..Default::default() }
+}
+
+impl Master {
+    /// A commit in a blank of a hard-pinned put (as `write_blank` records it).
+    fn commit_blank_default(
+        &self,
+        client: &str,
+        key: &str,
+        id: u64,
+        size: u64,
+        crc: u32,
+    ) -> (crate::error::Result<()>, super::AckWait) {
+        self.commit_blank(client, key, id, size, crc, &pinned())
+    }
+}

@@ -187,6 +187,8 @@ async fn call(service: &MasterService, tenant: &Tenant, tag: u8, body: Vec<u8>) 
         Some(Method::PutEnd) => unary!(KeyRequest, put_end),
         Some(Method::PutRevoke) => unary!(KeyRequest, put_revoke),
         Some(Method::PutChecksum) => unary!(KeyRequest, put_checksum),
+        Some(Method::GrantBlanks) => unary!(GrantBlanksRequest, grant_blanks),
+        Some(Method::PutCommitBlank) => unary!(PutCommitBlankRequest, put_commit_blank),
         Some(Method::BatchPutStart) => unary!(BatchPutStartRequest, batch_put_start),
         Some(Method::BatchPutEnd) => unary!(BatchKeyRequest, batch_put_end),
         Some(Method::BatchPutRevoke) => unary!(BatchKeyRequest, batch_put_revoke),

@@ -305,6 +305,53 @@ impl MasterRpc for MasterService {
         Ok(self.observed(&t, "PutEnd", start, status_reply(&self.master, done)))
     }
 
+    async fn grant_blanks(
+        &self,
+        req: Request<GrantBlanksRequest>,
+    ) -> Result<Response<GrantBlanksReply>, tonic::Status> {
+        let start = Instant::now();
+        let (t, r) = inbound(req);
+        let m = &self.master;
+        let granted = m.grant_blanks(&r.client_id, r.value_size, r.count);
+        let reply = match granted {
+            Ok((granted, mut wait)) => {
+                // Answered once their owners know them (a commit then needs no word from them).
+                self.wait_owners(&mut wait).await;
+                let blanks = granted
+                    .into_iter()
+                    .map(|g| Blank {
+                        id: g.id,
+                        replica: Some(g.replica),
+                        ttl_ms: u64::try_from(g.ttl.as_millis()).unwrap_or(u64::MAX),
+                    })
+                    .collect();
+                answer(m, Ok(GrantBlanksReply { blanks, ..Default::default() }))
+            }
+            Err(e) => answer(m, Err(e)),
+        };
+        Ok(self.observed(&t, "GrantBlanks", start, reply))
+    }
+
+    async fn put_commit_blank(
+        &self,
+        req: Request<PutCommitBlankRequest>,
+    ) -> Result<Response<StatusReply>, tonic::Status> {
+        let start = Instant::now();
+        let (t, r) = inbound(req);
+        let m = &self.master;
+        let done = match r.checksum {
+            None => Err(StoreError::InvalidArgument("a put into a blank needs the value's checksum".into())),
+            Some(c) => {
+                let opts = r.options.unwrap_or_default();
+                let (done, mut wait) = m.commit_blank(&r.client_id, &r.key, r.blank_id, r.size, c.crc32, &opts);
+                self.wait_owners(&mut wait).await;
+                self.schedule_lazy_news();
+                done
+            }
+        };
+        Ok(self.observed(&t, "PutCommitBlank", start, status_reply(m, done)))
+    }
+
     async fn put_checksum(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
         let (t, r) = inbound(req);
         self.timed(&t, "PutChecksum", |m| {

@@ -59,6 +59,7 @@ single!(
     NodeStatsReply,
     PublishReply,
     RemountWithReportReply,
+    GrantBlanksReply,
 );
 
 impl Outcome for BatchPutStartReply {

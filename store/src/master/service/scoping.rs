@@ -95,6 +95,8 @@ inbound!(
     MountSegmentRequest { client_id },
     UnmountSegmentRequest { client_id },
     PutStartRequest { client_id, key },
+    GrantBlanksRequest { client_id },
+    PutCommitBlankRequest { client_id, key },
     KeyRequest { client_id, key },
     BatchPutStartRequest { client_id, keys },
     BatchKeyRequest { client_id, keys },
@@ -175,6 +177,12 @@ macro_rules! batch {
 
 batch!(BatchPutStartReply, BatchGetReplicaListReply);
 
+impl Outbound for GrantBlanksReply {
+    fn unscope(&mut self, t: &Tenant) {
+        self.blanks.iter_mut().filter_map(|b| b.replica.as_mut()).for_each(|r| unscope_id(t, &mut r.client_id));
+    }
+}
+
 impl Outbound for PingReply {
     fn unscope(&mut self, t: &Tenant) {
         own_entries(t, &mut self.disk_removals);
@@ -226,6 +234,7 @@ impl Outbound for TakeReplicationTasksReply {
 impl Outbound for OwnerNews {
     /// The news are of the owner's segment, so of its tenant's keys.
     fn unscope(&mut self, t: &Tenant) {
-        self.items.retain_mut(|i| tenant::unscope_in_place(&t.0, &mut i.key));
+        // A blank has no key: it is the owner's tenant's all the same.
+        self.items.retain_mut(|i| i.blank || tenant::unscope_in_place(&t.0, &mut i.key));
     }
 }
