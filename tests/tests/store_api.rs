@@ -803,3 +803,41 @@ fn a_registered_buffer_is_resident_before_the_first_transfer_and_keeps_its_bytes
     assert_eq!(&dst[..n as usize], &value[..]);
     b.unregister_buffer(dst.as_mut_ptr() as u64).unwrap();
 }
+
+#[test]
+fn puts_of_a_size_put_often_go_into_blanks_and_read_back_whole() {
+    // A put of a size this client put before goes into a blank the master granted ahead of it:
+    // the transfer and one call, no PutStart. Values of two sizes, interleaved, from a client
+    // without a segment (as the side-by-side benchmark's writer), read back by another.
+    let m = master();
+    let holder = client(&m);
+    let writer = StoreClient::connect(ClientConfig {
+        global_segment_size: 0,
+        local_buffer_size: 4 << 20,
+        ..crescent_tests::store::loopback_client_config(&m)
+    })
+    .unwrap();
+    let sizes = [64 << 10, (1 << 20) + 3];
+    let puts = 40u64;
+    for i in 0..puts {
+        writer.put(&format!("blank/{i}"), &data(sizes[i as usize % 2], i)).unwrap();
+        // (Time for the pool's refills, which run beside the puts.)
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for i in 0..puts {
+        let got = holder.get(&format!("blank/{i}"));
+        assert!(
+            got.as_ref().is_ok_and(|v| *v == data(sizes[i as usize % 2], i)),
+            "blank/{i}: {:?}",
+            got.map(|v| v.len())
+        );
+    }
+    let metrics = m.master.metrics();
+    let (granted, committed) = (metrics.blanks_granted.get(), metrics.blanks_committed.get());
+    assert!(committed >= puts / 2, "{committed} of {puts} puts went into blanks ({granted} granted)");
+    assert_eq!(metrics.puts.get(), puts, "every put counted once, either way");
+    // A put of a key that exists keeps the first value (Mooncake's put), through a blank too.
+    writer.put("blank/1", &data(sizes[1], 999)).unwrap();
+    assert!(holder.get("blank/1").unwrap() == data(sizes[1], 1));
+    assert_eq!(metrics.blanks_committed.get(), committed, "the refused put committed nothing");
+}

@@ -460,6 +460,7 @@ impl StoreApi for StoreClient {
             return Ok(());
         }
         self.stop.store(true, Ordering::Release);
+        self.blanks.stop();
         if let Some(hot) = &self.hot {
             hot.close(); // the deferred filler stops (its queued fills dropped)
         }

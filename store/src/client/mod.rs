@@ -28,6 +28,7 @@
 //! `crescent-client`, on its host).
 
 mod api;
+mod blanks;
 mod calls;
 pub mod checksum;
 pub mod config;
@@ -195,6 +196,8 @@ pub struct StoreClient {
     sessions: session::Sessions,
     /// End-to-end checksums' counters ([`checksum`]; used with `verify_checksums` on).
     checksums: Arc<checksum::Checksums>,
+    /// Placements the master granted ahead of our puts ([`blanks`]).
+    blanks: Arc<blanks::Blanks>,
 }
 
 impl std::fmt::Debug for StoreClient {
@@ -274,6 +277,7 @@ impl StoreClient {
             link: Arc::default(),
             sessions: session::Sessions::default(),
             checksums: Arc::default(),
+            blanks: Arc::default(),
         });
         if let Some(addr) = metrics_address {
             let weak = Arc::downgrade(&client);

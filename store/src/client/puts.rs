@@ -3,6 +3,7 @@
 //! upsert removes what it replaces; the disk tier is handed its copy.
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use crescent_engine::LocalLoan;
 
@@ -12,13 +13,25 @@ use super::plan::{self, Mode, Refusal, Written};
 use super::rpc::{self, check};
 use super::sg::{Piece, Reach, Src};
 use super::{checksum, offload_or_warn, one_per_key, one_value_per_key, StoreApi, StoreClient, LEND_PUT_MIN};
+use crate::blank_record;
 use crate::error::{Result, StoreError};
 use crate::fastrpc::Method;
 use crate::proto::{
-    BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, PutOptions, PutStartReply, PutStartRequest,
-    ReplicaDescriptor, StatusReply,
+    BatchKeyRequest, BatchPutStartRequest, Code, KeyRequest, PutCommitBlankRequest, PutOptions, PutStartReply,
+    PutStartRequest, ReplicaDescriptor, StatusReply,
 };
 use crate::protocol::MAX_BATCH_KEYS;
+
+/// Whether a put with `options` may go into a blank: one replica placed as the master likes
+/// (a blank is a default put's placement), pins its record can carry (a soft pin of the
+/// master's default length cannot: the holder does not know it).
+fn blank_fits(options: &PutOptions) -> bool {
+    options.replica_num <= 1
+        && !(options.soft_pin && options.soft_pin_ttl_ms == 0)
+        && options.preferred_segment.is_empty()
+        && options.preferred_segments.is_empty()
+        && !options.replace
+}
 
 /// Puts an upsert makes while other writers keep putting the key it removed.
 const UPSERT_TRIES: usize = 3;
@@ -134,6 +147,17 @@ impl StoreClient {
         started: &mut Option<u64>,
     ) -> Result<()> {
         let options = &*mode.options(options);
+        if mode == Mode::Put && blank_fits(options) {
+            if let Some(done) = self.put_in_blank(key, src, options, started) {
+                return match done {
+                    Err(e @ StoreError::AlreadyExists(_)) => match plan::refusal(e, mode) {
+                        Refusal::Failed(e) | Refusal::Replace(e) => Err(e),
+                        Refusal::Kept => Ok(()),
+                    },
+                    done => done,
+                };
+            }
+        }
         let mut refused = None;
         for _ in 0..UPSERT_TRIES {
             let e = match self.put_new(key, src, options, started)? {
@@ -151,6 +175,100 @@ impl StoreClient {
             }
         }
         Err(refused.unwrap_or_else(|| StoreError::AlreadyExists(key.to_string())))
+    }
+
+    /// A put into a blank the pool holds for its size ([`super::blanks`]): the value and its
+    /// record in one transfer, then one call to commit it. `None` where there is no blank to
+    /// use, or where the blank failed in a way the usual put gets past (the master forgot it,
+    /// the transfer to its holder failed: the blank is left to expire); the usual put then
+    /// runs. A master change is returned as it is, for [`Self::put_retrying`] to look whether
+    /// the commit landed.
+    fn put_in_blank(
+        &self,
+        key: &str,
+        src: Src<'_>,
+        options: &PutOptions,
+        started: &mut Option<u64>,
+    ) -> Option<Result<()>> {
+        let len = src.len();
+        if len == 0 || key.len() > blank_record::KEY_MAX || self.disk.is_some() {
+            return None;
+        }
+        if let Src::Registered(_, reach) = &src {
+            if reach.has_device() {
+                return None;
+            }
+        }
+        let me = self.me.clone();
+        let pool = self.blanks.clone();
+        let blank = self.blanks.take(len, Instant::now(), || Self::start_refilling_blanks(me, pool))?;
+        let crc = checksum::of_src(&src)?;
+        let record = blank_record::Record {
+            blank: blank.id,
+            key: key.to_string(),
+            size: len,
+            crc,
+            hard_pin: options.hard_pin,
+            soft_pin_ms: options.soft_pin_ttl_ms,
+        }
+        .encode()?;
+        // The value and its record, one after the other: one transfer.
+        let parts: Vec<&[u8]>;
+        let pieces: Vec<Piece>;
+        let _loan;
+        let with_record = match src {
+            Src::Bytes(value) => {
+                parts = vec![value, &record];
+                Src::Parts(&parts)
+            }
+            Src::Parts(value) => {
+                parts = value.iter().copied().chain([&record[..]]).collect();
+                Src::Parts(&parts)
+            }
+            Src::Registered(value, reach) => {
+                // The record is lent to the engine for the call, as a byte value is.
+                _loan = match self.engine.lend_local(None, record.as_ptr() as u64, record.len() as u64) {
+                    Ok(Some(loan)) => loan,
+                    _ => return None,
+                };
+                pieces =
+                    value.iter().copied().chain([Piece::new(record.as_ptr() as u64, record.len() as u64)]).collect();
+                Src::Registered(&pieces, reach)
+            }
+        };
+        self.hot_invalidate(key);
+        *started = Some(blank.id);
+        let replica = ReplicaDescriptor { size: len + record.len() as u64, ..blank.replica };
+        let exec = self.exec();
+        if let Err(e) = exec.write(key, std::slice::from_ref(&replica), &with_record, None) {
+            tracing::debug!("the put of {key:?} into blank {} failed ({e}); putting it the usual way", blank.id);
+            return None;
+        }
+        let req = PutCommitBlankRequest {
+            client_id: self.id.clone(),
+            key: key.to_string(),
+            blank_id: blank.id,
+            size: len,
+            checksum: Some(crate::proto::Checksum { crc32: crc }),
+            options: Some(options.clone()),
+        };
+        let commit = |mut c: rpc::Client, req| async move { c.put_commit_blank(req).await };
+        match self.rpc.unary(Method::PutCommitBlank, req, commit).and_then(|r| check(r.status, key)) {
+            Ok(()) => {
+                self.last_put_local.store(exec.local_replica(&replica, len).is_some(), Ordering::Relaxed);
+                Some(Ok(()))
+            }
+            Err(e @ StoreError::AlreadyExists(_)) => Some(Err(e)),
+            Err(e) if e.is_master_change() => Some(Err(e)),
+            Err(e) => {
+                if matches!(e, StoreError::BlankGone(_)) {
+                    self.blanks.forget();
+                }
+                tracing::debug!("the commit of {key:?} in blank {} failed ({e}); putting it the usual way", blank.id);
+                *started = None;
+                None
+            }
+        }
     }
 
     /// An upsert's removal of the object it replaces (not forced: a reader's lease protects
