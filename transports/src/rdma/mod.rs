@@ -321,7 +321,7 @@ impl RdmaTransport {
                 format!("rdma: device memory ({location}) is registered with the NIC through a dma-buf: GPUDirect RDMA")
             }
             DevicePath::PeerMemory => format!(
-                "rdma: device memory ({location}) is registered with the NIC through nvidia-peermem: GPUDirect RDMA"
+                "rdma: device memory ({location}) is registered with the NIC through a peer-memory module (nvidia-peermem): GPUDirect RDMA"
             ),
             DevicePath::Staged(why) => format!(
                 "rdma: device memory ({location}) is not registered with the NIC, no GPUDirect RDMA ({why}); \
