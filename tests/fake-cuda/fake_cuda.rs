@@ -17,6 +17,16 @@
 //!   thread of its own once the stream's earlier work is done; a copy on the stream, and
 //!   `cuStreamSynchronize`, wait for that work first. Stream 0 is one default stream.
 //!
+//! * dma-buf export (`cuMemGetHandleForAddressRange`, for GPUDirect RDMA): the device attribute
+//!   `DMA_BUF_SUPPORTED` says yes unless `FAKE_CUDA_DMABUF=0`; the range must be whole host
+//!   pages inside one `cuMemAlloc` allocation, and the "dma-buf" handed out is a duplicate of
+//!   its memfd. That is not a real dma-buf: a NIC's `ibv_reg_dmabuf_mr` refuses it, which is
+//!   the fallback the tests check. VMM memory is refused (as the real driver refuses memory
+//!   not allocated GPUDirect-RDMA-capable).
+//! * `FAKE_CUDA_HOST_VISIBLE=1` (read at each `cuMemAlloc`) maps the device pointer readable
+//!   and writable instead of `PROT_NONE`: a NIC can then register the pointer itself, as it can
+//!   real device memory where nvidia-peermem is loaded. Only the GPUDirect route test sets it.
+//!
 //! It reports `FAKE_CUDA_DEVICES` devices (default 2). Built by `tests/build.rs` with plain
 //! `rustc` (no dependencies) into a cdylib that tests name with `CRESCENT_CUDA_DRIVER`.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
@@ -34,6 +44,7 @@ const OUT_OF_MEMORY: CuResult = 2;
 const INVALID_DEVICE: CuResult = 101;
 const INVALID_CONTEXT: CuResult = 201;
 const INVALID_HANDLE: CuResult = 400;
+const NOT_SUPPORTED: CuResult = 801;
 
 const PROT_NONE: c_int = 0;
 const PROT_RW: c_int = 1 | 2;
@@ -136,11 +147,17 @@ fn devices() -> u32 {
     std::env::var("FAKE_CUDA_DEVICES").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
 }
 
-/// Maps `fd` twice (device view, shadow view); `None` if either mapping fails.
+/// Maps `fd` twice (device view, shadow view); `None` if either mapping fails. The device view
+/// is `PROT_NONE` unless `visible`.
 fn map_twice(fd: c_int, len: usize) -> Option<(u64, u64)> {
+    map_twice_as(fd, len, false)
+}
+
+fn map_twice_as(fd: c_int, len: usize, visible: bool) -> Option<(u64, u64)> {
+    let prot = if visible { PROT_RW } else { PROT_NONE };
     // SAFETY: fresh shared mappings of a file we hold; no existing memory is touched.
     unsafe {
-        let base = mmap(std::ptr::null_mut(), len, PROT_NONE, MAP_SHARED, fd, 0);
+        let base = mmap(std::ptr::null_mut(), len, prot, MAP_SHARED, fd, 0);
         if base as isize == -1 {
             return None;
         }
@@ -321,7 +338,8 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, len: usize) -> CuResult {
     if ftruncate(fd.as_raw_fd(), len as i64) != 0 {
         return OUT_OF_MEMORY;
     }
-    let Some((base, shadow)) = map_twice(fd.as_raw_fd(), len) else {
+    let visible = std::env::var("FAKE_CUDA_HOST_VISIBLE").is_ok_and(|v| v == "1");
+    let Some((base, shadow)) = map_twice_as(fd.as_raw_fd(), len, visible) else {
         return OUT_OF_MEMORY;
     };
     let device = CURRENT.with(Cell::get);
@@ -438,9 +456,62 @@ pub unsafe extern "C" fn cuGetErrorString(code: CuResult, text: *mut *const c_ch
         INVALID_DEVICE => c"invalid device ordinal",
         INVALID_CONTEXT => c"invalid device context",
         INVALID_HANDLE => c"invalid resource handle",
+        NOT_SUPPORTED => c"operation not supported",
         _ => return INVALID_VALUE,
     };
     *text = s.as_ptr();
+    SUCCESS
+}
+
+extern "C" {
+    fn sysconf(name: c_int) -> i64;
+}
+const SC_PAGESIZE: c_int = 30;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int) -> CuResult {
+    if device < 0 || device as u32 >= devices() {
+        return INVALID_DEVICE;
+    }
+    match attribute {
+        // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+        124 => *value = c_int::from(std::env::var("FAKE_CUDA_DMABUF").map_or(true, |v| v != "0")),
+        _ => return INVALID_VALUE,
+    }
+    SUCCESS
+}
+
+/// A "dma-buf" of whole pages of one `cuMemAlloc` allocation: a duplicate of its memfd (the
+/// caller's to close).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetHandleForAddressRange(handle: *mut c_void, ptr: u64, len: usize, kind: c_int, flags: u64) -> CuResult {
+    // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, no flags.
+    if handle.is_null() || kind != 1 || flags != 0 || len == 0 {
+        return INVALID_VALUE;
+    }
+    if std::env::var("FAKE_CUDA_DMABUF").is_ok_and(|v| v == "0") {
+        return NOT_SUPPORTED;
+    }
+    let page = sysconf(SC_PAGESIZE) as u64;
+    if ptr % page != 0 || len as u64 % page != 0 {
+        return INVALID_VALUE;
+    }
+    let allocs = ALLOCS.lock().unwrap();
+    let Some(a) = allocs.iter().find(|a| ptr >= a.base && ptr < a.base + a.len) else {
+        return INVALID_VALUE;
+    };
+    // The allocation's last page is whole on the device, whatever size was asked for.
+    if ptr + len as u64 > a.base + a.len.next_multiple_of(page) {
+        return INVALID_VALUE;
+    }
+    let Some(fd) = a.fd.as_ref().filter(|_| a.vmm.is_none() && !a.imported) else {
+        return NOT_SUPPORTED;
+    };
+    let dup = fcntl(fd.as_raw_fd(), F_DUPFD_CLOEXEC, 0);
+    if dup < 0 {
+        return OUT_OF_MEMORY;
+    }
+    *(handle as *mut c_int) = dup;
     SUCCESS
 }
 

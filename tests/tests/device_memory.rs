@@ -223,6 +223,36 @@ fn tcp_moves_device_memory_both_ways_and_between_host_and_device() {
     target.unregister(remote.addr).unwrap();
 }
 
+/// The fake driver's dma-buf export (what GPUDirect RDMA registers with a NIC): whole host
+/// pages inside one `cuMemAlloc` allocation. On a host without RDMA, registering device
+/// memory is unchanged: no NIC path, no keys.
+#[test]
+fn the_fake_driver_exports_whole_pages_as_a_dma_buf_and_without_rdma_nothing_changes() {
+    let d = driver();
+    let buffer = DeviceBuffer::new(0, 2 * MIB + 100);
+    let buf = d.api().dmabuf(0, buffer.addr + 4097, MIB).unwrap().expect("the fake exports dma-bufs");
+    assert_eq!(buf.offset, 1, "the range's start inside the page-aligned export");
+    // The fake's stand-in for a dma-buf is the allocation's memfd: its size is the allocation's.
+    assert_eq!(std::fs::File::from(buf.fd).metadata().unwrap().len(), buffer.len);
+    // The allocation's last page is whole on the device; past it the driver refuses.
+    assert!(d.api().dmabuf(0, buffer.addr + 2 * MIB, 100).unwrap().is_some());
+    let err = d.api().dmabuf(0, buffer.addr + 2 * MIB, 8192).unwrap_err();
+    assert!(matches!(err, TransportError::Driver { call: "cuMemGetHandleForAddressRange", .. }), "{err}");
+    // VMM memory (not allocated GPUDirect-capable) is refused, as the real driver does.
+    let vmm = DeviceBuffer::vmm(0, 2 * MIB);
+    assert!(d.api().dmabuf(0, vmm.addr, MIB).is_err());
+
+    let e = engine(None, fake_driver());
+    e.register(buffer.addr, buffer.len, "cuda:0").unwrap();
+    if !e.transport_kinds().contains(&TransportKind::Rdma) {
+        assert_eq!(e.rdma_device_path(buffer.addr), None);
+        let published = e.local_descriptor();
+        let b = published.buffers.iter().find(|b| b.addr == buffer.addr).unwrap();
+        assert_eq!((b.location.as_str(), b.keys.rdma.len()), ("cuda:0", 0));
+    }
+    e.unregister(buffer.addr).unwrap();
+}
+
 #[test]
 fn tcp_pipelines_device_payloads_of_odd_sizes_across_several_chunks_both_ways() {
     // Slices of an odd size spanning several of the target's 256 KiB chunks, at odd offsets.

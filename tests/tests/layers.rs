@@ -41,7 +41,7 @@ struct Layer(&'static str, Within, &'static [&'static str]);
 /// The rdma transport (`transports/src/rdma`), lowest layer first.
 const RDMA: &[Layer] = &[
     Layer("settings", Ordered, &["config"]),
-    Layer("verbs resources", Ordered, &["ffi", "device", "mr", "qp"]),
+    Layer("verbs resources", Ordered, &["ffi", "device", "mr", "gpudirect", "qp"]),
     Layer("completion dispatch", Ordered, &["poller"]),
     Layer("lanes", Ordered, &["lane"]),
     Layer("peers", Ordered, &["wire", "shared", "peer", "server"]),

@@ -840,3 +840,206 @@ fn faults_rdma_target_out_of_file_descriptors() {
     let Some((c, mut p)) = rdma_fault_case() else { return };
     c.target_out_of_fds(&mut p);
 }
+
+// ---- device memory (the fake CUDA driver) on rdma: GPUDirect or staged ----
+
+const MIB: u64 = 1 << 20;
+
+/// The fake CUDA driver of `tests/fake-cuda`, as this process and its engines load it.
+fn fake_cuda() -> Arc<crescent_transports::device::Driver> {
+    crescent_transports::device::Devices::new(Some(env!("FAKE_CUDA_DRIVER").into())).driver().expect("the fake driver")
+}
+
+/// `len` bytes of the fake's device memory on device 0, filled with the pattern of `seed`
+/// (through the driver), freed when dropped.
+struct Gpu {
+    driver: Arc<crescent_transports::device::Driver>,
+    addr: u64,
+    len: u64,
+}
+
+impl Gpu {
+    fn new(len: u64, seed: u64) -> Gpu {
+        let driver = fake_cuda();
+        let addr = driver.api().alloc(0, len).expect("fake device memory");
+        let mut host = vec![0u8; len as usize];
+        pattern::fill(&mut host, seed, 0);
+        driver.copy(0, addr, host.as_ptr() as u64, len).unwrap();
+        Gpu { driver, addr, len }
+    }
+
+    /// Where `[addr+off, +len)` differs from the pattern of `seed` at `base` (copied out with
+    /// the driver).
+    fn mismatch(&self, off: u64, len: u64, seed: u64, base: u64) -> Option<u64> {
+        let mut host = vec![0u8; len as usize];
+        self.driver.copy(0, host.as_mut_ptr() as u64, self.addr + off, len).unwrap();
+        pattern::first_mismatch(&host, seed, base)
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = self.driver.api().free(0, self.addr);
+    }
+}
+
+/// Descriptors this process holds open on the fake's device memory (its memfds and any
+/// duplicate handed out as a "dma-buf").
+fn fake_cuda_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("/memfd:fake-cuda "))
+        .count()
+}
+
+fn read(source: u64, target: u64, target_offset: u64, length: u64) -> TransferRequest {
+    TransferRequest { opcode: Opcode::Read, source, target, target_offset, length }
+}
+
+fn write(source: u64, target: u64, target_offset: u64, length: u64) -> TransferRequest {
+    TransferRequest { opcode: Opcode::Write, source, target, target_offset, length }
+}
+
+/// Device to device both ways, and device with host memory on the other end both ways, over
+/// several 64 KiB slices at odd offsets, each checked byte for byte. `local` and `remote` are
+/// registered (device memory holding seeds 1 and 2); `local_host` and `remote_host` are
+/// registered host memory of at least 1 MiB.
+fn device_transfers_arrive_intact(
+    initiator: &TransferEngine,
+    seg: u64,
+    (local, remote): (&Gpu, &Gpu),
+    (local_host, remote_host): (&crescent_engine::RegisteredMemory, &crescent_engine::RegisteredMemory),
+) {
+    let len = 300_001;
+    initiator.transfer_sync(&[read(local.addr + 7, seg, remote.addr + 12_345, len)]).unwrap();
+    assert_eq!(local.mismatch(7, len, 2, 12_345), None, "device read into device");
+    initiator.transfer_sync(&[write(local.addr + 7, seg, remote.addr + MIB + 3, len)]).unwrap();
+    assert_eq!(remote.mismatch(MIB + 3, len, 2, 12_345), None, "device written into device");
+    assert_eq!(remote.mismatch(0, MIB + 3, 2, 0), None, "nothing written before the range");
+    // Mixed: the remote device into local host memory, remote host memory into a local device.
+    initiator.transfer_sync(&[read(local_host.addr() + 1, seg, remote.addr, len)]).unwrap();
+    // SAFETY: the transfer ended.
+    let got = unsafe { &local_host.as_slice()[1..1 + len as usize] };
+    assert_eq!(pattern::first_mismatch(got, 2, 0), None, "device read into host");
+    fill(remote_host, 5);
+    initiator.transfer_sync(&[read(local.addr + 2 * MIB, seg, remote_host.addr() + 11, len)]).unwrap();
+    assert_eq!(local.mismatch(2 * MIB, len, 5, 11), None, "host read into device");
+    // A local device into remote host memory, local host memory into the remote device.
+    initiator.transfer_sync(&[write(local.addr + 3 * MIB, seg, remote_host.addr(), len)]).unwrap();
+    // SAFETY: the write completed; nothing else writes the buffer.
+    let got = unsafe { &remote_host.as_slice()[..len as usize] };
+    assert_eq!(pattern::first_mismatch(got, 1, 3 * MIB), None, "device written into host");
+    fill(local_host, 6);
+    initiator.transfer_sync(&[write(local_host.addr(), seg, remote.addr + 3 * MIB, len)]).unwrap();
+    assert_eq!(remote.mismatch(3 * MIB, len, 6, 0), None, "host written into device");
+}
+
+/// On soft-RoCE, GPUDirect cannot work with the fake driver: its "dma-buf" is a memfd (and
+/// rxe takes no dma-buf at all: EOPNOTSUPP), and its device pointer is `PROT_NONE`, which no
+/// NIC can pin. So device memory is staged: the reason is typed and names the NIC's errno, the
+/// descriptor publishes no keys for it, the exported descriptor was closed, and every request
+/// that touches it, device or mixed, goes over tcp and arrives intact while host memory keeps
+/// using rdma.
+#[test]
+fn device_memory_without_gpudirect_falls_back_to_staged_tcp_with_the_reason() {
+    let Some((dev, gid)) = rxe() else { return };
+    let cuda = Some(std::path::PathBuf::from(env!("FAKE_CUDA_DRIVER")));
+    let target = rdma_engine(&dev, gid, |c| c.cuda_driver = cuda.clone());
+    // The initiator is told to try a peer-memory module too: the NIC refuses the pointer.
+    let initiator = rdma_engine(&dev, gid, |c| {
+        c.cuda_driver = cuda.clone();
+        c.rdma.peer_memory = Some(true);
+    });
+    let (local, remote) = (Gpu::new(4 * MIB, 1), Gpu::new(4 * MIB, 2));
+    let fds = fake_cuda_fds();
+    target.register(remote.addr, remote.len, "cuda:0").unwrap();
+    initiator.register(local.addr, local.len, "cuda:0").unwrap();
+    assert_eq!(fake_cuda_fds(), fds, "each exported dma-buf was closed after the NIC refused it");
+
+    use crescent_transports::rdma::gpudirect::{DevicePath, DmaBufSupport, PeerMemorySupport};
+    let staged = |path: Option<DevicePath>| match path {
+        Some(DevicePath::Staged(why)) => why,
+        other => panic!("device memory staged, got {other:?}"),
+    };
+    let why = staged(target.rdma_device_path(remote.addr));
+    let DmaBufSupport::NicRefused { device, errno } = &why.dmabuf else { panic!("the NIC refused the dma-buf: {why}") };
+    assert_eq!(device, &dev);
+    eprintln!("{dev} refused the fake's dma-buf: {}", std::io::Error::from_raw_os_error(*errno));
+    assert_ne!(*errno, 0, "{why}");
+    assert_eq!(why.peer_memory, PeerMemorySupport::NotLoaded, "no nvidia_peermem in the VM: {why}");
+    let why = staged(initiator.rdma_device_path(local.addr));
+    assert!(matches!(why.dmabuf, DmaBufSupport::NicRefused { .. }), "{why}");
+    assert!(
+        matches!(&why.peer_memory, PeerMemorySupport::NicRefused { device, errno } if device == &dev && *errno != 0),
+        "the NIC cannot pin a PROT_NONE device mapping: {why}"
+    );
+    assert!(why.to_string().contains("refused its dma-buf"), "{why}");
+
+    let remote_host = target.alloc_registered(4 * MIB, "cpu:0").unwrap();
+    let local_host = initiator.alloc_registered(4 * MIB, "cpu:0").unwrap();
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    assert_eq!(initiator.segment_transport(seg).unwrap(), TransportKind::Rdma);
+    let published = initiator.segment_descriptor(seg).unwrap();
+    let keys = |addr: u64| published.buffers.iter().find(|b| b.addr == addr).unwrap().keys.rdma.len();
+    assert_eq!((keys(remote.addr), keys(remote_host.addr())), (0, 1), "keys for host memory only");
+
+    device_transfers_arrive_intact(&initiator, seg, (&local, &remote), (&local_host, &remote_host));
+    assert_eq!(
+        initiator.rdma_slices_posted(seg).unwrap(),
+        0,
+        "every request touched device memory: none went over rdma"
+    );
+    fill(&remote_host, 8);
+    initiator.transfer_sync(&[read(local_host.addr(), seg, remote_host.addr(), MIB)]).unwrap();
+    // SAFETY: the transfer ended.
+    assert_eq!(pattern::first_mismatch(unsafe { &local_host.as_slice()[..MIB as usize] }, 8, 0), None);
+    assert!(initiator.rdma_slices_posted(seg).unwrap() >= 16, "host to host stays on rdma");
+    initiator.unregister(local.addr).unwrap();
+    assert_eq!(initiator.rdma_device_path(local.addr), None, "forgotten when unregistered");
+    target.unregister(remote.addr).unwrap();
+}
+
+/// The GPUDirect route itself, end to end on soft-RoCE: the fake driver maps its device
+/// memory readable here (`FAKE_CUDA_HOST_VISIBLE=1`) so that the NIC can pin the device
+/// pointer, as a NIC pins real device memory through nvidia-peermem, and both engines are
+/// told a peer-memory module is loaded. Device memory is then registered with the NIC (its
+/// keys published), and every request on it, device to device and mixed, goes over rdma.
+#[test]
+fn device_memory_registered_with_the_nic_moves_over_rdma() {
+    let Some((dev, gid)) = rxe() else { return };
+    let cuda = Some(std::path::PathBuf::from(env!("FAKE_CUDA_DRIVER")));
+    let engine = || {
+        rdma_engine(&dev, gid, |c| {
+            c.cuda_driver = cuda.clone();
+            c.rdma.peer_memory = Some(true);
+        })
+    };
+    let (target, initiator) = (engine(), engine());
+    // The fake reads it at each allocation; the suite runs one test at a time.
+    std::env::set_var("FAKE_CUDA_HOST_VISIBLE", "1");
+    let (local, remote) = (Gpu::new(4 * MIB, 1), Gpu::new(4 * MIB, 2));
+    std::env::remove_var("FAKE_CUDA_HOST_VISIBLE");
+    let fds = fake_cuda_fds();
+    target.register(remote.addr, remote.len, "cuda:0").unwrap();
+    initiator.register(local.addr, local.len, "*").unwrap();
+    assert_eq!(fake_cuda_fds(), fds, "each exported dma-buf was closed");
+    use crescent_transports::rdma::gpudirect::DevicePath;
+    // dma-buf is tried first (rxe refuses it), then the pointer.
+    assert_eq!(target.rdma_device_path(remote.addr), Some(DevicePath::PeerMemory));
+    assert_eq!(initiator.rdma_device_path(local.addr), Some(DevicePath::PeerMemory));
+
+    let remote_host = target.alloc_registered(4 * MIB, "cpu:0").unwrap();
+    let local_host = initiator.alloc_registered(4 * MIB, "cpu:0").unwrap();
+    let seg = initiator.open_segment(target.segment_name()).unwrap();
+    let published = initiator.segment_descriptor(seg).unwrap();
+    let remote_buffer = published.buffers.iter().find(|b| b.addr == remote.addr).unwrap();
+    assert_eq!((remote_buffer.location.as_str(), remote_buffer.keys.rdma.len()), ("cuda:0", 1));
+
+    device_transfers_arrive_intact(&initiator, seg, (&local, &remote), (&local_host, &remote_host));
+    // Six requests of 300,001 bytes, five 64 KiB slices each: all of them over rdma.
+    let posted = initiator.rdma_slices_posted(seg).unwrap();
+    assert!(posted >= 30, "device memory went over rdma: {posted} slices posted");
+    initiator.unregister(local.addr).unwrap();
+    target.unregister(remote.addr).unwrap();
+}

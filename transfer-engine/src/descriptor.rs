@@ -88,9 +88,14 @@ impl SegmentDescriptor {
 
     /// End of the buffer containing `addr`, if any.
     pub fn buffer_end(&self, addr: u64) -> Option<u64> {
+        self.buffer_at(addr).map(BufferDescriptor::end)
+    }
+
+    /// The buffer holding `addr`, if one does.
+    pub fn buffer_at(&self, addr: u64) -> Option<&BufferDescriptor> {
         let i = self.buffers.partition_point(|b| b.addr <= addr);
         let b = self.buffers.get(i.checked_sub(1)?)?;
-        (addr < b.end()).then(|| b.end())
+        (addr < b.end()).then_some(b)
     }
 }
 

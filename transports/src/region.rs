@@ -131,6 +131,11 @@ impl Region {
     pub fn keys(&self) -> RegionKeys {
         self.keys.read().clone()
     }
+    /// Whether an RDMA device registered it (its keys name at least one device): for device
+    /// memory, whether it is registered for GPUDirect RDMA.
+    pub fn has_rdma_keys(&self) -> bool {
+        !self.keys.read().rdma.is_empty()
+    }
     /// Sets the keys the transports registered it under.
     pub fn set_keys(&self, keys: RegionKeys) {
         *self.keys.write() = keys;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crescent_transports::device::{DeviceMemory, Devices, Location, Placement};
 use crescent_transports::net::Auth;
+use crescent_transports::rdma::gpudirect::DevicePath;
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::shm::{ShmConfig, ShmTransport};
 use crescent_transports::tcp::{TcpConfig, TcpTransport};
@@ -387,6 +388,24 @@ impl TransferEngine {
     /// CPU must not touch it: its bytes move through the driver's copies).
     pub fn local_device_memory(&self, addr: u64, len: u64) -> Option<DeviceMemory> {
         self.table.device_memory(addr, len)
+    }
+
+    /// How the registered device memory that starts at `addr` reaches this engine's RDMA
+    /// devices: GPUDirect (dma-buf or peer memory), or staged over tcp with the reason.
+    /// `None` where rdma is not running or no region of device memory starts at `addr`.
+    pub fn rdma_device_path(&self, addr: u64) -> Option<DevicePath> {
+        self.rdma.as_ref().filter(|r| !r.is_withdrawn())?.device_path(addr)
+    }
+
+    /// Slices posted to segment `id` over rdma so far, summed over its queue pairs (0 where its
+    /// route is not rdma or nothing is connected yet): diagnostics, and what tests use to tell
+    /// which transport carried a request.
+    pub fn rdma_slices_posted(&self, id: SegmentId) -> Result<u64> {
+        let route = self.segment(id)?.route();
+        Ok(match (&self.rdma, route.transport.kind()) {
+            (Some(rdma), TransportKind::Rdma) => rdma.lane_stats(&route.endpoint).iter().map(|l| l.posted).sum(),
+            _ => 0,
+        })
     }
 
     /// Allocates `len` bytes of shareable host memory and registers them. A device location is

@@ -1,5 +1,6 @@
 //! Submitting a batch: each request checked and cut into slices, routed to the transport its
-//! segment uses (device memory detoured where that transport cannot move it), and handed over.
+//! segment uses (device memory detoured where that transport cannot move it: rdma, where the
+//! NICs have no GPUDirect registration of it), and handed over.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -118,8 +119,10 @@ impl TransferEngine {
         Ok(())
     }
 
-    /// Splits off the slices of an rdma route that touch device memory (on either end): the
-    /// NIC has no GPUDirect registration of it yet, so they go over tcp, staged.
+    /// Splits off the slices of an rdma route that touch device memory the NICs cannot reach
+    /// on either end (not registered for GPUDirect RDMA: no rdma keys): they go over tcp,
+    /// staged. Device memory registered for GPUDirect on both ends, or on one end with host
+    /// memory on the other, stays on rdma.
     pub(super) fn device_detour(
         &self,
         segment: &Segment,
@@ -130,16 +133,20 @@ impl TransferEngine {
             return (slices, Vec::new());
         }
         let descriptor = segment.descriptor.read().clone();
-        let is_device = |b: &BufferDescriptor| matches!(b.location.parse(), Ok(Location::Cuda(_)));
         // The common case, host memory on both ends, costs no look-up per slice.
         if !self.table.holds_device_memory() && !descriptor.buffers.iter().any(is_device) {
             return (slices, Vec::new());
         }
-        let remote_on_device =
-            |addr: u64| descriptor.buffers.iter().any(|b| b.addr <= addr && addr - b.addr < b.length && is_device(b));
-        slices
-            .into_iter()
-            .partition(|s| self.table.device_memory(s.local_addr, s.len).is_none() && !remote_on_device(s.remote_addr))
+        slices.into_iter().partition(|s| {
+            let local = self
+                .table
+                .find(s.local_addr, s.len)
+                .map_or(End::HOST, |r| End { on_device: r.device().is_some(), nic_registered: r.has_rdma_keys() });
+            let remote = descriptor
+                .buffer_at(s.remote_addr)
+                .map_or(End::HOST, |b| End { on_device: is_device(b), nic_registered: !b.keys.rdma.is_empty() });
+            !must_stage(local, remote)
+        })
     }
 
     /// Sends `slices` to `segment` over tcp (its descriptor's tcp endpoint).
@@ -150,7 +157,7 @@ impl TransferEngine {
             (Some(tcp), Some(endpoint)) => tcp.submit(&endpoint, slices),
             _ => {
                 let reason = FailureReason::local(format!(
-                    "segment {}: device memory moves over tcp until GPUDirect RDMA exists, and it offers no tcp endpoint",
+                    "segment {}: device memory without GPUDirect RDMA moves over tcp, and it offers no tcp endpoint",
                     segment.name
                 ));
                 for s in slices {
@@ -220,6 +227,58 @@ impl TransferEngine {
                 }
                 Err(CutError::Empty) => return Err(PlanError::Local("empty request".into())),
             }
+        }
+    }
+}
+
+fn is_device(b: &BufferDescriptor) -> bool {
+    matches!(b.location.parse(), Ok(Location::Cuda(_)))
+}
+
+/// One end of a slice, as far as rdma is concerned.
+#[derive(Debug, Clone, Copy)]
+struct End {
+    /// Device memory.
+    on_device: bool,
+    /// Registered with the NICs (it has rdma keys).
+    nic_registered: bool,
+}
+
+impl End {
+    /// Host memory (also what an end not found is taken for: the transport reports it).
+    const HOST: End = End { on_device: false, nic_registered: true };
+}
+
+/// Whether a slice of an rdma route must go over tcp, staged: either end is device memory that
+/// the NICs cannot reach (no GPUDirect registration). Host memory is never staged for this.
+fn must_stage(local: End, remote: End) -> bool {
+    [local, remote].iter().any(|e| e.on_device && !e.nic_registered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{must_stage, End};
+
+    #[test]
+    fn only_device_memory_without_nic_keys_is_staged() {
+        let host = End::HOST;
+        let gpudirect = End { on_device: true, nic_registered: true };
+        let staged = End { on_device: true, nic_registered: false };
+        // A host region without keys (rdma turned off) is not this function's concern.
+        let host_unkeyed = End { on_device: false, nic_registered: false };
+        for (local, remote, stage) in [
+            (host, host, false),
+            (host_unkeyed, host, false),
+            (gpudirect, gpudirect, false),
+            (gpudirect, host, false),
+            (host, gpudirect, false),
+            (staged, host, true),
+            (host, staged, true),
+            (staged, gpudirect, true),
+            (gpudirect, staged, true),
+            (staged, staged, true),
+        ] {
+            assert_eq!(must_stage(local, remote), stage, "{local:?} -> {remote:?}");
         }
     }
 }

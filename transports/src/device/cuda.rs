@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use libloading::Library;
 use parking_lot::Mutex;
 
-use super::{Allocation, DeviceApi, HostFunc, IpcHandle, PendingCopy, IPC_HANDLE_LEN};
+use super::{page_span, Allocation, DeviceApi, DmaBuf, HostFunc, IpcHandle, PendingCopy, IPC_HANDLE_LEN};
 use crate::TransportError;
 
 /// The library loaded when no path is given.
@@ -79,6 +79,18 @@ const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
 const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: c_int = 1;
 
+/// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`: the device can export its memory as dma-bufs.
+const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: c_int = 124;
+/// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: c_int = 1;
+
+/// The entry points of dma-buf export (CUDA 11.7 and later, with a kernel driver that has it):
+/// both or none.
+struct DmaBufApi {
+    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, CuDevice) -> CuResult,
+    get_handle_for_address_range: unsafe extern "C" fn(*mut c_void, CuDevicePtr, usize, c_int, u64) -> CuResult,
+}
+
 /// The virtual memory management entry points (CUDA 10.2 and later): all or none.
 struct VmmApi {
     create: unsafe extern "C" fn(*mut CuMemHandle, usize, *const CuMemAllocationProp, u64) -> CuResult,
@@ -120,6 +132,8 @@ struct Api {
     launch_host_func: Option<unsafe extern "C" fn(CuStream, CuHostFn, *mut c_void) -> CuResult>,
     /// Without them (before CUDA 10.2), no memory is VMM memory and none is imported.
     vmm: Option<VmmApi>,
+    /// Without them (before CUDA 11.7), no memory is exported as a dma-buf.
+    dmabuf: Option<DmaBufApi>,
 }
 
 /// The CUDA driver, loaded and initialised.
@@ -208,6 +222,18 @@ impl Cuda {
                     import: opt!("cuMemImportFromShareableHandle"),
                     retain: opt!("cuMemRetainAllocationHandle"),
                     granularity: opt!("cuMemGetAllocationGranularity"),
+                })
+            })(),
+            dmabuf: (|| {
+                macro_rules! opt {
+                    ($name:literal) => {
+                        // SAFETY: as in `sym!`: the type cuda.h declares for it.
+                        unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok().map(|f| *f)?
+                    };
+                }
+                Some(DmaBufApi {
+                    device_get_attribute: opt!("cuDeviceGetAttribute"),
+                    get_handle_for_address_range: opt!("cuMemGetHandleForAddressRange"),
                 })
             })(),
         };
@@ -574,6 +600,55 @@ impl DeviceApi for Cuda {
         self.enter(0)?;
         // SAFETY: `addr` came from `alloc_pinned`, and its owner no longer uses it.
         self.check("cuMemFreeHost", unsafe { (self.api.mem_free_host)(addr as *mut c_void) })
+    }
+
+    fn dmabuf(&self, device: u32, addr: u64, len: u64) -> Result<Option<DmaBuf>, TransportError> {
+        let Some(api) = self.api.dmabuf.as_ref() else {
+            tracing::debug!("device memory: this CUDA driver lacks cuMemGetHandleForAddressRange (CUDA 11.7 or later)");
+            return Ok(None);
+        };
+        self.enter(device)?;
+        let mut dev: CuDevice = 0;
+        // SAFETY: the driver writes one device handle through the pointer.
+        self.check("cuDeviceGet", unsafe { (self.api.device_get)(&mut dev, device as c_int) })?;
+        let mut supported: c_int = 0;
+        // SAFETY: the driver writes one int through the pointer.
+        let code = unsafe { (api.device_get_attribute)(&mut supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) };
+        if code != CUDA_SUCCESS || supported == 0 {
+            let answer = if code == CUDA_SUCCESS { "0".to_string() } else { self.error_text(code) };
+            tracing::debug!("device memory: cuda:{device} exports no dma-buf (DMA_BUF_SUPPORTED: {answer})");
+            return Ok(None);
+        }
+        // The driver exports whole host pages only.
+        let page = rustix::param::page_size() as u64;
+        let (start, span, offset) = page_span(addr, len, page).ok_or_else(|| {
+            TransportError::InvalidArgument(format!("no dma-buf for the device range [{addr:#x}, +{len})"))
+        })?;
+        let span = usize::try_from(span).map_err(|_| TransportError::Driver {
+            call: "cuMemGetHandleForAddressRange",
+            reason: format!("{span} bytes"),
+        })?;
+        let mut fd: c_int = -1;
+        // SAFETY: for a dma-buf the driver writes an int (the descriptor) through the pointer;
+        // the range is whole pages of device memory the caller registered.
+        self.check("cuMemGetHandleForAddressRange", unsafe {
+            (api.get_handle_for_address_range)(
+                (&mut fd as *mut c_int).cast(),
+                start,
+                span,
+                CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(TransportError::Driver {
+                call: "cuMemGetHandleForAddressRange",
+                reason: format!("descriptor {fd}"),
+            });
+        }
+        // SAFETY: a descriptor the driver opened for this caller, owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Some(DmaBuf { fd, offset }))
     }
 
     fn launch_host_func(&self, device: u32, stream: u64, f: HostFunc) -> Result<(), TransportError> {

@@ -12,6 +12,9 @@
 //! [`Devices`] loads it once, on first use, from [`Devices::new`]'s path, else
 //! `$CRESCENT_CUDA_DRIVER`, else `libcuda.so.1`.
 //!
+//! For GPUDirect RDMA a driver may also export a range of device memory as a dma-buf
+//! ([`DeviceApi::dmabuf`]), which the rdma transport registers with the NIC.
+//!
 //! On top of the vendor's calls, [`Driver`] adds what every transport needs the same way:
 //! pinned host bounce buffers kept for reuse ([`Bounce`]), and imported IPC allocations
 //! shared by every grant that uses them ([`IpcMapping`]).
@@ -78,6 +81,30 @@ impl fmt::Debug for IpcHandle {
         }
         write!(f, "…)")
     }
+}
+
+/// A range of device memory exported as a dma-buf file descriptor ([`DeviceApi::dmabuf`]),
+/// which a NIC can register (`ibv_reg_dmabuf_mr`) without a peer-memory kernel module.
+#[derive(Debug)]
+pub struct DmaBuf {
+    /// The dma-buf. Its owner closes it once the NIC registered it (a registration holds a
+    /// reference of its own).
+    pub fd: OwnedFd,
+    /// Where the asked-for range starts inside the dma-buf, in bytes (the export covers whole
+    /// host pages around it).
+    pub offset: u64,
+}
+
+/// The whole host pages (`page` bytes each, a power of two) around `[addr, +len)`: their
+/// start, their length, and `addr`'s offset from that start. `None` when the range is empty,
+/// wraps, or `page` is not a power of two.
+pub fn page_span(addr: u64, len: u64, page: u64) -> Option<(u64, u64, u64)> {
+    if len == 0 || !page.is_power_of_two() {
+        return None;
+    }
+    let start = addr & !(page - 1);
+    let end = addr.checked_add(len)?.checked_next_multiple_of(page)?;
+    Some((start, end - start, addr - start))
 }
 
 /// A vendor's device driver: the calls the transports need, nothing more.
@@ -165,6 +192,16 @@ pub trait DeviceApi: Send + Sync + fmt::Debug {
     fn vmm_free(&self, device: u32, addr: u64) -> Result<(), TransportError> {
         let _ = (device, addr);
         Ok(())
+    }
+    /// Exports `[addr, +len)` of `device`'s memory as a dma-buf for a NIC to register, or
+    /// `Ok(None)` when this driver or device offers none (the rdma transport then tries
+    /// other ways, and stages the memory over tcp as a last resort). An error is a driver
+    /// call that failed on memory it should have exported.
+    ///
+    /// The default: none.
+    fn dmabuf(&self, device: u32, addr: u64, len: u64) -> Result<Option<DmaBuf>, TransportError> {
+        let _ = (device, addr, len);
+        Ok(None)
     }
     /// Queues `f` on the caller's `stream` (a handle of the vendor's, `0` for the default
     /// stream): the driver runs it on a thread of its own once the work queued before it on
@@ -366,5 +403,29 @@ impl Devices {
     /// Where `[addr, +len)` registered at `location` lives; see [`Placement`].
     pub fn place(&self, addr: u64, len: u64, location: &str) -> Result<Placement, TransportError> {
         location::place(self, addr, len, location)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_span;
+
+    #[test]
+    fn a_page_span_covers_the_range_with_whole_pages() {
+        const PAGE: u64 = 4096;
+        assert_eq!(page_span(0x10000, 4096, PAGE), Some((0x10000, 4096, 0)), "aligned already");
+        assert_eq!(page_span(0x10001, 1, PAGE), Some((0x10000, 4096, 1)));
+        assert_eq!(page_span(0x10fff, 2, PAGE), Some((0x10000, 8192, 0xfff)), "crosses a page boundary");
+        assert_eq!(page_span(0x12345, 0x10000, PAGE), Some((0x12000, 0x11000, 0x345)));
+        assert_eq!(page_span(0x200000, 3 << 20, 2 << 20), Some((0x200000, 4 << 20, 0)), "2 MiB pages");
+    }
+
+    #[test]
+    fn a_page_span_refuses_empty_wrapping_and_odd_pages() {
+        assert_eq!(page_span(0x1000, 0, 4096), None);
+        assert_eq!(page_span(u64::MAX - 10, 5, 4096), None, "its end rounds past the address space");
+        assert_eq!(page_span(u64::MAX - 10, 20, 4096), None, "wraps");
+        assert_eq!(page_span(0x1000, 1, 0), None);
+        assert_eq!(page_span(0x1000, 1, 3000), None);
     }
 }

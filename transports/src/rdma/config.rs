@@ -47,6 +47,10 @@ pub struct RdmaConfig {
     pub connect_timeout: Duration,
     /// The cluster secret both ends of the queue-pair exchange prove they know (none: open).
     pub auth: crate::net::Auth,
+    /// Whether to register device memory as a plain pointer when dma-buf registration is not
+    /// possible, for a peer-memory kernel module to resolve (GPUDirect RDMA through
+    /// nvidia-peermem); `None`: where `/sys/module` lists `nvidia_peermem` or `nv_peer_mem`.
+    pub peer_memory: Option<bool>,
 }
 
 impl Default for RdmaConfig {
@@ -71,6 +75,7 @@ impl Default for RdmaConfig {
             poll_spin: Duration::from_micros(50),
             connect_timeout: Duration::from_secs(3),
             auth: crate::net::Auth::open(),
+            peer_memory: None,
         }
     }
 }

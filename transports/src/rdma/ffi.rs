@@ -377,6 +377,9 @@ pub struct Verbs {
     pub dealloc_pd: unsafe extern "C" fn(*mut ibv_pd) -> c_int,
     pub reg_mr: unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr,
     pub dereg_mr: unsafe extern "C" fn(*mut ibv_mr) -> c_int,
+    /// `ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access)`: libibverbs 1.14 (rdma-core
+    /// 34) and later; `None` before, where device memory is registered another way or staged.
+    pub reg_dmabuf_mr: Option<unsafe extern "C" fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr>,
     pub create_comp_channel: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel,
     pub destroy_comp_channel: unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int,
     pub create_cq:
@@ -424,6 +427,8 @@ impl Verbs {
             dealloc_pd: sym!("ibv_dealloc_pd"),
             reg_mr: sym!("ibv_reg_mr"),
             dereg_mr: sym!("ibv_dereg_mr"),
+            // SAFETY: as in `sym!`: the type verbs.h declares for it (IBVERBS_1.12).
+            reg_dmabuf_mr: unsafe { lib.get(b"ibv_reg_dmabuf_mr\0") }.ok().map(|f| *f),
             create_comp_channel: sym!("ibv_create_comp_channel"),
             destroy_comp_channel: sym!("ibv_destroy_comp_channel"),
             create_cq: sym!("ibv_create_cq"),

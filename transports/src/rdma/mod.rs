@@ -15,8 +15,9 @@
 //!                                                          (implements poller::CompletionOwner)
 //!   dispatch  poller: a completion-queue thread per device, completions to their owner by
 //!             queue-pair number (CompletionOwner)
-//!   verbs     ffi, device, mr, qp: libibverbs loaded at run time, devices with their
-//!             protection domain and completion queue, memory regions, queue pairs
+//!   verbs     ffi, device, mr, gpudirect, qp: libibverbs loaded at run time, devices with
+//!             their protection domain and completion queue, memory regions (device memory's
+//!             too), queue pairs
 //!   settings  config: RdmaConfig, read by every layer
 //! ```
 //!
@@ -24,6 +25,8 @@
 //! * [`device`]: device, port, GID and MTU selection; a protection domain and a completion
 //!   queue per device;
 //! * [`mr`]: every registered region registered on every device; peers' remote keys;
+//! * [`gpudirect`]: device memory registered with the devices through a dma-buf or a
+//!   peer-memory module (GPUDirect RDMA), or the reason it is staged over tcp instead;
 //! * [`qp`]: RC queue pairs and their state changes;
 //! * `poller`: one completion-queue thread per device, dispatching by queue-pair number;
 //! * `lane`: slices posted as chained work requests with back-pressure, failed ones retried
@@ -35,6 +38,7 @@
 mod config;
 pub mod device;
 pub mod ffi;
+pub mod gpudirect;
 pub(crate) mod lane;
 pub mod mr;
 pub(crate) mod peer;
@@ -44,7 +48,7 @@ mod server;
 mod shared;
 pub mod wire;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::TcpListener;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -55,6 +59,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::{Endpoint, Region, RegionKeys, RemoteRegion, Slice, Transport, TransportError, TransportKind};
 pub use config::RdmaConfig;
+use gpudirect::DevicePath;
 use lane::Work;
 use mr::RemoteKeys;
 use peer::Peer;
@@ -127,6 +132,10 @@ pub struct RdmaTransport {
     port: u16,
     peers: Mutex<HashMap<Endpoint, Arc<PeerSlot>>>,
     remote_keys: Mutex<HashMap<Endpoint, Arc<RwLock<RemoteKeys>>>>,
+    /// How each registered region of device memory reaches the devices, by start address.
+    device_paths: Mutex<BTreeMap<u64, DevicePath>>,
+    /// The log lines about device memory said so far (each is said once).
+    said: Mutex<HashSet<String>>,
     /// The queue-pair exchange's accept loop (dropped first when the transport is).
     exchange: Mutex<Option<crate::net::Server>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -208,6 +217,8 @@ impl RdmaTransport {
             port,
             peers: Mutex::new(HashMap::new()),
             remote_keys: Mutex::new(HashMap::new()),
+            device_paths: Mutex::new(BTreeMap::new()),
+            said: Mutex::new(HashSet::new()),
             exchange: Mutex::new(Some(exchange)),
             threads: Mutex::new(threads),
         })
@@ -296,6 +307,35 @@ impl RdmaTransport {
         self.shared.is_withdrawn()
     }
 
+    /// How the registered region of device memory that starts at `addr` reaches the devices:
+    /// GPUDirect (through a dma-buf or a peer-memory module) or staged over tcp, and why.
+    /// `None` where no region of device memory starts there.
+    pub fn device_path(&self, addr: u64) -> Option<DevicePath> {
+        self.device_paths.lock().get(&addr).cloned()
+    }
+
+    /// Says how device memory at `location` reaches the devices, once per distinct line.
+    fn say_device_path(&self, location: &str, path: &DevicePath) {
+        let line = match path {
+            DevicePath::DmaBuf => {
+                format!("rdma: device memory ({location}) is registered with the NIC through a dma-buf: GPUDirect RDMA")
+            }
+            DevicePath::PeerMemory => format!(
+                "rdma: device memory ({location}) is registered with the NIC through a peer-memory module (nvidia-peermem): GPUDirect RDMA"
+            ),
+            DevicePath::Staged(why) => format!(
+                "rdma: device memory ({location}) is not registered with the NIC, no GPUDirect RDMA ({why}); \
+                 requests that touch it go over tcp, staged through pinned host buffers"
+            ),
+        };
+        if self.said.lock().insert(line.clone()) {
+            match path {
+                DevicePath::Staged(_) => tracing::warn!("{line}"),
+                _ => tracing::info!("{line}"),
+            }
+        }
+    }
+
     fn keys_of(&self, peer: &Endpoint) -> Arc<RwLock<RemoteKeys>> {
         self.remote_keys.lock().entry(peer.clone()).or_default().clone()
     }
@@ -349,17 +389,20 @@ impl Transport for RdmaTransport {
 
     fn register_region(&self, region: &Arc<Region>) -> Result<RegionKeys, TransportError> {
         if let Some(memory) = region.device() {
-            // GPUDirect (dma-buf or nvidia-peermem) is not implemented: the NIC never gets
-            // device memory, and the engine moves requests that touch it over tcp, staged.
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                tracing::info!(
-                    "rdma: device memory ({}) is not registered with the NIC (no GPUDirect RDMA yet); requests \
-                     that touch it go over tcp, staged through pinned host buffers",
-                    memory.location()
-                )
-            });
-            return Ok(RegionKeys::default());
+            // GPUDirect where the driver and the NICs allow it; else the engine moves requests
+            // that touch this memory over tcp, staged (see `gpudirect`).
+            let peer_memory = self.shared.config.peer_memory.unwrap_or_else(gpudirect::peer_memory_loaded);
+            let (rdma, path) = gpudirect::register(
+                &self.shared.mrs,
+                &self.shared.devices,
+                memory,
+                region.addr(),
+                region.len(),
+                peer_memory,
+            );
+            self.say_device_path(&memory.location(), &path);
+            self.device_paths.lock().insert(region.addr(), path);
+            return Ok(RegionKeys { rdma });
         }
         let rdma = self.shared.mrs.register(&self.shared.devices, region.addr(), region.len())?;
         Ok(RegionKeys { rdma })
@@ -367,6 +410,7 @@ impl Transport for RdmaTransport {
 
     fn unregister_region(&self, region: &Arc<Region>) -> Result<(), TransportError> {
         self.shared.mrs.unregister(region.addr());
+        self.device_paths.lock().remove(&region.addr());
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 //! Layer: verbs resources (the layer map is in the [rdma module](super)).
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -50,30 +51,88 @@ pub struct MrTable {
     regions: RwLock<BTreeMap<u64, Registered>>,
 }
 
+/// What a region is registered from.
+#[derive(Debug, Clone, Copy)]
+pub enum Backing<'a> {
+    /// Its addresses: host memory, or device memory where a peer-memory kernel module
+    /// (nvidia-peermem) resolves them for the NIC.
+    Pointer,
+    /// A dma-buf the device driver exported: `fd`, the region starting `offset` bytes into it.
+    DmaBuf {
+        /// The dma-buf (the caller closes it when it likes: a registration holds its own
+        /// reference).
+        fd: BorrowedFd<'a>,
+        /// Where the region starts inside the dma-buf.
+        offset: u64,
+    },
+}
+
+/// A registration that a device refused: its name and the error libibverbs set.
+#[derive(Debug)]
+pub struct Refused {
+    /// The device's name.
+    pub device: String,
+    /// The error (`errno`).
+    pub error: std::io::Error,
+}
+
 impl MrTable {
     /// Registers `[addr, addr+len)` on every device for local and remote read and write.
     pub fn register(&self, devices: &[Arc<Device>], addr: u64, len: u64) -> Result<Vec<DeviceKey>, TransportError> {
+        if usize::try_from(len).is_err() {
+            return Err(TransportError::InvalidArgument(format!("region of {len} bytes is too large")));
+        }
+        self.register_from(devices, addr, len, Backing::Pointer).map_err(|Refused { device, error }| {
+            let reason = format!("registering [{addr:#x}, +{len}) on {device} failed: {error}");
+            match pin_limit(&error) {
+                Some(limit) => TransportError::PinLimit {
+                    transport: "rdma",
+                    reason: format!(
+                        "{reason} (the locked-memory limit is {limit} bytes; raise it: ulimit -l unlimited)"
+                    ),
+                },
+                None => TransportError::Unavailable("rdma", reason),
+            }
+        })
+    }
+
+    /// Registers `[addr, addr+len)` from `backing` on every device, for local and remote read
+    /// and write; `addr` is the address work requests name it by. All or none: the first
+    /// device that refuses undoes the others.
+    pub fn register_from(
+        &self,
+        devices: &[Arc<Device>],
+        addr: u64,
+        len: u64,
+        backing: Backing<'_>,
+    ) -> Result<Vec<DeviceKey>, Refused> {
         let access = ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE;
-        let size = usize::try_from(len)
-            .map_err(|_| TransportError::InvalidArgument(format!("region of {len} bytes is too large")))?;
+        let errno = |device: &Device, code: i32| Refused {
+            device: device.name.clone(),
+            error: std::io::Error::from_raw_os_error(code),
+        };
         let mut mrs = Vec::with_capacity(devices.len());
         for d in devices {
-            // SAFETY: the engine registers only memory the caller keeps valid until it is
-            // unregistered (the region table's contract); the device pins the pages.
-            let mr = unsafe { (d.verbs.reg_mr)(d.pd, addr as *mut _, size, access) };
+            let Ok(size) = usize::try_from(len) else {
+                return Err(errno(d, rustix::io::Errno::OVERFLOW.raw_os_error()));
+            };
+            let mr = match backing {
+                // SAFETY: the engine registers only memory the caller keeps valid until it is
+                // unregistered (the region table's contract); the device pins the pages.
+                Backing::Pointer => unsafe { (d.verbs.reg_mr)(d.pd, addr as *mut _, size, access) },
+                Backing::DmaBuf { fd, offset } => {
+                    let Some(reg_dmabuf_mr) = d.verbs.reg_dmabuf_mr else {
+                        return Err(errno(d, rustix::io::Errno::OPNOTSUPP.raw_os_error()));
+                    };
+                    // SAFETY: `fd` is an open dma-buf for the duration of the call (borrowed);
+                    // the kernel takes its own reference to it for the memory region. `addr`
+                    // is only the I/O virtual address work requests will use.
+                    unsafe { reg_dmabuf_mr(d.pd, offset, size, addr, fd.as_raw_fd(), access) }
+                }
+            };
             if mr.is_null() {
-                let e = std::io::Error::last_os_error();
-                let reason = format!("registering [{addr:#x}, +{len}) on {} failed: {e}", d.name);
-                // `mrs` is dropped here: what was registered on other devices is undone.
-                return Err(match pin_limit(&e) {
-                    Some(limit) => TransportError::PinLimit {
-                        transport: "rdma",
-                        reason: format!(
-                            "{reason} (the locked-memory limit is {limit} bytes; raise it: ulimit -l unlimited)"
-                        ),
-                    },
-                    None => TransportError::Unavailable("rdma", reason),
-                });
+                // `mrs` is dropped on return: what was registered on other devices is undone.
+                return Err(Refused { device: d.name.clone(), error: std::io::Error::last_os_error() });
             }
             // SAFETY: a memory region the library just returned.
             let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
