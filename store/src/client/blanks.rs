@@ -5,8 +5,8 @@
 //!
 //! A blank holds a value of one exact size (and its record, [`crate::blank_record`]): the pool
 //! keeps blanks for the few sizes seen more than once among the last puts, a handful of each
-//! (fewer for large values), asked for off the put's path by a thread of its own whenever a
-//! put took one or found none. A blank is used only in the first half of its time at the
+//! (fewer for large values), asked for off the put's path by a thread of its own, in batches:
+//! whenever a put leaves half of them or fewer. A blank is used only in the first half of its time at the
 //! master, so that no write into it can still be under way when the master takes it back.
 //! When the master says a blank is gone (a new master, an expiry), the pool forgets them all;
 //! a master that grants none (blanks off, full, an older master) is asked again a while later.
@@ -22,9 +22,11 @@ use super::StoreClient;
 use crate::fastrpc::Method;
 use crate::proto::{GrantBlanksRequest, ReplicaDescriptor};
 
-/// Bytes of blanks the pool keeps for one size, and the most and fewest blanks that makes.
-const BYTES_PER_SIZE: u64 = 64 << 20;
-const MOST_PER_SIZE: u64 = 8;
+/// Bytes of blanks the pool keeps for one size, and the most and fewest blanks that makes
+/// (many small ones: each grant is one more call for the master and one more message for each
+/// owner, so the fewer grants per put the better).
+const BYTES_PER_SIZE: u64 = 32 << 20;
+const MOST_PER_SIZE: u64 = 32;
 const FEWEST_PER_SIZE: u64 = 2;
 /// Sizes the pool keeps blanks for at once.
 const SIZES: usize = 4;
@@ -92,7 +94,10 @@ impl Blanks {
         });
         let often = st.recent.iter().filter(|s| **s == size).count() >= 2;
         let backed_off = st.backed_off.get(&size).is_some_and(|until| *until > now);
-        if often && !backed_off {
+        // Asked for in batches: once half the size's blanks are used (one grant, one message
+        // to each owner, for several puts).
+        let left = st.by_size.get(&size).map_or(0, |q| q.len() as u64);
+        if often && !backed_off && left <= target(size) / 2 {
             st.wanted.retain(|s| *s != size);
             st.wanted.push(size);
             if !st.refilling {
@@ -261,9 +266,27 @@ mod tests {
     }
 
     #[test]
+    fn blanks_are_asked_for_in_batches_once_half_are_used() {
+        let pool = Blanks::default();
+        let now = Instant::now();
+        let ttl = Duration::from_secs(10);
+        pool.take(1000, now, || {});
+        pool.take(1000, now, || {});
+        assert_eq!(pool.next_wanted(now), Some((1000, MOST_PER_SIZE)));
+        pool.add(1000, now, (0..MOST_PER_SIZE).map(|id| (id, replica(), ttl)).collect());
+        for used in 1..=MOST_PER_SIZE {
+            assert!(pool.take(1000, now, || {}).is_some());
+            let wanted = !pool.state.lock().wanted.is_empty();
+            assert_eq!(wanted, used >= MOST_PER_SIZE / 2, "after {used} used");
+        }
+        assert_eq!(pool.next_wanted(now), Some((1000, MOST_PER_SIZE)), "asked for all that were used");
+    }
+
+    #[test]
     fn large_values_keep_fewer_blanks() {
         assert_eq!(target(64 << 10), MOST_PER_SIZE);
-        assert_eq!(target(10 << 20), 6);
+        assert_eq!(target(1 << 20), MOST_PER_SIZE);
+        assert_eq!(target(2 << 20), 16);
         assert_eq!(target(25 << 20), FEWEST_PER_SIZE);
     }
 }

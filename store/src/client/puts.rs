@@ -191,7 +191,10 @@ impl StoreClient {
         started: &mut Option<u64>,
     ) -> Option<Result<()>> {
         let len = src.len();
-        if len == 0 || key.len() > blank_record::KEY_MAX || self.disk.is_some() {
+        // Only values whose checksum costs less than the round trip it saves (see
+        // `checksum::START_MAX`): a larger one starts at the master, which takes its checksum
+        // while the master places it.
+        if len == 0 || len > checksum::START_MAX || key.len() > blank_record::KEY_MAX || self.disk.is_some() {
             return None;
         }
         if let Src::Registered(_, reach) = &src {
