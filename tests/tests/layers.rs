@@ -53,7 +53,7 @@ const STORE: &[Layer] = &[
     Layer(
         "shared types",
         Ordered,
-        &["proto", "error", "protocol", "fastrpc", "metrics_registry", "pattern", "leader", "logging"],
+        &["proto", "error", "protocol", "fastrpc", "metrics_registry", "pattern", "blank_record", "leader", "logging"],
     ),
     Layer("memory", Ordered, &["allocator", "staging", "resident"]),
     Layer("services", Apart, &["master", "client"]),
