@@ -1086,7 +1086,7 @@ fn a_forced_removal_racing_a_blank_commit_leaves_nothing_at_its_owner() {
 
 #[test]
 fn blanks_are_bounded_expire_and_go_with_their_dropped_client() {
-    let blank = (20_000 + crate::blank_record::RECORD_MAX).next_multiple_of(256);
+    let blank = (10_000 + crate::blank_record::RECORD_MAX).next_multiple_of(256);
     let config = MasterConfig {
         blank_bytes_per_client: 3 * blank + 100,
         blank_ttl: Duration::from_secs(1),
@@ -1095,10 +1095,10 @@ fn blanks_are_bounded_expire_and_go_with_their_dropped_client() {
     let m = Master::new(config.clone()).unwrap();
     m.state.lock().instant_acks = false;
     let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
-    // Bounded per client: three of them, not five.
-    let (granted, _) = m.grant_blanks("w", 20_000, 5).unwrap();
+    // Bounded per client: three of them, not five (the segment would hold five).
+    let (granted, _) = m.grant_blanks("w", 10_000, 5).unwrap();
     assert_eq!(granted.len(), 3);
-    assert!(m.grant_blanks("w", 20_000, 1).unwrap().0.is_empty());
+    assert!(m.grant_blanks("w", 10_000, 1).unwrap().0.is_empty());
     assert!(matches!(m.grant_blanks("w", 0, 1), Err(StoreError::InvalidArgument(_))));
     a.apply(&m, true);
     // Their time runs out: the sweep takes them back, through the owner.
@@ -1108,7 +1108,7 @@ fn blanks_are_bounded_expire_and_go_with_their_dropped_client() {
     let dropped = a.apply(&m, true);
     assert_eq!(dropped.iter().filter(|i| i.blank && !i.commit).count(), 3);
     assert_eq!(m.quarantined_bytes(), 0);
-    assert_eq!(m.grant_blanks("w", 20_000, 5).unwrap().0.len(), 3, "the space and the bound came back");
+    assert_eq!(m.grant_blanks("w", 10_000, 5).unwrap().0.len(), 3, "the space and the bound came back");
 
     // A known client (one with a segment, too small for a blank) that goes silent loses its
     // blanks at once.
@@ -1116,7 +1116,7 @@ fn blanks_are_bounded_expire_and_go_with_their_dropped_client() {
     m.state.lock().instant_acks = false;
     let mut a = IndexedOwner::mount(&m, "a", 1 << 30);
     m.mount_segment("c", &SegmentInfo { name: "c:1".into(), base: 1 << 32, size: 4096, tier: 0 }, "h").unwrap();
-    assert_eq!(m.grant_blanks("c", 20_000, 2).unwrap().0.len(), 2);
+    assert_eq!(m.grant_blanks("c", 10_000, 2).unwrap().0.len(), 2);
     a.apply(&m, true);
     for _ in 0..10 {
         std::thread::sleep(Duration::from_millis(10));
