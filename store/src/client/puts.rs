@@ -202,9 +202,8 @@ impl StoreClient {
                 return None;
             }
         }
-        let me = self.me.clone();
-        let pool = self.blanks.clone();
-        let blank = self.blanks.take(len, Instant::now(), || Self::start_refilling_blanks(me, pool))?;
+        let start = || Self::start_refilling_blanks(self.me.clone(), self.blanks.clone());
+        let blank = self.blanks.take(len, Instant::now(), start)?;
         let crc = checksum::of_src(&src)?;
         let record = blank_record::Record {
             blank: blank.id,

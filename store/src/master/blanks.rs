@@ -147,10 +147,14 @@ impl Master {
         // still be writing it: its time, and a put's.
         let hold = ttl + self.config.put_timeout;
         let (mut granted, mut news) = (Vec::new(), Vec::new());
+        // Memory use may rise to one eviction's share below the watermark: blanks never make
+        // the evictor take objects.
+        let totals = st.core.totals();
+        let below = self.config.eviction_high_watermark - self.config.eviction_ratio;
+        let mut used = totals.used;
         for _ in 0..count.min(MAX_GRANT) {
-            if st.blanks.held_by(client_id) + capacity > self.config.blank_bytes_per_client
-                || !self.room_for_blank(&st, capacity)
-            {
+            let room = (used + capacity) as f64 <= totals.capacity as f64 * below;
+            if st.blanks.held_by(client_id) + capacity > self.config.blank_bytes_per_client || !room {
                 break;
             }
             let opts = PutOptions::default();
@@ -183,6 +187,7 @@ impl Master {
             st.blanks.insert(id, blank);
             news.push((segment_id, seq));
             granted.push(Granted { id, replica, ttl });
+            used += block.reserved;
         }
         self.flush_news(&mut st);
         let wait = Self::waits_for(&st, news);
@@ -192,14 +197,6 @@ impl Master {
             self.update_gauges();
         }
         Ok((granted, wait))
-    }
-
-    /// Whether a blank of `capacity` bytes leaves memory below where eviction starts, by one
-    /// eviction's share: blanks never make the evictor take objects.
-    fn room_for_blank(&self, st: &State, capacity: u64) -> bool {
-        let totals = st.core.totals();
-        let below = self.config.eviction_high_watermark - self.config.eviction_ratio;
-        (totals.used + capacity) as f64 <= totals.capacity as f64 * below
     }
 
     /// Commits `client_id`'s put of `key` in blank `id`: `size` bytes at its start, of CRC-32
