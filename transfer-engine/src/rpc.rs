@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 
 use crescent_transports::net::codec::MAX_HEADER;
 use crescent_transports::net::serve::Accepted;
-use crescent_transports::net::wire::{recv_exact_by, send_all_by};
 use crescent_transports::net::{serve, Auth, Format, FrameError, Limits, Server, Service, Wire};
 use parking_lot::Mutex;
 
@@ -150,13 +149,6 @@ fn header(kind: Kind, meta_len: usize, len: usize) -> [u8; 16] {
     h
 }
 
-fn io_error(limit: Duration) -> impl Fn(io::Error) -> FrameError {
-    move |source| match source.kind() {
-        io::ErrorKind::TimedOut => FrameError::TimedOut { format: FORMAT.name, limit },
-        _ => FrameError::Io { format: FORMAT.name, source },
-    }
-}
-
 /// Sends one frame (`meta` then `data` as its payload), all of it within `limit`.
 pub fn write_frame(
     w: &mut (impl Wire + ?Sized),
@@ -168,7 +160,7 @@ pub fn write_frame(
     let len = FORMAT.check_len((meta.len() + data.len()) as u64, MAX_MESSAGE)?;
     let h = header(kind, meta.len(), len);
     let mut bufs = [IoSlice::new(&h), IoSlice::new(meta), IoSlice::new(data)];
-    send_all_by(w, &mut bufs, Some(Instant::now() + limit)).map_err(io_error(limit))
+    FORMAT.send(w, &mut bufs, limit)
 }
 
 /// One frame as read: its kind, its meta and its data.
@@ -214,14 +206,14 @@ pub fn read_frame(
         _ => {}
     }
     let mut meta = vec![0u8; meta_len];
-    recv_exact_by(w, &mut meta, Some(deadline)).map_err(io_error(limit))?;
+    FORMAT.recv_exact(w, &mut meta, deadline, limit)?;
     let tensor = if kind == Kind::Tensor { Some(TensorMeta::decode(&meta)?) } else { None };
     let rest = len - meta_len;
     let mut data = Vec::with_capacity(rest.min(CHUNK));
     while data.len() < rest {
         let from = data.len();
         data.resize(from + (rest - from).min(CHUNK), 0);
-        recv_exact_by(w, &mut data[from..], Some(deadline)).map_err(io_error(limit))?;
+        FORMAT.recv_exact(w, &mut data[from..], deadline, limit)?;
     }
     Ok(Frame { kind, tensor, data })
 }

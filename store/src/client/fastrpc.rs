@@ -191,25 +191,24 @@ impl FastRpc {
         if self.closed.load(Ordering::Acquire) {
             return Err(tonic::Status::unavailable("the master's fast rpc port was given up"));
         }
-        let mut s = self.open()?;
-        let deadline = Instant::now() + self.connect_timeout;
-        let open = fastrpc::message_frame(Method::OwnerStream as u8, first);
-        send_all_by(&mut s, &mut [IoSlice::new(&open)], Some(deadline)).map_err(|e| self.io_status(&e))?;
-        let (tag, body) = self.read_reply(&mut s, deadline)?;
-        match fastrpc::reply_status(tag, &body) {
-            Some(refused) => Err(refused),
-            None => Ok(s),
-        }
+        let s = self.open()?;
+        self.opening(s, &fastrpc::message_frame(Method::OwnerStream as u8, first))
     }
 
     /// A new connection, its hello answered.
     #[allow(clippy::result_large_err)]
     fn open(&self) -> Result<TcpStream, tonic::Status> {
-        let mut s = TcpStream::connect_timeout(&self.addr, self.connect_timeout).map_err(|e| self.io_status(&e))?;
+        let s = TcpStream::connect_timeout(&self.addr, self.connect_timeout).map_err(|e| self.io_status(&e))?;
         s.set_nodelay(true).map_err(|e| self.io_status(&e))?;
+        self.opening(s, &fastrpc::frame(HELLO, &self.hello))
+    }
+
+    /// `s` once the master answered the opening frame `frame` (a hello, an owner stream's
+    /// first acknowledgement) OK, both within the connect timeout; its refusal otherwise.
+    #[allow(clippy::result_large_err)]
+    fn opening(&self, mut s: TcpStream, frame: &[u8]) -> Result<TcpStream, tonic::Status> {
         let deadline = Instant::now() + self.connect_timeout;
-        let hello = fastrpc::frame(HELLO, &self.hello);
-        send_all_by(&mut s, &mut [IoSlice::new(&hello)], Some(deadline)).map_err(|e| self.io_status(&e))?;
+        send_all_by(&mut s, &mut [IoSlice::new(frame)], Some(deadline)).map_err(|e| self.io_status(&e))?;
         let (tag, body) = self.read_reply(&mut s, deadline)?;
         match fastrpc::reply_status(tag, &body) {
             Some(refused) => Err(refused),

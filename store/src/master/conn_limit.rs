@@ -6,7 +6,6 @@
 //! [`Gate::incoming`] is the accept loop: an accept that fails (out of descriptors) waits and
 //! tries again. tonic's own loop ends the server on such an error, for good.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -14,6 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crescent_transports::net::serve::PeerCounts;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -29,41 +29,33 @@ pub const MAX_CONNECTIONS_PER_PEER: usize = 512;
 /// memory) before it tries again; connections wait in the listen backlog meanwhile.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-#[derive(Default)]
-struct Counts {
-    total: usize,
-    per_peer: HashMap<IpAddr, usize>,
-}
-
 /// The admission of connections under the two bounds.
 pub struct Gate {
     max_total: usize,
     max_per_peer: usize,
-    counts: Mutex<Counts>,
+    counts: Mutex<PeerCounts<IpAddr>>,
 }
 
 impl Gate {
     /// A gate admitting `max_total` connections at once, `max_per_peer` of them from one address.
     pub fn new(max_total: usize, max_per_peer: usize) -> Arc<Gate> {
-        Arc::new(Gate { max_total, max_per_peer, counts: Mutex::new(Counts::default()) })
+        Arc::new(Gate { max_total, max_per_peer, counts: Mutex::new(PeerCounts::default()) })
     }
 
     /// The connection with its slot, or `None` (it is dropped: closed) over a bound.
     pub fn admit(self: &Arc<Self>, stream: TcpStream) -> Option<Admitted> {
         let peer = stream.peer_addr().ok()?.ip().to_canonical();
         let mut c = self.counts.lock();
-        let of_peer = c.per_peer.get(&peer).copied().unwrap_or(0);
-        if c.total >= self.max_total || of_peer >= self.max_per_peer {
+        let (total, of_peer) = (c.total(), c.of(&peer));
+        if total >= self.max_total || of_peer >= self.max_per_peer {
             tracing::warn!(
-                "master: refusing a connection from {peer}: {} open ({of_peer} from it; at most {} and {} per peer)",
-                c.total,
+                "master: refusing a connection from {peer}: {total} open ({of_peer} from it; at most {} and {} per peer)",
                 self.max_total,
                 self.max_per_peer
             );
             return None;
         }
-        c.total += 1;
-        *c.per_peer.entry(peer).or_insert(0) += 1;
+        c.add(peer);
         Some(Admitted { stream, slot: Slot { gate: self.clone(), peer } })
     }
 
@@ -100,7 +92,7 @@ impl Gate {
     /// Connections open now: in total, and from `peer`.
     pub fn open(&self, peer: IpAddr) -> (usize, usize) {
         let c = self.counts.lock();
-        (c.total, c.per_peer.get(&peer).copied().unwrap_or(0))
+        (c.total(), c.of(&peer))
     }
 }
 
@@ -116,14 +108,7 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut c = self.gate.counts.lock();
-        c.total -= 1;
-        if let Some(n) = c.per_peer.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                c.per_peer.remove(&self.peer);
-            }
-        }
+        self.gate.counts.lock().remove(&self.peer);
     }
 }
 

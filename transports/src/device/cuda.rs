@@ -181,6 +181,14 @@ impl Cuda {
                 found.ok_or_else(|| format!("{name} lacks {}", [$($name),+].join(" / ")))?
             }};
         }
+        // An optional entry point, inside a closure that gives up (`None`) on the first one
+        // missing: the tables of the VMM and dma-buf APIs, each usable whole or not at all.
+        macro_rules! opt {
+            ($name:literal) => {
+                // SAFETY: as in `sym!`: the type cuda.h declares for it.
+                unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok().map(|f| *f)?
+            };
+        }
         let api = Api {
             init: sym!("cuInit"),
             device_get_count: sym!("cuDeviceGetCount"),
@@ -204,12 +212,6 @@ impl Cuda {
             // SAFETY: as in `sym!`: the type cuda.h declares for cuLaunchHostFunc.
             launch_host_func: unsafe { lib.get(b"cuLaunchHostFunc\0") }.ok().map(|f| *f),
             vmm: (|| {
-                macro_rules! opt {
-                    ($name:literal) => {
-                        // SAFETY: as in `sym!`: the type cuda.h declares for it.
-                        unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok().map(|f| *f)?
-                    };
-                }
                 Some(VmmApi {
                     create: opt!("cuMemCreate"),
                     release: opt!("cuMemRelease"),
@@ -225,12 +227,6 @@ impl Cuda {
                 })
             })(),
             dmabuf: (|| {
-                macro_rules! opt {
-                    ($name:literal) => {
-                        // SAFETY: as in `sym!`: the type cuda.h declares for it.
-                        unsafe { lib.get(concat!($name, "\0").as_bytes()) }.ok().map(|f| *f)?
-                    };
-                }
                 Some(DmaBufApi {
                     device_get_attribute: opt!("cuDeviceGetAttribute"),
                     get_handle_for_address_range: opt!("cuMemGetHandleForAddressRange"),

@@ -143,6 +143,29 @@ impl Format {
         }
     }
 
+    /// Sends all of `bufs` (a frame, or its pieces in order) by `limit` from now; a deadline
+    /// that passes is [`FrameError::TimedOut`].
+    pub fn send(
+        &self,
+        w: &mut (impl Wire + ?Sized),
+        bufs: &mut [IoSlice<'_>],
+        limit: Duration,
+    ) -> Result<(), FrameError> {
+        send_all_by(w, bufs, Some(Instant::now() + limit)).map_err(self.io(limit))
+    }
+
+    /// Fills `buf` with the next bytes of a frame that began with `limit` to arrive whole,
+    /// by its `deadline`; a deadline that passes is [`FrameError::TimedOut`].
+    pub fn recv_exact(
+        &self,
+        w: &mut (impl Wire + ?Sized),
+        buf: &mut [u8],
+        deadline: Instant,
+        limit: Duration,
+    ) -> Result<(), FrameError> {
+        recv_exact_by(w, buf, Some(deadline)).map_err(self.io(limit))
+    }
+
     /// A format-specific malformation.
     pub fn malformed(&self, why: impl Into<String>) -> FrameError {
         FrameError::Malformed { format: self.name, why: why.into() }
@@ -206,7 +229,7 @@ impl Format {
         limit: Duration,
     ) -> Result<(), FrameError> {
         let frame = self.encode(kind, payload)?;
-        send_all_by(w, &mut [IoSlice::new(&frame)], Some(Instant::now() + limit)).map_err(self.io(limit))
+        self.send(w, &mut [IoSlice::new(&frame)], limit)
     }
 
     /// Waits until `idle` (`None`: forever) for the first byte of a frame and reads it into
@@ -235,7 +258,7 @@ impl Format {
         deadline: Instant,
         limit: Duration,
     ) -> Result<u8, FrameError> {
-        recv_exact_by(w, &mut header[filled..self.header_len], Some(deadline)).map_err(self.io(limit))?;
+        self.recv_exact(w, &mut header[filled..self.header_len], deadline, limit)?;
         self.check(&header[..self.header_len])
     }
 
@@ -257,7 +280,7 @@ impl Format {
         let len = u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
         let len = self.check_len(u64::from(len), max)?;
         let mut payload = vec![0u8; len];
-        recv_exact_by(w, &mut payload, Some(deadline)).map_err(self.io(limit))?;
+        self.recv_exact(w, &mut payload, deadline, limit)?;
         Ok(RawFrame { kind, header, payload })
     }
 }

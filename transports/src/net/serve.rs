@@ -20,6 +20,7 @@
 //!   is closed and counted ([`super::AuthStats`]).
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::io;
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
@@ -151,10 +152,54 @@ impl AcceptBackoff {
     }
 }
 
+/// Connections open, in total and per peer: what an admission checks against its bounds and
+/// a closed connection gives back. A peer keeps an entry only while it has connections open,
+/// so peers that come and go leave nothing behind. The accept loop here and the store
+/// master's gRPC port both count with it.
+#[derive(Debug, Clone)]
+pub struct PeerCounts<K> {
+    total: usize,
+    per_peer: HashMap<K, usize>,
+}
+
+impl<K> Default for PeerCounts<K> {
+    fn default() -> Self {
+        PeerCounts { total: 0, per_peer: HashMap::new() }
+    }
+}
+
+impl<K: Eq + Hash> PeerCounts<K> {
+    /// Connections open from everyone.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Connections open from `peer`.
+    pub fn of(&self, peer: &K) -> usize {
+        self.per_peer.get(peer).copied().unwrap_or(0)
+    }
+
+    /// Counts a connection of `peer` that opened (the caller checked the bounds).
+    pub fn add(&mut self, peer: K) {
+        self.total += 1;
+        *self.per_peer.entry(peer).or_insert(0) += 1;
+    }
+
+    /// Gives back the slot of a connection of `peer` that [`PeerCounts::add`] counted.
+    pub fn remove(&mut self, peer: &K) {
+        self.total -= 1;
+        if let Some(n) = self.per_peer.get_mut(peer) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_peer.remove(peer);
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct GateState {
-    total: usize,
-    per_peer: HashMap<PeerKey, usize>,
+    counts: PeerCounts<PeerKey>,
     live: HashMap<u64, Weak<dyn Connection>>,
     next: u64,
     closed: bool,
@@ -177,13 +222,7 @@ pub(crate) struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut st = self.gate.state.lock();
-        st.total -= 1;
-        if let Some(n) = st.per_peer.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                st.per_peer.remove(&self.peer);
-            }
-        }
+        st.counts.remove(&self.peer);
         st.live.remove(&self.id);
     }
 }
@@ -196,11 +235,11 @@ impl Gate {
     /// A slot for `conn` of `peer`, or why not.
     pub(crate) fn admit<C: Connection>(self: &Arc<Self>, peer: &PeerKey, conn: &Arc<C>) -> Result<Ticket, String> {
         let mut st = self.state.lock();
-        let of_peer = st.per_peer.get(peer).copied().unwrap_or(0);
+        let (total, of_peer) = (st.counts.total(), st.counts.of(peer));
         let refusal = if st.closed {
             Some("the listener is shutting down".to_string())
-        } else if st.total >= self.limits.max_connections {
-            Some(format!("{} connections are open, the most this listener serves", st.total))
+        } else if total >= self.limits.max_connections {
+            Some(format!("{total} connections are open, the most this listener serves"))
         } else if of_peer >= self.limits.max_per_peer {
             Some(format!("{peer} has {of_peer} connections open, the most one peer may"))
         } else {
@@ -210,8 +249,7 @@ impl Gate {
             st.refused += 1;
             return Err(why);
         }
-        st.total += 1;
-        *st.per_peer.entry(peer.clone()).or_insert(0) += 1;
+        st.counts.add(peer.clone());
         let id = st.next;
         st.next += 1;
         let weak: Weak<C> = Arc::downgrade(conn);
@@ -223,7 +261,7 @@ impl Gate {
     #[cfg(test)]
     pub(crate) fn counts(&self, peer: &PeerKey) -> (usize, usize) {
         let st = self.state.lock();
-        (st.total, st.per_peer.get(peer).copied().unwrap_or(0))
+        (st.counts.total(), st.counts.of(peer))
     }
 
     fn refused(&self) -> u64 {
@@ -334,7 +372,7 @@ pub struct Server {
 impl Server {
     /// Connections served now.
     pub fn connections(&self) -> usize {
-        self.gate.state.lock().total
+        self.gate.state.lock().counts.total()
     }
 
     /// Connections refused by a bound so far.

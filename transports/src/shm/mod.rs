@@ -459,6 +459,33 @@ mod tests {
         (transport, region, memory, client)
     }
 
+    /// A transport with `copy_threads` copy threads that copies between two 4 MiB buffers of
+    /// this process through its endpoint to itself: `remote` (bytes `i % 251`), registered,
+    /// and `local` (bytes `i % 241`). `bases` are their addresses (local, remote) and
+    /// `buffers` the buffers themselves, to drop after the transport.
+    struct ToItself {
+        transport: ShmTransport,
+        endpoint: Endpoint,
+        bases: (u64, u64),
+        buffers: (Vec<u8>, Vec<u8>),
+        _region: Arc<Region>,
+    }
+
+    impl ToItself {
+        fn start(copy_threads: usize) -> ToItself {
+            const LEN: usize = 4 << 20;
+            let mut remote: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+            let table = Arc::new(RegionTable::new());
+            let region = table.insert(Region::new(remote.as_mut_ptr() as u64, LEN as u64, "cpu:0", None)).unwrap();
+            let transport = ShmTransport::start(ShmConfig { copy_threads, ..ShmConfig::default() }, table).unwrap();
+            transport.register_region(&region).unwrap();
+            let endpoint = transport.endpoint();
+            let mut local: Vec<u8> = (0..LEN).map(|i| (i % 241) as u8).collect();
+            let bases = (local.as_mut_ptr() as u64, remote.as_mut_ptr() as u64);
+            ToItself { transport, endpoint, bases, buffers: (local, remote), _region: region }
+        }
+    }
+
     /// Records each slice's outcome; with a gate, the first claim of the slice's local memory
     /// says so on `entered` and waits for `release` (a copy thread kept busy).
     #[derive(Default)]
@@ -502,15 +529,7 @@ mod tests {
     #[test]
     fn small_slices_are_copied_by_the_submitting_thread_while_the_copy_threads_are_busy() {
         use crate::Opcode::{Read, Write};
-        const LEN: usize = 4 << 20;
-        let mut remote: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
-        let table = Arc::new(RegionTable::new());
-        let region = table.insert(Region::new(remote.as_mut_ptr() as u64, LEN as u64, "cpu:0", None)).unwrap();
-        let transport = ShmTransport::start(ShmConfig { copy_threads: 1, ..ShmConfig::default() }, table).unwrap();
-        transport.register_region(&region).unwrap();
-        let endpoint = transport.endpoint();
-        let mut local: Vec<u8> = (0..LEN).map(|i| (i % 241) as u8).collect();
-        let bases = (local.as_mut_ptr() as u64, remote.as_mut_ptr() as u64);
+        let ToItself { transport, endpoint, bases, buffers, _region } = ToItself::start(1);
 
         // The first slice finds no grant at hand: a copy thread asks the peer for it.
         let first = Arc::new(Sink::default());
@@ -565,21 +584,13 @@ mod tests {
         release.send(()).unwrap();
         drop(transport); // the copy thread finishes the large slice first
         assert_eq!(*blocked.outcomes.lock(), vec![(0, SliceOutcome::Completed)]);
-        drop((local, remote));
+        drop(buffers);
     }
 
     #[test]
     fn a_run_of_small_slices_in_one_grant_looks_the_grant_up_once_per_copier() {
         use crate::Opcode::{Read, Write};
-        const LEN: usize = 4 << 20;
-        let mut remote: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
-        let table = Arc::new(RegionTable::new());
-        let region = table.insert(Region::new(remote.as_mut_ptr() as u64, LEN as u64, "cpu:0", None)).unwrap();
-        let transport = ShmTransport::start(ShmConfig { copy_threads: 2, ..ShmConfig::default() }, table).unwrap();
-        transport.register_region(&region).unwrap();
-        let endpoint = transport.endpoint();
-        let mut local: Vec<u8> = (0..LEN).map(|i| (i % 241) as u8).collect();
-        let bases = (local.as_mut_ptr() as u64, remote.as_mut_ptr() as u64);
+        let ToItself { transport, endpoint, bases, buffers, _region } = ToItself::start(2);
         let wait_for = |sink: &Sink, n: usize| {
             let waited = std::time::Instant::now();
             while sink.outcomes.lock().len() < n {
@@ -620,21 +631,13 @@ mod tests {
         let lookups = peer.lookups() - before;
         assert!((1..=3).contains(&lookups), "{lookups} grant lookups for {SLICES} slices in one grant");
         drop(transport);
-        drop((local, remote));
+        drop(buffers);
     }
 
     #[test]
     fn copy_threads_help_with_small_slices_only_while_cpus_are_left_over() {
         use crate::Opcode::{Read, Write};
-        const LEN: usize = 4 << 20;
-        let mut remote: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
-        let table = Arc::new(RegionTable::new());
-        let region = table.insert(Region::new(remote.as_mut_ptr() as u64, LEN as u64, "cpu:0", None)).unwrap();
-        let mut transport = ShmTransport::start(ShmConfig { copy_threads: 2, ..ShmConfig::default() }, table).unwrap();
-        transport.register_region(&region).unwrap();
-        let endpoint = transport.endpoint();
-        let mut local: Vec<u8> = (0..LEN).map(|i| (i % 241) as u8).collect();
-        let bases = (local.as_mut_ptr() as u64, remote.as_mut_ptr() as u64);
+        let ToItself { mut transport, endpoint, bases, buffers, _region } = ToItself::start(2);
         let settle = |transport: &ShmTransport, sink: &Sink, n: usize| {
             let waited = std::time::Instant::now();
             while sink.outcomes.lock().len() < n || transport.idle.load(Ordering::Relaxed) < 2 {
@@ -682,7 +685,7 @@ mod tests {
         };
         assert!(l == r, "the copied bytes differ");
         drop(transport);
-        drop((local, remote));
+        drop(buffers);
     }
 
     #[test]

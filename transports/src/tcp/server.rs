@@ -256,6 +256,19 @@ mod tests {
     use super::*;
     use std::io::Read;
 
+    /// A server of `table` on a loopback port (8 connections, 8 from one peer, each closed
+    /// after `idle` without a request, a frame's time `io_timeout`), and a connection to it
+    /// whose reads wait up to 30 s.
+    fn serving(table: Arc<RegionTable>, idle: Duration, io_timeout: Duration) -> (Server, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(idle) };
+        let server = start(listener, table, limits, Guard::open(), io_timeout).unwrap();
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        (server, s)
+    }
+
     #[test]
     fn read_requests_sent_together_are_answered_in_order_around_errors_and_writes() {
         use crate::Region;
@@ -264,12 +277,7 @@ mod tests {
         let base = memory.as_mut_ptr() as u64;
         let table = Arc::new(RegionTable::new());
         table.insert(Region::new(base, 1 << 20, "cpu:0", None)).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_secs(60)) };
-        let server = start(listener, table, limits, Guard::open(), Duration::from_secs(30)).unwrap();
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let (server, mut s) = serving(table, Duration::from_secs(60), Duration::from_secs(30));
         let req = |kind, id, at: u64, len| Header { kind, status: Status::Ok, id, addr: at, len }.encode();
         // Three reads (the middle one out of range), a write, a read of what was written, and
         // 70 small reads (more than one gathered send takes), all in one write.
@@ -318,13 +326,8 @@ mod tests {
 
     #[test]
     fn a_connection_that_sends_nothing_is_closed_after_the_idle_time() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_millis(200)) };
-        let server =
-            start(listener, Arc::new(RegionTable::new()), limits, Guard::open(), Duration::from_secs(5)).unwrap();
-        let mut idle = TcpStream::connect(addr).unwrap();
-        idle.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let (server, mut idle) =
+            serving(Arc::new(RegionTable::new()), Duration::from_millis(200), Duration::from_secs(5));
         let mut b = [0u8; 1];
         assert_eq!(idle.read(&mut b).unwrap(), 0, "the server closed the idle connection");
         drop(server);
@@ -333,13 +336,8 @@ mod tests {
     #[test]
     fn a_request_that_stalls_mid_header_is_closed_after_its_frame_time() {
         use std::io::Write;
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let limits = Limits { max_connections: 8, max_per_peer: 8, idle: Some(Duration::from_secs(60)) };
-        let server =
-            start(listener, Arc::new(RegionTable::new()), limits, Guard::open(), Duration::from_millis(300)).unwrap();
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let (server, mut s) =
+            serving(Arc::new(RegionTable::new()), Duration::from_secs(60), Duration::from_millis(300));
         let header = Header { kind: FrameKind::ReadRequest, status: Status::Ok, id: 1, addr: 0x1000, len: 8 }.encode();
         // Half a header, then a byte now and then: each read is quick, the frame never ends.
         s.write_all(&header[..10]).unwrap();
