@@ -373,53 +373,56 @@ impl StoreClient {
 
     /// The full client's [`StoreApi::batch_put_session_end`](super::StoreApi::batch_put_session_end).
     pub(crate) fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
-        let (mut results, todo) = self.seal(keys);
-        if todo.is_empty() {
-            return Ok(results);
-        }
-        for todo in todo.chunks(MAX_BATCH_KEYS) {
-            let req = BatchKeyRequest {
-                client_id: self.id.clone(),
-                keys: todo.iter().map(|&i| keys[i].clone()).collect(),
-                ..Default::default()
-            };
-            let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
-            one_per_key(reply.statuses.len(), todo.len())?;
-            let mut puts = self.sessions.puts.lock();
-            for (&i, status) in todo.iter().zip(reply.statuses) {
-                results[i] = check(Some(status), &keys[i]);
-                if results[i].is_ok() {
-                    puts.remove(&keys[i]);
-                }
+        self.finish_put_sessions(keys, false, |ended, puts, key| {
+            if ended.is_ok() {
+                puts.remove(key);
             }
-        }
-        Ok(results)
+            ended
+        })
     }
 
     /// The full client's [`StoreApi::batch_put_session_revoke`](super::StoreApi::batch_put_session_revoke).
     pub(crate) fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        self.finish_put_sessions(keys, true, |revoked, puts, key| match revoked {
+            Ok(()) | Err(StoreError::NotFound(_)) => {
+                puts.remove(key);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        })
+    }
+
+    /// Ends (`revoke` false) or revokes the put sessions of `keys` once sealed, at most
+    /// [`MAX_BATCH_KEYS`] keys a call to the master; `settle` makes a key's result of the
+    /// master's answer, under the sessions' lock (dropping the session where it is over).
+    fn finish_put_sessions(
+        &self,
+        keys: &[String],
+        revoke: bool,
+        settle: impl Fn(Result<()>, &mut HashMap<String, PutSession>, &str) -> Result<()>,
+    ) -> Result<Vec<Result<()>>> {
         let (mut results, todo) = self.seal(keys);
         if todo.is_empty() {
             return Ok(results);
         }
-        todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
+        if revoke {
+            todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
+        }
         for todo in todo.chunks(MAX_BATCH_KEYS) {
             let req = BatchKeyRequest {
                 client_id: self.id.clone(),
                 keys: todo.iter().map(|&i| keys[i].clone()).collect(),
                 ..Default::default()
             };
-            let reply = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await })?;
+            let reply = if revoke {
+                self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await })?
+            } else {
+                self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?
+            };
             one_per_key(reply.statuses.len(), todo.len())?;
             let mut puts = self.sessions.puts.lock();
             for (&i, status) in todo.iter().zip(reply.statuses) {
-                results[i] = match check(Some(status), &keys[i]) {
-                    Ok(()) | Err(StoreError::NotFound(_)) => {
-                        puts.remove(&keys[i]);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                };
+                results[i] = settle(check(Some(status), &keys[i]), &mut puts, &keys[i]);
             }
         }
         Ok(results)
