@@ -313,23 +313,13 @@ impl StoreApi for StoreClient {
     /// [`StoreApi::batch_get_into`] for values laid out in several buffers: each key's whole value
     /// goes into its pieces of registered memory, in order. Returns sizes read.
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} buffer lists", keys.len(), values.len())));
-        }
-        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let wants: Vec<Want<'_>> = values.iter().map(|v| Want::Whole(v)).collect();
-        self.read_many(keys, &wants)
+        read_into_registered(self, keys, values, "buffer lists", |p| (p.addr, p.len), Want::Whole)
     }
 
     /// [`StoreApi::get_into_ranges`] for several keys: one master round trip, remote reads in one
     /// engine batch. Returns the bytes read per key.
     fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != ranges.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
-        }
-        self.check_registered(ranges.iter().flat_map(|v| v.iter().map(|e| (e.addr, e.len))))?;
-        let wants: Vec<Want<'_>> = ranges.iter().map(|r| Want::Ranges(r)).collect();
-        self.read_many(keys, &wants)
+        read_into_registered(self, keys, ranges, "range lists", |e| (e.addr, e.len), Want::Ranges)
     }
 
     /// [`StoreApi::upsert_with`] of several values (bytes); one result per key.
@@ -549,4 +539,22 @@ impl StoreApi for StoreClient {
     fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         StoreClient::batch_put_session_revoke(self, keys)
     }
+}
+
+/// Reads `keys[i]` into the registered memory of `lists[i]` (`what` the lists are, in errors)
+/// as `want` makes of it; `span` is an element's address and length.
+fn read_into_registered<'a, T>(
+    client: &StoreClient,
+    keys: &[String],
+    lists: &[&'a [T]],
+    what: &str,
+    span: impl Fn(&T) -> (u64, u64),
+    want: fn(&'a [T]) -> Want<'a>,
+) -> Result<Vec<Result<u64>>> {
+    if keys.len() != lists.len() {
+        return Err(StoreError::invalid(format!("{} keys but {} {what}", keys.len(), lists.len())));
+    }
+    client.check_registered(lists.iter().flat_map(|l| l.iter().map(&span)))?;
+    let wants: Vec<Want<'_>> = lists.iter().map(|l| want(l)).collect();
+    client.read_many(keys, &wants)
 }
