@@ -13,8 +13,8 @@ use super::rpc::check;
 use super::sg::{Dst, Reach};
 use super::tasks::task_id;
 use super::{
-    api, in_batches, one_per_key, Extent, HeldBlock, HeldBuffer, Piece, Placer, StoreApi, StoreClient, ValueSink,
-    VecSink, Want,
+    api, check_per_key, in_batches, one_per_key, Extent, HeldBlock, HeldBuffer, Piece, Placer, StoreApi, StoreClient,
+    ValueSink, VecSink, Want,
 };
 use crate::error::{Result, StoreError};
 use crate::proto::{
@@ -207,9 +207,7 @@ impl StoreApi for StoreClient {
         let (mut lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
         let sizes: Vec<Option<u64>> = lists.iter().map(|l| l.as_ref().map(|l| l.size)).collect();
         let addrs = place(&sizes)?;
-        if addrs.len() != keys.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} places", keys.len(), addrs.len())));
-        }
+        check_per_key(keys.len(), addrs.len(), "places")?;
         let mut wholes: Vec<Option<[Extent; 1]>> = Vec::with_capacity(keys.len());
         for (i, addr) in addrs.into_iter().enumerate() {
             let whole = match (sizes[i], addr) {
@@ -284,9 +282,7 @@ impl StoreApi for StoreClient {
     /// as in [`StoreApi::get_with`]). The memory is zeroed before the read (a batch lends it to
     /// the engine as registered memory, which the disk tier's reads take as written bytes).
     fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != sinks.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} sinks", keys.len(), sinks.len())));
-        }
+        check_per_key(keys.len(), sinks.len(), "sinks")?;
         let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
         let mut outs = Vec::with_capacity(keys.len());
         for (i, sink) in sinks.iter_mut().enumerate() {
@@ -551,9 +547,7 @@ fn read_into_registered<'a, T>(
     span: impl Fn(&T) -> (u64, u64),
     want: fn(&'a [T]) -> Want<'a>,
 ) -> Result<Vec<Result<u64>>> {
-    if keys.len() != lists.len() {
-        return Err(StoreError::invalid(format!("{} keys but {} {what}", keys.len(), lists.len())));
-    }
+    check_per_key(keys.len(), lists.len(), what)?;
     client.check_registered(lists.iter().flat_map(|l| l.iter().map(&span)))?;
     let wants: Vec<Want<'_>> = lists.iter().map(|l| want(l)).collect();
     client.read_many(keys, &wants)

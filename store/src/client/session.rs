@@ -34,7 +34,7 @@ use super::lease::{LeaseClock, Listed};
 use super::plan;
 use super::rpc::check;
 use super::sg::{self, Extent};
-use super::{one_per_key, StoreClient, Want};
+use super::{check_per_key, one_per_key, StoreClient, Want};
 use crate::error::{PeerFault, Result, StoreError, Waited};
 use crate::proto::{BatchKeyRequest, BatchPutStartRequest, PutOptions, ReplicaDescriptor, Tier};
 use crate::protocol::MAX_BATCH_KEYS;
@@ -133,9 +133,7 @@ impl StoreClient {
         keys: &[String],
         ranges: &[&[Extent]],
     ) -> Result<Vec<Result<u64>>> {
-        if keys.len() != ranges.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
-        }
+        check_per_key(keys.len(), ranges.len(), "range lists")?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut lists: Vec<Option<Listed>> = Vec::with_capacity(keys.len());
         {
@@ -194,9 +192,7 @@ impl StoreClient {
         sizes: &[u64],
         options: &PutOptions,
     ) -> Result<Vec<Result<()>>> {
-        if keys.len() != sizes.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} sizes", keys.len(), sizes.len())));
-        }
+        check_per_key(keys.len(), sizes.len(), "sizes")?;
         let mut results: Vec<Result<()>> = {
             let puts = self.sessions.puts.lock();
             keys.iter()
@@ -287,9 +283,7 @@ impl StoreClient {
         keys: &[String],
         ranges: &[&[Extent]],
     ) -> Result<Vec<Result<u64>>> {
-        if keys.len() != ranges.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
-        }
+        check_per_key(keys.len(), ranges.len(), "range lists")?;
         let n = keys.len();
         let mut results: Vec<Result<()>> = Vec::with_capacity(n);
         let mut bytes = vec![0u64; n];
