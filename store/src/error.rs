@@ -387,6 +387,21 @@ pub fn is_no_space(e: &std::io::Error) -> bool {
 /// The store's `Result`: [`StoreError`] unless said otherwise.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// The errors that are a bad argument or configuration of the caller's, as a pattern: they
+/// are the caller's [`Fault`] and go on the wire as `INVALID_ARGUMENT`.
+macro_rules! bad_argument {
+    () => {
+        StoreError::InvalidArgument(_)
+            | StoreError::Config(_)
+            | StoreError::StorageRoot { .. }
+            | StoreError::NotRegistered { .. }
+            | StoreError::BufferTooSmall { .. }
+            | StoreError::BadRange { .. }
+            | StoreError::DeviceMemory { .. }
+            | StoreError::Unauthenticated { .. }
+    };
+}
+
 impl StoreError {
     /// An [`StoreError::InvalidArgument`].
     pub fn invalid(why: impl Into<String>) -> StoreError {
@@ -412,14 +427,7 @@ impl StoreError {
     /// Whose fault the error is.
     pub fn fault(&self) -> Fault {
         match self {
-            StoreError::InvalidArgument(_)
-            | StoreError::Config(_)
-            | StoreError::StorageRoot { .. }
-            | StoreError::NotRegistered { .. }
-            | StoreError::BufferTooSmall { .. }
-            | StoreError::BadRange { .. }
-            | StoreError::DeviceMemory { .. }
-            | StoreError::Unauthenticated { .. } => Fault::Caller,
+            bad_argument!() => Fault::Caller,
             StoreError::NotFound(_)
             | StoreError::AlreadyExists(_)
             | StoreError::NoSpace { .. }
@@ -513,14 +521,7 @@ impl StoreError {
     /// The wire code for this error.
     pub fn code(&self) -> Code {
         match self {
-            StoreError::InvalidArgument(_)
-            | StoreError::Config(_)
-            | StoreError::StorageRoot { .. }
-            | StoreError::NotRegistered { .. }
-            | StoreError::BufferTooSmall { .. }
-            | StoreError::BadRange { .. }
-            | StoreError::DeviceMemory { .. }
-            | StoreError::Unauthenticated { .. } => Code::InvalidArgument,
+            bad_argument!() => Code::InvalidArgument,
             StoreError::NotFound(_) => Code::ObjectNotFound,
             StoreError::AlreadyExists(_) => Code::ObjectAlreadyExists,
             StoreError::NoSpace { .. } => Code::NoSpace,

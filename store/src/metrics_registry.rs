@@ -1,7 +1,7 @@
 //! Making and registering Prometheus metrics, for the master's and the client's registries.
 
 use prometheus::core::Collector;
-use prometheus::{IntCounter, IntGauge, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::error::{Result, StoreError};
 
@@ -22,4 +22,14 @@ pub(crate) fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGa
 
 pub(crate) fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter> {
     register(registry, IntCounter::new(name, help).map_err(internal)?)
+}
+
+/// A counter per value of the `labels`.
+pub(crate) fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
+    register(registry, IntCounterVec::new(Opts::new(name, help), labels).map_err(internal)?)
+}
+
+/// A gauge per value of the `labels`.
+pub(crate) fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec> {
+    register(registry, IntGaugeVec::new(Opts::new(name, help), labels).map_err(internal)?)
 }

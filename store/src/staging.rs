@@ -35,7 +35,7 @@ impl StagingBlock<'_> {
     /// The block's start, a virtual address inside the registered staging memory (what a
     /// transfer names as its local address).
     pub fn addr(&self) -> u64 {
-        self.staging.mem.addr() + self.block.as_ref().expect("held").offset
+        self.staging.addr_of(&self.block)
     }
     /// Its usable length in bytes: what was asked, capped at [`Staging::chunk`].
     pub fn len(&self) -> u64 {
@@ -55,10 +55,7 @@ impl StagingBlock<'_> {
 
 impl Drop for StagingBlock<'_> {
     fn drop(&mut self) {
-        if let Some(b) = self.block.take() {
-            self.staging.alloc.lock().release(b);
-            self.staging.freed.notify_all();
-        }
+        self.staging.release(self.block.take());
     }
 }
 
@@ -75,7 +72,7 @@ pub struct HeldBlock {
 impl HeldBlock {
     /// The block's start, a virtual address inside the registered staging memory.
     pub fn addr(&self) -> u64 {
-        self.staging.mem.addr() + self.block.as_ref().expect("held").offset
+        self.staging.addr_of(&self.block)
     }
 
     /// The value's length, in bytes.
@@ -105,10 +102,7 @@ impl std::fmt::Debug for HeldBlock {
 
 impl Drop for HeldBlock {
     fn drop(&mut self) {
-        if let Some(b) = self.block.take() {
-            self.staging.alloc.lock().release(b);
-            self.staging.freed.notify_all();
-        }
+        self.staging.release(self.block.take());
     }
 }
 
@@ -118,6 +112,20 @@ impl Staging {
     pub fn new(mem: RegisteredMemory) -> Self {
         let alloc = SegmentAllocator::new(mem.len());
         Staging { mem, alloc: Mutex::new(alloc), freed: Condvar::new() }
+    }
+
+    /// The start of a block held (of a [`StagingBlock`] or [`HeldBlock`]).
+    fn addr_of(&self, block: &Option<Block>) -> u64 {
+        self.mem.addr() + block.as_ref().expect("held").offset
+    }
+
+    /// Gives a block back (on its holder's drop; `None`: given back already), waking the
+    /// waiters for room.
+    fn release(&self, block: Option<Block>) {
+        if let Some(b) = block {
+            self.alloc.lock().release(b);
+            self.freed.notify_all();
+        }
     }
 
     /// The registered memory the blocks are cut from.

@@ -45,6 +45,27 @@ fn each<'a>(
     Ok(answer.ints())
 }
 
+/// Runs row `m`'s zero-copy ops of a batch, `keys[i]` on registered `buffers[i]` of `sizes[i]`
+/// bytes, and writes each op's integer to `results[i]`; `options` (asked once the arrays are
+/// read) place the values.
+///
+/// # Safety
+/// `keys`, `buffers`, `sizes` and `results` point to `count` elements each.
+unsafe fn each_registered<T: TryFrom<i64>>(
+    s: &StoreClient,
+    m: &'static Method,
+    (keys, buffers, sizes, count): (*const *const c_char, *const *const c_void, *const usize, usize),
+    results: *mut T,
+    options: impl FnOnce() -> R<PutOptions>,
+) -> R<()> {
+    // SAFETY: forwarded contract.
+    let ((keys, addrs, lens), out) =
+        unsafe { (batch_args(keys, buffers, sizes, count, |p| p as u64)?, array_mut(results, count, "results")?) };
+    let options = options()?;
+    let mems = addrs.iter().zip(&lens).map(|(&a, &n)| host(a, n as usize)).collect();
+    fill(out, each(s, m, &keys, mems, options)?)
+}
+
 /// The preamble of the calls on one key (or pattern, named `what` in errors), written once:
 /// the last error cleared, the store's handle resolved and the key read; then `f`, whose
 /// integer (0, a size, a count or 1/0) or negative status is returned.
@@ -336,15 +357,9 @@ pub unsafe extern "C" fn crescent_store_batch_put_from_with(
 ) -> i32 {
     store_status(store, |s| {
         // SAFETY: `count` elements each and a null or valid config per the caller's contract.
-        let ((keys, addrs, lens), out, options) = unsafe {
-            (
-                batch_args(keys, buffers, sizes, count, |p| p as u64)?,
-                array_mut(results, count, "results")?,
-                put_options(s, config)?,
-            )
-        };
-        let mems = addrs.iter().zip(&lens).map(|(&a, &n)| host(a, n as usize)).collect();
-        fill(out, each(s, &c::BATCH_PUT_FROM, &keys, mems, options)?)
+        let options = || unsafe { put_options(s, config) };
+        // SAFETY: as above.
+        unsafe { each_registered(s, &c::BATCH_PUT_FROM, (keys, buffers, sizes, count), results, options) }
     })
 }
 
@@ -364,11 +379,9 @@ pub unsafe extern "C" fn crescent_store_batch_get_into(
     results: *mut i64,
 ) -> i32 {
     store_status(store, |s| {
+        let batch = (keys, buffers.cast::<*const c_void>(), sizes, count);
         // SAFETY: `count` elements each per the caller's contract.
-        let ((keys, addrs, lens), out) =
-            unsafe { (batch_args(keys, buffers, sizes, count, |p| p as u64)?, array_mut(results, count, "results")?) };
-        let mems = addrs.iter().zip(&lens).map(|(&a, &n)| host(a, n as usize)).collect();
-        fill(out, each(s, &c::BATCH_GET_INTO, &keys, mems, PutOptions::default())?)
+        unsafe { each_registered(s, &c::BATCH_GET_INTO, batch, results, || Ok(PutOptions::default())) }
     })
 }
 

@@ -16,7 +16,7 @@ use crate::proto::{PutOptions, QueryKeyReply};
 
 use super::op::{Batch, Buffer, Dest, Held, HeldBuffer, Kind, Op, Outcome, Placer, Source, ValueSink};
 use super::sg::{Extent, Piece};
-use super::HeldBlock;
+use super::{check_per_key, HeldBlock};
 
 impl Held for HeldBlock {
     fn addr(&self) -> u64 {
@@ -138,9 +138,7 @@ pub trait StoreApi: Send + Sync {
     fn batch_get_into_placed(&self, keys: &[String], place: &mut Placer<'_>) -> Result<Vec<Result<u64>>> {
         let sizes: Vec<Result<u64>> = keys.iter().map(|k| self.get_size(k)).collect();
         let addrs = place(&sizes.iter().map(|s| s.as_ref().ok().copied()).collect::<Vec<_>>())?;
-        if addrs.len() != keys.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} places", keys.len(), addrs.len())));
-        }
+        check_per_key(keys.len(), addrs.len(), "places")?;
         let mut out: Vec<Result<u64>> = Vec::with_capacity(keys.len());
         let (mut wanted, mut pieces) = (Vec::new(), Vec::new());
         for (i, (size, addr)) in sizes.into_iter().zip(addrs).enumerate() {
@@ -185,9 +183,7 @@ pub trait StoreApi: Send + Sync {
     /// sizes are known; the size per key. Provided: a
     /// [`StoreApi::get_batch`] copied into the sinks.
     fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != sinks.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} sinks", keys.len(), sinks.len())));
-        }
+        check_per_key(keys.len(), sinks.len(), "sinks")?;
         let values = self.get_batch(keys)?;
         Ok(values
             .into_iter()

@@ -13,8 +13,8 @@ use super::rpc::check;
 use super::sg::{Dst, Reach};
 use super::tasks::task_id;
 use super::{
-    api, in_batches, one_per_key, Extent, HeldBlock, HeldBuffer, Piece, Placer, StoreApi, StoreClient, ValueSink,
-    VecSink, Want,
+    api, check_per_key, in_batches, one_per_key, Extent, HeldBlock, HeldBuffer, Piece, Placer, StoreApi, StoreClient,
+    ValueSink, VecSink, Want,
 };
 use crate::error::{Result, StoreError};
 use crate::proto::{
@@ -207,9 +207,7 @@ impl StoreApi for StoreClient {
         let (mut lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
         let sizes: Vec<Option<u64>> = lists.iter().map(|l| l.as_ref().map(|l| l.size)).collect();
         let addrs = place(&sizes)?;
-        if addrs.len() != keys.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} places", keys.len(), addrs.len())));
-        }
+        check_per_key(keys.len(), addrs.len(), "places")?;
         let mut wholes: Vec<Option<[Extent; 1]>> = Vec::with_capacity(keys.len());
         for (i, addr) in addrs.into_iter().enumerate() {
             let whole = match (sizes[i], addr) {
@@ -284,9 +282,7 @@ impl StoreApi for StoreClient {
     /// as in [`StoreApi::get_with`]). The memory is zeroed before the read (a batch lends it to
     /// the engine as registered memory, which the disk tier's reads take as written bytes).
     fn get_batch_with(&self, keys: &[String], sinks: &mut [&mut dyn ValueSink]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != sinks.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} sinks", keys.len(), sinks.len())));
-        }
+        check_per_key(keys.len(), sinks.len(), "sinks")?;
         let (lists, mut results) = Self::split_lists(self.batch_replica_lists(keys)?);
         let mut outs = Vec::with_capacity(keys.len());
         for (i, sink) in sinks.iter_mut().enumerate() {
@@ -313,23 +309,13 @@ impl StoreApi for StoreClient {
     /// [`StoreApi::batch_get_into`] for values laid out in several buffers: each key's whole value
     /// goes into its pieces of registered memory, in order. Returns sizes read.
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} buffer lists", keys.len(), values.len())));
-        }
-        self.check_registered(values.iter().flat_map(|v| v.iter().map(|p| (p.addr, p.len))))?;
-        let wants: Vec<Want<'_>> = values.iter().map(|v| Want::Whole(v)).collect();
-        self.read_many(keys, &wants)
+        read_into_registered(self, keys, values, "buffer lists", |p| (p.addr, p.len), Want::Whole)
     }
 
     /// [`StoreApi::get_into_ranges`] for several keys: one master round trip, remote reads in one
     /// engine batch. Returns the bytes read per key.
     fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != ranges.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
-        }
-        self.check_registered(ranges.iter().flat_map(|v| v.iter().map(|e| (e.addr, e.len))))?;
-        let wants: Vec<Want<'_>> = ranges.iter().map(|r| Want::Ranges(r)).collect();
-        self.read_many(keys, &wants)
+        read_into_registered(self, keys, ranges, "range lists", |e| (e.addr, e.len), Want::Ranges)
     }
 
     /// [`StoreApi::upsert_with`] of several values (bytes); one result per key.
@@ -549,4 +535,20 @@ impl StoreApi for StoreClient {
     fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
         StoreClient::batch_put_session_revoke(self, keys)
     }
+}
+
+/// Reads `keys[i]` into the registered memory of `lists[i]` (`what` the lists are, in errors)
+/// as `want` makes of it; `span` is an element's address and length.
+fn read_into_registered<'a, T>(
+    client: &StoreClient,
+    keys: &[String],
+    lists: &[&'a [T]],
+    what: &str,
+    span: impl Fn(&T) -> (u64, u64),
+    want: fn(&'a [T]) -> Want<'a>,
+) -> Result<Vec<Result<u64>>> {
+    check_per_key(keys.len(), lists.len(), what)?;
+    client.check_registered(lists.iter().flat_map(|l| l.iter().map(&span)))?;
+    let wants: Vec<Want<'_>> = lists.iter().map(|l| want(l)).collect();
+    client.read_many(keys, &wants)
 }

@@ -14,13 +14,13 @@ use axum::Router;
 use crescent_transports::net::{Auth, Service};
 use parking_lot::Mutex;
 use prometheus::proto::MetricFamily;
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Registry, TextEncoder};
 use tokio::sync::oneshot;
 
 use crate::client::checksum::ChecksumCounts;
 use crate::client::hot_cache::HotCacheMetrics;
 use crate::error::{Result, StoreError};
-use crate::metrics_registry::{counter, gauge, internal, register};
+use crate::metrics_registry::{counter, counter_vec, gauge, internal};
 
 /// Environment variable naming the address of the client's metrics endpoint.
 pub const METRICS_ADDRESS_ENV: &str = "CRESCENT_CLIENT_METRICS_ADDRESS";
@@ -63,9 +63,7 @@ impl ClientMetrics {
         let registry = Registry::new_custom(Some("crescent_client".into()), None).map_err(internal)?;
         let gauge = |name: &str, help: &str| gauge(&registry, name, help);
         let counter = |name: &str, help: &str| counter(&registry, name, help);
-        let by_service = |name: &str, help: &str| {
-            register(&registry, IntCounterVec::new(Opts::new(name, help), &["service"]).map_err(internal)?)
-        };
+        let by_service = |name: &str, help: &str| counter_vec(&registry, name, help, &["service"]);
         Ok(ClientMetrics {
             enabled: gauge("hot_cache_enabled", "1 when the local hot cache is on")?,
             blocks: gauge("hot_cache_blocks", "Blocks of the local hot cache")?,

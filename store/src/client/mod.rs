@@ -122,10 +122,16 @@ pub(crate) fn one_per_key(items: usize, keys: usize) -> Result<()> {
 
 /// A batch call's values, one per key: anything else is the caller's mistake.
 pub(crate) fn one_value_per_key(keys: usize, values: usize) -> Result<()> {
-    if keys == values {
+    check_per_key(keys, values, "values")
+}
+
+/// A batch call's `items` (`what` they are, in the error), one per key: anything else is the
+/// caller's mistake.
+pub(crate) fn check_per_key(keys: usize, items: usize, what: &str) -> Result<()> {
+    if keys == items {
         Ok(())
     } else {
-        Err(StoreError::invalid(format!("{keys} keys but {values} values")))
+        Err(StoreError::invalid(format!("{keys} keys but {items} {what}")))
     }
 }
 

@@ -305,17 +305,12 @@ mod tests {
 
     use super::*;
     use crate::client::StoreApi;
-    use crate::master::{server, MasterConfig};
+    use crate::master::server;
     use crate::{ClientConfig, StoreClient};
 
     #[test]
     fn a_batch_runs_its_ops_in_order_and_refuses_device_buffers_alone() {
-        let m = server::start(MasterConfig {
-            rpc_address: "127.0.0.1:0".into(),
-            admin_address: String::new(),
-            ..Default::default()
-        })
-        .expect("a master on loopback");
+        let m = server::start_loopback();
         let client = StoreClient::connect(ClientConfig {
             master_server_address: m.client_address(),
             local_hostname: Some("127.0.0.1".into()),

@@ -202,17 +202,8 @@ mod tests {
 
     use super::*;
     use crate::client::sg::Src;
-    use crate::master::{server, MasterConfig};
+    use crate::master::server;
     use crate::ClientConfig;
-
-    fn master() -> server::MasterHandle {
-        server::start(MasterConfig {
-            rpc_address: "127.0.0.1:0".into(),
-            admin_address: String::new(),
-            ..Default::default()
-        })
-        .expect("a master on loopback")
-    }
 
     fn client(m: &server::MasterHandle, segment: u64) -> Arc<StoreClient> {
         StoreClient::connect(ClientConfig {
@@ -234,7 +225,7 @@ mod tests {
 
     #[test]
     fn an_upsert_whose_commit_landed_before_a_master_change_succeeds_while_a_reader_leases_its_value() {
-        let m = master();
+        let m = server::start_loopback();
         let (writer, reader) = (client(&m, 8 << 20), client(&m, 0));
         writer.put("k", b"the old value").unwrap();
         let new = b"the upserted value".to_vec();
@@ -258,7 +249,7 @@ mod tests {
 
     #[test]
     fn a_batch_upsert_whose_commits_landed_before_a_master_change_succeeds_while_readers_lease_its_values() {
-        let m = master();
+        let m = server::start_loopback();
         let (writer, reader) = (client(&m, 8 << 20), client(&m, 0));
         let keys: Vec<String> = vec!["a".into(), "b".into()];
         for k in &keys {
@@ -291,7 +282,7 @@ mod tests {
 
     #[test]
     fn an_upsert_that_had_not_landed_when_the_master_changed_is_refused_by_a_lease_and_leaves_the_old_value() {
-        let m = master();
+        let m = server::start_loopback();
         let (writer, reader) = (client(&m, 8 << 20), client(&m, 0));
         let old = b"the old value".to_vec();
         writer.put("k", &old).unwrap();

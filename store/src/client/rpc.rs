@@ -660,18 +660,8 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::master::{server, MasterConfig};
+    use crate::master::server;
     use crate::proto::KeyRequest;
-
-    /// A master of the defaults on a free loopback port, without an admin port.
-    fn loopback_master() -> server::MasterHandle {
-        server::start(MasterConfig {
-            rpc_address: "127.0.0.1:0".into(),
-            admin_address: String::new(),
-            ..Default::default()
-        })
-        .unwrap()
-    }
 
     fn exists(rpc: &MasterRpc) -> Result<crate::proto::ExistsReply> {
         let req = KeyRequest { client_id: "c".into(), key: "k".into(), ..Default::default() };
@@ -727,7 +717,7 @@ mod tests {
 
     #[test]
     fn a_fast_port_that_does_not_answer_is_left_alone_and_grpc_serves() {
-        let master = loopback_master();
+        let master = server::start_loopback();
         let timeouts = RpcTimeouts { call: Duration::from_secs(5), connect: Duration::from_millis(300) };
         let rpc = MasterRpc::connect_with(
             &master.client_address(),
@@ -768,7 +758,7 @@ mod tests {
 
     #[test]
     fn work_beside_a_call_does_not_hold_up_other_threads_calls() {
-        let master = loopback_master();
+        let master = server::start_loopback();
         let rpc = Arc::new(MasterRpc::connect(&master.client_address(), Credentials::open()).unwrap());
         exists(&rpc).unwrap();
         let (started_tx, started_rx) = std::sync::mpsc::channel();

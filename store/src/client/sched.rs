@@ -138,6 +138,17 @@ impl StoreClient {
         sources.sort_by_key(|r| r.segment_name != self.segment_name());
         let local_target = plan.targets.iter().find(|t| exec.local_replica(t, size).is_some());
         let local_source = sources.iter().copied().find(|s| exec.local_replica(s, size).is_some());
+        // Reads the value's bytes into `into` from the first source that gives them.
+        let read_any = |into: &[Extent]| {
+            let mut last = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
+            for s in &sources {
+                last = exec.read_replica(key, s, &mut Dst::Registered(into, Reach::host()));
+                if last.is_ok() {
+                    break;
+                }
+            }
+            last
+        };
         let mut done = Vec::new();
         // The registered copy of the bytes on this client, if there is or will be one.
         let mut origin = local_source.map(|s| s.address);
@@ -146,15 +157,7 @@ impl StoreClient {
             match local_source.and_then(|s| exec.local_replica(s, size)) {
                 Some(src) => dst.copy_from_slice(src),
                 None => {
-                    let into = [Extent { offset: 0, addr: t.address, len: size }];
-                    let mut last = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
-                    for s in &sources {
-                        last = exec.read_replica(key, s, &mut Dst::Registered(&into, Reach::host()));
-                        if last.is_ok() {
-                            break;
-                        }
-                    }
-                    last?;
+                    read_any(&[Extent { offset: 0, addr: t.address, len: size }])?;
                     origin = Some(t.address);
                 }
             }
@@ -190,15 +193,7 @@ impl StoreClient {
         while off < size {
             let block = exec.stage(size - off)?;
             let n = block.len();
-            let into = [Extent { offset: off, addr: block.addr(), len: n }];
-            let mut read = Err(StoreError::peer_gone(key, PeerFault::NoReplica));
-            for s in &sources {
-                read = exec.read_replica(key, s, &mut Dst::Registered(&into, Reach::host()));
-                if read.is_ok() {
-                    break;
-                }
-            }
-            read?;
+            read_any(&[Extent { offset: off, addr: block.addr(), len: n }])?;
             for (i, t) in remote.iter().enumerate() {
                 if !ok[i] {
                     continue;

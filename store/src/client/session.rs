@@ -34,7 +34,7 @@ use super::lease::{LeaseClock, Listed};
 use super::plan;
 use super::rpc::check;
 use super::sg::{self, Extent};
-use super::{one_per_key, StoreClient, Want};
+use super::{check_per_key, one_per_key, StoreClient, Want};
 use crate::error::{PeerFault, Result, StoreError, Waited};
 use crate::proto::{BatchKeyRequest, BatchPutStartRequest, PutOptions, ReplicaDescriptor, Tier};
 use crate::protocol::MAX_BATCH_KEYS;
@@ -133,9 +133,7 @@ impl StoreClient {
         keys: &[String],
         ranges: &[&[Extent]],
     ) -> Result<Vec<Result<u64>>> {
-        if keys.len() != ranges.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
-        }
+        check_per_key(keys.len(), ranges.len(), "range lists")?;
         let mut results: Vec<Result<()>> = Vec::with_capacity(keys.len());
         let mut lists: Vec<Option<Listed>> = Vec::with_capacity(keys.len());
         {
@@ -194,9 +192,7 @@ impl StoreClient {
         sizes: &[u64],
         options: &PutOptions,
     ) -> Result<Vec<Result<()>>> {
-        if keys.len() != sizes.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} sizes", keys.len(), sizes.len())));
-        }
+        check_per_key(keys.len(), sizes.len(), "sizes")?;
         let mut results: Vec<Result<()>> = {
             let puts = self.sessions.puts.lock();
             keys.iter()
@@ -287,9 +283,7 @@ impl StoreClient {
         keys: &[String],
         ranges: &[&[Extent]],
     ) -> Result<Vec<Result<u64>>> {
-        if keys.len() != ranges.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
-        }
+        check_per_key(keys.len(), ranges.len(), "range lists")?;
         let n = keys.len();
         let mut results: Vec<Result<()>> = Vec::with_capacity(n);
         let mut bytes = vec![0u64; n];
@@ -373,53 +367,56 @@ impl StoreClient {
 
     /// The full client's [`StoreApi::batch_put_session_end`](super::StoreApi::batch_put_session_end).
     pub(crate) fn batch_put_session_end(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
-        let (mut results, todo) = self.seal(keys);
-        if todo.is_empty() {
-            return Ok(results);
-        }
-        for todo in todo.chunks(MAX_BATCH_KEYS) {
-            let req = BatchKeyRequest {
-                client_id: self.id.clone(),
-                keys: todo.iter().map(|&i| keys[i].clone()).collect(),
-                ..Default::default()
-            };
-            let reply = self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?;
-            one_per_key(reply.statuses.len(), todo.len())?;
-            let mut puts = self.sessions.puts.lock();
-            for (&i, status) in todo.iter().zip(reply.statuses) {
-                results[i] = check(Some(status), &keys[i]);
-                if results[i].is_ok() {
-                    puts.remove(&keys[i]);
-                }
+        self.finish_put_sessions(keys, false, |ended, puts, key| {
+            if ended.is_ok() {
+                puts.remove(key);
             }
-        }
-        Ok(results)
+            ended
+        })
     }
 
     /// The full client's [`StoreApi::batch_put_session_revoke`](super::StoreApi::batch_put_session_revoke).
     pub(crate) fn batch_put_session_revoke(&self, keys: &[String]) -> Result<Vec<Result<()>>> {
+        self.finish_put_sessions(keys, true, |revoked, puts, key| match revoked {
+            Ok(()) | Err(StoreError::NotFound(_)) => {
+                puts.remove(key);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        })
+    }
+
+    /// Ends (`revoke` false) or revokes the put sessions of `keys` once sealed, at most
+    /// [`MAX_BATCH_KEYS`] keys a call to the master; `settle` makes a key's result of the
+    /// master's answer, under the sessions' lock (dropping the session where it is over).
+    fn finish_put_sessions(
+        &self,
+        keys: &[String],
+        revoke: bool,
+        settle: impl Fn(Result<()>, &mut HashMap<String, PutSession>, &str) -> Result<()>,
+    ) -> Result<Vec<Result<()>>> {
         let (mut results, todo) = self.seal(keys);
         if todo.is_empty() {
             return Ok(results);
         }
-        todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
+        if revoke {
+            todo.iter().for_each(|&i| self.hot_invalidate(&keys[i]));
+        }
         for todo in todo.chunks(MAX_BATCH_KEYS) {
             let req = BatchKeyRequest {
                 client_id: self.id.clone(),
                 keys: todo.iter().map(|&i| keys[i].clone()).collect(),
                 ..Default::default()
             };
-            let reply = self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await })?;
+            let reply = if revoke {
+                self.rpc.call(|mut c| async move { c.batch_put_revoke(req).await })?
+            } else {
+                self.rpc.call(|mut c| async move { c.batch_put_end(req).await })?
+            };
             one_per_key(reply.statuses.len(), todo.len())?;
             let mut puts = self.sessions.puts.lock();
             for (&i, status) in todo.iter().zip(reply.statuses) {
-                results[i] = match check(Some(status), &keys[i]) {
-                    Ok(()) | Err(StoreError::NotFound(_)) => {
-                        puts.remove(&keys[i]);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                };
+                results[i] = settle(check(Some(status), &keys[i]), &mut puts, &keys[i]);
             }
         }
         Ok(results)

@@ -1,14 +1,14 @@
 //! Prometheus metrics of the master (one registry per master, so several can run in a process).
 
 use prometheus::{
-    Counter, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Counter, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
     TextEncoder,
 };
 
 use crate::error::{Result, StoreError};
 use crate::master::mooncake_metrics::MooncakeMetrics;
 use crate::master::{DiskTotals, Totals};
-use crate::metrics_registry::{counter, gauge, internal, register};
+use crate::metrics_registry::{counter, counter_vec, gauge, gauge_vec, internal, register};
 use crate::proto::DiskCounters;
 
 /// The master's Prometheus series (prefix `crescent_master_`), in a registry of its own, and
@@ -115,9 +115,7 @@ impl Metrics {
         let registry = Registry::new_custom(Some("crescent_master".into()), None).map_err(internal)?;
         let gauge = |name: &str, help: &str| gauge(&registry, name, help);
         let counter = |name: &str, help: &str| counter(&registry, name, help);
-        let errors =
-            IntCounterVec::new(Opts::new("errors_total", "Failed operations by kind"), &["kind"]).map_err(internal)?;
-        let errors = register(&registry, errors)?;
+        let errors = counter_vec(&registry, "errors_total", "Failed operations by kind", &["kind"])?;
         let rpc_latency = HistogramVec::new(
             HistogramOpts::new("rpc_latency_seconds", "Time to serve an RPC, by method")
                 .buckets(prometheus::exponential_buckets(0.000_01, 4.0, 10).map_err(internal)?),
@@ -125,22 +123,17 @@ impl Metrics {
         )
         .map_err(internal)?;
         let rpc_latency = register(&registry, rpc_latency)?;
-        let disk_client = IntGaugeVec::new(
-            Opts::new(
-                "disk_client",
-                "Disk tier counters each mounted disk's client reported on its last ping (since it started)",
-            ),
-            &["disk", "counter"],
-        )
-        .map_err(internal)?;
-        let disk_client = register(&registry, disk_client)?;
-        let auth_refused = register(
+        let disk_client = gauge_vec(
             &registry,
-            IntCounterVec::new(
-                Opts::new("auth_refused_total", "Requests refused for want of the cluster secret's token, by port"),
-                &["port"],
-            )
-            .map_err(internal)?,
+            "disk_client",
+            "Disk tier counters each mounted disk's client reported on its last ping (since it started)",
+            &["disk", "counter"],
+        )?;
+        let auth_refused = counter_vec(
+            &registry,
+            "auth_refused_total",
+            "Requests refused for want of the cluster secret's token, by port",
+            &["port"],
         )?;
         Ok(Metrics {
             auth_refused,

@@ -13,10 +13,10 @@
 
 use std::collections::HashMap;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Registry};
 
 use crate::error::Result;
-use crate::metrics_registry::{counter, gauge, internal, register};
+use crate::metrics_registry::{counter, gauge, gauge_vec, internal, register};
 
 /// Crescent's gRPC method → the Mooncake operation it is counted as
 /// (`master_<op>_requests_total`, `master_<op>_failures_total`).
@@ -230,9 +230,7 @@ impl MooncakeMetrics {
             "Metadata snapshot durations in milliseconds (none in Crescent)",
             vec![0.0, 500.0, 1000.0, 5000.0, 10000.0, 30000.0, 60000.0, 120000.0, 180000.0, 240000.0, 300000.0],
         )?;
-        let per_segment = |name: &str, help: &str| {
-            register(r, IntGaugeVec::new(Opts::new(name, help), &["segment"]).map_err(internal)?)
-        };
+        let per_segment = |name: &str, help: &str| gauge_vec(r, name, help, &["segment"]);
         // Upstream's totals and their `_mem` halves (Crescent evicts memory only).
         let evictions = |total: &str, mem: &str, help: &str| -> Result<[IntCounter; 2]> {
             Ok([c(total, help)?, c(mem, &format!("{help}, in memory"))?])

@@ -281,18 +281,20 @@ pub fn start(config: MasterConfig) -> Result<MasterHandle> {
     })
 }
 
+/// A master of the defaults on a free loopback port, without an admin port (for tests).
+#[cfg(test)]
+pub(crate) fn start_loopback() -> MasterHandle {
+    start(MasterConfig { rpc_address: "127.0.0.1:0".into(), admin_address: String::new(), ..Default::default() })
+        .expect("a master on loopback")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn stop_does_not_wait_for_a_peer_that_never_closes() {
-        let handle = start(MasterConfig {
-            rpc_address: "127.0.0.1:0".into(),
-            admin_address: String::new(),
-            ..Default::default()
-        })
-        .expect("master");
+        let handle = start_loopback();
         // A peer that connected and went silent (as one whose host vanished does).
         let silent = std::net::TcpStream::connect(handle.rpc_addr).expect("connect");
         let (done_tx, done_rx) = std::sync::mpsc::channel();

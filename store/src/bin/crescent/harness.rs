@@ -168,6 +168,18 @@ struct Buf {
     heap: Option<Vec<u8>>,
 }
 
+/// Frees a command's buffers, then gives its answer.
+fn freed<T>(
+    c: &DummyClient,
+    bufs: impl IntoIterator<Item = Buf>,
+    answer: std::result::Result<T, StoreError>,
+) -> Result<T> {
+    for b in bufs {
+        b.free(c)?;
+    }
+    Ok(answer?)
+}
+
 impl Buf {
     fn new(c: &DummyClient, len: u64, heap: bool) -> Result<Buf> {
         if heap {
@@ -218,8 +230,7 @@ fn run_dummy_command(c: &Arc<DummyClient>, w: &[&str]) -> Result<String> {
             let mut b = Buf::new(c, size, heap)?;
             pattern::fill(b.bytes(), seed, 0);
             let r = c.put_from(key()?, b.addr, size);
-            b.free(c)?;
-            Ok(r.map(|()| String::new())?)
+            freed(c, [b], r.map(|()| String::new()))
         }
         Some("get_into") => {
             let (size, seed) = (num(w.get(2), "size")?, num(w.get(3), "seed")?);
@@ -229,8 +240,7 @@ fn run_dummy_command(c: &Arc<DummyClient>, w: &[&str]) -> Result<String> {
                 None => format!("{n} verified"),
                 Some(at) => format!("MISMATCH at {at}"),
             });
-            b.free(c)?;
-            Ok(answer?)
+            freed(c, [b], answer)
         }
         Some("get_sg") => {
             let seed = num(w.get(2), "seed")?;
@@ -254,10 +264,7 @@ fn run_dummy_command(c: &Arc<DummyClient>, w: &[&str]) -> Result<String> {
                 }
                 format!("{n} verified")
             });
-            for b in bufs {
-                b.free(c)?;
-            }
-            Ok(answer?)
+            freed(c, bufs, answer)
         }
         Some("get_ranges") => {
             let seed = num(w.get(2), "seed")?;
@@ -278,10 +285,7 @@ fn run_dummy_command(c: &Arc<DummyClient>, w: &[&str]) -> Result<String> {
                 }
                 format!("{n} verified")
             });
-            for b in bufs {
-                b.free(c)?;
-            }
-            Ok(answer?)
+            freed(c, bufs, answer)
         }
         Some("batch_put_from") => {
             let seed = num(w.get(1), "seed")?;
@@ -292,10 +296,7 @@ fn run_dummy_command(c: &Arc<DummyClient>, w: &[&str]) -> Result<String> {
             }
             let addrs: Vec<u64> = bufs.iter().map(|b| b.addr).collect();
             let r = c.batch_put_from(&keys, &addrs, &sizes);
-            for b in bufs {
-                b.free(c)?;
-            }
-            Ok(r?
+            Ok(freed(c, bufs, r)?
                 .iter()
                 .map(|r| r.as_ref().map_or_else(|e| e.code().as_str_name().to_string(), |()| "ok".into()))
                 .collect::<Vec<_>>()
@@ -318,10 +319,7 @@ fn run_dummy_command(c: &Arc<DummyClient>, w: &[&str]) -> Result<String> {
                     .collect::<Vec<_>>()
                     .join(" ")
             });
-            for b in bufs {
-                b.free(c)?;
-            }
-            Ok(answer?)
+            freed(c, bufs, answer)
         }
         Some("batch_exists") => {
             let keys: Vec<String> = w[1..].iter().map(|k| k.to_string()).collect();

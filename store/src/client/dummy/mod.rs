@@ -30,9 +30,9 @@ use parking_lot::{Mutex, RwLock};
 use prost::Message;
 
 use super::api::StoreApi;
-use super::one_value_per_key;
 use super::op::{Held, HeldBuffer};
 use super::sg::{Extent, Piece};
+use super::{check_per_key, one_value_per_key};
 use crate::error::{Result, StoreError, Waited};
 use crate::proto::{PutOptions, QueryKeyReply};
 use crescent_transports::device::{Devices, Driver};
@@ -829,16 +829,12 @@ impl StoreApi for DummyClient {
     }
 
     fn batch_get_into_sg(&self, keys: &[String], values: &[&[Piece]]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != values.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} buffer lists", keys.len(), values.len())));
-        }
+        check_per_key(keys.len(), values.len(), "buffer lists")?;
         self.get_whole(keys, values)
     }
 
     fn batch_get_into_ranges(&self, keys: &[String], ranges: &[&[Extent]]) -> Result<Vec<Result<u64>>> {
-        if keys.len() != ranges.len() {
-            return Err(StoreError::invalid(format!("{} keys but {} range lists", keys.len(), ranges.len())));
-        }
+        check_per_key(keys.len(), ranges.len(), "range lists")?;
         let pieces: Vec<Vec<Piece>> =
             ranges.iter().map(|r| r.iter().map(|e| Piece::new(e.addr, e.len)).collect()).collect();
         let refs: Vec<&[Piece]> = pieces.iter().map(|p| &p[..]).collect();

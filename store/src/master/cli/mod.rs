@@ -371,6 +371,13 @@ where
     settings(cli, &m)
 }
 
+/// Overrides `field` with a flag's value where the flag was given.
+fn set<T>(field: &mut T, flag: Option<T>) {
+    if let Some(v) = flag {
+        *field = v;
+    }
+}
+
 fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
     if cli.config.is_some() && cli.config_path.is_some() {
         return Err(invalid("--config (Crescent's JSON) and --config_path (mooncake_master's) exclude each other"));
@@ -412,17 +419,13 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
         (None, Some(n)) => config.rpc_threads = n.min(std::thread::available_parallelism().map_or(n, |p| p.get())),
         (None, None) => {}
     }
-    if let Some(v) = cli.rpc_enable_tcp_no_delay {
-        config.rpc_tcp_nodelay = v;
-    }
+    set(&mut config.rpc_tcp_nodelay, cli.rpc_enable_tcp_no_delay);
     if let Some(port) = cli.fast_rpc_port {
         config.fast_rpc_port = u16::try_from(port).ok();
     }
 
     // Admin port: Crescent's --admin-address, then upstream's --metrics_host / --metrics_port.
-    if let Some(v) = cli.admin_address {
-        config.admin_address = v;
-    }
+    set(&mut config.admin_address, cli.admin_address);
     if cli.metrics_host.is_some() || cli.metrics_port.is_some() {
         let (h, p) = if config.admin_address.is_empty() {
             ("0.0.0.0".to_string(), Some(9003))
@@ -433,81 +436,31 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
         config.admin_address = host_port(&h, cli.metrics_port.or(p).unwrap_or(9003));
     }
 
-    if let Some(v) = cli.allocation_strategy {
-        config.allocation_strategy = v;
-    }
-    if let Some(v) = cli.lease_ttl_ms {
-        config.lease_ttl = ms(v);
-    }
-    if let Some(v) = cli.default_kv_lease_ttl {
-        config.lease_ttl = v;
-    }
-    if let Some(v) = cli.default_soft_pin_ttl_ms {
-        config.default_soft_pin_ttl = ms(v);
-    }
-    if let Some(v) = cli.default_kv_soft_pin_ttl {
-        config.default_soft_pin_ttl = v;
-    }
-    if let Some(v) = cli.client_ttl_ms {
-        config.client_ttl = ms(v);
-    }
-    if let Some(v) = cli.client_ttl {
-        config.client_ttl = Duration::from_secs(v);
-    }
-    if let Some(v) = cli.put_timeout_ms {
-        config.put_timeout = ms(v);
-    }
-    if let Some(v) = cli.blank_ttl_ms {
-        config.blank_ttl = ms(v);
-    }
-    if let Some(v) = cli.put_start_discard_timeout_sec {
-        config.put_timeout = Duration::from_secs(v);
-    }
-    if let Some(v) = cli.pending_task_timeout_sec {
-        config.task_pending_timeout = Duration::from_secs(v);
-    }
-    if let Some(v) = cli.processing_task_timeout_sec {
-        config.task_processing_timeout = Duration::from_secs(v);
-    }
-    if let Some(v) = cli.max_total_pending_tasks {
-        config.max_pending_tasks = v;
-    }
-    if let Some(v) = cli.max_total_finished_tasks {
-        config.max_finished_tasks = v;
-    }
-    if let Some(v) = cli.eviction_high_watermark {
-        config.eviction_high_watermark = v;
-    }
-    if let Some(v) = cli.eviction_ratio {
-        config.eviction_ratio = v;
-    }
-    if let Some(v) = cli.evictor_nice {
-        config.evictor_nice = v;
-    }
-    if let Some(v) = cli.evictor_duty {
-        config.evictor_duty = v;
-    }
-    if let Some(v) = cli.hot_read_threshold {
-        config.hot_read_threshold = v;
-    }
-    if let Some(v) = cli.hot_max_replicas {
-        config.hot_max_replicas = v;
-    }
-    if let Some(v) = cli.event_buffer {
-        config.event_buffer = v;
-    }
-    if let Some(v) = cli.cluster_secret_file {
-        config.cluster_secret_file = Some(v);
-    }
-    if let Some(v) = cli.admin_open_reads {
-        config.admin_open_reads = v;
-    }
-    if let Some(v) = cli.state_dir {
-        config.state_dir = Some(v);
-    }
-    if let Some(v) = cli.max_metadata_bytes {
-        config.max_metadata_bytes = Some(v);
-    }
+    set(&mut config.allocation_strategy, cli.allocation_strategy);
+    set(&mut config.lease_ttl, cli.lease_ttl_ms.map(ms));
+    set(&mut config.lease_ttl, cli.default_kv_lease_ttl);
+    set(&mut config.default_soft_pin_ttl, cli.default_soft_pin_ttl_ms.map(ms));
+    set(&mut config.default_soft_pin_ttl, cli.default_kv_soft_pin_ttl);
+    set(&mut config.client_ttl, cli.client_ttl_ms.map(ms));
+    set(&mut config.client_ttl, cli.client_ttl.map(Duration::from_secs));
+    set(&mut config.put_timeout, cli.put_timeout_ms.map(ms));
+    set(&mut config.blank_ttl, cli.blank_ttl_ms.map(ms));
+    set(&mut config.put_timeout, cli.put_start_discard_timeout_sec.map(Duration::from_secs));
+    set(&mut config.task_pending_timeout, cli.pending_task_timeout_sec.map(Duration::from_secs));
+    set(&mut config.task_processing_timeout, cli.processing_task_timeout_sec.map(Duration::from_secs));
+    set(&mut config.max_pending_tasks, cli.max_total_pending_tasks);
+    set(&mut config.max_finished_tasks, cli.max_total_finished_tasks);
+    set(&mut config.eviction_high_watermark, cli.eviction_high_watermark);
+    set(&mut config.eviction_ratio, cli.eviction_ratio);
+    set(&mut config.evictor_nice, cli.evictor_nice);
+    set(&mut config.evictor_duty, cli.evictor_duty);
+    set(&mut config.hot_read_threshold, cli.hot_read_threshold);
+    set(&mut config.hot_max_replicas, cli.hot_max_replicas);
+    set(&mut config.event_buffer, cli.event_buffer);
+    set(&mut config.cluster_secret_file, cli.cluster_secret_file.map(Some));
+    set(&mut config.admin_open_reads, cli.admin_open_reads);
+    set(&mut config.state_dir, cli.state_dir.map(Some));
+    set(&mut config.max_metadata_bytes, cli.max_metadata_bytes.map(Some));
 
     // The embedded http metadata server (upstream's defaults: 0.0.0.0:8080).
     if cli.enable_http_metadata_server == Some(true) {
@@ -519,17 +472,11 @@ fn settings(cli: Cli, m: &ArgMatches) -> Result<Settings, CliError> {
                 .into(),
         );
     }
-    if let Some(v) = cli.cluster_id {
-        config.cluster_id = v;
-    }
+    set(&mut config.cluster_id, cli.cluster_id);
 
     // HA: accepted and checked as upstream does; enabling it is refused by `validate` below.
-    if let Some(v) = cli.ha_backend_type {
-        config.ha.backend_type = v;
-    }
-    if let Some(v) = cli.enable_ha {
-        config.ha.enabled = v;
-    }
+    set(&mut config.ha.backend_type, cli.ha_backend_type);
+    set(&mut config.ha.enabled, cli.enable_ha);
     let etcd = cli.etcd_endpoints.unwrap_or_default();
     let conn = cli.ha_backend_connstring.unwrap_or_default();
     if !conn.is_empty() && !etcd.is_empty() && conn != etcd {

@@ -97,6 +97,18 @@ impl MasterService {
         Ok(self.observed_n(t, method, asked, start, out))
     }
 
+    /// Serves one request: scoped to its tenant ([`inbound`]), then [`Self::timed`].
+    #[allow(clippy::result_large_err)] // tonic's handler signature
+    fn unary<Q: Inbound, T: Outcome + Outbound>(
+        &self,
+        req: Request<Q>,
+        method: &str,
+        f: impl FnOnce(&Master, Q) -> T,
+    ) -> Result<Response<T>, tonic::Status> {
+        let (t, r) = inbound(req);
+        self.timed(&t, method, |m| f(m, r))
+    }
+
     #[allow(clippy::result_large_err)] // tonic's handler signature
     fn timed<T: Outcome + Outbound>(
         &self,
@@ -260,26 +272,25 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<MountSegmentRequest>,
     ) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        let seg = r.segment.unwrap_or_default();
-        self.timed(&t, "MountSegment", |m| self.mounted_reply(m.mount_segment(&r.client_id, &seg, &r.host)))
+        self.unary(req, "MountSegment", |m, r| {
+            self.mounted_reply(m.mount_segment(&r.client_id, &r.segment.unwrap_or_default(), &r.host))
+        })
     }
 
     async fn remount_segment(
         &self,
         req: Request<MountSegmentRequest>,
     ) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        let seg = r.segment.unwrap_or_default();
-        self.timed(&t, "RemountSegment", |m| self.mounted_reply(m.remount_segment(&r.client_id, &seg, &r.host)))
+        self.unary(req, "RemountSegment", |m, r| {
+            self.mounted_reply(m.remount_segment(&r.client_id, &r.segment.unwrap_or_default(), &r.host))
+        })
     }
 
     async fn unmount_segment(
         &self,
         req: Request<UnmountSegmentRequest>,
     ) -> Result<Response<UnmountSegmentReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "UnmountSegment", |m| {
+        self.unary(req, "UnmountSegment", |m, r| {
             let busy = m.unmount_segment_leased(&r.client_id, r.segment_id);
             let ms = |b: Duration| b.as_millis().try_into().unwrap_or(u64::MAX);
             answer(m, busy.map(|b| UnmountSegmentReply { busy_ms: ms(b), ..Default::default() }))
@@ -353,8 +364,7 @@ impl MasterRpc for MasterService {
     }
 
     async fn put_checksum(&self, req: Request<KeyRequest>) -> Result<Response<StatusReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "PutChecksum", |m| {
+        self.unary(req, "PutChecksum", |m, r| {
             let told = match r.checksum {
                 Some(c) => m.put_checksum(&r.client_id, &r.key, c.crc32),
                 None => Err(StoreError::invalid("PutChecksum without a checksum")),
@@ -453,8 +463,7 @@ impl MasterRpc for MasterService {
     }
 
     async fn get_replica_list(&self, req: Request<KeyRequest>) -> Result<Response<GetReplicaListReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "GetReplicaList", |m| replica_list_reply(m, &r.key))
+        self.unary(req, "GetReplicaList", |m, r| replica_list_reply(m, &r.key))
     }
 
     async fn batch_get_replica_list(
@@ -469,8 +478,7 @@ impl MasterRpc for MasterService {
     }
 
     async fn exists(&self, req: Request<KeyRequest>) -> Result<Response<ExistsReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "Exists", |m| {
+        self.unary(req, "Exists", |m, r| {
             answer(m, m.exists(&r.key).map(|exists| ExistsReply { exists, ..Default::default() }))
         })
     }
@@ -485,8 +493,7 @@ impl MasterRpc for MasterService {
     }
 
     async fn query_key(&self, req: Request<KeyRequest>) -> Result<Response<QueryKeyReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "QueryKey", |m| answer(m, m.query(&r.key)))
+        self.unary(req, "QueryKey", |m, r| answer(m, m.query(&r.key)))
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<StatusReply>, tonic::Status> {
@@ -529,8 +536,7 @@ impl MasterRpc for MasterService {
     }
 
     async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "Ping", |m| {
+        self.unary(req, "Ping", |m, r| {
             let pinged = match m.ping(&r.client_id) {
                 PingOutcome::NotLeader(why) => Err(StoreError::NotLeader(why)),
                 PingOutcome::NeedRemount => Err(StoreError::NeedRemount),
@@ -555,8 +561,7 @@ impl MasterRpc for MasterService {
     }
 
     async fn mount_disk(&self, req: Request<MountDiskRequest>) -> Result<Response<MountSegmentReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "MountDisk", |m| {
+        self.unary(req, "MountDisk", |m, r| {
             m.merge_held_removals(&r.held_removals);
             self.mounted_reply(m.mount_disk_linked(
                 &r.client_id,
@@ -573,8 +578,7 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<UpdateDiskReplicasRequest>,
     ) -> Result<Response<BatchStatusReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "UpdateDiskReplicas", |m| {
+        self.unary(req, "UpdateDiskReplicas", |m, r| {
             match m.update_disk_replicas(&r.client_id, r.segment_id, &r.added, &r.removed, r.restore) {
                 Ok(results) => BatchStatusReply { statuses: results.iter().map(|x| status_of(m, x)).collect() },
                 Err(e) => BatchStatusReply { statuses: vec![status_of(m, &Err(e)); r.added.len().max(1)] },
@@ -585,31 +589,26 @@ impl MasterRpc for MasterService {
     // ---- cache-aware scheduling (see query.rs, published.rs, replicate.rs, events.rs) ----
 
     async fn query_keys(&self, req: Request<QueryKeysRequest>) -> Result<Response<QueryKeysReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "QueryKeys", |m| answer(m, m.query_keys(&r.keys)))
+        self.unary(req, "QueryKeys", |m, r| answer(m, m.query_keys(&r.keys)))
     }
 
     async fn prefix_query(&self, req: Request<QueryKeysRequest>) -> Result<Response<PrefixQueryReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "PrefixQuery", |m| answer(m, m.prefix_query(&r.keys)))
+        self.unary(req, "PrefixQuery", |m, r| answer(m, m.prefix_query(&r.keys)))
     }
 
     async fn node_stats(&self, req: Request<NodeStatsRequest>) -> Result<Response<NodeStatsReply>, tonic::Status> {
-        let (t, _) = inbound(req);
-        self.timed(&t, "NodeStats", |m| answer(m, Ok(m.node_stats())))
+        self.unary(req, "NodeStats", |m, _| answer(m, Ok(m.node_stats())))
     }
 
     async fn publish(&self, req: Request<PublishRequest>) -> Result<Response<PublishReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "Publish", |m| {
+        self.unary(req, "Publish", |m, r| {
             let published = m.publish(&r.client_id, r.tier, r.ttl_ms, &r.keys);
             answer(m, published.map(|count| PublishReply { count, ..Default::default() }))
         })
     }
 
     async fn retract(&self, req: Request<RetractRequest>) -> Result<Response<PublishReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "Retract", |m| {
+        self.unary(req, "Retract", |m, r| {
             let retracted = m.retract(&r.client_id, &r.keys, r.all);
             answer(m, retracted.map(|count| PublishReply { count, ..Default::default() }))
         })
@@ -619,8 +618,7 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<ReplicateStartRequest>,
     ) -> Result<Response<ReplicateStartReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "ReplicateStart", |m| {
+        self.unary(req, "ReplicateStart", |m, r| {
             let planned = m.replicate_start_to(&r.client_id, &r.key, r.count, &r.target_segments);
             answer(
                 m,
@@ -659,16 +657,14 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<CreateCopyTaskRequest>,
     ) -> Result<Response<CreateTaskReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "CreateCopyTask", |m| task_reply(m, m.create_copy_task(&r.key, &r.targets)))
+        self.unary(req, "CreateCopyTask", |m, r| task_reply(m, m.create_copy_task(&r.key, &r.targets)))
     }
 
     async fn create_move_task(
         &self,
         req: Request<CreateMoveTaskRequest>,
     ) -> Result<Response<CreateTaskReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "CreateMoveTask", |m| task_reply(m, m.create_move_task(&r.key, &r.source, &r.target)))
+        self.unary(req, "CreateMoveTask", |m, r| task_reply(m, m.create_move_task(&r.key, &r.source, &r.target)))
     }
 
     async fn query_task(&self, req: Request<QueryTaskRequest>) -> Result<Response<QueryTaskReply>, tonic::Status> {
@@ -680,8 +676,7 @@ impl MasterRpc for MasterService {
     }
 
     async fn finish_task(&self, req: Request<FinishTaskRequest>) -> Result<Response<StatusReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "FinishTask", |m| {
+        self.unary(req, "FinishTask", |m, r| {
             status_reply(m, m.finish_task(&r.client_id, tasks::from_wire(r.id.as_ref()), r.ok, &r.message))
         })
     }
@@ -758,8 +753,7 @@ impl MasterRpc for MasterService {
         &self,
         req: Request<RemountWithReportRequest>,
     ) -> Result<Response<RemountWithReportReply>, tonic::Status> {
-        let (t, r) = inbound(req);
-        self.timed(&t, "RemountWithReport", |m| {
+        self.unary(req, "RemountWithReport", |m, r| {
             let seg = r.segment.unwrap_or_default();
             let remounted = m.remount_with_report(&r.client_id, &seg, &r.host, &r.objects, &r.held);
             let reply = answer(
