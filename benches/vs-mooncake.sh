@@ -44,23 +44,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=5 PAIRS=3 OUT=ci/.work/vs-mooncake ONLY="" BLOCKS="64K 1M 16M" OPS="read write" THREADS=1
 SIZES="1M 10M 25M" STREAMS=2 WINDOW=256M CALLS=64K
-while [ $# -gt 0 ]; do
-  case $1 in
-    --pairs) PAIRS=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --only) ONLY=$2; shift 2 ;;
-    --blocks) BLOCKS=$2; shift 2 ;;
-    --ops) OPS=$2; shift 2 ;;
-    --threads) THREADS=$2; shift 2 ;;
-    --sizes) SIZES=$2; shift 2 ;;
-    --calls) CALLS=$2; shift 2 ;;
-    --iperf-streams) STREAMS=$2; shift 2 ;;
-    --window) WINDOW=$2; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    [0-9]*) DUR=$1; shift ;;
-    *) echo "vs-mooncake.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+. benches/lib-args.sh
+BENCH_OPTIONS="--pairs=PAIRS --out=OUT --only=ONLY --blocks=BLOCKS --ops=OPS --threads=THREADS --sizes=SIZES
+  --calls=CALLS --iperf-streams=STREAMS --window=WINDOW"
+BENCH_NUMBER=DUR
+bench_args "$@"
 case $ONLY in ""|engine|store) ;; *) echo "vs-mooncake.sh: --only engine or store" >&2; exit 2 ;; esac
 [[ $DUR =~ ^[0-9]+$ ]] || { echo "vs-mooncake.sh: the duration is whole seconds (transfer_engine_bench's)" >&2; exit 2; }
 WHEEL=${MOONCAKE_WHEEL:-mooncake-transfer-engine-non-cuda==0.3.13.post1}
