@@ -83,14 +83,6 @@ echo "# target buffer $BUFFER, $BATCH blocks per batch, $PAIRS alternating memcp
 pairs_load start
 echo
 pairs_header "op|block|threads" "shm GB/s" "memcpy GB/s" --metric "CPU,shm GB/CPU-s,memcpy GB/CPU-s"
-for op in $OPS; do
-  for block in $BLOCKS; do
-    for threads in $THREADS; do
-      pairs_row "$op|$block|$threads" ">= 0.90" "shm_run $op $block $threads" \
-        "memcpy_run $op $block $threads" "op|block|threads" ||
-        { tail -n 5 "$work/initiator.err" >&2; exit 1; }
-    done
-  done
-done
+pairs_grid ">= 0.90" shm_run memcpy_run || { tail -n 5 "$work/initiator.err" >&2; exit 1; }
 echo
 pairs_load end
