@@ -428,11 +428,25 @@ fn print_first_round_pairs(a: &HotCacheArgs, pairs: &[(&str, u64, u64, report::P
         if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) }
     );
     println!();
-    println!(
-        "| Method | Value (MB) | Cache (MB) | cached first round (ms) | uncached first round (ms) | ratio | range | target | met |"
+    print_pairs_table(
+        "cached first round",
+        "uncached first round",
+        report::Target::AtMost(1.10),
+        pairs.iter().map(|(method, size, cache, p)| (*method, *size, *cache, p)),
     );
+}
+
+/// A table of pairs in ms, a row per (method, value size, cache size, pairs): the medians of
+/// both sides (`ours` and `limit` head their columns) and the ratio's cells against `target`.
+fn print_pairs_table<'a>(
+    ours: &str,
+    limit: &str,
+    target: report::Target,
+    rows: impl Iterator<Item = (&'a str, u64, u64, &'a report::Pairs)>,
+) {
+    println!("| Method | Value (MB) | Cache (MB) | {ours} (ms) | {limit} (ms) | ratio | range | target | met |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (method, size, cache, p) in pairs {
+    for (method, size, cache, p) in rows {
         let s = p.summary();
         println!(
             "| {method} | {} | {} | {:.2} | {:.2} | {}",
@@ -440,7 +454,7 @@ fn print_first_round_pairs(a: &HotCacheArgs, pairs: &[(&str, u64, u64, report::P
             cache / MIB,
             s.ours,
             s.limit,
-            s.ratio_cells(report::Target::AtMost(1.10))
+            s.ratio_cells(target)
         );
     }
     println!();
@@ -455,23 +469,12 @@ fn print_warm_hits(a: &HotCacheArgs, rows: &[Row]) {
         if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) }
     );
     println!();
-    println!(
-        "| Method | Value (MB) | Cache (MB) | warm call (ms) | memcpy + master (ms) | ratio | range | target | met |"
+    print_pairs_table(
+        "warm call",
+        "memcpy + master",
+        report::Target::AtMost(1.00),
+        rows.iter().filter(|r| !r.hits.is_empty()).map(|r| (r.method, r.size, r.cache, &r.hits)),
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for r in rows.iter().filter(|r| !r.hits.is_empty()) {
-        let s = r.hits.summary();
-        println!(
-            "| {} | {} | {} | {:.2} | {:.2} | {}",
-            r.method,
-            r.size / MIB,
-            r.cache / MIB,
-            s.ours,
-            s.limit,
-            s.ratio_cells(report::Target::AtMost(1.00))
-        );
-    }
-    println!();
 }
 
 fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
