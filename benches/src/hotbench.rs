@@ -39,6 +39,17 @@ pub struct Common {
     pub label: String,
 }
 
+impl Common {
+    /// `", LABEL"` for the end of a table's title, or nothing without a label.
+    fn label_suffix(&self) -> String {
+        if self.label.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", self.label)
+        }
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct HotCacheArgs {
     #[command(flatten)]
@@ -425,7 +436,7 @@ fn print_first_round_pairs(a: &HotCacheArgs, pairs: &[(&str, u64, u64, report::P
         "First round with the cache vs without it: {} pairs of fresh readers per row (uncached first in odd pairs), \
          medians in ms{}",
         a.pairs.max(1),
-        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) }
+        a.common.label_suffix()
     );
     println!();
     print_pairs_table(
@@ -466,7 +477,7 @@ fn print_warm_hits(a: &HotCacheArgs, rows: &[Row]) {
          median call against the median of the same calls' limit measured right after it (a memcpy of the call's \
          values into the memory the call returns them in, plus exists / batch_exists of its keys), {} pairs, ms{}",
         a.rounds - 1,
-        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) }
+        a.common.label_suffix()
     );
     println!();
     print_pairs_table(
@@ -488,7 +499,7 @@ fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
         a.fill,
         a.rounds,
         a.keys,
-        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
+        a.common.label_suffix(),
         a.rounds,
         a.warm_memory / MIB,
         page_reporting()
@@ -567,7 +578,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
         "replay{}: {} requests, each the KV bytes of a {}-token prompt = {} chunks of {} tokens x {} bytes/token = \
          {} MiB per request (batch_get_into, zero copy); scaled down from {} bytes/token: cache sizes x {scale} \
          (block size = one chunk, {} KiB)",
-        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
+        a.common.label_suffix(),
         a.requests,
         a.tokens,
         chunks,
