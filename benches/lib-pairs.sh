@@ -10,6 +10,7 @@
 #   pairs_load start|end
 #   pairs_header "op|block|threads" "tebench GB/s" "iperf3 GB/s" [--metric NAME,OURS,LIMIT]
 #   pairs_row "read|64K|1" ">= 0.90" "ours command" "limit command" [csv label names]
+#   pairs_grid ">= 0.90" ours_function limit_function
 
 PAIRS=${PAIRS:-5}
 PAIRS_PY="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/pairs.py"
@@ -37,4 +38,16 @@ pairs_row() { # labels target ours_cmd limit_cmd [columns]
   done
   python3 "$PAIRS_PY" row "$labels" "$file" --target "$target" ${CSV:+--csv "$CSV"} ${columns:+--columns "$columns"}
   rm -f "$file"
+}
+
+pairs_grid() { # target ours_fn limit_fn: a row per op of OPS, block of BLOCKS, count of THREADS
+  local target=$1 ours=$2 limit=$3 op block threads
+  for op in $OPS; do
+    for block in $BLOCKS; do
+      for threads in $THREADS; do
+        pairs_row "$op|$block|$threads" "$target" "$ours $op $block $threads" "$limit $op $block $threads" \
+          "op|block|threads" || return 1
+      done
+    done
+  done
 }

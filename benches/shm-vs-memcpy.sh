@@ -30,18 +30,9 @@ BATCH=${BATCH:-128}
 PAIRS=${PAIRS:-${REPEAT:-5}}
 CSV=${CSV:-}
 BLOCKS="64K 1M 16M" THREADS="1 2" OPS="read write"
-while [ $# -gt 0 ]; do
-  case $1 in
-    --pairs) PAIRS=$2; shift 2 ;;
-    --csv) CSV=$2; shift 2 ;;
-    --blocks) BLOCKS=$2; shift 2 ;;
-    --threads) THREADS=$2; shift 2 ;;
-    --ops) OPS=$2; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    [0-9]*) DURATION=$1; shift ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+. benches/lib-args.sh
+BENCH_OPTIONS="--pairs=PAIRS --csv=CSV --blocks=BLOCKS --threads=THREADS --ops=OPS" BENCH_NUMBER=DURATION
+bench_args "$@"
 . benches/lib-pairs.sh
 
 if [ -n "${BIN_DIR:-}" ]; then
@@ -92,14 +83,6 @@ echo "# target buffer $BUFFER, $BATCH blocks per batch, $PAIRS alternating memcp
 pairs_load start
 echo
 pairs_header "op|block|threads" "shm GB/s" "memcpy GB/s" --metric "CPU,shm GB/CPU-s,memcpy GB/CPU-s"
-for op in $OPS; do
-  for block in $BLOCKS; do
-    for threads in $THREADS; do
-      pairs_row "$op|$block|$threads" ">= 0.90" "shm_run $op $block $threads" \
-        "memcpy_run $op $block $threads" "op|block|threads" ||
-        { tail -n 5 "$work/initiator.err" >&2; exit 1; }
-    done
-  done
-done
+pairs_grid ">= 0.90" shm_run memcpy_run || { tail -n 5 "$work/initiator.err" >&2; exit 1; }
 echo
 pairs_load end

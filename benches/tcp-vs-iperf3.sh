@@ -24,19 +24,10 @@ cd "$(dirname "$0")/.."
 DUR=2 PAIRS=5 CSV=${CSV:-} BLOCKS="64K 1M 16M" THREADS="1 2" OPS="read write"
 LANES="${MC_TCP_LANES:-2}"
 STREAMS=$LANES
-while [ $# -gt 0 ]; do
-  case $1 in
-    --pairs) PAIRS=$2; shift 2 ;;
-    --csv) CSV=$2; shift 2 ;;
-    --blocks) BLOCKS=$2; shift 2 ;;
-    --threads) THREADS=$2; shift 2 ;;
-    --ops) OPS=$2; shift 2 ;;
-    --iperf-streams) STREAMS=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    [0-9]*) DUR=$1; shift ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+. benches/lib-args.sh
+BENCH_OPTIONS="--pairs=PAIRS --csv=CSV --blocks=BLOCKS --threads=THREADS --ops=OPS --iperf-streams=STREAMS"
+BENCH_NUMBER=DUR
+bench_args "$@"
 command -v iperf3 >/dev/null || { echo "iperf3 is missing: apt-get install iperf3" >&2; exit 1; }
 . benches/lib-pairs.sh
 if [ -n "${BIN_DIR:-}" ]; then
@@ -95,13 +86,7 @@ printf '%s, tcp loopback, batch 128, tcp lanes %s, iperf3 -P %s, %s s per measur
 pairs_load start
 echo
 pairs_header "op|block|threads" "tebench GB/s" "iperf3 GB/s" --metric "CPU,tebench GB/CPU-s,iperf3 GB/CPU-s"
-for op in $OPS; do
-  for bs in $BLOCKS; do
-    for th in $THREADS; do
-      pairs_row "$op|$bs|$th" ">= 0.90" "tebench_gbps $op $bs $th" "iperf_gbps" "op|block|threads"
-    done
-  done
-done
+pairs_grid ">= 0.90" tebench_gbps iperf_gbps # iperf3's run takes no arguments: it ignores them
 echo
 # Mooncake's TCP transport, measured on this kind of machine (target: tebench >= 2x).
 python3 - "$CSV" <<'PY'

@@ -21,16 +21,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PAIRS=5 SIZE=256M SHARDS=8 ROUNDS=3
-while [ $# -gt 0 ]; do
-  case $1 in
-    --pairs) PAIRS=$2; shift 2 ;;
-    --size) SIZE=$2; shift 2 ;;
-    --shards) SHARDS=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tensor-tp.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+. benches/lib-args.sh
+BENCH_OPTIONS="--pairs=PAIRS --size=SIZE --shards=SHARDS --rounds=ROUNDS" BENCH_NUMBER=
+bench_args "$@"
 CPY=${PYTHON:-.venv/bin/python}
 die() { echo "tensor-tp.sh: $*" >&2; exit 1; }
 if [ -n "${BIN_DIR:-}" ]; then

@@ -166,60 +166,62 @@ def tensor(a):
     # The baseline's values: the same bytes as the tensor's objects (a 304-byte header and a
     # shard each), in registered memory, put and read back with the batch calls.
     header = 304
-    src, src_addr = registered(s, shards * (header + shard))
-    dst, dst_addr = registered(s, shards * (header + shard))
+    obj = header + shard  # bytes of one object, the tensor's or the baseline's
+    src, src_addr = registered(s, shards * obj)
+    dst, dst_addr = registered(s, shards * obj)
     tag = f"vst-{os.getpid()}"
     took = {"tp_put": 0.0, "batch_put": 0.0, "tp_get": 0.0, "batch_get": 0.0, "key_get": 0.0}
 
-    def tp_put(r):
+    def timed(name, r, call):
+        """What `call()` returns; its time is added to took[name] but in round 0."""
         t0 = time.perf_counter()
-        rc = s.put_tensor_with_tp(f"{tag}-t{r}", full, tp_rank=0, tp_size=shards, split_dim=0)
-        took["tp_put"] += time.perf_counter() - t0 if r else 0
+        out = call()
+        took[name] += time.perf_counter() - t0 if r else 0
+        return out
+
+    def batch_keys(r):
+        return [f"{tag}-b{r}-{i}" for i in range(shards)]
+
+    def tp_put(r):
+        rc = timed("tp_put", r,
+                   lambda: s.put_tensor_with_tp(f"{tag}-t{r}", full, tp_rank=0, tp_size=shards, split_dim=0))
         if rc != 0:
             sys.exit(f"vs-mooncake-store: put_tensor_with_tp returned {rc}")
 
     def batch_put(r):
-        keys = [f"{tag}-b{r}-{i}" for i in range(shards)]
-        t0 = time.perf_counter()
-        rcs = s.batch_put_from(keys, [src_addr + i * (header + shard) for i in range(shards)], [header + shard] * shards)
-        took["batch_put"] += time.perf_counter() - t0 if r else 0
+        keys = batch_keys(r)
+        rcs = timed("batch_put", r,
+                    lambda: s.batch_put_from(keys, [src_addr + i * obj for i in range(shards)], [obj] * shards))
         if any(rc != 0 for rc in rcs):
             sys.exit(f"vs-mooncake-store: batch_put_from returned {rcs}")
 
     def tp_get(r):
-        got = []
-        t0 = time.perf_counter()
-        for rank in range(shards):
-            got.append(s.get_tensor_with_tp(f"{tag}-t{r}", tp_rank=rank, tp_size=shards))
-        took["tp_get"] += time.perf_counter() - t0 if r else 0
+        got = timed("tp_get", r, lambda: [s.get_tensor_with_tp(f"{tag}-t{r}", tp_rank=rank, tp_size=shards)
+                                          for rank in range(shards)])
         for rank, t in enumerate(got):
             if t is None or np.asarray(t).tobytes() != full[rank:rank + 1].tobytes():  # random bits: NaNs too
                 sys.exit(f"vs-mooncake-store: get_tensor_with_tp rank {rank} is not the shard put")
 
     def batch_get(r):
-        keys = [f"{tag}-b{r}-{i}" for i in range(shards)]
-        t0 = time.perf_counter()
-        got = s.batch_get_into(keys, [dst_addr + i * (header + shard) for i in range(shards)], [header + shard] * shards)
-        took["batch_get"] += time.perf_counter() - t0 if r else 0
-        if got != [header + shard] * shards or dst[:header + shard] != src[:header + shard]:
+        keys = batch_keys(r)
+        got = timed("batch_get", r,
+                    lambda: s.batch_get_into(keys, [dst_addr + i * obj for i in range(shards)], [obj] * shards))
+        if got != [obj] * shards or dst[:obj] != src[:obj]:
             sys.exit(f"vs-mooncake-store: batch_get_into returned {got}")
 
     def key_get(r):
-        keys = [f"{tag}-b{r}-{i}" for i in range(shards)]
-        got = []
-        t0 = time.perf_counter()
-        for i in range(shards):
-            got += s.batch_get_into([keys[i]], [dst_addr + i * (header + shard)], [header + shard])
-        took["key_get"] += time.perf_counter() - t0 if r else 0
-        if got != [header + shard] * shards or dst[:header + shard] != src[:header + shard]:
+        keys = batch_keys(r)
+        got = timed("key_get", r, lambda: [read for i in range(shards)
+                                           for read in s.batch_get_into([keys[i]], [dst_addr + i * obj], [obj])])
+        if got != [obj] * shards or dst[:obj] != src[:obj]:
             sys.exit(f"vs-mooncake-store: batch_get_into of one key returned {got}")
 
     for r in range(a.rounds + 1):  # round 0 opens the connections: not timed
         for group in ((tp_put, batch_put), (tp_get, batch_get, key_get)):
             for f in (group if r % 2 else group[::-1]):
                 f(r)
-        remove(s, [f"{tag}-t{r}_tp_{i}" for i in range(shards)] + [f"{tag}-b{r}-{i}" for i in range(shards)])
-    mib = a.rounds * shards * (header + shard) / (1 << 20)
+        remove(s, [f"{tag}-t{r}_tp_{i}" for i in range(shards)] + batch_keys(r))
+    mib = a.rounds * shards * obj / (1 << 20)
     print(" ".join(f"{mib / took[k]:.1f}" for k in ("tp_put", "batch_put", "tp_get", "batch_get", "key_get")),
           flush=True)
     s.unregister_buffer(src_addr)

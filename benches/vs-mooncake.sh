@@ -44,23 +44,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=5 PAIRS=3 OUT=ci/.work/vs-mooncake ONLY="" BLOCKS="64K 1M 16M" OPS="read write" THREADS=1
 SIZES="1M 10M 25M" STREAMS=2 WINDOW=256M CALLS=64K
-while [ $# -gt 0 ]; do
-  case $1 in
-    --pairs) PAIRS=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --only) ONLY=$2; shift 2 ;;
-    --blocks) BLOCKS=$2; shift 2 ;;
-    --ops) OPS=$2; shift 2 ;;
-    --threads) THREADS=$2; shift 2 ;;
-    --sizes) SIZES=$2; shift 2 ;;
-    --calls) CALLS=$2; shift 2 ;;
-    --iperf-streams) STREAMS=$2; shift 2 ;;
-    --window) WINDOW=$2; shift 2 ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    [0-9]*) DUR=$1; shift ;;
-    *) echo "vs-mooncake.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+. benches/lib-args.sh
+BENCH_OPTIONS="--pairs=PAIRS --out=OUT --only=ONLY --blocks=BLOCKS --ops=OPS --threads=THREADS --sizes=SIZES
+  --calls=CALLS --iperf-streams=STREAMS --window=WINDOW"
+BENCH_NUMBER=DUR
+bench_args "$@"
 case $ONLY in ""|engine|store) ;; *) echo "vs-mooncake.sh: --only engine or store" >&2; exit 2 ;; esac
 [[ $DUR =~ ^[0-9]+$ ]] || { echo "vs-mooncake.sh: the duration is whole seconds (transfer_engine_bench's)" >&2; exit 2; }
 WHEEL=${MOONCAKE_WHEEL:-mooncake-transfer-engine-non-cuda==0.3.13.post1}
@@ -157,6 +145,12 @@ measure() {
 }
 bytes() { python3 -c 'import sys; t = sys.argv[1].upper(); u = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}; print(int(t[:-1]) * u[t[-1]] if t[-1] in u else int(t))' "$1"; }
 
+# raw PART OP MOONCAKE CRESCENT [LIMIT UNIT]: one measurement's line of $RAW, from the size,
+# threads, pair, order, limit, unit and limit's name of the pair `row` is in.
+raw() {
+  echo "$1,$2,$size,$th,$i,$first,$3,$4,${5:-$l},${6:-$unit},$lname" >>"$RAW"
+}
+
 # One row: pairs of (limit, Mooncake, Crescent) with the order of the two alternating.
 # row PART OP SIZE THREADS UNIT LIMIT_NAME "limit command" "mooncake command" "crescent command"
 # A command prints one figure (the store's readers print put and get: FIELD picks one).
@@ -181,22 +175,22 @@ row() {
       read -r me mp mg <<<"$m"
       read -r ce cp cg <<<"$c"
       echo "  pair $i of $PAIRS, store calls $size (exists put get, calls/s): Mooncake $m, Crescent $c, ping-pong $l ($first first)" >&2
-      echo "store,exists,$size,$th,$i,$first,$me,$ce,$l,$unit,$lname" >>"$RAW"
-      echo "store,put call,$size,$th,$i,$first,$mp,$cp,$l,$unit,$lname" >>"$RAW"
-      echo "store,get call,$size,$th,$i,$first,$mg,$cg,$l,$unit,$lname" >>"$RAW"
+      raw store exists "$me" "$ce"
+      raw store "put call" "$mp" "$cp"
+      raw store "get call" "$mg" "$cg"
     elif [ "$part" = store ] && [ "$op" = put ]; then # readers print "put get puts/s": a line per op
       local mp mg mo cp cg co
       read -r mp mg mo <<<"$m"
       read -r cp cg co <<<"$c"
       echo "  pair $i of $PAIRS, store $size (put get MiB/s, puts/s): Mooncake $m, Crescent $c, memcpy $l ($first first)" >&2
-      echo "store,put,$size,$th,$i,$first,$mp,$cp,$l,$unit,$lname" >>"$RAW"
-      echo "store,get,$size,$th,$i,$first,$mg,$cg,$l,$unit,$lname" >>"$RAW"
+      raw store put "$mp" "$cp"
+      raw store get "$mg" "$cg"
       if [ "$(bytes "$size")" -lt $((1 << 20)) ]; then # small values: puts per second too (memcpy's in values/s)
-        echo "store,put/s,$size,$th,$i,$first,$mo,$co,$(python3 -c 'import sys; print("%.0f" % (float(sys.argv[1]) * 2**20 / int(sys.argv[2])))' "$l" "$(bytes "$size")"),puts/s,$lname" >>"$RAW"
+        raw store put/s "$mo" "$co" "$(python3 -c 'import sys; print("%.0f" % (float(sys.argv[1]) * 2**20 / int(sys.argv[2])))' "$l" "$(bytes "$size")")" puts/s
       fi
     else
       echo "  pair $i of $PAIRS, $part $op $size x$th ($unit): Mooncake $m, Crescent $c, $lname $l ($first first)" >&2
-      echo "$part,$op,$size,$th,$i,$first,$m,$c,$l,$unit,$lname" >>"$RAW"
+      raw "$part" "$op" "$m" "$c"
     fi
   done
 }

@@ -39,6 +39,17 @@ pub struct Common {
     pub label: String,
 }
 
+impl Common {
+    /// `", LABEL"` for the end of a table's title, or nothing without a label.
+    fn label_suffix(&self) -> String {
+        if self.label.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", self.label)
+        }
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct HotCacheArgs {
     #[command(flatten)]
@@ -425,14 +436,28 @@ fn print_first_round_pairs(a: &HotCacheArgs, pairs: &[(&str, u64, u64, report::P
         "First round with the cache vs without it: {} pairs of fresh readers per row (uncached first in odd pairs), \
          medians in ms{}",
         a.pairs.max(1),
-        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) }
+        a.common.label_suffix()
     );
     println!();
-    println!(
-        "| Method | Value (MB) | Cache (MB) | cached first round (ms) | uncached first round (ms) | ratio | range | target | met |"
+    print_pairs_table(
+        "cached first round",
+        "uncached first round",
+        report::Target::AtMost(1.10),
+        pairs.iter().map(|(method, size, cache, p)| (*method, *size, *cache, p)),
     );
+}
+
+/// A table of pairs in ms, a row per (method, value size, cache size, pairs): the medians of
+/// both sides (`ours` and `limit` head their columns) and the ratio's cells against `target`.
+fn print_pairs_table<'a>(
+    ours: &str,
+    limit: &str,
+    target: report::Target,
+    rows: impl Iterator<Item = (&'a str, u64, u64, &'a report::Pairs)>,
+) {
+    println!("| Method | Value (MB) | Cache (MB) | {ours} (ms) | {limit} (ms) | ratio | range | target | met |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (method, size, cache, p) in pairs {
+    for (method, size, cache, p) in rows {
         let s = p.summary();
         println!(
             "| {method} | {} | {} | {:.2} | {:.2} | {}",
@@ -440,7 +465,7 @@ fn print_first_round_pairs(a: &HotCacheArgs, pairs: &[(&str, u64, u64, report::P
             cache / MIB,
             s.ours,
             s.limit,
-            s.ratio_cells(report::Target::AtMost(1.10))
+            s.ratio_cells(target)
         );
     }
     println!();
@@ -452,26 +477,15 @@ fn print_warm_hits(a: &HotCacheArgs, rows: &[Row]) {
          median call against the median of the same calls' limit measured right after it (a memcpy of the call's \
          values into the memory the call returns them in, plus exists / batch_exists of its keys), {} pairs, ms{}",
         a.rounds - 1,
-        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) }
+        a.common.label_suffix()
     );
     println!();
-    println!(
-        "| Method | Value (MB) | Cache (MB) | warm call (ms) | memcpy + master (ms) | ratio | range | target | met |"
+    print_pairs_table(
+        "warm call",
+        "memcpy + master",
+        report::Target::AtMost(1.00),
+        rows.iter().filter(|r| !r.hits.is_empty()).map(|r| (r.method, r.size, r.cache, &r.hits)),
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for r in rows.iter().filter(|r| !r.hits.is_empty()) {
-        let s = r.hits.summary();
-        println!(
-            "| {} | {} | {} | {:.2} | {:.2} | {}",
-            r.method,
-            r.size / MIB,
-            r.cache / MIB,
-            s.ours,
-            s.limit,
-            s.ratio_cells(report::Target::AtMost(1.00))
-        );
-    }
-    println!();
 }
 
 fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
@@ -485,7 +499,7 @@ fn print_hot_table(a: &HotCacheArgs, rows: &[Row]) {
         a.fill,
         a.rounds,
         a.keys,
-        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
+        a.common.label_suffix(),
         a.rounds,
         a.warm_memory / MIB,
         page_reporting()
@@ -564,7 +578,7 @@ pub fn replay(a: ReplayArgs) -> Result<()> {
         "replay{}: {} requests, each the KV bytes of a {}-token prompt = {} chunks of {} tokens x {} bytes/token = \
          {} MiB per request (batch_get_into, zero copy); scaled down from {} bytes/token: cache sizes x {scale} \
          (block size = one chunk, {} KiB)",
-        if a.common.label.is_empty() { String::new() } else { format!(", {}", a.common.label) },
+        a.common.label_suffix(),
         a.requests,
         a.tokens,
         chunks,

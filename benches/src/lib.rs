@@ -2,6 +2,7 @@
 
 pub use crescent_store::pattern;
 pub mod authpair;
+pub mod blocks;
 pub mod checksumbench;
 pub mod dummybench;
 pub mod etcd_cluster;
@@ -11,6 +12,8 @@ pub mod masterbench;
 pub mod report;
 pub mod soak;
 pub mod ssd;
+
+use std::time::{Duration, Instant};
 
 pub use crescent_store::{init_logging, init_tool_logging};
 
@@ -25,6 +28,18 @@ pub fn parse_seconds(s: &str) -> Result<f64, String> {
         return Err(format!("{s:?}: seconds must be between 0 and {MAX_SECONDS}"));
     }
     Ok(v)
+}
+
+/// Polls `f` (every 20 ms) until it returns true or `timeout` passes; whether it did.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
 }
 
 /// CPU time this process has used so far (all threads, user and system), in seconds. Unlike

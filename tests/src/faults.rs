@@ -272,17 +272,15 @@ pub fn bound(deadline: Duration) -> Duration {
     deadline * 2 + Duration::from_secs(3)
 }
 
-/// Runs `ops` in a loop while `fault` is applied for `hold` and then `clear`ed, and asserts
-/// the contract on every call: it ended within `limit` and never with wrong bytes. Returns
-/// the answers during the fault.
-pub fn through_fault(
-    prober: &mut Prober,
-    ops: &[String],
-    limit: Duration,
+/// Applies `fault` (200 ms in) for `hold` and then `clear`s it, on a thread of its own, while
+/// `round` runs again and again (at least once) until the fault is cleared; `round` pushes its
+/// answers onto the list this returns.
+pub fn during_fault<A>(
     hold: Duration,
     fault: impl FnOnce() + Send,
     clear: impl FnOnce() + Send,
-) -> Vec<Answer> {
+    mut round: impl FnMut(&mut Vec<A>),
+) -> Vec<A> {
     let mut answers = Vec::new();
     std::thread::scope(|s| {
         let (done_tx, done_rx) = channel();
@@ -295,15 +293,31 @@ pub fn through_fault(
         });
         let mut cleared = false;
         while !cleared {
-            for op in ops {
-                let a = prober.call(op);
-                check(&a, limit);
-                answers.push(a);
-            }
+            round(&mut answers);
             cleared = done_rx.try_recv().is_ok();
         }
     });
     answers
+}
+
+/// Runs `ops` in a loop while `fault` is applied for `hold` and then `clear`ed, and asserts
+/// the contract on every call: it ended within `limit` and never with wrong bytes. Returns
+/// the answers during the fault.
+pub fn through_fault(
+    prober: &mut Prober,
+    ops: &[String],
+    limit: Duration,
+    hold: Duration,
+    fault: impl FnOnce() + Send,
+    clear: impl FnOnce() + Send,
+) -> Vec<Answer> {
+    during_fault(hold, fault, clear, |answers| {
+        for op in ops {
+            let a = prober.call(op);
+            check(&a, limit);
+            answers.push(a);
+        }
+    })
 }
 
 /// The contract on one call: within `limit`, never wrong bytes.
@@ -504,6 +518,26 @@ impl EngineCase {
         if self.target_pid() == t_pid {
             assert_settles("the target", t_pid, t0, RECOVERY);
         }
+    }
+
+    /// The target stopped (`SIGSTOP`) for [`HOLD`] and continued, with [`Self::each_round`]:
+    /// `felt` where the transport must notice (a call fails meanwhile).
+    pub fn target_stopped_and_continued(&self, prober: &mut Prober, felt: bool) {
+        use rustix::process::Signal;
+        self.each_round(
+            prober,
+            |c| signal(c.target_pid(), Signal::STOP),
+            |c| signal(c.target_pid(), Signal::CONT),
+            &[],
+            felt,
+        );
+    }
+
+    /// The target killed and a new one started in its place, with [`Self::each_round`]: the
+    /// fault is felt, and calls succeed again after a `resync` (the new target has new memory
+    /// and ports: the prober fetches its descriptor again).
+    pub fn target_killed_and_restarted(&self, prober: &mut Prober) {
+        self.each_round(prober, |c| c.target.lock().unwrap().kill_now(), |c| c.restart_target(), &["resync"], true);
     }
 
     /// The target out of file descriptors: a new initiator's connections are queued by the

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crescent_engine::{EngineConfig, TransferEngine};
+use crescent_engine::{BufferDescriptor, EngineConfig, Opcode, SegmentId, TransferEngine, TransferRequest};
 
 pub mod dashboards;
 pub mod etcd_cluster;
@@ -45,6 +45,65 @@ pub fn same_host_engine(timeout: Duration) -> Arc<TransferEngine> {
     let config =
         EngineConfig { local_hostname: Some("127.0.0.1".into()), transfer_timeout: timeout, ..EngineConfig::default() };
     TransferEngine::new(config).expect("engine starts on loopback")
+}
+
+/// One HTTP/1.1 request (`Connection: close`, a 30 s read timeout) with the extra `headers`
+/// (each ending in CRLF) and `body`: the answer's status, head and body (as sent, not
+/// dechunked).
+pub fn http(
+    addr: impl std::net::ToSocketAddrs,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP reply");
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status");
+    (status, head.to_string(), body.to_string())
+}
+
+/// Opens the segment `name` (a `tebench target`'s, say) and returns it with its first buffer.
+pub fn open_first_buffer(engine: &TransferEngine, name: &str) -> (SegmentId, BufferDescriptor) {
+    let seg = engine.open_segment(name).unwrap();
+    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    (seg, remote)
+}
+
+/// One request in a batch of its own, waited for: `length` bytes between the registered local
+/// memory at `source` and `target_offset` of segment `target`.
+pub fn transfer_one(
+    engine: &TransferEngine,
+    opcode: Opcode,
+    source: u64,
+    target: SegmentId,
+    target_offset: u64,
+    length: u64,
+) -> crescent_engine::Result<()> {
+    engine.transfer_sync(&[TransferRequest { opcode, source, target, target_offset, length }])
+}
+
+/// The shm endpoint's socket name of `engine`.
+pub fn shm_socket(engine: &TransferEngine) -> String {
+    engine
+        .local_descriptor()
+        .endpoints
+        .iter()
+        .find_map(|e| match e {
+            crescent_transports::Endpoint::Shm { socket } => Some(socket.clone()),
+            _ => None,
+        })
+        .expect("an shm endpoint")
 }
 
 /// Path of a binary of this workspace built beside the test executable (`cargo test`
@@ -109,17 +168,7 @@ pub fn spawn_tebench_target_env(prefix: &[&str], args: &[&str], envs: &[(&str, &
     (child, name)
 }
 
-/// Polls `f` until it returns true or `timeout` passes.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    f()
-}
+pub use crescent_benches::eventually;
 
 /// A peer that answers the handshake with a descriptor (one 64 MiB buffer at 0x10000000)
 /// whose tcp endpoint accepts connections, reads requests and never answers; with

@@ -21,9 +21,15 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 impl HostPair {
+    /// [`HostPair::create`], or `None` once [`crate::skip`] has said why (after `what`, the
+    /// test's name for itself) the test cannot run here.
+    pub fn create_or_skip(tag: &str, what: &str) -> Option<HostPair> {
+        HostPair::create(tag).map_err(|why| crate::skip(&format!("{what}: {why}"))).ok()
+    }
+
     /// Creates the pair, or says why it cannot (not root, no `ip`): the caller skips.
     pub fn create(tag: &str) -> Result<HostPair, String> {
-        if !is_root() {
+        if !rustix::process::geteuid().is_root() {
             return Err("not root: network namespaces need CAP_SYS_ADMIN".into());
         }
         let id = std::process::id() % 100_000;
@@ -79,15 +85,6 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
     })
     .join()
     .expect("the thread in the namespace panicked")
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)).map(|u| u == "0")
-        })
-        .unwrap_or(false)
 }
 
 impl Drop for HostPair {

@@ -11,14 +11,28 @@ use crate::{lines_of, workspace_bin, ChildGuard};
 /// Starts `crescent-master` (through `prefix`, e.g. `ip netns exec NS`) and returns it with
 /// the address it prints.
 pub fn spawn_master(prefix: &[&str], args: &[&str]) -> (ChildGuard, String) {
-    let mut cmd = command(prefix, "crescent-master");
+    let (child, addr, _) = spawn_until(prefix, "crescent-master", args, "master: ", "its address");
+    (child, addr)
+}
+
+/// Starts `bin` with `args` (through `prefix`) and waits for the line of its stdout that starts
+/// with `prefix_of_line` (60 s at most, else a panic saying it never printed `what`): the
+/// child, the rest of that line (trimmed) and its later lines.
+fn spawn_until(
+    prefix: &[&str],
+    bin: &str,
+    args: &[&str],
+    prefix_of_line: &str,
+    what: &str,
+) -> (ChildGuard, String, Receiver<String>) {
+    let mut cmd = command(prefix, bin);
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = ChildGuard(cmd.spawn().expect("spawn crescent-master"));
+    let mut child = ChildGuard(cmd.spawn().unwrap_or_else(|e| panic!("spawn {bin}: {e}")));
     let lines = lines_of(child.0.stdout.take().expect("stdout"));
     loop {
-        let line = lines.recv_timeout(Duration::from_secs(60)).expect("crescent-master printed its address");
-        if let Some(addr) = line.strip_prefix("master: ") {
-            return (child, addr.trim().to_string());
+        let line = lines.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{bin} printed {what}"));
+        if let Some(rest) = line.strip_prefix(prefix_of_line) {
+            return (child, rest.trim().to_string(), lines);
         }
     }
 }
@@ -117,18 +131,10 @@ impl ClientProc {
 
 /// Starts `crescent-client` (a standalone client) and returns it with the socket it serves.
 pub fn spawn_standalone(args: &[&str]) -> (ChildGuard, String) {
-    let mut cmd = command(&[], "crescent-client");
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = ChildGuard(cmd.spawn().expect("spawn crescent-client"));
-    let lines = lines_of(child.0.stdout.take().expect("stdout"));
-    loop {
-        let line = lines.recv_timeout(Duration::from_secs(60)).expect("crescent-client printed its socket");
-        if let Some(socket) = line.strip_prefix("socket: ") {
-            // The rest of its output is drained (a full pipe would block it).
-            std::thread::spawn(move || while lines.recv().is_ok() {});
-            return (child, socket.trim().to_string());
-        }
-    }
+    let (child, socket, lines) = spawn_until(&[], "crescent-client", args, "socket: ", "its socket");
+    // The rest of its output is drained (a full pipe would block it).
+    std::thread::spawn(move || while lines.recv().is_ok() {});
+    (child, socket)
 }
 
 /// A master in this process on loopback (free gRPC and admin ports), with `config`'s other settings.
@@ -180,17 +186,7 @@ pub fn admin_http(
     path: &str,
     body: &str,
 ) -> (u16, serde_json::Value) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(m.admin_addr.expect("the master has an admin port")).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string())))
+    let addr = m.admin_addr.expect("the master has an admin port");
+    let (status, _, body) = crate::http(addr, method, path, "Content-Type: application/json\r\n", body);
+    (status, serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)))
 }

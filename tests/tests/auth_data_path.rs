@@ -97,10 +97,7 @@ fn tcp_read_with(secrets: Option<&[&str]>, peer: &Endpoint, remote: u64, len: u6
 
 #[test]
 fn without_the_cluster_secret_no_port_of_an_engine_serves_anything() {
-    let hosts = match HostPair::create("auth") {
-        Ok(h) => h,
-        Err(why) => return crescent_tests::skip(&format!("auth data path: {why}")),
-    };
+    let Some(hosts) = HostPair::create_or_skip("auth", "auth data path") else { return };
     let (_target, segment) = spawn_tebench_target_env(
         &hosts.exec_prefix(&hosts.a),
         &["--buffer-size", "16M", "--pattern", "--local-hostname", &hosts.addr_a],

@@ -23,13 +23,9 @@ fn keyring(s: &str) -> Keyring {
 
 /// One HTTP request to the admin port with an optional bearer token: (status, body).
 fn admin(addr: std::net::SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    (head.split_whitespace().nth(1).unwrap().parse().unwrap(), body.to_string())
+    let (status, _, body) = crescent_tests::http(addr, "GET", path, &auth, "");
+    (status, body)
 }
 
 fn client(

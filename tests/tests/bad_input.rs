@@ -154,20 +154,14 @@ fn tcp_transport_closes_only_the_connection_that_breaks_the_protocol() {
 
 #[test]
 fn a_request_of_absurd_length_is_a_typed_error_not_an_abort() {
-    use crescent_engine::{EngineError, Opcode, TransferRequest};
+    use crescent_engine::{EngineError, Opcode};
     let target = loopback_engine(Duration::from_secs(5));
     let remote = target.alloc_registered(1 << 20, "cpu:0").unwrap();
     let engine = loopback_engine(Duration::from_secs(5));
     let seg = engine.open_segment(target.segment_name()).unwrap();
     let local = engine.alloc_registered(1 << 20, "cpu:0").unwrap();
     let read = |target_offset: u64, length: u64| {
-        engine.transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset,
-            length,
-        }])
+        crescent_tests::transfer_one(&engine, Opcode::Read, local.addr(), seg, target_offset, length)
     };
     for length in [1u64 << 63, u64::MAX] {
         // More than the local registered memory: the caller's mistake.

@@ -262,11 +262,7 @@ fn a_client_killed_and_restarted_under_load_leaves_the_other_clients_working() {
 
 /// `GET /metrics` of the admin port `addr`: the value of `name`.
 fn metric(addr: &str, name: &str) -> f64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("the admin port");
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let (_, _, body) = crescent_tests::http(addr, "GET", "/metrics", "", "");
     body.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
         .unwrap_or_else(|| panic!("{name} is not in /metrics"))

@@ -4,8 +4,6 @@
 //! and from a store client's own `/metrics` endpoint (with a disk tier and the hot cache on, so
 //! that every series the client can export is there).
 
-use std::io::{Read, Write};
-
 use crescent_store::client::hot_cache::HotCacheSettings;
 use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient};
 use crescent_tests::dashboards::{dashboard_exprs, exports, promql_names, repo_path};
@@ -13,13 +11,9 @@ use crescent_tests::store::{loopback_client_config, loopback_master};
 
 /// `GET /metrics` of `addr`: the body of a 200 answer.
 fn scrape(addr: std::net::SocketAddr) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_string()
+    let (status, head, body) = crescent_tests::http(addr, "GET", "/metrics", "", "");
+    assert!(status == 200, "{head}");
+    body
 }
 
 fn dashboards() -> Vec<(String, serde_json::Value)> {

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use crescent_benches::pattern;
 use crescent_engine::handshake;
-use crescent_engine::{EngineError, Opcode, TransferEngine, TransferRequest};
-use crescent_tests::{loopback_engine, workspace_bin, ChildGuard};
+use crescent_engine::{EngineError, Opcode, TransferEngine};
+use crescent_tests::{loopback_engine, transfer_one, workspace_bin, ChildGuard};
 use crescent_transports::net::Auth;
 use crescent_transports::SharedMemory;
 
@@ -50,14 +50,7 @@ fn a_request_for_memory_registered_after_the_segment_was_opened_waits_for_it() {
     let local = initiator.alloc_registered(LEN, "cpu:0").unwrap();
     let (go, registrar) = register_when_told(owner.clone(), mem.clone());
     go.send(()).unwrap();
-    initiator
-        .transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: mem.addr(),
-            length: LEN,
-        }])
+    transfer_one(&initiator, Opcode::Read, local.addr(), seg, mem.addr(), LEN)
         .expect("the read waits for the owner's registration");
     registrar.join().unwrap();
     // SAFETY: the transfer ended.
@@ -84,14 +77,7 @@ fn a_write_into_memory_registered_meanwhile_lands() {
     pattern::fill(unsafe { local.as_mut_slice() }, 8, 0);
     let (go, registrar) = register_when_told(owner.clone(), mem.clone());
     go.send(()).unwrap();
-    initiator
-        .transfer_sync(&[TransferRequest {
-            opcode: Opcode::Write,
-            source: local.addr(),
-            target: seg,
-            target_offset: mem.addr(),
-            length: LEN,
-        }])
+    transfer_one(&initiator, Opcode::Write, local.addr(), seg, mem.addr(), LEN)
         .expect("the write waits for the owner's registration");
     registrar.join().unwrap();
     // SAFETY: the write ended; nothing else touches the memory.
@@ -108,15 +94,8 @@ fn an_address_never_registered_still_fails_out_of_range_before_the_deadline() {
     let seg = initiator.open_segment(owner.segment_name()).unwrap();
     let local = initiator.alloc_registered(LEN, "cpu:0").unwrap();
     let started = Instant::now();
-    let err = initiator
-        .transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: remote.addr() + LEN + (1 << 30),
-            length: 4096,
-        }])
-        .unwrap_err();
+    let err =
+        transfer_one(&initiator, Opcode::Read, local.addr(), seg, remote.addr() + LEN + (1 << 30), 4096).unwrap_err();
     match &err {
         EngineError::TransferFailed { reason, .. } => {
             assert!(reason.is_out_of_range(), "{err}");
@@ -128,15 +107,7 @@ fn an_address_never_registered_still_fails_out_of_range_before_the_deadline() {
     }
     assert!(started.elapsed() < TIMEOUT, "the request ended within its deadline");
     // The segment still works.
-    initiator
-        .transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: remote.addr(),
-            length: LEN,
-        }])
-        .unwrap();
+    transfer_one(&initiator, Opcode::Read, local.addr(), seg, remote.addr(), LEN).unwrap();
 }
 
 /// `tebench initiator` started as soon as its target's engine is up, before the target

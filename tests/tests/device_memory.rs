@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crescent_engine::{EngineConfig, EngineError, Opcode, TransferEngine, TransferRequest, TransportKind};
 use crescent_store::pattern;
-use crescent_tests::ChildGuard;
+use crescent_tests::{shm_socket, ChildGuard};
 use crescent_transports::device::{Devices, Driver};
 use crescent_transports::TransportError;
 
@@ -519,19 +519,6 @@ fn the_fake_drivers_device_memory_cannot_be_touched_by_the_cpu() {
 
 /// SIGSEGV's number on Linux.
 const SIGSEGV: i32 = 11;
-
-/// The shm endpoint's socket name of `engine`.
-fn shm_socket(engine: &TransferEngine) -> String {
-    engine
-        .local_descriptor()
-        .endpoints
-        .iter()
-        .find_map(|e| match e {
-            crescent_transports::Endpoint::Shm { socket } => Some(socket.clone()),
-            _ => None,
-        })
-        .expect("an shm endpoint")
-}
 
 #[test]
 fn vmm_memory_goes_as_a_descriptor_only_to_an_initiator_that_announced_it() {

@@ -4,8 +4,7 @@
 //! connection is a unix socket and the bytes move through shared memory); a stopped target
 //! need not be felt (copies through a mapping go on without it), but every call keeps its bound.
 
-use crescent_tests::faults::{engine_ops, limit_fds, lowest_free_fd, signal, EngineCase, Prober};
-use rustix::process::Signal;
+use crescent_tests::faults::{engine_ops, limit_fds, lowest_free_fd, EngineCase, Prober};
 
 fn case(tag: &str) -> Option<(EngineCase, Prober)> {
     EngineCase::start(tag, "shm", true)
@@ -14,19 +13,13 @@ fn case(tag: &str) -> Option<(EngineCase, Prober)> {
 #[test]
 fn shm_target_stopped_and_continued() {
     let Some((c, mut p)) = case("sstop") else { return };
-    c.each_round(
-        &mut p,
-        |c| signal(c.target_pid(), Signal::STOP),
-        |c| signal(c.target_pid(), Signal::CONT),
-        &[],
-        false,
-    );
+    c.target_stopped_and_continued(&mut p, false);
 }
 
 #[test]
 fn shm_target_killed_and_restarted() {
     let Some((c, mut p)) = case("skill") else { return };
-    c.each_round(&mut p, |c| c.target.lock().unwrap().kill_now(), |c| c.restart_target(), &["resync"], true);
+    c.target_killed_and_restarted(&mut p);
 }
 
 #[test]

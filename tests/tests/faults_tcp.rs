@@ -5,8 +5,7 @@
 //! with wrong bytes, calls succeed again once the fault is cleared, and neither process holds
 //! more descriptors, threads or memory afterwards.
 
-use crescent_tests::faults::{signal, EngineCase};
-use rustix::process::Signal;
+use crescent_tests::faults::EngineCase;
 
 fn case(tag: &str) -> Option<(EngineCase, crescent_tests::faults::Prober)> {
     EngineCase::start(tag, "tcp", false)
@@ -15,14 +14,14 @@ fn case(tag: &str) -> Option<(EngineCase, crescent_tests::faults::Prober)> {
 #[test]
 fn tcp_target_stopped_and_continued() {
     let Some((c, mut p)) = case("tstop") else { return };
-    c.each_round(&mut p, |c| signal(c.target_pid(), Signal::STOP), |c| signal(c.target_pid(), Signal::CONT), &[], true);
+    c.target_stopped_and_continued(&mut p, true);
 }
 
 #[test]
 fn tcp_target_killed_and_restarted() {
     let Some((c, mut p)) = case("tkill") else { return };
     // The restarted target has new memory and ports: the prober fetches its descriptor again.
-    c.each_round(&mut p, |c| c.target.lock().unwrap().kill_now(), |c| c.restart_target(), &["resync"], true);
+    c.target_killed_and_restarted(&mut p);
 }
 
 #[test]

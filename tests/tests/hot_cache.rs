@@ -3,7 +3,6 @@
 //! Puts land on the putter's own segment (local-first placement), so each test knows where
 //! every object lives.
 
-use std::io::{Read, Write};
 use std::sync::Arc;
 
 use crescent_engine::TransportKind;
@@ -493,12 +492,9 @@ fn a_single_get_copies_its_hit_while_the_master_answers_and_never_keeps_a_stale_
 
 /// `GET /metrics` from `addr`: the body.
 fn scrape(addr: std::net::SocketAddr) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    let (status, head, body) = crescent_tests::http(addr, "GET", "/metrics", "", "");
+    assert!(status == 200, "{head}\r\n\r\n{body}");
+    body
 }
 
 #[test]

@@ -1,9 +1,8 @@
 //! `mooncake_master` as operators run it: upstream's flags, admin routes and metric names on
 //! a master process, the flags it refuses, and the bounds on what a peer can make it hold.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use crescent_store::master::service::{MAX_BATCH_KEYS, MAX_REQUEST_MESSAGE};
@@ -12,7 +11,7 @@ use crescent_store::proto::master_client::MasterClient;
 use crescent_store::proto::{BatchKeyRequest, PutStartRequest};
 use crescent_store::{ClientConfig, StoreApi, StoreClient};
 use crescent_tests::dashboards::{dashboard_exprs, exports, promql_names, repo_file};
-use crescent_tests::{workspace_bin, ChildGuard};
+use crescent_tests::{lines_of, workspace_bin, ChildGuard};
 
 /// A master process and what it printed: its gRPC, admin and metadata addresses, its stderr.
 struct MasterProc {
@@ -21,18 +20,6 @@ struct MasterProc {
     admin: String,
     metadata: Option<String>,
     stderr: Receiver<String>,
-}
-
-fn lines_of(out: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 /// Starts `bin` (`mooncake_master` or `crescent-master`) with `args`; waits for its addresses.
@@ -65,21 +52,9 @@ fn spawn(bin: &str, args: &[&str]) -> MasterProc {
 
 /// One HTTP/1.1 request; returns the status and the body.
 fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP reply");
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status");
+    let (status, head, body) = crescent_tests::http(addr, method, path, "", body);
     // The admin port answers with a length; the metadata server may answer chunked.
-    let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(&body) } else { body };
     (status, body)
 }
 

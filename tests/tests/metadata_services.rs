@@ -9,11 +9,9 @@ use std::time::{Duration, Instant};
 use crescent_benches::pattern;
 use crescent_engine::metadata::server::MetadataServer;
 use crescent_engine::metadata::{fetch_descriptor, Keys, MetadataStore, RpcMeta, ServiceAddress};
-use crescent_engine::{
-    EngineConfig, EngineError, Opcode, RegisteredMemory, SegmentId, TransferEngine, TransferRequest,
-};
+use crescent_engine::{EngineConfig, EngineError, Opcode, RegisteredMemory, SegmentId, TransferEngine};
 use crescent_tests::services::{free_port, shared_service, unique_cluster, Kind, PrivateService};
-use crescent_tests::{eventually, spawn_tebench_target_env, workspace_bin, ChildGuard};
+use crescent_tests::{eventually, spawn_tebench_target_env, transfer_one, workspace_bin, ChildGuard};
 use crescent_transports::SharedMemory;
 
 fn engine(url: &str, cluster: &str, ttl: Duration) -> Arc<TransferEngine> {
@@ -48,17 +46,39 @@ fn read_and_check(
     len: u64,
     seed: u64,
 ) -> Result<(), EngineError> {
-    engine.transfer_sync(&[TransferRequest {
-        opcode: Opcode::Read,
-        source: local.addr(),
-        target: seg,
-        target_offset: remote,
-        length: len,
-    }])?;
+    transfer_one(engine, Opcode::Read, local.addr(), seg, remote, len)?;
     // SAFETY: the transfer ended.
     let got = unsafe { &local.as_slice()[..len as usize] };
     assert_eq!(pattern::first_mismatch(got, seed, 0), None, "bytes read back");
     Ok(())
+}
+
+/// Opens `owner`'s segment from `reader` and reads all of `mem` (`owner`'s, filled with the
+/// pattern `seed`) back, checked.
+fn reads_back(reader: &TransferEngine, owner: &TransferEngine, mem: &RegisteredMemory, seed: u64) {
+    let seg = reader.open_segment(owner.segment_name()).unwrap();
+    let local = reader.alloc_registered(mem.len(), "cpu:0").unwrap();
+    read_and_check(reader, seg, &local, mem.addr(), mem.len(), seed).unwrap();
+}
+
+/// A fresh cluster on the shared service of `kind`: the service's URL, the cluster's name, its
+/// keys and a client of the service (`_http` holds an HTTP service run by this process).
+struct OnService {
+    _http: Option<MetadataServer>,
+    url: String,
+    cluster: String,
+    keys: Keys,
+    service: Arc<dyn MetadataStore>,
+}
+
+/// [`OnService`] for `test`, its cluster named after `tag`; `None` where the test skips.
+fn on_service(kind: Kind, test: &str, tag: &str) -> Option<OnService> {
+    let mut http = None;
+    let url = shared_service(kind, test, &mut http)?;
+    let cluster = unique_cluster(tag);
+    let keys = Keys::new(Some(&cluster));
+    let service = store(&url);
+    Some(OnService { _http: http, url, cluster, keys, service })
 }
 
 macro_rules! per_service {
@@ -83,13 +103,9 @@ macro_rules! per_service {
 
 per_service!(two_engines_find_each_other_and_transfer);
 fn two_engines_find_each_other_and_transfer(kind: Kind, test: &str) {
-    let mut http = None;
-    let Some(url) = shared_service(kind, test, &mut http) else {
+    let Some(OnService { _http, url, cluster, keys, service }) = on_service(kind, test, "pair") else {
         return;
     };
-    let cluster = unique_cluster("pair");
-    let keys = Keys::new(Some(&cluster));
-    let service = store(&url);
     let a = engine(&url, &cluster, Duration::from_secs(10));
     let b = engine(&url, &cluster, Duration::from_secs(10));
     let name = a.segment_name().to_string();
@@ -106,14 +122,7 @@ fn two_engines_find_each_other_and_transfer(kind: Kind, test: &str) {
     // Writes land in a's memory.
     // SAFETY: no transfer of `local` is in flight.
     pattern::fill(unsafe { local.as_mut_slice() }, 9, 0);
-    b.transfer_sync(&[TransferRequest {
-        opcode: Opcode::Write,
-        source: local.addr(),
-        target: seg,
-        target_offset: first.addr() + (1 << 20),
-        length: 1 << 20,
-    }])
-    .unwrap();
+    transfer_one(&b, Opcode::Write, local.addr(), seg, first.addr() + (1 << 20), 1 << 20).unwrap();
     // SAFETY: the write ended.
     let written = unsafe { &first.as_slice()[1 << 20..2 << 20] };
     assert_eq!(pattern::first_mismatch(written, 9, 0), None);
@@ -141,13 +150,9 @@ per_service!(a_segment_opened_before_its_owner_registered_follows_it);
 /// registration is published as it happens, and a request for the new memory that arrives
 /// before it reads the descriptor again until the memory is listed.
 fn a_segment_opened_before_its_owner_registered_follows_it(kind: Kind, test: &str) {
-    let mut http = None;
-    let Some(url) = shared_service(kind, test, &mut http) else {
+    let Some(OnService { _http, url, cluster, keys, service }) = on_service(kind, test, "follow") else {
         return;
     };
-    let cluster = unique_cluster("follow");
-    let keys = Keys::new(Some(&cluster));
-    let service = store(&url);
     let owner = engine(&url, &cluster, Duration::from_secs(10));
     let initiator = engine(&url, &cluster, Duration::from_secs(10));
     let name = owner.segment_name().to_string();
@@ -200,9 +205,7 @@ fn clusters_sharing_a_service_are_isolated(kind: Kind, test: &str) {
         other => panic!("another cluster's segment is not found: {other}"),
     }
     let friend = engine(&url, &x, Duration::from_secs(10));
-    let seg = friend.open_segment(a.segment_name()).unwrap();
-    let local = friend.alloc_registered(1 << 20, "cpu:0").unwrap();
-    read_and_check(&friend, seg, &local, _mem.addr(), 1 << 20, 3).unwrap();
+    reads_back(&friend, &a, &_mem, 3);
 }
 
 per_service!(a_crashed_owner_ages_out_and_a_live_one_stays);
@@ -267,13 +270,9 @@ fn a_crashed_owner_ages_out_and_a_live_one_stays(kind: Kind, test: &str) {
 
 per_service!(a_malformed_descriptor_is_an_error);
 fn a_malformed_descriptor_is_an_error(kind: Kind, test: &str) {
-    let mut http = None;
-    let Some(url) = shared_service(kind, test, &mut http) else {
+    let Some(OnService { _http, url, cluster, keys, service }) = on_service(kind, test, "bad") else {
         return;
     };
-    let cluster = unique_cluster("bad");
-    let keys = Keys::new(Some(&cluster));
-    let service = store(&url);
     let reader = engine(&url, &cluster, Duration::from_secs(10));
     let cases: [(&str, &[u8]); 5] = [
         ("garbage.invalid:1", b"{not json"),
@@ -304,9 +303,7 @@ fn a_malformed_descriptor_is_an_error(kind: Kind, test: &str) {
     // The engine goes on working.
     let owner = engine(&url, &cluster, Duration::from_secs(10));
     let mem = filled(&owner, 1 << 20, 5);
-    let seg = reader.open_segment(owner.segment_name()).unwrap();
-    let local = reader.alloc_registered(1 << 20, "cpu:0").unwrap();
-    read_and_check(&reader, seg, &local, mem.addr(), 1 << 20, 5).unwrap();
+    reads_back(&reader, &owner, &mem, 5);
 }
 
 /// A service that can be stopped and started again, empty, on the same address.

@@ -11,7 +11,9 @@ use crescent_benches::pattern;
 use crescent_engine::{
     EngineConfig, EngineError, Opcode, TransferEngine, TransferRequest, TransferStatus, TransportKind,
 };
-use crescent_tests::{eventually, spawn_tebench_target, workspace_bin, BatchLoop, ChildGuard};
+use crescent_tests::{
+    eventually, open_first_buffer, spawn_tebench_target, transfer_one, workspace_bin, BatchLoop, ChildGuard,
+};
 use crescent_transports::rdma::{RdmaConfig, RdmaTransport};
 use crescent_transports::{
     Completion, CompletionSink, Endpoint, Region, RemoteRegion, SharedMemory, Slice, SliceOutcome, Transport,
@@ -62,15 +64,7 @@ fn reads_and_writes_move_verified_bytes() {
 
     // Reads: sizes around and across the 64 KiB slice size, odd offsets, the whole buffer.
     for &(off, len) in &[(0u64, 1u64), (1, 65_535), (12_345, 65_536 * 3 + 17), (65_536, 65_536), (0, 4 << 20)] {
-        initiator
-            .transfer_sync(&[TransferRequest {
-                opcode: Opcode::Read,
-                source: local.addr(),
-                target: seg,
-                target_offset: remote.addr() + off,
-                length: len,
-            }])
-            .unwrap();
+        transfer_one(&initiator, Opcode::Read, local.addr(), seg, remote.addr() + off, len).unwrap();
         // SAFETY: the transfer ended.
         let got = unsafe { &local.as_slice()[..len as usize] };
         assert_eq!(pattern::first_mismatch(got, 7, off), None, "read of {len} bytes at {off}");
@@ -79,15 +73,7 @@ fn reads_and_writes_move_verified_bytes() {
     // Writes land where they were addressed and nowhere else.
     fill(&local, 9);
     let (off, len) = (100_001u64, 300_000u64);
-    initiator
-        .transfer_sync(&[TransferRequest {
-            opcode: Opcode::Write,
-            source: local.addr(),
-            target: seg,
-            target_offset: remote.addr() + off,
-            length: len,
-        }])
-        .unwrap();
+    transfer_one(&initiator, Opcode::Write, local.addr(), seg, remote.addr() + off, len).unwrap();
     // SAFETY: the write completed; nothing else writes the target buffer.
     let bytes = unsafe { remote.as_slice() };
     assert_eq!(pattern::first_mismatch(&bytes[off as usize..(off + len) as usize], 9, 0), None);
@@ -293,8 +279,7 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     }
     let (mut target, name) = spawn_tebench_target(&[], &args);
     let engine = rdma_engine(&dev, gid, |c| c.transfer_timeout = Duration::from_secs(120));
-    let seg = engine.open_segment(&name).unwrap();
-    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    let (seg, remote) = open_first_buffer(&engine, &name);
     let local = engine.alloc_registered(8 << 20, "cpu:0").unwrap();
     let batches = BatchLoop::start(&engine, seg, local.addr(), remote.addr, 8, 1 << 20);
     // Let some batches complete first.
@@ -309,15 +294,7 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     );
     assert!(!last.contains(&TransferStatus::TimedOut), "no request waited for the timeout: {last:?}");
     // The peer is gone: later requests fail too, without waiting for the timeout.
-    let err = engine
-        .transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: remote.addr,
-            length: 10,
-        }])
-        .unwrap_err();
+    let err = transfer_one(&engine, Opcode::Read, local.addr(), seg, remote.addr, 10).unwrap_err();
     assert!(matches!(err, EngineError::TransferFailed { .. }), "{err}");
 }
 
@@ -388,14 +365,7 @@ fn missing_device_or_library_falls_back_to_tcp() {
         // On one host the same-host transport is preferred; never rdma here.
         let kind = b.segment_transport(seg).unwrap();
         assert!(matches!(kind, TransportKind::Tcp | TransportKind::Shm), "{what}: {kind}");
-        b.transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: remote.addr(),
-            length: 1 << 20,
-        }])
-        .unwrap();
+        transfer_one(&b, Opcode::Read, local.addr(), seg, remote.addr(), 1 << 20).unwrap();
         // SAFETY: the transfer ended.
         assert_eq!(pattern::first_mismatch(unsafe { local.as_slice() }, 5, 0), None);
         // Asking for rdma explicitly is an error that says why.
@@ -491,15 +461,7 @@ fn too_little_locked_memory_for_the_buffer_turns_rdma_off_and_serves_over_tcp() 
     assert_ne!(engine.segment_transport(seg).unwrap(), TransportKind::Rdma);
     let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
     let local = engine.alloc_registered(1 << 20, "cpu:0").unwrap();
-    engine
-        .transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: remote.addr,
-            length: 1 << 20,
-        }])
-        .unwrap();
+    transfer_one(&engine, Opcode::Read, local.addr(), seg, remote.addr, 1 << 20).unwrap();
     // SAFETY: the transfer ended.
     assert_eq!(pattern::first_mismatch(unsafe { local.as_slice() }, 0, 0), None);
     target.kill_now();
@@ -815,24 +777,16 @@ fn rdma_fault_case() -> Option<(crescent_tests::faults::EngineCase, crescent_tes
 
 #[test]
 fn faults_rdma_target_stopped_and_continued() {
-    use crescent_tests::faults::signal;
-    use rustix::process::Signal;
     let Some((c, mut p)) = rdma_fault_case() else { return };
     // One-sided reads and writes need no target CPU: a stopped target need not be felt, but
     // every call keeps its bound and its bytes.
-    c.each_round(
-        &mut p,
-        |c| signal(c.target_pid(), Signal::STOP),
-        |c| signal(c.target_pid(), Signal::CONT),
-        &[],
-        false,
-    );
+    c.target_stopped_and_continued(&mut p, false);
 }
 
 #[test]
 fn faults_rdma_target_killed_and_restarted() {
     let Some((c, mut p)) = rdma_fault_case() else { return };
-    c.each_round(&mut p, |c| c.target.lock().unwrap().kill_now(), |c| c.restart_target(), &["resync"], true);
+    c.target_killed_and_restarted(&mut p);
 }
 
 #[test]

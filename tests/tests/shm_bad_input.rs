@@ -4,23 +4,9 @@
 
 use std::time::Duration;
 
-use crescent_engine::TransferEngine;
-use crescent_tests::same_host_engine;
+use crescent_tests::{same_host_engine, shm_socket};
 use crescent_transports::shm::socket::Socket;
 use crescent_transports::shm::wire::{Frame, Kind, Mode, Status};
-use crescent_transports::Endpoint;
-
-fn shm_socket(engine: &TransferEngine) -> String {
-    engine
-        .local_descriptor()
-        .endpoints
-        .iter()
-        .find_map(|e| match e {
-            Endpoint::Shm { socket } => Some(socket.clone()),
-            _ => None,
-        })
-        .expect("an shm endpoint")
-}
 
 fn request(socket: &Socket, frame: Frame) -> Frame {
     socket.send(&frame, None).unwrap();

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_benches::pattern;
-use crescent_engine::{Opcode, TransferEngine, TransferRequest, TransportKind};
-use crescent_tests::{eventually, same_host_engine};
+use crescent_engine::{Opcode, TransferEngine, TransportKind};
+use crescent_tests::{eventually, same_host_engine, transfer_one};
 
 const LEN: u64 = 4 << 20;
 const BLOCK: u64 = 64 << 10;
@@ -50,13 +50,7 @@ impl Writer {
                 // A write that began before the unregister returned may still complete (its
                 // bytes land before the revoke is acknowledged); one that begins after may not.
                 let began_after = unregistered2.load(Ordering::SeqCst);
-                match engine.transfer_sync(&[TransferRequest {
-                    opcode: Opcode::Write,
-                    source: local.addr(),
-                    target: seg,
-                    target_offset: addr + offset,
-                    length: BLOCK,
-                }]) {
+                match transfer_one(&engine, Opcode::Write, local.addr(), seg, addr + offset, BLOCK) {
                     Ok(()) => {
                         done2.fetch_add(1, Ordering::Relaxed);
                         if began_after {
@@ -155,13 +149,7 @@ fn memory_registered_again_is_reached_afresh() {
     let write = |addr: u64, seed: u64| {
         // SAFETY: no transfer of `local` is in flight.
         pattern::fill(unsafe { local.as_mut_slice() }, seed, 0);
-        initiator.transfer_sync(&[TransferRequest {
-            opcode: Opcode::Write,
-            source: local.addr(),
-            target: seg,
-            target_offset: addr,
-            length: LEN,
-        }])
+        transfer_one(&initiator, Opcode::Write, local.addr(), seg, addr, LEN)
     };
     // Shared memory: the initiator maps the first allocation; after it is freed, a new one
     // (wherever it lands, possibly at the same address) receives the next write, not the

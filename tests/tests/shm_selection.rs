@@ -73,13 +73,7 @@ fn tebench_picks_shm_on_one_host_and_obeys_protocol_and_mc_force_tcp() {
 
 #[test]
 fn two_network_namespaces_are_two_hosts() {
-    let hosts = match HostPair::create("shms") {
-        Ok(h) => h,
-        Err(why) => {
-            crescent_tests::skip(&format!("two_network_namespaces_are_two_hosts: {why}"));
-            return;
-        }
-    };
+    let Some(hosts) = HostPair::create_or_skip("shms", "two_network_namespaces_are_two_hosts") else { return };
     // No protocol given on either side: the target offers shm and tcp.
     let (_target, name) = spawn_tebench_target(
         &hosts.exec_prefix(&hosts.a),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crescent_benches::pattern;
 use crescent_engine::{Opcode, TransferEngine, TransferRequest, TransportKind};
-use crescent_tests::{same_host_engine, spawn_tebench_target};
+use crescent_tests::{open_first_buffer, same_host_engine, spawn_tebench_target};
 
 /// Local registered memory of one kind.
 enum Local {
@@ -124,8 +124,7 @@ fn heap_target_memory_with_heap_local_memory() {
 fn requests_outside_the_target_memory_fail_with_the_reason() {
     let (_target, name) = spawn_tebench_target(&[], SHARED);
     let engine = same_host_engine(Duration::from_secs(30));
-    let seg = engine.open_segment(&name).unwrap();
-    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    let (seg, remote) = open_first_buffer(&engine, &name);
     let local = engine.alloc_registered(1 << 20, "cpu:0").unwrap();
     for (offset, length) in [(remote.length - 10, 11), (remote.length, 1)] {
         let err = engine

@@ -151,13 +151,7 @@ fn sigkill_during_heavy_offload_never_makes_a_get_return_wrong_bytes() {
 
 #[test]
 fn a_disk_copy_is_read_from_another_host_through_its_owner() {
-    let hosts = match HostPair::create("ssdr") {
-        Ok(h) => h,
-        Err(why) => {
-            crescent_tests::skip(&why);
-            return;
-        }
-    };
+    let Some(hosts) = HostPair::create_or_skip("ssdr", "a disk copy read from another host") else { return };
     let rpc = format!("{}:0", hosts.addr_a);
     let (_master, master) = spawn_master(&hosts.exec_prefix(&hosts.a), &["--rpc-address", &rpc, "--admin-address", ""]);
     let root = tempfile::tempdir().unwrap();

@@ -30,6 +30,13 @@ fn client(m: &MasterHandle, root: Option<&Path>) -> Arc<StoreClient> {
     StoreClient::connect(config(m, root)).unwrap()
 }
 
+/// A client with a disk tier in a fresh temporary directory, which lives as long as the guard.
+fn disk_client(m: &MasterHandle) -> (tempfile::TempDir, Arc<StoreClient>) {
+    let root = tempfile::tempdir().unwrap();
+    let a = client(m, Some(root.path()));
+    (root, a)
+}
+
 fn data(len: usize, seed: u64) -> Vec<u8> {
     crescent_tests::store::pattern_bytes(len, seed)
 }
@@ -48,8 +55,7 @@ fn tiers(c: &StoreClient, key: &str) -> Vec<i32> {
 #[test]
 fn values_evicted_from_memory_are_read_from_disk_here_and_through_another_client() {
     let m = master();
-    let root = tempfile::tempdir().unwrap();
-    let a = client(&m, Some(root.path()));
+    let (_root, a) = disk_client(&m);
     let f = client(&m, None);
     let long = format!("{}end", "very/long/key/".repeat(280)); // ~4 KiB
     let keys = ["k1", "../../../../etc/passwd", "a/b/c/./d", long.as_str()];
@@ -115,8 +121,7 @@ fn values_evicted_from_memory_are_read_from_disk_here_and_through_another_client
 #[test]
 fn a_restarted_client_finds_its_files_and_other_clusters_do_not() {
     let m = master();
-    let root = tempfile::tempdir().unwrap();
-    let a = client(&m, Some(root.path()));
+    let (root, a) = disk_client(&m);
     for i in 0..5u64 {
         a.put(&format!("keep/{i}"), &data(300_000, i)).unwrap();
     }
@@ -156,8 +161,7 @@ fn a_file_expected_to_be_the_only_copy_is_read_while_the_master_answers_but_neve
         client_ttl: Duration::from_secs(300),
         ..MasterConfig::default()
     });
-    let root = tempfile::tempdir().unwrap();
-    let a = client(&m, Some(root.path()));
+    let (root, a) = disk_client(&m);
     for i in 0..4u64 {
         a.put(&format!("e/{i}"), &data(1 << 20, i)).unwrap();
     }
@@ -234,8 +238,7 @@ fn a_client_told_that_memory_lost_its_object_reads_the_file_early_on_the_first_g
 #[test]
 fn removal_deletes_disk_copies_for_good() {
     let m = master();
-    let root = tempfile::tempdir().unwrap();
-    let a = client(&m, Some(root.path()));
+    let (root, a) = disk_client(&m);
     let f = client(&m, None);
     for k in ["r/one", "r/two", "x/three", "x/four"] {
         a.put(k, &data(100_000, 1)).unwrap();
@@ -312,8 +315,7 @@ fn the_disk_never_holds_more_than_its_capacity() {
 #[test]
 fn a_damaged_file_is_an_error_never_wrong_bytes() {
     let m = master();
-    let root = tempfile::tempdir().unwrap();
-    let a = client(&m, Some(root.path()));
+    let (_root, a) = disk_client(&m);
     let f = client(&m, None);
     a.put("dmg/local", &data(200_000, 1)).unwrap();
     a.put("dmg/remote", &data(200_000, 2)).unwrap();
@@ -343,8 +345,7 @@ fn a_damaged_file_is_an_error_never_wrong_bytes() {
 #[test]
 fn a_value_damaged_while_its_client_was_down_is_removed_after_the_restart_and_never_served() {
     let m = master();
-    let root = tempfile::tempdir().unwrap();
-    let a = client(&m, Some(root.path()));
+    let (root, a) = disk_client(&m);
     a.put("bad/1", &data(300_000, 1)).unwrap();
     a.put("good/1", &data(300_000, 2)).unwrap();
     assert!(a.flush_offload(Duration::from_secs(60)));
@@ -390,8 +391,7 @@ fn an_unusable_storage_root_fails_the_start_with_a_clear_error() {
 fn disk_copies_are_read_into_several_buffers_and_by_ranges_here_and_elsewhere() {
     use crescent_store::client::{Extent, Piece};
     let m = master();
-    let root = tempfile::tempdir().unwrap();
-    let a = client(&m, Some(root.path()));
+    let (_root, a) = disk_client(&m);
     let f = client(&m, None);
     let value = data((3 << 20) + 99, 42);
     a.put("on-disk", &value).unwrap();

@@ -10,8 +10,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crescent_engine::{EngineError, Opcode, TransferEngine, TransferRequest, TransferStatus};
-use crescent_tests::{loopback_engine, spawn_tebench_target, BatchLoop, SilentPeer};
+use crescent_engine::{EngineError, Opcode, TransferEngine, TransferStatus};
+use crescent_tests::{loopback_engine, open_first_buffer, spawn_tebench_target, transfer_one, BatchLoop, SilentPeer};
 use crescent_transports::tcp::frame::{FrameKind, Header, Status, HEADER_LEN};
 
 /// The transfer timeout of these tests' engines (`MC_TRANSFER_TIMEOUT`).
@@ -33,13 +33,7 @@ fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T
 fn request(engine: &TransferEngine, peer: &SilentPeer, opcode: Opcode, len: u64) -> crescent_engine::Result<()> {
     let seg = engine.open_segment(&peer.name)?;
     let local = engine.alloc_registered(len, "cpu:0")?;
-    engine.transfer_sync(&[TransferRequest {
-        opcode,
-        source: local.addr(),
-        target: seg,
-        target_offset: peer.buffer,
-        length: len,
-    }])
+    transfer_one(engine, opcode, local.addr(), seg, peer.buffer, len)
 }
 
 #[test]
@@ -93,8 +87,7 @@ fn kill(pid: u32, signal: rustix::process::Signal) {
 fn a_target_stopped_mid_batch_times_the_batch_out_and_works_again_once_continued() {
     let (target, name) = spawn_tebench_target(&[], &["--buffer-size", "128M", "--local-hostname", "127.0.0.1"]);
     let engine = loopback_engine(TIMEOUT);
-    let seg = engine.open_segment(&name).unwrap();
-    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    let (seg, remote) = open_first_buffer(&engine, &name);
     let local = engine.alloc_registered(128 << 20, "cpu:0").unwrap();
     // Large requests both ways, so that the stop lands in the middle of a payload.
     let batches = BatchLoop::start(&engine, seg, local.addr(), remote.addr, 16, 8 << 20);
@@ -109,15 +102,7 @@ fn a_target_stopped_mid_batch_times_the_batch_out_and_works_again_once_continued
     assert!(last.contains(&TransferStatus::TimedOut), "{last:?}");
     // Continued, the target serves a new batch.
     let engine2 = engine.clone();
-    let again = within(move || {
-        engine2.transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: remote.addr,
-            length: 8 << 20,
-        }])
-    });
+    let again = within(move || transfer_one(&engine2, Opcode::Read, local.addr(), seg, remote.addr, 8 << 20));
     assert!(matches!(again, Some(Ok(()))), "{again:?}");
     drop(target);
 }
@@ -156,13 +141,7 @@ fn a_thousand_idle_connections_from_one_peer_do_not_lock_another_out() {
     let read = within(move || {
         let seg = initiator2.open_segment(&name)?;
         let local = initiator2.alloc_registered(1 << 20, "cpu:0")?;
-        initiator2.transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: addr,
-            length: 1 << 20,
-        }])
+        transfer_one(&initiator2, Opcode::Read, local.addr(), seg, addr, 1 << 20)
     });
     assert!(matches!(read, Some(Ok(()))), "{read:?}");
     drop(idle);

@@ -11,18 +11,14 @@ use crescent_store::proto::{
     UnmountSegmentRequest,
 };
 use crescent_store::{ClientConfig, MasterConfig, StoreApi, StoreClient, StoreError};
+use crescent_tests::store::loopback_client;
 
 fn master() -> MasterHandle {
     crescent_tests::store::loopback_master(MasterConfig::default())
 }
 
 fn client(m: &MasterHandle) -> Arc<StoreClient> {
-    StoreClient::connect(ClientConfig {
-        global_segment_size: 32 << 20,
-        local_buffer_size: 4 << 20,
-        ..crescent_tests::store::loopback_client_config(m)
-    })
-    .unwrap()
+    loopback_client(m, 32 << 20)
 }
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
@@ -111,12 +107,7 @@ fn holder_and_writer(m: &MasterHandle, writer_segment: u64) -> (Arc<StoreClient>
         ..crescent_tests::store::loopback_client_config(m)
     })
     .unwrap();
-    let writer = StoreClient::connect(ClientConfig {
-        global_segment_size: writer_segment,
-        local_buffer_size: 4 << 20,
-        ..crescent_tests::store::loopback_client_config(m)
-    })
-    .unwrap();
+    let writer = loopback_client(m, writer_segment);
     (holder, writer)
 }
 
@@ -241,39 +232,18 @@ fn bad_grpc_input_gets_error_codes_never_a_crash() {
     rt.block_on(async {
         let mut c = MasterClient::connect(format!("http://{}", m.client_address())).await.unwrap();
         let code = |s: Option<crescent_store::proto::Status>| Code::try_from(s.unwrap().code).unwrap();
-        let r = c
-            .put_start(PutStartRequest {
-                client_id: "x".into(),
-                key: "k".repeat(1 << 20),
-                size: 10,
-                options: None,
-                checksum: None,
-            })
-            .await
-            .unwrap();
-        assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
-        let r = c
-            .put_start(PutStartRequest {
-                client_id: "x".into(),
-                key: "k".into(),
-                size: 0,
-                options: None,
-                checksum: None,
-            })
-            .await
-            .unwrap();
-        assert_eq!(code(r.into_inner().status), Code::InvalidArgument);
-        let r = c
-            .put_start(PutStartRequest {
-                client_id: "x".into(),
-                key: "k".into(),
-                size: 10,
-                options: None,
-                checksum: None,
-            })
-            .await
-            .unwrap();
-        assert_eq!(code(r.into_inner().status), Code::NoSpace, "no segment mounted");
+        // A key too long, a zero size, and a put with no segment mounted to take it.
+        for (key, size, want, why) in [
+            ("k".repeat(1 << 20), 10, Code::InvalidArgument, "key too long"),
+            ("k".into(), 0, Code::InvalidArgument, "zero size"),
+            ("k".into(), 10, Code::NoSpace, "no segment mounted"),
+        ] {
+            let r = c
+                .put_start(PutStartRequest { client_id: "x".into(), key, size, options: None, checksum: None })
+                .await
+                .unwrap();
+            assert_eq!(code(r.into_inner().status), want, "{why}");
+        }
         let r = c.unmount_segment(UnmountSegmentRequest { client_id: "x".into(), segment_id: 12345 }).await.unwrap();
         assert_eq!(code(r.into_inner().status), Code::SegmentNotFound);
         let r = c
@@ -506,12 +476,7 @@ fn puts_of_existing_keys_keep_the_value_and_upserts_replace_it() {
 fn a_pure_consumer_contributes_nothing_and_reads_and_writes_the_pool() {
     let m = master();
     let holder = client(&m);
-    let consumer = StoreClient::connect(ClientConfig {
-        global_segment_size: 0,
-        local_buffer_size: 4 << 20,
-        ..crescent_tests::store::loopback_client_config(&m)
-    })
-    .unwrap();
+    let consumer = loopback_client(&m, 0);
     consumer.put("c/1", &data(300_000, 3)).unwrap();
     assert_eq!(holder.get("c/1").unwrap(), data(300_000, 3));
     let q = consumer.query("c/1").unwrap();
@@ -811,12 +776,7 @@ fn puts_of_a_size_put_often_go_into_blanks_and_read_back_whole() {
     // without a segment (as the side-by-side benchmark's writer), read back by another.
     let m = master();
     let holder = client(&m);
-    let writer = StoreClient::connect(ClientConfig {
-        global_segment_size: 0,
-        local_buffer_size: 4 << 20,
-        ..crescent_tests::store::loopback_client_config(&m)
-    })
-    .unwrap();
+    let writer = loopback_client(&m, 0);
     let sizes = [64 << 10, (1 << 20) + 3];
     let puts = 40u64;
     for i in 0..puts {

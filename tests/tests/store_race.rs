@@ -5,13 +5,11 @@
 //! word). Before the master held force-removed ranges until their leases ended, about one read
 //! in fourteen came back mixing two generations.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::mpsc::channel;
 use std::time::Duration;
 
 use crescent_store::MasterConfig;
-use crescent_tests::ChildGuard;
+use crescent_tests::{lines_of, ChildGuard};
 
 const KEYS: &str = "8";
 const SIZE: u64 = 4 << 20;
@@ -29,16 +27,8 @@ fn spawn(role: &str, master: &str, extra: &[&str]) -> (ChildGuard, std::sync::mp
             .spawn()
             .expect("spawn store-race"),
     );
-    let out = child.0.stdout.take().expect("stdout");
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    (child, rx)
+    let lines = lines_of(child.0.stdout.take().expect("stdout"));
+    (child, lines)
 }
 
 /// Runs the race with `extra` flags for both sides (`reader_extra` for the reader alone) and

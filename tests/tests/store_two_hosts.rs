@@ -14,13 +14,7 @@ struct Cluster {
 }
 
 fn cluster(tag: &str, master_args: &[&str]) -> Option<Cluster> {
-    let hosts = match HostPair::create(tag) {
-        Ok(h) => h,
-        Err(why) => {
-            crescent_tests::skip(&why);
-            return None;
-        }
-    };
+    let hosts = HostPair::create_or_skip(tag, "the store on two hosts")?;
     let rpc = format!("{}:0", hosts.addr_a);
     let mut args = vec!["--rpc-address", &rpc, "--admin-address", ""];
     args.extend_from_slice(master_args);

@@ -9,13 +9,7 @@ use crescent_tests::{spawn_tebench_target, workspace_bin};
 
 #[test]
 fn tebench_between_two_network_namespaces_moves_verified_data() {
-    let hosts = match HostPair::create("teb") {
-        Ok(h) => h,
-        Err(why) => {
-            crescent_tests::skip(&format!("tebench_between_two_network_namespaces: {why}"));
-            return;
-        }
-    };
+    let Some(hosts) = HostPair::create_or_skip("teb", "tebench_between_two_network_namespaces") else { return };
     let (_target, name) = spawn_tebench_target(
         &hosts.exec_prefix(&hosts.a),
         &["--buffer-size", "64M", "--pattern", "--local-hostname", &hosts.addr_a, "--protocol", "tcp"],

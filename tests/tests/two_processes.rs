@@ -6,8 +6,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crescent_benches::pattern;
-use crescent_engine::{Opcode, TransferRequest, TransferStatus};
-use crescent_tests::{loopback_engine, spawn_tebench_target, workspace_bin, BatchLoop};
+use crescent_engine::{Opcode, TransferStatus};
+use crescent_tests::{
+    loopback_engine, open_first_buffer, spawn_tebench_target, transfer_one, workspace_bin, BatchLoop,
+};
 use crescent_transports::FailureKind;
 
 #[test]
@@ -15,19 +17,10 @@ fn reads_from_another_process_match_its_pattern() {
     let (_target, name) =
         spawn_tebench_target(&[], &["--buffer-size", "32M", "--pattern", "--local-hostname", "127.0.0.1"]);
     let engine = loopback_engine(Duration::from_secs(30));
-    let seg = engine.open_segment(&name).unwrap();
-    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    let (seg, remote) = open_first_buffer(&engine, &name);
     let local = engine.alloc_registered(8 << 20, "cpu:0").unwrap();
     for &(off, len) in &[(0u64, 1u64), (12_345, 777_777), (31 << 20, 1 << 20)] {
-        engine
-            .transfer_sync(&[TransferRequest {
-                opcode: Opcode::Read,
-                source: local.addr(),
-                target: seg,
-                target_offset: remote.addr + off,
-                length: len,
-            }])
-            .unwrap();
+        transfer_one(&engine, Opcode::Read, local.addr(), seg, remote.addr + off, len).unwrap();
         // SAFETY: the transfer ended.
         let got = unsafe { &local.as_slice()[..len as usize] };
         assert_eq!(pattern::first_mismatch(got, 0, off), None, "read of {len} bytes at {off}");
@@ -58,8 +51,7 @@ fn tebench_initiator_verifies_reads_and_writes_with_threads() {
 fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     let (mut target, name) = spawn_tebench_target(&[], &["--buffer-size", "256M", "--local-hostname", "127.0.0.1"]);
     let engine = loopback_engine(Duration::from_secs(20));
-    let seg = engine.open_segment(&name).unwrap();
-    let remote = engine.segment_descriptor(seg).unwrap().buffers[0].clone();
+    let (seg, remote) = open_first_buffer(&engine, &name);
     let local = engine.alloc_registered(256 << 20, "cpu:0").unwrap();
     let batches = BatchLoop::start(&engine, seg, local.addr(), remote.addr, 16, 16 << 20);
     // Kill once transfers are flowing (a loaded machine may take a while for the first batch).
@@ -76,15 +68,7 @@ fn killing_the_target_mid_transfer_fails_requests_without_hanging() {
     );
     assert!(outcomes.len() > 1, "batches completed before the kill");
     // Later requests fail fast too: the peer is gone.
-    let err = engine
-        .transfer_sync(&[TransferRequest {
-            opcode: Opcode::Read,
-            source: local.addr(),
-            target: seg,
-            target_offset: remote.addr,
-            length: 10,
-        }])
-        .unwrap_err();
+    let err = transfer_one(&engine, Opcode::Read, local.addr(), seg, remote.addr, 10).unwrap_err();
     assert!(err.to_string().contains("connect"), "{err}");
 }
 

@@ -21,32 +21,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use crescent_benches::blocks::{BlockArgs, Operation, MAX_LOCAL_WINDOW};
 use crescent_benches::{process_cpu_seconds, report};
 use crescent_engine::parse_size;
 use crescent_store::client::hot_cache::stream_copy::copy_streaming;
 use crescent_transports::SharedMemory;
 
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Operation {
-    /// Copy from the shared buffer into the local window (as a tebench read).
-    Read,
-    /// Copy from the local window into the shared buffer (as a tebench write).
-    Write,
-}
-
 #[derive(Parser)]
 #[command(name = "memcpy-bench", about = "memcpy bandwidth with tebench's blocks and buffers")]
 struct Cli {
-    #[arg(long, value_enum, default_value = "read")]
-    operation: Operation,
-    #[arg(long, visible_alias = "block_size", default_value = "64K", value_parser = size)]
-    block_size: u64,
-    /// Blocks per batch (as tebench's requests per batch).
-    #[arg(long, visible_alias = "batch_size", default_value_t = 128)]
-    batch_size: usize,
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    #[command(flatten)]
+    blocks: BlockArgs,
     /// Size of the buffer that stands for the target's.
     #[arg(long, visible_alias = "buffer_size", default_value = "1G", value_parser = size)]
     buffer_size: u64,
@@ -61,25 +47,22 @@ struct Cli {
     streaming: bool,
 }
 
-/// Largest local window per thread (tebench's without --verify).
-const MAX_LOCAL_WINDOW: u64 = 256 << 20;
-
 fn size(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
 fn main() -> Result<()> {
     let args = Cli::parse();
-    if args.batch_size == 0 || args.threads == 0 || !args.duration.is_finite() || args.duration <= 0.0 {
+    if args.blocks.batch_size == 0 || args.blocks.threads == 0 || !args.duration.is_finite() || args.duration <= 0.0 {
         bail!("--batch-size, --threads and --duration must be positive");
     }
-    if args.buffer_size < args.block_size {
+    if args.buffer_size < args.blocks.block_size {
         bail!("--buffer-size must hold at least one block");
     }
     let remote = Arc::new(SharedMemory::allocate(args.buffer_size, "memcpy-bench")?);
-    let local_blocks = (MAX_LOCAL_WINDOW / args.block_size).clamp(1, args.batch_size as u64);
-    let locals = (0..args.threads)
-        .map(|_| SharedMemory::allocate(local_blocks * args.block_size, "memcpy-bench"))
+    let local_blocks = (MAX_LOCAL_WINDOW / args.blocks.block_size).clamp(1, args.blocks.batch_size as u64);
+    let locals = (0..args.blocks.threads)
+        .map(|_| SharedMemory::allocate(local_blocks * args.blocks.block_size, "memcpy-bench"))
         .collect::<Result<Vec<_>, _>>()
         .context("allocating local windows")?;
     let bytes = Arc::new(AtomicU64::new(0));
@@ -91,8 +74,12 @@ fn main() -> Result<()> {
         .enumerate()
         .map(|(t, local)| {
             let (remote, bytes, stop) = (remote.clone(), bytes.clone(), stop.clone());
-            let (op, block, batch, threads) =
-                (args.operation, args.block_size, args.batch_size as u64, args.threads as u64);
+            let (op, block, batch, threads) = (
+                args.blocks.operation,
+                args.blocks.block_size,
+                args.blocks.batch_size as u64,
+                args.blocks.threads as u64,
+            );
             let streaming = args.streaming;
             std::thread::spawn(move || {
                 let total_blocks = remote.len() / block;
@@ -137,22 +124,19 @@ fn main() -> Result<()> {
     let cpu_s = process_cpu_seconds() - cpu_started;
     let total = bytes.load(Ordering::Relaxed);
     let gbps = report::gb_per_s(total, elapsed);
-    let op = match args.operation {
-        Operation::Read => "read",
-        Operation::Write => "write",
-    };
+    let op = args.blocks.operation.name();
     println!(
         "memcpy-bench {op}{} {} x {} per batch, {} thread(s): {gbps:.2} GB/s ({} in {elapsed:.1} s)",
         if args.streaming { " (streaming stores)" } else { "" },
-        report::fmt_bytes(args.block_size),
-        args.batch_size,
-        args.threads,
+        report::fmt_bytes(args.blocks.block_size),
+        args.blocks.batch_size,
+        args.blocks.threads,
         report::fmt_bytes(total),
     );
     if args.json {
         let json = serde_json::json!({
-            "operation": op, "block_size": args.block_size, "batch_size": args.batch_size,
-            "threads": args.threads, "duration_s": elapsed, "bytes": total, "gb_per_s": gbps,
+            "operation": op, "block_size": args.blocks.block_size, "batch_size": args.blocks.batch_size,
+            "threads": args.blocks.threads, "duration_s": elapsed, "bytes": total, "gb_per_s": gbps,
             "cpu_s": cpu_s, "streaming": args.streaming,
         });
         println!("{json}");

@@ -14,7 +14,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+use crescent_benches::blocks::{BlockArgs, Operation, MAX_LOCAL_WINDOW};
 use crescent_benches::{init_tool_logging, pattern, process_cpu_seconds, report};
 use crescent_engine::{
     parse_device_list, parse_size, BufferDescriptor, EngineConfig, EngineError, Opcode, RegisteredMemory, SegmentId,
@@ -87,12 +88,6 @@ struct TargetArgs {
     not_dumpable: bool,
 }
 
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Operation {
-    Read,
-    Write,
-}
-
 #[derive(Args)]
 struct InitiatorArgs {
     #[command(flatten)]
@@ -100,16 +95,8 @@ struct InitiatorArgs {
     /// The target's segment name (printed by `tebench target`).
     #[arg(long, visible_alias = "segment_id", visible_alias = "segment-id")]
     segment: String,
-    #[arg(long, value_enum, default_value = "read")]
-    operation: Operation,
-    /// Bytes per request.
-    #[arg(long, visible_alias = "block_size", default_value = "64K", value_parser = size)]
-    block_size: u64,
-    /// Requests per batch.
-    #[arg(long, visible_alias = "batch_size", default_value_t = 128)]
-    batch_size: usize,
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    #[command(flatten)]
+    blocks: BlockArgs,
     /// Seconds measured. Each thread's first batch (connection set-up, first touch of the
     /// memory; with `--warm-up-pass`, its first pass over its share) comes before and is not
     /// measured.
@@ -138,9 +125,6 @@ struct InitiatorArgs {
 
 /// Longest pause between two looks at a target that is not ready yet.
 const TARGET_POLL_MAX: Duration = Duration::from_millis(500);
-
-/// Largest local buffer per thread without `--verify`.
-const MAX_LOCAL_WINDOW: u64 = 256 << 20;
 
 fn size(s: &str) -> Result<u64, String> {
     parse_size(s)
@@ -306,7 +290,7 @@ struct ThreadResult {
 }
 
 fn run_initiator(args: InitiatorArgs) -> Result<()> {
-    if args.batch_size == 0 || args.threads == 0 || !args.duration.is_finite() || args.duration <= 0.0 {
+    if args.blocks.batch_size == 0 || args.blocks.threads == 0 || !args.duration.is_finite() || args.duration <= 0.0 {
         bail!("--batch-size, --threads and --duration must be positive");
     }
     let engine = engine(&args.engine)?;
@@ -317,29 +301,32 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
     // Without --verify, requests may share local memory: a batch of 128 x 16 MiB needs no
     // 2 GiB of local buffer to measure the transport.
     let local_blocks = if args.verify {
-        args.batch_size as u64
+        args.blocks.batch_size as u64
     } else {
-        (MAX_LOCAL_WINDOW / args.block_size).clamp(1, args.batch_size as u64)
+        (MAX_LOCAL_WINDOW / args.blocks.block_size).clamp(1, args.blocks.batch_size as u64)
     };
-    if remote.length < args.block_size {
+    if remote.length < args.blocks.block_size {
         bail!("the target's buffer ({} bytes) is smaller than one block", remote.length);
     }
     let protocol = engine.segment_transport(target)?;
     let bytes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let locals = (0..args.threads)
-        .map(|_| engine.alloc_registered(local_blocks * args.block_size * if args.verify { 2 } else { 1 }, "cpu:0"))
+    let locals = (0..args.blocks.threads)
+        .map(|_| {
+            engine.alloc_registered(local_blocks * args.blocks.block_size * if args.verify { 2 } else { 1 }, "cpu:0")
+        })
         .collect::<Result<Vec<_>, _>>()
         .context("allocating local buffers")?;
     // Each thread first moves one batch that is not measured (it sets up the connection to the
     // target and touches the memory), then all start the measured part together.
-    let warmed_up = Arc::new(Barrier::new(args.threads + 1));
+    let warmed_up = Arc::new(Barrier::new(args.blocks.threads + 1));
     let mut handles = Vec::new();
     for (t, local) in locals.into_iter().enumerate() {
         let (engine, bytes, stop, warmed_up) = (engine.clone(), bytes.clone(), stop.clone(), warmed_up.clone());
-        let (op, block, batch, verify) = (args.operation, args.block_size, args.batch_size, args.verify);
+        let (op, block, batch, verify) =
+            (args.blocks.operation, args.blocks.block_size, args.blocks.batch_size, args.verify);
         let warm_up_pass = args.warm_up_pass;
-        let threads = args.threads;
+        let threads = args.blocks.threads;
         let (remote_base, remote_len) = (remote.addr, remote.length);
         handles.push(std::thread::spawn(move || {
             initiator_thread(
@@ -404,13 +391,13 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
     let cpu_s = process_cpu_seconds() - cpu_started;
     let total = bytes.load(Ordering::Relaxed);
     let gbps = report::gb_per_s(total, elapsed);
-    let op = if args.operation == Operation::Read { "read" } else { "write" };
+    let op = args.blocks.operation.name();
     let (p50, p99, p999) = (hist.value_at_quantile(0.5), hist.value_at_quantile(0.99), hist.value_at_quantile(0.999));
     println!(
         "tebench {op} {} x {} per batch, {} thread(s), {protocol}: {gbps:.2} GB/s ({} in {elapsed:.1} s, {} batches); batch latency p50 {} p99 {} p999 {}",
-        report::fmt_bytes(args.block_size),
-        args.batch_size,
-        args.threads,
+        report::fmt_bytes(args.blocks.block_size),
+        args.blocks.batch_size,
+        args.blocks.threads,
         report::fmt_bytes(total),
         hist.len(),
         report::fmt_us(p50),
@@ -420,7 +407,7 @@ fn run_initiator(args: InitiatorArgs) -> Result<()> {
     if args.json {
         let json = serde_json::json!({
             "operation": op, "protocol": protocol.to_string(), "segment": args.segment,
-            "block_size": args.block_size, "batch_size": args.batch_size, "threads": args.threads,
+            "block_size": args.blocks.block_size, "batch_size": args.blocks.batch_size, "threads": args.blocks.threads,
             "duration_s": elapsed, "bytes": total, "gb_per_s": gbps, "batches": hist.len(),
             "cpu_s": cpu_s, "open_segment_us": open_segment_us,
             "latency_us": {"p50": p50, "p99": p99, "p999": p999},

@@ -104,15 +104,6 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<()> {
     }
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().nth(1)).map(|u| u == "0")
-        })
-        .unwrap_or(false)
-}
-
 fn cmd(program: &str, args: &[&str]) -> Result<()> {
     let out = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
     if !out.status.success() {
@@ -132,7 +123,7 @@ impl Drop for Netns {
 
 /// Makes a network namespace (loopback only) and runs this command again inside it.
 fn in_own_netns(args: &[String]) -> Result<()> {
-    if !is_root() {
+    if !rustix::process::geteuid().is_root() {
         bail!("the soak needs root: it makes a network namespace, drops packets with nftables and mounts a tmpfs");
     }
     let ns = Netns(format!("crsc-soak-{}", std::process::id()));

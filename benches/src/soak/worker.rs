@@ -431,15 +431,7 @@ impl Worker {
 /// Reads of the other workers' keys: only wholeness can be checked there.
 fn cross_reads(c: Arc<StoreClient>, a: &WorkerArgs, out: Out, stop: Arc<AtomicBool>) {
     let mut rng = rand::rng();
-    let period = Duration::from_secs_f64(2.0 / a.rate.max(0.01));
-    let mut next = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        next += period;
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        } else {
-            next = Instant::now();
-        }
+    paced(Duration::from_secs_f64(2.0 / a.rate.max(0.01)), &stop, || {
         let total = a.workers * a.keys;
         let gids: Vec<u64> = (0..2).map(|_| rng.random_range(0..total)).collect();
         let mut torn = 0;
@@ -471,6 +463,21 @@ fn cross_reads(c: Arc<StoreClient>, a: &WorkerArgs, out: Out, stop: Arc<AtomicBo
             "cross_get_batch"
         };
         out.emit(json!({ "op": op, "us": t.elapsed().as_micros() as u64, "errs": errs, "torn": torn }));
+    });
+}
+
+/// Runs `step` once every `period` until `stop`; a step that starts late moves the later ones
+/// along rather than running them back to back.
+fn paced(period: Duration, stop: &AtomicBool, mut step: impl FnMut()) {
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        next += period;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        } else {
+            next = Instant::now();
+        }
+        step();
     }
 }
 
@@ -544,17 +551,7 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<()> {
         buf,
     };
     let mut rng = rand::rng();
-    let period = Duration::from_secs_f64(1.0 / a.rate.max(0.01));
-    let mut next = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        next += period;
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        } else {
-            next = Instant::now();
-        }
-        w.step(&mut rng);
-    }
+    paced(Duration::from_secs_f64(1.0 / a.rate.max(0.01)), &stop, || w.step(&mut rng));
     let _ = reader.join();
     w.settle();
     out.emit(json!({ "stopped": true }));

@@ -25,21 +25,11 @@
 #include <unistd.h>
 
 #include "transfer_engine_c.h"
+#include "check.h"
 
-#define MiB (1024u * 1024u)
 /* More than a tcp slice, not a multiple of anything. */
 #define ODD (2 * MiB + 4097)
 #define REMOTE (8 * MiB)
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                 \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                             \
-        }                                                                           \
-    } while (0)
 
 /* ---- the driver, through dlopen (the engine loads the same library) ---- */
 
@@ -167,12 +157,6 @@ static int ask(const char *op, size_t off, size_t len, unsigned seed, size_t fro
     fprintf(to_child, "%s %zu %zu %u %zu\n", op, off, len, seed, from);
     fflush(to_child);
     return fscanf(from_child, "%15s", reply) == 1 && strcmp(reply, "ok") == 0;
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 /* Submits one request in a batch of its own and waits (30 s at most): its final status. */

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "transfer_engine_c.h"
+#include "check.h"
 
 /* The layouts of upstream's structs (LP64), as the library's Rust tests assert them. */
 _Static_assert(sizeof(struct transfer_request) == 40, "transfer_request size");
@@ -61,24 +62,6 @@ static int (*const p_sync)(transfer_engine_t) = syncSegmentCache;
 static int (*const p_nic_stats)(transfer_engine_t, nic_load_stat_t *, size_t *) = getNicLoadStats;
 static void (*const p_graceful)(transfer_engine_t) = enableGracefulShutdown;
 static int (*const p_links)(transfer_engine_t, char *, size_t, int) = showLinks;
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                 \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                             \
-        }                                                                           \
-    } while (0)
-
-#define MiB (1024u * 1024u)
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static void nap(void) {
     struct timespec t = {0, 2 * 1000 * 1000};

@@ -8,20 +8,15 @@ import asyncio
 import uuid
 
 import numpy as np
-import pytest
 
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
-from conftest import MiB, Master
+from conftest import MiB, master_fixture
 
 PAGE = 64 * 1024  # bytes of one page's K (or V) in a host pool
 
 
-@pytest.fixture(scope="module")
-def master():
-    m = Master("--lease-ttl-ms", "1000")
-    yield m
-    m.stop()
+master = master_fixture("--lease-ttl-ms", "1000")
 
 
 def test_sglang_hicache_mooncake_backend(master):

@@ -3,51 +3,28 @@ standalone client) on this host, as upstream's ``setup_dummy`` against ``mooncak
 
 import ctypes
 import random
-import subprocess
-import threading
 
 import numpy as np
 import pytest
 
 import crescent
-from conftest import MiB, Master, bin_dir, connect
+from conftest import MiB, Master, Process, connect, master_fixture
 
 
-class Standalone:
+class Standalone(Process):
     """A crescent-client serving dummy clients at @crescent_client_<port>.sock."""
 
     def __init__(self, master: Master, port: int):
-        exe = bin_dir() / "crescent-client"
-        if not exe.exists():
-            raise RuntimeError(f"{exe} is not built: run `cargo build --workspace` first")
-        self.proc = subprocess.Popen(
-            [str(exe), f"--master_server_address={master.addr}", "--host=127.0.0.1",
+        super().__init__(
+            "crescent-client",
+            [f"--master_server_address={master.addr}", "--host=127.0.0.1",
              "--global_segment_size=64MB", "--local_buffer_size=16MB", f"--port={port}"],
-            stdout=subprocess.PIPE,
-            text=True,
+            "socket: ",
+            "crescent-client did not start",
         )
-        ready = threading.Event()
-
-        def read():
-            for line in self.proc.stdout:
-                if line.startswith("socket: "):
-                    ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(60):
-            self.stop()
-            raise RuntimeError("crescent-client did not start")
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def master():
-    m = Master("--lease-ttl-ms", "30000")
-    yield m
-    m.stop()
+master = master_fixture("--lease-ttl-ms", "30000")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from mooncake.store import (
     SoftPinAction,
 )
 
-from conftest import MiB, Master
+from conftest import MiB, Master, master_fixture
 
 INVALID_PARAMS = -600
 LEASE_S = 1.0
@@ -46,11 +46,7 @@ def connect(master, **kw) -> MooncakeDistributedStore:
     return s
 
 
-@pytest.fixture(scope="module")
-def master():
-    m = Master("--lease-ttl-ms", str(int(LEASE_S * 1000)), "--allocation-strategy", "local-first")
-    yield m
-    m.stop()
+master = master_fixture("--lease-ttl-ms", str(int(LEASE_S * 1000)), "--allocation-strategy", "local-first")
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,12 @@ import pytest
 import mooncake.store as ms
 from mooncake.store import MooncakeDistributedStore, QueryTaskResponse, TaskStatus, TaskType
 
-from conftest import Master, connect
+from conftest import connect, master_fixture
 
 INVALID_PARAMS, OBJECT_NOT_FOUND, TASK_NOT_FOUND = -600, -704, -1400
 
 
-@pytest.fixture(scope="module")
-def master():
-    m = Master("--lease-ttl-ms", "300", "--allocation-strategy", "local-first")
-    yield m
-    m.stop()
+master = master_fixture("--lease-ttl-ms", "300", "--allocation-strategy", "local-first")
 
 
 @pytest.fixture(scope="module")

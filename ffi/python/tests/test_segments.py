@@ -12,7 +12,7 @@ import pytest
 import crescent
 from crescent.store import MooncakeDistributedStore
 
-from conftest import MiB, Master, connect
+from conftest import MiB, connect, master_fixture
 
 
 def key(tag: str) -> str:
@@ -23,12 +23,8 @@ def pattern(n: int, seed: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
 
 
-@pytest.fixture(scope="module")
-def master():
-    # Its own master: the pool holds only the segments these tests mount.
-    m = Master("--lease-ttl-ms", "2000")
-    yield m
-    m.stop()
+# Its own master: the pool holds only the segments these tests mount.
+master = master_fixture("--lease-ttl-ms", "2000")
 
 
 @pytest.fixture()

@@ -48,6 +48,15 @@ def _numpy() -> Any:
     return numpy
 
 
+def _contiguous(np: Any, value: Any, dtype: Any, error: str) -> Any:
+    """``value`` as a C-contiguous array of ``dtype``; ``RuntimeError(error)`` when it does not
+    convert."""
+    try:
+        return np.ascontiguousarray(value, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise RuntimeError(error) from e
+
+
 class EngramStore:
     """One layer's embedding tables in the store; see the module's documentation. ``store``:
     a set-up ``MooncakeDistributedStore``, or None for the layout alone (populate, lookup and
@@ -97,10 +106,7 @@ class EngramStore:
         for buf, rows in zip(buffers, self._sizes):
             if not isinstance(buf, np.ndarray):
                 raise RuntimeError("embedding_buffers must be NumPy arrays")
-            try:
-                table = np.ascontiguousarray(buf, dtype=np.float32)
-            except (TypeError, ValueError) as e:
-                raise RuntimeError("embedding_buffers must be float32 arrays") from e
+            table = _contiguous(np, buf, np.float32, "embedding_buffers must be float32 arrays")
             if table.ndim != 2:
                 raise RuntimeError("each embedding buffer must be 2D [N_h, D]")
             if table.shape != (rows, self._dim):
@@ -176,10 +182,7 @@ class EngramStore:
         np = _numpy()
         heads = len(self._sizes)
         if isinstance(row_ids, np.ndarray):
-            try:
-                ids = np.ascontiguousarray(row_ids, dtype=np.int64)
-            except (TypeError, ValueError) as e:
-                raise RuntimeError("row_ids array must be convertible to int64") from e
+            ids = _contiguous(np, row_ids, np.int64, "row_ids array must be convertible to int64")
             if ids.ndim != 3:
                 raise RuntimeError("row_ids array must have shape [B, L, H]")
             if ids.shape[2] != heads:

@@ -205,16 +205,23 @@ fn capacity_evicts_the_least_recently_used_files_and_tells_the_master() {
     assert_eq!(tier.stats().files, 5);
 }
 
+/// A tier whose writers are not started: its offloads wait in the returned queue, for the test
+/// to write (`write_job`) and commit; the recorder hears what it announces.
+fn held_tier(c: DiskConfig) -> (Arc<DiskTier>, Arc<Recorder>, crossbeam_channel::Receiver<Job>) {
+    let tier = DiskTier::open(c).unwrap();
+    let rec = Arc::new(Recorder::default());
+    *tier.announcer.write() = Some(rec.clone());
+    let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_JOBS);
+    *tier.queue.lock() = Some(tx);
+    (tier, rec, rx)
+}
+
 #[test]
 fn a_full_queue_is_counted_not_blocking() {
     let root = tempfile::tempdir().unwrap();
     let mut c = config(root.path());
     c.queue_bytes = 1 << 20;
-    let tier = DiskTier::open(c).unwrap(); // writers not started: nothing drains the queue
-    let rec = Arc::new(Recorder::default());
-    *tier.announcer.write() = Some(rec);
-    let (tx, _rx) = crossbeam_channel::bounded(MAX_QUEUED_JOBS);
-    *tier.queue.lock() = Some(tx);
+    let (tier, _rec, _rx) = held_tier(c); // nothing drains the queue
     for i in 0..4u64 {
         tier.offload(&format!("k{i}"), i + 1, &value(600 << 10, i));
     }
@@ -317,11 +324,7 @@ fn a_file_being_read_is_not_evicted_and_reads_back_whole() {
 #[test]
 fn a_removal_of_a_key_whose_offload_is_in_flight_is_not_acknowledged() {
     let root = tempfile::tempdir().unwrap();
-    let tier = DiskTier::open(config(root.path())).unwrap(); // writers not started: the job waits
-    let rec = Arc::new(Recorder::default());
-    *tier.announcer.write() = Some(rec.clone());
-    let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_JOBS);
-    *tier.queue.lock() = Some(tx);
+    let (tier, rec, rx) = held_tier(config(root.path())); // the job waits
     tier.offload("k", 5, &value(1000, 1));
     tier.offload("other", 6, &value(1000, 2));
     let removal = |key: &str, version| DiskEntry { key: key.into(), size: 0, version };
@@ -345,11 +348,7 @@ fn a_removal_of_a_key_whose_offload_is_in_flight_is_not_acknowledged() {
 #[test]
 fn a_removal_on_the_owner_stream_dooms_the_writes_of_its_key_in_flight() {
     let root = tempfile::tempdir().unwrap();
-    let tier = DiskTier::open(config(root.path())).unwrap(); // writers not started: the jobs wait
-    let rec = Arc::new(Recorder::default());
-    *tier.announcer.write() = Some(rec.clone());
-    let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED_JOBS);
-    *tier.queue.lock() = Some(tx);
+    let (tier, rec, rx) = held_tier(config(root.path())); // the jobs wait
     tier.offload("queued", 5, &value(1000, 1));
     tier.offload("staged", 5, &value(1000, 2));
     tier.offload("newer", 7, &value(1000, 3));
