@@ -52,7 +52,7 @@ impl StoreClient {
     pub(super) fn put_value(&self, key: &str, value: &[u8], options: &PutOptions, mode: Mode) -> Result<()> {
         let pieces = [[Piece::new(value.as_ptr() as u64, value.len() as u64)]];
         // Dropped when this returns, after every transfer from the value ended.
-        let loans = if pieces[0][0].len >= LEND_PUT_MIN { self.lend_values(&pieces) } else { None };
+        let loans = if pieces[0][0].len >= LEND_PUT_MIN { self.lend_values(pieces.iter().flatten()) } else { None };
         let src = match loans {
             Some(_) => Src::Registered(&pieces[0], Reach::host()),
             None => Src::Bytes(value),
@@ -105,14 +105,14 @@ impl StoreClient {
         self.put_many(keys, &srcs, options, mode)
     }
 
-    /// Lends the memory of `values` (one piece each) to the engine for one call
+    /// Lends the memory of the pieces `values` to the engine for one call
     /// ([`TransferEngine::lend_local`]): every value's, or none — where a transport needs
     /// registered memory (rdma), or a value overlaps memory the caller registered; the caller
     /// then copies the values through the staging buffer. Each loan ends when it is dropped,
     /// which the caller does after every transfer from it ended.
-    pub(super) fn lend_values(&self, values: &[[Piece; 1]]) -> Option<Vec<LocalLoan<'_>>> {
-        let mut loans = Vec::with_capacity(values.len());
-        for [p] in values {
+    pub(super) fn lend_values<'p>(&self, values: impl IntoIterator<Item = &'p Piece>) -> Option<Vec<LocalLoan<'_>>> {
+        let mut loans = Vec::new();
+        for p in values {
             match self.engine.lend_local(None, p.addr, p.len) {
                 Ok(Some(loan)) => loans.push(loan),
                 Ok(None) => return None,
@@ -134,7 +134,7 @@ impl StoreClient {
         values: &'v [&'v [u8]],
         pieces: &'v [[Piece; 1]],
     ) -> (Vec<Src<'v>>, Option<Vec<LocalLoan<'_>>>) {
-        let loans = if values.iter().all(|v| !v.is_empty()) { self.lend_values(pieces) } else { None };
+        let loans = if values.iter().all(|v| !v.is_empty()) { self.lend_values(pieces.iter().flatten()) } else { None };
         let srcs = match loans {
             Some(_) => pieces.iter().map(|p| Src::Registered(p, Reach::host())).collect(),
             None => values.iter().map(|v| Src::Bytes(v)).collect(),
@@ -228,7 +228,6 @@ impl StoreClient {
             Src::Parts(value) => value.iter().copied().filter(|p| !p.is_empty()).chain([&record[..]]).collect(),
             Src::Registered(..) => Vec::new(),
         };
-        let lent_parts: Vec<[Piece; 1]>;
         let pieces: Vec<Piece>;
         let loans;
         let _loan;
@@ -238,13 +237,13 @@ impl StoreClient {
                 // engine for the call: no master round trip hides the copy into the staging
                 // buffer here (`put_new`'s first piece). Smaller values, and values that cannot
                 // be lent (rdma), go through the staging buffer, as one piece with the record.
-                lent_parts = parts.iter().map(|p| [Piece::new(p.as_ptr() as u64, p.len() as u64)]).collect();
-                loans = if len >= LEND_BLANK_MIN { self.lend_values(&lent_parts) } else { None };
+                pieces = match len >= LEND_BLANK_MIN {
+                    true => parts.iter().map(|p| Piece::new(p.as_ptr() as u64, p.len() as u64)).collect(),
+                    false => Vec::new(),
+                };
+                loans = if pieces.is_empty() { None } else { self.lend_values(&pieces) };
                 match loans {
-                    Some(_) => {
-                        pieces = lent_parts.iter().map(|[p]| *p).collect();
-                        Src::Registered(&pieces, Reach::host())
-                    }
+                    Some(_) => Src::Registered(&pieces, Reach::host()),
                     None => Src::Parts(&parts),
                 }
             }
